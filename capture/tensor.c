@@ -1,0 +1,480 @@
+/*
+ * tensor.c -- tensor handles and their storage: making, releasing (with a
+ * quarantine that catches use after release), the facts about a tensor,
+ * host transfer, and the checks every op front-end shares.
+ */
+#include "capture.h"
+
+#include <math.h>
+#include <stdio.h>
+
+/* ------------------------------------------------------------ small helpers */
+
+int64_t sg__numel(int ndim, const int64_t *shape) {
+    int64_t n = 1;
+    for (int d = 0; d < ndim; d++) n *= shape[d];
+    return n;
+}
+
+bool sg__is_contiguous(const sg_tensor *t) {
+    int64_t expect = 1;
+    for (int d = t->ndim - 1; d >= 0; d--) {
+        if (t->shape[d] == 0) return true;
+        if (t->shape[d] != 1 && t->stride[d] != expect) return false;
+        expect *= t->shape[d];
+    }
+    return true;
+}
+
+const char *sg__shape_str(int ndim, const int64_t *shape, char *buf, size_t size) {
+    size_t n = (size_t)snprintf(buf, size, "[");
+    for (int d = 0; d < ndim && n < size; d++)
+        n += (size_t)snprintf(buf + n, size - n, d ? ",%lld" : "%lld", (long long)shape[d]);
+    if (n < size) snprintf(buf + n, size - n, "]");
+    return buf;
+}
+
+const char *sg__describe(const sg_tensor *t, char *buf, size_t size) {
+    if (!t) {
+        snprintf(buf, size, "NULL");
+        return buf;
+    }
+    char sh[80];
+    sg__shape_str(t->ndim, t->shape, sh, sizeof sh);
+    if (sg__is_contiguous(t)) {
+        snprintf(buf, size, "%s%s", sg_dtype_name(t->dtype), sh);
+    } else {
+        char st[80];
+        sg__shape_str(t->ndim, t->stride, st, sizeof st);
+        snprintf(buf, size, "%s%s strides %s", sg_dtype_name(t->dtype), sh, st);
+    }
+    return buf;
+}
+
+void *sg__data(const sg_tensor *t) {
+    return (char *)t->st->data + t->offset * (int64_t)sg_dtype_size(t->dtype);
+}
+
+int sg__norm_dim(int dim, int ndim) {
+    int d = dim < 0 ? dim + ndim : dim;
+    return d >= 0 && d < ndim ? d : -1;
+}
+
+/* ------------------------------------------------------------ handles */
+
+static void list_unlink(sg_tensor *t) {
+    t->prev->next = t->next;
+    t->next->prev = t->prev;
+    t->prev = t->next = NULL;
+}
+
+static void list_push_back(sg_tensor *head, sg_tensor *t) {
+    t->prev = head->prev;
+    t->next = head;
+    head->prev->next = t;
+    head->prev = t;
+}
+
+static void storage_unref(sg_ctx *ctx, sg__storage *st) {
+    if (!st || --st->refs > 0) return;
+    if (st->data) ctx->exec.free(ctx, st->data, st->nbytes);
+    sg__free(ctx, st, sizeof *st);
+}
+
+static sg_tensor *handle_new(sg_ctx *ctx, const char *op) {
+    sg_tensor *t = sg__calloc(ctx, sizeof *t);
+    if (!t) {
+        sg__fail(ctx, SG_ERR_OOM, "%s: out of host memory for a tensor handle (%zu bytes)", op,
+                 sizeof *t);
+        return NULL;
+    }
+    t->magic = SG__TENSOR_LIVE;
+    t->ctx = ctx;
+    t->id = ++ctx->next_id;
+    list_push_back(&ctx->live, t);
+    return t;
+}
+
+static void contiguous_strides(int ndim, const int64_t *shape, int64_t *stride) {
+    int64_t s = 1;
+    for (int d = ndim - 1; d >= 0; d--) {
+        stride[d] = s;
+        s *= shape[d] > 0 ? shape[d] : 1;
+    }
+}
+
+sg_tensor *sg__tensor_new(sg_ctx *ctx, const char *op, sg_dtype dt, int ndim,
+                          const int64_t *shape) {
+    char sh[96];
+    if (!sg__dtype_valid(dt)) {
+        sg__fail(ctx, SG_ERR_DTYPE, "%s: %d is not a dtype; use SG_F32, SG_F16, SG_BF16, SG_I32, "
+                 "SG_I64 or SG_BOOL", op, (int)dt);
+        return NULL;
+    }
+    if (ndim < 0 || ndim > SG_MAX_DIMS) {
+        sg__fail(ctx, SG_ERR_SHAPE, "%s: ndim %d is out of range; stepgraph tensors have 0 to %d "
+                 "dims", op, ndim, SG_MAX_DIMS);
+        return NULL;
+    }
+    if (ndim > 0 && !shape) {
+        sg__fail(ctx, SG_ERR_NULL, "%s: shape is NULL for ndim %d; pass ndim sizes", op, ndim);
+        return NULL;
+    }
+    /* Sizes are checked one by one so that the byte count cannot overflow. */
+    uint64_t bytes = sg_dtype_size(dt);
+    for (int d = 0; d < ndim; d++) {
+        if (shape[d] < 0) {
+            sg__fail(ctx, SG_ERR_SHAPE, "%s: shape %s has a negative size at dim %d; sizes must "
+                     "be >= 0", op, sg__shape_str(ndim, shape, sh, sizeof sh), d);
+            return NULL;
+        }
+        if (shape[d] > 0 && bytes > (UINT64_MAX >> 2) / (uint64_t)shape[d]) {
+            sg__fail(ctx, SG_ERR_OOM, "%s: shape %s of %s is too large to address", op,
+                     sg__shape_str(ndim, shape, sh, sizeof sh), sg_dtype_name(dt));
+            return NULL;
+        }
+        bytes *= (uint64_t)shape[d];
+    }
+    sg_tensor *t = handle_new(ctx, op);
+    if (!t) return NULL;
+    t->dtype = dt;
+    t->ndim = ndim;
+    for (int d = 0; d < ndim; d++) t->shape[d] = shape[d];
+    contiguous_strides(ndim, shape, t->stride);
+    t->st = sg__calloc(ctx, sizeof *t->st);
+    if (!t->st) {
+        sg__fail(ctx, SG_ERR_OOM, "%s: out of host memory for a storage record", op);
+        sg__tensor_drop(t);
+        return NULL;
+    }
+    t->st->refs = 1;
+    t->st->nbytes = (size_t)bytes;
+    if (ctx->exec.alloc(ctx, (size_t)bytes, &t->st->data) != SG_OK) {
+        sg__fail(ctx, SG_ERR_OOM, "%s: out of %s memory for %s%s (%llu bytes); free tensors with "
+                 "sg_release or use smaller shapes", op, ctx->exec.name, sg_dtype_name(dt),
+                 sg__shape_str(ndim, shape, sh, sizeof sh), (unsigned long long)bytes);
+        t->st->data = NULL;
+        sg__tensor_drop(t);
+        return NULL;
+    }
+    return t;
+}
+
+sg_tensor *sg__tensor_view(sg_tensor *t, const char *op, int ndim, const int64_t *shape,
+                           const int64_t *stride, int64_t offset) {
+    sg_tensor *v = handle_new(t->ctx, op);
+    if (!v) return NULL;
+    v->dtype = t->dtype;
+    v->ndim = ndim;
+    for (int d = 0; d < ndim; d++) {
+        v->shape[d] = shape[d];
+        v->stride[d] = stride[d];
+    }
+    v->offset = offset;
+    v->st = t->st;
+    v->st->refs++;
+    return v;
+}
+
+void sg__tensor_drop(sg_tensor *t) {
+    if (!t) return;
+    sg_ctx *ctx = t->ctx;
+    list_unlink(t);
+    storage_unref(ctx, t->st);
+    sg__free(ctx, t, sizeof *t);
+}
+
+void sg_release(sg_tensor *t) {
+    if (!t || t->magic != SG__TENSOR_LIVE) return;
+    sg_ctx *ctx = t->ctx;
+    list_unlink(t);
+    storage_unref(ctx, t->st);
+    t->st = NULL;
+    t->magic = SG__TENSOR_DEAD;
+    /* Keep the dead handle a while so that a later use is caught, not a crash. */
+    list_push_back(&ctx->dead, t);
+    if (++ctx->ndead > SG__QUARANTINE) {
+        sg_tensor *old = ctx->dead.next;
+        list_unlink(old);
+        sg__free(ctx, old, sizeof *old);
+        ctx->ndead--;
+    }
+}
+
+void sg__ctx_release_all(sg_ctx *ctx) {
+    while (ctx->live.next != &ctx->live) sg__tensor_drop(ctx->live.next);
+    while (ctx->dead.next != &ctx->dead) {
+        sg_tensor *t = ctx->dead.next;
+        list_unlink(t);
+        sg__free(ctx, t, sizeof *t);
+    }
+    ctx->ndead = 0;
+}
+
+/* ------------------------------------------------------------ input checks */
+
+sg_ctx *sg__check_inputs(const char *op, int n, sg_tensor *const *ts, const bool *optional) {
+    sg_ctx *ctx = NULL;
+    for (int i = 0; i < n; i++)
+        if (ts[i] && (ts[i]->magic == SG__TENSOR_LIVE || ts[i]->magic == SG__TENSOR_DEAD)) {
+            ctx = ts[i]->ctx;
+            break;
+        }
+    if (!ctx) return NULL;
+    for (int i = 0; i < n; i++) {
+        if (!ts[i]) {
+            if (optional && optional[i]) continue;
+            return NULL; /* an earlier op failed and said why */
+        }
+        if (ts[i]->magic == SG__TENSOR_DEAD) {
+            sg__fail(ctx, SG_ERR_RELEASED, "%s: input %d (tensor #%u) was released with "
+                     "sg_release; keep it until its last use", op, i, ts[i]->id);
+            return NULL;
+        }
+        if (ts[i]->magic != SG__TENSOR_LIVE) {
+            sg__fail(ctx, SG_ERR_INVALID_ARG, "%s: input %d is not a stepgraph tensor", op, i);
+            return NULL;
+        }
+        if (ts[i]->ctx != ctx) {
+            sg__fail(ctx, SG_ERR_WRONG_CONTEXT, "%s: input %d belongs to another context than "
+                     "input 0; copy it over with sg_read and sg_from_host", op, i);
+            return NULL;
+        }
+    }
+    return ctx;
+}
+
+sg_status sg__inputs_status(int n, sg_tensor *const *ts) {
+    for (int i = 0; i < n; i++) {
+        if (!ts[i]) return SG_ERR_NULL;
+        if (ts[i]->magic == SG__TENSOR_DEAD) return SG_ERR_RELEASED;
+        if (ts[i]->magic != SG__TENSOR_LIVE) return SG_ERR_INVALID_ARG;
+        if (ts[i]->ctx != ts[0]->ctx) return SG_ERR_WRONG_CONTEXT;
+    }
+    return SG_ERR_INVALID_ARG;
+}
+
+/* A single tensor argument of a non-op call: its context, or NULL with status. */
+static sg_status check_one(const char *what, const sg_tensor *t) {
+    if (!t) return SG_ERR_NULL;
+    if (t->magic == SG__TENSOR_DEAD)
+        return sg__fail(t->ctx, SG_ERR_RELEASED, "%s: tensor #%u was released with sg_release; "
+                        "keep it until its last use", what, t->id);
+    if (t->magic != SG__TENSOR_LIVE) return SG_ERR_INVALID_ARG;
+    return SG_OK;
+}
+
+bool sg__broadcast(sg_ctx *ctx, const char *op, int n, sg_tensor *const *ts, int *ndim,
+                   int64_t *shape) {
+    int nd = 0;
+    for (int i = 0; i < n; i++)
+        if (ts[i] && ts[i]->ndim > nd) nd = ts[i]->ndim;
+    for (int d = 0; d < nd; d++) shape[d] = 1;
+    for (int i = 0; i < n; i++) {
+        const sg_tensor *t = ts[i];
+        if (!t) continue;
+        for (int d = 0; d < t->ndim; d++) {
+            int o = nd - t->ndim + d;
+            int64_t s = t->shape[d];
+            if (s == shape[o] || s == 1) continue;
+            if (shape[o] == 1) {
+                shape[o] = s;
+                continue;
+            }
+            char a[SG__DESC], b[SG__DESC];
+            sg__fail(ctx, SG_ERR_SHAPE, "%s: shapes %s and %s do not broadcast (dim %d: %lld vs "
+                     "%lld); sizes must match or be 1", op, sg__describe(ts[0], a, sizeof a),
+                     sg__describe(t, b, sizeof b), o - nd, (long long)shape[o], (long long)s);
+            return false;
+        }
+    }
+    *ndim = nd;
+    return true;
+}
+
+void sg__broadcast_strides(const sg_tensor *t, int ndim, const int64_t *shape, int64_t *stride) {
+    for (int d = 0; d < ndim; d++) {
+        int s = d - (ndim - t->ndim);
+        stride[d] = s < 0 || (t->shape[s] == 1 && shape[d] != 1) ? 0 : t->stride[s];
+    }
+}
+
+/* ------------------------------------------------------------ dispatch */
+
+sg_status sg__dispatch(sg_ctx *ctx, const sg__node *n) { return ctx->exec.run(ctx, n); }
+
+sg_tensor *sg__run_new(sg_ctx *ctx, sg__node *n, sg_dtype dt, int ndim, const int64_t *shape) {
+    sg_tensor *out = sg__tensor_new(ctx, sg__op_name(n->op), dt, ndim, shape);
+    if (!out) return NULL;
+    n->out = out;
+    if (sg__dispatch(ctx, n) != SG_OK) {
+        sg__tensor_drop(out);
+        return NULL;
+    }
+    return out;
+}
+
+/* ------------------------------------------------------------ making tensors */
+
+sg_tensor *sg_empty(sg_ctx *ctx, sg_dtype dt, int ndim, const int64_t *shape) {
+    if (!ctx) return NULL;
+    return sg__tensor_new(ctx, "sg_empty", dt, ndim, shape);
+}
+
+sg_tensor *sg_full(sg_ctx *ctx, sg_dtype dt, int ndim, const int64_t *shape, double value) {
+    if (!ctx) return NULL;
+    sg_tensor *t = sg__tensor_new(ctx, "sg_full", dt, ndim, shape);
+    if (t && sg_fill_(t, value) != SG_OK) {
+        sg__tensor_drop(t);
+        return NULL;
+    }
+    return t;
+}
+
+sg_tensor *sg_zeros(sg_ctx *ctx, sg_dtype dt, int ndim, const int64_t *shape) {
+    return sg_full(ctx, dt, ndim, shape, 0.0);
+}
+
+sg_tensor *sg_from_host(sg_ctx *ctx, sg_dtype dt, int ndim, const int64_t *shape,
+                        const void *data) {
+    if (!ctx) return NULL;
+    sg_tensor *t = sg__tensor_new(ctx, "sg_from_host", dt, ndim, shape);
+    if (!t) return NULL;
+    size_t nbytes = (size_t)sg__numel(ndim, shape) * sg_dtype_size(dt);
+    if (nbytes && !data) {
+        sg__fail(ctx, SG_ERR_NULL, "sg_from_host: data is NULL for %zu bytes", nbytes);
+        sg__tensor_drop(t);
+        return NULL;
+    }
+    if (nbytes && ctx->exec.upload(ctx, t->st->data, data, nbytes) != SG_OK) {
+        sg__tensor_drop(t);
+        return NULL;
+    }
+    return t;
+}
+
+/* ------------------------------------------------------------ facts */
+
+static bool live(const sg_tensor *t) { return t && t->magic == SG__TENSOR_LIVE; }
+
+sg_ctx *sg_tensor_ctx(const sg_tensor *t) { return live(t) ? t->ctx : NULL; }
+sg_dtype sg_tensor_dtype(const sg_tensor *t) { return live(t) ? t->dtype : SG_F32; }
+int sg_tensor_ndim(const sg_tensor *t) { return live(t) ? t->ndim : 0; }
+int64_t sg_tensor_numel(const sg_tensor *t) { return live(t) ? sg__numel(t->ndim, t->shape) : 0; }
+bool sg_tensor_is_contiguous(const sg_tensor *t) { return live(t) && sg__is_contiguous(t); }
+
+int64_t sg_tensor_size(const sg_tensor *t, int dim) {
+    if (!live(t)) return 0;
+    int d = sg__norm_dim(dim, t->ndim);
+    return d < 0 ? 0 : t->shape[d];
+}
+
+int64_t sg_tensor_stride(const sg_tensor *t, int dim) {
+    if (!live(t)) return 0;
+    int d = sg__norm_dim(dim, t->ndim);
+    return d < 0 ? 0 : t->stride[d];
+}
+
+sg_status sg_tensor_shape(const sg_tensor *t, int64_t *shape) {
+    sg_status s = check_one("sg_tensor_shape", t);
+    if (s != SG_OK) return s;
+    if (!shape) return sg__fail(t->ctx, SG_ERR_NULL, "sg_tensor_shape: shape is NULL");
+    for (int d = 0; d < t->ndim; d++) shape[d] = t->shape[d];
+    return SG_OK;
+}
+
+const char *sg_tensor_describe(const sg_tensor *t, char *buf, size_t size) {
+    if (!buf || size == 0) return "";
+    if (t && t->magic == SG__TENSOR_DEAD) {
+        snprintf(buf, size, "released");
+        return buf;
+    }
+    return sg__describe(live(t) ? t : NULL, buf, size);
+}
+
+/* ------------------------------------------------------------ host transfer */
+
+static sg_status check_nbytes(const char *what, const sg_tensor *t, const void *p, size_t nbytes) {
+    size_t want = (size_t)sg__numel(t->ndim, t->shape) * sg_dtype_size(t->dtype);
+    char d[SG__DESC];
+    if (nbytes != want)
+        return sg__fail(t->ctx, SG_ERR_INVALID_ARG, "%s: %s holds %zu bytes but %zu were given; "
+                        "pass numel * sg_dtype_size(dtype)", what, sg__describe(t, d, sizeof d),
+                        want, nbytes);
+    if (nbytes && !p) return sg__fail(t->ctx, SG_ERR_NULL, "%s: the host buffer is NULL", what);
+    return SG_OK;
+}
+
+sg_status sg_write(sg_tensor *t, const void *src, size_t nbytes) {
+    sg_status s = check_one("sg_write", t);
+    if (s == SG_OK) s = check_nbytes("sg_write", t, src, nbytes);
+    if (s != SG_OK || nbytes == 0) return s;
+    sg_ctx *ctx = t->ctx;
+    if (sg__is_contiguous(t)) return ctx->exec.upload(ctx, sg__data(t), src, nbytes);
+    /* Strided destination: stage contiguously, then copy on the backend. */
+    sg_tensor *tmp = sg__tensor_new(ctx, "sg_write", t->dtype, t->ndim, t->shape);
+    if (!tmp) return ctx->status;
+    s = ctx->exec.upload(ctx, tmp->st->data, src, nbytes);
+    if (s == SG_OK) s = sg_copy_(t, tmp);
+    sg__tensor_drop(tmp);
+    return s;
+}
+
+sg_status sg_read(const sg_tensor *t, void *dst, size_t nbytes) {
+    sg_status s = check_one("sg_read", t);
+    if (s == SG_OK) s = check_nbytes("sg_read", t, dst, nbytes);
+    if (s != SG_OK || nbytes == 0) return s;
+    sg_ctx *ctx = t->ctx;
+    if (sg__is_contiguous(t)) return ctx->exec.download(ctx, dst, sg__data(t), nbytes);
+    sg_tensor *tmp = sg__tensor_new(ctx, "sg_read", t->dtype, t->ndim, t->shape);
+    if (!tmp) return ctx->status;
+    s = sg_copy_(tmp, (sg_tensor *)t);
+    if (s == SG_OK) s = ctx->exec.download(ctx, dst, tmp->st->data, nbytes);
+    sg__tensor_drop(tmp);
+    return s;
+}
+
+/* IEEE half and bfloat16 to float, for sg_item. */
+static float half_to_float(uint16_t h) {
+    int e = (h >> 10) & 31, m = h & 1023;
+    float v = e == 0 ? ldexpf((float)m, -24) : e == 31 ? (m ? NAN : INFINITY)
+                                                        : ldexpf((float)(m | 1024), e - 25);
+    return h & 0x8000 ? -v : v;
+}
+
+sg_status sg_item(const sg_tensor *t, double *value) {
+    sg_status s = check_one("sg_item", t);
+    if (s != SG_OK) return s;
+    char d[SG__DESC];
+    if (sg__numel(t->ndim, t->shape) != 1)
+        return sg__fail(t->ctx, SG_ERR_SHAPE, "sg_item: %s has %lld elements, not 1; use sg_read "
+                        "for more", sg__describe(t, d, sizeof d),
+                        (long long)sg__numel(t->ndim, t->shape));
+    if (!value) return sg__fail(t->ctx, SG_ERR_NULL, "sg_item: value is NULL");
+    union {
+        float f;
+        uint16_t h;
+        int32_t i;
+        int64_t l;
+        uint8_t b;
+        uint32_t u;
+    } v;
+    memset(&v, 0, sizeof v);
+    s = t->ctx->exec.download(t->ctx, &v, sg__data(t), sg_dtype_size(t->dtype));
+    if (s != SG_OK) return s;
+    switch (t->dtype) {
+    case SG_F32: *value = v.f; break;
+    case SG_F16: *value = half_to_float(v.h); break;
+    case SG_BF16: {
+        uint32_t u = (uint32_t)v.h << 16;
+        float f;
+        memcpy(&f, &u, 4);
+        *value = f;
+        break;
+    }
+    case SG_I32: *value = v.i; break;
+    case SG_I64: *value = (double)v.l; break;
+    case SG_BOOL: *value = v.b ? 1.0 : 0.0; break;
+    }
+    return SG_OK;
+}

@@ -1,0 +1,52 @@
+/*
+ * backend.c -- sg_ctx_create and sg_ctx_destroy: pick a backend (AUTO takes
+ * the first present of cuda > hip > ze > cpu) and let it fill the executor.
+ */
+#include "backend.h"
+
+sg_status sg_ctx_create(const sg_ctx_opts *opts, sg_ctx **out) {
+    if (!out) {
+        sg__set_create_error("sg_ctx_create: out is NULL; pass the address of an sg_ctx pointer");
+        return SG_ERR_NULL;
+    }
+    *out = NULL;
+    sg_backend want = opts ? opts->backend : SG_BACKEND_AUTO;
+    if ((unsigned)want > SG_BACKEND_ZE) {
+        sg__set_create_error("sg_ctx_create: backend %d is not an sg_backend value", (int)want);
+        return SG_ERR_INVALID_ARG;
+    }
+    if (want == SG_BACKEND_CUDA || want == SG_BACKEND_HIP || want == SG_BACKEND_ZE) {
+        sg__set_create_error("sg_ctx_create: the %s backend is not built into this stepgraph; "
+                             "use SG_BACKEND_CPU or SG_BACKEND_AUTO",
+                             sg_backend_name(want));
+        return SG_ERR_BACKEND_UNAVAILABLE;
+    }
+    sg_ctx tmp;
+    memset(&tmp, 0, sizeof tmp);
+    sg__ctx_init(&tmp, opts);
+    sg_ctx *ctx = tmp.alloc(tmp.alloc_user, NULL, 0, sizeof *ctx);
+    if (!ctx) {
+        sg__set_create_error("sg_ctx_create: out of host memory for the context (%zu bytes)",
+                             sizeof *ctx);
+        return SG_ERR_OOM;
+    }
+    *ctx = tmp;
+    sg__ctx_init(ctx, opts); /* the list sentinels must point into *ctx */
+    ctx->host_live = ctx->host_peak = sizeof *ctx;
+    ctx->backend = SG_BACKEND_CPU;
+    sg_status s = sg__cpu_init(ctx);
+    if (s != SG_OK) {
+        sg__set_create_error("%s", ctx->msg);
+        ctx->alloc(ctx->alloc_user, ctx, sizeof *ctx, 0);
+        return s;
+    }
+    *out = ctx;
+    return SG_OK;
+}
+
+void sg_ctx_destroy(sg_ctx *ctx) {
+    if (!ctx) return;
+    sg__ctx_release_all(ctx);
+    if (ctx->exec.destroy) ctx->exec.destroy(ctx);
+    ctx->alloc(ctx->alloc_user, ctx, sizeof *ctx, 0);
+}
