@@ -69,8 +69,15 @@ typedef struct sg__node {
 /* Bytes that tensors share: a base and its views point at one storage. */
 typedef struct sg__storage {
     int refs;
+    int pins;   /* refs held by compiled fns (a param the user no longer holds has refs == pins) */
     void *data; /* host pointer, or a device address for device backends */
     size_t nbytes;
+    bool owned; /* data was allocated for this storage (not pool bytes) */
+    uint32_t born;          /* ctx->next_id when it was made: which call made it */
+    uint32_t gen;           /* bumped when a later step overwrites the bytes */
+    uint32_t overwritten_in; /* the step that last did */
+    uint32_t cap_id;        /* the capture that last classified this storage ... */
+    int cap_slot;           /* ... and the IR slot it got there */
 } sg__storage;
 
 #define SG__TENSOR_LIVE 0x5347544eu /* "SGTN" */
@@ -86,6 +93,8 @@ struct sg_tensor {
     int64_t stride[SG_MAX_DIMS]; /* in elements */
     int64_t offset;              /* in elements, into storage */
     sg__storage *st;
+    uint32_t st_gen; /* st->gen when this handle was made: a mismatch means stale */
+    bool fn_owned;   /* an output handle in a compiled fn's ring, not in the lists */
     sg_tensor *prev, *next; /* the context's list of live or quarantined handles */
 };
 
@@ -99,7 +108,8 @@ typedef struct sg__exec {
     sg_status (*run)(sg_ctx *ctx, const sg__node *n);
     sg_status (*alloc)(sg_ctx *ctx, size_t nbytes, void **data);
     void (*free)(sg_ctx *ctx, void *data, size_t nbytes);
-    /* Byte copies between a storage and the host. */
+    /* Byte copies: device to device, and between a storage and the host. */
+    sg_status (*copy)(sg_ctx *ctx, void *dst, const void *src, size_t nbytes);
     sg_status (*download)(sg_ctx *ctx, void *dst, const void *src, size_t nbytes);
     sg_status (*upload)(sg_ctx *ctx, void *dst, const void *src, size_t nbytes);
     void (*destroy)(sg_ctx *ctx);
@@ -124,6 +134,11 @@ struct sg_ctx {
 
     sg__exec exec;
 
+    struct sg__rec *rec;    /* the capture in progress, or NULL */
+    struct sg__pool *pool;  /* the static memory pool of compiled fns (memory/) */
+    struct sg_fn *fns;      /* compiled fns, for the pool to re-point on growth */
+    struct sg_fn *dead_fns; /* destroyed fns' records, freed with the context */
+    uint32_t step;          /* sg_mark_step_begin count */
     uint32_t next_id;
     sg_tensor live;      /* sentinel of the live handle list */
     sg_tensor dead;      /* sentinel of the quarantine (oldest first) */
@@ -172,6 +187,11 @@ SG__HIDDEN sg_tensor *sg__tensor_new(sg_ctx *ctx, const char *op, sg_dtype dt, i
 /* A new handle over t's storage with the given geometry (a view). */
 SG__HIDDEN sg_tensor *sg__tensor_view(sg_tensor *t, const char *op, int ndim, const int64_t *shape,
                                       const int64_t *stride, int64_t offset);
+/* Put a handle that stepgraph made outside the lists into the quarantine
+ * (magic DEAD), as if the user had released it. */
+SG__HIDDEN void sg__tensor_bury(sg_tensor *t);
+/* Drop one reference to a storage; frees it with the last. */
+SG__HIDDEN void sg__storage_unref(sg_ctx *ctx, sg__storage *st);
 /* Drop a handle made inside stepgraph (no use-after-release tracking). */
 SG__HIDDEN void sg__tensor_drop(sg_tensor *t);
 /* The address of element 0 (offset applied). */
@@ -197,7 +217,87 @@ SG__HIDDEN bool sg__broadcast(sg_ctx *ctx, const char *op, int n, sg_tensor *con
 SG__HIDDEN void sg__broadcast_strides(const sg_tensor *t, int ndim, const int64_t *shape,
                                       int64_t *stride);
 
-/* Hand a node to the executor (or, later, the recorder). */
+/* ------------------------------------------------------------ IR (record.c) */
+
+/*
+ * A capture records the ops of one run of a step as IR: slots are the
+ * storages the step touched (its inputs, the parameters it read, the
+ * buffers it made), refs are tensors as (slot, geometry), nodes are ops over
+ * refs. The capture runs the step for real at the same time, so its first
+ * call returns real results; what it records is what replays run.
+ */
+typedef enum sg__slot_kind { SG__SLOT_INPUT, SG__SLOT_PARAM, SG__SLOT_INTERNAL } sg__slot_kind;
+
+typedef struct sg__slot {
+    sg__slot_kind kind;
+    int input;          /* INPUT: which input */
+    sg__storage *param; /* PARAM: the storage, pinned by the fn */
+    size_t nbytes;      /* INTERNAL: bytes */
+    int first, last;    /* nodes that first write and last touch it; -1 none */
+    int output;         /* INTERNAL: -1, or the first output that lives here */
+    int mutated_by;     /* INPUT/PARAM: the first node that writes it, or -1 */
+} sg__slot;
+
+typedef struct sg__ref {
+    int slot;
+    sg_dtype dtype;
+    int ndim;
+    int64_t shape[SG_MAX_DIMS], stride[SG_MAX_DIMS];
+    int64_t offset; /* elements from the slot's base (an input's element 0) */
+} sg__ref;
+
+typedef struct sg__irnode {
+    sg__op op;
+    double f[3];
+    int64_t i[3];
+    uint32_t mask;
+    int nin;
+    int args; /* index of the first of nin ref ids in ir->args (-1: optional input left out) */
+    int out;  /* ref id */
+} sg__irnode;
+
+typedef struct sg__ir {
+    sg__slot *slots;
+    sg__ref *refs;
+    sg__irnode *nodes;
+    int *args;
+    int nslots, nrefs, nnodes, nargs;
+    int cap_slots, cap_refs, cap_nodes, cap_args;
+    int nin, nout;
+    int *out_refs; /* nout ref ids */
+} sg__ir;
+
+typedef struct sg__rec {
+    sg__ir *ir;
+    sg_tensor *const *in;     /* the step's inputs: input refs are relative to their element 0 */
+    uint32_t id;
+    bool fullgraph;
+    bool broken;              /* a graph break happened: the IR is not replayable */
+    char why[SG__MSG_SIZE];   /* the reason */
+} sg__rec;
+
+/* Start recording into ir (already zeroed) for a step with these inputs. */
+SG__HIDDEN sg_status sg__rec_begin(sg_ctx *ctx, sg__rec *rec, sg__ir *ir, int nin,
+                                   sg_tensor *const *in, bool fullgraph);
+/* Stop recording; note the outputs (which must be non-NULL). */
+SG__HIDDEN sg_status sg__rec_end(sg_ctx *ctx, int nout, sg_tensor *const *out);
+/* Record one node (called by sg__dispatch while recording). */
+SG__HIDDEN sg_status sg__rec_node(sg_ctx *ctx, const sg__node *n);
+/* A new storage made while recording becomes an internal slot. */
+SG__HIDDEN void sg__rec_storage(sg_ctx *ctx, sg__storage *st);
+/* A host read or write of tensor data while recording: a graph break. With
+ * fullgraph it fails (SG_ERR_GRAPH_BREAK, message naming what); otherwise it
+ * marks the capture broken and returns SG_OK so the step runs on eagerly. */
+SG__HIDDEN sg_status sg__rec_break(sg_ctx *ctx, const char *what, const sg_tensor *t);
+/* Free an IR's arrays and unpin its params. */
+SG__HIDDEN void sg__ir_free(sg_ctx *ctx, sg__ir *ir);
+/* One IR node as text ("%5 = add(%3, %4) : f32[4,8]") into buf. */
+SG__HIDDEN const char *sg__ir_node_str(const sg__ir *ir, int node, char *buf, size_t size);
+
+/* The status of a stale tensor, with its message, or SG_OK. */
+SG__HIDDEN sg_status sg__check_stale(const sg_tensor *t, const char *what);
+
+/* Hand a node to the executor (and to the recorder while capturing). */
 SG__HIDDEN sg_status sg__dispatch(sg_ctx *ctx, const sg__node *n);
 
 /*

@@ -75,9 +75,9 @@ static void list_push_back(sg_tensor *head, sg_tensor *t) {
     head->prev = t;
 }
 
-static void storage_unref(sg_ctx *ctx, sg__storage *st) {
+void sg__storage_unref(sg_ctx *ctx, sg__storage *st) {
     if (!st || --st->refs > 0) return;
-    if (st->data) ctx->exec.free(ctx, st->data, st->nbytes);
+    if (st->data && st->owned) ctx->exec.free(ctx, st->data, st->nbytes);
     sg__free(ctx, st, sizeof *st);
 }
 
@@ -149,6 +149,9 @@ sg_tensor *sg__tensor_new(sg_ctx *ctx, const char *op, sg_dtype dt, int ndim,
     }
     t->st->refs = 1;
     t->st->nbytes = (size_t)bytes;
+    t->st->owned = true;
+    t->st->born = t->id;
+    t->st->cap_slot = -1;
     if (ctx->exec.alloc(ctx, (size_t)bytes, &t->st->data) != SG_OK) {
         sg__fail(ctx, SG_ERR_OOM, "%s: out of %s memory for %s%s (%llu bytes); free tensors with "
                  "sg_release or use smaller shapes", op, ctx->exec.name, sg_dtype_name(dt),
@@ -157,6 +160,7 @@ sg_tensor *sg__tensor_new(sg_ctx *ctx, const char *op, sg_dtype dt, int ndim,
         sg__tensor_drop(t);
         return NULL;
     }
+    if (ctx->rec) sg__rec_storage(ctx, t->st);
     return t;
 }
 
@@ -173,6 +177,7 @@ sg_tensor *sg__tensor_view(sg_tensor *t, const char *op, int ndim, const int64_t
     v->offset = offset;
     v->st = t->st;
     v->st->refs++;
+    v->st_gen = t->st_gen;
     return v;
 }
 
@@ -180,18 +185,13 @@ void sg__tensor_drop(sg_tensor *t) {
     if (!t) return;
     sg_ctx *ctx = t->ctx;
     list_unlink(t);
-    storage_unref(ctx, t->st);
+    sg__storage_unref(ctx, t->st);
     sg__free(ctx, t, sizeof *t);
 }
 
-void sg_release(sg_tensor *t) {
-    if (!t || t->magic != SG__TENSOR_LIVE) return;
-    sg_ctx *ctx = t->ctx;
-    list_unlink(t);
-    storage_unref(ctx, t->st);
-    t->st = NULL;
+/* Keep a dead handle a while so that a later use is caught, not a crash. */
+static void quarantine(sg_ctx *ctx, sg_tensor *t) {
     t->magic = SG__TENSOR_DEAD;
-    /* Keep the dead handle a while so that a later use is caught, not a crash. */
     list_push_back(&ctx->dead, t);
     if (++ctx->ndead > SG__QUARANTINE) {
         sg_tensor *old = ctx->dead.next;
@@ -199,6 +199,26 @@ void sg_release(sg_tensor *t) {
         sg__free(ctx, old, sizeof *old);
         ctx->ndead--;
     }
+}
+
+void sg__tensor_bury(sg_tensor *t) {
+    t->fn_owned = false;
+    quarantine(t->ctx, t);
+}
+
+void sg_release(sg_tensor *t) {
+    if (!t || t->magic != SG__TENSOR_LIVE) return;
+    sg_ctx *ctx = t->ctx;
+    if (t->fn_owned) { /* an output handle: its fn keeps the handle itself */
+        sg__storage_unref(ctx, t->st);
+        t->st = NULL;
+        t->magic = SG__TENSOR_DEAD;
+        return;
+    }
+    list_unlink(t);
+    sg__storage_unref(ctx, t->st);
+    t->st = NULL;
+    quarantine(ctx, t);
 }
 
 void sg__ctx_release_all(sg_ctx *ctx) {
@@ -240,6 +260,7 @@ sg_ctx *sg__check_inputs(const char *op, int n, sg_tensor *const *ts, const bool
                      "input 0; copy it over with sg_read and sg_from_host", op, i);
             return NULL;
         }
+        if (sg__check_stale(ts[i], op) != SG_OK) return NULL;
     }
     return ctx;
 }
@@ -261,7 +282,16 @@ static sg_status check_one(const char *what, const sg_tensor *t) {
         return sg__fail(t->ctx, SG_ERR_RELEASED, "%s: tensor #%u was released with sg_release; "
                         "keep it until its last use", what, t->id);
     if (t->magic != SG__TENSOR_LIVE) return SG_ERR_INVALID_ARG;
-    return SG_OK;
+    return sg__check_stale(t, what);
+}
+
+sg_status sg__check_stale(const sg_tensor *t, const char *what) {
+    if (!t->st || t->st_gen == t->st->gen) return SG_OK;
+    char d[SG__DESC];
+    return sg__fail(t->ctx, SG_ERR_STALE_OUTPUT, "%s: tensor #%u (%s) is an output of a compiled "
+                    "step, and the call in step %u overwrote it; sg_clone the outputs you keep "
+                    "before calling the fn again after sg_mark_step_begin", what, t->id,
+                    sg__describe(t, d, sizeof d), t->st->overwritten_in);
 }
 
 bool sg__broadcast(sg_ctx *ctx, const char *op, int n, sg_tensor *const *ts, int *ndim,
@@ -301,7 +331,13 @@ void sg__broadcast_strides(const sg_tensor *t, int ndim, const int64_t *shape, i
 
 /* ------------------------------------------------------------ dispatch */
 
-sg_status sg__dispatch(sg_ctx *ctx, const sg__node *n) { return ctx->exec.run(ctx, n); }
+sg_status sg__dispatch(sg_ctx *ctx, const sg__node *n) {
+    if (ctx->rec && !ctx->rec->broken) {
+        sg_status s = sg__rec_node(ctx, n);
+        if (s != SG_OK) return s;
+    }
+    return ctx->exec.run(ctx, n);
+}
 
 sg_tensor *sg__run_new(sg_ctx *ctx, sg__node *n, sg_dtype dt, int ndim, const int64_t *shape) {
     sg_tensor *out = sg__tensor_new(ctx, sg__op_name(n->op), dt, ndim, shape);
@@ -343,6 +379,10 @@ sg_tensor *sg_from_host(sg_ctx *ctx, sg_dtype dt, int ndim, const int64_t *shape
     size_t nbytes = (size_t)sg__numel(ndim, shape) * sg_dtype_size(dt);
     if (nbytes && !data) {
         sg__fail(ctx, SG_ERR_NULL, "sg_from_host: data is NULL for %zu bytes", nbytes);
+        sg__tensor_drop(t);
+        return NULL;
+    }
+    if (ctx->rec && sg__rec_break(ctx, "sg_from_host", t) != SG_OK) {
         sg__tensor_drop(t);
         return NULL;
     }
@@ -410,6 +450,7 @@ sg_status sg_write(sg_tensor *t, const void *src, size_t nbytes) {
     if (s == SG_OK) s = check_nbytes("sg_write", t, src, nbytes);
     if (s != SG_OK || nbytes == 0) return s;
     sg_ctx *ctx = t->ctx;
+    if (ctx->rec && (s = sg__rec_break(ctx, "sg_write", t)) != SG_OK) return s;
     if (sg__is_contiguous(t)) return ctx->exec.upload(ctx, sg__data(t), src, nbytes);
     /* Strided destination: stage contiguously, then copy on the backend. */
     sg_tensor *tmp = sg__tensor_new(ctx, "sg_write", t->dtype, t->ndim, t->shape);
@@ -425,6 +466,7 @@ sg_status sg_read(const sg_tensor *t, void *dst, size_t nbytes) {
     if (s == SG_OK) s = check_nbytes("sg_read", t, dst, nbytes);
     if (s != SG_OK || nbytes == 0) return s;
     sg_ctx *ctx = t->ctx;
+    if (ctx->rec && (s = sg__rec_break(ctx, "sg_read", t)) != SG_OK) return s;
     if (sg__is_contiguous(t)) return ctx->exec.download(ctx, dst, sg__data(t), nbytes);
     sg_tensor *tmp = sg__tensor_new(ctx, "sg_read", t->dtype, t->ndim, t->shape);
     if (!tmp) return ctx->status;
@@ -451,6 +493,7 @@ sg_status sg_item(const sg_tensor *t, double *value) {
                         "for more", sg__describe(t, d, sizeof d),
                         (long long)sg__numel(t->ndim, t->shape));
     if (!value) return sg__fail(t->ctx, SG_ERR_NULL, "sg_item: value is NULL");
+    if (t->ctx->rec && (s = sg__rec_break(t->ctx, "sg_item", t)) != SG_OK) return s;
     union {
         float f;
         uint16_t h;

@@ -2,7 +2,7 @@
  * backend.c -- sg_ctx_create and sg_ctx_destroy: pick a backend (AUTO takes
  * the first present of cuda > hip > ze > cpu) and let it fill the executor.
  */
-#include "backend.h"
+#include "graphs.h"
 
 sg_status sg_ctx_create(const sg_ctx_opts *opts, sg_ctx **out) {
     if (!out) {
@@ -46,7 +46,9 @@ sg_status sg_ctx_create(const sg_ctx_opts *opts, sg_ctx **out) {
 
 void sg_ctx_destroy(sg_ctx *ctx) {
     if (!ctx) return;
+    sg__fns_destroy_all(ctx); /* before tensors: captures pin parameters */
     sg__ctx_release_all(ctx);
+    sg__pool_destroy(ctx);
     if (ctx->exec.destroy) ctx->exec.destroy(ctx);
     ctx->alloc(ctx->alloc_user, ctx, sizeof *ctx, 0);
 }

@@ -367,6 +367,131 @@ SG_API sg_status sg_add_(sg_tensor *dst, sg_tensor *src);
 /* dst.index(dim, idx[i]) = src.index(dim, i): idx 1-d i32/i64 in range. */
 SG_API sg_status sg_index_copy_(sg_tensor *dst, int dim, sg_tensor *idx, sg_tensor *src);
 
+/* ---------------------------------------------------------------- compiled steps */
+/*
+ * A step is a function over tensor ops. sg_compile wraps it in an sg_fn;
+ * sg_call runs it. In the compiling modes the first call for a new input
+ * signature *captures* the step: it runs the step for real (so the first
+ * call returns real results) and records every op into IR, plans every
+ * buffer the step makes into the context's static memory pool, and from
+ * then on each call *replays* the recording with no allocation at all.
+ * The modes mean what torch.compile's do:
+ *
+ *   SG_MODE_EAGER                    no capture: the step runs op by op, every call
+ *   SG_MODE_DEFAULT                  captured; kernels launched one by one
+ *   SG_MODE_REDUCE_OVERHEAD          captured; replayed as one device graph
+ *   SG_MODE_MAX_AUTOTUNE             + kernels tuned on the real shapes
+ *   SG_MODE_MAX_AUTOTUNE_NO_GRAPHS   tuned, launched one by one
+ *
+ * On the CPU today all four compiling modes replay the recorded plan op by
+ * op with the eager kernels (fusion and code generation come next).
+ *
+ * What a step may do: read its inputs and any tensors made outside it (its
+ * *parameters*: weights, caches), make new tensors with ops (they belong to
+ * the step and vanish after it), and update inputs and parameters in place
+ * (sg_copy_, sg_add_, sg_index_copy_, sg_fill_): replays repeat those
+ * updates on the same tensors (inputs: on the tensors passed to that call).
+ * What it may not rely on: host reads or writes of tensor data (sg_read,
+ * sg_item, sg_write, sg_from_host) are *graph breaks* -- with fullgraph they
+ * fail with SG_ERR_GRAPH_BREAK; without it that signature runs eagerly from
+ * then on (logged under "graph_breaks" and "fallbacks"). Host values the
+ * step reads from your own structs are baked into the capture: pass what
+ * changes per call as a tensor (a position as an i64 tensor, not an int),
+ * and if you swap a parameter for another tensor, call sg_fn_reset.
+ *
+ * Guards: a capture holds for the dtypes, shapes and strides of the inputs
+ * and for which inputs share storage. Another signature is captured anew
+ * (logged under "recompiles", with the guard that failed), up to
+ * cache_size_limit captures; past that, new signatures run eagerly (said
+ * once under "fallbacks"). A new *address* for an input is not a miss.
+ *
+ * Outputs and steps: outputs of sg_call are handles owned by the fn,
+ * valid until a later call overwrites them. sg_mark_step_begin(ctx) opens
+ * a new step: the first call of a fn in a step reuses the output buffers of
+ * the fn's first call of the previous step, the second call those of the
+ * second, and so on; within one step, calls never overwrite each other's
+ * outputs (a second call in a step gets its own output buffers, made once).
+ * An output set whose handles were all released with sg_release is
+ * reused at once. Using an overwritten output, or a view of it, fails with
+ * SG_ERR_STALE_OUTPUT naming the step that overwrote it (detected for the
+ * 64 most recent calls of the fn); sg_clone what you keep. Without any
+ * sg_mark_step_begin, release outputs when done, or each call takes new
+ * output buffers (a perf hint says so).
+ */
+typedef enum sg_mode {
+    SG_MODE_EAGER = 0,
+    SG_MODE_DEFAULT,
+    SG_MODE_REDUCE_OVERHEAD,
+    SG_MODE_MAX_AUTOTUNE,
+    SG_MODE_MAX_AUTOTUNE_NO_GRAPHS
+} sg_mode;
+
+/* "eager", "default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs". */
+SG_API const char *sg_mode_name(sg_mode m);
+
+typedef enum sg_dynamic {
+    SG_DYNAMIC_AUTO = 0, /* as torch: specialize per shape (for now) */
+    SG_DYNAMIC_FALSE,    /* specialize per shape */
+    SG_DYNAMIC_TRUE      /* asks for shape-generic captures: specialized per shape for now,
+                            with a perf hint */
+} sg_dynamic;
+
+typedef struct sg_compile_opts {
+    sg_mode mode;         /* SG_MODE_EAGER when zero: pass a mode */
+    bool fullgraph;       /* graph breaks are errors instead of eager fallbacks */
+    sg_dynamic dynamic;
+    int cache_size_limit; /* captures per fn; 0 means the default, 8 */
+    bool disable;         /* run eagerly, as torch.compile(disable=True) */
+    const char *name;     /* for logs and sg_fn_explain; "step" when NULL */
+} sg_compile_opts;
+
+typedef struct sg_fn sg_fn;
+
+/*
+ * The step: in holds nin tensors, out has room for nout. Set every out[i]
+ * to a tensor (one the step made, an input, or a parameter) and return
+ * SG_OK; a status other than SG_OK fails the call with it.
+ */
+typedef sg_status (*sg_step_fn)(sg_ctx *ctx, sg_tensor *const *in, sg_tensor **out, void *user);
+
+/* Wrap step; nothing runs until the first sg_call. opts may be NULL (eager). */
+SG_API sg_status sg_compile(sg_ctx *ctx, sg_step_fn step, void *user, int nin, int nout,
+                            const sg_compile_opts *opts, sg_fn **fn);
+/*
+ * Run the step on nin inputs of fn's context; out gets nout output handles
+ * (owned by fn; see above). On failure out is untouched and the reason is
+ * in sg_last_error.
+ */
+SG_API sg_status sg_call(sg_fn *fn, sg_tensor *const *in, sg_tensor **out);
+/* Open a new step: outputs of earlier steps may be overwritten by the next calls. */
+SG_API sg_status sg_mark_step_begin(sg_ctx *ctx);
+/* Drop every capture of fn (the next call captures again). */
+SG_API sg_status sg_fn_reset(sg_fn *fn);
+/*
+ * fn's captures in text: for each, its guards, IR (one line per op),
+ * buffers and pool offsets, parameters, in-place mutations, and every
+ * fallback with its reason. The text is owned by fn and valid until the
+ * next sg_fn_explain or sg_fn_destroy; "" on NULL.
+ */
+SG_API const char *sg_fn_explain(sg_fn *fn);
+/* Free fn, its captures and its output buffers. Outputs it returned become
+ * invalid. NULL does nothing. */
+SG_API void sg_fn_destroy(sg_fn *fn);
+
+typedef struct sg_memory_stats {
+    size_t pool_bytes;      /* bytes the static pool holds (scratch + output sets) */
+    size_t scratch_bytes;   /* the share of intermediates, reused by every fn */
+    size_t output_bytes;    /* the output sets */
+    size_t peak_live_bytes; /* the most intermediate bytes live at one op (a lower bound) */
+    size_t unshared_bytes;  /* every intermediate's bytes added up: the pool without sharing */
+    size_t host_bytes;      /* host memory the context holds now */
+    int captures;           /* captures (graphs) counted in the figures */
+} sg_memory_stats;
+
+/* For the whole context (stats of every fn) or for one fn. */
+SG_API sg_status sg_ctx_memory_stats(const sg_ctx *ctx, sg_memory_stats *stats);
+SG_API sg_status sg_fn_memory_stats(const sg_fn *fn, sg_memory_stats *stats);
+
 #ifdef __cplusplus
 }
 #endif

@@ -115,6 +115,7 @@ sg_status sg__cpu_init(sg_ctx *ctx) {
     ctx->exec.alloc = cpu_alloc;
     ctx->exec.free = cpu_free;
     ctx->exec.upload = cpu_copy;
+    ctx->exec.copy = cpu_copy;
     ctx->exec.download = cpu_copy;
     ctx->exec.destroy = NULL;
     ctx->exec.state = NULL;

@@ -1,0 +1,131 @@
+/*
+ * explain.c -- sg_fn_explain: a compiled fn in text, for people. Each
+ * capture with its guards, IR, buffers and their pool offsets, parameters,
+ * in-place mutations, and every fallback with its reason.
+ */
+#include "graphs.h"
+
+#include <stdio.h>
+
+typedef struct text {
+    sg_fn *fn;
+    char *buf;
+    size_t len, cap;
+    bool oom;
+} text;
+
+static void put(text *t, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+
+static void put(text *t, const char *fmt, ...) {
+    if (t->oom) return;
+    for (;;) {
+        va_list ap;
+        va_start(ap, fmt);
+        int n = vsnprintf(t->buf ? t->buf + t->len : NULL, t->buf ? t->cap - t->len : 0, fmt, ap);
+        va_end(ap);
+        if (n < 0) return;
+        if (t->buf && t->len + (size_t)n < t->cap) {
+            t->len += (size_t)n;
+            return;
+        }
+        size_t ncap = t->cap ? t->cap * 2 : 4096;
+        while (ncap < t->len + (size_t)n + 1) ncap *= 2;
+        char *nb = sg__alloc(t->fn->ctx, ncap);
+        if (!nb) {
+            t->oom = true;
+            return;
+        }
+        if (t->buf) {
+            memcpy(nb, t->buf, t->len + 1);
+            sg__free(t->fn->ctx, t->buf, t->cap);
+        } else {
+            nb[0] = '\0';
+        }
+        t->buf = nb;
+        t->cap = ncap;
+    }
+}
+
+static void explain_key(text *t, const sg__graph *g, int nin) {
+    for (int k = 0; k < nin; k++) {
+        const sg__argkey *a = &g->key[k];
+        char sh[96], st[96];
+        put(t, "    guard: input %d is %s%s strides %s", k, sg_dtype_name(a->dtype),
+            sg__shape_str(a->ndim, a->shape, sh, sizeof sh),
+            sg__shape_str(a->ndim, a->stride, st, sizeof st));
+        if (a->alias >= 0)
+            put(t, ", shares storage with input %d at offset %lld", a->alias,
+                (long long)a->alias_off);
+        put(t, "\n");
+    }
+}
+
+static void explain_slots(text *t, const sg__graph *g) {
+    const sg__ir *ir = &g->ir;
+    for (int s = 0; s < ir->nslots; s++) {
+        const sg__slot *sl = &ir->slots[s];
+        char line[512];
+        switch (sl->kind) {
+        case SG__SLOT_INPUT:
+            if (sl->mutated_by >= 0)
+                put(t, "    mutation: input %d is written in place by IR line %s (replays write "
+                    "to the tensor passed to each call)\n", sl->input,
+                    sg__ir_node_str(ir, sl->mutated_by, line, sizeof line));
+            break;
+        case SG__SLOT_PARAM:
+            put(t, "    parameter p%d: %zu bytes%s\n", s, sl->param->nbytes,
+                sl->mutated_by >= 0 ? ", written in place" : "");
+            if (sl->mutated_by >= 0)
+                put(t, "    mutation: parameter p%d is written in place by IR line %s\n", s,
+                    sg__ir_node_str(ir, sl->mutated_by, line, sizeof line));
+            break;
+        case SG__SLOT_INTERNAL:
+            if (g->eager) break;
+            if (sl->output >= 0)
+                put(t, "    buffer b%d: %zu bytes, output %d, offset %zu in each output set\n", s,
+                    sl->nbytes, sl->output, g->slot_off[s]);
+            else
+                put(t, "    buffer b%d: %zu bytes, live over IR lines %d..%d, scratch offset "
+                    "%zu\n", s, sl->nbytes, sl->first, sl->last, g->slot_off[s]);
+            break;
+        }
+    }
+}
+
+static void explain_graph(text *t, const sg__graph *g, int gi, int nin) {
+    const sg__ir *ir = &g->ir;
+    put(t, "  capture %d: %d ops, %d buffers, %s\n", gi + 1, ir->nnodes, ir->nslots,
+        g->eager ? "runs eagerly" : "replays");
+    if (g->eager) put(t, "    fallback: %s\n", g->why);
+    explain_key(t, g, nin);
+    for (int i = 0; i < ir->nnodes; i++) {
+        char line[512];
+        put(t, "    %s\n", sg__ir_node_str(ir, i, line, sizeof line));
+    }
+    explain_slots(t, g);
+    if (!g->eager)
+        put(t, "    memory: scratch %zu bytes (peak live %zu, unshared %zu), output set %zu "
+            "bytes x %d, replays %llu\n", g->scratch, g->peak, g->unshared, g->out_bytes,
+            g->noutbufs, (unsigned long long)g->replays);
+}
+
+const char *sg_fn_explain(sg_fn *fn) {
+    if (!fn || fn->magic != SG__FN_LIVE) return "";
+    text t = {.fn = fn, .buf = fn->explain, .cap = fn->explain_size};
+    if (t.buf) t.buf[0] = '\0';
+    put(&t, "fn '%s': mode %s%s%s, %d inputs, %d outputs, %llu calls (%llu eager)\n", fn->name,
+        sg_mode_name(fn->opts.mode), fn->opts.fullgraph ? ", fullgraph" : "",
+        fn->opts.disable ? ", disabled" : "", fn->nin, fn->nout, (unsigned long long)fn->calls,
+        (unsigned long long)fn->eager_calls);
+    if (fn->opts.disable || fn->opts.mode == SG_MODE_EAGER)
+        put(&t, "  fallback: every call runs eagerly (%s)\n",
+            fn->opts.disable ? "disable is set" : "mode eager");
+    if (fn->said_limit)
+        put(&t, "  fallback: cache_size_limit %d reached; new input signatures run eagerly\n",
+            fn->opts.cache_size_limit);
+    for (int gi = 0; gi < fn->ngraphs; gi++) explain_graph(&t, fn->graphs[gi], gi, fn->nin);
+    put(&t, "  output sets: %d\n", fn->nsets);
+    fn->explain = t.buf;
+    fn->explain_size = t.cap;
+    return t.buf && !t.oom ? t.buf : "(out of host memory)";
+}

@@ -1,0 +1,104 @@
+/*
+ * graphs.h -- the internal header of compiled fns: a fn's captures (IR,
+ * guard key, memory plan, the executable form of the plan), its output sets
+ * and the ring of output handles it returns. fn.c owns calls, guards, steps
+ * and outputs; graph.c turns an IR into an executable plan over the pool and
+ * replays it; explain.c prints it all.
+ */
+#ifndef SG_GRAPHS_H
+#define SG_GRAPHS_H
+
+#include "../memory/memory.h"
+#include "backend.h"
+
+/* The guard key of one input. */
+typedef struct sg__argkey {
+    sg_dtype dtype;
+    int ndim;
+    int64_t shape[SG_MAX_DIMS], stride[SG_MAX_DIMS];
+    int alias;         /* the first earlier input sharing storage, or -1 */
+    int64_t alias_off; /* this input's offset minus that input's, in elements */
+} sg__argkey;
+
+/* One output set of a capture: pool bytes for the output slots. */
+typedef struct sg__outbuf {
+    int block;          /* pool block, -1 when the capture has no pool outputs */
+    sg__storage **st;   /* per slot (NULL for slots that are no output) */
+} sg__outbuf;
+
+typedef struct sg__graph {
+    sg__ir ir;
+    sg__argkey *key; /* nin */
+    bool eager;      /* cannot replay (graph break, failed plan): runs eagerly */
+    char why[SG__MSG_SIZE];
+
+    /* The plan. */
+    size_t *slot_off;  /* per slot: offset in scratch or in an output set */
+    size_t scratch;    /* bytes of scratch this plan needs */
+    size_t out_bytes;  /* bytes of one output set */
+    size_t peak, unshared;
+
+    /* The executable form. */
+    sg__storage *slot_st;   /* per slot (params point at their own storage) */
+    sg__storage **slot_ptr; /* what each slot's refs use */
+    sg_tensor *ref_t;       /* per ref */
+    sg_tensor **args;       /* per ir arg */
+    sg__node *nodes;        /* per ir node */
+    sg__outbuf *outbufs;
+    int noutbufs;
+    int pool_gen;
+    uint64_t replays;
+} sg__graph;
+
+/* One output set of a fn: the handles its last call there returned. */
+typedef struct sg__outset {
+    sg_tensor **cur;     /* nout; NULL before first use */
+    bool *produced;      /* nout: the handle's storage was made by the fn */
+    uint32_t used_step;  /* the step of the last call that used this set */
+    bool used;
+    sg__storage stale;   /* what invalidated handles point at */
+} sg__outset;
+
+#define SG__FN_LIVE 0x5347464eu /* "SGFN" */
+#define SG__FN_DEAD 0xdeadf00du
+
+struct sg_fn {
+    uint32_t magic;
+    sg_ctx *ctx;
+    sg_step_fn step;
+    void *user;
+    int nin, nout;
+    sg_compile_opts opts;
+    char name[64];
+
+    sg__graph **graphs;
+    int ngraphs;
+
+    sg__outset *sets;
+    int nsets;
+
+    /* Output handles: a FIFO of free ones; handles in use are in sets. */
+    sg_tensor **handles; /* every handle the fn made */
+    int nhandles, cap_handles;
+    sg_tensor **fifo;
+    int fifo_head, fifo_len, fifo_cap;
+
+    bool said_limit, said_dynamic, said_sets;
+    uint64_t calls, eager_calls;
+    char *explain;
+    size_t explain_size;
+    sg_fn *next; /* the context's list */
+};
+
+/* graph.c */
+SG__HIDDEN sg_status sg__graph_build(sg_fn *fn, sg__graph *g);
+SG__HIDDEN sg_status sg__graph_outbuf(sg_fn *fn, sg__graph *g, int set);
+SG__HIDDEN void sg__graph_repoint(sg_ctx *ctx, sg__graph *g);
+SG__HIDDEN sg_status sg__graph_replay(sg_fn *fn, sg__graph *g, sg_tensor *const *in, int set);
+SG__HIDDEN void sg__graph_free(sg_ctx *ctx, sg__graph *g);
+
+/* fn.c */
+SG__HIDDEN void sg__fns_repoint(sg_ctx *ctx);
+SG__HIDDEN void sg__fns_destroy_all(sg_ctx *ctx);
+
+#endif /* SG_GRAPHS_H */

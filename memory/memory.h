@@ -1,0 +1,63 @@
+/*
+ * memory.h -- the internal header of memory/: the liveness planner that
+ * gives every intermediate of a capture an offset in one arena, and the
+ * context's static pool that holds those arenas on the backend's device.
+ *
+ * The pool is one region: [scratch | block | block | ...]. Scratch is shared
+ * by the intermediates of every compiled fn of the context (fns replay one
+ * after another on one stream, so their intermediates never live at once);
+ * blocks hold what must outlive a replay (a fn's output sets). The region
+ * grows only when a capture needs more; growing moves it, so its users
+ * re-point their storages afterwards (sg__pool_addr gives current addresses).
+ */
+#ifndef SG_MEMORY_H
+#define SG_MEMORY_H
+
+#include "../capture/capture.h"
+
+#define SG__POOL_ALIGN 256
+
+/* One buffer to place: bytes, and the first and last node that use it. */
+typedef struct sg__buf {
+    size_t size;
+    int first, last;
+    size_t offset; /* out */
+} sg__buf;
+
+/*
+ * Place n buffers so that two whose [first, last] ranges intersect never
+ * share a byte: greedy by size (largest first), each at the best-fitting gap
+ * among the buffers already placed that it conflicts with. Offsets are
+ * multiples of align. *total gets the arena size. SG_ERR_OOM on host memory.
+ */
+SG__HIDDEN sg_status sg__plan(sg_ctx *ctx, sg__buf *bufs, int n, size_t align, size_t *total);
+/* The largest sum of sizes live at one node (what no plan can go under). */
+SG__HIDDEN size_t sg__plan_peak(const sg__buf *bufs, int n);
+
+typedef struct sg__pool_block {
+    size_t offset, size;
+    bool used;
+} sg__pool_block;
+
+typedef struct sg__pool {
+    void *base;
+    size_t size;    /* bytes reserved */
+    size_t scratch; /* bytes at offset 0 shared by all plans */
+    sg__pool_block *blocks;
+    int nblocks, cap;
+    int generation; /* bumped each time the region moves */
+} sg__pool;
+
+/*
+ * Make room: scratch of at least `scratch` bytes and, if size > 0, a new
+ * block of `size` bytes whose id goes to *block. The region may move (its
+ * generation changes): re-point every storage with sg__pool_addr after.
+ */
+SG__HIDDEN sg_status sg__pool_reserve(sg_ctx *ctx, size_t scratch, size_t size, int *block);
+/* Give a block back (its bytes are reused at the next growth). */
+SG__HIDDEN void sg__pool_release(sg_ctx *ctx, int block);
+/* The address of byte `off` of a block (block -1: scratch). */
+SG__HIDDEN void *sg__pool_addr(sg_ctx *ctx, int block, size_t off);
+SG__HIDDEN void sg__pool_destroy(sg_ctx *ctx);
+
+#endif /* SG_MEMORY_H */
