@@ -1,0 +1,250 @@
+/*
+ * test_capture_fuzz.c -- random op DAGs, run eagerly and compiled: the
+ * replay of a capture must give the eager results exactly (both run the
+ * same CPU kernels, so any difference is a replay bug: a wrong address, a
+ * buffer shared while live, a missed input patch). Each program prints as
+ * text with its seed, e.g. "v3 = add(v1, v2)", to be re-run by seed.
+ */
+#include "testutil.h"
+
+#include <math.h>
+#include <string.h>
+
+enum kind {
+    K_UNARY, K_SCALAR, K_BINARY, K_WHERE, K_CAST, K_TRANSPOSE, K_SLICE, K_UNSQUEEZE, K_ADD_INPLACE,
+    K_COUNT
+};
+
+typedef struct instr {
+    enum kind kind;
+    int sub; /* which op within the kind */
+    int a, b;
+    double s0, s1;
+} instr;
+
+typedef struct meta {
+    sg_dtype dt;
+    int ndim;
+    int64_t shape[3];
+    bool owned; /* made by an op of the step, contiguous: in-place ops may write it */
+} meta;
+
+#define MAXV 96
+typedef struct prog {
+    int nin, n, nout;
+    meta m[MAXV];
+    instr code[MAXV];
+    int out[2];
+} prog;
+
+typedef sg_tensor *(*unary_fn)(sg_tensor *);
+static const unary_fn unary_ops[] = {sg_neg, sg_abs, sg_sin, sg_cos, sg_tanh, sg_sigmoid,
+                                     sg_relu, sg_gelu, sg_gelu_tanh, sg_silu};
+static const char *const unary_names[] = {"neg", "abs", "sin", "cos", "tanh", "sigmoid",
+                                          "relu", "gelu", "gelu_tanh", "silu"};
+typedef sg_tensor *(*binary_fn)(sg_tensor *, sg_tensor *);
+static const binary_fn binary_ops[] = {sg_add, sg_sub, sg_mul, sg_maximum, sg_minimum};
+static const char *const binary_names[] = {"add", "sub", "mul", "maximum", "minimum"};
+#define COUNT(a) ((int)(sizeof a / sizeof a[0]))
+
+static bool broadcast(const meta *x, const meta *y, meta *out) {
+    int nd = x->ndim > y->ndim ? x->ndim : y->ndim;
+    for (int d = 0; d < nd; d++) {
+        int dx = d - (nd - x->ndim), dy = d - (nd - y->ndim);
+        int64_t sx = dx < 0 ? 1 : x->shape[dx], sy = dy < 0 ? 1 : y->shape[dy];
+        if (sx != sy && sx != 1 && sy != 1) return false;
+        out->shape[d] = sx == 1 ? sy : sx;
+    }
+    out->ndim = nd;
+    return true;
+}
+
+/* Pick a random value of a float dtype, preferring recent ones. */
+static int pick(int count) {
+    int lo = count > 6 ? count - 6 : 0;
+    return (int)tu_randint(tu_next() % 4 == 0 ? 0 : lo, count - 1);
+}
+
+static void generate(prog *p, uint64_t seed) {
+    tu_seed(seed);
+    memset(p, 0, sizeof *p);
+    p->nin = (int)tu_randint(1, 3);
+    int64_t A = tu_randint(1, 9), B = tu_randint(1, 40);
+    sg_dtype dts[3] = {SG_F32, SG_F16, SG_BF16};
+    sg_dtype base = tu_next() % 3 == 0 ? dts[tu_randint(1, 2)] : SG_F32;
+    for (int i = 0; i < p->nin; i++) {
+        meta *m = &p->m[i];
+        m->dt = base;
+        int form = (int)tu_randint(0, 3);
+        m->ndim = form == 3 ? 1 : 2;
+        m->shape[0] = form == 1 ? 1 : A;
+        m->shape[1] = form == 2 ? 1 : B;
+        if (form == 3) m->shape[0] = B;
+    }
+    int len = (int)tu_randint(4, 40), count = p->nin;
+    while (p->n < len && count < MAXV) {
+        instr in = {.kind = (enum kind)tu_randint(0, K_COUNT - 1), .a = pick(count)};
+        meta out = p->m[in.a];
+        out.owned = true;
+        const meta *ma = &p->m[in.a];
+        switch (in.kind) {
+        case K_UNARY: in.sub = (int)tu_randint(0, COUNT(unary_ops) - 1); break;
+        case K_SCALAR:
+            in.sub = (int)tu_randint(0, 2);
+            in.s0 = tu_uniform(-1.5, 1.5);
+            in.s1 = in.s0 + tu_uniform(0, 2);
+            break;
+        case K_BINARY:
+        case K_WHERE:
+            in.sub = (int)tu_randint(0, COUNT(binary_ops) - 1);
+            in.b = pick(count);
+            if (p->m[in.b].dt != ma->dt || !broadcast(ma, &p->m[in.b], &out)) continue;
+            break;
+        case K_CAST: out.dt = dts[tu_randint(0, 2)]; break;
+        case K_TRANSPOSE:
+            if (ma->ndim < 2) continue;
+            out.shape[0] = ma->shape[1], out.shape[1] = ma->shape[0];
+            out.owned = false;
+            break;
+        case K_SLICE:
+            out.shape[out.ndim - 1] = (ma->shape[ma->ndim - 1] + 1) / 2;
+            out.owned = false;
+            break;
+        case K_UNSQUEEZE:
+            if (ma->ndim >= 3) continue;
+            out.ndim = ma->ndim + 1;
+            out.shape[0] = 1;
+            for (int d = 0; d < ma->ndim; d++) out.shape[d + 1] = ma->shape[d];
+            out.owned = false;
+            break;
+        case K_ADD_INPLACE: {
+            if (!ma->owned) continue;
+            in.b = pick(count);
+            meta bc;
+            if (p->m[in.b].dt != ma->dt || !broadcast(ma, &p->m[in.b], &bc) || bc.ndim != ma->ndim ||
+                memcmp(bc.shape, ma->shape, sizeof(int64_t) * (size_t)ma->ndim))
+                continue;
+            break;
+        }
+        default: continue;
+        }
+        p->code[p->n++] = in;
+        p->m[count++] = out;
+    }
+    p->nout = count - p->nin >= 2 && tu_next() % 2 ? 2 : 1;
+    p->out[0] = count - 1;
+    p->out[1] = count > p->nin + 1 ? count - 2 : count - 1;
+}
+
+static void print_prog(const prog *p, uint64_t seed) {
+    fprintf(stderr, "  program seed=%llu:\n", (unsigned long long)seed);
+    for (int i = 0; i < p->nin; i++)
+        fprintf(stderr, "    v%d = input %s[%lld,%lld](ndim %d)\n", i, sg_dtype_name(p->m[i].dt),
+                (long long)p->m[i].shape[0], (long long)p->m[i].shape[1], p->m[i].ndim);
+    for (int k = 0; k < p->n; k++) {
+        const instr *in = &p->code[k];
+        int v = p->nin + k;
+        switch (in->kind) {
+        case K_UNARY: fprintf(stderr, "    v%d = %s(v%d)\n", v, unary_names[in->sub], in->a); break;
+        case K_SCALAR: fprintf(stderr, "    v%d = scalar%d(v%d, %g, %g)\n", v, in->sub, in->a, in->s0, in->s1); break;
+        case K_BINARY: fprintf(stderr, "    v%d = %s(v%d, v%d)\n", v, binary_names[in->sub], in->a, in->b); break;
+        case K_WHERE: fprintf(stderr, "    v%d = where(gt(v%d, v%d), v%d, %s(v%d, v%d))\n", v, in->a, in->b, in->a, binary_names[in->sub], in->a, in->b); break;
+        case K_CAST: fprintf(stderr, "    v%d = cast(v%d, %s)\n", v, in->a, sg_dtype_name(p->m[v].dt)); break;
+        case K_TRANSPOSE: fprintf(stderr, "    v%d = transpose(v%d)\n", v, in->a); break;
+        case K_SLICE: fprintf(stderr, "    v%d = v%d[..., ::2]\n", v, in->a); break;
+        case K_UNSQUEEZE: fprintf(stderr, "    v%d = unsqueeze(v%d, 0)\n", v, in->a); break;
+        case K_ADD_INPLACE: fprintf(stderr, "    v%d = add_(v%d, v%d)\n", v, in->a, in->b); break;
+        default: break;
+        }
+    }
+    fprintf(stderr, "    out = v%d%s\n", p->out[0], p->nout == 2 ? " and another" : "");
+}
+
+static sg_status interpret(sg_ctx *ctx, sg_tensor *const *in, sg_tensor **out, void *user) {
+    const prog *p = user;
+    sg_tensor *v[MAXV] = {NULL};
+    for (int i = 0; i < p->nin; i++) v[i] = in[i];
+    for (int k = 0; k < p->n; k++) {
+        const instr *c = &p->code[k];
+        sg_tensor *a = v[c->a], *b = v[c->b], *r = NULL;
+        switch (c->kind) {
+        case K_UNARY: r = unary_ops[c->sub](a); break;
+        case K_SCALAR:
+            r = c->sub == 0 ? sg_add_scalar(a, c->s0) : c->sub == 1 ? sg_mul_scalar(a, c->s0)
+                                                                     : sg_clamp(a, c->s0, c->s1);
+            break;
+        case K_BINARY: r = binary_ops[c->sub](a, b); break;
+        case K_WHERE: r = sg_where(sg_gt(a, b), a, binary_ops[c->sub](a, b)); break;
+        case K_CAST: r = sg_cast(a, p->m[p->nin + k].dt); break;
+        case K_TRANSPOSE: r = sg_transpose(a, 0, 1); break;
+        case K_SLICE: r = sg_slice(a, -1, 0, INT64_MAX, 2); break;
+        case K_UNSQUEEZE: r = sg_unsqueeze(a, 0); break;
+        case K_ADD_INPLACE: r = sg_add_(a, b) == SG_OK ? a : NULL; break;
+        default: break;
+        }
+        if (!r) return sg_ctx_status(ctx) ? sg_ctx_status(ctx) : SG_ERR_INTERNAL;
+        v[p->nin + k] = r;
+    }
+    for (int i = 0; i < p->nout; i++) out[i] = v[p->out[i]];
+    return SG_OK;
+}
+
+static bool same_bits(const sg_tensor *x, const sg_tensor *y) {
+    int64_t n = sg_tensor_numel(x);
+    if (n != sg_tensor_numel(y) || sg_tensor_dtype(x) != sg_tensor_dtype(y)) return false;
+    double *a = tu_read(x), *b = tu_read(y);
+    bool ok = a && b;
+    for (int64_t i = 0; ok && i < n; i++)
+        if (!(a[i] == b[i] || (a[i] != a[i] && b[i] != b[i]))) {
+            fprintf(stderr, "  element %lld: compiled %.9g, eager %.9g\n", (long long)i, b[i], a[i]);
+            ok = false;
+        }
+    free(a), free(b);
+    return ok;
+}
+
+static bool run_seed(sg_ctx *ctx, uint64_t seed) {
+    prog p;
+    generate(&p, seed);
+    sg_fn *eager, *comp;
+    sg_compile(ctx, interpret, &p, p.nin, p.nout, &(sg_compile_opts){.mode = SG_MODE_EAGER}, &eager);
+    sg_compile(ctx, interpret, &p, p.nin, p.nout,
+               &(sg_compile_opts){.mode = SG_MODE_REDUCE_OVERHEAD}, &comp);
+    bool ok = true;
+    for (int call = 0; ok && call < 4; call++) {
+        sg_mark_step_begin(ctx);
+        sg_tensor *in[3], *oe[2], *oc[2];
+        for (int i = 0; i < p.nin; i++) {
+            int64_t sh[2] = {p.m[i].shape[0], p.m[i].shape[1]};
+            in[i] = tu_rand(ctx, p.m[i].dt, p.m[i].ndim, sh, -2, 2, NULL);
+        }
+        ok = TU_EXPECT(sg_call(eager, in, oe) == SG_OK) && TU_EXPECT(sg_call(comp, in, oc) == SG_OK);
+        for (int i = 0; ok && i < p.nout; i++) ok = same_bits(oe[i], oc[i]);
+        for (int i = 0; i < p.nin; i++) sg_release(in[i]);
+    }
+    if (!ok) {
+        print_prog(&p, seed);
+        fprintf(stderr, "%s\n", sg_last_error(ctx));
+    }
+    sg_fn_destroy(eager), sg_fn_destroy(comp);
+    return ok;
+}
+
+int main(int argc, char **argv) {
+    sg_ctx *ctx;
+    if (sg_ctx_create(NULL, &ctx) != SG_OK) return 1;
+    uint64_t first = 1, last = 400;
+    if (argc > 1) first = last = strtoull(argv[1], NULL, 10); /* re-run one seed */
+    int failed = 0;
+    for (uint64_t seed = first; seed <= last; seed++) {
+        bool ok = run_seed(ctx, seed);
+        failed += !ok;
+        if (!ok || seed % 100 == 0 || first == last)
+            tu_case(ok, "FUZZ(seed=%llu, compiled == eager bit for bit, 4 calls)",
+                    (unsigned long long)seed);
+    }
+    tu_case(failed == 0, "FUZZ(seeds %llu..%llu: %d mismatches)", (unsigned long long)first,
+            (unsigned long long)last, failed);
+    sg_ctx_destroy(ctx);
+    return tu_finish();
+}
