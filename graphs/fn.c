@@ -451,8 +451,11 @@ static sg_status call_replay(sg_fn *fn, sg__graph *g, sg_tensor *const *in, sg_t
     return SG_OK;
 }
 
-static sg_status check_call(sg_fn *fn, sg_tensor *const *in, sg_tensor **out) {
+static sg_status check_call(sg_fn *fn, sg_tensor *const *in, int nin, sg_tensor **out, int nout) {
     sg_ctx *ctx = fn->ctx;
+    if (nin != fn->nin || nout != fn->nout)
+        return sg__fail(ctx, SG_ERR_INVALID_ARG, "sg_call: fn '%s' takes %d inputs and %d outputs, "
+                        "not %d and %d", fn->name, fn->nin, fn->nout, nin, nout);
     if (fn->nin && !in) return sg__fail(ctx, SG_ERR_NULL, "sg_call: in is NULL but fn '%s' takes "
                                         "%d inputs", fn->name, fn->nin);
     if (!out) return sg__fail(ctx, SG_ERR_NULL, "sg_call: out is NULL; pass room for %d outputs",
@@ -487,11 +490,11 @@ static sg_status check_fn(const sg_fn *fn, const char *what) {
     return fn->magic == SG__FN_LIVE ? SG_OK : SG_ERR_INVALID_ARG;
 }
 
-sg_status sg_call(sg_fn *fn, sg_tensor *const *in, sg_tensor **out) {
+sg_status sg_call(sg_fn *fn, sg_tensor *const *in, int nin, sg_tensor **out, int nout) {
     sg_status s0 = check_fn(fn, "sg_call");
     if (s0 != SG_OK) return s0;
     sg_ctx *ctx = fn->ctx;
-    sg_status s = check_call(fn, in, out);
+    sg_status s = check_call(fn, in, nin, out, nout);
     if (s != SG_OK) return s;
     fn->calls++;
     if (fn->opts.disable || fn->opts.mode == SG_MODE_EAGER) return call_eager(fn, in, out);

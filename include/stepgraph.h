@@ -458,11 +458,12 @@ typedef sg_status (*sg_step_fn)(sg_ctx *ctx, sg_tensor *const *in, sg_tensor **o
 SG_API sg_status sg_compile(sg_ctx *ctx, sg_step_fn step, void *user, int nin, int nout,
                             const sg_compile_opts *opts, sg_fn **fn);
 /*
- * Run the step on nin inputs of fn's context; out gets nout output handles
- * (owned by fn; see above). On failure out is untouched and the reason is
- * in sg_last_error.
+ * Run the step on the nin tensors in `in` (nin must be the count fn was
+ * compiled with); out, with room for nout (likewise), gets the output
+ * handles (owned by fn; see above). On failure out is untouched and the
+ * reason is in sg_last_error.
  */
-SG_API sg_status sg_call(sg_fn *fn, sg_tensor *const *in, sg_tensor **out);
+SG_API sg_status sg_call(sg_fn *fn, sg_tensor *const *in, int nin, sg_tensor **out, int nout);
 /* Open a new step: outputs of earlier steps may be overwritten by the next calls. */
 SG_API sg_status sg_mark_step_begin(sg_ctx *ctx);
 /* Drop every capture of fn (the next call captures again). */

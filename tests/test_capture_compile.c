@@ -52,7 +52,7 @@ static void test_chain_modes(void) {
                 sg_mark_step_begin(ctx);
                 double *xv;
                 sg_tensor *x = tu_rand(ctx, dt, 2, shape, -3, 3, &xv), *y = NULL;
-                ok = TU_EXPECT(sg_call(fn, &x, &y) == SG_OK) && TU_EXPECT(check_chain(x, xv, y, 387));
+                ok = TU_EXPECT(sg_call(fn, &x, 1, &y, 1) == SG_OK) && TU_EXPECT(check_chain(x, xv, y, 387));
                 sg_release(x);
                 free(xv);
             }
@@ -76,12 +76,12 @@ static void test_zero_alloc(void) {
     bool ok = true;
     for (int i = 0; i < 3; i++) {
         sg_mark_step_begin(c);
-        ok = ok && TU_EXPECT(sg_call(fn, &x, &y) == SG_OK);
+        ok = ok && TU_EXPECT(sg_call(fn, &x, 1, &y, 1) == SG_OK);
     }
     long before = a.count;
     for (int i = 0; ok && i < 100; i++) {
         sg_mark_step_begin(c);
-        ok = TU_EXPECT(sg_call(fn, &x, &y) == SG_OK);
+        ok = TU_EXPECT(sg_call(fn, &x, 1, &y, 1) == SG_OK);
     }
     long during = a.count - before;
     ok = ok && TU_EXPECT(during == 0) && TU_EXPECT(check_chain(x, xv, y, 4096));
@@ -103,13 +103,13 @@ static void test_stale(void) {
     bool ok = true;
     for (int round = 0; round < 3; round++) { /* capture, then replays */
         sg_mark_step_begin(ctx);
-        ok = ok && TU_EXPECT(sg_call(fn, &a, &y1) == SG_OK) && TU_EXPECT(sg_call(fn, &b, &y2) == SG_OK);
+        ok = ok && TU_EXPECT(sg_call(fn, &a, 1, &y1, 1) == SG_OK) && TU_EXPECT(sg_call(fn, &b, 1, &y2, 1) == SG_OK);
         /* Two calls in one step: both valid, each its own. */
         ok = ok && TU_EXPECT(check_chain(a, av, y1, 64)) && TU_EXPECT(check_chain(b, bv, y2, 64));
         sg_tensor *v1 = sg_slice(y1, 0, 0, 8, 1); /* a view of an output */
         sg_tensor *keep = sg_clone(y2);
         sg_mark_step_begin(ctx);
-        ok = ok && TU_EXPECT(sg_call(fn, &b, &y3) == SG_OK); /* overwrites y1's set */
+        ok = ok && TU_EXPECT(sg_call(fn, &b, 1, &y3, 1) == SG_OK); /* overwrites y1's set */
         float buf[64];
         ok = ok && TU_EXPECT(sg_read(y1, buf, sizeof buf) == SG_ERR_STALE_OUTPUT) &&
              TU_EXPECT(strstr(sg_last_error(ctx), "sg_clone") != NULL);
@@ -121,7 +121,7 @@ static void test_stale(void) {
         ok = ok && TU_EXPECT(check_chain(b, bv, y3, 64));
         /* Releasing y3 frees its set at once: the next call reuses it, y2 stays. */
         sg_release(y3);
-        ok = ok && TU_EXPECT(sg_call(fn, &a, &y4) == SG_OK) && TU_EXPECT(check_chain(a, av, y4, 64)) &&
+        ok = ok && TU_EXPECT(sg_call(fn, &a, 1, &y4, 1) == SG_OK) && TU_EXPECT(check_chain(a, av, y4, 64)) &&
              TU_EXPECT(check_chain(b, bv, y2, 64));
         sg_release(v1), sg_release(keep);
     }
@@ -145,7 +145,7 @@ static void test_feedback(void) {
     for (int step = 0; ok && step < 20; step++) {
         sg_mark_step_begin(ctx);
         sg_tensor *in = y;
-        ok = TU_EXPECT(sg_call(fn, &in, &y) == SG_OK);
+        ok = TU_EXPECT(sg_call(fn, &in, 1, &y, 1) == SG_OK);
         for (int i = 0; i < 100; i++) ref[i] = chain_ref((double)(float)ref[i]);
     }
     double *got = ok ? tu_read(y) : NULL;
@@ -174,7 +174,7 @@ static void test_guards(void) {
     const double *vs[5] = {v1, v2, v3, v4, v1};
     for (int i = 0; i < 5; i++) {
         sg_mark_step_begin(ctx);
-        ok = ok && TU_EXPECT(sg_call(fn, &xs[i], &y) == SG_OK) && TU_EXPECT(check_chain(xs[i], vs[i], y, 32));
+        ok = ok && TU_EXPECT(sg_call(fn, &xs[i], 1, &y, 1) == SG_OK) && TU_EXPECT(check_chain(xs[i], vs[i], y, 32));
     }
     ok = ok && TU_EXPECT(strstr(logbuf, "[recompiles]") && strstr(logbuf, "input 0 shape [8,4], captured as [4,8]")) &&
          TU_EXPECT(strstr(logbuf, "strides [1,4], captured as [8,1]") != NULL) &&
@@ -184,7 +184,7 @@ static void test_guards(void) {
     sg_tensor *a2 = sg_clone(a);
     size_t before = strlen(logbuf);
     sg_mark_step_begin(ctx);
-    ok = ok && TU_EXPECT(sg_call(fn, &a2, &y) == SG_OK) && TU_EXPECT(check_chain(a2, v1, y, 32)) &&
+    ok = ok && TU_EXPECT(sg_call(fn, &a2, 1, &y, 1) == SG_OK) && TU_EXPECT(check_chain(a2, v1, y, 32)) &&
          TU_EXPECT(strstr(logbuf + before, "recompil") == NULL);
     tu_case(ok, "GUARDS(shape, strides, dtype recapture; limit 3 falls back; new address replays)");
     if (!ok) fprintf(stderr, "%s\n%s\n", logbuf, sg_fn_explain(fn));
@@ -221,7 +221,7 @@ static void test_mutation(sg_mode mode) {
     for (int step = 0; ok && step < 100; step++) {
         sg_mark_step_begin(ctx);
         sg_tensor *y;
-        ok = TU_EXPECT(sg_call(fn, &x, &y) == SG_OK);
+        ok = TU_EXPECT(sg_call(fn, &x, 1, &y, 1) == SG_OK);
         for (int i = 0; i < 33; i++) {
             float wx = (float)wv[i] * (float)xv[i];
             ref_out[i] = wx;
@@ -264,13 +264,13 @@ static void test_graph_break(void) {
                &(sg_compile_opts){.mode = SG_MODE_REDUCE_OVERHEAD, .fullgraph = true, .name = "full"}, &full);
     sg_compile(ctx, break_step, NULL, 1, 1,
                &(sg_compile_opts){.mode = SG_MODE_REDUCE_OVERHEAD, .name = "loose"}, &loose);
-    sg_status s = sg_call(full, &x, &y);
+    sg_status s = sg_call(full, &x, 1, &y, 1);
     bool ok = TU_EXPECT(s == SG_ERR_GRAPH_BREAK) && TU_EXPECT(strstr(sg_last_error(ctx), "sg_item") != NULL);
     sg_clear_error(ctx);
     double v = 0;
     for (int i = 0; ok && i < 3; i++) {
         sg_mark_step_begin(ctx);
-        ok = TU_EXPECT(sg_call(loose, &x, &y) == SG_OK) && TU_EXPECT(sg_item(y, &v) == SG_OK && v == 9.0);
+        ok = TU_EXPECT(sg_call(loose, &x, 1, &y, 1) == SG_OK) && TU_EXPECT(sg_item(y, &v) == SG_OK && v == 9.0);
     }
     ok = ok && TU_EXPECT(strstr(logbuf, "[graph_breaks]") && strstr(logbuf, "[fallbacks]")) &&
          TU_EXPECT(strstr(sg_fn_explain(loose), "runs eagerly") != NULL);

@@ -218,7 +218,7 @@ static bool run_seed(sg_ctx *ctx, uint64_t seed) {
             int64_t sh[2] = {p.m[i].shape[0], p.m[i].shape[1]};
             in[i] = tu_rand(ctx, p.m[i].dt, p.m[i].ndim, sh, -2, 2, NULL);
         }
-        ok = TU_EXPECT(sg_call(eager, in, oe) == SG_OK) && TU_EXPECT(sg_call(comp, in, oc) == SG_OK);
+        ok = TU_EXPECT(sg_call(eager, in, p.nin, oe, p.nout) == SG_OK) && TU_EXPECT(sg_call(comp, in, p.nin, oc, p.nout) == SG_OK);
         for (int i = 0; ok && i < p.nout; i++) ok = same_bits(oe[i], oc[i]);
         for (int i = 0; i < p.nin; i++) sg_release(in[i]);
     }

@@ -71,7 +71,7 @@ static void test_pool_stats(void) {
     bool ok = true;
     for (int i = 0; i < 3; i++) {
         sg_mark_step_begin(ctx);
-        ok = ok && TU_EXPECT(sg_call(fn, &x, &y) == SG_OK);
+        ok = ok && TU_EXPECT(sg_call(fn, &x, 1, &y, 1) == SG_OK);
     }
     sg_memory_stats fs, cs;
     ok = ok && TU_EXPECT(sg_fn_memory_stats(fn, &fs) == SG_OK) &&
