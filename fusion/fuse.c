@@ -1,0 +1,510 @@
+/*
+ * fuse.c -- the fusion passes (see fusion.h): dead-code and common
+ * subexpression removal, then grouping of contiguous runs of IR nodes into
+ * kernels, then horizontal merging of independent pointwise kernels.
+ *
+ * Why contiguous runs: a group executes where its run stands in the IR, so
+ * no node outside it can observe a reordering. Inside a run, fusing is safe
+ * when every value flows element to element: a node may reuse an earlier
+ * node's result only through identical geometry, and a storage may not be
+ * written and read through different geometries in one group.
+ */
+#include "fusion.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+
+static bool same_geom(const sg__ref *a, const sg__ref *b) {
+    if (a->slot != b->slot || a->dtype != b->dtype || a->ndim != b->ndim || a->offset != b->offset)
+        return false;
+    for (int d = 0; d < a->ndim; d++)
+        if (a->shape[d] != b->shape[d] || (a->shape[d] > 1 && a->stride[d] != b->stride[d]))
+            return false;
+    return true;
+}
+
+static bool same_shape(int nd, const int64_t *s, const sg__ref *r) {
+    if (r->ndim != nd) return false;
+    for (int d = 0; d < nd; d++)
+        if (s[d] != r->shape[d]) return false;
+    return true;
+}
+
+static const sg__ref *arg_ref(const sg__ir *ir, const sg__irnode *n, int j, const int *alias) {
+    int r = ir->args[n->args + j];
+    return r < 0 ? NULL : &ir->refs[alias ? alias[r] : r];
+}
+
+/* ------------------------------------------------------------ dce and cse */
+
+/* Mark nodes nothing needs: walk backwards keeping writers of what is read. */
+static void dce(const sg__ir *ir, bool *dead, const int *alias, uint8_t *needed_slot) {
+    for (int r = 0; r < ir->nout; r++) needed_slot[ir->refs[ir->out_refs[r]].slot] = 1;
+    for (int s = 0; s < ir->nslots; s++)
+        if (ir->slots[s].kind != SG__SLOT_INTERNAL) needed_slot[s] = 1; /* inputs, params */
+    for (int i = ir->nnodes - 1; i >= 0; i--) {
+        const sg__irnode *n = &ir->nodes[i];
+        if (dead[i]) continue;
+        int out_slot = ir->refs[n->out].slot;
+        if (!needed_slot[out_slot]) {
+            dead[i] = true;
+            continue;
+        }
+        for (int j = 0; j < n->nin; j++) {
+            const sg__ref *a = arg_ref(ir, n, j, alias);
+            if (a) needed_slot[a->slot] = 1;
+        }
+    }
+}
+
+static bool same_node(const sg__ir *ir, const sg__irnode *a, const sg__irnode *b, const int *alias) {
+    if (a->op != b->op || a->nin != b->nin || a->mask != b->mask ||
+        memcmp(a->f, b->f, sizeof a->f) || memcmp(a->i, b->i, sizeof a->i))
+        return false;
+    const sg__ref *oa = &ir->refs[a->out], *ob = &ir->refs[b->out];
+    if (oa->dtype != ob->dtype || oa->ndim != ob->ndim ||
+        memcmp(oa->shape, ob->shape, sizeof(int64_t) * (size_t)oa->ndim))
+        return false;
+    for (int j = 0; j < a->nin; j++) {
+        const sg__ref *x = arg_ref(ir, a, j, alias), *y = arg_ref(ir, b, j, alias);
+        if ((x == NULL) != (y == NULL) || (x && !same_geom(x, y))) return false;
+    }
+    return true;
+}
+
+/*
+ * A node that recomputes an earlier node's value (same op, attributes and
+ * inputs, nothing written to its inputs in between, a fresh internal output
+ * written once) is dropped, and reads of its output read the earlier one's.
+ */
+static void cse(const sg__ir *ir, bool *dead, int *alias, const int *writes) {
+    for (int i = 0; i < ir->nnodes; i++) {
+        const sg__irnode *n = &ir->nodes[i];
+        const sg__ref *o = &ir->refs[n->out];
+        const sg__slot *os = &ir->slots[o->slot];
+        if (os->kind != SG__SLOT_INTERNAL || os->output >= 0 || writes[o->slot] != 1) continue;
+        for (int k = i - 1; k >= 0; k--) {
+            const sg__irnode *m = &ir->nodes[k];
+            if (dead[k] || !same_node(ir, m, n, alias)) continue;
+            bool clobbered = false; /* an input written between k and i */
+            for (int q = k + 1; q < i && !clobbered; q++)
+                for (int j = 0; j < n->nin; j++) {
+                    const sg__ref *a = arg_ref(ir, n, j, alias);
+                    if (a && ir->refs[ir->nodes[q].out].slot == a->slot) clobbered = true;
+                }
+            if (clobbered || writes[ir->refs[m->out].slot] != 1) break;
+            dead[i] = true;
+            /* Every ref of i's output slot with i's geometry now names m's. */
+            for (int r = 0; r < ir->nrefs; r++)
+                if (same_geom(&ir->refs[r], o)) alias[r] = m->out;
+            break;
+        }
+    }
+}
+
+/* ------------------------------------------------------------ grouping */
+
+static bool is_pointwise(sg__op op) { return sg__op_family(op) == SG__FAM_POINTWISE; }
+
+static bool is_row_anchor(sg__op op) {
+    return op == SG__OP_SOFTMAX || op == SG__OP_LOG_SOFTMAX || op == SG__OP_LAYER_NORM ||
+           op == SG__OP_RMS_NORM;
+}
+
+typedef struct builder {
+    sg_ctx *ctx;
+    const sg__ir *ir;
+    const bool *dead;
+    const int *alias;
+    sg__group *groups;
+    int ngroups, cap;
+    sg__gnode *scratch; /* the open group's nodes */
+    int nscratch;
+} builder;
+
+/* The gnode of the open group that last wrote ref r's exact geometry, or -1;
+ * *conflict when the open group wrote r's slot through another geometry. */
+static int producer(const builder *b, const sg__ref *r, bool *conflict) {
+    int found = -1;
+    for (int k = 0; k < b->nscratch; k++) {
+        const sg__ref *o = &b->ir->refs[b->alias[b->ir->nodes[b->scratch[k].node].out]];
+        if (o->slot != r->slot) continue;
+        if (same_geom(o, r))
+            found = k;
+        else
+            *conflict = true;
+    }
+    return found;
+}
+
+/* Does the open group read slot s from memory through a geometry other than g? */
+static bool loads_other_geom(const builder *b, int slot, const sg__ref *g) {
+    for (int k = 0; k < b->nscratch; k++) {
+        const sg__irnode *n = &b->ir->nodes[b->scratch[k].node];
+        for (int j = 0; j < n->nin; j++) {
+            const sg__ref *a = arg_ref(b->ir, n, j, b->alias);
+            if (a && a->slot == slot && b->scratch[k].arg_src[j] < 0 && !same_geom(a, g))
+                return true;
+        }
+    }
+    return false;
+}
+
+/*
+ * Can node i join the open group as an elementwise member over `shape`?
+ * `from` is the first gnode whose values it may reuse (epilogues may not
+ * reuse prologue values: those run in another loop).
+ */
+static bool can_join_pointwise(builder *b, int i, int nd, const int64_t *shape, int from,
+                               sg__gnode *gn) {
+    const sg__irnode *n = &b->ir->nodes[i];
+    const sg__ref *o = &b->ir->refs[b->alias[n->out]];
+    if (!same_shape(nd, shape, o)) return false;
+    gn->node = i;
+    gn->store = false;
+    for (int j = 0; j < n->nin; j++) {
+        const sg__ref *a = arg_ref(b->ir, n, j, b->alias);
+        gn->arg_src[j] = -1;
+        if (!a) continue;
+        bool conflict = false;
+        int p = producer(b, a, &conflict);
+        if (conflict || (p >= 0 && p < from)) return false;
+        gn->arg_src[j] = p;
+    }
+    bool conflict = false;
+    producer(b, o, &conflict);
+    return !conflict && !loads_other_geom(b, o->slot, o);
+}
+
+static sg_status push_group(builder *b, sg__gkind kind, int anchor, int nd, const int64_t *shape) {
+    if (b->ngroups == b->cap) {
+        int ncap = b->cap ? b->cap * 2 : 16;
+        sg__group *ng = sg__calloc(b->ctx, sizeof *ng * (size_t)ncap);
+        if (!ng) return sg__fail(b->ctx, SG_ERR_OOM, "fusion: out of host memory");
+        if (b->groups) {
+            memcpy(ng, b->groups, sizeof *ng * (size_t)b->ngroups);
+            sg__free(b->ctx, b->groups, sizeof *ng * (size_t)b->cap);
+        }
+        b->groups = ng;
+        b->cap = ncap;
+    }
+    sg__group *g = &b->groups[b->ngroups];
+    memset(g, 0, sizeof *g);
+    g->g = sg__alloc(b->ctx, sizeof *g->g * (size_t)(b->nscratch ? b->nscratch : 1));
+    if (!g->g) return sg__fail(b->ctx, SG_ERR_OOM, "fusion: out of host memory");
+    memcpy(g->g, b->scratch, sizeof *g->g * (size_t)b->nscratch);
+    g->n = b->nscratch;
+    g->kind = kind;
+    g->anchor = anchor;
+    g->first = b->nscratch ? b->scratch[0].node : 0;
+    g->last = b->nscratch ? b->scratch[b->nscratch - 1].node : 0;
+    g->ndim = nd;
+    memcpy(g->shape, shape, sizeof(int64_t) * (size_t)nd);
+    b->ngroups++;
+    b->nscratch = 0;
+    return SG_OK;
+}
+
+/* Open-group state while walking the IR. */
+typedef struct open {
+    sg__gkind kind;
+    int anchor;   /* scratch index of the anchor, -1 none */
+    int epi_from; /* scratch index where the epilogue starts */
+    int nd;
+    int64_t shape[SG_MAX_DIMS];
+} open_t;
+
+static sg_status close_open(builder *b, open_t *og) {
+    sg_status s = b->nscratch ? push_group(b, og->kind, og->anchor, og->nd, og->shape) : SG_OK;
+    og->kind = SG__G_POINTWISE;
+    og->anchor = -1;
+    og->epi_from = 0;
+    og->nd = 0;
+    return s;
+}
+
+static void add_node(builder *b, const sg__gnode *gn) { b->scratch[b->nscratch++] = *gn; }
+
+static void set_shape(open_t *og, const sg__ref *r) {
+    og->nd = r->ndim;
+    memcpy(og->shape, r->shape, sizeof(int64_t) * (size_t)r->ndim);
+}
+
+/* Node i is an anchor (reduce, row or matmul): start its group, taking the
+ * open pointwise group as prologue where the anchor's input comes from it. */
+static sg_status start_anchor(builder *b, open_t *og, int i, sg__gkind kind) {
+    const sg__irnode *n = &b->ir->nodes[i];
+    const sg__ref *x = arg_ref(b->ir, n, 0, b->alias);
+    bool prologue = kind != SG__G_MATMUL && og->kind == SG__G_POINTWISE && b->nscratch > 0 &&
+                    same_shape(og->nd, og->shape, x);
+    sg__gnode gn = {.node = i, .store = true};
+    for (int j = 0; j < 4; j++) gn.arg_src[j] = -1;
+    if (prologue) {
+        /* Every input of the anchor must be loadable: not written in the
+         * prologue through another geometry. */
+        for (int j = 0; j < n->nin && prologue; j++) {
+            const sg__ref *a = arg_ref(b->ir, n, j, b->alias);
+            if (!a) continue;
+            bool conflict = false;
+            int p = producer(b, a, &conflict);
+            if (conflict || (j > 0 && p >= 0)) prologue = false;
+            if (j == 0) gn.arg_src[0] = p;
+        }
+        if (prologue && gn.arg_src[0] < 0) prologue = false;
+    }
+    if (!prologue) {
+        sg_status s = close_open(b, og);
+        if (s != SG_OK) return s;
+        gn.arg_src[0] = -1;
+    }
+    og->kind = kind;
+    og->anchor = b->nscratch;
+    add_node(b, &gn);
+    og->epi_from = b->nscratch;
+    set_shape(og, &b->ir->refs[b->alias[n->out]]);
+    return SG_OK;
+}
+
+static sg_status group_nodes(builder *b, bool disable) {
+    open_t og = {.kind = SG__G_POINTWISE, .anchor = -1};
+    sg_status s = SG_OK;
+    for (int i = 0; i < b->ir->nnodes && s == SG_OK; i++) {
+        if (b->dead[i]) continue;
+        const sg__irnode *n = &b->ir->nodes[i];
+        const sg__ref *o = &b->ir->refs[b->alias[n->out]];
+        sg__gnode gn;
+        if (disable) {
+            s = close_open(b, &og);
+            if (s != SG_OK) break;
+            memset(&gn, 0, sizeof gn);
+            gn.node = i;
+            gn.store = true;
+            for (int j = 0; j < 4; j++) gn.arg_src[j] = -1;
+            add_node(b, &gn);
+            og.kind = is_pointwise(n->op) ? SG__G_POINTWISE : SG__G_OPAQUE;
+            set_shape(&og, o);
+            s = close_open(b, &og);
+            continue;
+        }
+        if (is_pointwise(n->op)) {
+            bool open_pw = b->nscratch > 0;
+            int from = og.kind == SG__G_POINTWISE ? 0 : og.anchor;
+            if (open_pw && og.kind != SG__G_OPAQUE && can_join_pointwise(b, i, og.nd, og.shape, from, &gn)) {
+                add_node(b, &gn);
+                continue;
+            }
+            s = close_open(b, &og);
+            if (s != SG_OK) break;
+            set_shape(&og, o);
+            can_join_pointwise(b, i, og.nd, og.shape, 0, &gn);
+            add_node(b, &gn);
+            continue;
+        }
+        sg__family fam = sg__op_family(n->op);
+        if (fam == SG__FAM_REDUCE) {
+            s = start_anchor(b, &og, i, SG__G_REDUCE);
+        } else if (is_row_anchor(n->op)) {
+            s = start_anchor(b, &og, i, SG__G_ROW);
+        } else if (fam == SG__FAM_MATMUL) {
+            s = start_anchor(b, &og, i, SG__G_MATMUL);
+        } else {
+            s = close_open(b, &og);
+            if (s != SG_OK) break;
+            memset(&gn, 0, sizeof gn);
+            gn.node = i;
+            gn.store = true;
+            for (int j = 0; j < 4; j++) gn.arg_src[j] = -1;
+            add_node(b, &gn);
+            og.kind = SG__G_OPAQUE;
+            set_shape(&og, o);
+            s = close_open(b, &og);
+        }
+    }
+    if (s == SG_OK) s = close_open(b, &og);
+    return s;
+}
+
+/* ------------------------------------------------------------ stores */
+
+/* Which groups load each slot from memory: a bit per slot, computed per group. */
+static bool group_loads(const sg__ir *ir, const int *alias, const sg__group *g, int slot) {
+    for (int k = 0; k < g->n; k++) {
+        const sg__irnode *n = &ir->nodes[g->g[k].node];
+        for (int j = 0; j < n->nin; j++) {
+            const sg__ref *a = arg_ref(ir, n, j, alias);
+            if (a && a->slot == slot && g->g[k].arg_src[j] < 0) return true;
+        }
+    }
+    return false;
+}
+
+/*
+ * A value is stored when anything outside its group can see it: outputs,
+ * writes into inputs and parameters, loads by other groups; matmul and
+ * opaque results always (the library writes memory); and of several writes
+ * of one slot in a group only the last.
+ */
+static void mark_stores(const sg__ir *ir, const int *alias, sg__group *groups, int ngroups) {
+    for (int gi = 0; gi < ngroups; gi++) {
+        sg__group *g = &groups[gi];
+        for (int k = 0; k < g->n; k++) {
+            const sg__irnode *n = &ir->nodes[g->g[k].node];
+            int slot = ir->refs[alias[n->out]].slot;
+            const sg__slot *sl = &ir->slots[slot];
+            bool store = sl->kind != SG__SLOT_INTERNAL || sl->output >= 0 ||
+                         g->kind == SG__G_OPAQUE || (g->kind == SG__G_MATMUL && k == g->anchor);
+            for (int o = 0; o < ngroups && !store; o++)
+                if (o != gi && group_loads(ir, alias, &groups[o], slot)) store = true;
+            for (int q = k + 1; q < g->n && store; q++) /* a later write supersedes */
+                if (ir->refs[alias[ir->nodes[g->g[q].node].out]].slot == slot) store = false;
+            g->g[k].store = store;
+        }
+    }
+}
+
+/* ------------------------------------------------------------ horizontal */
+
+static bool group_touches(const sg__ir *ir, const int *alias, const sg__group *g, int slot,
+                          bool *writes) {
+    bool loads = group_loads(ir, alias, g, slot);
+    *writes = false;
+    for (int k = 0; k < g->n; k++)
+        if (ir->refs[alias[ir->nodes[g->g[k].node].out]].slot == slot) *writes = true;
+    return loads || *writes;
+}
+
+/* No slot that one writes is touched by the other. */
+static bool independent(const sg__ir *ir, const int *alias, const sg__group *a, const sg__group *b) {
+    for (int k = 0; k < a->n; k++) {
+        int slot = ir->refs[alias[ir->nodes[a->g[k].node].out]].slot;
+        bool w;
+        if (group_touches(ir, alias, b, slot, &w)) return false;
+    }
+    for (int k = 0; k < b->n; k++) {
+        int slot = ir->refs[alias[ir->nodes[b->g[k].node].out]].slot;
+        bool w;
+        if (group_loads(ir, alias, a, slot)) return false;
+        (void)w;
+    }
+    return true;
+}
+
+static sg_status horizontal(sg_ctx *ctx, const sg__ir *ir, const int *alias, sg__fused *f) {
+    sg__group *in = f->groups;
+    int n = f->ngroups;
+    sg__group *out = sg__calloc(ctx, sizeof *out * (size_t)(n ? n : 1));
+    sg__group *parts = sg__calloc(ctx, sizeof *parts * (size_t)(n ? n : 1));
+    int *members = sg__alloc(ctx, sizeof(int) * (size_t)(n ? n : 1));
+    if (!out || !parts || !members) {
+        sg__free(ctx, out, sizeof *out * (size_t)(n ? n : 1));
+        sg__free(ctx, parts, sizeof *parts * (size_t)(n ? n : 1));
+        sg__free(ctx, members, sizeof(int) * (size_t)(n ? n : 1));
+        return sg__fail(ctx, SG_ERR_OOM, "fusion: out of host memory");
+    }
+    int nout = 0, nparts = 0;
+    for (int i = 0; i < n;) {
+        int j = i + 1;
+        if (in[i].kind == SG__G_POINTWISE) {
+            while (j < n && in[j].kind == SG__G_POINTWISE) {
+                bool ok = true;
+                for (int k = i; k < j && ok; k++) ok = independent(ir, alias, &in[k], &in[j]);
+                if (!ok) break;
+                j++;
+            }
+        }
+        if (j - i >= 2) {
+            sg__group *m = &out[nout++];
+            memset(m, 0, sizeof *m);
+            m->kind = SG__G_MULTI;
+            m->anchor = -1;
+            m->first = in[i].first;
+            m->last = in[j - 1].last;
+            m->members = sg__alloc(ctx, sizeof(int) * (size_t)(j - i));
+            if (!m->members) {
+                /* Keep what was merged so far; the rest stays unmerged. */
+                nout--;
+                for (int k = i; k < n; k++) out[nout++] = in[k];
+                break;
+            }
+            for (int k = i; k < j; k++) {
+                m->members[m->nmembers++] = nparts;
+                parts[nparts++] = in[k];
+            }
+        } else {
+            out[nout++] = in[i];
+        }
+        i = j;
+    }
+    sg__free(ctx, members, sizeof(int) * (size_t)(n ? n : 1));
+    sg__free(ctx, in, sizeof *in * (size_t)f->cap_groups);
+    f->groups = out;
+    f->ngroups = nout;
+    f->cap_groups = n ? n : 1;
+    f->parts = parts;
+    f->nparts = nparts;
+    f->cap_parts = n ? n : 1;
+    return SG_OK;
+}
+
+/* ------------------------------------------------------------ entry */
+
+sg_status sg__fuse(sg_ctx *ctx, const sg__ir *ir, const sg__fuse_opts *opts, sg__fused *f) {
+    memset(f, 0, sizeof *f);
+    int nn = ir->nnodes ? ir->nnodes : 1, nr = ir->nrefs ? ir->nrefs : 1,
+        ns = ir->nslots ? ir->nslots : 1;
+    f->dead = sg__calloc(ctx, sizeof(bool) * (size_t)nn);
+    f->alias = sg__alloc(ctx, sizeof(int) * (size_t)nr);
+    int *writes = sg__calloc(ctx, sizeof(int) * (size_t)ns);
+    uint8_t *needed = sg__calloc(ctx, (size_t)ns);
+    sg__gnode *scratch = sg__alloc(ctx, sizeof *scratch * (size_t)nn);
+    sg_status s = SG_OK;
+    if (!f->dead || !f->alias || !writes || !needed || !scratch) {
+        s = sg__fail(ctx, SG_ERR_OOM, "fusion: out of host memory");
+        goto done;
+    }
+    for (int r = 0; r < ir->nrefs; r++) f->alias[r] = r;
+    for (int i = 0; i < ir->nnodes; i++) writes[ir->refs[ir->nodes[i].out].slot]++;
+    bool disable = opts && opts->disable;
+    if (!disable) {
+        cse(ir, f->dead, f->alias, writes);
+        dce(ir, f->dead, f->alias, needed);
+    }
+    builder b = {.ctx = ctx, .ir = ir, .dead = f->dead, .alias = f->alias, .scratch = scratch};
+    s = group_nodes(&b, disable);
+    f->groups = b.groups;
+    f->ngroups = b.ngroups;
+    f->cap_groups = b.cap;
+    if (s != SG_OK) goto done;
+    mark_stores(ir, f->alias, f->groups, f->ngroups);
+    if (!disable && (!opts || opts->horizontal)) s = horizontal(ctx, ir, f->alias, f);
+done:
+    sg__free(ctx, writes, sizeof(int) * (size_t)ns);
+    sg__free(ctx, needed, (size_t)ns);
+    sg__free(ctx, scratch, sizeof *scratch * (size_t)nn);
+    if (s != SG_OK) sg__fused_free(ctx, f, ir);
+    return s;
+}
+
+static void free_group(sg_ctx *ctx, sg__group *g) {
+    sg__free(ctx, g->g, sizeof *g->g * (size_t)(g->n ? g->n : 1));
+    sg__free(ctx, g->members, sizeof(int) * (size_t)(g->nmembers ? g->nmembers : 1));
+}
+
+void sg__fused_free(sg_ctx *ctx, sg__fused *f, const sg__ir *ir) {
+    for (int i = 0; i < f->ngroups; i++) free_group(ctx, &f->groups[i]);
+    for (int i = 0; i < f->nparts; i++) free_group(ctx, &f->parts[i]);
+    sg__free(ctx, f->groups, sizeof *f->groups * (size_t)(f->cap_groups ? f->cap_groups : 1));
+    sg__free(ctx, f->parts, sizeof *f->parts * (size_t)(f->cap_parts ? f->cap_parts : 1));
+    sg__free(ctx, f->dead, sizeof(bool) * (size_t)(ir->nnodes ? ir->nnodes : 1));
+    sg__free(ctx, f->alias, sizeof(int) * (size_t)(ir->nrefs ? ir->nrefs : 1));
+    memset(f, 0, sizeof *f);
+}
+
+const char *sg__group_name(const sg__ir *ir, const sg__group *g, char *buf, size_t size) {
+    size_t k = 0;
+    buf[0] = '\0';
+    for (int i = 0; i < g->n && k + 1 < size; i++)
+        k += (size_t)snprintf(buf + k, size - k, i ? "_%s" : "%s", sg__op_name(ir->nodes[g->g[i].node].op));
+    if (g->kind == SG__G_MULTI) snprintf(buf, size, "multi%d", g->nmembers);
+    return buf;
+}

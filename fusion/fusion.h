@@ -1,0 +1,88 @@
+/*
+ * fusion.h -- the internal header of fusion/: passes over a capture's IR
+ * (capture.h: sg__ir) that decide which ops run together in one generated
+ * kernel. No backend knowledge here: the result is a list of kernel groups
+ * in execution order, each a contiguous run of IR nodes of one of a few
+ * shapes of loop, with the refs it reads from memory and the refs it must
+ * write back (materialize). Codegen turns each group into source text in
+ * one dialect; graphs/ runs the groups.
+ *
+ * Passes, in order (each small and testable alone):
+ *  - dce: drop nodes whose results nothing uses (kept: outputs, writes into
+ *    inputs and parameters, and everything those depend on).
+ *  - cse: a node equal to an earlier one (op, attributes, input refs) reads
+ *    that one's result instead.
+ *  - group: walk the nodes in order and grow the open group while the next
+ *    node can join it:
+ *      POINTWISE  elementwise nodes over one iteration shape; a value made
+ *                 in the group and read back with the same geometry stays
+ *                 in registers; views of materialized tensors are folded
+ *                 into the loads' index arithmetic, never copied.
+ *      REDUCE     pointwise prologue (computing the reduced input), the
+ *                 reduction, pointwise epilogue over the reduced shape.
+ *      ROW        softmax, log_softmax, layer_norm, rms_norm, cross_entropy
+ *                 one pass per row, with prologue and epilogue as above.
+ *      MATMUL     matmul/linear through the BLAS, then an epilogue over its
+ *                 output (bias, activation, residual add, cast) in one loop.
+ *      OPAQUE     any other node, run by the backend's eager kernel.
+ *  - horizontal: consecutive POINTWISE groups with no data between them
+ *    (an optimizer's per-parameter updates) become one MULTI group: one
+ *    kernel with one loop per member.
+ * SG_DISABLE_FUSION=1 makes every node its own group.
+ */
+#ifndef SG_FUSION_H
+#define SG_FUSION_H
+
+#include "../capture/capture.h"
+
+typedef enum sg__gkind {
+    SG__G_POINTWISE,
+    SG__G_REDUCE,
+    SG__G_ROW,
+    SG__G_MATMUL,
+    SG__G_OPAQUE,
+    SG__G_MULTI
+} sg__gkind;
+
+/* How a node of a group gets each input and what it does with its result. */
+typedef struct sg__gnode {
+    int node;       /* IR node index */
+    int arg_src[4]; /* per input: -1 load from memory (the IR ref), else the
+                       group-local index of the gnode whose value it reuses */
+    bool store;     /* its result is written to memory (the IR out ref) */
+} sg__gnode;
+
+typedef struct sg__group {
+    sg__gkind kind;
+    int first, last; /* the run of IR nodes [first, last] it covers */
+    sg__gnode *g;    /* the nodes it keeps after dce/cse, in order */
+    int n;
+    int anchor;      /* index into g of the REDUCE/ROW/MATMUL node, -1 else */
+    int ndim;        /* the iteration shape of a POINTWISE group (or of the */
+    int64_t shape[SG_MAX_DIMS]; /* epilogue of an anchored group) */
+    int *members;    /* MULTI: indices into sg__fused.parts, in run order */
+    int nmembers;
+} sg__group;
+
+typedef struct sg__fused {
+    sg__group *groups; /* the kernels, in execution order */
+    int ngroups;
+    sg__group *parts;  /* the POINTWISE groups that MULTI kernels run */
+    int nparts;
+    int cap_groups, cap_parts;
+    bool *dead; /* per IR node: removed by dce or cse */
+    int *alias; /* per IR ref: cse maps a ref to an equal earlier one, or itself */
+} sg__fused;
+
+typedef struct sg__fuse_opts {
+    bool disable;    /* one group per node (SG_DISABLE_FUSION=1) */
+    bool horizontal; /* merge independent pointwise groups */
+} sg__fuse_opts;
+
+SG__HIDDEN sg_status sg__fuse(sg_ctx *ctx, const sg__ir *ir, const sg__fuse_opts *opts,
+                              sg__fused *out);
+SG__HIDDEN void sg__fused_free(sg_ctx *ctx, sg__fused *f, const sg__ir *ir);
+/* The group's fused op names joined by '_' ("sin_mul_scalar_add_scalar_tanh"). */
+SG__HIDDEN const char *sg__group_name(const sg__ir *ir, const sg__group *g, char *buf, size_t size);
+
+#endif /* SG_FUSION_H */
