@@ -211,6 +211,44 @@ static void run_shapes(sg_ctx *c, const shape_case *cases, int ncases, const sg_
                         }
 }
 
+/* An expanded input (stride 0 along a broadcast dim) reduces like its copy;
+ * along the repeats every element ties, so argmax gives 0 (the first). */
+static void test_expanded(sg_dtype dt) {
+    int64_t bshape[3] = {3, 1, 4}, shape[3] = {3, 5, 4};
+    double *bv, v[60], ref[60], *got;
+    sg_tensor *b = tu_rand(ctx, dt, 3, bshape, -4, 4, &bv);
+    sg_tensor *x = sg_expand(b, 3, shape);
+    for (int i = 0; i < 60; i++) v[i] = bv[(i / 20) * 4 + i % 4];
+    static const struct {
+        rop op;
+        int ndims, dims[2];
+    } cases[] = {{R_SUM, 1, {1}},  {R_SUM, 2, {0, 1}}, {R_MAX, 2, {1, 2}},
+                 {R_VAR, 1, {1}},  {R_ARGMAX, 1, {1}}, {R_MEAN, 0, {0}}};
+    for (size_t c = 0; c < sizeof cases / sizeof *cases; c++) {
+        rop op = cases[c].op;
+        if (!takes(op, dt)) continue;
+        uint32_t mask = mask_of(3, cases[c].ndims, cases[c].dims);
+        reference(op, 3, shape, mask, v, 1, ref);
+        int64_t ks[SG_MAX_DIMS];
+        expect_shape(3, shape, mask, true, ks);
+        sg_tensor *y = call(op, x, cases[c].ndims, cases[c].dims, true, 1);
+        sg_dtype odt = out_dtype(op, dt);
+        bool ok = TU_EXPECT(y != NULL) && TU_EXPECT((got = tu_read(y)) != NULL) &&
+                  TU_EXPECT(tu_close("values", got, ref, numel_of(3, ks), tu_rtol(odt),
+                                     tu_atol(odt)));
+        if (y) free(got);
+        char dl[16] = "all";
+        if (cases[c].ndims == 1) snprintf(dl, sizeof dl, "[%d]", cases[c].dims[0]);
+        if (cases[c].ndims == 2)
+            snprintf(dl, sizeof dl, "[%d,%d]", cases[c].dims[0], cases[c].dims[1]);
+        tu_case(ok, "%s(type=%s,x=expand([3,1,4] to [3,5,4]),dims=%s,keepdim=1%s)", rop_names[op],
+                sg_dtype_name(dt), dl, op == R_VAR ? ",correction=1" : "");
+        sg_release(y);
+    }
+    sg_release(b), sg_release(x);
+    free(bv);
+}
+
 /* ------------------------------------------------------------ exact rules */
 
 static sg_tensor *from(sg_dtype dt, int ndim, const int64_t *shape, const double *v) {
@@ -404,6 +442,7 @@ int main(void) {
     run_shapes(ctx, small_cases, (int)(sizeof small_cases / sizeof *small_cases), all, 5, true);
     run_shapes(ctx_mt, big_cases, (int)(sizeof big_cases / sizeof *big_cases), some, 3, false);
     for (sg_dtype dt = SG_F32; dt <= SG_BF16; dt++) test_nan_and_ties(dt);
+    for (sg_dtype dt = SG_F32; dt <= SG_I64; dt++) test_expanded(dt);
     test_exact_ints();
     test_var_edges();
     test_bad_input();

@@ -136,6 +136,26 @@ static void test_softmax_masked(void) {
     sg_release(x), sg_release(xt), sg_release(xc);
 }
 
+/* An expanded input (stride 0 along the broadcast dim): softmax along the
+ * repeats is uniform; across them it runs side by side over stride-0 lanes. */
+static void test_softmax_expanded(sg_dtype dt) {
+    int64_t bshape[2] = {4, 1}, shape[2] = {4, 9};
+    double *bv, v[36], ref[36];
+    sg_tensor *b = tu_rand(ctx, dt, 2, bshape, -4, 4, &bv);
+    sg_tensor *x = sg_expand(b, 2, shape);
+    for (int i = 0; i < 36; i++) v[i] = bv[i / 9];
+    for (int dim = 0; dim < 2; dim++)
+        for (int lg = 0; lg < 2; lg++) {
+            ref_softmax(2, shape, dim, v, lg, ref);
+            sg_tensor *y = lg ? sg_log_softmax(x, dim) : sg_softmax(x, dim);
+            tu_case(check(y, dt, 2, shape, ref), "%s(type=%s,x=expand([4,1] to [4,9]),dim=%d)",
+                    lg ? "LOG_SOFTMAX" : "SOFTMAX", sg_dtype_name(dt), dim);
+            sg_release(y);
+        }
+    sg_release(b), sg_release(x);
+    free(bv);
+}
+
 /* ------------------------------------------------------------ norms */
 
 /* f64 layer_norm (layer) or rms_norm of row-major v over the last dim. */
@@ -332,6 +352,7 @@ int main(void) {
     tu_seed(11);
     test_softmax();
     test_softmax_masked();
+    for (int t = 0; t < 3; t++) test_softmax_expanded(floats[t]);
     test_norms();
     test_cross_entropy();
     test_bad_input();
