@@ -300,11 +300,15 @@ SG_API sg_tensor *sg_where(sg_tensor *cond, sg_tensor *a, sg_tensor *b);
 /* ---------------------------------------------------------------- reductions */
 /*
  * Reduce over ndims dims (dims may be NULL with ndims 0: every dim). keepdim
- * keeps reduced dims with size 1. sum/mean/max/min take numeric dtypes; sum of
- * ints gives i64 (as PyTorch); mean and var are float only. var uses
- * `correction` (1: unbiased, 0: population). max/min of an empty range is an
- * error; sum of one is 0. argmax reduces one dim (or all when dim is
- * SG_ALL_DIMS) and gives i64; the first maximum wins.
+ * keeps reduced dims with size 1. A dim listed twice is an error; a 0-d x
+ * takes dim 0 or -1, as in PyTorch. sum/mean/max/min take numeric dtypes (not
+ * bool); sum of ints gives i64 (as PyTorch); mean and var are float only. var
+ * uses `correction` (1: unbiased, 0: population), dividing by
+ * max(0, N - correction). max/min of an empty range is an error (SG_ERR_SHAPE);
+ * the sum of none is 0, the mean and var of none NaN. max/min propagate NaN.
+ * argmax reduces one dim (or all when dim is SG_ALL_DIMS: the index into the
+ * flattened x) and gives i64; the first maximum wins and NaN counts as the
+ * maximum, as in PyTorch.
  */
 #define SG_ALL_DIMS 0x7fffffff
 SG_API sg_tensor *sg_sum(sg_tensor *x, int ndims, const int *dims, bool keepdim);
@@ -319,10 +323,11 @@ SG_API sg_tensor *sg_argmax(sg_tensor *x, int dim, bool keepdim);
  * Row ops work along one dim (softmax, log_softmax) or the last dim (the
  * norms), one pass per row, float dtypes. layer_norm: (x - mean) / sqrt(var +
  * eps) * weight + bias with population variance; weight and bias are 1-d of
- * the last dim's size, either may be NULL. rms_norm: x / sqrt(mean(x^2) + eps)
- * * weight. cross_entropy: logits (N, C) float, targets (N) i64 or i32 in
- * [0, C); the mean over N of -log_softmax(logits)[n, target[n]], as a scalar
- * f32.
+ * the last dim's size and x's dtype, either may be NULL; eps >= 0. rms_norm:
+ * x / sqrt(mean(x^2) + eps) * weight. cross_entropy: logits (N, C) float,
+ * targets (N) i64 or i32 in [0, C) (else SG_ERR_INDEX; there is no
+ * ignore_index); the mean over N of -log_softmax(logits)[n, target[n]], as a
+ * scalar f32 (NaN when N is 0).
  */
 SG_API sg_tensor *sg_softmax(sg_tensor *x, int dim);
 SG_API sg_tensor *sg_log_softmax(sg_tensor *x, int dim);

@@ -1,8 +1,314 @@
 /*
- * cpu_row.c -- eager CPU kernels of the row family (being written).
+ * cpu_row.c -- the eager CPU kernels of the row family: softmax and
+ * log_softmax along any dim, layer_norm and rms_norm over the last dim, and
+ * cross_entropy over the rows of (N, C) logits (node layouts in
+ * capture/ops_rows.c).
+ *
+ * A row is every element along the op's dim for one index of the other
+ * dims; rows run in parallel and may have any strides. Each row is read in
+ * tiles twice: once for its statistics (max and sum of exps, rescaled as the
+ * max grows, or mean and variance), once to write. The math is in double
+ * (inputs are widened exactly), so the only rounding of an f16/bf16 result is
+ * at its store.
  */
 #include "cpu.h"
 
+/*
+ * The rows of one op, in one of two orders:
+ *  - rows: sg__rows over the other dims, the row dim last; a work item is a
+ *    row, read along the op's dim.
+ *  - lanes (softmax only): when another dim (the lane dim) has a smaller
+ *    stride than the op's dim, a work item is a tile of up to SG__TILE rows
+ *    side by side along it, so that softmax over dim 0 of a contiguous
+ *    matrix reads memory in order; sg__rows then runs over the other dims
+ *    but the lane dim, the lane dim last.
+ * Operand 0 of sg__rows is x, operand 1 the output.
+ */
+typedef struct rowg {
+    sg__rows r;
+    const void *x;
+    void *y;
+    sg_dtype xdt, ydt;
+    int64_t xs, ys, len;  /* strides along the op's dim, and its length */
+    bool lanes;           /* the lanes order */
+    int64_t lxs, lys;     /* lanes: strides along the lane dim */
+    int64_t nlane, ntiles; /* lanes: rows per lane run, tiles per run */
+} rowg;
+
+static int64_t iabs(int64_t v) { return v < 0 ? -v : v; }
+
+/* The other dim to run lanes along, or -1 to read rows one by one. */
+static int lane_dim(const sg_tensor *x, int dim) {
+    int best = -1;
+    for (int d = 0; d < x->ndim; d++) {
+        if (d == dim || x->shape[d] < 2) continue;
+        if (best < 0 || iabs(x->stride[d]) <= iabs(x->stride[best])) best = d;
+    }
+    bool wins = best >= 0 && x->shape[best] >= 8 && iabs(x->stride[best]) < iabs(x->stride[dim]);
+    return wins && x->shape[dim] > 1 ? best : -1;
+}
+
+static void rows_along(rowg *g, const sg_tensor *x, const sg_tensor *y, int dim, bool lanes_ok) {
+    int64_t shape[SG_MAX_DIMS], xst[SG_MAX_DIMS], yst[SG_MAX_DIMS];
+    int nd = 0, lane = lanes_ok && x->ndim ? lane_dim(x, dim) : -1;
+    for (int d = 0; d < x->ndim; d++)
+        if (d != dim && d != lane)
+            shape[nd] = x->shape[d], xst[nd] = x->stride[d], yst[nd] = y->stride[d], nd++;
+    int last = lane >= 0 ? lane : dim;
+    if (x->ndim == 0) /* a 0-d tensor is one row of one element */
+        shape[nd] = 1, xst[nd] = yst[nd] = 0;
+    else
+        shape[nd] = x->shape[last], xst[nd] = x->stride[last], yst[nd] = y->stride[last];
+    nd++;
+    sg__rows_init(&g->r, nd, shape, 2);
+    for (int d = 0; d < nd; d++) g->r.stride[0][d] = xst[d], g->r.stride[1][d] = yst[d];
+    g->x = sg__data(x), g->xdt = x->dtype;
+    g->y = sg__data(y), g->ydt = y->dtype;
+    g->lanes = lane >= 0;
+    if (g->lanes) {
+        g->xs = x->stride[dim], g->ys = y->stride[dim], g->len = x->shape[dim];
+        g->lxs = xst[nd - 1], g->lys = yst[nd - 1], g->nlane = shape[nd - 1];
+        g->ntiles = (g->nlane + SG__TILE - 1) / SG__TILE;
+    } else {
+        g->xs = xst[nd - 1], g->ys = yst[nd - 1], g->len = shape[nd - 1];
+        g->nlane = g->ntiles = 1;
+    }
+}
+
+static int tile_len(int64_t len, int64_t j) {
+    return (int)(len - j < SG__TILE ? len - j : SG__TILE);
+}
+
+/* ------------------------------------------------------------ softmax */
+
+/*
+ * The max m of a row and s = sum(exp(x - m)), in one pass of tiles: when a
+ * tile raises the max, the sum so far is rescaled (the "online softmax").
+ * Subtracting the max keeps exp from overflowing. -inf adds exactly 0 (a
+ * masked position), even before any finite value is seen; a NaN makes s NaN,
+ * and a row of only -inf gives NaN, as in PyTorch.
+ */
+static void row_lse(const void *x, sg_dtype dt, int64_t xs, int64_t len, double *max,
+                    double *sum) {
+    float t[SG__TILE];
+    double m = -INFINITY, s = 0;
+    for (int64_t j = 0; j < len; j += SG__TILE) {
+        int n = tile_len(len, j);
+        sg__gather_f(sg__at((void *)x, dt, j * xs), dt, xs, n, t);
+        double tm = m;
+        for (int k = 0; k < n; k++)
+            if (t[k] > tm) tm = t[k];
+        if (tm > m) {
+            s *= exp(m - tm);
+            m = tm;
+        }
+        for (int k = 0; k < n; k++) s += t[k] == -INFINITY ? 0.0 : exp(t[k] - m);
+    }
+    *max = m;
+    *sum = s;
+}
+
+/* Write one tile: y = exp(x - m) / s, or (x - m) - log(s), per element k
+ * with its row's m[k * ms] and s (as inv[k * ms] = 1/s, ls[k * ms] = log s). */
+static void softmax_tile(float *t, int n, bool log_out, const double *m, const double *inv,
+                         const double *ls, int ms) {
+    if (log_out)
+        for (int k = 0; k < n; k++) t[k] = (float)((t[k] - m[k * ms]) - ls[k * ms]);
+    else
+        for (int k = 0; k < n; k++) t[k] = (float)(exp(t[k] - m[k * ms]) * inv[k * ms]);
+}
+
+static void softmax_row(const rowg *g, bool log_out, int64_t row) {
+    int64_t off[2];
+    sg__rows_offsets(&g->r, row, off);
+    const void *x = sg__at((void *)g->x, g->xdt, off[0]);
+    void *y = sg__at(g->y, g->ydt, off[1]);
+    double m, s;
+    row_lse(x, g->xdt, g->xs, g->len, &m, &s);
+    double inv = 1.0 / s, ls = log(s);
+    float t[SG__TILE];
+    for (int64_t j = 0; j < g->len; j += SG__TILE) {
+        int n = tile_len(g->len, j);
+        sg__gather_f(sg__at((void *)x, g->xdt, j * g->xs), g->xdt, g->xs, n, t);
+        softmax_tile(t, n, log_out, &m, &inv, &ls, 0);
+        sg__scatter_f(sg__at(y, g->ydt, j * g->ys), g->ydt, g->ys, n, t);
+    }
+}
+
+/* A tile of rows side by side (lanes order). Each lane keeps its own online
+ * max and sum, updated per element, with row_lse's rules for -inf and NaN
+ * (+inf makes the sum NaN, as exp(inf - inf) does there). */
+static void softmax_lanes(const rowg *g, bool log_out, int64_t item) {
+    int64_t off[2], t0 = (item % g->ntiles) * SG__TILE;
+    sg__rows_offsets(&g->r, item / g->ntiles, off);
+    const void *x = sg__at((void *)g->x, g->xdt, off[0] + t0 * g->lxs);
+    void *y = sg__at(g->y, g->ydt, off[1] + t0 * g->lys);
+    int n = tile_len(g->nlane, t0);
+    double m[SG__TILE], s[SG__TILE], inv[SG__TILE], ls[SG__TILE];
+    float t[SG__TILE];
+    for (int k = 0; k < n; k++) m[k] = -INFINITY, s[k] = 0;
+    for (int64_t j = 0; j < g->len; j++) {
+        sg__gather_f(sg__at((void *)x, g->xdt, j * g->xs), g->xdt, g->lxs, n, t);
+        for (int k = 0; k < n; k++) {
+            double v = t[k];
+            if (v > m[k]) {
+                s[k] = s[k] * exp(m[k] - v) + (v == INFINITY ? NAN : 1.0);
+                m[k] = v;
+            } else if (v != -INFINITY) {
+                s[k] += exp(v - m[k]);
+            }
+        }
+    }
+    for (int k = 0; k < n; k++) inv[k] = 1.0 / s[k], ls[k] = log(s[k]);
+    for (int64_t j = 0; j < g->len; j++) {
+        sg__gather_f(sg__at((void *)x, g->xdt, j * g->xs), g->xdt, g->lxs, n, t);
+        softmax_tile(t, n, log_out, m, inv, ls, 1);
+        sg__scatter_f(sg__at(y, g->ydt, j * g->ys), g->ydt, g->lys, n, t);
+    }
+}
+
+static sg_status softmax(sg_ctx *ctx, const sg__node *n) {
+    rowg g;
+    rows_along(&g, n->in[0], n->out, (int)n->i[0], true);
+    int64_t items = g.r.nrows * g.ntiles, numel = g.r.nrows * g.nlane * g.len;
+    if (numel == 0) return SG_OK;
+    bool log_out = n->op == SG__OP_LOG_SOFTMAX;
+    int nth = sg__cpu_threads(ctx, numel);
+#pragma omp parallel for num_threads(nth) if (nth > 1) schedule(static)
+    for (int64_t it = 0; it < items; it++) {
+        if (g.lanes)
+            softmax_lanes(&g, log_out, it);
+        else
+            softmax_row(&g, log_out, it);
+    }
+    return SG_OK;
+}
+
+/* ------------------------------------------------------------ norms */
+
+typedef struct affine {
+    const void *w, *b; /* NULL when left out */
+    sg_dtype wdt, bdt;
+    int64_t ws, bs;
+} affine;
+
+/*
+ * layer_norm: (x - mean) / sqrt(var + eps) * w + b, population variance;
+ * rms_norm: x / sqrt(mean(x^2) + eps) * w. The sums are taken about the
+ * row's first element (layer_norm), so a large mean does not cancel the
+ * variance away.
+ */
+static void norm_row(const rowg *g, const affine *a, bool layer, double eps, int64_t row) {
+    int64_t off[2], len = g->len;
+    sg__rows_offsets(&g->r, row, off);
+    const void *x = sg__at((void *)g->x, g->xdt, off[0]);
+    void *y = sg__at(g->y, g->ydt, off[1]);
+    float t[SG__TILE], w[SG__TILE], b[SG__TILE];
+    double shift = layer ? sg__ldf(x, g->xdt, 0) : 0.0, s1 = 0, s2 = 0;
+    for (int64_t j = 0; j < len; j += SG__TILE) {
+        int n = tile_len(len, j);
+        sg__gather_f(sg__at((void *)x, g->xdt, j * g->xs), g->xdt, g->xs, n, t);
+        for (int k = 0; k < n; k++) {
+            double d = t[k] - shift;
+            s1 += d;
+            s2 += d * d;
+        }
+    }
+    double mean = layer ? shift + s1 / (double)len : 0.0;
+    double var = layer ? (s2 - s1 * s1 / (double)len) / (double)len : s2 / (double)len;
+    double r = 1.0 / sqrt((var > 0 ? var : 0) + eps);
+    for (int64_t j = 0; j < len; j += SG__TILE) {
+        int n = tile_len(len, j);
+        sg__gather_f(sg__at((void *)x, g->xdt, j * g->xs), g->xdt, g->xs, n, t);
+        if (a->w) sg__gather_f(sg__at((void *)a->w, a->wdt, j * a->ws), a->wdt, a->ws, n, w);
+        if (a->b) sg__gather_f(sg__at((void *)a->b, a->bdt, j * a->bs), a->bdt, a->bs, n, b);
+        for (int k = 0; k < n; k++) {
+            double v = (t[k] - mean) * r;
+            if (a->w) v *= w[k];
+            if (a->b) v += b[k];
+            t[k] = (float)v;
+        }
+        sg__scatter_f(sg__at(y, g->ydt, j * g->ys), g->ydt, g->ys, n, t);
+    }
+}
+
+static sg_status norm(sg_ctx *ctx, const sg__node *n) {
+    const sg_tensor *x = n->in[0], *w = n->nin > 1 ? n->in[1] : NULL;
+    const sg_tensor *b = n->nin > 2 ? n->in[2] : NULL;
+    rowg g;
+    rows_along(&g, x, n->out, x->ndim - 1, false);
+    if (g.r.nrows * g.len == 0) return SG_OK;
+    affine a = {0};
+    if (w) a.w = sg__data(w), a.wdt = w->dtype, a.ws = w->stride[0];
+    if (b) a.b = sg__data(b), a.bdt = b->dtype, a.bs = b->stride[0];
+    bool layer = n->op == SG__OP_LAYER_NORM;
+    double eps = n->f[0];
+    int nth = sg__cpu_threads(ctx, g.r.nrows * g.len);
+#pragma omp parallel for num_threads(nth) if (nth > 1) schedule(static)
+    for (int64_t row = 0; row < g.r.nrows; row++) norm_row(&g, &a, layer, eps, row);
+    return SG_OK;
+}
+
+/* ------------------------------------------------------------ cross entropy */
+
+/* Rows are summed in this many fixed blocks, then the blocks in order, so
+ * the loss does not depend on the thread count. */
+#define CE_BLOCKS 64
+
+static sg_status cross_entropy(sg_ctx *ctx, const sg__node *n) {
+    const sg_tensor *lg = n->in[0], *tg = n->in[1];
+    int64_t N = lg->shape[0], C = lg->shape[1], xs0 = lg->stride[0], xs1 = lg->stride[1];
+    const void *x = sg__data(lg), *t = sg__data(tg);
+    sg_dtype dt = lg->dtype, tdt = tg->dtype;
+    int64_t ts = tg->stride[0];
+    /*
+     * Targets are checked here, on the host, before anything is computed:
+     * the eager CPU path can read them, so a bad one is reported exactly
+     * (which row, which value) and no output is written. A device backend
+     * cannot read them without a sync; it will check inside its kernel and
+     * report through an error flag read back when the step ends.
+     */
+    for (int64_t r = 0; r < N; r++) {
+        int64_t c = sg__ldi(t, tdt, r * ts);
+        if (c < 0 || c >= C) {
+            char a[SG__DESC];
+            return sg__fail(ctx, SG_ERR_INDEX, "sg_cross_entropy: targets[%lld] is %lld, outside "
+                            "[0, %lld) for logits %s; targets are class indices (there is no "
+                            "ignore_index)", (long long)r, (long long)c, (long long)C,
+                            sg__describe(lg, a, sizeof a));
+        }
+    }
+    double part[CE_BLOCKS] = {0};
+    int64_t nb = N < CE_BLOCKS ? N : CE_BLOCKS;
+    int nth = sg__cpu_threads(ctx, N * C);
+#pragma omp parallel for num_threads(nth) if (nth > 1) schedule(static)
+    for (int64_t blk = 0; blk < nb; blk++) {
+        double s = 0;
+        for (int64_t r = N * blk / nb; r < N * (blk + 1) / nb; r++) {
+            const void *row = sg__at((void *)x, dt, r * xs0);
+            double m, sum;
+            row_lse(row, dt, xs1, C, &m, &sum);
+            int64_t c = sg__ldi(t, tdt, r * ts);
+            /* -log_softmax(row)[c] = log(sum) + m - row[c] */
+            s += (m - sg__ldf(row, dt, c * xs1)) + log(sum);
+        }
+        part[blk] = s;
+    }
+    double total = 0;
+    for (int64_t blk = 0; blk < nb; blk++) total += part[blk];
+    /* The mean over no rows is NaN, as in PyTorch. */
+    sg__stf(sg__data(n->out), SG_F32, 0, N ? (float)(total / (double)N) : NAN);
+    return SG_OK;
+}
+
 sg_status sg__cpu_row(sg_ctx *ctx, const sg__node *n) {
-    return sg__fail(ctx, SG_ERR_UNSUPPORTED, "cpu: %s has no CPU kernel yet", sg__op_name(n->op));
+    switch (n->op) {
+    case SG__OP_SOFTMAX:
+    case SG__OP_LOG_SOFTMAX: return softmax(ctx, n);
+    case SG__OP_LAYER_NORM:
+    case SG__OP_RMS_NORM: return norm(ctx, n);
+    case SG__OP_CROSS_ENTROPY: return cross_entropy(ctx, n);
+    default: break;
+    }
+    return sg__fail(ctx, SG_ERR_INTERNAL, "cpu: %s is not a row op", sg__op_name(n->op));
 }
