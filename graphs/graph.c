@@ -8,6 +8,7 @@
 #include "graphs.h"
 
 #include <stdio.h>
+#include <stdlib.h>
 
 static size_t round_up(size_t x, size_t a) { return (x + a - 1) / a * a; }
 
@@ -15,30 +16,76 @@ static bool is_output_slot(const sg__slot *sl) {
     return sl->kind == SG__SLOT_INTERNAL && sl->output >= 0;
 }
 
+/* Note that kernel k touches slot s (in memory, not in registers). */
+static void touch(int *first, int *last, int s, int k) {
+    if (first[s] < 0) first[s] = k;
+    if (k > last[s]) last[s] = k;
+}
+
+static void touch_group(const sg__ir *ir, const sg__fused *f, const sg__group *grp, int k,
+                        int *first, int *last) {
+    for (int i = 0; i < grp->n; i++) {
+        const sg__irnode *n = &ir->nodes[grp->g[i].node];
+        bool lib = grp->kind == SG__G_OPAQUE || i == grp->anchor;
+        for (int j = 0; j < n->nin; j++) {
+            int r = ir->args[n->args + j];
+            if (r < 0) continue;
+            int src = grp->g[i].arg_src[j];
+            if (lib || src < 0 || src == grp->anchor) touch(first, last, ir->refs[f->alias[r]].slot, k);
+        }
+        if (lib || grp->g[i].store) touch(first, last, ir->refs[f->alias[n->out]].slot, k);
+    }
+}
+
+/* Which kernels touch each slot: with fusion, values kept in registers need no bytes. */
+static void kernel_intervals(const sg__graph *g, int *first, int *last) {
+    const sg__ir *ir = &g->ir;
+    for (int s = 0; s < ir->nslots; s++) first[s] = last[s] = -1;
+    if (!g->has_fused) {
+        for (int s = 0; s < ir->nslots; s++) {
+            first[s] = ir->slots[s].first;
+            last[s] = ir->slots[s].last;
+        }
+        return;
+    }
+    const sg__fused *f = &g->fused;
+    for (int k = 0; k < f->ngroups; k++) {
+        const sg__group *grp = &f->groups[k];
+        if (grp->kind == SG__G_MULTI)
+            for (int m = 0; m < grp->nmembers; m++) touch_group(ir, f, &f->parts[grp->members[m]], k, first, last);
+        else
+            touch_group(ir, f, grp, k, first, last);
+    }
+    for (int s = 0; s < ir->nslots; s++) /* outputs live to the end */
+        if (ir->slots[s].kind == SG__SLOT_INTERNAL && ir->slots[s].output >= 0) last[s] = f->ngroups;
+}
+
 /* Scratch offsets by liveness, output offsets one after another. */
 static sg_status plan(sg_ctx *ctx, sg__graph *g) {
     sg__ir *ir = &g->ir;
     sg__buf *bufs = sg__alloc(ctx, sizeof *bufs * (size_t)(ir->nslots ? ir->nslots : 1));
-    int *which = sg__alloc(ctx, sizeof(int) * (size_t)(ir->nslots ? ir->nslots : 1));
+    int *which = sg__alloc(ctx, sizeof(int) * (size_t)(ir->nslots ? ir->nslots : 1) * 3);
     sg_status s = SG_OK;
     if (!bufs || !which) {
         s = sg__fail(ctx, SG_ERR_OOM, "compile: out of host memory planning buffers");
         goto done;
     }
-    int n = 0;
+    int n = 0, *sfirst = which + ir->nslots, *slast = sfirst + ir->nslots;
+    kernel_intervals(g, sfirst, slast);
     g->out_bytes = g->unshared = 0;
     for (int i = 0; i < ir->nslots; i++) {
         sg__slot *sl = &ir->slots[i];
         if (sl->kind != SG__SLOT_INTERNAL) continue;
         g->unshared += sl->nbytes;
+        g->slot_off[i] = SIZE_MAX; /* no bytes: lives in registers, or never touched */
         if (is_output_slot(sl)) {
             g->slot_off[i] = g->out_bytes;
             g->out_bytes += round_up(sl->nbytes ? sl->nbytes : 1, SG__POOL_ALIGN);
-        } else {
-            /* A buffer no node touched still gets bytes, live at node 0. */
-            int first = sl->first < 0 ? 0 : sl->first;
+        } else if (sfirst[i] >= 0 || !g->has_fused) {
+            /* Unfused, a buffer no node touched still gets bytes, live at node 0. */
+            int first = sfirst[i] < 0 ? 0 : sfirst[i];
             bufs[n] = (sg__buf){.size = sl->nbytes, .first = first,
-                                .last = sl->last < first ? first : sl->last};
+                                .last = slast[i] < first ? first : slast[i]};
             which[n++] = i;
         }
     }
@@ -48,8 +95,58 @@ static sg_status plan(sg_ctx *ctx, sg__graph *g) {
     g->peak = sg__plan_peak(bufs, n);
 done:
     sg__free(ctx, bufs, sizeof *bufs * (size_t)(ir->nslots ? ir->nslots : 1));
-    sg__free(ctx, which, sizeof(int) * (size_t)(ir->nslots ? ir->nslots : 1));
+    sg__free(ctx, which, sizeof(int) * (size_t)(ir->nslots ? ir->nslots : 1) * 3);
     return s;
+}
+
+/* Fuse, generate and compile; on any failure the capture replays unfused. */
+static void try_compile(sg_fn *fn, sg__graph *g) {
+    sg_ctx *ctx = fn->ctx;
+    const char *cg = getenv("SG_CODEGEN");
+    if (cg && strcmp(cg, "0") == 0) return;
+    const char *nf = getenv("SG_DISABLE_FUSION");
+    sg__fuse_opts fo = {.disable = nf && strcmp(nf, "1") == 0, .horizontal = true};
+    sg_status before = ctx->status;
+    char msg[SG__MSG_SIZE];
+    snprintf(msg, sizeof msg, "%s", ctx->msg);
+    sg_status s = sg__fuse(ctx, &g->ir, &fo, &g->fused);
+    if (s == SG_OK) g->has_fused = true;
+    size_t k = (size_t)snprintf(g->module, sizeof g->module, "sg_");
+    for (const char *p = fn->name; *p && k + 12 < sizeof g->module; p++)
+        g->module[k++] = (char)((*p >= 'a' && *p <= 'z') || (*p >= 'A' && *p <= 'Z') ||
+                                (*p >= '0' && *p <= '9') ? *p : '_');
+    snprintf(g->module + k, sizeof g->module - k, "_c%d", fn->ngraphs);
+    sg__emit e = {.ctx = ctx};
+    if (s == SG_OK) s = sg__cgen_c(ctx, &g->ir, &g->fused, g->module, &e);
+    if (s == SG_OK) s = sg__cache_build_c(ctx, g->module, e.buf, &g->mod);
+    sg__emit_free(&e);
+    if (s == SG_OK) {
+        g->step_fn = (sg__step_entry)(uintptr_t)sg__module_sym(g->mod, "sg_step");
+        g->kernel_fn = (sg__kernel_entry)(uintptr_t)sg__module_sym(g->mod, "sg_kernel");
+        if (!g->step_fn || !g->kernel_fn)
+            s = sg__fail(ctx, SG_ERR_COMPILE, "codegen: %s lacks sg_step or sg_kernel", g->module);
+    }
+    if (s == SG_OK) {
+        g->one_by_one = fn->opts.mode == SG_MODE_DEFAULT ||
+                        fn->opts.mode == SG_MODE_MAX_AUTOTUNE_NO_GRAPHS;
+        sg__log(ctx, "output_code", "fn '%s': capture %d: %d IR ops -> %d kernels in %s", fn->name,
+                fn->ngraphs, g->ir.nnodes, g->fused.ngroups, g->module);
+        return;
+    }
+    sg__log(ctx, "fallbacks", "fn '%s': capture %d replays unfused, op by op: %.800s", fn->name,
+            fn->ngraphs, ctx->msg);
+    sg__module_free(ctx, g->mod);
+    g->mod = NULL;
+    if (g->has_fused) sg__fused_free(ctx, &g->fused, &g->ir);
+    g->has_fused = false;
+    /* The failure is reported through the fallback, not to the caller. */
+    ctx->status = before;
+    snprintf(ctx->msg, sizeof ctx->msg, "%s", msg);
+}
+
+static int run_node_cb(void *p, int node) {
+    sg__graph *g = p;
+    return (int)g->ctx->exec.run(g->ctx, &g->nodes[node]);
 }
 
 #define ALLOC_ARRAY(ctx, ptr, count)                                                               \
@@ -60,8 +157,11 @@ sg_status sg__graph_build(sg_fn *fn, sg__graph *g) {
     sg__ir *ir = &g->ir;
     if (!ALLOC_ARRAY(ctx, g->slot_off, ir->nslots) || !ALLOC_ARRAY(ctx, g->slot_st, ir->nslots) ||
         !ALLOC_ARRAY(ctx, g->slot_ptr, ir->nslots) || !ALLOC_ARRAY(ctx, g->ref_t, ir->nrefs) ||
-        !ALLOC_ARRAY(ctx, g->args, ir->nargs) || !ALLOC_ARRAY(ctx, g->nodes, ir->nnodes))
+        !ALLOC_ARRAY(ctx, g->args, ir->nargs) || !ALLOC_ARRAY(ctx, g->nodes, ir->nnodes) ||
+        !ALLOC_ARRAY(ctx, g->slotp, ir->nslots))
         return sg__fail(ctx, SG_ERR_OOM, "compile: out of host memory building the plan");
+    g->ctx = ctx;
+    if (fn->opts.mode != SG_MODE_EAGER) try_compile(fn, g);
     sg_status s = plan(ctx, g);
     if (s != SG_OK) return s;
     s = sg__pool_reserve(ctx, g->scratch, 0, NULL);
@@ -86,7 +186,10 @@ sg_status sg__graph_build(sg_fn *fn, sg__graph *g) {
         t->offset = ref->offset;
         t->st = g->slot_ptr[ref->slot];
     }
-    for (int a = 0; a < ir->nargs; a++) g->args[a] = ir->args[a] < 0 ? NULL : &g->ref_t[ir->args[a]];
+    /* Common subexpressions removed by fusion read the ref they alias. */
+    const int *alias = g->has_fused ? g->fused.alias : NULL;
+    for (int a = 0; a < ir->nargs; a++)
+        g->args[a] = ir->args[a] < 0 ? NULL : &g->ref_t[alias ? alias[ir->args[a]] : ir->args[a]];
     for (int i = 0; i < ir->nnodes; i++) {
         const sg__irnode *in = &ir->nodes[i];
         sg__node *n = &g->nodes[i];
@@ -96,7 +199,7 @@ sg_status sg__graph_build(sg_fn *fn, sg__graph *g) {
         n->mask = in->mask;
         n->nin = in->nin;
         n->in = &g->args[in->args];
-        n->out = &g->ref_t[in->out];
+        n->out = &g->ref_t[alias ? alias[in->out] : in->out];
     }
     sg__fns_repoint(ctx);
     sg__graph_repoint(ctx, g);
@@ -152,7 +255,8 @@ void sg__graph_repoint(sg_ctx *ctx, sg__graph *g) {
     if (!ctx->pool) return;
     for (int i = 0; i < ir->nslots; i++)
         if (ir->slots[i].kind == SG__SLOT_INTERNAL && !is_output_slot(&ir->slots[i]))
-            g->slot_st[i].data = sg__pool_addr(ctx, -1, g->slot_off[i]);
+            g->slot_st[i].data = g->slot_off[i] == SIZE_MAX ? NULL
+                                                            : sg__pool_addr(ctx, -1, g->slot_off[i]);
     for (int k = 0; k < g->noutbufs; k++) {
         sg__outbuf *ob = &g->outbufs[k];
         if (!ob->st) continue;
@@ -175,6 +279,23 @@ sg_status sg__graph_replay(sg_fn *fn, sg__graph *g, sg_tensor *const *in, int se
         } else if (is_output_slot(sl)) {
             g->slot_st[i].data = g->outbufs[set].st[i]->data;
         }
+    }
+    if (g->mod) {
+        for (int i = 0; i < ir->nslots; i++) g->slotp[i] = g->slot_ptr[i]->data;
+        sg__rt rt = {.ctx = g, .run_node = run_node_cb};
+        int rc = 0;
+        if (g->one_by_one) {
+            for (int k = 0; k < g->fused.ngroups && rc == 0; k++) rc = g->kernel_fn(k, g->slotp, &rt);
+        } else {
+            rc = g->step_fn(g->slotp, &rt);
+        }
+        if (rc != 0) {
+            char msg[700];
+            snprintf(msg, sizeof msg, "%.600s", ctx->msg);
+            return sg__fail(ctx, (sg_status)rc, "%s (replaying %s of fn '%s')", msg, g->module, fn->name);
+        }
+        g->replays++;
+        return SG_OK;
     }
     for (int i = 0; i < ir->nnodes; i++) {
         sg_status s = ctx->exec.run(ctx, &g->nodes[i]);
@@ -215,6 +336,9 @@ void sg__graph_free(sg_ctx *ctx, sg__graph *g) {
     sg__free(ctx, g->args, sizeof *g->args * (size_t)(ir->nargs ? ir->nargs : 1));
     sg__free(ctx, g->nodes, sizeof *g->nodes * (size_t)(ir->nnodes ? ir->nnodes : 1));
     sg__free(ctx, g->key, sizeof *g->key * (size_t)(ir->nin ? ir->nin : 1));
+    sg__free(ctx, g->slotp, sizeof *g->slotp * (size_t)nslots);
+    sg__module_free(ctx, g->mod);
+    if (g->has_fused) sg__fused_free(ctx, &g->fused, ir);
     sg__ir_free(ctx, ir);
     sg__free(ctx, g, sizeof *g);
 }

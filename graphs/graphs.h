@@ -8,6 +8,7 @@
 #ifndef SG_GRAPHS_H
 #define SG_GRAPHS_H
 
+#include "../codegen/codegen.h"
 #include "../memory/memory.h"
 #include "backend.h"
 
@@ -48,6 +49,17 @@ typedef struct sg__graph {
     int noutbufs;
     int pool_gen;
     uint64_t replays;
+
+    /* Fused and compiled (when the mode compiles and the compile worked). */
+    sg_ctx *ctx;
+    sg__fused fused;
+    bool has_fused;
+    sg__module *mod;
+    sg__step_entry step_fn;
+    sg__kernel_entry kernel_fn;
+    char **slotp;     /* per slot: the base address generated code sees */
+    bool one_by_one;  /* DEFAULT / MAX_AUTOTUNE_NO_GRAPHS: kernel at a time */
+    char module[96];  /* the generated unit's name */
 } sg__graph;
 
 /* One output set of a fn: the handles its last call there returned. */
