@@ -321,9 +321,11 @@ sg_tensor *sg_empty(sg_ctx *ctx, sg_dtype dt, int ndim, const int64_t *shape) {
     return sg__tensor_new(ctx, "sg_empty", dt, ndim, shape);
 }
 
-sg_tensor *sg_full(sg_ctx *ctx, sg_dtype dt, int ndim, const int64_t *shape, double value) {
+/* sg_full under the name of the function the user called, for messages. */
+static sg_tensor *full_named(sg_ctx *ctx, const char *name, sg_dtype dt, int ndim,
+                             const int64_t *shape, double value) {
     if (!ctx) return NULL;
-    sg_tensor *t = sg__tensor_new(ctx, "sg_full", dt, ndim, shape);
+    sg_tensor *t = sg__tensor_new(ctx, name, dt, ndim, shape);
     if (t && sg_fill_(t, value) != SG_OK) {
         sg__tensor_drop(t);
         return NULL;
@@ -331,8 +333,12 @@ sg_tensor *sg_full(sg_ctx *ctx, sg_dtype dt, int ndim, const int64_t *shape, dou
     return t;
 }
 
+sg_tensor *sg_full(sg_ctx *ctx, sg_dtype dt, int ndim, const int64_t *shape, double value) {
+    return full_named(ctx, "sg_full", dt, ndim, shape, value);
+}
+
 sg_tensor *sg_zeros(sg_ctx *ctx, sg_dtype dt, int ndim, const int64_t *shape) {
-    return sg_full(ctx, dt, ndim, shape, 0.0);
+    return full_named(ctx, "sg_zeros", dt, ndim, shape, 0.0);
 }
 
 sg_tensor *sg_from_host(sg_ctx *ctx, sg_dtype dt, int ndim, const int64_t *shape,

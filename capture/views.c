@@ -46,9 +46,13 @@ static bool view_strides(const sg_tensor *t, int ndim, const int64_t *shape, int
 static bool infer_shape(sg_ctx *ctx, const char *op, const sg_tensor *t, int ndim,
                         const int64_t *in, int64_t *out) {
     char a[SG__DESC], b[96];
-    if (ndim < 0 || ndim > SG_MAX_DIMS || (ndim > 0 && !in)) {
-        sg__fail(ctx, SG_ERR_SHAPE, "%s: ndim %d is out of range or shape is NULL (0 to %d dims)",
-                 op, ndim, SG_MAX_DIMS);
+    if (ndim < 0 || ndim > SG_MAX_DIMS) {
+        sg__fail(ctx, SG_ERR_SHAPE, "%s: ndim %d is out of range; stepgraph tensors have 0 to %d "
+                 "dims", op, ndim, SG_MAX_DIMS);
+        return false;
+    }
+    if (ndim > 0 && !in) {
+        sg__fail(ctx, SG_ERR_NULL, "%s: shape is NULL for ndim %d; pass ndim sizes", op, ndim);
         return false;
     }
     int infer = -1;
@@ -188,7 +192,11 @@ sg_tensor *sg_expand(sg_tensor *t, int ndim, const int64_t *shape) {
     sg_ctx *ctx = sg__check_inputs("sg_expand", 1, &t, NULL);
     if (!ctx) return NULL;
     char a[SG__DESC], b[96];
-    if (ndim < t->ndim || ndim > SG_MAX_DIMS || (ndim && !shape)) {
+    if (ndim > 0 && !shape) {
+        sg__fail(ctx, SG_ERR_NULL, "sg_expand: shape is NULL for ndim %d; pass ndim sizes", ndim);
+        return NULL;
+    }
+    if (ndim < t->ndim || ndim > SG_MAX_DIMS) {
         sg__fail(ctx, SG_ERR_SHAPE, "sg_expand: cannot expand %s to %d dims; the target needs "
                  "at least as many dims (at most %d)", sg__describe(t, a, sizeof a), ndim,
                  SG_MAX_DIMS);
@@ -216,9 +224,14 @@ sg_tensor *sg_unsqueeze(sg_tensor *t, int dim) {
     sg_ctx *ctx = sg__check_inputs("sg_unsqueeze", 1, &t, NULL);
     if (!ctx) return NULL;
     int d = sg__norm_dim(dim, t->ndim + 1);
-    if (d < 0 || t->ndim == SG_MAX_DIMS) {
-        sg__fail(ctx, SG_ERR_INDEX, "sg_unsqueeze: dim %d is out of range for a %d-d tensor", dim,
-                 t->ndim);
+    if (t->ndim == SG_MAX_DIMS) {
+        sg__fail(ctx, SG_ERR_INDEX, "sg_unsqueeze: a %d-d tensor has no room for another dim "
+                 "(at most %d); reshape it first", t->ndim, SG_MAX_DIMS);
+        return NULL;
+    }
+    if (d < 0) {
+        sg__fail(ctx, SG_ERR_INDEX, "sg_unsqueeze: dim %d is out of range for a %d-d tensor "
+                 "(-%d to %d)", dim, t->ndim, t->ndim + 1, t->ndim);
         return NULL;
     }
     int64_t sh[SG_MAX_DIMS], st[SG_MAX_DIMS];
