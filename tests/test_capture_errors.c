@@ -29,9 +29,9 @@ static sg_ctx *ctx; /* the context most cases run on; it has the log hook */
 /* ------------------------------------------------------------ the log hook */
 
 static struct {
-    int nerror;             /* lines under "error" */
-    int nother;             /* lines under any other topic */
-    char last[1024];        /* the newest "error" line */
+    int nerror;      /* lines under "error" */
+    int nother;      /* lines under any other topic */
+    char last[1024]; /* the newest "error" line */
 } logged;
 
 static void log_hook(void *user, const char *topic, const char *line) {
@@ -243,9 +243,9 @@ static void test_creation(void) {
     sg_tensor *e = sg_from_host(ctx, SG_I64, 2, zero, NULL);
     sg_tensor *f = sg_full(ctx, SG_BOOL, 6, (int64_t[6]){1, 1, 1, 1, 1, 2}, 1.0);
     bool ok = TU_EXPECT(s && sg_tensor_ndim(s) == 0 && sg_tensor_numel(s) == 1) &&
-              TU_EXPECT(e && sg_tensor_numel(e) == 0) &&
-              TU_EXPECT(sg_read(e, NULL, 0) == SG_OK) && TU_EXPECT(sg_write(e, NULL, 0) == SG_OK) &&
-              TU_EXPECT(f && sg_tensor_ndim(f) == 6) && TU_EXPECT(sg_ctx_status(ctx) == SG_OK);
+              TU_EXPECT(e && sg_tensor_numel(e) == 0) && TU_EXPECT(sg_read(e, NULL, 0) == SG_OK) &&
+              TU_EXPECT(sg_write(e, NULL, 0) == SG_OK) && TU_EXPECT(f && sg_tensor_ndim(f) == 6) &&
+              TU_EXPECT(sg_ctx_status(ctx) == SG_OK);
     tu_case(ok, "VALID_EDGES(scalar without shape, empty without data, 6 dims)");
     sg_release(s), sg_release(e), sg_release(f);
 }
@@ -357,10 +357,10 @@ static void test_chains(void) {
     sg_tensor *x = sg_full(ctx, SG_F32, 1, s4, 0.25), *i = sg_full(ctx, SG_I32, 1, s4, 1.0);
     snap before = take_snap(ctx);
     sg_tensor *s = sg_sin(x);
-    sg_tensor *bad = sg_add(s, i);         /* fails: dtypes differ */
-    sg_tensor *m = sg_mul_scalar(bad, 2);  /* NULL in, NULL out */
-    sg_tensor *y = sg_tanh(sg_neg(m));     /* and again */
-    sg_tensor *z = sg_add(x, y);           /* a NULL second input too */
+    sg_tensor *bad = sg_add(s, i);        /* fails: dtypes differ */
+    sg_tensor *m = sg_mul_scalar(bad, 2); /* NULL in, NULL out */
+    sg_tensor *y = sg_tanh(sg_neg(m));    /* and again */
+    sg_tensor *z = sg_add(x, y);          /* a NULL second input too */
     size_t live_s = 0;
     sg_ctx_host_bytes(ctx, &live_s, NULL);
     bool ok = TU_EXPECT(s != NULL) && TU_EXPECT(bad == NULL && m == NULL && y == NULL && !z) &&
@@ -375,14 +375,15 @@ static void test_chains(void) {
 
     /* Two failures: the first one's status, the second one's text. */
     int n = logged.nerror;
-    sg_tensor *a = sg_sin(i);              /* SG_ERR_DTYPE */
-    sg_tensor *b = sg_transpose(x, 0, 3);  /* SG_ERR_INDEX */
+    sg_tensor *a = sg_sin(i);             /* SG_ERR_DTYPE */
+    sg_tensor *b = sg_transpose(x, 0, 3); /* SG_ERR_INDEX */
     ok = TU_EXPECT(a == NULL && b == NULL) && TU_EXPECT(sg_ctx_status(ctx) == SG_ERR_DTYPE) &&
          TU_EXPECT(strstr(sg_last_error(ctx), "sg_transpose") != NULL) &&
          TU_EXPECT(logged.nerror == n + 2);
     sg_clear_error(ctx);
     ok = ok && TU_EXPECT(sg_ctx_status(ctx) == SG_OK) && TU_EXPECT(still_works(ctx));
-    tu_case(ok, "STICKY(sin(i32) then transpose(x,0,3)) -> status SG_ERR_DTYPE, text of the second");
+    tu_case(ok,
+            "STICKY(sin(i32) then transpose(x,0,3)) -> status SG_ERR_DTYPE, text of the second");
     sg_release(x), sg_release(i);
 }
 
