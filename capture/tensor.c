@@ -418,8 +418,10 @@ sg_status sg_write(sg_tensor *t, const void *src, size_t nbytes) {
     sg_ctx *ctx = t->ctx;
     if (sg__is_contiguous(t)) return ctx->exec.upload(ctx, sg__data(t), src, nbytes);
     /* Strided destination: stage contiguously, then copy on the backend. */
+    /* t's dtype and shape are valid, so only memory can fail here; the sticky
+     * ctx->status may hold an older failure and is not this call's answer. */
     sg_tensor *tmp = sg__tensor_new(ctx, "sg_write", t->dtype, t->ndim, t->shape);
-    if (!tmp) return ctx->status;
+    if (!tmp) return SG_ERR_OOM;
     s = ctx->exec.upload(ctx, tmp->st->data, src, nbytes);
     if (s == SG_OK) s = sg_copy_(t, tmp);
     sg__tensor_drop(tmp);
@@ -433,7 +435,7 @@ sg_status sg_read(const sg_tensor *t, void *dst, size_t nbytes) {
     sg_ctx *ctx = t->ctx;
     if (sg__is_contiguous(t)) return ctx->exec.download(ctx, dst, sg__data(t), nbytes);
     sg_tensor *tmp = sg__tensor_new(ctx, "sg_read", t->dtype, t->ndim, t->shape);
-    if (!tmp) return ctx->status;
+    if (!tmp) return SG_ERR_OOM; /* only memory can fail, as in sg_write */
     s = sg_copy_(tmp, (sg_tensor *)t);
     if (s == SG_OK) s = ctx->exec.download(ctx, dst, tmp->st->data, nbytes);
     sg__tensor_drop(tmp);
