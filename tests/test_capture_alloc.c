@@ -209,6 +209,42 @@ static void workload(long fail_at) {
     ctx = NULL;
 }
 
+/*
+ * A call that runs out of memory returns SG_ERR_OOM even when the context
+ * already holds an older, uncleared failure: the sticky status keeps the
+ * older one, the message becomes the newest, and the returned status is
+ * this call's own.
+ */
+static void oom_after_sticky(const char *what) {
+    memset(&hook, 0, sizeof hook);
+    sg_ctx_opts opts = {.backend = SG_BACKEND_CPU, .alloc = tu_alloc_hook, .alloc_user = &hook};
+    if (sg_ctx_create(&opts, &ctx) != SG_OK) {
+        tu_case(false, "OOM_AFTER_STICKY(%s): no context", what);
+        return;
+    }
+    int64_t s46[2] = {R, C};
+    sg_tensor *a = sg_from_host(ctx, SG_F32, 2, s46, av);
+    sg_tensor *at = sg_transpose(a, 0, 1), *even = sg_slice(a, 1, 0, C, 2);
+    sg_tensor *odd = sg_slice(a, 1, 1, C, 2);
+    bool ok = TU_EXPECT(a && at && even && odd) && TU_EXPECT(sg_transpose(a, 0, 5) == NULL) &&
+              TU_EXPECT(sg_ctx_status(ctx) == SG_ERR_INDEX);
+    float buf[N];
+    hook.fail_at = hook.count + 1; /* the next allocation fails */
+    sg_status st = SG_OK;
+    if (strcmp(what, "sg_read") == 0) st = sg_read(at, buf, sizeof buf);
+    if (strcmp(what, "sg_write") == 0) st = sg_write(at, buf, sizeof buf);
+    if (strcmp(what, "sg_copy_") == 0) st = sg_copy_(even, odd);
+    ok = ok && TU_EXPECT(hook.count >= hook.fail_at) && TU_EXPECT(st == SG_ERR_OOM) &&
+         TU_EXPECT(sg_ctx_status(ctx) == SG_ERR_INDEX) &&
+         TU_EXPECT(strstr(sg_last_error(ctx), "memory") != NULL);
+    if (!ok)
+        fprintf(stderr, "  returned %s, message \"%s\"\n", sg_status_str(st), sg_last_error(ctx));
+    sg_ctx_destroy(ctx);
+    ctx = NULL;
+    ok = ok && TU_EXPECT(hook.live == 0 && hook.bytes == 0);
+    tu_case(ok, "OOM_AFTER_STICKY(%s with an uncleared SG_ERR_INDEX) -> SG_ERR_OOM", what);
+}
+
 int main(void) {
     tu_seed(3);
     for (int i = 0; i < N; i++) {
@@ -227,5 +263,8 @@ int main(void) {
         tu_case(run.ok && clean && seen, "OOM(fail_at=%ld) -> %s: \"%s\"", k,
                 run.hit ? run.hit : "(no call saw it)", run.msg);
     }
+    oom_after_sticky("sg_read");
+    oom_after_sticky("sg_write");
+    oom_after_sticky("sg_copy_");
     return tu_finish();
 }
