@@ -416,6 +416,13 @@ sg_status sg_write(sg_tensor *t, const void *src, size_t nbytes) {
     if (s == SG_OK) s = check_nbytes("sg_write", t, src, nbytes);
     if (s != SG_OK || nbytes == 0) return s;
     sg_ctx *ctx = t->ctx;
+    for (int d = 0; d < t->ndim; d++)
+        if (t->stride[d] == 0 && t->shape[d] > 1) {
+            char desc[SG__DESC];
+            return sg__fail(ctx, SG_ERR_INVALID_ARG, "sg_write: %s is an expanded view whose "
+                            "elements repeat; write to the tensor it expands instead",
+                            sg__describe(t, desc, sizeof desc));
+        }
     if (sg__is_contiguous(t)) return ctx->exec.upload(ctx, sg__data(t), src, nbytes);
     /* Strided destination: stage contiguously, then copy on the backend. */
     /* t's dtype and shape are valid, so only memory can fail here; the sticky
