@@ -265,11 +265,14 @@ static void test_transfer(void) {
     CALL_FAILS(ctx, sg_write(xt, NULL, 24), SG_ERR_NULL, "sg_write", "NULL");
     CALL_FAILS(ctx, sg_item(x, &v), SG_ERR_SHAPE, "sg_item", "6 elements");
     CALL_FAILS(ctx, sg_tensor_shape(x, NULL), SG_ERR_NULL, "sg_tensor_shape", "NULL");
+    /* An expanded view repeats elements: there is no one place to write each value. */
+    sg_tensor *ex = sg_expand(sg_slice(x, 0, 0, 1, 1), 2, sh);
+    CALL_FAILS(ctx, sg_write(ex, buf, sizeof buf), SG_ERR_INVALID_ARG, "sg_write", "expanded");
     sg_tensor *one = sg_full(ctx, SG_F16, 2, (int64_t[2]){1, 1}, 1.5);
     CALL_FAILS(ctx, sg_item(one, NULL), SG_ERR_NULL, "sg_item", "NULL");
     bool ok = TU_EXPECT(sg_item(one, &v) == SG_OK) && TU_EXPECT(v == 1.5);
     tu_case(ok, "sg_item(f16[1,1]) -> 1.5");
-    sg_release(x), sg_release(xt), sg_release(one);
+    sg_release(x), sg_release(xt), sg_release(one), sg_release(ex);
 }
 
 /* ------------------------------------------------------------ views */
@@ -303,6 +306,21 @@ static void test_views(void) {
     OP_FAILS(ctx, sg_expand(x23, 1, fewer), SG_ERR_SHAPE, "sg_expand", "at least as many dims");
     OP_FAILS(ctx, sg_expand(x23, 7, sh7), SG_ERR_SHAPE, "sg_expand", "7 dims");
     OP_FAILS(ctx, sg_expand(x23, 2, NULL), SG_ERR_NULL, "sg_expand", "NULL");
+    /* Sizes near INT64_MAX must fail (or work) without overflowing anything. */
+    int64_t big[2] = {INT64_C(1) << 62, 4}, big3[3] = {-1, INT64_C(1) << 62, 4};
+    int64_t huge[2] = {INT64_C(1) << 62, INT64_C(1) << 62};
+    sg_tensor *one = sg_zeros(ctx, SG_F32, 1, (int64_t[1]){1});
+    OP_FAILS(ctx, sg_view(x23, 2, big), SG_ERR_SHAPE, "sg_view", "cannot take shape");
+    OP_FAILS(ctx, sg_reshape(x23, 3, big3), SG_ERR_SHAPE, "sg_reshape", "cannot take shape");
+    OP_FAILS(ctx, sg_expand(one, 2, huge), SG_ERR_SHAPE, "sg_expand", "2^63 elements");
+    OP_FAILS(ctx, sg_narrow(x23, 1, INT64_MAX, 2), SG_ERR_INDEX, "sg_narrow", "do not fit");
+    sg_tensor *s1 = sg_slice(x23, 1, 1, INT64_MAX, INT64_MAX);
+    sg_tensor *s0 = sg_slice(x23, -1, INT64_MIN, INT64_MIN + 1, 1);
+    bool ok = TU_EXPECT(s1 && sg_tensor_size(s1, 1) == 1) &&
+              TU_EXPECT(s0 && sg_tensor_size(s0, 1) == 0) && TU_EXPECT(sg_ctx_status(ctx) == SG_OK);
+    tu_case(ok, "sg_slice(x23, 1, 1, INT64_MAX, INT64_MAX) -> [2,1]; "
+                "sg_slice(x23, -1, INT64_MIN, INT64_MIN + 1, 1) -> [2,0]");
+    sg_release(one), sg_release(s1), sg_release(s0);
     /* A 6-d tensor has no room for another dim. */
     sg_tensor *x6 = sg_zeros(ctx, SG_F32, 6, (int64_t[6]){1, 1, 1, 1, 2, 3});
     OP_FAILS(ctx, sg_unsqueeze(x6, 0), SG_ERR_INDEX, "sg_unsqueeze", "6-d");
