@@ -207,8 +207,8 @@ static sg_status run_into(sg_ctx *ctx, sg__node *n, sg_tensor *dst, sg_tensor **
     for (int i = first; i < n->nin; i++)
         if (may_overlap(in[i], dst)) {
             tmp[i] = sg_clone(in[i]);
-            if (!tmp[i]) {
-                s = ctx->status ? ctx->status : SG_ERR_OOM;
+            if (!tmp[i]) { /* inputs are checked: only memory can fail here */
+                s = SG_ERR_OOM;
                 goto done;
             }
             in[i] = tmp[i];

@@ -357,9 +357,11 @@ sg_tensor *sg_empty(sg_ctx *ctx, sg_dtype dt, int ndim, const int64_t *shape) {
     return sg__tensor_new(ctx, "sg_empty", dt, ndim, shape);
 }
 
-sg_tensor *sg_full(sg_ctx *ctx, sg_dtype dt, int ndim, const int64_t *shape, double value) {
+/* sg_full under the name of the function the user called, for messages. */
+static sg_tensor *full_named(sg_ctx *ctx, const char *name, sg_dtype dt, int ndim,
+                             const int64_t *shape, double value) {
     if (!ctx) return NULL;
-    sg_tensor *t = sg__tensor_new(ctx, "sg_full", dt, ndim, shape);
+    sg_tensor *t = sg__tensor_new(ctx, name, dt, ndim, shape);
     if (t && sg_fill_(t, value) != SG_OK) {
         sg__tensor_drop(t);
         return NULL;
@@ -367,8 +369,12 @@ sg_tensor *sg_full(sg_ctx *ctx, sg_dtype dt, int ndim, const int64_t *shape, dou
     return t;
 }
 
+sg_tensor *sg_full(sg_ctx *ctx, sg_dtype dt, int ndim, const int64_t *shape, double value) {
+    return full_named(ctx, "sg_full", dt, ndim, shape, value);
+}
+
 sg_tensor *sg_zeros(sg_ctx *ctx, sg_dtype dt, int ndim, const int64_t *shape) {
-    return sg_full(ctx, dt, ndim, shape, 0.0);
+    return full_named(ctx, "sg_zeros", dt, ndim, shape, 0.0);
 }
 
 sg_tensor *sg_from_host(sg_ctx *ctx, sg_dtype dt, int ndim, const int64_t *shape,
@@ -451,10 +457,19 @@ sg_status sg_write(sg_tensor *t, const void *src, size_t nbytes) {
     if (s != SG_OK || nbytes == 0) return s;
     sg_ctx *ctx = t->ctx;
     if (ctx->rec && (s = sg__rec_break(ctx, "sg_write", t)) != SG_OK) return s;
+    for (int d = 0; d < t->ndim; d++)
+        if (t->stride[d] == 0 && t->shape[d] > 1) {
+            char desc[SG__DESC];
+            return sg__fail(ctx, SG_ERR_INVALID_ARG, "sg_write: %s is an expanded view whose "
+                            "elements repeat; write to the tensor it expands instead",
+                            sg__describe(t, desc, sizeof desc));
+        }
     if (sg__is_contiguous(t)) return ctx->exec.upload(ctx, sg__data(t), src, nbytes);
     /* Strided destination: stage contiguously, then copy on the backend. */
+    /* t's dtype and shape are valid, so only memory can fail here; the sticky
+     * ctx->status may hold an older failure and is not this call's answer. */
     sg_tensor *tmp = sg__tensor_new(ctx, "sg_write", t->dtype, t->ndim, t->shape);
-    if (!tmp) return ctx->status;
+    if (!tmp) return SG_ERR_OOM;
     s = ctx->exec.upload(ctx, tmp->st->data, src, nbytes);
     if (s == SG_OK) s = sg_copy_(t, tmp);
     sg__tensor_drop(tmp);
@@ -469,7 +484,7 @@ sg_status sg_read(const sg_tensor *t, void *dst, size_t nbytes) {
     if (ctx->rec && (s = sg__rec_break(ctx, "sg_read", t)) != SG_OK) return s;
     if (sg__is_contiguous(t)) return ctx->exec.download(ctx, dst, sg__data(t), nbytes);
     sg_tensor *tmp = sg__tensor_new(ctx, "sg_read", t->dtype, t->ndim, t->shape);
-    if (!tmp) return ctx->status;
+    if (!tmp) return SG_ERR_OOM; /* only memory can fail, as in sg_write */
     s = sg_copy_(tmp, (sg_tensor *)t);
     if (s == SG_OK) s = ctx->exec.download(ctx, dst, tmp->st->data, nbytes);
     sg__tensor_drop(tmp);

@@ -42,35 +42,51 @@ static bool view_strides(const sg_tensor *t, int ndim, const int64_t *shape, int
     return view_d == -1;
 }
 
+/* The element count of sizes >= 0, or -1 when it would pass INT64_MAX
+ * (requested shapes come from the user and may be anything). */
+static int64_t checked_numel(int ndim, const int64_t *shape) {
+    int64_t n = 1;
+    for (int d = 0; d < ndim; d++)
+        if (shape[d] == 0) return 0;
+    for (int d = 0; d < ndim; d++) {
+        if (shape[d] > INT64_MAX / n) return -1;
+        n *= shape[d];
+    }
+    return n;
+}
+
 /* Resolve a -1 in a requested shape and check the element count. */
 static bool infer_shape(sg_ctx *ctx, const char *op, const sg_tensor *t, int ndim,
                         const int64_t *in, int64_t *out) {
     char a[SG__DESC], b[96];
-    if (ndim < 0 || ndim > SG_MAX_DIMS || (ndim > 0 && !in)) {
-        sg__fail(ctx, SG_ERR_SHAPE, "%s: ndim %d is out of range or shape is NULL (0 to %d dims)",
-                 op, ndim, SG_MAX_DIMS);
+    if (ndim < 0 || ndim > SG_MAX_DIMS) {
+        sg__fail(ctx, SG_ERR_SHAPE, "%s: ndim %d is out of range; stepgraph tensors have 0 to %d "
+                 "dims", op, ndim, SG_MAX_DIMS);
+        return false;
+    }
+    if (ndim > 0 && !in) {
+        sg__fail(ctx, SG_ERR_NULL, "%s: shape is NULL for ndim %d; pass ndim sizes", op, ndim);
         return false;
     }
     int infer = -1;
-    int64_t known = 1, numel = sg__numel(t->ndim, t->shape);
+    int64_t numel = sg__numel(t->ndim, t->shape);
     for (int d = 0; d < ndim; d++) {
         out[d] = in[d];
         if (in[d] == -1 && infer < 0) {
             infer = d;
+            out[d] = 1; /* for the count of the known sizes below */
         } else if (in[d] < 0) {
             sg__fail(ctx, SG_ERR_SHAPE, "%s: size %lld at dim %d; sizes are >= 0 and one may be "
                      "-1", op, (long long)in[d], d);
             return false;
-        } else {
-            known *= in[d];
         }
     }
-    if (infer >= 0) {
-        if (known == 0 || numel % known) goto mismatch;
+    int64_t known = checked_numel(ndim, out); /* -1 (too many) can never match */
+    if (infer >= 0 && known > 0 && numel % known == 0) {
         out[infer] = numel / known;
+        return true;
     }
-    if (sg__numel(ndim, out) == numel) return true;
-mismatch:
+    if (infer < 0 && known == numel) return true;
     sg__fail(ctx, SG_ERR_SHAPE, "%s: %s (%lld elements) cannot take shape %s", op,
              sg__describe(t, a, sizeof a), (long long)numel, sg__shape_str(ndim, in, b, sizeof b));
     return false;
@@ -166,8 +182,10 @@ sg_tensor *sg_slice(sg_tensor *t, int dim, int64_t start, int64_t end, int64_t s
     int64_t sh[SG_MAX_DIMS], st[SG_MAX_DIMS];
     memcpy(sh, t->shape, sizeof sh);
     memcpy(st, t->stride, sizeof st);
-    sh[d] = (end - start + step - 1) / step;
-    st[d] = t->stride[d] * step;
+    /* Written so that a huge step cannot overflow; a dim of size <= 1 keeps its
+     * stride, and a larger one has step <= size, so the product stays in range. */
+    sh[d] = end > start ? (end - start - 1) / step + 1 : 0;
+    st[d] = sh[d] > 1 ? t->stride[d] * step : t->stride[d];
     return sg__tensor_view(t, "sg_slice", t->ndim, sh, st, t->offset + start * t->stride[d]);
 }
 
@@ -175,7 +193,7 @@ sg_tensor *sg_narrow(sg_tensor *t, int dim, int64_t start, int64_t length) {
     sg_ctx *ctx = sg__check_inputs("sg_narrow", 1, &t, NULL);
     if (!ctx) return NULL;
     int d = sg__norm_dim(dim, t->ndim);
-    if (d < 0 || start < 0 || length < 0 || start + length > t->shape[d]) {
+    if (d < 0 || start < 0 || length < 0 || length > t->shape[d] - start) {
         sg__fail(ctx, SG_ERR_INDEX, "sg_narrow: dim %d, start %lld, length %lld do not fit a "
                  "%d-d tensor whose dim has size %lld", dim, (long long)start, (long long)length,
                  t->ndim, d < 0 ? -1LL : (long long)t->shape[d]);
@@ -188,7 +206,11 @@ sg_tensor *sg_expand(sg_tensor *t, int ndim, const int64_t *shape) {
     sg_ctx *ctx = sg__check_inputs("sg_expand", 1, &t, NULL);
     if (!ctx) return NULL;
     char a[SG__DESC], b[96];
-    if (ndim < t->ndim || ndim > SG_MAX_DIMS || (ndim && !shape)) {
+    if (ndim > 0 && !shape) {
+        sg__fail(ctx, SG_ERR_NULL, "sg_expand: shape is NULL for ndim %d; pass ndim sizes", ndim);
+        return NULL;
+    }
+    if (ndim < t->ndim || ndim > SG_MAX_DIMS) {
         sg__fail(ctx, SG_ERR_SHAPE, "sg_expand: cannot expand %s to %d dims; the target needs "
                  "at least as many dims (at most %d)", sg__describe(t, a, sizeof a), ndim,
                  SG_MAX_DIMS);
@@ -209,6 +231,11 @@ sg_tensor *sg_expand(sg_tensor *t, int ndim, const int64_t *shape) {
         sh[d] = want;
         st[d] = s < 0 || (have == 1 && want != 1) ? 0 : t->stride[s];
     }
+    if (checked_numel(ndim, sh) < 0) {
+        sg__fail(ctx, SG_ERR_SHAPE, "sg_expand: %s would have more than 2^63 elements; "
+                 "use smaller sizes", sg__shape_str(ndim, sh, b, sizeof b));
+        return NULL;
+    }
     return sg__tensor_view(t, "sg_expand", ndim, sh, st, t->offset);
 }
 
@@ -216,9 +243,14 @@ sg_tensor *sg_unsqueeze(sg_tensor *t, int dim) {
     sg_ctx *ctx = sg__check_inputs("sg_unsqueeze", 1, &t, NULL);
     if (!ctx) return NULL;
     int d = sg__norm_dim(dim, t->ndim + 1);
-    if (d < 0 || t->ndim == SG_MAX_DIMS) {
-        sg__fail(ctx, SG_ERR_INDEX, "sg_unsqueeze: dim %d is out of range for a %d-d tensor", dim,
-                 t->ndim);
+    if (t->ndim == SG_MAX_DIMS) {
+        sg__fail(ctx, SG_ERR_INDEX, "sg_unsqueeze: a %d-d tensor has no room for another dim "
+                 "(at most %d); reshape it first", t->ndim, SG_MAX_DIMS);
+        return NULL;
+    }
+    if (d < 0) {
+        sg__fail(ctx, SG_ERR_INDEX, "sg_unsqueeze: dim %d is out of range for a %d-d tensor "
+                 "(-%d to %d)", dim, t->ndim, t->ndim + 1, t->ndim);
         return NULL;
     }
     int64_t sh[SG_MAX_DIMS], st[SG_MAX_DIMS];
