@@ -163,7 +163,7 @@ static double r_neg(double x) { return -x; }
 static double r_abs(double x) { return fabs(x); }
 static double r_rsqrt(double x) { return 1.0 / sqrt(x); }
 static double r_sigmoid(double x) { return 1.0 / (1.0 + exp(-x)); }
-static double r_relu(double x) { return x > 0 ? x : 0; }
+static double r_relu(double x) { return x != x ? x : x > 0 ? x : 0; } /* NaN stays */
 static double r_gelu(double x) { return 0.5 * x * (1.0 + erf(x / sqrt(2.0))); }
 static double r_gelu_tanh(double x) {
     return 0.5 * x * (1.0 + tanh(sqrt(2.0 / 3.14159265358979323846) * (x + 0.044715 * x * x * x)));
@@ -224,21 +224,27 @@ static void test_unary(void) {
         }
 }
 
-/* NaN in, NaN out (relu, abs and the rest), and inf where it is defined. */
-static void test_unary_nan(void) {
+/* NaN in, NaN out (relu, abs and the rest), infinities, signed zeros and
+ * overflow, 16 of them so that vectorized loops see them too. The reference
+ * is rounded to the dtype (exp(100) is inf in f32). */
+static void test_unary_special(void) {
     static const sg_dtype dts[] = {SG_F32, SG_F16, SG_BF16};
+    static const double in[16] = {NAN,  -NAN, 1.0, INFINITY, -INFINITY, 0.0,  -0.0,  30.0,
+                                  -30., 100., -100., 0.5,    2.0,       -2.0, 1e-3, NAN};
     for (int k = 0; k < 3; k++)
         for (int o = 0; o < NUNOPS; o++) {
-            double in[3] = {NAN, -NAN, 1.0};
-            unsigned char buf[3 * 4];
-            for (int i = 0; i < 3; i++) tu_store(buf, dts[k], i, in[i]);
-            int64_t n = 3;
+            unsigned char buf[16 * 4];
+            double ref[16];
+            for (int i = 0; i < 16; i++) {
+                tu_store(buf, dts[k], i, in[i]);
+                ref[i] = tu_round(dts[k], unops[o].ref(tu_load(buf, dts[k], i)));
+            }
+            int64_t n = 16;
             sg_tensor *x = sg_from_host(ctx, dts[k], 1, &n, buf);
             sg_tensor *y = unops[o].fn(x);
-            shp s = {1, {3}};
-            double ref[3] = {NAN, NAN, unops[o].ref(1.0)};
-            tu_case(check(y, dts[k], &s, ref), "%s_NAN(type=%s,x=[nan,-nan,1])", unops[o].name,
-                    sg_dtype_name(dts[k]));
+            shp s = {1, {16}};
+            tu_case(check(y, dts[k], &s, ref), "%s_SPECIAL(type=%s,x=[nan,-nan,1,inf,-inf,0,-0,"
+                    "30,-30,100,-100,0.5,2,-2,1e-3,nan])", unops[o].name, sg_dtype_name(dts[k]));
             sg_release(x), sg_release(y);
         }
 }
@@ -1046,7 +1052,7 @@ int main(void) {
     if (sg_ctx_create(&(sg_ctx_opts){.backend = SG_BACKEND_CPU}, &ctx) != SG_OK) return 1;
     tu_seed(1);
     test_unary();
-    test_unary_nan();
+    test_unary_special();
     test_scalar();
     test_clamp_nan();
     test_binary();

@@ -21,6 +21,36 @@
 #define SIMD
 #endif
 
+/*
+ * Vector libm. glibc (2.35 on, x86-64) ships SIMD versions of expf, logf,
+ * sinf, cosf, tanhf, erfcf and powf in libmvec (at most 4 ulp; -lm pulls it
+ * in as needed), but math.h announces them only under -ffast-math, whose
+ * other effects (no NaN, no inf) would break maximum, minimum and clamp.
+ * Declaring them simd here, as math-vector.h would, lets the `omp simd`
+ * loops below call 4 lanes at once: tanh over 16M floats ran about 10x
+ * faster. Elsewhere the loops call the scalar functions.
+ */
+#if defined(_OPENMP) && defined(__x86_64__) && defined(__GLIBC__) && !defined(__FAST_MATH__) && \
+    (__GLIBC__ > 2 || (__GLIBC__ == 2 && __GLIBC_MINOR__ >= 35))
+#pragma omp declare simd notinbranch
+float expf(float);
+#pragma omp declare simd notinbranch
+float logf(float);
+#pragma omp declare simd notinbranch
+float sinf(float);
+#pragma omp declare simd notinbranch
+float cosf(float);
+#pragma omp declare simd notinbranch
+float tanhf(float);
+#pragma omp declare simd notinbranch
+float erfcf(float);
+#pragma omp declare simd notinbranch
+float powf(float, float);
+#define VSIMD SIMD
+#else
+#define VSIMD
+#endif
+
 typedef struct tiles {
     float f[3][SG__TILE];
     int64_t i[3][SG__TILE];
@@ -94,12 +124,12 @@ static const float *load_f(const void *p, sg_dtype dt, int64_t s, int len, float
 
 /* ------------------------------------------------------------ float domain */
 
-static float gelu_erf(float x) {
+static inline float gelu_erf(float x) {
     /* erfc keeps its relative accuracy where 1 + erf(x) would cancel (x << 0). */
     return 0.5f * x * erfcf(x * -0.70710678118654752f);
 }
 
-static float gelu_tanh(float x) {
+static inline float gelu_tanh(float x) {
     const float k = 0.7978845608028654f; /* sqrt(2/pi) */
     return 0.5f * x * (1.0f + tanhf(k * (x + 0.044715f * x * x * x)));
 }
@@ -108,8 +138,9 @@ static float gelu_tanh(float x) {
 #define LOOP(expr)                                                                                \
     SIMD for (k = 0; k < len; k++) y[k] = (expr);                                                 \
     break
+/* The same for loops that call libm: vectorized where libmvec is declared. */
 #define CALLLOOP(expr)                                                                            \
-    for (k = 0; k < len; k++) y[k] = (expr);                                                      \
+    VSIMD for (k = 0; k < len; k++) y[k] = (expr);                                                \
     break
 
 /* Float-domain ops over one tile: a, b inputs, y output (y may be a: in place). */
