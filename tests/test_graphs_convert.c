@@ -50,8 +50,9 @@ static void test_h2f_all(void) {
         double ref = tu_load(&h16, SG_F16, 0);
         if (!same_value(f, ref)) bad = report(bad, "h2f", h, f, ref);
         uint16_t back = sg__f2h(f);
-        bool ok = ref != ref ? (back & 0x7c00) == 0x7c00 && (back & 0x3ff) && (back >> 15) == (h >> 15)
-                             : back == h16;
+        bool ok = ref != ref
+                      ? (back & 0x7c00) == 0x7c00 && (back & 0x3ff) && (back >> 15) == (h >> 15)
+                      : back == h16;
         if (!ok) bad = report(bad, "f2h(h2f)", h, back, h);
     }
     tu_case(bad == 0, "H2F_ROUNDTRIP(all 65536 f16 patterns) bad=%ld", bad);
@@ -65,8 +66,9 @@ static void test_bf2f_all(void) {
         double ref = tu_load(&b16, SG_BF16, 0);
         if (!same_value(f, ref)) bad = report(bad, "bf2f", b, f, ref);
         uint16_t back = sg__f2bf(f);
-        bool ok = ref != ref ? (back & 0x7f80) == 0x7f80 && (back & 0x7f) && (back >> 15) == (b >> 15)
-                             : back == b16;
+        bool ok = ref != ref
+                      ? (back & 0x7f80) == 0x7f80 && (back & 0x7f) && (back >> 15) == (b >> 15)
+                      : back == b16;
         if (!ok) bad = report(bad, "f2bf(bf2f)", b, back, b);
     }
     tu_case(bad == 0, "BF2F_ROUNDTRIP(all 65536 bf16 patterns) bad=%ld", bad);
@@ -80,7 +82,8 @@ static double lib_round(sg_dtype dt, float f) {
 
 static long check_round(sg_dtype dt, float f, long bad) {
     double got = lib_round(dt, f), ref = tu_round(dt, (double)f);
-    if (!same_value(got, ref)) bad = report(bad, dt == SG_F16 ? "f2h" : "f2bf", bits_of(f), got, ref);
+    if (!same_value(got, ref))
+        bad = report(bad, dt == SG_F16 ? "f2h" : "f2bf", bits_of(f), got, ref);
     return bad;
 }
 
@@ -113,11 +116,13 @@ static void test_ties(sg_dtype dt) {
             uint16_t lo = (uint16_t)(v | sign << 15), hi = (uint16_t)((v + 1) | sign << 15);
             double dlo = tu_load(&lo, dt, 0), dhi = tu_load(&hi, dt, 0);
             if (isinf(dhi)) continue; /* the overflow edge is checked on its own */
-            float mid = dt == SG_F16 ? (float)((dlo + dhi) / 2) : float_of((uint32_t)lo << 16 | 0x8000);
+            float mid =
+                dt == SG_F16 ? (float)((dlo + dhi) / 2) : float_of((uint32_t)lo << 16 | 0x8000);
             double even = (v & 1) ? dhi : dlo;
             double got = lib_round(dt, mid);
             if (!same_value(got, even)) bad = report(bad, "tie", bits_of(mid), got, even);
-            float below = nextafterf(mid, 0.0f), above = nextafterf(mid, sign ? -INFINITY : INFINITY);
+            float below = nextafterf(mid, 0.0f),
+                  above = nextafterf(mid, sign ? -INFINITY : INFINITY);
             if (!same_value(lib_round(dt, below), dlo))
                 bad = report(bad, "below tie", bits_of(below), lib_round(dt, below), dlo);
             if (!same_value(lib_round(dt, above), dhi))
@@ -185,7 +190,7 @@ static void test_specials(sg_dtype dt) {
             bool ok;
             if (sp[i].out == 0xffff) {
                 uint16_t expmask = dt == SG_F16 ? 0x7c00 : 0x7f80;
-                ok = (got & expmask) == expmask && (got & (uint16_t)~(expmask | 0x8000)) &&
+                ok = (got & expmask) == expmask && (got & (uint16_t) ~(expmask | 0x8000)) &&
                      (got >> 15) == sign;
             } else {
                 ok = got == (uint16_t)(sp[i].out | sign << 15);

@@ -80,9 +80,8 @@ static void rand_pair(shp *a, shp *b) {
 
 /* Shapes for one input: scalar, empty, size-1 dims, rows longer than a tile. */
 static const shp shapes1[] = {
-    {0, {0}},       {1, {1}},       {1, {7}},         {1, {0}},       {2, {1, 1}},
-    {3, {3, 1, 5}}, {3, {2, 3, 4}}, {3, {4, 0, 3}},   {1, {300}},     {2, {3, 257}},
-    {4, {2, 1, 3, 2}},
+    {0, {0}},       {1, {1}},       {1, {7}},   {1, {0}},      {2, {1, 1}},       {3, {3, 1, 5}},
+    {3, {2, 3, 4}}, {3, {4, 0, 3}}, {1, {300}}, {2, {3, 257}}, {4, {2, 1, 3, 2}},
 };
 #define NSHAPES1 (int)(sizeof shapes1 / sizeof shapes1[0])
 /* Large enough that the kernel runs on several threads. */
@@ -90,10 +89,18 @@ static const shp big1 = {2, {70, 520}};
 
 /* Pairs for binary ops: broadcasting both ways, 0-d with n-d, empty. */
 static const shp pairs[][2] = {
-    {{3, {3, 1, 5}}, {2, {4, 5}}},     {{0, {0}}, {2, {2, 3}}},        {{2, {2, 3}}, {0, {0}}},
-    {{0, {0}}, {0, {0}}},              {{2, {4, 1}}, {2, {1, 6}}},     {{2, {0, 3}}, {2, {1, 3}}},
-    {{1, {1}}, {1, {0}}},              {{3, {2, 1, 3}}, {3, {2, 4, 1}}}, {{1, {300}}, {1, {300}}},
-    {{2, {5, 260}}, {1, {260}}},       {{4, {1, 2, 1, 3}}, {3, {2, 4, 1}}}, {{2, {70, 520}}, {1, {520}}},
+    {{3, {3, 1, 5}}, {2, {4, 5}}},
+    {{0, {0}}, {2, {2, 3}}},
+    {{2, {2, 3}}, {0, {0}}},
+    {{0, {0}}, {0, {0}}},
+    {{2, {4, 1}}, {2, {1, 6}}},
+    {{2, {0, 3}}, {2, {1, 3}}},
+    {{1, {1}}, {1, {0}}},
+    {{3, {2, 1, 3}}, {3, {2, 4, 1}}},
+    {{1, {300}}, {1, {300}}},
+    {{2, {5, 260}}, {1, {260}}},
+    {{4, {1, 2, 1, 3}}, {3, {2, 4, 1}}},
+    {{2, {70, 520}}, {1, {520}}},
 };
 #define NPAIRS (int)(sizeof pairs / sizeof pairs[0])
 
@@ -229,8 +236,8 @@ static void test_unary(void) {
  * is rounded to the dtype (exp(100) is inf in f32). */
 static void test_unary_special(void) {
     static const sg_dtype dts[] = {SG_F32, SG_F16, SG_BF16};
-    static const double in[16] = {NAN,  -NAN, 1.0, INFINITY, -INFINITY, 0.0,  -0.0,  30.0,
-                                  -30., 100., -100., 0.5,    2.0,       -2.0, 1e-3, NAN};
+    static const double in[16] = {NAN,  -NAN, 1.0,   INFINITY, -INFINITY, 0.0,  -0.0, 30.0,
+                                  -30., 100., -100., 0.5,      2.0,       -2.0, 1e-3, NAN};
     for (int k = 0; k < 3; k++)
         for (int o = 0; o < NUNOPS; o++) {
             unsigned char buf[16 * 4];
@@ -243,8 +250,10 @@ static void test_unary_special(void) {
             sg_tensor *x = sg_from_host(ctx, dts[k], 1, &n, buf);
             sg_tensor *y = unops[o].fn(x);
             shp s = {1, {16}};
-            tu_case(check(y, dts[k], &s, ref), "%s_SPECIAL(type=%s,x=[nan,-nan,1,inf,-inf,0,-0,"
-                    "30,-30,100,-100,0.5,2,-2,1e-3,nan])", unops[o].name, sg_dtype_name(dts[k]));
+            tu_case(check(y, dts[k], &s, ref),
+                    "%s_SPECIAL(type=%s,x=[nan,-nan,1,inf,-inf,0,-0,"
+                    "30,-30,100,-100,0.5,2,-2,1e-3,nan])",
+                    unops[o].name, sg_dtype_name(dts[k]));
             sg_release(x), sg_release(y);
         }
 }
@@ -262,13 +271,13 @@ typedef struct scop {
 } scop;
 
 static const scop scops[] = {
-    {"ADD_SCALAR", 0, 2.5, 0, -4, 4},      {"ADD_SCALAR", 0, -1.75, 0, -4, 4},
-    {"MUL_SCALAR", 1, 2.5, 0, -4, 4},      {"MUL_SCALAR", 1, -1.75, 0, -4, 4},
-    {"MUL_SCALAR", 1, 0.0, 0, -4, 4},      {"POW_SCALAR", 2, 2.0, 0, 0.5, 3},
-    {"POW_SCALAR", 2, 0.5, 0, 0.5, 3},     {"POW_SCALAR", 2, -1.5, 0, 0.5, 3},
-    {"POW_SCALAR", 2, 3.0, 0, 0.5, 3},     {"CLAMP", 3, -0.5, 0.75, -2, 2},
-    {"CLAMP", 3, -3.7, 5.2, -8, 8},        {"CLAMP", 3, -INFINITY, 2.0, -4, 4},
-    {"CLAMP", 3, -1e30, 1e30, -4, 4},      {"CLAMP", 3, 1.0, INFINITY, -4, 4},
+    {"ADD_SCALAR", 0, 2.5, 0, -4, 4},  {"ADD_SCALAR", 0, -1.75, 0, -4, 4},
+    {"MUL_SCALAR", 1, 2.5, 0, -4, 4},  {"MUL_SCALAR", 1, -1.75, 0, -4, 4},
+    {"MUL_SCALAR", 1, 0.0, 0, -4, 4},  {"POW_SCALAR", 2, 2.0, 0, 0.5, 3},
+    {"POW_SCALAR", 2, 0.5, 0, 0.5, 3}, {"POW_SCALAR", 2, -1.5, 0, 0.5, 3},
+    {"POW_SCALAR", 2, 3.0, 0, 0.5, 3}, {"CLAMP", 3, -0.5, 0.75, -2, 2},
+    {"CLAMP", 3, -3.7, 5.2, -8, 8},    {"CLAMP", 3, -INFINITY, 2.0, -4, 4},
+    {"CLAMP", 3, -1e30, 1e30, -4, 4},  {"CLAMP", 3, 1.0, INFINITY, -4, 4},
     {"CLAMP", 3, 1.5, 1.5, -4, 4},
 };
 #define NSCOPS (int)(sizeof scops / sizeof scops[0])
@@ -383,8 +392,8 @@ static void binary_case(const char *name, sg_tensor *(*fn)(sg_tensor *, sg_tenso
     for (int64_t i = 0; i < n; i++) ref[i] = ref_fn(va[bidx(i, &so, sa)], vb[bidx(i, &so, sb)]);
     sg_tensor *y = fn(a, b);
     char b1[64], b2[64];
-    tu_case(check(y, out_dt, &so, ref), "%s(type=%s,a=%s,b=%s,view=%s,%s)", name,
-            sg_dtype_name(dt), shs(sa, b1), shs(sb, b2), tu_layout_name(la), tu_layout_name(lb));
+    tu_case(check(y, out_dt, &so, ref), "%s(type=%s,a=%s,b=%s,view=%s,%s)", name, sg_dtype_name(dt),
+            shs(sa, b1), shs(sb, b2), tu_layout_name(la), tu_layout_name(lb));
     sg_release(a), sg_release(b), sg_release(y);
     free(va), free(vb), free(ref);
 }
@@ -417,9 +426,11 @@ static void test_binary(void) {
             /* NaN and infinities through maximum/minimum and arithmetic. */
             if (is_float(dts[k]) && o != 4)
                 for (int p = 0; p < 6; p++)
-                    binary_case(o == 5 ? "MAXIMUM_NAN" : o == 6 ? "MINIMUM_NAN" : "NAN_INF",
-                                op->fn, op->ref, range, dts[k], dts[k], &pairs[p][0],
-                                &pairs[p][1], p % 3, (p + 1) % 3, gen_with_nan);
+                    binary_case(o == 5   ? "MAXIMUM_NAN"
+                                : o == 6 ? "MINIMUM_NAN"
+                                         : "NAN_INF",
+                                op->fn, op->ref, range, dts[k], dts[k], &pairs[p][0], &pairs[p][1],
+                                p % 3, (p + 1) % 3, gen_with_nan);
         }
     }
 }
@@ -429,16 +440,20 @@ static void test_int_wrap(void) {
     int32_t a32[4] = {INT32_MAX, INT32_MIN, 65536, -7}, b32[4] = {1, -1, 65536, 3};
     int64_t a64[4] = {INT64_MAX, INT64_MIN, (int64_t)1 << 32, -7};
     int64_t b64[4] = {1, -1, (int64_t)1 << 32, 3}, n = 4;
-    sg_tensor *x32 = sg_from_host(ctx, SG_I32, 1, &n, a32), *y32 = sg_from_host(ctx, SG_I32, 1, &n, b32);
-    sg_tensor *x64 = sg_from_host(ctx, SG_I64, 1, &n, a64), *y64 = sg_from_host(ctx, SG_I64, 1, &n, b64);
-    sg_tensor *s32 = sg_add(x32, y32), *m32 = sg_mul(x32, y32), *n32 = sg_neg(x32), *a32t = sg_abs(x32);
+    sg_tensor *x32 = sg_from_host(ctx, SG_I32, 1, &n, a32),
+              *y32 = sg_from_host(ctx, SG_I32, 1, &n, b32);
+    sg_tensor *x64 = sg_from_host(ctx, SG_I64, 1, &n, a64),
+              *y64 = sg_from_host(ctx, SG_I64, 1, &n, b64);
+    sg_tensor *s32 = sg_add(x32, y32), *m32 = sg_mul(x32, y32), *n32 = sg_neg(x32),
+              *a32t = sg_abs(x32);
     sg_tensor *s64 = sg_add(x64, y64), *m64 = sg_mul(x64, y64), *n64 = sg_neg(x64);
     int32_t g[4][4];
     int64_t h[3][4];
-    bool ok = TU_EXPECT(sg_read(s32, g[0], 16) == SG_OK) && TU_EXPECT(sg_read(m32, g[1], 16) == SG_OK) &&
-              TU_EXPECT(sg_read(n32, g[2], 16) == SG_OK) && TU_EXPECT(sg_read(a32t, g[3], 16) == SG_OK) &&
-              TU_EXPECT(sg_read(s64, h[0], 32) == SG_OK) && TU_EXPECT(sg_read(m64, h[1], 32) == SG_OK) &&
-              TU_EXPECT(sg_read(n64, h[2], 32) == SG_OK);
+    bool ok =
+        TU_EXPECT(sg_read(s32, g[0], 16) == SG_OK) && TU_EXPECT(sg_read(m32, g[1], 16) == SG_OK) &&
+        TU_EXPECT(sg_read(n32, g[2], 16) == SG_OK) && TU_EXPECT(sg_read(a32t, g[3], 16) == SG_OK) &&
+        TU_EXPECT(sg_read(s64, h[0], 32) == SG_OK) && TU_EXPECT(sg_read(m64, h[1], 32) == SG_OK) &&
+        TU_EXPECT(sg_read(n64, h[2], 32) == SG_OK);
     ok = ok && TU_EXPECT(g[0][0] == INT32_MIN && g[0][1] == INT32_MAX && g[0][2] == 131072);
     ok = ok && TU_EXPECT(g[1][2] == 0 && g[1][3] == -21 && g[1][1] == INT32_MIN);
     ok = ok && TU_EXPECT(g[2][1] == INT32_MIN && g[2][0] == -INT32_MAX && g[3][1] == INT32_MIN);
@@ -490,17 +505,18 @@ static void logical_case(int which, sg_dtype da, sg_dtype db, const shp *sa, con
     int64_t n = numel(&so);
     double *ref = dalloc(n);
     for (int64_t i = 0; i < n; i++)
-        ref[i] = which == 2 ? va[i] == 0
-               : which == 0 ? r_and(va[bidx(i, &so, sa)], vb[bidx(i, &so, sb)])
-                            : r_or(va[bidx(i, &so, sa)], vb[bidx(i, &so, sb)]);
-    sg_tensor *y = which == 0 ? sg_logical_and(a, b) : which == 1 ? sg_logical_or(a, b)
-                                                               : sg_logical_not(a);
+        ref[i] = which == 2   ? va[i] == 0
+                 : which == 0 ? r_and(va[bidx(i, &so, sa)], vb[bidx(i, &so, sb)])
+                              : r_or(va[bidx(i, &so, sa)], vb[bidx(i, &so, sb)]);
+    sg_tensor *y = which == 0   ? sg_logical_and(a, b)
+                   : which == 1 ? sg_logical_or(a, b)
+                                : sg_logical_not(a);
     char b1[64], b2[64];
     static const char *names[] = {"LOGICAL_AND", "LOGICAL_OR", "LOGICAL_NOT"};
     if (which < 2)
         tu_case(check(y, SG_BOOL, &so, ref), "%s(type=%s,%s,a=%s,b=%s,view=%s,%s)", names[which],
-                sg_dtype_name(da), sg_dtype_name(db), shs(sa, b1), shs(sb, b2),
-                tu_layout_name(la), tu_layout_name(lb));
+                sg_dtype_name(da), sg_dtype_name(db), shs(sa, b1), shs(sb, b2), tu_layout_name(la),
+                tu_layout_name(lb));
     else
         tu_case(check(y, SG_BOOL, &so, ref), "%s(type=%s,x=%s,view=%s)", names[which],
                 sg_dtype_name(da), shs(sa, b1), tu_layout_name(la));
@@ -509,7 +525,7 @@ static void logical_case(int which, sg_dtype da, sg_dtype db, const shp *sa, con
 }
 
 static void test_logical(void) {
-    static const sg_dtype dps[][2] = {{SG_BOOL, SG_BOOL}, {SG_F32, SG_F32}, {SG_I32, SG_I64},
+    static const sg_dtype dps[][2] = {{SG_BOOL, SG_BOOL}, {SG_F32, SG_F32},  {SG_I32, SG_I64},
                                       {SG_F16, SG_BOOL},  {SG_BF16, SG_I32}, {SG_I64, SG_F32}};
     for (int w = 0; w < 2; w++)
         for (int k = 0; k < 6; k++)
@@ -522,18 +538,20 @@ static void test_logical(void) {
 }
 
 static const shp triples[][3] = {
-    {{3, {3, 1, 5}}, {2, {4, 5}}, {1, {5}}},    {{0, {0}}, {2, {2, 3}}, {0, {0}}},
-    {{2, {2, 3}}, {2, {2, 3}}, {2, {2, 3}}},    {{2, {4, 1}}, {1, {1}}, {2, {1, 6}}},
-    {{2, {0, 2}}, {1, {2}}, {2, {1, 2}}},       {{1, {1}}, {2, {3, 1}}, {2, {1, 4}}},
-    {{2, {2, 300}}, {1, {300}}, {2, {2, 1}}},   {{1, {520}}, {2, {70, 1}}, {2, {70, 520}}},
+    {{3, {3, 1, 5}}, {2, {4, 5}}, {1, {5}}},  {{0, {0}}, {2, {2, 3}}, {0, {0}}},
+    {{2, {2, 3}}, {2, {2, 3}}, {2, {2, 3}}},  {{2, {4, 1}}, {1, {1}}, {2, {1, 6}}},
+    {{2, {0, 2}}, {1, {2}}, {2, {1, 2}}},     {{1, {1}}, {2, {3, 1}}, {2, {1, 4}}},
+    {{2, {2, 300}}, {1, {300}}, {2, {2, 1}}}, {{1, {520}}, {2, {70, 1}}, {2, {70, 520}}},
 };
 #define NTRIPLES (int)(sizeof triples / sizeof triples[0])
 
 static void where_case(sg_dtype dt, const shp *const *ss, const tu_layout *lay) {
     double *vc, *va, *vb;
     sg_tensor *c = rin(SG_BOOL, ss[0], 0, 1, lay[0], &vc);
-    sg_tensor *a = is_float(dt) ? rin(dt, ss[1], -4, 4, lay[1], &va) : rin(dt, ss[1], -50, 50, lay[1], &va);
-    sg_tensor *b = is_float(dt) ? rin(dt, ss[2], -4, 4, lay[2], &vb) : rin(dt, ss[2], -50, 50, lay[2], &vb);
+    sg_tensor *a =
+        is_float(dt) ? rin(dt, ss[1], -4, 4, lay[1], &va) : rin(dt, ss[1], -50, 50, lay[1], &va);
+    sg_tensor *b =
+        is_float(dt) ? rin(dt, ss[2], -4, 4, lay[2], &vb) : rin(dt, ss[2], -50, 50, lay[2], &vb);
     shp so = bshape(3, ss);
     int64_t n = numel(&so);
     double *ref = dalloc(n);
@@ -625,30 +643,62 @@ static elem convert_ref(sg_dtype from, elem x, sg_dtype to) {
     elem r = {0, 0};
     if (is_float(from)) {
         double v = x.f;
-        if (is_float(to)) r.f = tu_round(to, v);
-        else if (to == SG_BOOL) r.i = v != 0; /* NaN is nonzero */
-        else r.i = sat_trunc(v, to == SG_I32 ? 32 : 64);
+        if (is_float(to))
+            r.f = tu_round(to, v);
+        else if (to == SG_BOOL)
+            r.i = v != 0; /* NaN is nonzero */
+        else
+            r.i = sat_trunc(v, to == SG_I32 ? 32 : 64);
     } else {
         int64_t v = x.i;
-        if (is_float(to)) r.f = int_to_float(v, to);
-        else if (to == SG_I32) r.i = (int32_t)(uint32_t)(uint64_t)v; /* wraps, as in PyTorch */
-        else if (to == SG_BOOL) r.i = v != 0;
-        else r.i = v;
+        if (is_float(to))
+            r.f = int_to_float(v, to);
+        else if (to == SG_I32)
+            r.i = (int32_t)(uint32_t)(uint64_t)v; /* wraps, as in PyTorch */
+        else if (to == SG_BOOL)
+            r.i = v != 0;
+        else
+            r.i = v;
     }
     return r;
 }
 
 static const double float_specials[] = {
-    0.0, -0.0, 0.5, -0.5, 1.5, -1.5, 2.5, -2.7, 0.999, -0.999, 1e-6, 6e-8, 3e-5, 65504, 65519,
-    65520, -65520, 1e5, 1e10, -1e10, 2147483520.0, 2147483648.0, -2147483648.0, -2147483904.0,
-    4294967296.0, 1e19, -1e19, 9.2233715e18, 1e30, -1e30, INFINITY, -INFINITY, NAN, 3.4e38,
-    1e-40, 1.00048828125, 1.00146484375, 1.00390625, 1.01171875, 16842753.0, 255.5, -128.5,
+    0.0,           -0.0,          0.5,           -0.5,         1.5,        -1.5,   2.5,
+    -2.7,          0.999,         -0.999,        1e-6,         6e-8,       3e-5,   65504,
+    65519,         65520,         -65520,        1e5,          1e10,       -1e10,  2147483520.0,
+    2147483648.0,  -2147483648.0, -2147483904.0, 4294967296.0, 1e19,       -1e19,  9.2233715e18,
+    1e30,          -1e30,         INFINITY,      -INFINITY,    NAN,        3.4e38, 1e-40,
+    1.00048828125, 1.00146484375, 1.00390625,    1.01171875,   16842753.0, 255.5,  -128.5,
 };
 static const int64_t int_specials[] = {
-    0, 1, -1, 2, INT32_MAX, INT32_MIN, 2049, 2051, -2049, 65504, 65519, 65520, 65535, 16777217,
-    16842753, -16842753, 16908289, 33554435, (int64_t)1 << 40, ((int64_t)1 << 40) + 1,
-    ((int64_t)1 << 53) + 1, ((int64_t)1 << 62) + ((int64_t)1 << 38) + 1, INT64_MAX, INT64_MIN,
-    -((int64_t)1 << 60) - ((int64_t)1 << 52) - 1, 4294967296 + 7, -4294967296 - 7,
+    0,
+    1,
+    -1,
+    2,
+    INT32_MAX,
+    INT32_MIN,
+    2049,
+    2051,
+    -2049,
+    65504,
+    65519,
+    65520,
+    65535,
+    16777217,
+    16842753,
+    -16842753,
+    16908289,
+    33554435,
+    (int64_t)1 << 40,
+    ((int64_t)1 << 40) + 1,
+    ((int64_t)1 << 53) + 1,
+    ((int64_t)1 << 62) + ((int64_t)1 << 38) + 1,
+    INT64_MAX,
+    INT64_MIN,
+    -((int64_t)1 << 60) - ((int64_t)1 << 52) - 1,
+    4294967296 + 7,
+    -4294967296 - 7,
 };
 #define NFS (int)(sizeof float_specials / sizeof float_specials[0])
 #define NIS (int)(sizeof int_specials / sizeof int_specials[0])
@@ -659,7 +709,7 @@ static elem cast_source(sg_dtype dt, int64_t k) {
     if (dt == SG_BOOL) {
         e.i = k < 2 ? k : (int64_t)(tu_next() & 1);
     } else if (is_int(dt)) {
-        e.i = k < NIS ? int_specials[k]
+        e.i = k < NIS        ? int_specials[k]
               : dt == SG_I32 ? tu_randint(INT32_MIN, INT32_MAX)
                              : (int64_t)tu_next() >> tu_randint(0, 40);
     } else if (k < NFS) {
@@ -667,9 +717,9 @@ static elem cast_source(sg_dtype dt, int64_t k) {
     } else {
         int64_t kind = tu_randint(0, 2);
         double s = tu_uniform(-1, 1) < 0 ? -1 : 1;
-        e.f = kind == 0 ? tu_uniform(-300, 300)
-            : kind == 1 ? s * ldexp(tu_uniform(1, 2), (int)tu_randint(-30, 70))
-                        : s * (double)tu_randint(0, 70000) * 0.25;
+        e.f = kind == 0   ? tu_uniform(-300, 300)
+              : kind == 1 ? s * ldexp(tu_uniform(1, 2), (int)tu_randint(-30, 70))
+                          : s * (double)tu_randint(0, 70000) * 0.25;
     }
     return e;
 }
@@ -689,7 +739,8 @@ static void cast_case(sg_dtype from, sg_dtype to, const shp *s, tu_layout lay) {
     for (int64_t k = 0; ok && k < n; k++) {
         elem in = get(src, from, k), want = convert_ref(from, in, to), got = get(dst, to, k);
         if (!elem_eq(to, got, want) && bad++ < 3)
-            fprintf(stderr, "  element %lld: %.17g / %lld gives %.17g / %lld, expected %.17g / %lld\n",
+            fprintf(stderr,
+                    "  element %lld: %.17g / %lld gives %.17g / %lld, expected %.17g / %lld\n",
                     (long long)k, in.f, (long long)in.i, got.f, (long long)got.i, want.f,
                     (long long)want.i);
     }
@@ -722,15 +773,18 @@ static void test_cast(void) {
 static sg_tensor *dst_view(sg_tensor *base, tu_layout lay, int64_t *pos) {
     for (int64_t r = 0; r < R_; r++)
         for (int64_t c = 0; c < C_; c++)
-            pos[r * C_ + c] = lay == TU_CONTIG ? r * C_ + c : lay == TU_SLICED ? r * 2 * C_ + 2 * c
-                                                                                : c * R_ + r;
-    return lay == TU_CONTIG ? sg_narrow(base, 0, 0, R_)
-         : lay == TU_SLICED ? sg_slice(base, 1, 0, 2 * C_, 2)
-                            : sg_transpose(base, 0, 1);
+            pos[r * C_ + c] = lay == TU_CONTIG   ? r * C_ + c
+                              : lay == TU_SLICED ? r * 2 * C_ + 2 * c
+                                                 : c * R_ + r;
+    return lay == TU_CONTIG   ? sg_narrow(base, 0, 0, R_)
+           : lay == TU_SLICED ? sg_slice(base, 1, 0, 2 * C_, 2)
+                              : sg_transpose(base, 0, 1);
 }
 
 static sg_tensor *make_base(sg_dtype dt, tu_layout lay, elem *vals, int64_t *nb) {
-    int64_t shape[2] = {lay == TU_PERMUTED ? C_ : R_, lay == TU_PERMUTED ? R_ : lay == TU_SLICED ? 2 * C_ : C_};
+    int64_t shape[2] = {lay == TU_PERMUTED ? C_ : R_, lay == TU_PERMUTED ? R_
+                                                      : lay == TU_SLICED ? 2 * C_
+                                                                         : C_};
     *nb = shape[0] * shape[1];
     unsigned char buf[2 * R_ * C_ * 8];
     for (int64_t k = 0; k < *nb; k++) {
@@ -772,7 +826,8 @@ static void copy_case(sg_dtype sd, sg_dtype dd, tu_layout dl, int kind) {
     sg_tensor *src = tu_rand_layout(ctx, sd, ss.nd, ss.s, 0, 1, sl, NULL);
     bool ok = TU_EXPECT(sg_write(src, buf, (size_t)numel(&ss) * sg_dtype_size(sd)) == SG_OK);
     memcpy(want, base_v, sizeof(elem) * (size_t)nb);
-    for (int64_t i = 0; i < R_ * C_; i++) want[pos[i]] = convert_ref(sd, src_v[bidx(i, &sdst, &ss)], dd);
+    for (int64_t i = 0; i < R_ * C_; i++)
+        want[pos[i]] = convert_ref(sd, src_v[bidx(i, &sdst, &ss)], dd);
     sg_status st = sg_copy_(dst, src);
     if (st != SG_OK) fprintf(stderr, "  sg_copy_: %s\n", sg_last_error(ctx));
     ok = ok && TU_EXPECT(st == SG_OK) && base_is(base, dd, want, nb);
@@ -844,12 +899,15 @@ static void overlap_case(sg_dtype dt, int64_t n) {
         double *ref = dalloc(n * n);
         for (int64_t i = 0; i < n; i++)
             for (int64_t j = 0; j < n; j++)
-                ref[i * n + j] = which == 0 ? v[j * n + i] : which == 1 ? v[i * n + j] + v[j * n + i]
-                                                                         : 2 * v[i * n + j];
+                ref[i * n + j] = which == 0   ? v[j * n + i]
+                                 : which == 1 ? v[i * n + j] + v[j * n + i]
+                                              : 2 * v[i * n + j];
         shp s = {2, {n, n}};
         bool ok = TU_EXPECT(st == SG_OK) && check(x, dt, &s, ref);
-        snprintf(what, sizeof what, which == 0 ? "COPY_(x,transpose(x))" : which == 1 ? "ADD_(x,transpose(x))"
-                                                                                    : "ADD_(x,x)");
+        snprintf(what, sizeof what,
+                 which == 0   ? "COPY_(x,transpose(x))"
+                 : which == 1 ? "ADD_(x,transpose(x))"
+                              : "ADD_(x,x)");
         tu_case(ok, "%s(type=%s,x=[%lld,%lld])", what, sg_dtype_name(dt), (long long)shape[0],
                 (long long)shape[1]);
         sg_release(x), sg_release(xt);
@@ -878,9 +936,23 @@ static void test_in_place(void) {
         for (sg_dtype dd = SG_F32; dd <= SG_BOOL; dd++)
             for (int l = 0; l < TU_NUM_LAYOUTS; l++)
                 for (int kind = 0; kind < 3; kind++) copy_case(sd, dd, l, kind);
-    static const double fills[] = {2.5, -0.0, 0.5, -3.7, 1e30, -1e30, 1e300, NAN, INFINITY,
-                                   70000, 65519.9, 3e9, -3e9, 1e-7, 1.00048828125 + 0x1p-40,
-                                   1.00390625 + 0x1p-40, 1.0 + 0x1p-24 + 0x1p-50};
+    static const double fills[] = {2.5,
+                                   -0.0,
+                                   0.5,
+                                   -3.7,
+                                   1e30,
+                                   -1e30,
+                                   1e300,
+                                   NAN,
+                                   INFINITY,
+                                   70000,
+                                   65519.9,
+                                   3e9,
+                                   -3e9,
+                                   1e-7,
+                                   1.00048828125 + 0x1p-40,
+                                   1.00390625 + 0x1p-40,
+                                   1.0 + 0x1p-24 + 0x1p-50};
     for (sg_dtype dd = SG_F32; dd <= SG_BOOL; dd++)
         for (int l = 0; l < TU_NUM_LAYOUTS; l++)
             for (size_t f = 0; f < sizeof fills / sizeof fills[0]; f++) fill_case(dd, l, fills[f]);
@@ -931,7 +1003,9 @@ static void bad_case(bool failed, sg_status want, size_t live0, const char *name
     tu_case(ok, "BAD(%s) -> %s", name, sg_status_str(want));
 }
 
-static sg_tensor *mk(sg_dtype dt, int nd, const int64_t *shape) { return sg_zeros(ctx, dt, nd, shape); }
+static sg_tensor *mk(sg_dtype dt, int nd, const int64_t *shape) {
+    return sg_zeros(ctx, dt, nd, shape);
+}
 
 static void test_bad_dtypes(void) {
     int64_t s23[2] = {2, 3};
@@ -945,18 +1019,23 @@ static void test_bad_dtypes(void) {
             if (unops[o].ints && k < 2) continue;
             snprintf(fn, sizeof fn, "sg_%s", unops[o].name);
             for (char *c = fn; *c; c++) *c = (char)(*c >= 'A' && *c <= 'Z' ? *c - 'A' + 'a' : *c);
-            snprintf(name, sizeof name, "%s on %s[2,3]", fn, sg_dtype_name(sg_tensor_dtype(nonfloat[k])));
+            snprintf(name, sizeof name, "%s on %s[2,3]", fn,
+                     sg_dtype_name(sg_tensor_dtype(nonfloat[k])));
             bad_case(unops[o].fn(nonfloat[k]) == NULL, SG_ERR_DTYPE, live0, name, fn, "sg_cast",
                      sg_dtype_name(sg_tensor_dtype(nonfloat[k])), NULL);
         }
     bad_case(sg_add(f32, f16) == NULL, SG_ERR_DTYPE, live0, "sg_add f32+f16", "sg_add", "f32[2,3]",
              "f16[2,3]", "sg_cast");
-    bad_case(sg_eq(f32, i32) == NULL, SG_ERR_DTYPE, live0, "sg_eq f32,i32", "sg_eq", "f32", "i32", NULL);
-    bad_case(sg_div(i32, i32) == NULL, SG_ERR_DTYPE, live0, "sg_div i32", "sg_div", "i32", "sg_cast", NULL);
-    bad_case(sg_pow(i64, i64) == NULL, SG_ERR_DTYPE, live0, "sg_pow i64", "sg_pow", "i64", NULL, NULL);
-    bad_case(sg_add(bl, bl) == NULL, SG_ERR_DTYPE, live0, "sg_add bool", "sg_add", "bool", NULL, NULL);
-    bad_case(sg_maximum(bl, bl) == NULL, SG_ERR_DTYPE, live0, "sg_maximum bool", "sg_maximum", "bool",
-             NULL, NULL);
+    bad_case(sg_eq(f32, i32) == NULL, SG_ERR_DTYPE, live0, "sg_eq f32,i32", "sg_eq", "f32", "i32",
+             NULL);
+    bad_case(sg_div(i32, i32) == NULL, SG_ERR_DTYPE, live0, "sg_div i32", "sg_div", "i32",
+             "sg_cast", NULL);
+    bad_case(sg_pow(i64, i64) == NULL, SG_ERR_DTYPE, live0, "sg_pow i64", "sg_pow", "i64", NULL,
+             NULL);
+    bad_case(sg_add(bl, bl) == NULL, SG_ERR_DTYPE, live0, "sg_add bool", "sg_add", "bool", NULL,
+             NULL);
+    bad_case(sg_maximum(bl, bl) == NULL, SG_ERR_DTYPE, live0, "sg_maximum bool", "sg_maximum",
+             "bool", NULL, NULL);
     bad_case(sg_add_scalar(bl, 1) == NULL, SG_ERR_DTYPE, live0, "sg_add_scalar bool",
              "sg_add_scalar", "bool", NULL, NULL);
     bad_case(sg_pow_scalar(i32, 2) == NULL, SG_ERR_DTYPE, live0, "sg_pow_scalar i32",
@@ -998,8 +1077,8 @@ static void test_bad_shapes(void) {
     /* The message must name the two shapes that clash, not only the first input. */
     sg_tensor *c1 = mk(SG_BOOL, 1, (int64_t[1]){1});
     live0 = live_bytes();
-    bad_case(sg_where(c1, v3, v4) == NULL, SG_ERR_SHAPE, live0, "sg_where a [3], b [4]",
-             "sg_where", "[3]", "[4]", NULL);
+    bad_case(sg_where(c1, v3, v4) == NULL, SG_ERR_SHAPE, live0, "sg_where a [3], b [4]", "sg_where",
+             "[3]", "[4]", NULL);
     bad_case(sg_copy_(d24, v3) == SG_ERR_SHAPE, SG_ERR_SHAPE, live0, "sg_copy_ [3] into [2,4]",
              "sg_copy_", "[2,4]", "[3]", NULL);
     bad_case(sg_copy_(v4, d24) == SG_ERR_SHAPE, SG_ERR_SHAPE, live0, "sg_copy_ [2,4] into [4]",
@@ -1020,7 +1099,8 @@ static void test_bad_shapes(void) {
     bad_case(sg_fill_(e, 1) == SG_ERR_INVALID_ARG, SG_ERR_INVALID_ARG, live0,
              "sg_fill_ into expand", "sg_fill_", "expanded", NULL, NULL);
     sg_read(col, after, sizeof after);
-    tu_case(memcmp(before, after, sizeof after) == 0, "BAD(in place into expand leaves dst as it was)");
+    tu_case(memcmp(before, after, sizeof after) == 0,
+            "BAD(in place into expand leaves dst as it was)");
     sg_tensor *all[] = {a, b, c3, d24, v3, v4, col, c1, e, src};
     for (size_t i = 0; i < sizeof all / sizeof all[0]; i++) sg_release(all[i]);
 }
@@ -1032,8 +1112,10 @@ static void test_bad_handles(void) {
     sg_release(r);
     bool ok = TU_EXPECT(sg_exp(NULL) == NULL) && TU_EXPECT(sg_add(x, NULL) == NULL) &&
               TU_EXPECT(sg_where(NULL, x, x) == NULL) && TU_EXPECT(sg_cast(NULL, SG_F16) == NULL) &&
-              TU_EXPECT(sg_ctx_status(ctx) == SG_OK) && TU_EXPECT(strcmp(sg_last_error(ctx), "") == 0);
-    ok = ok && TU_EXPECT(sg_copy_(NULL, x) == SG_ERR_NULL) && TU_EXPECT(sg_copy_(x, NULL) == SG_ERR_NULL) &&
+              TU_EXPECT(sg_ctx_status(ctx) == SG_OK) &&
+              TU_EXPECT(strcmp(sg_last_error(ctx), "") == 0);
+    ok = ok && TU_EXPECT(sg_copy_(NULL, x) == SG_ERR_NULL) &&
+         TU_EXPECT(sg_copy_(x, NULL) == SG_ERR_NULL) &&
          TU_EXPECT(sg_fill_(NULL, 1) == SG_ERR_NULL) && TU_EXPECT(sg_add_(x, NULL) == SG_ERR_NULL);
     tu_case(ok && ctx_works(), "BAD(NULL inputs return NULL / SG_ERR_NULL, no new error)");
     size_t live0 = live_bytes();

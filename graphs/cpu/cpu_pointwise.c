@@ -30,7 +30,7 @@
  * loops below call 4 lanes at once: tanh over 16M floats ran about 10x
  * faster. Elsewhere the loops call the scalar functions.
  */
-#if defined(_OPENMP) && defined(__x86_64__) && defined(__GLIBC__) && !defined(__FAST_MATH__) && \
+#if defined(_OPENMP) && defined(__x86_64__) && defined(__GLIBC__) && !defined(__FAST_MATH__) &&    \
     (__GLIBC__ > 2 || (__GLIBC__ == 2 && __GLIBC_MINOR__ >= 35))
 #pragma omp declare simd notinbranch
 float expf(float);
@@ -135,12 +135,12 @@ static inline float gelu_tanh(float x) {
 }
 
 /* One loop per op, so that the op's switch runs once per tile. */
-#define LOOP(expr)                                                                                \
-    SIMD for (k = 0; k < len; k++) y[k] = (expr);                                                 \
+#define LOOP(expr)                                                                                 \
+    SIMD for (k = 0; k < len; k++) y[k] = (expr);                                                  \
     break
 /* The same for loops that call libm: vectorized where libmvec is declared. */
-#define CALLLOOP(expr)                                                                            \
-    VSIMD for (k = 0; k < len; k++) y[k] = (expr);                                                \
+#define CALLLOOP(expr)                                                                             \
+    VSIMD for (k = 0; k < len; k++) y[k] = (expr);                                                 \
     break
 
 /* Float-domain ops over one tile: a, b inputs, y output (y may be a: in place). */
@@ -209,14 +209,14 @@ static void apply_i(const sg__node *n, sg_dtype dt, int len, const int64_t *a, c
 
 /* ------------------------------------------------------------ comparisons, logic */
 
-#define CMPS(a, b, y)                                                                             \
-    switch (op) {                                                                                 \
-    case SG__OP_EQ: LOOP(a[k] == b[k]);                                                          \
-    case SG__OP_NE: LOOP(a[k] != b[k]);                                                          \
-    case SG__OP_LT: LOOP(a[k] < b[k]);                                                           \
-    case SG__OP_LE: LOOP(a[k] <= b[k]);                                                          \
-    case SG__OP_GT: LOOP(a[k] > b[k]);                                                           \
-    default: LOOP(a[k] >= b[k]);                                                                 \
+#define CMPS(a, b, y)                                                                              \
+    switch (op) {                                                                                  \
+    case SG__OP_EQ: LOOP(a[k] == b[k]);                                                            \
+    case SG__OP_NE: LOOP(a[k] != b[k]);                                                            \
+    case SG__OP_LT: LOOP(a[k] < b[k]);                                                             \
+    case SG__OP_LE: LOOP(a[k] <= b[k]);                                                            \
+    case SG__OP_GT: LOOP(a[k] > b[k]);                                                             \
+    default: LOOP(a[k] >= b[k]);                                                                   \
     }
 
 static void compare_f(sg__op op, int len, const float *a, const float *b, int64_t *y) {
