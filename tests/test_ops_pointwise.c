@@ -1130,6 +1130,49 @@ static void test_bad_handles(void) {
     sg_release(x);
 }
 
+/* Every allocation an op makes may fail: the op reports SG_ERR_OOM, keeps
+ * nothing, leaves its destination as it was, and the context works after. */
+static void test_oom(void) {
+    tu_alloc al = {0};
+    sg_ctx *c2;
+    sg_ctx_opts opts = {.backend = SG_BACKEND_CPU, .alloc = tu_alloc_hook, .alloc_user = &al};
+    if (!TU_EXPECT(sg_ctx_create(&opts, &c2) == SG_OK)) return;
+    int64_t s44[2] = {4, 4};
+    float vals[16], after[16];
+    for (int i = 0; i < 16; i++) vals[i] = (float)i;
+    sg_tensor *x = sg_from_host(c2, SG_F32, 2, s44, vals), *xt = sg_transpose(x, 0, 1);
+    for (int which = 0; which < 3; which++) {
+        static const char *names[] = {"sg_add", "sg_copy_(x,transpose(x))", "sg_cast"};
+        bool ok = true;
+        int failures = 0;
+        for (long k = 1; k < 20; k++) {
+            long live = al.live;
+            al.fail_at = al.count + k;
+            sg_tensor *y = NULL;
+            sg_status st = which == 1 ? sg_copy_(x, xt) : SG_OK;
+            if (which == 0) y = sg_add(x, xt);
+            if (which == 2) y = sg_cast(xt, SG_BF16);
+            al.fail_at = 0;
+            bool failed = which == 1 ? st != SG_OK : y == NULL;
+            if (!failed) {
+                sg_release(y);
+                if (which == 1) sg_copy_(x, xt); /* transpose back */
+                break;
+            }
+            failures++;
+            ok = ok && TU_EXPECT(sg_ctx_status(c2) == SG_ERR_OOM) && TU_EXPECT(al.live == live);
+            ok = ok && TU_EXPECT(sg_read(x, after, sizeof after) == SG_OK) &&
+                 TU_EXPECT(memcmp(after, vals, sizeof vals) == 0);
+            sg_clear_error(c2);
+        }
+        tu_case(ok && failures > 0, "OOM(%s,x=f32[4,4],failing each of its %d allocations)",
+                names[which], failures);
+    }
+    sg_release(x), sg_release(xt);
+    sg_ctx_destroy(c2);
+    tu_case(al.live == 0 && al.bytes == 0, "OOM(context destroyed, nothing left)");
+}
+
 int main(void) {
     if (sg_ctx_create(&(sg_ctx_opts){.backend = SG_BACKEND_CPU}, &ctx) != SG_OK) return 1;
     tu_seed(1);
@@ -1147,6 +1190,7 @@ int main(void) {
     test_bad_dtypes();
     test_bad_shapes();
     test_bad_handles();
+    test_oom();
     sg_ctx_destroy(ctx);
     return tu_finish();
 }
