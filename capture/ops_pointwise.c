@@ -10,15 +10,53 @@
 
 static const char *kind_float = "f32, f16 or bf16";
 
+/* The public name of an op ("sg_exp"), for messages. */
+static const char *fn_name(sg__op op, char *buf, size_t size) {
+    snprintf(buf, size, "sg_%s", sg__op_name(op));
+    return buf;
+}
+
+/*
+ * The broadcast of n inputs (named by names[] in messages). Like
+ * sg__broadcast, but a clash names the two inputs that clash, which for
+ * where need not include the first.
+ */
+static bool broadcast(sg_ctx *ctx, const char *fn, int n, sg_tensor *const *ts,
+                      const char *const *names, int *ndim, int64_t *shape) {
+    int nd = 0, who[SG_MAX_DIMS];
+    for (int i = 0; i < n; i++)
+        if (ts[i]->ndim > nd) nd = ts[i]->ndim;
+    for (int d = 0; d < nd; d++) shape[d] = 1, who[d] = 0;
+    for (int i = 0; i < n; i++)
+        for (int d = 0; d < ts[i]->ndim; d++) {
+            int o = nd - ts[i]->ndim + d;
+            int64_t s = ts[i]->shape[d];
+            if (s == shape[o] || s == 1) continue;
+            if (shape[o] == 1) {
+                shape[o] = s, who[o] = i;
+                continue;
+            }
+            char a[SG__DESC], b[SG__DESC];
+            sg__fail(ctx, SG_ERR_SHAPE, "%s: %s %s and %s %s do not broadcast (dim %d: %lld vs "
+                     "%lld); sizes must match or be 1", fn, names[who[o]],
+                     sg__describe(ts[who[o]], a, sizeof a), names[i],
+                     sg__describe(ts[i], b, sizeof b), o - nd, (long long)shape[o], (long long)s);
+            return false;
+        }
+    *ndim = nd;
+    return true;
+}
+
 static sg_tensor *unary(sg__op op, sg_tensor *x, bool ints_ok) {
-    const char *name = sg__op_name(op);
+    char name[32];
+    fn_name(op, name, sizeof name);
     sg_ctx *ctx = sg__check_inputs(name, 1, &x, NULL);
     if (!ctx) return NULL;
     bool ok = sg__dtype_is_float(x->dtype) ||
               (ints_ok && (x->dtype == SG_I32 || x->dtype == SG_I64));
     if (!ok) {
         char d[SG__DESC];
-        sg__fail(ctx, SG_ERR_DTYPE, "sg_%s: got %s; it takes %s%s; convert with sg_cast first",
+        sg__fail(ctx, SG_ERR_DTYPE, "%s: got %s; it takes %s%s; convert with sg_cast first",
                  name, sg__describe(x, d, sizeof d), kind_float, ints_ok ? ", i32 or i64" : "");
         return NULL;
     }
@@ -43,7 +81,7 @@ sg_tensor *sg_gelu_tanh(sg_tensor *x) { return unary(SG__OP_GELU_TANH, x, false)
 sg_tensor *sg_silu(sg_tensor *x) { return unary(SG__OP_SILU, x, false); }
 
 sg_tensor *sg_logical_not(sg_tensor *x) {
-    sg_ctx *ctx = sg__check_inputs("logical_not", 1, &x, NULL);
+    sg_ctx *ctx = sg__check_inputs("sg_logical_not", 1, &x, NULL);
     if (!ctx) return NULL;
     sg_tensor *in[1] = {x};
     sg__node n = {.op = SG__OP_LOGICAL_NOT, .nin = 1, .in = in};
@@ -51,7 +89,7 @@ sg_tensor *sg_logical_not(sg_tensor *x) {
 }
 
 sg_tensor *sg_cast(sg_tensor *x, sg_dtype dt) {
-    sg_ctx *ctx = sg__check_inputs("cast", 1, &x, NULL);
+    sg_ctx *ctx = sg__check_inputs("sg_cast", 1, &x, NULL);
     if (!ctx) return NULL;
     if (!sg__dtype_valid(dt)) {
         sg__fail(ctx, SG_ERR_DTYPE, "sg_cast: %d is not a dtype; use one of SG_F32 .. SG_BOOL",
@@ -64,13 +102,14 @@ sg_tensor *sg_cast(sg_tensor *x, sg_dtype dt) {
 }
 
 static sg_tensor *scalar_op(sg__op op, sg_tensor *x, double s0, double s1, bool float_only) {
-    const char *name = sg__op_name(op);
+    char name[32];
+    fn_name(op, name, sizeof name);
     sg_ctx *ctx = sg__check_inputs(name, 1, &x, NULL);
     if (!ctx) return NULL;
     char d[SG__DESC];
     bool ok = float_only ? sg__dtype_is_float(x->dtype) : x->dtype != SG_BOOL;
     if (!ok) {
-        sg__fail(ctx, SG_ERR_DTYPE, "sg_%s: got %s; it takes %s; convert with sg_cast first", name,
+        sg__fail(ctx, SG_ERR_DTYPE, "%s: got %s; it takes %s; convert with sg_cast first", name,
                  sg__describe(x, d, sizeof d), float_only ? kind_float : "a numeric dtype");
         return NULL;
     }
@@ -96,27 +135,29 @@ enum { NUMERIC, FLOATS, ANY };
 
 static sg_tensor *binary(sg__op op, sg_tensor *a, sg_tensor *b, int accepts, bool same_dtype,
                          bool to_bool) {
-    const char *name = sg__op_name(op);
+    char name[32];
+    fn_name(op, name, sizeof name);
     sg_tensor *in[2] = {a, b};
     sg_ctx *ctx = sg__check_inputs(name, 2, in, NULL);
     if (!ctx) return NULL;
     char da[SG__DESC], db[SG__DESC];
     if (same_dtype && a->dtype != b->dtype) {
-        sg__fail(ctx, SG_ERR_DTYPE, "sg_%s: dtypes differ (%s and %s); convert one with sg_cast",
+        sg__fail(ctx, SG_ERR_DTYPE, "%s: dtypes differ (%s and %s); convert one with sg_cast",
                  name, sg__describe(a, da, sizeof da), sg__describe(b, db, sizeof db));
         return NULL;
     }
     bool ok = accepts == ANY || (accepts == FLOATS ? sg__dtype_is_float(a->dtype)
                                                    : a->dtype != SG_BOOL);
     if (!ok) {
-        sg__fail(ctx, SG_ERR_DTYPE, "sg_%s: got %s; it takes %s; convert with sg_cast first", name,
+        sg__fail(ctx, SG_ERR_DTYPE, "%s: got %s; it takes %s; convert with sg_cast first", name,
                  sg__describe(a, da, sizeof da),
                  accepts == FLOATS ? kind_float : "a numeric dtype (not bool)");
         return NULL;
     }
     int nd;
     int64_t shape[SG_MAX_DIMS];
-    if (!sg__broadcast(ctx, name, 2, in, &nd, shape)) return NULL;
+    static const char *const names[2] = {"a", "b"};
+    if (!broadcast(ctx, name, 2, in, names, &nd, shape)) return NULL;
     sg__node n = {.op = op, .nin = 2, .in = in};
     return sg__run_new(ctx, &n, to_bool ? SG_BOOL : a->dtype, nd, shape);
 }
@@ -139,7 +180,7 @@ sg_tensor *sg_logical_or(sg_tensor *a, sg_tensor *b) { return binary(SG__OP_LOGI
 
 sg_tensor *sg_where(sg_tensor *cond, sg_tensor *a, sg_tensor *b) {
     sg_tensor *in[3] = {cond, a, b};
-    sg_ctx *ctx = sg__check_inputs("where", 3, in, NULL);
+    sg_ctx *ctx = sg__check_inputs("sg_where", 3, in, NULL);
     if (!ctx) return NULL;
     char d0[SG__DESC], d1[SG__DESC];
     if (cond->dtype != SG_BOOL) {
@@ -154,7 +195,8 @@ sg_tensor *sg_where(sg_tensor *cond, sg_tensor *a, sg_tensor *b) {
     }
     int nd;
     int64_t shape[SG_MAX_DIMS];
-    if (!sg__broadcast(ctx, "where", 3, in, &nd, shape)) return NULL;
+    static const char *const names[3] = {"cond", "a", "b"};
+    if (!broadcast(ctx, "sg_where", 3, in, names, &nd, shape)) return NULL;
     sg__node n = {.op = SG__OP_WHERE, .nin = 3, .in = in};
     return sg__run_new(ctx, &n, a->dtype, nd, shape);
 }
@@ -185,9 +227,10 @@ static bool may_overlap(const sg_tensor *a, const sg_tensor *b) {
 /* Check src broadcasts to dst's shape exactly (dst does not grow). */
 static sg_status check_into(sg_ctx *ctx, const char *name, sg_tensor *dst, sg_tensor *src) {
     sg_tensor *pair[2] = {dst, src};
+    static const char *const names[2] = {"dst", "src"};
     int nd;
     int64_t shape[SG_MAX_DIMS];
-    if (!sg__broadcast(ctx, name, 2, pair, &nd, shape)) return SG_ERR_SHAPE;
+    if (!broadcast(ctx, name, 2, pair, names, &nd, shape)) return SG_ERR_SHAPE;
     if (nd != dst->ndim || memcmp(shape, dst->shape, sizeof(int64_t) * (size_t)nd) != 0) {
         char a[SG__DESC], b[SG__DESC];
         return sg__fail(ctx, SG_ERR_SHAPE, "%s: src %s does not broadcast to dst %s (dst's "
@@ -222,7 +265,7 @@ done:
 
 sg_status sg_copy_(sg_tensor *dst, sg_tensor *src) {
     sg_tensor *in[2] = {dst, src};
-    sg_ctx *ctx = sg__check_inputs("copy_", 2, in, NULL);
+    sg_ctx *ctx = sg__check_inputs("sg_copy_", 2, in, NULL);
     if (!ctx) return sg__inputs_status(2, in);
     sg_status s = check_into(ctx, "sg_copy_", dst, src);
     if (s != SG_OK) return s;
@@ -233,7 +276,7 @@ sg_status sg_copy_(sg_tensor *dst, sg_tensor *src) {
 
 sg_status sg_add_(sg_tensor *dst, sg_tensor *src) {
     sg_tensor *in[2] = {dst, src};
-    sg_ctx *ctx = sg__check_inputs("add_", 2, in, NULL);
+    sg_ctx *ctx = sg__check_inputs("sg_add_", 2, in, NULL);
     if (!ctx) return sg__inputs_status(2, in);
     char a[SG__DESC], b[SG__DESC];
     if (dst->dtype != src->dtype || dst->dtype == SG_BOOL)
@@ -248,7 +291,7 @@ sg_status sg_add_(sg_tensor *dst, sg_tensor *src) {
 }
 
 sg_status sg_fill_(sg_tensor *dst, double value) {
-    sg_ctx *ctx = sg__check_inputs("fill_", 1, &dst, NULL);
+    sg_ctx *ctx = sg__check_inputs("sg_fill_", 1, &dst, NULL);
     if (!ctx) return sg__inputs_status(1, &dst);
     sg_status s = check_dst(ctx, "sg_fill_", dst);
     if (s != SG_OK) return s;

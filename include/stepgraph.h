@@ -262,11 +262,18 @@ SG_API sg_tensor *sg_relu(sg_tensor *x);
 SG_API sg_tensor *sg_gelu(sg_tensor *x);
 SG_API sg_tensor *sg_gelu_tanh(sg_tensor *x);
 SG_API sg_tensor *sg_silu(sg_tensor *x);
-/* Convert to dt: floats to ints truncate toward zero, nonzero to bool is true. */
+/*
+ * Convert to dt. Floats to ints truncate toward zero and saturate at the
+ * int's range (NaN gives 0); ints to narrower ints wrap (as in PyTorch);
+ * anything to bool is nonzero (NaN is true), bool to numbers 1 or 0; values
+ * reach f16/bf16 rounded once to nearest even (overflow gives inf).
+ */
 SG_API sg_tensor *sg_cast(sg_tensor *x, sg_dtype dt);
 
 /* Scalar forms: x + s, x * s, x ^ s, min(max(x, lo), hi). Numeric dtypes;
- * on ints the scalar is truncated; pow is float only. */
+ * on ints the scalar is truncated toward zero and saturated to the dtype's
+ * range (so clamp(x, -INFINITY, 5) works); pow is float only. clamp lets
+ * NaN through and needs lo <= hi. */
 SG_API sg_tensor *sg_add_scalar(sg_tensor *x, double s);
 SG_API sg_tensor *sg_mul_scalar(sg_tensor *x, double s);
 SG_API sg_tensor *sg_pow_scalar(sg_tensor *x, double s);
@@ -274,9 +281,11 @@ SG_API sg_tensor *sg_clamp(sg_tensor *x, double lo, double hi);
 
 /*
  * Binary ops broadcast their inputs and need one dtype for both (cast one with
- * sg_cast). add, sub, mul, maximum, minimum take every numeric dtype; div and
- * pow are float only. Comparisons take any dtype and give bool; logical ops
- * take bool.
+ * sg_cast). add, sub, mul, maximum, minimum take every numeric dtype (ints
+ * wrap on overflow); div and pow are float only; maximum and minimum
+ * propagate NaN. Comparisons take any dtype and give bool; logical ops take
+ * any dtypes, even two different ones (nonzero, NaN included, is true), and
+ * give bool.
  */
 SG_API sg_tensor *sg_add(sg_tensor *a, sg_tensor *b);
 SG_API sg_tensor *sg_sub(sg_tensor *a, sg_tensor *b);
@@ -364,10 +373,15 @@ SG_API sg_tensor *sg_concat(int n, sg_tensor *const *ts, int dim);
 SG_API sg_tensor *sg_sdpa(sg_tensor *q, sg_tensor *k, sg_tensor *v, sg_tensor *mask, bool causal,
                           double scale);
 
-/* In place. dst keeps its storage; src broadcasts to dst and is cast to its dtype. */
+/*
+ * In place. dst keeps its storage and may be a strided view, but not an
+ * expanded one (SG_ERR_INVALID_ARG). src broadcasts to dst and is converted
+ * as by sg_cast; src may overlap dst (copy_(x, transpose(x)) transposes).
+ * fill_ converts value as sg_cast would.
+ */
 SG_API sg_status sg_copy_(sg_tensor *dst, sg_tensor *src);
 SG_API sg_status sg_fill_(sg_tensor *dst, double value);
-/* dst += src (broadcast, same dtype). */
+/* dst += src (broadcast, same numeric dtype; src may overlap dst). */
 SG_API sg_status sg_add_(sg_tensor *dst, sg_tensor *src);
 /* dst.index(dim, idx[i]) = src.index(dim, i): idx 1-d i32/i64 in range. */
 SG_API sg_status sg_index_copy_(sg_tensor *dst, int dim, sg_tensor *idx, sg_tensor *src);
