@@ -51,11 +51,42 @@ static const char *const preamble =
     "static inline int64_t sg_f2i64(float v) {\n"
     "    return v != v ? 0 : v >= 9.2233720e18f ? INT64_MAX : v <= -9.2233720e18f ? INT64_MIN : (int64_t)v;\n"
     "}\n"
-    "static inline float sg_gelu(float x) { return 0.5f * x * (1.0f + erff(x * 0.70710678118654752f)); }\n"
+    "static inline float sg_gelu(float x) { return 0.5f * x * erfcf(x * -0.70710678118654752f); }\n"
     "static inline float sg_gelu_tanh(float x) {\n"
     "    return 0.5f * x * (1.0f + tanhf(0.7978845608028654f * (x + 0.044715f * x * x * x)));\n"
     "}\n"
-    "#define SG_WRAP(x) ((int64_t)(uint64_t)(x))\n";
+    "#define SG_WRAP(x) ((int64_t)(uint64_t)(x))\n"
+    "/* Rounding to float 'to odd' first makes the later f16/bf16 rounding single. */\n"
+    "static inline float sg_round_odd(double v) {\n"
+    "    float f = (float)v; uint32_t u;\n"
+    "    if ((double)f == v || f != f || isinf(f)) return f;\n"
+    "    memcpy(&u, &f, 4); if (u & 1) return f;\n"
+    "    return nextafterf(f, v > (double)f ? INFINITY : -INFINITY);\n"
+    "}\n"
+    "static inline float sg_i2f_odd(int64_t v) {\n"
+    "    uint64_t u = v < 0 ? 0 - (uint64_t)v : (uint64_t)v, sticky = 0; int sh = 0;\n"
+    "    while (u >> 53) { sticky |= u & 1; u >>= 1; sh++; }\n"
+    "    double d = ldexp((double)(u | sticky), sh);\n"
+    "    return sg_round_odd(v < 0 ? -d : d);\n"
+    "}\n"
+    "/* glibc's vector libm (see graphs/cpu/cpu_pointwise.c for why it is declared here). */\n"
+    "#if defined(_OPENMP) && defined(__x86_64__) && defined(__GLIBC__) && !defined(__FAST_MATH__) && \\\n"
+    "    (__GLIBC__ > 2 || (__GLIBC__ == 2 && __GLIBC_MINOR__ >= 35))\n"
+    "#pragma omp declare simd notinbranch\n"
+    "float expf(float);\n"
+    "#pragma omp declare simd notinbranch\n"
+    "float logf(float);\n"
+    "#pragma omp declare simd notinbranch\n"
+    "float sinf(float);\n"
+    "#pragma omp declare simd notinbranch\n"
+    "float cosf(float);\n"
+    "#pragma omp declare simd notinbranch\n"
+    "float tanhf(float);\n"
+    "#pragma omp declare simd notinbranch\n"
+    "float erfcf(float);\n"
+    "#pragma omp declare simd notinbranch\n"
+    "float powf(float, float);\n"
+    "#endif\n";
 
 /* ------------------------------------------------------------ types and values */
 
@@ -107,8 +138,8 @@ static void load_expr(const sg__ref *r, const char *off, char *buf, size_t size)
 static void round_trip(const char *e, bool src_float, sg_dtype dt, char *buf, size_t size) {
     switch (dt) {
     case SG_F32: snprintf(buf, size, src_float ? "%s" : "(float)%s", e); break;
-    case SG_F16: snprintf(buf, size, src_float ? "sg_h2f(sg_f2h(%s))" : "sg_h2f(sg_f2h((float)%s))", e); break;
-    case SG_BF16: snprintf(buf, size, src_float ? "sg_bf2f(sg_f2bf(%s))" : "sg_bf2f(sg_f2bf((float)%s))", e); break;
+    case SG_F16: snprintf(buf, size, src_float ? "sg_h2f(sg_f2h(%s))" : "sg_h2f(sg_f2h(sg_i2f_odd(%s)))", e); break;
+    case SG_BF16: snprintf(buf, size, src_float ? "sg_bf2f(sg_f2bf(%s))" : "sg_bf2f(sg_f2bf(sg_i2f_odd(%s)))", e); break;
     case SG_I32: snprintf(buf, size, src_float ? "sg_f2i32(%s)" : "(int64_t)(int32_t)%s", e); break;
     case SG_I64: snprintf(buf, size, src_float ? "sg_f2i64(%s)" : "%s", e); break;
     case SG_BOOL: snprintf(buf, size, src_float ? "(int64_t)(%s != 0.0f)" : "(int64_t)(%s != 0)", e); break;
@@ -125,12 +156,35 @@ static void store_stmt(const sg__ref *r, const char *off, const char *v, char *b
     }
 }
 
-/* The op applied to argument names a, b, c (C text), in the domain of `fl`. */
-static bool op_expr(const sg__irnode *n, bool fl, const char *a, const char *b, const char *c,
-                    char *buf, size_t size) {
+/* A double as an integer of dt by the cast rule (as the eager kernels do). */
+static int64_t double_to_int(double v, sg_dtype dt) {
+    if (dt == SG_BOOL) return v != 0.0;
+    if (v != v) return 0;
+    double lim = dt == SG_I32 ? 2147483648.0 : 9223372036854775808.0;
+    if (v >= lim) return dt == SG_I32 ? INT32_MAX : INT64_MAX;
+    if (v <= -lim) return dt == SG_I32 ? INT32_MIN : INT64_MIN;
+    return (int64_t)v;
+}
+
+static void scalar_text(double v, bool fl, sg_dtype dt, char *buf, size_t size) {
+    if (fl && dt != SG_F32 && sg__dtype_is_float(dt))
+        snprintf(buf, size, "sg_round_odd(%a)", v); /* one rounding to f16/bf16 */
+    else if (fl)
+        snprintf(buf, size, "(float)(%a)", v);
+    else if (double_to_int(v, dt) == INT64_MIN)
+        snprintf(buf, size, "INT64_MIN");
+    else
+        snprintf(buf, size, "(int64_t)%lldLL", (long long)double_to_int(v, dt));
+}
+
+/* The op applied to argument names a, b, c (C text), in the domain of `fl`;
+ * dt is the dtype whose rules the scalars follow. */
+static bool op_expr(const sg__irnode *n, bool fl, sg_dtype dt, const char *a, const char *b,
+                    const char *c, char *buf, size_t size) {
     char s0[64], s1[64];
-    snprintf(s0, sizeof s0, fl ? "(float)(%a)" : "(int64_t)(%a)", n->f[0]);
-    snprintf(s1, sizeof s1, fl ? "(float)(%a)" : "(int64_t)(%a)", n->f[1]);
+    bool fill_half = n->op == SG__OP_FILL && (dt == SG_F16 || dt == SG_BF16);
+    scalar_text(n->f[0], fl, fill_half ? dt : fl ? SG_F32 : dt, s0, sizeof s0);
+    scalar_text(n->f[1], fl, fl ? SG_F32 : dt, s1, sizeof s1);
     const char *cmp = NULL;
     switch (n->op) {
     case SG__OP_EQ: cmp = "=="; break;
@@ -163,7 +217,7 @@ static bool op_expr(const sg__irnode *n, bool fl, const char *a, const char *b, 
         case SG__OP_COS: snprintf(buf, size, "cosf(%s)", a); break;
         case SG__OP_TANH: snprintf(buf, size, "tanhf(%s)", a); break;
         case SG__OP_SIGMOID: snprintf(buf, size, "(1.0f / (1.0f + expf(-%s)))", a); break;
-        case SG__OP_RELU: snprintf(buf, size, "(%s > 0.0f ? %s : 0.0f)", a, a); break;
+        case SG__OP_RELU: snprintf(buf, size, "(%s > 0.0f || %s != %s ? %s : 0.0f)", a, a, a, a); break;
         case SG__OP_GELU: snprintf(buf, size, "sg_gelu(%s)", a); break;
         case SG__OP_GELU_TANH: snprintf(buf, size, "sg_gelu_tanh(%s)", a); break;
         case SG__OP_SILU: snprintf(buf, size, "(%s / (1.0f + expf(-%s)))", a, a); break;
@@ -270,7 +324,8 @@ static void emit_body(gen *g, const sg__group *grp, int from, int nd, const int6
         if ((n->op >= SG__OP_EQ && n->op <= SG__OP_LOGICAL_OR) || n->op == SG__OP_LOGICAL_NOT)
             res_fl = false;
         if (n->op == SG__OP_WHERE) res_fl = fdom(arg_of(g, n, 1)->dtype);
-        op_expr(n, in_fl, args[0], args[1], args[2], expr, sizeof expr);
+        sg_dtype sdt = n->op == SG__OP_FILL ? o->dtype : a0 ? a0->dtype : o->dtype;
+        op_expr(n, in_fl, sdt, args[0], args[1], args[2], expr, sizeof expr);
         round_trip(expr, res_fl, o->dtype, rt, sizeof rt);
         sg__emit_line(g->e, "%s v%d = %s; /* %s */", fdom(o->dtype) ? "float" : "int64_t", k, rt,
                       sg__op_name(n->op));
@@ -307,7 +362,7 @@ static void emit_loop(gen *g, const sg__group *grp, int from, bool nowait) {
     const char *nw = nowait ? " nowait" : "";
     if (numel == 0) return;
     if (flat) {
-        sg__emit_line(g->e, "#pragma omp for schedule(static)%s", nw);
+        sg__emit_line(g->e, "#pragma omp for simd schedule(simd:static)%s", nw);
         sg__emit_open(g->e, "for (int64_t i = 0; i < %lld; i++)", (long long)numel);
         emit_body(g, grp, from, nd, shape, true);
         sg__emit_close(g->e);
@@ -318,8 +373,10 @@ static void emit_loop(gen *g, const sg__group *grp, int from, bool nowait) {
     } else {
         sg__emit_line(g->e, "#pragma omp for collapse(%d) schedule(static)%s", nd - 1, nw);
     }
-    for (int d = 0; d < nd; d++)
+    for (int d = 0; d < nd; d++) {
+        if (d == nd - 1 && nd > 1) sg__emit_line(g->e, "#pragma omp simd");
         sg__emit_open(g->e, "for (int64_t i%d = 0; i%d < %lld; i%d++)", d, d, (long long)shape[d], d);
+    }
     emit_body(g, grp, from, nd, shape, false);
     for (int d = 0; d < nd; d++) sg__emit_close(g->e);
 }

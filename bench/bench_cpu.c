@@ -1,0 +1,160 @@
+/*
+ * bench_cpu.c -- the reference workloads on the CPU, eager against every
+ * compiled mode, timed as bench/README.md says: a host loop of `steps`
+ * steps (sg_mark_step_begin + sg_call each), median of `loops` loops, after
+ * 3 warm-up calls and 20 untimed steps. first_s is the wall time of the
+ * first three calls (capture and planning included).
+ *
+ *   bench_cpu [workload ...]     workloads: w1s w1l w2 (default: all)
+ *
+ * W1: 6 x (y = tanh(sin(y) * 1.01 + 0.1)), 24 ops, f32, 4096 (w1s) or 16M
+ * (w1l) elements. W2: 8 x (linear 1024 -> 1024 + gelu_tanh), batch 1, f32.
+ */
+#define _POSIX_C_SOURCE 200809L
+#include <stepgraph.h>
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+static double now(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+static int cmp_double(const void *a, const void *b) {
+    double x = *(const double *)a, y = *(const double *)b;
+    return x < y ? -1 : x > y;
+}
+
+static sg_status w1_step(sg_ctx *ctx, sg_tensor *const *in, sg_tensor **out, void *user) {
+    (void)user;
+    sg_tensor *y = in[0];
+    for (int i = 0; i < 6; i++) y = sg_tanh(sg_add_scalar(sg_mul_scalar(sg_sin(y), 1.01), 0.1));
+    out[0] = y;
+    return y ? SG_OK : sg_ctx_status(ctx);
+}
+
+typedef struct mlp {
+    sg_tensor *w[8], *b[8];
+} mlp;
+
+static sg_status w2_step(sg_ctx *ctx, sg_tensor *const *in, sg_tensor **out, void *user) {
+    mlp *m = user;
+    sg_tensor *h = in[0];
+    for (int l = 0; l < 8; l++) h = sg_gelu_tanh(sg_linear(h, m->w[l], m->b[l]));
+    out[0] = h;
+    return h ? SG_OK : sg_ctx_status(ctx);
+}
+
+static sg_tensor *randn(sg_ctx *ctx, int ndim, const int64_t *shape, float scale, unsigned *seed) {
+    int64_t n = 1;
+    for (int d = 0; d < ndim; d++) n *= shape[d];
+    float *buf = malloc(sizeof(float) * (size_t)n);
+    for (int64_t i = 0; i < n; i++) {
+        *seed = *seed * 1664525u + 1013904223u;
+        buf[i] = scale * ((float)(*seed >> 8) / 16777216.0f * 2.0f - 1.0f);
+    }
+    sg_tensor *t = sg_from_host(ctx, SG_F32, ndim, shape, buf);
+    free(buf);
+    return t;
+}
+
+typedef struct result {
+    double us, first_s;
+    int ok;
+} result;
+
+static result time_mode(sg_ctx *ctx, sg_step_fn step, void *user, sg_tensor *x, sg_mode mode,
+                        int steps, int loops) {
+    result r = {0, 0, 0};
+    sg_fn *fn;
+    sg_tensor *y;
+    if (sg_compile(ctx, step, user, 1, 1, &(sg_compile_opts){.mode = mode}, &fn) != SG_OK) return r;
+    double t0 = now();
+    for (int i = 0; i < 3; i++) {
+        sg_mark_step_begin(ctx);
+        if (sg_call(fn, &x, 1, &y, 1) != SG_OK) goto done;
+    }
+    r.first_s = now() - t0;
+    for (int i = 0; i < 20 && i < steps; i++) {
+        sg_mark_step_begin(ctx);
+        sg_call(fn, &x, 1, &y, 1);
+    }
+    double per[16];
+    for (int l = 0; l < loops; l++) {
+        t0 = now();
+        for (int i = 0; i < steps; i++) {
+            sg_mark_step_begin(ctx);
+            if (sg_call(fn, &x, 1, &y, 1) != SG_OK) goto done;
+        }
+        per[l] = (now() - t0) / steps * 1e6;
+    }
+    qsort(per, (size_t)loops, sizeof per[0], cmp_double);
+    r.us = per[loops / 2];
+    r.ok = 1;
+done:
+    if (!r.ok) fprintf(stderr, "  %s: %s\n", sg_mode_name(mode), sg_last_error(ctx));
+    sg_fn_destroy(fn);
+    return r;
+}
+
+static void run(sg_ctx *ctx, const char *name, sg_step_fn step, void *user, sg_tensor *x,
+                int steps, int loops) {
+    result res[5];
+    for (sg_mode m = SG_MODE_EAGER; m <= SG_MODE_MAX_AUTOTUNE_NO_GRAPHS; m++)
+        res[m] = time_mode(ctx, step, user, x, m, steps, loops);
+    for (sg_mode m = SG_MODE_EAGER; m <= SG_MODE_MAX_AUTOTUNE_NO_GRAPHS; m++) {
+        if (!res[m].ok) {
+            printf("| %-4s | %-26s | failed |\n", name, sg_mode_name(m));
+            continue;
+        }
+        printf("| %-4s | %-26s | %12.1f | %8.3f | %5.2fx |\n", name, sg_mode_name(m), res[m].us,
+               res[m].first_s, res[0].ok ? res[0].us / res[m].us : 0.0);
+    }
+}
+
+static int wanted(int argc, char **argv, const char *w) {
+    if (argc < 2) return 1;
+    for (int i = 1; i < argc; i++)
+        if (strcmp(argv[i], w) == 0) return 1;
+    return 0;
+}
+
+int main(int argc, char **argv) {
+    sg_ctx *ctx;
+    if (sg_ctx_create(&(sg_ctx_opts){.backend = SG_BACKEND_CPU}, &ctx) != SG_OK) {
+        fprintf(stderr, "%s\n", sg_last_error(NULL));
+        return 1;
+    }
+    unsigned seed = 1234;
+    printf("stepgraph %s on the CPU (%s backend)\n\n", sg_version(), sg_backend_name(sg_ctx_backend(ctx)));
+    printf("| work | mode                       | us per step  | first_s  | vs eager |\n");
+    printf("|------|----------------------------|--------------|----------|----------|\n");
+    if (wanted(argc, argv, "w1s")) {
+        int64_t s[1] = {4096};
+        sg_tensor *x = randn(ctx, 1, s, 1.0f, &seed);
+        run(ctx, "W1s", w1_step, NULL, x, 200, 5);
+        sg_release(x);
+    }
+    if (wanted(argc, argv, "w1l")) {
+        int64_t s[1] = {16 << 20};
+        sg_tensor *x = randn(ctx, 1, s, 1.0f, &seed);
+        run(ctx, "W1l", w1_step, NULL, x, 5, 3); /* 16M elements: fewer steps on a CPU */
+        sg_release(x);
+    }
+    if (wanted(argc, argv, "w2")) {
+        mlp m;
+        int64_t ws[2] = {1024, 1024}, bs[1] = {1024}, xs[2] = {1, 1024};
+        for (int l = 0; l < 8; l++) {
+            m.w[l] = randn(ctx, 2, ws, 0.03125f, &seed);
+            m.b[l] = randn(ctx, 1, bs, 0.01f, &seed);
+        }
+        sg_tensor *x = randn(ctx, 2, xs, 1.0f, &seed);
+        run(ctx, "W2", w2_step, &m, x, 200, 5);
+    }
+    sg_ctx_destroy(ctx);
+    return 0;
+}
