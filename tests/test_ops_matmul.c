@@ -26,14 +26,15 @@ static const sg_dtype floats[3] = {SG_F32, SG_F16, SG_BF16};
  * not one matrix apart). */
 enum { L_CONTIG, L_PERMUTED, L_SLICED, L_TRANSPOSED, L_EXPANDED, L_NARROWED };
 static const char *lname(int l) {
-    static const char *const n[] = {"contig", "permuted", "sliced", "transposed", "expanded",
-                                    "narrowed"};
+    static const char *const n[] = {"contig",     "permuted", "sliced",
+                                    "transposed", "expanded", "narrowed"};
     return n[l];
 }
 
 static sg_tensor *operand(sg_dtype dt, int nd, const int64_t *shape, int layout, double **vals) {
     if (layout <= L_SLICED || (layout != L_EXPANDED && nd < 2))
-        return tu_rand_layout(ctx, dt, nd, shape, -1, 1, layout <= L_SLICED ? (tu_layout)layout : TU_CONTIG, vals);
+        return tu_rand_layout(ctx, dt, nd, shape, -1, 1,
+                              layout <= L_SLICED ? (tu_layout)layout : TU_CONTIG, vals);
     int64_t bshape[SG_MAX_DIMS];
     memcpy(bshape, shape, sizeof(int64_t) * (size_t)nd);
     int64_t n = 1;
@@ -142,7 +143,9 @@ static bool norm_close(const char *name, const double *got, const double *ref, i
         den += ref[i] * ref[i];
     }
     bool ok = den == 0 ? num == 0 : sqrt(num) <= tol * sqrt(den);
-    if (!ok) fprintf(stderr, "  %s: ||out-ref|| = %g, ||ref|| = %g (tol %g)\n", name, sqrt(num), sqrt(den), tol);
+    if (!ok)
+        fprintf(stderr, "  %s: ||out-ref|| = %g, ||ref|| = %g (tol %g)\n", name, sqrt(num),
+                sqrt(den), tol);
     return ok;
 }
 
@@ -151,7 +154,8 @@ static bool check_values(sg_dtype dt, const double *got, const double *ref, int6
                          double scale) {
     if (!got) return TU_EXPECT(got != NULL);
     if (dt == SG_F32)
-        return tu_close("out", got, ref, n, tu_rtol(dt), tu_atol(dt) * sqrt((double)(K > 1 ? K : 1)) * scale);
+        return tu_close("out", got, ref, n, tu_rtol(dt),
+                        tu_atol(dt) * sqrt((double)(K > 1 ? K : 1)) * scale);
     return norm_close("out", got, ref, n, tu_rtol(dt));
 }
 
@@ -194,25 +198,25 @@ typedef struct shapes {
 static void test_matmul(void) {
     static const shapes cases[] = {
         {2, 2, {3, 4}, {4, 5}},
-        {4, 3, {2, 1, 3, 4}, {5, 4, 6}},   /* batch broadcast */
-        {3, 2, {4, 5, 6}, {6, 7}},         /* batch folds into M */
-        {2, 3, {5, 6}, {3, 6, 2}},         /* a broadcast against b's batch */
-        {3, 3, {2, 1, 3}, {2, 3, 1}},      /* size-1 M and N */
-        {1, 2, {4}, {4, 5}},               /* 1-d a */
-        {2, 1, {3, 4}, {4}},               /* 1-d b */
-        {1, 1, {7}, {7}},                  /* dot */
+        {4, 3, {2, 1, 3, 4}, {5, 4, 6}}, /* batch broadcast */
+        {3, 2, {4, 5, 6}, {6, 7}},       /* batch folds into M */
+        {2, 3, {5, 6}, {3, 6, 2}},       /* a broadcast against b's batch */
+        {3, 3, {2, 1, 3}, {2, 3, 1}},    /* size-1 M and N */
+        {1, 2, {4}, {4, 5}},             /* 1-d a */
+        {2, 1, {3, 4}, {4}},             /* 1-d b */
+        {1, 1, {7}, {7}},                /* dot */
         {3, 1, {2, 3, 4}, {4}},
         {1, 3, {4}, {2, 4, 3}},
-        {2, 2, {3, 0}, {0, 5}},            /* K = 0: zeros */
+        {2, 2, {3, 0}, {0, 5}}, /* K = 0: zeros */
         {3, 3, {2, 3, 0}, {2, 0, 4}},
-        {2, 2, {0, 4}, {4, 5}},            /* M = 0 */
-        {2, 2, {3, 4}, {4, 0}},            /* N = 0 */
-        {3, 2, {0, 3, 4}, {4, 5}},         /* no batches */
+        {2, 2, {0, 4}, {4, 5}},    /* M = 0 */
+        {2, 2, {3, 4}, {4, 0}},    /* N = 0 */
+        {3, 2, {0, 3, 4}, {4, 5}}, /* no batches */
         {2, 2, {33, 70}, {70, 41}},
     };
-    static const int layouts[][2] = {{L_CONTIG, L_CONTIG},         {L_TRANSPOSED, L_CONTIG},
-                                     {L_CONTIG, L_TRANSPOSED},     {L_TRANSPOSED, L_TRANSPOSED},
-                                     {L_PERMUTED, L_SLICED},       {L_SLICED, L_PERMUTED},
+    static const int layouts[][2] = {{L_CONTIG, L_CONTIG},     {L_TRANSPOSED, L_CONTIG},
+                                     {L_CONTIG, L_TRANSPOSED}, {L_TRANSPOSED, L_TRANSPOSED},
+                                     {L_PERMUTED, L_SLICED},   {L_SLICED, L_PERMUTED},
                                      {L_NARROWED, L_NARROWED}};
     for (int t = 0; t < 3; t++)
         for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++)
@@ -289,7 +293,9 @@ static void test_linear(void) {
 static bool failed_with(sg_status s, const char *op, const char *what) {
     bool ok = TU_EXPECT(sg_ctx_status(ctx) == s) && TU_EXPECT(strstr(sg_last_error(ctx), op)) &&
               TU_EXPECT(!what || strstr(sg_last_error(ctx), what));
-    if (!ok) fprintf(stderr, "  status %s, message: %s\n", sg_status_str(sg_ctx_status(ctx)), sg_last_error(ctx));
+    if (!ok)
+        fprintf(stderr, "  status %s, message: %s\n", sg_status_str(sg_ctx_status(ctx)),
+                sg_last_error(ctx));
     sg_clear_error(ctx);
     int64_t s2[2] = {2, 2};
     sg_tensor *e = sg_full(ctx, SG_F32, 2, s2, 1.0), *m = sg_matmul(e, e);
@@ -311,13 +317,16 @@ static void test_bad_input(void) {
 
     bool ok = TU_EXPECT(sg_matmul(i1, i2) == NULL) && failed_with(SG_ERR_DTYPE, "sg_matmul", "i32");
     tu_case(ok, "MATMUL_BAD(int dtype: i32[2,3] @ i32[3,4] is SG_ERR_DTYPE)");
-    ok = TU_EXPECT(sg_matmul(f23, h34) == NULL) && TU_EXPECT(strstr(sg_last_error(ctx), "f32[2,3]")) &&
+    ok = TU_EXPECT(sg_matmul(f23, h34) == NULL) &&
+         TU_EXPECT(strstr(sg_last_error(ctx), "f32[2,3]")) &&
          failed_with(SG_ERR_DTYPE, "sg_matmul", "f16[3,4]");
     tu_case(ok, "MATMUL_BAD(mixed dtypes: f32[2,3] @ f16[3,4] is SG_ERR_DTYPE naming both)");
-    ok = TU_EXPECT(sg_matmul(f23, f45) == NULL) && TU_EXPECT(strstr(sg_last_error(ctx), "f32[2,3]")) &&
+    ok = TU_EXPECT(sg_matmul(f23, f45) == NULL) &&
+         TU_EXPECT(strstr(sg_last_error(ctx), "f32[2,3]")) &&
          failed_with(SG_ERR_SHAPE, "sg_matmul", "f32[4,5]");
     tu_case(ok, "MATMUL_BAD(K mismatch: [2,3] @ [4,5] is SG_ERR_SHAPE naming both shapes)");
-    ok = TU_EXPECT(sg_matmul(f234, f345) == NULL) && failed_with(SG_ERR_SHAPE, "sg_matmul", "batch");
+    ok =
+        TU_EXPECT(sg_matmul(f234, f345) == NULL) && failed_with(SG_ERR_SHAPE, "sg_matmul", "batch");
     tu_case(ok, "MATMUL_BAD(batch mismatch: [2,3,4] @ [3,4,5] is SG_ERR_SHAPE)");
     ok = TU_EXPECT(sg_matmul(f0, f3) == NULL) && failed_with(SG_ERR_SHAPE, "sg_matmul", "0-d");
     tu_case(ok, "MATMUL_BAD(0-d operand is SG_ERR_SHAPE)");
@@ -325,25 +334,32 @@ static void test_bad_input(void) {
     tu_case(ok, "MATMUL_BAD(1-d K mismatch: [3] @ [4,5] is SG_ERR_SHAPE)");
     /* A NULL input (an earlier op failed) gives NULL and no new message. */
     ok = TU_EXPECT(sg_matmul(NULL, f34) == NULL) && TU_EXPECT(sg_ctx_status(ctx) == SG_OK) &&
-         TU_EXPECT(sg_last_error(ctx)[0] == '\0') && TU_EXPECT(sg_linear(f23, NULL, NULL) == NULL) &&
-         TU_EXPECT(sg_ctx_status(ctx) == SG_OK);
+         TU_EXPECT(sg_last_error(ctx)[0] == '\0') &&
+         TU_EXPECT(sg_linear(f23, NULL, NULL) == NULL) && TU_EXPECT(sg_ctx_status(ctx) == SG_OK);
     tu_case(ok, "MATMUL_BAD(NULL input gives NULL without a new message)");
     sg_tensor *gone = sg_zeros(ctx, SG_F32, 2, s34);
     sg_release(gone);
-    ok = TU_EXPECT(sg_matmul(f23, gone) == NULL) && failed_with(SG_ERR_RELEASED, "sg_matmul", "released");
+    ok = TU_EXPECT(sg_matmul(f23, gone) == NULL) &&
+         failed_with(SG_ERR_RELEASED, "sg_matmul", "released");
     tu_case(ok, "MATMUL_BAD(released operand is SG_ERR_RELEASED)");
 
-    ok = TU_EXPECT(sg_linear(f23, f3, NULL) == NULL) && failed_with(SG_ERR_SHAPE, "sg_linear", "2-d");
+    ok = TU_EXPECT(sg_linear(f23, f3, NULL) == NULL) &&
+         failed_with(SG_ERR_SHAPE, "sg_linear", "2-d");
     tu_case(ok, "LINEAR_BAD(w f32[3] is not 2-d: SG_ERR_SHAPE)");
-    ok = TU_EXPECT(sg_linear(f23, f34, NULL) == NULL) && failed_with(SG_ERR_SHAPE, "sg_linear", "f32[2,3]");
+    ok = TU_EXPECT(sg_linear(f23, f34, NULL) == NULL) &&
+         failed_with(SG_ERR_SHAPE, "sg_linear", "f32[2,3]");
     tu_case(ok, "LINEAR_BAD(K mismatch: x [2,3], w [3,4] is SG_ERR_SHAPE)");
-    ok = TU_EXPECT(sg_linear(f23, f23, f34) == NULL) && failed_with(SG_ERR_SHAPE, "sg_linear", "bias");
+    ok = TU_EXPECT(sg_linear(f23, f23, f34) == NULL) &&
+         failed_with(SG_ERR_SHAPE, "sg_linear", "bias");
     tu_case(ok, "LINEAR_BAD(bias f32[3,4] for N=2 is SG_ERR_SHAPE)");
-    ok = TU_EXPECT(sg_linear(f34, f34, h3) == NULL) && failed_with(SG_ERR_DTYPE, "sg_linear", "f16[3]");
+    ok = TU_EXPECT(sg_linear(f34, f34, h3) == NULL) &&
+         failed_with(SG_ERR_DTYPE, "sg_linear", "f16[3]");
     tu_case(ok, "LINEAR_BAD(bias f16 with f32 x is SG_ERR_DTYPE)");
-    ok = TU_EXPECT(sg_linear(i2, i2, NULL) == NULL) && failed_with(SG_ERR_DTYPE, "sg_linear", "i32");
+    ok =
+        TU_EXPECT(sg_linear(i2, i2, NULL) == NULL) && failed_with(SG_ERR_DTYPE, "sg_linear", "i32");
     tu_case(ok, "LINEAR_BAD(int dtype is SG_ERR_DTYPE)");
-    ok = TU_EXPECT(sg_linear(f0, f34, NULL) == NULL) && failed_with(SG_ERR_SHAPE, "sg_linear", NULL);
+    ok =
+        TU_EXPECT(sg_linear(f0, f34, NULL) == NULL) && failed_with(SG_ERR_SHAPE, "sg_linear", NULL);
     tu_case(ok, "LINEAR_BAD(0-d x is SG_ERR_SHAPE)");
 
     sg_release(i1), sg_release(i2), sg_release(f23), sg_release(h34), sg_release(f45);
@@ -360,8 +376,9 @@ static void test_bad_input(void) {
 static void test_oom(void) {
     tu_alloc al = {0};
     sg_ctx *c;
-    if (sg_ctx_create(&(sg_ctx_opts){.backend = SG_BACKEND_CPU, .alloc = tu_alloc_hook,
-                                     .alloc_user = &al}, &c) != SG_OK)
+    if (sg_ctx_create(
+            &(sg_ctx_opts){.backend = SG_BACKEND_CPU, .alloc = tu_alloc_hook, .alloc_user = &al},
+            &c) != SG_OK)
         return;
     int64_t as[3] = {2, 3, 4}, ws[2] = {5, 4}, bs[1] = {5};
     sg_tensor *x = sg_zeros(c, SG_BF16, 3, as), *w = sg_zeros(c, SG_BF16, 2, ws);
@@ -382,8 +399,10 @@ static void test_oom(void) {
             ok = ok && TU_EXPECT(sg_ctx_status(c) == SG_ERR_OOM) && TU_EXPECT(al.live == live);
             sg_clear_error(c);
         }
-        tu_case(ok && fails >= 3, "%s_OOM(type=bf16,fail each of %d allocations: SG_ERR_OOM, no "
-                "leak)", op == 0 ? "MATMUL" : "LINEAR", fails);
+        tu_case(ok && fails >= 3,
+                "%s_OOM(type=bf16,fail each of %d allocations: SG_ERR_OOM, no "
+                "leak)",
+                op == 0 ? "MATMUL" : "LINEAR", fails);
     }
     sg_ctx_destroy(c);
 }

@@ -174,7 +174,8 @@ static void fold(gemm *g) {
             break;
         }
         int64_t M = g->M * s;
-        if (layout(M, g->K, ars, g->A.cs, &ld) != LAY_N || layout(M, g->N, crs, g->C.cs, &ld) != LAY_N)
+        if (layout(M, g->K, ars, g->A.cs, &ld) != LAY_N ||
+            layout(M, g->N, crs, g->C.cs, &ld) != LAY_N)
             break;
         g->A.rs = ars;
         g->C.rs = crs;
