@@ -19,19 +19,15 @@
 
 /* ------------------------------------------------------------ shared checks */
 
-static bool check_index(sg_ctx *ctx, const char *op, const sg_tensor *idx, bool one_d) {
+static sg_status check_index(sg_ctx *ctx, const char *op, const sg_tensor *idx, bool one_d) {
     char d[SG__DESC];
-    if (idx->dtype != SG_I32 && idx->dtype != SG_I64) {
-        sg__fail(ctx, SG_ERR_DTYPE, "%s: idx is %s; indices must be i32 or i64; convert with "
-                 "sg_cast(idx, SG_I64)", op, sg__describe(idx, d, sizeof d));
-        return false;
-    }
-    if (one_d && idx->ndim != 1) {
-        sg__fail(ctx, SG_ERR_SHAPE, "%s: idx is %s; it must be 1-d (flatten it with sg_reshape)",
-                 op, sg__describe(idx, d, sizeof d));
-        return false;
-    }
-    return true;
+    if (idx->dtype != SG_I32 && idx->dtype != SG_I64)
+        return sg__fail(ctx, SG_ERR_DTYPE, "%s: idx is %s; indices must be i32 or i64; convert "
+                        "with sg_cast(idx, SG_I64)", op, sg__describe(idx, d, sizeof d));
+    if (one_d && idx->ndim != 1)
+        return sg__fail(ctx, SG_ERR_SHAPE, "%s: idx is %s; it must be 1-d (flatten it with "
+                        "sg_reshape)", op, sg__describe(idx, d, sizeof d));
+    return SG_OK;
 }
 
 /* dim normalized against t, or -1 with a message naming op. */
@@ -56,7 +52,7 @@ sg_tensor *sg_embedding(sg_tensor *weight, sg_tensor *idx) {
     sg_tensor *in[2] = {weight, idx};
     sg_ctx *ctx = sg__check_inputs("sg_embedding", 2, in, NULL);
     if (!ctx) return NULL;
-    if (!check_index(ctx, "sg_embedding", idx, false)) return NULL;
+    if (check_index(ctx, "sg_embedding", idx, false) != SG_OK) return NULL;
     char dw[SG__DESC], di[SG__DESC];
     if (weight->ndim != 2) {
         sg__fail(ctx, SG_ERR_SHAPE, "sg_embedding: weight is %s; it must be 2-d (V, D): V rows "
@@ -79,7 +75,7 @@ sg_tensor *sg_index_select(sg_tensor *x, int dim, sg_tensor *idx) {
     sg_tensor *in[2] = {x, idx};
     sg_ctx *ctx = sg__check_inputs("sg_index_select", 2, in, NULL);
     if (!ctx) return NULL;
-    if (!check_index(ctx, "sg_index_select", idx, true)) return NULL;
+    if (check_index(ctx, "sg_index_select", idx, true) != SG_OK) return NULL;
     int d = check_dim(ctx, "sg_index_select", dim, x, "x");
     if (d < 0) return NULL;
     int64_t shape[SG_MAX_DIMS];
@@ -210,10 +206,11 @@ sg_status sg_index_copy_(sg_tensor *dst, int dim, sg_tensor *idx, sg_tensor *src
     sg_tensor *in[3] = {dst, idx, src};
     sg_ctx *ctx = sg__check_inputs("sg_index_copy_", 3, in, NULL);
     if (!ctx) return sg__inputs_status(3, in);
-    if (!check_index(ctx, "sg_index_copy_", idx, true)) return ctx->status;
+    sg_status s = check_index(ctx, "sg_index_copy_", idx, true);
+    if (s != SG_OK) return s;
     int d = check_dim(ctx, "sg_index_copy_", dim, dst, "dst");
     if (d < 0) return SG_ERR_INDEX;
-    sg_status s = index_copy_check(ctx, dst, d, idx, src);
+    s = index_copy_check(ctx, dst, d, idx, src);
     if (s != SG_OK) return s;
     /* A src that shares bytes with dst is copied first, so that no write
      * lands before its read. idx may alias dst too: the kernel reads all of
@@ -221,7 +218,7 @@ sg_status sg_index_copy_(sg_tensor *dst, int dim, sg_tensor *idx, sg_tensor *src
     sg_tensor *tmp = NULL;
     if (may_overlap(src, dst)) {
         tmp = sg_clone(src);
-        if (!tmp) return ctx->status ? ctx->status : SG_ERR_OOM;
+        if (!tmp) return SG_ERR_OOM; /* the only way a clone of a live tensor fails */
         src = tmp;
     }
     sg_tensor *args[3] = {dst, idx, src};

@@ -667,6 +667,12 @@ static void bad_index_copy(void) {
     ok = TU_EXPECT(sg_index_copy_(dst, 0, fidx, src) == SG_ERR_DTYPE) &&
          failed_with(SG_ERR_DTYPE, "sg_index_copy_", "f32[2]");
     tu_case(ok, "INDEX_COPY_BAD(f32 idx is SG_ERR_DTYPE)");
+    /* The status returned is this call's, not the sticky one of an earlier failure. */
+    sg_release(sg_arange(ctx, SG_F32, 0, 1, 0));
+    ok = TU_EXPECT(sg_index_copy_(dst, 0, fidx, src) == SG_ERR_DTYPE) &&
+         TU_EXPECT(sg_ctx_status(ctx) == SG_ERR_INVALID_ARG) &&
+         failed_with(SG_ERR_INVALID_ARG, "sg_index_copy_", "f32[2]");
+    tu_case(ok, "INDEX_COPY_BAD(f32 idx after an uncleared failure still returns SG_ERR_DTYPE)");
     ok = TU_EXPECT(sg_index_copy_(dst, 0, good, hsrc) == SG_ERR_DTYPE) &&
          failed_with(SG_ERR_DTYPE, "sg_index_copy_", "f16[2,3]");
     tu_case(ok, "INDEX_COPY_BAD(f16 src into f32 dst is SG_ERR_DTYPE)");
