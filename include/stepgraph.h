@@ -182,7 +182,10 @@ SG_API sg_tensor *sg_zeros(sg_ctx *ctx, sg_dtype dt, int ndim, const int64_t *sh
 SG_API sg_tensor *sg_full(sg_ctx *ctx, sg_dtype dt, int ndim, const int64_t *shape, double value);
 SG_API sg_tensor *sg_from_host(sg_ctx *ctx, sg_dtype dt, int ndim, const int64_t *shape,
                                const void *data);
-/* A 1-d tensor start, start+step, ... < end (or > end for step < 0). */
+/* A 1-d tensor start, start+step, ... < end (or > end for step < 0): ceil((end -
+ * start) / step) values, none when that is <= 0, each computed in double and
+ * stored in dt (ints truncate toward zero). Numeric dtypes; step nonzero and
+ * all three finite, else SG_ERR_INVALID_ARG. */
 SG_API sg_tensor *sg_arange(sg_ctx *ctx, sg_dtype dt, double start, double end, double step);
 
 /*
@@ -356,19 +359,23 @@ SG_API sg_tensor *sg_linear(sg_tensor *x, sg_tensor *w, sg_tensor *b);
 
 /* ---------------------------------------------------------------- data movement */
 
-/* weight (V, D), idx of any shape, i32 or i64, in [0, V) -> (idx..., D). */
+/* weight (V, D) of any dtype, idx of any shape, i32 or i64, in [0, V) -> (idx..., D).
+ * An index out of range is SG_ERR_INDEX. */
 SG_API sg_tensor *sg_embedding(sg_tensor *weight, sg_tensor *idx);
-/* Pick entries idx (1-d, i32/i64) of x along dim. */
+/* Pick entries idx (1-d, i32/i64, in range: else SG_ERR_INDEX) of x along dim. */
 SG_API sg_tensor *sg_index_select(sg_tensor *x, int dim, sg_tensor *idx);
-/* Join n tensors along dim; all other sizes and the dtype must agree. */
+/* Join n >= 1 tensors along dim; all other sizes and the dtype must agree. With
+ * n < 1 or ts NULL no tensor names a context: the call returns NULL and
+ * sg_last_error(NULL) says why. */
 SG_API sg_tensor *sg_concat(int n, sg_tensor *const *ts, int dim);
 
 /*
- * Scaled dot-product attention: q (..., Lq, D), k and v (..., Lk, D) ->
- * (..., Lq, D) = softmax(q k^T * scale + mask) v. mask (broadcast to
- * (..., Lq, Lk)) is bool (true keeps) or of q's dtype (added); it may be NULL.
- * causal masks key j > query i + (Lk - Lq). scale <= 0 means 1/sqrt(D).
- * Built from the ops above.
+ * Scaled dot-product attention: q (..., Lq, D), k (..., Lk, D) and v (..., Lk,
+ * Dv) of one float dtype, batch dims broadcast -> (..., Lq, Dv) =
+ * softmax(q k^T * scale + mask) v. mask (broadcast to (..., Lq, Lk), which it
+ * may not grow) is bool (true keeps) or of q's dtype (added); it may be NULL.
+ * causal masks key j > query i + (Lk - Lq). scale <= 0 means 1/sqrt(D). A row
+ * with every key masked comes out NaN, as in PyTorch. Built from the ops above.
  */
 SG_API sg_tensor *sg_sdpa(sg_tensor *q, sg_tensor *k, sg_tensor *v, sg_tensor *mask, bool causal,
                           double scale);
@@ -383,7 +390,10 @@ SG_API sg_status sg_copy_(sg_tensor *dst, sg_tensor *src);
 SG_API sg_status sg_fill_(sg_tensor *dst, double value);
 /* dst += src (broadcast, same numeric dtype; src may overlap dst). */
 SG_API sg_status sg_add_(sg_tensor *dst, sg_tensor *src);
-/* dst.index(dim, idx[i]) = src.index(dim, i): idx 1-d i32/i64 in range. */
+/* dst.index(dim, idx[i]) = src.index(dim, i): idx 1-d i32/i64; src of dst's
+ * dtype and sizes except along dim, where it has idx's length. An index out of
+ * range is SG_ERR_INDEX and nothing is written; of repeated indices the last
+ * one wins. */
 SG_API sg_status sg_index_copy_(sg_tensor *dst, int dim, sg_tensor *idx, sg_tensor *src);
 
 /* ---------------------------------------------------------------- compiled steps */

@@ -1,8 +1,322 @@
 /*
- * cpu_matmul.c -- eager CPU kernels of the matmul family (being written).
+ * cpu_matmul.c -- the eager CPU kernel of the matmul family (matmul, linear).
+ * Every batch of the broadcast problem is one cblas_sgemm on f32 matrices;
+ * there is no hand-written GEMM.
+ *
+ * Operands that BLAS can read as they are (f32 whose last two dims are a
+ * row-major matrix, or the transpose of one) are passed in place, with
+ * CblasTrans for the transposed case. Anything else (f16/bf16, sliced or
+ * expanded matrices) is first packed into a contiguous f32 copy of the
+ * operand (its own shape: a broadcast operand is not repeated). The result
+ * goes straight into the output when that is f32 and row-major, else into an
+ * f32 buffer that is rounded into the output once at the end.
+ *
+ * Batch dims along which B stays fixed and A and C step by whole matrices
+ * fold into M, so that x (B, T, K) @ w^T is one (B*T) x K sgemm, not B
+ * small ones. The remaining batches run one sgemm at a time (OpenBLAS
+ * threads each call), except when there are many small ones: those run in
+ * an OpenMP loop, one single-threaded sgemm per batch.
  */
 #include "cpu.h"
 
+#include <cblas.h>
+#include <limits.h>
+#include <stdio.h>
+
+/*
+ * OpenBLAS runs an sgemm of at most this many multiply-adds (M*N*K) on the
+ * calling thread (SMP_THRESHOLD_MIN * GEMM_MULTITHREAD_THRESHOLD in its
+ * interface/gemm.c), so calls this small can run side by side in an OpenMP
+ * loop without its own threads joining in.
+ */
+#define SMALL_GEMM 262144.0
+
+/* Staging rows are converted in chunks (gathers take an int count). */
+#define CHUNK 4096
+
+/* An f32 matrix operand: element (0, 0) of batch 0, row and column strides,
+ * and its stride along each batch dim (0 where it is broadcast). */
+typedef struct mat {
+    float *p;
+    int64_t rs, cs;
+    int64_t bs[SG_MAX_DIMS];
+} mat;
+
+/* C[b] = A[b] (M x K) @ B[b] (K x N) for every index b of bshape. */
+typedef struct gemm {
+    int nb;
+    int64_t bshape[SG_MAX_DIMS];
+    int64_t M, N, K;
+    mat A, B, C;
+} gemm;
+
+/* Where a tensor's matrix lies: its row dim and column dim (-1: absent, a
+ * size of 1) and how many leading dims are batch dims. */
+typedef struct role {
+    int rdim, cdim, tb;
+} role;
+
+enum { LAY_NONE = -1, LAY_N, LAY_T };
+
+/*
+ * How BLAS can read an R x C matrix with strides (rs, cs): as row-major with
+ * leading dim rs (LAY_N), or as the transpose of a row-major C x R matrix
+ * with leading dim cs (LAY_T). Strides of dims of size 1 do not matter.
+ */
+static int layout(int64_t R, int64_t C, int64_t rs, int64_t cs, int64_t *ld) {
+    int64_t min_n = C > 1 ? C : 1, min_t = R > 1 ? R : 1;
+    if ((C <= 1 || cs == 1) && (R <= 1 || rs >= min_n)) {
+        *ld = R <= 1 ? min_n : rs;
+        return *ld <= INT_MAX ? LAY_N : LAY_NONE;
+    }
+    if ((R <= 1 || rs == 1) && (C <= 1 || cs >= min_t)) {
+        *ld = C <= 1 ? min_t : cs;
+        return *ld <= INT_MAX ? LAY_T : LAY_NONE;
+    }
+    return LAY_NONE;
+}
+
+static int64_t role_size(const sg_tensor *t, int dim) { return dim >= 0 ? t->shape[dim] : 1; }
+
+static int tensor_layout(const sg_tensor *t, role r, const int64_t *stride) {
+    int64_t ld;
+    return layout(role_size(t, r.rdim), role_size(t, r.cdim), r.rdim >= 0 ? stride[r.rdim] : 0,
+                  r.cdim >= 0 ? stride[r.cdim] : 0, &ld);
+}
+
+static void mat_set(mat *m, const sg_tensor *t, role r, float *p, const int64_t *stride, int nb) {
+    m->p = p;
+    m->rs = r.rdim >= 0 ? stride[r.rdim] : 0;
+    m->cs = r.cdim >= 0 ? stride[r.cdim] : 0;
+    for (int d = 0; d < nb; d++) {
+        int s = d - (nb - r.tb);
+        m->bs[d] = s < 0 || t->shape[s] == 1 ? 0 : stride[s];
+    }
+}
+
+static void contiguous_strides(int ndim, const int64_t *shape, int64_t *stride) {
+    int64_t s = 1;
+    for (int d = ndim - 1; d >= 0; d--) {
+        stride[d] = s;
+        s *= shape[d] > 0 ? shape[d] : 1;
+    }
+}
+
+/* Copy t's elements, row-major, into dst as f32 (or back: dst into t). */
+static void stage(sg_ctx *ctx, const sg_tensor *t, float *buf, bool to_tensor) {
+    sg__rows r;
+    sg__rows_init(&r, t->ndim, t->shape, 1);
+    for (int d = 0; d < t->ndim; d++) r.stride[0][d] = t->stride[d];
+    int64_t inner = t->ndim ? t->stride[t->ndim - 1] : 0;
+    void *base = sg__data(t);
+    sg_dtype dt = t->dtype;
+    int nth = sg__cpu_threads(ctx, sg__numel(t->ndim, t->shape));
+#pragma omp parallel for num_threads(nth) if (nth > 1) schedule(static)
+    for (int64_t row = 0; row < r.nrows; row++) {
+        int64_t off[SG__MAX_OPS];
+        sg__rows_offsets(&r, row, off);
+        for (int64_t c = 0; c < r.rowlen; c += CHUNK) {
+            int len = (int)(r.rowlen - c < CHUNK ? r.rowlen - c : CHUNK);
+            void *p = sg__at(base, dt, off[0] + c * inner);
+            float *f = buf + row * r.rowlen + c;
+            if (to_tensor)
+                sg__scatter_f(p, dt, inner, len, f);
+            else
+                sg__gather_f(p, dt, inner, len, f);
+        }
+    }
+}
+
+/* A staging buffer of n floats; NULL with a message naming the op on failure. */
+static float *buf_new(sg_ctx *ctx, const sg__node *n, int64_t count, const char *what) {
+    float *p = sg__alloc(ctx, (size_t)count * sizeof(float));
+    if (!p)
+        sg__fail(ctx, SG_ERR_OOM, "sg_%s: out of host memory for the f32 copy of %s (%lld "
+                 "elements)", sg__op_name(n->op), what, (long long)count);
+    return p;
+}
+
+/*
+ * Point m at operand t as f32: in place when BLAS can read it, else at a
+ * packed copy (*buf, which the caller frees).
+ */
+static sg_status operand(sg_ctx *ctx, const sg__node *n, const sg_tensor *t, role r, int nb,
+                         mat *m, float **buf, const char *what) {
+    if (t->dtype == SG_F32 && tensor_layout(t, r, t->stride) != LAY_NONE) {
+        mat_set(m, t, r, sg__data(t), t->stride, nb);
+        return SG_OK;
+    }
+    int64_t count = sg__numel(t->ndim, t->shape), stride[SG_MAX_DIMS];
+    *buf = buf_new(ctx, n, count, what);
+    if (!*buf) return SG_ERR_OOM;
+    stage(ctx, t, *buf, false);
+    contiguous_strides(t->ndim, t->shape, stride);
+    mat_set(m, t, r, *buf, stride, nb);
+    return SG_OK;
+}
+
+/* Fold batch dims into M, innermost first, while B is fixed along them and
+ * A and C stay row-major matrices with evenly spaced rows. */
+static void fold(gemm *g) {
+    while (g->nb > 0) {
+        int d = g->nb - 1;
+        int64_t s = g->bshape[d], ld;
+        if (s == 1) {
+            g->nb--;
+            continue;
+        }
+        if (g->B.bs[d] != 0) break;
+        int64_t ars = g->A.rs, crs = g->C.rs;
+        if (g->M == 1) { /* a single row has no row stride yet: take the batch's */
+            ars = g->A.bs[d];
+            crs = g->C.bs[d];
+        } else if (g->A.bs[d] != ars * g->M || g->C.bs[d] != crs * g->M) {
+            break;
+        }
+        int64_t M = g->M * s;
+        if (layout(M, g->K, ars, g->A.cs, &ld) != LAY_N ||
+            layout(M, g->N, crs, g->C.cs, &ld) != LAY_N)
+            break;
+        g->A.rs = ars;
+        g->C.rs = crs;
+        g->M = M;
+        g->nb--;
+    }
+}
+
+static int64_t batch_count(const gemm *g) {
+    int64_t nbatch = 1;
+    for (int d = 0; d < g->nb; d++) nbatch *= g->bshape[d];
+    return nbatch;
+}
+
+/* The element offsets of batch b in A, B and C. */
+static void batch_offsets(const gemm *g, int64_t b, int64_t *oa, int64_t *ob, int64_t *oc) {
+    *oa = *ob = *oc = 0;
+    for (int d = g->nb - 1; d >= 0; d--) {
+        int64_t i = b % g->bshape[d];
+        b /= g->bshape[d];
+        *oa += i * g->A.bs[d];
+        *ob += i * g->B.bs[d];
+        *oc += i * g->C.bs[d];
+    }
+}
+
+/* Set every row of every C to the bias (or to zeros), so that the sgemm can
+ * add to it with beta = 1 (and K = 0 leaves exactly this). */
+static void init_c(sg_ctx *ctx, const gemm *g, const float *bias) {
+    int64_t rows = batch_count(g) * g->M, N = g->N;
+    int nth = sg__cpu_threads(ctx, rows * N);
+#pragma omp parallel for num_threads(nth) if (nth > 1) schedule(static)
+    for (int64_t r = 0; r < rows; r++) {
+        int64_t oa, ob, oc;
+        batch_offsets(g, r / g->M, &oa, &ob, &oc);
+        float *c = g->C.p + oc + (r % g->M) * g->C.rs;
+        for (int64_t j = 0; j < N; j++) c[j * g->C.cs] = bias ? bias[j] : 0.0f;
+    }
+}
+
+static void run_gemms(sg_ctx *ctx, const gemm *g, float beta) {
+    int64_t lda, ldb, ldc;
+    int la = layout(g->M, g->K, g->A.rs, g->A.cs, &lda);
+    int lb = layout(g->K, g->N, g->B.rs, g->B.cs, &ldb);
+    int lc = layout(g->M, g->N, g->C.rs, g->C.cs, &ldc);
+    SG_ASSERT(la != LAY_NONE && lb != LAY_NONE && lc == LAY_N);
+    (void)lc;
+    enum CBLAS_TRANSPOSE ta = la == LAY_T ? CblasTrans : CblasNoTrans;
+    enum CBLAS_TRANSPOSE tb = lb == LAY_T ? CblasTrans : CblasNoTrans;
+    int64_t nbatch = batch_count(g);
+    double mnk = (double)g->M * (double)g->N * (double)g->K;
+    int nth = 1;
+    if (nbatch > 1 && mnk <= SMALL_GEMM) {
+        /* A multiply-add is about an eighth of an elementwise op's cost. */
+        double work = (double)nbatch * mnk / 8;
+        nth = sg__cpu_threads(ctx, work > 1e18 ? (int64_t)1e18 : (int64_t)work);
+    }
+#pragma omp parallel for num_threads(nth) if (nth > 1) schedule(static)
+    for (int64_t b = 0; b < nbatch; b++) {
+        int64_t oa, ob, oc;
+        batch_offsets(g, b, &oa, &ob, &oc);
+        cblas_sgemm(CblasRowMajor, ta, tb, (int)g->M, (int)g->N, (int)g->K, 1.0f, g->A.p + oa,
+                    (int)lda, g->B.p + ob, (int)ldb, beta, g->C.p + oc, (int)ldc);
+    }
+}
+
+/* Fill g's sizes and the roles of the three operands from the node. */
+static void setup(const sg__node *n, gemm *g, role *ra, role *rb, role *rc) {
+    const sg_tensor *a = n->in[0], *b = n->in[1], *out = n->out;
+    int an = a->ndim, bn = b->ndim;
+    *ra = an >= 2 ? (role){an - 2, an - 1, an - 2} : (role){-1, 0, 0};
+    g->M = an >= 2 ? a->shape[an - 2] : 1;
+    g->K = a->shape[an - 1];
+    if (n->op == SG__OP_LINEAR) { /* b is w (N, K), read as its transpose */
+        *rb = (role){1, 0, 0};
+        g->N = b->shape[0];
+        g->nb = an >= 2 ? an - 2 : 0;
+        *rc = an >= 2 ? (role){out->ndim - 2, out->ndim - 1, g->nb} : (role){-1, 0, 0};
+    } else {
+        *rb = bn >= 2 ? (role){bn - 2, bn - 1, bn - 2} : (role){0, -1, 0};
+        g->N = bn >= 2 ? b->shape[bn - 1] : 1;
+        g->nb = out->ndim - (an >= 2) - (bn >= 2);
+        *rc = (role){an >= 2 ? g->nb : -1, bn >= 2 ? out->ndim - 1 : -1, g->nb};
+    }
+    for (int d = 0; d < g->nb; d++) g->bshape[d] = out->shape[d];
+}
+
+/* The bias as N contiguous floats; NULL with a message on failure. */
+static float *bias_row(sg_ctx *ctx, const sg__node *n, const sg_tensor *bias) {
+    int64_t N = bias->shape[0];
+    float *row = buf_new(ctx, n, N, "the bias");
+    if (!row) return NULL;
+    for (int64_t c = 0; c < N; c += CHUNK) {
+        int len = (int)(N - c < CHUNK ? N - c : CHUNK);
+        sg__gather_f(sg__at(sg__data(bias), bias->dtype, c * bias->stride[0]), bias->dtype,
+                     bias->stride[0], len, row + c);
+    }
+    return row;
+}
+
 sg_status sg__cpu_matmul(sg_ctx *ctx, const sg__node *n) {
-    return sg__fail(ctx, SG_ERR_UNSUPPORTED, "cpu: %s has no CPU kernel yet", sg__op_name(n->op));
+    sg_tensor *out = n->out;
+    const sg_tensor *bias = n->op == SG__OP_LINEAR ? n->in[2] : NULL;
+    gemm g;
+    role ra, rb, rc;
+    setup(n, &g, &ra, &rb, &rc);
+    if (sg__numel(out->ndim, out->shape) == 0) return SG_OK;
+    float *abuf = NULL, *bbuf = NULL, *cbuf = NULL, *brow = NULL;
+    int64_t cstride[SG_MAX_DIMS];
+    sg_status s = operand(ctx, n, n->in[0], ra, g.nb, &g.A, &abuf, "the left operand");
+    if (s == SG_OK) s = operand(ctx, n, n->in[1], rb, g.nb, &g.B, &bbuf, "the right operand");
+    if (s != SG_OK) goto done;
+    if (out->dtype == SG_F32 && tensor_layout(out, rc, out->stride) == LAY_N) {
+        mat_set(&g.C, out, rc, sg__data(out), out->stride, g.nb);
+    } else {
+        cbuf = buf_new(ctx, n, sg__numel(out->ndim, out->shape), "the result");
+        if (!cbuf) {
+            s = SG_ERR_OOM;
+            goto done;
+        }
+        contiguous_strides(out->ndim, out->shape, cstride);
+        mat_set(&g.C, out, rc, cbuf, cstride, g.nb);
+    }
+    if (bias && !(brow = bias_row(ctx, n, bias))) {
+        s = SG_ERR_OOM;
+        goto done;
+    }
+    fold(&g);
+    if (g.M > INT_MAX || g.N > INT_MAX || g.K > INT_MAX) {
+        s = sg__fail(ctx, SG_ERR_UNSUPPORTED, "sg_%s: M=%lld, N=%lld, K=%lld exceed the 32-bit "
+                     "sizes BLAS takes; split the product", sg__op_name(n->op), (long long)g.M,
+                     (long long)g.N, (long long)g.K);
+        goto done;
+    }
+    if (brow || g.K == 0) init_c(ctx, &g, brow);
+    if (g.K > 0) run_gemms(ctx, &g, brow ? 1.0f : 0.0f);
+    if (cbuf) stage(ctx, out, cbuf, true);
+done:
+    sg__free(ctx, abuf, abuf ? (size_t)sg__numel(n->in[0]->ndim, n->in[0]->shape) * 4 : 0);
+    sg__free(ctx, bbuf, bbuf ? (size_t)sg__numel(n->in[1]->ndim, n->in[1]->shape) * 4 : 0);
+    sg__free(ctx, cbuf, cbuf ? (size_t)sg__numel(out->ndim, out->shape) * 4 : 0);
+    sg__free(ctx, brow, brow ? (size_t)bias->shape[0] * 4 : 0);
+    return s;
 }

@@ -1,0 +1,365 @@
+/*
+ * ops_data.c -- front-ends of the data-movement ops (embedding, index_select,
+ * concat, arange and the in-place index_copy_) and sg_sdpa, attention
+ * composed from public ops. The data ops check index dtypes, dims and the
+ * sizes that must agree, and dispatch one node each; index *values* are
+ * checked by the backend, which reads them anyway (a front-end read would be
+ * a host sync, and a graph break under capture).
+ *
+ * Node layout (ops.def): EMBEDDING in = {weight, idx}; INDEX_SELECT in =
+ * {x, idx}, i[0] = dim; CONCAT in = the n tensors, nin = n, i[0] = dim;
+ * ARANGE no inputs, f[0] = start, f[1] = step; INDEX_COPY out = dst and
+ * in = {dst, idx, src} (dst repeated as in[0] so that a recorder sees it
+ * read as well as written), i[0] = dim. Dims in nodes are normalized (>= 0).
+ */
+#include "capture.h"
+
+#include <math.h>
+#include <stdio.h>
+
+/* ------------------------------------------------------------ shared checks */
+
+static sg_status check_index(sg_ctx *ctx, const char *op, const sg_tensor *idx, bool one_d) {
+    char d[SG__DESC];
+    if (idx->dtype != SG_I32 && idx->dtype != SG_I64)
+        return sg__fail(ctx, SG_ERR_DTYPE, "%s: idx is %s; indices must be i32 or i64; convert "
+                        "with sg_cast(idx, SG_I64)", op, sg__describe(idx, d, sizeof d));
+    if (one_d && idx->ndim != 1)
+        return sg__fail(ctx, SG_ERR_SHAPE, "%s: idx is %s; it must be 1-d (flatten it with "
+                        "sg_reshape)", op, sg__describe(idx, d, sizeof d));
+    return SG_OK;
+}
+
+/* dim normalized against t, or -1 with a message naming op. */
+static int check_dim(sg_ctx *ctx, const char *op, int dim, const sg_tensor *t, const char *name) {
+    int d = sg__norm_dim(dim, t->ndim);
+    if (d < 0) {
+        char b[SG__DESC];
+        if (t->ndim == 0)
+            sg__fail(ctx, SG_ERR_INDEX, "%s: %s is %s (0-d) and has no dim %d; give it a dim "
+                     "with sg_unsqueeze", op, name, sg__describe(t, b, sizeof b), dim);
+        else
+            sg__fail(ctx, SG_ERR_INDEX, "%s: dim %d is out of range for %s %s (valid dims: %d "
+                     "to %d)", op, dim, name, sg__describe(t, b, sizeof b), -t->ndim,
+                     t->ndim - 1);
+    }
+    return d;
+}
+
+/* ------------------------------------------------------------ gathers */
+
+sg_tensor *sg_embedding(sg_tensor *weight, sg_tensor *idx) {
+    sg_tensor *in[2] = {weight, idx};
+    sg_ctx *ctx = sg__check_inputs("sg_embedding", 2, in, NULL);
+    if (!ctx) return NULL;
+    if (check_index(ctx, "sg_embedding", idx, false) != SG_OK) return NULL;
+    char dw[SG__DESC], di[SG__DESC];
+    if (weight->ndim != 2) {
+        sg__fail(ctx, SG_ERR_SHAPE, "sg_embedding: weight is %s; it must be 2-d (V, D): V rows "
+                 "of D values", sg__describe(weight, dw, sizeof dw));
+        return NULL;
+    }
+    if (idx->ndim + 1 > SG_MAX_DIMS) {
+        sg__fail(ctx, SG_ERR_SHAPE, "sg_embedding: idx %s has %d dims; the result adds one and "
+                 "may have at most %d", sg__describe(idx, di, sizeof di), idx->ndim, SG_MAX_DIMS);
+        return NULL;
+    }
+    int64_t shape[SG_MAX_DIMS];
+    for (int d = 0; d < idx->ndim; d++) shape[d] = idx->shape[d];
+    shape[idx->ndim] = weight->shape[1];
+    sg__node n = {.op = SG__OP_EMBEDDING, .nin = 2, .in = in};
+    return sg__run_new(ctx, &n, weight->dtype, idx->ndim + 1, shape);
+}
+
+sg_tensor *sg_index_select(sg_tensor *x, int dim, sg_tensor *idx) {
+    sg_tensor *in[2] = {x, idx};
+    sg_ctx *ctx = sg__check_inputs("sg_index_select", 2, in, NULL);
+    if (!ctx) return NULL;
+    if (check_index(ctx, "sg_index_select", idx, true) != SG_OK) return NULL;
+    int d = check_dim(ctx, "sg_index_select", dim, x, "x");
+    if (d < 0) return NULL;
+    int64_t shape[SG_MAX_DIMS];
+    memcpy(shape, x->shape, sizeof shape);
+    shape[d] = idx->shape[0];
+    sg__node n = {.op = SG__OP_INDEX_SELECT, .nin = 2, .in = in, .i = {d}};
+    return sg__run_new(ctx, &n, x->dtype, x->ndim, shape);
+}
+
+/* ------------------------------------------------------------ concat and arange */
+
+static bool concat_fits(sg_ctx *ctx, int n, sg_tensor *const *ts, int d) {
+    char a[SG__DESC], b[SG__DESC];
+    const sg_tensor *t0 = ts[0];
+    for (int i = 1; i < n; i++) {
+        const sg_tensor *t = ts[i];
+        if (t->dtype != t0->dtype) {
+            sg__fail(ctx, SG_ERR_DTYPE, "sg_concat: input %d is %s but input 0 is %s; all inputs "
+                     "need one dtype (convert with sg_cast)", i, sg__describe(t, a, sizeof a),
+                     sg__describe(t0, b, sizeof b));
+            return false;
+        }
+        if (t->ndim != t0->ndim) {
+            sg__fail(ctx, SG_ERR_SHAPE, "sg_concat: input %d is %s but input 0 is %s; all inputs "
+                     "need the same number of dims", i, sg__describe(t, a, sizeof a),
+                     sg__describe(t0, b, sizeof b));
+            return false;
+        }
+        for (int k = 0; k < t0->ndim; k++)
+            if (k != d && t->shape[k] != t0->shape[k]) {
+                sg__fail(ctx, SG_ERR_SHAPE, "sg_concat: input %d %s does not match input 0 %s "
+                         "at dim %d (%lld vs %lld); only the concat dim %d may differ", i,
+                         sg__describe(t, a, sizeof a), sg__describe(t0, b, sizeof b), k,
+                         (long long)t->shape[k], (long long)t0->shape[k], d);
+                return false;
+            }
+    }
+    return true;
+}
+
+sg_tensor *sg_concat(int n, sg_tensor *const *ts, int dim) {
+    if (n < 1 || !ts) {
+        /* No tensor names a context to hold the message: it goes where a
+         * failed sg_ctx_create's does, sg_last_error(NULL). */
+        sg__set_create_error("sg_concat: %s; pass an array of n >= 1 tensors",
+                             !ts ? "ts is NULL" : "n is below 1 (an empty list)");
+        return NULL;
+    }
+    sg_ctx *ctx = sg__check_inputs("sg_concat", n, ts, NULL);
+    if (!ctx) return NULL;
+    int d = check_dim(ctx, "sg_concat", dim, ts[0], "input 0");
+    if (d < 0 || !concat_fits(ctx, n, ts, d)) return NULL;
+    int64_t shape[SG_MAX_DIMS];
+    memcpy(shape, ts[0]->shape, sizeof shape);
+    for (int i = 1; i < n; i++) shape[d] += ts[i]->shape[d];
+    sg__node node = {.op = SG__OP_CONCAT, .nin = n, .in = ts, .i = {d}};
+    return sg__run_new(ctx, &node, ts[0]->dtype, ts[0]->ndim, shape);
+}
+
+/* Integer arange values must fit the dtype (the kernel truncates doubles). */
+static bool arange_fits(sg_dtype dt, double first, double last) {
+    double lo = dt == SG_I32 ? -2147483648.0 : -9223372036854775808.0;
+    double hi = dt == SG_I32 ? 2147483647.0 : 9223372036854774784.0; /* largest double < 2^63 */
+    if (dt != SG_I32 && dt != SG_I64) return true;
+    return trunc(first) >= lo && trunc(first) <= hi && trunc(last) >= lo && trunc(last) <= hi;
+}
+
+sg_tensor *sg_arange(sg_ctx *ctx, sg_dtype dt, double start, double end, double step) {
+    if (!ctx) return NULL;
+    if (!sg__dtype_valid(dt) || dt == SG_BOOL) {
+        sg__fail(ctx, SG_ERR_DTYPE, "sg_arange: dtype %s (%d); it takes f32, f16, bf16, i32 or "
+                 "i64", sg_dtype_name(dt), (int)dt);
+        return NULL;
+    }
+    if (!isfinite(start) || !isfinite(end) || !isfinite(step) || step == 0) {
+        sg__fail(ctx, SG_ERR_INVALID_ARG, "sg_arange: start %g, end %g, step %g; all must be "
+                 "finite and step nonzero", start, end, step);
+        return NULL;
+    }
+    double len = ceil((end - start) / step);
+    if (!(len > 0)) len = 0;
+    /* 2^48 elements is past any memory; it also keeps start + i*step exact in i. */
+    if (len > 281474976710656.0 || (len > 0 && !arange_fits(dt, start, start + (len - 1) * step))) {
+        sg__fail(ctx, SG_ERR_INVALID_ARG, "sg_arange: start %g, end %g, step %g gives %.0f values "
+                 "that do not fit %s; narrow the range or widen the dtype", start, end, step, len,
+                 sg_dtype_name(dt));
+        return NULL;
+    }
+    int64_t shape[1] = {(int64_t)len};
+    sg__node n = {.op = SG__OP_ARANGE, .nin = 0, .in = NULL, .f = {start, step}};
+    return sg__run_new(ctx, &n, dt, 1, shape);
+}
+
+/* ------------------------------------------------------------ index_copy_ */
+
+/* True when a's and b's element ranges in one storage may overlap. */
+static bool may_overlap(const sg_tensor *a, const sg_tensor *b) {
+    if (a->st != b->st) return false;
+    int64_t alo = a->offset, ahi = a->offset, blo = b->offset, bhi = b->offset;
+    for (int d = 0; d < a->ndim; d++) ahi += (a->shape[d] - 1) * a->stride[d];
+    for (int d = 0; d < b->ndim; d++) bhi += (b->shape[d] - 1) * b->stride[d];
+    return !(ahi < blo || bhi < alo);
+}
+
+static sg_status index_copy_check(sg_ctx *ctx, sg_tensor *dst, int d, sg_tensor *idx,
+                                  sg_tensor *src) {
+    char a[SG__DESC], b[SG__DESC], c[SG__DESC];
+    if (dst->dtype != src->dtype)
+        return sg__fail(ctx, SG_ERR_DTYPE, "sg_index_copy_: dst %s and src %s differ in dtype; "
+                        "convert src with sg_cast", sg__describe(dst, a, sizeof a),
+                        sg__describe(src, b, sizeof b));
+    bool ok = src->ndim == dst->ndim && src->shape[d] == idx->shape[0];
+    for (int k = 0; ok && k < dst->ndim; k++) ok = k == d || src->shape[k] == dst->shape[k];
+    if (!ok)
+        return sg__fail(ctx, SG_ERR_SHAPE, "sg_index_copy_: src %s does not fit dst %s with idx "
+                        "%s along dim %d: src needs dst's sizes except at dim %d, where it needs "
+                        "idx's length", sg__describe(src, a, sizeof a),
+                        sg__describe(dst, b, sizeof b), sg__describe(idx, c, sizeof c), d, d);
+    for (int k = 0; k < dst->ndim; k++)
+        if (dst->stride[k] == 0 && dst->shape[k] > 1)
+            return sg__fail(ctx, SG_ERR_INVALID_ARG, "sg_index_copy_: dst %s is an expanded view "
+                            "whose elements repeat; write to a sg_contiguous copy instead",
+                            sg__describe(dst, a, sizeof a));
+    return SG_OK;
+}
+
+sg_status sg_index_copy_(sg_tensor *dst, int dim, sg_tensor *idx, sg_tensor *src) {
+    sg_tensor *in[3] = {dst, idx, src};
+    sg_ctx *ctx = sg__check_inputs("sg_index_copy_", 3, in, NULL);
+    if (!ctx) return sg__inputs_status(3, in);
+    sg_status s = check_index(ctx, "sg_index_copy_", idx, true);
+    if (s != SG_OK) return s;
+    int d = check_dim(ctx, "sg_index_copy_", dim, dst, "dst");
+    if (d < 0) return SG_ERR_INDEX;
+    s = index_copy_check(ctx, dst, d, idx, src);
+    if (s != SG_OK) return s;
+    /* A src that shares bytes with dst is copied first, so that no write
+     * lands before its read. idx may alias dst too: the kernel reads all of
+     * idx before it writes. */
+    sg_tensor *tmp = NULL;
+    if (may_overlap(src, dst)) {
+        tmp = sg_clone(src);
+        if (!tmp) return SG_ERR_OOM; /* the only way a clone of a live tensor fails */
+        src = tmp;
+    }
+    sg_tensor *args[3] = {dst, idx, src};
+    sg__node n = {.op = SG__OP_INDEX_COPY, .nin = 3, .in = args, .out = dst, .i = {d}};
+    s = sg__dispatch(ctx, &n);
+    sg__tensor_drop(tmp);
+    return s;
+}
+
+/* ------------------------------------------------------------ sdpa */
+
+/*
+ * Check q (..., Lq, D), k (..., Lk, D), v (..., Lk, Dv) and the mask, and
+ * resolve the scale. The batch dims of q, k and v must broadcast; the mask
+ * must broadcast to the scores (batch..., Lq, Lk) without growing them.
+ */
+static bool sdpa_check(sg_ctx *ctx, sg_tensor *const *in, sg_tensor *mask, double *scale) {
+    sg_tensor *q = in[0], *k = in[1], *v = in[2];
+    char a[SG__DESC], b[SG__DESC], c[SG__DESC];
+    for (int i = 0; i < 3; i++)
+        if (!sg__dtype_is_float(in[i]->dtype) || in[i]->dtype != q->dtype || in[i]->ndim < 2) {
+            sg__fail(ctx, in[i]->ndim < 2 ? SG_ERR_SHAPE : SG_ERR_DTYPE, "sg_sdpa: q %s, k %s, "
+                     "v %s: all must be at least 2-d and of one float dtype (f32, f16 or bf16)",
+                     sg__describe(q, a, sizeof a), sg__describe(k, b, sizeof b),
+                     sg__describe(v, c, sizeof c));
+            return false;
+        }
+    int qn = q->ndim, kn = k->ndim, vn = v->ndim;
+    if (k->shape[kn - 1] != q->shape[qn - 1] || v->shape[vn - 2] != k->shape[kn - 2]) {
+        sg__fail(ctx, SG_ERR_SHAPE, "sg_sdpa: q %s, k %s, v %s do not fit: k's last dim must be "
+                 "q's D and v's second-to-last dim k's Lk", sg__describe(q, a, sizeof a),
+                 sg__describe(k, b, sizeof b), sg__describe(v, c, sizeof c));
+        return false;
+    }
+    /* The scores' shape: the broadcast batch dims of q, k, v, then (Lq, Lk). */
+    int nd = 0;
+    int64_t shape[SG_MAX_DIMS];
+    for (int i = 0; i < 3; i++) nd = in[i]->ndim > nd ? in[i]->ndim : nd;
+    for (int d = 0; d < nd - 2; d++) {
+        shape[d] = 1;
+        for (int i = 0; i < 3; i++) {
+            int s = d - (nd - in[i]->ndim);
+            int64_t size = s < 0 ? 1 : in[i]->shape[s];
+            if (size != 1 && shape[d] != 1 && size != shape[d]) {
+                sg__fail(ctx, SG_ERR_SHAPE, "sg_sdpa: the batch dims of q %s, k %s and v %s do "
+                         "not broadcast; batch sizes must match or be 1",
+                         sg__describe(q, a, sizeof a), sg__describe(k, b, sizeof b),
+                         sg__describe(v, c, sizeof c));
+                return false;
+            }
+            if (size != 1) shape[d] = size;
+        }
+    }
+    shape[nd - 2] = q->shape[qn - 2];
+    shape[nd - 1] = k->shape[kn - 2];
+    if (mask) {
+        if (mask->dtype != SG_BOOL && mask->dtype != q->dtype) {
+            sg__fail(ctx, SG_ERR_DTYPE, "sg_sdpa: mask is %s; it must be bool (true keeps) or "
+                     "q's dtype %s (added to the scores)", sg__describe(mask, a, sizeof a),
+                     sg_dtype_name(q->dtype));
+            return false;
+        }
+        bool ok = mask->ndim <= nd;
+        for (int d = 0; ok && d < mask->ndim; d++) {
+            int64_t ms = mask->shape[d], ss = shape[d + nd - mask->ndim];
+            ok = ms == 1 || ms == ss;
+        }
+        if (!ok) {
+            sg__fail(ctx, SG_ERR_SHAPE, "sg_sdpa: mask %s does not broadcast to the scores %s "
+                     "(batch..., Lq, Lk)", sg__describe(mask, a, sizeof a),
+                     sg__shape_str(nd, shape, b, sizeof b));
+            return false;
+        }
+    }
+    if (!isfinite(*scale)) {
+        sg__fail(ctx, SG_ERR_INVALID_ARG, "sg_sdpa: scale %g is not finite; pass a positive "
+                 "scale, or 0 for 1/sqrt(D)", *scale);
+        return false;
+    }
+    int64_t D = q->shape[qn - 1];
+    if (*scale <= 0) *scale = D > 0 ? 1.0 / sqrt((double)D) : 1.0;
+    return true;
+}
+
+/* keep[i][j] = j <= i + (Lk - Lq): bool (Lq, Lk), the causal mask. */
+static sg_tensor *causal_keep(sg_ctx *ctx, int64_t Lq, int64_t Lk) {
+    sg_tensor *rows = sg_arange(ctx, SG_I64, (double)(Lk - Lq), (double)Lk, 1);
+    int64_t col[2] = {Lq, 1};
+    sg_tensor *last = sg_reshape(rows, 2, col); /* (Lq, 1): the last key each query sees */
+    sg_tensor *keys = sg_arange(ctx, SG_I64, 0, (double)Lk, 1);
+    sg_tensor *keep = sg_le(keys, last);
+    sg__tensor_drop(rows);
+    sg__tensor_drop(last);
+    sg__tensor_drop(keys);
+    return keep;
+}
+
+/*
+ * Swap s for next (an op applied to s), dropping s. Intermediates are dropped
+ * with sg__tensor_drop, not sg_release: the user never saw them, so there is
+ * no use after release to catch, and they would only crowd user handles out
+ * of the quarantine.
+ */
+static sg_tensor *then(sg_tensor *s, sg_tensor *next) {
+    sg__tensor_drop(s);
+    return next;
+}
+
+/* Make a failure inside the composite name sg_sdpa, keeping the inner text. */
+static void name_failure(sg_ctx *ctx) {
+    if (strncmp(ctx->msg, "sg_sdpa", 7) == 0) return;
+    char inner[SG__MSG_SIZE];
+    snprintf(inner, sizeof inner, "%s", ctx->msg[0] ? ctx->msg : "an inner op failed silently");
+    sg__fail(ctx, ctx->status != SG_OK ? ctx->status : SG_ERR_INTERNAL, "sg_sdpa: %.900s", inner);
+}
+
+sg_tensor *sg_sdpa(sg_tensor *q, sg_tensor *k, sg_tensor *v, sg_tensor *mask, bool causal,
+                   double scale) {
+    sg_tensor *in[4] = {q, k, v, mask};
+    static const bool optional[4] = {false, false, false, true};
+    sg_ctx *ctx = sg__check_inputs("sg_sdpa", 4, in, optional);
+    if (!ctx || !sdpa_check(ctx, in, mask, &scale)) return NULL;
+    /* Each step NULL-propagates; everything made here is released below. */
+    sg_tensor *kt = sg_transpose(k, -1, -2);
+    sg_tensor *s = sg_matmul(q, kt);
+    s = then(s, sg_mul_scalar(s, scale));
+    sg_tensor *ninf = NULL;
+    if ((mask && mask->dtype == SG_BOOL) || causal)
+        ninf = sg_full(ctx, q->dtype, 0, NULL, -INFINITY);
+    if (mask) s = then(s, mask->dtype == SG_BOOL ? sg_where(mask, s, ninf) : sg_add(s, mask));
+    if (causal) {
+        sg_tensor *keep = causal_keep(ctx, q->shape[q->ndim - 2], k->shape[k->ndim - 2]);
+        s = then(s, sg_where(keep, s, ninf));
+        sg__tensor_drop(keep);
+    }
+    sg_tensor *p = sg_softmax(s, -1);
+    sg_tensor *out = sg_matmul(p, v);
+    sg__tensor_drop(kt);
+    sg__tensor_drop(s);
+    sg__tensor_drop(ninf);
+    sg__tensor_drop(p);
+    if (!out) name_failure(ctx);
+    return out;
+}
