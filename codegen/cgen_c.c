@@ -299,11 +299,11 @@ static int reg_src(const sg__group *grp, int k, int j) {
 /* The members [from, n) of a group, elementwise over (nd, shape): the body. */
 static void emit_body(gen *g, const sg__group *grp, int from, int nd, const int64_t *shape,
                       bool flat) {
-    char off[256], ld[320], expr[1200], rt[1400], st[1400];
+    char off[256], ld[320], expr[700], rt[800], st[1200];
     for (int k = from; k < grp->n; k++) {
         const sg__irnode *n = &g->ir->nodes[grp->g[k].node];
         const sg__ref *o = ref_of(g, n->out);
-        char args[3][400] = {"", "", ""};
+        char args[3][32] = {"", "", ""};
         for (int j = 0; j < n->nin && j < 3; j++) {
             const sg__ref *a = arg_of(g, n, j);
             if (!a) continue;

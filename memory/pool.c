@@ -30,7 +30,7 @@ static size_t layout(const sg__pool *p, size_t scratch, size_t *offsets, size_t 
 }
 
 sg_status sg__pool_reserve(sg_ctx *ctx, size_t scratch, size_t size, int *block) {
-    sg__pool *p;
+    sg__pool *p = NULL;
     sg_status s = pool_get(ctx, &p);
     if (s != SG_OK) return s;
     if (scratch < p->scratch) scratch = p->scratch;
