@@ -1,12 +1,88 @@
 /*
- * codegen.h -- the internal header of codegen/: fused kernel groups become
- * source text in one dialect (C + OpenMP for the CPU here), which is
- * compiled and cached on disk.
+ * codegen.h -- the internal header of codegen/: it turns the fused kernel
+ * groups of fusion/ into source text, one dialect per backend (C + OpenMP
+ * for the CPU, CUDA C through NVRTC, HIP, OpenCL C), compiles that source
+ * and caches the binaries on disk so that a second process compiles
+ * nothing.
+ *
+ * The disk cache (cache.c) works like Triton's: one directory per key under
+ * the cache root, where the key is a SHA-256 over everything that decides
+ * the binary (generator version, dialect, compiler and its version, target
+ * CPU, flags, source). A build writes into a fresh temporary directory and
+ * renames it into place, so readers never see half an entry and two
+ * processes racing on one key end with one valid entry. Environment
+ * variables, read at every build:
+ *   SG_CACHE_DIR      the cache root (else $XDG_CACHE_HOME/stepgraph, else
+ *                     $HOME/.cache/stepgraph, else /tmp/stepgraph-<uid>)
+ *   SG_DUMP_DIR       every compiled source is also written there as <name>.c
+ *   SG_OVERRIDE_DIR   if <dir>/<name>.c exists it is compiled instead of the
+ *                     generated source (for hand-editing a kernel)
+ *   SG_ALWAYS_COMPILE =1: skip the lookup, compile, and publish the entry
+ *   SG_CC             the C compiler, one program looked up in PATH (no
+ *                     shell, no arguments); default "cc"
+ *   SG_CFLAGS         extra flags, split on spaces, after the default ones
+ *
+ * Generated C is compiled with -O3 -march=native -fPIC -shared -std=c11,
+ * plus -fopenmp when the library itself was built with OpenMP. Emitters
+ * should guard OpenMP pragmas with #ifdef _OPENMP, so that code stays
+ * warning-free (the tests build with SG_CFLAGS="-Wall -Werror").
  */
 #ifndef SG_CODEGEN_H
 #define SG_CODEGEN_H
 
 #include "../fusion/fusion.h"
+
+#include <stddef.h>
+#include <stdint.h>
+
+/* ------------------------------------------------------------ disk cache and compiler driver */
+
+/* Bump when generated code or the compile recipe changes meaning: old
+ * entries then stop matching and are simply left unused. */
+#define SG__CODEGEN_VERSION "1"
+
+typedef struct sg__module sg__module; /* a loaded shared object */
+
+typedef struct sg__cache_stats {
+    uint64_t compiles;        /* compiler runs that produced a binary */
+    uint64_t hits;            /* builds served from the disk cache */
+    uint64_t rebuilt_corrupt; /* entries found damaged, removed and rebuilt */
+} sg__cache_stats;
+
+/*
+ * Compile C source (dialect "c") into a shared object, through the disk
+ * cache, and load it. name is the module's readable name: a file name made
+ * of [A-Za-z0-9_.-] (it names <name>.c in SG_DUMP_DIR and SG_OVERRIDE_DIR).
+ * On success *out is the module (free it with sg__module_free). On failure:
+ * SG_ERR_COMPILE (compiler missing, compile errors -- the message holds the
+ * first lines of the compiler's log and the path of the full log -- or the
+ * cache directory unusable), SG_ERR_OOM, or SG_ERR_INVALID_ARG for a bad
+ * name; nothing is leaked.
+ */
+SG__HIDDEN sg_status sg__cache_build_c(sg_ctx *ctx, const char *name, const char *source,
+                                       sg__module **out);
+/* The address of a symbol in the module; NULL if absent. */
+SG__HIDDEN void *sg__module_sym(const sg__module *m, const char *symbol);
+/* The cache entry the module was loaded from (for logs and explain). */
+SG__HIDDEN const char *sg__module_path(const sg__module *m);
+/* dlclose and free; NULL does nothing. */
+SG__HIDDEN void sg__module_free(sg_ctx *ctx, sg__module *m);
+/* Process-wide counters since the process started. */
+SG__HIDDEN void sg__cache_get_stats(sg__cache_stats *out);
+
+/* SHA-256 (sha256.c): one shot, and incremental for keys built of parts. */
+typedef struct sg__sha256_ctx {
+    uint32_t h[8];
+    uint64_t nbytes;
+    uint8_t buf[64];
+    size_t nbuf;
+} sg__sha256_ctx;
+SG__HIDDEN void sg__sha256(const void *data, size_t n, uint8_t out[32]);
+SG__HIDDEN void sg__sha256_init(sg__sha256_ctx *s);
+SG__HIDDEN void sg__sha256_update(sg__sha256_ctx *s, const void *data, size_t n);
+SG__HIDDEN void sg__sha256_final(sg__sha256_ctx *s, uint8_t out[32]);
+/* 64 lowercase hex digits and a NUL into hex. */
+SG__HIDDEN void sg__sha256_hex(const uint8_t digest[32], char hex[65]);
 
 /* ------------------------------------------------------------ the emitter (emit.c) */
 
@@ -52,13 +128,5 @@ typedef int (*sg__kernel_entry)(int k, char *const *slot, const sg__rt *rt);
  * the header comment. */
 SG__HIDDEN sg_status sg__cgen_c(sg_ctx *ctx, const sg__ir *ir, const sg__fused *f,
                                 const char *title, sg__emit *e);
-
-/* ------------------------------------------------------------ the cache (cache.c) */
-
-typedef struct sg__module sg__module;
-SG__HIDDEN sg_status sg__cache_build_c(sg_ctx *ctx, const char *name, const char *source,
-                                       sg__module **out);
-SG__HIDDEN void *sg__module_sym(const sg__module *m, const char *symbol);
-SG__HIDDEN void sg__module_free(sg_ctx *ctx, sg__module *m);
 
 #endif /* SG_CODEGEN_H */
