@@ -20,6 +20,12 @@ static const char *const preamble =
     "#include <string.h>\n"
     "\n"
     "typedef struct sg_rt { void *ctx; int (*run_node)(void *ctx, int node); } sg_rt;\n"
+    "/* OpenMP directives vanish cleanly when the compiler runs without OpenMP. */\n"
+    "#ifdef _OPENMP\n"
+    "#define SG_OMP(x) _Pragma(#x)\n"
+    "#else\n"
+    "#define SG_OMP(x)\n"
+    "#endif\n"
     "\n"
     "static inline float sg_h2f(uint16_t h) {\n"
     "    uint32_t sign = (uint32_t)(h & 0x8000) << 16, e = (h >> 10) & 31, m = h & 1023, u;\n"
@@ -362,19 +368,19 @@ static void emit_loop(gen *g, const sg__group *grp, int from, bool nowait) {
     const char *nw = nowait ? " nowait" : "";
     if (numel == 0) return;
     if (flat) {
-        sg__emit_line(g->e, "#pragma omp for simd schedule(simd:static)%s", nw);
+        sg__emit_line(g->e, "SG_OMP(omp for simd schedule(simd:static)%s)", nw);
         sg__emit_open(g->e, "for (int64_t i = 0; i < %lld; i++)", (long long)numel);
         emit_body(g, grp, from, nd, shape, true);
         sg__emit_close(g->e);
         return;
     }
     if (nd == 1) {
-        sg__emit_line(g->e, "#pragma omp for schedule(static)%s", nw);
+        sg__emit_line(g->e, "SG_OMP(omp for schedule(static)%s)", nw);
     } else {
-        sg__emit_line(g->e, "#pragma omp for collapse(%d) schedule(static)%s", nd - 1, nw);
+        sg__emit_line(g->e, "SG_OMP(omp for collapse(%d) schedule(static)%s)", nd - 1, nw);
     }
     for (int d = 0; d < nd; d++) {
-        if (d == nd - 1 && nd > 1) sg__emit_line(g->e, "#pragma omp simd");
+        if (d == nd - 1 && nd > 1) sg__emit_line(g->e, "SG_OMP(omp simd)");
         sg__emit_open(g->e, "for (int64_t i%d = 0; i%d < %lld; i%d++)", d, d, (long long)shape[d], d);
     }
     emit_body(g, grp, from, nd, shape, false);
@@ -447,6 +453,21 @@ static void emit_kernel(gen *g, const sg__group *grp, int k, char *fname, size_t
 
 /* ------------------------------------------------------------ the unit */
 
+/* Work in a kernel's loops: forking threads for less costs more than it saves. */
+static int64_t kernel_work(const sg__fused *f, const sg__group *grp) {
+    if (grp->kind == SG__G_MULTI) {
+        int64_t w = 0;
+        for (int m = 0; m < grp->nmembers; m++) w += kernel_work(f, &f->parts[grp->members[m]]);
+        return w;
+    }
+    /* Elements times ops: a long chain of transcendentals pays for threads sooner. */
+    int64_t w = grp->n;
+    for (int d = 0; d < grp->ndim; d++) w *= grp->shape[d];
+    return w;
+}
+
+#define SG__PAR_MIN 32768 /* as the eager kernels (graphs/cpu/cpu.c) */
+
 /* The library call of a group (its anchor or opaque node), or -1. */
 static int call_node(const sg__group *grp) {
     if (grp->kind == SG__G_OPAQUE) return grp->g[0].node;
@@ -467,6 +488,7 @@ sg_status sg__cgen_c(sg_ctx *ctx, const sg__ir *ir, const sg__fused *f, const ch
     /* The whole step: runs of generated kernels share one parallel region. */
     sg__emit_open(e, "int sg_step(char *const *slot, const sg_rt *rt)");
     sg__emit_line(e, "int rc = 0;");
+    sg__emit_line(e, "(void)rt;");
     for (int k = 0; k < f->ngroups;) {
         const sg__group *grp = &f->groups[k];
         int call = call_node(grp);
@@ -478,12 +500,16 @@ sg_status sg__cgen_c(sg_ctx *ctx, const sg__ir *ir, const sg__fused *f, const ch
             k++;
             continue;
         }
-        int j = k;
-        sg__emit_line(e, "#pragma omp parallel");
-        sg__emit_open(e, "%s", "");
         /* Extend the region over following kernels that need no library call first. */
-        for (; j < f->ngroups && has_loop(&f->groups[j]) && (j == k || call_node(&f->groups[j]) < 0); j++)
-            sg__emit_line(e, "%s(slot);", names[j]);
+        int j = k;
+        int64_t work = 0;
+        for (; j < f->ngroups && has_loop(&f->groups[j]) && (j == k || call_node(&f->groups[j]) < 0); j++) {
+            int64_t w = kernel_work(f, &f->groups[j]);
+            if (w > work) work = w;
+        }
+        sg__emit_line(e, "SG_OMP(omp parallel if (%d))", work >= SG__PAR_MIN);
+        sg__emit_open(e, "%s", "");
+        for (int q = k; q < j; q++) sg__emit_line(e, "%s(slot);", names[q]);
         sg__emit_close(e);
         k = j;
     }
@@ -493,6 +519,7 @@ sg_status sg__cgen_c(sg_ctx *ctx, const sg__ir *ir, const sg__fused *f, const ch
     /* One kernel at a time, for the modes that launch kernels one by one. */
     sg__emit_open(e, "int sg_kernel(int k, char *const *slot, const sg_rt *rt)");
     sg__emit_line(e, "int rc = 0;");
+    sg__emit_line(e, "(void)rt, (void)rc;");
     sg__emit_line(e, "switch (k) {");
     for (int k = 0; k < f->ngroups; k++) {
         const sg__group *grp = &f->groups[k];
@@ -501,7 +528,7 @@ sg_status sg__cgen_c(sg_ctx *ctx, const sg__ir *ir, const sg__fused *f, const ch
         e->depth++;
         if (call >= 0) sg__emit_line(e, "if ((rc = rt->run_node(rt->ctx, %d)) != 0) return rc;", call);
         if (has_loop(grp)) {
-            sg__emit_line(e, "#pragma omp parallel");
+            sg__emit_line(e, "SG_OMP(omp parallel if (%d))", kernel_work(f, grp) >= SG__PAR_MIN);
             sg__emit_line(e, "%s(slot);", names[k]);
         }
         sg__emit_line(e, "return 0;");
