@@ -103,6 +103,11 @@ static void explain_graph(text *t, const sg__graph *g, int gi, int nin) {
         put(t, "    %s\n", sg__ir_node_str(ir, i, line, sizeof line));
     }
     explain_slots(t, g);
+    if (g->mod)
+        put(t, "    kernels: %d (fused from %d IR ops, C in %s)\n", g->fused.ngroups, ir->nnodes,
+            sg__module_path(g->mod));
+    else if (!g->eager)
+        put(t, "    kernels: %d (unfused, eager kernels op by op)\n", ir->nnodes);
     if (!g->eager)
         put(t, "    memory: scratch %zu bytes (peak live %zu, unshared %zu), output set %zu "
             "bytes x %d, replays %llu\n", g->scratch, g->peak, g->unshared, g->out_bytes,
