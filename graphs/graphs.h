@@ -59,6 +59,8 @@ typedef struct sg__graph {
     sg__kernel_entry kernel_fn;
     char **slotp;     /* per slot: the base address generated code sees */
     bool one_by_one;  /* DEFAULT / MAX_AUTOTUNE_NO_GRAPHS: kernel at a time */
+    bool tune;        /* MAX_AUTOTUNE*: pick the thread count at the first replay */
+    int threads;      /* the thread count replays use (0: OpenMP's default) */
     char module[96];  /* the generated unit's name */
 } sg__graph;
 
