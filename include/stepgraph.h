@@ -412,8 +412,19 @@ SG_API sg_status sg_index_copy_(sg_tensor *dst, int dim, sg_tensor *idx, sg_tens
  *   SG_MODE_MAX_AUTOTUNE             + kernels tuned on the real shapes
  *   SG_MODE_MAX_AUTOTUNE_NO_GRAPHS   tuned, launched one by one
  *
- * On the CPU today all four compiling modes replay the recorded plan op by
- * op with the eager kernels (fusion and code generation come next).
+ * On the CPU a capture is fused (pointwise chains into one loop, pointwise
+ * epilogues after reductions, row ops and matmuls, independent pointwise
+ * updates into one kernel), emitted as one C + OpenMP translation unit,
+ * compiled by the system C compiler and cached on disk (SG_CACHE_DIR). The
+ * "graph" is the unit's sg_step function: every kernel inside one OpenMP
+ * parallel region; DEFAULT and MAX_AUTOTUNE_NO_GRAPHS call kernels one by
+ * one; the MAX_AUTOTUNE modes also time thread counts on the real buffers
+ * and remember the pick. If the compiler is missing or fails, the capture
+ * replays op by op through the eager kernels (logged under "fallbacks").
+ * Environment: SG_CACHE_DIR, SG_DUMP_DIR (every generated source),
+ * SG_OVERRIDE_DIR (compile a hand-edited <name>.c instead), SG_ALWAYS_COMPILE=1,
+ * SG_CC, SG_CFLAGS, SG_DISABLE_FUSION=1 (one kernel per op), SG_CODEGEN=0
+ * (no generated code: replay op by op).
  *
  * What a step may do: read its inputs and any tensors made outside it (its
  * *parameters*: weights, caches), make new tensors with ops (they belong to
