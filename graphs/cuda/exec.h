@@ -1,0 +1,60 @@
+/*
+ * exec.h -- what the CUDA kernel families use of the CUDA executor. The
+ * executor (exec.c) owns the primary context, one non-blocking stream per
+ * sg_ctx, device memory, and the kernel units: each family's CUDA source
+ * (graphs/cuda/k_<family>.cu, embedded in the library at build time) is one
+ * NVRTC unit, compiled for the device's own arch on first use, cached on
+ * disk, and loaded once per context.
+ *
+ * A family's host side (cuda_<family>.c) maps an sg__node to launches:
+ *     sg_status sg__cuda_<family>(sg_ctx *ctx, const sg__node *n);
+ * Tensor data pointers (sg__data(t)) are device addresses. Launches go on
+ * the context's stream and are asynchronous; sg__cuda_sync waits.
+ */
+#ifndef SG_CUDA_EXEC_H
+#define SG_CUDA_EXEC_H
+
+#include "../backend.h"
+
+/* The kernel units, one per family. */
+typedef enum sg__cu_unit {
+    SG__CU_POINTWISE, /* k_pointwise.cu: elementwise ops, casts, fills, where */
+    SG__CU_DATA,      /* k_data.cu: embedding, index_select, index_copy, concat, arange */
+    SG__CU_REDUCE,    /* k_reduce.cu: sum, mean, max, min, var, argmax */
+    SG__CU_ROW,       /* k_row.cu: softmax, log_softmax, layer_norm, rms_norm, cross_entropy */
+    SG__CU_MATMUL,    /* k_matmul.cu: gemv and the helpers around cuBLASLt */
+    SG__CU_NUM_UNITS
+} sg__cu_unit;
+
+/* The embedded sources (generated from the .cu files by the build). */
+SG__HIDDEN extern const char *const sg__cu_sources[SG__CU_NUM_UNITS];
+SG__HIDDEN extern const char *const sg__cu_names[SG__CU_NUM_UNITS];
+
+/* A kernel of a unit by its extern "C" name (a CUfunction), compiling and
+ * loading the unit on first use. */
+SG__HIDDEN sg_status sg__cuda_kernel(sg_ctx *ctx, sg__cu_unit unit, const char *name, void **func);
+/* Launch func on the context's stream: args as cuLaunchKernel's kernelParams
+ * (an array of pointers to each argument). */
+SG__HIDDEN sg_status sg__cuda_launch(sg_ctx *ctx, void *func, const unsigned grid[3],
+                                     const unsigned block[3], size_t shmem, void **args);
+/* Device scratch for one op, valid until the next call of this function on
+ * the context (ops run one at a time on the stream, so one buffer serves). */
+SG__HIDDEN sg_status sg__cuda_scratch(sg_ctx *ctx, size_t bytes, void **dptr);
+/* Copy device memory to the host and wait (for host-side index checks). */
+SG__HIDDEN sg_status sg__cuda_download(sg_ctx *ctx, void *dst, const void *src, size_t nbytes);
+/* Wait for the stream. */
+SG__HIDDEN sg_status sg__cuda_sync(sg_ctx *ctx);
+/* Device facts. */
+SG__HIDDEN int sg__cuda_sm_count(const sg_ctx *ctx);
+SG__HIDDEN int sg__cuda_arch(const sg_ctx *ctx); /* 90 for sm_90 */
+/* The context's CUstream, for libraries (cuBLASLt). */
+SG__HIDDEN void *sg__cuda_stream(const sg_ctx *ctx);
+
+/* The families (each a cuda_<family>.c). */
+SG__HIDDEN sg_status sg__cuda_pointwise(sg_ctx *ctx, const sg__node *n);
+SG__HIDDEN sg_status sg__cuda_data(sg_ctx *ctx, const sg__node *n);
+SG__HIDDEN sg_status sg__cuda_reduce(sg_ctx *ctx, const sg__node *n);
+SG__HIDDEN sg_status sg__cuda_row(sg_ctx *ctx, const sg__node *n);
+SG__HIDDEN sg_status sg__cuda_matmul(sg_ctx *ctx, const sg__node *n);
+
+#endif /* SG_CUDA_EXEC_H */
