@@ -133,6 +133,7 @@ struct sg_ctx {
     char msg[SG__MSG_SIZE];
 
     sg__exec exec;
+    const void *gops; /* the backend's compiled-graph operations (graphs/backend.h) */
 
     struct sg__rec *rec;    /* the capture in progress, or NULL */
     struct sg__pool *pool;  /* the static memory pool of compiled fns (memory/) */

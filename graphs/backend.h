@@ -9,6 +9,23 @@
 
 #include "../capture/capture.h"
 
+struct sg_fn;
+struct sg__graph;
+
+/*
+ * Compiled captures, per backend (ctx->gops). After fusion, compile turns
+ * the groups into runnable code (a non-OK status makes the capture replay op
+ * by op instead); run replays it into output set `set` once the slot bases
+ * (g->slotp) hold this call's addresses; release frees what compile made.
+ */
+typedef struct sg__graph_ops {
+    sg_status (*compile)(struct sg_fn *fn, struct sg__graph *g);
+    sg_status (*run)(struct sg_fn *fn, struct sg__graph *g, int set);
+    void (*release)(sg_ctx *ctx, struct sg__graph *g);
+} sg__graph_ops;
+
+SG__HIDDEN extern const sg__graph_ops sg__cpu_graph_ops;
+
 /* Fill ctx->exec for the CPU. Never unavailable; fails only on OOM. */
 SG__HIDDEN sg_status sg__cpu_init(sg_ctx *ctx);
 

@@ -103,9 +103,9 @@ static void explain_graph(text *t, const sg__graph *g, int gi, int nin) {
         put(t, "    %s\n", sg__ir_node_str(ir, i, line, sizeof line));
     }
     explain_slots(t, g);
-    if (g->mod)
-        put(t, "    kernels: %d (fused from %d IR ops, C in %s)\n", g->fused.ngroups, ir->nnodes,
-            sg__module_path(g->mod));
+    if (g->compiled)
+        put(t, "    kernels: %d (fused from %d IR ops, unit %s%s%s)\n", g->fused.ngroups, ir->nnodes,
+            g->module, g->mod ? " in " : "", g->mod ? sg__module_path(g->mod) : "");
     else if (!g->eager)
         put(t, "    kernels: %d (unfused, eager kernels op by op)\n", ir->nnodes);
     if (!g->eager)

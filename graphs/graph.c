@@ -9,11 +9,6 @@
 
 #include <stdio.h>
 #include <stdlib.h>
-#include <time.h>
-#include <unistd.h>
-#ifdef _OPENMP
-#include <omp.h>
-#endif
 
 static size_t round_up(size_t x, size_t a) { return (x + a - 1) / a * a; }
 
@@ -104,11 +99,13 @@ done:
     return s;
 }
 
-/* Fuse, generate and compile; on any failure the capture replays unfused. */
+/* Fuse and let the backend compile; on any failure the capture replays
+ * op by op through the eager kernels (logged under "fallbacks"). */
 static void try_compile(sg_fn *fn, sg__graph *g) {
     sg_ctx *ctx = fn->ctx;
+    const sg__graph_ops *ops = ctx->gops;
     const char *cg = getenv("SG_CODEGEN");
-    if (cg && strcmp(cg, "0") == 0) return;
+    if (!ops || (cg && strcmp(cg, "0") == 0)) return;
     const char *nf = getenv("SG_DISABLE_FUSION");
     sg__fuse_opts fo = {.disable = nf && strcmp(nf, "1") == 0, .horizontal = true};
     sg_status before = ctx->status;
@@ -121,39 +118,21 @@ static void try_compile(sg_fn *fn, sg__graph *g) {
         g->module[k++] = (char)((*p >= 'a' && *p <= 'z') || (*p >= 'A' && *p <= 'Z') ||
                                 (*p >= '0' && *p <= '9') ? *p : '_');
     snprintf(g->module + k, sizeof g->module - k, "_c%d", fn->ngraphs);
-    sg__emit e = {.ctx = ctx};
-    if (s == SG_OK) s = sg__cgen_c(ctx, &g->ir, &g->fused, g->module, &e);
-    if (s == SG_OK) s = sg__cache_build_c(ctx, g->module, e.buf, &g->mod);
-    sg__emit_free(&e);
+    if (s == SG_OK) s = ops->compile(fn, g);
     if (s == SG_OK) {
-        g->step_fn = (sg__step_entry)(uintptr_t)sg__module_sym(g->mod, "sg_step");
-        g->kernel_fn = (sg__kernel_entry)(uintptr_t)sg__module_sym(g->mod, "sg_kernel");
-        if (!g->step_fn || !g->kernel_fn)
-            s = sg__fail(ctx, SG_ERR_COMPILE, "codegen: %s lacks sg_step or sg_kernel", g->module);
-    }
-    if (s == SG_OK) {
-        g->one_by_one = fn->opts.mode == SG_MODE_DEFAULT ||
-                        fn->opts.mode == SG_MODE_MAX_AUTOTUNE_NO_GRAPHS;
-        g->tune = fn->opts.mode == SG_MODE_MAX_AUTOTUNE ||
-                  fn->opts.mode == SG_MODE_MAX_AUTOTUNE_NO_GRAPHS;
+        g->compiled = true;
         sg__log(ctx, "output_code", "fn '%s': capture %d: %d IR ops -> %d kernels in %s", fn->name,
                 fn->ngraphs, g->ir.nnodes, g->fused.ngroups, g->module);
         return;
     }
     sg__log(ctx, "fallbacks", "fn '%s': capture %d replays unfused, op by op: %.800s", fn->name,
             fn->ngraphs, ctx->msg);
-    sg__module_free(ctx, g->mod);
-    g->mod = NULL;
+    ops->release(ctx, g);
     if (g->has_fused) sg__fused_free(ctx, &g->fused, &g->ir);
     g->has_fused = false;
     /* The failure is reported through the fallback, not to the caller. */
     ctx->status = before;
     snprintf(ctx->msg, sizeof ctx->msg, "%s", msg);
-}
-
-static int run_node_cb(void *p, int node) {
-    sg__graph *g = p;
-    return (int)g->ctx->exec.run(g->ctx, &g->nodes[node]);
 }
 
 #define ALLOC_ARRAY(ctx, ptr, count)                                                               \
@@ -274,91 +253,6 @@ void sg__graph_repoint(sg_ctx *ctx, sg__graph *g) {
     g->pool_gen = ctx->pool->generation;
 }
 
-/* ------------------------------------------------------------ autotuning (CPU) */
-
-static double now_s(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
-
-static int run_compiled(sg__graph *g) {
-    sg__rt rt = {.ctx = g, .run_node = run_node_cb};
-#ifdef _OPENMP
-    int saved = omp_get_max_threads();
-    if (g->threads > 0) omp_set_num_threads(g->threads);
-#endif
-    int rc = 0;
-    if (g->one_by_one)
-        for (int k = 0; k < g->fused.ngroups && rc == 0; k++) rc = g->kernel_fn(k, g->slotp, &rt);
-    else
-        rc = g->step_fn(g->slotp, &rt);
-#ifdef _OPENMP
-    if (g->threads > 0) omp_set_num_threads(saved);
-#endif
-    return rc;
-}
-
-/* The tuning remembered beside the compiled unit in the disk cache, or 0. */
-static int tuned_threads(const sg__graph *g, char *path, size_t size) {
-    snprintf(path, size, "%s/tune.txt", sg__module_path(g->mod));
-    FILE *f = fopen(path, "r");
-    int threads = 0;
-    if (f) {
-        if (fscanf(f, "threads=%d", &threads) != 1) threads = 0;
-        fclose(f);
-    }
-    return threads;
-}
-
-/*
- * Time the replay with a few thread counts on the real buffers and keep the
- * fastest. Only for captures that write no input or parameter: running
- * them again must not change anything the user can see.
- */
-static void autotune(sg_fn *fn, sg__graph *g) {
-    g->tune = false;
-#ifdef _OPENMP
-    char path[4200];
-    int known = tuned_threads(g, path, sizeof path);
-    if (known > 0) {
-        g->threads = known;
-        return;
-    }
-    for (int s = 0; s < g->ir.nslots; s++)
-        if (g->ir.slots[s].mutated_by >= 0) {
-            sg__log(fn->ctx, "perf_hints", "fn '%s': max-autotune skipped: the step writes its "
-                    "inputs or parameters in place, so it cannot be run again to time it", fn->name);
-            return;
-        }
-    int max = omp_get_max_threads(), cand[3] = {1, max / 2, max}, best = 0;
-    double best_t = 1e30;
-    for (int c = 0; c < 3; c++) {
-        if (cand[c] < 1 || (c > 0 && cand[c] == cand[c - 1])) continue;
-        g->threads = cand[c];
-        run_compiled(g); /* warm */
-        double t0 = now_s();
-        for (int r = 0; r < 3; r++) run_compiled(g);
-        double t = now_s() - t0;
-        if (t < best_t) best_t = t, best = cand[c];
-    }
-    g->threads = best;
-    sg__log(fn->ctx, "perf_hints", "fn '%s': max-autotune picked %d threads (%.1f us per replay)",
-            fn->name, best, best_t / 3 * 1e6);
-    /* Remember it beside the unit: write a temp file, then rename. */
-    char tmp[4300];
-    snprintf(tmp, sizeof tmp, "%s.%ld", path, (long)getpid());
-    FILE *f = fopen(tmp, "w");
-    if (f) {
-        fprintf(f, "threads=%d\n", best);
-        if (fclose(f) == 0) rename(tmp, path);
-        else remove(tmp);
-    }
-#else
-    (void)fn;
-#endif
-}
-
 sg_status sg__graph_replay(sg_fn *fn, sg__graph *g, sg_tensor *const *in, int set) {
     sg_ctx *ctx = fn->ctx;
     sg__ir *ir = &g->ir;
@@ -372,14 +266,13 @@ sg_status sg__graph_replay(sg_fn *fn, sg__graph *g, sg_tensor *const *in, int se
             g->slot_st[i].data = g->outbufs[set].st[i]->data;
         }
     }
-    if (g->mod) {
+    if (g->compiled) {
         for (int i = 0; i < ir->nslots; i++) g->slotp[i] = g->slot_ptr[i]->data;
-        if (g->tune) autotune(fn, g);
-        int rc = run_compiled(g);
-        if (rc != 0) {
+        sg_status s = ((const sg__graph_ops *)ctx->gops)->run(fn, g, set);
+        if (s != SG_OK) {
             char msg[700];
             snprintf(msg, sizeof msg, "%.600s", ctx->msg);
-            return sg__fail(ctx, (sg_status)rc, "%s (replaying %s of fn '%s')", msg, g->module, fn->name);
+            return sg__fail(ctx, s, "%s (replaying %s of fn '%s')", msg, g->module, fn->name);
         }
         g->replays++;
         return SG_OK;
@@ -424,7 +317,7 @@ void sg__graph_free(sg_ctx *ctx, sg__graph *g) {
     sg__free(ctx, g->nodes, sizeof *g->nodes * (size_t)(ir->nnodes ? ir->nnodes : 1));
     sg__free(ctx, g->key, sizeof *g->key * (size_t)(ir->nin ? ir->nin : 1));
     sg__free(ctx, g->slotp, sizeof *g->slotp * (size_t)nslots);
-    sg__module_free(ctx, g->mod);
+    if (g->compiled || g->dev) ((const sg__graph_ops *)ctx->gops)->release(ctx, g);
     if (g->has_fused) sg__fused_free(ctx, &g->fused, ir);
     sg__ir_free(ctx, ir);
     sg__free(ctx, g, sizeof *g);

@@ -27,7 +27,7 @@ typedef struct sg__outbuf {
     sg__storage **st;   /* per slot (NULL for slots that are no output) */
 } sg__outbuf;
 
-typedef struct sg__graph {
+typedef struct sg__graph { /* struct tag used by backend.h */
     sg__ir ir;
     sg__argkey *key; /* nin */
     bool eager;      /* cannot replay (graph break, failed plan): runs eagerly */
@@ -54,6 +54,8 @@ typedef struct sg__graph {
     sg_ctx *ctx;
     sg__fused fused;
     bool has_fused;
+    bool compiled;    /* the backend compiled it: replays run its code */
+    void *dev;        /* the backend's state for it (device graphs, modules) */
     sg__module *mod;
     sg__step_entry step_fn;
     sg__kernel_entry kernel_fn;

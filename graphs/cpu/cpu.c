@@ -119,5 +119,6 @@ sg_status sg__cpu_init(sg_ctx *ctx) {
     ctx->exec.download = cpu_copy;
     ctx->exec.destroy = NULL;
     ctx->exec.state = NULL;
+    ctx->gops = &sg__cpu_graph_ops;
     return SG_OK;
 }

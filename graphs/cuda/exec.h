@@ -50,6 +50,10 @@ SG__HIDDEN int sg__cuda_arch(const sg_ctx *ctx); /* 90 for sm_90 */
 /* The context's CUstream, for libraries (cuBLASLt). */
 SG__HIDDEN void *sg__cuda_stream(const sg_ctx *ctx);
 
+/* Make ctx a CUDA context (sg_ctx_create calls this): SG_OK, or
+ * SG_ERR_BACKEND_UNAVAILABLE / SG_ERR_OOM with the reason in why. */
+SG__HIDDEN sg_status sg__cuda_init(sg_ctx *ctx, char *why, size_t n);
+
 /* The families (each a cuda_<family>.c). */
 SG__HIDDEN sg_status sg__cuda_pointwise(sg_ctx *ctx, const sg__node *n);
 SG__HIDDEN sg_status sg__cuda_data(sg_ctx *ctx, const sg__node *n);

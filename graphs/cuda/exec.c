@@ -1,0 +1,301 @@
+/*
+ * exec.c -- the CUDA executor: one primary context and one non-blocking
+ * stream per sg_ctx, device memory for tensors (a caching allocator: freed
+ * blocks are kept by size class and reused in stream order), host transfer,
+ * the kernel units (each family's CUDA source compiled by NVRTC for the
+ * device's arch, cached on disk, loaded once per context), launches, and the
+ * dispatch of a node to its family.
+ */
+#include "exec.h"
+
+#include <stdio.h>
+
+#ifdef SG_HAVE_CUDA_HEADERS
+
+#include "../../codegen/codegen.h"
+#include "cuda.h"
+
+#include <stdlib.h>
+
+/* Freed device blocks of one size class, reused before asking the driver. */
+#define NCLASS 48
+typedef struct block {
+    CUdeviceptr ptr;
+    struct block *next;
+} block;
+
+typedef struct kfunc { /* a loaded kernel by name */
+    char name[96];
+    CUfunction f;
+} kfunc;
+
+typedef struct sg__cuda {
+    const sg__cu_api *cu;
+    CUdevice dev;
+    CUcontext pctx;
+    CUstream stream;
+    int arch, sms;
+    CUmodule mod[SG__CU_NUM_UNITS];
+    kfunc *funcs;
+    int nfuncs, cap_funcs;
+    block *free_list[NCLASS];
+    CUdeviceptr scratch;
+    size_t scratch_size;
+    size_t device_live, device_cached;
+} sg__cuda;
+
+static sg__cuda *state(const sg_ctx *ctx) { return ctx->exec.state; }
+
+/* ------------------------------------------------------------ memory */
+
+/* Size classes: powers of two from 256 bytes; larger than 2^47 is refused. */
+static int size_class(size_t n) {
+    int c = 0;
+    size_t s = 256;
+    while (s < n && c < NCLASS - 1) s <<= 1, c++;
+    return s >= n ? c : -1;
+}
+
+static size_t class_bytes(int c) { return (size_t)256 << c; }
+
+static sg_status cu_alloc(sg_ctx *ctx, size_t nbytes, void **data) {
+    sg__cuda *s = state(ctx);
+    int c = size_class(nbytes ? nbytes : 1);
+    if (c < 0) return SG_ERR_OOM;
+    if (s->free_list[c]) {
+        block *b = s->free_list[c];
+        s->free_list[c] = b->next;
+        *data = (void *)(uintptr_t)b->ptr;
+        sg__free(ctx, b, sizeof *b);
+        s->device_cached -= class_bytes(c);
+        s->device_live += class_bytes(c);
+        return SG_OK;
+    }
+    CUdeviceptr p;
+    CUresult r = s->cu->cuMemAlloc_v2(&p, class_bytes(c));
+    if (r == CUDA_ERROR_OUT_OF_MEMORY) {
+        /* Give the cache back to the driver and try once more. */
+        for (int k = 0; k < NCLASS; k++)
+            while (s->free_list[k]) {
+                block *b = s->free_list[k];
+                s->free_list[k] = b->next;
+                s->cu->cuMemFree_v2(b->ptr);
+                sg__free(ctx, b, sizeof *b);
+            }
+        s->device_cached = 0;
+        r = s->cu->cuMemAlloc_v2(&p, class_bytes(c));
+    }
+    if (r != CUDA_SUCCESS) return r == CUDA_ERROR_OUT_OF_MEMORY ? SG_ERR_OOM : SG_ERR_DRIVER;
+    s->device_live += class_bytes(c);
+    *data = (void *)(uintptr_t)p;
+    return SG_OK;
+}
+
+static void cu_free(sg_ctx *ctx, void *data, size_t nbytes) {
+    sg__cuda *s = state(ctx);
+    if (!data) return;
+    int c = size_class(nbytes ? nbytes : 1);
+    block *b = sg__alloc(ctx, sizeof *b);
+    s->device_live -= class_bytes(c);
+    if (!b) { /* no host memory for the record: give the block back instead */
+        s->cu->cuMemFree_v2((CUdeviceptr)(uintptr_t)data);
+        return;
+    }
+    b->ptr = (CUdeviceptr)(uintptr_t)data;
+    b->next = s->free_list[c];
+    s->free_list[c] = b;
+    s->device_cached += class_bytes(c);
+}
+
+static sg_status cu_upload(sg_ctx *ctx, void *dst, const void *src, size_t n) {
+    sg__cuda *s = state(ctx);
+    CUresult r = s->cu->cuMemcpyHtoDAsync_v2((CUdeviceptr)(uintptr_t)dst, src, n, s->stream);
+    /* The host buffer is the caller's: wait before returning. */
+    if (r == CUDA_SUCCESS) r = s->cu->cuStreamSynchronize(s->stream);
+    return r == CUDA_SUCCESS ? SG_OK : sg__cu_fail(ctx, r, "cuMemcpyHtoDAsync", "copying to the device");
+}
+
+sg_status sg__cuda_download(sg_ctx *ctx, void *dst, const void *src, size_t n) {
+    sg__cuda *s = state(ctx);
+    CUresult r = s->cu->cuMemcpyDtoHAsync_v2(dst, (CUdeviceptr)(uintptr_t)src, n, s->stream);
+    if (r == CUDA_SUCCESS) r = s->cu->cuStreamSynchronize(s->stream);
+    return r == CUDA_SUCCESS ? SG_OK : sg__cu_fail(ctx, r, "cuMemcpyDtoHAsync", "copying to the host");
+}
+
+static sg_status cu_copy(sg_ctx *ctx, void *dst, const void *src, size_t n) {
+    sg__cuda *s = state(ctx);
+    CUresult r = s->cu->cuMemcpyDtoDAsync_v2((CUdeviceptr)(uintptr_t)dst,
+                                             (CUdeviceptr)(uintptr_t)src, n, s->stream);
+    return r == CUDA_SUCCESS ? SG_OK : sg__cu_fail(ctx, r, "cuMemcpyDtoDAsync", "copying on the device");
+}
+
+sg_status sg__cuda_scratch(sg_ctx *ctx, size_t bytes, void **dptr) {
+    sg__cuda *s = state(ctx);
+    if (bytes > s->scratch_size) {
+        /* Work queued on the stream may still read the old buffer. */
+        CUresult r = s->cu->cuStreamSynchronize(s->stream);
+        if (r != CUDA_SUCCESS) return sg__cu_fail(ctx, r, "cuStreamSynchronize", "growing scratch");
+        if (s->scratch) s->cu->cuMemFree_v2(s->scratch);
+        s->scratch = 0;
+        s->scratch_size = 0;
+        size_t want = bytes < (1u << 20) ? (1u << 20) : bytes;
+        r = s->cu->cuMemAlloc_v2(&s->scratch, want);
+        if (r != CUDA_SUCCESS) return sg__cu_fail(ctx, r, "cuMemAlloc", "op scratch memory");
+        s->scratch_size = want;
+    }
+    *dptr = (void *)(uintptr_t)s->scratch;
+    return SG_OK;
+}
+
+sg_status sg__cuda_sync(sg_ctx *ctx) {
+    sg__cuda *s = state(ctx);
+    CUresult r = s->cu->cuStreamSynchronize(s->stream);
+    return r == CUDA_SUCCESS ? SG_OK : sg__cu_fail(ctx, r, "cuStreamSynchronize", "waiting for the device");
+}
+
+int sg__cuda_sm_count(const sg_ctx *ctx) { return state(ctx)->sms; }
+int sg__cuda_arch(const sg_ctx *ctx) { return state(ctx)->arch; }
+void *sg__cuda_stream(const sg_ctx *ctx) { return state(ctx)->stream; }
+
+/* ------------------------------------------------------------ kernels */
+
+static sg_status load_unit(sg_ctx *ctx, sg__cu_unit unit) {
+    sg__cuda *s = state(ctx);
+    if (s->mod[unit]) return SG_OK;
+    if (!sg__cu_sources[unit])
+        return sg__fail(ctx, SG_ERR_UNSUPPORTED, "cuda: the kernel unit %d is not built into this "
+                        "library", (int)unit);
+    void *cubin = NULL;
+    size_t size = 0;
+    sg_status st = sg__nvrtc_build(ctx, sg__cu_names[unit], sg__cu_sources[unit], s->arch, &cubin, &size);
+    if (st != SG_OK) return st;
+    CUresult r = s->cu->cuModuleLoadData(&s->mod[unit], cubin);
+    sg__free(ctx, cubin, size);
+    if (r != CUDA_SUCCESS) {
+        s->mod[unit] = NULL;
+        return sg__cu_fail(ctx, r, "cuModuleLoadData", sg__cu_names[unit]);
+    }
+    return SG_OK;
+}
+
+sg_status sg__cuda_kernel(sg_ctx *ctx, sg__cu_unit unit, const char *name, void **func) {
+    sg__cuda *s = state(ctx);
+    for (int i = 0; i < s->nfuncs; i++) /* few dozen names: a scan is enough */
+        if (strcmp(s->funcs[i].name, name) == 0) {
+            *func = s->funcs[i].f;
+            return SG_OK;
+        }
+    sg_status st = load_unit(ctx, unit);
+    if (st != SG_OK) return st;
+    CUfunction f;
+    CUresult r = s->cu->cuModuleGetFunction(&f, s->mod[unit], name);
+    if (r != CUDA_SUCCESS) return sg__cu_fail(ctx, r, "cuModuleGetFunction", name);
+    if (s->nfuncs == s->cap_funcs) {
+        int ncap = s->cap_funcs ? s->cap_funcs * 2 : 64;
+        kfunc *nf = sg__alloc(ctx, sizeof *nf * (size_t)ncap);
+        if (!nf) return sg__fail(ctx, SG_ERR_OOM, "cuda: out of host memory");
+        if (s->funcs) {
+            memcpy(nf, s->funcs, sizeof *nf * (size_t)s->nfuncs);
+            sg__free(ctx, s->funcs, sizeof *nf * (size_t)s->cap_funcs);
+        }
+        s->funcs = nf;
+        s->cap_funcs = ncap;
+    }
+    snprintf(s->funcs[s->nfuncs].name, sizeof s->funcs[s->nfuncs].name, "%s", name);
+    s->funcs[s->nfuncs++].f = f;
+    *func = f;
+    return SG_OK;
+}
+
+sg_status sg__cuda_launch(sg_ctx *ctx, void *func, const unsigned grid[3], const unsigned block[3],
+                          size_t shmem, void **args) {
+    sg__cuda *s = state(ctx);
+    if (grid[0] == 0 || grid[1] == 0 || grid[2] == 0) return SG_OK; /* nothing to do */
+    CUresult r = s->cu->cuLaunchKernel((CUfunction)func, grid[0], grid[1], grid[2], block[0],
+                                       block[1], block[2], (unsigned)shmem, s->stream, args, NULL);
+    return r == CUDA_SUCCESS ? SG_OK : sg__cu_fail(ctx, r, "cuLaunchKernel", "an eager kernel");
+}
+
+/* ------------------------------------------------------------ the executor */
+
+static sg_status cu_run(sg_ctx *ctx, const sg__node *n) {
+    switch (sg__op_family(n->op)) {
+    case SG__FAM_POINTWISE: return sg__cuda_pointwise(ctx, n);
+    case SG__FAM_REDUCE: return sg__cuda_reduce(ctx, n);
+    case SG__FAM_ROW: return sg__cuda_row(ctx, n);
+    case SG__FAM_MATMUL: return sg__cuda_matmul(ctx, n);
+    case SG__FAM_DATA: return sg__cuda_data(ctx, n);
+    }
+    return sg__fail(ctx, SG_ERR_INTERNAL, "cuda: op %s has no kernel family", sg__op_name(n->op));
+}
+
+static void cu_destroy(sg_ctx *ctx) {
+    sg__cuda *s = state(ctx);
+    if (!s) return;
+    const sg__cu_api *cu = s->cu;
+    if (s->stream) cu->cuStreamSynchronize(s->stream);
+    sg__cublaslt_release(ctx);
+    for (int k = 0; k < NCLASS; k++)
+        while (s->free_list[k]) {
+            block *b = s->free_list[k];
+            s->free_list[k] = b->next;
+            cu->cuMemFree_v2(b->ptr);
+            sg__free(ctx, b, sizeof *b);
+        }
+    if (s->scratch) cu->cuMemFree_v2(s->scratch);
+    for (int u = 0; u < SG__CU_NUM_UNITS; u++)
+        if (s->mod[u]) cu->cuModuleUnload(s->mod[u]);
+    sg__free(ctx, s->funcs, sizeof *s->funcs * (size_t)(s->cap_funcs ? s->cap_funcs : 1));
+    if (s->stream) cu->cuStreamDestroy_v2(s->stream);
+    if (s->pctx) cu->cuDevicePrimaryCtxRelease_v2(s->dev);
+    sg__free(ctx, s, sizeof *s);
+    ctx->exec.state = NULL;
+}
+
+sg_status sg__cuda_init(sg_ctx *ctx, char *why, size_t n) {
+    sg__cuda_device dev;
+    sg_status st = sg__cuda_probe(why, n, &dev);
+    if (st != SG_OK) return st;
+    const sg__cu_api *cu;
+    st = sg__cuda_load(why, n, &cu);
+    if (st != SG_OK) return st;
+    sg__cuda *s = sg__calloc(ctx, sizeof *s);
+    if (!s) {
+        snprintf(why, n, "out of host memory for the CUDA state");
+        return SG_ERR_OOM;
+    }
+    s->cu = cu;
+    s->arch = dev.cc_major * 10 + dev.cc_minor;
+    s->sms = dev.sms;
+    ctx->exec.state = s;
+    ctx->exec.destroy = cu_destroy;
+    CUresult r = cu->cuDeviceGet(&s->dev, 0);
+    if (r == CUDA_SUCCESS) r = cu->cuDevicePrimaryCtxRetain(&s->pctx, s->dev);
+    if (r == CUDA_SUCCESS) r = cu->cuCtxSetCurrent(s->pctx);
+    if (r == CUDA_SUCCESS) r = cu->cuStreamCreate(&s->stream, CU_STREAM_NON_BLOCKING);
+    if (r != CUDA_SUCCESS) {
+        char e[256];
+        snprintf(why, n, "CUDA context setup failed: %s", sg__cu_strerror(r, e, sizeof e));
+        cu_destroy(ctx);
+        return SG_ERR_BACKEND_UNAVAILABLE;
+    }
+    ctx->exec.name = "device";
+    ctx->exec.run = cu_run;
+    ctx->exec.alloc = cu_alloc;
+    ctx->exec.free = cu_free;
+    ctx->exec.upload = cu_upload;
+    ctx->exec.download = sg__cuda_download;
+    ctx->exec.copy = cu_copy;
+    return SG_OK;
+}
+
+#else /* no CUDA headers at build time */
+
+sg_status sg__cuda_init(sg_ctx *ctx, char *why, size_t n) {
+    (void)ctx;
+    snprintf(why, n, "this stepgraph was built without the CUDA headers (STEPGRAPH_CUDA=OFF or no "
+             "toolkit at build time); rebuild with the CUDA toolkit installed");
+    return SG_ERR_BACKEND_UNAVAILABLE;
+}
+
+#endif
