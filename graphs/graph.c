@@ -105,7 +105,7 @@ static void try_compile(sg_fn *fn, sg__graph *g) {
     sg_ctx *ctx = fn->ctx;
     const sg__graph_ops *ops = ctx->gops;
     const char *cg = getenv("SG_CODEGEN");
-    if (!ops || (cg && strcmp(cg, "0") == 0)) return;
+    if (!ops || !ops->compile || (cg && strcmp(cg, "0") == 0)) return;
     const char *nf = getenv("SG_DISABLE_FUSION");
     sg__fuse_opts fo = {.disable = nf && strcmp(nf, "1") == 0, .horizontal = true};
     sg_status before = ctx->status;

@@ -41,6 +41,10 @@ typedef struct sg__cuda {
     block *free_list[NCLASS];
     CUdeviceptr scratch;
     size_t scratch_size;
+    /* Outgrown scratch buffers stay allocated: recorded graphs may hold them. */
+    CUdeviceptr retired[32];
+    int nretired;
+    bool capturing; /* a graph is being recorded: no host waits allowed */
     size_t device_live, device_cached;
 } sg__cuda;
 
@@ -115,8 +119,14 @@ static sg_status cu_upload(sg_ctx *ctx, void *dst, const void *src, size_t n) {
     return r == CUDA_SUCCESS ? SG_OK : sg__cu_fail(ctx, r, "cuMemcpyHtoDAsync", "copying to the device");
 }
 
+bool sg__cuda_capturing(const sg_ctx *ctx) { return state(ctx)->capturing; }
+void sg__cuda_set_capturing(sg_ctx *ctx, bool on) { state(ctx)->capturing = on; }
+
 sg_status sg__cuda_download(sg_ctx *ctx, void *dst, const void *src, size_t n) {
     sg__cuda *s = state(ctx);
+    if (s->capturing)
+        return sg__fail(ctx, SG_ERR_UNSUPPORTED, "cuda: a host read (%zu bytes) while a graph is "
+                        "recorded; ops inside graphs must not wait for the device", n);
     CUresult r = s->cu->cuMemcpyDtoHAsync_v2(dst, (CUdeviceptr)(uintptr_t)src, n, s->stream);
     if (r == CUDA_SUCCESS) r = s->cu->cuStreamSynchronize(s->stream);
     return r == CUDA_SUCCESS ? SG_OK : sg__cu_fail(ctx, r, "cuMemcpyDtoHAsync", "copying to the host");
@@ -133,9 +143,17 @@ sg_status sg__cuda_scratch(sg_ctx *ctx, size_t bytes, void **dptr) {
     sg__cuda *s = state(ctx);
     if (bytes > s->scratch_size) {
         /* Work queued on the stream may still read the old buffer. */
-        CUresult r = s->cu->cuStreamSynchronize(s->stream);
-        if (r != CUDA_SUCCESS) return sg__cu_fail(ctx, r, "cuStreamSynchronize", "growing scratch");
-        if (s->scratch) s->cu->cuMemFree_v2(s->scratch);
+        if (s->capturing)
+            return sg__fail(ctx, SG_ERR_UNSUPPORTED, "cuda: op scratch cannot grow while a graph is "
+                            "recorded (%zu bytes wanted, %zu held)", bytes, s->scratch_size);
+        CUresult r = CUDA_SUCCESS;
+        if (s->scratch && s->nretired < 32) {
+            s->retired[s->nretired++] = s->scratch;
+        } else if (s->scratch) { /* out of records: wait, then free the oldest use */
+            r = s->cu->cuStreamSynchronize(s->stream);
+            if (r != CUDA_SUCCESS) return sg__cu_fail(ctx, r, "cuStreamSynchronize", "growing scratch");
+            s->cu->cuMemFree_v2(s->scratch);
+        }
         s->scratch = 0;
         s->scratch_size = 0;
         size_t want = bytes < (1u << 20) ? (1u << 20) : bytes;
@@ -243,6 +261,7 @@ static void cu_destroy(sg_ctx *ctx) {
             sg__free(ctx, b, sizeof *b);
         }
     if (s->scratch) cu->cuMemFree_v2(s->scratch);
+    for (int k = 0; k < s->nretired; k++) cu->cuMemFree_v2(s->retired[k]);
     for (int u = 0; u < SG__CU_NUM_UNITS; u++)
         if (s->mod[u]) cu->cuModuleUnload(s->mod[u]);
     sg__free(ctx, s->funcs, sizeof *s->funcs * (size_t)(s->cap_funcs ? s->cap_funcs : 1));

@@ -42,6 +42,10 @@ SG__HIDDEN sg_status sg__cuda_launch(sg_ctx *ctx, void *func, const unsigned gri
 SG__HIDDEN sg_status sg__cuda_scratch(sg_ctx *ctx, size_t bytes, void **dptr);
 /* Copy device memory to the host and wait (for host-side index checks). */
 SG__HIDDEN sg_status sg__cuda_download(sg_ctx *ctx, void *dst, const void *src, size_t nbytes);
+/* True while a CUDA graph is being recorded: ops must not wait for the device
+ * then (no host-side index checks; kernels guard their indices instead). */
+SG__HIDDEN bool sg__cuda_capturing(const sg_ctx *ctx);
+SG__HIDDEN void sg__cuda_set_capturing(sg_ctx *ctx, bool on);
 /* Wait for the stream. */
 SG__HIDDEN sg_status sg__cuda_sync(sg_ctx *ctx);
 /* Device facts. */
@@ -53,6 +57,10 @@ SG__HIDDEN void *sg__cuda_stream(const sg_ctx *ctx);
 /* Make ctx a CUDA context (sg_ctx_create calls this): SG_OK, or
  * SG_ERR_BACKEND_UNAVAILABLE / SG_ERR_OOM with the reason in why. */
 SG__HIDDEN sg_status sg__cuda_init(sg_ctx *ctx, char *why, size_t n);
+
+SG__HIDDEN extern const sg__graph_ops sg__cuda_graph_ops;
+/* Drop the context's cuBLASLt state (cublaslt.c). */
+SG__HIDDEN void sg__cublaslt_release(sg_ctx *ctx);
 
 /* The families (each a cuda_<family>.c). */
 SG__HIDDEN sg_status sg__cuda_pointwise(sg_ctx *ctx, const sg__node *n);

@@ -1,0 +1,237 @@
+/*
+ * cuda_graph.c -- compiled captures on CUDA. The fused groups become one
+ * CUDA unit (codegen/cgen_cuda.c) compiled by NVRTC for the device's arch
+ * through the disk cache; anchors (reductions, rows, matmuls, gathers) run
+ * the eager kernel families. Every generated kernel reads its tensors
+ * through a slot table in device memory (one per output set), so a replay
+ * needs no per-kernel arguments beyond that table.
+ *
+ * REDUCE_OVERHEAD and MAX_AUTOTUNE replay a CUDA graph per output set: the
+ * first replay of a set runs the kernels directly (it sizes scratch
+ * buffers), the second records them by stream capture and instantiates
+ * the graph, and later ones are one cuGraphLaunch. When the slot addresses
+ * change (an input at a new address), the table is rewritten and the graph
+ * re-recorded and patched in place with cuGraphExecUpdate. Stream capture is
+ * used rather than building nodes one by one because the matmul anchors run
+ * inside cuBLASLt, whose kernels only a capture can see. DEFAULT and
+ * MAX_AUTOTUNE_NO_GRAPHS launch the kernels one by one. Any failure to
+ * record, instantiate or update falls back to launching (logged once).
+ */
+#include "../graphs.h"
+#include "exec.h"
+
+#ifdef SG_HAVE_CUDA_HEADERS
+#include "cuda.h"
+
+#include <stdio.h>
+
+typedef struct set_state {
+    CUdeviceptr table; /* nslots device pointers */
+    char **addrs;      /* the addresses the table and graph hold */
+    CUgraphExec exec;
+    int runs;          /* replays into this set so far */
+} set_state;
+
+typedef struct cu_graph {
+    CUmodule mod;
+    CUfunction *kfn; /* per group, NULL without a generated kernel */
+    int64_t *iters;  /* per group */
+    int ngroups, nslots;
+    set_state *sets;
+    int nsets;
+    bool use_graph, said;
+} cu_graph;
+
+static const sg__cu_api *api(void) {
+    const sg__cu_api *cu = NULL;
+    char why[8];
+    sg__cuda_load(why, sizeof why, &cu);
+    return cu;
+}
+
+static void release(sg_ctx *ctx, sg__graph *g) {
+    cu_graph *cg = g->dev;
+    if (!cg) return;
+    const sg__cu_api *cu = api();
+    for (int s = 0; s < cg->nsets; s++) {
+        if (cg->sets[s].exec) cu->cuGraphExecDestroy(cg->sets[s].exec);
+        if (cg->sets[s].table) cu->cuMemFree_v2(cg->sets[s].table);
+        sg__free(ctx, cg->sets[s].addrs, sizeof(char *) * (size_t)(cg->nslots ? cg->nslots : 1));
+    }
+    sg__free(ctx, cg->sets, sizeof *cg->sets * (size_t)(cg->nsets ? cg->nsets : 1));
+    if (cg->mod) cu->cuModuleUnload(cg->mod);
+    sg__free(ctx, cg->kfn, sizeof *cg->kfn * (size_t)(cg->ngroups ? cg->ngroups : 1));
+    sg__free(ctx, cg->iters, sizeof *cg->iters * (size_t)(cg->ngroups ? cg->ngroups : 1));
+    sg__free(ctx, cg, sizeof *cg);
+    g->dev = NULL;
+}
+
+static sg_status compile(sg_fn *fn, sg__graph *g) {
+    sg_ctx *ctx = fn->ctx;
+    const sg__cu_api *cu = api();
+    cu_graph *cg = sg__calloc(ctx, sizeof *cg);
+    if (!cg) return sg__fail(ctx, SG_ERR_OOM, "cuda: out of host memory");
+    g->dev = cg;
+    cg->ngroups = g->fused.ngroups;
+    cg->nslots = g->ir.nslots;
+    cg->kfn = sg__calloc(ctx, sizeof *cg->kfn * (size_t)(cg->ngroups ? cg->ngroups : 1));
+    cg->iters = sg__calloc(ctx, sizeof *cg->iters * (size_t)(cg->ngroups ? cg->ngroups : 1));
+    if (!cg->kfn || !cg->iters) return sg__fail(ctx, SG_ERR_OOM, "cuda: out of host memory");
+    sg__emit e = {.ctx = ctx};
+    int nk = 0;
+    sg_status s = sg__cgen_cuda(ctx, &g->ir, &g->fused, g->module, &e, &nk);
+    void *cubin = NULL;
+    size_t size = 0;
+    if (s == SG_OK && nk > 0) s = sg__nvrtc_build(ctx, g->module, e.buf, sg__cuda_arch(ctx), &cubin, &size);
+    if (s == SG_OK && nk > 0) {
+        CUresult r = cu->cuModuleLoadData(&cg->mod, cubin);
+        if (r != CUDA_SUCCESS) s = sg__cu_fail(ctx, r, "cuModuleLoadData", g->module);
+    }
+    sg__free(ctx, cubin, size);
+    for (int k = 0; s == SG_OK && k < cg->ngroups; k++) {
+        char name[256];
+        if (!sg__cgen_cuda_kernel_name(e.buf, k, name, sizeof name)) continue;
+        CUresult r = cu->cuModuleGetFunction(&cg->kfn[k], cg->mod, name);
+        if (r != CUDA_SUCCESS) s = sg__cu_fail(ctx, r, "cuModuleGetFunction", name);
+        cg->iters[k] = sg__cgen_cuda_iters(&g->ir, &g->fused, k);
+    }
+    sg__emit_free(&e);
+    cg->use_graph = fn->opts.mode == SG_MODE_REDUCE_OVERHEAD || fn->opts.mode == SG_MODE_MAX_AUTOTUNE;
+    return s;
+}
+
+/* The library's part of group k: its anchor or opaque node, or -1. */
+static int call_node(const sg__group *grp) {
+    if (grp->kind == SG__G_OPAQUE) return grp->g[0].node;
+    if (grp->anchor >= 0) return grp->g[grp->anchor].node;
+    return -1;
+}
+
+/* Every group in order on the context's stream. */
+static sg_status launch_all(sg_ctx *ctx, sg__graph *g, set_state *st) {
+    cu_graph *cg = g->dev;
+    int sms = sg__cuda_sm_count(ctx);
+    for (int k = 0; k < g->fused.ngroups; k++) {
+        const sg__group *grp = &g->fused.groups[k];
+        int node = call_node(grp);
+        if (node >= 0) {
+            sg_status s = ctx->exec.run(ctx, &g->nodes[node]);
+            if (s != SG_OK) return s;
+        }
+        if (!cg->kfn[k] || cg->iters[k] <= 0) continue;
+        int64_t blocks = (cg->iters[k] + 255) / 256, cap = (int64_t)sms * 32;
+        unsigned grid[3] = {(unsigned)(blocks < cap ? blocks : cap), 1, 1}, block[3] = {256, 1, 1};
+        void *args[1] = {&st->table};
+        sg_status s = sg__cuda_launch(ctx, cg->kfn[k], grid, block, 0, args);
+        if (s != SG_OK) return s;
+    }
+    return SG_OK;
+}
+
+/* The set's slot table holds this call's addresses (rewritten if any moved). */
+static sg_status table_for(sg_ctx *ctx, sg__graph *g, int set, set_state **out, bool *moved) {
+    cu_graph *cg = g->dev;
+    const sg__cu_api *cu = api();
+    if (set >= cg->nsets) {
+        set_state *ns = sg__calloc(ctx, sizeof *ns * (size_t)(set + 1));
+        if (!ns) return sg__fail(ctx, SG_ERR_OOM, "cuda: out of host memory");
+        if (cg->sets) {
+            memcpy(ns, cg->sets, sizeof *ns * (size_t)cg->nsets);
+            sg__free(ctx, cg->sets, sizeof *ns * (size_t)cg->nsets);
+        }
+        cg->sets = ns;
+        cg->nsets = set + 1;
+    }
+    set_state *st = &cg->sets[set];
+    size_t bytes = sizeof(char *) * (size_t)(cg->nslots ? cg->nslots : 1);
+    *moved = false;
+    if (!st->addrs) {
+        st->addrs = sg__calloc(ctx, bytes);
+        if (!st->addrs) return sg__fail(ctx, SG_ERR_OOM, "cuda: out of host memory");
+        CUresult r = cu->cuMemAlloc_v2(&st->table, bytes);
+        if (r != CUDA_SUCCESS) return sg__cu_fail(ctx, r, "cuMemAlloc", "a slot table");
+        *moved = true;
+    }
+    if (memcmp(st->addrs, g->slotp, sizeof(char *) * (size_t)cg->nslots) != 0) *moved = true;
+    if (*moved) {
+        /* The host copy must outlive the async copy: st->addrs does. */
+        memcpy(st->addrs, g->slotp, sizeof(char *) * (size_t)cg->nslots);
+        CUresult r = cu->cuMemcpyHtoDAsync_v2(st->table, st->addrs, bytes, sg__cuda_stream(ctx));
+        if (r != CUDA_SUCCESS) return sg__cu_fail(ctx, r, "cuMemcpyHtoDAsync", "a slot table");
+    }
+    *out = st;
+    return SG_OK;
+}
+
+/* Record the set's replay as a graph (or patch the one it has). */
+static sg_status record(sg_ctx *ctx, sg__graph *g, set_state *st) {
+    const sg__cu_api *cu = api();
+    CUstream stream = sg__cuda_stream(ctx);
+    CUresult r = cu->cuStreamBeginCapture_v2(stream, CU_STREAM_CAPTURE_MODE_RELAXED);
+    if (r != CUDA_SUCCESS) return sg__cu_fail(ctx, r, "cuStreamBeginCapture", "recording a graph");
+    sg__cuda_set_capturing(ctx, true);
+    sg_status s = launch_all(ctx, g, st);
+    sg__cuda_set_capturing(ctx, false);
+    CUgraph graph = NULL;
+    r = cu->cuStreamEndCapture(stream, &graph);
+    if (s != SG_OK) {
+        if (graph) cu->cuGraphDestroy(graph);
+        return s;
+    }
+    if (r != CUDA_SUCCESS) return sg__cu_fail(ctx, r, "cuStreamEndCapture", "recording a graph");
+    if (st->exec) {
+        CUgraphExecUpdateResultInfo info;
+        r = cu->cuGraphExecUpdate_v2(st->exec, graph, &info);
+        if (r != CUDA_SUCCESS) { /* the topology changed: build it anew */
+            cu->cuGraphExecDestroy(st->exec);
+            st->exec = NULL;
+        }
+    }
+    if (!st->exec) r = cu->cuGraphInstantiateWithFlags(&st->exec, graph, 0);
+    cu->cuGraphDestroy(graph);
+    if (r != CUDA_SUCCESS) {
+        st->exec = NULL;
+        return sg__cu_fail(ctx, r, "cuGraphInstantiateWithFlags", "instantiating a graph");
+    }
+    return SG_OK;
+}
+
+static sg_status run(sg_fn *fn, sg__graph *g, int set) {
+    sg_ctx *ctx = fn->ctx;
+    cu_graph *cg = g->dev;
+    set_state *st;
+    bool moved;
+    sg_status s = table_for(ctx, g, set, &st, &moved);
+    if (s != SG_OK) return s;
+    st->runs++;
+    if (!cg->use_graph || st->runs == 1) return launch_all(ctx, g, st);
+    if (!st->exec || moved) {
+        sg_status before = ctx->status;
+        char msg[SG__MSG_SIZE];
+        snprintf(msg, sizeof msg, "%s", ctx->msg);
+        s = record(ctx, g, st);
+        if (s != SG_OK) {
+            if (!cg->said) {
+                cg->said = true;
+                sg__log(ctx, "fallbacks", "fn '%s': no CUDA graph for %s, launching kernels one by "
+                        "one: %.700s", fn->name, g->module, ctx->msg);
+            }
+            cg->use_graph = false;
+            /* Reported as a fallback, not as this call's failure. */
+            ctx->status = before;
+            snprintf(ctx->msg, sizeof ctx->msg, "%s", msg);
+            return launch_all(ctx, g, st);
+        }
+    }
+    CUresult r = api()->cuGraphLaunch(st->exec, sg__cuda_stream(ctx));
+    return r == CUDA_SUCCESS ? SG_OK : sg__cu_fail(ctx, r, "cuGraphLaunch", g->module);
+}
+
+const sg__graph_ops sg__cuda_graph_ops = {compile, run, release};
+
+#endif /* SG_HAVE_CUDA_HEADERS */
+
+#ifndef SG_HAVE_CUDA_HEADERS
+/* Built without CUDA: no context ever gets these. */
+const sg__graph_ops sg__cuda_graph_ops = {NULL, NULL, NULL};
+#endif
