@@ -48,7 +48,7 @@ sg_status sg_ctx_create(const sg_ctx_opts *opts, sg_ctx **out) {
         s = sg__cuda_init(ctx, why, sizeof why);
         if (s == SG_OK) ctx->gops = &sg__cuda_graph_ops;
         if (s != SG_OK && want == SG_BACKEND_CUDA) {
-            sg__set_create_error("sg_ctx_create: the CUDA backend is unavailable: %s", why);
+            sg__set_create_error("sg_ctx_create: the cuda backend is unavailable: %s; SG_BACKEND_AUTO falls back to the CPU", why);
             if (ctx->exec.destroy) ctx->exec.destroy(ctx);
             ctx->alloc(ctx->alloc_user, ctx, sizeof *ctx, 0);
             return s;
