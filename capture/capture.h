@@ -112,6 +112,7 @@ typedef struct sg__exec {
     sg_status (*copy)(sg_ctx *ctx, void *dst, const void *src, size_t nbytes);
     sg_status (*download)(sg_ctx *ctx, void *dst, const void *src, size_t nbytes);
     sg_status (*upload)(sg_ctx *ctx, void *dst, const void *src, size_t nbytes);
+    sg_status (*sync)(sg_ctx *ctx); /* NULL: ops finish before they return */
     void (*destroy)(sg_ctx *ctx);
     void *state;
 } sg__exec;

@@ -111,6 +111,11 @@ void sg__free(sg_ctx *ctx, void *p, size_t nbytes) {
     ctx->host_live -= nbytes;
 }
 
+sg_status sg_ctx_synchronize(sg_ctx *ctx) {
+    if (!ctx) return SG_ERR_NULL;
+    return ctx->exec.sync ? ctx->exec.sync(ctx) : SG_OK;
+}
+
 sg_status sg_ctx_host_bytes(const sg_ctx *ctx, size_t *live, size_t *peak) {
     if (!ctx) return SG_ERR_NULL;
     if (live) *live = ctx->host_live;

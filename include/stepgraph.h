@@ -164,6 +164,11 @@ SG_API sg_status sg_ctx_status(const sg_ctx *ctx);
 /* Forget the sticky status and the message. */
 SG_API void sg_clear_error(sg_ctx *ctx);
 
+/* Wait until every op queued on the context's device has finished (a no-op
+ * on the CPU, where ops finish before they return). Device errors that
+ * surface here are returned. */
+SG_API sg_status sg_ctx_synchronize(sg_ctx *ctx);
+
 /* Host bytes held by the context now, and at most so far (allocator view). */
 SG_API sg_status sg_ctx_host_bytes(const sg_ctx *ctx, size_t *live, size_t *peak);
 

@@ -305,6 +305,7 @@ sg_status sg__cuda_init(sg_ctx *ctx, char *why, size_t n) {
     ctx->exec.upload = cu_upload;
     ctx->exec.download = sg__cuda_download;
     ctx->exec.copy = cu_copy;
+    ctx->exec.sync = sg__cuda_sync;
     return SG_OK;
 }
 

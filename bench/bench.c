@@ -1,18 +1,22 @@
 /*
- * bench_cpu.c -- the reference workloads on the CPU, eager against every
- * compiled mode, timed as bench/README.md says: a host loop of `steps`
- * steps (sg_mark_step_begin + sg_call each), median of `loops` loops, after
- * 3 warm-up calls and 20 untimed steps. first_s is the wall time of the
- * first three calls (capture and planning included).
+ * bench.c -- the reference workloads through stepgraph, eager against
+ * every compiled mode, timed as WORKLOADS.md times PyTorch: a host loop of
+ * `steps` steps (sg_mark_step_begin + sg_call each) synchronized at the end,
+ * median of `loops` loops, after 3 warm-up calls and 20 untimed steps.
+ * first_s is the wall time of the first three calls (capture, fusion,
+ * compile or cache load, planning, graph recording).
  *
- *   bench_cpu [workload ...]     workloads: w1s w1l w2 (default: all)
+ *   bench [--backend auto|cpu|cuda] [workload ...]   workloads: w1s w1l w2
  *
  * W1: 6 x (y = tanh(sin(y) * 1.01 + 0.1)), 24 ops, f32, 4096 (w1s) or 16M
- * (w1l) elements. W2: 8 x (linear 1024 -> 1024 + gelu_tanh), batch 1, f32.
+ * (w1l) elements. W2: 8 x (linear 1024 -> 1024 + gelu_tanh), batch 1, bf16 on
+ * a GPU (as WORKLOADS.md), f32 on the CPU. Besides the table, one line per
+ * figure starts with "RESULT" for bench/run.sh to merge with PyTorch's.
  */
 #define _POSIX_C_SOURCE 200809L
 #include <stepgraph.h>
 
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -49,7 +53,8 @@ static sg_status w2_step(sg_ctx *ctx, sg_tensor *const *in, sg_tensor **out, voi
     return h ? SG_OK : sg_ctx_status(ctx);
 }
 
-static sg_tensor *randn(sg_ctx *ctx, int ndim, const int64_t *shape, float scale, unsigned *seed) {
+static sg_tensor *randn(sg_ctx *ctx, sg_dtype dt, int ndim, const int64_t *shape, float scale,
+                        unsigned *seed) {
     int64_t n = 1;
     for (int d = 0; d < ndim; d++) n *= shape[d];
     float *buf = malloc(sizeof(float) * (size_t)n);
@@ -57,9 +62,13 @@ static sg_tensor *randn(sg_ctx *ctx, int ndim, const int64_t *shape, float scale
         *seed = *seed * 1664525u + 1013904223u;
         buf[i] = scale * ((float)(*seed >> 8) / 16777216.0f * 2.0f - 1.0f);
     }
-    sg_tensor *t = sg_from_host(ctx, SG_F32, ndim, shape, buf);
+    sg_tensor *t = sg_from_host(ctx, SG_F32, ndim, shape, buf), *c = t;
     free(buf);
-    return t;
+    if (t && dt != SG_F32) {
+        c = sg_cast(t, dt);
+        sg_release(t);
+    }
+    return c;
 }
 
 typedef struct result {
@@ -78,6 +87,7 @@ static result time_mode(sg_ctx *ctx, sg_step_fn step, void *user, sg_tensor *x, 
         sg_mark_step_begin(ctx);
         if (sg_call(fn, &x, 1, &y, 1) != SG_OK) goto done;
     }
+    if (sg_ctx_synchronize(ctx) != SG_OK) goto done;
     r.first_s = now() - t0;
     for (int i = 0; i < 20 && i < steps; i++) {
         sg_mark_step_begin(ctx);
@@ -90,6 +100,7 @@ static result time_mode(sg_ctx *ctx, sg_step_fn step, void *user, sg_tensor *x, 
             sg_mark_step_begin(ctx);
             if (sg_call(fn, &x, 1, &y, 1) != SG_OK) goto done;
         }
+        if (sg_ctx_synchronize(ctx) != SG_OK) goto done;
         per[l] = (now() - t0) / steps * 1e6;
     }
     qsort(per, (size_t)loops, sizeof per[0], cmp_double);
@@ -114,45 +125,67 @@ static void run(sg_ctx *ctx, const char *name, sg_step_fn step, void *user, sg_t
         printf("| %-4s | %-26s | %12.1f | %8.3f | %5.2fx |\n", name, sg_mode_name(m), res[m].us,
                res[m].first_s, res[0].ok ? res[0].us / res[m].us : 0.0);
     }
+    for (sg_mode m = SG_MODE_EAGER; m <= SG_MODE_MAX_AUTOTUNE_NO_GRAPHS; m++)
+        if (res[m].ok)
+            fprintf(stderr, "RESULT stepgraph %s %s %.2f %.4f\n", name, sg_mode_name(m), res[m].us,
+                    res[m].first_s);
 }
 
 static int wanted(int argc, char **argv, const char *w) {
-    if (argc < 2) return 1;
-    for (int i = 1; i < argc; i++)
+    int named = 0;
+    for (int i = 1; i < argc; i++) {
+        if (strcmp(argv[i], "--backend") == 0) {
+            i++;
+            continue;
+        }
+        named = 1;
         if (strcmp(argv[i], w) == 0) return 1;
-    return 0;
+    }
+    return !named;
 }
 
 int main(int argc, char **argv) {
+    sg_backend want = SG_BACKEND_AUTO;
+    for (int i = 1; i + 1 < argc; i++)
+        if (strcmp(argv[i], "--backend") == 0)
+            want = strcmp(argv[i + 1], "cuda") == 0 ? SG_BACKEND_CUDA
+                 : strcmp(argv[i + 1], "cpu") == 0  ? SG_BACKEND_CPU
+                                                    : SG_BACKEND_AUTO;
     sg_ctx *ctx;
-    if (sg_ctx_create(&(sg_ctx_opts){.backend = SG_BACKEND_CPU}, &ctx) != SG_OK) {
-        fprintf(stderr, "%s\n", sg_last_error(NULL));
+    sg_status st = sg_ctx_create(&(sg_ctx_opts){.backend = want}, &ctx);
+    if (st != SG_OK && want == SG_BACKEND_AUTO)
+        st = sg_ctx_create(&(sg_ctx_opts){.backend = SG_BACKEND_CPU}, &ctx);
+    if (st != SG_OK) {
+        fprintf(stderr, "bench: %s\n", sg_last_error(NULL));
         return 1;
     }
+    bool gpu = sg_ctx_backend(ctx) == SG_BACKEND_CUDA;
     unsigned seed = 1234;
-    printf("stepgraph %s on the CPU (%s backend)\n\n", sg_version(), sg_backend_name(sg_ctx_backend(ctx)));
+    printf("stepgraph %s, %s backend\n\n", sg_version(), sg_backend_name(sg_ctx_backend(ctx)));
     printf("| work | mode                       | us per step  | first_s  | vs eager |\n");
     printf("|------|----------------------------|--------------|----------|----------|\n");
     if (wanted(argc, argv, "w1s")) {
         int64_t s[1] = {4096};
-        sg_tensor *x = randn(ctx, 1, s, 1.0f, &seed);
+        sg_tensor *x = randn(ctx, SG_F32, 1, s, 1.0f, &seed);
         run(ctx, "W1s", w1_step, NULL, x, 200, 5);
         sg_release(x);
     }
     if (wanted(argc, argv, "w1l")) {
         int64_t s[1] = {16 << 20};
-        sg_tensor *x = randn(ctx, 1, s, 1.0f, &seed);
-        run(ctx, "W1l", w1_step, NULL, x, 5, 3); /* 16M elements: fewer steps on a CPU */
+        sg_tensor *x = randn(ctx, SG_F32, 1, s, 1.0f, &seed);
+        /* 16M elements: fewer steps on a CPU */
+        run(ctx, "W1l", w1_step, NULL, x, gpu ? 200 : 5, gpu ? 5 : 3);
         sg_release(x);
     }
     if (wanted(argc, argv, "w2")) {
         mlp m;
         int64_t ws[2] = {1024, 1024}, bs[1] = {1024}, xs[2] = {1, 1024};
+        sg_dtype dt = gpu ? SG_BF16 : SG_F32;
         for (int l = 0; l < 8; l++) {
-            m.w[l] = randn(ctx, 2, ws, 0.03125f, &seed);
-            m.b[l] = randn(ctx, 1, bs, 0.01f, &seed);
+            m.w[l] = randn(ctx, dt, 2, ws, 0.03125f, &seed);
+            m.b[l] = randn(ctx, dt, 1, bs, 0.01f, &seed);
         }
-        sg_tensor *x = randn(ctx, 2, xs, 1.0f, &seed);
+        sg_tensor *x = randn(ctx, dt, 2, xs, 1.0f, &seed);
         run(ctx, "W2", w2_step, &m, x, 200, 5);
     }
     sg_ctx_destroy(ctx);
