@@ -129,4 +129,21 @@ typedef int (*sg__kernel_entry)(int k, char *const *slot, const sg__rt *rt);
 SG__HIDDEN sg_status sg__cgen_c(sg_ctx *ctx, const sg__ir *ir, const sg__fused *f,
                                 const char *title, sg__emit *e);
 
+/* ------------------------------------------------------------ NVRTC (nvrtc.c) */
+
+/*
+ * Compile CUDA C source to a cubin for sm_<arch> (90 for the H100) with
+ * NVRTC, loaded at run time (dlopen of libnvrtc), through the disk cache
+ * (key: generator version, NVRTC version, options, arch, source). `name`
+ * follows the rules of sg__cache_build_c; SG_DUMP_DIR and SG_OVERRIDE_DIR
+ * work with <name>.cu. On success *cubin (sg__alloc'd, *size bytes; free
+ * with sg__free) holds the image for cuModuleLoadData. Failures:
+ * SG_ERR_COMPILE with the head of NVRTC's log, SG_ERR_BACKEND_UNAVAILABLE
+ * when NVRTC cannot be loaded, SG_ERR_OOM.
+ */
+SG__HIDDEN sg_status sg__nvrtc_build(sg_ctx *ctx, const char *name, const char *source, int arch,
+                                     void **cubin, size_t *size);
+/* Process-wide count of NVRTC compiles (not cache hits), for tests. */
+SG__HIDDEN uint64_t sg__nvrtc_compiles(void);
+
 #endif /* SG_CODEGEN_H */

@@ -66,8 +66,7 @@ static void test_chain_modes(void) {
 static void test_zero_alloc(void) {
     tu_alloc a = {0};
     sg_ctx *c;
-    sg_ctx_create(&(sg_ctx_opts){.backend = SG_BACKEND_CPU, .alloc = tu_alloc_hook,
-                                 .alloc_user = &a}, &c);
+    c = tu_ctx((sg_ctx_opts){.alloc = tu_alloc_hook, .alloc_user = &a});
     sg_fn *fn;
     sg_compile(c, chain_step, NULL, 1, 1, &(sg_compile_opts){.mode = SG_MODE_REDUCE_OVERHEAD}, &fn);
     int64_t shape[1] = {4096};
@@ -280,7 +279,7 @@ static void test_graph_break(void) {
 }
 
 int main(void) {
-    if (sg_ctx_create(&(sg_ctx_opts){.backend = SG_BACKEND_CPU, .log = log_hook}, &ctx) != SG_OK) return 1;
+    ctx = tu_ctx((sg_ctx_opts){.log = log_hook});
     tu_seed(3);
     test_chain_modes();
     test_zero_alloc();

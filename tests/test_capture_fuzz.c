@@ -243,7 +243,7 @@ static bool run_seed(sg_ctx *ctx, uint64_t seed) {
 
 int main(int argc, char **argv) {
     sg_ctx *ctx;
-    if (sg_ctx_create(NULL, &ctx) != SG_OK) return 1;
+    ctx = tu_ctx((sg_ctx_opts){0});
     uint64_t first = 1, last = 400;
     if (argc > 1) first = last = strtoull(argv[1], NULL, 10); /* re-run one seed */
     for (int pass = 0; pass < 2; pass++) {

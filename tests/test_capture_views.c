@@ -159,7 +159,7 @@ static void test_release(void) {
 }
 
 int main(void) {
-    if (sg_ctx_create(&(sg_ctx_opts){.backend = SG_BACKEND_CPU}, &ctx) != SG_OK) return 1;
+    ctx = tu_ctx((sg_ctx_opts){0});
     tu_seed(1);
     for (sg_dtype dt = SG_F32; dt <= SG_BOOL; dt++) {
         test_permute_transpose(dt);

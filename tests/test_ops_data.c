@@ -762,11 +762,7 @@ static void data_oom(void) {
 }
 
 int main(void) {
-    if (sg_ctx_create(&(sg_ctx_opts){.backend = SG_BACKEND_CPU,
-                                     .alloc = tu_alloc_hook,
-                                     .alloc_user = &counter},
-                      &ctx) != SG_OK)
-        return 1;
+    ctx = tu_ctx((sg_ctx_opts){.alloc = tu_alloc_hook, .alloc_user = &counter});
     tu_seed(5);
     test_embedding();
     test_index_select();

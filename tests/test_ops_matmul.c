@@ -408,7 +408,7 @@ static void test_oom(void) {
 }
 
 int main(void) {
-    if (sg_ctx_create(&(sg_ctx_opts){.backend = SG_BACKEND_CPU}, &ctx) != SG_OK) return 1;
+    ctx = tu_ctx((sg_ctx_opts){0});
     tu_seed(11);
     test_matmul();
     test_linear();

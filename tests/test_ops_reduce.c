@@ -432,10 +432,8 @@ static void test_oom(void) {
 }
 
 int main(void) {
-    if (sg_ctx_create(&(sg_ctx_opts){.backend = SG_BACKEND_CPU}, &ctx) != SG_OK) return 1;
-    if (sg_ctx_create(&(sg_ctx_opts){.backend = SG_BACKEND_CPU, .num_threads = 5}, &ctx_mt) !=
-        SG_OK)
-        return 1;
+    ctx = tu_ctx((sg_ctx_opts){0});
+    ctx_mt = tu_ctx((sg_ctx_opts){.num_threads = 5});
     tu_seed(7);
     const sg_dtype all[5] = {SG_F32, SG_F16, SG_BF16, SG_I32, SG_I64};
     const sg_dtype some[3] = {SG_F32, SG_BF16, SG_I64};

@@ -345,10 +345,8 @@ static void test_bad_input(void) {
 }
 
 int main(void) {
-    if (sg_ctx_create(&(sg_ctx_opts){.backend = SG_BACKEND_CPU}, &ctx) != SG_OK) return 1;
-    if (sg_ctx_create(&(sg_ctx_opts){.backend = SG_BACKEND_CPU, .num_threads = 5}, &ctx_mt) !=
-        SG_OK)
-        return 1;
+    ctx = tu_ctx((sg_ctx_opts){0});
+    ctx_mt = tu_ctx((sg_ctx_opts){.num_threads = 5});
     tu_seed(11);
     test_softmax();
     test_softmax_masked();

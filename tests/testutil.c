@@ -5,6 +5,8 @@
 #include "testutil.h"
 
 #include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 static uint64_t rng_state = 88172645463325252ull;
@@ -299,4 +301,24 @@ void *tu_alloc_hook(void *user, void *ptr, size_t old_size, size_t new_size) {
         a->bytes += new_size;
     }
     return p;
+}
+
+sg_backend tu_backend(void) {
+    const char *b = getenv("SG_TEST_BACKEND");
+    if (!b || !*b || strcmp(b, "cpu") == 0) return SG_BACKEND_CPU;
+    if (strcmp(b, "cuda") == 0) return SG_BACKEND_CUDA;
+    if (strcmp(b, "hip") == 0) return SG_BACKEND_HIP;
+    if (strcmp(b, "ze") == 0) return SG_BACKEND_ZE;
+    fprintf(stderr, "SG_TEST_BACKEND=%s: expected cpu, cuda, hip or ze\n", b);
+    exit(1);
+}
+
+sg_ctx *tu_ctx(sg_ctx_opts opts) {
+    opts.backend = tu_backend();
+    sg_ctx *ctx = NULL;
+    sg_status s = sg_ctx_create(&opts, &ctx);
+    if (s == SG_OK) return ctx;
+    fprintf(stderr, "sg_ctx_create(%s): %s: %s\n", sg_backend_name(opts.backend), sg_status_str(s),
+            sg_last_error(NULL));
+    exit(s == SG_ERR_BACKEND_UNAVAILABLE && opts.backend != SG_BACKEND_CPU ? 77 : 1);
 }

@@ -81,4 +81,12 @@ typedef struct tu_alloc {
 } tu_alloc;
 void *tu_alloc_hook(void *user, void *ptr, size_t old_size, size_t new_size);
 
+/* The backend a test runs its ops on: SG_TEST_BACKEND=cpu (the default) or
+ * cuda. The same test executables run under the gpu label with cuda. */
+sg_backend tu_backend(void);
+/* sg_ctx_create with opts.backend set to tu_backend(). A GPU backend that is
+ * unavailable prints why and exits 77 (ctest reports the test skipped); any
+ * other failure prints the error and exits 1. */
+sg_ctx *tu_ctx(sg_ctx_opts opts);
+
 #endif
