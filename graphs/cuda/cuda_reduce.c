@@ -94,14 +94,15 @@ static void build(rgeom *g, const sg__node *n) {
 /*
  * The team and the chunk count. One thread per output when outputs are
  * closer together in memory than a range's elements (a sum over dim 0 of a
- * matrix: a warp then reads 32 neighbouring outputs at each step); else a
+ * matrix: a warp then reads 32 neighbouring outputs at each step) or when
+ * ranges are too short to share out (16 elements or fewer); else a
  * warp per output for short ranges and a block for long ones. Ranges are cut
  * into chunks while there are fewer threads than the GPU holds, none shorter
  * than 16 elements per thread.
  */
 static void plan(rgeom *g, int sms) {
     bool lanes = g->nk > 0 && g->M >= 32 &&
-                 (g->L == 1 || iabs(g->kxs[g->nk - 1]) < iabs(g->rxs[g->nr - 1]));
+                 (g->L <= 16 || iabs(g->kxs[g->nk - 1]) < iabs(g->rxs[g->nr - 1]));
     g->team = lanes ? 1 : g->L <= 4096 ? 32 : BLOCK;
     int64_t target = (int64_t)(sms > 0 ? sms : 1) * 2048, have = g->M * g->team;
     g->P = 1;
@@ -151,7 +152,7 @@ sg_status sg__cuda_reduce(sg_ctx *ctx, const sg__node *n) {
         st = sg__cuda_scratch(ctx, (size_t)items * sizeof(part), &parts);
         if (st != SG_OK) return st;
     }
-    st = sg__cuda_kernel(ctx, SG__CU_REDUCE, "sg_reduce", &f);
+    st = sg__cuda_kernel(ctx, SG__CU_REDUCE, "sg_reduce_fold", &f);
     if (st != SG_OK) return st;
     const void *x = sg__data(n->in[0]);
     void *y = sg__data(n->out);

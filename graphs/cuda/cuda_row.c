@@ -66,7 +66,11 @@ static void rows_along(wgeom *g, const sg_tensor *x, const sg_tensor *y, int dim
     }
 }
 
-static int32_t team_for(int64_t len) { return len <= 1024 ? 32 : BLOCK; }
+/* A warp per row up to 1k elements, a block beyond; a thread per row when
+ * rows are too short to share out and there are many of them. */
+static int32_t team_for(int64_t len, int64_t nrows) {
+    return len <= 8 && nrows >= 1024 ? 1 : len <= 1024 ? 32 : BLOCK;
+}
 
 /* Launch kernel `name` over g.nrows rows, one team each. */
 static sg_status launch_rows(sg_ctx *ctx, const char *name, const wgeom *g, void **args) {
@@ -88,11 +92,11 @@ static sg_status softmax(sg_ctx *ctx, const sg__node *n) {
     if (g.nrows * g.len == 0) return SG_OK;
     g.op = n->op == SG__OP_LOG_SOFTMAX ? OP_LOG_SOFTMAX : OP_SOFTMAX;
     /* Side-by-side rows read coalesced one per thread, when there are enough. */
-    g.team = lane >= 0 && g.nrows >= 1024 ? 1 : team_for(g.len);
+    g.team = lane >= 0 && g.nrows >= 1024 ? 1 : team_for(g.len, g.nrows);
     const void *x = sg__data(n->in[0]);
     void *y = sg__data(n->out);
     void *args[] = {&x, &y, &g};
-    return launch_rows(ctx, "sg_softmax", &g, args);
+    return launch_rows(ctx, "sg_row_softmax", &g, args);
 }
 
 static sg_status norm(sg_ctx *ctx, const sg__node *n) {
@@ -103,7 +107,7 @@ static sg_status norm(sg_ctx *ctx, const sg__node *n) {
     rows_along(&g, x, n->out, x->ndim - 1, &lane);
     if (g.nrows * g.len == 0) return SG_OK;
     g.op = n->op == SG__OP_LAYER_NORM ? OP_LAYER_NORM : OP_RMS_NORM;
-    g.team = team_for(g.len);
+    g.team = team_for(g.len, g.nrows);
     g.eps = n->f[0];
     const void *wp = NULL, *bp = NULL;
     if (w) wp = sg__data(w), g.ws = w->stride[0], g.flags |= HAS_W;
@@ -111,7 +115,7 @@ static sg_status norm(sg_ctx *ctx, const sg__node *n) {
     const void *xp = sg__data(x);
     void *y = sg__data(n->out);
     void *args[] = {&xp, &wp, &bp, &y, &g};
-    return launch_rows(ctx, "sg_norm", &g, args);
+    return launch_rows(ctx, "sg_row_norm", &g, args);
 }
 
 /* Read the targets back and check them as the CPU does (same message). */
@@ -158,7 +162,7 @@ static sg_status cross_entropy(sg_ctx *ctx, const sg__node *n) {
     g.osize[0] = N, g.oxs[0] = lg->stride[0];
     g.len = lg->shape[1], g.xs = lg->stride[1];
     g.ts = tg->stride[0];
-    g.team = team_for(g.len);
+    g.team = team_for(g.len, g.nrows);
     void *loss = NULL;
     if (N > 0 && (st = sg__cuda_scratch(ctx, (size_t)N * sizeof(double), &loss)) != SG_OK)
         return st;
@@ -168,10 +172,10 @@ static sg_status cross_entropy(sg_ctx *ctx, const sg__node *n) {
      * (while recording) each row's loss is NaN and so is their mean. */
     if (N > 0) {
         void *args[] = {&x, &t, &loss, &g};
-        if ((st = launch_rows(ctx, "sg_xent_rows", &g, args)) != SG_OK) return st;
+        if ((st = launch_rows(ctx, "sg_row_xent", &g, args)) != SG_OK) return st;
     }
     void *f;
-    if ((st = sg__cuda_kernel(ctx, SG__CU_ROW, "sg_xent_mean", &f)) != SG_OK) return st;
+    if ((st = sg__cuda_kernel(ctx, SG__CU_ROW, "sg_row_xent_mean", &f)) != SG_OK) return st;
     void *margs[] = {&loss, &y, &g};
     unsigned grid[3] = {1, 1, 1}, block[3] = {BLOCK, 1, 1};
     return sg__cuda_launch(ctx, f, grid, block, 0, margs);

@@ -307,7 +307,7 @@ __device__ void store(const rgeom &g, void *y, const part &p, i64 yo) {
  * blockDim.x is BLOCK; a block holds BLOCK / team teams. With P == 1 the
  * result is stored; else the partial goes to part[o * P + c].
  */
-extern "C" __global__ void sg_reduce(const void *x, void *y, part *parts, rgeom g) {
+extern "C" __global__ void sg_reduce_fold(const void *x, void *y, part *parts, rgeom g) {
     int team = g.team, lane = threadIdx.x % team;
     i64 item = (i64)blockIdx.x * (BLOCK / team) + threadIdx.x / team;
     if (item >= g.M * g.P) return; /* the whole team leaves together */

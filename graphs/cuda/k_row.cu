@@ -195,7 +195,7 @@ __device__ __forceinline__ bool my_row(const wgeom &g, i64 *row, int *lane) {
 /* ------------------------------------------------------------ kernels */
 
 /* softmax / log_softmax: y = exp(x - m) / s, or (x - m) - log(s). */
-extern "C" __global__ void sg_softmax(const void *x, void *y, wgeom g) {
+extern "C" __global__ void sg_row_softmax(const void *x, void *y, wgeom g) {
     i64 row, xo, yo;
     int lane, team = g.team;
     if (!my_row(g, &row, &lane)) return; /* the whole team leaves together */
@@ -217,7 +217,7 @@ extern "C" __global__ void sg_softmax(const void *x, void *y, wgeom g) {
  * rms_norm: x / sqrt(mean(x^2) + eps) * w. Sums about the row's first
  * element (layer_norm), so that a large mean does not cancel the variance.
  */
-extern "C" __global__ void sg_norm(const void *x, const void *w, const void *b, void *y,
+extern "C" __global__ void sg_row_norm(const void *x, const void *w, const void *b, void *y,
                                    wgeom g) {
     i64 row, xo, yo;
     int lane, team = g.team;
@@ -246,7 +246,7 @@ extern "C" __global__ void sg_norm(const void *x, const void *w, const void *b, 
 /* cross_entropy, first pass: loss[r] = log(sum(exp(x - m))) + m - x[t[r]],
  * NaN for a target outside [0, len) (never read out of bounds). Row r's
  * logits start at r * oxs[0]. */
-extern "C" __global__ void sg_xent_rows(const void *x, const void *t, double *loss, wgeom g) {
+extern "C" __global__ void sg_row_xent(const void *x, const void *t, double *loss, wgeom g) {
     i64 row;
     int lane, team = g.team;
     if (!my_row(g, &row, &lane)) return;
@@ -264,7 +264,7 @@ extern "C" __global__ void sg_xent_rows(const void *x, const void *t, double *lo
 
 /* cross_entropy, second pass (one block): the mean of the nrows losses, as
  * an f32 scalar; NaN over no rows, as in PyTorch. */
-extern "C" __global__ void sg_xent_mean(const double *loss, float *out, wgeom g) {
+extern "C" __global__ void sg_row_xent_mean(const double *loss, float *out, wgeom g) {
     double a = 0.0, unused = 0.0;
     for (i64 r = threadIdx.x; r < g.nrows; r += BLOCK) a += loss[r];
     team_sum2(&a, &unused, BLOCK);
