@@ -31,7 +31,9 @@ int main(void) {
         double *got2 = c ? tu_read(c) : NULL;
         ok = TU_EXPECT(got && got2) && tu_close("upload", got, xv, 37 * 129, 0, 0) &&
              tu_close("clone", got2, xv, 37 * 129, 0, 0);
-        tu_case(ok, "%s[37,129] round-trips and clones exactly", sg_dtype_name(dts[d]));
+        tu_case(ok, "%s[37,129] round-trips and clones exactly%s%s", sg_dtype_name(dts[d]),
+                ok ? "" : ": ", ok ? "" : sg_last_error(ctx));
+        sg_clear_error(ctx);
         free(xv), free(got), free(got2);
         sg_release(x), sg_release(c);
     }
