@@ -353,6 +353,9 @@ static void mark_stores(const sg__ir *ir, const int *alias, sg__group *groups, i
             const sg__slot *sl = &ir->slots[slot];
             bool store = sl->kind != SG__SLOT_INTERNAL || sl->output >= 0 ||
                          g->kind == SG__G_OPAQUE || (g->kind == SG__G_MATMUL && k == g->anchor);
+            /* The library call of a reduction or row reads its input from
+             * memory: the prologue value it takes is stored. */
+            if (g->anchor > 0 && g->g[g->anchor].arg_src[0] == k) store = true;
             for (int o = 0; o < ngroups && !store; o++)
                 if (o != gi && group_loads(ir, alias, &groups[o], slot)) store = true;
             for (int q = k + 1; q < g->n && store; q++) /* a later write supersedes */

@@ -152,6 +152,12 @@ STEP(view_expand) {
 }
 STEP(view_reshape) {
     int64_t shape[2] = {sg_tensor_size(in[1], 0), sg_tensor_size(in[1], 1)};
+    return DONE(sg_cos(sg_add(sg_reshape(in[0], 2, shape), in[1])));
+}
+/* A reshape of a value made in the step changes the loop shape: its
+ * producer stores it and the next loop reads the view (no copy kernel). */
+STEP(view_reshape_made) {
+    int64_t shape[2] = {sg_tensor_size(in[1], 0), sg_tensor_size(in[1], 1)};
     return DONE(sg_add(sg_reshape(sg_cos(in[0]), 2, shape), in[1]));
 }
 STEP(view_mix) { /* views on both sides of a value kept in registers */
@@ -265,7 +271,11 @@ int main(void) {
         P1("SUM_PROLOGUE(sum(x*x))", sum_all_sq, dt, 1, 2, {9, 31});
         P1("REDUCE_PROLOGUE_EPILOGUE(rsqrt(mean(x*x)+eps))", rms, dt, 1, 2, {5, 64});
         check(&(pattern){"REDUCE_EPILOGUE(exp(max(|x|)-y))", max_epi, NULL, 2, 1, dt, {2, 2},
-                         {{6, 10}, {6, 3}}, 1});
+                         {{6, 10}, {6, 1}}, 1});
+        /* An epilogue that broadcasts the reduced value to a larger shape
+         * runs as its own loop. */
+        check(&(pattern){"REDUCE_BROADCAST_EPILOGUE", max_epi, NULL, 2, 1, dt, {2, 2},
+                         {{6, 10}, {6, 3}}, 2});
         check(&(pattern){"LINEAR_BIAS_GELU", linear_gelu, NULL, 3, 1, dt, {2, 2, 1},
                          {{5, 16}, {12, 16}, {12}}, 2});
         check(&(pattern){"LINEAR_ADD_BIAS_GELU", linear_bias_gelu, NULL, 3, 1, dt, {2, 2, 1},
@@ -276,6 +286,8 @@ int main(void) {
         check(&(pattern){"VIEW_SLICE", view_slice, NULL, 2, 1, dt, {2, 2}, {{4, 14}, {4, 7}}, 1});
         check(&(pattern){"VIEW_EXPAND", view_expand, NULL, 2, 1, dt, {1, 2}, {{11}, {6, 11}}, 1});
         check(&(pattern){"VIEW_RESHAPE", view_reshape, NULL, 2, 1, dt, {3, 2}, {{2, 3, 10}, {6, 10}}, 1});
+        check(&(pattern){"VIEW_RESHAPE_OF_MADE", view_reshape_made, NULL, 2, 1, dt, {3, 2},
+                         {{2, 3, 10}, {6, 10}}, 2});
         check(&(pattern){"VIEW_MIX", view_mix, NULL, 2, 1, dt, {2, 2}, {{3, 8}, {3, 8}}, 2});
     }
     test_adamw();
