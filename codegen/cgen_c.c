@@ -11,6 +11,7 @@
  */
 #include "codegen.h"
 
+#include <math.h>
 #include <stdio.h>
 
 /* The helpers generated code uses, matching graphs/cpu/cpu.h bit for bit. */
@@ -173,10 +174,18 @@ static int64_t double_to_int(double v, sg_dtype dt) {
 }
 
 static void scalar_text(double v, bool fl, sg_dtype dt, char *buf, size_t size) {
+    /* %a prints inf and nan, which are no C constants: math.h's are. */
+    char d[40];
+    if (v != v)
+        snprintf(d, sizeof d, "NAN");
+    else if (isinf(v))
+        snprintf(d, sizeof d, v > 0 ? "INFINITY" : "-INFINITY");
+    else
+        snprintf(d, sizeof d, "%a", v);
     if (fl && dt != SG_F32 && sg__dtype_is_float(dt))
-        snprintf(buf, size, "sg_round_odd(%a)", v); /* one rounding to f16/bf16 */
+        snprintf(buf, size, "sg_round_odd(%s)", d); /* one rounding to f16/bf16 */
     else if (fl)
-        snprintf(buf, size, "(float)(%a)", v);
+        snprintf(buf, size, "(float)(%s)", d);
     else if (double_to_int(v, dt) == INT64_MIN)
         snprintf(buf, size, "INT64_MIN");
     else
@@ -314,7 +323,12 @@ static void emit_body(gen *g, const sg__group *grp, int from, int to, int nd, co
             const sg__ref *a = arg_of(g, n, j);
             if (!a) continue;
             int src = reg_src(grp, k, j);
-            if (src >= 0) {
+            bool twice = false; /* v == v on integers is a -Wtautological-compare warning */
+            for (int q = 0; q < j && src >= 0; q++) twice |= reg_src(grp, k, q) == src;
+            if (src >= 0 && twice && !fdom(a->dtype)) {
+                sg__emit_line(g->e, "int64_t a%d_%d = v%d;", k, j, src);
+                snprintf(args[j], sizeof args[j], "a%d_%d", k, j);
+            } else if (src >= 0) {
                 snprintf(args[j], sizeof args[j], "v%d", src);
             } else {
                 offset_expr(a, nd, shape, flat, off, sizeof off);
