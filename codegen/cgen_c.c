@@ -349,6 +349,12 @@ static void emit_body(gen *g, const sg__group *grp, int from, int to, int nd, co
         round_trip(expr, res_fl, o->dtype, rt, sizeof rt);
         sg__emit_line(g->e, "%s v%d = %s; /* %s */", fdom(o->dtype) ? "float" : "int64_t", k, rt,
                       sg__op_name(n->op));
+        bool read = false; /* by a later member, from the register */
+        for (int q = k + 1; q < to && !read; q++)
+            for (int j = 0; j < g->ir->nodes[grp->g[q].node].nin && !read; j++)
+                read = reg_src(grp, q, j) == k;
+        if (!read && !grp->g[k].store) /* a value nothing reads (fusion disabled keeps it) */
+            sg__emit_line(g->e, "(void)v%d;", k);
         if (grp->g[k].store) {
             char v[32];
             snprintf(v, sizeof v, "v%d", k);
