@@ -140,6 +140,19 @@ STEP(rms) { /* prologue, reduction and epilogue */
     return DONE(sg_rsqrt(sg_add_scalar(sg_mean(sg_mul(in[0], in[0]), 1, last_dim, true), 1e-6)));
 }
 STEP(max_epi) { return DONE(sg_exp(sg_sub(sg_max(sg_abs(in[0]), 1, last_dim, true), in[1]))); }
+static const int first_dim[1] = {0};
+STEP(sum0_pro) { return DONE(sg_sum(sg_mul(in[0], in[0]), 1, first_dim, false)); }
+STEP(sum_view_pro) { return DONE(sg_sum(sg_mul(sg_transpose(in[0], 0, 1), in[1]), 1, last_dim, true)); }
+STEP(pro_also_out) { /* the prologue's value is an output too */
+    sg_tensor *t = sg_sigmoid(in[0]);
+    out[1] = t;
+    return DONE(sg_mean(t, 1, last_dim, true));
+}
+STEP(two_reductions) { /* the second reduction reads the first one's prologue value */
+    sg_tensor *t = sg_exp(in[0]);
+    return DONE(sg_add(sg_sum(t, 1, last_dim, true), sg_max(t, 1, last_dim, true)));
+}
+STEP(softmax0_pro) { return DONE(sg_softmax(sg_mul_scalar(in[0], 2.0), 0)); }
 STEP(linear_gelu) { return DONE(sg_gelu(sg_linear(in[0], in[1], in[2]))); }
 STEP(linear_bias_gelu) { return DONE(sg_gelu(sg_add(sg_linear(in[0], in[1], NULL), in[2]))); }
 STEP(matmul_res) { return DONE(sg_add(sg_silu(sg_matmul(in[0], in[1])), in[2])); }
@@ -276,6 +289,13 @@ int main(void) {
          * runs as its own loop. */
         check(&(pattern){"REDUCE_BROADCAST_EPILOGUE", max_epi, NULL, 2, 1, dt, {2, 2},
                          {{6, 10}, {6, 3}}, 2});
+        P1("SUM_PROLOGUE(sum(x*x,0))", sum0_pro, dt, 1, 2, {7, 13});
+        check(&(pattern){"SUM_PROLOGUE_VIEW(sum(x^T*y,-1))", sum_view_pro, NULL, 2, 1, dt, {2, 2},
+                         {{12, 5}, {5, 12}}, 1});
+        check(&(pattern){"PROLOGUE_ALSO_OUTPUT(mean(t), t)", pro_also_out, NULL, 1, 2, dt, {2},
+                         {{4, 30}}, 1});
+        P1("TWO_REDUCTIONS_ONE_PROLOGUE", two_reductions, dt, 2, 2, {6, 21});
+        P1("SOFTMAX_DIM0_PROLOGUE", softmax0_pro, dt, 1, 2, {9, 4});
         check(&(pattern){"LINEAR_BIAS_GELU", linear_gelu, NULL, 3, 1, dt, {2, 2, 1},
                          {{5, 16}, {12, 16}, {12}}, 2});
         check(&(pattern){"LINEAR_ADD_BIAS_GELU", linear_bias_gelu, NULL, 3, 1, dt, {2, 2, 1},
