@@ -441,8 +441,9 @@ static void kernel_comment(gen *g, const sg__group *grp, int k, bool pro, const 
     if (grp->kind == SG__G_MULTI) {
         sg__emit_line(g->e, " * %d independent loops in one kernel", grp->nmembers);
     } else {
-        const char *kind = pro ? "prologue before a library call"
-                           : grp->kind == SG__G_POINTWISE ? "pointwise" : "epilogue after a library call";
+        const char *kind = pro                            ? "prologue before a library call"
+                           : grp->kind == SG__G_POINTWISE ? "pointwise"
+                                                          : "epilogue after a library call";
         const sg__ref *pr = pro ? prologue_ref(g, grp) : NULL;
         sg__emit_line(g->e, " * %s over %s, IR lines %d..%d, ops:", kind,
                       pr ? sg__shape_str(pr->ndim, pr->shape, sh, sizeof sh)

@@ -174,7 +174,9 @@ static void print_prog(const prog *p, uint64_t seed) {
         case K_SLICE: fprintf(stderr, "    v%d = v%d[..., ::2]\n", v, in->a); break;
         case K_UNSQUEEZE: fprintf(stderr, "    v%d = unsqueeze(v%d, 0)\n", v, in->a); break;
         case K_ADD_INPLACE: fprintf(stderr, "    v%d = add_(v%d, v%d)\n", v, in->a, in->b); break;
-        case K_REDUCE: fprintf(stderr, "    v%d = %s(v%d, -1, keepdim)\n", v, reduce_names[in->sub], in->a); break;
+        case K_REDUCE:
+            fprintf(stderr, "    v%d = %s(v%d, -1, keepdim)\n", v, reduce_names[in->sub], in->a);
+            break;
         case K_ROW: fprintf(stderr, "    v%d = %s(v%d)\n", v, row_names[in->sub], in->a); break;
         default: break;
         }
@@ -190,7 +192,8 @@ static sg_status interpret(sg_ctx *ctx, sg_tensor *const *in, sg_tensor **out, v
         const instr *c = &p->code[k];
         sg_tensor *a = v[c->a], *b = v[c->b], *r = NULL;
         bool two = c->kind == K_BINARY || c->kind == K_WHERE || c->kind == K_ADD_INPLACE;
-        if (two && b && a && sg_tensor_dtype(b) != sg_tensor_dtype(a)) b = sg_cast(b, sg_tensor_dtype(a));
+        if (two && b && a && sg_tensor_dtype(b) != sg_tensor_dtype(a))
+            b = sg_cast(b, sg_tensor_dtype(a));
         static const int last[1] = {-1};
         switch (c->kind) {
         case K_UNARY: r = unary_ops[c->sub](a); break;
@@ -206,12 +209,15 @@ static sg_status interpret(sg_ctx *ctx, sg_tensor *const *in, sg_tensor **out, v
         case K_UNSQUEEZE: r = sg_unsqueeze(a, 0); break;
         case K_ADD_INPLACE: r = sg_add_(a, b) == SG_OK ? a : NULL; break;
         case K_REDUCE:
-            r = c->sub == 0 ? sg_sum(a, 1, last, true) : c->sub == 1 ? sg_mean(a, 1, last, true)
-                                                                      : sg_max(a, 1, last, true);
+            r = c->sub == 0   ? sg_sum(a, 1, last, true)
+                : c->sub == 1 ? sg_mean(a, 1, last, true)
+                              : sg_max(a, 1, last, true);
             break;
         case K_ROW:
-            r = c->sub == 0 ? sg_softmax(a, -1) : c->sub == 1 ? sg_log_softmax(a, -1)
-                : c->sub == 2 ? sg_layer_norm(a, NULL, NULL, 1e-5) : sg_rms_norm(a, NULL, 1e-6);
+            r = c->sub == 0   ? sg_softmax(a, -1)
+                : c->sub == 1 ? sg_log_softmax(a, -1)
+                : c->sub == 2 ? sg_layer_norm(a, NULL, NULL, 1e-5)
+                              : sg_rms_norm(a, NULL, 1e-6);
             break;
         default: break;
         }
@@ -254,7 +260,8 @@ static bool run_seed(sg_ctx *ctx, uint64_t seed, int nmodes, const sg_mode *mode
     sg_fn *eager, *comp[4] = {NULL};
     sg_compile(ctx, interpret, &p, p.nin, p.nout, &(sg_compile_opts){.mode = SG_MODE_EAGER}, &eager);
     for (int m = 0; m < nmodes; m++)
-        sg_compile(ctx, interpret, &p, p.nin, p.nout, &(sg_compile_opts){.mode = modes[m]}, &comp[m]);
+        sg_compile(ctx, interpret, &p, p.nin, p.nout, &(sg_compile_opts){.mode = modes[m]},
+                   &comp[m]);
     bool ok = true;
     int bad_mode = -1;
     for (int call = 0; ok && call < 4; call++) {
@@ -277,7 +284,9 @@ static bool run_seed(sg_ctx *ctx, uint64_t seed, int nmodes, const sg_mode *mode
     }
     if (!ok) {
         print_prog(&p, seed);
-        if (bad_mode >= 0) fprintf(stderr, "  mode %s\n%s", sg_mode_name(modes[bad_mode]), sg_fn_explain(comp[bad_mode]));
+        if (bad_mode >= 0)
+            fprintf(stderr, "  mode %s\n%s", sg_mode_name(modes[bad_mode]),
+                    sg_fn_explain(comp[bad_mode]));
         fprintf(stderr, "%s\n", sg_last_error(ctx));
         sg_clear_error(ctx);
     }
@@ -298,15 +307,18 @@ int main(int argc, char **argv) {
         fused_mode = pass >= 1;
         setenv("SG_CODEGEN", fused_mode ? "1" : "0", 1);
         if (pass == 2) setenv("SG_DISABLE_FUSION", "1", 1);
-        const char *how = pass == 0 ? "unfused, bit for bit"
+        const char *how = pass == 0   ? "unfused, bit for bit"
                           : pass == 1 ? "fused C within tolerance, 4 modes"
                                       : "generated C one kernel per op, within tolerance";
         int failed = 0;
         /* Generated, each seed compiles a unit (~0.1 s): fewer of them. */
-        uint64_t end = pass == 1 && first != last ? first + 119 : pass == 2 && first != last ? first + 23 : last;
+        uint64_t end = pass == 1 && first != last   ? first + 119
+                       : pass == 2 && first != last ? first + 23
+                                                    : last;
         for (uint64_t seed = first; seed <= end; seed++) {
             const sg_mode reduce_overhead = SG_MODE_REDUCE_OVERHEAD;
-            bool ok = pass == 1 ? run_seed(ctx, seed, 4, compiled_modes) : run_seed(ctx, seed, 1, &reduce_overhead);
+            bool ok = pass == 1 ? run_seed(ctx, seed, 4, compiled_modes)
+                                : run_seed(ctx, seed, 1, &reduce_overhead);
             failed += !ok;
             if (!ok || seed % 100 == 0 || first == last)
                 tu_case(ok, "FUZZ(seed=%llu, compiled == eager, %s, 4 calls)",

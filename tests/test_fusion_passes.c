@@ -19,11 +19,16 @@
 
 static sg_ctx *ctx;
 
-#define STEP(name) static sg_status name(sg_ctx *c, sg_tensor *const *in, sg_tensor **out, void *user)
+#define STEP(name)                                                                                 \
+    static sg_status name(sg_ctx *c, sg_tensor *const *in, sg_tensor **out, void *user)
 #define DONE(t) (void)user, (out[0] = (t)) ? SG_OK : sg_ctx_status(c)
 
-static double rtol_of(sg_dtype dt) { return dt == SG_F32 ? 1e-5 : sg__dtype_is_float(dt) ? 1e-2 : 0; }
-static double atol_of(sg_dtype dt) { return dt == SG_F32 ? 1e-6 : sg__dtype_is_float(dt) ? 1e-2 : 0; }
+static double rtol_of(sg_dtype dt) {
+    return dt == SG_F32 ? 1e-5 : sg__dtype_is_float(dt) ? 1e-2 : 0;
+}
+static double atol_of(sg_dtype dt) {
+    return dt == SG_F32 ? 1e-6 : sg__dtype_is_float(dt) ? 1e-2 : 0;
+}
 
 /* Run step eagerly and compiled (REDUCE_OVERHEAD) on the same inputs, twice;
  * outputs must agree and the compiled fn must have compiled its capture.
@@ -31,10 +36,11 @@ static double atol_of(sg_dtype dt) { return dt == SG_F32 ? 1e-6 : sg__dtype_is_f
 static bool versus_eager(sg_step_fn step, void *user, int nin, sg_tensor *const *in, int nout,
                          sg_fn **keep) {
     sg_fn *eager = NULL, *comp = NULL;
-    bool ok = TU_EXPECT(sg_compile(ctx, step, user, nin, nout,
-                                   &(sg_compile_opts){.mode = SG_MODE_EAGER}, &eager) == SG_OK) &&
-              TU_EXPECT(sg_compile(ctx, step, user, nin, nout,
-                                   &(sg_compile_opts){.mode = SG_MODE_REDUCE_OVERHEAD}, &comp) == SG_OK);
+    bool ok =
+        TU_EXPECT(sg_compile(ctx, step, user, nin, nout, &(sg_compile_opts){.mode = SG_MODE_EAGER},
+                             &eager) == SG_OK) &&
+        TU_EXPECT(sg_compile(ctx, step, user, nin, nout,
+                             &(sg_compile_opts){.mode = SG_MODE_REDUCE_OVERHEAD}, &comp) == SG_OK);
     for (int call = 0; ok && call < 2; call++) {
         sg_mark_step_begin(ctx);
         sg_tensor *oe[4] = {NULL}, *oc[4] = {NULL};
@@ -44,7 +50,8 @@ static bool versus_eager(sg_step_fn step, void *user, int nin, sg_tensor *const 
             sg_dtype dt = sg_tensor_dtype(oe[i]);
             int64_t n = sg_tensor_numel(oe[i]);
             double *a = tu_read(oe[i]), *b = tu_read(oc[i]);
-            ok = TU_EXPECT(a && b) && tu_close("compiled vs eager", b, a, n, rtol_of(dt), atol_of(dt));
+            ok = TU_EXPECT(a && b) &&
+                 tu_close("compiled vs eager", b, a, n, rtol_of(dt), atol_of(dt));
             free(a), free(b);
         }
     }
@@ -110,17 +117,20 @@ static void test_dce(void) {
     param_box bc = {sg_zeros(ctx, SG_F32, 2, (int64_t[]){5, 12})};
     sg_fn *fe, *fc;
     sg_compile(ctx, dce_param_step, &be, 1, 1, &(sg_compile_opts){.mode = SG_MODE_EAGER}, &fe);
-    sg_compile(ctx, dce_param_step, &bc, 1, 1, &(sg_compile_opts){.mode = SG_MODE_REDUCE_OVERHEAD}, &fc);
+    sg_compile(ctx, dce_param_step, &bc, 1, 1, &(sg_compile_opts){.mode = SG_MODE_REDUCE_OVERHEAD},
+               &fc);
     ok = true;
     for (int i = 0; ok && i < 3; i++) {
         sg_tensor *y;
         sg_mark_step_begin(ctx);
-        ok = TU_EXPECT(sg_call(fe, &x, 1, &y, 1) == SG_OK) && TU_EXPECT(sg_call(fc, &x, 1, &y, 1) == SG_OK);
+        ok = TU_EXPECT(sg_call(fe, &x, 1, &y, 1) == SG_OK) &&
+             TU_EXPECT(sg_call(fc, &x, 1, &y, 1) == SG_OK);
     }
     double *pe = tu_read(be.p), *pc = tu_read(bc.p);
     int d = 0;
     ok = ok && TU_EXPECT(tu_close("param", pc, pe, 60, 1e-6, 0)) &&
-         TU_EXPECT(count_op(fc, SG__OP_ADD, &d) == 1 && d == 0) && TU_EXPECT(fc->graphs[0]->compiled);
+         TU_EXPECT(count_op(fc, SG__OP_ADD, &d) == 1 && d == 0) &&
+         TU_EXPECT(fc->graphs[0]->compiled);
     tu_case(ok, "DCE(a write into a parameter that no output reads is kept, 3 steps)");
     free(pe), free(pc);
     sg_fn_destroy(fe), sg_fn_destroy(fc);
@@ -179,7 +189,8 @@ static void test_cse(void) {
     sg_tensor *in[2] = {sg_clone(x), y};
     sg_fn *fe, *fc;
     sg_compile(ctx, cse_clobber_step, NULL, 2, 1, &(sg_compile_opts){.mode = SG_MODE_EAGER}, &fe);
-    sg_compile(ctx, cse_clobber_step, NULL, 2, 1, &(sg_compile_opts){.mode = SG_MODE_REDUCE_OVERHEAD}, &fc);
+    sg_compile(ctx, cse_clobber_step, NULL, 2, 1,
+               &(sg_compile_opts){.mode = SG_MODE_REDUCE_OVERHEAD}, &fc);
     ok = true;
     for (int call = 0; ok && call < 3; call++) {
         sg_tensor *oe, *oc;
@@ -192,7 +203,8 @@ static void test_cse(void) {
         ok = ok && TU_EXPECT(tu_close("clobber", b, a, 64, 1e-6, 0));
         free(a), free(b);
     }
-    ok = ok && TU_EXPECT(count_op(fc, SG__OP_NEG, &d) == 2 && d == 0) && TU_EXPECT(fc->graphs[0]->compiled);
+    ok = ok && TU_EXPECT(count_op(fc, SG__OP_NEG, &d) == 2 && d == 0) &&
+         TU_EXPECT(fc->graphs[0]->compiled);
     tu_case(ok, "CSE(neg(x); x += y; neg(x): input written in between, both kept)");
     sg_fn_destroy(fe), sg_fn_destroy(fc);
     sg_release(in[0]), sg_release(x), sg_release(y);
@@ -213,7 +225,8 @@ static void test_concat_many(void) {
 
 STEP(inf_step) {
     sg_tensor *x = in[0];
-    sg_tensor *a = sg_clamp(x, -INFINITY, INFINITY), *b = sg_clamp(sg_mul_scalar(x, 1e30), 0.0, INFINITY);
+    sg_tensor *a = sg_clamp(x, -INFINITY, INFINITY),
+              *b = sg_clamp(sg_mul_scalar(x, 1e30), 0.0, INFINITY);
     sg_tensor *n = sg_add_scalar(x, NAN), *m = sg_mul_scalar(sg_relu(x), -INFINITY);
     out[1] = sg_add(n, m);
     return DONE(sg_add(a, b));
@@ -257,7 +270,8 @@ typedef struct multi_box {
 STEP(multi_step) {
     multi_box *b = user;
     sg_status s = SG_OK;
-    for (int i = 0; i < 4 && s == SG_OK; i++) s = sg_copy_(b->p[i], sg_add(sg_mul_scalar(b->p[i], 0.5), in[i]));
+    for (int i = 0; i < 4 && s == SG_OK; i++)
+        s = sg_copy_(b->p[i], sg_add(sg_mul_scalar(b->p[i], 0.5), in[i]));
     if (s != SG_OK) return s;
     return DONE(sg_sum(sg_mul(b->p[0], b->p[0]), 0, NULL, false));
 }
@@ -277,11 +291,13 @@ static void test_multi_barrier(void) {
     }
     sg_fn *fe, *fc;
     sg_compile(ctx, multi_step, &be, 4, 1, &(sg_compile_opts){.mode = SG_MODE_EAGER}, &fe);
-    sg_compile(ctx, multi_step, &bc, 4, 1, &(sg_compile_opts){.mode = SG_MODE_REDUCE_OVERHEAD}, &fc);
+    sg_compile(ctx, multi_step, &bc, 4, 1, &(sg_compile_opts){.mode = SG_MODE_REDUCE_OVERHEAD},
+               &fc);
     for (int call = 0; ok && call < 3; call++) {
         sg_tensor *oe, *oc;
         sg_mark_step_begin(ctx);
-        ok = TU_EXPECT(sg_call(fe, in, 4, &oe, 1) == SG_OK) && TU_EXPECT(sg_call(fc, in, 4, &oc, 1) == SG_OK);
+        ok = TU_EXPECT(sg_call(fe, in, 4, &oe, 1) == SG_OK) &&
+             TU_EXPECT(sg_call(fc, in, 4, &oc, 1) == SG_OK);
         double *a = ok ? tu_read(oe) : NULL, *b = ok ? tu_read(oc) : NULL;
         ok = ok && TU_EXPECT(tu_close("sum", b, a, 1, 1e-5, 1e-6));
         free(a), free(b);
@@ -292,7 +308,8 @@ static void test_multi_barrier(void) {
         free(a), free(b);
     }
     const sg__graph *g = fc->graphs[0];
-    ok = ok && TU_EXPECT(g->compiled && g->fused.ngroups == 2 && g->fused.groups[0].kind == SG__G_MULTI);
+    ok = ok &&
+         TU_EXPECT(g->compiled && g->fused.ngroups == 2 && g->fused.groups[0].kind == SG__G_MULTI);
     char path[256], src[1 << 16] = "";
     snprintf(path, sizeof path, "%s/%s.c", dir, g->module);
     FILE *f = fopen(path, "r");

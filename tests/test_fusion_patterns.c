@@ -112,7 +112,8 @@ static void check(const pattern *p) {
 
 /* ------------------------------------------------------------ the steps */
 
-#define STEP(name) static sg_status name(sg_ctx *c, sg_tensor *const *in, sg_tensor **out, void *user)
+#define STEP(name)                                                                                 \
+    static sg_status name(sg_ctx *c, sg_tensor *const *in, sg_tensor **out, void *user)
 #define DONE(t) (void)user, (out[0] = (t)) ? SG_OK : sg_ctx_status(c)
 
 /* W1: 6 x (y = tanh(sin(y) * 1.01 + 0.1)), 24 ops. */
@@ -142,7 +143,9 @@ STEP(rms) { /* prologue, reduction and epilogue */
 STEP(max_epi) { return DONE(sg_exp(sg_sub(sg_max(sg_abs(in[0]), 1, last_dim, true), in[1]))); }
 static const int first_dim[1] = {0};
 STEP(sum0_pro) { return DONE(sg_sum(sg_mul(in[0], in[0]), 1, first_dim, false)); }
-STEP(sum_view_pro) { return DONE(sg_sum(sg_mul(sg_transpose(in[0], 0, 1), in[1]), 1, last_dim, true)); }
+STEP(sum_view_pro) {
+    return DONE(sg_sum(sg_mul(sg_transpose(in[0], 0, 1), in[1]), 1, last_dim, true));
+}
 STEP(pro_also_out) { /* the prologue's value is an output too */
     sg_tensor *t = sg_sigmoid(in[0]);
     out[1] = t;
@@ -227,10 +230,11 @@ static void test_adamw(void) {
     tu_seed(11);
     adamw_init(&sc, shape);
     sg_fn *eager, *comp;
-    bool ok = TU_EXPECT(sg_compile(ctx, adamw_step, &se, NPARAM, 1,
-                                   &(sg_compile_opts){.mode = SG_MODE_EAGER}, &eager) == SG_OK) &&
-              TU_EXPECT(sg_compile(ctx, adamw_step, &sc, NPARAM, 1,
-                                   &(sg_compile_opts){.mode = SG_MODE_REDUCE_OVERHEAD}, &comp) == SG_OK);
+    bool ok =
+        TU_EXPECT(sg_compile(ctx, adamw_step, &se, NPARAM, 1,
+                             &(sg_compile_opts){.mode = SG_MODE_EAGER}, &eager) == SG_OK) &&
+        TU_EXPECT(sg_compile(ctx, adamw_step, &sc, NPARAM, 1,
+                             &(sg_compile_opts){.mode = SG_MODE_REDUCE_OVERHEAD}, &comp) == SG_OK);
     for (int step = 0; ok && step < 3; step++) {
         sg_mark_step_begin(ctx);
         sg_tensor *g[NPARAM], *oe, *oc;
@@ -250,7 +254,8 @@ static void test_adamw(void) {
                  comp->graphs[0]->fused.groups[0].nmembers == NPARAM;
     ok = ok && TU_EXPECT(fused) && TU_EXPECT(k == 1) && TU_EXPECT(multi);
     if (!ok) fprintf(stderr, "%s\n%s\n", sg_last_error(ctx), sg_fn_explain(comp));
-    tu_case(ok, "ADAMW(type=f32,params=%d,steps=3) kernels=%d (max 1, MULTI of %d loops, %d IR ops)",
+    tu_case(ok,
+            "ADAMW(type=f32,params=%d,steps=3) kernels=%d (max 1, MULTI of %d loops, %d IR ops)",
             NPARAM, k, NPARAM, ops);
     sg_fn_destroy(eager), sg_fn_destroy(comp);
     adamw_free(&se), adamw_free(&sc);
@@ -258,9 +263,15 @@ static void test_adamw(void) {
 
 /* ------------------------------------------------------------ main */
 
-#define P1(nm, fn, dtype, maxk, nd0, ...) \
-    check(&(pattern){.name = nm, .step = fn, .nin = 1, .nout = 1, .dt = dtype, .max_kernels = maxk, \
-                     .ndim = {nd0}, .shape = {__VA_ARGS__}})
+#define P1(nm, fn, dtype, maxk, nd0, ...)                                                          \
+    check(&(pattern){.name = nm,                                                                   \
+                     .step = fn,                                                                   \
+                     .nin = 1,                                                                     \
+                     .nout = 1,                                                                    \
+                     .dt = dtype,                                                                  \
+                     .max_kernels = maxk,                                                          \
+                     .ndim = {nd0},                                                                \
+                     .shape = {__VA_ARGS__}})
 
 int main(void) {
     /* Warnings in generated code are errors (see codegen/codegen.h). */
@@ -272,42 +283,96 @@ int main(void) {
         sg_dtype dt = dts[d];
         P1("CHAIN24", chain24, dt, 1, 2, {3, 129});
         P1("SOFTMAX", softmax, dt, 1, 2, {7, 33});
-        check(&(pattern){"SOFTMAX_PROLOGUE", softmax_pro, NULL, 2, 1, dt, {2, 2}, {{5, 40}, {5, 40}}, 1});
-        check(&(pattern){"SOFTMAX_EPILOGUE", softmax_epi, NULL, 2, 1, dt, {2, 1}, {{6, 9}, {9}}, 1});
+        check(&(pattern){
+            "SOFTMAX_PROLOGUE", softmax_pro, NULL, 2, 1, dt, {2, 2}, {{5, 40}, {5, 40}}, 1});
+        check(
+            &(pattern){"SOFTMAX_EPILOGUE", softmax_epi, NULL, 2, 1, dt, {2, 1}, {{6, 9}, {9}}, 1});
         P1("LOG_SOFTMAX_PROLOGUE", log_softmax_pro, dt, 1, 2, {4, 65});
-        check(&(pattern){"LAYER_NORM_AFFINE", layer_norm, NULL, 3, 1, dt, {2, 1, 1},
-                         {{8, 48}, {48}, {48}}, 1});
-        check(&(pattern){"LAYER_NORM_PROLOGUE_EPILOGUE", layer_norm_pro_epi, NULL, 4, 1, dt,
-                         {2, 1, 1, 2}, {{8, 48}, {48}, {48}, {8, 48}}, 1});
-        check(&(pattern){"RMS_NORM_PROLOGUE", rms_norm_pro, NULL, 2, 1, dt, {2, 1}, {{3, 20}, {20}}, 1});
+        check(&(pattern){
+            "LAYER_NORM_AFFINE", layer_norm, NULL, 3, 1, dt, {2, 1, 1}, {{8, 48}, {48}, {48}}, 1});
+        check(&(pattern){"LAYER_NORM_PROLOGUE_EPILOGUE",
+                         layer_norm_pro_epi,
+                         NULL,
+                         4,
+                         1,
+                         dt,
+                         {2, 1, 1, 2},
+                         {{8, 48}, {48}, {48}, {8, 48}},
+                         1});
+        check(&(pattern){
+            "RMS_NORM_PROLOGUE", rms_norm_pro, NULL, 2, 1, dt, {2, 1}, {{3, 20}, {20}}, 1});
         P1("SUM_PROLOGUE(sum(x*x,-1))", sum_sq, dt, 1, 2, {9, 31});
         P1("SUM_PROLOGUE(sum(x*x))", sum_all_sq, dt, 1, 2, {9, 31});
         P1("REDUCE_PROLOGUE_EPILOGUE(rsqrt(mean(x*x)+eps))", rms, dt, 1, 2, {5, 64});
-        check(&(pattern){"REDUCE_EPILOGUE(exp(max(|x|)-y))", max_epi, NULL, 2, 1, dt, {2, 2},
-                         {{6, 10}, {6, 1}}, 1});
+        check(&(pattern){"REDUCE_EPILOGUE(exp(max(|x|)-y))",
+                         max_epi,
+                         NULL,
+                         2,
+                         1,
+                         dt,
+                         {2, 2},
+                         {{6, 10}, {6, 1}},
+                         1});
         /* An epilogue that broadcasts the reduced value to a larger shape
          * runs as its own loop. */
-        check(&(pattern){"REDUCE_BROADCAST_EPILOGUE", max_epi, NULL, 2, 1, dt, {2, 2},
-                         {{6, 10}, {6, 3}}, 2});
+        check(&(pattern){
+            "REDUCE_BROADCAST_EPILOGUE", max_epi, NULL, 2, 1, dt, {2, 2}, {{6, 10}, {6, 3}}, 2});
         P1("SUM_PROLOGUE(sum(x*x,0))", sum0_pro, dt, 1, 2, {7, 13});
-        check(&(pattern){"SUM_PROLOGUE_VIEW(sum(x^T*y,-1))", sum_view_pro, NULL, 2, 1, dt, {2, 2},
-                         {{12, 5}, {5, 12}}, 1});
-        check(&(pattern){"PROLOGUE_ALSO_OUTPUT(mean(t), t)", pro_also_out, NULL, 1, 2, dt, {2},
-                         {{4, 30}}, 1});
+        check(&(pattern){"SUM_PROLOGUE_VIEW(sum(x^T*y,-1))",
+                         sum_view_pro,
+                         NULL,
+                         2,
+                         1,
+                         dt,
+                         {2, 2},
+                         {{12, 5}, {5, 12}},
+                         1});
+        check(&(pattern){
+            "PROLOGUE_ALSO_OUTPUT(mean(t), t)", pro_also_out, NULL, 1, 2, dt, {2}, {{4, 30}}, 1});
         P1("TWO_REDUCTIONS_ONE_PROLOGUE", two_reductions, dt, 2, 2, {6, 21});
         P1("SOFTMAX_DIM0_PROLOGUE", softmax0_pro, dt, 1, 2, {9, 4});
-        check(&(pattern){"LINEAR_BIAS_GELU", linear_gelu, NULL, 3, 1, dt, {2, 2, 1},
-                         {{5, 16}, {12, 16}, {12}}, 2});
-        check(&(pattern){"LINEAR_ADD_BIAS_GELU", linear_bias_gelu, NULL, 3, 1, dt, {2, 2, 1},
-                         {{5, 16}, {12, 16}, {12}}, 2});
-        check(&(pattern){"MATMUL_SILU_RESIDUAL", matmul_res, NULL, 3, 1, dt, {2, 2, 2},
-                         {{4, 8}, {8, 6}, {4, 6}}, 2});
-        check(&(pattern){"VIEW_TRANSPOSE", view_transpose, NULL, 2, 1, dt, {2, 2}, {{9, 5}, {5, 9}}, 1});
+        check(&(pattern){"LINEAR_BIAS_GELU",
+                         linear_gelu,
+                         NULL,
+                         3,
+                         1,
+                         dt,
+                         {2, 2, 1},
+                         {{5, 16}, {12, 16}, {12}},
+                         2});
+        check(&(pattern){"LINEAR_ADD_BIAS_GELU",
+                         linear_bias_gelu,
+                         NULL,
+                         3,
+                         1,
+                         dt,
+                         {2, 2, 1},
+                         {{5, 16}, {12, 16}, {12}},
+                         2});
+        check(&(pattern){"MATMUL_SILU_RESIDUAL",
+                         matmul_res,
+                         NULL,
+                         3,
+                         1,
+                         dt,
+                         {2, 2, 2},
+                         {{4, 8}, {8, 6}, {4, 6}},
+                         2});
+        check(&(pattern){
+            "VIEW_TRANSPOSE", view_transpose, NULL, 2, 1, dt, {2, 2}, {{9, 5}, {5, 9}}, 1});
         check(&(pattern){"VIEW_SLICE", view_slice, NULL, 2, 1, dt, {2, 2}, {{4, 14}, {4, 7}}, 1});
         check(&(pattern){"VIEW_EXPAND", view_expand, NULL, 2, 1, dt, {1, 2}, {{11}, {6, 11}}, 1});
-        check(&(pattern){"VIEW_RESHAPE", view_reshape, NULL, 2, 1, dt, {3, 2}, {{2, 3, 10}, {6, 10}}, 1});
-        check(&(pattern){"VIEW_RESHAPE_OF_MADE", view_reshape_made, NULL, 2, 1, dt, {3, 2},
-                         {{2, 3, 10}, {6, 10}}, 2});
+        check(&(pattern){
+            "VIEW_RESHAPE", view_reshape, NULL, 2, 1, dt, {3, 2}, {{2, 3, 10}, {6, 10}}, 1});
+        check(&(pattern){"VIEW_RESHAPE_OF_MADE",
+                         view_reshape_made,
+                         NULL,
+                         2,
+                         1,
+                         dt,
+                         {3, 2},
+                         {{2, 3, 10}, {6, 10}},
+                         2});
         check(&(pattern){"VIEW_MIX", view_mix, NULL, 2, 1, dt, {2, 2}, {{3, 8}, {3, 8}}, 2});
     }
     test_adamw();
