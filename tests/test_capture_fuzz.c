@@ -11,7 +11,7 @@
  * the same way. Even seeds favour reductions and row ops, so that pointwise
  * prologues and epilogues around them are common; every third seed mixes
  * input dtypes (binary ops cast their second operand). Generated C is
- * compiled with SG_CFLAGS="-Wall -Werror". Each program prints as text with
+ * compiled with SG_CFLAGS="-Wall -Wextra -Werror". Each program prints as text with
  * its seed, e.g. "v3 = add(v1, v2)", to be re-run by seed (argument 1).
  */
 #define _POSIX_C_SOURCE 200809L
@@ -298,7 +298,7 @@ static bool run_seed(sg_ctx *ctx, uint64_t seed, int nmodes, const sg_mode *mode
 int main(int argc, char **argv) {
     sg_ctx *ctx;
     ctx = tu_ctx((sg_ctx_opts){0});
-    setenv("SG_CFLAGS", "-Wall -Werror", 1);
+    setenv("SG_CFLAGS", "-Wall -Wextra -Werror", 1);
     uint64_t first = 1, last = 600;
     if (argc > 1) first = last = strtoull(argv[1], NULL, 10); /* re-run one seed */
     /* Pass 0: unfused replay, bit for bit; 1: fused and generated, every

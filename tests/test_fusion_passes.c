@@ -6,7 +6,7 @@
  * integer self-comparisons under -Werror, the multi-tensor kernel's
  * barrier, and explain's text for values kept in registers. Each step runs
  * eagerly and compiled on the same random inputs; the compiled fn must have
- * compiled (no fallback) with SG_CFLAGS="-Wall -Werror".
+ * compiled (no fallback) with SG_CFLAGS="-Wall -Wextra -Werror".
  */
 #define _POSIX_C_SOURCE 200809L
 #include "graphs/graphs.h"
@@ -346,7 +346,7 @@ static void test_explain_registers(void) {
 }
 
 int main(void) {
-    setenv("SG_CFLAGS", "-Wall -Werror", 1);
+    setenv("SG_CFLAGS", "-Wall -Wextra -Werror", 1);
     ctx = tu_ctx((sg_ctx_opts){0});
     tu_seed(9);
     test_dce();

@@ -2,7 +2,7 @@
  * test_fusion_patterns.c -- every fusion pattern, compiled and replayed on
  * random inputs, against the same step run eagerly (one kernel per op), and
  * the number of kernels it fused into. Generated C is compiled with
- * SG_CFLAGS="-Wall -Werror", so a warning in generated code fails the case.
+ * SG_CFLAGS="-Wall -Wextra -Werror", so a warning in generated code fails the case.
  * Each case prints its name, dtype, shapes and the kernel count, e.g.
  *   ok   SOFTMAX(type=f32,x=[7,33]) kernels=1 (max 1, 1 IR ops)
  */
@@ -275,7 +275,7 @@ static void test_adamw(void) {
 
 int main(void) {
     /* Warnings in generated code are errors (see codegen/codegen.h). */
-    setenv("SG_CFLAGS", "-Wall -Werror", 1);
+    setenv("SG_CFLAGS", "-Wall -Wextra -Werror", 1);
     ctx = tu_ctx((sg_ctx_opts){0});
     tu_seed(5);
     sg_dtype dts[3] = {SG_F32, SG_F16, SG_BF16};
