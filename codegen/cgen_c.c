@@ -3,7 +3,9 @@
  * capture. Each pointwise group (and each epilogue after a library-run
  * anchor) becomes a readable function with constant shapes, strides and
  * offsets, run as an orphaned `omp for` inside the parallel region of the
- * whole step; anchors and opaque nodes call back into the library.
+ * whole step; anchors and opaque nodes call back into the library. The
+ * pointwise prologue of a reduction or row op is its own function, run
+ * before the library call, and stores the value the call reads.
  *
  * Values in registers equal what the eager path would read back from
  * memory: each result is narrowed to its dtype and widened again (f16 and
