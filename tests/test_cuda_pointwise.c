@@ -45,9 +45,9 @@ static bool has_name(const void *img, size_t n, const char *name) {
  * asks for. Returns false on a failure (not on NVRTC missing). */
 static bool nvrtc_units(void) {
     static const char *const pw[] = {"sg_pw_vec", "sg_pw_flat", "sg_pw_nd32", "sg_pw_nd64", NULL};
-    static const char *const dk[] = {"sg_data_gather32", "sg_data_gather64", "sg_data_scatter32",
-                                     "sg_data_scatter64", "sg_data_index_prep", "sg_data_zero",
-                                     "sg_data_arange", NULL};
+    static const char *const dk[] = {
+        "sg_data_gather32",   "sg_data_gather64", "sg_data_scatter32", "sg_data_scatter64",
+        "sg_data_index_prep", "sg_data_zero",     "sg_data_arange",    NULL};
     char dir[64];
     snprintf(dir, sizeof dir, "/tmp/sg-cupw-test-%d", (int)getpid());
     setenv("SG_CACHE_DIR", dir, 1);
@@ -214,35 +214,35 @@ static void test_layouts(void) {
     free(got);
 }
 
-/* Offsets past 2^30 elements: a strided view over a 1.1 GB bool tensor. */
+/* Offsets past 2^30 elements: a strided view over a 1.6 GB bool tensor. */
 static void test_offsets_64(void) {
     const int64_t M = ((int64_t)1 << 29) + 64;
-    int64_t bs[2] = {2, M};
+    int64_t bs[2] = {3, M};
     sg_tensor *base = sg_zeros(ctx, SG_BOOL, 2, bs);
     if (!base) {
         printf("skip OFFSETS_64: %s\n", sg_last_error(ctx));
         sg_clear_error(ctx);
         return;
     }
-    sg_tensor *v = sg_slice(base, 1, 3, M, M / 5); /* [2, 5] with strides [M, M/5] */
-    unsigned char src[10] = {1, 0, 1, 1, 0, 0, 1, 0, 1, 1};
-    int64_t ss[2] = {2, 5};
+    sg_tensor *v = sg_slice(base, 1, 3, M, M / 5); /* [3, 5] with strides [M, M/5] */
+    unsigned char src[15] = {1, 0, 1, 1, 0, 0, 1, 0, 1, 1, 1, 1, 0, 0, 1};
+    int64_t ss[2] = {3, 5};
     sg_tensor *s = sg_from_host(ctx, SG_BOOL, 2, ss, src);
     bool ok = TU_EXPECT(v != NULL) && TU_EXPECT(sg_copy_(v, s) == SG_OK);
     sg_tensor *y = ok ? sg_cast(v, SG_I32) : NULL, *z = ok ? sg_logical_not(v) : NULL;
-    int32_t yi[10] = {0};
-    unsigned char zb[10] = {0};
+    int32_t yi[15] = {0};
+    unsigned char zb[15] = {0};
     ok = ok && TU_EXPECT(sg_read(y, yi, sizeof yi) == SG_OK) &&
          TU_EXPECT(sg_read(z, zb, sizeof zb) == SG_OK);
-    for (int i = 0; ok && i < 10; i++) ok = TU_EXPECT(yi[i] == src[i] && zb[i] == !src[i]);
+    for (int i = 0; ok && i < 15; i++) ok = TU_EXPECT(yi[i] == src[i] && zb[i] == !src[i]);
     /* The neighbours of the written elements stay zero. */
     sg_tensor *w = ok ? sg_slice(base, 1, 4, M, M / 5) : NULL;
     sg_tensor *any = w ? sg_cast(w, SG_I32) : NULL;
-    int32_t wi[10] = {1};
+    int32_t wi[15] = {1};
     ok = ok && TU_EXPECT(sg_read(any, wi, sizeof wi) == SG_OK);
-    for (int i = 0; ok && i < 10; i++) ok = TU_EXPECT(wi[i] == 0);
+    for (int i = 0; ok && i < 15; i++) ok = TU_EXPECT(wi[i] == 0);
     if (!ok) fprintf(stderr, "  %s\n", sg_last_error(ctx));
-    tu_case(ok, "COPY+CAST+NOT(type=bool,base=[2,%lld],view=[2,5] strides [%lld,%lld])",
+    tu_case(ok, "COPY+CAST+NOT(type=bool,base=[3,%lld],view=[3,5] strides [%lld,%lld])",
             (long long)M, (long long)M, (long long)(M / 5));
     sg_clear_error(ctx);
     sg_release(base), sg_release(v), sg_release(s), sg_release(y), sg_release(z);
@@ -256,8 +256,10 @@ static sg_tensor *indices(sg_dtype dt, int64_t n, int64_t limit, int64_t **vals)
     void *buf = malloc((size_t)(n + 1) * 8);
     for (int64_t i = 0; i < n; i++) {
         v[i] = tu_randint(0, limit - 1);
-        if (dt == SG_I32) ((int32_t *)buf)[i] = (int32_t)v[i];
-        else ((int64_t *)buf)[i] = v[i];
+        if (dt == SG_I32)
+            ((int32_t *)buf)[i] = (int32_t)v[i];
+        else
+            ((int64_t *)buf)[i] = v[i];
     }
     int64_t s[1] = {n};
     sg_tensor *t = sg_from_host(ctx, dt, 1, s, buf);
@@ -277,7 +279,8 @@ static void test_data(void) {
     double *got = e ? tu_read(e) : NULL;
     bool ok = TU_EXPECT(got != NULL);
     for (int64_t r = 0; ok && r < 4096; r++)
-        for (int64_t c = 0; ok && c < ws[1]; c++) ok = TU_EXPECT(got[r * ws[1] + c] == wv[iv[r] * ws[1] + c]);
+        for (int64_t c = 0; ok && c < ws[1]; c++)
+            ok = TU_EXPECT(got[r * ws[1] + c] == wv[iv[r] * ws[1] + c]);
     tu_case(ok, "EMBEDDING(type=f16,weight=[50257,768],idx=i32[4096])");
     free(got);
 
@@ -290,7 +293,8 @@ static void test_data(void) {
     got = sel ? tu_read(sel) : NULL;
     ok = TU_EXPECT(got != NULL);
     for (int64_t r = 0; ok && r < ws[1]; r++)
-        for (int64_t j = 0; ok && j < 333; j++) ok = TU_EXPECT(got[r * 333 + j] == wv[jv[j] * ws[1] + r]);
+        for (int64_t j = 0; ok && j < 333; j++)
+            ok = TU_EXPECT(got[r * 333 + j] == wv[jv[j] * ws[1] + r]);
     tu_case(ok, "INDEX_SELECT(type=f16,x=[768,50257] view=permuted,dim=1,idx=i64[333])");
     free(got);
 
@@ -328,7 +332,8 @@ static void test_data(void) {
     ok = TU_EXPECT(got != NULL);
     for (int64_t r = 0; ok && r < 1600; r++) {
         int64_t wr = r < 300 ? r + 7 : r < 1300 ? 2 * (r - 300) : r - 1300 + 7;
-        for (int64_t c = 0; ok && c < ws[1]; c++) ok = TU_EXPECT(got[r * ws[1] + c] == wv[wr * ws[1] + c]);
+        for (int64_t c = 0; ok && c < ws[1]; c++)
+            ok = TU_EXPECT(got[r * ws[1] + c] == wv[wr * ws[1] + c]);
     }
     tu_case(ok, "CONCAT(type=f16,[300,768]+[1000,768] strided+[300,768],dim=0)");
     free(got);

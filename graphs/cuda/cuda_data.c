@@ -33,6 +33,7 @@ typedef struct dt_args {
     int64_t *idx64;
     int ndim, es, idx_is_i64, dim;
 } dt_args;
+_Static_assert(sizeof(dt_args) == 272, "dt_args changed: update k_data.cu too");
 
 static void grid_for(sg_ctx *ctx, int64_t work, unsigned grid[3], unsigned block[3]) {
     int64_t blocks = (work + 255) / 256, cap = (int64_t)sg__cuda_sm_count(ctx) * 8;
@@ -89,7 +90,8 @@ static sg_status check_indices(sg_ctx *ctx, const char *op, const sg_tensor *idx
     sg_status s = sg__cuda_download(ctx, buf, sg__data(idx), nbytes);
     int64_t coord[SG_MAX_DIMS] = {0}, off = 0;
     for (int64_t i = 0; s == SG_OK && i < n; i++) {
-        int64_t v = idx->dtype == SG_I64 ? ((const int64_t *)buf)[off] : ((const int32_t *)buf)[off];
+        int64_t v =
+            idx->dtype == SG_I64 ? ((const int64_t *)buf)[off] : ((const int32_t *)buf)[off];
         if (v < 0 || v >= limit) {
             char d[SG__DESC];
             s = sg__fail(ctx, SG_ERR_INDEX, "%s: idx %s holds %lld at position %lld, out of range "

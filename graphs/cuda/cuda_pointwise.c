@@ -30,6 +30,7 @@ typedef struct pw_args {
     int op, nin, ndim;
     int dt[MAXOPS];
 } pw_args;
+_Static_assert(sizeof(pw_args) == 344, "pw_args changed: update k_pointwise.cu too");
 
 /* The kernel numbers the pointwise ops from NEG in ops.def's order. */
 _Static_assert(SG__OP_FILL - SG__OP_NEG == 37 && SG__OP_WHERE - SG__OP_NEG == 36 &&
@@ -115,7 +116,8 @@ static int coalesce(int ndim, int64_t *shape, int nops, int64_t (*stride)[SG_MAX
     for (int d = 0; d < ndim; d++) {
         if (shape[d] == 1) continue;
         bool merge = nd > 0;
-        for (int k = 0; merge && k < nops; k++) merge = stride[k][nd - 1] == stride[k][d] * shape[d];
+        for (int k = 0; merge && k < nops; k++)
+            merge = stride[k][nd - 1] == stride[k][d] * shape[d];
         if (merge) {
             shape[nd - 1] *= shape[d];
             for (int k = 0; k < nops; k++) stride[k][nd - 1] = stride[k][d];

@@ -37,6 +37,7 @@ struct dt_args {
     i64 *idx64;          /* index_copy: the indices read as int64 */
     int ndim, es, idx_is_i64, dim;
 };
+static_assert(sizeof(dt_args) == 272, "dt_args changed: update cuda_data.c too");
 
 __device__ __forceinline__ void copy_elem(void *d, i64 di, const void *s, i64 si, int es) {
     switch (es) {

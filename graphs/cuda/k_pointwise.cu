@@ -56,6 +56,9 @@ struct pw_args {
     int dt[MAXOPS];
 };
 
+/* The host fills this struct by its own definition: both must agree. */
+static_assert(sizeof(pw_args) == 344, "pw_args changed: update cuda_pointwise.c too");
+
 /* What pw_compute needs, small enough to live in registers. */
 struct pw_op {
     int op, dy, d0, d1;
