@@ -392,7 +392,10 @@ __device__ __forceinline__ void load_vec(const void *p, int dt, bool bcast, i64 
     default: {
         uint2 w = ((const uint2 *)p)[c];
 #pragma unroll
-        for (int j = 0; j < 4; j++) v[j] = (w.x >> (8 * j)) & 0xffu, v[4 + j] = (w.y >> (8 * j)) & 0xffu;
+        for (int j = 0; j < 4; j++) {
+            v[j] = (w.x >> (8 * j)) & 0xffu;
+            v[4 + j] = (w.y >> (8 * j)) & 0xffu;
+        }
         break;
     }
     }
@@ -412,7 +415,8 @@ __device__ __forceinline__ void store_vec(void *p, int dt, i64 c, const u64 *v) 
         uint4 *q = (uint4 *)p + 2 * c;
 #pragma unroll
         for (int j = 0; j < 2; j++)
-            q[j] = make_uint4((u32)v[4 * j], (u32)v[4 * j + 1], (u32)v[4 * j + 2], (u32)v[4 * j + 3]);
+            q[j] = make_uint4((u32)v[4 * j], (u32)v[4 * j + 1], (u32)v[4 * j + 2],
+                              (u32)v[4 * j + 3]);
         break;
     }
     case 2: {
@@ -446,7 +450,8 @@ extern "C" __global__ void sg_pw_vec(const pw_args a) {
         if (a.nin >= 3) load_vec(a.ptr[3], a.dt[3], a.stride[3][0] == 0, c, z);
 #pragma unroll
         for (int k = 0; k < VEC; k++)
-            r[k] = pw_compute(o, a.nin >= 1 ? x[k] : 0, a.nin >= 2 ? y[k] : 0, a.nin >= 3 ? z[k] : 0);
+            r[k] = pw_compute(o, a.nin >= 1 ? x[k] : 0, a.nin >= 2 ? y[k] : 0,
+                              a.nin >= 3 ? z[k] : 0);
         store_vec(a.ptr[0], a.dt[0], c, r);
     }
     for (i64 i = chunks * VEC + t; i < a.n; i += step) {
