@@ -436,11 +436,49 @@ __device__ __forceinline__ void store_vec(void *p, int dt, i64 c, const u64 *v) 
     }
 }
 
+/* Element k of a chunk of f32 bits, as a float (y is read only by binary ops:
+ * a unary op's y was never loaded). */
+__device__ __forceinline__ float fv(const u64 *p, int k) { return __uint_as_float((u32)p[k]); }
+
+/* The commonest f32 arithmetic over one chunk, inline: these ops are
+ * memory-bound, and the call into pw_compute would cost more than the op.
+ * The same expressions as apply_f. False for the other ops. */
+__device__ __forceinline__ bool f32_fast(const pw_op &o, const u64 *x, const u64 *y, u64 *r) {
+    float a[VEC], v[VEC];
+#pragma unroll
+    for (int k = 0; k < VEC; k++) a[k] = __uint_as_float((u32)x[k]);
+    switch (o.op) {
+#define FAST(OP, expr)                                                                             \
+    case OP:                                                                                       \
+        _Pragma("unroll") for (int k = 0; k < VEC; k++) v[k] = (expr);                             \
+        break
+        FAST(OP_ADD, a[k] + fv(y, k));
+        FAST(OP_SUB, a[k] - fv(y, k));
+        FAST(OP_MUL, a[k] * fv(y, k));
+        FAST(OP_DIV, a[k] / fv(y, k));
+        FAST(OP_NEG, -a[k]);
+        FAST(OP_ADD_SCALAR, a[k] + o.s0);
+        FAST(OP_MUL_SCALAR, a[k] * o.s0);
+        FAST(OP_RELU, a[k] > 0.0f || a[k] != a[k] ? a[k] : 0.0f);
+        FAST(OP_MAXIMUM, a[k] != a[k] || a[k] > fv(y, k) ? a[k] : fv(y, k));
+        FAST(OP_MINIMUM, a[k] != a[k] || a[k] < fv(y, k) ? a[k] : fv(y, k));
+        FAST(OP_COPY, a[k]);
+        FAST(OP_CAST, a[k]);
+#undef FAST
+    default: return false;
+    }
+#pragma unroll
+    for (int k = 0; k < VEC; k++) r[k] = __float_as_uint(v[k]);
+    return true;
+}
+
 /* One dim, every operand contiguous (stride 1) or broadcast (stride 0), the
  * contiguous ones aligned to their chunk (16 bytes, 8 for bools). The last
  * n % VEC elements are done one by one. */
 extern "C" __global__ void sg_pw_vec(const pw_args a) {
     pw_op o = make_op(a);
+    bool fast = a.nin >= 1 && a.dt[0] == DT_F32 && a.dt[1] == DT_F32 &&
+                (a.nin < 2 || a.dt[2] == DT_F32);
     i64 chunks = a.n / VEC, step = (i64)blockDim.x * gridDim.x;
     i64 t = (i64)blockIdx.x * blockDim.x + threadIdx.x;
     for (i64 c = t; c < chunks; c += step) {
@@ -448,10 +486,11 @@ extern "C" __global__ void sg_pw_vec(const pw_args a) {
         if (a.nin >= 1) load_vec(a.ptr[1], a.dt[1], a.stride[1][0] == 0, c, x);
         if (a.nin >= 2) load_vec(a.ptr[2], a.dt[2], a.stride[2][0] == 0, c, y);
         if (a.nin >= 3) load_vec(a.ptr[3], a.dt[3], a.stride[3][0] == 0, c, z);
+        if (!(fast && f32_fast(o, x, y, r)))
 #pragma unroll
-        for (int k = 0; k < VEC; k++)
-            r[k] = pw_compute(o, a.nin >= 1 ? x[k] : 0, a.nin >= 2 ? y[k] : 0,
-                              a.nin >= 3 ? z[k] : 0);
+            for (int k = 0; k < VEC; k++)
+                r[k] = pw_compute(o, a.nin >= 1 ? x[k] : 0, a.nin >= 2 ? y[k] : 0,
+                                  a.nin >= 3 ? z[k] : 0);
         store_vec(a.ptr[0], a.dt[0], c, r);
     }
     for (i64 i = chunks * VEC + t; i < a.n; i += step) {
