@@ -11,7 +11,8 @@
  * called by the three layouts:
  *   sg_pw_vec    one flat dim, every operand contiguous or a broadcast
  *                scalar, contiguous operands 16-byte aligned: 8 elements a
- *                thread through 16-byte loads and stores;
+ *                thread through 16-byte loads and stores (the commonest
+ *                f32 ops inline there, without the call);
  *   sg_pw_flat   one flat dim with any strides;
  *   sg_pw_nd32 / sg_pw_nd64   up to 6 dims with broadcast strides; the 32-bit
  *                variant when every index and offset fits (64-bit division
