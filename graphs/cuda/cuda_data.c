@@ -2,7 +2,9 @@
  * cuda_data.c -- the host side of the CUDA data kernels (k_data.cu):
  * embedding and index_select as strided gathers, concat as one strided copy
  * per input, index_copy_ as three passes (clear marks, read indices and mark
- * the last writer of each position, scatter), and arange.
+ * the last writer of each position, scatter; one pass that scans for later
+ * duplicates itself while a graph is recorded, since scratch cannot be
+ * allocated then), and arange.
  *
  * Index values: outside a graph recording the index tensor is downloaded
  * and checked before any launch, so that a bad index fails the call with
@@ -31,9 +33,11 @@ typedef struct dt_args {
     int64_t limit;
     uint64_t *last;
     int64_t *idx64;
+    int64_t count;
+    int64_t jstride;
     int ndim, es, idx_is_i64, dim;
 } dt_args;
-_Static_assert(sizeof(dt_args) == 272, "dt_args changed: update k_data.cu too");
+_Static_assert(sizeof(dt_args) == 288, "dt_args changed: update k_data.cu too");
 
 static void grid_for(sg_ctx *ctx, int64_t work, unsigned grid[3], unsigned block[3]) {
     int64_t blocks = (work + 255) / 256, cap = (int64_t)sg__cuda_sm_count(ctx) * 8;
@@ -201,6 +205,45 @@ static sg_status concat(sg_ctx *ctx, const sg__node *n) {
 }
 
 /*
+ * index_copy_ inside a graph recording, where scratch cannot be allocated:
+ * sg_data_index_copy_scan, one pass in which each src position along dim
+ * checks the later indices itself. It reads idx while other blocks write
+ * dst, so an idx that shares dst's storage is refused.
+ */
+static sg_status index_copy_recorded(sg_ctx *ctx, const sg__node *n, int64_t numel) {
+    const sg_tensor *dst = n->out, *idx = n->in[1], *src = n->in[2];
+    int dim = (int)n->i[0], nd = dst->ndim;
+    if (idx->st == dst->st) {
+        char a[SG__DESC], b[SG__DESC];
+        return sg__fail(ctx, SG_ERR_UNSUPPORTED, "sg_index_copy_: idx %s shares storage with dst "
+                        "%s, which a CUDA graph cannot order; pass sg_clone(idx)",
+                        sg__describe(idx, a, sizeof a), sg__describe(dst, b, sizeof b));
+    }
+    dt_args a;
+    memset(&a, 0, sizeof a);
+    a.dst = sg__data(dst);
+    a.src = sg__data(src);
+    a.idx = sg__data(idx);
+    a.idx_is_i64 = idx->dtype == SG_I64;
+    a.istride[0] = idx->stride[0];
+    a.count = src->shape[dim];
+    a.jstride = src->stride[dim];
+    a.sel_stride = dst->stride[dim];
+    a.limit = dst->shape[dim];
+    a.ndim = nd;
+    for (int d = 0; d < nd; d++) { /* the walk leaves dim out */
+        a.shape[d] = d == dim ? 1 : src->shape[d];
+        a.dstride[d] = d == dim ? 0 : dst->stride[d];
+        a.sstride[d] = d == dim ? 0 : src->stride[d];
+    }
+    a.n = numel / a.count;
+    a.es = (int)sg_dtype_size(dst->dtype);
+    void *args[1] = {&a};
+    int64_t chunks = (a.n + 2047) / 2048; /* CHUNK in k_data.cu */
+    return launch(ctx, "sg_data_index_copy_scan", a.count * chunks * 256, args);
+}
+
+/*
  * dst[.., idx[i], ..] = src[.., i, ..]; of repeated indices the last wins.
  * Scratch holds the indices as int64 (read before any write: idx may alias
  * dst) and one mark per position of dst along dim.
@@ -215,6 +258,7 @@ static sg_status index_copy(sg_ctx *ctx, const sg__node *n) {
     if (s != SG_OK) return s;
     int64_t numel = sg__numel(nd, src->shape);
     if (numel == 0) return SG_OK;
+    if (sg__cuda_capturing(ctx)) return index_copy_recorded(ctx, n, numel);
     void *scratch;
     s = sg__cuda_scratch(ctx, (size_t)(L + size) * sizeof(uint64_t), &scratch);
     if (s != SG_OK) return s;

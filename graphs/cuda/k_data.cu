@@ -2,7 +2,8 @@
  * k_data.cu -- the CUDA kernels of the data family (the NVRTC unit
  * SG__CU_DATA; cuda_data.c launches them): embedding, index_select and
  * concat as one strided gather, index_copy as a scatter after a pass that
- * reads the indices, and arange. Elements move as raw bytes (1, 2, 4 or 8),
+ * reads the indices (or, inside a graph recording, one pass that scans for
+ * duplicates), and arange. Elements move as raw bytes (1, 2, 4 or 8),
  * so every dtype is one kernel. Self-contained: no includes.
  *
  * Every kernel guards its indices: a gather whose index is out of range
@@ -35,9 +36,11 @@ struct dt_args {
     i64 limit;           /* indices are valid in [0, limit) */
     u64 *last;           /* index_copy: per dst position, the last src position + 1 */
     i64 *idx64;          /* index_copy: the indices read as int64 */
+    i64 count;           /* index_copy in a graph: idx's length */
+    i64 jstride;         /* index_copy in a graph: src's stride along dim */
     int ndim, es, idx_is_i64, dim;
 };
-static_assert(sizeof(dt_args) == 272, "dt_args changed: update cuda_data.c too");
+static_assert(sizeof(dt_args) == 288, "dt_args changed: update cuda_data.c too");
 
 __device__ __forceinline__ void copy_elem(void *d, i64 di, const void *s, i64 si, int es) {
     switch (es) {
@@ -134,6 +137,39 @@ template <typename I> __device__ __forceinline__ void scatter(const dt_args &a) 
 
 extern "C" __global__ void sg_data_scatter32(const dt_args a) { scatter<int>(a); }
 extern "C" __global__ void sg_data_scatter64(const dt_args a) { scatter<i64>(a); }
+
+/*
+ * index_copy while a CUDA graph is recorded, where no scratch may be
+ * allocated: one pass. Work item b is (src position j along dim, chunk of
+ * the other coordinates); its block first looks for a later position with
+ * the same index (last write wins), together, then copies the chunk. The
+ * walk (shape, strides) leaves dim out: shape[dim] is 1, jstride steps src
+ * to position j. Scanning costs (count - j) loads a block, shared by its
+ * threads: cheap for the short index lists of KV-cache updates.
+ */
+#define CHUNK 2048
+extern "C" __global__ void sg_data_index_copy_scan(const dt_args a) {
+    i64 chunks = (a.n + CHUNK - 1) / CHUNK;
+    for (i64 b = blockIdx.x; b < a.count * chunks; b += gridDim.x) {
+        i64 j = b / chunks, first = (b % chunks) * CHUNK;
+        i64 v = read_index(a.idx, a.idx_is_i64, j * a.istride[0]);
+        int later = 0;
+        for (i64 k = j + 1 + threadIdx.x; k < a.count && !later; k += blockDim.x)
+            later = read_index(a.idx, a.idx_is_i64, k * a.istride[0]) == v;
+        if (__syncthreads_or(later) || v < 0 || v >= a.limit) continue; /* uniform per block */
+        i64 end = first + CHUNK < a.n ? first + CHUNK : a.n;
+        for (i64 e = first + threadIdx.x; e < end; e += blockDim.x) {
+            i64 rem = e, doff = v * a.sel_stride, soff = j * a.jstride;
+            for (int d = a.ndim - 1; d >= 0; d--) {
+                i64 size = a.shape[d], c = rem % size;
+                rem /= size;
+                doff += c * a.dstride[d];
+                soff += c * a.sstride[d];
+            }
+            copy_elem(a.dst, doff, a.src, soff, a.es);
+        }
+    }
+}
 
 /* ------------------------------------------------------------ arange */
 
