@@ -358,6 +358,51 @@ static void test_data(void) {
     free(wv), free(iv), free(jv), free(dv), free(sv), free(kv);
 }
 
+/* ------------------------------------------------------------ in a graph */
+
+/* A KV-cache update: cache[:, pos[i], :] = kv[:, i, :], then read the cache. */
+static sg_status kv_step(sg_ctx *c, sg_tensor *const *in, sg_tensor **out, void *user) {
+    sg_tensor *cache = user;
+    sg_status s = sg_index_copy_(cache, 1, in[0], in[1]);
+    out[0] = s == SG_OK ? sg_mul_scalar(cache, 1.0) : NULL;
+    return out[0] ? SG_OK : sg_ctx_status(c);
+}
+
+/* index_copy_ replayed from a CUDA graph (its recorded path scans for
+ * repeated indices itself): three positions a call, the first repeated as
+ * the third, so the third write must win. */
+static void test_index_copy_graph(void) {
+    int64_t cs[3] = {2, 16, 8}, ks[3] = {2, 3, 8}, ps[1] = {3};
+    sg_tensor *cache = sg_zeros(ctx, SG_F32, 3, cs);
+    double ref[2 * 16 * 8] = {0};
+    sg_fn *fn = NULL;
+    bool ok =
+        TU_EXPECT(sg_compile(ctx, kv_step, cache, 2, 1,
+                             &(sg_compile_opts){.mode = SG_MODE_REDUCE_OVERHEAD}, &fn) == SG_OK);
+    for (int call = 0; ok && call < 6; call++) {
+        int64_t p = (call * 5) % 15, pos[3] = {p, p + 1, p};
+        double *kv;
+        sg_tensor *k = tu_rand(ctx, SG_F32, 3, ks, -1, 1, &kv);
+        sg_tensor *pt = sg_from_host(ctx, SG_I64, 1, ps, pos), *in[2] = {pt, k}, *y = NULL;
+        for (int b = 0; b < 2; b++)
+            for (int i = 0; i < 3; i++)
+                for (int d = 0; d < 8; d++)
+                    ref[(b * 16 + pos[i]) * 8 + d] = kv[(b * 3 + i) * 8 + d];
+        ok = TU_EXPECT(sg_mark_step_begin(ctx) == SG_OK) &&
+             TU_EXPECT(sg_call(fn, in, 2, &y, 1) == SG_OK);
+        double *got = ok ? tu_read(y) : NULL;
+        ok = ok && TU_EXPECT(got != NULL) && tu_close("cache", got, ref, 2 * 16 * 8, 0, 0);
+        if (!ok) fprintf(stderr, "  call %d: %s\n", call, sg_last_error(ctx));
+        sg_release(k), sg_release(pt);
+        free(kv), free(got);
+    }
+    tu_case(ok, "INDEX_COPY_GRAPH(type=f32,cache=[2,16,8],dim=1,idx=[p,p+1,p],6 calls,"
+                "reduce-overhead)");
+    sg_clear_error(ctx);
+    sg_fn_destroy(fn);
+    sg_release(cache);
+}
+
 int main(void) {
     bool compiled = nvrtc_units();
     sg_status s = sg_ctx_create(&(sg_ctx_opts){.backend = SG_BACKEND_CUDA}, &ctx);
@@ -375,6 +420,7 @@ int main(void) {
     test_layouts();
     test_offsets_64();
     test_data();
+    test_index_copy_graph();
     sg_ctx_destroy(ctx);
     return tu_finish();
 }
