@@ -236,8 +236,8 @@ static void set_shape(open_t *og, const sg__ref *r) {
 static sg_status start_anchor(builder *b, open_t *og, int i, sg__gkind kind) {
     const sg__irnode *n = &b->ir->nodes[i];
     const sg__ref *x = arg_ref(b->ir, n, 0, b->alias);
-    bool prologue = kind != SG__G_MATMUL && !b->no_prologue && og->kind == SG__G_POINTWISE && b->nscratch > 0 &&
-                    same_shape(og->nd, og->shape, x);
+    bool prologue = kind != SG__G_MATMUL && !b->no_prologue && og->kind == SG__G_POINTWISE &&
+                    b->nscratch > 0 && same_shape(og->nd, og->shape, x);
     sg__gnode gn = {.node = i, .store = true};
     for (int j = 0; j < 4; j++) gn.arg_src[j] = -1;
     if (prologue) {
