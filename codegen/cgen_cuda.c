@@ -728,14 +728,14 @@ static uint32_t fnv1a(const char *s, size_t n) {
     return h;
 }
 
-/* Mark the slots a group's generated code touches in memory. */
+/* Mark the slots a group's generated code reads or writes in memory. */
 static void used_slots(const gen *g, const sg__group *grp, int from, bool *used) {
     for (int k = from; k < grp->n; k++) {
         const sg__irnode *n = &g->ir->nodes[grp->g[k].node];
-        used[ref_of(g, n->out)->slot] = true;
+        if (grp->g[k].store) used[ref_of(g, n->out)->slot] = true;
         for (int j = 0; j < n->nin; j++) {
             const sg__ref *a = arg_of(g, n, j);
-            if (a) used[a->slot] = true;
+            if (a && reg_src(g, grp, k, j) < 0) used[a->slot] = true;
         }
     }
 }
@@ -786,7 +786,9 @@ static void emit_kernel(gen *g, const sg__group *grp, int k, sg__cuda_kinfo *ki)
     g->e = &body;
     const char *what;
     if (is_gemv) {
+        g->anchor_reg = true;
         used_slots(g, grp, 0, used);
+        used[p.o->slot] = true;
         ki->grid = emit_gemv(g, grp, &p);
         ki->iters = p.n;
         ki->replaces_call = true;
