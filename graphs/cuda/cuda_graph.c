@@ -24,6 +24,7 @@
 #include "cuda.h"
 
 #include <stdio.h>
+#include <stdlib.h>
 
 typedef struct set_state {
     CUdeviceptr table; /* nslots device pointers */
@@ -34,8 +35,8 @@ typedef struct set_state {
 
 typedef struct cu_graph {
     CUmodule mod;
-    CUfunction *kfn; /* per group, NULL without a generated kernel */
-    int64_t *iters;  /* per group */
+    CUfunction *kfn;        /* per group, NULL without a generated kernel */
+    sg__cuda_kinfo *kinfo;  /* per group: kernel name, launch, whether it replaces the call */
     int ngroups, nslots;
     set_state *sets;
     int nsets;
@@ -61,9 +62,22 @@ static void release(sg_ctx *ctx, sg__graph *g) {
     sg__free(ctx, cg->sets, sizeof *cg->sets * (size_t)(cg->nsets ? cg->nsets : 1));
     if (cg->mod) cu->cuModuleUnload(cg->mod);
     sg__free(ctx, cg->kfn, sizeof *cg->kfn * (size_t)(cg->ngroups ? cg->ngroups : 1));
-    sg__free(ctx, cg->iters, sizeof *cg->iters * (size_t)(cg->ngroups ? cg->ngroups : 1));
+    sg__free(ctx, cg->kinfo, sizeof *cg->kinfo * (size_t)(cg->ngroups ? cg->ngroups : 1));
     sg__free(ctx, cg, sizeof *cg);
     g->dev = NULL;
+}
+
+/*
+ * Fuse again with the CUDA options (graph.c fused for the generic case):
+ * prologues before library anchors become kernels of their own, since the
+ * anchors read their input from memory.
+ */
+static sg_status refuse(sg_ctx *ctx, sg__graph *g) {
+    const char *nf = getenv("SG_DISABLE_FUSION");
+    sg__fuse_opts fo;
+    sg__cgen_cuda_fuse_opts(&fo, nf && strcmp(nf, "1") == 0);
+    sg__fused_free(ctx, &g->fused, &g->ir);
+    return sg__fuse(ctx, &g->ir, &fo, &g->fused);
 }
 
 static sg_status compile(sg_fn *fn, sg__graph *g) {
@@ -72,30 +86,30 @@ static sg_status compile(sg_fn *fn, sg__graph *g) {
     cu_graph *cg = sg__calloc(ctx, sizeof *cg);
     if (!cg) return sg__fail(ctx, SG_ERR_OOM, "cuda: out of host memory");
     g->dev = cg;
+    sg_status s = refuse(ctx, g);
+    if (s != SG_OK) return s;
     cg->ngroups = g->fused.ngroups;
     cg->nslots = g->ir.nslots;
     cg->kfn = sg__calloc(ctx, sizeof *cg->kfn * (size_t)(cg->ngroups ? cg->ngroups : 1));
-    cg->iters = sg__calloc(ctx, sizeof *cg->iters * (size_t)(cg->ngroups ? cg->ngroups : 1));
-    if (!cg->kfn || !cg->iters) return sg__fail(ctx, SG_ERR_OOM, "cuda: out of host memory");
+    cg->kinfo = sg__calloc(ctx, sizeof *cg->kinfo * (size_t)(cg->ngroups ? cg->ngroups : 1));
+    if (!cg->kfn || !cg->kinfo) return sg__fail(ctx, SG_ERR_OOM, "cuda: out of host memory");
     sg__emit e = {.ctx = ctx};
     int nk = 0;
-    sg_status s = sg__cgen_cuda(ctx, &g->ir, &g->fused, g->module, &e, &nk);
+    s = sg__cgen_cuda(ctx, &g->ir, &g->fused, g->module, &e, cg->kinfo, &nk);
     void *cubin = NULL;
     size_t size = 0;
     if (s == SG_OK && nk > 0) s = sg__nvrtc_build(ctx, g->module, e.buf, sg__cuda_arch(ctx), &cubin, &size);
+    sg__emit_free(&e);
     if (s == SG_OK && nk > 0) {
         CUresult r = cu->cuModuleLoadData(&cg->mod, cubin);
         if (r != CUDA_SUCCESS) s = sg__cu_fail(ctx, r, "cuModuleLoadData", g->module);
     }
     sg__free(ctx, cubin, size);
     for (int k = 0; s == SG_OK && k < cg->ngroups; k++) {
-        char name[256];
-        if (!sg__cgen_cuda_kernel_name(e.buf, k, name, sizeof name)) continue;
-        CUresult r = cu->cuModuleGetFunction(&cg->kfn[k], cg->mod, name);
-        if (r != CUDA_SUCCESS) s = sg__cu_fail(ctx, r, "cuModuleGetFunction", name);
-        cg->iters[k] = sg__cgen_cuda_iters(&g->ir, &g->fused, k);
+        if (!cg->kinfo[k].name[0]) continue;
+        CUresult r = cu->cuModuleGetFunction(&cg->kfn[k], cg->mod, cg->kinfo[k].name);
+        if (r != CUDA_SUCCESS) s = sg__cu_fail(ctx, r, "cuModuleGetFunction", cg->kinfo[k].name);
     }
-    sg__emit_free(&e);
     cg->use_graph = fn->opts.mode == SG_MODE_REDUCE_OVERHEAD || fn->opts.mode == SG_MODE_MAX_AUTOTUNE;
     return s;
 }
@@ -107,20 +121,21 @@ static int call_node(const sg__group *grp) {
     return -1;
 }
 
-/* Every group in order on the context's stream. */
+/* Every group in order on the context's stream: the library's part (an
+ * anchor or opaque node, unless the generated kernel computes it), then
+ * the generated kernel. */
 static sg_status launch_all(sg_ctx *ctx, sg__graph *g, set_state *st) {
     cu_graph *cg = g->dev;
-    int sms = sg__cuda_sm_count(ctx);
     for (int k = 0; k < g->fused.ngroups; k++) {
         const sg__group *grp = &g->fused.groups[k];
+        const sg__cuda_kinfo *ki = &cg->kinfo[k];
         int node = call_node(grp);
-        if (node >= 0) {
+        if (node >= 0 && !ki->replaces_call) {
             sg_status s = ctx->exec.run(ctx, &g->nodes[node]);
             if (s != SG_OK) return s;
         }
-        if (!cg->kfn[k] || cg->iters[k] <= 0) continue;
-        int64_t blocks = (cg->iters[k] + 255) / 256, cap = (int64_t)sms * 32;
-        unsigned grid[3] = {(unsigned)(blocks < cap ? blocks : cap), 1, 1}, block[3] = {256, 1, 1};
+        if (!cg->kfn[k]) continue;
+        unsigned grid[3] = {ki->grid, 1, 1}, block[3] = {ki->block, 1, 1};
         void *args[1] = {&st->table};
         sg_status s = sg__cuda_launch(ctx, cg->kfn[k], grid, block, 0, args);
         if (s != SG_OK) return s;
