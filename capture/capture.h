@@ -129,6 +129,7 @@ struct sg_ctx {
     void *log_user;
     uint32_t log_topics; /* SG_LOGS bits, when no hook is installed */
     size_t host_live, host_peak;
+    size_t dev_live, dev_peak; /* tensor and pool bytes held through exec.alloc */
 
     sg_status status; /* sticky: the first failure since sg_clear_error */
     char msg[SG__MSG_SIZE];
@@ -154,6 +155,10 @@ struct sg_ctx {
 SG__HIDDEN void *sg__alloc(sg_ctx *ctx, size_t nbytes);
 SG__HIDDEN void *sg__calloc(sg_ctx *ctx, size_t nbytes);
 SG__HIDDEN void sg__free(sg_ctx *ctx, void *p, size_t nbytes);
+/* Tensor and pool bytes through the backend (exec.alloc / exec.free),
+ * counted for sg_ctx_memory_stats. */
+SG__HIDDEN sg_status sg__dev_alloc(sg_ctx *ctx, size_t nbytes, void **data);
+SG__HIDDEN void sg__dev_free(sg_ctx *ctx, void *data, size_t nbytes);
 
 /* Record a failure: sets the message (printf-style), the sticky status if
  * none is set, logs it under "error", and returns s. */

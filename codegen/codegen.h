@@ -67,6 +67,10 @@ SG__HIDDEN void *sg__module_sym(const sg__module *m, const char *symbol);
 SG__HIDDEN const char *sg__module_path(const sg__module *m);
 /* dlclose and free; NULL does nothing. */
 SG__HIDDEN void sg__module_free(sg_ctx *ctx, sg__module *m);
+/* The cache root (SG_CACHE_DIR and its defaults), created if missing, into
+ * root; name is the kernel the caller builds, for messages. Other dialects
+ * (nvrtc.c) keep their entries there. */
+SG__HIDDEN sg_status sg__cache_root(sg_ctx *ctx, const char *name, char *root, size_t size);
 /* Process-wide counters since the process started. */
 SG__HIDDEN void sg__cache_get_stats(sg__cache_stats *out);
 

@@ -623,5 +623,7 @@ sg_status sg_ctx_memory_stats(const sg_ctx *ctx, sg_memory_stats *st) {
         st->scratch_bytes = ctx->pool->scratch;
     }
     sg_ctx_host_bytes(ctx, &st->host_bytes, NULL);
+    st->device_bytes = ctx->dev_live;
+    st->device_peak_bytes = ctx->dev_peak;
     return SG_OK;
 }

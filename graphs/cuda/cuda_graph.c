@@ -20,7 +20,8 @@
 #include "../graphs.h"
 #include "exec.h"
 
-#ifdef SG_HAVE_CUDA_HEADERS
+/* Until the CUDA dialect is in the tree, CUDA captures replay unfused. */
+#if defined(SG_HAVE_CUDA_HEADERS) && defined(SG_HAVE_CGEN_CUDA)
 #include "cuda.h"
 
 #include <stdio.h>
@@ -244,9 +245,8 @@ static sg_status run(sg_fn *fn, sg__graph *g, int set) {
 
 const sg__graph_ops sg__cuda_graph_ops = {compile, run, release};
 
-#endif /* SG_HAVE_CUDA_HEADERS */
-
-#ifndef SG_HAVE_CUDA_HEADERS
-/* Built without CUDA: no context ever gets these. */
+#else
+/* No compile: CUDA captures replay op by op through the eager kernels (and
+ * without CUDA no context gets these at all). */
 const sg__graph_ops sg__cuda_graph_ops = {NULL, NULL, NULL};
 #endif
