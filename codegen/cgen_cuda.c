@@ -317,7 +317,7 @@ static bool flat_ok(const sg__ref *r, int nd, const int64_t *shape) {
 /* Does gnode k's argument j come from a register? The anchor's value does
  * only when the kernel computed it (GEMV); the library writes it to memory. */
 static int reg_src(const gen *g, const sg__group *grp, int k, int j) {
-    int s = grp->g[k].arg_src[j];
+    int s = j < 4 ? grp->g[k].arg_src[j] : -1; /* arg_src holds 4; more inputs load */
     return s >= 0 && (s != grp->anchor || g->anchor_reg) ? s : -1;
 }
 
