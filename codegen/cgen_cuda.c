@@ -20,7 +20,8 @@
 #include <math.h>
 #include <stdio.h>
 
-#define BLOCK 256      /* threads per block of every generated kernel */
+#define BLOCK 256      /* threads per block unless max-autotune picks another */
+#define MAX_BLOCK 512  /* the largest block max-autotune tries (launch bounds) */
 #define GRID_CAP 2048  /* grid-stride loops: more blocks than this buy nothing */
 #define MEMBER_CAP 1024 /* blocks per member of a MULTI kernel */
 #define GEMV_ROWS 8    /* the most rows a generated GEMV takes */
@@ -485,8 +486,8 @@ static void emit_loop(gen *g, const sg__group *grp, int from, int w, const bool 
     const int64_t *shape = grp->shape;
     int64_t numel = numel_of(nd, shape);
     bool flat = group_flat(g, grp, from, nd, shape);
-    sg__emit_line(g->e, "const sg_i64 tid = (sg_i64)(%s) * %d + threadIdx.x, step = (sg_i64)(%s) * %d;",
-                  blk, BLOCK, nblk, BLOCK);
+    sg__emit_line(g->e, "const sg_i64 tid = (sg_i64)(%s) * blockDim.x + threadIdx.x;", blk);
+    sg__emit_line(g->e, "const sg_i64 step = (sg_i64)(%s) * blockDim.x;", nblk);
     if (w > 1) {
         char cond[1024];
         size_t k = (size_t)snprintf(cond, sizeof cond, "(((sg_u64)0");
@@ -650,7 +651,7 @@ static unsigned emit_gemv(gen *g, const sg__group *grp, const gemv *p) {
         /* One warp per output column: 16-byte loads along K, a shuffle sum. */
         grid = (unsigned)((p->n + BLOCK / 32 - 1) / (BLOCK / 32));
         sg__emit_line(g->e, "const int lane = threadIdx.x & 31;");
-        sg__emit_line(g->e, "const sg_i64 n = (sg_i64)blockIdx.x * %d + (threadIdx.x >> 5);", BLOCK / 32);
+        sg__emit_line(g->e, "const sg_i64 n = (sg_i64)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);");
         sg__emit_line(g->e, "if (n >= %lld) return;", (long long)p->n);
         for (int r = 0; r < p->rows; r++) sg__emit_line(g->e, "float acc%d = 0.0f;", r);
         sg__emit_line(g->e, "const %s *wr = (const %s *)s%d + (%lld + n * %lld);", t, t, p->w->slot,
@@ -662,6 +663,8 @@ static unsigned emit_gemv(gen *g, const sg__group *grp, const gemv *p) {
                 k += (size_t)snprintf(cond + k, sizeof cond - k, " | (sg_u64)x%d", r);
             snprintf(cond + k, sizeof cond - k, ") & 15) == 0");
             sg__emit_open(g->e, "if (%s)", cond);
+            /* Several 16-byte loads in flight per lane keep HBM busy. */
+            sg__emit_line(g->e, "#pragma unroll 4");
             sg__emit_open(g->e, "for (sg_i64 q = lane; q < %lld; q += 32)", (long long)(p->k / v));
             sg__emit_line(g->e, "union { sg_v16 v; %s e[%d]; } wv;", t, v);
             sg__emit_line(g->e, "wv.v = ((const sg_v16 *)wr)[q];");
@@ -740,9 +743,10 @@ static void used_slots(const gen *g, const sg__group *grp, int from, bool *used)
     }
 }
 
-/* Launch of one elementwise loop: blocks for numel / w iterations, capped. */
-static unsigned loop_blocks(const sg__group *grp, int w, int64_t cap) {
-    int64_t it = numel_of(grp->ndim, grp->shape) / w, b = (it + BLOCK - 1) / BLOCK;
+/* Launch of one elementwise loop: blocks of `block` threads for numel / w
+ * iterations, capped (the loop strides over the rest). */
+static unsigned loop_blocks(const sg__group *grp, int w, int block, int64_t cap) {
+    int64_t it = numel_of(grp->ndim, grp->shape) / w, b = (it + block - 1) / block;
     return (unsigned)(b < 1 ? 1 : b > cap ? cap : b);
 }
 
@@ -791,6 +795,8 @@ static void emit_kernel(gen *g, const sg__group *grp, int k, sg__cuda_kinfo *ki)
         used[p.o->slot] = true;
         ki->grid = emit_gemv(g, grp, &p);
         ki->iters = p.n;
+        for (int t = 0; t < SG__CUDA_NTUNE && p.along_k; t++) /* warps per block vary */
+            ki->tune_grid[t] = (unsigned)((p.n + (128 << t) / 32 - 1) / ((128 << t) / 32));
         ki->replaces_call = true;
         what = p.along_k ? "GEMV, a warp per output column, then the epilogue"
                          : "GEMV, a thread per output column, then the epilogue";
@@ -802,7 +808,7 @@ static void emit_kernel(gen *g, const sg__group *grp, int k, sg__cuda_kinfo *ki)
             used_slots(g, part, 0, used);
             memset(aligned, 0, sizeof(bool) * (size_t)nslots);
             int w = vec_width(g, part, 0, aligned);
-            unsigned nb = loop_blocks(part, w, MEMBER_CAP);
+            unsigned nb = loop_blocks(part, w, BLOCK, MEMBER_CAP);
             char blk[64], nblk[32];
             snprintf(blk, sizeof blk, "blockIdx.x - %lld", (long long)start);
             snprintf(nblk, sizeof nblk, "%u", nb);
@@ -813,11 +819,15 @@ static void emit_kernel(gen *g, const sg__group *grp, int k, sg__cuda_kinfo *ki)
             ki->iters += numel_of(part->ndim, part->shape);
         }
         ki->grid = (unsigned)(start ? start : 1);
+        /* Members own fixed ranges of blocks and stride over their loops:
+         * any block size covers them with the same grid. */
+        for (int t = 0; t < SG__CUDA_NTUNE; t++) ki->tune_grid[t] = ki->grid;
         what = "independent loops, each over its own range of blocks";
     } else {
         used_slots(g, grp, from, used);
         int w = vec_width(g, grp, from, aligned);
-        ki->grid = loop_blocks(grp, w, GRID_CAP);
+        ki->grid = loop_blocks(grp, w, BLOCK, GRID_CAP);
+        for (int t = 0; t < SG__CUDA_NTUNE; t++) ki->tune_grid[t] = loop_blocks(grp, w, 128 << t, GRID_CAP);
         ki->iters = numel_of(grp->ndim, grp->shape);
         emit_loop(g, grp, from, w, aligned, "blockIdx.x", "gridDim.x");
         what = grp->kind == SG__G_POINTWISE ? "pointwise" : "epilogue after a library call";
@@ -836,7 +846,7 @@ static void emit_kernel(gen *g, const sg__group *grp, int k, sg__cuda_kinfo *ki)
              sh[0] ? sh : "1", body.buf ? fnv1a(body.buf, body.len) & 0xffffff : 0);
     kernel_comment(g, grp, k, ki, what);
     sg__emit_line(g->e, "extern \"C\" __global__ void __launch_bounds__(%d) %s(char *const *slot) {",
-                  BLOCK, ki->name);
+                  ki->tune_grid[0] ? MAX_BLOCK : BLOCK, ki->name);
     for (int s = 0; s < g->ir->nslots; s++)
         if (used[s]) sg__emit_line(g->e, "    char *const s%d = slot[%d];", s, s);
     if (body.buf) sg__emit_raw(g->e, "%s", body.buf);

@@ -146,11 +146,14 @@ SG__HIDDEN sg_status sg__cgen_c(sg_ctx *ctx, const sg__ir *ir, const sg__fused *
  * becomes one GEMV kernel that also computes the anchor (and its bias and
  * epilogue), so the library call is skipped. OPAQUE groups get nothing.
  */
+#define SG__CUDA_NTUNE 3 /* block sizes max-autotune tries: 128, 256, 512 */
 typedef struct sg__cuda_kinfo {
-    char name[128];     /* the group's kernel, "" when it has none */
+    char name[128];       /* the group's kernel, "" when it has none */
     unsigned grid, block; /* its launch: grid x 1 x 1 blocks of block threads */
-    int64_t iters;      /* elements (GEMV: output columns) it covers */
-    bool replaces_call; /* the kernel computes the anchor: no library call */
+    unsigned tune_grid[SG__CUDA_NTUNE]; /* the grid for blocks of 128 << i threads,
+                                           all 0 when the block size is fixed */
+    int64_t iters;        /* elements (GEMV: output columns) it covers */
+    bool replaces_call;   /* the kernel computes the anchor: no library call */
 } sg__cuda_kinfo;
 
 /* The fusion options the CUDA dialect expects (no prologues before library

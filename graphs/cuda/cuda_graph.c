@@ -1,10 +1,15 @@
 /*
- * cuda_graph.c -- compiled captures on CUDA. The fused groups become one
- * CUDA unit (codegen/cgen_cuda.c) compiled by NVRTC for the device's arch
- * through the disk cache; anchors (reductions, rows, matmuls, gathers) run
- * the eager kernel families. Every generated kernel reads its tensors
- * through a slot table in device memory (one per output set), so a replay
- * needs no per-kernel arguments beyond that table.
+ * cuda_graph.c -- compiled captures on CUDA. The capture is fused again
+ * with the CUDA options (no prologues before library anchors), and the
+ * groups become one CUDA unit (codegen/cgen_cuda.c) compiled by NVRTC for
+ * the device's arch through the disk cache. The generator returns a launch
+ * table: per group, its kernel, grid and block, and whether the kernel
+ * computes the anchor itself (the GEMV of a small matmul). Anchors it does
+ * not compute (reductions, rows, large matmuls) and opaque nodes run the
+ * eager kernel families, then the group's kernel runs its epilogue. Every
+ * generated kernel reads its tensors through a slot table in device memory
+ * (one per output set), so a replay needs no per-kernel arguments beyond
+ * that table.
  *
  * REDUCE_OVERHEAD and MAX_AUTOTUNE replay a CUDA graph per output set: the
  * first replay of a set runs the kernels directly (it sizes scratch
@@ -16,6 +21,8 @@
  * inside cuBLASLt, whose kernels only a capture can see. DEFAULT and
  * MAX_AUTOTUNE_NO_GRAPHS launch the kernels one by one. Any failure to
  * record, instantiate or update falls back to launching (logged once).
+ * The MAX_AUTOTUNE modes time 128, 256 and 512 threads per block for each
+ * generated kernel at the first replay, with events on the real buffers.
  */
 #include "../graphs.h"
 #include "exec.h"
@@ -42,6 +49,7 @@ typedef struct cu_graph {
     set_state *sets;
     int nsets;
     bool use_graph, said;
+    bool tune; /* MAX_AUTOTUNE*: time block sizes at the first replay */
 } cu_graph;
 
 static const sg__cu_api *api(void) {
@@ -112,6 +120,7 @@ static sg_status compile(sg_fn *fn, sg__graph *g) {
         if (r != CUDA_SUCCESS) s = sg__cu_fail(ctx, r, "cuModuleGetFunction", cg->kinfo[k].name);
     }
     cg->use_graph = fn->opts.mode == SG_MODE_REDUCE_OVERHEAD || fn->opts.mode == SG_MODE_MAX_AUTOTUNE;
+    cg->tune = fn->opts.mode == SG_MODE_MAX_AUTOTUNE || fn->opts.mode == SG_MODE_MAX_AUTOTUNE_NO_GRAPHS;
     return s;
 }
 
@@ -212,6 +221,80 @@ static sg_status record(sg_ctx *ctx, sg__graph *g, set_state *st) {
     return SG_OK;
 }
 
+/* ------------------------------------------------------------ max-autotune */
+
+/* Milliseconds of 5 launches of kernel k in blocks of 128 << t threads
+ * (after one warm-up launch), between two events on the stream. */
+static sg_status time_kernel(sg_ctx *ctx, cu_graph *cg, int k, int t, set_state *st, float *ms) {
+    const sg__cu_api *cu = api();
+    CUstream stream = sg__cuda_stream(ctx);
+    CUevent e0 = NULL, e1 = NULL;
+    unsigned grid[3] = {cg->kinfo[k].tune_grid[t], 1, 1}, block[3] = {128u << t, 1, 1};
+    void *args[1] = {&st->table};
+    sg_status s = SG_OK;
+    CUresult r = cu->cuEventCreate(&e0, CU_EVENT_DEFAULT);
+    if (r == CUDA_SUCCESS) r = cu->cuEventCreate(&e1, CU_EVENT_DEFAULT);
+    if (r == CUDA_SUCCESS) s = sg__cuda_launch(ctx, cg->kfn[k], grid, block, 0, args);
+    if (r == CUDA_SUCCESS && s == SG_OK) r = cu->cuEventRecord(e0, stream);
+    for (int i = 0; i < 5 && r == CUDA_SUCCESS && s == SG_OK; i++)
+        s = sg__cuda_launch(ctx, cg->kfn[k], grid, block, 0, args);
+    if (r == CUDA_SUCCESS && s == SG_OK) r = cu->cuEventRecord(e1, stream);
+    if (r == CUDA_SUCCESS && s == SG_OK) r = cu->cuEventSynchronize(e1);
+    if (r == CUDA_SUCCESS && s == SG_OK) r = cu->cuEventElapsedTime_v2(ms, e0, e1);
+    if (e0) cu->cuEventDestroy_v2(e0);
+    if (e1) cu->cuEventDestroy_v2(e1);
+    if (s == SG_OK && r != CUDA_SUCCESS)
+        s = sg__cu_fail(ctx, r, "cuEventRecord/cuEventElapsedTime", "timing a kernel for max-autotune");
+    return s;
+}
+
+/*
+ * Time each generated kernel that takes any block size with 128, 256 and
+ * 512 threads on the real buffers and keep the fastest. The whole step runs
+ * first so that every kernel reads the values it would read in a replay.
+ * Only for captures that write no input or parameter: running kernels again
+ * must not change anything the user can see (intermediates are recomputed
+ * by the replay that follows). A failure keeps the default launches.
+ */
+static void autotune(sg_fn *fn, sg__graph *g, set_state *st) {
+    sg_ctx *ctx = fn->ctx;
+    cu_graph *cg = g->dev;
+    cg->tune = false;
+    for (int s = 0; s < g->ir.nslots; s++)
+        if (g->ir.slots[s].mutated_by >= 0) {
+            sg__log(ctx, "perf_hints", "fn '%s': max-autotune skipped: the step writes its inputs "
+                    "or parameters in place, so its kernels cannot be run again to time them", fn->name);
+            return;
+        }
+    sg_status before = ctx->status;
+    char msg[SG__MSG_SIZE];
+    snprintf(msg, sizeof msg, "%s", ctx->msg);
+    sg_status s = launch_all(ctx, g, st);
+    for (int k = 0; s == SG_OK && k < cg->ngroups; k++) {
+        sg__cuda_kinfo *ki = &cg->kinfo[k];
+        if (!cg->kfn[k] || !ki->tune_grid[0]) continue;
+        int best = -1;
+        float best_ms = 0;
+        for (int t = 0; t < SG__CUDA_NTUNE && s == SG_OK; t++) {
+            float ms = 0;
+            s = time_kernel(ctx, cg, k, t, st, &ms);
+            if (s == SG_OK && (best < 0 || ms < best_ms)) best = t, best_ms = ms;
+        }
+        if (s != SG_OK || best < 0) break;
+        ki->block = 128u << best;
+        ki->grid = ki->tune_grid[best];
+        sg__log(ctx, "perf_hints", "fn '%s': max-autotune: %s takes %u blocks of %u threads "
+                "(%.2f us)", fn->name, ki->name, ki->grid, ki->block, best_ms / 5 * 1e3);
+    }
+    if (s != SG_OK) {
+        sg__log(ctx, "perf_hints", "fn '%s': max-autotune stopped, the kernels left keep their "
+                "default launches: %.700s",
+                fn->name, ctx->msg);
+        ctx->status = before;
+        snprintf(ctx->msg, sizeof ctx->msg, "%s", msg);
+    }
+}
+
 static sg_status run(sg_fn *fn, sg__graph *g, int set) {
     sg_ctx *ctx = fn->ctx;
     cu_graph *cg = g->dev;
@@ -219,6 +302,7 @@ static sg_status run(sg_fn *fn, sg__graph *g, int set) {
     bool moved;
     sg_status s = table_for(ctx, g, set, &st, &moved);
     if (s != SG_OK) return s;
+    if (cg->tune) autotune(fn, g, st);
     st->runs++;
     if (!cg->use_graph || st->runs == 1) return launch_all(ctx, g, st);
     if (!st->exec || moved) {
