@@ -812,7 +812,7 @@ static void emit_kernel(gen *g, const sg__group *grp, int k, sg__cuda_kinfo *ki)
             char blk[64], nblk[32];
             snprintf(blk, sizeof blk, "blockIdx.x - %lld", (long long)start);
             snprintf(nblk, sizeof nblk, "%u", nb);
-            sg__emit_open(g->e, "%sif (blockIdx.x < %lld)", m ? "else " : "", (long long)(start + nb));
+            sg__emit_open(g->e, "%sif (blockIdx.x < %lld)", start ? "else " : "", (long long)(start + nb));
             emit_loop(g, part, 0, w, aligned, blk, nblk);
             sg__emit_close(g->e);
             start += nb;

@@ -100,16 +100,23 @@ static sg_status chain_step(sg_ctx *c, sg_tensor *const *in, sg_tensor **out, vo
     return y ? SG_OK : sg_ctx_status(c);
 }
 
-static void test_chain(sg_dtype dt, int64_t n) {
+/* skew > 0: the input is a view starting skew elements into its storage,
+ * so its base is not 16-byte aligned and the kernel takes its scalar path. */
+static void test_chain(sg_dtype dt, int64_t n, int64_t skew) {
     sg_fn *fn = compile(chain_step, NULL, 1, 1);
-    sg_tensor *x = tu_rand(ctx, dt, 1, &n, -2, 2, NULL);
+    int64_t total = n + skew;
+    sg_tensor *base = tu_rand(ctx, dt, 1, &total, -2, 2, NULL);
+    sg_tensor *x = skew ? sg_narrow(base, 0, skew, n) : base;
     counts c;
     char name[64];
-    snprintf(name, sizeof name, "cu_chain_%s_%lld", sg_dtype_name(dt), (long long)n);
+    snprintf(name, sizeof name, "cu_chain_%s_%lld_%lld", sg_dtype_name(dt), (long long)n,
+             (long long)skew);
     bool ok = capture(fn, &x, 1, 1) && cuda_unit(fn, name, &c) && TU_EXPECT(c.kernels == 1) &&
               TU_EXPECT(c.groups == 1) && TU_EXPECT(c.calls == 0);
-    tu_case(ok, "CUDA_CHAIN24(type=%s,n=%lld) -> %d kernel", sg_dtype_name(dt), (long long)n, c.kernels);
-    sg_release(x);
+    tu_case(ok, "CUDA_CHAIN24(type=%s,n=%lld,skew=%lld) -> %d kernel", sg_dtype_name(dt),
+            (long long)n, (long long)skew, c.kernels);
+    if (skew) sg_release(x);
+    sg_release(base);
     sg_fn_destroy(fn);
 }
 
@@ -197,6 +204,33 @@ static void test_mlp(sg_dtype dt, int64_t batch, int layers, bool matmul, bool t
             transpose ? ",w transposed" : "", c.kernels, c.gemv, c.calls);
     sg_release(x);
     for (int l = 0; l < layers; l++) sg_release(m.w[l]), sg_release(m.b[l]);
+    sg_fn_destroy(fn);
+}
+
+/* Odd sizes: 3 rows, N = 37, K = 100 (vector loads only where K divides). */
+typedef struct odd {
+    sg_tensor *w, *b;
+} odd;
+
+static sg_status odd_step(sg_ctx *c, sg_tensor *const *in, sg_tensor **out, void *user) {
+    const odd *o = user;
+    out[0] = sg_relu(sg_add_scalar(sg_linear(in[0], o->w, o->b), -0.05));
+    return out[0] ? SG_OK : sg_ctx_status(c);
+}
+
+static void test_gemv_odd(sg_dtype dt) {
+    int64_t ws[2] = {37, 100}, bs = 37, xs[3] = {3, 1, 100};
+    odd o = {tu_rand(ctx, dt, 2, ws, -0.3, 0.3, NULL), tu_rand(ctx, dt, 1, &bs, -0.1, 0.1, NULL)};
+    sg_tensor *x = tu_rand(ctx, dt, 3, xs, -1, 1, NULL);
+    sg_fn *fn = compile(odd_step, &o, 1, 1);
+    counts c;
+    char name[64];
+    snprintf(name, sizeof name, "cu_gemv_odd_%s", sg_dtype_name(dt));
+    bool ok = capture(fn, &x, 1, 1) && cuda_unit(fn, name, &c) && TU_EXPECT(c.kernels == 1) &&
+              TU_EXPECT(c.gemv == 1) && TU_EXPECT(c.calls == 0);
+    tu_case(ok, "CUDA_GEMV_ODD(type=%s,x=[3,1,100],w=[37,100]) -> %d GEMV kernel", sg_dtype_name(dt),
+            c.gemv);
+    sg_release(x), sg_release(o.w), sg_release(o.b);
     sg_fn_destroy(fn);
 }
 
@@ -460,9 +494,10 @@ int main(int argc, char **argv) {
     if (argc > 1) { /* re-run one fuzz batch */
         test_fuzz(strtoull(argv[1], NULL, 10));
     } else {
-        test_chain(SG_F32, 4096);
-        test_chain(SG_BF16, 1 << 20);
-        test_chain(SG_F16, 1001);
+        test_chain(SG_F32, 4096, 0);
+        test_chain(SG_BF16, 1 << 20, 0);
+        test_chain(SG_F16, 1001, 0);
+        test_chain(SG_F32, 4096, 1);
         test_rows(SG_F32);
         test_rows(SG_BF16);
         test_mlp(SG_BF16, 1, 8, false, false);
@@ -470,6 +505,8 @@ int main(int argc, char **argv) {
         test_mlp(SG_F16, 1, 1, true, false);
         test_mlp(SG_BF16, 1, 1, true, true);
         test_mlp(SG_BF16, 64, 2, false, false);
+        test_gemv_odd(SG_F32);
+        test_gemv_odd(SG_BF16);
         test_adamw(SG_F32);
         test_adamw(SG_BF16);
         test_reduce(SG_F32);
