@@ -450,6 +450,14 @@ static int vec_width(const gen *g, const sg__group *grp, int from, bool *slots) 
     if (w < 2 || numel_of(nd, shape) % w) return 1;
     for (int i = 0; i < nrefs; i++)
         if (refs[i]->offset % w) return 1;
+    /* The alignment test names each slot once; keep it to one short line. */
+    int nslots = 0;
+    for (int i = 0; i < nrefs; i++) {
+        bool seen = false;
+        for (int j = 0; j < i; j++) seen = seen || refs[j]->slot == refs[i]->slot;
+        nslots += !seen;
+    }
+    if (nslots > 24) return 1;
     for (int i = 0; i < nrefs; i++) slots[refs[i]->slot] = true;
     return w;
 }
