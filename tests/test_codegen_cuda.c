@@ -86,7 +86,8 @@ static bool capture(sg_fn *fn, sg_tensor *const *in, int nin, int nout) {
 
 static sg_fn *compile(sg_step_fn step, void *user, int nin, int nout) {
     sg_fn *fn = NULL;
-    sg_compile(ctx, step, user, nin, nout, &(sg_compile_opts){.mode = SG_MODE_REDUCE_OVERHEAD}, &fn);
+    sg_compile(ctx, step, user, nin, nout, &(sg_compile_opts){.mode = SG_MODE_REDUCE_OVERHEAD},
+               &fn);
     return fn;
 }
 
@@ -139,7 +140,8 @@ static sg_status layernorm_step(sg_ctx *c, sg_tensor *const *in, sg_tensor **out
 static void test_rows(sg_dtype dt) {
     int64_t xs[2] = {64, 768}, ws = 768;
     sg_tensor *x = tu_rand(ctx, dt, 2, xs, -2, 2, NULL);
-    sg_tensor *w = tu_rand(ctx, dt, 1, &ws, -1, 1, NULL), *b = tu_rand(ctx, dt, 1, &ws, -1, 1, NULL);
+    sg_tensor *w = tu_rand(ctx, dt, 1, &ws, -1, 1, NULL),
+              *b = tu_rand(ctx, dt, 1, &ws, -1, 1, NULL);
     sg_fn *fn = compile(softmax_step, NULL, 1, 1);
     counts c;
     char name[64];
@@ -175,8 +177,8 @@ static sg_status mlp_step(sg_ctx *c, sg_tensor *const *in, sg_tensor **out, void
         if (!m->matmul)
             h = sg_gelu_tanh(sg_linear(h, m->w[l], m->b[l]));
         else
-            h = sg_gelu_tanh(sg_add(sg_matmul(h, m->transpose ? sg_transpose(m->w[l], 0, 1) : m->w[l]),
-                                    m->b[l]));
+            h = sg_gelu_tanh(sg_add(
+                sg_matmul(h, m->transpose ? sg_transpose(m->w[l], 0, 1) : m->w[l]), m->b[l]));
     }
     out[0] = h;
     return h ? SG_OK : sg_ctx_status(c);
@@ -196,11 +198,12 @@ static void test_mlp(sg_dtype dt, int64_t batch, int layers, bool matmul, bool t
     snprintf(name, sizeof name, "cu_mlp_%s_b%lld_l%d_%s%s", sg_dtype_name(dt), (long long)batch,
              layers, matmul ? "matmul" : "linear", transpose ? "_t" : "");
     bool gemv = batch <= 8;
-    bool ok = capture(fn, &x, 1, 1) && cuda_unit(fn, name, &c) &&
-              TU_EXPECT(c.kernels == layers) && TU_EXPECT(c.gemv == (gemv ? layers : 0)) &&
-              TU_EXPECT(c.calls == (gemv ? 0 : layers));
-    tu_case(ok, "CUDA_MLP(type=%s,batch=%lld,layers=%d,%s%s) -> %d kernels (%d GEMV) + %d library "
-            "calls", sg_dtype_name(dt), (long long)batch, layers, matmul ? "matmul" : "linear",
+    bool ok = capture(fn, &x, 1, 1) && cuda_unit(fn, name, &c) && TU_EXPECT(c.kernels == layers) &&
+              TU_EXPECT(c.gemv == (gemv ? layers : 0)) && TU_EXPECT(c.calls == (gemv ? 0 : layers));
+    tu_case(ok,
+            "CUDA_MLP(type=%s,batch=%lld,layers=%d,%s%s) -> %d kernels (%d GEMV) + %d library "
+            "calls",
+            sg_dtype_name(dt), (long long)batch, layers, matmul ? "matmul" : "linear",
             transpose ? ",w transposed" : "", c.kernels, c.gemv, c.calls);
     sg_release(x);
     for (int l = 0; l < layers; l++) sg_release(m.w[l]), sg_release(m.b[l]);
@@ -228,8 +231,8 @@ static void test_gemv_odd(sg_dtype dt) {
     snprintf(name, sizeof name, "cu_gemv_odd_%s", sg_dtype_name(dt));
     bool ok = capture(fn, &x, 1, 1) && cuda_unit(fn, name, &c) && TU_EXPECT(c.kernels == 1) &&
               TU_EXPECT(c.gemv == 1) && TU_EXPECT(c.calls == 0);
-    tu_case(ok, "CUDA_GEMV_ODD(type=%s,x=[3,1,100],w=[37,100]) -> %d GEMV kernel", sg_dtype_name(dt),
-            c.gemv);
+    tu_case(ok, "CUDA_GEMV_ODD(type=%s,x=[3,1,100],w=[37,100]) -> %d GEMV kernel",
+            sg_dtype_name(dt), c.gemv);
     sg_release(x), sg_release(o.w), sg_release(o.b);
     sg_fn_destroy(fn);
 }
@@ -247,8 +250,10 @@ static sg_status adamw_step(sg_ctx *c, sg_tensor *const *in, sg_tensor **out, vo
     sg_status s = SG_OK;
     for (int i = 0; i < a->n && s == SG_OK; i++) {
         sg_tensor *m = sg_add(sg_mul_scalar(a->m[i], b1), sg_mul_scalar(a->g[i], 1 - b1));
-        sg_tensor *v = sg_add(sg_mul_scalar(a->v[i], b2), sg_mul_scalar(sg_mul(a->g[i], a->g[i]), 1 - b2));
-        sg_tensor *upd = sg_add(sg_div(m, sg_add_scalar(sg_sqrt(v), eps)), sg_mul_scalar(a->p[i], wd));
+        sg_tensor *v =
+            sg_add(sg_mul_scalar(a->v[i], b2), sg_mul_scalar(sg_mul(a->g[i], a->g[i]), 1 - b2));
+        sg_tensor *upd =
+            sg_add(sg_div(m, sg_add_scalar(sg_sqrt(v), eps)), sg_mul_scalar(a->p[i], wd));
         sg_tensor *p = sg_sub(a->p[i], sg_mul_scalar(upd, lr));
         s = sg_copy_(a->m[i], m);
         if (s == SG_OK) s = sg_copy_(a->v[i], v);
@@ -276,7 +281,8 @@ static void test_adamw(sg_dtype dt) {
     tu_case(ok, "CUDA_ADAMW(type=%s,params=10) -> %d kernel (%d MULTI)", sg_dtype_name(dt),
             c.kernels, c.multi);
     sg_fn_destroy(fn);
-    for (int i = 0; i < a.n; i++) sg_release(a.p[i]), sg_release(a.g[i]), sg_release(a.m[i]), sg_release(a.v[i]);
+    for (int i = 0; i < a.n; i++)
+        sg_release(a.p[i]), sg_release(a.g[i]), sg_release(a.m[i]), sg_release(a.v[i]);
 }
 
 /* A reduction with prologue and epilogue, and data ops that stay opaque. */
@@ -334,8 +340,8 @@ typedef struct fuzz {
 } fuzz;
 
 typedef sg_tensor *(*unary_fn)(sg_tensor *);
-static const unary_fn unary_ops[] = {sg_neg, sg_abs, sg_relu, sg_sin, sg_cos, sg_tanh, sg_sigmoid,
-                                     sg_gelu, sg_gelu_tanh, sg_silu, sg_exp};
+static const unary_fn unary_ops[] = {sg_neg,     sg_abs,  sg_relu,      sg_sin,  sg_cos, sg_tanh,
+                                     sg_sigmoid, sg_gelu, sg_gelu_tanh, sg_silu, sg_exp};
 typedef sg_tensor *(*binary_fn)(sg_tensor *, sg_tensor *);
 static const binary_fn binary_ops[] = {sg_add, sg_sub, sg_mul, sg_maximum, sg_minimum};
 #define COUNT(a) ((int)(sizeof a / sizeof a[0]))
@@ -426,8 +432,9 @@ static sg_tensor *run_prog(const prog *p, sg_tensor *const *in) {
         switch (c->kind) {
         case K_UNARY: r = unary_ops[c->sub](a); break;
         case K_SCALAR:
-            r = c->sub == 0 ? sg_add_scalar(a, c->s0) : c->sub == 1 ? sg_mul_scalar(a, c->s0)
-                                                                     : sg_clamp(a, c->s0, c->s1);
+            r = c->sub == 0   ? sg_add_scalar(a, c->s0)
+                : c->sub == 1 ? sg_mul_scalar(a, c->s0)
+                              : sg_clamp(a, c->s0, c->s1);
             break;
         case K_BINARY: r = binary_ops[c->sub](a, b); break;
         case K_WHERE: r = sg_where(sg_gt(a, b), a, binary_ops[c->sub](a, b)); break;
@@ -468,7 +475,8 @@ static void test_fuzz(uint64_t first) {
         }
     }
     sg_fn *fn = NULL;
-    sg_compile(ctx, fuzz_step, &z, nin, NPROG, &(sg_compile_opts){.mode = SG_MODE_REDUCE_OVERHEAD}, &fn);
+    sg_compile(ctx, fuzz_step, &z, nin, NPROG, &(sg_compile_opts){.mode = SG_MODE_REDUCE_OVERHEAD},
+               &fn);
     sg_tensor *out[NPROG];
     sg_mark_step_begin(ctx);
     bool ok = TU_EXPECT(sg_call(fn, in, nin, out, NPROG) == SG_OK);

@@ -38,13 +38,13 @@ typedef struct set_state {
     CUdeviceptr table; /* nslots device pointers */
     char **addrs;      /* the addresses the table and graph hold */
     CUgraphExec exec;
-    int runs;          /* replays into this set so far */
+    int runs; /* replays into this set so far */
 } set_state;
 
 typedef struct cu_graph {
     CUmodule mod;
-    CUfunction *kfn;        /* per group, NULL without a generated kernel */
-    sg__cuda_kinfo *kinfo;  /* per group: kernel name, launch, whether it replaces the call */
+    CUfunction *kfn;       /* per group, NULL without a generated kernel */
+    sg__cuda_kinfo *kinfo; /* per group: kernel name, launch, whether it replaces the call */
     int ngroups, nslots;
     set_state *sets;
     int nsets;
@@ -107,7 +107,8 @@ static sg_status compile(sg_fn *fn, sg__graph *g) {
     s = sg__cgen_cuda(ctx, &g->ir, &g->fused, g->module, &e, cg->kinfo, &nk);
     void *cubin = NULL;
     size_t size = 0;
-    if (s == SG_OK && nk > 0) s = sg__nvrtc_build(ctx, g->module, e.buf, sg__cuda_arch(ctx), &cubin, &size);
+    if (s == SG_OK && nk > 0)
+        s = sg__nvrtc_build(ctx, g->module, e.buf, sg__cuda_arch(ctx), &cubin, &size);
     sg__emit_free(&e);
     if (s == SG_OK && nk > 0) {
         CUresult r = cu->cuModuleLoadData(&cg->mod, cubin);
@@ -119,8 +120,10 @@ static sg_status compile(sg_fn *fn, sg__graph *g) {
         CUresult r = cu->cuModuleGetFunction(&cg->kfn[k], cg->mod, cg->kinfo[k].name);
         if (r != CUDA_SUCCESS) s = sg__cu_fail(ctx, r, "cuModuleGetFunction", cg->kinfo[k].name);
     }
-    cg->use_graph = fn->opts.mode == SG_MODE_REDUCE_OVERHEAD || fn->opts.mode == SG_MODE_MAX_AUTOTUNE;
-    cg->tune = fn->opts.mode == SG_MODE_MAX_AUTOTUNE || fn->opts.mode == SG_MODE_MAX_AUTOTUNE_NO_GRAPHS;
+    cg->use_graph =
+        fn->opts.mode == SG_MODE_REDUCE_OVERHEAD || fn->opts.mode == SG_MODE_MAX_AUTOTUNE;
+    cg->tune =
+        fn->opts.mode == SG_MODE_MAX_AUTOTUNE || fn->opts.mode == SG_MODE_MAX_AUTOTUNE_NO_GRAPHS;
     return s;
 }
 
@@ -244,7 +247,8 @@ static sg_status time_kernel(sg_ctx *ctx, cu_graph *cg, int k, int t, set_state 
     if (e0) cu->cuEventDestroy_v2(e0);
     if (e1) cu->cuEventDestroy_v2(e1);
     if (s == SG_OK && r != CUDA_SUCCESS)
-        s = sg__cu_fail(ctx, r, "cuEventRecord/cuEventElapsedTime", "timing a kernel for max-autotune");
+        s = sg__cu_fail(ctx, r, "cuEventRecord/cuEventElapsedTime",
+                        "timing a kernel for max-autotune");
     return s;
 }
 
@@ -262,8 +266,10 @@ static void autotune(sg_fn *fn, sg__graph *g, set_state *st) {
     cg->tune = false;
     for (int s = 0; s < g->ir.nslots; s++)
         if (g->ir.slots[s].mutated_by >= 0) {
-            sg__log(ctx, "perf_hints", "fn '%s': max-autotune skipped: the step writes its inputs "
-                    "or parameters in place, so its kernels cannot be run again to time them", fn->name);
+            sg__log(ctx, "perf_hints",
+                    "fn '%s': max-autotune skipped: the step writes its inputs "
+                    "or parameters in place, so its kernels cannot be run again to time them",
+                    fn->name);
             return;
         }
     sg_status before = ctx->status;
@@ -283,11 +289,14 @@ static void autotune(sg_fn *fn, sg__graph *g, set_state *st) {
         if (s != SG_OK || best < 0) break;
         ki->block = 128u << best;
         ki->grid = ki->tune_grid[best];
-        sg__log(ctx, "perf_hints", "fn '%s': max-autotune: %s takes %u blocks of %u threads "
-                "(%.2f us)", fn->name, ki->name, ki->grid, ki->block, best_ms / 5 * 1e3);
+        sg__log(ctx, "perf_hints",
+                "fn '%s': max-autotune: %s takes %u blocks of %u threads "
+                "(%.2f us)",
+                fn->name, ki->name, ki->grid, ki->block, best_ms / 5 * 1e3);
     }
     if (s != SG_OK) {
-        sg__log(ctx, "perf_hints", "fn '%s': max-autotune stopped, the kernels left keep their "
+        sg__log(ctx, "perf_hints",
+                "fn '%s': max-autotune stopped, the kernels left keep their "
                 "default launches: %.700s",
                 fn->name, ctx->msg);
         ctx->status = before;
@@ -313,8 +322,10 @@ static sg_status run(sg_fn *fn, sg__graph *g, int set) {
         if (s != SG_OK) {
             if (!cg->said) {
                 cg->said = true;
-                sg__log(ctx, "fallbacks", "fn '%s': no CUDA graph for %s, launching kernels one by "
-                        "one: %.700s", fn->name, g->module, ctx->msg);
+                sg__log(ctx, "fallbacks",
+                        "fn '%s': no CUDA graph for %s, launching kernels one by "
+                        "one: %.700s",
+                        fn->name, g->module, ctx->msg);
             }
             cg->use_graph = false;
             /* Reported as a fallback, not as this call's failure. */
