@@ -20,11 +20,11 @@
 #include <math.h>
 #include <stdio.h>
 
-#define BLOCK 256      /* threads per block unless max-autotune picks another */
-#define MAX_BLOCK 512  /* the largest block max-autotune tries (launch bounds) */
-#define GRID_CAP 2048  /* grid-stride loops: more blocks than this buy nothing */
+#define BLOCK 256       /* threads per block unless max-autotune picks another */
+#define MAX_BLOCK 512   /* the largest block max-autotune tries (launch bounds) */
+#define GRID_CAP 2048   /* grid-stride loops: more blocks than this buy nothing */
 #define MEMBER_CAP 1024 /* blocks per member of a MULTI kernel */
-#define GEMV_ROWS 8    /* the most rows a generated GEMV takes */
+#define GEMV_ROWS 8     /* the most rows a generated GEMV takes */
 
 static const char *const preamble =
     "typedef unsigned char sg_u8;\n"
@@ -44,7 +44,8 @@ static const char *const preamble =
     "    sg_u32 sign = (sg_u32)(h & 0x8000) << 16, e = (h >> 10) & 31, m = h & 1023, u;\n"
     "    if (e == 0) {\n"
     "        if (m == 0) { u = sign; }\n"
-    "        else { e = 113; while (!(m & 1024)) { m <<= 1; e--; } u = sign | (e << 23) | ((m & 1023) << 13); }\n"
+    "        else { e = 113; while (!(m & 1024)) { m <<= 1; e--; } u = sign | (e << 23) | ((m & "
+    "1023) << 13); }\n"
     "    } else if (e == 31) { u = sign | 0x7f800000u | (m << 13); }\n"
     "    else { u = sign | ((e + 112) << 23) | (m << 13); }\n"
     "    return __uint_as_float(u);\n"
@@ -66,7 +67,8 @@ static const char *const preamble =
     "}\n"
     "/* Saturating casts: NaN to 0, out of range to the nearest limit. */\n"
     "SG_DEV sg_i64 sg_f2i32(float v) {\n"
-    "    return v != v ? 0 : v >= 2147483647.0f ? 2147483647LL : v <= -2147483648.0f ? -2147483648LL\n"
+    "    return v != v ? 0 : v >= 2147483647.0f ? 2147483647LL : v <= -2147483648.0f ? "
+    "-2147483648LL\n"
     "         : (sg_i64)(sg_i32)v;\n"
     "}\n"
     "SG_DEV sg_i64 sg_f2i64(float v) {\n"
@@ -82,7 +84,8 @@ static const char *const preamble =
     "    float f = (float)v;\n"
     "    if ((double)f == v || f != f || fabsf(f) == __uint_as_float(0x7f800000u)) return f;\n"
     "    if (__float_as_uint(f) & 1) return f;\n"
-    "    return nextafterf(f, v > (double)f ? __uint_as_float(0x7f800000u) : __uint_as_float(0xff800000u));\n"
+    "    return nextafterf(f, v > (double)f ? __uint_as_float(0x7f800000u) : "
+    "__uint_as_float(0xff800000u));\n"
     "}\n"
     "SG_DEV float sg_i2f_odd(sg_i64 v) {\n"
     "    sg_u64 u = v < 0 ? 0 - (sg_u64)v : (sg_u64)v, sticky = 0; int sh = 0;\n"
@@ -143,11 +146,18 @@ static void narrow_store(sg_dtype dt, const char *lv, const char *v, char *buf, 
 static void round_trip(const char *e, bool src_float, sg_dtype dt, char *buf, size_t size) {
     switch (dt) {
     case SG_F32: snprintf(buf, size, src_float ? "%s" : "(float)%s", e); break;
-    case SG_F16: snprintf(buf, size, src_float ? "sg_h2f(sg_f2h(%s))" : "sg_h2f(sg_f2h(sg_i2f_odd(%s)))", e); break;
-    case SG_BF16: snprintf(buf, size, src_float ? "sg_bf2f(sg_f2bf(%s))" : "sg_bf2f(sg_f2bf(sg_i2f_odd(%s)))", e); break;
+    case SG_F16:
+        snprintf(buf, size, src_float ? "sg_h2f(sg_f2h(%s))" : "sg_h2f(sg_f2h(sg_i2f_odd(%s)))", e);
+        break;
+    case SG_BF16:
+        snprintf(buf, size, src_float ? "sg_bf2f(sg_f2bf(%s))" : "sg_bf2f(sg_f2bf(sg_i2f_odd(%s)))",
+                 e);
+        break;
     case SG_I32: snprintf(buf, size, src_float ? "sg_f2i32(%s)" : "(sg_i64)(sg_i32)%s", e); break;
     case SG_I64: snprintf(buf, size, src_float ? "sg_f2i64(%s)" : "%s", e); break;
-    case SG_BOOL: snprintf(buf, size, src_float ? "(sg_i64)(%s != 0.0f)" : "(sg_i64)(%s != 0)", e); break;
+    case SG_BOOL:
+        snprintf(buf, size, src_float ? "(sg_i64)(%s != 0.0f)" : "(sg_i64)(%s != 0)", e);
+        break;
     }
 }
 
@@ -228,21 +238,29 @@ static bool op_expr(const sg__irnode *n, bool fl, sg_dtype dt, const char *a, co
         case SG__OP_COS: snprintf(buf, size, "cosf(%s)", a); break;
         case SG__OP_TANH: snprintf(buf, size, "tanhf(%s)", a); break;
         case SG__OP_SIGMOID: snprintf(buf, size, "(1.0f / (1.0f + expf(-%s)))", a); break;
-        case SG__OP_RELU: snprintf(buf, size, "(%s > 0.0f || %s != %s ? %s : 0.0f)", a, a, a, a); break;
+        case SG__OP_RELU:
+            snprintf(buf, size, "(%s > 0.0f || %s != %s ? %s : 0.0f)", a, a, a, a);
+            break;
         case SG__OP_GELU: snprintf(buf, size, "sg_gelu(%s)", a); break;
         case SG__OP_GELU_TANH: snprintf(buf, size, "sg_gelu_tanh(%s)", a); break;
         case SG__OP_SILU: snprintf(buf, size, "(%s / (1.0f + expf(-%s)))", a, a); break;
         case SG__OP_ADD_SCALAR: snprintf(buf, size, "(%s + %s)", a, s0); break;
         case SG__OP_MUL_SCALAR: snprintf(buf, size, "(%s * %s)", a, s0); break;
         case SG__OP_POW_SCALAR: snprintf(buf, size, "powf(%s, %s)", a, s0); break;
-        case SG__OP_CLAMP: snprintf(buf, size, "(%s < %s ? %s : %s > %s ? %s : %s)", a, s0, s0, a, s1, s1, a); break;
+        case SG__OP_CLAMP:
+            snprintf(buf, size, "(%s < %s ? %s : %s > %s ? %s : %s)", a, s0, s0, a, s1, s1, a);
+            break;
         case SG__OP_ADD: snprintf(buf, size, "(%s + %s)", a, b); break;
         case SG__OP_SUB: snprintf(buf, size, "(%s - %s)", a, b); break;
         case SG__OP_MUL: snprintf(buf, size, "(%s * %s)", a, b); break;
         case SG__OP_DIV: snprintf(buf, size, "(%s / %s)", a, b); break;
         case SG__OP_POW: snprintf(buf, size, "powf(%s, %s)", a, b); break;
-        case SG__OP_MAXIMUM: snprintf(buf, size, "(%s != %s || %s > %s ? %s : %s)", a, a, a, b, a, b); break;
-        case SG__OP_MINIMUM: snprintf(buf, size, "(%s != %s || %s < %s ? %s : %s)", a, a, a, b, a, b); break;
+        case SG__OP_MAXIMUM:
+            snprintf(buf, size, "(%s != %s || %s > %s ? %s : %s)", a, a, a, b, a, b);
+            break;
+        case SG__OP_MINIMUM:
+            snprintf(buf, size, "(%s != %s || %s < %s ? %s : %s)", a, a, a, b, a, b);
+            break;
         case SG__OP_LOGICAL_AND: snprintf(buf, size, "(sg_i64)(%s != 0.0f && %s)", a, b); break;
         case SG__OP_LOGICAL_OR: snprintf(buf, size, "(sg_i64)(%s != 0.0f || %s)", a, b); break;
         default: return false;
@@ -251,11 +269,15 @@ static bool op_expr(const sg__irnode *n, bool fl, sg_dtype dt, const char *a, co
     }
     switch (n->op) {
     case SG__OP_NEG: snprintf(buf, size, "SG_WRAP(0u - (sg_u64)%s)", a); break;
-    case SG__OP_ABS: snprintf(buf, size, "(%s < 0 ? SG_WRAP(0u - (sg_u64)%s) : %s)", a, a, a); break;
+    case SG__OP_ABS:
+        snprintf(buf, size, "(%s < 0 ? SG_WRAP(0u - (sg_u64)%s) : %s)", a, a, a);
+        break;
     case SG__OP_RELU: snprintf(buf, size, "(%s > 0 ? %s : 0)", a, a); break;
     case SG__OP_ADD_SCALAR: snprintf(buf, size, "SG_WRAP((sg_u64)%s + (sg_u64)%s)", a, s0); break;
     case SG__OP_MUL_SCALAR: snprintf(buf, size, "SG_WRAP((sg_u64)%s * (sg_u64)%s)", a, s0); break;
-    case SG__OP_CLAMP: snprintf(buf, size, "(%s < %s ? %s : %s > %s ? %s : %s)", a, s0, s0, a, s1, s1, a); break;
+    case SG__OP_CLAMP:
+        snprintf(buf, size, "(%s < %s ? %s : %s > %s ? %s : %s)", a, s0, s0, a, s1, s1, a);
+        break;
     case SG__OP_ADD: snprintf(buf, size, "SG_WRAP((sg_u64)%s + (sg_u64)%s)", a, b); break;
     case SG__OP_SUB: snprintf(buf, size, "SG_WRAP((sg_u64)%s - (sg_u64)%s)", a, b); break;
     case SG__OP_MUL: snprintf(buf, size, "SG_WRAP((sg_u64)%s * (sg_u64)%s)", a, b); break;
@@ -373,7 +395,8 @@ static void emit_body(gen *g, const sg__group *grp, int from, int nd, const int6
             }
             widen(a->dtype, lv, ld, sizeof ld);
             /* Loads go through a named temporary: some ops use an argument twice. */
-            sg__emit_line(g->e, "const %s a%d_%d = %s;", fdom(a->dtype) ? "float" : "sg_i64", k, j, ld);
+            sg__emit_line(g->e, "const %s a%d_%d = %s;", fdom(a->dtype) ? "float" : "sg_i64", k, j,
+                          ld);
             snprintf(args[j], sizeof args[j], "a%d_%d", k, j);
         }
         const sg__ref *a0 = n->nin ? arg_of(g, n, 0) : NULL;
@@ -438,7 +461,8 @@ static int vec_width(const gen *g, const sg__group *grp, int from, bool *slots) 
     for (int k = from; k < grp->n; k++) {
         const sg__irnode *n = &g->ir->nodes[grp->g[k].node];
         for (int j = -1; j < n->nin; j++) {
-            const sg__ref *r = j < 0 ? (grp->g[k].store ? ref_of(g, n->out) : NULL) : arg_of(g, n, j);
+            const sg__ref *r =
+                j < 0 ? (grp->g[k].store ? ref_of(g, n->out) : NULL) : arg_of(g, n, j);
             if (!r || (j >= 0 && reg_src(g, grp, k, j) >= 0) || is_scalar(r)) continue;
             if (nrefs == 64) return 1;
             refs[nrefs++] = r;
@@ -513,7 +537,8 @@ static void emit_loop(gen *g, const sg__group *grp, int from, int w, const bool 
         g->e = outer;
         for (int v = 0; v < g->nvec; v++) {
             size_t es = sg_dtype_size(g->vec_dt[v]), bytes = (size_t)w * es;
-            sg__emit_line(g->e, "union { %s v; %s e[%d]; } l%d;", vtype(bytes), ctype(g->vec_dt[v]), w, v);
+            sg__emit_line(g->e, "union { %s v; %s e[%d]; } l%d;", vtype(bytes), ctype(g->vec_dt[v]),
+                          w, v);
             sg__emit_line(g->e, "l%d.v = ((const %s *)(s%d + %lld))[q];", v, vtype(bytes),
                           g->vec_slot[v], (long long)(g->vec_off[v] * (int64_t)es));
         }
@@ -521,7 +546,8 @@ static void emit_loop(gen *g, const sg__group *grp, int from, int w, const bool 
             const sg__ref *o = ref_of(g, g->ir->nodes[grp->g[k].node].out);
             if (!grp->g[k].store || is_scalar(o)) continue;
             size_t bytes = (size_t)w * sg_dtype_size(o->dtype);
-            sg__emit_line(g->e, "union { %s v; %s e[%d]; } o%d;", vtype(bytes), ctype(o->dtype), w, k);
+            sg__emit_line(g->e, "union { %s v; %s e[%d]; } o%d;", vtype(bytes), ctype(o->dtype), w,
+                          k);
         }
         sg__emit_line(g->e, "#pragma unroll");
         sg__emit_open(g->e, "for (int j = 0; j < %d; j++)", w);
@@ -569,7 +595,8 @@ static bool gemv_plan(const gen *g, const sg__group *grp, gemv *p) {
     p->o = ref_of(g, n->out);
     const sg__ref *x = p->x, *w = p->w, *o = p->o;
     if (!x || !w || !fdom(x->dtype) || x->ndim < 1 || w->ndim != 2) return false;
-    if (w->dtype != x->dtype || o->dtype != x->dtype || (p->b && p->b->dtype != x->dtype)) return false;
+    if (w->dtype != x->dtype || o->dtype != x->dtype || (p->b && p->b->dtype != x->dtype))
+        return false;
     p->k = x->shape[x->ndim - 1];
     if (n->op == SG__OP_LINEAR) { /* w is (N, K) */
         p->n = w->shape[0], p->sn = w->stride[0], p->sk = w->stride[1];
@@ -612,8 +639,8 @@ static void emit_gemv_tail(gen *g, const sg__group *grp, const gemv *p, int r) {
     sg__emit_open(g->e, "%s", "");
     sg__emit_line(g->e, "const sg_i64 i = %lld + n;", (long long)(r * p->n));
     if (p->b) {
-        snprintf(lv, sizeof lv, "((const %s *)s%d)[%lld + n * %lld]", ctype(p->b->dtype), p->b->slot,
-                 (long long)p->b->offset, (long long)p->b->stride[0]);
+        snprintf(lv, sizeof lv, "((const %s *)s%d)[%lld + n * %lld]", ctype(p->b->dtype),
+                 p->b->slot, (long long)p->b->offset, (long long)p->b->stride[0]);
         widen(p->b->dtype, lv, ld, sizeof ld);
         snprintf(e, sizeof e, "(%s + acc%d)", ld, r);
     } else {
@@ -622,7 +649,8 @@ static void emit_gemv_tail(gen *g, const sg__group *grp, const gemv *p, int r) {
     round_trip(e, true, p->o->dtype, rt, sizeof rt);
     sg__emit_line(g->e, "const float v%d = %s; /* %s */", a, rt,
                   sg__op_name(g->ir->nodes[grp->g[a].node].op));
-    snprintf(lv, sizeof lv, "((%s *)s%d)[%lld + i]", ctype(p->o->dtype), p->o->slot, (long long)p->o->offset);
+    snprintf(lv, sizeof lv, "((%s *)s%d)[%lld + i]", ctype(p->o->dtype), p->o->slot,
+             (long long)p->o->offset);
     char v[16];
     snprintf(v, sizeof v, "v%d", a);
     narrow_store(p->o->dtype, lv, v, st, sizeof st);
@@ -659,7 +687,8 @@ static unsigned emit_gemv(gen *g, const sg__group *grp, const gemv *p) {
         /* One warp per output column: 16-byte loads along K, a shuffle sum. */
         grid = (unsigned)((p->n + BLOCK / 32 - 1) / (BLOCK / 32));
         sg__emit_line(g->e, "const int lane = threadIdx.x & 31;");
-        sg__emit_line(g->e, "const sg_i64 n = (sg_i64)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);");
+        sg__emit_line(
+            g->e, "const sg_i64 n = (sg_i64)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);");
         sg__emit_line(g->e, "if (n >= %lld) return;", (long long)p->n);
         for (int r = 0; r < p->rows; r++) sg__emit_line(g->e, "float acc%d = 0.0f;", r);
         sg__emit_line(g->e, "const %s *wr = (const %s *)s%d + (%lld + n * %lld);", t, t, p->w->slot,
@@ -699,7 +728,10 @@ static unsigned emit_gemv(gen *g, const sg__group *grp, const gemv *p) {
         sg__emit_close(g->e);
         sg__emit_close(g->e);
         for (int r = 0; r < p->rows; r++)
-            sg__emit_line(g->e, "for (int o = 16; o > 0; o >>= 1) acc%d += __shfl_xor_sync(0xffffffffu, acc%d, o);", r, r);
+            sg__emit_line(
+                g->e,
+                "for (int o = 16; o > 0; o >>= 1) acc%d += __shfl_xor_sync(0xffffffffu, acc%d, o);",
+                r, r);
         sg__emit_open(g->e, "if (lane == 0)");
     } else {
         /* One thread per column, 8 slices of K per block summed in shared memory. */
@@ -723,7 +755,8 @@ static unsigned emit_gemv(gen *g, const sg__group *grp, const gemv *p) {
         sg__emit_line(g->e, "__syncthreads();");
         sg__emit_open(g->e, "if (ks == 0 && n < %lld)", (long long)p->n);
         for (int r = 0; r < p->rows; r++)
-            sg__emit_line(g->e, "for (int s = 1; s < %d; s++) acc%d += red[%d][s][c];", slices, r, r);
+            sg__emit_line(g->e, "for (int s = 1; s < %d; s++) acc%d += red[%d][s][c];", slices, r,
+                          r);
     }
     for (int r = 0; r < p->rows; r++) emit_gemv_tail(g, grp, p, r);
     sg__emit_close(g->e);
@@ -768,10 +801,12 @@ static void kernel_comment(gen *g, const sg__group *grp, int k, const sg__cuda_k
     int nl = grp->kind == SG__G_MULTI ? grp->nmembers : 1;
     for (int m = 0; m < nl; m++) {
         if (grp->kind == SG__G_MULTI) list = &g->f->parts[grp->members[m]];
-        sg__emit_line(g->e, " * %s over %s, IR lines %d..%d:", grp->kind == SG__G_MULTI ? "member" : "ops",
-                      sg__shape_str(list->ndim, list->shape, sh, sizeof sh), list->first, list->last);
+        sg__emit_line(
+            g->e, " * %s over %s, IR lines %d..%d:", grp->kind == SG__G_MULTI ? "member" : "ops",
+            sg__shape_str(list->ndim, list->shape, sh, sizeof sh), list->first, list->last);
         for (int i = 0; i < list->n; i++)
-            sg__emit_line(g->e, " *   %s%s", sg__ir_node_str(g->ir, list->g[i].node, line, sizeof line),
+            sg__emit_line(g->e, " *   %s%s",
+                          sg__ir_node_str(g->ir, list->g[i].node, line, sizeof line),
                           list->g[i].store ? "  [stored]" : "");
     }
     sg__emit_line(g->e, " */");
@@ -784,7 +819,8 @@ static void emit_kernel(gen *g, const sg__group *grp, int k, sg__cuda_kinfo *ki)
     gemv p;
     bool is_gemv = gemv_plan(g, grp, &p);
     int from = grp->anchor >= 0 ? grp->anchor + 1 : 0;
-    if (!is_gemv && grp->kind != SG__G_MULTI && (from >= grp->n || numel_of(grp->ndim, grp->shape) == 0))
+    if (!is_gemv && grp->kind != SG__G_MULTI &&
+        (from >= grp->n || numel_of(grp->ndim, grp->shape) == 0))
         return;
     int nslots = g->ir->nslots ? g->ir->nslots : 1;
     bool *used = sg__calloc(g->e->ctx, sizeof(bool) * (size_t)nslots * 2);
@@ -820,7 +856,8 @@ static void emit_kernel(gen *g, const sg__group *grp, int k, sg__cuda_kinfo *ki)
             char blk[64], nblk[32];
             snprintf(blk, sizeof blk, "blockIdx.x - %lld", (long long)start);
             snprintf(nblk, sizeof nblk, "%u", nb);
-            sg__emit_open(g->e, "%sif (blockIdx.x < %lld)", start ? "else " : "", (long long)(start + nb));
+            sg__emit_open(g->e, "%sif (blockIdx.x < %lld)", start ? "else " : "",
+                          (long long)(start + nb));
             emit_loop(g, part, 0, w, aligned, blk, nblk);
             sg__emit_close(g->e);
             start += nb;
@@ -835,7 +872,8 @@ static void emit_kernel(gen *g, const sg__group *grp, int k, sg__cuda_kinfo *ki)
         used_slots(g, grp, from, used);
         int w = vec_width(g, grp, from, aligned);
         ki->grid = loop_blocks(grp, w, BLOCK, GRID_CAP);
-        for (int t = 0; t < SG__CUDA_NTUNE; t++) ki->tune_grid[t] = loop_blocks(grp, w, 128 << t, GRID_CAP);
+        for (int t = 0; t < SG__CUDA_NTUNE; t++)
+            ki->tune_grid[t] = loop_blocks(grp, w, 128 << t, GRID_CAP);
         ki->iters = numel_of(grp->ndim, grp->shape);
         emit_loop(g, grp, from, w, aligned, "blockIdx.x", "gridDim.x");
         what = grp->kind == SG__G_POINTWISE ? "pointwise" : "epilogue after a library call";
@@ -847,13 +885,15 @@ static void emit_kernel(gen *g, const sg__group *grp, int k, sg__cuda_kinfo *ki)
     if (strlen(ops) > 48) ops[48] = '\0';
     size_t q = 0;
     for (int d = 0; d < grp->ndim && q < sizeof sh; d++)
-        q += (size_t)snprintf(sh + q, sizeof sh - q, d ? "x%lld" : "%lld", (long long)grp->shape[d]);
+        q +=
+            (size_t)snprintf(sh + q, sizeof sh - q, d ? "x%lld" : "%lld", (long long)grp->shape[d]);
     const sg__group *tail = grp->kind == SG__G_MULTI ? &g->f->parts[grp->members[0]] : grp;
     sg_dtype dt = g->ir->refs[g->ir->nodes[tail->g[tail->n - 1].node].out].dtype;
     snprintf(ki->name, sizeof ki->name, "sg_k%d_%.48s_%s_%.24s_%06x", k, ops, sg_dtype_name(dt),
              sh[0] ? sh : "1", body.buf ? fnv1a(body.buf, body.len) & 0xffffff : 0);
     kernel_comment(g, grp, k, ki, what);
-    sg__emit_line(g->e, "extern \"C\" __global__ void __launch_bounds__(%d) %s(char *const *slot) {",
+    sg__emit_line(g->e,
+                  "extern \"C\" __global__ void __launch_bounds__(%d) %s(char *const *slot) {",
                   ki->tune_grid[0] ? MAX_BLOCK : BLOCK, ki->name);
     for (int s = 0; s < g->ir->nslots; s++)
         if (used[s]) sg__emit_line(g->e, "    char *const s%d = slot[%d];", s, s);
