@@ -486,7 +486,8 @@ static int vec_width(const gen *g, const sg__group *grp, int from, bool *slots) 
     return w;
 }
 
-/* Declare i0..i<nd-1> from the flat index i. */
+/* Declare i0..i<nd-1> from the flat index i. Below 2^32 elements the
+ * divisions by constants run in 32 bits (64-bit ones cost several times more). */
 static void emit_unflatten(gen *g, int nd, const int64_t *shape) {
     int outer = -1;
     for (int d = 0; d < nd; d++)
@@ -495,14 +496,16 @@ static void emit_unflatten(gen *g, int nd, const int64_t *shape) {
             break;
         }
     if (outer < 0) return;
-    sg__emit_line(g->e, "sg_i64 rem = i;");
+    bool narrow = numel_of(nd, shape) <= (int64_t)UINT32_MAX;
+    sg__emit_line(g->e, narrow ? "sg_u32 rem = (sg_u32)i;" : "sg_i64 rem = i;");
     for (int d = nd - 1; d >= outer; d--) {
         if (shape[d] == 1) continue;
         if (d == outer) {
             sg__emit_line(g->e, "const sg_i64 i%d = rem;", d);
         } else {
-            sg__emit_line(g->e, "const sg_i64 i%d = rem %% %lld;", d, (long long)shape[d]);
-            sg__emit_line(g->e, "rem /= %lld;", (long long)shape[d]);
+            sg__emit_line(g->e, "const sg_i64 i%d = rem %% %lld%s;", d, (long long)shape[d],
+                          narrow ? "u" : "");
+            sg__emit_line(g->e, "rem /= %lld%s;", (long long)shape[d], narrow ? "u" : "");
         }
     }
 }
