@@ -280,6 +280,7 @@ typedef struct sg__rec {
     uint32_t id;
     bool fullgraph;
     bool broken;              /* a graph break happened: the IR is not replayable */
+    bool dry;                 /* record without executing (see graphs/fn.c: call_capture) */
     char why[SG__MSG_SIZE];   /* the reason */
 } sg__rec;
 
@@ -294,7 +295,9 @@ SG__HIDDEN sg_status sg__rec_node(sg_ctx *ctx, const sg__node *n);
 SG__HIDDEN void sg__rec_storage(sg_ctx *ctx, sg__storage *st);
 /* A host read or write of tensor data while recording: a graph break. With
  * fullgraph it fails (SG_ERR_GRAPH_BREAK, message naming what); otherwise it
- * marks the capture broken and returns SG_OK so the step runs on eagerly. */
+ * marks the capture broken and returns SG_OK so the step runs on eagerly --
+ * except in a dry capture, where nothing before it ran: it fails then too
+ * (SG_ERR_GRAPH_BREAK), and the caller runs the whole step again eagerly. */
 SG__HIDDEN sg_status sg__rec_break(sg_ctx *ctx, const char *what, const sg_tensor *t);
 /* Free an IR's arrays and unpin its params. */
 SG__HIDDEN void sg__ir_free(sg_ctx *ctx, sg__ir *ir);

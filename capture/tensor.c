@@ -334,7 +334,7 @@ void sg__broadcast_strides(const sg_tensor *t, int ndim, const int64_t *shape, i
 sg_status sg__dispatch(sg_ctx *ctx, const sg__node *n) {
     if (ctx->rec && !ctx->rec->broken) {
         sg_status s = sg__rec_node(ctx, n);
-        if (s != SG_OK) return s;
+        if (s != SG_OK || ctx->rec->dry) return s;
     }
     return ctx->exec.run(ctx, n);
 }
