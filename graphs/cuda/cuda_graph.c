@@ -27,7 +27,7 @@
 #include "../graphs.h"
 #include "exec.h"
 
-/* Until the CUDA dialect is in the tree, CUDA captures replay unfused. */
+/* Without the CUDA dialect in the tree, CUDA captures replay unfused. */
 #if defined(SG_HAVE_CUDA_HEADERS) && defined(SG_HAVE_CGEN_CUDA)
 #include "cuda.h"
 
