@@ -444,6 +444,24 @@ static int64_t numel_of(int nd, const int64_t *shape) {
     return n;
 }
 
+/* Ops whose libdevice code is long (argument reduction, polynomials). */
+static bool is_heavy(sg__op op) {
+    switch (op) {
+    case SG__OP_EXP:
+    case SG__OP_LOG:
+    case SG__OP_SIN:
+    case SG__OP_COS:
+    case SG__OP_TANH:
+    case SG__OP_SIGMOID:
+    case SG__OP_GELU:
+    case SG__OP_GELU_TANH:
+    case SG__OP_SILU:
+    case SG__OP_POW:
+    case SG__OP_POW_SCALAR: return true;
+    default: return false;
+    }
+}
+
 /*
  * Elements per thread and iteration of the vector path: 16 bytes of the
  * widest dtype the loop reads or writes through memory, when every such
@@ -472,6 +490,12 @@ static int vec_width(const gen *g, const sg__group *grp, int from, bool *slots) 
     if (!widest) return 1;
     int w = (int)(16 / widest);
     if (w < 2 || numel_of(nd, shape) % w) return 1;
+    /* The vector path repeats the body w times: for a chain of
+     * transcendentals the loop is bound by math, not by bytes, and w copies
+     * of each inlined libdevice function only cost NVRTC time. */
+    int heavy = 0;
+    for (int k = from; k < grp->n; k++) heavy += is_heavy(g->ir->nodes[grp->g[k].node].op);
+    if (heavy * w > 16) return 1;
     for (int i = 0; i < nrefs; i++)
         if (refs[i]->offset % w) return 1;
     /* The alignment test names each slot once; keep it to one short line. */

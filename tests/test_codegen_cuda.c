@@ -17,6 +17,7 @@
 
 #include <math.h>
 #include <string.h>
+#include <time.h>
 #include <unistd.h>
 
 static sg_ctx *ctx;
@@ -58,7 +59,12 @@ static bool cuda_unit(sg_fn *fn, const char *name, counts *c) {
     if (ok && nk > 0 && !nvrtc_missing) {
         void *cubin = NULL;
         size_t size = 0;
+        struct timespec t0, t1;
+        clock_gettime(CLOCK_MONOTONIC, &t0);
         sg_status s = sg__nvrtc_build(ctx, name, e.buf, 90, &cubin, &size);
+        clock_gettime(CLOCK_MONOTONIC, &t1);
+        fprintf(stderr, "  %s: %d kernels, %zu bytes of CUDA C, NVRTC %.2f s\n", name, nk, e.len,
+                (double)(t1.tv_sec - t0.tv_sec) + 1e-9 * (double)(t1.tv_nsec - t0.tv_nsec));
         if (s == SG_ERR_BACKEND_UNAVAILABLE) {
             nvrtc_missing = true;
         } else {
