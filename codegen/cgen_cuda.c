@@ -496,6 +496,8 @@ static int vec_width(const gen *g, const sg__group *grp, int from, bool *slots) 
     int heavy = 0;
     for (int k = from; k < grp->n; k++) heavy += is_heavy(g->ir->nodes[grp->g[k].node].op);
     if (heavy * w > 16) return 1;
+    /* Long bodies take narrower vectors (8 bytes of bf16 still coalesce well). */
+    while (w > 2 && (grp->n - from) * w > 64) w /= 2;
     for (int i = 0; i < nrefs; i++)
         if (refs[i]->offset % w) return 1;
     /* The alignment test names each slot once; keep it to one short line. */
