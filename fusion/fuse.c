@@ -130,6 +130,7 @@ typedef struct builder {
     int ngroups, cap;
     sg__gnode *scratch; /* the open group's nodes */
     int nscratch;
+    bool no_prologue; /* sg__fuse_opts.no_prologue */
 } builder;
 
 /* The gnode of the open group that last wrote ref r's exact geometry, or -1;
@@ -245,8 +246,8 @@ static void set_shape(open_t *og, const sg__ref *r) {
 static sg_status start_anchor(builder *b, open_t *og, int i, sg__gkind kind) {
     const sg__irnode *n = &b->ir->nodes[i];
     const sg__ref *x = arg_ref(b->ir, n, 0, b->alias);
-    bool prologue = kind != SG__G_MATMUL && og->kind == SG__G_POINTWISE && b->nscratch > 0 &&
-                    same_shape(og->nd, og->shape, x);
+    bool prologue = kind != SG__G_MATMUL && !b->no_prologue && og->kind == SG__G_POINTWISE &&
+                    b->nscratch > 0 && same_shape(og->nd, og->shape, x);
     sg__gnode gn = {.node = i, .store = true};
     for (int j = 0; j < 4; j++) gn.arg_src[j] = -1;
     if (prologue) {
@@ -482,7 +483,8 @@ sg_status sg__fuse(sg_ctx *ctx, const sg__ir *ir, const sg__fuse_opts *opts, sg_
         cse(ir, f->dead, f->alias, writes);
         dce(ir, f->dead, f->alias, needed);
     }
-    builder b = {.ctx = ctx, .ir = ir, .dead = f->dead, .alias = f->alias, .scratch = scratch};
+    builder b = {.ctx = ctx, .ir = ir, .dead = f->dead, .alias = f->alias, .scratch = scratch,
+                 .no_prologue = opts && opts->no_prologue};
     s = group_nodes(&b, disable);
     f->groups = b.groups;
     f->ngroups = b.ngroups;
