@@ -532,7 +532,9 @@ static void sdpa_oom(void) {
              TU_EXPECT(live_is(live));
         sg_clear_error(ctx);
     }
-    tu_case(ok && fails > 5, "SDPA_OOM(type=bf16,causal,fail each of %d allocations)", fails);
+    /* A device backend's caching allocator reuses blocks: fewer host allocations to fail. */
+    int want = tu_backend() == SG_BACKEND_CPU ? 5 : 2;
+    tu_case(ok && fails > want, "SDPA_OOM(type=bf16,causal,fail each of %d allocations)", fails);
     sg_release(q), sg_release(k);
 }
 
