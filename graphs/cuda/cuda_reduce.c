@@ -98,7 +98,7 @@ static void build(rgeom *g, const sg__node *n) {
  * ranges are too short to share out (16 elements or fewer); else a
  * warp per output for short ranges and a block for long ones. Ranges are cut
  * into chunks while there are fewer threads than the GPU holds, none shorter
- * than 16 elements per thread.
+ * than 16 elements per thread (64 for a thread team).
  */
 static void plan(rgeom *g, int sms) {
     bool lanes = g->nk > 0 && g->M >= 32 &&
@@ -107,7 +107,10 @@ static void plan(rgeom *g, int sms) {
     int64_t target = (int64_t)(sms > 0 ? sms : 1) * 2048, have = g->M * g->team;
     g->P = 1;
     if (g->L > 0 && have < target) {
-        int64_t want = (target + have - 1) / have, cap = g->L / ((int64_t)g->team * 16);
+        /* A thread's partial (40 bytes) should cost little next to the
+         * elements it folds: 64 per chunk for thread teams. */
+        int64_t want = (target + have - 1) / have;
+        int64_t cap = g->L / (g->team == 1 ? 64 : (int64_t)g->team * 16);
         g->P = want < cap ? want : cap;
         if (g->P > MAX_CHUNKS) g->P = MAX_CHUNKS;
         if (g->P < 1) g->P = 1;

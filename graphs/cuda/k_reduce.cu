@@ -305,7 +305,8 @@ __device__ void store(const rgeom &g, void *y, const part &p, i64 yo) {
  * One work item per team: item = c * M + o (output o, chunk c), so that
  * neighbouring threads of one-thread teams take neighbouring outputs.
  * blockDim.x is BLOCK; a block holds BLOCK / team teams. With P == 1 the
- * result is stored; else the partial goes to part[o * P + c].
+ * result is stored; else the partial goes to parts[item], so that both
+ * this kernel's writes and the finishing reads are coalesced.
  */
 extern "C" __global__ void sg_reduce_fold(const void *x, void *y, part *parts, rgeom g) {
     int team = g.team, lane = threadIdx.x % team;
@@ -326,7 +327,7 @@ extern "C" __global__ void sg_reduce_fold(const void *x, void *y, part *parts, r
     if (g.P == 1)
         store(g, y, p, yo);
     else
-        parts[o * g.P + c] = p;
+        parts[item] = p;
 }
 
 /* Merge each output's P partials in chunk order (one thread per output). */
@@ -334,9 +335,9 @@ extern "C" __global__ void sg_reduce_finish(const part *parts, void *y, rgeom g)
     i64 o = (i64)blockIdx.x * blockDim.x + threadIdx.x;
     if (o >= g.M) return;
     bool ints = is_int(g.xdt);
-    part a = parts[o * g.P];
+    part a = parts[o];
     for (i64 c = 1; c < g.P; c++) {
-        part b = parts[o * g.P + c];
+        part b = parts[c * g.M + o];
         if (b.n == 0) continue;
         if (a.n == 0) {
             a = b;

@@ -207,7 +207,8 @@ extern "C" __global__ void sg_row_softmax(const void *x, void *y, wgeom g) {
     double inv = 1.0 / s, ls = log(s);
     for (i64 j = lane; j < g.len; j += team) {
         float v = ldf(x, g.dt, xo + j * g.xs);
-        double r = g.op == OP_LOG_SOFTMAX ? (double)(v - m) - ls : (double)expf(v - m) * inv;
+        double r = g.op == OP_LOG_SOFTMAX ? ((double)v - (double)m) - ls
+                                            : (double)expf(v - m) * inv;
         stf(y, g.dt, yo + j * g.ys, (float)r);
     }
 }
