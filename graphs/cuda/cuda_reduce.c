@@ -16,6 +16,8 @@
 
 #define BLOCK 256
 #define MAX_CHUNKS 4096
+/* The smallest scratch exec.c allocates (1 MiB). */
+#define SCRATCH_FLOOR ((size_t)1 << 20)
 
 /* The kernels' op numbers (k_reduce.cu). */
 enum { OP_SUM, OP_MEAN, OP_MAX, OP_MIN, OP_VAR, OP_ARGMAX };
@@ -145,6 +147,12 @@ sg_status sg__cuda_reduce(sg_ctx *ctx, const sg__node *n) {
     sg_status st = check_node(ctx, n, &g);
     if (st != SG_OK || g.M == 0) return st;
     plan(&g, sg__cuda_sm_count(ctx));
+    /* While a graph is recorded scratch cannot grow (exec.c): keep the
+     * partials within the least it ever holds, with fewer chunks if need be. */
+    if (g.P > 1 && sg__cuda_capturing(ctx) && (size_t)(g.M * g.P) * sizeof(part) > SCRATCH_FLOOR) {
+        int64_t p = (int64_t)(SCRATCH_FLOOR / sizeof(part)) / g.M;
+        g.P = p > 1 ? p : 1;
+    }
     int64_t items = g.M * g.P, per = BLOCK / g.team, blocks = (items + per - 1) / per;
     if (blocks > 0x7fffffff)
         return sg__fail(ctx, SG_ERR_UNSUPPORTED, "sg_%s: %lld outputs need more blocks than one "
