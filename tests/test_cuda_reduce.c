@@ -111,13 +111,13 @@ static void test_huge(sg_dtype dt) {
     double mean = s / (double)n;
     for (int64_t i = 0; i < n; i++) sq += (v[i] - mean) * (v[i] - mean);
     double want[6] = {s, mean, mx, mn, sq / (double)(n - 1), (double)at};
-    sg_tensor *y[6] = {sg_sum(x, 0, NULL, false), sg_mean(x, 0, NULL, false),
-                       sg_max(x, 0, NULL, false), sg_min(x, 0, NULL, false),
+    sg_tensor *y[6] = {sg_sum(x, 0, NULL, false),    sg_mean(x, 0, NULL, false),
+                       sg_max(x, 0, NULL, false),    sg_min(x, 0, NULL, false),
                        sg_var(x, 0, NULL, 1, false), sg_argmax(x, SG_ALL_DIMS, false)};
     static const char *const names[6] = {"SUM", "MEAN", "MAX", "MIN", "VAR", "ARGMAX"};
     for (int k = 0; k < 6; k++) {
-        tu_case(check(y[k], 1, &want[k], k == 5 ? SG_I64 : dt), "%s(type=%s,x=[4096,4096],dims=all)",
-                names[k], sg_dtype_name(dt));
+        tu_case(check(y[k], 1, &want[k], k == 5 ? SG_I64 : dt),
+                "%s(type=%s,x=[4096,4096],dims=all)", names[k], sg_dtype_name(dt));
         sg_release(y[k]);
     }
     /* The same op twice gives the same bits: no atomics, a fixed merge order. */
@@ -206,8 +206,8 @@ static void softmax_case(sg_dtype dt, int64_t R, int64_t C, int dim, tu_layout l
         ref_softmax(R, C, dim, v, lg, ref);
         sg_tensor *y = lg ? sg_log_softmax(x, dim) : sg_softmax(x, dim);
         tu_case(check(y, R * C, ref, dt), "%s(type=%s,x=[%lld,%lld],dim=%d,view=%s)",
-                lg ? "LOG_SOFTMAX" : "SOFTMAX", sg_dtype_name(dt), (long long)R, (long long)C,
-                dim, tu_layout_name(layout));
+                lg ? "LOG_SOFTMAX" : "SOFTMAX", sg_dtype_name(dt), (long long)R, (long long)C, dim,
+                tu_layout_name(layout));
         sg_release(y);
     }
     sg_release(x);

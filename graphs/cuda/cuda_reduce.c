@@ -126,14 +126,17 @@ static sg_status check_node(sg_ctx *ctx, const sg__node *n, const rgeom *g) {
     for (int d = 0; ok && d < x->ndim; d++)
         ok = y->shape[d] == ((n->mask & (1u << d)) ? 1 : x->shape[d]);
     if (!ok)
-        return sg__fail(ctx, SG_ERR_INTERNAL, "cuda %s: out %s is not the keepdim shape of %s for "
-                        "mask 0x%x", sg__op_name(n->op), sg__describe(y, a, sizeof a),
+        return sg__fail(ctx, SG_ERR_INTERNAL,
+                        "cuda %s: out %s is not the keepdim shape of %s for "
+                        "mask 0x%x",
+                        sg__op_name(n->op), sg__describe(y, a, sizeof a),
                         sg__describe(x, b, sizeof b), (unsigned)n->mask);
     bool ordered = g->op == OP_MAX || g->op == OP_MIN || g->op == OP_ARGMAX;
     if (g->L == 0 && ordered && g->M > 0)
-        return sg__fail(ctx, SG_ERR_SHAPE, "sg_%s: the reduced range of %s is empty; its %s is "
-                        "undefined", sg__op_name(n->op), sg__describe(x, a, sizeof a),
-                        sg__op_name(n->op));
+        return sg__fail(ctx, SG_ERR_SHAPE,
+                        "sg_%s: the reduced range of %s is empty; its %s is "
+                        "undefined",
+                        sg__op_name(n->op), sg__describe(x, a, sizeof a), sg__op_name(n->op));
     bool ints = !sg__dtype_is_float(x->dtype);
     if (x->dtype == SG_BOOL || (ints && (g->op == OP_MEAN || g->op == OP_VAR)))
         return sg__fail(ctx, SG_ERR_DTYPE, "sg_%s: %s is not a %s tensor", sg__op_name(n->op),
@@ -155,9 +158,10 @@ sg_status sg__cuda_reduce(sg_ctx *ctx, const sg__node *n) {
     }
     int64_t items = g.M * g.P, per = BLOCK / g.team, blocks = (items + per - 1) / per;
     if (blocks > 0x7fffffff)
-        return sg__fail(ctx, SG_ERR_UNSUPPORTED, "sg_%s: %lld outputs need more blocks than one "
-                        "launch holds; reduce a smaller tensor or split it", sg__op_name(n->op),
-                        (long long)g.M);
+        return sg__fail(ctx, SG_ERR_UNSUPPORTED,
+                        "sg_%s: %lld outputs need more blocks than one "
+                        "launch holds; reduce a smaller tensor or split it",
+                        sg__op_name(n->op), (long long)g.M);
     void *parts = NULL, *f;
     if (g.P > 1) {
         st = sg__cuda_scratch(ctx, (size_t)items * sizeof(part), &parts);

@@ -76,8 +76,10 @@ static int32_t team_for(int64_t len, int64_t nrows) {
 static sg_status launch_rows(sg_ctx *ctx, const char *name, const wgeom *g, void **args) {
     int64_t per = BLOCK / g->team, blocks = (g->nrows + per - 1) / per;
     if (blocks > 0x7fffffff)
-        return sg__fail(ctx, SG_ERR_UNSUPPORTED, "cuda %s: %lld rows need more blocks than one "
-                        "launch holds; split the tensor", name, (long long)g->nrows);
+        return sg__fail(ctx, SG_ERR_UNSUPPORTED,
+                        "cuda %s: %lld rows need more blocks than one "
+                        "launch holds; split the tensor",
+                        name, (long long)g->nrows);
     void *f;
     sg_status st = sg__cuda_kernel(ctx, SG__CU_ROW, name, &f);
     if (st != SG_OK) return st;
@@ -127,9 +129,12 @@ static sg_status check_targets(sg_ctx *ctx, const sg_tensor *lg, const sg_tensor
     size_t nbytes = (size_t)(hi - lo + 1) * es;
     void *buf = sg__alloc(ctx, nbytes);
     if (!buf)
-        return sg__fail(ctx, SG_ERR_OOM, "sg_cross_entropy: out of host memory to check %lld "
-                        "targets (%zu bytes)", (long long)N, nbytes);
-    sg_status st = sg__cuda_download(ctx, buf, (const char *)sg__data(tg) + lo * (int64_t)es, nbytes);
+        return sg__fail(ctx, SG_ERR_OOM,
+                        "sg_cross_entropy: out of host memory to check %lld "
+                        "targets (%zu bytes)",
+                        (long long)N, nbytes);
+    sg_status st =
+        sg__cuda_download(ctx, buf, (const char *)sg__data(tg) + lo * (int64_t)es, nbytes);
     for (int64_t r = 0; st == SG_OK && r < N; r++) {
         int64_t at = r * ts - lo, c;
         if (tg->dtype == SG_I32)
@@ -138,10 +143,11 @@ static sg_status check_targets(sg_ctx *ctx, const sg_tensor *lg, const sg_tensor
             c = ((const int64_t *)buf)[at];
         if (c < 0 || c >= C) {
             char a[SG__DESC];
-            st = sg__fail(ctx, SG_ERR_INDEX, "sg_cross_entropy: targets[%lld] is %lld, outside "
+            st = sg__fail(ctx, SG_ERR_INDEX,
+                          "sg_cross_entropy: targets[%lld] is %lld, outside "
                           "[0, %lld) for logits %s; targets are class indices (there is no "
-                          "ignore_index)", (long long)r, (long long)c, (long long)C,
-                          sg__describe(lg, a, sizeof a));
+                          "ignore_index)",
+                          (long long)r, (long long)c, (long long)C, sg__describe(lg, a, sizeof a));
         }
     }
     sg__free(ctx, buf, nbytes);

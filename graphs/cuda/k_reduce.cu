@@ -124,12 +124,16 @@ __device__ void stf(void *p, int dt, i64 i, float v) {
     case DT_F16: ((u16 *)p)[i] = f2h(v); break;
     case DT_BF16: ((u16 *)p)[i] = f2bf(v); break;
     case DT_I32:
-        ((int *)p)[i] = v != v ? 0 : v >= 2147483647.0f ? 2147483647
-                      : v <= -2147483648.0f ? (-2147483647 - 1) : (int)v;
+        ((int *)p)[i] = v != v                ? 0
+                        : v >= 2147483647.0f  ? 2147483647
+                        : v <= -2147483648.0f ? (-2147483647 - 1)
+                                              : (int)v;
         break;
     case DT_I64:
-        ((i64 *)p)[i] = v != v ? 0 : v >= 9.2233720e18f ? 9223372036854775807ll
-                      : v <= -9.2233720e18f ? (-9223372036854775807ll - 1) : (i64)v;
+        ((i64 *)p)[i] = v != v                ? 0
+                        : v >= 9.2233720e18f  ? 9223372036854775807ll
+                        : v <= -9.2233720e18f ? (-9223372036854775807ll - 1)
+                                              : (i64)v;
         break;
     case DT_BOOL: ((unsigned char *)p)[i] = v != 0.0f; break;
     }
@@ -283,9 +287,9 @@ __device__ void store(const rgeom &g, void *y, const part &p, i64 yo) {
     case OP_MEAN: v = g.L ? p.f / (double)g.L : __longlong_as_double(0x7ff8000000000000ll); break;
     case OP_VAR: {
         double den = (double)(g.L - g.corr);
-        v = den > 0 ? p.m2 / den
-          : p.m2 > 0 ? __longlong_as_double(0x7ff0000000000000ll)
-                     : __longlong_as_double(0x7ff8000000000000ll);
+        v = den > 0    ? p.m2 / den
+            : p.m2 > 0 ? __longlong_as_double(0x7ff0000000000000ll)
+                       : __longlong_as_double(0x7ff8000000000000ll);
         break;
     }
     default:

@@ -207,8 +207,8 @@ extern "C" __global__ void sg_row_softmax(const void *x, void *y, wgeom g) {
     double inv = 1.0 / s, ls = log(s);
     for (i64 j = lane; j < g.len; j += team) {
         float v = ldf(x, g.dt, xo + j * g.xs);
-        double r = g.op == OP_LOG_SOFTMAX ? ((double)v - (double)m) - ls
-                                            : (double)expf(v - m) * inv;
+        double r =
+            g.op == OP_LOG_SOFTMAX ? ((double)v - (double)m) - ls : (double)expf(v - m) * inv;
         stf(y, g.dt, yo + j * g.ys, (float)r);
     }
 }
@@ -219,7 +219,7 @@ extern "C" __global__ void sg_row_softmax(const void *x, void *y, wgeom g) {
  * element (layer_norm), so that a large mean does not cancel the variance.
  */
 extern "C" __global__ void sg_row_norm(const void *x, const void *w, const void *b, void *y,
-                                   wgeom g) {
+                                       wgeom g) {
     i64 row, xo, yo;
     int lane, team = g.team;
     if (!my_row(g, &row, &lane)) return;
