@@ -657,6 +657,13 @@ static bool gemv_plan(const gen *g, const sg__group *grp, gemv *p) {
     /* The output: rows x N, contiguous, and the epilogue runs over it. */
     if (numel_of(o->ndim, o->shape) != rows * p->n || !flat_ok(o, o->ndim, o->shape)) return false;
     if (numel_of(grp->ndim, grp->shape) != rows * p->n) return false;
+    /* The epilogue of one column runs while other warps still read x, w and
+     * b: it may not write into them (an in-place update after the matmul). */
+    for (int k = grp->anchor + 1; k < grp->n; k++) {
+        int slot = ref_of(g, g->ir->nodes[grp->g[k].node].out)->slot;
+        if (grp->g[k].store && (slot == x->slot || slot == w->slot || (p->b && slot == p->b->slot)))
+            return false;
+    }
     return true;
 }
 
