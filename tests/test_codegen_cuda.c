@@ -6,7 +6,10 @@
  * patterns that matter (W1's 24-op chain in one kernel, softmax and
  * layer_norm with epilogues, linear + bias + gelu_tanh as one GEMV kernel at
  * batch 1 and as a library call plus one epilogue at batch 64, AdamW over
- * 10 parameters as one MULTI kernel) and random op DAGs over every dtype.
+ * 10 parameters as one MULTI kernel, GEMV at odd sizes and for a matmul with
+ * its weight either way round, no GEMV when its epilogue writes its own
+ * input, an input whose base is not 16-byte aligned) and random op DAGs
+ * over every dtype, 24 programs to a unit.
  * The numerics of the kernels run under the gpu label (the capture tests on
  * the CUDA backend). Exits 77 when NVRTC cannot be loaded.
  */
