@@ -152,6 +152,19 @@ static int wanted(int argc, char **argv, const char *w) {
     return !named;
 }
 
+/* One context per workload, so that its peak memory is its own. */
+static sg_ctx *new_ctx(sg_backend want) {
+    sg_ctx *ctx;
+    sg_status st = sg_ctx_create(&(sg_ctx_opts){.backend = want}, &ctx);
+    if (st != SG_OK && want == SG_BACKEND_AUTO)
+        st = sg_ctx_create(&(sg_ctx_opts){.backend = SG_BACKEND_CPU}, &ctx);
+    if (st != SG_OK) {
+        fprintf(stderr, "bench: %s\n", sg_last_error(NULL));
+        exit(1);
+    }
+    return ctx;
+}
+
 int main(int argc, char **argv) {
     sg_backend want = SG_BACKEND_AUTO;
     for (int i = 1; i + 1 < argc; i++)
@@ -159,14 +172,7 @@ int main(int argc, char **argv) {
             want = strcmp(argv[i + 1], "cuda") == 0 ? SG_BACKEND_CUDA
                  : strcmp(argv[i + 1], "cpu") == 0  ? SG_BACKEND_CPU
                                                     : SG_BACKEND_AUTO;
-    sg_ctx *ctx;
-    sg_status st = sg_ctx_create(&(sg_ctx_opts){.backend = want}, &ctx);
-    if (st != SG_OK && want == SG_BACKEND_AUTO)
-        st = sg_ctx_create(&(sg_ctx_opts){.backend = SG_BACKEND_CPU}, &ctx);
-    if (st != SG_OK) {
-        fprintf(stderr, "bench: %s\n", sg_last_error(NULL));
-        return 1;
-    }
+    sg_ctx *ctx = new_ctx(want);
     bool gpu = sg_ctx_backend(ctx) == SG_BACKEND_CUDA;
     unsigned seed = 1234;
     printf("stepgraph %s, %s backend\n\n", sg_version(), sg_backend_name(sg_ctx_backend(ctx)));
@@ -181,6 +187,8 @@ int main(int argc, char **argv) {
         sg_release(x);
     }
     if (wanted(argc, argv, "w1l")) {
+        sg_ctx_destroy(ctx);
+        ctx = new_ctx(want);
         int64_t s[1] = {16 << 20};
         sg_tensor *x = randn(ctx, SG_F32, 1, s, 1.0f, &seed);
         /* 16M elements: fewer steps on a CPU */
@@ -188,6 +196,8 @@ int main(int argc, char **argv) {
         sg_release(x);
     }
     if (wanted(argc, argv, "w2")) {
+        sg_ctx_destroy(ctx);
+        ctx = new_ctx(want);
         mlp m;
         int64_t ws[2] = {1024, 1024}, bs[1] = {1024}, xs[2] = {1, 1024};
         sg_dtype dt = gpu ? SG_BF16 : SG_F32;

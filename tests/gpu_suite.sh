@@ -2,7 +2,7 @@
 # gpu_suite.sh -- on a machine with an NVIDIA GPU: build (Release), run the
 # gpu-labelled tests, then run each of them again under compute-sanitizer's
 # memcheck. Logs and a summary go to the out dir.
-#   tests/gpu_suite.sh [out-dir] [memcheck-seconds-per-test]
+#   tests/gpu_suite.sh [out-dir] [memcheck-seconds-per-test (0: no memcheck)]
 set -uo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 OUTDIR=${1:-${OUT:-/tmp}}
@@ -16,6 +16,7 @@ fi
 export SG_CACHE_DIR=${SG_CACHE_DIR:-$(mktemp -d)}
 ctest --test-dir build-gpu -L gpu --output-on-failure -j4 --timeout 600 2>&1 | tee "$OUTDIR/ctest_gpu.txt" |
     grep -E "Test +#|tests passed|tests failed|FAIL" | head -80
+[ "$LIMIT" -gt 0 ] || exit 0
 SAN=$(command -v compute-sanitizer || echo /usr/local/cuda/bin/compute-sanitizer)
 [ -x "$SAN" ] || { echo "no compute-sanitizer: memcheck skipped"; exit 0; }
 echo "== memcheck (at most ${LIMIT}s per test)" | tee "$OUTDIR/memcheck_summary.txt"

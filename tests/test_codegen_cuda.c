@@ -117,7 +117,7 @@ static void test_chain(sg_dtype dt, int64_t n, int64_t skew) {
     int64_t total = n + skew;
     sg_tensor *base = tu_rand(ctx, dt, 1, &total, -2, 2, NULL);
     sg_tensor *x = skew ? sg_narrow(base, 0, skew, n) : base;
-    counts c;
+    counts c = {0};
     char name[64];
     snprintf(name, sizeof name, "cu_chain_%s_%lld_%lld", sg_dtype_name(dt), (long long)n,
              (long long)skew);
@@ -152,7 +152,7 @@ static void test_rows(sg_dtype dt) {
     sg_tensor *w = tu_rand(ctx, dt, 1, &ws, -1, 1, NULL),
               *b = tu_rand(ctx, dt, 1, &ws, -1, 1, NULL);
     sg_fn *fn = compile(softmax_step, NULL, 1, 1);
-    counts c;
+    counts c = {0};
     char name[64];
     snprintf(name, sizeof name, "cu_softmax_%s", sg_dtype_name(dt));
     bool ok = capture(fn, &x, 1, 1) && cuda_unit(fn, name, &c) && TU_EXPECT(c.kernels == 2) &&
@@ -202,7 +202,7 @@ static void test_mlp(sg_dtype dt, int64_t batch, int layers, bool matmul, bool t
     }
     sg_tensor *x = tu_rand(ctx, dt, 2, xs, -1, 1, NULL);
     sg_fn *fn = compile(mlp_step, &m, 1, 1);
-    counts c;
+    counts c = {0};
     char name[96];
     snprintf(name, sizeof name, "cu_mlp_%s_b%lld_l%d_%s%s", sg_dtype_name(dt), (long long)batch,
              layers, matmul ? "matmul" : "linear", transpose ? "_t" : "");
@@ -235,7 +235,7 @@ static void test_gemv_odd(sg_dtype dt) {
     odd o = {tu_rand(ctx, dt, 2, ws, -0.3, 0.3, NULL), tu_rand(ctx, dt, 1, &bs, -0.1, 0.1, NULL)};
     sg_tensor *x = tu_rand(ctx, dt, 3, xs, -1, 1, NULL);
     sg_fn *fn = compile(odd_step, &o, 1, 1);
-    counts c;
+    counts c = {0};
     char name[64];
     snprintf(name, sizeof name, "cu_gemv_odd_%s", sg_dtype_name(dt));
     bool ok = capture(fn, &x, 1, 1) && cuda_unit(fn, name, &c) && TU_EXPECT(c.kernels == 1) &&
@@ -314,7 +314,7 @@ static void test_adamw(sg_dtype dt) {
         a.v[i] = tu_rand(ctx, dt, 2, shape, 0, 0.1, NULL);
     }
     sg_fn *fn = compile(adamw_step, &a, 0, 1);
-    counts c;
+    counts c = {0};
     char name[64];
     snprintf(name, sizeof name, "cu_adamw_%s", sg_dtype_name(dt));
     bool ok = capture(fn, NULL, 0, 1) && cuda_unit(fn, name, &c) && TU_EXPECT(c.kernels == 1) &&
@@ -340,7 +340,7 @@ static void test_reduce(sg_dtype dt) {
     int64_t xs[2] = {16, 384};
     sg_tensor *x = tu_rand(ctx, dt, 2, xs, -2, 2, NULL);
     sg_fn *fn = compile(misc_step, NULL, 1, 2);
-    counts c;
+    counts c = {0};
     char name[64];
     snprintf(name, sizeof name, "cu_reduce_%s", sg_dtype_name(dt));
     bool ok = capture(fn, &x, 1, 2) && cuda_unit(fn, name, &c) && TU_EXPECT(c.calls == 2) &&

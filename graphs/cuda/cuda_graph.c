@@ -307,8 +307,8 @@ static void autotune(sg_fn *fn, sg__graph *g, set_state *st) {
 static sg_status run(sg_fn *fn, sg__graph *g, int set) {
     sg_ctx *ctx = fn->ctx;
     cu_graph *cg = g->dev;
-    set_state *st;
-    bool moved;
+    set_state *st = NULL;
+    bool moved = false;
     sg_status s = table_for(ctx, g, set, &st, &moved);
     if (s != SG_OK) return s;
     if (cg->tune) autotune(fn, g, st);

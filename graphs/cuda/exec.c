@@ -45,6 +45,7 @@ typedef struct sg__cuda {
     CUdeviceptr retired[32];
     int nretired;
     bool capturing; /* a graph is being recorded: no host waits allowed */
+    void *lt;       /* cuBLASLt's handle, workspace and plans (cublaslt.c) */
     size_t device_live, device_cached;
 } sg__cuda;
 
@@ -174,6 +175,7 @@ sg_status sg__cuda_sync(sg_ctx *ctx) {
 int sg__cuda_sm_count(const sg_ctx *ctx) { return state(ctx)->sms; }
 int sg__cuda_arch(const sg_ctx *ctx) { return state(ctx)->arch; }
 void *sg__cuda_stream(const sg_ctx *ctx) { return state(ctx)->stream; }
+void **sg__cuda_lt_state(sg_ctx *ctx) { return &state(ctx)->lt; }
 
 /* ------------------------------------------------------------ kernels */
 

@@ -61,6 +61,9 @@ SG__HIDDEN sg_status sg__cuda_init(sg_ctx *ctx, char *why, size_t n);
 SG__HIDDEN extern const sg__graph_ops sg__cuda_graph_ops;
 /* Drop the context's cuBLASLt state (cublaslt.c). */
 SG__HIDDEN void sg__cublaslt_release(sg_ctx *ctx);
+/* Where that state hangs: a slot of the context's CUDA state, NULL until
+ * the first matmul (cublaslt.c owns what it points to). */
+SG__HIDDEN void **sg__cuda_lt_state(sg_ctx *ctx);
 
 /* The families (each a cuda_<family>.c). */
 SG__HIDDEN sg_status sg__cuda_pointwise(sg_ctx *ctx, const sg__node *n);

@@ -1,0 +1,88 @@
+/*
+ * cublaslt.h -- the CUDA matmul family's internal header: how a MATMUL or
+ * LINEAR node becomes either cuBLASLt calls or launches of the GEMV kernel
+ * (graphs/cuda/k_matmul.cu), and the cuBLASLt loader (cublaslt.c).
+ *
+ * The plan (cuda_matmul.c) is plain C over shapes and strides, with no CUDA
+ * types, so that tests can check the mapping without a device:
+ *
+ *   C[b] (M x N) = A[b] (M x K) @ B[b] (K x N)   row-major, batch b
+ *
+ * is, in cuBLASLt's column-major terms, C^T = B^T A^T: cuBLASLt's A is our
+ * B, its B is our A, m = N, n = M. A row-major operand (unit column stride)
+ * is then read with CUBLAS_OP_N; a transposed one (unit row stride, e.g.
+ * LINEAR's w) with CUBLAS_OP_T; anything else is packed first.
+ */
+#ifndef SG_CUDA_CUBLASLT_H
+#define SG_CUDA_CUBLASLT_H
+
+#include "exec.h"
+
+/* ------------------------------------------------------------ the plan */
+
+/* One operand as a matrix: row and column strides in elements, and its
+ * stride along each batch dim of the problem (0 where it is broadcast). */
+typedef struct sg__mm_mat {
+    int64_t rs, cs;
+    int64_t bs[SG_MAX_DIMS];
+} sg__mm_mat;
+
+/*
+ * A node's product, after batch dims that B does not step along are folded
+ * into M, and adjacent batch dims that all three operands step through
+ * evenly are merged; the last batch dim (if any) is the strided batch of one
+ * library call and the others are looped over. copy_a / copy_b: the operand
+ * is packed into contiguous scratch first (its strides here are the
+ * packed ones); copy_c: the result goes to contiguous scratch and is copied
+ * into the output afterwards.
+ */
+typedef struct sg__mm_plan {
+    int64_t M, N, K;
+    int nb;
+    int64_t bshape[SG_MAX_DIMS];
+    sg__mm_mat A, B, C;
+    bool copy_a, copy_b, copy_c;
+} sg__mm_plan;
+
+SG__HIDDEN void sg__mm_plan_make(const sg__node *n, sg__mm_plan *p);
+
+/* One cuBLASLt matmul in its own column-major terms:
+ * D (m x n) = op(A) op(B) [+ bias (m) on every column] [+ C when accumulate]. */
+typedef struct sg__lt_call {
+    sg_dtype dtype;
+    int transa, transb; /* 1: CUBLAS_OP_T */
+    int64_t m, n, k;
+    int64_t lda, ldb, ldc;
+    int64_t batch;      /* matrices per call (strided batch), >= 1 */
+    int64_t sa, sb, sc; /* element strides between them */
+    bool bias;          /* the BIAS epilogue */
+    bool accumulate;    /* beta = 1: D = C (same buffer) plus the product */
+} sg__lt_call;
+
+/* The call for plan p's innermost batch (or its one matrix): false when an
+ * operand is neither row-major nor transposed (the plan packs those, so
+ * false means a plan bug) or a size exceeds what cuBLASLt takes. */
+SG__HIDDEN bool sg__mm_lt_call(const sg__mm_plan *p, sg_dtype dt, sg__lt_call *c);
+
+/* Which kernel runs a product: SG_CUDA_MATMUL=lt|gemv|auto (default auto). */
+typedef enum sg__mm_path { SG__MM_AUTO, SG__MM_LT, SG__MM_GEMV } sg__mm_path;
+SG__HIDDEN sg__mm_path sg__mm_path_env(void);
+/* auto's choice: GEMV for at most 8 rows read along contiguous weight rows. */
+SG__HIDDEN bool sg__mm_prefer_gemv(const sg__mm_plan *p);
+
+/* ------------------------------------------------------------ cuBLASLt (cublaslt.c) */
+
+/*
+ * Run one call on the context's stream. The first use on a context loads
+ * libcublasLt, makes the handle and a 32 MiB workspace; every distinct call
+ * (sizes, strides, dtype, epilogue, pointer alignments) gets its descriptors
+ * and heuristic's algorithm once, so that later runs and graph recordings do
+ * no setup. *ran is false (and SG_OK returned, nothing recorded as an error)
+ * when cuBLASLt has no algorithm for the call: the caller falls back.
+ * Errors: SG_ERR_BACKEND_UNAVAILABLE (no libcublasLt), SG_ERR_UNSUPPORTED
+ * (first use while a graph is recorded), SG_ERR_DRIVER, SG_ERR_OOM.
+ */
+SG__HIDDEN sg_status sg__lt_matmul(sg_ctx *ctx, const sg__lt_call *c, const void *a, const void *b,
+                                   void *d, const void *bias, bool *ran);
+
+#endif /* SG_CUDA_CUBLASLT_H */

@@ -1,0 +1,472 @@
+/*
+ * cuda_matmul.c -- the CUDA matmul family (MATMUL, LINEAR): a node becomes
+ * a plan over shapes and strides (cublaslt.h), then either cuBLASLt calls
+ * (cublaslt.c) or launches of the GEMV kernel (k_matmul.cu).
+ *
+ * The plan follows the CPU kernel (graphs/cpu/cpu_matmul.c): operands that
+ * are row-major matrices or transposes of one are read in place; others are
+ * packed into contiguous scratch first; a result that is not row-major is
+ * written to scratch and copied out. Batch dims along which B is fixed fold
+ * into M (x (B, T, K) @ w^T is one product of B*T rows), remaining batch dims
+ * that all operands step through evenly merge into one, which is the strided
+ * batch of a single cuBLASLt call; any others are looped over.
+ *
+ * Which kernel: the GEMV kernel when M <= 8 and the weight's rows are
+ * contiguous along K (batch-1 inference: it streams the weight once at
+ * memory bandwidth, where a GEMM tiles for reuse it cannot get), else
+ * cuBLASLt. SG_CUDA_MATMUL=lt|gemv forces one (tests); gemv takes any
+ * shape and layout, slowly when they are not its own. When cuBLASLt has no
+ * algorithm for a call, the GEMV kernel runs it instead (logged under
+ * fallbacks). LINEAR's bias rides on cuBLASLt's BIAS epilogue, or is written
+ * into the result first and the product added to it (beta = 1).
+ */
+#include "cublaslt.h"
+
+#include <limits.h>
+#include <stdio.h>
+#include <stdlib.h>
+
+/* ------------------------------------------------------------ the plan (no device) */
+
+enum { LAY_NONE = -1, LAY_N, LAY_T };
+
+/*
+ * How an R x C matrix with strides (rs, cs) reads as a BLAS operand: as
+ * row-major with leading dim rs (LAY_N), or as the transpose of a row-major
+ * C x R matrix with leading dim cs (LAY_T). Strides of size-1 dims do not
+ * matter. (graphs/cpu/cpu_matmul.c has the same rule.)
+ */
+static int layout(int64_t R, int64_t C, int64_t rs, int64_t cs, int64_t *ld) {
+    int64_t min_n = C > 1 ? C : 1, min_t = R > 1 ? R : 1;
+    if ((C <= 1 || cs == 1) && (R <= 1 || rs >= min_n)) {
+        *ld = R <= 1 ? min_n : rs;
+        return LAY_N;
+    }
+    if ((R <= 1 || rs == 1) && (C <= 1 || cs >= min_t)) {
+        *ld = C <= 1 ? min_t : cs;
+        return LAY_T;
+    }
+    return LAY_NONE;
+}
+
+/* Where a tensor's matrix lies: its row dim and column dim (-1: absent, a
+ * size of 1) and how many leading dims are batch dims. */
+typedef struct role {
+    int rdim, cdim, tb;
+} role;
+
+static int64_t role_size(const sg_tensor *t, int dim) { return dim >= 0 ? t->shape[dim] : 1; }
+
+static int tensor_layout(const sg_tensor *t, role r) {
+    int64_t ld;
+    return layout(role_size(t, r.rdim), role_size(t, r.cdim), r.rdim >= 0 ? t->stride[r.rdim] : 0,
+                  r.cdim >= 0 ? t->stride[r.cdim] : 0, &ld);
+}
+
+static void mat_set(sg__mm_mat *m, const sg_tensor *t, role r, const int64_t *stride, int nb) {
+    m->rs = r.rdim >= 0 ? stride[r.rdim] : 0;
+    m->cs = r.cdim >= 0 ? stride[r.cdim] : 0;
+    for (int d = 0; d < nb; d++) {
+        int s = d - (nb - r.tb);
+        m->bs[d] = s < 0 || t->shape[s] == 1 ? 0 : stride[s];
+    }
+}
+
+static void contiguous_strides(int ndim, const int64_t *shape, int64_t *stride) {
+    int64_t s = 1;
+    for (int d = ndim - 1; d >= 0; d--) {
+        stride[d] = s;
+        s *= shape[d] > 0 ? shape[d] : 1;
+    }
+}
+
+/* The sizes and the roles of the three operands (as the CPU kernel). */
+static void setup(const sg__node *n, sg__mm_plan *p, role *ra, role *rb, role *rc) {
+    const sg_tensor *a = n->in[0], *b = n->in[1], *out = n->out;
+    int an = a->ndim, bn = b->ndim;
+    *ra = an >= 2 ? (role){an - 2, an - 1, an - 2} : (role){-1, 0, 0};
+    p->M = an >= 2 ? a->shape[an - 2] : 1;
+    p->K = a->shape[an - 1];
+    if (n->op == SG__OP_LINEAR) { /* b is w (N, K), read as its transpose */
+        *rb = (role){1, 0, 0};
+        p->N = b->shape[0];
+        p->nb = an >= 2 ? an - 2 : 0;
+        *rc = an >= 2 ? (role){out->ndim - 2, out->ndim - 1, p->nb} : (role){-1, 0, 0};
+    } else {
+        *rb = bn >= 2 ? (role){bn - 2, bn - 1, bn - 2} : (role){0, -1, 0};
+        p->N = bn >= 2 ? b->shape[bn - 1] : 1;
+        p->nb = out->ndim - (an >= 2) - (bn >= 2);
+        *rc = (role){an >= 2 ? p->nb : -1, bn >= 2 ? out->ndim - 1 : -1, p->nb};
+    }
+    for (int d = 0; d < p->nb; d++) p->bshape[d] = out->shape[d];
+}
+
+/* Fold batch dims into M, innermost first, while B is fixed along them and
+ * A and C stay row-major matrices with evenly spaced rows. */
+static void fold(sg__mm_plan *p) {
+    while (p->nb > 0) {
+        int d = p->nb - 1;
+        int64_t s = p->bshape[d], ld;
+        if (s == 1) {
+            p->nb--;
+            continue;
+        }
+        if (p->B.bs[d] != 0) break;
+        int64_t ars = p->A.rs, crs = p->C.rs;
+        if (p->M == 1) { /* a single row has no row stride yet: take the batch's */
+            ars = p->A.bs[d];
+            crs = p->C.bs[d];
+        } else if (p->A.bs[d] != ars * p->M || p->C.bs[d] != crs * p->M) {
+            break;
+        }
+        int64_t M = p->M * s;
+        if (layout(M, p->K, ars, p->A.cs, &ld) != LAY_N || layout(M, p->N, crs, p->C.cs, &ld) != LAY_N)
+            break;
+        p->A.rs = ars;
+        p->C.rs = crs;
+        p->M = M;
+        p->nb--;
+    }
+}
+
+/* Drop size-1 batch dims and merge each into the next inner one when every
+ * operand steps through the pair as through one dim. */
+static void collapse(sg__mm_plan *p) {
+    sg__mm_mat *m[3] = {&p->A, &p->B, &p->C};
+    int w = 0;
+    for (int d = 0; d < p->nb; d++) {
+        if (p->bshape[d] == 1) continue;
+        bool merge = w > 0;
+        for (int i = 0; i < 3 && merge; i++) merge = m[i]->bs[w - 1] == m[i]->bs[d] * p->bshape[d];
+        if (merge) {
+            p->bshape[w - 1] *= p->bshape[d];
+            for (int i = 0; i < 3; i++) m[i]->bs[w - 1] = m[i]->bs[d];
+            continue;
+        }
+        p->bshape[w] = p->bshape[d];
+        for (int i = 0; i < 3; i++) m[i]->bs[w] = m[i]->bs[d];
+        w++;
+    }
+    p->nb = w;
+}
+
+void sg__mm_plan_make(const sg__node *n, sg__mm_plan *p) {
+    const sg_tensor *a = n->in[0], *b = n->in[1], *out = n->out;
+    memset(p, 0, sizeof *p);
+    role ra, rb, rc;
+    setup(n, p, &ra, &rb, &rc);
+    int64_t st[SG_MAX_DIMS];
+    p->copy_a = tensor_layout(a, ra) == LAY_NONE;
+    if (p->copy_a) contiguous_strides(a->ndim, a->shape, st);
+    mat_set(&p->A, a, ra, p->copy_a ? st : a->stride, p->nb);
+    p->copy_b = tensor_layout(b, rb) == LAY_NONE;
+    if (p->copy_b) contiguous_strides(b->ndim, b->shape, st);
+    mat_set(&p->B, b, rb, p->copy_b ? st : b->stride, p->nb);
+    p->copy_c = tensor_layout(out, rc) != LAY_N;
+    if (p->copy_c) contiguous_strides(out->ndim, out->shape, st);
+    mat_set(&p->C, out, rc, p->copy_c ? st : out->stride, p->nb);
+    fold(p);
+    collapse(p);
+}
+
+bool sg__mm_lt_call(const sg__mm_plan *p, sg_dtype dt, sg__lt_call *c) {
+    int64_t lda, ldb, ldc;
+    int la = layout(p->M, p->K, p->A.rs, p->A.cs, &lda);
+    int lb = layout(p->K, p->N, p->B.rs, p->B.cs, &ldb);
+    int lc = layout(p->M, p->N, p->C.rs, p->C.cs, &ldc);
+    if (la == LAY_NONE || lb == LAY_NONE || lc != LAY_N) return false;
+    memset(c, 0, sizeof *c);
+    c->dtype = dt;
+    /* C^T (N x M, column-major, ld = C's row stride) = B^T A^T. */
+    c->m = p->N;
+    c->n = p->M;
+    c->k = p->K;
+    c->transa = lb == LAY_T; /* B row-major is B^T column-major: no op */
+    c->lda = ldb;
+    c->transb = la == LAY_T;
+    c->ldb = lda;
+    c->ldc = ldc;
+    c->batch = 1;
+    if (p->nb > 0) {
+        int d = p->nb - 1;
+        c->batch = p->bshape[d];
+        c->sa = p->B.bs[d];
+        c->sb = p->A.bs[d];
+        c->sc = p->C.bs[d];
+    }
+    return c->m <= INT_MAX && c->n <= INT_MAX && c->k <= INT_MAX && c->batch <= INT_MAX;
+}
+
+sg__mm_path sg__mm_path_env(void) {
+    const char *e = getenv("SG_CUDA_MATMUL");
+    if (e && strcmp(e, "lt") == 0) return SG__MM_LT;
+    if (e && strcmp(e, "gemv") == 0) return SG__MM_GEMV;
+    return SG__MM_AUTO;
+}
+
+bool sg__mm_prefer_gemv(const sg__mm_plan *p) {
+    /* The weight (B read as w[n][k]) must be contiguous along K for the
+     * 16-byte loads; a short K leaves most of a warp idle. */
+    return p->M <= 8 && (p->B.rs == 1 || p->K == 1) && p->K >= 32;
+}
+
+#ifdef SG_HAVE_CUDA_HEADERS
+
+/* ------------------------------------------------------------ launches */
+
+/* These mirror the structs of k_matmul.cu field for field. */
+typedef struct gemv_args {
+    int64_t M, N, K;
+    int64_t a_rs, a_cs, w_ns, w_ks, c_rs, c_cs, bias_s;
+    int64_t a_bs, w_bs, c_bs;
+    int32_t vec, has_bias;
+} gemv_args;
+
+typedef struct geom {
+    int64_t n;
+    int64_t shape[SG_MAX_DIMS], ss[SG_MAX_DIMS], ds[SG_MAX_DIMS];
+    int32_t nd, pad;
+} geom;
+
+#define GEMV_ROWS 8
+#define GEMV_WARPS 8
+#define MAX_GRID_Y 65535
+
+static sg_status kernel(sg_ctx *ctx, const char *what, sg_dtype dt, void **f) {
+    char name[64];
+    snprintf(name, sizeof name, "sg_mm_%s_%s", what, sg_dtype_name(dt));
+    return sg__cuda_kernel(ctx, SG__CU_MATMUL, name, f);
+}
+
+/* A walk over a tensor of (ndim, shape), read at src strides and written at
+ * dst strides; a 0-d tensor walks as one element. */
+static void geom_set(geom *g, int ndim, const int64_t *shape, const int64_t *ss, const int64_t *ds) {
+    memset(g, 0, sizeof *g);
+    g->nd = ndim ? ndim : 1;
+    g->shape[0] = 1;
+    for (int d = 0; d < ndim; d++) {
+        g->shape[d] = shape[d];
+        g->ss[d] = ss ? ss[d] : 0;
+        g->ds[d] = ds[d];
+    }
+    g->n = sg__numel(ndim, shape);
+}
+
+static void elementwise_grid(sg_ctx *ctx, int64_t n, unsigned grid[3], unsigned block[3]) {
+    int64_t blocks = (n + 255) / 256, cap = (int64_t)sg__cuda_sm_count(ctx) * 8;
+    grid[0] = (unsigned)(blocks < cap ? blocks : cap), grid[1] = grid[2] = 1;
+    block[0] = 256, block[1] = block[2] = 1;
+}
+
+static sg_status copy(sg_ctx *ctx, sg_dtype dt, const void *src, void *dst, geom *g) {
+    void *f;
+    sg_status s = kernel(ctx, "copy", dt, &f);
+    if (s != SG_OK) return s;
+    unsigned grid[3], block[3];
+    elementwise_grid(ctx, g->n, grid, block);
+    void *args[3] = {&src, &dst, g};
+    return sg__cuda_launch(ctx, f, grid, block, 0, args);
+}
+
+/* dst (a tensor of out's shape at strides ds) set to the bias row or zeros. */
+static sg_status fill(sg_ctx *ctx, const sg_tensor *out, void *dst, const int64_t *ds,
+                      const sg_tensor *bias) {
+    void *f;
+    sg_status s = kernel(ctx, "fill", out->dtype, &f);
+    if (s != SG_OK) return s;
+    geom g;
+    geom_set(&g, out->ndim, out->shape, NULL, ds);
+    const void *bp = bias ? sg__data(bias) : NULL;
+    int64_t bs = bias ? bias->stride[0] : 0;
+    unsigned grid[3], block[3];
+    elementwise_grid(ctx, g.n, grid, block);
+    void *args[4] = {&dst, &bp, &bs, &g};
+    return sg__cuda_launch(ctx, f, grid, block, 0, args);
+}
+
+/* Pointers of one product: A, B, C at their element 0 and the bias. */
+typedef struct ptrs {
+    const char *a, *b;
+    char *c;
+    const void *bias;
+    int64_t bias_s;
+} ptrs;
+
+static bool aligned16(const void *p) { return ((uintptr_t)p & 15) == 0; }
+
+/* The GEMV kernel over one batch dim of nbatch (grid.y), every M rows in
+ * launches of 8. */
+static sg_status run_gemv(sg_ctx *ctx, const sg__mm_plan *p, sg_dtype dt, const ptrs *q, int64_t nbatch,
+                          int64_t a_bs, int64_t b_bs, int64_t c_bs) {
+    void *f;
+    sg_status s = kernel(ctx, "gemv", dt, &f);
+    if (s != SG_OK) return s;
+    int64_t es = (int64_t)sg_dtype_size(dt);
+    gemv_args g = {.N = p->N, .K = p->K, .a_rs = p->A.rs, .a_cs = p->A.cs, .w_ns = p->B.cs,
+                   .w_ks = p->B.rs, .c_rs = p->C.rs, .c_cs = p->C.cs, .bias_s = q->bias_s,
+                   .a_bs = a_bs, .w_bs = b_bs, .c_bs = c_bs, .has_bias = q->bias != NULL};
+    int64_t gx = (p->N + GEMV_WARPS - 1) / GEMV_WARPS;
+    if (gx > INT_MAX)
+        return sg__fail(ctx, SG_ERR_UNSUPPORTED, "cuda: matmul with N=%lld is beyond the GEMV "
+                        "kernel's grid; split the product", (long long)p->N);
+    for (int64_t m0 = 0; m0 < p->M; m0 += GEMV_ROWS) {
+        g.M = p->M - m0 < GEMV_ROWS ? p->M - m0 : GEMV_ROWS;
+        for (int64_t b0 = 0; b0 < nbatch; b0 += MAX_GRID_Y) {
+            int64_t nb = nbatch - b0 < MAX_GRID_Y ? nbatch - b0 : MAX_GRID_Y;
+            const void *a = q->a + (m0 * p->A.rs + b0 * a_bs) * es, *w = q->b + b0 * b_bs * es;
+            void *c = q->c + (m0 * p->C.rs + b0 * c_bs) * es;
+            /* 16-byte loads need every row of A and W (in every batch) to start aligned. */
+            g.vec = g.a_cs == 1 && g.w_ks == 1 && aligned16(a) && aligned16(w) &&
+                    (g.M == 1 || (g.a_rs * es) % 16 == 0) && (p->N == 1 || (g.w_ns * es) % 16 == 0) &&
+                    (nb == 1 || ((a_bs * es) % 16 == 0 && (b_bs * es) % 16 == 0));
+            unsigned grid[3] = {(unsigned)gx, (unsigned)nb, 1}, block[3] = {32, GEMV_WARPS, 1};
+            const void *bias = q->bias;
+            void *args[5] = {&a, &w, &bias, &c, &g};
+            s = sg__cuda_launch(ctx, f, grid, block, 0, args);
+            if (s != SG_OK) return s;
+        }
+    }
+    return SG_OK;
+}
+
+/* Every outer batch (all batch dims but the last) as one call of fn. */
+typedef sg_status (*batch_fn)(sg_ctx *ctx, const sg__mm_plan *p, sg_dtype dt, const ptrs *q,
+                              void *user);
+
+static sg_status each_outer(sg_ctx *ctx, const sg__mm_plan *p, sg_dtype dt, const ptrs *q,
+                            batch_fn fn, void *user) {
+    int outer_dims = p->nb > 0 ? p->nb - 1 : 0;
+    int64_t count = sg__numel(outer_dims, p->bshape), es = (int64_t)sg_dtype_size(dt);
+    for (int64_t i = 0; i < count; i++) {
+        int64_t rem = i, oa = 0, ob = 0, oc = 0;
+        for (int d = outer_dims - 1; d >= 0; d--) {
+            int64_t k = rem % p->bshape[d];
+            rem /= p->bshape[d];
+            oa += k * p->A.bs[d], ob += k * p->B.bs[d], oc += k * p->C.bs[d];
+        }
+        ptrs qi = {q->a + oa * es, q->b + ob * es, q->c + oc * es, q->bias, q->bias_s};
+        sg_status s = fn(ctx, p, dt, &qi, user);
+        if (s != SG_OK) return s;
+    }
+    return SG_OK;
+}
+
+static sg_status gemv_batch(sg_ctx *ctx, const sg__mm_plan *p, sg_dtype dt, const ptrs *q, void *user) {
+    (void)user;
+    int d = p->nb - 1;
+    if (d < 0) return run_gemv(ctx, p, dt, q, 1, 0, 0, 0);
+    return run_gemv(ctx, p, dt, q, p->bshape[d], p->A.bs[d], p->B.bs[d], p->C.bs[d]);
+}
+
+typedef struct lt_user {
+    sg__lt_call call;
+    bool ran; /* false once cuBLASLt had no algorithm */
+} lt_user;
+
+static sg_status lt_batch(sg_ctx *ctx, const sg__mm_plan *p, sg_dtype dt, const ptrs *q, void *user) {
+    (void)p, (void)dt;
+    lt_user *u = user;
+    if (!u->ran) return SG_OK;
+    /* cuBLASLt's A is our B, its B our A. */
+    return sg__lt_matmul(ctx, &u->call, q->b, q->a, q->c, q->bias, &u->ran);
+}
+
+/* ------------------------------------------------------------ the family */
+
+static size_t round_up(size_t n) { return (n + 255) & ~(size_t)255; }
+
+sg_status sg__cuda_matmul(sg_ctx *ctx, const sg__node *n) {
+    const sg_tensor *a = n->in[0], *b = n->in[1], *out = n->out;
+    const sg_tensor *bias = n->op == SG__OP_LINEAR ? n->in[2] : NULL;
+    sg_dtype dt = out->dtype;
+    if (sg__numel(out->ndim, out->shape) == 0) return SG_OK;
+    if (a->shape[a->ndim - 1] == 0) /* K = 0: the bias, or zeros */
+        return fill(ctx, out, sg__data(out), out->stride, bias);
+    sg__mm_plan p;
+    sg__mm_plan_make(n, &p);
+    sg__mm_path path = sg__mm_path_env();
+    bool gemv = path == SG__MM_GEMV || (path == SG__MM_AUTO && sg__mm_prefer_gemv(&p));
+    lt_user lt = {.ran = true};
+    if (!gemv && !sg__mm_lt_call(&p, dt, &lt.call)) {
+        if (p.M > INT_MAX || p.N > INT_MAX || p.K > INT_MAX)
+            return sg__fail(ctx, SG_ERR_UNSUPPORTED, "sg_%s: M=%lld, N=%lld, K=%lld exceed the "
+                            "32-bit sizes cuBLASLt takes; split the product", sg__op_name(n->op),
+                            (long long)p.M, (long long)p.N, (long long)p.K);
+        gemv = true; /* a batch beyond 32 bits: the kernel loops */
+    }
+
+    /* Scratch: packed A, packed B, the result before it is copied out, a
+     * contiguous bias for the epilogue. */
+    size_t es = sg_dtype_size(dt);
+    size_t na = p.copy_a ? round_up((size_t)sg__numel(a->ndim, a->shape) * es) : 0;
+    size_t nbb = p.copy_b ? round_up((size_t)sg__numel(b->ndim, b->shape) * es) : 0;
+    size_t nc = p.copy_c ? round_up((size_t)sg__numel(out->ndim, out->shape) * es) : 0;
+    bool pack_bias = !gemv && bias && bias->stride[0] != 1 && bias->shape[0] > 1;
+    size_t nbias = pack_bias ? round_up((size_t)bias->shape[0] * es) : 0;
+    char *scratch = NULL;
+    sg_status s = SG_OK;
+    if (na + nbb + nc + nbias > 0) {
+        void *sp;
+        s = sg__cuda_scratch(ctx, na + nbb + nc + nbias, &sp);
+        if (s != SG_OK) return s;
+        scratch = sp;
+    }
+    ptrs q = {sg__data(a), sg__data(b), sg__data(out), bias ? sg__data(bias) : NULL,
+              bias ? bias->stride[0] : 0};
+    int64_t st[SG_MAX_DIMS];
+    geom g;
+    if (p.copy_a) {
+        contiguous_strides(a->ndim, a->shape, st);
+        geom_set(&g, a->ndim, a->shape, a->stride, st);
+        s = copy(ctx, dt, q.a, scratch, &g);
+        q.a = scratch;
+    }
+    if (s == SG_OK && p.copy_b) {
+        contiguous_strides(b->ndim, b->shape, st);
+        geom_set(&g, b->ndim, b->shape, b->stride, st);
+        s = copy(ctx, dt, q.b, scratch + na, &g);
+        q.b = scratch + na;
+    }
+    if (p.copy_c) q.c = scratch + na + nbb;
+    if (s == SG_OK && pack_bias) {
+        int64_t one = 1;
+        geom_set(&g, 1, bias->shape, bias->stride, &one);
+        s = copy(ctx, dt, q.bias, scratch + na + nbb + nc, &g);
+        q.bias = scratch + na + nbb + nc;
+        q.bias_s = 1;
+    }
+    if (s != SG_OK) return s;
+
+    if (!gemv) {
+        lt.call.bias = bias != NULL;
+        s = each_outer(ctx, &p, dt, &q, lt_batch, &lt);
+        if (s == SG_OK && !lt.ran && bias) {
+            /* No algorithm with the bias epilogue: the bias goes into C
+             * first and the product is added to it. */
+            contiguous_strides(out->ndim, out->shape, st);
+            s = fill(ctx, out, q.c, p.copy_c ? st : out->stride, bias);
+            lt.call.bias = false;
+            lt.call.accumulate = true;
+            lt.ran = true;
+            ptrs nq = q;
+            nq.bias = NULL;
+            if (s == SG_OK) s = each_outer(ctx, &p, dt, &nq, lt_batch, &lt);
+        }
+        if (s == SG_OK && !lt.ran) {
+            sg__log(ctx, "fallbacks", "sg_%s: cuBLASLt has no algorithm for %s m=%lld n=%lld "
+                    "k=%lld batch=%lld; the GEMV kernel runs it", sg__op_name(n->op),
+                    sg_dtype_name(dt), (long long)lt.call.m, (long long)lt.call.n,
+                    (long long)lt.call.k, (long long)lt.call.batch);
+            gemv = true;
+        }
+    }
+    if (s == SG_OK && gemv) s = each_outer(ctx, &p, dt, &q, gemv_batch, NULL);
+    if (s == SG_OK && p.copy_c) {
+        contiguous_strides(out->ndim, out->shape, st);
+        geom_set(&g, out->ndim, out->shape, st, out->stride);
+        s = copy(ctx, dt, q.c, sg__data(out), &g);
+    }
+    return s;
+}
+
+#endif /* SG_HAVE_CUDA_HEADERS */

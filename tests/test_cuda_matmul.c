@@ -1,0 +1,297 @@
+/*
+ * test_cuda_matmul.c -- the CUDA matmul family: first the plan that maps
+ * row-major operands to cuBLASLt's column-major call (no device needed:
+ * sizes, transposes, leading dims, batch strides, folds, packs), then on a
+ * device both kernels, each forced through SG_CUDA_MATMUL (gemv, lt) and
+ * chosen by shape (auto): batch-1 LINEAR (the W2 shape), several rows, a
+ * transposed weight, odd K, batch broadcast, batched M = 1, with and without
+ * bias, in f32, f16 and bf16, against an f64 reference computed here.
+ *
+ * Tolerances as test_ops_matmul.c: f32 per element, rtol 1e-5 plus
+ * 1e-6 * sqrt(K) * max|a| * max|b|; f16/bf16 by the norm of the error,
+ * ||out - ref|| <= 1e-2 ||ref||. Exits 77 without a CUDA device (after the
+ * plan checks, which fail the test on their own).
+ */
+#define _POSIX_C_SOURCE 200809L /* setenv */
+#include "testutil.h"
+
+#include "graphs/cuda/cublaslt.h"
+
+#include <math.h>
+#include <string.h>
+
+/* ------------------------------------------------------------ the plan */
+
+/* A tensor header for the plan only (no storage). */
+static sg_tensor fake(int nd, const int64_t *shape, const int64_t *stride) {
+    sg_tensor t;
+    memset(&t, 0, sizeof t);
+    t.dtype = SG_F32;
+    t.ndim = nd;
+    memcpy(t.shape, shape, sizeof(int64_t) * (size_t)nd);
+    if (stride) {
+        memcpy(t.stride, stride, sizeof(int64_t) * (size_t)nd);
+    } else {
+        int64_t s = 1;
+        for (int d = nd - 1; d >= 0; d--) t.stride[d] = s, s *= shape[d];
+    }
+    return t;
+}
+
+static bool plan_of(sg__op op, sg_tensor *a, sg_tensor *b, sg_tensor *out, sg__mm_plan *p,
+                    sg__lt_call *c) {
+    sg_tensor *in[3] = {a, b, NULL};
+    sg__node n = {.op = op, .nin = op == SG__OP_LINEAR ? 3 : 2, .in = in, .out = out};
+    sg__mm_plan_make(&n, p);
+    return sg__mm_lt_call(p, SG_F32, c);
+}
+
+/* The call's sizes, transposes and leading dims are these. */
+static bool lt_is(const sg__lt_call *c, int ta, int tb, int64_t m, int64_t n, int64_t k,
+                  int64_t lda, int64_t ldb, int64_t ldc) {
+    bool ok = c->transa == ta && c->transb == tb && c->m == m && c->n == n && c->k == k &&
+              c->lda == lda && c->ldb == ldb && c->ldc == ldc;
+    if (!ok)
+        fprintf(stderr, "  got transa=%d transb=%d m=%lld n=%lld k=%lld lda=%lld ldb=%lld ldc=%lld\n",
+                c->transa, c->transb, (long long)c->m, (long long)c->n, (long long)c->k,
+                (long long)c->lda, (long long)c->ldb, (long long)c->ldc);
+    return ok;
+}
+#define LT(c, ...) TU_EXPECT(lt_is(&(c), __VA_ARGS__))
+
+static bool batch_is(const sg__lt_call *c, int64_t b, int64_t sa, int64_t sb, int64_t sc) {
+    bool ok = c->batch == b && c->sa == sa && c->sb == sb && c->sc == sc;
+    if (!ok)
+        fprintf(stderr, "  got batch=%lld sa=%lld sb=%lld sc=%lld\n", (long long)c->batch,
+                (long long)c->sa, (long long)c->sb, (long long)c->sc);
+    return ok;
+}
+#define BATCH(c, ...) TU_EXPECT(batch_is(&(c), __VA_ARGS__))
+
+static void test_plan(void) {
+    sg__mm_plan p;
+    sg__lt_call c;
+    {   /* LINEAR x (2,3,64), w (48,64): folds to one 6-row product; w read transposed */
+        int64_t xs[3] = {2, 3, 64}, ws[2] = {48, 64}, os[3] = {2, 3, 48};
+        sg_tensor x = fake(3, xs, NULL), w = fake(2, ws, NULL), o = fake(3, os, NULL);
+        bool ok = TU_EXPECT(plan_of(SG__OP_LINEAR, &x, &w, &o, &p, &c)) && TU_EXPECT(p.nb == 0) &&
+                  TU_EXPECT(!p.copy_a && !p.copy_b && !p.copy_c) && LT(c, 1, 0, 48, 6, 64, 64, 64, 48) &&
+                  BATCH(c, 1, 0, 0, 0) && TU_EXPECT(sg__mm_prefer_gemv(&p));
+        tu_case(ok, "PLAN(linear x=[2,3,64] w=[48,64]: m=48 n=6 k=64, OP_T on w, gemv)");
+    }
+    {   /* MATMUL (5,3,4) @ (5,4,6): a strided batch of 5 */
+        int64_t as[3] = {5, 3, 4}, bs[3] = {5, 4, 6}, os[3] = {5, 3, 6};
+        sg_tensor a = fake(3, as, NULL), b = fake(3, bs, NULL), o = fake(3, os, NULL);
+        bool ok = TU_EXPECT(plan_of(SG__OP_MATMUL, &a, &b, &o, &p, &c)) && TU_EXPECT(p.nb == 1) &&
+                  LT(c, 0, 0, 6, 3, 4, 6, 4, 6) && BATCH(c, 5, 24, 12, 18) &&
+                  TU_EXPECT(!sg__mm_prefer_gemv(&p));
+        tu_case(ok, "PLAN(matmul [5,3,4]@[5,4,6]: batch 5, strides 24/12/18)");
+    }
+    {   /* (2,1,3,4) @ (5,4,6): inner batch of 5 with a broadcast (stride 0), outer loop of 2 */
+        int64_t as[4] = {2, 1, 3, 4}, bs[3] = {5, 4, 6}, os[4] = {2, 5, 3, 6};
+        sg_tensor a = fake(4, as, NULL), b = fake(3, bs, NULL), o = fake(4, os, NULL);
+        bool ok = TU_EXPECT(plan_of(SG__OP_MATMUL, &a, &b, &o, &p, &c)) && TU_EXPECT(p.nb == 2) &&
+                  TU_EXPECT(p.bshape[0] == 2 && p.bshape[1] == 5) && TU_EXPECT(p.A.bs[0] == 12) &&
+                  TU_EXPECT(p.B.bs[0] == 0 && p.C.bs[0] == 90) && LT(c, 0, 0, 6, 3, 4, 6, 4, 6) &&
+                  BATCH(c, 5, 24, 0, 18);
+        tu_case(ok, "PLAN(matmul [2,1,3,4]@[5,4,6]: batch 5 with a's stride 0, 2 outer)");
+    }
+    {   /* a transposed view (3,4) of a (4,3) base; b row-major */
+        int64_t as[2] = {3, 4}, ast[2] = {1, 3}, bs[2] = {4, 5}, os[2] = {3, 5};
+        sg_tensor a = fake(2, as, ast), b = fake(2, bs, NULL), o = fake(2, os, NULL);
+        bool ok = TU_EXPECT(plan_of(SG__OP_MATMUL, &a, &b, &o, &p, &c)) && TU_EXPECT(!p.copy_a) &&
+                  LT(c, 0, 1, 5, 3, 4, 5, 3, 5);
+        tu_case(ok, "PLAN(matmul a^T view [3,4] strides [1,3] @ [4,5]: OP_T on a, ldb 3)");
+    }
+    {   /* a sliced along K (strides 8, 2): packed, read as contiguous */
+        int64_t as[2] = {3, 4}, ast[2] = {8, 2}, bs[2] = {4, 5}, os[2] = {3, 5};
+        sg_tensor a = fake(2, as, ast), b = fake(2, bs, NULL), o = fake(2, os, NULL);
+        bool ok = TU_EXPECT(plan_of(SG__OP_MATMUL, &a, &b, &o, &p, &c)) && TU_EXPECT(p.copy_a) &&
+                  TU_EXPECT(p.A.rs == 4 && p.A.cs == 1) && LT(c, 0, 0, 5, 3, 4, 5, 4, 5);
+        tu_case(ok, "PLAN(matmul sliced a strides [8,2]: packed first)");
+    }
+    {   /* b expanded over the batch (stride 0): the batch folds into M */
+        int64_t as[3] = {5, 3, 4}, bs[3] = {5, 4, 2}, bst[3] = {0, 2, 1}, os[3] = {5, 3, 2};
+        sg_tensor a = fake(3, as, NULL), b = fake(3, bs, bst), o = fake(3, os, NULL);
+        bool ok = TU_EXPECT(plan_of(SG__OP_MATMUL, &a, &b, &o, &p, &c)) && TU_EXPECT(p.nb == 0) &&
+                  TU_EXPECT(p.M == 15) && LT(c, 0, 0, 2, 15, 4, 2, 4, 2) && BATCH(c, 1, 0, 0, 0);
+        tu_case(ok, "PLAN(matmul [5,3,4]@expanded [5,4,2]: folds to M=15)");
+    }
+    {   /* batched M = 1 against transposed keys (attention at decode): gemv */
+        int64_t as[3] = {3, 1, 64}, bs[3] = {3, 64, 48}, bst[3] = {3072, 1, 64}, os[3] = {3, 1, 48};
+        sg_tensor a = fake(3, as, NULL), b = fake(3, bs, bst), o = fake(3, os, NULL);
+        bool ok = TU_EXPECT(plan_of(SG__OP_MATMUL, &a, &b, &o, &p, &c)) && TU_EXPECT(p.nb == 1) &&
+                  LT(c, 1, 0, 48, 1, 64, 64, 64, 48) && BATCH(c, 3, 3072, 64, 48) &&
+                  TU_EXPECT(sg__mm_prefer_gemv(&p));
+        tu_case(ok, "PLAN(matmul [3,1,64]@k^T [3,64,48]: batch 3, OP_T, gemv)");
+    }
+    {   /* x (1,64) @ W (64,32) row-major: the weight is strided along K, so cuBLASLt */
+        int64_t as[2] = {1, 64}, bs[2] = {64, 32}, os[2] = {1, 32};
+        sg_tensor a = fake(2, as, NULL), b = fake(2, bs, NULL), o = fake(2, os, NULL);
+        bool ok = TU_EXPECT(plan_of(SG__OP_MATMUL, &a, &b, &o, &p, &c)) &&
+                  TU_EXPECT(!sg__mm_prefer_gemv(&p)) && LT(c, 0, 0, 32, 1, 64, 32, 64, 32);
+        tu_case(ok, "PLAN(matmul [1,64]@[64,32]: row-major weight goes to cuBLASLt)");
+    }
+    {   /* a non-row-major output (a transposed view): written to scratch, copied out */
+        int64_t as[2] = {3, 4}, bs[2] = {4, 5}, os[2] = {3, 5}, ost[2] = {1, 3};
+        sg_tensor a = fake(2, as, NULL), b = fake(2, bs, NULL), o = fake(2, os, ost);
+        bool ok = TU_EXPECT(plan_of(SG__OP_MATMUL, &a, &b, &o, &p, &c)) && TU_EXPECT(p.copy_c) &&
+                  TU_EXPECT(c.ldc == 5);
+        tu_case(ok, "PLAN(matmul into a transposed output: scratch, then copied)");
+    }
+}
+
+/* ------------------------------------------------------------ on the device */
+
+static sg_ctx *ctx;
+
+static double max_abs(const double *v, int64_t n) {
+    double m = 0;
+    for (int64_t i = 0; i < n; i++) m = fabs(v[i]) > m ? fabs(v[i]) : m;
+    return m;
+}
+
+static bool check(sg_dtype dt, const double *got, const double *ref, int64_t n, int64_t K,
+                  double scale) {
+    if (!got) return TU_EXPECT(got != NULL);
+    if (dt == SG_F32)
+        return tu_close("out", got, ref, n, 1e-5, 1e-6 * sqrt((double)(K > 1 ? K : 1)) * scale);
+    double num = 0, den = 0;
+    for (int64_t i = 0; i < n; i++) num += (got[i] - ref[i]) * (got[i] - ref[i]), den += ref[i] * ref[i];
+    bool ok = sqrt(num) <= 1e-2 * sqrt(den);
+    if (!ok) fprintf(stderr, "  ||out-ref|| = %g, ||ref|| = %g\n", sqrt(num), sqrt(den));
+    return ok;
+}
+
+/* LINEAR x (rows..., K) with w (N, K) (transposed: a view of a (K, N) base)
+ * and an optional bias. */
+static void linear_case(const char *mode, sg_dtype dt, int xn, const int64_t *xs, int64_t N,
+                        bool wt, bool has_bias) {
+    int64_t K = xs[xn - 1], rows = 1;
+    for (int d = 0; d < xn - 1; d++) rows *= xs[d];
+    int64_t ws[2] = {wt ? K : N, wt ? N : K}, bs[1] = {N};
+    double *xv, *wv, *bv = NULL;
+    sg_tensor *x = tu_rand(ctx, dt, xn, xs, -1, 1, &xv);
+    sg_tensor *wbase = tu_rand(ctx, dt, 2, ws, -1, 1, &wv);
+    sg_tensor *w = wt ? sg_transpose(wbase, 0, 1) : wbase;
+    sg_tensor *b = has_bias ? tu_rand(ctx, dt, 1, bs, -1, 1, &bv) : NULL;
+    double *ref = calloc((size_t)(rows * N + 1), sizeof(double));
+    for (int64_t r = 0; r < rows; r++)
+        for (int64_t n = 0; n < N; n++) {
+            double s = bv ? bv[n] : 0;
+            for (int64_t k = 0; k < K; k++) s += xv[r * K + k] * (wt ? wv[k * N + n] : wv[n * K + k]);
+            ref[r * N + n] = s;
+        }
+    sg_tensor *y = sg_linear(x, w, b);
+    double *got = y ? tu_read(y) : NULL;
+    double scale = max_abs(xv, rows * K) * max_abs(wv, N * K) + (bv ? max_abs(bv, N) : 0);
+    bool ok = TU_EXPECT(y != NULL) && check(dt, got, ref, rows * N, K + 1, scale);
+    if (!y) fprintf(stderr, "  error: %s\n", sg_last_error(ctx));
+    char s1[64];
+    tu_case(ok, "CUDA_LINEAR(mode=%s,type=%s,x=%s,N=%lld,w=%s,bias=%s)", mode, sg_dtype_name(dt),
+            tu_shape(xn, xs, s1, sizeof s1), (long long)N, wt ? "transposed" : "contig",
+            has_bias ? "yes" : "none");
+    sg_clear_error(ctx);
+    if (wt) sg_release(w);
+    sg_release(x), sg_release(wbase), sg_release(b), sg_release(y);
+    free(xv), free(wv), free(bv), free(ref), free(got);
+}
+
+/* MATMUL a (batch.., M, K) @ b (batch.., K, N) with broadcast batch dims;
+ * bt: b is a transposed view of a (.., N, K) base. Both have 3 or 4 dims. */
+static void matmul_case(const char *mode, sg_dtype dt, int an, const int64_t *as, int bn,
+                        const int64_t *bs, bool bt) {
+    int64_t M = as[an - 2], K = as[an - 1], N = bs[bn - 1];
+    int64_t bbase[4];
+    memcpy(bbase, bs, sizeof(int64_t) * (size_t)bn);
+    if (bt) bbase[bn - 2] = N, bbase[bn - 1] = K;
+    double *av, *bv;
+    sg_tensor *a = tu_rand(ctx, dt, an, as, -1, 1, &av);
+    sg_tensor *braw = tu_rand(ctx, dt, bn, bbase, -1, 1, &bv);
+    sg_tensor *b = bt ? sg_transpose(braw, -1, -2) : braw;
+    /* The broadcast batch of out: a's and b's batch dims aligned right. */
+    int nb = (an > bn ? an : bn) - 2, ab = an - 2, bb = bn - 2;
+    int64_t bsh[2], nbatch = 1;
+    for (int d = 0; d < nb; d++) {
+        int64_t sa = d < nb - ab ? 1 : as[d - (nb - ab)], sb = d < nb - bb ? 1 : bs[d - (nb - bb)];
+        bsh[d] = sa == 1 ? sb : sa;
+        nbatch *= bsh[d];
+    }
+    double *ref = calloc((size_t)(nbatch * M * N + 1), sizeof(double));
+    for (int64_t i = 0; i < nbatch; i++) {
+        int64_t rem = i, ia = 0, ib = 0, sa = 1, sb = 1;
+        for (int d = nb - 1; d >= 0; d--) {
+            int64_t q = rem % bsh[d];
+            rem /= bsh[d];
+            int da = d - (nb - ab), db = d - (nb - bb);
+            if (da >= 0) ia += (as[da] == 1 ? 0 : q) * sa, sa *= as[da];
+            if (db >= 0) ib += (bs[db] == 1 ? 0 : q) * sb, sb *= bs[db];
+        }
+        for (int64_t m = 0; m < M; m++)
+            for (int64_t n = 0; n < N; n++) {
+                double s = 0;
+                for (int64_t k = 0; k < K; k++)
+                    s += av[(ia * M + m) * K + k] *
+                         (bt ? bv[(ib * N + n) * K + k] : bv[(ib * K + k) * N + n]);
+                ref[(i * M + m) * N + n] = s;
+            }
+    }
+    sg_tensor *c = sg_matmul(a, b);
+    double *got = c ? tu_read(c) : NULL;
+    int64_t na = 1, nbv = 1;
+    for (int d = 0; d < an; d++) na *= as[d];
+    for (int d = 0; d < bn; d++) nbv *= bs[d];
+    bool ok = TU_EXPECT(c != NULL) && TU_EXPECT(sg_tensor_numel(c) == nbatch * M * N) &&
+              check(dt, got, ref, nbatch * M * N, K, max_abs(av, na) * max_abs(bv, nbv));
+    if (!c) fprintf(stderr, "  error: %s\n", sg_last_error(ctx));
+    char s1[64], s2[64];
+    tu_case(ok, "CUDA_MATMUL(mode=%s,type=%s,a=%s,b=%s,view_b=%s)", mode, sg_dtype_name(dt),
+            tu_shape(an, as, s1, sizeof s1), tu_shape(bn, bs, s2, sizeof s2),
+            bt ? "transposed" : "contig");
+    sg_clear_error(ctx);
+    if (bt) sg_release(b);
+    sg_release(a), sg_release(braw), sg_release(c);
+    free(av), free(bv), free(ref), free(got);
+}
+
+static void test_device(void) {
+    static const char *const modes[3] = {"gemv", "lt", "auto"};
+    static const sg_dtype dts[3] = {SG_F32, SG_F16, SG_BF16};
+    int64_t x1[2] = {1, 1024}, x12[3] = {4, 3, 256}, x2[2] = {2, 200}, x5[2] = {5, 75};
+    int64_t x8[2] = {8, 512}, a4[4] = {2, 1, 3, 40}, b3[3] = {5, 40, 6};
+    int64_t q[3] = {3, 1, 64}, k[3] = {3, 64, 48}, big_a[2] = {96, 130}, big_b[2] = {130, 72};
+    for (int m = 0; m < 3; m++) {
+        setenv("SG_CUDA_MATMUL", modes[m], 1);
+        for (int t = 0; t < 3; t++) {
+            sg_dtype dt = dts[t];
+            linear_case(modes[m], dt, 2, x1, 1024, false, true); /* W2's layer at batch 1 */
+            linear_case(modes[m], dt, 2, x1, 1024, false, false);
+            linear_case(modes[m], dt, 3, x12, 96, false, true);  /* 12 rows: two GEMV launches */
+            linear_case(modes[m], dt, 2, x2, 40, true, true);    /* w as a transposed view */
+            linear_case(modes[m], dt, 2, x5, 33, false, true);   /* odd K: no 16-byte rows */
+            linear_case(modes[m], dt, 2, x8, 64, false, false);
+            matmul_case(modes[m], dt, 4, a4, 3, b3, false);      /* batch broadcast */
+            matmul_case(modes[m], dt, 3, q, 3, k, true);         /* q @ k^T at decode */
+            matmul_case(modes[m], dt, 2, big_a, 2, big_b, false);
+        }
+    }
+    unsetenv("SG_CUDA_MATMUL");
+}
+
+int main(void) {
+    tu_seed(23);
+    test_plan();
+    if (tu_finish() != 0) return 1; /* the plan is wrong: no need for a device to say so */
+    sg_status s = sg_ctx_create(&(sg_ctx_opts){.backend = SG_BACKEND_CUDA}, &ctx);
+    if (s == SG_ERR_BACKEND_UNAVAILABLE) {
+        printf("skipped: no CUDA device (%s)\n", sg_last_error(NULL));
+        return 77;
+    }
+    if (s != SG_OK) {
+        fprintf(stderr, "sg_ctx_create(cuda): %s\n", sg_status_str(s));
+        return 1;
+    }
+    test_device();
+    sg_ctx_destroy(ctx);
+    return tu_finish();
+}
