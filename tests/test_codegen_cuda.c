@@ -267,7 +267,7 @@ static void test_gemv_inplace(void) {
                  tu_rand(ctx, SG_F32, 2, ws, -0.1, 0.1, NULL),
                  tu_rand(ctx, SG_F32, 1, &bs, -0.1, 0.1, NULL)};
     sg_fn *fn = compile(inplace_step, &p, 0, 1);
-    counts c;
+    counts c = {0};
     bool ok = capture(fn, NULL, 0, 1) && cuda_unit(fn, "cu_gemv_inplace", &c) &&
               TU_EXPECT(c.gemv == 0) && TU_EXPECT(c.calls == 1) && TU_EXPECT(c.kernels == 1);
     tu_case(ok,
