@@ -6,7 +6,7 @@
  * first_s is the wall time of the first three calls (capture, fusion,
  * compile or cache load, planning, graph recording).
  *
- *   bench [--backend auto|cpu|cuda] [workload ...]   workloads: w1s w1l w2
+ *   bench [--backend auto|cpu|cuda] [--modes m1,m2] [workload ...]   workloads: w1s w1l w2
  *
  * W1: 6 x (y = tanh(sin(y) * 1.01 + 0.1)), 24 ops, f32, 4096 (w1s) or 16M
  * (w1l) elements. W2: 8 x (linear 1024 -> 1024 + gelu_tanh), batch 1, bf16 on
@@ -118,13 +118,29 @@ done:
 /* "stepgraph", or "stepgraph-warm" when SG_BENCH_TAG=warm (a second run
  * over the same disk cache: first_s is then the warm-cache first call). */
 static const char *tag = "stepgraph";
+/* --modes: a comma list of mode names (default: every mode). */
+static const char *modes_arg;
+
+static bool mode_wanted(sg_mode m) {
+    if (!modes_arg) return true;
+    const char *name = sg_mode_name(m), *p = modes_arg;
+    size_t n = strlen(name);
+    while (*p) {
+        const char *e = strchr(p, ',');
+        size_t len = e ? (size_t)(e - p) : strlen(p);
+        if (len == n && strncmp(p, name, n) == 0) return true;
+        p += len + (e != NULL);
+    }
+    return false;
+}
 
 static void run(sg_ctx *ctx, const char *name, sg_step_fn step, void *user, sg_tensor *x,
                 int steps, int loops) {
     result res[5];
     for (sg_mode m = SG_MODE_EAGER; m <= SG_MODE_MAX_AUTOTUNE_NO_GRAPHS; m++)
-        res[m] = time_mode(ctx, step, user, x, m, steps, loops);
+        res[m] = mode_wanted(m) ? time_mode(ctx, step, user, x, m, steps, loops) : (result){0};
     for (sg_mode m = SG_MODE_EAGER; m <= SG_MODE_MAX_AUTOTUNE_NO_GRAPHS; m++) {
+        if (!mode_wanted(m)) continue;
         if (!res[m].ok) {
             printf("| %-4s | %-26s | failed |\n", name, sg_mode_name(m));
             continue;
@@ -142,7 +158,7 @@ static void run(sg_ctx *ctx, const char *name, sg_step_fn step, void *user, sg_t
 static int wanted(int argc, char **argv, const char *w) {
     int named = 0;
     for (int i = 1; i < argc; i++) {
-        if (strcmp(argv[i], "--backend") == 0) {
+        if (strcmp(argv[i], "--backend") == 0 || strcmp(argv[i], "--modes") == 0) {
             i++;
             continue;
         }
@@ -152,26 +168,38 @@ static int wanted(int argc, char **argv, const char *w) {
     return !named;
 }
 
-int main(int argc, char **argv) {
-    sg_backend want = SG_BACKEND_AUTO;
-    for (int i = 1; i + 1 < argc; i++)
-        if (strcmp(argv[i], "--backend") == 0)
-            want = strcmp(argv[i + 1], "cuda") == 0 ? SG_BACKEND_CUDA
-                 : strcmp(argv[i + 1], "cpu") == 0  ? SG_BACKEND_CPU
-                                                    : SG_BACKEND_AUTO;
+/* One context per workload, so that its peak memory is its own. */
+static sg_ctx *new_ctx(sg_backend want) {
     sg_ctx *ctx;
     sg_status st = sg_ctx_create(&(sg_ctx_opts){.backend = want}, &ctx);
     if (st != SG_OK && want == SG_BACKEND_AUTO)
         st = sg_ctx_create(&(sg_ctx_opts){.backend = SG_BACKEND_CPU}, &ctx);
     if (st != SG_OK) {
         fprintf(stderr, "bench: %s\n", sg_last_error(NULL));
-        return 1;
+        exit(1);
     }
+    return ctx;
+}
+
+int main(int argc, char **argv) {
+    sg_backend want = SG_BACKEND_AUTO;
+    for (int i = 1; i + 1 < argc; i++)
+        if (strcmp(argv[i], "--modes") == 0) modes_arg = argv[i + 1];
+    for (int i = 1; i + 1 < argc; i++)
+        if (strcmp(argv[i], "--backend") == 0)
+            want = strcmp(argv[i + 1], "cuda") == 0 ? SG_BACKEND_CUDA
+                 : strcmp(argv[i + 1], "cpu") == 0  ? SG_BACKEND_CPU
+                                                    : SG_BACKEND_AUTO;
+    sg_ctx *ctx = new_ctx(want);
     bool gpu = sg_ctx_backend(ctx) == SG_BACKEND_CUDA;
     unsigned seed = 1234;
     printf("stepgraph %s, %s backend\n\n", sg_version(), sg_backend_name(sg_ctx_backend(ctx)));
     const char *t = getenv("SG_BENCH_TAG");
-    if (t && strcmp(t, "warm") == 0) tag = "stepgraph-warm";
+    if (t && *t) {
+        static char buf[64];
+        snprintf(buf, sizeof buf, "stepgraph-%s", t);
+        tag = buf;
+    }
     printf("| work | mode                       | us per step  | first_s  | vs eager | peak MiB  |\n");
     printf("|------|----------------------------|--------------|----------|----------|-----------|\n");
     if (wanted(argc, argv, "w1s")) {
@@ -181,6 +209,8 @@ int main(int argc, char **argv) {
         sg_release(x);
     }
     if (wanted(argc, argv, "w1l")) {
+        sg_ctx_destroy(ctx);
+        ctx = new_ctx(want);
         int64_t s[1] = {16 << 20};
         sg_tensor *x = randn(ctx, SG_F32, 1, s, 1.0f, &seed);
         /* 16M elements: fewer steps on a CPU */
@@ -188,6 +218,8 @@ int main(int argc, char **argv) {
         sg_release(x);
     }
     if (wanted(argc, argv, "w2")) {
+        sg_ctx_destroy(ctx);
+        ctx = new_ctx(want);
         mlp m;
         int64_t ws[2] = {1024, 1024}, bs[1] = {1024}, xs[2] = {1, 1024};
         sg_dtype dt = gpu ? SG_BF16 : SG_F32;

@@ -1,9 +1,10 @@
-"""table.py -- merge the RESULT lines of bench.c (a cold-cache run and a
-warm-cache run) and torch_ref.py into one markdown table: per-step us,
-first-call seconds (cold and warm cache), peak device memory, speedup over
-torch's best mode, and the floor of WORKLOADS.md.
+"""table.py -- merge the RESULT lines of bench.c (every mode in one process;
+each mode first in a fresh process on a cold cache; the same on the warm
+cache) and torch_ref.py into one markdown table: per-step us, first-call
+seconds (cold and warm cache), peak device memory, speedup over torch's best
+mode, and the floor of WORKLOADS.md.
 
-    python3 bench/table.py stepgraph.txt stepgraph_warm.txt torch.txt
+    python3 bench/table.py stepgraph.txt stepgraph_cold.txt stepgraph_warm.txt torch.txt
 """
 import sys
 
@@ -25,7 +26,7 @@ def load(path):
 
 
 def main():
-    sg, warm, th = load(sys.argv[1]), load(sys.argv[2]), load(sys.argv[3])
+    sg, cold, warm, th = (load(a) for a in sys.argv[1:5])
     order = list(FLOOR_US)
     works = sorted({w for w, _ in sg} | {w for w, _ in th},
                    key=lambda w: order.index(w) if w in order else 9)
@@ -40,6 +41,8 @@ def main():
                 ratio = f"{best / us:.2f}x" if best else "-"
                 wf = warm.get((ww, m)) if src == "stepgraph" else None
                 wtxt = f"{wf[1]:.3f}" if wf else "-"
+                cf = cold.get((ww, m)) if src == "stepgraph" else None
+                first = cf[1] if cf else first
                 ptxt = f"{peak:.1f}" if peak is not None else "-"
                 print(f"| {w} | {src} | {m} | {us:.1f} | {first:.3f} | {wtxt} | {ptxt} | {ratio} | {FLOOR_US.get(w, '-')} |")
 

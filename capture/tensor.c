@@ -152,7 +152,10 @@ sg_tensor *sg__tensor_new(sg_ctx *ctx, const char *op, sg_dtype dt, int ndim,
     t->st->owned = true;
     t->st->born = t->id;
     t->st->cap_slot = -1;
-    if (sg__dev_alloc(ctx, (size_t)bytes, &t->st->data) != SG_OK) {
+    /* A dry capture executes nothing: its buffers need no bytes (the plan
+     * gives them pool offsets later). */
+    bool dry = ctx->rec && ctx->rec->dry && !ctx->rec->broken;
+    if (!dry && sg__dev_alloc(ctx, (size_t)bytes, &t->st->data) != SG_OK) {
         sg__fail(ctx, SG_ERR_OOM, "%s: out of %s memory for %s%s (%llu bytes); free tensors with "
                  "sg_release or use smaller shapes", op, ctx->exec.name, sg_dtype_name(dt),
                  sg__shape_str(ndim, shape, sh, sizeof sh), (unsigned long long)bytes);

@@ -37,6 +37,19 @@ static const char *const preamble =
     "struct alignas(16) sg_v16 { sg_u32 w[4]; };\n"
     "struct alignas(8) sg_v8 { sg_u32 w[2]; };\n"
     "#define SG_DEV static __device__ __forceinline__\n"
+    "/* Programmatic dependent launch (sm_90+): the next kernel may start once\n"
+    " * every block here has begun; each kernel waits for the one before it\n"
+    " * to finish, and its writes to show, before it reads what that wrote. */\n"
+    "SG_DEV void sg_pdl_launch(void) {\n"
+    "#if __CUDA_ARCH__ >= 900\n"
+    "    asm volatile(\"griddepcontrol.launch_dependents;\" ::: \"memory\");\n"
+    "#endif\n"
+    "}\n"
+    "SG_DEV void sg_pdl_wait(void) {\n"
+    "#if __CUDA_ARCH__ >= 900\n"
+    "    asm volatile(\"griddepcontrol.wait;\" ::: \"memory\");\n"
+    "#endif\n"
+    "}\n"
     "#define SG_WRAP(x) ((sg_i64)(sg_u64)(x))\n"
     "\n"
     "/* f16 and bf16 conversions, bit for bit those of the CPU backend. */\n"
@@ -657,6 +670,13 @@ static bool gemv_plan(const gen *g, const sg__group *grp, gemv *p) {
     /* The output: rows x N, contiguous, and the epilogue runs over it. */
     if (numel_of(o->ndim, o->shape) != rows * p->n || !flat_ok(o, o->ndim, o->shape)) return false;
     if (numel_of(grp->ndim, grp->shape) != rows * p->n) return false;
+    /* The epilogue of one column runs while other warps still read x, w and
+     * b: it may not write into them (an in-place update after the matmul). */
+    for (int k = grp->anchor + 1; k < grp->n; k++) {
+        int slot = ref_of(g, g->ir->nodes[grp->g[k].node].out)->slot;
+        if (grp->g[k].store && (slot == x->slot || slot == w->slot || (p->b && slot == p->b->slot)))
+            return false;
+    }
     return true;
 }
 
@@ -722,16 +742,52 @@ static unsigned emit_gemv(gen *g, const sg__group *grp, const gemv *p) {
         for (int r = 0; r < p->rows; r++) sg__emit_line(g->e, "float acc%d = 0.0f;", r);
         sg__emit_line(g->e, "const %s *wr = (const %s *)s%d + (%lld + n * %lld);", t, t, p->w->slot,
                       (long long)p->woff, (long long)p->sn);
+        /* A weight nothing in the step writes may be loaded before the
+         * previous kernel has finished: the first loads of each lane go to
+         * registers ahead of sg_pdl_wait, overlapping that kernel's tail. */
+        const sg__slot *wsl = &g->ir->slots[p->w->slot];
+        int64_t kv = p->k / v;
+        int npf = wsl->kind != SG__SLOT_INTERNAL && wsl->mutated_by < 0 && p->k % v == 0
+                      ? (int)(kv < 128 ? (kv + 31) / 32 : 4)
+                      : 0;
         if (p->k % v == 0) {
             char cond[512];
             size_t k = (size_t)snprintf(cond, sizeof cond, "(((sg_u64)wr");
             for (int r = 0; r < p->rows; r++)
                 k += (size_t)snprintf(cond + k, sizeof cond - k, " | (sg_u64)x%d", r);
             snprintf(cond + k, sizeof cond - k, ") & 15) == 0");
-            sg__emit_open(g->e, "if (%s)", cond);
+            sg__emit_line(g->e, "const bool aligned = %s;", cond);
+            if (npf) {
+                sg__emit_line(g->e, "sg_v16 wp[%d];", npf);
+                sg__emit_open(g->e, "if (aligned)");
+                for (int u = 0; u < npf; u++)
+                    sg__emit_line(g->e, "if (lane + %d < %lld) wp[%d] = ((const sg_v16 *)wr)[lane + %d];",
+                                  32 * u, (long long)kv, u, 32 * u);
+                sg__emit_close(g->e);
+            }
+            sg__emit_line(g->e, "sg_pdl_wait();");
+            sg__emit_open(g->e, "if (aligned)");
+            for (int u = 0; u < npf; u++) {
+                sg__emit_open(g->e, "if (lane + %d < %lld)", 32 * u, (long long)kv);
+                sg__emit_line(g->e, "const sg_i64 q = lane + %d;", 32 * u);
+                sg__emit_line(g->e, "union { sg_v16 v; %s e[%d]; } wv;", t, v);
+                sg__emit_line(g->e, "wv.v = wp[%d];", u);
+                for (int r = 0; r < p->rows; r++) {
+                    sg__emit_line(g->e, "union { sg_v16 v; %s e[%d]; } xv%d;", t, v, r);
+                    sg__emit_line(g->e, "xv%d.v = ((const sg_v16 *)x%d)[q];", r, r);
+                }
+                sg__emit_line(g->e, "#pragma unroll");
+                sg__emit_open(g->e, "for (int j = 0; j < %d; j++)", v);
+                widen(p->w->dtype, "wv.e[j]", ld, sizeof ld);
+                sg__emit_line(g->e, "const float wf = %s;", ld);
+                emit_gemv_fma(g, p, "xv%d.e[j]");
+                sg__emit_close(g->e);
+                sg__emit_close(g->e);
+            }
             /* Several 16-byte loads in flight per lane keep HBM busy. */
             sg__emit_line(g->e, "#pragma unroll 4");
-            sg__emit_open(g->e, "for (sg_i64 q = lane; q < %lld; q += 32)", (long long)(p->k / v));
+            sg__emit_open(g->e, "for (sg_i64 q = lane + %d; q < %lld; q += 32)", 32 * npf,
+                          (long long)kv);
             sg__emit_line(g->e, "union { sg_v16 v; %s e[%d]; } wv;", t, v);
             sg__emit_line(g->e, "wv.v = ((const sg_v16 *)wr)[q];");
             for (int r = 0; r < p->rows; r++) {
@@ -748,6 +804,7 @@ static unsigned emit_gemv(gen *g, const sg__group *grp, const gemv *p) {
             sg__emit_close(g->e);
             sg__emit_open(g->e, "else");
         } else {
+            sg__emit_line(g->e, "sg_pdl_wait();");
             sg__emit_open(g->e, "%s", "");
         }
         sg__emit_open(g->e, "for (sg_i64 k = lane; k < %lld; k += 32)", (long long)p->k);
@@ -766,6 +823,7 @@ static unsigned emit_gemv(gen *g, const sg__group *grp, const gemv *p) {
         /* One thread per column, 8 slices of K per block summed in shared memory. */
         int slices = BLOCK / 32;
         grid = (unsigned)((p->n + 31) / 32);
+        sg__emit_line(g->e, "sg_pdl_wait();");
         sg__emit_line(g->e, "const int c = threadIdx.x & 31, ks = threadIdx.x >> 5;");
         sg__emit_line(g->e, "const sg_i64 n = (sg_i64)blockIdx.x * 32 + c;");
         for (int r = 0; r < p->rows; r++) sg__emit_line(g->e, "float acc%d = 0.0f;", r);
@@ -926,6 +984,8 @@ static void emit_kernel(gen *g, const sg__group *grp, int k, sg__cuda_kinfo *ki)
                   ki->tune_grid[0] ? MAX_BLOCK : BLOCK, ki->name);
     for (int s = 0; s < g->ir->nslots; s++)
         if (used[s]) sg__emit_line(g->e, "    char *const s%d = slot[%d];", s, s);
+    sg__emit_line(g->e, "    sg_pdl_launch();");
+    if (!is_gemv) sg__emit_line(g->e, "    sg_pdl_wait();");
     if (body.buf) sg__emit_raw(g->e, "%s", body.buf);
     if (body.oom) g->e->oom = true;
     sg__emit_line(g->e, "}");

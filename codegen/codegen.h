@@ -39,7 +39,7 @@
 
 /* Bump when generated code or the compile recipe changes meaning: old
  * entries then stop matching and are simply left unused. */
-#define SG__CODEGEN_VERSION "1"
+#define SG__CODEGEN_VERSION "2"
 
 typedef struct sg__module sg__module; /* a loaded shared object */
 

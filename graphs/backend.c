@@ -38,11 +38,11 @@ sg_status sg_ctx_create(const sg_ctx_opts *opts, sg_ctx **out) {
     ctx->host_live = ctx->host_peak = sizeof *ctx;
     sg_status s = SG_ERR_BACKEND_UNAVAILABLE;
     char why[SG__MSG_SIZE] = "";
-    /* AUTO takes CUDA only when SG_BACKEND=cuda asks for it, until the CUDA
-     * backend has been through the whole test suite on a device. */
+    /* AUTO takes CUDA when a driver and a device are there; SG_BACKEND=cpu
+     * makes it take the CPU. */
     const char *env = getenv("SG_BACKEND");
     bool try_cuda = want == SG_BACKEND_CUDA ||
-                    (want == SG_BACKEND_AUTO && env && strcmp(env, "cuda") == 0);
+                    (want == SG_BACKEND_AUTO && !(env && strcmp(env, "cpu") == 0));
     if (try_cuda) {
         ctx->backend = SG_BACKEND_CUDA;
         s = sg__cuda_init(ctx, why, sizeof why);

@@ -142,8 +142,11 @@ typedef struct sg_ctx_opts {
 } sg_ctx_opts;
 
 /*
- * Make a context. opts may be NULL (all defaults). SG_BACKEND_AUTO never
- * fails for want of a device: it falls back to the CPU. Naming a backend
+ * Make a context. opts may be NULL (all defaults). SG_BACKEND_AUTO takes
+ * CUDA when a driver and a device are there (environment SG_BACKEND=cpu
+ * makes it take the CPU) and never fails for want of a device: it falls
+ * back to the CPU. The CUDA driver, NVRTC and cuBLASLt are loaded at run
+ * time; nothing links against them. Naming a backend
  * that is absent returns SG_ERR_BACKEND_UNAVAILABLE, and *out is NULL; the
  * reason is in sg_last_error(NULL).
  */
@@ -405,8 +408,10 @@ SG_API sg_status sg_index_copy_(sg_tensor *dst, int dim, sg_tensor *idx, sg_tens
 /*
  * A step is a function over tensor ops. sg_compile wraps it in an sg_fn;
  * sg_call runs it. In the compiling modes the first call for a new input
- * signature *captures* the step: it runs the step for real (so the first
- * call returns real results) and records every op into IR, plans every
+ * signature *captures* the step: it records every op into IR -- on the CPU
+ * while running the step for real, on a GPU without running it (the first
+ * call's results come from the first replay, so the capture compiles no
+ * eager kernel) -- plans every
  * buffer the step makes into the context's static memory pool, and from
  * then on each call *replays* the recording with no allocation at all.
  * The modes mean what torch.compile's do:
@@ -430,6 +435,21 @@ SG_API sg_status sg_index_copy_(sg_tensor *dst, int dim, sg_tensor *idx, sg_tens
  * SG_OVERRIDE_DIR (compile a hand-edited <name>.c instead), SG_ALWAYS_COMPILE=1,
  * SG_CC, SG_CFLAGS, SG_DISABLE_FUSION=1 (one kernel per op), SG_CODEGEN=0
  * (no generated code: replay op by op).
+ *
+ * On CUDA the same fused groups become one CUDA C program per capture,
+ * compiled by NVRTC for the device's arch and cached on disk: pointwise and
+ * multi-tensor kernels (16-byte vector loads where the layout allows),
+ * epilogue kernels after reductions, row ops and cuBLASLt matmuls, and
+ * GEMV kernels with bias and epilogue fused for matmuls of up to 8 rows
+ * (batch-1 inference). REDUCE_OVERHEAD and MAX_AUTOTUNE record a CUDA graph
+ * per output set and replay it with one launch; a new input address
+ * rewrites the device table of addresses the kernels read and re-records
+ * the graph, which patches the instantiated one (cuGraphExecUpdate). The
+ * MAX_AUTOTUNE modes time 128/256/512 threads per generated kernel on the
+ * real buffers. Kernels launch with programmatic dependent launch on sm_90
+ * (SG_CUDA_PDL=0 turns it off). A graph break in a GPU capture runs that
+ * call's step again eagerly (nothing ran yet), so a step with one is called
+ * twice on its first call.
  *
  * What a step may do: read its inputs and any tensors made outside it (its
  * *parameters*: weights, caches), make new tensors with ops (they belong to

@@ -6,7 +6,10 @@
  * patterns that matter (W1's 24-op chain in one kernel, softmax and
  * layer_norm with epilogues, linear + bias + gelu_tanh as one GEMV kernel at
  * batch 1 and as a library call plus one epilogue at batch 64, AdamW over
- * 10 parameters as one MULTI kernel) and random op DAGs over every dtype.
+ * 10 parameters as one MULTI kernel, GEMV at odd sizes and for a matmul with
+ * its weight either way round, no GEMV when its epilogue writes its own
+ * input, an input whose base is not 16-byte aligned) and random op DAGs
+ * over every dtype, 24 programs to a unit.
  * The numerics of the kernels run under the gpu label (the capture tests on
  * the CUDA backend). Exits 77 when NVRTC cannot be loaded.
  */
@@ -240,6 +243,38 @@ static void test_gemv_odd(sg_dtype dt) {
     tu_case(ok, "CUDA_GEMV_ODD(type=%s,x=[3,1,100],w=[37,100]) -> %d GEMV kernel",
             sg_dtype_name(dt), c.gemv);
     sg_release(x), sg_release(o.w), sg_release(o.b);
+    sg_fn_destroy(fn);
+}
+
+/* h = gelu(linear(h, w, b)) written back into the parameter h: other
+ * columns still read h while one column's epilogue would write it, so
+ * this is no GEMV but the library call and an epilogue kernel. */
+typedef struct inplace {
+    sg_tensor *h, *w, *b;
+} inplace;
+
+static sg_status inplace_step(sg_ctx *c, sg_tensor *const *in, sg_tensor **out, void *user) {
+    (void)in;
+    const inplace *p = user;
+    sg_status s = sg_copy_(p->h, sg_gelu(sg_linear(p->h, p->w, p->b)));
+    out[0] = p->h;
+    return s != SG_OK ? s : sg_ctx_status(c);
+}
+
+static void test_gemv_inplace(void) {
+    int64_t hs[2] = {1, 256}, ws[2] = {256, 256}, bs = 256;
+    inplace p = {tu_rand(ctx, SG_F32, 2, hs, -1, 1, NULL),
+                 tu_rand(ctx, SG_F32, 2, ws, -0.1, 0.1, NULL),
+                 tu_rand(ctx, SG_F32, 1, &bs, -0.1, 0.1, NULL)};
+    sg_fn *fn = compile(inplace_step, &p, 0, 1);
+    counts c = {0};
+    bool ok = capture(fn, NULL, 0, 1) && cuda_unit(fn, "cu_gemv_inplace", &c) &&
+              TU_EXPECT(c.gemv == 0) && TU_EXPECT(c.calls == 1) && TU_EXPECT(c.kernels == 1);
+    tu_case(ok,
+            "CUDA_GEMV_INPLACE(h=[1,256] written by its own linear's epilogue) -> %d GEMV, "
+            "%d library call, %d kernel",
+            c.gemv, c.calls, c.kernels);
+    sg_release(p.h), sg_release(p.w), sg_release(p.b);
     sg_fn_destroy(fn);
 }
 
@@ -522,6 +557,7 @@ int main(int argc, char **argv) {
         test_mlp(SG_BF16, 64, 2, false, false);
         test_gemv_odd(SG_F32);
         test_gemv_odd(SG_BF16);
+        test_gemv_inplace();
         test_adamw(SG_F32);
         test_adamw(SG_BF16);
         test_reduce(SG_F32);

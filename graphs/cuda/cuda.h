@@ -70,6 +70,7 @@ SG__HIDDEN sg_status sg__cuda_probe(char *why, size_t n, sg__cuda_device *dev);
     X(cuModuleUnload, "cuModuleUnload")                                                           \
     X(cuFuncSetAttribute, "cuFuncSetAttribute")                                                   \
     X(cuLaunchKernel, "cuLaunchKernel")                                                           \
+    X(cuLaunchKernelEx, "cuLaunchKernelEx")                                                       \
     X(cuEventCreate, "cuEventCreate")                                                             \
     X(cuEventRecord, "cuEventRecord")                                                             \
     X(cuEventSynchronize, "cuEventSynchronize")                                                   \

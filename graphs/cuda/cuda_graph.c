@@ -150,7 +150,9 @@ static sg_status launch_all(sg_ctx *ctx, sg__graph *g, set_state *st) {
         if (!cg->kfn[k]) continue;
         unsigned grid[3] = {ki->grid, 1, 1}, block[3] = {ki->block, 1, 1};
         void *args[1] = {&st->table};
-        sg_status s = sg__cuda_launch(ctx, cg->kfn[k], grid, block, 0, args);
+        /* Generated kernels wait (griddepcontrol.wait) before they read
+         * what earlier kernels wrote, so each may start early. */
+        sg_status s = sg__cuda_launch_pdl(ctx, cg->kfn[k], grid, block, 0, args);
         if (s != SG_OK) return s;
     }
     return SG_OK;

@@ -45,6 +45,7 @@ typedef struct sg__cuda {
     CUdeviceptr retired[32];
     int nretired;
     bool capturing; /* a graph is being recorded: no host waits allowed */
+    int pdl;        /* programmatic dependent launch: 1 on, 0 off, -1 not yet known */
     void *lt;       /* cuBLASLt's handle, workspace and plans (cublaslt.c) */
     size_t device_live, device_cached;
 } sg__cuda;
@@ -236,6 +237,35 @@ sg_status sg__cuda_launch(sg_ctx *ctx, void *func, const unsigned grid[3], const
     return r == CUDA_SUCCESS ? SG_OK : sg__cu_fail(ctx, r, "cuLaunchKernel", "an eager kernel");
 }
 
+sg_status sg__cuda_launch_pdl(sg_ctx *ctx, void *func, const unsigned grid[3],
+                              const unsigned block[3], size_t shmem, void **args) {
+    sg__cuda *s = state(ctx);
+    if (s->pdl < 0) {
+        const char *e = getenv("SG_CUDA_PDL");
+        s->pdl = s->arch >= 90 && !(e && strcmp(e, "0") == 0);
+    }
+    if (!s->pdl || grid[0] == 0 || grid[1] == 0 || grid[2] == 0)
+        return sg__cuda_launch(ctx, func, grid, block, shmem, args);
+    CUlaunchAttribute attr;
+    memset(&attr, 0, sizeof attr);
+    attr.id = CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION;
+    attr.value.programmaticStreamSerializationAllowed = 1;
+    CUlaunchConfig cfg;
+    memset(&cfg, 0, sizeof cfg);
+    cfg.gridDimX = grid[0], cfg.gridDimY = grid[1], cfg.gridDimZ = grid[2];
+    cfg.blockDimX = block[0], cfg.blockDimY = block[1], cfg.blockDimZ = block[2];
+    cfg.sharedMemBytes = (unsigned)shmem;
+    cfg.hStream = s->stream;
+    cfg.attrs = &attr;
+    cfg.numAttrs = 1;
+    CUresult r = s->cu->cuLaunchKernelEx(&cfg, (CUfunction)func, args, NULL);
+    if (r == CUDA_ERROR_NOT_SUPPORTED || r == CUDA_ERROR_INVALID_VALUE) {
+        s->pdl = 0; /* this device or driver cannot: plain launches from now on */
+        return sg__cuda_launch(ctx, func, grid, block, shmem, args);
+    }
+    return r == CUDA_SUCCESS ? SG_OK : sg__cu_fail(ctx, r, "cuLaunchKernelEx", "a generated kernel");
+}
+
 /* ------------------------------------------------------------ the executor */
 
 static sg_status cu_run(sg_ctx *ctx, const sg__node *n) {
@@ -286,6 +316,7 @@ sg_status sg__cuda_init(sg_ctx *ctx, char *why, size_t n) {
         return SG_ERR_OOM;
     }
     s->cu = cu;
+    s->pdl = -1;
     s->arch = dev.cc_major * 10 + dev.cc_minor;
     s->sms = dev.sms;
     ctx->exec.state = s;
