@@ -331,6 +331,14 @@ sg_status sg__cuda_init(sg_ctx *ctx, char *why, size_t n) {
         cu_destroy(ctx);
         return SG_ERR_BACKEND_UNAVAILABLE;
     }
+    /* Op scratch exists from the start: it cannot be allocated while a
+     * graph is recorded, which may be the first time an op asks for it. */
+    void *scratch;
+    if (sg__cuda_scratch(ctx, 1u << 20, &scratch) != SG_OK) {
+        snprintf(why, n, "cannot allocate 1 MiB of device scratch: %s", ctx->msg);
+        cu_destroy(ctx);
+        return SG_ERR_BACKEND_UNAVAILABLE;
+    }
     ctx->exec.name = "device";
     ctx->exec.run = cu_run;
     ctx->exec.alloc = cu_alloc;
