@@ -109,8 +109,9 @@ static void test_dce(void) {
     ok = ok && TU_EXPECT(count_op(fn, SG__OP_EXP, &dexp) == 1 && dexp == 1) &&
          TU_EXPECT(count_op(fn, SG__OP_MUL_SCALAR, &dmul) == 1 && dmul == 1) &&
          TU_EXPECT(count_op(fn, SG__OP_SIN, &dsin) == 1 && dsin == 0) &&
-         TU_EXPECT(fn->graphs[0]->fused.ngroups == 1);
-    tu_case(ok, "DCE(sin(x) kept, exp(x)*2 unused: 2 nodes removed, kernels=1)");
+         TU_EXPECT(fn->graphs[0]->fused.ngroups == 1) &&
+         TU_EXPECT(strstr(sg_fn_explain(fn), "removed by fusion") != NULL);
+    tu_case(ok, "DCE(sin(x) kept, exp(x)*2 unused: 2 nodes removed, kernels=1, explained)");
     sg_fn_destroy(fn);
 
     param_box be = {sg_zeros(ctx, SG_F32, 2, (int64_t[]){5, 12})};
