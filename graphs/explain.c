@@ -85,10 +85,11 @@ static void explain_slots(text *t, const sg__graph *g) {
                 put(t, "    buffer b%d: %zu bytes, output %d, offset %zu in each output set\n", s,
                     sl->nbytes, sl->output, g->slot_off[s]);
             else if (g->slot_off[s] == SIZE_MAX) /* no kernel reads or writes it in memory */
-                put(t,
-                    "    buffer b%d: %zu bytes, live over IR lines %d..%d, in registers "
-                    "(no pool bytes)\n",
-                    s, sl->nbytes, sl->first, sl->last);
+                put(t, "    buffer b%d: %zu bytes, live over IR lines %d..%d, %s (no pool bytes)\n",
+                    s, sl->nbytes, sl->first, sl->last,
+                    g->has_fused && sl->first >= 0 && g->fused.dead[sl->first]
+                        ? "removed by fusion (unused or a duplicate)"
+                        : "in registers");
             else
                 put(t, "    buffer b%d: %zu bytes, live over IR lines %d..%d, scratch offset "
                     "%zu\n", s, sl->nbytes, sl->first, sl->last, g->slot_off[s]);
