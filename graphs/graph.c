@@ -99,6 +99,47 @@ done:
     return s;
 }
 
+static _Atomic uint64_t cuda_check_failures;
+
+uint64_t sg__cuda_check_failures(void) { return cuda_check_failures; }
+
+/* SG_NVRTC_CHECK: the CUDA unit of this capture, compiled for sm_90 and
+ * thrown away. Nothing here changes the capture or the context's status. */
+static void check_cuda_dialect(sg_fn *fn, sg__graph *g, bool disable) {
+    sg_ctx *ctx = fn->ctx;
+    sg_status before = ctx->status;
+    char msg[SG__MSG_SIZE], name[sizeof g->module + 8];
+    snprintf(msg, sizeof msg, "%s", ctx->msg);
+    snprintf(name, sizeof name, "%s_cu", g->module);
+    sg__fuse_opts fo;
+    sg__cgen_cuda_fuse_opts(&fo, disable);
+    sg__fused f;
+    memset(&f, 0, sizeof f);
+    sg_status s = sg__fuse(ctx, &g->ir, &fo, &f);
+    sg__cuda_kinfo *ki = NULL;
+    int nk = 0;
+    sg__emit e = {.ctx = ctx};
+    if (s == SG_OK) {
+        ki = sg__calloc(ctx, sizeof *ki * (size_t)(f.ngroups ? f.ngroups : 1));
+        s = ki ? sg__cgen_cuda(ctx, &g->ir, &f, name, &e, ki, &nk)
+               : sg__fail(ctx, SG_ERR_OOM, "out of host memory");
+    }
+    void *cubin = NULL;
+    size_t size = 0;
+    if (s == SG_OK && nk > 0) s = sg__nvrtc_build(ctx, name, e.buf, 90, &cubin, &size);
+    if (s != SG_OK && s != SG_ERR_BACKEND_UNAVAILABLE) {
+        cuda_check_failures++;
+        sg__log(ctx, "error", "fn '%s': SG_NVRTC_CHECK: the CUDA unit of capture %d failed: %.800s",
+                fn->name, fn->ngraphs, ctx->msg);
+    }
+    sg__free(ctx, cubin, size);
+    sg__emit_free(&e);
+    if (ki) sg__free(ctx, ki, sizeof *ki * (size_t)(f.ngroups ? f.ngroups : 1));
+    sg__fused_free(ctx, &f, &g->ir);
+    ctx->status = before;
+    snprintf(ctx->msg, sizeof ctx->msg, "%s", msg);
+}
+
 /* Fuse and let the backend compile; on any failure the capture replays
  * op by op through the eager kernels (logged under "fallbacks"). */
 static void try_compile(sg_fn *fn, sg__graph *g) {
@@ -119,6 +160,9 @@ static void try_compile(sg_fn *fn, sg__graph *g) {
                                 (*p >= '0' && *p <= '9') ? *p : '_');
     snprintf(g->module + k, sizeof g->module - k, "_c%d", fn->ngraphs);
     if (s == SG_OK) s = ops->compile(fn, g);
+    const char *chk = getenv("SG_NVRTC_CHECK");
+    if (chk && strcmp(chk, "1") == 0 && ctx->backend == SG_BACKEND_CPU)
+        check_cuda_dialect(fn, g, fo.disable);
     if (s == SG_OK) {
         g->compiled = true;
         sg__log(ctx, "output_code", "fn '%s': capture %d: %d IR ops -> %d kernels in %s", fn->name,

@@ -116,5 +116,10 @@ SG__HIDDEN void sg__graph_free(sg_ctx *ctx, sg__graph *g);
 /* fn.c */
 SG__HIDDEN void sg__fns_repoint(sg_ctx *ctx);
 SG__HIDDEN void sg__fns_destroy_all(sg_ctx *ctx);
+/* SG_NVRTC_CHECK=1 (tests on a machine without a GPU): every capture the
+ * CPU compiles is also fused for CUDA, emitted in the CUDA dialect and
+ * compiled by NVRTC for sm_90; the failures so far in this process (each
+ * logged under "error"). */
+SG__HIDDEN uint64_t sg__cuda_check_failures(void);
 
 #endif /* SG_GRAPHS_H */

@@ -278,7 +278,17 @@ bool tu_case(bool ok, const char *fmt, ...) {
     return ok;
 }
 
+/* The library's count of captures whose CUDA unit failed NVRTC under
+ * SG_NVRTC_CHECK=1 (graphs/graphs.h). */
+uint64_t sg__cuda_check_failures(void);
+
 int tu_finish(void) {
+    const char *chk = getenv("SG_NVRTC_CHECK");
+    if (chk && strcmp(chk, "1") == 0) {
+        uint64_t nf = sg__cuda_check_failures();
+        tu_case(nf == 0, "SG_NVRTC_CHECK: every capture's CUDA unit compiled by NVRTC for sm_90 "
+                "(%llu failed)", (unsigned long long)nf);
+    }
     printf("%d passed, %d failed\n", passed, failed);
     return failed ? 1 : 0;
 }
