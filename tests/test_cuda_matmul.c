@@ -258,7 +258,7 @@ static void test_device(void) {
     static const char *const modes[3] = {"gemv", "lt", "auto"};
     static const sg_dtype dts[3] = {SG_F32, SG_F16, SG_BF16};
     int64_t x1[2] = {1, 1024}, x12[3] = {4, 3, 256}, x2[2] = {2, 200}, x5[2] = {5, 75};
-    int64_t x8[2] = {8, 512}, a4[4] = {2, 1, 3, 40}, b3[3] = {5, 40, 6};
+    int64_t x8[2] = {8, 512}, xk[2] = {2, 3000}, a4[4] = {2, 1, 3, 40}, b3[3] = {5, 40, 6};
     int64_t q[3] = {3, 1, 64}, k[3] = {3, 64, 48}, big_a[2] = {96, 130}, big_b[2] = {130, 72};
     for (int m = 0; m < 3; m++) {
         setenv("SG_CUDA_MATMUL", modes[m], 1);
@@ -270,6 +270,7 @@ static void test_device(void) {
             linear_case(modes[m], dt, 2, x2, 40, true, true);    /* w as a transposed view */
             linear_case(modes[m], dt, 2, x5, 33, false, true);   /* odd K: no 16-byte rows */
             linear_case(modes[m], dt, 2, x8, 64, false, false);
+            linear_case(modes[m], dt, 2, xk, 24, false, true);   /* K over several trips */
             matmul_case(modes[m], dt, 4, a4, 3, b3, false);      /* batch broadcast */
             matmul_case(modes[m], dt, 3, q, 3, k, true);         /* q @ k^T at decode */
             matmul_case(modes[m], dt, 2, big_a, 2, big_b, false);
