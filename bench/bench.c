@@ -72,15 +72,16 @@ static sg_tensor *randn(sg_ctx *ctx, sg_dtype dt, int ndim, const int64_t *shape
 }
 
 typedef struct result {
-    double us, first_s;
+    double us, first_s, peak_mib;
     int ok;
 } result;
 
 static result time_mode(sg_ctx *ctx, sg_step_fn step, void *user, sg_tensor *x, sg_mode mode,
                         int steps, int loops) {
-    result r = {0, 0, 0};
+    result r = {0, 0, 0, 0};
     sg_fn *fn;
     sg_tensor *y;
+    sg_ctx_reset_peak_memory(ctx);
     if (sg_compile(ctx, step, user, 1, 1, &(sg_compile_opts){.mode = mode}, &fn) != SG_OK) return r;
     double t0 = now();
     for (int i = 0; i < 3; i++) {
@@ -106,11 +107,17 @@ static result time_mode(sg_ctx *ctx, sg_step_fn step, void *user, sg_tensor *x, 
     qsort(per, (size_t)loops, sizeof per[0], cmp_double);
     r.us = per[loops / 2];
     r.ok = 1;
+    sg_memory_stats ms;
+    if (sg_ctx_memory_stats(ctx, &ms) == SG_OK) r.peak_mib = (double)ms.device_peak_bytes / (1 << 20);
 done:
     if (!r.ok) fprintf(stderr, "  %s: %s\n", sg_mode_name(mode), sg_last_error(ctx));
     sg_fn_destroy(fn);
     return r;
 }
+
+/* "stepgraph", or "stepgraph-warm" when SG_BENCH_TAG=warm (a second run
+ * over the same disk cache: first_s is then the warm-cache first call). */
+static const char *tag = "stepgraph";
 
 static void run(sg_ctx *ctx, const char *name, sg_step_fn step, void *user, sg_tensor *x,
                 int steps, int loops) {
@@ -122,13 +129,14 @@ static void run(sg_ctx *ctx, const char *name, sg_step_fn step, void *user, sg_t
             printf("| %-4s | %-26s | failed |\n", name, sg_mode_name(m));
             continue;
         }
-        printf("| %-4s | %-26s | %12.1f | %8.3f | %5.2fx |\n", name, sg_mode_name(m), res[m].us,
-               res[m].first_s, res[0].ok ? res[0].us / res[m].us : 0.0);
+        printf("| %-4s | %-26s | %12.1f | %8.3f | %5.2fx | %9.1f |\n", name, sg_mode_name(m),
+               res[m].us, res[m].first_s, res[0].ok ? res[0].us / res[m].us : 0.0,
+               res[m].peak_mib);
     }
     for (sg_mode m = SG_MODE_EAGER; m <= SG_MODE_MAX_AUTOTUNE_NO_GRAPHS; m++)
         if (res[m].ok)
-            fprintf(stderr, "RESULT stepgraph %s %s %.2f %.4f\n", name, sg_mode_name(m), res[m].us,
-                    res[m].first_s);
+            fprintf(stderr, "RESULT %s %s %s %.2f %.4f %.0f\n", tag, name, sg_mode_name(m),
+                    res[m].us, res[m].first_s, res[m].peak_mib * (1 << 20));
 }
 
 static int wanted(int argc, char **argv, const char *w) {
@@ -144,6 +152,19 @@ static int wanted(int argc, char **argv, const char *w) {
     return !named;
 }
 
+/* One context per workload, so that its peak memory is its own. */
+static sg_ctx *new_ctx(sg_backend want) {
+    sg_ctx *ctx;
+    sg_status st = sg_ctx_create(&(sg_ctx_opts){.backend = want}, &ctx);
+    if (st != SG_OK && want == SG_BACKEND_AUTO)
+        st = sg_ctx_create(&(sg_ctx_opts){.backend = SG_BACKEND_CPU}, &ctx);
+    if (st != SG_OK) {
+        fprintf(stderr, "bench: %s\n", sg_last_error(NULL));
+        exit(1);
+    }
+    return ctx;
+}
+
 int main(int argc, char **argv) {
     sg_backend want = SG_BACKEND_AUTO;
     for (int i = 1; i + 1 < argc; i++)
@@ -151,19 +172,14 @@ int main(int argc, char **argv) {
             want = strcmp(argv[i + 1], "cuda") == 0 ? SG_BACKEND_CUDA
                  : strcmp(argv[i + 1], "cpu") == 0  ? SG_BACKEND_CPU
                                                     : SG_BACKEND_AUTO;
-    sg_ctx *ctx;
-    sg_status st = sg_ctx_create(&(sg_ctx_opts){.backend = want}, &ctx);
-    if (st != SG_OK && want == SG_BACKEND_AUTO)
-        st = sg_ctx_create(&(sg_ctx_opts){.backend = SG_BACKEND_CPU}, &ctx);
-    if (st != SG_OK) {
-        fprintf(stderr, "bench: %s\n", sg_last_error(NULL));
-        return 1;
-    }
+    sg_ctx *ctx = new_ctx(want);
     bool gpu = sg_ctx_backend(ctx) == SG_BACKEND_CUDA;
     unsigned seed = 1234;
     printf("stepgraph %s, %s backend\n\n", sg_version(), sg_backend_name(sg_ctx_backend(ctx)));
-    printf("| work | mode                       | us per step  | first_s  | vs eager |\n");
-    printf("|------|----------------------------|--------------|----------|----------|\n");
+    const char *t = getenv("SG_BENCH_TAG");
+    if (t && strcmp(t, "warm") == 0) tag = "stepgraph-warm";
+    printf("| work | mode                       | us per step  | first_s  | vs eager | peak MiB  |\n");
+    printf("|------|----------------------------|--------------|----------|----------|-----------|\n");
     if (wanted(argc, argv, "w1s")) {
         int64_t s[1] = {4096};
         sg_tensor *x = randn(ctx, SG_F32, 1, s, 1.0f, &seed);
@@ -171,6 +187,8 @@ int main(int argc, char **argv) {
         sg_release(x);
     }
     if (wanted(argc, argv, "w1l")) {
+        sg_ctx_destroy(ctx);
+        ctx = new_ctx(want);
         int64_t s[1] = {16 << 20};
         sg_tensor *x = randn(ctx, SG_F32, 1, s, 1.0f, &seed);
         /* 16M elements: fewer steps on a CPU */
@@ -178,6 +196,8 @@ int main(int argc, char **argv) {
         sg_release(x);
     }
     if (wanted(argc, argv, "w2")) {
+        sg_ctx_destroy(ctx);
+        ctx = new_ctx(want);
         mlp m;
         int64_t ws[2] = {1024, 1024}, bs[1] = {1024}, xs[2] = {1, 1024};
         sg_dtype dt = gpu ? SG_BF16 : SG_F32;

@@ -129,6 +129,7 @@ struct sg_ctx {
     void *log_user;
     uint32_t log_topics; /* SG_LOGS bits, when no hook is installed */
     size_t host_live, host_peak;
+    size_t dev_live, dev_peak; /* tensor and pool bytes held through exec.alloc */
 
     sg_status status; /* sticky: the first failure since sg_clear_error */
     char msg[SG__MSG_SIZE];
@@ -154,6 +155,10 @@ struct sg_ctx {
 SG__HIDDEN void *sg__alloc(sg_ctx *ctx, size_t nbytes);
 SG__HIDDEN void *sg__calloc(sg_ctx *ctx, size_t nbytes);
 SG__HIDDEN void sg__free(sg_ctx *ctx, void *p, size_t nbytes);
+/* Tensor and pool bytes through the backend (exec.alloc / exec.free),
+ * counted for sg_ctx_memory_stats. */
+SG__HIDDEN sg_status sg__dev_alloc(sg_ctx *ctx, size_t nbytes, void **data);
+SG__HIDDEN void sg__dev_free(sg_ctx *ctx, void *data, size_t nbytes);
 
 /* Record a failure: sets the message (printf-style), the sticky status if
  * none is set, logs it under "error", and returns s. */
@@ -275,6 +280,7 @@ typedef struct sg__rec {
     uint32_t id;
     bool fullgraph;
     bool broken;              /* a graph break happened: the IR is not replayable */
+    bool dry;                 /* record without executing (see graphs/fn.c: call_capture) */
     char why[SG__MSG_SIZE];   /* the reason */
 } sg__rec;
 
@@ -289,7 +295,9 @@ SG__HIDDEN sg_status sg__rec_node(sg_ctx *ctx, const sg__node *n);
 SG__HIDDEN void sg__rec_storage(sg_ctx *ctx, sg__storage *st);
 /* A host read or write of tensor data while recording: a graph break. With
  * fullgraph it fails (SG_ERR_GRAPH_BREAK, message naming what); otherwise it
- * marks the capture broken and returns SG_OK so the step runs on eagerly. */
+ * marks the capture broken and returns SG_OK so the step runs on eagerly --
+ * except in a dry capture, where nothing before it ran: it fails then too
+ * (SG_ERR_GRAPH_BREAK), and the caller runs the whole step again eagerly. */
 SG__HIDDEN sg_status sg__rec_break(sg_ctx *ctx, const char *what, const sg_tensor *t);
 /* Free an IR's arrays and unpin its params. */
 SG__HIDDEN void sg__ir_free(sg_ctx *ctx, sg__ir *ir);

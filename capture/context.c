@@ -111,6 +111,27 @@ void sg__free(sg_ctx *ctx, void *p, size_t nbytes) {
     ctx->host_live -= nbytes;
 }
 
+sg_status sg__dev_alloc(sg_ctx *ctx, size_t nbytes, void **data) {
+    sg_status s = ctx->exec.alloc(ctx, nbytes, data);
+    if (s == SG_OK) {
+        ctx->dev_live += nbytes;
+        if (ctx->dev_live > ctx->dev_peak) ctx->dev_peak = ctx->dev_live;
+    }
+    return s;
+}
+
+void sg__dev_free(sg_ctx *ctx, void *data, size_t nbytes) {
+    if (!data) return;
+    ctx->exec.free(ctx, data, nbytes);
+    ctx->dev_live -= nbytes;
+}
+
+void sg_ctx_reset_peak_memory(sg_ctx *ctx) {
+    if (!ctx) return;
+    ctx->dev_peak = ctx->dev_live;
+    ctx->host_peak = ctx->host_live;
+}
+
 sg_status sg_ctx_synchronize(sg_ctx *ctx) {
     if (!ctx) return SG_ERR_NULL;
     return ctx->exec.sync ? ctx->exec.sync(ctx) : SG_OK;

@@ -230,5 +230,7 @@ sg_status sg__rec_break(sg_ctx *ctx, const char *what, const sg_tensor *t) {
     rec->broken = true;
     snprintf(rec->why, sizeof rec->why, "graph break: %s of %s after IR line %s", what,
              sg__describe(t, d, sizeof d), line);
+    if (rec->dry) /* the ops before it never ran: stop the step; it is run again eagerly */
+        return sg__fail(ctx, SG_ERR_GRAPH_BREAK, "%s", rec->why);
     return SG_OK;
 }

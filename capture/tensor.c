@@ -77,7 +77,7 @@ static void list_push_back(sg_tensor *head, sg_tensor *t) {
 
 void sg__storage_unref(sg_ctx *ctx, sg__storage *st) {
     if (!st || --st->refs > 0) return;
-    if (st->data && st->owned) ctx->exec.free(ctx, st->data, st->nbytes);
+    if (st->data && st->owned) sg__dev_free(ctx, st->data, st->nbytes);
     sg__free(ctx, st, sizeof *st);
 }
 
@@ -152,7 +152,10 @@ sg_tensor *sg__tensor_new(sg_ctx *ctx, const char *op, sg_dtype dt, int ndim,
     t->st->owned = true;
     t->st->born = t->id;
     t->st->cap_slot = -1;
-    if (ctx->exec.alloc(ctx, (size_t)bytes, &t->st->data) != SG_OK) {
+    /* A dry capture executes nothing: its buffers need no bytes (the plan
+     * gives them pool offsets later). */
+    bool dry = ctx->rec && ctx->rec->dry && !ctx->rec->broken;
+    if (!dry && sg__dev_alloc(ctx, (size_t)bytes, &t->st->data) != SG_OK) {
         sg__fail(ctx, SG_ERR_OOM, "%s: out of %s memory for %s%s (%llu bytes); free tensors with "
                  "sg_release or use smaller shapes", op, ctx->exec.name, sg_dtype_name(dt),
                  sg__shape_str(ndim, shape, sh, sizeof sh), (unsigned long long)bytes);
@@ -334,7 +337,7 @@ void sg__broadcast_strides(const sg_tensor *t, int ndim, const int64_t *shape, i
 sg_status sg__dispatch(sg_ctx *ctx, const sg__node *n) {
     if (ctx->rec && !ctx->rec->broken) {
         sg_status s = sg__rec_node(ctx, n);
-        if (s != SG_OK) return s;
+        if (s != SG_OK || ctx->rec->dry) return s;
     }
     return ctx->exec.run(ctx, n);
 }

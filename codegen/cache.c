@@ -872,3 +872,20 @@ void sg__module_free(sg_ctx *ctx, sg__module *m) {
     dlclose(m->handle);
     sg__free(ctx, m, sizeof *m);
 }
+
+sg_status sg__cache_root(sg_ctx *ctx, const char *name, char *root, size_t size) {
+    SG_ASSERT(ctx && root);
+    if (!name || !name_ok(name))
+        return sg__fail(ctx, SG_ERR_INVALID_ARG,
+                        "codegen: kernel name '%s' must be 1 to 200 characters of [A-Za-z0-9_.-] "
+                        "not starting with '.'",
+                        name ? name : "(null)");
+    job *j = sg__calloc(ctx, sizeof *j);
+    if (!j) return sg__fail(ctx, SG_ERR_OOM, "codegen: out of memory building kernel '%s'", name);
+    j->ctx = ctx, j->name = name;
+    sg_status s = open_root(j);
+    if (s == SG_OK && snprintf(root, size, "%s", j->root) >= (int)size)
+        s = io_fail(j, "use the cache directory", j->root, ENAMETOOLONG);
+    sg__free(ctx, j, sizeof *j);
+    return s;
+}

@@ -67,6 +67,10 @@ SG__HIDDEN void *sg__module_sym(const sg__module *m, const char *symbol);
 SG__HIDDEN const char *sg__module_path(const sg__module *m);
 /* dlclose and free; NULL does nothing. */
 SG__HIDDEN void sg__module_free(sg_ctx *ctx, sg__module *m);
+/* The cache root (SG_CACHE_DIR and its defaults), created if missing, into
+ * root; name is the kernel the caller builds, for messages. Other dialects
+ * (nvrtc.c) keep their entries there. */
+SG__HIDDEN sg_status sg__cache_root(sg_ctx *ctx, const char *name, char *root, size_t size);
 /* Process-wide counters since the process started. */
 SG__HIDDEN void sg__cache_get_stats(sg__cache_stats *out);
 
@@ -128,6 +132,39 @@ typedef int (*sg__kernel_entry)(int k, char *const *slot, const sg__rt *rt);
  * the header comment. */
 SG__HIDDEN sg_status sg__cgen_c(sg_ctx *ctx, const sg__ir *ir, const sg__fused *f,
                                 const char *title, sg__emit *e);
+
+/* ------------------------------------------------------------ the CUDA dialect (cgen_cuda.c) */
+
+/*
+ * One CUDA C unit per fused capture, for NVRTC: self-contained (no
+ * #include), every shape, stride and offset a constant, each kernel
+ *     extern "C" __global__ void <name>(char *const *slot)
+ * reading slot s's base address from slot[s], a table in device memory.
+ * POINTWISE and MULTI groups, and the epilogue of a REDUCE, ROW or MATMUL
+ * group whose anchor the library runs, become one kernel each; a MATMUL
+ * group with at most 8 rows and a weight contiguous along K or along N
+ * becomes one GEMV kernel that also computes the anchor (and its bias and
+ * epilogue), so the library call is skipped. OPAQUE groups get nothing.
+ */
+#define SG__CUDA_NTUNE 3 /* block sizes max-autotune tries: 128, 256, 512 */
+typedef struct sg__cuda_kinfo {
+    char name[128];       /* the group's kernel, "" when it has none */
+    unsigned grid, block; /* its launch: grid x 1 x 1 blocks of block threads */
+    unsigned tune_grid[SG__CUDA_NTUNE]; /* the grid for blocks of 128 << i threads,
+                                           all 0 when the block size is fixed */
+    int64_t iters;        /* elements (GEMV: output columns) it covers */
+    bool replaces_call;   /* the kernel computes the anchor: no library call */
+} sg__cuda_kinfo;
+
+/* The fusion options the CUDA dialect expects (no prologues before library
+ * anchors: those read their input from memory). */
+SG__HIDDEN void sg__cgen_cuda_fuse_opts(sg__fuse_opts *o, bool disable);
+
+/* The unit into e; kinfo (f->ngroups entries) gets each group's kernel and
+ * launch, *nkernels the count of generated kernels. */
+SG__HIDDEN sg_status sg__cgen_cuda(sg_ctx *ctx, const sg__ir *ir, const sg__fused *f,
+                                   const char *title, sg__emit *e, sg__cuda_kinfo *kinfo,
+                                   int *nkernels);
 
 /* ------------------------------------------------------------ NVRTC (nvrtc.c) */
 

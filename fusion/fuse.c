@@ -30,6 +30,10 @@ static bool same_shape(int nd, const int64_t *s, const sg__ref *r) {
     return true;
 }
 
+/* Where input j of a gnode comes from: arg_src holds 4; inputs past those
+ * (concat) always load from memory. */
+static int src_of(const sg__gnode *g, int j) { return j < 4 ? g->arg_src[j] : -1; }
+
 static const sg__ref *arg_ref(const sg__ir *ir, const sg__irnode *n, int j, const int *alias) {
     int r = ir->args[n->args + j];
     return r < 0 ? NULL : &ir->refs[alias ? alias[r] : r];
@@ -83,6 +87,12 @@ static void cse(const sg__ir *ir, bool *dead, int *alias, const int *writes) {
         const sg__ref *o = &ir->refs[n->out];
         const sg__slot *os = &ir->slots[o->slot];
         if (os->kind != SG__SLOT_INTERNAL || os->output >= 0 || writes[o->slot] != 1) continue;
+        /* A view of the output with another geometry (a transpose, a slice)
+         * would still name the removed node's slot: keep such nodes. */
+        bool other_view = false;
+        for (int r = 0; r < ir->nrefs && !other_view; r++)
+            if (ir->refs[r].slot == o->slot && !same_geom(&ir->refs[r], o)) other_view = true;
+        if (other_view) continue;
         for (int k = i - 1; k >= 0; k--) {
             const sg__irnode *m = &ir->nodes[k];
             if (dead[k] || !same_node(ir, m, n, alias)) continue;
@@ -120,6 +130,7 @@ typedef struct builder {
     int ngroups, cap;
     sg__gnode *scratch; /* the open group's nodes */
     int nscratch;
+    bool no_prologue; /* sg__fuse_opts.no_prologue */
 } builder;
 
 /* The gnode of the open group that last wrote ref r's exact geometry, or -1;
@@ -143,7 +154,7 @@ static bool loads_other_geom(const builder *b, int slot, const sg__ref *g) {
         const sg__irnode *n = &b->ir->nodes[b->scratch[k].node];
         for (int j = 0; j < n->nin; j++) {
             const sg__ref *a = arg_ref(b->ir, n, j, b->alias);
-            if (a && a->slot == slot && b->scratch[k].arg_src[j] < 0 && !same_geom(a, g))
+            if (a && a->slot == slot && src_of(&b->scratch[k], j) < 0 && !same_geom(a, g))
                 return true;
         }
     }
@@ -235,8 +246,8 @@ static void set_shape(open_t *og, const sg__ref *r) {
 static sg_status start_anchor(builder *b, open_t *og, int i, sg__gkind kind) {
     const sg__irnode *n = &b->ir->nodes[i];
     const sg__ref *x = arg_ref(b->ir, n, 0, b->alias);
-    bool prologue = kind != SG__G_MATMUL && og->kind == SG__G_POINTWISE && b->nscratch > 0 &&
-                    same_shape(og->nd, og->shape, x);
+    bool prologue = kind != SG__G_MATMUL && !b->no_prologue && og->kind == SG__G_POINTWISE &&
+                    b->nscratch > 0 && same_shape(og->nd, og->shape, x);
     sg__gnode gn = {.node = i, .store = true};
     for (int j = 0; j < 4; j++) gn.arg_src[j] = -1;
     if (prologue) {
@@ -332,7 +343,7 @@ static bool group_loads(const sg__ir *ir, const int *alias, const sg__group *g, 
         const sg__irnode *n = &ir->nodes[g->g[k].node];
         for (int j = 0; j < n->nin; j++) {
             const sg__ref *a = arg_ref(ir, n, j, alias);
-            if (a && a->slot == slot && g->g[k].arg_src[j] < 0) return true;
+            if (a && a->slot == slot && src_of(&g->g[k], j) < 0) return true;
         }
     }
     return false;
@@ -353,6 +364,9 @@ static void mark_stores(const sg__ir *ir, const int *alias, sg__group *groups, i
             const sg__slot *sl = &ir->slots[slot];
             bool store = sl->kind != SG__SLOT_INTERNAL || sl->output >= 0 ||
                          g->kind == SG__G_OPAQUE || (g->kind == SG__G_MATMUL && k == g->anchor);
+            /* The library call of a reduction or row reads its input from
+             * memory: the prologue value it takes is stored. */
+            if (g->anchor > 0 && g->g[g->anchor].arg_src[0] == k) store = true;
             for (int o = 0; o < ngroups && !store; o++)
                 if (o != gi && group_loads(ir, alias, &groups[o], slot)) store = true;
             for (int q = k + 1; q < g->n && store; q++) /* a later write supersedes */
@@ -469,7 +483,8 @@ sg_status sg__fuse(sg_ctx *ctx, const sg__ir *ir, const sg__fuse_opts *opts, sg_
         cse(ir, f->dead, f->alias, writes);
         dce(ir, f->dead, f->alias, needed);
     }
-    builder b = {.ctx = ctx, .ir = ir, .dead = f->dead, .alias = f->alias, .scratch = scratch};
+    builder b = {.ctx = ctx, .ir = ir, .dead = f->dead, .alias = f->alias, .scratch = scratch,
+                 .no_prologue = opts && opts->no_prologue};
     s = group_nodes(&b, disable);
     f->groups = b.groups;
     f->ngroups = b.ngroups;

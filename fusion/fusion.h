@@ -77,6 +77,9 @@ typedef struct sg__fused {
 typedef struct sg__fuse_opts {
     bool disable;    /* one group per node (SG_DISABLE_FUSION=1) */
     bool horizontal; /* merge independent pointwise groups */
+    bool no_prologue; /* REDUCE/ROW groups take no pointwise prologue: a backend
+                         whose anchors run as library kernels reading memory
+                         (CUDA) needs the prologue as its own POINTWISE group */
 } sg__fuse_opts;
 
 SG__HIDDEN sg_status sg__fuse(sg_ctx *ctx, const sg__ir *ir, const sg__fuse_opts *opts,

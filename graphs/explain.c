@@ -84,6 +84,11 @@ static void explain_slots(text *t, const sg__graph *g) {
             if (sl->output >= 0)
                 put(t, "    buffer b%d: %zu bytes, output %d, offset %zu in each output set\n", s,
                     sl->nbytes, sl->output, g->slot_off[s]);
+            else if (g->slot_off[s] == SIZE_MAX) /* no kernel reads or writes it in memory */
+                put(t,
+                    "    buffer b%d: %zu bytes, live over IR lines %d..%d, in registers "
+                    "(no pool bytes)\n",
+                    s, sl->nbytes, sl->first, sl->last);
             else
                 put(t, "    buffer b%d: %zu bytes, live over IR lines %d..%d, scratch offset "
                     "%zu\n", s, sl->nbytes, sl->first, sl->last, g->slot_off[s]);

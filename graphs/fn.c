@@ -8,6 +8,7 @@
 #include "graphs.h"
 
 #include <stdio.h>
+#include <stdlib.h>
 
 #define SG__RING 64 /* output handles kept per output before one is reused */
 
@@ -370,7 +371,26 @@ static void drop_graph(sg_fn *fn, int gi) {
     fn->ngraphs--;
 }
 
-/* Capture a new graph from this call; the call's results come from the capture run. */
+static sg_status call_replay(sg_fn *fn, sg__graph *g, sg_tensor *const *in, sg_tensor **out);
+
+/*
+ * Whether captures record without executing. On the CPU the capture run
+ * executes every op as it records (its results are the call's), which
+ * costs nothing extra. On a GPU that would compile every eager kernel
+ * family the step touches before the first call returns -- seconds of
+ * NVRTC on a cold cache -- so there the capture only records, and the
+ * call's results come from the first replay of the compiled plan. A graph
+ * break in a dry capture stops the step (nothing before it ran), and the
+ * call runs the whole step again eagerly. SG_DRY_CAPTURE=1 or 0 overrides.
+ */
+static bool dry_capture(const sg_ctx *ctx) {
+    const char *e = getenv("SG_DRY_CAPTURE");
+    if (e && *e) return strcmp(e, "0") != 0;
+    return ctx->backend != SG_BACKEND_CPU;
+}
+
+/* Capture a new graph from this call; the call's results come from the
+ * capture run, or, for a dry capture, from the first replay. */
 static sg_status call_capture(sg_fn *fn, sg_tensor *const *in, sg_tensor **out) {
     sg_ctx *ctx = fn->ctx;
     sg__graph *g = sg__calloc(ctx, sizeof *g);
@@ -384,13 +404,30 @@ static sg_status call_capture(sg_fn *fn, sg_tensor *const *in, sg_tensor **out) 
     sg__rec rec;
     sg_tensor *tmp[fn->nout];
     uint32_t mark = ctx->next_id;
+    sg_status before = ctx->status;
+    char msg[SG__MSG_SIZE];
+    snprintf(msg, sizeof msg, "%s", ctx->msg);
     sg_status s = sg__rec_begin(ctx, &rec, &g->ir, fn->nin, in, fn->opts.fullgraph);
     if (s == SG_OK) {
+        rec.dry = dry_capture(ctx);
         s = run_step(fn, in, tmp);
         sg_status e = sg__rec_end(ctx, s == SG_OK ? fn->nout : 0, tmp);
         if (s == SG_OK) s = e;
     } else {
         ctx->rec = NULL;
+    }
+    if (s != SG_OK && rec.dry && rec.broken && !fn->opts.fullgraph) {
+        /* Nothing ran: keep the capture as "eager" and run the step for real. */
+        drop_step_handles(ctx, mark);
+        ctx->status = before;
+        snprintf(ctx->msg, sizeof ctx->msg, "%s", msg);
+        fn->graphs[fn->ngraphs++] = g;
+        g->eager = true;
+        snprintf(g->why, sizeof g->why, "%s", rec.why);
+        sg__log(ctx, "graph_breaks", "fn '%s': %s", fn->name, rec.why);
+        sg__log(ctx, "fallbacks", "fn '%s': capture %d runs eagerly: %s", fn->name, fn->ngraphs,
+                rec.why);
+        return call_eager(fn, in, out);
     }
     if (s != SG_OK) {
         drop_step_handles(ctx, mark);
@@ -410,6 +447,10 @@ static sg_status call_capture(sg_fn *fn, sg_tensor *const *in, sg_tensor **out) 
         sg__log(ctx, "fallbacks", "fn '%s': capture %d runs eagerly: %s", fn->name, fn->ngraphs,
                 g->why);
         sg_clear_error(ctx);
+    }
+    if (rec.dry) { /* nothing ran yet: the results come from running the plan */
+        drop_step_handles(ctx, mark);
+        return g->eager ? call_eager(fn, in, out) : call_replay(fn, g, in, out);
     }
     int si;
     s = pick_set(fn, in, &si);
@@ -623,5 +664,7 @@ sg_status sg_ctx_memory_stats(const sg_ctx *ctx, sg_memory_stats *st) {
         st->scratch_bytes = ctx->pool->scratch;
     }
     sg_ctx_host_bytes(ctx, &st->host_bytes, NULL);
+    st->device_bytes = ctx->dev_live;
+    st->device_peak_bytes = ctx->dev_peak;
     return SG_OK;
 }

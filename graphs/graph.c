@@ -30,7 +30,7 @@ static void touch_group(const sg__ir *ir, const sg__fused *f, const sg__group *g
         for (int j = 0; j < n->nin; j++) {
             int r = ir->args[n->args + j];
             if (r < 0) continue;
-            int src = grp->g[i].arg_src[j];
+            int src = j < 4 ? grp->g[i].arg_src[j] : -1; /* concat may have more inputs */
             if (lib || src < 0 || src == grp->anchor) touch(first, last, ir->refs[f->alias[r]].slot, k);
         }
         if (lib || grp->g[i].store) touch(first, last, ir->refs[f->alias[n->out]].slot, k);

@@ -531,8 +531,14 @@ typedef struct sg_memory_stats {
     size_t peak_live_bytes; /* the most intermediate bytes live at one op (a lower bound) */
     size_t unshared_bytes;  /* every intermediate's bytes added up: the pool without sharing */
     size_t host_bytes;      /* host memory the context holds now */
+    size_t device_bytes;    /* tensor and pool bytes held now (on the device for GPU backends) */
+    size_t device_peak_bytes; /* the most device_bytes ever held by the context */
     int captures;           /* captures (graphs) counted in the figures */
 } sg_memory_stats;
+
+/* Start device_peak_bytes (and the host peak) over from what is held now,
+ * like torch.cuda.reset_peak_memory_stats. */
+SG_API void sg_ctx_reset_peak_memory(sg_ctx *ctx);
 
 /* For the whole context (stats of every fn) or for one fn. */
 SG_API sg_status sg_ctx_memory_stats(const sg_ctx *ctx, sg_memory_stats *stats);

@@ -54,7 +54,7 @@ sg_status sg__pool_reserve(sg_ctx *ctx, size_t scratch, size_t size, int *block)
         if (p->blocks[b].used && offsets[b] != p->blocks[b].offset) same_layout = false;
     if (need > p->size || !same_layout) {
         void *base = NULL;
-        if (ctx->exec.alloc(ctx, need, &base) != SG_OK) {
+        if (sg__dev_alloc(ctx, need, &base) != SG_OK) {
             sg__free(ctx, offsets, sizeof(size_t) * (size_t)(p->nblocks + 1));
             return sg__fail(ctx, SG_ERR_OOM, "memory pool: out of %s memory growing the pool to "
                             "%zu bytes (from %zu); free tensors or compile fewer shapes",
@@ -65,7 +65,7 @@ sg_status sg__pool_reserve(sg_ctx *ctx, size_t scratch, size_t size, int *block)
             if (p->blocks[b].used && p->blocks[b].size)
                 ctx->exec.copy(ctx, (char *)base + offsets[b],
                                (char *)p->base + p->blocks[b].offset, p->blocks[b].size);
-        if (p->base) ctx->exec.free(ctx, p->base, p->size);
+        if (p->base) sg__dev_free(ctx, p->base, p->size);
         p->base = base;
         p->size = need;
         p->generation++;
@@ -95,7 +95,7 @@ void *sg__pool_addr(sg_ctx *ctx, int block, size_t off) {
 void sg__pool_destroy(sg_ctx *ctx) {
     sg__pool *p = ctx->pool;
     if (!p) return;
-    if (p->base) ctx->exec.free(ctx, p->base, p->size);
+    if (p->base) sg__dev_free(ctx, p->base, p->size);
     sg__free(ctx, p->blocks, sizeof *p->blocks * (size_t)p->cap);
     sg__free(ctx, p, sizeof *p);
     ctx->pool = NULL;

@@ -1,10 +1,15 @@
 /*
- * cuda_graph.c -- compiled captures on CUDA. The fused groups become one
- * CUDA unit (codegen/cgen_cuda.c) compiled by NVRTC for the device's arch
- * through the disk cache; anchors (reductions, rows, matmuls, gathers) run
- * the eager kernel families. Every generated kernel reads its tensors
- * through a slot table in device memory (one per output set), so a replay
- * needs no per-kernel arguments beyond that table.
+ * cuda_graph.c -- compiled captures on CUDA. The capture is fused again
+ * with the CUDA options (no prologues before library anchors), and the
+ * groups become one CUDA unit (codegen/cgen_cuda.c) compiled by NVRTC for
+ * the device's arch through the disk cache. The generator returns a launch
+ * table: per group, its kernel, grid and block, and whether the kernel
+ * computes the anchor itself (the GEMV of a small matmul). Anchors it does
+ * not compute (reductions, rows, large matmuls) and opaque nodes run the
+ * eager kernel families, then the group's kernel runs its epilogue. Every
+ * generated kernel reads its tensors through a slot table in device memory
+ * (one per output set), so a replay needs no per-kernel arguments beyond
+ * that table.
  *
  * REDUCE_OVERHEAD and MAX_AUTOTUNE replay a CUDA graph per output set: the
  * first replay of a set runs the kernels directly (it sizes scratch
@@ -16,30 +21,35 @@
  * inside cuBLASLt, whose kernels only a capture can see. DEFAULT and
  * MAX_AUTOTUNE_NO_GRAPHS launch the kernels one by one. Any failure to
  * record, instantiate or update falls back to launching (logged once).
+ * The MAX_AUTOTUNE modes time 128, 256 and 512 threads per block for each
+ * generated kernel at the first replay, with events on the real buffers.
  */
 #include "../graphs.h"
 #include "exec.h"
 
-#ifdef SG_HAVE_CUDA_HEADERS
+/* Without the CUDA dialect in the tree, CUDA captures replay unfused. */
+#if defined(SG_HAVE_CUDA_HEADERS) && defined(SG_HAVE_CGEN_CUDA)
 #include "cuda.h"
 
 #include <stdio.h>
+#include <stdlib.h>
 
 typedef struct set_state {
     CUdeviceptr table; /* nslots device pointers */
     char **addrs;      /* the addresses the table and graph hold */
     CUgraphExec exec;
-    int runs;          /* replays into this set so far */
+    int runs; /* replays into this set so far */
 } set_state;
 
 typedef struct cu_graph {
     CUmodule mod;
-    CUfunction *kfn; /* per group, NULL without a generated kernel */
-    int64_t *iters;  /* per group */
+    CUfunction *kfn;       /* per group, NULL without a generated kernel */
+    sg__cuda_kinfo *kinfo; /* per group: kernel name, launch, whether it replaces the call */
     int ngroups, nslots;
     set_state *sets;
     int nsets;
     bool use_graph, said;
+    bool tune; /* MAX_AUTOTUNE*: time block sizes at the first replay */
 } cu_graph;
 
 static const sg__cu_api *api(void) {
@@ -61,9 +71,22 @@ static void release(sg_ctx *ctx, sg__graph *g) {
     sg__free(ctx, cg->sets, sizeof *cg->sets * (size_t)(cg->nsets ? cg->nsets : 1));
     if (cg->mod) cu->cuModuleUnload(cg->mod);
     sg__free(ctx, cg->kfn, sizeof *cg->kfn * (size_t)(cg->ngroups ? cg->ngroups : 1));
-    sg__free(ctx, cg->iters, sizeof *cg->iters * (size_t)(cg->ngroups ? cg->ngroups : 1));
+    sg__free(ctx, cg->kinfo, sizeof *cg->kinfo * (size_t)(cg->ngroups ? cg->ngroups : 1));
     sg__free(ctx, cg, sizeof *cg);
     g->dev = NULL;
+}
+
+/*
+ * Fuse again with the CUDA options (graph.c fused for the generic case):
+ * prologues before library anchors become kernels of their own, since the
+ * anchors read their input from memory.
+ */
+static sg_status refuse(sg_ctx *ctx, sg__graph *g) {
+    const char *nf = getenv("SG_DISABLE_FUSION");
+    sg__fuse_opts fo;
+    sg__cgen_cuda_fuse_opts(&fo, nf && strcmp(nf, "1") == 0);
+    sg__fused_free(ctx, &g->fused, &g->ir);
+    return sg__fuse(ctx, &g->ir, &fo, &g->fused);
 }
 
 static sg_status compile(sg_fn *fn, sg__graph *g) {
@@ -72,31 +95,35 @@ static sg_status compile(sg_fn *fn, sg__graph *g) {
     cu_graph *cg = sg__calloc(ctx, sizeof *cg);
     if (!cg) return sg__fail(ctx, SG_ERR_OOM, "cuda: out of host memory");
     g->dev = cg;
+    sg_status s = refuse(ctx, g);
+    if (s != SG_OK) return s;
     cg->ngroups = g->fused.ngroups;
     cg->nslots = g->ir.nslots;
     cg->kfn = sg__calloc(ctx, sizeof *cg->kfn * (size_t)(cg->ngroups ? cg->ngroups : 1));
-    cg->iters = sg__calloc(ctx, sizeof *cg->iters * (size_t)(cg->ngroups ? cg->ngroups : 1));
-    if (!cg->kfn || !cg->iters) return sg__fail(ctx, SG_ERR_OOM, "cuda: out of host memory");
+    cg->kinfo = sg__calloc(ctx, sizeof *cg->kinfo * (size_t)(cg->ngroups ? cg->ngroups : 1));
+    if (!cg->kfn || !cg->kinfo) return sg__fail(ctx, SG_ERR_OOM, "cuda: out of host memory");
     sg__emit e = {.ctx = ctx};
     int nk = 0;
-    sg_status s = sg__cgen_cuda(ctx, &g->ir, &g->fused, g->module, &e, &nk);
+    s = sg__cgen_cuda(ctx, &g->ir, &g->fused, g->module, &e, cg->kinfo, &nk);
     void *cubin = NULL;
     size_t size = 0;
-    if (s == SG_OK && nk > 0) s = sg__nvrtc_build(ctx, g->module, e.buf, sg__cuda_arch(ctx), &cubin, &size);
+    if (s == SG_OK && nk > 0)
+        s = sg__nvrtc_build(ctx, g->module, e.buf, sg__cuda_arch(ctx), &cubin, &size);
+    sg__emit_free(&e);
     if (s == SG_OK && nk > 0) {
         CUresult r = cu->cuModuleLoadData(&cg->mod, cubin);
         if (r != CUDA_SUCCESS) s = sg__cu_fail(ctx, r, "cuModuleLoadData", g->module);
     }
     sg__free(ctx, cubin, size);
     for (int k = 0; s == SG_OK && k < cg->ngroups; k++) {
-        char name[256];
-        if (!sg__cgen_cuda_kernel_name(e.buf, k, name, sizeof name)) continue;
-        CUresult r = cu->cuModuleGetFunction(&cg->kfn[k], cg->mod, name);
-        if (r != CUDA_SUCCESS) s = sg__cu_fail(ctx, r, "cuModuleGetFunction", name);
-        cg->iters[k] = sg__cgen_cuda_iters(&g->ir, &g->fused, k);
+        if (!cg->kinfo[k].name[0]) continue;
+        CUresult r = cu->cuModuleGetFunction(&cg->kfn[k], cg->mod, cg->kinfo[k].name);
+        if (r != CUDA_SUCCESS) s = sg__cu_fail(ctx, r, "cuModuleGetFunction", cg->kinfo[k].name);
     }
-    sg__emit_free(&e);
-    cg->use_graph = fn->opts.mode == SG_MODE_REDUCE_OVERHEAD || fn->opts.mode == SG_MODE_MAX_AUTOTUNE;
+    cg->use_graph =
+        fn->opts.mode == SG_MODE_REDUCE_OVERHEAD || fn->opts.mode == SG_MODE_MAX_AUTOTUNE;
+    cg->tune =
+        fn->opts.mode == SG_MODE_MAX_AUTOTUNE || fn->opts.mode == SG_MODE_MAX_AUTOTUNE_NO_GRAPHS;
     return s;
 }
 
@@ -107,20 +134,21 @@ static int call_node(const sg__group *grp) {
     return -1;
 }
 
-/* Every group in order on the context's stream. */
+/* Every group in order on the context's stream: the library's part (an
+ * anchor or opaque node, unless the generated kernel computes it), then
+ * the generated kernel. */
 static sg_status launch_all(sg_ctx *ctx, sg__graph *g, set_state *st) {
     cu_graph *cg = g->dev;
-    int sms = sg__cuda_sm_count(ctx);
     for (int k = 0; k < g->fused.ngroups; k++) {
         const sg__group *grp = &g->fused.groups[k];
+        const sg__cuda_kinfo *ki = &cg->kinfo[k];
         int node = call_node(grp);
-        if (node >= 0) {
+        if (node >= 0 && !ki->replaces_call) {
             sg_status s = ctx->exec.run(ctx, &g->nodes[node]);
             if (s != SG_OK) return s;
         }
-        if (!cg->kfn[k] || cg->iters[k] <= 0) continue;
-        int64_t blocks = (cg->iters[k] + 255) / 256, cap = (int64_t)sms * 32;
-        unsigned grid[3] = {(unsigned)(blocks < cap ? blocks : cap), 1, 1}, block[3] = {256, 1, 1};
+        if (!cg->kfn[k]) continue;
+        unsigned grid[3] = {ki->grid, 1, 1}, block[3] = {ki->block, 1, 1};
         void *args[1] = {&st->table};
         sg_status s = sg__cuda_launch(ctx, cg->kfn[k], grid, block, 0, args);
         if (s != SG_OK) return s;
@@ -196,13 +224,94 @@ static sg_status record(sg_ctx *ctx, sg__graph *g, set_state *st) {
     return SG_OK;
 }
 
+/* ------------------------------------------------------------ max-autotune */
+
+/* Milliseconds of 5 launches of kernel k in blocks of 128 << t threads
+ * (after one warm-up launch), between two events on the stream. */
+static sg_status time_kernel(sg_ctx *ctx, cu_graph *cg, int k, int t, set_state *st, float *ms) {
+    const sg__cu_api *cu = api();
+    CUstream stream = sg__cuda_stream(ctx);
+    CUevent e0 = NULL, e1 = NULL;
+    unsigned grid[3] = {cg->kinfo[k].tune_grid[t], 1, 1}, block[3] = {128u << t, 1, 1};
+    void *args[1] = {&st->table};
+    sg_status s = SG_OK;
+    CUresult r = cu->cuEventCreate(&e0, CU_EVENT_DEFAULT);
+    if (r == CUDA_SUCCESS) r = cu->cuEventCreate(&e1, CU_EVENT_DEFAULT);
+    if (r == CUDA_SUCCESS) s = sg__cuda_launch(ctx, cg->kfn[k], grid, block, 0, args);
+    if (r == CUDA_SUCCESS && s == SG_OK) r = cu->cuEventRecord(e0, stream);
+    for (int i = 0; i < 5 && r == CUDA_SUCCESS && s == SG_OK; i++)
+        s = sg__cuda_launch(ctx, cg->kfn[k], grid, block, 0, args);
+    if (r == CUDA_SUCCESS && s == SG_OK) r = cu->cuEventRecord(e1, stream);
+    if (r == CUDA_SUCCESS && s == SG_OK) r = cu->cuEventSynchronize(e1);
+    if (r == CUDA_SUCCESS && s == SG_OK) r = cu->cuEventElapsedTime_v2(ms, e0, e1);
+    if (e0) cu->cuEventDestroy_v2(e0);
+    if (e1) cu->cuEventDestroy_v2(e1);
+    if (s == SG_OK && r != CUDA_SUCCESS)
+        s = sg__cu_fail(ctx, r, "cuEventRecord/cuEventElapsedTime",
+                        "timing a kernel for max-autotune");
+    return s;
+}
+
+/*
+ * Time each generated kernel that takes any block size with 128, 256 and
+ * 512 threads on the real buffers and keep the fastest. The whole step runs
+ * first so that every kernel reads the values it would read in a replay.
+ * Only for captures that write no input or parameter: running kernels again
+ * must not change anything the user can see (intermediates are recomputed
+ * by the replay that follows). A failure keeps the default launches.
+ */
+static void autotune(sg_fn *fn, sg__graph *g, set_state *st) {
+    sg_ctx *ctx = fn->ctx;
+    cu_graph *cg = g->dev;
+    cg->tune = false;
+    for (int s = 0; s < g->ir.nslots; s++)
+        if (g->ir.slots[s].mutated_by >= 0) {
+            sg__log(ctx, "perf_hints",
+                    "fn '%s': max-autotune skipped: the step writes its inputs "
+                    "or parameters in place, so its kernels cannot be run again to time them",
+                    fn->name);
+            return;
+        }
+    sg_status before = ctx->status;
+    char msg[SG__MSG_SIZE];
+    snprintf(msg, sizeof msg, "%s", ctx->msg);
+    sg_status s = launch_all(ctx, g, st);
+    for (int k = 0; s == SG_OK && k < cg->ngroups; k++) {
+        sg__cuda_kinfo *ki = &cg->kinfo[k];
+        if (!cg->kfn[k] || !ki->tune_grid[0]) continue;
+        int best = -1;
+        float best_ms = 0;
+        for (int t = 0; t < SG__CUDA_NTUNE && s == SG_OK; t++) {
+            float ms = 0;
+            s = time_kernel(ctx, cg, k, t, st, &ms);
+            if (s == SG_OK && (best < 0 || ms < best_ms)) best = t, best_ms = ms;
+        }
+        if (s != SG_OK || best < 0) break;
+        ki->block = 128u << best;
+        ki->grid = ki->tune_grid[best];
+        sg__log(ctx, "perf_hints",
+                "fn '%s': max-autotune: %s takes %u blocks of %u threads "
+                "(%.2f us)",
+                fn->name, ki->name, ki->grid, ki->block, best_ms / 5 * 1e3);
+    }
+    if (s != SG_OK) {
+        sg__log(ctx, "perf_hints",
+                "fn '%s': max-autotune stopped, the kernels left keep their "
+                "default launches: %.700s",
+                fn->name, ctx->msg);
+        ctx->status = before;
+        snprintf(ctx->msg, sizeof ctx->msg, "%s", msg);
+    }
+}
+
 static sg_status run(sg_fn *fn, sg__graph *g, int set) {
     sg_ctx *ctx = fn->ctx;
     cu_graph *cg = g->dev;
-    set_state *st;
-    bool moved;
+    set_state *st = NULL;
+    bool moved = false;
     sg_status s = table_for(ctx, g, set, &st, &moved);
     if (s != SG_OK) return s;
+    if (cg->tune) autotune(fn, g, st);
     st->runs++;
     if (!cg->use_graph || st->runs == 1) return launch_all(ctx, g, st);
     if (!st->exec || moved) {
@@ -213,8 +322,10 @@ static sg_status run(sg_fn *fn, sg__graph *g, int set) {
         if (s != SG_OK) {
             if (!cg->said) {
                 cg->said = true;
-                sg__log(ctx, "fallbacks", "fn '%s': no CUDA graph for %s, launching kernels one by "
-                        "one: %.700s", fn->name, g->module, ctx->msg);
+                sg__log(ctx, "fallbacks",
+                        "fn '%s': no CUDA graph for %s, launching kernels one by "
+                        "one: %.700s",
+                        fn->name, g->module, ctx->msg);
             }
             cg->use_graph = false;
             /* Reported as a fallback, not as this call's failure. */
@@ -229,9 +340,8 @@ static sg_status run(sg_fn *fn, sg__graph *g, int set) {
 
 const sg__graph_ops sg__cuda_graph_ops = {compile, run, release};
 
-#endif /* SG_HAVE_CUDA_HEADERS */
-
-#ifndef SG_HAVE_CUDA_HEADERS
-/* Built without CUDA: no context ever gets these. */
+#else
+/* No compile: CUDA captures replay op by op through the eager kernels (and
+ * without CUDA no context gets these at all). */
 const sg__graph_ops sg__cuda_graph_ops = {NULL, NULL, NULL};
 #endif

@@ -1,0 +1,967 @@
+/*
+ * cgen_cuda.c -- the CUDA C dialect: one NVRTC unit per fused capture.
+ * Each pointwise group, each MULTI group (its members' loops one after
+ * another over consecutive ranges of blocks) and each epilogue after a
+ * library-run anchor becomes one extern "C" kernel with constant shapes,
+ * strides and offsets, a grid-stride loop, and 16-byte loads and stores
+ * when every access of the loop is contiguous and aligned. A matmul of at
+ * most 8 rows becomes one GEMV kernel that also runs its bias and epilogue.
+ *
+ * The math is cgen_c.c's, op for op: values are computed in f32 (ints in
+ * 64 bits), f16 and bf16 round at every op through the same bit-exact
+ * conversions, libdevice's precise functions (no fast-math intrinsics), so
+ * fused, unfused and the CPU agree within the dtype's tolerance.
+ *
+ * The unit is self-contained: NVRTC runs with no include path, so the few
+ * types and helpers it needs are written out in the preamble.
+ */
+#include "codegen.h"
+
+#include <math.h>
+#include <stdio.h>
+
+#define BLOCK 256       /* threads per block unless max-autotune picks another */
+#define MAX_BLOCK 512   /* the largest block max-autotune tries (launch bounds) */
+#define GRID_CAP 2048   /* grid-stride loops: more blocks than this buy nothing */
+#define MEMBER_CAP 1024 /* blocks per member of a MULTI kernel */
+#define GEMV_ROWS 8     /* the most rows a generated GEMV takes */
+
+static const char *const preamble =
+    "typedef unsigned char sg_u8;\n"
+    "typedef unsigned short sg_u16;\n"
+    "typedef unsigned int sg_u32;\n"
+    "typedef int sg_i32;\n"
+    "typedef long long sg_i64;\n"
+    "typedef unsigned long long sg_u64;\n"
+    "/* Vector types for 16-, 8-, 4- and 2-byte loads and stores. */\n"
+    "struct alignas(16) sg_v16 { sg_u32 w[4]; };\n"
+    "struct alignas(8) sg_v8 { sg_u32 w[2]; };\n"
+    "#define SG_DEV static __device__ __forceinline__\n"
+    "#define SG_WRAP(x) ((sg_i64)(sg_u64)(x))\n"
+    "\n"
+    "/* f16 and bf16 conversions, bit for bit those of the CPU backend. */\n"
+    "SG_DEV float sg_h2f(sg_u16 h) {\n"
+    "    sg_u32 sign = (sg_u32)(h & 0x8000) << 16, e = (h >> 10) & 31, m = h & 1023, u;\n"
+    "    if (e == 0) {\n"
+    "        if (m == 0) { u = sign; }\n"
+    "        else { e = 113; while (!(m & 1024)) { m <<= 1; e--; } u = sign | (e << 23) | ((m & "
+    "1023) << 13); }\n"
+    "    } else if (e == 31) { u = sign | 0x7f800000u | (m << 13); }\n"
+    "    else { u = sign | ((e + 112) << 23) | (m << 13); }\n"
+    "    return __uint_as_float(u);\n"
+    "}\n"
+    "SG_DEV sg_u16 sg_f2h(float f) {\n"
+    "    sg_u32 u = __float_as_uint(f);\n"
+    "    sg_u32 sign = (u >> 16) & 0x8000, a = u & 0x7fffffffu;\n"
+    "    if (a > 0x7f800000u) return (sg_u16)(sign | 0x7e00);\n"
+    "    if (a >= 0x477ff000u) return (sg_u16)(sign | 0x7c00);\n"
+    "    if (a < 0x38800000u) { float r = __uint_as_float(a) + 0.5f;\n"
+    "        return (sg_u16)(sign | (__float_as_uint(r) - 0x3f000000u)); }\n"
+    "    sg_u32 odd = (a >> 13) & 1; a += 0xc8000fffu + odd; return (sg_u16)(sign | (a >> 13));\n"
+    "}\n"
+    "SG_DEV float sg_bf2f(sg_u16 b) { return __uint_as_float((sg_u32)b << 16); }\n"
+    "SG_DEV sg_u16 sg_f2bf(float f) {\n"
+    "    sg_u32 u = __float_as_uint(f);\n"
+    "    if ((u & 0x7fffffffu) > 0x7f800000u) return (sg_u16)((u >> 16) | 0x40);\n"
+    "    u += 0x7fffu + ((u >> 16) & 1); return (sg_u16)(u >> 16);\n"
+    "}\n"
+    "/* Saturating casts: NaN to 0, out of range to the nearest limit. */\n"
+    "SG_DEV sg_i64 sg_f2i32(float v) {\n"
+    "    return v != v ? 0 : v >= 2147483647.0f ? 2147483647LL : v <= -2147483648.0f ? "
+    "-2147483648LL\n"
+    "         : (sg_i64)(sg_i32)v;\n"
+    "}\n"
+    "SG_DEV sg_i64 sg_f2i64(float v) {\n"
+    "    return v != v ? 0 : v >= 9.2233720e18f ? 9223372036854775807LL\n"
+    "         : v <= -9.2233720e18f ? (-9223372036854775807LL - 1) : (sg_i64)v;\n"
+    "}\n"
+    "SG_DEV float sg_gelu(float x) { return 0.5f * x * erfcf(x * -0.70710678118654752f); }\n"
+    "SG_DEV float sg_gelu_tanh(float x) {\n"
+    "    return 0.5f * x * (1.0f + tanhf(0.7978845608028654f * (x + 0.044715f * x * x * x)));\n"
+    "}\n"
+    "/* Rounding to float 'to odd' first makes the later f16/bf16 rounding single. */\n"
+    "SG_DEV float sg_round_odd(double v) {\n"
+    "    float f = (float)v;\n"
+    "    if ((double)f == v || f != f || fabsf(f) == __uint_as_float(0x7f800000u)) return f;\n"
+    "    if (__float_as_uint(f) & 1) return f;\n"
+    "    return nextafterf(f, v > (double)f ? __uint_as_float(0x7f800000u) : "
+    "__uint_as_float(0xff800000u));\n"
+    "}\n"
+    "SG_DEV float sg_i2f_odd(sg_i64 v) {\n"
+    "    sg_u64 u = v < 0 ? 0 - (sg_u64)v : (sg_u64)v, sticky = 0; int sh = 0;\n"
+    "    while (u >> 53) { sticky |= u & 1; u >>= 1; sh++; }\n"
+    "    double d = ldexp((double)(u | sticky), sh);\n"
+    "    return sg_round_odd(v < 0 ? -d : d);\n"
+    "}\n";
+
+/* ------------------------------------------------------------ types and values */
+
+static bool fdom(sg_dtype dt) { return dt == SG_F32 || dt == SG_F16 || dt == SG_BF16; }
+
+static const char *ctype(sg_dtype dt) {
+    switch (dt) {
+    case SG_F32: return "float";
+    case SG_F16:
+    case SG_BF16: return "sg_u16";
+    case SG_I32: return "sg_i32";
+    case SG_I64: return "sg_i64";
+    case SG_BOOL: return "sg_u8";
+    }
+    return "?";
+}
+
+static const char *vtype(size_t bytes) {
+    switch (bytes) {
+    case 16: return "sg_v16";
+    case 8: return "sg_v8";
+    case 4: return "sg_u32";
+    case 2: return "sg_u16";
+    default: return "sg_u8";
+    }
+}
+
+/* The value of an element lvalue `lv` of dtype dt, widened to the compute domain. */
+static void widen(sg_dtype dt, const char *lv, char *buf, size_t size) {
+    switch (dt) {
+    case SG_F32: snprintf(buf, size, "%s", lv); break;
+    case SG_F16: snprintf(buf, size, "sg_h2f(%s)", lv); break;
+    case SG_BF16: snprintf(buf, size, "sg_bf2f(%s)", lv); break;
+    case SG_BOOL: snprintf(buf, size, "(sg_i64)(%s != 0)", lv); break;
+    default: snprintf(buf, size, "(sg_i64)%s", lv); break;
+    }
+}
+
+/* `lv = v` narrowed to dt, as a statement. */
+static void narrow_store(sg_dtype dt, const char *lv, const char *v, char *buf, size_t size) {
+    switch (dt) {
+    case SG_F32: snprintf(buf, size, "%s = %s;", lv, v); break;
+    case SG_F16: snprintf(buf, size, "%s = sg_f2h(%s);", lv, v); break;
+    case SG_BF16: snprintf(buf, size, "%s = sg_f2bf(%s);", lv, v); break;
+    case SG_BOOL: snprintf(buf, size, "%s = (sg_u8)(%s != 0);", lv, v); break;
+    default: snprintf(buf, size, "%s = (%s)%s;", lv, ctype(dt), v); break;
+    }
+}
+
+/* Narrow a value of the given domain to dt and widen it back, as a store and load would. */
+static void round_trip(const char *e, bool src_float, sg_dtype dt, char *buf, size_t size) {
+    switch (dt) {
+    case SG_F32: snprintf(buf, size, src_float ? "%s" : "(float)%s", e); break;
+    case SG_F16:
+        snprintf(buf, size, src_float ? "sg_h2f(sg_f2h(%s))" : "sg_h2f(sg_f2h(sg_i2f_odd(%s)))", e);
+        break;
+    case SG_BF16:
+        snprintf(buf, size, src_float ? "sg_bf2f(sg_f2bf(%s))" : "sg_bf2f(sg_f2bf(sg_i2f_odd(%s)))",
+                 e);
+        break;
+    case SG_I32: snprintf(buf, size, src_float ? "sg_f2i32(%s)" : "(sg_i64)(sg_i32)%s", e); break;
+    case SG_I64: snprintf(buf, size, src_float ? "sg_f2i64(%s)" : "%s", e); break;
+    case SG_BOOL:
+        snprintf(buf, size, src_float ? "(sg_i64)(%s != 0.0f)" : "(sg_i64)(%s != 0)", e);
+        break;
+    }
+}
+
+/* A double as an integer of dt by the cast rule (as the eager kernels do). */
+static int64_t double_to_int(double v, sg_dtype dt) {
+    if (dt == SG_BOOL) return v != 0.0;
+    if (v != v) return 0;
+    double lim = dt == SG_I32 ? 2147483648.0 : 9223372036854775808.0;
+    if (v >= lim) return dt == SG_I32 ? INT32_MAX : INT64_MAX;
+    if (v <= -lim) return dt == SG_I32 ? INT32_MIN : INT64_MIN;
+    return (int64_t)v;
+}
+
+/* v rounded to float 'to odd', as sg_round_odd does on the device. */
+static float round_odd(double v) {
+    float f = (float)v;
+    if ((double)f == v || f != f || isinf(f)) return f;
+    uint32_t u;
+    memcpy(&u, &f, 4);
+    if (u & 1) return f;
+    return nextafterf(f, v > (double)f ? INFINITY : -INFINITY);
+}
+
+/*
+ * A scalar as exact float bits, so that inf, NaN and every finite value
+ * survive the trip through text (the value follows as a comment).
+ */
+static void scalar_text(double v, bool fl, sg_dtype dt, char *buf, size_t size) {
+    if (fl) {
+        float f = dt != SG_F32 && sg__dtype_is_float(dt) ? round_odd(v) : (float)v;
+        uint32_t u;
+        memcpy(&u, &f, 4);
+        snprintf(buf, size, "__uint_as_float(0x%08xu) /* %g */", (unsigned)u, (double)f);
+    } else if (double_to_int(v, dt) == INT64_MIN) {
+        snprintf(buf, size, "(-9223372036854775807LL - 1)");
+    } else {
+        snprintf(buf, size, "(sg_i64)%lldLL", (long long)double_to_int(v, dt));
+    }
+}
+
+/* The op applied to argument names a, b, c, in the domain of `fl`; dt is
+ * the dtype whose rules the scalars follow (cgen_c.c's op_expr). */
+static bool op_expr(const sg__irnode *n, bool fl, sg_dtype dt, const char *a, const char *b,
+                    const char *c, char *buf, size_t size) {
+    char s0[96], s1[96];
+    bool fill_half = n->op == SG__OP_FILL && (dt == SG_F16 || dt == SG_BF16);
+    scalar_text(n->f[0], fl, fill_half ? dt : fl ? SG_F32 : dt, s0, sizeof s0);
+    scalar_text(n->f[1], fl, fl ? SG_F32 : dt, s1, sizeof s1);
+    const char *cmp = NULL;
+    switch (n->op) {
+    case SG__OP_EQ: cmp = "=="; break;
+    case SG__OP_NE: cmp = "!="; break;
+    case SG__OP_LT: cmp = "<"; break;
+    case SG__OP_LE: cmp = "<="; break;
+    case SG__OP_GT: cmp = ">"; break;
+    case SG__OP_GE: cmp = ">="; break;
+    default: break;
+    }
+    if (cmp) return snprintf(buf, size, "(sg_i64)(%s %s %s)", a, cmp, b), true;
+    const char *z = fl ? "0.0f" : "0";
+    switch (n->op) {
+    case SG__OP_LOGICAL_NOT: snprintf(buf, size, "(sg_i64)(%s == %s)", a, z); return true;
+    case SG__OP_WHERE: snprintf(buf, size, "(%s ? %s : %s)", a, b, c); return true;
+    case SG__OP_CAST:
+    case SG__OP_COPY: snprintf(buf, size, "%s", a); return true;
+    case SG__OP_FILL: snprintf(buf, size, "%s", s0); return true;
+    default: break;
+    }
+    if (fl) {
+        switch (n->op) {
+        case SG__OP_NEG: snprintf(buf, size, "(-%s)", a); break;
+        case SG__OP_ABS: snprintf(buf, size, "fabsf(%s)", a); break;
+        case SG__OP_EXP: snprintf(buf, size, "expf(%s)", a); break;
+        case SG__OP_LOG: snprintf(buf, size, "logf(%s)", a); break;
+        case SG__OP_SQRT: snprintf(buf, size, "sqrtf(%s)", a); break;
+        case SG__OP_RSQRT: snprintf(buf, size, "(1.0f / sqrtf(%s))", a); break;
+        case SG__OP_SIN: snprintf(buf, size, "sinf(%s)", a); break;
+        case SG__OP_COS: snprintf(buf, size, "cosf(%s)", a); break;
+        case SG__OP_TANH: snprintf(buf, size, "tanhf(%s)", a); break;
+        case SG__OP_SIGMOID: snprintf(buf, size, "(1.0f / (1.0f + expf(-%s)))", a); break;
+        case SG__OP_RELU:
+            snprintf(buf, size, "(%s > 0.0f || %s != %s ? %s : 0.0f)", a, a, a, a);
+            break;
+        case SG__OP_GELU: snprintf(buf, size, "sg_gelu(%s)", a); break;
+        case SG__OP_GELU_TANH: snprintf(buf, size, "sg_gelu_tanh(%s)", a); break;
+        case SG__OP_SILU: snprintf(buf, size, "(%s / (1.0f + expf(-%s)))", a, a); break;
+        case SG__OP_ADD_SCALAR: snprintf(buf, size, "(%s + %s)", a, s0); break;
+        case SG__OP_MUL_SCALAR: snprintf(buf, size, "(%s * %s)", a, s0); break;
+        case SG__OP_POW_SCALAR: snprintf(buf, size, "powf(%s, %s)", a, s0); break;
+        case SG__OP_CLAMP:
+            snprintf(buf, size, "(%s < %s ? %s : %s > %s ? %s : %s)", a, s0, s0, a, s1, s1, a);
+            break;
+        case SG__OP_ADD: snprintf(buf, size, "(%s + %s)", a, b); break;
+        case SG__OP_SUB: snprintf(buf, size, "(%s - %s)", a, b); break;
+        case SG__OP_MUL: snprintf(buf, size, "(%s * %s)", a, b); break;
+        case SG__OP_DIV: snprintf(buf, size, "(%s / %s)", a, b); break;
+        case SG__OP_POW: snprintf(buf, size, "powf(%s, %s)", a, b); break;
+        case SG__OP_MAXIMUM:
+            snprintf(buf, size, "(%s != %s || %s > %s ? %s : %s)", a, a, a, b, a, b);
+            break;
+        case SG__OP_MINIMUM:
+            snprintf(buf, size, "(%s != %s || %s < %s ? %s : %s)", a, a, a, b, a, b);
+            break;
+        case SG__OP_LOGICAL_AND: snprintf(buf, size, "(sg_i64)(%s != 0.0f && %s)", a, b); break;
+        case SG__OP_LOGICAL_OR: snprintf(buf, size, "(sg_i64)(%s != 0.0f || %s)", a, b); break;
+        default: return false;
+        }
+        return true;
+    }
+    switch (n->op) {
+    case SG__OP_NEG: snprintf(buf, size, "SG_WRAP(0u - (sg_u64)%s)", a); break;
+    case SG__OP_ABS:
+        snprintf(buf, size, "(%s < 0 ? SG_WRAP(0u - (sg_u64)%s) : %s)", a, a, a);
+        break;
+    case SG__OP_RELU: snprintf(buf, size, "(%s > 0 ? %s : 0)", a, a); break;
+    case SG__OP_ADD_SCALAR: snprintf(buf, size, "SG_WRAP((sg_u64)%s + (sg_u64)%s)", a, s0); break;
+    case SG__OP_MUL_SCALAR: snprintf(buf, size, "SG_WRAP((sg_u64)%s * (sg_u64)%s)", a, s0); break;
+    case SG__OP_CLAMP:
+        snprintf(buf, size, "(%s < %s ? %s : %s > %s ? %s : %s)", a, s0, s0, a, s1, s1, a);
+        break;
+    case SG__OP_ADD: snprintf(buf, size, "SG_WRAP((sg_u64)%s + (sg_u64)%s)", a, b); break;
+    case SG__OP_SUB: snprintf(buf, size, "SG_WRAP((sg_u64)%s - (sg_u64)%s)", a, b); break;
+    case SG__OP_MUL: snprintf(buf, size, "SG_WRAP((sg_u64)%s * (sg_u64)%s)", a, b); break;
+    case SG__OP_MAXIMUM: snprintf(buf, size, "(%s > %s ? %s : %s)", a, b, a, b); break;
+    case SG__OP_MINIMUM: snprintf(buf, size, "(%s < %s ? %s : %s)", a, b, a, b); break;
+    case SG__OP_LOGICAL_AND: snprintf(buf, size, "(sg_i64)(%s != 0 && %s)", a, b); break;
+    case SG__OP_LOGICAL_OR: snprintf(buf, size, "(sg_i64)(%s != 0 || %s)", a, b); break;
+    default: return false;
+    }
+    return true;
+}
+
+/* ------------------------------------------------------------ refs and loops */
+
+typedef enum ixmode {
+    IX_FLAT,   /* element i of a flat row-major walk */
+    IX_NESTED, /* indices i0..i<nd-1> */
+    IX_VEC     /* lane j of the 16-byte vectors loaded at q */
+} ixmode;
+
+typedef struct gen {
+    const sg__ir *ir;
+    const sg__fused *f;
+    sg__emit *e;
+    bool anchor_reg; /* GEMV: the anchor's value is in register v<anchor> */
+    /* IX_VEC: the vectors loaded before the lane loop, by (slot, offset). */
+    int nvec;
+    int vec_slot[64];
+    int64_t vec_off[64];
+    sg_dtype vec_dt[64];
+} gen;
+
+static const sg__ref *ref_of(const gen *g, int r) { return &g->ir->refs[g->f->alias[r]]; }
+
+static const sg__ref *arg_of(const gen *g, const sg__irnode *n, int j) {
+    int r = g->ir->args[n->args + j];
+    return r < 0 ? NULL : ref_of(g, r);
+}
+
+static bool is_scalar(const sg__ref *r) {
+    for (int d = 0; d < r->ndim; d++)
+        if (r->shape[d] > 1 && r->stride[d] != 0) return false;
+    return true;
+}
+
+/* A ref the loop can address as element i of a flat row-major walk (or a
+ * single element). */
+static bool flat_ok(const sg__ref *r, int nd, const int64_t *shape) {
+    if (is_scalar(r)) return true;
+    if (r->ndim != nd) return false;
+    int64_t expect = 1;
+    for (int d = nd - 1; d >= 0; d--) {
+        if (r->shape[d] != shape[d]) return false;
+        if (shape[d] > 1 && r->stride[d] != expect) return false;
+        expect *= shape[d];
+    }
+    return true;
+}
+
+/* Does gnode k's argument j come from a register? The anchor's value does
+ * only when the kernel computed it (GEMV); the library writes it to memory. */
+static int reg_src(const gen *g, const sg__group *grp, int k, int j) {
+    int s = j < 4 ? grp->g[k].arg_src[j] : -1; /* arg_src holds 4; more inputs load */
+    return s >= 0 && (s != grp->anchor || g->anchor_reg) ? s : -1;
+}
+
+/* The element offset of ref r at the loop indices, as text. */
+static void offset_expr(const sg__ref *r, int nd, const int64_t *shape, ixmode m, char *buf,
+                        size_t size) {
+    size_t k = (size_t)snprintf(buf, size, "%lld", (long long)r->offset);
+    if (is_scalar(r)) return;
+    if (m == IX_FLAT) {
+        snprintf(buf + k, size - k, " + i");
+        return;
+    }
+    for (int d = 0; d < nd && k < size; d++) {
+        int rd = d - (nd - r->ndim);
+        if (rd < 0 || r->shape[rd] == 1 || shape[d] == 1 || r->stride[rd] == 0) continue;
+        k += (size_t)snprintf(buf + k, size - k, " + i%d * %lld", d, (long long)r->stride[rd]);
+    }
+}
+
+/* The vector that holds ref r's lanes in IX_VEC mode (added when new). */
+static int vec_index(gen *g, const sg__ref *r) {
+    for (int v = 0; v < g->nvec; v++)
+        if (g->vec_slot[v] == r->slot && g->vec_off[v] == r->offset) return v;
+    if (g->nvec == 64) return -1;
+    g->vec_slot[g->nvec] = r->slot;
+    g->vec_off[g->nvec] = r->offset;
+    g->vec_dt[g->nvec] = r->dtype;
+    return g->nvec++;
+}
+
+/* The members [from, n) of a group, one element: the body. */
+static void emit_body(gen *g, const sg__group *grp, int from, int nd, const int64_t *shape,
+                      ixmode m) {
+    char off[256], lv[320], ld[400], expr[900], rt[1000], st[1400];
+    for (int k = from; k < grp->n; k++) {
+        const sg__irnode *n = &g->ir->nodes[grp->g[k].node];
+        const sg__ref *o = ref_of(g, n->out);
+        char args[3][32] = {"", "", ""};
+        for (int j = 0; j < n->nin && j < 3; j++) {
+            const sg__ref *a = arg_of(g, n, j);
+            if (!a) continue;
+            int src = reg_src(g, grp, k, j);
+            if (src >= 0) {
+                snprintf(args[j], sizeof args[j], "v%d", src);
+                continue;
+            }
+            if (m == IX_VEC && !is_scalar(a)) {
+                snprintf(lv, sizeof lv, "l%d.e[j]", vec_index(g, a));
+            } else {
+                offset_expr(a, nd, shape, m, off, sizeof off);
+                snprintf(lv, sizeof lv, "((const %s *)s%d)[%s]", ctype(a->dtype), a->slot, off);
+            }
+            widen(a->dtype, lv, ld, sizeof ld);
+            /* Loads go through a named temporary: some ops use an argument twice. */
+            sg__emit_line(g->e, "const %s a%d_%d = %s;", fdom(a->dtype) ? "float" : "sg_i64", k, j,
+                          ld);
+            snprintf(args[j], sizeof args[j], "a%d_%d", k, j);
+        }
+        const sg__ref *a0 = n->nin ? arg_of(g, n, 0) : NULL;
+        bool in_fl = n->op == SG__OP_FILL ? fdom(o->dtype) : a0 && fdom(a0->dtype);
+        bool res_fl = in_fl;
+        if ((n->op >= SG__OP_EQ && n->op <= SG__OP_LOGICAL_OR) || n->op == SG__OP_LOGICAL_NOT)
+            res_fl = false;
+        if (n->op == SG__OP_WHERE) res_fl = fdom(arg_of(g, n, 1)->dtype);
+        sg_dtype sdt = n->op == SG__OP_FILL ? o->dtype : a0 ? a0->dtype : o->dtype;
+        op_expr(n, in_fl, sdt, args[0], args[1], args[2], expr, sizeof expr);
+        round_trip(expr, res_fl, o->dtype, rt, sizeof rt);
+        sg__emit_line(g->e, "const %s v%d = %s; /* %s */", fdom(o->dtype) ? "float" : "sg_i64", k,
+                      rt, sg__op_name(n->op));
+        if (grp->g[k].store) {
+            char v[32];
+            snprintf(v, sizeof v, "v%d", k);
+            if (m == IX_VEC && !is_scalar(o)) {
+                snprintf(lv, sizeof lv, "o%d.e[j]", k);
+            } else {
+                offset_expr(o, nd, shape, m, off, sizeof off);
+                snprintf(lv, sizeof lv, "((%s *)s%d)[%s]", ctype(o->dtype), o->slot, off);
+            }
+            narrow_store(o->dtype, lv, v, st, sizeof st);
+            sg__emit_line(g->e, "%s", st);
+        }
+    }
+}
+
+/* Is every ref a member touches flat-addressable over the shape? */
+static bool group_flat(const gen *g, const sg__group *grp, int from, int nd, const int64_t *shape) {
+    for (int k = from; k < grp->n; k++) {
+        const sg__irnode *n = &g->ir->nodes[grp->g[k].node];
+        if (grp->g[k].store && !flat_ok(ref_of(g, n->out), nd, shape)) return false;
+        for (int j = 0; j < n->nin; j++) {
+            const sg__ref *a = arg_of(g, n, j);
+            if (a && reg_src(g, grp, k, j) < 0 && !flat_ok(a, nd, shape)) return false;
+        }
+    }
+    return true;
+}
+
+static int64_t numel_of(int nd, const int64_t *shape) {
+    int64_t n = 1;
+    for (int d = 0; d < nd; d++) n *= shape[d];
+    return n;
+}
+
+/* Ops whose libdevice code is long (argument reduction, polynomials). */
+static bool is_heavy(sg__op op) {
+    switch (op) {
+    case SG__OP_EXP:
+    case SG__OP_LOG:
+    case SG__OP_SIN:
+    case SG__OP_COS:
+    case SG__OP_TANH:
+    case SG__OP_SIGMOID:
+    case SG__OP_GELU:
+    case SG__OP_GELU_TANH:
+    case SG__OP_SILU:
+    case SG__OP_POW:
+    case SG__OP_POW_SCALAR: return true;
+    default: return false;
+    }
+}
+
+/*
+ * Elements per thread and iteration of the vector path: 16 bytes of the
+ * widest dtype the loop reads or writes through memory, when every such
+ * access is flat, the count divides and each offset keeps vectors aligned;
+ * 1 when there is no vector path. *slots gets the slots whose bases the
+ * kernel checks for 16-byte alignment at run time.
+ */
+static int vec_width(const gen *g, const sg__group *grp, int from, bool *slots) {
+    int nd = grp->ndim;
+    const int64_t *shape = grp->shape;
+    if (!group_flat(g, grp, from, nd, shape)) return 1;
+    size_t widest = 0;
+    const sg__ref *refs[64]; /* vec_index keeps at most 64 vectors */
+    int nrefs = 0;
+    for (int k = from; k < grp->n; k++) {
+        const sg__irnode *n = &g->ir->nodes[grp->g[k].node];
+        for (int j = -1; j < n->nin; j++) {
+            const sg__ref *r =
+                j < 0 ? (grp->g[k].store ? ref_of(g, n->out) : NULL) : arg_of(g, n, j);
+            if (!r || (j >= 0 && reg_src(g, grp, k, j) >= 0) || is_scalar(r)) continue;
+            if (nrefs == 64) return 1;
+            refs[nrefs++] = r;
+            if (sg_dtype_size(r->dtype) > widest) widest = sg_dtype_size(r->dtype);
+        }
+    }
+    if (!widest) return 1;
+    int w = (int)(16 / widest);
+    if (w < 2 || numel_of(nd, shape) % w) return 1;
+    /* The vector path repeats the body w times: for a chain of
+     * transcendentals the loop is bound by math, not by bytes, and w copies
+     * of each inlined libdevice function only cost NVRTC time. */
+    int heavy = 0;
+    for (int k = from; k < grp->n; k++) heavy += is_heavy(g->ir->nodes[grp->g[k].node].op);
+    if (heavy * w > 16) return 1;
+    /* Long bodies take narrower vectors (8 bytes of bf16 still coalesce well). */
+    while (w > 2 && (grp->n - from) * w > 64) w /= 2;
+    for (int i = 0; i < nrefs; i++)
+        if (refs[i]->offset % w) return 1;
+    /* The alignment test names each slot once; keep it to one short line. */
+    int nslots = 0;
+    for (int i = 0; i < nrefs; i++) {
+        bool seen = false;
+        for (int j = 0; j < i; j++) seen = seen || refs[j]->slot == refs[i]->slot;
+        nslots += !seen;
+    }
+    if (nslots > 24) return 1;
+    for (int i = 0; i < nrefs; i++) slots[refs[i]->slot] = true;
+    return w;
+}
+
+/* Declare i0..i<nd-1> from the flat index i. Below 2^32 elements the
+ * divisions by constants run in 32 bits (64-bit ones cost several times more). */
+static void emit_unflatten(gen *g, int nd, const int64_t *shape) {
+    int outer = -1;
+    for (int d = 0; d < nd; d++)
+        if (shape[d] > 1) {
+            outer = d;
+            break;
+        }
+    if (outer < 0) return;
+    bool narrow = numel_of(nd, shape) <= (int64_t)UINT32_MAX;
+    sg__emit_line(g->e, narrow ? "sg_u32 rem = (sg_u32)i;" : "sg_i64 rem = i;");
+    for (int d = nd - 1; d >= outer; d--) {
+        if (shape[d] == 1) continue;
+        if (d == outer) {
+            sg__emit_line(g->e, "const sg_i64 i%d = rem;", d);
+        } else {
+            sg__emit_line(g->e, "const sg_i64 i%d = rem %% %lld%s;", d, (long long)shape[d],
+                          narrow ? "u" : "");
+            sg__emit_line(g->e, "rem /= %lld%s;", (long long)shape[d], narrow ? "u" : "");
+        }
+    }
+}
+
+/*
+ * The grid-stride loop of one group (members [from, n)) over blocks
+ * blk .. blk + nblk - 1 (C expressions), with the vector path first when
+ * w > 1 and the slots in `aligned` sit on 16 bytes.
+ */
+static void emit_loop(gen *g, const sg__group *grp, int from, int w, const bool *aligned,
+                      const char *blk, const char *nblk) {
+    int nd = grp->ndim;
+    const int64_t *shape = grp->shape;
+    int64_t numel = numel_of(nd, shape);
+    bool flat = group_flat(g, grp, from, nd, shape);
+    sg__emit_line(g->e, "const sg_i64 tid = (sg_i64)(%s) * blockDim.x + threadIdx.x;", blk);
+    sg__emit_line(g->e, "const sg_i64 step = (sg_i64)(%s) * blockDim.x;", nblk);
+    if (w > 1) {
+        char cond[1024];
+        size_t k = (size_t)snprintf(cond, sizeof cond, "(((sg_u64)0");
+        for (int s = 0; s < g->ir->nslots && k < sizeof cond; s++)
+            if (aligned[s]) k += (size_t)snprintf(cond + k, sizeof cond - k, " | (sg_u64)s%d", s);
+        snprintf(cond + k, sizeof cond - k, ") & 15) == 0");
+        sg__emit_open(g->e, "if (%s)", cond);
+        sg__emit_open(g->e, "for (sg_i64 q = tid; q < %lld; q += step)", (long long)(numel / w));
+        /* The body records which vectors it reads; emit it aside, then the loads. */
+        sg__emit body = {.ctx = g->e->ctx, .depth = g->e->depth + 1};
+        sg__emit *outer = g->e;
+        g->e = &body;
+        g->nvec = 0;
+        emit_body(g, grp, from, nd, shape, IX_VEC);
+        g->e = outer;
+        for (int v = 0; v < g->nvec; v++) {
+            size_t es = sg_dtype_size(g->vec_dt[v]), bytes = (size_t)w * es;
+            sg__emit_line(g->e, "union { %s v; %s e[%d]; } l%d;", vtype(bytes), ctype(g->vec_dt[v]),
+                          w, v);
+            sg__emit_line(g->e, "l%d.v = ((const %s *)(s%d + %lld))[q];", v, vtype(bytes),
+                          g->vec_slot[v], (long long)(g->vec_off[v] * (int64_t)es));
+        }
+        for (int k = from; k < grp->n; k++) {
+            const sg__ref *o = ref_of(g, g->ir->nodes[grp->g[k].node].out);
+            if (!grp->g[k].store || is_scalar(o)) continue;
+            size_t bytes = (size_t)w * sg_dtype_size(o->dtype);
+            sg__emit_line(g->e, "union { %s v; %s e[%d]; } o%d;", vtype(bytes), ctype(o->dtype), w,
+                          k);
+        }
+        sg__emit_line(g->e, "#pragma unroll");
+        sg__emit_open(g->e, "for (int j = 0; j < %d; j++)", w);
+        if (body.buf) sg__emit_raw(g->e, "%s", body.buf);
+        if (body.oom) g->e->oom = true;
+        sg__emit_free(&body);
+        sg__emit_close(g->e);
+        for (int k = from; k < grp->n; k++) {
+            const sg__ref *o = ref_of(g, g->ir->nodes[grp->g[k].node].out);
+            if (!grp->g[k].store || is_scalar(o)) continue;
+            size_t bytes = (size_t)w * sg_dtype_size(o->dtype);
+            sg__emit_line(g->e, "((%s *)(s%d + %lld))[q] = o%d.v;", vtype(bytes), o->slot,
+                          (long long)(o->offset * (int64_t)sg_dtype_size(o->dtype)), k);
+        }
+        sg__emit_close(g->e);
+        sg__emit_line(g->e, "return;");
+        sg__emit_close(g->e);
+    }
+    sg__emit_open(g->e, "for (sg_i64 i = tid; i < %lld; i += step)", (long long)numel);
+    if (!flat) emit_unflatten(g, nd, shape);
+    emit_body(g, grp, from, nd, shape, flat ? IX_FLAT : IX_NESTED);
+    sg__emit_close(g->e);
+}
+
+/* ------------------------------------------------------------ GEMV */
+
+/* A matmul the GEMV kernel takes: rows of x against weight element (n, k)
+ * at woff + n * sn + k * sk, contiguous along K (warp per column) or
+ * along N (thread per column). */
+typedef struct gemv {
+    const sg__ref *x, *w, *b, *o;
+    int64_t rows, n, k;
+    int64_t xoff[GEMV_ROWS];
+    int64_t woff, sn, sk;
+    bool along_k;
+} gemv;
+
+static bool gemv_plan(const gen *g, const sg__group *grp, gemv *p) {
+    if (grp->kind != SG__G_MATMUL || grp->anchor < 0) return false;
+    const sg__irnode *n = &g->ir->nodes[grp->g[grp->anchor].node];
+    memset(p, 0, sizeof *p);
+    p->x = arg_of(g, n, 0);
+    p->w = arg_of(g, n, 1);
+    p->b = n->op == SG__OP_LINEAR && n->nin > 2 ? arg_of(g, n, 2) : NULL;
+    p->o = ref_of(g, n->out);
+    const sg__ref *x = p->x, *w = p->w, *o = p->o;
+    if (!x || !w || !fdom(x->dtype) || x->ndim < 1 || w->ndim != 2) return false;
+    if (w->dtype != x->dtype || o->dtype != x->dtype || (p->b && p->b->dtype != x->dtype))
+        return false;
+    p->k = x->shape[x->ndim - 1];
+    if (n->op == SG__OP_LINEAR) { /* w is (N, K) */
+        p->n = w->shape[0], p->sn = w->stride[0], p->sk = w->stride[1];
+    } else if (n->op == SG__OP_MATMUL) { /* b is (K, N) */
+        p->n = w->shape[1], p->sn = w->stride[1], p->sk = w->stride[0];
+    } else {
+        return false;
+    }
+    p->woff = w->offset;
+    if (p->k < 1 || p->n < 1) return false;
+    if (p->k == 1) p->sk = 1;
+    if (p->n == 1) p->sn = 1;
+    p->along_k = p->sk == 1;
+    if (!p->along_k && p->sn != 1) return false;
+    if (p->k > 1 && x->stride[x->ndim - 1] != 1) return false;
+    /* Every leading index of x is a row; each row's offset is a constant. */
+    int64_t rows = 1;
+    for (int d = 0; d < x->ndim - 1; d++) rows *= x->shape[d];
+    if (rows < 1 || rows > GEMV_ROWS) return false;
+    p->rows = rows;
+    for (int64_t r = 0; r < rows; r++) {
+        int64_t rem = r, off = x->offset;
+        for (int d = x->ndim - 2; d >= 0; d--) {
+            off += rem % x->shape[d] * x->stride[d];
+            rem /= x->shape[d];
+        }
+        p->xoff[r] = off;
+    }
+    /* The output: rows x N, contiguous, and the epilogue runs over it. */
+    if (numel_of(o->ndim, o->shape) != rows * p->n || !flat_ok(o, o->ndim, o->shape)) return false;
+    if (numel_of(grp->ndim, grp->shape) != rows * p->n) return false;
+    /* The epilogue of one column runs while other warps still read x, w and
+     * b: it may not write into them (an in-place update after the matmul). */
+    for (int k = grp->anchor + 1; k < grp->n; k++) {
+        int slot = ref_of(g, g->ir->nodes[grp->g[k].node].out)->slot;
+        if (grp->g[k].store && (slot == x->slot || slot == w->slot || (p->b && slot == p->b->slot)))
+            return false;
+    }
+    return true;
+}
+
+/* The anchor's value at (row r, column n) from acc<r>, its store, and the
+ * epilogue: one output element, on the thread that holds the sum. */
+static void emit_gemv_tail(gen *g, const sg__group *grp, const gemv *p, int r) {
+    char ld[320], rt[900], st[1100], lv[200], e[420];
+    int a = grp->anchor;
+    sg__emit_open(g->e, "%s", "");
+    sg__emit_line(g->e, "const sg_i64 i = %lld + n;", (long long)(r * p->n));
+    if (p->b) {
+        snprintf(lv, sizeof lv, "((const %s *)s%d)[%lld + n * %lld]", ctype(p->b->dtype),
+                 p->b->slot, (long long)p->b->offset, (long long)p->b->stride[0]);
+        widen(p->b->dtype, lv, ld, sizeof ld);
+        snprintf(e, sizeof e, "(%s + acc%d)", ld, r);
+    } else {
+        snprintf(e, sizeof e, "acc%d", r);
+    }
+    round_trip(e, true, p->o->dtype, rt, sizeof rt);
+    sg__emit_line(g->e, "const float v%d = %s; /* %s */", a, rt,
+                  sg__op_name(g->ir->nodes[grp->g[a].node].op));
+    snprintf(lv, sizeof lv, "((%s *)s%d)[%lld + i]", ctype(p->o->dtype), p->o->slot,
+             (long long)p->o->offset);
+    char v[16];
+    snprintf(v, sizeof v, "v%d", a);
+    narrow_store(p->o->dtype, lv, v, st, sizeof st);
+    sg__emit_line(g->e, "%s", st);
+    if (a + 1 < grp->n) {
+        bool flat = group_flat(g, grp, a + 1, grp->ndim, grp->shape);
+        if (!flat) emit_unflatten(g, grp->ndim, grp->shape);
+        emit_body(g, grp, a + 1, grp->ndim, grp->shape, flat ? IX_FLAT : IX_NESTED);
+    }
+    sg__emit_close(g->e);
+}
+
+/* acc<r> += x[r][kexpr] * wf for every row. */
+static void emit_gemv_fma(gen *g, const gemv *p, const char *xlane) {
+    char lv[160], ld[240];
+    for (int r = 0; r < p->rows; r++) {
+        snprintf(lv, sizeof lv, xlane, r);
+        widen(p->x->dtype, lv, ld, sizeof ld);
+        sg__emit_line(g->e, "acc%d += %s * wf;", r, ld);
+    }
+}
+
+/* The kernel body of a GEMV group; returns the grid. */
+static unsigned emit_gemv(gen *g, const sg__group *grp, const gemv *p) {
+    const char *t = ctype(p->x->dtype);
+    char lv[160], ld[240];
+    int es = (int)sg_dtype_size(p->x->dtype), v = 16 / es;
+    g->anchor_reg = true;
+    for (int r = 0; r < p->rows; r++)
+        sg__emit_line(g->e, "const %s *x%d = (const %s *)s%d + %lld;", t, r, t, p->x->slot,
+                      (long long)p->xoff[r]);
+    unsigned grid;
+    if (p->along_k) {
+        /* One warp per output column: 16-byte loads along K, a shuffle sum. */
+        grid = (unsigned)((p->n + BLOCK / 32 - 1) / (BLOCK / 32));
+        sg__emit_line(g->e, "const int lane = threadIdx.x & 31;");
+        sg__emit_line(
+            g->e, "const sg_i64 n = (sg_i64)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);");
+        sg__emit_line(g->e, "if (n >= %lld) return;", (long long)p->n);
+        for (int r = 0; r < p->rows; r++) sg__emit_line(g->e, "float acc%d = 0.0f;", r);
+        sg__emit_line(g->e, "const %s *wr = (const %s *)s%d + (%lld + n * %lld);", t, t, p->w->slot,
+                      (long long)p->woff, (long long)p->sn);
+        if (p->k % v == 0) {
+            char cond[512];
+            size_t k = (size_t)snprintf(cond, sizeof cond, "(((sg_u64)wr");
+            for (int r = 0; r < p->rows; r++)
+                k += (size_t)snprintf(cond + k, sizeof cond - k, " | (sg_u64)x%d", r);
+            snprintf(cond + k, sizeof cond - k, ") & 15) == 0");
+            sg__emit_open(g->e, "if (%s)", cond);
+            /* Several 16-byte loads in flight per lane keep HBM busy. */
+            sg__emit_line(g->e, "#pragma unroll 4");
+            sg__emit_open(g->e, "for (sg_i64 q = lane; q < %lld; q += 32)", (long long)(p->k / v));
+            sg__emit_line(g->e, "union { sg_v16 v; %s e[%d]; } wv;", t, v);
+            sg__emit_line(g->e, "wv.v = ((const sg_v16 *)wr)[q];");
+            for (int r = 0; r < p->rows; r++) {
+                sg__emit_line(g->e, "union { sg_v16 v; %s e[%d]; } xv%d;", t, v, r);
+                sg__emit_line(g->e, "xv%d.v = ((const sg_v16 *)x%d)[q];", r, r);
+            }
+            sg__emit_line(g->e, "#pragma unroll");
+            sg__emit_open(g->e, "for (int j = 0; j < %d; j++)", v);
+            widen(p->w->dtype, "wv.e[j]", ld, sizeof ld);
+            sg__emit_line(g->e, "const float wf = %s;", ld);
+            emit_gemv_fma(g, p, "xv%d.e[j]");
+            sg__emit_close(g->e);
+            sg__emit_close(g->e);
+            sg__emit_close(g->e);
+            sg__emit_open(g->e, "else");
+        } else {
+            sg__emit_open(g->e, "%s", "");
+        }
+        sg__emit_open(g->e, "for (sg_i64 k = lane; k < %lld; k += 32)", (long long)p->k);
+        widen(p->w->dtype, "wr[k]", ld, sizeof ld);
+        sg__emit_line(g->e, "const float wf = %s;", ld);
+        emit_gemv_fma(g, p, "x%d[k]");
+        sg__emit_close(g->e);
+        sg__emit_close(g->e);
+        for (int r = 0; r < p->rows; r++)
+            sg__emit_line(
+                g->e,
+                "for (int o = 16; o > 0; o >>= 1) acc%d += __shfl_xor_sync(0xffffffffu, acc%d, o);",
+                r, r);
+        sg__emit_open(g->e, "if (lane == 0)");
+    } else {
+        /* One thread per column, 8 slices of K per block summed in shared memory. */
+        int slices = BLOCK / 32;
+        grid = (unsigned)((p->n + 31) / 32);
+        sg__emit_line(g->e, "const int c = threadIdx.x & 31, ks = threadIdx.x >> 5;");
+        sg__emit_line(g->e, "const sg_i64 n = (sg_i64)blockIdx.x * 32 + c;");
+        for (int r = 0; r < p->rows; r++) sg__emit_line(g->e, "float acc%d = 0.0f;", r);
+        sg__emit_open(g->e, "if (n < %lld)", (long long)p->n);
+        sg__emit_line(g->e, "const %s *wc = (const %s *)s%d + (%lld + n);", t, t, p->w->slot,
+                      (long long)p->woff);
+        sg__emit_open(g->e, "for (sg_i64 k = ks; k < %lld; k += %d)", (long long)p->k, slices);
+        snprintf(lv, sizeof lv, "wc[k * %lld]", (long long)p->sk);
+        widen(p->w->dtype, lv, ld, sizeof ld);
+        sg__emit_line(g->e, "const float wf = %s;", ld);
+        emit_gemv_fma(g, p, "x%d[k]");
+        sg__emit_close(g->e);
+        sg__emit_close(g->e);
+        sg__emit_line(g->e, "__shared__ float red[%lld][%d][32];", (long long)p->rows, slices);
+        for (int r = 0; r < p->rows; r++) sg__emit_line(g->e, "red[%d][ks][c] = acc%d;", r, r);
+        sg__emit_line(g->e, "__syncthreads();");
+        sg__emit_open(g->e, "if (ks == 0 && n < %lld)", (long long)p->n);
+        for (int r = 0; r < p->rows; r++)
+            sg__emit_line(g->e, "for (int s = 1; s < %d; s++) acc%d += red[%d][s][c];", slices, r,
+                          r);
+    }
+    for (int r = 0; r < p->rows; r++) emit_gemv_tail(g, grp, p, r);
+    sg__emit_close(g->e);
+    g->anchor_reg = false;
+    return grid ? grid : 1;
+}
+
+/* ------------------------------------------------------------ kernels */
+
+static uint32_t fnv1a(const char *s, size_t n) {
+    uint32_t h = 2166136261u;
+    for (size_t i = 0; i < n; i++) h = (h ^ (uint8_t)s[i]) * 16777619u;
+    return h;
+}
+
+/* Mark the slots a group's generated code reads or writes in memory. */
+static void used_slots(const gen *g, const sg__group *grp, int from, bool *used) {
+    for (int k = from; k < grp->n; k++) {
+        const sg__irnode *n = &g->ir->nodes[grp->g[k].node];
+        if (grp->g[k].store) used[ref_of(g, n->out)->slot] = true;
+        for (int j = 0; j < n->nin; j++) {
+            const sg__ref *a = arg_of(g, n, j);
+            if (a && reg_src(g, grp, k, j) < 0) used[a->slot] = true;
+        }
+    }
+}
+
+/* Launch of one elementwise loop: blocks of `block` threads for numel / w
+ * iterations, capped (the loop strides over the rest). */
+static unsigned loop_blocks(const sg__group *grp, int w, int block, int64_t cap) {
+    int64_t it = numel_of(grp->ndim, grp->shape) / w, b = (it + block - 1) / block;
+    return (unsigned)(b < 1 ? 1 : b > cap ? cap : b);
+}
+
+static void kernel_comment(gen *g, const sg__group *grp, int k, const sg__cuda_kinfo *ki,
+                           const char *what) {
+    char sh[96], line[512];
+    sg__emit_line(g->e, "/*");
+    sg__emit_line(g->e, " * kernel %d: %s", k, ki->name);
+    sg__emit_line(g->e, " * %s; launch: %u blocks of %u threads", what, ki->grid, ki->block);
+    const sg__group *list = grp;
+    int nl = grp->kind == SG__G_MULTI ? grp->nmembers : 1;
+    for (int m = 0; m < nl; m++) {
+        if (grp->kind == SG__G_MULTI) list = &g->f->parts[grp->members[m]];
+        sg__emit_line(
+            g->e, " * %s over %s, IR lines %d..%d:", grp->kind == SG__G_MULTI ? "member" : "ops",
+            sg__shape_str(list->ndim, list->shape, sh, sizeof sh), list->first, list->last);
+        for (int i = 0; i < list->n; i++)
+            sg__emit_line(g->e, " *   %s%s",
+                          sg__ir_node_str(g->ir, list->g[i].node, line, sizeof line),
+                          list->g[i].store ? "  [stored]" : "");
+    }
+    sg__emit_line(g->e, " */");
+}
+
+/* Group k's kernel into g->e (and its launch into ki), or nothing. */
+static void emit_kernel(gen *g, const sg__group *grp, int k, sg__cuda_kinfo *ki) {
+    memset(ki, 0, sizeof *ki);
+    if (grp->kind == SG__G_OPAQUE) return;
+    gemv p;
+    bool is_gemv = gemv_plan(g, grp, &p);
+    int from = grp->anchor >= 0 ? grp->anchor + 1 : 0;
+    if (!is_gemv && grp->kind != SG__G_MULTI &&
+        (from >= grp->n || numel_of(grp->ndim, grp->shape) == 0))
+        return;
+    int nslots = g->ir->nslots ? g->ir->nslots : 1;
+    bool *used = sg__calloc(g->e->ctx, sizeof(bool) * (size_t)nslots * 2);
+    if (!used) {
+        g->e->oom = true;
+        return;
+    }
+    bool *aligned = used + nslots;
+    sg__emit body = {.ctx = g->e->ctx, .depth = 1};
+    sg__emit *outer = g->e;
+    g->e = &body;
+    const char *what;
+    if (is_gemv) {
+        g->anchor_reg = true;
+        used_slots(g, grp, 0, used);
+        used[p.o->slot] = true;
+        ki->grid = emit_gemv(g, grp, &p);
+        ki->iters = p.n;
+        for (int t = 0; t < SG__CUDA_NTUNE && p.along_k; t++) /* warps per block vary */
+            ki->tune_grid[t] = (unsigned)((p.n + (128 << t) / 32 - 1) / ((128 << t) / 32));
+        ki->replaces_call = true;
+        what = p.along_k ? "GEMV, a warp per output column, then the epilogue"
+                         : "GEMV, a thread per output column, then the epilogue";
+    } else if (grp->kind == SG__G_MULTI) {
+        int64_t start = 0;
+        for (int m = 0; m < grp->nmembers; m++) {
+            const sg__group *part = &g->f->parts[grp->members[m]];
+            if (numel_of(part->ndim, part->shape) == 0) continue;
+            used_slots(g, part, 0, used);
+            memset(aligned, 0, sizeof(bool) * (size_t)nslots);
+            int w = vec_width(g, part, 0, aligned);
+            unsigned nb = loop_blocks(part, w, BLOCK, MEMBER_CAP);
+            char blk[64], nblk[32];
+            snprintf(blk, sizeof blk, "blockIdx.x - %lld", (long long)start);
+            snprintf(nblk, sizeof nblk, "%u", nb);
+            sg__emit_open(g->e, "%sif (blockIdx.x < %lld)", start ? "else " : "",
+                          (long long)(start + nb));
+            emit_loop(g, part, 0, w, aligned, blk, nblk);
+            sg__emit_close(g->e);
+            start += nb;
+            ki->iters += numel_of(part->ndim, part->shape);
+        }
+        ki->grid = (unsigned)(start ? start : 1);
+        /* Members own fixed ranges of blocks and stride over their loops:
+         * any block size covers them with the same grid. */
+        for (int t = 0; t < SG__CUDA_NTUNE; t++) ki->tune_grid[t] = ki->grid;
+        what = "independent loops, each over its own range of blocks";
+    } else {
+        used_slots(g, grp, from, used);
+        int w = vec_width(g, grp, from, aligned);
+        ki->grid = loop_blocks(grp, w, BLOCK, GRID_CAP);
+        for (int t = 0; t < SG__CUDA_NTUNE; t++)
+            ki->tune_grid[t] = loop_blocks(grp, w, 128 << t, GRID_CAP);
+        ki->iters = numel_of(grp->ndim, grp->shape);
+        emit_loop(g, grp, from, w, aligned, "blockIdx.x", "gridDim.x");
+        what = grp->kind == SG__G_POINTWISE ? "pointwise" : "epilogue after a library call";
+    }
+    g->e = outer;
+    ki->block = BLOCK;
+    char ops[96], sh[64] = "";
+    sg__group_name(g->ir, grp, ops, sizeof ops);
+    if (strlen(ops) > 48) ops[48] = '\0';
+    size_t q = 0;
+    for (int d = 0; d < grp->ndim && q < sizeof sh; d++)
+        q +=
+            (size_t)snprintf(sh + q, sizeof sh - q, d ? "x%lld" : "%lld", (long long)grp->shape[d]);
+    const sg__group *tail = grp->kind == SG__G_MULTI ? &g->f->parts[grp->members[0]] : grp;
+    sg_dtype dt = g->ir->refs[g->ir->nodes[tail->g[tail->n - 1].node].out].dtype;
+    snprintf(ki->name, sizeof ki->name, "sg_k%d_%.48s_%s_%.24s_%06x", k, ops, sg_dtype_name(dt),
+             sh[0] ? sh : "1", body.buf ? fnv1a(body.buf, body.len) & 0xffffff : 0);
+    kernel_comment(g, grp, k, ki, what);
+    sg__emit_line(g->e,
+                  "extern \"C\" __global__ void __launch_bounds__(%d) %s(char *const *slot) {",
+                  ki->tune_grid[0] ? MAX_BLOCK : BLOCK, ki->name);
+    for (int s = 0; s < g->ir->nslots; s++)
+        if (used[s]) sg__emit_line(g->e, "    char *const s%d = slot[%d];", s, s);
+    if (body.buf) sg__emit_raw(g->e, "%s", body.buf);
+    if (body.oom) g->e->oom = true;
+    sg__emit_line(g->e, "}");
+    sg__emit_line(g->e, "%s", "");
+    sg__emit_free(&body);
+    sg__free(g->e->ctx, used, sizeof(bool) * (size_t)nslots * 2);
+}
+
+/* ------------------------------------------------------------ the unit */
+
+void sg__cgen_cuda_fuse_opts(sg__fuse_opts *o, bool disable) {
+    memset(o, 0, sizeof *o);
+    o->disable = disable;
+    o->horizontal = true;
+    o->no_prologue = true;
+}
+
+sg_status sg__cgen_cuda(sg_ctx *ctx, const sg__ir *ir, const sg__fused *f, const char *title,
+                        sg__emit *e, sg__cuda_kinfo *kinfo, int *nkernels) {
+    gen g = {.ir = ir, .f = f, .e = e};
+    sg__emit_line(e, "/* stepgraph: %s -- %d groups for %d IR ops (generated; CUDA C for NVRTC) */",
+                  title, f->ngroups, ir->nnodes);
+    sg__emit_raw(e, "%s\n", preamble);
+    int nk = 0;
+    for (int k = 0; k < f->ngroups; k++) {
+        emit_kernel(&g, &f->groups[k], k, &kinfo[k]);
+        nk += kinfo[k].name[0] != '\0';
+    }
+    if (e->oom) return sg__fail(ctx, SG_ERR_OOM, "codegen: out of host memory for the CUDA source");
+    *nkernels = nk;
+    return SG_OK;
+}

@@ -1,0 +1,317 @@
+/*
+ * nvrtc.c -- CUDA C to a cubin with NVRTC, loaded at run time, through the
+ * disk cache. An entry is one file, <root>/cu-<key>.cubin: a magic, the
+ * SHA-256 of the image, and the image. The key hashes the generator
+ * version, NVRTC's version, the options, the arch and the source; the file
+ * is written under a temporary name and renamed into place, so a reader
+ * never sees half an entry and two processes racing on one key end with
+ * one valid file. A file whose hash does not match is removed and rebuilt.
+ *
+ * Generated code never relies on fused multiply-add contraction
+ * (--fmad=false): the eager CPU kernels round after every multiply, and a
+ * fused kernel must agree with them within the dtype's tolerance.
+ */
+#include "codegen.h"
+
+#include <stdio.h>
+
+#ifdef SG_HAVE_CUDA_HEADERS
+
+#include <dlfcn.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <limits.h>
+#include <nvrtc.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdlib.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#define SG__NVRTC_API(X)                                                                          \
+    X(nvrtcVersion)                                                                               \
+    X(nvrtcGetErrorString)                                                                        \
+    X(nvrtcCreateProgram)                                                                         \
+    X(nvrtcCompileProgram)                                                                        \
+    X(nvrtcGetProgramLogSize)                                                                     \
+    X(nvrtcGetProgramLog)                                                                         \
+    X(nvrtcGetCUBINSize)                                                                          \
+    X(nvrtcGetCUBIN)                                                                              \
+    X(nvrtcDestroyProgram)
+
+static struct {
+#define X(f) __typeof__(&f) f;
+    SG__NVRTC_API(X)
+#undef X
+} api;
+static pthread_once_t once = PTHREAD_ONCE_INIT;
+static bool loaded;
+static int ver_major, ver_minor;
+static char load_why[512];
+static atomic_uint_fast64_t n_compiles;
+
+static void load_once(void) {
+    /* The soname first (what a user's loader path finds), then the toolkit. */
+    const char *names[] = {"libnvrtc.so.13", "libnvrtc.so.12", "libnvrtc.so",
+                           "/usr/local/cuda/lib64/libnvrtc.so.13",
+                           "/usr/local/cuda/lib64/libnvrtc.so"};
+    void *lib = NULL;
+    const char *err = NULL;
+    for (size_t i = 0; i < sizeof names / sizeof *names && !lib; i++) {
+        lib = dlopen(names[i], RTLD_NOW | RTLD_LOCAL);
+        if (!lib && !err) err = dlerror();
+    }
+    if (!lib) {
+        snprintf(load_why, sizeof load_why, "NVRTC is not available: cannot load libnvrtc.so.13 "
+                 "(%s); install the CUDA toolkit's NVRTC or add its lib64 to LD_LIBRARY_PATH",
+                 err ? err : "not found");
+        return;
+    }
+#define X(f)                                                                                      \
+    api.f = (__typeof__(api.f))(uintptr_t)dlsym(lib, #f);                                         \
+    if (!api.f) {                                                                                 \
+        snprintf(load_why, sizeof load_why, "the NVRTC library lacks %s; install NVRTC 12 or "    \
+                 "newer", #f);                                                                    \
+        return;                                                                                   \
+    }
+    SG__NVRTC_API(X)
+#undef X
+    if (api.nvrtcVersion(&ver_major, &ver_minor) != NVRTC_SUCCESS) {
+        snprintf(load_why, sizeof load_why, "nvrtcVersion failed");
+        return;
+    }
+    loaded = true;
+}
+
+uint64_t sg__nvrtc_compiles(void) { return atomic_load(&n_compiles); }
+
+static const char *env(const char *name) {
+    const char *v = getenv(name);
+    return v && v[0] ? v : NULL;
+}
+
+static const char magic[8] = {'S', 'G', 'C', 'U', 'B', 'I', 'N', '1'};
+
+/* Read a whole file into an sg__alloc'd buffer; 0 or an errno. */
+static int slurp(sg_ctx *ctx, const char *path, char **data, size_t *size) {
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0) return errno;
+    struct stat st;
+    if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode) || st.st_size > (1 << 28)) {
+        close(fd);
+        return EINVAL;
+    }
+    size_t n = (size_t)st.st_size;
+    char *buf = sg__alloc(ctx, n + 1);
+    if (!buf) {
+        close(fd);
+        return ENOMEM;
+    }
+    size_t got = 0;
+    while (got < n) {
+        ssize_t r = read(fd, buf + got, n - got);
+        if (r < 0 && errno == EINTR) continue;
+        if (r <= 0) break;
+        got += (size_t)r;
+    }
+    close(fd);
+    if (got != n) {
+        sg__free(ctx, buf, n + 1);
+        return EIO;
+    }
+    buf[n] = '\0';
+    *data = buf;
+    *size = n;
+    return 0;
+}
+
+static int write_all(int fd, const void *p, size_t n) {
+    const char *c = p;
+    while (n) {
+        ssize_t w = write(fd, c, n);
+        if (w < 0 && errno == EINTR) continue;
+        if (w <= 0) return errno ? errno : EIO;
+        c += w, n -= (size_t)w;
+    }
+    return 0;
+}
+
+/* A cached image: SG_OK with *cubin set, or SG_OK with *cubin NULL on a
+ * miss (a damaged file is removed, so the caller rebuilds it). */
+static void lookup(sg_ctx *ctx, const char *path, void **cubin, size_t *size) {
+    char *data;
+    size_t n;
+    *cubin = NULL;
+    if (slurp(ctx, path, &data, &n) != 0) return;
+    uint8_t digest[32];
+    bool ok = n > 40 && memcmp(data, magic, 8) == 0;
+    if (ok) {
+        sg__sha256(data + 40, n - 40, digest);
+        ok = memcmp(digest, data + 8, 32) == 0;
+    }
+    if (!ok) {
+        unlink(path);
+        sg__free(ctx, data, n + 1);
+        return;
+    }
+    void *img = sg__alloc(ctx, n - 40);
+    if (img) memcpy(img, data + 40, n - 40);
+    sg__free(ctx, data, n + 1);
+    if (!img) return;
+    *cubin = img;
+    *size = n - 40;
+}
+
+/* Publish the image at path (temp file + rename). Failure only costs the
+ * next process a compile, so it is not an error. */
+static void publish(const char *root, const char *path, const void *cubin, size_t size) {
+    char tmp[PATH_MAX + 96];
+    if (snprintf(tmp, sizeof tmp, "%s/tmp-cubin-XXXXXX", root) >= (int)sizeof tmp) return;
+    int fd = mkstemp(tmp);
+    if (fd < 0) return;
+    uint8_t digest[32];
+    sg__sha256(cubin, size, digest);
+    int rc = write_all(fd, magic, 8);
+    if (!rc) rc = write_all(fd, digest, 32);
+    if (!rc) rc = write_all(fd, cubin, size);
+    if (close(fd) != 0 && !rc) rc = errno;
+    if (rc || rename(tmp, path) != 0) unlink(tmp);
+}
+
+static sg_status compile(sg_ctx *ctx, const char *name, const char *source, const char *arch_opt,
+                         void **cubin, size_t *size) {
+    nvrtcProgram prog;
+    char file[256];
+    snprintf(file, sizeof file, "%s.cu", name);
+    nvrtcResult r = api.nvrtcCreateProgram(&prog, source, file, 0, NULL, NULL);
+    if (r != NVRTC_SUCCESS)
+        return sg__fail(ctx, r == NVRTC_ERROR_OUT_OF_MEMORY ? SG_ERR_OOM : SG_ERR_COMPILE,
+                        "nvrtc: creating the program '%s' failed: %s", name,
+                        api.nvrtcGetErrorString(r));
+    const char *opts[] = {arch_opt, "--std=c++17", "--fmad=false", "-default-device"};
+    r = api.nvrtcCompileProgram(prog, (int)(sizeof opts / sizeof *opts), opts);
+    atomic_fetch_add(&n_compiles, 1);
+    sg_status s = SG_OK;
+    if (r != NVRTC_SUCCESS) {
+        size_t logn = 0;
+        char head[600] = "";
+        if (api.nvrtcGetProgramLogSize(prog, &logn) == NVRTC_SUCCESS && logn > 1) {
+            char *log = sg__alloc(ctx, logn);
+            if (log && api.nvrtcGetProgramLog(prog, log) == NVRTC_SUCCESS)
+                snprintf(head, sizeof head, "%.*s", (int)sizeof head - 1, log);
+            sg__free(ctx, log, logn);
+        }
+        s = sg__fail(ctx, SG_ERR_COMPILE, "nvrtc: compiling '%s' for %s failed (%s): %s%s", name,
+                     arch_opt + 19, api.nvrtcGetErrorString(r), head,
+                     env("SG_DUMP_DIR") ? "" : " (set SG_DUMP_DIR to keep the source)");
+    } else {
+        size_t n = 0;
+        r = api.nvrtcGetCUBINSize(prog, &n);
+        void *img = r == NVRTC_SUCCESS && n ? sg__alloc(ctx, n) : NULL;
+        if (!img)
+            s = sg__fail(ctx, r == NVRTC_SUCCESS ? SG_ERR_OOM : SG_ERR_COMPILE,
+                         "nvrtc: no cubin for '%s' (%zu bytes): %s", name, n,
+                         api.nvrtcGetErrorString(r));
+        else if ((r = api.nvrtcGetCUBIN(prog, img)) != NVRTC_SUCCESS) {
+            sg__free(ctx, img, n);
+            s = sg__fail(ctx, SG_ERR_COMPILE, "nvrtc: reading the cubin of '%s' failed: %s", name,
+                         api.nvrtcGetErrorString(r));
+        } else {
+            *cubin = img;
+            *size = n;
+        }
+    }
+    api.nvrtcDestroyProgram(&prog);
+    return s;
+}
+
+/* SG_OVERRIDE_DIR/<name>.cu replaces the source; SG_DUMP_DIR/<name>.cu gets
+ * what is compiled. *owned is the override text to free (size *owned_n). */
+static sg_status override_and_dump(sg_ctx *ctx, const char *name, const char **source,
+                                   char **owned, size_t *owned_n) {
+    char path[PATH_MAX];
+    const char *dir = env("SG_OVERRIDE_DIR");
+    *owned = NULL;
+    if (dir && snprintf(path, sizeof path, "%s/%s.cu", dir, name) < (int)sizeof path) {
+        int rc = slurp(ctx, path, owned, owned_n);
+        if (rc == 0) *source = *owned;
+        else if (rc != ENOENT)
+            return sg__fail(ctx, SG_ERR_COMPILE, "nvrtc: SG_OVERRIDE_DIR: cannot read '%s': %s",
+                            path, strerror(rc));
+    }
+    dir = env("SG_DUMP_DIR");
+    if (dir) {
+        if (snprintf(path, sizeof path, "%s/%s.cu", dir, name) >= (int)sizeof path)
+            return sg__fail(ctx, SG_ERR_COMPILE, "nvrtc: SG_DUMP_DIR '%s' is too long", dir);
+        mkdir(dir, 0755);
+        int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+        int rc = fd < 0 ? errno : write_all(fd, *source, strlen(*source));
+        if (fd >= 0) close(fd);
+        if (rc)
+            return sg__fail(ctx, SG_ERR_COMPILE, "nvrtc: cannot write '%s' (SG_DUMP_DIR): %s",
+                            path, strerror(rc));
+    }
+    return SG_OK;
+}
+
+sg_status sg__nvrtc_build(sg_ctx *ctx, const char *name, const char *source, int arch,
+                          void **cubin, size_t *size) {
+    SG_ASSERT(ctx && cubin && size);
+    *cubin = NULL;
+    *size = 0;
+    if (!source)
+        return sg__fail(ctx, SG_ERR_INVALID_ARG, "nvrtc: kernel '%s' has no source",
+                        name ? name : "(null)");
+    pthread_once(&once, load_once);
+    if (!loaded) return sg__fail(ctx, SG_ERR_BACKEND_UNAVAILABLE, "%s", load_why);
+    char root[PATH_MAX];
+    sg_status s = sg__cache_root(ctx, name, root, sizeof root - 80);
+    if (s != SG_OK) return s;
+    char *owned = NULL;
+    size_t owned_n = 0;
+    s = override_and_dump(ctx, name, &source, &owned, &owned_n);
+    if (s != SG_OK) return s;
+
+    char arch_opt[40], ver[32], key[65];
+    snprintf(arch_opt, sizeof arch_opt, "--gpu-architecture=sm_%d", arch);
+    snprintf(ver, sizeof ver, "%d.%d", ver_major, ver_minor);
+    sg__sha256_ctx sh;
+    uint8_t digest[32];
+    sg__sha256_init(&sh);
+    const char *fields[] = {SG__CODEGEN_VERSION, "cuda", ver, arch_opt,
+                            "--std=c++17 --fmad=false -default-device", source};
+    for (size_t i = 0; i < sizeof fields / sizeof *fields; i++) {
+        uint64_t n = strlen(fields[i]);
+        sg__sha256_update(&sh, &n, sizeof n); /* length-prefixed: no two lists hash alike */
+        sg__sha256_update(&sh, fields[i], n);
+    }
+    sg__sha256_final(&sh, digest);
+    sg__sha256_hex(digest, key);
+    char path[PATH_MAX + 96]; /* root is at most PATH_MAX - 80 */
+    snprintf(path, sizeof path, "%s/cu-%s.cubin", root, key);
+
+    const char *always = env("SG_ALWAYS_COMPILE");
+    if (!(always && strcmp(always, "0") != 0)) lookup(ctx, path, cubin, size);
+    if (!*cubin) {
+        s = compile(ctx, name, source, arch_opt, cubin, size);
+        if (s == SG_OK) publish(root, path, *cubin, *size);
+    }
+    if (owned) sg__free(ctx, owned, owned_n + 1);
+    return s;
+}
+
+#else /* no CUDA headers at build time */
+
+uint64_t sg__nvrtc_compiles(void) { return 0; }
+
+sg_status sg__nvrtc_build(sg_ctx *ctx, const char *name, const char *source, int arch,
+                          void **cubin, size_t *size) {
+    (void)source, (void)arch;
+    *cubin = NULL;
+    *size = 0;
+    return sg__fail(ctx, SG_ERR_BACKEND_UNAVAILABLE,
+                    "nvrtc: cannot compile '%s': this stepgraph was built without the CUDA "
+                    "headers; rebuild with the CUDA toolkit installed", name ? name : "(null)");
+}
+
+#endif

@@ -1,0 +1,102 @@
+/*
+ * cuda.h -- the CUDA driver, loaded at run time. stepgraph has no link-time
+ * dependency on libcuda: driver.c opens libcuda.so.1 with dlopen, takes
+ * cuGetProcAddress from it, and resolves every entry point below through it
+ * into one typed table. A machine without a driver (or without a device)
+ * gets SG_ERR_BACKEND_UNAVAILABLE with the reason, and SG_BACKEND_AUTO
+ * picks the CPU.
+ *
+ * The table's field types come from the toolkit's <cuda.h>, which this
+ * file includes only when CMake found the toolkit (SG_HAVE_CUDA_HEADERS).
+ * A field is named after the versioned symbol the header maps a name to
+ * (cuMemAlloc -> cuMemAlloc_v2); the string is the base name that
+ * cuGetProcAddress resolves for the CUDA version we were built against.
+ */
+#ifndef SG_CUDA_DRIVER_H
+#define SG_CUDA_DRIVER_H
+
+#include "../../capture/capture.h"
+
+/* What a probe learns about device 0 (or why there is none). */
+typedef struct sg__cuda_device {
+    char name[128];
+    int cc_major, cc_minor; /* compute capability: 9.0 on the H100 */
+    int sms;                /* multiprocessors */
+    int driver_version;     /* 13000 for 13.0 */
+    size_t total_mem;       /* bytes */
+    int count;              /* devices present */
+} sg__cuda_device;
+
+/*
+ * Whether a CUDA device is usable: loads the driver, initializes it and
+ * reads device 0. SG_OK and *dev filled, or SG_ERR_BACKEND_UNAVAILABLE with
+ * the reason (no libcuda.so.1, cuInit failed, no device, a missing entry
+ * point) in why. Cheap after the first call (the outcome is remembered).
+ */
+SG__HIDDEN sg_status sg__cuda_probe(char *why, size_t n, sg__cuda_device *dev);
+
+#ifdef SG_HAVE_CUDA_HEADERS
+#include <cuda.h>
+
+/* X(field, "name for cuGetProcAddress") */
+#define SG__CU_API(X)                                                                             \
+    X(cuInit, "cuInit")                                                                           \
+    X(cuDriverGetVersion, "cuDriverGetVersion")                                                   \
+    X(cuGetErrorName, "cuGetErrorName")                                                           \
+    X(cuGetErrorString, "cuGetErrorString")                                                       \
+    X(cuDeviceGetCount, "cuDeviceGetCount")                                                       \
+    X(cuDeviceGet, "cuDeviceGet")                                                                 \
+    X(cuDeviceGetName, "cuDeviceGetName")                                                         \
+    X(cuDeviceGetAttribute, "cuDeviceGetAttribute")                                               \
+    X(cuDeviceTotalMem_v2, "cuDeviceTotalMem")                                                    \
+    X(cuDevicePrimaryCtxRetain, "cuDevicePrimaryCtxRetain")                                       \
+    X(cuDevicePrimaryCtxRelease_v2, "cuDevicePrimaryCtxRelease")                                  \
+    X(cuCtxSetCurrent, "cuCtxSetCurrent")                                                         \
+    X(cuCtxSynchronize, "cuCtxSynchronize")                                                       \
+    X(cuStreamCreate, "cuStreamCreate")                                                           \
+    X(cuStreamDestroy_v2, "cuStreamDestroy")                                                      \
+    X(cuStreamSynchronize, "cuStreamSynchronize")                                                 \
+    X(cuStreamBeginCapture_v2, "cuStreamBeginCapture")                                            \
+    X(cuStreamEndCapture, "cuStreamEndCapture")                                                   \
+    X(cuMemAlloc_v2, "cuMemAlloc")                                                                \
+    X(cuMemFree_v2, "cuMemFree")                                                                  \
+    X(cuMemGetInfo_v2, "cuMemGetInfo")                                                            \
+    X(cuMemcpyHtoDAsync_v2, "cuMemcpyHtoDAsync")                                                  \
+    X(cuMemcpyDtoHAsync_v2, "cuMemcpyDtoHAsync")                                                  \
+    X(cuMemcpyDtoDAsync_v2, "cuMemcpyDtoDAsync")                                                  \
+    X(cuMemsetD8Async, "cuMemsetD8Async")                                                         \
+    X(cuModuleLoadData, "cuModuleLoadData")                                                       \
+    X(cuModuleGetFunction, "cuModuleGetFunction")                                                 \
+    X(cuModuleUnload, "cuModuleUnload")                                                           \
+    X(cuFuncSetAttribute, "cuFuncSetAttribute")                                                   \
+    X(cuLaunchKernel, "cuLaunchKernel")                                                           \
+    X(cuEventCreate, "cuEventCreate")                                                             \
+    X(cuEventRecord, "cuEventRecord")                                                             \
+    X(cuEventSynchronize, "cuEventSynchronize")                                                   \
+    X(cuEventElapsedTime_v2, "cuEventElapsedTime")                                                \
+    X(cuEventDestroy_v2, "cuEventDestroy")                                                        \
+    X(cuGraphInstantiateWithFlags, "cuGraphInstantiateWithFlags")                                 \
+    X(cuGraphExecUpdate_v2, "cuGraphExecUpdate")                                                  \
+    X(cuGraphUpload, "cuGraphUpload")                                                             \
+    X(cuGraphLaunch, "cuGraphLaunch")                                                             \
+    X(cuGraphDestroy, "cuGraphDestroy")                                                           \
+    X(cuGraphExecDestroy, "cuGraphExecDestroy")
+
+typedef struct sg__cu_api {
+#define X(field, name) __typeof__(&field) field;
+    SG__CU_API(X)
+#undef X
+} sg__cu_api;
+
+/* The driver table (loaded and cuInit'ed once per process), or
+ * SG_ERR_BACKEND_UNAVAILABLE with the reason in why. */
+SG__HIDDEN sg_status sg__cuda_load(char *why, size_t n, const sg__cu_api **out);
+/* "CUDA_ERROR_OUT_OF_MEMORY (out of memory)" into buf. */
+SG__HIDDEN const char *sg__cu_strerror(CUresult r, char *buf, size_t size);
+/* Record a failed driver call: SG_ERR_OOM for out-of-memory, else
+ * SG_ERR_DRIVER, with a message naming the call, what it was doing and the
+ * driver's error. Returns the status. */
+SG__HIDDEN sg_status sg__cu_fail(sg_ctx *ctx, CUresult r, const char *call, const char *doing);
+#endif /* SG_HAVE_CUDA_HEADERS */
+
+#endif /* SG_CUDA_DRIVER_H */

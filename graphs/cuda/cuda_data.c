@@ -1,0 +1,326 @@
+/*
+ * cuda_data.c -- the host side of the CUDA data kernels (k_data.cu):
+ * embedding and index_select as strided gathers, concat as one strided copy
+ * per input, index_copy_ as three passes (clear marks, read indices and mark
+ * the last writer of each position, scatter; one pass that scans for later
+ * duplicates itself while a graph is recorded, since scratch cannot be
+ * allocated then), and arange.
+ *
+ * Index values: outside a graph recording the index tensor is downloaded
+ * and checked before any launch, so that a bad index fails the call with
+ * SG_ERR_INDEX, the CPU's message, and every tensor as it was. While a graph
+ * is recorded no host wait is allowed: the kernels' own guards then keep
+ * every access in bounds (a bad gather index gives zeros, a bad scatter
+ * index writes nothing).
+ */
+#include "exec.h"
+
+#ifdef SG_HAVE_CUDA_HEADERS
+
+#include <stdio.h>
+
+/* The kernel parameter: the same layout as dt_args in k_data.cu. */
+typedef struct dt_args {
+    void *dst;
+    const void *src;
+    const void *idx;
+    int64_t shape[SG_MAX_DIMS];
+    int64_t dstride[SG_MAX_DIMS];
+    int64_t sstride[SG_MAX_DIMS];
+    int64_t istride[SG_MAX_DIMS];
+    int64_t n;
+    int64_t sel_stride;
+    int64_t limit;
+    uint64_t *last;
+    int64_t *idx64;
+    int64_t count;
+    int64_t jstride;
+    int ndim, es, idx_is_i64, dim;
+} dt_args;
+_Static_assert(sizeof(dt_args) == 288, "dt_args changed: update k_data.cu too");
+
+static void grid_for(sg_ctx *ctx, int64_t work, unsigned grid[3], unsigned block[3]) {
+    int64_t blocks = (work + 255) / 256, cap = (int64_t)sg__cuda_sm_count(ctx) * 8;
+    if (cap < 1) cap = 1;
+    grid[0] = (unsigned)(blocks < cap ? blocks : cap);
+    grid[1] = grid[2] = 1;
+    block[0] = 256;
+    block[1] = block[2] = 1;
+}
+
+static sg_status launch(sg_ctx *ctx, const char *name, int64_t work, void **args) {
+    void *f;
+    sg_status s = sg__cuda_kernel(ctx, SG__CU_DATA, name, &f);
+    if (s != SG_OK) return s;
+    unsigned grid[3], block[3];
+    grid_for(ctx, work, grid, block);
+    return sg__cuda_launch(ctx, f, grid, block, 0, args);
+}
+
+/* The largest element offset of a walk over shape with these strides. */
+static int64_t extent(int nd, const int64_t *shape, const int64_t *stride) {
+    int64_t hi = 0;
+    for (int d = 0; d < nd; d++) hi += (shape[d] - 1) * stride[d];
+    return hi;
+}
+
+/* True when every index and offset of a gather or scatter fits an int (the
+ * grid-stride loop may step past n by one grid, hence the margin). */
+static bool fits_32(const dt_args *a) {
+    const int64_t lim = (int64_t)1 << 30;
+    int64_t sel = a->limit > 0 ? (a->limit - 1) * a->sel_stride : 0;
+    return a->n < lim && extent(a->ndim, a->shape, a->dstride) + (a->idx64 ? sel : 0) < lim &&
+           extent(a->ndim, a->shape, a->sstride) + (a->idx64 ? 0 : sel) < lim &&
+           extent(a->ndim, a->shape, a->istride) < lim;
+}
+
+/* ------------------------------------------------------------ index checks */
+
+/*
+ * Download idx (any shape and strides, i32/i64) and check every entry is in
+ * [0, limit), with the CPU's message naming the op, the entry's row-major
+ * position and what it indexes. Skipped while a graph is recorded.
+ */
+static sg_status check_indices(sg_ctx *ctx, const char *op, const sg_tensor *idx, int64_t limit,
+                               const char *what) {
+    int64_t n = sg__numel(idx->ndim, idx->shape);
+    if (n == 0 || sg__cuda_capturing(ctx)) return SG_OK;
+    size_t es = sg_dtype_size(idx->dtype);
+    size_t nbytes = (size_t)(extent(idx->ndim, idx->shape, idx->stride) + 1) * es;
+    char *buf = sg__alloc(ctx, nbytes);
+    if (!buf)
+        return sg__fail(ctx, SG_ERR_OOM, "%s: out of host memory for %lld indices", op,
+                        (long long)n);
+    sg_status s = sg__cuda_download(ctx, buf, sg__data(idx), nbytes);
+    int64_t coord[SG_MAX_DIMS] = {0}, off = 0;
+    for (int64_t i = 0; s == SG_OK && i < n; i++) {
+        int64_t v =
+            idx->dtype == SG_I64 ? ((const int64_t *)buf)[off] : ((const int32_t *)buf)[off];
+        if (v < 0 || v >= limit) {
+            char d[SG__DESC];
+            s = sg__fail(ctx, SG_ERR_INDEX, "%s: idx %s holds %lld at position %lld, out of range "
+                         "for %s of size %lld; indices must be in [0, %lld)", op,
+                         sg__describe(idx, d, sizeof d), (long long)v, (long long)i, what,
+                         (long long)limit, (long long)limit);
+            break;
+        }
+        for (int d = idx->ndim - 1; d >= 0; d--) { /* next row-major position */
+            off += idx->stride[d];
+            if (++coord[d] < idx->shape[d]) break;
+            off -= coord[d] * idx->stride[d];
+            coord[d] = 0;
+        }
+    }
+    sg__free(ctx, buf, nbytes);
+    return s;
+}
+
+/* ------------------------------------------------------------ the ops */
+
+static sg_status run_gather(sg_ctx *ctx, dt_args *a) {
+    if (a->n == 0) return SG_OK;
+    void *args[1] = {a};
+    return launch(ctx, fits_32(a) ? "sg_data_gather32" : "sg_data_gather64", a->n, args);
+}
+
+/* out (idx..., D): row i of out is row idx[i] of weight (V, D). */
+static sg_status embedding(sg_ctx *ctx, const sg__node *n) {
+    const sg_tensor *w = n->in[0], *idx = n->in[1], *out = n->out;
+    sg_status s = check_indices(ctx, "sg_embedding", idx, w->shape[0], "dim 0 of weight");
+    if (s != SG_OK) return s;
+    dt_args a;
+    memset(&a, 0, sizeof a);
+    int nd = out->ndim, k = idx->ndim;
+    a.dst = sg__data(out);
+    a.src = sg__data(w);
+    a.idx = sg__data(idx);
+    a.ndim = nd;
+    for (int d = 0; d < nd; d++) {
+        a.shape[d] = out->shape[d];
+        a.dstride[d] = out->stride[d];
+        a.istride[d] = d < k ? idx->stride[d] : 0;
+    }
+    a.sstride[nd - 1] = w->stride[1];
+    a.sel_stride = w->stride[0];
+    a.limit = w->shape[0];
+    a.n = sg__numel(nd, out->shape);
+    a.es = (int)sg_dtype_size(out->dtype);
+    a.idx_is_i64 = idx->dtype == SG_I64;
+    return run_gather(ctx, &a);
+}
+
+/* out[.., j, ..] = x[.., idx[j], ..] along dim. */
+static sg_status index_select(sg_ctx *ctx, const sg__node *n) {
+    const sg_tensor *x = n->in[0], *idx = n->in[1], *out = n->out;
+    int dim = (int)n->i[0], nd = out->ndim;
+    char what[64];
+    snprintf(what, sizeof what, "dim %d of x", dim);
+    sg_status s = check_indices(ctx, "sg_index_select", idx, x->shape[dim], what);
+    if (s != SG_OK) return s;
+    dt_args a;
+    memset(&a, 0, sizeof a);
+    a.dst = sg__data(out);
+    a.src = sg__data(x);
+    a.idx = sg__data(idx);
+    a.ndim = nd;
+    for (int d = 0; d < nd; d++) {
+        a.shape[d] = out->shape[d];
+        a.dstride[d] = out->stride[d];
+        a.sstride[d] = d == dim ? 0 : x->stride[d];
+        a.istride[d] = d == dim ? idx->stride[0] : 0;
+    }
+    a.sel_stride = x->stride[dim];
+    a.limit = x->shape[dim];
+    a.n = sg__numel(nd, out->shape);
+    a.es = (int)sg_dtype_size(out->dtype);
+    a.idx_is_i64 = idx->dtype == SG_I64;
+    return run_gather(ctx, &a);
+}
+
+/* Each input is copied into out at its running offset along dim. */
+static sg_status concat(sg_ctx *ctx, const sg__node *n) {
+    const sg_tensor *out = n->out;
+    int dim = (int)n->i[0], nd = out->ndim;
+    size_t es = sg_dtype_size(out->dtype);
+    int64_t start = 0;
+    for (int t = 0; t < n->nin; t++) {
+        const sg_tensor *in = n->in[t];
+        dt_args a;
+        memset(&a, 0, sizeof a);
+        a.dst = (char *)sg__data(out) + start * out->stride[dim] * (int64_t)es;
+        a.src = sg__data(in);
+        a.ndim = nd;
+        for (int d = 0; d < nd; d++) {
+            a.shape[d] = in->shape[d];
+            a.dstride[d] = out->stride[d];
+            a.sstride[d] = in->stride[d];
+        }
+        a.n = sg__numel(nd, in->shape);
+        a.es = (int)es;
+        start += in->shape[dim];
+        sg_status s = run_gather(ctx, &a);
+        if (s != SG_OK) return s;
+    }
+    return SG_OK;
+}
+
+/*
+ * index_copy_ inside a graph recording, where scratch cannot be allocated:
+ * sg_data_index_copy_scan, one pass in which each src position along dim
+ * checks the later indices itself. It reads idx while other blocks write
+ * dst, so an idx that shares dst's storage is refused.
+ */
+static sg_status index_copy_recorded(sg_ctx *ctx, const sg__node *n, int64_t numel) {
+    const sg_tensor *dst = n->out, *idx = n->in[1], *src = n->in[2];
+    int dim = (int)n->i[0], nd = dst->ndim;
+    if (idx->st == dst->st) {
+        char a[SG__DESC], b[SG__DESC];
+        return sg__fail(ctx, SG_ERR_UNSUPPORTED, "sg_index_copy_: idx %s shares storage with dst "
+                        "%s, which a CUDA graph cannot order; pass sg_clone(idx)",
+                        sg__describe(idx, a, sizeof a), sg__describe(dst, b, sizeof b));
+    }
+    dt_args a;
+    memset(&a, 0, sizeof a);
+    a.dst = sg__data(dst);
+    a.src = sg__data(src);
+    a.idx = sg__data(idx);
+    a.idx_is_i64 = idx->dtype == SG_I64;
+    a.istride[0] = idx->stride[0];
+    a.count = src->shape[dim];
+    a.jstride = src->stride[dim];
+    a.sel_stride = dst->stride[dim];
+    a.limit = dst->shape[dim];
+    a.ndim = nd;
+    for (int d = 0; d < nd; d++) { /* the walk leaves dim out */
+        a.shape[d] = d == dim ? 1 : src->shape[d];
+        a.dstride[d] = d == dim ? 0 : dst->stride[d];
+        a.sstride[d] = d == dim ? 0 : src->stride[d];
+    }
+    a.n = numel / a.count;
+    a.es = (int)sg_dtype_size(dst->dtype);
+    void *args[1] = {&a};
+    int64_t chunks = (a.n + 2047) / 2048; /* CHUNK in k_data.cu */
+    return launch(ctx, "sg_data_index_copy_scan", a.count * chunks * 256, args);
+}
+
+/*
+ * dst[.., idx[i], ..] = src[.., i, ..]; of repeated indices the last wins.
+ * Scratch holds the indices as int64 (read before any write: idx may alias
+ * dst) and one mark per position of dst along dim.
+ */
+static sg_status index_copy(sg_ctx *ctx, const sg__node *n) {
+    const sg_tensor *dst = n->out, *idx = n->in[1], *src = n->in[2];
+    int dim = (int)n->i[0], nd = dst->ndim;
+    int64_t L = src->shape[dim], size = dst->shape[dim];
+    char what[64];
+    snprintf(what, sizeof what, "dim %d of dst", dim);
+    sg_status s = check_indices(ctx, "sg_index_copy_", idx, size, what);
+    if (s != SG_OK) return s;
+    int64_t numel = sg__numel(nd, src->shape);
+    if (numel == 0) return SG_OK;
+    if (sg__cuda_capturing(ctx)) return index_copy_recorded(ctx, n, numel);
+    void *scratch;
+    s = sg__cuda_scratch(ctx, (size_t)(L + size) * sizeof(uint64_t), &scratch);
+    if (s != SG_OK) return s;
+    dt_args a;
+    memset(&a, 0, sizeof a);
+    a.idx64 = scratch;
+    a.last = (uint64_t *)scratch + L;
+    a.limit = size;
+
+    uint64_t *last = a.last;
+    int64_t nmarks = size;
+    void *zargs[2] = {&last, &nmarks};
+    s = launch(ctx, "sg_data_zero", nmarks, zargs);
+    if (s != SG_OK) return s;
+
+    a.idx = sg__data(idx);
+    a.idx_is_i64 = idx->dtype == SG_I64;
+    a.istride[0] = idx->stride[0];
+    a.n = L;
+    void *args[1] = {&a};
+    s = launch(ctx, "sg_data_index_prep", L, args);
+    if (s != SG_OK) return s;
+
+    a.dst = sg__data(dst);
+    a.src = sg__data(src);
+    a.idx = NULL;
+    a.istride[0] = 0;
+    a.ndim = nd;
+    a.dim = dim;
+    for (int d = 0; d < nd; d++) {
+        a.shape[d] = src->shape[d];
+        a.dstride[d] = d == dim ? 0 : dst->stride[d];
+        a.sstride[d] = src->stride[d];
+    }
+    a.sel_stride = dst->stride[dim];
+    a.n = numel;
+    a.es = (int)sg_dtype_size(dst->dtype);
+    return launch(ctx, fits_32(&a) ? "sg_data_scatter32" : "sg_data_scatter64", numel, args);
+}
+
+/* out[i] = start + i * step. */
+static sg_status arange(sg_ctx *ctx, const sg__node *n) {
+    const sg_tensor *out = n->out;
+    void *p = sg__data(out);
+    int64_t len = out->shape[0], stride = out->stride[0];
+    int dt = (int)out->dtype;
+    double start = n->f[0], step = n->f[1];
+    if (len == 0) return SG_OK;
+    void *args[6] = {&p, &len, &stride, &dt, &start, &step};
+    return launch(ctx, "sg_data_arange", len, args);
+}
+
+sg_status sg__cuda_data(sg_ctx *ctx, const sg__node *n) {
+    switch (n->op) {
+    case SG__OP_EMBEDDING: return embedding(ctx, n);
+    case SG__OP_INDEX_SELECT: return index_select(ctx, n);
+    case SG__OP_INDEX_COPY: return index_copy(ctx, n);
+    case SG__OP_CONCAT: return concat(ctx, n);
+    case SG__OP_ARANGE: return arange(ctx, n);
+    default: break;
+    }
+    return sg__fail(ctx, SG_ERR_INTERNAL, "cuda: %s is not a data-family op", sg__op_name(n->op));
+}
+
+#endif /* SG_HAVE_CUDA_HEADERS */

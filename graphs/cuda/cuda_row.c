@@ -1,0 +1,192 @@
+/*
+ * cuda_row.c -- the host side of the CUDA row family (softmax, log_softmax,
+ * layer_norm, rms_norm, cross_entropy; kernels in k_row.cu). It describes
+ * the rows of a node (the other dims, any strides) and picks the team per
+ * row: a thread when the rows lie side by side in memory (softmax over
+ * dim 0 of a matrix), a warp for rows up to ~1k elements, a block beyond.
+ *
+ * cross_entropy's targets must lie in [0, C). The CPU checks them before
+ * computing; here the targets live on the device, so they are read back and
+ * checked the same way (the same message) unless a CUDA graph is being
+ * recorded, when the host may not wait: the kernel then writes NaN for a bad
+ * target and never reads outside the row.
+ */
+#include "exec.h"
+
+#ifdef SG_HAVE_CUDA_HEADERS
+
+#define BLOCK 256
+
+/* The kernels' op numbers and flags (k_row.cu). */
+enum { OP_SOFTMAX, OP_LOG_SOFTMAX, OP_LAYER_NORM, OP_RMS_NORM };
+enum { HAS_W = 1, HAS_B = 2 };
+
+/* The same layout as struct wgeom in k_row.cu. */
+typedef struct wgeom {
+    int64_t osize[SG_MAX_DIMS], oxs[SG_MAX_DIMS], oys[SG_MAX_DIMS];
+    int64_t nrows, len, xs, ys;
+    int64_t ws, bs, ts;
+    double eps;
+    int32_t nd, team, op, dt, tdt, flags;
+} wgeom;
+
+static int64_t iabs(int64_t v) { return v < 0 ? -v : v; }
+
+/*
+ * Rows of x along dim: the other dims index the rows. When another dim of
+ * at least 8 has a smaller stride than dim (the CPU's "lanes"), it goes
+ * last, so that rows r and r + 1 are neighbours in memory.
+ */
+static void rows_along(wgeom *g, const sg_tensor *x, const sg_tensor *y, int dim, int *lane) {
+    memset(g, 0, sizeof *g);
+    g->dt = (int32_t)x->dtype;
+    g->nrows = 1;
+    *lane = -1;
+    for (int d = 0; d < x->ndim; d++) {
+        if (d == dim || x->shape[d] < 2) continue;
+        if (*lane < 0 || iabs(x->stride[d]) <= iabs(x->stride[*lane])) *lane = d;
+    }
+    if (*lane >= 0 && !(x->shape[*lane] >= 8 && iabs(x->stride[*lane]) < iabs(x->stride[dim])))
+        *lane = -1;
+    for (int d = 0; d < x->ndim; d++) {
+        if (d == dim || d == *lane || x->shape[d] == 1) continue;
+        g->osize[g->nd] = x->shape[d], g->oxs[g->nd] = x->stride[d], g->oys[g->nd] = y->stride[d];
+        g->nd++;
+    }
+    if (*lane >= 0) {
+        int d = *lane;
+        g->osize[g->nd] = x->shape[d], g->oxs[g->nd] = x->stride[d], g->oys[g->nd] = y->stride[d];
+        g->nd++;
+    }
+    for (int d = 0; d < g->nd; d++) g->nrows *= g->osize[d];
+    if (x->ndim == 0) { /* a 0-d tensor is one row of one element */
+        g->len = 1;
+    } else {
+        g->len = x->shape[dim], g->xs = x->stride[dim], g->ys = y->stride[dim];
+    }
+}
+
+static int32_t team_for(int64_t len) { return len <= 1024 ? 32 : BLOCK; }
+
+/* Launch kernel `name` over g.nrows rows, one team each. */
+static sg_status launch_rows(sg_ctx *ctx, const char *name, const wgeom *g, void **args) {
+    int64_t per = BLOCK / g->team, blocks = (g->nrows + per - 1) / per;
+    if (blocks > 0x7fffffff)
+        return sg__fail(ctx, SG_ERR_UNSUPPORTED, "cuda %s: %lld rows need more blocks than one "
+                        "launch holds; split the tensor", name, (long long)g->nrows);
+    void *f;
+    sg_status st = sg__cuda_kernel(ctx, SG__CU_ROW, name, &f);
+    if (st != SG_OK) return st;
+    unsigned grid[3] = {(unsigned)blocks, 1, 1}, block[3] = {BLOCK, 1, 1};
+    return sg__cuda_launch(ctx, f, grid, block, 0, args);
+}
+
+static sg_status softmax(sg_ctx *ctx, const sg__node *n) {
+    wgeom g;
+    int lane;
+    rows_along(&g, n->in[0], n->out, (int)n->i[0], &lane);
+    if (g.nrows * g.len == 0) return SG_OK;
+    g.op = n->op == SG__OP_LOG_SOFTMAX ? OP_LOG_SOFTMAX : OP_SOFTMAX;
+    /* Side-by-side rows read coalesced one per thread, when there are enough. */
+    g.team = lane >= 0 && g.nrows >= 1024 ? 1 : team_for(g.len);
+    const void *x = sg__data(n->in[0]);
+    void *y = sg__data(n->out);
+    void *args[] = {&x, &y, &g};
+    return launch_rows(ctx, "sg_softmax", &g, args);
+}
+
+static sg_status norm(sg_ctx *ctx, const sg__node *n) {
+    const sg_tensor *x = n->in[0], *w = n->nin > 1 ? n->in[1] : NULL;
+    const sg_tensor *b = n->nin > 2 ? n->in[2] : NULL;
+    wgeom g;
+    int lane;
+    rows_along(&g, x, n->out, x->ndim - 1, &lane);
+    if (g.nrows * g.len == 0) return SG_OK;
+    g.op = n->op == SG__OP_LAYER_NORM ? OP_LAYER_NORM : OP_RMS_NORM;
+    g.team = team_for(g.len);
+    g.eps = n->f[0];
+    const void *wp = NULL, *bp = NULL;
+    if (w) wp = sg__data(w), g.ws = w->stride[0], g.flags |= HAS_W;
+    if (b) bp = sg__data(b), g.bs = b->stride[0], g.flags |= HAS_B;
+    const void *xp = sg__data(x);
+    void *y = sg__data(n->out);
+    void *args[] = {&xp, &wp, &bp, &y, &g};
+    return launch_rows(ctx, "sg_norm", &g, args);
+}
+
+/* Read the targets back and check them as the CPU does (same message). */
+static sg_status check_targets(sg_ctx *ctx, const sg_tensor *lg, const sg_tensor *tg) {
+    int64_t N = tg->shape[0], C = lg->shape[1], ts = tg->stride[0];
+    size_t es = sg_dtype_size(tg->dtype);
+    /* The span the targets cover, from the first to the last (ts may be 0 or negative). */
+    int64_t lo = ts < 0 ? (N - 1) * ts : 0, hi = ts < 0 ? 0 : (N - 1) * ts;
+    size_t nbytes = (size_t)(hi - lo + 1) * es;
+    void *buf = sg__alloc(ctx, nbytes);
+    if (!buf)
+        return sg__fail(ctx, SG_ERR_OOM, "sg_cross_entropy: out of host memory to check %lld "
+                        "targets (%zu bytes)", (long long)N, nbytes);
+    sg_status st = sg__cuda_download(ctx, buf, (const char *)sg__data(tg) + lo * (int64_t)es, nbytes);
+    for (int64_t r = 0; st == SG_OK && r < N; r++) {
+        int64_t at = r * ts - lo, c;
+        if (tg->dtype == SG_I32)
+            c = ((const int32_t *)buf)[at];
+        else
+            c = ((const int64_t *)buf)[at];
+        if (c < 0 || c >= C) {
+            char a[SG__DESC];
+            st = sg__fail(ctx, SG_ERR_INDEX, "sg_cross_entropy: targets[%lld] is %lld, outside "
+                          "[0, %lld) for logits %s; targets are class indices (there is no "
+                          "ignore_index)", (long long)r, (long long)c, (long long)C,
+                          sg__describe(lg, a, sizeof a));
+        }
+    }
+    sg__free(ctx, buf, nbytes);
+    return st;
+}
+
+static sg_status cross_entropy(sg_ctx *ctx, const sg__node *n) {
+    const sg_tensor *lg = n->in[0], *tg = n->in[1];
+    int64_t N = lg->shape[0];
+    sg_status st;
+    if (N > 0 && !sg__cuda_capturing(ctx) && (st = check_targets(ctx, lg, tg)) != SG_OK) return st;
+    wgeom g;
+    memset(&g, 0, sizeof g);
+    g.dt = (int32_t)lg->dtype;
+    g.tdt = (int32_t)tg->dtype;
+    g.nrows = N;
+    g.nd = 1;
+    g.osize[0] = N, g.oxs[0] = lg->stride[0];
+    g.len = lg->shape[1], g.xs = lg->stride[1];
+    g.ts = tg->stride[0];
+    g.team = team_for(g.len);
+    void *loss = NULL;
+    if (N > 0 && (st = sg__cuda_scratch(ctx, (size_t)N * sizeof(double), &loss)) != SG_OK)
+        return st;
+    const void *x = sg__data(lg), *t = sg__data(tg);
+    void *y = sg__data(n->out);
+    /* With C == 0 every target is out of range: the check above failed, or
+     * (while recording) each row's loss is NaN and so is their mean. */
+    if (N > 0) {
+        void *args[] = {&x, &t, &loss, &g};
+        if ((st = launch_rows(ctx, "sg_xent_rows", &g, args)) != SG_OK) return st;
+    }
+    void *f;
+    if ((st = sg__cuda_kernel(ctx, SG__CU_ROW, "sg_xent_mean", &f)) != SG_OK) return st;
+    void *margs[] = {&loss, &y, &g};
+    unsigned grid[3] = {1, 1, 1}, block[3] = {BLOCK, 1, 1};
+    return sg__cuda_launch(ctx, f, grid, block, 0, margs);
+}
+
+sg_status sg__cuda_row(sg_ctx *ctx, const sg__node *n) {
+    switch (n->op) {
+    case SG__OP_SOFTMAX:
+    case SG__OP_LOG_SOFTMAX: return softmax(ctx, n);
+    case SG__OP_LAYER_NORM:
+    case SG__OP_RMS_NORM: return norm(ctx, n);
+    case SG__OP_CROSS_ENTROPY: return cross_entropy(ctx, n);
+    default: break;
+    }
+    return sg__fail(ctx, SG_ERR_INTERNAL, "cuda: %s is not a row op", sg__op_name(n->op));
+}
+
+#endif /* SG_HAVE_CUDA_HEADERS */

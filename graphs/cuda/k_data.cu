@@ -1,0 +1,218 @@
+/*
+ * k_data.cu -- the CUDA kernels of the data family (the NVRTC unit
+ * SG__CU_DATA; cuda_data.c launches them): embedding, index_select and
+ * concat as one strided gather, index_copy as a scatter after a pass that
+ * reads the indices (or, inside a graph recording, one pass that scans for
+ * duplicates), and arange. Elements move as raw bytes (1, 2, 4 or 8),
+ * so every dtype is one kernel. Self-contained: no includes.
+ *
+ * Every kernel guards its indices: a gather whose index is out of range
+ * writes zeros, a scatter skips the element. The host checks the indices
+ * before launching where it may wait for the device (not while a CUDA graph
+ * is recorded), so that a bad index fails the call as on the CPU.
+ */
+
+typedef unsigned char u8;
+typedef unsigned short u16;
+typedef unsigned int u32;
+typedef unsigned long long u64;
+typedef long long i64;
+
+enum { DT_F32, DT_F16, DT_BF16, DT_I32, DT_I64, DT_BOOL };
+
+#define MAXD 6
+
+/* The kernel parameter; cuda_data.c has the same struct. */
+struct dt_args {
+    void *dst;
+    const void *src;
+    const void *idx;     /* gathers: the index tensor's element 0, or NULL for a copy */
+    i64 shape[MAXD];     /* the index space walked: dst's for gathers, src's for the scatter */
+    i64 dstride[MAXD];   /* in elements, per walked dim */
+    i64 sstride[MAXD];
+    i64 istride[MAXD];   /* gathers: idx's stride per walked dim */
+    i64 n;               /* elements walked */
+    i64 sel_stride;      /* gather: src stride of one index step; scatter: dst's */
+    i64 limit;           /* indices are valid in [0, limit) */
+    u64 *last;           /* index_copy: per dst position, the last src position + 1 */
+    i64 *idx64;          /* index_copy: the indices read as int64 */
+    i64 count;           /* index_copy in a graph: idx's length */
+    i64 jstride;         /* index_copy in a graph: src's stride along dim */
+    int ndim, es, idx_is_i64, dim;
+};
+static_assert(sizeof(dt_args) == 288, "dt_args changed: update cuda_data.c too");
+
+__device__ __forceinline__ void copy_elem(void *d, i64 di, const void *s, i64 si, int es) {
+    switch (es) {
+    case 8: ((u64 *)d)[di] = ((const u64 *)s)[si]; break;
+    case 4: ((u32 *)d)[di] = ((const u32 *)s)[si]; break;
+    case 2: ((u16 *)d)[di] = ((const u16 *)s)[si]; break;
+    default: ((u8 *)d)[di] = ((const u8 *)s)[si]; break;
+    }
+}
+
+__device__ __forceinline__ void zero_elem(void *d, i64 di, int es) {
+    switch (es) {
+    case 8: ((u64 *)d)[di] = 0; break;
+    case 4: ((u32 *)d)[di] = 0; break;
+    case 2: ((u16 *)d)[di] = 0; break;
+    default: ((u8 *)d)[di] = 0; break;
+    }
+}
+
+__device__ __forceinline__ i64 read_index(const void *p, bool is_i64, i64 off) {
+    return is_i64 ? ((const i64 *)p)[off] : (i64)((const int *)p)[off];
+}
+
+/*
+ * dst[c] = src[c with one dim's coordinate replaced by idx[c]]: walk dst's
+ * coordinates c; src's offset is the sum over the walked dims (sstride 0 on
+ * the indexed ones) plus idx's value times sel_stride. Without idx it is a
+ * strided copy (concat's pieces).
+ */
+template <typename I> __device__ __forceinline__ void gather(const dt_args &a) {
+    I n = (I)a.n, step = (I)blockDim.x * (I)gridDim.x;
+    for (I i = (I)blockIdx.x * (I)blockDim.x + (I)threadIdx.x; i < n; i += step) {
+        I rem = i, doff = 0, soff = 0, ioff = 0;
+        for (int d = a.ndim - 1; d >= 0; d--) {
+            I size = (I)a.shape[d], c = rem % size;
+            rem /= size;
+            doff += c * (I)a.dstride[d];
+            soff += c * (I)a.sstride[d];
+            ioff += c * (I)a.istride[d];
+        }
+        if (a.idx) {
+            i64 v = read_index(a.idx, a.idx_is_i64, (i64)ioff);
+            if (v < 0 || v >= a.limit) {
+                zero_elem(a.dst, (i64)doff, a.es);
+                continue;
+            }
+            soff += (I)v * (I)a.sel_stride;
+        }
+        copy_elem(a.dst, (i64)doff, a.src, (i64)soff, a.es);
+    }
+}
+
+extern "C" __global__ void sg_data_gather32(const dt_args a) { gather<int>(a); }
+extern "C" __global__ void sg_data_gather64(const dt_args a) { gather<i64>(a); }
+
+/* index_copy, pass 1: clear the per-position marks. */
+extern "C" __global__ void sg_data_zero(u64 *p, i64 n) {
+    i64 step = (i64)blockDim.x * gridDim.x;
+    for (i64 i = (i64)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += step) p[i] = 0;
+}
+
+/* index_copy, pass 2: read the n indices into idx64 (before any write to
+ * dst, which idx may alias) and mark, per dst position, the last src
+ * position that names it: of repeated indices the last write wins, as in a
+ * sequential loop (and as on the CPU). */
+extern "C" __global__ void sg_data_index_prep(const dt_args a) {
+    i64 step = (i64)blockDim.x * gridDim.x;
+    for (i64 i = (i64)blockIdx.x * blockDim.x + threadIdx.x; i < a.n; i += step) {
+        i64 v = read_index(a.idx, a.idx_is_i64, i * a.istride[0]);
+        a.idx64[i] = v;
+        if (v >= 0 && v < a.limit) atomicMax(&a.last[v], (u64)i + 1);
+    }
+}
+
+/* index_copy, pass 3: walk src; dst's offset has the coordinate along dim
+ * replaced by idx64[it] (dstride[dim] is 0, sel_stride dst's stride there). */
+template <typename I> __device__ __forceinline__ void scatter(const dt_args &a) {
+    I n = (I)a.n, step = (I)blockDim.x * (I)gridDim.x;
+    for (I i = (I)blockIdx.x * (I)blockDim.x + (I)threadIdx.x; i < n; i += step) {
+        I rem = i, doff = 0, soff = 0, j = 0;
+        for (int d = a.ndim - 1; d >= 0; d--) {
+            I size = (I)a.shape[d], c = rem % size;
+            rem /= size;
+            if (d == a.dim) j = c;
+            doff += c * (I)a.dstride[d];
+            soff += c * (I)a.sstride[d];
+        }
+        i64 v = a.idx64[j];
+        if (v < 0 || v >= a.limit || a.last[v] != (u64)j + 1) continue;
+        doff += (I)v * (I)a.sel_stride;
+        copy_elem(a.dst, (i64)doff, a.src, (i64)soff, a.es);
+    }
+}
+
+extern "C" __global__ void sg_data_scatter32(const dt_args a) { scatter<int>(a); }
+extern "C" __global__ void sg_data_scatter64(const dt_args a) { scatter<i64>(a); }
+
+/*
+ * index_copy while a CUDA graph is recorded, where no scratch may be
+ * allocated: one pass. Work item b is (src position j along dim, chunk of
+ * the other coordinates); its block first looks for a later position with
+ * the same index (last write wins), together, then copies the chunk. The
+ * walk (shape, strides) leaves dim out: shape[dim] is 1, jstride steps src
+ * to position j. Scanning costs (count - j) loads a block, shared by its
+ * threads: cheap for the short index lists of KV-cache updates.
+ */
+#define CHUNK 2048
+extern "C" __global__ void sg_data_index_copy_scan(const dt_args a) {
+    i64 chunks = (a.n + CHUNK - 1) / CHUNK;
+    for (i64 b = blockIdx.x; b < a.count * chunks; b += gridDim.x) {
+        i64 j = b / chunks, first = (b % chunks) * CHUNK;
+        i64 v = read_index(a.idx, a.idx_is_i64, j * a.istride[0]);
+        int later = 0;
+        for (i64 k = j + 1 + threadIdx.x; k < a.count && !later; k += blockDim.x)
+            later = read_index(a.idx, a.idx_is_i64, k * a.istride[0]) == v;
+        if (__syncthreads_or(later) || v < 0 || v >= a.limit) continue; /* uniform per block */
+        i64 end = first + CHUNK < a.n ? first + CHUNK : a.n;
+        for (i64 e = first + threadIdx.x; e < end; e += blockDim.x) {
+            i64 rem = e, doff = v * a.sel_stride, soff = j * a.jstride;
+            for (int d = a.ndim - 1; d >= 0; d--) {
+                i64 size = a.shape[d], c = rem % size;
+                rem /= size;
+                doff += c * a.dstride[d];
+                soff += c * a.sstride[d];
+            }
+            copy_elem(a.dst, doff, a.src, soff, a.es);
+        }
+    }
+}
+
+/* ------------------------------------------------------------ arange */
+
+/* f32 to f16 / bf16, round to nearest even: graphs/cpu/cpu.h's sg__f2h and
+ * sg__f2bf bit for bit. */
+__device__ __forceinline__ u32 f2h(float f) {
+    u32 u = __float_as_uint(f);
+    u32 sign = (u >> 16) & 0x8000u;
+    u32 a = u & 0x7fffffffu;
+    if (a > 0x7f800000u) return sign | 0x7e00u;
+    if (a >= 0x477ff000u) return sign | 0x7c00u;
+    if (a < 0x38800000u) {
+        float r = __fadd_rn(__uint_as_float(a), 0.5f);
+        return sign | (__float_as_uint(r) - 0x3f000000u);
+    }
+    u32 mant_odd = (a >> 13) & 1;
+    a += 0xc8000fffu + mant_odd;
+    return (sign | (a >> 13)) & 0xffffu;
+}
+
+__device__ __forceinline__ u32 f2bf(float f) {
+    u32 u = __float_as_uint(f);
+    if ((u & 0x7fffffffu) > 0x7f800000u) return ((u >> 16) | 0x40u) & 0xffffu;
+    u += 0x7fffu + ((u >> 16) & 1);
+    return u >> 16;
+}
+
+/* p[i * stride] = start + i * step, computed in double and stored as the
+ * CPU does: floats through a float, ints truncated (the front-end checked
+ * the range fits). */
+extern "C" __global__ void sg_data_arange(void *p, i64 n, i64 stride, int dt, double start,
+                                          double step_) {
+    i64 step = (i64)blockDim.x * gridDim.x;
+    for (i64 i = (i64)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += step) {
+        double v = start + (double)i * step_;
+        i64 o = i * stride;
+        switch (dt) {
+        case DT_F32: ((float *)p)[o] = (float)v; break;
+        case DT_F16: ((u16 *)p)[o] = (u16)f2h((float)v); break;
+        case DT_BF16: ((u16 *)p)[o] = (u16)f2bf((float)v); break;
+        case DT_I32: ((int *)p)[o] = (int)v; break;
+        case DT_I64: ((i64 *)p)[o] = (i64)v; break;
+        default: break;
+        }
+    }
+}

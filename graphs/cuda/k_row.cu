@@ -1,0 +1,272 @@
+/*
+ * k_row.cu -- the eager CUDA kernels of the row family: softmax and
+ * log_softmax along any dim, layer_norm and rms_norm over the last dim, and
+ * cross_entropy over the rows of (N, C) logits (host side in cuda_row.c).
+ *
+ * A team works one row: one thread (softmax whose rows lie side by side in
+ * memory, so that neighbouring threads read neighbours), one warp (rows up
+ * to ~1k elements) or one block of 256 threads (longer rows, any length).
+ * Each thread folds its share of the row (lane, lane + team, ...), the team
+ * combines the shares in a fixed order, and a second pass writes the row.
+ *
+ * Semantics follow graphs/cpu/cpu_row.c: softmax subtracts the row's max
+ * (an online max and sum of exps, rescaled as the max grows), -inf adds
+ * exactly 0, NaN and +inf make the row NaN; the statistics of the norms are
+ * in double about the row's first element. cross_entropy writes each row's
+ * loss, then one block takes their mean in a fixed order; a target outside
+ * [0, C) gives a NaN loss here (the host checks targets when it may wait).
+ *
+ * NVRTC compiles this file with no include path, so it includes nothing.
+ */
+typedef long long i64;
+typedef unsigned int u32;
+typedef unsigned short u16;
+
+#define MAXD 6
+#define BLOCK 256
+
+/* sg_dtype's values (include/stepgraph.h). */
+enum { DT_F32, DT_F16, DT_BF16, DT_I32, DT_I64, DT_BOOL };
+/* Ops and flags, as cuda_row.c numbers them. */
+enum { OP_SOFTMAX, OP_LOG_SOFTMAX, OP_LAYER_NORM, OP_RMS_NORM };
+enum { HAS_W = 1, HAS_B = 2 };
+
+/* The rows of one op; the same layout as struct wgeom in cuda_row.c. Row r
+ * is an index over the other dims (osize, row-major); its elements lie
+ * along the op's dim (len elements, strides xs and ys). */
+struct wgeom {
+    i64 osize[MAXD], oxs[MAXD], oys[MAXD];
+    i64 nrows, len, xs, ys;
+    i64 ws, bs, ts; /* strides of weight, bias, targets */
+    double eps;
+    int nd, team, op, dt, tdt, flags;
+};
+
+/* ------------------------------------------------------------ conversions */
+
+/* The same bit conversions as graphs/cpu/cpu.h. */
+__device__ __forceinline__ float h2f(u16 h) {
+    u32 sign = (u32)(h & 0x8000) << 16, e = (h >> 10) & 31, m = h & 1023, u;
+    if (e == 0) {
+        if (m == 0) {
+            u = sign;
+        } else {
+            e = 113;
+            while (!(m & 1024)) {
+                m <<= 1;
+                e--;
+            }
+            u = sign | (e << 23) | ((m & 1023) << 13);
+        }
+    } else if (e == 31) {
+        u = sign | 0x7f800000u | (m << 13);
+    } else {
+        u = sign | ((e + 112) << 23) | (m << 13);
+    }
+    return __uint_as_float(u);
+}
+
+__device__ __forceinline__ u16 f2h(float f) {
+    u32 u = __float_as_uint(f);
+    u32 sign = (u >> 16) & 0x8000;
+    u32 a = u & 0x7fffffffu;
+    if (a > 0x7f800000u) return (u16)(sign | 0x7e00);
+    if (a >= 0x477ff000u) return (u16)(sign | 0x7c00);
+    if (a < 0x38800000u) {
+        float r = __uint_as_float(a) + 0.5f;
+        return (u16)(sign | (__float_as_uint(r) - 0x3f000000u));
+    }
+    u32 mant_odd = (a >> 13) & 1;
+    a += 0xc8000fffu + mant_odd;
+    return (u16)(sign | (a >> 13));
+}
+
+__device__ __forceinline__ float bf2f(u16 b) { return __uint_as_float((u32)b << 16); }
+
+__device__ __forceinline__ u16 f2bf(float f) {
+    u32 u = __float_as_uint(f);
+    if ((u & 0x7fffffffu) > 0x7f800000u) return (u16)((u >> 16) | 0x40);
+    u += 0x7fffu + ((u >> 16) & 1);
+    return (u16)(u >> 16);
+}
+
+__device__ __forceinline__ float ldf(const void *p, int dt, i64 i) {
+    switch (dt) {
+    case DT_F32: return ((const float *)p)[i];
+    case DT_F16: return h2f(((const u16 *)p)[i]);
+    case DT_BF16: return bf2f(((const u16 *)p)[i]);
+    }
+    return 0.0f;
+}
+
+__device__ __forceinline__ void stf(void *p, int dt, i64 i, float v) {
+    switch (dt) {
+    case DT_F32: ((float *)p)[i] = v; break;
+    case DT_F16: ((u16 *)p)[i] = f2h(v); break;
+    case DT_BF16: ((u16 *)p)[i] = f2bf(v); break;
+    }
+}
+
+__device__ __forceinline__ double nan_d() { return __longlong_as_double(0x7ff8000000000000ll); }
+__device__ __forceinline__ float inf_f() { return __uint_as_float(0x7f800000u); }
+
+/* ------------------------------------------------------------ teams */
+
+/* Two sums of a team, combined; every thread of the team gets them. A
+ * butterfly gives both lanes of a pair the same bits, and a block adds its
+ * warps in a fixed order, so results repeat exactly. */
+__device__ void team_sum2(double *a, double *b, int team) {
+    if (team == 1) return;
+    for (int m = 16; m >= 1; m >>= 1) {
+        *a += __shfl_xor_sync(0xffffffffu, *a, m);
+        *b += __shfl_xor_sync(0xffffffffu, *b, m);
+    }
+    if (team == 32) return;
+    __shared__ double sa[BLOCK / 32], sb[BLOCK / 32];
+    if ((threadIdx.x & 31) == 0) sa[threadIdx.x / 32] = *a, sb[threadIdx.x / 32] = *b;
+    __syncthreads();
+    *a = sa[0], *b = sb[0];
+    for (int k = 1; k < BLOCK / 32; k++) *a += sa[k], *b += sb[k];
+    __syncthreads(); /* the arrays are reused by the next call */
+}
+
+/* Online max m and sum s of exp(x - m): fold one value. */
+__device__ __forceinline__ void lse_add(float v, float *m, double *s) {
+    if (v > *m) {
+        *s = *s * (double)expf(*m - v) + (v == inf_f() ? nan_d() : 1.0);
+        *m = v;
+    } else if (v != -inf_f()) {
+        *s += (double)expf(v - *m);
+    }
+}
+
+/* Merge (m2, s2) into (m, s). A share that saw only -inf (s2 == 0) adds
+ * nothing, even when m is -inf too (exp(-inf - -inf) would be NaN). */
+__device__ __forceinline__ void lse_merge(float *m, double *s, float m2, double s2) {
+    float mm = m2 > *m ? m2 : *m;
+    double a = *s == 0.0 ? 0.0 : *s * (double)expf(*m - mm);
+    double b = s2 == 0.0 ? 0.0 : s2 * (double)expf(m2 - mm);
+    *m = mm;
+    *s = a + b;
+}
+
+__device__ void team_lse(float *m, double *s, int team) {
+    if (team == 1) return;
+    for (int k = 16; k >= 1; k >>= 1) {
+        float m2 = __shfl_xor_sync(0xffffffffu, *m, k);
+        double s2 = __shfl_xor_sync(0xffffffffu, *s, k);
+        /* Both lanes of a pair merge the same two values in one order. */
+        bool low = (threadIdx.x & k) == 0;
+        float ma = low ? *m : m2, mb = low ? m2 : *m;
+        double sa = low ? *s : s2, sb = low ? s2 : *s;
+        lse_merge(&ma, &sa, mb, sb);
+        *m = ma, *s = sa;
+    }
+    if (team == 32) return;
+    __shared__ float sm[BLOCK / 32];
+    __shared__ double ss[BLOCK / 32];
+    if ((threadIdx.x & 31) == 0) sm[threadIdx.x / 32] = *m, ss[threadIdx.x / 32] = *s;
+    __syncthreads();
+    *m = sm[0], *s = ss[0];
+    for (int k = 1; k < BLOCK / 32; k++) lse_merge(m, s, sm[k], ss[k]);
+    __syncthreads();
+}
+
+/* The x and y offsets of row r. */
+__device__ __forceinline__ void row_offsets(const wgeom &g, i64 r, i64 *xo, i64 *yo) {
+    i64 a = 0, b = 0;
+    for (int d = g.nd - 1; d >= 0; d--) {
+        i64 i = r % g.osize[d];
+        r /= g.osize[d];
+        a += i * g.oxs[d];
+        b += i * g.oys[d];
+    }
+    *xo = a;
+    *yo = b;
+}
+
+/* This thread's row and lane; false when the team has no row. */
+__device__ __forceinline__ bool my_row(const wgeom &g, i64 *row, int *lane) {
+    *lane = threadIdx.x % g.team;
+    *row = (i64)blockIdx.x * (BLOCK / g.team) + threadIdx.x / g.team;
+    return *row < g.nrows;
+}
+
+/* ------------------------------------------------------------ kernels */
+
+/* softmax / log_softmax: y = exp(x - m) / s, or (x - m) - log(s). */
+extern "C" __global__ void sg_softmax(const void *x, void *y, wgeom g) {
+    i64 row, xo, yo;
+    int lane, team = g.team;
+    if (!my_row(g, &row, &lane)) return; /* the whole team leaves together */
+    row_offsets(g, row, &xo, &yo);
+    float m = -inf_f();
+    double s = 0.0;
+    for (i64 j = lane; j < g.len; j += team) lse_add(ldf(x, g.dt, xo + j * g.xs), &m, &s);
+    team_lse(&m, &s, team);
+    double inv = 1.0 / s, ls = log(s);
+    for (i64 j = lane; j < g.len; j += team) {
+        float v = ldf(x, g.dt, xo + j * g.xs);
+        double r = g.op == OP_LOG_SOFTMAX ? (double)(v - m) - ls : (double)expf(v - m) * inv;
+        stf(y, g.dt, yo + j * g.ys, (float)r);
+    }
+}
+
+/*
+ * layer_norm: (x - mean) / sqrt(var + eps) * w + b, population variance;
+ * rms_norm: x / sqrt(mean(x^2) + eps) * w. Sums about the row's first
+ * element (layer_norm), so that a large mean does not cancel the variance.
+ */
+extern "C" __global__ void sg_norm(const void *x, const void *w, const void *b, void *y,
+                                   wgeom g) {
+    i64 row, xo, yo;
+    int lane, team = g.team;
+    if (!my_row(g, &row, &lane)) return;
+    row_offsets(g, row, &xo, &yo);
+    bool layer = g.op == OP_LAYER_NORM;
+    double shift = layer ? (double)ldf(x, g.dt, xo) : 0.0, s1 = 0.0, s2 = 0.0;
+    for (i64 j = lane; j < g.len; j += team) {
+        double d = (double)ldf(x, g.dt, xo + j * g.xs) - shift;
+        s1 += d;
+        s2 += d * d;
+    }
+    team_sum2(&s1, &s2, team);
+    double n = (double)g.len;
+    double mean = layer ? shift + s1 / n : 0.0;
+    double var = layer ? (s2 - s1 * s1 / n) / n : s2 / n;
+    double r = 1.0 / sqrt((var > 0 ? var : 0) + g.eps);
+    for (i64 j = lane; j < g.len; j += team) {
+        double v = ((double)ldf(x, g.dt, xo + j * g.xs) - mean) * r;
+        if (g.flags & HAS_W) v *= (double)ldf(w, g.dt, j * g.ws);
+        if (g.flags & HAS_B) v += (double)ldf(b, g.dt, j * g.bs);
+        stf(y, g.dt, yo + j * g.ys, (float)v);
+    }
+}
+
+/* cross_entropy, first pass: loss[r] = log(sum(exp(x - m))) + m - x[t[r]],
+ * NaN for a target outside [0, len) (never read out of bounds). Row r's
+ * logits start at r * oxs[0]. */
+extern "C" __global__ void sg_xent_rows(const void *x, const void *t, double *loss, wgeom g) {
+    i64 row;
+    int lane, team = g.team;
+    if (!my_row(g, &row, &lane)) return;
+    i64 xo = row * g.oxs[0];
+    float m = -inf_f();
+    double s = 0.0;
+    for (i64 j = lane; j < g.len; j += team) lse_add(ldf(x, g.dt, xo + j * g.xs), &m, &s);
+    team_lse(&m, &s, team);
+    if (lane != 0) return;
+    i64 c = g.tdt == DT_I32 ? (i64)((const int *)t)[row * g.ts] : ((const i64 *)t)[row * g.ts];
+    double l = nan_d();
+    if (c >= 0 && c < g.len) l = ((double)m - (double)ldf(x, g.dt, xo + c * g.xs)) + log(s);
+    loss[row] = l;
+}
+
+/* cross_entropy, second pass (one block): the mean of the nrows losses, as
+ * an f32 scalar; NaN over no rows, as in PyTorch. */
+extern "C" __global__ void sg_xent_mean(const double *loss, float *out, wgeom g) {
+    double a = 0.0, unused = 0.0;
+    for (i64 r = threadIdx.x; r < g.nrows; r += BLOCK) a += loss[r];
+    team_sum2(&a, &unused, BLOCK);
+    if (threadIdx.x == 0) out[0] = g.nrows ? (float)(a / (double)g.nrows) : (float)nan_d();
+}

@@ -1,0 +1,577 @@
+/*
+ * test_codegen_cuda.c -- the CUDA C dialect (codegen/cgen_cuda.c) without a
+ * GPU: steps are captured on the CPU backend, their IR fused with the CUDA
+ * fusion options and turned into CUDA units, and every unit is compiled by
+ * NVRTC for sm_90. Checked: the kernel and library-call counts of the
+ * patterns that matter (W1's 24-op chain in one kernel, softmax and
+ * layer_norm with epilogues, linear + bias + gelu_tanh as one GEMV kernel at
+ * batch 1 and as a library call plus one epilogue at batch 64, AdamW over
+ * 10 parameters as one MULTI kernel, GEMV at odd sizes and for a matmul with
+ * its weight either way round, no GEMV when its epilogue writes its own
+ * input, an input whose base is not 16-byte aligned) and random op DAGs
+ * over every dtype, 24 programs to a unit.
+ * The numerics of the kernels run under the gpu label (the capture tests on
+ * the CUDA backend). Exits 77 when NVRTC cannot be loaded.
+ */
+#define _POSIX_C_SOURCE 200809L
+#include "testutil.h"
+
+#include "graphs/graphs.h"
+
+#include <math.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+static sg_ctx *ctx;
+static bool nvrtc_missing;
+static int units_compiled;
+
+/* What a capture became on CUDA. */
+typedef struct counts {
+    int groups, kernels, calls, gemv, multi;
+} counts;
+
+/*
+ * Fuse the last capture of fn for CUDA, generate its unit, count what it
+ * launches, and compile it through NVRTC for sm_90.
+ */
+static bool cuda_unit(sg_fn *fn, const char *name, counts *c) {
+    memset(c, 0, sizeof *c);
+    if (!TU_EXPECT(fn->ngraphs > 0)) return false;
+    sg__graph *g = fn->graphs[fn->ngraphs - 1];
+    sg__fuse_opts fo;
+    sg__cgen_cuda_fuse_opts(&fo, false);
+    sg__fused f;
+    if (!TU_EXPECT(sg__fuse(ctx, &g->ir, &fo, &f) == SG_OK)) return false;
+    sg__cuda_kinfo *ki = calloc((size_t)(f.ngroups ? f.ngroups : 1), sizeof *ki);
+    sg__emit e = {.ctx = ctx};
+    int nk = 0;
+    bool ok = TU_EXPECT(sg__cgen_cuda(ctx, &g->ir, &f, name, &e, ki, &nk) == SG_OK);
+    c->groups = f.ngroups;
+    c->kernels = nk;
+    for (int k = 0; ok && k < f.ngroups; k++) {
+        const sg__group *grp = &f.groups[k];
+        bool lib = grp->kind == SG__G_OPAQUE || grp->anchor >= 0;
+        if (lib && !ki[k].replaces_call) c->calls++;
+        if (ki[k].replaces_call) c->gemv++;
+        if (grp->kind == SG__G_MULTI) c->multi++;
+        if (ki[k].name[0]) ok = TU_EXPECT(ki[k].grid > 0 && ki[k].block > 0);
+    }
+    if (ok && getenv("SG_TEST_PRINT_CUDA")) fprintf(stderr, "%s\n", e.buf);
+    if (ok && nk > 0 && !nvrtc_missing) {
+        void *cubin = NULL;
+        size_t size = 0;
+        struct timespec t0, t1;
+        clock_gettime(CLOCK_MONOTONIC, &t0);
+        sg_status s = sg__nvrtc_build(ctx, name, e.buf, 90, &cubin, &size);
+        clock_gettime(CLOCK_MONOTONIC, &t1);
+        fprintf(stderr, "  %s: %d kernels, %zu bytes of CUDA C, NVRTC %.2f s\n", name, nk, e.len,
+                (double)(t1.tv_sec - t0.tv_sec) + 1e-9 * (double)(t1.tv_nsec - t0.tv_nsec));
+        if (s == SG_ERR_BACKEND_UNAVAILABLE) {
+            nvrtc_missing = true;
+        } else {
+            ok = TU_EXPECT(s == SG_OK && cubin && size > 0);
+            if (!ok) fprintf(stderr, "  %s\n", sg_last_error(ctx));
+            units_compiled += ok;
+        }
+        sg__free(ctx, cubin, size);
+        sg_clear_error(ctx);
+    }
+    sg__emit_free(&e);
+    free(ki);
+    sg__fused_free(ctx, &f, &g->ir);
+    return ok;
+}
+
+/* Capture fn once on inputs in[] (no outputs kept). */
+static bool capture(sg_fn *fn, sg_tensor *const *in, int nin, int nout) {
+    sg_tensor *out[4] = {NULL};
+    sg_mark_step_begin(ctx);
+    bool ok = TU_EXPECT(sg_call(fn, in, nin, out, nout) == SG_OK);
+    if (!ok) fprintf(stderr, "  %s\n", sg_last_error(ctx));
+    return ok;
+}
+
+static sg_fn *compile(sg_step_fn step, void *user, int nin, int nout) {
+    sg_fn *fn = NULL;
+    sg_compile(ctx, step, user, nin, nout, &(sg_compile_opts){.mode = SG_MODE_REDUCE_OVERHEAD},
+               &fn);
+    return fn;
+}
+
+/* ------------------------------------------------------------ the patterns */
+
+static sg_status chain_step(sg_ctx *c, sg_tensor *const *in, sg_tensor **out, void *user) {
+    (void)user;
+    sg_tensor *y = in[0];
+    for (int i = 0; i < 6; i++) y = sg_tanh(sg_add_scalar(sg_mul_scalar(sg_sin(y), 1.01), 0.1));
+    out[0] = y;
+    return y ? SG_OK : sg_ctx_status(c);
+}
+
+/* skew > 0: the input is a view starting skew elements into its storage,
+ * so its base is not 16-byte aligned and the kernel takes its scalar path. */
+static void test_chain(sg_dtype dt, int64_t n, int64_t skew) {
+    sg_fn *fn = compile(chain_step, NULL, 1, 1);
+    int64_t total = n + skew;
+    sg_tensor *base = tu_rand(ctx, dt, 1, &total, -2, 2, NULL);
+    sg_tensor *x = skew ? sg_narrow(base, 0, skew, n) : base;
+    counts c = {0};
+    char name[64];
+    snprintf(name, sizeof name, "cu_chain_%s_%lld_%lld", sg_dtype_name(dt), (long long)n,
+             (long long)skew);
+    bool ok = capture(fn, &x, 1, 1) && cuda_unit(fn, name, &c) && TU_EXPECT(c.kernels == 1) &&
+              TU_EXPECT(c.groups == 1) && TU_EXPECT(c.calls == 0);
+    tu_case(ok, "CUDA_CHAIN24(type=%s,n=%lld,skew=%lld) -> %d kernel", sg_dtype_name(dt),
+            (long long)n, (long long)skew, c.kernels);
+    if (skew) sg_release(x);
+    sg_release(base);
+    sg_fn_destroy(fn);
+}
+
+/* softmax(x * 0.5) * 2 + 1: the prologue is its own kernel, the row
+ * kernel the library's, the epilogue one kernel. */
+static sg_status softmax_step(sg_ctx *c, sg_tensor *const *in, sg_tensor **out, void *user) {
+    (void)user;
+    out[0] = sg_add_scalar(sg_mul_scalar(sg_softmax(sg_mul_scalar(in[0], 0.5), -1), 2.0), 1.0);
+    return out[0] ? SG_OK : sg_ctx_status(c);
+}
+
+/* layer_norm(x, w, b) then gelu; and layer_norm(x) * w + b (affine as an epilogue). */
+static sg_status layernorm_step(sg_ctx *c, sg_tensor *const *in, sg_tensor **out, void *user) {
+    (void)user;
+    out[0] = sg_gelu(sg_layer_norm(in[0], in[1], in[2], 1e-5));
+    out[1] = sg_add(sg_mul(sg_layer_norm(in[0], NULL, NULL, 1e-5), in[1]), in[2]);
+    return out[0] && out[1] ? SG_OK : sg_ctx_status(c);
+}
+
+static void test_rows(sg_dtype dt) {
+    int64_t xs[2] = {64, 768}, ws = 768;
+    sg_tensor *x = tu_rand(ctx, dt, 2, xs, -2, 2, NULL);
+    sg_tensor *w = tu_rand(ctx, dt, 1, &ws, -1, 1, NULL),
+              *b = tu_rand(ctx, dt, 1, &ws, -1, 1, NULL);
+    sg_fn *fn = compile(softmax_step, NULL, 1, 1);
+    counts c = {0};
+    char name[64];
+    snprintf(name, sizeof name, "cu_softmax_%s", sg_dtype_name(dt));
+    bool ok = capture(fn, &x, 1, 1) && cuda_unit(fn, name, &c) && TU_EXPECT(c.kernels == 2) &&
+              TU_EXPECT(c.calls == 1);
+    tu_case(ok, "CUDA_SOFTMAX_EPILOGUE(type=%s,x=[64,768]) -> %d kernels + %d library call",
+            sg_dtype_name(dt), c.kernels, c.calls);
+    sg_fn_destroy(fn);
+    fn = compile(layernorm_step, NULL, 3, 2);
+    sg_tensor *in[3] = {x, w, b};
+    snprintf(name, sizeof name, "cu_layernorm_%s", sg_dtype_name(dt));
+    ok = capture(fn, in, 3, 2) && cuda_unit(fn, name, &c) && TU_EXPECT(c.calls == 2) &&
+         TU_EXPECT(c.kernels == 2);
+    tu_case(ok, "CUDA_LAYERNORM_AFFINE(type=%s,x=[64,768]) -> %d kernels + %d library calls",
+            sg_dtype_name(dt), c.kernels, c.calls);
+    sg_fn_destroy(fn);
+    sg_release(x), sg_release(w), sg_release(b);
+}
+
+/* W2: layers x (linear + gelu_tanh). */
+typedef struct mlp {
+    int layers;
+    sg_tensor *w[8], *b[8];
+    bool matmul;    /* x @ w (K, N) instead of linear */
+    bool transpose; /* matmul with w viewed transposed from (N, K) */
+} mlp;
+
+static sg_status mlp_step(sg_ctx *c, sg_tensor *const *in, sg_tensor **out, void *user) {
+    const mlp *m = user;
+    sg_tensor *h = in[0];
+    for (int l = 0; l < m->layers; l++) {
+        if (!m->matmul)
+            h = sg_gelu_tanh(sg_linear(h, m->w[l], m->b[l]));
+        else
+            h = sg_gelu_tanh(sg_add(
+                sg_matmul(h, m->transpose ? sg_transpose(m->w[l], 0, 1) : m->w[l]), m->b[l]));
+    }
+    out[0] = h;
+    return h ? SG_OK : sg_ctx_status(c);
+}
+
+static void test_mlp(sg_dtype dt, int64_t batch, int layers, bool matmul, bool transpose) {
+    mlp m = {.layers = layers, .matmul = matmul, .transpose = transpose};
+    int64_t ws[2] = {1024, 1024}, bs = 1024, xs[2] = {batch, 1024};
+    for (int l = 0; l < layers; l++) {
+        m.w[l] = tu_rand(ctx, dt, 2, ws, -0.03, 0.03, NULL);
+        m.b[l] = tu_rand(ctx, dt, 1, &bs, -0.1, 0.1, NULL);
+    }
+    sg_tensor *x = tu_rand(ctx, dt, 2, xs, -1, 1, NULL);
+    sg_fn *fn = compile(mlp_step, &m, 1, 1);
+    counts c = {0};
+    char name[96];
+    snprintf(name, sizeof name, "cu_mlp_%s_b%lld_l%d_%s%s", sg_dtype_name(dt), (long long)batch,
+             layers, matmul ? "matmul" : "linear", transpose ? "_t" : "");
+    bool gemv = batch <= 8;
+    bool ok = capture(fn, &x, 1, 1) && cuda_unit(fn, name, &c) && TU_EXPECT(c.kernels == layers) &&
+              TU_EXPECT(c.gemv == (gemv ? layers : 0)) && TU_EXPECT(c.calls == (gemv ? 0 : layers));
+    tu_case(ok,
+            "CUDA_MLP(type=%s,batch=%lld,layers=%d,%s%s) -> %d kernels (%d GEMV) + %d library "
+            "calls",
+            sg_dtype_name(dt), (long long)batch, layers, matmul ? "matmul" : "linear",
+            transpose ? ",w transposed" : "", c.kernels, c.gemv, c.calls);
+    sg_release(x);
+    for (int l = 0; l < layers; l++) sg_release(m.w[l]), sg_release(m.b[l]);
+    sg_fn_destroy(fn);
+}
+
+/* Odd sizes: 3 rows, N = 37, K = 100 (vector loads only where K divides). */
+typedef struct odd {
+    sg_tensor *w, *b;
+} odd;
+
+static sg_status odd_step(sg_ctx *c, sg_tensor *const *in, sg_tensor **out, void *user) {
+    const odd *o = user;
+    out[0] = sg_relu(sg_add_scalar(sg_linear(in[0], o->w, o->b), -0.05));
+    return out[0] ? SG_OK : sg_ctx_status(c);
+}
+
+static void test_gemv_odd(sg_dtype dt) {
+    int64_t ws[2] = {37, 100}, bs = 37, xs[3] = {3, 1, 100};
+    odd o = {tu_rand(ctx, dt, 2, ws, -0.3, 0.3, NULL), tu_rand(ctx, dt, 1, &bs, -0.1, 0.1, NULL)};
+    sg_tensor *x = tu_rand(ctx, dt, 3, xs, -1, 1, NULL);
+    sg_fn *fn = compile(odd_step, &o, 1, 1);
+    counts c = {0};
+    char name[64];
+    snprintf(name, sizeof name, "cu_gemv_odd_%s", sg_dtype_name(dt));
+    bool ok = capture(fn, &x, 1, 1) && cuda_unit(fn, name, &c) && TU_EXPECT(c.kernels == 1) &&
+              TU_EXPECT(c.gemv == 1) && TU_EXPECT(c.calls == 0);
+    tu_case(ok, "CUDA_GEMV_ODD(type=%s,x=[3,1,100],w=[37,100]) -> %d GEMV kernel",
+            sg_dtype_name(dt), c.gemv);
+    sg_release(x), sg_release(o.w), sg_release(o.b);
+    sg_fn_destroy(fn);
+}
+
+/* h = gelu(linear(h, w, b)) written back into the parameter h: other
+ * columns still read h while one column's epilogue would write it, so
+ * this is no GEMV but the library call and an epilogue kernel. */
+typedef struct inplace {
+    sg_tensor *h, *w, *b;
+} inplace;
+
+static sg_status inplace_step(sg_ctx *c, sg_tensor *const *in, sg_tensor **out, void *user) {
+    (void)in;
+    const inplace *p = user;
+    sg_status s = sg_copy_(p->h, sg_gelu(sg_linear(p->h, p->w, p->b)));
+    out[0] = p->h;
+    return s != SG_OK ? s : sg_ctx_status(c);
+}
+
+static void test_gemv_inplace(void) {
+    int64_t hs[2] = {1, 256}, ws[2] = {256, 256}, bs = 256;
+    inplace p = {tu_rand(ctx, SG_F32, 2, hs, -1, 1, NULL),
+                 tu_rand(ctx, SG_F32, 2, ws, -0.1, 0.1, NULL),
+                 tu_rand(ctx, SG_F32, 1, &bs, -0.1, 0.1, NULL)};
+    sg_fn *fn = compile(inplace_step, &p, 0, 1);
+    counts c = {0};
+    bool ok = capture(fn, NULL, 0, 1) && cuda_unit(fn, "cu_gemv_inplace", &c) &&
+              TU_EXPECT(c.gemv == 0) && TU_EXPECT(c.calls == 1) && TU_EXPECT(c.kernels == 1);
+    tu_case(ok,
+            "CUDA_GEMV_INPLACE(h=[1,256] written by its own linear's epilogue) -> %d GEMV, "
+            "%d library call, %d kernel",
+            c.gemv, c.calls, c.kernels);
+    sg_release(p.h), sg_release(p.w), sg_release(p.b);
+    sg_fn_destroy(fn);
+}
+
+/* AdamW over n parameters: m, v and p updated in place, one MULTI kernel. */
+typedef struct adamw {
+    int n;
+    sg_tensor *p[10], *g[10], *m[10], *v[10];
+} adamw;
+
+static sg_status adamw_step(sg_ctx *c, sg_tensor *const *in, sg_tensor **out, void *user) {
+    (void)in;
+    const adamw *a = user;
+    const double lr = 1e-3, b1 = 0.9, b2 = 0.999, eps = 1e-8, wd = 0.01;
+    sg_status s = SG_OK;
+    for (int i = 0; i < a->n && s == SG_OK; i++) {
+        sg_tensor *m = sg_add(sg_mul_scalar(a->m[i], b1), sg_mul_scalar(a->g[i], 1 - b1));
+        sg_tensor *v =
+            sg_add(sg_mul_scalar(a->v[i], b2), sg_mul_scalar(sg_mul(a->g[i], a->g[i]), 1 - b2));
+        sg_tensor *upd =
+            sg_add(sg_div(m, sg_add_scalar(sg_sqrt(v), eps)), sg_mul_scalar(a->p[i], wd));
+        sg_tensor *p = sg_sub(a->p[i], sg_mul_scalar(upd, lr));
+        s = sg_copy_(a->m[i], m);
+        if (s == SG_OK) s = sg_copy_(a->v[i], v);
+        if (s == SG_OK) s = sg_copy_(a->p[i], p);
+    }
+    out[0] = a->p[0];
+    return s != SG_OK ? s : sg_ctx_status(c);
+}
+
+static void test_adamw(sg_dtype dt) {
+    adamw a = {.n = 10};
+    for (int i = 0; i < a.n; i++) {
+        int64_t shape[2] = {32 + 16 * i, 40 + i};
+        a.p[i] = tu_rand(ctx, dt, 2, shape, -1, 1, NULL);
+        a.g[i] = tu_rand(ctx, dt, 2, shape, -1, 1, NULL);
+        a.m[i] = tu_rand(ctx, dt, 2, shape, -0.1, 0.1, NULL);
+        a.v[i] = tu_rand(ctx, dt, 2, shape, 0, 0.1, NULL);
+    }
+    sg_fn *fn = compile(adamw_step, &a, 0, 1);
+    counts c = {0};
+    char name[64];
+    snprintf(name, sizeof name, "cu_adamw_%s", sg_dtype_name(dt));
+    bool ok = capture(fn, NULL, 0, 1) && cuda_unit(fn, name, &c) && TU_EXPECT(c.kernels == 1) &&
+              TU_EXPECT(c.multi == 1) && TU_EXPECT(c.calls == 0);
+    tu_case(ok, "CUDA_ADAMW(type=%s,params=10) -> %d kernel (%d MULTI)", sg_dtype_name(dt),
+            c.kernels, c.multi);
+    sg_fn_destroy(fn);
+    for (int i = 0; i < a.n; i++)
+        sg_release(a.p[i]), sg_release(a.g[i]), sg_release(a.m[i]), sg_release(a.v[i]);
+}
+
+/* A reduction with prologue and epilogue, and data ops that stay opaque. */
+static sg_status misc_step(sg_ctx *c, sg_tensor *const *in, sg_tensor **out, void *user) {
+    (void)user;
+    int dims[1] = {1};
+    sg_tensor *s = sg_sum(sg_mul(in[0], in[0]), 1, dims, true);
+    out[0] = sg_rsqrt(sg_add_scalar(sg_mul_scalar(s, 1.0 / 384), 1e-6));
+    out[1] = sg_argmax(sg_cast(in[0], SG_F32), 1, false);
+    return out[0] && out[1] ? SG_OK : sg_ctx_status(c);
+}
+
+static void test_reduce(sg_dtype dt) {
+    int64_t xs[2] = {16, 384};
+    sg_tensor *x = tu_rand(ctx, dt, 2, xs, -2, 2, NULL);
+    sg_fn *fn = compile(misc_step, NULL, 1, 2);
+    counts c = {0};
+    char name[64];
+    snprintf(name, sizeof name, "cu_reduce_%s", sg_dtype_name(dt));
+    bool ok = capture(fn, &x, 1, 2) && cuda_unit(fn, name, &c) && TU_EXPECT(c.calls == 2) &&
+              TU_EXPECT(c.kernels >= 2);
+    tu_case(ok, "CUDA_REDUCE(type=%s,x=[16,384]) -> %d kernels + %d library calls",
+            sg_dtype_name(dt), c.kernels, c.calls);
+    sg_fn_destroy(fn);
+    sg_release(x);
+}
+
+/* ------------------------------------------------------------ random DAGs */
+
+enum kind { K_UNARY, K_SCALAR, K_BINARY, K_WHERE, K_CAST, K_TRANSPOSE, K_SLICE, K_CMP, K_COUNT };
+
+typedef struct instr {
+    enum kind kind;
+    int sub, a, b;
+    double s0, s1;
+} instr;
+
+typedef struct meta {
+    sg_dtype dt;
+    int ndim;
+    int64_t shape[3];
+} meta;
+
+#define MAXV 48
+#define NPROG 24
+typedef struct prog {
+    int nin, n;
+    meta m[MAXV];
+    instr code[MAXV];
+} prog;
+
+typedef struct fuzz {
+    prog p[NPROG];
+    int nprog;
+} fuzz;
+
+typedef sg_tensor *(*unary_fn)(sg_tensor *);
+static const unary_fn unary_ops[] = {sg_neg,     sg_abs,  sg_relu,      sg_sin,  sg_cos, sg_tanh,
+                                     sg_sigmoid, sg_gelu, sg_gelu_tanh, sg_silu, sg_exp};
+typedef sg_tensor *(*binary_fn)(sg_tensor *, sg_tensor *);
+static const binary_fn binary_ops[] = {sg_add, sg_sub, sg_mul, sg_maximum, sg_minimum};
+#define COUNT(a) ((int)(sizeof a / sizeof a[0]))
+
+static bool is_float(sg_dtype dt) { return dt == SG_F32 || dt == SG_F16 || dt == SG_BF16; }
+
+static bool broadcast(const meta *x, const meta *y, meta *out) {
+    int nd = x->ndim > y->ndim ? x->ndim : y->ndim;
+    for (int d = 0; d < nd; d++) {
+        int dx = d - (nd - x->ndim), dy = d - (nd - y->ndim);
+        int64_t sx = dx < 0 ? 1 : x->shape[dx], sy = dy < 0 ? 1 : y->shape[dy];
+        if (sx != sy && sx != 1 && sy != 1) return false;
+        out->shape[d] = sx == 1 ? sy : sx;
+    }
+    out->ndim = nd;
+    return true;
+}
+
+static int pick(int count) {
+    int lo = count > 6 ? count - 6 : 0;
+    return (int)tu_randint(tu_next() % 4 == 0 ? 0 : lo, count - 1);
+}
+
+static void generate(prog *p, uint64_t seed) {
+    tu_seed(seed);
+    memset(p, 0, sizeof *p);
+    static const sg_dtype dts[5] = {SG_F32, SG_F16, SG_BF16, SG_I32, SG_I64};
+    p->nin = (int)tu_randint(1, 3);
+    int64_t A = tu_randint(1, 9), B = tu_randint(1, 40) * (tu_next() % 2 ? 8 : 1);
+    sg_dtype base = dts[tu_randint(0, 4)];
+    for (int i = 0; i < p->nin; i++) {
+        meta *m = &p->m[i];
+        m->dt = base;
+        int form = (int)tu_randint(0, 3);
+        m->ndim = form == 3 ? 1 : 2;
+        m->shape[0] = form == 1 ? 1 : A;
+        m->shape[1] = form == 2 ? 1 : B;
+        if (form == 3) m->shape[0] = B;
+    }
+    int len = (int)tu_randint(4, 30), count = p->nin;
+    while (p->n < len && count < MAXV) {
+        instr in = {.kind = (enum kind)tu_randint(0, K_COUNT - 1), .a = pick(count)};
+        const meta *ma = &p->m[in.a];
+        meta out = *ma;
+        bool fl = is_float(ma->dt);
+        switch (in.kind) {
+        case K_UNARY: in.sub = (int)tu_randint(0, fl ? COUNT(unary_ops) - 1 : 2); break;
+        case K_SCALAR:
+            in.sub = (int)tu_randint(0, 2);
+            in.s0 = fl ? tu_uniform(-1.5, 1.5) : (double)tu_randint(-3, 3);
+            in.s1 = in.s0 + (fl ? tu_uniform(0, 2) : (double)tu_randint(0, 4));
+            if (tu_next() % 8 == 0) in.s1 = INFINITY; /* clamp to inf: a scalar of its own */
+            break;
+        case K_BINARY:
+        case K_WHERE:
+        case K_CMP:
+            in.sub = (int)tu_randint(0, COUNT(binary_ops) - 1);
+            in.b = pick(count);
+            if (p->m[in.b].dt != ma->dt || !broadcast(ma, &p->m[in.b], &out)) continue;
+            if (in.kind == K_CMP) out.dt = SG_BOOL;
+            break;
+        case K_CAST:
+            if (ma->dt == SG_BOOL) {
+                out.dt = dts[tu_randint(0, 4)];
+            } else {
+                out.dt = dts[tu_randint(0, 4)];
+            }
+            break;
+        case K_TRANSPOSE:
+            if (ma->ndim < 2) continue;
+            out.shape[0] = ma->shape[1], out.shape[1] = ma->shape[0];
+            break;
+        case K_SLICE: out.shape[out.ndim - 1] = (ma->shape[ma->ndim - 1] + 1) / 2; break;
+        default: continue;
+        }
+        if (ma->dt == SG_BOOL && in.kind != K_CAST) continue;
+        p->code[p->n++] = in;
+        p->m[count++] = out;
+    }
+}
+
+static sg_tensor *run_prog(const prog *p, sg_tensor *const *in) {
+    sg_tensor *v[MAXV] = {NULL};
+    for (int i = 0; i < p->nin; i++) v[i] = in[i];
+    for (int k = 0; k < p->n; k++) {
+        const instr *c = &p->code[k];
+        sg_tensor *a = v[c->a], *b = v[c->b], *r = NULL;
+        switch (c->kind) {
+        case K_UNARY: r = unary_ops[c->sub](a); break;
+        case K_SCALAR:
+            r = c->sub == 0   ? sg_add_scalar(a, c->s0)
+                : c->sub == 1 ? sg_mul_scalar(a, c->s0)
+                              : sg_clamp(a, c->s0, c->s1);
+            break;
+        case K_BINARY: r = binary_ops[c->sub](a, b); break;
+        case K_WHERE: r = sg_where(sg_gt(a, b), a, binary_ops[c->sub](a, b)); break;
+        case K_CMP: r = c->sub % 2 ? sg_le(a, b) : sg_ne(a, b); break;
+        case K_CAST: r = sg_cast(a, p->m[p->nin + k].dt); break;
+        case K_TRANSPOSE: r = sg_transpose(a, 0, 1); break;
+        case K_SLICE: r = sg_slice(a, -1, 0, INT64_MAX, 2); break;
+        default: break;
+        }
+        if (!r) return NULL;
+        v[p->nin + k] = r;
+    }
+    return v[p->nin + p->n - 1];
+}
+
+/* Every program of the batch in one step: one capture, one unit. */
+static sg_status fuzz_step(sg_ctx *c, sg_tensor *const *in, sg_tensor **out, void *user) {
+    const fuzz *z = user;
+    int at = 0;
+    for (int i = 0; i < z->nprog; i++) {
+        out[i] = run_prog(&z->p[i], in + at);
+        at += z->p[i].nin;
+        if (!out[i]) return sg_ctx_status(c) ? sg_ctx_status(c) : SG_ERR_INTERNAL;
+    }
+    return SG_OK;
+}
+
+static void test_fuzz(uint64_t first) {
+    static fuzz z;
+    z.nprog = NPROG;
+    sg_tensor *in[NPROG * 3];
+    int nin = 0;
+    for (int i = 0; i < NPROG; i++) {
+        generate(&z.p[i], first + (uint64_t)i);
+        for (int k = 0; k < z.p[i].nin; k++) {
+            const meta *m = &z.p[i].m[k];
+            in[nin++] = tu_rand(ctx, m->dt, m->ndim, m->shape, -2, 2, NULL);
+        }
+    }
+    sg_fn *fn = NULL;
+    sg_compile(ctx, fuzz_step, &z, nin, NPROG, &(sg_compile_opts){.mode = SG_MODE_REDUCE_OVERHEAD},
+               &fn);
+    sg_tensor *out[NPROG];
+    sg_mark_step_begin(ctx);
+    bool ok = TU_EXPECT(sg_call(fn, in, nin, out, NPROG) == SG_OK);
+    if (!ok) fprintf(stderr, "  %s\n", sg_last_error(ctx));
+    counts c = {0};
+    char name[64];
+    snprintf(name, sizeof name, "cu_fuzz_%llu", (unsigned long long)first);
+    ok = ok && cuda_unit(fn, name, &c) && TU_EXPECT(c.kernels >= 1);
+    tu_case(ok, "CUDA_FUZZ(seeds %llu..%llu, one unit) -> %d groups, %d kernels, %d library calls",
+            (unsigned long long)first, (unsigned long long)first + NPROG - 1, c.groups, c.kernels,
+            c.calls);
+    sg_fn_destroy(fn);
+    for (int i = 0; i < nin; i++) sg_release(in[i]);
+}
+
+int main(int argc, char **argv) {
+    /* Capture only: the CPU's C compiler has nothing to do here. */
+    setenv("SG_CODEGEN", "0", 1);
+    char dir[] = "/tmp/sg_cgen_cuda_XXXXXX";
+    if (!mkdtemp(dir)) return 1;
+    setenv("SG_CACHE_DIR", dir, 1); /* every unit is compiled, none served from an old cache */
+    /* Captures run on the CPU whatever SG_TEST_BACKEND says: only the IR matters. */
+    if (sg_ctx_create(&(sg_ctx_opts){.backend = SG_BACKEND_CPU}, &ctx) != SG_OK) return 1;
+    if (argc > 1) { /* re-run one fuzz batch */
+        test_fuzz(strtoull(argv[1], NULL, 10));
+    } else {
+        test_chain(SG_F32, 4096, 0);
+        test_chain(SG_BF16, 1 << 20, 0);
+        test_chain(SG_F16, 1001, 0);
+        test_chain(SG_F32, 4096, 1);
+        test_rows(SG_F32);
+        test_rows(SG_BF16);
+        test_mlp(SG_BF16, 1, 8, false, false);
+        test_mlp(SG_F32, 4, 2, false, false);
+        test_mlp(SG_F16, 1, 1, true, false);
+        test_mlp(SG_BF16, 1, 1, true, true);
+        test_mlp(SG_BF16, 64, 2, false, false);
+        test_gemv_odd(SG_F32);
+        test_gemv_odd(SG_BF16);
+        test_gemv_inplace();
+        test_adamw(SG_F32);
+        test_adamw(SG_BF16);
+        test_reduce(SG_F32);
+        for (uint64_t s = 1; s <= 4; s++) test_fuzz(1 + (s - 1) * NPROG);
+    }
+    sg_ctx_destroy(ctx);
+    char cmd[128];
+    snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
+    if (system(cmd) != 0) fprintf(stderr, "  could not remove %s\n", dir);
+    if (nvrtc_missing) {
+        fprintf(stderr, "NVRTC is not available: the units were generated but not compiled\n");
+        tu_finish();
+        return 77;
+    }
+    fprintf(stderr, "%d units compiled by NVRTC for sm_90\n", units_compiled);
+    return tu_finish();
+}

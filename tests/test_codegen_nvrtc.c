@@ -1,0 +1,129 @@
+/*
+ * test_codegen_nvrtc.c -- CUDA C through NVRTC and the disk cache, without
+ * a GPU: a kernel compiles to an sm_90 cubin, a second build compiles
+ * nothing and returns the same image, a damaged entry is detected and
+ * rebuilt, a kernel with an error is SG_ERR_COMPILE with NVRTC's log in the
+ * message, and SG_DUMP_DIR / SG_OVERRIDE_DIR work with <name>.cu.
+ */
+#define _POSIX_C_SOURCE 200809L
+#include "codegen/codegen.h"
+#include "testutil.h"
+
+#include <dirent.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+static const char *good =
+    "extern \"C\" __global__ void axpy(float *y, const float *x, float a, int n) {\n"
+    "    int i = blockIdx.x * blockDim.x + threadIdx.x;\n"
+    "    if (i < n) y[i] += a * x[i];\n"
+    "}\n";
+
+static char dir[256];
+
+/* The one cu-*.cubin in the cache dir, into path. */
+static bool entry_path(char *path, size_t size) {
+    DIR *d = opendir(dir);
+    if (!d) return false;
+    struct dirent *e;
+    bool found = false;
+    while ((e = readdir(d)) != NULL)
+        if (strncmp(e->d_name, "cu-", 3) == 0 && strstr(e->d_name, ".cubin")) {
+            snprintf(path, size, "%s/%s", dir, e->d_name);
+            found = true;
+        }
+    closedir(d);
+    return found;
+}
+
+int main(void) {
+    snprintf(dir, sizeof dir, "/tmp/sg-nvrtc-test-%d", (int)getpid());
+    setenv("SG_CACHE_DIR", dir, 1);
+    sg_ctx *ctx = tu_ctx((sg_ctx_opts){0});
+    void *a = NULL, *b = NULL;
+    size_t na = 0, nb = 0;
+    uint64_t c0 = sg__nvrtc_compiles();
+    sg_status s = sg__nvrtc_build(ctx, "axpy_test", good, 90, &a, &na);
+    if (s == SG_ERR_BACKEND_UNAVAILABLE) {
+        printf("skipped: %s\n", sg_last_error(ctx));
+        sg_ctx_destroy(ctx);
+        return 77;
+    }
+    bool ok = TU_EXPECT(s == SG_OK) && TU_EXPECT(a && na > 64) &&
+              TU_EXPECT(memcmp(a, "\x7f" "ELF", 4) == 0) &&
+              TU_EXPECT(sg__nvrtc_compiles() == c0 + 1);
+    tu_case(ok, "compile a kernel for sm_90 (%zu-byte ELF cubin): %s", na,
+            s == SG_OK ? "ok" : sg_last_error(ctx));
+
+    s = sg__nvrtc_build(ctx, "axpy_test", good, 90, &b, &nb);
+    ok = TU_EXPECT(s == SG_OK) && TU_EXPECT(nb == na) && TU_EXPECT(b && memcmp(a, b, na) == 0) &&
+         TU_EXPECT(sg__nvrtc_compiles() == c0 + 1);
+    tu_case(ok, "a second build is a cache hit: no compile, the same image");
+    sg__free(ctx, b, nb), b = NULL;
+
+    /* Damage the entry: flip a byte of the image. */
+    char path[512];
+    ok = TU_EXPECT(entry_path(path, sizeof path));
+    FILE *f = ok ? fopen(path, "r+b") : NULL;
+    if (f) {
+        fseek(f, 100, SEEK_SET);
+        int ch = fgetc(f);
+        fseek(f, 100, SEEK_SET);
+        fputc(ch ^ 0x5a, f);
+        fclose(f);
+    }
+    s = sg__nvrtc_build(ctx, "axpy_test", good, 90, &b, &nb);
+    ok = ok && TU_EXPECT(f != NULL) && TU_EXPECT(s == SG_OK) && TU_EXPECT(nb == na) &&
+         TU_EXPECT(b && memcmp(a, b, na) == 0) && TU_EXPECT(sg__nvrtc_compiles() == c0 + 2);
+    tu_case(ok, "a damaged entry is detected and rebuilt");
+    sg__free(ctx, b, nb), b = NULL;
+
+    /* Another arch is another key. */
+    s = sg__nvrtc_build(ctx, "axpy_test", good, 80, &b, &nb);
+    ok = TU_EXPECT(s == SG_OK) && TU_EXPECT(sg__nvrtc_compiles() == c0 + 3);
+    tu_case(ok, "sm_80 is a separate entry");
+    sg__free(ctx, b, nb), b = NULL;
+
+    s = sg__nvrtc_build(ctx, "broken_test", "extern \"C\" __global__ void k() { undeclared_x = 1; }",
+                        90, &b, &nb);
+    const char *m = sg_last_error(ctx);
+    ok = TU_EXPECT(s == SG_ERR_COMPILE) && TU_EXPECT(b == NULL) &&
+         TU_EXPECT(strstr(m, "broken_test") != NULL) && TU_EXPECT(strstr(m, "undeclared_x") != NULL);
+    tu_case(ok, "a kernel with an error: SG_ERR_COMPILE with the log (\"%.160s\")", m);
+    sg_clear_error(ctx);
+
+    /* Dump and override. */
+    char dump[300], over[300], file[400];
+    snprintf(dump, sizeof dump, "%s/dump", dir);
+    snprintf(over, sizeof over, "%s/over", dir);
+    setenv("SG_DUMP_DIR", dump, 1);
+    s = sg__nvrtc_build(ctx, "axpy_test", good, 90, &b, &nb);
+    snprintf(file, sizeof file, "%s/axpy_test.cu", dump);
+    ok = TU_EXPECT(s == SG_OK) && TU_EXPECT(access(file, R_OK) == 0);
+    tu_case(ok, "SG_DUMP_DIR gets <name>.cu");
+    sg__free(ctx, b, nb), b = NULL;
+    unsetenv("SG_DUMP_DIR");
+    mkdir(over, 0755);
+    snprintf(file, sizeof file, "%s/axpy_test.cu", over);
+    f = fopen(file, "w");
+    if (f) {
+        fputs("extern \"C\" __global__ void axpy(float *y) { y[0] = 2.0f; }\n", f);
+        fclose(f);
+    }
+    setenv("SG_OVERRIDE_DIR", over, 1);
+    s = sg__nvrtc_build(ctx, "axpy_test", good, 90, &b, &nb);
+    ok = TU_EXPECT(s == SG_OK) && TU_EXPECT(sg__nvrtc_compiles() == c0 + 5) &&
+         TU_EXPECT(nb != na || memcmp(a, b, na) != 0);
+    tu_case(ok, "SG_OVERRIDE_DIR/<name>.cu is compiled instead");
+    unsetenv("SG_OVERRIDE_DIR");
+    sg__free(ctx, b, nb);
+    sg__free(ctx, a, na);
+    sg_ctx_destroy(ctx);
+    char cmd[400];
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
+    if (system(cmd) != 0) fprintf(stderr, "could not remove %s\n", dir);
+    return tu_finish();
+}

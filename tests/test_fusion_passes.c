@@ -1,0 +1,361 @@
+/*
+ * test_fusion_passes.c -- the fusion passes one at a time, and the corners
+ * of the C dialect: dead-code removal (and what it must keep), common
+ * subexpression removal (and what it must not merge), views of a removed
+ * value, concat of many inputs, inf and NaN scalars in generated source,
+ * integer self-comparisons under -Werror, the multi-tensor kernel's
+ * barrier, and explain's text for values kept in registers. Each step runs
+ * eagerly and compiled on the same random inputs; the compiled fn must have
+ * compiled (no fallback) with SG_CFLAGS="-Wall -Wextra -Werror".
+ */
+#define _POSIX_C_SOURCE 200809L
+#include "graphs/graphs.h"
+#include "testutil.h"
+
+#include <math.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+static sg_ctx *ctx;
+
+#define STEP(name)                                                                                 \
+    static sg_status name(sg_ctx *c, sg_tensor *const *in, sg_tensor **out, void *user)
+#define DONE(t) (void)user, (out[0] = (t)) ? SG_OK : sg_ctx_status(c)
+
+static double rtol_of(sg_dtype dt) {
+    return dt == SG_F32 ? 1e-5 : sg__dtype_is_float(dt) ? 1e-2 : 0;
+}
+static double atol_of(sg_dtype dt) {
+    return dt == SG_F32 ? 1e-6 : sg__dtype_is_float(dt) ? 1e-2 : 0;
+}
+
+/* Run step eagerly and compiled (REDUCE_OVERHEAD) on the same inputs, twice;
+ * outputs must agree and the compiled fn must have compiled its capture.
+ * The compiled fn is returned in *keep (destroy it) for inspection. */
+static bool versus_eager(sg_step_fn step, void *user, int nin, sg_tensor *const *in, int nout,
+                         sg_fn **keep) {
+    sg_fn *eager = NULL, *comp = NULL;
+    bool ok =
+        TU_EXPECT(sg_compile(ctx, step, user, nin, nout, &(sg_compile_opts){.mode = SG_MODE_EAGER},
+                             &eager) == SG_OK) &&
+        TU_EXPECT(sg_compile(ctx, step, user, nin, nout,
+                             &(sg_compile_opts){.mode = SG_MODE_REDUCE_OVERHEAD}, &comp) == SG_OK);
+    for (int call = 0; ok && call < 2; call++) {
+        sg_mark_step_begin(ctx);
+        sg_tensor *oe[4] = {NULL}, *oc[4] = {NULL};
+        ok = TU_EXPECT(sg_call(eager, in, nin, oe, nout) == SG_OK) &&
+             TU_EXPECT(sg_call(comp, in, nin, oc, nout) == SG_OK);
+        for (int i = 0; ok && i < nout; i++) {
+            sg_dtype dt = sg_tensor_dtype(oe[i]);
+            int64_t n = sg_tensor_numel(oe[i]);
+            double *a = tu_read(oe[i]), *b = tu_read(oc[i]);
+            ok = TU_EXPECT(a && b) &&
+                 tu_close("compiled vs eager", b, a, n, rtol_of(dt), atol_of(dt));
+            free(a), free(b);
+        }
+    }
+    ok = ok && TU_EXPECT(comp->ngraphs == 1 && comp->graphs[0]->compiled);
+    if (!ok) fprintf(stderr, "%s\n%s\n", sg_last_error(ctx), comp ? sg_fn_explain(comp) : "");
+    sg_clear_error(ctx);
+    sg_fn_destroy(eager);
+    if (keep && ok)
+        *keep = comp;
+    else
+        sg_fn_destroy(comp);
+    return ok;
+}
+
+/* How many IR nodes of op the capture has, and how many of them fusion removed. */
+static int count_op(sg_fn *fn, sg__op op, int *dead) {
+    const sg__graph *g = fn->graphs[0];
+    int n = 0;
+    *dead = 0;
+    for (int i = 0; i < g->ir.nnodes; i++)
+        if (g->ir.nodes[i].op == op) n++, *dead += g->has_fused && g->fused.dead[i];
+    return n;
+}
+
+static sg_tensor *rand2(sg_dtype dt, int64_t a, int64_t b) {
+    int64_t sh[2] = {a, b};
+    return tu_rand(ctx, dt, 2, sh, -2, 2, NULL);
+}
+
+/* ------------------------------------------------------------ dce */
+
+STEP(dce_step) {
+    sg_tensor *unused = sg_mul_scalar(sg_exp(in[0]), 2.0); /* nothing reads it */
+    (void)unused;
+    return DONE(sg_sin(in[0]));
+}
+
+typedef struct param_box {
+    sg_tensor *p;
+} param_box;
+
+/* A write into a parameter is kept though no output reads it. */
+STEP(dce_param_step) {
+    param_box *b = user;
+    sg_status s = sg_add_(b->p, sg_mul_scalar(in[0], 0.5));
+    if (s != SG_OK) return s;
+    return DONE(sg_cos(in[0]));
+}
+
+static void test_dce(void) {
+    sg_tensor *x = rand2(SG_F32, 5, 12);
+    sg_fn *fn = NULL;
+    bool ok = versus_eager(dce_step, NULL, 1, &x, 1, &fn);
+    int dexp = 0, dmul = 0, dsin = 0;
+    ok = ok && TU_EXPECT(count_op(fn, SG__OP_EXP, &dexp) == 1 && dexp == 1) &&
+         TU_EXPECT(count_op(fn, SG__OP_MUL_SCALAR, &dmul) == 1 && dmul == 1) &&
+         TU_EXPECT(count_op(fn, SG__OP_SIN, &dsin) == 1 && dsin == 0) &&
+         TU_EXPECT(fn->graphs[0]->fused.ngroups == 1);
+    tu_case(ok, "DCE(sin(x) kept, exp(x)*2 unused: 2 nodes removed, kernels=1)");
+    sg_fn_destroy(fn);
+
+    param_box be = {sg_zeros(ctx, SG_F32, 2, (int64_t[]){5, 12})};
+    param_box bc = {sg_zeros(ctx, SG_F32, 2, (int64_t[]){5, 12})};
+    sg_fn *fe, *fc;
+    sg_compile(ctx, dce_param_step, &be, 1, 1, &(sg_compile_opts){.mode = SG_MODE_EAGER}, &fe);
+    sg_compile(ctx, dce_param_step, &bc, 1, 1, &(sg_compile_opts){.mode = SG_MODE_REDUCE_OVERHEAD},
+               &fc);
+    ok = true;
+    for (int i = 0; ok && i < 3; i++) {
+        sg_tensor *y;
+        sg_mark_step_begin(ctx);
+        ok = TU_EXPECT(sg_call(fe, &x, 1, &y, 1) == SG_OK) &&
+             TU_EXPECT(sg_call(fc, &x, 1, &y, 1) == SG_OK);
+    }
+    double *pe = tu_read(be.p), *pc = tu_read(bc.p);
+    int d = 0;
+    ok = ok && TU_EXPECT(tu_close("param", pc, pe, 60, 1e-6, 0)) &&
+         TU_EXPECT(count_op(fc, SG__OP_ADD, &d) == 1 && d == 0) &&
+         TU_EXPECT(fc->graphs[0]->compiled);
+    tu_case(ok, "DCE(a write into a parameter that no output reads is kept, 3 steps)");
+    free(pe), free(pc);
+    sg_fn_destroy(fe), sg_fn_destroy(fc);
+    sg_release(be.p), sg_release(bc.p), sg_release(x);
+}
+
+/* ------------------------------------------------------------ cse */
+
+STEP(cse_step) { return DONE(sg_mul(sg_tanh(in[0]), sg_tanh(in[0]))); }
+STEP(cse_attr_step) { return DONE(sg_add(sg_mul_scalar(in[0], 2.0), sg_mul_scalar(in[0], 3.0))); }
+/* Same op over two views of x with different geometry: not one value. */
+STEP(cse_views_step) {
+    sg_tensor *a = sg_sin(sg_transpose(in[0], 0, 1)), *b = sg_sin(in[0]);
+    sg_tensor *s0 = sg_exp(sg_slice(in[0], 1, 0, 4, 1)), *s1 = sg_exp(sg_slice(in[0], 1, 4, 8, 1));
+    return DONE(sg_add(sg_sub(a, b), sg_concat(2, (sg_tensor *[]){s0, s1}, 1)));
+}
+/* The removed duplicate's value is read through a view of another geometry. */
+STEP(cse_view_of_removed_step) {
+    sg_tensor *a = sg_sin(in[0]), *b = sg_sin(in[0]);
+    return DONE(sg_add(a, sg_transpose(b, 0, 1)));
+}
+/* An input written between two equal expressions: they differ. */
+STEP(cse_clobber_step) {
+    sg_tensor *a = sg_neg(in[0]);
+    sg_status s = sg_add_(in[0], in[1]);
+    if (s != SG_OK) return s;
+    return DONE(sg_add(a, sg_neg(in[0])));
+}
+
+static void test_cse(void) {
+    sg_tensor *x = rand2(SG_F32, 8, 8), *y = rand2(SG_F32, 8, 8);
+    sg_fn *fn = NULL;
+    int d = 0;
+    bool ok = versus_eager(cse_step, NULL, 1, &x, 1, &fn);
+    ok = ok && TU_EXPECT(count_op(fn, SG__OP_TANH, &d) == 2 && d == 1) &&
+         TU_EXPECT(fn->graphs[0]->fused.ngroups == 1);
+    tu_case(ok, "CSE(tanh(x) * tanh(x): one tanh removed, kernels=1)");
+    sg_fn_destroy(fn), fn = NULL;
+
+    ok = versus_eager(cse_attr_step, NULL, 1, &x, 1, &fn);
+    ok = ok && TU_EXPECT(count_op(fn, SG__OP_MUL_SCALAR, &d) == 2 && d == 0);
+    tu_case(ok, "CSE(x*2 + x*3: different attributes, both kept)");
+    sg_fn_destroy(fn), fn = NULL;
+
+    ok = versus_eager(cse_views_step, NULL, 1, &x, 1, &fn);
+    int ds = 0;
+    ok = ok && TU_EXPECT(count_op(fn, SG__OP_SIN, &ds) == 2 && ds == 0) &&
+         TU_EXPECT(count_op(fn, SG__OP_EXP, &d) == 2 && d == 0);
+    tu_case(ok, "CSE(sin(x^T) vs sin(x), exp(x[:, :4]) vs exp(x[:, 4:]): views differ, all kept)");
+    sg_fn_destroy(fn), fn = NULL;
+
+    ok = versus_eager(cse_view_of_removed_step, NULL, 1, &x, 1, NULL);
+    tu_case(ok, "CSE(sin(x) + sin(x)^T: the duplicate read through a transposed view)");
+
+    /* Each call adds y into a fresh copy of x. */
+    sg_tensor *in[2] = {sg_clone(x), y};
+    sg_fn *fe, *fc;
+    sg_compile(ctx, cse_clobber_step, NULL, 2, 1, &(sg_compile_opts){.mode = SG_MODE_EAGER}, &fe);
+    sg_compile(ctx, cse_clobber_step, NULL, 2, 1,
+               &(sg_compile_opts){.mode = SG_MODE_REDUCE_OVERHEAD}, &fc);
+    ok = true;
+    for (int call = 0; ok && call < 3; call++) {
+        sg_tensor *oe, *oc;
+        sg_mark_step_begin(ctx);
+        sg_release(in[0]), in[0] = sg_clone(x);
+        ok = TU_EXPECT(sg_call(fe, in, 2, &oe, 1) == SG_OK);
+        sg_release(in[0]), in[0] = sg_clone(x);
+        ok = ok && TU_EXPECT(sg_call(fc, in, 2, &oc, 1) == SG_OK);
+        double *a = ok ? tu_read(oe) : NULL, *b = ok ? tu_read(oc) : NULL;
+        ok = ok && TU_EXPECT(tu_close("clobber", b, a, 64, 1e-6, 0));
+        free(a), free(b);
+    }
+    ok = ok && TU_EXPECT(count_op(fc, SG__OP_NEG, &d) == 2 && d == 0) &&
+         TU_EXPECT(fc->graphs[0]->compiled);
+    tu_case(ok, "CSE(neg(x); x += y; neg(x): input written in between, both kept)");
+    sg_fn_destroy(fe), sg_fn_destroy(fc);
+    sg_release(in[0]), sg_release(x), sg_release(y);
+}
+
+/* ------------------------------------------------------------ dialect corners */
+
+#define NCAT 6
+STEP(concat_step) { return DONE(sg_sin(sg_concat(NCAT, in, 1))); }
+
+static void test_concat_many(void) {
+    sg_tensor *in[NCAT];
+    for (int i = 0; i < NCAT; i++) in[i] = rand2(SG_F32, 3, i + 1);
+    bool ok = versus_eager(concat_step, NULL, NCAT, in, 1, NULL);
+    tu_case(ok, "CONCAT(%d inputs of [3,k], then sin)", NCAT);
+    for (int i = 0; i < NCAT; i++) sg_release(in[i]);
+}
+
+STEP(inf_step) {
+    sg_tensor *x = in[0];
+    sg_tensor *a = sg_clamp(x, -INFINITY, INFINITY),
+              *b = sg_clamp(sg_mul_scalar(x, 1e30), 0.0, INFINITY);
+    sg_tensor *n = sg_add_scalar(x, NAN), *m = sg_mul_scalar(sg_relu(x), -INFINITY);
+    out[1] = sg_add(n, m);
+    return DONE(sg_add(a, b));
+}
+
+static void test_inf_nan(void) {
+    sg_dtype dts[3] = {SG_F32, SG_F16, SG_BF16};
+    for (int d = 0; d < 3; d++) {
+        sg_tensor *x = rand2(dts[d], 4, 9);
+        bool ok = versus_eager(inf_step, NULL, 1, &x, 2, NULL);
+        tu_case(ok, "SCALARS(type=%s: clamp(x,-inf,inf), clamp(x*1e30,0,inf), x+NaN, relu(x)*-inf)",
+                sg_dtype_name(dts[d]));
+        sg_release(x);
+    }
+}
+
+/* Both arguments of a comparison come from one value kept in registers. */
+STEP(self_cmp_step) {
+    sg_tensor *v = sg_add(in[0], in[1]);
+    out[1] = sg_maximum(sg_minimum(v, v), v);
+    return DONE(sg_logical_and(sg_eq(v, v), sg_ge(v, v)));
+}
+
+static void test_self_compare(void) {
+    sg_dtype dts[3] = {SG_I32, SG_I64, SG_F32};
+    for (int d = 0; d < 3; d++) {
+        sg_tensor *in[2] = {rand2(dts[d], 3, 7), rand2(dts[d], 3, 7)};
+        bool ok = versus_eager(self_cmp_step, NULL, 2, in, 2, NULL);
+        tu_case(ok, "SELF_COMPARE(type=%s: eq(v,v), ge(v,v), min/max(v,v) in registers, -Werror)",
+                sg_dtype_name(dts[d]));
+        sg_release(in[0]), sg_release(in[1]);
+    }
+}
+
+/* Independent updates of parameters, one of them empty: one multi-tensor
+ * kernel that ends in a barrier, then a kernel that reads what it wrote. */
+typedef struct multi_box {
+    sg_tensor *p[4];
+} multi_box;
+
+STEP(multi_step) {
+    multi_box *b = user;
+    sg_status s = SG_OK;
+    for (int i = 0; i < 4 && s == SG_OK; i++)
+        s = sg_copy_(b->p[i], sg_add(sg_mul_scalar(b->p[i], 0.5), in[i]));
+    if (s != SG_OK) return s;
+    return DONE(sg_sum(sg_mul(b->p[0], b->p[0]), 0, NULL, false));
+}
+
+static void test_multi_barrier(void) {
+    char dir[] = "/tmp/sg_test_dump_XXXXXX";
+    bool ok = TU_EXPECT(mkdtemp(dir) != NULL);
+    setenv("SG_DUMP_DIR", dir, 1);
+    setenv("SG_ALWAYS_COMPILE", "1", 1);
+    int64_t sh[4][2] = {{64, 33}, {7, 5}, {3, 3}, {0, 5}};
+    multi_box be, bc;
+    sg_tensor *in[4];
+    for (int i = 0; i < 4; i++) {
+        be.p[i] = tu_rand(ctx, SG_F32, 2, sh[i], -1, 1, NULL);
+        bc.p[i] = sg_clone(be.p[i]);
+        in[i] = tu_rand(ctx, SG_F32, 2, sh[i], -1, 1, NULL);
+    }
+    sg_fn *fe, *fc;
+    sg_compile(ctx, multi_step, &be, 4, 1, &(sg_compile_opts){.mode = SG_MODE_EAGER}, &fe);
+    sg_compile(ctx, multi_step, &bc, 4, 1, &(sg_compile_opts){.mode = SG_MODE_REDUCE_OVERHEAD},
+               &fc);
+    for (int call = 0; ok && call < 3; call++) {
+        sg_tensor *oe, *oc;
+        sg_mark_step_begin(ctx);
+        ok = TU_EXPECT(sg_call(fe, in, 4, &oe, 1) == SG_OK) &&
+             TU_EXPECT(sg_call(fc, in, 4, &oc, 1) == SG_OK);
+        double *a = ok ? tu_read(oe) : NULL, *b = ok ? tu_read(oc) : NULL;
+        ok = ok && TU_EXPECT(tu_close("sum", b, a, 1, 1e-5, 1e-6));
+        free(a), free(b);
+    }
+    for (int i = 0; ok && i < 3; i++) {
+        double *a = tu_read(be.p[i]), *b = tu_read(bc.p[i]);
+        ok = TU_EXPECT(tu_close("param", b, a, sh[i][0] * sh[i][1], 1e-6, 0));
+        free(a), free(b);
+    }
+    const sg__graph *g = fc->graphs[0];
+    ok = ok &&
+         TU_EXPECT(g->compiled && g->fused.ngroups == 2 && g->fused.groups[0].kind == SG__G_MULTI);
+    char path[256], src[1 << 16] = "";
+    snprintf(path, sizeof path, "%s/%s.c", dir, g->module);
+    FILE *f = fopen(path, "r");
+    size_t n = f ? fread(src, 1, sizeof src - 1, f) : 0;
+    src[n] = '\0';
+    if (f) fclose(f);
+    const char *k0 = strstr(src, "static void sg_k0_multi");
+    const char *k1 = k0 ? strstr(k0, "static void sg_k1") : NULL;
+    const char *bar = k0 ? strstr(k0, "SG_OMP(omp barrier)") : NULL;
+    ok = ok && TU_EXPECT(k0 && bar && (!k1 || bar < k1));
+    tu_case(ok, "MULTI(4 parameter updates, one empty, then sum(p0*p0): barrier ends the loops)");
+    unlink(path);
+    rmdir(dir);
+    unsetenv("SG_DUMP_DIR");
+    unsetenv("SG_ALWAYS_COMPILE");
+    sg_fn_destroy(fe), sg_fn_destroy(fc);
+    for (int i = 0; i < 4; i++) sg_release(be.p[i]), sg_release(bc.p[i]), sg_release(in[i]);
+}
+
+STEP(chain_step) { return DONE(sg_tanh(sg_add_scalar(sg_sin(in[0]), 0.5))); }
+
+static void test_explain_registers(void) {
+    sg_tensor *x = rand2(SG_F32, 4, 16);
+    sg_fn *fn = NULL;
+    bool ok = versus_eager(chain_step, NULL, 1, &x, 1, &fn);
+    const char *ex = ok ? sg_fn_explain(fn) : "";
+    char huge[32];
+    snprintf(huge, sizeof huge, "%zu", (size_t)SIZE_MAX);
+    ok = ok && TU_EXPECT(strstr(ex, huge) == NULL) && TU_EXPECT(strstr(ex, "registers") != NULL);
+    if (!ok) fprintf(stderr, "%s", ex);
+    tu_case(ok, "EXPLAIN(values kept in registers say so, no offset)");
+    sg_fn_destroy(fn);
+    sg_release(x);
+}
+
+int main(void) {
+    setenv("SG_CFLAGS", "-Wall -Wextra -Werror", 1);
+    ctx = tu_ctx((sg_ctx_opts){0});
+    tu_seed(9);
+    test_dce();
+    test_cse();
+    test_concat_many();
+    test_inf_nan();
+    test_self_compare();
+    test_multi_barrier();
+    test_explain_registers();
+    sg_ctx_destroy(ctx);
+    return tu_finish();
+}
