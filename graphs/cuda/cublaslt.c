@@ -256,7 +256,7 @@ static sg_status build_entry(sg_ctx *ctx, lt_state *s, lt_entry *e, const sg__lt
     call = "cublasLtMatmulPreferenceCreate";
     r = api->cublasLtMatmulPreferenceCreate(&pref);
     if (r == CUBLAS_STATUS_SUCCESS) {
-        size_t ws = WORKSPACE_BYTES;
+        uint64_t ws = WORKSPACE_BYTES;
         call = "cublasLtMatmulPreferenceSetAttribute";
         r = api->cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
                                                       &ws, sizeof ws);
