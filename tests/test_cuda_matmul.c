@@ -21,6 +21,7 @@
 
 #include <math.h>
 #include <string.h>
+#include <time.h>
 #include <unistd.h>
 
 /* ------------------------------------------------------------ the plan */
@@ -329,6 +330,40 @@ static void test_device(void) {
     unsetenv("SG_CUDA_MATMUL");
 }
 
+static double now(void) {
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
+}
+
+/* Not a check: the weight bandwidth of batch-1 LINEAR (bf16) per kernel,
+ * eager (each call also makes its output and launches once), for reading
+ * against the device's memory bandwidth. */
+static void report_bandwidth(void) {
+    static const char *const modes[2] = {"gemv", "lt"};
+    static const int64_t sizes[2] = {1024, 4096};
+    for (int m = 0; m < 2; m++) {
+        setenv("SG_CUDA_MATMUL", modes[m], 1);
+        for (int i = 0; i < 2; i++) {
+            int64_t K = sizes[i], xs[2] = {1, K}, ws[2] = {K, K};
+            sg_tensor *x = sg_full(ctx, SG_BF16, 2, xs, 0.5), *w = sg_full(ctx, SG_BF16, 2, ws, 0.25);
+            for (int r = 0; r < 3; r++) sg_release(sg_linear(x, w, NULL));
+            sg_ctx_synchronize(ctx);
+            int reps = 200;
+            double t0 = now();
+            for (int r = 0; r < reps; r++) sg_release(sg_linear(x, w, NULL));
+            sg_ctx_synchronize(ctx);
+            double us = (now() - t0) / reps * 1e6;
+            printf("info BANDWIDTH(mode=%s,linear bf16 1x%lld -> %lld): %.2f us per call, %.0f GB/s of "
+                   "weight\n", modes[m], (long long)K, (long long)K, us,
+                   (double)(K * K * 2) / (us * 1e-6) / 1e9);
+            sg_release(x), sg_release(w);
+        }
+    }
+    unsetenv("SG_CUDA_MATMUL");
+    sg_clear_error(ctx);
+}
+
 int main(void) {
     tu_seed(23);
     test_plan();
@@ -344,6 +379,7 @@ int main(void) {
         return 1;
     }
     test_device();
+    report_bandwidth();
     sg_ctx_destroy(ctx);
     return tu_finish();
 }
