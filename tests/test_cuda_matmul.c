@@ -6,6 +6,8 @@
  * chosen by shape (auto): batch-1 LINEAR (the W2 shape), several rows, a
  * transposed weight, odd K, batch broadcast, batched M = 1, with and without
  * bias, in f32, f16 and bf16, against an f64 reference computed here.
+ * Before the device part, k_matmul.cu is compiled by NVRTC for sm_90 (no
+ * device needed) and every kernel the host side names must be in the cubin.
  *
  * Tolerances as test_ops_matmul.c: f32 per element, rtol 1e-5 plus
  * 1e-6 * sqrt(K) * max|a| * max|b|; f16/bf16 by the norm of the error,
@@ -13,12 +15,14 @@
  * plan checks, which fail the test on their own).
  */
 #define _POSIX_C_SOURCE 200809L /* setenv */
-#include "testutil.h"
-
+#include "codegen/codegen.h"
 #include "graphs/cuda/cublaslt.h"
+#include "testutil.h"
 
 #include <math.h>
 #include <string.h>
+#include <time.h>
+#include <unistd.h>
 
 /* ------------------------------------------------------------ the plan */
 
@@ -141,9 +145,69 @@ static void test_plan(void) {
     }
 }
 
+/* ------------------------------------------------------------ NVRTC */
+
+static bool has_name(const void *img, size_t n, const char *name) {
+    size_t k = strlen(name);
+    for (size_t i = 0; i + k <= n; i++)
+        if (memcmp((const char *)img + i, name, k) == 0) return true;
+    return false;
+}
+
+/* k_matmul.cu compiles from a cold cache with every kernel cuda_matmul.c
+ * asks for (sg_mm_<gemv|copy|fill>_<dtype>). */
+static void test_nvrtc(void) {
+    char dir[64];
+    snprintf(dir, sizeof dir, "/tmp/sg-cumm-test-%d", (int)getpid());
+    setenv("SG_CACHE_DIR", dir, 1);
+    sg_ctx *c = NULL;
+    if (!TU_EXPECT(sg_ctx_create(&(sg_ctx_opts){.backend = SG_BACKEND_CPU}, &c) == SG_OK)) return;
+    void *img = NULL;
+    size_t n = 0;
+    sg_status s = sg__nvrtc_build(c, sg__cu_names[SG__CU_MATMUL], sg__cu_sources[SG__CU_MATMUL],
+                                  90, &img, &n);
+    if (s == SG_ERR_BACKEND_UNAVAILABLE) {
+        printf("skip NVRTC(k_matmul): %s\n", sg_last_error(c));
+    } else {
+        bool ok = TU_EXPECT(s == SG_OK);
+        if (!ok) fprintf(stderr, "  %s\n", sg_last_error(c));
+        static const char *const kinds[3] = {"gemv", "copy", "fill"};
+        static const char *const types[3] = {"f32", "f16", "bf16"};
+        for (int k = 0; ok && k < 3; k++)
+            for (int t = 0; ok && t < 3; t++) {
+                char name[32];
+                snprintf(name, sizeof name, "sg_mm_%s_%s", kinds[k], types[t]);
+                if (!has_name(img, n, name)) {
+                    fprintf(stderr, "  kernel %s is missing from the cubin\n", name);
+                    ok = false;
+                }
+            }
+        tu_case(ok, "NVRTC(unit=k_matmul,arch=sm_90,cubin=%zu bytes)", n);
+        sg__free(c, img, n);
+    }
+    sg_ctx_destroy(c);
+    unsetenv("SG_CACHE_DIR");
+    char cmd[96];
+    snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
+    if (system(cmd) != 0) fprintf(stderr, "  could not remove %s\n", dir);
+}
+
 /* ------------------------------------------------------------ on the device */
 
 static sg_ctx *ctx;
+
+/* cuBLASLt calls that found no algorithm and went to the GEMV kernel (the
+ * library logs each distinct one under "fallbacks"). */
+static int lt_fallbacks;
+
+static void on_log(void *user, const char *topic, const char *line) {
+    (void)user;
+    if (strcmp(topic, "fallbacks") == 0 && strstr(line, "cuBLASLt has no algorithm") &&
+        !strstr(line, "bias epilogue"))
+        lt_fallbacks++;
+    if (strcmp(topic, "fallbacks") == 0 || strcmp(topic, "perf_hints") == 0)
+        printf("  [%s] %s\n", topic, line);
+}
 
 static double max_abs(const double *v, int64_t n) {
     double m = 0;
@@ -182,10 +246,14 @@ static void linear_case(const char *mode, sg_dtype dt, int xn, const int64_t *xs
             for (int64_t k = 0; k < K; k++) s += xv[r * K + k] * (wt ? wv[k * N + n] : wv[n * K + k]);
             ref[r * N + n] = s;
         }
+    int fallbacks = lt_fallbacks;
     sg_tensor *y = sg_linear(x, w, b);
     double *got = y ? tu_read(y) : NULL;
     double scale = max_abs(xv, rows * K) * max_abs(wv, N * K) + (bv ? max_abs(bv, N) : 0);
     bool ok = TU_EXPECT(y != NULL) && check(dt, got, ref, rows * N, K + 1, scale);
+    /* The plainest call there is (aligned, contiguous): cuBLASLt must take it. */
+    if (strcmp(mode, "lt") == 0 && K == 1024 && N == 1024)
+        ok = ok && TU_EXPECT(lt_fallbacks == fallbacks);
     if (!y) fprintf(stderr, "  error: %s\n", sg_last_error(ctx));
     char s1[64];
     tu_case(ok, "CUDA_LINEAR(mode=%s,type=%s,x=%s,N=%lld,w=%s,bias=%s)", mode, sg_dtype_name(dt),
@@ -258,7 +326,7 @@ static void test_device(void) {
     static const char *const modes[3] = {"gemv", "lt", "auto"};
     static const sg_dtype dts[3] = {SG_F32, SG_F16, SG_BF16};
     int64_t x1[2] = {1, 1024}, x12[3] = {4, 3, 256}, x2[2] = {2, 200}, x5[2] = {5, 75};
-    int64_t x8[2] = {8, 512}, a4[4] = {2, 1, 3, 40}, b3[3] = {5, 40, 6};
+    int64_t x8[2] = {8, 512}, xk[2] = {2, 3000}, a4[4] = {2, 1, 3, 40}, b3[3] = {5, 40, 6};
     int64_t q[3] = {3, 1, 64}, k[3] = {3, 64, 48}, big_a[2] = {96, 130}, big_b[2] = {130, 72};
     for (int m = 0; m < 3; m++) {
         setenv("SG_CUDA_MATMUL", modes[m], 1);
@@ -270,6 +338,7 @@ static void test_device(void) {
             linear_case(modes[m], dt, 2, x2, 40, true, true);    /* w as a transposed view */
             linear_case(modes[m], dt, 2, x5, 33, false, true);   /* odd K: no 16-byte rows */
             linear_case(modes[m], dt, 2, x8, 64, false, false);
+            linear_case(modes[m], dt, 2, xk, 24, false, true);   /* K over several trips */
             matmul_case(modes[m], dt, 4, a4, 3, b3, false);      /* batch broadcast */
             matmul_case(modes[m], dt, 3, q, 3, k, true);         /* q @ k^T at decode */
             matmul_case(modes[m], dt, 2, big_a, 2, big_b, false);
@@ -278,11 +347,46 @@ static void test_device(void) {
     unsetenv("SG_CUDA_MATMUL");
 }
 
+static double now(void) {
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
+}
+
+/* Not a check: the weight bandwidth of batch-1 LINEAR (bf16) per kernel,
+ * eager (each call also makes its output and launches once), for reading
+ * against the device's memory bandwidth. */
+static void report_bandwidth(void) {
+    static const char *const modes[2] = {"gemv", "lt"};
+    static const int64_t sizes[2] = {1024, 4096};
+    for (int m = 0; m < 2; m++) {
+        setenv("SG_CUDA_MATMUL", modes[m], 1);
+        for (int i = 0; i < 2; i++) {
+            int64_t K = sizes[i], xs[2] = {1, K}, ws[2] = {K, K};
+            sg_tensor *x = sg_full(ctx, SG_BF16, 2, xs, 0.5), *w = sg_full(ctx, SG_BF16, 2, ws, 0.25);
+            for (int r = 0; r < 3; r++) sg_release(sg_linear(x, w, NULL));
+            sg_ctx_synchronize(ctx);
+            int reps = 200;
+            double t0 = now();
+            for (int r = 0; r < reps; r++) sg_release(sg_linear(x, w, NULL));
+            sg_ctx_synchronize(ctx);
+            double us = (now() - t0) / reps * 1e6;
+            printf("info BANDWIDTH(mode=%s,linear bf16 1x%lld -> %lld): %.2f us per call, %.0f GB/s of "
+                   "weight\n", modes[m], (long long)K, (long long)K, us,
+                   (double)(K * K * 2) / (us * 1e-6) / 1e9);
+            sg_release(x), sg_release(w);
+        }
+    }
+    unsetenv("SG_CUDA_MATMUL");
+    sg_clear_error(ctx);
+}
+
 int main(void) {
     tu_seed(23);
     test_plan();
+    test_nvrtc();
     if (tu_finish() != 0) return 1; /* the plan is wrong: no need for a device to say so */
-    sg_status s = sg_ctx_create(&(sg_ctx_opts){.backend = SG_BACKEND_CUDA}, &ctx);
+    sg_status s = sg_ctx_create(&(sg_ctx_opts){.backend = SG_BACKEND_CUDA, .log = on_log}, &ctx);
     if (s == SG_ERR_BACKEND_UNAVAILABLE) {
         printf("skipped: no CUDA device (%s)\n", sg_last_error(NULL));
         return 77;
@@ -292,6 +396,7 @@ int main(void) {
         return 1;
     }
     test_device();
+    report_bandwidth();
     sg_ctx_destroy(ctx);
     return tu_finish();
 }

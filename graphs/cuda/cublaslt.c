@@ -256,7 +256,7 @@ static sg_status build_entry(sg_ctx *ctx, lt_state *s, lt_entry *e, const sg__lt
     call = "cublasLtMatmulPreferenceCreate";
     r = api->cublasLtMatmulPreferenceCreate(&pref);
     if (r == CUBLAS_STATUS_SUCCESS) {
-        size_t ws = WORKSPACE_BYTES;
+        uint64_t ws = WORKSPACE_BYTES;
         call = "cublasLtMatmulPreferenceSetAttribute";
         r = api->cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
                                                       &ws, sizeof ws);
@@ -282,7 +282,16 @@ static sg_status build_entry(sg_ctx *ctx, lt_state *s, lt_entry *e, const sg__lt
     if (pref) api->cublasLtMatmulPreferenceDestroy(pref);
     if (r != CUBLAS_STATUS_SUCCESS) return lt_fail(ctx, s, r, call, c);
     e->has_algo = found > 0 && res.state == CUBLAS_STATUS_SUCCESS;
-    if (e->has_algo) e->algo = res.algo;
+    if (e->has_algo)
+        e->algo = res.algo;
+    else /* once per distinct call: the entry remembers the answer */
+        sg__log(ctx, "fallbacks", "cuda: cuBLASLt has no algorithm for a %s matmul m=%lld n=%lld "
+                "k=%lld lda=%lld ldb=%lld ldc=%lld batch=%lld%s; %s", sg_dtype_name(c->dtype),
+                (long long)c->m, (long long)c->n, (long long)c->k, (long long)c->lda,
+                (long long)c->ldb, (long long)c->ldc, (long long)c->batch,
+                c->bias ? " with the bias epilogue" : "",
+                c->bias ? "the bias is written first and the product added to it"
+                        : "the GEMV kernel runs it");
     return SG_OK;
 }
 

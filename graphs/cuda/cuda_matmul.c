@@ -17,7 +17,7 @@
  * cuBLASLt. SG_CUDA_MATMUL=lt|gemv forces one (tests); gemv takes any
  * shape and layout, slowly when they are not its own. When cuBLASLt has no
  * algorithm for a call, the GEMV kernel runs it instead (logged under
- * fallbacks). LINEAR's bias rides on cuBLASLt's BIAS epilogue, or is written
+ * fallbacks, once per distinct call). LINEAR's bias rides on cuBLASLt's BIAS epilogue, or is written
  * into the result first and the product added to it (beta = 1).
  */
 #include "cublaslt.h"
@@ -452,13 +452,7 @@ sg_status sg__cuda_matmul(sg_ctx *ctx, const sg__node *n) {
             nq.bias = NULL;
             if (s == SG_OK) s = each_outer(ctx, &p, dt, &nq, lt_batch, &lt);
         }
-        if (s == SG_OK && !lt.ran) {
-            sg__log(ctx, "fallbacks", "sg_%s: cuBLASLt has no algorithm for %s m=%lld n=%lld "
-                    "k=%lld batch=%lld; the GEMV kernel runs it", sg__op_name(n->op),
-                    sg_dtype_name(dt), (long long)lt.call.m, (long long)lt.call.n,
-                    (long long)lt.call.k, (long long)lt.call.batch);
-            gemv = true;
-        }
+        if (s == SG_OK && !lt.ran) gemv = true; /* logged by cublaslt.c, once per shape */
     }
     if (s == SG_OK && gemv) s = each_outer(ctx, &p, dt, &q, gemv_batch, NULL);
     if (s == SG_OK && p.copy_c) {

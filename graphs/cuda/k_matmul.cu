@@ -99,7 +99,8 @@ template <> struct elem<2> {
 
 /* ------------------------------------------------------------ gemv */
 
-#define SG_GEMV_ROWS 8 /* rows of A (M) one launch covers */
+#define SG_GEMV_ROWS 8   /* rows of A (M) one launch covers */
+#define SG_GEMV_UNROLL 4 /* 16-byte loads of W per lane per trip */
 
 /* Strides in elements; batch strides step with blockIdx.y. */
 struct sg_mm_gemv_args {
@@ -138,15 +139,28 @@ __device__ __forceinline__ void gemv(const typename elem<DT>::t *a, const typena
         const int E = 16 / (int)sizeof(T);
         const i64 nv = p.K / E;
         const uint4 *wv = (const uint4 *)w;
-        for (i64 v = lane; v < nv; v += 32) {
-            float wf[E], xf[E];
-            elem<DT>::unpack(__ldg(wv + v), wf);
+        /* SG_GEMV_UNROLL loads of W in flight per lane before any math:
+         * a K of 1024 bf16 is one trip, all of its row requested at once. */
+        for (i64 v0 = lane; v0 < nv; v0 += 32 * SG_GEMV_UNROLL) {
+            uint4 wq[SG_GEMV_UNROLL];
 #pragma unroll
-            for (int m = 0; m < SG_GEMV_ROWS; m++) {
-                if (m < p.M) {
-                    elem<DT>::unpack(__ldg((const uint4 *)(a + m * p.a_rs) + v), xf);
+            for (int u = 0; u < SG_GEMV_UNROLL; u++) {
+                i64 v = v0 + 32 * u;
+                wq[u] = v < nv ? __ldg(wv + v) : make_uint4(0, 0, 0, 0);
+            }
 #pragma unroll
-                    for (int e = 0; e < E; e++) acc[m] = fmaf(xf[e], wf[e], acc[m]);
+            for (int u = 0; u < SG_GEMV_UNROLL; u++) {
+                i64 v = v0 + 32 * u;
+                if (v >= nv) break;
+                float wf[E], xf[E];
+                elem<DT>::unpack(wq[u], wf);
+#pragma unroll
+                for (int m = 0; m < SG_GEMV_ROWS; m++) {
+                    if (m < p.M) {
+                        elem<DT>::unpack(__ldg((const uint4 *)(a + m * p.a_rs) + v), xf);
+#pragma unroll
+                        for (int e = 0; e < E; e++) acc[m] = fmaf(xf[e], wf[e], acc[m]);
+                    }
                 }
             }
         }
