@@ -31,8 +31,10 @@
 #if defined(SG_HAVE_CUDA_HEADERS) && defined(SG_HAVE_CGEN_CUDA)
 #include "cuda.h"
 
+#include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <unistd.h>
 
 typedef struct set_state {
     CUdeviceptr table; /* nslots device pointers */
@@ -50,6 +52,7 @@ typedef struct cu_graph {
     int nsets;
     bool use_graph, said;
     bool tune; /* MAX_AUTOTUNE*: time block sizes at the first replay */
+    char tune_path[1024]; /* where the picks are remembered ("" when nowhere) */
 } cu_graph;
 
 static const sg__cu_api *api(void) {
@@ -89,6 +92,65 @@ static sg_status refuse(sg_ctx *ctx, sg__graph *g) {
     return sg__fuse(ctx, &g->ir, &fo, &g->fused);
 }
 
+/* The file beside the kernel cache that remembers max-autotune's picks for
+ * this unit on this device: cu-tune-<sha256 of the source and the device>. */
+static void tune_path(sg_ctx *ctx, const char *name, const char *src, cu_graph *cg) {
+    char root[PATH_MAX], hex[65];
+    sg__cuda_device dev;
+    char why[8];
+    cg->tune_path[0] = '\0';
+    sg_status before = ctx->status;
+    char msg[SG__MSG_SIZE];
+    snprintf(msg, sizeof msg, "%s", ctx->msg);
+    bool ok = sg__cuda_probe(why, sizeof why, &dev) == SG_OK &&
+              sg__cache_root(ctx, name, root, sizeof root) == SG_OK;
+    ctx->status = before; /* no remembered picks is no failure */
+    snprintf(ctx->msg, sizeof ctx->msg, "%s", msg);
+    if (!ok) return;
+    sg__sha256_ctx sh;
+    uint8_t d[32];
+    sg__sha256_init(&sh);
+    sg__sha256_update(&sh, src, strlen(src));
+    sg__sha256_update(&sh, dev.name, strlen(dev.name));
+    sg__sha256_update(&sh, &dev.sms, sizeof dev.sms);
+    sg__sha256_final(&sh, d);
+    sg__sha256_hex(d, hex);
+    if (snprintf(cg->tune_path, sizeof cg->tune_path, "%s/cu-tune-%s.txt", root, hex) >=
+        (int)sizeof cg->tune_path)
+        cg->tune_path[0] = '\0';
+}
+
+/* Apply remembered picks ("<group> <threads>" lines); whether all applied. */
+static bool tune_load(cu_graph *cg) {
+    FILE *f = cg->tune_path[0] ? fopen(cg->tune_path, "r") : NULL;
+    if (!f) return false;
+    int k, threads, n = 0;
+    bool ok = true;
+    while (ok && fscanf(f, "%d %d", &k, &threads) == 2) {
+        int t = threads == 128 ? 0 : threads == 256 ? 1 : threads == 512 ? 2 : -1;
+        ok = k >= 0 && k < cg->ngroups && t >= 0 && cg->kinfo[k].tune_grid[t];
+        if (ok) {
+            cg->kinfo[k].block = (unsigned)threads;
+            cg->kinfo[k].grid = cg->kinfo[k].tune_grid[t];
+            n++;
+        }
+    }
+    fclose(f);
+    return ok && n > 0;
+}
+
+/* Remember the picks: a temporary file renamed into place. */
+static void tune_save(const cu_graph *cg) {
+    if (!cg->tune_path[0]) return;
+    char tmp[1100];
+    snprintf(tmp, sizeof tmp, "%s.%ld.tmp", cg->tune_path, (long)getpid());
+    FILE *f = fopen(tmp, "w");
+    if (!f) return;
+    for (int k = 0; k < cg->ngroups; k++)
+        if (cg->kfn[k] && cg->kinfo[k].tune_grid[0]) fprintf(f, "%d %u\n", k, cg->kinfo[k].block);
+    if (fclose(f) != 0 || rename(tmp, cg->tune_path) != 0) unlink(tmp);
+}
+
 static sg_status compile(sg_fn *fn, sg__graph *g) {
     sg_ctx *ctx = fn->ctx;
     const sg__cu_api *cu = api();
@@ -109,6 +171,7 @@ static sg_status compile(sg_fn *fn, sg__graph *g) {
     size_t size = 0;
     if (s == SG_OK && nk > 0)
         s = sg__nvrtc_build(ctx, g->module, e.buf, sg__cuda_arch(ctx), &cubin, &size);
+    if (s == SG_OK && nk > 0) tune_path(ctx, g->module, e.buf, cg);
     sg__emit_free(&e);
     if (s == SG_OK && nk > 0) {
         CUresult r = cu->cuModuleLoadData(&cg->mod, cubin);
@@ -124,6 +187,11 @@ static sg_status compile(sg_fn *fn, sg__graph *g) {
         fn->opts.mode == SG_MODE_REDUCE_OVERHEAD || fn->opts.mode == SG_MODE_MAX_AUTOTUNE;
     cg->tune =
         fn->opts.mode == SG_MODE_MAX_AUTOTUNE || fn->opts.mode == SG_MODE_MAX_AUTOTUNE_NO_GRAPHS;
+    if (s == SG_OK && cg->tune && tune_load(cg)) {
+        cg->tune = false;
+        sg__log(ctx, "perf_hints", "fn '%s': max-autotune: the picks remembered in %s", fn->name,
+                cg->tune_path);
+    }
     return s;
 }
 
@@ -299,6 +367,7 @@ static void autotune(sg_fn *fn, sg__graph *g, set_state *st) {
                 "(%.2f us)",
                 fn->name, ki->name, ki->grid, ki->block, best_ms / 5 * 1e3);
     }
+    if (s == SG_OK) tune_save(cg);
     if (s != SG_OK) {
         sg__log(ctx, "perf_hints",
                 "fn '%s': max-autotune stopped, the kernels left keep their "
