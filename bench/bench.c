@@ -145,9 +145,10 @@ static void run(sg_ctx *ctx, const char *name, sg_step_fn step, void *user, sg_t
             printf("| %-4s | %-26s | failed |\n", name, sg_mode_name(m));
             continue;
         }
-        printf("| %-4s | %-26s | %12.1f | %8.3f | %5.2fx | %9.1f |\n", name, sg_mode_name(m),
-               res[m].us, res[m].first_s, res[0].ok ? res[0].us / res[m].us : 0.0,
-               res[m].peak_mib);
+        char vs[16] = "    -";
+        if (res[0].ok) snprintf(vs, sizeof vs, "%5.2fx", res[0].us / res[m].us);
+        printf("| %-4s | %-26s | %12.1f | %8.3f | %8s | %9.1f |\n", name, sg_mode_name(m),
+               res[m].us, res[m].first_s, vs, res[m].peak_mib);
     }
     for (sg_mode m = SG_MODE_EAGER; m <= SG_MODE_MAX_AUTOTUNE_NO_GRAPHS; m++)
         if (res[m].ok)

@@ -374,19 +374,21 @@ static void drop_graph(sg_fn *fn, int gi) {
 static sg_status call_replay(sg_fn *fn, sg__graph *g, sg_tensor *const *in, sg_tensor **out);
 
 /*
- * Whether captures record without executing. On the CPU the capture run
- * executes every op as it records (its results are the call's), which
- * costs nothing extra. On a GPU that would compile every eager kernel
- * family the step touches before the first call returns -- seconds of
- * NVRTC on a cold cache -- so there the capture only records, and the
- * call's results come from the first replay of the compiled plan. A graph
- * break in a dry capture stops the step (nothing before it ran), and the
- * call runs the whole step again eagerly. SG_DRY_CAPTURE=1 or 0 overrides.
+ * Whether captures record without executing ("dry"). Running every op as
+ * it is recorded would make the first call pay the eager path on top of
+ * the compile: on a GPU, every eager kernel family the step touches
+ * compiled by NVRTC (seconds on a cold cache); on any device, every
+ * intermediate allocated at once (1.6 GB for a 24-op chain over 16M
+ * floats, where the plan needs 128 MB). So the capture only records, and
+ * the call's results come from the first replay of the compiled plan. A
+ * graph break in a dry capture stops the step (nothing before it ran), and
+ * the call runs the whole step again eagerly. SG_DRY_CAPTURE=0 makes the
+ * capture run the step as it records (its results are then the call's).
  */
 static bool dry_capture(const sg_ctx *ctx) {
+    (void)ctx;
     const char *e = getenv("SG_DRY_CAPTURE");
-    if (e && *e) return strcmp(e, "0") != 0;
-    return ctx->backend != SG_BACKEND_CPU;
+    return !(e && strcmp(e, "0") == 0);
 }
 
 /* Capture a new graph from this call; the call's results come from the

@@ -408,10 +408,9 @@ SG_API sg_status sg_index_copy_(sg_tensor *dst, int dim, sg_tensor *idx, sg_tens
 /*
  * A step is a function over tensor ops. sg_compile wraps it in an sg_fn;
  * sg_call runs it. In the compiling modes the first call for a new input
- * signature *captures* the step: it records every op into IR -- on the CPU
- * while running the step for real, on a GPU without running it (the first
- * call's results come from the first replay, so the capture compiles no
- * eager kernel) -- plans every
+ * signature *captures* the step: it records every op into IR without
+ * running it (no eager kernel runs and no intermediate is allocated; the
+ * first call's results come from the first replay), plans every
  * buffer the step makes into the context's static memory pool, and from
  * then on each call *replays* the recording with no allocation at all.
  * The modes mean what torch.compile's do:
@@ -447,9 +446,7 @@ SG_API sg_status sg_index_copy_(sg_tensor *dst, int dim, sg_tensor *idx, sg_tens
  * the graph, which patches the instantiated one (cuGraphExecUpdate). The
  * MAX_AUTOTUNE modes time 128/256/512 threads per generated kernel on the
  * real buffers. Kernels launch with programmatic dependent launch on sm_90
- * (SG_CUDA_PDL=0 turns it off). A graph break in a GPU capture runs that
- * call's step again eagerly (nothing ran yet), so a step with one is called
- * twice on its first call.
+ * (SG_CUDA_PDL=0 turns it off).
  *
  * What a step may do: read its inputs and any tensors made outside it (its
  * *parameters*: weights, caches), make new tensors with ops (they belong to
@@ -459,7 +456,11 @@ SG_API sg_status sg_index_copy_(sg_tensor *dst, int dim, sg_tensor *idx, sg_tens
  * What it may not rely on: host reads or writes of tensor data (sg_read,
  * sg_item, sg_write, sg_from_host) are *graph breaks* -- with fullgraph they
  * fail with SG_ERR_GRAPH_BREAK; without it that signature runs eagerly from
- * then on (logged under "graph_breaks" and "fallbacks"). Host values the
+ * then on (logged under "graph_breaks" and "fallbacks"). The capture had not
+ * run the ops before the break, so that first call runs the whole step
+ * again, eagerly: a step with a graph break is called twice on its first
+ * call (SG_DRY_CAPTURE=0 makes captures run the step as they record, and
+ * then it is called once). Host values the
  * step reads from your own structs are baked into the capture: pass what
  * changes per call as a tensor (a position as an i64 tensor, not an int),
  * and if you swap a parameter for another tensor, call sg_fn_reset.
