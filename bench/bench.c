@@ -108,7 +108,8 @@ static result time_mode(sg_ctx *ctx, sg_step_fn step, void *user, sg_tensor *x, 
     r.us = per[loops / 2];
     r.ok = 1;
     sg_memory_stats ms;
-    if (sg_ctx_memory_stats(ctx, &ms) == SG_OK) r.peak_mib = (double)ms.device_peak_bytes / (1 << 20);
+    if (sg_ctx_memory_stats(ctx, &ms) == SG_OK)
+        r.peak_mib = (double)ms.device_peak_bytes / (1 << 20);
 done:
     if (!r.ok) fprintf(stderr, "  %s: %s\n", sg_mode_name(mode), sg_last_error(ctx));
     sg_fn_destroy(fn);
@@ -134,8 +135,8 @@ static bool mode_wanted(sg_mode m) {
     return false;
 }
 
-static void run(sg_ctx *ctx, const char *name, sg_step_fn step, void *user, sg_tensor *x,
-                int steps, int loops) {
+static void run(sg_ctx *ctx, const char *name, sg_step_fn step, void *user, sg_tensor *x, int steps,
+                int loops) {
     result res[5];
     for (sg_mode m = SG_MODE_EAGER; m <= SG_MODE_MAX_AUTOTUNE_NO_GRAPHS; m++)
         res[m] = mode_wanted(m) ? time_mode(ctx, step, user, x, m, steps, loops) : (result){0};
@@ -188,9 +189,9 @@ int main(int argc, char **argv) {
         if (strcmp(argv[i], "--modes") == 0) modes_arg = argv[i + 1];
     for (int i = 1; i + 1 < argc; i++)
         if (strcmp(argv[i], "--backend") == 0)
-            want = strcmp(argv[i + 1], "cuda") == 0 ? SG_BACKEND_CUDA
-                 : strcmp(argv[i + 1], "cpu") == 0  ? SG_BACKEND_CPU
-                                                    : SG_BACKEND_AUTO;
+            want = strcmp(argv[i + 1], "cuda") == 0  ? SG_BACKEND_CUDA
+                   : strcmp(argv[i + 1], "cpu") == 0 ? SG_BACKEND_CPU
+                                                     : SG_BACKEND_AUTO;
     sg_ctx *ctx = new_ctx(want);
     bool gpu = sg_ctx_backend(ctx) == SG_BACKEND_CUDA;
     unsigned seed = 1234;
@@ -201,8 +202,10 @@ int main(int argc, char **argv) {
         snprintf(buf, sizeof buf, "stepgraph-%s", t);
         tag = buf;
     }
-    printf("| work | mode                       | us per step  | first_s  | vs eager | peak MiB  |\n");
-    printf("|------|----------------------------|--------------|----------|----------|-----------|\n");
+    printf(
+        "| work | mode                       | us per step  | first_s  | vs eager | peak MiB  |\n");
+    printf(
+        "|------|----------------------------|--------------|----------|----------|-----------|\n");
     if (wanted(argc, argv, "w1s")) {
         int64_t s[1] = {4096};
         sg_tensor *x = randn(ctx, SG_F32, 1, s, 1.0f, &seed);

@@ -107,13 +107,17 @@ sg_tensor *sg__tensor_new(sg_ctx *ctx, const char *op, sg_dtype dt, int ndim,
                           const int64_t *shape) {
     char sh[96];
     if (!sg__dtype_valid(dt)) {
-        sg__fail(ctx, SG_ERR_DTYPE, "%s: %d is not a dtype; use SG_F32, SG_F16, SG_BF16, SG_I32, "
-                 "SG_I64 or SG_BOOL", op, (int)dt);
+        sg__fail(ctx, SG_ERR_DTYPE,
+                 "%s: %d is not a dtype; use SG_F32, SG_F16, SG_BF16, SG_I32, "
+                 "SG_I64 or SG_BOOL",
+                 op, (int)dt);
         return NULL;
     }
     if (ndim < 0 || ndim > SG_MAX_DIMS) {
-        sg__fail(ctx, SG_ERR_SHAPE, "%s: ndim %d is out of range; stepgraph tensors have 0 to %d "
-                 "dims", op, ndim, SG_MAX_DIMS);
+        sg__fail(ctx, SG_ERR_SHAPE,
+                 "%s: ndim %d is out of range; stepgraph tensors have 0 to %d "
+                 "dims",
+                 op, ndim, SG_MAX_DIMS);
         return NULL;
     }
     if (ndim > 0 && !shape) {
@@ -124,8 +128,10 @@ sg_tensor *sg__tensor_new(sg_ctx *ctx, const char *op, sg_dtype dt, int ndim,
     uint64_t bytes = sg_dtype_size(dt);
     for (int d = 0; d < ndim; d++) {
         if (shape[d] < 0) {
-            sg__fail(ctx, SG_ERR_SHAPE, "%s: shape %s has a negative size at dim %d; sizes must "
-                     "be >= 0", op, sg__shape_str(ndim, shape, sh, sizeof sh), d);
+            sg__fail(ctx, SG_ERR_SHAPE,
+                     "%s: shape %s has a negative size at dim %d; sizes must "
+                     "be >= 0",
+                     op, sg__shape_str(ndim, shape, sh, sizeof sh), d);
             return NULL;
         }
         if (shape[d] > 0 && bytes > (UINT64_MAX >> 2) / (uint64_t)shape[d]) {
@@ -156,9 +162,11 @@ sg_tensor *sg__tensor_new(sg_ctx *ctx, const char *op, sg_dtype dt, int ndim,
      * gives them pool offsets later). */
     bool dry = ctx->rec && ctx->rec->dry && !ctx->rec->broken;
     if (!dry && sg__dev_alloc(ctx, (size_t)bytes, &t->st->data) != SG_OK) {
-        sg__fail(ctx, SG_ERR_OOM, "%s: out of %s memory for %s%s (%llu bytes); free tensors with "
-                 "sg_release or use smaller shapes", op, ctx->exec.name, sg_dtype_name(dt),
-                 sg__shape_str(ndim, shape, sh, sizeof sh), (unsigned long long)bytes);
+        sg__fail(ctx, SG_ERR_OOM,
+                 "%s: out of %s memory for %s%s (%llu bytes); free tensors with "
+                 "sg_release or use smaller shapes",
+                 op, ctx->exec.name, sg_dtype_name(dt), sg__shape_str(ndim, shape, sh, sizeof sh),
+                 (unsigned long long)bytes);
         t->st->data = NULL;
         sg__tensor_drop(t);
         return NULL;
@@ -250,8 +258,10 @@ sg_ctx *sg__check_inputs(const char *op, int n, sg_tensor *const *ts, const bool
             return NULL; /* an earlier op failed and said why */
         }
         if (ts[i]->magic == SG__TENSOR_DEAD) {
-            sg__fail(ctx, SG_ERR_RELEASED, "%s: input %d (tensor #%u) was released with "
-                     "sg_release; keep it until its last use", op, i, ts[i]->id);
+            sg__fail(ctx, SG_ERR_RELEASED,
+                     "%s: input %d (tensor #%u) was released with "
+                     "sg_release; keep it until its last use",
+                     op, i, ts[i]->id);
             return NULL;
         }
         if (ts[i]->magic != SG__TENSOR_LIVE) {
@@ -259,8 +269,10 @@ sg_ctx *sg__check_inputs(const char *op, int n, sg_tensor *const *ts, const bool
             return NULL;
         }
         if (ts[i]->ctx != ctx) {
-            sg__fail(ctx, SG_ERR_WRONG_CONTEXT, "%s: input %d belongs to another context than "
-                     "input 0; copy it over with sg_read and sg_from_host", op, i);
+            sg__fail(ctx, SG_ERR_WRONG_CONTEXT,
+                     "%s: input %d belongs to another context than "
+                     "input 0; copy it over with sg_read and sg_from_host",
+                     op, i);
             return NULL;
         }
         if (sg__check_stale(ts[i], op) != SG_OK) return NULL;
@@ -282,8 +294,10 @@ sg_status sg__inputs_status(int n, sg_tensor *const *ts) {
 static sg_status check_one(const char *what, const sg_tensor *t) {
     if (!t) return SG_ERR_NULL;
     if (t->magic == SG__TENSOR_DEAD)
-        return sg__fail(t->ctx, SG_ERR_RELEASED, "%s: tensor #%u was released with sg_release; "
-                        "keep it until its last use", what, t->id);
+        return sg__fail(t->ctx, SG_ERR_RELEASED,
+                        "%s: tensor #%u was released with sg_release; "
+                        "keep it until its last use",
+                        what, t->id);
     if (t->magic != SG__TENSOR_LIVE) return SG_ERR_INVALID_ARG;
     return sg__check_stale(t, what);
 }
@@ -291,10 +305,11 @@ static sg_status check_one(const char *what, const sg_tensor *t) {
 sg_status sg__check_stale(const sg_tensor *t, const char *what) {
     if (!t->st || t->st_gen == t->st->gen) return SG_OK;
     char d[SG__DESC];
-    return sg__fail(t->ctx, SG_ERR_STALE_OUTPUT, "%s: tensor #%u (%s) is an output of a compiled "
+    return sg__fail(t->ctx, SG_ERR_STALE_OUTPUT,
+                    "%s: tensor #%u (%s) is an output of a compiled "
                     "step, and the call in step %u overwrote it; sg_clone the outputs you keep "
-                    "before calling the fn again after sg_mark_step_begin", what, t->id,
-                    sg__describe(t, d, sizeof d), t->st->overwritten_in);
+                    "before calling the fn again after sg_mark_step_begin",
+                    what, t->id, sg__describe(t, d, sizeof d), t->st->overwritten_in);
 }
 
 bool sg__broadcast(sg_ctx *ctx, const char *op, int n, sg_tensor *const *ts, int *ndim,
@@ -315,9 +330,11 @@ bool sg__broadcast(sg_ctx *ctx, const char *op, int n, sg_tensor *const *ts, int
                 continue;
             }
             char a[SG__DESC], b[SG__DESC];
-            sg__fail(ctx, SG_ERR_SHAPE, "%s: shapes %s and %s do not broadcast (dim %d: %lld vs "
-                     "%lld); sizes must match or be 1", op, sg__describe(ts[0], a, sizeof a),
-                     sg__describe(t, b, sizeof b), o - nd, (long long)shape[o], (long long)s);
+            sg__fail(ctx, SG_ERR_SHAPE,
+                     "%s: shapes %s and %s do not broadcast (dim %d: %lld vs "
+                     "%lld); sizes must match or be 1",
+                     op, sg__describe(ts[0], a, sizeof a), sg__describe(t, b, sizeof b), o - nd,
+                     (long long)shape[o], (long long)s);
             return false;
         }
     }
@@ -447,9 +464,10 @@ static sg_status check_nbytes(const char *what, const sg_tensor *t, const void *
     size_t want = (size_t)sg__numel(t->ndim, t->shape) * sg_dtype_size(t->dtype);
     char d[SG__DESC];
     if (nbytes != want)
-        return sg__fail(t->ctx, SG_ERR_INVALID_ARG, "%s: %s holds %zu bytes but %zu were given; "
-                        "pass numel * sg_dtype_size(dtype)", what, sg__describe(t, d, sizeof d),
-                        want, nbytes);
+        return sg__fail(t->ctx, SG_ERR_INVALID_ARG,
+                        "%s: %s holds %zu bytes but %zu were given; "
+                        "pass numel * sg_dtype_size(dtype)",
+                        what, sg__describe(t, d, sizeof d), want, nbytes);
     if (nbytes && !p) return sg__fail(t->ctx, SG_ERR_NULL, "%s: the host buffer is NULL", what);
     return SG_OK;
 }
@@ -463,7 +481,8 @@ sg_status sg_write(sg_tensor *t, const void *src, size_t nbytes) {
     for (int d = 0; d < t->ndim; d++)
         if (t->stride[d] == 0 && t->shape[d] > 1) {
             char desc[SG__DESC];
-            return sg__fail(ctx, SG_ERR_INVALID_ARG, "sg_write: %s is an expanded view whose "
+            return sg__fail(ctx, SG_ERR_INVALID_ARG,
+                            "sg_write: %s is an expanded view whose "
                             "elements repeat; write to the tensor it expands instead",
                             sg__describe(t, desc, sizeof desc));
         }
@@ -497,8 +516,9 @@ sg_status sg_read(const sg_tensor *t, void *dst, size_t nbytes) {
 /* IEEE half and bfloat16 to float, for sg_item. */
 static float half_to_float(uint16_t h) {
     int e = (h >> 10) & 31, m = h & 1023;
-    float v = e == 0 ? ldexpf((float)m, -24) : e == 31 ? (m ? NAN : INFINITY)
-                                                        : ldexpf((float)(m | 1024), e - 25);
+    float v = e == 0    ? ldexpf((float)m, -24)
+              : e == 31 ? (m ? NAN : INFINITY)
+                        : ldexpf((float)(m | 1024), e - 25);
     return h & 0x8000 ? -v : v;
 }
 
@@ -507,9 +527,10 @@ sg_status sg_item(const sg_tensor *t, double *value) {
     if (s != SG_OK) return s;
     char d[SG__DESC];
     if (sg__numel(t->ndim, t->shape) != 1)
-        return sg__fail(t->ctx, SG_ERR_SHAPE, "sg_item: %s has %lld elements, not 1; use sg_read "
-                        "for more", sg__describe(t, d, sizeof d),
-                        (long long)sg__numel(t->ndim, t->shape));
+        return sg__fail(t->ctx, SG_ERR_SHAPE,
+                        "sg_item: %s has %lld elements, not 1; use sg_read "
+                        "for more",
+                        sg__describe(t, d, sizeof d), (long long)sg__numel(t->ndim, t->shape));
     if (!value) return sg__fail(t->ctx, SG_ERR_NULL, "sg_item: value is NULL");
     if (t->ctx->rec && (s = sg__rec_break(t->ctx, "sg_item", t)) != SG_OK) return s;
     union {

@@ -28,15 +28,15 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#define SG__NVRTC_API(X)                                                                          \
-    X(nvrtcVersion)                                                                               \
-    X(nvrtcGetErrorString)                                                                        \
-    X(nvrtcCreateProgram)                                                                         \
-    X(nvrtcCompileProgram)                                                                        \
-    X(nvrtcGetProgramLogSize)                                                                     \
-    X(nvrtcGetProgramLog)                                                                         \
-    X(nvrtcGetCUBINSize)                                                                          \
-    X(nvrtcGetCUBIN)                                                                              \
+#define SG__NVRTC_API(X)                                                                           \
+    X(nvrtcVersion)                                                                                \
+    X(nvrtcGetErrorString)                                                                         \
+    X(nvrtcCreateProgram)                                                                          \
+    X(nvrtcCompileProgram)                                                                         \
+    X(nvrtcGetProgramLogSize)                                                                      \
+    X(nvrtcGetProgramLog)                                                                          \
+    X(nvrtcGetCUBINSize)                                                                           \
+    X(nvrtcGetCUBIN)                                                                               \
     X(nvrtcDestroyProgram)
 
 static struct {
@@ -62,17 +62,20 @@ static void load_once(void) {
         if (!lib && !err) err = dlerror();
     }
     if (!lib) {
-        snprintf(load_why, sizeof load_why, "NVRTC is not available: cannot load libnvrtc.so.13 "
+        snprintf(load_why, sizeof load_why,
+                 "NVRTC is not available: cannot load libnvrtc.so.13 "
                  "(%s); install the CUDA toolkit's NVRTC or add its lib64 to LD_LIBRARY_PATH",
                  err ? err : "not found");
         return;
     }
-#define X(f)                                                                                      \
-    api.f = (__typeof__(api.f))(uintptr_t)dlsym(lib, #f);                                         \
-    if (!api.f) {                                                                                 \
-        snprintf(load_why, sizeof load_why, "the NVRTC library lacks %s; install NVRTC 12 or "    \
-                 "newer", #f);                                                                    \
-        return;                                                                                   \
+#define X(f)                                                                                       \
+    api.f = (__typeof__(api.f))(uintptr_t)dlsym(lib, #f);                                          \
+    if (!api.f) {                                                                                  \
+        snprintf(load_why, sizeof load_why,                                                        \
+                 "the NVRTC library lacks %s; install NVRTC 12 or "                                \
+                 "newer",                                                                          \
+                 #f);                                                                              \
+        return;                                                                                    \
     }
     SG__NVRTC_API(X)
 #undef X
@@ -227,14 +230,15 @@ static sg_status compile(sg_ctx *ctx, const char *name, const char *source, cons
 
 /* SG_OVERRIDE_DIR/<name>.cu replaces the source; SG_DUMP_DIR/<name>.cu gets
  * what is compiled. *owned is the override text to free (size *owned_n). */
-static sg_status override_and_dump(sg_ctx *ctx, const char *name, const char **source,
-                                   char **owned, size_t *owned_n) {
+static sg_status override_and_dump(sg_ctx *ctx, const char *name, const char **source, char **owned,
+                                   size_t *owned_n) {
     char path[PATH_MAX];
     const char *dir = env("SG_OVERRIDE_DIR");
     *owned = NULL;
     if (dir && snprintf(path, sizeof path, "%s/%s.cu", dir, name) < (int)sizeof path) {
         int rc = slurp(ctx, path, owned, owned_n);
-        if (rc == 0) *source = *owned;
+        if (rc == 0)
+            *source = *owned;
         else if (rc != ENOENT)
             return sg__fail(ctx, SG_ERR_COMPILE, "nvrtc: SG_OVERRIDE_DIR: cannot read '%s': %s",
                             path, strerror(rc));
@@ -248,14 +252,14 @@ static sg_status override_and_dump(sg_ctx *ctx, const char *name, const char **s
         int rc = fd < 0 ? errno : write_all(fd, *source, strlen(*source));
         if (fd >= 0) close(fd);
         if (rc)
-            return sg__fail(ctx, SG_ERR_COMPILE, "nvrtc: cannot write '%s' (SG_DUMP_DIR): %s",
-                            path, strerror(rc));
+            return sg__fail(ctx, SG_ERR_COMPILE, "nvrtc: cannot write '%s' (SG_DUMP_DIR): %s", path,
+                            strerror(rc));
     }
     return SG_OK;
 }
 
-sg_status sg__nvrtc_build(sg_ctx *ctx, const char *name, const char *source, int arch,
-                          void **cubin, size_t *size) {
+sg_status sg__nvrtc_build(sg_ctx *ctx, const char *name, const char *source, int arch, void **cubin,
+                          size_t *size) {
     SG_ASSERT(ctx && cubin && size);
     *cubin = NULL;
     *size = 0;
@@ -278,8 +282,12 @@ sg_status sg__nvrtc_build(sg_ctx *ctx, const char *name, const char *source, int
     sg__sha256_ctx sh;
     uint8_t digest[32];
     sg__sha256_init(&sh);
-    const char *fields[] = {SG__CODEGEN_VERSION, "cuda", ver, arch_opt,
-                            "--std=c++17 --fmad=false -default-device", source};
+    const char *fields[] = {SG__CODEGEN_VERSION,
+                            "cuda",
+                            ver,
+                            arch_opt,
+                            "--std=c++17 --fmad=false -default-device",
+                            source};
     for (size_t i = 0; i < sizeof fields / sizeof *fields; i++) {
         uint64_t n = strlen(fields[i]);
         sg__sha256_update(&sh, &n, sizeof n); /* length-prefixed: no two lists hash alike */
@@ -304,14 +312,15 @@ sg_status sg__nvrtc_build(sg_ctx *ctx, const char *name, const char *source, int
 
 uint64_t sg__nvrtc_compiles(void) { return 0; }
 
-sg_status sg__nvrtc_build(sg_ctx *ctx, const char *name, const char *source, int arch,
-                          void **cubin, size_t *size) {
+sg_status sg__nvrtc_build(sg_ctx *ctx, const char *name, const char *source, int arch, void **cubin,
+                          size_t *size) {
     (void)source, (void)arch;
     *cubin = NULL;
     *size = 0;
     return sg__fail(ctx, SG_ERR_BACKEND_UNAVAILABLE,
                     "nvrtc: cannot compile '%s': this stepgraph was built without the CUDA "
-                    "headers; rebuild with the CUDA toolkit installed", name ? name : "(null)");
+                    "headers; rebuild with the CUDA toolkit installed",
+                    name ? name : "(null)");
 }
 
 #endif

@@ -30,8 +30,7 @@ static sg_status fifo_push(sg_fn *fn, sg_tensor *t) {
         int ncap = fn->fifo_cap ? fn->fifo_cap * 2 : 64;
         sg_tensor **nf = sg__alloc(fn->ctx, sizeof *nf * (size_t)ncap);
         if (!nf) return sg__fail(fn->ctx, SG_ERR_OOM, "call: out of host memory for handles");
-        for (int i = 0; i < fn->fifo_len; i++)
-            nf[i] = fn->fifo[(fn->fifo_head + i) % fn->fifo_cap];
+        for (int i = 0; i < fn->fifo_len; i++) nf[i] = fn->fifo[(fn->fifo_head + i) % fn->fifo_cap];
         sg__free(fn->ctx, fn->fifo, sizeof *nf * (size_t)(fn->fifo_cap ? fn->fifo_cap : 1));
         fn->fifo = nf;
         fn->fifo_cap = ncap;
@@ -166,7 +165,8 @@ static sg_status pick_set(sg_fn *fn, sg_tensor *const *in, int *out) {
     *out = fn->nsets++;
     if (fn->nsets == 16 && !fn->said_sets) {
         fn->said_sets = true;
-        sg__log(ctx, "perf_hints", "fn '%s' holds 16 output sets: call sg_mark_step_begin once "
+        sg__log(ctx, "perf_hints",
+                "fn '%s' holds 16 output sets: call sg_mark_step_begin once "
                 "per step, or sg_release outputs when done, so that calls can reuse them",
                 fn->name);
     }
@@ -191,17 +191,25 @@ static void fn_unlink(sg_fn *fn) {
 sg_status sg_compile(sg_ctx *ctx, sg_step_fn step, void *user, int nin, int nout,
                      const sg_compile_opts *opts, sg_fn **out) {
     if (!ctx) return SG_ERR_NULL;
-    if (!out) return sg__fail(ctx, SG_ERR_NULL, "sg_compile: fn is NULL; pass an sg_fn pointer's address");
-    if (!step) return sg__fail(ctx, SG_ERR_NULL, "sg_compile: step is NULL; pass the step function");
+    if (!out)
+        return sg__fail(ctx, SG_ERR_NULL,
+                        "sg_compile: fn is NULL; pass an sg_fn pointer's address");
+    if (!step)
+        return sg__fail(ctx, SG_ERR_NULL, "sg_compile: step is NULL; pass the step function");
     if (nin < 0 || nout < 1 || nin > 4096 || nout > 4096)
-        return sg__fail(ctx, SG_ERR_INVALID_ARG, "sg_compile: nin %d and nout %d must be in "
-                        "[0, 4096] and [1, 4096]", nin, nout);
+        return sg__fail(ctx, SG_ERR_INVALID_ARG,
+                        "sg_compile: nin %d and nout %d must be in "
+                        "[0, 4096] and [1, 4096]",
+                        nin, nout);
     sg_compile_opts o = opts ? *opts : (sg_compile_opts){0};
     if ((unsigned)o.mode > SG_MODE_MAX_AUTOTUNE_NO_GRAPHS)
-        return sg__fail(ctx, SG_ERR_INVALID_ARG, "sg_compile: mode %d is not an sg_mode", (int)o.mode);
+        return sg__fail(ctx, SG_ERR_INVALID_ARG, "sg_compile: mode %d is not an sg_mode",
+                        (int)o.mode);
     if (o.cache_size_limit < 0)
-        return sg__fail(ctx, SG_ERR_INVALID_ARG, "sg_compile: cache_size_limit %d is negative; "
-                        "0 means the default (8)", o.cache_size_limit);
+        return sg__fail(ctx, SG_ERR_INVALID_ARG,
+                        "sg_compile: cache_size_limit %d is negative; "
+                        "0 means the default (8)",
+                        o.cache_size_limit);
     if (o.cache_size_limit == 0) o.cache_size_limit = 8;
     sg_fn *fn = sg__calloc(ctx, sizeof *fn);
     if (!fn) return sg__fail(ctx, SG_ERR_OOM, "sg_compile: out of host memory");
@@ -253,8 +261,10 @@ static sg_status run_step(sg_fn *fn, sg_tensor *const *in, sg_tensor **tmp) {
                             ctx->status != SG_OK ? ctx->msg : "");
         }
         if (tmp[i]->ctx != ctx)
-            return sg__fail(ctx, SG_ERR_WRONG_CONTEXT, "fn '%s': output %d belongs to another "
-                            "context", fn->name, i);
+            return sg__fail(ctx, SG_ERR_WRONG_CONTEXT,
+                            "fn '%s': output %d belongs to another "
+                            "context",
+                            fn->name, i);
     }
     return SG_OK;
 }
@@ -497,27 +507,42 @@ static sg_status call_replay(sg_fn *fn, sg__graph *g, sg_tensor *const *in, sg_t
 static sg_status check_call(sg_fn *fn, sg_tensor *const *in, int nin, sg_tensor **out, int nout) {
     sg_ctx *ctx = fn->ctx;
     if (nin != fn->nin || nout != fn->nout)
-        return sg__fail(ctx, SG_ERR_INVALID_ARG, "sg_call: fn '%s' takes %d inputs and %d outputs, "
-                        "not %d and %d", fn->name, fn->nin, fn->nout, nin, nout);
-    if (fn->nin && !in) return sg__fail(ctx, SG_ERR_NULL, "sg_call: in is NULL but fn '%s' takes "
-                                        "%d inputs", fn->name, fn->nin);
-    if (!out) return sg__fail(ctx, SG_ERR_NULL, "sg_call: out is NULL; pass room for %d outputs",
-                              fn->nout);
-    if (ctx->rec) return sg__fail(ctx, SG_ERR_UNSUPPORTED, "sg_call: fn '%s' was called inside "
-                                  "another step's capture; call the inner step's ops directly",
-                                  fn->name);
+        return sg__fail(ctx, SG_ERR_INVALID_ARG,
+                        "sg_call: fn '%s' takes %d inputs and %d outputs, "
+                        "not %d and %d",
+                        fn->name, fn->nin, fn->nout, nin, nout);
+    if (fn->nin && !in)
+        return sg__fail(ctx, SG_ERR_NULL,
+                        "sg_call: in is NULL but fn '%s' takes "
+                        "%d inputs",
+                        fn->name, fn->nin);
+    if (!out)
+        return sg__fail(ctx, SG_ERR_NULL, "sg_call: out is NULL; pass room for %d outputs",
+                        fn->nout);
+    if (ctx->rec)
+        return sg__fail(ctx, SG_ERR_UNSUPPORTED,
+                        "sg_call: fn '%s' was called inside "
+                        "another step's capture; call the inner step's ops directly",
+                        fn->name);
     for (int k = 0; k < fn->nin; k++) {
         const sg_tensor *t = in[k];
-        if (!t) return sg__fail(ctx, SG_ERR_NULL, "sg_call: input %d of fn '%s' is NULL", k, fn->name);
+        if (!t)
+            return sg__fail(ctx, SG_ERR_NULL, "sg_call: input %d of fn '%s' is NULL", k, fn->name);
         if (t->magic == SG__TENSOR_DEAD)
-            return sg__fail(ctx, SG_ERR_RELEASED, "sg_call: input %d of fn '%s' (tensor #%u) was "
-                            "released", k, fn->name, t->id);
+            return sg__fail(ctx, SG_ERR_RELEASED,
+                            "sg_call: input %d of fn '%s' (tensor #%u) was "
+                            "released",
+                            k, fn->name, t->id);
         if (t->magic != SG__TENSOR_LIVE)
-            return sg__fail(ctx, SG_ERR_INVALID_ARG, "sg_call: input %d of fn '%s' is not a "
-                            "tensor", k, fn->name);
+            return sg__fail(ctx, SG_ERR_INVALID_ARG,
+                            "sg_call: input %d of fn '%s' is not a "
+                            "tensor",
+                            k, fn->name);
         if (t->ctx != ctx)
-            return sg__fail(ctx, SG_ERR_WRONG_CONTEXT, "sg_call: input %d of fn '%s' belongs to "
-                            "another context", k, fn->name);
+            return sg__fail(ctx, SG_ERR_WRONG_CONTEXT,
+                            "sg_call: input %d of fn '%s' belongs to "
+                            "another context",
+                            k, fn->name);
         sg_status s = sg__check_stale(t, "sg_call");
         if (s != SG_OK) return s;
     }
@@ -528,8 +553,10 @@ static sg_status check_call(sg_fn *fn, sg_tensor *const *in, int nin, sg_tensor 
 static sg_status check_fn(const sg_fn *fn, const char *what) {
     if (!fn) return SG_ERR_NULL;
     if (fn->magic == SG__FN_DEAD)
-        return sg__fail(fn->ctx, SG_ERR_RELEASED, "%s: the fn was destroyed with sg_fn_destroy; "
-                        "compile the step again", what);
+        return sg__fail(fn->ctx, SG_ERR_RELEASED,
+                        "%s: the fn was destroyed with sg_fn_destroy; "
+                        "compile the step again",
+                        what);
     return fn->magic == SG__FN_LIVE ? SG_OK : SG_ERR_INVALID_ARG;
 }
 
@@ -543,8 +570,10 @@ sg_status sg_call(sg_fn *fn, sg_tensor *const *in, int nin, sg_tensor **out, int
     if (fn->opts.disable || fn->opts.mode == SG_MODE_EAGER) return call_eager(fn, in, out);
     if (fn->opts.dynamic == SG_DYNAMIC_TRUE && !fn->said_dynamic) {
         fn->said_dynamic = true;
-        sg__log(ctx, "perf_hints", "fn '%s': dynamic=true: captures are specialized per input "
-                "shape for now", fn->name);
+        sg__log(ctx, "perf_hints",
+                "fn '%s': dynamic=true: captures are specialized per input "
+                "shape for now",
+                fn->name);
     }
     char why[512] = "";
     for (int gi = 0; gi < fn->ngraphs; gi++) {
@@ -560,9 +589,10 @@ sg_status sg_call(sg_fn *fn, sg_tensor *const *in, int nin, sg_tensor **out, int
     if (fn->ngraphs >= fn->opts.cache_size_limit) {
         if (!fn->said_limit) {
             fn->said_limit = true;
-            sg__log(ctx, "fallbacks", "fn '%s': cache_size_limit (%d) reached; new input "
-                    "signatures run eagerly (last miss: %s)", fn->name,
-                    fn->opts.cache_size_limit, why);
+            sg__log(ctx, "fallbacks",
+                    "fn '%s': cache_size_limit (%d) reached; new input "
+                    "signatures run eagerly (last miss: %s)",
+                    fn->name, fn->opts.cache_size_limit, why);
         }
         return call_eager(fn, in, out);
     }
@@ -604,7 +634,8 @@ void sg_fn_destroy(sg_fn *fn) {
         sg__free(ctx, fn->sets[j].produced, sizeof(bool) * (size_t)(fn->nout ? fn->nout : 1));
     }
     sg__free(ctx, fn->sets, sizeof *fn->sets * (size_t)(fn->nsets ? fn->nsets : 1));
-    sg__free(ctx, fn->handles, sizeof *fn->handles * (size_t)(fn->cap_handles ? fn->cap_handles : 1));
+    sg__free(ctx, fn->handles,
+             sizeof *fn->handles * (size_t)(fn->cap_handles ? fn->cap_handles : 1));
     sg__free(ctx, fn->fifo, sizeof *fn->fifo * (size_t)(fn->fifo_cap ? fn->fifo_cap : 1));
     sg__free(ctx, fn->graphs, sizeof *fn->graphs * (size_t)fn->opts.cache_size_limit);
     sg__free(ctx, fn->explain, fn->explain_size);
@@ -649,7 +680,8 @@ sg_status sg_fn_memory_stats(const sg_fn *fn, sg_memory_stats *st) {
     memset(st, 0, sizeof *st);
     for (int gi = 0; gi < fn->ngraphs; gi++) {
         add_graph_stats(fn->graphs[gi], st);
-        if (fn->graphs[gi]->scratch > st->scratch_bytes) st->scratch_bytes = fn->graphs[gi]->scratch;
+        if (fn->graphs[gi]->scratch > st->scratch_bytes)
+            st->scratch_bytes = fn->graphs[gi]->scratch;
     }
     st->pool_bytes = st->scratch_bytes + st->output_bytes;
     sg_ctx_host_bytes(fn->ctx, &st->host_bytes, NULL);

@@ -31,7 +31,8 @@ static void touch_group(const sg__ir *ir, const sg__fused *f, const sg__group *g
             int r = ir->args[n->args + j];
             if (r < 0) continue;
             int src = j < 4 ? grp->g[i].arg_src[j] : -1; /* concat may have more inputs */
-            if (lib || src < 0 || src == grp->anchor) touch(first, last, ir->refs[f->alias[r]].slot, k);
+            if (lib || src < 0 || src == grp->anchor)
+                touch(first, last, ir->refs[f->alias[r]].slot, k);
         }
         if (lib || grp->g[i].store) touch(first, last, ir->refs[f->alias[n->out]].slot, k);
     }
@@ -52,12 +53,14 @@ static void kernel_intervals(const sg__graph *g, int *first, int *last) {
     for (int k = 0; k < f->ngroups; k++) {
         const sg__group *grp = &f->groups[k];
         if (grp->kind == SG__G_MULTI)
-            for (int m = 0; m < grp->nmembers; m++) touch_group(ir, f, &f->parts[grp->members[m]], k, first, last);
+            for (int m = 0; m < grp->nmembers; m++)
+                touch_group(ir, f, &f->parts[grp->members[m]], k, first, last);
         else
             touch_group(ir, f, grp, k, first, last);
     }
     for (int s = 0; s < ir->nslots; s++) /* outputs live to the end */
-        if (ir->slots[s].kind == SG__SLOT_INTERNAL && ir->slots[s].output >= 0) last[s] = f->ngroups;
+        if (ir->slots[s].kind == SG__SLOT_INTERNAL && ir->slots[s].output >= 0)
+            last[s] = f->ngroups;
 }
 
 /* Scratch offsets by liveness, output offsets one after another. */
@@ -84,8 +87,8 @@ static sg_status plan(sg_ctx *ctx, sg__graph *g) {
         } else if (sfirst[i] >= 0 || !g->has_fused) {
             /* Unfused, a buffer no node touched still gets bytes, live at node 0. */
             int first = sfirst[i] < 0 ? 0 : sfirst[i];
-            bufs[n] = (sg__buf){.size = sl->nbytes, .first = first,
-                                .last = slast[i] < first ? first : slast[i]};
+            bufs[n] = (sg__buf){
+                .size = sl->nbytes, .first = first, .last = slast[i] < first ? first : slast[i]};
             which[n++] = i;
         }
     }
@@ -156,8 +159,10 @@ static void try_compile(sg_fn *fn, sg__graph *g) {
     if (s == SG_OK) g->has_fused = true;
     size_t k = (size_t)snprintf(g->module, sizeof g->module, "sg_");
     for (const char *p = fn->name; *p && k + 12 < sizeof g->module; p++)
-        g->module[k++] = (char)((*p >= 'a' && *p <= 'z') || (*p >= 'A' && *p <= 'Z') ||
-                                (*p >= '0' && *p <= '9') ? *p : '_');
+        g->module[k++] =
+            (char)((*p >= 'a' && *p <= 'z') || (*p >= 'A' && *p <= 'Z') || (*p >= '0' && *p <= '9')
+                       ? *p
+                       : '_');
     snprintf(g->module + k, sizeof g->module - k, "_c%d", fn->ngraphs);
     if (s == SG_OK) s = ops->compile(fn, g);
     const char *chk = getenv("SG_NVRTC_CHECK");
@@ -285,14 +290,15 @@ void sg__graph_repoint(sg_ctx *ctx, sg__graph *g) {
     if (!ctx->pool) return;
     for (int i = 0; i < ir->nslots; i++)
         if (ir->slots[i].kind == SG__SLOT_INTERNAL && !is_output_slot(&ir->slots[i]))
-            g->slot_st[i].data = g->slot_off[i] == SIZE_MAX ? NULL
-                                                            : sg__pool_addr(ctx, -1, g->slot_off[i]);
+            g->slot_st[i].data =
+                g->slot_off[i] == SIZE_MAX ? NULL : sg__pool_addr(ctx, -1, g->slot_off[i]);
     for (int k = 0; k < g->noutbufs; k++) {
         sg__outbuf *ob = &g->outbufs[k];
         if (!ob->st) continue;
         for (int i = 0; i < ir->nslots; i++)
-            if (ob->st[i]) ob->st[i]->data = ob->block < 0 ? NULL
-                                           : sg__pool_addr(ctx, ob->block, g->slot_off[i]);
+            if (ob->st[i])
+                ob->st[i]->data =
+                    ob->block < 0 ? NULL : sg__pool_addr(ctx, ob->block, g->slot_off[i]);
     }
     g->pool_gen = ctx->pool->generation;
 }

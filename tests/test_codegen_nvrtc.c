@@ -54,7 +54,10 @@ int main(void) {
         return 77;
     }
     bool ok = TU_EXPECT(s == SG_OK) && TU_EXPECT(a && na > 64) &&
-              TU_EXPECT(memcmp(a, "\x7f" "ELF", 4) == 0) &&
+              TU_EXPECT(memcmp(a,
+                               "\x7f"
+                               "ELF",
+                               4) == 0) &&
               TU_EXPECT(sg__nvrtc_compiles() == c0 + 1);
     tu_case(ok, "compile a kernel for sm_90 (%zu-byte ELF cubin): %s", na,
             s == SG_OK ? "ok" : sg_last_error(ctx));
@@ -88,11 +91,12 @@ int main(void) {
     tu_case(ok, "sm_80 is a separate entry");
     sg__free(ctx, b, nb), b = NULL;
 
-    s = sg__nvrtc_build(ctx, "broken_test", "extern \"C\" __global__ void k() { undeclared_x = 1; }",
-                        90, &b, &nb);
+    s = sg__nvrtc_build(ctx, "broken_test",
+                        "extern \"C\" __global__ void k() { undeclared_x = 1; }", 90, &b, &nb);
     const char *m = sg_last_error(ctx);
     ok = TU_EXPECT(s == SG_ERR_COMPILE) && TU_EXPECT(b == NULL) &&
-         TU_EXPECT(strstr(m, "broken_test") != NULL) && TU_EXPECT(strstr(m, "undeclared_x") != NULL);
+         TU_EXPECT(strstr(m, "broken_test") != NULL) &&
+         TU_EXPECT(strstr(m, "undeclared_x") != NULL);
     tu_case(ok, "a kernel with an error: SG_ERR_COMPILE with the log (\"%.160s\")", m);
     sg_clear_error(ctx);
 

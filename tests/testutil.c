@@ -185,7 +185,8 @@ sg_tensor *tu_rand_layout(sg_ctx *ctx, sg_dtype dt, int ndim, const int64_t *sha
             }
             for (int d = 0; d < ndim; d++) {
                 int bd = layout == TU_PERMUTED ? ndim - 1 - d : d;
-                int64_t bi = layout == TU_PERMUTED ? idx[bd] : (d == ndim - 1 ? 2 * idx[d] : idx[d]);
+                int64_t bi =
+                    layout == TU_PERMUTED ? idx[bd] : (d == ndim - 1 ? 2 * idx[d] : idx[d]);
                 src = src * bshape[d] + bi;
             }
             v[i] = bv[src];
@@ -236,11 +237,17 @@ bool tu_close(const char *name, const double *got, const double *ref, int64_t n,
     for (int64_t i = 0; i < n; i++) {
         double g = got[i], r = ref[i];
         if (r != r) {
-            if (g == g) { worst = i; break; }
+            if (g == g) {
+                worst = i;
+                break;
+            }
             continue;
         }
         if (isinf(r)) {
-            if (g != r) { worst = i; break; }
+            if (g != r) {
+                worst = i;
+                break;
+            }
             continue;
         }
         double err = fabs(g - r), lim = atol + rtol * fabs(r);
@@ -286,8 +293,10 @@ int tu_finish(void) {
     const char *chk = getenv("SG_NVRTC_CHECK");
     if (chk && strcmp(chk, "1") == 0) {
         uint64_t nf = sg__cuda_check_failures();
-        tu_case(nf == 0, "SG_NVRTC_CHECK: every capture's CUDA unit compiled by NVRTC for sm_90 "
-                "(%llu failed)", (unsigned long long)nf);
+        tu_case(nf == 0,
+                "SG_NVRTC_CHECK: every capture's CUDA unit compiled by NVRTC for sm_90 "
+                "(%llu failed)",
+                (unsigned long long)nf);
     }
     printf("%d passed, %d failed\n", passed, failed);
     return failed ? 1 : 0;

@@ -51,7 +51,7 @@ typedef struct cu_graph {
     set_state *sets;
     int nsets;
     bool use_graph, said;
-    bool tune; /* MAX_AUTOTUNE*: time block sizes at the first replay */
+    bool tune;            /* MAX_AUTOTUNE*: time block sizes at the first replay */
     char tune_path[1024]; /* where the picks are remembered ("" when nowhere) */
 } cu_graph;
 

@@ -30,36 +30,43 @@ static void load_once(void) {
     void *lib = dlopen(path, RTLD_NOW | RTLD_LOCAL);
     if (!lib) {
         const char *e = dlerror();
-        snprintf(load_why, sizeof load_why, "no CUDA driver: cannot load %s (%s); install the "
-                 "NVIDIA driver or use SG_BACKEND_CPU", path, e ? e : "dlopen failed");
+        snprintf(load_why, sizeof load_why,
+                 "no CUDA driver: cannot load %s (%s); install the "
+                 "NVIDIA driver or use SG_BACKEND_CPU",
+                 path, e ? e : "dlopen failed");
         return;
     }
     get_proc_fn get = (get_proc_fn)(uintptr_t)dlsym(lib, "cuGetProcAddress_v2");
     if (!get) {
-        snprintf(load_why, sizeof load_why, "the CUDA driver in %s is too old (no "
+        snprintf(load_why, sizeof load_why,
+                 "the CUDA driver in %s is too old (no "
                  "cuGetProcAddress_v2; CUDA 12 or newer is needed); update the NVIDIA driver",
                  path);
         return;
     }
-#define X(field, name)                                                                            \
-    {                                                                                             \
-        void *p = NULL;                                                                           \
-        CUdriverProcAddressQueryResult q = CU_GET_PROC_ADDRESS_SUCCESS;                           \
+#define X(field, name)                                                                             \
+    {                                                                                              \
+        void *p = NULL;                                                                            \
+        CUdriverProcAddressQueryResult q = CU_GET_PROC_ADDRESS_SUCCESS;                            \
         CUresult r = get(name, &p, CUDA_VERSION, CU_GET_PROC_ADDRESS_DEFAULT, &q);                 \
-        if (r != CUDA_SUCCESS || !p || q != CU_GET_PROC_ADDRESS_SUCCESS) {                        \
-            snprintf(load_why, sizeof load_why, "the CUDA driver in %s lacks %s (version %d "     \
-                     "asked); update the NVIDIA driver", path, name, CUDA_VERSION);               \
-            return;                                                                               \
-        }                                                                                         \
-        table.field = (__typeof__(table.field))(uintptr_t)p;                                      \
+        if (r != CUDA_SUCCESS || !p || q != CU_GET_PROC_ADDRESS_SUCCESS) {                         \
+            snprintf(load_why, sizeof load_why,                                                    \
+                     "the CUDA driver in %s lacks %s (version %d "                                 \
+                     "asked); update the NVIDIA driver",                                           \
+                     path, name, CUDA_VERSION);                                                    \
+            return;                                                                                \
+        }                                                                                          \
+        table.field = (__typeof__(table.field))(uintptr_t)p;                                       \
     }
     SG__CU_API(X)
 #undef X
     CUresult r = table.cuInit(0);
     char e[160];
     if (r != CUDA_SUCCESS) {
-        snprintf(load_why, sizeof load_why, "cuInit failed: %s (no usable GPU, or the driver and "
-                 "the kernel module disagree)", sg__cu_strerror(r, e, sizeof e));
+        snprintf(load_why, sizeof load_why,
+                 "cuInit failed: %s (no usable GPU, or the driver and "
+                 "the kernel module disagree)",
+                 sg__cu_strerror(r, e, sizeof e));
         return;
     }
     int count = 0;
@@ -73,9 +80,11 @@ static void load_once(void) {
     r = table.cuDeviceGet(&d, 0);
     if (r == CUDA_SUCCESS) r = table.cuDeviceGetName(dev0.name, (int)sizeof dev0.name, d);
     if (r == CUDA_SUCCESS)
-        r = table.cuDeviceGetAttribute(&dev0.cc_major, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR, d);
+        r = table.cuDeviceGetAttribute(&dev0.cc_major, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR,
+                                       d);
     if (r == CUDA_SUCCESS)
-        r = table.cuDeviceGetAttribute(&dev0.cc_minor, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR, d);
+        r = table.cuDeviceGetAttribute(&dev0.cc_minor, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR,
+                                       d);
     if (r == CUDA_SUCCESS)
         r = table.cuDeviceGetAttribute(&dev0.sms, CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT, d);
     if (r == CUDA_SUCCESS) r = table.cuDeviceTotalMem_v2(&dev0.total_mem, d);
@@ -125,8 +134,10 @@ sg_status sg__cu_fail(sg_ctx *ctx, CUresult r, const char *call, const char *doi
     char e[200];
     sg__cu_strerror(r, e, sizeof e);
     if (r == CUDA_ERROR_OUT_OF_MEMORY)
-        return sg__fail(ctx, SG_ERR_OOM, "cuda: %s failed while %s: %s; free device memory "
-                        "(release tensors, destroy unused fns) or use smaller shapes", call, doing, e);
+        return sg__fail(ctx, SG_ERR_OOM,
+                        "cuda: %s failed while %s: %s; free device memory "
+                        "(release tensors, destroy unused fns) or use smaller shapes",
+                        call, doing, e);
     return sg__fail(ctx, SG_ERR_DRIVER, "cuda: %s failed while %s: %s", call, doing, e);
 }
 
@@ -135,7 +146,8 @@ sg_status sg__cu_fail(sg_ctx *ctx, CUresult r, const char *call, const char *doi
 sg_status sg__cuda_probe(char *why, size_t n, sg__cuda_device *dev) {
     (void)dev;
     if (why && n)
-        snprintf(why, n, "this stepgraph was built without the CUDA headers (STEPGRAPH_CUDA=OFF "
+        snprintf(why, n,
+                 "this stepgraph was built without the CUDA headers (STEPGRAPH_CUDA=OFF "
                  "or no toolkit at build time); rebuild with the CUDA toolkit installed");
     return SG_ERR_BACKEND_UNAVAILABLE;
 }

@@ -118,7 +118,8 @@ static sg_status cu_upload(sg_ctx *ctx, void *dst, const void *src, size_t n) {
     CUresult r = s->cu->cuMemcpyHtoDAsync_v2((CUdeviceptr)(uintptr_t)dst, src, n, s->stream);
     /* The host buffer is the caller's: wait before returning. */
     if (r == CUDA_SUCCESS) r = s->cu->cuStreamSynchronize(s->stream);
-    return r == CUDA_SUCCESS ? SG_OK : sg__cu_fail(ctx, r, "cuMemcpyHtoDAsync", "copying to the device");
+    return r == CUDA_SUCCESS ? SG_OK
+                             : sg__cu_fail(ctx, r, "cuMemcpyHtoDAsync", "copying to the device");
 }
 
 bool sg__cuda_capturing(const sg_ctx *ctx) { return state(ctx)->capturing; }
@@ -127,18 +128,22 @@ void sg__cuda_set_capturing(sg_ctx *ctx, bool on) { state(ctx)->capturing = on; 
 sg_status sg__cuda_download(sg_ctx *ctx, void *dst, const void *src, size_t n) {
     sg__cuda *s = state(ctx);
     if (s->capturing)
-        return sg__fail(ctx, SG_ERR_UNSUPPORTED, "cuda: a host read (%zu bytes) while a graph is "
-                        "recorded; ops inside graphs must not wait for the device", n);
+        return sg__fail(ctx, SG_ERR_UNSUPPORTED,
+                        "cuda: a host read (%zu bytes) while a graph is "
+                        "recorded; ops inside graphs must not wait for the device",
+                        n);
     CUresult r = s->cu->cuMemcpyDtoHAsync_v2(dst, (CUdeviceptr)(uintptr_t)src, n, s->stream);
     if (r == CUDA_SUCCESS) r = s->cu->cuStreamSynchronize(s->stream);
-    return r == CUDA_SUCCESS ? SG_OK : sg__cu_fail(ctx, r, "cuMemcpyDtoHAsync", "copying to the host");
+    return r == CUDA_SUCCESS ? SG_OK
+                             : sg__cu_fail(ctx, r, "cuMemcpyDtoHAsync", "copying to the host");
 }
 
 static sg_status cu_copy(sg_ctx *ctx, void *dst, const void *src, size_t n) {
     sg__cuda *s = state(ctx);
     CUresult r = s->cu->cuMemcpyDtoDAsync_v2((CUdeviceptr)(uintptr_t)dst,
                                              (CUdeviceptr)(uintptr_t)src, n, s->stream);
-    return r == CUDA_SUCCESS ? SG_OK : sg__cu_fail(ctx, r, "cuMemcpyDtoDAsync", "copying on the device");
+    return r == CUDA_SUCCESS ? SG_OK
+                             : sg__cu_fail(ctx, r, "cuMemcpyDtoDAsync", "copying on the device");
 }
 
 sg_status sg__cuda_scratch(sg_ctx *ctx, size_t bytes, void **dptr) {
@@ -146,14 +151,17 @@ sg_status sg__cuda_scratch(sg_ctx *ctx, size_t bytes, void **dptr) {
     if (bytes > s->scratch_size) {
         /* Work queued on the stream may still read the old buffer. */
         if (s->capturing)
-            return sg__fail(ctx, SG_ERR_UNSUPPORTED, "cuda: op scratch cannot grow while a graph is "
-                            "recorded (%zu bytes wanted, %zu held)", bytes, s->scratch_size);
+            return sg__fail(ctx, SG_ERR_UNSUPPORTED,
+                            "cuda: op scratch cannot grow while a graph is "
+                            "recorded (%zu bytes wanted, %zu held)",
+                            bytes, s->scratch_size);
         CUresult r = CUDA_SUCCESS;
         if (s->scratch && s->nretired < 32) {
             s->retired[s->nretired++] = s->scratch;
         } else if (s->scratch) { /* out of records: wait, then free the oldest use */
             r = s->cu->cuStreamSynchronize(s->stream);
-            if (r != CUDA_SUCCESS) return sg__cu_fail(ctx, r, "cuStreamSynchronize", "growing scratch");
+            if (r != CUDA_SUCCESS)
+                return sg__cu_fail(ctx, r, "cuStreamSynchronize", "growing scratch");
             s->cu->cuMemFree_v2(s->scratch);
         }
         s->scratch = 0;
@@ -170,7 +178,8 @@ sg_status sg__cuda_scratch(sg_ctx *ctx, size_t bytes, void **dptr) {
 sg_status sg__cuda_sync(sg_ctx *ctx) {
     sg__cuda *s = state(ctx);
     CUresult r = s->cu->cuStreamSynchronize(s->stream);
-    return r == CUDA_SUCCESS ? SG_OK : sg__cu_fail(ctx, r, "cuStreamSynchronize", "waiting for the device");
+    return r == CUDA_SUCCESS ? SG_OK
+                             : sg__cu_fail(ctx, r, "cuStreamSynchronize", "waiting for the device");
 }
 
 int sg__cuda_sm_count(const sg_ctx *ctx) { return state(ctx)->sms; }
@@ -184,11 +193,14 @@ static sg_status load_unit(sg_ctx *ctx, sg__cu_unit unit) {
     sg__cuda *s = state(ctx);
     if (s->mod[unit]) return SG_OK;
     if (!sg__cu_sources[unit])
-        return sg__fail(ctx, SG_ERR_UNSUPPORTED, "cuda: the kernel unit %d is not built into this "
-                        "library", (int)unit);
+        return sg__fail(ctx, SG_ERR_UNSUPPORTED,
+                        "cuda: the kernel unit %d is not built into this "
+                        "library",
+                        (int)unit);
     void *cubin = NULL;
     size_t size = 0;
-    sg_status st = sg__nvrtc_build(ctx, sg__cu_names[unit], sg__cu_sources[unit], s->arch, &cubin, &size);
+    sg_status st =
+        sg__nvrtc_build(ctx, sg__cu_names[unit], sg__cu_sources[unit], s->arch, &cubin, &size);
     if (st != SG_OK) return st;
     CUresult r = s->cu->cuModuleLoadData(&s->mod[unit], cubin);
     sg__free(ctx, cubin, size);
@@ -263,7 +275,8 @@ sg_status sg__cuda_launch_pdl(sg_ctx *ctx, void *func, const unsigned grid[3],
         s->pdl = 0; /* this device or driver cannot: plain launches from now on */
         return sg__cuda_launch(ctx, func, grid, block, shmem, args);
     }
-    return r == CUDA_SUCCESS ? SG_OK : sg__cu_fail(ctx, r, "cuLaunchKernelEx", "a generated kernel");
+    return r == CUDA_SUCCESS ? SG_OK
+                             : sg__cu_fail(ctx, r, "cuLaunchKernelEx", "a generated kernel");
 }
 
 /* ------------------------------------------------------------ the executor */
@@ -354,7 +367,8 @@ sg_status sg__cuda_init(sg_ctx *ctx, char *why, size_t n) {
 
 sg_status sg__cuda_init(sg_ctx *ctx, char *why, size_t n) {
     (void)ctx;
-    snprintf(why, n, "this stepgraph was built without the CUDA headers (STEPGRAPH_CUDA=OFF or no "
+    snprintf(why, n,
+             "this stepgraph was built without the CUDA headers (STEPGRAPH_CUDA=OFF or no "
              "toolkit at build time); rebuild with the CUDA toolkit installed");
     return SG_ERR_BACKEND_UNAVAILABLE;
 }

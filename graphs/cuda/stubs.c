@@ -8,10 +8,12 @@
 
 #ifdef SG_HAVE_CUDA_HEADERS
 
-#define SG__CU_STUB(fn, fam)                                                                      \
-    sg_status fn(sg_ctx *ctx, const sg__node *n) {                                                \
-        return sg__fail(ctx, SG_ERR_UNSUPPORTED, "cuda: %s has no CUDA kernel in this build (the " \
-                        fam " family is missing); use SG_BACKEND_CPU", sg__op_name(n->op));       \
+#define SG__CU_STUB(fn, fam)                                                                       \
+    sg_status fn(sg_ctx *ctx, const sg__node *n) {                                                 \
+        return sg__fail(ctx, SG_ERR_UNSUPPORTED,                                                   \
+                        "cuda: %s has no CUDA kernel in this build (the " fam                      \
+                        " family is missing); use SG_BACKEND_CPU",                                 \
+                        sg__op_name(n->op));                                                       \
     }
 
 #ifndef SG_HAVE_CU_POINTWISE
