@@ -49,7 +49,8 @@ static bool says(sg_status got, sg_status want, const char *text) {
 }
 
 int main(void) {
-    if (sg_ctx_create(NULL, &ctx) != SG_OK || sg_ctx_create(NULL, &other) != SG_OK) return 1;
+    ctx = tu_ctx((sg_ctx_opts){0});
+    other = tu_ctx((sg_ctx_opts){0});
     int64_t one[1] = {1};
     sg_tensor *x = sg_full(ctx, SG_F32, 1, one, 3.0), *y[2] = {NULL, NULL};
     sg_tensor *foreign = sg_full(other, SG_F32, 1, one, 3.0);

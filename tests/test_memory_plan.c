@@ -93,7 +93,7 @@ static void test_pool_stats(bool fused) {
 }
 
 int main(void) {
-    if (sg_ctx_create(NULL, &ctx) != SG_OK) return 1;
+    ctx = tu_ctx((sg_ctx_opts){0});
     test_random_plans();
     test_pool_stats(false);
     test_pool_stats(true);
