@@ -27,8 +27,7 @@
 #include "../graphs.h"
 #include "exec.h"
 
-/* Without the CUDA dialect in the tree, CUDA captures replay unfused. */
-#if defined(SG_HAVE_CUDA_HEADERS) && defined(SG_HAVE_CGEN_CUDA)
+#ifdef SG_HAVE_CUDA_HEADERS
 #include "cuda.h"
 
 #include <limits.h>
@@ -415,7 +414,6 @@ static sg_status run(sg_fn *fn, sg__graph *g, int set) {
 const sg__graph_ops sg__cuda_graph_ops = {compile, run, release};
 
 #else
-/* No compile: CUDA captures replay op by op through the eager kernels (and
- * without CUDA no context gets these at all). */
+/* Built without CUDA: no context ever gets these. */
 const sg__graph_ops sg__cuda_graph_ops = {NULL, NULL, NULL};
 #endif
