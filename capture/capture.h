@@ -72,12 +72,12 @@ typedef struct sg__storage {
     int pins;   /* refs held by compiled fns (a param the user no longer holds has refs == pins) */
     void *data; /* host pointer, or a device address for device backends */
     size_t nbytes;
-    bool owned; /* data was allocated for this storage (not pool bytes) */
-    uint32_t born;          /* ctx->next_id when it was made: which call made it */
-    uint32_t gen;           /* bumped when a later step overwrites the bytes */
+    bool owned;              /* data was allocated for this storage (not pool bytes) */
+    uint32_t born;           /* ctx->next_id when it was made: which call made it */
+    uint32_t gen;            /* bumped when a later step overwrites the bytes */
     uint32_t overwritten_in; /* the step that last did */
-    uint32_t cap_id;        /* the capture that last classified this storage ... */
-    int cap_slot;           /* ... and the IR slot it got there */
+    uint32_t cap_id;         /* the capture that last classified this storage ... */
+    int cap_slot;            /* ... and the IR slot it got there */
 } sg__storage;
 
 #define SG__TENSOR_LIVE 0x5347544eu /* "SGTN" */
@@ -93,8 +93,8 @@ struct sg_tensor {
     int64_t stride[SG_MAX_DIMS]; /* in elements */
     int64_t offset;              /* in elements, into storage */
     sg__storage *st;
-    uint32_t st_gen; /* st->gen when this handle was made: a mismatch means stale */
-    bool fn_owned;   /* an output handle in a compiled fn's ring, not in the lists */
+    uint32_t st_gen;        /* st->gen when this handle was made: a mismatch means stale */
+    bool fn_owned;          /* an output handle in a compiled fn's ring, not in the lists */
     sg_tensor *prev, *next; /* the context's list of live or quarantined handles */
 };
 
@@ -143,8 +143,8 @@ struct sg_ctx {
     struct sg_fn *dead_fns; /* destroyed fns' records, freed with the context */
     uint32_t step;          /* sg_mark_step_begin count */
     uint32_t next_id;
-    sg_tensor live;      /* sentinel of the live handle list */
-    sg_tensor dead;      /* sentinel of the quarantine (oldest first) */
+    sg_tensor live; /* sentinel of the live handle list */
+    sg_tensor dead; /* sentinel of the quarantine (oldest first) */
     int ndead;
 };
 
@@ -175,6 +175,83 @@ SG__HIDDEN void sg__ctx_init(sg_ctx *ctx, const sg_ctx_opts *opts);
 SG__HIDDEN void sg__ctx_release_all(sg_ctx *ctx);
 /* The message of a failed sg_ctx_create, per thread. */
 SG__HIDDEN void sg__set_create_error(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+
+/* ------------------------------------------------------------ element conversions */
+
+/* f16 and bf16 bits <-> float, exactly as every backend and generated
+ * dialect rounds (nearest even, overflow to inf, NaN kept NaN). */
+
+static inline float sg__h2f(uint16_t h) {
+    uint32_t sign = (uint32_t)(h & 0x8000) << 16, e = (h >> 10) & 31, m = h & 1023, u;
+    if (e == 0) {
+        if (m == 0) {
+            u = sign;
+        } else { /* subnormal: normalize */
+            e = 113;
+            while (!(m & 1024)) {
+                m <<= 1;
+                e--;
+            }
+            u = sign | (e << 23) | ((m & 1023) << 13);
+        }
+    } else if (e == 31) {
+        u = sign | 0x7f800000u | (m << 13);
+    } else {
+        u = sign | ((e + 112) << 23) | (m << 13);
+    }
+    float f;
+    memcpy(&f, &u, 4);
+    return f;
+}
+
+/* Round to nearest even, with overflow to inf and NaN kept NaN. */
+static inline uint16_t sg__f2h(float f) {
+    uint32_t u;
+    memcpy(&u, &f, 4);
+    uint32_t sign = (u >> 16) & 0x8000;
+    uint32_t a = u & 0x7fffffffu;
+    if (a > 0x7f800000u) return (uint16_t)(sign | 0x7e00);  /* NaN */
+    if (a >= 0x477ff000u) return (uint16_t)(sign | 0x7c00); /* >= 65520 rounds to inf */
+    if (a < 0x38800000u) { /* below the smallest normal: subnormal or zero */
+        float af;
+        memcpy(&af, &a, 4);
+        /* Adding 0.5 (2^-1) lines the half's subnormal step up with the float's last bits. */
+        float r = af + 0.5f;
+        uint32_t ru;
+        memcpy(&ru, &r, 4);
+        return (uint16_t)(sign | (ru - 0x3f000000u));
+    }
+    uint32_t mant_odd = (a >> 13) & 1;
+    a += 0xc8000fffu + mant_odd; /* rebias exponent (-112 << 23) and round */
+    return (uint16_t)(sign | (a >> 13));
+}
+
+static inline float sg__bf2f(uint16_t b) {
+    uint32_t u = (uint32_t)b << 16;
+    float f;
+    memcpy(&f, &u, 4);
+    return f;
+}
+
+static inline uint16_t sg__f2bf(float f) {
+    uint32_t u;
+    memcpy(&u, &f, 4);
+    if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x40); /* quiet NaN */
+    u += 0x7fffu + ((u >> 16) & 1);
+    return (uint16_t)(u >> 16);
+}
+
+/* A double as an integer of dt (i32, i64 or bool) by the cast rule:
+ * truncate, saturate, NaN to 0 (NaN is true as a bool). (int64_t) of an
+ * out-of-range double is undefined in C, hence the explicit limits. */
+SG__HIDDEN int64_t sg__double_to_int(double v, sg_dtype dt);
+/*
+ * v rounded to float "to odd": when inexact, the neighbour whose last bit is
+ * 1. Rounding that float to f16 or bf16 (at least 2 bits narrower) gives
+ * what rounding v directly would; (float)v alone rounds twice and can turn
+ * a value just above a tie into the tie (1 + 2^-11 + 2^-40 became 1.0 in f16).
+ */
+SG__HIDDEN float sg__round_odd(double v);
 
 /* ------------------------------------------------------------ tensor helpers */
 
@@ -218,8 +295,8 @@ SG__HIDDEN sg_status sg__inputs_status(int n, sg_tensor *const *ts);
 /* Normalize a possibly negative dim against ndim; -1 when out of range. */
 SG__HIDDEN int sg__norm_dim(int dim, int ndim);
 /* The broadcast of n shapes; false (and a message naming op) if they clash. */
-SG__HIDDEN bool sg__broadcast(sg_ctx *ctx, const char *op, int n, sg_tensor *const *ts,
-                              int *ndim, int64_t *shape);
+SG__HIDDEN bool sg__broadcast(sg_ctx *ctx, const char *op, int n, sg_tensor *const *ts, int *ndim,
+                              int64_t *shape);
 /* Strides that read t as if expanded to (ndim, shape): 0 on broadcast dims. */
 SG__HIDDEN void sg__broadcast_strides(const sg_tensor *t, int ndim, const int64_t *shape,
                                       int64_t *stride);
@@ -276,12 +353,12 @@ typedef struct sg__ir {
 
 typedef struct sg__rec {
     sg__ir *ir;
-    sg_tensor *const *in;     /* the step's inputs: input refs are relative to their element 0 */
+    sg_tensor *const *in; /* the step's inputs: input refs are relative to their element 0 */
     uint32_t id;
     bool fullgraph;
-    bool broken;              /* a graph break happened: the IR is not replayable */
-    bool dry;                 /* record without executing (see graphs/fn.c: call_capture) */
-    char why[SG__MSG_SIZE];   /* the reason */
+    bool broken;            /* a graph break happened: the IR is not replayable */
+    bool dry;               /* record without executing (see graphs/fn.c: call_capture) */
+    char why[SG__MSG_SIZE]; /* the reason */
 } sg__rec;
 
 /* Start recording into ir (already zeroed) for a step with these inputs. */

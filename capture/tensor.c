@@ -560,3 +560,21 @@ sg_status sg_item(const sg_tensor *t, double *value) {
     }
     return SG_OK;
 }
+
+int64_t sg__double_to_int(double v, sg_dtype dt) {
+    if (dt == SG_BOOL) return v != 0.0;
+    if (v != v) return 0;
+    double lim = dt == SG_I32 ? 2147483648.0 : 9223372036854775808.0;
+    if (v >= lim) return dt == SG_I32 ? INT32_MAX : INT64_MAX;
+    if (v <= -lim) return dt == SG_I32 ? INT32_MIN : INT64_MIN;
+    return (int64_t)v;
+}
+
+float sg__round_odd(double v) {
+    float f = (float)v;
+    if ((double)f == v || f != f || isinf(f)) return f;
+    uint32_t u;
+    memcpy(&u, &f, 4);
+    if (u & 1) return f;
+    return nextafterf(f, v > (double)f ? INFINITY : -INFINITY);
+}

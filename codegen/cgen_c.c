@@ -165,16 +165,6 @@ static void store_stmt(const sg__ref *r, const char *off, const char *v, char *b
     }
 }
 
-/* A double as an integer of dt by the cast rule (as the eager kernels do). */
-static int64_t double_to_int(double v, sg_dtype dt) {
-    if (dt == SG_BOOL) return v != 0.0;
-    if (v != v) return 0;
-    double lim = dt == SG_I32 ? 2147483648.0 : 9223372036854775808.0;
-    if (v >= lim) return dt == SG_I32 ? INT32_MAX : INT64_MAX;
-    if (v <= -lim) return dt == SG_I32 ? INT32_MIN : INT64_MIN;
-    return (int64_t)v;
-}
-
 static void scalar_text(double v, bool fl, sg_dtype dt, char *buf, size_t size) {
     /* %a prints inf and nan, which are no C constants: math.h's are. */
     char d[40];
@@ -188,10 +178,10 @@ static void scalar_text(double v, bool fl, sg_dtype dt, char *buf, size_t size) 
         snprintf(buf, size, "sg_round_odd(%s)", d); /* one rounding to f16/bf16 */
     else if (fl)
         snprintf(buf, size, "(float)(%s)", d);
-    else if (double_to_int(v, dt) == INT64_MIN)
+    else if (sg__double_to_int(v, dt) == INT64_MIN)
         snprintf(buf, size, "INT64_MIN");
     else
-        snprintf(buf, size, "(int64_t)%lldLL", (long long)double_to_int(v, dt));
+        snprintf(buf, size, "(int64_t)%lldLL", (long long)sg__double_to_int(v, dt));
 }
 
 /* The op applied to argument names a, b, c (C text), in the domain of `fl`;

@@ -174,40 +174,20 @@ static void round_trip(const char *e, bool src_float, sg_dtype dt, char *buf, si
     }
 }
 
-/* A double as an integer of dt by the cast rule (as the eager kernels do). */
-static int64_t double_to_int(double v, sg_dtype dt) {
-    if (dt == SG_BOOL) return v != 0.0;
-    if (v != v) return 0;
-    double lim = dt == SG_I32 ? 2147483648.0 : 9223372036854775808.0;
-    if (v >= lim) return dt == SG_I32 ? INT32_MAX : INT64_MAX;
-    if (v <= -lim) return dt == SG_I32 ? INT32_MIN : INT64_MIN;
-    return (int64_t)v;
-}
-
-/* v rounded to float 'to odd', as sg_round_odd does on the device. */
-static float round_odd(double v) {
-    float f = (float)v;
-    if ((double)f == v || f != f || isinf(f)) return f;
-    uint32_t u;
-    memcpy(&u, &f, 4);
-    if (u & 1) return f;
-    return nextafterf(f, v > (double)f ? INFINITY : -INFINITY);
-}
-
 /*
  * A scalar as exact float bits, so that inf, NaN and every finite value
  * survive the trip through text (the value follows as a comment).
  */
 static void scalar_text(double v, bool fl, sg_dtype dt, char *buf, size_t size) {
     if (fl) {
-        float f = dt != SG_F32 && sg__dtype_is_float(dt) ? round_odd(v) : (float)v;
+        float f = dt != SG_F32 && sg__dtype_is_float(dt) ? sg__round_odd(v) : (float)v;
         uint32_t u;
         memcpy(&u, &f, 4);
         snprintf(buf, size, "__uint_as_float(0x%08xu) /* %g */", (unsigned)u, (double)f);
-    } else if (double_to_int(v, dt) == INT64_MIN) {
+    } else if (sg__double_to_int(v, dt) == INT64_MIN) {
         snprintf(buf, size, "(-9223372036854775807LL - 1)");
     } else {
-        snprintf(buf, size, "(sg_i64)%lldLL", (long long)double_to_int(v, dt));
+        snprintf(buf, size, "(sg_i64)%lldLL", (long long)sg__double_to_int(v, dt));
     }
 }
 

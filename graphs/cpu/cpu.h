@@ -18,68 +18,6 @@
 
 #define SG__TILE 256
 
-/* ------------------------------------------------------------ conversions */
-
-static inline float sg__h2f(uint16_t h) {
-    uint32_t sign = (uint32_t)(h & 0x8000) << 16, e = (h >> 10) & 31, m = h & 1023, u;
-    if (e == 0) {
-        if (m == 0) {
-            u = sign;
-        } else { /* subnormal: normalize */
-            e = 113;
-            while (!(m & 1024)) {
-                m <<= 1;
-                e--;
-            }
-            u = sign | (e << 23) | ((m & 1023) << 13);
-        }
-    } else if (e == 31) {
-        u = sign | 0x7f800000u | (m << 13);
-    } else {
-        u = sign | ((e + 112) << 23) | (m << 13);
-    }
-    float f;
-    memcpy(&f, &u, 4);
-    return f;
-}
-
-/* Round to nearest even, with overflow to inf and NaN kept NaN. */
-static inline uint16_t sg__f2h(float f) {
-    uint32_t u;
-    memcpy(&u, &f, 4);
-    uint32_t sign = (u >> 16) & 0x8000;
-    uint32_t a = u & 0x7fffffffu;
-    if (a > 0x7f800000u) return (uint16_t)(sign | 0x7e00); /* NaN */
-    if (a >= 0x477ff000u) return (uint16_t)(sign | 0x7c00); /* >= 65520 rounds to inf */
-    if (a < 0x38800000u) { /* below the smallest normal: subnormal or zero */
-        float af;
-        memcpy(&af, &a, 4);
-        /* Adding 0.5 (2^-1) lines the half's subnormal step up with the float's last bits. */
-        float r = af + 0.5f;
-        uint32_t ru;
-        memcpy(&ru, &r, 4);
-        return (uint16_t)(sign | (ru - 0x3f000000u));
-    }
-    uint32_t mant_odd = (a >> 13) & 1;
-    a += 0xc8000fffu + mant_odd; /* rebias exponent (-112 << 23) and round */
-    return (uint16_t)(sign | (a >> 13));
-}
-
-static inline float sg__bf2f(uint16_t b) {
-    uint32_t u = (uint32_t)b << 16;
-    float f;
-    memcpy(&f, &u, 4);
-    return f;
-}
-
-static inline uint16_t sg__f2bf(float f) {
-    uint32_t u;
-    memcpy(&u, &f, 4);
-    if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x40); /* quiet NaN */
-    u += 0x7fffu + ((u >> 16) & 1);
-    return (uint16_t)(u >> 16);
-}
-
 /* ------------------------------------------------------------ element access */
 
 /* Read element i (stride in elements) of a typed array as float / int64. */

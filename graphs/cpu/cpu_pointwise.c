@@ -60,32 +60,6 @@ static bool is_cmp(sg__op op) { return op >= SG__OP_EQ && op <= SG__OP_GE; }
 
 /* ------------------------------------------------------------ conversions */
 
-/* A double as an integer of dt (i32, i64 or bool) by the cast rule. (int64_t)
- * of an out-of-range double is undefined in C, hence the explicit limits. */
-static int64_t double_to_int(double v, sg_dtype dt) {
-    if (dt == SG_BOOL) return v != 0.0; /* NaN is nonzero */
-    if (v != v) return 0;
-    double lim = dt == SG_I32 ? 2147483648.0 : 9223372036854775808.0;
-    if (v >= lim) return dt == SG_I32 ? INT32_MAX : INT64_MAX;
-    if (v <= -lim) return dt == SG_I32 ? INT32_MIN : INT64_MIN;
-    return (int64_t)v;
-}
-
-/*
- * v rounded to float "to odd": when inexact, the neighbour whose last bit is
- * 1. Rounding that float to f16 or bf16 (at least 2 bits narrower) gives
- * what rounding v directly would; (float)v alone rounds twice and can turn
- * a value just above a tie into the tie (1 + 2^-11 + 2^-40 became 1.0 in f16).
- */
-static float round_odd(double v) {
-    float f = (float)v;
-    if ((double)f == v || f != f || isinf(f)) return f;
-    uint32_t u;
-    memcpy(&u, &f, 4);
-    if (u & 1) return f;
-    return nextafterf(f, v > (double)f ? INFINITY : -INFINITY);
-}
-
 /* An integer as a float rounded to odd; beyond 2^53 the bits that a double
  * drops are kept as a sticky last bit. */
 static float int_round_odd(int64_t v) {
@@ -97,7 +71,7 @@ static float int_round_odd(int64_t v) {
         sh++;
     }
     double d = ldexp((double)(u | sticky), sh);
-    return round_odd(v < 0 ? -d : d);
+    return sg__round_odd(v < 0 ? -d : d);
 }
 
 /* Store an int64 tile into any dtype: ints wrap (as PyTorch's casts do),
@@ -186,7 +160,7 @@ static void apply_f(const sg__node *n, int len, const float *a, const float *b, 
  * Scalars are truncated toward zero and saturated to dt's range. */
 static void apply_i(const sg__node *n, sg_dtype dt, int len, const int64_t *a, const int64_t *b,
                     int64_t *y) {
-    int64_t s0 = double_to_int(n->f[0], dt), s1 = double_to_int(n->f[1], dt);
+    int64_t s0 = sg__double_to_int(n->f[0], dt), s1 = sg__double_to_int(n->f[1], dt);
     uint64_t u0 = (uint64_t)s0;
     int k;
 #define WRAP(expr) ((int64_t)(uint64_t)(expr))
@@ -263,11 +237,11 @@ typedef struct operands {
 static void fill_tile(const sg__node *n, const operands *o, int len, tiles *t) {
     double v = n->f[0];
     if (sg__dtype_is_float(o->dy)) {
-        float f = o->dy == SG_F32 ? (float)v : round_odd(v);
+        float f = o->dy == SG_F32 ? (float)v : sg__round_odd(v);
         for (int k = 0; k < len; k++) t->f[0][k] = f;
         sg__scatter_f(o->y, o->dy, o->sy, len, t->f[0]);
     } else {
-        int64_t i = double_to_int(v, o->dy);
+        int64_t i = sg__double_to_int(v, o->dy);
         for (int k = 0; k < len; k++) t->i[0][k] = i;
         sg__scatter_i(o->y, o->dy, o->sy, len, t->i[0]);
     }

@@ -39,55 +39,8 @@ _Static_assert(SG__OP_FILL - SG__OP_NEG == 37 && SG__OP_WHERE - SG__OP_NEG == 36
 
 /* ------------------------------------------------------------ host scalars */
 
-/* These mirror graphs/cpu: a scalar reaches the kernel already in the
- * domain and rounding the CPU gives it. */
-
-/* A double as an integer of dt by the cast rule (truncate, saturate, NaN 0). */
-static int64_t double_to_int(double v, sg_dtype dt) {
-    if (dt == SG_BOOL) return v != 0.0;
-    if (v != v) return 0;
-    double lim = dt == SG_I32 ? 2147483648.0 : 9223372036854775808.0;
-    if (v >= lim) return dt == SG_I32 ? INT32_MAX : INT64_MAX;
-    if (v <= -lim) return dt == SG_I32 ? INT32_MIN : INT64_MIN;
-    return (int64_t)v;
-}
-
-/* v rounded to float "to odd", so that a second rounding to f16/bf16 gives
- * what rounding v directly would. */
-static float round_odd(double v) {
-    float f = (float)v;
-    if ((double)f == v || f != f || isinf(f)) return f;
-    uint32_t u;
-    memcpy(&u, &f, 4);
-    if (u & 1) return f;
-    return nextafterf(f, v > (double)f ? INFINITY : -INFINITY);
-}
-
-static uint16_t f2h(float f) {
-    uint32_t u;
-    memcpy(&u, &f, 4);
-    uint32_t sign = (u >> 16) & 0x8000, a = u & 0x7fffffffu;
-    if (a > 0x7f800000u) return (uint16_t)(sign | 0x7e00);
-    if (a >= 0x477ff000u) return (uint16_t)(sign | 0x7c00);
-    if (a < 0x38800000u) {
-        float af, r;
-        memcpy(&af, &a, 4);
-        r = af + 0.5f;
-        uint32_t ru;
-        memcpy(&ru, &r, 4);
-        return (uint16_t)(sign | (ru - 0x3f000000u));
-    }
-    a += 0xc8000fffu + ((a >> 13) & 1);
-    return (uint16_t)(sign | (a >> 13));
-}
-
-static uint16_t f2bf(float f) {
-    uint32_t u;
-    memcpy(&u, &f, 4);
-    if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x40);
-    u += 0x7fffu + ((u >> 16) & 1);
-    return (uint16_t)(u >> 16);
-}
+/* A scalar reaches the kernel already in the domain and rounding the CPU
+ * gives it (sg__double_to_int, sg__round_odd, sg__f2h, sg__f2bf). */
 
 /* The bits of one element of dt holding v, as sg_fill_ stores it. */
 static uint64_t fill_bits(double v, sg_dtype dt) {
@@ -98,10 +51,10 @@ static uint64_t fill_bits(double v, sg_dtype dt) {
         f = (float)v;
         memcpy(&u, &f, 4);
         return u;
-    case SG_F16: return f2h(round_odd(v));
-    case SG_BF16: return f2bf(round_odd(v));
-    case SG_I32: return (uint32_t)(int32_t)double_to_int(v, dt);
-    case SG_I64: return (uint64_t)double_to_int(v, dt);
+    case SG_F16: return sg__f2h(sg__round_odd(v));
+    case SG_BF16: return sg__f2bf(sg__round_odd(v));
+    case SG_I32: return (uint32_t)(int32_t)sg__double_to_int(v, dt);
+    case SG_I64: return (uint64_t)sg__double_to_int(v, dt);
     case SG_BOOL: return v != 0.0;
     }
     return 0;
@@ -174,8 +127,10 @@ sg_status sg__cuda_pointwise(sg_ctx *ctx, const sg__node *n) {
     const sg_tensor *out = n->out;
     int nops = 1 + n->nin;
     if (n->op < SG__OP_NEG || n->op > SG__OP_FILL || nops > MAXOPS)
-        return sg__fail(ctx, SG_ERR_INTERNAL, "cuda: %s is not a pointwise op with at most 3 "
-                        "inputs", sg__op_name(n->op));
+        return sg__fail(ctx, SG_ERR_INTERNAL,
+                        "cuda: %s is not a pointwise op with at most 3 "
+                        "inputs",
+                        sg__op_name(n->op));
     int64_t numel = sg__numel(out->ndim, out->shape);
     if (numel == 0) return SG_OK;
     pw_args a;
@@ -196,8 +151,8 @@ sg_status sg__cuda_pointwise(sg_ctx *ctx, const sg__node *n) {
     a.s0 = (float)n->f[0];
     a.s1 = (float)n->f[1];
     if (!sg__dtype_is_float(d0)) {
-        a.i0 = double_to_int(n->f[0], d0);
-        a.i1 = double_to_int(n->f[1], d0);
+        a.i0 = sg__double_to_int(n->f[0], d0);
+        a.i1 = sg__double_to_int(n->f[1], d0);
     }
     if (n->op == SG__OP_FILL) a.fill = fill_bits(n->f[0], out->dtype);
 
