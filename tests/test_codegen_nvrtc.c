@@ -25,6 +25,27 @@ static const char *good =
 
 static char dir[256];
 
+/* The kernels each family's host side looks up by name (cuda_<family>.c). */
+static const char *const unit_kernels[SG__CU_NUM_UNITS][10] = {
+    [SG__CU_POINTWISE] = {"sg_pw_vec", "sg_pw_flat", "sg_pw_nd32", "sg_pw_nd64", NULL},
+    [SG__CU_DATA] = {"sg_data_gather32", "sg_data_gather64", "sg_data_scatter32",
+                     "sg_data_scatter64", "sg_data_index_prep", "sg_data_zero", "sg_data_arange",
+                     NULL},
+    [SG__CU_REDUCE] = {"sg_reduce_fold", "sg_reduce_finish", NULL},
+    [SG__CU_ROW] = {"sg_row_softmax", "sg_row_norm", "sg_row_xent", "sg_row_xent_mean", NULL},
+    [SG__CU_MATMUL] = {"sg_mm_gemv_f32", "sg_mm_gemv_f16", "sg_mm_gemv_bf16", "sg_mm_copy_f32",
+                       "sg_mm_copy_f16", "sg_mm_copy_bf16", "sg_mm_fill_f32", "sg_mm_fill_f16",
+                       "sg_mm_fill_bf16"},
+};
+
+/* Whether the image holds the symbol (a kernel's name is in its ELF string table). */
+static bool has_name(const void *img, size_t n, const char *name) {
+    size_t k = strlen(name);
+    for (size_t i = 0; img && i + k <= n; i++)
+        if (memcmp((const char *)img + i, name, k) == 0) return true;
+    return false;
+}
+
 /* The one cu-*.cubin in the cache dir, into path. */
 static bool entry_path(char *path, size_t size) {
     DIR *d = opendir(dir);
@@ -100,12 +121,19 @@ int main(void) {
     tu_case(ok, "a kernel with an error: SG_ERR_COMPILE with the log (\"%.160s\")", m);
     sg_clear_error(ctx);
 
-    /* The kernel families the library carries, as the CUDA backend builds them. */
+    /* The kernel families the library carries, as the CUDA backend builds
+     * them, each with every kernel its host side asks for. */
     for (int u = 0; u < SG__CU_NUM_UNITS; u++) {
         s = sg__nvrtc_build(ctx, sg__cu_names[u], sg__cu_sources[u], 90, &b, &nb);
         ok = TU_EXPECT(sg__cu_sources[u] != NULL) && TU_EXPECT(s == SG_OK);
-        tu_case(ok, "the %s unit compiles for sm_90%s%s", sg__cu_names[u], ok ? "" : ": ",
-                ok ? "" : sg_last_error(ctx));
+        if (!ok) fprintf(stderr, "  %s\n", sg_last_error(ctx));
+        for (const char *const *k = unit_kernels[u]; ok && *k; k++)
+            if (!has_name(b, nb, *k)) {
+                fprintf(stderr, "  kernel %s is missing from the cubin\n", *k);
+                ok = false;
+            }
+        tu_case(ok, "the %s unit compiles for sm_90 with its kernels (%zu-byte cubin)",
+                sg__cu_names[u], nb);
         sg__free(ctx, b, nb), b = NULL;
         sg_clear_error(ctx);
     }
