@@ -138,6 +138,29 @@ int main(void) {
         sg_clear_error(ctx);
     }
 
+    /* Bad input: each a status and a message naming the problem. */
+    s = sg__nvrtc_build(ctx, "../evil", good, 90, &b, &nb);
+    m = sg_last_error(ctx);
+    ok = TU_EXPECT(s == SG_ERR_INVALID_ARG) && TU_EXPECT(b == NULL) &&
+         TU_EXPECT(strstr(m, "../evil") != NULL) && TU_EXPECT(strstr(m, "[A-Za-z0-9_.-]") != NULL);
+    tu_case(ok, "a kernel name with '/' -> SG_ERR_INVALID_ARG (\"%s\")", m);
+    sg_clear_error(ctx);
+    s = sg__nvrtc_build(ctx, "nosource_test", NULL, 90, &b, &nb);
+    m = sg_last_error(ctx);
+    ok = TU_EXPECT(s == SG_ERR_INVALID_ARG) && TU_EXPECT(b == NULL) &&
+         TU_EXPECT(strstr(m, "nosource_test") != NULL) && TU_EXPECT(strstr(m, "no source") != NULL);
+    tu_case(ok, "a NULL source -> SG_ERR_INVALID_ARG (\"%s\")", m);
+    sg_clear_error(ctx);
+    setenv("SG_CACHE_DIR", "/dev/null/cache", 1);
+    s = sg__nvrtc_build(ctx, "axpy_test", good, 90, &b, &nb);
+    m = sg_last_error(ctx);
+    ok = TU_EXPECT(s == SG_ERR_COMPILE) && TU_EXPECT(b == NULL) &&
+         TU_EXPECT(strstr(m, "/dev/null/cache") != NULL) &&
+         TU_EXPECT(strstr(m, "SG_CACHE_DIR") != NULL);
+    tu_case(ok, "an unusable SG_CACHE_DIR -> SG_ERR_COMPILE (\"%s\")", m);
+    sg_clear_error(ctx);
+    setenv("SG_CACHE_DIR", dir, 1);
+
     /* Dump and override. */
     char dump[300], over[300], file[400];
     snprintf(dump, sizeof dump, "%s/dump", dir);
@@ -162,8 +185,17 @@ int main(void) {
     ok = TU_EXPECT(s == SG_OK) && TU_EXPECT(sg__nvrtc_compiles() == c1 + 1) &&
          TU_EXPECT(nb != na || memcmp(a, b, na) != 0);
     tu_case(ok, "SG_OVERRIDE_DIR/<name>.cu is compiled instead");
+    sg__free(ctx, b, nb), b = NULL;
+    snprintf(file, sizeof file, "%s/dir_test.cu", over);
+    mkdir(file, 0755); /* an override that is no file */
+    s = sg__nvrtc_build(ctx, "dir_test", good, 90, &b, &nb);
+    m = sg_last_error(ctx);
+    ok = TU_EXPECT(s == SG_ERR_COMPILE) && TU_EXPECT(b == NULL) &&
+         TU_EXPECT(strstr(m, "SG_OVERRIDE_DIR") != NULL) &&
+         TU_EXPECT(strstr(m, "dir_test.cu") != NULL);
+    tu_case(ok, "an unreadable override -> SG_ERR_COMPILE (\"%s\")", m);
+    sg_clear_error(ctx);
     unsetenv("SG_OVERRIDE_DIR");
-    sg__free(ctx, b, nb);
     sg__free(ctx, a, na);
     sg_ctx_destroy(ctx);
     char cmd[400];
