@@ -11,17 +11,21 @@
 
 struct sg_fn;
 struct sg__graph;
+struct sg__fuse_opts;
 
 /*
  * Compiled captures, per backend (ctx->gops). After fusion, compile turns
  * the groups into runnable code (a non-OK status makes the capture replay op
  * by op instead); run replays it into output set `set` once the slot bases
  * (g->slotp) hold this call's addresses; release frees what compile made.
+ * fuse_opts, when set, gives the fusion options the backend's code expects
+ * (NULL: the defaults).
  */
 typedef struct sg__graph_ops {
     sg_status (*compile)(struct sg_fn *fn, struct sg__graph *g);
     sg_status (*run)(struct sg_fn *fn, struct sg__graph *g, int set);
     void (*release)(sg_ctx *ctx, struct sg__graph *g);
+    void (*fuse_opts)(struct sg__fuse_opts *o, bool disable);
 } sg__graph_ops;
 
 SG__HIDDEN extern const sg__graph_ops sg__cpu_graph_ops;

@@ -152,6 +152,7 @@ static void try_compile(sg_fn *fn, sg__graph *g) {
     if (!ops || !ops->compile || (cg && strcmp(cg, "0") == 0)) return;
     const char *nf = getenv("SG_DISABLE_FUSION");
     sg__fuse_opts fo = {.disable = nf && strcmp(nf, "1") == 0, .horizontal = true};
+    if (ops->fuse_opts) ops->fuse_opts(&fo, fo.disable);
     sg_status before = ctx->status;
     char msg[SG__MSG_SIZE];
     snprintf(msg, sizeof msg, "%s", ctx->msg);

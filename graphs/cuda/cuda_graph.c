@@ -78,19 +78,6 @@ static void release(sg_ctx *ctx, sg__graph *g) {
     g->dev = NULL;
 }
 
-/*
- * Fuse again with the CUDA options (graph.c fused for the generic case):
- * prologues before library anchors become kernels of their own, since the
- * anchors read their input from memory.
- */
-static sg_status refuse(sg_ctx *ctx, sg__graph *g) {
-    const char *nf = getenv("SG_DISABLE_FUSION");
-    sg__fuse_opts fo;
-    sg__cgen_cuda_fuse_opts(&fo, nf && strcmp(nf, "1") == 0);
-    sg__fused_free(ctx, &g->fused, &g->ir);
-    return sg__fuse(ctx, &g->ir, &fo, &g->fused);
-}
-
 /* The file beside the kernel cache that remembers max-autotune's picks for
  * this unit on this device: cu-tune-<sha256 of the source and the device>. */
 static void tune_path(sg_ctx *ctx, const char *name, const char *src, cu_graph *cg) {
@@ -156,8 +143,6 @@ static sg_status compile(sg_fn *fn, sg__graph *g) {
     cu_graph *cg = sg__calloc(ctx, sizeof *cg);
     if (!cg) return sg__fail(ctx, SG_ERR_OOM, "cuda: out of host memory");
     g->dev = cg;
-    sg_status s = refuse(ctx, g);
-    if (s != SG_OK) return s;
     cg->ngroups = g->fused.ngroups;
     cg->nslots = g->ir.nslots;
     cg->kfn = sg__calloc(ctx, sizeof *cg->kfn * (size_t)(cg->ngroups ? cg->ngroups : 1));
@@ -165,7 +150,7 @@ static sg_status compile(sg_fn *fn, sg__graph *g) {
     if (!cg->kfn || !cg->kinfo) return sg__fail(ctx, SG_ERR_OOM, "cuda: out of host memory");
     sg__emit e = {.ctx = ctx};
     int nk = 0;
-    s = sg__cgen_cuda(ctx, &g->ir, &g->fused, g->module, &e, cg->kinfo, &nk);
+    sg_status s = sg__cgen_cuda(ctx, &g->ir, &g->fused, g->module, &e, cg->kinfo, &nk);
     void *cubin = NULL;
     size_t size = 0;
     if (s == SG_OK && nk > 0)
@@ -411,9 +396,11 @@ static sg_status run(sg_fn *fn, sg__graph *g, int set) {
     return r == CUDA_SUCCESS ? SG_OK : sg__cu_fail(ctx, r, "cuGraphLaunch", g->module);
 }
 
-const sg__graph_ops sg__cuda_graph_ops = {compile, run, release};
+/* The CUDA dialect's fusion: no prologues before library anchors, which
+ * read their input from memory. */
+const sg__graph_ops sg__cuda_graph_ops = {compile, run, release, sg__cgen_cuda_fuse_opts};
 
 #else
 /* Built without CUDA: no context ever gets these. */
-const sg__graph_ops sg__cuda_graph_ops = {NULL, NULL, NULL};
+const sg__graph_ops sg__cuda_graph_ops = {NULL, NULL, NULL, NULL};
 #endif
