@@ -103,7 +103,7 @@ static bool path3(char *dst, size_t size, const char *a, const char *b, const ch
     return true;
 }
 
-static int write_file(const char *path, const void *data, size_t n) {
+int sg__write_file(const char *path, const void *data, size_t n) {
     int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
     if (fd < 0) return errno;
     const char *p = data;
@@ -163,8 +163,7 @@ static int hash_file(const char *path, char hex[65]) {
     return 0;
 }
 
-/* mkdir -p. Returns 0 or an errno. */
-static int make_dirs(const char *path, mode_t mode) {
+int sg__make_dirs(const char *path, unsigned mode) {
     char p[PATH_MAX];
     size_t n = strlen(path);
     if (n == 0 || n >= sizeof p) return ENAMETOOLONG;
@@ -439,7 +438,7 @@ static sg_status open_root(job *j) {
     }
     if (n < 0 || (size_t)n >= sizeof j->root - 128) /* room for "/<key>.failed/compile.log" */
         return io_fail(j, "use the cache directory", j->root, ENAMETOOLONG);
-    int rc = make_dirs(j->root, shared_tmp ? 0700 : 0755);
+    int rc = sg__make_dirs(j->root, shared_tmp ? 0700 : 0755);
     if (rc) return io_fail(j, "create the cache directory", j->root, rc);
     struct stat st;
     if (shared_tmp && (lstat(j->root, &st) != 0 || !S_ISDIR(st.st_mode) ||
@@ -547,8 +546,8 @@ static sg_status dump_source(job *j) {
     if (!dir) return SG_OK;
     if (snprintf(path, sizeof path, "%s/%s.c", dir, j->name) >= (int)sizeof path)
         return sg__fail(j->ctx, SG_ERR_COMPILE, "codegen: SG_DUMP_DIR '%s' is too long", dir);
-    int rc = make_dirs(dir, 0755);
-    if (!rc) rc = write_file(path, j->source, j->source_len);
+    int rc = sg__make_dirs(dir, 0755);
+    if (!rc) rc = sg__write_file(path, j->source, j->source_len);
     if (rc)
         return sg__fail(j->ctx, SG_ERR_COMPILE,
                         "codegen: cannot write kernel '%s' to SG_DUMP_DIR as '%s': %s", j->name,
@@ -665,7 +664,7 @@ static sg_status write_meta(job *j) {
                      j->key, j->kernel_hex, j->source_hex, j->name, SG__CODEGEN_VERSION, j->cc,
                      j->cc_id, j->arch, flags);
     path3(path, sizeof path, j->tmp, "/meta.txt", "");
-    int rc = write_file(path, meta, n < (int)sizeof meta ? (size_t)n : sizeof meta - 1);
+    int rc = sg__write_file(path, meta, n < (int)sizeof meta ? (size_t)n : sizeof meta - 1);
     return rc ? io_fail(j, "write", path, rc) : SG_OK;
 }
 
@@ -728,7 +727,7 @@ static sg_status compile(job *j) {
     path3(src, sizeof src, j->tmp, "/source.c", "");
     path3(so, sizeof so, j->tmp, "/kernel.so", "");
     path3(logpath, sizeof logpath, j->tmp, "/compile.log", "");
-    int rc = write_file(src, j->source, j->source_len);
+    int rc = sg__write_file(src, j->source, j->source_len);
     if (rc) return io_fail(j, "write", src, rc);
     int fd = open(logpath, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
     if (fd < 0) return io_fail(j, "create", logpath, errno);

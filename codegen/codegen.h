@@ -67,6 +67,10 @@ SG__HIDDEN void *sg__module_sym(const sg__module *m, const char *symbol);
 SG__HIDDEN const char *sg__module_path(const sg__module *m);
 /* dlclose and free; NULL does nothing. */
 SG__HIDDEN void sg__module_free(sg_ctx *ctx, sg__module *m);
+/* File helpers the dialects share: mkdir -p, and a whole file written
+ * (created or truncated). Each returns 0 or an errno. */
+SG__HIDDEN int sg__make_dirs(const char *path, unsigned mode);
+SG__HIDDEN int sg__write_file(const char *path, const void *data, size_t n);
 /* The cache root (SG_CACHE_DIR and its defaults), created if missing, into
  * root; name is the kernel the caller builds, for messages. Other dialects
  * (nvrtc.c) keep their entries there. */

@@ -247,10 +247,8 @@ static sg_status override_and_dump(sg_ctx *ctx, const char *name, const char **s
     if (dir) {
         if (snprintf(path, sizeof path, "%s/%s.cu", dir, name) >= (int)sizeof path)
             return sg__fail(ctx, SG_ERR_COMPILE, "nvrtc: SG_DUMP_DIR '%s' is too long", dir);
-        mkdir(dir, 0755);
-        int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-        int rc = fd < 0 ? errno : write_all(fd, *source, strlen(*source));
-        if (fd >= 0) close(fd);
+        int rc = sg__make_dirs(dir, 0755);
+        if (!rc) rc = sg__write_file(path, *source, strlen(*source));
         if (rc)
             return sg__fail(ctx, SG_ERR_COMPILE, "nvrtc: cannot write '%s' (SG_DUMP_DIR): %s", path,
                             strerror(rc));

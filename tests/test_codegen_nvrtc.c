@@ -163,13 +163,13 @@ int main(void) {
 
     /* Dump and override. */
     char dump[300], over[300], file[400];
-    snprintf(dump, sizeof dump, "%s/dump", dir);
+    snprintf(dump, sizeof dump, "%s/dump/deeper", dir);
     snprintf(over, sizeof over, "%s/over", dir);
     setenv("SG_DUMP_DIR", dump, 1);
     s = sg__nvrtc_build(ctx, "axpy_test", good, 90, &b, &nb);
     snprintf(file, sizeof file, "%s/axpy_test.cu", dump);
     ok = TU_EXPECT(s == SG_OK) && TU_EXPECT(access(file, R_OK) == 0);
-    tu_case(ok, "SG_DUMP_DIR gets <name>.cu");
+    tu_case(ok, "SG_DUMP_DIR (made if missing, nested) gets <name>.cu");
     sg__free(ctx, b, nb), b = NULL;
     unsetenv("SG_DUMP_DIR");
     mkdir(over, 0755);
