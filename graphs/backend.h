@@ -30,6 +30,22 @@ typedef struct sg__graph_ops {
 
 SG__HIDDEN extern const sg__graph_ops sg__cpu_graph_ops;
 
+/*
+ * A reduction of x into y over the dims in mask, as index spaces: M outputs
+ * over the kept dims (size, x stride, y stride each) and L elements each
+ * over the reduced dims (size, x stride each). Size-1 dims are dropped and
+ * reduced dims that walk as one are merged; with nothing left to reduce,
+ * one reduced dim of size 1. Every backend's reduce kernels walk these.
+ */
+typedef struct sg__rdims {
+    int64_t ksize[SG_MAX_DIMS], kxs[SG_MAX_DIMS], kys[SG_MAX_DIMS];
+    int64_t rsize[SG_MAX_DIMS], rxs[SG_MAX_DIMS];
+    int64_t M, L;
+    int nk, nr;
+} sg__rdims;
+SG__HIDDEN void sg__reduce_dims(const sg_tensor *x, const sg_tensor *y, uint32_t mask,
+                                sg__rdims *r);
+
 /* Fill ctx->exec for the CPU. Never unavailable; fails only on OOM. */
 SG__HIDDEN sg_status sg__cpu_init(sg_ctx *ctx);
 

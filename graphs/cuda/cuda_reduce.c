@@ -57,28 +57,14 @@ static void build(rgeom *g, const sg__node *n) {
     g->corr = n->i[0];
     g->xdt = (int32_t)x->dtype;
     g->ydt = (int32_t)y->dtype;
-    g->M = g->L = 1;
-    for (int d = 0; d < x->ndim; d++) {
-        int64_t s = x->shape[d];
-        if (n->mask & (1u << d)) {
-            g->L *= s;
-            if (s == 1) continue;
-            /* Merge into the previous reduced dim when the two walk as one:
-             * row-major positions stay the same, so argmax is unchanged. */
-            if (g->nr && g->rxs[g->nr - 1] == s * x->stride[d]) {
-                g->rsize[g->nr - 1] *= s;
-                g->rxs[g->nr - 1] = x->stride[d];
-            } else {
-                g->rsize[g->nr] = s, g->rxs[g->nr] = x->stride[d], g->nr++;
-            }
-        } else {
-            g->M *= s;
-            if (s == 1) continue;
-            g->ksize[g->nk] = s, g->kxs[g->nk] = x->stride[d], g->kys[g->nk] = y->stride[d];
-            g->nk++;
-        }
-    }
-    if (g->nr == 0) g->rsize[0] = 1, g->rxs[0] = 0, g->nr = 1;
+    sg__rdims rd;
+    sg__reduce_dims(x, y, n->mask, &rd);
+    memcpy(g->ksize, rd.ksize, sizeof rd.ksize);
+    memcpy(g->kxs, rd.kxs, sizeof rd.kxs);
+    memcpy(g->kys, rd.kys, sizeof rd.kys);
+    memcpy(g->rsize, rd.rsize, sizeof rd.rsize);
+    memcpy(g->rxs, rd.rxs, sizeof rd.rxs);
+    g->M = rd.M, g->L = rd.L, g->nk = rd.nk, g->nr = rd.nr;
     /* Outputs may be numbered in any order: put the kept dim of smallest x
      * stride last, so that neighbouring outputs are neighbours in memory. */
     if (g->nk > 1) {
