@@ -9,7 +9,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 
-const char *sg_version(void) { return "0.1.0"; }
+const char *sg_version(void) { return SG_VERSION_STRING; }
 
 const char *sg_status_str(sg_status s) {
     switch (s) {

@@ -57,11 +57,10 @@ extern "C" {
 #define SG_API __attribute__((visibility("default")))
 #endif
 
-#define SG_VERSION_MAJOR 0
-#define SG_VERSION_MINOR 1
-#define SG_VERSION_PATCH 0
+#include "stepgraph_version.h" /* SG_VERSION_MAJOR, _MINOR, _PATCH, _STRING, _NUMBER */
 
-/* The version string of the library that is linked, "0.1.0". */
+/* The version string of the library that is linked, e.g. "0.2.0"; equal to
+ * SG_VERSION_STRING when the header and the library match. */
 SG_API const char *sg_version(void);
 
 /* ---------------------------------------------------------------- status */
