@@ -12,7 +12,9 @@
  * block of 256 threads. Lane j of a team takes elements j, j + team, ...;
  * the team combines its lanes with shuffles (and, for a block, one shared
  * word per warp summed in a fixed order), in f32. Softmax subtracts the
- * row's max; layer_norm takes the variance about the mean in a second pass.
+ * row's max (a row read from memory takes max and sum in one pass, the sum
+ * rescaled as the max grows); layer_norm takes the variance about the mean
+ * in a second pass.
  * A row of at most 32 elements per lane is computed once into registers
  * (prologue included) and read from there by every pass; a longer row is
  * recomputed from memory by each pass, its prologue storing only in the
@@ -70,6 +72,37 @@ static void team_reduce(rowk *k, const char *var, bool max) {
     else
         sg__emit_line(k->e, "for (int w = 1; w < %d; w++) %s += r_red%d[w];", k->team / 32, var,
                       r);
+    sg__emit_close(k->e);
+}
+
+/* The softmax statistics (r_m, r_s) combined over the team: the max, and
+ * each sum of exps rescaled to it. Lanes that saw nothing hold (-inf, 0). */
+#define COMBINE_MS(m2, s2)                                                                        \
+    "{ const float r_nm = fmaxf(r_m, " m2 "); r_s = (r_m == r_nm ? r_s : r_s * expf(r_m - r_nm))" \
+    " + (" m2 " == r_nm ? " s2 " : " s2 " * expf(" m2 " - r_nm)); r_m = r_nm; }"
+
+static void team_reduce_ms(rowk *k) {
+    sg__emit_open(k->e, "for (int o = %d; o > 0; o >>= 1)", k->team > 32 ? 16 : k->team / 2);
+    sg__emit_line(k->e, "const float r_om = __shfl_xor_sync(0xffffffffu, r_m, o);");
+    sg__emit_line(k->e, "const float r_os = __shfl_xor_sync(0xffffffffu, r_s, o);");
+    sg__emit_line(k->e, "%s", COMBINE_MS("r_om", "r_os"));
+    sg__emit_close(k->e);
+    if (k->team <= 32) return;
+    int r = k->nred;
+    k->nred += 2;
+    sg__emit_open(k->e, "%s", "");
+    sg__emit_line(k->e, "__shared__ float r_red%d[%d], r_red%d[%d];", r, k->team / 32, r + 1,
+                  k->team / 32);
+    sg__emit_line(k->e,
+                  "if ((threadIdx.x & 31) == 0) r_red%d[threadIdx.x >> 5] = r_m, "
+                  "r_red%d[threadIdx.x >> 5] = r_s;",
+                  r, r + 1);
+    sg__emit_line(k->e, "__syncthreads();");
+    sg__emit_line(k->e, "r_m = r_red%d[0], r_s = r_red%d[0];", r, r + 1);
+    sg__emit_open(k->e, "for (int w = 1; w < %d; w++)", k->team / 32);
+    sg__emit_line(k->e, "const float r_om = r_red%d[w], r_os = r_red%d[w];", r, r + 1);
+    sg__emit_line(k->e, "%s", COMBINE_MS("r_om", "r_os"));
+    sg__emit_close(k->e);
     sg__emit_close(k->e);
 }
 
@@ -174,7 +207,23 @@ static void emit_row_op(rowk *k) {
     sg__op op = k->an->op;
     bool fill = k->per > 0;
     /* Which pass computes the prologue last: the write pass. */
-    if (op == SG__OP_SOFTMAX || op == SG__OP_LOG_SOFTMAX) {
+    if ((op == SG__OP_SOFTMAX || op == SG__OP_LOG_SOFTMAX) && !k->per) {
+        /* A row read from memory: max and sum in one pass, the sum rescaled
+         * as the max grows; -inf adds exactly 0, +inf and NaN make it NaN. */
+        sg__emit_line(k->e, "float r_m = __uint_as_float(0xff800000u), r_s = 0.0f;");
+        pass_open(k, false, false);
+        sg__emit_open(k->e, "if (r_x > r_m)");
+        sg__emit_line(k->e, "r_s = r_s * expf(r_m - r_x) + (r_x == __uint_as_float(0x7f800000u) ? "
+                            "__uint_as_float(0x7fc00000u) : 1.0f);");
+        sg__emit_line(k->e, "r_m = r_x;");
+        sg__emit_close(k->e);
+        sg__emit_line(k->e,
+                      "else if (r_x != __uint_as_float(0xff800000u)) r_s += expf(r_x - r_m);");
+        pass_close(k);
+        team_reduce_ms(k);
+        sg__emit_line(k->e, "const float r_inv = 1.0f / r_s, r_ls = logf(r_s);");
+        sg__emit_line(k->e, "(void)r_inv, (void)r_ls;");
+    } else if (op == SG__OP_SOFTMAX || op == SG__OP_LOG_SOFTMAX) {
         sg__emit_line(k->e, "float r_m = __uint_as_float(0xff800000u);");
         pass_open(k, fill, false);
         sg__emit_line(k->e, "r_m = r_x > r_m ? r_x : r_m;");

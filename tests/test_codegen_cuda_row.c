@@ -3,8 +3,9 @@
  * (codegen/cgen_cuda_row.c) and the fusion that feeds them: softmax with a
  * scale prologue and a cast epilogue, layer_norm after a residual add,
  * rms_norm built in and written out of primitives (x * rsqrt(mean(x*x) +
- * eps) * w), log_softmax, and row sums, over rows of 1, 7, 768, 1024, 5000
- * and 50257 elements in f32 and bf16.
+ * eps) * w), log_softmax, row sums, layer_norm, and softmax over the
+ * rows of a transposed view, over rows of 1, 7, 768, 1024, 5000 and 50257
+ * elements in f32 and bf16.
  *
  * Each case runs the compiled step on the test's backend (SG_TEST_BACKEND:
  * the CPU's generated C by default, the CUDA row kernels under the gpu
@@ -37,13 +38,14 @@ typedef enum pattern {
     P_LOG_SOFTMAX,  /* log_softmax(x) - 1 */
     P_ROW_SUM,      /* sum(x * x, -1, keepdim) * 2 */
     P_LAYERNORM,    /* layer_norm(x, w, b) */
+    P_SOFTMAX_T,    /* softmax(transpose(x)) over its last dim: a strided walk */
     P_COUNT
 } pattern;
 
 static const char *const pattern_name[P_COUNT] = {"SOFTMAX_SCALE_CAST", "LAYERNORM_RESIDUAL",
                                                  "RMSNORM_BUILTIN",   "RMSNORM_WRITTEN",
                                                  "LOG_SOFTMAX",       "ROW_SUM",
-                                                 "LAYERNORM"};
+                                                 "LAYERNORM",         "SOFTMAX_TRANSPOSED"};
 
 #define EPS 1e-5
 
@@ -73,6 +75,7 @@ static sg_status row_step(sg_ctx *c, sg_tensor *const *in, sg_tensor **out, void
     case P_LOG_SOFTMAX: out[0] = sg_add_scalar(sg_log_softmax(x, -1), -1.0); break;
     case P_ROW_SUM: out[0] = sg_mul_scalar(sg_sum(sg_mul(x, x), 1, last, true), 2.0); break;
     case P_LAYERNORM: out[0] = sg_layer_norm(x, s->w, s->b, EPS); break;
+    case P_SOFTMAX_T: out[0] = sg_softmax(sg_transpose(x, 0, 1), -1); break;
     default: break;
     }
     return out[0] ? SG_OK : sg_ctx_status(c);
@@ -86,7 +89,7 @@ static void reference(const spec *s, int64_t rows, int64_t len, const double *x,
     for (int64_t i = 0; i < rows; i++) {
         const double *xr = x + i * len;
         double *o = out0 + i * len;
-        if (s->p == P_SOFTMAX_CAST || s->p == P_LOG_SOFTMAX) {
+        if (s->p == P_SOFTMAX_CAST || s->p == P_LOG_SOFTMAX || s->p == P_SOFTMAX_T) {
             double m = -INFINITY, sum = 0;
             for (int64_t j = 0; j < len; j++) {
                 double v = s->p == P_SOFTMAX_CAST ? tu_round(dt, xr[j] * 0.5) : xr[j];
@@ -97,6 +100,8 @@ static void reference(const spec *s, int64_t rows, int64_t len, const double *x,
             for (int64_t j = 0; j < len; j++) {
                 if (s->p == P_SOFTMAX_CAST)
                     o[j] = tu_round(other(dt), tu_round(dt, exp(o[j] - m) / sum));
+                else if (s->p == P_SOFTMAX_T)
+                    o[j] = tu_round(dt, exp(o[j] - m) / sum);
                 else
                     o[j] = tu_round(dt, tu_round(dt, (o[j] - m) - log(sum)) - 1.0);
             }
@@ -176,10 +181,17 @@ static bool cuda_unit(sg_fn *fn, const char *name, counts *c) {
 
 static void test_case(pattern p, sg_dtype dt, int64_t rows, int64_t len) {
     tu_seed((uint64_t)(p * 1000003 + len * 7 + rows + dt));
-    int64_t xs[2] = {rows, len};
+    int64_t xs[2] = {rows, len}, ts[2] = {len, rows};
     double *xv = NULL, *rv = NULL, *wv = NULL, *bv = NULL;
     spec s = {.p = p, .dt = dt};
-    sg_tensor *in[2] = {tu_rand(ctx, dt, 2, xs, -2, 2, &xv), NULL};
+    sg_tensor *in[2] = {tu_rand(ctx, dt, 2, p == P_SOFTMAX_T ? ts : xs, -2, 2, &xv), NULL};
+    if (p == P_SOFTMAX_T) { /* the reference reads the rows of the transpose */
+        double *t = malloc(sizeof(double) * (size_t)(rows * len));
+        for (int64_t i = 0; i < rows; i++)
+            for (int64_t j = 0; j < len; j++) t[i * len + j] = xv[j * rows + i];
+        free(xv);
+        xv = t;
+    }
     int nin = 1, nout = p == P_LAYERNORM_RES ? 2 : 1;
     if (p == P_LAYERNORM_RES) in[1] = tu_rand(ctx, dt, 2, xs, -1, 1, &rv), nin = 2;
     if (p == P_LAYERNORM_RES || p == P_LAYERNORM || p == P_RMS_BUILTIN || p == P_RMS_WRITTEN)
@@ -274,7 +286,9 @@ static void timing(void) {
             sg_tensor *x = tu_rand(ctx, SG_BF16, 2, xs, -2, 2, NULL);
             s.w = tu_rand(ctx, SG_BF16, 1, &len, 0.5, 1.5, NULL);
             s.b = tu_rand(ctx, SG_BF16, 1, &len, -0.5, 0.5, NULL);
-            double bytes = (double)rows * (double)len * 2 * 2 + (double)len * 2 * 2;
+            /* x in, y out (f32 after softmax's cast), weight and bias. */
+            double ob = s.p == P_SOFTMAX_CAST ? 4 : 2;
+            double bytes = (double)rows * (double)len * (2 + ob) + (double)len * 2 * 2;
             double compiled = time_step(&s, SG_MODE_REDUCE_OVERHEAD, x);
             double eager = time_step(&s, SG_MODE_EAGER, x);
             fprintf(stderr,
