@@ -992,8 +992,6 @@ const sg__ref *sg__cuda_arg(const sg__cuda_gen *g, const sg__irnode *n, int j) {
 
 const sg__ir *sg__cuda_ir(const sg__cuda_gen *g) { return g->ir; }
 
-const char *sg__cuda_ctype(sg_dtype dt) { return ctype(dt); }
-
 void sg__cuda_widen(sg_dtype dt, const char *lv, char *buf, size_t size) {
     widen(dt, lv, buf, size);
 }
@@ -1014,12 +1012,17 @@ bool sg__cuda_walk_flat(const sg__cuda_gen *g, const sg__group *grp, int from, i
     return flat && (!extra || flat_ok(extra, nd, shape));
 }
 
+void sg__cuda_lvalue_at(const sg__cuda_gen *g, const sg__ref *r, const char *off, char *buf,
+                        size_t size) {
+    (void)g;
+    snprintf(buf, size, "((%s *)s%d)[%s]", ctype(r->dtype), r->slot, off);
+}
+
 void sg__cuda_lvalue(const sg__cuda_gen *g, const sg__ref *r, int nd, const int64_t *shape,
                      bool flat, char *buf, size_t size) {
-    (void)g;
     char off[256];
     offset_expr(r, nd, shape, flat ? IX_FLAT : IX_NESTED, off, sizeof off);
-    snprintf(buf, size, "((%s *)s%d)[%s]", ctype(r->dtype), r->slot, off);
+    sg__cuda_lvalue_at(g, r, off, buf, size);
 }
 
 void sg__cuda_unflatten(sg__cuda_gen *g, int nd, const int64_t *shape) {

@@ -40,21 +40,22 @@ typedef struct rowk {
     const sg__ref *x, *o; /* its input and output */
     int a;                /* the anchor's index in grp->g */
     int64_t rows, len;
-    int team, per;        /* threads per row; elements per lane (registers), 0 when re-read */
-    int nd;               /* the input's shape: the walk of prologue and row epilogue */
+    int team, per; /* threads per row; elements per lane (registers), 0 when re-read */
+    int nd;        /* the input's shape: the walk of prologue and row epilogue */
     const int64_t *shape;
-    bool flat;            /* that walk is flat */
-    int nred;             /* shared arrays declared so far */
-    sg__group quiet;      /* grp with no member storing */
+    bool flat;       /* that walk is flat */
+    int nred;        /* shared arrays declared so far */
+    sg__group quiet; /* grp with no member storing */
 } rowk;
 
 /* `var` combined over the team (op: "+" for a sum, else fmaxf). */
 static void team_reduce(rowk *k, const char *var, bool max) {
     if (max)
-        sg__emit_line(k->e,
-                      "for (int o = %d; o > 0; o >>= 1) %s = fmaxf(%s, __shfl_xor_sync(0xffffffffu, "
-                      "%s, o));",
-                      k->team > 32 ? 16 : k->team / 2, var, var, var);
+        sg__emit_line(
+            k->e,
+            "for (int o = %d; o > 0; o >>= 1) %s = fmaxf(%s, __shfl_xor_sync(0xffffffffu, "
+            "%s, o));",
+            k->team > 32 ? 16 : k->team / 2, var, var, var);
     else
         sg__emit_line(k->e,
                       "for (int o = %d; o > 0; o >>= 1) %s += __shfl_xor_sync(0xffffffffu, %s, o);",
@@ -70,15 +71,14 @@ static void team_reduce(rowk *k, const char *var, bool max) {
         sg__emit_line(k->e, "for (int w = 1; w < %d; w++) %s = fmaxf(%s, r_red%d[w]);",
                       k->team / 32, var, var, r);
     else
-        sg__emit_line(k->e, "for (int w = 1; w < %d; w++) %s += r_red%d[w];", k->team / 32, var,
-                      r);
+        sg__emit_line(k->e, "for (int w = 1; w < %d; w++) %s += r_red%d[w];", k->team / 32, var, r);
     sg__emit_close(k->e);
 }
 
 /* The softmax statistics (r_m, r_s) combined over the team: the max, and
  * each sum of exps rescaled to it. Lanes that saw nothing hold (-inf, 0). */
-#define COMBINE_MS(m2, s2)                                                                        \
-    "{ const float r_nm = fmaxf(r_m, " m2 "); r_s = (r_m == r_nm ? r_s : r_s * expf(r_m - r_nm))" \
+#define COMBINE_MS(m2, s2)                                                                         \
+    "{ const float r_nm = fmaxf(r_m, " m2 "); r_s = (r_m == r_nm ? r_s : r_s * expf(r_m - r_nm))"  \
     " + (" m2 " == r_nm ? " s2 " : " s2 " * expf(" m2 " - r_nm)); r_m = r_nm; }"
 
 static void team_reduce_ms(rowk *k) {
@@ -150,8 +150,8 @@ static void pass_open(rowk *k, bool fill, bool stores) {
             sg__emit_line(k->e, "r_x = r_xr[r_t];");
         }
     } else {
-        sg__emit_open(k->e, "for (sg_i64 r_c = r_lane; r_c < %lldLL; r_c += %d)",
-                      (long long)k->len, k->team);
+        sg__emit_open(k->e, "for (sg_i64 r_c = r_lane; r_c < %lldLL; r_c += %d)", (long long)k->len,
+                      k->team);
         sg__emit_line(k->e, "float r_x;");
         sg__emit_open(k->e, "%s", "");
         row_input(k, stores);
@@ -173,16 +173,15 @@ static void row_write(rowk *k) {
     case SG__OP_SOFTMAX: snprintf(y, sizeof y, "(expf(r_x - r_m) * r_inv)"); break;
     case SG__OP_LOG_SOFTMAX: snprintf(y, sizeof y, "((r_x - r_m) - r_ls)"); break;
     default: {
-        size_t q = (size_t)snprintf(y, sizeof y, n->op == SG__OP_LAYER_NORM ? "((r_x - r_mean) * r_r"
-                                                                            : "(r_x * r_r");
+        size_t q = (size_t)snprintf(
+            y, sizeof y, n->op == SG__OP_LAYER_NORM ? "((r_x - r_mean) * r_r" : "(r_x * r_r");
         for (int j = 1; j < n->nin && j < 3; j++) {
             const sg__ref *p = sg__cuda_arg(k->g, n, j);
             if (!p) continue;
             char off[128];
             snprintf(off, sizeof off, "%lld + r_c * %lldLL", (long long)p->offset,
                      (long long)p->stride[0]);
-            snprintf(lv, sizeof lv, "((const %s *)s%d)[%s]", sg__cuda_ctype(p->dtype), p->slot,
-                     off);
+            sg__cuda_lvalue_at(k->g, p, off, lv, sizeof lv);
             sg__cuda_widen(p->dtype, lv, ld, sizeof ld);
             q += (size_t)snprintf(y + q, sizeof y - q, j == 1 ? " * %s" : " + %s", ld);
         }
@@ -254,7 +253,8 @@ static void emit_row_op(rowk *k) {
         } else {
             sg__emit_line(k->e, "const float r_var = r_s / %lld.0f;", (long long)k->len);
         }
-        sg__emit_line(k->e, "const float r_r = 1.0f / sqrtf((r_var > 0.0f ? r_var : 0.0f) + %.9ef);",
+        sg__emit_line(k->e,
+                      "const float r_r = 1.0f / sqrtf((r_var > 0.0f ? r_var : 0.0f) + %.9ef);",
                       k->an->f[0]);
     }
     pass_open(k, false, true);
@@ -309,7 +309,11 @@ static void emit_reduce(rowk *k) {
 }
 
 const char *sg__cgen_cuda_rows(sg__cuda_gen *g, const sg__group *grp, sg__cuda_kinfo *ki) {
-    rowk k = {.g = g, .e = sg__cuda_out(g), .grp = grp, .a = grp->anchor, .rows = grp->nrows,
+    rowk k = {.g = g,
+              .e = sg__cuda_out(g),
+              .grp = grp,
+              .a = grp->anchor,
+              .rows = grp->nrows,
               .len = grp->rowlen};
     const sg__ir *ir = sg__cuda_ir(g);
     k.an = &ir->nodes[grp->g[k.a].node];
@@ -329,7 +333,8 @@ const char *sg__cgen_cuda_rows(sg__cuda_gen *g, const sg__group *grp, sg__cuda_k
                                 grp->kind == SG__G_ROW && grp->g[k.a].store ? k.o : NULL);
     /* The same group with no member storing, for passes that only read. */
     sg__gnode quiet[64];
-    sg__gnode *qg = grp->n <= 64 ? quiet : sg__alloc(sg__cuda_out(g)->ctx, sizeof *qg * (size_t)grp->n);
+    sg__gnode *qg =
+        grp->n <= 64 ? quiet : sg__alloc(sg__cuda_out(g)->ctx, sizeof *qg * (size_t)grp->n);
     if (!qg) {
         k.e->oom = true;
         return "";

@@ -193,7 +193,6 @@ SG__HIDDEN sg__emit *sg__cuda_out(sg__cuda_gen *g);
 SG__HIDDEN const sg__ir *sg__cuda_ir(const sg__cuda_gen *g);
 SG__HIDDEN const sg__ref *sg__cuda_ref(const sg__cuda_gen *g, int r); /* after cse's alias */
 SG__HIDDEN const sg__ref *sg__cuda_arg(const sg__cuda_gen *g, const sg__irnode *n, int j);
-SG__HIDDEN const char *sg__cuda_ctype(sg_dtype dt);
 SG__HIDDEN void sg__cuda_widen(sg_dtype dt, const char *lv, char *buf, size_t size);
 SG__HIDDEN void sg__cuda_narrow_store(sg_dtype dt, const char *lv, const char *v, char *buf,
                                       size_t size);
@@ -203,6 +202,9 @@ SG__HIDDEN void sg__cuda_round_trip(const char *e, sg_dtype dt, char *buf, size_
  * refs by the flat index over shape? */
 SG__HIDDEN bool sg__cuda_walk_flat(const sg__cuda_gen *g, const sg__group *grp, int from, int to,
                                    int nd, const int64_t *shape, const sg__ref *extra);
+/* The element of r at element offset `off` (a C expression), as an lvalue. */
+SG__HIDDEN void sg__cuda_lvalue_at(const sg__cuda_gen *g, const sg__ref *r, const char *off,
+                                   char *buf, size_t size);
 /* The element of r at the walk index, as an lvalue. */
 SG__HIDDEN void sg__cuda_lvalue(const sg__cuda_gen *g, const sg__ref *r, int nd,
                                 const int64_t *shape, bool flat, char *buf, size_t size);

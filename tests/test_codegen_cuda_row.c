@@ -31,21 +31,21 @@ static sg_ctx *ctx;
 static bool nvrtc_missing;
 
 typedef enum pattern {
-    P_SOFTMAX_CAST, /* cast(softmax(x * 0.5), other dtype) */
+    P_SOFTMAX_CAST,  /* cast(softmax(x * 0.5), other dtype) */
     P_LAYERNORM_RES, /* h = x + r; layer_norm(h, w, b) */
-    P_RMS_BUILTIN,  /* rms_norm(x, w) */
-    P_RMS_WRITTEN,  /* x * rsqrt(mean(x * x, -1) + eps) * w */
-    P_LOG_SOFTMAX,  /* log_softmax(x) - 1 */
-    P_ROW_SUM,      /* sum(x * x, -1, keepdim) * 2 */
-    P_LAYERNORM,    /* layer_norm(x, w, b) */
-    P_SOFTMAX_T,    /* softmax(transpose(x)) over its last dim: a strided walk */
+    P_RMS_BUILTIN,   /* rms_norm(x, w) */
+    P_RMS_WRITTEN,   /* x * rsqrt(mean(x * x, -1) + eps) * w */
+    P_LOG_SOFTMAX,   /* log_softmax(x) - 1 */
+    P_ROW_SUM,       /* sum(x * x, -1, keepdim) * 2 */
+    P_LAYERNORM,     /* layer_norm(x, w, b) */
+    P_SOFTMAX_T,     /* softmax(transpose(x)) over its last dim: a strided walk */
     P_COUNT
 } pattern;
 
 static const char *const pattern_name[P_COUNT] = {"SOFTMAX_SCALE_CAST", "LAYERNORM_RESIDUAL",
-                                                 "RMSNORM_BUILTIN",   "RMSNORM_WRITTEN",
-                                                 "LOG_SOFTMAX",       "ROW_SUM",
-                                                 "LAYERNORM",         "SOFTMAX_TRANSPOSED"};
+                                                  "RMSNORM_BUILTIN",    "RMSNORM_WRITTEN",
+                                                  "LOG_SOFTMAX",        "ROW_SUM",
+                                                  "LAYERNORM",          "SOFTMAX_TRANSPOSED"};
 
 #define EPS 1e-5
 
@@ -62,15 +62,17 @@ static sg_status row_step(sg_ctx *c, sg_tensor *const *in, sg_tensor **out, void
     sg_tensor *x = in[0];
     int last[1] = {-1};
     switch (s->p) {
-    case P_SOFTMAX_CAST: out[0] = sg_cast(sg_softmax(sg_mul_scalar(x, 0.5), -1), other(s->dt)); break;
+    case P_SOFTMAX_CAST:
+        out[0] = sg_cast(sg_softmax(sg_mul_scalar(x, 0.5), -1), other(s->dt));
+        break;
     case P_LAYERNORM_RES:
         out[0] = sg_add(x, in[1]);
         out[1] = sg_layer_norm(out[0], s->w, s->b, EPS);
         break;
     case P_RMS_BUILTIN: out[0] = sg_rms_norm(x, s->w, EPS); break;
     case P_RMS_WRITTEN:
-        out[0] = sg_mul(sg_mul(x, sg_rsqrt(sg_add_scalar(sg_mean(sg_mul(x, x), 1, last, true), EPS))),
-                        s->w);
+        out[0] = sg_mul(
+            sg_mul(x, sg_rsqrt(sg_add_scalar(sg_mean(sg_mul(x, x), 1, last, true), EPS))), s->w);
         break;
     case P_LOG_SOFTMAX: out[0] = sg_add_scalar(sg_log_softmax(x, -1), -1.0); break;
     case P_ROW_SUM: out[0] = sg_mul_scalar(sg_sum(sg_mul(x, x), 1, last, true), 2.0); break;
@@ -108,14 +110,16 @@ static void reference(const spec *s, int64_t rows, int64_t len, const double *x,
         } else if (s->p == P_LAYERNORM_RES || s->p == P_LAYERNORM) {
             double mean = 0, var = 0;
             double *y = s->p == P_LAYERNORM ? out1 + i * len : o;
-            for (int64_t j = 0; j < len; j++) y[j] = r ? tu_round(dt, xr[j] + r[i * len + j]) : xr[j];
+            for (int64_t j = 0; j < len; j++)
+                y[j] = r ? tu_round(dt, xr[j] + r[i * len + j]) : xr[j];
             o = y;
             for (int64_t j = 0; j < len; j++) mean += o[j];
             mean /= (double)len;
             for (int64_t j = 0; j < len; j++) var += (o[j] - mean) * (o[j] - mean);
             double rs = 1.0 / sqrt(var / (double)len + EPS);
             double *ln = s->p == P_LAYERNORM ? out0 + i * len : out1 + i * len;
-            for (int64_t j = 0; j < len; j++) ln[j] = tu_round(dt, (o[j] - mean) * rs * w[j] + b[j]);
+            for (int64_t j = 0; j < len; j++)
+                ln[j] = tu_round(dt, (o[j] - mean) * rs * w[j] + b[j]);
         } else if (s->p == P_RMS_BUILTIN) {
             double ss = 0;
             for (int64_t j = 0; j < len; j++) ss += xr[j] * xr[j];
@@ -125,7 +129,8 @@ static void reference(const spec *s, int64_t rows, int64_t len, const double *x,
             /* Every op rounds: x*x, mean, + eps, rsqrt, x * r, * w. */
             double ss = 0;
             for (int64_t j = 0; j < len; j++) ss += tu_round(dt, xr[j] * xr[j]);
-            double rs = tu_round(dt, 1.0 / sqrt(tu_round(dt, tu_round(dt, ss / (double)len) + EPS)));
+            double rs =
+                tu_round(dt, 1.0 / sqrt(tu_round(dt, tu_round(dt, ss / (double)len) + EPS)));
             for (int64_t j = 0; j < len; j++) o[j] = tu_round(dt, tu_round(dt, xr[j] * rs) * w[j]);
         } else { /* P_ROW_SUM: one value per row */
             double ss = 0;
@@ -198,8 +203,9 @@ static void test_case(pattern p, sg_dtype dt, int64_t rows, int64_t len) {
         s.w = tu_rand(ctx, dt, 1, &len, 0.5, 1.5, &wv);
     if (p == P_LAYERNORM_RES || p == P_LAYERNORM) s.b = tu_rand(ctx, dt, 1, &len, -0.5, 0.5, &bv);
     sg_fn *fn = NULL;
-    bool ok = TU_EXPECT(sg_compile(ctx, row_step, &s, nin, nout,
-                                   &(sg_compile_opts){.mode = SG_MODE_REDUCE_OVERHEAD}, &fn) == SG_OK);
+    bool ok =
+        TU_EXPECT(sg_compile(ctx, row_step, &s, nin, nout,
+                             &(sg_compile_opts){.mode = SG_MODE_REDUCE_OVERHEAD}, &fn) == SG_OK);
     sg_tensor *out[2] = {NULL, NULL};
     /* The second call replays what the first captured. */
     for (int call = 0; call < 2 && ok; call++) {
@@ -294,8 +300,8 @@ static void timing(void) {
             fprintf(stderr,
                     "TIMING %s bf16 [%lld,%lld]: compiled %.2f us, eager %.2f us, bytes floor %.2f "
                     "us (%.0f KB at 3.35 TB/s)\n",
-                    pattern_name[s.p], (long long)rows, (long long)len,
-                    compiled, eager, bytes / 3.35e12 * 1e6, bytes / 1024);
+                    pattern_name[s.p], (long long)rows, (long long)len, compiled, eager,
+                    bytes / 3.35e12 * 1e6, bytes / 1024);
             sg_release(x), sg_release(s.w), sg_release(s.b);
         }
 }
