@@ -5,8 +5,9 @@
  * NVRTC for sm_90. Checked: the kernel and library-call counts of the
  * patterns that matter (W1's 24-op chain in one kernel, softmax and
  * layer_norm with prologue and epilogues as one row kernel each, a row
- * reduction with prologue and epilogue as one kernel, linear + bias + gelu_tanh as one GEMV kernel at
- * batch 1 and as a library call plus one epilogue at batch 64, AdamW over
+ * reduction with prologue and epilogue as one kernel, linear + bias +
+ * gelu_tanh as one GEMV kernel at batch 1 and as a library call plus one
+ * epilogue at batch 64, AdamW over
  * 10 parameters as one MULTI kernel, GEMV at odd sizes and for a matmul with
  * its weight either way round, no GEMV when its epilogue writes its own
  * input, an input whose base is not 16-byte aligned) and random op DAGs
