@@ -291,7 +291,7 @@ typedef enum ixmode {
     IX_VEC     /* lane j of the 16-byte vectors loaded at q */
 } ixmode;
 
-typedef struct gen {
+typedef struct sg__cuda_gen {
     const sg__ir *ir;
     const sg__fused *f;
     sg__emit *e;
@@ -886,7 +886,8 @@ static void emit_kernel(gen *g, const sg__group *grp, int k, sg__cuda_kinfo *ki)
     gemv p;
     bool is_gemv = gemv_plan(g, grp, &p);
     int from = grp->anchor >= 0 ? grp->anchor + 1 : 0;
-    if (!is_gemv && grp->kind != SG__G_MULTI &&
+    bool is_row = !is_gemv && grp->rows_inline; /* cgen_cuda_row.c computes the anchor */
+    if (!is_gemv && !is_row && grp->kind != SG__G_MULTI &&
         (from >= grp->n || numel_of(grp->ndim, grp->shape) == 0))
         return;
     int nslots = g->ir->nslots ? g->ir->nslots : 1;
@@ -911,6 +912,11 @@ static void emit_kernel(gen *g, const sg__group *grp, int k, sg__cuda_kinfo *ki)
         ki->replaces_call = true;
         what = p.along_k ? "GEMV, a warp per output column, then the epilogue"
                          : "GEMV, a thread per output column, then the epilogue";
+    } else if (is_row) {
+        g->anchor_reg = true;
+        used_slots(g, grp, 0, used);
+        g->anchor_reg = false;
+        what = sg__cgen_cuda_rows(g, grp, ki);
     } else if (grp->kind == SG__G_MULTI) {
         int64_t start = 0;
         for (int m = 0; m < grp->nmembers; m++) {
@@ -974,6 +980,65 @@ static void emit_kernel(gen *g, const sg__group *grp, int k, sg__cuda_kinfo *ki)
     sg__free(g->e->ctx, used, sizeof(bool) * (size_t)nslots * 2);
 }
 
+/* ------------------------------------------------------------ for cgen_cuda_row.c */
+
+sg__emit *sg__cuda_out(sg__cuda_gen *g) { return g->e; }
+
+const sg__ref *sg__cuda_ref(const sg__cuda_gen *g, int r) { return ref_of(g, r); }
+
+const sg__ref *sg__cuda_arg(const sg__cuda_gen *g, const sg__irnode *n, int j) {
+    return arg_of(g, n, j);
+}
+
+const sg__ir *sg__cuda_ir(const sg__cuda_gen *g) { return g->ir; }
+
+void sg__cuda_widen(sg_dtype dt, const char *lv, char *buf, size_t size) {
+    widen(dt, lv, buf, size);
+}
+
+void sg__cuda_narrow_store(sg_dtype dt, const char *lv, const char *v, char *buf, size_t size) {
+    narrow_store(dt, lv, v, buf, size);
+}
+
+void sg__cuda_round_trip(const char *e, sg_dtype dt, char *buf, size_t size) {
+    round_trip(e, true, dt, buf, size);
+}
+
+bool sg__cuda_walk_flat(const sg__cuda_gen *g, const sg__group *grp, int from, int to, int nd,
+                        const int64_t *shape, const sg__ref *extra) {
+    sg__group part = *grp;
+    part.n = to;
+    bool flat = group_flat(g, &part, from, nd, shape);
+    return flat && (!extra || flat_ok(extra, nd, shape));
+}
+
+void sg__cuda_lvalue_at(const sg__cuda_gen *g, const sg__ref *r, const char *off, char *buf,
+                        size_t size) {
+    (void)g;
+    snprintf(buf, size, "((%s *)s%d)[%s]", ctype(r->dtype), r->slot, off);
+}
+
+void sg__cuda_lvalue(const sg__cuda_gen *g, const sg__ref *r, int nd, const int64_t *shape,
+                     bool flat, char *buf, size_t size) {
+    char off[256];
+    offset_expr(r, nd, shape, flat ? IX_FLAT : IX_NESTED, off, sizeof off);
+    sg__cuda_lvalue_at(g, r, off, buf, size);
+}
+
+void sg__cuda_unflatten(sg__cuda_gen *g, int nd, const int64_t *shape) {
+    emit_unflatten(g, nd, shape);
+}
+
+void sg__cuda_members(sg__cuda_gen *g, const sg__group *grp, int from, int to, int nd,
+                      const int64_t *shape, bool flat) {
+    sg__group part = *grp;
+    part.n = to;
+    bool reg = g->anchor_reg;
+    g->anchor_reg = true;
+    emit_body(g, &part, from, nd, shape, flat ? IX_FLAT : IX_NESTED);
+    g->anchor_reg = reg;
+}
+
 /* ------------------------------------------------------------ the unit */
 
 void sg__cgen_cuda_fuse_opts(sg__fuse_opts *o, bool disable) {
@@ -981,6 +1046,7 @@ void sg__cgen_cuda_fuse_opts(sg__fuse_opts *o, bool disable) {
     o->disable = disable;
     o->horizontal = true;
     o->no_prologue = true;
+    o->rows_inline = true;
 }
 
 sg_status sg__cgen_cuda(sg_ctx *ctx, const sg__ir *ir, const sg__fused *f, const char *title,

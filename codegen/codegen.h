@@ -148,7 +148,8 @@ SG__HIDDEN sg_status sg__cgen_c(sg_ctx *ctx, const sg__ir *ir, const sg__fused *
  * group whose anchor the library runs, become one kernel each; a MATMUL
  * group with at most 8 rows and a weight contiguous along K or along N
  * becomes one GEMV kernel that also computes the anchor (and its bias and
- * epilogue), so the library call is skipped. OPAQUE groups get nothing.
+ * epilogue), so the library call is skipped; so does a rows_inline ROW or
+ * REDUCE group (cgen_cuda_row.c). OPAQUE groups get nothing.
  */
 #define SG__CUDA_NTUNE 3 /* block sizes max-autotune tries: 128, 256, 512 */
 typedef struct sg__cuda_kinfo {
@@ -161,7 +162,7 @@ typedef struct sg__cuda_kinfo {
 } sg__cuda_kinfo;
 
 /* The fusion options the CUDA dialect expects (no prologues before library
- * anchors: those read their input from memory). */
+ * anchors: those read their input from memory; row-like anchors inline). */
 SG__HIDDEN void sg__cgen_cuda_fuse_opts(sg__fuse_opts *o, bool disable);
 
 /* The unit into e; kinfo (f->ngroups entries) gets each group's kernel and
@@ -169,6 +170,50 @@ SG__HIDDEN void sg__cgen_cuda_fuse_opts(sg__fuse_opts *o, bool disable);
 SG__HIDDEN sg_status sg__cgen_cuda(sg_ctx *ctx, const sg__ir *ir, const sg__fused *f,
                                    const char *title, sg__emit *e, sg__cuda_kinfo *kinfo,
                                    int *nkernels);
+
+/*
+ * Row kernels (cgen_cuda_row.c): a ROW or REDUCE group that fusion marks
+ * rows_inline becomes one kernel that computes its prologue, its anchor
+ * (softmax, log_softmax, layer_norm, rms_norm, or a sum/mean over the
+ * innermost dims) and its epilogues, a team of threads per row. It uses
+ * cgen_cuda.c's emission state (sg__cuda_gen) and expression helpers
+ * through the functions below, so that both write loads, stores and ops
+ * one way.
+ */
+typedef struct sg__cuda_gen sg__cuda_gen;
+
+/* The body of group grp's row kernel into sg__cuda_out(g) (the caller writes
+ * the kernel's signature and slot bases); sets ki's launch, iters and
+ * replaces_call. Returns the kernel comment's description. */
+SG__HIDDEN const char *sg__cgen_cuda_rows(sg__cuda_gen *g, const sg__group *grp,
+                                          sg__cuda_kinfo *ki);
+/* cgen_cuda.c's helpers. The walk index is `i` (flat, row-major over the
+ * walk's shape) or i0..i<nd-1> after sg__cuda_unflatten. */
+SG__HIDDEN sg__emit *sg__cuda_out(sg__cuda_gen *g);
+SG__HIDDEN const sg__ir *sg__cuda_ir(const sg__cuda_gen *g);
+SG__HIDDEN const sg__ref *sg__cuda_ref(const sg__cuda_gen *g, int r); /* after cse's alias */
+SG__HIDDEN const sg__ref *sg__cuda_arg(const sg__cuda_gen *g, const sg__irnode *n, int j);
+SG__HIDDEN void sg__cuda_widen(sg_dtype dt, const char *lv, char *buf, size_t size);
+SG__HIDDEN void sg__cuda_narrow_store(sg_dtype dt, const char *lv, const char *v, char *buf,
+                                      size_t size);
+/* A float value rounded to dt and widened back, as a store and load would. */
+SG__HIDDEN void sg__cuda_round_trip(const char *e, sg_dtype dt, char *buf, size_t size);
+/* Can members [from, to) of grp (and extra, if not NULL) address their
+ * refs by the flat index over shape? */
+SG__HIDDEN bool sg__cuda_walk_flat(const sg__cuda_gen *g, const sg__group *grp, int from, int to,
+                                   int nd, const int64_t *shape, const sg__ref *extra);
+/* The element of r at element offset `off` (a C expression), as an lvalue. */
+SG__HIDDEN void sg__cuda_lvalue_at(const sg__cuda_gen *g, const sg__ref *r, const char *off,
+                                   char *buf, size_t size);
+/* The element of r at the walk index, as an lvalue. */
+SG__HIDDEN void sg__cuda_lvalue(const sg__cuda_gen *g, const sg__ref *r, int nd,
+                                const int64_t *shape, bool flat, char *buf, size_t size);
+/* Declare i0..i<nd-1> from i. */
+SG__HIDDEN void sg__cuda_unflatten(sg__cuda_gen *g, int nd, const int64_t *shape);
+/* Members [from, to) of grp at the walk index: v<k> for each, stored where
+ * grp marks it; the anchor's value is read from v<anchor>. */
+SG__HIDDEN void sg__cuda_members(sg__cuda_gen *g, const sg__group *grp, int from, int to, int nd,
+                                 const int64_t *shape, bool flat);
 
 /* ------------------------------------------------------------ NVRTC (nvrtc.c) */
 

@@ -121,6 +121,49 @@ static bool is_row_anchor(sg__op op) {
            op == SG__OP_RMS_NORM;
 }
 
+/*
+ * Does node i work along rows of its input that a generated kernel can walk
+ * as consecutive runs of a row-major order? Softmax and log_softmax over the
+ * last dim, the norms, and sum/mean of a float input whose reduced dims (of
+ * size > 1) all follow its kept ones. *rows and *len get the row count and
+ * length; empty inputs are left to the library.
+ */
+static bool row_like(const sg__ir *ir, const int *alias, int i, int64_t *rows, int64_t *len) {
+    const sg__irnode *n = &ir->nodes[i];
+    const sg__ref *x = arg_ref(ir, n, 0, alias), *o = &ir->refs[alias[n->out]];
+    if (!x || x->ndim < 1 || !sg__dtype_is_float(x->dtype) || !sg__dtype_is_float(o->dtype))
+        return false;
+    uint32_t last = 1u << (x->ndim - 1), mask;
+    switch (n->op) {
+    case SG__OP_SOFTMAX:
+    case SG__OP_LOG_SOFTMAX:
+        if (n->i[0] != x->ndim - 1) return false;
+        mask = last;
+        break;
+    case SG__OP_LAYER_NORM:
+    case SG__OP_RMS_NORM: mask = last; break;
+    case SG__OP_SUM:
+    case SG__OP_MEAN: mask = n->mask; break;
+    default: return false;
+    }
+    int64_t r = 1, l = 1;
+    bool inner = false;
+    for (int d = 0; d < x->ndim; d++) {
+        if (x->shape[d] < 1) return false;
+        if (x->shape[d] == 1) continue;
+        if (mask & (1u << d)) {
+            inner = true;
+            l *= x->shape[d];
+        } else {
+            if (inner) return false;
+            r *= x->shape[d];
+        }
+    }
+    *rows = r;
+    *len = l;
+    return true;
+}
+
 typedef struct builder {
     sg_ctx *ctx;
     const sg__ir *ir;
@@ -131,6 +174,7 @@ typedef struct builder {
     sg__gnode *scratch; /* the open group's nodes */
     int nscratch;
     bool no_prologue; /* sg__fuse_opts.no_prologue */
+    bool rows_inline; /* sg__fuse_opts.rows_inline */
 } builder;
 
 /* The gnode of the open group that last wrote ref r's exact geometry, or -1;
@@ -223,14 +267,29 @@ typedef struct open {
     int epi_from; /* scratch index where the epilogue starts */
     int nd;
     int64_t shape[SG_MAX_DIMS];
+    bool rows_inline;   /* the anchor is row-like and computed in generated code */
+    int64_t nrows, rowlen;
+    int bcast;          /* scratch index of the first member over full_shape, 0 none */
+    int full_nd;        /* REDUCE with rows_inline: the anchor's input shape, else -1 */
+    int64_t full_shape[SG_MAX_DIMS];
 } open_t;
 
 static sg_status close_open(builder *b, open_t *og) {
     sg_status s = b->nscratch ? push_group(b, og->kind, og->anchor, og->nd, og->shape) : SG_OK;
+    if (s == SG_OK && og->rows_inline) {
+        sg__group *g = &b->groups[b->ngroups - 1];
+        g->rows_inline = true;
+        g->nrows = og->nrows;
+        g->rowlen = og->rowlen;
+        g->bcast = og->bcast;
+    }
     og->kind = SG__G_POINTWISE;
     og->anchor = -1;
     og->epi_from = 0;
     og->nd = 0;
+    og->rows_inline = false;
+    og->bcast = 0;
+    og->full_nd = -1;
     return s;
 }
 
@@ -246,8 +305,10 @@ static void set_shape(open_t *og, const sg__ref *r) {
 static sg_status start_anchor(builder *b, open_t *og, int i, sg__gkind kind) {
     const sg__irnode *n = &b->ir->nodes[i];
     const sg__ref *x = arg_ref(b->ir, n, 0, b->alias);
-    bool prologue = kind != SG__G_MATMUL && !b->no_prologue && og->kind == SG__G_POINTWISE &&
-                    b->nscratch > 0 && same_shape(og->nd, og->shape, x);
+    int64_t nrows = 0, rowlen = 0;
+    bool inl = b->rows_inline && kind != SG__G_MATMUL && row_like(b->ir, b->alias, i, &nrows, &rowlen);
+    bool prologue = kind != SG__G_MATMUL && (!b->no_prologue || inl) &&
+                    og->kind == SG__G_POINTWISE && b->nscratch > 0 && same_shape(og->nd, og->shape, x);
     sg__gnode gn = {.node = i, .store = true};
     for (int j = 0; j < 4; j++) gn.arg_src[j] = -1;
     if (prologue) {
@@ -273,11 +334,18 @@ static sg_status start_anchor(builder *b, open_t *og, int i, sg__gkind kind) {
     add_node(b, &gn);
     og->epi_from = b->nscratch;
     set_shape(og, &b->ir->refs[b->alias[n->out]]);
+    og->rows_inline = inl;
+    og->nrows = nrows;
+    og->rowlen = rowlen;
+    if (inl && kind == SG__G_REDUCE) {
+        og->full_nd = x->ndim;
+        memcpy(og->full_shape, x->shape, sizeof(int64_t) * (size_t)x->ndim);
+    }
     return SG_OK;
 }
 
 static sg_status group_nodes(builder *b, bool disable) {
-    open_t og = {.kind = SG__G_POINTWISE, .anchor = -1};
+    open_t og = {.kind = SG__G_POINTWISE, .anchor = -1, .full_nd = -1};
     sg_status s = SG_OK;
     for (int i = 0; i < b->ir->nnodes && s == SG_OK; i++) {
         if (b->dead[i]) continue;
@@ -300,7 +368,16 @@ static sg_status group_nodes(builder *b, bool disable) {
         if (is_pointwise(n->op)) {
             bool open_pw = b->nscratch > 0;
             int from = og.kind == SG__G_POINTWISE ? 0 : og.anchor;
-            if (open_pw && og.kind != SG__G_OPAQUE && can_join_pointwise(b, i, og.nd, og.shape, from, &gn)) {
+            bool pw_ok = open_pw && og.kind != SG__G_OPAQUE;
+            if (pw_ok && !og.bcast && can_join_pointwise(b, i, og.nd, og.shape, from, &gn)) {
+                add_node(b, &gn);
+                continue;
+            }
+            /* After a row reduction, an epilogue over the reduced input's
+             * shape (reading the reduced values broadcast along rows). */
+            if (pw_ok && og.full_nd >= 0 &&
+                can_join_pointwise(b, i, og.full_nd, og.full_shape, from, &gn)) {
+                if (!og.bcast) og.bcast = b->nscratch;
                 add_node(b, &gn);
                 continue;
             }
@@ -356,6 +433,8 @@ static bool group_loads(const sg__ir *ir, const int *alias, const sg__group *g, 
  * of one slot in a group only the last.
  */
 static void mark_stores(const sg__ir *ir, const int *alias, sg__group *groups, int ngroups) {
+    /* (a row-like anchor that generated code computes reads the prologue's
+     * value from a register: rows_inline) */
     for (int gi = 0; gi < ngroups; gi++) {
         sg__group *g = &groups[gi];
         for (int k = 0; k < g->n; k++) {
@@ -366,7 +445,7 @@ static void mark_stores(const sg__ir *ir, const int *alias, sg__group *groups, i
                          g->kind == SG__G_OPAQUE || (g->kind == SG__G_MATMUL && k == g->anchor);
             /* The library call of a reduction or row reads its input from
              * memory: the prologue value it takes is stored. */
-            if (g->anchor > 0 && g->g[g->anchor].arg_src[0] == k) store = true;
+            if (g->anchor > 0 && !g->rows_inline && g->g[g->anchor].arg_src[0] == k) store = true;
             for (int o = 0; o < ngroups && !store; o++)
                 if (o != gi && group_loads(ir, alias, &groups[o], slot)) store = true;
             for (int q = k + 1; q < g->n && store; q++) /* a later write supersedes */
@@ -484,7 +563,8 @@ sg_status sg__fuse(sg_ctx *ctx, const sg__ir *ir, const sg__fuse_opts *opts, sg_
         dce(ir, f->dead, f->alias, needed);
     }
     builder b = {.ctx = ctx, .ir = ir, .dead = f->dead, .alias = f->alias, .scratch = scratch,
-                 .no_prologue = opts && opts->no_prologue};
+                 .no_prologue = opts && opts->no_prologue,
+                 .rows_inline = opts && opts->rows_inline};
     s = group_nodes(&b, disable);
     f->groups = b.groups;
     f->ngroups = b.ngroups;

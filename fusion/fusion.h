@@ -19,7 +19,9 @@
  *                 in registers; views of materialized tensors are folded
  *                 into the loads' index arithmetic, never copied.
  *      REDUCE     pointwise prologue (computing the reduced input), the
- *                 reduction, pointwise epilogue over the reduced shape.
+ *                 reduction, pointwise epilogue over the reduced shape
+ *                 (with rows_inline, then over the input's shape: the
+ *                 written-out rms_norm x * rsqrt(mean(x*x) + eps) * w).
  *      ROW        softmax, log_softmax, layer_norm, rms_norm, cross_entropy
  *                 one pass per row, with prologue and epilogue as above.
  *      MATMUL     matmul/linear through the BLAS, then an epilogue over its
@@ -62,6 +64,15 @@ typedef struct sg__group {
     int64_t shape[SG_MAX_DIMS]; /* epilogue of an anchored group) */
     int *members;    /* MULTI: indices into sg__fused.parts, in run order */
     int nmembers;
+    /* REDUCE/ROW groups that sg__fuse_opts.rows_inline gives to the backend's
+     * generated code: the anchor works along rows of its input (nrows rows
+     * of rowlen elements, row r being elements [r * rowlen, (r + 1) * rowlen)
+     * of a row-major walk of the input's shape). */
+    bool rows_inline;
+    int64_t nrows, rowlen;
+    int bcast; /* REDUCE: index into g of the first epilogue member over the
+                  anchor's input shape (it reads the reduced values broadcast
+                  along the rows); 0 when none */
 } sg__group;
 
 typedef struct sg__fused {
@@ -80,6 +91,13 @@ typedef struct sg__fuse_opts {
     bool no_prologue; /* REDUCE/ROW groups take no pointwise prologue: a backend
                          whose anchors run as library kernels reading memory
                          (CUDA) needs the prologue as its own POINTWISE group */
+    bool rows_inline; /* the backend computes row-like anchors in generated code:
+                         softmax/log_softmax over the last dim, layer_norm,
+                         rms_norm, and sum/mean whose reduced dims are the
+                         innermost. Those take a prologue even with no_prologue,
+                         a sum/mean's epilogue may go on over its input's shape
+                         (sg__group.bcast), and no prologue value is stored
+                         for a library call */
 } sg__fuse_opts;
 
 SG__HIDDEN sg_status sg__fuse(sg_ctx *ctx, const sg__ir *ir, const sg__fuse_opts *opts,

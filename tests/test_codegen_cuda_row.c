@@ -1,0 +1,324 @@
+/*
+ * test_codegen_cuda_row.c -- the CUDA dialect's row kernels
+ * (codegen/cgen_cuda_row.c) and the fusion that feeds them: softmax with a
+ * scale prologue and a cast epilogue, layer_norm after a residual add,
+ * rms_norm built in and written out of primitives (x * rsqrt(mean(x*x) +
+ * eps) * w), log_softmax, row sums, layer_norm, and softmax over the
+ * rows of a transposed view, over rows of 1, 7, 768, 1024, 5000 and 50257
+ * elements in f32 and bf16.
+ *
+ * Each case runs the compiled step on the test's backend (SG_TEST_BACKEND:
+ * the CPU's generated C by default, the CUDA row kernels under the gpu
+ * label) against an f64 reference written here, then fuses its capture
+ * with the CUDA options, checks that the whole pattern is one generated
+ * kernel with no library call, and compiles the unit with NVRTC for sm_90
+ * (skipped, not failed, when NVRTC cannot be loaded).
+ *
+ * SG_ROW_TIMING=1 (with SG_TEST_BACKEND=cuda) also times compiled and eager
+ * rms_norm, layer_norm and softmax in bf16 over (1, 768), (1, 4096),
+ * (2048, 768) and (2048, 50257) against the HBM bytes floor.
+ */
+#define _POSIX_C_SOURCE 200809L
+#include "testutil.h"
+
+#include "graphs/graphs.h"
+
+#include <math.h>
+#include <string.h>
+#include <time.h>
+
+static sg_ctx *ctx;
+static bool nvrtc_missing;
+
+typedef enum pattern {
+    P_SOFTMAX_CAST,  /* cast(softmax(x * 0.5), other dtype) */
+    P_LAYERNORM_RES, /* h = x + r; layer_norm(h, w, b) */
+    P_RMS_BUILTIN,   /* rms_norm(x, w) */
+    P_RMS_WRITTEN,   /* x * rsqrt(mean(x * x, -1) + eps) * w */
+    P_LOG_SOFTMAX,   /* log_softmax(x) - 1 */
+    P_ROW_SUM,       /* sum(x * x, -1, keepdim) * 2 */
+    P_LAYERNORM,     /* layer_norm(x, w, b) */
+    P_SOFTMAX_T,     /* softmax(transpose(x)) over its last dim: a strided walk */
+    P_COUNT
+} pattern;
+
+static const char *const pattern_name[P_COUNT] = {"SOFTMAX_SCALE_CAST", "LAYERNORM_RESIDUAL",
+                                                  "RMSNORM_BUILTIN",    "RMSNORM_WRITTEN",
+                                                  "LOG_SOFTMAX",        "ROW_SUM",
+                                                  "LAYERNORM",          "SOFTMAX_TRANSPOSED"};
+
+#define EPS 1e-5
+
+typedef struct spec {
+    pattern p;
+    sg_dtype dt;
+    sg_tensor *w, *b;
+} spec;
+
+static sg_dtype other(sg_dtype dt) { return dt == SG_F32 ? SG_BF16 : SG_F32; }
+
+static sg_status row_step(sg_ctx *c, sg_tensor *const *in, sg_tensor **out, void *user) {
+    const spec *s = user;
+    sg_tensor *x = in[0];
+    int last[1] = {-1};
+    switch (s->p) {
+    case P_SOFTMAX_CAST:
+        out[0] = sg_cast(sg_softmax(sg_mul_scalar(x, 0.5), -1), other(s->dt));
+        break;
+    case P_LAYERNORM_RES:
+        out[0] = sg_add(x, in[1]);
+        out[1] = sg_layer_norm(out[0], s->w, s->b, EPS);
+        break;
+    case P_RMS_BUILTIN: out[0] = sg_rms_norm(x, s->w, EPS); break;
+    case P_RMS_WRITTEN:
+        out[0] = sg_mul(
+            sg_mul(x, sg_rsqrt(sg_add_scalar(sg_mean(sg_mul(x, x), 1, last, true), EPS))), s->w);
+        break;
+    case P_LOG_SOFTMAX: out[0] = sg_add_scalar(sg_log_softmax(x, -1), -1.0); break;
+    case P_ROW_SUM: out[0] = sg_mul_scalar(sg_sum(sg_mul(x, x), 1, last, true), 2.0); break;
+    case P_LAYERNORM: out[0] = sg_layer_norm(x, s->w, s->b, EPS); break;
+    case P_SOFTMAX_T: out[0] = sg_softmax(sg_transpose(x, 0, 1), -1); break;
+    default: break;
+    }
+    return out[0] ? SG_OK : sg_ctx_status(c);
+}
+
+/* The f64 reference of out[k] for rows x (and r, w, b), rounding where the
+ * step stores a value of dtype dt. */
+static void reference(const spec *s, int64_t rows, int64_t len, const double *x, const double *r,
+                      const double *w, const double *b, double *out0, double *out1) {
+    sg_dtype dt = s->dt;
+    for (int64_t i = 0; i < rows; i++) {
+        const double *xr = x + i * len;
+        double *o = out0 + i * len;
+        if (s->p == P_SOFTMAX_CAST || s->p == P_LOG_SOFTMAX || s->p == P_SOFTMAX_T) {
+            double m = -INFINITY, sum = 0;
+            for (int64_t j = 0; j < len; j++) {
+                double v = s->p == P_SOFTMAX_CAST ? tu_round(dt, xr[j] * 0.5) : xr[j];
+                o[j] = v;
+                if (v > m) m = v;
+            }
+            for (int64_t j = 0; j < len; j++) sum += exp(o[j] - m);
+            for (int64_t j = 0; j < len; j++) {
+                if (s->p == P_SOFTMAX_CAST)
+                    o[j] = tu_round(other(dt), tu_round(dt, exp(o[j] - m) / sum));
+                else if (s->p == P_SOFTMAX_T)
+                    o[j] = tu_round(dt, exp(o[j] - m) / sum);
+                else
+                    o[j] = tu_round(dt, tu_round(dt, (o[j] - m) - log(sum)) - 1.0);
+            }
+        } else if (s->p == P_LAYERNORM_RES || s->p == P_LAYERNORM) {
+            double mean = 0, var = 0;
+            double *y = s->p == P_LAYERNORM ? out1 + i * len : o;
+            for (int64_t j = 0; j < len; j++)
+                y[j] = r ? tu_round(dt, xr[j] + r[i * len + j]) : xr[j];
+            o = y;
+            for (int64_t j = 0; j < len; j++) mean += o[j];
+            mean /= (double)len;
+            for (int64_t j = 0; j < len; j++) var += (o[j] - mean) * (o[j] - mean);
+            double rs = 1.0 / sqrt(var / (double)len + EPS);
+            double *ln = s->p == P_LAYERNORM ? out0 + i * len : out1 + i * len;
+            for (int64_t j = 0; j < len; j++)
+                ln[j] = tu_round(dt, (o[j] - mean) * rs * w[j] + b[j]);
+        } else if (s->p == P_RMS_BUILTIN) {
+            double ss = 0;
+            for (int64_t j = 0; j < len; j++) ss += xr[j] * xr[j];
+            double rs = 1.0 / sqrt(ss / (double)len + EPS);
+            for (int64_t j = 0; j < len; j++) o[j] = tu_round(dt, xr[j] * rs * w[j]);
+        } else if (s->p == P_RMS_WRITTEN) {
+            /* Every op rounds: x*x, mean, + eps, rsqrt, x * r, * w. */
+            double ss = 0;
+            for (int64_t j = 0; j < len; j++) ss += tu_round(dt, xr[j] * xr[j]);
+            double rs =
+                tu_round(dt, 1.0 / sqrt(tu_round(dt, tu_round(dt, ss / (double)len) + EPS)));
+            for (int64_t j = 0; j < len; j++) o[j] = tu_round(dt, tu_round(dt, xr[j] * rs) * w[j]);
+        } else { /* P_ROW_SUM: one value per row */
+            double ss = 0;
+            for (int64_t j = 0; j < len; j++) ss += tu_round(dt, xr[j] * xr[j]);
+            out0[i] = tu_round(dt, tu_round(dt, ss) * 2.0);
+        }
+    }
+}
+
+/* What the capture became in the CUDA dialect. */
+typedef struct counts {
+    int kernels, calls, rows;
+} counts;
+
+/* Fuse fn's last capture with the CUDA options, generate its unit, count
+ * its kernels, library calls and row kernels, and compile it for sm_90. */
+static bool cuda_unit(sg_fn *fn, const char *name, counts *c) {
+    memset(c, 0, sizeof *c);
+    if (!TU_EXPECT(fn->ngraphs > 0)) return false;
+    sg__graph *g = fn->graphs[fn->ngraphs - 1];
+    sg__fuse_opts fo;
+    sg__cgen_cuda_fuse_opts(&fo, false);
+    sg__fused f;
+    if (!TU_EXPECT(sg__fuse(ctx, &g->ir, &fo, &f) == SG_OK)) return false;
+    sg__cuda_kinfo *ki = calloc((size_t)(f.ngroups ? f.ngroups : 1), sizeof *ki);
+    sg__emit e = {.ctx = ctx};
+    bool ok = TU_EXPECT(ki && sg__cgen_cuda(ctx, &g->ir, &f, name, &e, ki, &c->kernels) == SG_OK);
+    for (int k = 0; ok && k < f.ngroups; k++) {
+        const sg__group *grp = &f.groups[k];
+        if ((grp->kind == SG__G_OPAQUE || grp->anchor >= 0) && !ki[k].replaces_call) c->calls++;
+        if (ki[k].replaces_call && grp->kind != SG__G_MATMUL) c->rows++;
+    }
+    if (ok && getenv("SG_TEST_PRINT_CUDA")) fprintf(stderr, "%s\n", e.buf);
+    if (ok && !nvrtc_missing) {
+        void *cubin = NULL;
+        size_t size = 0;
+        sg_status s = sg__nvrtc_build(ctx, name, e.buf, 90, &cubin, &size);
+        if (s == SG_ERR_BACKEND_UNAVAILABLE) {
+            nvrtc_missing = true;
+            fprintf(stderr, "  NVRTC unavailable: units are generated but not compiled\n");
+        } else {
+            ok = TU_EXPECT(s == SG_OK && cubin && size > 0);
+            if (!ok) fprintf(stderr, "  %s\n", sg_last_error(ctx));
+        }
+        sg__free(ctx, cubin, size);
+        sg_clear_error(ctx);
+    }
+    sg__emit_free(&e);
+    free(ki);
+    sg__fused_free(ctx, &f, &g->ir);
+    return ok;
+}
+
+static void test_case(pattern p, sg_dtype dt, int64_t rows, int64_t len) {
+    tu_seed((uint64_t)(p * 1000003 + len * 7 + rows + dt));
+    int64_t xs[2] = {rows, len}, ts[2] = {len, rows};
+    double *xv = NULL, *rv = NULL, *wv = NULL, *bv = NULL;
+    spec s = {.p = p, .dt = dt};
+    sg_tensor *in[2] = {tu_rand(ctx, dt, 2, p == P_SOFTMAX_T ? ts : xs, -2, 2, &xv), NULL};
+    if (p == P_SOFTMAX_T) { /* the reference reads the rows of the transpose */
+        double *t = malloc(sizeof(double) * (size_t)(rows * len));
+        for (int64_t i = 0; i < rows; i++)
+            for (int64_t j = 0; j < len; j++) t[i * len + j] = xv[j * rows + i];
+        free(xv);
+        xv = t;
+    }
+    int nin = 1, nout = p == P_LAYERNORM_RES ? 2 : 1;
+    if (p == P_LAYERNORM_RES) in[1] = tu_rand(ctx, dt, 2, xs, -1, 1, &rv), nin = 2;
+    if (p == P_LAYERNORM_RES || p == P_LAYERNORM || p == P_RMS_BUILTIN || p == P_RMS_WRITTEN)
+        s.w = tu_rand(ctx, dt, 1, &len, 0.5, 1.5, &wv);
+    if (p == P_LAYERNORM_RES || p == P_LAYERNORM) s.b = tu_rand(ctx, dt, 1, &len, -0.5, 0.5, &bv);
+    sg_fn *fn = NULL;
+    bool ok =
+        TU_EXPECT(sg_compile(ctx, row_step, &s, nin, nout,
+                             &(sg_compile_opts){.mode = SG_MODE_REDUCE_OVERHEAD}, &fn) == SG_OK);
+    sg_tensor *out[2] = {NULL, NULL};
+    /* The second call replays what the first captured. */
+    for (int call = 0; call < 2 && ok; call++) {
+        sg_mark_step_begin(ctx);
+        ok = TU_EXPECT(sg_call(fn, in, nin, out, nout) == SG_OK);
+        if (!ok) fprintf(stderr, "  %s\n", sg_last_error(ctx));
+    }
+    int64_t n0 = p == P_ROW_SUM ? rows : rows * len;
+    double *ref0 = calloc((size_t)(rows * len), sizeof(double));
+    double *ref1 = calloc((size_t)(rows * len), sizeof(double));
+    char name[96];
+    snprintf(name, sizeof name, "%s(type=%s,x=[%lld,%lld])", pattern_name[p], sg_dtype_name(dt),
+             (long long)rows, (long long)len);
+    if (ok) {
+        reference(&s, rows, len, xv, rv, wv, bv, ref0, ref1);
+        sg_dtype odt = p == P_SOFTMAX_CAST ? other(dt) : dt;
+        /* bf16 outputs near a rounding boundary may round either way. */
+        double rtol = tu_rtol(odt) > tu_rtol(dt) ? tu_rtol(odt) : tu_rtol(dt);
+        double atol = tu_atol(odt) > tu_atol(dt) ? tu_atol(odt) : tu_atol(dt);
+        double *got = tu_read(out[nout - 1]);
+        ok = TU_EXPECT(got) &&
+             tu_close(name, got, nout == 2 ? ref1 : ref0, nout == 2 ? rows * len : n0, rtol, atol);
+        free(got);
+        if (ok && nout == 2) {
+            got = tu_read(out[0]);
+            ok = TU_EXPECT(got) && tu_close(name, got, ref0, rows * len, rtol, atol);
+            free(got);
+        }
+    }
+    counts c = {0};
+    char uname[96];
+    snprintf(uname, sizeof uname, "cu_row_%d_%s_%lld_%lld", (int)p, sg_dtype_name(dt),
+             (long long)rows, (long long)len);
+    ok = ok && cuda_unit(fn, uname, &c) && TU_EXPECT(c.kernels == 1) && TU_EXPECT(c.calls == 0) &&
+         TU_EXPECT(c.rows == 1);
+    tu_case(ok, "%s on %s -> %d CUDA kernel, %d library calls", name,
+            tu_backend() == SG_BACKEND_CUDA ? "cuda" : "cpu", c.kernels, c.calls);
+    sg_fn_destroy(fn);
+    for (int k = 0; k < nin; k++) sg_release(in[k]);
+    if (s.w) sg_release(s.w);
+    if (s.b) sg_release(s.b);
+    free(xv), free(rv), free(wv), free(bv), free(ref0), free(ref1);
+}
+
+/* ------------------------------------------------------------ timing */
+
+static double now_s(void) {
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
+}
+
+/* Microseconds per call of the step in mode m (after warm-up). */
+static double time_step(spec *s, sg_mode m, sg_tensor *x) {
+    sg_fn *fn = NULL;
+    if (sg_compile(ctx, row_step, s, 1, 1, &(sg_compile_opts){.mode = m}, &fn) != SG_OK) return -1;
+    sg_tensor *out[1] = {NULL};
+    int iters = 200;
+    double t0 = 0;
+    for (int it = 0; it < iters + 10; it++) {
+        if (it == 10) {
+            sg_ctx_synchronize(ctx);
+            t0 = now_s();
+        }
+        sg_mark_step_begin(ctx);
+        if (sg_call(fn, &x, 1, out, 1) != SG_OK) {
+            sg_fn_destroy(fn);
+            return -1;
+        }
+    }
+    sg_ctx_synchronize(ctx);
+    double us = (now_s() - t0) / iters * 1e6;
+    sg_fn_destroy(fn);
+    return us;
+}
+
+static void timing(void) {
+    static const int64_t shapes[4][2] = {{1, 768}, {1, 4096}, {2048, 768}, {2048, 50257}};
+    static const pattern pats[3] = {P_RMS_BUILTIN, P_LAYERNORM, P_SOFTMAX_CAST};
+    for (int si = 0; si < 4; si++)
+        for (int pi = 0; pi < 3; pi++) {
+            int64_t rows = shapes[si][0], len = shapes[si][1], xs[2] = {rows, len};
+            spec s = {.p = pats[pi], .dt = SG_BF16};
+            sg_tensor *x = tu_rand(ctx, SG_BF16, 2, xs, -2, 2, NULL);
+            s.w = tu_rand(ctx, SG_BF16, 1, &len, 0.5, 1.5, NULL);
+            s.b = tu_rand(ctx, SG_BF16, 1, &len, -0.5, 0.5, NULL);
+            /* x in, y out (f32 after softmax's cast), weight and bias. */
+            double ob = s.p == P_SOFTMAX_CAST ? 4 : 2;
+            double bytes = (double)rows * (double)len * (2 + ob) + (double)len * 2 * 2;
+            double compiled = time_step(&s, SG_MODE_REDUCE_OVERHEAD, x);
+            double eager = time_step(&s, SG_MODE_EAGER, x);
+            fprintf(stderr,
+                    "TIMING %s bf16 [%lld,%lld]: compiled %.2f us, eager %.2f us, bytes floor %.2f "
+                    "us (%.0f KB at 3.35 TB/s)\n",
+                    pattern_name[s.p], (long long)rows, (long long)len, compiled, eager,
+                    bytes / 3.35e12 * 1e6, bytes / 1024);
+            sg_release(x), sg_release(s.w), sg_release(s.b);
+        }
+}
+
+int main(void) {
+    ctx = tu_ctx((sg_ctx_opts){0});
+    static const int64_t lens[6] = {1, 7, 768, 1024, 5000, 50257};
+    static const sg_dtype dts[2] = {SG_F32, SG_BF16};
+    for (int p = 0; p < P_COUNT; p++)
+        for (int d = 0; d < 2; d++)
+            for (int l = 0; l < 6; l++) {
+                /* Short rows: several per block (warp teams), a partial block. */
+                int64_t rows = lens[l] <= 256 ? 13 : lens[l] <= 1024 ? 5 : 3;
+                test_case((pattern)p, dts[d], rows, lens[l]);
+            }
+    const char *t = getenv("SG_ROW_TIMING");
+    if (t && strcmp(t, "1") == 0 && tu_backend() == SG_BACKEND_CUDA) timing();
+    sg_ctx_destroy(ctx);
+    return tu_finish();
+}
