@@ -404,6 +404,70 @@ SG_API sg_status sg_add_(sg_tensor *dst, sg_tensor *src);
  * one wins. */
 SG_API sg_status sg_index_copy_(sg_tensor *dst, int dim, sg_tensor *idx, sg_tensor *src);
 
+/* ---------------------------------------------------------------- optimizers */
+/*
+ * Fused multi-tensor optimizers, as torch.optim's, updating params in place.
+ * The state (moment buffers, master copies, the learning rate and the step
+ * count) lives in tensors the optimizer makes at create time: call the
+ * create functions outside any step. sg_optim_step works eagerly and inside
+ * a compiled step, where the update records as ordinary ops that fusion
+ * merges into few kernels (one pointwise loop per param, the loops merged
+ * into one multi-tensor kernel, plus one small kernel for the step count and
+ * the bias corrections); a replay advances the state in place, and nothing
+ * that changes per step is baked into the capture.
+ *
+ * Updates are computed in f32; moment buffers are f32 whatever the param
+ * dtype. A bf16/f16 param is read, updated and written back rounded once;
+ * with master_weights an f32 copy of it is kept, updated and read instead,
+ * so updates below the param's precision are not lost.
+ *
+ * AdamW (torch.optim.AdamW): p *= 1 - lr*wd; m = b1 m + (1-b1) g;
+ * v = b2 v + (1-b2) g^2; p -= lr/(1 - b1^t) * m / (sqrt(v)/sqrt(1 - b2^t) + eps),
+ * with t the step count after it is advanced. Zero fields take torch's
+ * defaults: lr 1e-3, betas 0.9/0.999, eps 1e-8, weight_decay 1e-2 (so a
+ * weight_decay of exactly 0 is not expressible: pass 1e-30).
+ * SGD (torch.optim.SGD): d = g + wd p; with momentum buf = d on the first
+ * step, then momentum buf + (1 - dampening) d, and d = buf (nesterov:
+ * d + momentum buf); p -= lr d. lr must be > 0 (no default); nesterov needs
+ * momentum > 0 and dampening 0.
+ */
+typedef struct sg_optim sg_optim;
+typedef struct sg_adamw_opts {
+    double lr, beta1, beta2, eps, weight_decay;
+    bool master_weights;
+} sg_adamw_opts;
+typedef struct sg_sgd_opts {
+    double lr, momentum, dampening, weight_decay;
+    bool nesterov;
+} sg_sgd_opts;
+
+/* Make an optimizer over n float params of ctx (the array is copied; the
+ * params stay the caller's and must outlive it). o may be NULL (AdamW:
+ * defaults). */
+SG_API sg_status sg_adamw_create(sg_ctx *ctx, int n, sg_tensor *const *params,
+                                 const sg_adamw_opts *o, sg_optim **out);
+SG_API sg_status sg_sgd_create(sg_ctx *ctx, int n, sg_tensor *const *params, const sg_sgd_opts *o,
+                               sg_optim **out);
+/* One update of every param from grads (n tensors of the params' shapes, of
+ * the param's dtype or f32), in place; inside or outside a step. */
+SG_API sg_status sg_optim_step(sg_optim *opt, sg_tensor *const *grads);
+/* The learning rate, a 0-d f32 tensor owned by opt: sg_fill_ it (outside a
+ * step) to change lr; compiled steps read it on every replay, no recapture. */
+SG_API sg_tensor *sg_optim_lr(sg_optim *opt);
+/* The step count, a 0-d f32 tensor owned by opt, advanced by each step. */
+SG_API sg_tensor *sg_optim_step_count(sg_optim *opt);
+/* Free the optimizer and its state tensors (not the params). NULL does nothing. */
+SG_API void sg_optim_destroy(sg_optim *opt);
+/*
+ * torch.nn.utils.clip_grad_norm_: scales the n float grads in place so that
+ * their global L2 norm is at most max_norm (coef = min(max_norm / (norm +
+ * 1e-6), 1), computed on the device: no host read, graph-safe). total_norm
+ * may be NULL; else it gets a new 0-d f32 tensor holding the norm before
+ * clipping (the caller's to release; inside a step, the step's).
+ */
+SG_API sg_status sg_clip_grad_norm_(int n, sg_tensor *const *grads, double max_norm,
+                                    sg_tensor **total_norm);
+
 /* ---------------------------------------------------------------- compiled steps */
 /*
  * A step is a function over tensor ops. sg_compile wraps it in an sg_fn;
