@@ -468,6 +468,32 @@ SG_API void sg_optim_destroy(sg_optim *opt);
 SG_API sg_status sg_clip_grad_norm_(int n, sg_tensor *const *grads, double max_norm,
                                     sg_tensor **total_norm);
 
+/* ---------------------------------------------------------------- random numbers and sampling */
+/*
+ * A counter-based generator, Philox 4x32-10 (as curand and torch): its
+ * state is a device tensor, i64 [2] = (seed, offset). Each draw reads the
+ * state in its kernel and advances offset in place by the Philox blocks it
+ * used (4 uniforms or 2 normals per block), so a replayed compiled step
+ * draws fresh numbers every time. Numbers depend only on (seed, offset) and
+ * the element's row-major index: not on thread counts, and the CPU and CUDA
+ * give the same uniforms bit for bit for a seed (normals are computed in f64
+ * and rounded once to the dtype: the same up to the last bit of the
+ * backends' f64 log and cos). Uniforms take the top 24 (f32), 11 (f16) or 8
+ * (bf16) bits of a Philox word, so they are exact and below 1.
+ */
+
+/* A new generator state (seed, offset 0), owned by the caller. Make it
+ * outside any step (inside a capture it is an error) and pass it in. */
+SG_API sg_tensor *sg_rng_create(sg_ctx *ctx, uint64_t seed);
+/* A new contiguous tensor of dt (f32, f16 or bf16) and shape: U[0, 1) /
+ * N(0, 1) draws. rng must be a tensor from sg_rng_create; it advances. */
+SG_API sg_tensor *sg_rand(sg_tensor *rng, sg_dtype dt, int ndim, const int64_t *shape);
+SG_API sg_tensor *sg_randn(sg_tensor *rng, sg_dtype dt, int ndim, const int64_t *shape);
+/* Dropout as in training: x * (u >= p) / (1 - p) with u = sg_rand(rng, x's
+ * dtype and shape), p in [0, 1] (compared in x's dtype); p == 0 draws
+ * nothing; p == 1 gives zeros. Built from ordinary ops. */
+SG_API sg_tensor *sg_dropout(sg_tensor *x, double p, sg_tensor *rng);
+
 /* ---------------------------------------------------------------- compiled steps */
 /*
  * A step is a function over tensor ops. sg_compile wraps it in an sg_fn;

@@ -295,6 +295,7 @@ sg_status sg__cpu_data(sg_ctx *ctx, const sg__node *n) {
     case SG__OP_INDEX_COPY: return index_copy(ctx, n);
     case SG__OP_CONCAT: return concat(ctx, n);
     case SG__OP_ARANGE: return arange(ctx, n);
+    case SG__OP_RAND: return sg__cpu_rand(ctx, n);
     default: break;
     }
     return sg__fail(ctx, SG_ERR_INTERNAL, "cpu: %s is not a data-family op", sg__op_name(n->op));

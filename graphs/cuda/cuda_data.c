@@ -311,6 +311,18 @@ static sg_status arange(sg_ctx *ctx, const sg__node *n) {
     return launch(ctx, "sg_data_arange", len, args);
 }
 
+/* out = draws from the Philox state in[0] (graphs/cpu/cpu_random.c has the mapping). */
+static sg_status rand_draw(sg_ctx *ctx, const sg__node *n) {
+    const sg_tensor *out = n->out, *rng = n->in[0];
+    void *p = sg__data(out);
+    const void *r = sg__data(rng);
+    int64_t len = sg__numel(out->ndim, out->shape), rs = rng->stride[0];
+    int dt = (int)out->dtype, dist = (int)n->i[0];
+    if (len == 0) return SG_OK;
+    void *args[6] = {&p, &len, &dt, &dist, &r, &rs};
+    return launch(ctx, "sg_data_rand", (len + 1) / 2, args);
+}
+
 sg_status sg__cuda_data(sg_ctx *ctx, const sg__node *n) {
     switch (n->op) {
     case SG__OP_EMBEDDING: return embedding(ctx, n);
@@ -318,6 +330,7 @@ sg_status sg__cuda_data(sg_ctx *ctx, const sg__node *n) {
     case SG__OP_INDEX_COPY: return index_copy(ctx, n);
     case SG__OP_CONCAT: return concat(ctx, n);
     case SG__OP_ARANGE: return arange(ctx, n);
+    case SG__OP_RAND: return rand_draw(ctx, n);
     default: break;
     }
     return sg__fail(ctx, SG_ERR_INTERNAL, "cuda: %s is not a data-family op", sg__op_name(n->op));

@@ -216,3 +216,58 @@ extern "C" __global__ void sg_data_arange(void *p, i64 n, i64 stride, int dt, do
         }
     }
 }
+
+/* ------------------------------------------------------------ rand */
+
+/* Philox 4x32-10 (Random123's philox4x32_R(10, ...)) and the element mapping
+ * of graphs/cpu/cpu_random.c, word for word, so that a seed gives the same
+ * bits on both backends. */
+__device__ __forceinline__ void philox(u32 c[4], u32 k0, u32 k1) {
+    for (int r = 0; r < 10; r++) {
+        if (r > 0) k0 += 0x9E3779B9u, k1 += 0xBB67AE85u;
+        u32 hi0 = __umulhi(0xD2511F53u, c[0]), lo0 = 0xD2511F53u * c[0];
+        u32 hi1 = __umulhi(0xCD9E8D57u, c[2]), lo1 = 0xCD9E8D57u * c[2];
+        u32 n0 = hi1 ^ c[1] ^ k0, n2 = hi0 ^ c[3] ^ k1;
+        c[0] = n0, c[1] = lo1, c[2] = n2, c[3] = lo0;
+    }
+}
+
+/* v rounded to float to odd (graphs/cpu capture.h's sg__round_odd): a
+ * second rounding to f16/bf16 then equals one rounding of v. */
+__device__ __forceinline__ float round_odd(double v) {
+    float f = __double2float_rz(v);
+    if ((double)f != v && !(__float_as_uint(f) & 1u)) f = __uint_as_float(__float_as_uint(f) + 1u);
+    return f;
+}
+
+/* out[e] for e < n from the state rng = (seed, offset) (rng[rs] is the
+ * offset); dist 0 uniform, 1 normal. One thread per Philox block. */
+extern "C" __global__ void sg_data_rand(void *out, i64 n, int dt, int dist, const i64 *rng,
+                                        i64 rs) {
+    u64 seed = (u64)rng[0], offset = (u64)rng[rs];
+    u32 k0 = (u32)seed, k1 = (u32)(seed >> 32);
+    int per = dist == 1 ? 2 : 4, bits = dt == DT_F32 ? 24 : dt == DT_F16 ? 11 : 8;
+    i64 nblocks = (n + per - 1) / per, step = (i64)blockDim.x * gridDim.x;
+    for (i64 bi = (i64)blockIdx.x * blockDim.x + threadIdx.x; bi < nblocks; bi += step) {
+        u64 b = offset + (u64)bi;
+        u32 w[4] = {(u32)b, (u32)(b >> 32), 0u, 0u};
+        philox(w, k0, k1);
+        for (int k = 0; k < per && bi * per + k < n; k++) {
+            i64 e = bi * per + k;
+            float v;
+            if (dist == 1) {
+                double u1 = ((double)w[2 * k] + 1.0) * 2.3283064365386963e-10;
+                double u2 = (double)w[2 * k + 1] * 2.3283064365386963e-10;
+                double z = sqrt(-2.0 * log(u1)) * cos(6.283185307179586 * u2);
+                v = dt == DT_F32 ? (float)z : round_odd(z);
+            } else {
+                v = (float)(w[k] >> (32 - bits)) * __uint_as_float((u32)(127 - bits) << 23);
+            }
+            switch (dt) {
+            case DT_F32: ((float *)out)[e] = v; break;
+            case DT_F16: ((u16 *)out)[e] = (u16)f2h(v); break;
+            default: ((u16 *)out)[e] = (u16)f2bf(v); break;
+            }
+        }
+    }
+}
