@@ -404,6 +404,24 @@ SG_API sg_status sg_add_(sg_tensor *dst, sg_tensor *src);
  * one wins. */
 SG_API sg_status sg_index_copy_(sg_tensor *dst, int dim, sg_tensor *idx, sg_tensor *src);
 
+/* ---------------------------------------------------------------- composite ops */
+/*
+ * Ops torch users reach for, composed from the ops above (so they run on
+ * every backend, fuse, and differentiate like them).
+ *
+ * masked_fill: x where mask is false, value where it is true (torch's
+ * Tensor.masked_fill); mask is bool and broadcasts to x without growing it;
+ * value is converted to x's dtype as by sg_cast. div_scalar: x / s as a true
+ * division (not x * (1/s)), computed in f32 and rounded once to x's dtype;
+ * int x gives f32 (torch's true division); bool is an error. s = 0 gives
+ * inf/NaN as in IEEE. repeat_interleave: each entry of x along dim repeated
+ * `repeats` (>= 0) times in a row: [a, b] -> [a, a, b, b] (a 0-d x counts as
+ * 1-d); the result owns its storage.
+ */
+SG_API sg_tensor *sg_masked_fill(sg_tensor *x, sg_tensor *mask, double value);
+SG_API sg_tensor *sg_div_scalar(sg_tensor *x, double s);
+SG_API sg_tensor *sg_repeat_interleave(sg_tensor *x, int64_t repeats, int dim);
+
 /* ---------------------------------------------------------------- optimizers */
 /*
  * Fused multi-tensor optimizers, as torch.optim's, updating params in place.
