@@ -113,3 +113,111 @@ sg_tensor *sg_dropout(sg_tensor *x, double p, sg_tensor *rng) {
     sg__tensor_drop(kept);
     return out;
 }
+
+/* ------------------------------------------------------------ sampling */
+
+/* x is a float tensor of at least one dim with a nonempty last dim
+ * (unless empty_ok); returns false with a message naming fn. */
+static bool rows_ok(sg_ctx *ctx, const char *fn, const sg_tensor *x, bool empty_ok) {
+    char d[SG__DESC];
+    if (!sg__dtype_is_float(x->dtype)) {
+        sg__fail(ctx, SG_ERR_DTYPE, "%s: x is %s; it takes f32, f16 or bf16 (cast first)", fn,
+                 sg__describe(x, d, sizeof d));
+        return false;
+    }
+    if (x->ndim < 1 || (!empty_ok && x->shape[x->ndim - 1] < 1)) {
+        sg__fail(ctx, SG_ERR_SHAPE, "%s: x is %s; it needs at least one dim and entries along "
+                 "the last one", fn, sg__describe(x, d, sizeof d));
+        return false;
+    }
+    return true;
+}
+
+/* Run a per-row node over a contiguous copy of x (or x itself). */
+static sg_tensor *run_rows(sg_ctx *ctx, sg__node *n, sg_tensor *x, sg_tensor *rng, int ndim,
+                           const int64_t *shape) {
+    sg_tensor *xc = sg_contiguous(x);
+    if (!xc) return NULL;
+    sg_tensor *in[2] = {xc, rng};
+    n->in = in;
+    sg_tensor *out = sg__run_new(ctx, n, SG_I64, ndim, shape);
+    sg__tensor_drop(xc);
+    return out;
+}
+
+sg_tensor *sg_topk_indices(sg_tensor *x, int64_t k) {
+    sg_ctx *ctx = sg__check_inputs("sg_topk_indices", 1, &x, NULL);
+    if (!ctx || !rows_ok(ctx, "sg_topk_indices", x, true)) return NULL;
+    int64_t V = x->shape[x->ndim - 1], shape[SG_MAX_DIMS];
+    if (k < 0 || k > V) {
+        char d[SG__DESC];
+        sg__fail(ctx, SG_ERR_INVALID_ARG, "sg_topk_indices: k %lld for x %s; k must be in [0, "
+                 "%lld] (the last dim's size)", (long long)k, sg__describe(x, d, sizeof d),
+                 (long long)V);
+        return NULL;
+    }
+    memcpy(shape, x->shape, sizeof shape);
+    shape[x->ndim - 1] = k;
+    sg__node n = {.op = SG__OP_TOPK, .nin = 1, .i = {k}};
+    return run_rows(ctx, &n, x, NULL, x->ndim, shape);
+}
+
+sg_tensor *sg_gather(sg_tensor *x, int dim, sg_tensor *idx) {
+    sg_tensor *in[2] = {x, idx};
+    sg_ctx *ctx = sg__check_inputs("sg_gather", 2, in, NULL);
+    if (!ctx) return NULL;
+    char a[SG__DESC], b[SG__DESC];
+    if (idx->dtype != SG_I32 && idx->dtype != SG_I64) {
+        sg__fail(ctx, SG_ERR_DTYPE, "sg_gather: idx is %s; indices must be i32 or i64",
+                 sg__describe(idx, a, sizeof a));
+        return NULL;
+    }
+    int d = x->ndim ? sg__norm_dim(dim, x->ndim) : -1;
+    bool ok = d >= 0 && idx->ndim == x->ndim;
+    for (int k = 0; ok && k < x->ndim; k++) ok = k == d || idx->shape[k] <= x->shape[k];
+    if (!ok) {
+        sg__fail(ctx, d < 0 ? SG_ERR_INDEX : SG_ERR_SHAPE, "sg_gather: x %s, idx %s, dim %d: x "
+                 "needs a dim %d, idx x's number of dims, and sizes no larger than x's except "
+                 "at dim", sg__describe(x, a, sizeof a), sg__describe(idx, b, sizeof b), dim, dim);
+        return NULL;
+    }
+    sg__node n = {.op = SG__OP_GATHER, .nin = 2, .in = in, .i = {d}};
+    return sg__run_new(ctx, &n, x->dtype, idx->ndim, idx->shape);
+}
+
+/* One SAMPLE node per row of x, then rng advanced by the rows. */
+static sg_tensor *sample_rows(sg_ctx *ctx, sg_tensor *x, sg_tensor *rng, int kind, double temp,
+                              int64_t top_k, double top_p) {
+    int64_t rows = sg__numel(x->ndim - 1, x->shape);
+    sg__node n = {.op = SG__OP_SAMPLE, .nin = 2, .i = {top_k, kind}, .f = {temp, top_p}};
+    sg_tensor *out = run_rows(ctx, &n, x, rng, x->ndim - 1, x->shape);
+    if (out && rows > 0 && advance(rng, rows) != SG_OK) {
+        sg__tensor_drop(out);
+        return NULL;
+    }
+    return out;
+}
+
+sg_tensor *sg_multinomial(sg_tensor *probs, sg_tensor *rng) {
+    sg_tensor *in[2] = {probs, rng};
+    sg_ctx *ctx = sg__check_inputs("sg_multinomial", 2, in, NULL);
+    if (!ctx || !check_rng("sg_multinomial", rng) || !rows_ok(ctx, "sg_multinomial", probs, false))
+        return NULL;
+    return sample_rows(ctx, probs, rng, 0, 1.0, 0, 1.0);
+}
+
+sg_tensor *sg_sample(sg_tensor *logits, double temperature, int64_t top_k, double top_p,
+                     sg_tensor *rng) {
+    sg_tensor *in[2] = {logits, rng};
+    sg_ctx *ctx = sg__check_inputs("sg_sample", 2, in, NULL);
+    if (!ctx || !check_rng("sg_sample", rng) || !rows_ok(ctx, "sg_sample", logits, false))
+        return NULL;
+    if (!(temperature >= 0) || !isfinite(temperature) || top_k < 0 || !(top_p > 0 && top_p <= 1)) {
+        sg__fail(ctx, SG_ERR_INVALID_ARG, "sg_sample: temperature %g, top_k %lld, top_p %g; need "
+                 "temperature >= 0 (0: argmax), top_k >= 0 (0: off) and top_p in (0, 1] (1: off)",
+                 temperature, (long long)top_k, top_p);
+        return NULL;
+    }
+    if (temperature == 0) return sg_argmax(logits, -1, false);
+    return sample_rows(ctx, logits, rng, 1, temperature, top_k, top_p);
+}

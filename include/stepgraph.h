@@ -512,6 +512,36 @@ SG_API sg_tensor *sg_randn(sg_tensor *rng, sg_dtype dt, int ndim, const int64_t 
  * nothing; p == 1 gives zeros. Built from ordinary ops. */
 SG_API sg_tensor *sg_dropout(sg_tensor *x, double p, sg_tensor *rng);
 
+/*
+ * Sampling on the device. Rows are along the last dim of x (f32, f16 or
+ * bf16). The order of a row's entries is by value, largest first, NaN above
+ * everything, ties by index, lowest first (torch's topk order).
+ *
+ * sg_topk_indices: the indices (i64, x's shape with the last dim k, 0 <= k <=
+ * its size) of each row's k first entries in that order; their values are
+ * sg_gather(x, -1, idx). The kernels take O(k V) per row: meant for small k.
+ * sg_gather: torch.gather: out[c] = x[c with idx[c] at dim]; idx (i32/i64)
+ * has x's number of dims and sizes no larger than x's except at dim; out has
+ * idx's shape and x's dtype. An index out of range is SG_ERR_INDEX.
+ * sg_multinomial: one index per row (i64, x's shape without the last dim)
+ * drawn with probability proportional to the row's weights (torch's
+ * multinomial(probs, 1) with the last dim dropped); negative and NaN weights
+ * count 0, and a row of no weight gives its largest entry's index.
+ * sg_sample: one token per row from logits: temperature 0 is argmax (no
+ * draw); else softmax(logits / temperature) restricted to the top_k first
+ * entries (top_k 0: all) and then to the shortest prefix of the order whose
+ * probability reaches top_p (top_p 1: all; nucleus sampling), renormalized.
+ * Both draw one uniform per row from rng (53 bits; the offset advances by
+ * the number of rows), so they are deterministic for a seed, the same on the
+ * CPU and CUDA, and fresh on each replay; one thread walks each row
+ * (O(32 V) with top_k or top_p).
+ */
+SG_API sg_tensor *sg_topk_indices(sg_tensor *x, int64_t k);
+SG_API sg_tensor *sg_gather(sg_tensor *x, int dim, sg_tensor *idx);
+SG_API sg_tensor *sg_multinomial(sg_tensor *probs, sg_tensor *rng);
+SG_API sg_tensor *sg_sample(sg_tensor *logits, double temperature, int64_t top_k, double top_p,
+                            sg_tensor *rng);
+
 /* ---------------------------------------------------------------- compiled steps */
 /*
  * A step is a function over tensor ops. sg_compile wraps it in an sg_fn;
