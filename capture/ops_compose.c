@@ -15,8 +15,10 @@ sg_tensor *sg_masked_fill(sg_tensor *x, sg_tensor *mask, double value) {
     if (!ctx) return NULL;
     char a[SG__DESC], b[SG__DESC];
     if (mask->dtype != SG_BOOL) {
-        sg__fail(ctx, SG_ERR_DTYPE, "sg_masked_fill: mask is %s; it must be bool (make one "
-                 "with a comparison, or sg_cast(mask, SG_BOOL))", sg__describe(mask, a, sizeof a));
+        sg__fail(ctx, SG_ERR_DTYPE,
+                 "sg_masked_fill: mask is %s; it must be bool (make one "
+                 "with a comparison, or sg_cast(mask, SG_BOOL))",
+                 sg__describe(mask, a, sizeof a));
         return NULL;
     }
     bool fits = mask->ndim <= x->ndim;
@@ -25,9 +27,10 @@ sg_tensor *sg_masked_fill(sg_tensor *x, sg_tensor *mask, double value) {
         fits = m == 1 || m == s;
     }
     if (!fits) {
-        sg__fail(ctx, SG_ERR_SHAPE, "sg_masked_fill: mask %s does not broadcast to x %s (it may "
-                 "not grow x); sizes must match x's or be 1", sg__describe(mask, a, sizeof a),
-                 sg__describe(x, b, sizeof b));
+        sg__fail(ctx, SG_ERR_SHAPE,
+                 "sg_masked_fill: mask %s does not broadcast to x %s (it may "
+                 "not grow x); sizes must match x's or be 1",
+                 sg__describe(mask, a, sizeof a), sg__describe(x, b, sizeof b));
         return NULL;
     }
     sg_tensor *v = sg_full(ctx, x->dtype, 0, NULL, value);
@@ -41,8 +44,10 @@ sg_tensor *sg_div_scalar(sg_tensor *x, double s) {
     if (!ctx) return NULL;
     if (x->dtype == SG_BOOL) {
         char d[SG__DESC];
-        sg__fail(ctx, SG_ERR_DTYPE, "sg_div_scalar: x is %s; it takes numeric dtypes (cast "
-                 "bool first)", sg__describe(x, d, sizeof d));
+        sg__fail(ctx, SG_ERR_DTYPE,
+                 "sg_div_scalar: x is %s; it takes numeric dtypes (cast "
+                 "bool first)",
+                 sg__describe(x, d, sizeof d));
         return NULL;
     }
     /* Computed in f32 (f16/bf16 widened, ints true-divided as in torch) and
@@ -89,9 +94,10 @@ sg_tensor *sg_repeat_interleave(sg_tensor *x, int64_t repeats, int dim) {
     int d = sg__norm_dim(dim, x1->ndim);
     sg_tensor *out = NULL;
     if (d < 0) {
-        sg__fail(ctx, SG_ERR_INDEX, "sg_repeat_interleave: dim %d is out of range for x %s "
-                 "(valid dims: %d to %d)", dim, sg__describe(x, a, sizeof a), -x1->ndim,
-                 x1->ndim - 1);
+        sg__fail(ctx, SG_ERR_INDEX,
+                 "sg_repeat_interleave: dim %d is out of range for x %s "
+                 "(valid dims: %d to %d)",
+                 dim, sg__describe(x, a, sizeof a), -x1->ndim, x1->ndim - 1);
     } else if (x1->ndim == SG_MAX_DIMS) {
         out = repeat_by_index(ctx, x1, repeats, d);
     } else {

@@ -22,7 +22,8 @@ sg_tensor *sg_rng_create(sg_ctx *ctx, uint64_t seed) {
     if (!ctx) return NULL;
     int64_t shape[1] = {2}, v[2] = {(int64_t)seed, 0};
     if (ctx->rec) {
-        sg__fail(ctx, SG_ERR_INVALID_ARG, "sg_rng_create: called inside a step that is being "
+        sg__fail(ctx, SG_ERR_INVALID_ARG,
+                 "sg_rng_create: called inside a step that is being "
                  "captured; make the generator once, outside the step, and pass it in");
         return NULL;
     }
@@ -35,8 +36,10 @@ static sg_ctx *check_rng(const char *fn, sg_tensor *rng) {
     if (!ctx) return NULL;
     if (rng->dtype != SG_I64 || rng->ndim != 1 || rng->shape[0] != 2) {
         char d[SG__DESC];
-        sg__fail(ctx, SG_ERR_INVALID_ARG, "%s: rng is %s; it must be the i64[2] (seed, offset) "
-                 "tensor that sg_rng_create makes", fn, sg__describe(rng, d, sizeof d));
+        sg__fail(ctx, SG_ERR_INVALID_ARG,
+                 "%s: rng is %s; it must be the i64[2] (seed, offset) "
+                 "tensor that sg_rng_create makes",
+                 fn, sg__describe(rng, d, sizeof d));
         return NULL;
     }
     return ctx;
@@ -52,13 +55,15 @@ static sg_status advance(sg_tensor *rng, int64_t blocks) {
     return s;
 }
 
-static sg_tensor *draw(const char *fn, sg_tensor *rng, sg_dtype dt, int ndim,
-                       const int64_t *shape, int dist) {
+static sg_tensor *draw(const char *fn, sg_tensor *rng, sg_dtype dt, int ndim, const int64_t *shape,
+                       int dist) {
     sg_ctx *ctx = check_rng(fn, rng);
     if (!ctx) return NULL;
     if (!sg__dtype_is_float(dt)) {
-        sg__fail(ctx, SG_ERR_DTYPE, "%s: dtype %s (%d); draws are f32, f16 or bf16 (cast the "
-                 "result for other dtypes)", fn, sg_dtype_name(dt), (int)dt);
+        sg__fail(ctx, SG_ERR_DTYPE,
+                 "%s: dtype %s (%d); draws are f32, f16 or bf16 (cast the "
+                 "result for other dtypes)",
+                 fn, sg_dtype_name(dt), (int)dt);
         return NULL;
     }
     if (ndim < 0 || ndim > SG_MAX_DIMS || (ndim > 0 && !shape)) {
@@ -126,8 +131,10 @@ static bool rows_ok(sg_ctx *ctx, const char *fn, const sg_tensor *x, bool empty_
         return false;
     }
     if (x->ndim < 1 || (!empty_ok && x->shape[x->ndim - 1] < 1)) {
-        sg__fail(ctx, SG_ERR_SHAPE, "%s: x is %s; it needs at least one dim and entries along "
-                 "the last one", fn, sg__describe(x, d, sizeof d));
+        sg__fail(ctx, SG_ERR_SHAPE,
+                 "%s: x is %s; it needs at least one dim and entries along "
+                 "the last one",
+                 fn, sg__describe(x, d, sizeof d));
         return false;
     }
     return true;
@@ -151,9 +158,10 @@ sg_tensor *sg_topk_indices(sg_tensor *x, int64_t k) {
     int64_t V = x->shape[x->ndim - 1], shape[SG_MAX_DIMS];
     if (k < 0 || k > V) {
         char d[SG__DESC];
-        sg__fail(ctx, SG_ERR_INVALID_ARG, "sg_topk_indices: k %lld for x %s; k must be in [0, "
-                 "%lld] (the last dim's size)", (long long)k, sg__describe(x, d, sizeof d),
-                 (long long)V);
+        sg__fail(ctx, SG_ERR_INVALID_ARG,
+                 "sg_topk_indices: k %lld for x %s; k must be in [0, "
+                 "%lld] (the last dim's size)",
+                 (long long)k, sg__describe(x, d, sizeof d), (long long)V);
         return NULL;
     }
     memcpy(shape, x->shape, sizeof shape);
@@ -176,9 +184,11 @@ sg_tensor *sg_gather(sg_tensor *x, int dim, sg_tensor *idx) {
     bool ok = d >= 0 && idx->ndim == x->ndim;
     for (int k = 0; ok && k < x->ndim; k++) ok = k == d || idx->shape[k] <= x->shape[k];
     if (!ok) {
-        sg__fail(ctx, d < 0 ? SG_ERR_INDEX : SG_ERR_SHAPE, "sg_gather: x %s, idx %s, dim %d: x "
+        sg__fail(ctx, d < 0 ? SG_ERR_INDEX : SG_ERR_SHAPE,
+                 "sg_gather: x %s, idx %s, dim %d: x "
                  "needs a dim %d, idx x's number of dims, and sizes no larger than x's except "
-                 "at dim", sg__describe(x, a, sizeof a), sg__describe(idx, b, sizeof b), dim, dim);
+                 "at dim",
+                 sg__describe(x, a, sizeof a), sg__describe(idx, b, sizeof b), dim, dim);
         return NULL;
     }
     sg__node n = {.op = SG__OP_GATHER, .nin = 2, .in = in, .i = {d}};
@@ -213,7 +223,8 @@ sg_tensor *sg_sample(sg_tensor *logits, double temperature, int64_t top_k, doubl
     if (!ctx || !check_rng("sg_sample", rng) || !rows_ok(ctx, "sg_sample", logits, false))
         return NULL;
     if (!(temperature >= 0) || !isfinite(temperature) || top_k < 0 || !(top_p > 0 && top_p <= 1)) {
-        sg__fail(ctx, SG_ERR_INVALID_ARG, "sg_sample: temperature %g, top_k %lld, top_p %g; need "
+        sg__fail(ctx, SG_ERR_INVALID_ARG,
+                 "sg_sample: temperature %g, top_k %lld, top_p %g; need "
                  "temperature >= 0 (0: argmax), top_k >= 0 (0: off) and top_p in (0, 1] (1: off)",
                  temperature, (long long)top_k, top_p);
         return NULL;

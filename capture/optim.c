@@ -66,8 +66,10 @@ static sg_tensor *as_f32(scratch *s, sg_tensor *x) {
  * came back silently. */
 static sg_status ops_status(sg_ctx *ctx, bool all_made) {
     if (ctx->status != SG_OK && !all_made) return ctx->status;
-    return all_made ? SG_OK : sg__fail(ctx, SG_ERR_INTERNAL, "sg_optim_step: an op failed "
-                                       "without a message");
+    return all_made ? SG_OK
+                    : sg__fail(ctx, SG_ERR_INTERNAL,
+                               "sg_optim_step: an op failed "
+                               "without a message");
 }
 
 /* ------------------------------------------------------------ create and destroy */
@@ -75,18 +77,23 @@ static sg_status ops_status(sg_ctx *ctx, bool all_made) {
 static sg_status check_params(sg_ctx *ctx, const char *fn, int n, sg_tensor *const *params) {
     if (!ctx) return SG_ERR_NULL;
     if (ctx->rec)
-        return sg__fail(ctx, SG_ERR_INVALID_ARG, "%s: called inside a step that is being "
-                        "captured; make the optimizer once, outside the step", fn);
+        return sg__fail(ctx, SG_ERR_INVALID_ARG,
+                        "%s: called inside a step that is being "
+                        "captured; make the optimizer once, outside the step",
+                        fn);
     if (n < 1 || !params)
-        return sg__fail(ctx, n < 1 ? SG_ERR_INVALID_ARG : SG_ERR_NULL, "%s: %d params%s; pass "
-                        "an array of n >= 1 float tensors", fn, n, params ? "" : " (NULL array)");
+        return sg__fail(ctx, n < 1 ? SG_ERR_INVALID_ARG : SG_ERR_NULL,
+                        "%s: %d params%s; pass "
+                        "an array of n >= 1 float tensors",
+                        fn, n, params ? "" : " (NULL array)");
     if (!sg__check_inputs(fn, n, params, NULL)) return sg__inputs_status(n, params);
     for (int i = 0; i < n; i++)
         if (params[i]->ctx != ctx || !sg__dtype_is_float(params[i]->dtype)) {
             char d[SG__DESC];
             return sg__fail(ctx, params[i]->ctx != ctx ? SG_ERR_WRONG_CONTEXT : SG_ERR_DTYPE,
                             "%s: param %d is %s; params must be f32, f16 or bf16 tensors of "
-                            "ctx", fn, i, sg__describe(params[i], d, sizeof d));
+                            "ctx",
+                            fn, i, sg__describe(params[i], d, sizeof d));
         }
     return SG_OK;
 }
@@ -112,11 +119,13 @@ void sg_optim_destroy(sg_optim *opt) {
 }
 
 /* A zeroed f32 tensor of param's shape. */
-static sg_tensor *zeros_like_f32(sg_tensor *p) { return sg_zeros(p->ctx, SG_F32, p->ndim, p->shape); }
+static sg_tensor *zeros_like_f32(sg_tensor *p) {
+    return sg_zeros(p->ctx, SG_F32, p->ndim, p->shape);
+}
 
 /* The optimizer shell with lr, step count and the state arrays it needs. */
-static sg_status optim_new(sg_ctx *ctx, optim_kind kind, int n, sg_tensor *const *params,
-                           double lr, bool need_s1, bool need_s2, bool master, sg_optim **out) {
+static sg_status optim_new(sg_ctx *ctx, optim_kind kind, int n, sg_tensor *const *params, double lr,
+                           bool need_s1, bool need_s2, bool master, sg_optim **out) {
     size_t arr = sizeof(sg_tensor *) * (size_t)n;
     sg_optim *o = sg__calloc(ctx, sizeof *o);
     if (!o) return sg__fail(ctx, SG_ERR_OOM, "sg_optim: out of host memory");
@@ -167,10 +176,11 @@ sg_status sg_adamw_create(sg_ctx *ctx, int n, sg_tensor *const *params, const sg
     a.weight_decay = or_default(a.weight_decay, 1e-2);
     if (!(a.lr > 0) || !(a.beta1 > 0 && a.beta1 < 1) || !(a.beta2 > 0 && a.beta2 < 1) ||
         !(a.eps > 0) || !(a.weight_decay >= 0) || !isfinite(a.lr) || !isfinite(a.weight_decay))
-        return sg__fail(ctx, SG_ERR_INVALID_ARG, "sg_adamw_create: lr %g, betas %g/%g, eps %g, "
+        return sg__fail(ctx, SG_ERR_INVALID_ARG,
+                        "sg_adamw_create: lr %g, betas %g/%g, eps %g, "
                         "weight_decay %g; need lr > 0, betas in (0, 1), eps > 0 and "
-                        "weight_decay >= 0 (0 fields take the defaults)", a.lr, a.beta1, a.beta2,
-                        a.eps, a.weight_decay);
+                        "weight_decay >= 0 (0 fields take the defaults)",
+                        a.lr, a.beta1, a.beta2, a.eps, a.weight_decay);
     sg_optim *opt;
     s = optim_new(ctx, OPTIM_ADAMW, n, params, a.lr, true, true, a.master_weights, &opt);
     if (s != SG_OK) return s;
@@ -187,12 +197,14 @@ sg_status sg_sgd_create(sg_ctx *ctx, int n, sg_tensor *const *params, const sg_s
     sg_sgd_opts g = o ? *o : (sg_sgd_opts){0};
     if (!(g.lr > 0) || !isfinite(g.lr) || !(g.momentum >= 0) || !(g.weight_decay >= 0) ||
         !isfinite(g.momentum) || !isfinite(g.dampening) || !isfinite(g.weight_decay))
-        return sg__fail(ctx, SG_ERR_INVALID_ARG, "sg_sgd_create: lr %g, momentum %g, dampening "
+        return sg__fail(ctx, SG_ERR_INVALID_ARG,
+                        "sg_sgd_create: lr %g, momentum %g, dampening "
                         "%g, weight_decay %g; need lr > 0 (SGD has no default lr), momentum >= 0 "
-                        "and weight_decay >= 0, all finite", g.lr, g.momentum, g.dampening,
-                        g.weight_decay);
+                        "and weight_decay >= 0, all finite",
+                        g.lr, g.momentum, g.dampening, g.weight_decay);
     if (g.nesterov && (g.momentum <= 0 || g.dampening != 0))
-        return sg__fail(ctx, SG_ERR_INVALID_ARG, "sg_sgd_create: nesterov needs momentum > 0 "
+        return sg__fail(ctx, SG_ERR_INVALID_ARG,
+                        "sg_sgd_create: nesterov needs momentum > 0 "
                         "and dampening 0 (got momentum %g, dampening %g), as in torch",
                         g.momentum, g.dampening);
     sg_optim *opt;
@@ -210,21 +222,23 @@ sg_tensor *sg_optim_step_count(sg_optim *opt) { return opt ? opt->step : NULL; }
 
 static sg_status check_grads(sg_optim *opt, sg_tensor *const *grads) {
     sg_ctx *ctx = opt->ctx;
-    if (!grads) return sg__fail(ctx, SG_ERR_NULL, "sg_optim_step: grads is NULL; pass one "
-                                "gradient per param");
+    if (!grads)
+        return sg__fail(ctx, SG_ERR_NULL,
+                        "sg_optim_step: grads is NULL; pass one "
+                        "gradient per param");
     if (!sg__check_inputs("sg_optim_step", opt->n, grads, NULL))
         return sg__inputs_status(opt->n, grads);
     for (int i = 0; i < opt->n; i++) {
         const sg_tensor *p = opt->params[i], *g = grads[i];
-        bool ok = g->ctx == ctx && g->ndim == p->ndim &&
-                  (g->dtype == p->dtype || g->dtype == SG_F32);
+        bool ok =
+            g->ctx == ctx && g->ndim == p->ndim && (g->dtype == p->dtype || g->dtype == SG_F32);
         for (int d = 0; ok && d < p->ndim; d++) ok = g->shape[d] == p->shape[d];
         if (!ok) {
             char a[SG__DESC], b[SG__DESC];
             return sg__fail(ctx, g->ctx != ctx ? SG_ERR_WRONG_CONTEXT : SG_ERR_SHAPE,
                             "sg_optim_step: grad %d is %s for param %s; a grad needs its "
-                            "param's shape and its dtype (or f32)", i,
-                            sg__describe(g, a, sizeof a), sg__describe(p, b, sizeof b));
+                            "param's shape and its dtype (or f32)",
+                            i, sg__describe(g, a, sizeof a), sg__describe(p, b, sizeof b));
         }
     }
     return SG_OK;
@@ -270,8 +284,8 @@ static sg_status adamw_param(sg_optim *opt, int i, sg_tensor *grad, sg_tensor *d
                                    keep(&s, sg_mul_scalar(g, 1 - a->beta1))));
     sg_tensor *g2 = keep(&s, sg_mul_scalar(keep(&s, sg_mul(g, g)), 1 - a->beta2));
     sg_tensor *v = keep(&s, sg_add(keep(&s, sg_mul_scalar(opt->s2[i], a->beta2)), g2));
-    sg_tensor *den = keep(&s, sg_add_scalar(keep(&s, sg_div(keep(&s, sg_sqrt(v)), bc2_sqrt)),
-                                            a->eps));
+    sg_tensor *den =
+        keep(&s, sg_add_scalar(keep(&s, sg_div(keep(&s, sg_sqrt(v)), bc2_sqrt)), a->eps));
     sg_tensor *upd = keep(&s, sg_mul(step_size, keep(&s, sg_div(m, den))));
     sg_tensor *pn = keep(&s, sg_sub(keep(&s, sg_mul(p, decay)), upd));
     sg_status st = ops_status(opt->ctx, pn != NULL);
@@ -289,8 +303,8 @@ static sg_status adamw_step(sg_optim *opt, sg_tensor *const *grads) {
     sg_tensor *bc1 = bias_correction(&s, t, a->beta1);
     sg_tensor *step_size = keep(&s, sg_div(opt->lr, bc1));
     sg_tensor *bc2_sqrt = keep(&s, sg_sqrt(bias_correction(&s, t, a->beta2)));
-    sg_tensor *decay = keep(&s, sg_add_scalar(keep(&s, sg_mul_scalar(opt->lr, -a->weight_decay)),
-                                              1));
+    sg_tensor *decay =
+        keep(&s, sg_add_scalar(keep(&s, sg_mul_scalar(opt->lr, -a->weight_decay)), 1));
     sg_status st = ops_status(opt->ctx, step_size && bc2_sqrt && decay);
     for (int i = 0; i < opt->n && st == SG_OK; i++)
         st = adamw_param(opt, i, grads[i], decay, step_size, bc2_sqrt);
@@ -365,12 +379,16 @@ sg_status sg_clip_grad_norm_(int n, sg_tensor *const *grads, double max_norm,
     for (int i = 0; i < n; i++)
         if (!sg__dtype_is_float(grads[i]->dtype)) {
             char d[SG__DESC];
-            return sg__fail(ctx, SG_ERR_DTYPE, "sg_clip_grad_norm_: grad %d is %s; grads must "
-                            "be f32, f16 or bf16", i, sg__describe(grads[i], d, sizeof d));
+            return sg__fail(ctx, SG_ERR_DTYPE,
+                            "sg_clip_grad_norm_: grad %d is %s; grads must "
+                            "be f32, f16 or bf16",
+                            i, sg__describe(grads[i], d, sizeof d));
         }
     if (!(max_norm >= 0) || !isfinite(max_norm))
-        return sg__fail(ctx, SG_ERR_INVALID_ARG, "sg_clip_grad_norm_: max_norm %g; it must be "
-                        "finite and >= 0", max_norm);
+        return sg__fail(ctx, SG_ERR_INVALID_ARG,
+                        "sg_clip_grad_norm_: max_norm %g; it must be "
+                        "finite and >= 0",
+                        max_norm);
     /* Each grad's sum of squares joins the running total; intermediates are
      * dropped as soon as they are used, so any number of grads fits. */
     sg_tensor *sq = NULL;

@@ -474,7 +474,8 @@ SG_API sg_status sg_optim_step(sg_optim *opt, sg_tensor *const *grads);
 SG_API sg_tensor *sg_optim_lr(sg_optim *opt);
 /* The step count, a 0-d f32 tensor owned by opt, advanced by each step. */
 SG_API sg_tensor *sg_optim_step_count(sg_optim *opt);
-/* Free the optimizer and its state tensors (not the params). NULL does nothing. */
+/* Free the optimizer and its state tensors (not the params), before its
+ * context is destroyed. NULL does nothing. */
 SG_API void sg_optim_destroy(sg_optim *opt);
 /*
  * torch.nn.utils.clip_grad_norm_: scales the n float grads in place so that

@@ -47,8 +47,10 @@ static void ref_adamw(ref *r, int i, const double *g, double lr, int t, const sg
         r->v[i][k] = r->v[i][k] * o->beta2 + (1 - o->beta2) * g[k] * g[k];
         double denom = sqrt(r->v[i][k]) / sqrt(bc2) + o->eps;
         p[k] -= lr / bc1 * r->m[i][k] / denom;
-        if (p != r->p[i]) r->p[i][k] = tu_round(dt, p[k]);
-        else p[k] = tu_round(dt, p[k]);
+        if (p != r->p[i])
+            r->p[i][k] = tu_round(dt, p[k]);
+        else
+            p[k] = tu_round(dt, p[k]);
     }
 }
 
@@ -238,9 +240,8 @@ static void test_errors(void) {
     bool ok = TU_EXPECT(sg_adamw_create(ctx, 1, &pi, NULL, &o) == SG_ERR_DTYPE) &&
               TU_EXPECT(strstr(sg_last_error(ctx), "sg_adamw_create") != NULL) &&
               TU_EXPECT(sg_sgd_create(ctx, 1, &p, NULL, &o) == SG_ERR_INVALID_ARG) &&
-              TU_EXPECT(sg_sgd_create(ctx, 1, &p,
-                                      &(sg_sgd_opts){.lr = 0.1, .nesterov = true}, &o) ==
-                        SG_ERR_INVALID_ARG) &&
+              TU_EXPECT(sg_sgd_create(ctx, 1, &p, &(sg_sgd_opts){.lr = 0.1, .nesterov = true},
+                                      &o) == SG_ERR_INVALID_ARG) &&
               TU_EXPECT(sg_adamw_create(ctx, 1, &p, NULL, &o) == SG_OK) &&
               TU_EXPECT(sg_optim_step(o, &g) == SG_ERR_SHAPE) &&
               TU_EXPECT(strstr(sg_last_error(ctx), "grad 0") != NULL) &&
@@ -257,13 +258,18 @@ int main(void) {
     ctx = tu_ctx((sg_ctx_opts){0}); /* SG_TEST_BACKEND: cpu unless the gpu suite says cuda */
     const int modes[] = {-1, SG_MODE_EAGER, SG_MODE_DEFAULT, SG_MODE_REDUCE_OVERHEAD};
     const setup adam = {.kind = "adamw", .dt = SG_F32, .a = {.lr = 1e-2, .weight_decay = 0.05}};
-    const setup adam2 = {.kind = "adamw", .dt = SG_F32, .a = {.lr = 3e-2, .beta1 = 0.8, .beta2 = 0.95, .eps = 1e-6}};
-    const setup adam_bf = {.kind = "adamw", .dt = SG_BF16, .a = {.lr = 1e-2, .master_weights = true}};
+    const setup adam2 = {
+        .kind = "adamw", .dt = SG_F32, .a = {.lr = 3e-2, .beta1 = 0.8, .beta2 = 0.95, .eps = 1e-6}};
+    const setup adam_bf = {
+        .kind = "adamw", .dt = SG_BF16, .a = {.lr = 1e-2, .master_weights = true}};
     const setup adam_bf_nomaster = {.kind = "adamw", .dt = SG_BF16, .a = {.lr = 1e-2}};
-    const setup sgd_m = {.kind = "sgd", .dt = SG_F32, .s = {.lr = 0.1, .momentum = 0.9, .dampening = 0.1,
-                                              .weight_decay = 0.01}};
-    const setup sgd_n = {.kind = "sgd", .dt = SG_F32, .s = {.lr = 0.05, .momentum = 0.8, .nesterov = true,
-                                              .weight_decay = 0.02}};
+    const setup sgd_m = {.kind = "sgd",
+                         .dt = SG_F32,
+                         .s = {.lr = 0.1, .momentum = 0.9, .dampening = 0.1, .weight_decay = 0.01}};
+    const setup sgd_n = {
+        .kind = "sgd",
+        .dt = SG_F32,
+        .s = {.lr = 0.05, .momentum = 0.8, .nesterov = true, .weight_decay = 0.02}};
     const setup sgd_plain = {.kind = "sgd", .dt = SG_F32, .s = {.lr = 0.2}};
     for (int k = 0; k < 4; k++) {
         run(&adam, modes[k], 1);

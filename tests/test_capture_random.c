@@ -97,7 +97,8 @@ static void test_stats(sg_dtype dt, bool normal, int64_t n, uint64_t seed) {
     for (int64_t i = 0; v && i < n; i++) s2 += (v[i] - mean) * (v[i] - mean);
     double var = s2 / (double)(n - 1), m = normal ? 0 : 0.5, vv = normal ? 1 : 1.0 / 12;
     /* var of the sample variance: (mu4 - sigma^4) / n; mu4 = 3 (normal), 1/80 (uniform) */
-    double se_mean = sqrt(vv / (double)n), se_var = sqrt(((normal ? 3 : 1.0 / 80) - vv * vv) / (double)n);
+    double se_mean = sqrt(vv / (double)n),
+           se_var = sqrt(((normal ? 3 : 1.0 / 80) - vv * vv) / (double)n);
     /* bf16 quantizes: its grid adds a bias up to half a step to the moments */
     double slack = dt == SG_BF16 ? (normal ? 0.02 : 0.004) : dt == SG_F16 ? 0.001 : 0;
     bool ok = TU_EXPECT(v) && TU_EXPECT(fabs(mean - m) <= 5 * se_mean + slack) &&
@@ -167,8 +168,8 @@ static void test_replay(sg_mode mode, uint64_t seed) {
     int64_t sh[2] = {3, 50};
     sg_tensor *x = tu_rand(ctx, SG_F32, 2, sh, -2, 2, NULL);
     sg_fn *fn = NULL;
-    bool ok = TU_EXPECT(sg_compile(ctx, draw_step, &w, 1, 3, &(sg_compile_opts){.mode = mode},
-                                   &fn) == SG_OK);
+    bool ok = TU_EXPECT(
+        sg_compile(ctx, draw_step, &w, 1, 3, &(sg_compile_opts){.mode = mode}, &fn) == SG_OK);
     double *prev = NULL;
     for (int call = 0; ok && call < 4; call++) {
         sg_mark_step_begin(ctx);
@@ -186,8 +187,10 @@ static void test_replay(sg_mode mode, uint64_t seed) {
     }
     ok = ok && TU_EXPECT(fn->ngraphs == (mode == SG_MODE_EAGER ? 0 : 1));
     if (!ok) fprintf(stderr, "%s\n%s\n", sg_last_error(ctx), fn ? sg_fn_explain(fn) : "");
-    tu_case(ok, "RAND_REPLAY(mode=%s,rand+dropout+randn [3,50],calls=4,seed=%llu) fresh each call, "
-            "equal to eager", sg_mode_name(mode), (unsigned long long)seed);
+    tu_case(ok,
+            "RAND_REPLAY(mode=%s,rand+dropout+randn [3,50],calls=4,seed=%llu) fresh each call, "
+            "equal to eager",
+            sg_mode_name(mode), (unsigned long long)seed);
     sg_clear_error(ctx);
     free(prev);
     sg_fn_destroy(fn);

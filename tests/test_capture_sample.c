@@ -58,8 +58,8 @@ static void order_of(const double *v, int64_t V, int64_t *ord) {
 }
 
 /* torch-style pick for one row: kind 0 weights, kind 1 logits. */
-static int64_t ref_pick(const double *x, int64_t V, int kind, double T, int64_t top_k,
-                        double top_p, double u) {
+static int64_t ref_pick(const double *x, int64_t V, int kind, double T, int64_t top_k, double top_p,
+                        double u) {
     int64_t *ord = malloc(sizeof(int64_t) * (size_t)V);
     double *w = calloc((size_t)V, sizeof(double));
     bool *keep = calloc((size_t)V, sizeof(bool));
@@ -120,11 +120,13 @@ static void test_topk(sg_dtype dt, int64_t rows, int64_t V, int64_t k, bool ties
             double want = xv[r * V + ord[s]];
             ok = TU_EXPECT(got[r * k + s] == (double)ord[s]) &&
                  TU_EXPECT(gv[r * k + s] == want || (isnan(want) && isnan(gv[r * k + s])));
-            if (!ok) fprintf(stderr, "  row %lld, rank %lld: got %g, want %lld\n", (long long)r,
-                             (long long)s, got[r * k + s], (long long)ord[s]);
+            if (!ok)
+                fprintf(stderr, "  row %lld, rank %lld: got %g, want %lld\n", (long long)r,
+                        (long long)s, got[r * k + s], (long long)ord[s]);
         }
     }
-    tu_case(ok, "TOPK_INDICES(type=%s,x=[%lld,%lld] strided,k=%lld,ties=%d,nan=%d) + gather seed=%llu",
+    tu_case(ok,
+            "TOPK_INDICES(type=%s,x=[%lld,%lld] strided,k=%lld,ties=%d,nan=%d) + gather seed=%llu",
             sg_dtype_name(dt), (long long)rows, (long long)V, (long long)k, ties, nan,
             (unsigned long long)seed);
     free(xv), free(got), free(gv), free(ord);
@@ -186,19 +188,23 @@ static void test_picks(const char *what, sg_dtype dt, int64_t rows, int64_t V, i
             want1 = want2 = ord[0];
             free(ord);
         } else {
-            want1 = ref_pick(xv + r * V, V, kind, T, top_k, top_p, row_uniform(seed * 977, (uint64_t)r));
+            want1 = ref_pick(xv + r * V, V, kind, T, top_k, top_p,
+                             row_uniform(seed * 977, (uint64_t)r));
             want2 = ref_pick(xv + r * V, V, kind, T, top_k, top_p,
                              row_uniform(seed * 977, (uint64_t)(rows + r)));
         }
         ok = TU_EXPECT(g1[r] == (double)want1) && TU_EXPECT(g2[r] == (double)want2);
-        if (!ok) fprintf(stderr, "  row %lld: got %g %g, want %lld %lld\n", (long long)r, g1[r],
-                         g2[r], (long long)want1, (long long)want2);
+        if (!ok)
+            fprintf(stderr, "  row %lld: got %g %g, want %lld %lld\n", (long long)r, g1[r], g2[r],
+                    (long long)want1, (long long)want2);
         differ += g1[r] != g2[r];
     }
     if (T != 0) ok = ok && TU_EXPECT(differ > 0); /* the second draw is fresh */
-    tu_case(ok, "%s(type=%s,x=[%lld,%lld],T=%g,top_k=%lld,top_p=%g,seed=%llu) picks equal, "
-            "2nd draw differs in %lld rows", what, sg_dtype_name(dt), (long long)rows,
-            (long long)V, T, (long long)top_k, top_p, (unsigned long long)seed, (long long)differ);
+    tu_case(ok,
+            "%s(type=%s,x=[%lld,%lld],T=%g,top_k=%lld,top_p=%g,seed=%llu) picks equal, "
+            "2nd draw differs in %lld rows",
+            what, sg_dtype_name(dt), (long long)rows, (long long)V, T, (long long)top_k, top_p,
+            (unsigned long long)seed, (long long)differ);
     free(xv), free(g1), free(g2);
     sg_release(x), sg_release(rng), sg_release(t1), sg_release(t2);
 }
@@ -216,15 +222,18 @@ static void test_frequencies(uint64_t seed) {
     sg_tensor *t = sg_sample(x, 1.0, 4, 0.8, rng);
     double *g = tu_read(t), cnt[5] = {0}, p[5] = {0}, tot = 0;
     for (int64_t r = 0; g && r < N; r++) cnt[(int)g[r]]++;
-    for (int j = 0; j < 5; j++) p[j] = (j == 0 || j == 1 || j == 4) ? exp(logits[j]) : 0, tot += p[j];
+    for (int j = 0; j < 5; j++)
+        p[j] = (j == 0 || j == 1 || j == 4) ? exp(logits[j]) : 0, tot += p[j];
     bool ok = TU_EXPECT(g);
     for (int j = 0; ok && j < 5; j++) {
         double q = p[j] / tot, sd = sqrt(q * (1 - q) / (double)N);
         ok = TU_EXPECT(fabs(cnt[j] / (double)N - q) <= 5 * sd + 1e-12);
     }
-    tu_case(ok, "SAMPLE_FREQ(x=[%lld,5] one row repeated,T=1,top_k=4,top_p=0.8,seed=%llu) "
-            "freq=%.3f,%.3f,%.3f,%.3f,%.3f", (long long)N, (unsigned long long)seed, cnt[0] / N,
-            cnt[1] / N, cnt[2] / N, cnt[3] / N, cnt[4] / N);
+    tu_case(ok,
+            "SAMPLE_FREQ(x=[%lld,5] one row repeated,T=1,top_k=4,top_p=0.8,seed=%llu) "
+            "freq=%.3f,%.3f,%.3f,%.3f,%.3f",
+            (long long)N, (unsigned long long)seed, cnt[0] / N, cnt[1] / N, cnt[2] / N, cnt[3] / N,
+            cnt[4] / N);
     free(f), free(g);
     sg_release(x), sg_release(rng), sg_release(t);
 }
@@ -248,8 +257,8 @@ static void test_replay(sg_mode mode, uint64_t seed) {
     sg_tensor *x = tu_rand(ctx, SG_F32, 2, sh, -2, 2, NULL);
     world w = {sg_rng_create(ctx, seed)}, twin = {sg_rng_create(ctx, seed)};
     sg_fn *fn = NULL;
-    bool ok = TU_EXPECT(sg_compile(ctx, sample_step, &w, 1, 2, &(sg_compile_opts){.mode = mode},
-                                   &fn) == SG_OK);
+    bool ok = TU_EXPECT(
+        sg_compile(ctx, sample_step, &w, 1, 2, &(sg_compile_opts){.mode = mode}, &fn) == SG_OK);
     double *prev = NULL;
     int fresh = 0;
     for (int call = 0; ok && call < 4; call++) {
@@ -268,8 +277,10 @@ static void test_replay(sg_mode mode, uint64_t seed) {
     }
     ok = ok && TU_EXPECT(fresh == 3) && TU_EXPECT(fn->ngraphs == (mode == SG_MODE_EAGER ? 0 : 1));
     if (!ok) fprintf(stderr, "%s\n%s\n", sg_last_error(ctx), fn ? sg_fn_explain(fn) : "");
-    tu_case(ok, "SAMPLE_REPLAY(mode=%s,sample+multinomial x=[16,40],calls=4,seed=%llu) fresh each "
-            "call, equal to eager", sg_mode_name(mode), (unsigned long long)seed);
+    tu_case(ok,
+            "SAMPLE_REPLAY(mode=%s,sample+multinomial x=[16,40],calls=4,seed=%llu) fresh each "
+            "call, equal to eager",
+            sg_mode_name(mode), (unsigned long long)seed);
     sg_clear_error(ctx);
     free(prev);
     sg_fn_destroy(fn);
@@ -280,8 +291,8 @@ static void test_errors(void) {
     int64_t sh[2] = {2, 3};
     sg_tensor *x = sg_zeros(ctx, SG_F32, 2, sh), *xi = sg_zeros(ctx, SG_I32, 2, sh),
               *rng = sg_rng_create(ctx, 1);
-    bool ok = TU_EXPECT(!sg_topk_indices(x, 4)) &&
-              TU_EXPECT(sg_ctx_status(ctx) == SG_ERR_INVALID_ARG);
+    bool ok =
+        TU_EXPECT(!sg_topk_indices(x, 4)) && TU_EXPECT(sg_ctx_status(ctx) == SG_ERR_INVALID_ARG);
     sg_clear_error(ctx);
     ok = ok && TU_EXPECT(!sg_sample(x, 1, 0, 0, rng)) &&
          TU_EXPECT(sg_ctx_status(ctx) == SG_ERR_INVALID_ARG);

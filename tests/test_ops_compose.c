@@ -48,9 +48,9 @@ static void test_masked_fill(sg_dtype dt, int xnd, const int64_t *xs, int mnd, c
     bool ok = TU_EXPECT(got) && TU_EXPECT(sg_tensor_ndim(y) == xnd) &&
               tu_close("masked_fill", got, ref, n, 0, 0);
     char a[64], b[64];
-    tu_case(ok, "MASKED_FILL(type=%s,x=%s,mask=%s,value=%g,layout=%s) seed=%llu",
-            sg_dtype_name(dt), tu_shape(xnd, xs, a, sizeof a), tu_shape(mnd, ms, b, sizeof b),
-            value, tu_layout_name(lay), (unsigned long long)seed);
+    tu_case(ok, "MASKED_FILL(type=%s,x=%s,mask=%s,value=%g,layout=%s) seed=%llu", sg_dtype_name(dt),
+            tu_shape(xnd, xs, a, sizeof a), tu_shape(mnd, ms, b, sizeof b), value,
+            tu_layout_name(lay), (unsigned long long)seed);
     free(xv), free(mv), free(ref), free(got);
     sg_release(x), sg_release(m), sg_release(y);
 }
@@ -69,7 +69,8 @@ static void test_div_scalar(sg_dtype dt, double s, tu_layout lay, uint64_t seed)
     bool ok = TU_EXPECT(got) && TU_EXPECT(sg_tensor_dtype(y) == odt) &&
               tu_close("div_scalar", got, ref, n, 0, 0);
     tu_case(ok, "DIV_SCALAR(type=%s,x=[7,33],s=%g,layout=%s) -> %s, exact seed=%llu",
-            sg_dtype_name(dt), s, tu_layout_name(lay), sg_dtype_name(odt), (unsigned long long)seed);
+            sg_dtype_name(dt), s, tu_layout_name(lay), sg_dtype_name(odt),
+            (unsigned long long)seed);
     free(xv), free(got), free(ref);
     sg_release(x), sg_release(y);
 }
@@ -93,7 +94,8 @@ static void test_repeat(sg_dtype dt, int nd, const int64_t *xs, int64_t r, int d
     }
     bool ok = TU_EXPECT(got || n == 0) && TU_EXPECT(sg_tensor_shape(y, gs) == SG_OK) &&
               TU_EXPECT(memcmp(gs, ys, sizeof(int64_t) * (size_t)nd1) == 0) &&
-              TU_EXPECT(sg_tensor_ndim(y) == nd1) && tu_close("repeat_interleave", got, ref, n, 0, 0);
+              TU_EXPECT(sg_tensor_ndim(y) == nd1) &&
+              tu_close("repeat_interleave", got, ref, n, 0, 0);
     if (ok && r == 1) { /* a new tensor, even when a view would do */
         ok = TU_EXPECT(sg_fill_(y, 100) == SG_OK);
         double *again = tu_read(x);
@@ -120,23 +122,27 @@ static sg_status all_three(sg_ctx *c, sg_tensor *const *in, sg_tensor **out, voi
 static void test_compiled(uint64_t seed) {
     tu_seed(seed);
     int64_t s[2] = {5, 8};
-    sg_tensor *in[2] = {tu_rand(ctx, SG_F32, 2, s, -1, 1, NULL), tu_rand(ctx, SG_F32, 2, s, -1, 1, NULL)};
+    sg_tensor *in[2] = {tu_rand(ctx, SG_F32, 2, s, -1, 1, NULL),
+                        tu_rand(ctx, SG_F32, 2, s, -1, 1, NULL)};
     sg_fn *fe = NULL, *fc = NULL;
     sg_tensor *oe[3], *oc[3];
-    bool ok = TU_EXPECT(sg_compile(ctx, all_three, NULL, 2, 3, &(sg_compile_opts){.mode = SG_MODE_EAGER},
-                                   &fe) == SG_OK) &&
-              TU_EXPECT(sg_compile(ctx, all_three, NULL, 2, 3,
-                                   &(sg_compile_opts){.mode = SG_MODE_REDUCE_OVERHEAD}, &fc) == SG_OK) &&
-              TU_EXPECT(sg_call(fe, in, 2, oe, 3) == SG_OK) &&
-              TU_EXPECT(sg_call(fc, in, 2, oc, 3) == SG_OK);
+    bool ok =
+        TU_EXPECT(sg_compile(ctx, all_three, NULL, 2, 3, &(sg_compile_opts){.mode = SG_MODE_EAGER},
+                             &fe) == SG_OK) &&
+        TU_EXPECT(sg_compile(ctx, all_three, NULL, 2, 3,
+                             &(sg_compile_opts){.mode = SG_MODE_REDUCE_OVERHEAD}, &fc) == SG_OK) &&
+        TU_EXPECT(sg_call(fe, in, 2, oe, 3) == SG_OK) &&
+        TU_EXPECT(sg_call(fc, in, 2, oc, 3) == SG_OK);
     for (int k = 0; ok && k < 3; k++) {
         double *a = tu_read(oe[k]), *b = tu_read(oc[k]);
         ok = TU_EXPECT(a && b) && tu_close("compiled vs eager", b, a, sg_tensor_numel(oe[k]), 0, 0);
         free(a), free(b);
     }
     if (!ok) fprintf(stderr, "%s\n", sg_last_error(ctx));
-    tu_case(ok, "COMPOSE_COMPILED(masked_fill+div_scalar+repeat_interleave,type=f32,x=[5,8]) "
-                "reduce-overhead == eager seed=%llu", (unsigned long long)seed);
+    tu_case(ok,
+            "COMPOSE_COMPILED(masked_fill+div_scalar+repeat_interleave,type=f32,x=[5,8]) "
+            "reduce-overhead == eager seed=%llu",
+            (unsigned long long)seed);
     sg_fn_destroy(fe), sg_fn_destroy(fc);
     sg_release(in[0]), sg_release(in[1]);
 }
@@ -147,7 +153,8 @@ static void test_errors(void) {
               *mb = sg_zeros(ctx, SG_BOOL, 1, s2), *b = sg_zeros(ctx, SG_BOOL, 2, s);
     bool ok = TU_EXPECT(!sg_masked_fill(x, mf, 1)) && TU_EXPECT(sg_ctx_status(ctx) == SG_ERR_DTYPE);
     sg_clear_error(ctx);
-    ok = ok && TU_EXPECT(!sg_masked_fill(x, mb, 1)) && TU_EXPECT(sg_ctx_status(ctx) == SG_ERR_SHAPE);
+    ok =
+        ok && TU_EXPECT(!sg_masked_fill(x, mb, 1)) && TU_EXPECT(sg_ctx_status(ctx) == SG_ERR_SHAPE);
     sg_clear_error(ctx);
     ok = ok && TU_EXPECT(!sg_div_scalar(b, 2)) && TU_EXPECT(sg_ctx_status(ctx) == SG_ERR_DTYPE);
     sg_clear_error(ctx);
@@ -158,7 +165,9 @@ static void test_errors(void) {
          TU_EXPECT(sg_ctx_status(ctx) == SG_ERR_INDEX) &&
          TU_EXPECT(strstr(sg_last_error(ctx), "sg_repeat_interleave") != NULL);
     sg_clear_error(ctx);
-    tu_case(ok, "COMPOSE_ERRORS(float mask, mask that grows x, div of bool, negative repeats, bad dim)");
+    tu_case(
+        ok,
+        "COMPOSE_ERRORS(float mask, mask that grows x, div of bool, negative repeats, bad dim)");
     sg_release(x), sg_release(mf), sg_release(mb), sg_release(b);
 }
 

@@ -148,7 +148,8 @@ static int64_t sample_row(const row *r, const sg__node *n, double u) {
 
 sg_status sg__cpu_sample(sg_ctx *ctx, const sg__node *n) {
     const sg_tensor *x = n->in[0], *rng = n->in[1], *out = n->out;
-    int64_t V = x->ndim ? x->shape[x->ndim - 1] : 1, rows = V ? sg__numel(x->ndim, x->shape) / V : 0;
+    int64_t V = x->ndim ? x->shape[x->ndim - 1] : 1,
+            rows = V ? sg__numel(x->ndim, x->shape) / V : 0;
     const int64_t *rv = sg__data(rng);
     uint64_t seed = (uint64_t)rv[0], offset = (uint64_t)rv[rng->stride[0]];
     int64_t *o = sg__data(out);
