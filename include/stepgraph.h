@@ -403,6 +403,145 @@ SG_API sg_status sg_add_(sg_tensor *dst, sg_tensor *src);
  * one wins. */
 SG_API sg_status sg_index_copy_(sg_tensor *dst, int dim, sg_tensor *idx, sg_tensor *src);
 
+/* ---------------------------------------------------------------- composite ops */
+/*
+ * Ops torch users reach for, composed from the ops above (so they run on
+ * every backend, fuse, and differentiate like them).
+ *
+ * masked_fill: x where mask is false, value where it is true (torch's
+ * Tensor.masked_fill); mask is bool and broadcasts to x without growing it;
+ * value is converted to x's dtype as by sg_cast. div_scalar: x / s as a true
+ * division (not x * (1/s)), computed in f32 and rounded once to x's dtype;
+ * int x gives f32 (torch's true division); bool is an error. s = 0 gives
+ * inf/NaN as in IEEE. repeat_interleave: each entry of x along dim repeated
+ * `repeats` (>= 0) times in a row: [a, b] -> [a, a, b, b] (a 0-d x counts as
+ * 1-d); the result owns its storage.
+ */
+SG_API sg_tensor *sg_masked_fill(sg_tensor *x, sg_tensor *mask, double value);
+SG_API sg_tensor *sg_div_scalar(sg_tensor *x, double s);
+SG_API sg_tensor *sg_repeat_interleave(sg_tensor *x, int64_t repeats, int dim);
+
+/* ---------------------------------------------------------------- optimizers */
+/*
+ * Fused multi-tensor optimizers, as torch.optim's, updating params in place.
+ * The state (moment buffers, master copies, the learning rate and the step
+ * count) lives in tensors the optimizer makes at create time: call the
+ * create functions outside any step. sg_optim_step works eagerly and inside
+ * a compiled step, where the update records as ordinary ops that fusion
+ * merges into few kernels (one pointwise loop per param, the loops merged
+ * into one multi-tensor kernel, plus one small kernel for the step count and
+ * the bias corrections); a replay advances the state in place, and nothing
+ * that changes per step is baked into the capture.
+ *
+ * Updates are computed in f32; moment buffers are f32 whatever the param
+ * dtype. A bf16/f16 param is read, updated and written back rounded once;
+ * with master_weights an f32 copy of it is kept, updated and read instead,
+ * so updates below the param's precision are not lost.
+ *
+ * AdamW (torch.optim.AdamW): p *= 1 - lr*wd; m = b1 m + (1-b1) g;
+ * v = b2 v + (1-b2) g^2; p -= lr/(1 - b1^t) * m / (sqrt(v)/sqrt(1 - b2^t) + eps),
+ * with t the step count after it is advanced. Zero fields take torch's
+ * defaults: lr 1e-3, betas 0.9/0.999, eps 1e-8, weight_decay 1e-2 (so a
+ * weight_decay of exactly 0 is not expressible: pass 1e-30).
+ * SGD (torch.optim.SGD): d = g + wd p; with momentum buf = d on the first
+ * step, then momentum buf + (1 - dampening) d, and d = buf (nesterov:
+ * d + momentum buf); p -= lr d. lr must be > 0 (no default); nesterov needs
+ * momentum > 0 and dampening 0.
+ */
+typedef struct sg_optim sg_optim;
+typedef struct sg_adamw_opts {
+    double lr, beta1, beta2, eps, weight_decay;
+    bool master_weights;
+} sg_adamw_opts;
+typedef struct sg_sgd_opts {
+    double lr, momentum, dampening, weight_decay;
+    bool nesterov;
+} sg_sgd_opts;
+
+/* Make an optimizer over n float params of ctx (the array is copied; the
+ * params stay the caller's and must outlive it). o may be NULL (AdamW:
+ * defaults). */
+SG_API sg_status sg_adamw_create(sg_ctx *ctx, int n, sg_tensor *const *params,
+                                 const sg_adamw_opts *o, sg_optim **out);
+SG_API sg_status sg_sgd_create(sg_ctx *ctx, int n, sg_tensor *const *params, const sg_sgd_opts *o,
+                               sg_optim **out);
+/* One update of every param from grads (n tensors of the params' shapes, of
+ * the param's dtype or f32), in place; inside or outside a step. */
+SG_API sg_status sg_optim_step(sg_optim *opt, sg_tensor *const *grads);
+/* The learning rate, a 0-d f32 tensor owned by opt: sg_fill_ it (outside a
+ * step) to change lr; compiled steps read it on every replay, no recapture. */
+SG_API sg_tensor *sg_optim_lr(sg_optim *opt);
+/* The step count, a 0-d f32 tensor owned by opt, advanced by each step. */
+SG_API sg_tensor *sg_optim_step_count(sg_optim *opt);
+/* Free the optimizer and its state tensors (not the params), before its
+ * context is destroyed. NULL does nothing. */
+SG_API void sg_optim_destroy(sg_optim *opt);
+/*
+ * torch.nn.utils.clip_grad_norm_: scales the n float grads in place so that
+ * their global L2 norm is at most max_norm (coef = min(max_norm / (norm +
+ * 1e-6), 1), computed on the device: no host read, graph-safe). total_norm
+ * may be NULL; else it gets a new 0-d f32 tensor holding the norm before
+ * clipping (the caller's to release; inside a step, the step's).
+ */
+SG_API sg_status sg_clip_grad_norm_(int n, sg_tensor *const *grads, double max_norm,
+                                    sg_tensor **total_norm);
+
+/* ---------------------------------------------------------------- random numbers and sampling */
+/*
+ * A counter-based generator, Philox 4x32-10 (as curand and torch): its
+ * state is a device tensor, i64 [2] = (seed, offset). Each draw reads the
+ * state in its kernel and advances offset in place by the Philox blocks it
+ * used (4 uniforms or 2 normals per block), so a replayed compiled step
+ * draws fresh numbers every time. Numbers depend only on (seed, offset) and
+ * the element's row-major index: not on thread counts, and the CPU and CUDA
+ * give the same uniforms bit for bit for a seed (normals are computed in f64
+ * and rounded once to the dtype: the same up to the last bit of the
+ * backends' f64 log and cos). Uniforms take the top 24 (f32), 11 (f16) or 8
+ * (bf16) bits of a Philox word, so they are exact and below 1.
+ */
+
+/* A new generator state (seed, offset 0), owned by the caller. Make it
+ * outside any step (inside a capture it is an error) and pass it in. */
+SG_API sg_tensor *sg_rng_create(sg_ctx *ctx, uint64_t seed);
+/* A new contiguous tensor of dt (f32, f16 or bf16) and shape: U[0, 1) /
+ * N(0, 1) draws. rng must be a tensor from sg_rng_create; it advances. */
+SG_API sg_tensor *sg_rand(sg_tensor *rng, sg_dtype dt, int ndim, const int64_t *shape);
+SG_API sg_tensor *sg_randn(sg_tensor *rng, sg_dtype dt, int ndim, const int64_t *shape);
+/* Dropout as in training: x * (u >= p) / (1 - p) with u = sg_rand(rng, x's
+ * dtype and shape), p in [0, 1] (compared in x's dtype); p == 0 draws
+ * nothing; p == 1 gives zeros. Built from ordinary ops. */
+SG_API sg_tensor *sg_dropout(sg_tensor *x, double p, sg_tensor *rng);
+
+/*
+ * Sampling on the device. Rows are along the last dim of x (f32, f16 or
+ * bf16). The order of a row's entries is by value, largest first, NaN above
+ * everything, ties by index, lowest first (torch's topk order).
+ *
+ * sg_topk_indices: the indices (i64, x's shape with the last dim k, 0 <= k <=
+ * its size) of each row's k first entries in that order; their values are
+ * sg_gather(x, -1, idx). The kernels take O(k V) per row: meant for small k.
+ * sg_gather: torch.gather: out[c] = x[c with idx[c] at dim]; idx (i32/i64)
+ * has x's number of dims and sizes no larger than x's except at dim; out has
+ * idx's shape and x's dtype. An index out of range is SG_ERR_INDEX.
+ * sg_multinomial: one index per row (i64, x's shape without the last dim)
+ * drawn with probability proportional to the row's weights (torch's
+ * multinomial(probs, 1) with the last dim dropped); negative and NaN weights
+ * count 0, and a row of no weight gives its largest entry's index.
+ * sg_sample: one token per row from logits: temperature 0 is argmax (no
+ * draw); else softmax(logits / temperature) restricted to the top_k first
+ * entries (top_k 0: all) and then to the shortest prefix of the order whose
+ * probability reaches top_p (top_p 1: all; nucleus sampling), renormalized.
+ * Both draw one uniform per row from rng (53 bits; the offset advances by
+ * the number of rows), so they are deterministic for a seed, the same on the
+ * CPU and CUDA, and fresh on each replay; one thread walks each row
+ * (O(32 V) with top_k or top_p).
+ */
+SG_API sg_tensor *sg_topk_indices(sg_tensor *x, int64_t k);
+SG_API sg_tensor *sg_gather(sg_tensor *x, int dim, sg_tensor *idx);
+SG_API sg_tensor *sg_multinomial(sg_tensor *probs, sg_tensor *rng);
+SG_API sg_tensor *sg_sample(sg_tensor *logits, double temperature, int64_t top_k, double top_p,
+                            sg_tensor *rng);
+
 /* ---------------------------------------------------------------- compiled steps */
 /*
  * A step is a function over tensor ops. sg_compile wraps it in an sg_fn;

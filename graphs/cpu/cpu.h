@@ -115,4 +115,11 @@ SG__HIDDEN sg_status sg__cpu_row(sg_ctx *ctx, const sg__node *n);
 SG__HIDDEN sg_status sg__cpu_matmul(sg_ctx *ctx, const sg__node *n);
 SG__HIDDEN sg_status sg__cpu_data(sg_ctx *ctx, const sg__node *n);
 
+/* Random numbers (cpu_random.c): one Philox 4x32-10 block, and the RAND op. */
+SG__HIDDEN void sg__philox4x32_10(const uint32_t ctr[4], const uint32_t key[2], uint32_t out[4]);
+SG__HIDDEN sg_status sg__cpu_rand(sg_ctx *ctx, const sg__node *n);
+/* Sampling (cpu_sample.c): TOPK and SAMPLE. */
+SG__HIDDEN sg_status sg__cpu_topk(sg_ctx *ctx, const sg__node *n);
+SG__HIDDEN sg_status sg__cpu_sample(sg_ctx *ctx, const sg__node *n);
+
 #endif /* SG_CPU_H */

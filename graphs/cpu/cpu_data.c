@@ -288,6 +288,39 @@ static sg_status arange(sg_ctx *ctx, const sg__node *n) {
     return SG_OK;
 }
 
+/* out[c] = x[c with coordinate idx[c] at dim] (torch.gather); idx and out
+ * share a shape. */
+static sg_status gather(sg_ctx *ctx, const sg__node *n) {
+    const sg_tensor *x = n->in[0], *idx = n->in[1], *out = n->out;
+    int dim = (int)n->i[0], nd = out->ndim;
+    char what[64];
+    snprintf(what, sizeof what, "dim %d of x", dim);
+    int64_t *iv;
+    sg_status s = read_indices(ctx, "sg_gather", idx, x->shape[dim], what, &iv);
+    if (s != SG_OK) return s;
+    int64_t total = sg__numel(nd, out->shape), len = nd ? out->shape[nd - 1] : 1;
+    int64_t rows = len ? total / len : 0;
+    size_t es = sg_dtype_size(out->dtype);
+    int nth = sg__cpu_threads(ctx, total);
+#pragma omp parallel for num_threads(nth) if (nth > 1) schedule(static)
+    for (int64_t r = 0; r < rows; r++) {
+        int64_t coord[SG_MAX_DIMS] = {0}, xo = 0, oo = 0;
+        if (nd) row_coords(nd, out->shape, r, coord);
+        for (int k = 0; k + 1 < nd; k++) {
+            oo += coord[k] * out->stride[k];
+            if (k != dim) xo += coord[k] * x->stride[k];
+        }
+        for (int64_t c = 0; c < len; c++) {
+            int64_t xi = xo + iv[r * len + c] * (nd ? x->stride[dim] : 0);
+            if (nd && dim != nd - 1) xi += c * x->stride[nd - 1];
+            copy_row(bytes_at(out, oo + c * (nd ? out->stride[nd - 1] : 0)), 1, bytes_at(x, xi),
+                     1, 1, es);
+        }
+    }
+    free_indices(ctx, idx, iv);
+    return SG_OK;
+}
+
 sg_status sg__cpu_data(sg_ctx *ctx, const sg__node *n) {
     switch (n->op) {
     case SG__OP_EMBEDDING: return embedding(ctx, n);
@@ -295,6 +328,10 @@ sg_status sg__cpu_data(sg_ctx *ctx, const sg__node *n) {
     case SG__OP_INDEX_COPY: return index_copy(ctx, n);
     case SG__OP_CONCAT: return concat(ctx, n);
     case SG__OP_ARANGE: return arange(ctx, n);
+    case SG__OP_RAND: return sg__cpu_rand(ctx, n);
+    case SG__OP_TOPK: return sg__cpu_topk(ctx, n);
+    case SG__OP_GATHER: return gather(ctx, n);
+    case SG__OP_SAMPLE: return sg__cpu_sample(ctx, n);
     default: break;
     }
     return sg__fail(ctx, SG_ERR_INTERNAL, "cpu: %s is not a data-family op", sg__op_name(n->op));

@@ -311,6 +311,69 @@ static sg_status arange(sg_ctx *ctx, const sg__node *n) {
     return launch(ctx, "sg_data_arange", len, args);
 }
 
+/* out = draws from the Philox state in[0] (graphs/cpu/cpu_random.c has the mapping). */
+static sg_status rand_draw(sg_ctx *ctx, const sg__node *n) {
+    const sg_tensor *out = n->out, *rng = n->in[0];
+    void *p = sg__data(out);
+    const void *r = sg__data(rng);
+    int64_t len = sg__numel(out->ndim, out->shape), rs = rng->stride[0];
+    int dt = (int)out->dtype, dist = (int)n->i[0];
+    if (len == 0) return SG_OK;
+    void *args[6] = {&p, &len, &dt, &dist, &r, &rs};
+    return launch(ctx, "sg_data_rand", (len + 1) / 2, args);
+}
+
+/* torch.gather: out[c] = x[c with idx[c] at dim], the strided gather with
+ * idx of out's shape. */
+static sg_status gather_dim(sg_ctx *ctx, const sg__node *n) {
+    const sg_tensor *x = n->in[0], *idx = n->in[1], *out = n->out;
+    int dim = (int)n->i[0], nd = out->ndim;
+    char what[64];
+    snprintf(what, sizeof what, "dim %d of x", dim);
+    sg_status s = check_indices(ctx, "sg_gather", idx, x->shape[dim], what);
+    if (s != SG_OK) return s;
+    dt_args a;
+    memset(&a, 0, sizeof a);
+    a.dst = sg__data(out);
+    a.src = sg__data(x);
+    a.idx = sg__data(idx);
+    a.ndim = nd;
+    for (int d = 0; d < nd; d++) {
+        a.shape[d] = out->shape[d];
+        a.dstride[d] = out->stride[d];
+        a.sstride[d] = d == dim ? 0 : x->stride[d];
+        a.istride[d] = idx->stride[d];
+    }
+    a.sel_stride = x->stride[dim];
+    a.limit = x->shape[dim];
+    a.n = sg__numel(nd, out->shape);
+    a.es = (int)sg_dtype_size(out->dtype);
+    a.idx_is_i64 = idx->dtype == SG_I64;
+    return run_gather(ctx, &a);
+}
+
+/* TOPK and SAMPLE: one thread per row of the contiguous (rows, V) x. */
+static sg_status per_row(sg_ctx *ctx, const sg__node *n) {
+    const sg_tensor *x = n->in[0], *out = n->out;
+    void *o = sg__data(out);
+    const void *xp = sg__data(x);
+    int dt = (int)x->dtype;
+    int64_t V = x->shape[x->ndim - 1], rows = V ? sg__numel(x->ndim, x->shape) / V : 0;
+    if (rows == 0) return SG_OK;
+    if (n->op == SG__OP_TOPK) {
+        int64_t k = n->i[0];
+        void *args[6] = {&o, &xp, &dt, &rows, &V, &k};
+        return launch(ctx, "sg_data_topk", rows, args);
+    }
+    const sg_tensor *rng = n->in[1];
+    const void *r = sg__data(rng);
+    int64_t rs = rng->stride[0], top_k = n->i[0];
+    int kind = (int)n->i[1];
+    double temp = n->f[0], top_p = n->f[1];
+    void *args[11] = {&o, &xp, &dt, &rows, &V, &r, &rs, &kind, &top_k, &temp, &top_p};
+    return launch(ctx, "sg_data_sample", rows, args);
+}
+
 sg_status sg__cuda_data(sg_ctx *ctx, const sg__node *n) {
     switch (n->op) {
     case SG__OP_EMBEDDING: return embedding(ctx, n);
@@ -318,6 +381,10 @@ sg_status sg__cuda_data(sg_ctx *ctx, const sg__node *n) {
     case SG__OP_INDEX_COPY: return index_copy(ctx, n);
     case SG__OP_CONCAT: return concat(ctx, n);
     case SG__OP_ARANGE: return arange(ctx, n);
+    case SG__OP_RAND: return rand_draw(ctx, n);
+    case SG__OP_GATHER: return gather_dim(ctx, n);
+    case SG__OP_TOPK:
+    case SG__OP_SAMPLE: return per_row(ctx, n);
     default: break;
     }
     return sg__fail(ctx, SG_ERR_INTERNAL, "cuda: %s is not a data-family op", sg__op_name(n->op));

@@ -216,3 +216,220 @@ extern "C" __global__ void sg_data_arange(void *p, i64 n, i64 stride, int dt, do
         }
     }
 }
+
+/* ------------------------------------------------------------ rand */
+
+/* Philox 4x32-10 (Random123's philox4x32_R(10, ...)) and the element mapping
+ * of graphs/cpu/cpu_random.c, word for word, so that a seed gives the same
+ * bits on both backends. */
+__device__ __forceinline__ void philox(u32 c[4], u32 k0, u32 k1) {
+    for (int r = 0; r < 10; r++) {
+        if (r > 0) k0 += 0x9E3779B9u, k1 += 0xBB67AE85u;
+        u32 hi0 = __umulhi(0xD2511F53u, c[0]), lo0 = 0xD2511F53u * c[0];
+        u32 hi1 = __umulhi(0xCD9E8D57u, c[2]), lo1 = 0xCD9E8D57u * c[2];
+        u32 n0 = hi1 ^ c[1] ^ k0, n2 = hi0 ^ c[3] ^ k1;
+        c[0] = n0, c[1] = lo1, c[2] = n2, c[3] = lo0;
+    }
+}
+
+/* v rounded to float to odd (graphs/cpu capture.h's sg__round_odd): a
+ * second rounding to f16/bf16 then equals one rounding of v. */
+__device__ __forceinline__ float round_odd(double v) {
+    float f = __double2float_rz(v);
+    if ((double)f != v && !(__float_as_uint(f) & 1u)) f = __uint_as_float(__float_as_uint(f) + 1u);
+    return f;
+}
+
+/* out[e] for e < n from the state rng = (seed, offset) (rng[rs] is the
+ * offset); dist 0 uniform, 1 normal. One thread per Philox block. */
+extern "C" __global__ void sg_data_rand(void *out, i64 n, int dt, int dist, const i64 *rng,
+                                        i64 rs) {
+    u64 seed = (u64)rng[0], offset = (u64)rng[rs];
+    u32 k0 = (u32)seed, k1 = (u32)(seed >> 32);
+    int per = dist == 1 ? 2 : 4, bits = dt == DT_F32 ? 24 : dt == DT_F16 ? 11 : 8;
+    i64 nblocks = (n + per - 1) / per, step = (i64)blockDim.x * gridDim.x;
+    for (i64 bi = (i64)blockIdx.x * blockDim.x + threadIdx.x; bi < nblocks; bi += step) {
+        u64 b = offset + (u64)bi;
+        u32 w[4] = {(u32)b, (u32)(b >> 32), 0u, 0u};
+        philox(w, k0, k1);
+        for (int k = 0; k < per && bi * per + k < n; k++) {
+            i64 e = bi * per + k;
+            float v;
+            if (dist == 1) {
+                double u1 = ((double)w[2 * k] + 1.0) * 2.3283064365386963e-10;
+                double u2 = (double)w[2 * k + 1] * 2.3283064365386963e-10;
+                double z = sqrt(-2.0 * log(u1)) * cos(6.283185307179586 * u2);
+                v = dt == DT_F32 ? (float)z : round_odd(z);
+            } else {
+                v = (float)(w[k] >> (32 - bits)) * __uint_as_float((u32)(127 - bits) << 23);
+            }
+            switch (dt) {
+            case DT_F32: ((float *)out)[e] = v; break;
+            case DT_F16: ((u16 *)out)[e] = (u16)f2h(v); break;
+            default: ((u16 *)out)[e] = (u16)f2bf(v); break;
+            }
+        }
+    }
+}
+
+/* ------------------------------------------------------------ topk and sample */
+
+/* graphs/cpu/cpu_sample.c step for step (see there for the definitions):
+ * one thread per row, no scratch memory. Rows are contiguous (rows, V). */
+/* f16 bits to float, exactly (capture.h's sg__h2f). */
+__device__ __forceinline__ float h2f(u32 h) {
+    u32 sign = (h & 0x8000u) << 16, e = (h >> 10) & 31u, m = h & 1023u;
+    if (e == 0) { /* zero or subnormal: m * 2^-24, exact */
+        float v = (float)m * __uint_as_float(0x33800000u);
+        return sign ? -v : v;
+    }
+    if (e == 31) return __uint_as_float(sign | 0x7f800000u | (m << 13));
+    return __uint_as_float(sign | ((e + 112) << 23) | (m << 13));
+}
+
+__device__ __forceinline__ float ld_float(const void *p, int dt, i64 i) {
+    switch (dt) {
+    case DT_F32: return ((const float *)p)[i];
+    case DT_F16: return h2f(((const u16 *)p)[i]);
+    default: return __uint_as_float((u32)((const u16 *)p)[i] << 16);
+    }
+}
+
+__device__ __forceinline__ u32 order_key(float v) {
+    if (v != v) return 0xffffffffu;
+    if (v == 0.0f) v = 0.0f;
+    u32 u = __float_as_uint(v);
+    return (u & 0x80000000u) ? ~u : (u | 0x80000000u);
+}
+
+struct srow {
+    const void *p;
+    int dt;
+    i64 base, V;
+};
+
+struct sbound {
+    u32 key;
+    i64 idx;
+};
+
+__device__ __forceinline__ float row_at(const srow &r, i64 j) { return ld_float(r.p, r.dt, r.base + j); }
+
+__device__ __forceinline__ bool kept(sbound b, u32 key, i64 j) {
+    return key > b.key || (key == b.key && j <= b.idx);
+}
+
+__device__ sbound topk_bound(const srow &r, i64 k) {
+    u32 t = 0;
+    for (int bit = 31; bit >= 0; bit--) {
+        u32 cand = t | (1u << bit);
+        i64 cnt = 0;
+        for (i64 j = 0; j < r.V; j++) cnt += order_key(row_at(r, j)) >= cand;
+        if (cnt >= k) t = cand;
+    }
+    i64 gt = 0, need, j;
+    for (j = 0; j < r.V; j++) gt += order_key(row_at(r, j)) > t;
+    need = k - gt;
+    for (j = 0; j < r.V && need > 0; j++)
+        if (order_key(row_at(r, j)) == t && --need == 0) break;
+    sbound b = {t, j};
+    return b;
+}
+
+struct wparams {
+    int kind;
+    double temp, max;
+};
+
+__device__ __forceinline__ double weight(const wparams &w, float x) {
+    if (w.kind == 0) return x > 0 ? (double)x : 0.0;
+    return exp(((double)x - w.max) / w.temp);
+}
+
+__device__ double mass_from(const srow &r, const wparams &w, sbound kb, u32 lo, bool strict) {
+    double m = 0;
+    for (i64 j = 0; j < r.V; j++) {
+        float x = row_at(r, j);
+        u32 key = order_key(x);
+        if (kept(kb, key, j) && (strict ? key > lo : key >= lo)) m += weight(w, x);
+    }
+    return m;
+}
+
+__device__ sbound topp_bound(const srow &r, const wparams &w, sbound kb, double target) {
+    u32 t = 0;
+    for (int bit = 31; bit >= 0; bit--) {
+        u32 cand = t | (1u << bit);
+        if (mass_from(r, w, kb, cand, false) >= target) t = cand;
+    }
+    double acc = mass_from(r, w, kb, t, true);
+    i64 j, last = -1;
+    for (j = 0; j < r.V; j++) {
+        float x = row_at(r, j);
+        if (order_key(x) != t || !kept(kb, t, j)) continue;
+        last = j;
+        acc += weight(w, x);
+        if (acc >= target) break;
+    }
+    sbound b = {t, j < r.V ? j : last};
+    return b;
+}
+
+/* out[i] = the index drawn for row i of x (rows, V); rng = (seed, offset). */
+extern "C" __global__ void sg_data_sample(i64 *out, const void *x, int dt, i64 rows, i64 V,
+                                          const i64 *rng, i64 rs, int kind, i64 top_k,
+                                          double temp, double top_p) {
+    u64 seed = (u64)rng[0], offset = (u64)rng[rs];
+    i64 step = (i64)blockDim.x * gridDim.x;
+    for (i64 i = (i64)blockIdx.x * blockDim.x + threadIdx.x; i < rows; i += step) {
+        srow r = {x, dt, i * V, V};
+        u64 b = offset + (u64)i;
+        u32 w4[4] = {(u32)b, (u32)(b >> 32), 0u, 0u};
+        philox(w4, (u32)seed, (u32)(seed >> 32));
+        double u = ((double)(w4[0] >> 5) * 67108864.0 + (double)(w4[1] >> 6)) *
+                   1.1102230246251565e-16;
+        i64 first_max = 0;
+        u32 best = 0;
+        for (i64 j = 0; j < V; j++) {
+            u32 key = order_key(row_at(r, j));
+            if (key > best || j == 0) best = key, first_max = j;
+        }
+        wparams w = {kind, temp, (double)row_at(r, first_max)};
+        sbound kb = {0u, V};
+        if (kind == 1 && top_k > 0 && top_k < V) kb = topk_bound(r, top_k);
+        if (kind == 1 && top_p < 1) kb = topp_bound(r, w, kb, top_p * mass_from(r, w, kb, 0u, false));
+        double total = mass_from(r, w, kb, 0u, false), target = u * total, cum = 0;
+        i64 pick = -1;
+        for (i64 j = 0; j < V && total > 0; j++) {
+            float xv = row_at(r, j);
+            if (!kept(kb, order_key(xv), j)) continue;
+            double wj = weight(w, xv);
+            if (wj > 0) pick = j;
+            cum += wj;
+            if (cum > target && wj > 0) break;
+        }
+        out[i] = pick >= 0 ? pick : first_max;
+    }
+}
+
+/* out row i: the k first entries of row i of x (rows, V) in the order. */
+extern "C" __global__ void sg_data_topk(i64 *out, const void *x, int dt, i64 rows, i64 V, i64 k) {
+    i64 step = (i64)blockDim.x * gridDim.x;
+    for (i64 i = (i64)blockIdx.x * blockDim.x + threadIdx.x; i < rows; i += step) {
+        srow r = {x, dt, i * V, V};
+        sbound prev = {0xffffffffu, -1};
+        bool first = true;
+        for (i64 s = 0; s < k; s++) {
+            i64 best = -1;
+            u32 bk = 0;
+            for (i64 j = 0; j < V; j++) {
+                u32 key = order_key(row_at(r, j));
+                bool after = first || key < prev.key || (key == prev.key && j > prev.idx);
+                if (after && (best < 0 || key > bk)) best = j, bk = key;
+            }
+            out[i * k + s] = best;
+            prev.key = bk, prev.idx = best;
+            first = false;
+        }
+    }
+}
