@@ -114,5 +114,6 @@ SG__HIDDEN sg_status sg__cpu_reduce(sg_ctx *ctx, const sg__node *n);
 SG__HIDDEN sg_status sg__cpu_row(sg_ctx *ctx, const sg__node *n);
 SG__HIDDEN sg_status sg__cpu_matmul(sg_ctx *ctx, const sg__node *n);
 SG__HIDDEN sg_status sg__cpu_data(sg_ctx *ctx, const sg__node *n);
+SG__HIDDEN sg_status sg__cpu_attn(sg_ctx *ctx, const sg__node *n);
 
 #endif /* SG_CPU_H */
