@@ -58,7 +58,9 @@ static void describe(ageom *g, const sg__node *n) {
     g->ldt = len ? (int32_t)len->dtype : -1;
     g->flags = (n->i[0] & SG__ATTN_CAUSAL) ? CAUSAL : 0;
     if (rows_vector(k, g->D) && rows_vector(v, g->D)) g->flags |= VEC;
-    g->rows = g->D <= 128 ? MAXR : MAXR / 2;
+    /* Rows per block: no more than the queries sharing a K/V head (one, for MHA decode). */
+    int64_t rows = g->D <= 128 ? MAXR : MAXR / 2, shared = (g->Hkv > 0 ? g->Hq / g->Hkv : 1) * g->Lq;
+    g->rows = (int32_t)(shared < rows ? (shared > 0 ? shared : 1) : rows);
     g->kt = g->D <= 64 ? 64 : g->D <= 128 ? 32 : 16;
 }
 
