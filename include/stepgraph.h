@@ -413,7 +413,10 @@ SG_API sg_status sg_index_copy_(sg_tensor *dst, int dim, sg_tensor *idx, sg_tens
  * memory) when q, k, v have at most 4 dims and Dv = D <= 256; other shapes
  * run as matmul, mask, softmax, matmul. q, k and v may be strided views (say
  * narrowed out of one fused QKV projection with heads permuted): the kernels
- * read them through their strides without a copy.
+ * read them through their strides without a copy. On CUDA, few queries
+ * (decode) split the keys over blocks and merge the splits; many queries
+ * in bf16/f16 with D a multiple of 16 up to 128 and no mask (prefill) run
+ * on tensor cores (SG_ATTN_MMA=0 keeps them on the f32 FMA kernel).
  *
  * Attention of q (B, Hq, Lq, D) over the first kv_len[b] positions of
  * k_cache / v_cache (B, Hkv, S, D), S slots, Hq a multiple of Hkv (query

@@ -6,13 +6,16 @@
  * keys into splits when the (batch, K/V head, row group) blocks alone would
  * leave SMs idle -- decode -- so that about two blocks per SM read K/V in
  * parallel; the splits are then merged by a second kernel through op
- * scratch. The split count depends only on shapes, never on kv_len, which
+ * scratch. Prefill in 16-bit (D a multiple of 16, at most 128, no mask)
+ * goes to the tensor-core kernel instead (SG_ATTN_MMA=0: not). The split count depends only on shapes, never on kv_len, which
  * stays on the device: a recorded graph replays with whatever length the
  * step wrote there.
  */
 #include "exec.h"
 
 #ifdef SG_HAVE_CUDA_HEADERS
+
+#include <stdlib.h>
 
 #define NT 128
 #define MAXR 16
@@ -78,6 +81,27 @@ static void plan_splits(ageom *g, int64_t blocks, int sms) {
     g->nsplit = (int32_t)(g->S > 0 ? (g->S + g->chunk - 1) / g->chunk : 1);
 }
 
+/* Prefill on tensor cores (sg_attn_mma): 16-bit, D a multiple of 16 up to 128, no mask,
+ * enough queries for 64-row tiles, sm_80+; SG_ATTN_MMA=0 keeps the FFMA kernel. */
+static bool use_mma(sg_ctx *ctx, const ageom *g) {
+    const char *e = getenv("SG_ATTN_MMA");
+    if (e && strcmp(e, "0") == 0) return false;
+    return (g->dt == SG_BF16 || g->dt == SG_F16) && g->mdt < 0 && g->D % 16 == 0 &&
+           g->D <= 128 && g->Lq >= 32 && g->B * g->Hq <= 65535 && sg__cuda_arch(ctx) >= 80;
+}
+
+static sg_status launch_mma(sg_ctx *ctx, const sg__node *n, ageom *g) {
+    void *f;
+    sg_status st = sg__cuda_kernel(ctx, SG__CU_ATTN, "sg_attn_mma", &f);
+    if (st != SG_OK) return st;
+    void *q = sg__data(n->in[0]), *k = sg__data(n->in[1]), *v = sg__data(n->in[2]);
+    void *len = n->nin > 4 && n->in[4] ? sg__data(n->in[4]) : NULL, *out = sg__data(n->out);
+    void *args[] = {&q, &k, &v, &len, &out, g};
+    unsigned grid[3] = {(unsigned)((g->Lq + 63) / 64), (unsigned)(g->B * g->Hq), 1};
+    unsigned block[3] = {NT, 1, 1};
+    return sg__cuda_launch(ctx, f, grid, block, 0, args);
+}
+
 sg_status sg__cuda_attn(sg_ctx *ctx, const sg__node *n) {
     ageom g;
     describe(&g, n);
@@ -87,6 +111,7 @@ sg_status sg__cuda_attn(sg_ctx *ctx, const sg__node *n) {
                         (long long)g.Hq, (long long)g.Hkv);
     int64_t rows = g.B * g.Hq * g.Lq;
     if (rows == 0 || g.D == 0) return SG_OK;
+    if (use_mma(ctx, &g)) return launch_mma(ctx, n, &g);
     int64_t zr = ((g.Hq / g.Hkv) * g.Lq + g.rows - 1) / g.rows, bx = g.B * g.Hkv;
     plan_splits(&g, bx * zr, sg__cuda_sm_count(ctx));
     if (zr > 65535 || bx > INT32_MAX || rows > INT32_MAX)

@@ -277,3 +277,161 @@ extern "C" __global__ void sg_attn_combine(const float *part, void *out, ageom g
         stf(out, g.dt, row * g.D + e, l > 0.0f ? a / l : nan_f());
     }
 }
+
+/* ------------------------------------------------------------ tensor cores */
+
+/*
+ * sg_attn_mma: prefill on tensor cores (bf16 / f16, D a multiple of 16, at
+ * most 128, no mask). Block (query tile, b * Hq + h) of 4 warps takes 64
+ * queries, a warp 16 of them; keys go in tiles of 64. Q's fragments stay in
+ * registers; K (row-major, keys x D) and V (transposed, D x keys) sit in
+ * shared memory as 16-bit with 8 halves of padding per row, so that the
+ * fragment loads hit 32 banks. S = Q K^T and O += P V are mma.sync
+ * m16n8k16 with f32 accumulators; the scores' accumulator layout is P's
+ * operand layout, so P never leaves registers. Online softmax per row in
+ * f32 as in sg_attn_split; each thread keeps its share of the row sum and
+ * the quad adds them at the end.
+ */
+#define MQ 64    /* queries per block */
+#define MK 64    /* keys per tile */
+#define MAXD 128 /* head dim, at most */
+
+__device__ __forceinline__ u32 pack2(float lo, float hi, int dt) {
+    u16 a = dt == DT_F16 ? f2h(lo) : f2bf(lo), b = dt == DT_F16 ? f2h(hi) : f2bf(hi);
+    return (u32)a | ((u32)b << 16);
+}
+
+__device__ __forceinline__ void mma16816(float *c, const u32 *a, u32 b0, u32 b1, int dt) {
+    if (dt == DT_F16)
+        asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, "
+                     "{%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
+                     : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+                     : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+    else
+        asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, "
+                     "{%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
+                     : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+                     : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+/* 16-bit element of a strided operand, 0 outside [0, rows). */
+__device__ __forceinline__ u16 ld16(const void *p, i64 at, bool in) {
+    return in ? ((const u16 *)p)[at] : (u16)0;
+}
+
+extern "C" __global__ void __launch_bounds__(NT)
+    sg_attn_mma(const void *q, const void *k, const void *v, const void *len, void *out, ageom g) {
+    __shared__ __align__(16) u16 ks[MK * (MAXD + 8)];
+    __shared__ __align__(16) u16 vt[MAXD * (MK + 8)];
+    const int D = (int)g.D, KP = D + 8, VP = MK + 8, nk = D / 16, tid = threadIdx.x;
+    const int warp = tid / 32, lane = tid & 31, gr = lane >> 2, tq = lane & 3;
+    const i64 b = blockIdx.y / g.Hq, h = blockIdx.y % g.Hq, hk = h / (g.Hq / g.Hkv);
+    const i64 q0 = (i64)blockIdx.x * MQ;
+    const i64 L = valid_len(len, g, b);
+    const i64 qb = b * g.qs[0] + h * g.qs[1], kb = b * g.ks[0] + hk * g.ks[1];
+    const i64 vb = b * g.vs[0] + hk * g.vs[1];
+    /* Q's tile through shared memory (ks's space) into A fragments. */
+    for (int x = tid; x < MQ * D; x += NT) {
+        int r = x / D, e = x % D;
+        ks[r * KP + e] = ld16(q, qb + (q0 + r) * g.qs[2] + e * g.qs[3], q0 + r < g.Lq);
+    }
+    __syncthreads();
+    u32 qa[MAXD / 16][4];
+    const int r0 = warp * 16 + gr;
+#pragma unroll
+    for (int s = 0; s < MAXD / 16; s++)
+        if (s < nk) {
+            const u16 *base = ks + s * 16 + 2 * tq;
+            qa[s][0] = *(const u32 *)(base + r0 * KP);
+            qa[s][1] = *(const u32 *)(base + (r0 + 8) * KP);
+            qa[s][2] = *(const u32 *)(base + r0 * KP + 8);
+            qa[s][3] = *(const u32 *)(base + (r0 + 8) * KP + 8);
+        }
+    __syncthreads();
+    const i64 ia = q0 + r0, ib = ia + 8; /* this thread's two rows */
+    const i64 na = ia < g.Lq ? visible(g, L, ia) : 0, nb = ib < g.Lq ? visible(g, L, ib) : 0;
+    i64 last = q0 + MQ - 1 < g.Lq - 1 ? q0 + MQ - 1 : g.Lq - 1;
+    const i64 nmax = visible(g, L, last) > L ? L : visible(g, L, last);
+    float o[MAXD / 8][4], ma = -inf_f(), mb = -inf_f(), la = 0.0f, lb = 0.0f;
+#pragma unroll
+    for (int d = 0; d < MAXD / 8; d++) o[d][0] = o[d][1] = o[d][2] = o[d][3] = 0.0f;
+    for (i64 j0 = 0; j0 < nmax; j0 += MK) {
+        for (int x = tid; x < MK * D; x += NT) {
+            int j = x / D, e = x % D;
+            bool in = j0 + j < nmax;
+            ks[j * KP + e] = ld16(k, kb + (j0 + j) * g.ks[2] + e * g.ks[3], in);
+            vt[e * VP + j] = ld16(v, vb + (j0 + j) * g.vs[2] + e * g.vs[3], in);
+        }
+        __syncthreads();
+        float s[MK / 8][4];
+#pragma unroll
+        for (int n = 0; n < MK / 8; n++) {
+            s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.0f;
+#pragma unroll
+            for (int t = 0; t < MAXD / 16; t++)
+                if (t < nk) {
+                    const u16 *kr = ks + (n * 8 + gr) * KP + t * 16 + 2 * tq;
+                    mma16816(s[n], qa[t], *(const u32 *)kr, *(const u32 *)(kr + 8), g.dt);
+                }
+        }
+        float tma = -inf_f(), tmb = -inf_f();
+#pragma unroll
+        for (int n = 0; n < MK / 8; n++)
+#pragma unroll
+            for (int c = 0; c < 4; c++) {
+                i64 j = j0 + n * 8 + 2 * tq + (c & 1);
+                bool rowb = c >= 2;
+                float x = j < (rowb ? nb : na) ? s[n][c] * g.scale : -inf_f();
+                s[n][c] = x;
+                if (rowb) tmb = fmaxf(tmb, x);
+                else tma = fmaxf(tma, x);
+            }
+        for (int off = 1; off < 4; off <<= 1) {
+            tma = fmaxf(tma, __shfl_xor_sync(0xffffffffu, tma, off));
+            tmb = fmaxf(tmb, __shfl_xor_sync(0xffffffffu, tmb, off));
+        }
+        float mna = fmaxf(ma, tma), mnb = fmaxf(mb, tmb);
+        float aa = mna == -inf_f() ? 1.0f : expf(ma - mna), ab = mnb == -inf_f() ? 1.0f : expf(mb - mnb);
+        ma = mna, mb = mnb, la *= aa, lb *= ab;
+#pragma unroll
+        for (int d = 0; d < MAXD / 8; d++) o[d][0] *= aa, o[d][1] *= aa, o[d][2] *= ab, o[d][3] *= ab;
+        u32 pa[MK / 16][4];
+#pragma unroll
+        for (int n = 0; n < MK / 8; n++) {
+            float p0 = mna == -inf_f() ? 0.0f : expf(s[n][0] - mna);
+            float p1 = mna == -inf_f() ? 0.0f : expf(s[n][1] - mna);
+            float p2 = mnb == -inf_f() ? 0.0f : expf(s[n][2] - mnb);
+            float p3 = mnb == -inf_f() ? 0.0f : expf(s[n][3] - mnb);
+            la += p0 + p1, lb += p2 + p3;
+            pa[n / 2][(n & 1) * 2] = pack2(p0, p1, g.dt);
+            pa[n / 2][(n & 1) * 2 + 1] = pack2(p2, p3, g.dt);
+        }
+#pragma unroll
+        for (int d = 0; d < MAXD / 8; d++)
+            if (d < D / 8)
+#pragma unroll
+                for (int t = 0; t < MK / 16; t++) {
+                    const u16 *vr = vt + (d * 8 + gr) * VP + t * 16 + 2 * tq;
+                    mma16816(o[d], pa[t], *(const u32 *)vr, *(const u32 *)(vr + 8), g.dt);
+                }
+        __syncthreads();
+    }
+    for (int off = 1; off < 4; off <<= 1) {
+        la += __shfl_xor_sync(0xffffffffu, la, off);
+        lb += __shfl_xor_sync(0xffffffffu, lb, off);
+    }
+    const i64 oa = ((b * g.Hq + h) * g.Lq + ia) * D, ob = oa + 8 * (i64)D;
+#pragma unroll
+    for (int d = 0; d < MAXD / 8; d++)
+        if (d < D / 8) {
+            int e = d * 8 + 2 * tq;
+            if (ia < g.Lq) {
+                stf(out, g.dt, oa + e, la > 0.0f ? o[d][0] / la : nan_f());
+                stf(out, g.dt, oa + e + 1, la > 0.0f ? o[d][1] / la : nan_f());
+            }
+            if (ib < g.Lq) {
+                stf(out, g.dt, ob + e, lb > 0.0f ? o[d][2] / lb : nan_f());
+                stf(out, g.dt, ob + e + 1, lb > 0.0f ? o[d][3] / lb : nan_f());
+            }
+        }
+}
