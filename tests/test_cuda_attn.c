@@ -72,9 +72,11 @@ static void decode_case(sg_dtype dt, int64_t B, int64_t Hq, int64_t Hkv, int64_t
     pair len = len_pair(B, lens);
     sg_tensor *yg = sg_sdpa_cached(q.g, k.g, v.g, len.g, 0);
     sg_tensor *yc = sg_sdpa_cached(q.c, k.c, v.c, len.c, 0);
-    tu_case(same(yg, yc, dt), "DECODE(type=%s,B=%lld,Hq=%lld,Hkv=%lld,Lq=%lld,S=%lld,D=%lld,"
-            "kv_len[0]=%lld)", sg_dtype_name(dt), (long long)B, (long long)Hq, (long long)Hkv,
-            (long long)Lq, (long long)S, (long long)D, (long long)lens[0]);
+    tu_case(same(yg, yc, dt),
+            "DECODE(type=%s,B=%lld,Hq=%lld,Hkv=%lld,Lq=%lld,S=%lld,D=%lld,"
+            "kv_len[0]=%lld)",
+            sg_dtype_name(dt), (long long)B, (long long)Hq, (long long)Hkv, (long long)Lq,
+            (long long)S, (long long)D, (long long)lens[0]);
     sg_release(yg), sg_release(yc);
     release(q), release(k), release(v), release(len);
     sg_clear_error(gpu);
@@ -130,8 +132,8 @@ static void timings(void) {
         double t = time_call(q.g, k.g, v.g, len);
         double bytes = 2.0 * 12 * (double)lens[i] * 64 * 2 + 2.0 * 12 * 64 * 2;
         printf("time DECODE(bf16,B=1,H=12,D=64,S=1024,kv_len=%4lld): %7.2f us/call, %6.1f GB/s, "
-               "HBM floor %.2f us\n", (long long)lens[i], t * 1e6, bytes / t * 1e-9,
-               bytes / 3.35e12 * 1e6);
+               "HBM floor %.2f us\n",
+               (long long)lens[i], t * 1e6, bytes / t * 1e-9, bytes / 3.35e12 * 1e6);
         sg_release(len);
     }
     release(q), release(k), release(v);
@@ -142,8 +144,9 @@ static void timings(void) {
         double t = time_call(a.g, b.g, c.g, NULL);
         double flop = 4.0 * 4 * 12 * 512 * 512 * 64 / 2; /* causal: half of QK^T and PV */
         printf("time PREFILL(%s,B=4,H=12,L=512,D=64,causal): %8.2f us/call, %6.2f TFLOP/s; "
-               "floor %.2f us at %s\n", sg_dtype_name(dt), t * 1e6, flop / t * 1e-12,
-               flop / (d ? 67e12 : 989e12) * 1e6, d ? "67 TFLOP/s FFMA" : "989 TFLOP/s bf16 MMA");
+               "floor %.2f us at %s\n",
+               sg_dtype_name(dt), t * 1e6, flop / t * 1e-12, flop / (d ? 67e12 : 989e12) * 1e6,
+               d ? "67 TFLOP/s FFMA" : "989 TFLOP/s bf16 MMA");
         release(a), release(b), release(c);
     }
 }

@@ -20,11 +20,11 @@ static sg_ctx *ctx;
 
 typedef struct acase {
     int64_t B, Hq, Hkv, Lq, S, D;
-    int64_t len[3];  /* kv_len per batch (cached); len[1] < 0: one scalar length */
-    bool cached;     /* sg_sdpa_cached (causal by definition), else sg_sdpa */
-    bool causal;     /* sg_sdpa's flag */
-    int mask;        /* sg_sdpa: 0 none, 1 bool (B,1,Lq,S), 2 float (Lq,S) */
-    bool fused;      /* q, k, v narrowed out of one (B, L, Hq+2Hkv, D) projection */
+    int64_t len[3]; /* kv_len per batch (cached); len[1] < 0: one scalar length */
+    bool cached;    /* sg_sdpa_cached (causal by definition), else sg_sdpa */
+    bool causal;    /* sg_sdpa's flag */
+    int mask;       /* sg_sdpa: 0 none, 1 bool (B,1,Lq,S), 2 float (Lq,S) */
+    bool fused;     /* q, k, v narrowed out of one (B, L, Hq+2Hkv, D) projection */
     double scale;
 } acase;
 
@@ -53,8 +53,8 @@ static operand narrowed(sg_tensor *proj, double *vals, int64_t h0, int64_t H) {
     int64_t Ha = sg_tensor_size(proj, 2), D = sg_tensor_size(proj, 3);
     sg_tensor *n = sg_narrow(proj, 2, h0, H);
     static const int perm[4] = {0, 2, 1, 3};
-    operand o = {.t = sg_permute(n, perm), .base = vals, .off = h0 * D,
-                 .st = {L * Ha * D, D, Ha * D, 1}};
+    operand o = {
+        .t = sg_permute(n, perm), .base = vals, .off = h0 * D, .st = {L * Ha * D, D, Ha * D, 1}};
     sg_release(n);
     (void)B;
     return o;
@@ -81,7 +81,8 @@ static double *reference(const acase *c, const operand *q, const operand *k, con
                     double s = -INFINITY;
                     if (j < L && (!causal || j <= L - Lq + i)) {
                         s = 0;
-                        for (int64_t e = 0; e < D; e++) s += at(q, b, h, i, e) * at(k, b, h / g, j, e);
+                        for (int64_t e = 0; e < D; e++)
+                            s += at(q, b, h, i, e) * at(k, b, h / g, j, e);
                         s *= scale;
                         if (c->mask == 1 && mv[(b * Lq + i) * S + j] == 0) s = -INFINITY;
                         if (c->mask == 2) s += mv[i * S + j];
@@ -139,12 +140,13 @@ static void write_len(sg_tensor *len, const int64_t *vals, int n) {
 }
 
 static const char *case_name(const acase *c, sg_dtype dt, char *buf, size_t size) {
-    snprintf(buf, size, "%s(type=%s,B=%lld,Hq=%lld,Hkv=%lld,Lq=%lld,S=%lld,D=%lld,len=%lld/%lld,"
-             "causal=%d,mask=%d,layout=%s,scale=%g)", c->cached ? "SDPA_CACHED" : "SDPA_FUSED",
-             sg_dtype_name(dt), (long long)c->B, (long long)c->Hq, (long long)c->Hkv,
-             (long long)c->Lq, (long long)c->S, (long long)c->D, (long long)c->len[0],
-             (long long)c->len[1], c->causal, c->mask, c->fused ? "fused_qkv" : "contig",
-             c->scale);
+    snprintf(buf, size,
+             "%s(type=%s,B=%lld,Hq=%lld,Hkv=%lld,Lq=%lld,S=%lld,D=%lld,len=%lld/%lld,"
+             "causal=%d,mask=%d,layout=%s,scale=%g)",
+             c->cached ? "SDPA_CACHED" : "SDPA_FUSED", sg_dtype_name(dt), (long long)c->B,
+             (long long)c->Hq, (long long)c->Hkv, (long long)c->Lq, (long long)c->S,
+             (long long)c->D, (long long)c->len[0], (long long)c->len[1], c->causal, c->mask,
+             c->fused ? "fused_qkv" : "contig", c->scale);
     return buf;
 }
 
@@ -183,13 +185,16 @@ static void run_case(const acase *c, sg_dtype dt, sg_mode mode) {
     double *ref = reference(c, &q, &k, &v, mv);
     sg_fn *fn = NULL;
     sg_tensor *in[4] = {q.t, k.t, v.t, len}, *y = NULL;
-    bool ok = TU_EXPECT(sg_compile(ctx, attn_step, &u, c->cached ? 4 : 3, 1,
-                                   &(sg_compile_opts){.mode = mode, .fullgraph = true}, &fn) == SG_OK);
-    ok = ok && TU_EXPECT(sg_call(fn, in, c->cached ? 4 : 3, &y, 1) == SG_OK) && check(y, c, ref, dt);
+    bool ok =
+        TU_EXPECT(sg_compile(ctx, attn_step, &u, c->cached ? 4 : 3, 1,
+                             &(sg_compile_opts){.mode = mode, .fullgraph = true}, &fn) == SG_OK);
+    ok =
+        ok && TU_EXPECT(sg_call(fn, in, c->cached ? 4 : 3, &y, 1) == SG_OK) && check(y, c, ref, dt);
     if (ok && c->cached && mode != SG_MODE_EAGER) {
         /* A replay reads kv_len on the device: a new length changes the result. */
         acase c2 = *c;
-        for (int b = 0; b < 3; b++) c2.len[b] = c->len[b] < 0 ? c->len[b] : c->len[b] > 1 ? c->len[b] / 2 : c->S;
+        for (int b = 0; b < 3; b++)
+            c2.len[b] = c->len[b] < 0 ? c->len[b] : c->len[b] > 1 ? c->len[b] / 2 : c->S;
         write_len(len, c2.len, nl ? nl : 1);
         double *ref2 = reference(&c2, &q, &k, &v, mv);
         sg_mark_step_begin(ctx);
@@ -283,9 +288,11 @@ static void errors(void) {
     sg_tensor *len = sg_zeros(ctx, SG_I32, 0, NULL), *lenf = sg_zeros(ctx, SG_F32, 0, NULL);
     sg_tensor *len2 = sg_zeros(ctx, SG_I64, 2, l2);
     sg_tensor *qb = sg_zeros(ctx, SG_F32, 4, bigq), *kbig = sg_zeros(ctx, SG_F32, 4, bigk);
-    bool ok = TU_EXPECT(sg_sdpa_cached(q, kb, kb, len, 0) == NULL) && failed_with(SG_ERR_DTYPE, "bf16");
+    bool ok =
+        TU_EXPECT(sg_sdpa_cached(q, kb, kb, len, 0) == NULL) && failed_with(SG_ERR_DTYPE, "bf16");
     tu_case(ok, "SDPA_CACHED_BAD(bf16 cache with f32 q is SG_ERR_DTYPE)");
-    ok = TU_EXPECT(sg_sdpa_cached(q, kh, kh, len, 0) == NULL) && failed_with(SG_ERR_SHAPE, "multiple");
+    ok = TU_EXPECT(sg_sdpa_cached(q, kh, kh, len, 0) == NULL) &&
+         failed_with(SG_ERR_SHAPE, "multiple");
     tu_case(ok, "SDPA_CACHED_BAD(3 K/V heads for 4 query heads is SG_ERR_SHAPE)");
     ok = TU_EXPECT(sg_sdpa_cached(q, k, k, lenf, 0) == NULL) && failed_with(SG_ERR_DTYPE, "kv_len");
     tu_case(ok, "SDPA_CACHED_BAD(f32 kv_len is SG_ERR_DTYPE)");

@@ -51,7 +51,8 @@ static void attn_row(const attn_geom *g, int64_t b, int64_t h, int64_t i, float 
         for (int t = 0; t < nt; t++) {
             int64_t kr = ko + (j0 + t) * k->stride[2];
             float dot = 0;
-            for (int64_t e = 0; e < D; e++) dot += qf[e] * sg__ldf(kp, k->dtype, kr + e * k->stride[3]);
+            for (int64_t e = 0; e < D; e++)
+                dot += qf[e] * sg__ldf(kp, k->dtype, kr + e * k->stride[3]);
             if (m) {
                 int64_t at = mo + (j0 + t) * m->stride[3];
                 if (m->dtype == SG_BOOL)
@@ -70,7 +71,8 @@ static void attn_row(const attn_geom *g, int64_t b, int64_t h, int64_t i, float 
             float p = expf(s[t] - nmx);
             int64_t vr = vo + (j0 + t) * v->stride[2];
             sum += p;
-            for (int64_t e = 0; e < D; e++) acc[e] += p * sg__ldf(vp, v->dtype, vr + e * v->stride[3]);
+            for (int64_t e = 0; e < D; e++)
+                acc[e] += p * sg__ldf(vp, v->dtype, vr + e * v->stride[3]);
         }
         mx = nmx;
     }
@@ -83,15 +85,25 @@ static void attn_row(const attn_geom *g, int64_t b, int64_t h, int64_t i, float 
 
 sg_status sg__cpu_attn(sg_ctx *ctx, const sg__node *n) {
     const sg_tensor *q = n->in[0], *k = n->in[1];
-    attn_geom g = {.B = q->shape[0], .Hq = q->shape[1], .Hkv = k->shape[1], .Lq = q->shape[2],
-                   .S = k->shape[2], .D = q->shape[3], .q = q, .k = k, .v = n->in[2],
-                   .m = n->nin > 3 ? n->in[3] : NULL, .len = n->nin > 4 ? n->in[4] : NULL,
-                   .out = n->out, .scale = (float)n->f[0],
+    attn_geom g = {.B = q->shape[0],
+                   .Hq = q->shape[1],
+                   .Hkv = k->shape[1],
+                   .Lq = q->shape[2],
+                   .S = k->shape[2],
+                   .D = q->shape[3],
+                   .q = q,
+                   .k = k,
+                   .v = n->in[2],
+                   .m = n->nin > 3 ? n->in[3] : NULL,
+                   .len = n->nin > 4 ? n->in[4] : NULL,
+                   .out = n->out,
+                   .scale = (float)n->f[0],
                    .causal = (n->i[0] & SG__ATTN_CAUSAL) != 0};
     if (g.D > 256 || g.Hkv < 1 || g.Hq % g.Hkv != 0)
-        return sg__fail(ctx, SG_ERR_INTERNAL, "attention: D %lld, Hq %lld, Hkv %lld: the kernel "
-                        "takes D <= 256 and Hq a multiple of Hkv", (long long)g.D,
-                        (long long)g.Hq, (long long)g.Hkv);
+        return sg__fail(ctx, SG_ERR_INTERNAL,
+                        "attention: D %lld, Hq %lld, Hkv %lld: the kernel "
+                        "takes D <= 256 and Hq a multiple of Hkv",
+                        (long long)g.D, (long long)g.Hq, (long long)g.Hkv);
     int64_t rows = g.B * g.Hq * g.Lq;
     int nth = sg__cpu_threads(ctx, rows * g.S * g.D / 4);
 #pragma omp parallel for num_threads(nth) if (nth > 1) schedule(dynamic, 4)

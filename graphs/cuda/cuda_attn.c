@@ -7,9 +7,9 @@
  * leave SMs idle -- decode -- so that about two blocks per SM read K/V in
  * parallel; the splits are then merged by a second kernel through op
  * scratch. Prefill in 16-bit (D a multiple of 16, at most 128, no mask)
- * goes to the tensor-core kernel instead (SG_ATTN_MMA=0: not). The split count depends only on shapes, never on kv_len, which
- * stays on the device: a recorded graph replays with whatever length the
- * step wrote there.
+ * goes to the tensor-core kernel instead (SG_ATTN_MMA=0: not). The split count depends only on
+ * shapes, never on kv_len, which stays on the device: a recorded graph replays with whatever length
+ * the step wrote there.
  */
 #include "exec.h"
 
@@ -62,7 +62,8 @@ static void describe(ageom *g, const sg__node *n) {
     g->flags = (n->i[0] & SG__ATTN_CAUSAL) ? CAUSAL : 0;
     if (rows_vector(k, g->D) && rows_vector(v, g->D)) g->flags |= VEC;
     /* Rows per block: no more than the queries sharing a K/V head (one, for MHA decode). */
-    int64_t rows = g->D <= 128 ? MAXR : MAXR / 2, shared = (g->Hkv > 0 ? g->Hq / g->Hkv : 1) * g->Lq;
+    int64_t rows = g->D <= 128 ? MAXR : MAXR / 2,
+            shared = (g->Hkv > 0 ? g->Hq / g->Hkv : 1) * g->Lq;
     g->rows = (int32_t)(shared < rows ? (shared > 0 ? shared : 1) : rows);
     g->kt = g->D <= 64 ? 64 : g->D <= 128 ? 32 : 16;
 }
@@ -86,8 +87,8 @@ static void plan_splits(ageom *g, int64_t blocks, int sms) {
 static bool use_mma(sg_ctx *ctx, const ageom *g) {
     const char *e = getenv("SG_ATTN_MMA");
     if (e && strcmp(e, "0") == 0) return false;
-    return (g->dt == SG_BF16 || g->dt == SG_F16) && g->mdt < 0 && g->D % 16 == 0 &&
-           g->D <= 128 && g->Lq >= 32 && g->B * g->Hq <= 65535 && sg__cuda_arch(ctx) >= 80;
+    return (g->dt == SG_BF16 || g->dt == SG_F16) && g->mdt < 0 && g->D % 16 == 0 && g->D <= 128 &&
+           g->Lq >= 32 && g->B * g->Hq <= 65535 && sg__cuda_arch(ctx) >= 80;
 }
 
 static sg_status launch_mma(sg_ctx *ctx, const sg__node *n, ageom *g) {
@@ -106,21 +107,24 @@ sg_status sg__cuda_attn(sg_ctx *ctx, const sg__node *n) {
     ageom g;
     describe(&g, n);
     if (g.D > 256 || g.Hkv < 1 || g.Hq % g.Hkv != 0)
-        return sg__fail(ctx, SG_ERR_INTERNAL, "cuda: attention with D %lld, Hq %lld, Hkv %lld; "
-                        "the kernels take D <= 256 and Hq a multiple of Hkv", (long long)g.D,
-                        (long long)g.Hq, (long long)g.Hkv);
+        return sg__fail(ctx, SG_ERR_INTERNAL,
+                        "cuda: attention with D %lld, Hq %lld, Hkv %lld; "
+                        "the kernels take D <= 256 and Hq a multiple of Hkv",
+                        (long long)g.D, (long long)g.Hq, (long long)g.Hkv);
     int64_t rows = g.B * g.Hq * g.Lq;
     if (rows == 0 || g.D == 0) return SG_OK;
     if (use_mma(ctx, &g)) return launch_mma(ctx, n, &g);
     int64_t zr = ((g.Hq / g.Hkv) * g.Lq + g.rows - 1) / g.rows, bx = g.B * g.Hkv;
     plan_splits(&g, bx * zr, sg__cuda_sm_count(ctx));
     if (zr > 65535 || bx > INT32_MAX || rows > INT32_MAX)
-        return sg__fail(ctx, SG_ERR_UNSUPPORTED, "cuda: attention over %lld query rows in %lld "
+        return sg__fail(ctx, SG_ERR_UNSUPPORTED,
+                        "cuda: attention over %lld query rows in %lld "
                         "(batch, head) pairs is past the launch limits; split the batch",
                         (long long)rows, (long long)bx);
     void *split, *combine, *part = NULL;
     sg_status st = sg__cuda_kernel(ctx, SG__CU_ATTN, "sg_attn_split", &split);
-    if (st == SG_OK && g.nsplit > 1) st = sg__cuda_kernel(ctx, SG__CU_ATTN, "sg_attn_combine", &combine);
+    if (st == SG_OK && g.nsplit > 1)
+        st = sg__cuda_kernel(ctx, SG__CU_ATTN, "sg_attn_combine", &combine);
     if (st == SG_OK && g.nsplit > 1)
         st = sg__cuda_scratch(ctx, (size_t)(rows * g.nsplit * (g.D + 2)) * sizeof(float), &part);
     if (st != SG_OK) return st;
@@ -129,8 +133,8 @@ sg_status sg__cuda_attn(sg_ctx *ctx, const sg__node *n) {
     void *len = n->nin > 4 && n->in[4] ? sg__data(n->in[4]) : NULL;
     void *out = sg__data(n->out);
     void *args[] = {&q, &k, &v, &m, &len, &out, &part, &g};
-    size_t shmem = sizeof(float) * (size_t)(g.rows * g.D + g.kt * (g.D + 1) + g.kt * g.D +
-                                            g.rows * g.kt);
+    size_t shmem =
+        sizeof(float) * (size_t)(g.rows * g.D + g.kt * (g.D + 1) + g.kt * g.D + g.rows * g.kt);
     unsigned grid[3] = {(unsigned)bx, (unsigned)g.nsplit, (unsigned)zr}, block[3] = {NT, 1, 1};
     st = sg__cuda_launch(ctx, split, grid, block, shmem, args);
     if (st != SG_OK || g.nsplit == 1) return st;

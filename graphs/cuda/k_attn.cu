@@ -29,8 +29,8 @@ typedef long long i64;
 typedef unsigned int u32;
 typedef unsigned short u16;
 
-#define NT 128   /* threads per block */
-#define MAXR 16  /* rows per block, at most */
+#define NT 128    /* threads per block */
+#define MAXR 16   /* rows per block, at most */
 #define MAXACC 16 /* accumulators per thread: R * D <= NT * MAXACC */
 
 /* sg_dtype's values (include/stepgraph.h). */
@@ -166,9 +166,9 @@ extern "C" __global__ void __launch_bounds__(NT)
     }
     for (int x = tid; x < R * D; x += NT) {
         i64 r = r0 + x / D, e = x % D, i = r % g.Lq, h = hk * grp + r / g.Lq;
-        qsm[x] = r < G ? ldf(q, g.dt, b * g.qs[0] + h * g.qs[1] + i * g.qs[2] + e * g.qs[3]) *
-                             g.scale
-                       : 0.0f;
+        qsm[x] = r < G
+                     ? ldf(q, g.dt, b * g.qs[0] + h * g.qs[1] + i * g.qs[2] + e * g.qs[3]) * g.scale
+                     : 0.0f;
     }
     __syncthreads();
     i64 nmax = 0;
@@ -383,18 +383,22 @@ extern "C" __global__ void __launch_bounds__(NT)
                 bool rowb = c >= 2;
                 float x = j < (rowb ? nb : na) ? s[n][c] * g.scale : -inf_f();
                 s[n][c] = x;
-                if (rowb) tmb = fmaxf(tmb, x);
-                else tma = fmaxf(tma, x);
+                if (rowb)
+                    tmb = fmaxf(tmb, x);
+                else
+                    tma = fmaxf(tma, x);
             }
         for (int off = 1; off < 4; off <<= 1) {
             tma = fmaxf(tma, __shfl_xor_sync(0xffffffffu, tma, off));
             tmb = fmaxf(tmb, __shfl_xor_sync(0xffffffffu, tmb, off));
         }
         float mna = fmaxf(ma, tma), mnb = fmaxf(mb, tmb);
-        float aa = mna == -inf_f() ? 1.0f : expf(ma - mna), ab = mnb == -inf_f() ? 1.0f : expf(mb - mnb);
+        float aa = mna == -inf_f() ? 1.0f : expf(ma - mna),
+              ab = mnb == -inf_f() ? 1.0f : expf(mb - mnb);
         ma = mna, mb = mnb, la *= aa, lb *= ab;
 #pragma unroll
-        for (int d = 0; d < MAXD / 8; d++) o[d][0] *= aa, o[d][1] *= aa, o[d][2] *= ab, o[d][3] *= ab;
+        for (int d = 0; d < MAXD / 8; d++)
+            o[d][0] *= aa, o[d][1] *= aa, o[d][2] *= ab, o[d][3] *= ab;
         u32 pa[MK / 16][4];
 #pragma unroll
         for (int n = 0; n < MK / 8; n++) {
