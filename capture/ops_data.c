@@ -541,12 +541,6 @@ static bool cached_check(sg_ctx *ctx, sg_tensor *const *in, double *scale) {
                  sg__describe(v, c, sizeof c));
         return false;
     }
-    if (q->shape[3] > ATTN_MAX_D) {
-        sg__fail(ctx, SG_ERR_UNSUPPORTED, "%s: head dim D = %lld; the attention kernels take D "
-                 "<= %d; use sg_sdpa with a mask built from kv_len", op,
-                 (long long)q->shape[3], ATTN_MAX_D);
-        return false;
-    }
     if ((len->dtype != SG_I32 && len->dtype != SG_I64) || len->ndim > 1 ||
         (len->ndim == 1 && len->shape[0] != q->shape[0] && len->shape[0] != 1)) {
         sg__fail(ctx, len->ndim > 1 || len->dtype == SG_I32 || len->dtype == SG_I64
@@ -564,11 +558,37 @@ static bool cached_check(sg_ctx *ctx, sg_tensor *const *in, double *scale) {
     return true;
 }
 
+/*
+ * keep[b][0][i][j] = j <= clamp(kv_len[b], 0, S) - Lq + i: bool (B or 1, 1,
+ * Lq, S), sg_sdpa_cached's visibility as a mask for the decomposed ops,
+ * computed on the device from kv_len.
+ */
+static sg_tensor *cached_keep(sg_ctx *ctx, sg_tensor *kv_len, int64_t Lq, int64_t S) {
+    int64_t ls[4] = {kv_len->ndim ? kv_len->shape[0] : 1, 1, 1, 1}, col[2] = {Lq, 1};
+    sg_tensor *l = sg_cast(kv_len, SG_I64);
+    l = then(l, sg_clamp(l, 0, (double)S));
+    l = then(l, sg_reshape(l, 4, ls));
+    sg_tensor *rows = sg_arange(ctx, SG_I64, (double)-Lq, 0, 1); /* i - Lq */
+    rows = then(rows, sg_reshape(rows, 2, col));
+    sg_tensor *last = sg_add(l, rows); /* (B, 1, Lq, 1): the last key query i sees */
+    sg_tensor *keys = sg_arange(ctx, SG_I64, 0, (double)S, 1);
+    sg_tensor *keep = sg_le(keys, last);
+    sg__tensor_drop(l), sg__tensor_drop(rows), sg__tensor_drop(last), sg__tensor_drop(keys);
+    return keep;
+}
+
 sg_tensor *sg_sdpa_cached(sg_tensor *q, sg_tensor *k_cache, sg_tensor *v_cache,
                           sg_tensor *kv_len, double scale) {
     sg_tensor *in[4] = {q, k_cache, v_cache, kv_len};
     sg_ctx *ctx = sg__check_inputs("sg_sdpa_cached", 4, in, NULL);
     if (!ctx || !cached_check(ctx, in, &scale)) return NULL;
+    if (q->shape[3] > ATTN_MAX_D) { /* past the kernels: the ops, with kv_len as a mask */
+        sg_tensor *keep = cached_keep(ctx, kv_len, q->shape[2], k_cache->shape[2]);
+        sg_tensor *out = keep ? sg__sdpa_decomposed(q, k_cache, v_cache, keep, false, scale) : NULL;
+        sg__tensor_drop(keep);
+        if (!out) name_failure(ctx, "sg_sdpa_cached");
+        return out;
+    }
     int64_t bh[2] = {q->shape[0], q->shape[1]};
     sg_tensor *out = attn_run(ctx, "sg_sdpa_cached", q, k_cache, v_cache, NULL, kv_len, bh,
                               k_cache->shape[1], scale, SG__ATTN_CAUSAL);

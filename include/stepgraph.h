@@ -427,8 +427,9 @@ SG_API sg_status sg_index_copy_(sg_tensor *dst, int dim, sg_tensor *idx, sg_tens
  * that a replayed step sees the new length; values are clamped to [0, S].
  * Only positions < kv_len are read. A query that sees no key (kv_len 0, or
  * kv_len < Lq for the first queries) comes out NaN, as sg_sdpa's fully
- * masked rows do. scale <= 0 means 1/sqrt(D). D <= 256 (else
- * SG_ERR_UNSUPPORTED). Result (B, Hq, Lq, D), contiguous, q's dtype.
+ * masked rows do. scale <= 0 means 1/sqrt(D). D > 256 runs as matmul,
+ * mask, softmax, matmul, with the mask computed from kv_len on the device.
+ * Result (B, Hq, Lq, D), contiguous, q's dtype.
  */
 SG_API sg_tensor *sg_sdpa_cached(sg_tensor *q, sg_tensor *k_cache, sg_tensor *v_cache,
                                  sg_tensor *kv_len, double scale);

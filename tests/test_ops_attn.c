@@ -7,8 +7,9 @@
  * masks, q/k/v as strided views narrowed out of one fused QKV projection
  * with heads permuted, eagerly and through every compiled mode, where a
  * replay after a new kv_len is written must see it. Also sg_sdpa's
- * grouped-query path through the decomposed ops (Dv != D), and the errors
- * of sg_sdpa_cached. Runs on SG_TEST_BACKEND (CPU by default; the gpu label
+ * grouped-query path through the decomposed ops (Dv != D), sg_sdpa_cached
+ * past the kernels' D (the decomposed ops with kv_len as a mask), and the
+ * errors of sg_sdpa_cached. Runs on SG_TEST_BACKEND (CPU by default; the gpu label
  * runs it on CUDA too).
  */
 #include "testutil.h"
@@ -194,7 +195,9 @@ static void run_case(const acase *c, sg_dtype dt, sg_mode mode) {
         /* A replay reads kv_len on the device: a new length changes the result. */
         acase c2 = *c;
         for (int b = 0; b < 3; b++)
-            c2.len[b] = c->len[b] < 0 ? c->len[b] : c->len[b] > 1 ? c->len[b] / 2 : c->S;
+            c2.len[b] = c->len[b] < 0   ? c->len[b]
+                        : c->len[b] > 1 ? (c->len[b] < c->S ? c->len[b] : c->S) / 2
+                                        : c->S;
         write_len(len, c2.len, nl ? nl : 1);
         double *ref2 = reference(&c2, &q, &k, &v, mv);
         sg_mark_step_begin(ctx);
@@ -227,6 +230,9 @@ static const acase cases[] = {
     {2, 4, 1, 9, 9, 8, {0}, false, false, 1, true, 0},
     {1, 2, 2, 5, 130, 20, {0}, false, false, 2, false, 0.5},
     {1, 4, 2, 17, 17, 256, {0}, false, true, 0, false, 0},
+    /* D past the kernels: sg_sdpa_cached through the decomposed ops, kv_len as a mask */
+    {2, 4, 2, 3, 40, 272, {37, 2}, true, true, 0, false, 0},
+    {1, 2, 2, 1, 9, 264, {20, -1}, true, true, 0, true, 0},
 };
 #define NCASES ((int)(sizeof cases / sizeof cases[0]))
 
@@ -298,9 +304,9 @@ static void errors(void) {
     tu_case(ok, "SDPA_CACHED_BAD(f32 kv_len is SG_ERR_DTYPE)");
     ok = TU_EXPECT(sg_sdpa_cached(q, k, k, len2, 0) == NULL) && failed_with(SG_ERR_SHAPE, "kv_len");
     tu_case(ok, "SDPA_CACHED_BAD(2-d kv_len is SG_ERR_SHAPE)");
-    ok = TU_EXPECT(sg_sdpa_cached(qb, kbig, kbig, len, 0) == NULL) &&
-         failed_with(SG_ERR_UNSUPPORTED, "512");
-    tu_case(ok, "SDPA_CACHED_BAD(D 512 is SG_ERR_UNSUPPORTED)");
+    ok = TU_EXPECT(sg_sdpa_cached(qb, kbig, kh, len, 0) == NULL) &&
+         failed_with(SG_ERR_SHAPE, "v_cache");
+    tu_case(ok, "SDPA_CACHED_BAD(v_cache of another shape than k_cache is SG_ERR_SHAPE)");
     ok = TU_EXPECT(sg_sdpa_cached(q, k, k, len, INFINITY) == NULL) &&
          failed_with(SG_ERR_INVALID_ARG, "scale");
     tu_case(ok, "SDPA_CACHED_BAD(inf scale is SG_ERR_INVALID_ARG)");
