@@ -43,7 +43,8 @@ typedef enum sg__family {
     SG__FAM_REDUCE,
     SG__FAM_ROW,
     SG__FAM_MATMUL,
-    SG__FAM_DATA
+    SG__FAM_DATA,
+    SG__FAM_ATTN /* ATTENTION: graphs/cpu/cpu_attn.c, graphs/cuda/cuda_attn.c */
 } sg__family;
 
 SG__HIDDEN const char *sg__op_name(sg__op op);
@@ -393,5 +394,18 @@ SG__HIDDEN sg_status sg__dispatch(sg_ctx *ctx, const sg__node *n);
  */
 SG__HIDDEN sg_tensor *sg__run_new(sg_ctx *ctx, sg__node *n, sg_dtype dt, int ndim,
                                   const int64_t *shape);
+
+/* ------------------------------------------------------------ attention (ops_data.c) */
+
+/* ATTENTION's i[0] flags: key j is visible to query i when j < L (L =
+ * kv_len[b] clamped to [0, S], or S without kv_len) and, with CAUSAL,
+ * j <= L - Lq + i. A query that sees no key gives NaN. */
+#define SG__ATTN_CAUSAL 1
+
+/* sg_sdpa as the ops it is made of (matmul, where/add, softmax, matmul):
+ * for what the ATTENTION kernels do not take (Dv != D, D > 256, more than
+ * 4 dims, gradients). Grouped-query K/V (dim -3 dividing q's) included. */
+SG__HIDDEN sg_tensor *sg__sdpa_decomposed(sg_tensor *q, sg_tensor *k, sg_tensor *v,
+                                          sg_tensor *mask, bool causal, double scale);
 
 #endif /* SG_CAPTURE_H */

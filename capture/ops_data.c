@@ -1,7 +1,10 @@
 /*
  * ops_data.c -- front-ends of the data-movement ops (embedding, index_select,
- * concat, arange and the in-place index_copy_) and sg_sdpa, attention
- * composed from public ops. The data ops check index dtypes, dims and the
+ * concat, arange and the in-place index_copy_) and of attention: sg_sdpa and
+ * sg_sdpa_cached dispatch one ATTENTION node over 4-d strided views of
+ * their operands (no copy; grouped-query K/V read in place), and
+ * sg__sdpa_decomposed builds the same attention from public ops for what
+ * the node does not take. The data ops check index dtypes, dims and the
  * sizes that must agree, and dispatch one node each; index *values* are
  * checked by the backend, which reads them anyway (a front-end read would be
  * a host sync, and a graph break under capture).
@@ -10,7 +13,8 @@
  * {x, idx}, i[0] = dim; CONCAT in = the n tensors, nin = n, i[0] = dim;
  * ARANGE no inputs, f[0] = start, f[1] = step; INDEX_COPY out = dst and
  * in = {dst, idx, src} (dst repeated as in[0] so that a recorder sees it
- * read as well as written), i[0] = dim. Dims in nodes are normalized (>= 0).
+ * read as well as written), i[0] = dim. ATTENTION in = {q, k, v, mask?,
+ * kv_len?} as described in ops.def. Dims in nodes are normalized (>= 0).
  */
 #include "capture.h"
 
@@ -231,6 +235,51 @@ sg_status sg_index_copy_(sg_tensor *dst, int dim, sg_tensor *idx, sg_tensor *src
 /* ------------------------------------------------------------ sdpa */
 
 /*
+ * Grouped-query K/V: k and v share a head count (dim -3) that divides q's
+ * and is neither q's nor 1. Query head h then reads K/V head h / (Hq / Hkv).
+ */
+static bool sdpa_gqa(const sg_tensor *q, const sg_tensor *k, const sg_tensor *v) {
+    if (q->ndim < 3 || k->ndim < 3 || v->ndim < 3) return false;
+    int64_t hq = q->shape[q->ndim - 3], hk = k->shape[k->ndim - 3], hv = v->shape[v->ndim - 3];
+    return hk == hv && hk > 1 && hk != hq && hq % hk == 0;
+}
+
+/*
+ * The scores' shape (batch..., Lq, Lk) into shape, its rank in *nd: the
+ * broadcast batch dims of q, k and v (dim -3 is q's under grouped-query
+ * K/V); false with a message when they clash.
+ */
+static bool sdpa_scores(sg_ctx *ctx, sg_tensor *const *in, bool gqa, int *nd, int64_t *shape) {
+    sg_tensor *q = in[0], *k = in[1], *v = in[2];
+    char a[SG__DESC], b[SG__DESC], c[SG__DESC];
+    int n = 0;
+    for (int i = 0; i < 3; i++) n = in[i]->ndim > n ? in[i]->ndim : n;
+    for (int d = 0; d < n - 2; d++) {
+        shape[d] = 1;
+        if (gqa && d == n - 3) {
+            shape[d] = q->shape[q->ndim - 3];
+            continue;
+        }
+        for (int i = 0; i < 3; i++) {
+            int s = d - (n - in[i]->ndim);
+            int64_t size = s < 0 ? 1 : in[i]->shape[s];
+            if (size != 1 && shape[d] != 1 && size != shape[d]) {
+                sg__fail(ctx, SG_ERR_SHAPE, "sg_sdpa: the batch dims of q %s, k %s and v %s do "
+                         "not broadcast; batch sizes must match or be 1 (or k's and v's heads, "
+                         "dim -3, divide q's)", sg__describe(q, a, sizeof a),
+                         sg__describe(k, b, sizeof b), sg__describe(v, c, sizeof c));
+                return false;
+            }
+            if (size != 1) shape[d] = size;
+        }
+    }
+    shape[n - 2] = q->shape[q->ndim - 2];
+    shape[n - 1] = k->shape[k->ndim - 2];
+    *nd = n;
+    return true;
+}
+
+/*
  * Check q (..., Lq, D), k (..., Lk, D), v (..., Lk, Dv) and the mask, and
  * resolve the scale. The batch dims of q, k and v must broadcast; the mask
  * must broadcast to the scores (batch..., Lq, Lk) without growing them.
@@ -253,27 +302,9 @@ static bool sdpa_check(sg_ctx *ctx, sg_tensor *const *in, sg_tensor *mask, doubl
                  sg__describe(k, b, sizeof b), sg__describe(v, c, sizeof c));
         return false;
     }
-    /* The scores' shape: the broadcast batch dims of q, k, v, then (Lq, Lk). */
-    int nd = 0;
+    int nd;
     int64_t shape[SG_MAX_DIMS];
-    for (int i = 0; i < 3; i++) nd = in[i]->ndim > nd ? in[i]->ndim : nd;
-    for (int d = 0; d < nd - 2; d++) {
-        shape[d] = 1;
-        for (int i = 0; i < 3; i++) {
-            int s = d - (nd - in[i]->ndim);
-            int64_t size = s < 0 ? 1 : in[i]->shape[s];
-            if (size != 1 && shape[d] != 1 && size != shape[d]) {
-                sg__fail(ctx, SG_ERR_SHAPE, "sg_sdpa: the batch dims of q %s, k %s and v %s do "
-                         "not broadcast; batch sizes must match or be 1",
-                         sg__describe(q, a, sizeof a), sg__describe(k, b, sizeof b),
-                         sg__describe(v, c, sizeof c));
-                return false;
-            }
-            if (size != 1) shape[d] = size;
-        }
-    }
-    shape[nd - 2] = q->shape[qn - 2];
-    shape[nd - 1] = k->shape[kn - 2];
+    if (!sdpa_scores(ctx, in, sdpa_gqa(q, k, v), &nd, shape)) return false;
     if (mask) {
         if (mask->dtype != SG_BOOL && mask->dtype != q->dtype) {
             sg__fail(ctx, SG_ERR_DTYPE, "sg_sdpa: mask is %s; it must be bool (true keeps) or "
@@ -327,20 +358,68 @@ static sg_tensor *then(sg_tensor *s, sg_tensor *next) {
     return next;
 }
 
-/* Make a failure inside the composite name sg_sdpa, keeping the inner text. */
-static void name_failure(sg_ctx *ctx) {
-    if (strncmp(ctx->msg, "sg_sdpa", 7) == 0) return;
+/* Make a failure inside the composite name op, keeping the inner text. */
+static void name_failure(sg_ctx *ctx, const char *op) {
+    if (strncmp(ctx->msg, op, strlen(op)) == 0) return;
     char inner[SG__MSG_SIZE];
     snprintf(inner, sizeof inner, "%s", ctx->msg[0] ? ctx->msg : "an inner op failed silently");
-    sg__fail(ctx, ctx->status != SG_OK ? ctx->status : SG_ERR_INTERNAL, "sg_sdpa: %.900s", inner);
+    sg__fail(ctx, ctx->status != SG_OK ? ctx->status : SG_ERR_INTERNAL, "%s: %.900s", op, inner);
 }
 
-sg_tensor *sg_sdpa(sg_tensor *q, sg_tensor *k, sg_tensor *v, sg_tensor *mask, bool causal,
-                   double scale) {
-    sg_tensor *in[4] = {q, k, v, mask};
-    static const bool optional[4] = {false, false, false, true};
-    sg_ctx *ctx = sg__check_inputs("sg_sdpa", 4, in, optional);
-    if (!ctx || !sdpa_check(ctx, in, mask, &scale)) return NULL;
+/*
+ * Grouped-query K/V as broadcasting: q (..., Hkv*g, Lq, D) viewed as (...,
+ * Hkv, g, Lq, D) against k and v with a size-1 dim inserted at -3, so that
+ * nothing is repeated; the result folds back to (..., Hq, Lq, Dv).
+ */
+static sg_tensor *gqa_decomposed(sg_tensor *q, sg_tensor *k, sg_tensor *v, sg_tensor *mask,
+                                 bool causal, double scale) {
+    sg_ctx *ctx = q->ctx;
+    if (q->ndim + 1 > SG_MAX_DIMS || k->ndim + 1 > SG_MAX_DIMS || v->ndim + 1 > SG_MAX_DIMS) {
+        sg__fail(ctx, SG_ERR_SHAPE, "sg_sdpa: grouped-query K/V with %d-d q needs one more dim "
+                 "(at most %d); fold batch dims together with sg_reshape", q->ndim, SG_MAX_DIMS);
+        return NULL;
+    }
+    int64_t hk = k->shape[k->ndim - 3], sh[SG_MAX_DIMS];
+    memcpy(sh, q->shape, sizeof sh);
+    sh[q->ndim - 3] = hk;
+    sh[q->ndim - 2] = q->shape[q->ndim - 3] / hk;
+    sh[q->ndim - 1] = q->shape[q->ndim - 2];
+    sh[q->ndim] = q->shape[q->ndim - 1];
+    sg_tensor *q5 = sg_reshape(q, q->ndim + 1, sh);
+    sg_tensor *k5 = sg_unsqueeze(k, -3), *v5 = sg_unsqueeze(v, -3), *m5 = NULL;
+    if (mask && mask->ndim >= 3 && mask->shape[mask->ndim - 3] != 1) {
+        memcpy(sh, mask->shape, sizeof sh);
+        sh[mask->ndim - 3] = hk;
+        sh[mask->ndim - 2] = mask->shape[mask->ndim - 3] / hk;
+        sh[mask->ndim - 1] = mask->shape[mask->ndim - 2];
+        sh[mask->ndim] = mask->shape[mask->ndim - 1];
+        m5 = sg_reshape(mask, mask->ndim + 1, sh);
+    } else if (mask) {
+        m5 = mask->ndim >= 3 ? sg_unsqueeze(mask, -3) : sg_reshape(mask, mask->ndim, mask->shape);
+    }
+    sg_tensor *o5 = q5 && k5 && v5 && (m5 || !mask)
+                        ? sg__sdpa_decomposed(q5, k5, v5, m5, causal, scale)
+                        : NULL;
+    sg_tensor *out = NULL;
+    if (o5) {
+        int n = o5->ndim;
+        memcpy(sh, o5->shape, sizeof sh);
+        sh[n - 4] *= sh[n - 3];
+        sh[n - 3] = sh[n - 2];
+        sh[n - 2] = sh[n - 1];
+        out = sg_reshape(o5, n - 1, sh);
+    }
+    sg__tensor_drop(q5), sg__tensor_drop(k5), sg__tensor_drop(v5), sg__tensor_drop(m5);
+    sg__tensor_drop(o5);
+    return out;
+}
+
+sg_tensor *sg__sdpa_decomposed(sg_tensor *q, sg_tensor *k, sg_tensor *v, sg_tensor *mask,
+                               bool causal, double scale) {
+    if (!q || !k || !v) return NULL;
+    sg_ctx *ctx = q->ctx;
+    if (scale <= 0) scale = 1.0 / sqrt((double)(q->shape[q->ndim - 1] > 0 ? q->shape[q->ndim - 1] : 1));
+    if (sdpa_gqa(q, k, v)) return gqa_decomposed(q, k, v, mask, causal, scale);
     /* Each step NULL-propagates; everything made here is released below. */
     sg_tensor *kt = sg_transpose(k, -1, -2);
     sg_tensor *s = sg_matmul(q, kt);
@@ -360,6 +439,158 @@ sg_tensor *sg_sdpa(sg_tensor *q, sg_tensor *k, sg_tensor *v, sg_tensor *mask, bo
     sg__tensor_drop(s);
     sg__tensor_drop(ninf);
     sg__tensor_drop(p);
-    if (!out) name_failure(ctx);
+    return out;
+}
+
+/* ------------------------------------------------------------ the ATTENTION node */
+
+#define ATTN_MAX_D 256
+
+/* t read as 4-d (B, H, L, D) of shape, dims padded in front, stride 0 where
+ * t has size 1 (or lacks the dim) and shape does not. */
+static sg_tensor *view4(sg_tensor *t, const char *op, const int64_t *shape) {
+    int64_t st[4];
+    sg__broadcast_strides(t, 4, shape, st);
+    return sg__tensor_view(t, op, 4, shape, st, t->offset);
+}
+
+/*
+ * Dispatch ATTENTION over the 4-d views of q (B, Hq, Lq, D), k and v (B, Hkv,
+ * S, D), the mask broadcast to (B, Hq, Lq, S), and kv_len: the result
+ * (B, Hq, Lq, D), or NULL.
+ */
+static sg_tensor *attn_run(sg_ctx *ctx, const char *op, sg_tensor *q, sg_tensor *k, sg_tensor *v,
+                           sg_tensor *mask, sg_tensor *kv_len, const int64_t *bh, int64_t hkv,
+                           double scale, int flags) {
+    int64_t Lq = q->shape[q->ndim - 2], D = q->shape[q->ndim - 1], S = k->shape[k->ndim - 2];
+    int64_t qs[4] = {bh[0], bh[1], Lq, D}, ks[4] = {bh[0], hkv, S, D}, ms[4] = {bh[0], bh[1], Lq, S};
+    sg_tensor *in[5] = {view4(q, op, qs), view4(k, op, ks), view4(v, op, ks),
+                        mask ? view4(mask, op, ms) : NULL, kv_len};
+    sg_tensor *out = NULL;
+    if (in[0] && in[1] && in[2] && (in[3] || !mask)) {
+        sg__node n = {.op = SG__OP_ATTENTION, .nin = 5, .in = in, .f = {scale}, .i = {flags}};
+        out = sg__run_new(ctx, &n, q->dtype, 4, qs);
+    }
+    for (int i = 0; i < 4; i++) sg__tensor_drop(in[i]);
+    return out;
+}
+
+/* sg_sdpa through ATTENTION when the kernels take it: at most 4 dims, Dv = D
+ * <= 256, and q's heads a multiple of k's and v's (or broadcast). Sets *took. */
+static sg_tensor *sdpa_fused(sg_ctx *ctx, sg_tensor *const *in, sg_tensor *mask, bool causal,
+                             double scale, bool *took) {
+    sg_tensor *q = in[0], *k = in[1], *v = in[2];
+    int nd;
+    int64_t sc[SG_MAX_DIMS];
+    bool gqa = sdpa_gqa(q, k, v);
+    *took = false;
+    if (!sdpa_scores(ctx, in, gqa, &nd, sc) || nd > 4) return NULL;
+    int64_t D = q->shape[q->ndim - 1];
+    if (D > ATTN_MAX_D || v->shape[v->ndim - 1] != D) return NULL;
+    int64_t bh[2] = {nd >= 4 ? sc[nd - 4] : 1, nd >= 3 ? sc[nd - 3] : 1};
+    /* K/V heads: their own count when they share one (grouped, or 1), else the output's. */
+    int64_t hk = k->ndim >= 3 ? k->shape[k->ndim - 3] : 1;
+    int64_t hv = v->ndim >= 3 ? v->shape[v->ndim - 3] : 1;
+    int64_t hkv = hk == hv ? hk : bh[1];
+    *took = true;
+    sg_tensor *o4 = attn_run(ctx, "sg_sdpa", q, k, v, mask, NULL, bh, hkv, scale,
+                             causal ? SG__ATTN_CAUSAL : 0);
+    if (!o4) return NULL;
+    int64_t os[SG_MAX_DIMS], st[SG_MAX_DIMS];
+    memcpy(os, sc, sizeof os);
+    os[nd - 1] = D;
+    for (int d = nd - 1; d >= 0; d--) st[d] = d == nd - 1 ? 1 : st[d + 1] * os[d + 1];
+    sg_tensor *out = sg__tensor_view(o4, "sg_sdpa", nd, os, st, o4->offset);
+    sg__tensor_drop(o4);
+    return out;
+}
+
+sg_tensor *sg_sdpa(sg_tensor *q, sg_tensor *k, sg_tensor *v, sg_tensor *mask, bool causal,
+                   double scale) {
+    sg_tensor *in[4] = {q, k, v, mask};
+    static const bool optional[4] = {false, false, false, true};
+    sg_ctx *ctx = sg__check_inputs("sg_sdpa", 4, in, optional);
+    if (!ctx || !sdpa_check(ctx, in, mask, &scale)) return NULL;
+    bool took;
+    sg_tensor *out = sdpa_fused(ctx, in, mask, causal, scale, &took);
+    if (!took) out = sg__sdpa_decomposed(q, k, v, mask, causal, scale);
+    if (!out) name_failure(ctx, "sg_sdpa");
+    return out;
+}
+
+/* ------------------------------------------------------------ sdpa over a cache */
+
+static bool cached_check(sg_ctx *ctx, sg_tensor *const *in, double *scale) {
+    sg_tensor *q = in[0], *k = in[1], *v = in[2], *len = in[3];
+    char a[SG__DESC], b[SG__DESC], c[SG__DESC];
+    const char *op = "sg_sdpa_cached";
+    if (!sg__dtype_is_float(q->dtype) || k->dtype != q->dtype || v->dtype != q->dtype) {
+        sg__fail(ctx, SG_ERR_DTYPE, "%s: q %s, k_cache %s, v_cache %s must be of one float "
+                 "dtype (f32, f16 or bf16)", op, sg__describe(q, a, sizeof a),
+                 sg__describe(k, b, sizeof b), sg__describe(v, c, sizeof c));
+        return false;
+    }
+    bool ok = q->ndim == 4 && k->ndim == 4 && v->ndim == 4;
+    for (int d = 0; ok && d < 4; d++) ok = k->shape[d] == v->shape[d];
+    ok = ok && k->shape[0] == q->shape[0] && k->shape[3] == q->shape[3] && k->shape[1] > 0 &&
+         q->shape[1] % k->shape[1] == 0;
+    if (!ok) {
+        sg__fail(ctx, SG_ERR_SHAPE, "%s: q %s, k_cache %s, v_cache %s do not fit: q is (B, Hq, "
+                 "Lq, D), both caches (B, Hkv, S, D) with Hq a multiple of Hkv", op,
+                 sg__describe(q, a, sizeof a), sg__describe(k, b, sizeof b),
+                 sg__describe(v, c, sizeof c));
+        return false;
+    }
+    if ((len->dtype != SG_I32 && len->dtype != SG_I64) || len->ndim > 1 ||
+        (len->ndim == 1 && len->shape[0] != q->shape[0] && len->shape[0] != 1)) {
+        sg__fail(ctx, len->ndim > 1 || len->dtype == SG_I32 || len->dtype == SG_I64
+                          ? SG_ERR_SHAPE : SG_ERR_DTYPE,
+                 "%s: kv_len is %s; it must be i32 or i64 of shape () or (B) = (%lld)", op,
+                 sg__describe(len, a, sizeof a), (long long)q->shape[0]);
+        return false;
+    }
+    if (!isfinite(*scale)) {
+        sg__fail(ctx, SG_ERR_INVALID_ARG, "%s: scale %g is not finite; pass a positive scale, "
+                 "or 0 for 1/sqrt(D)", op, *scale);
+        return false;
+    }
+    if (*scale <= 0) *scale = q->shape[3] > 0 ? 1.0 / sqrt((double)q->shape[3]) : 1.0;
+    return true;
+}
+
+/*
+ * keep[b][0][i][j] = j <= clamp(kv_len[b], 0, S) - Lq + i: bool (B or 1, 1,
+ * Lq, S), sg_sdpa_cached's visibility as a mask for the decomposed ops,
+ * computed on the device from kv_len.
+ */
+static sg_tensor *cached_keep(sg_ctx *ctx, sg_tensor *kv_len, int64_t Lq, int64_t S) {
+    int64_t ls[4] = {kv_len->ndim ? kv_len->shape[0] : 1, 1, 1, 1}, col[2] = {Lq, 1};
+    sg_tensor *l = sg_cast(kv_len, SG_I64);
+    l = then(l, sg_clamp(l, 0, (double)S));
+    l = then(l, sg_reshape(l, 4, ls));
+    sg_tensor *rows = sg_arange(ctx, SG_I64, (double)-Lq, 0, 1); /* i - Lq */
+    rows = then(rows, sg_reshape(rows, 2, col));
+    sg_tensor *last = sg_add(l, rows); /* (B, 1, Lq, 1): the last key query i sees */
+    sg_tensor *keys = sg_arange(ctx, SG_I64, 0, (double)S, 1);
+    sg_tensor *keep = sg_le(keys, last);
+    sg__tensor_drop(l), sg__tensor_drop(rows), sg__tensor_drop(last), sg__tensor_drop(keys);
+    return keep;
+}
+
+sg_tensor *sg_sdpa_cached(sg_tensor *q, sg_tensor *k_cache, sg_tensor *v_cache,
+                          sg_tensor *kv_len, double scale) {
+    sg_tensor *in[4] = {q, k_cache, v_cache, kv_len};
+    sg_ctx *ctx = sg__check_inputs("sg_sdpa_cached", 4, in, NULL);
+    if (!ctx || !cached_check(ctx, in, &scale)) return NULL;
+    if (q->shape[3] > ATTN_MAX_D) { /* past the kernels: the ops, with kv_len as a mask */
+        sg_tensor *keep = cached_keep(ctx, kv_len, q->shape[2], k_cache->shape[2]);
+        sg_tensor *out = keep ? sg__sdpa_decomposed(q, k_cache, v_cache, keep, false, scale) : NULL;
+        sg__tensor_drop(keep);
+        if (!out) name_failure(ctx, "sg_sdpa_cached");
+        return out;
+    }
+    int64_t bh[2] = {q->shape[0], q->shape[1]};
+    sg_tensor *out = attn_run(ctx, "sg_sdpa_cached", q, k_cache, v_cache, NULL, kv_len, bh,
+                              k_cache->shape[1], scale, SG__ATTN_CAUSAL);
     return out;
 }

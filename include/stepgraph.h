@@ -382,7 +382,10 @@ SG_API sg_tensor *sg_concat(int n, sg_tensor *const *ts, int dim);
  * softmax(q k^T * scale + mask) v. mask (broadcast to (..., Lq, Lk), which it
  * may not grow) is bool (true keeps) or of q's dtype (added); it may be NULL.
  * causal masks key j > query i + (Lk - Lq). scale <= 0 means 1/sqrt(D). A row
- * with every key masked comes out NaN, as in PyTorch. Built from the ops above.
+ * with every key masked comes out NaN, as in PyTorch. k and v may have fewer
+ * heads (dim -3) than q when that count divides q's (grouped-query attention,
+ * torch's enable_gqa): query head h reads K/V head h / (Hq / Hkv). See the
+ * attention section below for how it runs.
  */
 SG_API sg_tensor *sg_sdpa(sg_tensor *q, sg_tensor *k, sg_tensor *v, sg_tensor *mask, bool causal,
                           double scale);
@@ -541,6 +544,32 @@ SG_API sg_tensor *sg_gather(sg_tensor *x, int dim, sg_tensor *idx);
 SG_API sg_tensor *sg_multinomial(sg_tensor *probs, sg_tensor *rng);
 SG_API sg_tensor *sg_sample(sg_tensor *logits, double temperature, int64_t top_k, double top_p,
                             sg_tensor *rng);
+/* ---------------------------------------------------------------- attention */
+/*
+ * sg_sdpa runs as one fused kernel (online softmax in f32, no scores in
+ * memory) when q, k, v have at most 4 dims and Dv = D <= 256; other shapes
+ * run as matmul, mask, softmax, matmul. q, k and v may be strided views (say
+ * narrowed out of one fused QKV projection with heads permuted): the kernels
+ * read them through their strides without a copy. On CUDA, few queries
+ * (decode) split the keys over blocks and merge the splits; many queries
+ * in bf16/f16 with D a multiple of 16 up to 128 and no mask (prefill) run
+ * on tensor cores (SG_ATTN_MMA=0 keeps them on the f32 FMA kernel).
+ *
+ * Attention of q (B, Hq, Lq, D) over the first kv_len[b] positions of
+ * k_cache / v_cache (B, Hkv, S, D), S slots, Hq a multiple of Hkv (query
+ * head h reads K/V head h / (Hq / Hkv); nothing is repeated). Query i
+ * attends key j when j <= kv_len[b] - Lq + i: the new tokens are the last
+ * Lq valid positions, causal among themselves. kv_len is i32 or i64 of
+ * shape () or (B), a tensor on the context's device, read by the kernel, so
+ * that a replayed step sees the new length; values are clamped to [0, S].
+ * Only positions < kv_len are read. A query that sees no key (kv_len 0, or
+ * kv_len < Lq for the first queries) comes out NaN, as sg_sdpa's fully
+ * masked rows do. scale <= 0 means 1/sqrt(D). D > 256 runs as matmul,
+ * mask, softmax, matmul, with the mask computed from kv_len on the device.
+ * Result (B, Hq, Lq, D), contiguous, q's dtype.
+ */
+SG_API sg_tensor *sg_sdpa_cached(sg_tensor *q, sg_tensor *k_cache, sg_tensor *v_cache,
+                                 sg_tensor *kv_len, double scale);
 
 /* ---------------------------------------------------------------- compiled steps */
 /*

@@ -80,6 +80,7 @@ static sg_status cpu_run(sg_ctx *ctx, const sg__node *n) {
     case SG__FAM_ROW: return sg__cpu_row(ctx, n);
     case SG__FAM_MATMUL: return sg__cpu_matmul(ctx, n);
     case SG__FAM_DATA: return sg__cpu_data(ctx, n);
+    case SG__FAM_ATTN: return sg__cpu_attn(ctx, n);
     }
     return sg__fail(ctx, SG_ERR_INTERNAL, "cpu: op %s has no kernel family", sg__op_name(n->op));
 }

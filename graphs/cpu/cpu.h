@@ -114,6 +114,7 @@ SG__HIDDEN sg_status sg__cpu_reduce(sg_ctx *ctx, const sg__node *n);
 SG__HIDDEN sg_status sg__cpu_row(sg_ctx *ctx, const sg__node *n);
 SG__HIDDEN sg_status sg__cpu_matmul(sg_ctx *ctx, const sg__node *n);
 SG__HIDDEN sg_status sg__cpu_data(sg_ctx *ctx, const sg__node *n);
+SG__HIDDEN sg_status sg__cpu_attn(sg_ctx *ctx, const sg__node *n);
 
 /* Random numbers (cpu_random.c): one Philox 4x32-10 block, and the RAND op. */
 SG__HIDDEN void sg__philox4x32_10(const uint32_t ctr[4], const uint32_t key[2], uint32_t out[4]);

@@ -1,0 +1,147 @@
+/*
+ * cuda_attn.c -- the host side of ATTENTION on CUDA (kernels in k_attn.cu).
+ * It describes the node's 4-d views to the kernel (strides, dtypes, the
+ * kv_len stride), picks the block shape by head dim (R rows of queries per
+ * block, KT keys per tile, within 48 KiB of shared memory), and cuts the
+ * keys into splits when the (batch, K/V head, row group) blocks alone would
+ * leave SMs idle -- decode -- so that about two blocks per SM read K/V in
+ * parallel; the splits are then merged by a second kernel through op
+ * scratch. Prefill in 16-bit (D a multiple of 16, at most 128, no mask)
+ * goes to the tensor-core kernel instead (SG_ATTN_MMA=0: not). The split count depends only on
+ * shapes, never on kv_len, which stays on the device: a recorded graph replays with whatever length
+ * the step wrote there.
+ */
+#include "exec.h"
+
+#ifdef SG_HAVE_CUDA_HEADERS
+
+#include <stdlib.h>
+
+#define NT 128
+#define MAXR 16
+#define MAXACC 16
+#define SCRATCH_CAP ((size_t)1 << 20) /* the op scratch that always exists (exec.c) */
+
+enum { CAUSAL = 1, VEC = 2 }; /* k_attn.cu's flags; CAUSAL is SG__ATTN_CAUSAL */
+
+/* The same layout as struct ageom in k_attn.cu. */
+typedef struct ageom {
+    int64_t qs[4], ks[4], vs[4], ms[4];
+    int64_t B, Hq, Hkv, Lq, S, D;
+    int64_t ls, chunk;
+    float scale;
+    int32_t dt, mdt, ldt, flags;
+    int32_t nsplit, rows, kt;
+} ageom;
+_Static_assert(sizeof(ageom) == 224, "ageom changed: update k_attn.cu too");
+
+/* 16-byte loads of K and V rows: contiguous rows of whole vectors, aligned. */
+static bool rows_vector(const sg_tensor *t, int64_t D) {
+    int64_t w = 16 / (int64_t)sg_dtype_size(t->dtype);
+    if (t->stride[3] != 1 || D % w != 0) return false;
+    for (int d = 0; d < 3; d++)
+        if (t->stride[d] % w != 0) return false;
+    return ((uintptr_t)sg__data(t) & 15) == 0;
+}
+
+static void describe(ageom *g, const sg__node *n) {
+    const sg_tensor *q = n->in[0], *k = n->in[1], *v = n->in[2];
+    const sg_tensor *m = n->nin > 3 ? n->in[3] : NULL, *len = n->nin > 4 ? n->in[4] : NULL;
+    memset(g, 0, sizeof *g);
+    for (int d = 0; d < 4; d++) {
+        g->qs[d] = q->stride[d], g->ks[d] = k->stride[d], g->vs[d] = v->stride[d];
+        g->ms[d] = m ? m->stride[d] : 0;
+    }
+    g->B = q->shape[0], g->Hq = q->shape[1], g->Hkv = k->shape[1];
+    g->Lq = q->shape[2], g->S = k->shape[2], g->D = q->shape[3];
+    g->ls = len && len->ndim == 1 && len->shape[0] > 1 ? len->stride[0] : 0;
+    g->scale = (float)n->f[0];
+    g->dt = (int32_t)q->dtype;
+    g->mdt = m ? (int32_t)m->dtype : -1;
+    g->ldt = len ? (int32_t)len->dtype : -1;
+    g->flags = (n->i[0] & SG__ATTN_CAUSAL) ? CAUSAL : 0;
+    if (rows_vector(k, g->D) && rows_vector(v, g->D)) g->flags |= VEC;
+    /* Rows per block: no more than the queries sharing a K/V head (one, for MHA decode). */
+    int64_t rows = g->D <= 128 ? MAXR : MAXR / 2,
+            shared = (g->Hkv > 0 ? g->Hq / g->Hkv : 1) * g->Lq;
+    g->rows = (int32_t)(shared < rows ? (shared > 0 ? shared : 1) : rows);
+    g->kt = g->D <= 64 ? 64 : g->D <= 128 ? 32 : 16;
+}
+
+/* Splits of the keys: enough blocks for ~2 per SM, KT-multiple chunks, and
+ * partials that fit the op scratch that always exists. */
+static void plan_splits(ageom *g, int64_t blocks, int sms) {
+    int64_t tiles = (g->S + g->kt - 1) / g->kt, ns = 1;
+    if (blocks < 2 * (int64_t)sms) ns = (2 * (int64_t)sms + blocks - 1) / blocks;
+    ns = ns > tiles ? tiles : ns;
+    int64_t rows = g->B * g->Hq * g->Lq;
+    while (ns > 1 && (size_t)(rows * ns * (g->D + 2)) * sizeof(float) > SCRATCH_CAP) ns /= 2;
+    ns = ns < 1 ? 1 : ns;
+    int64_t chunk = ((tiles + ns - 1) / ns) * g->kt;
+    g->chunk = chunk > 0 ? chunk : g->kt;
+    g->nsplit = (int32_t)(g->S > 0 ? (g->S + g->chunk - 1) / g->chunk : 1);
+}
+
+/* Prefill on tensor cores (sg_attn_mma): 16-bit, D a multiple of 16 up to 128, no mask,
+ * enough queries for 64-row tiles, sm_80+; SG_ATTN_MMA=0 keeps the FFMA kernel. */
+static bool use_mma(sg_ctx *ctx, const ageom *g) {
+    const char *e = getenv("SG_ATTN_MMA");
+    if (e && strcmp(e, "0") == 0) return false;
+    return (g->dt == SG_BF16 || g->dt == SG_F16) && g->mdt < 0 && g->D % 16 == 0 && g->D <= 128 &&
+           g->Lq >= 32 && g->B * g->Hq <= 65535 && sg__cuda_arch(ctx) >= 80;
+}
+
+static sg_status launch_mma(sg_ctx *ctx, const sg__node *n, ageom *g) {
+    void *f;
+    sg_status st = sg__cuda_kernel(ctx, SG__CU_ATTN, "sg_attn_mma", &f);
+    if (st != SG_OK) return st;
+    void *q = sg__data(n->in[0]), *k = sg__data(n->in[1]), *v = sg__data(n->in[2]);
+    void *len = n->nin > 4 && n->in[4] ? sg__data(n->in[4]) : NULL, *out = sg__data(n->out);
+    void *args[] = {&q, &k, &v, &len, &out, g};
+    unsigned grid[3] = {(unsigned)((g->Lq + 63) / 64), (unsigned)(g->B * g->Hq), 1};
+    unsigned block[3] = {NT, 1, 1};
+    return sg__cuda_launch(ctx, f, grid, block, 0, args);
+}
+
+sg_status sg__cuda_attn(sg_ctx *ctx, const sg__node *n) {
+    ageom g;
+    describe(&g, n);
+    if (g.D > 256 || g.Hkv < 1 || g.Hq % g.Hkv != 0)
+        return sg__fail(ctx, SG_ERR_INTERNAL,
+                        "cuda: attention with D %lld, Hq %lld, Hkv %lld; "
+                        "the kernels take D <= 256 and Hq a multiple of Hkv",
+                        (long long)g.D, (long long)g.Hq, (long long)g.Hkv);
+    int64_t rows = g.B * g.Hq * g.Lq;
+    if (rows == 0 || g.D == 0) return SG_OK;
+    if (use_mma(ctx, &g)) return launch_mma(ctx, n, &g);
+    int64_t zr = ((g.Hq / g.Hkv) * g.Lq + g.rows - 1) / g.rows, bx = g.B * g.Hkv;
+    plan_splits(&g, bx * zr, sg__cuda_sm_count(ctx));
+    if (zr > 65535 || bx > INT32_MAX || rows > INT32_MAX)
+        return sg__fail(ctx, SG_ERR_UNSUPPORTED,
+                        "cuda: attention over %lld query rows in %lld "
+                        "(batch, head) pairs is past the launch limits; split the batch",
+                        (long long)rows, (long long)bx);
+    void *split, *combine, *part = NULL;
+    sg_status st = sg__cuda_kernel(ctx, SG__CU_ATTN, "sg_attn_split", &split);
+    if (st == SG_OK && g.nsplit > 1)
+        st = sg__cuda_kernel(ctx, SG__CU_ATTN, "sg_attn_combine", &combine);
+    if (st == SG_OK && g.nsplit > 1)
+        st = sg__cuda_scratch(ctx, (size_t)(rows * g.nsplit * (g.D + 2)) * sizeof(float), &part);
+    if (st != SG_OK) return st;
+    void *q = sg__data(n->in[0]), *k = sg__data(n->in[1]), *v = sg__data(n->in[2]);
+    void *m = n->nin > 3 && n->in[3] ? sg__data(n->in[3]) : NULL;
+    void *len = n->nin > 4 && n->in[4] ? sg__data(n->in[4]) : NULL;
+    void *out = sg__data(n->out);
+    void *args[] = {&q, &k, &v, &m, &len, &out, &part, &g};
+    size_t shmem =
+        sizeof(float) * (size_t)(g.rows * g.D + g.kt * (g.D + 1) + g.kt * g.D + g.rows * g.kt);
+    unsigned grid[3] = {(unsigned)bx, (unsigned)g.nsplit, (unsigned)zr}, block[3] = {NT, 1, 1};
+    st = sg__cuda_launch(ctx, split, grid, block, shmem, args);
+    if (st != SG_OK || g.nsplit == 1) return st;
+    void *cargs[] = {&part, &out, &g};
+    unsigned cgrid[3] = {(unsigned)rows, 1, 1};
+    unsigned cblock[3] = {(unsigned)(g.D < 32 ? 32 : (g.D + 31) / 32 * 32), 1, 1};
+    return sg__cuda_launch(ctx, combine, cgrid, cblock, 0, cargs);
+}
+
+#endif /* SG_HAVE_CUDA_HEADERS */

@@ -1,0 +1,441 @@
+/*
+ * k_attn.cu -- the CUDA kernels of ATTENTION (host side in cuda_attn.c):
+ * one split kernel that serves decode (flash-decoding) and prefill (flash
+ * attention with FFMA tiles), and the combine of the splits.
+ *
+ * sg_attn_split: block (b * Hkv + hk, split, z) takes R rows of the
+ * (Hq / Hkv) * Lq queries that share K/V head hk of batch b (rows z*R ...),
+ * and the keys [split * chunk, (split + 1) * chunk) of the ones those rows
+ * see. Its Q rows (times scale) sit in shared memory as f32; each tile of
+ * KT keys of K and V is loaded once (16-byte loads when the host says rows
+ * are aligned and contiguous), then the block computes the R x KT scores,
+ * a warp per row updates the row's running max and sum (online softmax),
+ * and each thread rescales and accumulates its share of the R x D outputs,
+ * held in registers. A grouped-query head's K/V is thus read once for all
+ * of the queries that share it, and no score reaches memory.
+ *
+ * With one split the block writes the normalized result; with several it
+ * writes its unnormalized accumulator and (max, sum) per row to scratch
+ * and sg_attn_combine merges the splits of each row in split order.
+ *
+ * Visibility (capture.h, SG__ATTN_CAUSAL): key j of batch b is seen by
+ * query i when j < L (kv_len[b] read here, clamped to [0, S]) and, causal,
+ * j <= L - Lq + i. A row that sees no key, or whose every score is -inf,
+ * gives NaN. Every index is guarded; keys at or past L are never read.
+ *
+ * NVRTC compiles this file with no include path, so it includes nothing.
+ */
+typedef long long i64;
+typedef unsigned int u32;
+typedef unsigned short u16;
+
+#define NT 128    /* threads per block */
+#define MAXR 16   /* rows per block, at most */
+#define MAXACC 16 /* accumulators per thread: R * D <= NT * MAXACC */
+
+/* sg_dtype's values (include/stepgraph.h). */
+enum { DT_F32, DT_F16, DT_BF16, DT_I32, DT_I64, DT_BOOL };
+/* Flags, as cuda_attn.c sets them (CAUSAL is SG__ATTN_CAUSAL). */
+enum { CAUSAL = 1, VEC = 2 };
+
+/* The same layout as struct ageom in cuda_attn.c. */
+struct ageom {
+    i64 qs[4], ks[4], vs[4], ms[4]; /* strides of the 4-d views (0 where broadcast) */
+    i64 B, Hq, Hkv, Lq, S, D;
+    i64 ls;    /* kv_len's stride over b (0: one length for all) */
+    i64 chunk; /* keys per split */
+    float scale;
+    int dt, mdt, ldt, flags; /* q/k/v dtype; mask's and kv_len's (-1: none) */
+    int nsplit, rows, kt;    /* splits, rows per block (R), keys per tile (KT) */
+};
+
+/* ------------------------------------------------------------ conversions */
+
+__device__ __forceinline__ float h2f(u16 h) {
+    float f;
+    asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(h));
+    return f;
+}
+
+__device__ __forceinline__ u16 f2h(float f) {
+    u16 h;
+    asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(f));
+    return h;
+}
+
+__device__ __forceinline__ float bf2f(u16 b) { return __uint_as_float((u32)b << 16); }
+
+/* Nearest even, NaN kept NaN: as graphs/cpu/cpu.h rounds. */
+__device__ __forceinline__ u16 f2bf(float f) {
+    u32 u = __float_as_uint(f);
+    if ((u & 0x7fffffffu) > 0x7f800000u) return (u16)((u >> 16) | 0x40);
+    u += 0x7fffu + ((u >> 16) & 1);
+    return (u16)(u >> 16);
+}
+
+__device__ __forceinline__ float ldf(const void *p, int dt, i64 i) {
+    switch (dt) {
+    case DT_F32: return ((const float *)p)[i];
+    case DT_F16: return h2f(((const u16 *)p)[i]);
+    case DT_BF16: return bf2f(((const u16 *)p)[i]);
+    }
+    return 0.0f;
+}
+
+__device__ __forceinline__ void stf(void *p, int dt, i64 i, float v) {
+    switch (dt) {
+    case DT_F32: ((float *)p)[i] = v; break;
+    case DT_F16: ((u16 *)p)[i] = f2h(v); break;
+    case DT_BF16: ((u16 *)p)[i] = f2bf(v); break;
+    }
+}
+
+__device__ __forceinline__ float inf_f() { return __uint_as_float(0x7f800000u); }
+__device__ __forceinline__ float nan_f() { return __uint_as_float(0x7fc00000u); }
+
+/* ------------------------------------------------------------ geometry */
+
+/* The valid length of batch b: kv_len[b] clamped to [0, S], or S. */
+__device__ __forceinline__ i64 valid_len(const void *len, const ageom &g, i64 b) {
+    if (g.ldt < 0) return g.S;
+    i64 L = g.ldt == DT_I32 ? (i64)((const int *)len)[b * g.ls] : ((const i64 *)len)[b * g.ls];
+    return L < 0 ? 0 : L > g.S ? g.S : L;
+}
+
+/* Keys 0 .. n-1 are seen by query i. */
+__device__ __forceinline__ i64 visible(const ageom &g, i64 L, i64 i) {
+    i64 n = L;
+    if (g.flags & CAUSAL) {
+        i64 last = L - g.Lq + i + 1;
+        n = last < n ? last : n;
+    }
+    return n < 0 ? 0 : n;
+}
+
+/* Rows KT x D of a K or V tile, keys j0 .. j0+nt-1, into shared memory as
+ * f32 (row pitch pitch): 16-byte loads when VEC, else one element each. */
+__device__ void load_tile(float *dst, int pitch, const void *src, const i64 *st, i64 base, i64 j0,
+                          int nt, const ageom &g) {
+    int D = (int)g.D;
+    if (g.flags & VEC) {
+        int w = g.dt == DT_F32 ? 4 : 8, per = D / w;
+        for (int x = threadIdx.x; x < nt * per; x += NT) {
+            int j = x / per, e = (x % per) * w;
+            i64 at = base + (j0 + j) * st[2] + e;
+            uint4 u = *(const uint4 *)((const char *)src + at * (g.dt == DT_F32 ? 4 : 2));
+            float *d = dst + j * pitch + e;
+            if (g.dt == DT_F32) {
+                d[0] = __uint_as_float(u.x), d[1] = __uint_as_float(u.y);
+                d[2] = __uint_as_float(u.z), d[3] = __uint_as_float(u.w);
+            } else {
+                u32 p[4] = {u.x, u.y, u.z, u.w};
+                for (int k = 0; k < 4; k++) {
+                    u16 lo = (u16)(p[k] & 0xffff), hi = (u16)(p[k] >> 16);
+                    d[2 * k] = g.dt == DT_F16 ? h2f(lo) : bf2f(lo);
+                    d[2 * k + 1] = g.dt == DT_F16 ? h2f(hi) : bf2f(hi);
+                }
+            }
+        }
+        return;
+    }
+    for (int x = threadIdx.x; x < nt * D; x += NT) {
+        int j = x / D, e = x % D;
+        dst[j * pitch + e] = ldf(src, g.dt, base + (j0 + j) * st[2] + e * st[3]);
+    }
+}
+
+/* ------------------------------------------------------------ kernels */
+
+extern "C" __global__ void __launch_bounds__(NT)
+    sg_attn_split(const void *q, const void *k, const void *v, const void *m, const void *len,
+                  void *out, float *part, ageom g) {
+    extern __shared__ float sm[];
+    __shared__ i64 vis[MAXR], orow[MAXR];
+    __shared__ float rmax[MAXR], rsum[MAXR], ralpha[MAXR];
+    const int R = g.rows, KT = g.kt, D = (int)g.D, DP = D + 1, tid = threadIdx.x;
+    float *qsm = sm, *ksm = qsm + R * D, *vsm = ksm + KT * DP, *ssm = vsm + KT * D;
+    const i64 grp = g.Hq / g.Hkv, G = grp * g.Lq;
+    const i64 b = blockIdx.x / g.Hkv, hk = blockIdx.x % g.Hkv, split = blockIdx.y;
+    const i64 r0 = (i64)blockIdx.z * R;
+    const i64 L = valid_len(len, g, b);
+    if (tid < R) {
+        i64 r = r0 + tid, i = r % g.Lq, h = hk * grp + r / g.Lq;
+        vis[tid] = r < G ? visible(g, L, i) : 0;
+        orow[tid] = r < G ? (b * g.Hq + h) * g.Lq + i : -1;
+        rmax[tid] = -inf_f(), rsum[tid] = 0.0f;
+    }
+    for (int x = tid; x < R * D; x += NT) {
+        i64 r = r0 + x / D, e = x % D, i = r % g.Lq, h = hk * grp + r / g.Lq;
+        qsm[x] = r < G
+                     ? ldf(q, g.dt, b * g.qs[0] + h * g.qs[1] + i * g.qs[2] + e * g.qs[3]) * g.scale
+                     : 0.0f;
+    }
+    __syncthreads();
+    i64 nmax = 0;
+    for (int r = 0; r < R; r++) nmax = vis[r] > nmax ? vis[r] : nmax;
+    const i64 js = split * g.chunk, je = js + g.chunk < nmax ? js + g.chunk : nmax;
+    const i64 kb = b * g.ks[0] + hk * g.ks[1], vb = b * g.vs[0] + hk * g.vs[1];
+    float acc[MAXACC];
+#pragma unroll
+    for (int c = 0; c < MAXACC; c++) acc[c] = 0.0f;
+    for (i64 j0 = js; j0 < je; j0 += KT) {
+        int nt = (int)(je - j0 < KT ? je - j0 : KT);
+        load_tile(ksm, DP, k, g.ks, kb, j0, nt, g);
+        load_tile(vsm, D, v, g.vs, vb, j0, nt, g);
+        __syncthreads();
+        for (int x = tid; x < R * KT; x += NT) {
+            int r = x / KT, j = x % KT;
+            float s = -inf_f();
+            if (j < nt && j0 + j < vis[r]) {
+                const float *qr = qsm + r * D, *kr = ksm + j * DP;
+                float d0 = 0.0f, d1 = 0.0f;
+                int e = 0;
+                for (; e + 1 < D; e += 2) d0 += qr[e] * kr[e], d1 += qr[e + 1] * kr[e + 1];
+                if (e < D) d0 += qr[e] * kr[e];
+                s = d0 + d1;
+                if (g.mdt >= 0) {
+                    i64 r_ = r0 + r, i = r_ % g.Lq, h = hk * grp + r_ / g.Lq;
+                    i64 at = b * g.ms[0] + h * g.ms[1] + i * g.ms[2] + (j0 + j) * g.ms[3];
+                    if (g.mdt == DT_BOOL)
+                        s = ((const unsigned char *)m)[at] ? s : -inf_f();
+                    else
+                        s += ldf(m, g.mdt, at);
+                }
+            }
+            ssm[x] = s;
+        }
+        __syncthreads();
+        for (int r = tid / 32; r < R; r += NT / 32) {
+            int lane = tid & 31;
+            float tmx = -inf_f();
+            for (int j = lane; j < KT; j += 32) tmx = fmaxf(tmx, ssm[r * KT + j]);
+            for (int o = 16; o; o >>= 1) tmx = fmaxf(tmx, __shfl_xor_sync(0xffffffffu, tmx, o));
+            float mold = rmax[r], mnew = fmaxf(mold, tmx), sum = 0.0f;
+            bool none = mnew == -inf_f(); /* nothing seen yet: keep zeros */
+            for (int j = lane; j < KT; j += 32) {
+                float p = none ? 0.0f : expf(ssm[r * KT + j] - mnew);
+                ssm[r * KT + j] = p;
+                sum += p;
+            }
+            for (int o = 16; o; o >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, o);
+            __syncwarp();
+            if (lane == 0) {
+                float alpha = none ? 1.0f : expf(mold - mnew);
+                ralpha[r] = alpha;
+                rsum[r] = rsum[r] * alpha + sum;
+                rmax[r] = mnew;
+            }
+        }
+        __syncthreads();
+#pragma unroll
+        for (int c = 0; c < MAXACC; c++) {
+            int x = tid + NT * c;
+            if (x < R * D) {
+                int r = x / D, e = x % D;
+                const float *p = ssm + r * KT;
+                float a = acc[c] * ralpha[r];
+                for (int j = 0; j < nt; j++) a += p[j] * vsm[j * D + e];
+                acc[c] = a;
+            }
+        }
+        __syncthreads();
+    }
+    const i64 rows = g.B * g.Hq * g.Lq;
+#pragma unroll
+    for (int c = 0; c < MAXACC; c++) {
+        int x = tid + NT * c;
+        if (x < R * D && orow[x / D] >= 0) {
+            int r = x / D, e = x % D;
+            i64 o = orow[r];
+            if (g.nsplit == 1)
+                stf(out, g.dt, o * D + e, rsum[r] > 0.0f ? acc[c] / rsum[r] : nan_f());
+            else
+                part[(o * g.nsplit + split) * D + e] = acc[c];
+        }
+    }
+    if (g.nsplit > 1 && tid < R && orow[tid] >= 0) {
+        float *pm = part + rows * g.nsplit * D + (orow[tid] * g.nsplit + split) * 2;
+        pm[0] = rmax[tid], pm[1] = rsum[tid];
+    }
+}
+
+/* Row blockIdx.x of the result from its splits, merged in split order. */
+extern "C" __global__ void sg_attn_combine(const float *part, void *out, ageom g) {
+    const i64 row = blockIdx.x, rows = g.B * g.Hq * g.Lq;
+    const int n = g.nsplit;
+    const float *pm = part + rows * n * g.D + row * n * 2;
+    float M = -inf_f();
+    for (int s = 0; s < n; s++) M = fmaxf(M, pm[2 * s]);
+    for (i64 e = threadIdx.x; e < g.D; e += blockDim.x) {
+        float l = 0.0f, a = 0.0f;
+        for (int s = 0; s < n; s++)
+            if (pm[2 * s + 1] > 0.0f) {
+                float w = expf(pm[2 * s] - M);
+                l += pm[2 * s + 1] * w;
+                a += part[(row * n + s) * g.D + e] * w;
+            }
+        stf(out, g.dt, row * g.D + e, l > 0.0f ? a / l : nan_f());
+    }
+}
+
+/* ------------------------------------------------------------ tensor cores */
+
+/*
+ * sg_attn_mma: prefill on tensor cores (bf16 / f16, D a multiple of 16, at
+ * most 128, no mask). Block (query tile, b * Hq + h) of 4 warps takes 64
+ * queries, a warp 16 of them; keys go in tiles of 64. Q's fragments stay in
+ * registers; K (row-major, keys x D) and V (transposed, D x keys) sit in
+ * shared memory as 16-bit with 8 halves of padding per row, so that the
+ * fragment loads hit 32 banks. S = Q K^T and O += P V are mma.sync
+ * m16n8k16 with f32 accumulators; the scores' accumulator layout is P's
+ * operand layout, so P never leaves registers. Online softmax per row in
+ * f32 as in sg_attn_split; each thread keeps its share of the row sum and
+ * the quad adds them at the end.
+ */
+#define MQ 64    /* queries per block */
+#define MK 64    /* keys per tile */
+#define MAXD 128 /* head dim, at most */
+
+__device__ __forceinline__ u32 pack2(float lo, float hi, int dt) {
+    u16 a = dt == DT_F16 ? f2h(lo) : f2bf(lo), b = dt == DT_F16 ? f2h(hi) : f2bf(hi);
+    return (u32)a | ((u32)b << 16);
+}
+
+__device__ __forceinline__ void mma16816(float *c, const u32 *a, u32 b0, u32 b1, int dt) {
+    if (dt == DT_F16)
+        asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, "
+                     "{%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
+                     : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+                     : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+    else
+        asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, "
+                     "{%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
+                     : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+                     : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+/* 16-bit element of a strided operand, 0 outside [0, rows). */
+__device__ __forceinline__ u16 ld16(const void *p, i64 at, bool in) {
+    return in ? ((const u16 *)p)[at] : (u16)0;
+}
+
+extern "C" __global__ void __launch_bounds__(NT)
+    sg_attn_mma(const void *q, const void *k, const void *v, const void *len, void *out, ageom g) {
+    __shared__ __align__(16) u16 ks[MK * (MAXD + 8)];
+    __shared__ __align__(16) u16 vt[MAXD * (MK + 8)];
+    const int D = (int)g.D, KP = D + 8, VP = MK + 8, nk = D / 16, tid = threadIdx.x;
+    const int warp = tid / 32, lane = tid & 31, gr = lane >> 2, tq = lane & 3;
+    const i64 b = blockIdx.y / g.Hq, h = blockIdx.y % g.Hq, hk = h / (g.Hq / g.Hkv);
+    const i64 q0 = (i64)blockIdx.x * MQ;
+    const i64 L = valid_len(len, g, b);
+    const i64 qb = b * g.qs[0] + h * g.qs[1], kb = b * g.ks[0] + hk * g.ks[1];
+    const i64 vb = b * g.vs[0] + hk * g.vs[1];
+    /* Q's tile through shared memory (ks's space) into A fragments. */
+    for (int x = tid; x < MQ * D; x += NT) {
+        int r = x / D, e = x % D;
+        ks[r * KP + e] = ld16(q, qb + (q0 + r) * g.qs[2] + e * g.qs[3], q0 + r < g.Lq);
+    }
+    __syncthreads();
+    u32 qa[MAXD / 16][4];
+    const int r0 = warp * 16 + gr;
+#pragma unroll
+    for (int s = 0; s < MAXD / 16; s++)
+        if (s < nk) {
+            const u16 *base = ks + s * 16 + 2 * tq;
+            qa[s][0] = *(const u32 *)(base + r0 * KP);
+            qa[s][1] = *(const u32 *)(base + (r0 + 8) * KP);
+            qa[s][2] = *(const u32 *)(base + r0 * KP + 8);
+            qa[s][3] = *(const u32 *)(base + (r0 + 8) * KP + 8);
+        }
+    __syncthreads();
+    const i64 ia = q0 + r0, ib = ia + 8; /* this thread's two rows */
+    const i64 na = ia < g.Lq ? visible(g, L, ia) : 0, nb = ib < g.Lq ? visible(g, L, ib) : 0;
+    i64 last = q0 + MQ - 1 < g.Lq - 1 ? q0 + MQ - 1 : g.Lq - 1;
+    const i64 nmax = visible(g, L, last) > L ? L : visible(g, L, last);
+    float o[MAXD / 8][4], ma = -inf_f(), mb = -inf_f(), la = 0.0f, lb = 0.0f;
+#pragma unroll
+    for (int d = 0; d < MAXD / 8; d++) o[d][0] = o[d][1] = o[d][2] = o[d][3] = 0.0f;
+    for (i64 j0 = 0; j0 < nmax; j0 += MK) {
+        for (int x = tid; x < MK * D; x += NT) {
+            int j = x / D, e = x % D;
+            bool in = j0 + j < nmax;
+            ks[j * KP + e] = ld16(k, kb + (j0 + j) * g.ks[2] + e * g.ks[3], in);
+            vt[e * VP + j] = ld16(v, vb + (j0 + j) * g.vs[2] + e * g.vs[3], in);
+        }
+        __syncthreads();
+        float s[MK / 8][4];
+#pragma unroll
+        for (int n = 0; n < MK / 8; n++) {
+            s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.0f;
+#pragma unroll
+            for (int t = 0; t < MAXD / 16; t++)
+                if (t < nk) {
+                    const u16 *kr = ks + (n * 8 + gr) * KP + t * 16 + 2 * tq;
+                    mma16816(s[n], qa[t], *(const u32 *)kr, *(const u32 *)(kr + 8), g.dt);
+                }
+        }
+        float tma = -inf_f(), tmb = -inf_f();
+#pragma unroll
+        for (int n = 0; n < MK / 8; n++)
+#pragma unroll
+            for (int c = 0; c < 4; c++) {
+                i64 j = j0 + n * 8 + 2 * tq + (c & 1);
+                bool rowb = c >= 2;
+                float x = j < (rowb ? nb : na) ? s[n][c] * g.scale : -inf_f();
+                s[n][c] = x;
+                if (rowb)
+                    tmb = fmaxf(tmb, x);
+                else
+                    tma = fmaxf(tma, x);
+            }
+        for (int off = 1; off < 4; off <<= 1) {
+            tma = fmaxf(tma, __shfl_xor_sync(0xffffffffu, tma, off));
+            tmb = fmaxf(tmb, __shfl_xor_sync(0xffffffffu, tmb, off));
+        }
+        float mna = fmaxf(ma, tma), mnb = fmaxf(mb, tmb);
+        float aa = mna == -inf_f() ? 1.0f : expf(ma - mna),
+              ab = mnb == -inf_f() ? 1.0f : expf(mb - mnb);
+        ma = mna, mb = mnb, la *= aa, lb *= ab;
+#pragma unroll
+        for (int d = 0; d < MAXD / 8; d++)
+            o[d][0] *= aa, o[d][1] *= aa, o[d][2] *= ab, o[d][3] *= ab;
+        u32 pa[MK / 16][4];
+#pragma unroll
+        for (int n = 0; n < MK / 8; n++) {
+            float p0 = mna == -inf_f() ? 0.0f : expf(s[n][0] - mna);
+            float p1 = mna == -inf_f() ? 0.0f : expf(s[n][1] - mna);
+            float p2 = mnb == -inf_f() ? 0.0f : expf(s[n][2] - mnb);
+            float p3 = mnb == -inf_f() ? 0.0f : expf(s[n][3] - mnb);
+            la += p0 + p1, lb += p2 + p3;
+            pa[n / 2][(n & 1) * 2] = pack2(p0, p1, g.dt);
+            pa[n / 2][(n & 1) * 2 + 1] = pack2(p2, p3, g.dt);
+        }
+#pragma unroll
+        for (int d = 0; d < MAXD / 8; d++)
+            if (d < D / 8)
+#pragma unroll
+                for (int t = 0; t < MK / 16; t++) {
+                    const u16 *vr = vt + (d * 8 + gr) * VP + t * 16 + 2 * tq;
+                    mma16816(o[d], pa[t], *(const u32 *)vr, *(const u32 *)(vr + 8), g.dt);
+                }
+        __syncthreads();
+    }
+    for (int off = 1; off < 4; off <<= 1) {
+        la += __shfl_xor_sync(0xffffffffu, la, off);
+        lb += __shfl_xor_sync(0xffffffffu, lb, off);
+    }
+    const i64 oa = ((b * g.Hq + h) * g.Lq + ia) * D, ob = oa + 8 * (i64)D;
+#pragma unroll
+    for (int d = 0; d < MAXD / 8; d++)
+        if (d < D / 8) {
+            int e = d * 8 + 2 * tq;
+            if (ia < g.Lq) {
+                stf(out, g.dt, oa + e, la > 0.0f ? o[d][0] / la : nan_f());
+                stf(out, g.dt, oa + e + 1, la > 0.0f ? o[d][1] / la : nan_f());
+            }
+            if (ib < g.Lq) {
+                stf(out, g.dt, ob + e, lb > 0.0f ? o[d][2] / lb : nan_f());
+                stf(out, g.dt, ob + e + 1, lb > 0.0f ? o[d][3] / lb : nan_f());
+            }
+        }
+}

@@ -1,0 +1,186 @@
+/*
+ * test_cuda_attn.c -- the CUDA attention kernels (k_attn.cu) against the CPU
+ * kernel on the same inputs, at the sizes the op test keeps small: decode
+ * over a 1024-slot cache (B=1, H=12, D=64) at kv_len 1 .. 1024 (one split up
+ * to many, merged by the combine kernel), grouped-query decode (32 query
+ * heads over 8 and 4 K/V heads, D=128) with per-batch lengths, D=256, and
+ * causal prefill (B=4, H=12, L=512, D=64) with q/k/v narrowed out of one
+ * fused QKV projection; bf16 and f32. Then, unless SG_ATTN_TIMING=0 (set it
+ * under compute-sanitizer), the time of decode and prefill per call
+ * (eager, synchronized, best of 5 runs of 50) against the bytes and FLOP
+ * floors of an H100 (3.35 TB/s HBM3; 989 TFLOP/s bf16 dense tensor, 67
+ * TFLOP/s f32 FFMA). Without a CUDA device it exits 77.
+ */
+#define _POSIX_C_SOURCE 200809L
+#include "testutil.h"
+
+#include <math.h>
+#include <string.h>
+#include <time.h>
+
+static sg_ctx *gpu, *cpu;
+
+static double now(void) {
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
+}
+
+/* The same host bytes as a tensor in both contexts. */
+typedef struct pair {
+    sg_tensor *g, *c;
+} pair;
+
+static pair both(sg_dtype dt, int ndim, const int64_t *shape, double lo, double hi) {
+    double *v;
+    pair p;
+    p.c = tu_rand(cpu, dt, ndim, shape, lo, hi, &v);
+    int64_t n = sg_tensor_numel(p.c);
+    size_t es = sg_dtype_size(dt);
+    void *buf = malloc((size_t)(n ? n : 1) * es);
+    sg_read(p.c, buf, (size_t)n * es);
+    p.g = sg_from_host(gpu, dt, ndim, shape, buf);
+    free(buf), free(v);
+    return p;
+}
+
+static pair len_pair(int64_t B, const int64_t *vals) {
+    int64_t s[1] = {B};
+    pair p = {sg_from_host(gpu, SG_I64, 1, s, vals), sg_from_host(cpu, SG_I64, 1, s, vals)};
+    return p;
+}
+
+static void release(pair p) { sg_release(p.g), sg_release(p.c); }
+
+static bool same(sg_tensor *g, sg_tensor *c, sg_dtype dt) {
+    double *a = g ? tu_read(g) : NULL, *b = c ? tu_read(c) : NULL;
+    int64_t n = sg_tensor_numel(c);
+    /* Two f32 accumulations in different orders; 16-bit results may differ by a rounding. */
+    double rtol = dt == SG_F32 ? 1e-4 : 1.6e-2, atol = dt == SG_F32 ? 1e-5 : 1e-2;
+    bool ok = TU_EXPECT(a && b) && TU_EXPECT(sg_tensor_numel(g) == n) &&
+              TU_EXPECT(tu_close("gpu vs cpu", a, b, n, rtol, atol));
+    if (!g) fprintf(stderr, "  gpu: %s\n", sg_last_error(gpu));
+    free(a), free(b);
+    return ok;
+}
+
+/* Decode: q (B, Hq, Lq, D) over caches (B, Hkv, S, D) at lengths lens. */
+static void decode_case(sg_dtype dt, int64_t B, int64_t Hq, int64_t Hkv, int64_t Lq, int64_t S,
+                        int64_t D, const int64_t *lens) {
+    int64_t qs[4] = {B, Hq, Lq, D}, ks[4] = {B, Hkv, S, D};
+    pair q = both(dt, 4, qs, -1, 1), k = both(dt, 4, ks, -1, 1), v = both(dt, 4, ks, -1, 1);
+    pair len = len_pair(B, lens);
+    sg_tensor *yg = sg_sdpa_cached(q.g, k.g, v.g, len.g, 0);
+    sg_tensor *yc = sg_sdpa_cached(q.c, k.c, v.c, len.c, 0);
+    tu_case(same(yg, yc, dt),
+            "DECODE(type=%s,B=%lld,Hq=%lld,Hkv=%lld,Lq=%lld,S=%lld,D=%lld,"
+            "kv_len[0]=%lld)",
+            sg_dtype_name(dt), (long long)B, (long long)Hq, (long long)Hkv, (long long)Lq,
+            (long long)S, (long long)D, (long long)lens[0]);
+    sg_release(yg), sg_release(yc);
+    release(q), release(k), release(v), release(len);
+    sg_clear_error(gpu);
+}
+
+/* Causal prefill through sg_sdpa, q/k/v narrowed out of one (B, L, 3H, D) projection. */
+static void prefill_case(sg_dtype dt, int64_t B, int64_t H, int64_t L, int64_t D) {
+    int64_t ps[4] = {B, L, 3 * H, D};
+    pair p = both(dt, 4, ps, -1, 1);
+    static const int perm[4] = {0, 2, 1, 3};
+    sg_tensor *y[2];
+    for (int s = 0; s < 2; s++) {
+        sg_tensor *base = s ? p.c : p.g, *t[3];
+        for (int j = 0; j < 3; j++) {
+            sg_tensor *n = sg_narrow(base, 2, j * H, H);
+            t[j] = sg_permute(n, perm);
+            sg_release(n);
+        }
+        y[s] = sg_sdpa(t[0], t[1], t[2], NULL, true, 0);
+        for (int j = 0; j < 3; j++) sg_release(t[j]);
+    }
+    tu_case(same(y[0], y[1], dt), "PREFILL(type=%s,B=%lld,H=%lld,L=%lld,D=%lld,causal,fused_qkv)",
+            sg_dtype_name(dt), (long long)B, (long long)H, (long long)L, (long long)D);
+    sg_release(y[0]), sg_release(y[1]);
+    release(p);
+    sg_clear_error(gpu);
+}
+
+/* Seconds per call of one attention (eager), best of 5 runs of 50. */
+static double time_call(sg_tensor *q, sg_tensor *k, sg_tensor *v, sg_tensor *len) {
+    double best = 1e30;
+    for (int r = 0; r < 5; r++) {
+        sg_ctx_synchronize(gpu);
+        double t0 = now();
+        for (int i = 0; i < 50; i++) {
+            sg_tensor *y = len ? sg_sdpa_cached(q, k, v, len, 0) : sg_sdpa(q, k, v, NULL, true, 0);
+            sg_release(y);
+        }
+        sg_ctx_synchronize(gpu);
+        double t = (now() - t0) / 50;
+        best = t < best ? t : best;
+    }
+    return best;
+}
+
+static void timings(void) {
+    int64_t qs[4] = {1, 12, 1, 64}, ks[4] = {1, 12, 1024, 64}, one[1] = {1};
+    pair q = both(SG_BF16, 4, qs, -1, 1), k = both(SG_BF16, 4, ks, -1, 1);
+    pair v = both(SG_BF16, 4, ks, -1, 1);
+    static const int64_t lens[] = {1, 64, 256, 512, 1024};
+    for (size_t i = 0; i < sizeof lens / sizeof lens[0]; i++) {
+        sg_tensor *len = sg_from_host(gpu, SG_I64, 1, one, &lens[i]);
+        double t = time_call(q.g, k.g, v.g, len);
+        double bytes = 2.0 * 12 * (double)lens[i] * 64 * 2 + 2.0 * 12 * 64 * 2;
+        printf("time DECODE(bf16,B=1,H=12,D=64,S=1024,kv_len=%4lld): %7.2f us/call, %6.1f GB/s, "
+               "HBM floor %.2f us\n",
+               (long long)lens[i], t * 1e6, bytes / t * 1e-9, bytes / 3.35e12 * 1e6);
+        sg_release(len);
+    }
+    release(q), release(k), release(v);
+    int64_t ps[4] = {4, 12, 512, 64};
+    for (int d = 0; d < 2; d++) {
+        sg_dtype dt = d ? SG_F32 : SG_BF16;
+        pair a = both(dt, 4, ps, -1, 1), b = both(dt, 4, ps, -1, 1), c = both(dt, 4, ps, -1, 1);
+        double t = time_call(a.g, b.g, c.g, NULL);
+        double flop = 4.0 * 4 * 12 * 512 * 512 * 64 / 2; /* causal: half of QK^T and PV */
+        printf("time PREFILL(%s,B=4,H=12,L=512,D=64,causal): %8.2f us/call, %6.2f TFLOP/s; "
+               "floor %.2f us at %s\n",
+               sg_dtype_name(dt), t * 1e6, flop / t * 1e-12, flop / (d ? 67e12 : 989e12) * 1e6,
+               d ? "67 TFLOP/s FFMA" : "989 TFLOP/s bf16 MMA");
+        release(a), release(b), release(c);
+    }
+}
+
+int main(void) {
+    sg_ctx_opts o = {0};
+    o.backend = SG_BACKEND_CUDA;
+    if (sg_ctx_create(&o, &gpu) != SG_OK) {
+        printf("no CUDA device: %s\n", sg_last_error(NULL));
+        return 77;
+    }
+    o.backend = SG_BACKEND_CPU;
+    if (sg_ctx_create(&o, &cpu) != SG_OK) {
+        printf("no CPU context: %s\n", sg_last_error(NULL));
+        return 1;
+    }
+    tu_seed(11);
+    static const sg_dtype dts[2] = {SG_BF16, SG_F32};
+    for (int t = 0; t < 2; t++) {
+        sg_dtype dt = dts[t];
+        static const int64_t lens[] = {1, 2, 63, 64, 65, 255, 256, 257, 700, 1023, 1024};
+        for (size_t i = 0; i < sizeof lens / sizeof lens[0]; i++)
+            decode_case(dt, 1, 12, 12, 1, 1024, 64, &lens[i]);
+        int64_t gl[4] = {1000, 1, 513, 0};
+        decode_case(dt, 4, 32, 8, 1, 1000, 128, gl);
+        decode_case(dt, 4, 32, 4, 4, 1000, 128, gl);
+        decode_case(dt, 2, 8, 2, 3, 300, 256, gl);
+        decode_case(dt, 2, 6, 3, 1, 77, 80, gl + 1);
+        prefill_case(dt, 4, 12, 512, 64);
+        prefill_case(dt, 1, 4, 333, 128);
+    }
+    const char *e = getenv("SG_ATTN_TIMING");
+    if (!(e && strcmp(e, "0") == 0)) timings();
+    sg_ctx_destroy(gpu);
+    sg_ctx_destroy(cpu);
+    return tu_finish();
+}
