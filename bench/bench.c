@@ -415,10 +415,14 @@ static void run_gpt2(const char *name, sg_ctx *ctx, bool decode, bool small) {
         printf("| %-4s | %-26s | failed |\n", name, "(model)");
         return;
     }
-    int64_t T = small ? 32 : 512, one = 1, shape[2] = {4, T};
+    int64_t T = p.g->cfg.max_t >= 512 ? 512 : p.g->cfg.max_t / 4, one = 1, shape[2] = {4, T};
     p.batch = decode ? 1 : 4;
     p.slots = decode ? p.g->cfg.max_t : T;
     p.seq = T;
+    fprintf(stderr, "bench: %s: GPT-2 L=%lld NH=%lld C=%lld V=%lld maxT=%lld, %s, %s\n", name,
+            (long long)p.g->cfg.n_layer, (long long)p.g->cfg.n_head, (long long)p.g->cfg.channels,
+            (long long)p.g->cfg.vocab, (long long)p.g->cfg.max_t, sg_dtype_name(dt),
+            decode ? "decode from position 0" : "prefill");
     if (decode) {
         int64_t start = W3_START_TOKEN % p.g->cfg.vocab;
         p.token = sg_from_host(ctx, SG_I64, 1, &one, &start);
@@ -466,8 +470,9 @@ static void print_header(bool gpu, bool small) {
         printf("  W5   GPT-2 %s prefill %s tokens, %s, causal, logits for every position\n",
                small ? "reduced (L=2, C=64, V=512)" : "124M", small ? "4 x 32" : "4 x 512", dt);
     if (small && (work_on[3] || work_on[4]))
-        printf("  (W3/W5 run a reduced GPT-2 on the CPU to keep this run short; --full runs "
-               "124M)\n");
+        printf("  (W3/W5 run a reduced GPT-2 on the CPU to keep this run short, --full runs "
+               "124M;\n   a --gpt2 checkpoint that exists sets the size, and W5 then prefills 4 x "
+               "min(512, maxT/4))\n");
     printf("Columns: work, mode (sg_compile's), us per step (median of the loops' host time per\n"
            "step, synchronized at each loop's end), first_s (wall time of the first three\n"
            "calls: capture, compile, graph recording), vs eager (eager's time / this mode's),\n"
@@ -485,7 +490,7 @@ int main(int argc, char **argv) {
         tag = buf;
     }
     sg_ctx *ctx = new_ctx(want);
-    bool gpu = sg_ctx_backend(ctx) == SG_BACKEND_CUDA, small = !gpu && !full_cpu && !gpt2_path;
+    bool gpu = sg_ctx_backend(ctx) == SG_BACKEND_CUDA, small = !gpu && !full_cpu;
     unsigned seed = 1234;
     printf("stepgraph %s, %s backend\n\n", sg_version(), sg_backend_name(sg_ctx_backend(ctx)));
     print_header(gpu, small);
