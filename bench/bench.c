@@ -333,7 +333,10 @@ static sg_status gpt_step(workload *w) {
                      : gpt2_prefill(p->g, p->tokens, true, &p->logits);
 }
 
-static void gpt_end(workload *w) { (void)w; /* the next begin remakes the cache and steps */ }
+static void gpt_end(workload *w) {
+    gpt_work *p = w->state;
+    gpt2_cache_destroy(p->g); /* so that the next mode's peak memory is its own */
+}
 
 /* Append n f32 values of t (any float dtype) to f. */
 static sg_status dump_f32(FILE *f, sg_tensor *t) {

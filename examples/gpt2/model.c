@@ -215,7 +215,8 @@ sg_status gpt2_save(gpt2 *g, const char *path, sg_dtype fdt) {
     return st;
 }
 
-static void cache_free(gpt2 *g) {
+void gpt2_cache_destroy(gpt2 *g) {
+    if (!g) return;
     for (int i = 0; i < 2; i++) sg_fn_destroy(g->prefill_fn[i]);
     sg_fn_destroy(g->decode_fn);
     g->prefill_fn[0] = g->prefill_fn[1] = g->decode_fn = NULL;
@@ -233,7 +234,7 @@ static void cache_free(gpt2 *g) {
 
 void gpt2_destroy(gpt2 *g) {
     if (!g) return;
-    cache_free(g);
+    gpt2_cache_destroy(g);
     for (int kind = 0; kind < K_COUNT; kind++)
         for (int64_t l = 0; l < layers_of(&g->cfg, kind); l++) sg_release(*param_slot(g, kind, l));
     free(g->layers);
@@ -339,12 +340,12 @@ static sg_status decode(sg_ctx *ctx, sg_tensor *const *in, sg_tensor **out, void
 
 sg_status gpt2_cache_create(gpt2 *g, int64_t batch, int64_t slots, const sg_compile_opts *opts) {
     if (!g || batch < 1 || slots < 1 || slots > g->cfg.max_t) return SG_ERR_INVALID_ARG;
-    cache_free(g);
+    gpt2_cache_destroy(g);
     int64_t NH = g->cfg.n_head, shape[4] = {batch, NH, slots, g->cfg.channels / NH}, one = 1;
     g->kcache = calloc((size_t)g->cfg.n_layer, sizeof *g->kcache);
     g->vcache = calloc((size_t)g->cfg.n_layer, sizeof *g->vcache);
     if (!g->kcache || !g->vcache) {
-        cache_free(g);
+        gpt2_cache_destroy(g);
         return SG_ERR_OOM;
     }
     for (int64_t l = 0; l < g->cfg.n_layer; l++) {
@@ -365,7 +366,7 @@ sg_status gpt2_cache_create(gpt2 *g, int64_t batch, int64_t slots, const sg_comp
     if (st == SG_OK) st = sg_compile(g->ctx, prefill_all, g, 1, 1, &o, &g->prefill_fn[1]);
     o.name = "gpt2_decode";
     if (st == SG_OK) st = sg_compile(g->ctx, decode, g, 2, 1, &o, &g->decode_fn);
-    if (st != SG_OK) cache_free(g);
+    if (st != SG_OK) gpt2_cache_destroy(g);
     return st;
 }
 

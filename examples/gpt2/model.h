@@ -74,6 +74,9 @@ void gpt2_destroy(gpt2 *g);
  * (slots <= maxT), and compile the steps in opts' mode (opts NULL: eager).
  * Remaking the cache drops every capture. */
 sg_status gpt2_cache_create(gpt2 *g, int64_t batch, int64_t slots, const sg_compile_opts *opts);
+/* Free the cache and the compiled steps (and their memory pools); the
+ * weights stay. gpt2_destroy does this too. */
+void gpt2_cache_destroy(gpt2 *g);
 
 /*
  * Prefill: tokens (B, T) i64 at positions 0 .. T-1 (T <= slots) fill the
