@@ -166,10 +166,9 @@ sg_status gpt2_load(sg_ctx *ctx, const char *path, sg_dtype dtype, gpt2 **out) {
     }
     gpt2_config cfg = {h[2], h[3], h[4], h[5], h[6], h[7]};
     sg_dtype fdt = h[1] == 3 ? SG_F32 : SG_BF16;
-    if (check_config(&cfg) != SG_OK || !(g = model_new(ctx, &cfg, dtype))) {
-        st = g ? SG_ERR_INVALID_ARG : SG_ERR_OOM;
-        goto done;
-    }
+    st = check_config(&cfg);
+    if (st == SG_OK && !(g = model_new(ctx, &cfg, dtype))) st = SG_ERR_OOM;
+    if (st != SG_OK) goto done;
     for (int kind = 0; kind < K_COUNT && st == SG_OK; kind++) {
         int64_t shape[2];
         size_t bytes = (size_t)numel_of(param_shape(&cfg, kind, shape), shape) * sg_dtype_size(fdt);
