@@ -1,25 +1,29 @@
 /*
  * bench.c -- the reference workloads through stepgraph, eager against
- * every compiled mode, timed as WORKLOADS.md times PyTorch: a host loop of
- * `steps` steps (sg_mark_step_begin + sg_call each) synchronized at the end,
+ * every compiled mode, timed as bench/README.md says (and as torch_ref.py
+ * times PyTorch): a host loop of `steps` steps synchronized at the end,
  * median of `loops` loops, after 3 warm-up calls and 20 untimed steps.
  * first_s is the wall time of the first three calls (capture, fusion,
  * compile or cache load, planning, graph recording).
  *
- *   bench [--backend auto|cpu|cuda] [--modes m1,m2] [workload ...]   workloads: w1s w1l w2
+ *   bench --help
  *
- * W1: 6 x (y = tanh(sin(y) * 1.01 + 0.1)), 24 ops, f32, 4096 (w1s) or 16M
- * (w1l) elements. W2: 8 x (linear 1024 -> 1024 + gelu_tanh), batch 1, bf16 on
- * a GPU (as WORKLOADS.md), f32 on the CPU. Besides the table, one line per
- * figure starts with "RESULT" for bench/run.sh to merge with PyTorch's.
+ * W1s/W1l: a 24-op pointwise chain; W2: an 8-layer MLP at batch 1; W3: GPT-2
+ * decode of one token over a KV cache; W5: GPT-2 prefill of 4 x 512 tokens.
+ * W3 and W5 use the model of examples/gpt2. Besides the table (stdout), one
+ * line per figure starts with "RESULT" (stderr) for bench/run.sh to merge
+ * with PyTorch's; --check writes what run.sh compares with PyTorch's output.
  */
 #define _POSIX_C_SOURCE 200809L
+#include "gpt2/model.h"
+
 #include <stepgraph.h>
 
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 #include <time.h>
 
 static double now(void) {
@@ -32,6 +36,196 @@ static int cmp_double(const void *a, const void *b) {
     double x = *(const double *)a, y = *(const double *)b;
     return x < y ? -1 : x > y;
 }
+
+/* ------------------------------------------------------------ options */
+
+static const char *modes_arg;         /* --modes: a comma list (NULL: every mode) */
+static const char *gpt2_path;         /* --gpt2: checkpoint to load, or to write if absent */
+static const char *check_dir;         /* --check: where the W3/W5 outputs go */
+static bool full_cpu;                 /* --full: 124M GPT-2 on the CPU too */
+static const char *tag = "stepgraph"; /* "stepgraph-<SG_BENCH_TAG>" when set */
+
+static const char *const work_names[] = {"w1s", "w1l", "w2", "w3", "w5"};
+#define NUM_WORKS 5
+static bool work_on[NUM_WORKS];
+
+static void usage(FILE *f) {
+    fprintf(f, "usage: bench [--backend auto|cpu|cuda] [--modes m1,m2,...] [--gpt2 FILE]\n"
+               "             [--check DIR] [--full] [workload ...]\n"
+               "\n"
+               "Runs each workload through stepgraph in every mode and prints a table\n"
+               "(stdout); progress and RESULT lines for bench/run.sh go to stderr.\n"
+               "  workloads   w1s w1l w2 w3 w5 (default: all); the spec of each is in\n"
+               "              bench/README.md\n"
+               "  --backend   auto (default: CUDA when a GPU is there, else the CPU), cpu, cuda\n"
+               "  --modes     a comma list of eager, default, reduce-overhead, max-autotune,\n"
+               "              max-autotune-no-cudagraphs (default: all)\n"
+               "  --gpt2 FILE the llm.c checkpoint W3/W5 load; when FILE does not exist it is\n"
+               "              written from the seeded random init (default: no file, seeded init)\n"
+               "  --check DIR write W3's 32 greedy tokens and logits and W5's last-position\n"
+               "              logits per mode into DIR, for run.sh to compare with PyTorch\n"
+               "  --full      W3/W5 at GPT-2 124M on the CPU too (default there: a reduced\n"
+               "              GPT-2, so that the CPU run stays short)\n"
+               "Environment: SG_BENCH_TAG=x names the RESULT lines stepgraph-x.\n");
+}
+
+static bool mode_named(const char *list, sg_mode m) {
+    const char *name = sg_mode_name(m), *p = list;
+    size_t n = strlen(name);
+    while (*p) {
+        const char *e = strchr(p, ',');
+        size_t len = e ? (size_t)(e - p) : strlen(p);
+        if (len == n && strncmp(p, name, n) == 0) return true;
+        p += len + (e != NULL);
+    }
+    return false;
+}
+
+static bool mode_wanted(sg_mode m) { return !modes_arg || mode_named(modes_arg, m); }
+
+/* Every name in a --modes list is a mode. */
+static const char *bad_mode(const char *list) {
+    static char bad[64];
+    const char *p = list;
+    while (*p) {
+        const char *e = strchr(p, ',');
+        size_t len = e ? (size_t)(e - p) : strlen(p);
+        bool ok = false;
+        for (sg_mode m = SG_MODE_EAGER; m <= SG_MODE_MAX_AUTOTUNE_NO_GRAPHS; m++)
+            ok |= len == strlen(sg_mode_name(m)) && strncmp(p, sg_mode_name(m), len) == 0;
+        if (!ok) {
+            snprintf(bad, sizeof bad, "%.*s", (int)(len < 60 ? len : 60), p);
+            return bad;
+        }
+        p += len + (e != NULL);
+    }
+    return NULL;
+}
+
+/* 0: run; 1: --help done; 2: bad arguments (said on stderr). */
+static int parse_args(int argc, char **argv, sg_backend *backend) {
+    bool any = false;
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i];
+        bool takes = !strcmp(a, "--backend") || !strcmp(a, "--modes") || !strcmp(a, "--gpt2") ||
+                     !strcmp(a, "--check");
+        if (!strcmp(a, "--help") || !strcmp(a, "-h")) return usage(stdout), 1;
+        if (takes && i + 1 == argc) return fprintf(stderr, "bench: %s needs a value\n", a), 2;
+        if (!strcmp(a, "--full")) {
+            full_cpu = true;
+        } else if (!strcmp(a, "--backend")) {
+            const char *v = argv[++i];
+            if (!strcmp(v, "auto"))
+                *backend = SG_BACKEND_AUTO;
+            else if (!strcmp(v, "cpu"))
+                *backend = SG_BACKEND_CPU;
+            else if (!strcmp(v, "cuda"))
+                *backend = SG_BACKEND_CUDA;
+            else
+                return fprintf(stderr, "bench: unknown backend '%s' (auto, cpu, cuda)\n", v), 2;
+        } else if (!strcmp(a, "--modes")) {
+            const char *bad = bad_mode(modes_arg = argv[++i]);
+            if (bad) return fprintf(stderr, "bench: unknown mode '%s' in --modes\n", bad), 2;
+        } else if (!strcmp(a, "--gpt2")) {
+            gpt2_path = argv[++i];
+        } else if (!strcmp(a, "--check")) {
+            check_dir = argv[++i];
+        } else {
+            int w = 0;
+            while (w < NUM_WORKS && strcasecmp(a, work_names[w]) != 0) w++;
+            if (w == NUM_WORKS)
+                return fprintf(stderr, "bench: unknown argument '%s' (bench --help)\n", a), 2;
+            work_on[w] = any = true;
+        }
+    }
+    for (int w = 0; w < NUM_WORKS && !any; w++) work_on[w] = true;
+    return 0;
+}
+
+/* ------------------------------------------------------------ timing */
+
+/*
+ * A workload as the timer sees it: begin compiles it in a mode, step runs
+ * one timed step (sg_mark_step_begin included), rewind (untimed, may be
+ * NULL) puts state back before each loop, check (may be NULL) writes the
+ * outputs for --check, end frees what begin made.
+ */
+typedef struct workload {
+    const char *name;
+    int steps, loops;
+    sg_ctx *ctx;
+    sg_status (*begin)(struct workload *, sg_mode);
+    sg_status (*step)(struct workload *);
+    sg_status (*rewind)(struct workload *);
+    sg_status (*check)(struct workload *, sg_mode);
+    void (*end)(struct workload *);
+    void *state;
+} workload;
+
+typedef struct result {
+    double us, first_s, peak_mib;
+    int ok;
+} result;
+
+static sg_status run_steps(workload *w, int n) {
+    sg_status st = w->rewind ? w->rewind(w) : SG_OK;
+    for (int i = 0; i < n && st == SG_OK; i++) st = w->step(w);
+    return st == SG_OK ? sg_ctx_synchronize(w->ctx) : st;
+}
+
+static result time_mode(workload *w, sg_mode mode) {
+    result r = {0, 0, 0, 0};
+    double per[16];
+    sg_ctx_reset_peak_memory(w->ctx);
+    fprintf(stderr, "bench: %s %s\n", w->name, sg_mode_name(mode));
+    if (w->begin(w, mode) != SG_OK) goto done;
+    double t0 = now();
+    if (run_steps(w, 3) != SG_OK) goto done;
+    r.first_s = now() - t0;
+    if (run_steps(w, w->steps < 20 ? w->steps : 20) != SG_OK) goto done;
+    for (int l = 0; l < w->loops; l++) {
+        if (w->rewind && w->rewind(w) != SG_OK) goto done;
+        t0 = now();
+        for (int i = 0; i < w->steps; i++)
+            if (w->step(w) != SG_OK) goto done;
+        if (sg_ctx_synchronize(w->ctx) != SG_OK) goto done;
+        per[l] = (now() - t0) / w->steps * 1e6;
+    }
+    qsort(per, (size_t)w->loops, sizeof per[0], cmp_double);
+    r.us = per[w->loops / 2];
+    sg_memory_stats ms;
+    if (sg_ctx_memory_stats(w->ctx, &ms) == SG_OK)
+        r.peak_mib = (double)ms.device_peak_bytes / (1 << 20);
+    r.ok = !check_dir || !w->check || w->check(w, mode) == SG_OK;
+done:
+    if (!r.ok) fprintf(stderr, "  %s %s: %s\n", w->name, sg_mode_name(mode), sg_last_error(w->ctx));
+    w->end(w);
+    return r;
+}
+
+static void run(workload *w) {
+    result res[5];
+    for (sg_mode m = SG_MODE_EAGER; m <= SG_MODE_MAX_AUTOTUNE_NO_GRAPHS; m++)
+        res[m] = mode_wanted(m) ? time_mode(w, m) : (result){0};
+    for (sg_mode m = SG_MODE_EAGER; m <= SG_MODE_MAX_AUTOTUNE_NO_GRAPHS; m++) {
+        if (!mode_wanted(m)) continue;
+        if (!res[m].ok) {
+            printf("| %-4s | %-26s | failed |\n", w->name, sg_mode_name(m));
+            continue;
+        }
+        char vs[16] = "    -";
+        if (res[0].ok) snprintf(vs, sizeof vs, "%5.2fx", res[0].us / res[m].us);
+        printf("| %-4s | %-26s | %12.1f | %8.3f | %8s | %9.1f |\n", w->name, sg_mode_name(m),
+               res[m].us, res[m].first_s, vs, res[m].peak_mib);
+        fflush(stdout);
+    }
+    for (sg_mode m = SG_MODE_EAGER; m <= SG_MODE_MAX_AUTOTUNE_NO_GRAPHS; m++)
+        if (res[m].ok)
+            fprintf(stderr, "RESULT %s %s %s %.2f %.4f %.0f\n", tag, w->name, sg_mode_name(m),
+                    res[m].us, res[m].first_s, res[m].peak_mib * (1 << 20));
+}
+
+/* ------------------------------------------------------------ W1, W2: one sg_fn */
 
 static sg_status w1_step(sg_ctx *ctx, sg_tensor *const *in, sg_tensor **out, void *user) {
     (void)user;
@@ -53,11 +247,36 @@ static sg_status w2_step(sg_ctx *ctx, sg_tensor *const *in, sg_tensor **out, voi
     return h ? SG_OK : sg_ctx_status(ctx);
 }
 
+typedef struct fn_work {
+    sg_step_fn body;
+    void *user;
+    sg_tensor *x, *y;
+    sg_fn *fn;
+} fn_work;
+
+static sg_status fn_begin(workload *w, sg_mode mode) {
+    fn_work *f = w->state;
+    return sg_compile(w->ctx, f->body, f->user, 1, 1, &(sg_compile_opts){.mode = mode}, &f->fn);
+}
+
+static sg_status fn_step(workload *w) {
+    fn_work *f = w->state;
+    sg_status st = sg_mark_step_begin(w->ctx);
+    return st == SG_OK ? sg_call(f->fn, &f->x, 1, &f->y, 1) : st;
+}
+
+static void fn_end(workload *w) {
+    fn_work *f = w->state;
+    sg_fn_destroy(f->fn);
+    f->fn = NULL;
+}
+
 static sg_tensor *randn(sg_ctx *ctx, sg_dtype dt, int ndim, const int64_t *shape, float scale,
                         unsigned *seed) {
     int64_t n = 1;
     for (int d = 0; d < ndim; d++) n *= shape[d];
     float *buf = malloc(sizeof(float) * (size_t)n);
+    if (!buf) return NULL;
     for (int64_t i = 0; i < n; i++) {
         *seed = *seed * 1664525u + 1013904223u;
         buf[i] = scale * ((float)(*seed >> 8) / 16777216.0f * 2.0f - 1.0f);
@@ -71,104 +290,162 @@ static sg_tensor *randn(sg_ctx *ctx, sg_dtype dt, int ndim, const int64_t *shape
     return c;
 }
 
-typedef struct result {
-    double us, first_s, peak_mib;
-    int ok;
-} result;
-
-static result time_mode(sg_ctx *ctx, sg_step_fn step, void *user, sg_tensor *x, sg_mode mode,
-                        int steps, int loops) {
-    result r = {0, 0, 0, 0};
-    sg_fn *fn;
-    sg_tensor *y;
-    sg_ctx_reset_peak_memory(ctx);
-    if (sg_compile(ctx, step, user, 1, 1, &(sg_compile_opts){.mode = mode}, &fn) != SG_OK) return r;
-    double t0 = now();
-    for (int i = 0; i < 3; i++) {
-        sg_mark_step_begin(ctx);
-        if (sg_call(fn, &x, 1, &y, 1) != SG_OK) goto done;
-    }
-    if (sg_ctx_synchronize(ctx) != SG_OK) goto done;
-    r.first_s = now() - t0;
-    for (int i = 0; i < 20 && i < steps; i++) {
-        sg_mark_step_begin(ctx);
-        sg_call(fn, &x, 1, &y, 1);
-    }
-    double per[16];
-    for (int l = 0; l < loops; l++) {
-        t0 = now();
-        for (int i = 0; i < steps; i++) {
-            sg_mark_step_begin(ctx);
-            if (sg_call(fn, &x, 1, &y, 1) != SG_OK) goto done;
-        }
-        if (sg_ctx_synchronize(ctx) != SG_OK) goto done;
-        per[l] = (now() - t0) / steps * 1e6;
-    }
-    qsort(per, (size_t)loops, sizeof per[0], cmp_double);
-    r.us = per[loops / 2];
-    r.ok = 1;
-    sg_memory_stats ms;
-    if (sg_ctx_memory_stats(ctx, &ms) == SG_OK)
-        r.peak_mib = (double)ms.device_peak_bytes / (1 << 20);
-done:
-    if (!r.ok) fprintf(stderr, "  %s: %s\n", sg_mode_name(mode), sg_last_error(ctx));
-    sg_fn_destroy(fn);
-    return r;
+static void run_fn(const char *name, sg_ctx *ctx, sg_step_fn body, void *user, sg_tensor *x,
+                   int steps, int loops) {
+    fn_work f = {body, user, x, NULL, NULL};
+    workload w = {name, steps, loops, ctx, fn_begin, fn_step, NULL, NULL, fn_end, &f};
+    run(&w);
 }
 
-/* "stepgraph", or "stepgraph-warm" when SG_BENCH_TAG=warm (a second run
- * over the same disk cache: first_s is then the warm-cache first call). */
-static const char *tag = "stepgraph";
-/* --modes: a comma list of mode names (default: every mode). */
-static const char *modes_arg;
+/* ------------------------------------------------------------ W3, W5: GPT-2 */
 
-static bool mode_wanted(sg_mode m) {
-    if (!modes_arg) return true;
-    const char *name = sg_mode_name(m), *p = modes_arg;
-    size_t n = strlen(name);
-    while (*p) {
-        const char *e = strchr(p, ',');
-        size_t len = e ? (size_t)(e - p) : strlen(p);
-        if (len == n && strncmp(p, name, n) == 0) return true;
-        p += len + (e != NULL);
-    }
-    return false;
+/*
+ * W3 decodes from position 0, one token per step (the position advances on
+ * the device); each timed loop starts again at position 0 with the start
+ * token. W5 prefills B x T tokens, token (b, t) = (7919 b + 104729 t) mod V,
+ * logits for every position. torch_ref.py makes the same inputs.
+ */
+typedef struct gpt_work {
+    gpt2 *g;
+    int64_t batch, slots, seq; /* seq: W5's T */
+    bool decode;
+    sg_tensor *tokens, *token, *pos, *logits;
+} gpt_work;
+
+#define W3_START_TOKEN 50256 /* <|endoftext|>, modulo V */
+#define CHECK_STEPS 32
+
+static sg_status gpt_rewind(workload *w) {
+    gpt_work *p = w->state;
+    int64_t start = W3_START_TOKEN % p->g->cfg.vocab, zero = 0;
+    sg_status st = sg_write(p->token, &start, sizeof start);
+    return st == SG_OK ? sg_write(p->pos, &zero, sizeof zero) : st;
 }
 
-static void run(sg_ctx *ctx, const char *name, sg_step_fn step, void *user, sg_tensor *x, int steps,
-                int loops) {
-    result res[5];
-    for (sg_mode m = SG_MODE_EAGER; m <= SG_MODE_MAX_AUTOTUNE_NO_GRAPHS; m++)
-        res[m] = mode_wanted(m) ? time_mode(ctx, step, user, x, m, steps, loops) : (result){0};
-    for (sg_mode m = SG_MODE_EAGER; m <= SG_MODE_MAX_AUTOTUNE_NO_GRAPHS; m++) {
-        if (!mode_wanted(m)) continue;
-        if (!res[m].ok) {
-            printf("| %-4s | %-26s | failed |\n", name, sg_mode_name(m));
-            continue;
-        }
-        char vs[16] = "    -";
-        if (res[0].ok) snprintf(vs, sizeof vs, "%5.2fx", res[0].us / res[m].us);
-        printf("| %-4s | %-26s | %12.1f | %8.3f | %8s | %9.1f |\n", name, sg_mode_name(m),
-               res[m].us, res[m].first_s, vs, res[m].peak_mib);
-    }
-    for (sg_mode m = SG_MODE_EAGER; m <= SG_MODE_MAX_AUTOTUNE_NO_GRAPHS; m++)
-        if (res[m].ok)
-            fprintf(stderr, "RESULT %s %s %s %.2f %.4f %.0f\n", tag, name, sg_mode_name(m),
-                    res[m].us, res[m].first_s, res[m].peak_mib * (1 << 20));
+static sg_status gpt_begin(workload *w, sg_mode mode) {
+    gpt_work *p = w->state;
+    return gpt2_cache_create(p->g, p->batch, p->slots, &(sg_compile_opts){.mode = mode});
 }
 
-static int wanted(int argc, char **argv, const char *w) {
-    int named = 0;
-    for (int i = 1; i < argc; i++) {
-        if (strcmp(argv[i], "--backend") == 0 || strcmp(argv[i], "--modes") == 0) {
-            i++;
-            continue;
-        }
-        named = 1;
-        if (strcmp(argv[i], w) == 0) return 1;
-    }
-    return !named;
+static sg_status gpt_step(workload *w) {
+    gpt_work *p = w->state;
+    return p->decode ? gpt2_decode(p->g, p->token, p->pos, &p->logits)
+                     : gpt2_prefill(p->g, p->tokens, true, &p->logits);
 }
+
+static void gpt_end(workload *w) {
+    gpt_work *p = w->state;
+    gpt2_cache_destroy(p->g); /* so that the next mode's peak memory is its own */
+}
+
+/* Append n f32 values of t (any float dtype) to f. */
+static sg_status dump_f32(FILE *f, sg_tensor *t) {
+    sg_tensor *c = sg_cast(t, SG_F32);
+    int64_t n = sg_tensor_numel(c);
+    float *buf = c ? malloc(sizeof(float) * (size_t)n) : NULL;
+    sg_status st = !c     ? sg_ctx_status(sg_tensor_ctx(t))
+                   : !buf ? SG_ERR_OOM
+                          : sg_read(c, buf, sizeof(float) * (size_t)n);
+    if (st == SG_OK && fwrite(buf, sizeof(float), (size_t)n, f) != (size_t)n)
+        st = SG_ERR_INVALID_ARG;
+    free(buf);
+    sg_release(c);
+    return st;
+}
+
+/* W3: the 32 greedy tokens from the start token (text, one line) and the
+ * logits of each step (32 x V f32). W5: the logits of each row's last
+ * position (B x V f32). Files <dir>/<W>_stepgraph_<mode>.{tokens,f32}. */
+static sg_status gpt_check(workload *w, sg_mode mode) {
+    gpt_work *p = w->state;
+    char path[1024];
+    snprintf(path, sizeof path, "%s/%s_stepgraph_%s.f32", check_dir, w->name, sg_mode_name(mode));
+    FILE *f = fopen(path, "wb");
+    if (!f) return SG_ERR_INVALID_ARG;
+    sg_status st = SG_OK;
+    if (!p->decode) {
+        st = gpt_step(w);
+        sg_tensor *last = st == SG_OK ? sg_narrow(p->logits, 1, p->seq - 1, 1) : NULL;
+        if (st == SG_OK) st = last ? dump_f32(f, last) : sg_ctx_status(w->ctx);
+        sg_release(last);
+        fclose(f);
+        return st;
+    }
+    snprintf(path, sizeof path, "%s/%s_stepgraph_%s.tokens", check_dir, w->name,
+             sg_mode_name(mode));
+    FILE *tf = fopen(path, "w");
+    st = tf ? gpt_rewind(w) : SG_ERR_INVALID_ARG;
+    for (int s = 0; s < CHECK_STEPS && st == SG_OK; s++) {
+        int64_t next;
+        st = gpt_step(w);
+        if (st == SG_OK) st = dump_f32(f, p->logits);
+        if (st == SG_OK) st = sg_read(p->token, &next, sizeof next);
+        if (st == SG_OK) fprintf(tf, "%s%lld", s ? " " : "", (long long)next);
+    }
+    if (tf) fprintf(tf, "\n"), fclose(tf);
+    fclose(f);
+    return st;
+}
+
+/* The model: from --gpt2 when that file exists, else the seeded init in dt
+ * (then written to --gpt2's path as f32, for torch_ref.py to load: the
+ * values are dt's, so both sides run the same weights). */
+static gpt2 *make_model(sg_ctx *ctx, const gpt2_config *cfg, sg_dtype dt) {
+    gpt2 *g = NULL;
+    FILE *f = gpt2_path ? fopen(gpt2_path, "rb") : NULL;
+    if (f) {
+        fclose(f);
+        if (gpt2_load(ctx, gpt2_path, dt, &g) != SG_OK)
+            fprintf(stderr, "bench: cannot load %s: %s\n", gpt2_path, sg_last_error(ctx));
+        return g;
+    }
+    if (gpt2_init(ctx, cfg, dt, 1337, &g) != SG_OK) {
+        fprintf(stderr, "bench: GPT-2 init: %s\n", sg_last_error(ctx));
+        return NULL;
+    }
+    if (gpt2_path && gpt2_save(g, gpt2_path, SG_F32) != SG_OK)
+        fprintf(stderr, "bench: cannot write %s\n", gpt2_path);
+    return g;
+}
+
+static void run_gpt2(const char *name, sg_ctx *ctx, bool decode, bool small) {
+    static const gpt2_config full = {1024, 50257, 12, 12, 768, 50304};
+    static const gpt2_config reduced = {128, 512, 2, 4, 64, 512};
+    sg_dtype dt = sg_ctx_backend(ctx) == SG_BACKEND_CUDA ? SG_BF16 : SG_F32;
+    gpt_work p = {
+        make_model(ctx, small ? &reduced : &full, dt), 0, 0, 0, decode, NULL, NULL, NULL, NULL};
+    if (!p.g) {
+        printf("| %-4s | %-26s | failed |\n", name, "(model)");
+        return;
+    }
+    int64_t T = p.g->cfg.max_t >= 512 ? 512 : p.g->cfg.max_t / 4, one = 1, shape[2] = {4, T};
+    p.batch = decode ? 1 : 4;
+    p.slots = decode ? p.g->cfg.max_t : T;
+    p.seq = T;
+    fprintf(stderr, "bench: %s: GPT-2 L=%lld NH=%lld C=%lld V=%lld maxT=%lld, %s, %s\n", name,
+            (long long)p.g->cfg.n_layer, (long long)p.g->cfg.n_head, (long long)p.g->cfg.channels,
+            (long long)p.g->cfg.vocab, (long long)p.g->cfg.max_t, sg_dtype_name(dt),
+            decode ? "decode from position 0" : "prefill");
+    if (decode) {
+        int64_t start = W3_START_TOKEN % p.g->cfg.vocab;
+        p.token = sg_from_host(ctx, SG_I64, 1, &one, &start);
+        p.pos = sg_zeros(ctx, SG_I64, 1, &one);
+    } else {
+        int64_t *tok = malloc(sizeof(int64_t) * 4 * (size_t)T);
+        for (int64_t b = 0; tok && b < 4; b++)
+            for (int64_t t = 0; t < T; t++)
+                tok[b * T + t] = (7919 * b + 104729 * t) % p.g->cfg.vocab;
+        p.tokens = tok ? sg_from_host(ctx, SG_I64, 2, shape, tok) : NULL;
+        free(tok);
+    }
+    bool gpu = sg_ctx_backend(ctx) == SG_BACKEND_CUDA;
+    workload w = {name,     gpu ? 200 : decode ? 20 : 3, gpu ? 5 : 3, ctx,     gpt_begin,
+                  gpt_step, decode ? gpt_rewind : NULL,  gpt_check,   gpt_end, &p};
+    run(&w);
+    gpt2_destroy(p.g);
+}
+
+/* ------------------------------------------------------------ main */
 
 /* One context per workload, so that its peak memory is its own. */
 static sg_ctx *new_ctx(sg_backend want) {
@@ -183,45 +460,64 @@ static sg_ctx *new_ctx(sg_backend want) {
     return ctx;
 }
 
+static void print_header(bool gpu, bool small) {
+    const char *dt = gpu ? "bf16" : "f32";
+    printf("Workloads (bench/README.md has the full spec and the floors):\n");
+    if (work_on[0]) printf("  W1s  6 x (y = tanh(sin(y) * 1.01 + 0.1)), 24 ops, 4096 f32\n");
+    if (work_on[1]) printf("  W1l  the same chain over 16M f32\n");
+    if (work_on[2]) printf("  W2   8 x (linear 1024 -> 1024 + gelu_tanh), batch 1, %s\n", dt);
+    if (work_on[3])
+        printf("  W3   GPT-2 %s decode, batch 1, %s, %s-slot KV cache: one step = one token\n",
+               small ? "reduced (L=2, C=64, V=512)" : "124M", dt, small ? "128" : "1024");
+    if (work_on[4])
+        printf("  W5   GPT-2 %s prefill %s tokens, %s, causal, logits for every position\n",
+               small ? "reduced (L=2, C=64, V=512)" : "124M", small ? "4 x 32" : "4 x 512", dt);
+    if (small && (work_on[3] || work_on[4]))
+        printf("  (W3/W5 run a reduced GPT-2 on the CPU to keep this run short, --full runs "
+               "124M;\n   a --gpt2 checkpoint that exists sets the size, and W5 then prefills 4 x "
+               "min(512, maxT/4))\n");
+    printf("Columns: work, mode (sg_compile's), us per step (median of the loops' host time per\n"
+           "step, synchronized at each loop's end), first_s (wall time of the first three\n"
+           "calls: capture, compile, graph recording), vs eager (eager's time / this mode's),\n"
+           "peak MiB (the most tensor and pool bytes held while the mode ran).\n\n");
+}
+
 int main(int argc, char **argv) {
     sg_backend want = SG_BACKEND_AUTO;
-    for (int i = 1; i + 1 < argc; i++)
-        if (strcmp(argv[i], "--modes") == 0) modes_arg = argv[i + 1];
-    for (int i = 1; i + 1 < argc; i++)
-        if (strcmp(argv[i], "--backend") == 0)
-            want = strcmp(argv[i + 1], "cuda") == 0  ? SG_BACKEND_CUDA
-                   : strcmp(argv[i + 1], "cpu") == 0 ? SG_BACKEND_CPU
-                                                     : SG_BACKEND_AUTO;
-    sg_ctx *ctx = new_ctx(want);
-    bool gpu = sg_ctx_backend(ctx) == SG_BACKEND_CUDA;
-    unsigned seed = 1234;
-    printf("stepgraph %s, %s backend\n\n", sg_version(), sg_backend_name(sg_ctx_backend(ctx)));
+    int rc = parse_args(argc, argv, &want);
+    if (rc) return rc == 1 ? 0 : rc;
     const char *t = getenv("SG_BENCH_TAG");
     if (t && *t) {
         static char buf[64];
         snprintf(buf, sizeof buf, "stepgraph-%s", t);
         tag = buf;
     }
+    sg_ctx *ctx = new_ctx(want);
+    bool gpu = sg_ctx_backend(ctx) == SG_BACKEND_CUDA, small = !gpu && !full_cpu;
+    unsigned seed = 1234;
+    printf("stepgraph %s, %s backend\n\n", sg_version(), sg_backend_name(sg_ctx_backend(ctx)));
+    print_header(gpu, small);
     printf(
         "| work | mode                       | us per step  | first_s  | vs eager | peak MiB  |\n");
     printf(
         "|------|----------------------------|--------------|----------|----------|-----------|\n");
-    if (wanted(argc, argv, "w1s")) {
+    fflush(stdout);
+    if (work_on[0]) {
         int64_t s[1] = {4096};
         sg_tensor *x = randn(ctx, SG_F32, 1, s, 1.0f, &seed);
-        run(ctx, "W1s", w1_step, NULL, x, 200, 5);
+        run_fn("W1s", ctx, w1_step, NULL, x, 200, 5);
         sg_release(x);
     }
-    if (wanted(argc, argv, "w1l")) {
+    if (work_on[1]) {
         sg_ctx_destroy(ctx);
         ctx = new_ctx(want);
         int64_t s[1] = {16 << 20};
         sg_tensor *x = randn(ctx, SG_F32, 1, s, 1.0f, &seed);
         /* 16M elements: fewer steps on a CPU */
-        run(ctx, "W1l", w1_step, NULL, x, gpu ? 200 : 5, gpu ? 5 : 3);
+        run_fn("W1l", ctx, w1_step, NULL, x, gpu ? 200 : 5, gpu ? 5 : 3);
         sg_release(x);
     }
-    if (wanted(argc, argv, "w2")) {
+    if (work_on[2]) {
         sg_ctx_destroy(ctx);
         ctx = new_ctx(want);
         mlp m;
@@ -232,7 +528,13 @@ int main(int argc, char **argv) {
             m.b[l] = randn(ctx, dt, 1, bs, 0.01f, &seed);
         }
         sg_tensor *x = randn(ctx, dt, 2, xs, 1.0f, &seed);
-        run(ctx, "W2", w2_step, &m, x, 200, 5);
+        run_fn("W2", ctx, w2_step, &m, x, 200, 5);
+    }
+    for (int k = 0; k < 2; k++) {
+        if (!work_on[3 + k]) continue;
+        sg_ctx_destroy(ctx);
+        ctx = new_ctx(want);
+        run_gpt2(k == 0 ? "W3" : "W5", ctx, k == 0, small);
     }
     sg_ctx_destroy(ctx);
     return 0;

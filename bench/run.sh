@@ -3,10 +3,14 @@
 # stepgraph (every mode) and PyTorch (eager and every torch.compile mode) on
 # this machine's GPU, then print one table: per-step us, first-call seconds
 # (a fresh process on a cold disk cache, then on the warm cache), peak device
-# memory, stepgraph's speedup over torch's best, and the floor.
+# memory, stepgraph's speedup over torch's best, and the floor; then the
+# correctness checks of W3 and W5 (stepgraph's outputs against torch's on the
+# same weights). bench/README.md describes the workloads.
 #   bench/run.sh [out-dir]      (the device machine: $OUT)
 # SG_BENCH_BACKEND (default cuda), SG_BENCH_WORK ("w1s w2" to pick),
-# TORCH_MODES (default every mode).
+# TORCH_MODES (default every mode), SG_BENCH_GPT2 (the llm.c checkpoint W3/W5
+# use; default: bench writes its seeded random init into a temporary file,
+# and torch_ref.py loads the same file).
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 OUTDIR=${1:-${OUT:-/tmp}}
@@ -15,16 +19,25 @@ cmake -S . -B build-bench -DCMAKE_BUILD_TYPE=Release -DSTEPGRAPH_TESTS=OFF >/dev
 cmake --build build-bench -j"$(nproc)" >/dev/null
 B=./build-bench/bench/bench
 BACK=${SG_BENCH_BACKEND:-cuda}
-# Per-step times: every mode in one process.
-SG_CACHE_DIR=$(mktemp -d) $B --backend "$BACK" ${SG_BENCH_WORK:-} 2>"$OUTDIR/stepgraph.txt" | tee "$OUTDIR/stepgraph_table.txt"
+# The checkpoint (500 MB for 124M in f32) and the compared outputs stay out
+# of OUTDIR; the verdicts go into it.
+WORK=$(mktemp -d)
+GPT2=${SG_BENCH_GPT2:-$WORK/gpt2_seeded.bin}
+CHECK=$WORK/check
+mkdir -p "$CHECK"
+# Per-step times: every mode in one process (it writes GPT2 when absent).
+SG_CACHE_DIR=$(mktemp -d) $B --backend "$BACK" --gpt2 "$GPT2" --check "$CHECK" ${SG_BENCH_WORK:-} 2>"$OUTDIR/stepgraph.txt" | tee "$OUTDIR/stepgraph_table.txt"
 # First calls: each compiled mode first in a fresh process on an empty cache
 # (cold), then again in another process over the cache it filled (warm).
 : >"$OUTDIR/stepgraph_cold.txt"
 : >"$OUTDIR/stepgraph_warm.txt"
 for m in default reduce-overhead max-autotune max-autotune-no-cudagraphs; do
     dir=$(mktemp -d)
-    SG_CACHE_DIR=$dir SG_BENCH_TAG=cold $B --backend "$BACK" --modes "$m" ${SG_BENCH_WORK:-} 2>>"$OUTDIR/stepgraph_cold.txt" >/dev/null
-    SG_CACHE_DIR=$dir SG_BENCH_TAG=warm $B --backend "$BACK" --modes "$m" ${SG_BENCH_WORK:-} 2>>"$OUTDIR/stepgraph_warm.txt" >/dev/null
+    SG_CACHE_DIR=$dir SG_BENCH_TAG=cold $B --backend "$BACK" --gpt2 "$GPT2" --modes "$m" ${SG_BENCH_WORK:-} 2>>"$OUTDIR/stepgraph_cold.txt" >/dev/null
+    SG_CACHE_DIR=$dir SG_BENCH_TAG=warm $B --backend "$BACK" --gpt2 "$GPT2" --modes "$m" ${SG_BENCH_WORK:-} 2>>"$OUTDIR/stepgraph_warm.txt" >/dev/null
 done
-PYTHONUNBUFFERED=1 python3 bench/torch_ref.py --modes "${TORCH_MODES:-eager,default,reduce-overhead,max-autotune}" ${SG_BENCH_WORK:-} 2> "$OUTDIR/torch.txt" | tee "$OUTDIR/torch_table.txt"
+PYTHONUNBUFFERED=1 python3 bench/torch_ref.py --modes "${TORCH_MODES:-eager,default,reduce-overhead,max-autotune}" --gpt2 "$GPT2" --check "$CHECK" ${SG_BENCH_WORK:-} 2> "$OUTDIR/torch.txt" | tee "$OUTDIR/torch_table.txt"
 python3 bench/table.py "$OUTDIR/stepgraph.txt" "$OUTDIR/stepgraph_cold.txt" "$OUTDIR/stepgraph_warm.txt" "$OUTDIR/torch.txt" | tee "$OUTDIR/table.md"
+# Correctness: W3's greedy tokens (32 steps) and logits, W5's logits, each
+# stepgraph mode against torch eager; exit status 1 when one disagrees.
+python3 bench/table.py --check "$CHECK" | tee "$OUTDIR/check.txt"

@@ -2,13 +2,23 @@
 each mode first in a fresh process on a cold cache; the same on the warm
 cache) and torch_ref.py into one markdown table: per-step us, first-call
 seconds (cold and warm cache), peak device memory, speedup over torch's best
-mode, and the floor of WORKLOADS.md.
+mode, and the floor of bench/README.md.
 
     python3 bench/table.py stepgraph.txt stepgraph_cold.txt stepgraph_warm.txt torch.txt
+    python3 bench/table.py --check DIR [--ref MODE]
+
+--check compares the outputs bench --check and torch_ref.py --check wrote
+into DIR, each stepgraph mode against torch's MODE (default eager): W3's
+greedy tokens (equal for all 32 steps) and its logits over the steps before
+the first differing token, W5's last-position logits; logits agree when
+|a - b| <= 2e-2 (1 + |b|) everywhere. Exit status 1 when a check fails.
 """
+import array
+import os
 import sys
 
-FLOOR_US = {"W1s": 2.0, "W1l": 45.0, "W2": 8.0}
+FLOOR_US = {"W1s": 2.0, "W1l": 45.0, "W2": 8.0, "W3": 100.0, "W5": 700.0}
+TOL = 2e-2
 
 
 def load(path):
@@ -25,8 +35,8 @@ def load(path):
     return rows
 
 
-def main():
-    sg, cold, warm, th = (load(a) for a in sys.argv[1:5])
+def table(paths):
+    sg, cold, warm, th = (load(a) for a in paths)
     order = list(FLOOR_US)
     works = sorted({w for w, _ in sg} | {w for w, _ in th},
                    key=lambda w: order.index(w) if w in order else 9)
@@ -45,6 +55,63 @@ def main():
                 first = cf[1] if cf else first
                 ptxt = f"{peak:.1f}" if peak is not None else "-"
                 print(f"| {w} | {src} | {m} | {us:.1f} | {first:.3f} | {wtxt} | {ptxt} | {ratio} | {FLOOR_US.get(w, '-')} |")
+
+
+def floats(path):
+    a = array.array("f")
+    with open(path, "rb") as f:
+        a.frombytes(f.read())
+    return a
+
+
+def worst(got, ref, n):
+    """The largest |got - ref| / (1 + |ref|) over the first n values."""
+    return max((abs(g - r) / (1 + abs(r)) for g, r in zip(got[:n], ref[:n])), default=0.0)
+
+
+def check(d, ref_mode):
+    ok = True
+    files = sorted(os.listdir(d))
+    for work in ("W3", "W5"):
+        ref = os.path.join(d, f"{work}_torch_{ref_mode}.f32")
+        mine = [f for f in files if f.startswith(f"{work}_stepgraph_") and f.endswith(".f32")]
+        if not mine:
+            continue
+        if not os.path.exists(ref):
+            print(f"{work}: no torch {ref_mode} output in {d}; nothing to compare")
+            continue
+        rl = floats(ref)
+        rt = open(ref[:-4] + ".tokens").read().split() if work == "W3" else None
+        for f in mine:
+            mode = f[len(work) + len("_stepgraph_"):-4]
+            gl = floats(os.path.join(d, f))
+            if len(gl) != len(rl):
+                print(f"{work} {mode}: {len(gl)} logits, torch {len(rl)}: FAIL")
+                ok = False
+                continue
+            n, what = len(rl), "last-position logits"
+            if rt is not None:
+                gt = open(os.path.join(d, f[:-4] + ".tokens")).read().split()
+                same = next((i for i, (a, b) in enumerate(zip(gt, rt)) if a != b), min(len(gt), len(rt)))
+                n = len(rl) // len(rt) * same
+                good = same == len(rt) == len(gt)
+                print(f"{work} {mode}: greedy tokens equal to torch {ref_mode} for {same}/{len(rt)} steps: {'ok' if good else 'FAIL'}")
+                ok &= good
+                what = f"logits of those {same} steps"
+            err = worst(gl, rl, n)
+            good = err <= TOL
+            print(f"{work} {mode}: {what} within {err:.2e} of torch (tolerance {TOL}): {'ok' if good else 'FAIL'}")
+            ok &= good
+    return ok
+
+
+def main():
+    if len(sys.argv) > 2 and sys.argv[1] == "--check":
+        ref_mode = sys.argv[4] if len(sys.argv) > 4 and sys.argv[3] == "--ref" else "eager"
+        sys.exit(0 if check(sys.argv[2], ref_mode) else 1)
+    if len(sys.argv) != 5:
+        sys.exit(__doc__)
+    table(sys.argv[1:5])
 
 
 if __name__ == "__main__":

@@ -2,16 +2,37 @@
 stepgraph: a host loop of `steps` steps synchronized at the end, median of 5
 loops, after 3 warm-up calls (their wall time is first_s: compile, autotune,
 graph recording) and 20 untimed steps. One line per figure starts with
-RESULT, for bench/run.sh.
+RESULT, for bench/run.sh. The workloads are specified in bench/README.md.
 
-    python3 bench/torch_ref.py [--modes eager,default,reduce-overhead,max-autotune] [w1s w1l w2]
+    python3 bench/torch_ref.py [--modes eager,default,reduce-overhead,max-autotune]
+                               [--device cuda|cpu] [--gpt2 FILE] [--check DIR]
+                               [w1s w1l w2 w3 w5]
+
+W3 and W5 run GPT-2 with the weights of the llm.c checkpoint --gpt2 FILE, the
+one bench.c wrote (bench --gpt2 FILE, as run.sh does), so that both run the
+same weights: bf16 on CUDA, f32 on the CPU. The inputs are bench.c's: W3
+decodes from token 50256 (mod V) at position 0, each timed loop starting
+there again; W5 prefills 4 x T tokens, token (b, t) = (7919 b + 104729 t)
+mod V, T = 512 (min(512, maxT / 4) for a smaller checkpoint). --check DIR
+writes W3's 32 greedy tokens and their logits and W5's last-position logits
+as bench.c does, for table.py --check.
+
+The decode step follows gpt-fast: the compiled function takes the token and
+the position as tensors and returns the logits and the greedy next token;
+the KV caches are module buffers written in place with index_copy_; the
+next token and position are set outside the compiled function (two small
+eager ops per step), so that cudagraphs keep to static inputs. stepgraph's
+step advances both on the device, inside its graph.
 """
 import argparse
+import math
+import os
 import statistics
 import sys
 import time
 
 import torch
+import torch.nn.functional as F
 
 
 def w1(y):
@@ -31,58 +52,272 @@ class MLP(torch.nn.Module):
         return h
 
 
-def bench(fn, x, mode, steps, loops=5):
+# ---------------------------------------------------------------- GPT-2
+
+# llm.c's parameter order; L-prefixed shapes hold every layer's tensor.
+LLMC_PARAMS = ["wte", "wpe", "ln1w", "ln1b", "qkvw", "qkvb", "attprojw", "attprojb",
+               "ln2w", "ln2b", "fcw", "fcb", "fcprojw", "fcprojb", "lnfw", "lnfb"]
+
+
+def llmc_shapes(maxT, L, C, Vp):
+    return [(Vp, C), (maxT, C), (L, C), (L, C), (L, 3 * C, C), (L, 3 * C), (L, C, C), (L, C),
+            (L, C), (L, C), (L, 4 * C, C), (L, 4 * C), (L, C, 4 * C), (L, C), (C,), (C,)]
+
+
+def load_llmc(path):
+    """An llm.c checkpoint: (config dict, {name: tensor on the CPU})."""
+    with open(path, "rb") as f:
+        data = f.read()
+    h = torch.frombuffer(bytearray(data[:1024]), dtype=torch.int32).tolist()
+    magic, version, maxT, V, L, NH, C, Vp = h[:8]
+    if magic != 20240326 or version not in (3, 5):
+        raise ValueError(f"{path}: not an llm.c GPT-2 checkpoint (magic {magic}, version {version})")
+    flat = torch.frombuffer(bytearray(data[1024:]),
+                            dtype=torch.float32 if version == 3 else torch.bfloat16)
+    params, off = {}, 0
+    for name, shape in zip(LLMC_PARAMS, llmc_shapes(maxT, L, C, Vp)):
+        n = math.prod(shape)
+        params[name] = flat[off:off + n].view(shape)
+        off += n
+    if off != flat.numel():
+        raise ValueError(f"{path}: {flat.numel()} values, the header asks for {off}")
+    return dict(maxT=maxT, V=V, L=L, NH=NH, C=C, Vp=Vp), params
+
+
+class Block(torch.nn.Module):
+    def __init__(self, p, l, NH, B, S, dtype, dev):
+        super().__init__()
+        for name in LLMC_PARAMS[2:14]:
+            self.register_buffer(name, p[name][l].to(dev, dtype))
+        C = self.ln1w.numel()
+        self.NH, self.hs = NH, C // NH
+        self.register_buffer("k_cache", torch.zeros(B, NH, S, C // NH, dtype=dtype, device=dev))
+        self.register_buffer("v_cache", torch.zeros(B, NH, S, C // NH, dtype=dtype, device=dev))
+
+    def forward(self, x, pos, mask):
+        """x (B, T, C) at positions pos (T); mask None: causal prefill from 0,
+        else (S) bool: decode over the cache."""
+        B, T, C = x.shape
+        h = F.layer_norm(x, (C,), self.ln1w, self.ln1b, 1e-5)
+        q, k, v = F.linear(h, self.qkvw, self.qkvb).split(C, dim=2)
+        q, k, v = (t.view(B, T, self.NH, self.hs).transpose(1, 2) for t in (q, k, v))
+        self.k_cache.index_copy_(2, pos, k)
+        self.v_cache.index_copy_(2, pos, v)
+        if mask is None:
+            y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        else:
+            y = F.scaled_dot_product_attention(q, self.k_cache, self.v_cache, attn_mask=mask)
+        x = x + F.linear(y.transpose(1, 2).reshape(B, T, C), self.attprojw, self.attprojb)
+        h = F.layer_norm(x, (C,), self.ln2w, self.ln2b, 1e-5)
+        h = F.gelu(F.linear(h, self.fcw, self.fcb), approximate="tanh")
+        return x + F.linear(h, self.fcprojw, self.fcprojb)
+
+
+class GPT2(torch.nn.Module):
+    """GPT-2 inference with a KV cache of S slots for B rows; the tied LM head
+    over wte's first V rows."""
+
+    def __init__(self, cfg, p, B, S, dtype, dev):
+        super().__init__()
+        self.V = cfg["V"]
+        for name in ("wte", "wpe", "lnfw", "lnfb"):
+            self.register_buffer(name, p[name].to(dev, dtype))
+        self.blocks = torch.nn.ModuleList(
+            Block(p, l, cfg["NH"], B, S, dtype, dev) for l in range(cfg["L"]))
+        self.register_buffer("slots", torch.arange(S, device=dev))
+
+    def head(self, x):
+        C = x.shape[-1]
+        return F.linear(F.layer_norm(x, (C,), self.lnfw, self.lnfb, 1e-5), self.wte[:self.V])
+
+    def prefill(self, tokens):
+        """tokens (B, T) -> logits (B, T, V); K, V into slots 0 .. T-1."""
+        T = tokens.shape[1]
+        pos = self.slots[:T]
+        x = self.wte[tokens] + self.wpe[:T]
+        for blk in self.blocks:
+            x = blk(x, pos, None)
+        return self.head(x)
+
+    def decode(self, token, pos):
+        """token (B), pos (1) -> logits (B, V), greedy next token (B)."""
+        x = (self.wte[token] + self.wpe[pos]).unsqueeze(1)
+        mask = self.slots <= pos
+        for blk in self.blocks:
+            x = blk(x, pos, mask)
+        logits = self.head(x).squeeze(1)
+        return logits, logits.argmax(-1)
+
+
+class Decode:
+    """W3's state: one step decodes one token; rewind goes back to position 0."""
+
+    def __init__(self, model, start, dev):
+        self.model, self.start = model, start
+        self.token = torch.full((1,), start, dtype=torch.long, device=dev)
+        self.pos = torch.zeros(1, dtype=torch.long, device=dev)
+
+    def rewind(self):
+        self.token.fill_(self.start)
+        self.pos.zero_()
+
+    def make(self, mode):
+        f = self.model.decode if mode == "eager" else torch.compile(self.model.decode, mode=mode)
+
+        def step():
+            logits, nxt = f(self.token, self.pos)
+            self.token.copy_(nxt)
+            self.pos.add_(1)
+            return logits
+
+        return step
+
+
+def w5_tokens(V, T, dev):
+    b = torch.arange(4).view(4, 1)
+    t = torch.arange(T).view(1, T)
+    return ((7919 * b + 104729 * t) % V).to(dev)
+
+
+# ---------------------------------------------------------------- timing
+
+
+def sync(dev):
+    if dev == "cuda":
+        torch.cuda.synchronize()
+
+
+def step_marked(step, mark):
+    if mark:
+        torch.compiler.cudagraph_mark_step_begin()
+    return step()
+
+
+def bench(make, mode, steps, dev, rewind=None, loops=5):
+    """make(mode) -> a function running one step; rewind (or None) puts the
+    state back before each loop, untimed."""
     torch._dynamo.reset()
-    f = fn if mode == "eager" else torch.compile(fn, mode=mode)
+    step = make(mode)
     mark = mode in ("reduce-overhead", "max-autotune")
-    torch.cuda.synchronize()
-    torch.cuda.reset_peak_memory_stats()
+
+    def run(n):
+        if rewind:
+            rewind()
+        for _ in range(n):
+            step_marked(step, mark)
+
+    sync(dev)
+    if dev == "cuda":
+        torch.cuda.reset_peak_memory_stats()
     t0 = time.perf_counter()
-    for _ in range(3):
-        if mark:
-            torch.compiler.cudagraph_mark_step_begin()
-        f(x)
-    torch.cuda.synchronize()
+    run(3)
+    sync(dev)
     first = time.perf_counter() - t0
-    for _ in range(20):
-        if mark:
-            torch.compiler.cudagraph_mark_step_begin()
-        f(x)
+    run(min(20, steps))
     per = []
     for _ in range(loops):
-        torch.cuda.synchronize()
+        if rewind:
+            rewind()
+        sync(dev)
         t0 = time.perf_counter()
         for _ in range(steps):
-            if mark:
-                torch.compiler.cudagraph_mark_step_begin()
-            f(x)
-        torch.cuda.synchronize()
+            step_marked(step, mark)
+        sync(dev)
         per.append((time.perf_counter() - t0) / steps * 1e6)
-    return statistics.median(per), first, torch.cuda.max_memory_allocated()
+    peak = torch.cuda.max_memory_allocated() if dev == "cuda" else 0
+    return statistics.median(per), first, peak, step
+
+
+def f32_bytes(t):
+    """A tensor's values as f32 bytes in row-major order (numpy when there)."""
+    t = t.float().cpu().contiguous()
+    try:
+        return t.numpy().tobytes()
+    except (ImportError, RuntimeError):
+        return bytes(t.view(-1).view(torch.uint8).tolist())
+
+
+def write_check(check, name, mode, logits_rows, tokens=None):
+    with open(os.path.join(check, f"{name}_torch_{mode}.f32"), "wb") as f:
+        for r in logits_rows:
+            f.write(f32_bytes(r))
+    if tokens is not None:
+        with open(os.path.join(check, f"{name}_torch_{mode}.tokens"), "w") as f:
+            f.write(" ".join(str(t) for t in tokens) + "\n")
+
+
+def check_w3(dec, step, mark, check, mode, steps=32):
+    dec.rewind()
+    rows, toks = [], []
+    for _ in range(steps):
+        logits = step_marked(step, mark)
+        rows.append(logits.clone())
+        toks.append(int(dec.token.item()))
+    write_check(check, "W3", mode, rows, toks)
+
+
+def check_w5(step, mark, check, mode):
+    logits = step_marked(step, mark)
+    write_check(check, "W5", mode, [logits[:, -1, :].clone()])
 
 
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--modes", default="eager,default,reduce-overhead,max-autotune")
-    ap.add_argument("work", nargs="*", default=["w1s", "w1l", "w2"])
+    ap.add_argument("--device", default="cuda", choices=["cuda", "cpu"])
+    ap.add_argument("--gpt2", help="llm.c checkpoint for W3/W5 (bench --gpt2 FILE writes it)")
+    ap.add_argument("--check", help="directory for W3/W5 outputs (table.py --check)")
+    ap.add_argument("work", nargs="*", help="w1s w1l w2 w3 w5 (default: all)")
     args = ap.parse_args()
+    args.work = args.work or ["w1s", "w1l", "w2", "w3", "w5"]
+    for w in args.work:
+        if w not in ("w1s", "w1l", "w2", "w3", "w5"):
+            ap.error(f"unknown workload '{w}'")
     torch.manual_seed(0)
-    dev = "cuda"
-    cases = []
+    dev = args.device
+    gpu = dev == "cuda"
+    cases = []  # (name, make(mode) -> step, steps, rewind, check(step, mark, mode) or None)
+
+    def fn_case(name, fn, x, steps=200):
+        make = lambda mode: (lambda f: (lambda: f(x)))(fn if mode == "eager" else torch.compile(fn, mode=mode))
+        cases.append((name, make, steps, None, None))
+
     if "w1s" in args.work:
-        cases.append(("W1s", w1, torch.randn(4096, device=dev)))
+        fn_case("W1s", w1, torch.randn(4096, device=dev))
     if "w1l" in args.work:
-        cases.append(("W1l", w1, torch.randn(16 << 20, device=dev)))
+        fn_case("W1l", w1, torch.randn(16 << 20, device=dev), 200 if gpu else 5)
     if "w2" in args.work:
-        model = MLP().to(dev, torch.bfloat16).eval()
-        x = torch.randn(1, 1024, device=dev, dtype=torch.bfloat16)
-        cases.append(("W2", model, x))
-    print(f"torch {torch.__version__} on {torch.cuda.get_device_name()}")
+        dt = torch.bfloat16 if gpu else torch.float32
+        fn_case("W2", MLP().to(dev, dt).eval(), torch.randn(1, 1024, device=dev, dtype=dt))
+    if "w3" in args.work or "w5" in args.work:
+        if not args.gpt2 or not os.path.exists(args.gpt2):
+            sys.exit("torch_ref: W3/W5 need --gpt2 FILE, the checkpoint bench --gpt2 FILE writes")
+        cfg, params = load_llmc(args.gpt2)
+        dt = torch.bfloat16 if gpu else torch.float32
+        print(f"GPT-2 from {args.gpt2}: {cfg}", file=sys.stderr)
+    if "w3" in args.work:
+        model = GPT2(cfg, params, 1, cfg["maxT"], dt, dev).eval()
+        dec = Decode(model, 50256 % cfg["V"], dev)
+        chk = (lambda step, mark, mode: check_w3(dec, step, mark, args.check, mode)) if args.check else None
+        cases.append(("W3", dec.make, 200 if gpu else 20, dec.rewind, chk))
+    if "w5" in args.work:
+        T = 512 if cfg["maxT"] >= 512 else cfg["maxT"] // 4
+        model5 = GPT2(cfg, params, 4, T, dt, dev).eval()
+        tokens = w5_tokens(cfg["V"], T, dev)
+        make5 = lambda mode: (lambda f: (lambda: f(tokens)))(
+            model5.prefill if mode == "eager" else torch.compile(model5.prefill, mode=mode))
+        chk = (lambda step, mark, mode: check_w5(step, mark, args.check, mode)) if args.check else None
+        cases.append(("W5", make5, 200 if gpu else 3, None, chk))
+    where = torch.cuda.get_device_name() if gpu else "the CPU"
+    print(f"torch {torch.__version__} on {where}")
     with torch.inference_mode():
-        for name, fn, x in cases:
+        for name, make, steps, rewind, chk in cases:
             for mode in args.modes.split(","):
+                print(f"torch_ref: {name} {mode}", file=sys.stderr, flush=True)
                 try:
-                    us, first, peak = bench(fn, x, mode, 200)
+                    us, first, peak, step = bench(make, mode, steps, dev, rewind)
+                    if chk:
+                        chk(step, mode in ("reduce-overhead", "max-autotune"), mode)
                 except Exception as e:  # a failed mode is reported, not fatal
                     print(f"{name} {mode}: failed: {e}", file=sys.stderr)
                     continue

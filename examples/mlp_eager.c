@@ -1,5 +1,5 @@
 /*
- * mlp_eager.c -- two of the reference workloads (WORKLOADS.md), run eagerly
+ * mlp_eager.c -- two of the reference workloads (bench/README.md), run eagerly
  * on the CPU through stepgraph's public API, checked against plain C and
  * timed:
  *
