@@ -126,16 +126,27 @@ const char *sg_fn_explain(sg_fn *fn) {
     if (t.buf) t.buf[0] = '\0';
     put(&t, "fn '%s': mode %s%s%s, %d inputs, %d outputs, %llu calls (%llu eager)\n", fn->name,
         sg_mode_name(fn->opts.mode), fn->opts.fullgraph ? ", fullgraph" : "",
-        fn->opts.disable ? ", disabled" : "", fn->nin, fn->nout, (unsigned long long)fn->calls,
-        (unsigned long long)fn->eager_calls);
-    if (fn->opts.disable || fn->opts.mode == SG_MODE_EAGER)
+        fn->opts.disable ? ", disabled" : "", fn->nin, fn->nout, (unsigned long long)fn->stats.calls,
+        (unsigned long long)fn->stats.fallbacks);
+    if (fn->opts.disable || fn->opts.mode == SG_MODE_EAGER || fn->stance == SG_STANCE_FORCE_EAGER)
         put(&t, "  fallback: every call runs eagerly (%s)\n",
-            fn->opts.disable ? "disable is set" : "mode eager");
+            fn->opts.disable                  ? "disable is set"
+            : fn->opts.mode == SG_MODE_EAGER ? "mode eager"
+                                              : "stance force_eager");
     if (fn->said_limit)
         put(&t, "  fallback: cache_size_limit %d reached; new input signatures run eagerly\n",
             fn->opts.cache_size_limit);
     for (int gi = 0; gi < fn->ngraphs; gi++) explain_graph(&t, fn->graphs[gi], gi, fn->nin);
-    put(&t, "  output sets: %d\n", fn->nsets);
+    const sg_fn_stats *c = &fn->stats;
+    put(&t, "  output sets: %d%s\n", fn->nsets,
+        fn->ctx->step ? " (steps marked with sg_mark_step_begin)" : " (each call is a step)");
+    put(&t, "  counters: captures %llu, compiles %llu, cache hits %llu, replays %llu, eager calls "
+        "%llu, graph instantiations %llu, exec updates %llu, patched pointers %llu, recycled "
+        "output sets %llu\n", (unsigned long long)c->captures, (unsigned long long)c->compiles,
+        (unsigned long long)c->cache_hits, (unsigned long long)c->replays,
+        (unsigned long long)c->fallbacks, (unsigned long long)c->graph_instantiations,
+        (unsigned long long)c->exec_updates, (unsigned long long)c->patched_pointers,
+        (unsigned long long)c->recycled_sets);
     fn->explain = t.buf;
     fn->explain_size = t.cap;
     return t.buf && !t.oom ? t.buf : "(out of host memory)";
