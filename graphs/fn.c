@@ -137,8 +137,7 @@ static sg_status publish_eager(sg_fn *fn, sg_tensor *const *in, sg_tensor **tmp,
         memcpy(geom.shape, tmp[i]->shape, sizeof geom.shape);
         memcpy(geom.stride, tmp[i]->stride, sizeof geom.stride);
         /* A handle made by this call owns its storage's fate; one from outside doesn't. */
-        s = sg__outputs_put(fn, si, i, &geom, tmp[i]->st, tmp[i]->offset,
-                            tmp[i]->st->born > mark);
+        s = sg__outputs_put(fn, si, i, &geom, tmp[i]->st, tmp[i]->offset, tmp[i]->st->born > mark);
     }
     drop_step_handles(fn->ctx, mark);
     if (s == SG_OK) sg__outputs_publish(fn, si, out);
@@ -261,8 +260,9 @@ static bool dry_capture(const sg_ctx *ctx) {
 static sg_status capture_eager(sg_fn *fn, sg__graph *g, const char *why) {
     g->eager = true;
     snprintf(g->why, sizeof g->why, "%s", why);
-    sg_status s = sg__fn_fallback(fn, strstr(why, "graph break") ? SG_ERR_GRAPH_BREAK : SG_ERR_COMPILE,
-                                  "capture %d runs eagerly: %s", fn->ngraphs, why);
+    sg_status s =
+        sg__fn_fallback(fn, strstr(why, "graph break") ? SG_ERR_GRAPH_BREAK : SG_ERR_COMPILE,
+                        "capture %d runs eagerly: %s", fn->ngraphs, why);
     if (s != SG_OK) drop_graph(fn, fn->ngraphs - 1);
     return s;
 }
@@ -310,7 +310,9 @@ static sg_status call_capture(sg_fn *fn, sg_tensor *const *in, sg_tensor **out) 
     if (rec.broken) {
         sg__log(ctx, "graph_breaks", "fn '%s': %s", fn->name, rec.why);
         s = capture_eager(fn, g, rec.why);
-    } else if (sg__graph_build(fn, g) != SG_OK) {
+    } else if ((s = sg__graph_build(fn, g)) != SG_OK && fn->opts.strict) {
+        drop_graph(fn, fn->ngraphs - 1); /* the failure (a strict fallback) says why */
+    } else if (s != SG_OK) {
         char why[SG__MSG_SIZE];
         snprintf(why, sizeof why, "the plan could not be built: %.900s", ctx->msg);
         ctx->status = before;
@@ -559,7 +561,8 @@ void sg_fn_destroy(sg_fn *fn) {
     fn_unlink(fn);
     sg_fn_reset(fn);
     sg__outputs_free(fn);
-    if (fn->graphs) sg__free(ctx, fn->graphs, sizeof *fn->graphs * (size_t)fn->opts.cache_size_limit);
+    if (fn->graphs)
+        sg__free(ctx, fn->graphs, sizeof *fn->graphs * (size_t)fn->opts.cache_size_limit);
     sg__free(ctx, fn->explain, fn->explain_size);
     fn_bury(ctx, fn);
 }

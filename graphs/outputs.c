@@ -123,17 +123,8 @@ static void set_invalidate(sg_fn *fn, sg__outset *set, uint32_t call) {
 void sg__outputs_free(sg_fn *fn) {
     sg_ctx *ctx = fn->ctx;
     size_t n = (size_t)fn->nout;
-    if (fn->sets)
-        for (int j = 0; j < fn->nsets; j++) {
-            sg__outset *set = &fn->sets[j];
-            if (set->cur && set->st) set_invalidate(fn, set, 0);
-            sg__free(ctx, set->cur, sizeof *set->cur * n);
-            sg__free(ctx, set->produced, sizeof *set->produced * n);
-            sg__free(ctx, set->st, sizeof *set->st * n);
-            sg__free(ctx, set->base, sizeof *set->base * n);
-        }
-    sg__free(ctx, fn->sets, sizeof *fn->sets * (size_t)fn->nsets);
-    fn->sets = NULL;
+    for (int j = 0; fn->sets && j < fn->nsets; j++)
+        if (fn->sets[j].cur && fn->sets[j].st) set_invalidate(fn, &fn->sets[j], 0);
     /* Handles the user may still hold go to the context's quarantine, so a
      * later use is reported rather than a crash. */
     for (int h = 0; h < fn->nhandles; h++) {
@@ -142,7 +133,17 @@ void sg__outputs_free(sg_fn *fn) {
         t->st = NULL;
         sg__tensor_bury(t);
     }
-    sg__free(ctx, fn->handles, sizeof *fn->handles * (size_t)(fn->cap_handles ? fn->cap_handles : 1));
+    for (int j = 0; fn->sets && j < fn->nsets; j++) {
+        sg__outset *set = &fn->sets[j];
+        sg__free(ctx, set->cur, sizeof *set->cur * n);
+        sg__free(ctx, set->produced, sizeof *set->produced * n);
+        sg__free(ctx, set->st, sizeof *set->st * n);
+        sg__free(ctx, set->base, sizeof *set->base * n);
+    }
+    sg__free(ctx, fn->sets, sizeof *fn->sets * (size_t)fn->nsets);
+    fn->sets = NULL;
+    sg__free(ctx, fn->handles,
+             sizeof *fn->handles * (size_t)(fn->cap_handles ? fn->cap_handles : 1));
     sg__free(ctx, fn->fifo, sizeof *fn->fifo * (size_t)(fn->fifo_cap ? fn->fifo_cap : 1));
     fn->handles = fn->fifo = NULL;
     fn->nhandles = fn->cap_handles = fn->fifo_len = fn->fifo_cap = 0;

@@ -63,7 +63,8 @@ sg_status sg__pool_reserve(sg_ctx *ctx, size_t scratch, size_t size, int *block)
         void *base = NULL;
         if (sg__dev_alloc(ctx, need, &base) != SG_OK) {
             sg__free(ctx, offsets, sizeof(size_t) * (size_t)(p->nblocks + 1));
-            return sg__fail(ctx, SG_ERR_OOM, "memory pool: out of %s memory growing the pool to "
+            return sg__fail(ctx, SG_ERR_OOM,
+                            "memory pool: out of %s memory growing the pool to "
                             "%zu bytes (from %zu); free tensors or compile fewer shapes",
                             ctx->exec.name, need, p->size);
         }
@@ -82,8 +83,8 @@ sg_status sg__pool_reserve(sg_ctx *ctx, size_t scratch, size_t size, int *block)
     p->scratch = scratch;
     size_t nofs = (size_t)(p->nblocks + 1);
     if (size) {
-        p->blocks[slot] = (sg__pool_block){.offset = offsets[p->nblocks], .size = size,
-                                           .used = true};
+        p->blocks[slot] =
+            (sg__pool_block){.offset = offsets[p->nblocks], .size = size, .used = true};
         if (slot == p->nblocks) p->nblocks++;
         *block = slot;
     }
@@ -92,7 +93,8 @@ sg_status sg__pool_reserve(sg_ctx *ctx, size_t scratch, size_t size, int *block)
 }
 
 void sg__pool_release(sg_ctx *ctx, int block) {
-    if (ctx->pool && block >= 0 && block < ctx->pool->nblocks) ctx->pool->blocks[block].used = false;
+    if (ctx->pool && block >= 0 && block < ctx->pool->nblocks)
+        ctx->pool->blocks[block].used = false;
 }
 
 void *sg__pool_addr(sg_ctx *ctx, int block, size_t off) {

@@ -82,7 +82,8 @@ static void test_defaults(void) {
         memset(&zero, 0, sizeof zero);
         bool ok = TU_EXPECT(sg_compile(ctx, affine_step, NULL, 1, 1, variant ? NULL : &zero, &fn) ==
                             SG_OK) &&
-                  TU_EXPECT(sg_call(fn, &x, 1, &y, 1) == SG_OK) && TU_EXPECT(check_affine(y, xv, 8)) &&
+                  TU_EXPECT(sg_call(fn, &x, 1, &y, 1) == SG_OK) &&
+                  TU_EXPECT(check_affine(y, xv, 8)) &&
                   TU_EXPECT(sg_call(fn, &x, 1, &y, 1) == SG_OK);
         sg_fn_stats st = {0};
         sg_fn_get_stats(fn, &st);
@@ -115,7 +116,8 @@ static void test_fallback(fallback_kind kind, bool strict) {
     sg_ctx *ctx = tu_ctx((sg_ctx_opts){.log = log_hook});
     int64_t s1[1] = {8}, s2[1] = {4};
     double *xv, *zv;
-    sg_tensor *x = tu_rand(ctx, SG_F32, 1, s1, -2, 2, &xv), *z = tu_rand(ctx, SG_F32, 1, s2, -2, 2, &zv);
+    sg_tensor *x = tu_rand(ctx, SG_F32, 1, s1, -2, 2, &xv),
+              *z = tu_rand(ctx, SG_F32, 1, s2, -2, 2, &zv);
     sg_tensor *y = NULL;
     if (kind == FB_BREAK) { /* sg_item needs one element */
         sg_release(x);
@@ -190,10 +192,12 @@ static void test_counters_and_stances(void) {
     sg_ctx *ctx = tu_ctx((sg_ctx_opts){0});
     int64_t s1[1] = {8}, s2[1] = {4};
     double *xv, *zv;
-    sg_tensor *x = tu_rand(ctx, SG_F32, 1, s1, -2, 2, &xv), *z = tu_rand(ctx, SG_F32, 1, s2, -2, 2, &zv);
+    sg_tensor *x = tu_rand(ctx, SG_F32, 1, s1, -2, 2, &xv),
+              *z = tu_rand(ctx, SG_F32, 1, s2, -2, 2, &zv);
     sg_tensor *x2 = sg_clone(x), *y;
     sg_fn *fn;
-    sg_compile(ctx, affine_step, NULL, 1, 1, &(sg_compile_opts){.mode = SG_MODE_REDUCE_OVERHEAD}, &fn);
+    sg_compile(ctx, affine_step, NULL, 1, 1, &(sg_compile_opts){.mode = SG_MODE_REDUCE_OVERHEAD},
+               &fn);
     bool ok = true;
     for (int i = 0; i < 3; i++) ok = ok && TU_EXPECT(sg_call(fn, &x, 1, &y, 1) == SG_OK);
     ok = ok && TU_EXPECT(sg_call(fn, &x2, 1, &y, 1) == SG_OK) && TU_EXPECT(check_affine(y, xv, 8));
@@ -254,7 +258,8 @@ static void test_explain_scalars(void) {
     char want[64];
     snprintf(want, sizeof want, "mul_scalar(in0:f32[8], %.9g)", scale);
     const char *ex = sg_fn_explain(fn);
-    bool ok = TU_EXPECT(strstr(ex, want) != NULL) && TU_EXPECT(strstr(ex, "add_scalar(b1:f32[8], 0.5)") != NULL);
+    bool ok = TU_EXPECT(strstr(ex, want) != NULL) &&
+              TU_EXPECT(strstr(ex, "add_scalar(b1:f32[8], 0.5)") != NULL);
     tu_case(ok, "EXPLAIN_SCALARS(%s and add_scalar(b1:f32[8], 0.5) in the IR lines)", want);
     if (!ok) fprintf(stderr, "%s\n", ex);
     sg_fn_destroy(fn);

@@ -53,8 +53,8 @@ static bool flat(const char *name, int blocks, bool (*cycle)(sg_ctx *, sg_tensor
         if (now_s() - t0 > 240) ok = TU_EXPECT(!"the cycles took over 4 minutes");
     }
     ok = ok && TU_EXPECT(tl < 3 * t1 + 0.05) && TU_EXPECT(bl == b1);
-    tu_case(ok, "%s(%d x 1000 cycles: second 1k %.3fs, last 1k %.3fs; host bytes %zu -> %zu)",
-            name, blocks, t1, tl, b1, bl);
+    tu_case(ok, "%s(%d x 1000 cycles: second 1k %.3fs, last 1k %.3fs; host bytes %zu -> %zu)", name,
+            blocks, t1, tl, b1, bl);
     return ok;
 }
 
@@ -62,8 +62,8 @@ static bool compile_cycle(sg_ctx *ctx, sg_tensor *x, sg_fn **keep) {
     (void)keep;
     sg_fn *fn;
     sg_tensor *y;
-    bool ok = sg_compile(ctx, step, NULL, 1, 1, NULL, &fn) == SG_OK &&
-              sg_call(fn, &x, 1, &y, 1) == SG_OK;
+    bool ok =
+        sg_compile(ctx, step, NULL, 1, 1, NULL, &fn) == SG_OK && sg_call(fn, &x, 1, &y, 1) == SG_OK;
     sg_fn_destroy(fn);
     return ok;
 }
@@ -124,8 +124,7 @@ static void test_cleanup_orders(void) {
             sg_clear_error(ctx);
             break;
         }
-        default: /* everything left to sg_ctx_destroy */
-            break;
+        default: /* everything left to sg_ctx_destroy */ break;
         }
         sg_ctx_destroy(ctx);
         ok = ok && TU_EXPECT(a.live == 0 && a.bytes == 0);

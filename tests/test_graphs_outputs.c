@@ -59,7 +59,8 @@ static void test_plain_loop(sg_mode mode) {
     ok = TU_EXPECT(sg_call(fn, &x, 1, &y, 1) == SG_OK); /* the capture, not timed */
     for (int block = 0; ok && block < 10; block++) {
         double tb = now_s();
-        for (int i = 0; ok && i < 1000; i++, calls++) ok = TU_EXPECT(sg_call(fn, &x, 1, &y, 1) == SG_OK);
+        for (int i = 0; ok && i < 1000; i++, calls++)
+            ok = TU_EXPECT(sg_call(fn, &x, 1, &y, 1) == SG_OK);
         double dt = now_s() - tb;
         if (block == 0) t_first = dt, sg_ctx_host_bytes(ctx, &bytes_1k, NULL);
         if (block == 9) t_last = dt;
@@ -94,10 +95,10 @@ static void test_plain_rule(sg_mode mode) {
     bool ok = TU_EXPECT(sg_call(fn, &a, 1, &y1, 1) == SG_OK);
     sg_tensor *v1 = sg_slice(y1, 0, 0, 4, 1);
     sg_release(y1); /* only the view is left: it must not see later data */
-    ok = ok && TU_EXPECT(sg_call(fn, &b, 1, &y2, 1) == SG_OK) && TU_EXPECT(check_affine(v1, av, 4)) &&
-         TU_EXPECT(check_affine(y2, bv, 8));
-    ok = ok && TU_EXPECT(sg_call(fn, &c, 1, &y3, 1) == SG_OK) && TU_EXPECT(check_affine(y2, bv, 8)) &&
-         TU_EXPECT(check_affine(y3, cv, 8));
+    ok = ok && TU_EXPECT(sg_call(fn, &b, 1, &y2, 1) == SG_OK) &&
+         TU_EXPECT(check_affine(v1, av, 4)) && TU_EXPECT(check_affine(y2, bv, 8));
+    ok = ok && TU_EXPECT(sg_call(fn, &c, 1, &y3, 1) == SG_OK) &&
+         TU_EXPECT(check_affine(y2, bv, 8)) && TU_EXPECT(check_affine(y3, cv, 8));
     float buf[8];
     ok = ok && TU_EXPECT(sg_read(v1, buf, 4 * sizeof(float)) == SG_ERR_STALE_OUTPUT) &&
          TU_EXPECT(strstr(sg_last_error(ctx), "call 3 of that fn") != NULL);
@@ -196,8 +197,10 @@ static void test_micro_batches(sg_mode mode) {
          TU_EXPECT(sg_neg(vc) == NULL && sg_ctx_status(ctx) == SG_ERR_STALE_OUTPUT) &&
          TU_EXPECT(check_affine(d, xv[3], 8));
     sg_clear_error(ctx);
-    tu_case(ok, "MICRO_BATCHES(mode=%s,output_sets=4,3 steps of 4 calls, a 5th recycles; views "
-            "keep a set or go stale)", sg_mode_name(mode));
+    tu_case(ok,
+            "MICRO_BATCHES(mode=%s,output_sets=4,3 steps of 4 calls, a 5th recycles; views "
+            "keep a set or go stale)",
+            sg_mode_name(mode));
     sg_release(va), sg_release(vc);
     for (int k = 0; k < 5; k++) free(xv[k]);
     sg_ctx_destroy(ctx);
@@ -206,10 +209,10 @@ static void test_micro_batches(sg_mode mode) {
 static void test_bad_sets(void) {
     sg_ctx *ctx = tu_ctx((sg_ctx_opts){0});
     sg_fn *fn = NULL;
-    bool ok = TU_EXPECT(sg_compile(ctx, affine_step, NULL, 1, 1,
-                                   &(sg_compile_opts){.output_sets = 65}, &fn) ==
-                        SG_ERR_INVALID_ARG) &&
-              TU_EXPECT(strstr(sg_last_error(ctx), "output_sets 65") != NULL) && TU_EXPECT(!fn);
+    bool ok =
+        TU_EXPECT(sg_compile(ctx, affine_step, NULL, 1, 1, &(sg_compile_opts){.output_sets = 65},
+                             &fn) == SG_ERR_INVALID_ARG) &&
+        TU_EXPECT(strstr(sg_last_error(ctx), "output_sets 65") != NULL) && TU_EXPECT(!fn);
     tu_case(ok, "BAD_OUTPUT_SETS(65 is out of [0, 64])");
     sg_ctx_destroy(ctx);
 }
