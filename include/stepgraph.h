@@ -138,7 +138,8 @@ typedef void *(*sg_alloc_fn)(void *user, void *ptr, size_t old_size, size_t new_
  * The log hook: one line of text (no newline) under one topic: "error",
  * "graph_breaks", "recompiles", "guards", "perf_hints", "output_code",
  * "fallbacks". Without a hook nothing is printed, unless SG_LOGS names the
- * topic, in which case the line goes to stderr.
+ * topic, in which case the line goes to stderr (SG_LOGS=all names every one;
+ * a word in SG_LOGS that names no topic is said once on stderr).
  */
 typedef void (*sg_log_fn)(void *user, const char *topic, const char *line);
 
@@ -592,9 +593,10 @@ SG_API sg_status sg_mark_step_begin(sg_ctx *ctx);
 /* Drop every capture of fn (the next call captures again). */
 SG_API sg_status sg_fn_reset(sg_fn *fn);
 /*
- * fn's captures in text: for each, its guards, IR (one line per op),
- * buffers and pool offsets, parameters, in-place mutations, and every
- * fallback with its reason. The text is owned by fn and valid until the
+ * fn's captures in text: for each, its guards, IR (one line per op, with
+ * its scalar attributes: `mul_scalar(in0:f32[8], 0.25)`), buffers and pool
+ * offsets, parameters, in-place mutations, and every fallback with its
+ * reason; then the output sets and the counters of sg_fn_get_stats. The text is owned by fn and valid until the
  * next sg_fn_explain or sg_fn_destroy; "" on NULL.
  */
 SG_API const char *sg_fn_explain(sg_fn *fn);
