@@ -271,8 +271,10 @@ static sg_status record(sg_fn *fn, sg__graph *g, set_state *st) {
         }
         fn->stats.exec_updates += r == CUDA_SUCCESS;
     }
-    if (!st->exec) r = cu->cuGraphInstantiateWithFlags(&st->exec, graph, 0);
-    if (!st->exec) fn->stats.graph_instantiations += r == CUDA_SUCCESS;
+    if (!st->exec) {
+        r = cu->cuGraphInstantiateWithFlags(&st->exec, graph, 0);
+        fn->stats.graph_instantiations += r == CUDA_SUCCESS;
+    }
     cu->cuGraphDestroy(graph);
     if (r != CUDA_SUCCESS) {
         st->exec = NULL;
@@ -383,15 +385,16 @@ static sg_status run(sg_fn *fn, sg__graph *g, int set) {
         if (s != SG_OK) {
             char why[SG__MSG_SIZE];
             snprintf(why, sizeof why, "%s", ctx->msg);
-            cg->use_graph = false;
             /* Reported as a fallback, not as this call's failure (but under strict). */
             ctx->status = before;
             snprintf(ctx->msg, sizeof ctx->msg, "%s", msg);
-            s = cg->said ? SG_OK
-                         : sg__fn_fallback(fn, s, "no CUDA graph for %s, launching kernels one by "
-                                           "one: %.700s", g->module, why);
-            cg->said = true;
+            s = cg->said && !fn->opts.strict
+                    ? SG_OK
+                    : sg__fn_fallback(fn, s, "no CUDA graph for %s, launching kernels one by "
+                                      "one: %.700s", g->module, why);
             if (s != SG_OK) return s;
+            cg->said = true;
+            cg->use_graph = false;
             return launch_all(ctx, g, st);
         }
     }
