@@ -1,7 +1,8 @@
 /*
  * explain.c -- sg_fn_explain: a compiled fn in text, for people. Each
  * capture with its guards, IR, buffers and their pool offsets, parameters,
- * in-place mutations, and every fallback with its reason.
+ * in-place mutations, and every fallback with its reason; then the fn's
+ * output sets and its counters.
  */
 #include "graphs.h"
 
