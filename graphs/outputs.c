@@ -189,8 +189,16 @@ static int pick_stepped(sg_fn *fn, sg_tensor *const *in) {
     return oldest;
 }
 
-/* Without user steps: each call is its own step; sets in turn. */
+/* Without user steps: each call is its own step. A set whose outputs and
+ * views were all released is reused first (one set serves a loop that
+ * releases its outputs); else sets in turn. */
 static int pick_plain(sg_fn *fn, sg_tensor *const *in) {
+    for (int j = 0; j < fn->nsets; j++) {
+        const sg__outset *set = &fn->sets[j];
+        if (set->used && !set_holds_valid(set, fn->nout) &&
+            !set_holds_input(set, fn->nout, fn->nin, in))
+            return j;
+    }
     for (int t = 0; t < fn->nsets; t++) {
         int j = (fn->cursor + t) % fn->nsets;
         if (set_holds_input(&fn->sets[j], fn->nout, fn->nin, in)) continue;

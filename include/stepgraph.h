@@ -510,7 +510,9 @@ SG_API sg_status sg_index_copy_(sg_tensor *dst, int dim, sg_tensor *idx, sg_tens
  *    the fn's call `output_sets` calls before it (with the default 2, the
  *    outputs of the previous call stay valid, so y = f(y) and comparing two
  *    consecutive results both work). A set holding one of the call's inputs
- *    is never overwritten by it; the next set is taken instead.
+ *    is never overwritten by it; the next set is taken instead. A set whose
+ *    outputs and their views were all released is reused first (a loop that
+ *    releases its outputs needs one set).
  *  - Once sg_mark_step_begin(ctx) has been called on the context, steps are
  *    the user's: within one step calls of a fn do not overwrite each other's
  *    outputs, up to `output_sets` calls (micro-batches: set output_sets to

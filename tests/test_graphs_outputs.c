@@ -206,6 +206,34 @@ static void test_micro_batches(sg_mode mode) {
     sg_ctx_destroy(ctx);
 }
 
+/* A plain loop that releases its outputs needs one output set; one that
+ * keeps them uses both. */
+static void test_release_loop(void) {
+    sg_ctx *ctx = tu_ctx((sg_ctx_opts){0});
+    sg_fn *rel, *keep;
+    sg_compile(ctx, affine_step, NULL, 1, 1, &(sg_compile_opts){.mode = SG_MODE_REDUCE_OVERHEAD},
+               &rel);
+    sg_compile(ctx, affine_step, NULL, 1, 1, &(sg_compile_opts){.mode = SG_MODE_REDUCE_OVERHEAD},
+               &keep);
+    int64_t shape[1] = {16};
+    double *xv;
+    sg_tensor *x = tu_rand(ctx, SG_F32, 1, shape, -2, 2, &xv), *y = NULL, *z = NULL;
+    bool ok = true;
+    for (int i = 0; ok && i < 10; i++) {
+        ok = TU_EXPECT(sg_call(rel, &x, 1, &y, 1) == SG_OK) && TU_EXPECT(check_affine(y, xv, 16)) &&
+             TU_EXPECT(sg_call(keep, &x, 1, &z, 1) == SG_OK);
+        sg_release(y);
+    }
+    sg_memory_stats mr = {0}, mk = {0};
+    sg_fn_memory_stats(rel, &mr);
+    sg_fn_memory_stats(keep, &mk);
+    ok = ok && TU_EXPECT(mr.output_bytes > 0) && TU_EXPECT(mk.output_bytes == 2 * mr.output_bytes);
+    tu_case(ok, "RELEASE_LOOP(released outputs: one set, %zu bytes; kept: %zu bytes)",
+            mr.output_bytes, mk.output_bytes);
+    free(xv);
+    sg_ctx_destroy(ctx);
+}
+
 static void test_bad_sets(void) {
     sg_ctx *ctx = tu_ctx((sg_ctx_opts){0});
     sg_fn *fn = NULL;
@@ -225,6 +253,7 @@ int main(void) {
         test_feedback(modes[m]);
         test_micro_batches(modes[m]);
     }
+    test_release_loop();
     test_bad_sets();
     return tu_finish();
 }
