@@ -53,7 +53,9 @@ static void test_plain_loop(sg_mode mode) {
     double *xv;
     sg_tensor *x = tu_rand(ctx, SG_F32, 1, shape, -2, 2, &xv), *y = NULL;
     bool ok = true;
-    double t_first = 0, t_last = 0, t0 = now_s();
+    /* The fastest of the first and of the last three blocks: a block slowed
+     * by other processes on the machine says nothing about growth. */
+    double t_first = 1e30, t_last = 1e30, t0 = now_s();
     size_t bytes_1k = 0, bytes_end = 0;
     int calls = 1;
     ok = TU_EXPECT(sg_call(fn, &x, 1, &y, 1) == SG_OK); /* the capture, not timed */
@@ -62,17 +64,18 @@ static void test_plain_loop(sg_mode mode) {
         for (int i = 0; ok && i < 1000; i++, calls++)
             ok = TU_EXPECT(sg_call(fn, &x, 1, &y, 1) == SG_OK);
         double dt = now_s() - tb;
-        if (block == 0) t_first = dt, sg_ctx_host_bytes(ctx, &bytes_1k, NULL);
-        if (block == 9) t_last = dt;
+        if (block == 0) sg_ctx_host_bytes(ctx, &bytes_1k, NULL);
+        if (block < 3 && dt < t_first) t_first = dt;
+        if (block >= 7 && dt < t_last) t_last = dt;
         /* Growing cost: stop rather than run for minutes. */
-        if (block > 0 && dt > 20 * t_first + 0.05) ok = TU_EXPECT(!"time per 1000 calls grew");
+        if (block > 2 && dt > 50 * t_first + 0.5) ok = TU_EXPECT(!"time per 1000 calls grew");
         if (now_s() - t0 > 120) ok = TU_EXPECT(!"10,000 calls took over 2 minutes");
     }
     sg_ctx_host_bytes(ctx, &bytes_end, NULL);
     sg_fn_stats st = {0};
     sg_fn_get_stats(fn, &st);
     ok = ok && TU_EXPECT(check_affine(y, xv, 16)) && TU_EXPECT(bytes_end == bytes_1k) &&
-         TU_EXPECT(t_last < 5 * t_first + 0.02) && TU_EXPECT(st.calls == 10001) &&
+         TU_EXPECT(t_last < 5 * t_first + 0.05) && TU_EXPECT(st.calls == 10001) &&
          TU_EXPECT(st.recycled_sets == 10001 - 2);
     tu_case(ok, "PLAIN_LOOP(mode=%s,calls=%d,first 1k %.4fs,last 1k %.4fs,host bytes %zu -> %zu)",
             sg_mode_name(mode), calls, t_first, t_last, bytes_1k, bytes_end);
