@@ -141,7 +141,8 @@ struct sg_ctx {
     struct sg__rec *rec;    /* the capture in progress, or NULL */
     struct sg__pool *pool;  /* the static memory pool of compiled fns (memory/) */
     struct sg_fn *fns;      /* compiled fns, for the pool to re-point on growth */
-    struct sg_fn *dead_fns; /* destroyed fns' records, freed with the context */
+    struct sg_fn *dead_fns; /* the most recently destroyed fns' records (newest first) */
+    int ndead_fns;
     uint32_t step;          /* sg_mark_step_begin count */
     uint32_t next_id;
     sg_tensor live; /* sentinel of the live handle list */
@@ -168,6 +169,10 @@ SG__HIDDEN sg_status sg__fail(sg_ctx *ctx, sg_status s, const char *fmt, ...)
 SG__HIDDEN sg_status sg__vfail(sg_ctx *ctx, sg_status s, const char *fmt, va_list ap);
 /* Log one line under a topic (see sg_log_fn). */
 SG__HIDDEN void sg__log(sg_ctx *ctx, const char *topic, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+/* Like sg__log, but without a hook the line goes to stderr even when
+ * SG_LOGS does not name the topic (for what must be said once). */
+SG__HIDDEN void sg__log_always(sg_ctx *ctx, const char *topic, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
 
 /* Fill a context's common fields; the backend then sets ctx->exec. */

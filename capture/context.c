@@ -150,10 +150,37 @@ static const char *const log_topic_names[] = {"error",      "graph_breaks", "rec
                                               "perf_hints", "output_code",  "fallbacks"};
 #define NUM_TOPICS ((int)(sizeof log_topic_names / sizeof log_topic_names[0]))
 
+static _Atomic bool said_unknown_topic;
+
+/* SG_LOGS words that name no topic: said once per process on stderr. */
+static void warn_unknown_topics(const char *env) {
+    char word[64];
+    for (const char *p = env; *p;) {
+        size_t n = strcspn(p, ",+ ");
+        if (n > 0 && n < sizeof word) {
+            memcpy(word, p, n);
+            word[n] = '\0';
+            bool known = strcmp(word, "all") == 0;
+            for (int t = 0; t < NUM_TOPICS && !known; t++) known = strcmp(word, log_topic_names[t]) == 0;
+            if (!known && !said_unknown_topic) {
+                said_unknown_topic = true;
+                fprintf(stderr,
+                        "[stepgraph] SG_LOGS: unknown topic '%s' ignored; the topics are all, "
+                        "error, graph_breaks, recompiles, guards, perf_hints, output_code, "
+                        "fallbacks\n",
+                        word);
+            }
+        }
+        p += n;
+        if (*p) p++;
+    }
+}
+
 static uint32_t parse_sg_logs(void) {
     const char *env = getenv("SG_LOGS");
     uint32_t bits = 0;
     if (!env) return 0;
+    warn_unknown_topics(env);
     for (int t = 0; t < NUM_TOPICS; t++) {
         const char *name = log_topic_names[t];
         size_t len = strlen(name);
@@ -190,6 +217,20 @@ void sg__log(sg_ctx *ctx, const char *topic, const char *fmt, ...) {
     va_list ap;
     va_start(ap, fmt);
     vlog(ctx, topic, fmt, ap);
+    va_end(ap);
+}
+
+void sg__log_always(sg_ctx *ctx, const char *topic, const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    int t = topic_index(topic);
+    if (ctx->log || (t >= 0 && (ctx->log_topics & (1u << t)))) {
+        vlog(ctx, topic, fmt, ap);
+    } else {
+        char line[SG__MSG_SIZE];
+        vsnprintf(line, sizeof line, fmt, ap);
+        fprintf(stderr, "[stepgraph %s] %s\n", topic, line);
+    }
     va_end(ap);
 }
 

@@ -213,6 +213,22 @@ const char *sg__ir_node_str(const sg__ir *ir, int node, char *buf, size_t size) 
         ref_str(ir, ir->args[n->args + j], part, sizeof part);
         k += (size_t)snprintf(buf + k, size - k, j ? ", %s" : "%s", part);
     }
+    /* Scalar and integer attributes: those that are set (0 reads as unset). */
+    bool first = n->nin == 0;
+    for (int j = 0; j < 3 && k < size; j++)
+        if (n->f[j] != 0.0) {
+            k += (size_t)snprintf(buf + k, size - k, first ? "%.9g" : ", %.9g", n->f[j]);
+            first = false;
+        }
+    for (int j = 0; j < 3 && k < size; j++)
+        if (n->i[j] != 0) {
+            k += (size_t)snprintf(buf + k, size - k, first ? "i%d=%lld" : ", i%d=%lld", j,
+                                  (long long)n->i[j]);
+            first = false;
+        }
+    if (n->mask && k < size)
+        k += (size_t)snprintf(buf + k, size - k, first ? "dims=0x%x" : ", dims=0x%x",
+                              (unsigned)n->mask);
     if (k < size) snprintf(buf + k, size - k, ")");
     return buf;
 }
@@ -230,7 +246,11 @@ sg_status sg__rec_break(sg_ctx *ctx, const char *what, const sg_tensor *t) {
     rec->broken = true;
     snprintf(rec->why, sizeof rec->why, "graph break: %s of %s after IR line %s", what,
              sg__describe(t, d, sizeof d), line);
-    if (rec->dry) /* the ops before it never ran: stop the step; it is run again eagerly */
-        return sg__fail(ctx, SG_ERR_GRAPH_BREAK, "%s", rec->why);
+    if (rec->dry) { /* the ops before it never ran: stop the step; it is run again eagerly */
+        /* Not an error of the call (logged under graph_breaks by the fn). */
+        if (ctx->status == SG_OK) ctx->status = SG_ERR_GRAPH_BREAK;
+        snprintf(ctx->msg, sizeof ctx->msg, "%s", rec->why);
+        return SG_ERR_GRAPH_BREAK;
+    }
     return SG_OK;
 }

@@ -304,12 +304,13 @@ static sg_status check_one(const char *what, const sg_tensor *t) {
 
 sg_status sg__check_stale(const sg_tensor *t, const char *what) {
     if (!t->st || t->st_gen == t->st->gen) return SG_OK;
-    char d[SG__DESC];
+    char d[SG__DESC], by[64] = "sg_fn_reset, sg_reset or sg_fn_destroy dropped it";
+    if (t->st->overwritten_in)
+        snprintf(by, sizeof by, "call %u of that fn overwrote it", t->st->overwritten_in);
     return sg__fail(t->ctx, SG_ERR_STALE_OUTPUT,
-                    "%s: tensor #%u (%s) is an output of a compiled "
-                    "step, and the call in step %u overwrote it; sg_clone the outputs you keep "
-                    "before calling the fn again after sg_mark_step_begin",
-                    what, t->id, sg__describe(t, d, sizeof d), t->st->overwritten_in);
+                    "%s: tensor #%u (%s) is an output of a compiled step (or a view of one), and "
+                    "%s; sg_clone the outputs you keep, or raise sg_compile_opts.output_sets",
+                    what, t->id, sg__describe(t, d, sizeof d), by);
 }
 
 bool sg__broadcast(sg_ctx *ctx, const char *op, int n, sg_tensor *const *ts, int *ndim,

@@ -80,7 +80,7 @@ static int parse(int argc, char **argv, args *a) {
                                                  : SG_BACKEND_AUTO;
         if (strcmp(s, "--mode") == 0) {
             int found = 0;
-            for (sg_mode m = SG_MODE_EAGER; m <= SG_MODE_MAX_AUTOTUNE_NO_GRAPHS; m++)
+            for (sg_mode m = SG_MODE_DEFAULT; m <= SG_MODE_MAX_AUTOTUNE_NO_GRAPHS; m++)
                 if (strcmp(v, sg_mode_name(m)) == 0) a->mode = m, found = 1;
             if (!found) return fprintf(stderr, "gpt2: unknown mode '%s'\n", v), 2;
         }

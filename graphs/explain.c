@@ -1,7 +1,8 @@
 /*
  * explain.c -- sg_fn_explain: a compiled fn in text, for people. Each
  * capture with its guards, IR, buffers and their pool offsets, parameters,
- * in-place mutations, and every fallback with its reason.
+ * in-place mutations, and every fallback with its reason; then the fn's
+ * output sets and its counters.
  */
 #include "graphs.h"
 
@@ -68,9 +69,10 @@ static void explain_slots(text *t, const sg__graph *g) {
         switch (sl->kind) {
         case SG__SLOT_INPUT:
             if (sl->mutated_by >= 0)
-                put(t, "    mutation: input %d is written in place by IR line %s (replays write "
-                    "to the tensor passed to each call)\n", sl->input,
-                    sg__ir_node_str(ir, sl->mutated_by, line, sizeof line));
+                put(t,
+                    "    mutation: input %d is written in place by IR line %s (replays write "
+                    "to the tensor passed to each call)\n",
+                    sl->input, sg__ir_node_str(ir, sl->mutated_by, line, sizeof line));
             break;
         case SG__SLOT_PARAM:
             put(t, "    parameter p%d: %zu bytes%s\n", s, sl->param->nbytes,
@@ -91,8 +93,10 @@ static void explain_slots(text *t, const sg__graph *g) {
                         ? "removed by fusion (unused or a duplicate)"
                         : "in registers");
             else
-                put(t, "    buffer b%d: %zu bytes, live over IR lines %d..%d, scratch offset "
-                    "%zu\n", s, sl->nbytes, sl->first, sl->last, g->slot_off[s]);
+                put(t,
+                    "    buffer b%d: %zu bytes, live over IR lines %d..%d, scratch offset "
+                    "%zu\n",
+                    s, sl->nbytes, sl->first, sl->last, g->slot_off[s]);
             break;
         }
     }
@@ -110,14 +114,16 @@ static void explain_graph(text *t, const sg__graph *g, int gi, int nin) {
     }
     explain_slots(t, g);
     if (g->compiled)
-        put(t, "    kernels: %d (fused from %d IR ops, unit %s%s%s)\n", g->fused.ngroups, ir->nnodes,
-            g->module, g->mod ? " in " : "", g->mod ? sg__module_path(g->mod) : "");
+        put(t, "    kernels: %d (fused from %d IR ops, unit %s%s%s)\n", g->fused.ngroups,
+            ir->nnodes, g->module, g->mod ? " in " : "", g->mod ? sg__module_path(g->mod) : "");
     else if (!g->eager)
         put(t, "    kernels: %d (unfused, eager kernels op by op)\n", ir->nnodes);
     if (!g->eager)
-        put(t, "    memory: scratch %zu bytes (peak live %zu, unshared %zu), output set %zu "
-            "bytes x %d, replays %llu\n", g->scratch, g->peak, g->unshared, g->out_bytes,
-            g->noutbufs, (unsigned long long)g->replays);
+        put(t,
+            "    memory: scratch %zu bytes (peak live %zu, unshared %zu), output set %zu "
+            "bytes x %d, replays %llu\n",
+            g->scratch, g->peak, g->unshared, g->out_bytes, g->noutbufs,
+            (unsigned long long)g->replays);
 }
 
 const char *sg_fn_explain(sg_fn *fn) {
@@ -126,16 +132,29 @@ const char *sg_fn_explain(sg_fn *fn) {
     if (t.buf) t.buf[0] = '\0';
     put(&t, "fn '%s': mode %s%s%s, %d inputs, %d outputs, %llu calls (%llu eager)\n", fn->name,
         sg_mode_name(fn->opts.mode), fn->opts.fullgraph ? ", fullgraph" : "",
-        fn->opts.disable ? ", disabled" : "", fn->nin, fn->nout, (unsigned long long)fn->calls,
-        (unsigned long long)fn->eager_calls);
-    if (fn->opts.disable || fn->opts.mode == SG_MODE_EAGER)
+        fn->opts.disable ? ", disabled" : "", fn->nin, fn->nout,
+        (unsigned long long)fn->stats.calls, (unsigned long long)fn->stats.fallbacks);
+    if (fn->opts.disable || fn->opts.mode == SG_MODE_EAGER || fn->stance == SG_STANCE_FORCE_EAGER)
         put(&t, "  fallback: every call runs eagerly (%s)\n",
-            fn->opts.disable ? "disable is set" : "mode eager");
+            fn->opts.disable                 ? "disable is set"
+            : fn->opts.mode == SG_MODE_EAGER ? "mode eager"
+                                             : "stance force_eager");
     if (fn->said_limit)
         put(&t, "  fallback: cache_size_limit %d reached; new input signatures run eagerly\n",
             fn->opts.cache_size_limit);
     for (int gi = 0; gi < fn->ngraphs; gi++) explain_graph(&t, fn->graphs[gi], gi, fn->nin);
-    put(&t, "  output sets: %d\n", fn->nsets);
+    const sg_fn_stats *c = &fn->stats;
+    put(&t, "  output sets: %d%s\n", fn->nsets,
+        fn->ctx->step ? " (steps marked with sg_mark_step_begin)" : " (each call is a step)");
+    put(&t,
+        "  counters: captures %llu, compiles %llu, cache hits %llu, replays %llu, eager calls "
+        "%llu, graph instantiations %llu, exec updates %llu, patched pointers %llu, recycled "
+        "output sets %llu\n",
+        (unsigned long long)c->captures, (unsigned long long)c->compiles,
+        (unsigned long long)c->cache_hits, (unsigned long long)c->replays,
+        (unsigned long long)c->fallbacks, (unsigned long long)c->graph_instantiations,
+        (unsigned long long)c->exec_updates, (unsigned long long)c->patched_pointers,
+        (unsigned long long)c->recycled_sets);
     fn->explain = t.buf;
     fn->explain_size = t.cap;
     return t.buf && !t.oom ? t.buf : "(out of host memory)";

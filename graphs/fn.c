@@ -1,16 +1,17 @@
 /*
- * fn.c -- compiled steps: sg_compile, sg_call and sg_mark_step_begin. A call
- * finds the capture whose guard key matches its inputs (or captures anew,
- * or falls back to eager with a logged reason), picks an output set that
- * holds nothing still valid, invalidates what that set held, replays, and
- * hands out fresh output handles from the fn's ring.
+ * fn.c -- compiled steps: sg_compile, sg_call, sg_mark_step_begin, stances,
+ * sg_reset and the counters. A call finds the capture whose guard key
+ * matches its inputs (or captures anew, or falls back to eager: an error
+ * under strict, else said once and logged), has outputs.c pick the output
+ * set it writes, replays, and hands out the set's output handles.
  */
 #include "graphs.h"
 
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 
-#define SG__RING 64 /* output handles kept per output before one is reused */
+#define SG__DEAD_FNS 64 /* destroyed fn records kept to report a later use */
 
 const char *sg_mode_name(sg_mode m) {
     switch (m) {
@@ -21,156 +22,6 @@ const char *sg_mode_name(sg_mode m) {
     case SG_MODE_MAX_AUTOTUNE_NO_GRAPHS: return "max-autotune-no-cudagraphs";
     }
     return "?";
-}
-
-/* ------------------------------------------------------------ output handles */
-
-static sg_status fifo_push(sg_fn *fn, sg_tensor *t) {
-    if (fn->fifo_len == fn->fifo_cap) {
-        int ncap = fn->fifo_cap ? fn->fifo_cap * 2 : 64;
-        sg_tensor **nf = sg__alloc(fn->ctx, sizeof *nf * (size_t)ncap);
-        if (!nf) return sg__fail(fn->ctx, SG_ERR_OOM, "call: out of host memory for handles");
-        for (int i = 0; i < fn->fifo_len; i++) nf[i] = fn->fifo[(fn->fifo_head + i) % fn->fifo_cap];
-        sg__free(fn->ctx, fn->fifo, sizeof *nf * (size_t)(fn->fifo_cap ? fn->fifo_cap : 1));
-        fn->fifo = nf;
-        fn->fifo_cap = ncap;
-        fn->fifo_head = 0;
-    }
-    fn->fifo[(fn->fifo_head + fn->fifo_len++) % fn->fifo_cap] = t;
-    return SG_OK;
-}
-
-/* Make n more handles, all free. */
-static sg_status add_handles(sg_fn *fn, int n) {
-    sg_ctx *ctx = fn->ctx;
-    if (fn->nhandles + n > fn->cap_handles) {
-        int ncap = fn->cap_handles ? fn->cap_handles : 64;
-        while (ncap < fn->nhandles + n) ncap *= 2;
-        sg_tensor **nh = sg__alloc(ctx, sizeof *nh * (size_t)ncap);
-        if (!nh) return sg__fail(ctx, SG_ERR_OOM, "call: out of host memory for handles");
-        if (fn->handles) {
-            memcpy(nh, fn->handles, sizeof *nh * (size_t)fn->nhandles);
-            sg__free(ctx, fn->handles, sizeof *nh * (size_t)fn->cap_handles);
-        }
-        fn->handles = nh;
-        fn->cap_handles = ncap;
-    }
-    for (int i = 0; i < n; i++) {
-        sg_tensor *t = sg__calloc(ctx, sizeof *t);
-        if (!t) return sg__fail(ctx, SG_ERR_OOM, "call: out of host memory for handles");
-        t->ctx = ctx;
-        t->fn_owned = true;
-        t->magic = SG__TENSOR_DEAD;
-        fn->handles[fn->nhandles++] = t;
-        sg_status s = fifo_push(fn, t);
-        if (s != SG_OK) return s;
-    }
-    return SG_OK;
-}
-
-/* A free handle over st with the given geometry. */
-static sg_tensor *take_handle(sg_fn *fn, const sg__ref *geom, sg__storage *st, int64_t offset) {
-    if (fn->fifo_len == 0 && add_handles(fn, fn->nout * 8) != SG_OK) return NULL;
-    sg_tensor *t = fn->fifo[fn->fifo_head];
-    fn->fifo_head = (fn->fifo_head + 1) % fn->fifo_cap;
-    fn->fifo_len--;
-    if (t->st && t->st->refs < (1 << 29)) sg__storage_unref(fn->ctx, t->st);
-    t->magic = SG__TENSOR_LIVE;
-    t->id = ++fn->ctx->next_id;
-    t->dtype = geom->dtype;
-    t->ndim = geom->ndim;
-    memcpy(t->shape, geom->shape, sizeof t->shape);
-    memcpy(t->stride, geom->stride, sizeof t->stride);
-    t->offset = offset;
-    t->st = st;
-    st->refs++;
-    t->st_gen = st->gen;
-    return t;
-}
-
-/* A set holds nothing valid: every handle released or already stale. */
-static bool set_free(const sg__outset *set, int nout) {
-    for (int i = 0; i < nout; i++) {
-        const sg_tensor *h = set->cur ? set->cur[i] : NULL;
-        if (h && h->magic == SG__TENSOR_LIVE && h->st && h->st_gen == h->st->gen) return false;
-    }
-    return true;
-}
-
-static bool set_holds_input(const sg__outset *set, int nout, int nin, sg_tensor *const *in) {
-    for (int i = 0; i < nout; i++) {
-        const sg_tensor *h = set->cur ? set->cur[i] : NULL;
-        if (!h || !set->produced[i] || h->magic != SG__TENSOR_LIVE) continue;
-        for (int k = 0; k < nin; k++)
-            if (in[k]->st == h->st) return true;
-    }
-    return false;
-}
-
-/* Invalidate what a set holds: its handles and the views made of them. */
-static void set_invalidate(sg_fn *fn, sg__outset *set) {
-    sg_ctx *ctx = fn->ctx;
-    if (!set->cur) return;
-    set->stale.overwritten_in = ctx->step;
-    for (int i = 0; i < fn->nout; i++) {
-        sg_tensor *h = set->cur[i];
-        if (!h) continue;
-        if (h->st && set->produced[i] && h->st_gen == h->st->gen) {
-            h->st->gen++;
-            h->st->overwritten_in = ctx->step;
-        }
-        if (h->st && h->st->refs < (1 << 29)) sg__storage_unref(ctx, h->st);
-        h->st = &set->stale;
-        h->st_gen = 0;
-        set->cur[i] = NULL;
-        fifo_push(fn, h); /* cannot fail: the fifo holds every handle already */
-    }
-}
-
-/* The set a call uses: the lowest that holds nothing valid this step and no input. */
-static sg_status pick_set(sg_fn *fn, sg_tensor *const *in, int *out) {
-    sg_ctx *ctx = fn->ctx;
-    for (int j = 0; j < fn->nsets; j++) {
-        sg__outset *set = &fn->sets[j];
-        bool reusable = !set->used || set->used_step != ctx->step || set_free(set, fn->nout);
-        if (reusable && !set_holds_input(set, fn->nout, fn->nin, in)) {
-            *out = j;
-            return SG_OK;
-        }
-    }
-    int n = fn->nsets + 1;
-    sg__outset *ns = sg__calloc(ctx, sizeof *ns * (size_t)n);
-    sg_tensor **cur = sg__calloc(ctx, sizeof *cur * (size_t)(fn->nout ? fn->nout : 1));
-    bool *produced = sg__calloc(ctx, sizeof *produced * (size_t)(fn->nout ? fn->nout : 1));
-    if (!ns || !cur || !produced) {
-        sg__free(ctx, ns, sizeof *ns * (size_t)n);
-        sg__free(ctx, cur, sizeof *cur * (size_t)(fn->nout ? fn->nout : 1));
-        sg__free(ctx, produced, sizeof *produced * (size_t)(fn->nout ? fn->nout : 1));
-        return sg__fail(ctx, SG_ERR_OOM, "call: out of host memory for an output set");
-    }
-    if (fn->sets) {
-        memcpy(ns, fn->sets, sizeof *ns * (size_t)fn->nsets);
-        /* Handles point at each set's `stale` storage: move them along. */
-        for (int j = 0; j < fn->nsets; j++)
-            for (int h = 0; h < fn->nhandles; h++)
-                if (fn->handles[h]->st == &fn->sets[j].stale) fn->handles[h]->st = &ns[j].stale;
-        sg__free(ctx, fn->sets, sizeof *ns * (size_t)fn->nsets);
-    }
-    /* Never freed: handles only point here to read `gen` and the step. */
-    ns[fn->nsets].stale.refs = 1 << 30;
-    ns[fn->nsets].stale.gen = 1;
-    ns[fn->nsets].cur = cur;
-    ns[fn->nsets].produced = produced;
-    fn->sets = ns;
-    *out = fn->nsets++;
-    if (fn->nsets == 16 && !fn->said_sets) {
-        fn->said_sets = true;
-        sg__log(ctx, "perf_hints",
-                "fn '%s' holds 16 output sets: call sg_mark_step_begin once "
-                "per step, or sg_release outputs when done, so that calls can reuse them",
-                fn->name);
-    }
-    return SG_OK;
 }
 
 /* ------------------------------------------------------------ compile */
@@ -211,6 +62,11 @@ sg_status sg_compile(sg_ctx *ctx, sg_step_fn step, void *user, int nin, int nout
                         "0 means the default (8)",
                         o.cache_size_limit);
     if (o.cache_size_limit == 0) o.cache_size_limit = 8;
+    if (o.output_sets < 0 || o.output_sets > SG__MAX_OUTPUT_SETS)
+        return sg__fail(ctx, SG_ERR_INVALID_ARG,
+                        "sg_compile: output_sets %d is not in [0, %d]; 0 means the default (2)",
+                        o.output_sets, SG__MAX_OUTPUT_SETS);
+    if (o.output_sets == 0) o.output_sets = 2;
     sg_fn *fn = sg__calloc(ctx, sizeof *fn);
     if (!fn) return sg__fail(ctx, SG_ERR_OOM, "sg_compile: out of host memory");
     fn->magic = SG__FN_LIVE;
@@ -222,13 +78,15 @@ sg_status sg_compile(sg_ctx *ctx, sg_step_fn step, void *user, int nin, int nout
     fn->opts = o;
     snprintf(fn->name, sizeof fn->name, "%s", o.name ? o.name : "step");
     fn->opts.name = NULL;
-    fn->graphs = sg__calloc(ctx, sizeof *fn->graphs * (size_t)o.cache_size_limit);
-    if (!fn->graphs || add_handles(fn, nout * SG__RING) != SG_OK) {
-        sg_fn_destroy(fn);
-        return sg__fail(ctx, SG_ERR_OOM, "sg_compile: out of host memory for %d output handles",
-                        nout * SG__RING);
-    }
+    fn->nsets = o.output_sets;
     fn_link(fn);
+    fn->graphs = sg__calloc(ctx, sizeof *fn->graphs * (size_t)o.cache_size_limit);
+    if (!fn->graphs || sg__outputs_init(fn) != SG_OK) {
+        sg_fn_destroy(fn);
+        return sg__fail(ctx, SG_ERR_OOM,
+                        "sg_compile: out of host memory for %d output sets of %d outputs",
+                        o.output_sets, nout);
+    }
     *out = fn;
     return SG_OK;
 }
@@ -269,35 +127,31 @@ static sg_status run_step(sg_fn *fn, sg_tensor *const *in, sg_tensor **tmp) {
     return SG_OK;
 }
 
-/* Hand out the outputs of an eager run through set `si`. */
-static sg_status publish_eager(sg_fn *fn, int si, sg_tensor **tmp, uint32_t mark, sg_tensor **out) {
-    sg__outset *set = &fn->sets[si];
-    set_invalidate(fn, set);
-    for (int i = 0; i < fn->nout; i++) {
+/* Hand out the outputs of an eager run (tmp, made after `mark`) through a set. */
+static sg_status publish_eager(sg_fn *fn, sg_tensor *const *in, sg_tensor **tmp, uint32_t mark,
+                               sg_tensor **out) {
+    int si;
+    sg_status s = sg__outputs_pick(fn, in, &si);
+    for (int i = 0; s == SG_OK && i < fn->nout; i++) {
         sg__ref geom = {.dtype = tmp[i]->dtype, .ndim = tmp[i]->ndim};
         memcpy(geom.shape, tmp[i]->shape, sizeof geom.shape);
         memcpy(geom.stride, tmp[i]->stride, sizeof geom.stride);
         /* A handle made by this call owns its storage's fate; one from outside doesn't. */
-        set->produced[i] = tmp[i]->st->born > mark;
-        set->cur[i] = take_handle(fn, &geom, tmp[i]->st, tmp[i]->offset);
-        if (!set->cur[i]) return fn->ctx->status;
+        s = sg__outputs_put(fn, si, i, &geom, tmp[i]->st, tmp[i]->offset, tmp[i]->st->born > mark);
     }
-    set->used = true;
-    set->used_step = fn->ctx->step;
-    for (int i = 0; i < fn->nout; i++) out[i] = set->cur[i];
-    return SG_OK;
+    drop_step_handles(fn->ctx, mark);
+    if (s == SG_OK) sg__outputs_publish(fn, si, out);
+    return s;
 }
 
 static sg_status call_eager(sg_fn *fn, sg_tensor *const *in, sg_tensor **out) {
     sg_ctx *ctx = fn->ctx;
     sg_tensor *tmp[fn->nout];
     uint32_t mark = ctx->next_id;
-    int si;
+    fn->stats.fallbacks++;
     sg_status s = run_step(fn, in, tmp);
-    if (s == SG_OK) s = pick_set(fn, in, &si);
-    if (s == SG_OK) s = publish_eager(fn, si, tmp, mark, out);
+    if (s == SG_OK) return publish_eager(fn, in, tmp, mark, out);
     drop_step_handles(ctx, mark);
-    fn->eager_calls++;
     return s;
 }
 
@@ -401,6 +255,18 @@ static bool dry_capture(const sg_ctx *ctx) {
     return !(e && strcmp(e, "0") == 0);
 }
 
+/* A capture that cannot replay runs eagerly: said as a fallback (an error
+ * under strict, and then the capture is dropped). */
+static sg_status capture_eager(sg_fn *fn, sg__graph *g, const char *why) {
+    g->eager = true;
+    snprintf(g->why, sizeof g->why, "%s", why);
+    sg_status s =
+        sg__fn_fallback(fn, strstr(why, "graph break") ? SG_ERR_GRAPH_BREAK : SG_ERR_COMPILE,
+                        "capture %d runs eagerly: %s", fn->ngraphs, why);
+    if (s != SG_OK) drop_graph(fn, fn->ngraphs - 1);
+    return s;
+}
+
 /* Capture a new graph from this call; the call's results come from the
  * capture run, or, for a dry capture, from the first replay. */
 static sg_status call_capture(sg_fn *fn, sg_tensor *const *in, sg_tensor **out) {
@@ -419,6 +285,7 @@ static sg_status call_capture(sg_fn *fn, sg_tensor *const *in, sg_tensor **out) 
     sg_status before = ctx->status;
     char msg[SG__MSG_SIZE];
     snprintf(msg, sizeof msg, "%s", ctx->msg);
+    fn->stats.captures++;
     sg_status s = sg__rec_begin(ctx, &rec, &g->ir, fn->nin, in, fn->opts.fullgraph);
     if (s == SG_OK) {
         rec.dry = dry_capture(ctx);
@@ -428,59 +295,49 @@ static sg_status call_capture(sg_fn *fn, sg_tensor *const *in, sg_tensor **out) 
     } else {
         ctx->rec = NULL;
     }
-    if (s != SG_OK && rec.dry && rec.broken && !fn->opts.fullgraph) {
-        /* Nothing ran: keep the capture as "eager" and run the step for real. */
-        drop_step_handles(ctx, mark);
-        ctx->status = before;
-        snprintf(ctx->msg, sizeof ctx->msg, "%s", msg);
-        fn->graphs[fn->ngraphs++] = g;
-        g->eager = true;
-        snprintf(g->why, sizeof g->why, "%s", rec.why);
-        sg__log(ctx, "graph_breaks", "fn '%s': %s", fn->name, rec.why);
-        sg__log(ctx, "fallbacks", "fn '%s': capture %d runs eagerly: %s", fn->name, fn->ngraphs,
-                rec.why);
-        return call_eager(fn, in, out);
-    }
-    if (s != SG_OK) {
+    bool dry_break = s != SG_OK && rec.dry && rec.broken && !fn->opts.fullgraph;
+    if (s != SG_OK && !dry_break) {
         drop_step_handles(ctx, mark);
         sg__graph_free(ctx, g);
         return s;
     }
+    if (dry_break) { /* nothing ran: the step runs again, eagerly */
+        drop_step_handles(ctx, mark);
+        ctx->status = before;
+        snprintf(ctx->msg, sizeof ctx->msg, "%s", msg);
+    }
     fn->graphs[fn->ngraphs++] = g;
     if (rec.broken) {
-        g->eager = true;
-        snprintf(g->why, sizeof g->why, "%s", rec.why);
         sg__log(ctx, "graph_breaks", "fn '%s': %s", fn->name, rec.why);
-        sg__log(ctx, "fallbacks", "fn '%s': capture %d runs eagerly: %s", fn->name, fn->ngraphs,
-                rec.why);
-    } else if ((s = sg__graph_build(fn, g)) != SG_OK) {
-        g->eager = true;
-        snprintf(g->why, sizeof g->why, "the plan could not be built: %.900s", ctx->msg);
-        sg__log(ctx, "fallbacks", "fn '%s': capture %d runs eagerly: %s", fn->name, fn->ngraphs,
-                g->why);
-        sg_clear_error(ctx);
+        s = capture_eager(fn, g, rec.why);
+    } else if ((s = sg__graph_build(fn, g)) != SG_OK && fn->opts.strict) {
+        drop_graph(fn, fn->ngraphs - 1); /* the failure (a strict fallback) says why */
+    } else if (s != SG_OK) {
+        char why[SG__MSG_SIZE];
+        snprintf(why, sizeof why, "the plan could not be built: %.900s", ctx->msg);
+        ctx->status = before;
+        snprintf(ctx->msg, sizeof ctx->msg, "%s", msg);
+        s = capture_eager(fn, g, why);
+    }
+    if (s != SG_OK || dry_break) {
+        drop_step_handles(ctx, mark);
+        return s != SG_OK ? s : call_eager(fn, in, out);
     }
     if (rec.dry) { /* nothing ran yet: the results come from running the plan */
         drop_step_handles(ctx, mark);
         return g->eager ? call_eager(fn, in, out) : call_replay(fn, g, in, out);
     }
-    int si;
-    s = pick_set(fn, in, &si);
-    if (s == SG_OK) s = publish_eager(fn, si, tmp, mark, out);
-    drop_step_handles(ctx, mark);
-    return s;
+    fn->stats.fallbacks += g->eager;
+    return publish_eager(fn, in, tmp, mark, out);
 }
 
 static sg_status call_replay(sg_fn *fn, sg__graph *g, sg_tensor *const *in, sg_tensor **out) {
-    sg_ctx *ctx = fn->ctx;
     int si;
-    sg_status s = pick_set(fn, in, &si);
+    sg_status s = sg__outputs_pick(fn, in, &si);
     if (s == SG_OK) s = sg__graph_outbuf(fn, g, si);
+    if (s == SG_OK) s = sg__graph_replay(fn, g, in, si);
     if (s != SG_OK) return s;
-    sg__outset *set = &fn->sets[si];
-    set_invalidate(fn, set);
-    s = sg__graph_replay(fn, g, in, si);
-    if (s != SG_OK) return s;
+    fn->stats.replays++;
     for (int i = 0; i < fn->nout; i++) {
         const sg__ref *ref = &g->ir.refs[g->ir.out_refs[i]];
         const sg__slot *sl = &g->ir.slots[ref->slot];
@@ -494,13 +351,10 @@ static sg_status call_replay(sg_fn *fn, sg__graph *g, sg_tensor *const *in, sg_t
         } else {
             st = g->outbufs[si].st[ref->slot];
         }
-        set->produced[i] = sl->kind == SG__SLOT_INTERNAL;
-        set->cur[i] = take_handle(fn, ref, st, off);
-        if (!set->cur[i]) return ctx->status;
+        s = sg__outputs_put(fn, si, i, ref, st, off, sl->kind == SG__SLOT_INTERNAL);
+        if (s != SG_OK) return s;
     }
-    set->used = true;
-    set->used_step = ctx->step;
-    for (int i = 0; i < fn->nout; i++) out[i] = set->cur[i];
+    sg__outputs_publish(fn, si, out);
     return SG_OK;
 }
 
@@ -560,14 +414,67 @@ static sg_status check_fn(const sg_fn *fn, const char *what) {
     return fn->magic == SG__FN_LIVE ? SG_OK : SG_ERR_INVALID_ARG;
 }
 
+sg_status sg__fn_fallback(sg_fn *fn, sg_status s, const char *fmt, ...) {
+    char why[SG__MSG_SIZE];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(why, sizeof why, fmt, ap);
+    va_end(ap);
+    if (fn->opts.strict)
+        return sg__fail(fn->ctx, s, "fn '%s': %s; strict makes this fallback an error", fn->name,
+                        why);
+    if (fn->said_fallback) {
+        sg__log(fn->ctx, "fallbacks", "fn '%s': %s", fn->name, why);
+    } else {
+        fn->said_fallback = true;
+        sg__log_always(fn->ctx, "fallbacks",
+                       "fn '%s': %s (said once per fn; SG_LOGS=fallbacks shows every fallback, "
+                       "sg_compile_opts.strict makes them errors)",
+                       fn->name, why);
+    }
+    return SG_OK;
+}
+
+/* No capture matches (why: the last guard that failed, or "" for none). */
+static sg_status call_miss(sg_fn *fn, sg_tensor *const *in, sg_tensor **out, const char *why) {
+    sg_ctx *ctx = fn->ctx;
+    bool recompile = fn->ngraphs > 0 || why[0];
+    if (recompile && fn->stance == SG_STANCE_EAGER_ON_RECOMPILE) {
+        sg__log(ctx, "recompiles", "fn '%s': stance eager_on_recompile: runs eagerly because %s",
+                fn->name, why);
+        return call_eager(fn, in, out);
+    }
+    if (recompile && fn->stance == SG_STANCE_FAIL_ON_RECOMPILE)
+        return sg__fail(ctx, SG_ERR_UNSUPPORTED,
+                        "sg_call: fn '%s' has stance fail_on_recompile, and this call would "
+                        "recompile because %s; call with a captured signature or change the stance",
+                        fn->name, why[0] ? why : "its captures were dropped");
+    if (fn->ngraphs >= fn->opts.cache_size_limit) {
+        if (fn->opts.strict || !fn->said_limit) {
+            sg_status s = sg__fn_fallback(fn, SG_ERR_UNSUPPORTED,
+                                          "cache_size_limit (%d) reached; new input signatures "
+                                          "run eagerly (last miss: %s)",
+                                          fn->opts.cache_size_limit, why);
+            if (s != SG_OK) return s;
+            fn->said_limit = true;
+        }
+        return call_eager(fn, in, out);
+    }
+    if (recompile)
+        sg__log(ctx, "recompiles", "fn '%s': recompiling (capture %d of at most %d) because %s",
+                fn->name, fn->ngraphs + 1, fn->opts.cache_size_limit, why);
+    return call_capture(fn, in, out);
+}
+
 sg_status sg_call(sg_fn *fn, sg_tensor *const *in, int nin, sg_tensor **out, int nout) {
     sg_status s0 = check_fn(fn, "sg_call");
     if (s0 != SG_OK) return s0;
     sg_ctx *ctx = fn->ctx;
     sg_status s = check_call(fn, in, nin, out, nout);
     if (s != SG_OK) return s;
-    fn->calls++;
-    if (fn->opts.disable || fn->opts.mode == SG_MODE_EAGER) return call_eager(fn, in, out);
+    fn->stats.calls++;
+    if (fn->opts.disable || fn->opts.mode == SG_MODE_EAGER || fn->stance == SG_STANCE_FORCE_EAGER)
+        return call_eager(fn, in, out);
     if (fn->opts.dynamic == SG_DYNAMIC_TRUE && !fn->said_dynamic) {
         fn->said_dynamic = true;
         sg__log(ctx, "perf_hints",
@@ -579,27 +486,17 @@ sg_status sg_call(sg_fn *fn, sg_tensor *const *in, int nin, sg_tensor **out, int
     for (int gi = 0; gi < fn->ngraphs; gi++) {
         sg__graph *g = fn->graphs[gi];
         const char *miss = guard_fail(g, fn->nin, in, why, sizeof why);
-        if (!miss) return g->eager ? call_eager(fn, in, out) : call_replay(fn, g, in, out);
+        if (!miss) {
+            fn->stats.cache_hits++;
+            return g->eager ? call_eager(fn, in, out) : call_replay(fn, g, in, out);
+        }
         sg__log(ctx, "guards", "fn '%s': capture %d does not match: %s", fn->name, gi + 1, miss);
         if (strstr(miss, "parameter")) { /* never valid again: make room */
             drop_graph(fn, gi);
             gi--;
         }
     }
-    if (fn->ngraphs >= fn->opts.cache_size_limit) {
-        if (!fn->said_limit) {
-            fn->said_limit = true;
-            sg__log(ctx, "fallbacks",
-                    "fn '%s': cache_size_limit (%d) reached; new input "
-                    "signatures run eagerly (last miss: %s)",
-                    fn->name, fn->opts.cache_size_limit, why);
-        }
-        return call_eager(fn, in, out);
-    }
-    if (fn->ngraphs > 0 || why[0])
-        sg__log(ctx, "recompiles", "fn '%s': recompiling (capture %d of at most %d) because %s",
-                fn->name, fn->ngraphs + 1, fn->opts.cache_size_limit, why);
-    return call_capture(fn, in, out);
+    return call_miss(fn, in, out, why);
 }
 
 sg_status sg_mark_step_begin(sg_ctx *ctx) {
@@ -615,37 +512,59 @@ sg_status sg_fn_reset(sg_fn *fn) {
     return SG_OK;
 }
 
-void sg_fn_destroy(sg_fn *fn) {
-    if (!fn || fn->magic != SG__FN_LIVE) return;
-    sg_ctx *ctx = fn->ctx;
-    fn_unlink(fn);
-    for (int j = 0; j < fn->nsets; j++) set_invalidate(fn, &fn->sets[j]);
-    sg_fn_reset(fn);
-    /* Handles the user may still hold go to the context's quarantine, so a
-     * later use is reported rather than a crash. */
-    for (int h = 0; h < fn->nhandles; h++) {
-        sg_tensor *t = fn->handles[h];
-        if (t->st && t->st->refs < (1 << 29)) sg__storage_unref(ctx, t->st);
-        t->st = NULL;
-        sg__tensor_bury(t);
-    }
-    for (int j = 0; j < fn->nsets; j++) {
-        sg__free(ctx, fn->sets[j].cur, sizeof(sg_tensor *) * (size_t)(fn->nout ? fn->nout : 1));
-        sg__free(ctx, fn->sets[j].produced, sizeof(bool) * (size_t)(fn->nout ? fn->nout : 1));
-    }
-    sg__free(ctx, fn->sets, sizeof *fn->sets * (size_t)(fn->nsets ? fn->nsets : 1));
-    sg__free(ctx, fn->handles,
-             sizeof *fn->handles * (size_t)(fn->cap_handles ? fn->cap_handles : 1));
-    sg__free(ctx, fn->fifo, sizeof *fn->fifo * (size_t)(fn->fifo_cap ? fn->fifo_cap : 1));
-    sg__free(ctx, fn->graphs, sizeof *fn->graphs * (size_t)fn->opts.cache_size_limit);
-    sg__free(ctx, fn->explain, fn->explain_size);
-    /* The record itself stays until the context goes, so that calling a
-     * destroyed fn is an error and not a crash. */
+sg_status sg_reset(sg_ctx *ctx) {
+    if (!ctx) return SG_ERR_NULL;
+    for (sg_fn *fn = ctx->fns; fn; fn = fn->next) sg_fn_reset(fn);
+    return SG_OK;
+}
+
+sg_status sg_fn_set_stance(sg_fn *fn, sg_stance stance) {
+    sg_status s = check_fn(fn, "sg_fn_set_stance");
+    if (s != SG_OK) return s;
+    if ((unsigned)stance > SG_STANCE_FAIL_ON_RECOMPILE)
+        return sg__fail(fn->ctx, SG_ERR_INVALID_ARG,
+                        "sg_fn_set_stance: %d is not an sg_stance; use SG_STANCE_DEFAULT, "
+                        "SG_STANCE_FORCE_EAGER, SG_STANCE_EAGER_ON_RECOMPILE or "
+                        "SG_STANCE_FAIL_ON_RECOMPILE",
+                        (int)stance);
+    fn->stance = stance;
+    return SG_OK;
+}
+
+sg_status sg_fn_get_stats(const sg_fn *fn, sg_fn_stats *stats) {
+    sg_status s = check_fn(fn, "sg_fn_get_stats");
+    if (s != SG_OK) return s;
+    if (!stats) return sg__fail(fn->ctx, SG_ERR_NULL, "sg_fn_get_stats: stats is NULL");
+    *stats = fn->stats;
+    return SG_OK;
+}
+
+/* Keep the record of a destroyed fn a while (so that a later call is
+ * reported, not a crash); the oldest beyond SG__DEAD_FNS is freed. */
+static void fn_bury(sg_ctx *ctx, sg_fn *fn) {
     memset(fn, 0, sizeof *fn);
     fn->magic = SG__FN_DEAD;
     fn->ctx = ctx;
     fn->next = ctx->dead_fns;
     ctx->dead_fns = fn;
+    if (++ctx->ndead_fns <= SG__DEAD_FNS) return;
+    sg_fn **p = &ctx->dead_fns;
+    while ((*p)->next) p = &(*p)->next;
+    sg__free(ctx, *p, sizeof **p);
+    *p = NULL;
+    ctx->ndead_fns--;
+}
+
+void sg_fn_destroy(sg_fn *fn) {
+    if (!fn || fn->magic != SG__FN_LIVE) return;
+    sg_ctx *ctx = fn->ctx;
+    fn_unlink(fn);
+    sg_fn_reset(fn);
+    sg__outputs_free(fn);
+    if (fn->graphs)
+        sg__free(ctx, fn->graphs, sizeof *fn->graphs * (size_t)fn->opts.cache_size_limit);
+    sg__free(ctx, fn->explain, fn->explain_size);
+    fn_bury(ctx, fn);
 }
 
 void sg__fns_repoint(sg_ctx *ctx) {
@@ -661,6 +580,7 @@ void sg__fns_destroy_all(sg_ctx *ctx) {
         ctx->dead_fns = fn->next;
         sg__free(ctx, fn, sizeof *fn);
     }
+    ctx->ndead_fns = 0;
 }
 
 /* ------------------------------------------------------------ memory stats */

@@ -144,12 +144,12 @@ static void check_cuda_dialect(sg_fn *fn, sg__graph *g, bool disable) {
 }
 
 /* Fuse and let the backend compile; on any failure the capture replays
- * op by op through the eager kernels (logged under "fallbacks"). */
-static void try_compile(sg_fn *fn, sg__graph *g) {
+ * op by op through the eager kernels (a fallback: an error under strict). */
+static sg_status try_compile(sg_fn *fn, sg__graph *g) {
     sg_ctx *ctx = fn->ctx;
     const sg__graph_ops *ops = ctx->gops;
     const char *cg = getenv("SG_CODEGEN");
-    if (!ops || !ops->compile || (cg && strcmp(cg, "0") == 0)) return;
+    if (!ops || !ops->compile || (cg && strcmp(cg, "0") == 0)) return SG_OK;
     const char *nf = getenv("SG_DISABLE_FUSION");
     sg__fuse_opts fo = {.disable = nf && strcmp(nf, "1") == 0, .horizontal = true};
     if (ops->fuse_opts) ops->fuse_opts(&fo, fo.disable);
@@ -171,18 +171,20 @@ static void try_compile(sg_fn *fn, sg__graph *g) {
         check_cuda_dialect(fn, g, fo.disable);
     if (s == SG_OK) {
         g->compiled = true;
+        fn->stats.compiles++;
         sg__log(ctx, "output_code", "fn '%s': capture %d: %d IR ops -> %d kernels in %s", fn->name,
                 fn->ngraphs, g->ir.nnodes, g->fused.ngroups, g->module);
-        return;
+        return SG_OK;
     }
-    sg__log(ctx, "fallbacks", "fn '%s': capture %d replays unfused, op by op: %.800s", fn->name,
-            fn->ngraphs, ctx->msg);
+    char why[SG__MSG_SIZE];
+    snprintf(why, sizeof why, "%s", ctx->msg);
     ops->release(ctx, g);
     if (g->has_fused) sg__fused_free(ctx, &g->fused, &g->ir);
     g->has_fused = false;
     /* The failure is reported through the fallback, not to the caller. */
     ctx->status = before;
     snprintf(ctx->msg, sizeof ctx->msg, "%s", msg);
+    return sg__fn_fallback(fn, s, "capture %d replays unfused, op by op: %.800s", fn->ngraphs, why);
 }
 
 #define ALLOC_ARRAY(ctx, ptr, count)                                                               \
@@ -197,8 +199,8 @@ sg_status sg__graph_build(sg_fn *fn, sg__graph *g) {
         !ALLOC_ARRAY(ctx, g->slotp, ir->nslots))
         return sg__fail(ctx, SG_ERR_OOM, "compile: out of host memory building the plan");
     g->ctx = ctx;
-    if (fn->opts.mode != SG_MODE_EAGER) try_compile(fn, g);
-    sg_status s = plan(ctx, g);
+    sg_status s = fn->opts.mode != SG_MODE_EAGER ? try_compile(fn, g) : SG_OK;
+    if (s == SG_OK) s = plan(ctx, g);
     if (s != SG_OK) return s;
     s = sg__pool_reserve(ctx, g->scratch, 0, NULL);
     if (s != SG_OK) return s;
@@ -308,15 +310,19 @@ sg_status sg__graph_replay(sg_fn *fn, sg__graph *g, sg_tensor *const *in, int se
     sg_ctx *ctx = fn->ctx;
     sg__ir *ir = &g->ir;
     if (ctx->pool && g->pool_gen != ctx->pool->generation) sg__graph_repoint(ctx, g);
+    bool moved = false;
     for (int i = 0; i < ir->nslots; i++) {
         sg__slot *sl = &ir->slots[i];
         if (sl->kind == SG__SLOT_INPUT) {
             const sg_tensor *t = in[sl->input];
-            g->slot_st[i].data = (char *)t->st->data + t->offset * (int64_t)sg_dtype_size(t->dtype);
+            void *at = (char *)t->st->data + t->offset * (int64_t)sg_dtype_size(t->dtype);
+            moved = moved || (g->replays > 0 && at != g->slot_st[i].data);
+            g->slot_st[i].data = at;
         } else if (is_output_slot(sl)) {
             g->slot_st[i].data = g->outbufs[set].st[i]->data;
         }
     }
+    fn->stats.patched_pointers += moved;
     if (g->compiled) {
         for (int i = 0; i < ir->nslots; i++) g->slotp[i] = g->slot_ptr[i]->data;
         sg_status s = ((const sg__graph_ops *)ctx->gops)->run(fn, g, set);
@@ -353,7 +359,7 @@ void sg__graph_free(sg_ctx *ctx, sg__graph *g) {
             if (!ob->st[i]) continue;
             /* Handles and views that still see these bytes become stale. */
             ob->st[i]->gen++;
-            ob->st[i]->overwritten_in = ctx->step;
+            ob->st[i]->overwritten_in = 0; /* dropped, not overwritten by a call */
             ob->st[i]->data = NULL;
             sg__storage_unref(ctx, ob->st[i]);
         }

@@ -1,9 +1,10 @@
 /*
  * graphs.h -- the internal header of compiled fns: a fn's captures (IR,
  * guard key, memory plan, the executable form of the plan), its output sets
- * and the ring of output handles it returns. fn.c owns calls, guards, steps
- * and outputs; graph.c turns an IR into an executable plan over the pool and
- * replays it; explain.c prints it all.
+ * and the ring of output handles it returns. fn.c owns calls, guards,
+ * stances and fallbacks; outputs.c the output sets and handles; graph.c turns
+ * an IR into an executable plan over the pool and replays it; explain.c
+ * prints it all.
  */
 #ifndef SG_GRAPHS_H
 #define SG_GRAPHS_H
@@ -70,10 +71,15 @@ typedef struct sg__graph { /* struct tag used by backend.h */
 typedef struct sg__outset {
     sg_tensor **cur;     /* nout; NULL before first use */
     bool *produced;      /* nout: the handle's storage was made by the fn */
+    sg__storage **st;    /* nout: the produced storages, one ref each held by the set */
+    int *base;           /* nout: their refs when published, before any handle or view */
     uint32_t used_step;  /* the step of the last call that used this set */
+    uint64_t call;       /* the fn call that filled it (1-based) */
     bool used;
     sg__storage stale;   /* what invalidated handles point at */
 } sg__outset;
+
+#define SG__MAX_OUTPUT_SETS 64
 
 #define SG__FN_LIVE 0x5347464eu /* "SGFN" */
 #define SG__FN_DEAD 0xdeadf00du
@@ -90,8 +96,11 @@ struct sg_fn {
     sg__graph **graphs;
     int ngraphs;
 
-    sg__outset *sets;
+    sg__outset *sets; /* opts.output_sets of them, made at sg_compile */
     int nsets;
+    int cursor;       /* the next set of the plain (one call, one step) rule */
+    sg_stance stance;
+    sg_fn_stats stats;
 
     /* Output handles: a FIFO of free ones; handles in use are in sets. */
     sg_tensor **handles; /* every handle the fn made */
@@ -99,8 +108,7 @@ struct sg_fn {
     sg_tensor **fifo;
     int fifo_head, fifo_len, fifo_cap;
 
-    bool said_limit, said_dynamic, said_sets;
-    uint64_t calls, eager_calls;
+    bool said_limit, said_dynamic, said_recycle, said_fallback;
     char *explain;
     size_t explain_size;
     sg_fn *next; /* the context's list */
@@ -113,7 +121,25 @@ SG__HIDDEN void sg__graph_repoint(sg_ctx *ctx, sg__graph *g);
 SG__HIDDEN sg_status sg__graph_replay(sg_fn *fn, sg__graph *g, sg_tensor *const *in, int set);
 SG__HIDDEN void sg__graph_free(sg_ctx *ctx, sg__graph *g);
 
+/* outputs.c */
+SG__HIDDEN sg_status sg__outputs_init(sg_fn *fn);
+SG__HIDDEN void sg__outputs_free(sg_fn *fn);
+/* The set a call writes (it holds none of the call's inputs); what it held
+ * becomes stale. */
+SG__HIDDEN sg_status sg__outputs_pick(sg_fn *fn, sg_tensor *const *in, int *set);
+/* Hand out output i of set si: geometry of geom over st at offset;
+ * produced: st was made by this call (it becomes stale when the set is reused). */
+SG__HIDDEN sg_status sg__outputs_put(sg_fn *fn, int si, int i, const sg__ref *geom,
+                                     sg__storage *st, int64_t offset, bool produced);
+/* After every sg__outputs_put of a call: out gets the set's handles. */
+SG__HIDDEN void sg__outputs_publish(sg_fn *fn, int si, sg_tensor **out);
+
 /* fn.c */
+/* A fallback of fn (see "Fallbacks" in stepgraph.h): with strict, fails
+ * with status s and the reason; else logs it (the fn's first one visibly
+ * even without SG_LOGS) and returns SG_OK. */
+SG__HIDDEN sg_status sg__fn_fallback(sg_fn *fn, sg_status s, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
 SG__HIDDEN void sg__fns_repoint(sg_ctx *ctx);
 SG__HIDDEN void sg__fns_destroy_all(sg_ctx *ctx);
 /* SG_NVRTC_CHECK=1 (tests on a machine without a GPU): every capture the

@@ -2,9 +2,12 @@
  * stepgraph.h -- the one public header of stepgraph, and its manual.
  *
  * stepgraph makes a training or inference step written in C cheap to run
- * again and again. A step is a C function over stepgraph tensor ops. It runs
- * eagerly (one kernel per op) on the CPU today; captured, fused and replayed
- * as one device graph over a static memory pool as the later layers land.
+ * again and again. A step is a C function over stepgraph tensor ops. The ops
+ * run eagerly (one kernel per op) on the CPU or on a CUDA device; a step
+ * wrapped with sg_compile is captured once into IR, fused, compiled to
+ * generated code (C + OpenMP on the CPU, CUDA C through NVRTC on a GPU) and
+ * replayed (on CUDA, as one device graph) over a static memory pool: see
+ * "compiled steps" below.
  *
  * A first program:
  *
@@ -39,6 +42,13 @@
  *  - Tensors made by the user belong to the user until sg_release; the context
  *    frees whatever is left when it is destroyed.
  *  - Destroying or releasing NULL does nothing.
+ *  - Threads: a context and everything made from it (tensors, fns) is used
+ *    by one thread at a time; different contexts may run in different
+ *    threads at once.
+ *  - After sg_ctx_destroy every handle made from the context (tensors, fns)
+ *    is gone: using it, releasing it or destroying it is undefined. Destroy
+ *    fns and release tensors in any order you like, but before the context,
+ *    or leave them all to sg_ctx_destroy, which frees them.
  */
 #ifndef STEPGRAPH_H
 #define STEPGRAPH_H
@@ -127,7 +137,8 @@ typedef void *(*sg_alloc_fn)(void *user, void *ptr, size_t old_size, size_t new_
  * The log hook: one line of text (no newline) under one topic: "error",
  * "graph_breaks", "recompiles", "guards", "perf_hints", "output_code",
  * "fallbacks". Without a hook nothing is printed, unless SG_LOGS names the
- * topic, in which case the line goes to stderr.
+ * topic, in which case the line goes to stderr (SG_LOGS=all names every one;
+ * a word in SG_LOGS that names no topic is said once on stderr).
  */
 typedef void (*sg_log_fn)(void *user, const char *topic, const char *line);
 
@@ -596,7 +607,7 @@ SG_API sg_tensor *sg_sdpa_cached(sg_tensor *q, sg_tensor *k_cache, sg_tensor *v_
  * parallel region; DEFAULT and MAX_AUTOTUNE_NO_GRAPHS call kernels one by
  * one; the MAX_AUTOTUNE modes also time thread counts on the real buffers
  * and remember the pick. If the compiler is missing or fails, the capture
- * replays op by op through the eager kernels (logged under "fallbacks").
+ * replays op by op through the eager kernels (a fallback: see "Fallbacks").
  * Environment: SG_CACHE_DIR, SG_DUMP_DIR (every generated source),
  * SG_OVERRIDE_DIR (compile a hand-edited <name>.c instead), SG_ALWAYS_COMPILE=1,
  * SG_CC, SG_CFLAGS, SG_DISABLE_FUSION=1 (one kernel per op), SG_CODEGEN=0
@@ -623,7 +634,7 @@ SG_API sg_tensor *sg_sdpa_cached(sg_tensor *q, sg_tensor *k_cache, sg_tensor *v_
  * What it may not rely on: host reads or writes of tensor data (sg_read,
  * sg_item, sg_write, sg_from_host) are *graph breaks* -- with fullgraph they
  * fail with SG_ERR_GRAPH_BREAK; without it that signature runs eagerly from
- * then on (logged under "graph_breaks" and "fallbacks"). The capture had not
+ * then on (logged under "graph_breaks"; a fallback). The capture had not
  * run the ops before the break, so that first call runs the whole step
  * again, eagerly: a step with a graph break is called twice on its first
  * call (SG_DRY_CAPTURE=0 makes captures run the step as they record, and
@@ -635,25 +646,69 @@ SG_API sg_tensor *sg_sdpa_cached(sg_tensor *q, sg_tensor *k_cache, sg_tensor *v_
  * Guards: a capture holds for the dtypes, shapes and strides of the inputs
  * and for which inputs share storage. Another signature is captured anew
  * (logged under "recompiles", with the guard that failed), up to
- * cache_size_limit captures; past that, new signatures run eagerly (said
- * once under "fallbacks"). A new *address* for an input is not a miss.
+ * cache_size_limit captures; past that, new signatures run eagerly (a
+ * fallback). A new *address* for an input is not a miss.
  *
- * Outputs and steps: outputs of sg_call are handles owned by the fn,
- * valid until a later call overwrites them. sg_mark_step_begin(ctx) opens
- * a new step: the first call of a fn in a step reuses the output buffers of
- * the fn's first call of the previous step, the second call those of the
- * second, and so on; within one step, calls never overwrite each other's
- * outputs (a second call in a step gets its own output buffers, made once).
- * An output set whose handles were all released with sg_release is
- * reused at once. Using an overwritten output, or a view of it, fails with
- * SG_ERR_STALE_OUTPUT naming the step that overwrote it (detected for the
- * 64 most recent calls of the fn); sg_clone what you keep. Without any
- * sg_mark_step_begin, release outputs when done, or each call takes new
- * output buffers (a perf hint says so).
+ * Defaults: a zeroed sg_compile_opts, or opts == NULL, is SG_MODE_DEFAULT
+ * (captured, compiled, kernels launched one by one) with 2 output sets,
+ * cache_size_limit 8, no fullgraph, not strict. SG_MODE_EAGER must be asked
+ * for by name.
+ *
+ * Fallbacks: whenever stepgraph runs something slower than asked because it
+ * could not do better -- generated code failed to emit or compile (a missing
+ * C compiler, an unusable SG_CACHE_DIR), a plan could not be built, a CUDA
+ * graph could not be recorded or instantiated, a graph break made a
+ * signature eager, cache_size_limit was reached -- that is a fallback. With
+ * `strict`, a fallback is an error instead: the call fails with the status
+ * of the cause (SG_ERR_COMPILE, SG_ERR_GRAPH_BREAK, SG_ERR_UNSUPPORTED for
+ * the cache limit, ...) and a message naming the fallback and its reason,
+ * and nothing is left half-made. Without it the call succeeds and the first
+ * fallback of each fn is said once even when SG_LOGS is unset: through the
+ * log hook under "fallbacks" if one is installed, else on stderr; later ones
+ * go under "fallbacks" as any log line.
+ *
+ * Outputs: outputs of sg_call are handles owned by the fn, valid until a
+ * later call of the same fn overwrites them. A fn has a fixed number of
+ * output sets, `output_sets` (2 by default), each holding one call's
+ * outputs; no call ever allocates another, and picking one costs the same
+ * whatever the history.
+ *  - Without sg_mark_step_begin (the plain loop), each call of a fn begins
+ *    a new step for that fn, as in torch: a call overwrites the outputs of
+ *    the fn's call `output_sets` calls before it (with the default 2, the
+ *    outputs of the previous call stay valid, so y = f(y) and comparing two
+ *    consecutive results both work). A set holding one of the call's inputs
+ *    is never overwritten by it; the next set is taken instead. A set whose
+ *    outputs and their views were all released is reused first (a loop that
+ *    releases its outputs needs one set).
+ *  - Once sg_mark_step_begin(ctx) has been called on the context, steps are
+ *    the user's: within one step calls of a fn do not overwrite each other's
+ *    outputs, up to `output_sets` calls (micro-batches: set output_sets to
+ *    the number of calls whose outputs you keep alive in a step); the first
+ *    call of a step reuses a set of an earlier step (the lowest-numbered set
+ *    not used in this step, or whose outputs and views were all released).
+ *    A further call in the same step recycles the set of the step's oldest
+ *    call (a perf hint says so once).
+ * When a set is overwritten, the outputs it held and every view made of
+ * them become stale, whether or not the output handles were released: using
+ * one fails with SG_ERR_STALE_OUTPUT naming the call of the fn that
+ * overwrote it (detected for the fn's 64 most recent calls per output);
+ * sg_clone what you keep. Eager mode follows the same rule.
+ *
+ * Stances (torch.compiler.set_stance): sg_fn_set_stance changes how a fn
+ * treats captures from its next call on. SG_STANCE_FORCE_EAGER runs every
+ * call eagerly (captures are kept for later); SG_STANCE_EAGER_ON_RECOMPILE
+ * replays existing captures and runs new signatures eagerly instead of
+ * capturing them (the first capture of a fn is no recompile and still
+ * happens); SG_STANCE_FAIL_ON_RECOMPILE makes a call that would recapture
+ * fail with SG_ERR_UNSUPPORTED naming the guard that failed. sg_reset
+ * drops every capture of every fn of a context (torch._dynamo.reset).
+ *
+ * Counters: sg_fn_get_stats reports what a fn did (see sg_fn_stats); they
+ * count from sg_compile and survive sg_fn_reset and sg_reset.
  */
 typedef enum sg_mode {
-    SG_MODE_EAGER = 0,
-    SG_MODE_DEFAULT,
+    SG_MODE_DEFAULT = 0, /* what a zeroed sg_compile_opts asks for */
+    SG_MODE_EAGER,
     SG_MODE_REDUCE_OVERHEAD,
     SG_MODE_MAX_AUTOTUNE,
     SG_MODE_MAX_AUTOTUNE_NO_GRAPHS
@@ -670,12 +725,14 @@ typedef enum sg_dynamic {
 } sg_dynamic;
 
 typedef struct sg_compile_opts {
-    sg_mode mode;         /* SG_MODE_EAGER when zero: pass a mode */
+    sg_mode mode;         /* SG_MODE_DEFAULT when zero */
     bool fullgraph;       /* graph breaks are errors instead of eager fallbacks */
     sg_dynamic dynamic;
     int cache_size_limit; /* captures per fn; 0 means the default, 8 */
     bool disable;         /* run eagerly, as torch.compile(disable=True) */
     const char *name;     /* for logs and sg_fn_explain; "step" when NULL */
+    int output_sets;      /* calls whose outputs stay valid at once, 1..64; 0: 2 */
+    bool strict;          /* every fallback is an error (see "Fallbacks") */
 } sg_compile_opts;
 
 typedef struct sg_fn sg_fn;
@@ -687,7 +744,8 @@ typedef struct sg_fn sg_fn;
  */
 typedef sg_status (*sg_step_fn)(sg_ctx *ctx, sg_tensor *const *in, sg_tensor **out, void *user);
 
-/* Wrap step; nothing runs until the first sg_call. opts may be NULL (eager). */
+/* Wrap step; nothing runs until the first sg_call. opts may be NULL (the
+ * defaults: SG_MODE_DEFAULT). */
 SG_API sg_status sg_compile(sg_ctx *ctx, sg_step_fn step, void *user, int nin, int nout,
                             const sg_compile_opts *opts, sg_fn **fn);
 /*
@@ -697,20 +755,54 @@ SG_API sg_status sg_compile(sg_ctx *ctx, sg_step_fn step, void *user, int nin, i
  * reason is in sg_last_error.
  */
 SG_API sg_status sg_call(sg_fn *fn, sg_tensor *const *in, int nin, sg_tensor **out, int nout);
-/* Open a new step: outputs of earlier steps may be overwritten by the next calls. */
+/* Open a new step: outputs of earlier steps may be overwritten by the next
+ * calls (see "Outputs" above: from the first sg_mark_step_begin on, steps
+ * are the user's). */
 SG_API sg_status sg_mark_step_begin(sg_ctx *ctx);
 /* Drop every capture of fn (the next call captures again). */
 SG_API sg_status sg_fn_reset(sg_fn *fn);
 /*
- * fn's captures in text: for each, its guards, IR (one line per op),
- * buffers and pool offsets, parameters, in-place mutations, and every
- * fallback with its reason. The text is owned by fn and valid until the
+ * fn's captures in text: for each, its guards, IR (one line per op, with
+ * its scalar attributes: `mul_scalar(in0:f32[8], 0.25)`), buffers and pool
+ * offsets, parameters, in-place mutations, and every fallback with its
+ * reason; then the output sets and the counters of sg_fn_get_stats. The text is owned by fn and valid until the
  * next sg_fn_explain or sg_fn_destroy; "" on NULL.
  */
 SG_API const char *sg_fn_explain(sg_fn *fn);
 /* Free fn, its captures and its output buffers. Outputs it returned become
- * invalid. NULL does nothing. */
+ * invalid. NULL does nothing. Calling a destroyed fn is SG_ERR_RELEASED
+ * (detected for the context's 64 most recently destroyed fns). */
 SG_API void sg_fn_destroy(sg_fn *fn);
+
+typedef enum sg_stance {
+    SG_STANCE_DEFAULT = 0,         /* capture, recapture up to cache_size_limit */
+    SG_STANCE_FORCE_EAGER,         /* every call runs eagerly */
+    SG_STANCE_EAGER_ON_RECOMPILE,  /* known signatures replay; new ones run eagerly */
+    SG_STANCE_FAIL_ON_RECOMPILE    /* a new signature after the first is an error */
+} sg_stance;
+
+/* Set fn's stance (see "Stances"); SG_ERR_INVALID_ARG for a value that is none. */
+SG_API sg_status sg_fn_set_stance(sg_fn *fn, sg_stance stance);
+/* Drop every capture of every fn of ctx (each fn captures again at its next call). */
+SG_API sg_status sg_reset(sg_ctx *ctx);
+
+/* What a fn did since sg_compile. */
+typedef struct sg_fn_stats {
+    uint64_t calls;                /* sg_call that got past argument checks */
+    uint64_t captures;             /* recordings of the step into IR (graph breaks included) */
+    uint64_t compiles;             /* captures turned into generated code */
+    uint64_t cache_hits;           /* calls that found a capture matching their inputs */
+    uint64_t graph_instantiations; /* device graphs instantiated (CUDA) */
+    uint64_t exec_updates;         /* instantiated graphs patched in place (CUDA) */
+    uint64_t patched_pointers;     /* replays that rewrote the addresses kernels read */
+    uint64_t replays;              /* calls that ran a capture's plan */
+    uint64_t fallbacks;            /* calls that ran the step eagerly (mode eager included) */
+    uint64_t recycled_sets;        /* calls that overwrote an output set still holding
+                                      valid outputs */
+} sg_fn_stats;
+
+/* Copy fn's counters into *stats. */
+SG_API sg_status sg_fn_get_stats(const sg_fn *fn, sg_fn_stats *stats);
 
 typedef struct sg_memory_stats {
     size_t pool_bytes;      /* bytes the static pool holds (scratch + output sets) */

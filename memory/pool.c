@@ -2,7 +2,8 @@
  * pool.c -- the context's static pool: one region from the backend (host
  * memory on the CPU, one device allocation on a GPU), laid out as shared
  * scratch followed by blocks. It only grows, and only when a capture asks:
- * replays never allocate.
+ * replays never allocate. A released block's record is reused by the next
+ * block, so the records stay as many as the blocks alive at once.
  */
 #include "memory.h"
 
@@ -34,8 +35,14 @@ sg_status sg__pool_reserve(sg_ctx *ctx, size_t scratch, size_t size, int *block)
     sg_status s = pool_get(ctx, &p);
     if (s != SG_OK) return s;
     if (scratch < p->scratch) scratch = p->scratch;
+    int slot = p->nblocks; /* the record the new block takes: a released one, or a new one */
+    for (int b = 0; size && b < p->nblocks; b++)
+        if (!p->blocks[b].used) {
+            slot = b;
+            break;
+        }
     /* Room for the block record first, so that failure below changes nothing. */
-    if (size && p->nblocks == p->cap) {
+    if (size && slot == p->nblocks && p->nblocks == p->cap) {
         int ncap = p->cap ? p->cap * 2 : 8;
         sg__pool_block *nb = sg__alloc(ctx, sizeof *nb * (size_t)ncap);
         if (!nb) return sg__fail(ctx, SG_ERR_OOM, "memory pool: out of host memory");
@@ -56,7 +63,8 @@ sg_status sg__pool_reserve(sg_ctx *ctx, size_t scratch, size_t size, int *block)
         void *base = NULL;
         if (sg__dev_alloc(ctx, need, &base) != SG_OK) {
             sg__free(ctx, offsets, sizeof(size_t) * (size_t)(p->nblocks + 1));
-            return sg__fail(ctx, SG_ERR_OOM, "memory pool: out of %s memory growing the pool to "
+            return sg__fail(ctx, SG_ERR_OOM,
+                            "memory pool: out of %s memory growing the pool to "
                             "%zu bytes (from %zu); free tensors or compile fewer shapes",
                             ctx->exec.name, need, p->size);
         }
@@ -73,17 +81,20 @@ sg_status sg__pool_reserve(sg_ctx *ctx, size_t scratch, size_t size, int *block)
     for (int b = 0; b < p->nblocks; b++)
         if (p->blocks[b].used) p->blocks[b].offset = offsets[b];
     p->scratch = scratch;
+    size_t nofs = (size_t)(p->nblocks + 1);
     if (size) {
-        p->blocks[p->nblocks] = (sg__pool_block){.offset = offsets[p->nblocks], .size = size,
-                                                 .used = true};
-        *block = p->nblocks++;
+        p->blocks[slot] =
+            (sg__pool_block){.offset = offsets[p->nblocks], .size = size, .used = true};
+        if (slot == p->nblocks) p->nblocks++;
+        *block = slot;
     }
-    sg__free(ctx, offsets, sizeof(size_t) * (size_t)(p->nblocks + (size ? 0 : 1)));
+    sg__free(ctx, offsets, sizeof(size_t) * nofs);
     return SG_OK;
 }
 
 void sg__pool_release(sg_ctx *ctx, int block) {
-    if (ctx->pool && block >= 0 && block < ctx->pool->nblocks) ctx->pool->blocks[block].used = false;
+    if (ctx->pool && block >= 0 && block < ctx->pool->nblocks)
+        ctx->pool->blocks[block].used = false;
 }
 
 void *sg__pool_addr(sg_ctx *ctx, int block, size_t off) {

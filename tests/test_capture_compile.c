@@ -42,7 +42,7 @@ static bool check_chain(sg_tensor *x, const double *xv, sg_tensor *y, int64_t n)
 }
 
 static void test_chain_modes(void) {
-    for (sg_mode mode = SG_MODE_EAGER; mode <= SG_MODE_MAX_AUTOTUNE_NO_GRAPHS; mode++)
+    for (sg_mode mode = SG_MODE_DEFAULT; mode <= SG_MODE_MAX_AUTOTUNE_NO_GRAPHS; mode++)
         for (sg_dtype dt = SG_F32; dt <= SG_BF16; dt++) {
             sg_fn *fn;
             bool ok = TU_EXPECT(sg_compile(ctx, chain_step, NULL, 1, 1,

@@ -246,7 +246,8 @@ static sg_status table_for(sg_ctx *ctx, sg__graph *g, int set, set_state **out, 
 }
 
 /* Record the set's replay as a graph (or patch the one it has). */
-static sg_status record(sg_ctx *ctx, sg__graph *g, set_state *st) {
+static sg_status record(sg_fn *fn, sg__graph *g, set_state *st) {
+    sg_ctx *ctx = fn->ctx;
     const sg__cu_api *cu = api();
     CUstream stream = sg__cuda_stream(ctx);
     CUresult r = cu->cuStreamBeginCapture_v2(stream, CU_STREAM_CAPTURE_MODE_RELAXED);
@@ -268,8 +269,12 @@ static sg_status record(sg_ctx *ctx, sg__graph *g, set_state *st) {
             cu->cuGraphExecDestroy(st->exec);
             st->exec = NULL;
         }
+        fn->stats.exec_updates += r == CUDA_SUCCESS;
     }
-    if (!st->exec) r = cu->cuGraphInstantiateWithFlags(&st->exec, graph, 0);
+    if (!st->exec) {
+        r = cu->cuGraphInstantiateWithFlags(&st->exec, graph, 0);
+        fn->stats.graph_instantiations += r == CUDA_SUCCESS;
+    }
     cu->cuGraphDestroy(graph);
     if (r != CUDA_SUCCESS) {
         st->exec = NULL;
@@ -376,19 +381,20 @@ static sg_status run(sg_fn *fn, sg__graph *g, int set) {
         sg_status before = ctx->status;
         char msg[SG__MSG_SIZE];
         snprintf(msg, sizeof msg, "%s", ctx->msg);
-        s = record(ctx, g, st);
+        s = record(fn, g, st);
         if (s != SG_OK) {
-            if (!cg->said) {
-                cg->said = true;
-                sg__log(ctx, "fallbacks",
-                        "fn '%s': no CUDA graph for %s, launching kernels one by "
-                        "one: %.700s",
-                        fn->name, g->module, ctx->msg);
-            }
-            cg->use_graph = false;
-            /* Reported as a fallback, not as this call's failure. */
+            char why[SG__MSG_SIZE];
+            snprintf(why, sizeof why, "%s", ctx->msg);
+            /* Reported as a fallback, not as this call's failure (but under strict). */
             ctx->status = before;
             snprintf(ctx->msg, sizeof ctx->msg, "%s", msg);
+            s = cg->said && !fn->opts.strict
+                    ? SG_OK
+                    : sg__fn_fallback(fn, s, "no CUDA graph for %s, launching kernels one by "
+                                      "one: %.700s", g->module, why);
+            if (s != SG_OK) return s;
+            cg->said = true;
+            cg->use_graph = false;
             return launch_all(ctx, g, st);
         }
     }

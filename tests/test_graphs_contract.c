@@ -1,0 +1,297 @@
+/*
+ * test_graphs_contract.c -- what sg_compile promises beyond results:
+ * zeroed or NULL opts capture (SG_MODE_DEFAULT); each fallback kind (a
+ * compile failure, a graph break, the cache limit) is an error with its
+ * reason under strict and otherwise SG_OK with one "fallbacks" line (on
+ * stderr when no hook is installed); the per-fn counters; stances and
+ * sg_reset; scalars in sg_fn_explain's IR lines; unknown SG_LOGS topics.
+ */
+#define _POSIX_C_SOURCE 200809L /* setenv, mkstemp, dup2 */
+#include "testutil.h"
+
+#include <fcntl.h>
+#include <string.h>
+#include <unistd.h>
+
+static char logbuf[1 << 15];
+
+static void log_hook(void *user, const char *topic, const char *line) {
+    (void)user;
+    size_t n = strlen(logbuf);
+    snprintf(logbuf + n, sizeof logbuf - n, "[%s] %s\n", topic, line);
+}
+
+static int count(const char *hay, const char *needle) {
+    int n = 0;
+    for (const char *p = hay; (p = strstr(p, needle)) != NULL; p += strlen(needle)) n++;
+    return n;
+}
+
+/* Run f with stderr sent to a buffer. */
+static void capture_stderr(void (*f)(void *), void *arg, char *buf, size_t size) {
+    char path[] = "/tmp/sg_test_stderr_XXXXXX";
+    int fd = mkstemp(path), saved = dup(2);
+    fflush(stderr);
+    dup2(fd, 2);
+    f(arg);
+    fflush(stderr);
+    dup2(saved, 2);
+    close(saved);
+    lseek(fd, 0, SEEK_SET);
+    ssize_t n = read(fd, buf, size - 1);
+    buf[n > 0 ? n : 0] = '\0';
+    close(fd);
+    unlink(path);
+}
+
+static const double scale = 0.25;
+
+/* y = x * scale + 0.5 */
+static sg_status affine_step(sg_ctx *c, sg_tensor *const *in, sg_tensor **out, void *user) {
+    (void)user;
+    out[0] = sg_add_scalar(sg_mul_scalar(in[0], scale), 0.5);
+    return out[0] ? SG_OK : sg_ctx_status(c);
+}
+
+static bool check_affine(sg_tensor *y, const double *xv, int64_t n) {
+    double *got = tu_read(y), ref[64];
+    for (int64_t i = 0; i < n; i++) ref[i] = (double)(float)xv[i] * (double)(float)scale + 0.5;
+    bool ok = got && tu_close("affine", got, ref, n, tu_rtol(SG_F32), tu_atol(SG_F32));
+    free(got);
+    return ok;
+}
+
+/* A host read inside the step: a graph break. */
+static sg_status break_step(sg_ctx *c, sg_tensor *const *in, sg_tensor **out, void *user) {
+    (void)user;
+    double v;
+    sg_status s = sg_item(in[0], &v);
+    if (s != SG_OK) return s;
+    out[0] = sg_mul_scalar(in[0], v);
+    return out[0] ? SG_OK : sg_ctx_status(c);
+}
+
+static void test_defaults(void) {
+    sg_ctx *ctx = tu_ctx((sg_ctx_opts){0});
+    int64_t shape[1] = {8};
+    double *xv;
+    sg_tensor *x = tu_rand(ctx, SG_F32, 1, shape, -2, 2, &xv), *y;
+    for (int variant = 0; variant < 2; variant++) {
+        sg_fn *fn;
+        sg_compile_opts zero;
+        memset(&zero, 0, sizeof zero);
+        bool ok = TU_EXPECT(sg_compile(ctx, affine_step, NULL, 1, 1, variant ? NULL : &zero, &fn) ==
+                            SG_OK) &&
+                  TU_EXPECT(sg_call(fn, &x, 1, &y, 1) == SG_OK) &&
+                  TU_EXPECT(check_affine(y, xv, 8)) &&
+                  TU_EXPECT(sg_call(fn, &x, 1, &y, 1) == SG_OK);
+        sg_fn_stats st = {0};
+        sg_fn_get_stats(fn, &st);
+        const char *ex = sg_fn_explain(fn);
+        ok = ok && TU_EXPECT(st.captures == 1) && TU_EXPECT(st.replays == 2) &&
+             TU_EXPECT(st.fallbacks == 0) && TU_EXPECT(strstr(ex, "mode default") != NULL) &&
+             TU_EXPECT(strstr(ex, "capture 1") != NULL);
+        tu_case(ok, "DEFAULTS(opts=%s: mode default, captured once, replayed)",
+                variant ? "NULL" : "zeroed");
+        sg_fn_destroy(fn);
+    }
+    sg_fn *full;
+    sg_compile(ctx, break_step, NULL, 1, 1, &(sg_compile_opts){.fullgraph = true}, &full);
+    sg_tensor *one = sg_full(ctx, SG_F32, 1, (int64_t[1]){1}, 3.0);
+    bool ok = TU_EXPECT(sg_call(full, &one, 1, &y, 1) == SG_ERR_GRAPH_BREAK) &&
+              TU_EXPECT(strstr(sg_last_error(ctx), "sg_item") != NULL);
+    sg_clear_error(ctx);
+    tu_case(ok, "DEFAULTS(opts={.fullgraph=true} alone: a graph break is an error)");
+    sg_fn_destroy(full);
+    free(xv);
+    sg_ctx_destroy(ctx);
+}
+
+typedef enum { FB_COMPILE, FB_BREAK, FB_LIMIT } fallback_kind;
+static const char *const fb_names[] = {"compile", "graph_break", "cache_limit"};
+
+/* One fallback of a kind, strict or not: (status, message) and the log. */
+static void test_fallback(fallback_kind kind, bool strict) {
+    logbuf[0] = '\0';
+    sg_ctx *ctx = tu_ctx((sg_ctx_opts){.log = log_hook});
+    int64_t s1[1] = {8}, s2[1] = {4};
+    double *xv, *zv;
+    sg_tensor *x = tu_rand(ctx, SG_F32, 1, s1, -2, 2, &xv),
+              *z = tu_rand(ctx, SG_F32, 1, s2, -2, 2, &zv);
+    sg_tensor *y = NULL;
+    if (kind == FB_BREAK) { /* sg_item needs one element */
+        sg_release(x);
+        x = sg_full(ctx, SG_F32, 1, (int64_t[1]){1}, 3.0);
+    }
+    sg_compile_opts o = {.strict = strict, .cache_size_limit = kind == FB_LIMIT ? 1 : 0};
+    if (kind == FB_COMPILE) {
+        setenv("SG_CC", "/nonexistent/cc", 1);
+        setenv("SG_ALWAYS_COMPILE", "1", 1);
+    }
+    sg_fn *fn;
+    sg_compile(ctx, kind == FB_BREAK ? break_step : affine_step, NULL, 1, 1, &o, &fn);
+    sg_status s = sg_call(fn, &x, 1, &y, 1);
+    if (kind == FB_LIMIT && s == SG_OK) s = sg_call(fn, &z, 1, &y, 1);
+    unsetenv("SG_CC");
+    unsetenv("SG_ALWAYS_COMPILE");
+    const char *reason = kind == FB_COMPILE ? "/nonexistent/cc"
+                         : kind == FB_BREAK ? "sg_item"
+                                            : "cache_size_limit (1)";
+    sg_status want = kind == FB_COMPILE ? SG_ERR_COMPILE
+                     : kind == FB_BREAK ? SG_ERR_GRAPH_BREAK
+                                        : SG_ERR_UNSUPPORTED;
+    bool ok;
+    if (strict) {
+        ok = TU_EXPECT(s == want) && TU_EXPECT(strstr(sg_last_error(ctx), reason) != NULL) &&
+             TU_EXPECT(strstr(sg_last_error(ctx), "strict") != NULL);
+        sg_clear_error(ctx);
+    } else {
+        double v = 0;
+        ok = TU_EXPECT(s == SG_OK) && TU_EXPECT(count(logbuf, "[fallbacks]") == 1) &&
+             TU_EXPECT(strstr(logbuf, reason) != NULL);
+        if (kind == FB_LIMIT) ok = ok && TU_EXPECT(check_affine(y, zv, 4));
+        if (kind == FB_COMPILE) ok = ok && TU_EXPECT(check_affine(y, xv, 8));
+        /* A graph break on a call that works is no error: logged under graph_breaks only. */
+        if (kind == FB_BREAK)
+            ok = ok && TU_EXPECT(sg_item(y, &v) == SG_OK && v == 9.0) &&
+                 TU_EXPECT(strstr(logbuf, "[graph_breaks]") != NULL) &&
+                 TU_EXPECT(strstr(logbuf, "[error]") == NULL);
+        /* Later calls say nothing more. */
+        ok = ok && TU_EXPECT(sg_call(fn, kind == FB_LIMIT ? &z : &x, 1, &y, 1) == SG_OK) &&
+             TU_EXPECT(count(logbuf, "[fallbacks]") == 1);
+    }
+    tu_case(ok, "FALLBACK(kind=%s,strict=%d)", fb_names[kind], strict);
+    if (!ok) fprintf(stderr, "%s\n%s\n", logbuf, sg_last_error(ctx));
+    sg_fn_destroy(fn);
+    free(xv), free(zv);
+    sg_ctx_destroy(ctx);
+}
+
+static void limit_without_hook(void *arg) {
+    (void)arg;
+    unsetenv("SG_LOGS");
+    sg_ctx *ctx = tu_ctx((sg_ctx_opts){0});
+    int64_t s1[1] = {8}, s2[1] = {4};
+    sg_tensor *x = sg_zeros(ctx, SG_F32, 1, s1), *z = sg_zeros(ctx, SG_F32, 1, s2), *y;
+    sg_fn *fn;
+    sg_compile(ctx, affine_step, NULL, 1, 1, &(sg_compile_opts){.cache_size_limit = 1}, &fn);
+    for (int i = 0; i < 3; i++) sg_call(fn, &x, 1, &y, 1), sg_call(fn, &z, 1, &y, 1);
+    sg_ctx_destroy(ctx);
+}
+
+static void test_fallback_stderr(void) {
+    char out[4096];
+    capture_stderr(limit_without_hook, NULL, out, sizeof out);
+    bool ok = TU_EXPECT(count(out, "[stepgraph fallbacks]") == 1) &&
+              TU_EXPECT(strstr(out, "cache_size_limit (1)") != NULL);
+    tu_case(ok, "FALLBACK_STDERR(no hook, no SG_LOGS: said once on stderr)");
+    if (!ok) fprintf(stderr, "stderr was: %s\n", out);
+}
+
+static void test_counters_and_stances(void) {
+    sg_ctx *ctx = tu_ctx((sg_ctx_opts){0});
+    int64_t s1[1] = {8}, s2[1] = {4};
+    double *xv, *zv;
+    sg_tensor *x = tu_rand(ctx, SG_F32, 1, s1, -2, 2, &xv),
+              *z = tu_rand(ctx, SG_F32, 1, s2, -2, 2, &zv);
+    sg_tensor *x2 = sg_clone(x), *y;
+    sg_fn *fn;
+    sg_compile(ctx, affine_step, NULL, 1, 1, &(sg_compile_opts){.mode = SG_MODE_REDUCE_OVERHEAD},
+               &fn);
+    bool ok = true;
+    for (int i = 0; i < 3; i++) ok = ok && TU_EXPECT(sg_call(fn, &x, 1, &y, 1) == SG_OK);
+    ok = ok && TU_EXPECT(sg_call(fn, &x2, 1, &y, 1) == SG_OK) && TU_EXPECT(check_affine(y, xv, 8));
+    sg_fn_stats st = {0};
+    sg_fn_get_stats(fn, &st);
+    ok = ok && TU_EXPECT(st.calls == 4 && st.captures == 1 && st.compiles == 1) &&
+         TU_EXPECT(st.cache_hits == 3 && st.replays == 4 && st.fallbacks == 0) &&
+         TU_EXPECT(st.patched_pointers == 1) && TU_EXPECT(st.recycled_sets == 2);
+    tu_case(ok, "COUNTERS(4 calls, one new address: captures 1, hits 3, replays 4, patched 1)");
+
+    /* FAIL_ON_RECOMPILE: a known signature replays, a new one fails. */
+    ok = TU_EXPECT(sg_fn_set_stance(fn, SG_STANCE_FAIL_ON_RECOMPILE) == SG_OK) &&
+         TU_EXPECT(sg_call(fn, &x, 1, &y, 1) == SG_OK) &&
+         TU_EXPECT(sg_call(fn, &z, 1, &y, 1) == SG_ERR_UNSUPPORTED) &&
+         TU_EXPECT(strstr(sg_last_error(ctx), "input 0 shape [4]") != NULL);
+    sg_clear_error(ctx);
+    /* EAGER_ON_RECOMPILE: the new signature runs eagerly, right. */
+    sg_fn_get_stats(fn, &st);
+    ok = ok && TU_EXPECT(sg_fn_set_stance(fn, SG_STANCE_EAGER_ON_RECOMPILE) == SG_OK) &&
+         TU_EXPECT(sg_call(fn, &z, 1, &y, 1) == SG_OK) && TU_EXPECT(check_affine(y, zv, 4));
+    sg_fn_stats st2 = {0};
+    sg_fn_get_stats(fn, &st2);
+    ok = ok && TU_EXPECT(st2.captures == st.captures && st2.fallbacks == st.fallbacks + 1);
+    /* FORCE_EAGER: even the known signature runs eagerly. */
+    ok = ok && TU_EXPECT(sg_fn_set_stance(fn, SG_STANCE_FORCE_EAGER) == SG_OK) &&
+         TU_EXPECT(sg_call(fn, &x, 1, &y, 1) == SG_OK) && TU_EXPECT(check_affine(y, xv, 8));
+    sg_fn_get_stats(fn, &st);
+    ok = ok && TU_EXPECT(st.fallbacks == st2.fallbacks + 1 && st.replays == st2.replays) &&
+         TU_EXPECT(strstr(sg_fn_explain(fn), "stance force_eager") != NULL);
+    ok = ok && TU_EXPECT(sg_fn_set_stance(fn, (sg_stance)9) == SG_ERR_INVALID_ARG);
+    sg_clear_error(ctx);
+    tu_case(ok, "STANCES(fail_on_recompile, eager_on_recompile, force_eager)");
+
+    /* sg_reset: every fn captures again. */
+    sg_fn *other;
+    sg_compile(ctx, affine_step, NULL, 1, 1, NULL, &other);
+    sg_fn_set_stance(fn, SG_STANCE_DEFAULT);
+    ok = TU_EXPECT(sg_call(other, &x, 1, &y, 1) == SG_OK) && TU_EXPECT(sg_reset(ctx) == SG_OK) &&
+         TU_EXPECT(sg_call(other, &x, 1, &y, 1) == SG_OK) && TU_EXPECT(check_affine(y, xv, 8)) &&
+         TU_EXPECT(sg_call(fn, &x, 1, &y, 1) == SG_OK) && TU_EXPECT(check_affine(y, xv, 8));
+    sg_fn_stats so = {0};
+    sg_fn_get_stats(other, &so);
+    sg_fn_get_stats(fn, &st2);
+    ok = ok && TU_EXPECT(so.captures == 2) && TU_EXPECT(st2.captures == st.captures + 1);
+    tu_case(ok, "RESET(sg_reset drops every capture of every fn)");
+    sg_fn_destroy(fn), sg_fn_destroy(other);
+    free(xv), free(zv);
+    sg_ctx_destroy(ctx);
+}
+
+static void test_explain_scalars(void) {
+    sg_ctx *ctx = tu_ctx((sg_ctx_opts){0});
+    int64_t s1[1] = {8};
+    sg_tensor *x = sg_zeros(ctx, SG_F32, 1, s1), *y;
+    sg_fn *fn;
+    sg_compile(ctx, affine_step, NULL, 1, 1, NULL, &fn);
+    sg_call(fn, &x, 1, &y, 1);
+    char want[64];
+    snprintf(want, sizeof want, "mul_scalar(in0:f32[8], %.9g)", scale);
+    const char *ex = sg_fn_explain(fn);
+    bool ok = TU_EXPECT(strstr(ex, want) != NULL) &&
+              TU_EXPECT(strstr(ex, "add_scalar(b1:f32[8], 0.5)") != NULL);
+    tu_case(ok, "EXPLAIN_SCALARS(%s and add_scalar(b1:f32[8], 0.5) in the IR lines)", want);
+    if (!ok) fprintf(stderr, "%s\n", ex);
+    sg_fn_destroy(fn);
+    sg_ctx_destroy(ctx);
+}
+
+static void ctx_with_bad_topic(void *arg) {
+    (void)arg;
+    setenv("SG_LOGS", "recompiles,bogus_topic", 1);
+    sg_ctx *a = tu_ctx((sg_ctx_opts){0}), *b = tu_ctx((sg_ctx_opts){0});
+    unsetenv("SG_LOGS");
+    sg_ctx_destroy(a), sg_ctx_destroy(b);
+}
+
+static void test_unknown_topic(void) {
+    char out[4096];
+    capture_stderr(ctx_with_bad_topic, NULL, out, sizeof out);
+    bool ok = TU_EXPECT(count(out, "unknown topic 'bogus_topic'") == 1) &&
+              TU_EXPECT(strstr(out, "graph_breaks") != NULL);
+    tu_case(ok, "SG_LOGS(an unknown topic is said once, naming the known ones)");
+}
+
+int main(void) {
+    tu_seed(5);
+    test_defaults();
+    for (int k = FB_COMPILE; k <= FB_LIMIT; k++) {
+        test_fallback((fallback_kind)k, true);
+        test_fallback((fallback_kind)k, false);
+    }
+    test_fallback_stderr();
+    test_counters_and_stances();
+    test_explain_scalars();
+    test_unknown_topic();
+    return tu_finish();
+}
