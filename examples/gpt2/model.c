@@ -275,8 +275,11 @@ static sg_tensor *head(gpt2 *g, sg_tensor *x) {
  * that knows how cached attention is computed.
  */
 static sg_tensor *attend(gpt2 *g, sg_tensor *q, sg_tensor *kc, sg_tensor *vc, sg_tensor *pos) {
-    sg_tensor *mask = sg_le(g->slots, pos); /* (S) bool */
-    return sg_sdpa(q, kc, vc, mask, false, 0.0);
+    (void)g;
+    /* kv_len = pos + 1 valid slots, read on the device: one fused kernel that
+     * reads only those slots (flash-decoding on CUDA). */
+    sg_tensor *kv_len = sg_add_scalar(sg_reshape(pos, 0, NULL), 1);
+    return sg_sdpa_cached(q, kc, vc, kv_len, 0.0);
 }
 
 /* tokens (B, T) -> logits (B, V) or (B, T, V); K, V into slots 0 .. T-1. */
