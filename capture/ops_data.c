@@ -228,6 +228,36 @@ sg_status sg_index_copy_(sg_tensor *dst, int dim, sg_tensor *idx, sg_tensor *src
     return s;
 }
 
+/* ------------------------------------------------------------ index_add (autograd) */
+
+sg_status sg__index_add_(sg_tensor *dst, int dim, sg_tensor *idx, sg_tensor *src) {
+    sg_tensor *in[3] = {dst, idx, src};
+    sg_ctx *ctx = sg__check_inputs("index_add", 3, in, NULL);
+    if (!ctx) return sg__inputs_status(3, in);
+    sg_status s = check_index(ctx, "index_add", idx, true);
+    if (s != SG_OK) return s;
+    int d = check_dim(ctx, "index_add", dim, dst, "dst");
+    if (d < 0) return SG_ERR_INDEX;
+    s = index_copy_check(ctx, dst, d, idx, src);
+    if (s != SG_OK) return s;
+    if (!sg__dtype_is_float(dst->dtype)) {
+        char a[SG__DESC];
+        return sg__fail(ctx, SG_ERR_DTYPE, "index_add: dst %s must be float",
+                        sg__describe(dst, a, sizeof a));
+    }
+    sg_tensor *tmp = NULL;
+    if (may_overlap(src, dst)) {
+        tmp = sg_clone(src);
+        if (!tmp) return SG_ERR_OOM;
+        src = tmp;
+    }
+    sg_tensor *args[3] = {dst, idx, src};
+    sg__node n = {.op = SG__OP_INDEX_ADD, .nin = 3, .in = args, .out = dst, .i = {d}};
+    s = sg__dispatch(ctx, &n);
+    sg__tensor_drop(tmp);
+    return s;
+}
+
 /* ------------------------------------------------------------ sdpa */
 
 /*
