@@ -550,9 +550,259 @@ static void op_cases(void) {
     }
 }
 
+/* ------------------------------------------------------------ a model, eager and compiled */
+
+enum { V = 11, D = 8, H = 12, C = 5, NP = 7 };
+
+typedef struct model {
+    sg_tensor *p[NP]; /* emb (V, D), ln w, ln b (D), w1 (H, D), b1 (H), w2 (C, H), b2 (C) */
+} model;
+
+static void model_init(model *m, uint64_t seed) {
+    static const int nd[NP] = {2, 1, 1, 2, 1, 2, 1};
+    static const int64_t sh[NP][2] = {{V, D}, {D}, {D}, {H, D}, {H}, {C, H}, {C}};
+    tu_seed(seed);
+    for (int k = 0; k < NP; k++) {
+        double *v;
+        m->p[k] = tu_rand(ctx, SG_F32, nd[k], sh[k], -0.5, 0.5, &v);
+        free(v);
+        sg_requires_grad_(m->p[k], true);
+    }
+}
+
+static void model_free(model *m) {
+    for (int k = 0; k < NP; k++) sg_release(m->p[k]);
+}
+
+/* Embedding, layer_norm, linear + gelu_tanh, a broadcast residual through a
+ * transposed view, linear, cross_entropy: the loss of ids against targets. */
+static sg_tensor *model_loss(const model *m, sg_tensor *ids, sg_tensor *targets) {
+    sg_tensor *const *p = m->p;
+    sg_tensor *e = sg_embedding(p[0], ids);
+    sg_tensor *h = sg_layer_norm(e, p[1], p[2], 1e-5);
+    sg_tensor *a = sg_gelu_tanh(sg_linear(h, p[3], p[4]));
+    sg_tensor *at = sg_transpose(a, 0, 1);
+    sg_tensor *s = sg_mean(at, 1, (int[]){0}, true); /* (1, n): per sample */
+    sg_tensor *r = sg_add(a, sg_mul_scalar(sg_transpose(s, 0, 1), 0.5));
+    sg_tensor *logits = sg_linear(sg_sigmoid(r), p[5], p[6]);
+    return sg_cross_entropy(logits, targets); /* the rest goes with the context or the step */
+}
+
+static sg_status model_step(sg_ctx *c, sg_tensor *const *in, sg_tensor **out, void *user) {
+    (void)c;
+    const model *m = user;
+    out[0] = model_loss(m, in[0], in[1]);
+    return sg_grad(out[0], NP, m->p, out + 1);
+}
+
+static void batch(int64_t n, uint64_t seed, sg_tensor **ids, sg_tensor **targets) {
+    int64_t iv[64], tv[64];
+    tu_seed(seed);
+    for (int64_t i = 0; i < n; i++) iv[i] = tu_randint(0, V - 1), tv[i] = tu_randint(0, C - 1);
+    *ids = sg_from_host(ctx, SG_I64, 1, &n, iv);
+    *targets = sg_from_host(ctx, SG_I64, 1, &n, tv);
+}
+
+static bool same(const char *what, sg_tensor *got, sg_tensor *want, double rtol) {
+    double *g = tu_read(got), *w = tu_read(want);
+    bool ok = TU_EXPECT(g && w) && TU_EXPECT(sg_tensor_numel(got) == sg_tensor_numel(want)) &&
+              TU_EXPECT(tu_close(what, g, w, sg_tensor_numel(want), rtol, 1e-6));
+    free(g), free(w);
+    return ok;
+}
+
+static void compiled_cases(void) {
+    static const sg_mode modes[3] = {SG_MODE_DEFAULT, SG_MODE_REDUCE_OVERHEAD, SG_MODE_MAX_AUTOTUNE};
+    model m;
+    model_init(&m, 11);
+    sg_tensor *ids, *targets, *want[1 + NP];
+    batch(12, 12, &ids, &targets);
+    sg_tensor *in[2] = {ids, targets};
+    bool ok = TU_EXPECT(model_step(ctx, in, want, &m) == SG_OK);
+    tu_case(ok, "GRAD_EAGER(model,n=12) seed=11");
+    for (int k = 0; ok && k < 3; k++) {
+        sg_fn *fn = NULL;
+        ok = TU_EXPECT(sg_compile(ctx, model_step, &m, 2, 1 + NP,
+                                  &(sg_compile_opts){.mode = modes[k], .fullgraph = true}, &fn) == SG_OK);
+        for (int call = 0; ok && call < 2; call++) {
+            sg_tensor *out[1 + NP];
+            sg_mark_step_begin(ctx);
+            ok = TU_EXPECT(sg_call(fn, in, 2, out, 1 + NP) == SG_OK);
+            for (int j = 0; ok && j <= NP; j++) ok = same("compiled", out[j], want[j], 1e-4);
+        }
+        if (!ok) fprintf(stderr, "  %s\n", sg_last_error(ctx));
+        tu_case(ok, "GRAD_COMPILED(model,mode=%s,n=12) seed=11", sg_mode_name(modes[k]));
+        sg_fn_destroy(fn);
+    }
+    for (int j = 0; j <= NP; j++) sg_release(want[j]);
+    sg_release(ids), sg_release(targets);
+
+    /* 4 micro-batches of 6, each loss / 4, add up to one batch of 24. */
+    sg_tensor *big[2], *full[1 + NP], *acc[NP] = {NULL};
+    batch(24, 13, &big[0], &big[1]);
+    ok = TU_EXPECT(model_step(ctx, big, full, &m) == SG_OK);
+    for (int mb = 0; ok && mb < 4; mb++) {
+        sg_tensor *part[2] = {sg_narrow(big[0], 0, 6 * mb, 6), sg_narrow(big[1], 0, 6 * mb, 6)};
+        sg_tensor *loss = sg_mul_scalar(model_loss(&m, part[0], part[1]), 0.25), *g[NP];
+        ok = TU_EXPECT(sg_grad(loss, NP, m.p, g) == SG_OK);
+        for (int j = 0; ok && j < NP; j++) {
+            sg_tensor *sum = acc[j] ? sg_add(acc[j], g[j]) : sg_clone(g[j]);
+            sg_release(acc[j]), sg_release(g[j]);
+            acc[j] = sum;
+        }
+        sg_release(part[0]), sg_release(part[1]), sg_release(loss);
+    }
+    for (int j = 0; ok && j < NP; j++) ok = same("accumulated", acc[j], full[j + 1], 1e-4);
+    tu_case(ok, "GRAD_ACCUMULATE(model,4x6 vs 24) seed=13");
+    for (int j = 0; j < NP; j++) sg_release(acc[j]);
+    for (int j = 0; j <= NP; j++) sg_release(full[j]);
+    sg_release(big[0]), sg_release(big[1]);
+    model_free(&m);
+}
+
+/* ------------------------------------------------------------ training across modes */
+
+typedef struct mlp {
+    sg_tensor *p[4]; /* w1 (16, 8), b1 (16), w2 (4, 16), b2 (4) */
+} mlp;
+
+static sg_status sgd_step(sg_ctx *c, sg_tensor *const *in, sg_tensor **out, void *user) {
+    mlp *m = user;
+    sg_tensor *h = sg_relu(sg_linear(in[0], m->p[0], m->p[1]));
+    sg_tensor *loss = sg_cross_entropy(sg_linear(h, m->p[2], m->p[3]), in[1]), *g[4];
+    sg_status s = sg_grad(loss, 4, m->p, g);
+    if (s != SG_OK) return s;
+    sg_set_grad_enabled(c, false);
+    for (int k = 0; k < 4 && s == SG_OK; k++) /* an optimizer call goes here */
+        s = sg_copy_(m->p[k], sg_sub(m->p[k], sg_mul_scalar(g[k], 0.5)));
+    sg_set_grad_enabled(c, true);
+    out[0] = loss;
+    return s;
+}
+
+static double train(sg_mode mode, double *first) {
+    static const int nd[4] = {2, 1, 2, 1};
+    static const int64_t sh[4][2] = {{16, 8}, {16}, {4, 16}, {4}}, xs[2] = {16, 8};
+    mlp m;
+    double *v, last = NAN;
+    tu_seed(21);
+    for (int k = 0; k < 4; k++) {
+        m.p[k] = tu_rand(ctx, SG_F32, nd[k], sh[k], -0.4, 0.4, &v);
+        free(v);
+        sg_requires_grad_(m.p[k], true);
+    }
+    sg_tensor *x = tu_rand(ctx, SG_F32, 2, xs, -1, 1, &v), *t;
+    free(v);
+    int64_t tv[16], n = 16;
+    for (int i = 0; i < 16; i++) tv[i] = tu_randint(0, 3);
+    t = sg_from_host(ctx, SG_I64, 1, &n, tv);
+    sg_fn *fn;
+    sg_tensor *in[2] = {x, t}, *out[1];
+    sg_status s = sg_compile(ctx, sgd_step, &m, 2, 1, &(sg_compile_opts){.mode = mode}, &fn);
+    for (int step = 0; s == SG_OK && step < 50; step++) {
+        sg_mark_step_begin(ctx);
+        s = sg_call(fn, in, 2, out, 1);
+        if (s == SG_OK) s = sg_item(out[0], &last);
+        if (step == 0) *first = last;
+    }
+    if (s != SG_OK) fprintf(stderr, "  train %s: %s\n", sg_mode_name(mode), sg_last_error(ctx));
+    sg_fn_destroy(fn);
+    for (int k = 0; k < 4; k++) sg_release(m.p[k]);
+    sg_release(x), sg_release(t);
+    return s == SG_OK ? last : NAN;
+}
+
+static void training_cases(void) {
+    static const sg_mode modes[4] = {SG_MODE_EAGER, SG_MODE_DEFAULT, SG_MODE_REDUCE_OVERHEAD,
+                                     SG_MODE_MAX_AUTOTUNE};
+    double first, ref = train(SG_MODE_EAGER, &first);
+    tu_case(TU_EXPECT(ref < 0.5 * first), "TRAIN_MLP(mode=eager,steps=50,loss %g -> %g) seed=21",
+            first, ref);
+    for (int k = 1; k < 4; k++) {
+        double f, l = train(modes[k], &f);
+        tu_case(TU_EXPECT(fabs(l - ref) <= 1e-4 * fabs(ref) + 1e-6),
+                "TRAIN_MLP(mode=%s,steps=50,loss %.7g vs eager %.7g) seed=21", sg_mode_name(modes[k]),
+                l, ref);
+    }
+}
+
+/* ------------------------------------------------------------ rules of use */
+
+static void usage_cases(void) {
+    int64_t sh[2] = {3, 4};
+    double *v;
+    sg_tensor *w = tu_rand(ctx, SG_F32, 2, sh, -1, 1, &v);
+    free(v);
+    sg_tensor *x = tu_rand(ctx, SG_F32, 2, sh, -1, 1, &v);
+    free(v);
+    sg_tensor *other = sg_zeros(ctx, SG_F32, 2, sh);
+    sg_requires_grad_(w, true);
+    sg_requires_grad_(other, true);
+
+    /* An in-place write to a tensor the backward reads is reported. */
+    sg_tensor *y = sg_mul(w, x), *loss = sg_sum(y, 0, NULL, false), *g[2] = {NULL};
+    sg_add_(x, x);
+    sg_status s = sg_grad(loss, 1, &w, g);
+    bool ok = TU_EXPECT(s == SG_ERR_INVALID_ARG) && TU_EXPECT(strstr(sg_last_error(ctx), "in-place")) &&
+              TU_EXPECT(g[0] == NULL);
+    tu_case(ok, "GRAD_INPLACE_DETECTED(mul, x written by sg_add_)");
+    sg_clear_error(ctx);
+    sg_release(y), sg_release(loss);
+
+    /* add reads no input bytes: writing one afterwards is fine. Zeros for
+     * a tensor the loss does not depend on; the graph stays for a second call. */
+    y = sg_add(w, x);
+    loss = sg_sum(y, 0, NULL, false);
+    sg_add_(x, x);
+    sg_tensor *wrt[2] = {w, other};
+    ok = TU_EXPECT(sg_grad(loss, 2, wrt, g) == SG_OK);
+    double *g0 = ok ? tu_read(g[0]) : NULL, *g1 = ok ? tu_read(g[1]) : NULL;
+    for (int i = 0; ok && i < 12; i++) ok = TU_EXPECT(g0[i] == 1.0) && TU_EXPECT(g1[i] == 0.0);
+    free(g0), free(g1), sg_release(g[0]), sg_release(g[1]);
+    ok = ok && TU_EXPECT(sg_grad(loss, 2, wrt, g) == SG_OK);
+    tu_case(ok, "GRAD_UNUSED_IS_ZERO(add, twice)");
+    sg_release(g[0]), sg_release(g[1]), sg_release(y), sg_release(loss);
+
+    /* no_grad records nothing; ints and non-leaves are refused. */
+    sg_set_grad_enabled(ctx, false);
+    y = sg_mul(w, w);
+    ok = TU_EXPECT(!sg_tensor_requires_grad(y));
+    sg_release(y);
+    sg_set_grad_enabled(ctx, true);
+    y = sg_mul(w, w);
+    sg_tensor *ix = sg_zeros(ctx, SG_I64, 2, sh);
+    ok = ok && TU_EXPECT(sg_tensor_requires_grad(y)) &&
+         TU_EXPECT(sg_requires_grad_(ix, true) == SG_ERR_DTYPE) &&
+         TU_EXPECT(sg_requires_grad_(y, false) == SG_ERR_INVALID_ARG) &&
+         TU_EXPECT(sg_grad(y, 1, &w, g) == SG_ERR_SHAPE) && TU_EXPECT(sg_grad(NULL, 1, &w, g) == SG_ERR_NULL);
+    tu_case(ok, "GRAD_FLAGS(no_grad, int leaf, non-leaf, loss not scalar)");
+    sg_clear_error(ctx);
+    sg_release(y), sg_release(ix);
+
+    /* Eager forward + backward in a loop whose results are released: no
+     * growth (the quarantine of released handles is filled first). */
+    size_t live0 = 0, live, peak;
+    for (int i = 0; i < 4200; i++) sg_release(sg_zeros(ctx, SG_F32, 0, NULL));
+    ok = true;
+    for (int it = 0; ok && it < 50; it++) {
+        sg_tensor *z = sg_linear(x, w, NULL), *h = sg_tanh(z), *p = sg_softmax(h, -1);
+        sg_tensor *l = sg_mean(p, 0, NULL, false);
+        ok = TU_EXPECT(sg_grad(l, 1, &w, g) == SG_OK);
+        sg_release(z), sg_release(h), sg_release(p), sg_release(l), sg_release(g[0]);
+        sg_ctx_host_bytes(ctx, &live, &peak);
+        if (it == 1) live0 = live;
+        if (it > 1) ok = ok && TU_EXPECT(live <= live0);
+    }
+    tu_case(ok, "GRAD_EAGER_LOOP_NO_GROWTH(50 iterations, host bytes %zu)", live0);
+    sg_release(w), sg_release(x), sg_release(other);
+}
+
 int main(void) {
     ctx = tu_ctx((sg_ctx_opts){0});
     op_cases();
+    usage_cases();
+    compiled_cases();
+    training_cases();
     sg_ctx_destroy(ctx);
     return tu_finish();
 }
