@@ -30,6 +30,7 @@ static const char *const unit_kernels[SG__CU_NUM_UNITS][10] = {
     [SG__CU_POINTWISE] = {"sg_pw_vec", "sg_pw_flat", "sg_pw_nd32", "sg_pw_nd64", NULL},
     [SG__CU_DATA] = {"sg_data_gather32", "sg_data_gather64", "sg_data_scatter32",
                      "sg_data_scatter64", "sg_data_index_prep", "sg_data_zero", "sg_data_arange",
+                     "sg_data_index_add",
                      NULL},
     [SG__CU_REDUCE] = {"sg_reduce_fold", "sg_reduce_finish", NULL},
     [SG__CU_ROW] = {"sg_row_softmax", "sg_row_norm", "sg_row_xent", "sg_row_xent_mean", NULL},
