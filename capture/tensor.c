@@ -241,6 +241,8 @@ void sg__tensor_bury(sg_tensor *t) {
 void sg_release(sg_tensor *t) {
     if (!t || t->magic != SG__TENSOR_LIVE) return;
     sg_ctx *ctx = t->ctx;
+    sg__gnode_unref(ctx, t->grad_fn);
+    t->grad_fn = NULL;
     if (t->fn_owned) { /* an output handle: its fn keeps the handle itself */
         sg__storage_unref(ctx, t->st);
         t->st = NULL;
@@ -248,8 +250,6 @@ void sg_release(sg_tensor *t) {
         return;
     }
     list_unlink(t);
-    sg__gnode_unref(ctx, t->grad_fn);
-    t->grad_fn = NULL;
     sg__storage_unref(ctx, t->st);
     t->st = NULL;
     quarantine(ctx, t);

@@ -32,7 +32,8 @@ enum kind {
     K_EMB,
     K_ISEL,
     K_CONCAT,
-    K_VIEW
+    K_VIEW,
+    K_SDPA
 };
 
 enum view {
@@ -59,6 +60,7 @@ typedef struct tcase {
     int64_t sh[3][SG_MAX_DIMS];
     double lo, hi;
     int64_t naux, auxmax; /* an index input of naux entries in [0, auxmax) */
+    sg_dtype dt;          /* of the float inputs (f32 when zero) */
 } tcase;
 
 typedef struct unop {
@@ -305,6 +307,30 @@ static void ref_forward(const tcase *t, double *const *x, const int64_t *aux, in
             out[i] = x[k][bidx(ond, c, nd[k], t->sh[k])];
         }
         break;
+    case K_SDPA: { /* q (B, Lq, E), k (B, Lk, E), v (B, Lk, F); causal when keep */
+        int64_t B = t->sh[0][0], Lq = t->sh[0][1], E = t->sh[0][2], Lk = t->sh[1][1];
+        int64_t F = t->sh[2][2];
+        double sc[64];
+        for (int64_t b = 0; b < B; b++)
+            for (int64_t i = 0; i < Lq; i++) {
+                double m = -INFINITY, z = 0;
+                for (int64_t j = 0; j < Lk; j++) {
+                    double d = 0;
+                    for (int64_t e = 0; e < E; e++)
+                        d += x[0][(b * Lq + i) * E + e] * x[1][(b * Lk + j) * E + e];
+                    sc[j] = t->keep && j > i + (Lk - Lq) ? -INFINITY : d / sqrt((double)E);
+                    m = sc[j] > m ? sc[j] : m;
+                }
+                for (int64_t j = 0; j < Lk; j++) z += exp(sc[j] - m);
+                for (int64_t f = 0; f < F; f++) {
+                    double o = 0;
+                    for (int64_t j = 0; j < Lk; j++)
+                        o += exp(sc[j] - m) / z * x[2][(b * Lk + j) * F + f];
+                    out[(b * Lq + i) * F + f] = o;
+                }
+            }
+        break;
+    }
     case K_VIEW:
         for (int64_t i = 0; i < n; i++) {
             int64_t xc[SG_MAX_DIMS];
@@ -370,6 +396,7 @@ static sg_tensor *sg_forward(const tcase *t, sg_tensor *const *x, sg_tensor *aux
     case K_EMB: return sg_embedding(x[0], aux);
     case K_ISEL: return sg_index_select(x[0], t->dim, aux);
     case K_CONCAT: return sg_concat(t->nin, x, t->dim);
+    case K_SDPA: return sg_sdpa(x[0], x[1], x[2], NULL, t->keep, 0);
     case K_VIEW:
         switch (t->op) {
         case V_RESHAPE: return sg_reshape(x[0], 2, (int64_t[]){-1, 2});
@@ -409,7 +436,7 @@ static void grad_case(const tcase *t, uint64_t seed) {
     for (int k = 0; k < t->nin; k++) {
         /* The first input is a non-contiguous view in every other case. */
         tu_layout lay = k == 0 && t->nd[0] >= 1 ? (tu_layout)(seed % TU_NUM_LAYOUTS) : TU_CONTIG;
-        x[k] = tu_rand_layout(ctx, SG_F32, t->nd[k], t->sh[k], t->lo, t->hi, lay, &xv[k]);
+        x[k] = tu_rand_layout(ctx, t->dt, t->nd[k], t->sh[k], t->lo, t->hi, lay, &xv[k]);
         ok = ok && TU_EXPECT(sg_requires_grad_(x[k], true) == SG_OK);
     }
     if (t->kind == K_WHERE) sg_requires_grad_(x[2], false); /* the condition's source */
@@ -423,7 +450,7 @@ static void grad_case(const tcase *t, uint64_t seed) {
     int64_t osh[SG_MAX_DIMS] = {0};
     if (y) sg_tensor_shape(y, osh);
     double *rv = NULL;
-    sg_tensor *r = tu_rand(ctx, SG_F32, ond, osh, -1, 1, &rv);
+    sg_tensor *r = tu_rand(ctx, t->kind == K_CE ? SG_F32 : t->dt, ond, osh, -1, 1, &rv);
     sg_tensor *yr = sg_mul(y, r);
     sg_tensor *loss = sg_sum(yr, 0, NULL, false);
     sg_tensor *g[3] = {NULL};
@@ -442,15 +469,19 @@ static void grad_case(const tcase *t, uint64_t seed) {
             xv[k][i] = v;
             fd[i] = (lp - lm) / (2 * h);
         }
+        /* f32: against the f64 differences; bf16 / f16: relative to the largest. */
+        double rtol = t->dt == SG_F32 ? 2e-3 : 3e-2, atol = t->dt == SG_F32 ? 2e-4 : 3e-2, big = 1;
+        for (int64_t i = 0; t->dt != SG_F32 && i < n; i++) big = fabs(fd[i]) > big ? fabs(fd[i]) : big;
         int64_t gsh[SG_MAX_DIMS];
         ok = TU_EXPECT(sg_tensor_ndim(g[k]) == t->nd[k]) && TU_EXPECT(sg_tensor_shape(g[k], gsh) == SG_OK) &&
              TU_EXPECT(!memcmp(gsh, t->sh[k], sizeof(int64_t) * (size_t)t->nd[k])) &&
              TU_EXPECT(sg_tensor_is_contiguous(g[k])) && TU_EXPECT(got != NULL) &&
-             TU_EXPECT(tu_close("grad", got, fd, n, 2e-3, 2e-4));
+             TU_EXPECT(tu_close("grad", got, fd, n, rtol, atol * big));
         free(got), free(fd);
     }
     char sh[3][64];
-    tu_case(ok, "GRAD(%s,x=%s,y=%s,z=%s) seed=%llu", t->name, tu_shape(t->nd[0], t->sh[0], sh[0], 64),
+    tu_case(ok, "GRAD(%s,type=%s,x=%s,y=%s,z=%s) seed=%llu", t->name, sg_dtype_name(t->dt),
+            tu_shape(t->nd[0], t->sh[0], sh[0], 64),
             t->nin > 1 ? tu_shape(t->nd[1], t->sh[1], sh[1], 64) : "-",
             t->nin > 2 ? tu_shape(t->nd[2], t->sh[2], sh[2], 64) : "-", (unsigned long long)seed);
     for (int k = 0; k < 3; k++) sg_release(x[k]), sg_release(g[k]), free(xv[k]);
@@ -539,6 +570,34 @@ static void op_cases(void) {
     tcase cat = {.name = "concat", .kind = K_CONCAT, .dim = 1, .nin = 3, .nd = {2, 2, 2},
                  .sh = {S(3, 2), S(3, 1), S(3, 4)}, .lo = -1, .hi = 1};
     grad_case(&cat, seed++);
+    for (int causal = 0; causal < 2; causal++) {
+        tcase t = {.name = causal ? "sdpa_causal" : "sdpa", .kind = K_SDPA, .keep = causal,
+                   .nin = 3, .nd = {3, 3, 3}, .sh = {S(2, 3, 4), S(2, 5, 4), S(2, 5, 3)},
+                   .lo = -1, .hi = 1};
+        grad_case(&t, seed++);
+    }
+    /* Half precision: the gradients come out in the leaves' dtype. */
+    for (int h = 0; h < 2; h++) {
+        sg_dtype dt = h ? SG_F16 : SG_BF16;
+        tcase lin = {.name = "linear", .kind = K_LINEAR, .keep = true, .nin = 3, .nd = {2, 2, 1},
+                     .sh = {S(3, 4), S(5, 4), S(5)}, .lo = -1, .hi = 1, .dt = dt};
+        grad_case(&lin, seed++);
+        tcase ln = {.name = "layer_norm", .kind = K_LN, .keep = true, .nin = 3, .nd = {2, 1, 1},
+                    .sh = {S(3, 6), S(6), S(6)}, .lo = -2, .hi = 2, .dt = dt};
+        grad_case(&ln, seed++);
+        tcase sm = {.name = "softmax", .kind = K_SOFTMAX, .dim = 1, .nin = 1, .nd = {2},
+                    .sh = {S(3, 5)}, .lo = -2, .hi = 2, .dt = dt};
+        grad_case(&sm, seed++);
+        tcase gt = {.name = "gelu_tanh", .kind = K_UN, .op = 12, .nin = 1, .nd = {2},
+                    .sh = {S(3, 5)}, .lo = -3, .hi = 3, .dt = dt};
+        grad_case(&gt, seed++);
+        tcase ce = {.name = "cross_entropy", .kind = K_CE, .nin = 1, .nd = {2}, .sh = {S(6, 5)},
+                    .lo = -3, .hi = 3, .naux = 6, .auxmax = 5, .dt = dt};
+        grad_case(&ce, seed++);
+        tcase emb = {.name = "embedding", .kind = K_EMB, .nin = 1, .nd = {2}, .sh = {S(5, 3)},
+                     .lo = -1, .hi = 1, .naux = 9, .auxmax = 5, .dt = dt};
+        grad_case(&emb, seed++);
+    }
     static const char *vn[] = {"reshape",   "permute", "transpose", "slice",      "narrow",
                                "expand",    "unsqueeze", "squeeze", "contiguous", "clone"};
     for (int v = 0; v <= V_CLONE; v++) {
