@@ -416,6 +416,8 @@ static sg_tensor *sg_forward(const tcase *t, sg_tensor *const *x, sg_tensor *aux
 
 /* ------------------------------------------------------------ the check */
 
+static bool same(const char *what, sg_tensor *got, sg_tensor *want, double rtol);
+
 #define MAXN 1024
 
 /* sum(out * r) in f64. */
@@ -426,6 +428,17 @@ static double ref_loss(const tcase *t, double *const *x, const int64_t *aux, int
     for (int64_t i = 0; i < numel(ond, osh); i++) l += buf[i] * r[i];
     return l;
 }
+
+/* Every case's inputs and eager gradients, kept for the compiled run. */
+typedef struct kept {
+    tcase t;
+    sg_tensor *x[3], *aux, *r, *g[3];
+    int nwrt;
+} kept;
+
+#define MAXKEPT 160
+static kept keep[MAXKEPT];
+static int nkeep;
 
 static void grad_case(const tcase *t, uint64_t seed) {
     tu_seed(seed);
@@ -484,9 +497,62 @@ static void grad_case(const tcase *t, uint64_t seed) {
             tu_shape(t->nd[0], t->sh[0], sh[0], 64),
             t->nin > 1 ? tu_shape(t->nd[1], t->sh[1], sh[1], 64) : "-",
             t->nin > 2 ? tu_shape(t->nd[2], t->sh[2], sh[2], 64) : "-", (unsigned long long)seed);
+    if (ok && nkeep < MAXKEPT) { /* its inputs and gradients stay for compiled_all */
+        kept *kp = &keep[nkeep++];
+        kp->t = *t;
+        kp->aux = aux, kp->r = r, kp->nwrt = nwrt;
+        for (int k = 0; k < 3; k++) kp->x[k] = x[k], kp->g[k] = g[k], x[k] = g[k] = NULL;
+        aux = r = NULL;
+    }
     for (int k = 0; k < 3; k++) sg_release(x[k]), sg_release(g[k]), free(xv[k]);
     sg_release(aux), sg_release(y), sg_release(r), sg_release(yr), sg_release(loss);
     free(rv);
+}
+
+/* Every op case in one step: forward, loss and sg_grad, all captured. */
+static sg_status all_step(sg_ctx *c, sg_tensor *const *in, sg_tensor **out, void *user) {
+    (void)c, (void)in, (void)user;
+    sg_status s = SG_OK;
+    for (int i = 0; i < nkeep && s == SG_OK; i++) {
+        kept *kp = &keep[i];
+        sg_tensor *loss = sg_sum(sg_mul(sg_forward(&kp->t, kp->x, kp->aux), kp->r), 0, NULL, false);
+        s = sg_grad(loss, kp->nwrt, kp->x, out);
+        out += kp->nwrt;
+    }
+    return s;
+}
+
+static void compiled_all(void) {
+    static const sg_mode modes[3] = {SG_MODE_DEFAULT, SG_MODE_REDUCE_OVERHEAD, SG_MODE_MAX_AUTOTUNE};
+    int nout = 0;
+    for (int i = 0; i < nkeep; i++) nout += keep[i].nwrt;
+    sg_tensor **out = calloc((size_t)nout, sizeof *out);
+    for (int m = 0; m < 3; m++) {
+        sg_fn *fn = NULL;
+        bool ok = TU_EXPECT(sg_compile(ctx, all_step, NULL, 0, nout,
+                                       &(sg_compile_opts){.mode = modes[m], .fullgraph = true},
+                                       &fn) == SG_OK);
+        for (int call = 0; ok && call < 2; call++) {
+            sg_mark_step_begin(ctx);
+            ok = TU_EXPECT(sg_call(fn, NULL, 0, out, nout) == SG_OK);
+            int j = 0;
+            for (int i = 0; ok && i < nkeep; i++)
+                for (int k = 0; ok && k < keep[i].nwrt; k++, j++) {
+                    bool half = keep[i].t.dt != SG_F32;
+                    ok = same(keep[i].t.name, out[j], keep[i].g[k], half ? 2e-2 : 1e-4);
+                    if (!ok) fprintf(stderr, "  case %d (%s), input %d\n", i, keep[i].t.name, k);
+                }
+        }
+        if (!ok) fprintf(stderr, "  %s\n", sg_last_error(ctx));
+        tu_case(ok, "GRAD_COMPILED(every op case, %d gradients, mode=%s)", nout,
+                sg_mode_name(modes[m]));
+        sg_fn_destroy(fn);
+    }
+    free(out);
+    for (int i = 0; i < nkeep; i++) {
+        for (int k = 0; k < 3; k++) sg_release(keep[i].x[k]), sg_release(keep[i].g[k]);
+        sg_release(keep[i].aux), sg_release(keep[i].r);
+    }
 }
 
 #define S(...) {__VA_ARGS__}
@@ -859,6 +925,7 @@ static void usage_cases(void) {
 int main(void) {
     ctx = tu_ctx((sg_ctx_opts){0});
     op_cases();
+    compiled_all();
     usage_cases();
     compiled_cases();
     training_cases();
