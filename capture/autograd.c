@@ -14,8 +14,8 @@
 /* ------------------------------------------------------------ nodes */
 
 static sg__gnode *gnode_new(sg_ctx *ctx, int op, int nin) {
-    size_t bytes = sizeof(sg__gnode) + (size_t)nin * (sizeof(sg__gmeta) + 2 * sizeof(void *) +
-                                                      sizeof(uint32_t));
+    size_t bytes = sizeof(sg__gnode) +
+                   (size_t)nin * (sizeof(sg__gmeta) + 2 * sizeof(void *) + sizeof(uint32_t));
     sg__gnode *g = sg__calloc(ctx, bytes);
     if (!g) return NULL;
     g->refs = 1;
@@ -122,8 +122,10 @@ sg_tensor *sg__grad_view(sg_tensor *src, sg_tensor *v, sg__view_kind kind, const
 static sg_status check_tensor(const char *what, const sg_tensor *t) {
     if (!t) return SG_ERR_NULL;
     if (t->magic == SG__TENSOR_DEAD)
-        return sg__fail(t->ctx, SG_ERR_RELEASED, "%s: tensor #%u was released with sg_release; "
-                        "keep it until its last use", what, t->id);
+        return sg__fail(t->ctx, SG_ERR_RELEASED,
+                        "%s: tensor #%u was released with sg_release; "
+                        "keep it until its last use",
+                        what, t->id);
     if (t->magic != SG__TENSOR_LIVE) return SG_ERR_INVALID_ARG;
     return sg__check_stale(t, what);
 }
@@ -135,20 +137,23 @@ sg_status sg_requires_grad_(sg_tensor *t, bool requires_grad) {
     char d[SG__DESC];
     if (!requires_grad) {
         if (t->grad_fn && t->grad_fn->op != SG__GK_LEAF)
-            return sg__fail(ctx, SG_ERR_INVALID_ARG, "sg_requires_grad_: %s is the result of "
+            return sg__fail(ctx, SG_ERR_INVALID_ARG,
+                            "sg_requires_grad_: %s is the result of "
                             "an op, not a leaf; to cut it from the graph, sg_clone it with "
-                            "sg_set_grad_enabled(ctx, false)", sg__describe(t, d, sizeof d));
+                            "sg_set_grad_enabled(ctx, false)",
+                            sg__describe(t, d, sizeof d));
         sg__gnode_unref(ctx, t->grad_fn);
         t->grad_fn = NULL;
         return SG_OK;
     }
     if (!sg__dtype_is_float(t->dtype))
-        return sg__fail(ctx, SG_ERR_DTYPE, "sg_requires_grad_: %s; only f32, f16 and bf16 "
-                        "tensors have gradients", sg__describe(t, d, sizeof d));
+        return sg__fail(ctx, SG_ERR_DTYPE,
+                        "sg_requires_grad_: %s; only f32, f16 and bf16 "
+                        "tensors have gradients",
+                        sg__describe(t, d, sizeof d));
     if (t->grad_fn) return SG_OK;
     sg__gnode *g = gnode_new(ctx, SG__GK_LEAF, 0);
-    if (!g)
-        return sg__fail(ctx, SG_ERR_OOM, "sg_requires_grad_: out of host memory for a node");
+    if (!g) return sg__fail(ctx, SG_ERR_OOM, "sg_requires_grad_: out of host memory for a node");
     meta_of(t, &g->outm);
     t->grad_fn = g;
     return SG_OK;
@@ -236,7 +241,8 @@ static sg_status check_versions(sg_ctx *ctx, const sg__gnode *g) {
         if (!h || h->st->version == v) continue;
         char d[SG__DESC], what[32];
         snprintf(what, sizeof what, k < g->nin ? "input %d" : "the output", k);
-        return sg__fail(ctx, SG_ERR_INVALID_ARG, "sg_grad: %s (%s) that the backward of %s needs "
+        return sg__fail(ctx, SG_ERR_INVALID_ARG,
+                        "sg_grad: %s (%s) that the backward of %s needs "
                         "was modified by an in-place op (sg_copy_, sg_add_, sg_fill_ or "
                         "sg_index_copy_) after the forward used it; clone it before writing, or "
                         "take the gradient before the in-place write",
@@ -269,8 +275,8 @@ static sg_tensor *sum_to(sg_tensor *t, const sg__gmeta *m) {
         if (d < lead || (m->shape[d - lead] == 1 && t->shape[d] != 1)) dims[nd++] = d;
     sg_tensor *r = t;
     if (nd) r = sg_sum(r, nd, dims, true);
-    if (r && (r->ndim != m->ndim ||
-              memcmp(r->shape, m->shape, sizeof(int64_t) * (size_t)m->ndim) != 0))
+    if (r &&
+        (r->ndim != m->ndim || memcmp(r->shape, m->shape, sizeof(int64_t) * (size_t)m->ndim) != 0))
         r = sg_reshape(r, m->ndim, m->shape);
     if (r && r->dtype != m->dtype) r = sg_cast(r, m->dtype);
     return r;
@@ -304,8 +310,8 @@ static sg_status backward_one(sg_ctx *ctx, sg__gnode *g) {
     }
     if (!any) return SG_OK;
     uint32_t mark = ctx->next_id;
-    sg__bw b = {.ctx = ctx, .n = g, .g = g->grad, .out = g->out, .x = g->saved, .want = want,
-                .gi = gi};
+    sg__bw b = {
+        .ctx = ctx, .n = g, .g = g->grad, .out = g->out, .x = g->saved, .want = want, .gi = gi};
     sg_status s = sg__grad_rule(&b);
     for (int k = 0; s == SG_OK && k < nin; k++)
         if (want[k]) {
@@ -319,8 +325,10 @@ static sg_status backward_one(sg_ctx *ctx, sg__gnode *g) {
     sweep(ctx, mark, gi, nin);
     for (int k = 0; k < nin; k++) {
         if (!want[k]) continue;
-        if (s == SG_OK) s = accumulate(ctx, g->next[k], gi[k]);
-        else sg__tensor_drop(gi[k]);
+        if (s == SG_OK)
+            s = accumulate(ctx, g->next[k], gi[k]);
+        else
+            sg__tensor_drop(gi[k]);
     }
     return s;
 }
@@ -354,11 +362,13 @@ static sg_status check_args(sg_tensor *loss, int n, sg_tensor *const *wrt, sg_te
     if (!sg__dtype_is_float(loss->dtype) || sg__numel(loss->ndim, loss->shape) != 1)
         return sg__fail(ctx, sg__dtype_is_float(loss->dtype) ? SG_ERR_SHAPE : SG_ERR_DTYPE,
                         "sg_grad: loss is %s; it must be a float tensor of one element (reduce "
-                        "it with sg_sum or sg_mean first)", sg__describe(loss, d, sizeof d));
+                        "it with sg_sum or sg_mean first)",
+                        sg__describe(loss, d, sizeof d));
     if (n < 0 || (n > 0 && (!wrt || !grads)))
-        return sg__fail(ctx, n < 0 ? SG_ERR_INVALID_ARG : SG_ERR_NULL, "sg_grad: n is %d, wrt "
-                        "%s and grads %s; pass n >= 0 tensors and room for n gradients", n,
-                        wrt ? "set" : "NULL", grads ? "set" : "NULL");
+        return sg__fail(ctx, n < 0 ? SG_ERR_INVALID_ARG : SG_ERR_NULL,
+                        "sg_grad: n is %d, wrt "
+                        "%s and grads %s; pass n >= 0 tensors and room for n gradients",
+                        n, wrt ? "set" : "NULL", grads ? "set" : "NULL");
     for (int i = 0; i < n; i++) {
         char what[48];
         snprintf(what, sizeof what, "sg_grad: wrt[%d]", i);
@@ -368,11 +378,15 @@ static sg_status check_args(sg_tensor *loss, int n, sg_tensor *const *wrt, sg_te
             return s;
         }
         if (wrt[i]->ctx != ctx)
-            return sg__fail(ctx, SG_ERR_WRONG_CONTEXT, "sg_grad: wrt[%d] belongs to another "
-                            "context than loss", i);
+            return sg__fail(ctx, SG_ERR_WRONG_CONTEXT,
+                            "sg_grad: wrt[%d] belongs to another "
+                            "context than loss",
+                            i);
         if (!sg__dtype_is_float(wrt[i]->dtype))
-            return sg__fail(ctx, SG_ERR_DTYPE, "sg_grad: wrt[%d] is %s; only float tensors have "
-                            "gradients", i, sg__describe(wrt[i], d, sizeof d));
+            return sg__fail(ctx, SG_ERR_DTYPE,
+                            "sg_grad: wrt[%d] is %s; only float tensors have "
+                            "gradients",
+                            i, sg__describe(wrt[i], d, sizeof d));
     }
     return SG_OK;
 }

@@ -39,13 +39,13 @@ typedef struct sg__gnode {
     int64_t info[SG_MAX_DIMS]; /* views: the permutation, or {dim, start, step} */
     int nin;
     sg__gmeta outm;
-    sg__gmeta *in;            /* nin */
-    struct sg__gnode **next;  /* nin: the node of each input; NULL: no gradient */
-    sg_tensor **saved;        /* nin: held inputs the backward reads, else NULL */
-    uint32_t *ver;            /* nin: their storages' versions when saved */
-    sg_tensor *out;           /* the held output, when the backward reads it */
+    sg__gmeta *in;           /* nin */
+    struct sg__gnode **next; /* nin: the node of each input; NULL: no gradient */
+    sg_tensor **saved;       /* nin: held inputs the backward reads, else NULL */
+    uint32_t *ver;           /* nin: their storages' versions when saved */
+    sg_tensor *out;          /* the held output, when the backward reads it */
     uint32_t out_ver;
-    size_t bytes;             /* the size of this block */
+    size_t bytes; /* the size of this block */
     /* sg_grad's bookkeeping, valid while grad_epoch matches */
     uint32_t epoch, target_epoch;
     bool needed;

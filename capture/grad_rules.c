@@ -122,8 +122,8 @@ static sg_tensor *unary_deriv(const sg__bw *b) {
     case SG__OP_GELU: {
         /* Phi(x) + x phi(x); Phi(x) = gelu(x) / x (1/2 at 0: there is no erf op). */
         sg_tensor *phi_cdf = sg_where(sg_eq(x, cst(b, 0)), cst(b, 0.5), sg_div(sg_gelu(x), x));
-        sg_tensor *pdf = sg_mul_scalar(sg_exp(sg_mul_scalar(sg_mul(x, x), -0.5)),
-                                       0.3989422804014327);
+        sg_tensor *pdf =
+            sg_mul_scalar(sg_exp(sg_mul_scalar(sg_mul(x, x), -0.5)), 0.3989422804014327);
         return sg_add(phi_cdf, sg_mul(x, pdf));
     }
     case SG__OP_GELU_TANH: {
@@ -140,8 +140,7 @@ static sg_tensor *unary_deriv(const sg__bw *b) {
         sg_tensor *s = sg_sigmoid(x);
         return sg_mul(s, sg_add_scalar(sg_mul(x, sg_add_scalar(sg_neg(s), 1.0)), 1.0));
     }
-    case SG__OP_POW_SCALAR:
-        return sg_mul_scalar(sg_pow_scalar(x, b->n->f[0] - 1.0), b->n->f[0]);
+    case SG__OP_POW_SCALAR: return sg_mul_scalar(sg_pow_scalar(x, b->n->f[0] - 1.0), b->n->f[0]);
     default: return NULL;
     }
 }
@@ -201,8 +200,8 @@ static sg_status binary(sg__bw *b) {
     case SG__OP_POW:
         if (b->want[0]) b->gi[0] = sg_mul(g, sg_mul(y, sg_pow(x, sg_add_scalar(y, -1.0))));
         if (b->want[1])
-            b->gi[1] = sg_where(sg_eq(x, cst(b, 0)), cst(b, 0), sg_mul(sg_mul(g, b->out),
-                                                                      sg_log(x)));
+            b->gi[1] =
+                sg_where(sg_eq(x, cst(b, 0)), cst(b, 0), sg_mul(sg_mul(g, b->out), sg_log(x)));
         break;
     case SG__OP_MAXIMUM:
     case SG__OP_MINIMUM: {
@@ -228,10 +227,10 @@ static sg_status reduction(sg__bw *b) {
     const sg__gmeta *m = &n->in[0];
     sg_tensor *g = b->g, *x = b->x[0];
     int dims[SG_MAX_DIMS], nd = mask_dims(n->mask, m->ndim, dims);
-    double count = (double)sg__numel(m->ndim, m->shape) /
-                   (double)(sg__numel(n->outm.ndim, n->outm.shape) ? sg__numel(n->outm.ndim,
-                                                                               n->outm.shape)
-                                                                     : 1);
+    double count =
+        (double)sg__numel(m->ndim, m->shape) / (double)(sg__numel(n->outm.ndim, n->outm.shape)
+                                                            ? sg__numel(n->outm.ndim, n->outm.shape)
+                                                            : 1);
     switch ((sg__op)n->op) {
     case SG__OP_SUM: b->gi[0] = sg_expand(g, m->ndim, m->shape); break;
     case SG__OP_MEAN: b->gi[0] = sg_expand(sg_mul_scalar(g, 1.0 / count), m->ndim, m->shape); break;
@@ -398,15 +397,23 @@ static sg_status view(sg__bw *b) {
 sg_status sg__grad_rule(sg__bw *b) {
     int op = b->n->op;
     sg_status s;
-    if (op == SG__GK_VIEW) s = view(b);
-    else if (op <= SG__OP_CLAMP) s = unary(b);
-    else if (op <= SG__OP_WHERE) s = binary(b);
-    else if (op <= SG__OP_VAR) s = reduction(b);
-    else if (op <= SG__OP_CROSS_ENTROPY) s = rows(b);
-    else if (op <= SG__OP_LINEAR) s = matmul(b);
-    else s = data(b);
+    if (op == SG__GK_VIEW)
+        s = view(b);
+    else if (op <= SG__OP_CLAMP)
+        s = unary(b);
+    else if (op <= SG__OP_WHERE)
+        s = binary(b);
+    else if (op <= SG__OP_VAR)
+        s = reduction(b);
+    else if (op <= SG__OP_CROSS_ENTROPY)
+        s = rows(b);
+    else if (op <= SG__OP_LINEAR)
+        s = matmul(b);
+    else
+        s = data(b);
     if (s != SG_OK) return s;
     for (int k = 0; k < b->n->nin; k++)
-        if (b->want[k] && !b->gi[k]) return b->ctx->status != SG_OK ? b->ctx->status : SG_ERR_INTERNAL;
+        if (b->want[k] && !b->gi[k])
+            return b->ctx->status != SG_OK ? b->ctx->status : SG_ERR_INTERNAL;
     return SG_OK;
 }

@@ -203,36 +203,83 @@ static bool load(const char *path, mlp *m) {
 
 /* ------------------------------------------------------------ main */
 
-int main(int argc, char **argv) {
-    int epochs = 3;
-    int64_t bsz = 64, steps = 0;
-    const char *ckpt = "train_mlp.ckpt", *files[2] = {NULL, NULL};
-    int nfiles = 0;
+typedef struct options {
+    int epochs;
+    int64_t bsz, steps;
+    const char *ckpt, *files[2];
+    int nfiles;
+} options;
+
+static bool parse(int argc, char **argv, options *o) {
+    *o = (options){.epochs = 3, .bsz = 64, .ckpt = "train_mlp.ckpt"};
     for (int i = 1; i < argc; i++) {
-        if (i + 1 < argc && !strcmp(argv[i], "-e")) epochs = atoi(argv[++i]);
-        else if (i + 1 < argc && !strcmp(argv[i], "-b")) bsz = atoll(argv[++i]);
-        else if (i + 1 < argc && !strcmp(argv[i], "-s")) steps = atoll(argv[++i]);
-        else if (i + 1 < argc && !strcmp(argv[i], "-c")) ckpt = argv[++i];
-        else if (argv[i][0] != '-' && nfiles < 2) files[nfiles++] = argv[i];
-        else nfiles = 3;
+        if (i + 1 < argc && !strcmp(argv[i], "-e"))
+            o->epochs = atoi(argv[++i]);
+        else if (i + 1 < argc && !strcmp(argv[i], "-b"))
+            o->bsz = atoll(argv[++i]);
+        else if (i + 1 < argc && !strcmp(argv[i], "-s"))
+            o->steps = atoll(argv[++i]);
+        else if (i + 1 < argc && !strcmp(argv[i], "-c"))
+            o->ckpt = argv[++i];
+        else if (argv[i][0] != '-' && o->nfiles < 2)
+            o->files[o->nfiles++] = argv[i];
+        else
+            return false;
     }
-    if (epochs < 1 || bsz < 1 || steps < 0 || nfiles == 1 || nfiles > 2) {
+    return o->epochs >= 1 && o->bsz >= 1 && o->steps >= 0 && o->nfiles != 1;
+}
+
+/* Epochs of per_epoch steps over consecutive batches; the mean loss of each. */
+static void train(sg_fn *fn, sg_tensor *x, sg_tensor *y, const dataset *d, int epochs,
+                  int64_t per_epoch, int64_t bsz) {
+    sg_tensor *in[2] = {x, y}, *out[1];
+    for (int e = 0; e < epochs; e++) {
+        double total = 0, loss;
+        for (int64_t s = 0; s < per_epoch; s++) {
+            int64_t first = (s * bsz) % (d->n - bsz + 1);
+            if (sg_write(x, d->x + first * IN, sizeof(float) * (size_t)(bsz * IN)) != SG_OK ||
+                sg_write(y, d->y + first, sizeof(int64_t) * (size_t)bsz) != SG_OK)
+                die("sg_write");
+            sg_mark_step_begin(ctx);
+            if (sg_call(fn, in, 2, out, 1) != SG_OK || sg_item(out[0], &loss) != SG_OK)
+                die("the train step");
+            total += loss;
+        }
+        printf("epoch %d: mean loss %.5f\n", e + 1, total / (double)per_epoch);
+    }
+}
+
+/* Save m, load it back, and compare the loss of both on the last batch. */
+static bool checkpoint(const char *path, const mlp *m, sg_tensor *x, sg_tensor *y) {
+    mlp back;
+    double l0, l1;
+    sg_set_grad_enabled(ctx, false);
+    sg_tensor *a = loss_of(m, x, y);
+    if (!save(path, m)) die("saving the checkpoint");
+    if (!load(path, &back)) die("loading the checkpoint");
+    sg_tensor *b = loss_of(&back, x, y);
+    if (!a || !b || sg_item(a, &l0) != SG_OK || sg_item(b, &l1) != SG_OK) die("the reloaded loss");
+    printf("checkpoint %s: %d tensors saved and reloaded, loss %.6f == %.6f\n", path, NPARAM, l0,
+           l1);
+    return l0 == l1 && isfinite(l0);
+}
+
+int main(int argc, char **argv) {
+    options o;
+    if (!parse(argc, argv, &o)) {
         fprintf(stderr, "usage: train_mlp [-e epochs] [-b batch] [-s steps-per-epoch] [-c ckpt] "
                         "[images.idx labels.idx]\n");
         return 2;
     }
-    dataset data;
-    if (nfiles == 2) {
-        if (!load_idx(files[0], files[1], &data)) {
-            fprintf(stderr, "train_mlp: %s and %s are not an IDX image/label pair of 28x28\n",
-                    files[0], files[1]);
-            return 1;
-        }
-    } else {
-        synthetic(2048, &data);
+    dataset data = {0};
+    if (o.nfiles == 2 && !load_idx(o.files[0], o.files[1], &data)) {
+        fprintf(stderr, "train_mlp: %s and %s are not an IDX image/label pair of 28x28\n",
+                o.files[0], o.files[1]);
+        return 1;
     }
-    int64_t per_epoch = data.n / bsz;
-    if (steps > 0 && steps < per_epoch) per_epoch = steps;
+    if (o.nfiles == 0) synthetic(2048, &data);
+    int64_t bsz = o.bsz, per_epoch = data.n / bsz;
+    if (o.steps > 0 && o.steps < per_epoch) per_epoch = o.steps;
     if (per_epoch < 1) {
         fprintf(stderr, "train_mlp: batch %lld is larger than the %lld samples\n", (long long)bsz,
                 (long long)data.n);
@@ -253,36 +300,10 @@ int main(int argc, char **argv) {
                    &fn) != SG_OK)
         die("compiling the train step");
     printf("train_mlp: %lld samples (%s), batch %lld, %lld steps per epoch, backend %s\n",
-           (long long)data.n, nfiles ? "IDX" : "synthetic", (long long)bsz, (long long)per_epoch,
+           (long long)data.n, o.nfiles ? "IDX" : "synthetic", (long long)bsz, (long long)per_epoch,
            sg_backend_name(sg_ctx_backend(ctx)));
-    sg_tensor *in[2] = {x, y}, *out[1];
-    for (int e = 0; e < epochs; e++) {
-        double total = 0, loss;
-        for (int64_t s = 0; s < per_epoch; s++) {
-            int64_t first = (s * bsz) % (data.n - bsz + 1);
-            if (sg_write(x, data.x + first * IN, sizeof(float) * (size_t)(bsz * IN)) != SG_OK ||
-                sg_write(y, data.y + first, sizeof(int64_t) * (size_t)bsz) != SG_OK)
-                die("sg_write");
-            sg_mark_step_begin(ctx);
-            if (sg_call(fn, in, 2, out, 1) != SG_OK || sg_item(out[0], &loss) != SG_OK)
-                die("the train step");
-            total += loss;
-        }
-        printf("epoch %d: mean loss %.5f\n", e + 1, total / (double)per_epoch);
-    }
-
-    /* The checkpoint, and the loss of the reloaded parameters on one batch. */
-    mlp back;
-    double l0, l1;
-    sg_set_grad_enabled(ctx, false);
-    sg_tensor *a = loss_of(&m, x, y);
-    if (!save(ckpt, &m)) die("saving the checkpoint");
-    if (!load(ckpt, &back)) die("loading the checkpoint");
-    sg_tensor *b = loss_of(&back, x, y);
-    if (!a || !b || sg_item(a, &l0) != SG_OK || sg_item(b, &l1) != SG_OK) die("the reloaded loss");
-    printf("checkpoint %s: %d tensors saved and reloaded, loss %.6f == %.6f\n", ckpt, NPARAM, l0,
-           l1);
-    int rc = l0 == l1 && isfinite(l0) ? 0 : 1;
+    train(fn, x, y, &data, o.epochs, per_epoch, bsz);
+    int rc = checkpoint(o.ckpt, &m, x, y) ? 0 : 1;
     sg_fn_destroy(fn);
     sg_ctx_destroy(ctx); /* frees every tensor */
     free(data.x), free(data.y);

@@ -128,9 +128,9 @@ static double b_max(double a, double b) { return a > b ? a : b; }
 static double b_min(double a, double b) { return a < b ? a : b; }
 
 static const binop binops[] = {
-    {"add", sg_add, b_add, -2, 2},  {"sub", sg_sub, b_sub, -2, 2},
-    {"mul", sg_mul, b_mul, -2, 2},  {"div", sg_div, b_div, 0.5, 2},
-    {"pow", sg_pow, pow, 0.3, 2},   {"maximum", sg_maximum, b_max, -2, 2},
+    {"add", sg_add, b_add, -2, 2},         {"sub", sg_sub, b_sub, -2, 2},
+    {"mul", sg_mul, b_mul, -2, 2},         {"div", sg_div, b_div, 0.5, 2},
+    {"pow", sg_pow, pow, 0.3, 2},          {"maximum", sg_maximum, b_max, -2, 2},
     {"minimum", sg_minimum, b_min, -2, 2},
 };
 #define NBINOPS ((int)(sizeof binops / sizeof binops[0]))
@@ -160,11 +160,11 @@ static int64_t bidx(int ond, const int64_t *c, int ind, const int64_t *insh) {
     return k;
 }
 
-/* out (ond, osh) of the case from the inputs' f64 values. */
-static void ref_forward(const tcase *t, double *const *x, const int64_t *aux, int ond,
-                        const int64_t *osh, double *out) {
+static void ref_pointwise(const tcase *t, double *const *x, const int64_t *aux, int ond,
+                          const int64_t *osh, double *out) {
     int64_t n = numel(ond, osh), c[SG_MAX_DIMS];
     const int *nd = t->nd;
+    (void)x, (void)aux, (void)n, (void)c, (void)nd;
     switch (t->kind) {
     case K_UN:
         for (int64_t i = 0; i < n; i++) out[i] = unops[t->op].ref(x[0][i]);
@@ -174,10 +174,22 @@ static void ref_forward(const tcase *t, double *const *x, const int64_t *aux, in
         for (int64_t i = 0; i < n; i++) {
             coords(ond, osh, i, c);
             double a = x[0][bidx(ond, c, nd[0], t->sh[0])], b = x[1][bidx(ond, c, nd[1], t->sh[1])];
-            if (t->kind == K_BIN) out[i] = binops[t->op].ref(a, b);
-            else out[i] = x[2][bidx(ond, c, nd[2], t->sh[2])] > 0 ? a : b;
+            if (t->kind == K_BIN)
+                out[i] = binops[t->op].ref(a, b);
+            else
+                out[i] = x[2][bidx(ond, c, nd[2], t->sh[2])] > 0 ? a : b;
         }
         break;
+    default: break;
+    }
+}
+
+static void ref_reduce(const tcase *t, double *const *x, const int64_t *aux, int ond,
+                       const int64_t *osh, double *out) {
+    int64_t n = numel(ond, osh), c[SG_MAX_DIMS];
+    const int *nd = t->nd;
+    (void)x, (void)aux, (void)n, (void)c, (void)nd;
+    switch (t->kind) {
     case K_RED: {
         const int64_t *sh = t->sh[0];
         int64_t m = numel(nd[0], sh);
@@ -190,9 +202,12 @@ static void ref_forward(const tcase *t, double *const *x, const int64_t *aux, in
             for (int d = 0; d < nd[0]; d++)
                 if (!(t->dim & (1 << d))) o = o * sh[d] + c[d];
             double v = x[0][i];
-            if (t->op == 2) acc[o] = v > acc[o] ? v : acc[o];
-            else if (t->op == 3) acc[o] = v < acc[o] ? v : acc[o];
-            else acc[o] += v, acc2[o] += v * v;
+            if (t->op == 2)
+                acc[o] = v > acc[o] ? v : acc[o];
+            else if (t->op == 3)
+                acc[o] = v < acc[o] ? v : acc[o];
+            else
+                acc[o] += v, acc2[o] += v * v;
             cnt[o]++;
         }
         for (int64_t i = 0; i < n; i++) {
@@ -206,6 +221,16 @@ static void ref_forward(const tcase *t, double *const *x, const int64_t *aux, in
         free(acc), free(acc2), free(cnt);
         break;
     }
+    default: break;
+    }
+}
+
+static void ref_rows(const tcase *t, double *const *x, const int64_t *aux, int ond,
+                     const int64_t *osh, double *out) {
+    int64_t n = numel(ond, osh), c[SG_MAX_DIMS];
+    const int *nd = t->nd;
+    (void)x, (void)aux, (void)n, (void)c, (void)nd;
+    switch (t->kind) {
     case K_SOFTMAX:
     case K_LOGSOFTMAX: {
         int dim = t->dim;
@@ -218,7 +243,8 @@ static void ref_forward(const tcase *t, double *const *x, const int64_t *aux, in
                 double *y = out + o * len * inner + i, s = 0;
                 for (int64_t j = 0; j < len; j++) s += exp(v[j * inner]);
                 for (int64_t j = 0; j < len; j++)
-                    y[j * inner] = t->kind == K_SOFTMAX ? exp(v[j * inner]) / s : v[j * inner] - log(s);
+                    y[j * inner] =
+                        t->kind == K_SOFTMAX ? exp(v[j * inner]) / s : v[j * inner] - log(s);
             }
         break;
     }
@@ -251,6 +277,16 @@ static void ref_forward(const tcase *t, double *const *x, const int64_t *aux, in
         out[0] = l / (double)N;
         break;
     }
+    default: break;
+    }
+}
+
+static void ref_matmul(const tcase *t, double *const *x, const int64_t *aux, int ond,
+                       const int64_t *osh, double *out) {
+    int64_t n = numel(ond, osh), c[SG_MAX_DIMS];
+    const int *nd = t->nd;
+    (void)x, (void)aux, (void)n, (void)c, (void)nd;
+    switch (t->kind) {
     case K_MATMUL: {
         /* a (.., M, K) @ b (.., K, N); a 1-d a is (1, K), a 1-d b (K, 1). */
         int an = nd[0], bn = nd[1];
@@ -260,7 +296,8 @@ static void ref_forward(const tcase *t, double *const *x, const int64_t *aux, in
         int ab = an > 2 ? an - 2 : 0, bb = bn > 2 ? bn - 2 : 0, ob = ab > bb ? ab : bb;
         memcpy(ash, t->sh[0], sizeof ash), memcpy(bsh, t->sh[1], sizeof bsh);
         for (int d = 0; d < ob; d++) {
-            int64_t sa = d < ob - ab ? 1 : ash[d - (ob - ab)], sb = d < ob - bb ? 1 : bsh[d - (ob - bb)];
+            int64_t sa = d < ob - ab ? 1 : ash[d - (ob - ab)],
+                    sb = d < ob - bb ? 1 : bsh[d - (ob - bb)];
             obs[d] = sa > sb ? sa : sb;
         }
         int64_t batches = numel(ob, obs);
@@ -270,7 +307,8 @@ static void ref_forward(const tcase *t, double *const *x, const int64_t *aux, in
             for (int64_t i = 0; i < M; i++)
                 for (int64_t j = 0; j < N; j++) {
                     double s = 0;
-                    for (int64_t k = 0; k < K; k++) s += x[0][ao + i * K + k] * x[1][bo + k * N + j];
+                    for (int64_t k = 0; k < K; k++)
+                        s += x[0][ao + i * K + k] * x[1][bo + k * N + j];
                     out[(bt * M + i) * N + j] = s;
                 }
         }
@@ -286,6 +324,16 @@ static void ref_forward(const tcase *t, double *const *x, const int64_t *aux, in
             }
         break;
     }
+    default: break;
+    }
+}
+
+static void ref_data(const tcase *t, double *const *x, const int64_t *aux, int ond,
+                     const int64_t *osh, double *out) {
+    int64_t n = numel(ond, osh), c[SG_MAX_DIMS];
+    const int *nd = t->nd;
+    (void)x, (void)aux, (void)n, (void)c, (void)nd;
+    switch (t->kind) {
     case K_EMB: {
         int64_t D = t->sh[0][1];
         for (int64_t r = 0; r < t->naux; r++)
@@ -307,6 +355,16 @@ static void ref_forward(const tcase *t, double *const *x, const int64_t *aux, in
             out[i] = x[k][bidx(ond, c, nd[k], t->sh[k])];
         }
         break;
+    default: break;
+    }
+}
+
+static void ref_sdpa(const tcase *t, double *const *x, const int64_t *aux, int ond,
+                     const int64_t *osh, double *out) {
+    int64_t n = numel(ond, osh), c[SG_MAX_DIMS];
+    const int *nd = t->nd;
+    (void)x, (void)aux, (void)n, (void)c, (void)nd;
+    switch (t->kind) {
     case K_SDPA: { /* q (B, Lq, E), k (B, Lk, E), v (B, Lk, F); causal when keep */
         int64_t B = t->sh[0][0], Lq = t->sh[0][1], E = t->sh[0][2], Lk = t->sh[1][1];
         int64_t F = t->sh[2][2];
@@ -331,6 +389,16 @@ static void ref_forward(const tcase *t, double *const *x, const int64_t *aux, in
             }
         break;
     }
+    default: break;
+    }
+}
+
+static void ref_view(const tcase *t, double *const *x, const int64_t *aux, int ond,
+                     const int64_t *osh, double *out) {
+    int64_t n = numel(ond, osh), c[SG_MAX_DIMS];
+    const int *nd = t->nd;
+    (void)x, (void)aux, (void)n, (void)c, (void)nd;
+    switch (t->kind) {
     case K_VIEW:
         for (int64_t i = 0; i < n; i++) {
             int64_t xc[SG_MAX_DIMS];
@@ -359,7 +427,23 @@ static void ref_forward(const tcase *t, double *const *x, const int64_t *aux, in
             }
         }
         break;
+    default: break;
     }
+}
+
+/* out (ond, osh) of the case from the inputs' f64 values. */
+static void ref_forward(const tcase *t, double *const *x, const int64_t *aux, int ond,
+                        const int64_t *osh, double *out) {
+    static void (*const by_kind[])(const tcase *, double *const *, const int64_t *, int,
+                                   const int64_t *, double *) = {
+        [K_UN] = ref_pointwise,  [K_BIN] = ref_pointwise, [K_WHERE] = ref_pointwise,
+        [K_RED] = ref_reduce,    [K_SOFTMAX] = ref_rows,  [K_LOGSOFTMAX] = ref_rows,
+        [K_LN] = ref_rows,       [K_RMS] = ref_rows,      [K_CE] = ref_rows,
+        [K_MATMUL] = ref_matmul, [K_LINEAR] = ref_matmul, [K_EMB] = ref_data,
+        [K_ISEL] = ref_data,     [K_CONCAT] = ref_data,   [K_VIEW] = ref_view,
+        [K_SDPA] = ref_sdpa,
+    };
+    by_kind[t->kind](t, x, aux, ond, osh, out);
 }
 
 /* ------------------------------------------------------------ stepgraph forwards */
@@ -484,9 +568,11 @@ static void grad_case(const tcase *t, uint64_t seed) {
         }
         /* f32: against the f64 differences; bf16 / f16: relative to the largest. */
         double rtol = t->dt == SG_F32 ? 2e-3 : 3e-2, atol = t->dt == SG_F32 ? 2e-4 : 3e-2, big = 1;
-        for (int64_t i = 0; t->dt != SG_F32 && i < n; i++) big = fabs(fd[i]) > big ? fabs(fd[i]) : big;
+        for (int64_t i = 0; t->dt != SG_F32 && i < n; i++)
+            big = fabs(fd[i]) > big ? fabs(fd[i]) : big;
         int64_t gsh[SG_MAX_DIMS];
-        ok = TU_EXPECT(sg_tensor_ndim(g[k]) == t->nd[k]) && TU_EXPECT(sg_tensor_shape(g[k], gsh) == SG_OK) &&
+        ok = TU_EXPECT(sg_tensor_ndim(g[k]) == t->nd[k]) &&
+             TU_EXPECT(sg_tensor_shape(g[k], gsh) == SG_OK) &&
              TU_EXPECT(!memcmp(gsh, t->sh[k], sizeof(int64_t) * (size_t)t->nd[k])) &&
              TU_EXPECT(sg_tensor_is_contiguous(g[k])) && TU_EXPECT(got != NULL) &&
              TU_EXPECT(tu_close("grad", got, fd, n, rtol, atol * big));
@@ -523,7 +609,8 @@ static sg_status all_step(sg_ctx *c, sg_tensor *const *in, sg_tensor **out, void
 }
 
 static void compiled_all(void) {
-    static const sg_mode modes[3] = {SG_MODE_DEFAULT, SG_MODE_REDUCE_OVERHEAD, SG_MODE_MAX_AUTOTUNE};
+    static const sg_mode modes[3] = {SG_MODE_DEFAULT, SG_MODE_REDUCE_OVERHEAD,
+                                     SG_MODE_MAX_AUTOTUNE};
     int nout = 0;
     for (int i = 0; i < nkeep; i++) nout += keep[i].nwrt;
     sg_tensor **out = calloc((size_t)nout, sizeof *out);
@@ -555,124 +642,287 @@ static void compiled_all(void) {
     }
 }
 
-#define S(...) {__VA_ARGS__}
+#define S(...)                                                                                     \
+    { __VA_ARGS__ }
 
-static void op_cases(void) {
-    uint64_t seed = 1;
+static uint64_t next_seed = 1; /* each case its own seed, in order */
+
+static void pointwise_cases(void) {
     for (int u = 0; u < NUNOPS; u++) {
-        tcase t = {.name = unops[u].name, .kind = K_UN, .op = u, .nin = 1, .nd = {3},
-                   .sh = {S(2, 1, 5)}, .lo = unops[u].lo, .hi = unops[u].hi};
-        grad_case(&t, seed++);
+        tcase t = {.name = unops[u].name,
+                   .kind = K_UN,
+                   .op = u,
+                   .nin = 1,
+                   .nd = {3},
+                   .sh = {S(2, 1, 5)},
+                   .lo = unops[u].lo,
+                   .hi = unops[u].hi};
+        grad_case(&t, next_seed++);
     }
     /* Broadcasting both ways, size-1 dims and a lower-rank operand. */
     static const int bnd[3][2] = {{3, 1}, {2, 3}, {3, 3}};
-    static const int64_t bsh[3][2][3] = {{{2, 3, 4}, {4}}, {{3, 1}, {2, 1, 4}}, {{2, 1, 4}, {1, 3, 1}}};
+    static const int64_t bsh[3][2][3] = {
+        {{2, 3, 4}, {4}}, {{3, 1}, {2, 1, 4}}, {{2, 1, 4}, {1, 3, 1}}};
     for (int b = 0; b < NBINOPS; b++)
         for (int s = 0; s < 3; s++) {
-            tcase t = {.name = binops[b].name, .kind = K_BIN, .op = b, .nin = 2,
-                       .nd = {bnd[s][0], bnd[s][1]}, .lo = binops[b].lo, .hi = binops[b].hi};
+            tcase t = {.name = binops[b].name,
+                       .kind = K_BIN,
+                       .op = b,
+                       .nin = 2,
+                       .nd = {bnd[s][0], bnd[s][1]},
+                       .lo = binops[b].lo,
+                       .hi = binops[b].hi};
             memcpy(t.sh[0], bsh[s][0], sizeof bsh[s][0]);
             memcpy(t.sh[1], bsh[s][1], sizeof bsh[s][1]);
-            grad_case(&t, seed++);
+            grad_case(&t, next_seed++);
         }
-    tcase wh = {.name = "where", .kind = K_WHERE, .nin = 3, .nd = {2, 1, 2},
-                .sh = {S(3, 4), S(4), S(3, 1)}, .lo = -1, .hi = 1};
-    grad_case(&wh, seed++);
+    tcase wh = {.name = "where",
+                .kind = K_WHERE,
+                .nin = 3,
+                .nd = {2, 1, 2},
+                .sh = {S(3, 4), S(4), S(3, 1)},
+                .lo = -1,
+                .hi = 1};
+    grad_case(&wh, next_seed++);
+}
+
+static void reduce_row_cases(void) {
     static const char *rn[5] = {"sum", "mean", "max", "min", "var"};
     for (int op = 0; op < 5; op++)
         for (int m = 0; m < 3; m++) {
             static const int masks[3] = {2, 5, 7};
-            tcase t = {.name = rn[op], .kind = K_RED, .op = op, .dim = masks[m], .keep = m == 1,
-                       .nin = 1, .nd = {3}, .sh = {S(3, 4, 2)}, .lo = -2, .hi = 2};
-            grad_case(&t, seed++);
+            tcase t = {.name = rn[op],
+                       .kind = K_RED,
+                       .op = op,
+                       .dim = masks[m],
+                       .keep = m == 1,
+                       .nin = 1,
+                       .nd = {3},
+                       .sh = {S(3, 4, 2)},
+                       .lo = -2,
+                       .hi = 2};
+            grad_case(&t, next_seed++);
         }
     for (int d = 0; d < 3; d++) {
-        tcase t = {.name = "softmax", .kind = K_SOFTMAX, .dim = d, .nin = 1, .nd = {3},
-                   .sh = {S(2, 3, 4)}, .lo = -2, .hi = 2};
-        grad_case(&t, seed++);
+        tcase t = {.name = "softmax",
+                   .kind = K_SOFTMAX,
+                   .dim = d,
+                   .nin = 1,
+                   .nd = {3},
+                   .sh = {S(2, 3, 4)},
+                   .lo = -2,
+                   .hi = 2};
+        grad_case(&t, next_seed++);
         t.name = "log_softmax", t.kind = K_LOGSOFTMAX;
-        grad_case(&t, seed++);
+        grad_case(&t, next_seed++);
     }
     for (int w = 0; w < 2; w++) {
-        tcase ln = {.name = "layer_norm", .kind = K_LN, .keep = w, .nin = w ? 3 : 1, .nd = {3, 1, 1},
-                    .sh = {S(2, 3, 6), S(6), S(6)}, .lo = -2, .hi = 2};
-        grad_case(&ln, seed++);
-        tcase rms = {.name = "rms_norm", .kind = K_RMS, .keep = w, .nin = w ? 2 : 1, .nd = {2, 1},
-                     .sh = {S(4, 5), S(5)}, .lo = -2, .hi = 2};
-        grad_case(&rms, seed++);
+        tcase ln = {.name = "layer_norm",
+                    .kind = K_LN,
+                    .keep = w,
+                    .nin = w ? 3 : 1,
+                    .nd = {3, 1, 1},
+                    .sh = {S(2, 3, 6), S(6), S(6)},
+                    .lo = -2,
+                    .hi = 2};
+        grad_case(&ln, next_seed++);
+        tcase rms = {.name = "rms_norm",
+                     .kind = K_RMS,
+                     .keep = w,
+                     .nin = w ? 2 : 1,
+                     .nd = {2, 1},
+                     .sh = {S(4, 5), S(5)},
+                     .lo = -2,
+                     .hi = 2};
+        grad_case(&rms, next_seed++);
     }
-    tcase ce = {.name = "cross_entropy", .kind = K_CE, .nin = 1, .nd = {2}, .sh = {S(6, 5)},
-                .lo = -3, .hi = 3, .naux = 6, .auxmax = 5};
-    grad_case(&ce, seed++);
+    tcase ce = {.name = "cross_entropy",
+                .kind = K_CE,
+                .nin = 1,
+                .nd = {2},
+                .sh = {S(6, 5)},
+                .lo = -3,
+                .hi = 3,
+                .naux = 6,
+                .auxmax = 5};
+    grad_case(&ce, next_seed++);
+}
+
+static void matmul_data_cases(void) {
     static const int mnd[5][2] = {{2, 2}, {3, 2}, {4, 3}, {1, 3}, {1, 1}};
     static const int64_t msh[5][2][4] = {{{3, 4}, {4, 5}},
-                                          {{2, 3, 4}, {4, 2}},
-                                          {{2, 1, 3, 4}, {3, 4, 2}},
-                                          {{4}, {2, 4, 3}},
-                                          {{5}, {5}}};
+                                         {{2, 3, 4}, {4, 2}},
+                                         {{2, 1, 3, 4}, {3, 4, 2}},
+                                         {{4}, {2, 4, 3}},
+                                         {{5}, {5}}};
     for (int s = 0; s < 5; s++) {
-        tcase t = {.name = "matmul", .kind = K_MATMUL, .nin = 2, .nd = {mnd[s][0], mnd[s][1]},
-                   .lo = -1, .hi = 1};
+        tcase t = {.name = "matmul",
+                   .kind = K_MATMUL,
+                   .nin = 2,
+                   .nd = {mnd[s][0], mnd[s][1]},
+                   .lo = -1,
+                   .hi = 1};
         memcpy(t.sh[0], msh[s][0], sizeof msh[s][0]);
         memcpy(t.sh[1], msh[s][1], sizeof msh[s][1]);
-        grad_case(&t, seed++);
+        grad_case(&t, next_seed++);
     }
-    tcase mv = {.name = "matmul", .kind = K_MATMUL, .nin = 2, .nd = {3, 1}, .sh = {S(2, 3, 4), S(4)},
-                .lo = -1, .hi = 1};
-    grad_case(&mv, seed++);
+    tcase mv = {.name = "matmul",
+                .kind = K_MATMUL,
+                .nin = 2,
+                .nd = {3, 1},
+                .sh = {S(2, 3, 4), S(4)},
+                .lo = -1,
+                .hi = 1};
+    grad_case(&mv, next_seed++);
     for (int bias = 0; bias < 2; bias++) {
-        tcase t = {.name = "linear", .kind = K_LINEAR, .keep = bias, .nin = bias ? 3 : 2,
-                   .nd = {3, 2, 1}, .sh = {S(2, 3, 4), S(5, 4), S(5)}, .lo = -1, .hi = 1};
-        grad_case(&t, seed++);
+        tcase t = {.name = "linear",
+                   .kind = K_LINEAR,
+                   .keep = bias,
+                   .nin = bias ? 3 : 2,
+                   .nd = {3, 2, 1},
+                   .sh = {S(2, 3, 4), S(5, 4), S(5)},
+                   .lo = -1,
+                   .hi = 1};
+        grad_case(&t, next_seed++);
     }
-    tcase emb = {.name = "embedding", .kind = K_EMB, .nin = 1, .nd = {2}, .sh = {S(5, 3)},
-                 .lo = -1, .hi = 1, .naux = 9, .auxmax = 5};
-    grad_case(&emb, seed++);
+    tcase emb = {.name = "embedding",
+                 .kind = K_EMB,
+                 .nin = 1,
+                 .nd = {2},
+                 .sh = {S(5, 3)},
+                 .lo = -1,
+                 .hi = 1,
+                 .naux = 9,
+                 .auxmax = 5};
+    grad_case(&emb, next_seed++);
     for (int d = 0; d < 2; d++) {
-        tcase t = {.name = "index_select", .kind = K_ISEL, .dim = d, .nin = 1, .nd = {2},
-                   .sh = {S(4, 3)}, .lo = -1, .hi = 1, .naux = 7, .auxmax = d ? 3 : 4};
-        grad_case(&t, seed++);
+        tcase t = {.name = "index_select",
+                   .kind = K_ISEL,
+                   .dim = d,
+                   .nin = 1,
+                   .nd = {2},
+                   .sh = {S(4, 3)},
+                   .lo = -1,
+                   .hi = 1,
+                   .naux = 7,
+                   .auxmax = d ? 3 : 4};
+        grad_case(&t, next_seed++);
     }
-    tcase cat = {.name = "concat", .kind = K_CONCAT, .dim = 1, .nin = 3, .nd = {2, 2, 2},
-                 .sh = {S(3, 2), S(3, 1), S(3, 4)}, .lo = -1, .hi = 1};
-    grad_case(&cat, seed++);
+    tcase cat = {.name = "concat",
+                 .kind = K_CONCAT,
+                 .dim = 1,
+                 .nin = 3,
+                 .nd = {2, 2, 2},
+                 .sh = {S(3, 2), S(3, 1), S(3, 4)},
+                 .lo = -1,
+                 .hi = 1};
+    grad_case(&cat, next_seed++);
     for (int causal = 0; causal < 2; causal++) {
-        tcase t = {.name = causal ? "sdpa_causal" : "sdpa", .kind = K_SDPA, .keep = causal,
-                   .nin = 3, .nd = {3, 3, 3}, .sh = {S(2, 3, 4), S(2, 5, 4), S(2, 5, 3)},
-                   .lo = -1, .hi = 1};
-        grad_case(&t, seed++);
+        tcase t = {.name = causal ? "sdpa_causal" : "sdpa",
+                   .kind = K_SDPA,
+                   .keep = causal,
+                   .nin = 3,
+                   .nd = {3, 3, 3},
+                   .sh = {S(2, 3, 4), S(2, 5, 4), S(2, 5, 3)},
+                   .lo = -1,
+                   .hi = 1};
+        grad_case(&t, next_seed++);
     }
+}
+
+static void half_cases(void) {
     /* Half precision: the gradients come out in the leaves' dtype. */
     for (int h = 0; h < 2; h++) {
         sg_dtype dt = h ? SG_F16 : SG_BF16;
-        tcase lin = {.name = "linear", .kind = K_LINEAR, .keep = true, .nin = 3, .nd = {2, 2, 1},
-                     .sh = {S(3, 4), S(5, 4), S(5)}, .lo = -1, .hi = 1, .dt = dt};
-        grad_case(&lin, seed++);
-        tcase ln = {.name = "layer_norm", .kind = K_LN, .keep = true, .nin = 3, .nd = {2, 1, 1},
-                    .sh = {S(3, 6), S(6), S(6)}, .lo = -2, .hi = 2, .dt = dt};
-        grad_case(&ln, seed++);
-        tcase sm = {.name = "softmax", .kind = K_SOFTMAX, .dim = 1, .nin = 1, .nd = {2},
-                    .sh = {S(3, 5)}, .lo = -2, .hi = 2, .dt = dt};
-        grad_case(&sm, seed++);
-        tcase gt = {.name = "gelu_tanh", .kind = K_UN, .op = 12, .nin = 1, .nd = {2},
-                    .sh = {S(3, 5)}, .lo = -3, .hi = 3, .dt = dt};
-        grad_case(&gt, seed++);
-        tcase ce = {.name = "cross_entropy", .kind = K_CE, .nin = 1, .nd = {2}, .sh = {S(6, 5)},
-                    .lo = -3, .hi = 3, .naux = 6, .auxmax = 5, .dt = dt};
-        grad_case(&ce, seed++);
-        tcase emb = {.name = "embedding", .kind = K_EMB, .nin = 1, .nd = {2}, .sh = {S(5, 3)},
-                     .lo = -1, .hi = 1, .naux = 9, .auxmax = 5, .dt = dt};
-        grad_case(&emb, seed++);
+        tcase lin = {.name = "linear",
+                     .kind = K_LINEAR,
+                     .keep = true,
+                     .nin = 3,
+                     .nd = {2, 2, 1},
+                     .sh = {S(3, 4), S(5, 4), S(5)},
+                     .lo = -1,
+                     .hi = 1,
+                     .dt = dt};
+        grad_case(&lin, next_seed++);
+        tcase ln = {.name = "layer_norm",
+                    .kind = K_LN,
+                    .keep = true,
+                    .nin = 3,
+                    .nd = {2, 1, 1},
+                    .sh = {S(3, 6), S(6), S(6)},
+                    .lo = -2,
+                    .hi = 2,
+                    .dt = dt};
+        grad_case(&ln, next_seed++);
+        tcase sm = {.name = "softmax",
+                    .kind = K_SOFTMAX,
+                    .dim = 1,
+                    .nin = 1,
+                    .nd = {2},
+                    .sh = {S(3, 5)},
+                    .lo = -2,
+                    .hi = 2,
+                    .dt = dt};
+        grad_case(&sm, next_seed++);
+        tcase gt = {.name = "gelu_tanh",
+                    .kind = K_UN,
+                    .op = 12,
+                    .nin = 1,
+                    .nd = {2},
+                    .sh = {S(3, 5)},
+                    .lo = -3,
+                    .hi = 3,
+                    .dt = dt};
+        grad_case(&gt, next_seed++);
+        tcase ce = {.name = "cross_entropy",
+                    .kind = K_CE,
+                    .nin = 1,
+                    .nd = {2},
+                    .sh = {S(6, 5)},
+                    .lo = -3,
+                    .hi = 3,
+                    .naux = 6,
+                    .auxmax = 5,
+                    .dt = dt};
+        grad_case(&ce, next_seed++);
+        tcase emb = {.name = "embedding",
+                     .kind = K_EMB,
+                     .nin = 1,
+                     .nd = {2},
+                     .sh = {S(5, 3)},
+                     .lo = -1,
+                     .hi = 1,
+                     .naux = 9,
+                     .auxmax = 5,
+                     .dt = dt};
+        grad_case(&emb, next_seed++);
     }
-    static const char *vn[] = {"reshape",   "permute", "transpose", "slice",      "narrow",
-                               "expand",    "unsqueeze", "squeeze", "contiguous", "clone"};
+}
+
+static void view_cases(void) {
+    static const char *vn[] = {"reshape", "permute",   "transpose", "slice",      "narrow",
+                               "expand",  "unsqueeze", "squeeze",   "contiguous", "clone"};
     for (int v = 0; v <= V_CLONE; v++) {
-        tcase t = {.name = vn[v], .kind = K_VIEW, .op = v, .nin = 1, .nd = {3}, .sh = {S(2, 3, 4)},
-                   .lo = -1, .hi = 1};
+        tcase t = {.name = vn[v],
+                   .kind = K_VIEW,
+                   .op = v,
+                   .nin = 1,
+                   .nd = {3},
+                   .sh = {S(2, 3, 4)},
+                   .lo = -1,
+                   .hi = 1};
         if (v == V_EXPAND) t.nd[0] = 2, t.sh[0][0] = 4, t.sh[0][1] = 1, t.sh[0][2] = 0;
         if (v == V_SQUEEZE) t.sh[0][1] = 1;
-        grad_case(&t, seed++);
+        grad_case(&t, next_seed++);
     }
+}
+
+static void op_cases(void) {
+    pointwise_cases();
+    reduce_row_cases();
+    matmul_data_cases();
+    half_cases();
+    view_cases();
 }
 
 /* ------------------------------------------------------------ a model, eager and compiled */
@@ -737,7 +987,8 @@ static bool same(const char *what, sg_tensor *got, sg_tensor *want, double rtol)
 }
 
 static void compiled_cases(void) {
-    static const sg_mode modes[3] = {SG_MODE_DEFAULT, SG_MODE_REDUCE_OVERHEAD, SG_MODE_MAX_AUTOTUNE};
+    static const sg_mode modes[3] = {SG_MODE_DEFAULT, SG_MODE_REDUCE_OVERHEAD,
+                                     SG_MODE_MAX_AUTOTUNE};
     model m;
     model_init(&m, 11);
     sg_tensor *ids, *targets, *want[1 + NP];
@@ -748,7 +999,8 @@ static void compiled_cases(void) {
     for (int k = 0; ok && k < 3; k++) {
         sg_fn *fn = NULL;
         ok = TU_EXPECT(sg_compile(ctx, model_step, &m, 2, 1 + NP,
-                                  &(sg_compile_opts){.mode = modes[k], .fullgraph = true}, &fn) == SG_OK);
+                                  &(sg_compile_opts){.mode = modes[k], .fullgraph = true},
+                                  &fn) == SG_OK);
         for (int call = 0; ok && call < 2; call++) {
             sg_tensor *out[1 + NP];
             sg_mark_step_begin(ctx);
@@ -846,8 +1098,8 @@ static void training_cases(void) {
     for (int k = 1; k < 4; k++) {
         double f, l = train(modes[k], &f);
         tu_case(TU_EXPECT(fabs(l - ref) <= 1e-4 * fabs(ref) + 1e-6),
-                "TRAIN_MLP(mode=%s,steps=50,loss %.7g vs eager %.7g) seed=21", sg_mode_name(modes[k]),
-                l, ref);
+                "TRAIN_MLP(mode=%s,steps=50,loss %.7g vs eager %.7g) seed=21",
+                sg_mode_name(modes[k]), l, ref);
     }
 }
 
@@ -868,8 +1120,8 @@ static void usage_cases(void) {
     sg_tensor *y = sg_mul(w, x), *loss = sg_sum(y, 0, NULL, false), *g[2] = {NULL};
     sg_add_(x, x);
     sg_status s = sg_grad(loss, 1, &w, g);
-    bool ok = TU_EXPECT(s == SG_ERR_INVALID_ARG) && TU_EXPECT(strstr(sg_last_error(ctx), "in-place")) &&
-              TU_EXPECT(g[0] == NULL);
+    bool ok = TU_EXPECT(s == SG_ERR_INVALID_ARG) &&
+              TU_EXPECT(strstr(sg_last_error(ctx), "in-place")) && TU_EXPECT(g[0] == NULL);
     tu_case(ok, "GRAD_INPLACE_DETECTED(mul, x written by sg_add_)");
     sg_clear_error(ctx);
     sg_release(y), sg_release(loss);
@@ -899,7 +1151,8 @@ static void usage_cases(void) {
     ok = ok && TU_EXPECT(sg_tensor_requires_grad(y)) &&
          TU_EXPECT(sg_requires_grad_(ix, true) == SG_ERR_DTYPE) &&
          TU_EXPECT(sg_requires_grad_(y, false) == SG_ERR_INVALID_ARG) &&
-         TU_EXPECT(sg_grad(y, 1, &w, g) == SG_ERR_SHAPE) && TU_EXPECT(sg_grad(NULL, 1, &w, g) == SG_ERR_NULL);
+         TU_EXPECT(sg_grad(y, 1, &w, g) == SG_ERR_SHAPE) &&
+         TU_EXPECT(sg_grad(NULL, 1, &w, g) == SG_ERR_NULL);
     tu_case(ok, "GRAD_FLAGS(no_grad, int leaf, non-leaf, loss not scalar)");
     sg_clear_error(ctx);
     sg_release(y), sg_release(ix);
