@@ -1140,6 +1140,18 @@ static void usage_cases(void) {
     tu_case(ok, "GRAD_UNUSED_IS_ZERO(add, twice)");
     sg_release(g[0]), sg_release(g[1]), sg_release(y), sg_release(loss);
 
+    /* With respect to an intermediate: d sum(tanh(y)) / dy = 1 - tanh(y)^2. */
+    y = sg_mul(w, x);
+    sg_tensor *ty = sg_tanh(y);
+    loss = sg_sum(ty, 0, NULL, false);
+    ok = TU_EXPECT(sg_grad(loss, 1, &y, g) == SG_OK);
+    double *yv = ok ? tu_read(y) : NULL, *gv = ok ? tu_read(g[0]) : NULL, ref[12];
+    for (int i = 0; ok && i < 12; i++) ref[i] = 1 - tanh(yv[i]) * tanh(yv[i]);
+    ok = ok && TU_EXPECT(tu_close("grad", gv, ref, 12, 1e-5, 1e-6));
+    tu_case(ok, "GRAD_WRT_INTERMEDIATE(sum(tanh(y)), y = w * x)");
+    free(yv), free(gv);
+    sg_release(g[0]), sg_release(y), sg_release(ty), sg_release(loss);
+
     /* no_grad records nothing; ints and non-leaves are refused. */
     sg_set_grad_enabled(ctx, false);
     y = sg_mul(w, w);
