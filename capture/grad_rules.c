@@ -106,6 +106,14 @@ static int mask_dims(uint32_t mask, int ndim, int *dims) {
     return n;
 }
 
+/* An op recorded with grad on that has no rule here: sg_grad says so. */
+static sg_status no_rule(const sg__bw *b) {
+    return sg__fail(b->ctx, SG_ERR_UNSUPPORTED,
+                    "sg_grad: %s has no gradient rule yet; run it "
+                    "under sg_set_grad_enabled(ctx, false) and write its gradient with ops",
+                    sg__op_name((sg__op)b->n->op));
+}
+
 /* ------------------------------------------------------------ pointwise */
 
 /* d/dx of the unary op at x (or from out), to be multiplied by g. */
@@ -215,7 +223,7 @@ static sg_status binary(sg__bw *b) {
         if (b->want[1]) b->gi[1] = sg_where(x, g, cst(b, 0));
         if (b->want[2]) b->gi[2] = sg_where(x, cst(b, 0), g);
         break;
-    default: return SG_ERR_INTERNAL;
+    default: return no_rule(b);
     }
     return SG_OK;
 }
@@ -246,7 +254,7 @@ static sg_status reduction(sg__bw *b) {
         b->gi[0] = sg_mul(dev, sg_mul_scalar(g, 2.0 / (denom > 0 ? denom : 0.0)));
         break;
     }
-    default: return SG_ERR_INTERNAL;
+    default: return no_rule(b);
     }
     return SG_OK;
 }
@@ -303,7 +311,7 @@ static sg_status rows(sg__bw *b) {
         b->gi[0] = sg_mul(sg_sub(p, sg_cast(hot, logits->dtype)), scale);
         return SG_OK;
     }
-    default: return SG_ERR_INTERNAL;
+    default: return no_rule(b);
     }
 }
 
@@ -364,7 +372,7 @@ static sg_status data(sg__bw *b) {
         }
         return SG_OK;
     }
-    default: return SG_ERR_INTERNAL;
+    default: return no_rule(b);
     }
 }
 
