@@ -117,7 +117,7 @@ static sg_status no_rule(const sg__bw *b) {
 /* ------------------------------------------------------------ pointwise */
 
 /* d/dx of the unary op at x (or from out), to be multiplied by g. */
-static sg_tensor *unary_deriv(const sg__bw *b) {
+static sg_tensor *unary_deriv(const sg__bw *b, bool *known) {
     sg_tensor *x = b->x[0], *y = b->out;
     switch ((sg__op)b->n->op) {
     case SG__OP_ABS: return sg_sub(num(b, sg_gt(x, cst(b, 0))), num(b, sg_lt(x, cst(b, 0))));
@@ -149,7 +149,7 @@ static sg_tensor *unary_deriv(const sg__bw *b) {
         return sg_mul(s, sg_add_scalar(sg_mul(x, sg_add_scalar(sg_neg(s), 1.0)), 1.0));
     }
     case SG__OP_POW_SCALAR: return sg_mul_scalar(sg_pow_scalar(x, b->n->f[0] - 1.0), b->n->f[0]);
-    default: return NULL;
+    default: *known = false; return NULL;
     }
 }
 
@@ -176,7 +176,13 @@ static sg_status unary(sg__bw *b) {
             break;
         }
         /* fall through */
-    default: b->gi[0] = sg_mul(g, unary_deriv(b)); break;
+    default: {
+        bool known = true;
+        sg_tensor *d = unary_deriv(b, &known);
+        if (!known) return no_rule(b);
+        b->gi[0] = sg_mul(g, d);
+        break;
+    }
     }
     return SG_OK;
 }
