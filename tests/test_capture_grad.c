@@ -1187,11 +1187,58 @@ static void usage_cases(void) {
     sg_release(w), sg_release(x), sg_release(other);
 }
 
+/* ------------------------------------------------------------ out of memory */
+
+/* Forward and sg_grad with the Nth allocation failing, for every N that
+ * fails one: the failure is reported (or the run succeeds with the right
+ * gradient), and destroying the context frees every block. */
+static bool oom_run(long fail_after, const double *want, bool *failed) {
+    tu_alloc a = {0};
+    sg_ctx *c = tu_ctx((sg_ctx_opts){.alloc = tu_alloc_hook, .alloc_user = &a});
+    int64_t ws[2] = {3, 4}, xs[2] = {2, 4};
+    sg_tensor *w = sg_arange(c, SG_F32, -0.5, 0.7, 0.1), *x = sg_full(c, SG_F32, 2, xs, 0.3);
+    sg_tensor *w2 = sg_reshape(w, 2, ws), *g = NULL;
+    sg_requires_grad_(w2, true);
+    a.fail_at = a.count + fail_after;
+    sg_tensor *h = sg_gelu_tanh(sg_linear(x, sg_transpose(sg_transpose(w2, 0, 1), 0, 1), NULL));
+    sg_tensor *loss = sg_mean(sg_softmax(h, -1), 0, NULL, false);
+    sg_status s = sg_grad(loss, 1, &w2, &g);
+    *failed = a.count >= a.fail_at;
+    a.fail_at = 0;
+    bool ok = s == SG_OK || (TU_EXPECT(*failed) && TU_EXPECT(sg_last_error(c)[0] != 0));
+    double *got = s == SG_OK ? tu_read(g) : NULL;
+    if (s == SG_OK) ok = TU_EXPECT(got && tu_close("grad", got, want, 12, 1e-6, 1e-9));
+    free(got);
+    sg_ctx_destroy(c);
+    return ok && TU_EXPECT(a.live == 0);
+}
+
+static void oom_cases(void) {
+    double want[12];
+    bool failed = true, ok = true;
+    /* The clean run's gradient is the reference. */
+    tu_alloc a = {0};
+    sg_ctx *c = tu_ctx((sg_ctx_opts){.alloc = tu_alloc_hook, .alloc_user = &a});
+    int64_t ws[2] = {3, 4}, xs[2] = {2, 4};
+    sg_tensor *w = sg_reshape(sg_arange(c, SG_F32, -0.5, 0.7, 0.1), 2, ws), *g = NULL;
+    sg_requires_grad_(w, true);
+    sg_tensor *h = sg_gelu_tanh(sg_linear(sg_full(c, SG_F32, 2, xs, 0.3), w, NULL));
+    ok = TU_EXPECT(sg_grad(sg_mean(sg_softmax(h, -1), 0, NULL, false), 1, &w, &g) == SG_OK);
+    double *v = ok ? tu_read(g) : NULL;
+    if (v) memcpy(want, v, sizeof want);
+    free(v);
+    sg_ctx_destroy(c);
+    long n = 1;
+    for (; ok && failed && n < 5000; n++) ok = oom_run(n, want, &failed);
+    tu_case(ok && !failed, "GRAD_OOM(the Nth allocation fails, N = 1..%ld)", n - 1);
+}
+
 int main(void) {
     ctx = tu_ctx((sg_ctx_opts){0});
     op_cases();
     compiled_all();
     usage_cases();
+    oom_cases();
     compiled_cases();
     training_cases();
     sg_ctx_destroy(ctx);
