@@ -1149,8 +1149,24 @@ static void usage_cases(void) {
     for (int i = 0; ok && i < 12; i++) ref[i] = 1 - tanh(yv[i]) * tanh(yv[i]);
     ok = ok && TU_EXPECT(tu_close("grad", gv, ref, 12, 1e-5, 1e-6));
     tu_case(ok, "GRAD_WRT_INTERMEDIATE(sum(tanh(y)), y = w * x)");
-    free(yv), free(gv);
-    sg_release(g[0]), sg_release(y), sg_release(ty), sg_release(loss);
+    free(gv);
+    sg_release(g[0]), sg_release(ty), sg_release(loss);
+
+    /* Intermediates released before sg_grad: the graph keeps what it needs.
+     * d sum(tanh(y)) / dw = (1 - tanh(y)^2) * x. */
+    sg_tensor *wx = sg_mul(w, x);
+    ty = sg_tanh(wx);
+    sg_release(wx);
+    loss = sg_sum(ty, 0, NULL, false);
+    sg_release(ty);
+    double *xv = tu_read(x);
+    ok = TU_EXPECT(sg_grad(loss, 1, &w, g) == SG_OK);
+    gv = ok ? tu_read(g[0]) : NULL;
+    for (int i = 0; ok && i < 12; i++) ref[i] = (1 - tanh(yv[i]) * tanh(yv[i])) * xv[i];
+    ok = ok && TU_EXPECT(tu_close("grad", gv, ref, 12, 1e-5, 1e-6));
+    tu_case(ok, "GRAD_AFTER_RELEASE(intermediates released before sg_grad)");
+    free(yv), free(gv), free(xv);
+    sg_release(g[0]), sg_release(y), sg_release(loss);
 
     /* no_grad records nothing; ints and non-leaves are refused. */
     sg_set_grad_enabled(ctx, false);
