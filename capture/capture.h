@@ -79,6 +79,7 @@ typedef struct sg__storage {
     uint32_t overwritten_in; /* the step that last did */
     uint32_t cap_id;         /* the capture that last classified this storage ... */
     int cap_slot;            /* ... and the IR slot it got there */
+    uint32_t version;        /* bumped by every op that writes the bytes (autograd's check) */
 } sg__storage;
 
 #define SG__TENSOR_LIVE 0x5347544eu /* "SGTN" */
@@ -96,6 +97,7 @@ struct sg_tensor {
     sg__storage *st;
     uint32_t st_gen;        /* st->gen when this handle was made: a mismatch means stale */
     bool fn_owned;          /* an output handle in a compiled fn's ring, not in the lists */
+    struct sg__gnode *grad_fn; /* what made it, for sg_grad (a leaf's own node); NULL: no grad */
     sg_tensor *prev, *next; /* the context's list of live or quarantined handles */
 };
 
@@ -144,6 +146,8 @@ struct sg_ctx {
     struct sg_fn *dead_fns; /* the most recently destroyed fns' records (newest first) */
     int ndead_fns;
     uint32_t step;          /* sg_mark_step_begin count */
+    bool grad_off;          /* sg_set_grad_enabled(ctx, false), or inside sg_grad */
+    uint32_t grad_epoch;    /* sg_grad calls, to mark the nodes one call visits */
     uint32_t next_id;
     sg_tensor live; /* sentinel of the live handle list */
     sg_tensor dead; /* sentinel of the quarantine (oldest first) */
@@ -412,5 +416,31 @@ SG__HIDDEN sg_tensor *sg__run_new(sg_ctx *ctx, sg__node *n, sg_dtype dt, int ndi
  * 4 dims, gradients). Grouped-query K/V (dim -3 dividing q's) included. */
 SG__HIDDEN sg_tensor *sg__sdpa_decomposed(sg_tensor *q, sg_tensor *k, sg_tensor *v,
                                           sg_tensor *mask, bool causal, double scale);
+/* ------------------------------------------------------------ autograd (autograd.c) */
+
+/* How a view relates to the tensor it views, for its gradient. */
+typedef enum sg__view_kind {
+    SG__VIEW_RESHAPE, /* same elements in row-major order: view, reshape, (un)squeeze, contiguous */
+    SG__VIEW_PERMUTE, /* info = the permutation */
+    SG__VIEW_SLICE,   /* info = {dim, start, step} */
+    SG__VIEW_EXPAND   /* size-1 dims stretched (and dims added in front) */
+} sg__view_kind;
+
+/* After an op made out from n (sg__run_new): when grad is on and an input
+ * needs a gradient, attach the node's backward to out. Returns out, or NULL
+ * with out dropped when memory ran out. */
+SG__HIDDEN sg_tensor *sg__grad_record(sg_ctx *ctx, const sg__node *n, sg_tensor *out);
+/* After a view v of src was made: likewise. v may be NULL (passed through). */
+SG__HIDDEN sg_tensor *sg__grad_view(sg_tensor *src, sg_tensor *v, sg__view_kind kind,
+                                    const int64_t *info);
+/* Drop one reference to a backward node (tensors hold one each). */
+SG__HIDDEN void sg__gnode_unref(sg_ctx *ctx, struct sg__gnode *g);
+/* A handle over t's bytes and geometry that is in no list (autograd keeps
+ * these for the backward); freed with sg__tensor_unhold. */
+SG__HIDDEN sg_tensor *sg__tensor_hold(sg_tensor *t);
+SG__HIDDEN void sg__tensor_unhold(sg_tensor *h);
+/* dst.index(dim, idx[i]) += src.index(dim, i), in index order (deterministic);
+ * dst float, src of its dtype; the INDEX_ADD node (in = {dst, idx, src}). */
+SG__HIDDEN sg_status sg__index_add_(sg_tensor *dst, int dim, sg_tensor *idx, sg_tensor *src);
 
 #endif /* SG_CAPTURE_H */

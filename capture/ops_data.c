@@ -232,6 +232,36 @@ sg_status sg_index_copy_(sg_tensor *dst, int dim, sg_tensor *idx, sg_tensor *src
     return s;
 }
 
+/* ------------------------------------------------------------ index_add (autograd) */
+
+sg_status sg__index_add_(sg_tensor *dst, int dim, sg_tensor *idx, sg_tensor *src) {
+    sg_tensor *in[3] = {dst, idx, src};
+    sg_ctx *ctx = sg__check_inputs("index_add", 3, in, NULL);
+    if (!ctx) return sg__inputs_status(3, in);
+    sg_status s = check_index(ctx, "index_add", idx, true);
+    if (s != SG_OK) return s;
+    int d = check_dim(ctx, "index_add", dim, dst, "dst");
+    if (d < 0) return SG_ERR_INDEX;
+    s = index_copy_check(ctx, dst, d, idx, src);
+    if (s != SG_OK) return s;
+    if (!sg__dtype_is_float(dst->dtype)) {
+        char a[SG__DESC];
+        return sg__fail(ctx, SG_ERR_DTYPE, "index_add: dst %s must be float",
+                        sg__describe(dst, a, sizeof a));
+    }
+    sg_tensor *tmp = NULL;
+    if (may_overlap(src, dst)) {
+        tmp = sg_clone(src);
+        if (!tmp) return SG_ERR_OOM;
+        src = tmp;
+    }
+    sg_tensor *args[3] = {dst, idx, src};
+    sg__node n = {.op = SG__OP_INDEX_ADD, .nin = 3, .in = args, .out = dst, .i = {d}};
+    s = sg__dispatch(ctx, &n);
+    sg__tensor_drop(tmp);
+    return s;
+}
+
 /* ------------------------------------------------------------ sdpa */
 
 /*
@@ -475,6 +505,14 @@ static sg_tensor *attn_run(sg_ctx *ctx, const char *op, sg_tensor *q, sg_tensor 
     return out;
 }
 
+/* Whether an input of an attention needs a gradient while grad is on. */
+static bool grad_wanted(const sg_ctx *ctx, sg_tensor *const *in) {
+    if (ctx->grad_off) return false;
+    for (int i = 0; i < 3; i++)
+        if (in[i]->grad_fn) return true;
+    return false;
+}
+
 /* sg_sdpa through ATTENTION when the kernels take it: at most 4 dims, Dv = D
  * <= 256, and q's heads a multiple of k's and v's (or broadcast). Sets *took. */
 static sg_tensor *sdpa_fused(sg_ctx *ctx, sg_tensor *const *in, sg_tensor *mask, bool causal,
@@ -511,8 +549,10 @@ sg_tensor *sg_sdpa(sg_tensor *q, sg_tensor *k, sg_tensor *v, sg_tensor *mask, bo
     static const bool optional[4] = {false, false, false, true};
     sg_ctx *ctx = sg__check_inputs("sg_sdpa", 4, in, optional);
     if (!ctx || !sdpa_check(ctx, in, mask, &scale)) return NULL;
-    bool took;
-    sg_tensor *out = sdpa_fused(ctx, in, mask, causal, scale, &took);
+    bool took = false;
+    /* A gradient goes through the decomposed ops (their rules exist); the
+     * fused kernel has no backward yet. */
+    sg_tensor *out = grad_wanted(ctx, in) ? NULL : sdpa_fused(ctx, in, mask, causal, scale, &took);
     if (!took) out = sg__sdpa_decomposed(q, k, v, mask, causal, scale);
     if (!out) name_failure(ctx, "sg_sdpa");
     return out;
@@ -582,7 +622,8 @@ sg_tensor *sg_sdpa_cached(sg_tensor *q, sg_tensor *k_cache, sg_tensor *v_cache,
     sg_tensor *in[4] = {q, k_cache, v_cache, kv_len};
     sg_ctx *ctx = sg__check_inputs("sg_sdpa_cached", 4, in, NULL);
     if (!ctx || !cached_check(ctx, in, &scale)) return NULL;
-    if (q->shape[3] > ATTN_MAX_D) { /* past the kernels: the ops, with kv_len as a mask */
+    /* Past the kernels, or a gradient wanted: the ops, with kv_len as a mask. */
+    if (q->shape[3] > ATTN_MAX_D || grad_wanted(ctx, in)) {
         sg_tensor *keep = cached_keep(ctx, kv_len, q->shape[2], k_cache->shape[2]);
         sg_tensor *out = keep ? sg__sdpa_decomposed(q, k_cache, v_cache, keep, false, scale) : NULL;
         sg__tensor_drop(keep);

@@ -110,7 +110,8 @@ static sg_tensor *drop_reduced(sg_tensor *out, uint32_t mask, const char *name) 
         }
     char op[32];
     snprintf(op, sizeof op, "sg_%s", name);
-    sg_tensor *v = sg__tensor_view(out, op, nd, sh, st, out->offset);
+    sg_tensor *v = sg__grad_view(out, sg__tensor_view(out, op, nd, sh, st, out->offset),
+                                 SG__VIEW_RESHAPE, NULL);
     sg__tensor_drop(out); /* the view, if made, keeps the storage */
     return v;
 }

@@ -192,9 +192,30 @@ sg_tensor *sg__tensor_view(sg_tensor *t, const char *op, int ndim, const int64_t
     return v;
 }
 
+sg_tensor *sg__tensor_hold(sg_tensor *t) {
+    sg_tensor *h = sg__calloc(t->ctx, sizeof *h);
+    if (!h) return NULL;
+    *h = *t;
+    h->prev = h->next = NULL;
+    h->fn_owned = false;
+    h->grad_fn = NULL;
+    h->magic = SG__TENSOR_LIVE;
+    h->st->refs++;
+    return h;
+}
+
+void sg__tensor_unhold(sg_tensor *h) {
+    if (!h) return;
+    sg_ctx *ctx = h->ctx;
+    sg__storage_unref(ctx, h->st);
+    sg__free(ctx, h, sizeof *h);
+}
+
 void sg__tensor_drop(sg_tensor *t) {
     if (!t) return;
     sg_ctx *ctx = t->ctx;
+    sg__gnode_unref(ctx, t->grad_fn);
+    t->grad_fn = NULL;
     list_unlink(t);
     sg__storage_unref(ctx, t->st);
     sg__free(ctx, t, sizeof *t);
@@ -220,6 +241,8 @@ void sg__tensor_bury(sg_tensor *t) {
 void sg_release(sg_tensor *t) {
     if (!t || t->magic != SG__TENSOR_LIVE) return;
     sg_ctx *ctx = t->ctx;
+    sg__gnode_unref(ctx, t->grad_fn);
+    t->grad_fn = NULL;
     if (t->fn_owned) { /* an output handle: its fn keeps the handle itself */
         sg__storage_unref(ctx, t->st);
         t->st = NULL;
@@ -353,6 +376,7 @@ void sg__broadcast_strides(const sg_tensor *t, int ndim, const int64_t *shape, i
 /* ------------------------------------------------------------ dispatch */
 
 sg_status sg__dispatch(sg_ctx *ctx, const sg__node *n) {
+    if (n->out && n->out->st) n->out->st->version++;
     if (ctx->rec && !ctx->rec->broken) {
         sg_status s = sg__rec_node(ctx, n);
         if (s != SG_OK || ctx->rec->dry) return s;
@@ -368,7 +392,7 @@ sg_tensor *sg__run_new(sg_ctx *ctx, sg__node *n, sg_dtype dt, int ndim, const in
         sg__tensor_drop(out);
         return NULL;
     }
-    return out;
+    return ctx->grad_off ? out : sg__grad_record(ctx, n, out);
 }
 
 /* ------------------------------------------------------------ making tensors */

@@ -104,7 +104,8 @@ sg_tensor *sg_view(sg_tensor *t, int ndim, const int64_t *shape) {
                  sg__shape_str(ndim, sh, b, sizeof b));
         return NULL;
     }
-    return sg__tensor_view(t, "sg_view", ndim, sh, st, t->offset);
+    return sg__grad_view(t, sg__tensor_view(t, "sg_view", ndim, sh, st, t->offset),
+                         SG__VIEW_RESHAPE, NULL);
 }
 
 sg_tensor *sg_reshape(sg_tensor *t, int ndim, const int64_t *shape) {
@@ -112,11 +113,14 @@ sg_tensor *sg_reshape(sg_tensor *t, int ndim, const int64_t *shape) {
     if (!ctx) return NULL;
     int64_t sh[SG_MAX_DIMS], st[SG_MAX_DIMS];
     if (!infer_shape(ctx, "sg_reshape", t, ndim, shape, sh)) return NULL;
-    if (view_strides(t, ndim, sh, st)) return sg__tensor_view(t, "sg_reshape", ndim, sh, st, t->offset);
+    if (view_strides(t, ndim, sh, st))
+        return sg__grad_view(t, sg__tensor_view(t, "sg_reshape", ndim, sh, st, t->offset),
+                             SG__VIEW_RESHAPE, NULL);
     sg_tensor *c = sg_clone(t);
     if (!c) return NULL;
     view_strides(c, ndim, sh, st);
-    sg_tensor *v = sg__tensor_view(c, "sg_reshape", ndim, sh, st, 0);
+    sg_tensor *v = sg__grad_view(c, sg__tensor_view(c, "sg_reshape", ndim, sh, st, 0),
+                                 SG__VIEW_RESHAPE, NULL);
     sg__tensor_drop(c);
     return v;
 }
@@ -129,7 +133,7 @@ sg_tensor *sg_permute(sg_tensor *t, const int *dims) {
                  t->ndim);
         return NULL;
     }
-    int64_t sh[SG_MAX_DIMS], st[SG_MAX_DIMS];
+    int64_t sh[SG_MAX_DIMS], st[SG_MAX_DIMS], perm[SG_MAX_DIMS];
     bool seen[SG_MAX_DIMS] = {false};
     for (int d = 0; d < t->ndim; d++) {
         int s = sg__norm_dim(dims[d], t->ndim);
@@ -139,10 +143,12 @@ sg_tensor *sg_permute(sg_tensor *t, const int *dims) {
             return NULL;
         }
         seen[s] = true;
+        perm[d] = s;
         sh[d] = t->shape[s];
         st[d] = t->stride[s];
     }
-    return sg__tensor_view(t, "sg_permute", t->ndim, sh, st, t->offset);
+    return sg__grad_view(t, sg__tensor_view(t, "sg_permute", t->ndim, sh, st, t->offset),
+                         SG__VIEW_PERMUTE, perm);
 }
 
 sg_tensor *sg_transpose(sg_tensor *t, int dim0, int dim1) {
@@ -186,7 +192,10 @@ sg_tensor *sg_slice(sg_tensor *t, int dim, int64_t start, int64_t end, int64_t s
      * stride, and a larger one has step <= size, so the product stays in range. */
     sh[d] = end > start ? (end - start - 1) / step + 1 : 0;
     st[d] = sh[d] > 1 ? t->stride[d] * step : t->stride[d];
-    return sg__tensor_view(t, "sg_slice", t->ndim, sh, st, t->offset + start * t->stride[d]);
+    int64_t info[3] = {d, start, step};
+    return sg__grad_view(
+        t, sg__tensor_view(t, "sg_slice", t->ndim, sh, st, t->offset + start * t->stride[d]),
+        SG__VIEW_SLICE, info);
 }
 
 sg_tensor *sg_narrow(sg_tensor *t, int dim, int64_t start, int64_t length) {
@@ -236,7 +245,8 @@ sg_tensor *sg_expand(sg_tensor *t, int ndim, const int64_t *shape) {
                  "use smaller sizes", sg__shape_str(ndim, sh, b, sizeof b));
         return NULL;
     }
-    return sg__tensor_view(t, "sg_expand", ndim, sh, st, t->offset);
+    return sg__grad_view(t, sg__tensor_view(t, "sg_expand", ndim, sh, st, t->offset),
+                         SG__VIEW_EXPAND, NULL);
 }
 
 sg_tensor *sg_unsqueeze(sg_tensor *t, int dim) {
@@ -264,7 +274,8 @@ sg_tensor *sg_unsqueeze(sg_tensor *t, int dim) {
             j++;
         }
     }
-    return sg__tensor_view(t, "sg_unsqueeze", t->ndim + 1, sh, st, t->offset);
+    return sg__grad_view(t, sg__tensor_view(t, "sg_unsqueeze", t->ndim + 1, sh, st, t->offset),
+                         SG__VIEW_RESHAPE, NULL);
 }
 
 sg_tensor *sg_squeeze(sg_tensor *t, int dim) {
@@ -283,7 +294,8 @@ sg_tensor *sg_squeeze(sg_tensor *t, int dim) {
             st[j] = t->stride[i];
             j++;
         }
-    return sg__tensor_view(t, "sg_squeeze", t->ndim - 1, sh, st, t->offset);
+    return sg__grad_view(t, sg__tensor_view(t, "sg_squeeze", t->ndim - 1, sh, st, t->offset),
+                         SG__VIEW_RESHAPE, NULL);
 }
 
 sg_tensor *sg_clone(sg_tensor *t) {
@@ -298,6 +310,8 @@ sg_tensor *sg_contiguous(sg_tensor *t) {
     sg_ctx *ctx = sg__check_inputs("sg_contiguous", 1, &t, NULL);
     if (!ctx) return NULL;
     if (sg__is_contiguous(t))
-        return sg__tensor_view(t, "sg_contiguous", t->ndim, t->shape, t->stride, t->offset);
+        return sg__grad_view(
+            t, sg__tensor_view(t, "sg_contiguous", t->ndim, t->shape, t->stride, t->offset),
+            SG__VIEW_RESHAPE, NULL);
     return sg_clone(t);
 }

@@ -581,6 +581,47 @@ SG_API sg_tensor *sg_sample(sg_tensor *logits, double temperature, int64_t top_k
  */
 SG_API sg_tensor *sg_sdpa_cached(sg_tensor *q, sg_tensor *k_cache, sg_tensor *v_cache,
                                  sg_tensor *kv_len, double scale);
+/* ---------------------------------------------------------------- gradients */
+/*
+ * Autograd recorded with the forward, as in PyTorch. Mark the tensors to
+ * differentiate (parameters: leaves) with sg_requires_grad_; every op or view
+ * with an input that requires grad records what its backward needs on its
+ * output, which then requires grad too. sg_grad walks back from a loss and
+ * computes the gradients with the ordinary ops: eagerly they run; inside a
+ * compiled step they are captured into the same graph as the forward (and
+ * the optimizer), fused with it and replayed with it.
+ *
+ * What is recorded lives as long as the tensors it made: releasing the
+ * outputs of a forward frees its backward (inside a step everything goes
+ * with the step). In-place ops (sg_copy_, sg_add_, sg_fill_,
+ * sg_index_copy_) are not differentiated; writing in place to a tensor a
+ * pending backward reads makes sg_grad fail with SG_ERR_INVALID_ARG naming
+ * it. Comparisons, logical ops and argmax give no gradient; a gradient
+ * through a non-float op stops there.
+ *
+ *     sg_requires_grad_(w, true);                 // once, on the parameters
+ *     sg_tensor *loss = sg_cross_entropy(sg_linear(x, w, b), y);
+ *     sg_tensor *gw;
+ *     sg_grad(loss, 1, &w, &gw);                  // gw: d loss / d w
+ */
+
+/* Mark t (f32, f16 or bf16) as a leaf that gradients are taken for, or
+ * unmark it (false; only leaves can be unmarked: SG_ERR_INVALID_ARG for the
+ * result of an op). */
+SG_API sg_status sg_requires_grad_(sg_tensor *t, bool requires_grad);
+/* True when t is a marked leaf or was computed from one with grad enabled. */
+SG_API bool sg_tensor_requires_grad(const sg_tensor *t);
+/* Whether ops record gradients (default on); off is torch.no_grad(): use it
+ * around parameter updates and evaluation. */
+SG_API sg_status sg_set_grad_enabled(sg_ctx *ctx, bool enabled);
+/*
+ * Like torch.autograd.grad: grads[i] gets a new contiguous tensor shaped and
+ * typed like wrt[i] holding d loss / d wrt[i] (zeros when loss does not
+ * depend on it). loss: a float tensor of one element. wrt may be leaves or
+ * intermediate tensors of the forward. The graph stays, so sg_grad may be
+ * called again on the same loss; the backward records no gradients itself.
+ */
+SG_API sg_status sg_grad(sg_tensor *loss, int n, sg_tensor *const *wrt, sg_tensor **grads);
 
 /* ---------------------------------------------------------------- compiled steps */
 /*

@@ -230,6 +230,51 @@ done:
     return s;
 }
 
+/*
+ * dst[.., idx[i], ..] += src[.., i, ..] in float. Each lane (a position of
+ * src off dim) walks i in order, so repeated indices add up in one fixed
+ * order and the result does not depend on the thread count.
+ */
+static sg_status index_add(sg_ctx *ctx, const sg__node *n) {
+    const sg_tensor *dst = n->out, *idx = n->in[1], *src = n->in[2];
+    int dim = (int)n->i[0], nd = dst->ndim;
+    char what[64];
+    snprintf(what, sizeof what, "dim %d of dst", dim);
+    int64_t *iv, L = src->shape[dim];
+    sg_status s = read_indices(ctx, "index_add", idx, dst->shape[dim], what, &iv);
+    if (s != SG_OK) return s;
+    int64_t lanes = L ? sg__numel(nd, src->shape) / L : 0;
+    int64_t sh[SG_MAX_DIMS], sst[SG_MAX_DIMS], dst_st[SG_MAX_DIMS];
+    int m = 0;
+    for (int k = 0; k < nd; k++)
+        if (k != dim) {
+            sh[m] = src->shape[k];
+            sst[m] = src->stride[k];
+            dst_st[m] = dst->stride[k];
+            m++;
+        }
+    void *dp = sg__data(dst);
+    const void *sp = sg__data(src);
+    int64_t ds = dst->stride[dim], ss = src->stride[dim];
+    int nth = sg__cpu_threads(ctx, sg__numel(nd, src->shape));
+#pragma omp parallel for num_threads(nth) if (nth > 1) schedule(static)
+    for (int64_t r = 0; r < lanes; r++) {
+        int64_t rem = r, so = 0, dof = 0;
+        for (int k = m - 1; k >= 0; k--) {
+            int64_t c = rem % sh[k];
+            rem /= sh[k];
+            so += c * sst[k];
+            dof += c * dst_st[k];
+        }
+        for (int64_t i = 0; i < L; i++) {
+            int64_t at = dof + iv[i] * ds;
+            sg__stf(dp, dst->dtype, at, sg__ldf(dp, dst->dtype, at) + sg__ldf(sp, src->dtype, so + i * ss));
+        }
+    }
+    free_indices(ctx, idx, iv);
+    return SG_OK;
+}
+
 /* Each input lands in out at its running offset along dim. */
 static sg_status concat(sg_ctx *ctx, const sg__node *n) {
     const sg_tensor *out = n->out;
@@ -326,6 +371,7 @@ sg_status sg__cpu_data(sg_ctx *ctx, const sg__node *n) {
     case SG__OP_EMBEDDING: return embedding(ctx, n);
     case SG__OP_INDEX_SELECT: return index_select(ctx, n);
     case SG__OP_INDEX_COPY: return index_copy(ctx, n);
+    case SG__OP_INDEX_ADD: return index_add(ctx, n);
     case SG__OP_CONCAT: return concat(ctx, n);
     case SG__OP_ARANGE: return arange(ctx, n);
     case SG__OP_RAND: return sg__cpu_rand(ctx, n);

@@ -299,6 +299,39 @@ static sg_status index_copy(sg_ctx *ctx, const sg__node *n) {
     return launch(ctx, fits_32(&a) ? "sg_data_scatter32" : "sg_data_scatter64", numel, args);
 }
 
+/* dst[.., idx[j], ..] += src[.., j, ..], one thread per lane off dim
+ * walking j in order (deterministic; see k_data.cu). */
+static sg_status index_add(sg_ctx *ctx, const sg__node *n) {
+    const sg_tensor *dst = n->out, *idx = n->in[1], *src = n->in[2];
+    int dim = (int)n->i[0], nd = dst->ndim;
+    char what[64];
+    snprintf(what, sizeof what, "dim %d of dst", dim);
+    sg_status s = check_indices(ctx, "index_add", idx, dst->shape[dim], what);
+    int64_t numel = sg__numel(nd, src->shape);
+    if (s != SG_OK || numel == 0) return s;
+    dt_args a;
+    memset(&a, 0, sizeof a);
+    a.dst = sg__data(dst);
+    a.src = sg__data(src);
+    a.idx = sg__data(idx);
+    a.idx_is_i64 = idx->dtype == SG_I64;
+    a.istride[0] = idx->stride[0];
+    a.count = src->shape[dim];
+    a.jstride = src->stride[dim];
+    a.sel_stride = dst->stride[dim];
+    a.limit = dst->shape[dim];
+    a.ndim = nd;
+    for (int d = 0; d < nd; d++) { /* the walk leaves dim out */
+        a.shape[d] = d == dim ? 1 : src->shape[d];
+        a.dstride[d] = d == dim ? 0 : dst->stride[d];
+        a.sstride[d] = d == dim ? 0 : src->stride[d];
+    }
+    a.n = numel / a.count;
+    int dt = (int)dst->dtype;
+    void *args[2] = {&a, &dt};
+    return launch(ctx, "sg_data_index_add", a.n, args);
+}
+
 /* out[i] = start + i * step. */
 static sg_status arange(sg_ctx *ctx, const sg__node *n) {
     const sg_tensor *out = n->out;
@@ -379,6 +412,7 @@ sg_status sg__cuda_data(sg_ctx *ctx, const sg__node *n) {
     case SG__OP_EMBEDDING: return embedding(ctx, n);
     case SG__OP_INDEX_SELECT: return index_select(ctx, n);
     case SG__OP_INDEX_COPY: return index_copy(ctx, n);
+    case SG__OP_INDEX_ADD: return index_add(ctx, n);
     case SG__OP_CONCAT: return concat(ctx, n);
     case SG__OP_ARANGE: return arange(ctx, n);
     case SG__OP_RAND: return rand_draw(ctx, n);

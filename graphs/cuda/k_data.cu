@@ -430,6 +430,59 @@ extern "C" __global__ void sg_data_topk(i64 *out, const void *x, int dt, i64 row
             out[i * k + s] = best;
             prev.key = bk, prev.idx = best;
             first = false;
+/* ------------------------------------------------------------ index_add */
+
+__device__ __forceinline__ float h2f(u32 h) {
+    u32 sign = (h & 0x8000u) << 16, e = (h >> 10) & 31, m = h & 1023, u;
+    if (e == 0) {
+        if (m == 0) return __uint_as_float(sign);
+        e = 113;
+        while (!(m & 1024)) {
+            m <<= 1;
+            e--;
+        }
+        u = sign | (e << 23) | ((m & 1023) << 13);
+    } else if (e == 31) {
+        u = sign | 0x7f800000u | (m << 13);
+    } else {
+        u = sign | ((e + 112) << 23) | (m << 13);
+    }
+    return __uint_as_float(u);
+}
+
+__device__ __forceinline__ float load_f(const void *p, i64 i, int dt) {
+    if (dt == DT_F32) return ((const float *)p)[i];
+    u32 h = ((const u16 *)p)[i];
+    return dt == DT_F16 ? h2f(h) : __uint_as_float(h << 16);
+}
+
+__device__ __forceinline__ void store_f(void *p, i64 i, int dt, float v) {
+    if (dt == DT_F32) ((float *)p)[i] = v;
+    else ((u16 *)p)[i] = (u16)(dt == DT_F16 ? f2h(v) : f2bf(v));
+}
+
+/*
+ * dst[.., idx[j], ..] += src[.., j, ..] (the gradient of embedding and
+ * index_select). One thread per lane (a position off dim; the walk has
+ * shape[dim] 1) walks j in order, so repeated indices add up in one fixed
+ * order: deterministic, with no atomics. count is idx's length, jstride
+ * src's stride along dim, sel_stride dst's.
+ */
+extern "C" __global__ void sg_data_index_add(const dt_args a, int dt) {
+    i64 step = (i64)blockDim.x * gridDim.x;
+    for (i64 e = (i64)blockIdx.x * blockDim.x + threadIdx.x; e < a.n; e += step) {
+        i64 rem = e, doff = 0, soff = 0;
+        for (int d = a.ndim - 1; d >= 0; d--) {
+            i64 size = a.shape[d], c = rem % size;
+            rem /= size;
+            doff += c * a.dstride[d];
+            soff += c * a.sstride[d];
+        }
+        for (i64 j = 0; j < a.count; j++) {
+            i64 v = read_index(a.idx, a.idx_is_i64, j * a.istride[0]);
+            if (v < 0 || v >= a.limit) continue;
+            i64 at = doff + v * a.sel_stride;
+            store_f(a.dst, at, dt, load_f(a.dst, at, dt) + load_f(a.src, soff + j * a.jstride, dt));
         }
     }
 }

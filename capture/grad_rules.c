@@ -1,0 +1,433 @@
+/*
+ * grad_rules.c -- the gradient of every differentiable op and view, written
+ * with the public op front-ends so that eagerly they run and under capture
+ * they are recorded (and fused) like any other op. Each rule gets g, the
+ * gradient of the node's output, and the tensors the node saved, and gives
+ * each wanted input a gradient of the output's (broadcast) shape or of the
+ * input's own; autograd.c sums broadcast dims away, casts to the input's
+ * dtype and drops every intermediate the rule made.
+ */
+#include "autograd.h"
+
+#include <math.h>
+
+bool sg__grad_differentiable(int op) {
+    if (op < 0) return true;
+    switch ((sg__op)op) {
+    case SG__OP_LOGICAL_NOT:
+    case SG__OP_EQ:
+    case SG__OP_NE:
+    case SG__OP_LT:
+    case SG__OP_LE:
+    case SG__OP_GT:
+    case SG__OP_GE:
+    case SG__OP_LOGICAL_AND:
+    case SG__OP_LOGICAL_OR:
+    case SG__OP_FILL:
+    case SG__OP_ARGMAX:
+    case SG__OP_INDEX_COPY:
+    case SG__OP_INDEX_ADD:
+    case SG__OP_ARANGE: return false;
+    default: return op < SG__OP_COUNT;
+    }
+}
+
+bool sg__grad_saves_input(int op, int k) {
+    switch (op) {
+    case SG__OP_ABS:
+    case SG__OP_LOG:
+    case SG__OP_SIN:
+    case SG__OP_COS:
+    case SG__OP_RELU:
+    case SG__OP_GELU:
+    case SG__OP_GELU_TANH:
+    case SG__OP_SILU:
+    case SG__OP_POW_SCALAR:
+    case SG__OP_CLAMP:
+    case SG__OP_MAX:
+    case SG__OP_MIN:
+    case SG__OP_VAR: return k == 0;
+    case SG__OP_MUL:
+    case SG__OP_POW:
+    case SG__OP_MAXIMUM:
+    case SG__OP_MINIMUM:
+    case SG__OP_MATMUL:
+    case SG__OP_CROSS_ENTROPY:
+    case SG__OP_LAYER_NORM:
+    case SG__OP_RMS_NORM:
+    case SG__OP_LINEAR: return k <= 1;
+    case SG__OP_DIV: return k == 1;
+    case SG__OP_WHERE: return k == 0;
+    case SG__OP_EMBEDDING:
+    case SG__OP_INDEX_SELECT: return k == 1;
+    default: return false;
+    }
+}
+
+bool sg__grad_saves_output(int op) {
+    switch (op) {
+    case SG__OP_EXP:
+    case SG__OP_SQRT:
+    case SG__OP_RSQRT:
+    case SG__OP_TANH:
+    case SG__OP_SIGMOID:
+    case SG__OP_DIV:
+    case SG__OP_POW:
+    case SG__OP_MAX:
+    case SG__OP_MIN:
+    case SG__OP_SOFTMAX:
+    case SG__OP_LOG_SOFTMAX: return true;
+    default: return false;
+    }
+}
+
+/* ------------------------------------------------------------ helpers */
+
+/* A 0-d constant of g's dtype. */
+static sg_tensor *cst(const sg__bw *b, double v) {
+    return sg_full(b->ctx, b->g->dtype, 0, NULL, v);
+}
+
+/* A bool mask as 1/0 of g's dtype. */
+static sg_tensor *num(const sg__bw *b, sg_tensor *mask) { return sg_cast(mask, b->g->dtype); }
+
+/* A new handle to t (gradients handed on are always new handles). */
+static sg_tensor *alias(sg_tensor *t) { return sg_reshape(t, t->ndim, t->shape); }
+
+static sg_tensor *zeros_of(const sg__bw *b, const sg__gmeta *m) {
+    return sg_zeros(b->ctx, m->dtype, m->ndim, m->shape);
+}
+
+/* The reduced dims of a reduction node's mask, as a list. */
+static int mask_dims(uint32_t mask, int ndim, int *dims) {
+    int n = 0;
+    for (int d = 0; d < ndim; d++)
+        if (mask & (1u << d)) dims[n++] = d;
+    return n;
+}
+
+/* An op recorded with grad on that has no rule here: sg_grad says so. */
+static sg_status no_rule(const sg__bw *b) {
+    return sg__fail(b->ctx, SG_ERR_UNSUPPORTED,
+                    "sg_grad: %s has no gradient rule yet; run it "
+                    "under sg_set_grad_enabled(ctx, false) and write its gradient with ops",
+                    sg__op_name((sg__op)b->n->op));
+}
+
+/* ------------------------------------------------------------ pointwise */
+
+/* d/dx of the unary op at x (or from out), to be multiplied by g. */
+static sg_tensor *unary_deriv(const sg__bw *b, bool *known) {
+    sg_tensor *x = b->x[0], *y = b->out;
+    switch ((sg__op)b->n->op) {
+    case SG__OP_ABS: return sg_sub(num(b, sg_gt(x, cst(b, 0))), num(b, sg_lt(x, cst(b, 0))));
+    case SG__OP_EXP: return alias(y);
+    case SG__OP_SIN: return sg_cos(x);
+    case SG__OP_COS: return sg_neg(sg_sin(x));
+    case SG__OP_TANH: return sg_add_scalar(sg_neg(sg_mul(y, y)), 1.0);
+    case SG__OP_SIGMOID: return sg_mul(y, sg_add_scalar(sg_neg(y), 1.0));
+    case SG__OP_RSQRT: return sg_mul_scalar(sg_pow_scalar(y, 3.0), -0.5);
+    case SG__OP_GELU: {
+        /* Phi(x) + x phi(x); Phi(x) = gelu(x) / x (1/2 at 0: there is no erf op). */
+        sg_tensor *phi_cdf = sg_where(sg_eq(x, cst(b, 0)), cst(b, 0.5), sg_div(sg_gelu(x), x));
+        sg_tensor *pdf =
+            sg_mul_scalar(sg_exp(sg_mul_scalar(sg_mul(x, x), -0.5)), 0.3989422804014327);
+        return sg_add(phi_cdf, sg_mul(x, pdf));
+    }
+    case SG__OP_GELU_TANH: {
+        const double c = 0.7978845608028654, k = 0.044715;
+        sg_tensor *x2 = sg_mul(x, x);
+        sg_tensor *u = sg_mul_scalar(sg_mul(x, sg_add_scalar(sg_mul_scalar(x2, k), 1.0)), c);
+        sg_tensor *t = sg_tanh(u);
+        sg_tensor *du = sg_mul_scalar(sg_add_scalar(sg_mul_scalar(x2, 3.0 * k), 1.0), c);
+        sg_tensor *left = sg_mul_scalar(sg_add_scalar(t, 1.0), 0.5);
+        sg_tensor *sech2 = sg_add_scalar(sg_neg(sg_mul(t, t)), 1.0);
+        return sg_add(left, sg_mul(sg_mul_scalar(x, 0.5), sg_mul(sech2, du)));
+    }
+    case SG__OP_SILU: {
+        sg_tensor *s = sg_sigmoid(x);
+        return sg_mul(s, sg_add_scalar(sg_mul(x, sg_add_scalar(sg_neg(s), 1.0)), 1.0));
+    }
+    case SG__OP_POW_SCALAR: return sg_mul_scalar(sg_pow_scalar(x, b->n->f[0] - 1.0), b->n->f[0]);
+    default: *known = false; return NULL;
+    }
+}
+
+static sg_status unary(sg__bw *b) {
+    sg_tensor *g = b->g, *x = b->x[0];
+    const sg__gnode *n = b->n;
+    switch ((sg__op)n->op) {
+    case SG__OP_NEG: b->gi[0] = sg_neg(g); break;
+    case SG__OP_LOG: b->gi[0] = sg_div(g, x); break;
+    case SG__OP_SQRT: b->gi[0] = sg_div(sg_mul_scalar(g, 0.5), b->out); break;
+    case SG__OP_RELU: b->gi[0] = sg_where(sg_gt(x, cst(b, 0)), g, cst(b, 0)); break;
+    case SG__OP_CAST:
+    case SG__OP_COPY:
+    case SG__OP_ADD_SCALAR: b->gi[0] = alias(g); break;
+    case SG__OP_MUL_SCALAR: b->gi[0] = sg_mul_scalar(g, n->f[0]); break;
+    case SG__OP_CLAMP: {
+        sg_tensor *in = sg_logical_and(sg_ge(x, cst(b, n->f[0])), sg_le(x, cst(b, n->f[1])));
+        b->gi[0] = sg_where(in, g, cst(b, 0));
+        break;
+    }
+    case SG__OP_POW_SCALAR:
+        if (n->f[0] == 0.0) {
+            b->gi[0] = sg_mul_scalar(g, 0.0);
+            break;
+        }
+        /* fall through */
+    default: {
+        bool known = true;
+        sg_tensor *d = unary_deriv(b, &known);
+        if (!known) return no_rule(b);
+        b->gi[0] = sg_mul(g, d);
+        break;
+    }
+    }
+    return SG_OK;
+}
+
+/* Where a (or b) wins max/min: 1, 1/2 on ties, else 0 (as PyTorch splits ties). */
+static sg_tensor *pick(const sg__bw *b, sg_tensor *wins, sg_tensor *tie) {
+    return sg_add(num(b, wins), sg_mul_scalar(num(b, tie), 0.5));
+}
+
+static sg_status binary(sg__bw *b) {
+    sg_tensor *g = b->g, *x = b->x[0], *y = b->x[1];
+    switch ((sg__op)b->n->op) {
+    case SG__OP_ADD:
+        b->gi[0] = b->want[0] ? alias(g) : NULL;
+        b->gi[1] = b->want[1] ? alias(g) : NULL;
+        break;
+    case SG__OP_SUB:
+        b->gi[0] = b->want[0] ? alias(g) : NULL;
+        b->gi[1] = b->want[1] ? sg_neg(g) : NULL;
+        break;
+    case SG__OP_MUL:
+        b->gi[0] = b->want[0] ? sg_mul(g, y) : NULL;
+        b->gi[1] = b->want[1] ? sg_mul(g, x) : NULL;
+        break;
+    case SG__OP_DIV:
+        b->gi[0] = b->want[0] ? sg_div(g, y) : NULL;
+        b->gi[1] = b->want[1] ? sg_neg(sg_div(sg_mul(g, b->out), y)) : NULL;
+        break;
+    case SG__OP_POW:
+        if (b->want[0]) b->gi[0] = sg_mul(g, sg_mul(y, sg_pow(x, sg_add_scalar(y, -1.0))));
+        if (b->want[1])
+            b->gi[1] =
+                sg_where(sg_eq(x, cst(b, 0)), cst(b, 0), sg_mul(sg_mul(g, b->out), sg_log(x)));
+        break;
+    case SG__OP_MAXIMUM:
+    case SG__OP_MINIMUM: {
+        bool mx = b->n->op == SG__OP_MAXIMUM;
+        sg_tensor *tie = sg_eq(x, y);
+        if (b->want[0]) b->gi[0] = sg_mul(g, pick(b, mx ? sg_gt(x, y) : sg_lt(x, y), tie));
+        if (b->want[1]) b->gi[1] = sg_mul(g, pick(b, mx ? sg_gt(y, x) : sg_lt(y, x), tie));
+        break;
+    }
+    case SG__OP_WHERE:
+        if (b->want[1]) b->gi[1] = sg_where(x, g, cst(b, 0));
+        if (b->want[2]) b->gi[2] = sg_where(x, cst(b, 0), g);
+        break;
+    default: return no_rule(b);
+    }
+    return SG_OK;
+}
+
+/* ------------------------------------------------------------ reductions and rows */
+
+static sg_status reduction(sg__bw *b) {
+    const sg__gnode *n = b->n;
+    const sg__gmeta *m = &n->in[0];
+    sg_tensor *g = b->g, *x = b->x[0];
+    int dims[SG_MAX_DIMS], nd = mask_dims(n->mask, m->ndim, dims);
+    double count =
+        (double)sg__numel(m->ndim, m->shape) / (double)(sg__numel(n->outm.ndim, n->outm.shape)
+                                                            ? sg__numel(n->outm.ndim, n->outm.shape)
+                                                            : 1);
+    switch ((sg__op)n->op) {
+    case SG__OP_SUM: b->gi[0] = sg_expand(g, m->ndim, m->shape); break;
+    case SG__OP_MEAN: b->gi[0] = sg_expand(sg_mul_scalar(g, 1.0 / count), m->ndim, m->shape); break;
+    case SG__OP_MAX:
+    case SG__OP_MIN: { /* shared evenly among the elements equal to the extreme */
+        sg_tensor *hit = num(b, sg_eq(x, b->out));
+        b->gi[0] = sg_mul(hit, sg_div(g, sg_sum(hit, nd, dims, true)));
+        break;
+    }
+    case SG__OP_VAR: {
+        double denom = count - (double)n->i[0];
+        sg_tensor *dev = sg_sub(x, sg_mean(x, nd, dims, true));
+        b->gi[0] = sg_mul(dev, sg_mul_scalar(g, 2.0 / (denom > 0 ? denom : 0.0)));
+        break;
+    }
+    default: return no_rule(b);
+    }
+    return SG_OK;
+}
+
+static sg_status norm(sg__bw *b) {
+    const sg__gnode *n = b->n;
+    sg_tensor *g = b->g, *x = b->x[0], *w = b->x[1];
+    int last = -1;
+    double eps = n->f[0];
+    sg_tensor *gxh = w ? sg_mul(g, w) : g;
+    if (n->op == SG__OP_LAYER_NORM) {
+        sg_tensor *mu = sg_mean(x, 1, &last, true);
+        sg_tensor *rstd = sg_rsqrt(sg_add_scalar(sg_var(x, 1, &last, 0, true), eps));
+        sg_tensor *xh = sg_mul(sg_sub(x, mu), rstd);
+        if (b->want[0]) {
+            sg_tensor *c = sg_sub(gxh, sg_mean(gxh, 1, &last, true));
+            sg_tensor *p = sg_mul(xh, sg_mean(sg_mul(gxh, xh), 1, &last, true));
+            b->gi[0] = sg_mul(rstd, sg_sub(c, p));
+        }
+        if (b->want[1]) b->gi[1] = sg_mul(g, xh);
+        if (b->want[2]) b->gi[2] = alias(g);
+        return SG_OK;
+    }
+    sg_tensor *r = sg_rsqrt(sg_add_scalar(sg_mean(sg_mul(x, x), 1, &last, true), eps));
+    if (b->want[0]) {
+        sg_tensor *p = sg_mul(sg_mul(x, sg_mul(r, r)), sg_mean(sg_mul(gxh, x), 1, &last, true));
+        b->gi[0] = sg_mul(r, sg_sub(gxh, p));
+    }
+    if (b->want[1]) b->gi[1] = sg_mul(g, sg_mul(x, r));
+    return SG_OK;
+}
+
+static sg_status rows(sg__bw *b) {
+    const sg__gnode *n = b->n;
+    sg_tensor *g = b->g, *y = b->out;
+    int dim = (int)n->i[0];
+    switch ((sg__op)n->op) {
+    case SG__OP_SOFTMAX:
+        b->gi[0] = sg_mul(y, sg_sub(g, sg_sum(sg_mul(g, y), 1, &dim, true)));
+        return SG_OK;
+    case SG__OP_LOG_SOFTMAX:
+        b->gi[0] = sg_sub(g, sg_mul(sg_exp(y), sg_sum(g, 1, &dim, true)));
+        return SG_OK;
+    case SG__OP_LAYER_NORM:
+    case SG__OP_RMS_NORM: return norm(b);
+    case SG__OP_CROSS_ENTROPY: {
+        /* (softmax(logits) - onehot(targets)) * g / N, the one-hot from an
+         * arange compared with the targets. */
+        sg_tensor *logits = b->x[0], *t = b->x[1];
+        int64_t N = logits->shape[0], C = logits->shape[1], col[2] = {N, 1};
+        sg_tensor *hot = sg_eq(sg_reshape(t, 2, col), sg_arange(b->ctx, t->dtype, 0, (double)C, 1));
+        sg_tensor *scale = sg_mul_scalar(sg_cast(g, logits->dtype), N ? 1.0 / (double)N : 0.0);
+        sg_tensor *p = sg_softmax(logits, 1);
+        b->gi[0] = sg_mul(sg_sub(p, sg_cast(hot, logits->dtype)), scale);
+        return SG_OK;
+    }
+    default: return no_rule(b);
+    }
+}
+
+/* ------------------------------------------------------------ matmul and data */
+
+static sg_status matmul(sg__bw *b) {
+    sg_tensor *g = b->g, *x = b->x[0], *w = b->x[1];
+    if (b->n->op == SG__OP_LINEAR) {
+        int64_t N = w->shape[0], K = w->shape[1], gs[2] = {-1, N}, xs[2] = {-1, K};
+        if (b->want[0]) b->gi[0] = sg_matmul(g, w);
+        if (b->want[1])
+            b->gi[1] = sg_matmul(sg_transpose(sg_reshape(g, 2, gs), 0, 1), sg_reshape(x, 2, xs));
+        if (b->want[2]) b->gi[2] = alias(g);
+        return SG_OK;
+    }
+    /* A 1-d a is a row (1, K), a 1-d b a column (K, 1); g gets those dims back. */
+    sg_tensor *A = x->ndim == 1 ? sg_unsqueeze(x, 0) : x;
+    sg_tensor *B = w->ndim == 1 ? sg_unsqueeze(w, 1) : w;
+    sg_tensor *G = g;
+    if (x->ndim == 1) G = sg_unsqueeze(G, w->ndim == 1 ? 0 : -2);
+    if (w->ndim == 1) G = sg_unsqueeze(G, -1);
+    if (b->want[0]) {
+        sg_tensor *ga = sg_matmul(G, sg_transpose(B, -1, -2));
+        b->gi[0] = x->ndim == 1 ? sg_squeeze(ga, -2) : ga;
+    }
+    if (b->want[1]) {
+        sg_tensor *gb = sg_matmul(sg_transpose(A, -1, -2), G);
+        b->gi[1] = w->ndim == 1 ? sg_squeeze(gb, -1) : gb;
+    }
+    return SG_OK;
+}
+
+static sg_status data(sg__bw *b) {
+    const sg__gnode *n = b->n;
+    sg_tensor *g = b->g;
+    switch ((sg__op)n->op) {
+    case SG__OP_EMBEDDING: {
+        const sg__gmeta *m = &n->in[0];
+        int64_t flat[1] = {-1}, rows2[2] = {-1, m->shape[1]};
+        sg_tensor *z = zeros_of(b, m);
+        sg_status s = sg__index_add_(z, 0, sg_reshape(b->x[1], 1, flat), sg_reshape(g, 2, rows2));
+        b->gi[0] = z;
+        return z ? s : b->ctx->status;
+    }
+    case SG__OP_INDEX_SELECT: {
+        sg_tensor *z = zeros_of(b, &n->in[0]);
+        sg_status s = sg__index_add_(z, (int)n->i[0], b->x[1], g);
+        b->gi[0] = z;
+        return z ? s : b->ctx->status;
+    }
+    case SG__OP_CONCAT: {
+        int dim = (int)n->i[0];
+        int64_t start = 0;
+        for (int k = 0; k < n->nin; k++) {
+            int64_t len = n->in[k].shape[dim];
+            if (b->want[k]) b->gi[k] = sg_narrow(g, dim, start, len);
+            start += len;
+        }
+        return SG_OK;
+    }
+    default: return no_rule(b);
+    }
+}
+
+static sg_status view(sg__bw *b) {
+    const sg__gnode *n = b->n;
+    const sg__gmeta *m = &n->in[0];
+    sg_tensor *g = b->g;
+    switch (n->view) {
+    case SG__VIEW_RESHAPE:
+    case SG__VIEW_EXPAND: b->gi[0] = alias(g); break; /* the caller reshapes / sums */
+    case SG__VIEW_PERMUTE: {
+        int inv[SG_MAX_DIMS];
+        for (int d = 0; d < m->ndim; d++) inv[n->info[d]] = d;
+        b->gi[0] = sg_permute(g, inv);
+        break;
+    }
+    case SG__VIEW_SLICE: {
+        int dim = (int)n->info[0];
+        int64_t start = n->info[1], step = n->info[2], len = n->outm.shape[dim];
+        sg_tensor *z = zeros_of(b, m);
+        sg_tensor *part = sg_slice(z, dim, start, len ? start + (len - 1) * step + 1 : start, step);
+        sg_status s = part ? sg_copy_(part, g) : b->ctx->status;
+        b->gi[0] = z;
+        return z ? s : b->ctx->status;
+    }
+    }
+    return SG_OK;
+}
+
+sg_status sg__grad_rule(sg__bw *b) {
+    int op = b->n->op;
+    sg_status s;
+    if (op == SG__GK_VIEW)
+        s = view(b);
+    else if (op <= SG__OP_CLAMP)
+        s = unary(b);
+    else if (op <= SG__OP_WHERE)
+        s = binary(b);
+    else if (op <= SG__OP_VAR)
+        s = reduction(b);
+    else if (op <= SG__OP_CROSS_ENTROPY)
+        s = rows(b);
+    else if (op <= SG__OP_LINEAR)
+        s = matmul(b);
+    else
+        s = data(b);
+    if (s != SG_OK) return s;
+    for (int k = 0; k < b->n->nin; k++)
+        if (b->want[k] && !b->gi[k])
+            return b->ctx->status != SG_OK ? b->ctx->status : SG_ERR_INTERNAL;
+    return SG_OK;
+}
