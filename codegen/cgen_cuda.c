@@ -301,7 +301,30 @@ typedef struct gen {
     int vec_slot[64];
     int64_t vec_off[64];
     sg_dtype vec_dt[64];
+    /* The kernel being emitted names IR slot s as s<loc[s]>: its own local
+     * numbers in first-use order (locals[] maps them back), or, when
+     * `global`, the IR's numbers. */
+    int *loc;
+    int locals[SG__CUDA_MAX_LOCAL];
+    int nloc;
+    bool global, overflow;
 } gen;
+
+/* The number under which the kernel being emitted names IR slot s (taken
+ * on first use; past SG__CUDA_MAX_LOCAL the kernel is emitted again with
+ * the IR's numbers). */
+static int lslot(gen *g, int s) {
+    if (g->global) return g->loc[s] = s;
+    if (g->loc[s] < 0) {
+        if (g->nloc == SG__CUDA_MAX_LOCAL) {
+            g->overflow = true;
+            return 0;
+        }
+        g->locals[g->nloc] = s;
+        g->loc[s] = g->nloc++;
+    }
+    return g->loc[s];
+}
 
 static const sg__ref *ref_of(const gen *g, int r) { return &g->ir->refs[g->f->alias[r]]; }
 
@@ -384,7 +407,8 @@ static void emit_body(gen *g, const sg__group *grp, int from, int nd, const int6
                 snprintf(lv, sizeof lv, "l%d.e[j]", vec_index(g, a));
             } else {
                 offset_expr(a, nd, shape, m, off, sizeof off);
-                snprintf(lv, sizeof lv, "((const %s *)s%d)[%s]", ctype(a->dtype), a->slot, off);
+                snprintf(lv, sizeof lv, "((const %s *)s%d)[%s]", ctype(a->dtype), lslot(g, a->slot),
+                         off);
             }
             widen(a->dtype, lv, ld, sizeof ld);
             /* Loads go through a named temporary: some ops use an argument twice. */
@@ -410,7 +434,7 @@ static void emit_body(gen *g, const sg__group *grp, int from, int nd, const int6
                 snprintf(lv, sizeof lv, "o%d.e[j]", k);
             } else {
                 offset_expr(o, nd, shape, m, off, sizeof off);
-                snprintf(lv, sizeof lv, "((%s *)s%d)[%s]", ctype(o->dtype), o->slot, off);
+                snprintf(lv, sizeof lv, "((%s *)s%d)[%s]", ctype(o->dtype), lslot(g, o->slot), off);
             }
             narrow_store(o->dtype, lv, v, st, sizeof st);
             sg__emit_line(g->e, "%s", st);
@@ -545,8 +569,13 @@ static void emit_loop(gen *g, const sg__group *grp, int from, int w, const bool 
     if (w > 1) {
         char cond[1024];
         size_t k = (size_t)snprintf(cond, sizeof cond, "(((sg_u64)0");
-        for (int s = 0; s < g->ir->nslots && k < sizeof cond; s++)
-            if (aligned[s]) k += (size_t)snprintf(cond + k, sizeof cond - k, " | (sg_u64)s%d", s);
+        /* In the kernel's own numbering order, so that equal kernels print equal text. */
+        int n = g->global ? g->ir->nslots : g->nloc;
+        for (int i = 0; i < n && k < sizeof cond; i++) {
+            int s = g->global ? i : g->locals[i];
+            if (aligned[s])
+                k += (size_t)snprintf(cond + k, sizeof cond - k, " | (sg_u64)s%d", lslot(g, s));
+        }
         snprintf(cond + k, sizeof cond - k, ") & 15) == 0");
         sg__emit_open(g->e, "if (%s)", cond);
         sg__emit_open(g->e, "for (sg_i64 q = tid; q < %lld; q += step)", (long long)(numel / w));
@@ -562,7 +591,7 @@ static void emit_loop(gen *g, const sg__group *grp, int from, int w, const bool 
             sg__emit_line(g->e, "union { %s v; %s e[%d]; } l%d;", vtype(bytes), ctype(g->vec_dt[v]),
                           w, v);
             sg__emit_line(g->e, "l%d.v = ((const %s *)(s%d + %lld))[q];", v, vtype(bytes),
-                          g->vec_slot[v], (long long)(g->vec_off[v] * (int64_t)es));
+                          lslot(g, g->vec_slot[v]), (long long)(g->vec_off[v] * (int64_t)es));
         }
         for (int k = from; k < grp->n; k++) {
             const sg__ref *o = ref_of(g, g->ir->nodes[grp->g[k].node].out);
@@ -581,7 +610,7 @@ static void emit_loop(gen *g, const sg__group *grp, int from, int w, const bool 
             const sg__ref *o = ref_of(g, g->ir->nodes[grp->g[k].node].out);
             if (!grp->g[k].store || is_scalar(o)) continue;
             size_t bytes = (size_t)w * sg_dtype_size(o->dtype);
-            sg__emit_line(g->e, "((%s *)(s%d + %lld))[q] = o%d.v;", vtype(bytes), o->slot,
+            sg__emit_line(g->e, "((%s *)(s%d + %lld))[q] = o%d.v;", vtype(bytes), lslot(g, o->slot),
                           (long long)(o->offset * (int64_t)sg_dtype_size(o->dtype)), k);
         }
         sg__emit_close(g->e);
@@ -669,7 +698,7 @@ static void emit_gemv_tail(gen *g, const sg__group *grp, const gemv *p, int r) {
     sg__emit_line(g->e, "const sg_i64 i = %lld + n;", (long long)(r * p->n));
     if (p->b) {
         snprintf(lv, sizeof lv, "((const %s *)s%d)[%lld + n * %lld]", ctype(p->b->dtype),
-                 p->b->slot, (long long)p->b->offset, (long long)p->b->stride[0]);
+                 lslot(g, p->b->slot), (long long)p->b->offset, (long long)p->b->stride[0]);
         widen(p->b->dtype, lv, ld, sizeof ld);
         snprintf(e, sizeof e, "(%s + acc%d)", ld, r);
     } else {
@@ -678,7 +707,7 @@ static void emit_gemv_tail(gen *g, const sg__group *grp, const gemv *p, int r) {
     round_trip(e, true, p->o->dtype, rt, sizeof rt);
     sg__emit_line(g->e, "const float v%d = %s; /* %s */", a, rt,
                   sg__op_name(g->ir->nodes[grp->g[a].node].op));
-    snprintf(lv, sizeof lv, "((%s *)s%d)[%lld + i]", ctype(p->o->dtype), p->o->slot,
+    snprintf(lv, sizeof lv, "((%s *)s%d)[%lld + i]", ctype(p->o->dtype), lslot(g, p->o->slot),
              (long long)p->o->offset);
     char v[16];
     snprintf(v, sizeof v, "v%d", a);
@@ -709,7 +738,7 @@ static unsigned emit_gemv(gen *g, const sg__group *grp, const gemv *p) {
     int es = (int)sg_dtype_size(p->x->dtype), v = 16 / es;
     g->anchor_reg = true;
     for (int r = 0; r < p->rows; r++)
-        sg__emit_line(g->e, "const %s *x%d = (const %s *)s%d + %lld;", t, r, t, p->x->slot,
+        sg__emit_line(g->e, "const %s *x%d = (const %s *)s%d + %lld;", t, r, t, lslot(g, p->x->slot),
                       (long long)p->xoff[r]);
     unsigned grid;
     if (p->along_k) {
@@ -720,7 +749,8 @@ static unsigned emit_gemv(gen *g, const sg__group *grp, const gemv *p) {
             g->e, "const sg_i64 n = (sg_i64)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);");
         sg__emit_line(g->e, "if (n >= %lld) return;", (long long)p->n);
         for (int r = 0; r < p->rows; r++) sg__emit_line(g->e, "float acc%d = 0.0f;", r);
-        sg__emit_line(g->e, "const %s *wr = (const %s *)s%d + (%lld + n * %lld);", t, t, p->w->slot,
+        sg__emit_line(g->e, "const %s *wr = (const %s *)s%d + (%lld + n * %lld);", t, t,
+                      lslot(g, p->w->slot),
                       (long long)p->woff, (long long)p->sn);
         /* A weight nothing in the step writes may be loaded before the
          * previous kernel has finished: the first loads of each lane go to
@@ -808,7 +838,8 @@ static unsigned emit_gemv(gen *g, const sg__group *grp, const gemv *p) {
         sg__emit_line(g->e, "const sg_i64 n = (sg_i64)blockIdx.x * 32 + c;");
         for (int r = 0; r < p->rows; r++) sg__emit_line(g->e, "float acc%d = 0.0f;", r);
         sg__emit_open(g->e, "if (n < %lld)", (long long)p->n);
-        sg__emit_line(g->e, "const %s *wc = (const %s *)s%d + (%lld + n);", t, t, p->w->slot,
+        sg__emit_line(g->e, "const %s *wc = (const %s *)s%d + (%lld + n);", t, t,
+                      lslot(g, p->w->slot),
                       (long long)p->woff);
         sg__emit_open(g->e, "for (sg_i64 k = ks; k < %lld; k += %d)", (long long)p->k, slices);
         snprintf(lv, sizeof lv, "wc[k * %lld]", (long long)p->sk);
@@ -833,20 +864,15 @@ static unsigned emit_gemv(gen *g, const sg__group *grp, const gemv *p) {
 
 /* ------------------------------------------------------------ kernels */
 
-static uint32_t fnv1a(const char *s, size_t n) {
-    uint32_t h = 2166136261u;
-    for (size_t i = 0; i < n; i++) h = (h ^ (uint8_t)s[i]) * 16777619u;
-    return h;
-}
-
-/* Mark the slots a group's generated code reads or writes in memory. */
-static void used_slots(const gen *g, const sg__group *grp, int from, bool *used) {
+/* Number the slots a group's generated code reads or writes in memory, in
+ * the order it touches them. */
+static void used_slots(gen *g, const sg__group *grp, int from) {
     for (int k = from; k < grp->n; k++) {
         const sg__irnode *n = &g->ir->nodes[grp->g[k].node];
-        if (grp->g[k].store) used[ref_of(g, n->out)->slot] = true;
+        if (grp->g[k].store) lslot(g, ref_of(g, n->out)->slot);
         for (int j = 0; j < n->nin; j++) {
             const sg__ref *a = arg_of(g, n, j);
-            if (a && reg_src(g, grp, k, j) < 0) used[a->slot] = true;
+            if (a && reg_src(g, grp, k, j) < 0) lslot(g, a->slot);
         }
     }
 }
@@ -879,44 +905,39 @@ static void kernel_comment(gen *g, const sg__group *grp, int k, const sg__cuda_k
     sg__emit_line(g->e, " */");
 }
 
-/* Group k's kernel into g->e (and its launch into ki), or nothing. */
-static void emit_kernel(gen *g, const sg__group *grp, int k, sg__cuda_kinfo *ki) {
-    memset(ki, 0, sizeof *ki);
-    if (grp->kind == SG__G_OPAQUE) return;
+/*
+ * Group grp's kernel body into g->e, its slots numbered through lslot, and
+ * its launch into ki; false when the group has no kernel. *what describes
+ * the kernel, *gemv says it is a GEMV (which waits for the kernel before it
+ * on its own).
+ */
+static bool emit_group(gen *g, const sg__group *grp, sg__cuda_kinfo *ki, bool *aligned,
+                       const char **what, bool *gemv_out) {
     gemv p;
     bool is_gemv = gemv_plan(g, grp, &p);
     int from = grp->anchor >= 0 ? grp->anchor + 1 : 0;
+    *gemv_out = is_gemv;
     if (!is_gemv && grp->kind != SG__G_MULTI &&
         (from >= grp->n || numel_of(grp->ndim, grp->shape) == 0))
-        return;
+        return false;
     int nslots = g->ir->nslots ? g->ir->nslots : 1;
-    bool *used = sg__calloc(g->e->ctx, sizeof(bool) * (size_t)nslots * 2);
-    if (!used) {
-        g->e->oom = true;
-        return;
-    }
-    bool *aligned = used + nslots;
-    sg__emit body = {.ctx = g->e->ctx, .depth = 1};
-    sg__emit *outer = g->e;
-    g->e = &body;
-    const char *what;
     if (is_gemv) {
         g->anchor_reg = true;
-        used_slots(g, grp, 0, used);
-        used[p.o->slot] = true;
+        used_slots(g, grp, 0);
+        lslot(g, p.o->slot);
         ki->grid = emit_gemv(g, grp, &p);
         ki->iters = p.n;
         for (int t = 0; t < SG__CUDA_NTUNE && p.along_k; t++) /* warps per block vary */
             ki->tune_grid[t] = (unsigned)((p.n + (128 << t) / 32 - 1) / ((128 << t) / 32));
         ki->replaces_call = true;
-        what = p.along_k ? "GEMV, a warp per output column, then the epilogue"
-                         : "GEMV, a thread per output column, then the epilogue";
+        *what = p.along_k ? "GEMV, a warp per output column, then the epilogue"
+                          : "GEMV, a thread per output column, then the epilogue";
     } else if (grp->kind == SG__G_MULTI) {
         int64_t start = 0;
         for (int m = 0; m < grp->nmembers; m++) {
             const sg__group *part = &g->f->parts[grp->members[m]];
             if (numel_of(part->ndim, part->shape) == 0) continue;
-            used_slots(g, part, 0, used);
+            used_slots(g, part, 0);
             memset(aligned, 0, sizeof(bool) * (size_t)nslots);
             int w = vec_width(g, part, 0, aligned);
             unsigned nb = loop_blocks(part, w, BLOCK, MEMBER_CAP);
@@ -934,20 +955,30 @@ static void emit_kernel(gen *g, const sg__group *grp, int k, sg__cuda_kinfo *ki)
         /* Members own fixed ranges of blocks and stride over their loops:
          * any block size covers them with the same grid. */
         for (int t = 0; t < SG__CUDA_NTUNE; t++) ki->tune_grid[t] = ki->grid;
-        what = "independent loops, each over its own range of blocks";
+        *what = "independent loops, each over its own range of blocks";
     } else {
-        used_slots(g, grp, from, used);
+        used_slots(g, grp, from);
         int w = vec_width(g, grp, from, aligned);
         ki->grid = loop_blocks(grp, w, BLOCK, GRID_CAP);
         for (int t = 0; t < SG__CUDA_NTUNE; t++)
             ki->tune_grid[t] = loop_blocks(grp, w, 128 << t, GRID_CAP);
         ki->iters = numel_of(grp->ndim, grp->shape);
         emit_loop(g, grp, from, w, aligned, "blockIdx.x", "gridDim.x");
-        what = grp->kind == SG__G_POINTWISE ? "pointwise" : "epilogue after a library call";
+        *what = grp->kind == SG__G_POINTWISE ? "pointwise" : "epilogue after a library call";
     }
-    g->e = outer;
+    g->anchor_reg = false;
     ki->block = BLOCK;
-    char ops[96], sh[64] = "";
+    return true;
+}
+
+/* The threads a kernel is compiled for: any block size max-autotune tries. */
+static int launch_bound(const sg__cuda_kinfo *ki) { return ki->tune_grid[0] ? MAX_BLOCK : BLOCK; }
+
+/* The kernel's name: its ops, dtype and shape, and 48 bits of the SHA-256
+ * of its text (head: everything before the body). */
+static void kernel_name(const gen *g, const sg__group *grp, const sg__emit *head,
+                        const sg__emit *body, sg__cuda_kinfo *ki) {
+    char ops[96], sh[64] = "", hex[65];
     sg__group_name(g->ir, grp, ops, sizeof ops);
     if (strlen(ops) > 48) ops[48] = '\0';
     size_t q = 0;
@@ -956,22 +987,93 @@ static void emit_kernel(gen *g, const sg__group *grp, int k, sg__cuda_kinfo *ki)
             (size_t)snprintf(sh + q, sizeof sh - q, d ? "x%lld" : "%lld", (long long)grp->shape[d]);
     const sg__group *tail = grp->kind == SG__G_MULTI ? &g->f->parts[grp->members[0]] : grp;
     sg_dtype dt = g->ir->refs[g->ir->nodes[tail->g[tail->n - 1].node].out].dtype;
-    snprintf(ki->name, sizeof ki->name, "sg_k%d_%.48s_%s_%.24s_%06x", k, ops, sg_dtype_name(dt),
-             sh[0] ? sh : "1", body.buf ? fnv1a(body.buf, body.len) & 0xffffff : 0);
-    kernel_comment(g, grp, k, ki, what);
-    sg__emit_line(g->e,
-                  "extern \"C\" __global__ void __launch_bounds__(%d) %s(char *const *slot) {",
-                  ki->tune_grid[0] ? MAX_BLOCK : BLOCK, ki->name);
-    for (int s = 0; s < g->ir->nslots; s++)
-        if (used[s]) sg__emit_line(g->e, "    char *const s%d = slot[%d];", s, s);
-    sg__emit_line(g->e, "    sg_pdl_launch();");
-    if (!is_gemv) sg__emit_line(g->e, "    sg_pdl_wait();");
-    if (body.buf) sg__emit_raw(g->e, "%s", body.buf);
-    if (body.oom) g->e->oom = true;
-    sg__emit_line(g->e, "}");
-    sg__emit_line(g->e, "%s", "");
+    sg__sha256_ctx c;
+    uint8_t d[32];
+    char lb[32];
+    int nlb = snprintf(lb, sizeof lb, "__launch_bounds__(%d)\n", launch_bound(ki));
+    sg__sha256_init(&c);
+    sg__sha256_update(&c, lb, (size_t)nlb);
+    if (head->buf) sg__sha256_update(&c, head->buf, head->len);
+    if (body->buf) sg__sha256_update(&c, body->buf, body->len);
+    sg__sha256_final(&c, d);
+    sg__sha256_hex(d, hex);
+    snprintf(ki->name, sizeof ki->name, "sg_%.48s_%s_%.24s_%.12s", ops, sg_dtype_name(dt),
+             sh[0] ? sh : "1", hex);
+}
+
+/* Forget the slot numbers of the last kernel; the next is numbered
+ * globally or locally. */
+static void reset_slots(gen *g, bool global) {
+    for (int s = 0; s < g->ir->nslots; s++) g->loc[s] = -1;
+    g->nloc = 0;
+    g->global = global;
+    g->overflow = false;
+}
+
+/* The opening of a kernel after its signature: the slot bases and the
+ * dependent-launch calls. */
+static void kernel_head(gen *g, bool is_gemv, sg__emit *head) {
+    int n = g->global ? g->ir->nslots : g->nloc;
+    for (int i = 0; i < n; i++)
+        if (!g->global || g->loc[i] >= 0) sg__emit_line(head, "    char *const s%d = slot[%d];", i, i);
+    sg__emit_line(head, "    sg_pdl_launch();");
+    if (!is_gemv) sg__emit_line(head, "    sg_pdl_wait();");
+}
+
+/* Group k's kernel into g->e (and its launch into kinfo[k]), or nothing; a
+ * kernel whose text an earlier group's has is named, not emitted again. */
+static void emit_kernel(gen *g, const sg__group *grp, int k, sg__cuda_kinfo *kinfo) {
+    sg__cuda_kinfo *ki = &kinfo[k];
+    memset(ki, 0, sizeof *ki);
+    if (grp->kind == SG__G_OPAQUE) return;
+    int nslots = g->ir->nslots ? g->ir->nslots : 1;
+    bool *aligned = sg__calloc(g->e->ctx, sizeof(bool) * (size_t)nslots);
+    if (!aligned) {
+        g->e->oom = true;
+        return;
+    }
+    sg__emit body = {.ctx = g->e->ctx}, head = {.ctx = g->e->ctx};
+    sg__emit *outer = g->e;
+    const char *what = "";
+    bool is_gemv = false, has = false;
+    for (int global = 0; global < 2; global++) { /* the global numbering when too many slots */
+        reset_slots(g, global);
+        memset(ki, 0, sizeof *ki);
+        memset(aligned, 0, sizeof(bool) * (size_t)nslots);
+        sg__emit_free(&body);
+        body = (sg__emit){.ctx = outer->ctx, .depth = 1};
+        g->e = &body;
+        has = emit_group(g, grp, ki, aligned, &what, &is_gemv);
+        g->e = outer;
+        if (!g->overflow) break;
+    }
+    if (has) {
+        kernel_head(g, is_gemv, &head);
+        kernel_name(g, grp, &head, &body, ki);
+        ki->nlocal = g->global ? -1 : g->nloc;
+        memcpy(ki->local, g->locals, sizeof(int) * (size_t)(g->global ? 0 : g->nloc));
+        const sg__cuda_kinfo *same = NULL;
+        for (int j = 0; j < k && !same; j++)
+            if (kinfo[j].emitted && strcmp(kinfo[j].name, ki->name) == 0) same = &kinfo[j];
+        ki->emitted = same == NULL;
+        if (same) {
+            sg__emit_line(g->e, "/* kernel %d (IR lines %d..%d): %s, as above */", k, grp->first,
+                          grp->last, ki->name);
+        } else {
+            kernel_comment(g, grp, k, ki, what);
+            sg__emit_line(g->e,
+                          "extern \"C\" __global__ void __launch_bounds__(%d) %s(char *const *slot) {",
+                          launch_bound(ki), ki->name);
+            if (head.buf) sg__emit_raw(g->e, "%s", head.buf);
+            if (body.buf) sg__emit_raw(g->e, "%s", body.buf);
+            sg__emit_line(g->e, "}");
+        }
+        sg__emit_line(g->e, "%s", "");
+    }
+    if (body.oom || head.oom) g->e->oom = true;
+    sg__emit_free(&head);
     sg__emit_free(&body);
-    sg__free(g->e->ctx, used, sizeof(bool) * (size_t)nslots * 2);
+    sg__free(g->e->ctx, aligned, sizeof(bool) * (size_t)nslots);
 }
 
 /* ------------------------------------------------------------ the unit */
@@ -986,14 +1088,17 @@ void sg__cgen_cuda_fuse_opts(sg__fuse_opts *o, bool disable) {
 sg_status sg__cgen_cuda(sg_ctx *ctx, const sg__ir *ir, const sg__fused *f, const char *title,
                         sg__emit *e, sg__cuda_kinfo *kinfo, int *nkernels) {
     gen g = {.ir = ir, .f = f, .e = e};
+    g.loc = sg__calloc(ctx, sizeof(int) * (size_t)(ir->nslots ? ir->nslots : 1));
+    if (!g.loc) return sg__fail(ctx, SG_ERR_OOM, "codegen: out of host memory for the CUDA source");
     sg__emit_line(e, "/* stepgraph: %s -- %d groups for %d IR ops (generated; CUDA C for NVRTC) */",
                   title, f->ngroups, ir->nnodes);
     sg__emit_raw(e, "%s\n", preamble);
     int nk = 0;
     for (int k = 0; k < f->ngroups; k++) {
-        emit_kernel(&g, &f->groups[k], k, &kinfo[k]);
+        emit_kernel(&g, &f->groups[k], k, kinfo);
         nk += kinfo[k].name[0] != '\0';
     }
+    sg__free(ctx, g.loc, sizeof(int) * (size_t)(ir->nslots ? ir->nslots : 1));
     if (e->oom) return sg__fail(ctx, SG_ERR_OOM, "codegen: out of host memory for the CUDA source");
     *nkernels = nk;
     return SG_OK;

@@ -7,9 +7,12 @@
  * computes the anchor itself (the GEMV of a small matmul). Anchors it does
  * not compute (reductions, rows, large matmuls) and opaque nodes run the
  * eager kernel families, then the group's kernel runs its epilogue. Every
- * generated kernel reads its tensors through a slot table in device memory
- * (one per output set), so a replay needs no per-kernel arguments beyond
- * that table.
+ * generated kernel reads its tensors through a table of base addresses in
+ * device memory: its own (the addresses of the slots it uses, in its local
+ * numbering, so that one kernel serves every layer), or the capture-wide
+ * one (slot s at entry s) for kernels with too many slots. One device array
+ * per output set holds the capture-wide table followed by every launch's
+ * own, so a replay needs no per-kernel argument beyond a pointer into it.
  *
  * REDUCE_OVERHEAD and MAX_AUTOTUNE replay a CUDA graph per output set: the
  * first replay of a set runs the kernels directly (it sizes scratch
@@ -36,7 +39,7 @@
 #include <unistd.h>
 
 typedef struct set_state {
-    CUdeviceptr table; /* nslots device pointers */
+    CUdeviceptr table; /* ntable device pointers */
     char **addrs;      /* the addresses the table and graph hold */
     CUgraphExec exec;
     int runs; /* replays into this set so far */
@@ -47,6 +50,8 @@ typedef struct cu_graph {
     CUfunction *kfn;       /* per group, NULL without a generated kernel */
     sg__cuda_kinfo *kinfo; /* per group: kernel name, launch, whether it replaces the call */
     int ngroups, nslots;
+    int ntable;   /* entries of a set's table: nslots, then the launches' own */
+    int *argoff;  /* per group: the entry its kernel's table starts at */
     set_state *sets;
     int nsets;
     bool use_graph, said;
@@ -68,12 +73,13 @@ static void release(sg_ctx *ctx, sg__graph *g) {
     for (int s = 0; s < cg->nsets; s++) {
         if (cg->sets[s].exec) cu->cuGraphExecDestroy(cg->sets[s].exec);
         if (cg->sets[s].table) cu->cuMemFree_v2(cg->sets[s].table);
-        sg__free(ctx, cg->sets[s].addrs, sizeof(char *) * (size_t)(cg->nslots ? cg->nslots : 1));
+        sg__free(ctx, cg->sets[s].addrs, sizeof(char *) * (size_t)(cg->ntable ? cg->ntable : 1));
     }
     sg__free(ctx, cg->sets, sizeof *cg->sets * (size_t)(cg->nsets ? cg->nsets : 1));
     if (cg->mod) cu->cuModuleUnload(cg->mod);
     sg__free(ctx, cg->kfn, sizeof *cg->kfn * (size_t)(cg->ngroups ? cg->ngroups : 1));
     sg__free(ctx, cg->kinfo, sizeof *cg->kinfo * (size_t)(cg->ngroups ? cg->ngroups : 1));
+    sg__free(ctx, cg->argoff, sizeof *cg->argoff * (size_t)(cg->ngroups ? cg->ngroups : 1));
     sg__free(ctx, cg, sizeof *cg);
     g->dev = NULL;
 }
@@ -147,7 +153,9 @@ static sg_status compile(sg_fn *fn, sg__graph *g) {
     cg->nslots = g->ir.nslots;
     cg->kfn = sg__calloc(ctx, sizeof *cg->kfn * (size_t)(cg->ngroups ? cg->ngroups : 1));
     cg->kinfo = sg__calloc(ctx, sizeof *cg->kinfo * (size_t)(cg->ngroups ? cg->ngroups : 1));
-    if (!cg->kfn || !cg->kinfo) return sg__fail(ctx, SG_ERR_OOM, "cuda: out of host memory");
+    cg->argoff = sg__calloc(ctx, sizeof *cg->argoff * (size_t)(cg->ngroups ? cg->ngroups : 1));
+    if (!cg->kfn || !cg->kinfo || !cg->argoff)
+        return sg__fail(ctx, SG_ERR_OOM, "cuda: out of host memory");
     sg__emit e = {.ctx = ctx};
     int nk = 0;
     sg_status s = sg__cgen_cuda(ctx, &g->ir, &g->fused, g->module, &e, cg->kinfo, &nk);
@@ -157,6 +165,13 @@ static sg_status compile(sg_fn *fn, sg__graph *g) {
         s = sg__nvrtc_build(ctx, g->module, e.buf, sg__cuda_arch(ctx), &cubin, &size);
     if (s == SG_OK && nk > 0) tune_path(ctx, g->module, e.buf, cg);
     sg__emit_free(&e);
+    /* Each launch's own table follows the capture-wide one. */
+    cg->ntable = cg->nslots;
+    for (int k = 0; k < cg->ngroups; k++) {
+        bool own = cg->kinfo[k].name[0] && cg->kinfo[k].nlocal >= 0;
+        cg->argoff[k] = own ? cg->ntable : 0;
+        cg->ntable += own ? cg->kinfo[k].nlocal : 0;
+    }
     if (s == SG_OK && nk > 0) {
         CUresult r = cu->cuModuleLoadData(&cg->mod, cubin);
         if (r != CUDA_SUCCESS) s = sg__cu_fail(ctx, r, "cuModuleLoadData", g->module);
@@ -186,6 +201,12 @@ static int call_node(const sg__group *grp) {
     return -1;
 }
 
+/* The pointer kernel k receives: its own table in the set's array, or the
+ * capture-wide one at the start of it. */
+static CUdeviceptr table_of(const cu_graph *cg, const set_state *st, int k) {
+    return st->table + sizeof(char *) * (size_t)cg->argoff[k];
+}
+
 /* Every group in order on the context's stream: the library's part (an
  * anchor or opaque node, unless the generated kernel computes it), then
  * the generated kernel. */
@@ -201,13 +222,24 @@ static sg_status launch_all(sg_ctx *ctx, sg__graph *g, set_state *st) {
         }
         if (!cg->kfn[k]) continue;
         unsigned grid[3] = {ki->grid, 1, 1}, block[3] = {ki->block, 1, 1};
-        void *args[1] = {&st->table};
+        CUdeviceptr tab = table_of(cg, st, k);
+        void *args[1] = {&tab};
         /* Generated kernels wait (griddepcontrol.wait) before they read
          * what earlier kernels wrote, so each may start early. */
         sg_status s = sg__cuda_launch_pdl(ctx, cg->kfn[k], grid, block, 0, args);
         if (s != SG_OK) return s;
     }
     return SG_OK;
+}
+
+/* Every entry of a set's table from the slot addresses: the capture-wide
+ * part, then each launch's own entries. */
+static void fill_table(const cu_graph *cg, char *const *slotp, char **addrs) {
+    memcpy(addrs, slotp, sizeof(char *) * (size_t)cg->nslots);
+    for (int k = 0; k < cg->ngroups; k++)
+        if (cg->kinfo[k].name[0] && cg->kinfo[k].nlocal >= 0)
+            for (int i = 0; i < cg->kinfo[k].nlocal; i++)
+                addrs[cg->argoff[k] + i] = slotp[cg->kinfo[k].local[i]];
 }
 
 /* The set's slot table holds this call's addresses (rewritten if any moved). */
@@ -225,7 +257,7 @@ static sg_status table_for(sg_ctx *ctx, sg__graph *g, int set, set_state **out, 
         cg->nsets = set + 1;
     }
     set_state *st = &cg->sets[set];
-    size_t bytes = sizeof(char *) * (size_t)(cg->nslots ? cg->nslots : 1);
+    size_t bytes = sizeof(char *) * (size_t)(cg->ntable ? cg->ntable : 1);
     *moved = false;
     if (!st->addrs) {
         st->addrs = sg__calloc(ctx, bytes);
@@ -237,7 +269,7 @@ static sg_status table_for(sg_ctx *ctx, sg__graph *g, int set, set_state **out, 
     if (memcmp(st->addrs, g->slotp, sizeof(char *) * (size_t)cg->nslots) != 0) *moved = true;
     if (*moved) {
         /* The host copy must outlive the async copy: st->addrs does. */
-        memcpy(st->addrs, g->slotp, sizeof(char *) * (size_t)cg->nslots);
+        fill_table(cg, g->slotp, st->addrs);
         CUresult r = cu->cuMemcpyHtoDAsync_v2(st->table, st->addrs, bytes, sg__cuda_stream(ctx));
         if (r != CUDA_SUCCESS) return sg__cu_fail(ctx, r, "cuMemcpyHtoDAsync", "a slot table");
     }
@@ -287,7 +319,8 @@ static sg_status time_kernel(sg_ctx *ctx, cu_graph *cg, int k, int t, set_state 
     CUstream stream = sg__cuda_stream(ctx);
     CUevent e0 = NULL, e1 = NULL;
     unsigned grid[3] = {cg->kinfo[k].tune_grid[t], 1, 1}, block[3] = {128u << t, 1, 1};
-    void *args[1] = {&st->table};
+    CUdeviceptr tab = table_of(cg, st, k);
+    void *args[1] = {&tab};
     sg_status s = SG_OK;
     CUresult r = cu->cuEventCreate(&e0, CU_EVENT_DEFAULT);
     if (r == CUDA_SUCCESS) r = cu->cuEventCreate(&e1, CU_EVENT_DEFAULT);
