@@ -339,30 +339,80 @@ static sg_status time_kernel(sg_ctx *ctx, cu_graph *cg, int k, int t, set_state 
     return s;
 }
 
-/*
- * Time each generated kernel that takes any block size with 128, 256 and
- * 512 threads on the real buffers and keep the fastest. The whole step runs
- * first so that every kernel reads the values it would read in a replay.
- * Only for captures that write no input or parameter: running kernels again
- * must not change anything the user can see (intermediates are recomputed
- * by the replay that follows). A failure keeps the default launches.
- */
-static void autotune(sg_fn *fn, sg__graph *g, set_state *st) {
+/* A device copy of the bytes a step writes in one input or parameter. */
+typedef struct saved {
+    CUdeviceptr at, copy;
+    size_t bytes;
+} saved;
+
+/* The bytes of slot s that the step's refs reach, from its base: [lo, hi). */
+static void slot_extent(const sg__ir *ir, int s, int64_t *lo, int64_t *hi) {
+    *lo = INT64_MAX, *hi = INT64_MIN;
+    for (int r = 0; r < ir->nrefs; r++) {
+        const sg__ref *f = &ir->refs[r];
+        if (f->slot != s) continue;
+        int64_t a = f->offset, b = f->offset;
+        bool empty = false;
+        for (int d = 0; d < f->ndim; d++) {
+            int64_t span = (f->shape[d] - 1) * f->stride[d];
+            empty = empty || f->shape[d] == 0;
+            if (span < 0) a += span;
+            else b += span;
+        }
+        if (empty) continue;
+        int64_t es = (int64_t)sg_dtype_size(f->dtype);
+        if (a * es < *lo) *lo = a * es;
+        if ((b + 1) * es > *hi) *hi = (b + 1) * es;
+    }
+}
+
+/* Device copies of everything the step writes in its inputs and parameters
+ * (*n of them into *out), queued on the stream. */
+static sg_status save_mutated(sg_ctx *ctx, sg__graph *g, saved **out, int *n) {
+    const sg__cu_api *cu = api();
+    int nslots = g->ir.nslots ? g->ir.nslots : 1;
+    saved *sv = sg__calloc(ctx, sizeof *sv * (size_t)nslots);
+    *out = sv, *n = 0;
+    if (!sv) return sg__fail(ctx, SG_ERR_OOM, "cuda: out of host memory");
+    for (int s = 0; s < g->ir.nslots; s++) {
+        int64_t lo, hi;
+        if (g->ir.slots[s].mutated_by < 0) continue;
+        slot_extent(&g->ir, s, &lo, &hi);
+        if (hi <= lo) continue;
+        saved *v = &sv[*n];
+        v->at = (CUdeviceptr)(uintptr_t)(g->slotp[s] + lo);
+        v->bytes = (size_t)(hi - lo);
+        CUresult r = cu->cuMemAlloc_v2(&v->copy, v->bytes);
+        if (r == CUDA_SUCCESS) (*n)++;
+        if (r == CUDA_SUCCESS)
+            r = cu->cuMemcpyDtoDAsync_v2(v->copy, v->at, v->bytes, sg__cuda_stream(ctx));
+        if (r != CUDA_SUCCESS)
+            return sg__cu_fail(ctx, r, "cuMemAlloc/cuMemcpyDtoDAsync",
+                               "saving a buffer the step writes in place, for max-autotune");
+    }
+    return SG_OK;
+}
+
+/* Put the saved bytes back, wait for the stream, free the copies. */
+static sg_status restore_mutated(sg_ctx *ctx, sg__graph *g, saved *sv, int n) {
+    const sg__cu_api *cu = api();
+    CUresult r = CUDA_SUCCESS;
+    for (int i = 0; i < n && r == CUDA_SUCCESS; i++)
+        r = cu->cuMemcpyDtoDAsync_v2(sv[i].at, sv[i].copy, sv[i].bytes, sg__cuda_stream(ctx));
+    CUresult rs = cu->cuStreamSynchronize(sg__cuda_stream(ctx));
+    if (r == CUDA_SUCCESS) r = rs;
+    for (int i = 0; i < n; i++) cu->cuMemFree_v2(sv[i].copy);
+    sg__free(ctx, sv, sizeof *sv * (size_t)(g->ir.nslots ? g->ir.nslots : 1));
+    return r == CUDA_SUCCESS ? SG_OK
+                             : sg__cu_fail(ctx, r, "cuMemcpyDtoDAsync/cuStreamSynchronize",
+                                           "restoring what the step writes in place after max-autotune");
+}
+
+/* Block sizes for every generated kernel that takes any (see autotune). */
+static sg_status tune_kernels(sg_fn *fn, sg__graph *g, set_state *st) {
     sg_ctx *ctx = fn->ctx;
     cu_graph *cg = g->dev;
-    cg->tune = false;
-    for (int s = 0; s < g->ir.nslots; s++)
-        if (g->ir.slots[s].mutated_by >= 0) {
-            sg__log(ctx, "perf_hints",
-                    "fn '%s': max-autotune skipped: the step writes its inputs "
-                    "or parameters in place, so its kernels cannot be run again to time them",
-                    fn->name);
-            return;
-        }
-    sg_status before = ctx->status;
-    char msg[SG__MSG_SIZE];
-    snprintf(msg, sizeof msg, "%s", ctx->msg);
-    sg_status s = launch_all(ctx, g, st);
+    sg_status s = SG_OK;
     for (int k = 0; s == SG_OK && k < cg->ngroups; k++) {
         sg__cuda_kinfo *ki = &cg->kinfo[k];
         if (!cg->kfn[k] || !ki->tune_grid[0]) continue;
@@ -384,6 +434,31 @@ static void autotune(sg_fn *fn, sg__graph *g, set_state *st) {
                 "(%.2f us)",
                 fn->name, ki->name, ki->grid, ki->block, best_ms / 5 * 1e3);
     }
+    return s;
+}
+
+/*
+ * Time each generated kernel that takes any block size with 128, 256 and
+ * 512 threads on the real buffers and keep the fastest. The whole step runs
+ * first so that every kernel reads the values it would read in a replay.
+ * What the step writes in its inputs and parameters is copied aside first
+ * and put back after, so the replay that follows starts from the caller's
+ * values (intermediates are recomputed by it). A failure to time keeps the
+ * default launches and is only logged; a failure to put the values back is
+ * the call's failure.
+ */
+static sg_status autotune(sg_fn *fn, sg__graph *g, set_state *st) {
+    sg_ctx *ctx = fn->ctx;
+    cu_graph *cg = g->dev;
+    cg->tune = false;
+    sg_status before = ctx->status;
+    char msg[SG__MSG_SIZE];
+    snprintf(msg, sizeof msg, "%s", ctx->msg);
+    saved *sv = NULL;
+    int nsv = 0;
+    sg_status s = save_mutated(ctx, g, &sv, &nsv);
+    if (s == SG_OK) s = launch_all(ctx, g, st);
+    if (s == SG_OK) s = tune_kernels(fn, g, st);
     if (s == SG_OK) tune_save(cg);
     if (s != SG_OK) {
         sg__log(ctx, "perf_hints",
@@ -393,6 +468,8 @@ static void autotune(sg_fn *fn, sg__graph *g, set_state *st) {
         ctx->status = before;
         snprintf(ctx->msg, sizeof ctx->msg, "%s", msg);
     }
+    /* Put back even after a failure: the caller's values must not move. */
+    return sv ? restore_mutated(ctx, g, sv, nsv) : SG_OK;
 }
 
 static sg_status run(sg_fn *fn, sg__graph *g, int set) {
@@ -402,7 +479,7 @@ static sg_status run(sg_fn *fn, sg__graph *g, int set) {
     bool moved = false;
     sg_status s = table_for(ctx, g, set, &st, &moved);
     if (s != SG_OK) return s;
-    if (cg->tune) autotune(fn, g, st);
+    if (cg->tune && (s = autotune(fn, g, st)) != SG_OK) return s;
     st->runs++;
     if (!cg->use_graph || st->runs == 1) return launch_all(ctx, g, st);
     if (!st->exec || moved) {
