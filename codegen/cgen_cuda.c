@@ -862,6 +862,190 @@ static unsigned emit_gemv(gen *g, const sg__group *grp, const gemv *p) {
     return grid ? grid : 1;
 }
 
+/* ------------------------------------------------------------ data movement */
+
+/*
+ * The data ops the library would run as eager kernels (embedding,
+ * index_select, concat, index_copy_) become one generated kernel each, a
+ * grid-stride loop over the elements it writes with every offset a
+ * constant. Index values are read from device memory and bounds-checked by
+ * each thread: a gather of a bad index gives zeros, a scatter of one writes
+ * nothing (the library checks indices on the host before launches it does
+ * not record, as for its own kernels).
+ */
+
+/* " + i<d> * <stride>" for each dim d < nd of the walk but `skip`. */
+static void walk_terms(const sg__ref *r, int nd, const int64_t *shape, int skip, char *buf,
+                       size_t size) {
+    size_t k = (size_t)snprintf(buf, size, "%lld", (long long)r->offset);
+    for (int d = 0; d < nd && k < size; d++) {
+        if (d == skip || shape[d] == 1 || r->stride[d] == 0) continue;
+        k += (size_t)snprintf(buf + k, size - k, " + i%d * %lld", d, (long long)r->stride[d]);
+    }
+}
+
+/* `v = idx[<off>]` as a 64-bit value. */
+static void emit_index_load(gen *g, const char *v, const sg__ref *idx, const char *off) {
+    sg__emit_line(g->e, "const sg_i64 %s = (sg_i64)((const %s *)s%d)[%s];", v, ctype(idx->dtype),
+                  lslot(g, idx->slot), off);
+}
+
+/* out = src[sel] where sel is in [0, limit), else zeros. */
+static void emit_pick(gen *g, const sg__ref *o, const char *oo, const sg__ref *x, const char *xo,
+                      const char *sel, int64_t limit) {
+    const char *t = ctype(o->dtype);
+    int so = lslot(g, o->slot), sx = lslot(g, x->slot);
+    sg__emit_line(g->e, "((%s *)s%d)[%s] = %s >= 0 && %s < %lld ? ((const %s *)s%d)[%s] : (%s)0;",
+                  t, so, oo, sel, sel, (long long)limit, t, sx, xo, t);
+}
+
+/* The loop over the walk's elements, i0..i<nd-1> declared; close it after. */
+static void open_walk(gen *g, int nd, const int64_t *shape) {
+    sg__emit_line(g->e, "const sg_i64 tid = (sg_i64)blockIdx.x * blockDim.x + threadIdx.x;");
+    sg__emit_open(g->e, "for (sg_i64 i = tid; i < %lld; i += (sg_i64)gridDim.x * blockDim.x)",
+                  (long long)numel_of(nd, shape));
+    emit_unflatten(g, nd, shape);
+}
+
+static void emit_embedding(gen *g, const sg__irnode *n) {
+    const sg__ref *w = arg_of(g, n, 0), *idx = arg_of(g, n, 1), *o = ref_of(g, n->out);
+    int nd = o->ndim;
+    char io[320], oo[320], wo[400];
+    open_walk(g, nd, o->shape);
+    walk_terms(idx, idx->ndim, o->shape, -1, io, sizeof io);
+    emit_index_load(g, "row", idx, io);
+    walk_terms(o, nd, o->shape, -1, oo, sizeof oo);
+    snprintf(wo, sizeof wo, "%lld + row * %lld", (long long)w->offset, (long long)w->stride[0]);
+    if (o->shape[nd - 1] > 1)
+        snprintf(wo + strlen(wo), sizeof wo - strlen(wo), " + i%d * %lld", nd - 1,
+                 (long long)w->stride[1]);
+    emit_pick(g, o, oo, w, wo, "row", w->shape[0]);
+    sg__emit_close(g->e);
+}
+
+static void emit_index_select(gen *g, const sg__irnode *n) {
+    const sg__ref *x = arg_of(g, n, 0), *idx = arg_of(g, n, 1), *o = ref_of(g, n->out);
+    int nd = o->ndim, dim = (int)n->i[0];
+    char io[96], oo[320], xo[400];
+    open_walk(g, nd, o->shape);
+    snprintf(io, sizeof io, "%lld", (long long)idx->offset);
+    if (o->shape[dim] > 1)
+        snprintf(io + strlen(io), sizeof io - strlen(io), " + i%d * %lld", dim,
+                 (long long)idx->stride[0]);
+    emit_index_load(g, "sel", idx, io);
+    walk_terms(o, nd, o->shape, -1, oo, sizeof oo);
+    walk_terms(x, nd, o->shape, dim, xo, sizeof xo);
+    snprintf(xo + strlen(xo), sizeof xo - strlen(xo), " + sel * %lld", (long long)x->stride[dim]);
+    emit_pick(g, o, oo, x, xo, "sel", x->shape[dim]);
+    sg__emit_close(g->e);
+}
+
+/* Each output element takes its source by the range of its index along dim. */
+static void emit_concat(gen *g, const sg__irnode *n) {
+    const sg__ref *o = ref_of(g, n->out);
+    int nd = o->ndim, dim = (int)n->i[0];
+    const char *t = ctype(o->dtype);
+    char oo[320], xo[400];
+    open_walk(g, nd, o->shape);
+    walk_terms(o, nd, o->shape, -1, oo, sizeof oo);
+    int64_t start = 0;
+    bool first = true;
+    for (int j = 0; j < n->nin; j++) {
+        const sg__ref *x = arg_of(g, n, j);
+        if (x->shape[dim] == 0) continue;
+        walk_terms(x, nd, o->shape, dim, xo, sizeof xo);
+        if (x->shape[dim] > 1 || o->shape[dim] > 1)
+            snprintf(xo + strlen(xo), sizeof xo - strlen(xo), " + (i%d - %lld) * %lld", dim,
+                     (long long)start, (long long)x->stride[dim]);
+        start += x->shape[dim];
+        bool last = start >= o->shape[dim];
+        if (last)
+            sg__emit_open(g->e, "%s", first ? "" : "else");
+        else
+            sg__emit_open(g->e, "%sif (i%d < %lld)", first ? "" : "else ", dim, (long long)start);
+        sg__emit_line(g->e, "((%s *)s%d)[%s] = ((const %s *)s%d)[%s];", t, lslot(g, o->slot), oo,
+                      t, lslot(g, x->slot), xo);
+        sg__emit_close(g->e);
+        first = false;
+    }
+    sg__emit_close(g->e);
+}
+
+/* dst[.., idx[j], ..] = src[.., j, ..]: a thread per src element; of
+ * repeated indices the last one wins (a later equal index skips the write). */
+static void emit_index_copy(gen *g, const sg__irnode *n) {
+    const sg__ref *d = ref_of(g, n->out), *idx = arg_of(g, n, 1), *src = arg_of(g, n, 2);
+    int nd = src->ndim, dim = (int)n->i[0];
+    int64_t len = src->shape[dim];
+    const char *t = ctype(d->dtype);
+    char io[96], so[320], dof[400];
+    open_walk(g, nd, src->shape);
+    snprintf(io, sizeof io, "%lld", (long long)idx->offset);
+    if (len > 1)
+        snprintf(io + strlen(io), sizeof io - strlen(io), " + i%d * %lld", dim,
+                 (long long)idx->stride[0]);
+    emit_index_load(g, "at", idx, io);
+    sg__emit_line(g->e, "if (at < 0 || at >= %lld) continue;", (long long)d->shape[dim]);
+    if (len > 1) {
+        sg__emit_line(g->e, "bool later = false;");
+        sg__emit_line(g->e, "for (sg_i64 j = i%d + 1; j < %lld && !later; j++)", dim,
+                      (long long)len);
+        sg__emit_line(g->e, "    later = (sg_i64)((const %s *)s%d)[%lld + j * %lld] == at;",
+                      ctype(idx->dtype), lslot(g, idx->slot), (long long)idx->offset,
+                      (long long)idx->stride[0]);
+        sg__emit_line(g->e, "if (later) continue;");
+    }
+    walk_terms(src, nd, src->shape, -1, so, sizeof so);
+    walk_terms(d, nd, src->shape, dim, dof, sizeof dof);
+    snprintf(dof + strlen(dof), sizeof dof - strlen(dof), " + at * %lld", (long long)d->stride[dim]);
+    sg__emit_line(g->e, "((%s *)s%d)[%s] = ((const %s *)s%d)[%s];", t, lslot(g, d->slot), dof, t,
+                  lslot(g, src->slot), so);
+    sg__emit_close(g->e);
+}
+
+/* The elements a data op's kernel walks (its output; index_copy_: src),
+ * or -1 when the op stays with the library. */
+static int64_t data_walk(const gen *g, const sg__group *grp, const sg__irnode **node) {
+    if (grp->kind != SG__G_OPAQUE || grp->n != 1) return -1;
+    const sg__irnode *n = &g->ir->nodes[grp->g[0].node];
+    const sg__ref *o = ref_of(g, n->out);
+    *node = n;
+    switch (n->op) {
+    case SG__OP_EMBEDDING:
+    case SG__OP_INDEX_SELECT:
+    case SG__OP_CONCAT: return o->ndim > 0 ? numel_of(o->ndim, o->shape) : -1;
+    case SG__OP_INDEX_COPY: {
+        /* idx in dst's bytes would be read while other threads write them. */
+        const sg__ref *idx = arg_of(g, n, 1), *src = arg_of(g, n, 2);
+        if (idx->slot == o->slot || src->slot == o->slot || o->ndim == 0) return -1;
+        return numel_of(src->ndim, src->shape);
+    }
+    default: return -1;
+    }
+}
+
+/* An opaque group's kernel when it is a data op the dialect generates. */
+static bool emit_data(gen *g, const sg__group *grp, sg__cuda_kinfo *ki, const char **what) {
+    const sg__irnode *n = NULL;
+    int64_t numel = data_walk(g, grp, &n);
+    if (numel <= 0) return false;
+    switch (n->op) {
+    case SG__OP_EMBEDDING: emit_embedding(g, n), *what = "embedding: a gather of rows"; break;
+    case SG__OP_INDEX_SELECT: emit_index_select(g, n), *what = "index_select: a gather"; break;
+    case SG__OP_CONCAT: emit_concat(g, n), *what = "concat: each element from its input"; break;
+    default: emit_index_copy(g, n), *what = "index_copy_: a scatter, the last index wins"; break;
+    }
+    for (int t = 0; t < SG__CUDA_NTUNE; t++) {
+        int64_t b = (numel + (128 << t) - 1) / (128 << t);
+        ki->tune_grid[t] = (unsigned)(b > GRID_CAP ? GRID_CAP : b);
+    }
+    ki->grid = ki->tune_grid[1];
+    ki->block = BLOCK;
+    ki->iters = numel;
+    ki->replaces_call = true;
+    return true;
+}
+
 /* ------------------------------------------------------------ kernels */
 
 /* Number the slots a group's generated code reads or writes in memory, in
@@ -913,6 +1097,8 @@ static void kernel_comment(gen *g, const sg__group *grp, int k, const sg__cuda_k
  */
 static bool emit_group(gen *g, const sg__group *grp, sg__cuda_kinfo *ki, bool *aligned,
                        const char **what, bool *gemv_out) {
+    *gemv_out = false;
+    if (grp->kind == SG__G_OPAQUE) return emit_data(g, grp, ki, what);
     gemv p;
     bool is_gemv = gemv_plan(g, grp, &p);
     int from = grp->anchor >= 0 ? grp->anchor + 1 : 0;
@@ -1025,7 +1211,6 @@ static void kernel_head(gen *g, bool is_gemv, sg__emit *head) {
 static void emit_kernel(gen *g, const sg__group *grp, int k, sg__cuda_kinfo *kinfo) {
     sg__cuda_kinfo *ki = &kinfo[k];
     memset(ki, 0, sizeof *ki);
-    if (grp->kind == SG__G_OPAQUE) return;
     int nslots = g->ir->nslots ? g->ir->nslots : 1;
     bool *aligned = sg__calloc(g->e->ctx, sizeof(bool) * (size_t)nslots);
     if (!aligned) {

@@ -10,7 +10,9 @@
  * its weight either way round, no GEMV when its epilogue writes its own
  * input, an input whose base is not 16-byte aligned, a 12-layer
  * transformer-like step whose layers share their kernels: as many distinct
- * kernels as one layer has, and twelve times its launches) and random op
+ * kernels as one layer has, and twelve times its launches, embedding,
+ * index_select, concat of narrowed halves and index_copy_ into a cache as
+ * generated kernels with no library call) and random op
  * DAGs over every dtype, 24 programs to a unit.
  * The numerics of the kernels run under the gpu label (the capture tests on
  * the CUDA backend). Exits 77 when NVRTC cannot be loaded.
@@ -290,6 +292,46 @@ static void test_layers(sg_dtype dt) {
             "%d distinct kernels (one layer: %d of %d), NVRTC %.2f s",
             sg_dtype_name(dt), TL_MAX, all.kernels, all.distinct, one.kernels, one.distinct,
             all.nvrtc_s);
+}
+
+/* Decode-step data movement: token embedding plus a position row, the
+ * halves rotated by concat, the result written into a cache row by
+ * index_copy_ (every one a generated kernel, no library call). */
+typedef struct datamove {
+    sg_tensor *wte, *wpe, *cache;
+} datamove;
+
+static sg_status datamove_step(sg_ctx *c, sg_tensor *const *in, sg_tensor **out, void *user) {
+    const datamove *m = user;
+    int64_t d = m->wte->shape[1];
+    sg_tensor *h = sg_add(sg_embedding(m->wte, in[0]), sg_index_select(m->wpe, 0, in[1]));
+    sg_tensor *halves[2] = {sg_neg(sg_narrow(h, 1, d / 2, d / 2)), sg_narrow(h, 1, 0, d / 2)};
+    sg_tensor *r = sg_add(h, sg_concat(2, halves, 1));
+    sg_status s = sg_index_copy_(m->cache, 0, in[1], r);
+    out[0] = r;
+    return s != SG_OK ? s : sg_ctx_status(c);
+}
+
+static void test_datamove(sg_dtype dt, sg_dtype it, int64_t rows) {
+    int64_t ws[2] = {50, 64}, ps[2] = {32, 64};
+    datamove m = {tu_rand(ctx, dt, 2, ws, -1, 1, NULL), tu_rand(ctx, dt, 2, ps, -1, 1, NULL),
+                  tu_rand(ctx, dt, 2, ps, -1, 1, NULL)};
+    sg_tensor *in[2] = {tu_rand(ctx, it, 1, &rows, 0, 49, NULL),
+                        tu_rand(ctx, it, 1, &rows, 0, 31, NULL)};
+    sg_fn *fn = compile(datamove_step, &m, 2, 1);
+    counts c = {0};
+    char name[64];
+    snprintf(name, sizeof name, "cu_datamove_%s_%s_%lld", sg_dtype_name(dt), sg_dtype_name(it),
+             (long long)rows);
+    bool ok = capture(fn, in, 2, 1) && cuda_unit(fn, name, &c) && TU_EXPECT(c.calls == 0) &&
+              TU_EXPECT(c.kernels >= 4);
+    tu_case(ok,
+            "CUDA_DATA_MOVEMENT(type=%s,idx=%s,rows=%lld: embedding, index_select, concat, "
+            "index_copy_) -> %d kernels + %d library calls",
+            sg_dtype_name(dt), sg_dtype_name(it), (long long)rows, c.kernels, c.calls);
+    sg_fn_destroy(fn);
+    sg_release(in[0]), sg_release(in[1]);
+    sg_release(m.wte), sg_release(m.wpe), sg_release(m.cache);
 }
 
 /* Odd sizes: 3 rows, N = 37, K = 100 (vector loads only where K divides). */
@@ -624,6 +666,8 @@ int main(int argc, char **argv) {
         test_rows(SG_F32);
         test_rows(SG_BF16);
         test_layers(SG_F32);
+        test_datamove(SG_F32, SG_I64, 1);
+        test_datamove(SG_BF16, SG_I32, 5);
         test_layers(SG_BF16);
         test_mlp(SG_BF16, 1, 8, false, false);
         test_mlp(SG_F32, 4, 2, false, false);

@@ -220,6 +220,12 @@ static sg_status launch_all(sg_ctx *ctx, sg__graph *g, set_state *st) {
             sg_status s = ctx->exec.run(ctx, &g->nodes[node]);
             if (s != SG_OK) return s;
         }
+        /* A data op run by a generated kernel: bad indices fail the call
+         * before anything is written, as in the eager kernel. */
+        if (grp->kind == SG__G_OPAQUE && ki->replaces_call) {
+            sg_status s = sg__cuda_data_check(ctx, &g->nodes[node]);
+            if (s != SG_OK) return s;
+        }
         if (!cg->kfn[k]) continue;
         unsigned grid[3] = {ki->grid, 1, 1}, block[3] = {ki->block, 1, 1};
         CUdeviceptr tab = table_of(cg, st, k);
