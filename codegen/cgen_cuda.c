@@ -6,6 +6,10 @@
  * strides and offsets, a grid-stride loop, and 16-byte loads and stores
  * when every access of the loop is contiguous and aligned. A matmul of at
  * most 8 rows becomes one GEMV kernel that also runs its bias and epilogue.
+ * Embedding, index_select, concat and index_copy_ become one kernel each.
+ * Every kernel names its slots in its own numbering (first use first), so
+ * that the kernels of a model's layers print the same text: each distinct
+ * text is emitted once, and the groups that run it share its name.
  *
  * The math is cgen_c.c's, op for op: values are computed in f32 (ints in
  * 64 bits), f16 and bf16 round at every op through the same bit-exact
