@@ -742,8 +742,8 @@ static unsigned emit_gemv(gen *g, const sg__group *grp, const gemv *p) {
     int es = (int)sg_dtype_size(p->x->dtype), v = 16 / es;
     g->anchor_reg = true;
     for (int r = 0; r < p->rows; r++)
-        sg__emit_line(g->e, "const %s *x%d = (const %s *)s%d + %lld;", t, r, t, lslot(g, p->x->slot),
-                      (long long)p->xoff[r]);
+        sg__emit_line(g->e, "const %s *x%d = (const %s *)s%d + %lld;", t, r, t,
+                      lslot(g, p->x->slot), (long long)p->xoff[r]);
     unsigned grid;
     if (p->along_k) {
         /* One warp per output column: 16-byte loads along K, a shuffle sum. */
@@ -754,8 +754,7 @@ static unsigned emit_gemv(gen *g, const sg__group *grp, const gemv *p) {
         sg__emit_line(g->e, "if (n >= %lld) return;", (long long)p->n);
         for (int r = 0; r < p->rows; r++) sg__emit_line(g->e, "float acc%d = 0.0f;", r);
         sg__emit_line(g->e, "const %s *wr = (const %s *)s%d + (%lld + n * %lld);", t, t,
-                      lslot(g, p->w->slot),
-                      (long long)p->woff, (long long)p->sn);
+                      lslot(g, p->w->slot), (long long)p->woff, (long long)p->sn);
         /* A weight nothing in the step writes may be loaded before the
          * previous kernel has finished: the first loads of each lane go to
          * registers ahead of sg_pdl_wait, overlapping that kernel's tail. */
@@ -843,8 +842,7 @@ static unsigned emit_gemv(gen *g, const sg__group *grp, const gemv *p) {
         for (int r = 0; r < p->rows; r++) sg__emit_line(g->e, "float acc%d = 0.0f;", r);
         sg__emit_open(g->e, "if (n < %lld)", (long long)p->n);
         sg__emit_line(g->e, "const %s *wc = (const %s *)s%d + (%lld + n);", t, t,
-                      lslot(g, p->w->slot),
-                      (long long)p->woff);
+                      lslot(g, p->w->slot), (long long)p->woff);
         sg__emit_open(g->e, "for (sg_i64 k = ks; k < %lld; k += %d)", (long long)p->k, slices);
         snprintf(lv, sizeof lv, "wc[k * %lld]", (long long)p->sk);
         widen(p->w->dtype, lv, ld, sizeof ld);
@@ -967,8 +965,8 @@ static void emit_concat(gen *g, const sg__irnode *n) {
             sg__emit_open(g->e, "%s", first ? "" : "else");
         else
             sg__emit_open(g->e, "%sif (i%d < %lld)", first ? "" : "else ", dim, (long long)start);
-        sg__emit_line(g->e, "((%s *)s%d)[%s] = ((const %s *)s%d)[%s];", t, lslot(g, o->slot), oo,
-                      t, lslot(g, x->slot), xo);
+        sg__emit_line(g->e, "((%s *)s%d)[%s] = ((const %s *)s%d)[%s];", t, lslot(g, o->slot), oo, t,
+                      lslot(g, x->slot), xo);
         sg__emit_close(g->e);
         first = false;
     }
@@ -1001,7 +999,8 @@ static void emit_index_copy(gen *g, const sg__irnode *n) {
     }
     walk_terms(src, nd, src->shape, -1, so, sizeof so);
     walk_terms(d, nd, src->shape, dim, dof, sizeof dof);
-    snprintf(dof + strlen(dof), sizeof dof - strlen(dof), " + at * %lld", (long long)d->stride[dim]);
+    snprintf(dof + strlen(dof), sizeof dof - strlen(dof), " + at * %lld",
+             (long long)d->stride[dim]);
     sg__emit_line(g->e, "((%s *)s%d)[%s] = ((const %s *)s%d)[%s];", t, lslot(g, d->slot), dof, t,
                   lslot(g, src->slot), so);
     sg__emit_close(g->e);
@@ -1205,7 +1204,8 @@ static void reset_slots(gen *g, bool global) {
 static void kernel_head(gen *g, bool is_gemv, sg__emit *head) {
     int n = g->global ? g->ir->nslots : g->nloc;
     for (int i = 0; i < n; i++)
-        if (!g->global || g->loc[i] >= 0) sg__emit_line(head, "    char *const s%d = slot[%d];", i, i);
+        if (!g->global || g->loc[i] >= 0)
+            sg__emit_line(head, "    char *const s%d = slot[%d];", i, i);
     sg__emit_line(head, "    sg_pdl_launch();");
     if (!is_gemv) sg__emit_line(head, "    sg_pdl_wait();");
 }
@@ -1250,9 +1250,9 @@ static void emit_kernel(gen *g, const sg__group *grp, int k, sg__cuda_kinfo *kin
                           grp->last, ki->name);
         } else {
             kernel_comment(g, grp, k, ki, what);
-            sg__emit_line(g->e,
-                          "extern \"C\" __global__ void __launch_bounds__(%d) %s(char *const *slot) {",
-                          launch_bound(ki), ki->name);
+            sg__emit_line(
+                g->e, "extern \"C\" __global__ void __launch_bounds__(%d) %s(char *const *slot) {",
+                launch_bound(ki), ki->name);
             if (head.buf) sg__emit_raw(g->e, "%s", head.buf);
             if (body.buf) sg__emit_raw(g->e, "%s", body.buf);
             sg__emit_line(g->e, "}");

@@ -228,8 +228,8 @@ static void test_mlp(sg_dtype dt, int64_t batch, int layers, bool matmul, bool t
              layers, matmul ? "matmul" : "linear", transpose ? "_t" : "");
     bool gemv = batch <= 8;
     bool ok = capture(fn, &x, 1, 1) && cuda_unit(fn, name, &c) && TU_EXPECT(c.kernels == layers) &&
-              TU_EXPECT(c.distinct == 1) &&
-              TU_EXPECT(c.gemv == (gemv ? layers : 0)) && TU_EXPECT(c.calls == (gemv ? 0 : layers));
+              TU_EXPECT(c.distinct == 1) && TU_EXPECT(c.gemv == (gemv ? layers : 0)) &&
+              TU_EXPECT(c.calls == (gemv ? 0 : layers));
     tu_case(ok,
             "CUDA_MLP(type=%s,batch=%lld,layers=%d,%s%s) -> %d kernels (%d GEMV) + %d library "
             "calls",

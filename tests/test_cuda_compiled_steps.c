@@ -96,9 +96,10 @@ static void print_launches(sg_fn *fn) {
             calls += (grp->kind == SG__G_OPAQUE || grp->anchor >= 0) && !ki[k].replaces_call;
             distinct += ki[k].emitted;
         }
-        fprintf(stderr, "  %d layers: %d launches per step (%d generated kernels, %d distinct; %d "
-                "library calls) for %d IR ops\n", L, nk + calls, nk, distinct, calls,
-                g->ir.nnodes);
+        fprintf(stderr,
+                "  %d layers: %d launches per step (%d generated kernels, %d distinct; %d "
+                "library calls) for %d IR ops\n",
+                L, nk + calls, nk, distinct, calls, g->ir.nnodes);
     }
     const char *x = strstr(sg_fn_explain(fn), "    kernels:");
     if (x) fprintf(stderr, "  sg_fn_explain: %.*s\n", (int)strcspn(x + 4, "\n"), x + 4);
@@ -118,8 +119,8 @@ static void test_layers(sg_mode mode) {
         m.w2[l] = tu_rand(ctx, SG_F32, 2, w2s, -0.06, 0.06, &m.w2v[l]);
     }
     sg_fn *fn = NULL;
-    bool ok = TU_EXPECT(sg_compile(ctx, layers_step, &m, 1, 1, &(sg_compile_opts){.mode = mode},
-                                   &fn) == SG_OK);
+    bool ok = TU_EXPECT(
+        sg_compile(ctx, layers_step, &m, 1, 1, &(sg_compile_opts){.mode = mode}, &fn) == SG_OK);
     double *xv[3] = {NULL}, ref[D];
     sg_tensor *x[3] = {NULL};
     for (int i = 0; i < 3; i++) x[i] = tu_rand(ctx, SG_F32, 2, xs, -1, 1, &xv[i]);
@@ -170,7 +171,8 @@ static void ref_datamove(datamove *m, const int64_t *tok, const int64_t *pos, do
     for (int i = 0; i < R; i++) {
         double h[E];
         for (int j = 0; j < E; j++) h[j] = m->wtev[tok[i] * E + j] + m->wpev[pos[i] * E + j];
-        for (int j = 0; j < E; j++) r[i * E + j] = h[j] + (j < E / 2 ? -h[j + E / 2] : h[j - E / 2]);
+        for (int j = 0; j < E; j++)
+            r[i * E + j] = h[j] + (j < E / 2 ? -h[j + E / 2] : h[j - E / 2]);
     }
     for (int i = 0; i < R; i++) /* in order: the last repeated index wins */
         memcpy(&m->cachev[pos[i] * E], &r[i * E], sizeof(double) * E);
@@ -186,8 +188,8 @@ static void test_datamove(sg_mode mode) {
     m.cache = tu_rand(ctx, SG_F32, 2, ps, -1, 1, &m.cachev);
     m.acc = tu_rand(ctx, SG_F32, 2, as, -1, 1, &m.accv);
     sg_fn *fn = NULL;
-    bool ok = TU_EXPECT(sg_compile(ctx, datamove_step, &m, 2, 1, &(sg_compile_opts){.mode = mode},
-                                   &fn) == SG_OK);
+    bool ok = TU_EXPECT(
+        sg_compile(ctx, datamove_step, &m, 2, 1, &(sg_compile_opts){.mode = mode}, &fn) == SG_OK);
     const int64_t toks[3][R] = {{3, 49, 0}, {7, 7, 21}, {48, 1, 30}};
     const int64_t poss[3][R] = {{5, 9, 5}, {0, 31, 2}, {6, 6, 6}}; /* repeats: the last wins */
     double r[R * E];
@@ -205,8 +207,10 @@ static void test_datamove(sg_mode mode) {
              close_to("acc", m.acc, m.accv, R * E, 1e-5, 1e-5);
         sg_release(in[0]), sg_release(in[1]);
     }
-    tu_case(ok, "CUDA_STEP_DATA_IN_PLACE(mode=%s,embedding+index_select+concat+index_copy_"
-            "(repeated index)+add_,3 calls)", sg_mode_name(mode));
+    tu_case(ok,
+            "CUDA_STEP_DATA_IN_PLACE(mode=%s,embedding+index_select+concat+index_copy_"
+            "(repeated index)+add_,3 calls)",
+            sg_mode_name(mode));
     /* A position out of range, launching kernel by kernel: SG_ERR_INDEX,
      * the cache and acc untouched. (A recorded graph cannot stop: there the
      * kernels skip the bad write, as the eager kernels do.) */

@@ -50,8 +50,8 @@ typedef struct cu_graph {
     CUfunction *kfn;       /* per group, NULL without a generated kernel */
     sg__cuda_kinfo *kinfo; /* per group: kernel name, launch, whether it replaces the call */
     int ngroups, nslots;
-    int ntable;   /* entries of a set's table: nslots, then the launches' own */
-    int *argoff;  /* per group: the entry its kernel's table starts at */
+    int ntable;  /* entries of a set's table: nslots, then the launches' own */
+    int *argoff; /* per group: the entry its kernel's table starts at */
     set_state *sets;
     int nsets;
     bool use_graph, said;
@@ -362,8 +362,10 @@ static void slot_extent(const sg__ir *ir, int s, int64_t *lo, int64_t *hi) {
         for (int d = 0; d < f->ndim; d++) {
             int64_t span = (f->shape[d] - 1) * f->stride[d];
             empty = empty || f->shape[d] == 0;
-            if (span < 0) a += span;
-            else b += span;
+            if (span < 0)
+                a += span;
+            else
+                b += span;
         }
         if (empty) continue;
         int64_t es = (int64_t)sg_dtype_size(f->dtype);
@@ -409,9 +411,10 @@ static sg_status restore_mutated(sg_ctx *ctx, sg__graph *g, saved *sv, int n) {
     if (r == CUDA_SUCCESS) r = rs;
     for (int i = 0; i < n; i++) cu->cuMemFree_v2(sv[i].copy);
     sg__free(ctx, sv, sizeof *sv * (size_t)(g->ir.nslots ? g->ir.nslots : 1));
-    return r == CUDA_SUCCESS ? SG_OK
-                             : sg__cu_fail(ctx, r, "cuMemcpyDtoDAsync/cuStreamSynchronize",
-                                           "restoring what the step writes in place after max-autotune");
+    return r == CUDA_SUCCESS
+               ? SG_OK
+               : sg__cu_fail(ctx, r, "cuMemcpyDtoDAsync/cuStreamSynchronize",
+                             "restoring what the step writes in place after max-autotune");
 }
 
 /* Block sizes for every generated kernel that takes any (see autotune). */
