@@ -6,7 +6,10 @@
  * table: per group, its kernel, grid and block, and whether the kernel
  * computes the anchor itself (the GEMV of a small matmul). Anchors it does
  * not compute (reductions, rows, large matmuls) and opaque nodes run the
- * eager kernel families, then the group's kernel runs its epilogue. Every
+ * eager kernel families, then the group's kernel runs its epilogue; the data
+ * ops the generator emits (embedding, index_select, concat, index_copy_) run
+ * as its kernels, their indices checked on the host first when no graph is
+ * being recorded, as the eager kernels do. Every
  * generated kernel reads its tensors through a table of base addresses in
  * device memory: its own (the addresses of the slots it uses, in its local
  * numbering, so that one kernel serves every layer), or the capture-wide
@@ -25,7 +28,9 @@
  * MAX_AUTOTUNE_NO_GRAPHS launch the kernels one by one. Any failure to
  * record, instantiate or update falls back to launching (logged once).
  * The MAX_AUTOTUNE modes time 128, 256 and 512 threads per block for each
- * generated kernel at the first replay, with events on the real buffers.
+ * generated kernel at the first replay, with events on the real buffers;
+ * what the step writes in its inputs and parameters is copied aside before
+ * and put back after, so tuning changes no value the caller sees.
  */
 #include "../graphs.h"
 #include "exec.h"
