@@ -6,6 +6,10 @@
  * strides and offsets, a grid-stride loop, and 16-byte loads and stores
  * when every access of the loop is contiguous and aligned. A matmul of at
  * most 8 rows becomes one GEMV kernel that also runs its bias and epilogue.
+ * Embedding, index_select, concat and index_copy_ become one kernel each.
+ * Every kernel names its slots in its own numbering (first use first), so
+ * that the kernels of a model's layers print the same text: each distinct
+ * text is emitted once, and the groups that run it share its name.
  *
  * The math is cgen_c.c's, op for op: values are computed in f32 (ints in
  * 64 bits), f16 and bf16 round at every op through the same bit-exact
@@ -301,7 +305,30 @@ typedef struct sg__cuda_gen {
     int vec_slot[64];
     int64_t vec_off[64];
     sg_dtype vec_dt[64];
+    /* The kernel being emitted names IR slot s as s<loc[s]>: its own local
+     * numbers in first-use order (locals[] maps them back), or, when
+     * `global`, the IR's numbers. */
+    int *loc;
+    int locals[SG__CUDA_MAX_LOCAL];
+    int nloc;
+    bool global, overflow;
 } gen;
+
+/* The number under which the kernel being emitted names IR slot s (taken
+ * on first use; past SG__CUDA_MAX_LOCAL the kernel is emitted again with
+ * the IR's numbers). */
+static int lslot(gen *g, int s) {
+    if (g->global) return g->loc[s] = s;
+    if (g->loc[s] < 0) {
+        if (g->nloc == SG__CUDA_MAX_LOCAL) {
+            g->overflow = true;
+            return 0;
+        }
+        g->locals[g->nloc] = s;
+        g->loc[s] = g->nloc++;
+    }
+    return g->loc[s];
+}
 
 static const sg__ref *ref_of(const gen *g, int r) { return &g->ir->refs[g->f->alias[r]]; }
 
@@ -384,7 +411,8 @@ static void emit_body(gen *g, const sg__group *grp, int from, int nd, const int6
                 snprintf(lv, sizeof lv, "l%d.e[j]", vec_index(g, a));
             } else {
                 offset_expr(a, nd, shape, m, off, sizeof off);
-                snprintf(lv, sizeof lv, "((const %s *)s%d)[%s]", ctype(a->dtype), a->slot, off);
+                snprintf(lv, sizeof lv, "((const %s *)s%d)[%s]", ctype(a->dtype), lslot(g, a->slot),
+                         off);
             }
             widen(a->dtype, lv, ld, sizeof ld);
             /* Loads go through a named temporary: some ops use an argument twice. */
@@ -410,7 +438,7 @@ static void emit_body(gen *g, const sg__group *grp, int from, int nd, const int6
                 snprintf(lv, sizeof lv, "o%d.e[j]", k);
             } else {
                 offset_expr(o, nd, shape, m, off, sizeof off);
-                snprintf(lv, sizeof lv, "((%s *)s%d)[%s]", ctype(o->dtype), o->slot, off);
+                snprintf(lv, sizeof lv, "((%s *)s%d)[%s]", ctype(o->dtype), lslot(g, o->slot), off);
             }
             narrow_store(o->dtype, lv, v, st, sizeof st);
             sg__emit_line(g->e, "%s", st);
@@ -545,8 +573,13 @@ static void emit_loop(gen *g, const sg__group *grp, int from, int w, const bool 
     if (w > 1) {
         char cond[1024];
         size_t k = (size_t)snprintf(cond, sizeof cond, "(((sg_u64)0");
-        for (int s = 0; s < g->ir->nslots && k < sizeof cond; s++)
-            if (aligned[s]) k += (size_t)snprintf(cond + k, sizeof cond - k, " | (sg_u64)s%d", s);
+        /* In the kernel's own numbering order, so that equal kernels print equal text. */
+        int n = g->global ? g->ir->nslots : g->nloc;
+        for (int i = 0; i < n && k < sizeof cond; i++) {
+            int s = g->global ? i : g->locals[i];
+            if (aligned[s])
+                k += (size_t)snprintf(cond + k, sizeof cond - k, " | (sg_u64)s%d", lslot(g, s));
+        }
         snprintf(cond + k, sizeof cond - k, ") & 15) == 0");
         sg__emit_open(g->e, "if (%s)", cond);
         sg__emit_open(g->e, "for (sg_i64 q = tid; q < %lld; q += step)", (long long)(numel / w));
@@ -562,7 +595,7 @@ static void emit_loop(gen *g, const sg__group *grp, int from, int w, const bool 
             sg__emit_line(g->e, "union { %s v; %s e[%d]; } l%d;", vtype(bytes), ctype(g->vec_dt[v]),
                           w, v);
             sg__emit_line(g->e, "l%d.v = ((const %s *)(s%d + %lld))[q];", v, vtype(bytes),
-                          g->vec_slot[v], (long long)(g->vec_off[v] * (int64_t)es));
+                          lslot(g, g->vec_slot[v]), (long long)(g->vec_off[v] * (int64_t)es));
         }
         for (int k = from; k < grp->n; k++) {
             const sg__ref *o = ref_of(g, g->ir->nodes[grp->g[k].node].out);
@@ -581,7 +614,7 @@ static void emit_loop(gen *g, const sg__group *grp, int from, int w, const bool 
             const sg__ref *o = ref_of(g, g->ir->nodes[grp->g[k].node].out);
             if (!grp->g[k].store || is_scalar(o)) continue;
             size_t bytes = (size_t)w * sg_dtype_size(o->dtype);
-            sg__emit_line(g->e, "((%s *)(s%d + %lld))[q] = o%d.v;", vtype(bytes), o->slot,
+            sg__emit_line(g->e, "((%s *)(s%d + %lld))[q] = o%d.v;", vtype(bytes), lslot(g, o->slot),
                           (long long)(o->offset * (int64_t)sg_dtype_size(o->dtype)), k);
         }
         sg__emit_close(g->e);
@@ -669,7 +702,7 @@ static void emit_gemv_tail(gen *g, const sg__group *grp, const gemv *p, int r) {
     sg__emit_line(g->e, "const sg_i64 i = %lld + n;", (long long)(r * p->n));
     if (p->b) {
         snprintf(lv, sizeof lv, "((const %s *)s%d)[%lld + n * %lld]", ctype(p->b->dtype),
-                 p->b->slot, (long long)p->b->offset, (long long)p->b->stride[0]);
+                 lslot(g, p->b->slot), (long long)p->b->offset, (long long)p->b->stride[0]);
         widen(p->b->dtype, lv, ld, sizeof ld);
         snprintf(e, sizeof e, "(%s + acc%d)", ld, r);
     } else {
@@ -678,7 +711,7 @@ static void emit_gemv_tail(gen *g, const sg__group *grp, const gemv *p, int r) {
     round_trip(e, true, p->o->dtype, rt, sizeof rt);
     sg__emit_line(g->e, "const float v%d = %s; /* %s */", a, rt,
                   sg__op_name(g->ir->nodes[grp->g[a].node].op));
-    snprintf(lv, sizeof lv, "((%s *)s%d)[%lld + i]", ctype(p->o->dtype), p->o->slot,
+    snprintf(lv, sizeof lv, "((%s *)s%d)[%lld + i]", ctype(p->o->dtype), lslot(g, p->o->slot),
              (long long)p->o->offset);
     char v[16];
     snprintf(v, sizeof v, "v%d", a);
@@ -709,8 +742,8 @@ static unsigned emit_gemv(gen *g, const sg__group *grp, const gemv *p) {
     int es = (int)sg_dtype_size(p->x->dtype), v = 16 / es;
     g->anchor_reg = true;
     for (int r = 0; r < p->rows; r++)
-        sg__emit_line(g->e, "const %s *x%d = (const %s *)s%d + %lld;", t, r, t, p->x->slot,
-                      (long long)p->xoff[r]);
+        sg__emit_line(g->e, "const %s *x%d = (const %s *)s%d + %lld;", t, r, t,
+                      lslot(g, p->x->slot), (long long)p->xoff[r]);
     unsigned grid;
     if (p->along_k) {
         /* One warp per output column: 16-byte loads along K, a shuffle sum. */
@@ -720,8 +753,8 @@ static unsigned emit_gemv(gen *g, const sg__group *grp, const gemv *p) {
             g->e, "const sg_i64 n = (sg_i64)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);");
         sg__emit_line(g->e, "if (n >= %lld) return;", (long long)p->n);
         for (int r = 0; r < p->rows; r++) sg__emit_line(g->e, "float acc%d = 0.0f;", r);
-        sg__emit_line(g->e, "const %s *wr = (const %s *)s%d + (%lld + n * %lld);", t, t, p->w->slot,
-                      (long long)p->woff, (long long)p->sn);
+        sg__emit_line(g->e, "const %s *wr = (const %s *)s%d + (%lld + n * %lld);", t, t,
+                      lslot(g, p->w->slot), (long long)p->woff, (long long)p->sn);
         /* A weight nothing in the step writes may be loaded before the
          * previous kernel has finished: the first loads of each lane go to
          * registers ahead of sg_pdl_wait, overlapping that kernel's tail. */
@@ -808,8 +841,8 @@ static unsigned emit_gemv(gen *g, const sg__group *grp, const gemv *p) {
         sg__emit_line(g->e, "const sg_i64 n = (sg_i64)blockIdx.x * 32 + c;");
         for (int r = 0; r < p->rows; r++) sg__emit_line(g->e, "float acc%d = 0.0f;", r);
         sg__emit_open(g->e, "if (n < %lld)", (long long)p->n);
-        sg__emit_line(g->e, "const %s *wc = (const %s *)s%d + (%lld + n);", t, t, p->w->slot,
-                      (long long)p->woff);
+        sg__emit_line(g->e, "const %s *wc = (const %s *)s%d + (%lld + n);", t, t,
+                      lslot(g, p->w->slot), (long long)p->woff);
         sg__emit_open(g->e, "for (sg_i64 k = ks; k < %lld; k += %d)", (long long)p->k, slices);
         snprintf(lv, sizeof lv, "wc[k * %lld]", (long long)p->sk);
         widen(p->w->dtype, lv, ld, sizeof ld);
@@ -831,22 +864,202 @@ static unsigned emit_gemv(gen *g, const sg__group *grp, const gemv *p) {
     return grid ? grid : 1;
 }
 
-/* ------------------------------------------------------------ kernels */
+/* ------------------------------------------------------------ data movement */
 
-static uint32_t fnv1a(const char *s, size_t n) {
-    uint32_t h = 2166136261u;
-    for (size_t i = 0; i < n; i++) h = (h ^ (uint8_t)s[i]) * 16777619u;
-    return h;
+/*
+ * The data ops the library would run as eager kernels (embedding,
+ * index_select, concat, index_copy_) become one generated kernel each, a
+ * grid-stride loop over the elements it writes with every offset a
+ * constant. Index values are read from device memory and bounds-checked by
+ * each thread: a gather of a bad index gives zeros, a scatter of one writes
+ * nothing (the library checks indices on the host before launches it does
+ * not record, as for its own kernels).
+ */
+
+/* " + i<d> * <stride>" for each dim d < nd of the walk but `skip`. */
+static void walk_terms(const sg__ref *r, int nd, const int64_t *shape, int skip, char *buf,
+                       size_t size) {
+    size_t k = (size_t)snprintf(buf, size, "%lld", (long long)r->offset);
+    for (int d = 0; d < nd && k < size; d++) {
+        if (d == skip || shape[d] == 1 || r->stride[d] == 0) continue;
+        k += (size_t)snprintf(buf + k, size - k, " + i%d * %lld", d, (long long)r->stride[d]);
+    }
 }
 
-/* Mark the slots a group's generated code reads or writes in memory. */
-static void used_slots(const gen *g, const sg__group *grp, int from, bool *used) {
+/* `v = idx[<off>]` as a 64-bit value. */
+static void emit_index_load(gen *g, const char *v, const sg__ref *idx, const char *off) {
+    sg__emit_line(g->e, "const sg_i64 %s = (sg_i64)((const %s *)s%d)[%s];", v, ctype(idx->dtype),
+                  lslot(g, idx->slot), off);
+}
+
+/* out = src[sel] where sel is in [0, limit), else zeros. */
+static void emit_pick(gen *g, const sg__ref *o, const char *oo, const sg__ref *x, const char *xo,
+                      const char *sel, int64_t limit) {
+    const char *t = ctype(o->dtype);
+    int so = lslot(g, o->slot), sx = lslot(g, x->slot);
+    sg__emit_line(g->e, "((%s *)s%d)[%s] = %s >= 0 && %s < %lld ? ((const %s *)s%d)[%s] : (%s)0;",
+                  t, so, oo, sel, sel, (long long)limit, t, sx, xo, t);
+}
+
+/* The loop over the walk's elements, i0..i<nd-1> declared; close it after. */
+static void open_walk(gen *g, int nd, const int64_t *shape) {
+    sg__emit_line(g->e, "const sg_i64 tid = (sg_i64)blockIdx.x * blockDim.x + threadIdx.x;");
+    sg__emit_open(g->e, "for (sg_i64 i = tid; i < %lld; i += (sg_i64)gridDim.x * blockDim.x)",
+                  (long long)numel_of(nd, shape));
+    emit_unflatten(g, nd, shape);
+}
+
+static void emit_embedding(gen *g, const sg__irnode *n) {
+    const sg__ref *w = arg_of(g, n, 0), *idx = arg_of(g, n, 1), *o = ref_of(g, n->out);
+    int nd = o->ndim;
+    char io[320], oo[320], wo[400];
+    open_walk(g, nd, o->shape);
+    walk_terms(idx, idx->ndim, o->shape, -1, io, sizeof io);
+    emit_index_load(g, "row", idx, io);
+    walk_terms(o, nd, o->shape, -1, oo, sizeof oo);
+    snprintf(wo, sizeof wo, "%lld + row * %lld", (long long)w->offset, (long long)w->stride[0]);
+    if (o->shape[nd - 1] > 1)
+        snprintf(wo + strlen(wo), sizeof wo - strlen(wo), " + i%d * %lld", nd - 1,
+                 (long long)w->stride[1]);
+    emit_pick(g, o, oo, w, wo, "row", w->shape[0]);
+    sg__emit_close(g->e);
+}
+
+static void emit_index_select(gen *g, const sg__irnode *n) {
+    const sg__ref *x = arg_of(g, n, 0), *idx = arg_of(g, n, 1), *o = ref_of(g, n->out);
+    int nd = o->ndim, dim = (int)n->i[0];
+    char io[96], oo[320], xo[400];
+    open_walk(g, nd, o->shape);
+    snprintf(io, sizeof io, "%lld", (long long)idx->offset);
+    if (o->shape[dim] > 1)
+        snprintf(io + strlen(io), sizeof io - strlen(io), " + i%d * %lld", dim,
+                 (long long)idx->stride[0]);
+    emit_index_load(g, "sel", idx, io);
+    walk_terms(o, nd, o->shape, -1, oo, sizeof oo);
+    walk_terms(x, nd, o->shape, dim, xo, sizeof xo);
+    snprintf(xo + strlen(xo), sizeof xo - strlen(xo), " + sel * %lld", (long long)x->stride[dim]);
+    emit_pick(g, o, oo, x, xo, "sel", x->shape[dim]);
+    sg__emit_close(g->e);
+}
+
+/* Each output element takes its source by the range of its index along dim. */
+static void emit_concat(gen *g, const sg__irnode *n) {
+    const sg__ref *o = ref_of(g, n->out);
+    int nd = o->ndim, dim = (int)n->i[0];
+    const char *t = ctype(o->dtype);
+    char oo[320], xo[400];
+    open_walk(g, nd, o->shape);
+    walk_terms(o, nd, o->shape, -1, oo, sizeof oo);
+    int64_t start = 0;
+    bool first = true;
+    for (int j = 0; j < n->nin; j++) {
+        const sg__ref *x = arg_of(g, n, j);
+        if (x->shape[dim] == 0) continue;
+        walk_terms(x, nd, o->shape, dim, xo, sizeof xo);
+        if (x->shape[dim] > 1 || o->shape[dim] > 1)
+            snprintf(xo + strlen(xo), sizeof xo - strlen(xo), " + (i%d - %lld) * %lld", dim,
+                     (long long)start, (long long)x->stride[dim]);
+        start += x->shape[dim];
+        bool last = start >= o->shape[dim];
+        if (last)
+            sg__emit_open(g->e, "%s", first ? "" : "else");
+        else
+            sg__emit_open(g->e, "%sif (i%d < %lld)", first ? "" : "else ", dim, (long long)start);
+        sg__emit_line(g->e, "((%s *)s%d)[%s] = ((const %s *)s%d)[%s];", t, lslot(g, o->slot), oo, t,
+                      lslot(g, x->slot), xo);
+        sg__emit_close(g->e);
+        first = false;
+    }
+    sg__emit_close(g->e);
+}
+
+/* dst[.., idx[j], ..] = src[.., j, ..]: a thread per src element; of
+ * repeated indices the last one wins (a later equal index skips the write). */
+static void emit_index_copy(gen *g, const sg__irnode *n) {
+    const sg__ref *d = ref_of(g, n->out), *idx = arg_of(g, n, 1), *src = arg_of(g, n, 2);
+    int nd = src->ndim, dim = (int)n->i[0];
+    int64_t len = src->shape[dim];
+    const char *t = ctype(d->dtype);
+    char io[96], so[320], dof[400];
+    open_walk(g, nd, src->shape);
+    snprintf(io, sizeof io, "%lld", (long long)idx->offset);
+    if (len > 1)
+        snprintf(io + strlen(io), sizeof io - strlen(io), " + i%d * %lld", dim,
+                 (long long)idx->stride[0]);
+    emit_index_load(g, "at", idx, io);
+    sg__emit_line(g->e, "if (at < 0 || at >= %lld) continue;", (long long)d->shape[dim]);
+    if (len > 1) {
+        sg__emit_line(g->e, "bool later = false;");
+        sg__emit_line(g->e, "for (sg_i64 j = i%d + 1; j < %lld && !later; j++)", dim,
+                      (long long)len);
+        sg__emit_line(g->e, "    later = (sg_i64)((const %s *)s%d)[%lld + j * %lld] == at;",
+                      ctype(idx->dtype), lslot(g, idx->slot), (long long)idx->offset,
+                      (long long)idx->stride[0]);
+        sg__emit_line(g->e, "if (later) continue;");
+    }
+    walk_terms(src, nd, src->shape, -1, so, sizeof so);
+    walk_terms(d, nd, src->shape, dim, dof, sizeof dof);
+    snprintf(dof + strlen(dof), sizeof dof - strlen(dof), " + at * %lld",
+             (long long)d->stride[dim]);
+    sg__emit_line(g->e, "((%s *)s%d)[%s] = ((const %s *)s%d)[%s];", t, lslot(g, d->slot), dof, t,
+                  lslot(g, src->slot), so);
+    sg__emit_close(g->e);
+}
+
+/* The elements a data op's kernel walks (its output; index_copy_: src),
+ * or -1 when the op stays with the library. */
+static int64_t data_walk(const gen *g, const sg__group *grp, const sg__irnode **node) {
+    if (grp->kind != SG__G_OPAQUE || grp->n != 1) return -1;
+    const sg__irnode *n = &g->ir->nodes[grp->g[0].node];
+    const sg__ref *o = ref_of(g, n->out);
+    *node = n;
+    switch (n->op) {
+    case SG__OP_EMBEDDING:
+    case SG__OP_INDEX_SELECT:
+    case SG__OP_CONCAT: return o->ndim > 0 ? numel_of(o->ndim, o->shape) : -1;
+    case SG__OP_INDEX_COPY: {
+        /* idx in dst's bytes would be read while other threads write them. */
+        const sg__ref *idx = arg_of(g, n, 1), *src = arg_of(g, n, 2);
+        if (idx->slot == o->slot || src->slot == o->slot || o->ndim == 0) return -1;
+        return numel_of(src->ndim, src->shape);
+    }
+    default: return -1;
+    }
+}
+
+/* An opaque group's kernel when it is a data op the dialect generates. */
+static bool emit_data(gen *g, const sg__group *grp, sg__cuda_kinfo *ki, const char **what) {
+    const sg__irnode *n = NULL;
+    int64_t numel = data_walk(g, grp, &n);
+    if (numel <= 0) return false;
+    switch (n->op) {
+    case SG__OP_EMBEDDING: emit_embedding(g, n), *what = "embedding: a gather of rows"; break;
+    case SG__OP_INDEX_SELECT: emit_index_select(g, n), *what = "index_select: a gather"; break;
+    case SG__OP_CONCAT: emit_concat(g, n), *what = "concat: each element from its input"; break;
+    default: emit_index_copy(g, n), *what = "index_copy_: a scatter, the last index wins"; break;
+    }
+    for (int t = 0; t < SG__CUDA_NTUNE; t++) {
+        int64_t b = (numel + (128 << t) - 1) / (128 << t);
+        ki->tune_grid[t] = (unsigned)(b > GRID_CAP ? GRID_CAP : b);
+    }
+    ki->grid = ki->tune_grid[1];
+    ki->block = BLOCK;
+    ki->iters = numel;
+    ki->replaces_call = true;
+    return true;
+}
+
+/* ------------------------------------------------------------ kernels */
+
+/* Number the slots a group's generated code reads or writes in memory, in
+ * the order it touches them. */
+static void used_slots(gen *g, const sg__group *grp, int from) {
     for (int k = from; k < grp->n; k++) {
         const sg__irnode *n = &g->ir->nodes[grp->g[k].node];
-        if (grp->g[k].store) used[ref_of(g, n->out)->slot] = true;
+        if (grp->g[k].store) lslot(g, ref_of(g, n->out)->slot);
         for (int j = 0; j < n->nin; j++) {
             const sg__ref *a = arg_of(g, n, j);
-            if (a && reg_src(g, grp, k, j) < 0) used[a->slot] = true;
+            if (a && reg_src(g, grp, k, j) < 0) lslot(g, a->slot);
         }
     }
 }
@@ -879,50 +1092,47 @@ static void kernel_comment(gen *g, const sg__group *grp, int k, const sg__cuda_k
     sg__emit_line(g->e, " */");
 }
 
-/* Group k's kernel into g->e (and its launch into ki), or nothing. */
-static void emit_kernel(gen *g, const sg__group *grp, int k, sg__cuda_kinfo *ki) {
-    memset(ki, 0, sizeof *ki);
-    if (grp->kind == SG__G_OPAQUE) return;
+/*
+ * Group grp's kernel body into g->e, its slots numbered through lslot, and
+ * its launch into ki; false when the group has no kernel. *what describes
+ * the kernel, *gemv says it is a GEMV (which waits for the kernel before it
+ * on its own).
+ */
+static bool emit_group(gen *g, const sg__group *grp, sg__cuda_kinfo *ki, bool *aligned,
+                       const char **what, bool *gemv_out) {
+    *gemv_out = false;
+    if (grp->kind == SG__G_OPAQUE) return emit_data(g, grp, ki, what);
     gemv p;
     bool is_gemv = gemv_plan(g, grp, &p);
     int from = grp->anchor >= 0 ? grp->anchor + 1 : 0;
+    *gemv_out = is_gemv;
     bool is_row = !is_gemv && grp->rows_inline; /* cgen_cuda_row.c computes the anchor */
     if (!is_gemv && !is_row && grp->kind != SG__G_MULTI &&
         (from >= grp->n || numel_of(grp->ndim, grp->shape) == 0))
-        return;
+        return false;
     int nslots = g->ir->nslots ? g->ir->nslots : 1;
-    bool *used = sg__calloc(g->e->ctx, sizeof(bool) * (size_t)nslots * 2);
-    if (!used) {
-        g->e->oom = true;
-        return;
-    }
-    bool *aligned = used + nslots;
-    sg__emit body = {.ctx = g->e->ctx, .depth = 1};
-    sg__emit *outer = g->e;
-    g->e = &body;
-    const char *what;
     if (is_gemv) {
         g->anchor_reg = true;
-        used_slots(g, grp, 0, used);
-        used[p.o->slot] = true;
+        used_slots(g, grp, 0);
+        lslot(g, p.o->slot);
         ki->grid = emit_gemv(g, grp, &p);
         ki->iters = p.n;
         for (int t = 0; t < SG__CUDA_NTUNE && p.along_k; t++) /* warps per block vary */
             ki->tune_grid[t] = (unsigned)((p.n + (128 << t) / 32 - 1) / ((128 << t) / 32));
         ki->replaces_call = true;
-        what = p.along_k ? "GEMV, a warp per output column, then the epilogue"
-                         : "GEMV, a thread per output column, then the epilogue";
+        *what = p.along_k ? "GEMV, a warp per output column, then the epilogue"
+                          : "GEMV, a thread per output column, then the epilogue";
     } else if (is_row) {
         g->anchor_reg = true;
-        used_slots(g, grp, 0, used);
+        used_slots(g, grp, 0);
         g->anchor_reg = false;
-        what = sg__cgen_cuda_rows(g, grp, ki);
+        *what = sg__cgen_cuda_rows(g, grp, ki);
     } else if (grp->kind == SG__G_MULTI) {
         int64_t start = 0;
         for (int m = 0; m < grp->nmembers; m++) {
             const sg__group *part = &g->f->parts[grp->members[m]];
             if (numel_of(part->ndim, part->shape) == 0) continue;
-            used_slots(g, part, 0, used);
+            used_slots(g, part, 0);
             memset(aligned, 0, sizeof(bool) * (size_t)nslots);
             int w = vec_width(g, part, 0, aligned);
             unsigned nb = loop_blocks(part, w, BLOCK, MEMBER_CAP);
@@ -940,20 +1150,30 @@ static void emit_kernel(gen *g, const sg__group *grp, int k, sg__cuda_kinfo *ki)
         /* Members own fixed ranges of blocks and stride over their loops:
          * any block size covers them with the same grid. */
         for (int t = 0; t < SG__CUDA_NTUNE; t++) ki->tune_grid[t] = ki->grid;
-        what = "independent loops, each over its own range of blocks";
+        *what = "independent loops, each over its own range of blocks";
     } else {
-        used_slots(g, grp, from, used);
+        used_slots(g, grp, from);
         int w = vec_width(g, grp, from, aligned);
         ki->grid = loop_blocks(grp, w, BLOCK, GRID_CAP);
         for (int t = 0; t < SG__CUDA_NTUNE; t++)
             ki->tune_grid[t] = loop_blocks(grp, w, 128 << t, GRID_CAP);
         ki->iters = numel_of(grp->ndim, grp->shape);
         emit_loop(g, grp, from, w, aligned, "blockIdx.x", "gridDim.x");
-        what = grp->kind == SG__G_POINTWISE ? "pointwise" : "epilogue after a library call";
+        *what = grp->kind == SG__G_POINTWISE ? "pointwise" : "epilogue after a library call";
     }
-    g->e = outer;
+    g->anchor_reg = false;
     ki->block = BLOCK;
-    char ops[96], sh[64] = "";
+    return true;
+}
+
+/* The threads a kernel is compiled for: any block size max-autotune tries. */
+static int launch_bound(const sg__cuda_kinfo *ki) { return ki->tune_grid[0] ? MAX_BLOCK : BLOCK; }
+
+/* The kernel's name: its ops, dtype and shape, and 48 bits of the SHA-256
+ * of its text (head: everything before the body). */
+static void kernel_name(const gen *g, const sg__group *grp, const sg__emit *head,
+                        const sg__emit *body, sg__cuda_kinfo *ki) {
+    char ops[96], sh[64] = "", hex[65];
     sg__group_name(g->ir, grp, ops, sizeof ops);
     if (strlen(ops) > 48) ops[48] = '\0';
     size_t q = 0;
@@ -962,22 +1182,93 @@ static void emit_kernel(gen *g, const sg__group *grp, int k, sg__cuda_kinfo *ki)
             (size_t)snprintf(sh + q, sizeof sh - q, d ? "x%lld" : "%lld", (long long)grp->shape[d]);
     const sg__group *tail = grp->kind == SG__G_MULTI ? &g->f->parts[grp->members[0]] : grp;
     sg_dtype dt = g->ir->refs[g->ir->nodes[tail->g[tail->n - 1].node].out].dtype;
-    snprintf(ki->name, sizeof ki->name, "sg_k%d_%.48s_%s_%.24s_%06x", k, ops, sg_dtype_name(dt),
-             sh[0] ? sh : "1", body.buf ? fnv1a(body.buf, body.len) & 0xffffff : 0);
-    kernel_comment(g, grp, k, ki, what);
-    sg__emit_line(g->e,
-                  "extern \"C\" __global__ void __launch_bounds__(%d) %s(char *const *slot) {",
-                  ki->tune_grid[0] ? MAX_BLOCK : BLOCK, ki->name);
-    for (int s = 0; s < g->ir->nslots; s++)
-        if (used[s]) sg__emit_line(g->e, "    char *const s%d = slot[%d];", s, s);
-    sg__emit_line(g->e, "    sg_pdl_launch();");
-    if (!is_gemv) sg__emit_line(g->e, "    sg_pdl_wait();");
-    if (body.buf) sg__emit_raw(g->e, "%s", body.buf);
-    if (body.oom) g->e->oom = true;
-    sg__emit_line(g->e, "}");
-    sg__emit_line(g->e, "%s", "");
+    sg__sha256_ctx c;
+    uint8_t d[32];
+    char lb[32];
+    int nlb = snprintf(lb, sizeof lb, "__launch_bounds__(%d)\n", launch_bound(ki));
+    sg__sha256_init(&c);
+    sg__sha256_update(&c, lb, (size_t)nlb);
+    if (head->buf) sg__sha256_update(&c, head->buf, head->len);
+    if (body->buf) sg__sha256_update(&c, body->buf, body->len);
+    sg__sha256_final(&c, d);
+    sg__sha256_hex(d, hex);
+    snprintf(ki->name, sizeof ki->name, "sg_%.48s_%s_%.24s_%.12s", ops, sg_dtype_name(dt),
+             sh[0] ? sh : "1", hex);
+}
+
+/* Forget the slot numbers of the last kernel; the next is numbered
+ * globally or locally. */
+static void reset_slots(gen *g, bool global) {
+    for (int s = 0; s < g->ir->nslots; s++) g->loc[s] = -1;
+    g->nloc = 0;
+    g->global = global;
+    g->overflow = false;
+}
+
+/* The opening of a kernel after its signature: the slot bases and the
+ * dependent-launch calls. */
+static void kernel_head(gen *g, bool is_gemv, sg__emit *head) {
+    int n = g->global ? g->ir->nslots : g->nloc;
+    for (int i = 0; i < n; i++)
+        if (!g->global || g->loc[i] >= 0)
+            sg__emit_line(head, "    char *const s%d = slot[%d];", i, i);
+    sg__emit_line(head, "    sg_pdl_launch();");
+    if (!is_gemv) sg__emit_line(head, "    sg_pdl_wait();");
+}
+
+/* Group k's kernel into g->e (and its launch into kinfo[k]), or nothing; a
+ * kernel whose text an earlier group's has is named, not emitted again. */
+static void emit_kernel(gen *g, const sg__group *grp, int k, sg__cuda_kinfo *kinfo) {
+    sg__cuda_kinfo *ki = &kinfo[k];
+    memset(ki, 0, sizeof *ki);
+    int nslots = g->ir->nslots ? g->ir->nslots : 1;
+    bool *aligned = sg__calloc(g->e->ctx, sizeof(bool) * (size_t)nslots);
+    if (!aligned) {
+        g->e->oom = true;
+        return;
+    }
+    sg__emit body = {.ctx = g->e->ctx}, head = {.ctx = g->e->ctx};
+    sg__emit *outer = g->e;
+    const char *what = "";
+    bool is_gemv = false, has = false;
+    for (int global = 0; global < 2; global++) { /* the global numbering when too many slots */
+        reset_slots(g, global);
+        memset(ki, 0, sizeof *ki);
+        memset(aligned, 0, sizeof(bool) * (size_t)nslots);
+        sg__emit_free(&body);
+        body = (sg__emit){.ctx = outer->ctx, .depth = 1};
+        g->e = &body;
+        has = emit_group(g, grp, ki, aligned, &what, &is_gemv);
+        g->e = outer;
+        if (!g->overflow) break;
+    }
+    if (has) {
+        kernel_head(g, is_gemv, &head);
+        kernel_name(g, grp, &head, &body, ki);
+        ki->nlocal = g->global ? -1 : g->nloc;
+        memcpy(ki->local, g->locals, sizeof(int) * (size_t)(g->global ? 0 : g->nloc));
+        const sg__cuda_kinfo *same = NULL;
+        for (int j = 0; j < k && !same; j++)
+            if (kinfo[j].emitted && strcmp(kinfo[j].name, ki->name) == 0) same = &kinfo[j];
+        ki->emitted = same == NULL;
+        if (same) {
+            sg__emit_line(g->e, "/* kernel %d (IR lines %d..%d): %s, as above */", k, grp->first,
+                          grp->last, ki->name);
+        } else {
+            kernel_comment(g, grp, k, ki, what);
+            sg__emit_line(
+                g->e, "extern \"C\" __global__ void __launch_bounds__(%d) %s(char *const *slot) {",
+                launch_bound(ki), ki->name);
+            if (head.buf) sg__emit_raw(g->e, "%s", head.buf);
+            if (body.buf) sg__emit_raw(g->e, "%s", body.buf);
+            sg__emit_line(g->e, "}");
+        }
+        sg__emit_line(g->e, "%s", "");
+    }
+    if (body.oom || head.oom) g->e->oom = true;
+    sg__emit_free(&head);
     sg__emit_free(&body);
-    sg__free(g->e->ctx, used, sizeof(bool) * (size_t)nslots * 2);
+    sg__free(g->e->ctx, aligned, sizeof(bool) * (size_t)nslots);
 }
 
 /* ------------------------------------------------------------ for cgen_cuda_row.c */
@@ -1012,13 +1303,12 @@ bool sg__cuda_walk_flat(const sg__cuda_gen *g, const sg__group *grp, int from, i
     return flat && (!extra || flat_ok(extra, nd, shape));
 }
 
-void sg__cuda_lvalue_at(const sg__cuda_gen *g, const sg__ref *r, const char *off, char *buf,
+void sg__cuda_lvalue_at(sg__cuda_gen *g, const sg__ref *r, const char *off, char *buf,
                         size_t size) {
-    (void)g;
-    snprintf(buf, size, "((%s *)s%d)[%s]", ctype(r->dtype), r->slot, off);
+    snprintf(buf, size, "((%s *)s%d)[%s]", ctype(r->dtype), lslot(g, r->slot), off);
 }
 
-void sg__cuda_lvalue(const sg__cuda_gen *g, const sg__ref *r, int nd, const int64_t *shape,
+void sg__cuda_lvalue(sg__cuda_gen *g, const sg__ref *r, int nd, const int64_t *shape,
                      bool flat, char *buf, size_t size) {
     char off[256];
     offset_expr(r, nd, shape, flat ? IX_FLAT : IX_NESTED, off, sizeof off);
@@ -1052,14 +1342,17 @@ void sg__cgen_cuda_fuse_opts(sg__fuse_opts *o, bool disable) {
 sg_status sg__cgen_cuda(sg_ctx *ctx, const sg__ir *ir, const sg__fused *f, const char *title,
                         sg__emit *e, sg__cuda_kinfo *kinfo, int *nkernels) {
     gen g = {.ir = ir, .f = f, .e = e};
+    g.loc = sg__calloc(ctx, sizeof(int) * (size_t)(ir->nslots ? ir->nslots : 1));
+    if (!g.loc) return sg__fail(ctx, SG_ERR_OOM, "codegen: out of host memory for the CUDA source");
     sg__emit_line(e, "/* stepgraph: %s -- %d groups for %d IR ops (generated; CUDA C for NVRTC) */",
                   title, f->ngroups, ir->nnodes);
     sg__emit_raw(e, "%s\n", preamble);
     int nk = 0;
     for (int k = 0; k < f->ngroups; k++) {
-        emit_kernel(&g, &f->groups[k], k, &kinfo[k]);
+        emit_kernel(&g, &f->groups[k], k, kinfo);
         nk += kinfo[k].name[0] != '\0';
     }
+    sg__free(ctx, g.loc, sizeof(int) * (size_t)(ir->nslots ? ir->nslots : 1));
     if (e->oom) return sg__fail(ctx, SG_ERR_OOM, "codegen: out of host memory for the CUDA source");
     *nkernels = nk;
     return SG_OK;

@@ -143,7 +143,14 @@ SG__HIDDEN sg_status sg__cgen_c(sg_ctx *ctx, const sg__ir *ir, const sg__fused *
  * One CUDA C unit per fused capture, for NVRTC: self-contained (no
  * #include), every shape, stride and offset a constant, each kernel
  *     extern "C" __global__ void <name>(char *const *slot)
- * reading slot s's base address from slot[s], a table in device memory.
+ * reading its tensors' base addresses from slot[], a table in device memory.
+ * Slots are numbered per kernel: local entry 0 is the first IR slot the
+ * kernel uses, 1 the next, and so on (kinfo.local), so that kernels doing
+ * the same thing on different tensors (the layers of a model) have one text;
+ * each distinct text is emitted once, named <ops>_<dtype>_<shape>_<hash of
+ * the text>, and every group running it names it. A kernel using more than
+ * SG__CUDA_MAX_LOCAL slots reads the capture-wide table (slot[s] is IR slot
+ * s) instead: kinfo.nlocal is -1.
  * POINTWISE and MULTI groups, and the epilogue of a REDUCE, ROW or MATMUL
  * group whose anchor the library runs, become one kernel each; a MATMUL
  * group with at most 8 rows and a weight contiguous along K or along N
@@ -152,6 +159,7 @@ SG__HIDDEN sg_status sg__cgen_c(sg_ctx *ctx, const sg__ir *ir, const sg__fused *
  * REDUCE group (cgen_cuda_row.c). OPAQUE groups get nothing.
  */
 #define SG__CUDA_NTUNE 3 /* block sizes max-autotune tries: 128, 256, 512 */
+#define SG__CUDA_MAX_LOCAL 64 /* entries of a kernel's own address table */
 typedef struct sg__cuda_kinfo {
     char name[128];       /* the group's kernel, "" when it has none */
     unsigned grid, block; /* its launch: grid x 1 x 1 blocks of block threads */
@@ -159,6 +167,10 @@ typedef struct sg__cuda_kinfo {
                                            all 0 when the block size is fixed */
     int64_t iters;        /* elements (GEMV: output columns) it covers */
     bool replaces_call;   /* the kernel computes the anchor: no library call */
+    bool emitted;         /* its text is in the unit here; false: an earlier
+                             group's kernel of the same name runs it */
+    int nlocal;           /* entries of its address table, -1: the capture-wide one */
+    int local[SG__CUDA_MAX_LOCAL]; /* per entry, the IR slot whose base it holds */
 } sg__cuda_kinfo;
 
 /* The fusion options the CUDA dialect expects (no prologues before library
@@ -166,7 +178,8 @@ typedef struct sg__cuda_kinfo {
 SG__HIDDEN void sg__cgen_cuda_fuse_opts(sg__fuse_opts *o, bool disable);
 
 /* The unit into e; kinfo (f->ngroups entries) gets each group's kernel and
- * launch, *nkernels the count of generated kernels. */
+ * launch, *nkernels the count of groups that launch a generated kernel (the
+ * distinct kernels are those with kinfo.emitted). */
 SG__HIDDEN sg_status sg__cgen_cuda(sg_ctx *ctx, const sg__ir *ir, const sg__fused *f,
                                    const char *title, sg__emit *e, sg__cuda_kinfo *kinfo,
                                    int *nkernels);
@@ -203,10 +216,10 @@ SG__HIDDEN void sg__cuda_round_trip(const char *e, sg_dtype dt, char *buf, size_
 SG__HIDDEN bool sg__cuda_walk_flat(const sg__cuda_gen *g, const sg__group *grp, int from, int to,
                                    int nd, const int64_t *shape, const sg__ref *extra);
 /* The element of r at element offset `off` (a C expression), as an lvalue. */
-SG__HIDDEN void sg__cuda_lvalue_at(const sg__cuda_gen *g, const sg__ref *r, const char *off,
+SG__HIDDEN void sg__cuda_lvalue_at(sg__cuda_gen *g, const sg__ref *r, const char *off,
                                    char *buf, size_t size);
 /* The element of r at the walk index, as an lvalue. */
-SG__HIDDEN void sg__cuda_lvalue(const sg__cuda_gen *g, const sg__ref *r, int nd,
+SG__HIDDEN void sg__cuda_lvalue(sg__cuda_gen *g, const sg__ref *r, int nd,
                                 const int64_t *shape, bool flat, char *buf, size_t size);
 /* Declare i0..i<nd-1> from i. */
 SG__HIDDEN void sg__cuda_unflatten(sg__cuda_gen *g, int nd, const int64_t *shape);

@@ -659,12 +659,16 @@ SG_API sg_status sg_grad(sg_tensor *loss, int n, sg_tensor *const *wrt, sg_tenso
  * multi-tensor kernels (16-byte vector loads where the layout allows),
  * epilogue kernels after reductions, row ops and cuBLASLt matmuls, and
  * GEMV kernels with bias and epilogue fused for matmuls of up to 8 rows
- * (batch-1 inference). REDUCE_OVERHEAD and MAX_AUTOTUNE record a CUDA graph
+ * (batch-1 inference), and embedding, index_select, concat and
+ * index_copy_ as generated kernels. Kernels that do the same work on
+ * different tensors (the layers of a model) are one kernel in the program,
+ * each launch reading its own table of addresses. REDUCE_OVERHEAD and MAX_AUTOTUNE record a CUDA graph
  * per output set and replay it with one launch; a new input address
  * rewrites the device table of addresses the kernels read and re-records
  * the graph, which patches the instantiated one (cuGraphExecUpdate). The
  * MAX_AUTOTUNE modes time 128/256/512 threads per generated kernel on the
- * real buffers. Kernels launch with programmatic dependent launch on sm_90
+ * real buffers (what the step writes in place is copied aside first and put
+ * back after). Kernels launch with programmatic dependent launch on sm_90
  * (SG_CUDA_PDL=0 turns it off).
  *
  * What a step may do: read its inputs and any tensors made outside it (its

@@ -10,8 +10,12 @@
  * epilogue at batch 64, AdamW over
  * 10 parameters as one MULTI kernel, GEMV at odd sizes and for a matmul with
  * its weight either way round, no GEMV when its epilogue writes its own
- * input, an input whose base is not 16-byte aligned) and random op DAGs
- * over every dtype, 24 programs to a unit.
+ * input, an input whose base is not 16-byte aligned, a 12-layer
+ * transformer-like step whose layers share their kernels: as many distinct
+ * kernels as one layer has, and twelve times its launches, embedding,
+ * index_select, concat of narrowed halves and index_copy_ into a cache as
+ * generated kernels with no library call) and random op
+ * DAGs over every dtype, 24 programs to a unit.
  * The numerics of the kernels run under the gpu label (the capture tests on
  * the CUDA backend). Exits 77 when NVRTC cannot be loaded.
  */
@@ -33,6 +37,8 @@ static int units_compiled;
 typedef struct counts {
     int groups, kernels, calls, gemv, multi;
     int rows; /* row kernels: a ROW or REDUCE group computed without a library call */
+    int distinct; /* kernels whose text is in the unit (the others reuse one) */
+    double nvrtc_s;
 } counts;
 
 /*
@@ -61,6 +67,19 @@ static bool cuda_unit(sg_fn *fn, const char *name, counts *c) {
         if (ki[k].replaces_call && grp->kind != SG__G_MATMUL) c->rows++;
         if (grp->kind == SG__G_MULTI) c->multi++;
         if (ki[k].name[0]) ok = TU_EXPECT(ki[k].grid > 0 && ki[k].block > 0);
+        c->distinct += ki[k].emitted;
+        /* Each kernel's own table names the slots it uses, once each. */
+        for (int i = 0; ok && ki[k].name[0] && i < ki[k].nlocal; i++)
+            for (int j = 0; ok && j < i; j++) ok = TU_EXPECT(ki[k].local[i] != ki[k].local[j]);
+        /* A kernel named like an earlier one is emitted once, and its text is there. */
+        if (ok && ki[k].name[0]) {
+            char sig[160];
+            snprintf(sig, sizeof sig, " %s(char *const *slot)", ki[k].name);
+            const char *at = strstr(e.buf, sig);
+            ok = TU_EXPECT(at != NULL) && TU_EXPECT(strstr(at + 1, sig) == NULL);
+            for (int j = 0; ok && j < k; j++)
+                if (strcmp(ki[j].name, ki[k].name) == 0) ok = TU_EXPECT(!ki[k].emitted);
+        }
     }
     if (ok && getenv("SG_TEST_PRINT_CUDA")) fprintf(stderr, "%s\n", e.buf);
     if (ok && nk > 0 && !nvrtc_missing) {
@@ -70,8 +89,9 @@ static bool cuda_unit(sg_fn *fn, const char *name, counts *c) {
         clock_gettime(CLOCK_MONOTONIC, &t0);
         sg_status s = sg__nvrtc_build(ctx, name, e.buf, 90, &cubin, &size);
         clock_gettime(CLOCK_MONOTONIC, &t1);
-        fprintf(stderr, "  %s: %d kernels, %zu bytes of CUDA C, NVRTC %.2f s\n", name, nk, e.len,
-                (double)(t1.tv_sec - t0.tv_sec) + 1e-9 * (double)(t1.tv_nsec - t0.tv_nsec));
+        c->nvrtc_s = (double)(t1.tv_sec - t0.tv_sec) + 1e-9 * (double)(t1.tv_nsec - t0.tv_nsec);
+        fprintf(stderr, "  %s: %d kernels (%d distinct), %zu bytes of CUDA C, NVRTC %.2f s\n", name,
+                nk, c->distinct, e.len, c->nvrtc_s);
         if (s == SG_ERR_BACKEND_UNAVAILABLE) {
             nvrtc_missing = true;
         } else {
@@ -211,7 +231,8 @@ static void test_mlp(sg_dtype dt, int64_t batch, int layers, bool matmul, bool t
              layers, matmul ? "matmul" : "linear", transpose ? "_t" : "");
     bool gemv = batch <= 8;
     bool ok = capture(fn, &x, 1, 1) && cuda_unit(fn, name, &c) && TU_EXPECT(c.kernels == layers) &&
-              TU_EXPECT(c.gemv == (gemv ? layers : 0)) && TU_EXPECT(c.calls == (gemv ? 0 : layers));
+              TU_EXPECT(c.distinct == 1) && TU_EXPECT(c.gemv == (gemv ? layers : 0)) &&
+              TU_EXPECT(c.calls == (gemv ? 0 : layers));
     tu_case(ok,
             "CUDA_MLP(type=%s,batch=%lld,layers=%d,%s%s) -> %d kernels (%d GEMV) + %d library "
             "calls",
@@ -220,6 +241,100 @@ static void test_mlp(sg_dtype dt, int64_t batch, int layers, bool matmul, bool t
     sg_release(x);
     for (int l = 0; l < layers; l++) sg_release(m.w[l]), sg_release(m.b[l]);
     sg_fn_destroy(fn);
+}
+
+/* A decoder-like block per layer at batch 1: rms_norm, a gated MLP
+ * (silu(x w1) * (x w3)) w2, a residual add, each layer's weights its own. */
+#define TL_MAX 12
+typedef struct tlayers {
+    int layers;
+    sg_tensor *g[TL_MAX], *w1[TL_MAX], *w3[TL_MAX], *w2[TL_MAX];
+} tlayers;
+
+static sg_status tlayers_step(sg_ctx *c, sg_tensor *const *in, sg_tensor **out, void *user) {
+    const tlayers *m = user;
+    sg_tensor *h = in[0];
+    for (int l = 0; l < m->layers; l++) {
+        sg_tensor *x = sg_rms_norm(h, m->g[l], 1e-6);
+        sg_tensor *u = sg_mul(sg_silu(sg_linear(x, m->w1[l], NULL)), sg_linear(x, m->w3[l], NULL));
+        h = sg_add(h, sg_linear(u, m->w2[l], NULL));
+    }
+    out[0] = h;
+    return h ? SG_OK : sg_ctx_status(c);
+}
+
+static bool tlayers_unit(sg_dtype dt, int layers, counts *c) {
+    tlayers m = {.layers = layers};
+    int64_t d = 256, f = 512, w1s[2] = {f, d}, w2s[2] = {d, f}, xs[2] = {1, d};
+    for (int l = 0; l < layers; l++) {
+        m.g[l] = tu_rand(ctx, dt, 1, &d, 0.5, 1.5, NULL);
+        m.w1[l] = tu_rand(ctx, dt, 2, w1s, -0.05, 0.05, NULL);
+        m.w3[l] = tu_rand(ctx, dt, 2, w1s, -0.05, 0.05, NULL);
+        m.w2[l] = tu_rand(ctx, dt, 2, w2s, -0.05, 0.05, NULL);
+    }
+    sg_tensor *x = tu_rand(ctx, dt, 2, xs, -1, 1, NULL);
+    sg_fn *fn = compile(tlayers_step, &m, 1, 1);
+    char name[64];
+    snprintf(name, sizeof name, "cu_layers_%s_l%d", sg_dtype_name(dt), layers);
+    bool ok = capture(fn, &x, 1, 1) && cuda_unit(fn, name, c);
+    sg_fn_destroy(fn);
+    sg_release(x);
+    for (int l = 0; l < layers; l++)
+        sg_release(m.g[l]), sg_release(m.w1[l]), sg_release(m.w3[l]), sg_release(m.w2[l]);
+    return ok;
+}
+
+/* 12 layers emit the distinct kernels of one, and launch 12 times as many. */
+static void test_layers(sg_dtype dt) {
+    counts one = {0}, all = {0};
+    bool ok = tlayers_unit(dt, 1, &one) && tlayers_unit(dt, TL_MAX, &all) &&
+              TU_EXPECT(one.kernels >= 3) && TU_EXPECT(all.kernels == TL_MAX * one.kernels) &&
+              TU_EXPECT(all.calls == TL_MAX * one.calls) && TU_EXPECT(all.distinct == one.distinct);
+    tu_case(ok,
+            "CUDA_LAYERS_SHARE_KERNELS(type=%s,layers=%d,d=256,f=512,batch=1) -> %d launches of "
+            "%d distinct kernels (one layer: %d of %d), NVRTC %.2f s",
+            sg_dtype_name(dt), TL_MAX, all.kernels, all.distinct, one.kernels, one.distinct,
+            all.nvrtc_s);
+}
+
+/* Decode-step data movement: token embedding plus a position row, the
+ * halves rotated by concat, the result written into a cache row by
+ * index_copy_ (every one a generated kernel, no library call). */
+typedef struct datamove {
+    sg_tensor *wte, *wpe, *cache;
+} datamove;
+
+static sg_status datamove_step(sg_ctx *c, sg_tensor *const *in, sg_tensor **out, void *user) {
+    const datamove *m = user;
+    int64_t d = m->wte->shape[1];
+    sg_tensor *h = sg_add(sg_embedding(m->wte, in[0]), sg_index_select(m->wpe, 0, in[1]));
+    sg_tensor *halves[2] = {sg_neg(sg_narrow(h, 1, d / 2, d / 2)), sg_narrow(h, 1, 0, d / 2)};
+    sg_tensor *r = sg_add(h, sg_concat(2, halves, 1));
+    sg_status s = sg_index_copy_(m->cache, 0, in[1], r);
+    out[0] = r;
+    return s != SG_OK ? s : sg_ctx_status(c);
+}
+
+static void test_datamove(sg_dtype dt, sg_dtype it, int64_t rows) {
+    int64_t ws[2] = {50, 64}, ps[2] = {32, 64};
+    datamove m = {tu_rand(ctx, dt, 2, ws, -1, 1, NULL), tu_rand(ctx, dt, 2, ps, -1, 1, NULL),
+                  tu_rand(ctx, dt, 2, ps, -1, 1, NULL)};
+    sg_tensor *in[2] = {tu_rand(ctx, it, 1, &rows, 0, 49, NULL),
+                        tu_rand(ctx, it, 1, &rows, 0, 31, NULL)};
+    sg_fn *fn = compile(datamove_step, &m, 2, 1);
+    counts c = {0};
+    char name[64];
+    snprintf(name, sizeof name, "cu_datamove_%s_%s_%lld", sg_dtype_name(dt), sg_dtype_name(it),
+             (long long)rows);
+    bool ok = capture(fn, in, 2, 1) && cuda_unit(fn, name, &c) && TU_EXPECT(c.calls == 0) &&
+              TU_EXPECT(c.kernels >= 4);
+    tu_case(ok,
+            "CUDA_DATA_MOVEMENT(type=%s,idx=%s,rows=%lld: embedding, index_select, concat, "
+            "index_copy_) -> %d kernels + %d library calls",
+            sg_dtype_name(dt), sg_dtype_name(it), (long long)rows, c.kernels, c.calls);
+    sg_fn_destroy(fn);
+    sg_release(in[0]), sg_release(in[1]);
+    sg_release(m.wte), sg_release(m.wpe), sg_release(m.cache);
 }
 
 /* Odd sizes: 3 rows, N = 37, K = 100 (vector loads only where K divides). */
@@ -554,6 +669,10 @@ int main(int argc, char **argv) {
         test_chain(SG_F32, 4096, 1);
         test_rows(SG_F32);
         test_rows(SG_BF16);
+        test_layers(SG_F32);
+        test_datamove(SG_F32, SG_I64, 1);
+        test_datamove(SG_BF16, SG_I32, 5);
+        test_layers(SG_BF16);
         test_mlp(SG_BF16, 1, 8, false, false);
         test_mlp(SG_F32, 4, 2, false, false);
         test_mlp(SG_F16, 1, 1, true, false);

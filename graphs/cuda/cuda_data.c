@@ -407,6 +407,21 @@ static sg_status per_row(sg_ctx *ctx, const sg__node *n) {
     return launch(ctx, "sg_data_sample", rows, args);
 }
 
+sg_status sg__cuda_data_check(sg_ctx *ctx, const sg__node *n) {
+    char what[64];
+    switch (n->op) {
+    case SG__OP_EMBEDDING:
+        return check_indices(ctx, "sg_embedding", n->in[1], n->in[0]->shape[0], "dim 0 of weight");
+    case SG__OP_INDEX_SELECT:
+        snprintf(what, sizeof what, "dim %d of x", (int)n->i[0]);
+        return check_indices(ctx, "sg_index_select", n->in[1], n->in[0]->shape[n->i[0]], what);
+    case SG__OP_INDEX_COPY:
+        snprintf(what, sizeof what, "dim %d of dst", (int)n->i[0]);
+        return check_indices(ctx, "sg_index_copy_", n->in[1], n->out->shape[n->i[0]], what);
+    default: return SG_OK;
+    }
+}
+
 sg_status sg__cuda_data(sg_ctx *ctx, const sg__node *n) {
     switch (n->op) {
     case SG__OP_EMBEDDING: return embedding(ctx, n);

@@ -6,10 +6,16 @@
  * table: per group, its kernel, grid and block, and whether the kernel
  * computes the anchor itself (the GEMV of a small matmul). Anchors it does
  * not compute (reductions, rows, large matmuls) and opaque nodes run the
- * eager kernel families, then the group's kernel runs its epilogue. Every
- * generated kernel reads its tensors through a slot table in device memory
- * (one per output set), so a replay needs no per-kernel arguments beyond
- * that table.
+ * eager kernel families, then the group's kernel runs its epilogue; the data
+ * ops the generator emits (embedding, index_select, concat, index_copy_) run
+ * as its kernels, their indices checked on the host first when no graph is
+ * being recorded, as the eager kernels do. Every
+ * generated kernel reads its tensors through a table of base addresses in
+ * device memory: its own (the addresses of the slots it uses, in its local
+ * numbering, so that one kernel serves every layer), or the capture-wide
+ * one (slot s at entry s) for kernels with too many slots. One device array
+ * per output set holds the capture-wide table followed by every launch's
+ * own, so a replay needs no per-kernel argument beyond a pointer into it.
  *
  * REDUCE_OVERHEAD and MAX_AUTOTUNE replay a CUDA graph per output set: the
  * first replay of a set runs the kernels directly (it sizes scratch
@@ -22,7 +28,9 @@
  * MAX_AUTOTUNE_NO_GRAPHS launch the kernels one by one. Any failure to
  * record, instantiate or update falls back to launching (logged once).
  * The MAX_AUTOTUNE modes time 128, 256 and 512 threads per block for each
- * generated kernel at the first replay, with events on the real buffers.
+ * generated kernel at the first replay, with events on the real buffers;
+ * what the step writes in its inputs and parameters is copied aside before
+ * and put back after, so tuning changes no value the caller sees.
  */
 #include "../graphs.h"
 #include "exec.h"
@@ -36,7 +44,7 @@
 #include <unistd.h>
 
 typedef struct set_state {
-    CUdeviceptr table; /* nslots device pointers */
+    CUdeviceptr table; /* ntable device pointers */
     char **addrs;      /* the addresses the table and graph hold */
     CUgraphExec exec;
     int runs; /* replays into this set so far */
@@ -47,6 +55,8 @@ typedef struct cu_graph {
     CUfunction *kfn;       /* per group, NULL without a generated kernel */
     sg__cuda_kinfo *kinfo; /* per group: kernel name, launch, whether it replaces the call */
     int ngroups, nslots;
+    int ntable;  /* entries of a set's table: nslots, then the launches' own */
+    int *argoff; /* per group: the entry its kernel's table starts at */
     set_state *sets;
     int nsets;
     bool use_graph, said;
@@ -68,12 +78,13 @@ static void release(sg_ctx *ctx, sg__graph *g) {
     for (int s = 0; s < cg->nsets; s++) {
         if (cg->sets[s].exec) cu->cuGraphExecDestroy(cg->sets[s].exec);
         if (cg->sets[s].table) cu->cuMemFree_v2(cg->sets[s].table);
-        sg__free(ctx, cg->sets[s].addrs, sizeof(char *) * (size_t)(cg->nslots ? cg->nslots : 1));
+        sg__free(ctx, cg->sets[s].addrs, sizeof(char *) * (size_t)(cg->ntable ? cg->ntable : 1));
     }
     sg__free(ctx, cg->sets, sizeof *cg->sets * (size_t)(cg->nsets ? cg->nsets : 1));
     if (cg->mod) cu->cuModuleUnload(cg->mod);
     sg__free(ctx, cg->kfn, sizeof *cg->kfn * (size_t)(cg->ngroups ? cg->ngroups : 1));
     sg__free(ctx, cg->kinfo, sizeof *cg->kinfo * (size_t)(cg->ngroups ? cg->ngroups : 1));
+    sg__free(ctx, cg->argoff, sizeof *cg->argoff * (size_t)(cg->ngroups ? cg->ngroups : 1));
     sg__free(ctx, cg, sizeof *cg);
     g->dev = NULL;
 }
@@ -147,7 +158,9 @@ static sg_status compile(sg_fn *fn, sg__graph *g) {
     cg->nslots = g->ir.nslots;
     cg->kfn = sg__calloc(ctx, sizeof *cg->kfn * (size_t)(cg->ngroups ? cg->ngroups : 1));
     cg->kinfo = sg__calloc(ctx, sizeof *cg->kinfo * (size_t)(cg->ngroups ? cg->ngroups : 1));
-    if (!cg->kfn || !cg->kinfo) return sg__fail(ctx, SG_ERR_OOM, "cuda: out of host memory");
+    cg->argoff = sg__calloc(ctx, sizeof *cg->argoff * (size_t)(cg->ngroups ? cg->ngroups : 1));
+    if (!cg->kfn || !cg->kinfo || !cg->argoff)
+        return sg__fail(ctx, SG_ERR_OOM, "cuda: out of host memory");
     sg__emit e = {.ctx = ctx};
     int nk = 0;
     sg_status s = sg__cgen_cuda(ctx, &g->ir, &g->fused, g->module, &e, cg->kinfo, &nk);
@@ -157,6 +170,13 @@ static sg_status compile(sg_fn *fn, sg__graph *g) {
         s = sg__nvrtc_build(ctx, g->module, e.buf, sg__cuda_arch(ctx), &cubin, &size);
     if (s == SG_OK && nk > 0) tune_path(ctx, g->module, e.buf, cg);
     sg__emit_free(&e);
+    /* Each launch's own table follows the capture-wide one. */
+    cg->ntable = cg->nslots;
+    for (int k = 0; k < cg->ngroups; k++) {
+        bool own = cg->kinfo[k].name[0] && cg->kinfo[k].nlocal >= 0;
+        cg->argoff[k] = own ? cg->ntable : 0;
+        cg->ntable += own ? cg->kinfo[k].nlocal : 0;
+    }
     if (s == SG_OK && nk > 0) {
         CUresult r = cu->cuModuleLoadData(&cg->mod, cubin);
         if (r != CUDA_SUCCESS) s = sg__cu_fail(ctx, r, "cuModuleLoadData", g->module);
@@ -186,6 +206,12 @@ static int call_node(const sg__group *grp) {
     return -1;
 }
 
+/* The pointer kernel k receives: its own table in the set's array, or the
+ * capture-wide one at the start of it. */
+static CUdeviceptr table_of(const cu_graph *cg, const set_state *st, int k) {
+    return st->table + sizeof(char *) * (size_t)cg->argoff[k];
+}
+
 /* Every group in order on the context's stream: the library's part (an
  * anchor or opaque node, unless the generated kernel computes it), then
  * the generated kernel. */
@@ -199,15 +225,32 @@ static sg_status launch_all(sg_ctx *ctx, sg__graph *g, set_state *st) {
             sg_status s = ctx->exec.run(ctx, &g->nodes[node]);
             if (s != SG_OK) return s;
         }
+        /* A data op run by a generated kernel: bad indices fail the call
+         * before anything is written, as in the eager kernel. */
+        if (grp->kind == SG__G_OPAQUE && ki->replaces_call) {
+            sg_status s = sg__cuda_data_check(ctx, &g->nodes[node]);
+            if (s != SG_OK) return s;
+        }
         if (!cg->kfn[k]) continue;
         unsigned grid[3] = {ki->grid, 1, 1}, block[3] = {ki->block, 1, 1};
-        void *args[1] = {&st->table};
+        CUdeviceptr tab = table_of(cg, st, k);
+        void *args[1] = {&tab};
         /* Generated kernels wait (griddepcontrol.wait) before they read
          * what earlier kernels wrote, so each may start early. */
         sg_status s = sg__cuda_launch_pdl(ctx, cg->kfn[k], grid, block, 0, args);
         if (s != SG_OK) return s;
     }
     return SG_OK;
+}
+
+/* Every entry of a set's table from the slot addresses: the capture-wide
+ * part, then each launch's own entries. */
+static void fill_table(const cu_graph *cg, char *const *slotp, char **addrs) {
+    memcpy(addrs, slotp, sizeof(char *) * (size_t)cg->nslots);
+    for (int k = 0; k < cg->ngroups; k++)
+        if (cg->kinfo[k].name[0] && cg->kinfo[k].nlocal >= 0)
+            for (int i = 0; i < cg->kinfo[k].nlocal; i++)
+                addrs[cg->argoff[k] + i] = slotp[cg->kinfo[k].local[i]];
 }
 
 /* The set's slot table holds this call's addresses (rewritten if any moved). */
@@ -225,7 +268,7 @@ static sg_status table_for(sg_ctx *ctx, sg__graph *g, int set, set_state **out, 
         cg->nsets = set + 1;
     }
     set_state *st = &cg->sets[set];
-    size_t bytes = sizeof(char *) * (size_t)(cg->nslots ? cg->nslots : 1);
+    size_t bytes = sizeof(char *) * (size_t)(cg->ntable ? cg->ntable : 1);
     *moved = false;
     if (!st->addrs) {
         st->addrs = sg__calloc(ctx, bytes);
@@ -237,7 +280,7 @@ static sg_status table_for(sg_ctx *ctx, sg__graph *g, int set, set_state **out, 
     if (memcmp(st->addrs, g->slotp, sizeof(char *) * (size_t)cg->nslots) != 0) *moved = true;
     if (*moved) {
         /* The host copy must outlive the async copy: st->addrs does. */
-        memcpy(st->addrs, g->slotp, sizeof(char *) * (size_t)cg->nslots);
+        fill_table(cg, g->slotp, st->addrs);
         CUresult r = cu->cuMemcpyHtoDAsync_v2(st->table, st->addrs, bytes, sg__cuda_stream(ctx));
         if (r != CUDA_SUCCESS) return sg__cu_fail(ctx, r, "cuMemcpyHtoDAsync", "a slot table");
     }
@@ -292,7 +335,8 @@ static sg_status time_kernel(sg_ctx *ctx, cu_graph *cg, int k, int t, set_state 
     CUstream stream = sg__cuda_stream(ctx);
     CUevent e0 = NULL, e1 = NULL;
     unsigned grid[3] = {cg->kinfo[k].tune_grid[t], 1, 1}, block[3] = {128u << t, 1, 1};
-    void *args[1] = {&st->table};
+    CUdeviceptr tab = table_of(cg, st, k);
+    void *args[1] = {&tab};
     sg_status s = SG_OK;
     CUresult r = cu->cuEventCreate(&e0, CU_EVENT_DEFAULT);
     if (r == CUDA_SUCCESS) r = cu->cuEventCreate(&e1, CU_EVENT_DEFAULT);
@@ -311,30 +355,83 @@ static sg_status time_kernel(sg_ctx *ctx, cu_graph *cg, int k, int t, set_state 
     return s;
 }
 
-/*
- * Time each generated kernel that takes any block size with 128, 256 and
- * 512 threads on the real buffers and keep the fastest. The whole step runs
- * first so that every kernel reads the values it would read in a replay.
- * Only for captures that write no input or parameter: running kernels again
- * must not change anything the user can see (intermediates are recomputed
- * by the replay that follows). A failure keeps the default launches.
- */
-static void autotune(sg_fn *fn, sg__graph *g, set_state *st) {
+/* A device copy of the bytes a step writes in one input or parameter. */
+typedef struct saved {
+    CUdeviceptr at, copy;
+    size_t bytes;
+} saved;
+
+/* The bytes of slot s that the step's refs reach, from its base: [lo, hi). */
+static void slot_extent(const sg__ir *ir, int s, int64_t *lo, int64_t *hi) {
+    *lo = INT64_MAX, *hi = INT64_MIN;
+    for (int r = 0; r < ir->nrefs; r++) {
+        const sg__ref *f = &ir->refs[r];
+        if (f->slot != s) continue;
+        int64_t a = f->offset, b = f->offset;
+        bool empty = false;
+        for (int d = 0; d < f->ndim; d++) {
+            int64_t span = (f->shape[d] - 1) * f->stride[d];
+            empty = empty || f->shape[d] == 0;
+            if (span < 0)
+                a += span;
+            else
+                b += span;
+        }
+        if (empty) continue;
+        int64_t es = (int64_t)sg_dtype_size(f->dtype);
+        if (a * es < *lo) *lo = a * es;
+        if ((b + 1) * es > *hi) *hi = (b + 1) * es;
+    }
+}
+
+/* Device copies of everything the step writes in its inputs and parameters
+ * (*n of them into *out), queued on the stream. */
+static sg_status save_mutated(sg_ctx *ctx, sg__graph *g, saved **out, int *n) {
+    const sg__cu_api *cu = api();
+    int nslots = g->ir.nslots ? g->ir.nslots : 1;
+    saved *sv = sg__calloc(ctx, sizeof *sv * (size_t)nslots);
+    *out = sv, *n = 0;
+    if (!sv) return sg__fail(ctx, SG_ERR_OOM, "cuda: out of host memory");
+    for (int s = 0; s < g->ir.nslots; s++) {
+        int64_t lo, hi;
+        if (g->ir.slots[s].mutated_by < 0) continue;
+        slot_extent(&g->ir, s, &lo, &hi);
+        if (hi <= lo) continue;
+        saved *v = &sv[*n];
+        v->at = (CUdeviceptr)(uintptr_t)(g->slotp[s] + lo);
+        v->bytes = (size_t)(hi - lo);
+        CUresult r = cu->cuMemAlloc_v2(&v->copy, v->bytes);
+        if (r == CUDA_SUCCESS) (*n)++;
+        if (r == CUDA_SUCCESS)
+            r = cu->cuMemcpyDtoDAsync_v2(v->copy, v->at, v->bytes, sg__cuda_stream(ctx));
+        if (r != CUDA_SUCCESS)
+            return sg__cu_fail(ctx, r, "cuMemAlloc/cuMemcpyDtoDAsync",
+                               "saving a buffer the step writes in place, for max-autotune");
+    }
+    return SG_OK;
+}
+
+/* Put the saved bytes back, wait for the stream, free the copies. */
+static sg_status restore_mutated(sg_ctx *ctx, sg__graph *g, saved *sv, int n) {
+    const sg__cu_api *cu = api();
+    CUresult r = CUDA_SUCCESS;
+    for (int i = 0; i < n && r == CUDA_SUCCESS; i++)
+        r = cu->cuMemcpyDtoDAsync_v2(sv[i].at, sv[i].copy, sv[i].bytes, sg__cuda_stream(ctx));
+    CUresult rs = cu->cuStreamSynchronize(sg__cuda_stream(ctx));
+    if (r == CUDA_SUCCESS) r = rs;
+    for (int i = 0; i < n; i++) cu->cuMemFree_v2(sv[i].copy);
+    sg__free(ctx, sv, sizeof *sv * (size_t)(g->ir.nslots ? g->ir.nslots : 1));
+    return r == CUDA_SUCCESS
+               ? SG_OK
+               : sg__cu_fail(ctx, r, "cuMemcpyDtoDAsync/cuStreamSynchronize",
+                             "restoring what the step writes in place after max-autotune");
+}
+
+/* Block sizes for every generated kernel that takes any (see autotune). */
+static sg_status tune_kernels(sg_fn *fn, sg__graph *g, set_state *st) {
     sg_ctx *ctx = fn->ctx;
     cu_graph *cg = g->dev;
-    cg->tune = false;
-    for (int s = 0; s < g->ir.nslots; s++)
-        if (g->ir.slots[s].mutated_by >= 0) {
-            sg__log(ctx, "perf_hints",
-                    "fn '%s': max-autotune skipped: the step writes its inputs "
-                    "or parameters in place, so its kernels cannot be run again to time them",
-                    fn->name);
-            return;
-        }
-    sg_status before = ctx->status;
-    char msg[SG__MSG_SIZE];
-    snprintf(msg, sizeof msg, "%s", ctx->msg);
-    sg_status s = launch_all(ctx, g, st);
+    sg_status s = SG_OK;
     for (int k = 0; s == SG_OK && k < cg->ngroups; k++) {
         sg__cuda_kinfo *ki = &cg->kinfo[k];
         if (!cg->kfn[k] || !ki->tune_grid[0]) continue;
@@ -356,6 +453,31 @@ static void autotune(sg_fn *fn, sg__graph *g, set_state *st) {
                 "(%.2f us)",
                 fn->name, ki->name, ki->grid, ki->block, best_ms / 5 * 1e3);
     }
+    return s;
+}
+
+/*
+ * Time each generated kernel that takes any block size with 128, 256 and
+ * 512 threads on the real buffers and keep the fastest. The whole step runs
+ * first so that every kernel reads the values it would read in a replay.
+ * What the step writes in its inputs and parameters is copied aside first
+ * and put back after, so the replay that follows starts from the caller's
+ * values (intermediates are recomputed by it). A failure to time keeps the
+ * default launches and is only logged; a failure to put the values back is
+ * the call's failure.
+ */
+static sg_status autotune(sg_fn *fn, sg__graph *g, set_state *st) {
+    sg_ctx *ctx = fn->ctx;
+    cu_graph *cg = g->dev;
+    cg->tune = false;
+    sg_status before = ctx->status;
+    char msg[SG__MSG_SIZE];
+    snprintf(msg, sizeof msg, "%s", ctx->msg);
+    saved *sv = NULL;
+    int nsv = 0;
+    sg_status s = save_mutated(ctx, g, &sv, &nsv);
+    if (s == SG_OK) s = launch_all(ctx, g, st);
+    if (s == SG_OK) s = tune_kernels(fn, g, st);
     if (s == SG_OK) tune_save(cg);
     if (s != SG_OK) {
         sg__log(ctx, "perf_hints",
@@ -365,6 +487,8 @@ static void autotune(sg_fn *fn, sg__graph *g, set_state *st) {
         ctx->status = before;
         snprintf(ctx->msg, sizeof ctx->msg, "%s", msg);
     }
+    /* Put back even after a failure: the caller's values must not move. */
+    return sv ? restore_mutated(ctx, g, sv, nsv) : SG_OK;
 }
 
 static sg_status run(sg_fn *fn, sg__graph *g, int set) {
@@ -374,7 +498,7 @@ static sg_status run(sg_fn *fn, sg__graph *g, int set) {
     bool moved = false;
     sg_status s = table_for(ctx, g, set, &st, &moved);
     if (s != SG_OK) return s;
-    if (cg->tune) autotune(fn, g, st);
+    if (cg->tune && (s = autotune(fn, g, st)) != SG_OK) return s;
     st->runs++;
     if (!cg->use_graph || st->runs == 1) return launch_all(ctx, g, st);
     if (!st->exec || moved) {

@@ -76,6 +76,10 @@ SG__HIDDEN void **sg__cuda_lt_state(sg_ctx *ctx);
 /* The families (each a cuda_<family>.c). */
 SG__HIDDEN sg_status sg__cuda_pointwise(sg_ctx *ctx, const sg__node *n);
 SG__HIDDEN sg_status sg__cuda_data(sg_ctx *ctx, const sg__node *n);
+/* The index values of a data node (embedding, index_select, index_copy_) in
+ * range, as its eager kernel checks them, for generated kernels that run the
+ * node instead; SG_OK for other nodes and while a graph is recorded. */
+SG__HIDDEN sg_status sg__cuda_data_check(sg_ctx *ctx, const sg__node *n);
 SG__HIDDEN sg_status sg__cuda_reduce(sg_ctx *ctx, const sg__node *n);
 SG__HIDDEN sg_status sg__cuda_row(sg_ctx *ctx, const sg__node *n);
 SG__HIDDEN sg_status sg__cuda_matmul(sg_ctx *ctx, const sg__node *n);
