@@ -430,31 +430,11 @@ extern "C" __global__ void sg_data_topk(i64 *out, const void *x, int dt, i64 row
             out[i * k + s] = best;
             prev.key = bk, prev.idx = best;
             first = false;
-/* ------------------------------------------------------------ index_add */
-
-__device__ __forceinline__ float h2f(u32 h) {
-    u32 sign = (h & 0x8000u) << 16, e = (h >> 10) & 31, m = h & 1023, u;
-    if (e == 0) {
-        if (m == 0) return __uint_as_float(sign);
-        e = 113;
-        while (!(m & 1024)) {
-            m <<= 1;
-            e--;
         }
-        u = sign | (e << 23) | ((m & 1023) << 13);
-    } else if (e == 31) {
-        u = sign | 0x7f800000u | (m << 13);
-    } else {
-        u = sign | ((e + 112) << 23) | (m << 13);
     }
-    return __uint_as_float(u);
 }
 
-__device__ __forceinline__ float load_f(const void *p, i64 i, int dt) {
-    if (dt == DT_F32) return ((const float *)p)[i];
-    u32 h = ((const u16 *)p)[i];
-    return dt == DT_F16 ? h2f(h) : __uint_as_float(h << 16);
-}
+/* ------------------------------------------------------------ index_add */
 
 __device__ __forceinline__ void store_f(void *p, i64 i, int dt, float v) {
     if (dt == DT_F32) ((float *)p)[i] = v;
@@ -482,7 +462,7 @@ extern "C" __global__ void sg_data_index_add(const dt_args a, int dt) {
             i64 v = read_index(a.idx, a.idx_is_i64, j * a.istride[0]);
             if (v < 0 || v >= a.limit) continue;
             i64 at = doff + v * a.sel_stride;
-            store_f(a.dst, at, dt, load_f(a.dst, at, dt) + load_f(a.src, soff + j * a.jstride, dt));
+            store_f(a.dst, at, dt, ld_float(a.dst, dt, at) + ld_float(a.src, dt, soff + j * a.jstride));
         }
     }
 }
