@@ -14,15 +14,18 @@ mkdir -p "$OUTDIR"
 cmake -S . -B build-bench -DCMAKE_BUILD_TYPE=Release -DSTEPGRAPH_TESTS=OFF >/dev/null
 cmake --build build-bench -j"$(nproc)" >/dev/null
 B=./build-bench/bench/bench
+# Every kernel cache of the run is a temporary directory, removed at exit.
+CACHES=$(mktemp -d)
+trap 'rm -rf "$CACHES"' EXIT
 BACK=${SG_BENCH_BACKEND:-cuda}
 # Per-step times: every mode in one process.
-SG_CACHE_DIR=$(mktemp -d) $B --backend "$BACK" ${SG_BENCH_WORK:-} 2>"$OUTDIR/stepgraph.txt" | tee "$OUTDIR/stepgraph_table.txt"
+SG_CACHE_DIR=$(mktemp -d -p "$CACHES") $B --backend "$BACK" ${SG_BENCH_WORK:-} 2>"$OUTDIR/stepgraph.txt" | tee "$OUTDIR/stepgraph_table.txt"
 # First calls: each compiled mode first in a fresh process on an empty cache
 # (cold), then again in another process over the cache it filled (warm).
 : >"$OUTDIR/stepgraph_cold.txt"
 : >"$OUTDIR/stepgraph_warm.txt"
 for m in default reduce-overhead max-autotune max-autotune-no-cudagraphs; do
-    dir=$(mktemp -d)
+    dir=$(mktemp -d -p "$CACHES")
     SG_CACHE_DIR=$dir SG_BENCH_TAG=cold $B --backend "$BACK" --modes "$m" ${SG_BENCH_WORK:-} 2>>"$OUTDIR/stepgraph_cold.txt" >/dev/null
     SG_CACHE_DIR=$dir SG_BENCH_TAG=warm $B --backend "$BACK" --modes "$m" ${SG_BENCH_WORK:-} 2>>"$OUTDIR/stepgraph_warm.txt" >/dev/null
 done

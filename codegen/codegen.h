@@ -21,9 +21,14 @@
  *   SG_CC             the C compiler, one program looked up in PATH (no
  *                     shell, no arguments); default "cc"
  *   SG_CFLAGS         extra flags, split on spaces, after the default ones
+ *   SG_COMPILE_TIMEOUT seconds the compiler may run (default 120; 0: none)
+ *   SG_CACHE_MAX_MB   the size limit of the root (default 1024; 0: none)
+ * The root and SG_OVERRIDE_DIR must be the user's and writable by no one
+ * else; see "cache files" below for the rules every file access follows.
  *
  * Generated C is compiled with -O3 -march=native -fPIC -shared -std=c11,
- * plus -fopenmp when the library itself was built with OpenMP. Emitters
+ * plus -fopenmp when the library itself was built with OpenMP, and
+ * -fsanitize=address,undefined when it was built with STEPGRAPH_SANITIZE. Emitters
  * should guard OpenMP pragmas with #ifdef _OPENMP, so that code stays
  * warning-free (the tests build with SG_CFLAGS="-Wall -Werror").
  */
