@@ -204,8 +204,7 @@ sg_status sg__read_override(sg_ctx *ctx, const char *name, const char *ext, char
                         rc == EPERM ? "is writable by other users or not yours" : strerror(rc),
                         dir);
     rc = sg__read_file(ctx, path, (size_t)1 << 26, text, n);
-    if (rc == ENOMEM)
-        return sg__fail(ctx, SG_ERR_OOM, "codegen: out of memory reading '%s'", path);
+    if (rc == ENOMEM) return sg__fail(ctx, SG_ERR_OOM, "codegen: out of memory reading '%s'", path);
     if (rc)
         return sg__fail(ctx, SG_ERR_COMPILE,
                         "codegen: SG_OVERRIDE_DIR: '%s' is not a readable source file: %s (a "
@@ -418,8 +417,8 @@ sg_status sg_cache_dir(sg_ctx *ctx, char *buf, size_t size) {
     if (s != SG_OK) return s;
     if (strlen(root) >= size)
         return sg__fail(ctx, SG_ERR_INVALID_ARG,
-                        "sg_cache_dir: the cache directory '%s' needs %zu bytes, buf has %zu",
-                        root, strlen(root) + 1, size);
+                        "sg_cache_dir: the cache directory '%s' needs %zu bytes, buf has %zu", root,
+                        strlen(root) + 1, size);
     memcpy(buf, root, strlen(root) + 1);
     return SG_OK;
 }

@@ -184,12 +184,12 @@ static void test_untrusted_root(void) {
 /* ------------------------------------------------------------ entries */
 
 typedef enum attack {
-    LINKED_ENTRY,  /* the entry is a link to a valid entry elsewhere */
-    LINKED_SO,     /* kernel.so is a link to an identical copy */
-    OPEN_ENTRY,    /* the entry directory is mode 0777 */
-    FIFO_META,     /* meta.txt is a FIFO */
-    FIFO_SO,       /* kernel.so is a FIFO */
-    STRAY_FILE,    /* a plain file sits at the entry's path */
+    LINKED_ENTRY, /* the entry is a link to a valid entry elsewhere */
+    LINKED_SO,    /* kernel.so is a link to an identical copy */
+    OPEN_ENTRY,   /* the entry directory is mode 0777 */
+    FIFO_META,    /* meta.txt is a FIFO */
+    FIFO_SO,      /* kernel.so is a FIFO */
+    STRAY_FILE,   /* a plain file sits at the entry's path */
     NUM_ATTACKS
 } attack;
 
@@ -201,8 +201,7 @@ static bool do_attack(const char *entry, attack a) {
     char p[1100], q[1200], elsewhere[600];
     snprintf(elsewhere, sizeof elsewhere, "%s/elsewhere-%d", base, (int)a);
     switch (a) {
-    case LINKED_ENTRY:
-        return rename(entry, elsewhere) == 0 && symlink(elsewhere, entry) == 0;
+    case LINKED_ENTRY: return rename(entry, elsewhere) == 0 && symlink(elsewhere, entry) == 0;
     case LINKED_SO:
         snprintf(p, sizeof p, "%s/kernel.so", entry);
         snprintf(q, sizeof q, "%s.copy", elsewhere);
@@ -258,7 +257,8 @@ static void test_override(void) {
     tu_case(ok, "CACHE_TRUST(override=fifo -> SG_ERR_COMPILE, no hang)");
 
     unlink(path);
-    ok = TU_EXPECT(write_text(other, kernel_src(7), 0600)) && TU_EXPECT(symlink(other, path) == 0) &&
+    ok = TU_EXPECT(write_text(other, kernel_src(7), 0600)) &&
+         TU_EXPECT(symlink(other, path) == 0) &&
          build_fails("sg_k_ovr", 2, SG_ERR_COMPILE,
                      (const char *const[]){path, "symbolic link", NULL});
     tu_case(ok, "CACHE_TRUST(override=symlink -> SG_ERR_COMPILE)");
@@ -271,8 +271,7 @@ static void test_override(void) {
 
     chmod(odir, 0700); /* now trusted: the edited kernel (scale 7) runs */
     sg__module *m = NULL;
-    ok = TU_EXPECT(sg__cache_build_c(ctx, "sg_k_ovr", kernel_src(2), &m) == SG_OK) &&
-         runs_as(m, 7);
+    ok = TU_EXPECT(sg__cache_build_c(ctx, "sg_k_ovr", kernel_src(2), &m) == SG_OK) && runs_as(m, 7);
     sg__module_free(ctx, m);
     tu_case(ok, "CACHE_TRUST(override dir mode=700, regular file -> used)");
     unsetenv("SG_OVERRIDE_DIR");
@@ -285,8 +284,8 @@ static void test_dump(void) {
     snprintf(path, sizeof path, "%s/sg_k_dump.c", ddir);
     snprintf(victim, sizeof victim, "%s/victim.txt", base);
     mkdir(ddir, 0700);
-    bool ok = TU_EXPECT(write_text(victim, "precious\n", 0600)) &&
-              TU_EXPECT(symlink(victim, path) == 0);
+    bool ok =
+        TU_EXPECT(write_text(victim, "precious\n", 0600)) && TU_EXPECT(symlink(victim, path) == 0);
     setenv("SG_DUMP_DIR", ddir, 1);
     ok = ok && build_fails("sg_k_dump", 2, SG_ERR_COMPILE,
                            (const char *const[]){path, "symbolic link", "SG_DUMP_DIR", NULL});
@@ -311,12 +310,13 @@ static void test_timeout(void) {
     char cc[600], cc2[600];
     snprintf(cc, sizeof cc, "%s/slow-cc", base);
     snprintf(cc2, sizeof cc2, "%s/mute-cc", base);
-    bool ok = TU_EXPECT(write_text(cc,
-                                   "#!/bin/sh\n"
-                                   "if [ \"$1\" = --version ]; then echo 'slow cc 1.0'; exit 0; fi\n"
-                                   "sleep 30\n",
-                                   0700)) &&
-              TU_EXPECT(write_text(cc2, "#!/bin/sh\nsleep 30\n", 0700));
+    bool ok =
+        TU_EXPECT(write_text(cc,
+                             "#!/bin/sh\n"
+                             "if [ \"$1\" = --version ]; then echo 'slow cc 1.0'; exit 0; fi\n"
+                             "sleep 30\n",
+                             0700)) &&
+        TU_EXPECT(write_text(cc2, "#!/bin/sh\nsleep 30\n", 0700));
     setenv("SG_COMPILE_TIMEOUT", "1", 1);
     const char *const ccs[2] = {cc, cc2};
     for (int i = 0; i < 2; i++) {

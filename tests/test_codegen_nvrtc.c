@@ -210,6 +210,17 @@ int main(void) {
          TU_EXPECT(strstr(m, "dir_test.cu") != NULL);
     tu_case(ok, "an unreadable override -> SG_ERR_COMPILE (\"%s\")", m);
     sg_clear_error(ctx);
+    snprintf(file, sizeof file, "%s/fifo_test.cu", over);
+    alarm(60); /* opening a FIFO would block forever */
+    ok = TU_EXPECT(mkfifo(file, 0600) == 0);
+    s = sg__nvrtc_build(ctx, "fifo_test", good, 90, &b, &nb);
+    alarm(0);
+    m = sg_last_error(ctx);
+    ok = ok && TU_EXPECT(s == SG_ERR_COMPILE) && TU_EXPECT(b == NULL) &&
+         TU_EXPECT(strstr(m, "fifo_test.cu") != NULL) &&
+         TU_EXPECT(strstr(m, "not a regular file") != NULL);
+    tu_case(ok, "a FIFO as override -> SG_ERR_COMPILE, no hang (\"%s\")", m);
+    sg_clear_error(ctx);
     unsetenv("SG_OVERRIDE_DIR");
     sg__free(ctx, a, na);
     sg_ctx_destroy(ctx);
