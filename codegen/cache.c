@@ -444,9 +444,10 @@ static sg_status open_root(job *j) {
     int rc = sg__make_dirs(j->root, 0700);
     if (!rc) rc = sg__dir_trusted(j->root, true);
     if (rc == EPERM) {
-        struct stat st;
-        unsigned mode = stat(j->root, &st) == 0 ? (unsigned)st.st_mode & 0777 : 0;
-        unsigned long uid = stat(j->root, &st) == 0 ? (unsigned long)st.st_uid : 0;
+        struct stat st = {0};
+        stat(j->root, &st); /* just made or found: only for the message */
+        unsigned mode = (unsigned)st.st_mode & 0777;
+        unsigned long uid = (unsigned long)st.st_uid;
         return sg__fail(j->ctx, SG_ERR_COMPILE,
                         "codegen: building kernel '%s': the kernel cache '%s' (mode %03o, owner "
                         "uid %lu) is not trusted: stepgraph loads code from it, so it must belong "

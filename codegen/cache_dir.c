@@ -366,7 +366,7 @@ static int scan(sg_ctx *ctx, const char *root, item **items, size_t *cap, size_t
             *items = grown, *cap = nc;
         }
         item *it = &(*items)[(*n)++];
-        snprintf(it->name, sizeof it->name, "%s", e->d_name);
+        memcpy(it->name, e->d_name, strlen(e->d_name) + 1); /* kind_of: it fits */
         it->used = st.st_mtim;
         it->bytes = entry_bytes(rootfd, e->d_name, &st);
     }
