@@ -18,21 +18,24 @@ mkdir -p "$OUTDIR"
 cmake -S . -B build-bench -DCMAKE_BUILD_TYPE=Release -DSTEPGRAPH_TESTS=OFF >/dev/null
 cmake --build build-bench -j"$(nproc)" >/dev/null
 B=./build-bench/bench/bench
+# Every kernel cache of the run is a temporary directory, removed at exit.
+CACHES=$(mktemp -d)
+WORK=$(mktemp -d)
+trap 'rm -rf "$CACHES" "$WORK"' EXIT
 BACK=${SG_BENCH_BACKEND:-cuda}
 # The checkpoint (500 MB for 124M in f32) and the compared outputs stay out
 # of OUTDIR; the verdicts go into it.
-WORK=$(mktemp -d)
 GPT2=${SG_BENCH_GPT2:-$WORK/gpt2_seeded.bin}
 CHECK=$WORK/check
 mkdir -p "$CHECK"
 # Per-step times: every mode in one process (it writes GPT2 when absent).
-SG_CACHE_DIR=$(mktemp -d) $B --backend "$BACK" --gpt2 "$GPT2" --check "$CHECK" ${SG_BENCH_WORK:-} 2>"$OUTDIR/stepgraph.txt" | tee "$OUTDIR/stepgraph_table.txt"
+SG_CACHE_DIR=$(mktemp -d -p "$CACHES") $B --backend "$BACK" --gpt2 "$GPT2" --check "$CHECK" ${SG_BENCH_WORK:-} 2>"$OUTDIR/stepgraph.txt" | tee "$OUTDIR/stepgraph_table.txt"
 # First calls: each compiled mode first in a fresh process on an empty cache
 # (cold), then again in another process over the cache it filled (warm).
 : >"$OUTDIR/stepgraph_cold.txt"
 : >"$OUTDIR/stepgraph_warm.txt"
 for m in default reduce-overhead max-autotune max-autotune-no-cudagraphs; do
-    dir=$(mktemp -d)
+    dir=$(mktemp -d -p "$CACHES")
     SG_CACHE_DIR=$dir SG_BENCH_TAG=cold $B --backend "$BACK" --gpt2 "$GPT2" --modes "$m" ${SG_BENCH_WORK:-} 2>>"$OUTDIR/stepgraph_cold.txt" >/dev/null
     SG_CACHE_DIR=$dir SG_BENCH_TAG=warm $B --backend "$BACK" --gpt2 "$GPT2" --modes "$m" ${SG_BENCH_WORK:-} 2>>"$OUTDIR/stepgraph_warm.txt" >/dev/null
 done

@@ -20,7 +20,15 @@
  * directory before being deleted, for the same reason. A failed compile
  * leaves its directory as <root>/<key>.failed, so the log the error message
  * points to stays there to be read.
+ *
+ * Trust: the root must be the user's and writable by no one else, and so
+ * must every entry loaded (cache_dir.c has the checks); a root that cannot
+ * be used at all (not creatable, not writable) makes the build compile into
+ * a private mkdtemp directory instead. The compiler runs in its own process
+ * group, killed after SG_COMPILE_TIMEOUT seconds (default 120).
  */
+#define _GNU_SOURCE /* pipe2 */
+
 #include "codegen.h"
 
 #include <dirent.h>
@@ -28,7 +36,9 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <limits.h>
+#include <poll.h>
 #include <sched.h>
+#include <signal.h>
 #include <spawn.h>
 #include <stdatomic.h>
 #include <stdio.h>
@@ -103,28 +113,11 @@ static bool path3(char *dst, size_t size, const char *a, const char *b, const ch
     return true;
 }
 
-int sg__write_file(const char *path, const void *data, size_t n) {
-    int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-    if (fd < 0) return errno;
-    const char *p = data;
-    while (n > 0) {
-        ssize_t w = write(fd, p, n);
-        if (w < 0 && errno == EINTR) continue;
-        if (w < 0) {
-            int e = errno;
-            close(fd);
-            return e;
-        }
-        p += w, n -= (size_t)w;
-    }
-    return close(fd) == 0 ? 0 : errno;
-}
-
 /* Up to size-1 bytes of the file's start into buf, NUL-terminated; the
  * count read into *n. Returns 0 or an errno. */
-static int read_head(const char *path, char *buf, size_t size, size_t *n) {
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
-    if (fd < 0) return errno;
+static int read_head(const char *path, bool own, char *buf, size_t size, size_t *n) {
+    int fd = sg__open_file(path, O_RDONLY, own);
+    if (fd < 0) return -fd;
     size_t got = 0;
     while (got < size - 1) {
         ssize_t r = read(fd, buf + got, size - 1 - got);
@@ -140,8 +133,8 @@ static int read_head(const char *path, char *buf, size_t size, size_t *n) {
 
 /* The SHA-256 of a whole file as hex. Returns 0 or an errno. */
 static int hash_file(const char *path, char hex[65]) {
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
-    if (fd < 0) return errno;
+    int fd = sg__open_file(path, O_RDONLY, true);
+    if (fd < 0) return -fd;
     sg__sha256_ctx s;
     sg__sha256_init(&s);
     uint8_t buf[16384];
@@ -163,57 +156,6 @@ static int hash_file(const char *path, char hex[65]) {
     return 0;
 }
 
-int sg__make_dirs(const char *path, unsigned mode) {
-    char p[PATH_MAX];
-    size_t n = strlen(path);
-    if (n == 0 || n >= sizeof p) return ENAMETOOLONG;
-    memcpy(p, path, n + 1);
-    for (size_t i = 1; i <= n; i++) {
-        if (p[i] != '/' && p[i] != '\0') continue;
-        char c = p[i];
-        p[i] = '\0';
-        if (mkdir(p, mode) != 0 && errno != EEXIST) return errno;
-        p[i] = c;
-    }
-    struct stat st;
-    if (stat(path, &st) != 0) return errno;
-    return S_ISDIR(st.st_mode) ? 0 : ENOTDIR;
-}
-
-/* Delete a directory of plain files (a cache entry); errors are ignored:
- * what cannot be removed is left for the next attempt. */
-static void remove_dir(const char *dir) {
-    DIR *d = opendir(dir);
-    if (d) {
-        struct dirent *e;
-        char p[PATH_MAX];
-        while ((e = readdir(d)) != NULL) {
-            if (strcmp(e->d_name, ".") == 0 || strcmp(e->d_name, "..") == 0) continue;
-            if (snprintf(p, sizeof p, "%s/%s", dir, e->d_name) < (int)sizeof p) unlink(p);
-        }
-        closedir(d);
-    }
-    rmdir(dir);
-}
-
-/* Take dir out of the cache atomically (rename into a fresh trash dir, so no
- * reader sees it half-deleted), then delete it. */
-static void discard_entry(const char *root, const char *dir) {
-    char trash[PATH_MAX];
-    if (snprintf(trash, sizeof trash, "%s/trash-XXXXXX", root) >= (int)sizeof trash ||
-        !mkdtemp(trash)) {
-        remove_dir(dir);
-        return;
-    }
-    /* rename() may replace an empty directory; if dir is already gone
-     * (another process discarded it), only the trash dir is left to remove. */
-    if (rename(dir, trash) != 0) {
-        rmdir(trash);
-        return;
-    }
-    remove_dir(trash);
-}
-
 static long elapsed_ms(const struct timespec *t0) {
     struct timespec t1;
     clock_gettime(CLOCK_MONOTONIC, &t1);
@@ -222,67 +164,119 @@ static long elapsed_ms(const struct timespec *t0) {
 
 /* ------------------------------------------------------------ running programs */
 
-/* Spawn argv[0] (searched in PATH) with stdin from /dev/null and stdout and
- * stderr into out_fd, then wait for it. *status gets the wait status.
- * Returns 0, or the errno of a spawn that failed (ENOENT: no such program). */
-static int run_program(char *const argv[], int out_fd, int *status, void (*drain)(int, void *),
-                       void *drain_arg) {
-    posix_spawn_file_actions_t fa;
-    int rc = posix_spawn_file_actions_init(&fa);
-    if (rc) return rc;
-    rc = posix_spawn_file_actions_addopen(&fa, 0, "/dev/null", O_RDONLY, 0);
-    if (!rc) rc = posix_spawn_file_actions_adddup2(&fa, out_fd, 1);
-    if (!rc) rc = posix_spawn_file_actions_adddup2(&fa, out_fd, 2);
-    pid_t pid;
-    if (!rc) rc = posix_spawnp(&pid, argv[0], &fa, NULL, argv, environ);
-    posix_spawn_file_actions_destroy(&fa);
-    if (rc) return rc;
-    if (drain) drain(out_fd, drain_arg);
-    *status = 0;
-    while (waitpid(pid, status, 0) < 0) {
-        /* ECHILD: the application ignores SIGCHLD, so the status is lost;
-         * the caller then judges by the files the program left. */
-        if (errno != EINTR) break;
-    }
-    return 0;
-}
-
 typedef struct pipe_drain {
     int read_fd;
     char *buf;
     size_t size, len;
 } pipe_drain;
 
-/* Read the program's output from the pipe until EOF (keeping the start):
- * the write end is closed in the parent first so EOF comes when the child
- * exits. */
-static void drain_pipe(int write_fd, void *arg) {
-    pipe_drain *pd = arg;
-    close(write_fd);
+/* SG_COMPILE_TIMEOUT in seconds (default 120; 0 or less: none). */
+static double compile_timeout(void) {
+    const char *v = getenv("SG_COMPILE_TIMEOUT");
+    char *end = NULL;
+    double t = v && v[0] ? strtod(v, &end) : 120.0;
+    return v && v[0] && end == v ? 120.0 : t;
+}
+
+static double now_s(void) {
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
+}
+
+/* Read what the program writes into the pipe (keeping the start) until EOF
+ * or the deadline; false on the deadline. */
+static bool drain_until(pipe_drain *pd, double deadline) {
     char sink[512];
     for (;;) {
+        int ms = 1000;
+        if (deadline > 0) {
+            double left = deadline - now_s();
+            if (left <= 0) return false;
+            ms = left < 1.0 ? (int)(left * 1000) + 1 : 1000;
+        }
+        struct pollfd p = {.fd = pd->read_fd, .events = POLLIN};
+        int r = poll(&p, 1, ms);
+        if (r < 0 && errno != EINTR) return true;
+        if (r <= 0) continue;
         char *dst = pd->len + 1 < pd->size ? pd->buf + pd->len : sink;
         size_t room = dst == sink ? sizeof sink : pd->size - 1 - pd->len;
-        ssize_t r = read(pd->read_fd, dst, room);
-        if (r < 0 && errno == EINTR) continue;
-        if (r <= 0) break;
-        if (dst != sink) pd->len += (size_t)r;
+        ssize_t n = read(pd->read_fd, dst, room);
+        if (n < 0 && errno == EINTR) continue;
+        if (n <= 0) return true;
+        if (dst != sink) pd->len += (size_t)n;
     }
-    pd->buf[pd->len] = '\0';
+}
+
+/* Wait for pid until the deadline (0: none), polling with a growing sleep
+ * (1 to 20 ms). False on the deadline. */
+static bool wait_until(pid_t pid, int *status, double deadline) {
+    long ns = 1000000;
+    for (;;) {
+        pid_t r = waitpid(pid, status, deadline > 0 ? WNOHANG : 0);
+        if (r == pid) return true;
+        /* ECHILD: the application ignores SIGCHLD, so the status is lost;
+         * the caller then judges by the files the program left. */
+        if (r < 0 && errno != EINTR) return true;
+        if (r == 0 && now_s() >= deadline) return false;
+        if (r == 0) {
+            struct timespec ts = {0, ns};
+            nanosleep(&ts, NULL);
+            ns = ns < 20000000 ? ns * 2 : ns;
+        }
+    }
+}
+
+/* Spawn argv[0] (searched in PATH) in its own process group, with stdin
+ * from /dev/null and stdout and stderr into out_fd; with pd, out_fd is the
+ * write end of a pipe (closed here) whose output pd collects. Waits for
+ * the program, at most timeout_s seconds (0 or less: forever); on expiry
+ * its whole process group is killed. *status gets the wait status.
+ * Returns 0, ETIMEDOUT, or the errno of a spawn that failed (ENOENT: no
+ * such program). */
+static int run_program(char *const argv[], int out_fd, int *status, pipe_drain *pd,
+                       double timeout_s) {
+    posix_spawn_file_actions_t fa;
+    posix_spawnattr_t at;
+    int rc = posix_spawn_file_actions_init(&fa);
+    if (rc) return rc;
+    rc = posix_spawnattr_init(&at);
+    if (rc) {
+        posix_spawn_file_actions_destroy(&fa);
+        return rc;
+    }
+    rc = posix_spawn_file_actions_addopen(&fa, 0, "/dev/null", O_RDONLY, 0);
+    if (!rc) rc = posix_spawn_file_actions_adddup2(&fa, out_fd, 1);
+    if (!rc) rc = posix_spawn_file_actions_adddup2(&fa, out_fd, 2);
+    if (!rc) rc = posix_spawnattr_setflags(&at, POSIX_SPAWN_SETPGROUP);
+    if (!rc) rc = posix_spawnattr_setpgroup(&at, 0);
+    pid_t pid;
+    if (!rc) rc = posix_spawnp(&pid, argv[0], &fa, &at, argv, environ);
+    posix_spawn_file_actions_destroy(&fa);
+    posix_spawnattr_destroy(&at);
+    if (pd) close(out_fd);
+    if (rc) return rc;
+    double deadline = timeout_s > 0 ? now_s() + timeout_s : 0;
+    *status = 0;
+    bool in_time = (!pd || drain_until(pd, deadline)) && wait_until(pid, status, deadline);
+    if (pd) pd->buf[pd->len] = '\0';
+    if (in_time) return 0;
+    kill(-pid, SIGKILL); /* the compiler and whatever it started */
+    kill(pid, SIGKILL);
+    while (waitpid(pid, status, 0) < 0 && errno == EINTR) {
+    }
+    return ETIMEDOUT;
 }
 
 /* The first line of `cc --version` into id. Returns 0 or the spawn's errno
  * (ENOENT when the program does not exist). */
 static int query_compiler_id(const char *cc, char id[ID_SIZE]) {
     int fds[2];
-    if (pipe(fds) != 0) return errno;
-    fcntl(fds[0], F_SETFD, FD_CLOEXEC);
-    fcntl(fds[1], F_SETFD, FD_CLOEXEC);
+    if (pipe2(fds, O_CLOEXEC) != 0) return errno;
     char *argv[] = {(char *)cc, "--version", NULL};
     pipe_drain pd = {fds[0], id, ID_SIZE, 0};
     int status = 0;
-    int rc = run_program(argv, fds[1], &status, drain_pipe, &pd);
-    if (rc) close(fds[1]);
+    int rc = run_program(argv, fds[1], &status, &pd, compile_timeout());
     close(fds[0]);
     if (rc) return rc;
     /* A shell wrapper reports a missing program as exit status 127. */
@@ -330,7 +324,7 @@ static void describe_host(char arch[ARCH_SIZE]) {
     if (uname(&u) != 0) strcpy(u.machine, "unknown");
     sg__sha256_ctx s;
     sg__sha256_init(&s);
-    if (read_head("/proc/cpuinfo", info, sizeof info, NULL) != 0) info[0] = '\0';
+    if (read_head("/proc/cpuinfo", false, info, sizeof info, NULL) != 0) info[0] = '\0';
     /* The first processor's block ends at the first empty line. */
     for (char *line = info, *next; *line && *line != '\n'; line = next) {
         size_t len = strcspn(line, "\n");
@@ -375,6 +369,10 @@ typedef struct job {
     const char *source; /* what is compiled: the given source or the override */
     size_t source_len;
     bool always;
+    bool private_root; /* root is a mkdtemp dir of this build alone */
+    bool unusable;     /* the cache root cannot be used: why says why */
+    char why[160];
+    double timeout; /* SG_COMPILE_TIMEOUT */
     char root[PATH_MAX];
     char entry[PATH_MAX]; /* <root>/<key> */
     char tmp[PATH_MAX];   /* <root>/tmp-XXXXXX while building */
@@ -419,13 +417,16 @@ static sg_status io_fail(job *j, const char *what, const char *path, int err) {
                     j->name, what, path, strerror(err));
 }
 
-/* The cache root from the environment, created if missing. The /tmp
- * fallback is private to the user: a directory another user made there
- * could hand us their shared objects to load. */
+/* Said once per process: builds go to private directories. */
+static atomic_flag said_private = ATOMIC_FLAG_INIT;
+
+/* The cache root from the environment, created 0700 if missing. A root
+ * that is not the user's or that others may write to is refused (they
+ * could plant shared objects for us to load); one that cannot be used at
+ * all sets j->unusable (the build then goes to a private directory). */
 static sg_status open_root(job *j) {
     const char *dir = env("SG_CACHE_DIR"), *base;
     int n;
-    bool shared_tmp = false;
     if (dir) {
         n = snprintf(j->root, sizeof j->root, "%s", dir);
     } else if ((base = env("XDG_CACHE_HOME")) != NULL) {
@@ -433,18 +434,58 @@ static sg_status open_root(job *j) {
     } else if ((base = env("HOME")) != NULL) {
         n = snprintf(j->root, sizeof j->root, "%s/.cache/stepgraph", base);
     } else {
-        n = snprintf(j->root, sizeof j->root, "/tmp/stepgraph-%lu", (unsigned long)getuid());
-        shared_tmp = true;
+        n = snprintf(j->root, sizeof j->root, "/tmp/stepgraph-%lu", (unsigned long)geteuid());
     }
-    if (n < 0 || (size_t)n >= sizeof j->root - 128) /* room for "/<key>.failed/compile.log" */
-        return io_fail(j, "use the cache directory", j->root, ENAMETOOLONG);
-    int rc = sg__make_dirs(j->root, shared_tmp ? 0700 : 0755);
-    if (rc) return io_fail(j, "create the cache directory", j->root, rc);
-    struct stat st;
-    if (shared_tmp && (lstat(j->root, &st) != 0 || !S_ISDIR(st.st_mode) ||
-                       st.st_uid != getuid() || (st.st_mode & 022)))
-        return io_fail(j, "trust the cache directory (not ours, or writable by others)", j->root,
-                       EPERM);
+    if (n < 0 || (size_t)n >= sizeof j->root - 128) { /* room for "/<key>.failed/compile.log" */
+        j->unusable = true;
+        snprintf(j->why, sizeof j->why, "%s", strerror(ENAMETOOLONG));
+        return SG_OK;
+    }
+    int rc = sg__make_dirs(j->root, 0700);
+    if (!rc) rc = sg__dir_trusted(j->root, true);
+    if (rc == EPERM) {
+        struct stat st = {0};
+        stat(j->root, &st); /* just made or found: only for the message */
+        unsigned mode = (unsigned)st.st_mode & 0777;
+        unsigned long uid = (unsigned long)st.st_uid;
+        return sg__fail(j->ctx, SG_ERR_COMPILE,
+                        "codegen: building kernel '%s': the kernel cache '%s' (mode %03o, owner "
+                        "uid %lu) is not trusted: stepgraph loads code from it, so it must belong "
+                        "to you (uid %lu) and be writable by no one else; chmod 700 '%s', or set "
+                        "SG_CACHE_DIR to a directory you own",
+                        j->name, j->root, mode, uid, (unsigned long)geteuid(), j->root);
+    }
+    if (!rc && access(j->root, W_OK | X_OK) != 0) rc = errno;
+    if (rc) {
+        j->unusable = true;
+        snprintf(j->why, sizeof j->why, "%s", strerror(rc));
+    }
+    return SG_OK;
+}
+
+/* An unusable cache: the build goes to a fresh private directory (removed
+ * when the build is over; the loaded module outlives it). */
+static sg_status open_private_root(job *j) {
+    char bad[PATH_MAX];
+    memcpy(bad, j->root, sizeof bad);
+    const char *tmpdir = env("TMPDIR");
+    if (snprintf(j->root, sizeof j->root, "%s/sg-build-XXXXXX", tmpdir ? tmpdir : "/tmp") >=
+            (int)sizeof j->root - 128 ||
+        !mkdtemp(j->root)) {
+        int e = errno;
+        return sg__fail(j->ctx, SG_ERR_COMPILE,
+                        "codegen: building kernel '%s': the kernel cache '%s' cannot be used (%s) "
+                        "and no private directory can be made in %s (%s); set SG_CACHE_DIR to a "
+                        "writable directory you own",
+                        j->name, bad, j->why, tmpdir ? tmpdir : "/tmp", strerror(e));
+    }
+    j->private_root = true;
+    if (!atomic_flag_test_and_set(&said_private))
+        sg__log(j->ctx, "fallbacks",
+                "codegen: the kernel cache '%s' cannot be used (%s): kernels are compiled into "
+                "private temporary directories and not kept; set SG_CACHE_DIR to a writable "
+                "directory you own",
+                bad, j->why);
     return SG_OK;
 }
 
@@ -457,6 +498,12 @@ static sg_status find_compiler(job *j) {
         return sg__fail(j->ctx, SG_ERR_COMPILE, "codegen: SG_CC is longer than %d characters",
                         PATH_MAX - 1);
     int rc = compiler_id(j->cc, j->cc_id);
+    if (rc == ETIMEDOUT)
+        return sg__fail(j->ctx, SG_ERR_COMPILE,
+                        "codegen: the C compiler '%s' did not answer '--version' within "
+                        "SG_COMPILE_TIMEOUT=%g s and was killed (building kernel '%s'); fix or "
+                        "replace it (SG_CC), or raise SG_COMPILE_TIMEOUT",
+                        j->cc, j->timeout, j->name);
     if (rc)
         return sg__fail(j->ctx, SG_ERR_COMPILE,
                         "codegen: cannot run the C compiler '%s' (%s) to build kernel '%s': %s; "
@@ -474,6 +521,9 @@ static sg_status make_argv(job *j) {
     static const char *const base[] = {"-O3", "-march=native", "-fPIC", "-shared", "-std=c11",
 #ifdef _OPENMP
                                        "-fopenmp",
+#endif
+#ifdef SG_SANITIZE_GENERATED /* the library is built with the sanitizers: so is its code */
+                                       "-fsanitize=address,undefined", "-fno-omit-frame-pointer",
 #endif
     };
     const char *extra = env("SG_CFLAGS");
@@ -505,53 +555,12 @@ static sg_status make_argv(job *j) {
 
 /* SG_OVERRIDE_DIR/<name>.c replaces the source when it exists. */
 static sg_status apply_override(job *j) {
-    const char *dir = env("SG_OVERRIDE_DIR");
-    char path[PATH_MAX];
-    if (!dir || snprintf(path, sizeof path, "%s/%s.c", dir, j->name) >= (int)sizeof path)
-        return SG_OK;
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
-    if (fd < 0) return SG_OK; /* no override for this kernel */
-    struct stat st;
-    if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode) || st.st_size > (1 << 26)) {
-        close(fd);
-        return sg__fail(j->ctx, SG_ERR_COMPILE,
-                        "codegen: SG_OVERRIDE_DIR: '%s' is not a readable source file (or is "
-                        "over 64 MiB)",
-                        path);
-    }
-    j->override_size = (size_t)st.st_size + 1;
-    j->override = sg__alloc(j->ctx, j->override_size);
-    if (!j->override) {
-        close(fd);
-        return sg__fail(j->ctx, SG_ERR_OOM, "codegen: out of memory reading '%s'", path);
-    }
-    size_t got = 0;
-    while (got + 1 < j->override_size) {
-        ssize_t r = read(fd, j->override + got, j->override_size - 1 - got);
-        if (r < 0 && errno == EINTR) continue;
-        if (r <= 0) break;
-        got += (size_t)r;
-    }
-    close(fd);
-    j->override[got] = '\0';
+    size_t n = 0;
+    sg_status s = sg__read_override(j->ctx, j->name, ".c", &j->override, &n);
+    if (s != SG_OK || !j->override) return s;
+    j->override_size = n + 1;
     j->source = j->override;
-    j->source_len = got;
-    return SG_OK;
-}
-
-/* SG_DUMP_DIR/<name>.c gets the source that is compiled. */
-static sg_status dump_source(job *j) {
-    const char *dir = env("SG_DUMP_DIR");
-    char path[PATH_MAX];
-    if (!dir) return SG_OK;
-    if (snprintf(path, sizeof path, "%s/%s.c", dir, j->name) >= (int)sizeof path)
-        return sg__fail(j->ctx, SG_ERR_COMPILE, "codegen: SG_DUMP_DIR '%s' is too long", dir);
-    int rc = sg__make_dirs(dir, 0755);
-    if (!rc) rc = sg__write_file(path, j->source, j->source_len);
-    if (rc)
-        return sg__fail(j->ctx, SG_ERR_COMPILE,
-                        "codegen: cannot write kernel '%s' to SG_DUMP_DIR as '%s': %s", j->name,
-                        path, strerror(rc));
+    j->source_len = n;
     return SG_OK;
 }
 
@@ -606,12 +615,11 @@ static const char *meta_hex(const char *meta, const char *field, char out[65]) {
 
 /* Whether entry dir holds an intact build of this key: meta.txt names the
  * key, source.c and kernel.so hash to what meta.txt says, compile.log is
- * there. */
+ * there, each a regular file of the user's (the directory was checked). */
 static bool entry_intact(job *j, const char *dir) {
     char path[PATH_MAX], meta[1024], want[65], got[65];
-    struct stat st;
     path3(path, sizeof path, dir, "/meta.txt", "");
-    if (read_head(path, meta, sizeof meta, NULL) != 0) return false;
+    if (read_head(path, true, meta, sizeof meta, NULL) != 0) return false;
     if (!meta_hex(meta, "key", want) || strcmp(want, j->key) != 0) return false;
     path3(path, sizeof path, dir, "/source.c", "");
     if (!meta_hex(meta, "source_sha256", want) || hash_file(path, got) || strcmp(want, got))
@@ -620,7 +628,10 @@ static bool entry_intact(job *j, const char *dir) {
     if (!meta_hex(meta, "kernel_sha256", want) || hash_file(path, got) || strcmp(want, got))
         return false;
     path3(path, sizeof path, dir, "/compile.log", "");
-    return stat(path, &st) == 0;
+    int fd = sg__open_file(path, O_RDONLY, true);
+    if (fd < 0) return false;
+    close(fd);
+    return true;
 }
 
 /* The module loaded from dir/kernel.so, or NULL with *dl_msg set. */
@@ -632,18 +643,31 @@ static void *load(const char *dir, const char **dl_msg) {
     return h;
 }
 
-/* Look the key up: a loaded handle on a hit, NULL on a miss. A damaged
- * entry is discarded (and counted) so that the build replaces it. */
+/* Look the key up: a loaded handle on a hit (the entry marked used), NULL
+ * on a miss. An entry that is damaged, not a directory (a stray file or
+ * link), or a directory that is not the user's or that others may write to
+ * is never loaded: it is discarded (and counted) so that the build
+ * replaces it. */
 static void *lookup(job *j) {
     struct stat st;
-    if (stat(j->entry, &st) != 0) return NULL;
-    const char *dl_msg = NULL;
-    void *h = entry_intact(j, j->entry) ? load(j->entry, &dl_msg) : NULL;
-    if (h) return h;
+    if (lstat(j->entry, &st) != 0) return NULL;
+    const char *dl_msg = NULL, *why = "files missing, not regular, or not matching meta.txt";
+    int trust = sg__dir_trusted(j->entry, false);
+    void *h = NULL;
+    if (trust == ENOTDIR)
+        why = "not a directory";
+    else if (trust)
+        why = "not yours, or writable by group or others";
+    else if (entry_intact(j, j->entry))
+        h = load(j->entry, &dl_msg);
+    if (h) {
+        sg__cache_touch(j->entry);
+        return h;
+    }
     atomic_fetch_add(&n_corrupt, 1);
     sg__log(j->ctx, "output_code", "cache entry %s of %s is damaged (%s); rebuilding", j->entry,
-            j->name, dl_msg ? dl_msg : "files missing or not matching meta.txt");
-    discard_entry(j->root, j->entry);
+            j->name, dl_msg ? dl_msg : why);
+    sg__cache_discard(j->root, j->entry);
     return NULL;
 }
 
@@ -673,7 +697,7 @@ static sg_status write_meta(job *j) {
 static void keep_failed(job *j, char *logpath, size_t size) {
     char failed[PATH_MAX];
     path3(failed, sizeof failed, j->entry, ".failed", "");
-    remove_dir(failed);
+    sg__remove_dir(failed);
     if (rename(j->tmp, failed) == 0) {
         path3(logpath, size, failed, "/compile.log", "");
         j->tmp[0] = '\0';
@@ -690,7 +714,7 @@ static void keep_failed(job *j, char *logpath, size_t size) {
 static void log_excerpt(const job *j, const char *logpath, char *out, size_t size) {
     char log[2048], src[PATH_MAX];
     size_t n = 0, o = 0;
-    if (read_head(logpath, log, sizeof log, &n) != 0) log[0] = '\0';
+    if (read_head(logpath, true, log, sizeof log, &n) != 0) log[0] = '\0';
     path3(src, sizeof src, j->tmp, "/source.c", "");
     size_t sl = strlen(src), nl = strlen(j->name);
     int lines = 0;
@@ -729,20 +753,23 @@ static sg_status compile(job *j) {
     path3(logpath, sizeof logpath, j->tmp, "/compile.log", "");
     int rc = sg__write_file(src, j->source, j->source_len);
     if (rc) return io_fail(j, "write", src, rc);
-    int fd = open(logpath, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-    if (fd < 0) return io_fail(j, "create", logpath, errno);
+    int fd = sg__open_file(logpath, O_WRONLY | O_CREAT | O_TRUNC, true);
+    if (fd < 0) return io_fail(j, "create", logpath, -fd);
     j->argv[j->nbase + 1] = so;
     j->argv[j->nbase + 2] = src;
     int status = 0;
-    rc = run_program(j->argv, fd, &status, NULL, NULL);
+    rc = run_program(j->argv, fd, &status, NULL, j->timeout);
     close(fd);
     j->argv[j->nbase + 1] = j->argv[j->nbase + 2] = NULL;
+    if (rc == ETIMEDOUT) {
+        snprintf(why, sizeof why, "no result within SG_COMPILE_TIMEOUT=%g s: killed", j->timeout);
+        return compile_fail(j, why);
+    }
     if (rc)
         return sg__fail(j->ctx, SG_ERR_COMPILE,
                         "codegen: cannot run the C compiler '%s' to build kernel '%s': %s; "
                         "install gcc (e.g. apt-get install gcc) or set SG_CC to a C compiler",
                         j->cc, j->name, strerror(rc));
-    struct stat st;
     if (WIFSIGNALED(status)) {
         snprintf(why, sizeof why, "killed by signal %d", WTERMSIG(status));
         return compile_fail(j, why);
@@ -751,7 +778,9 @@ static sg_status compile(job *j) {
         snprintf(why, sizeof why, "exit status %d", WEXITSTATUS(status));
         return compile_fail(j, why);
     }
-    if (stat(so, &st) != 0 || st.st_size == 0) return compile_fail(j, "no kernel.so was written");
+    struct stat st;
+    if (lstat(so, &st) != 0 || !S_ISREG(st.st_mode) || st.st_size == 0)
+        return compile_fail(j, "no kernel.so was written");
     rc = hash_file(so, j->kernel_hex);
     if (rc) return io_fail(j, "read", so, rc);
     return write_meta(j);
@@ -766,12 +795,16 @@ static sg_status publish(job *j) {
             j->tmp[0] = '\0';
             return SG_OK;
         }
+        if (errno == ENOTDIR && attempt < 3) { /* a stray file or link at the key: ours */
+            sg__cache_discard(j->root, j->entry);
+            continue;
+        }
         if (errno != EEXIST && errno != ENOTEMPTY) return io_fail(j, "rename", j->tmp, errno);
         /* Theirs is as good (the caller deletes ours), unless we must replace
          * it. Every discard is followed by a rename, so however many
          * processes race here, one entry is left. */
         if (!j->always || attempt == 3) return SG_OK;
-        discard_entry(j->root, j->entry);
+        sg__cache_discard(j->root, j->entry);
     }
 }
 
@@ -799,10 +832,17 @@ static sg_status build(job *j, void **handle) {
                         j->name, dl_msg ? dl_msg : "?", logpath);
     }
     atomic_fetch_add(&n_compiles, 1);
-    s = publish(j);
-    if (s != SG_OK) {
-        dlclose(h);
-        return s;
+    /* A module that loaded is kept even if it cannot be published: it only
+     * costs the next process a compile. */
+    sg_status before = j->ctx->status;
+    char msg[SG__MSG_SIZE];
+    snprintf(msg, sizeof msg, "%s", j->ctx->msg);
+    if (publish(j) != SG_OK) {
+        sg__log(j->ctx, "fallbacks", "%s (the kernel is used, but not kept)", j->ctx->msg);
+        j->ctx->status = before;
+        snprintf(j->ctx->msg, sizeof j->ctx->msg, "%s", msg);
+    } else if (!j->private_root) {
+        sg__cache_evict(j->ctx, j->root, j->key);
     }
     sg__log(j->ctx, "output_code", "compiled %s in %ld ms -> %s", j->name, elapsed_ms(&t0),
             j->entry);
@@ -811,7 +851,11 @@ static sg_status build(job *j, void **handle) {
 }
 
 static void job_free(job *j) {
-    if (j->tmp[0]) remove_dir(j->tmp);
+    if (j->tmp[0]) sg__remove_dir(j->tmp);
+    if (j->private_root) { /* the module stays mapped; a failed build's log stays to read */
+        if (j->entry[0]) sg__remove_dir(j->entry);
+        rmdir(j->root);
+    }
     sg__free(j->ctx, j->override, j->override_size);
     sg__free(j->ctx, j->cflags, j->cflags_size);
     sg__free(j->ctx, j->argv, j->argv_size);
@@ -819,11 +863,13 @@ static void job_free(job *j) {
 }
 
 static sg_status prepare(job *j) {
+    j->timeout = compile_timeout();
     sg_status s = open_root(j);
+    if (s == SG_OK && j->unusable) s = open_private_root(j);
     if (s == SG_OK) s = find_compiler(j);
     if (s == SG_OK) s = make_argv(j);
     if (s == SG_OK) s = apply_override(j);
-    if (s == SG_OK) s = dump_source(j);
+    if (s == SG_OK) s = sg__dump_source(j->ctx, j->name, ".c", j->source, j->source_len);
     if (s == SG_OK) make_key(j);
     return s;
 }
@@ -847,7 +893,8 @@ sg_status sg__cache_build_c(sg_ctx *ctx, const char *name, const char *source, s
     j->always = always && strcmp(always, "0") != 0;
     void *h = NULL;
     sg_status s = prepare(j);
-    if (s == SG_OK && !j->always && (h = lookup(j)) != NULL) atomic_fetch_add(&n_hits, 1);
+    if (s == SG_OK && !j->always && !j->private_root && (h = lookup(j)) != NULL)
+        atomic_fetch_add(&n_hits, 1);
     if (s == SG_OK && !h) s = build(j, &h);
     if (s == SG_OK) {
         m->handle = h;
@@ -872,7 +919,9 @@ void sg__module_free(sg_ctx *ctx, sg__module *m) {
     sg__free(ctx, m, sizeof *m);
 }
 
-sg_status sg__cache_root(sg_ctx *ctx, const char *name, char *root, size_t size) {
+/* The root for callers outside this file; *unusable when it cannot be used. */
+static sg_status shared_root(sg_ctx *ctx, const char *name, char *root, size_t size,
+                             bool *unusable, char *why, size_t why_size) {
     SG_ASSERT(ctx && root);
     if (!name || !name_ok(name))
         return sg__fail(ctx, SG_ERR_INVALID_ARG,
@@ -883,8 +932,37 @@ sg_status sg__cache_root(sg_ctx *ctx, const char *name, char *root, size_t size)
     if (!j) return sg__fail(ctx, SG_ERR_OOM, "codegen: out of memory building kernel '%s'", name);
     j->ctx = ctx, j->name = name;
     sg_status s = open_root(j);
+    *unusable = j->unusable;
     if (s == SG_OK && snprintf(root, size, "%s", j->root) >= (int)size)
-        s = io_fail(j, "use the cache directory", j->root, ENAMETOOLONG);
+        *unusable = true, snprintf(j->why, sizeof j->why, "%s", strerror(ENAMETOOLONG));
+    snprintf(why, why_size, "%s", j->why);
     sg__free(ctx, j, sizeof *j);
+    return s;
+}
+
+sg_status sg__cache_root(sg_ctx *ctx, const char *name, char *root, size_t size) {
+    bool unusable = false;
+    char why[160];
+    sg_status s = shared_root(ctx, name, root, size, &unusable, why, sizeof why);
+    if (s == SG_OK && unusable)
+        s = sg__fail(ctx, SG_ERR_COMPILE,
+                     "codegen: building kernel '%s': cannot use the kernel cache '%s': %s; set "
+                     "SG_CACHE_DIR to a writable directory you own",
+                     name, root, why);
+    return s;
+}
+
+sg_status sg__cache_root_or_none(sg_ctx *ctx, const char *name, char *root, size_t size) {
+    bool unusable = false;
+    char why[160];
+    sg_status s = shared_root(ctx, name, root, size, &unusable, why, sizeof why);
+    if (s == SG_OK && unusable) {
+        if (!atomic_flag_test_and_set(&said_private))
+            sg__log(ctx, "fallbacks",
+                    "codegen: the kernel cache '%s' cannot be used (%s): kernels are compiled "
+                    "and not kept; set SG_CACHE_DIR to a writable directory you own",
+                    root, why);
+        root[0] = '\0';
+    }
     return s;
 }

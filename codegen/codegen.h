@@ -21,9 +21,14 @@
  *   SG_CC             the C compiler, one program looked up in PATH (no
  *                     shell, no arguments); default "cc"
  *   SG_CFLAGS         extra flags, split on spaces, after the default ones
+ *   SG_COMPILE_TIMEOUT seconds the compiler may run (default 120; 0: none)
+ *   SG_CACHE_MAX_MB   the size limit of the root (default 1024; 0: none)
+ * The root and SG_OVERRIDE_DIR must be the user's and writable by no one
+ * else; see "cache files" below for the rules every file access follows.
  *
  * Generated C is compiled with -O3 -march=native -fPIC -shared -std=c11,
- * plus -fopenmp when the library itself was built with OpenMP. Emitters
+ * plus -fopenmp when the library itself was built with OpenMP, and
+ * -fsanitize=address,undefined when it was built with STEPGRAPH_SANITIZE. Emitters
  * should guard OpenMP pragmas with #ifdef _OPENMP, so that code stays
  * warning-free (the tests build with SG_CFLAGS="-Wall -Werror").
  */
@@ -67,14 +72,74 @@ SG__HIDDEN void *sg__module_sym(const sg__module *m, const char *symbol);
 SG__HIDDEN const char *sg__module_path(const sg__module *m);
 /* dlclose and free; NULL does nothing. */
 SG__HIDDEN void sg__module_free(sg_ctx *ctx, sg__module *m);
-/* File helpers the dialects share: mkdir -p, and a whole file written
- * (created or truncated). Each returns 0 or an errno. */
+/* The cache root (SG_CACHE_DIR and its defaults), created 0700 if missing,
+ * into root; name is the kernel the caller builds, for messages. Other
+ * dialects (nvrtc.c) keep their entries there. SG_ERR_COMPILE when the root
+ * cannot be used, or cannot be trusted (not the user's, or writable by
+ * group or others: the message names the directory and the fix). */
+SG__HIDDEN sg_status sg__cache_root(sg_ctx *ctx, const char *name, char *root, size_t size);
+/* The same, except that a root that merely cannot be used (not creatable,
+ * not writable, not a directory) gives SG_OK and root "" (build without
+ * the cache: said once per process under "fallbacks"). An untrusted root
+ * is still SG_ERR_COMPILE. */
+SG__HIDDEN sg_status sg__cache_root_or_none(sg_ctx *ctx, const char *name, char *root,
+                                            size_t size);
+
+/* ------------------------------------------------------------ cache files (cache_dir.c) */
+
+/*
+ * The trust rules: a directory code is loaded from belongs to the user
+ * (owner == geteuid()) and is writable by no one else; a file is opened
+ * with O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC, fstat'ed, and must be a regular
+ * file (owned by the user when `own`), so that a link, a FIFO or a device
+ * is refused instead of followed or waited on.
+ */
+/* 0, or ENOENT / ENOTDIR / another stat errno, or EPERM (not the user's, or
+ * writable by group or others). follow: stat (the root the user named)
+ * rather than lstat (entries, which must not be links). */
+SG__HIDDEN int sg__dir_trusted(const char *path, bool follow);
+/* An fd (blocking again after the checks), or -errno: -EINVAL for a file
+ * that is not regular, -EPERM for one owned by someone else, -ELOOP for a
+ * link. flags: O_RDONLY, or O_WRONLY | O_CREAT | O_TRUNC (mode 0644). */
+SG__HIDDEN int sg__open_file(const char *path, int flags, bool own);
+/* The reason for an errno of the helpers here, in words. */
+SG__HIDDEN const char *sg__file_why(int err);
+/* mkdir -p (mode for the levels it creates), a whole file written through
+ * sg__open_file, and a whole file read (at most max bytes; *data is
+ * sg__alloc'd, *size + 1 bytes, NUL-terminated). Each returns 0 or an
+ * errno (EFBIG: over max). */
 SG__HIDDEN int sg__make_dirs(const char *path, unsigned mode);
 SG__HIDDEN int sg__write_file(const char *path, const void *data, size_t n);
-/* The cache root (SG_CACHE_DIR and its defaults), created if missing, into
- * root; name is the kernel the caller builds, for messages. Other dialects
- * (nvrtc.c) keep their entries there. */
-SG__HIDDEN sg_status sg__cache_root(sg_ctx *ctx, const char *name, char *root, size_t size);
+SG__HIDDEN int sg__read_file(sg_ctx *ctx, const char *path, size_t max, char **data,
+                             size_t *size);
+/* Remove a directory of plain files without following links (a file or a
+ * link at dir is removed itself); errors are ignored. */
+SG__HIDDEN void sg__remove_dir(const char *dir);
+/* Take an entry (directory or file) out of the cache atomically: renamed
+ * into a fresh <root>/trash-XXXXXX, then deleted. */
+SG__HIDDEN void sg__cache_discard(const char *root, const char *dir);
+/* Mark an entry used now (its mtime orders eviction). */
+SG__HIDDEN void sg__cache_touch(const char *path);
+/* SG_CACHE_MAX_MB (default 1024; 0: no limit). */
+SG__HIDDEN double sg__cache_limit_mb(void);
+/* After a publish: remove tmp-* and trash-* older than an hour, then the
+ * least recently used entries until the root is within SG_CACHE_MAX_MB;
+ * never `keep` (the name, in root, of the entry just written). */
+SG__HIDDEN void sg__cache_evict(sg_ctx *ctx, const char *root, const char *keep);
+/* SG_OVERRIDE_DIR/<name><ext>: *text (sg__alloc'd, *n + 1 bytes) or NULL
+ * when there is none; SG_ERR_COMPILE when the directory is not trusted or
+ * the file is not a regular file of the user's. */
+SG__HIDDEN sg_status sg__read_override(sg_ctx *ctx, const char *name, const char *ext,
+                                       char **text, size_t *n);
+/* SG_DUMP_DIR/<name><ext> gets src (never written through a link). */
+SG__HIDDEN sg_status sg__dump_source(sg_ctx *ctx, const char *name, const char *ext,
+                                     const char *src, size_t n);
+/* Small text kept beside an entry (max-autotune's picks), with its own
+ * checksum line: read gives false for a missing, damaged or foreign note
+ * (the caller then recomputes and writes it again); write replaces the
+ * note atomically and gives whether it did. body: at most 4 KiB. */
+SG__HIDDEN bool sg__note_read(const char *path, char *body, size_t size);
+SG__HIDDEN bool sg__note_write(const char *path, const char *body);
 /* Process-wide counters since the process started. */
 SG__HIDDEN void sg__cache_get_stats(sg__cache_stats *out);
 

@@ -6,11 +6,16 @@
  * is written under a temporary name and renamed into place, so a reader
  * never sees half an entry and two processes racing on one key end with
  * one valid file. A file whose hash does not match is removed and rebuilt.
+ * Files are read and written under the cache's trust rules (cache_dir.c):
+ * never through a link, only regular files of the user's, in a root that is
+ * the user's alone; a root that cannot be used means compiling uncached.
  *
  * Generated code never relies on fused multiply-add contraction
  * (--fmad=false): the eager CPU kernels round after every multiply, and a
  * fused kernel must agree with them within the dtype's tolerance.
  */
+#define _GNU_SOURCE /* mkostemp */
+
 #include "codegen.h"
 
 #include <stdio.h>
@@ -95,39 +100,6 @@ static const char *env(const char *name) {
 
 static const char magic[8] = {'S', 'G', 'C', 'U', 'B', 'I', 'N', '1'};
 
-/* Read a whole file into an sg__alloc'd buffer; 0 or an errno. */
-static int slurp(sg_ctx *ctx, const char *path, char **data, size_t *size) {
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
-    if (fd < 0) return errno;
-    struct stat st;
-    if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode) || st.st_size > (1 << 28)) {
-        close(fd);
-        return EINVAL;
-    }
-    size_t n = (size_t)st.st_size;
-    char *buf = sg__alloc(ctx, n + 1);
-    if (!buf) {
-        close(fd);
-        return ENOMEM;
-    }
-    size_t got = 0;
-    while (got < n) {
-        ssize_t r = read(fd, buf + got, n - got);
-        if (r < 0 && errno == EINTR) continue;
-        if (r <= 0) break;
-        got += (size_t)r;
-    }
-    close(fd);
-    if (got != n) {
-        sg__free(ctx, buf, n + 1);
-        return EIO;
-    }
-    buf[n] = '\0';
-    *data = buf;
-    *size = n;
-    return 0;
-}
-
 static int write_all(int fd, const void *p, size_t n) {
     const char *c = p;
     while (n) {
@@ -145,7 +117,7 @@ static void lookup(sg_ctx *ctx, const char *path, void **cubin, size_t *size) {
     char *data;
     size_t n;
     *cubin = NULL;
-    if (slurp(ctx, path, &data, &n) != 0) return;
+    if (sg__read_file(ctx, path, (size_t)1 << 28, &data, &n) != 0) return;
     uint8_t digest[32];
     bool ok = n > 40 && memcmp(data, magic, 8) == 0;
     if (ok) {
@@ -163,14 +135,16 @@ static void lookup(sg_ctx *ctx, const char *path, void **cubin, size_t *size) {
     if (!img) return;
     *cubin = img;
     *size = n - 40;
+    sg__cache_touch(path);
 }
 
 /* Publish the image at path (temp file + rename). Failure only costs the
  * next process a compile, so it is not an error. */
-static void publish(const char *root, const char *path, const void *cubin, size_t size) {
+static void publish(sg_ctx *ctx, const char *root, const char *path, const void *cubin,
+                    size_t size) {
     char tmp[PATH_MAX + 96];
     if (snprintf(tmp, sizeof tmp, "%s/tmp-cubin-XXXXXX", root) >= (int)sizeof tmp) return;
-    int fd = mkstemp(tmp);
+    int fd = mkostemp(tmp, O_CLOEXEC);
     if (fd < 0) return;
     uint8_t digest[32];
     sg__sha256(cubin, size, digest);
@@ -178,7 +152,11 @@ static void publish(const char *root, const char *path, const void *cubin, size_
     if (!rc) rc = write_all(fd, digest, 32);
     if (!rc) rc = write_all(fd, cubin, size);
     if (close(fd) != 0 && !rc) rc = errno;
-    if (rc || rename(tmp, path) != 0) unlink(tmp);
+    if (rc || rename(tmp, path) != 0) {
+        unlink(tmp);
+        return;
+    }
+    sg__cache_evict(ctx, root, strrchr(path, '/') + 1);
 }
 
 static sg_status compile(sg_ctx *ctx, const char *name, const char *source, const char *arch_opt,
@@ -232,28 +210,10 @@ static sg_status compile(sg_ctx *ctx, const char *name, const char *source, cons
  * what is compiled. *owned is the override text to free (size *owned_n). */
 static sg_status override_and_dump(sg_ctx *ctx, const char *name, const char **source, char **owned,
                                    size_t *owned_n) {
-    char path[PATH_MAX];
-    const char *dir = env("SG_OVERRIDE_DIR");
-    *owned = NULL;
-    if (dir && snprintf(path, sizeof path, "%s/%s.cu", dir, name) < (int)sizeof path) {
-        int rc = slurp(ctx, path, owned, owned_n);
-        if (rc == 0)
-            *source = *owned;
-        else if (rc != ENOENT)
-            return sg__fail(ctx, SG_ERR_COMPILE, "nvrtc: SG_OVERRIDE_DIR: cannot read '%s': %s",
-                            path, strerror(rc));
-    }
-    dir = env("SG_DUMP_DIR");
-    if (dir) {
-        if (snprintf(path, sizeof path, "%s/%s.cu", dir, name) >= (int)sizeof path)
-            return sg__fail(ctx, SG_ERR_COMPILE, "nvrtc: SG_DUMP_DIR '%s' is too long", dir);
-        int rc = sg__make_dirs(dir, 0755);
-        if (!rc) rc = sg__write_file(path, *source, strlen(*source));
-        if (rc)
-            return sg__fail(ctx, SG_ERR_COMPILE, "nvrtc: cannot write '%s' (SG_DUMP_DIR): %s", path,
-                            strerror(rc));
-    }
-    return SG_OK;
+    sg_status s = sg__read_override(ctx, name, ".cu", owned, owned_n);
+    if (s != SG_OK) return s;
+    if (*owned) *source = *owned;
+    return sg__dump_source(ctx, name, ".cu", *source, strlen(*source));
 }
 
 sg_status sg__nvrtc_build(sg_ctx *ctx, const char *name, const char *source, int arch, void **cubin,
@@ -267,12 +227,15 @@ sg_status sg__nvrtc_build(sg_ctx *ctx, const char *name, const char *source, int
     pthread_once(&once, load_once);
     if (!loaded) return sg__fail(ctx, SG_ERR_BACKEND_UNAVAILABLE, "%s", load_why);
     char root[PATH_MAX];
-    sg_status s = sg__cache_root(ctx, name, root, sizeof root - 80);
+    sg_status s = sg__cache_root_or_none(ctx, name, root, sizeof root - 80);
     if (s != SG_OK) return s;
     char *owned = NULL;
     size_t owned_n = 0;
     s = override_and_dump(ctx, name, &source, &owned, &owned_n);
-    if (s != SG_OK) return s;
+    if (s != SG_OK) {
+        if (owned) sg__free(ctx, owned, owned_n + 1);
+        return s;
+    }
 
     char arch_opt[40], ver[32], key[65];
     snprintf(arch_opt, sizeof arch_opt, "--gpu-architecture=sm_%d", arch);
@@ -297,10 +260,10 @@ sg_status sg__nvrtc_build(sg_ctx *ctx, const char *name, const char *source, int
     snprintf(path, sizeof path, "%s/cu-%s.cubin", root, key);
 
     const char *always = env("SG_ALWAYS_COMPILE");
-    if (!(always && strcmp(always, "0") != 0)) lookup(ctx, path, cubin, size);
+    if (root[0] && !(always && strcmp(always, "0") != 0)) lookup(ctx, path, cubin, size);
     if (!*cubin) {
         s = compile(ctx, name, source, arch_opt, cubin, size);
-        if (s == SG_OK) publish(root, path, *cubin, *size);
+        if (s == SG_OK && root[0]) publish(ctx, root, path, *cubin, *size);
     }
     if (owned) sg__free(ctx, owned, owned_n + 1);
     return s;

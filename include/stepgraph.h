@@ -869,6 +869,53 @@ SG_API void sg_ctx_reset_peak_memory(sg_ctx *ctx);
 SG_API sg_status sg_ctx_memory_stats(const sg_ctx *ctx, sg_memory_stats *stats);
 SG_API sg_status sg_fn_memory_stats(const sg_fn *fn, sg_memory_stats *stats);
 
+/* ---------------------------------------------------------------- kernel cache */
+
+/*
+ * Compiled kernels are kept on disk, one directory (C) or file (CUDA) per
+ * SHA-256 key, so that a second process compiles nothing. The root is
+ * SG_CACHE_DIR, else $XDG_CACHE_HOME/stepgraph, else ~/.cache/stepgraph,
+ * else /tmp/stepgraph-<uid>; it is created with mode 0700.
+ *
+ * Trust: code is loaded from the cache and from SG_OVERRIDE_DIR, so both
+ * must belong to the user and be writable by no one else. A root that is
+ * not the user's, or that group or others may write to, fails the compile
+ * with SG_ERR_COMPILE and a message naming the directory and the fix
+ * ("chmod 700 <dir>", or set SG_CACHE_DIR to a directory you own); an
+ * entry that is a link, not the user's or writable by others is never
+ * loaded but rebuilt; files are opened without following links and must
+ * be regular files (a FIFO or device is refused, never waited on). A root
+ * that cannot be used at all (not creatable or not writable) makes each
+ * build compile into a private temporary directory instead (said once
+ * under the "fallbacks" log topic): kernels still run, none is kept.
+ *
+ * Size: after each new entry, the least recently used entries (an entry is
+ * used when it is written or loaded) are removed until the cache holds at
+ * most SG_CACHE_MAX_MB megabytes (default 1024; fractions allowed; 0: no
+ * limit). The entry just written is never removed. Builds abandoned by a
+ * killed process (tmp-* directories) are removed after an hour.
+ *
+ * The C compiler (SG_CC) runs with a time limit, SG_COMPILE_TIMEOUT
+ * seconds (default 120; 0: none); on expiry it is killed with its whole
+ * process group and the compile fails with SG_ERR_COMPILE.
+ */
+
+/* The cache root the context's compiles use now (from the environment),
+ * created if missing, into buf (size bytes with the NUL). SG_ERR_COMPILE
+ * when it cannot be used or trusted, SG_ERR_INVALID_ARG when buf is NULL or
+ * too small; the message says which. */
+SG_API sg_status sg_cache_dir(sg_ctx *ctx, char *buf, size_t size);
+/*
+ * Remove every entry of the cache root: compiled kernels, kept failed
+ * builds, remembered max-autotune picks, and abandoned builds. Files and
+ * directories whose names the cache does not use are left alone, and so
+ * are builds younger than an hour (another process may be writing them).
+ * Modules already loaded stay valid. From a shell, deleting the root
+ * directory (see sg_cache_dir) does the same whenever no stepgraph process
+ * is compiling.
+ */
+SG_API sg_status sg_cache_clear(sg_ctx *ctx);
+
 #ifdef __cplusplus
 }
 #endif

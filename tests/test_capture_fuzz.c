@@ -11,10 +11,15 @@
  * the same way. Even seeds favour reductions and row ops, so that pointwise
  * prologues and epilogues around them are common; every third seed mixes
  * input dtypes (binary ops cast their second operand); every fourth ends
- * with two calls on transposed views of its inputs. Generated C is
+ * with two calls on transposed views of its inputs. Besides pointwise,
+ * reduction and row ops, programs use div, exp, log and pow (kept in
+ * range), matmul, concat, var and argmax, and every fifth seed has i32/i64
+ * inputs (argmax and casts to ints take only inputs and ints, so that an
+ * ulp of difference in a computed float cannot flip them). Generated C is
  * compiled with SG_CFLAGS="-Wall -Wextra -Werror". Each program prints as
  * text with its seed, e.g. "v3 = add(v1, v2)", to be re-run by seed
- * (argument 1).
+ * (argument 1). SG_FUZZ_SEEDS=a:b runs seeds a..b in every pass (CI runs
+ * 1..300 unfused, 1..30 fused, 1..10 one kernel per op).
  */
 #define _POSIX_C_SOURCE 200809L
 #include "graphs/graphs.h"
@@ -25,7 +30,7 @@
 
 enum kind {
     K_UNARY, K_SCALAR, K_BINARY, K_WHERE, K_CAST, K_TRANSPOSE, K_SLICE, K_UNSQUEEZE, K_ADD_INPLACE,
-    K_REDUCE, K_ROW, K_COUNT
+    K_REDUCE, K_ROW, K_MATH, K_MATMUL, K_CONCAT, K_VAR, K_ARGMAX, K_COUNT
 };
 
 typedef struct instr {
@@ -60,6 +65,18 @@ static const binary_fn binary_ops[] = {sg_add, sg_sub, sg_mul, sg_maximum, sg_mi
 static const char *const binary_names[] = {"add", "sub", "mul", "maximum", "minimum"};
 static const char *const reduce_names[] = {"sum", "mean", "max"};
 static const char *const row_names[] = {"softmax", "log_softmax", "layer_norm", "rms_norm"};
+/* Kept in range: div by |b| + 0.5, exp of a clamped to [-4, 4], log of
+ * |a| + 0.1, pow of min(|a| + 0.1, 4) to b clamped to [-2, 2]. */
+static const char *const math_names[] = {"div", "exp", "log", "pow"};
+
+static bool is_int(sg_dtype dt) { return dt == SG_I32 || dt == SG_I64; }
+/* Float-only ops see ints cast to f32 (unary: all but neg, abs, relu). */
+static bool takes_ints(enum kind k, int sub) {
+    return k == K_SCALAR || k == K_BINARY || k == K_WHERE || k == K_ADD_INPLACE ||
+           k == K_CAST || k == K_TRANSPOSE || k == K_SLICE || k == K_UNSQUEEZE ||
+           k == K_CONCAT || k == K_ARGMAX || (k == K_UNARY && (sub == 0 || sub == 1 || sub == 6)) ||
+           (k == K_REDUCE && sub != 1);
+}
 #define COUNT(a) ((int)(sizeof a / sizeof a[0]))
 
 static bool broadcast(const meta *x, const meta *y, meta *out) {
@@ -87,10 +104,11 @@ static void generate(prog *p, uint64_t seed) {
     int64_t A = tu_randint(1, 9), B = tu_randint(1, 40);
     sg_dtype dts[3] = {SG_F32, SG_F16, SG_BF16};
     sg_dtype base = tu_next() % 3 == 0 ? dts[tu_randint(1, 2)] : SG_F32;
-    bool mixed = seed % 3 == 1, heavy = seed % 2 == 0;
+    bool mixed = seed % 3 == 1, heavy = seed % 2 == 0, ints = seed % 5 == 2;
     for (int i = 0; i < p->nin; i++) {
         meta *m = &p->m[i];
         m->dt = mixed ? dts[tu_randint(0, 2)] : base;
+        if (ints && tu_next() % 2) m->dt = tu_next() % 2 ? SG_I32 : SG_I64;
         int form = (int)tu_randint(0, 3);
         m->ndim = form == 3 ? 1 : 2;
         m->shape[0] = form == 1 ? 1 : A;
@@ -104,6 +122,7 @@ static void generate(prog *p, uint64_t seed) {
         meta out = p->m[in.a];
         out.owned = true;
         const meta *ma = &p->m[in.a];
+        const meta *mb;
         switch (in.kind) {
         case K_UNARY: in.sub = (int)tu_randint(0, COUNT(unary_ops) - 1); break;
         case K_SCALAR:
@@ -117,7 +136,13 @@ static void generate(prog *p, uint64_t seed) {
             in.b = pick(count); /* of another dtype: cast to a's */
             if (!broadcast(ma, &p->m[in.b], &out)) continue;
             break;
-        case K_CAST: out.dt = dts[tu_randint(0, 2)]; break;
+        case K_CAST:
+            /* To an int only from an input or an int: a computed float may
+             * differ by an ulp from the eager one and truncate differently. */
+            out.dt = dts[tu_randint(0, 2)];
+            if ((in.a < p->nin || is_int(ma->dt)) && tu_next() % 3 == 0)
+                out.dt = tu_next() % 2 ? SG_I32 : SG_I64;
+            break;
         case K_TRANSPOSE:
             if (ma->ndim < 2) continue;
             out.shape[0] = ma->shape[1], out.shape[1] = ma->shape[0];
@@ -148,8 +173,43 @@ static void generate(prog *p, uint64_t seed) {
             out.shape[out.ndim - 1] = 1;
             break;
         case K_ROW: in.sub = (int)tu_randint(0, COUNT(row_names) - 1); break;
+        case K_MATH:
+            in.sub = (int)tu_randint(0, COUNT(math_names) - 1);
+            in.b = pick(count);
+            if ((in.sub == 0 || in.sub == 3) && !broadcast(ma, &p->m[in.b], &out)) continue;
+            break;
+        case K_MATMUL: /* a (M, K) @ b (N, K)^T, or a @ a^T */
+            in.b = pick(count);
+            mb = &p->m[in.b];
+            if (ma->ndim != 2) continue;
+            if (mb->ndim != 2 || mb->shape[1] != ma->shape[1]) in.b = in.a, mb = ma;
+            out.shape[1] = mb->shape[0];
+            break;
+        case K_CONCAT: /* along the last dim, with b or with a itself */
+            in.b = pick(count);
+            mb = &p->m[in.b];
+            if (mb->ndim != ma->ndim ||
+                memcmp(mb->shape, ma->shape, sizeof(int64_t) * (size_t)(ma->ndim - 1)))
+                in.b = in.a, mb = ma;
+            out.shape[out.ndim - 1] = ma->shape[ma->ndim - 1] + mb->shape[mb->ndim - 1];
+            if (out.shape[out.ndim - 1] > 64) continue;
+            break;
+        case K_VAR: out.shape[out.ndim - 1] = 1; break;
+        case K_ARGMAX: /* of inputs and ints only: near-ties of computed floats could flip */
+            if (in.a >= p->nin && !is_int(ma->dt)) continue;
+            out.shape[out.ndim - 1] = 1;
+            out.dt = SG_I64;
+            break;
         default: continue;
         }
+        if (is_int(ma->dt) && !takes_ints(in.kind, in.sub)) out.dt = SG_F32;
+        bool two = in.kind == K_BINARY || in.kind == K_WHERE || in.kind == K_CONCAT ||
+                   in.kind == K_ADD_INPLACE;
+        if (two && is_int(ma->dt) && !is_int(p->m[in.b].dt)) {
+            if (in.kind == K_ADD_INPLACE) continue; /* would truncate b */
+            out.dt = p->m[in.b].dt;
+        }
+        if (in.kind == K_REDUCE && in.sub == 0 && is_int(ma->dt)) out.dt = SG_I64;
         p->code[p->n++] = in;
         p->m[count++] = out;
     }
@@ -180,6 +240,11 @@ static void print_prog(const prog *p, uint64_t seed) {
             fprintf(stderr, "    v%d = %s(v%d, -1, keepdim)\n", v, reduce_names[in->sub], in->a);
             break;
         case K_ROW: fprintf(stderr, "    v%d = %s(v%d)\n", v, row_names[in->sub], in->a); break;
+        case K_MATH: fprintf(stderr, "    v%d = %s(v%d, v%d)\n", v, math_names[in->sub], in->a, in->b); break;
+        case K_MATMUL: fprintf(stderr, "    v%d = matmul(v%d, transpose(v%d))\n", v, in->a, in->b); break;
+        case K_CONCAT: fprintf(stderr, "    v%d = concat(v%d, v%d, dim=-1)\n", v, in->a, in->b); break;
+        case K_VAR: fprintf(stderr, "    v%d = var(v%d, dim=-1, correction=1, keepdim)\n", v, in->a); break;
+        case K_ARGMAX: fprintf(stderr, "    v%d = argmax(v%d, dim=-1, keepdim)\n", v, in->a); break;
         default: break;
         }
     }
@@ -193,9 +258,17 @@ static sg_status interpret(sg_ctx *ctx, sg_tensor *const *in, sg_tensor **out, v
     for (int k = 0; k < p->n; k++) {
         const instr *c = &p->code[k];
         sg_tensor *a = v[c->a], *b = v[c->b], *r = NULL;
-        bool two = c->kind == K_BINARY || c->kind == K_WHERE || c->kind == K_ADD_INPLACE;
-        if (two && b && a && sg_tensor_dtype(b) != sg_tensor_dtype(a))
-            b = sg_cast(b, sg_tensor_dtype(a));
+        if (a && is_int(sg_tensor_dtype(a)) && !takes_ints(c->kind, c->sub)) a = sg_cast(a, SG_F32);
+        bool two = c->kind == K_BINARY || c->kind == K_WHERE || c->kind == K_ADD_INPLACE ||
+                   c->kind == K_MATH || c->kind == K_MATMUL || c->kind == K_CONCAT;
+        /* Two dtypes: an int operand takes the float one's dtype (a float
+         * truncated to an int could land on either side of an integer). */
+        if (two && b && a && sg_tensor_dtype(b) != sg_tensor_dtype(a)) {
+            if (is_int(sg_tensor_dtype(a)) && !is_int(sg_tensor_dtype(b)))
+                a = sg_cast(a, sg_tensor_dtype(b));
+            else
+                b = sg_cast(b, sg_tensor_dtype(a));
+        }
         static const int last[1] = {-1};
         switch (c->kind) {
         case K_UNARY: r = unary_ops[c->sub](a); break;
@@ -221,6 +294,17 @@ static sg_status interpret(sg_ctx *ctx, sg_tensor *const *in, sg_tensor **out, v
                 : c->sub == 2 ? sg_layer_norm(a, NULL, NULL, 1e-5)
                               : sg_rms_norm(a, NULL, 1e-6);
             break;
+        case K_MATH:
+            r = c->sub == 0   ? sg_div(a, sg_add_scalar(sg_abs(b), 0.5))
+                : c->sub == 1 ? sg_exp(sg_clamp(a, -4, 4))
+                : c->sub == 2 ? sg_log(sg_add_scalar(sg_abs(a), 0.1))
+                              : sg_pow(sg_clamp(sg_add_scalar(sg_abs(a), 0.1), 0, 4),
+                                       sg_clamp(b, -2, 2));
+            break;
+        case K_MATMUL: r = sg_matmul(a, sg_transpose(b, 0, 1)); break;
+        case K_CONCAT: r = sg_concat(2, (sg_tensor *const[]){a, b}, -1); break;
+        case K_VAR: r = sg_var(a, 1, last, 1, true); break;
+        case K_ARGMAX: r = sg_argmax(a, -1, true); break;
         default: break;
         }
         if (!r) return sg_ctx_status(ctx) ? sg_ctx_status(ctx) : SG_ERR_INTERNAL;
@@ -304,8 +388,18 @@ int main(int argc, char **argv) {
     sg_ctx *ctx;
     ctx = tu_ctx((sg_ctx_opts){0});
     setenv("SG_CFLAGS", "-Wall -Wextra -Werror", 1);
-    uint64_t first = 1, last = 600;
-    if (argc > 1) first = last = strtoull(argv[1], NULL, 10); /* re-run one seed */
+    /* CI: seeds 1..300 unfused, the first 30 generated and fused, the first
+     * 10 one kernel per op. SG_FUZZ_SEEDS=a:b runs a..b in every pass (the
+     * long run); argument 1 re-runs one seed. */
+    uint64_t first = 1, last = 300;
+    const char *range = getenv("SG_FUZZ_SEEDS");
+    unsigned long long a = 0, b = 0;
+    bool all = false;
+    if (range && sscanf(range, "%llu:%llu", &a, &b) == 2 && a <= b)
+        first = a, last = b, all = true;
+    else if (range)
+        fprintf(stderr, "SG_FUZZ_SEEDS='%s' is not a:b with a <= b; using 1:300\n", range);
+    if (argc > 1) first = last = strtoull(argv[1], NULL, 10), all = true;
     /* Pass 0: unfused replay, bit for bit; 1: fused and generated, every
      * compiling mode; 2: generated with fusion disabled (one kernel per op). */
     for (int pass = 0; pass < 3; pass++) {
@@ -317,9 +411,7 @@ int main(int argc, char **argv) {
                                       : "generated C one kernel per op, within tolerance";
         int failed = 0;
         /* Generated, each seed compiles a unit (~0.1 s): fewer of them. */
-        uint64_t end = pass == 1 && first != last   ? first + 99
-                       : pass == 2 && first != last ? first + 19
-                                                    : last;
+        uint64_t end = all || pass == 0 ? last : pass == 1 ? first + 29 : first + 9;
         for (uint64_t seed = first; seed <= end; seed++) {
             const sg_mode reduce_overhead = SG_MODE_REDUCE_OVERHEAD;
             bool ok = pass == 1 ? run_seed(ctx, seed, 4, compiled_modes)

@@ -3,7 +3,8 @@
  * a GPU: a kernel compiles to an sm_90 cubin, a second build compiles
  * nothing and returns the same image, a damaged entry is detected and
  * rebuilt, a kernel with an error is SG_ERR_COMPILE with NVRTC's log in the
- * message, and SG_DUMP_DIR / SG_OVERRIDE_DIR work with <name>.cu.
+ * message, SG_DUMP_DIR / SG_OVERRIDE_DIR work with <name>.cu, an unusable
+ * cache compiles uncached and a world-writable one is refused.
  */
 #define _POSIX_C_SOURCE 200809L
 #include "codegen/codegen.h"
@@ -153,13 +154,27 @@ int main(void) {
          TU_EXPECT(strstr(m, "nosource_test") != NULL) && TU_EXPECT(strstr(m, "no source") != NULL);
     tu_case(ok, "a NULL source -> SG_ERR_INVALID_ARG (\"%s\")", m);
     sg_clear_error(ctx);
+    /* A cache that cannot be used compiles without it; one that others may
+     * write to is refused. */
     setenv("SG_CACHE_DIR", "/dev/null/cache", 1);
+    uint64_t cu = sg__nvrtc_compiles();
+    s = sg__nvrtc_build(ctx, "axpy_test", good, 90, &b, &nb);
+    ok = TU_EXPECT(s == SG_OK) && TU_EXPECT(b != NULL) && TU_EXPECT(nb == na) &&
+         TU_EXPECT(sg__nvrtc_compiles() == cu + 1);
+    tu_case(ok, "an unusable SG_CACHE_DIR -> compiled, not cached");
+    sg__free(ctx, b, nb), b = NULL;
+    sg_clear_error(ctx);
+    char open_dir[300];
+    snprintf(open_dir, sizeof open_dir, "%s/open", dir);
+    mkdir(open_dir, 0755);
+    chmod(open_dir, 0777);
+    setenv("SG_CACHE_DIR", open_dir, 1);
     s = sg__nvrtc_build(ctx, "axpy_test", good, 90, &b, &nb);
     m = sg_last_error(ctx);
     ok = TU_EXPECT(s == SG_ERR_COMPILE) && TU_EXPECT(b == NULL) &&
-         TU_EXPECT(strstr(m, "/dev/null/cache") != NULL) &&
+         TU_EXPECT(strstr(m, open_dir) != NULL) && TU_EXPECT(strstr(m, "chmod 700") != NULL) &&
          TU_EXPECT(strstr(m, "SG_CACHE_DIR") != NULL);
-    tu_case(ok, "an unusable SG_CACHE_DIR -> SG_ERR_COMPILE (\"%s\")", m);
+    tu_case(ok, "a world-writable SG_CACHE_DIR (0777) -> SG_ERR_COMPILE (\"%s\")", m);
     sg_clear_error(ctx);
     setenv("SG_CACHE_DIR", dir, 1);
 
@@ -196,6 +211,17 @@ int main(void) {
          TU_EXPECT(strstr(m, "SG_OVERRIDE_DIR") != NULL) &&
          TU_EXPECT(strstr(m, "dir_test.cu") != NULL);
     tu_case(ok, "an unreadable override -> SG_ERR_COMPILE (\"%s\")", m);
+    sg_clear_error(ctx);
+    snprintf(file, sizeof file, "%s/fifo_test.cu", over);
+    alarm(60); /* opening a FIFO would block forever */
+    ok = TU_EXPECT(mkfifo(file, 0600) == 0);
+    s = sg__nvrtc_build(ctx, "fifo_test", good, 90, &b, &nb);
+    alarm(0);
+    m = sg_last_error(ctx);
+    ok = ok && TU_EXPECT(s == SG_ERR_COMPILE) && TU_EXPECT(b == NULL) &&
+         TU_EXPECT(strstr(m, "fifo_test.cu") != NULL) &&
+         TU_EXPECT(strstr(m, "not a regular file") != NULL);
+    tu_case(ok, "a FIFO as override -> SG_ERR_COMPILE, no hang (\"%s\")", m);
     sg_clear_error(ctx);
     unsetenv("SG_OVERRIDE_DIR");
     sg__free(ctx, a, na);

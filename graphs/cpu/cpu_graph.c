@@ -59,15 +59,14 @@ static int run_compiled(sg__graph *g) {
     return rc;
 }
 
-/* The tuning remembered beside the compiled unit in the disk cache, or 0. */
+/* The tuning remembered beside the compiled unit in the disk cache (a
+ * checksummed note: a damaged one reads as none and is written again), or 0. */
 static int tuned_threads(const sg__graph *g, char *path, size_t size) {
     snprintf(path, size, "%s/tune.txt", sg__module_path(g->mod));
-    FILE *f = fopen(path, "r");
+    char body[64];
     int threads = 0;
-    if (f) {
-        if (fscanf(f, "threads=%d", &threads) != 1) threads = 0;
-        fclose(f);
-    }
+    if (!sg__note_read(path, body, sizeof body) || sscanf(body, "threads=%d", &threads) != 1)
+        threads = 0;
     return threads;
 }
 
@@ -105,15 +104,10 @@ static void autotune(sg_fn *fn, sg__graph *g) {
     g->threads = best;
     sg__log(fn->ctx, "perf_hints", "fn '%s': max-autotune picked %d threads (%.1f us per replay)",
             fn->name, best, best_t / 3 * 1e6);
-    /* Remember it beside the unit: write a temp file, then rename. */
-    char tmp[4300];
-    snprintf(tmp, sizeof tmp, "%s.%ld", path, (long)getpid());
-    FILE *f = fopen(tmp, "w");
-    if (f) {
-        fprintf(f, "threads=%d\n", best);
-        if (fclose(f) == 0) rename(tmp, path);
-        else remove(tmp);
-    }
+    /* Remember it beside the unit. */
+    char body[64];
+    snprintf(body, sizeof body, "threads=%d\n", best);
+    sg__note_write(path, body);
 #else
     (void)fn;
 #endif

@@ -117,13 +117,14 @@ static void tune_path(sg_ctx *ctx, const char *name, const char *src, cu_graph *
         cg->tune_path[0] = '\0';
 }
 
-/* Apply remembered picks ("<group> <threads>" lines); whether all applied. */
+/* Apply remembered picks ("<group> <threads>" lines, a checksummed note);
+ * whether all applied. */
 static bool tune_load(cu_graph *cg) {
-    FILE *f = cg->tune_path[0] ? fopen(cg->tune_path, "r") : NULL;
-    if (!f) return false;
-    int k, threads, n = 0;
+    char body[4096];
+    if (!cg->tune_path[0] || !sg__note_read(cg->tune_path, body, sizeof body)) return false;
+    int k, threads, n = 0, used = 0;
     bool ok = true;
-    while (ok && fscanf(f, "%d %d", &k, &threads) == 2) {
+    for (const char *p = body; ok && sscanf(p, "%d %d%n", &k, &threads, &used) == 2; p += used) {
         int t = threads == 128 ? 0 : threads == 256 ? 1 : threads == 512 ? 2 : -1;
         ok = k >= 0 && k < cg->ngroups && t >= 0 && cg->kinfo[k].tune_grid[t];
         if (ok) {
@@ -132,20 +133,19 @@ static bool tune_load(cu_graph *cg) {
             n++;
         }
     }
-    fclose(f);
     return ok && n > 0;
 }
 
-/* Remember the picks: a temporary file renamed into place. */
+/* Remember the picks (replaced atomically). */
 static void tune_save(const cu_graph *cg) {
+    char body[4096];
+    size_t n = 0;
     if (!cg->tune_path[0]) return;
-    char tmp[1100];
-    snprintf(tmp, sizeof tmp, "%s.%ld.tmp", cg->tune_path, (long)getpid());
-    FILE *f = fopen(tmp, "w");
-    if (!f) return;
-    for (int k = 0; k < cg->ngroups; k++)
-        if (cg->kfn[k] && cg->kinfo[k].tune_grid[0]) fprintf(f, "%d %u\n", k, cg->kinfo[k].block);
-    if (fclose(f) != 0 || rename(tmp, cg->tune_path) != 0) unlink(tmp);
+    for (int k = 0; k < cg->ngroups && n < sizeof body - 32; k++)
+        if (cg->kfn[k] && cg->kinfo[k].tune_grid[0])
+            n += (size_t)snprintf(body + n, sizeof body - n, "%d %u\n", k, cg->kinfo[k].block);
+    body[n] = '\0';
+    if (n) sg__note_write(cg->tune_path, body);
 }
 
 static sg_status compile(sg_fn *fn, sg__graph *g) {
