@@ -464,7 +464,8 @@ int main(void) {
         printf("skipped: %s\n", sg_last_error(ctx));
         sg_ctx_destroy(ctx);
         snprintf(cmd, sizeof cmd, "rm -rf '%s'", base);
-        return system(cmd) == 0 ? 77 : 77;
+        if (system(cmd) != 0) fprintf(stderr, "could not remove %s\n", base);
+        return 77;
     }
     sg__module_free(ctx, probe);
 
