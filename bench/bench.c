@@ -19,6 +19,7 @@
 
 #include <stepgraph.h>
 
+#include <math.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -48,8 +49,9 @@ static const char *check_dir;         /* --check: where the W3/W5 outputs go */
 static bool full_cpu;                 /* --full: 124M GPT-2 on the CPU too */
 static const char *tag = "stepgraph"; /* "stepgraph-<SG_BENCH_TAG>" when set */
 
-static const char *const work_names[] = {"w1s", "w1l", "w2", "w3", "w5"};
-#define NUM_WORKS 5
+static const char *const work_names[] = {"w1s", "w1l", "w2", "w3", "w4", "w5"};
+#define NUM_WORKS 6
+enum { W1S, W1L, W2, W3, W4, W5 }; /* indices into work_names and work_on */
 static bool work_on[NUM_WORKS];
 
 static void usage(FILE *f) {
@@ -58,17 +60,18 @@ static void usage(FILE *f) {
                "\n"
                "Runs each workload through stepgraph in every mode and prints a table\n"
                "(stdout); progress and RESULT lines for bench/run.sh go to stderr.\n"
-               "  workloads   w1s w1l w2 w3 w5 (default: all); the spec of each is in\n"
+               "  workloads   w1s w1l w2 w3 w4 w5 (default: all); the spec of each is in\n"
                "              bench/README.md\n"
                "  --backend   auto (default: CUDA when a GPU is there, else the CPU), cpu, cuda\n"
                "  --modes     a comma list of eager, default, reduce-overhead, max-autotune,\n"
                "              max-autotune-no-cudagraphs (default: all)\n"
                "  --gpt2 FILE the llm.c checkpoint W3/W5 load; when FILE does not exist it is\n"
                "              written from the seeded random init (default: no file, seeded init)\n"
-               "  --check DIR write W3's 32 greedy tokens and logits and W5's last-position\n"
-               "              logits per mode into DIR, for run.sh to compare with PyTorch\n"
-               "  --full      W3/W5 at GPT-2 124M on the CPU too (default there: a reduced\n"
-               "              GPT-2, so that the CPU run stays short)\n"
+               "  --check DIR write W3's 32 greedy tokens and logits, W5's last-position\n"
+               "              logits and W4's loss after 50 steps per mode into DIR, for\n"
+               "              run.sh to compare with PyTorch\n"
+               "  --full      W3/W5 at GPT-2 124M and W4 at its full width on the CPU too\n"
+               "              (default there: reduced sizes, so that the CPU run stays short)\n"
                "Environment: SG_BENCH_TAG=x names the RESULT lines stepgraph-x.\n");
 }
 
@@ -453,6 +456,132 @@ static void run_gpt2(const char *name, sg_ctx *ctx, bool decode, bool small) {
     gpt2_destroy(p.g);
 }
 
+
+/* ------------------------------------------------------------ W4: MLP training */
+
+/*
+ * W4: one training step of an MLP 784 -> H -> H -> 10 (H = 1024; 128 on the
+ * CPU unless --full) with ReLU, cross-entropy over a batch of 128, the
+ * gradients of all six parameters (sg_grad) and an AdamW update (torch's
+ * defaults: lr 1e-3, betas 0.9/0.999, eps 1e-8, weight decay 1e-2), all in
+ * one step, f32. The init and the data come from a 32-bit LCG that
+ * torch_ref.py repeats: parameters U(-1/sqrt(fan_in), 1/sqrt(fan_in)) in the
+ * order w1 b1 w2 b2 w3 b3, then x U(-1, 1); labels (7 i) mod 10.
+ */
+#define W4_BATCH 128
+#define W4_CHECK_STEPS 50
+
+typedef struct w4_work {
+    int64_t hidden;
+    sg_tensor *p[6], *x, *y, *loss;
+    float *init[6]; /* the initial values, to start the loss check over */
+    sg_optim *opt;
+    sg_fn *fn;
+} w4_work;
+
+static sg_status w4_body(sg_ctx *ctx, sg_tensor *const *in, sg_tensor **out, void *user) {
+    w4_work *m = user;
+    sg_tensor *h = sg_relu(sg_linear(in[0], m->p[0], m->p[1]));
+    h = sg_relu(sg_linear(h, m->p[2], m->p[3]));
+    sg_tensor *loss = sg_cross_entropy(sg_linear(h, m->p[4], m->p[5]), in[1]), *g[6];
+    if (!loss) return sg_ctx_status(ctx);
+    sg_status st = sg_grad(loss, 6, m->p, g);
+    if (st == SG_OK) st = sg_optim_step(m->opt, g);
+    out[0] = loss;
+    return st;
+}
+
+static sg_status w4_begin(workload *w, sg_mode mode) {
+    w4_work *m = w->state;
+    sg_status st = sg_adamw_create(w->ctx, 6, m->p, NULL, &m->opt);
+    if (st == SG_OK)
+        st = sg_compile(w->ctx, w4_body, m, 2, 1, &(sg_compile_opts){.mode = mode, .name = "w4"},
+                        &m->fn);
+    return st;
+}
+
+static sg_status w4_step(workload *w) {
+    w4_work *m = w->state;
+    sg_tensor *in[2] = {m->x, m->y};
+    return sg_call(m->fn, in, 2, &m->loss, 1);
+}
+
+static void w4_end(workload *w) {
+    w4_work *m = w->state;
+    sg_fn_destroy(m->fn);
+    sg_optim_destroy(m->opt);
+    m->fn = NULL, m->opt = NULL;
+}
+
+/* The losses of steps 1, 10 and 50 from the initial parameters and a fresh
+ * optimizer, into <dir>/W4_stepgraph_<mode>.loss (text, one line). */
+static sg_status w4_check(workload *w, sg_mode mode) {
+    w4_work *m = w->state;
+    sg_status st = SG_OK;
+    for (int i = 0; i < 6 && st == SG_OK; i++)
+        st = sg_write(m->p[i], m->init[i], sizeof(float) * (size_t)sg_tensor_numel(m->p[i]));
+    w4_end(w);
+    if (st == SG_OK) st = w4_begin(w, mode);
+    double loss[3] = {0, 0, 0};
+    for (int s = 1, k = 0; s <= W4_CHECK_STEPS && st == SG_OK; s++) {
+        st = w4_step(w);
+        if (st == SG_OK && (s == 1 || s == 10 || s == W4_CHECK_STEPS))
+            st = sg_item(m->loss, &loss[k++]);
+    }
+    char path[1024];
+    snprintf(path, sizeof path, "%s/W4_stepgraph_%s.loss", check_dir, sg_mode_name(mode));
+    FILE *f = st == SG_OK ? fopen(path, "w") : NULL;
+    if (f) fprintf(f, "%.9g %.9g %.9g\n", loss[0], loss[1], loss[2]), fclose(f);
+    return st != SG_OK ? st : f ? SG_OK : SG_ERR_INVALID_ARG;
+}
+
+/* n values of the LCG, each scale * U(-1, 1). */
+static float *w4_values(int64_t n, float scale, uint32_t *seed) {
+    float *v = malloc(sizeof(float) * (size_t)(n ? n : 1));
+    for (int64_t i = 0; v && i < n; i++) {
+        *seed = *seed * 1664525u + 1013904223u;
+        v[i] = scale * ((float)(*seed >> 8) / 16777216.0f * 2.0f - 1.0f);
+    }
+    return v;
+}
+
+static void run_w4(sg_ctx *ctx, bool small) {
+    w4_work m;
+    memset(&m, 0, sizeof m);
+    m.hidden = small ? 128 : 1024;
+    int64_t dims[4] = {784, m.hidden, m.hidden, 10}, B = W4_BATCH;
+    uint32_t seed = 4444;
+    sg_status st = SG_OK;
+    for (int l = 0; l < 3 && st == SG_OK; l++) {
+        int64_t ws[2] = {dims[l + 1], dims[l]}, bs[1] = {dims[l + 1]};
+        float bound = 1.0f / sqrtf((float)dims[l]);
+        m.init[2 * l] = w4_values(ws[0] * ws[1], bound, &seed);
+        m.init[2 * l + 1] = w4_values(bs[0], bound, &seed);
+        m.p[2 * l] = m.init[2 * l] ? sg_from_host(ctx, SG_F32, 2, ws, m.init[2 * l]) : NULL;
+        m.p[2 * l + 1] = m.init[2 * l + 1] ? sg_from_host(ctx, SG_F32, 1, bs, m.init[2 * l + 1]) : NULL;
+        for (int k = 0; k < 2 && st == SG_OK; k++)
+            st = m.p[2 * l + k] ? sg_requires_grad_(m.p[2 * l + k], true) : SG_ERR_OOM;
+    }
+    float *xv = w4_values(B * 784, 1.0f, &seed);
+    int64_t yv[W4_BATCH], xs[2] = {B, 784};
+    for (int64_t i = 0; i < B; i++) yv[i] = (7 * i) % 10;
+    m.x = xv ? sg_from_host(ctx, SG_F32, 2, xs, xv) : NULL;
+    m.y = sg_from_host(ctx, SG_I64, 1, &B, yv);
+    free(xv);
+    fprintf(stderr, "bench: W4: MLP 784 -> %lld -> %lld -> 10, batch 128, f32, AdamW\n",
+            (long long)m.hidden, (long long)m.hidden);
+    if (st != SG_OK || !m.x || !m.y) {
+        fprintf(stderr, "bench: W4 setup: %s\n", sg_last_error(ctx));
+        printf("| %-4s | %-26s | failed |\n", "W4", "(setup)");
+    } else {
+        bool gpu = sg_ctx_backend(ctx) == SG_BACKEND_CUDA;
+        workload w = {"W4",    gpu ? 200 : 5, gpu ? 5 : 3, ctx,    w4_begin,
+                      w4_step, NULL,          w4_check,    w4_end, &m};
+        run(&w);
+    }
+    for (int i = 0; i < 6; i++) free(m.init[i]);
+}
+
 /* ------------------------------------------------------------ main */
 
 /* One context per workload, so that its peak memory is its own. */
@@ -471,16 +600,19 @@ static sg_ctx *new_ctx(sg_backend want) {
 static void print_header(bool gpu, bool small) {
     const char *dt = gpu ? "bf16" : "f32";
     printf("Workloads (bench/README.md has the full spec and the floors):\n");
-    if (work_on[0]) printf("  W1s  6 x (y = tanh(sin(y) * 1.01 + 0.1)), 24 ops, 4096 f32\n");
-    if (work_on[1]) printf("  W1l  the same chain over 16M f32\n");
-    if (work_on[2]) printf("  W2   8 x (linear 1024 -> 1024 + gelu_tanh), batch 1, %s\n", dt);
-    if (work_on[3])
+    if (work_on[W1S]) printf("  W1s  6 x (y = tanh(sin(y) * 1.01 + 0.1)), 24 ops, 4096 f32\n");
+    if (work_on[W1L]) printf("  W1l  the same chain over 16M f32\n");
+    if (work_on[W2]) printf("  W2   8 x (linear 1024 -> 1024 + gelu_tanh), batch 1, %s\n", dt);
+    if (work_on[W3])
         printf("  W3   GPT-2 %s decode, batch 1, %s, %s-slot KV cache: one step = one token\n",
                small ? "reduced (L=2, C=64, V=512)" : "124M", dt, small ? "128" : "1024");
-    if (work_on[4])
+    if (work_on[W5])
         printf("  W5   GPT-2 %s prefill %s tokens, %s, causal, logits for every position\n",
                small ? "reduced (L=2, C=64, V=512)" : "124M", small ? "4 x 32" : "4 x 512", dt);
-    if (small && (work_on[3] || work_on[4]))
+    if (work_on[W4])
+        printf("  W4   MLP training step 784 -> %s -> %s -> 10, ReLU, cross-entropy, backward, "
+               "AdamW, batch 128, f32\n", small ? "128" : "1024", small ? "128" : "1024");
+    if (small && (work_on[W3] || work_on[W5]))
         printf("  (W3/W5 run a reduced GPT-2 on the CPU to keep this run short, --full runs "
                "124M;\n   a --gpt2 checkpoint that exists sets the size, and W5 then prefills 4 x "
                "min(512, maxT/4))\n");
@@ -510,13 +642,13 @@ int main(int argc, char **argv) {
     printf(
         "|------|----------------------------|--------------|----------|----------|-----------|\n");
     fflush(stdout);
-    if (work_on[0]) {
+    if (work_on[W1S]) {
         int64_t s[1] = {4096};
         sg_tensor *x = randn(ctx, SG_F32, 1, s, 1.0f, &seed);
         run_fn("W1s", ctx, w1_step, NULL, x, 200, 5);
         sg_release(x);
     }
-    if (work_on[1]) {
+    if (work_on[W1L]) {
         sg_ctx_destroy(ctx);
         ctx = new_ctx(want);
         int64_t s[1] = {16 << 20};
@@ -525,7 +657,7 @@ int main(int argc, char **argv) {
         run_fn("W1l", ctx, w1_step, NULL, x, gpu ? 200 : 5, gpu ? 5 : 3);
         sg_release(x);
     }
-    if (work_on[2]) {
+    if (work_on[W2]) {
         sg_ctx_destroy(ctx);
         ctx = new_ctx(want);
         mlp m;
@@ -538,11 +670,15 @@ int main(int argc, char **argv) {
         sg_tensor *x = randn(ctx, dt, 2, xs, 1.0f, &seed);
         run_fn("W2", ctx, w2_step, &m, x, 200, 5);
     }
-    for (int k = 0; k < 2; k++) {
-        if (!work_on[3 + k]) continue;
+    for (int k = 0; k < 3; k++) {
+        int wk = k == 0 ? W3 : k == 1 ? W4 : W5;
+        if (!work_on[wk]) continue;
         sg_ctx_destroy(ctx);
         ctx = new_ctx(want);
-        run_gpt2(k == 0 ? "W3" : "W5", ctx, k == 0, small);
+        if (wk == W4)
+            run_w4(ctx, small);
+        else
+            run_gpt2(wk == W3 ? "W3" : "W5", ctx, wk == W3, small);
     }
     sg_ctx_destroy(ctx);
     return 0;

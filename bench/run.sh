@@ -7,7 +7,7 @@
 # correctness checks of W3 and W5 (stepgraph's outputs against torch's on the
 # same weights). bench/README.md describes the workloads.
 #   bench/run.sh [out-dir]      (the device machine: $OUT)
-# SG_BENCH_BACKEND (default cuda), SG_BENCH_WORK ("w1s w2" to pick),
+# SG_BENCH_BACKEND (default cuda), SG_BENCH_WORK ("w1s w2" to pick; w1s w1l w2 w3 w4 w5),
 # TORCH_MODES (default every mode), SG_BENCH_GPT2 (the llm.c checkpoint W3/W5
 # use; default: bench writes its seeded random init into a temporary file,
 # and torch_ref.py loads the same file).

@@ -17,7 +17,7 @@ import array
 import os
 import sys
 
-FLOOR_US = {"W1s": 2.0, "W1l": 45.0, "W2": 8.0, "W3": 100.0, "W5": 700.0}
+FLOOR_US = {"W1s": 2.0, "W1l": 45.0, "W2": 8.0, "W3": 100.0, "W4": 40.0, "W5": 700.0}
 TOL = 2e-2
 
 
@@ -69,9 +69,27 @@ def worst(got, ref, n):
     return max((abs(g - r) / (1 + abs(r)) for g, r in zip(got[:n], ref[:n])), default=0.0)
 
 
+def check_w4(d, ref_mode, files):
+    """W4's losses at steps 1, 10 and 50 against torch's, within 1e-3 (1 + |b|)."""
+    ok, ref = True, os.path.join(d, f"W4_torch_{ref_mode}.loss")
+    mine = [f for f in files if f.startswith("W4_stepgraph_") and f.endswith(".loss")]
+    if mine and not os.path.exists(ref):
+        print(f"W4: no torch {ref_mode} losses in {d}; nothing to compare")
+        return True
+    for f in mine:
+        mode = f[len("W4_stepgraph_"):-5]
+        a = [float(v) for v in open(os.path.join(d, f)).read().split()]
+        b = [float(v) for v in open(ref).read().split()]
+        good = len(a) == len(b) and all(abs(x - y) <= 1e-3 * (1 + abs(y)) for x, y in zip(a, b))
+        print(f"W4 {mode}: losses at steps 1, 10, 50 {a} vs torch {ref_mode} {b}: {'ok' if good else 'FAIL'}")
+        ok &= good
+    return ok
+
+
 def check(d, ref_mode):
     ok = True
     files = sorted(os.listdir(d))
+    ok &= check_w4(d, ref_mode, files)
     for work in ("W3", "W5"):
         ref = os.path.join(d, f"{work}_torch_{ref_mode}.f32")
         mine = [f for f in files if f.startswith(f"{work}_stepgraph_") and f.endswith(".f32")]

@@ -173,6 +173,74 @@ class Decode:
         return step
 
 
+# ---------------------------------------------------------------- W4: MLP training
+
+
+def lcg_values(n, scale, state):
+    """bench.c's w4_values: n values scale * U(-1, 1) of the 32-bit LCG, as an
+    f32 tensor computed as bench.c does (U exact in f32, one f32 multiply by
+    the f32 scale); state is a one-element list holding the seed, advanced."""
+    s, out = state[0], [0.0] * n
+    for i in range(n):
+        s = (s * 1664525 + 1013904223) & 0xFFFFFFFF
+        out[i] = float(s >> 8) / 16777216.0 * 2.0 - 1.0
+    state[0] = s
+    return torch.tensor(out, dtype=torch.float32) * torch.tensor(scale, dtype=torch.float32)
+
+
+class W4:
+    """bench.c's W4 on the same init and data: MLP 784 -> H -> H -> 10, ReLU,
+    cross-entropy, backward, AdamW (torch's defaults; fused on CUDA)."""
+
+    def __init__(self, hidden, dev):
+        dims, state = [784, hidden, hidden, 10], [4444]
+        self.init = []
+        for l in range(3):
+            one = torch.tensor(1.0, dtype=torch.float32)  # 1.0f / sqrtf(fan_in), in f32
+            bound = float(one / torch.sqrt(torch.tensor(float(dims[l]), dtype=torch.float32)))
+            w = lcg_values(dims[l + 1] * dims[l], bound, state)
+            b = lcg_values(dims[l + 1], bound, state)
+            self.init += [w.view(dims[l + 1], dims[l]), b]
+        self.x = lcg_values(128 * 784, 1.0, state).view(128, 784).to(dev)
+        self.y = torch.tensor([(7 * i) % 10 for i in range(128)], dtype=torch.long, device=dev)
+        self.dev = dev
+        self.reset()
+
+    def reset(self):
+        self.p = [t.clone().to(self.dev).requires_grad_(True) for t in self.init]
+        self.opt = torch.optim.AdamW(self.p, lr=1e-3, fused=self.dev == "cuda")
+
+    def loss(self):
+        w1, b1, w2, b2, w3, b3 = self.p
+        h = F.relu(F.linear(self.x, w1, b1))
+        h = F.relu(F.linear(h, w2, b2))
+        return F.cross_entropy(F.linear(h, w3, b3), self.y)
+
+    def make(self, mode):
+        self.reset()
+
+        def train_step():
+            loss = self.loss()
+            loss.backward()
+            self.opt.step()
+            self.opt.zero_grad(set_to_none=True)
+            return loss.detach()
+
+        return train_step if mode == "eager" else torch.compile(train_step, mode=mode)
+
+
+def check_w4(w4, mode, check):
+    step = w4.make(mode)
+    mark = mode in ("reduce-overhead", "max-autotune")
+    losses = []
+    for s in range(1, 51):
+        loss = step_marked(step, mark)
+        if s in (1, 10, 50):
+            losses.append(float(loss.item()))
+    with open(os.path.join(check, f"W4_torch_{mode}.loss"), "w") as f:
+        f.write(" ".join(f"{v:.9g}" for v in losses) + "\n")
+
+
 def w5_tokens(V, T, dev):
     b = torch.arange(4).view(4, 1)
     t = torch.arange(T).view(1, T)
@@ -267,11 +335,12 @@ def main():
     ap.add_argument("--device", default="cuda", choices=["cuda", "cpu"])
     ap.add_argument("--gpt2", help="llm.c checkpoint for W3/W5 (bench --gpt2 FILE writes it)")
     ap.add_argument("--check", help="directory for W3/W5 outputs (table.py --check)")
-    ap.add_argument("work", nargs="*", help="w1s w1l w2 w3 w5 (default: all)")
+    ap.add_argument("--full", action="store_true", help="W4 at its full width on the CPU too")
+    ap.add_argument("work", nargs="*", help="w1s w1l w2 w3 w4 w5 (default: all)")
     args = ap.parse_args()
-    args.work = args.work or ["w1s", "w1l", "w2", "w3", "w5"]
+    args.work = args.work or ["w1s", "w1l", "w2", "w3", "w4", "w5"]
     for w in args.work:
-        if w not in ("w1s", "w1l", "w2", "w3", "w5"):
+        if w not in ("w1s", "w1l", "w2", "w3", "w4", "w5"):
             ap.error(f"unknown workload '{w}'")
     torch.manual_seed(0)
     dev = args.device
@@ -323,6 +392,20 @@ def main():
                     continue
                 print(f"| {name:4} | {mode:16} | {us:10.1f} us | first {first:7.2f} s | peak {peak / 2**20:8.1f} MiB |")
                 print(f"RESULT torch {name} {mode} {us:.2f} {first:.4f} {peak}", file=sys.stderr, flush=True)
+    if "w4" in args.work:  # training: outside inference_mode
+        w4 = W4(1024 if gpu or args.full else 128, dev)
+        for mode in args.modes.split(","):
+            print(f"torch_ref: W4 {mode}", file=sys.stderr, flush=True)
+            try:
+                us, first, peak, step = bench(w4.make, mode, 200 if gpu else 5, dev,
+                                              loops=5 if gpu else 3)
+                if args.check:
+                    check_w4(w4, mode, args.check)
+            except Exception as e:  # a failed mode is reported, not fatal
+                print(f"W4 {mode}: failed: {e}", file=sys.stderr)
+                continue
+            print(f"| W4   | {mode:16} | {us:10.1f} us | first {first:7.2f} s | peak {peak / 2**20:8.1f} MiB |")
+            print(f"RESULT torch W4 {mode} {us:.2f} {first:.4f} {peak}", file=sys.stderr, flush=True)
 
 
 if __name__ == "__main__":
