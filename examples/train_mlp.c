@@ -1,7 +1,7 @@
 /*
  * train_mlp.c -- trains an MNIST-shaped MLP (784 -> 1024 -> 1024 -> 10,
  * ReLU, cross-entropy) with stepgraph's autograd: the whole train step
- * (forward, sg_grad, the SGD update) is one function compiled in
+ * (forward, sg_grad, the AdamW update) is one function compiled in
  * REDUCE_OVERHEAD mode, so after the first call every step replays as one
  * graph. Data: an IDX pair (MNIST's train-images-idx3-ubyte and
  * train-labels-idx1-ubyte) given on the command line, or synthetic inputs
@@ -30,7 +30,7 @@
 #define HID 1024
 #define OUT 10
 #define NPARAM 6
-#define LR 0.1
+#define LR 1e-3
 
 static sg_ctx *ctx;
 
@@ -116,6 +116,7 @@ static void synthetic(int64_t n, dataset *d) {
 
 typedef struct mlp {
     sg_tensor *p[NPARAM]; /* w1 (HID, IN), b1, w2 (HID, HID), b2, w3 (OUT, HID), b3 */
+    sg_optim *opt;        /* AdamW over p; its state lives on the device */
 } mlp;
 
 static const int64_t shapes[NPARAM][2] = {{HID, IN}, {HID}, {HID, HID}, {HID}, {OUT, HID}, {OUT}};
@@ -145,14 +146,11 @@ static sg_status train_step(sg_ctx *c, sg_tensor *const *in, sg_tensor **out, vo
     mlp *m = user;
     sg_tensor *g[NPARAM];
     out[0] = loss_of(m, in[0], in[1]);
+    (void)c;
     sg_status s = sg_grad(out[0], NPARAM, m->p, g);
-    if (s != SG_OK) return s;
-    sg_set_grad_enabled(c, false);
-    /* An optimizer call (sg_adamw...) goes here; plain SGD written with ops for now. */
-    for (int k = 0; k < NPARAM && s == SG_OK; k++)
-        s = sg_copy_(m->p[k], sg_sub(m->p[k], sg_mul_scalar(g[k], LR)));
-    sg_set_grad_enabled(c, true);
-    return s;
+    /* The update, in place, inside the same graph; its learning rate and step
+     * count are device tensors, so a schedule needs no recapture. */
+    return s == SG_OK ? sg_optim_step(m->opt, g) : s;
 }
 
 /* ------------------------------------------------------------ checkpoints */
@@ -291,6 +289,8 @@ int main(int argc, char **argv) {
     }
     mlp m;
     init(&m);
+    if (sg_adamw_create(ctx, NPARAM, m.p, &(sg_adamw_opts){.lr = LR}, &m.opt) != SG_OK)
+        die("making the optimizer");
     int64_t xs[2] = {bsz, IN};
     sg_tensor *x = sg_empty(ctx, SG_F32, 2, xs), *y = sg_empty(ctx, SG_I64, 1, &bsz);
     sg_fn *fn;
@@ -305,6 +305,7 @@ int main(int argc, char **argv) {
     train(fn, x, y, &data, o.epochs, per_epoch, bsz);
     int rc = checkpoint(o.ckpt, &m, x, y) ? 0 : 1;
     sg_fn_destroy(fn);
+    sg_optim_destroy(m.opt);
     sg_ctx_destroy(ctx); /* frees every tensor */
     free(data.x), free(data.y);
     return rc;
