@@ -17,15 +17,15 @@ static sg_tensor *loss_of(gpt2 *g, sg_tensor *inputs, sg_tensor *targets) {
 static sg_status train_step(sg_ctx *ctx, sg_tensor *const *in, sg_tensor **out, void *user) {
     gpt2_trainer *t = user;
     sg_tensor *loss = loss_of(t->g, in[0], in[1]);
-    sg_tensor **grads = t->opts.output_grads ? out + 1 : malloc(sizeof *grads * (size_t)t->n);
-    if (!grads) return SG_ERR_OOM;
+    /* Without output_grads the gradients stay inside the step; t->out + 1
+     * is room no output of the call uses then. */
+    sg_tensor **grads = t->opts.output_grads ? out + 1 : t->out + 1;
     sg_status st = loss ? sg_grad(loss, t->n, t->params, grads) : sg_ctx_status(ctx);
     sg_set_grad_enabled(ctx, false);
     if (st == SG_OK && t->opts.grad_clip > 0)
         st = sg_clip_grad_norm_(t->n, grads, t->opts.grad_clip, NULL);
     if (st == SG_OK) st = sg_optim_step(t->opt, grads);
     sg_set_grad_enabled(ctx, true);
-    if (!t->opts.output_grads) free(grads);
     out[0] = loss;
     return st;
 }
@@ -46,7 +46,8 @@ sg_status gpt2_trainer_create(gpt2 *g, const gpt2_train_opts *o, gpt2_trainer **
     t->opts = o ? *o : (gpt2_train_opts){0};
     t->n = (int)gpt2_num_params(g);
     t->params = calloc((size_t)t->n, sizeof *t->params);
-    sg_status st = t->params ? SG_OK : SG_ERR_OOM;
+    t->out = calloc((size_t)t->n + 1, sizeof *t->out);
+    sg_status st = t->params && t->out ? SG_OK : SG_ERR_OOM;
     if (st == SG_OK) gpt2_params(g, t->params);
     for (int i = 0; i < t->n && st == SG_OK; i++) st = sg_requires_grad_(t->params[i], true);
     /* llm.c's AdamW: betas 0.9/0.95, eps 1e-8; lr is set per step. */
@@ -73,15 +74,13 @@ sg_status gpt2_trainer_create(gpt2 *g, const gpt2_train_opts *o, gpt2_trainer **
 
 sg_status gpt2_trainer_step(gpt2_trainer *t, sg_tensor *inputs, sg_tensor *targets, double lr,
                             double *loss, sg_tensor **grads) {
-    sg_tensor *in[2] = {inputs, targets}, **out = malloc(sizeof *out * (size_t)(1 + t->n));
-    if (!out) return SG_ERR_OOM;
+    sg_tensor *in[2] = {inputs, targets}, **out = t->out;
     int nout = 1 + (t->opts.output_grads ? t->n : 0);
     sg_status st = sg_fill_(sg_optim_lr(t->opt), lr);
     if (st == SG_OK) st = sg_mark_step_begin(t->g->ctx);
     if (st == SG_OK) st = sg_call(t->train_fn, in, 2, out, nout);
     if (st == SG_OK) st = sg_item(out[0], loss);
     for (int i = 0; st == SG_OK && grads && i < nout - 1; i++) grads[i] = out[1 + i];
-    free(out);
     return st;
 }
 
@@ -98,6 +97,7 @@ void gpt2_trainer_destroy(gpt2_trainer *t) {
     sg_fn_destroy(t->eval_fn);
     sg_optim_destroy(t->opt);
     free(t->params);
+    free(t->out);
     free(t);
 }
 

@@ -28,6 +28,7 @@ typedef struct gpt2_trainer {
     sg_optim *opt;
     sg_fn *train_fn; /* in: inputs, targets (B, T) i64; out: loss [, grads...] */
     sg_fn *eval_fn;  /* in: inputs, targets; out: loss */
+    sg_tensor **out; /* room for the train step's outputs (1 + n) */
 } gpt2_trainer;
 
 /* Mark g's parameters as requiring gradients, make AdamW over them and
