@@ -46,10 +46,11 @@ typedef struct options {
 } options;
 
 static void usage(FILE *f) {
-    fprintf(f, "usage: train_gpt2 [-i train.bin] [-j val.bin] [-e d2|d6|d12|d24|d36|d48|file.bin]\n"
-               "                  [-o out.bin] [-b B] [-t T] [-l lr] [-u warmup] [-q final_lr_frac]\n"
-               "                  [-c weight_decay] [-k grad_clip] [-x steps] [-v val_every]\n"
-               "                  [-m val_steps] [-M mode] [-E]\n");
+    fprintf(f,
+            "usage: train_gpt2 [-i train.bin] [-j val.bin] [-e d2|d6|d12|d24|d36|d48|file.bin]\n"
+            "                  [-o out.bin] [-b B] [-t T] [-l lr] [-u warmup] [-q final_lr_frac]\n"
+            "                  [-c weight_decay] [-k grad_clip] [-x steps] [-v val_every]\n"
+            "                  [-m val_steps] [-M mode] [-E]\n");
 }
 
 static bool parse_mode(const char *s, sg_mode *m) {
@@ -60,8 +61,16 @@ static bool parse_mode(const char *s, sg_mode *m) {
 
 /* Returns 0 to go on, else the exit status. */
 static int parse(int argc, char **argv, options *o) {
-    *o = (options){.init = "d2", .B = 4, .T = 64, .steps = 10, .val_every = 20, .val_steps = 20,
-                   .lr = 3e-4, .final_frac = 1.0, .clip = 1.0, .mode = SG_MODE_REDUCE_OVERHEAD};
+    *o = (options){.init = "d2",
+                   .B = 4,
+                   .T = 64,
+                   .steps = 10,
+                   .val_every = 20,
+                   .val_steps = 20,
+                   .lr = 3e-4,
+                   .final_frac = 1.0,
+                   .clip = 1.0,
+                   .mode = SG_MODE_REDUCE_OVERHEAD};
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
@@ -108,15 +117,18 @@ static int parse(int argc, char **argv, options *o) {
 
 /* llm.c's -e dN: depth N, channels and heads from its table. */
 static bool depth_config(const char *s, gpt2_config *c) {
-    static const int64_t table[][3] = {{2, 128, 2},   {6, 384, 6},    {12, 768, 12},
+    static const int64_t table[][3] = {{2, 128, 2},    {6, 384, 6},    {12, 768, 12},
                                        {24, 1024, 16}, {36, 1280, 20}, {48, 1600, 25}};
     if (s[0] != 'd') return false;
     char *end;
     long d = strtol(s + 1, &end, 10);
     for (size_t i = 0; !*end && i < sizeof table / sizeof *table; i++)
         if (table[i][0] == d) {
-            *c = (gpt2_config){.max_t = 1024, .vocab = 50257, .n_layer = d,
-                               .n_head = table[i][2], .channels = table[i][1],
+            *c = (gpt2_config){.max_t = 1024,
+                               .vocab = 50257,
+                               .n_layer = d,
+                               .n_head = table[i][2],
+                               .channels = table[i][1],
                                .padded_vocab = 50304};
             return true;
         }
@@ -220,13 +232,15 @@ static int setup(run *r, const options *o) {
         return 1;
     }
     if (o->T > r->g->cfg.max_t) {
-        fprintf(stderr, "train_gpt2: T %lld exceeds the model's %lld positions\n",
-                (long long)o->T, (long long)r->g->cfg.max_t);
+        fprintf(stderr, "train_gpt2: T %lld exceeds the model's %lld positions\n", (long long)o->T,
+                (long long)r->g->cfg.max_t);
         return 2;
     }
     int rc = load_data(r, o);
     if (rc) return rc;
-    gpt2_train_opts to = {.mode = o->mode, .weight_decay = o->wd, .grad_clip = o->clip,
+    gpt2_train_opts to = {.mode = o->mode,
+                          .weight_decay = o->wd,
+                          .grad_clip = o->clip,
                           .master_weights = dt != SG_F32};
     if (gpt2_trainer_create(r->g, &to, &r->tr) != SG_OK) return fail(r, "making the steps");
     int64_t bt[2] = {o->B, o->T}, np = 0;
@@ -239,9 +253,9 @@ static int setup(run *r, const options *o) {
     const gpt2_config *c = &r->g->cfg;
     printf("train_gpt2: L %lld, C %lld, NH %lld, V %lld (padded %lld), maxT %lld: %lld "
            "parameters, %s on %s, mode %s\n",
-           (long long)c->n_layer, (long long)c->channels, (long long)c->n_head,
-           (long long)c->vocab, (long long)c->padded_vocab, (long long)c->max_t, (long long)np,
-           sg_dtype_name(dt), sg_backend_name(sg_ctx_backend(r->ctx)), sg_mode_name(o->mode));
+           (long long)c->n_layer, (long long)c->channels, (long long)c->n_head, (long long)c->vocab,
+           (long long)c->padded_vocab, (long long)c->max_t, (long long)np, sg_dtype_name(dt),
+           sg_backend_name(sg_ctx_backend(r->ctx)), sg_mode_name(o->mode));
     printf("train: %lld tokens (%s), %lld batches of B %lld x T %lld; val: %lld tokens (%s)\n",
            (long long)r->data[0].n, o->train ? o->train : "synthetic",
            (long long)gpt2_loader_batches(&r->load[0]), (long long)o->B, (long long)o->T,
@@ -256,9 +270,8 @@ static int train(run *r, const options *o) {
             gpt2_trainer_step(r->tr, r->x, r->y, lr, &loss, NULL) != SG_OK)
             return fail(r, "the train step");
         double ms = now_ms() - t0;
-        printf("step %4lld/%lld: train loss %.6f lr %.3e (%.2f ms, %.0f tok/s)\n",
-               (long long)s + 1, (long long)o->steps, loss, lr, ms,
-               (double)(o->B * o->T) / (ms / 1e3));
+        printf("step %4lld/%lld: train loss %.6f lr %.3e (%.2f ms, %.0f tok/s)\n", (long long)s + 1,
+               (long long)o->steps, loss, lr, ms, (double)(o->B * o->T) / (ms / 1e3));
         if (s == 0 && o->explain) printf("%s\n", sg_fn_explain(r->tr->train_fn));
         bool last = s + 1 == o->steps;
         if ((o->val_every && (s + 1) % o->val_every == 0) || last) {

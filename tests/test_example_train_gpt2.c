@@ -35,10 +35,9 @@ enum { N = B * T, STEPS = 10, NKIND = 16 };
 
 /* Sizes of the 16 kinds of parameter (all layers of a kind together): the
  * checkpoint's order, which is also gpt2_params' order. */
-static const int64_t kind_size[NKIND] = {VP * C,    MAXT * C,  L * C,         L * C,
-                                         L * 3 * C * C, L * 3 * C, L * C * C,  L * C,
-                                         L * C,     L * C,     L * 4 * C * C, L * 4 * C,
-                                         L * C * 4 * C, L * C, C,         C};
+static const int64_t kind_size[NKIND] = {VP * C,       MAXT *C, L *C, L *C, L * 3 * C *C, L * 3 * C,
+                                         L *C *C,      L *C,    L *C, L *C, L * 4 * C *C, L * 4 * C,
+                                         L *C * 4 * C, L *C,    C,    C};
 
 /* The parameters (or their gradients), f64, carved from one allocation. */
 typedef struct params {
@@ -69,8 +68,8 @@ typedef struct acts {
 } acts;
 
 /* out (N, C) = layernorm(x (N, C)); mean and rstd (N) saved. */
-static void layernorm_fwd(double *out, double *mean, double *rstd, const double *x,
-                          const double *w, const double *b) {
+static void layernorm_fwd(double *out, double *mean, double *rstd, const double *x, const double *w,
+                          const double *b) {
     for (int n = 0; n < N; n++) {
         const double *xn = x + n * C;
         double m = 0, v = 0;
@@ -146,7 +145,8 @@ static void attention_fwd(double *out, double *att, const double *qkv) {
                 double *o = out + (b * T + t) * C + h * HS;
                 for (int i = 0; i < HS; i++) {
                     double s = 0;
-                    for (int u = 0; u <= t; u++) s += a[u] * qkv[(b * T + u) * 3 * C + 2 * C + h * HS + i];
+                    for (int u = 0; u <= t; u++)
+                        s += a[u] * qkv[(b * T + u) * 3 * C + 2 * C + h * HS + i];
                     o[i] = s;
                 }
             }
@@ -158,7 +158,8 @@ static void attention_bwd(double *dqkv, const double *dout, const double *qkv, c
     for (int b = 0; b < B; b++)
         for (int h = 0; h < NH; h++)
             for (int t = 0; t < T; t++) {
-                const double *a = att + ((b * NH + h) * T + t) * T, *d = dout + (b * T + t) * C + h * HS;
+                const double *a = att + ((b * NH + h) * T + t) * T,
+                             *d = dout + (b * T + t) * C + h * HS;
                 const double *q = qkv + (b * T + t) * 3 * C + h * HS;
                 double *dq = dqkv + (b * T + t) * 3 * C + h * HS;
                 for (int u = 0; u <= t; u++) {
@@ -182,7 +183,9 @@ static void attention_bwd(double *dqkv, const double *dout, const double *qkv, c
 
 #define GELU_S 0.7978845608028654 /* sqrt(2 / pi) */
 
-static double gelu_fwd(double x) { return 0.5 * x * (1 + tanh(GELU_S * (x + 0.044715 * x * x * x))); }
+static double gelu_fwd(double x) {
+    return 0.5 * x * (1 + tanh(GELU_S * (x + 0.044715 * x * x * x)));
+}
 
 static double gelu_grad(double x) {
     double th = tanh(GELU_S * (x + 0.044715 * x * x * x));
@@ -192,15 +195,18 @@ static double gelu_grad(double x) {
 /* The loss of tokens -> targets; the activations into a. */
 static double ref_forward(const params *p, const int64_t *tok, const int64_t *tgt, acts *a) {
     for (int n = 0; n < N; n++)
-        for (int i = 0; i < C; i++) a->x[0][n * C + i] = p->wte[tok[n] * C + i] + p->wpe[(n % T) * C + i];
+        for (int i = 0; i < C; i++)
+            a->x[0][n * C + i] = p->wte[tok[n] * C + i] + p->wpe[(n % T) * C + i];
     for (int l = 0; l < L; l++) {
         static double tmp[N * C];
-        layernorm_fwd(a->ln1[l], a->mean1[l], a->rstd1[l], a->x[l], p->ln1w + l * C, p->ln1b + l * C);
+        layernorm_fwd(a->ln1[l], a->mean1[l], a->rstd1[l], a->x[l], p->ln1w + l * C,
+                      p->ln1b + l * C);
         matmul_fwd(a->qkv[l], a->ln1[l], p->qkvw + l * 3 * C * C, p->qkvb + l * 3 * C, C, 3 * C);
         attention_fwd(a->atty[l], a->att[l], a->qkv[l]);
         matmul_fwd(tmp, a->atty[l], p->attprojw + l * C * C, p->attprojb + l * C, C, C);
         for (int i = 0; i < N * C; i++) a->res2[l][i] = a->x[l][i] + tmp[i];
-        layernorm_fwd(a->ln2[l], a->mean2[l], a->rstd2[l], a->res2[l], p->ln2w + l * C, p->ln2b + l * C);
+        layernorm_fwd(a->ln2[l], a->mean2[l], a->rstd2[l], a->res2[l], p->ln2w + l * C,
+                      p->ln2b + l * C);
         matmul_fwd(a->fch[l], a->ln2[l], p->fcw + l * 4 * C * C, p->fcb + l * 4 * C, C, 4 * C);
         for (int i = 0; i < N * 4 * C; i++) a->gelu[l][i] = gelu_fwd(a->fch[l][i]);
         matmul_fwd(tmp, a->gelu[l], p->fcprojw + l * 4 * C * C, p->fcprojb + l * C, 4 * C, C);
@@ -275,10 +281,9 @@ static double ref_clip(double *g, int64_t n) {
 
 /* ------------------------------------------------------------ the example's step */
 
-static const char *const kind_name[NKIND] = {"wte",  "wpe",      "ln1w",     "ln1b",
-                                             "qkvw", "qkvb",     "attprojw", "attprojb",
-                                             "ln2w", "ln2b",     "fcw",      "fcb",
-                                             "fcprojw", "fcprojb", "lnfw",   "lnfb"};
+static const char *const kind_name[NKIND] = {"wte",      "wpe",      "ln1w", "ln1b", "qkvw", "qkvb",
+                                             "attprojw", "attprojb", "ln2w", "ln2b", "fcw",  "fcb",
+                                             "fcprojw",  "fcprojb",  "lnfw", "lnfb"};
 
 /* Random parameters that spread the logits (f32-rounded, llm.c's order):
  * LayerNorm weights near 1, small biases, larger embeddings. */
@@ -342,11 +347,11 @@ static bool close_by_kind(const char *what, const double *got, const double *wan
 
 typedef struct reference {
     double *p0, *g, *p1; /* parameters, clipped gradients, parameters after AdamW step 1 */
-    double loss, norm; /* the loss of step 1, its gradients' norm before clipping */
+    double loss, norm;   /* the loss of step 1, its gradients' norm before clipping */
 } reference;
 
-static const gpt2_config tiny = {.max_t = MAXT, .vocab = V, .n_layer = L, .n_head = NH,
-                                 .channels = C, .padded_vocab = VP};
+static const gpt2_config tiny = {
+    .max_t = MAXT, .vocab = V, .n_layer = L, .n_head = NH, .channels = C, .padded_vocab = VP};
 
 /* The reference's step 1 on the loader's first batch. */
 static void make_reference(reference *r, const gpt2_tokens *data) {
@@ -377,7 +382,8 @@ static void make_reference(reference *r, const gpt2_tokens *data) {
  * entries are left out of the check. */
 static bool check_update(const double *got, const reference *r) {
     int64_t n = total_size();
-    double *got_k = malloc(sizeof(double) * (size_t)n), *want_k = malloc(sizeof(double) * (size_t)n);
+    double *got_k = malloc(sizeof(double) * (size_t)n),
+           *want_k = malloc(sizeof(double) * (size_t)n);
     const double *g = r->g;
     int64_t off = 0;
     for (int k = 0; k < NKIND; off += kind_size[k++]) {
@@ -436,7 +442,8 @@ static void run_mode(sg_mode mode, const reference *r, const gpt2_tokens *data, 
     gpt2_trainer *tr = NULL;
     int64_t n = total_size(), bt[2] = {B, T}, tok[N], tgt[N];
     double *got = malloc(sizeof(double) * (size_t)n), loss = NAN;
-    gpt2_train_opts to = {.mode = mode, .weight_decay = WD, .grad_clip = CLIP, .output_grads = true};
+    gpt2_train_opts to = {
+        .mode = mode, .weight_decay = WD, .grad_clip = CLIP, .output_grads = true};
     bool ok = TU_EXPECT(gpt2_init(ctx, &tiny, SG_F32, 1, &g) == SG_OK);
     sg_tensor **ps = malloc(sizeof *ps * (size_t)(ok ? gpt2_num_params(g) : 1));
     if (ok) gpt2_params(g, ps);
@@ -458,8 +465,8 @@ static void run_mode(sg_mode mode, const reference *r, const gpt2_tokens *data, 
         double lr = gpt2_lr_at(LR, s, 2, STEPS, 0.1);
         ok = ok && TU_EXPECT(gpt2_trainer_step(tr, x, y, lr, &curve[s], grads) == SG_OK);
         if (ok && s == 0) {
-            tu_case(fabs(curve[0] - r->loss) <= 1e-5 * r->loss, "LOSS(mode=%s,step=1) got %.7f want %.7f",
-                    mn, curve[0], r->loss);
+            tu_case(fabs(curve[0] - r->loss) <= 1e-5 * r->loss,
+                    "LOSS(mode=%s,step=1) got %.7f want %.7f", mn, curve[0], r->loss);
             tu_case(tensors_read(grads, tr->n, got) && close_by_kind("grad", got, r->g, 1e-5, 1e-6),
                     "GRADS(mode=%s,step=1,clip=%g,norm=%.3f)", mn, CLIP, r->norm);
             tu_case(tensors_read(tr->params, tr->n, got) && check_update(got, r),
@@ -470,8 +477,9 @@ static void run_mode(sg_mode mode, const reference *r, const gpt2_tokens *data, 
     if (ok) { /* one capture serves every step: the lr changes through a tensor */
         sg_fn_stats st;
         bool compiled = mode != SG_MODE_EAGER;
-        ok = TU_EXPECT(sg_fn_get_stats(tr->train_fn, &st) == SG_OK) && TU_EXPECT(st.calls == STEPS) &&
-             TU_EXPECT(st.captures == compiled) && TU_EXPECT(st.compiles == compiled) &&
+        ok = TU_EXPECT(sg_fn_get_stats(tr->train_fn, &st) == SG_OK) &&
+             TU_EXPECT(st.calls == STEPS) && TU_EXPECT(st.captures == compiled) &&
+             TU_EXPECT(st.compiles == compiled) &&
              TU_EXPECT(st.replays == (compiled ? STEPS : 0)) &&
              TU_EXPECT(st.fallbacks == (compiled ? 0 : STEPS));
         tu_case(ok, "STATS(mode=%s,steps=%d) captures %llu replays %llu eager %llu", mn, STEPS,

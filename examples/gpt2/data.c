@@ -63,6 +63,4 @@ void gpt2_loader_next(gpt2_loader *l, int64_t *inputs, int64_t *targets) {
 
 void gpt2_loader_reset(gpt2_loader *l) { l->pos = 0; }
 
-int64_t gpt2_loader_batches(const gpt2_loader *l) {
-    return (l->data->n - 1) / (l->B * l->T);
-}
+int64_t gpt2_loader_batches(const gpt2_loader *l) { return (l->data->n - 1) / (l->B * l->T); }
