@@ -6,7 +6,8 @@
  * heads, vocabulary 128, 16 positions, B 2, T 8):
  *  - step 1 in EAGER, DEFAULT and REDUCE_OVERHEAD: the loss, every gradient
  *    after clipping the global norm to 1, and every parameter after AdamW
- *    (the reference's update from the reference's gradients); the
+ *    (the reference's update from the reference's gradients, weight decay
+ *    on the matrices only); the
  *    forward-only eval step's loss;
  *  - 10 steps under llm.c's lr schedule: the loss curves of the three modes
  *    agree and fall;
@@ -370,10 +371,15 @@ static void make_reference(reference *r, const gpt2_tokens *data) {
     r->loss = ref_forward(&p, tok, tgt, &a);
     ref_backward(&p, tok, tgt, &a, &g);
     r->norm = ref_clip(r->g, n);
-    /* AdamW at t = 1: the bias-corrected moments are g and g^2. */
+    /* AdamW at t = 1: the bias-corrected moments are g and g^2. Weight
+     * decay on the matrices only (kinds wte, wpe, qkvw, attprojw, fcw,
+     * fcprojw), as llm.c. */
     double lr = gpt2_lr_at(LR, 0, 2, STEPS, 0.1);
-    for (int64_t i = 0; i < n; i++)
-        r->p1[i] = r->p0[i] * (1 - lr * WD) - lr * r->g[i] / (fabs(r->g[i]) + 1e-8);
+    for (int k = 0, i = 0; k < NKIND; k++) {
+        double wd = k < 2 || k == 4 || k == 6 || k == 10 || k == 12 ? WD : 0;
+        for (int64_t j = 0; j < kind_size[k]; j++, i++)
+            r->p1[i] = r->p0[i] * (1 - lr * wd) - lr * r->g[i] / (fabs(r->g[i]) + 1e-8);
+    }
 }
 
 /* AdamW's step 1 divides by |g|: where a gradient is tiny (the key biases'

@@ -1,6 +1,6 @@
 /*
  * train.c -- the GPT-2 training and evaluation steps (see train.h): what
- * they compute, the optimizer they share, and the learning-rate schedule.
+ * they compute, the optimizers, and the learning-rate schedule.
  */
 #include "train.h"
 
@@ -24,7 +24,9 @@ static sg_status train_step(sg_ctx *ctx, sg_tensor *const *in, sg_tensor **out, 
     sg_set_grad_enabled(ctx, false);
     if (st == SG_OK && t->opts.grad_clip > 0)
         st = sg_clip_grad_norm_(t->n, grads, t->opts.grad_clip, NULL);
-    if (st == SG_OK) st = sg_optim_step(t->opt, grads);
+    for (int k = 0; k < t->n; k++) t->sorted[t->n + k] = grads[t->order[k]];
+    if (st == SG_OK) st = sg_optim_step(t->opt[0], t->sorted + t->n);
+    if (st == SG_OK) st = sg_optim_step(t->opt[1], t->sorted + t->n + t->nmat);
     sg_set_grad_enabled(ctx, true);
     out[0] = loss;
     return st;
@@ -47,9 +49,19 @@ sg_status gpt2_trainer_create(gpt2 *g, const gpt2_train_opts *o, gpt2_trainer **
     t->n = (int)gpt2_num_params(g);
     t->params = calloc((size_t)t->n, sizeof *t->params);
     t->out = calloc((size_t)t->n + 1, sizeof *t->out);
-    sg_status st = t->params && t->out ? SG_OK : SG_ERR_OOM;
+    t->order = calloc((size_t)t->n, sizeof *t->order);
+    t->sorted = calloc(2 * (size_t)t->n, sizeof *t->sorted);
+    sg_status st = t->params && t->out && t->order && t->sorted ? SG_OK : SG_ERR_OOM;
     if (st == SG_OK) gpt2_params(g, t->params);
     for (int i = 0; i < t->n && st == SG_OK; i++) st = sg_requires_grad_(t->params[i], true);
+    /* The matrices first (weight decay), then the rest. */
+    for (int pass = 0, k = 0; pass < 2 && st == SG_OK; pass++)
+        for (int i = 0; i < t->n; i++)
+            if ((sg_tensor_ndim(t->params[i]) == 2) == (pass == 0)) {
+                t->order[k] = i;
+                t->sorted[k++] = t->params[i];
+                t->nmat += pass == 0;
+            }
     /* llm.c's AdamW: betas 0.9/0.95, eps 1e-8; lr is set per step. */
     sg_adamw_opts ao = {.lr = 1e-4,
                         .beta1 = 0.9,
@@ -57,7 +69,10 @@ sg_status gpt2_trainer_create(gpt2 *g, const gpt2_train_opts *o, gpt2_trainer **
                         .eps = 1e-8,
                         .weight_decay = t->opts.weight_decay > 0 ? t->opts.weight_decay : 1e-30,
                         .master_weights = t->opts.master_weights};
-    if (st == SG_OK) st = sg_adamw_create(g->ctx, t->n, t->params, &ao, &t->opt);
+    if (st == SG_OK) st = sg_adamw_create(g->ctx, t->nmat, t->sorted, &ao, &t->opt[0]);
+    ao.weight_decay = 1e-30; /* sg_adamw_opts' zero means torch's default */
+    if (st == SG_OK)
+        st = sg_adamw_create(g->ctx, t->n - t->nmat, t->sorted + t->nmat, &ao, &t->opt[1]);
     sg_compile_opts co = {.mode = t->opts.mode, .fullgraph = t->opts.mode != SG_MODE_EAGER};
     co.name = "gpt2_train";
     int nout = 1 + (t->opts.output_grads ? t->n : 0);
@@ -76,7 +91,8 @@ sg_status gpt2_trainer_step(gpt2_trainer *t, sg_tensor *inputs, sg_tensor *targe
                             double *loss, sg_tensor **grads) {
     sg_tensor *in[2] = {inputs, targets}, **out = t->out;
     int nout = 1 + (t->opts.output_grads ? t->n : 0);
-    sg_status st = sg_fill_(sg_optim_lr(t->opt), lr);
+    sg_status st = sg_fill_(sg_optim_lr(t->opt[0]), lr);
+    if (st == SG_OK) st = sg_fill_(sg_optim_lr(t->opt[1]), lr);
     if (st == SG_OK) st = sg_mark_step_begin(t->g->ctx);
     if (st == SG_OK) st = sg_call(t->train_fn, in, 2, out, nout);
     if (st == SG_OK) st = sg_item(out[0], loss);
@@ -95,8 +111,11 @@ void gpt2_trainer_destroy(gpt2_trainer *t) {
     if (!t) return;
     sg_fn_destroy(t->train_fn);
     sg_fn_destroy(t->eval_fn);
-    sg_optim_destroy(t->opt);
+    sg_optim_destroy(t->opt[0]);
+    sg_optim_destroy(t->opt[1]);
     free(t->params);
+    free(t->order);
+    free(t->sorted);
     free(t->out);
     free(t);
 }

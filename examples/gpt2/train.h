@@ -2,7 +2,9 @@
  * train.h -- GPT-2 training over the public stepgraph API: one compiled
  * step runs the forward over (B, T) tokens with every position's logits,
  * the cross-entropy against the targets, sg_grad over every parameter,
- * optionally sg_clip_grad_norm_, and AdamW (sg_optim_step); a second,
+ * optionally sg_clip_grad_norm_, and AdamW (sg_optim_step: as llm.c, weight
+ * decay applies to the four weight matrices and the two embeddings only, so
+ * there are two optimizers, with and without it); a second,
  * forward-only compiled step gives the validation loss. The learning rate
  * is a tensor of the optimizer, set between steps, so a schedule never
  * recaptures. Also llm.c's schedule: linear warmup, then cosine decay.
@@ -14,7 +16,7 @@
 
 typedef struct gpt2_train_opts {
     sg_mode mode;        /* of both steps (SG_MODE_DEFAULT when zero) */
-    double weight_decay; /* AdamW's (0: 0, unlike sg_adamw_opts) */
+    double weight_decay; /* AdamW's, on the 2-d parameters (0: 0, unlike sg_adamw_opts) */
     double grad_clip;    /* clip the global grad norm to this; 0: no clipping */
     bool master_weights; /* keep f32 copies of bf16/f16 parameters in AdamW */
     bool output_grads;   /* the step also returns every gradient (after clipping) */
@@ -25,10 +27,13 @@ typedef struct gpt2_trainer {
     gpt2_train_opts opts;
     int n;              /* parameters */
     sg_tensor **params; /* gpt2_params order */
-    sg_optim *opt;
-    sg_fn *train_fn; /* in: inputs, targets (B, T) i64; out: loss [, grads...] */
-    sg_fn *eval_fn;  /* in: inputs, targets; out: loss */
-    sg_tensor **out; /* room for the train step's outputs (1 + n) */
+    sg_optim *opt[2];   /* AdamW over the 2-d parameters (decayed), and over the rest */
+    int nmat;           /* 2-d parameters */
+    int *order;         /* parameter indices, the 2-d ones first */
+    sg_tensor **sorted; /* 2n: the parameters in that order, then room for their grads */
+    sg_fn *train_fn;    /* in: inputs, targets (B, T) i64; out: loss [, grads...] */
+    sg_fn *eval_fn;     /* in: inputs, targets; out: loss */
+    sg_tensor **out;    /* room for the train step's outputs (1 + n) */
 } gpt2_trainer;
 
 /* Mark g's parameters as requiring gradients, make AdamW over them and
