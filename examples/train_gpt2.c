@@ -285,6 +285,7 @@ static int train(run *r, const options *o) {
 }
 
 int main(int argc, char **argv) {
+    setvbuf(stdout, NULL, _IOLBF, 0); /* one line per step, also into a pipe or a log */
     options o;
     int rc = parse(argc, argv, &o);
     if (rc) return rc < 0 ? 0 : rc;
