@@ -10,7 +10,8 @@
  *    on the matrices only); the
  *    forward-only eval step's loss;
  *  - 10 steps under llm.c's lr schedule: the loss curves of the three modes
- *    agree and fall;
+ *    agree and fall; bf16 with f32 master weights (CUDA's setting) follows
+ *    them within bf16's precision;
  *  - a checkpoint saved after training (llm.c's format) loads into the
  *    inference model with the same parameters and the same logits;
  *  - the token-file reader and the loader's windows on files written here;
@@ -314,12 +315,16 @@ static bool tensors_read(sg_tensor *const *ts, int n, double *flat) {
     return true;
 }
 
+/* (Through an f32 tensor and sg_copy_, which rounds to a bf16 parameter.) */
 static bool tensors_write(sg_tensor *const *ts, int n, const double *flat) {
     for (int i = 0; i < n; i++) {
-        int64_t m = sg_tensor_numel(ts[i]);
+        int64_t m = sg_tensor_numel(ts[i]), shape[SG_MAX_DIMS];
         float *v = malloc(sizeof(float) * (size_t)m);
         for (int64_t j = 0; j < m; j++) v[j] = (float)*flat++;
-        bool ok = sg_write(ts[i], v, sizeof(float) * (size_t)m) == SG_OK;
+        sg_tensor_shape(ts[i], shape);
+        sg_tensor *f = sg_from_host(sg_tensor_ctx(ts[i]), SG_F32, sg_tensor_ndim(ts[i]), shape, v);
+        bool ok = f && sg_copy_(ts[i], f) == SG_OK;
+        sg_release(f);
         free(v);
         if (!ok) return false;
     }
@@ -502,6 +507,46 @@ static void run_mode(sg_mode mode, const reference *r, const gpt2_tokens *data, 
     sg_ctx_destroy(ctx);
 }
 
+/* The CUDA configuration on the CPU: bf16 weights and compute, f32 master
+ * weights in AdamW, REDUCE_OVERHEAD; its loss curve follows f32's within
+ * bf16's precision. */
+static void run_bf16(const reference *r, const gpt2_tokens *data, const double *f32_curve) {
+    sg_ctx *ctx = tu_ctx((sg_ctx_opts){0});
+    gpt2 *g = NULL;
+    gpt2_trainer *tr = NULL;
+    int64_t bt[2] = {B, T}, tok[N], tgt[N];
+    double curve[STEPS];
+    gpt2_train_opts to = {.mode = SG_MODE_REDUCE_OVERHEAD,
+                          .weight_decay = WD,
+                          .grad_clip = CLIP,
+                          .master_weights = true};
+    bool ok = TU_EXPECT(gpt2_init(ctx, &tiny, SG_BF16, 1, &g) == SG_OK);
+    sg_tensor **ps = malloc(sizeof *ps * (size_t)(ok ? gpt2_num_params(g) : 1));
+    if (ok) gpt2_params(g, ps);
+    ok = ok && TU_EXPECT(tensors_write(ps, (int)gpt2_num_params(g), r->p0)) &&
+         TU_EXPECT(gpt2_trainer_create(g, &to, &tr) == SG_OK);
+    sg_tensor *x = sg_empty(ctx, SG_I64, 2, bt), *y = sg_empty(ctx, SG_I64, 2, bt);
+    gpt2_loader ld;
+    ok = ok && TU_EXPECT(x && y) && TU_EXPECT(gpt2_loader_init(&ld, data, B, T) == SG_OK);
+    for (int s = 0; ok && s < STEPS; s++) {
+        gpt2_loader_next(&ld, tok, tgt);
+        ok = TU_EXPECT(sg_write(x, tok, sizeof tok) == SG_OK) &&
+             TU_EXPECT(sg_write(y, tgt, sizeof tgt) == SG_OK) &&
+             TU_EXPECT(gpt2_trainer_step(tr, x, y, gpt2_lr_at(LR, s, 2, STEPS, 0.1), &curve[s],
+                                         NULL) == SG_OK);
+    }
+    if (!ok && sg_ctx_status(ctx) != SG_OK) fprintf(stderr, "  %s\n", sg_last_error(ctx));
+    ok = ok && tu_close("bf16 curve", curve, f32_curve, STEPS, 3e-2, 0);
+    tu_case(
+        ok,
+        "CURVE(dtype=bf16,master_weights,mode=reduce-overhead vs f32,steps=%d) last %.4f vs %.4f",
+        STEPS, ok ? curve[STEPS - 1] : NAN, f32_curve[STEPS - 1]);
+    free(ps);
+    gpt2_trainer_destroy(tr);
+    gpt2_destroy(g);
+    sg_ctx_destroy(ctx);
+}
+
 /* ------------------------------------------------------------ token files */
 
 static void test_token_files(const char *dir) {
@@ -566,6 +611,7 @@ int main(void) {
                 curve[m][STEPS - 1], curve[0][STEPS - 1]);
     tu_case(curve[0][STEPS - 1] < curve[0][0] - 0.1, "CURVE(falls) %.4f -> %.4f", curve[0][0],
             curve[0][STEPS - 1]);
+    run_bf16(&r, &data, curve[0]);
     free(r.p0), free(r.g), free(r.p1);
     rmdir(dir);
     return tu_finish();

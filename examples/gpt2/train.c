@@ -24,7 +24,7 @@ static sg_status train_step(sg_ctx *ctx, sg_tensor *const *in, sg_tensor **out, 
     sg_set_grad_enabled(ctx, false);
     if (st == SG_OK && t->opts.grad_clip > 0)
         st = sg_clip_grad_norm_(t->n, grads, t->opts.grad_clip, NULL);
-    for (int k = 0; k < t->n; k++) t->sorted[t->n + k] = grads[t->order[k]];
+    for (int k = 0; st == SG_OK && k < t->n; k++) t->sorted[t->n + k] = grads[t->order[k]];
     if (st == SG_OK) st = sg_optim_step(t->opt[0], t->sorted + t->n);
     if (st == SG_OK) st = sg_optim_step(t->opt[1], t->sorted + t->n + t->nmat);
     sg_set_grad_enabled(ctx, true);
