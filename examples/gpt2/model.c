@@ -2,7 +2,8 @@
  * model.c -- GPT-2 over the public stepgraph API (see model.h): the
  * parameter table shared by init, load and save; the forward pass as two
  * steps (prefill, decode) compiled with sg_compile; attention over the KV
- * cache in one function, attend().
+ * cache in one function, attend(); and the cache-less forward over whole
+ * sequences that training differentiates (gpt2_forward).
  */
 #include "model.h"
 
@@ -383,4 +384,25 @@ sg_status gpt2_decode(gpt2 *g, sg_tensor *token, sg_tensor *pos, sg_tensor **log
     sg_tensor *in[2] = {token, pos};
     sg_status st = sg_mark_step_begin(g->ctx);
     return st != SG_OK ? st : sg_call(g->decode_fn, in, 2, logits, 1);
+}
+
+/* ------------------------------------------------------------ training */
+
+int64_t gpt2_num_params(const gpt2 *g) { return 4 + 12 * g->cfg.n_layer; }
+
+void gpt2_params(gpt2 *g, sg_tensor **out) {
+    for (int kind = 0; kind < K_COUNT; kind++)
+        for (int64_t l = 0; l < layers_of(&g->cfg, kind); l++) *out++ = *param_slot(g, kind, l);
+}
+
+sg_tensor *gpt2_forward(gpt2 *g, sg_tensor *tokens) {
+    /* A wrong shape or T > maxT fails in the ops below, with their message. */
+    int64_t T = sg_tensor_size(tokens, 1);
+    sg_tensor *x = sg_add(sg_embedding(g->wte, tokens), sg_narrow(g->wpe, 0, 0, T));
+    for (int64_t l = 0; l < g->cfg.n_layer; l++) {
+        sg_tensor *qkv[3];
+        qkv_heads(g, &g->layers[l], x, qkv);
+        x = block_rest(&g->layers[l], x, sg_sdpa(qkv[0], qkv[1], qkv[2], NULL, true, 0.0));
+    }
+    return head(g, x);
 }

@@ -95,4 +95,19 @@ sg_status gpt2_prefill(gpt2 *g, sg_tensor *tokens, bool all, sg_tensor **logits)
  */
 sg_status gpt2_decode(gpt2 *g, sg_tensor *token, sg_tensor *pos, sg_tensor **logits);
 
+/*
+ * Training: the parameters as one list, and the forward pass over whole
+ * sequences without the KV cache (what a training step differentiates).
+ */
+
+/* The number of parameter tensors: 4 + 12 L. */
+int64_t gpt2_num_params(const gpt2 *g);
+/* Every parameter tensor into out (room for gpt2_num_params), in checkpoint
+ * order: wte, wpe, the L ln1w, the L ln1b, ..., lnfw, lnfb. */
+void gpt2_params(gpt2 *g, sg_tensor **out);
+/* tokens (B, T) i32/i64, T <= maxT, at positions 0 .. T-1 -> logits
+ * (B, T, V) of every position, causal attention, no cache. An op
+ * expression: NULL on failure (the reason is in the context). */
+sg_tensor *gpt2_forward(gpt2 *g, sg_tensor *tokens);
+
 #endif /* GPT2_MODEL_H */
