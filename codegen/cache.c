@@ -268,6 +268,10 @@ static int run_program(char *const argv[], int out_fd, int *status, pipe_drain *
     return ETIMEDOUT;
 }
 
+int sg__run_program(char *const argv[], int out_fd, int *status, double timeout_s) {
+    return run_program(argv, out_fd, status, NULL, timeout_s);
+}
+
 /* The first line of `cc --version` into id. Returns 0 or the spawn's errno
  * (ENOENT when the program does not exist). */
 static int query_compiler_id(const char *cc, char id[ID_SIZE]) {

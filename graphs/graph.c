@@ -325,12 +325,20 @@ sg_status sg__graph_replay(sg_fn *fn, sg__graph *g, sg_tensor *const *in, int se
     fn->stats.patched_pointers += moved;
     if (g->compiled) {
         for (int i = 0; i < ir->nslots; i++) g->slotp[i] = g->slot_ptr[i]->data;
-        sg_status s = ((const sg__graph_ops *)ctx->gops)->run(fn, g, set);
+        sg_status s = fn->trace && g->kernel_fn
+                          ? sg__trace_replay(fn, g)
+                          : ((const sg__graph_ops *)ctx->gops)->run(fn, g, set);
         if (s != SG_OK) {
             char msg[700];
             snprintf(msg, sizeof msg, "%.600s", ctx->msg);
             return sg__fail(ctx, s, "%s (replaying %s of fn '%s')", msg, g->module, fn->name);
         }
+        g->replays++;
+        return SG_OK;
+    }
+    if (fn->trace) { /* sg_fn_trace: the same nodes, each timed */
+        sg_status s = sg__trace_replay(fn, g);
+        if (s != SG_OK) return s;
         g->replays++;
         return SG_OK;
     }

@@ -111,6 +111,7 @@ struct sg_fn {
     bool said_limit, said_dynamic, said_recycle, said_fallback;
     char *explain;
     size_t explain_size;
+    struct sg__trace *trace; /* sg_fn_trace in progress: replays time each kernel */
     sg_fn *next; /* the context's list */
 };
 
@@ -147,5 +148,15 @@ SG__HIDDEN void sg__fns_destroy_all(sg_ctx *ctx);
  * compiled by NVRTC for sm_90; the failures so far in this process (each
  * logged under "error"). */
 SG__HIDDEN uint64_t sg__cuda_check_failures(void);
+
+/* inspect.c */
+/* Log a capture's generated source under "output_code", one call per line. */
+SG__HIDDEN void sg__graph_log_source(sg_fn *fn, const sg__graph *g, const char *source);
+/* The name of kernel k of g (see "Kernel names" in stepgraph.h). */
+SG__HIDDEN const char *sg__graph_kernel_name(const sg__graph *g, int k, char *buf, size_t size);
+/* The number of kernels a replay of g runs (fused groups, else IR ops). */
+SG__HIDDEN int sg__graph_nkernels(const sg__graph *g);
+/* A replay of g under sg_fn_trace: runs it kernel by kernel, timing each. */
+SG__HIDDEN sg_status sg__trace_replay(sg_fn *fn, sg__graph *g);
 
 #endif /* SG_GRAPHS_H */

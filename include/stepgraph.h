@@ -869,6 +869,71 @@ SG_API void sg_ctx_reset_peak_memory(sg_ctx *ctx);
 SG_API sg_status sg_ctx_memory_stats(const sg_ctx *ctx, sg_memory_stats *stats);
 SG_API sg_status sg_fn_memory_stats(const sg_fn *fn, sg_memory_stats *stats);
 
+/* ---------------------------------------------------------------- inspecting and extending compiled steps */
+/*
+ * Seeing what the compiler did, beyond sg_fn_explain.
+ *
+ * SG_LOGS=output_code (or a log hook, topic "output_code") prints the whole
+ * generated unit of every capture that compiles (C on the CPU, CUDA C on
+ * CUDA): first a line "fn '<name>': capture <n>: generated unit <module>,
+ * <lines> lines", then one log call per line of the source (a line longer
+ * than 1,000 bytes comes in pieces of 1,000), then the summary line
+ * "fn '<name>': capture <n>: <ops> IR ops -> <kernels> kernels in <module>".
+ *
+ * Kernel names: kernel k of a fused capture is called
+ * sg_k<k>_<fused ops>_<dtype>; its generated functions are that name (or
+ * sg_k<k>_pro_..., for the part before a library call) followed by the
+ * shape and a hash. The op at IR line k of a capture that replays op by
+ * op, unfused, is sg_op<k>_<op>. The DOT picture and the trace use these
+ * names.
+ */
+
+/*
+ * Write the last capture of fn as a Graphviz DOT graph to `path`: one box
+ * per kernel (label: its name, the ops it fused, the shape it walks), an
+ * inverted house per input, a cylinder per parameter, a house per output,
+ * and one edge per buffer passed between them, labelled with its dtype and
+ * shape and where it lives ("scratch +<offset>", "output set +<offset>",
+ * "input <i>", "parameter"); a kernel writing an input or parameter in
+ * place has a dashed edge to it. When Graphviz's `dot` is on PATH it is run
+ * (no shell, at most 60 seconds) to write `<path>.svg` too, and *svg (may
+ * be NULL) is set to true; without `dot`, *svg is false and that is no
+ * error. SG_ERR_INVALID_ARG when fn has no capture (call it first) or its
+ * last capture runs eagerly; SG_ERR_COMPILE when a file cannot be written
+ * or `dot` fails (the message says why).
+ */
+SG_API sg_status sg_fn_write_dot(sg_fn *fn, const char *path, bool *svg);
+
+/*
+ * Call fn `replays` times on `in` (as sg_call, so in-place updates happen
+ * each time and the outputs are fn's as usual), timing every kernel with
+ * clock_gettime, and write the timeline as Chrome / Perfetto trace JSON to
+ * `path`: {"traceEvents": [{"name", "cat": "kernel", "ph": "X", "ts",
+ * "dur", "pid": 1, "tid": 1, "args": {"replay", "kernel", "capture",
+ * "ops"}}, ...]}, times in microseconds from the first event; one event per
+ * kernel per replay (open it at ui.perfetto.dev or chrome://tracing).
+ * Kernels are named as above. A call that runs eagerly (a fallback) adds no
+ * events. CPU only for now: on other backends SG_ERR_UNSUPPORTED.
+ */
+SG_API sg_status sg_fn_trace(sg_fn *fn, sg_tensor *const *in, int nin, const char *path,
+                             int replays);
+
+/* One backend of sg_list_backends. */
+typedef struct sg_backend_info {
+    sg_backend backend;
+    const char *name; /* sg_backend_name(backend) */
+    bool built;       /* compiled into this library */
+    bool available;   /* sg_ctx_create with it would find a driver and a device now */
+    char why[256];    /* when not available: why not */
+} sg_backend_info;
+
+/*
+ * The backends this library knows, in the order SG_BACKEND_AUTO tries them
+ * (cuda, hip, ze, cpu), into out (room for cap; may be NULL with cap 0);
+ * *n gets how many there are (4), even when cap is smaller.
+ */
+SG_API sg_status sg_list_backends(sg_backend_info *out, int cap, int *n);
+
 /* ---------------------------------------------------------------- kernel cache */
 
 /*

@@ -169,6 +169,7 @@ static sg_status compile(sg_fn *fn, sg__graph *g) {
     if (s == SG_OK && nk > 0)
         s = sg__nvrtc_build(ctx, g->module, e.buf, sg__cuda_arch(ctx), &cubin, &size);
     if (s == SG_OK && nk > 0) tune_path(ctx, g->module, e.buf, cg);
+    if (s == SG_OK) sg__graph_log_source(fn, g, e.buf);
     sg__emit_free(&e);
     /* Each launch's own table follows the capture-wide one. */
     cg->ntable = cg->nslots;
