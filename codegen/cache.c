@@ -894,7 +894,7 @@ sg_status sg__cache_build_c(sg_ctx *ctx, const char *name, const char *source, s
     }
     j->ctx = ctx, j->name = name, j->source = source, j->source_len = strlen(source);
     const char *always = env("SG_ALWAYS_COMPILE");
-    j->always = always && strcmp(always, "0") != 0;
+    j->always = (always && strcmp(always, "0") != 0) || ctx->no_cache_reads;
     void *h = NULL;
     sg_status s = prepare(j);
     if (s == SG_OK && !j->always && !j->private_root && (h = lookup(j)) != NULL)

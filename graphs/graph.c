@@ -153,6 +153,7 @@ static sg_status try_compile(sg_fn *fn, sg__graph *g) {
     const char *nf = getenv("SG_DISABLE_FUSION");
     sg__fuse_opts fo = {.disable = nf && strcmp(nf, "1") == 0, .horizontal = true};
     if (ops->fuse_opts) ops->fuse_opts(&fo, fo.disable);
+    fo.no_epilogue = fn->opts.epilogue_fusion == SG_FLAG_FALSE;
     sg_status before = ctx->status;
     char msg[SG__MSG_SIZE];
     snprintf(msg, sizeof msg, "%s", ctx->msg);
@@ -165,7 +166,9 @@ static sg_status try_compile(sg_fn *fn, sg__graph *g) {
                        ? *p
                        : '_');
     snprintf(g->module + k, sizeof g->module - k, "_c%d", fn->ngraphs);
+    ctx->no_cache_reads = fn->opts.force_disable_caches;
     if (s == SG_OK) s = ops->compile(fn, g);
+    ctx->no_cache_reads = false;
     const char *chk = getenv("SG_NVRTC_CHECK");
     if (chk && strcmp(chk, "1") == 0 && ctx->backend == SG_BACKEND_CPU)
         check_cuda_dialect(fn, g, fo.disable);

@@ -769,6 +769,9 @@ typedef enum sg_dynamic {
                             with a perf hint */
 } sg_dynamic;
 
+/* A boolean option whose zero value means "the default" (torch's default). */
+typedef enum sg_flag { SG_FLAG_DEFAULT = 0, SG_FLAG_TRUE, SG_FLAG_FALSE } sg_flag;
+
 typedef struct sg_compile_opts {
     sg_mode mode;         /* SG_MODE_DEFAULT when zero */
     bool fullgraph;       /* graph breaks are errors instead of eager fallbacks */
@@ -778,6 +781,11 @@ typedef struct sg_compile_opts {
     const char *name;     /* for logs and sg_fn_explain; "step" when NULL */
     int output_sets;      /* calls whose outputs stay valid at once, 1..64; 0: 2 */
     bool strict;          /* every fallback is an error (see "Fallbacks") */
+    /* Options under torch._inductor.config's names (see "inspecting and
+     * extending compiled steps"): */
+    bool force_disable_caches; /* no disk cache reads: every capture compiles anew */
+    sg_flag epilogue_fusion;   /* SG_FLAG_FALSE: no pointwise epilogue fused after
+                                  reductions, row ops and matmuls (default: fused) */
 } sg_compile_opts;
 
 typedef struct sg_fn sg_fn;
@@ -886,6 +894,15 @@ SG_API sg_status sg_fn_memory_stats(const sg_fn *fn, sg_memory_stats *stats);
  * shape and a hash. The op at IR line k of a capture that replays op by
  * op, unfused, is sg_op<k>_<op>. The DOT picture and the trace use these
  * names.
+ *
+ * Compile options under torch._inductor.config's names (sg_compile_opts):
+ * force_disable_caches makes every capture of the fn compile its unit anew
+ * (no kernel or max-autotune pick is read from the disk cache; what it
+ * compiles is still written there); epilogue_fusion = SG_FLAG_FALSE keeps
+ * pointwise ops after a reduction, row op or matmul out of its kernel (they
+ * become kernels of their own), as torch's epilogue_fusion=False. torch's
+ * coordinate_descent_tuning, fallback_random and shape_padding have no
+ * counterpart here: compiled random ops already draw what eager ones do.
  */
 
 /*

@@ -11,6 +11,7 @@
 #include "testutil.h"
 
 #include <ctype.h>
+#include <dirent.h>
 #include <math.h>
 #include <string.h>
 #include <sys/stat.h>
@@ -464,6 +465,20 @@ static void case_backends(void) {
     tu_case(ok, "LIST_BACKENDS(cuda, hip, ze, cpu: availability = sg_ctx_create's)");
 }
 
+/* Remove dir and the files in it and in its subdirectories (one level). */
+static void remove_tree(const char *dir, int depth) {
+    DIR *d = opendir(dir);
+    struct dirent *e;
+    char p[512];
+    while (d && (e = readdir(d)) != NULL) {
+        if (!strcmp(e->d_name, ".") || !strcmp(e->d_name, "..")) continue;
+        if (snprintf(p, sizeof p, "%s/%s", dir, e->d_name) >= (int)sizeof p) continue;
+        if (unlink(p) != 0 && depth > 0) remove_tree(p, depth - 1);
+    }
+    if (d) closedir(d);
+    rmdir(dir);
+}
+
 int main(void) {
     snprintf(tmpdir, sizeof tmpdir, "/tmp/sg_inspect_XXXXXX");
     if (!mkdtemp(tmpdir)) return 1;
@@ -521,5 +536,6 @@ int main(void) {
     free(xv);
     free(wv);
     free(code);
+    remove_tree(tmpdir, 1);
     return tu_finish();
 }

@@ -80,7 +80,7 @@ static void autotune(sg_fn *fn, sg__graph *g) {
     g->tune = false;
 #ifdef _OPENMP
     char path[4200];
-    int known = tuned_threads(g, path, sizeof path);
+    int known = fn->opts.force_disable_caches ? 0 : tuned_threads(g, path, sizeof path);
     if (known > 0) {
         g->threads = known;
         return;
