@@ -568,13 +568,14 @@ sg_status sg__fuse(sg_ctx *ctx, const sg__ir *ir, const sg__fuse_opts *opts, sg_
                  .no_prologue = opts && opts->no_prologue,
                  .no_epilogue = opts && opts->no_epilogue,
                  .rows_inline = opts && opts->rows_inline};
-    s = group_nodes(&b, disable);
+    bool per_op = disable || (opts && opts->per_op);
+    s = group_nodes(&b, per_op);
     f->groups = b.groups;
     f->ngroups = b.ngroups;
     f->cap_groups = b.cap;
     if (s != SG_OK) goto done;
     mark_stores(ir, f->alias, f->groups, f->ngroups);
-    if (!disable && (!opts || opts->horizontal)) s = horizontal(ctx, ir, f->alias, f);
+    if (!per_op && (!opts || opts->horizontal)) s = horizontal(ctx, ir, f->alias, f);
 done:
     sg__free(ctx, writes, sizeof(int) * (size_t)ns);
     sg__free(ctx, needed, (size_t)ns);

@@ -143,22 +143,51 @@ static void check_cuda_dialect(sg_fn *fn, sg__graph *g, bool disable) {
     snprintf(ctx->msg, sizeof ctx->msg, "%s", msg);
 }
 
+/* sg_compile_opts.backend_fn: may take the capture over (g->custom). */
+static sg_status call_backend_fn(sg_fn *fn, sg__graph *g) {
+    sg_graph_view v = {fn, g};
+    sg_step_fn run = NULL;
+    sg_status s = fn->opts.backend_fn(fn->opts.backend_user, &v, &run);
+    if (s != SG_OK)
+        return sg__fail(fn->ctx, s, "fn '%s': backend_fn returned %s for capture %d", fn->name,
+                        sg_status_str(s), fn->ngraphs);
+    g->custom = run;
+    if (run)
+        sg__log(fn->ctx, "output_code", "fn '%s': capture %d runs the step backend_fn gave",
+                fn->name, fn->ngraphs);
+    return SG_OK;
+}
+
 /* Fuse and let the backend compile; on any failure the capture replays
  * op by op through the eager kernels (a fallback: an error under strict). */
 static sg_status try_compile(sg_fn *fn, sg__graph *g) {
     sg_ctx *ctx = fn->ctx;
     const sg__graph_ops *ops = ctx->gops;
     const char *cg = getenv("SG_CODEGEN");
-    if (!ops || !ops->compile || (cg && strcmp(cg, "0") == 0)) return SG_OK;
+    bool no_code = !ops || !ops->compile || (cg && strcmp(cg, "0") == 0) ||
+                   fn->backend_kind != SG__BACKEND_INDUCTOR;
+    if (no_code && !fn->opts.backend_fn && fn->backend_kind != SG__BACKEND_AOT_EAGER) return SG_OK;
     const char *nf = getenv("SG_DISABLE_FUSION");
     sg__fuse_opts fo = {.disable = nf && strcmp(nf, "1") == 0, .horizontal = true};
-    if (ops->fuse_opts) ops->fuse_opts(&fo, fo.disable);
+    if (ops && ops->fuse_opts) ops->fuse_opts(&fo, fo.disable);
     fo.no_epilogue = fn->opts.epilogue_fusion == SG_FLAG_FALSE;
+    fo.per_op = fn->backend_kind == SG__BACKEND_AOT_EAGER;
+    fo.disable = fo.disable || fn->backend_kind == SG__BACKEND_EAGER;
     sg_status before = ctx->status;
     char msg[SG__MSG_SIZE];
     snprintf(msg, sizeof msg, "%s", ctx->msg);
     sg_status s = sg__fuse(ctx, &g->ir, &fo, &g->fused);
     if (s == SG_OK) g->has_fused = true;
+    if (s == SG_OK && fn->opts.backend_fn) s = call_backend_fn(fn, g);
+    if (s == SG_OK && (g->custom || no_code)) {
+        /* aot_eager replays the groups it kept, one op each; eager, every IR op. */
+        if (!g->custom && fn->backend_kind != SG__BACKEND_AOT_EAGER) {
+            sg__fused_free(ctx, &g->fused, &g->ir);
+            g->has_fused = false;
+        }
+        g->op_by_op = !g->custom && g->has_fused;
+        return SG_OK;
+    }
     size_t k = (size_t)snprintf(g->module, sizeof g->module, "sg_");
     for (const char *p = fn->name; *p && k + 12 < sizeof g->module; p++)
         g->module[k++] =
@@ -345,7 +374,9 @@ sg_status sg__graph_replay(sg_fn *fn, sg__graph *g, sg_tensor *const *in, int se
         g->replays++;
         return SG_OK;
     }
-    for (int i = 0; i < ir->nnodes; i++) {
+    int nk = sg__graph_nkernels(g);
+    for (int k = 0; k < nk; k++) {
+        int i = sg__graph_kernel_node(g, k);
         sg_status s = ctx->exec.run(ctx, &g->nodes[i]);
         if (s != SG_OK) {
             char line[256], msg[700];

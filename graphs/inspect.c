@@ -4,7 +4,7 @@
  * DOT picture (sg_fn_write_dot, with SVG when `dot` is on PATH), a timed
  * timeline of replays as Chrome / Perfetto trace JSON (sg_fn_trace), and
  * the list of backends with whether each can be used now
- * (sg_list_backends).
+ * (sg_list_backends); the read-only view a custom backend gets (sg_graph_view).
  */
 #include "cuda/cuda.h"
 #include "graphs.h"
@@ -49,10 +49,15 @@ static const sg__group *tail_group(const sg__fused *f, const sg__group *grp) {
     return grp->kind == SG__G_MULTI ? &f->parts[grp->members[0]] : grp;
 }
 
+int sg__graph_kernel_node(const sg__graph *g, int k) {
+    return g->has_fused ? g->fused.groups[k].g[0].node : k;
+}
+
 const char *sg__graph_kernel_name(const sg__graph *g, int k, char *buf, size_t size) {
     const sg__ir *ir = &g->ir;
-    if (!g->has_fused) {
-        snprintf(buf, size, "sg_op%d_%s", k, sg__op_name(ir->nodes[k].op));
+    if (!g->has_fused || g->op_by_op) {
+        snprintf(buf, size, "sg_op%d_%s", k,
+                 sg__op_name(ir->nodes[sg__graph_kernel_node(g, k)].op));
         return buf;
     }
     const sg__group *grp = &g->fused.groups[k];
@@ -424,7 +429,7 @@ sg_status sg__trace_replay(sg_fn *fn, sg__graph *g) {
     for (int k = 0; k < nk; k++) {
         double t0 = now_s();
         sg_status s = g->compiled ? (sg_status)g->kernel_fn(k, g->slotp, &rt)
-                                  : ctx->exec.run(ctx, &g->nodes[k]);
+                                  : ctx->exec.run(ctx, &g->nodes[sg__graph_kernel_node(g, k)]);
         double t1 = now_s();
         if (s != SG_OK) return s;
         trace_add(fn, g, k, t0, t1);
@@ -526,4 +531,76 @@ sg_status sg_list_backends(sg_backend_info *out, int cap, int *n) {
         if (b->available) b->why[0] = '\0';
     }
     return SG_OK;
+}
+
+/* ------------------------------------------------------------ the custom backend's view */
+
+int sg_graph_view_num_kernels(const sg_graph_view *v) { return v ? sg__graph_nkernels(v->g) : 0; }
+
+const char *sg_graph_view_kernel_name(const sg_graph_view *v, int k, char *buf, size_t size) {
+    if (!buf || size == 0) return "";
+    buf[0] = '\0';
+    if (!v || k < 0 || k >= sg__graph_nkernels(v->g)) return buf;
+    return sg__graph_kernel_name(v->g, k, buf, size);
+}
+
+/* The g of op i of kernel k (a group of a MULTI kernel's parts), or NULL. */
+static const sg__gnode *view_op(const sg_graph_view *v, int k, int i, int *n) {
+    *n = 0;
+    if (!v || k < 0 || k >= sg__graph_nkernels(v->g)) return NULL;
+    const sg__graph *g = v->g;
+    if (!g->has_fused) {
+        *n = 1;
+        return NULL;
+    }
+    const sg__group *grp = &g->fused.groups[k];
+    int nparts = grp->kind == SG__G_MULTI ? grp->nmembers : 1;
+    const sg__gnode *hit = NULL;
+    for (int m = 0; m < nparts; m++) {
+        const sg__group *p = grp->kind == SG__G_MULTI ? &g->fused.parts[grp->members[m]] : grp;
+        if (i >= *n && i < *n + p->n) hit = &p->g[i - *n];
+        *n += p->n;
+    }
+    return hit;
+}
+
+int sg_graph_view_num_ops(const sg_graph_view *v, int k) {
+    int n;
+    view_op(v, k, -1, &n);
+    return n;
+}
+
+const char *sg_graph_view_op_name(const sg_graph_view *v, int k, int i) {
+    int n;
+    const sg__gnode *gn = view_op(v, k, i, &n);
+    if (gn) return sg__op_name(v->g->ir.nodes[gn->node].op);
+    if (v && !v->g->has_fused && i == 0 && n == 1) return sg__op_name(v->g->ir.nodes[k].op);
+    return "";
+}
+
+int sg_graph_view_num_inputs(const sg_graph_view *v) { return v ? v->fn->nin : 0; }
+int sg_graph_view_num_outputs(const sg_graph_view *v) { return v ? v->fn->nout : 0; }
+
+static sg_status view_tensor(sg_dtype dt, int nd, const int64_t *sh, sg_dtype *dtype, int *ndim,
+                             int64_t *shape) {
+    if (dtype) *dtype = dt;
+    if (ndim) *ndim = nd;
+    if (shape) memcpy(shape, sh, sizeof(int64_t) * (size_t)nd);
+    return SG_OK;
+}
+
+sg_status sg_graph_view_input(const sg_graph_view *v, int i, sg_dtype *dtype, int *ndim,
+                              int64_t *shape) {
+    if (!v) return SG_ERR_NULL;
+    if (i < 0 || i >= v->fn->nin) return SG_ERR_INDEX;
+    const sg__argkey *a = &v->g->key[i];
+    return view_tensor(a->dtype, a->ndim, a->shape, dtype, ndim, shape);
+}
+
+sg_status sg_graph_view_output(const sg_graph_view *v, int i, sg_dtype *dtype, int *ndim,
+                               int64_t *shape) {
+    if (!v) return SG_ERR_NULL;
+    if (i < 0 || i >= v->fn->nout) return SG_ERR_INDEX;
+    const sg__ref *r = &v->g->ir.refs[v->g->ir.out_refs[i]];
+    return view_tensor(r->dtype, r->ndim, r->shape, dtype, ndim, shape);
 }

@@ -772,6 +772,11 @@ typedef enum sg_dynamic {
 /* A boolean option whose zero value means "the default" (torch's default). */
 typedef enum sg_flag { SG_FLAG_DEFAULT = 0, SG_FLAG_TRUE, SG_FLAG_FALSE } sg_flag;
 
+/* A custom backend (see "inspecting and extending compiled steps"). */
+typedef struct sg_graph_view sg_graph_view;
+typedef sg_status (*sg_step_fn)(sg_ctx *ctx, sg_tensor *const *in, sg_tensor **out, void *user);
+typedef sg_status (*sg_backend_fn)(void *user, const sg_graph_view *graph, sg_step_fn *run);
+
 typedef struct sg_compile_opts {
     sg_mode mode;         /* SG_MODE_DEFAULT when zero */
     bool fullgraph;       /* graph breaks are errors instead of eager fallbacks */
@@ -786,16 +791,20 @@ typedef struct sg_compile_opts {
     bool force_disable_caches; /* no disk cache reads: every capture compiles anew */
     sg_flag epilogue_fusion;   /* SG_FLAG_FALSE: no pointwise epilogue fused after
                                   reductions, row ops and matmuls (default: fused) */
+    const char *backend_name;  /* torch.compile's backend=: NULL or "inductor" (fuse and
+                                  generate code), "eager", "aot_eager" */
+    sg_backend_fn backend_fn;  /* torch's backend=callable; NULL: none */
+    void *backend_user;        /* passed to backend_fn and to the step it returns */
 } sg_compile_opts;
 
 typedef struct sg_fn sg_fn;
 
 /*
- * The step: in holds nin tensors, out has room for nout. Set every out[i]
- * to a tensor (one the step made, an input, or a parameter) and return
- * SG_OK; a status other than SG_OK fails the call with it.
+ * The step (sg_step_fn, declared above): in holds nin tensors, out has
+ * room for nout. Set every out[i] to a tensor (one the step made, an
+ * input, or a parameter) and return SG_OK; a status other than SG_OK fails
+ * the call with it.
  */
-typedef sg_status (*sg_step_fn)(sg_ctx *ctx, sg_tensor *const *in, sg_tensor **out, void *user);
 
 /* Wrap step; nothing runs until the first sg_call. opts may be NULL (the
  * defaults: SG_MODE_DEFAULT). */
@@ -934,6 +943,46 @@ SG_API sg_status sg_fn_write_dot(sg_fn *fn, const char *path, bool *svg);
  */
 SG_API sg_status sg_fn_trace(sg_fn *fn, sg_tensor *const *in, int nin, const char *path,
                              int replays);
+
+/*
+ * Backends, as torch.compile's backend= (sg_compile_opts.backend_name):
+ *   "inductor" (or NULL)  capture, fuse, generate code (everything above)
+ *   "eager"               capture and plan, then replay op by op through
+ *                         the eager kernels (as SG_CODEGEN=0)
+ *   "aot_eager"           capture, then the fusion passes that rewrite the
+ *                         graph (duplicate ops merged, unused ops dropped),
+ *                         then replay the ops that remain one by one
+ *                         through the eager kernels
+ * Another name fails sg_compile with SG_ERR_INVALID_ARG.
+ *
+ * A custom backend (backend_fn, torch's backend=callable) is called once
+ * per capture, after fusion, with a read-only view of the fused graph; it
+ * sets *run to a step to run instead of the compiled capture (called as
+ * run(ctx, in, out, backend_user) on every call that matches the capture:
+ * eagerly, op by op, its outputs handed out like eager outputs), or leaves
+ * *run NULL to let stepgraph go on as backend_name says. A status other
+ * than SG_OK is a fallback (see "Fallbacks": the capture replays unfused,
+ * op by op; under strict the call fails with that status). The view of "aot_eager"
+ * has one kernel per op that remains, that of "eager" one per IR op. The
+ * view and its strings are valid only during the callback; a capture that
+ * backend_fn took over shows as such in sg_fn_explain's counters: its calls
+ * count neither as replays nor as eager calls.
+ */
+SG_API int sg_graph_view_num_kernels(const sg_graph_view *graph);
+/* Kernel k's name (see "Kernel names") into buf; "" when k is out of range. */
+SG_API const char *sg_graph_view_kernel_name(const sg_graph_view *graph, int k, char *buf,
+                                             size_t size);
+/* The ops kernel k fused, in order, and the name of op i of them ("mul"). */
+SG_API int sg_graph_view_num_ops(const sg_graph_view *graph, int k);
+SG_API const char *sg_graph_view_op_name(const sg_graph_view *graph, int k, int i);
+/* The step's inputs and outputs: counts, and dtype and shape of one (shape
+ * has room for SG_MAX_DIMS). SG_ERR_INDEX when i is out of range. */
+SG_API int sg_graph_view_num_inputs(const sg_graph_view *graph);
+SG_API int sg_graph_view_num_outputs(const sg_graph_view *graph);
+SG_API sg_status sg_graph_view_input(const sg_graph_view *graph, int i, sg_dtype *dtype,
+                                     int *ndim, int64_t *shape);
+SG_API sg_status sg_graph_view_output(const sg_graph_view *graph, int i, sg_dtype *dtype,
+                                      int *ndim, int64_t *shape);
 
 /* One backend of sg_list_backends. */
 typedef struct sg_backend_info {
