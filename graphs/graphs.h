@@ -4,7 +4,8 @@
  * and the ring of output handles it returns. fn.c owns calls, guards,
  * stances and fallbacks; outputs.c the output sets and handles; graph.c turns
  * an IR into an executable plan over the pool and replays it; explain.c
- * prints it all.
+ * prints it all; inspect.c shows it otherwise (the generated source under
+ * "output_code", DOT, trace JSON, the backend list, a custom backend's view).
  */
 #ifndef SG_GRAPHS_H
 #define SG_GRAPHS_H
