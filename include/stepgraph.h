@@ -909,7 +909,8 @@ SG_API sg_status sg_fn_memory_stats(const sg_fn *fn, sg_memory_stats *stats);
  * (no kernel or max-autotune pick is read from the disk cache; what it
  * compiles is still written there); epilogue_fusion = SG_FLAG_FALSE keeps
  * pointwise ops after a reduction, row op or matmul out of its kernel (they
- * become kernels of their own), as torch's epilogue_fusion=False. torch's
+ * go to a kernel of their own or before the next reduction, row op or
+ * matmul), as torch's epilogue_fusion=False. torch's
  * coordinate_descent_tuning, fallback_random and shape_padding have no
  * counterpart here: compiled random ops already draw what eager ones do.
  */
@@ -962,11 +963,11 @@ SG_API sg_status sg_fn_trace(sg_fn *fn, sg_tensor *const *in, int nin, const cha
  * eagerly, op by op, its outputs handed out like eager outputs), or leaves
  * *run NULL to let stepgraph go on as backend_name says. A status other
  * than SG_OK is a fallback (see "Fallbacks": the capture replays unfused,
- * op by op; under strict the call fails with that status). The view of "aot_eager"
- * has one kernel per op that remains, that of "eager" one per IR op. The
- * view and its strings are valid only during the callback; a capture that
- * backend_fn took over shows as such in sg_fn_explain's counters: its calls
- * count neither as replays nor as eager calls.
+ * op by op; under strict the call fails with that status). The view of
+ * "aot_eager" has one kernel per op that remains, that of "eager" one per
+ * IR op. The view and its strings are valid only during the callback. A
+ * capture that backend_fn took over says so in sg_fn_explain; its calls
+ * count neither as replays nor as eager calls in sg_fn_stats.
  */
 SG_API int sg_graph_view_num_kernels(const sg_graph_view *graph);
 /* Kernel k's name (see "Kernel names") into buf; "" when k is out of range. */
