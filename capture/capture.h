@@ -152,6 +152,7 @@ struct sg_ctx {
     sg_tensor live; /* sentinel of the live handle list */
     sg_tensor dead; /* sentinel of the quarantine (oldest first) */
     int ndead;
+    bool no_cache_reads; /* while compiling for a fn with force_disable_caches */
 };
 
 /* ------------------------------------------------------------ context helpers */

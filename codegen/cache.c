@@ -268,6 +268,10 @@ static int run_program(char *const argv[], int out_fd, int *status, pipe_drain *
     return ETIMEDOUT;
 }
 
+int sg__run_program(char *const argv[], int out_fd, int *status, double timeout_s) {
+    return run_program(argv, out_fd, status, NULL, timeout_s);
+}
+
 /* The first line of `cc --version` into id. Returns 0 or the spawn's errno
  * (ENOENT when the program does not exist). */
 static int query_compiler_id(const char *cc, char id[ID_SIZE]) {
@@ -890,7 +894,7 @@ sg_status sg__cache_build_c(sg_ctx *ctx, const char *name, const char *source, s
     }
     j->ctx = ctx, j->name = name, j->source = source, j->source_len = strlen(source);
     const char *always = env("SG_ALWAYS_COMPILE");
-    j->always = always && strcmp(always, "0") != 0;
+    j->always = (always && strcmp(always, "0") != 0) || ctx->no_cache_reads;
     void *h = NULL;
     sg_status s = prepare(j);
     if (s == SG_OK && !j->always && !j->private_root && (h = lookup(j)) != NULL)

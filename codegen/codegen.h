@@ -115,6 +115,11 @@ SG__HIDDEN int sg__read_file(sg_ctx *ctx, const char *path, size_t max, char **d
 /* Remove a directory of plain files without following links (a file or a
  * link at dir is removed itself); errors are ignored. */
 SG__HIDDEN void sg__remove_dir(const char *dir);
+/* Run argv[0] (from PATH, no shell) with stdout and stderr into out_fd, at
+ * most timeout_s seconds (0: no limit; then its process group is killed).
+ * Returns 0 (*status: the wait status), ETIMEDOUT, or the spawn's errno
+ * (ENOENT: no such program). */
+SG__HIDDEN int sg__run_program(char *const argv[], int out_fd, int *status, double timeout_s);
 /* Take an entry (directory or file) out of the cache atomically: renamed
  * into a fresh <root>/trash-XXXXXX, then deleted. */
 SG__HIDDEN void sg__cache_discard(const char *root, const char *dir);

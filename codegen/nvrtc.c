@@ -260,7 +260,8 @@ sg_status sg__nvrtc_build(sg_ctx *ctx, const char *name, const char *source, int
     snprintf(path, sizeof path, "%s/cu-%s.cubin", root, key);
 
     const char *always = env("SG_ALWAYS_COMPILE");
-    if (root[0] && !(always && strcmp(always, "0") != 0)) lookup(ctx, path, cubin, size);
+    if (root[0] && !(always && strcmp(always, "0") != 0) && !ctx->no_cache_reads)
+        lookup(ctx, path, cubin, size);
     if (!*cubin) {
         s = compile(ctx, name, source, arch_opt, cubin, size);
         if (s == SG_OK && root[0]) publish(ctx, root, path, *cubin, *size);

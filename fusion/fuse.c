@@ -175,6 +175,7 @@ typedef struct builder {
     int nscratch;
     bool no_prologue; /* sg__fuse_opts.no_prologue */
     bool rows_inline; /* sg__fuse_opts.rows_inline */
+    bool no_epilogue; /* sg__fuse_opts.no_epilogue */
 } builder;
 
 /* The gnode of the open group that last wrote ref r's exact geometry, or -1;
@@ -368,7 +369,8 @@ static sg_status group_nodes(builder *b, bool disable) {
         if (is_pointwise(n->op)) {
             bool open_pw = b->nscratch > 0;
             int from = og.kind == SG__G_POINTWISE ? 0 : og.anchor;
-            bool pw_ok = open_pw && og.kind != SG__G_OPAQUE;
+            bool pw_ok = open_pw && og.kind != SG__G_OPAQUE &&
+                         !(b->no_epilogue && og.kind != SG__G_POINTWISE);
             if (pw_ok && !og.bcast && can_join_pointwise(b, i, og.nd, og.shape, from, &gn)) {
                 add_node(b, &gn);
                 continue;
@@ -564,14 +566,16 @@ sg_status sg__fuse(sg_ctx *ctx, const sg__ir *ir, const sg__fuse_opts *opts, sg_
     }
     builder b = {.ctx = ctx, .ir = ir, .dead = f->dead, .alias = f->alias, .scratch = scratch,
                  .no_prologue = opts && opts->no_prologue,
+                 .no_epilogue = opts && opts->no_epilogue,
                  .rows_inline = opts && opts->rows_inline};
-    s = group_nodes(&b, disable);
+    bool per_op = disable || (opts && opts->per_op);
+    s = group_nodes(&b, per_op);
     f->groups = b.groups;
     f->ngroups = b.ngroups;
     f->cap_groups = b.cap;
     if (s != SG_OK) goto done;
     mark_stores(ir, f->alias, f->groups, f->ngroups);
-    if (!disable && (!opts || opts->horizontal)) s = horizontal(ctx, ir, f->alias, f);
+    if (!per_op && (!opts || opts->horizontal)) s = horizontal(ctx, ir, f->alias, f);
 done:
     sg__free(ctx, writes, sizeof(int) * (size_t)ns);
     sg__free(ctx, needed, (size_t)ns);

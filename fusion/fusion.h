@@ -98,6 +98,10 @@ typedef struct sg__fuse_opts {
                          a sum/mean's epilogue may go on over its input's shape
                          (sg__group.bcast), and no prologue value is stored
                          for a library call */
+    bool per_op;      /* cse and dce, then one group per surviving node (the
+                         aot_eager backend of sg_compile_opts.backend_name) */
+    bool no_epilogue; /* no pointwise epilogue after a REDUCE/ROW/MATMUL anchor
+                         (sg_compile_opts.epilogue_fusion = SG_FLAG_FALSE) */
 } sg__fuse_opts;
 
 SG__HIDDEN sg_status sg__fuse(sg_ctx *ctx, const sg__ir *ir, const sg__fuse_opts *opts,

@@ -116,6 +116,11 @@ static void explain_graph(text *t, const sg__graph *g, int gi, int nin) {
     if (g->compiled)
         put(t, "    kernels: %d (fused from %d IR ops, unit %s%s%s)\n", g->fused.ngroups,
             ir->nnodes, g->module, g->mod ? " in " : "", g->mod ? sg__module_path(g->mod) : "");
+    else if (g->custom)
+        put(t, "    kernels: none; calls run the step that backend_fn gave, eagerly\n");
+    else if (g->op_by_op)
+        put(t, "    kernels: %d (aot_eager: the ops left after cse and dce; unfused, eager kernels "
+               "op by op)\n", sg__graph_nkernels(g));
     else if (!g->eager)
         put(t, "    kernels: %d (unfused, eager kernels op by op)\n", ir->nnodes);
     if (!g->eager)

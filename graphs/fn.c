@@ -67,6 +67,19 @@ sg_status sg_compile(sg_ctx *ctx, sg_step_fn step, void *user, int nin, int nout
                         "sg_compile: output_sets %d is not in [0, %d]; 0 means the default (2)",
                         o.output_sets, SG__MAX_OUTPUT_SETS);
     if (o.output_sets == 0) o.output_sets = 2;
+    int backend_kind = SG__BACKEND_INDUCTOR;
+    if (o.backend_name && strcmp(o.backend_name, "eager") == 0)
+        backend_kind = SG__BACKEND_EAGER;
+    else if (o.backend_name && strcmp(o.backend_name, "aot_eager") == 0)
+        backend_kind = SG__BACKEND_AOT_EAGER;
+    else if (o.backend_name && strcmp(o.backend_name, "inductor") != 0)
+        return sg__fail(ctx, SG_ERR_INVALID_ARG,
+                        "sg_compile: backend_name '%.100s' is none of \"inductor\", \"eager\", "
+                        "\"aot_eager\"; for your own backend set backend_fn",
+                        o.backend_name);
+    if ((unsigned)o.epilogue_fusion > SG_FLAG_FALSE)
+        return sg__fail(ctx, SG_ERR_INVALID_ARG, "sg_compile: epilogue_fusion %d is not an sg_flag",
+                        (int)o.epilogue_fusion);
     sg_fn *fn = sg__calloc(ctx, sizeof *fn);
     if (!fn) return sg__fail(ctx, SG_ERR_OOM, "sg_compile: out of host memory");
     fn->magic = SG__FN_LIVE;
@@ -78,6 +91,8 @@ sg_status sg_compile(sg_ctx *ctx, sg_step_fn step, void *user, int nin, int nout
     fn->opts = o;
     snprintf(fn->name, sizeof fn->name, "%s", o.name ? o.name : "step");
     fn->opts.name = NULL;
+    fn->opts.backend_name = NULL;
+    fn->backend_kind = backend_kind;
     fn->nsets = o.output_sets;
     fn_link(fn);
     fn->graphs = sg__calloc(ctx, sizeof *fn->graphs * (size_t)o.cache_size_limit);
@@ -99,12 +114,14 @@ static void drop_step_handles(sg_ctx *ctx, uint32_t mark) {
         sg__tensor_drop(ctx->live.prev);
 }
 
-/* Run the user's step; on success tmp holds nout live outputs. */
-static sg_status run_step(sg_fn *fn, sg_tensor *const *in, sg_tensor **tmp) {
+/* Run step (the user's, or what a custom backend gave); on success tmp
+ * holds nout live outputs. */
+static sg_status run_step(sg_fn *fn, sg_step_fn step, void *user, sg_tensor *const *in,
+                          sg_tensor **tmp) {
     sg_ctx *ctx = fn->ctx;
     for (int i = 0; i < fn->nout; i++) tmp[i] = NULL;
     sg_status before = ctx->status;
-    sg_status s = fn->step(ctx, in, tmp, fn->user);
+    sg_status s = step(ctx, in, tmp, user);
     if (s != SG_OK) {
         if (ctx->status == before || ctx->msg[0] == '\0')
             sg__fail(ctx, s, "fn '%s': the step returned %s", fn->name, sg_status_str(s));
@@ -144,15 +161,21 @@ static sg_status publish_eager(sg_fn *fn, sg_tensor *const *in, sg_tensor **tmp,
     return s;
 }
 
-static sg_status call_eager(sg_fn *fn, sg_tensor *const *in, sg_tensor **out) {
+/* Run step eagerly and hand out its outputs. */
+static sg_status call_step(sg_fn *fn, sg_step_fn step, void *user, sg_tensor *const *in,
+                           sg_tensor **out) {
     sg_ctx *ctx = fn->ctx;
     sg_tensor *tmp[fn->nout];
     uint32_t mark = ctx->next_id;
-    fn->stats.fallbacks++;
-    sg_status s = run_step(fn, in, tmp);
+    sg_status s = run_step(fn, step, user, in, tmp);
     if (s == SG_OK) return publish_eager(fn, in, tmp, mark, out);
     drop_step_handles(ctx, mark);
     return s;
+}
+
+static sg_status call_eager(sg_fn *fn, sg_tensor *const *in, sg_tensor **out) {
+    fn->stats.fallbacks++;
+    return call_step(fn, fn->step, fn->user, in, out);
 }
 
 /* ------------------------------------------------------------ guards */
@@ -237,6 +260,13 @@ static void drop_graph(sg_fn *fn, int gi) {
 
 static sg_status call_replay(sg_fn *fn, sg__graph *g, sg_tensor *const *in, sg_tensor **out);
 
+/* A call that matches capture g: eagerly, through a custom backend's step, or a replay. */
+static sg_status call_graph(sg_fn *fn, sg__graph *g, sg_tensor *const *in, sg_tensor **out) {
+    if (g->eager) return call_eager(fn, in, out);
+    if (g->custom) return call_step(fn, g->custom, fn->opts.backend_user, in, out);
+    return call_replay(fn, g, in, out);
+}
+
 /*
  * Whether captures record without executing ("dry"). Running every op as
  * it is recorded would make the first call pay the eager path on top of
@@ -289,7 +319,7 @@ static sg_status call_capture(sg_fn *fn, sg_tensor *const *in, sg_tensor **out) 
     sg_status s = sg__rec_begin(ctx, &rec, &g->ir, fn->nin, in, fn->opts.fullgraph);
     if (s == SG_OK) {
         rec.dry = dry_capture(ctx);
-        s = run_step(fn, in, tmp);
+        s = run_step(fn, fn->step, fn->user, in, tmp);
         sg_status e = sg__rec_end(ctx, s == SG_OK ? fn->nout : 0, tmp);
         if (s == SG_OK) s = e;
     } else {
@@ -325,7 +355,7 @@ static sg_status call_capture(sg_fn *fn, sg_tensor *const *in, sg_tensor **out) 
     }
     if (rec.dry) { /* nothing ran yet: the results come from running the plan */
         drop_step_handles(ctx, mark);
-        return g->eager ? call_eager(fn, in, out) : call_replay(fn, g, in, out);
+        return call_graph(fn, g, in, out);
     }
     fn->stats.fallbacks += g->eager;
     return publish_eager(fn, in, tmp, mark, out);
@@ -488,7 +518,7 @@ sg_status sg_call(sg_fn *fn, sg_tensor *const *in, int nin, sg_tensor **out, int
         const char *miss = guard_fail(g, fn->nin, in, why, sizeof why);
         if (!miss) {
             fn->stats.cache_hits++;
-            return g->eager ? call_eager(fn, in, out) : call_replay(fn, g, in, out);
+            return call_graph(fn, g, in, out);
         }
         sg__log(ctx, "guards", "fn '%s': capture %d does not match: %s", fn->name, gi + 1, miss);
         if (strstr(miss, "parameter")) { /* never valid again: make room */

@@ -143,21 +143,51 @@ static void check_cuda_dialect(sg_fn *fn, sg__graph *g, bool disable) {
     snprintf(ctx->msg, sizeof ctx->msg, "%s", msg);
 }
 
+/* sg_compile_opts.backend_fn: may take the capture over (g->custom). */
+static sg_status call_backend_fn(sg_fn *fn, sg__graph *g) {
+    sg_graph_view v = {fn, g};
+    sg_step_fn run = NULL;
+    sg_status s = fn->opts.backend_fn(fn->opts.backend_user, &v, &run);
+    if (s != SG_OK)
+        return sg__fail(fn->ctx, s, "fn '%s': backend_fn returned %s for capture %d", fn->name,
+                        sg_status_str(s), fn->ngraphs);
+    g->custom = run;
+    if (run)
+        sg__log(fn->ctx, "output_code", "fn '%s': capture %d runs the step backend_fn gave",
+                fn->name, fn->ngraphs);
+    return SG_OK;
+}
+
 /* Fuse and let the backend compile; on any failure the capture replays
  * op by op through the eager kernels (a fallback: an error under strict). */
 static sg_status try_compile(sg_fn *fn, sg__graph *g) {
     sg_ctx *ctx = fn->ctx;
     const sg__graph_ops *ops = ctx->gops;
     const char *cg = getenv("SG_CODEGEN");
-    if (!ops || !ops->compile || (cg && strcmp(cg, "0") == 0)) return SG_OK;
+    bool no_code = !ops || !ops->compile || (cg && strcmp(cg, "0") == 0) ||
+                   fn->backend_kind != SG__BACKEND_INDUCTOR;
+    if (no_code && !fn->opts.backend_fn && fn->backend_kind != SG__BACKEND_AOT_EAGER) return SG_OK;
     const char *nf = getenv("SG_DISABLE_FUSION");
     sg__fuse_opts fo = {.disable = nf && strcmp(nf, "1") == 0, .horizontal = true};
-    if (ops->fuse_opts) ops->fuse_opts(&fo, fo.disable);
+    if (ops && ops->fuse_opts) ops->fuse_opts(&fo, fo.disable);
+    fo.no_epilogue = fn->opts.epilogue_fusion == SG_FLAG_FALSE;
+    fo.per_op = fn->backend_kind == SG__BACKEND_AOT_EAGER;
+    fo.disable = fo.disable || fn->backend_kind == SG__BACKEND_EAGER;
     sg_status before = ctx->status;
     char msg[SG__MSG_SIZE];
     snprintf(msg, sizeof msg, "%s", ctx->msg);
     sg_status s = sg__fuse(ctx, &g->ir, &fo, &g->fused);
     if (s == SG_OK) g->has_fused = true;
+    if (s == SG_OK && fn->opts.backend_fn) s = call_backend_fn(fn, g);
+    if (s == SG_OK && (g->custom || no_code)) {
+        /* aot_eager replays the groups it kept, one op each; eager, every IR op. */
+        if (!g->custom && fn->backend_kind != SG__BACKEND_AOT_EAGER) {
+            sg__fused_free(ctx, &g->fused, &g->ir);
+            g->has_fused = false;
+        }
+        g->op_by_op = !g->custom && g->has_fused;
+        return SG_OK;
+    }
     size_t k = (size_t)snprintf(g->module, sizeof g->module, "sg_");
     for (const char *p = fn->name; *p && k + 12 < sizeof g->module; p++)
         g->module[k++] =
@@ -165,7 +195,9 @@ static sg_status try_compile(sg_fn *fn, sg__graph *g) {
                        ? *p
                        : '_');
     snprintf(g->module + k, sizeof g->module - k, "_c%d", fn->ngraphs);
+    ctx->no_cache_reads = fn->opts.force_disable_caches;
     if (s == SG_OK) s = ops->compile(fn, g);
+    ctx->no_cache_reads = false;
     const char *chk = getenv("SG_NVRTC_CHECK");
     if (chk && strcmp(chk, "1") == 0 && ctx->backend == SG_BACKEND_CPU)
         check_cuda_dialect(fn, g, fo.disable);
@@ -325,7 +357,9 @@ sg_status sg__graph_replay(sg_fn *fn, sg__graph *g, sg_tensor *const *in, int se
     fn->stats.patched_pointers += moved;
     if (g->compiled) {
         for (int i = 0; i < ir->nslots; i++) g->slotp[i] = g->slot_ptr[i]->data;
-        sg_status s = ((const sg__graph_ops *)ctx->gops)->run(fn, g, set);
+        sg_status s = fn->trace && g->kernel_fn
+                          ? sg__trace_replay(fn, g)
+                          : ((const sg__graph_ops *)ctx->gops)->run(fn, g, set);
         if (s != SG_OK) {
             char msg[700];
             snprintf(msg, sizeof msg, "%.600s", ctx->msg);
@@ -334,7 +368,15 @@ sg_status sg__graph_replay(sg_fn *fn, sg__graph *g, sg_tensor *const *in, int se
         g->replays++;
         return SG_OK;
     }
-    for (int i = 0; i < ir->nnodes; i++) {
+    if (fn->trace) { /* sg_fn_trace: the same nodes, each timed */
+        sg_status s = sg__trace_replay(fn, g);
+        if (s != SG_OK) return s;
+        g->replays++;
+        return SG_OK;
+    }
+    int nk = sg__graph_nkernels(g);
+    for (int k = 0; k < nk; k++) {
+        int i = sg__graph_kernel_node(g, k);
         sg_status s = ctx->exec.run(ctx, &g->nodes[i]);
         if (s != SG_OK) {
             char line[256], msg[700];

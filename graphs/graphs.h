@@ -4,7 +4,8 @@
  * and the ring of output handles it returns. fn.c owns calls, guards,
  * stances and fallbacks; outputs.c the output sets and handles; graph.c turns
  * an IR into an executable plan over the pool and replays it; explain.c
- * prints it all.
+ * prints it all; inspect.c shows it otherwise (the generated source under
+ * "output_code", DOT, trace JSON, the backend list, a custom backend's view).
  */
 #ifndef SG_GRAPHS_H
 #define SG_GRAPHS_H
@@ -65,6 +66,8 @@ typedef struct sg__graph { /* struct tag used by backend.h */
     bool tune;        /* MAX_AUTOTUNE*: pick the thread count at the first replay */
     int threads;      /* the thread count replays use (0: OpenMP's default) */
     char module[96];  /* the generated unit's name */
+    sg_step_fn custom; /* what sg_compile_opts.backend_fn asked to run instead */
+    bool op_by_op;     /* aot_eager: fused groups of one op each, run by the eager kernels */
 } sg__graph;
 
 /* One output set of a fn: the handles its last call there returned. */
@@ -81,6 +84,14 @@ typedef struct sg__outset {
 
 #define SG__MAX_OUTPUT_SETS 64
 
+enum { SG__BACKEND_INDUCTOR = 0, SG__BACKEND_EAGER, SG__BACKEND_AOT_EAGER };
+
+/* A custom backend's view of a capture (inspect.c). */
+struct sg_graph_view {
+    const sg_fn *fn;
+    const sg__graph *g;
+};
+
 #define SG__FN_LIVE 0x5347464eu /* "SGFN" */
 #define SG__FN_DEAD 0xdeadf00du
 
@@ -92,6 +103,7 @@ struct sg_fn {
     int nin, nout;
     sg_compile_opts opts;
     char name[64];
+    int backend_kind; /* SG__BACKEND_INDUCTOR, _EAGER, _AOT_EAGER (opts.backend_name) */
 
     sg__graph **graphs;
     int ngraphs;
@@ -111,6 +123,7 @@ struct sg_fn {
     bool said_limit, said_dynamic, said_recycle, said_fallback;
     char *explain;
     size_t explain_size;
+    struct sg__trace *trace; /* sg_fn_trace in progress: replays time each kernel */
     sg_fn *next; /* the context's list */
 };
 
@@ -147,5 +160,17 @@ SG__HIDDEN void sg__fns_destroy_all(sg_ctx *ctx);
  * compiled by NVRTC for sm_90; the failures so far in this process (each
  * logged under "error"). */
 SG__HIDDEN uint64_t sg__cuda_check_failures(void);
+
+/* inspect.c */
+/* Log a capture's generated source under "output_code", one call per line. */
+SG__HIDDEN void sg__graph_log_source(sg_fn *fn, const sg__graph *g, const char *source);
+/* The name of kernel k of g (see "Kernel names" in stepgraph.h). */
+SG__HIDDEN const char *sg__graph_kernel_name(const sg__graph *g, int k, char *buf, size_t size);
+/* The number of kernels a replay of g runs (fused groups, else IR ops). */
+SG__HIDDEN int sg__graph_nkernels(const sg__graph *g);
+/* The IR node a capture that is not compiled runs as its kernel k. */
+SG__HIDDEN int sg__graph_kernel_node(const sg__graph *g, int k);
+/* A replay of g under sg_fn_trace: runs it kernel by kernel, timing each. */
+SG__HIDDEN sg_status sg__trace_replay(sg_fn *fn, sg__graph *g);
 
 #endif /* SG_GRAPHS_H */

@@ -769,6 +769,14 @@ typedef enum sg_dynamic {
                             with a perf hint */
 } sg_dynamic;
 
+/* A boolean option whose zero value means "the default" (torch's default). */
+typedef enum sg_flag { SG_FLAG_DEFAULT = 0, SG_FLAG_TRUE, SG_FLAG_FALSE } sg_flag;
+
+/* A custom backend (see "inspecting and extending compiled steps"). */
+typedef struct sg_graph_view sg_graph_view;
+typedef sg_status (*sg_step_fn)(sg_ctx *ctx, sg_tensor *const *in, sg_tensor **out, void *user);
+typedef sg_status (*sg_backend_fn)(void *user, const sg_graph_view *graph, sg_step_fn *run);
+
 typedef struct sg_compile_opts {
     sg_mode mode;         /* SG_MODE_DEFAULT when zero */
     bool fullgraph;       /* graph breaks are errors instead of eager fallbacks */
@@ -778,16 +786,25 @@ typedef struct sg_compile_opts {
     const char *name;     /* for logs and sg_fn_explain; "step" when NULL */
     int output_sets;      /* calls whose outputs stay valid at once, 1..64; 0: 2 */
     bool strict;          /* every fallback is an error (see "Fallbacks") */
+    /* Options under torch._inductor.config's names (see "inspecting and
+     * extending compiled steps"): */
+    bool force_disable_caches; /* no disk cache reads: every capture compiles anew */
+    sg_flag epilogue_fusion;   /* SG_FLAG_FALSE: no pointwise epilogue fused after
+                                  reductions, row ops and matmuls (default: fused) */
+    const char *backend_name;  /* torch.compile's backend=: NULL or "inductor" (fuse and
+                                  generate code), "eager", "aot_eager" */
+    sg_backend_fn backend_fn;  /* torch's backend=callable; NULL: none */
+    void *backend_user;        /* passed to backend_fn and to the step it returns */
 } sg_compile_opts;
 
 typedef struct sg_fn sg_fn;
 
 /*
- * The step: in holds nin tensors, out has room for nout. Set every out[i]
- * to a tensor (one the step made, an input, or a parameter) and return
- * SG_OK; a status other than SG_OK fails the call with it.
+ * The step (sg_step_fn, declared above): in holds nin tensors, out has
+ * room for nout. Set every out[i] to a tensor (one the step made, an
+ * input, or a parameter) and return SG_OK; a status other than SG_OK fails
+ * the call with it.
  */
-typedef sg_status (*sg_step_fn)(sg_ctx *ctx, sg_tensor *const *in, sg_tensor **out, void *user);
 
 /* Wrap step; nothing runs until the first sg_call. opts may be NULL (the
  * defaults: SG_MODE_DEFAULT). */
@@ -868,6 +885,121 @@ SG_API void sg_ctx_reset_peak_memory(sg_ctx *ctx);
 /* For the whole context (stats of every fn) or for one fn. */
 SG_API sg_status sg_ctx_memory_stats(const sg_ctx *ctx, sg_memory_stats *stats);
 SG_API sg_status sg_fn_memory_stats(const sg_fn *fn, sg_memory_stats *stats);
+
+/* ---------------------------------------------------------------- inspecting and extending compiled steps */
+/*
+ * Seeing what the compiler did, beyond sg_fn_explain.
+ *
+ * SG_LOGS=output_code (or a log hook, topic "output_code") prints the whole
+ * generated unit of every capture that compiles (C on the CPU, CUDA C on
+ * CUDA): first a line "fn '<name>': capture <n>: generated unit <module>,
+ * <lines> lines", then one log call per line of the source (a line longer
+ * than 1,000 bytes comes in pieces of 1,000), then the summary line
+ * "fn '<name>': capture <n>: <ops> IR ops -> <kernels> kernels in <module>".
+ *
+ * Kernel names: kernel k of a fused capture is called
+ * sg_k<k>_<fused ops>_<dtype>; its generated functions are that name (or
+ * sg_k<k>_pro_..., for the part before a library call) followed by the
+ * shape and a hash. The op at IR line k of a capture that replays op by
+ * op, unfused, is sg_op<k>_<op>. The DOT picture and the trace use these
+ * names.
+ *
+ * Compile options under torch._inductor.config's names (sg_compile_opts):
+ * force_disable_caches makes every capture of the fn compile its unit anew
+ * (no kernel or max-autotune pick is read from the disk cache; what it
+ * compiles is still written there); epilogue_fusion = SG_FLAG_FALSE keeps
+ * pointwise ops after a reduction, row op or matmul out of its kernel (they
+ * go to a kernel of their own or before the next reduction, row op or
+ * matmul), as torch's epilogue_fusion=False. torch's
+ * coordinate_descent_tuning, fallback_random and shape_padding have no
+ * counterpart here: compiled random ops already draw what eager ones do.
+ */
+
+/*
+ * Write the last capture of fn as a Graphviz DOT graph to `path`: one box
+ * per kernel (label: its name, the ops it fused, the shape it walks), an
+ * inverted house per input, a cylinder per parameter, a house per output,
+ * and one edge per buffer passed between them, labelled with its dtype and
+ * shape and where it lives ("scratch +<offset>", "output set +<offset>",
+ * "input <i>", "parameter"); a kernel writing an input or parameter in
+ * place has a dashed edge to it. When Graphviz's `dot` is on PATH it is run
+ * (no shell, at most 60 seconds) to write `<path>.svg` too, and *svg (may
+ * be NULL) is set to true; without `dot`, *svg is false and that is no
+ * error. SG_ERR_INVALID_ARG when fn has no capture (call it first) or its
+ * last capture runs eagerly; SG_ERR_COMPILE when a file cannot be written
+ * or `dot` fails (the message says why).
+ */
+SG_API sg_status sg_fn_write_dot(sg_fn *fn, const char *path, bool *svg);
+
+/*
+ * Call fn `replays` times on `in` (as sg_call, so in-place updates happen
+ * each time and the outputs are fn's as usual), timing every kernel with
+ * clock_gettime, and write the timeline as Chrome / Perfetto trace JSON to
+ * `path`: {"traceEvents": [{"name", "cat": "kernel", "ph": "X", "ts",
+ * "dur", "pid": 1, "tid": 1, "args": {"replay", "kernel", "capture",
+ * "ops"}}, ...]}, times in microseconds from the first event; one event per
+ * kernel per replay (open it at ui.perfetto.dev or chrome://tracing).
+ * Kernels are named as above. A call that runs eagerly (a fallback) adds no
+ * events. CPU only for now: on other backends SG_ERR_UNSUPPORTED.
+ */
+SG_API sg_status sg_fn_trace(sg_fn *fn, sg_tensor *const *in, int nin, const char *path,
+                             int replays);
+
+/*
+ * Backends, as torch.compile's backend= (sg_compile_opts.backend_name):
+ *   "inductor" (or NULL)  capture, fuse, generate code (everything above)
+ *   "eager"               capture and plan, then replay op by op through
+ *                         the eager kernels (as SG_CODEGEN=0)
+ *   "aot_eager"           capture, then the fusion passes that rewrite the
+ *                         graph (duplicate ops merged, unused ops dropped),
+ *                         then replay the ops that remain one by one
+ *                         through the eager kernels
+ * Another name fails sg_compile with SG_ERR_INVALID_ARG.
+ *
+ * A custom backend (backend_fn, torch's backend=callable) is called once
+ * per capture, after fusion, with a read-only view of the fused graph; it
+ * sets *run to a step to run instead of the compiled capture (called as
+ * run(ctx, in, out, backend_user) on every call that matches the capture:
+ * eagerly, op by op, its outputs handed out like eager outputs), or leaves
+ * *run NULL to let stepgraph go on as backend_name says. A status other
+ * than SG_OK is a fallback (see "Fallbacks": the capture replays unfused,
+ * op by op; under strict the call fails with that status). The view of
+ * "aot_eager" has one kernel per op that remains, that of "eager" one per
+ * IR op. The view and its strings are valid only during the callback. A
+ * capture that backend_fn took over says so in sg_fn_explain; its calls
+ * count neither as replays nor as eager calls in sg_fn_stats.
+ */
+SG_API int sg_graph_view_num_kernels(const sg_graph_view *graph);
+/* Kernel k's name (see "Kernel names") into buf; "" when k is out of range. */
+SG_API const char *sg_graph_view_kernel_name(const sg_graph_view *graph, int k, char *buf,
+                                             size_t size);
+/* The ops kernel k fused, in order, and the name of op i of them ("mul"). */
+SG_API int sg_graph_view_num_ops(const sg_graph_view *graph, int k);
+SG_API const char *sg_graph_view_op_name(const sg_graph_view *graph, int k, int i);
+/* The step's inputs and outputs: counts, and dtype and shape of one (shape
+ * has room for SG_MAX_DIMS). SG_ERR_INDEX when i is out of range. */
+SG_API int sg_graph_view_num_inputs(const sg_graph_view *graph);
+SG_API int sg_graph_view_num_outputs(const sg_graph_view *graph);
+SG_API sg_status sg_graph_view_input(const sg_graph_view *graph, int i, sg_dtype *dtype,
+                                     int *ndim, int64_t *shape);
+SG_API sg_status sg_graph_view_output(const sg_graph_view *graph, int i, sg_dtype *dtype,
+                                      int *ndim, int64_t *shape);
+
+/* One backend of sg_list_backends. */
+typedef struct sg_backend_info {
+    sg_backend backend;
+    const char *name; /* sg_backend_name(backend) */
+    bool built;       /* compiled into this library */
+    bool available;   /* sg_ctx_create with it would find a driver and a device now */
+    char why[256];    /* when not available: why not */
+} sg_backend_info;
+
+/*
+ * The backends this library knows, in the order SG_BACKEND_AUTO tries them
+ * (cuda, hip, ze, cpu), into out (room for cap; may be NULL with cap 0);
+ * *n gets how many there are (4), even when cap is smaller.
+ */
+SG_API sg_status sg_list_backends(sg_backend_info *out, int cap, int *n);
 
 /* ---------------------------------------------------------------- kernel cache */
 

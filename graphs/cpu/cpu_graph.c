@@ -25,6 +25,7 @@ static sg_status cpu_compile(sg_fn *fn, sg__graph *g) {
     sg__emit e = {.ctx = ctx};
     sg_status s = sg__cgen_c(ctx, &g->ir, &g->fused, g->module, &e);
     if (s == SG_OK) s = sg__cache_build_c(ctx, g->module, e.buf, &g->mod);
+    if (s == SG_OK) sg__graph_log_source(fn, g, e.buf);
     sg__emit_free(&e);
     if (s != SG_OK) return s;
     g->step_fn = (sg__step_entry)(uintptr_t)sg__module_sym(g->mod, "sg_step");
@@ -79,7 +80,7 @@ static void autotune(sg_fn *fn, sg__graph *g) {
     g->tune = false;
 #ifdef _OPENMP
     char path[4200];
-    int known = tuned_threads(g, path, sizeof path);
+    int known = fn->opts.force_disable_caches ? 0 : tuned_threads(g, path, sizeof path);
     if (known > 0) {
         g->threads = known;
         return;

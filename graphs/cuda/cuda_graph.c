@@ -169,6 +169,7 @@ static sg_status compile(sg_fn *fn, sg__graph *g) {
     if (s == SG_OK && nk > 0)
         s = sg__nvrtc_build(ctx, g->module, e.buf, sg__cuda_arch(ctx), &cubin, &size);
     if (s == SG_OK && nk > 0) tune_path(ctx, g->module, e.buf, cg);
+    if (s == SG_OK) sg__graph_log_source(fn, g, e.buf);
     sg__emit_free(&e);
     /* Each launch's own table follows the capture-wide one. */
     cg->ntable = cg->nslots;
@@ -191,7 +192,7 @@ static sg_status compile(sg_fn *fn, sg__graph *g) {
         fn->opts.mode == SG_MODE_REDUCE_OVERHEAD || fn->opts.mode == SG_MODE_MAX_AUTOTUNE;
     cg->tune =
         fn->opts.mode == SG_MODE_MAX_AUTOTUNE || fn->opts.mode == SG_MODE_MAX_AUTOTUNE_NO_GRAPHS;
-    if (s == SG_OK && cg->tune && tune_load(cg)) {
+    if (s == SG_OK && cg->tune && !fn->opts.force_disable_caches && tune_load(cg)) {
         cg->tune = false;
         sg__log(ctx, "perf_hints", "fn '%s': max-autotune: the picks remembered in %s", fn->name,
                 cg->tune_path);
