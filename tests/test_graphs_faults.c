@@ -30,6 +30,7 @@
  * either fails with a message or falls back, and a clean call after it
  * gives the right numbers.
  */
+#define _POSIX_C_SOURCE 200809L /* setenv */
 #include "testutil.h"
 
 #include "codegen/codegen.h"
@@ -277,6 +278,62 @@ static void alloc_faults(sg_mode mode, bool strict) {
             sg_mode_name(mode), strict, n - 1, hits, absorbed, fallbacks);
 }
 
+/*
+ * One call of a fresh fn (capture and compile) with the n-th cache file
+ * operation failing: it succeeds (a damaged-looking entry is rebuilt, an
+ * entry that cannot be kept is still used) or fails with a message; either
+ * way the next calls, clean, give the right numbers. Returns the file
+ * operations counted.
+ */
+static long file_life(bool always, long n) {
+    setup();
+    run.ok = true;
+    run.hit = NULL;
+    run.msg[0] = '\0';
+    sg_compile_opts o = {.mode = SG_MODE_DEFAULT, .strict = true, .name = "faults_files"};
+    sg_fn *fn = NULL;
+    if (!TU_EXPECT(sg_compile(ctx, step, NULL, 1, 2, &o, &fn) == SG_OK)) exit(1);
+    double y[BA * M], s[M];
+    reference(xav, BA, y, s);
+    sg__file_fault_set(n ? n : 1L << 40);
+    sg_tensor *in[1] = {xa}, *out[2] = {NULL, NULL};
+    sg_status st = sg_call(fn, in, 1, out, 2);
+    long ops = sg__file_fault_count();
+    sg__file_fault_set(0);
+    if (st != SG_OK) {
+        const char *m = sg_last_error(ctx);
+        run.ok = TU_EXPECT(n > 0 && ops >= n) && TU_EXPECT(m[0] != '\0');
+        run.hit = "call A (capture)";
+        snprintf(run.msg, sizeof run.msg, "%s", m);
+        sg_clear_error(ctx);
+    } else {
+        run.ok = read_close("y", out[0], y, BA * M) && read_close("s", out[1], s, M);
+    }
+    run.ok = check_p(st == SG_OK, s) && run.ok;
+    call(fn, "call A (clean, after the fault)", xa, xav, BA);
+    sg_fn_stats fs;
+    sg_fn_get_stats(fn, &fs);
+    run.ok = run.ok && TU_EXPECT(fs.compiles == 1);
+    sg_fn_destroy(fn);
+    teardown();
+    run.ok = run.ok && TU_EXPECT(hook.live == 0 && hook.bytes == 0);
+    (void)always;
+    return ops;
+}
+
+static void file_faults(bool always) {
+    if (always) setenv("SG_ALWAYS_COMPILE", "1", 1);
+    long total = file_life(always, 0);
+    tu_case(run.ok && total > 0, "FILE_FAULT(always_compile=%d,fail_at=0: %ld file operations)",
+            always, total);
+    for (long n = 1; n <= total; n++) {
+        file_life(always, n);
+        tu_case(run.ok, "FILE_FAULT(always_compile=%d,fail_at=%ld) -> %s: \"%.160s\"", always, n,
+                run.hit ? run.hit : "the call succeeded", run.msg);
+    }
+    unsetenv("SG_ALWAYS_COMPILE");
+}
+
 int main(void) {
     tu_seed(11);
     for (int i = 0; i < K * M; i++) wv[i] = (float)tu_uniform(-0.5, 0.5);
@@ -287,5 +344,7 @@ int main(void) {
     sg_mode modes[2] = {SG_MODE_DEFAULT, SG_MODE_REDUCE_OVERHEAD};
     for (int mi = 0; mi < 2; mi++)
         for (int strict = 1; strict >= 0; strict--) alloc_faults(modes[mi], strict);
+    file_faults(false);
+    file_faults(true);
     return tu_finish();
 }
