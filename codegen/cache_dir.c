@@ -284,7 +284,11 @@ bool sg__note_write(const char *path, const char *body) {
     sg__sha256(body, n, d);
     sg__sha256_hex(d, hex);
     snprintf(head, sizeof head, "sha256 %s\n", hex);
-    if (snprintf(tmp, sizeof tmp, "%s.%ld.tmp", path, (long)getpid()) >= (int)sizeof tmp)
+    /* The name is the process's and the write's own: threads of one process
+     * writing one note must not share (and truncate) one temporary file. */
+    static _Atomic unsigned long seq;
+    if (snprintf(tmp, sizeof tmp, "%s.%ld.%lu.tmp", path, (long)getpid(),
+                 atomic_fetch_add(&seq, 1)) >= (int)sizeof tmp)
         return false;
     int fd = sg__open_file(tmp, O_WRONLY | O_CREAT | O_TRUNC, true);
     if (fd < 0) return false;

@@ -1,11 +1,13 @@
 /*
  * test_graphs_threads.c -- contexts are independent: four threads each make
- * their own context, parameters and steps (eager, DEFAULT and
- * REDUCE_OVERHEAD), call them on two input shapes, check every output and
+ * their own context, parameters and steps (eager, DEFAULT,
+ * REDUCE_OVERHEAD and MAX_AUTOTUNE, whose picks are notes in the cache), call them on two input shapes, check every output and
  * the in-place parameter update against a reference computed in f64, and
  * destroy everything -- all at once, sharing one fresh SG_CACHE_DIR, so
  * that they compile the same kernels together and race to publish, then
- * (second round) race to look them up. Built with STEPGRAPH_TSAN, this is
+ * (second round) race to look them up, then (third round, with
+ * SG_ALWAYS_COMPILE=1 and a tiny SG_CACHE_MAX_MB) each replace the entries
+ * and evict the others' while those are being read. Built with STEPGRAPH_TSAN, this is
  * the test ThreadSanitizer runs in CI.
  *
  * The step: y = relu(x @ W + b) * 0.5 - 0.125, s = mean(y, dim 0),
@@ -21,7 +23,7 @@
 #include <string.h>
 #include <unistd.h>
 
-enum { NTHREADS = 4, K = 16, M = 8, BA = 5, BB = 2, CALLS = 3, NFNS = 3 };
+enum { NTHREADS = 4, K = 16, M = 8, BA = 5, BB = 2, CALLS = 3, NFNS = 4 };
 
 typedef struct worker {
     int id;
@@ -121,7 +123,8 @@ static void *work(void *arg) {
     w->param = sg_from_host(ctx, SG_F32, 1, sm, w->p);
     sg_tensor *xa = sg_from_host(ctx, SG_F32, 2, sa, w->xa);
     sg_tensor *xb = sg_from_host(ctx, SG_F32, 2, sb, w->xb);
-    sg_mode modes[NFNS] = {SG_MODE_EAGER, SG_MODE_DEFAULT, SG_MODE_REDUCE_OVERHEAD};
+    sg_mode modes[NFNS] = {SG_MODE_EAGER, SG_MODE_DEFAULT, SG_MODE_REDUCE_OVERHEAD,
+                          SG_MODE_MAX_AUTOTUNE};
     sg_fn *fns[NFNS] = {NULL};
     for (int f = 0; f < NFNS && w->ok; f++) {
         sg_compile_opts o = {.mode = modes[f], .strict = true, .name = "threads"};
@@ -157,9 +160,14 @@ int main(void) {
         return 1;
     }
     setenv("SG_CACHE_DIR", root, 1);
-    const char *rounds[2] = {"cold cache", "warm cache"};
+    const char *rounds[3] = {"cold cache", "warm cache",
+                             "every capture compiled and published, the rest evicted"};
     static worker ws[NTHREADS];
-    for (int r = 0; r < 2; r++) {
+    for (int r = 0; r < 3; r++) {
+        if (r == 2) { /* each publish evicts every other entry, some in use by other threads */
+            setenv("SG_ALWAYS_COMPILE", "1", 1);
+            setenv("SG_CACHE_MAX_MB", "0.001", 1);
+        }
         pthread_t th[NTHREADS];
         pthread_barrier_init(&start, NULL, NTHREADS);
         for (int t = 0; t < NTHREADS; t++) {
@@ -179,6 +187,8 @@ int main(void) {
                     r + 1, rounds[r], t, (unsigned long long)ws[t].seed, NFNS, CALLS);
         }
     }
+    unsetenv("SG_ALWAYS_COMPILE");
+    unsetenv("SG_CACHE_MAX_MB");
     sg_ctx *ctx = NULL;
     sg_ctx_opts opts = {.backend = SG_BACKEND_CPU};
     if (sg_ctx_create(&opts, &ctx) == SG_OK) {
