@@ -1,14 +1,13 @@
 /*
  * test_graphs_threads.c -- contexts are independent: four threads each make
  * their own context, parameters and steps (eager, DEFAULT,
- * REDUCE_OVERHEAD and MAX_AUTOTUNE, whose picks are notes in the cache), call them on two input shapes, check every output and
- * the in-place parameter update against a reference computed in f64, and
- * destroy everything -- all at once, sharing one fresh SG_CACHE_DIR, so
- * that they compile the same kernels together and race to publish, then
- * (second round) race to look them up, then (third round, with
- * SG_ALWAYS_COMPILE=1 and a tiny SG_CACHE_MAX_MB) each replace the entries
- * and evict the others' while those are being read. Built with STEPGRAPH_TSAN, this is
- * the test ThreadSanitizer runs in CI.
+ * REDUCE_OVERHEAD and MAX_AUTOTUNE, whose picks are notes in the cache), call them on two input
+ * shapes, check every output and the in-place parameter update against a reference computed in f64,
+ * and destroy everything -- all at once, sharing one fresh SG_CACHE_DIR, so that they compile the
+ * same kernels together and race to publish, then (second round) race to look them up, then (third
+ * round, with SG_ALWAYS_COMPILE=1 and a tiny SG_CACHE_MAX_MB) each replace the entries and evict
+ * the others' while those are being read. Built with STEPGRAPH_TSAN, this is the test
+ * ThreadSanitizer runs in CI.
  *
  * The step: y = relu(x @ W + b) * 0.5 - 0.125, s = mean(y, dim 0),
  * p += s (in place); outputs y and s. Each case is one thread of one round:
@@ -124,7 +123,7 @@ static void *work(void *arg) {
     sg_tensor *xa = sg_from_host(ctx, SG_F32, 2, sa, w->xa);
     sg_tensor *xb = sg_from_host(ctx, SG_F32, 2, sb, w->xb);
     sg_mode modes[NFNS] = {SG_MODE_EAGER, SG_MODE_DEFAULT, SG_MODE_REDUCE_OVERHEAD,
-                          SG_MODE_MAX_AUTOTUNE};
+                           SG_MODE_MAX_AUTOTUNE};
     sg_fn *fns[NFNS] = {NULL};
     for (int f = 0; f < NFNS && w->ok; f++) {
         sg_compile_opts o = {.mode = modes[f], .strict = true, .name = "threads"};
@@ -141,7 +140,8 @@ static void *work(void *arg) {
         sg_fn_get_stats(fns[f], &st);
         char n[32];
         snprintf(n, sizeof n, "%llu", (unsigned long long)st.compiles);
-        if (st.compiles != 2) fail(w, "fn %s compiled %s captures, not 2", sg_mode_name(modes[f]), n);
+        if (st.compiles != 2)
+            fail(w, "fn %s compiled %s captures, not 2", sg_mode_name(modes[f]), n);
     }
     for (int f = 0; f < NFNS; f++) sg_fn_destroy(fns[f]);
     sg_release(xa), sg_release(xb);
@@ -183,8 +183,9 @@ int main(void) {
         pthread_barrier_destroy(&start);
         for (int t = 0; t < NTHREADS; t++) {
             if (!ws[t].ok) fprintf(stderr, "  %s\n", ws[t].why);
-            tu_case(ws[t].ok, "THREADS(round=%d %s,thread=%d,seed=%llu): %d fns x 2 shapes x %d calls",
-                    r + 1, rounds[r], t, (unsigned long long)ws[t].seed, NFNS, CALLS);
+            tu_case(ws[t].ok,
+                    "THREADS(round=%d %s,thread=%d,seed=%llu): %d fns x 2 shapes x %d calls", r + 1,
+                    rounds[r], t, (unsigned long long)ws[t].seed, NFNS, CALLS);
         }
     }
     unsetenv("SG_ALWAYS_COMPILE");
