@@ -122,6 +122,10 @@ static sg_status run_step(sg_fn *fn, sg_tensor *const *in, sg_tensor **tmp) {
     if (s != SG_OK) {
         if (ctx->status == before || ctx->msg[0] == '\0')
             sg__fail(ctx, s, "fn '%s': the step returned %s", fn->name, sg_status_str(s));
+        /* SG_ERR_NULL from a chain of ops that propagated an op's NULL: the
+         * call fails with that op's status (SG_ERR_OOM, say), as its message says. */
+        else if (s == SG_ERR_NULL && before == SG_OK)
+            s = ctx->status;
         return s;
     }
     for (int i = 0; i < fn->nout; i++) {

@@ -5,8 +5,9 @@
  * recompile for a second input shape, and sg_fn_destroy.
  *
  * The step: y = tanh(x @ W + b) * 0.5 + 0.25 (a matmul, pointwise ops with a
- * broadcast), s = sum(y, dim 0) (a reduction), p += s / 8 (an in-place
- * parameter update); outputs y and s. Its life: compile; call with x of
+ * broadcast), s = sum(y, dim 0) (a reduction), p += s / 8 and q += b / 2
+ * (in-place parameter updates), z = softmax(x @ W + b, dim 1) (a row op);
+ * outputs y, s and z. Its life: compile; call with x of
  * shape A (capture), again (replay); call with shape B (recompile), again;
  * call with A (replay of the first capture); destroy. It runs once with no
  * failure to count the allocations of that life, then once for each N from
@@ -15,8 +16,8 @@
  *    sg_last_error says something; the action is then retried with no
  *    failure, and the rest of the life runs clean;
  *  - every output of a call that succeeded matches a reference computed here
- *    in f64, and so does the parameter p after every call (after a failed
- *    call: its value before the call, or after one update);
+ *    in f64, and so do the parameters p and q after every call (after a
+ *    failed call: their values before the call, or after its updates);
  *  - after sg_fn_destroy the context holds the bytes it held before
  *    sg_compile, and after sg_ctx_destroy the hook holds no block.
  * Modes DEFAULT and REDUCE_OVERHEAD, strict (a failure in code generation is
@@ -42,9 +43,9 @@ enum { K = 8, M = 6, BA = 4, BB = 3 };
 
 static tu_alloc hook;
 static sg_ctx *ctx;
-static sg_tensor *W, *bias, *p, *xa, *xb;
-static float wv[K * M], bv[M], pv[M], xav[BA * K], xbv[BB * K];
-static double pref[M]; /* p as the reference has it */
+static sg_tensor *W, *bias, *p, *q, *xa, *xb;
+static float wv[K * M], bv[M], pv[2 * M], xav[BA * K], xbv[BB * K];
+static double pref[2 * M]; /* p and q as the reference has them */
 
 static sg_status step(sg_ctx *c, sg_tensor *const *in, sg_tensor **out, void *user) {
     (void)user;
@@ -57,9 +58,13 @@ static sg_status step(sg_ctx *c, sg_tensor *const *in, sg_tensor **out, void *us
     sg_tensor *u = sg_mul_scalar(s, 0.125);
     if (!u) return sg_ctx_status(c) != SG_OK ? sg_ctx_status(c) : SG_ERR_NULL;
     sg_status st = sg_add_(p, u);
+    if (st == SG_OK) st = sg_add_(q, sg_mul_scalar(bias, 0.5)); /* independent of p's */
     if (st != SG_OK) return st;
+    sg_tensor *z = sg_softmax(hb, 1);
+    if (!z) return sg_ctx_status(c);
     out[0] = y;
     out[1] = s;
+    out[2] = z;
     return SG_OK;
 }
 
@@ -77,16 +82,21 @@ static size_t ctx_held(void) {
     return ctx_live() - ms.pool_bytes;
 }
 
-/* The reference outputs for x (rows of K) into y (rows of M) and s (M). */
-static void reference(const float *x, int rows, double *y, double *s) {
+/* The reference outputs for x (rows of K) into y and z (rows of M) and s (M). */
+static void reference(const float *x, int rows, double *y, double *s, double *z) {
     for (int m = 0; m < M; m++) s[m] = 0;
-    for (int r = 0; r < rows; r++)
+    for (int r = 0; r < rows; r++) {
+        double h[M], top = -INFINITY, sum = 0;
         for (int m = 0; m < M; m++) {
-            double h = bv[m];
-            for (int k = 0; k < K; k++) h += (double)x[r * K + k] * wv[k * M + m];
-            y[r * M + m] = tanh(h) * 0.5 + 0.25;
+            h[m] = bv[m];
+            for (int k = 0; k < K; k++) h[m] += (double)x[r * K + k] * wv[k * M + m];
+            y[r * M + m] = tanh(h[m]) * 0.5 + 0.25;
             s[m] += y[r * M + m];
+            top = fmax(top, h[m]);
         }
+        for (int m = 0; m < M; m++) sum += exp(h[m] - top);
+        for (int m = 0; m < M; m++) z[r * M + m] = exp(h[m] - top) / sum;
+    }
 }
 
 static bool read_close(const char *what, const sg_tensor *t, const double *ref, int64_t n) {
@@ -101,24 +111,27 @@ static bool read_close(const char *what, const sg_tensor *t, const double *ref, 
     return tu_close(what, got, ref, n, 1e-5, 1e-5);
 }
 
-/* After a call: p matches the reference with the call's update, or -- when
- * the call failed -- without it; pref follows what p holds. */
+/* After a call: p and q match the reference with the call's updates, or --
+ * when the call failed -- each without its update or with it (a capture that
+ * executes as it records, SG_DRY_CAPTURE=0, ran p's update when q's failed,
+ * as an eager step would have); pref follows what they hold. */
 static bool check_p(bool ok, const double *s) {
-    float buf[M];
-    if (!TU_EXPECT(sg_read(p, buf, sizeof buf) == SG_OK)) return false;
-    double with[M], got[M];
-    bool same_with = true, same_without = true;
-    for (int m = 0; m < M; m++) {
-        with[m] = pref[m] + s[m] * 0.125;
+    float buf[2 * M];
+    if (!TU_EXPECT(sg_read(p, buf, sizeof buf / 2) == SG_OK) ||
+        !TU_EXPECT(sg_read(q, buf + M, sizeof buf / 2) == SG_OK))
+        return false;
+    double with[2 * M], got[2 * M];
+    bool same_with[2] = {true, true}, same_without[2] = {true, true};
+    for (int m = 0; m < 2 * M; m++) {
+        with[m] = pref[m] + (m < M ? s[m] * 0.125 : bv[m - M] * 0.5);
         got[m] = buf[m];
-        same_with = same_with && fabs(got[m] - with[m]) <= 1e-5 + 1e-5 * fabs(with[m]);
-        same_without = same_without && fabs(got[m] - pref[m]) <= 1e-5 + 1e-5 * fabs(pref[m]);
+        same_with[m / M] &= fabs(got[m] - with[m]) <= 1e-5 + 1e-5 * fabs(with[m]);
+        same_without[m / M] &= fabs(got[m] - pref[m]) <= 1e-5 + 1e-5 * fabs(pref[m]);
     }
-    if (ok || (same_with && !same_without)) {
-        memcpy(pref, with, sizeof pref);
-        return tu_close("p", got, pref, M, 1e-5, 1e-5);
-    }
-    return tu_close("p (the failed call's update not applied)", got, pref, M, 1e-5, 1e-5);
+    for (int v = 0; v < 2; v++)
+        if (ok || (same_with[v] && !same_without[v]))
+            memcpy(pref + v * M, with + v * M, sizeof pref / 2);
+    return tu_close(ok ? "p, q" : "p, q (after a failed call)", got, pref, 2 * M, 1e-5, 1e-5);
 }
 
 /* What one run saw. */
@@ -155,15 +168,16 @@ static bool failed(const char *what, sg_status st) {
 
 /* Call fn on x (rows of K); retried once clean if the fault hits it. */
 static void call(sg_fn *fn, const char *what, sg_tensor *x, const float *xv, int rows) {
-    double y[BA * M], s[M];
-    reference(xv, rows, y, s);
+    double y[BA * M], s[M], z[BA * M];
+    reference(xv, rows, y, s, z);
     for (int attempt = 0; attempt < 2; attempt++) {
-        sg_tensor *in[1] = {x}, *out[2] = {NULL, NULL};
-        sg_status st = sg_call(fn, in, 1, out, 2);
+        sg_tensor *in[1] = {x}, *out[3] = {NULL, NULL, NULL};
+        sg_status st = sg_call(fn, in, 1, out, 3);
         bool bad = failed(what, st);
         if (!check_p(!bad, s)) run.ok = false;
         if (bad) continue;
-        bool good = read_close("y", out[0], y, (int64_t)rows * M) && read_close("s", out[1], s, M);
+        bool good = read_close("y", out[0], y, (int64_t)rows * M) &&
+                    read_close("s", out[1], s, M) && read_close("z", out[2], z, (int64_t)rows * M);
         if (!good) fprintf(stderr, "  after %s (fail_at=%ld)\n", what, hook.fail_at);
         run.ok = run.ok && good;
         return;
@@ -187,17 +201,18 @@ static void setup(void) {
     W = sg_from_host(ctx, SG_F32, 2, sw, wv);
     bias = sg_from_host(ctx, SG_F32, 1, sm, bv);
     p = sg_from_host(ctx, SG_F32, 1, sm, pv);
+    q = sg_from_host(ctx, SG_F32, 1, sm, pv + M);
     xa = sg_from_host(ctx, SG_F32, 2, sa, xav);
     xb = sg_from_host(ctx, SG_F32, 2, sb, xbv);
-    for (int m = 0; m < M; m++) pref[m] = pv[m];
-    if (!W || !bias || !p || !xa || !xb) {
+    for (int m = 0; m < 2 * M; m++) pref[m] = pv[m];
+    if (!W || !bias || !p || !q || !xa || !xb) {
         fprintf(stderr, "setup: %s\n", sg_last_error(ctx));
         exit(1);
     }
 }
 
 static void teardown(void) {
-    sg_release(W), sg_release(bias), sg_release(p), sg_release(xa), sg_release(xb);
+    sg_release(W), sg_release(bias), sg_release(p), sg_release(q), sg_release(xa), sg_release(xb);
     sg_ctx_destroy(ctx);
     ctx = NULL;
 }
@@ -215,7 +230,7 @@ static long life(sg_mode mode, bool strict, long fail_at, uint64_t *compiles) {
     sg_compile_opts o = {.mode = mode, .strict = strict, .name = "faults"};
     sg_fn *fn = NULL;
     for (int attempt = 0; attempt < 2 && !fn; attempt++)
-        if (failed("sg_compile", sg_compile(ctx, step, NULL, 1, 2, &o, &fn))) fn = NULL;
+        if (failed("sg_compile", sg_compile(ctx, step, NULL, 1, 3, &o, &fn))) fn = NULL;
     if (!TU_EXPECT(fn != NULL)) {
         run.ok = false;
         teardown();
@@ -295,12 +310,12 @@ static long file_life(bool always, long n) {
     run.msg[0] = '\0';
     sg_compile_opts o = {.mode = SG_MODE_DEFAULT, .strict = true, .name = "faults_files"};
     sg_fn *fn = NULL;
-    if (!TU_EXPECT(sg_compile(ctx, step, NULL, 1, 2, &o, &fn) == SG_OK)) exit(1);
-    double y[BA * M], s[M];
-    reference(xav, BA, y, s);
+    if (!TU_EXPECT(sg_compile(ctx, step, NULL, 1, 3, &o, &fn) == SG_OK)) exit(1);
+    double y[BA * M], s[M], z[BA * M];
+    reference(xav, BA, y, s, z);
     sg__file_fault_set(n ? n : 1L << 40);
-    sg_tensor *in[1] = {xa}, *out[2] = {NULL, NULL};
-    sg_status st = sg_call(fn, in, 1, out, 2);
+    sg_tensor *in[1] = {xa}, *out[3] = {NULL, NULL, NULL};
+    sg_status st = sg_call(fn, in, 1, out, 3);
     long ops = sg__file_fault_count();
     sg__file_fault_set(0);
     if (st != SG_OK) {
@@ -310,7 +325,8 @@ static long file_life(bool always, long n) {
         snprintf(run.msg, sizeof run.msg, "%s", m);
         sg_clear_error(ctx);
     } else {
-        run.ok = read_close("y", out[0], y, BA * M) && read_close("s", out[1], s, M);
+        run.ok = read_close("y", out[0], y, BA * M) && read_close("s", out[1], s, M) &&
+                 read_close("z", out[2], z, BA * M);
     }
     run.ok = check_p(st == SG_OK, s) && run.ok;
     call(fn, "call A (clean, after the fault)", xa, xav, BA);
@@ -341,7 +357,7 @@ int main(void) {
     tu_seed(11);
     for (int i = 0; i < K * M; i++) wv[i] = (float)tu_uniform(-0.5, 0.5);
     for (int i = 0; i < M; i++) bv[i] = (float)tu_uniform(-0.5, 0.5);
-    for (int i = 0; i < M; i++) pv[i] = (float)tu_uniform(-1, 1);
+    for (int i = 0; i < 2 * M; i++) pv[i] = (float)tu_uniform(-1, 1);
     for (int i = 0; i < BA * K; i++) xav[i] = (float)tu_uniform(-1, 1);
     for (int i = 0; i < BB * K; i++) xbv[i] = (float)tu_uniform(-1, 1);
     sg_mode modes[2] = {SG_MODE_DEFAULT, SG_MODE_REDUCE_OVERHEAD};
