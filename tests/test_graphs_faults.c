@@ -27,9 +27,11 @@
  *
  * The disk cache: the same life with the N-th open, write or rename of a
  * cache file failing (an internal hook of codegen/cache_dir.c), with
- * SG_ALWAYS_COMPILE=1 so that every capture writes an entry: the call
- * either fails with a message or falls back, and a clean call after it
- * gives the right numbers.
+ * and without SG_ALWAYS_COMPILE=1 (every capture writes an entry, or reads
+ * one): under strict the call either succeeds (an entry that cannot be read
+ * is rebuilt, one that cannot be published is used unkept) or fails with
+ * SG_ERR_COMPILE and a message naming the file and SG_CACHE_DIR, and a clean
+ * call after it gives the right numbers.
  */
 #define _POSIX_C_SOURCE 200809L /* setenv */
 #include "testutil.h"
@@ -320,7 +322,8 @@ static long file_life(bool always, long n) {
     sg__file_fault_set(0);
     if (st != SG_OK) {
         const char *m = sg_last_error(ctx);
-        run.ok = TU_EXPECT(n > 0 && ops >= n) && TU_EXPECT(m[0] != '\0');
+        run.ok = TU_EXPECT(n > 0 && ops >= n) && TU_EXPECT(st == SG_ERR_COMPILE) &&
+                 TU_EXPECT(strstr(m, "codegen: ") && strstr(m, "SG_CACHE_DIR"));
         run.hit = "call A (capture)";
         snprintf(run.msg, sizeof run.msg, "%s", m);
         sg_clear_error(ctx);
