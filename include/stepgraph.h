@@ -785,7 +785,9 @@ typedef struct sg_fn sg_fn;
 /*
  * The step: in holds nin tensors, out has room for nout. Set every out[i]
  * to a tensor (one the step made, an input, or a parameter) and return
- * SG_OK; a status other than SG_OK fails the call with it.
+ * SG_OK; a status other than SG_OK fails the call with it (except that
+ * SG_ERR_NULL, returned after an op of the step failed and the ops after it
+ * passed its NULL along, fails the call with that op's status).
  */
 typedef sg_status (*sg_step_fn)(sg_ctx *ctx, sg_tensor *const *in, sg_tensor **out, void *user);
 
