@@ -795,7 +795,7 @@ static sg_status compile(job *j) {
  * except with SG_ALWAYS_COMPILE, where ours replaces it. */
 static sg_status publish(job *j) {
     for (int attempt = 0;; attempt++) {
-        if (rename(j->tmp, j->entry) == 0) {
+        if (!sg__file_fault() && rename(j->tmp, j->entry) == 0) {
             j->tmp[0] = '\0';
             return SG_OK;
         }

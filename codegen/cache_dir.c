@@ -16,6 +16,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <limits.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <sys/stat.h>
@@ -31,6 +32,24 @@
  * process that died: they are removed when an entry is published. */
 #define STALE_SECONDS 3600
 
+/* ------------------------------------------------------------ fault injection */
+
+static _Atomic long fault_at, fault_ops;
+
+void sg__file_fault_set(long n) {
+    atomic_store(&fault_ops, 0);
+    atomic_store(&fault_at, n);
+}
+
+long sg__file_fault_count(void) { return atomic_load(&fault_ops); }
+
+bool sg__file_fault(void) {
+    long at = atomic_load(&fault_at);
+    if (at <= 0 || atomic_fetch_add(&fault_ops, 1) + 1 != at) return false;
+    errno = EIO;
+    return true;
+}
+
 /* ------------------------------------------------------------ trust */
 
 int sg__dir_trusted(const char *path, bool follow) {
@@ -42,6 +61,7 @@ int sg__dir_trusted(const char *path, bool follow) {
 }
 
 int sg__open_file(const char *path, int flags, bool own) {
+    if (sg__file_fault()) return -EIO;
     int fd = open(path, flags | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC, 0644);
     if (fd < 0) return -errno;
     struct stat st;
@@ -76,7 +96,7 @@ int sg__write_file(const char *path, const void *data, size_t n) {
     if (fd < 0) return -fd;
     const char *p = data;
     while (n > 0) {
-        ssize_t w = write(fd, p, n);
+        ssize_t w = sg__file_fault() ? -1 : write(fd, p, n);
         if (w < 0 && errno == EINTR) continue;
         if (w < 0) {
             int e = errno;
@@ -264,13 +284,17 @@ bool sg__note_write(const char *path, const char *body) {
     sg__sha256(body, n, d);
     sg__sha256_hex(d, hex);
     snprintf(head, sizeof head, "sha256 %s\n", hex);
-    if (snprintf(tmp, sizeof tmp, "%s.%ld.tmp", path, (long)getpid()) >= (int)sizeof tmp)
+    /* The name is the process's and the write's own: threads of one process
+     * writing one note must not share (and truncate) one temporary file. */
+    static _Atomic unsigned long seq;
+    if (snprintf(tmp, sizeof tmp, "%s.%ld.%lu.tmp", path, (long)getpid(),
+                 atomic_fetch_add(&seq, 1)) >= (int)sizeof tmp)
         return false;
     int fd = sg__open_file(tmp, O_WRONLY | O_CREAT | O_TRUNC, true);
     if (fd < 0) return false;
     bool ok = write(fd, head, 72) == 72 && write(fd, body, n) == (ssize_t)n;
     ok = close(fd) == 0 && ok;
-    if (ok && rename(tmp, path) == 0) return true;
+    if (ok && !sg__file_fault() && rename(tmp, path) == 0) return true;
     unlink(tmp);
     return false;
 }

@@ -147,6 +147,17 @@ SG__HIDDEN bool sg__note_read(const char *path, char *body, size_t size);
 SG__HIDDEN bool sg__note_write(const char *path, const char *body);
 /* Process-wide counters since the process started. */
 SG__HIDDEN void sg__cache_get_stats(sg__cache_stats *out);
+/*
+ * Fault injection, for tests: after sg__file_fault_set(n) (n > 0), the n-th
+ * cache file operation from then on -- an open through sg__open_file, a
+ * write of sg__write_file or of a note, the rename that publishes an entry
+ * or a note -- fails with EIO; n = 0 turns it off. sg__file_fault_count
+ * gives the operations counted since the set (set a large n to count a
+ * clean run). Process-wide; each such operation first asks sg__file_fault.
+ */
+SG__HIDDEN void sg__file_fault_set(long n);
+SG__HIDDEN long sg__file_fault_count(void);
+SG__HIDDEN bool sg__file_fault(void);
 
 /* SHA-256 (sha256.c): one shot, and incremental for keys built of parts. */
 typedef struct sg__sha256_ctx {

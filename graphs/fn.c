@@ -39,6 +39,20 @@ static void fn_unlink(sg_fn *fn) {
         }
 }
 
+/* Free a fn that sg_compile could not finish. The user never saw it nor its
+ * handles, so none of it goes to the quarantine or the destroyed fns: a
+ * failed sg_compile leaves the context as it found it. */
+static void fn_discard(sg_fn *fn) {
+    sg_ctx *ctx = fn->ctx;
+    fn_unlink(fn);
+    for (int h = 0; h < fn->nhandles; h++) sg__free(ctx, fn->handles[h], sizeof *fn->handles[h]);
+    fn->nhandles = 0;
+    sg__outputs_free(fn);
+    if (fn->graphs)
+        sg__free(ctx, fn->graphs, sizeof *fn->graphs * (size_t)fn->opts.cache_size_limit);
+    sg__free(ctx, fn, sizeof *fn);
+}
+
 sg_status sg_compile(sg_ctx *ctx, sg_step_fn step, void *user, int nin, int nout,
                      const sg_compile_opts *opts, sg_fn **out) {
     if (!ctx) return SG_ERR_NULL;
@@ -97,7 +111,7 @@ sg_status sg_compile(sg_ctx *ctx, sg_step_fn step, void *user, int nin, int nout
     fn_link(fn);
     fn->graphs = sg__calloc(ctx, sizeof *fn->graphs * (size_t)o.cache_size_limit);
     if (!fn->graphs || sg__outputs_init(fn) != SG_OK) {
-        sg_fn_destroy(fn);
+        fn_discard(fn);
         return sg__fail(ctx, SG_ERR_OOM,
                         "sg_compile: out of host memory for %d output sets of %d outputs",
                         o.output_sets, nout);
@@ -125,6 +139,10 @@ static sg_status run_step(sg_fn *fn, sg_step_fn step, void *user, sg_tensor *con
     if (s != SG_OK) {
         if (ctx->status == before || ctx->msg[0] == '\0')
             sg__fail(ctx, s, "fn '%s': the step returned %s", fn->name, sg_status_str(s));
+        /* SG_ERR_NULL from a chain of ops that propagated an op's NULL: the
+         * call fails with that op's status (SG_ERR_OOM, say), as its message says. */
+        else if (s == SG_ERR_NULL && before == SG_OK)
+            s = ctx->status;
         return s;
     }
     for (int i = 0; i < fn->nout; i++) {

@@ -801,9 +801,11 @@ typedef struct sg_fn sg_fn;
 
 /*
  * The step (sg_step_fn, declared above): in holds nin tensors, out has
- * room for nout. Set every out[i] to a tensor (one the step made, an
- * input, or a parameter) and return SG_OK; a status other than SG_OK fails
- * the call with it.
+ * room for nout. Set every out[i] to a tensor (one the step made, an input,
+ * or a parameter) and return SG_OK; a status other than SG_OK fails the
+ * call with it (except that
+ * SG_ERR_NULL, returned after an op of the step failed and the ops after it
+ * passed its NULL along, fails the call with that op's status).
  */
 
 /* Wrap step; nothing runs until the first sg_call. opts may be NULL (the
