@@ -124,14 +124,16 @@ static bool is_row_anchor(sg__op op) {
 /*
  * Does node i work along rows of its input that a generated kernel can walk
  * as consecutive runs of a row-major order? Softmax and log_softmax over the
- * last dim, the norms, and sum/mean of a float input whose reduced dims (of
+ * last dim, the norms, and sum/mean/argmax of a float input whose reduced dims (of
  * size > 1) all follow its kept ones. *rows and *len get the row count and
  * length; empty inputs are left to the library.
  */
 static bool row_like(const sg__ir *ir, const int *alias, int i, int64_t *rows, int64_t *len) {
     const sg__irnode *n = &ir->nodes[i];
     const sg__ref *x = arg_ref(ir, n, 0, alias), *o = &ir->refs[alias[n->out]];
-    if (!x || x->ndim < 1 || !sg__dtype_is_float(x->dtype) || !sg__dtype_is_float(o->dtype))
+    bool idx = n->op == SG__OP_ARGMAX; /* a float row, an i64 result */
+    if (!x || x->ndim < 1 || !sg__dtype_is_float(x->dtype) ||
+        !(idx ? o->dtype == SG_I64 : sg__dtype_is_float(o->dtype)))
         return false;
     uint32_t last = 1u << (x->ndim - 1), mask;
     switch (n->op) {
@@ -143,7 +145,8 @@ static bool row_like(const sg__ir *ir, const int *alias, int i, int64_t *rows, i
     case SG__OP_LAYER_NORM:
     case SG__OP_RMS_NORM: mask = last; break;
     case SG__OP_SUM:
-    case SG__OP_MEAN: mask = n->mask; break;
+    case SG__OP_MEAN:
+    case SG__OP_ARGMAX: mask = n->mask; break;
     default: return false;
     }
     int64_t r = 1, l = 1;
@@ -391,6 +394,8 @@ static sg_status group_nodes(builder *b, bool disable) {
         sg__family fam = sg__op_family(n->op);
         if (fam == SG__FAM_REDUCE) {
             s = start_anchor(b, &og, i, SG__G_REDUCE);
+            /* A generated argmax takes no epilogue (its result is an index). */
+            if (s == SG_OK && og.rows_inline && n->op == SG__OP_ARGMAX) s = close_open(b, &og);
         } else if (is_row_anchor(n->op)) {
             s = start_anchor(b, &og, i, SG__G_ROW);
         } else if (fam == SG__FAM_MATMUL) {
