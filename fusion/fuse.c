@@ -487,7 +487,29 @@ static bool independent(const sg__ir *ir, const int *alias, const sg__group *a, 
     return true;
 }
 
-static sg_status horizontal(sg_ctx *ctx, const sg__ir *ir, const int *alias, sg__fused *f) {
+/* An index_copy_ group that a backend's generated kernel can run inside a
+ * MULTI (codegen's data walk: idx and src are not dst's slot, src not empty). */
+static bool data_member(const sg__ir *ir, const int *alias, const sg__group *g) {
+    if (g->kind != SG__G_OPAQUE || g->n != 1) return false;
+    const sg__irnode *n = &ir->nodes[g->g[0].node];
+    if (n->op != SG__OP_INDEX_COPY || n->nin < 3) return false;
+    const sg__ref *o = &ir->refs[alias[n->out]], *idx = arg_ref(ir, n, 1, alias),
+                  *src = arg_ref(ir, n, 2, alias);
+    if (!idx || !src || o->ndim == 0 || idx->slot == o->slot || src->slot == o->slot) return false;
+    for (int d = 0; d < src->ndim; d++)
+        if (src->shape[d] == 0) return false;
+    return true;
+}
+
+/* Can group b join a run whose first group is a? Same kind of member. */
+static bool same_member_kind(const sg__ir *ir, const int *alias, const sg__group *a,
+                             const sg__group *b, bool data) {
+    if (a->kind == SG__G_POINTWISE) return b->kind == SG__G_POINTWISE;
+    return data && data_member(ir, alias, a) && data_member(ir, alias, b);
+}
+
+static sg_status horizontal(sg_ctx *ctx, const sg__ir *ir, const int *alias, sg__fused *f,
+                            bool data) {
     sg__group *in = f->groups;
     int n = f->ngroups;
     sg__group *out = sg__calloc(ctx, sizeof *out * (size_t)(n ? n : 1));
@@ -502,8 +524,8 @@ static sg_status horizontal(sg_ctx *ctx, const sg__ir *ir, const int *alias, sg_
     int nout = 0, nparts = 0;
     for (int i = 0; i < n;) {
         int j = i + 1;
-        if (in[i].kind == SG__G_POINTWISE) {
-            while (j < n && in[j].kind == SG__G_POINTWISE) {
+        if (in[i].kind == SG__G_POINTWISE || (data && data_member(ir, alias, &in[i]))) {
+            while (j < n && same_member_kind(ir, alias, &in[i], &in[j], data)) {
                 bool ok = true;
                 for (int k = i; k < j && ok; k++) ok = independent(ir, alias, &in[k], &in[j]);
                 if (!ok) break;
@@ -576,7 +598,8 @@ sg_status sg__fuse(sg_ctx *ctx, const sg__ir *ir, const sg__fuse_opts *opts, sg_
     f->cap_groups = b.cap;
     if (s != SG_OK) goto done;
     mark_stores(ir, f->alias, f->groups, f->ngroups);
-    if (!disable && (!opts || opts->horizontal)) s = horizontal(ctx, ir, f->alias, f);
+    if (!disable && (!opts || opts->horizontal))
+        s = horizontal(ctx, ir, f->alias, f, opts && opts->horizontal_data);
 done:
     sg__free(ctx, writes, sizeof(int) * (size_t)ns);
     sg__free(ctx, needed, (size_t)ns);
