@@ -291,7 +291,8 @@ __device__ __forceinline__ void pdl_launch() {
 /* Keys per split of sg_attn_decode for a batch of valid length L: the
  * nsplit splits the host allowed, each of at least CMIN keys. */
 __device__ __forceinline__ i64 dchunk(const ageom &g, i64 L) {
-    i64 c = (L + g.nsplit - 1) / g.nsplit;
+    i64 c = L < 0x7fffffff ? (i64)(((u32)L + (u32)g.nsplit - 1) / (u32)g.nsplit)
+                           : (L + g.nsplit - 1) / g.nsplit;
     return c < CMIN ? CMIN : c;
 }
 
@@ -328,11 +329,11 @@ extern "C" __global__ void sg_attn_combine(const float *part, const void *len, v
 __device__ __forceinline__ void unpack(float *x, uint4 u, int dt) {
     u32 p[4] = {u.x, u.y, u.z, u.w};
     if (dt == DT_F32) {
-        #pragma unroll
+#pragma unroll
         for (int c = 0; c < 4; c++) x[c] = __uint_as_float(p[c]);
         return;
     }
-    #pragma unroll
+#pragma unroll
     for (int c = 0; c < 4; c++) {
         u16 lo = (u16)(p[c] & 0xffff), hi = (u16)(p[c] >> 16);
         x[2 * c] = dt == DT_F16 ? h2f(lo) : bf2f(lo);
@@ -346,7 +347,7 @@ __device__ __forceinline__ void merge(float &m, float &l, float *a, float m2, fl
     float mn = fmaxf(m, m2);
     float x = mn == -inf_f() ? 0.0f : expf(m - mn), y = mn == -inf_f() ? 0.0f : expf(m2 - mn);
     l = l * x + l2 * y;
-    #pragma unroll
+#pragma unroll
     for (int c = 0; c < 8; c++)
         if (c < W) a[c] = a[c] * x + a2[c] * y;
     m = mn;
@@ -360,19 +361,21 @@ extern "C" __global__ void __launch_bounds__(NT)
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const int W = g.dt == DT_F32 ? 4 : 8, T = (int)g.D / W, kpw = 32 / T, es = 16 / W;
     const int e = (lane % T) * W;
-    const i64 row = blockIdx.x, split = blockIdx.y, i = row % g.Lq, h = row / g.Lq % g.Hq;
-    const i64 b = row / g.Lq / g.Hq, hk = h / (g.Hq / g.Hkv);
+    /* 32-bit index math: rows < 2^31 (the host checks), heads and Lq small. */
+    const u32 row = blockIdx.x, split = blockIdx.y, lq = (u32)g.Lq, hq = (u32)g.Hq;
+    const u32 i = row % lq, h = row / lq % hq, b = row / lq / hq, hk = h / (hq / (u32)g.Hkv);
     const i64 L = valid_len(len, g, b), n = visible(g, L, i), chunk = dchunk(g, L);
     const i64 nv = (n + chunk - 1) / chunk;
     pdl_launch();
-    if (split >= (nv > 1 ? nv : 1)) return;
+    /* q's loads go out with kv_len's, before the block knows if it has keys */
     float qv[8], acc[8], m = -inf_f(), l = 0.0f;
-    #pragma unroll
+#pragma unroll
     for (int c = 0; c < 8; c++) {
         i64 at = b * g.qs[0] + h * g.qs[1] + i * g.qs[2] + (e + c) * g.qs[3];
         qv[c] = c < W ? ldf(q, g.dt, at) * g.scale : 0.0f;
         acc[c] = 0.0f;
     }
+    if (split >= (nv > 1 ? nv : 1)) return;
     const char *kb = (const char *)k + (b * g.ks[0] + hk * g.ks[1] + e) * es;
     const char *vb = (const char *)v + (b * g.vs[0] + hk * g.vs[1] + e) * es;
     const i64 js = split * chunk, je = js + chunk < n ? js + chunk : n;
@@ -384,7 +387,7 @@ extern "C" __global__ void __launch_bounds__(NT)
         if (in) {
             unpack(kx, *(const uint4 *)(kb + j * g.ks[2] * es), g.dt);
             unpack(vx, *(const uint4 *)(vb + j * g.vs[2] * es), g.dt);
-            #pragma unroll
+#pragma unroll
             for (int c = 0; c < 8; c++)
                 if (c < W) s += qv[c] * kx[c];
         }
@@ -397,34 +400,33 @@ extern "C" __global__ void __launch_bounds__(NT)
     /* The warp's key groups, then the warps. */
     for (int o = T; o < 32; o <<= 1) {
         float a2[8];
-        #pragma unroll
+#pragma unroll
         for (int c = 0; c < 8; c++) a2[c] = __shfl_xor_sync(0xffffffffu, acc[c], o);
         float m2 = __shfl_xor_sync(0xffffffffu, m, o), l2 = __shfl_xor_sync(0xffffffffu, l, o);
         merge(m, l, acc, m2, l2, a2, W);
     }
     if (lane < T) {
-        #pragma unroll
+#pragma unroll
         for (int c = 0; c < W; c++) wa[warp][e + c] = acc[c];
         if (lane == 0) wm[warp] = m, wl[warp] = l;
     }
     __syncthreads();
-    if (tid >= g.D) return;
-    float M = -inf_f(), S = 0.0f, A = 0.0f;
-    #pragma unroll
+    float M = -inf_f(), S = 0.0f, x[NW];
+#pragma unroll
     for (int w = 0; w < NW; w++) M = fmaxf(M, wm[w]);
-    #pragma unroll
-    for (int w = 0; w < NW; w++)
-        if (wl[w] > 0.0f) {
-            float x = expf(wm[w] - M);
-            S += wl[w] * x, A += wa[w][tid] * x;
-        }
-    if (nv <= 1) {
-        stf(out, g.dt, row * g.D + tid, S > 0.0f ? A / S : nan_f());
-        return;
+#pragma unroll
+    for (int w = 0; w < NW; w++) x[w] = wl[w] > 0.0f ? expf(wm[w] - M) : 0.0f, S += wl[w] * x[w];
+    for (int d = tid; d < (int)g.D; d += NT) { /* D may pass NT */
+        float A = 0.0f;
+#pragma unroll
+        for (int w = 0; w < NW; w++) A += x[w] > 0.0f ? wa[w][d] * x[w] : 0.0f;
+        if (nv <= 1)
+            stf(out, g.dt, row * g.D + d, S > 0.0f ? A / S : nan_f());
+        else
+            part[((i64)row * g.nsplit + split) * g.D + d] = A;
     }
-    part[(row * g.nsplit + split) * g.D + tid] = A;
-    if (tid == 0) {
-        float *pm = part + g.B * g.Hq * g.Lq * g.nsplit * g.D + (row * g.nsplit + split) * 2;
+    if (nv > 1 && tid == 0) {
+        float *pm = part + g.B * g.Hq * g.Lq * g.nsplit * g.D + ((i64)row * g.nsplit + split) * 2;
         pm[0] = M, pm[1] = S;
     }
 }
