@@ -321,12 +321,34 @@ static void emit_argmax(rowk *k) {
     const sg__group *grp = k->grp;
     sg__emit_line(k->e, "float r_b = __uint_as_float(0xff800000u);");
     sg__emit_line(k->e, "sg_i64 r_at = -1;");
-    k->per = 0; /* one pass, unrolled: a long row's loads go out 32 at a time (8 with a prologue) */
-    sg__emit_line(k->e, "#pragma unroll %d", k->a > 0 ? 8 : 32);
-    pass_open(k, false, true);
-    sg__emit_line(k->e, "if (r_at < 0 || r_x > r_b || (r_x != r_x && r_b == r_b)) r_b = r_x, "
-                        "r_at = r_c;");
-    pass_close(k);
+    /* One pass in chunks of u columns per lane: the chunk's loads (and
+     * prologue) first, all in flight at once, then its compares in column
+     * order -- a long row is a few memory latencies, not one per column. */
+    int u = k->a > 0 ? 8 : 32;
+    int64_t per = (k->len + k->team - 1) / k->team;
+    u = per < u ? (int)per : u;
+    sg__emit_open(k->e, "for (sg_i64 r_c0 = r_lane; r_c0 < %lldLL; r_c0 += %lld)", (long long)k->len,
+                  (long long)u * k->team);
+    sg__emit_line(k->e, "float r_xs[%d];", u);
+    sg__emit_line(k->e, "#pragma unroll");
+    sg__emit_open(k->e, "for (int r_u = 0; r_u < %d; r_u++)", u);
+    sg__emit_line(k->e, "const sg_i64 r_c = r_c0 + (sg_i64)r_u * %d;", k->team);
+    sg__emit_line(k->e, "float r_x = 0.0f;");
+    sg__emit_open(k->e, "if (r_c < %lldLL)", (long long)k->len);
+    row_input(k, true);
+    sg__emit_close(k->e);
+    sg__emit_line(k->e, "r_xs[r_u] = r_x;");
+    sg__emit_close(k->e);
+    sg__emit_line(k->e, "#pragma unroll");
+    sg__emit_open(k->e, "for (int r_u = 0; r_u < %d; r_u++)", u);
+    sg__emit_line(k->e, "const sg_i64 r_c = r_c0 + (sg_i64)r_u * %d;", k->team);
+    sg__emit_line(k->e, "const float r_x = r_xs[r_u];");
+    sg__emit_line(k->e,
+                  "if (r_c < %lldLL && (r_at < 0 || r_x > r_b || (r_x != r_x && r_b == r_b))) "
+                  "r_b = r_x, r_at = r_c;",
+                  (long long)k->len);
+    sg__emit_close(k->e);
+    sg__emit_close(k->e);
     sg__emit_open(k->e, "for (int o = %d; o > 0; o >>= 1)", k->team > 32 ? 16 : k->team / 2);
     sg__emit_line(k->e, "const float r_ob = __shfl_xor_sync(0xffffffffu, r_b, o);");
     sg__emit_line(k->e, "const sg_i64 r_oa = __shfl_xor_sync(0xffffffffu, r_at, o);");
