@@ -313,7 +313,7 @@ static void emit_reduce(rowk *k) {
 
 /* Team candidate (r_ob, r_oa) replaces (r_b, r_at): argmax's order. */
 #define ARGMAX_BETTER                                                                              \
-    "r_oa >= 0 && (r_at < 0 || (r_ob != r_ob ? (r_b == r_b || r_oa < r_at)"                      \
+    "r_oa >= 0 && (r_at < 0 || (r_ob != r_ob ? (r_b == r_b || r_oa < r_at)"                        \
     " : (r_b == r_b && (r_ob > r_b || (r_ob == r_b && r_oa < r_at)))))"
 
 /* Argmax over the row: each lane's first best, the team's, and lane 0 stores it. */
@@ -327,8 +327,8 @@ static void emit_argmax(rowk *k) {
     int u = k->a > 0 ? 8 : 32;
     int64_t per = (k->len + k->team - 1) / k->team;
     u = per < u ? (int)per : u;
-    sg__emit_open(k->e, "for (sg_i64 r_c0 = r_lane; r_c0 < %lldLL; r_c0 += %lld)", (long long)k->len,
-                  (long long)u * k->team);
+    sg__emit_open(k->e, "for (sg_i64 r_c0 = r_lane; r_c0 < %lldLL; r_c0 += %lld)",
+                  (long long)k->len, (long long)u * k->team);
     sg__emit_line(k->e, "float r_xs[%d];", u);
     sg__emit_line(k->e, "#pragma unroll");
     sg__emit_open(k->e, "for (int r_u = 0; r_u < %d; r_u++)", u);

@@ -118,8 +118,9 @@ static void test_case(sg_dtype dt, bool dependent, int64_t L, const int64_t *pos
                         tu_rand(ctx, dt, 4, ps, -1, 1, &pv), sg_from_host(ctx, SG_I64, 1, &L, pos)};
     spec s = {.dependent = dependent};
     sg_fn *fn = NULL;
-    bool ok = TU_EXPECT(sg_compile(ctx, kv_step, &s, 4, 2,
-                                   &(sg_compile_opts){.mode = SG_MODE_REDUCE_OVERHEAD}, &fn) == SG_OK);
+    bool ok =
+        TU_EXPECT(sg_compile(ctx, kv_step, &s, 4, 2,
+                             &(sg_compile_opts){.mode = SG_MODE_REDUCE_OVERHEAD}, &fn) == SG_OK);
     sg_tensor *out[2] = {NULL, NULL};
     /* The second call replays what the first captured: the caches take the
      * same values again (the reference applies the step once or twice alike
@@ -137,7 +138,8 @@ static void test_case(sg_dtype dt, bool dependent, int64_t L, const int64_t *pos
         reference(dt, dependent, L, pos, kv, vv, pv);
         double *gk = tu_read(out[0]), *gv = tu_read(out[1]);
         int64_t n = B * H * S * D;
-        ok = TU_EXPECT(gk && gv) && tu_close(name, gk, kv, n, 0, 0) && tu_close(name, gv, vv, n, 0, 0);
+        ok = TU_EXPECT(gk && gv) && tu_close(name, gk, kv, n, 0, 0) &&
+             tu_close(name, gv, vv, n, 0, 0);
         free(gk), free(gv);
     }
     int kernels = 0, calls = 0, merged = 0;

@@ -226,7 +226,8 @@ int main(void) {
     for (int t = 0; t < 4; t++) {
         sg_dtype dt = dts[t % 2];
         setenv("SG_ATTN_DECODE", t < 2 ? "1" : "0", 1);
-        static const int64_t lens[] = {1, 2, 31, 32, 33, 63, 64, 65, 255, 256, 257, 700, 1023, 1024};
+        static const int64_t lens[] = {1,  2,   31,  32,  33,  63,   64,
+                                       65, 255, 256, 257, 700, 1023, 1024};
         for (size_t i = 0; i < sizeof lens / sizeof lens[0]; i++)
             decode_case(dt, 1, 12, 12, 1, 1024, 64, &lens[i]);
         int64_t gl[4] = {1000, 1, 513, 0}, gs[2] = {9, 40};

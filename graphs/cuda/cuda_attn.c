@@ -9,9 +9,9 @@
  * scratch. Prefill in 16-bit (D a multiple of 16, at most 128, no mask)
  * goes to the tensor-core kernel instead (SG_ATTN_MMA=0: not); decode (at most 4 queries
  * per row, no mask, 16-byte K/V rows) to the lean sg_attn_decode (SG_ATTN_DECODE=0: not),
- * whose splits the device picks from kv_len within the count planned here. The split count depends only on
- * shapes, never on kv_len, which stays on the device: a recorded graph replays with whatever length
- * the step wrote there.
+ * whose splits the device picks from kv_len within the count planned here. The split count depends
+ * only on shapes, never on kv_len, which stays on the device: a recorded graph replays with
+ * whatever length the step wrote there.
  */
 #include "exec.h"
 
@@ -22,7 +22,7 @@
 #define NT 128
 #define MAXR 16
 #define MAXACC 16
-#define CMIN 32 /* keys per split of sg_attn_decode, at least (k_attn.cu) */
+#define CMIN 32                       /* keys per split of sg_attn_decode, at least (k_attn.cu) */
 #define SCRATCH_CAP ((size_t)1 << 20) /* the op scratch that always exists (exec.c) */
 
 enum { CAUSAL = 1, VEC = 2, DECODE = 4 }; /* k_attn.cu's flags; CAUSAL is SG__ATTN_CAUSAL */
