@@ -312,6 +312,8 @@ typedef struct sg__cuda_gen {
     int locals[SG__CUDA_MAX_LOCAL];
     int nloc;
     bool global, overflow;
+    /* The block index and count that data walks stride by (NULL: the grid's). */
+    const char *walk_blk, *walk_nblk;
 } gen;
 
 /* The number under which the kernel being emitted names IR slot s (taken
@@ -903,9 +905,11 @@ static void emit_pick(gen *g, const sg__ref *o, const char *oo, const sg__ref *x
 
 /* The loop over the walk's elements, i0..i<nd-1> declared; close it after. */
 static void open_walk(gen *g, int nd, const int64_t *shape) {
-    sg__emit_line(g->e, "const sg_i64 tid = (sg_i64)blockIdx.x * blockDim.x + threadIdx.x;");
-    sg__emit_open(g->e, "for (sg_i64 i = tid; i < %lld; i += (sg_i64)gridDim.x * blockDim.x)",
-                  (long long)numel_of(nd, shape));
+    const char *blk = g->walk_blk ? g->walk_blk : "blockIdx.x";
+    const char *nblk = g->walk_nblk ? g->walk_nblk : "gridDim.x";
+    sg__emit_line(g->e, "const sg_i64 tid = (sg_i64)(%s) * blockDim.x + threadIdx.x;", blk);
+    sg__emit_open(g->e, "for (sg_i64 i = tid; i < %lld; i += (sg_i64)(%s) * blockDim.x)",
+                  (long long)numel_of(nd, shape), nblk);
     emit_unflatten(g, nd, shape);
 }
 
@@ -1027,17 +1031,22 @@ static int64_t data_walk(const gen *g, const sg__group *grp, const sg__irnode **
     }
 }
 
+/* The walk of data op n (one data_walk accepted); what it does, in words. */
+static const char *data_body(gen *g, const sg__irnode *n) {
+    switch (n->op) {
+    case SG__OP_EMBEDDING: emit_embedding(g, n); return "embedding: a gather of rows";
+    case SG__OP_INDEX_SELECT: emit_index_select(g, n); return "index_select: a gather";
+    case SG__OP_CONCAT: emit_concat(g, n); return "concat: each element from its input";
+    default: emit_index_copy(g, n); return "index_copy_: a scatter, the last index wins";
+    }
+}
+
 /* An opaque group's kernel when it is a data op the dialect generates. */
 static bool emit_data(gen *g, const sg__group *grp, sg__cuda_kinfo *ki, const char **what) {
     const sg__irnode *n = NULL;
     int64_t numel = data_walk(g, grp, &n);
     if (numel <= 0) return false;
-    switch (n->op) {
-    case SG__OP_EMBEDDING: emit_embedding(g, n), *what = "embedding: a gather of rows"; break;
-    case SG__OP_INDEX_SELECT: emit_index_select(g, n), *what = "index_select: a gather"; break;
-    case SG__OP_CONCAT: emit_concat(g, n), *what = "concat: each element from its input"; break;
-    default: emit_index_copy(g, n), *what = "index_copy_: a scatter, the last index wins"; break;
-    }
+    *what = data_body(g, n);
     for (int t = 0; t < SG__CUDA_NTUNE; t++) {
         int64_t b = (numel + (128 << t) - 1) / (128 << t);
         ki->tune_grid[t] = (unsigned)(b > GRID_CAP ? GRID_CAP : b);
@@ -1092,6 +1101,28 @@ static void kernel_comment(gen *g, const sg__group *grp, int k, const sg__cuda_k
     sg__emit_line(g->e, " */");
 }
 
+/* A data member of a MULTI (horizontal_data) over blocks start ..: its
+ * walk, and the blocks it takes. fuse.c merges only what data_walk takes. */
+static int64_t multi_data(gen *g, const sg__group *part, int64_t start, sg__cuda_kinfo *ki) {
+    const sg__irnode *n = NULL;
+    int64_t numel = data_walk(g, part, &n), nb = (numel + BLOCK - 1) / BLOCK;
+    if (numel <= 0) {
+        sg__emit_line(g->e, "#error \"a merged data op this dialect does not generate\"");
+        return 0;
+    }
+    nb = nb > MEMBER_CAP ? MEMBER_CAP : nb;
+    char blk[64], nblk[32];
+    snprintf(blk, sizeof blk, "blockIdx.x - %lld", (long long)start);
+    snprintf(nblk, sizeof nblk, "%lld", (long long)nb);
+    sg__emit_open(g->e, "%sif (blockIdx.x < %lld)", start ? "else " : "", (long long)(start + nb));
+    g->walk_blk = blk, g->walk_nblk = nblk;
+    data_body(g, n);
+    g->walk_blk = g->walk_nblk = NULL;
+    sg__emit_close(g->e);
+    ki->iters += numel;
+    return nb;
+}
+
 /*
  * Group grp's kernel body into g->e, its slots numbered through lslot, and
  * its launch into ki; false when the group has no kernel. *what describes
@@ -1131,6 +1162,10 @@ static bool emit_group(gen *g, const sg__group *grp, sg__cuda_kinfo *ki, bool *a
         int64_t start = 0;
         for (int m = 0; m < grp->nmembers; m++) {
             const sg__group *part = &g->f->parts[grp->members[m]];
+            if (part->kind == SG__G_OPAQUE) {
+                start += multi_data(g, part, start, ki);
+                continue;
+            }
             if (numel_of(part->ndim, part->shape) == 0) continue;
             used_slots(g, part, 0);
             memset(aligned, 0, sizeof(bool) * (size_t)nslots);
@@ -1337,6 +1372,7 @@ void sg__cgen_cuda_fuse_opts(sg__fuse_opts *o, bool disable) {
     o->horizontal = true;
     o->no_prologue = true;
     o->rows_inline = true;
+    o->horizontal_data = true;
 }
 
 sg_status sg__cgen_cuda(sg_ctx *ctx, const sg__ir *ir, const sg__fused *f, const char *title,

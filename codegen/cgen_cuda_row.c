@@ -6,7 +6,10 @@
  *   softmax, log_softmax over the last dim, layer_norm, rms_norm;
  *   sum and mean over the innermost dims, with the epilogue over the
  *   reduced shape and then over the input's shape (the written-out
- *   x * rsqrt(mean(x * x) + eps) * w in one kernel).
+ *   x * rsqrt(mean(x * x) + eps) * w in one kernel);
+ *   argmax over the innermost dims (no epilogue: its i64 result is stored),
+ *   with PyTorch's order: NaN above every number, then the first position
+ *   among equals -- a total order, so lanes combine in any order.
  *
  * A team works one row: a warp for rows of at most 256 elements, else a
  * block of 256 threads. Lane j of a team takes elements j, j + team, ...;
@@ -308,6 +311,78 @@ static void emit_reduce(rowk *k) {
     sg__emit_close(k->e);
 }
 
+/* Team candidate (r_ob, r_oa) replaces (r_b, r_at): argmax's order. */
+#define ARGMAX_BETTER                                                                              \
+    "r_oa >= 0 && (r_at < 0 || (r_ob != r_ob ? (r_b == r_b || r_oa < r_at)"                        \
+    " : (r_b == r_b && (r_ob > r_b || (r_ob == r_b && r_oa < r_at)))))"
+
+/* Argmax over the row: each lane's first best, the team's, and lane 0 stores it. */
+static void emit_argmax(rowk *k) {
+    const sg__group *grp = k->grp;
+    sg__emit_line(k->e, "float r_b = __uint_as_float(0xff800000u);");
+    sg__emit_line(k->e, "sg_i64 r_at = -1;");
+    /* One pass in chunks of u columns per lane: the chunk's loads (and
+     * prologue) first, all in flight at once, then its compares in column
+     * order -- a long row is a few memory latencies, not one per column. */
+    int u = k->a > 0 ? 8 : 32;
+    int64_t per = (k->len + k->team - 1) / k->team;
+    u = per < u ? (int)per : u;
+    sg__emit_open(k->e, "for (sg_i64 r_c0 = r_lane; r_c0 < %lldLL; r_c0 += %lld)",
+                  (long long)k->len, (long long)u * k->team);
+    sg__emit_line(k->e, "float r_xs[%d];", u);
+    sg__emit_line(k->e, "#pragma unroll");
+    sg__emit_open(k->e, "for (int r_u = 0; r_u < %d; r_u++)", u);
+    sg__emit_line(k->e, "const sg_i64 r_c = r_c0 + (sg_i64)r_u * %d;", k->team);
+    sg__emit_line(k->e, "float r_x = 0.0f;");
+    sg__emit_open(k->e, "if (r_c < %lldLL)", (long long)k->len);
+    row_input(k, true);
+    sg__emit_close(k->e);
+    sg__emit_line(k->e, "r_xs[r_u] = r_x;");
+    sg__emit_close(k->e);
+    sg__emit_line(k->e, "#pragma unroll");
+    sg__emit_open(k->e, "for (int r_u = 0; r_u < %d; r_u++)", u);
+    sg__emit_line(k->e, "const sg_i64 r_c = r_c0 + (sg_i64)r_u * %d;", k->team);
+    sg__emit_line(k->e, "const float r_x = r_xs[r_u];");
+    sg__emit_line(k->e,
+                  "if (r_c < %lldLL && (r_at < 0 || r_x > r_b || (r_x != r_x && r_b == r_b))) "
+                  "r_b = r_x, r_at = r_c;",
+                  (long long)k->len);
+    sg__emit_close(k->e);
+    sg__emit_close(k->e);
+    sg__emit_open(k->e, "for (int o = %d; o > 0; o >>= 1)", k->team > 32 ? 16 : k->team / 2);
+    sg__emit_line(k->e, "const float r_ob = __shfl_xor_sync(0xffffffffu, r_b, o);");
+    sg__emit_line(k->e, "const sg_i64 r_oa = __shfl_xor_sync(0xffffffffu, r_at, o);");
+    sg__emit_line(k->e, "if (%s) r_b = r_ob, r_at = r_oa;", ARGMAX_BETTER);
+    sg__emit_close(k->e);
+    if (k->team > 32) {
+        int r = k->nred;
+        k->nred += 2;
+        sg__emit_open(k->e, "%s", "");
+        sg__emit_line(k->e, "__shared__ float r_red%d[%d];", r, k->team / 32);
+        sg__emit_line(k->e, "__shared__ sg_i64 r_red%d[%d];", r + 1, k->team / 32);
+        sg__emit_line(k->e,
+                      "if ((threadIdx.x & 31) == 0) r_red%d[threadIdx.x >> 5] = r_b, "
+                      "r_red%d[threadIdx.x >> 5] = r_at;",
+                      r, r + 1);
+        sg__emit_line(k->e, "__syncthreads();");
+        sg__emit_open(k->e, "for (int w = 0; w < %d; w++)", k->team / 32);
+        sg__emit_line(k->e, "const float r_ob = r_red%d[w];", r);
+        sg__emit_line(k->e, "const sg_i64 r_oa = r_red%d[w];", r + 1);
+        sg__emit_line(k->e, "if (%s) r_b = r_ob, r_at = r_oa;", ARGMAX_BETTER);
+        sg__emit_close(k->e);
+        sg__emit_close(k->e);
+    }
+    if (!grp->g[k->a].store) return;
+    char lv[400];
+    bool rflat = sg__cuda_walk_flat(k->g, grp, k->a + 1, k->a + 1, grp->ndim, grp->shape, k->o);
+    sg__emit_open(k->e, "if (r_lane == 0)");
+    sg__emit_line(k->e, "const sg_i64 i = r_row;");
+    if (!rflat) sg__cuda_unflatten(k->g, grp->ndim, grp->shape);
+    sg__cuda_lvalue(k->g, k->o, grp->ndim, grp->shape, rflat, lv, sizeof lv);
+    sg__emit_line(k->e, "%s = r_at; /* argmax */", lv);
+    sg__emit_close(k->e);
+}
+
 const char *sg__cgen_cuda_rows(sg__cuda_gen *g, const sg__group *grp, sg__cuda_kinfo *ki) {
     rowk k = {.g = g,
               .e = sg__cuda_out(g),
@@ -356,6 +431,8 @@ const char *sg__cgen_cuda_rows(sg__cuda_gen *g, const sg__group *grp, sg__cuda_k
     if (k.per && grp->kind == SG__G_ROW) sg__emit_line(k.e, "float r_xr[%d];", k.per);
     if (grp->kind == SG__G_ROW)
         emit_row_op(&k);
+    else if (k.an->op == SG__OP_ARGMAX)
+        emit_argmax(&k);
     else
         emit_reduce(&k);
     /* The next row reuses the shared words. */
@@ -365,6 +442,9 @@ const char *sg__cgen_cuda_rows(sg__cuda_gen *g, const sg__group *grp, sg__cuda_k
     if (grp->kind == SG__G_ROW)
         return k.team > 32 ? "row op, a block per row, prologue and epilogue fused"
                            : "row op, a warp per row, prologue and epilogue fused";
+    if (k.an->op == SG__OP_ARGMAX)
+        return k.team > 32 ? "row argmax, a block per row, prologue fused"
+                           : "row argmax, a warp per row, prologue fused";
     return k.team > 32 ? "row reduction, a block per row, prologue and epilogues fused"
                        : "row reduction, a warp per row, prologue and epilogues fused";
 }

@@ -124,14 +124,16 @@ static bool is_row_anchor(sg__op op) {
 /*
  * Does node i work along rows of its input that a generated kernel can walk
  * as consecutive runs of a row-major order? Softmax and log_softmax over the
- * last dim, the norms, and sum/mean of a float input whose reduced dims (of
+ * last dim, the norms, and sum/mean/argmax of a float input whose reduced dims (of
  * size > 1) all follow its kept ones. *rows and *len get the row count and
  * length; empty inputs are left to the library.
  */
 static bool row_like(const sg__ir *ir, const int *alias, int i, int64_t *rows, int64_t *len) {
     const sg__irnode *n = &ir->nodes[i];
     const sg__ref *x = arg_ref(ir, n, 0, alias), *o = &ir->refs[alias[n->out]];
-    if (!x || x->ndim < 1 || !sg__dtype_is_float(x->dtype) || !sg__dtype_is_float(o->dtype))
+    bool idx = n->op == SG__OP_ARGMAX; /* a float row, an i64 result */
+    if (!x || x->ndim < 1 || !sg__dtype_is_float(x->dtype) ||
+        !(idx ? o->dtype == SG_I64 : sg__dtype_is_float(o->dtype)))
         return false;
     uint32_t last = 1u << (x->ndim - 1), mask;
     switch (n->op) {
@@ -143,7 +145,8 @@ static bool row_like(const sg__ir *ir, const int *alias, int i, int64_t *rows, i
     case SG__OP_LAYER_NORM:
     case SG__OP_RMS_NORM: mask = last; break;
     case SG__OP_SUM:
-    case SG__OP_MEAN: mask = n->mask; break;
+    case SG__OP_MEAN:
+    case SG__OP_ARGMAX: mask = n->mask; break;
     default: return false;
     }
     int64_t r = 1, l = 1;
@@ -393,6 +396,8 @@ static sg_status group_nodes(builder *b, bool disable) {
         sg__family fam = sg__op_family(n->op);
         if (fam == SG__FAM_REDUCE) {
             s = start_anchor(b, &og, i, SG__G_REDUCE);
+            /* A generated argmax takes no epilogue (its result is an index). */
+            if (s == SG_OK && og.rows_inline && n->op == SG__OP_ARGMAX) s = close_open(b, &og);
         } else if (is_row_anchor(n->op)) {
             s = start_anchor(b, &og, i, SG__G_ROW);
         } else if (fam == SG__FAM_MATMUL) {
@@ -484,7 +489,29 @@ static bool independent(const sg__ir *ir, const int *alias, const sg__group *a, 
     return true;
 }
 
-static sg_status horizontal(sg_ctx *ctx, const sg__ir *ir, const int *alias, sg__fused *f) {
+/* An index_copy_ group that a backend's generated kernel can run inside a
+ * MULTI (codegen's data walk: idx and src are not dst's slot, src not empty). */
+static bool data_member(const sg__ir *ir, const int *alias, const sg__group *g) {
+    if (g->kind != SG__G_OPAQUE || g->n != 1) return false;
+    const sg__irnode *n = &ir->nodes[g->g[0].node];
+    if (n->op != SG__OP_INDEX_COPY || n->nin < 3) return false;
+    const sg__ref *o = &ir->refs[alias[n->out]], *idx = arg_ref(ir, n, 1, alias),
+                  *src = arg_ref(ir, n, 2, alias);
+    if (!idx || !src || o->ndim == 0 || idx->slot == o->slot || src->slot == o->slot) return false;
+    for (int d = 0; d < src->ndim; d++)
+        if (src->shape[d] == 0) return false;
+    return true;
+}
+
+/* Can group b join a run whose first group is a? Same kind of member. */
+static bool same_member_kind(const sg__ir *ir, const int *alias, const sg__group *a,
+                             const sg__group *b, bool data) {
+    if (a->kind == SG__G_POINTWISE) return b->kind == SG__G_POINTWISE;
+    return data && data_member(ir, alias, a) && data_member(ir, alias, b);
+}
+
+static sg_status horizontal(sg_ctx *ctx, const sg__ir *ir, const int *alias, sg__fused *f,
+                            bool data) {
     sg__group *in = f->groups;
     int n = f->ngroups;
     sg__group *out = sg__calloc(ctx, sizeof *out * (size_t)(n ? n : 1));
@@ -499,8 +526,8 @@ static sg_status horizontal(sg_ctx *ctx, const sg__ir *ir, const int *alias, sg_
     int nout = 0, nparts = 0;
     for (int i = 0; i < n;) {
         int j = i + 1;
-        if (in[i].kind == SG__G_POINTWISE) {
-            while (j < n && in[j].kind == SG__G_POINTWISE) {
+        if (in[i].kind == SG__G_POINTWISE || (data && data_member(ir, alias, &in[i]))) {
+            while (j < n && same_member_kind(ir, alias, &in[i], &in[j], data)) {
                 bool ok = true;
                 for (int k = i; k < j && ok; k++) ok = independent(ir, alias, &in[k], &in[j]);
                 if (!ok) break;
@@ -575,7 +602,8 @@ sg_status sg__fuse(sg_ctx *ctx, const sg__ir *ir, const sg__fuse_opts *opts, sg_
     f->cap_groups = b.cap;
     if (s != SG_OK) goto done;
     mark_stores(ir, f->alias, f->groups, f->ngroups);
-    if (!per_op && (!opts || opts->horizontal)) s = horizontal(ctx, ir, f->alias, f);
+    if (!per_op && (!opts || opts->horizontal))
+        s = horizontal(ctx, ir, f->alias, f, opts && opts->horizontal_data);
 done:
     sg__free(ctx, writes, sizeof(int) * (size_t)ns);
     sg__free(ctx, needed, (size_t)ns);

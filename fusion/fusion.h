@@ -29,7 +29,9 @@
  *      OPAQUE     any other node, run by the backend's eager kernel.
  *  - horizontal: consecutive POINTWISE groups with no data between them
  *    (an optimizer's per-parameter updates) become one MULTI group: one
- *    kernel with one loop per member.
+ *    kernel with one loop per member; with horizontal_data, so do
+ *    consecutive independent index_copy_ groups (OPAQUE members: a decode
+ *    step's K and V cache writes) for a backend that generates them.
  * SG_DISABLE_FUSION=1 makes every node its own group.
  */
 #ifndef SG_FUSION_H
@@ -102,6 +104,9 @@ typedef struct sg__fuse_opts {
                          aot_eager backend of sg_compile_opts.backend_name) */
     bool no_epilogue; /* no pointwise epilogue after a REDUCE/ROW/MATMUL anchor
                          (sg_compile_opts.epilogue_fusion = SG_FLAG_FALSE) */
+    bool horizontal_data; /* with horizontal: consecutive independent OPAQUE
+                             index_copy_ groups that the backend generates
+                             (idx and src outside dst) merge into one MULTI */
 } sg__fuse_opts;
 
 SG__HIDDEN sg_status sg__fuse(sg_ctx *ctx, const sg__ir *ir, const sg__fuse_opts *opts,

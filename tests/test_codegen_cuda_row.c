@@ -5,7 +5,9 @@
  * rms_norm built in and written out of primitives (x * rsqrt(mean(x*x) +
  * eps) * w), log_softmax, row sums, layer_norm, and softmax over the
  * rows of a transposed view, over rows of 1, 7, 768, 1024, 5000 and 50257
- * elements in f32 and bf16.
+ * elements in f32 and bf16; argmax over the last dim (kept, and dropped
+ * after a scale prologue) with ties of the maximum and NaN planted in some
+ * rows (first maximum wins, NaN counts as the maximum: PyTorch's rule).
  *
  * Each case runs the compiled step on the test's backend (SG_TEST_BACKEND:
  * the CPU's generated C by default, the CUDA row kernels under the gpu
@@ -39,13 +41,16 @@ typedef enum pattern {
     P_ROW_SUM,       /* sum(x * x, -1, keepdim) * 2 */
     P_LAYERNORM,     /* layer_norm(x, w, b) */
     P_SOFTMAX_T,     /* softmax(transpose(x)) over its last dim: a strided walk */
+    P_ARGMAX_KEEP,   /* argmax(x, -1, keepdim) */
+    P_ARGMAX_SCALED, /* argmax(x * -2, -1): a prologue, the dim dropped */
     P_COUNT
 } pattern;
 
 static const char *const pattern_name[P_COUNT] = {"SOFTMAX_SCALE_CAST", "LAYERNORM_RESIDUAL",
                                                   "RMSNORM_BUILTIN",    "RMSNORM_WRITTEN",
                                                   "LOG_SOFTMAX",        "ROW_SUM",
-                                                  "LAYERNORM",          "SOFTMAX_TRANSPOSED"};
+                                                  "LAYERNORM",          "SOFTMAX_TRANSPOSED",
+                                                  "ARGMAX_KEEPDIM",     "ARGMAX_SCALED"};
 
 #define EPS 1e-5
 
@@ -78,6 +83,8 @@ static sg_status row_step(sg_ctx *c, sg_tensor *const *in, sg_tensor **out, void
     case P_ROW_SUM: out[0] = sg_mul_scalar(sg_sum(sg_mul(x, x), 1, last, true), 2.0); break;
     case P_LAYERNORM: out[0] = sg_layer_norm(x, s->w, s->b, EPS); break;
     case P_SOFTMAX_T: out[0] = sg_softmax(sg_transpose(x, 0, 1), -1); break;
+    case P_ARGMAX_KEEP: out[0] = sg_argmax(x, -1, true); break;
+    case P_ARGMAX_SCALED: out[0] = sg_argmax(sg_mul_scalar(x, -2.0), -1, false); break;
     default: break;
     }
     return out[0] ? SG_OK : sg_ctx_status(c);
@@ -132,6 +139,19 @@ static void reference(const spec *s, int64_t rows, int64_t len, const double *x,
             double rs =
                 tu_round(dt, 1.0 / sqrt(tu_round(dt, tu_round(dt, ss / (double)len) + EPS)));
             for (int64_t j = 0; j < len; j++) o[j] = tu_round(dt, tu_round(dt, xr[j] * rs) * w[j]);
+        } else if (s->p == P_ARGMAX_KEEP || s->p == P_ARGMAX_SCALED) {
+            /* The first NaN, else the first maximum. */
+            int64_t at = 0;
+            double best = -INFINITY;
+            for (int64_t j = 0; j < len; j++) {
+                double v = s->p == P_ARGMAX_SCALED ? tu_round(dt, xr[j] * -2.0) : xr[j];
+                if (isnan(v)) {
+                    at = j;
+                    break;
+                }
+                if (j == 0 || v > best) best = v, at = j;
+            }
+            out0[i] = (double)at;
         } else { /* P_ROW_SUM: one value per row */
             double ss = 0;
             for (int64_t j = 0; j < len; j++) ss += tu_round(dt, xr[j] * xr[j]);
@@ -184,6 +204,30 @@ static bool cuda_unit(sg_fn *fn, const char *name, counts *c) {
     return ok;
 }
 
+/*
+ * Argmax's hard rows, in x and its values xv: row 1 holds its maximum
+ * (beyond the draws, after the prologue) at three places, row 2 also a NaN after the first
+ * of them, row 3 two NaNs (the first wins) and -inf at column 0, row 4
+ * -inf everywhere (column 0 wins). The last column takes part in each.
+ */
+static void plant(pattern p, sg_tensor *x, double *xv, int64_t rows, int64_t len, sg_dtype dt) {
+    double top = p == P_ARGMAX_SCALED ? -4.0 : 4.0; /* the maximum after the prologue */
+    for (int64_t i = 1; i < rows && i <= 4; i++) {
+        double *r = xv + i * len;
+        int64_t a = len / 3, b = len - 1, m = len / 2;
+        if (i == 1 || i == 2) r[b] = r[m] = r[a] = top;
+        if (i == 2 && len > 1) r[a + 1 < len ? a + 1 : a] = NAN;
+        if (i == 3) r[b] = r[m] = NAN, r[0] = -INFINITY;
+        if (i == 4)
+            for (int64_t j = 0; j < len; j++) r[j] = -INFINITY;
+    }
+    size_t es = sg_dtype_size(dt);
+    void *buf = malloc((size_t)(rows * len) * es);
+    for (int64_t j = 0; j < rows * len; j++) tu_store(buf, dt, j, xv[j]);
+    sg_write(x, buf, (size_t)(rows * len) * es);
+    free(buf);
+}
+
 static void test_case(pattern p, sg_dtype dt, int64_t rows, int64_t len) {
     tu_seed((uint64_t)(p * 1000003 + len * 7 + rows + dt));
     int64_t xs[2] = {rows, len}, ts[2] = {len, rows};
@@ -197,6 +241,7 @@ static void test_case(pattern p, sg_dtype dt, int64_t rows, int64_t len) {
         free(xv);
         xv = t;
     }
+    if (p == P_ARGMAX_KEEP || p == P_ARGMAX_SCALED) plant(p, in[0], xv, rows, len, dt);
     int nin = 1, nout = p == P_LAYERNORM_RES ? 2 : 1;
     if (p == P_LAYERNORM_RES) in[1] = tu_rand(ctx, dt, 2, xs, -1, 1, &rv), nin = 2;
     if (p == P_LAYERNORM_RES || p == P_LAYERNORM || p == P_RMS_BUILTIN || p == P_RMS_WRITTEN)
@@ -213,7 +258,8 @@ static void test_case(pattern p, sg_dtype dt, int64_t rows, int64_t len) {
         ok = TU_EXPECT(sg_call(fn, in, nin, out, nout) == SG_OK);
         if (!ok) fprintf(stderr, "  %s\n", sg_last_error(ctx));
     }
-    int64_t n0 = p == P_ROW_SUM ? rows : rows * len;
+    bool argmax = p == P_ARGMAX_KEEP || p == P_ARGMAX_SCALED;
+    int64_t n0 = p == P_ROW_SUM || argmax ? rows : rows * len;
     double *ref0 = calloc((size_t)(rows * len), sizeof(double));
     double *ref1 = calloc((size_t)(rows * len), sizeof(double));
     char name[96];
@@ -221,7 +267,7 @@ static void test_case(pattern p, sg_dtype dt, int64_t rows, int64_t len) {
              (long long)rows, (long long)len);
     if (ok) {
         reference(&s, rows, len, xv, rv, wv, bv, ref0, ref1);
-        sg_dtype odt = p == P_SOFTMAX_CAST ? other(dt) : dt;
+        sg_dtype odt = p == P_SOFTMAX_CAST ? other(dt) : argmax ? SG_I64 : dt;
         /* bf16 outputs near a rounding boundary may round either way. */
         double rtol = tu_rtol(odt) > tu_rtol(dt) ? tu_rtol(odt) : tu_rtol(dt);
         double atol = tu_atol(odt) > tu_atol(dt) ? tu_atol(odt) : tu_atol(dt);
@@ -315,6 +361,7 @@ int main(void) {
             for (int l = 0; l < 6; l++) {
                 /* Short rows: several per block (warp teams), a partial block. */
                 int64_t rows = lens[l] <= 256 ? 13 : lens[l] <= 1024 ? 5 : 3;
+                if (p == P_ARGMAX_KEEP || p == P_ARGMAX_SCALED) rows = 6; /* the planted rows */
                 test_case((pattern)p, dts[d], rows, lens[l]);
             }
     const char *t = getenv("SG_ROW_TIMING");

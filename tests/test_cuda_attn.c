@@ -5,11 +5,15 @@
  * to many, merged by the combine kernel), grouped-query decode (32 query
  * heads over 8 and 4 K/V heads, D=128) with per-batch lengths, D=256, and
  * causal prefill (B=4, H=12, L=512, D=64) with q/k/v narrowed out of one
- * fused QKV projection; bf16 and f32. Then, unless SG_ATTN_TIMING=0 (set it
- * under compute-sanitizer), the time of decode and prefill per call
- * (eager, synchronized, best of 5 runs of 50) against the bytes and FLOP
- * floors of an H100 (3.35 TB/s HBM3; 989 TFLOP/s bf16 dense tensor, 67
- * TFLOP/s f32 FFMA). Without a CUDA device it exits 77.
+ * fused QKV projection; bf16 and f32. The decode cases run twice: through
+ * the lean decode kernel and, with SG_ATTN_DECODE=0, the split kernel. Then,
+ * unless SG_ATTN_TIMING=0 (set it under compute-sanitizer), the time of
+ * decode and prefill per call (eager, synchronized, best of 5 runs of 50)
+ * against the bytes and FLOP floors of an H100 (3.35 TB/s HBM3; 989 TFLOP/s
+ * bf16 dense tensor, 67 TFLOP/s f32 FFMA), and the decode kernels alone: one
+ * attention compiled into a CUDA graph (reduce-overhead), 200 replays
+ * between two synchronizations, so the host's launch cost overlaps the GPU.
+ * Without a CUDA device it exits 77.
  */
 #define _POSIX_C_SOURCE 200809L
 #include "testutil.h"
@@ -72,11 +76,13 @@ static void decode_case(sg_dtype dt, int64_t B, int64_t Hq, int64_t Hkv, int64_t
     pair len = len_pair(B, lens);
     sg_tensor *yg = sg_sdpa_cached(q.g, k.g, v.g, len.g, 0);
     sg_tensor *yc = sg_sdpa_cached(q.c, k.c, v.c, len.c, 0);
+    const char *e = getenv("SG_ATTN_DECODE");
     tu_case(same(yg, yc, dt),
-            "DECODE(type=%s,B=%lld,Hq=%lld,Hkv=%lld,Lq=%lld,S=%lld,D=%lld,"
+            "DECODE(kernel=%s,type=%s,B=%lld,Hq=%lld,Hkv=%lld,Lq=%lld,S=%lld,D=%lld,"
             "kv_len[0]=%lld)",
-            sg_dtype_name(dt), (long long)B, (long long)Hq, (long long)Hkv, (long long)Lq,
-            (long long)S, (long long)D, (long long)lens[0]);
+            e && strcmp(e, "0") == 0 ? "split" : "decode", sg_dtype_name(dt), (long long)B,
+            (long long)Hq, (long long)Hkv, (long long)Lq, (long long)S, (long long)D,
+            (long long)lens[0]);
     sg_release(yg), sg_release(yc);
     release(q), release(k), release(v), release(len);
     sg_clear_error(gpu);
@@ -122,6 +128,58 @@ static double time_call(sg_tensor *q, sg_tensor *k, sg_tensor *v, sg_tensor *len
     return best;
 }
 
+/* The step of the graph timing: in = q, k, v, kv_len. */
+static sg_status attn_step(sg_ctx *ctx, sg_tensor *const *in, sg_tensor **out, void *user) {
+    (void)ctx, (void)user;
+    out[0] = sg_sdpa_cached(in[0], in[1], in[2], in[3], 0);
+    return out[0] ? SG_OK : sg_ctx_status(ctx);
+}
+
+/* Microseconds per replay of one compiled decode attention (kernel=decode or split). */
+static double time_graph(sg_tensor *const *in) {
+    sg_fn *fn = NULL;
+    sg_tensor *y = NULL;
+    double best = 1e30;
+    if (sg_compile(gpu, attn_step, NULL, 4, 1, &(sg_compile_opts){.mode = SG_MODE_REDUCE_OVERHEAD},
+                   &fn) != SG_OK)
+        return -1;
+    for (int w = 0; w < 3; w++)
+        if (sg_call(fn, in, 4, &y, 1) != SG_OK) return sg_fn_destroy(fn), -1;
+    for (int r = 0; r < 3; r++) {
+        sg_ctx_synchronize(gpu);
+        double t0 = now();
+        for (int i = 0; i < 200; i++) sg_call(fn, in, 4, &y, 1);
+        sg_ctx_synchronize(gpu);
+        double t = (now() - t0) / 200;
+        best = t < best ? t : best;
+    }
+    sg_fn_destroy(fn);
+    return best * 1e6;
+}
+
+static void graph_timings(void) {
+    int64_t qs[4] = {1, 12, 1, 64}, ks[4] = {1, 12, 1024, 64}, one[1] = {1};
+    pair q = both(SG_BF16, 4, qs, -1, 1), k = both(SG_BF16, 4, ks, -1, 1);
+    pair v = both(SG_BF16, 4, ks, -1, 1);
+    static const int64_t lens[] = {8, 256, 1024};
+    for (size_t i = 0; i < sizeof lens / sizeof lens[0]; i++) {
+        sg_tensor *len = sg_from_host(gpu, SG_I64, 1, one, &lens[i]);
+        sg_tensor *in[4] = {q.g, k.g, v.g, len};
+        double t[2];
+        for (int m = 0; m < 2; m++) {
+            setenv("SG_ATTN_DECODE", m ? "0" : "1", 1);
+            t[m] = time_graph(in);
+        }
+        unsetenv("SG_ATTN_DECODE");
+        double bytes = 2.0 * 12 * (double)lens[i] * 64 * 2;
+        printf("time DECODE graph replay(bf16,B=1,H=12,D=64,S=1024,kv_len=%4lld): decode kernel "
+               "%6.2f us, split kernel %6.2f us; bytes floor %.2f us at 3 TB/s\n",
+               (long long)lens[i], t[0], t[1], bytes / 3e12 * 1e6);
+        sg_release(len);
+    }
+    release(q), release(k), release(v);
+}
+
 static void timings(void) {
     int64_t qs[4] = {1, 12, 1, 64}, ks[4] = {1, 12, 1024, 64}, one[1] = {1};
     pair q = both(SG_BF16, 4, qs, -1, 1), k = both(SG_BF16, 4, ks, -1, 1);
@@ -165,21 +223,27 @@ int main(void) {
     }
     tu_seed(11);
     static const sg_dtype dts[2] = {SG_BF16, SG_F32};
-    for (int t = 0; t < 2; t++) {
-        sg_dtype dt = dts[t];
-        static const int64_t lens[] = {1, 2, 63, 64, 65, 255, 256, 257, 700, 1023, 1024};
+    for (int t = 0; t < 4; t++) {
+        sg_dtype dt = dts[t % 2];
+        setenv("SG_ATTN_DECODE", t < 2 ? "1" : "0", 1);
+        static const int64_t lens[] = {1,  2,   31,  32,  33,  63,   64,
+                                       65, 255, 256, 257, 700, 1023, 1024};
         for (size_t i = 0; i < sizeof lens / sizeof lens[0]; i++)
             decode_case(dt, 1, 12, 12, 1, 1024, 64, &lens[i]);
-        int64_t gl[4] = {1000, 1, 513, 0};
+        int64_t gl[4] = {1000, 1, 513, 0}, gs[2] = {9, 40};
         decode_case(dt, 4, 32, 8, 1, 1000, 128, gl);
         decode_case(dt, 4, 32, 4, 4, 1000, 128, gl);
         decode_case(dt, 2, 8, 2, 3, 300, 256, gl);
         decode_case(dt, 2, 6, 3, 1, 77, 80, gl + 1);
+        decode_case(dt, 2, 12, 12, 1, 9, 64, gs); /* the example's short cache */
+        decode_case(dt, 1, 4, 4, 1, 64, 16, gs + 1);
+        if (t >= 2) continue;
         prefill_case(dt, 4, 12, 512, 64);
         prefill_case(dt, 1, 4, 333, 128);
     }
     const char *e = getenv("SG_ATTN_TIMING");
-    if (!(e && strcmp(e, "0") == 0)) timings();
+    unsetenv("SG_ATTN_DECODE");
+    if (!(e && strcmp(e, "0") == 0)) timings(), graph_timings();
     sg_ctx_destroy(gpu);
     sg_ctx_destroy(cpu);
     return tu_finish();

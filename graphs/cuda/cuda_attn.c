@@ -7,9 +7,11 @@
  * leave SMs idle -- decode -- so that about two blocks per SM read K/V in
  * parallel; the splits are then merged by a second kernel through op
  * scratch. Prefill in 16-bit (D a multiple of 16, at most 128, no mask)
- * goes to the tensor-core kernel instead (SG_ATTN_MMA=0: not). The split count depends only on
- * shapes, never on kv_len, which stays on the device: a recorded graph replays with whatever length
- * the step wrote there.
+ * goes to the tensor-core kernel instead (SG_ATTN_MMA=0: not); decode (at most 4 queries
+ * per row, no mask, 16-byte K/V rows) to the lean sg_attn_decode (SG_ATTN_DECODE=0: not),
+ * whose splits the device picks from kv_len within the count planned here. The split count depends
+ * only on shapes, never on kv_len, which stays on the device: a recorded graph replays with
+ * whatever length the step wrote there.
  */
 #include "exec.h"
 
@@ -20,9 +22,10 @@
 #define NT 128
 #define MAXR 16
 #define MAXACC 16
+#define CMIN 32                       /* keys per split of sg_attn_decode, at least (k_attn.cu) */
 #define SCRATCH_CAP ((size_t)1 << 20) /* the op scratch that always exists (exec.c) */
 
-enum { CAUSAL = 1, VEC = 2 }; /* k_attn.cu's flags; CAUSAL is SG__ATTN_CAUSAL */
+enum { CAUSAL = 1, VEC = 2, DECODE = 4 }; /* k_attn.cu's flags; CAUSAL is SG__ATTN_CAUSAL */
 
 /* The same layout as struct ageom in k_attn.cu. */
 typedef struct ageom {
@@ -103,6 +106,45 @@ static sg_status launch_mma(sg_ctx *ctx, const sg__node *n, ageom *g) {
     return sg__cuda_launch(ctx, f, grid, block, 0, args);
 }
 
+/* sg_attn_decode: few query rows, no mask, K/V rows of 16-byte vectors that a warp's lanes
+ * split evenly (D / W a power of two up to 32); SG_ATTN_DECODE=0 keeps the split kernel. */
+static bool use_decode(const ageom *g) {
+    const char *e = getenv("SG_ATTN_DECODE");
+    if (e && strcmp(e, "0") == 0) return false;
+    int64_t w = g->dt == SG_F32 ? 4 : 8, t = g->D / w;
+    return g->mdt < 0 && (g->flags & VEC) && g->Lq <= 4 && g->D % w == 0 && t >= 1 && t <= 32 &&
+           (t & (t - 1)) == 0 && g->B * g->Hq * g->Lq <= INT32_MAX;
+}
+
+/* Decode: a block per query row and split; up to ~2 blocks per SM of splits, each of at
+ * least CMIN keys (the device cuts kv_len into at most that many), partials within the
+ * op scratch; the combine follows only where there can be several splits. */
+static sg_status launch_decode(sg_ctx *ctx, const sg__node *n, ageom *g) {
+    int64_t rows = g->B * g->Hq * g->Lq, sms = sg__cuda_sm_count(ctx);
+    int64_t ns = (2 * sms + rows - 1) / rows, most = (g->S + CMIN - 1) / CMIN;
+    ns = ns > most ? most : ns;
+    while (ns > 1 && (size_t)(rows * ns * (g->D + 2)) * sizeof(float) > SCRATCH_CAP) ns /= 2;
+    g->nsplit = (int32_t)(ns < 1 ? 1 : ns > 65535 ? 65535 : ns);
+    g->flags |= DECODE;
+    void *dec, *combine = NULL, *part = NULL;
+    sg_status st = sg__cuda_kernel(ctx, SG__CU_ATTN, "sg_attn_decode", &dec);
+    if (st == SG_OK && g->nsplit > 1)
+        st = sg__cuda_kernel(ctx, SG__CU_ATTN, "sg_attn_combine", &combine);
+    if (st == SG_OK && g->nsplit > 1)
+        st = sg__cuda_scratch(ctx, (size_t)(rows * g->nsplit * (g->D + 2)) * sizeof(float), &part);
+    if (st != SG_OK) return st;
+    void *q = sg__data(n->in[0]), *k = sg__data(n->in[1]), *v = sg__data(n->in[2]);
+    void *len = n->nin > 4 && n->in[4] ? sg__data(n->in[4]) : NULL, *out = sg__data(n->out);
+    void *args[] = {&q, &k, &v, &len, &out, &part, g};
+    unsigned grid[3] = {(unsigned)rows, (unsigned)g->nsplit, 1}, block[3] = {NT, 1, 1};
+    st = sg__cuda_launch_pdl(ctx, dec, grid, block, 0, args);
+    if (st != SG_OK || g->nsplit == 1) return st;
+    void *cargs[] = {&part, &len, &out, g};
+    unsigned cgrid[3] = {(unsigned)rows, 1, 1};
+    unsigned cblock[3] = {(unsigned)(g->D < 32 ? 32 : (g->D + 31) / 32 * 32), 1, 1};
+    return sg__cuda_launch_pdl(ctx, combine, cgrid, cblock, 0, cargs);
+}
+
 sg_status sg__cuda_attn(sg_ctx *ctx, const sg__node *n) {
     ageom g;
     describe(&g, n);
@@ -114,6 +156,7 @@ sg_status sg__cuda_attn(sg_ctx *ctx, const sg__node *n) {
     int64_t rows = g.B * g.Hq * g.Lq;
     if (rows == 0 || g.D == 0) return SG_OK;
     if (use_mma(ctx, &g)) return launch_mma(ctx, n, &g);
+    if (use_decode(&g)) return launch_decode(ctx, n, &g);
     int64_t zr = ((g.Hq / g.Hkv) * g.Lq + g.rows - 1) / g.rows, bx = g.B * g.Hkv;
     plan_splits(&g, bx * zr, sg__cuda_sm_count(ctx));
     if (zr > 65535 || bx > INT32_MAX || rows > INT32_MAX)
@@ -138,7 +181,7 @@ sg_status sg__cuda_attn(sg_ctx *ctx, const sg__node *n) {
     unsigned grid[3] = {(unsigned)bx, (unsigned)g.nsplit, (unsigned)zr}, block[3] = {NT, 1, 1};
     st = sg__cuda_launch(ctx, split, grid, block, shmem, args);
     if (st != SG_OK || g.nsplit == 1) return st;
-    void *cargs[] = {&part, &out, &g};
+    void *cargs[] = {&part, &len, &out, &g};
     unsigned cgrid[3] = {(unsigned)rows, 1, 1};
     unsigned cblock[3] = {(unsigned)(g.D < 32 ? 32 : (g.D + 31) / 32 * 32), 1, 1};
     return sg__cuda_launch(ctx, combine, cgrid, cblock, 0, cargs);

@@ -232,6 +232,13 @@ static sg_status launch_all(sg_ctx *ctx, sg__graph *g, set_state *st) {
             sg_status s = sg__cuda_data_check(ctx, &g->nodes[node]);
             if (s != SG_OK) return s;
         }
+        for (int m = 0; grp->kind == SG__G_MULTI && m < grp->nmembers; m++) {
+            const sg__group *part = &g->fused.parts[grp->members[m]];
+            sg_status s = part->kind == SG__G_OPAQUE
+                              ? sg__cuda_data_check(ctx, &g->nodes[part->g[0].node])
+                              : SG_OK;
+            if (s != SG_OK) return s;
+        }
         if (!cg->kfn[k]) continue;
         unsigned grid[3] = {ki->grid, 1, 1}, block[3] = {ki->block, 1, 1};
         CUdeviceptr tab = table_of(cg, st, k);

@@ -18,6 +18,19 @@
  * writes its unnormalized accumulator and (max, sum) per row to scratch
  * and sg_attn_combine merges the splits of each row in split order.
  *
+ * sg_attn_decode: the lean kernel of decode (a few query rows, no mask,
+ * 16-byte K/V rows of at most 32 vectors). Block (row, split) takes one
+ * query row; T = D / W lanes share a key (W elements of 16 bytes each), so
+ * a warp reads 32 / T keys per load, keeps an online softmax per lane
+ * group in registers, and the groups and warps merge at the end through a
+ * few shuffles and 4 KiB of shared memory. Its split count is chosen on
+ * the device from the valid length (dchunk): at most nsplit blocks, each of
+ * at least CMIN keys; blocks past the valid keys return at once, and a row
+ * whose keys fit one split is written by that block, normalized, with no
+ * scratch (sg_attn_combine then returns at once for it). Both kernels wait
+ * for the previous kernel (griddepcontrol.wait) before reading, so the
+ * host may launch them as programmatic dependents.
+ *
  * Visibility (capture.h, SG__ATTN_CAUSAL): key j of batch b is seen by
  * query i when j < L (kv_len[b] read here, clamped to [0, S]) and, causal,
  * j <= L - Lq + i. A row that sees no key, or whose every score is -inf,
@@ -32,11 +45,13 @@ typedef unsigned short u16;
 #define NT 128    /* threads per block */
 #define MAXR 16   /* rows per block, at most */
 #define MAXACC 16 /* accumulators per thread: R * D <= NT * MAXACC */
+#define CMIN 32   /* keys per split of sg_attn_decode, at least */
+#define NW (NT / 32)
 
 /* sg_dtype's values (include/stepgraph.h). */
 enum { DT_F32, DT_F16, DT_BF16, DT_I32, DT_I64, DT_BOOL };
 /* Flags, as cuda_attn.c sets them (CAUSAL is SG__ATTN_CAUSAL). */
-enum { CAUSAL = 1, VEC = 2 };
+enum { CAUSAL = 1, VEC = 2, DECODE = 4 };
 
 /* The same layout as struct ageom in cuda_attn.c. */
 struct ageom {
@@ -259,11 +274,43 @@ extern "C" __global__ void __launch_bounds__(NT)
     }
 }
 
+/* Programmatic dependent launch (sm_90+; no-ops before): wait for the
+ * kernel before to finish and its writes to show; let the next one start. */
+__device__ __forceinline__ void pdl_wait() {
+#if __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+
+__device__ __forceinline__ void pdl_launch() {
+#if __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}
+
+/* Keys per split of sg_attn_decode for a batch of valid length L: the
+ * nsplit splits the host allowed, each of at least CMIN keys. */
+__device__ __forceinline__ i64 dchunk(const ageom &g, i64 L) {
+    i64 c = L < 0x7fffffff ? (i64)(((u32)L + (u32)g.nsplit - 1) / (u32)g.nsplit)
+                           : (L + g.nsplit - 1) / g.nsplit;
+    return c < CMIN ? CMIN : c;
+}
+
+/* Splits that hold row (b, h, i)'s visible keys: sg_attn_decode's count, or nsplit. */
+__device__ __forceinline__ i64 row_splits(const void *len, const ageom &g, i64 row) {
+    if (!(g.flags & DECODE)) return g.nsplit;
+    i64 b = row / g.Lq / g.Hq, L = valid_len(len, g, b), n = visible(g, L, row % g.Lq);
+    i64 c = dchunk(g, L);
+    return (n + c - 1) / c;
+}
+
 /* Row blockIdx.x of the result from its splits, merged in split order. */
-extern "C" __global__ void sg_attn_combine(const float *part, void *out, ageom g) {
+extern "C" __global__ void sg_attn_combine(const float *part, const void *len, void *out, ageom g) {
+    pdl_wait();
     const i64 row = blockIdx.x, rows = g.B * g.Hq * g.Lq;
-    const int n = g.nsplit;
-    const float *pm = part + rows * n * g.D + row * n * 2;
+    const int n = (int)row_splits(len, g, row), ns = g.nsplit;
+    if ((g.flags & DECODE) && n <= 1) return; /* written by its one split */
+    const float *pm = part + rows * ns * g.D + row * ns * 2;
     float M = -inf_f();
     for (int s = 0; s < n; s++) M = fmaxf(M, pm[2 * s]);
     for (i64 e = threadIdx.x; e < g.D; e += blockDim.x) {
@@ -272,9 +319,115 @@ extern "C" __global__ void sg_attn_combine(const float *part, void *out, ageom g
             if (pm[2 * s + 1] > 0.0f) {
                 float w = expf(pm[2 * s] - M);
                 l += pm[2 * s + 1] * w;
-                a += part[(row * n + s) * g.D + e] * w;
+                a += part[(row * ns + s) * g.D + e] * w;
             }
         stf(out, g.dt, row * g.D + e, l > 0.0f ? a / l : nan_f());
+    }
+}
+
+/* The W (8 or 4) values of a 16-byte vector of dtype dt, as f32. */
+__device__ __forceinline__ void unpack(float *x, uint4 u, int dt) {
+    u32 p[4] = {u.x, u.y, u.z, u.w};
+    if (dt == DT_F32) {
+#pragma unroll
+        for (int c = 0; c < 4; c++) x[c] = __uint_as_float(p[c]);
+        return;
+    }
+#pragma unroll
+    for (int c = 0; c < 4; c++) {
+        u16 lo = (u16)(p[c] & 0xffff), hi = (u16)(p[c] >> 16);
+        x[2 * c] = dt == DT_F16 ? h2f(lo) : bf2f(lo);
+        x[2 * c + 1] = dt == DT_F16 ? h2f(hi) : bf2f(hi);
+    }
+}
+
+/* Merge softmax state (m2, l2, a2) into (m, l, a): W values. */
+__device__ __forceinline__ void merge(float &m, float &l, float *a, float m2, float l2,
+                                      const float *a2, int W) {
+    float mn = fmaxf(m, m2);
+    float x = mn == -inf_f() ? 0.0f : expf(m - mn), y = mn == -inf_f() ? 0.0f : expf(m2 - mn);
+    l = l * x + l2 * y;
+#pragma unroll
+    for (int c = 0; c < 8; c++)
+        if (c < W) a[c] = a[c] * x + a2[c] * y;
+    m = mn;
+}
+
+extern "C" __global__ void __launch_bounds__(NT)
+    sg_attn_decode(const void *q, const void *k, const void *v, const void *len, void *out,
+                   float *part, ageom g) {
+    __shared__ float wm[NW], wl[NW], wa[NW][256];
+    pdl_wait();
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    const int W = g.dt == DT_F32 ? 4 : 8, T = (int)g.D / W, kpw = 32 / T, es = 16 / W;
+    const int e = (lane % T) * W;
+    /* 32-bit index math: rows < 2^31 (the host checks), heads and Lq small. */
+    const u32 row = blockIdx.x, split = blockIdx.y, lq = (u32)g.Lq, hq = (u32)g.Hq;
+    const u32 i = row % lq, h = row / lq % hq, b = row / lq / hq, hk = h / (hq / (u32)g.Hkv);
+    const i64 L = valid_len(len, g, b), n = visible(g, L, i), chunk = dchunk(g, L);
+    const i64 nv = (n + chunk - 1) / chunk;
+    pdl_launch();
+    /* q's loads go out with kv_len's, before the block knows if it has keys */
+    float qv[8], acc[8], m = -inf_f(), l = 0.0f;
+#pragma unroll
+    for (int c = 0; c < 8; c++) {
+        i64 at = b * g.qs[0] + h * g.qs[1] + i * g.qs[2] + (e + c) * g.qs[3];
+        qv[c] = c < W ? ldf(q, g.dt, at) * g.scale : 0.0f;
+        acc[c] = 0.0f;
+    }
+    if (split >= (nv > 1 ? nv : 1)) return;
+    const char *kb = (const char *)k + (b * g.ks[0] + hk * g.ks[1] + e) * es;
+    const char *vb = (const char *)v + (b * g.vs[0] + hk * g.vs[1] + e) * es;
+    const i64 js = split * chunk, je = js + chunk < n ? js + chunk : n;
+    /* Every lane runs the same trips: the score's shuffles need the whole warp. */
+    for (i64 j0 = js + warp * kpw; j0 < je; j0 += NW * kpw) {
+        i64 j = j0 + lane / T;
+        bool in = j < je;
+        float kx[8], vx[8], s = 0.0f;
+        if (in) {
+            unpack(kx, *(const uint4 *)(kb + j * g.ks[2] * es), g.dt);
+            unpack(vx, *(const uint4 *)(vb + j * g.vs[2] * es), g.dt);
+#pragma unroll
+            for (int c = 0; c < 8; c++)
+                if (c < W) s += qv[c] * kx[c];
+        }
+        for (int o = 1; o < T; o <<= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
+        if (in) {
+            float one = 1.0f;
+            merge(m, l, acc, s, one, vx, W);
+        }
+    }
+    /* The warp's key groups, then the warps. */
+    for (int o = T; o < 32; o <<= 1) {
+        float a2[8];
+#pragma unroll
+        for (int c = 0; c < 8; c++) a2[c] = __shfl_xor_sync(0xffffffffu, acc[c], o);
+        float m2 = __shfl_xor_sync(0xffffffffu, m, o), l2 = __shfl_xor_sync(0xffffffffu, l, o);
+        merge(m, l, acc, m2, l2, a2, W);
+    }
+    if (lane < T) {
+#pragma unroll
+        for (int c = 0; c < W; c++) wa[warp][e + c] = acc[c];
+        if (lane == 0) wm[warp] = m, wl[warp] = l;
+    }
+    __syncthreads();
+    float M = -inf_f(), S = 0.0f, x[NW];
+#pragma unroll
+    for (int w = 0; w < NW; w++) M = fmaxf(M, wm[w]);
+#pragma unroll
+    for (int w = 0; w < NW; w++) x[w] = wl[w] > 0.0f ? expf(wm[w] - M) : 0.0f, S += wl[w] * x[w];
+    for (int d = tid; d < (int)g.D; d += NT) { /* D may pass NT */
+        float A = 0.0f;
+#pragma unroll
+        for (int w = 0; w < NW; w++) A += x[w] > 0.0f ? wa[w][d] * x[w] : 0.0f;
+        if (nv <= 1)
+            stf(out, g.dt, row * g.D + d, S > 0.0f ? A / S : nan_f());
+        else
+            part[((i64)row * g.nsplit + split) * g.D + d] = A;
+    }
+    if (nv > 1 && tid == 0) {
+        float *pm = part + g.B * g.Hq * g.Lq * g.nsplit * g.D + ((i64)row * g.nsplit + split) * 2;
+        pm[0] = M, pm[1] = S;
     }
 }
 
