@@ -99,6 +99,13 @@ def check(d, ref_mode):
             print(f"{work}: no torch {ref_mode} output in {d}; nothing to compare")
             continue
         rl = floats(ref)
+        # torch's own modes against its eager: the spread of bf16 rounding orders
+        for f in files:
+            if f.startswith(f"{work}_torch_") and f.endswith(".f32") and f != os.path.basename(ref):
+                tl = floats(os.path.join(d, f))
+                if len(tl) == len(rl):
+                    print(f"{work} torch {f[len(work) + 7:-4]} against torch {ref_mode}: "
+                          f"{worst(tl, rl, len(rl)):.2e} (for scale)")
         rt = open(ref[:-4] + ".tokens").read().split() if work == "W3" else None
         for f in mine:
             mode = f[len(work) + len("_stepgraph_"):-4]

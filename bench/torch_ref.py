@@ -142,7 +142,7 @@ class GPT2(torch.nn.Module):
     def decode(self, token, pos):
         """token (B), pos (1) -> logits (B, V), greedy next token (B)."""
         x = (self.wte[token] + self.wpe[pos]).unsqueeze(1)
-        mask = self.slots <= pos
+        mask = (self.slots <= pos).view(1, 1, 1, -1)  # (1, 1, 1, S): sdpa wants >= 2 dims
         for blk in self.blocks:
             x = blk(x, pos, mask)
         logits = self.head(x).squeeze(1)
