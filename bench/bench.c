@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * bench.c -- the reference workloads through stepgraph, eager against
  * every compiled mode, timed as bench/README.md says (and as torch_ref.py

@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: MIT
 # run.sh -- build stepgraph (Release) and run the reference workloads through
 # stepgraph (every mode) and PyTorch (eager and every torch.compile mode) on
 # this machine's GPU, then print one table: per-step us, first-call seconds

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: MIT
 """table.py -- merge the RESULT lines of bench.c (every mode in one process;
 each mode first in a fresh process on a cold cache; the same on the warm
 cache) and torch_ref.py into one markdown table: per-step us, first-call

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: MIT
 """torch_ref.py -- the reference workloads in PyTorch, timed as bench.c times
 stepgraph: a host loop of `steps` steps synchronized at the end, median of 5
 loops, after 3 warm-up calls (their wall time is first_s: compile, autotune,

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * autograd.c -- gradients recorded with the forward: the backward nodes
  * that ops and views attach to their outputs (see autograd.h), their

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * autograd.h -- the internal header shared by capture/autograd.c (the
  * backward graph, its lifetimes and sg_grad's walk) and capture/grad_rules.c

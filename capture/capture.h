@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * capture.h -- the internal header of capture/: the context, tensors and
  * their storage, the op node every op builds, and the helpers the op

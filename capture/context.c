@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * context.c -- what every context has whatever its backend: the allocator
  * hook and its accounting, the sticky status and its message, logging under

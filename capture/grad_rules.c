@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * grad_rules.c -- the gradient of every differentiable op and view, written
  * with the public op front-ends so that eagerly they run and under capture

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * ops_compose.c -- ops torch users reach for that are compositions of
  * existing ops (so every backend, fusion and a gradient come with them):

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * ops_data.c -- front-ends of the data-movement ops (embedding, index_select,
  * concat, arange and the in-place index_copy_) and of attention: sg_sdpa and

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * ops_matmul.c -- front-ends of the matmul family: sg_matmul (batched, with
  * broadcast batch dims and PyTorch's rules for 1-d operands) and sg_linear

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * ops_pointwise.c -- front-ends of the elementwise ops: unary math, cast,
  * scalar forms, binary arithmetic with broadcasting, comparisons, logical

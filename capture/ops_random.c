@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * ops_random.c -- random numbers and sampling: the generator state tensor
  * (sg_rng_create), the draws (sg_rand, sg_randn: one RAND node each, whose

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * ops_reduce.c -- front-ends of the reductions: sum, mean, max, min, var and
  * argmax. Each checks the dtype and the dims, works out the output's dtype

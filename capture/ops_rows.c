@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * ops_rows.c -- front-ends of the row ops: softmax and log_softmax along one
  * dim, layer_norm and rms_norm over the last dim, and cross_entropy over the

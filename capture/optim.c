@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * optim.c -- the optimizers (AdamW, SGD with momentum) and clip_grad_norm_,
  * written with the ordinary ops so that they run eagerly and, inside a

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * record.c -- the recorder: while a step runs under capture, every op that
  * reaches sg__dispatch is appended to an IR (see capture.h) as well as

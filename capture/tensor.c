@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * tensor.c -- tensor handles and their storage: making, releasing (with a
  * quarantine that catches use after release), the facts about a tensor,

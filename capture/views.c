@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * views.c -- zero-copy views (reshape/view, permute, transpose, slice,
  * narrow, expand, squeeze, unsqueeze) and the copies that make a tensor

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * cache.c -- the disk kernel cache and the run-time C compiler driver.
  * sg__cache_build_c turns C source into a loaded shared object: it looks the

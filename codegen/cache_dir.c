@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * cache_dir.c -- the kernel cache's files as a trust boundary, and its
  * housekeeping. Every directory stepgraph loads code from (the cache root,

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * cgen_c.c -- the C + OpenMP dialect: one translation unit per fused
  * capture. Each pointwise group (and each epilogue after a library-run

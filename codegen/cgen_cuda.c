@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * cgen_cuda.c -- the CUDA C dialect: one NVRTC unit per fused capture.
  * Each pointwise group, each MULTI group (its members' loops one after

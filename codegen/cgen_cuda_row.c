@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * cgen_cuda_row.c -- the CUDA dialect's row kernels: a ROW or REDUCE group
  * that fusion marks rows_inline (fusion.h) becomes one kernel that computes

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * codegen.h -- the internal header of codegen/: it turns the fused kernel
  * groups of fusion/ into source text, one dialect per backend (C + OpenMP

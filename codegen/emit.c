@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * emit.c -- a small indenting text writer for generated source: lines at
  * the current depth, blocks that open with "{" and close with "}". It keeps

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * nvrtc.c -- CUDA C to a cubin with NVRTC, loaded at run time, through the
  * disk cache. An entry is one file, <root>/cu-<key>.cubin: a magic, the

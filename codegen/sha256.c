@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * sha256.c -- a small SHA-256 (FIPS 180-2), for the kernel cache's keys and
  * for checking cached binaries. It is here because no library on the target

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * gpt2.c -- GPT-2 text generation with stepgraph: loads an llm.c checkpoint
  * (or makes seeded random weights), prefills the prompt tokens, then decodes

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * infer_loop.c -- the shape of a compiled inference loop: a two-layer MLP
  * compiled once in reduce-overhead mode and called in a plain loop, with the

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * kv_decode.c -- the shape of a KV-cache decode loop: one attention layer
  * whose keys and values are written in place into a cache of S slots at the

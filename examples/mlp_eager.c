@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * mlp_eager.c -- two of the reference workloads (bench/README.md), run eagerly
  * on the CPU through stepgraph's public API, checked against plain C and

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * train_gpt2.c -- GPT-2 training as one compiled step, after llm.c's
  * train_gpt2.cu: forward over (B, T) tokens, cross-entropy against the

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * train_mlp.c -- trains an MNIST-shaped MLP (784 -> 1024 -> 1024 -> 10,
  * ReLU, cross-entropy) with stepgraph's autograd: the whole train step

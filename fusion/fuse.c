@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * fuse.c -- the fusion passes (see fusion.h): dead-code and common
  * subexpression removal, then grouping of contiguous runs of IR nodes into

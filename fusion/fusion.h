@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * fusion.h -- the internal header of fusion/: passes over a capture's IR
  * (capture.h: sg__ir) that decide which ops run together in one generated

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * backend.c -- sg_ctx_create and sg_ctx_destroy: pick a backend (AUTO takes
  * the first present of cuda > hip > ze > cpu) and let it fill the executor.

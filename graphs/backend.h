@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * backend.h -- the one place that names devices. Each backend provides an
  * init function that checks its driver and device and fills the context's

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * dims.c -- index spaces that every backend's kernels walk the same way.
  */

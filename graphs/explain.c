@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * explain.c -- sg_fn_explain: a compiled fn in text, for people. Each
  * capture with its guards, IR, buffers and their pool offsets, parameters,

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * fn.c -- compiled steps: sg_compile, sg_call, sg_mark_step_begin, stances,
  * sg_reset and the counters. A call finds the capture whose guard key

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * graph.c -- from a capture's IR to something that replays: the memory plan
  * (intermediates share scratch by liveness; outputs get their own sets so

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * graphs.h -- the internal header of compiled fns: a fn's captures (IR,
  * guard key, memory plan, the executable form of the plan), its output sets

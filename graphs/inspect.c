@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * inspect.c -- seeing a compiled step: the generated source under the
  * "output_code" log topic, kernel names, the last capture as a Graphviz

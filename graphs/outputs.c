@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * outputs.c -- a compiled fn's outputs: its fixed output sets (each holds
  * one call's outputs), which set a call writes, what becomes stale when a

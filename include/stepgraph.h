@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * stepgraph.h -- the one public header of stepgraph, and its manual.
  *

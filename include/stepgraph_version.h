@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * stepgraph_version.h -- the version of stepgraph, in one place: the build
  * (CMakeLists.txt reads it for the project version, the shared library's

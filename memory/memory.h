@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * memory.h -- the internal header of memory/: the liveness planner that
  * gives every intermediate of a capture an offset in one arena, and the

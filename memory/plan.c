@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * plan.c -- the liveness planner: offsets for a capture's intermediates in
  * one arena, sharing bytes between buffers whose lifetimes do not overlap.

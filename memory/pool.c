@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * pool.c -- the context's static pool: one region from the backend (host
  * memory on the CPU, one device allocation on a GPU), laid out as shared

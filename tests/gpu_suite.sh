@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: MIT
 # gpu_suite.sh -- on a machine with an NVIDIA GPU: build (Release), run the
 # gpu-labelled tests, then run each of them again under compute-sanitizer's
 # memcheck. Logs and a summary go to the out dir.

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * test_capture_alloc.c -- every host allocation stepgraph makes can fail
  * cleanly (SQLite's and Lua's way of proving it). A fixed workload -- make a

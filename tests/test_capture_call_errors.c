@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * test_capture_call_errors.c -- bad input to sg_compile, sg_call and their
  * kin: each case checks the status, that the message names the problem, and

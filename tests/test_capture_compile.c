@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * test_capture_compile.c -- compiled steps against eager runs and against
  * f64 references: replay results, zero allocations while replaying, output

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * test_capture_errors.c -- bad input across the public API, for the parts that
  * exist today: contexts and backends, tensor creation, host transfer, views,

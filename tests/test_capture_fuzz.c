@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * test_capture_fuzz.c -- random op DAGs, run eagerly and compiled.
  * Unfused (SG_CODEGEN=0) the replay must give the eager results bit for

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * test_capture_grad.c -- the gradient of every differentiable op and view
  * against central finite differences of an f64 forward written here, on

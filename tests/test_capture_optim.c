@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * test_capture_optim.c -- AdamW, SGD and clip_grad_norm_ against torch's
  * update formulas written here in f64, over several steps on random params

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * test_capture_random.c -- the Philox generator and the draws made from it:
  * Random123's published known-answer vectors for philox4x32-10 (for the

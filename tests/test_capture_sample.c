@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * test_capture_sample.c -- sampling on the device against references
  * written here: topk_indices against a stable sort (ties and NaN

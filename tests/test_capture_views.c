@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * test_capture_views.c -- views against index arithmetic done here: reshape
  * and view (with and without copies), permute, transpose, slice, narrow,

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * test_codegen_cache.c -- the disk kernel cache and the C compiler driver
  * (codegen/cache.c, codegen/sha256.c): SHA-256 against the FIPS 180-2

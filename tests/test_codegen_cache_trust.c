@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * test_codegen_cache_trust.c -- the kernel cache as a trust boundary, and
  * its housekeeping (codegen/cache.c, codegen/cache_dir.c): a root that

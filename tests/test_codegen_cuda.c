@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * test_codegen_cuda.c -- the CUDA C dialect (codegen/cgen_cuda.c) without a
  * GPU: steps are captured on the CPU backend, their IR fused with the CUDA

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * test_codegen_cuda_data.c -- the CUDA dialect's horizontal merge of data
  * ops (fuse.c's horizontal_data, cgen_cuda.c's data members of a MULTI):

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * test_codegen_cuda_row.c -- the CUDA dialect's row kernels
  * (codegen/cgen_cuda_row.c) and the fusion that feeds them: softmax with a

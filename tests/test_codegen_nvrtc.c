@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * test_codegen_nvrtc.c -- CUDA C through NVRTC and the disk cache, without
  * a GPU: a kernel compiles to an sm_90 cubin, a second build compiles

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * test_cuda_attn.c -- the CUDA attention kernels (k_attn.cu) against the CPU
  * kernel on the same inputs, at the sizes the op test keeps small: decode

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * test_cuda_compiled_steps.c -- compiled steps on the GPU against f64
  * references written here, in every compiling mode: a 12-layer decoder-like

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * test_cuda_matmul.c -- the CUDA matmul family: first the plan that maps
  * row-major operands to cuBLASLt's column-major call (no device needed:

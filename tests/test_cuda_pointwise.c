@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * test_cuda_pointwise.c -- the paths of the CUDA pointwise and data kernels
  * that the op tests reach only by chance (test_codegen_nvrtc compiles both

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * test_cuda_probe.c -- the CUDA backend comes up on a machine with a GPU:
  * a context on device 0, tensors round-trip through device memory bit for

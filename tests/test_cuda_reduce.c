@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * test_cuda_reduce.c -- the paths of the CUDA reduce and row kernels that
  * the op tests do not reach, against f64 references computed here: one

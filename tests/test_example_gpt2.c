@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * test_example_gpt2.c -- the GPT-2 example's model (examples/gpt2/) against
  * an f64 reference forward written here in plain loops (llm.c's layer

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * test_example_train_gpt2.c -- the GPT-2 training step of examples/gpt2
  * (train.c, over model.c's gpt2_forward) against an f64 reference of the

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * test_fusion_passes.c -- the fusion passes one at a time, and the corners
  * of the C dialect: dead-code removal (and what it must keep), common

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * test_fusion_patterns.c -- every fusion pattern, compiled and replayed on
  * random inputs, against the same step run eagerly (one kernel per op), and

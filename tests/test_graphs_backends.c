@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * test_graphs_backends.c -- torch.compile's backend= in stepgraph:
  * backend_name "inductor", "eager" (every IR op replayed by the eager

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * test_graphs_contract.c -- what sg_compile promises beyond results:
  * zeroed or NULL opts capture (SG_MODE_DEFAULT); each fallback kind (a

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * test_graphs_convert.c -- the CPU backend's f16 and bf16 conversions
  * (graphs/cpu/cpu.h: sg__h2f, sg__f2h, sg__bf2f, sg__f2bf) against the

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * test_graphs_cuda_unavailable.c -- a machine without a CUDA driver (made
  * here by pointing the loader at a library that does not exist): asking

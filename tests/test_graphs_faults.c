@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * test_graphs_faults.c -- a compiled step survives a failing host allocation
  * anywhere in its life: sg_compile, the first sg_call (capture, fusion, code

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * test_graphs_growth.c -- nothing a fn leaves behind grows with history:
  * 20,000 sg_compile + sg_call + sg_fn_destroy cycles (captures replayed op

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * test_graphs_inspect.c -- seeing a compiled step: SG_LOGS=output_code
  * gives the whole generated unit (line for line the file SG_DUMP_DIR

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * test_graphs_options.c -- the compile options under torch's names:
  * epilogue_fusion = SG_FLAG_FALSE leaves every pointwise op after a

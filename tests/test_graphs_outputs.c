@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * test_graphs_outputs.c -- the output rule of compiled fns: without
  * sg_mark_step_begin each call is a step for its fn (10,000 calls at flat

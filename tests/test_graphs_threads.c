@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * test_graphs_threads.c -- contexts are independent: four threads each make
  * their own context, parameters and steps (eager, DEFAULT,

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * test_memory_plan.c -- the liveness planner on random buffer sets: no two
  * buffers whose lifetimes overlap share a byte, offsets are aligned, the

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * test_ops_attn.c -- the ATTENTION op (sg_sdpa's fused path and
  * sg_sdpa_cached) against an f64 attention written here, on random inputs:

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * test_ops_compose.c -- masked_fill, div_scalar and repeat_interleave
  * against references written here in f64, on random inputs over dtypes,

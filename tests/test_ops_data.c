@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * test_ops_data.c -- the data-movement ops against index arithmetic done
  * here: embedding, index_select, concat, arange and the in-place

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * test_ops_matmul.c -- sg_matmul and sg_linear against an f64 reference
  * written here: broadcast batch dims, 1-d operands, transposed, permuted,

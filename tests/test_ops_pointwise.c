@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * test_ops_pointwise.c -- the elementwise ops against references computed
  * here in f64 (or exactly, in integers): every unary op, cast between every

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * test_ops_reduce.c -- sum, mean, max, min, var and argmax against f64
  * references computed here from the inputs' values: every dtype each op

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * test_ops_rows.c -- softmax, log_softmax, layer_norm, rms_norm and
  * cross_entropy against f64 formulas computed here: float dtypes, contiguous

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * testutil.c -- see testutil.h. The dtype conversions here are written
  * apart from the library's so that a wrong conversion there shows up.

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * testutil.h -- the shared test harness: a seeded RNG, random tensors with
  * their values in f64, an independent f64 view of every dtype (its own

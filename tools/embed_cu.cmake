@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: MIT
 # embed_cu.cmake -- turn graphs/cuda/k_<family>.cu into one C file of string
 # constants, so that the library carries its CUDA sources and compiles them
 # with NVRTC at run time for whatever GPU it finds.

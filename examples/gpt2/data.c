@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * data.c -- llm.c's token file format and its contiguous-window data loader
  * (see data.h).

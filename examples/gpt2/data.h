@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * data.h -- llm.c's token files and its data loader.
  *

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * model.c -- GPT-2 over the public stepgraph API (see model.h): the
  * parameter table shared by init, load and save; the forward pass as two

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * model.h -- GPT-2 inference over the public stepgraph API: the weights in
  * llm.c's layout and checkpoint format, a KV cache, and two compiled steps

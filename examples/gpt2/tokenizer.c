@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * tokenizer.c -- reads llm.c's tokenizer file (see tokenizer.h).
  */

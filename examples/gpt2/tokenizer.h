@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * tokenizer.h -- llm.c's GPT-2 tokenizer file (gpt2_tokenizer.bin), read
  * for decoding token ids to bytes. The file: 256 uint32 of header (magic

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * train.c -- the GPT-2 training and evaluation steps (see train.h): what
  * they compute, the optimizers, and the learning-rate schedule.

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * train.h -- GPT-2 training over the public stepgraph API: one compiled
  * step runs the forward over (B, T) tokens with every position's logits,

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * cpu.c -- the CPU backend's executor: host memory for tensor storage
  * through the context's allocator hook, host transfer as memcpy, the row

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * cpu.h -- the internal header of the CPU backend: element conversion
  * (f16/bf16 <-> f32), strided gathers and scatters into small typed tiles,

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * cpu_attn.c -- the eager CPU kernel of ATTENTION (sg_sdpa, sg_sdpa_cached):
  * one pass over the visible keys per (batch, head, query) row with an

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * cpu_data.c -- the eager CPU kernels of the data family: embedding,
  * index_select, index_copy (in place), concat and arange. They move

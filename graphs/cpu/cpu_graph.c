@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * cpu_graph.c -- compiled captures on the CPU: the fused groups become one
  * C + OpenMP translation unit (codegen/cgen_c.c), compiled by the system C

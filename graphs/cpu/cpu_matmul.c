@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * cpu_matmul.c -- the eager CPU kernel of the matmul family (matmul, linear).
  * Every batch of the broadcast problem is one cblas_sgemm on f32 matrices;

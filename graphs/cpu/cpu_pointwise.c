@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * cpu_pointwise.c -- the eager CPU kernel of every elementwise op. The
  * output's index space is first coalesced (size-1 dims dropped, neighbours

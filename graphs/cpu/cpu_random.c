@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * cpu_random.c -- the counter-based generator (Philox 4x32-10, as Random123,
  * curand and torch) and the CPU kernel of the RAND op.

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * cpu_reduce.c -- the eager CPU kernels of the reduce family: sum, mean,
  * max, min, var and argmax over any set of dims of a tensor of any strides.

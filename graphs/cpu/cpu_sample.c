@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * cpu_sample.c -- the CPU kernels of the sampling ops: TOPK (the indices of
  * the k largest entries of each row) and SAMPLE (one index per row drawn

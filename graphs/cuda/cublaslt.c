@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * cublaslt.c -- cuBLASLt, loaded at run time (dlopen; no link-time
  * dependency), one handle and one workspace per context, and a cache of

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * cublaslt.h -- the CUDA matmul family's internal header: how a MATMUL or
  * LINEAR node becomes either cuBLASLt calls or launches of the GEMV kernel

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * cuda.h -- the CUDA driver, loaded at run time. stepgraph has no link-time
  * dependency on libcuda: driver.c opens libcuda.so.1 with dlopen, takes

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * cuda_attn.c -- the host side of ATTENTION on CUDA (kernels in k_attn.cu).
  * It describes the node's 4-d views to the kernel (strides, dtypes, the

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * cuda_data.c -- the host side of the CUDA data kernels (k_data.cu):
  * embedding and index_select as strided gathers, concat as one strided copy

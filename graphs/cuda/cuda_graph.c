@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * cuda_graph.c -- compiled captures on CUDA. The capture is fused again
  * with the CUDA options (no prologues before library anchors), and the

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * cuda_matmul.c -- the CUDA matmul family (MATMUL, LINEAR): a node becomes
  * a plan over shapes and strides (cublaslt.h), then either cuBLASLt calls

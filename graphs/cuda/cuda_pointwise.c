@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * cuda_pointwise.c -- the host side of the CUDA elementwise kernels
  * (k_pointwise.cu): it coalesces the output's index space with the

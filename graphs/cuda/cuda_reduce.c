@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * cuda_reduce.c -- the host side of the CUDA reduce family (sum, mean, max,
  * min, var, argmax; kernels in k_reduce.cu). It turns a node into the

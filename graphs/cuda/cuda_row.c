@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * cuda_row.c -- the host side of the CUDA row family (softmax, log_softmax,
  * layer_norm, rms_norm, cross_entropy; kernels in k_row.cu). It describes

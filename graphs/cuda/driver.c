@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * driver.c -- load the CUDA driver at run time: dlopen("libcuda.so.1"),
  * cuGetProcAddress from it, and every entry point of SG__CU_API through

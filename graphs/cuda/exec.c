@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * exec.c -- the CUDA executor: one primary context and one non-blocking
  * stream per sg_ctx, device memory for tensors (a caching allocator: freed

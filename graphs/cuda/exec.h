@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * exec.h -- what the CUDA kernel families use of the CUDA executor. The
  * executor (exec.c) owns the primary context, one non-blocking stream per

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * k_attn.cu -- the CUDA kernels of ATTENTION (host side in cuda_attn.c):
  * one split kernel that serves decode (flash-decoding) and prefill (flash

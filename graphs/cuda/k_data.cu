@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * k_data.cu -- the CUDA kernels of the data family (the NVRTC unit
  * SG__CU_DATA; cuda_data.c launches them): embedding, index_select and

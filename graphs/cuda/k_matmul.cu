@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * k_matmul.cu -- the matmul family's own kernels (NVRTC unit SG__CU_MATMUL):
  *

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * k_pointwise.cu -- the CUDA kernels of every elementwise op (the NVRTC unit
  * SG__CU_POINTWISE; cuda_pointwise.c launches them). Self-contained: NVRTC

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * k_reduce.cu -- the eager CUDA kernels of the reduce family: sum, mean,
  * max, min, var and argmax over any set of dims of a strided tensor (the

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * k_row.cu -- the eager CUDA kernels of the row family: softmax and
  * log_softmax along any dim, layer_norm and rms_norm over the last dim, and

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: MIT */
 /*
  * main.c -- a user's program against an installed stepgraph: checks that the
  * header and the library agree on the version, then compiles a small step

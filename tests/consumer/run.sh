@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: MIT
 # tests/consumer/run.sh BUILD_DIR -- install the stepgraph built in BUILD_DIR into
 # a temporary prefix, then build and run tests/consumer/main.c against it four
 # ways: CMake package (shared, static) and pkg-config (shared, static).
