@@ -27,6 +27,10 @@ typedef struct sg__graph_ops {
     sg_status (*run)(struct sg_fn *fn, struct sg__graph *g, int set);
     void (*release)(sg_ctx *ctx, struct sg__graph *g);
     void (*fuse_opts)(struct sg__fuse_opts *o, bool disable);
+    /* Optional: one replay with every kernel timed on the device, each
+     * reported through sg__trace_kernel (sg_fn_trace); NULL where the
+     * generic path times the kernels on the host. */
+    sg_status (*timed_run)(struct sg_fn *fn, struct sg__graph *g, int set);
 } sg__graph_ops;
 
 SG__HIDDEN extern const sg__graph_ops sg__cpu_graph_ops;

@@ -358,9 +358,10 @@ sg_status sg__graph_replay(sg_fn *fn, sg__graph *g, sg_tensor *const *in, int se
     fn->stats.patched_pointers += moved;
     if (g->compiled) {
         for (int i = 0; i < ir->nslots; i++) g->slotp[i] = g->slot_ptr[i]->data;
-        sg_status s = fn->trace && g->kernel_fn
-                          ? sg__trace_replay(fn, g)
-                          : ((const sg__graph_ops *)ctx->gops)->run(fn, g, set);
+        const sg__graph_ops *ops = ctx->gops;
+        sg_status s = fn->trace && ops->timed_run ? ops->timed_run(fn, g, set)
+                      : fn->trace && g->kernel_fn ? sg__trace_replay(fn, g)
+                                                  : ops->run(fn, g, set);
         if (s != SG_OK) {
             char msg[700];
             snprintf(msg, sizeof msg, "%.600s", ctx->msg);

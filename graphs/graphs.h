@@ -173,5 +173,9 @@ SG__HIDDEN int sg__graph_nkernels(const sg__graph *g);
 SG__HIDDEN int sg__graph_kernel_node(const sg__graph *g, int k);
 /* A replay of g under sg_fn_trace: runs it kernel by kernel, timing each. */
 SG__HIDDEN sg_status sg__trace_replay(sg_fn *fn, sg__graph *g);
+/* For a backend's timed_run: kernel k of g ran from t0 to t1 (seconds on
+ * one clock), then the replay is over. */
+SG__HIDDEN void sg__trace_kernel(sg_fn *fn, const sg__graph *g, int k, double t0, double t1);
+SG__HIDDEN void sg__trace_next(sg_fn *fn);
 
 #endif /* SG_GRAPHS_H */

@@ -417,6 +417,12 @@ static void trace_add(sg_fn *fn, const sg__graph *g, int k, double t0, double t1
     tr->ev[tr->n++] = (trace_ev){g, gi + 1, k, tr->replay, t0, t1};
 }
 
+void sg__trace_kernel(sg_fn *fn, const sg__graph *g, int k, double t0, double t1) {
+    trace_add(fn, g, k, t0, t1);
+}
+
+void sg__trace_next(sg_fn *fn) { fn->trace->replay++; }
+
 /* The compiled CPU unit, one sg_kernel at a time. */
 static int run_node_cb(void *p, int node) {
     sg__graph *g = p;
@@ -478,10 +484,10 @@ sg_status sg_fn_trace(sg_fn *fn, sg_tensor *const *in, int nin, const char *path
     if (replays < 1)
         return sg__fail(ctx, SG_ERR_INVALID_ARG, "sg_fn_trace: replays %d; pass 1 or more",
                         replays);
-    if (ctx->backend != SG_BACKEND_CPU)
+    if (ctx->backend != SG_BACKEND_CPU && ctx->backend != SG_BACKEND_CUDA)
         return sg__fail(ctx, SG_ERR_UNSUPPORTED,
-                        "sg_fn_trace: per-kernel timing is implemented for the cpu backend "
-                        "only, not %s; use the backend's profiler (nsys) meanwhile",
+                        "sg_fn_trace: per-kernel timing is implemented for the cpu and cuda "
+                        "backends, not %s",
                         sg_backend_name(ctx->backend));
     if (fn->trace) return sg__fail(ctx, SG_ERR_INVALID_ARG, "sg_fn_trace: already tracing fn");
     size_t outsz = sizeof(sg_tensor *) * (size_t)fn->nout;

@@ -936,14 +936,16 @@ SG_API sg_status sg_fn_write_dot(sg_fn *fn, const char *path, bool *svg);
 
 /*
  * Call fn `replays` times on `in` (as sg_call, so in-place updates happen
- * each time and the outputs are fn's as usual), timing every kernel with
- * clock_gettime, and write the timeline as Chrome / Perfetto trace JSON to
+ * each time and the outputs are fn's as usual), timing every kernel (on the
+ * CPU with clock_gettime around each generated kernel; on CUDA with a device
+ * event before and after each kernel, the replay launched kernel by kernel
+ * rather than as one graph), and write the timeline as Chrome / Perfetto trace JSON to
  * `path`: {"traceEvents": [{"name", "cat": "kernel", "ph": "X", "ts",
  * "dur", "pid": 1, "tid": 1, "args": {"replay", "kernel", "capture",
  * "ops"}}, ...]}, times in microseconds from the first event; one event per
  * kernel per replay (open it at ui.perfetto.dev or chrome://tracing).
  * Kernels are named as above. A call that runs eagerly (a fallback) adds no
- * events. CPU only for now: on other backends SG_ERR_UNSUPPORTED.
+ * events. cpu and cuda backends; on others SG_ERR_UNSUPPORTED.
  */
 SG_API sg_status sg_fn_trace(sg_fn *fn, sg_tensor *const *in, int nin, const char *path,
                              int replays);

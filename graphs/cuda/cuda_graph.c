@@ -42,6 +42,7 @@
 #include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <time.h>
 #include <unistd.h>
 
 typedef struct set_state {
@@ -217,9 +218,9 @@ static CUdeviceptr table_of(const cu_graph *cg, const set_state *st, int k) {
 /* Every group in order on the context's stream: the library's part (an
  * anchor or opaque node, unless the generated kernel computes it), then
  * the generated kernel. */
-static sg_status launch_all(sg_ctx *ctx, sg__graph *g, set_state *st) {
+static sg_status launch_range(sg_ctx *ctx, sg__graph *g, set_state *st, int from, int to) {
     cu_graph *cg = g->dev;
-    for (int k = 0; k < g->fused.ngroups; k++) {
+    for (int k = from; k < to; k++) {
         const sg__group *grp = &g->fused.groups[k];
         const sg__cuda_kinfo *ki = &cg->kinfo[k];
         int node = call_node(grp);
@@ -250,6 +251,10 @@ static sg_status launch_all(sg_ctx *ctx, sg__graph *g, set_state *st) {
         if (s != SG_OK) return s;
     }
     return SG_OK;
+}
+
+static sg_status launch_all(sg_ctx *ctx, sg__graph *g, set_state *st) {
+    return launch_range(ctx, g, st, 0, g->fused.ngroups);
 }
 
 /* Every entry of a set's table from the slot addresses: the capture-wide
@@ -535,11 +540,57 @@ static sg_status run(sg_fn *fn, sg__graph *g, int set) {
     return r == CUDA_SUCCESS ? SG_OK : sg__cu_fail(ctx, r, "cuGraphLaunch", g->module);
 }
 
+/*
+ * sg_fn_trace on CUDA: one replay launched kernel by kernel (no graph), an
+ * event recorded before the first and after each, so that every kernel --
+ * its library call, its generated kernel -- gets its own device time. The
+ * times are placed on the host clock read when the first event is queued.
+ */
+static sg_status timed_run(sg_fn *fn, sg__graph *g, int set) {
+    sg_ctx *ctx = fn->ctx;
+    const sg__cu_api *cu = api();
+    set_state *st = NULL;
+    bool moved = false;
+    sg_status s = table_for(ctx, g, set, &st, &moved);
+    if (s != SG_OK) return s;
+    int n = g->fused.ngroups;
+    size_t bytes = sizeof(CUevent) * (size_t)(n + 1);
+    CUevent *ev = sg__calloc(ctx, bytes);
+    if (!ev) return sg__fail(ctx, SG_ERR_OOM, "sg_fn_trace: out of host memory for events");
+    CUstream stream = sg__cuda_stream(ctx);
+    CUresult r = CUDA_SUCCESS;
+    for (int k = 0; k <= n && r == CUDA_SUCCESS; k++)
+        r = cu->cuEventCreate(&ev[k], CU_EVENT_DEFAULT);
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    double base = (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+    if (r == CUDA_SUCCESS) r = cu->cuEventRecord(ev[0], stream);
+    for (int k = 0; k < n && r == CUDA_SUCCESS && s == SG_OK; k++) {
+        s = launch_range(ctx, g, st, k, k + 1);
+        if (s == SG_OK) r = cu->cuEventRecord(ev[k + 1], stream);
+    }
+    if (r == CUDA_SUCCESS && s == SG_OK) r = cu->cuEventSynchronize(ev[n]);
+    for (int k = 0; k < n && r == CUDA_SUCCESS && s == SG_OK; k++) {
+        float a = 0, b = 0;
+        r = cu->cuEventElapsedTime_v2(&a, ev[0], ev[k]);
+        if (r == CUDA_SUCCESS) r = cu->cuEventElapsedTime_v2(&b, ev[0], ev[k + 1]);
+        if (r == CUDA_SUCCESS) sg__trace_kernel(fn, g, k, base + 1e-3 * a, base + 1e-3 * b);
+    }
+    for (int k = 0; k <= n; k++)
+        if (ev[k]) cu->cuEventDestroy_v2(ev[k]);
+    sg__free(ctx, ev, bytes);
+    if (s == SG_OK && r != CUDA_SUCCESS)
+        s = sg__cu_fail(ctx, r, "cuEventRecord/cuEventElapsedTime", "timing kernels for sg_fn_trace");
+    if (s == SG_OK) sg__trace_next(fn);
+    return s;
+}
+
 /* The CUDA dialect's fusion: no prologues before library anchors, which
  * read their input from memory. */
-const sg__graph_ops sg__cuda_graph_ops = {compile, run, release, sg__cgen_cuda_fuse_opts};
+const sg__graph_ops sg__cuda_graph_ops = {compile, run, release, sg__cgen_cuda_fuse_opts,
+                                          timed_run};
 
 #else
 /* Built without CUDA: no context ever gets these. */
-const sg__graph_ops sg__cuda_graph_ops = {NULL, NULL, NULL, NULL};
+const sg__graph_ops sg__cuda_graph_ops = {NULL, NULL, NULL, NULL, NULL};
 #endif
