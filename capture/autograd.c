@@ -120,19 +120,8 @@ sg_tensor *sg__grad_view(sg_tensor *src, sg_tensor *v, sg__view_kind kind, const
 
 /* ------------------------------------------------------------ public flags */
 
-static sg_status check_tensor(const char *what, const sg_tensor *t) {
-    if (!t) return SG_ERR_NULL;
-    if (t->magic == SG__TENSOR_DEAD)
-        return sg__fail(t->ctx, SG_ERR_RELEASED,
-                        "%s: tensor #%u was released with sg_release; "
-                        "keep it until its last use",
-                        what, t->id);
-    if (t->magic != SG__TENSOR_LIVE) return SG_ERR_INVALID_ARG;
-    return sg__check_stale(t, what);
-}
-
 sg_status sg_requires_grad_(sg_tensor *t, bool requires_grad) {
-    sg_status s = check_tensor("sg_requires_grad_", t);
+    sg_status s = sg__check_tensor("sg_requires_grad_", t);
     if (s != SG_OK) return s;
     sg_ctx *ctx = t->ctx;
     char d[SG__DESC];
@@ -356,7 +345,7 @@ static sg_status results(sg_ctx *ctx, int n, sg_tensor *const *wrt, uint32_t epo
 }
 
 static sg_status check_args(sg_tensor *loss, int n, sg_tensor *const *wrt, sg_tensor **grads) {
-    sg_status s = check_tensor("sg_grad", loss);
+    sg_status s = sg__check_tensor("sg_grad", loss);
     if (s != SG_OK) return s;
     sg_ctx *ctx = loss->ctx;
     char d[SG__DESC];
@@ -373,7 +362,7 @@ static sg_status check_args(sg_tensor *loss, int n, sg_tensor *const *wrt, sg_te
     for (int i = 0; i < n; i++) {
         char what[48];
         snprintf(what, sizeof what, "sg_grad: wrt[%d]", i);
-        if ((s = check_tensor(what, wrt[i])) != SG_OK) {
+        if ((s = sg__check_tensor(what, wrt[i])) != SG_OK) {
             if (s == SG_ERR_NULL)
                 sg__fail(ctx, s, "sg_grad: wrt[%d] is NULL (an earlier op failed?)", i);
             return s;

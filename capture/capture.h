@@ -395,6 +395,10 @@ SG__HIDDEN const char *sg__ir_node_str(const sg__ir *ir, int node, char *buf, si
 
 /* The status of a stale tensor, with its message, or SG_OK. */
 SG__HIDDEN sg_status sg__check_stale(const sg_tensor *t, const char *what);
+/* A single tensor argument of a call that is not an op (what names the
+ * call): SG_ERR_NULL, SG_ERR_RELEASED (with a message), SG_ERR_INVALID_ARG
+ * for something that is no tensor, a stale output's status, or SG_OK. */
+SG__HIDDEN sg_status sg__check_tensor(const char *what, const sg_tensor *t);
 
 /* Hand a node to the executor (and to the recorder while capturing). */
 SG__HIDDEN sg_status sg__dispatch(sg_ctx *ctx, const sg__node *n);

@@ -314,8 +314,7 @@ sg_status sg__inputs_status(int n, sg_tensor *const *ts) {
     return SG_ERR_INVALID_ARG;
 }
 
-/* A single tensor argument of a non-op call: its context, or NULL with status. */
-static sg_status check_one(const char *what, const sg_tensor *t) {
+sg_status sg__check_tensor(const char *what, const sg_tensor *t) {
     if (!t) return SG_ERR_NULL;
     if (t->magic == SG__TENSOR_DEAD)
         return sg__fail(t->ctx, SG_ERR_RELEASED,
@@ -468,7 +467,7 @@ int64_t sg_tensor_stride(const sg_tensor *t, int dim) {
 }
 
 sg_status sg_tensor_shape(const sg_tensor *t, int64_t *shape) {
-    sg_status s = check_one("sg_tensor_shape", t);
+    sg_status s = sg__check_tensor("sg_tensor_shape", t);
     if (s != SG_OK) return s;
     if (!shape) return sg__fail(t->ctx, SG_ERR_NULL, "sg_tensor_shape: shape is NULL");
     for (int d = 0; d < t->ndim; d++) shape[d] = t->shape[d];
@@ -499,7 +498,7 @@ static sg_status check_nbytes(const char *what, const sg_tensor *t, const void *
 }
 
 sg_status sg_write(sg_tensor *t, const void *src, size_t nbytes) {
-    sg_status s = check_one("sg_write", t);
+    sg_status s = sg__check_tensor("sg_write", t);
     if (s == SG_OK) s = check_nbytes("sg_write", t, src, nbytes);
     if (s != SG_OK || nbytes == 0) return s;
     sg_ctx *ctx = t->ctx;
@@ -525,7 +524,7 @@ sg_status sg_write(sg_tensor *t, const void *src, size_t nbytes) {
 }
 
 sg_status sg_read(const sg_tensor *t, void *dst, size_t nbytes) {
-    sg_status s = check_one("sg_read", t);
+    sg_status s = sg__check_tensor("sg_read", t);
     if (s == SG_OK) s = check_nbytes("sg_read", t, dst, nbytes);
     if (s != SG_OK || nbytes == 0) return s;
     sg_ctx *ctx = t->ctx;
@@ -549,7 +548,7 @@ static float half_to_float(uint16_t h) {
 }
 
 sg_status sg_item(const sg_tensor *t, double *value) {
-    sg_status s = check_one("sg_item", t);
+    sg_status s = sg__check_tensor("sg_item", t);
     if (s != SG_OK) return s;
     char d[SG__DESC];
     if (sg__numel(t->ndim, t->shape) != 1)
