@@ -9,16 +9,7 @@
 
 #include <stdio.h>
 
-typedef struct text {
-    sg_fn *fn;
-    char *buf;
-    size_t len, cap;
-    bool oom;
-} text;
-
-static void put(text *t, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-
-static void put(text *t, const char *fmt, ...) {
+void sg__text_put(sg__text *t, const char *fmt, ...) {
     if (t->oom) return;
     for (;;) {
         va_list ap;
@@ -32,14 +23,14 @@ static void put(text *t, const char *fmt, ...) {
         }
         size_t ncap = t->cap ? t->cap * 2 : 4096;
         while (ncap < t->len + (size_t)n + 1) ncap *= 2;
-        char *nb = sg__alloc(t->fn->ctx, ncap);
+        char *nb = sg__alloc(t->ctx, ncap);
         if (!nb) {
             t->oom = true;
             return;
         }
         if (t->buf) {
             memcpy(nb, t->buf, t->len + 1);
-            sg__free(t->fn->ctx, t->buf, t->cap);
+            sg__free(t->ctx, t->buf, t->cap);
         } else {
             nb[0] = '\0';
         }
@@ -48,21 +39,21 @@ static void put(text *t, const char *fmt, ...) {
     }
 }
 
-static void explain_key(text *t, const sg__graph *g, int nin) {
+static void explain_key(sg__text *t, const sg__graph *g, int nin) {
     for (int k = 0; k < nin; k++) {
         const sg__argkey *a = &g->key[k];
         char sh[96], st[96];
-        put(t, "    guard: input %d is %s%s strides %s", k, sg_dtype_name(a->dtype),
+        sg__text_put(t, "    guard: input %d is %s%s strides %s", k, sg_dtype_name(a->dtype),
             sg__shape_str(a->ndim, a->shape, sh, sizeof sh),
             sg__shape_str(a->ndim, a->stride, st, sizeof st));
         if (a->alias >= 0)
-            put(t, ", shares storage with input %d at offset %lld", a->alias,
+            sg__text_put(t, ", shares storage with input %d at offset %lld", a->alias,
                 (long long)a->alias_off);
-        put(t, "\n");
+        sg__text_put(t, "\n");
     }
 }
 
-static void explain_slots(text *t, const sg__graph *g) {
+static void explain_slots(sg__text *t, const sg__graph *g) {
     const sg__ir *ir = &g->ir;
     for (int s = 0; s < ir->nslots; s++) {
         const sg__slot *sl = &ir->slots[s];
@@ -70,31 +61,31 @@ static void explain_slots(text *t, const sg__graph *g) {
         switch (sl->kind) {
         case SG__SLOT_INPUT:
             if (sl->mutated_by >= 0)
-                put(t,
+                sg__text_put(t,
                     "    mutation: input %d is written in place by IR line %s (replays write "
                     "to the tensor passed to each call)\n",
                     sl->input, sg__ir_node_str(ir, sl->mutated_by, line, sizeof line));
             break;
         case SG__SLOT_PARAM:
-            put(t, "    parameter p%d: %zu bytes%s\n", s, sl->param->nbytes,
+            sg__text_put(t, "    parameter p%d: %zu bytes%s\n", s, sl->param->nbytes,
                 sl->mutated_by >= 0 ? ", written in place" : "");
             if (sl->mutated_by >= 0)
-                put(t, "    mutation: parameter p%d is written in place by IR line %s\n", s,
+                sg__text_put(t, "    mutation: parameter p%d is written in place by IR line %s\n", s,
                     sg__ir_node_str(ir, sl->mutated_by, line, sizeof line));
             break;
         case SG__SLOT_INTERNAL:
             if (g->eager) break;
             if (sl->output >= 0)
-                put(t, "    buffer b%d: %zu bytes, output %d, offset %zu in each output set\n", s,
+                sg__text_put(t, "    buffer b%d: %zu bytes, output %d, offset %zu in each output set\n", s,
                     sl->nbytes, sl->output, g->slot_off[s]);
             else if (g->slot_off[s] == SIZE_MAX) /* no kernel reads or writes it in memory */
-                put(t, "    buffer b%d: %zu bytes, live over IR lines %d..%d, %s (no pool bytes)\n",
+                sg__text_put(t, "    buffer b%d: %zu bytes, live over IR lines %d..%d, %s (no pool bytes)\n",
                     s, sl->nbytes, sl->first, sl->last,
                     g->has_fused && sl->first >= 0 && g->fused.dead[sl->first]
                         ? "removed by fusion (unused or a duplicate)"
                         : "in registers");
             else
-                put(t,
+                sg__text_put(t,
                     "    buffer b%d: %zu bytes, live over IR lines %d..%d, scratch offset "
                     "%zu\n",
                     s, sl->nbytes, sl->first, sl->last, g->slot_off[s]);
@@ -103,29 +94,29 @@ static void explain_slots(text *t, const sg__graph *g) {
     }
 }
 
-static void explain_graph(text *t, const sg__graph *g, int gi, int nin) {
+static void explain_graph(sg__text *t, const sg__graph *g, int gi, int nin) {
     const sg__ir *ir = &g->ir;
-    put(t, "  capture %d: %d ops, %d buffers, %s\n", gi + 1, ir->nnodes, ir->nslots,
+    sg__text_put(t, "  capture %d: %d ops, %d buffers, %s\n", gi + 1, ir->nnodes, ir->nslots,
         g->eager ? "runs eagerly" : "replays");
-    if (g->eager) put(t, "    fallback: %s\n", g->why);
+    if (g->eager) sg__text_put(t, "    fallback: %s\n", g->why);
     explain_key(t, g, nin);
     for (int i = 0; i < ir->nnodes; i++) {
         char line[512];
-        put(t, "    %s\n", sg__ir_node_str(ir, i, line, sizeof line));
+        sg__text_put(t, "    %s\n", sg__ir_node_str(ir, i, line, sizeof line));
     }
     explain_slots(t, g);
     if (g->compiled)
-        put(t, "    kernels: %d (fused from %d IR ops, unit %s%s%s)\n", g->fused.ngroups,
+        sg__text_put(t, "    kernels: %d (fused from %d IR ops, unit %s%s%s)\n", g->fused.ngroups,
             ir->nnodes, g->module, g->mod ? " in " : "", g->mod ? sg__module_path(g->mod) : "");
     else if (g->custom)
-        put(t, "    kernels: none; calls run the step that backend_fn gave, eagerly\n");
+        sg__text_put(t, "    kernels: none; calls run the step that backend_fn gave, eagerly\n");
     else if (g->op_by_op)
-        put(t, "    kernels: %d (aot_eager: the ops left after cse and dce; unfused, eager kernels "
+        sg__text_put(t, "    kernels: %d (aot_eager: the ops left after cse and dce; unfused, eager kernels "
                "op by op)\n", sg__graph_nkernels(g));
     else if (!g->eager)
-        put(t, "    kernels: %d (unfused, eager kernels op by op)\n", ir->nnodes);
+        sg__text_put(t, "    kernels: %d (unfused, eager kernels op by op)\n", ir->nnodes);
     if (!g->eager)
-        put(t,
+        sg__text_put(t,
             "    memory: scratch %zu bytes (peak live %zu, unshared %zu), output set %zu "
             "bytes x %d, replays %llu\n",
             g->scratch, g->peak, g->unshared, g->out_bytes, g->noutbufs,
@@ -134,25 +125,25 @@ static void explain_graph(text *t, const sg__graph *g, int gi, int nin) {
 
 const char *sg_fn_explain(sg_fn *fn) {
     if (!fn || fn->magic != SG__FN_LIVE) return "";
-    text t = {.fn = fn, .buf = fn->explain, .cap = fn->explain_size};
+    sg__text t = {.ctx = fn->ctx, .buf = fn->explain, .cap = fn->explain_size};
     if (t.buf) t.buf[0] = '\0';
-    put(&t, "fn '%s': mode %s%s%s, %d inputs, %d outputs, %llu calls (%llu eager)\n", fn->name,
+    sg__text_put(&t, "fn '%s': mode %s%s%s, %d inputs, %d outputs, %llu calls (%llu eager)\n", fn->name,
         sg_mode_name(fn->opts.mode), fn->opts.fullgraph ? ", fullgraph" : "",
         fn->opts.disable ? ", disabled" : "", fn->nin, fn->nout,
         (unsigned long long)fn->stats.calls, (unsigned long long)fn->stats.fallbacks);
     if (fn->opts.disable || fn->opts.mode == SG_MODE_EAGER || fn->stance == SG_STANCE_FORCE_EAGER)
-        put(&t, "  fallback: every call runs eagerly (%s)\n",
+        sg__text_put(&t, "  fallback: every call runs eagerly (%s)\n",
             fn->opts.disable                 ? "disable is set"
             : fn->opts.mode == SG_MODE_EAGER ? "mode eager"
                                              : "stance force_eager");
     if (fn->said_limit)
-        put(&t, "  fallback: cache_size_limit %d reached; new input signatures run eagerly\n",
+        sg__text_put(&t, "  fallback: cache_size_limit %d reached; new input signatures run eagerly\n",
             fn->opts.cache_size_limit);
     for (int gi = 0; gi < fn->ngraphs; gi++) explain_graph(&t, fn->graphs[gi], gi, fn->nin);
     const sg_fn_stats *c = &fn->stats;
-    put(&t, "  output sets: %d%s\n", fn->nsets,
+    sg__text_put(&t, "  output sets: %d%s\n", fn->nsets,
         fn->ctx->step ? " (steps marked with sg_mark_step_begin)" : " (each call is a step)");
-    put(&t,
+    sg__text_put(&t,
         "  counters: captures %llu, compiles %llu, cache hits %llu, replays %llu, eager calls "
         "%llu, graph instantiations %llu, exec updates %llu, patched pointers %llu, recycled "
         "output sets %llu\n",

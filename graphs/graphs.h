@@ -173,6 +173,18 @@ SG__HIDDEN int sg__graph_nkernels(const sg__graph *g);
 SG__HIDDEN int sg__graph_kernel_node(const sg__graph *g, int k);
 /* A replay of g under sg_fn_trace: runs it kernel by kernel, timing each. */
 SG__HIDDEN sg_status sg__trace_replay(sg_fn *fn, sg__graph *g);
+
+/* A growing text in host memory through ctx's allocator (explain, DOT,
+ * trace JSON): sg__text_put appends printf-style; a failed allocation sets
+ * oom and later puts do nothing. (explain.c) */
+typedef struct sg__text {
+    sg_ctx *ctx;
+    char *buf;
+    size_t len, cap;
+    bool oom;
+} sg__text;
+SG__HIDDEN void sg__text_put(sg__text *t, const char *fmt, ...)
+    __attribute__((format(printf, 2, 3)));
 /* For a backend's timed_run: kernel k of g ran from t0 to t1 (seconds on
  * one clock), then the replay is over. */
 SG__HIDDEN void sg__trace_kernel(sg_fn *fn, const sg__graph *g, int k, double t0, double t1);

@@ -91,52 +91,15 @@ static const char *kernel_ops(const sg__graph *g, int k, char *buf, size_t size)
     return buf;
 }
 
-/* ------------------------------------------------------------ a growing text */
+/* ------------------------------------------------------------ a growing sg__text */
 
-typedef struct text {
-    sg_ctx *ctx;
-    char *buf;
-    size_t len, cap;
-    bool oom;
-} text;
-
-static void put(text *t, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-
-static void put(text *t, const char *fmt, ...) {
-    while (!t->oom) {
-        va_list ap;
-        va_start(ap, fmt);
-        int n = vsnprintf(t->buf ? t->buf + t->len : NULL, t->buf ? t->cap - t->len : 0, fmt, ap);
-        va_end(ap);
-        if (n < 0) return;
-        if (t->buf && t->len + (size_t)n < t->cap) {
-            t->len += (size_t)n;
-            return;
-        }
-        size_t ncap = t->cap ? t->cap * 2 : 4096;
-        while (ncap < t->len + (size_t)n + 1) ncap *= 2;
-        char *nb = sg__alloc(t->ctx, ncap);
-        if (!nb) {
-            t->oom = true;
-            return;
-        }
-        nb[0] = '\0';
-        if (t->buf) {
-            memcpy(nb, t->buf, t->len + 1);
-            sg__free(t->ctx, t->buf, t->cap);
-        }
-        t->buf = nb;
-        t->cap = ncap;
-    }
-}
-
-static void text_free(text *t) {
+static void text_free(sg__text *t) {
     if (t->buf) sg__free(t->ctx, t->buf, t->cap);
     t->buf = NULL;
 }
 
 /* Write t to path (created or truncated, mode 0644). */
-static sg_status text_write(text *t, const char *what, const char *path) {
+static sg_status text_write(sg__text *t, const char *what, const char *path) {
     if (t->oom) return sg__fail(t->ctx, SG_ERR_OOM, "%s: out of host memory", what);
     if (sg__write_file(path, t->buf ? t->buf : "", t->len) != 0)
         return sg__fail(t->ctx, SG_ERR_COMPILE, "%s: cannot write %s: %s; pass a writable path",
@@ -147,7 +110,7 @@ static sg_status text_write(text *t, const char *what, const char *path) {
 /* ------------------------------------------------------------ DOT */
 
 typedef struct dot {
-    text t;
+    sg__text t;
     const sg__graph *g;
     int *writer; /* per slot: the last kernel that wrote it so far, -1 none */
     int *seen;   /* per slot: the last kernel an edge into it was drawn for */
@@ -195,7 +158,7 @@ static void edge(dot *d, int ref, int k) {
     if (!src[0] || (d->writer[r->slot] == k)) return;
     ref_str(r, rs, sizeof rs);
     where_str(d->g, r->slot, where, sizeof where);
-    put(&d->t, "  %s -> k%d [label=\"%s\\n%s\"];\n", src, k, rs, where);
+    sg__text_put(&d->t, "  %s -> k%d [label=\"%s\\n%s\"];\n", src, k, rs, where);
 }
 
 static void wrote(dot *d, int ref, int k) {
@@ -208,7 +171,7 @@ static void wrote(dot *d, int ref, int k) {
         d->writer[s] = -1;
         source_node(d, s, dst, sizeof dst);
         d->writer[s] = saved;
-        put(&d->t, "  k%d -> %s [style=dashed, label=\"written in place\"];\n", k, dst);
+        sg__text_put(&d->t, "  k%d -> %s [style=dashed, label=\"written in place\"];\n", k, dst);
     }
     d->writer[s] = k;
 }
@@ -259,12 +222,12 @@ static void dot_nodes(dot *d, const sg_fn *fn) {
     const sg__ir *ir = &g->ir;
     char sh[96], name[160], ops[512];
     for (int i = 0; i < fn->nin; i++)
-        put(&d->t, "  in%d [shape=invhouse, label=\"input %d\\n%s%s\"];\n", i, i,
+        sg__text_put(&d->t, "  in%d [shape=invhouse, label=\"input %d\\n%s%s\"];\n", i, i,
             sg_dtype_name(g->key[i].dtype),
             sg__shape_str(g->key[i].ndim, g->key[i].shape, sh, sizeof sh));
     for (int s = 0; s < ir->nslots; s++)
         if (ir->slots[s].kind == SG__SLOT_PARAM)
-            put(&d->t, "  p%d [shape=cylinder, label=\"parameter p%d\\n%zu bytes\"];\n", s, s,
+            sg__text_put(&d->t, "  p%d [shape=cylinder, label=\"parameter p%d\\n%zu bytes\"];\n", s, s,
                 ir->slots[s].param->nbytes);
     int nk = sg__graph_nkernels(g);
     for (int k = 0; k < nk; k++) {
@@ -280,7 +243,7 @@ static void dot_nodes(dot *d, const sg_fn *fn) {
             r = &ir->refs[ir->args[ir->nodes[grp->g[grp->anchor].node].args]];
         else if (grp && grp->ndim > 0)
             r = NULL;
-        put(&d->t, "  k%d [shape=box, label=\"%s\\nops: %s\\nover %s\"];\n", k,
+        sg__text_put(&d->t, "  k%d [shape=box, label=\"%s\\nops: %s\\nover %s\"];\n", k,
             sg__graph_kernel_name(g, k, name, sizeof name), kernel_ops(g, k, ops, sizeof ops),
             r ? sg__shape_str(r->ndim, r->shape, sh, sizeof sh)
               : sg__shape_str(grp->ndim, grp->shape, sh, sizeof sh));
@@ -288,11 +251,11 @@ static void dot_nodes(dot *d, const sg_fn *fn) {
     for (int o = 0; o < ir->nout; o++) {
         char rs[128];
         ref_str(&ir->refs[ir->out_refs[o]], rs, sizeof rs);
-        put(&d->t, "  out%d [shape=house, label=\"output %d\\n%s\"];\n", o, o, rs);
+        sg__text_put(&d->t, "  out%d [shape=house, label=\"output %d\\n%s\"];\n", o, o, rs);
     }
 }
 
-static sg_status dot_text(sg_fn *fn, const sg__graph *g, text *out) {
+static sg_status dot_text(sg_fn *fn, const sg__graph *g, sg__text *out) {
     const sg__ir *ir = &g->ir;
     size_t bytes = sizeof(int) * (size_t)(ir->nslots ? ir->nslots : 1);
     dot d = {.t = {.ctx = fn->ctx}, .g = g};
@@ -300,7 +263,7 @@ static sg_status dot_text(sg_fn *fn, const sg__graph *g, text *out) {
     d.seen = sg__alloc(fn->ctx, bytes);
     if (!d.writer || !d.seen) d.t.oom = true;
     for (int s = 0; !d.t.oom && s < ir->nslots; s++) d.writer[s] = d.seen[s] = -1;
-    put(&d.t, "digraph \"%s\" {\n  rankdir=TB;\n  node [fontname=\"monospace\"];\n", fn->name);
+    sg__text_put(&d.t, "digraph \"%s\" {\n  rankdir=TB;\n  node [fontname=\"monospace\"];\n", fn->name);
     dot_nodes(&d, fn);
     int nk = sg__graph_nkernels(g);
     for (int k = 0; k < nk && !d.t.oom; k++) kernel_edges(&d, k);
@@ -311,9 +274,9 @@ static sg_status dot_text(sg_fn *fn, const sg__graph *g, text *out) {
         if (!src[0]) continue;
         ref_str(&ir->refs[r], rs, sizeof rs);
         where_str(g, ir->refs[r].slot, where, sizeof where);
-        put(&d.t, "  %s -> out%d [label=\"%s\\n%s\"];\n", src, o, rs, where);
+        sg__text_put(&d.t, "  %s -> out%d [label=\"%s\\n%s\"];\n", src, o, rs, where);
     }
-    put(&d.t, "}\n");
+    sg__text_put(&d.t, "}\n");
     if (d.writer) sg__free(fn->ctx, d.writer, bytes);
     if (d.seen) sg__free(fn->ctx, d.seen, bytes);
     *out = d.t;
@@ -364,7 +327,7 @@ sg_status sg_fn_write_dot(sg_fn *fn, const char *path, bool *svg) {
     sg_status s = last_capture(fn, "sg_fn_write_dot", &g);
     if (s != SG_OK) return s;
     if (!path) return sg__fail(fn->ctx, SG_ERR_NULL, "sg_fn_write_dot: path is NULL");
-    text t;
+    sg__text t;
     s = dot_text(fn, g, &t);
     if (s == SG_OK) s = text_write(&t, "sg_fn_write_dot", path);
     text_free(&t);
@@ -447,34 +410,34 @@ sg_status sg__trace_replay(sg_fn *fn, sg__graph *g) {
 
 /* A JSON string body: names and op lists hold no quote or control byte,
  * but say so safely anyway. */
-static void put_json_str(text *t, const char *s) {
+static void put_json_str(sg__text *t, const char *s) {
     for (; *s; s++) {
         if (*s == '"' || *s == '\\')
-            put(t, "\\%c", *s);
+            sg__text_put(t, "\\%c", *s);
         else if ((unsigned char)*s < 0x20)
-            put(t, "\\u%04x", (unsigned)(unsigned char)*s);
+            sg__text_put(t, "\\u%04x", (unsigned)(unsigned char)*s);
         else
-            put(t, "%c", *s);
+            sg__text_put(t, "%c", *s);
     }
 }
 
-static void trace_json(const sg__trace *tr, text *t) {
+static void trace_json(const sg__trace *tr, sg__text *t) {
     double base = tr->n ? tr->ev[0].t0 : 0;
-    put(t, "{\"traceEvents\": [\n");
+    sg__text_put(t, "{\"traceEvents\": [\n");
     for (int i = 0; i < tr->n && !t->oom; i++) {
         const trace_ev *e = &tr->ev[i];
         char name[160], ops[512];
-        put(t, "  {\"name\": \"");
+        sg__text_put(t, "  {\"name\": \"");
         put_json_str(t, sg__graph_kernel_name(e->g, e->kernel, name, sizeof name));
-        put(t,
+        sg__text_put(t,
             "\", \"cat\": \"kernel\", \"ph\": \"X\", \"ts\": %.3f, \"dur\": %.3f, \"pid\": 1, "
             "\"tid\": 1, \"args\": {\"replay\": %llu, \"kernel\": %d, \"capture\": %d, \"ops\": \"",
             (e->t0 - base) * 1e6, (e->t1 - e->t0) * 1e6, (unsigned long long)e->replay, e->kernel,
             e->capture);
         put_json_str(t, kernel_ops(e->g, e->kernel, ops, sizeof ops));
-        put(t, "\"}}%s\n", i + 1 < tr->n ? "," : "");
+        sg__text_put(t, "\"}}%s\n", i + 1 < tr->n ? "," : "");
     }
-    put(t, "], \"displayTimeUnit\": \"ms\"}\n");
+    sg__text_put(t, "], \"displayTimeUnit\": \"ms\"}\n");
 }
 
 sg_status sg_fn_trace(sg_fn *fn, sg_tensor *const *in, int nin, const char *path, int replays) {
@@ -499,7 +462,7 @@ sg_status sg_fn_trace(sg_fn *fn, sg_tensor *const *in, int nin, const char *path
     for (int r = 0; r < replays && s == SG_OK; r++) s = sg_call(fn, in, nin, out, fn->nout);
     fn->trace = NULL;
     sg__free(ctx, out, outsz);
-    text t = {.ctx = ctx};
+    sg__text t = {.ctx = ctx};
     if (s == SG_OK && tr.oom) s = sg__fail(ctx, SG_ERR_OOM, "sg_fn_trace: out of host memory");
     if (s == SG_OK) {
         trace_json(&tr, &t);
