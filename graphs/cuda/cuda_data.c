@@ -150,13 +150,18 @@ static sg_status embedding(sg_ctx *ctx, const sg__node *n) {
     return run_gather(ctx, &a);
 }
 
-/* out[.., j, ..] = x[.., idx[j], ..] along dim. */
-static sg_status index_select(sg_ctx *ctx, const sg__node *n) {
+/*
+ * A gather of x along dim into out through the strided gather kernel: for
+ * index_select idx is 1-d and out[.., j, ..] = x[.., idx[j], ..]; for
+ * torch.gather (each) idx has out's shape and out[c] = x[c with idx[c] at
+ * dim]. The indices are checked on the host first (outside recordings).
+ */
+static sg_status gather_along(sg_ctx *ctx, const sg__node *n, const char *op, bool each) {
     const sg_tensor *x = n->in[0], *idx = n->in[1], *out = n->out;
     int dim = (int)n->i[0], nd = out->ndim;
     char what[64];
     snprintf(what, sizeof what, "dim %d of x", dim);
-    sg_status s = check_indices(ctx, "sg_index_select", idx, x->shape[dim], what);
+    sg_status s = check_indices(ctx, op, idx, x->shape[dim], what);
     if (s != SG_OK) return s;
     dt_args a;
     memset(&a, 0, sizeof a);
@@ -168,7 +173,7 @@ static sg_status index_select(sg_ctx *ctx, const sg__node *n) {
         a.shape[d] = out->shape[d];
         a.dstride[d] = out->stride[d];
         a.sstride[d] = d == dim ? 0 : x->stride[d];
-        a.istride[d] = d == dim ? idx->stride[0] : 0;
+        a.istride[d] = each ? idx->stride[d] : d == dim ? idx->stride[0] : 0;
     }
     a.sel_stride = x->stride[dim];
     a.limit = x->shape[dim];
@@ -206,6 +211,34 @@ static sg_status concat(sg_ctx *ctx, const sg__node *n) {
 }
 
 /*
+ * The arguments of a walk over dst's lanes off dim (every position but
+ * dim's), each lane stepping through src's count = src.shape[dim] entries
+ * along dim and their indices in order: index_copy_'s recorded pass and
+ * index_add share it.
+ */
+static void lane_walk(dt_args *a, const sg_tensor *dst, const sg_tensor *idx, const sg_tensor *src,
+                      int dim, int64_t numel) {
+    int nd = dst->ndim;
+    memset(a, 0, sizeof *a);
+    a->dst = sg__data(dst);
+    a->src = sg__data(src);
+    a->idx = sg__data(idx);
+    a->idx_is_i64 = idx->dtype == SG_I64;
+    a->istride[0] = idx->stride[0];
+    a->count = src->shape[dim];
+    a->jstride = src->stride[dim];
+    a->sel_stride = dst->stride[dim];
+    a->limit = dst->shape[dim];
+    a->ndim = nd;
+    for (int d = 0; d < nd; d++) { /* the walk leaves dim out */
+        a->shape[d] = d == dim ? 1 : src->shape[d];
+        a->dstride[d] = d == dim ? 0 : dst->stride[d];
+        a->sstride[d] = d == dim ? 0 : src->stride[d];
+    }
+    a->n = numel / a->count;
+}
+
+/*
  * index_copy_ inside a graph recording, where scratch cannot be allocated:
  * sg_data_index_copy_scan, one pass in which each src position along dim
  * checks the later indices itself. It reads idx while other blocks write
@@ -213,7 +246,7 @@ static sg_status concat(sg_ctx *ctx, const sg__node *n) {
  */
 static sg_status index_copy_recorded(sg_ctx *ctx, const sg__node *n, int64_t numel) {
     const sg_tensor *dst = n->out, *idx = n->in[1], *src = n->in[2];
-    int dim = (int)n->i[0], nd = dst->ndim;
+    int dim = (int)n->i[0];
     if (idx->st == dst->st) {
         char a[SG__DESC], b[SG__DESC];
         return sg__fail(ctx, SG_ERR_UNSUPPORTED, "sg_index_copy_: idx %s shares storage with dst "
@@ -221,23 +254,7 @@ static sg_status index_copy_recorded(sg_ctx *ctx, const sg__node *n, int64_t num
                         sg__describe(idx, a, sizeof a), sg__describe(dst, b, sizeof b));
     }
     dt_args a;
-    memset(&a, 0, sizeof a);
-    a.dst = sg__data(dst);
-    a.src = sg__data(src);
-    a.idx = sg__data(idx);
-    a.idx_is_i64 = idx->dtype == SG_I64;
-    a.istride[0] = idx->stride[0];
-    a.count = src->shape[dim];
-    a.jstride = src->stride[dim];
-    a.sel_stride = dst->stride[dim];
-    a.limit = dst->shape[dim];
-    a.ndim = nd;
-    for (int d = 0; d < nd; d++) { /* the walk leaves dim out */
-        a.shape[d] = d == dim ? 1 : src->shape[d];
-        a.dstride[d] = d == dim ? 0 : dst->stride[d];
-        a.sstride[d] = d == dim ? 0 : src->stride[d];
-    }
-    a.n = numel / a.count;
+    lane_walk(&a, dst, idx, src, dim, numel);
     a.es = (int)sg_dtype_size(dst->dtype);
     void *args[1] = {&a};
     int64_t chunks = (a.n + 2047) / 2048; /* CHUNK in k_data.cu */
@@ -311,23 +328,7 @@ static sg_status index_add(sg_ctx *ctx, const sg__node *n) {
     int64_t numel = sg__numel(nd, src->shape);
     if (s != SG_OK || numel == 0) return s;
     dt_args a;
-    memset(&a, 0, sizeof a);
-    a.dst = sg__data(dst);
-    a.src = sg__data(src);
-    a.idx = sg__data(idx);
-    a.idx_is_i64 = idx->dtype == SG_I64;
-    a.istride[0] = idx->stride[0];
-    a.count = src->shape[dim];
-    a.jstride = src->stride[dim];
-    a.sel_stride = dst->stride[dim];
-    a.limit = dst->shape[dim];
-    a.ndim = nd;
-    for (int d = 0; d < nd; d++) { /* the walk leaves dim out */
-        a.shape[d] = d == dim ? 1 : src->shape[d];
-        a.dstride[d] = d == dim ? 0 : dst->stride[d];
-        a.sstride[d] = d == dim ? 0 : src->stride[d];
-    }
-    a.n = numel / a.count;
+    lane_walk(&a, dst, idx, src, dim, numel);
     int dt = (int)dst->dtype;
     void *args[2] = {&a, &dt};
     return launch(ctx, "sg_data_index_add", a.n, args);
@@ -355,35 +356,6 @@ static sg_status rand_draw(sg_ctx *ctx, const sg__node *n) {
     if (len == 0) return SG_OK;
     void *args[6] = {&p, &len, &dt, &dist, &r, &rs};
     return launch(ctx, "sg_data_rand", (len + 1) / 2, args);
-}
-
-/* torch.gather: out[c] = x[c with idx[c] at dim], the strided gather with
- * idx of out's shape. */
-static sg_status gather_dim(sg_ctx *ctx, const sg__node *n) {
-    const sg_tensor *x = n->in[0], *idx = n->in[1], *out = n->out;
-    int dim = (int)n->i[0], nd = out->ndim;
-    char what[64];
-    snprintf(what, sizeof what, "dim %d of x", dim);
-    sg_status s = check_indices(ctx, "sg_gather", idx, x->shape[dim], what);
-    if (s != SG_OK) return s;
-    dt_args a;
-    memset(&a, 0, sizeof a);
-    a.dst = sg__data(out);
-    a.src = sg__data(x);
-    a.idx = sg__data(idx);
-    a.ndim = nd;
-    for (int d = 0; d < nd; d++) {
-        a.shape[d] = out->shape[d];
-        a.dstride[d] = out->stride[d];
-        a.sstride[d] = d == dim ? 0 : x->stride[d];
-        a.istride[d] = idx->stride[d];
-    }
-    a.sel_stride = x->stride[dim];
-    a.limit = x->shape[dim];
-    a.n = sg__numel(nd, out->shape);
-    a.es = (int)sg_dtype_size(out->dtype);
-    a.idx_is_i64 = idx->dtype == SG_I64;
-    return run_gather(ctx, &a);
 }
 
 /* TOPK and SAMPLE: one thread per row of the contiguous (rows, V) x. */
@@ -426,13 +398,13 @@ sg_status sg__cuda_data_check(sg_ctx *ctx, const sg__node *n) {
 sg_status sg__cuda_data(sg_ctx *ctx, const sg__node *n) {
     switch (n->op) {
     case SG__OP_EMBEDDING: return embedding(ctx, n);
-    case SG__OP_INDEX_SELECT: return index_select(ctx, n);
+    case SG__OP_INDEX_SELECT: return gather_along(ctx, n, "sg_index_select", false);
     case SG__OP_INDEX_COPY: return index_copy(ctx, n);
     case SG__OP_INDEX_ADD: return index_add(ctx, n);
     case SG__OP_CONCAT: return concat(ctx, n);
     case SG__OP_ARANGE: return arange(ctx, n);
     case SG__OP_RAND: return rand_draw(ctx, n);
-    case SG__OP_GATHER: return gather_dim(ctx, n);
+    case SG__OP_GATHER: return gather_along(ctx, n, "sg_gather", true);
     case SG__OP_TOPK:
     case SG__OP_SAMPLE: return per_row(ctx, n);
     default: break;
