@@ -294,12 +294,14 @@ class TrainGPT2(torch.nn.Module):
     def __init__(self, cfg, p, dev):
         super().__init__()
         self.V, self.NH = cfg["V"], cfg["NH"]
+        # copies: .to() on the CPU would share the checkpoint's storage
+        own = lambda t: torch.nn.Parameter(t.to(dev, torch.float32, copy=True))
         for name in ("wte", "wpe", "lnfw", "lnfb"):
-            setattr(self, name, torch.nn.Parameter(p[name].to(dev, torch.float32)))
+            setattr(self, name, own(p[name]))
         self.layers = torch.nn.ModuleList(torch.nn.Module() for _ in range(cfg["L"]))
         for l, m in enumerate(self.layers):
             for name in LLMC_PARAMS[2:14]:
-                setattr(m, name, torch.nn.Parameter(p[name][l].to(dev, torch.float32)))
+                setattr(m, name, own(p[name][l]))
 
     def load(self, p):
         """Put the checkpoint's values back, in place (compiled graphs keep
