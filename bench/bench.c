@@ -12,9 +12,10 @@
  * W1s/W1l: a 24-op pointwise chain; W2: an 8-layer MLP at batch 1; W3: GPT-2
  * decode of one token over a KV cache; W4: an MLP training step; W5: GPT-2
  * prefill of 4 x 512 tokens; W6: a GPT-2 training step over 4 x 1024
- * tokens. W3, W5 and W6 use the model of examples/gpt2, W6 its trainer. Besides the table (stdout), one
- * line per figure starts with "RESULT" (stderr) for bench/run.sh to merge
- * with PyTorch's; --check writes what run.sh compares with PyTorch's output.
+ * tokens. W3, W5 and W6 use the model of examples/gpt2, W6 its trainer.
+ * Besides the table (stdout), one line per figure starts with "RESULT"
+ * (stderr) for bench/run.sh to merge with PyTorch's; --check writes what
+ * run.sh compares with PyTorch's output.
  */
 #define _POSIX_C_SOURCE 200809L
 #include "gpt2/model.h"
@@ -697,9 +698,9 @@ static void run_w6(sg_ctx *ctx, bool small) {
         return;
     }
     fprintf(stderr, "bench: W6: GPT-2 L=%lld NH=%lld C=%lld V=%lld, B %d x T %lld, %s%s, AdamW\n",
-            (long long)p.g->cfg.n_layer, (long long)p.g->cfg.n_head,
-            (long long)p.g->cfg.channels, (long long)p.g->cfg.vocab, W6_BATCH, (long long)T,
-            sg_dtype_name(p.dt), gpu ? " with f32 master weights" : "");
+            (long long)p.g->cfg.n_layer, (long long)p.g->cfg.n_head, (long long)p.g->cfg.channels,
+            (long long)p.g->cfg.vocab, W6_BATCH, (long long)T, sg_dtype_name(p.dt),
+            gpu ? " with f32 master weights" : "");
     /* A step is 10 ms or more: fewer steps than the other workloads. */
     workload w = {"W6", gpu ? 10 : 3, 3, ctx, w6_begin, w6_step, NULL, w6_check, w6_end, &p};
     run(&w);
@@ -739,8 +740,9 @@ static void print_header(bool gpu, bool small) {
                "AdamW, batch 128, f32\n", small ? "128" : "1024", small ? "128" : "1024");
     if (work_on[W6])
         printf("  W6   GPT-2 %s training step over %s tokens: forward, cross-entropy, backward, "
-               "clip 1.0, AdamW, %s\n", small ? "reduced (L=2, C=64, V=512)" : "124M",
-               small ? "4 x 128" : "4 x 1024", gpu ? "bf16 with f32 master weights" : "f32");
+               "clip 1.0, AdamW, %s\n",
+               small ? "reduced (L=2, C=64, V=512)" : "124M", small ? "4 x 128" : "4 x 1024",
+               gpu ? "bf16 with f32 master weights" : "f32");
     if (small && (work_on[W3] || work_on[W5] || work_on[W6]))
         printf("  (W3/W5/W6 run a reduced GPT-2 on the CPU to keep this run short, --full runs "
                "124M;\n   a --gpt2 checkpoint that exists sets the size, and W5 then prefills 4 x "
