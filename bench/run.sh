@@ -44,7 +44,10 @@ for m in ${MODES//,/ }; do
     SG_CACHE_DIR=$dir SG_BENCH_TAG=cold $B --backend "$BACK" --gpt2 "$GPT2" --modes "$m" --first-only ${SG_BENCH_WORK:-} 2>>"$OUTDIR/stepgraph_cold.txt" >/dev/null
     SG_CACHE_DIR=$dir SG_BENCH_TAG=warm $B --backend "$BACK" --gpt2 "$GPT2" --modes "$m" --first-only ${SG_BENCH_WORK:-} 2>>"$OUTDIR/stepgraph_warm.txt" >/dev/null
 done
-PYTHONUNBUFFERED=1 python3 bench/torch_ref.py --modes "${TORCH_MODES:-eager,default,reduce-overhead,max-autotune}" --gpt2 "$GPT2" --check "$CHECK" ${SG_BENCH_WORK:-} 2> "$OUTDIR/torch.txt" | tee "$OUTDIR/torch_table.txt"
+# torch on the device bench ran on (cuda unless SG_BENCH_BACKEND=cpu)
+DEV=cuda
+[ "$BACK" = cpu ] && DEV=cpu
+PYTHONUNBUFFERED=1 python3 bench/torch_ref.py --device "$DEV" --modes "${TORCH_MODES:-eager,default,reduce-overhead,max-autotune}" --gpt2 "$GPT2" --check "$CHECK" ${SG_BENCH_WORK:-} 2> "$OUTDIR/torch.txt" | tee "$OUTDIR/torch_table.txt"
 python3 bench/table.py "$OUTDIR/stepgraph.txt" "$OUTDIR/stepgraph_cold.txt" "$OUTDIR/stepgraph_warm.txt" "$OUTDIR/torch.txt" | tee "$OUTDIR/table.md"
 # Correctness: W3's greedy tokens (32 steps) and logits, W5's logits, W4's and
 # W6's losses, each stepgraph mode against torch eager; exit status 1 when one
