@@ -10,13 +10,16 @@
  *   bench --help
  *
  * W1s/W1l: a 24-op pointwise chain; W2: an 8-layer MLP at batch 1; W3: GPT-2
- * decode of one token over a KV cache; W5: GPT-2 prefill of 4 x 512 tokens.
- * W3 and W5 use the model of examples/gpt2. Besides the table (stdout), one
- * line per figure starts with "RESULT" (stderr) for bench/run.sh to merge
- * with PyTorch's; --check writes what run.sh compares with PyTorch's output.
+ * decode of one token over a KV cache; W4: an MLP training step; W5: GPT-2
+ * prefill of 4 x 512 tokens; W6: a GPT-2 training step over 4 x 1024
+ * tokens. W3, W5 and W6 use the model of examples/gpt2, W6 its trainer.
+ * Besides the table (stdout), one line per figure starts with "RESULT"
+ * (stderr) for bench/run.sh to merge with PyTorch's; --check writes what
+ * run.sh compares with PyTorch's output.
  */
 #define _POSIX_C_SOURCE 200809L
 #include "gpt2/model.h"
+#include "gpt2/train.h"
 
 #include <stepgraph.h>
 
@@ -48,31 +51,34 @@ static const sg_mode mode_order[5] = {SG_MODE_EAGER, SG_MODE_DEFAULT, SG_MODE_RE
 static const char *gpt2_path;         /* --gpt2: checkpoint to load, or to write if absent */
 static const char *check_dir;         /* --check: where the W3/W5 outputs go */
 static bool full_cpu;                 /* --full: 124M GPT-2 on the CPU too */
+static bool first_only;               /* --first-only: time the first three calls only */
 static const char *tag = "stepgraph"; /* "stepgraph-<SG_BENCH_TAG>" when set */
 
-static const char *const work_names[] = {"w1s", "w1l", "w2", "w3", "w4", "w5"};
-#define NUM_WORKS 6
-enum { W1S, W1L, W2, W3, W4, W5 }; /* indices into work_names and work_on */
+static const char *const work_names[] = {"w1s", "w1l", "w2", "w3", "w4", "w5", "w6"};
+#define NUM_WORKS 7
+enum { W1S, W1L, W2, W3, W4, W5, W6 }; /* indices into work_names and work_on */
 static bool work_on[NUM_WORKS];
 
 static void usage(FILE *f) {
     fprintf(f, "usage: bench [--backend auto|cpu|cuda] [--modes m1,m2,...] [--gpt2 FILE]\n"
-               "             [--check DIR] [--full] [workload ...]\n"
+               "             [--check DIR] [--full] [--first-only] [workload ...]\n"
                "\n"
                "Runs each workload through stepgraph in every mode and prints a table\n"
                "(stdout); progress and RESULT lines for bench/run.sh go to stderr.\n"
-               "  workloads   w1s w1l w2 w3 w4 w5 (default: all); the spec of each is in\n"
+               "  workloads   w1s w1l w2 w3 w4 w5 w6 (default: all); the spec of each is in\n"
                "              bench/README.md\n"
                "  --backend   auto (default: CUDA when a GPU is there, else the CPU), cpu, cuda\n"
                "  --modes     a comma list of eager, default, reduce-overhead, max-autotune,\n"
                "              max-autotune-no-cudagraphs (default: all)\n"
-               "  --gpt2 FILE the llm.c checkpoint W3/W5 load; when FILE does not exist it is\n"
+               "  --gpt2 FILE the llm.c checkpoint W3/W5/W6 load; when FILE does not exist it is\n"
                "              written from the seeded random init (default: no file, seeded init)\n"
                "  --check DIR write W3's 32 greedy tokens and logits, W5's last-position\n"
-               "              logits and W4's loss after 50 steps per mode into DIR, for\n"
-               "              run.sh to compare with PyTorch\n"
-               "  --full      W3/W5 at GPT-2 124M and W4 at its full width on the CPU too\n"
+               "              logits, W4's losses after 1, 10, 50 steps and W6's after 1..20\n"
+               "              steps per mode into DIR, for run.sh to compare with PyTorch\n"
+               "  --full      W3/W5/W6 at GPT-2 124M and W4 at its full width on the CPU too\n"
                "              (default there: reduced sizes, so that the CPU run stays short)\n"
+               "  --first-only time only the first three calls of each mode (first_s; the\n"
+               "              us column is then 0): run.sh's cold- and warm-cache runs\n"
                "Environment: SG_BENCH_TAG=x names the RESULT lines stepgraph-x.\n");
 }
 
@@ -121,6 +127,8 @@ static int parse_args(int argc, char **argv, sg_backend *backend) {
         if (takes && i + 1 == argc) return fprintf(stderr, "bench: %s needs a value\n", a), 2;
         if (!strcmp(a, "--full")) {
             full_cpu = true;
+        } else if (!strcmp(a, "--first-only")) {
+            first_only = true;
         } else if (!strcmp(a, "--backend")) {
             const char *v = argv[++i];
             if (!strcmp(v, "auto"))
@@ -190,8 +198,8 @@ static result time_mode(workload *w, sg_mode mode) {
     double t0 = now();
     if (run_steps(w, 3) != SG_OK) goto done;
     r.first_s = now() - t0;
-    if (run_steps(w, w->steps < 20 ? w->steps : 20) != SG_OK) goto done;
-    for (int l = 0; l < w->loops; l++) {
+    if (!first_only && run_steps(w, w->steps < 20 ? w->steps : 20) != SG_OK) goto done;
+    for (int l = 0; l < (first_only ? 0 : w->loops); l++) {
         if (w->rewind && w->rewind(w) != SG_OK) goto done;
         t0 = now();
         for (int i = 0; i < w->steps; i++)
@@ -199,12 +207,14 @@ static result time_mode(workload *w, sg_mode mode) {
         if (sg_ctx_synchronize(w->ctx) != SG_OK) goto done;
         per[l] = (now() - t0) / w->steps * 1e6;
     }
-    qsort(per, (size_t)w->loops, sizeof per[0], cmp_double);
-    r.us = per[w->loops / 2];
+    if (!first_only) {
+        qsort(per, (size_t)w->loops, sizeof per[0], cmp_double);
+        r.us = per[w->loops / 2];
+    }
     sg_memory_stats ms;
     if (sg_ctx_memory_stats(w->ctx, &ms) == SG_OK)
         r.peak_mib = (double)ms.device_peak_bytes / (1 << 20);
-    r.ok = !check_dir || !w->check || w->check(w, mode) == SG_OK;
+    r.ok = !check_dir || !w->check || first_only || w->check(w, mode) == SG_OK;
 done:
     if (!r.ok) fprintf(stderr, "  %s %s: %s\n", w->name, sg_mode_name(mode), sg_last_error(w->ctx));
     w->end(w);
@@ -223,7 +233,7 @@ static void run(workload *w) {
             continue;
         }
         char vs[16] = "    -";
-        if (res[SG_MODE_EAGER].ok)
+        if (res[SG_MODE_EAGER].ok && res[m].us > 0)
             snprintf(vs, sizeof vs, "%5.2fx", res[SG_MODE_EAGER].us / res[m].us);
         printf("| %-4s | %-26s | %12.1f | %8.3f | %8s | %9.1f |\n", w->name, sg_mode_name(m),
                res[m].us, res[m].first_s, vs, res[m].peak_mib);
@@ -583,6 +593,121 @@ static void run_w4(sg_ctx *ctx, bool small) {
     for (int i = 0; i < 6; i++) free(m.init[i]);
 }
 
+/* ------------------------------------------------------------ W6: GPT-2 training */
+
+/*
+ * W6: one GPT-2 training step through examples/gpt2's trainer (the step
+ * examples/train_gpt2 runs): forward over B x T tokens, cross-entropy,
+ * sg_grad over every parameter, clipping of their global norm to 1.0 and
+ * AdamW (betas 0.9/0.95, eps 1e-8, lr 3e-4 constant, weight decay 0.1 on
+ * the 2-d parameters and none on the rest, as the trainer splits them),
+ * all in one compiled step. bf16 with f32 master weights on CUDA, f32 on
+ * the CPU. The model is the seeded init of make_model (the --gpt2
+ * checkpoint); B = 4, T = min(1024, maxT). The batch is the same every
+ * step: a stream of B T + 1 tokens, inputs token b T + t, targets the next
+ * one, from a noisy bigram that torch_ref.py repeats: prev = (37 prev + 11
+ * + (s >> 30)) mod min(V, 256), s the 32-bit LCG from seed 6666, prev from
+ * 0. Each mode starts again from the init.
+ */
+#define W6_BATCH 4
+#define W6_CHECK_STEPS 20
+#define W6_LR 3e-4
+#define W6_WEIGHT_DECAY 0.1
+#define W6_GRAD_CLIP 1.0
+
+typedef struct w6_work {
+    gpt2_config cfg; /* for make_model when there is no checkpoint */
+    sg_dtype dt;
+    gpt2 *g;
+    gpt2_trainer *tr;
+    sg_tensor *x, *y;
+} w6_work;
+
+static sg_status w6_begin(workload *w, sg_mode mode) {
+    w6_work *p = w->state;
+    if (!p->g) p->g = make_model(w->ctx, &p->cfg, p->dt);
+    if (!p->g) return sg_ctx_status(w->ctx) != SG_OK ? sg_ctx_status(w->ctx) : SG_ERR_INVALID_ARG;
+    gpt2_train_opts o = {.mode = mode,
+                         .weight_decay = W6_WEIGHT_DECAY,
+                         .grad_clip = W6_GRAD_CLIP,
+                         .master_weights = p->dt != SG_F32};
+    return gpt2_trainer_create(p->g, &o, &p->tr);
+}
+
+/* No read of the loss: the timed loop synchronizes once at its end. */
+static sg_status w6_step(workload *w) {
+    w6_work *p = w->state;
+    return gpt2_trainer_step(p->tr, p->x, p->y, W6_LR, NULL, NULL);
+}
+
+static void w6_end(workload *w) {
+    w6_work *p = w->state;
+    gpt2_trainer_destroy(p->tr);
+    gpt2_destroy(p->g); /* so that the next mode starts from the init, its peak its own */
+    p->tr = NULL, p->g = NULL;
+}
+
+/* The losses of steps 1 .. 20 from the init and a fresh optimizer, into
+ * <dir>/W6_stepgraph_<mode>.loss (text, one line). */
+static sg_status w6_check(workload *w, sg_mode mode) {
+    w6_work *p = w->state;
+    w6_end(w);
+    sg_status st = w6_begin(w, mode);
+    double loss[W6_CHECK_STEPS];
+    for (int s = 0; s < W6_CHECK_STEPS && st == SG_OK; s++) {
+        st = w6_step(w);
+        if (st == SG_OK) st = sg_item(p->tr->out[0], &loss[s]);
+    }
+    char path[1024];
+    snprintf(path, sizeof path, "%s/W6_stepgraph_%s.loss", check_dir, sg_mode_name(mode));
+    FILE *f = st == SG_OK ? fopen(path, "w") : NULL;
+    for (int s = 0; f && s < W6_CHECK_STEPS; s++)
+        fprintf(f, "%.9g%s", loss[s], s + 1 < W6_CHECK_STEPS ? " " : "\n");
+    if (f) fclose(f);
+    return st != SG_OK ? st : f ? SG_OK : SG_ERR_INVALID_ARG;
+}
+
+/* The batch: inputs and targets (B, T) from the bigram stream. */
+static sg_status w6_batch(w6_work *p, sg_ctx *ctx, int64_t T) {
+    int64_t n = W6_BATCH * T, span = p->g->cfg.vocab < 256 ? p->g->cfg.vocab : 256, prev = 0;
+    int64_t shape[2] = {W6_BATCH, T}, *tok = malloc(sizeof(int64_t) * (size_t)(n + 1));
+    if (!tok) return SG_ERR_OOM;
+    uint32_t s = 6666;
+    for (int64_t i = 0; i <= n; i++) {
+        s = s * 1664525u + 1013904223u;
+        prev = (37 * prev + 11 + (s >> 30)) % span;
+        tok[i] = prev;
+    }
+    p->x = sg_from_host(ctx, SG_I64, 2, shape, tok);
+    p->y = sg_from_host(ctx, SG_I64, 2, shape, tok + 1);
+    free(tok);
+    return p->x && p->y ? SG_OK : sg_ctx_status(ctx);
+}
+
+static void run_w6(sg_ctx *ctx, bool small) {
+    static const gpt2_config full = {1024, 50257, 12, 12, 768, 50304};
+    static const gpt2_config reduced = {128, 512, 2, 4, 64, 512};
+    bool gpu = sg_ctx_backend(ctx) == SG_BACKEND_CUDA;
+    w6_work p = {small ? reduced : full, gpu ? SG_BF16 : SG_F32, NULL, NULL, NULL, NULL};
+    p.g = make_model(ctx, &p.cfg, p.dt); /* the first mode's; its size sets T */
+    int64_t T = p.g && p.g->cfg.max_t < 1024 ? p.g->cfg.max_t : 1024;
+    if (!p.g || w6_batch(&p, ctx, T) != SG_OK) {
+        fprintf(stderr, "bench: W6 setup: %s\n", sg_last_error(ctx));
+        printf("| %-4s | %-26s | failed |\n", "W6", "(setup)");
+        gpt2_destroy(p.g);
+        return;
+    }
+    fprintf(stderr, "bench: W6: GPT-2 L=%lld NH=%lld C=%lld V=%lld, B %d x T %lld, %s%s, AdamW\n",
+            (long long)p.g->cfg.n_layer, (long long)p.g->cfg.n_head, (long long)p.g->cfg.channels,
+            (long long)p.g->cfg.vocab, W6_BATCH, (long long)T, sg_dtype_name(p.dt),
+            gpu ? " with f32 master weights" : "");
+    /* A step is 10 ms or more: fewer steps than the other workloads. */
+    workload w = {"W6", gpu ? 10 : 3, 3, ctx, w6_begin, w6_step, NULL, w6_check, w6_end, &p};
+    run(&w);
+    sg_release(p.x);
+    sg_release(p.y);
+}
+
 /* ------------------------------------------------------------ main */
 
 /* One context per workload, so that its peak memory is its own. */
@@ -613,10 +738,15 @@ static void print_header(bool gpu, bool small) {
     if (work_on[W4])
         printf("  W4   MLP training step 784 -> %s -> %s -> 10, ReLU, cross-entropy, backward, "
                "AdamW, batch 128, f32\n", small ? "128" : "1024", small ? "128" : "1024");
-    if (small && (work_on[W3] || work_on[W5]))
-        printf("  (W3/W5 run a reduced GPT-2 on the CPU to keep this run short, --full runs "
+    if (work_on[W6])
+        printf("  W6   GPT-2 %s training step over %s tokens: forward, cross-entropy, backward, "
+               "clip 1.0, AdamW, %s\n",
+               small ? "reduced (L=2, C=64, V=512)" : "124M", small ? "4 x 128" : "4 x 1024",
+               gpu ? "bf16 with f32 master weights" : "f32");
+    if (small && (work_on[W3] || work_on[W5] || work_on[W6]))
+        printf("  (W3/W5/W6 run a reduced GPT-2 on the CPU to keep this run short, --full runs "
                "124M;\n   a --gpt2 checkpoint that exists sets the size, and W5 then prefills 4 x "
-               "min(512, maxT/4))\n");
+               "min(512, maxT/4), W6 trains on 4 x min(1024, maxT))\n");
     printf("Columns: work, mode (sg_compile's), us per step (median of the loops' host time per\n"
            "step, synchronized at each loop's end), first_s (wall time of the first three\n"
            "calls: capture, compile, graph recording), vs eager (eager's time / this mode's),\n"
@@ -671,13 +801,15 @@ int main(int argc, char **argv) {
         sg_tensor *x = randn(ctx, dt, 2, xs, 1.0f, &seed);
         run_fn("W2", ctx, w2_step, &m, x, 200, 5);
     }
-    for (int k = 0; k < 3; k++) {
-        int wk = k == 0 ? W3 : k == 1 ? W4 : W5;
+    for (int k = 0; k < 4; k++) {
+        int wk = k == 0 ? W3 : k == 1 ? W4 : k == 2 ? W5 : W6;
         if (!work_on[wk]) continue;
         sg_ctx_destroy(ctx);
         ctx = new_ctx(want);
         if (wk == W4)
             run_w4(ctx, small);
+        else if (wk == W6)
+            run_w6(ctx, small);
         else
             run_gpt2(wk == W3 ? "W3" : "W5", ctx, wk == W3, small);
     }

@@ -12,14 +12,21 @@ mode, and the floor of bench/README.md.
 into DIR, each stepgraph mode against torch's MODE (default eager): W3's
 greedy tokens (equal for all 32 steps) and its logits over the steps before
 the first differing token, W5's last-position logits; logits agree when
-|a - b| <= 2e-2 (1 + |b|) everywhere. Exit status 1 when a check fails.
+|a - b| <= 2e-2 (1 + |b|) everywhere. W4's losses at steps 1, 10 and 50
+agree within 1e-3 (1 + |b|), W6's at steps 1, 10 and 20 within 2e-2
+(absolute). Exit status 1 when a check fails.
 """
 import array
 import os
 import sys
 
-FLOOR_US = {"W1s": 2.0, "W1l": 45.0, "W2": 8.0, "W3": 100.0, "W4": 40.0, "W5": 700.0}
+FLOOR_US = {"W1s": 2.0, "W1l": 45.0, "W2": 8.0, "W3": 100.0, "W4": 40.0, "W5": 700.0,
+            "W6": 4200.0}
 TOL = 2e-2
+# The training checks, per workload: the steps its .loss files hold (1-based),
+# the steps compared, and the bound on |a - b| for torch's loss b.
+LOSSES = {"W4": ((1, 10, 50), (1, 10, 50), lambda b: 1e-3 * (1 + abs(b)), "1e-3 (1 + |torch|)"),
+          "W6": (tuple(range(1, 21)), (1, 10, 20), lambda b: TOL, f"{TOL} absolute")}
 
 
 def load(path):
@@ -70,19 +77,36 @@ def worst(got, ref, n):
     return max((abs(g - r) / (1 + abs(r)) for g, r in zip(got[:n], ref[:n])), default=0.0)
 
 
-def check_w4(d, ref_mode, files):
-    """W4's losses at steps 1, 10 and 50 against torch's, within 1e-3 (1 + |b|)."""
-    ok, ref = True, os.path.join(d, f"W4_torch_{ref_mode}.loss")
-    mine = [f for f in files if f.startswith("W4_stepgraph_") and f.endswith(".loss")]
-    if mine and not os.path.exists(ref):
-        print(f"W4: no torch {ref_mode} losses in {d}; nothing to compare")
+def check_losses(d, work, ref_mode, files):
+    """A training workload's losses at the steps LOSSES names against torch's."""
+    held, picked, bound, what = LOSSES[work]
+    ok, ref = True, f"{work}_torch_{ref_mode}.loss"
+    prefix = f"{work}_stepgraph_"
+    mine = [f for f in files if f.startswith(prefix) and f.endswith(".loss")]
+    if not mine:
         return True
+    if ref not in files:
+        print(f"{work}: no torch {ref_mode} losses in {d}; nothing to compare")
+        return True
+
+    def at(path):
+        v = [float(x) for x in open(os.path.join(d, path)).read().split()]
+        return [v[held.index(s)] for s in picked] if len(v) == len(held) else None
+
+    steps = ", ".join(str(s) for s in picked)
+    b = at(ref)
+    for f in files:  # torch's own modes against its eager: for scale
+        if f.startswith(f"{work}_torch_") and f.endswith(".loss") and f != ref:
+            t = at(f)
+            if t and b:
+                print(f"{work} torch {f[len(work) + 7:-5]} against torch {ref_mode}: losses at steps "
+                      f"{steps} differ by at most {max(abs(x - y) for x, y in zip(t, b)):.2e} (for scale)")
     for f in mine:
-        mode = f[len("W4_stepgraph_"):-5]
-        a = [float(v) for v in open(os.path.join(d, f)).read().split()]
-        b = [float(v) for v in open(ref).read().split()]
-        good = len(a) == len(b) and all(abs(x - y) <= 1e-3 * (1 + abs(y)) for x, y in zip(a, b))
-        print(f"W4 {mode}: losses at steps 1, 10, 50 {a} vs torch {ref_mode} {b}: {'ok' if good else 'FAIL'}")
+        mode = f[len(prefix):-5]
+        a = at(f)
+        good = a is not None and b is not None and all(abs(x - y) <= bound(y) for x, y in zip(a, b))
+        print(f"{work} {mode}: losses at steps {steps} {a} vs torch {ref_mode} {b} "
+              f"(within {what}): {'ok' if good else 'FAIL'}")
         ok &= good
     return ok
 
@@ -90,7 +114,8 @@ def check_w4(d, ref_mode, files):
 def check(d, ref_mode):
     ok = True
     files = sorted(os.listdir(d))
-    ok &= check_w4(d, ref_mode, files)
+    for work in LOSSES:
+        ok &= check_losses(d, work, ref_mode, files)
     for work in ("W3", "W5"):
         ref = os.path.join(d, f"{work}_torch_{ref_mode}.f32")
         mine = [f for f in files if f.startswith(f"{work}_stepgraph_") and f.endswith(".f32")]

@@ -7,7 +7,7 @@ RESULT, for bench/run.sh. The workloads are specified in bench/README.md.
 
     python3 bench/torch_ref.py [--modes eager,default,reduce-overhead,max-autotune]
                                [--device cuda|cpu] [--gpt2 FILE] [--check DIR]
-                               [w1s w1l w2 w3 w5]
+                               [--full] [w1s w1l w2 w3 w4 w5 w6]
 
 W3 and W5 run GPT-2 with the weights of the llm.c checkpoint --gpt2 FILE, the
 one bench.c wrote (bench --gpt2 FILE, as run.sh does), so that both run the
@@ -17,6 +17,15 @@ there again; W5 prefills 4 x T tokens, token (b, t) = (7919 b + 104729 t)
 mod V, T = 512 (min(512, maxT / 4) for a smaller checkpoint). --check DIR
 writes W3's 32 greedy tokens and their logits and W5's last-position logits
 as bench.c does, for table.py --check.
+
+W6 trains GPT-2 from the same checkpoint on bench.c's fixed batch (4 x
+min(1024, maxT) tokens of its bigram stream) as llm.c's train_gpt2.py does:
+f32 parameters, the forward and the loss under bf16 autocast on CUDA (f32 on
+the CPU), backward, clip_grad_norm_ 1.0 and AdamW (fused on CUDA; betas
+0.9/0.95, eps 1e-8, lr 3e-4, weight decay 0.1 on the 2-d parameters, none
+on the rest); torch.compile compiles the model's forward and loss (its
+backward through AOTAutograd), the clip and the optimizer run eagerly.
+--check writes the losses of steps 1..20 from the init.
 
 The decode step follows gpt-fast: the compiled function takes the token and
 the position as tensors and returns the logits and the greedy next token;
@@ -85,33 +94,52 @@ def load_llmc(path):
     return dict(maxT=maxT, V=V, L=L, NH=NH, C=C, Vp=Vp), params
 
 
+def block(m, x, NH, attend):
+    """One GPT-2 block over m's twelve tensors (llm.c's names) on x (B, T, C);
+    attend(q, k, v), each (B, NH, T, C / NH), gives the attention's output."""
+    B, T, C = x.shape
+    h = F.layer_norm(x, (C,), m.ln1w, m.ln1b, 1e-5)
+    q, k, v = F.linear(h, m.qkvw, m.qkvb).split(C, dim=2)
+    q, k, v = (t.view(B, T, NH, C // NH).transpose(1, 2) for t in (q, k, v))
+    y = attend(q, k, v)
+    x = x + F.linear(y.transpose(1, 2).reshape(B, T, C), m.attprojw, m.attprojb)
+    h = F.layer_norm(x, (C,), m.ln2w, m.ln2b, 1e-5)
+    h = F.gelu(F.linear(h, m.fcw, m.fcb), approximate="tanh")
+    return x + F.linear(h, m.fcprojw, m.fcprojb)
+
+
+def causal(q, k, v):
+    return F.scaled_dot_product_attention(q, k, v, is_causal=True)
+
+
+def lm_head(m, x, V):
+    """The final LayerNorm and the tied LM head over wte's first V rows."""
+    C = x.shape[-1]
+    return F.linear(F.layer_norm(x, (C,), m.lnfw, m.lnfb, 1e-5), m.wte[:V])
+
+
 class Block(torch.nn.Module):
     def __init__(self, p, l, NH, B, S, dtype, dev):
         super().__init__()
         for name in LLMC_PARAMS[2:14]:
             self.register_buffer(name, p[name][l].to(dev, dtype))
         C = self.ln1w.numel()
-        self.NH, self.hs = NH, C // NH
+        self.NH = NH
         self.register_buffer("k_cache", torch.zeros(B, NH, S, C // NH, dtype=dtype, device=dev))
         self.register_buffer("v_cache", torch.zeros(B, NH, S, C // NH, dtype=dtype, device=dev))
 
     def forward(self, x, pos, mask):
         """x (B, T, C) at positions pos (T); mask None: causal prefill from 0,
         else (S) bool: decode over the cache."""
-        B, T, C = x.shape
-        h = F.layer_norm(x, (C,), self.ln1w, self.ln1b, 1e-5)
-        q, k, v = F.linear(h, self.qkvw, self.qkvb).split(C, dim=2)
-        q, k, v = (t.view(B, T, self.NH, self.hs).transpose(1, 2) for t in (q, k, v))
-        self.k_cache.index_copy_(2, pos, k)
-        self.v_cache.index_copy_(2, pos, v)
-        if mask is None:
-            y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
-        else:
-            y = F.scaled_dot_product_attention(q, self.k_cache, self.v_cache, attn_mask=mask)
-        x = x + F.linear(y.transpose(1, 2).reshape(B, T, C), self.attprojw, self.attprojb)
-        h = F.layer_norm(x, (C,), self.ln2w, self.ln2b, 1e-5)
-        h = F.gelu(F.linear(h, self.fcw, self.fcb), approximate="tanh")
-        return x + F.linear(h, self.fcprojw, self.fcprojb)
+
+        def attend(q, k, v):
+            self.k_cache.index_copy_(2, pos, k)
+            self.v_cache.index_copy_(2, pos, v)
+            if mask is None:
+                return causal(q, k, v)
+            return F.scaled_dot_product_attention(q, self.k_cache, self.v_cache, attn_mask=mask)
+
+        return block(self, x, self.NH, attend)
 
 
 class GPT2(torch.nn.Module):
@@ -128,8 +156,7 @@ class GPT2(torch.nn.Module):
         self.register_buffer("slots", torch.arange(S, device=dev))
 
     def head(self, x):
-        C = x.shape[-1]
-        return F.linear(F.layer_norm(x, (C,), self.lnfw, self.lnfb, 1e-5), self.wte[:self.V])
+        return lm_head(self, x, self.V)
 
     def prefill(self, tokens):
         """tokens (B, T) -> logits (B, T, V); K, V into slots 0 .. T-1."""
@@ -242,6 +269,104 @@ def check_w4(w4, mode, check):
         f.write(" ".join(f"{v:.9g}" for v in losses) + "\n")
 
 
+# ---------------------------------------------------------------- W6: GPT-2 training
+
+
+def w6_batch(V, T):
+    """bench.c's w6_batch: 4 T + 1 tokens of the bigram stream (prev = (37 prev
+    + 11 + (s >> 30)) mod min(V, 256), s the 32-bit LCG from 6666); inputs
+    token b T + t, targets the next one, each (4, T)."""
+    s, prev, out = 6666, 0, []
+    for _ in range(4 * T + 1):
+        s = (s * 1664525 + 1013904223) & 0xFFFFFFFF
+        prev = (37 * prev + 11 + (s >> 30)) % min(V, 256)
+        out.append(prev)
+    t = torch.tensor(out, dtype=torch.long)
+    return t[:-1].view(4, T), t[1:].view(4, T)
+
+
+class TrainGPT2(torch.nn.Module):
+    """GPT-2 to train: f32 parameters, one per llm.c tensor and layer, from the
+    checkpoint; forward(tokens, targets) is the mean cross-entropy of every
+    position, as llm.c's train_gpt2.py computes it (under autocast the loss
+    is taken in f32)."""
+
+    def __init__(self, cfg, p, dev):
+        super().__init__()
+        self.V, self.NH = cfg["V"], cfg["NH"]
+        # copies: .to() on the CPU would share the checkpoint's storage
+        own = lambda t: torch.nn.Parameter(t.to(dev, torch.float32, copy=True))
+        for name in ("wte", "wpe", "lnfw", "lnfb"):
+            setattr(self, name, own(p[name]))
+        self.layers = torch.nn.ModuleList(torch.nn.Module() for _ in range(cfg["L"]))
+        for l, m in enumerate(self.layers):
+            for name in LLMC_PARAMS[2:14]:
+                setattr(m, name, own(p[name][l]))
+
+    def load(self, p):
+        """Put the checkpoint's values back, in place (compiled graphs keep
+        the parameters' addresses)."""
+        with torch.no_grad():
+            for name in ("wte", "wpe", "lnfw", "lnfb"):
+                getattr(self, name).copy_(p[name])
+            for l, m in enumerate(self.layers):
+                for name in LLMC_PARAMS[2:14]:
+                    getattr(m, name).copy_(p[name][l])
+
+    def forward(self, tokens, targets):
+        T = tokens.shape[1]
+        x = self.wte[tokens] + self.wpe[:T]
+        for m in self.layers:
+            x = block(m, x, self.NH, causal)
+        logits = lm_head(self, x, self.V)
+        return F.cross_entropy(logits.view(-1, self.V), targets.view(-1))
+
+
+class W6:
+    """bench.c's W6 on the same checkpoint and batch: one step is forward and
+    loss (bf16 autocast on CUDA), backward, clip to 1.0, AdamW."""
+
+    def __init__(self, cfg, params, dev):
+        T = min(1024, cfg["maxT"])
+        self.x, self.y = (t.to(dev) for t in w6_batch(cfg["V"], T))
+        self.params, self.dev = params, dev
+        self.model = TrainGPT2(cfg, params, dev)
+
+    def reset(self):
+        """The checkpoint's weights and a fresh AdamW."""
+        self.model.load(self.params)
+        ps = list(self.model.parameters())
+        groups = [{"params": [p for p in ps if p.dim() == 2], "weight_decay": 0.1},
+                  {"params": [p for p in ps if p.dim() != 2], "weight_decay": 0.0}]
+        self.opt = torch.optim.AdamW(groups, lr=3e-4, betas=(0.9, 0.95), eps=1e-8,
+                                     fused=self.dev == "cuda")
+
+    def make(self, mode):
+        self.reset()
+        f = self.model if mode == "eager" else torch.compile(self.model, mode=mode)
+        params = list(self.model.parameters())
+
+        def train_step():
+            with torch.autocast("cuda", dtype=torch.bfloat16, enabled=self.dev == "cuda"):
+                loss = f(self.x, self.y)
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(params, 1.0)
+            self.opt.step()
+            self.opt.zero_grad(set_to_none=True)
+            return loss.detach()
+
+        return train_step
+
+
+def check_w6(w6, step, mark, mode, check):
+    """The losses of steps 1..20 from the init, through the step already made
+    (no new compile)."""
+    w6.reset()
+    losses = [float(step_marked(step, mark).item()) for _ in range(20)]
+    with open(os.path.join(check, f"W6_torch_{mode}.loss"), "w") as f:
+        f.write(" ".join(f"{v:.9g}" for v in losses) + "\n")
+
+
 def w5_tokens(V, T, dev):
     b = torch.arange(4).view(4, 1)
     t = torch.arange(T).view(1, T)
@@ -334,14 +459,15 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--modes", default="eager,default,reduce-overhead,max-autotune")
     ap.add_argument("--device", default="cuda", choices=["cuda", "cpu"])
-    ap.add_argument("--gpt2", help="llm.c checkpoint for W3/W5 (bench --gpt2 FILE writes it)")
-    ap.add_argument("--check", help="directory for W3/W5 outputs (table.py --check)")
+    ap.add_argument("--gpt2", help="llm.c checkpoint for W3/W5/W6 (bench --gpt2 FILE writes it)")
+    ap.add_argument("--check", help="directory for W3/W4/W5/W6 outputs (table.py --check)")
     ap.add_argument("--full", action="store_true", help="W4 at its full width on the CPU too")
-    ap.add_argument("work", nargs="*", help="w1s w1l w2 w3 w4 w5 (default: all)")
+    ap.add_argument("work", nargs="*", help="w1s w1l w2 w3 w4 w5 w6 (default: all)")
     args = ap.parse_args()
-    args.work = args.work or ["w1s", "w1l", "w2", "w3", "w4", "w5"]
+    works = ["w1s", "w1l", "w2", "w3", "w4", "w5", "w6"]
+    args.work = args.work or works
     for w in args.work:
-        if w not in ("w1s", "w1l", "w2", "w3", "w4", "w5"):
+        if w not in works:
             ap.error(f"unknown workload '{w}'")
     torch.manual_seed(0)
     dev = args.device
@@ -359,9 +485,9 @@ def main():
     if "w2" in args.work:
         dt = torch.bfloat16 if gpu else torch.float32
         fn_case("W2", MLP().to(dev, dt).eval(), torch.randn(1, 1024, device=dev, dtype=dt))
-    if "w3" in args.work or "w5" in args.work:
+    if "w3" in args.work or "w5" in args.work or "w6" in args.work:
         if not args.gpt2 or not os.path.exists(args.gpt2):
-            sys.exit("torch_ref: W3/W5 need --gpt2 FILE, the checkpoint bench --gpt2 FILE writes")
+            sys.exit("torch_ref: W3/W5/W6 need --gpt2 FILE, the checkpoint bench --gpt2 FILE writes")
         cfg, params = load_llmc(args.gpt2)
         dt = torch.bfloat16 if gpu else torch.float32
         print(f"GPT-2 from {args.gpt2}: {cfg}", file=sys.stderr)
@@ -407,6 +533,19 @@ def main():
                 continue
             print(f"| W4   | {mode:16} | {us:10.1f} us | first {first:7.2f} s | peak {peak / 2**20:8.1f} MiB |")
             print(f"RESULT torch W4 {mode} {us:.2f} {first:.4f} {peak}", file=sys.stderr, flush=True)
+    if "w6" in args.work:  # training: outside inference_mode; a step is 10 ms or more
+        w6 = W6(cfg, params, dev)
+        for mode in args.modes.split(","):
+            print(f"torch_ref: W6 {mode}", file=sys.stderr, flush=True)
+            try:
+                us, first, peak, step = bench(w6.make, mode, 10 if gpu else 3, dev, loops=3)
+                if args.check:
+                    check_w6(w6, step, mode in ("reduce-overhead", "max-autotune"), mode, args.check)
+            except Exception as e:  # a failed mode is reported, not fatal
+                print(f"W6 {mode}: failed: {e}", file=sys.stderr)
+                continue
+            print(f"| W6   | {mode:16} | {us:10.1f} us | first {first:7.2f} s | peak {peak / 2**20:8.1f} MiB |")
+            print(f"RESULT torch W6 {mode} {us:.2f} {first:.4f} {peak}", file=sys.stderr, flush=True)
 
 
 if __name__ == "__main__":

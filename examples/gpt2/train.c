@@ -96,7 +96,7 @@ sg_status gpt2_trainer_step(gpt2_trainer *t, sg_tensor *inputs, sg_tensor *targe
     if (st == SG_OK) st = sg_fill_(sg_optim_lr(t->opt[1]), lr);
     if (st == SG_OK) st = sg_mark_step_begin(t->g->ctx);
     if (st == SG_OK) st = sg_call(t->train_fn, in, 2, out, nout);
-    if (st == SG_OK) st = sg_item(out[0], loss);
+    if (st == SG_OK && loss) st = sg_item(out[0], loss);
     for (int i = 0; st == SG_OK && grads && i < nout - 1; i++) grads[i] = out[1 + i];
     return st;
 }

@@ -43,7 +43,9 @@ sg_status gpt2_trainer_create(gpt2 *g, const gpt2_train_opts *o, gpt2_trainer **
 /*
  * One training step at learning rate lr on inputs and targets ((B, T) i64
  * tensors of g's context): the parameters are updated in place. *loss gets
- * the loss before the update (read to the host) and, when grads is not NULL
+ * the loss before the update (read to the host, which waits for the step);
+ * loss NULL reads nothing and waits for nothing (the loss tensor is then
+ * t->out[0], valid until the next call). When grads is not NULL
  * (and output_grads was set), grads gets the step's n gradient tensors
  * (outputs of the step: valid until the next call).
  */
