@@ -8,7 +8,8 @@
  * leave SMs idle -- decode -- so that about two blocks per SM read K/V in
  * parallel; the splits are then merged by a second kernel through op
  * scratch. Prefill in 16-bit (D a multiple of 16, at most 128, no mask)
- * goes to the tensor-core kernel instead (SG_ATTN_MMA=0: not); decode (at most 4 queries
+ * goes to a tensor-core kernel instead (SG_ATTN_MMA=0: not): FlashAttention-2's
+ * forward for D 64 and 128 with 16-byte rows, else sg_attn_mma; decode (at most 4 queries
  * per row, no mask, 16-byte K/V rows) to the lean sg_attn_decode (SG_ATTN_DECODE=0: not),
  * whose splits the device picks from kv_len within the count planned here. The split count depends
  * only on shapes, never on kv_len, which stays on the device: a recorded graph replays with
@@ -95,14 +96,27 @@ static bool use_mma(sg_ctx *ctx, const ageom *g) {
            g->Lq >= 32 && g->B * g->Hq <= 65535 && sg__cuda_arch(ctx) >= 80;
 }
 
+/* FlashAttention-2's forward (sg_attn_flash64 / 128): D 64 or 128, q/k/v rows of 16-byte
+ * vectors (rows_vector) and a 16-byte aligned result, sm_80+; SG_ATTN_FLASH=0 keeps sg_attn_mma. */
+static bool use_flash(const sg__node *n, const ageom *g) {
+    const char *e = getenv("SG_ATTN_FLASH");
+    if (e && strcmp(e, "0") == 0) return false;
+    return (g->D == 64 || g->D == 128) && (g->flags & VEC) && rows_vector(n->in[0], g->D) &&
+           ((uintptr_t)sg__data(n->out) & 15) == 0 && (g->Lq + 63) / 64 <= 65535 &&
+           g->B * g->Hq <= INT32_MAX;
+}
+
 static sg_status launch_mma(sg_ctx *ctx, const sg__node *n, ageom *g) {
+    bool flash = use_flash(n, g);
+    const char *name = !flash ? "sg_attn_mma" : g->D == 64 ? "sg_attn_flash64" : "sg_attn_flash128";
     void *f;
-    sg_status st = sg__cuda_kernel(ctx, SG__CU_ATTN, "sg_attn_mma", &f);
+    sg_status st = sg__cuda_kernel(ctx, SG__CU_ATTN, name, &f);
     if (st != SG_OK) return st;
     void *q = sg__data(n->in[0]), *k = sg__data(n->in[1]), *v = sg__data(n->in[2]);
     void *len = n->nin > 4 && n->in[4] ? sg__data(n->in[4]) : NULL, *out = sg__data(n->out);
     void *args[] = {&q, &k, &v, &len, &out, g};
-    unsigned grid[3] = {(unsigned)((g->Lq + 63) / 64), (unsigned)(g->B * g->Hq), 1};
+    unsigned tiles = (unsigned)((g->Lq + 63) / 64), heads = (unsigned)(g->B * g->Hq);
+    unsigned grid[3] = {flash ? heads : tiles, flash ? tiles : heads, 1};
     unsigned block[3] = {NT, 1, 1};
     return sg__cuda_launch(ctx, f, grid, block, 0, args);
 }

@@ -593,3 +593,256 @@ extern "C" __global__ void __launch_bounds__(NT)
             }
         }
 }
+
+/* ------------------------------------------------------------ flash attention */
+
+/*
+ * sg_attn_flash64 / sg_attn_flash128: prefill as FlashAttention-2's forward
+ * (16-bit, D 64 or 128, no mask, 16-byte aligned rows; sm_80+). Block
+ * (b * Hq + h, query tile) of 4 warps takes FQ = 64 queries, a warp 16 of
+ * them; the grid's first blocks take the last query tiles, which see the
+ * most keys under causal masking, so the heavy blocks start first. K and V tiles of
+ * FK = 64 keys come through cp.async into shared memory rows padded by 16
+ * bytes (a row pitch of 36 or 68 words: the 8 rows of an ldmatrix hit 32
+ * banks); Q comes the same way, into V's buffer, once, and stays in
+ * registers as A fragments. Each tile: V(t) is requested, S = Q K(t)^T
+ * (ldmatrix, mma.sync m16n8k16, f32), K(t+1) is requested, the online
+ * softmax runs in registers (scores times scale * log2(e), ex2), P is packed
+ * to 16 bits in place as the A operand, and O += P V(t) (ldmatrix.trans).
+ * So each load overlaps the other half's arithmetic. Tiles past the block's
+ * last visible key are never loaded; only tiles that reach past a warp's
+ * first row's visible keys are masked elementwise; keys at or past the
+ * block's last visible key are zero-filled, not read. The result goes out
+ * through shared memory as 16-byte rows.
+ */
+#define FQ 64 /* queries per block */
+
+__device__ __forceinline__ u32 smem_addr(const void *p) {
+    u32 a;
+    asm("{ .reg .u64 t; cvta.to.shared.u64 t, %1; cvt.u32.u64 %0, t; }" : "=r"(a) : "l"(p));
+    return a;
+}
+
+/* 16 bytes global -> shared, zero-filled when !in (nothing read then). */
+__device__ __forceinline__ void cp16(u16 *dst, const u16 *src, bool in) {
+#if __CUDA_ARCH__ >= 800
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(smem_addr(dst)), "l"(src),
+                 "r"(in ? 16 : 0));
+#endif
+}
+
+__device__ __forceinline__ void cp_commit() {
+#if __CUDA_ARCH__ >= 800
+    asm volatile("cp.async.commit_group;" ::: "memory");
+#endif
+}
+
+/* Wait until at most N of this thread's copy groups are pending. */
+template <int N> __device__ __forceinline__ void cp_wait() {
+#if __CUDA_ARCH__ >= 800
+    asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory");
+#endif
+}
+
+__device__ __forceinline__ void ldsm4(u32 *r, const u16 *p) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(smem_addr(p)));
+}
+
+__device__ __forceinline__ void ldsm4t(u32 *r, const u16 *p) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(smem_addr(p)));
+}
+
+/* D += A B on tensor cores, A 16x16 row-major, B 16x8 col-major, f32 accumulators;
+ * a pure register operation, which the compiler may schedule freely. */
+template <int DT> __device__ __forceinline__ void mma_f32(float *c, const u32 *a, u32 b0, u32 b1) {
+    if (DT == DT_F16)
+        asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, "
+            "{%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
+            : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+            : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+    else
+        asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, "
+            "{%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
+            : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+            : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+/* (lo, hi) rounded to nearest even as two 16-bit values of DT, lo in the low half. */
+template <int DT> __device__ __forceinline__ u32 pack16(float lo, float hi) {
+    u32 r;
+    if (DT == DT_F16)
+        asm("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
+    else
+        asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
+    return r;
+}
+
+__device__ __forceinline__ float ex2(float x) {
+    float y;
+    asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+    return y;
+}
+
+/* Rows r0 .. r0+R-1 of a (rows, D) operand with row stride st (elements)
+ * into a tile of pitch D + 8; rows at or past n zero-filled. */
+template <int D, int R>
+__device__ __forceinline__ void tile_in(u16 *dst, const u16 *src, i64 st, i64 r0, i64 n) {
+    constexpr int CH = D / 8;
+#pragma unroll
+    for (int c = 0; c < R * CH / NT; c++) {
+        int x = threadIdx.x + c * NT, r = x / CH, e = (x % CH) * 8;
+        bool in = r0 + r < n;
+        cp16(dst + r * (D + 8) + e, in ? src + (r0 + r) * st + e : src, in);
+    }
+}
+
+template <int D, int FK, int DT>
+__device__ __forceinline__ void flash_fwd(const u16 *q, const u16 *k, const u16 *v,
+                                          const void *len, u16 *out, const ageom &g, u16 *sm) {
+    constexpr int P = D + 8, NKS = D / 16, ND = D / 8, NS = FK / 8;
+    const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, gr = lane >> 2, tq = lane & 3;
+    const i64 b = blockIdx.x / g.Hq, h = blockIdx.x % g.Hq, hk = h / (g.Hq / g.Hkv);
+    const i64 q0 = (i64)(gridDim.y - 1 - blockIdx.y) * FQ;
+    const i64 L = valid_len(len, g, b);
+    const u16 *qp = q + b * g.qs[0] + h * g.qs[1], *kp = k + b * g.ks[0] + hk * g.ks[1];
+    const u16 *vp = v + b * g.vs[0] + hk * g.vs[1];
+    const i64 qlast = q0 + FQ < g.Lq ? q0 + FQ - 1 : g.Lq - 1;
+    const i64 nmax = visible(g, L, qlast);
+    const int ntiles = (int)((nmax + FK - 1) / FK);
+    u16 *sk = sm, *sv = sm + FK * P;
+    tile_in<D, FQ>(sm, qp, g.qs[2], q0, g.Lq);
+    cp_commit();
+    cp_wait<0>();
+    __syncthreads();
+    u32 qa[NKS][4];
+#pragma unroll
+    for (int t = 0; t < NKS; t++)
+        ldsm4(qa[t], sm + (warp * 16 + (lane & 15)) * P + t * 16 + (lane >> 4) * 8);
+    __syncthreads();
+    if (ntiles > 0) tile_in<D, FK>(sk, kp, g.ks[2], 0, nmax);
+    cp_commit();
+    /* This thread's rows ia and ia + 8; the warp's first row sees the fewest keys. */
+    const i64 ia = q0 + warp * 16 + gr;
+    const i64 na = visible(g, L, ia), nb = visible(g, L, ia + 8);
+    const i64 wmin = visible(g, L, q0 + warp * 16);
+    const float sl2 = g.scale * 1.4426950408889634f;
+    float o[ND][4], ma = -inf_f(), mb = -inf_f(), la = 0.0f, lb = 0.0f;
+#pragma unroll
+    for (int d = 0; d < ND; d++) o[d][0] = o[d][1] = o[d][2] = o[d][3] = 0.0f;
+    for (int t = 0; t < ntiles; t++) {
+        const i64 j0 = (i64)t * FK;
+        tile_in<D, FK>(sv, vp, g.vs[2], j0, nmax);
+        cp_commit();
+        cp_wait<1>();
+        __syncthreads();
+        float s[NS][4];
+#pragma unroll
+        for (int n = 0; n < NS; n++) s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.0f;
+#pragma unroll
+        for (int kk = 0; kk < NKS; kk++)
+#pragma unroll
+            for (int n = 0; n < NS; n += 2) {
+                u32 r[4];
+                ldsm4(r, sk + (n * 8 + (lane & 7) + ((lane >> 4) << 3)) * P + kk * 16 +
+                             ((lane >> 3) & 1) * 8);
+                mma_f32<DT>(s[n], qa[kk], r[0], r[1]);
+                mma_f32<DT>(s[n + 1], qa[kk], r[2], r[3]);
+            }
+        __syncthreads();
+        if (t + 1 < ntiles) tile_in<D, FK>(sk, kp, g.ks[2], j0 + FK, nmax);
+        cp_commit();
+        float tma = -inf_f(), tmb = -inf_f();
+        const bool edge = j0 + FK > wmin;
+        const int ea = (int)(na - j0 < FK ? na - j0 : FK) - 2 * tq;
+        const int eb = (int)(nb - j0 < FK ? nb - j0 : FK) - 2 * tq;
+#pragma unroll
+        for (int n = 0; n < NS; n++)
+#pragma unroll
+            for (int c = 0; c < 4; c++) {
+                float x = s[n][c] * sl2;
+                if (edge && n * 8 + (c & 1) >= (c < 2 ? ea : eb)) x = -inf_f();
+                s[n][c] = x;
+                if (c < 2)
+                    tma = fmaxf(tma, x);
+                else
+                    tmb = fmaxf(tmb, x);
+            }
+#pragma unroll
+        for (int off = 1; off < 4; off <<= 1) {
+            tma = fmaxf(tma, __shfl_xor_sync(0xffffffffu, tma, off));
+            tmb = fmaxf(tmb, __shfl_xor_sync(0xffffffffu, tmb, off));
+        }
+        const float mna = fmaxf(ma, tma), mnb = fmaxf(mb, tmb);
+        /* A row with nothing seen yet keeps zeros: subtract 0, not -inf. */
+        const float ua = mna == -inf_f() ? 0.0f : mna, ub = mnb == -inf_f() ? 0.0f : mnb;
+        const float aa = ex2(ma - ua), ab = ex2(mb - ub);
+        ma = mna, mb = mnb;
+        float sa = 0.0f, sb = 0.0f;
+        u32 pa[FK / 16][4];
+#pragma unroll
+        for (int n = 0; n < NS; n++) {
+            float p0 = ex2(s[n][0] - ua), p1 = ex2(s[n][1] - ua);
+            float p2 = ex2(s[n][2] - ub), p3 = ex2(s[n][3] - ub);
+            sa += p0 + p1, sb += p2 + p3;
+            pa[n / 2][(n & 1) * 2] = pack16<DT>(p0, p1);
+            pa[n / 2][(n & 1) * 2 + 1] = pack16<DT>(p2, p3);
+        }
+        la = la * aa + sa, lb = lb * ab + sb;
+#pragma unroll
+        for (int d = 0; d < ND; d++) o[d][0] *= aa, o[d][1] *= aa, o[d][2] *= ab, o[d][3] *= ab;
+        cp_wait<1>();
+        __syncthreads();
+#pragma unroll
+        for (int kk = 0; kk < FK / 16; kk++)
+#pragma unroll
+            for (int d = 0; d < ND; d += 2) {
+                u32 r[4];
+                ldsm4t(r, sv + (kk * 16 + (lane & 7) + ((lane >> 3) & 1) * 8) * P + d * 8 +
+                              (lane >> 4) * 8);
+                mma_f32<DT>(o[d], pa[kk], r[0], r[1]);
+                mma_f32<DT>(o[d + 1], pa[kk], r[2], r[3]);
+            }
+        __syncthreads();
+    }
+#pragma unroll
+    for (int off = 1; off < 4; off <<= 1) {
+        la += __shfl_xor_sync(0xffffffffu, la, off);
+        lb += __shfl_xor_sync(0xffffffffu, lb, off);
+    }
+    const float ra = la > 0.0f ? 1.0f / la : nan_f(), rb = lb > 0.0f ? 1.0f / lb : nan_f();
+    u16 *so = sm + (warp * 16 + gr) * P + 2 * tq;
+#pragma unroll
+    for (int d = 0; d < ND; d++) {
+        *(u32 *)(so + d * 8) = pack16<DT>(o[d][0] * ra, o[d][1] * ra);
+        *(u32 *)(so + 8 * P + d * 8) = pack16<DT>(o[d][2] * rb, o[d][3] * rb);
+    }
+    __syncthreads();
+    u16 *op = out + ((b * g.Hq + h) * g.Lq + q0) * D;
+#pragma unroll
+    for (int c = 0; c < FQ * (D / 8) / NT; c++) {
+        int x = tid + c * NT, r = x / (D / 8), e = (x % (D / 8)) * 8;
+        if (q0 + r < g.Lq) *(uint4 *)(op + (i64)r * D + e) = *(const uint4 *)(sm + r * P + e);
+    }
+}
+
+/* Shared memory: a K and a V tile of FK rows, or Q's FQ rows, of pitch D + 8. */
+#define FLASH(D, FK)                                                                               \
+    __shared__ __align__(16) u16 sm[(FQ > 2 * FK ? FQ : 2 * FK) * (D + 8)];                        \
+    if (g.dt == DT_F16)                                                                            \
+        flash_fwd<D, FK, DT_F16>(q, k, v, len, out, g, sm);                                        \
+    else                                                                                           \
+        flash_fwd<D, FK, DT_BF16>(q, k, v, len, out, g, sm);
+
+extern "C" __global__ void __launch_bounds__(NT)
+    sg_attn_flash64(const u16 *q, const u16 *k, const u16 *v, const void *len, u16 *out, ageom g) {
+    FLASH(64, 64)
+}
+
+extern "C" __global__ void __launch_bounds__(NT)
+    sg_attn_flash128(const u16 *q, const u16 *k, const u16 *v, const void *len, u16 *out, ageom g) {
+    FLASH(128, 32)
+}
