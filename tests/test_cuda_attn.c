@@ -112,6 +112,56 @@ static void prefill_case(sg_dtype dt, int64_t B, int64_t H, int64_t L, int64_t D
     sg_clear_error(gpu);
 }
 
+/* Attention of contiguous q (B, Hq, Lq, D) over k, v (B, Hkv, S, D): sg_sdpa (causal or not)
+ * when lens is NULL, else sg_sdpa_cached at lengths lens (causal among the new queries). With
+ * skew, q/k/v are narrowed out of (.., D + 8) at element 1: rows no longer 16-byte aligned. */
+static void attn_case(sg_dtype dt, int64_t B, int64_t Hq, int64_t Hkv, int64_t Lq, int64_t S,
+                      int64_t D, bool causal, const int64_t *lens, bool skew) {
+    int64_t w = skew ? D + 8 : D, qs[4] = {B, Hq, Lq, w}, ks[4] = {B, Hkv, S, w};
+    pair q = both(dt, 4, qs, -1, 1), k = both(dt, 4, ks, -1, 1), v = both(dt, 4, ks, -1, 1);
+    pair len = lens ? len_pair(B, lens) : (pair){NULL, NULL};
+    sg_tensor *y[2];
+    for (int s = 0; s < 2; s++) {
+        sg_tensor *t[3] = {s ? q.c : q.g, s ? k.c : k.g, s ? v.c : v.g};
+        for (int j = 0; j < 3; j++) t[j] = sg_narrow(t[j], 3, skew ? 1 : 0, D);
+        y[s] = lens ? sg_sdpa_cached(t[0], t[1], t[2], s ? len.c : len.g, 0)
+                    : sg_sdpa(t[0], t[1], t[2], NULL, causal, 0);
+        for (int j = 0; j < 3; j++) sg_release(t[j]);
+    }
+    const char *e = getenv("SG_ATTN_FLASH");
+    tu_case(same(y[0], y[1], dt),
+            "ATTN(kernel=%s,type=%s,B=%lld,Hq=%lld,Hkv=%lld,Lq=%lld,S=%lld,D=%lld,%s%s,"
+            "kv_len[0]=%lld)",
+            e && strcmp(e, "0") == 0 ? "mma" : "flash", sg_dtype_name(dt), (long long)B,
+            (long long)Hq, (long long)Hkv, (long long)Lq, (long long)S, (long long)D,
+            causal || lens ? "causal" : "full", skew ? ",unaligned" : "",
+            (long long)(lens ? lens[0] : S));
+    sg_release(y[0]), sg_release(y[1]);
+    release(q), release(k), release(v);
+    if (lens) release(len);
+    sg_clear_error(gpu);
+}
+
+/* The prefill shapes of the tensor-core kernels (flash for D 64 / 128 with aligned rows, else
+ * sg_attn_mma): partial tiles, Lq < S, grouped heads, kv_len, no causal mask, f16. */
+static void prefill_cases(void) {
+    static const int64_t pl[3] = {300, 40, 0}, one[1] = {200};
+    for (int f = 0; f < 2; f++) {
+        setenv("SG_ATTN_FLASH", f ? "0" : "1", 1);
+        prefill_case(SG_BF16, 4, 12, 512, 64);
+        prefill_case(SG_F16, 2, 4, 200, 128);
+        attn_case(SG_BF16, 2, 4, 4, 100, 300, 64, true, NULL, false);
+        attn_case(SG_F16, 1, 3, 3, 257, 257, 64, false, NULL, false);
+        attn_case(SG_BF16, 2, 8, 2, 150, 150, 128, true, NULL, false);
+        attn_case(SG_BF16, 1, 4, 2, 33, 700, 128, true, NULL, false);
+        attn_case(SG_BF16, 3, 4, 2, 70, 300, 64, true, pl, false);
+        attn_case(SG_F16, 1, 2, 1, 64, 512, 128, true, one, false);
+    }
+    unsetenv("SG_ATTN_FLASH");
+    attn_case(SG_BF16, 2, 4, 4, 130, 130, 64, true, NULL, true); /* not 16-byte rows: mma */
+    attn_case(SG_BF16, 2, 4, 4, 130, 130, 96, true, NULL, false); /* D 96: mma */
+}
+
 /* Seconds per call of one attention (eager), best of 5 runs of 50. */
 static double time_call(sg_tensor *q, sg_tensor *k, sg_tensor *v, sg_tensor *len) {
     double best = 1e30;
@@ -185,7 +235,7 @@ static void timings(void) {
     int64_t qs[4] = {1, 12, 1, 64}, ks[4] = {1, 12, 1024, 64}, one[1] = {1};
     pair q = both(SG_BF16, 4, qs, -1, 1), k = both(SG_BF16, 4, ks, -1, 1);
     pair v = both(SG_BF16, 4, ks, -1, 1);
-    static const int64_t lens[] = {1, 64, 256, 512, 1024};
+    static const int64_t lens[] = {1, 8, 64, 256, 512, 1024};
     for (size_t i = 0; i < sizeof lens / sizeof lens[0]; i++) {
         sg_tensor *len = sg_from_host(gpu, SG_I64, 1, one, &lens[i]);
         double t = time_call(q.g, k.g, v.g, len);
@@ -196,17 +246,31 @@ static void timings(void) {
         sg_release(len);
     }
     release(q), release(k), release(v);
-    int64_t ps[4] = {4, 12, 512, 64};
-    for (int d = 0; d < 2; d++) {
-        sg_dtype dt = d ? SG_F32 : SG_BF16;
-        pair a = both(dt, 4, ps, -1, 1), b = both(dt, 4, ps, -1, 1), c = both(dt, 4, ps, -1, 1);
-        double t = time_call(a.g, b.g, c.g, NULL);
-        double flop = 4.0 * 4 * 12 * 512 * 512 * 64 / 2; /* causal: half of QK^T and PV */
-        printf("time PREFILL(%s,B=4,H=12,L=512,D=64,causal): %8.2f us/call, %6.2f TFLOP/s; "
-               "floor %.2f us at %s\n",
-               sg_dtype_name(dt), t * 1e6, flop / t * 1e-12, flop / (d ? 67e12 : 989e12) * 1e6,
-               d ? "67 TFLOP/s FFMA" : "989 TFLOP/s bf16 MMA");
-        release(a), release(b), release(c);
+    static const int64_t pls[2] = {512, 1024};
+    for (int c = 0; c < 5; c++) {
+        /* bf16 flash at T 512 and 1024, sg_attn_mma (SG_ATTN_FLASH=0) and f32 FFMA at 512 */
+        sg_dtype dt = c == 4 ? SG_F32 : SG_BF16;
+        int64_t L = pls[c & 1], ps[4] = {4, L, 36, 64};
+        const char *kern = c < 2 ? "flash" : c < 4 ? "mma" : "ffma";
+        if (c == 2 || c == 3) setenv("SG_ATTN_FLASH", "0", 1);
+        pair p = both(dt, 4, ps, -1, 1); /* the GPT-2 layout: views of one QKV projection */
+        static const int perm[4] = {0, 2, 1, 3};
+        sg_tensor *t[3];
+        for (int j = 0; j < 3; j++) {
+            sg_tensor *n = sg_narrow(p.g, 2, j * 12, 12);
+            t[j] = sg_permute(n, perm);
+            sg_release(n);
+        }
+        double tm = time_call(t[0], t[1], t[2], NULL);
+        unsetenv("SG_ATTN_FLASH");
+        double flop = 4.0 * 4 * 12 * (double)L * (double)L * 64 / 2; /* causal: half */
+        printf("time PREFILL(%s,B=4,H=12,T=%4lld,D=64,causal,fused_qkv) %-5s: %8.2f us/call, "
+               "%6.1f TFLOP/s; floor %.2f us at %s\n",
+               sg_dtype_name(dt), (long long)L, kern, tm * 1e6, flop / tm * 1e-12,
+               flop / (c == 4 ? 67e12 : 989e12) * 1e6,
+               c == 4 ? "67 TFLOP/s FFMA" : "989 TFLOP/s bf16 MMA");
+        for (int j = 0; j < 3; j++) sg_release(t[j]);
+        release(p);
     }
 }
 
@@ -242,6 +306,7 @@ int main(void) {
         prefill_case(dt, 4, 12, 512, 64);
         prefill_case(dt, 1, 4, 333, 128);
     }
+    prefill_cases();
     const char *e = getenv("SG_ATTN_TIMING");
     unsetenv("SG_ATTN_DECODE");
     if (!(e && strcmp(e, "0") == 0)) timings(), graph_timings();
