@@ -40,7 +40,7 @@ static const char *const unit_kernels[SG__CU_NUM_UNITS][12] = {
                        "sg_mm_copy_f16", "sg_mm_copy_bf16", "sg_mm_fill_f32", "sg_mm_fill_f16",
                        "sg_mm_fill_bf16"},
     [SG__CU_ATTN] = {"sg_attn_split", "sg_attn_combine", "sg_attn_mma", "sg_attn_decode",
-                     "sg_attn_flash64", "sg_attn_flash128", NULL},
+                     "sg_attn_decode8", "sg_attn_flash64", "sg_attn_flash128", NULL},
 };
 
 /* Whether the image holds the symbol (a kernel's name is in its ELF string table). */

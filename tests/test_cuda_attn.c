@@ -6,8 +6,13 @@
  * to many, merged by the combine kernel), grouped-query decode (32 query
  * heads over 8 and 4 K/V heads, D=128) with per-batch lengths, D=256, and
  * causal prefill (B=4, H=12, L=512, D=64) with q/k/v narrowed out of one
- * fused QKV projection; bf16 and f32. The decode cases run twice: through
- * the lean decode kernel and, with SG_ATTN_DECODE=0, the split kernel. Then,
+ * fused QKV projection; bf16 and f32. The decode cases run three times:
+ * through the lean decode kernel (as a cluster per row where it fits), with
+ * SG_ATTN_CLUSTER=0 (the combine kernel merges its splits), and with
+ * SG_ATTN_DECODE=0 through the split kernel. The 16-bit prefill cases
+ * (partial tiles, Lq < S, grouped heads, kv_len below Lq, no causal mask,
+ * f16) run through the flash kernels and, with SG_ATTN_FLASH=0, through
+ * sg_attn_mma; unaligned rows and D=96 take sg_attn_mma anyway. Then,
  * unless SG_ATTN_TIMING=0 (set it under compute-sanitizer), the time of
  * decode and prefill per call (eager, synchronized, best of 5 runs of 50)
  * against the bytes and FLOP floors of an H100 (3.35 TB/s HBM3; 989 TFLOP/s
@@ -77,13 +82,15 @@ static void decode_case(sg_dtype dt, int64_t B, int64_t Hq, int64_t Hkv, int64_t
     pair len = len_pair(B, lens);
     sg_tensor *yg = sg_sdpa_cached(q.g, k.g, v.g, len.g, 0);
     sg_tensor *yc = sg_sdpa_cached(q.c, k.c, v.c, len.c, 0);
-    const char *e = getenv("SG_ATTN_DECODE");
+    const char *e = getenv("SG_ATTN_DECODE"), *c = getenv("SG_ATTN_CLUSTER");
     tu_case(same(yg, yc, dt),
             "DECODE(kernel=%s,type=%s,B=%lld,Hq=%lld,Hkv=%lld,Lq=%lld,S=%lld,D=%lld,"
             "kv_len[0]=%lld)",
-            e && strcmp(e, "0") == 0 ? "split" : "decode", sg_dtype_name(dt), (long long)B,
-            (long long)Hq, (long long)Hkv, (long long)Lq, (long long)S, (long long)D,
-            (long long)lens[0]);
+            e && strcmp(e, "0") == 0   ? "split"
+            : c && strcmp(c, "0") == 0 ? "decode+combine"
+                                       : "decode",
+            sg_dtype_name(dt), (long long)B, (long long)Hq, (long long)Hkv, (long long)Lq,
+            (long long)S, (long long)D, (long long)lens[0]);
     sg_release(yg), sg_release(yc);
     release(q), release(k), release(v), release(len);
     sg_clear_error(gpu);
@@ -158,7 +165,7 @@ static void prefill_cases(void) {
         attn_case(SG_F16, 1, 2, 1, 64, 512, 128, true, one, false);
     }
     unsetenv("SG_ATTN_FLASH");
-    attn_case(SG_BF16, 2, 4, 4, 130, 130, 64, true, NULL, true); /* not 16-byte rows: mma */
+    attn_case(SG_BF16, 2, 4, 4, 130, 130, 64, true, NULL, true);  /* not 16-byte rows: mma */
     attn_case(SG_BF16, 2, 4, 4, 130, 130, 96, true, NULL, false); /* D 96: mma */
 }
 
@@ -216,16 +223,17 @@ static void graph_timings(void) {
     for (size_t i = 0; i < sizeof lens / sizeof lens[0]; i++) {
         sg_tensor *len = sg_from_host(gpu, SG_I64, 1, one, &lens[i]);
         sg_tensor *in[4] = {q.g, k.g, v.g, len};
-        double t[2];
-        for (int m = 0; m < 2; m++) {
-            setenv("SG_ATTN_DECODE", m ? "0" : "1", 1);
+        double t[3];
+        for (int m = 0; m < 3; m++) {
+            setenv("SG_ATTN_DECODE", m < 2 ? "1" : "0", 1);
+            setenv("SG_ATTN_CLUSTER", m ? "0" : "1", 1);
             t[m] = time_graph(in);
         }
-        unsetenv("SG_ATTN_DECODE");
+        unsetenv("SG_ATTN_DECODE"), unsetenv("SG_ATTN_CLUSTER");
         double bytes = 2.0 * 12 * (double)lens[i] * 64 * 2;
-        printf("time DECODE graph replay(bf16,B=1,H=12,D=64,S=1024,kv_len=%4lld): decode kernel "
-               "%6.2f us, split kernel %6.2f us; bytes floor %.2f us at 3 TB/s\n",
-               (long long)lens[i], t[0], t[1], bytes / 3e12 * 1e6);
+        printf("time DECODE graph replay(bf16,B=1,H=12,D=64,S=1024,kv_len=%4lld): decode %6.2f us, "
+               "decode+combine %6.2f us, split %6.2f us; bytes floor %.2f us at 3 TB/s\n",
+               (long long)lens[i], t[0], t[1], t[2], bytes / 3e12 * 1e6);
         sg_release(len);
     }
     release(q), release(k), release(v);
@@ -288,9 +296,11 @@ int main(void) {
     }
     tu_seed(11);
     static const sg_dtype dts[2] = {SG_BF16, SG_F32};
-    for (int t = 0; t < 4; t++) {
+    for (int t = 0; t < 6; t++) {
+        /* the decode kernel (a cluster per row where it fits), with the combine kernel, split */
         sg_dtype dt = dts[t % 2];
-        setenv("SG_ATTN_DECODE", t < 2 ? "1" : "0", 1);
+        setenv("SG_ATTN_DECODE", t < 4 ? "1" : "0", 1);
+        setenv("SG_ATTN_CLUSTER", t < 2 ? "1" : "0", 1);
         static const int64_t lens[] = {1,  2,   31,  32,  33,  63,   64,
                                        65, 255, 256, 257, 700, 1023, 1024};
         for (size_t i = 0; i < sizeof lens / sizeof lens[0]; i++)
@@ -308,7 +318,7 @@ int main(void) {
     }
     prefill_cases();
     const char *e = getenv("SG_ATTN_TIMING");
-    unsetenv("SG_ATTN_DECODE");
+    unsetenv("SG_ATTN_DECODE"), unsetenv("SG_ATTN_CLUSTER");
     if (!(e && strcmp(e, "0") == 0)) timings(), graph_timings();
     sg_ctx_destroy(gpu);
     sg_ctx_destroy(cpu);

@@ -2,7 +2,9 @@
 /*
  * k_attn.cu -- the CUDA kernels of ATTENTION (host side in cuda_attn.c):
  * one split kernel that serves decode (flash-decoding) and prefill (flash
- * attention with FFMA tiles), and the combine of the splits.
+ * attention with FFMA tiles), the combine of the splits, a lean decode
+ * kernel, and prefill on tensor cores (FlashAttention-2's forward for D 64
+ * and 128, sg_attn_mma for the other multiples of 16).
  *
  * sg_attn_split: block (b * Hkv + hk, split, z) takes R rows of the
  * (Hq / Hkv) * Lq queries that share K/V head hk of batch b (rows z*R ...),
@@ -22,15 +24,19 @@
  * sg_attn_decode: the lean kernel of decode (a few query rows, no mask,
  * 16-byte K/V rows of at most 32 vectors). Block (row, split) takes one
  * query row; T = D / W lanes share a key (W elements of 16 bytes each), so
- * a warp reads 32 / T keys per load, keeps an online softmax per lane
- * group in registers, and the groups and warps merge at the end through a
- * few shuffles and 4 KiB of shared memory. Its split count is chosen on
- * the device from the valid length (dchunk): at most nsplit blocks, each of
- * at least CMIN keys; blocks past the valid keys return at once, and a row
+ * a warp reads 32 / T keys per load and DU such loads of K and of V per
+ * lane before it uses the first, keeps an online softmax per lane group in
+ * registers, and the groups and warps merge at the end through a few
+ * shuffles and 4 KiB of shared memory. Its split count is chosen on the
+ * device from the valid length (dchunk): at most nsplit blocks, each of at
+ * least CMIN keys; blocks past the valid keys return at once, and a row
  * whose keys fit one split is written by that block, normalized, with no
- * scratch (sg_attn_combine then returns at once for it). Both kernels wait
- * for the previous kernel (griddepcontrol.wait) before reading, so the
- * host may launch them as programmatic dependents.
+ * scratch (sg_attn_combine then returns at once for it). sg_attn_decode8
+ * is the same kernel with the DCL = 8 splits of a row as one block cluster
+ * (sm_90): block 0 merges the splits' states out of the others' shared
+ * memory and writes the row, so no combine kernel follows. The decode and
+ * combine kernels wait for the previous kernel (griddepcontrol.wait)
+ * before reading, so the host may launch them as programmatic dependents.
  *
  * Visibility (capture.h, SG__ATTN_CAUSAL): key j of batch b is seen by
  * query i when j < L (kv_len[b] read here, clamped to [0, S]) and, causal,
@@ -354,9 +360,39 @@ __device__ __forceinline__ void merge(float &m, float &l, float *a, float m2, fl
     m = mn;
 }
 
-extern "C" __global__ void __launch_bounds__(NT)
-    sg_attn_decode(const void *q, const void *k, const void *v, const void *len, void *out,
-                   float *part, ageom g) {
+__device__ __forceinline__ u32 smem_addr(const void *p) {
+    u32 a;
+    asm("{ .reg .u64 t; cvta.to.shared.u64 t, %1; cvt.u32.u64 %0, t; }" : "=r"(a) : "l"(p));
+    return a;
+}
+
+/* All threads of the block cluster meet; shared-memory writes before show after. */
+__device__ __forceinline__ void cluster_sync() {
+#if __CUDA_ARCH__ >= 900
+    asm volatile("barrier.cluster.arrive.release.aligned;" ::: "memory");
+    asm volatile("barrier.cluster.wait.acquire.aligned;" ::: "memory");
+#endif
+}
+
+/* *p as it stands in the shared memory of block `rank` of the cluster. */
+__device__ __forceinline__ float ld_cluster(const float *p, u32 rank) {
+    float v = 0.0f;
+#if __CUDA_ARCH__ >= 900
+    u32 r;
+    asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(r) : "r"(smem_addr(p)), "r"(rank));
+    asm volatile("ld.shared::cluster.f32 %0, [%1];" : "=f"(v) : "r"(r) : "memory");
+#endif
+    return v;
+}
+
+#define DU 4  /* key groups per lane that sg_attn_decode loads before it uses any */
+#define DCL 8 /* blocks per cluster of sg_attn_decode8: the splits of one row */
+
+/* The body of sg_attn_decode (CL false) and sg_attn_decode8 (CL true). */
+template <bool CL>
+__device__ __forceinline__ void decode_body(const void *q, const void *k, const void *v,
+                                            const void *len, void *out, float *part,
+                                            const ageom &g) {
     __shared__ float wm[NW], wl[NW], wa[NW][256];
     pdl_wait();
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
@@ -376,27 +412,58 @@ extern "C" __global__ void __launch_bounds__(NT)
         qv[c] = c < W ? ldf(q, g.dt, at) * g.scale : 0.0f;
         acc[c] = 0.0f;
     }
-    if (split >= (nv > 1 ? nv : 1)) return;
+    /* Past the valid splits: nothing to do, unless the cluster merges (nv > 1). */
+    if (split >= (nv > 1 ? nv : 1) && !(CL && nv > 1)) return;
     const char *kb = (const char *)k + (b * g.ks[0] + hk * g.ks[1] + e) * es;
     const char *vb = (const char *)v + (b * g.vs[0] + hk * g.vs[1] + e) * es;
     const i64 js = split * chunk, je = js + chunk < n ? js + chunk : n;
-    /* Every lane runs the same trips: the score's shuffles need the whole warp. */
-    for (i64 j0 = js + warp * kpw; j0 < je; j0 += NW * kpw) {
-        i64 j = j0 + lane / T;
-        bool in = j < je;
-        float kx[8], vx[8], s = 0.0f;
-        if (in) {
-            unpack(kx, *(const uint4 *)(kb + j * g.ks[2] * es), g.dt);
-            unpack(vx, *(const uint4 *)(vb + j * g.vs[2] * es), g.dt);
+    /* DU groups of kpw keys per warp and trip, all loads first. Every lane runs
+     * the same trips: the score's shuffles need the whole warp. */
+    for (i64 j0 = js + warp * kpw * DU; j0 < je; j0 += NW * kpw * DU) {
+        uint4 ku[DU], vu[DU];
 #pragma unroll
-            for (int c = 0; c < 8; c++)
-                if (c < W) s += qv[c] * kx[c];
+        for (int u = 0; u < DU; u++) {
+            i64 j = j0 + u * kpw + lane / T;
+            if (j < je) {
+                ku[u] = *(const uint4 *)(kb + j * g.ks[2] * es);
+                vu[u] = *(const uint4 *)(vb + j * g.vs[2] * es);
+            }
         }
-        for (int o = 1; o < T; o <<= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
-        if (in) {
-            float one = 1.0f;
-            merge(m, l, acc, s, one, vx, W);
+        float s[DU], mx = m;
+#pragma unroll
+        for (int u = 0; u < DU; u++) {
+            float kx[8];
+            s[u] = 0.0f;
+            if (j0 + u * kpw + lane / T < je) {
+                unpack(kx, ku[u], g.dt);
+#pragma unroll
+                for (int c = 0; c < 8; c++)
+                    if (c < W) s[u] += qv[c] * kx[c];
+            }
         }
+#pragma unroll
+        for (int u = 0; u < DU; u++) {
+            for (int o = 1; o < T; o <<= 1) s[u] += __shfl_xor_sync(0xffffffffu, s[u], o);
+            if (j0 + u * kpw + lane / T >= je) s[u] = -inf_f();
+            mx = fmaxf(mx, s[u]);
+        }
+        if (mx == -inf_f()) continue; /* no key of this lane's group in this trip */
+        float alpha = __expf(m - mx);
+        l *= alpha;
+#pragma unroll
+        for (int c = 0; c < 8; c++) acc[c] *= alpha;
+#pragma unroll
+        for (int u = 0; u < DU; u++) {
+            float p = __expf(s[u] - mx), vx[8];
+            if (p > 0.0f) {
+                unpack(vx, vu[u], g.dt);
+                l += p;
+#pragma unroll
+                for (int c = 0; c < 8; c++)
+                    if (c < W) acc[c] += p * vx[c];
+            }
+        }
+        m = mx;
     }
     /* The warp's key groups, then the warps. */
     for (int o = T; o < 32; o <<= 1) {
@@ -417,6 +484,44 @@ extern "C" __global__ void __launch_bounds__(NT)
     for (int w = 0; w < NW; w++) M = fmaxf(M, wm[w]);
 #pragma unroll
     for (int w = 0; w < NW; w++) x[w] = wl[w] > 0.0f ? expf(wm[w] - M) : 0.0f, S += wl[w] * x[w];
+    if (CL && nv > 1) {
+        /* The cluster's blocks are the row's splits: each leaves its (M, S, A) in
+         * shared memory (wa[0], wm[0], wl[0]); block 0 merges them in split order. */
+        float A[2];
+#pragma unroll
+        for (int c = 0; c < 2; c++) {
+            int d = tid + c * NT;
+            A[c] = 0.0f;
+            if (d < (int)g.D)
+#pragma unroll
+                for (int w = 0; w < NW; w++) A[c] += x[w] > 0.0f ? wa[w][d] * x[w] : 0.0f;
+        }
+        __syncthreads();
+#pragma unroll
+        for (int c = 0; c < 2; c++)
+            if (tid + c * NT < (int)g.D) wa[0][tid + c * NT] = A[c];
+        if (tid == 0) wm[0] = M, wl[0] = S;
+        cluster_sync();
+        if (split == 0) {
+            float Mc = -inf_f(), Sc = 0.0f, y[DCL];
+#pragma unroll
+            for (int r = 0; r < DCL; r++) Mc = fmaxf(Mc, ld_cluster(&wm[0], r));
+#pragma unroll
+            for (int r = 0; r < DCL; r++) {
+                float lr = ld_cluster(&wl[0], r), mr = ld_cluster(&wm[0], r);
+                y[r] = lr > 0.0f ? expf(mr - Mc) : 0.0f, Sc += lr * y[r];
+            }
+            for (int d = tid; d < (int)g.D; d += NT) {
+                float a = 0.0f;
+#pragma unroll
+                for (int r = 0; r < DCL; r++)
+                    if (y[r] > 0.0f) a += ld_cluster(&wa[0][d], r) * y[r];
+                stf(out, g.dt, row * g.D + d, Sc > 0.0f ? a / Sc : nan_f());
+            }
+        }
+        cluster_sync(); /* block 0 has read the others' shared memory */
+        return;
+    }
     for (int d = tid; d < (int)g.D; d += NT) { /* D may pass NT */
         float A = 0.0f;
 #pragma unroll
@@ -431,6 +536,22 @@ extern "C" __global__ void __launch_bounds__(NT)
         pm[0] = M, pm[1] = S;
     }
 }
+
+extern "C" __global__ void __launch_bounds__(NT)
+    sg_attn_decode(const void *q, const void *k, const void *v, const void *len, void *out,
+                   float *part, ageom g) {
+    decode_body<false>(q, k, v, len, out, part, g);
+}
+
+/* Grid (rows, DCL): a cluster per row, its splits merged in distributed shared memory
+ * (sm_90+; not built before). */
+#if __CUDA_ARCH__ >= 900
+extern "C" __global__ void __cluster_dims__(1, DCL, 1) __launch_bounds__(NT)
+    sg_attn_decode8(const void *q, const void *k, const void *v, const void *len, void *out,
+                    float *part, ageom g) {
+    decode_body<true>(q, k, v, len, out, part, g);
+}
+#endif
 
 /* ------------------------------------------------------------ tensor cores */
 
@@ -617,12 +738,6 @@ extern "C" __global__ void __launch_bounds__(NT)
  */
 #define FQ 64 /* queries per block */
 
-__device__ __forceinline__ u32 smem_addr(const void *p) {
-    u32 a;
-    asm("{ .reg .u64 t; cvta.to.shared.u64 t, %1; cvt.u32.u64 %0, t; }" : "=r"(a) : "l"(p));
-    return a;
-}
-
 /* 16 bytes global -> shared, zero-filled when !in (nothing read then). */
 __device__ __forceinline__ void cp16(u16 *dst, const u16 *src, bool in) {
 #if __CUDA_ARCH__ >= 800
@@ -701,8 +816,8 @@ __device__ __forceinline__ void tile_in(u16 *dst, const u16 *src, i64 st, i64 r0
 }
 
 template <int D, int FK, int DT>
-__device__ __forceinline__ void flash_fwd(const u16 *q, const u16 *k, const u16 *v,
-                                          const void *len, u16 *out, const ageom &g, u16 *sm) {
+__device__ __forceinline__ void flash_fwd(const u16 *q, const u16 *k, const u16 *v, const void *len,
+                                          u16 *out, const ageom &g, u16 *sm) {
     constexpr int P = D + 8, NKS = D / 16, ND = D / 8, NS = FK / 8;
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, gr = lane >> 2, tq = lane & 3;
     const i64 b = blockIdx.x / g.Hq, h = blockIdx.x % g.Hq, hk = h / (g.Hq / g.Hkv);
