@@ -193,20 +193,37 @@ static sg_status attn_step(sg_ctx *ctx, sg_tensor *const *in, sg_tensor **out, v
     return out[0] ? SG_OK : sg_ctx_status(ctx);
 }
 
-/* Microseconds per replay of one compiled decode attention (kernel=decode or split). */
-static double time_graph(sg_tensor *const *in) {
+/* The step of the prefill graph timing: in = one (B, T, 3H, D) QKV projection, as GPT-2's. */
+static sg_status prefill_step(sg_ctx *ctx, sg_tensor *const *in, sg_tensor **out, void *user) {
+    (void)user;
+    static const int perm[4] = {0, 2, 1, 3};
+    int64_t H = sg_tensor_size(in[0], 2) / 3;
+    sg_tensor *t[3];
+    for (int j = 0; j < 3; j++) {
+        sg_tensor *n = sg_narrow(in[0], 2, j * H, H);
+        t[j] = sg_permute(n, perm);
+        sg_release(n);
+    }
+    out[0] = sg_sdpa(t[0], t[1], t[2], NULL, true, 0);
+    for (int j = 0; j < 3; j++) sg_release(t[j]);
+    return out[0] ? SG_OK : sg_ctx_status(ctx);
+}
+
+/* Microseconds per replay of one compiled attention step (nin inputs), 200 replays between
+ * two synchronizations: the kernels' time once it passes the host's cost per replay. */
+static double time_graph(sg_step_fn step, int nin, sg_tensor *const *in) {
     sg_fn *fn = NULL;
     sg_tensor *y = NULL;
     double best = 1e30;
-    if (sg_compile(gpu, attn_step, NULL, 4, 1, &(sg_compile_opts){.mode = SG_MODE_REDUCE_OVERHEAD},
+    if (sg_compile(gpu, step, NULL, nin, 1, &(sg_compile_opts){.mode = SG_MODE_REDUCE_OVERHEAD},
                    &fn) != SG_OK)
         return -1;
     for (int w = 0; w < 3; w++)
-        if (sg_call(fn, in, 4, &y, 1) != SG_OK) return sg_fn_destroy(fn), -1;
+        if (sg_call(fn, in, nin, &y, 1) != SG_OK) return sg_fn_destroy(fn), -1;
     for (int r = 0; r < 3; r++) {
         sg_ctx_synchronize(gpu);
         double t0 = now();
-        for (int i = 0; i < 200; i++) sg_call(fn, in, 4, &y, 1);
+        for (int i = 0; i < 200; i++) sg_call(fn, in, nin, &y, 1);
         sg_ctx_synchronize(gpu);
         double t = (now() - t0) / 200;
         best = t < best ? t : best;
@@ -227,7 +244,7 @@ static void graph_timings(void) {
         for (int m = 0; m < 3; m++) {
             setenv("SG_ATTN_DECODE", m < 2 ? "1" : "0", 1);
             setenv("SG_ATTN_CLUSTER", m ? "0" : "1", 1);
-            t[m] = time_graph(in);
+            t[m] = time_graph(attn_step, 4, in);
         }
         unsetenv("SG_ATTN_DECODE"), unsetenv("SG_ATTN_CLUSTER");
         double bytes = 2.0 * 12 * (double)lens[i] * 64 * 2;
@@ -237,6 +254,19 @@ static void graph_timings(void) {
         sg_release(len);
     }
     release(q), release(k), release(v);
+    for (int c = 0; c < 4; c++) {
+        int64_t L = c & 1 ? 1024 : 512, ps[4] = {4, L, 36, 64};
+        pair p = both(SG_BF16, 4, ps, -1, 1);
+        setenv("SG_ATTN_FLASH", c < 2 ? "1" : "0", 1);
+        double t = time_graph(prefill_step, 1, &p.g);
+        unsetenv("SG_ATTN_FLASH");
+        double flop = 4.0 * 4 * 12 * (double)L * (double)L * 64 / 2;
+        printf("time PREFILL graph replay(bf16,B=4,H=12,T=%4lld,D=64,causal,fused_qkv) %-5s: "
+               "%8.2f us, %6.1f TFLOP/s; floor %.2f us at 989 TFLOP/s\n",
+               (long long)L, c < 2 ? "flash" : "mma", t, flop / (t * 1e-6) * 1e-12,
+               flop / 989e12 * 1e6);
+        release(p);
+    }
 }
 
 static void timings(void) {
