@@ -24,7 +24,7 @@
  * sg_attn_decode: the lean kernel of decode (a few query rows, no mask,
  * 16-byte K/V rows of at most 32 vectors). Block (row, split) takes one
  * query row; T = D / W lanes share a key (W elements of 16 bytes each), so
- * a warp reads 32 / T keys per load and DU such loads of K and of V per
+ * a warp reads 32 / T keys per load and DU (2) such loads of K and of V per
  * lane before it uses the first, keeps an online softmax per lane group in
  * registers, and the groups and warps merge at the end through a few
  * shuffles and 4 KiB of shared memory. Its split count is chosen on the
@@ -385,7 +385,7 @@ __device__ __forceinline__ float ld_cluster(const float *p, u32 rank) {
     return v;
 }
 
-#define DU 4  /* key groups per lane that sg_attn_decode loads before it uses any */
+#define DU 2  /* key groups per lane that sg_attn_decode loads before it uses any */
 #define DCL 8 /* blocks per cluster of sg_attn_decode8: the splits of one row */
 
 /* The body of sg_attn_decode (CL false) and sg_attn_decode8 (CL true). */
