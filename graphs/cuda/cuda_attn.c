@@ -8,9 +8,11 @@
  * leave SMs idle -- decode -- so that about two blocks per SM read K/V in
  * parallel; the splits are then merged by a second kernel through op
  * scratch. Prefill in 16-bit (D a multiple of 16, at most 128, no mask)
- * goes to the tensor-core kernel instead (SG_ATTN_MMA=0: not); decode (at most 4 queries
+ * goes to a tensor-core kernel instead (SG_ATTN_MMA=0: not): FlashAttention-2's
+ * forward for D 64 and 128 with 16-byte rows, else sg_attn_mma; decode (at most 4 queries
  * per row, no mask, 16-byte K/V rows) to the lean sg_attn_decode (SG_ATTN_DECODE=0: not),
- * whose splits the device picks from kv_len within the count planned here. The split count depends
+ * whose splits the device picks from kv_len within the count planned here, merged by a
+ * cluster of blocks (sm_90) or by the combine kernel. The split count depends
  * only on shapes, never on kv_len, which stays on the device: a recorded graph replays with
  * whatever length the step wrote there.
  */
@@ -24,6 +26,8 @@
 #define MAXR 16
 #define MAXACC 16
 #define CMIN 32                       /* keys per split of sg_attn_decode, at least (k_attn.cu) */
+#define DCL 8                         /* splits of a row in sg_attn_decode8's cluster (k_attn.cu) */
+#define DCL_KEYS 2048                 /* keys per split of sg_attn_decode8, at most */
 #define SCRATCH_CAP ((size_t)1 << 20) /* the op scratch that always exists (exec.c) */
 
 enum { CAUSAL = 1, VEC = 2, DECODE = 4 }; /* k_attn.cu's flags; CAUSAL is SG__ATTN_CAUSAL */
@@ -95,14 +99,27 @@ static bool use_mma(sg_ctx *ctx, const ageom *g) {
            g->Lq >= 32 && g->B * g->Hq <= 65535 && sg__cuda_arch(ctx) >= 80;
 }
 
+/* FlashAttention-2's forward (sg_attn_flash64 / 128): D 64 or 128, q/k/v rows of 16-byte
+ * vectors (rows_vector) and a 16-byte aligned result, sm_80+; SG_ATTN_FLASH=0 keeps sg_attn_mma. */
+static bool use_flash(const sg__node *n, const ageom *g) {
+    const char *e = getenv("SG_ATTN_FLASH");
+    if (e && strcmp(e, "0") == 0) return false;
+    return (g->D == 64 || g->D == 128) && (g->flags & VEC) && rows_vector(n->in[0], g->D) &&
+           ((uintptr_t)sg__data(n->out) & 15) == 0 && (g->Lq + 63) / 64 <= 65535 &&
+           g->B * g->Hq <= INT32_MAX;
+}
+
 static sg_status launch_mma(sg_ctx *ctx, const sg__node *n, ageom *g) {
+    bool flash = use_flash(n, g);
+    const char *name = !flash ? "sg_attn_mma" : g->D == 64 ? "sg_attn_flash64" : "sg_attn_flash128";
     void *f;
-    sg_status st = sg__cuda_kernel(ctx, SG__CU_ATTN, "sg_attn_mma", &f);
+    sg_status st = sg__cuda_kernel(ctx, SG__CU_ATTN, name, &f);
     if (st != SG_OK) return st;
     void *q = sg__data(n->in[0]), *k = sg__data(n->in[1]), *v = sg__data(n->in[2]);
     void *len = n->nin > 4 && n->in[4] ? sg__data(n->in[4]) : NULL, *out = sg__data(n->out);
     void *args[] = {&q, &k, &v, &len, &out, g};
-    unsigned grid[3] = {(unsigned)((g->Lq + 63) / 64), (unsigned)(g->B * g->Hq), 1};
+    unsigned tiles = (unsigned)((g->Lq + 63) / 64), heads = (unsigned)(g->B * g->Hq);
+    unsigned grid[3] = {flash ? heads : tiles, flash ? tiles : heads, 1};
     unsigned block[3] = {NT, 1, 1};
     return sg__cuda_launch(ctx, f, grid, block, 0, args);
 }
@@ -118,20 +135,29 @@ static bool use_decode(const ageom *g) {
 }
 
 /* Decode: a block per query row and split; up to ~2 blocks per SM of splits, each of at
- * least CMIN keys (the device cuts kv_len into at most that many), partials within the
- * op scratch; the combine follows only where there can be several splits. */
+ * least CMIN keys (the device cuts kv_len into at most that many). One split: no scratch and
+ * no combine. On sm_90, when that is at most 4 DCL splits and each of DCL holds at most DCL_KEYS
+ * keys, DCL splits as one cluster per row (sg_attn_decode8), merged in distributed shared memory:
+ * no combine either (SG_ATTN_CLUSTER=0: not). Else partials within the op scratch and
+ * sg_attn_combine. */
 static sg_status launch_decode(sg_ctx *ctx, const sg__node *n, ageom *g) {
     int64_t rows = g->B * g->Hq * g->Lq, sms = sg__cuda_sm_count(ctx);
     int64_t ns = (2 * sms + rows - 1) / rows, most = (g->S + CMIN - 1) / CMIN;
     ns = ns > most ? most : ns;
-    while (ns > 1 && (size_t)(rows * ns * (g->D + 2)) * sizeof(float) > SCRATCH_CAP) ns /= 2;
+    const char *e = getenv("SG_ATTN_CLUSTER");
+    bool cl = ns > 1 && ns <= 4 * DCL && (g->S + DCL - 1) / DCL <= DCL_KEYS &&
+              sg__cuda_arch(ctx) >= 90 && !(e && strcmp(e, "0") == 0);
+    if (cl) ns = DCL;
+    while (!cl && ns > 1 && (size_t)(rows * ns * (g->D + 2)) * sizeof(float) > SCRATCH_CAP) ns /= 2;
     g->nsplit = (int32_t)(ns < 1 ? 1 : ns > 65535 ? 65535 : ns);
     g->flags |= DECODE;
+    bool combine_too = g->nsplit > 1 && !cl;
     void *dec, *combine = NULL, *part = NULL;
-    sg_status st = sg__cuda_kernel(ctx, SG__CU_ATTN, "sg_attn_decode", &dec);
-    if (st == SG_OK && g->nsplit > 1)
+    sg_status st =
+        sg__cuda_kernel(ctx, SG__CU_ATTN, cl ? "sg_attn_decode8" : "sg_attn_decode", &dec);
+    if (st == SG_OK && combine_too)
         st = sg__cuda_kernel(ctx, SG__CU_ATTN, "sg_attn_combine", &combine);
-    if (st == SG_OK && g->nsplit > 1)
+    if (st == SG_OK && combine_too)
         st = sg__cuda_scratch(ctx, (size_t)(rows * g->nsplit * (g->D + 2)) * sizeof(float), &part);
     if (st != SG_OK) return st;
     void *q = sg__data(n->in[0]), *k = sg__data(n->in[1]), *v = sg__data(n->in[2]);
@@ -139,7 +165,7 @@ static sg_status launch_decode(sg_ctx *ctx, const sg__node *n, ageom *g) {
     void *args[] = {&q, &k, &v, &len, &out, &part, g};
     unsigned grid[3] = {(unsigned)rows, (unsigned)g->nsplit, 1}, block[3] = {NT, 1, 1};
     st = sg__cuda_launch_pdl(ctx, dec, grid, block, 0, args);
-    if (st != SG_OK || g->nsplit == 1) return st;
+    if (st != SG_OK || !combine_too) return st;
     void *cargs[] = {&part, &len, &out, g};
     unsigned cgrid[3] = {(unsigned)rows, 1, 1};
     unsigned cblock[3] = {(unsigned)(g->D < 32 ? 32 : (g->D + 31) / 32 * 32), 1, 1};

@@ -2,7 +2,9 @@
 /*
  * k_attn.cu -- the CUDA kernels of ATTENTION (host side in cuda_attn.c):
  * one split kernel that serves decode (flash-decoding) and prefill (flash
- * attention with FFMA tiles), and the combine of the splits.
+ * attention with FFMA tiles), the combine of the splits, a lean decode
+ * kernel, and prefill on tensor cores (FlashAttention-2's forward for D 64
+ * and 128, sg_attn_mma for the other multiples of 16).
  *
  * sg_attn_split: block (b * Hkv + hk, split, z) takes R rows of the
  * (Hq / Hkv) * Lq queries that share K/V head hk of batch b (rows z*R ...),
@@ -22,15 +24,19 @@
  * sg_attn_decode: the lean kernel of decode (a few query rows, no mask,
  * 16-byte K/V rows of at most 32 vectors). Block (row, split) takes one
  * query row; T = D / W lanes share a key (W elements of 16 bytes each), so
- * a warp reads 32 / T keys per load, keeps an online softmax per lane
- * group in registers, and the groups and warps merge at the end through a
- * few shuffles and 4 KiB of shared memory. Its split count is chosen on
- * the device from the valid length (dchunk): at most nsplit blocks, each of
- * at least CMIN keys; blocks past the valid keys return at once, and a row
+ * a warp reads 32 / T keys per load and DU (2) such loads of K and of V per
+ * lane before it uses the first, keeps an online softmax per lane group in
+ * registers, and the groups and warps merge at the end through a few
+ * shuffles and 4 KiB of shared memory. Its split count is chosen on the
+ * device from the valid length (dchunk): at most nsplit blocks, each of at
+ * least CMIN keys; blocks past the valid keys return at once, and a row
  * whose keys fit one split is written by that block, normalized, with no
- * scratch (sg_attn_combine then returns at once for it). Both kernels wait
- * for the previous kernel (griddepcontrol.wait) before reading, so the
- * host may launch them as programmatic dependents.
+ * scratch (sg_attn_combine then returns at once for it). sg_attn_decode8
+ * is the same kernel with the DCL = 8 splits of a row as one block cluster
+ * (sm_90): block 0 merges the splits' states out of the others' shared
+ * memory and writes the row, so no combine kernel follows. The decode and
+ * combine kernels wait for the previous kernel (griddepcontrol.wait)
+ * before reading, so the host may launch them as programmatic dependents.
  *
  * Visibility (capture.h, SG__ATTN_CAUSAL): key j of batch b is seen by
  * query i when j < L (kv_len[b] read here, clamped to [0, S]) and, causal,
@@ -354,9 +360,39 @@ __device__ __forceinline__ void merge(float &m, float &l, float *a, float m2, fl
     m = mn;
 }
 
-extern "C" __global__ void __launch_bounds__(NT)
-    sg_attn_decode(const void *q, const void *k, const void *v, const void *len, void *out,
-                   float *part, ageom g) {
+__device__ __forceinline__ u32 smem_addr(const void *p) {
+    u32 a;
+    asm("{ .reg .u64 t; cvta.to.shared.u64 t, %1; cvt.u32.u64 %0, t; }" : "=r"(a) : "l"(p));
+    return a;
+}
+
+/* All threads of the block cluster meet; shared-memory writes before show after. */
+__device__ __forceinline__ void cluster_sync() {
+#if __CUDA_ARCH__ >= 900
+    asm volatile("barrier.cluster.arrive.release.aligned;" ::: "memory");
+    asm volatile("barrier.cluster.wait.acquire.aligned;" ::: "memory");
+#endif
+}
+
+/* *p as it stands in the shared memory of block `rank` of the cluster. */
+__device__ __forceinline__ float ld_cluster(const float *p, u32 rank) {
+    float v = 0.0f;
+#if __CUDA_ARCH__ >= 900
+    u32 r;
+    asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(r) : "r"(smem_addr(p)), "r"(rank));
+    asm volatile("ld.shared::cluster.f32 %0, [%1];" : "=f"(v) : "r"(r) : "memory");
+#endif
+    return v;
+}
+
+#define DU 2  /* key groups per lane that sg_attn_decode loads before it uses any */
+#define DCL 8 /* blocks per cluster of sg_attn_decode8: the splits of one row */
+
+/* The body of sg_attn_decode (CL false) and sg_attn_decode8 (CL true). */
+template <bool CL>
+__device__ __forceinline__ void decode_body(const void *q, const void *k, const void *v,
+                                            const void *len, void *out, float *part,
+                                            const ageom &g) {
     __shared__ float wm[NW], wl[NW], wa[NW][256];
     pdl_wait();
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
@@ -376,27 +412,58 @@ extern "C" __global__ void __launch_bounds__(NT)
         qv[c] = c < W ? ldf(q, g.dt, at) * g.scale : 0.0f;
         acc[c] = 0.0f;
     }
-    if (split >= (nv > 1 ? nv : 1)) return;
+    /* Past the valid splits: nothing to do, unless the cluster merges (nv > 1). */
+    if (split >= (nv > 1 ? nv : 1) && !(CL && nv > 1)) return;
     const char *kb = (const char *)k + (b * g.ks[0] + hk * g.ks[1] + e) * es;
     const char *vb = (const char *)v + (b * g.vs[0] + hk * g.vs[1] + e) * es;
     const i64 js = split * chunk, je = js + chunk < n ? js + chunk : n;
-    /* Every lane runs the same trips: the score's shuffles need the whole warp. */
-    for (i64 j0 = js + warp * kpw; j0 < je; j0 += NW * kpw) {
-        i64 j = j0 + lane / T;
-        bool in = j < je;
-        float kx[8], vx[8], s = 0.0f;
-        if (in) {
-            unpack(kx, *(const uint4 *)(kb + j * g.ks[2] * es), g.dt);
-            unpack(vx, *(const uint4 *)(vb + j * g.vs[2] * es), g.dt);
+    /* DU groups of kpw keys per warp and trip, all loads first. Every lane runs
+     * the same trips: the score's shuffles need the whole warp. */
+    for (i64 j0 = js + warp * kpw * DU; j0 < je; j0 += NW * kpw * DU) {
+        uint4 ku[DU], vu[DU];
 #pragma unroll
-            for (int c = 0; c < 8; c++)
-                if (c < W) s += qv[c] * kx[c];
+        for (int u = 0; u < DU; u++) {
+            i64 j = j0 + u * kpw + lane / T;
+            if (j < je) {
+                ku[u] = *(const uint4 *)(kb + j * g.ks[2] * es);
+                vu[u] = *(const uint4 *)(vb + j * g.vs[2] * es);
+            }
         }
-        for (int o = 1; o < T; o <<= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
-        if (in) {
-            float one = 1.0f;
-            merge(m, l, acc, s, one, vx, W);
+        float s[DU], mx = m;
+#pragma unroll
+        for (int u = 0; u < DU; u++) {
+            float kx[8];
+            s[u] = 0.0f;
+            if (j0 + u * kpw + lane / T < je) {
+                unpack(kx, ku[u], g.dt);
+#pragma unroll
+                for (int c = 0; c < 8; c++)
+                    if (c < W) s[u] += qv[c] * kx[c];
+            }
         }
+#pragma unroll
+        for (int u = 0; u < DU; u++) {
+            for (int o = 1; o < T; o <<= 1) s[u] += __shfl_xor_sync(0xffffffffu, s[u], o);
+            if (j0 + u * kpw + lane / T >= je) s[u] = -inf_f();
+            mx = fmaxf(mx, s[u]);
+        }
+        if (mx == -inf_f()) continue; /* no key of this lane's group in this trip */
+        float alpha = __expf(m - mx);
+        l *= alpha;
+#pragma unroll
+        for (int c = 0; c < 8; c++) acc[c] *= alpha;
+#pragma unroll
+        for (int u = 0; u < DU; u++) {
+            float p = __expf(s[u] - mx), vx[8];
+            if (p > 0.0f) {
+                unpack(vx, vu[u], g.dt);
+                l += p;
+#pragma unroll
+                for (int c = 0; c < 8; c++)
+                    if (c < W) acc[c] += p * vx[c];
+            }
+        }
+        m = mx;
     }
     /* The warp's key groups, then the warps. */
     for (int o = T; o < 32; o <<= 1) {
@@ -417,6 +484,44 @@ extern "C" __global__ void __launch_bounds__(NT)
     for (int w = 0; w < NW; w++) M = fmaxf(M, wm[w]);
 #pragma unroll
     for (int w = 0; w < NW; w++) x[w] = wl[w] > 0.0f ? expf(wm[w] - M) : 0.0f, S += wl[w] * x[w];
+    if (CL && nv > 1) {
+        /* The cluster's blocks are the row's splits: each leaves its (M, S, A) in
+         * shared memory (wa[0], wm[0], wl[0]); block 0 merges them in split order. */
+        float A[2];
+#pragma unroll
+        for (int c = 0; c < 2; c++) {
+            int d = tid + c * NT;
+            A[c] = 0.0f;
+            if (d < (int)g.D)
+#pragma unroll
+                for (int w = 0; w < NW; w++) A[c] += x[w] > 0.0f ? wa[w][d] * x[w] : 0.0f;
+        }
+        __syncthreads();
+#pragma unroll
+        for (int c = 0; c < 2; c++)
+            if (tid + c * NT < (int)g.D) wa[0][tid + c * NT] = A[c];
+        if (tid == 0) wm[0] = M, wl[0] = S;
+        cluster_sync();
+        if (split == 0) {
+            float Mc = -inf_f(), Sc = 0.0f, y[DCL];
+#pragma unroll
+            for (int r = 0; r < DCL; r++) Mc = fmaxf(Mc, ld_cluster(&wm[0], r));
+#pragma unroll
+            for (int r = 0; r < DCL; r++) {
+                float lr = ld_cluster(&wl[0], r), mr = ld_cluster(&wm[0], r);
+                y[r] = lr > 0.0f ? expf(mr - Mc) : 0.0f, Sc += lr * y[r];
+            }
+            for (int d = tid; d < (int)g.D; d += NT) {
+                float a = 0.0f;
+#pragma unroll
+                for (int r = 0; r < DCL; r++)
+                    if (y[r] > 0.0f) a += ld_cluster(&wa[0][d], r) * y[r];
+                stf(out, g.dt, row * g.D + d, Sc > 0.0f ? a / Sc : nan_f());
+            }
+        }
+        cluster_sync(); /* block 0 has read the others' shared memory */
+        return;
+    }
     for (int d = tid; d < (int)g.D; d += NT) { /* D may pass NT */
         float A = 0.0f;
 #pragma unroll
@@ -431,6 +536,22 @@ extern "C" __global__ void __launch_bounds__(NT)
         pm[0] = M, pm[1] = S;
     }
 }
+
+extern "C" __global__ void __launch_bounds__(NT)
+    sg_attn_decode(const void *q, const void *k, const void *v, const void *len, void *out,
+                   float *part, ageom g) {
+    decode_body<false>(q, k, v, len, out, part, g);
+}
+
+/* Grid (rows, DCL): a cluster per row, its splits merged in distributed shared memory
+ * (sm_90+; not built before). */
+#if __CUDA_ARCH__ >= 900
+extern "C" __global__ void __cluster_dims__(1, DCL, 1) __launch_bounds__(NT)
+    sg_attn_decode8(const void *q, const void *k, const void *v, const void *len, void *out,
+                    float *part, ageom g) {
+    decode_body<true>(q, k, v, len, out, part, g);
+}
+#endif
 
 /* ------------------------------------------------------------ tensor cores */
 
@@ -592,4 +713,251 @@ extern "C" __global__ void __launch_bounds__(NT)
                 stf(out, g.dt, ob + e + 1, lb > 0.0f ? o[d][3] / lb : nan_f());
             }
         }
+}
+
+/* ------------------------------------------------------------ flash attention */
+
+/*
+ * sg_attn_flash64 / sg_attn_flash128: prefill as FlashAttention-2's forward
+ * (16-bit, D 64 or 128, no mask, 16-byte aligned rows; sm_80+). Block
+ * (b * Hq + h, query tile) of 4 warps takes FQ = 64 queries, a warp 16 of
+ * them; the grid's first blocks take the last query tiles, which see the
+ * most keys under causal masking, so the heavy blocks start first. K and V tiles of
+ * FK = 64 keys come through cp.async into shared memory rows padded by 16
+ * bytes (a row pitch of 36 or 68 words: the 8 rows of an ldmatrix hit 32
+ * banks); Q comes the same way, into V's buffer, once, and stays in
+ * registers as A fragments. Each tile: V(t) is requested, S = Q K(t)^T
+ * (ldmatrix, mma.sync m16n8k16, f32), K(t+1) is requested, the online
+ * softmax runs in registers (scores times scale * log2(e), ex2), P is packed
+ * to 16 bits in place as the A operand, and O += P V(t) (ldmatrix.trans).
+ * So each load overlaps the other half's arithmetic. Tiles past the block's
+ * last visible key are never loaded; only tiles that reach past a warp's
+ * first row's visible keys are masked elementwise; keys at or past the
+ * block's last visible key are zero-filled, not read. The result goes out
+ * through shared memory as 16-byte rows.
+ */
+#define FQ 64 /* queries per block */
+
+/* 16 bytes global -> shared, zero-filled when !in (nothing read then). */
+__device__ __forceinline__ void cp16(u16 *dst, const u16 *src, bool in) {
+#if __CUDA_ARCH__ >= 800
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(smem_addr(dst)), "l"(src),
+                 "r"(in ? 16 : 0));
+#endif
+}
+
+__device__ __forceinline__ void cp_commit() {
+#if __CUDA_ARCH__ >= 800
+    asm volatile("cp.async.commit_group;" ::: "memory");
+#endif
+}
+
+/* Wait until at most N of this thread's copy groups are pending. */
+template <int N> __device__ __forceinline__ void cp_wait() {
+#if __CUDA_ARCH__ >= 800
+    asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory");
+#endif
+}
+
+__device__ __forceinline__ void ldsm4(u32 *r, const u16 *p) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(smem_addr(p)));
+}
+
+__device__ __forceinline__ void ldsm4t(u32 *r, const u16 *p) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(smem_addr(p)));
+}
+
+/* D += A B on tensor cores, A 16x16 row-major, B 16x8 col-major, f32 accumulators;
+ * a pure register operation, which the compiler may schedule freely. */
+template <int DT> __device__ __forceinline__ void mma_f32(float *c, const u32 *a, u32 b0, u32 b1) {
+    if (DT == DT_F16)
+        asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, "
+            "{%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
+            : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+            : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+    else
+        asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, "
+            "{%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
+            : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+            : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+/* (lo, hi) rounded to nearest even as two 16-bit values of DT, lo in the low half. */
+template <int DT> __device__ __forceinline__ u32 pack16(float lo, float hi) {
+    u32 r;
+    if (DT == DT_F16)
+        asm("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
+    else
+        asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
+    return r;
+}
+
+__device__ __forceinline__ float ex2(float x) {
+    float y;
+    asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+    return y;
+}
+
+/* Rows r0 .. r0+R-1 of a (rows, D) operand with row stride st (elements)
+ * into a tile of pitch D + 8; rows at or past n zero-filled. */
+template <int D, int R>
+__device__ __forceinline__ void tile_in(u16 *dst, const u16 *src, i64 st, i64 r0, i64 n) {
+    constexpr int CH = D / 8;
+#pragma unroll
+    for (int c = 0; c < R * CH / NT; c++) {
+        int x = threadIdx.x + c * NT, r = x / CH, e = (x % CH) * 8;
+        bool in = r0 + r < n;
+        cp16(dst + r * (D + 8) + e, in ? src + (r0 + r) * st + e : src, in);
+    }
+}
+
+template <int D, int FK, int DT>
+__device__ __forceinline__ void flash_fwd(const u16 *q, const u16 *k, const u16 *v, const void *len,
+                                          u16 *out, const ageom &g, u16 *sm) {
+    constexpr int P = D + 8, NKS = D / 16, ND = D / 8, NS = FK / 8;
+    const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, gr = lane >> 2, tq = lane & 3;
+    const i64 b = blockIdx.x / g.Hq, h = blockIdx.x % g.Hq, hk = h / (g.Hq / g.Hkv);
+    const i64 q0 = (i64)(gridDim.y - 1 - blockIdx.y) * FQ;
+    const i64 L = valid_len(len, g, b);
+    const u16 *qp = q + b * g.qs[0] + h * g.qs[1], *kp = k + b * g.ks[0] + hk * g.ks[1];
+    const u16 *vp = v + b * g.vs[0] + hk * g.vs[1];
+    const i64 qlast = q0 + FQ < g.Lq ? q0 + FQ - 1 : g.Lq - 1;
+    const i64 nmax = visible(g, L, qlast);
+    const int ntiles = (int)((nmax + FK - 1) / FK);
+    u16 *sk = sm, *sv = sm + FK * P;
+    tile_in<D, FQ>(sm, qp, g.qs[2], q0, g.Lq);
+    cp_commit();
+    cp_wait<0>();
+    __syncthreads();
+    u32 qa[NKS][4];
+#pragma unroll
+    for (int t = 0; t < NKS; t++)
+        ldsm4(qa[t], sm + (warp * 16 + (lane & 15)) * P + t * 16 + (lane >> 4) * 8);
+    __syncthreads();
+    if (ntiles > 0) tile_in<D, FK>(sk, kp, g.ks[2], 0, nmax);
+    cp_commit();
+    /* This thread's rows ia and ia + 8; the warp's first row sees the fewest keys. */
+    const i64 ia = q0 + warp * 16 + gr;
+    const i64 na = visible(g, L, ia), nb = visible(g, L, ia + 8);
+    const i64 wmin = visible(g, L, q0 + warp * 16);
+    const float sl2 = g.scale * 1.4426950408889634f;
+    float o[ND][4], ma = -inf_f(), mb = -inf_f(), la = 0.0f, lb = 0.0f;
+#pragma unroll
+    for (int d = 0; d < ND; d++) o[d][0] = o[d][1] = o[d][2] = o[d][3] = 0.0f;
+    for (int t = 0; t < ntiles; t++) {
+        const i64 j0 = (i64)t * FK;
+        tile_in<D, FK>(sv, vp, g.vs[2], j0, nmax);
+        cp_commit();
+        cp_wait<1>();
+        __syncthreads();
+        float s[NS][4];
+#pragma unroll
+        for (int n = 0; n < NS; n++) s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.0f;
+#pragma unroll
+        for (int kk = 0; kk < NKS; kk++)
+#pragma unroll
+            for (int n = 0; n < NS; n += 2) {
+                u32 r[4];
+                ldsm4(r, sk + (n * 8 + (lane & 7) + ((lane >> 4) << 3)) * P + kk * 16 +
+                             ((lane >> 3) & 1) * 8);
+                mma_f32<DT>(s[n], qa[kk], r[0], r[1]);
+                mma_f32<DT>(s[n + 1], qa[kk], r[2], r[3]);
+            }
+        __syncthreads();
+        if (t + 1 < ntiles) tile_in<D, FK>(sk, kp, g.ks[2], j0 + FK, nmax);
+        cp_commit();
+        float tma = -inf_f(), tmb = -inf_f();
+        const bool edge = j0 + FK > wmin;
+        const int ea = (int)(na - j0 < FK ? na - j0 : FK) - 2 * tq;
+        const int eb = (int)(nb - j0 < FK ? nb - j0 : FK) - 2 * tq;
+#pragma unroll
+        for (int n = 0; n < NS; n++)
+#pragma unroll
+            for (int c = 0; c < 4; c++) {
+                float x = s[n][c] * sl2;
+                if (edge && n * 8 + (c & 1) >= (c < 2 ? ea : eb)) x = -inf_f();
+                s[n][c] = x;
+                if (c < 2)
+                    tma = fmaxf(tma, x);
+                else
+                    tmb = fmaxf(tmb, x);
+            }
+#pragma unroll
+        for (int off = 1; off < 4; off <<= 1) {
+            tma = fmaxf(tma, __shfl_xor_sync(0xffffffffu, tma, off));
+            tmb = fmaxf(tmb, __shfl_xor_sync(0xffffffffu, tmb, off));
+        }
+        const float mna = fmaxf(ma, tma), mnb = fmaxf(mb, tmb);
+        /* A row with nothing seen yet keeps zeros: subtract 0, not -inf. */
+        const float ua = mna == -inf_f() ? 0.0f : mna, ub = mnb == -inf_f() ? 0.0f : mnb;
+        const float aa = ex2(ma - ua), ab = ex2(mb - ub);
+        ma = mna, mb = mnb;
+        float sa = 0.0f, sb = 0.0f;
+        u32 pa[FK / 16][4];
+#pragma unroll
+        for (int n = 0; n < NS; n++) {
+            float p0 = ex2(s[n][0] - ua), p1 = ex2(s[n][1] - ua);
+            float p2 = ex2(s[n][2] - ub), p3 = ex2(s[n][3] - ub);
+            sa += p0 + p1, sb += p2 + p3;
+            pa[n / 2][(n & 1) * 2] = pack16<DT>(p0, p1);
+            pa[n / 2][(n & 1) * 2 + 1] = pack16<DT>(p2, p3);
+        }
+        la = la * aa + sa, lb = lb * ab + sb;
+#pragma unroll
+        for (int d = 0; d < ND; d++) o[d][0] *= aa, o[d][1] *= aa, o[d][2] *= ab, o[d][3] *= ab;
+        cp_wait<1>();
+        __syncthreads();
+#pragma unroll
+        for (int kk = 0; kk < FK / 16; kk++)
+#pragma unroll
+            for (int d = 0; d < ND; d += 2) {
+                u32 r[4];
+                ldsm4t(r, sv + (kk * 16 + (lane & 7) + ((lane >> 3) & 1) * 8) * P + d * 8 +
+                              (lane >> 4) * 8);
+                mma_f32<DT>(o[d], pa[kk], r[0], r[1]);
+                mma_f32<DT>(o[d + 1], pa[kk], r[2], r[3]);
+            }
+        __syncthreads();
+    }
+#pragma unroll
+    for (int off = 1; off < 4; off <<= 1) {
+        la += __shfl_xor_sync(0xffffffffu, la, off);
+        lb += __shfl_xor_sync(0xffffffffu, lb, off);
+    }
+    const float ra = la > 0.0f ? 1.0f / la : nan_f(), rb = lb > 0.0f ? 1.0f / lb : nan_f();
+    u16 *so = sm + (warp * 16 + gr) * P + 2 * tq;
+#pragma unroll
+    for (int d = 0; d < ND; d++) {
+        *(u32 *)(so + d * 8) = pack16<DT>(o[d][0] * ra, o[d][1] * ra);
+        *(u32 *)(so + 8 * P + d * 8) = pack16<DT>(o[d][2] * rb, o[d][3] * rb);
+    }
+    __syncthreads();
+    u16 *op = out + ((b * g.Hq + h) * g.Lq + q0) * D;
+#pragma unroll
+    for (int c = 0; c < FQ * (D / 8) / NT; c++) {
+        int x = tid + c * NT, r = x / (D / 8), e = (x % (D / 8)) * 8;
+        if (q0 + r < g.Lq) *(uint4 *)(op + (i64)r * D + e) = *(const uint4 *)(sm + r * P + e);
+    }
+}
+
+/* Shared memory: a K and a V tile of FK rows, or Q's FQ rows, of pitch D + 8. */
+#define FLASH(D, FK)                                                                               \
+    __shared__ __align__(16) u16 sm[(FQ > 2 * FK ? FQ : 2 * FK) * (D + 8)];                        \
+    if (g.dt == DT_F16)                                                                            \
+        flash_fwd<D, FK, DT_F16>(q, k, v, len, out, g, sm);                                        \
+    else                                                                                           \
+        flash_fwd<D, FK, DT_BF16>(q, k, v, len, out, g, sm);
+
+extern "C" __global__ void __launch_bounds__(NT)
+    sg_attn_flash64(const u16 *q, const u16 *k, const u16 *v, const void *len, u16 *out, ageom g) {
+    FLASH(64, 64)
+}
+
+extern "C" __global__ void __launch_bounds__(NT)
+    sg_attn_flash128(const u16 *q, const u16 *k, const u16 *v, const void *len, u16 *out, ageom g) {
+    FLASH(128, 32)
 }
