@@ -20,13 +20,17 @@
  *    shard of 2 rows of the batch, gives at every step the loss of one
  *    process training eagerly on the whole batch (f32 tolerance);
  *  - a rank that exits early, or stops calling collectives, makes the
- *    others fail with a clear error within a timeout instead of hanging.
+ *    others fail with a clear error within a timeout instead of hanging;
+ *  - the TCP rendezvous that carries NCCL's id without mpirun: rank 0 and
+ *    two forked ranks exchange the bytes; a rank 0 nobody joins, and a rank
+ *    whose rank 0 never comes, fail within the timeout naming the cause.
  * Without mpirun the multi-process cases are skipped (exit 77 if nothing failed).
  */
 #define _POSIX_C_SOURCE 200809L
 #include "gpt2/data.h"
 #include "gpt2/model.h"
 #include "gpt2/train.h"
+#include "graphs/comm.h"
 #include "testutil.h"
 
 #include <math.h>
@@ -367,6 +371,69 @@ static void case_local(void) {
     sg_ctx_destroy(ctx);
 }
 
+/* sg__comm_tcp_bcast between this process (rank 0) and np - 1 forked ranks;
+ * with rank0 false, one forked rank 1 waits for a rank 0 that never comes.
+ * Returns the number of forked ranks that got the bytes and sets *s to
+ * rank 0's status (with rank0 false: SG_ERR_DRIVER when rank 1 failed so). */
+static int tcp_run(int np, bool rank0, int port, double timeout, sg_status *s, char *msg,
+                   size_t size) {
+    unsigned char id[128];
+    for (int i = 0; i < 128; i++) id[i] = (unsigned char)(i * 7 + 3);
+    sg__comm_env e = {.size = rank0 ? np : 2, .port = port, .timeout_s = timeout};
+    snprintf(e.addr, sizeof e.addr, "127.0.0.1");
+    int kids = rank0 ? np - 1 : 1, got = 0;
+    pid_t pid[4];
+    for (int k = 0; k < kids; k++) {
+        fflush(stdout), fflush(stderr);
+        if ((pid[k] = fork()) == 0) {
+            sg_ctx *c = cpu_ctx();
+            unsigned char mine[128] = {0};
+            e.rank = k + 1;
+            sg_status cs = sg__comm_tcp_bcast(c, &e, mine, sizeof mine);
+            if (!rank0) printf("  rank 1: %s\n", sg_last_error(c));
+            fflush(stdout);
+            _exit(cs == SG_OK && !memcmp(mine, id, sizeof id) ? 0 : cs == SG_ERR_DRIVER ? 2 : 1);
+        }
+    }
+    sg_ctx *ctx = cpu_ctx();
+    e.rank = 0;
+    *s = rank0 ? sg__comm_tcp_bcast(ctx, &e, id, sizeof id) : SG_OK;
+    snprintf(msg, size, "%s", sg_last_error(ctx));
+    sg_ctx_destroy(ctx);
+    for (int k = 0; k < kids; k++) {
+        int st = 0;
+        waitpid(pid[k], &st, 0);
+        got += WIFEXITED(st) && WEXITSTATUS(st) == 0;
+        if (!rank0) *s = WIFEXITED(st) && WEXITSTATUS(st) == 2 ? SG_ERR_DRIVER : SG_OK;
+    }
+    return got;
+}
+
+static void case_tcp(void) {
+    char msg[1024];
+    sg_status s;
+    int port = 20000 + (int)(getpid() % 20000);
+    double t0 = now_s();
+    int got = tcp_run(3, true, port, 20, &s, msg, sizeof msg);
+    tu_case(s == SG_OK && got == 2, "TCP_RENDEZVOUS(np=3,port=%d,128 bytes) %d ranks got them, "
+            "%.2f s", port, got, now_s() - t0);
+    t0 = now_s();
+    sg__comm_env e = {.rank = 0, .size = 2, .port = port + 2, .timeout_s = 1};
+    sg_ctx *ctx = cpu_ctx();
+    unsigned char id[128] = {0};
+    s = sg__comm_tcp_bcast(ctx, &e, id, sizeof id);
+    double took = now_s() - t0;
+    tu_case(s == SG_ERR_DRIVER && took < 5 && strstr(sg_last_error(ctx), "heard from 0 of the other 1"),
+            "TCP_RENDEZVOUS(rank 0 alone,timeout 1 s) -> %s after %.1f s: %s", sg_status_str(s),
+            took, sg_last_error(ctx));
+    sg_ctx_destroy(ctx);
+    t0 = now_s();
+    tcp_run(2, false, port + 3, 1, &s, msg, sizeof msg);
+    took = now_s() - t0;
+    tu_case(s == SG_ERR_DRIVER && took < 5, "TCP_RENDEZVOUS(no rank 0,timeout 1 s) -> rank 1 %s "
+            "after %.1f s", sg_status_str(s), took);
+}
+
 /* Run this executable under mpirun with np ranks on case name, bounded by
  * limit seconds; the ranks' output goes to out. Returns the exit status. */
 static int launch(const char *self, int np, const char *name, int limit, const char *timeout_s,
@@ -452,6 +519,7 @@ int main(int argc, char **argv) {
     if (argc == 3 && !strcmp(argv[1], "--rank-case")) return rank_case(argv[2]);
     setvbuf(stdout, NULL, _IOLBF, 0);
     case_local();
+    case_tcp();
     if (system("command -v mpirun >/dev/null 2>&1") != 0) {
         printf("skip: mpirun not found (apt-get install openmpi-bin libopenmpi-dev)\n");
         return tu_finish() ? 1 : 77;
