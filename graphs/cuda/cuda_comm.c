@@ -96,7 +96,9 @@ static sg_status load(sg_ctx *ctx) {
     if (!(*(void **)&a.name = dlsym(h, #name)) && !missing) missing = #name;
     SG__NCCL_API(X)
 #undef X
-    void *cu = dlopen("libcuda.so.1", RTLD_NOW | RTLD_NOLOAD);
+    /* The driver the backend loaded (driver.c): dlopen hands back its handle. */
+    const char *drv = getenv("SG_CUDA_DRIVER");
+    void *cu = dlopen(drv && *drv ? drv : "libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
     if (!cu || !(*(void **)&a.cuStreamQuery = dlsym(cu, "cuStreamQuery"))) missing = "cuStreamQuery";
     int version = 0;
     if (!missing && a.ncclGetVersion(&version) == NCCL_SUCCESS && version < 21700)
@@ -235,6 +237,27 @@ static void nccl_destroy(sg_comm *c) {
     c->state = NULL;
 }
 
+/* One all-reduce of one float, waited for: the communicator works end to
+ * end (within the timeout) before any step is captured, and NCCL makes the
+ * connections it makes on first use here rather than inside a capture. */
+static sg_status warm_up(sg_comm *c) {
+    void *p = NULL;
+    float zero = 0;
+    sg_status s = sg__dev_alloc(c->ctx, sizeof(float), &p);
+    if (s != SG_OK) return s;
+    s = c->ctx->exec.upload(c->ctx, p, &zero, sizeof zero);
+    nccl_state *st = c->state;
+    if (s != SG_OK) {
+        sg__dev_free(c->ctx, p, sizeof(float));
+        return s;
+    }
+    int rc = api.ncclAllReduce(p, p, 1, NCCL_F32, NCCL_SUM, st->comm, sg__cuda_stream(c->ctx));
+    s = settle(c, rc, "ncclAllReduce", "sg_comm_create");
+    if (s == SG_OK) s = nccl_sync(c);
+    sg__dev_free(c->ctx, p, sizeof(float));
+    return s;
+}
+
 static const sg__comm_impl nccl_impl = {"nccl", nccl_run, nccl_sync, nccl_destroy};
 
 sg_status sg__nccl_comm_init(sg_comm *c, const sg__comm_env *env) {
@@ -271,6 +294,7 @@ sg_status sg__nccl_comm_init(sg_comm *c, const sg__comm_env *env) {
                 ? settle(c, rc, "ncclCommInitRankConfig", "sg_comm_create")
                 : nccl_fail(c, rc, "ncclCommInitRankConfig", "sg_comm_create");
     }
+    if (s == SG_OK) s = warm_up(c);
     if (s != SG_OK) {
         if (st->comm) abort_comm(c);
         nccl_destroy(c);
