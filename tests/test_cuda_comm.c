@@ -11,7 +11,8 @@
  *    by stream capture) against the same step without a communicator: the
  *    same losses and parameters (f32 tolerance: the gradients' bucket may
  *    change how the clipping's norm is summed), every call a graph replay.
- * Exits 77 without a GPU, and without NCCL (SG_NCCL_LIB names the library).
+ * Exits 77 without a GPU, and without NCCL (SG_NCCL_LIB names the library;
+ * unset, the test looks for the one PyTorch's pip packages carry).
  */
 #define _POSIX_C_SOURCE 200809L
 #include "gpt2/data.h"
@@ -22,6 +23,7 @@
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 enum { V = 128, B = 2, T = 8, STEPS = 4 };
 
@@ -101,6 +103,21 @@ static bool train(sg_ctx *ctx, sg_comm *comm, double *loss, float **p, int64_t *
     return ok;
 }
 
+/* Without SG_NCCL_LIB: the libnccl.so.2 of pip's nvidia-nccl package, when
+ * python3 has one (PyTorch's wheels bring it), else the loader's default. */
+static void find_nccl(void) {
+    if (getenv("SG_NCCL_LIB")) return;
+    FILE *p = popen("python3 -c 'import os, nvidia.nccl as m; "
+                    "print(os.path.join(list(m.__path__)[0], \"lib\", \"libnccl.so.2\"))' "
+                    "2>/dev/null", "r");
+    char path[4096] = "";
+    if (p && fgets(path, sizeof path, p)) {
+        path[strcspn(path, "\n")] = 0;
+        if (access(path, R_OK) == 0) setenv("SG_NCCL_LIB", path, 1);
+    }
+    if (p) pclose(p);
+}
+
 int main(void) {
     setvbuf(stdout, NULL, _IOLBF, 0);
     sg_ctx *ctx = NULL;
@@ -109,6 +126,8 @@ int main(void) {
         return 77;
     }
     setenv("WORLD_SIZE", "1", 1), setenv("RANK", "0", 1), setenv("LOCAL_RANK", "0", 1);
+    find_nccl();
+    printf("NCCL: %s\n", getenv("SG_NCCL_LIB") ? getenv("SG_NCCL_LIB") : "libnccl.so.2");
     /* A missing libnccl: named, with the fix; the context still works. */
     const char *lib = getenv("SG_NCCL_LIB");
     char *keep = lib ? strdup(lib) : NULL;
