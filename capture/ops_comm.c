@@ -16,31 +16,37 @@ static sg_status check_comm(const char *name, sg_comm *comm, sg_tensor *x, sg_ct
     *ctx = sg__check_inputs(name, 1, &x, NULL);
     if (!*ctx) return sg__inputs_status(1, &x);
     if (!comm || comm->magic != SG__COMM_LIVE)
-        return sg__fail(*ctx, SG_ERR_INVALID_ARG, "%s: the communicator is %s; make one with "
-                        "sg_comm_create", name, comm ? "destroyed or not a communicator" : "NULL");
+        return sg__fail(*ctx, SG_ERR_INVALID_ARG,
+                        "%s: the communicator is %s; make one with "
+                        "sg_comm_create",
+                        name, comm ? "destroyed or not a communicator" : "NULL");
     if (comm->ctx != *ctx)
-        return sg__fail(*ctx, SG_ERR_WRONG_CONTEXT, "%s: the communicator belongs to another "
-                        "context than x; make the communicator on x's context", name);
+        return sg__fail(*ctx, SG_ERR_WRONG_CONTEXT,
+                        "%s: the communicator belongs to another "
+                        "context than x; make the communicator on x's context",
+                        name);
     return SG_OK;
 }
 
-static bool check_dtype(sg_ctx *ctx, const char *name, const sg_tensor *x, bool reduces,
-                        int op) {
+static bool check_dtype(sg_ctx *ctx, const char *name, const sg_tensor *x, bool reduces, int op) {
     char d[SG__DESC];
     if (reduces && op != SG_REDUCE_SUM && op != SG_REDUCE_MEAN) {
-        sg__fail(ctx, SG_ERR_INVALID_ARG, "%s: op %d is no sg_reduce_op; use SG_REDUCE_SUM or "
-                 "SG_REDUCE_MEAN", name, op);
+        sg__fail(ctx, SG_ERR_INVALID_ARG,
+                 "%s: op %d is no sg_reduce_op; use SG_REDUCE_SUM or "
+                 "SG_REDUCE_MEAN",
+                 name, op);
         return false;
     }
     if (reduces && x->dtype == SG_BOOL) {
-        sg__fail(ctx, SG_ERR_DTYPE, "%s: %s cannot be summed; convert it with sg_cast to i32",
-                 name, sg__describe(x, d, sizeof d));
+        sg__fail(ctx, SG_ERR_DTYPE, "%s: %s cannot be summed; convert it with sg_cast to i32", name,
+                 sg__describe(x, d, sizeof d));
         return false;
     }
     if (reduces && op == SG_REDUCE_MEAN && !sg__dtype_is_float(x->dtype)) {
-        sg__fail(ctx, SG_ERR_DTYPE, "%s: SG_REDUCE_MEAN of %s; the mean takes f32, f16 or bf16 "
-                 "(sum the integers with SG_REDUCE_SUM, or sg_cast to f32)", name,
-                 sg__describe(x, d, sizeof d));
+        sg__fail(ctx, SG_ERR_DTYPE,
+                 "%s: SG_REDUCE_MEAN of %s; the mean takes f32, f16 or bf16 "
+                 "(sum the integers with SG_REDUCE_SUM, or sg_cast to f32)",
+                 name, sg__describe(x, d, sizeof d));
         return false;
     }
     return true;
@@ -61,7 +67,9 @@ static sg_tensor *run_new(sg_ctx *ctx, sg_comm *comm, sg__op op, sg_tensor *x, i
 
 sg_tensor *sg_all_reduce(sg_comm *comm, sg_tensor *x, sg_reduce_op op) {
     sg_ctx *ctx;
-    if (check_comm("sg_all_reduce", comm, x, &ctx) != SG_OK || !check_dtype(ctx, "sg_all_reduce", x, true, (int)op)) return NULL;
+    if (check_comm("sg_all_reduce", comm, x, &ctx) != SG_OK ||
+        !check_dtype(ctx, "sg_all_reduce", x, true, (int)op))
+        return NULL;
     return run_new(ctx, comm, SG__OP_ALL_REDUCE, x, op, x->ndim, x->shape);
 }
 
@@ -72,8 +80,10 @@ sg_status sg_all_reduce_(sg_comm *comm, sg_tensor *x, sg_reduce_op op) {
     if (!check_dtype(ctx, "sg_all_reduce_", x, true, (int)op)) return SG_ERR_DTYPE;
     if (!sg__is_contiguous(x)) {
         char d[SG__DESC];
-        return sg__fail(ctx, SG_ERR_INVALID_ARG, "sg_all_reduce_: %s is not contiguous; reduce "
-                        "a sg_contiguous copy (or use sg_all_reduce)", sg__describe(x, d, sizeof d));
+        return sg__fail(ctx, SG_ERR_INVALID_ARG,
+                        "sg_all_reduce_: %s is not contiguous; reduce "
+                        "a sg_contiguous copy (or use sg_all_reduce)",
+                        sg__describe(x, d, sizeof d));
     }
     sg_tensor *in[1] = {x};
     sg__node n = {.op = SG__OP_ALL_REDUCE, .nin = 1, .in = in, .out = x, .i = {comm->id, op}};
@@ -84,7 +94,8 @@ sg_tensor *sg_all_gather(sg_comm *comm, sg_tensor *x) {
     sg_ctx *ctx;
     if (check_comm("sg_all_gather", comm, x, &ctx) != SG_OK) return NULL;
     if (x->ndim < 1) {
-        sg__fail(ctx, SG_ERR_SHAPE, "sg_all_gather: x is 0-d; gathering concatenates along dim "
+        sg__fail(ctx, SG_ERR_SHAPE,
+                 "sg_all_gather: x is 0-d; gathering concatenates along dim "
                  "0, so view it as (1) with sg_reshape first");
         return NULL;
     }
@@ -96,11 +107,15 @@ sg_tensor *sg_all_gather(sg_comm *comm, sg_tensor *x) {
 
 sg_tensor *sg_reduce_scatter(sg_comm *comm, sg_tensor *x, sg_reduce_op op) {
     sg_ctx *ctx;
-    if (check_comm("sg_reduce_scatter", comm, x, &ctx) != SG_OK || !check_dtype(ctx, "sg_reduce_scatter", x, true, (int)op)) return NULL;
+    if (check_comm("sg_reduce_scatter", comm, x, &ctx) != SG_OK ||
+        !check_dtype(ctx, "sg_reduce_scatter", x, true, (int)op))
+        return NULL;
     char d[SG__DESC];
     if (x->ndim < 1 || x->shape[0] % comm->size) {
-        sg__fail(ctx, SG_ERR_SHAPE, "sg_reduce_scatter: %s: dim 0 must be a multiple of the %d "
-                 "ranks; pad it", sg__describe(x, d, sizeof d), comm->size);
+        sg__fail(ctx, SG_ERR_SHAPE,
+                 "sg_reduce_scatter: %s: dim 0 must be a multiple of the %d "
+                 "ranks; pad it",
+                 sg__describe(x, d, sizeof d), comm->size);
         return NULL;
     }
     int64_t shape[SG_MAX_DIMS];

@@ -168,7 +168,7 @@ static double now_ms(void) {
 
 typedef struct run {
     sg_ctx *ctx;
-    sg_comm *comm;    /* the launch's communicator (one rank when not launched) */
+    sg_comm *comm; /* the launch's communicator (one rank when not launched) */
     int rank, world;
     gpt2 *g;
     gpt2_trainer *tr;
@@ -289,8 +289,9 @@ static int train(run *r, const options *o) {
             return fail(r, "the train step");
         double ms = now_ms() - t0;
         if (r->rank == 0)
-            printf("step %4lld/%lld: train loss %.6f lr %.3e (%.2f ms, %.0f tok/s)\n", (long long)s + 1,
-               (long long)o->steps, loss, lr, ms, (double)(o->B * r->world * o->T) / (ms / 1e3));
+            printf("step %4lld/%lld: train loss %.6f lr %.3e (%.2f ms, %.0f tok/s)\n",
+                   (long long)s + 1, (long long)o->steps, loss, lr, ms,
+                   (double)(o->B * r->world * o->T) / (ms / 1e3));
         if (s == 0 && o->explain && r->rank == 0) printf("%s\n", sg_fn_explain(r->tr->train_fn));
         bool last = s + 1 == o->steps;
         if ((o->val_every && (s + 1) % o->val_every == 0) || last) {

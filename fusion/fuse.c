@@ -91,7 +91,9 @@ static void cse(const sg__ir *ir, bool *dead, int *alias, const int *writes) {
         const sg__irnode *n = &ir->nodes[i];
         const sg__ref *o = &ir->refs[n->out];
         const sg__slot *os = &ir->slots[o->slot];
-        if (is_collective(n->op) || os->kind != SG__SLOT_INTERNAL || os->output >= 0 || writes[o->slot] != 1) continue;
+        if (is_collective(n->op) || os->kind != SG__SLOT_INTERNAL || os->output >= 0 ||
+            writes[o->slot] != 1)
+            continue;
         /* A view of the output with another geometry (a transpose, a slice)
          * would still name the removed node's slot: keep such nodes. */
         bool other_view = false;

@@ -62,9 +62,10 @@ static sg_status read_env(sg_ctx *ctx, const sg_comm_opts *o, sg__comm_env *e) {
         if (!env_int("LOCAL_RANK", &e->local_rank)) e->local_rank = 0;
     }
     if (e->size < 1 || e->rank < 0 || e->rank >= e->size)
-        return sg__fail(ctx, SG_ERR_INVALID_ARG, "sg_comm_create: rank %d of %d ranks is out of "
-                        "range (from %s); the rank must lie in [0, size)", e->rank, e->size,
-                        o && o->size > 0 ? "sg_comm_opts" : "the environment");
+        return sg__fail(ctx, SG_ERR_INVALID_ARG,
+                        "sg_comm_create: rank %d of %d ranks is out of "
+                        "range (from %s); the rank must lie in [0, size)",
+                        e->rank, e->size, o && o->size > 0 ? "sg_comm_opts" : "the environment");
     const char *addr = o && o->master_addr ? o->master_addr : getenv("MASTER_ADDR");
     snprintf(e->addr, sizeof e->addr, "%s", addr && *addr ? addr : "127.0.0.1");
     int port = 0;
@@ -83,9 +84,7 @@ static sg_status read_env(sg_ctx *ctx, const sg_comm_opts *o, sg__comm_env *e) {
 
 /* ------------------------------------------------------------ one rank */
 
-int64_t sg__comm_count(const sg__node *n) {
-    return sg__numel(n->in[0]->ndim, n->in[0]->shape);
-}
+int64_t sg__comm_count(const sg__node *n) { return sg__numel(n->in[0]->ndim, n->in[0]->shape); }
 
 /* One rank: every collective gives x back (a copy unless in place). */
 static sg_status single_run(sg_comm *c, const sg__node *n) {
@@ -120,12 +119,15 @@ sg_status sg_comm_create(sg_ctx *ctx, const sg_comm_opts *opts, sg_comm **out) {
             s = sg__fail(ctx, SG_ERR_BACKEND_UNAVAILABLE,
                          "sg_comm_create: %d ranks on the CPU backend need MPI, and this "
                          "process was not started by mpirun; launch it with mpirun -np %d "
-                         "(torchrun's variables cannot start MPI)", env.size, env.size);
+                         "(torchrun's variables cannot start MPI)",
+                         env.size, env.size);
     } else if (ctx->backend == SG_BACKEND_CUDA) {
         s = sg__nccl_comm_init(c, &env);
     } else {
-        s = sg__fail(ctx, SG_ERR_UNSUPPORTED, "sg_comm_create: no collective engine for the %s "
-                     "backend", sg_backend_name(ctx->backend));
+        s = sg__fail(ctx, SG_ERR_UNSUPPORTED,
+                     "sg_comm_create: no collective engine for the %s "
+                     "backend",
+                     sg_backend_name(ctx->backend));
     }
     if (s != SG_OK) {
         sg__free(ctx, c, sizeof *c);
@@ -135,8 +137,8 @@ sg_status sg_comm_create(sg_ctx *ctx, const sg_comm_opts *opts, sg_comm **out) {
     c->id = ++ctx->next_comm_id;
     c->next = ctx->comms;
     ctx->comms = c;
-    sg__log(ctx, "perf_hints", "communicator %u: rank %d of %d (local %d) over %s", c->id,
-            c->rank, c->size, c->local_rank, c->impl->name);
+    sg__log(ctx, "perf_hints", "communicator %u: rank %d of %d (local %d) over %s", c->id, c->rank,
+            c->size, c->local_rank, c->impl->name);
     *out = c;
     return SG_OK;
 }
@@ -174,11 +176,13 @@ sg_status sg__comm_run(sg_ctx *ctx, const sg__node *n) {
     sg_comm *c = ctx->comms;
     while (c && (int64_t)c->id != n->i[0]) c = c->next;
     if (!c)
-        return sg__fail(ctx, SG_ERR_INVALID_ARG, "%s: its communicator (id %lld) was destroyed; "
+        return sg__fail(ctx, SG_ERR_INVALID_ARG,
+                        "%s: its communicator (id %lld) was destroyed; "
                         "destroy the compiled steps that use a communicator before it",
                         sg__op_name(n->op), (long long)n->i[0]);
     if (c->broken)
-        return sg__fail(ctx, SG_ERR_DRIVER, "%s: communicator %u (rank %d of %d) failed earlier "
+        return sg__fail(ctx, SG_ERR_DRIVER,
+                        "%s: communicator %u (rank %d of %d) failed earlier "
                         "and cannot run collectives any more; the job must restart",
                         sg__op_name(n->op), c->id, c->rank, c->size);
     return c->impl->run(c, n);
@@ -232,7 +236,8 @@ static sg_status tcp_serve(sg_ctx *ctx, const sg__comm_env *e, void *buf, size_t
         bind(ls, (struct sockaddr *)&a, sizeof a) || listen(ls, 64)) {
         int err = errno;
         if (ls >= 0) close(ls);
-        return sg__fail(ctx, SG_ERR_DRIVER, "sg_comm_create: rank 0 cannot listen on port %d "
+        return sg__fail(ctx, SG_ERR_DRIVER,
+                        "sg_comm_create: rank 0 cannot listen on port %d "
                         "for the rendezvous: %s; pick a free MASTER_PORT (or SG_COMM_PORT)",
                         e->port, strerror(err));
     }
@@ -252,7 +257,8 @@ static sg_status tcp_serve(sg_ctx *ctx, const sg__comm_env *e, void *buf, size_t
     close(ls);
     sg__free(ctx, seen, (size_t)e->size);
     if (served == e->size - 1) return SG_OK;
-    return sg__fail(ctx, SG_ERR_DRIVER, "sg_comm_create: rank 0 heard from %d of the other %d "
+    return sg__fail(ctx, SG_ERR_DRIVER,
+                    "sg_comm_create: rank 0 heard from %d of the other %d "
                     "ranks on port %d within %.0f s; a rank failed to start, or the ranks disagree "
                     "on MASTER_ADDR/MASTER_PORT/WORLD_SIZE (SG_COMM_TIMEOUT sets the wait)",
                     served, e->size - 1, e->port, e->timeout_s);
@@ -278,8 +284,10 @@ static sg_status tcp_fetch(sg_ctx *ctx, const sg__comm_env *e, void *buf, size_t
     struct addrinfo hints = {.ai_family = AF_UNSPEC, .ai_socktype = SOCK_STREAM}, *ai = NULL;
     int gr = getaddrinfo(e->addr, port, &hints, &ai);
     if (gr)
-        return sg__fail(ctx, SG_ERR_DRIVER, "sg_comm_create: rank %d cannot resolve MASTER_ADDR "
-                        "'%s': %s", e->rank, e->addr, gai_strerror(gr));
+        return sg__fail(ctx, SG_ERR_DRIVER,
+                        "sg_comm_create: rank %d cannot resolve MASTER_ADDR "
+                        "'%s': %s",
+                        e->rank, e->addr, gai_strerror(gr));
     bool ok = false;
     while (!ok && now_s() < deadline) {
         int fd = tcp_connect(ai, deadline);
@@ -294,17 +302,20 @@ static sg_status tcp_fetch(sg_ctx *ctx, const sg__comm_env *e, void *buf, size_t
     }
     freeaddrinfo(ai);
     if (ok) return SG_OK;
-    return sg__fail(ctx, SG_ERR_DRIVER, "sg_comm_create: rank %d got nothing from rank 0 at "
+    return sg__fail(ctx, SG_ERR_DRIVER,
+                    "sg_comm_create: rank %d got nothing from rank 0 at "
                     "%s:%d within %.0f s; rank 0 failed or has not started, or MASTER_ADDR/"
-                    "MASTER_PORT differ between ranks (SG_COMM_TIMEOUT sets the wait)", e->rank,
-                    e->addr, e->port, e->timeout_s);
+                    "MASTER_PORT differ between ranks (SG_COMM_TIMEOUT sets the wait)",
+                    e->rank, e->addr, e->port, e->timeout_s);
 }
 
 sg_status sg__comm_tcp_bcast(sg_ctx *ctx, const sg__comm_env *e, void *buf, size_t n) {
     if (e->port <= 0 || e->port > 65535)
-        return sg__fail(ctx, SG_ERR_INVALID_ARG, "sg_comm_create: %d ranks without mpirun need "
+        return sg__fail(ctx, SG_ERR_INVALID_ARG,
+                        "sg_comm_create: %d ranks without mpirun need "
                         "MASTER_ADDR and MASTER_PORT (as torchrun sets them), or "
-                        "sg_comm_opts.master_addr/master_port", e->size);
+                        "sg_comm_opts.master_addr/master_port",
+                        e->size);
     double deadline = now_s() + e->timeout_s;
     return e->rank == 0 ? tcp_serve(ctx, e, buf, n, deadline) : tcp_fetch(ctx, e, buf, n, deadline);
 }

@@ -14,10 +14,10 @@
 
 /* What one engine does for a communicator (sg_comm.impl). */
 typedef struct sg__comm_impl {
-    const char *name;                               /* "mpi", "nccl", "single" */
+    const char *name;                                /* "mpi", "nccl", "single" */
     sg_status (*run)(sg_comm *c, const sg__node *n); /* one COMM node */
-    sg_status (*sync)(sg_comm *c); /* NULL: the context's synchronize */
-    void (*destroy)(sg_comm *c);   /* frees c->state */
+    sg_status (*sync)(sg_comm *c);                   /* NULL: the context's synchronize */
+    void (*destroy)(sg_comm *c);                     /* frees c->state */
 } sg__comm_impl;
 
 /* The launch, from sg_comm_opts and the environment. */
@@ -45,8 +45,7 @@ SG__HIDDEN sg_status sg__nccl_comm_init(sg_comm *c, const sg__comm_env *env);
 
 /* Rank 0 sends n bytes to every other rank over TCP at env->addr:env->port
  * (rank 0 listens there); everything within env->timeout_s. */
-SG__HIDDEN sg_status sg__comm_tcp_bcast(sg_ctx *ctx, const sg__comm_env *env, void *buf,
-                                        size_t n);
+SG__HIDDEN sg_status sg__comm_tcp_bcast(sg_ctx *ctx, const sg__comm_env *env, void *buf, size_t n);
 
 /* Run one COMM node (the executors' COMM family). */
 SG__HIDDEN sg_status sg__comm_run(sg_ctx *ctx, const sg__node *n);

@@ -47,8 +47,10 @@ static void eager_cases(sg_ctx *ctx, sg_comm *comm) {
         sg_tensor *x = tu_rand(ctx, dts[d], 2, shape, -3, 3, NULL), *c = sg_clone(x);
         const char *dn = sg_dtype_name(dts[d]);
         bool flt = dts[d] != SG_I64;
-        tu_case(same_bits(sg_all_reduce(comm, x, SG_REDUCE_SUM), x), "NCCL_ALL_REDUCE(op=sum,type=%s,"
-                "x=[6,5],np=1)", dn);
+        tu_case(same_bits(sg_all_reduce(comm, x, SG_REDUCE_SUM), x),
+                "NCCL_ALL_REDUCE(op=sum,type=%s,"
+                "x=[6,5],np=1)",
+                dn);
         if (flt)
             tu_case(same_bits(sg_all_reduce(comm, x, SG_REDUCE_MEAN), x),
                     "NCCL_ALL_REDUCE(op=mean,type=%s,x=[6,5],np=1)", dn);
@@ -72,8 +74,8 @@ static bool train(sg_ctx *ctx, sg_comm *comm, double *loss, float **p, int64_t *
     gpt2_trainer *tr = NULL;
     gpt2_loader ld;
     int64_t bt[2] = {B, T}, tok[B * T], tgt[B * T];
-    gpt2_train_opts to = {.mode = SG_MODE_REDUCE_OVERHEAD, .weight_decay = 0.1, .grad_clip = 1.0,
-                          .comm = comm};
+    gpt2_train_opts to = {
+        .mode = SG_MODE_REDUCE_OVERHEAD, .weight_decay = 0.1, .grad_clip = 1.0, .comm = comm};
     bool ok = TU_EXPECT(gpt2_init(ctx, &tiny, SG_F32, 1, &g) == SG_OK) &&
               TU_EXPECT(gpt2_trainer_create(g, &to, &tr) == SG_OK) &&
               TU_EXPECT(gpt2_loader_init(&ld, &data, B, T) == SG_OK);
@@ -109,7 +111,8 @@ static void find_nccl(void) {
     if (getenv("SG_NCCL_LIB")) return;
     FILE *p = popen("python3 -c 'import os, nvidia.nccl as m; "
                     "print(os.path.join(list(m.__path__)[0], \"lib\", \"libnccl.so.2\"))' "
-                    "2>/dev/null", "r");
+                    "2>/dev/null",
+                    "r");
     char path[4096] = "";
     if (p && fgets(path, sizeof path, p)) {
         path[strcspn(path, "\n")] = 0;
@@ -135,13 +138,17 @@ int main(void) {
     sg_comm *comm = NULL;
     sg_status s = sg_comm_create(ctx, NULL, &comm);
     const char *msg = sg_last_error(ctx);
-    tu_case(s == SG_ERR_BACKEND_UNAVAILABLE && strstr(msg, "libnccl.so.2") && strstr(msg, "install"),
+    tu_case(s == SG_ERR_BACKEND_UNAVAILABLE && strstr(msg, "libnccl.so.2") &&
+                strstr(msg, "install"),
             "COMM_CREATE(SG_NCCL_LIB missing) -> %s: %s", sg_status_str(s), msg);
     sg_clear_error(ctx);
     int64_t four = 4;
     tu_case(sg_exp(sg_full(ctx, SG_F32, 1, &four, 1.0)) != NULL, "CONTEXT_USABLE(after a failed "
-            "sg_comm_create)");
-    if (keep) setenv("SG_NCCL_LIB", keep, 1); else unsetenv("SG_NCCL_LIB");
+                                                                 "sg_comm_create)");
+    if (keep)
+        setenv("SG_NCCL_LIB", keep, 1);
+    else
+        unsetenv("SG_NCCL_LIB");
     free(keep);
     s = sg_comm_create(ctx, NULL, &comm);
     if (s == SG_ERR_BACKEND_UNAVAILABLE) {
@@ -164,8 +171,10 @@ int main(void) {
         ok = ok && TU_EXPECT(n0 == n1) && tu_close("loss", l1, l0, STEPS, 1e-5, 1e-6) &&
              tu_close("params", d1, d0, n0, 1e-5, 1e-6);
         free(d0), free(d1);
-        tu_case(ok, "TRAIN_GPT2(tiny,B=%d,T=%d,steps=%d,reduce-overhead) with NCCL == without: "
-                "losses %.6f .. %.6f", B, T, STEPS, l1[0], l1[STEPS - 1]);
+        tu_case(ok,
+                "TRAIN_GPT2(tiny,B=%d,T=%d,steps=%d,reduce-overhead) with NCCL == without: "
+                "losses %.6f .. %.6f",
+                B, T, STEPS, l1[0], l1[STEPS - 1]);
         ok = ok && TU_EXPECT(st1.replays == STEPS) && TU_EXPECT(st1.fallbacks == 0) &&
              TU_EXPECT(st1.graph_instantiations >= 1);
         tu_case(ok, "TRAIN_GPT2_NCCL_GRAPH replays %llu fallbacks %llu graphs %llu",

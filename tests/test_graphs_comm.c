@@ -104,7 +104,8 @@ static void case_all_reduce(sg_ctx *ctx, sg_comm *comm, sg_dtype dt, sg_reduce_o
             on, sg_dtype_name(dt), W, r);
     sg_status s = sg_all_reduce_(comm, x, op);
     tu_case(s == SG_OK && check("all_reduce_", x, want, n, dt),
-            "ALL_REDUCE_(op=%s,type=%s,x=[5,7],in_place,np=%d) rank %d", on, sg_dtype_name(dt), W, r);
+            "ALL_REDUCE_(op=%s,type=%s,x=[5,7],in_place,np=%d) rank %d", on, sg_dtype_name(dt), W,
+            r);
     /* A transposed view: the collective reads it in its own row-major order. */
     sg_tensor *base = input_of(ctx, dt, 2, shape, r, seed, &mine), *xt = sg_transpose(base, 0, 1);
     double *wt = malloc(sizeof *wt * (size_t)n);
@@ -136,7 +137,8 @@ static void case_gather_scatter_bcast(sg_ctx *ctx, sg_comm *comm, sg_dtype dt) {
             "ALL_GATHER(type=%s,x=[%d,4],np=%d) rank %d", sg_dtype_name(dt), 3 * W, W, r);
     sg_tensor *s = sg_reduce_scatter(comm, x, SG_REDUCE_SUM);
     tu_case(check("reduce_scatter", s, rs, part, dt) && sg_tensor_size(s, 0) == 3,
-            "REDUCE_SCATTER(op=sum,type=%s,x=[%d,4],np=%d) rank %d", sg_dtype_name(dt), 3 * W, W, r);
+            "REDUCE_SCATTER(op=sum,type=%s,x=[%d,4],np=%d) rank %d", sg_dtype_name(dt), 3 * W, W,
+            r);
     sg_tensor *b = sg_broadcast(comm, x, W - 1);
     tu_case(check("broadcast", b, v[W - 1], n, dt),
             "BROADCAST(root=%d,type=%s,x=[%d,4],np=%d) rank %d", W - 1, sg_dtype_name(dt), 3 * W, W,
@@ -202,8 +204,10 @@ static void case_compiled(sg_ctx *ctx, sg_comm *comm, sg_mode mode) {
     if (ok) {
         const char *ex = sg_fn_explain(fn);
         int ng = count_of(ex, "all_gather"), nr = count_of(ex, "all_reduce");
-        tu_case(ng >= 1 && nr >= 3, "STEP_KEEPS(mode=%s,unused all_gather %d, equal all_reduces "
-                "%d) rank %d", sg_mode_name(mode), ng, nr, r);
+        tu_case(ng >= 1 && nr >= 3,
+                "STEP_KEEPS(mode=%s,unused all_gather %d, equal all_reduces "
+                "%d) rank %d",
+                sg_mode_name(mode), ng, nr, r);
         if (ng < 1 || nr < 3) fprintf(stderr, "%s\n", ex);
     }
     if (!ok && sg_ctx_status(ctx)) fprintf(stderr, "  %s\n", sg_last_error(ctx));
@@ -234,7 +238,9 @@ static bool train_losses(sg_ctx *ctx, sg_comm *comm, int W, double *loss) {
     gpt2 *g = NULL;
     gpt2_trainer *tr = NULL;
     gpt2_loader ld;
-    gpt2_train_opts to = {.mode = comm ? SG_MODE_REDUCE_OVERHEAD : SG_MODE_EAGER, .weight_decay = 0.1, .grad_clip = 1.0,
+    gpt2_train_opts to = {.mode = comm ? SG_MODE_REDUCE_OVERHEAD : SG_MODE_EAGER,
+                          .weight_decay = 0.1,
+                          .grad_clip = 1.0,
                           .comm = comm};
     bool ok = TU_EXPECT(gpt2_init(ctx, &tiny, SG_F32, 1, &g) == SG_OK) &&
               TU_EXPECT(gpt2_trainer_create(g, &to, &tr) == SG_OK) &&
@@ -308,7 +314,8 @@ static void case_local(void) {
     setenv("WORLD_SIZE", "2", 1), setenv("RANK", "0", 1);
     sg_status s = sg_comm_create(ctx, NULL, &comm);
     tu_case(s == SG_ERR_BACKEND_UNAVAILABLE && strstr(sg_last_error(ctx), "mpirun"),
-            "COMM_CREATE(WORLD_SIZE=2,no mpirun,cpu) -> %s: %s", sg_status_str(s), sg_last_error(ctx));
+            "COMM_CREATE(WORLD_SIZE=2,no mpirun,cpu) -> %s: %s", sg_status_str(s),
+            sg_last_error(ctx));
     setenv("RANK", "2", 1);
     s = sg_comm_create(ctx, NULL, &comm);
     tu_case(s == SG_ERR_INVALID_ARG, "COMM_CREATE(RANK=2,WORLD_SIZE=2) -> %s", sg_status_str(s));
@@ -331,13 +338,13 @@ static void case_local(void) {
     tu_case(y && sg_ctx_status(ctx) == SG_OK, "CONTEXT_USABLE(after a failed sg_comm_create)");
     /* One rank, no launcher: every collective is a copy. */
     s = sg_comm_create(ctx, NULL, &comm);
-    bool ok = TU_EXPECT(s == SG_OK) && TU_EXPECT(sg_comm_size(comm) == 1) &&
-              check("single all_reduce", sg_all_reduce(comm, x, SG_REDUCE_MEAN), v, 12, SG_F32) &&
-              check("single all_gather", sg_all_gather(comm, x), v, 12, SG_F32) &&
-              check("single reduce_scatter", sg_reduce_scatter(comm, x, SG_REDUCE_SUM), v, 12,
-                    SG_F32) &&
-              check("single broadcast", sg_broadcast(comm, x, 0), v, 12, SG_F32) &&
-              TU_EXPECT(sg_comm_synchronize(comm) == SG_OK);
+    bool ok =
+        TU_EXPECT(s == SG_OK) && TU_EXPECT(sg_comm_size(comm) == 1) &&
+        check("single all_reduce", sg_all_reduce(comm, x, SG_REDUCE_MEAN), v, 12, SG_F32) &&
+        check("single all_gather", sg_all_gather(comm, x), v, 12, SG_F32) &&
+        check("single reduce_scatter", sg_reduce_scatter(comm, x, SG_REDUCE_SUM), v, 12, SG_F32) &&
+        check("single broadcast", sg_broadcast(comm, x, 0), v, 12, SG_F32) &&
+        TU_EXPECT(sg_comm_synchronize(comm) == SG_OK);
     tu_case(ok, "SINGLE_RANK(no launcher,f32[3,4]) collectives are copies");
     /* Argument checks. */
     sg_tensor *xi = sg_cast(x, SG_I32), *xb = sg_cast(x, SG_BOOL);
@@ -359,8 +366,8 @@ static void case_local(void) {
     step_user u = {comm};
     sg_fn *fn = NULL;
     sg_tensor *xs = sg_reshape(x, 1, (int64_t[]){12}), *out[2];
-    ok = TU_EXPECT(sg_compile(ctx, comm_step, &u, 1, 2, &(sg_compile_opts){.mode =
-                              SG_MODE_REDUCE_OVERHEAD}, &fn) == SG_OK) &&
+    ok = TU_EXPECT(sg_compile(ctx, comm_step, &u, 1, 2,
+                              &(sg_compile_opts){.mode = SG_MODE_REDUCE_OVERHEAD}, &fn) == SG_OK) &&
          TU_EXPECT(sg_call(fn, &xs, 1, out, 2) == SG_OK);
     sg_comm_destroy(comm);
     s = ok ? sg_call(fn, &xs, 1, out, 2) : SG_OK;
@@ -415,23 +422,28 @@ static void case_tcp(void) {
     int port = 20000 + (int)(getpid() % 20000);
     double t0 = now_s();
     int got = tcp_run(3, true, port, 20, &s, msg, sizeof msg);
-    tu_case(s == SG_OK && got == 2, "TCP_RENDEZVOUS(np=3,port=%d,128 bytes) %d ranks got them, "
-            "%.2f s", port, got, now_s() - t0);
+    tu_case(s == SG_OK && got == 2,
+            "TCP_RENDEZVOUS(np=3,port=%d,128 bytes) %d ranks got them, "
+            "%.2f s",
+            port, got, now_s() - t0);
     t0 = now_s();
     sg__comm_env e = {.rank = 0, .size = 2, .port = port + 2, .timeout_s = 1};
     sg_ctx *ctx = cpu_ctx();
     unsigned char id[128] = {0};
     s = sg__comm_tcp_bcast(ctx, &e, id, sizeof id);
     double took = now_s() - t0;
-    tu_case(s == SG_ERR_DRIVER && took < 5 && strstr(sg_last_error(ctx), "heard from 0 of the other 1"),
+    tu_case(s == SG_ERR_DRIVER && took < 5 &&
+                strstr(sg_last_error(ctx), "heard from 0 of the other 1"),
             "TCP_RENDEZVOUS(rank 0 alone,timeout 1 s) -> %s after %.1f s: %s", sg_status_str(s),
             took, sg_last_error(ctx));
     sg_ctx_destroy(ctx);
     t0 = now_s();
     tcp_run(2, false, port + 3, 1, &s, msg, sizeof msg);
     took = now_s() - t0;
-    tu_case(s == SG_ERR_DRIVER && took < 5, "TCP_RENDEZVOUS(no rank 0,timeout 1 s) -> rank 1 %s "
-            "after %.1f s", sg_status_str(s), took);
+    tu_case(s == SG_ERR_DRIVER && took < 5,
+            "TCP_RENDEZVOUS(no rank 0,timeout 1 s) -> rank 1 %s "
+            "after %.1f s",
+            sg_status_str(s), took);
 }
 
 /* Run this executable under mpirun with np ranks on case name, bounded by
@@ -494,8 +506,10 @@ static void mpi_train(const char *self, int np, char *out, size_t size) {
             ok = TU_EXPECT(at) && TU_EXPECT(err <= 2e-5);
             if (err > worst) worst = err;
         }
-    tu_case(ok, "TRAIN_GPT2_DDP(tiny,B=%d split over np=%d,T=%d,steps=%d,reduce-overhead) loss "
-            "vs one process: max rel err %.2e, %.1f s", np * BL, np, T, STEPS, worst, took);
+    tu_case(ok,
+            "TRAIN_GPT2_DDP(tiny,B=%d split over np=%d,T=%d,steps=%d,reduce-overhead) loss "
+            "vs one process: max rel err %.2e, %.1f s",
+            np * BL, np, T, STEPS, worst, took);
     if (!ok) fprintf(stderr, "exit %d\n%s\n", rc, out);
 }
 
@@ -507,8 +521,8 @@ static void mpi_failure(const char *self, const char *name, char *out, size_t si
     bool said = strstr(out, "waited 3.0 s for the other ranks") || strstr(out, "rank 1") ||
                 strstr(out, "exited") || strstr(out, "exiting");
     bool ok = rc != 0 && rc != 124 && took < 30 && said && !strstr(out, "the collective completed");
-    tu_case(ok, "MPI_PEER_%s(np=2, timeout 3 s) exit %d after %.1f s", !strcmp(name, "exit") ?
-            "EXITS" : "STALLS", rc, took);
+    tu_case(ok, "MPI_PEER_%s(np=2, timeout 3 s) exit %d after %.1f s",
+            !strcmp(name, "exit") ? "EXITS" : "STALLS", rc, took);
     if (!ok || !strcmp(name, "stall")) fprintf(stderr, "%s\n", out);
     if (!strcmp(name, "stall"))
         tu_case(strstr(out, "rank 0 of 2 waited 3.0 s for the other ranks") != NULL,

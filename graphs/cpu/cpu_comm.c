@@ -89,9 +89,11 @@ static sg_status load(sg_ctx *ctx) {
     /* RTLD_GLOBAL: Open MPI's plugins resolve their symbols against libmpi. */
     void *lib = dlopen(path, RTLD_NOW | RTLD_GLOBAL);
     if (!lib)
-        return sg__fail(ctx, SG_ERR_BACKEND_UNAVAILABLE, "sg_comm_create: cannot load %s (%s); "
+        return sg__fail(ctx, SG_ERR_BACKEND_UNAVAILABLE,
+                        "sg_comm_create: cannot load %s (%s); "
                         "CPU collectives need Open MPI: apt-get install openmpi-bin "
-                        "libopenmpi-dev, or set SG_MPI_LIB to its libmpi.so", path, dlerror());
+                        "libopenmpi-dev, or set SG_MPI_LIB to its libmpi.so",
+                        path, dlerror());
     mpi_api a;
     const char *missing = NULL;
 #define X(ret, name, params)                                                                       \
@@ -104,9 +106,11 @@ static sg_status load(sg_ctx *ctx) {
 #undef X
     if (missing) {
         dlclose(lib);
-        return sg__fail(ctx, SG_ERR_BACKEND_UNAVAILABLE, "sg_comm_create: %s lacks %s; stepgraph "
+        return sg__fail(ctx, SG_ERR_BACKEND_UNAVAILABLE,
+                        "sg_comm_create: %s lacks %s; stepgraph "
                         "speaks Open MPI's ABI (MPI 3 or later): point SG_MPI_LIB at Open MPI's "
-                        "libmpi.so", path, missing);
+                        "libmpi.so",
+                        path, missing);
     }
     mpi.api = a;
     mpi.lib = lib;
@@ -129,7 +133,8 @@ static sg_status acquire(sg_ctx *ctx) {
         mpi.api.MPI_Initialized(&flag);
         mpi.api.MPI_Finalized(&fin);
         if (fin)
-            s = sg__fail(ctx, SG_ERR_UNSUPPORTED, "sg_comm_create: MPI was finalized (when the "
+            s = sg__fail(ctx, SG_ERR_UNSUPPORTED,
+                         "sg_comm_create: MPI was finalized (when the "
                          "last communicator was destroyed) and cannot start again in this "
                          "process; keep one communicator for the life of the program");
         else if (!flag && (rc = mpi.api.MPI_Init_thread(NULL, NULL, SG__MPI_THREAD_FUNNELED,
@@ -164,7 +169,8 @@ static sg_status wait_req(sg_comm *c, mpi_h req, const char *what, const char *d
         if (now_s() > deadline) {
             c->broken = true;
             mpi.broken = true;
-            return sg__fail(c->ctx, SG_ERR_DRIVER, "%s of %s: rank %d of %d waited %.1f s for "
+            return sg__fail(c->ctx, SG_ERR_DRIVER,
+                            "%s of %s: rank %d of %d waited %.1f s for "
                             "the other ranks; a rank died or is not calling the same collectives "
                             "in the same order (the timeout is sg_comm_opts.timeout_s or "
                             "SG_COMM_TIMEOUT); this communicator is broken, exit the process",
@@ -225,8 +231,10 @@ static sg_status reduce(sg_comm *c, const sg__node *n, const char *desc) {
                  ? mpi.api.MPI_Iallreduce(send, recv, (int)cnt, type, mpi.api.op_sum, m->comm, &req)
                  : mpi.api.MPI_Ireduce_scatter_block(send, recv, (int)ocnt, type, mpi.api.op_sum,
                                                      m->comm, &req);
-    if (rc) return mpi_fail(c->ctx, rc, n->op == SG__OP_ALL_REDUCE ? "MPI_Iallreduce" :
-                            "MPI_Ireduce_scatter_block", what);
+    if (rc)
+        return mpi_fail(c->ctx, rc,
+                        n->op == SG__OP_ALL_REDUCE ? "MPI_Iallreduce" : "MPI_Ireduce_scatter_block",
+                        what);
     sg_status s = wait_req(c, req, what, desc);
     if (s != SG_OK) return s;
     if (n->i[1] == SG_REDUCE_MEAN) { /* floats only (checked by the front-end) */
@@ -245,8 +253,10 @@ static sg_status mpi_run(sg_comm *c, const sg__node *n) {
     size_t bytes = (size_t)sg__comm_count(n) * sg_dtype_size(n->in[0]->dtype);
     int64_t limit = 2147483647; /* MPI counts are int */
     if ((int64_t)bytes > limit || (int64_t)bytes * c->size > limit * 2)
-        return sg__fail(c->ctx, SG_ERR_UNSUPPORTED, "%s of %s: more than 2^31 bytes in one MPI "
-                        "call; split the tensor", what, desc);
+        return sg__fail(c->ctx, SG_ERR_UNSUPPORTED,
+                        "%s of %s: more than 2^31 bytes in one MPI "
+                        "call; split the tensor",
+                        what, desc);
     if (n->op == SG__OP_ALL_REDUCE || n->op == SG__OP_REDUCE_SCATTER) return reduce(c, n, desc);
     void *src = sg__data(n->in[0]), *dst = sg__data(n->out);
     mpi_h req = NULL;
@@ -258,8 +268,9 @@ static sg_status mpi_run(sg_comm *c, const sg__node *n) {
         if (c->rank == n->i[1] && dst != src) memcpy(dst, src, bytes);
         rc = mpi.api.MPI_Ibcast(dst, (int)bytes, mpi.api.t_byte, (int)n->i[1], m->comm, &req);
     }
-    if (rc) return mpi_fail(c->ctx, rc, n->op == SG__OP_ALL_GATHER ? "MPI_Iallgather" :
-                            "MPI_Ibcast", what);
+    if (rc)
+        return mpi_fail(c->ctx, rc, n->op == SG__OP_ALL_GATHER ? "MPI_Iallgather" : "MPI_Ibcast",
+                        what);
     return wait_req(c, req, what, desc);
 }
 
@@ -294,9 +305,11 @@ sg_status sg__mpi_comm_init(sg_comm *c, const sg__comm_env *env) {
                        (rc = mpi.api.MPI_Comm_size(m->comm, &size))))
         s = mpi_fail(ctx, rc, "MPI_Comm_rank/size", "sg_comm_create");
     if (s == SG_OK && (rank != env->rank || size != env->size))
-        s = sg__fail(ctx, SG_ERR_INVALID_ARG, "sg_comm_create: MPI says rank %d of %d, the "
+        s = sg__fail(ctx, SG_ERR_INVALID_ARG,
+                     "sg_comm_create: MPI says rank %d of %d, the "
                      "environment or opts say rank %d of %d; leave sg_comm_opts.size at 0 under "
-                     "mpirun", rank, size, env->rank, env->size);
+                     "mpirun",
+                     rank, size, env->rank, env->size);
     if (s != SG_OK) mpi_destroy(c);
     return s;
 }

@@ -55,9 +55,9 @@ typedef struct nccl_config {
     X(int, ncclCommDestroy, (nccl_comm_t))                                                         \
     X(int, ncclCommAbort, (nccl_comm_t))                                                           \
     X(const char *, ncclGetErrorString, (int))                                                     \
-    X(int, ncclAllReduce, (const void *, void *, size_t, int, int, nccl_comm_t, CUstream))        \
-    X(int, ncclAllGather, (const void *, void *, size_t, int, nccl_comm_t, CUstream))             \
-    X(int, ncclReduceScatter, (const void *, void *, size_t, int, int, nccl_comm_t, CUstream))    \
+    X(int, ncclAllReduce, (const void *, void *, size_t, int, int, nccl_comm_t, CUstream))         \
+    X(int, ncclAllGather, (const void *, void *, size_t, int, nccl_comm_t, CUstream))              \
+    X(int, ncclReduceScatter, (const void *, void *, size_t, int, int, nccl_comm_t, CUstream))     \
     X(int, ncclBroadcast, (const void *, void *, size_t, int, int, nccl_comm_t, CUstream))
 
 typedef struct nccl_api {
@@ -87,9 +87,11 @@ static sg_status load(sg_ctx *ctx) {
     if (!path || !*path) path = "libnccl.so.2";
     void *h = dlopen(path, RTLD_NOW | RTLD_LOCAL);
     if (!h)
-        return sg__fail(ctx, SG_ERR_BACKEND_UNAVAILABLE, "sg_comm_create: cannot load %s (%s); "
+        return sg__fail(ctx, SG_ERR_BACKEND_UNAVAILABLE,
+                        "sg_comm_create: cannot load %s (%s); "
                         "CUDA collectives need NCCL: install it (the libnccl2 package, or pip's "
-                        "nvidia-nccl-cu13) or set SG_NCCL_LIB to its libnccl.so.2", path, dlerror());
+                        "nvidia-nccl-cu13) or set SG_NCCL_LIB to its libnccl.so.2",
+                        path, dlerror());
     nccl_api a;
     const char *missing = NULL;
 #define X(ret, name, params)                                                                       \
@@ -99,14 +101,17 @@ static sg_status load(sg_ctx *ctx) {
     /* The driver the backend loaded (driver.c): dlopen hands back its handle. */
     const char *drv = getenv("SG_CUDA_DRIVER");
     void *cu = dlopen(drv && *drv ? drv : "libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
-    if (!cu || !(*(void **)&a.cuStreamQuery = dlsym(cu, "cuStreamQuery"))) missing = "cuStreamQuery";
+    if (!cu || !(*(void **)&a.cuStreamQuery = dlsym(cu, "cuStreamQuery")))
+        missing = "cuStreamQuery";
     int version = 0;
     if (!missing && a.ncclGetVersion(&version) == NCCL_SUCCESS && version < 21700)
         missing = "version 2.17 or later";
     if (missing) {
         dlclose(h);
-        return sg__fail(ctx, SG_ERR_BACKEND_UNAVAILABLE, "sg_comm_create: %s lacks %s; install "
-                        "NCCL 2.17 or later (SG_NCCL_LIB names the file)", path, missing);
+        return sg__fail(ctx, SG_ERR_BACKEND_UNAVAILABLE,
+                        "sg_comm_create: %s lacks %s; install "
+                        "NCCL 2.17 or later (SG_NCCL_LIB names the file)",
+                        path, missing);
     }
     api = a;
     lib = h;
@@ -135,10 +140,11 @@ static sg_status settle(sg_comm *c, int rc, const char *call, const char *what) 
     while (rc == NCCL_IN_PROGRESS) {
         if (now_s() > deadline) {
             abort_comm(c);
-            return sg__fail(c->ctx, SG_ERR_DRIVER, "%s: %s did not finish on rank %d of %d within "
+            return sg__fail(c->ctx, SG_ERR_DRIVER,
+                            "%s: %s did not finish on rank %d of %d within "
                             "%.1f s; a rank died or did not join (sg_comm_opts.timeout_s or "
-                            "SG_COMM_TIMEOUT sets the wait); the communicator was aborted", what,
-                            call, c->rank, c->size, c->timeout_s);
+                            "SG_COMM_TIMEOUT sets the wait); the communicator was aborted",
+                            what, call, c->rank, c->size, c->timeout_s);
         }
         nanosleep(&(struct timespec){0, 50 * 1000}, NULL);
         int e = NCCL_SUCCESS;
@@ -165,7 +171,8 @@ static int nccl_type(sg_dtype dt) {
 static sg_status nccl_run(sg_comm *c, const sg__node *n) {
     nccl_state *st = c->state;
     const char *what = sg__op_name(n->op);
-    if (!st->comm) return sg__fail(c->ctx, SG_ERR_DRIVER, "%s: the NCCL communicator was aborted", what);
+    if (!st->comm)
+        return sg__fail(c->ctx, SG_ERR_DRIVER, "%s: the NCCL communicator was aborted", what);
     CUstream stream = sg__cuda_stream(c->ctx);
     const void *src = sg__data(n->in[0]);
     void *dst = sg__data(n->out);
@@ -197,8 +204,10 @@ static sg_status nccl_run(sg_comm *c, const sg__node *n) {
 /* Wait for the stream while watching the communicator. */
 static sg_status nccl_sync(sg_comm *c) {
     nccl_state *st = c->state;
-    if (!st->comm) return sg__fail(c->ctx, SG_ERR_DRIVER, "sg_comm_synchronize: the NCCL "
-                                   "communicator was aborted");
+    if (!st->comm)
+        return sg__fail(c->ctx, SG_ERR_DRIVER,
+                        "sg_comm_synchronize: the NCCL "
+                        "communicator was aborted");
     CUstream stream = sg__cuda_stream(c->ctx);
     double deadline = now_s() + c->timeout_s;
     for (;;) {
@@ -214,11 +223,12 @@ static sg_status nccl_sync(sg_comm *c) {
         }
         if (now_s() > deadline) {
             abort_comm(c);
-            return sg__fail(c->ctx, SG_ERR_DRIVER, "sg_comm_synchronize: rank %d of %d waited "
+            return sg__fail(c->ctx, SG_ERR_DRIVER,
+                            "sg_comm_synchronize: rank %d of %d waited "
                             "%.1f s for the device; a rank died or is not calling the same "
                             "collectives in the same order (the timeout is sg_comm_opts.timeout_s "
-                            "or SG_COMM_TIMEOUT); the communicator was aborted", c->rank, c->size,
-                            c->timeout_s);
+                            "or SG_COMM_TIMEOUT); the communicator was aborted",
+                            c->rank, c->size, c->timeout_s);
         }
         nanosleep(&(struct timespec){0, 50 * 1000}, NULL);
     }
