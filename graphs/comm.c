@@ -82,6 +82,12 @@ static sg_status read_env(sg_ctx *ctx, const sg_comm_opts *o, sg__comm_env *e) {
     return SG_OK;
 }
 
+bool sg__comm_in_ir(const sg__ir *ir) {
+    for (int i = 0; i < ir->nnodes; i++)
+        if (sg__op_family(ir->nodes[i].op) == SG__FAM_COMM) return true;
+    return false;
+}
+
 /* ------------------------------------------------------------ one rank */
 
 int64_t sg__comm_count(const sg__node *n) { return sg__numel(n->in[0]->ndim, n->in[0]->shape); }

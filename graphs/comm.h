@@ -52,6 +52,10 @@ SG__HIDDEN sg_status sg__comm_run(sg_ctx *ctx, const sg__node *n);
 /* Destroy every communicator of ctx (sg_ctx_destroy, before the backend goes). */
 SG__HIDDEN void sg__comm_destroy_all(sg_ctx *ctx);
 
+/* Whether a capture holds a collective: such a step must not be run again
+ * for tuning (max-autotune), since every rank must make the same calls. */
+SG__HIDDEN bool sg__comm_in_ir(const sg__ir *ir);
+
 /* A collective's element count and bytes, and its buffers (out == in for
  * all_reduce_). */
 SG__HIDDEN int64_t sg__comm_count(const sg__node *n);

@@ -11,7 +11,8 @@
  *    view), all_gather, reduce_scatter and broadcast over f32, f16, bf16,
  *    i32 and i64 against a reference computed here in f64 (every rank
  *    regenerates every rank's seeded input);
- *  - the same collectives inside compiled steps (DEFAULT, REDUCE_OVERHEAD),
+ *  - the same collectives inside compiled steps (DEFAULT, REDUCE_OVERHEAD,
+ *    MAX_AUTOTUNE, whose tuning skips steps with collectives),
  *    three calls with new inputs each; an unused all_gather and two equal
  *    all_reduces stay in the step (no dead-code or common-subexpression
  *    removal of collectives);
@@ -301,6 +302,7 @@ static int rank_case(const char *name) {
         }
         case_compiled(ctx, comm, SG_MODE_DEFAULT);
         case_compiled(ctx, comm, SG_MODE_REDUCE_OVERHEAD);
+        case_compiled(ctx, comm, SG_MODE_MAX_AUTOTUNE); /* tuning would run collectives again */
         rc = tu_finish();
     } else if (!strcmp(name, "train")) {
         double loss[STEPS];
