@@ -500,7 +500,7 @@ static int launch(const char *self, int np, const char *name, int limit, const c
 
 static void mpi_collectives(const char *self, int np, char *out, size_t size) {
     double took;
-    int rc = launch(self, np, "collectives", 300, "60", out, size, &took);
+    int rc = launch(self, np, "collectives", 400, "300", out, size, &took);
     int oks = count_of(out, "\nok "), fails = count_of(out, "FAIL");
     tu_case(rc == 0 && fails == 0 && oks >= 40 * np,
             "MPI_COLLECTIVES(np=%d) exit %d, %d ok lines, %d FAIL lines, %.1f s", np, rc, oks,
@@ -516,7 +516,7 @@ static void mpi_train(const char *self, int np, char *out, size_t size) {
     tu_case(ref_ok, "TRAIN_GPT2(tiny,B=%d,T=%d,one process,eager) losses %.6f .. %.6f", np * BL, T,
             ref[0], ref[STEPS - 1]);
     if (!ref_ok) return;
-    int rc = launch(self, np, "train", 300, "60", out, size, &took);
+    int rc = launch(self, np, "train", 400, "300", out, size, &took);
     bool ok = rc == 0;
     double worst = 0;
     for (int r = 0; ok && r < np; r++)
