@@ -22,6 +22,7 @@
  *    process training eagerly on the whole batch (f32 tolerance);
  *  - a rank that exits early, or stops calling collectives, makes the
  *    others fail with a clear error within a timeout instead of hanging;
+ *  - NCCL's id under mpirun: MPI carries rank 0's 128 bytes to every rank;
  *  - the TCP rendezvous that carries NCCL's id without mpirun: rank 0 and
  *    two forked ranks exchange the bytes; a rank 0 nobody joins, and a rank
  *    whose rank 0 never comes, fail within the timeout naming the cause.
@@ -236,6 +237,20 @@ static void case_compiled(sg_ctx *ctx, sg_comm *comm, sg_mode mode) {
     sg_fn_destroy(fn);
 }
 
+/* NCCL's id under mpirun travels by sg__mpi_bcast_bytes: rank 0's bytes on
+ * every rank, MPI held until released. */
+static void case_mpi_bootstrap(sg_ctx *ctx, sg_comm *comm) {
+    int r = sg_comm_rank(comm);
+    unsigned char id[128], want[128];
+    for (int i = 0; i < 128; i++) want[i] = (unsigned char)(i * 13 + 5), id[i] = r ? 0 : want[i];
+    sg_status s = sg__mpi_bcast_bytes(ctx, id, sizeof id, 60);
+    tu_case(s == SG_OK && !memcmp(id, want, sizeof id),
+            "MPI_BOOTSTRAP(128 bytes from rank 0,np=%d) "
+            "rank %d",
+            sg_comm_size(comm), r);
+    if (s == SG_OK) sg__mpi_release();
+}
+
 /* ------------------------------------------------------------ per rank: training */
 
 enum { MAXT = 16, V = 128, BL = 2, T = 8, STEPS = 4, MAXW = 3 };
@@ -303,6 +318,7 @@ static int rank_case(const char *name) {
         case_compiled(ctx, comm, SG_MODE_DEFAULT);
         case_compiled(ctx, comm, SG_MODE_REDUCE_OVERHEAD);
         case_compiled(ctx, comm, SG_MODE_MAX_AUTOTUNE); /* tuning would run collectives again */
+        case_mpi_bootstrap(ctx, comm);
         rc = tu_finish();
     } else if (!strcmp(name, "train")) {
         double loss[STEPS];
