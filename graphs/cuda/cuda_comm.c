@@ -26,6 +26,7 @@
 #include <cuda.h>
 #include <dlfcn.h>
 #include <limits.h>
+#include <pthread.h>
 #include <stdlib.h>
 #include <time.h>
 
@@ -69,6 +70,7 @@ typedef struct nccl_api {
 
 static nccl_api api;
 static void *lib; /* loaded once per process, never unloaded */
+static pthread_mutex_t lib_mu = PTHREAD_MUTEX_INITIALIZER;
 
 typedef struct nccl_state {
     nccl_comm_t comm;
@@ -81,7 +83,7 @@ static double now_s(void) {
     return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
 
-static sg_status load(sg_ctx *ctx) {
+static sg_status load_locked(sg_ctx *ctx) {
     if (lib) return SG_OK;
     const char *path = getenv("SG_NCCL_LIB");
     if (!path || !*path) path = "libnccl.so.2";
@@ -116,6 +118,13 @@ static sg_status load(sg_ctx *ctx) {
     api = a;
     lib = h;
     return SG_OK;
+}
+
+static sg_status load(sg_ctx *ctx) {
+    pthread_mutex_lock(&lib_mu);
+    sg_status s = load_locked(ctx);
+    pthread_mutex_unlock(&lib_mu);
+    return s;
 }
 
 static sg_status nccl_fail(sg_comm *c, int rc, const char *call, const char *what) {
