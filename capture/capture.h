@@ -45,7 +45,8 @@ typedef enum sg__family {
     SG__FAM_ROW,
     SG__FAM_MATMUL,
     SG__FAM_DATA,
-    SG__FAM_ATTN /* ATTENTION: graphs/cpu/cpu_attn.c, graphs/cuda/cuda_attn.c */
+    SG__FAM_ATTN, /* ATTENTION: graphs/cpu/cpu_attn.c, graphs/cuda/cuda_attn.c */
+    SG__FAM_COMM  /* collectives: graphs/comm.c, run in order, never fused away */
 } sg__family;
 
 SG__HIDDEN const char *sg__op_name(sg__op op);
@@ -154,6 +155,8 @@ struct sg_ctx {
     sg_tensor dead; /* sentinel of the quarantine (oldest first) */
     int ndead;
     bool no_cache_reads; /* while compiling for a fn with force_disable_caches */
+    struct sg_comm *comms; /* communicators made on this context (graphs/comm.c) */
+    uint32_t next_comm_id;
 };
 
 /* ------------------------------------------------------------ context helpers */
@@ -422,6 +425,26 @@ SG__HIDDEN sg_tensor *sg__run_new(sg_ctx *ctx, sg__node *n, sg_dtype dt, int ndi
  * 4 dims, gradients). Grouped-query K/V (dim -3 dividing q's) included. */
 SG__HIDDEN sg_tensor *sg__sdpa_decomposed(sg_tensor *q, sg_tensor *k, sg_tensor *v,
                                           sg_tensor *mask, bool causal, double scale);
+/* ------------------------------------------------------------ collectives (ops_comm.c) */
+
+/*
+ * What the op front-ends know of a communicator: its id (the nodes name it
+ * by that, so a capture that outlives it fails cleanly), rank and size.
+ * graphs/comm.c makes it and owns the rest (impl: MPI or NCCL state).
+ */
+#define SG__COMM_LIVE 0x5347434du /* "SGCM" */
+struct sg_comm {
+    uint32_t magic;
+    uint32_t id;
+    sg_ctx *ctx;
+    int rank, size, local_rank;
+    double timeout_s;
+    bool broken; /* a collective timed out or failed: every later one fails */
+    const struct sg__comm_impl *impl;
+    void *state;
+    struct sg_comm *next; /* the context's list */
+};
+
 /* ------------------------------------------------------------ autograd (autograd.c) */
 
 /* How a view relates to the tensor it views, for its gradient. */

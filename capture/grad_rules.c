@@ -29,7 +29,8 @@ bool sg__grad_differentiable(int op) {
     case SG__OP_INDEX_COPY:
     case SG__OP_INDEX_ADD:
     case SG__OP_ARANGE: return false;
-    default: return op < SG__OP_COUNT;
+    default: /* collectives record no gradient, as torch.distributed's */
+        return op < SG__OP_COUNT && sg__op_family((sg__op)op) != SG__FAM_COMM;
     }
 }
 

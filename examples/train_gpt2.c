@@ -27,6 +27,14 @@
  *
  * Per step it prints the loss, the step's milliseconds and tokens/s. Exit
  * status: 0 on success, 1 on a stepgraph or I/O failure, 2 on bad usage.
+ *
+ * Data parallel: launched by torchrun (RANK, WORLD_SIZE, ...) or mpirun, each
+ * of the W processes trains on its B rows of a batch of W*B rows (the
+ * window a single process with -b W*B would read), and the step all-reduces
+ * the gradients and the loss (mean) before clipping and AdamW; the losses
+ * are those of the whole batch. Only rank 0 prints and saves. On CUDA give
+ * each process its own GPU (CUDA_VISIBLE_DEVICES; see bench/run-ddp.sh); on
+ * the CPU launch with mpirun.
  */
 #define _POSIX_C_SOURCE 200809L
 #include "gpt2/data.h"
@@ -160,6 +168,8 @@ static double now_ms(void) {
 
 typedef struct run {
     sg_ctx *ctx;
+    sg_comm *comm; /* the launch's communicator (one rank when not launched) */
+    int rank, world;
     gpt2 *g;
     gpt2_trainer *tr;
     gpt2_tokens data[2]; /* train, val */
@@ -168,12 +178,12 @@ typedef struct run {
     int64_t *hx, *hy;
 } run;
 
-/* The next batch of loader k into the input tensors. */
+/* The next batch of loader k into the input tensors: this rank's rows. */
 static sg_status next_batch(run *r, int k) {
-    size_t bytes = sizeof(int64_t) * (size_t)(r->load[k].B * r->load[k].T);
+    int64_t n = r->load[k].B / r->world * r->load[k].T;
     gpt2_loader_next(&r->load[k], r->hx, r->hy);
-    sg_status st = sg_write(r->x, r->hx, bytes);
-    return st == SG_OK ? sg_write(r->y, r->hy, bytes) : st;
+    sg_status st = sg_write(r->x, r->hx + r->rank * n, sizeof(int64_t) * (size_t)n);
+    return st == SG_OK ? sg_write(r->y, r->hy + r->rank * n, sizeof(int64_t) * (size_t)n) : st;
 }
 
 static sg_status validate(run *r, int64_t batches, double *loss) {
@@ -199,7 +209,7 @@ static int fail(run *r, const char *what) {
 static int load_data(run *r, const options *o) {
     const char *files[2] = {o->train, o->val};
     for (int k = 0; k < 2; k++) {
-        int64_t n = 4 * (o->B * o->T + 1);
+        int64_t n = 4 * (o->B * r->world * o->T + 1);
         if (files[k] && gpt2_tokens_load(files[k], &r->data[k]) != SG_OK) {
             fprintf(stderr, "train_gpt2: %s is not an llm.c token file (magic %d, version 1)\n",
                     files[k], GPT2_TOKENS_MAGIC);
@@ -207,10 +217,10 @@ static int load_data(run *r, const options *o) {
         }
         if (!files[k] && !synthetic(&r->data[k], n < 65536 ? 65536 : n, r->g->cfg.vocab, 7 + k))
             return fail(r, "making synthetic tokens");
-        if (gpt2_loader_init(&r->load[k], &r->data[k], o->B, o->T) != SG_OK) {
-            fprintf(stderr, "train_gpt2: %s has %lld tokens, fewer than B*T+1 = %lld\n",
+        if (gpt2_loader_init(&r->load[k], &r->data[k], o->B * r->world, o->T) != SG_OK) {
+            fprintf(stderr, "train_gpt2: %s has %lld tokens, fewer than W*B*T+1 = %lld\n",
                     files[k] ? files[k] : "synthetic data", (long long)r->data[k].n,
-                    (long long)(o->B * o->T + 1));
+                    (long long)(o->B * r->world * o->T + 1));
             return 1;
         }
     }
@@ -222,6 +232,8 @@ static int setup(run *r, const options *o) {
         fprintf(stderr, "train_gpt2: sg_ctx_create failed: %s\n", sg_last_error(NULL));
         return 1;
     }
+    if (sg_comm_create(r->ctx, NULL, &r->comm) != SG_OK) return fail(r, "joining the launch");
+    r->rank = sg_comm_rank(r->comm), r->world = sg_comm_size(r->comm);
     bool cuda = sg_ctx_backend(r->ctx) == SG_BACKEND_CUDA;
     sg_dtype dt = cuda ? SG_BF16 : SG_F32;
     gpt2_config cfg;
@@ -242,16 +254,21 @@ static int setup(run *r, const options *o) {
     gpt2_train_opts to = {.mode = o->mode,
                           .weight_decay = o->wd,
                           .grad_clip = o->clip,
-                          .master_weights = dt != SG_F32};
+                          .master_weights = dt != SG_F32,
+                          .comm = r->world > 1 ? r->comm : NULL};
     if (gpt2_trainer_create(r->g, &to, &r->tr) != SG_OK) return fail(r, "making the steps");
     int64_t bt[2] = {o->B, o->T}, np = 0;
     r->x = sg_empty(r->ctx, SG_I64, 2, bt);
     r->y = sg_empty(r->ctx, SG_I64, 2, bt);
-    r->hx = malloc(sizeof(int64_t) * (size_t)(o->B * o->T));
-    r->hy = malloc(sizeof(int64_t) * (size_t)(o->B * o->T));
+    r->hx = malloc(sizeof(int64_t) * (size_t)(o->B * r->world * o->T));
+    r->hy = malloc(sizeof(int64_t) * (size_t)(o->B * r->world * o->T));
     if (!r->x || !r->y || !r->hx || !r->hy) return fail(r, "making the batch");
     for (int i = 0; i < r->tr->n; i++) np += sg_tensor_numel(r->tr->params[i]);
     const gpt2_config *c = &r->g->cfg;
+    if (r->rank) return 0;
+    if (r->world > 1)
+        printf("data parallel: %d ranks of B %lld (a batch of %lld rows)\n", r->world,
+               (long long)o->B, (long long)(o->B * r->world));
     printf("train_gpt2: L %lld, C %lld, NH %lld, V %lld (padded %lld), maxT %lld: %lld "
            "parameters, %s on %s, mode %s\n",
            (long long)c->n_layer, (long long)c->channels, (long long)c->n_head, (long long)c->vocab,
@@ -271,13 +288,16 @@ static int train(run *r, const options *o) {
             gpt2_trainer_step(r->tr, r->x, r->y, lr, &loss, NULL) != SG_OK)
             return fail(r, "the train step");
         double ms = now_ms() - t0;
-        printf("step %4lld/%lld: train loss %.6f lr %.3e (%.2f ms, %.0f tok/s)\n", (long long)s + 1,
-               (long long)o->steps, loss, lr, ms, (double)(o->B * o->T) / (ms / 1e3));
-        if (s == 0 && o->explain) printf("%s\n", sg_fn_explain(r->tr->train_fn));
+        if (r->rank == 0)
+            printf("step %4lld/%lld: train loss %.6f lr %.3e (%.2f ms, %.0f tok/s)\n",
+                   (long long)s + 1, (long long)o->steps, loss, lr, ms,
+                   (double)(o->B * r->world * o->T) / (ms / 1e3));
+        if (s == 0 && o->explain && r->rank == 0) printf("%s\n", sg_fn_explain(r->tr->train_fn));
         bool last = s + 1 == o->steps;
         if ((o->val_every && (s + 1) % o->val_every == 0) || last) {
             double vl;
             if (validate(r, o->val_steps, &vl) != SG_OK) return fail(r, "the val step");
+            if (r->rank) continue;
             printf("val loss %.6f\n", vl);
             if (last && o->explain) printf("%s\n", sg_fn_explain(r->tr->eval_fn));
         }
@@ -293,7 +313,7 @@ int main(int argc, char **argv) {
     run r = {0};
     rc = setup(&r, &o);
     if (!rc) rc = train(&r, &o);
-    if (!rc && o.out) {
+    if (!rc && o.out && r.rank == 0) {
         if (gpt2_save(r.g, o.out, SG_F32) != SG_OK) {
             fprintf(stderr, "train_gpt2: cannot write the checkpoint %s\n", o.out);
             rc = 1;

@@ -42,6 +42,10 @@ static const sg__ref *arg_ref(const sg__ir *ir, const sg__irnode *n, int j, cons
 
 /* ------------------------------------------------------------ dce and cse */
 
+/* Collectives stay where they are, each one: every rank must make the same
+ * calls in the same order, whatever this rank does with the results. */
+static bool is_collective(sg__op op) { return sg__op_family(op) == SG__FAM_COMM; }
+
 /* Mark nodes nothing needs: walk backwards keeping writers of what is read. */
 static void dce(const sg__ir *ir, bool *dead, const int *alias, uint8_t *needed_slot) {
     for (int r = 0; r < ir->nout; r++) needed_slot[ir->refs[ir->out_refs[r]].slot] = 1;
@@ -51,7 +55,7 @@ static void dce(const sg__ir *ir, bool *dead, const int *alias, uint8_t *needed_
         const sg__irnode *n = &ir->nodes[i];
         if (dead[i]) continue;
         int out_slot = ir->refs[n->out].slot;
-        if (!needed_slot[out_slot]) {
+        if (!needed_slot[out_slot] && !is_collective(n->op)) {
             dead[i] = true;
             continue;
         }
@@ -87,7 +91,9 @@ static void cse(const sg__ir *ir, bool *dead, int *alias, const int *writes) {
         const sg__irnode *n = &ir->nodes[i];
         const sg__ref *o = &ir->refs[n->out];
         const sg__slot *os = &ir->slots[o->slot];
-        if (os->kind != SG__SLOT_INTERNAL || os->output >= 0 || writes[o->slot] != 1) continue;
+        if (is_collective(n->op) || os->kind != SG__SLOT_INTERNAL || os->output >= 0 ||
+            writes[o->slot] != 1)
+            continue;
         /* A view of the output with another geometry (a transpose, a slice)
          * would still name the removed node's slot: keep such nodes. */
         bool other_view = false;

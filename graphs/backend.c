@@ -4,6 +4,7 @@
  * the first present of cuda > hip > ze > cpu) and let it fill the executor.
  */
 #include "graphs.h"
+#include "comm.h"
 #include "cuda/exec.h"
 
 #include <stdlib.h>
@@ -71,6 +72,7 @@ sg_status sg_ctx_create(const sg_ctx_opts *opts, sg_ctx **out) {
 void sg_ctx_destroy(sg_ctx *ctx) {
     if (!ctx) return;
     sg__fns_destroy_all(ctx); /* before tensors: captures pin parameters */
+    sg__comm_destroy_all(ctx); /* while the device is there */
     sg__ctx_release_all(ctx);
     sg__pool_destroy(ctx);
     if (ctx->exec.destroy) ctx->exec.destroy(ctx);

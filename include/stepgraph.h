@@ -624,6 +624,110 @@ SG_API sg_status sg_set_grad_enabled(sg_ctx *ctx, bool enabled);
  */
 SG_API sg_status sg_grad(sg_tensor *loss, int n, sg_tensor *const *wrt, sg_tensor **grads);
 
+/* ---------------------------------------------------------------- distributed */
+/*
+ * Collectives across processes, for data-parallel training: one process per
+ * device, each with its own context, joined by a communicator. stepgraph
+ * runs the collective engines the field uses and has no algorithm of its
+ * own: NCCL between CUDA contexts, MPI between CPU contexts. Both libraries
+ * are loaded at run time (dlopen), so nothing links against them and a
+ * program that makes no communicator never needs them.
+ *
+ *     sg_comm *comm;                              // from torchrun's or mpirun's variables
+ *     if (sg_comm_create(ctx, NULL, &comm) != SG_OK) { ... sg_last_error(ctx) ... }
+ *     // inside the step, after sg_grad:
+ *     sg_all_reduce_(comm, grad, SG_REDUCE_MEAN); // every rank now holds the mean
+ *
+ * The launch environment: mpirun's (OMPI_COMM_WORLD_RANK/_SIZE/_LOCAL_RANK,
+ * or PMI_RANK/PMI_SIZE) or torchrun's (RANK, WORLD_SIZE, LOCAL_RANK,
+ * MASTER_ADDR, MASTER_PORT); neither means one process of one rank, whose
+ * collectives are copies. On the CPU every collective is an MPI call
+ * (Open MPI's libmpi.so.40; SG_MPI_LIB names another file), so a CPU job of
+ * several ranks must be launched by mpirun. On CUDA the collectives are NCCL
+ * calls on the context's stream (libnccl.so.2; SG_NCCL_LIB names another
+ * file). NCCL's unique id goes from rank 0 to the others through MPI when
+ * mpirun launched the job, else over one TCP connection per rank to
+ * MASTER_ADDR:MASTER_PORT (MASTER_PORT + 1 when torchrun's agent holds
+ * MASTER_PORT, TORCHELASTIC_USE_AGENT_STORE=True; SG_COMM_PORT overrides).
+ * Each process uses the context's device: give each rank its own GPU with
+ * CUDA_VISIBLE_DEVICES (see bench/run-ddp.sh). A library that is missing is
+ * SG_ERR_BACKEND_UNAVAILABLE naming it and the fix; the context stays usable.
+ *
+ * Collectives are ops: eagerly they run at once; inside a compiled step they
+ * are nodes of the same graph, kept in their place (fusion never moves work
+ * across one, nor removes one whose result is unused, since every rank must
+ * make the same calls in the same order). On CUDA the NCCL call is recorded
+ * into the step's CUDA graph by stream capture; on the CPU the MPI call runs
+ * where the replay reaches it. Every rank must run the same collectives, in
+ * the same order, on tensors of the same dtype and shape (and the same
+ * compile mode), as with torch.distributed. They record no gradient (reduce
+ * the gradients, not the loss). Dtypes: f32, f16, bf16, i32, i64 (bool too
+ * for all_gather and broadcast); SG_REDUCE_MEAN takes floats only. On the
+ * CPU, f16 and bf16 are reduced in f32 and rounded once.
+ *
+ * Failures: a rank that dies or stops calling collectives must not hang the
+ * others forever. On the CPU a collective waits at most the timeout (then
+ * SG_ERR_DRIVER naming the op, the rank and the timeout; the communicator
+ * is broken from then on, and the process should exit); mpirun itself also
+ * ends the whole job when one of its processes exits without MPI_Finalize
+ * (Open MPI prints which one). On CUDA, NCCL runs non-blocking: the
+ * bootstrap and sg_comm_synchronize wait at most the timeout, polling
+ * ncclCommGetAsyncError, and on expiry abort the NCCL communicator
+ * (ncclCommAbort) and return SG_ERR_DRIVER; call sg_comm_synchronize
+ * instead of sg_ctx_synchronize after a step with collectives.
+ */
+typedef struct sg_comm sg_comm;
+
+typedef enum sg_reduce_op {
+    SG_REDUCE_SUM = 0, /* the elementwise sum over ranks */
+    SG_REDUCE_MEAN     /* the sum divided by the number of ranks (floats only) */
+} sg_reduce_op;
+
+typedef struct sg_comm_opts {
+    int size;                /* 0: the launch environment's (1 when it names none) */
+    int rank;                /* with size > 0: this process's rank in [0, size) */
+    const char *master_addr; /* NCCL's rendezvous without mpirun; NULL: MASTER_ADDR */
+    int master_port;         /* 0: SG_COMM_PORT, else MASTER_PORT (see above) */
+    double timeout_s;        /* 0: SG_COMM_TIMEOUT (seconds) when set, else 600 */
+} sg_comm_opts;
+
+/*
+ * Join this process's communicator on ctx (opts NULL: everything from the
+ * environment). Every rank must call it. With MPI, the first communicator
+ * initializes MPI (unless the program already did) and the last one to be
+ * destroyed finalizes it; MPI cannot start twice in one process, so keep one
+ * communicator for the life of the program. Statuses: SG_ERR_BACKEND_UNAVAILABLE
+ * (libmpi or libnccl missing, a CPU job of several ranks not launched by
+ * mpirun), SG_ERR_INVALID_ARG (environment or opts inconsistent), SG_ERR_DRIVER
+ * (the library failed, or a peer did not arrive within the timeout).
+ */
+SG_API sg_status sg_comm_create(sg_ctx *ctx, const sg_comm_opts *opts, sg_comm **out);
+/* Leave the communicator; the context destroys those left. NULL does nothing. */
+SG_API void sg_comm_destroy(sg_comm *comm);
+/* This process's rank in [0, size), and the number of ranks. */
+SG_API int sg_comm_rank(const sg_comm *comm);
+SG_API int sg_comm_size(const sg_comm *comm);
+/* The rank among the processes of this machine (LOCAL_RANK). */
+SG_API int sg_comm_local_rank(const sg_comm *comm);
+/* Wait for every op queued on the context, watching the collectives: a peer
+ * failure or the timeout is SG_ERR_DRIVER instead of a hang. */
+SG_API sg_status sg_comm_synchronize(sg_comm *comm);
+
+/* Elementwise reduction of x over every rank; every rank gets the result
+ * (a new contiguous tensor shaped like x). */
+SG_API sg_tensor *sg_all_reduce(sg_comm *comm, sg_tensor *x, sg_reduce_op op);
+/* The same in place: x must be contiguous (SG_ERR_INVALID_ARG otherwise). */
+SG_API sg_status sg_all_reduce_(sg_comm *comm, sg_tensor *x, sg_reduce_op op);
+/* Every rank's x (same shape on all, ndim >= 1) concatenated along dim 0 in
+ * rank order: (size * x.shape[0], ...). */
+SG_API sg_tensor *sg_all_gather(sg_comm *comm, sg_tensor *x);
+/* Reduce x over the ranks, then rank r gets the r-th of size equal parts
+ * along dim 0 (x.shape[0] a multiple of size): (x.shape[0] / size, ...). */
+SG_API sg_tensor *sg_reduce_scatter(sg_comm *comm, sg_tensor *x, sg_reduce_op op);
+/* root's x on every rank (x gives the shape and dtype elsewhere; its values
+ * are not read there). */
+SG_API sg_tensor *sg_broadcast(sg_comm *comm, sg_tensor *x, int root);
+
 /* ---------------------------------------------------------------- compiled steps */
 /*
  * A step is a function over tensor ops. sg_compile wraps it in an sg_fn;

@@ -15,6 +15,27 @@ static sg_tensor *loss_of(gpt2 *g, sg_tensor *inputs, sg_tensor *targets) {
     return sg_cross_entropy(logits, sg_reshape(targets, 1, &flat));
 }
 
+/* Data parallel: the mean of every rank's gradients, as one all-reduce of
+ * one flat bucket (DDP's), whose slices become the gradients. */
+static sg_status mean_grads(gpt2_trainer *t, sg_tensor **grads) {
+    int64_t flat = -1, off = 0;
+    sg_tensor **cols = calloc((size_t)t->n, sizeof *cols);
+    if (!cols) return SG_ERR_OOM;
+    for (int k = 0; k < t->n; k++) cols[k] = sg_reshape(grads[k], 1, &flat);
+    sg_tensor *bucket = sg_concat(t->n, cols, 0);
+    free(cols);
+    sg_status st = sg_all_reduce_(t->opts.comm, bucket, SG_REDUCE_MEAN);
+    for (int k = 0; st == SG_OK && k < t->n; k++) {
+        int64_t shape[SG_MAX_DIMS], n = sg_tensor_numel(grads[k]);
+        int nd = sg_tensor_ndim(grads[k]);
+        sg_tensor_shape(grads[k], shape);
+        grads[k] = sg_reshape(sg_narrow(bucket, 0, off, n), nd, shape);
+        off += n;
+        if (!grads[k]) st = SG_ERR_SHAPE;
+    }
+    return st;
+}
+
 static sg_status train_step(sg_ctx *ctx, sg_tensor *const *in, sg_tensor **out, void *user) {
     gpt2_trainer *t = user;
     sg_tensor *loss = loss_of(t->g, in[0], in[1]);
@@ -23,6 +44,10 @@ static sg_status train_step(sg_ctx *ctx, sg_tensor *const *in, sg_tensor **out, 
     sg_tensor **grads = t->opts.output_grads ? out + 1 : t->out + 1;
     sg_status st = loss ? sg_grad(loss, t->n, t->params, grads) : sg_ctx_status(ctx);
     sg_set_grad_enabled(ctx, false);
+    if (st == SG_OK && t->opts.comm) {
+        st = mean_grads(t, grads);
+        loss = sg_all_reduce(t->opts.comm, loss, SG_REDUCE_MEAN);
+    }
     if (st == SG_OK && t->opts.grad_clip > 0)
         st = sg_clip_grad_norm_(t->n, grads, t->opts.grad_clip, NULL);
     for (int k = 0; st == SG_OK && k < t->n; k++) t->sorted[t->n + k] = grads[t->order[k]];
@@ -37,6 +62,7 @@ static sg_status eval_step(sg_ctx *ctx, sg_tensor *const *in, sg_tensor **out, v
     gpt2_trainer *t = user;
     sg_set_grad_enabled(ctx, false);
     out[0] = loss_of(t->g, in[0], in[1]);
+    if (t->opts.comm) out[0] = sg_all_reduce(t->opts.comm, out[0], SG_REDUCE_MEAN);
     sg_set_grad_enabled(ctx, true);
     return out[0] ? SG_OK : sg_ctx_status(ctx);
 }
@@ -96,6 +122,7 @@ sg_status gpt2_trainer_step(gpt2_trainer *t, sg_tensor *inputs, sg_tensor *targe
     if (st == SG_OK) st = sg_fill_(sg_optim_lr(t->opt[1]), lr);
     if (st == SG_OK) st = sg_mark_step_begin(t->g->ctx);
     if (st == SG_OK) st = sg_call(t->train_fn, in, 2, out, nout);
+    if (st == SG_OK && t->opts.comm) st = sg_comm_synchronize(t->opts.comm);
     if (st == SG_OK && loss) st = sg_item(out[0], loss);
     for (int i = 0; st == SG_OK && grads && i < nout - 1; i++) grads[i] = out[1 + i];
     return st;
@@ -105,6 +132,7 @@ sg_status gpt2_trainer_eval(gpt2_trainer *t, sg_tensor *inputs, sg_tensor *targe
     sg_tensor *in[2] = {inputs, targets}, *out;
     sg_status st = sg_mark_step_begin(t->g->ctx);
     if (st == SG_OK) st = sg_call(t->eval_fn, in, 2, &out, 1);
+    if (st == SG_OK && t->opts.comm) st = sg_comm_synchronize(t->opts.comm);
     return st == SG_OK ? sg_item(out, loss) : st;
 }
 

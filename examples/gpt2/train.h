@@ -21,6 +21,9 @@ typedef struct gpt2_train_opts {
     double grad_clip;    /* clip the global grad norm to this; 0: no clipping */
     bool master_weights; /* keep f32 copies of bf16/f16 parameters in AdamW */
     bool output_grads;   /* the step also returns every gradient (after clipping) */
+    sg_comm *comm;       /* data parallel: each rank trains on its shard of the batch, and the
+                            gradients (one bucket) and the losses are all-reduced (mean) inside
+                            the step, before clipping and AdamW; NULL: one process */
 } gpt2_train_opts;
 
 typedef struct gpt2_trainer {

@@ -7,6 +7,8 @@
  */
 #include "cpu.h"
 
+#include "../comm.h"
+
 #include <stdlib.h>
 #ifdef _OPENMP
 #include <omp.h>
@@ -82,6 +84,7 @@ static sg_status cpu_run(sg_ctx *ctx, const sg__node *n) {
     case SG__FAM_MATMUL: return sg__cpu_matmul(ctx, n);
     case SG__FAM_DATA: return sg__cpu_data(ctx, n);
     case SG__FAM_ATTN: return sg__cpu_attn(ctx, n);
+    case SG__FAM_COMM: return sg__comm_run(ctx, n);
     }
     return sg__fail(ctx, SG_ERR_INTERNAL, "cpu: op %s has no kernel family", sg__op_name(n->op));
 }

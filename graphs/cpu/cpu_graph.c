@@ -7,6 +7,7 @@
  * region) or its kernels one by one (DEFAULT, MAX_AUTOTUNE_NO_GRAPHS); the
  * MAX_AUTOTUNE modes pick the thread count on the real buffers.
  */
+#include "../comm.h"
 #include "../graphs.h"
 
 #include <stdio.h>
@@ -84,6 +85,11 @@ static void autotune(sg_fn *fn, sg__graph *g) {
     int known = fn->opts.force_disable_caches ? 0 : tuned_threads(g, path, sizeof path);
     if (known > 0) {
         g->threads = known;
+        return;
+    }
+    if (sg__comm_in_ir(&g->ir)) {
+        sg__log(fn->ctx, "perf_hints", "fn '%s': max-autotune skipped: the step runs "
+                "collectives, which every rank must run the same number of times", fn->name);
         return;
     }
     for (int s = 0; s < g->ir.nslots; s++)

@@ -33,6 +33,7 @@
  * what the step writes in its inputs and parameters is copied aside before
  * and put back after, so tuning changes no value the caller sees.
  */
+#include "../comm.h"
 #include "../graphs.h"
 #include "exec.h"
 
@@ -198,6 +199,12 @@ static sg_status compile(sg_fn *fn, sg__graph *g) {
         cg->tune = false;
         sg__log(ctx, "perf_hints", "fn '%s': max-autotune: the picks remembered in %s", fn->name,
                 cg->tune_path);
+    }
+    /* Tuning runs the step once more: with collectives, the ranks would disagree. */
+    if (cg->tune && sg__comm_in_ir(&g->ir)) {
+        cg->tune = false;
+        sg__log(ctx, "perf_hints", "fn '%s': max-autotune skipped: the step runs collectives, "
+                "which every rank must run the same number of times", fn->name);
     }
     return s;
 }

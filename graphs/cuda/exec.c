@@ -14,6 +14,7 @@
 #ifdef SG_HAVE_CUDA_HEADERS
 
 #include "../../codegen/codegen.h"
+#include "../comm.h"
 #include "cuda.h"
 
 #include <stdlib.h>
@@ -290,6 +291,7 @@ static sg_status cu_run(sg_ctx *ctx, const sg__node *n) {
     case SG__FAM_MATMUL: return sg__cuda_matmul(ctx, n);
     case SG__FAM_DATA: return sg__cuda_data(ctx, n);
     case SG__FAM_ATTN: return sg__cuda_attn(ctx, n);
+    case SG__FAM_COMM: return sg__comm_run(ctx, n);
     }
     return sg__fail(ctx, SG_ERR_INTERNAL, "cuda: op %s has no kernel family", sg__op_name(n->op));
 }
