@@ -71,6 +71,37 @@ SG__HIDDEN sg__mm_path sg__mm_path_env(void);
 /* auto's choice: GEMV for at most 8 rows read along contiguous weight rows. */
 SG__HIDDEN bool sg__mm_prefer_gemv(const sg__mm_plan *p);
 
+/*
+ * Padding. A matrix whose leading dim is not a multiple of 16 bytes (a row
+ * of 50257 bf16 logits) sends cuBLASLt to its align1 kernels, ten times
+ * slower than its TMA ones. The product then runs through aligned scratch:
+ * such an A or B is copied there with a padded leading dim, and such a C is
+ * written there and copied out. A and C go in chunks of mchunk rows of M
+ * (a multiple of 256), so that the scratch stays within SG__MM_PAD_BYTES
+ * (SG_CUDA_MATMUL_PAD=<MiB> sets another cap; 0 or off turns padding off);
+ * B is copied whole. Only single products (no batch dim left after
+ * folding) of at least SG__MM_PAD_MIN multiply-adds whose operands cuBLASLt
+ * reads in place are padded.
+ */
+#define SG__MM_PAD_BYTES ((size_t)256 << 20)
+#define SG__MM_PAD_MIN ((int64_t)1 << 24)
+
+typedef struct sg__mm_pad {
+    bool a, b, c;        /* which operands go through scratch */
+    bool a_t, b_t;       /* the operand is read transposed (LAY_T) */
+    int64_t mchunk;      /* rows of M per cuBLASLt call */
+    int64_t ldb;         /* B's padded leading dim */
+    size_t bytes_a, bytes_b, bytes_c; /* scratch of each (256-byte multiples) */
+} sg__mm_pad;
+
+/* Whether plan p (of dtype dt, run by cuBLASLt) is padded, and how. */
+SG__HIDDEN bool sg__mm_pad_make(const sg__mm_plan *p, sg_dtype dt, sg__mm_pad *pad);
+/* A padded leading dim: ld rounded up to 16 bytes of dt. */
+SG__HIDDEN int64_t sg__mm_pad_ld(int64_t ld, sg_dtype dt);
+/* For explain: a one-line note saying how node n's product is padded on
+ * CUDA (empty, and false, when it is not). */
+SG__HIDDEN bool sg__mm_pad_note(const sg__node *n, char *buf, size_t size);
+
 /* ------------------------------------------------------------ cuBLASLt (cublaslt.c) */
 
 /*
