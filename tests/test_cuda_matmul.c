@@ -329,10 +329,11 @@ static sg_status head_step(sg_ctx *c, sg_tensor *const *in, sg_tensor **out, voi
     return out[0] ? SG_OK : SG_ERR_OOM;
 }
 
-/* Products whose rows are not 16-byte aligned run through padded scratch
+/* Products that are not 16-byte aligned run through padded scratch
  * (cuda_matmul.c: run_padded): the LM head's N = 50257 forward and both
- * backward shapes, odd K, in one chunk and (a 1 MiB cap) in several; and
- * a compiled step says so in sg_fn_explain. */
+ * backward shapes, odd K (zero-padded), odd N (split), M of a transposed A
+ * (its last rows apart), in one chunk and (a 1 MiB cap) in several; and a
+ * compiled step says so in sg_fn_explain. */
 static void test_padded(void) {
     int64_t xh[2] = {40, 96}, xc[2] = {600, 32}, ak[2] = {64, 5001}, bk[2] = {5001, 96};
     int64_t xo[2] = {300, 1001};
@@ -348,6 +349,7 @@ static void test_padded(void) {
             linear_case(mode, dt, 2, c ? xc : xh, 50257, false, true); /* C rows of 50257 */
             linear_case(mode, dt, 2, xo, 200, false, false);         /* odd K: A and w */
             linear_case(mode, dt, 2, xo, 200, true, true);           /* w^T view, ld 200 */
+            linear_case(mode, dt, 2, xo, 203, false, true);          /* N as 200 + 3 */
             matmul_case(mode, dt, 2, ak, 2, bk, false);              /* A rows of 5001 */
             matmul_case(mode, dt, 2, ak, 2, bk, true);               /* B read transposed */
             matmul_t_case(mode, dt, 5001, 300, 64);                  /* A^T, ld 5001 */
@@ -365,7 +367,8 @@ static void test_padded(void) {
     ok = ok && TU_EXPECT(got && got[0] == 16.0 && got[64 * 50257 - 1] == 16.0); /* 128 * 0.125 */
     const char *e = sg_fn_explain(fn);
     ok = ok && TU_EXPECT(strstr(e, "matmul padding: IR line") != NULL) &&
-         TU_EXPECT(strstr(e, "M=64 N=50257 K=128 has rows not 16-byte aligned") != NULL);
+         TU_EXPECT(strstr(e, "M=64 N=50257 K=128 is not 16-byte aligned") != NULL) &&
+         TU_EXPECT(strstr(e, "N as 50256 + 1") != NULL);
     const char *line = strstr(e, "matmul padding");
     tu_case(ok, "CUDA_PADDED_STEP(reduce-overhead, linear [64,128] x [50257,128]^T): %.*s",
             line ? (int)strcspn(line, "\n") : 0, line ? line : "");
