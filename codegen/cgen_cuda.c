@@ -1152,7 +1152,8 @@ static int64_t multi_loop(gen *g, const sg__group *part, int64_t start, bool *al
  * their pointers held live across the branches cost the registers that
  * set the kernel's occupancy).
  */
-static void emit_multi(gen *g, const sg__group *grp, sg__cuda_kinfo *ki, bool *aligned, int nslots) {
+static void emit_multi(gen *g, const sg__group *grp, sg__cuda_kinfo *ki, bool *aligned,
+                       int nslots) {
     sg__emit *outer = g->e;
     bool *mark = sg__calloc(outer->ctx, sizeof(bool) * (size_t)nslots);
     if (!mark) {
@@ -1170,7 +1171,8 @@ static void emit_multi(gen *g, const sg__group *grp, sg__cuda_kinfo *ki, bool *a
                                                 : multi_loop(g, part, start, aligned, nslots, ki);
         g->e = outer, g->mark = NULL;
         if (nb > 0) {
-            sg__emit_open(outer, "%sif (blockIdx.x < %lld)", start ? "else " : "", (long long)(start + nb));
+            sg__emit_open(outer, "%sif (blockIdx.x < %lld)", start ? "else " : "",
+                          (long long)(start + nb));
             for (int i = 0; i < nslots; i++)
                 if (mark[i]) sg__emit_line(outer, "char *const s%d = slot[%d];", i, i);
             if (body.buf) sg__emit_raw(outer, "%s", body.buf);
@@ -1273,7 +1275,8 @@ static void kernel_name(const gen *g, const sg__group *grp, const sg__emit *head
     uint8_t d[32];
     char lb[32];
     char lbs[32];
-    int nlb = snprintf(lb, sizeof lb, "__launch_bounds__(%s)\n", launch_bounds(grp, ki, lbs, sizeof lbs));
+    int nlb =
+        snprintf(lb, sizeof lb, "__launch_bounds__(%s)\n", launch_bounds(grp, ki, lbs, sizeof lbs));
     sg__sha256_init(&c);
     sg__sha256_update(&c, lb, (size_t)nlb);
     if (head->buf) sg__sha256_update(&c, head->buf, head->len);

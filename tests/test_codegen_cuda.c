@@ -85,7 +85,8 @@ static bool cuda_unit(sg_fn *fn, const char *name, counts *c) {
          * loaded in its head (each member's branch loads its own). */
         if (ok && grp->kind == SG__G_MULTI && ki[k].emitted) {
             char sig[160];
-            snprintf(sig, sizeof sig, "__launch_bounds__(512, 3) %s(char *const *slot) {", ki[k].name);
+            snprintf(sig, sizeof sig, "__launch_bounds__(512, 3) %s(char *const *slot) {",
+                     ki[k].name);
             const char *at = strstr(e.buf, sig), *pdl = at ? strstr(at, "sg_pdl_launch();") : NULL;
             const char *first = at ? strstr(at + strlen(sig), "= slot[") : NULL;
             ok = TU_EXPECT(at && pdl) && TU_EXPECT(first > pdl);

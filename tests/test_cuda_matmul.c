@@ -306,7 +306,8 @@ static void test_device(void) {
 static void matmul_t_case(const char *mode, sg_dtype dt, int64_t M, int64_t K, int64_t N) {
     int64_t as[2] = {K, M}, bs[2] = {K, N};
     double *av, *bv;
-    sg_tensor *abase = tu_rand(ctx, dt, 2, as, -1, 1, &av), *b = tu_rand(ctx, dt, 2, bs, -1, 1, &bv);
+    sg_tensor *abase = tu_rand(ctx, dt, 2, as, -1, 1, &av),
+              *b = tu_rand(ctx, dt, 2, bs, -1, 1, &bv);
     sg_tensor *a = sg_transpose(abase, 0, 1);
     double *ref = calloc((size_t)(M * N), sizeof(double));
     for (int64_t k = 0; k < K; k++)
@@ -314,7 +315,8 @@ static void matmul_t_case(const char *mode, sg_dtype dt, int64_t M, int64_t K, i
             for (int64_t n = 0; n < N; n++) ref[m * N + n] += av[k * M + m] * bv[k * N + n];
     sg_tensor *c = sg_matmul(a, b);
     double *got = c ? tu_read(c) : NULL;
-    bool ok = TU_EXPECT(c != NULL) && check(dt, got, ref, M * N, K, max_abs(av, M * K) * max_abs(bv, K * N));
+    bool ok = TU_EXPECT(c != NULL) &&
+              check(dt, got, ref, M * N, K, max_abs(av, M * K) * max_abs(bv, K * N));
     if (!c) fprintf(stderr, "  error: %s\n", sg_last_error(ctx));
     tu_case(ok, "CUDA_MATMUL(mode=%s,type=%s,a=[%lld,%lld] transposed,b=[%lld,%lld])", mode,
             sg_dtype_name(dt), (long long)M, (long long)K, (long long)K, (long long)N);
@@ -347,21 +349,23 @@ static void test_padded(void) {
             char mode[32];
             snprintf(mode, sizeof mode, "pad_cap=%sMiB", caps[c]);
             linear_case(mode, dt, 2, c ? xc : xh, 50257, false, true); /* C rows of 50257 */
-            linear_case(mode, dt, 2, xo, 200, false, false);         /* odd K: A and w */
-            linear_case(mode, dt, 2, xo, 200, true, true);           /* w^T view, ld 200 */
-            linear_case(mode, dt, 2, xo, 203, false, true);          /* N as 200 + 3 */
-            matmul_case(mode, dt, 2, ak, 2, bk, false);              /* A rows of 5001 */
-            matmul_case(mode, dt, 2, ak, 2, bk, true);               /* B read transposed */
-            matmul_t_case(mode, dt, 5001, 300, 64);                  /* A^T, ld 5001 */
+            linear_case(mode, dt, 2, xo, 200, false, false);           /* odd K: A and w */
+            linear_case(mode, dt, 2, xo, 200, true, true);             /* w^T view, ld 200 */
+            linear_case(mode, dt, 2, xo, 203, false, true);            /* N as 200 + 3 */
+            matmul_case(mode, dt, 2, ak, 2, bk, false);                /* A rows of 5001 */
+            matmul_case(mode, dt, 2, ak, 2, bk, true);                 /* B read transposed */
+            matmul_t_case(mode, dt, 5001, 300, 64);                    /* A^T, ld 5001 */
         }
     }
     unsetenv("SG_CUDA_MATMUL_PAD");
     unsetenv("SG_CUDA_MATMUL");
     int64_t xs[2] = {64, 128}, ws[2] = {50257, 128};
-    sg_tensor *in[2] = {sg_full(ctx, SG_BF16, 2, xs, 0.5), sg_full(ctx, SG_BF16, 2, ws, 0.25)}, *out[1];
+    sg_tensor *in[2] = {sg_full(ctx, SG_BF16, 2, xs, 0.5), sg_full(ctx, SG_BF16, 2, ws, 0.25)},
+              *out[1];
     sg_fn *fn = NULL;
-    bool ok = TU_EXPECT(sg_compile(ctx, head_step, NULL, 2, 1,
-                                   &(sg_compile_opts){.mode = SG_MODE_REDUCE_OVERHEAD}, &fn) == SG_OK);
+    bool ok =
+        TU_EXPECT(sg_compile(ctx, head_step, NULL, 2, 1,
+                             &(sg_compile_opts){.mode = SG_MODE_REDUCE_OVERHEAD}, &fn) == SG_OK);
     for (int r = 0; ok && r < 3; r++) ok = TU_EXPECT(sg_call(fn, in, 2, out, 1) == SG_OK);
     double *got = ok ? tu_read(out[0]) : NULL;
     ok = ok && TU_EXPECT(got && got[0] == 16.0 && got[64 * 50257 - 1] == 16.0); /* 128 * 0.125 */

@@ -55,10 +55,12 @@ static void pad_case(const char *name, sg__op op, sg_tensor a, sg_tensor b, sg_t
              TU_EXPECT(pad.bytes_a == w.bytes_a) && TU_EXPECT(pad.bytes_b == w.bytes_b) &&
              TU_EXPECT(pad.bytes_c == w.bytes_c);
         if (!ok)
-            fprintf(stderr, "  got a=%d b=%d c=%d a_t=%d b_t=%d kp=%lld nm=%lld mm=%lld mchunk=%lld "
-                    "ldb=%lld bytes %zu %zu %zu\n", pad.a, pad.b, pad.c, pad.a_t, pad.b_t,
-                    (long long)pad.kp, (long long)pad.nm, (long long)pad.mm, (long long)pad.mchunk,
-                    (long long)pad.ldb, pad.bytes_a, pad.bytes_b, pad.bytes_c);
+            fprintf(stderr,
+                    "  got a=%d b=%d c=%d a_t=%d b_t=%d kp=%lld nm=%lld mm=%lld mchunk=%lld "
+                    "ldb=%lld bytes %zu %zu %zu\n",
+                    pad.a, pad.b, pad.c, pad.a_t, pad.b_t, (long long)pad.kp, (long long)pad.nm,
+                    (long long)pad.mm, (long long)pad.mchunk, (long long)pad.ldb, pad.bytes_a,
+                    pad.bytes_b, pad.bytes_c);
     }
     char note[256];
     bool noted = sg__mm_pad_note(&n, note, sizeof note);
@@ -78,36 +80,69 @@ int main(void) {
     int64_t mc = (int64_t)(cap / ((size_t)Vp * bf)) / 256 * 256;
     pad_case("lm_head", SG__OP_LINEAR, fake(SG_BF16, 3, x3, NULL), fake(SG_BF16, 2, wte, NULL),
              fake(SG_BF16, 3, lg3, NULL),
-             (want){.pad = true, .c = true, .kp = C, .nm = V - 1, .mm = T, .mchunk = mc,
+             (want){.pad = true,
+                    .c = true,
+                    .kp = C,
+                    .nm = V - 1,
+                    .mm = T,
+                    .mchunk = mc,
                     .bytes_c = r256((size_t)(mc * Vp) * bf)});
     /* dx = dlogits @ wte: K = 50257 contiguous in A: A and B copied, K zero-padded to 50264
      * (B whole: K x 768) */
     pad_case("lm_head_dx", SG__OP_MATMUL, fake(SG_BF16, 2, lg, NULL), fake(SG_BF16, 2, wte, NULL),
              fake(SG_BF16, 2, x2, NULL),
-             (want){.pad = true, .a = true, .b = true, .kp = Vp, .nm = C, .mm = T, .mchunk = mc,
-                    .ldb = C, .bytes_a = r256((size_t)(mc * Vp) * bf),
+             (want){.pad = true,
+                    .a = true,
+                    .b = true,
+                    .kp = Vp,
+                    .nm = C,
+                    .mm = T,
+                    .mchunk = mc,
+                    .ldb = C,
+                    .bytes_a = r256((size_t)(mc * Vp) * bf),
                     .bytes_b = r256((size_t)(Vp * C) * bf)});
     /* dw = dlogits^T @ x: A stored transposed (contiguous along M = 50257, leading dim 50257):
      * copied in chunks of the rows whose K x chunk block fits, the last row on its own */
     int64_t mct = (int64_t)(cap / ((size_t)T * bf)) / 256 * 256;
     pad_case("lm_head_dw", SG__OP_MATMUL, fake(SG_BF16, 2, lgT, lgTs), fake(SG_BF16, 2, x2, NULL),
              fake(SG_BF16, 2, dw, NULL),
-             (want){.pad = true, .a = true, .a_t = true, .kp = T, .nm = C, .mm = V - 1, .mchunk = mct,
+             (want){.pad = true,
+                    .a = true,
+                    .a_t = true,
+                    .kp = T,
+                    .nm = C,
+                    .mm = V - 1,
+                    .mchunk = mct,
                     .bytes_a = r256((size_t)(T * mct) * bf)});
     /* f32 logits: rows padded to 4 floats, N as 50256 + 1 */
-    pad_case("lm_head", SG__OP_LINEAR, fake(SG_F32, 3, x3, NULL), fake(SG_F32, 2, wte, NULL),
-             fake(SG_F32, 3, lg3, NULL),
-             (want){.pad = true, .c = true, .kp = C, .nm = V - 1, .mm = T,
-                    .mchunk = (int64_t)(cap / (50260 * 4)) / 256 * 256,
-                    .bytes_c = r256((size_t)((int64_t)(cap / (50260 * 4)) / 256 * 256 * 50260) * 4)});
+    pad_case(
+        "lm_head", SG__OP_LINEAR, fake(SG_F32, 3, x3, NULL), fake(SG_F32, 2, wte, NULL),
+        fake(SG_F32, 3, lg3, NULL),
+        (want){.pad = true,
+               .c = true,
+               .kp = C,
+               .nm = V - 1,
+               .mm = T,
+               .mchunk = (int64_t)(cap / (50260 * 4)) / 256 * 256,
+               .bytes_c = r256((size_t)((int64_t)(cap / (50260 * 4)) / 256 * 256 * 50260) * 4)});
     /* odd K: x's rows and w's rows (B read transposed) both padded with zeros to 1008,
      * the result's rows of 300 (600 bytes) to 304, N as 296 + 4; all 512 rows in one chunk */
     int64_t xk[2] = {512, 1001}, wk[2] = {300, 1001}, ok2[2] = {512, 300};
     pad_case("odd_k", SG__OP_LINEAR, fake(SG_BF16, 2, xk, NULL), fake(SG_BF16, 2, wk, NULL),
              fake(SG_BF16, 2, ok2, NULL),
-             (want){.pad = true, .a = true, .b = true, .c = true, .b_t = true, .kp = 1008, .nm = 296,
-                    .mm = 512, .mchunk = 512, .ldb = 1008, .bytes_a = r256(512 * 1008 * bf),
-                    .bytes_b = r256(300 * 1008 * bf), .bytes_c = r256(512 * 304 * bf)});
+             (want){.pad = true,
+                    .a = true,
+                    .b = true,
+                    .c = true,
+                    .b_t = true,
+                    .kp = 1008,
+                    .nm = 296,
+                    .mm = 512,
+                    .mchunk = 512,
+                    .ldb = 1008,
+                    .bytes_a = r256(512 * 1008 * bf),
+                    .bytes_b = r256(300 * 1008 * bf),
+                    .bytes_c = r256(512 * 304 * bf)});
     /* aligned, small, batched, and a batch-1 row (the GEMV's): as is */
     int64_t wf[2] = {3072, 768}, of[3] = {4, 1024, 3072};
     pad_case("aligned", SG__OP_LINEAR, fake(SG_BF16, 3, x3, NULL), fake(SG_BF16, 2, wf, NULL),
@@ -124,13 +159,23 @@ int main(void) {
     int64_t x8[2] = {8, 768}, o8[2] = {8, V};
     pad_case("gemv_rows", SG__OP_LINEAR, fake(SG_BF16, 2, x8, NULL), fake(SG_BF16, 2, wte, NULL),
              fake(SG_BF16, 2, o8, NULL),
-             (want){.pad = true, .c = true, .kp = C, .nm = V - 1, .mm = 8, .mchunk = 8,
+             (want){.pad = true,
+                    .c = true,
+                    .kp = C,
+                    .nm = V - 1,
+                    .mm = 8,
+                    .mchunk = 8,
                     .bytes_c = r256(8 * Vp * bf)}); /* no note: GEMV */
     /* a 1 MiB cap: chunks of 256 rows (the least); off: as is */
     setenv("SG_CUDA_MATMUL_PAD", "1", 1);
     pad_case("cap_1mib", SG__OP_LINEAR, fake(SG_BF16, 3, x3, NULL), fake(SG_BF16, 2, wte, NULL),
              fake(SG_BF16, 3, lg3, NULL),
-             (want){.pad = true, .c = true, .kp = C, .nm = V - 1, .mm = T, .mchunk = 256,
+             (want){.pad = true,
+                    .c = true,
+                    .kp = C,
+                    .nm = V - 1,
+                    .mm = T,
+                    .mchunk = 256,
                     .bytes_c = r256(256 * Vp * bf)});
     setenv("SG_CUDA_MATMUL_PAD", "off", 1);
     pad_case("off", SG__OP_LINEAR, fake(SG_BF16, 3, x3, NULL), fake(SG_BF16, 2, wte, NULL),

@@ -46,11 +46,13 @@ static int64_t *indices(dist d, int64_t count, int64_t size) {
 }
 
 /* dst (rows, cols), src with count entries along dim, idx into dim of dst. */
-static void index_add_case(sg_dtype dt, int dim, int64_t rows, int64_t cols, int64_t count, dist d) {
+static void index_add_case(sg_dtype dt, int dim, int64_t rows, int64_t cols, int64_t count,
+                           dist d) {
     int64_t ds[2] = {rows, cols}, ss[2] = {dim == 0 ? count : rows, dim == 0 ? cols : count};
     int64_t size = ds[dim], is[1] = {count};
     double *dv, *sv;
-    sg_tensor *dst0 = tu_rand(ctx, dt, 2, ds, -1, 1, &dv), *src = tu_rand(ctx, dt, 2, ss, -1, 1, &sv);
+    sg_tensor *dst0 = tu_rand(ctx, dt, 2, ds, -1, 1, &dv),
+              *src = tu_rand(ctx, dt, 2, ss, -1, 1, &sv);
     int64_t *iv = indices(d, count, size);
     sg_tensor *idx = sg_from_host(ctx, SG_I64, 1, is, iv);
     int64_t n = rows * cols;
@@ -70,7 +72,8 @@ static void index_add_case(sg_dtype dt, int dim, int64_t rows, int64_t cols, int
     bool ok = TU_EXPECT(dst0 && src && idx);
     for (int r = 0; r < 2 && ok; r++) {
         sg_tensor *dst = sg_clone(dst0);
-        ok = TU_EXPECT(sg__index_add_(dst, dim, idx, src) == SG_OK) && TU_EXPECT((got[r] = tu_read(dst)) != NULL);
+        ok = TU_EXPECT(sg__index_add_(dst, dim, idx, src) == SG_OK) &&
+             TU_EXPECT((got[r] = tu_read(dst)) != NULL);
         sg_release(dst);
     }
     if (ok && dt == SG_F32) {
@@ -79,12 +82,13 @@ static void index_add_case(sg_dtype dt, int dim, int64_t rows, int64_t cols, int
         for (int64_t i = 0; ok && i < n; i++)
             if ((float)got[0][i] != seq[i])
                 ok = TU_EXPECT((float)got[0][i] == seq[i]) &&
-                     fprintf(stderr, "  element %lld: %.9g, the sequential loop %.9g\n", (long long)i,
-                             got[0][i], (double)seq[i]) < 0;
+                     fprintf(stderr, "  element %lld: %.9g, the sequential loop %.9g\n",
+                             (long long)i, got[0][i], (double)seq[i]) < 0;
     } else if (ok) {
         ok = tu_close("out", got[0], ref, n, 1e-2, 1e-2);
     }
-    for (int64_t i = 0; ok && i < n; i++) ok = TU_EXPECT(memcmp(&got[0][i], &got[1][i], sizeof(double)) == 0);
+    for (int64_t i = 0; ok && i < n; i++)
+        ok = TU_EXPECT(memcmp(&got[0][i], &got[1][i], sizeof(double)) == 0);
     if (!ok && sg_last_error(ctx)[0]) fprintf(stderr, "  error: %s\n", sg_last_error(ctx));
     char s1[32], s2[32];
     tu_case(ok, "INDEX_ADD(type=%s,dim=%d,dst=%s,src=%s,idx=%s)", sg_dtype_name(dt), dim,
@@ -112,8 +116,10 @@ static void report_time(void) {
     double t0 = now();
     for (int r = 0; r < reps; r++) sg__index_add_(dst, 0, idx, src);
     sg_ctx_synchronize(ctx);
-    printf("info INDEX_ADD(bf16 [50257,768] += 4096 random rows): %.1f us per call (eager, with its "
-           "index check)\n", (now() - t0) / reps * 1e6);
+    printf(
+        "info INDEX_ADD(bf16 [50257,768] += 4096 random rows): %.1f us per call (eager, with its "
+        "index check)\n",
+        (now() - t0) / reps * 1e6);
     sg_release(dst), sg_release(src), sg_release(idx);
     free(iv);
     sg_clear_error(ctx);

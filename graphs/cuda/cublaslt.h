@@ -96,13 +96,13 @@ SG__HIDDEN bool sg__mm_prefer_gemv(const sg__mm_plan *p);
 #define SG__MM_PAD_MIN ((int64_t)1 << 24)
 
 typedef struct sg__mm_pad {
-    bool a, b, c;        /* which operands go through scratch */
-    bool a_t, b_t;       /* that operand is stored transposed (contiguous along M, K) */
-    int64_t kp;          /* K with its zero padding (K when none) */
-    int64_t nm;          /* columns of the first call (N: no second call) */
-    int64_t mm;          /* rows of M in chunks; the rest (M - mm) in a last call */
-    int64_t mchunk;      /* rows of M per chunk */
-    int64_t ldb;         /* B's padded leading dim */
+    bool a, b, c;   /* which operands go through scratch */
+    bool a_t, b_t;  /* that operand is stored transposed (contiguous along M, K) */
+    int64_t kp;     /* K with its zero padding (K when none) */
+    int64_t nm;     /* columns of the first call (N: no second call) */
+    int64_t mm;     /* rows of M in chunks; the rest (M - mm) in a last call */
+    int64_t mchunk; /* rows of M per chunk */
+    int64_t ldb;    /* B's padded leading dim */
     size_t bytes_a, bytes_b, bytes_c; /* scratch of each (256-byte multiples) */
 } sg__mm_pad;
 

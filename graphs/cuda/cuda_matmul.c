@@ -221,7 +221,9 @@ int64_t sg__mm_pad_ld(int64_t ld, sg_dtype dt) {
     return (ld + per - 1) / per * per;
 }
 
-static bool misaligned(int64_t ld, sg_dtype dt) { return ld * (int64_t)sg_dtype_size(dt) % 16 != 0; }
+static bool misaligned(int64_t ld, sg_dtype dt) {
+    return ld * (int64_t)sg_dtype_size(dt) % 16 != 0;
+}
 
 /* The scratch cap in bytes: SG_CUDA_MATMUL_PAD=<MiB>, 0 or off for no
  * padding, else SG__MM_PAD_BYTES. */
@@ -249,7 +251,8 @@ static int64_t pad_chunk(const sg__mm_plan *p, const sg__mm_pad *pad, sg_dtype d
 bool sg__mm_pad_make(const sg__mm_plan *p, sg_dtype dt, sg__mm_pad *pad) {
     memset(pad, 0, sizeof *pad);
     if (pad_cap() == 0 || p->nb > 0 || p->copy_a || p->copy_b || p->copy_c) return false;
-    if (p->M < 2 || p->N < 2 || p->K < 2 || (double)p->M * (double)p->N * (double)p->K < (double)SG__MM_PAD_MIN)
+    if (p->M < 2 || p->N < 2 || p->K < 2 ||
+        (double)p->M * (double)p->N * (double)p->K < (double)SG__MM_PAD_MIN)
         return false;
     int64_t lda = 0, ldb = 0, ldc = 0, q = 16 / (int64_t)sg_dtype_size(dt);
     int la = layout(p->M, p->K, p->A.rs, p->A.cs, &lda);
@@ -268,7 +271,8 @@ bool sg__mm_pad_make(const sg__mm_plan *p, sg_dtype dt, sg__mm_pad *pad) {
     pad->mchunk = pad_chunk(p, pad, dt);
     if (pad->a) /* a chunk: mchunk rows of padded K, or K rows of padded mchunk */
         pad->bytes_a = round_up((size_t)(pad->a_t ? pad->kp * sg__mm_pad_ld(pad->mchunk, dt)
-                                                  : pad->mchunk * sg__mm_pad_ld(pad->kp, dt)) * es);
+                                                  : pad->mchunk * sg__mm_pad_ld(pad->kp, dt)) *
+                                es);
     if (pad->b) { /* B (K x N): K rows of padded N, or N rows of padded K */
         pad->ldb = sg__mm_pad_ld(pad->b_t ? pad->kp : p->N, dt);
         pad->bytes_b = round_up((size_t)((pad->b_t ? p->N : pad->kp) * pad->ldb) * es);
@@ -291,14 +295,16 @@ bool sg__mm_pad_note(const sg__node *n, char *buf, size_t size) {
     int64_t chunks = (pad.mm + pad.mchunk - 1) / pad.mchunk + (pad.mm < p.M);
     char kz[64] = "", ns[64] = "";
     if (pad.kp > p.K) snprintf(kz, sizeof kz, ", K zero-padded to %lld", (long long)pad.kp);
-    if (pad.nm < p.N) snprintf(ns, sizeof ns, ", N as %lld + %lld", (long long)pad.nm, (long long)(p.N - pad.nm));
-    snprintf(buf, size,
-             "M=%lld N=%lld K=%lld is not 16-byte aligned: A %s, B %s, C %s%s%s; %zu bytes of scratch, "
-             "%lld chunk%s of up to %lld rows",
-             (long long)p.M, (long long)p.N, (long long)p.K, pad.a ? "copied" : "in place",
-             pad.b ? "copied" : "in place", pad.c ? "written to scratch" : "in place", kz, ns,
-             pad.bytes_a + pad.bytes_b + pad.bytes_c, (long long)chunks, chunks > 1 ? "s" : "",
-             (long long)pad.mchunk);
+    if (pad.nm < p.N)
+        snprintf(ns, sizeof ns, ", N as %lld + %lld", (long long)pad.nm, (long long)(p.N - pad.nm));
+    snprintf(
+        buf, size,
+        "M=%lld N=%lld K=%lld is not 16-byte aligned: A %s, B %s, C %s%s%s; %zu bytes of scratch, "
+        "%lld chunk%s of up to %lld rows",
+        (long long)p.M, (long long)p.N, (long long)p.K, pad.a ? "copied" : "in place",
+        pad.b ? "copied" : "in place", pad.c ? "written to scratch" : "in place", kz, ns,
+        pad.bytes_a + pad.bytes_b + pad.bytes_c, (long long)chunks, chunks > 1 ? "s" : "",
+        (long long)pad.mchunk);
     return true;
 }
 
@@ -504,7 +510,8 @@ static sg_status pad_b(sg_ctx *ctx, const sg__mm_plan *p, const sg__mm_pad *pad,
 
 /* Columns n0 .. n0 + nn of plan c's product: one cuBLASLt call. */
 static sg_status lt_columns(sg_ctx *ctx, const sg__mm_plan *c, sg_dtype dt, const char *a,
-                            const char *b, char *cp, const ptrs *q, int64_t n0, int64_t nn, bool *ran) {
+                            const char *b, char *cp, const ptrs *q, int64_t n0, int64_t nn,
+                            bool *ran) {
     int64_t es = (int64_t)sg_dtype_size(dt);
     sg__mm_plan cn = *c;
     cn.N = nn;
@@ -546,7 +553,8 @@ static sg_status run_padded(sg_ctx *ctx, const sg__mm_plan *p, const sg__mm_pad 
         if (s == SG_OK && *ran && pad->nm < p->N)
             s = lt_columns(ctx, &c, dt, a, b, cp, q, pad->nm, p->N - pad->nm, ran);
         if (s == SG_OK && *ran && pad->c)
-            s = pitch_copy(ctx, dt, sc, c.C.rs, q->c + m0 * p->C.rs * es, p->C.rs, mc, p->N, mc, p->N);
+            s = pitch_copy(ctx, dt, sc, c.C.rs, q->c + m0 * p->C.rs * es, p->C.rs, mc, p->N, mc,
+                           p->N);
     }
     return s;
 }
