@@ -20,6 +20,10 @@
  * algorithm for a call, the GEMV kernel runs it instead (logged under
  * fallbacks, once per distinct call). LINEAR's bias rides on cuBLASLt's BIAS epilogue, or is written
  * into the result first and the product added to it (beta = 1).
+ *
+ * A large product that is not 16-byte aligned (cublaslt.h: padding) runs
+ * through aligned scratch, so that cuBLASLt takes its fast kernels rather
+ * than align1 ones; sg_fn_explain says so per node (sg__mm_pad_note).
  */
 #include "cublaslt.h"
 
