@@ -6,6 +6,7 @@
  * output sets and its counters.
  */
 #include "graphs.h"
+#include "cuda/cublaslt.h"
 
 #include <stdio.h>
 
@@ -105,6 +106,11 @@ static void explain_graph(sg__text *t, const sg__graph *g, int gi, int nin) {
         sg__text_put(t, "    %s\n", sg__ir_node_str(ir, i, line, sizeof line));
     }
     explain_slots(t, g);
+    for (int i = 0; g->nodes && t->ctx->backend == SG_BACKEND_CUDA && i < ir->nnodes; i++) {
+        char note[256];
+        if (sg__mm_pad_note(&g->nodes[i], note, sizeof note))
+            sg__text_put(t, "    matmul padding: IR line %d: %s\n", i, note);
+    }
     if (g->compiled)
         sg__text_put(t, "    kernels: %d (fused from %d IR ops, unit %s%s%s)\n", g->fused.ngroups,
             ir->nnodes, g->module, g->mod ? " in " : "", g->mod ? sg__module_path(g->mod) : "");

@@ -81,6 +81,16 @@ static bool cuda_unit(sg_fn *fn, const char *name, counts *c) {
             for (int j = 0; ok && j < k; j++)
                 if (strcmp(ki[j].name, ki[k].name) == 0) ok = TU_EXPECT(!ki[k].emitted);
         }
+        /* A MULTI kernel: three blocks of 512 per SM, and no slot base
+         * loaded in its head (each member's branch loads its own). */
+        if (ok && grp->kind == SG__G_MULTI && ki[k].emitted) {
+            char sig[160];
+            snprintf(sig, sizeof sig, "__launch_bounds__(512, 3) %s(char *const *slot) {",
+                     ki[k].name);
+            const char *at = strstr(e.buf, sig), *pdl = at ? strstr(at, "sg_pdl_launch();") : NULL;
+            const char *first = at ? strstr(at + strlen(sig), "= slot[") : NULL;
+            ok = TU_EXPECT(at && pdl) && TU_EXPECT(first > pdl);
+        }
     }
     if (ok && getenv("SG_TEST_PRINT_CUDA")) fprintf(stderr, "%s\n", e.buf);
     if (ok && nk > 0 && !nvrtc_missing) {

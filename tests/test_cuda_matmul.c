@@ -301,6 +301,87 @@ static void test_device(void) {
     unsetenv("SG_CUDA_MATMUL");
 }
 
+/* a^T @ b with a a transposed view of an (K, M) base: A read transposed
+ * with leading dim M (the weight gradient of an LM head). */
+static void matmul_t_case(const char *mode, sg_dtype dt, int64_t M, int64_t K, int64_t N) {
+    int64_t as[2] = {K, M}, bs[2] = {K, N};
+    double *av, *bv;
+    sg_tensor *abase = tu_rand(ctx, dt, 2, as, -1, 1, &av),
+              *b = tu_rand(ctx, dt, 2, bs, -1, 1, &bv);
+    sg_tensor *a = sg_transpose(abase, 0, 1);
+    double *ref = calloc((size_t)(M * N), sizeof(double));
+    for (int64_t k = 0; k < K; k++)
+        for (int64_t m = 0; m < M; m++)
+            for (int64_t n = 0; n < N; n++) ref[m * N + n] += av[k * M + m] * bv[k * N + n];
+    sg_tensor *c = sg_matmul(a, b);
+    double *got = c ? tu_read(c) : NULL;
+    bool ok = TU_EXPECT(c != NULL) &&
+              check(dt, got, ref, M * N, K, max_abs(av, M * K) * max_abs(bv, K * N));
+    if (!c) fprintf(stderr, "  error: %s\n", sg_last_error(ctx));
+    tu_case(ok, "CUDA_MATMUL(mode=%s,type=%s,a=[%lld,%lld] transposed,b=[%lld,%lld])", mode,
+            sg_dtype_name(dt), (long long)M, (long long)K, (long long)K, (long long)N);
+    sg_clear_error(ctx);
+    sg_release(a), sg_release(abase), sg_release(b), sg_release(c);
+    free(av), free(bv), free(ref), free(got);
+}
+
+static sg_status head_step(sg_ctx *c, sg_tensor *const *in, sg_tensor **out, void *user) {
+    (void)c, (void)user;
+    out[0] = sg_linear(in[0], in[1], NULL);
+    return out[0] ? SG_OK : SG_ERR_OOM;
+}
+
+/* Products that are not 16-byte aligned run through padded scratch
+ * (cuda_matmul.c: run_padded): the LM head's N = 50257 forward and both
+ * backward shapes, odd K (zero-padded), odd N (split), M of a transposed A
+ * (its last rows apart), in one chunk and (a 1 MiB cap) in several; and a
+ * compiled step says so in sg_fn_explain. */
+static void test_padded(void) {
+    int64_t xh[2] = {40, 96}, xc[2] = {600, 32}, ak[2] = {64, 5001}, bk[2] = {5001, 96};
+    int64_t xo[2] = {300, 1001};
+    static const sg_dtype dts[2] = {SG_BF16, SG_F32};
+    setenv("SG_CUDA_MATMUL", "auto", 1);
+    for (int t = 0; t < 2; t++) {
+        sg_dtype dt = dts[t];
+        const char *caps[2] = {"256", "1"}; /* MiB: one chunk, then several */
+        for (int c = 0; c < 2; c++) {
+            setenv("SG_CUDA_MATMUL_PAD", caps[c], 1);
+            char mode[32];
+            snprintf(mode, sizeof mode, "pad_cap=%sMiB", caps[c]);
+            linear_case(mode, dt, 2, c ? xc : xh, 50257, false, true); /* C rows of 50257 */
+            linear_case(mode, dt, 2, xo, 200, false, false);           /* odd K: A and w */
+            linear_case(mode, dt, 2, xo, 200, true, true);             /* w^T view, ld 200 */
+            linear_case(mode, dt, 2, xo, 203, false, true);            /* N as 200 + 3 */
+            matmul_case(mode, dt, 2, ak, 2, bk, false);                /* A rows of 5001 */
+            matmul_case(mode, dt, 2, ak, 2, bk, true);                 /* B read transposed */
+            matmul_t_case(mode, dt, 5001, 300, 64);                    /* A^T, ld 5001 */
+        }
+    }
+    unsetenv("SG_CUDA_MATMUL_PAD");
+    unsetenv("SG_CUDA_MATMUL");
+    int64_t xs[2] = {64, 128}, ws[2] = {50257, 128};
+    sg_tensor *in[2] = {sg_full(ctx, SG_BF16, 2, xs, 0.5), sg_full(ctx, SG_BF16, 2, ws, 0.25)},
+              *out[1];
+    sg_fn *fn = NULL;
+    bool ok =
+        TU_EXPECT(sg_compile(ctx, head_step, NULL, 2, 1,
+                             &(sg_compile_opts){.mode = SG_MODE_REDUCE_OVERHEAD}, &fn) == SG_OK);
+    for (int r = 0; ok && r < 3; r++) ok = TU_EXPECT(sg_call(fn, in, 2, out, 1) == SG_OK);
+    double *got = ok ? tu_read(out[0]) : NULL;
+    ok = ok && TU_EXPECT(got && got[0] == 16.0 && got[64 * 50257 - 1] == 16.0); /* 128 * 0.125 */
+    const char *e = sg_fn_explain(fn);
+    ok = ok && TU_EXPECT(strstr(e, "matmul padding: IR line") != NULL) &&
+         TU_EXPECT(strstr(e, "M=64 N=50257 K=128 is not 16-byte aligned") != NULL) &&
+         TU_EXPECT(strstr(e, "N as 50256 + 1") != NULL);
+    const char *line = strstr(e, "matmul padding");
+    tu_case(ok, "CUDA_PADDED_STEP(reduce-overhead, linear [64,128] x [50257,128]^T): %.*s",
+            line ? (int)strcspn(line, "\n") : 0, line ? line : "");
+    sg_fn_destroy(fn);
+    sg_release(in[0]), sg_release(in[1]);
+    free(got);
+    sg_clear_error(ctx);
+}
+
 static double now(void) {
     struct timespec t;
     clock_gettime(CLOCK_MONOTONIC, &t);
@@ -349,6 +430,7 @@ int main(void) {
         return 1;
     }
     test_device();
+    test_padded();
     report_bandwidth();
     sg_ctx_destroy(ctx);
     return tu_finish();

@@ -71,6 +71,49 @@ SG__HIDDEN sg__mm_path sg__mm_path_env(void);
 /* auto's choice: GEMV for at most 8 rows read along contiguous weight rows. */
 SG__HIDDEN bool sg__mm_prefer_gemv(const sg__mm_plan *p);
 
+/*
+ * Padding. cuBLASLt takes its fast kernels only when every operand's rows
+ * start 16 bytes apart and every extent along which an operand is
+ * contiguous is a multiple of 16 bytes; otherwise it falls to align1
+ * kernels, ten times slower (GPT-2's LM head: rows of 50257 bf16 logits).
+ * Such a product runs through aligned scratch, the way torch.compile pads:
+ *   - an A or B with unaligned rows is copied there with a padded leading
+ *     dim; a C with unaligned rows is written there and copied out;
+ *   - a K that is contiguous in A or B and not a multiple of 16 bytes is
+ *     padded with zeros in both (both are copied);
+ *   - N (C's contiguous extent) splits into the largest multiple of 16
+ *     bytes, one call, and the rest, a second narrow call;
+ *   - with A read transposed (contiguous along M), the rows past the
+ *     largest multiple of 16 bytes of M go in a last call of their own.
+ * A and C go in chunks of mchunk rows of M (a multiple of 256), so that
+ * the scratch stays within SG__MM_PAD_BYTES (SG_CUDA_MATMUL_PAD=<MiB> sets
+ * another cap; 0 or off turns padding off); B is copied whole. Only single
+ * products (no batch dim left after folding) of at least SG__MM_PAD_MIN
+ * multiply-adds whose operands cuBLASLt reads in place are padded. Every
+ * output element is one dot product as before: deterministic.
+ */
+#define SG__MM_PAD_BYTES ((size_t)256 << 20)
+#define SG__MM_PAD_MIN ((int64_t)1 << 24)
+
+typedef struct sg__mm_pad {
+    bool a, b, c;   /* which operands go through scratch */
+    bool a_t, b_t;  /* that operand is stored transposed (contiguous along M, K) */
+    int64_t kp;     /* K with its zero padding (K when none) */
+    int64_t nm;     /* columns of the first call (N: no second call) */
+    int64_t mm;     /* rows of M in chunks; the rest (M - mm) in a last call */
+    int64_t mchunk; /* rows of M per chunk */
+    int64_t ldb;    /* B's padded leading dim */
+    size_t bytes_a, bytes_b, bytes_c; /* scratch of each (256-byte multiples) */
+} sg__mm_pad;
+
+/* Whether plan p (of dtype dt, run by cuBLASLt) is padded, and how. */
+SG__HIDDEN bool sg__mm_pad_make(const sg__mm_plan *p, sg_dtype dt, sg__mm_pad *pad);
+/* A padded leading dim: ld rounded up to 16 bytes of dt. */
+SG__HIDDEN int64_t sg__mm_pad_ld(int64_t ld, sg_dtype dt);
+/* For explain: a one-line note saying how node n's product is padded on
+ * CUDA (empty, and false, when it is not). */
+SG__HIDDEN bool sg__mm_pad_note(const sg__node *n, char *buf, size_t size);
+
 /* ------------------------------------------------------------ cuBLASLt (cublaslt.c) */
 
 /*

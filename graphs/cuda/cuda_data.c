@@ -5,7 +5,8 @@
  * per input, index_copy_ as three passes (clear marks, read indices and mark
  * the last writer of each position, scatter; one pass that scans for later
  * duplicates itself while a graph is recorded, since scratch cannot be
- * allocated then), and arange.
+ * allocated then), index_add as a stable sort of the positions by index and
+ * a thread per (run of equal indices, lane), and arange.
  *
  * Index values: outside a graph recording the index tensor is downloaded
  * and checked before any launch, so that a bad index fails the call with
@@ -317,8 +318,44 @@ static sg_status index_copy(sg_ctx *ctx, const sg__node *n) {
     return launch(ctx, fits_32(&a) ? "sg_data_scatter32" : "sg_data_scatter64", numel, args);
 }
 
-/* dst[.., idx[j], ..] += src[.., j, ..], one thread per lane off dim
- * walking j in order (deterministic; see k_data.cu). */
+#define RANK_TILE 256  /* k_data.cu */
+#define RANK_SLICE 512 /* k_data.cu */
+#define RANK_MAX 65536 /* more positions: the rank pass's count grows as their square */
+
+/* index_add's sort and runs (k_data.cu): positions ranked by (index,
+ * position), then a thread per (run of equal indices, lane). */
+static sg_status index_add_runs(sg_ctx *ctx, dt_args *a, int dt) {
+    int64_t L = a->count;
+    void *scratch, *f;
+    sg_status s = sg__cuda_scratch(ctx, (size_t)L * 3 * sizeof(uint64_t), &scratch);
+    if (s != SG_OK) return s;
+    a->last = scratch;
+    a->idx64 = (int64_t *)scratch + L;
+    uint64_t *ranks = a->last;
+    void *zargs[2] = {&ranks, &L}, *args[2] = {a, &dt};
+    s = launch(ctx, "sg_data_zero", L, zargs);
+    if (s == SG_OK) s = sg__cuda_kernel(ctx, SG__CU_DATA, "sg_data_index_rank", &f);
+    if (s != SG_OK) return s;
+    unsigned grid[3] = {(unsigned)((L + RANK_TILE - 1) / RANK_TILE),
+                        (unsigned)((L + RANK_SLICE - 1) / RANK_SLICE), 1};
+    unsigned block[3] = {RANK_TILE, 1, 1};
+    s = sg__cuda_launch(ctx, f, grid, block, 0, args);
+    if (s == SG_OK) s = launch(ctx, "sg_data_index_order", L, args);
+    if (s == SG_OK) s = sg__cuda_kernel(ctx, SG__CU_DATA, "sg_data_index_add_runs", &f);
+    if (s != SG_OK) return s;
+    grid[0] = (unsigned)((a->n + 255) / 256);
+    grid[1] = (unsigned)(L < 65535 ? L : 65535);
+    block[0] = 256;
+    return sg__cuda_launch(ctx, f, grid, block, 0, args);
+}
+
+/*
+ * dst[.., idx[j], ..] += src[.., j, ..]: by runs of equal indices after a
+ * stable sort (index_add_runs), or, past RANK_MAX positions, 2^31 blocks
+ * of lanes, or more scratch than the 1 MiB that always exists while a
+ * graph is recorded, one thread per lane off dim walking j in order. Either
+ * is deterministic (see k_data.cu).
+ */
 static sg_status index_add(sg_ctx *ctx, const sg__node *n) {
     const sg_tensor *dst = n->out, *idx = n->in[1], *src = n->in[2];
     int dim = (int)n->i[0], nd = dst->ndim;
@@ -330,6 +367,9 @@ static sg_status index_add(sg_ctx *ctx, const sg__node *n) {
     dt_args a;
     lane_walk(&a, dst, idx, src, dim, numel);
     int dt = (int)dst->dtype;
+    bool fits = !sg__cuda_capturing(ctx) || a.count * 3 * (int64_t)sizeof(uint64_t) <= (1 << 20);
+    if (fits && a.count <= RANK_MAX && (a.n + 255) / 256 <= INT32_MAX)
+        return index_add_runs(ctx, &a, dt);
     void *args[2] = {&a, &dt};
     return launch(ctx, "sg_data_index_add", a.n, args);
 }

@@ -20,10 +20,15 @@
  * algorithm for a call, the GEMV kernel runs it instead (logged under
  * fallbacks, once per distinct call). LINEAR's bias rides on cuBLASLt's BIAS epilogue, or is written
  * into the result first and the product added to it (beta = 1).
+ *
+ * A large product that is not 16-byte aligned (cublaslt.h: padding) runs
+ * through aligned scratch, so that cuBLASLt takes its fast kernels rather
+ * than align1 ones; sg_fn_explain says so per node (sg__mm_pad_note).
  */
 #include "cublaslt.h"
 
 #include <limits.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 
@@ -211,6 +216,102 @@ bool sg__mm_prefer_gemv(const sg__mm_plan *p) {
     return p->M <= 8 && (p->B.rs == 1 || p->K == 1) && p->K >= 32;
 }
 
+/* ------------------------------------------------------------ padding (no device) */
+
+static size_t round_up(size_t n) { return (n + 255) & ~(size_t)255; }
+
+int64_t sg__mm_pad_ld(int64_t ld, sg_dtype dt) {
+    int64_t per = 16 / (int64_t)sg_dtype_size(dt);
+    return (ld + per - 1) / per * per;
+}
+
+static bool misaligned(int64_t ld, sg_dtype dt) {
+    return ld * (int64_t)sg_dtype_size(dt) % 16 != 0;
+}
+
+/* The scratch cap in bytes: SG_CUDA_MATMUL_PAD=<MiB>, 0 or off for no
+ * padding, else SG__MM_PAD_BYTES. */
+static size_t pad_cap(void) {
+    const char *e = getenv("SG_CUDA_MATMUL_PAD");
+    if (!e || !*e) return SG__MM_PAD_BYTES;
+    if (strcmp(e, "off") == 0) return 0;
+    char *end;
+    long long mib = strtoll(e, &end, 10);
+    return *end || mib < 0 ? SG__MM_PAD_BYTES : (size_t)mib << 20;
+}
+
+/* Rows of M per chunk: all mm of them, or as many (a multiple of 256) as
+ * keep the padded A and C chunks within the cap (pad_cap). */
+static int64_t pad_chunk(const sg__mm_plan *p, const sg__mm_pad *pad, sg_dtype dt) {
+    int64_t es = (int64_t)sg_dtype_size(dt), row = 0;
+    if (pad->a) row += pad->a_t ? pad->kp : sg__mm_pad_ld(pad->kp, dt);
+    if (pad->c) row += sg__mm_pad_ld(p->N, dt);
+    if (row == 0) return pad->mm;
+    int64_t mc = (int64_t)pad_cap() / (row * es) / 256 * 256;
+    if (mc < 256) mc = 256;
+    return mc < pad->mm ? mc : pad->mm;
+}
+
+bool sg__mm_pad_make(const sg__mm_plan *p, sg_dtype dt, sg__mm_pad *pad) {
+    memset(pad, 0, sizeof *pad);
+    if (pad_cap() == 0 || p->nb > 0 || p->copy_a || p->copy_b || p->copy_c) return false;
+    if (p->M < 2 || p->N < 2 || p->K < 2 ||
+        (double)p->M * (double)p->N * (double)p->K < (double)SG__MM_PAD_MIN)
+        return false;
+    int64_t lda = 0, ldb = 0, ldc = 0, q = 16 / (int64_t)sg_dtype_size(dt);
+    int la = layout(p->M, p->K, p->A.rs, p->A.cs, &lda);
+    int lb = layout(p->K, p->N, p->B.rs, p->B.cs, &ldb);
+    int lc = layout(p->M, p->N, p->C.rs, p->C.cs, &ldc);
+    if (la == LAY_NONE || lb == LAY_NONE || lc != LAY_N) return false;
+    bool kpad = p->K % q != 0 && (la == LAY_N || lb == LAY_T); /* K contiguous in A or B */
+    pad->a = misaligned(lda, dt) || kpad, pad->a_t = pad->a && la == LAY_T;
+    pad->b = misaligned(ldb, dt) || kpad, pad->b_t = pad->b && lb == LAY_T;
+    pad->c = misaligned(ldc, dt);
+    pad->kp = kpad ? sg__mm_pad_ld(p->K, dt) : p->K;
+    pad->nm = p->N > q ? p->N - p->N % q : p->N;
+    pad->mm = la == LAY_T && p->M > q ? p->M - p->M % q : p->M;
+    if (!pad->a && !pad->b && !pad->c && pad->nm == p->N && pad->mm == p->M) return false;
+    size_t es = sg_dtype_size(dt);
+    pad->mchunk = pad_chunk(p, pad, dt);
+    if (pad->a) /* a chunk: mchunk rows of padded K, or K rows of padded mchunk */
+        pad->bytes_a = round_up((size_t)(pad->a_t ? pad->kp * sg__mm_pad_ld(pad->mchunk, dt)
+                                                  : pad->mchunk * sg__mm_pad_ld(pad->kp, dt)) *
+                                es);
+    if (pad->b) { /* B (K x N): K rows of padded N, or N rows of padded K */
+        pad->ldb = sg__mm_pad_ld(pad->b_t ? pad->kp : p->N, dt);
+        pad->bytes_b = round_up((size_t)((pad->b_t ? p->N : pad->kp) * pad->ldb) * es);
+    }
+    if (pad->c) pad->bytes_c = round_up((size_t)(pad->mchunk * sg__mm_pad_ld(p->N, dt)) * es);
+    return true;
+}
+
+bool sg__mm_pad_note(const sg__node *n, char *buf, size_t size) {
+    if (size) buf[0] = '\0';
+    if (n->op != SG__OP_MATMUL && n->op != SG__OP_LINEAR) return false;
+    sg__mm_plan p;
+    sg__mm_plan_make(n, &p);
+    sg__mm_pad pad;
+    sg_dtype dt = n->out->dtype;
+    sg__mm_path path = sg__mm_path_env();
+    if (path == SG__MM_GEMV || (path == SG__MM_AUTO && sg__mm_prefer_gemv(&p)) ||
+        !sg__mm_pad_make(&p, dt, &pad))
+        return false;
+    int64_t chunks = (pad.mm + pad.mchunk - 1) / pad.mchunk + (pad.mm < p.M);
+    char kz[64] = "", ns[64] = "";
+    if (pad.kp > p.K) snprintf(kz, sizeof kz, ", K zero-padded to %lld", (long long)pad.kp);
+    if (pad.nm < p.N)
+        snprintf(ns, sizeof ns, ", N as %lld + %lld", (long long)pad.nm, (long long)(p.N - pad.nm));
+    snprintf(
+        buf, size,
+        "M=%lld N=%lld K=%lld is not 16-byte aligned: A %s, B %s, C %s%s%s; %zu bytes of scratch, "
+        "%lld chunk%s of up to %lld rows",
+        (long long)p.M, (long long)p.N, (long long)p.K, pad.a ? "copied" : "in place",
+        pad.b ? "copied" : "in place", pad.c ? "written to scratch" : "in place", kz, ns,
+        pad.bytes_a + pad.bytes_b + pad.bytes_c, (long long)chunks, chunks > 1 ? "s" : "",
+        (long long)pad.mchunk);
+    return true;
+}
+
 #ifdef SG_HAVE_CUDA_HEADERS
 
 /* ------------------------------------------------------------ launches */
@@ -372,9 +473,97 @@ static sg_status lt_batch(sg_ctx *ctx, const sg__mm_plan *p, sg_dtype dt, const 
     return sg__lt_matmul(ctx, &u->call, q->b, q->a, q->c, q->bias, &u->ran);
 }
 
-/* ------------------------------------------------------------ the family */
+/* dst (rows x cols, leading dim dld) from src (leading dim sld) over its
+ * first srows x scols, zeros elsewhere. */
+static sg_status pitch_copy(sg_ctx *ctx, sg_dtype dt, const void *src, int64_t sld, void *dst,
+                            int64_t dld, int64_t rows, int64_t cols, int64_t srows, int64_t scols) {
+    void *f;
+    sg_status s = kernel(ctx, "pitch", dt, &f);
+    if (s != SG_OK) return s;
+    int64_t gx = (cols + 2047) / 2048; /* PITCH_COLS in k_matmul.cu */
+    unsigned grid[3] = {(unsigned)gx, (unsigned)(rows < MAX_GRID_Y ? rows : MAX_GRID_Y), 1};
+    unsigned block[3] = {256, 1, 1};
+    void *args[8] = {&src, &dst, &rows, &cols, &sld, &dld, &srows, &scols};
+    return sg__cuda_launch(ctx, f, grid, block, 0, args);
+}
 
-static size_t round_up(size_t n) { return (n + 255) & ~(size_t)255; }
+/* A's rows m0.. (mc of them) into aligned scratch sa, K padded with zeros
+ * to kp; c's strides for A set. */
+static sg_status pad_a(sg_ctx *ctx, const sg__mm_plan *p, const sg__mm_pad *pad, sg_dtype dt,
+                       const char *a, char *sa, int64_t mc, sg__mm_plan *c) {
+    if (pad->a_t) { /* stored as K rows of M */
+        int64_t ld = sg__mm_pad_ld(mc, dt);
+        c->A.rs = 1, c->A.cs = ld;
+        return pitch_copy(ctx, dt, a, p->A.cs, sa, ld, pad->kp, mc, p->K, mc);
+    }
+    int64_t ld = sg__mm_pad_ld(pad->kp, dt);
+    c->A.rs = ld, c->A.cs = 1;
+    return pitch_copy(ctx, dt, a, p->A.rs, sa, ld, mc, pad->kp, mc, p->K);
+}
+
+/* B into aligned scratch sb, K padded with zeros to kp; c's strides for B set. */
+static sg_status pad_b(sg_ctx *ctx, const sg__mm_plan *p, const sg__mm_pad *pad, sg_dtype dt,
+                       const char *b, char *sb, sg__mm_plan *c) {
+    if (pad->b_t) { /* stored as N rows of K */
+        c->B.rs = 1, c->B.cs = pad->ldb;
+        return pitch_copy(ctx, dt, b, p->B.cs, sb, pad->ldb, p->N, pad->kp, p->N, p->K);
+    }
+    c->B.rs = pad->ldb, c->B.cs = 1;
+    return pitch_copy(ctx, dt, b, p->B.rs, sb, pad->ldb, pad->kp, p->N, p->K, p->N);
+}
+
+/* Columns n0 .. n0 + nn of plan c's product: one cuBLASLt call. */
+static sg_status lt_columns(sg_ctx *ctx, const sg__mm_plan *c, sg_dtype dt, const char *a,
+                            const char *b, char *cp, const ptrs *q, int64_t n0, int64_t nn,
+                            bool *ran) {
+    int64_t es = (int64_t)sg_dtype_size(dt);
+    sg__mm_plan cn = *c;
+    cn.N = nn;
+    sg__lt_call call;
+    if (!sg__mm_lt_call(&cn, dt, &call)) {
+        *ran = false;
+        return SG_OK;
+    }
+    call.bias = q->bias != NULL;
+    const char *bias = q->bias ? (const char *)q->bias + n0 * q->bias_s * es : NULL;
+    return sg__lt_matmul(ctx, &call, b + n0 * c->B.cs * es, a, cp + n0 * c->C.cs * es, bias, ran);
+}
+
+/*
+ * Plan p through aligned scratch (sg__mm_pad): B copied once, then per
+ * chunk of rows A copied, the aligned columns in one cuBLASLt call and the
+ * rest in another, C copied out. *ran is false when cuBLASLt had no
+ * algorithm for a call: the caller runs the product unpadded, which
+ * rewrites every row.
+ */
+static sg_status run_padded(sg_ctx *ctx, const sg__mm_plan *p, const sg__mm_pad *pad, sg_dtype dt,
+                            const ptrs *q, char *scratch, bool *ran) {
+    int64_t es = (int64_t)sg_dtype_size(dt);
+    char *sa = scratch, *sb = scratch + pad->bytes_a, *sc = sb + pad->bytes_b;
+    sg__mm_plan c = *p;
+    const char *b = q->b;
+    sg_status s = SG_OK;
+    c.K = pad->kp;
+    if (pad->b) s = pad_b(ctx, p, pad, dt, q->b, sb, &c), b = sb;
+    if (pad->c) c.C.rs = sg__mm_pad_ld(p->N, dt), c.C.cs = 1;
+    *ran = true;
+    for (int64_t m0 = 0, mc; s == SG_OK && *ran && m0 < p->M; m0 += mc) {
+        mc = m0 < pad->mm ? (pad->mm - m0 < pad->mchunk ? pad->mm - m0 : pad->mchunk) : p->M - m0;
+        const char *a = q->a + m0 * p->A.rs * es;
+        char *cp = pad->c ? sc : q->c + m0 * p->C.rs * es;
+        c.M = mc;
+        if (pad->a) s = pad_a(ctx, p, pad, dt, a, sa, mc, &c), a = sa;
+        if (s == SG_OK) s = lt_columns(ctx, &c, dt, a, b, cp, q, 0, pad->nm, ran);
+        if (s == SG_OK && *ran && pad->nm < p->N)
+            s = lt_columns(ctx, &c, dt, a, b, cp, q, pad->nm, p->N - pad->nm, ran);
+        if (s == SG_OK && *ran && pad->c)
+            s = pitch_copy(ctx, dt, sc, c.C.rs, q->c + m0 * p->C.rs * es, p->C.rs, mc, p->N, mc,
+                           p->N);
+    }
+    return s;
+}
+
+/* ------------------------------------------------------------ the family */
 
 sg_status sg__cuda_matmul(sg_ctx *ctx, const sg__node *n) {
     const sg_tensor *a = n->in[0], *b = n->in[1], *out = n->out;
@@ -404,11 +593,14 @@ sg_status sg__cuda_matmul(sg_ctx *ctx, const sg__node *n) {
     size_t nc = p.copy_c ? round_up((size_t)sg__numel(out->ndim, out->shape) * es) : 0;
     bool pack_bias = !gemv && bias && bias->stride[0] != 1 && bias->shape[0] > 1;
     size_t nbias = pack_bias ? round_up((size_t)bias->shape[0] * es) : 0;
+    sg__mm_pad pad;
+    bool padded = !gemv && sg__mm_pad_make(&p, dt, &pad);
+    size_t npad = padded ? pad.bytes_a + pad.bytes_b + pad.bytes_c : 0;
     char *scratch = NULL;
     sg_status s = SG_OK;
-    if (na + nbb + nc + nbias > 0) {
+    if (na + nbb + nc + nbias + npad > 0) {
         void *sp;
-        s = sg__cuda_scratch(ctx, na + nbb + nc + nbias, &sp);
+        s = sg__cuda_scratch(ctx, na + nbb + nc + nbias + npad, &sp);
         if (s != SG_OK) return s;
         scratch = sp;
     }
@@ -438,7 +630,12 @@ sg_status sg__cuda_matmul(sg_ctx *ctx, const sg__node *n) {
     }
     if (s != SG_OK) return s;
 
-    if (!gemv) {
+    bool done = false;
+    if (padded) { /* a plan with no packed operand: q is untouched but the bias */
+        s = run_padded(ctx, &p, &pad, dt, &q, scratch + na + nbb + nc + nbias, &done);
+        if (s != SG_OK) return s;
+    }
+    if (!gemv && !done) {
         lt.call.bias = bias != NULL;
         s = each_outer(ctx, &p, dt, &q, lt_batch, &lt);
         if (s == SG_OK && !lt.ran && bias) {

@@ -467,3 +467,85 @@ extern "C" __global__ void sg_data_index_add(const dt_args a, int dt) {
         }
     }
 }
+
+/*
+ * index_add in parallel, in four launches (cuda_data.c: index_add): zero
+ * the ranks; sg_data_index_rank gives each position j its rank in the
+ * order of (index, j) (out-of-range indices as -1, first), each block
+ * counting one slice of the positions with integer atomics (exact);
+ * sg_data_index_order puts j and its index at that rank (a stable sort);
+ * sg_data_index_add_runs has one thread per (run of equal indices, lane)
+ * add the run's rows of src in position order to dst's value in f32 and
+ * store once (f32 gives the sequential loop's result bit for bit; f16 and
+ * bf16 round once, not per row). No two threads write one element and the
+ * order of every sum is fixed: deterministic. Scratch: a.last = ranks (count), a.idx64 = the
+ * sorted indices (count) then the positions (count).
+ */
+#define RANK_TILE 256
+#define RANK_SLICE 512 /* positions one block compares against */
+
+__device__ __forceinline__ i64 index_at(const dt_args &a, i64 j) {
+    i64 v = read_index(a.idx, a.idx_is_i64, j * a.istride[0]);
+    return v < 0 || v >= a.limit ? -1 : v;
+}
+
+extern "C" __global__ void __launch_bounds__(RANK_TILE) sg_data_index_rank(const dt_args a) {
+    __shared__ i64 tile[RANK_TILE];
+    i64 j = (i64)blockIdx.x * RANK_TILE + threadIdx.x, L = a.count;
+    i64 v = j < L ? index_at(a, j) : 0;
+    i64 lo = (i64)blockIdx.y * RANK_SLICE, hi = lo + RANK_SLICE < L ? lo + RANK_SLICE : L;
+    u64 rank = 0;
+    for (i64 t0 = lo; t0 < hi; t0 += RANK_TILE) {
+        i64 i = t0 + threadIdx.x;
+        if (i < hi) tile[threadIdx.x] = index_at(a, i);
+        __syncthreads();
+        int n = hi - t0 < RANK_TILE ? (int)(hi - t0) : RANK_TILE;
+        for (int u = 0; u < n; u++) {
+            i64 w = tile[u];
+            rank += w < v || (w == v && t0 + u < j);
+        }
+        __syncthreads();
+    }
+    if (j < L && rank) atomicAdd((unsigned long long *)&a.last[j], (unsigned long long)rank);
+}
+
+extern "C" __global__ void sg_data_index_order(const dt_args a) {
+    i64 step = (i64)blockDim.x * gridDim.x, L = a.count;
+    for (i64 j = (i64)blockIdx.x * blockDim.x + threadIdx.x; j < L; j += step) {
+        i64 r = (i64)a.last[j];
+        a.idx64[r] = index_at(a, j);
+        a.idx64[L + r] = j;
+    }
+}
+
+/* blockIdx.x * blockDim.x + threadIdx.x: the lane; blockIdx.y steps
+ * through sorted positions, and the first of each run adds the run. */
+extern "C" __global__ void sg_data_index_add_runs(const dt_args a, int dt) {
+    i64 lane = (i64)blockIdx.x * blockDim.x + threadIdx.x, L = a.count;
+    if (lane >= a.n) return;
+    i64 rem = lane, doff = 0, soff = 0;
+    for (int d = a.ndim - 1; d >= 0; d--) {
+        i64 size = a.shape[d], c = rem % size;
+        rem /= size;
+        doff += c * a.dstride[d];
+        soff += c * a.sstride[d];
+    }
+    const i64 *key = a.idx64, *pos = a.idx64 + L;
+    for (i64 r = blockIdx.y; r < L; r += gridDim.y) {
+        i64 v = key[r];
+        if (v < 0 || (r > 0 && key[r - 1] == v)) continue;
+        i64 end = r + 1;
+        while (end < L && key[end] == v) end++;
+        i64 at = doff + v * a.sel_stride, k = r;
+        float acc = ld_float(a.dst, dt, at);
+        for (; k + 4 <= end; k += 4) { /* four loads in flight, added in order */
+            float x0 = ld_float(a.src, dt, soff + pos[k] * a.jstride);
+            float x1 = ld_float(a.src, dt, soff + pos[k + 1] * a.jstride);
+            float x2 = ld_float(a.src, dt, soff + pos[k + 2] * a.jstride);
+            float x3 = ld_float(a.src, dt, soff + pos[k + 3] * a.jstride);
+            acc = (((acc + x0) + x1) + x2) + x3;
+        }
+        for (; k < end; k++) acc += ld_float(a.src, dt, soff + pos[k] * a.jstride);
+        store_f(a.dst, at, dt, acc);
+    }
+}

@@ -8,7 +8,9 @@
  *   sg_mm_copy_<dt>   a strided tensor to another geometry (operands that
  *                     cuBLASLt cannot read in place, results it cannot write);
  *   sg_mm_fill_<dt>   a matrix set to its bias row or to zeros (K = 0, and
- *                     the bias of a product whose epilogue cuBLASLt lacks).
+ *                     the bias of a product whose epilogue cuBLASLt lacks);
+ *   sg_mm_pitch_<dt>  a matrix to another leading dim (operands and results
+ *                     padded to 16-byte rows for cuBLASLt's aligned kernels).
  *
  * <dt> is f32, f16 or bf16; f16/bf16 are stored as 16-bit patterns and
  * computed in f32, with the same conversions as graphs/cpu/cpu.h (round to
@@ -253,3 +255,41 @@ __device__ __forceinline__ void fill(typename elem<DT>::t *dst, const typename e
 SG_MM_KERNELS(0, f32)
 SG_MM_KERNELS(1, f16)
 SG_MM_KERNELS(2, bf16)
+
+/* ------------------------------------------------------------ pitched copy */
+
+#define PITCH_COLS 2048 /* columns per block: 8 per thread, 256 threads */
+
+/* dst[r * dld + j] for rows x cols: src[r * sld + j] inside its srows x
+ * scols, else 0 (zero padding). blockIdx.x picks 2048 columns, rows step
+ * by gridDim.y; each thread has its eight loads in flight before its
+ * stores, coalesced along the row. */
+template <typename T>
+__device__ __forceinline__ void pitch(const T *src, T *dst, i64 rows, i64 cols, i64 sld, i64 dld,
+                                      i64 srows, i64 scols) {
+    i64 j0 = (i64)blockIdx.x * PITCH_COLS + threadIdx.x;
+    for (i64 r = blockIdx.y; r < rows; r += gridDim.y) {
+        const T *s = src + r * sld;
+        T *d = dst + r * dld;
+        T v[8];
+#pragma unroll
+        for (int u = 0; u < 8; u++) {
+            i64 j = j0 + u * 256;
+            if (j < cols) v[u] = r < srows && j < scols ? s[j] : (T)0;
+        }
+#pragma unroll
+        for (int u = 0; u < 8; u++)
+            if (j0 + u * 256 < cols) d[j0 + u * 256] = v[u];
+    }
+}
+
+#define SG_MM_PITCH(DT, NAME)                                                                     \
+    extern "C" __global__ void __launch_bounds__(256)                                             \
+        sg_mm_pitch_##NAME(const elem<DT>::t *src, elem<DT>::t *dst, i64 rows, i64 cols, i64 sld, \
+                           i64 dld, i64 srows, i64 scols) {                                       \
+        pitch<elem<DT>::t>(src, dst, rows, cols, sld, dld, srows, scols);                         \
+    }
+
+SG_MM_PITCH(0, f32)
+SG_MM_PITCH(1, f16)
+SG_MM_PITCH(2, bf16)
