@@ -30,6 +30,7 @@
 #define GRID_CAP 2048   /* grid-stride loops: more blocks than this buy nothing */
 #define MEMBER_CAP 1024 /* blocks per member of a MULTI kernel */
 #define GEMV_ROWS 8     /* the most rows a generated GEMV takes */
+#define GEMV_SMEM 32768 /* bytes of normalized rows a GEMV keeps in shared memory */
 
 static const char *const preamble =
     "typedef unsigned char sg_u8;\n"
@@ -641,6 +642,7 @@ typedef struct gemv {
     int64_t xoff[GEMV_ROWS];
     int64_t woff, sn, sk;
     bool along_k;
+    bool norm; /* the group's norm_rows part fills x in shared memory (sg_xs) */
 } gemv;
 
 static bool gemv_plan(const gen *g, const sg__group *grp, gemv *p) {
@@ -669,19 +671,24 @@ static bool gemv_plan(const gen *g, const sg__group *grp, gemv *p) {
     if (p->n == 1) p->sn = 1;
     p->along_k = p->sk == 1;
     if (!p->along_k && p->sn != 1) return false;
-    if (p->k > 1 && x->stride[x->ndim - 1] != 1) return false;
+    p->norm = grp->norm_rows;
+    if (!p->norm && p->k > 1 && x->stride[x->ndim - 1] != 1) return false;
     /* Every leading index of x is a row; each row's offset is a constant. */
     int64_t rows = 1;
     for (int d = 0; d < x->ndim - 1; d++) rows *= x->shape[d];
     if (rows < 1 || rows > GEMV_ROWS) return false;
     p->rows = rows;
+    /* Normalized rows live in shared memory, row r at r * K. */
+    if (p->norm && (rows != grp->nrows || p->k != grp->rowlen ||
+                    rows * p->k * (int64_t)sg_dtype_size(x->dtype) > GEMV_SMEM))
+        return false;
     for (int64_t r = 0; r < rows; r++) {
         int64_t rem = r, off = x->offset;
         for (int d = x->ndim - 2; d >= 0; d--) {
             off += rem % x->shape[d] * x->stride[d];
             rem /= x->shape[d];
         }
-        p->xoff[r] = off;
+        p->xoff[r] = p->norm ? r * p->k : off;
     }
     /* The output: rows x N, contiguous, and the epilogue runs over it. */
     if (numel_of(o->ndim, o->shape) != rows * p->n || !flat_ok(o, o->ndim, o->shape)) return false;
@@ -738,15 +745,40 @@ static void emit_gemv_fma(gen *g, const gemv *p, const char *xlane) {
     }
 }
 
+/*
+ * A norm_rows group's rows into sg_xs, by every block (the rows are a few KB,
+ * read from L2), then the block's barrier; a warp whose columns lie past N
+ * leaves only after it. Nothing for a plain GEMV.
+ */
+static void emit_gemv_norm(gen *g, const sg__group *grp, const gemv *p) {
+    if (!p->norm) return;
+    sg__group part = *grp;
+    part.kind = SG__G_ROW;
+    part.n = grp->anchor;
+    part.anchor = grp->row_anchor;
+    part.norm_rows = false;
+    sg__emit_open(g->e, "%s", "");
+    sg__cgen_cuda_rows_into(g, &part, grp->g[grp->anchor].arg_src[0], "sg_xs");
+    sg__emit_close(g->e);
+    sg__emit_line(g->e, "__syncthreads();");
+    if (p->along_k) sg__emit_line(g->e, "if (n >= %lld) return;", (long long)p->n);
+}
+
 /* The kernel body of a GEMV group; returns the grid. */
 static unsigned emit_gemv(gen *g, const sg__group *grp, const gemv *p) {
     const char *t = ctype(p->x->dtype);
     char lv[160], ld[240];
     int es = (int)sg_dtype_size(p->x->dtype), v = 16 / es;
     g->anchor_reg = true;
+    if (p->norm)
+        sg__emit_line(g->e, "__shared__ alignas(16) %s sg_xs[%lld];", t,
+                      (long long)(p->rows * p->k));
     for (int r = 0; r < p->rows; r++)
-        sg__emit_line(g->e, "const %s *x%d = (const %s *)s%d + %lld;", t, r, t,
-                      lslot(g, p->x->slot), (long long)p->xoff[r]);
+        if (p->norm)
+            sg__emit_line(g->e, "const %s *x%d = sg_xs + %lld;", t, r, (long long)p->xoff[r]);
+        else
+            sg__emit_line(g->e, "const %s *x%d = (const %s *)s%d + %lld;", t, r, t,
+                          lslot(g, p->x->slot), (long long)p->xoff[r]);
     unsigned grid;
     if (p->along_k) {
         /* One warp per output column: 16-byte loads along K, a shuffle sum. */
@@ -754,7 +786,7 @@ static unsigned emit_gemv(gen *g, const sg__group *grp, const gemv *p) {
         sg__emit_line(g->e, "const int lane = threadIdx.x & 31;");
         sg__emit_line(
             g->e, "const sg_i64 n = (sg_i64)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);");
-        sg__emit_line(g->e, "if (n >= %lld) return;", (long long)p->n);
+        if (!p->norm) sg__emit_line(g->e, "if (n >= %lld) return;", (long long)p->n);
         for (int r = 0; r < p->rows; r++) sg__emit_line(g->e, "float acc%d = 0.0f;", r);
         sg__emit_line(g->e, "const %s *wr = (const %s *)s%d + (%lld + n * %lld);", t, t,
                       lslot(g, p->w->slot), (long long)p->woff, (long long)p->sn);
@@ -775,13 +807,15 @@ static unsigned emit_gemv(gen *g, const sg__group *grp, const gemv *p) {
             sg__emit_line(g->e, "const bool aligned = %s;", cond);
             if (npf) {
                 sg__emit_line(g->e, "sg_v16 wp[%d];", npf);
-                sg__emit_open(g->e, "if (aligned)");
+                sg__emit_open(g->e, p->norm ? "if (aligned && n < %lld)" : "if (aligned)",
+                              (long long)p->n);
                 for (int u = 0; u < npf; u++)
                     sg__emit_line(g->e, "if (lane + %d < %lld) wp[%d] = ((const sg_v16 *)wr)[lane + %d];",
                                   32 * u, (long long)kv, u, 32 * u);
                 sg__emit_close(g->e);
             }
             sg__emit_line(g->e, "sg_pdl_wait();");
+            emit_gemv_norm(g, grp, p);
             sg__emit_open(g->e, "if (aligned)");
             for (int u = 0; u < npf; u++) {
                 sg__emit_open(g->e, "if (lane + %d < %lld)", 32 * u, (long long)kv);
@@ -821,6 +855,7 @@ static unsigned emit_gemv(gen *g, const sg__group *grp, const gemv *p) {
             sg__emit_open(g->e, "else");
         } else {
             sg__emit_line(g->e, "sg_pdl_wait();");
+            emit_gemv_norm(g, grp, p);
             sg__emit_open(g->e, "%s", "");
         }
         sg__emit_open(g->e, "for (sg_i64 k = lane; k < %lld; k += 32)", (long long)p->k);
@@ -840,6 +875,7 @@ static unsigned emit_gemv(gen *g, const sg__group *grp, const gemv *p) {
         int slices = BLOCK / 32;
         grid = (unsigned)((p->n + 31) / 32);
         sg__emit_line(g->e, "sg_pdl_wait();");
+        emit_gemv_norm(g, grp, p);
         sg__emit_line(g->e, "const int c = threadIdx.x & 31, ks = threadIdx.x >> 5;");
         sg__emit_line(g->e, "const sg_i64 n = (sg_i64)blockIdx.x * 32 + c;");
         for (int r = 0; r < p->rows; r++) sg__emit_line(g->e, "float acc%d = 0.0f;", r);
@@ -1149,11 +1185,16 @@ static bool emit_group(gen *g, const sg__group *grp, sg__cuda_kinfo *ki, bool *a
         lslot(g, p.o->slot);
         ki->grid = emit_gemv(g, grp, &p);
         ki->iters = p.n;
-        for (int t = 0; t < SG__CUDA_NTUNE && p.along_k; t++) /* warps per block vary */
+        /* Warps per block vary, except where the norm's team is the block. */
+        for (int t = 0; t < SG__CUDA_NTUNE && p.along_k && !p.norm; t++)
             ki->tune_grid[t] = (unsigned)((p.n + (128 << t) / 32 - 1) / ((128 << t) / 32));
         ki->replaces_call = true;
-        *what = p.along_k ? "GEMV, a warp per output column, then the epilogue"
-                          : "GEMV, a thread per output column, then the epilogue";
+        *what = p.norm      ? (p.along_k ? "norm rows into shared memory, then GEMV, a warp per "
+                                             "output column, then the epilogue"
+                                           : "norm rows into shared memory, then GEMV, a thread "
+                                             "per output column, then the epilogue")
+                : p.along_k ? "GEMV, a warp per output column, then the epilogue"
+                            : "GEMV, a thread per output column, then the epilogue";
     } else if (is_row) {
         g->anchor_reg = true;
         used_slots(g, grp, 0);
@@ -1367,6 +1408,15 @@ void sg__cuda_members(sg__cuda_gen *g, const sg__group *grp, int from, int to, i
 
 /* ------------------------------------------------------------ the unit */
 
+/* sg__fuse_opts.gemv_rows: a norm merged into a matmul group is one GEMV
+ * kernel here (gemv_plan on the merged group). */
+static bool gemv_rows(const sg__ir *ir, const int *alias, const sg__group *merged) {
+    sg__fused f = {.alias = (int *)alias};
+    gen g = {.ir = ir, .f = &f};
+    gemv p;
+    return gemv_plan(&g, merged, &p) && p.norm;
+}
+
 void sg__cgen_cuda_fuse_opts(sg__fuse_opts *o, bool disable) {
     memset(o, 0, sizeof *o);
     o->disable = disable;
@@ -1374,6 +1424,7 @@ void sg__cgen_cuda_fuse_opts(sg__fuse_opts *o, bool disable) {
     o->no_prologue = true;
     o->rows_inline = true;
     o->horizontal_data = true;
+    o->gemv_rows = gemv_rows;
 }
 
 sg_status sg__cgen_cuda(sg_ctx *ctx, const sg__ir *ir, const sg__fused *f, const char *title,

@@ -282,6 +282,13 @@ typedef struct sg__cuda_gen sg__cuda_gen;
  * replaces_call. Returns the kernel comment's description. */
 SG__HIDDEN const char *sg__cgen_cuda_rows(sg__cuda_gen *g, const sg__group *grp,
                                           sg__cuda_kinfo *ki);
+/* The same for the norm part of a MATMUL group with norm_rows: grp is that
+ * part as a ROW group (members [0, its anchor), anchor at the norm), every
+ * block computes every row (a warp per row up to 256 elements, else the
+ * block), and member sink's value at walk index i goes to xs[i], an array
+ * in shared memory of sink's dtype; nothing is launched by it. */
+SG__HIDDEN void sg__cgen_cuda_rows_into(sg__cuda_gen *g, const sg__group *grp, int sink,
+                                        const char *xs);
 /* cgen_cuda.c's helpers. The walk index is `i` (flat, row-major over the
  * walk's shape) or i0..i<nd-1> after sg__cuda_unflatten. */
 SG__HIDDEN sg__emit *sg__cuda_out(sg__cuda_gen *g);
