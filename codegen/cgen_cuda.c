@@ -24,6 +24,7 @@
 
 #include <math.h>
 #include <stdio.h>
+#include <stdlib.h>
 
 #define BLOCK 256       /* threads per block unless max-autotune picks another */
 #define MAX_BLOCK 512   /* the largest block max-autotune tries (launch bounds) */
@@ -643,7 +644,21 @@ typedef struct gemv {
     int64_t woff, sn, sk;
     bool along_k;
     bool norm; /* the group's norm_rows part fills x in shared memory (sg_xs) */
+    int cols;  /* along K: output columns per warp */
 } gemv;
+
+/* Columns per warp of an along-K GEMV: enough 16-byte loads in flight per
+ * lane (a K of 768 bf16 is 3 per lane with one column), while the grid
+ * still covers the SMs (132 on an H100) with blocks of BLOCK threads. */
+static int gemv_cols(const gemv *p) {
+    int64_t per = (p->k * (int64_t)sg_dtype_size(p->x->dtype) / 16 + 31) / 32;
+    int64_t wpb = BLOCK / 32, sms = 132;
+    const char *env = getenv("SG_GEMV_COLS");
+    if (env && (atoi(env) == 1 || atoi(env) == 2 || atoi(env) == 4)) return atoi(env);
+    if (per <= 2 && p->n >= 4 * wpb * sms) return 4;
+    if (per <= 4 && p->n >= 2 * wpb * sms) return 2;
+    return 1;
+}
 
 static bool gemv_plan(const gen *g, const sg__group *grp, gemv *p) {
     if (grp->kind != SG__G_MATMUL || grp->anchor < 0) return false;
@@ -700,6 +715,7 @@ static bool gemv_plan(const gen *g, const sg__group *grp, gemv *p) {
         if (grp->g[k].store && (slot == x->slot || slot == w->slot || (p->b && slot == p->b->slot)))
             return false;
     }
+    p->cols = p->along_k ? gemv_cols(p) : 1;
     return true;
 }
 
@@ -761,14 +777,133 @@ static void emit_gemv_norm(gen *g, const sg__group *grp, const gemv *p) {
     sg__cgen_cuda_rows_into(g, &part, grp->g[grp->anchor].arg_src[0], "sg_xs");
     sg__emit_close(g->e);
     sg__emit_line(g->e, "__syncthreads();");
-    if (p->along_k) sg__emit_line(g->e, "if (n >= %lld) return;", (long long)p->n);
+    if (p->along_k) sg__emit_line(g->e, "if (nb >= %lld) return;", (long long)p->n);
+}
+
+/* acc<r>_<c> += x<r> * w<c> for every row and column (wlane, xlane: printf
+ * patterns of the column's and the row's element). */
+static void emit_gemv_cols_fma(gen *g, const gemv *p, int cols, const char *wlane,
+                               const char *xlane) {
+    char lv[160], ld[240];
+    for (int c = 0; c < cols; c++) {
+        snprintf(lv, sizeof lv, wlane, c);
+        widen(p->w->dtype, lv, ld, sizeof ld);
+        sg__emit_line(g->e, "const float wf%d = %s;", c, ld);
+    }
+    for (int r = 0; r < p->rows; r++) {
+        snprintf(lv, sizeof lv, xlane, r);
+        widen(p->x->dtype, lv, ld, sizeof ld);
+        sg__emit_line(g->e, "const float xf%d = %s;", r, ld);
+        for (int c = 0; c < cols; c++) sg__emit_line(g->e, "acc%d_%d += xf%d * wf%d;", r, c, r, c);
+    }
+}
+
+/*
+ * The loads and sums of an along-K GEMV: `cols` adjacent output columns per
+ * warp (nb, nb + 1, ...), 16-byte loads along K shared by the columns for
+ * x, then a shuffle sum, after which every lane holds acc<r>_<c>. Returns
+ * the grid; the caller emits the tail on lanes 0 .. cols-1.
+ */
+static unsigned emit_gemv_warp(gen *g, const sg__group *grp, const gemv *p, int cols) {
+    const char *t = ctype(p->x->dtype);
+    int es = (int)sg_dtype_size(p->x->dtype), v = 16 / es;
+    int64_t wpb = BLOCK / 32, per_block = wpb * cols;
+    unsigned grid = (unsigned)((p->n + per_block - 1) / per_block);
+    sg__emit_line(g->e, "const int lane = threadIdx.x & 31;");
+    sg__emit_line(g->e,
+                  "const sg_i64 nb = ((sg_i64)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> "
+                  "5)) * %d;",
+                  cols);
+    if (!p->norm) sg__emit_line(g->e, "if (nb >= %lld) return;", (long long)p->n);
+    for (int r = 0; r < p->rows; r++)
+        for (int c = 0; c < cols; c++) sg__emit_line(g->e, "float acc%d_%d = 0.0f;", r, c);
+    /* A warp's last columns past N read column N - 1 again (not stored). */
+    for (int c = 0; c < cols; c++)
+        sg__emit_line(g->e, "const %s *wr%d = (const %s *)s%d + (%lld + (nb + %d < %lld ? nb + %d : %lld) * %lld);",
+                      t, c, t, lslot(g, p->w->slot), (long long)p->woff, c, (long long)p->n, c,
+                      (long long)(p->n - 1), (long long)p->sn);
+    /* A weight nothing in the step writes may be loaded before the previous
+     * kernel has finished: the first loads of each lane go to registers
+     * ahead of sg_pdl_wait, overlapping that kernel's tail. */
+    const sg__slot *wsl = &g->ir->slots[p->w->slot];
+    int64_t kv = p->k / v;
+    int npf = wsl->kind != SG__SLOT_INTERNAL && wsl->mutated_by < 0 && p->k % v == 0
+                  ? (int)(kv < 128 ? (kv + 31) / 32 : 4)
+                  : 0;
+    while (npf > 1 && npf * cols > 8) npf--;
+    if (p->k % v != 0) {
+        sg__emit_line(g->e, "sg_pdl_wait();");
+        emit_gemv_norm(g, grp, p);
+    } else {
+        char cond[768];
+        size_t k = (size_t)snprintf(cond, sizeof cond, "(((sg_u64)wr0");
+        for (int c = 1; c < cols; c++)
+            k += (size_t)snprintf(cond + k, sizeof cond - k, " | (sg_u64)wr%d", c);
+        for (int r = 0; r < p->rows; r++)
+            k += (size_t)snprintf(cond + k, sizeof cond - k, " | (sg_u64)x%d", r);
+        snprintf(cond + k, sizeof cond - k, ") & 15) == 0");
+        sg__emit_line(g->e, "const bool aligned = %s;", cond);
+        if (npf) {
+            sg__emit_line(g->e, "sg_v16 wp[%d][%d];", npf, cols);
+            sg__emit_open(g->e, "if (aligned && nb < %lld)", (long long)p->n);
+            for (int u = 0; u < npf; u++)
+                for (int c = 0; c < cols; c++)
+                    sg__emit_line(g->e,
+                                  "if (lane + %d < %lld) wp[%d][%d] = ((const sg_v16 *)wr%d)[lane + %d];",
+                                  32 * u, (long long)kv, u, c, c, 32 * u);
+            sg__emit_close(g->e);
+        }
+        sg__emit_line(g->e, "sg_pdl_wait();");
+        emit_gemv_norm(g, grp, p);
+        sg__emit_open(g->e, "if (aligned)");
+        /* The prefetched vectors, then the rest of K, several loads in flight per lane. */
+        for (int u = 0; u <= npf; u++) {
+            if (u < npf) {
+                sg__emit_open(g->e, "if (lane + %d < %lld)", 32 * u, (long long)kv);
+                sg__emit_line(g->e, "const sg_i64 q = lane + %d;", 32 * u);
+            } else {
+                sg__emit_line(g->e, "#pragma unroll %d", cols > 1 ? 2 : 4);
+                sg__emit_open(g->e, "for (sg_i64 q = lane + %d; q < %lld; q += 32)", 32 * npf,
+                              (long long)kv);
+            }
+            for (int c = 0; c < cols; c++) {
+                sg__emit_line(g->e, "union { sg_v16 v; %s e[%d]; } wv%d;", t, v, c);
+                if (u < npf)
+                    sg__emit_line(g->e, "wv%d.v = wp[%d][%d];", c, u, c);
+                else
+                    sg__emit_line(g->e, "wv%d.v = ((const sg_v16 *)wr%d)[q];", c, c);
+            }
+            for (int r = 0; r < p->rows; r++) {
+                sg__emit_line(g->e, "union { sg_v16 v; %s e[%d]; } xv%d;", t, v, r);
+                sg__emit_line(g->e, "xv%d.v = ((const sg_v16 *)x%d)[q];", r, r);
+            }
+            sg__emit_line(g->e, "#pragma unroll");
+            sg__emit_open(g->e, "for (int j = 0; j < %d; j++)", v);
+            emit_gemv_cols_fma(g, p, cols, "wv%d.e[j]", "xv%d.e[j]");
+            sg__emit_close(g->e);
+            sg__emit_close(g->e);
+        }
+        sg__emit_close(g->e);
+        sg__emit_open(g->e, "else");
+    }
+    if (p->k % v != 0) sg__emit_open(g->e, "%s", "");
+    sg__emit_open(g->e, "for (sg_i64 k = lane; k < %lld; k += 32)", (long long)p->k);
+    emit_gemv_cols_fma(g, p, cols, "wr%d[k]", "x%d[k]");
+    sg__emit_close(g->e);
+    sg__emit_close(g->e);
+    for (int r = 0; r < p->rows; r++)
+        for (int c = 0; c < cols; c++)
+            sg__emit_line(g->e,
+                          "for (int o = 16; o > 0; o >>= 1) acc%d_%d += "
+                          "__shfl_xor_sync(0xffffffffu, acc%d_%d, o);",
+                          r, c, r, c);
+    return grid;
 }
 
 /* The kernel body of a GEMV group; returns the grid. */
 static unsigned emit_gemv(gen *g, const sg__group *grp, const gemv *p) {
     const char *t = ctype(p->x->dtype);
     char lv[160], ld[240];
-    int es = (int)sg_dtype_size(p->x->dtype), v = 16 / es;
     g->anchor_reg = true;
     if (p->norm)
         sg__emit_line(g->e, "__shared__ alignas(16) %s sg_xs[%lld];", t,
@@ -781,95 +916,19 @@ static unsigned emit_gemv(gen *g, const sg__group *grp, const gemv *p) {
                           lslot(g, p->x->slot), (long long)p->xoff[r]);
     unsigned grid;
     if (p->along_k) {
-        /* One warp per output column: 16-byte loads along K, a shuffle sum. */
-        grid = (unsigned)((p->n + BLOCK / 32 - 1) / (BLOCK / 32));
-        sg__emit_line(g->e, "const int lane = threadIdx.x & 31;");
-        sg__emit_line(
-            g->e, "const sg_i64 n = (sg_i64)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);");
-        if (!p->norm) sg__emit_line(g->e, "if (n >= %lld) return;", (long long)p->n);
-        for (int r = 0; r < p->rows; r++) sg__emit_line(g->e, "float acc%d = 0.0f;", r);
-        sg__emit_line(g->e, "const %s *wr = (const %s *)s%d + (%lld + n * %lld);", t, t,
-                      lslot(g, p->w->slot), (long long)p->woff, (long long)p->sn);
-        /* A weight nothing in the step writes may be loaded before the
-         * previous kernel has finished: the first loads of each lane go to
-         * registers ahead of sg_pdl_wait, overlapping that kernel's tail. */
-        const sg__slot *wsl = &g->ir->slots[p->w->slot];
-        int64_t kv = p->k / v;
-        int npf = wsl->kind != SG__SLOT_INTERNAL && wsl->mutated_by < 0 && p->k % v == 0
-                      ? (int)(kv < 128 ? (kv + 31) / 32 : 4)
-                      : 0;
-        if (p->k % v == 0) {
-            char cond[512];
-            size_t k = (size_t)snprintf(cond, sizeof cond, "(((sg_u64)wr");
-            for (int r = 0; r < p->rows; r++)
-                k += (size_t)snprintf(cond + k, sizeof cond - k, " | (sg_u64)x%d", r);
-            snprintf(cond + k, sizeof cond - k, ") & 15) == 0");
-            sg__emit_line(g->e, "const bool aligned = %s;", cond);
-            if (npf) {
-                sg__emit_line(g->e, "sg_v16 wp[%d];", npf);
-                sg__emit_open(g->e, p->norm ? "if (aligned && n < %lld)" : "if (aligned)",
-                              (long long)p->n);
-                for (int u = 0; u < npf; u++)
-                    sg__emit_line(g->e, "if (lane + %d < %lld) wp[%d] = ((const sg_v16 *)wr)[lane + %d];",
-                                  32 * u, (long long)kv, u, 32 * u);
-                sg__emit_close(g->e);
-            }
-            sg__emit_line(g->e, "sg_pdl_wait();");
-            emit_gemv_norm(g, grp, p);
-            sg__emit_open(g->e, "if (aligned)");
-            for (int u = 0; u < npf; u++) {
-                sg__emit_open(g->e, "if (lane + %d < %lld)", 32 * u, (long long)kv);
-                sg__emit_line(g->e, "const sg_i64 q = lane + %d;", 32 * u);
-                sg__emit_line(g->e, "union { sg_v16 v; %s e[%d]; } wv;", t, v);
-                sg__emit_line(g->e, "wv.v = wp[%d];", u);
-                for (int r = 0; r < p->rows; r++) {
-                    sg__emit_line(g->e, "union { sg_v16 v; %s e[%d]; } xv%d;", t, v, r);
-                    sg__emit_line(g->e, "xv%d.v = ((const sg_v16 *)x%d)[q];", r, r);
-                }
-                sg__emit_line(g->e, "#pragma unroll");
-                sg__emit_open(g->e, "for (int j = 0; j < %d; j++)", v);
-                widen(p->w->dtype, "wv.e[j]", ld, sizeof ld);
-                sg__emit_line(g->e, "const float wf = %s;", ld);
-                emit_gemv_fma(g, p, "xv%d.e[j]");
-                sg__emit_close(g->e);
-                sg__emit_close(g->e);
-            }
-            /* Several 16-byte loads in flight per lane keep HBM busy. */
-            sg__emit_line(g->e, "#pragma unroll 4");
-            sg__emit_open(g->e, "for (sg_i64 q = lane + %d; q < %lld; q += 32)", 32 * npf,
-                          (long long)kv);
-            sg__emit_line(g->e, "union { sg_v16 v; %s e[%d]; } wv;", t, v);
-            sg__emit_line(g->e, "wv.v = ((const sg_v16 *)wr)[q];");
-            for (int r = 0; r < p->rows; r++) {
-                sg__emit_line(g->e, "union { sg_v16 v; %s e[%d]; } xv%d;", t, v, r);
-                sg__emit_line(g->e, "xv%d.v = ((const sg_v16 *)x%d)[q];", r, r);
-            }
-            sg__emit_line(g->e, "#pragma unroll");
-            sg__emit_open(g->e, "for (int j = 0; j < %d; j++)", v);
-            widen(p->w->dtype, "wv.e[j]", ld, sizeof ld);
-            sg__emit_line(g->e, "const float wf = %s;", ld);
-            emit_gemv_fma(g, p, "xv%d.e[j]");
-            sg__emit_close(g->e);
-            sg__emit_close(g->e);
-            sg__emit_close(g->e);
-            sg__emit_open(g->e, "else");
-        } else {
-            sg__emit_line(g->e, "sg_pdl_wait();");
-            emit_gemv_norm(g, grp, p);
-            sg__emit_open(g->e, "%s", "");
+        int cols = p->cols;
+        grid = emit_gemv_warp(g, grp, p, cols);
+        /* Lane c stores column nb + c. */
+        sg__emit_open(g->e, "if (lane < %d && nb + lane < %lld)", cols, (long long)p->n);
+        sg__emit_line(g->e, "const sg_i64 n = nb + lane;");
+        for (int r = 0; r < p->rows; r++) {
+            char sel[512];
+            size_t q = 0;
+            for (int c = cols - 1; c > 0 && q < sizeof sel; c--)
+                q += (size_t)snprintf(sel + q, sizeof sel - q, "lane == %d ? acc%d_%d : ", c, r, c);
+            if (q < sizeof sel) snprintf(sel + q, sizeof sel - q, "acc%d_0", r);
+            sg__emit_line(g->e, "const float acc%d = %s;", r, sel);
         }
-        sg__emit_open(g->e, "for (sg_i64 k = lane; k < %lld; k += 32)", (long long)p->k);
-        widen(p->w->dtype, "wr[k]", ld, sizeof ld);
-        sg__emit_line(g->e, "const float wf = %s;", ld);
-        emit_gemv_fma(g, p, "x%d[k]");
-        sg__emit_close(g->e);
-        sg__emit_close(g->e);
-        for (int r = 0; r < p->rows; r++)
-            sg__emit_line(
-                g->e,
-                "for (int o = 16; o > 0; o >>= 1) acc%d += __shfl_xor_sync(0xffffffffu, acc%d, o);",
-                r, r);
-        sg__emit_open(g->e, "if (lane == 0)");
     } else {
         /* One thread per column, 8 slices of K per block summed in shared memory. */
         int slices = BLOCK / 32;
@@ -1187,7 +1246,8 @@ static bool emit_group(gen *g, const sg__group *grp, sg__cuda_kinfo *ki, bool *a
         ki->iters = p.n;
         /* Warps per block vary, except where the norm's team is the block. */
         for (int t = 0; t < SG__CUDA_NTUNE && p.along_k && !p.norm; t++)
-            ki->tune_grid[t] = (unsigned)((p.n + (128 << t) / 32 - 1) / ((128 << t) / 32));
+            ki->tune_grid[t] =
+                (unsigned)((p.n + (128 << t) / 32 * p.cols - 1) / ((128 << t) / 32 * p.cols));
         ki->replaces_call = true;
         *what = p.norm      ? (p.along_k ? "norm rows into shared memory, then GEMV, a warp per "
                                              "output column, then the epilogue"
