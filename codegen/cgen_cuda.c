@@ -6,7 +6,9 @@
  * library-run anchor becomes one extern "C" kernel with constant shapes,
  * strides and offsets, a grid-stride loop, and 16-byte loads and stores
  * when every access of the loop is contiguous and aligned. A matmul of at
- * most 8 rows becomes one GEMV kernel that also runs its bias and epilogue.
+ * most 8 rows becomes one GEMV kernel that also runs its bias and epilogue,
+ * and, when fusion merged the layer_norm/rms_norm that makes its x, first
+ * normalizes those rows into shared memory (every block, from L2).
  * Embedding, index_select, concat and index_copy_ become one kernel each.
  * Every kernel names its slots in its own numbering (first use first), so
  * that the kernels of a model's layers print the same text: each distinct

@@ -16,6 +16,8 @@
  *    add and concat on the position's row of cos/sin tables, grouped-query
  *    attention through sg_sdpa_cached over per-layer caches, SwiGLU): its
  *    logits against an f64 reference written here for three positions.
+ *  - h += linear(rms_norm(h)) in place: the norm is not folded into the GEMV
+ *    whose epilogue writes h (2 launches), and h is right.
  * Each unit is compiled by NVRTC for sm_90 when NVRTC can be loaded. The
  * results run on the test's backend (SG_TEST_BACKEND: the CPU by default,
  * the CUDA kernels under the gpu label).
@@ -358,10 +360,55 @@ static void test_llama(void) {
             D, HQ, HKV, HD, F, S, per_layer, one, two);
 }
 
+/* ------------------------------------------------------------ in place */
+
+enum { IP_D = 384, IP_N = 384 };
+
+/* h += linear(rms_norm(h)) in place: the GEMV's epilogue writes what the
+ * norm reads, so the two stay separate kernels (a merged kernel's blocks
+ * would read h while others store it). */
+static sg_status inplace_step(sg_ctx *c, sg_tensor *const *in, sg_tensor **out, void *user) {
+    (void)user;
+    sg_status st = sg_add_(in[0], sg_linear(sg_rms_norm(in[0], in[1], EPS), in[2], NULL));
+    out[0] = in[0];
+    return st != SG_OK ? st : sg_ctx_status(c);
+}
+
+static void test_inplace(void) {
+    tu_seed(5);
+    int64_t hs[2] = {1, IP_D}, d = IP_D, ws[2] = {IP_N, IP_D};
+    double *hv, *gv, *wv, ref[IP_D], x[IP_D], y[IP_N];
+    sg_tensor *in[3] = {tu_rand(ctx, SG_BF16, 2, hs, -1, 1, &hv),
+                        tu_rand(ctx, SG_BF16, 1, &d, 0.8, 1.2, &gv),
+                        tu_rand(ctx, SG_BF16, 2, ws, -0.05, 0.05, &wv)};
+    sg_fn *fn = NULL;
+    bool ok = TU_EXPECT(sg_compile(ctx, inplace_step, NULL, 3, 1,
+                                   &(sg_compile_opts){.mode = SG_MODE_REDUCE_OVERHEAD}, &fn) == SG_OK);
+    sg_tensor *out[1] = {NULL};
+    sg_mark_step_begin(ctx);
+    ok = ok && TU_EXPECT(sg_call(fn, in, 3, out, 1) == SG_OK);
+    double ss = 0;
+    for (int i = 0; i < IP_D; i++) ss += hv[i] * hv[i];
+    for (int i = 0; i < IP_D; i++) x[i] = hv[i] / sqrt(ss / IP_D + EPS) * gv[i];
+    ref_linear(x, wv, IP_N, IP_D, y);
+    for (int i = 0; i < IP_D; i++) ref[i] = hv[i] + y[i];
+    double *got = ok ? tu_read(in[0]) : NULL;
+    ok = ok && TU_EXPECT(got != NULL) && tu_close("in place", got, ref, IP_D, BF16_TOL, BF16_TOL);
+    int launches = 0;
+    ok = ok && cuda_launches(fn, "cu_norm_gemv_inplace", &launches) && TU_EXPECT(launches == 2);
+    tu_case(ok, "NORM_GEMV_INPLACE(bf16,h=[1,%d],w=[%d,%d]) -> %d launches (norm, GEMV)", IP_D,
+            IP_N, IP_D, launches);
+    free(got);
+    free(hv), free(gv), free(wv);
+    sg_fn_destroy(fn);
+    for (int i = 0; i < 3; i++) sg_release(in[i]);
+}
+
 int main(void) {
     ctx = tu_ctx((sg_ctx_opts){0});
     test_gpt2();
     test_llama();
+    test_inplace();
     sg_ctx_destroy(ctx);
     return tu_finish();
 }
