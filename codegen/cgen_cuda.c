@@ -34,6 +34,7 @@
 #define MEMBER_CAP 1024 /* blocks per member of a MULTI kernel */
 #define GEMV_ROWS 8     /* the most rows a generated GEMV takes */
 #define GEMV_SMEM 32768 /* bytes of normalized rows a GEMV keeps in shared memory */
+#define GEMV_PREFETCH 16 /* 16-byte weight vectors a lane loads ahead (64 registers) */
 
 static const char *const preamble =
     "typedef unsigned char sg_u8;\n"
@@ -825,14 +826,16 @@ static unsigned emit_gemv_warp(gen *g, const sg__group *grp, const gemv *p, int 
                       t, c, t, lslot(g, p->w->slot), (long long)p->woff, c, (long long)p->n, c,
                       (long long)(p->n - 1), (long long)p->sn);
     /* A weight nothing in the step writes may be loaded before the previous
-     * kernel has finished: the first loads of each lane go to registers
-     * ahead of sg_pdl_wait, overlapping that kernel's tail. */
+     * kernel has finished: the loads of each lane go to registers ahead of
+     * sg_pdl_wait, overlapping that kernel's tail -- all of them up to
+     * GEMV_PREFETCH vectors a lane (a K of 3072 bf16 is 12), so that the
+     * weights take one memory latency, not one per batch of loads. */
     const sg__slot *wsl = &g->ir->slots[p->w->slot];
     int64_t kv = p->k / v;
     int npf = wsl->kind != SG__SLOT_INTERNAL && wsl->mutated_by < 0 && p->k % v == 0
-                  ? (int)(kv < 128 ? (kv + 31) / 32 : 4)
+                  ? (int)((kv + 31) / 32 < GEMV_PREFETCH ? (kv + 31) / 32 : GEMV_PREFETCH)
                   : 0;
-    while (npf > 1 && npf * cols > 8) npf--;
+    while (npf > 1 && npf * cols > GEMV_PREFETCH) npf--;
     if (p->k % v != 0) {
         sg__emit_line(g->e, "sg_pdl_wait();");
         emit_gemv_norm(g, grp, p);
