@@ -822,9 +822,11 @@ static unsigned emit_gemv_warp(gen *g, const sg__group *grp, const gemv *p, int 
         for (int c = 0; c < cols; c++) sg__emit_line(g->e, "float acc%d_%d = 0.0f;", r, c);
     /* A warp's last columns past N read column N - 1 again (not stored). */
     for (int c = 0; c < cols; c++)
-        sg__emit_line(g->e, "const %s *wr%d = (const %s *)s%d + (%lld + (nb + %d < %lld ? nb + %d : %lld) * %lld);",
-                      t, c, t, lslot(g, p->w->slot), (long long)p->woff, c, (long long)p->n, c,
-                      (long long)(p->n - 1), (long long)p->sn);
+        sg__emit_line(
+            g->e,
+            "const %s *wr%d = (const %s *)s%d + (%lld + (nb + %d < %lld ? nb + %d : %lld) * %lld);",
+            t, c, t, lslot(g, p->w->slot), (long long)p->woff, c, (long long)p->n, c,
+            (long long)(p->n - 1), (long long)p->sn);
     /* A weight nothing in the step writes may be loaded before the previous
      * kernel has finished: the loads of each lane go to registers ahead of
      * sg_pdl_wait, overlapping that kernel's tail -- all of them up to
@@ -853,9 +855,10 @@ static unsigned emit_gemv_warp(gen *g, const sg__group *grp, const gemv *p, int 
             sg__emit_open(g->e, "if (aligned && nb < %lld)", (long long)p->n);
             for (int u = 0; u < npf; u++)
                 for (int c = 0; c < cols; c++)
-                    sg__emit_line(g->e,
-                                  "if (lane + %d < %lld) wp[%d][%d] = ((const sg_v16 *)wr%d)[lane + %d];",
-                                  32 * u, (long long)kv, u, c, c, 32 * u);
+                    sg__emit_line(
+                        g->e,
+                        "if (lane + %d < %lld) wp[%d][%d] = ((const sg_v16 *)wr%d)[lane + %d];",
+                        32 * u, (long long)kv, u, c, c, 32 * u);
             sg__emit_close(g->e);
         }
         sg__emit_line(g->e, "sg_pdl_wait();");
@@ -1255,9 +1258,9 @@ static bool emit_group(gen *g, const sg__group *grp, sg__cuda_kinfo *ki, bool *a
                 (unsigned)((p.n + (128 << t) / 32 * p.cols - 1) / ((128 << t) / 32 * p.cols));
         ki->replaces_call = true;
         *what = p.norm      ? (p.along_k ? "norm rows into shared memory, then GEMV, a warp per "
-                                             "output column, then the epilogue"
-                                           : "norm rows into shared memory, then GEMV, a thread "
-                                             "per output column, then the epilogue")
+                                           "output column, then the epilogue"
+                                         : "norm rows into shared memory, then GEMV, a thread "
+                                           "per output column, then the epilogue")
                 : p.along_k ? "GEMV, a warp per output column, then the epilogue"
                             : "GEMV, a thread per output column, then the epilogue";
     } else if (is_row) {

@@ -211,7 +211,8 @@ static void row_write(rowk *k) {
     if (k->a + 1 < k->grp->n)
         sg__cuda_members(k->g, k->grp, k->a + 1, k->grp->n, k->nd, k->shape, k->flat);
     if (k->sink >= 0) {
-        const sg__ref *x = sg__cuda_ref(k->g, sg__cuda_ir(k->g)->nodes[k->grp->g[k->sink].node].out);
+        const sg__ref *x =
+            sg__cuda_ref(k->g, sg__cuda_ir(k->g)->nodes[k->grp->g[k->sink].node].out);
         snprintf(lv, sizeof lv, "%s[i]", k->xs);
         snprintf(v, sizeof v, "v%d", k->sink);
         sg__cuda_narrow_store(x->dtype, lv, v, st, sizeof st);

@@ -508,7 +508,8 @@ static sg_status norms_into_gemv(sg_ctx *ctx, const sg__ir *ir, const int *alias
         int p = norm_feeds(ir, alias, r, m);
         if (p < 0) continue;
         sg__group merged;
-        if (!merge_norm(ctx, r, m, p, &merged)) return sg__fail(ctx, SG_ERR_OOM, "fusion: out of host memory");
+        if (!merge_norm(ctx, r, m, p, &merged))
+            return sg__fail(ctx, SG_ERR_OOM, "fusion: out of host memory");
         if (!merged_safe(ir, alias, &merged) || !takes(ir, alias, &merged)) {
             sg__free(ctx, merged.g, sizeof *merged.g * (size_t)merged.n);
             continue;

@@ -82,8 +82,8 @@ enum { G_C = 768, G_NH = 12, G_V = 256, G_T = 16, G_STEPS = 2 };
  * token 3 at position 0: the logits of each (G_STEPS x G_V) and the
  * launches of its capture on CUDA (compiled modes). */
 static bool gpt2_run(int64_t layers, sg_mode mode, double *logits, int *launches) {
-    gpt2_config cfg = {.max_t = G_T, .vocab = G_V, .n_layer = layers, .n_head = G_NH,
-                       .channels = G_C};
+    gpt2_config cfg = {
+        .max_t = G_T, .vocab = G_V, .n_layer = layers, .n_head = G_NH, .channels = G_C};
     gpt2 *g = NULL;
     bool ok = TU_EXPECT(gpt2_init(ctx, &cfg, SG_BF16, 7, &g) == SG_OK) &&
               TU_EXPECT(gpt2_cache_create(g, 1, G_T, &(sg_compile_opts){.mode = mode}) == SG_OK);
@@ -298,9 +298,9 @@ static void llama_init(llama *m, int layers) {
 static void llama_free(llama *m) {
     for (int l = 0; l < m->layers; l++) {
         sg_tensor *t[9] = {m->g1[l], m->wqkv[l], m->wo[l], m->g2[l], m->w1[l],
-                           m->w3[l], m->w2[l], m->kc[l], m->vc[l]};
+                           m->w3[l], m->w2[l],   m->kc[l], m->vc[l]};
         double *v[7] = {m->g1v[l], m->wqkvv[l], m->wov[l], m->g2v[l],
-                        m->w1v[l], m->w3v[l], m->w2v[l]};
+                        m->w1v[l], m->w3v[l],   m->w2v[l]};
         for (int i = 0; i < 9; i++) sg_release(t[i]);
         for (int i = 0; i < 7; i++) free(v[i]);
     }
@@ -314,8 +314,9 @@ static bool llama_run(int layers, int *launches) {
     tu_seed(100 + (uint64_t)layers);
     llama_init(&m, layers);
     sg_fn *fn = NULL;
-    bool ok = TU_EXPECT(sg_compile(ctx, llama_step, &m, 2, 1,
-                                   &(sg_compile_opts){.mode = SG_MODE_REDUCE_OVERHEAD}, &fn) == SG_OK);
+    bool ok =
+        TU_EXPECT(sg_compile(ctx, llama_step, &m, 2, 1,
+                             &(sg_compile_opts){.mode = SG_MODE_REDUCE_OVERHEAD}, &fn) == SG_OK);
     double *kc = calloc((size_t)layers * HKV * S * HD, sizeof(double));
     double *vc = calloc((size_t)layers * HKV * S * HD, sizeof(double));
     int64_t xs[3] = {1, 1, D}, one = 1;
@@ -330,7 +331,8 @@ static bool llama_run(int layers, int *launches) {
         if (!ok) fprintf(stderr, "  %s\n", sg_last_error(ctx));
         ref_step(&m, xv, p, kc, vc, ref);
         double *got = ok ? tu_read(out[0]) : NULL;
-        ok = ok && TU_EXPECT(got != NULL) && tu_close("llama logits", got, ref, V, BF16_TOL, BF16_TOL);
+        ok = ok && TU_EXPECT(got != NULL) &&
+             tu_close("llama logits", got, ref, V, BF16_TOL, BF16_TOL);
         free(got);
         free(xv);
         sg_release(in[0]);
@@ -383,8 +385,9 @@ static void test_inplace(void) {
                         tu_rand(ctx, SG_BF16, 1, &d, 0.8, 1.2, &gv),
                         tu_rand(ctx, SG_BF16, 2, ws, -0.05, 0.05, &wv)};
     sg_fn *fn = NULL;
-    bool ok = TU_EXPECT(sg_compile(ctx, inplace_step, NULL, 3, 1,
-                                   &(sg_compile_opts){.mode = SG_MODE_REDUCE_OVERHEAD}, &fn) == SG_OK);
+    bool ok =
+        TU_EXPECT(sg_compile(ctx, inplace_step, NULL, 3, 1,
+                             &(sg_compile_opts){.mode = SG_MODE_REDUCE_OVERHEAD}, &fn) == SG_OK);
     sg_tensor *out[1] = {NULL};
     sg_mark_step_begin(ctx);
     ok = ok && TU_EXPECT(sg_call(fn, in, 3, out, 1) == SG_OK);
