@@ -801,6 +801,37 @@ static void emit_gemv_cols_fma(gen *g, const gemv *p, int cols, const char *wlan
     }
 }
 
+/* Step u of an along-K GEMV's vector loop: the prefetched vector u of each
+ * column (u < npf), or the loop over the rest of K (u == npf). */
+static void emit_gemv_vectors(gen *g, const gemv *p, int cols, int u, int npf, int64_t kv) {
+    const char *t = ctype(p->x->dtype);
+    int v = 16 / (int)sg_dtype_size(p->x->dtype);
+    if (u < npf) {
+        sg__emit_open(g->e, "if (lane + %d < %lld)", 32 * u, (long long)kv);
+        sg__emit_line(g->e, "const sg_i64 q = lane + %d;", 32 * u);
+    } else {
+        sg__emit_line(g->e, "#pragma unroll %d", cols > 1 ? 2 : 4);
+        sg__emit_open(g->e, "for (sg_i64 q = lane + %d; q < %lld; q += 32)", 32 * npf,
+                      (long long)kv);
+    }
+    for (int c = 0; c < cols; c++) {
+        sg__emit_line(g->e, "union { sg_v16 v; %s e[%d]; } wv%d;", t, v, c);
+        if (u < npf)
+            sg__emit_line(g->e, "wv%d.v = wp[%d][%d];", c, u, c);
+        else
+            sg__emit_line(g->e, "wv%d.v = ((const sg_v16 *)wr%d)[q];", c, c);
+    }
+    for (int r = 0; r < p->rows; r++) {
+        sg__emit_line(g->e, "union { sg_v16 v; %s e[%d]; } xv%d;", t, v, r);
+        sg__emit_line(g->e, "xv%d.v = ((const sg_v16 *)x%d)[q];", r, r);
+    }
+    sg__emit_line(g->e, "#pragma unroll");
+    sg__emit_open(g->e, "for (int j = 0; j < %d; j++)", v);
+    emit_gemv_cols_fma(g, p, cols, "wv%d.e[j]", "xv%d.e[j]");
+    sg__emit_close(g->e);
+    sg__emit_close(g->e);
+}
+
 /*
  * The loads and sums of an along-K GEMV: `cols` adjacent output columns per
  * warp (nb, nb + 1, ...), 16-byte loads along K shared by the columns for
@@ -865,32 +896,7 @@ static unsigned emit_gemv_warp(gen *g, const sg__group *grp, const gemv *p, int 
         emit_gemv_norm(g, grp, p);
         sg__emit_open(g->e, "if (aligned)");
         /* The prefetched vectors, then the rest of K, several loads in flight per lane. */
-        for (int u = 0; u <= npf; u++) {
-            if (u < npf) {
-                sg__emit_open(g->e, "if (lane + %d < %lld)", 32 * u, (long long)kv);
-                sg__emit_line(g->e, "const sg_i64 q = lane + %d;", 32 * u);
-            } else {
-                sg__emit_line(g->e, "#pragma unroll %d", cols > 1 ? 2 : 4);
-                sg__emit_open(g->e, "for (sg_i64 q = lane + %d; q < %lld; q += 32)", 32 * npf,
-                              (long long)kv);
-            }
-            for (int c = 0; c < cols; c++) {
-                sg__emit_line(g->e, "union { sg_v16 v; %s e[%d]; } wv%d;", t, v, c);
-                if (u < npf)
-                    sg__emit_line(g->e, "wv%d.v = wp[%d][%d];", c, u, c);
-                else
-                    sg__emit_line(g->e, "wv%d.v = ((const sg_v16 *)wr%d)[q];", c, c);
-            }
-            for (int r = 0; r < p->rows; r++) {
-                sg__emit_line(g->e, "union { sg_v16 v; %s e[%d]; } xv%d;", t, v, r);
-                sg__emit_line(g->e, "xv%d.v = ((const sg_v16 *)x%d)[q];", r, r);
-            }
-            sg__emit_line(g->e, "#pragma unroll");
-            sg__emit_open(g->e, "for (int j = 0; j < %d; j++)", v);
-            emit_gemv_cols_fma(g, p, cols, "wv%d.e[j]", "xv%d.e[j]");
-            sg__emit_close(g->e);
-            sg__emit_close(g->e);
-        }
+        for (int u = 0; u <= npf; u++) emit_gemv_vectors(g, p, cols, u, npf, kv);
         sg__emit_close(g->e);
         sg__emit_open(g->e, "else");
     }
