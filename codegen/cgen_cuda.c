@@ -6,7 +6,9 @@
  * library-run anchor becomes one extern "C" kernel with constant shapes,
  * strides and offsets, a grid-stride loop, and 16-byte loads and stores
  * when every access of the loop is contiguous and aligned. A matmul of at
- * most 8 rows becomes one GEMV kernel that also runs its bias and epilogue.
+ * most 8 rows becomes one GEMV kernel that also runs its bias and epilogue,
+ * and, when fusion merged the layer_norm/rms_norm that makes its x, first
+ * normalizes those rows into shared memory (every block, from L2).
  * Embedding, index_select, concat and index_copy_ become one kernel each.
  * Every kernel names its slots in its own numbering (first use first), so
  * that the kernels of a model's layers print the same text: each distinct
@@ -24,12 +26,15 @@
 
 #include <math.h>
 #include <stdio.h>
+#include <stdlib.h>
 
 #define BLOCK 256       /* threads per block unless max-autotune picks another */
 #define MAX_BLOCK 512   /* the largest block max-autotune tries (launch bounds) */
 #define GRID_CAP 2048   /* grid-stride loops: more blocks than this buy nothing */
 #define MEMBER_CAP 1024 /* blocks per member of a MULTI kernel */
 #define GEMV_ROWS 8     /* the most rows a generated GEMV takes */
+#define GEMV_SMEM 32768 /* bytes of normalized rows a GEMV keeps in shared memory */
+#define GEMV_PREFETCH 16 /* 16-byte weight vectors a lane loads ahead (64 registers) */
 
 static const char *const preamble =
     "typedef unsigned char sg_u8;\n"
@@ -646,7 +651,22 @@ typedef struct gemv {
     int64_t xoff[GEMV_ROWS];
     int64_t woff, sn, sk;
     bool along_k;
+    bool norm; /* the group's norm_rows part fills x in shared memory (sg_xs) */
+    int cols;  /* along K: output columns per warp */
 } gemv;
+
+/* Columns per warp of an along-K GEMV: enough 16-byte loads in flight per
+ * lane (a K of 768 bf16 is 3 per lane with one column), while the grid
+ * still covers the SMs (132 on an H100) with blocks of BLOCK threads. */
+static int gemv_cols(const gemv *p) {
+    int64_t per = (p->k * (int64_t)sg_dtype_size(p->x->dtype) / 16 + 31) / 32;
+    int64_t wpb = BLOCK / 32, sms = 132;
+    const char *env = getenv("SG_GEMV_COLS");
+    if (env && (atoi(env) == 1 || atoi(env) == 2 || atoi(env) == 4)) return atoi(env);
+    if (per <= 2 && p->n >= 4 * wpb * sms) return 4;
+    if (per <= 4 && p->n >= 2 * wpb * sms) return 2;
+    return 1;
+}
 
 static bool gemv_plan(const gen *g, const sg__group *grp, gemv *p) {
     if (grp->kind != SG__G_MATMUL || grp->anchor < 0) return false;
@@ -674,19 +694,24 @@ static bool gemv_plan(const gen *g, const sg__group *grp, gemv *p) {
     if (p->n == 1) p->sn = 1;
     p->along_k = p->sk == 1;
     if (!p->along_k && p->sn != 1) return false;
-    if (p->k > 1 && x->stride[x->ndim - 1] != 1) return false;
+    p->norm = grp->norm_rows;
+    if (!p->norm && p->k > 1 && x->stride[x->ndim - 1] != 1) return false;
     /* Every leading index of x is a row; each row's offset is a constant. */
     int64_t rows = 1;
     for (int d = 0; d < x->ndim - 1; d++) rows *= x->shape[d];
     if (rows < 1 || rows > GEMV_ROWS) return false;
     p->rows = rows;
+    /* Normalized rows live in shared memory, row r at r * K. */
+    if (p->norm && (rows != grp->nrows || p->k != grp->rowlen ||
+                    rows * p->k * (int64_t)sg_dtype_size(x->dtype) > GEMV_SMEM))
+        return false;
     for (int64_t r = 0; r < rows; r++) {
         int64_t rem = r, off = x->offset;
         for (int d = x->ndim - 2; d >= 0; d--) {
             off += rem % x->shape[d] * x->stride[d];
             rem /= x->shape[d];
         }
-        p->xoff[r] = off;
+        p->xoff[r] = p->norm ? r * p->k : off;
     }
     /* The output: rows x N, contiguous, and the epilogue runs over it. */
     if (numel_of(o->ndim, o->shape) != rows * p->n || !flat_ok(o, o->ndim, o->shape)) return false;
@@ -698,6 +723,7 @@ static bool gemv_plan(const gen *g, const sg__group *grp, gemv *p) {
         if (grp->g[k].store && (slot == x->slot || slot == w->slot || (p->b && slot == p->b->slot)))
             return false;
     }
+    p->cols = p->along_k ? gemv_cols(p) : 1;
     return true;
 }
 
@@ -743,108 +769,191 @@ static void emit_gemv_fma(gen *g, const gemv *p, const char *xlane) {
     }
 }
 
+/*
+ * A norm_rows group's rows into sg_xs, by every block (the rows are a few KB,
+ * read from L2), then the block's barrier; a warp whose columns lie past N
+ * leaves only after it. Nothing for a plain GEMV.
+ */
+static void emit_gemv_norm(gen *g, const sg__group *grp, const gemv *p) {
+    if (!p->norm) return;
+    sg__group part = *grp;
+    part.kind = SG__G_ROW;
+    part.n = grp->anchor;
+    part.anchor = grp->row_anchor;
+    part.norm_rows = false;
+    sg__emit_open(g->e, "%s", "");
+    sg__cgen_cuda_rows_into(g, &part, grp->g[grp->anchor].arg_src[0], "sg_xs");
+    sg__emit_close(g->e);
+    sg__emit_line(g->e, "__syncthreads();");
+    if (p->along_k) sg__emit_line(g->e, "if (nb >= %lld) return;", (long long)p->n);
+}
+
+/* acc<r>_<c> += x<r> * w<c> for every row and column (wlane, xlane: printf
+ * patterns of the column's and the row's element). */
+static void emit_gemv_cols_fma(gen *g, const gemv *p, int cols, const char *wlane,
+                               const char *xlane) {
+    char lv[160], ld[240];
+    for (int c = 0; c < cols; c++) {
+        snprintf(lv, sizeof lv, wlane, c);
+        widen(p->w->dtype, lv, ld, sizeof ld);
+        sg__emit_line(g->e, "const float wf%d = %s;", c, ld);
+    }
+    for (int r = 0; r < p->rows; r++) {
+        snprintf(lv, sizeof lv, xlane, r);
+        widen(p->x->dtype, lv, ld, sizeof ld);
+        sg__emit_line(g->e, "const float xf%d = %s;", r, ld);
+        for (int c = 0; c < cols; c++) sg__emit_line(g->e, "acc%d_%d += xf%d * wf%d;", r, c, r, c);
+    }
+}
+
+/* Step u of an along-K GEMV's vector loop: the prefetched vector u of each
+ * column (u < npf), or the loop over the rest of K (u == npf). */
+static void emit_gemv_vectors(gen *g, const gemv *p, int cols, int u, int npf, int64_t kv) {
+    const char *t = ctype(p->x->dtype);
+    int v = 16 / (int)sg_dtype_size(p->x->dtype);
+    if (u < npf) {
+        sg__emit_open(g->e, "if (lane + %d < %lld)", 32 * u, (long long)kv);
+        sg__emit_line(g->e, "const sg_i64 q = lane + %d;", 32 * u);
+    } else {
+        sg__emit_line(g->e, "#pragma unroll %d", cols > 1 ? 2 : 4);
+        sg__emit_open(g->e, "for (sg_i64 q = lane + %d; q < %lld; q += 32)", 32 * npf,
+                      (long long)kv);
+    }
+    for (int c = 0; c < cols; c++) {
+        sg__emit_line(g->e, "union { sg_v16 v; %s e[%d]; } wv%d;", t, v, c);
+        if (u < npf)
+            sg__emit_line(g->e, "wv%d.v = wp[%d][%d];", c, u, c);
+        else
+            sg__emit_line(g->e, "wv%d.v = ((const sg_v16 *)wr%d)[q];", c, c);
+    }
+    for (int r = 0; r < p->rows; r++) {
+        sg__emit_line(g->e, "union { sg_v16 v; %s e[%d]; } xv%d;", t, v, r);
+        sg__emit_line(g->e, "xv%d.v = ((const sg_v16 *)x%d)[q];", r, r);
+    }
+    sg__emit_line(g->e, "#pragma unroll");
+    sg__emit_open(g->e, "for (int j = 0; j < %d; j++)", v);
+    emit_gemv_cols_fma(g, p, cols, "wv%d.e[j]", "xv%d.e[j]");
+    sg__emit_close(g->e);
+    sg__emit_close(g->e);
+}
+
+/*
+ * The loads and sums of an along-K GEMV: `cols` adjacent output columns per
+ * warp (nb, nb + 1, ...), 16-byte loads along K shared by the columns for
+ * x, then a shuffle sum, after which every lane holds acc<r>_<c>. Returns
+ * the grid; the caller emits the tail on lanes 0 .. cols-1.
+ */
+static unsigned emit_gemv_warp(gen *g, const sg__group *grp, const gemv *p, int cols) {
+    const char *t = ctype(p->x->dtype);
+    int es = (int)sg_dtype_size(p->x->dtype), v = 16 / es;
+    int64_t wpb = BLOCK / 32, per_block = wpb * cols;
+    unsigned grid = (unsigned)((p->n + per_block - 1) / per_block);
+    sg__emit_line(g->e, "const int lane = threadIdx.x & 31;");
+    sg__emit_line(g->e,
+                  "const sg_i64 nb = ((sg_i64)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> "
+                  "5)) * %d;",
+                  cols);
+    if (!p->norm) sg__emit_line(g->e, "if (nb >= %lld) return;", (long long)p->n);
+    for (int r = 0; r < p->rows; r++)
+        for (int c = 0; c < cols; c++) sg__emit_line(g->e, "float acc%d_%d = 0.0f;", r, c);
+    /* A warp's last columns past N read column N - 1 again (not stored). */
+    for (int c = 0; c < cols; c++)
+        sg__emit_line(
+            g->e,
+            "const %s *wr%d = (const %s *)s%d + (%lld + (nb + %d < %lld ? nb + %d : %lld) * %lld);",
+            t, c, t, lslot(g, p->w->slot), (long long)p->woff, c, (long long)p->n, c,
+            (long long)(p->n - 1), (long long)p->sn);
+    /* A weight nothing in the step writes may be loaded before the previous
+     * kernel has finished: the loads of each lane go to registers ahead of
+     * sg_pdl_wait, overlapping that kernel's tail -- all of them up to
+     * GEMV_PREFETCH vectors a lane (a K of 3072 bf16 is 12), so that the
+     * weights take one memory latency, not one per batch of loads. */
+    const sg__slot *wsl = &g->ir->slots[p->w->slot];
+    int64_t kv = p->k / v;
+    int npf = wsl->kind != SG__SLOT_INTERNAL && wsl->mutated_by < 0 && p->k % v == 0
+                  ? (int)((kv + 31) / 32 < GEMV_PREFETCH ? (kv + 31) / 32 : GEMV_PREFETCH)
+                  : 0;
+    while (npf > 1 && npf * cols > GEMV_PREFETCH) npf--;
+    if (p->k % v != 0) {
+        sg__emit_line(g->e, "sg_pdl_wait();");
+        emit_gemv_norm(g, grp, p);
+    } else {
+        char cond[768];
+        size_t k = (size_t)snprintf(cond, sizeof cond, "(((sg_u64)wr0");
+        for (int c = 1; c < cols; c++)
+            k += (size_t)snprintf(cond + k, sizeof cond - k, " | (sg_u64)wr%d", c);
+        for (int r = 0; r < p->rows; r++)
+            k += (size_t)snprintf(cond + k, sizeof cond - k, " | (sg_u64)x%d", r);
+        snprintf(cond + k, sizeof cond - k, ") & 15) == 0");
+        sg__emit_line(g->e, "const bool aligned = %s;", cond);
+        if (npf) {
+            sg__emit_line(g->e, "sg_v16 wp[%d][%d];", npf, cols);
+            sg__emit_open(g->e, "if (aligned && nb < %lld)", (long long)p->n);
+            for (int u = 0; u < npf; u++)
+                for (int c = 0; c < cols; c++)
+                    sg__emit_line(
+                        g->e,
+                        "if (lane + %d < %lld) wp[%d][%d] = ((const sg_v16 *)wr%d)[lane + %d];",
+                        32 * u, (long long)kv, u, c, c, 32 * u);
+            sg__emit_close(g->e);
+        }
+        sg__emit_line(g->e, "sg_pdl_wait();");
+        emit_gemv_norm(g, grp, p);
+        sg__emit_open(g->e, "if (aligned)");
+        /* The prefetched vectors, then the rest of K, several loads in flight per lane. */
+        for (int u = 0; u <= npf; u++) emit_gemv_vectors(g, p, cols, u, npf, kv);
+        sg__emit_close(g->e);
+        sg__emit_open(g->e, "else");
+    }
+    if (p->k % v != 0) sg__emit_open(g->e, "%s", "");
+    sg__emit_open(g->e, "for (sg_i64 k = lane; k < %lld; k += 32)", (long long)p->k);
+    emit_gemv_cols_fma(g, p, cols, "wr%d[k]", "x%d[k]");
+    sg__emit_close(g->e);
+    sg__emit_close(g->e);
+    for (int r = 0; r < p->rows; r++)
+        for (int c = 0; c < cols; c++)
+            sg__emit_line(g->e,
+                          "for (int o = 16; o > 0; o >>= 1) acc%d_%d += "
+                          "__shfl_xor_sync(0xffffffffu, acc%d_%d, o);",
+                          r, c, r, c);
+    return grid;
+}
+
 /* The kernel body of a GEMV group; returns the grid. */
 static unsigned emit_gemv(gen *g, const sg__group *grp, const gemv *p) {
     const char *t = ctype(p->x->dtype);
     char lv[160], ld[240];
-    int es = (int)sg_dtype_size(p->x->dtype), v = 16 / es;
     g->anchor_reg = true;
+    if (p->norm)
+        sg__emit_line(g->e, "__shared__ alignas(16) %s sg_xs[%lld];", t,
+                      (long long)(p->rows * p->k));
     for (int r = 0; r < p->rows; r++)
-        sg__emit_line(g->e, "const %s *x%d = (const %s *)s%d + %lld;", t, r, t,
-                      lslot(g, p->x->slot), (long long)p->xoff[r]);
+        if (p->norm)
+            sg__emit_line(g->e, "const %s *x%d = sg_xs + %lld;", t, r, (long long)p->xoff[r]);
+        else
+            sg__emit_line(g->e, "const %s *x%d = (const %s *)s%d + %lld;", t, r, t,
+                          lslot(g, p->x->slot), (long long)p->xoff[r]);
     unsigned grid;
     if (p->along_k) {
-        /* One warp per output column: 16-byte loads along K, a shuffle sum. */
-        grid = (unsigned)((p->n + BLOCK / 32 - 1) / (BLOCK / 32));
-        sg__emit_line(g->e, "const int lane = threadIdx.x & 31;");
-        sg__emit_line(
-            g->e, "const sg_i64 n = (sg_i64)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);");
-        sg__emit_line(g->e, "if (n >= %lld) return;", (long long)p->n);
-        for (int r = 0; r < p->rows; r++) sg__emit_line(g->e, "float acc%d = 0.0f;", r);
-        sg__emit_line(g->e, "const %s *wr = (const %s *)s%d + (%lld + n * %lld);", t, t,
-                      lslot(g, p->w->slot), (long long)p->woff, (long long)p->sn);
-        /* A weight nothing in the step writes may be loaded before the
-         * previous kernel has finished: the first loads of each lane go to
-         * registers ahead of sg_pdl_wait, overlapping that kernel's tail. */
-        const sg__slot *wsl = &g->ir->slots[p->w->slot];
-        int64_t kv = p->k / v;
-        int npf = wsl->kind != SG__SLOT_INTERNAL && wsl->mutated_by < 0 && p->k % v == 0
-                      ? (int)(kv < 128 ? (kv + 31) / 32 : 4)
-                      : 0;
-        if (p->k % v == 0) {
-            char cond[512];
-            size_t k = (size_t)snprintf(cond, sizeof cond, "(((sg_u64)wr");
-            for (int r = 0; r < p->rows; r++)
-                k += (size_t)snprintf(cond + k, sizeof cond - k, " | (sg_u64)x%d", r);
-            snprintf(cond + k, sizeof cond - k, ") & 15) == 0");
-            sg__emit_line(g->e, "const bool aligned = %s;", cond);
-            if (npf) {
-                sg__emit_line(g->e, "sg_v16 wp[%d];", npf);
-                sg__emit_open(g->e, "if (aligned)");
-                for (int u = 0; u < npf; u++)
-                    sg__emit_line(g->e, "if (lane + %d < %lld) wp[%d] = ((const sg_v16 *)wr)[lane + %d];",
-                                  32 * u, (long long)kv, u, 32 * u);
-                sg__emit_close(g->e);
-            }
-            sg__emit_line(g->e, "sg_pdl_wait();");
-            sg__emit_open(g->e, "if (aligned)");
-            for (int u = 0; u < npf; u++) {
-                sg__emit_open(g->e, "if (lane + %d < %lld)", 32 * u, (long long)kv);
-                sg__emit_line(g->e, "const sg_i64 q = lane + %d;", 32 * u);
-                sg__emit_line(g->e, "union { sg_v16 v; %s e[%d]; } wv;", t, v);
-                sg__emit_line(g->e, "wv.v = wp[%d];", u);
-                for (int r = 0; r < p->rows; r++) {
-                    sg__emit_line(g->e, "union { sg_v16 v; %s e[%d]; } xv%d;", t, v, r);
-                    sg__emit_line(g->e, "xv%d.v = ((const sg_v16 *)x%d)[q];", r, r);
-                }
-                sg__emit_line(g->e, "#pragma unroll");
-                sg__emit_open(g->e, "for (int j = 0; j < %d; j++)", v);
-                widen(p->w->dtype, "wv.e[j]", ld, sizeof ld);
-                sg__emit_line(g->e, "const float wf = %s;", ld);
-                emit_gemv_fma(g, p, "xv%d.e[j]");
-                sg__emit_close(g->e);
-                sg__emit_close(g->e);
-            }
-            /* Several 16-byte loads in flight per lane keep HBM busy. */
-            sg__emit_line(g->e, "#pragma unroll 4");
-            sg__emit_open(g->e, "for (sg_i64 q = lane + %d; q < %lld; q += 32)", 32 * npf,
-                          (long long)kv);
-            sg__emit_line(g->e, "union { sg_v16 v; %s e[%d]; } wv;", t, v);
-            sg__emit_line(g->e, "wv.v = ((const sg_v16 *)wr)[q];");
-            for (int r = 0; r < p->rows; r++) {
-                sg__emit_line(g->e, "union { sg_v16 v; %s e[%d]; } xv%d;", t, v, r);
-                sg__emit_line(g->e, "xv%d.v = ((const sg_v16 *)x%d)[q];", r, r);
-            }
-            sg__emit_line(g->e, "#pragma unroll");
-            sg__emit_open(g->e, "for (int j = 0; j < %d; j++)", v);
-            widen(p->w->dtype, "wv.e[j]", ld, sizeof ld);
-            sg__emit_line(g->e, "const float wf = %s;", ld);
-            emit_gemv_fma(g, p, "xv%d.e[j]");
-            sg__emit_close(g->e);
-            sg__emit_close(g->e);
-            sg__emit_close(g->e);
-            sg__emit_open(g->e, "else");
-        } else {
-            sg__emit_line(g->e, "sg_pdl_wait();");
-            sg__emit_open(g->e, "%s", "");
+        int cols = p->cols;
+        grid = emit_gemv_warp(g, grp, p, cols);
+        /* Lane c stores column nb + c. */
+        sg__emit_open(g->e, "if (lane < %d && nb + lane < %lld)", cols, (long long)p->n);
+        sg__emit_line(g->e, "const sg_i64 n = nb + lane;");
+        for (int r = 0; r < p->rows; r++) {
+            char sel[512];
+            size_t q = 0;
+            for (int c = cols - 1; c > 0 && q < sizeof sel; c--)
+                q += (size_t)snprintf(sel + q, sizeof sel - q, "lane == %d ? acc%d_%d : ", c, r, c);
+            if (q < sizeof sel) snprintf(sel + q, sizeof sel - q, "acc%d_0", r);
+            sg__emit_line(g->e, "const float acc%d = %s;", r, sel);
         }
-        sg__emit_open(g->e, "for (sg_i64 k = lane; k < %lld; k += 32)", (long long)p->k);
-        widen(p->w->dtype, "wr[k]", ld, sizeof ld);
-        sg__emit_line(g->e, "const float wf = %s;", ld);
-        emit_gemv_fma(g, p, "x%d[k]");
-        sg__emit_close(g->e);
-        sg__emit_close(g->e);
-        for (int r = 0; r < p->rows; r++)
-            sg__emit_line(
-                g->e,
-                "for (int o = 16; o > 0; o >>= 1) acc%d += __shfl_xor_sync(0xffffffffu, acc%d, o);",
-                r, r);
-        sg__emit_open(g->e, "if (lane == 0)");
     } else {
         /* One thread per column, 8 slices of K per block summed in shared memory. */
         int slices = BLOCK / 32;
         grid = (unsigned)((p->n + 31) / 32);
         sg__emit_line(g->e, "sg_pdl_wait();");
+        emit_gemv_norm(g, grp, p);
         sg__emit_line(g->e, "const int c = threadIdx.x & 31, ks = threadIdx.x >> 5;");
         sg__emit_line(g->e, "const sg_i64 n = (sg_i64)blockIdx.x * 32 + c;");
         for (int r = 0; r < p->rows; r++) sg__emit_line(g->e, "float acc%d = 0.0f;", r);
@@ -1216,11 +1325,17 @@ static bool emit_group(gen *g, const sg__group *grp, sg__cuda_kinfo *ki, bool *a
         lslot(g, p.o->slot);
         ki->grid = emit_gemv(g, grp, &p);
         ki->iters = p.n;
-        for (int t = 0; t < SG__CUDA_NTUNE && p.along_k; t++) /* warps per block vary */
-            ki->tune_grid[t] = (unsigned)((p.n + (128 << t) / 32 - 1) / ((128 << t) / 32));
+        /* Warps per block vary, except where the norm's team is the block. */
+        for (int t = 0; t < SG__CUDA_NTUNE && p.along_k && !p.norm; t++)
+            ki->tune_grid[t] =
+                (unsigned)((p.n + (128 << t) / 32 * p.cols - 1) / ((128 << t) / 32 * p.cols));
         ki->replaces_call = true;
-        *what = p.along_k ? "GEMV, a warp per output column, then the epilogue"
-                          : "GEMV, a thread per output column, then the epilogue";
+        *what = p.norm      ? (p.along_k ? "norm rows into shared memory, then GEMV, a warp per "
+                                           "output column, then the epilogue"
+                                         : "norm rows into shared memory, then GEMV, a thread "
+                                           "per output column, then the epilogue")
+                : p.along_k ? "GEMV, a warp per output column, then the epilogue"
+                            : "GEMV, a thread per output column, then the epilogue";
     } else if (is_row) {
         g->anchor_reg = true;
         used_slots(g, grp, 0);
@@ -1424,6 +1539,15 @@ void sg__cuda_members(sg__cuda_gen *g, const sg__group *grp, int from, int to, i
 
 /* ------------------------------------------------------------ the unit */
 
+/* sg__fuse_opts.gemv_rows: a norm merged into a matmul group is one GEMV
+ * kernel here (gemv_plan on the merged group). */
+static bool gemv_rows(const sg__ir *ir, const int *alias, const sg__group *merged) {
+    sg__fused f = {.alias = (int *)alias};
+    gen g = {.ir = ir, .f = &f};
+    gemv p;
+    return gemv_plan(&g, merged, &p) && p.norm;
+}
+
 void sg__cgen_cuda_fuse_opts(sg__fuse_opts *o, bool disable) {
     memset(o, 0, sizeof *o);
     o->disable = disable;
@@ -1431,6 +1555,7 @@ void sg__cgen_cuda_fuse_opts(sg__fuse_opts *o, bool disable) {
     o->no_prologue = true;
     o->rows_inline = true;
     o->horizontal_data = true;
+    o->gemv_rows = gemv_rows;
 }
 
 sg_status sg__cgen_cuda(sg_ctx *ctx, const sg__ir *ir, const sg__fused *f, const char *title,

@@ -25,6 +25,11 @@
  * last pass that computes it (an in-place prologue must not read its own
  * result back).
  *
+ * The same rows, with every block computing all of them, open a GEMV kernel
+ * whose x is the norm's result (sg__cgen_cuda_rows_into): the value the
+ * matmul reads goes to an array in shared memory, rounded to its dtype as
+ * its store would round it.
+ *
  * Loads, stores, ops and their rounding are cgen_cuda.c's (through the
  * helpers of codegen.h), so a fused row rounds as the unfused ops would.
  */
@@ -50,6 +55,8 @@ typedef struct rowk {
     bool flat;       /* that walk is flat */
     int nred;        /* shared arrays declared so far */
     sg__group quiet; /* grp with no member storing */
+    int sink;        /* GEMV prologue: the member whose value goes to xs[i], else -1 */
+    const char *xs;
 } rowk;
 
 /* `var` combined over the team (op: "+" for a sum, else fmaxf). */
@@ -203,6 +210,14 @@ static void row_write(rowk *k) {
     }
     if (k->a + 1 < k->grp->n)
         sg__cuda_members(k->g, k->grp, k->a + 1, k->grp->n, k->nd, k->shape, k->flat);
+    if (k->sink >= 0) {
+        const sg__ref *x =
+            sg__cuda_ref(k->g, sg__cuda_ir(k->g)->nodes[k->grp->g[k->sink].node].out);
+        snprintf(lv, sizeof lv, "%s[i]", k->xs);
+        snprintf(v, sizeof v, "v%d", k->sink);
+        sg__cuda_narrow_store(x->dtype, lv, v, st, sizeof st);
+        sg__emit_line(k->e, "%s", st);
+    }
 }
 
 /* Statistics and write pass of softmax, log_softmax and the norms. */
@@ -384,13 +399,15 @@ static void emit_argmax(rowk *k) {
     sg__emit_close(k->e);
 }
 
-const char *sg__cgen_cuda_rows(sg__cuda_gen *g, const sg__group *grp, sg__cuda_kinfo *ki) {
-    rowk k = {.g = g,
-              .e = sg__cuda_out(g),
-              .grp = grp,
-              .a = grp->anchor,
-              .rows = grp->nrows,
-              .len = grp->rowlen};
+/*
+ * The rows of grp (k: its fields set by the caller) over the loop of rows
+ * that starts at row block `blk` and steps over `nblk` blocks; fills the
+ * rest of k.
+ */
+static void emit_rows(rowk *kp, const char *blk, const char *nblk) {
+    rowk k = *kp;
+    sg__cuda_gen *g = k.g;
+    const sg__group *grp = k.grp;
     const sg__ir *ir = sg__cuda_ir(g);
     k.an = &ir->nodes[grp->g[k.a].node];
     k.x = sg__cuda_arg(g, k.an, 0);
@@ -413,22 +430,19 @@ const char *sg__cgen_cuda_rows(sg__cuda_gen *g, const sg__group *grp, sg__cuda_k
         grp->n <= 64 ? quiet : sg__alloc(sg__cuda_out(g)->ctx, sizeof *qg * (size_t)grp->n);
     if (!qg) {
         k.e->oom = true;
-        return "";
+        *kp = k;
+        return;
     }
     for (int m = 0; m < grp->n; m++) qg[m] = grp->g[m], qg[m].store = false;
     k.quiet = *grp;
     k.quiet.g = qg;
 
     int rpb = BLOCK / k.team;
-    int64_t blocks = (k.rows + rpb - 1) / rpb;
-    ki->grid = (unsigned)(blocks < 1 ? 1 : blocks > 65535 * 16 ? 65535 * 16 : blocks);
-    ki->iters = k.rows * k.len;
-    ki->replaces_call = true;
     sg__emit_line(k.e, "const int r_lane = threadIdx.x %% %d;", k.team);
     sg__emit_open(k.e,
-                  "for (sg_i64 r_row = (sg_i64)blockIdx.x * %d + threadIdx.x / %d; r_row < %lldLL; "
-                  "r_row += (sg_i64)gridDim.x * %d)",
-                  rpb, k.team, (long long)k.rows, rpb);
+                  "for (sg_i64 r_row = (sg_i64)%s * %d + threadIdx.x / %d; r_row < %lldLL; "
+                  "r_row += (sg_i64)%s * %d)",
+                  blk, rpb, k.team, (long long)k.rows, nblk, rpb);
     if (k.per && grp->kind == SG__G_ROW) sg__emit_line(k.e, "float r_xr[%d];", k.per);
     if (grp->kind == SG__G_ROW)
         emit_row_op(&k);
@@ -440,6 +454,23 @@ const char *sg__cgen_cuda_rows(sg__cuda_gen *g, const sg__group *grp, sg__cuda_k
     if (k.team > 32 && k.nred) sg__emit_line(k.e, "__syncthreads();");
     sg__emit_close(k.e);
     if (qg != quiet) sg__free(k.e->ctx, qg, sizeof *qg * (size_t)grp->n);
+    *kp = k;
+}
+
+const char *sg__cgen_cuda_rows(sg__cuda_gen *g, const sg__group *grp, sg__cuda_kinfo *ki) {
+    rowk k = {.g = g,
+              .e = sg__cuda_out(g),
+              .grp = grp,
+              .a = grp->anchor,
+              .rows = grp->nrows,
+              .len = grp->rowlen,
+              .sink = -1};
+    emit_rows(&k, "blockIdx.x", "gridDim.x");
+    int rpb = BLOCK / k.team;
+    int64_t blocks = (k.rows + rpb - 1) / rpb;
+    ki->grid = (unsigned)(blocks < 1 ? 1 : blocks > 65535 * 16 ? 65535 * 16 : blocks);
+    ki->iters = k.rows * k.len;
+    ki->replaces_call = true;
     if (grp->kind == SG__G_ROW)
         return k.team > 32 ? "row op, a block per row, prologue and epilogue fused"
                            : "row op, a warp per row, prologue and epilogue fused";
@@ -448,4 +479,16 @@ const char *sg__cgen_cuda_rows(sg__cuda_gen *g, const sg__group *grp, sg__cuda_k
                            : "row argmax, a warp per row, prologue fused";
     return k.team > 32 ? "row reduction, a block per row, prologue and epilogues fused"
                        : "row reduction, a warp per row, prologue and epilogues fused";
+}
+
+void sg__cgen_cuda_rows_into(sg__cuda_gen *g, const sg__group *grp, int sink, const char *xs) {
+    rowk k = {.g = g,
+              .e = sg__cuda_out(g),
+              .grp = grp,
+              .a = grp->anchor,
+              .rows = grp->nrows,
+              .len = grp->rowlen,
+              .sink = sink,
+              .xs = xs};
+    emit_rows(&k, "0", "1");
 }

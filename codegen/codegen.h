@@ -238,7 +238,12 @@ SG__HIDDEN sg_status sg__cgen_c(sg_ctx *ctx, const sg__ir *ir, const sg__fused *
  * group with at most 8 rows and a weight contiguous along K or along N
  * becomes one GEMV kernel that also computes the anchor (and its bias and
  * epilogue), so the library call is skipped; so does a rows_inline ROW or
- * REDUCE group (cgen_cuda_row.c). OPAQUE groups get nothing.
+ * REDUCE group (cgen_cuda_row.c). A MATMUL group with norm_rows (the
+ * layer_norm/rms_norm before it merged in by fusion) is one such GEMV whose
+ * blocks first compute the norm's rows into shared memory. Along K, a warp
+ * takes 1, 2 or 4 adjacent output columns (more when K gives a lane few
+ * 16-byte loads and N still fills the SMs; SG_GEMV_COLS=1|2|4 forces a
+ * count, for measuring). OPAQUE groups get nothing.
  */
 #define SG__CUDA_NTUNE 3 /* block sizes max-autotune tries: 128, 256, 512 */
 #define SG__CUDA_MAX_LOCAL 64 /* entries of a kernel's own address table */
@@ -282,6 +287,13 @@ typedef struct sg__cuda_gen sg__cuda_gen;
  * replaces_call. Returns the kernel comment's description. */
 SG__HIDDEN const char *sg__cgen_cuda_rows(sg__cuda_gen *g, const sg__group *grp,
                                           sg__cuda_kinfo *ki);
+/* The same for the norm part of a MATMUL group with norm_rows: grp is that
+ * part as a ROW group (members [0, its anchor), anchor at the norm), every
+ * block computes every row (a warp per row up to 256 elements, else the
+ * block), and member sink's value at walk index i goes to xs[i], an array
+ * in shared memory of sink's dtype; nothing is launched by it. */
+SG__HIDDEN void sg__cgen_cuda_rows_into(sg__cuda_gen *g, const sg__group *grp, int sink,
+                                        const char *xs);
 /* cgen_cuda.c's helpers. The walk index is `i` (flat, row-major over the
  * walk's shape) or i0..i<nd-1> after sg__cuda_unflatten. */
 SG__HIDDEN sg__emit *sg__cuda_out(sg__cuda_gen *g);

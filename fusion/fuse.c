@@ -426,6 +426,109 @@ static sg_status group_nodes(builder *b, bool disable) {
     return s;
 }
 
+/* ------------------------------------------------------------ norm into GEMV */
+
+/* Does member k of grp read slot `slot` from memory? */
+static bool member_loads(const sg__ir *ir, const int *alias, const sg__gnode *gn, int slot) {
+    const sg__irnode *n = &ir->nodes[gn->node];
+    for (int j = 0; j < n->nin; j++) {
+        const sg__ref *a = arg_ref(ir, n, j, alias);
+        if (a && a->slot == slot && src_of(gn, j) < 0) return true;
+    }
+    return false;
+}
+
+/*
+ * The member of ROW group r whose value matmul group m's anchor reads as
+ * its x: the last writer of x's exact geometry, at or after the norm (a
+ * prologue value is not the normalized row); -1 when there is none, or when
+ * r writes x's slot through another geometry or m's other inputs at all.
+ */
+static int norm_feeds(const sg__ir *ir, const int *alias, const sg__group *r, const sg__group *m) {
+    const sg__irnode *mm = &ir->nodes[m->g[m->anchor].node];
+    const sg__ref *x = arg_ref(ir, mm, 0, alias);
+    int p = -1;
+    for (int k = 0; x && k < r->n; k++) {
+        const sg__ref *o = &ir->refs[alias[ir->nodes[r->g[k].node].out]];
+        for (int j = 1; j < mm->nin; j++) {
+            const sg__ref *a = arg_ref(ir, mm, j, alias);
+            if (a && a->slot == o->slot) return -1;
+        }
+        if (o->slot != x->slot) continue;
+        if (!same_geom(o, x)) return -1;
+        p = k;
+    }
+    return p >= r->anchor ? p : -1;
+}
+
+/*
+ * The merged group's kernel runs the norm in every block while other blocks
+ * already store the epilogue: no slot that any member writes may be read
+ * from memory by any member (an in-place residual, or a weight updated in
+ * the step).
+ */
+static bool merged_safe(const sg__ir *ir, const int *alias, const sg__group *g) {
+    for (int k = 0; k < g->n; k++) {
+        int slot = ir->refs[alias[ir->nodes[g->g[k].node].out]].slot;
+        for (int q = 0; q < g->n; q++)
+            if (member_loads(ir, alias, &g->g[q], slot)) return false;
+    }
+    return true;
+}
+
+/* ROW group r and MATMUL group m as one group (r's members, then m's,
+ * renumbered), or false when out of memory. */
+static bool merge_norm(sg_ctx *ctx, const sg__group *r, const sg__group *m, int p, sg__group *out) {
+    *out = *m;
+    out->g = sg__alloc(ctx, sizeof *out->g * (size_t)(r->n + m->n));
+    if (!out->g) return false;
+    memcpy(out->g, r->g, sizeof *out->g * (size_t)r->n);
+    for (int k = 0; k < m->n; k++) {
+        sg__gnode gn = m->g[k];
+        for (int j = 0; j < 4; j++)
+            if (gn.arg_src[j] >= 0) gn.arg_src[j] += r->n;
+        out->g[r->n + k] = gn;
+    }
+    out->n = r->n + m->n;
+    out->anchor = r->n + m->anchor;
+    out->g[out->anchor].arg_src[0] = p;
+    out->first = r->first;
+    out->norm_rows = true;
+    out->row_anchor = r->anchor;
+    out->rows_inline = false;
+    out->nrows = r->nrows;
+    out->rowlen = r->rowlen;
+    return true;
+}
+
+/* Each layer_norm/rms_norm row group that only feeds the next matmul
+ * group's x merges into it where the backend's gemv_rows takes the result. */
+static sg_status norms_into_gemv(sg_ctx *ctx, const sg__ir *ir, const int *alias, sg__fused *f,
+                                 bool (*takes)(const sg__ir *, const int *, const sg__group *)) {
+    for (int k = 0; k + 1 < f->ngroups; k++) {
+        sg__group *r = &f->groups[k], *m = &f->groups[k + 1];
+        if (r->kind != SG__G_ROW || !r->rows_inline || m->kind != SG__G_MATMUL || m->anchor != 0)
+            continue;
+        sg__op op = ir->nodes[r->g[r->anchor].node].op;
+        if (op != SG__OP_LAYER_NORM && op != SG__OP_RMS_NORM) continue;
+        int p = norm_feeds(ir, alias, r, m);
+        if (p < 0) continue;
+        sg__group merged;
+        if (!merge_norm(ctx, r, m, p, &merged))
+            return sg__fail(ctx, SG_ERR_OOM, "fusion: out of host memory");
+        if (!merged_safe(ir, alias, &merged) || !takes(ir, alias, &merged)) {
+            sg__free(ctx, merged.g, sizeof *merged.g * (size_t)merged.n);
+            continue;
+        }
+        sg__free(ctx, r->g, sizeof *r->g * (size_t)(r->n ? r->n : 1));
+        sg__free(ctx, m->g, sizeof *m->g * (size_t)(m->n ? m->n : 1));
+        *r = merged;
+        memmove(m, m + 1, sizeof *m * (size_t)(f->ngroups - k - 2));
+        f->ngroups--;
+    }
+    return SG_OK;
+}
+
 /* ------------------------------------------------------------ stores */
 
 /* Which groups load each slot from memory: a bit per slot, computed per group. */
@@ -459,7 +562,9 @@ static void mark_stores(const sg__ir *ir, const int *alias, sg__group *groups, i
                          g->kind == SG__G_OPAQUE || (g->kind == SG__G_MATMUL && k == g->anchor);
             /* The library call of a reduction or row reads its input from
              * memory: the prologue value it takes is stored. */
-            if (g->anchor > 0 && !g->rows_inline && g->g[g->anchor].arg_src[0] == k) store = true;
+            if (g->anchor > 0 && !g->rows_inline && !g->norm_rows &&
+                g->g[g->anchor].arg_src[0] == k)
+                store = true;
             for (int o = 0; o < ngroups && !store; o++)
                 if (o != gi && group_loads(ir, alias, &groups[o], slot)) store = true;
             for (int q = k + 1; q < g->n && store; q++) /* a later write supersedes */
@@ -607,6 +712,8 @@ sg_status sg__fuse(sg_ctx *ctx, const sg__ir *ir, const sg__fuse_opts *opts, sg_
     f->groups = b.groups;
     f->ngroups = b.ngroups;
     f->cap_groups = b.cap;
+    if (s == SG_OK && !per_op && opts && opts->gemv_rows)
+        s = norms_into_gemv(ctx, ir, f->alias, f, opts->gemv_rows);
     if (s != SG_OK) goto done;
     mark_stores(ir, f->alias, f->groups, f->ngroups);
     if (!per_op && (!opts || opts->horizontal))

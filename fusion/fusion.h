@@ -28,6 +28,9 @@
  *      MATMUL     matmul/linear through the BLAS, then an epilogue over its
  *                 output (bias, activation, residual add, cast) in one loop.
  *      OPAQUE     any other node, run by the backend's eager kernel.
+ *  - norm into GEMV (with gemv_rows): a layer_norm/rms_norm ROW group and
+ *    the MATMUL group that reads its result become one MATMUL group whose
+ *    generated kernel normalizes the rows on chip and then runs the GEMV.
  *  - horizontal: consecutive POINTWISE groups with no data between them
  *    (an optimizer's per-parameter updates) become one MULTI group: one
  *    kernel with one loop per member; with horizontal_data, so do
@@ -76,6 +79,12 @@ typedef struct sg__group {
     int bcast; /* REDUCE: index into g of the first epilogue member over the
                   anchor's input shape (it reads the reduced values broadcast
                   along the rows); 0 when none */
+    /* MATMUL groups that sg__fuse_opts.gemv_rows merged with the norm before
+     * them: members [0, anchor) are that rows_inline ROW group (its prologue,
+     * the layer_norm/rms_norm at index row_anchor, its epilogue), whose last
+     * value the anchor reads as x (arg_src[0]); nrows rows of rowlen. */
+    bool norm_rows;
+    int row_anchor;
 } sg__group;
 
 typedef struct sg__fused {
@@ -108,6 +117,13 @@ typedef struct sg__fuse_opts {
     bool horizontal_data; /* with horizontal: consecutive independent OPAQUE
                              index_copy_ groups that the backend generates
                              (idx and src outside dst) merge into one MULTI */
+    /* The backend computes a matmul group in generated code that also
+     * computes the rows of a norm before it (a GEMV reading its few rows of
+     * x from on-chip memory): a rows_inline layer_norm/rms_norm ROW group
+     * whose result only the next MATMUL group's anchor reads as x merges
+     * into it (sg__group.norm_rows) when this says the merged group is one
+     * it generates. NULL: no such merge. */
+    bool (*gemv_rows)(const sg__ir *ir, const int *alias, const sg__group *merged);
 } sg__fuse_opts;
 
 SG__HIDDEN sg_status sg__fuse(sg_ctx *ctx, const sg__ir *ir, const sg__fuse_opts *opts,

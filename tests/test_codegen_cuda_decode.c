@@ -1,0 +1,418 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * test_codegen_cuda_decode.c -- decode steps at batch 1 on the CUDA backend's
+ * plan: launches per decoder layer, and the results.
+ *
+ * Two models, each built with 1 and with 2 layers; the launches of a decode
+ * step on CUDA (generated kernels plus library calls, from its capture fused
+ * with the CUDA options and generated in the CUDA dialect, without a GPU)
+ * differ by one layer's:
+ *  - GPT-2 (examples/gpt2/, bf16, 768 channels, 12 heads): at most 6 per
+ *    layer (each layer_norm folded into the GEMV that reads it); its
+ *    compiled decode logits equal an eager run's within bf16 tolerance for
+ *    two steps (the same seeded weights), and its greedy tokens match.
+ *  - A Llama-style block written here against the public header (bf16:
+ *    RMSNorm, one QKV projection, rotary embeddings with narrow, mul, sub,
+ *    add and concat on the position's row of cos/sin tables, grouped-query
+ *    attention through sg_sdpa_cached over per-layer caches, SwiGLU): its
+ *    logits against an f64 reference written here for three positions.
+ *  - h += linear(rms_norm(h)) in place: the norm is not folded into the GEMV
+ *    whose epilogue writes h (2 launches), and h is right.
+ * Each unit is compiled by NVRTC for sm_90 when NVRTC can be loaded. The
+ * results run on the test's backend (SG_TEST_BACKEND: the CPU by default,
+ * the CUDA kernels under the gpu label).
+ */
+#include "gpt2/model.h"
+#include "testutil.h"
+
+#include "graphs/graphs.h"
+
+#include <math.h>
+#include <string.h>
+
+#define BF16_TOL 3e-2
+
+static sg_ctx *ctx;
+static bool nvrtc_missing;
+
+/* Launches per step of fn's last capture on CUDA; the unit through NVRTC. */
+static bool cuda_launches(sg_fn *fn, const char *name, int *launches) {
+    *launches = 0;
+    if (!TU_EXPECT(fn && fn->ngraphs > 0)) return false;
+    sg__graph *g = fn->graphs[fn->ngraphs - 1];
+    sg__fuse_opts fo;
+    sg__cgen_cuda_fuse_opts(&fo, false);
+    sg__fused f;
+    if (!TU_EXPECT(sg__fuse(ctx, &g->ir, &fo, &f) == SG_OK)) return false;
+    sg__cuda_kinfo *ki = calloc((size_t)(f.ngroups ? f.ngroups : 1), sizeof *ki);
+    sg__emit e = {.ctx = ctx};
+    int nk = 0, calls = 0;
+    bool ok = TU_EXPECT(ki && sg__cgen_cuda(ctx, &g->ir, &f, name, &e, ki, &nk) == SG_OK);
+    for (int k = 0; ok && k < f.ngroups; k++) {
+        const sg__group *grp = &f.groups[k];
+        calls += (grp->kind == SG__G_OPAQUE || grp->anchor >= 0) && !ki[k].replaces_call;
+    }
+    *launches = nk + calls;
+    if (ok && getenv("SG_TEST_PRINT_CUDA")) fprintf(stderr, "%s\n", e.buf);
+    if (ok && !nvrtc_missing) {
+        void *cubin = NULL;
+        size_t size = 0;
+        sg_status s = sg__nvrtc_build(ctx, name, e.buf, 90, &cubin, &size);
+        if (s == SG_ERR_BACKEND_UNAVAILABLE) {
+            nvrtc_missing = true;
+            fprintf(stderr, "  NVRTC unavailable: units are generated but not compiled\n");
+        } else {
+            ok = TU_EXPECT(s == SG_OK && cubin && size > 0);
+            if (!ok) fprintf(stderr, "  %s\n", sg_last_error(ctx));
+        }
+        sg__free(ctx, cubin, size);
+        sg_clear_error(ctx);
+    }
+    sg__emit_free(&e);
+    free(ki);
+    sg__fused_free(ctx, &f, &g->ir);
+    return ok;
+}
+
+/* ------------------------------------------------------------ GPT-2 */
+
+enum { G_C = 768, G_NH = 12, G_V = 256, G_T = 16, G_STEPS = 2 };
+
+/* Two decode steps of a seeded GPT-2 with `layers` layers in `mode` from
+ * token 3 at position 0: the logits of each (G_STEPS x G_V) and the
+ * launches of its capture on CUDA (compiled modes). */
+static bool gpt2_run(int64_t layers, sg_mode mode, double *logits, int *launches) {
+    gpt2_config cfg = {
+        .max_t = G_T, .vocab = G_V, .n_layer = layers, .n_head = G_NH, .channels = G_C};
+    gpt2 *g = NULL;
+    bool ok = TU_EXPECT(gpt2_init(ctx, &cfg, SG_BF16, 7, &g) == SG_OK) &&
+              TU_EXPECT(gpt2_cache_create(g, 1, G_T, &(sg_compile_opts){.mode = mode}) == SG_OK);
+    int64_t one = 1, tok = 3, p0 = 0;
+    sg_tensor *token = sg_from_host(ctx, SG_I64, 1, &one, &tok);
+    sg_tensor *pos = sg_from_host(ctx, SG_I64, 1, &one, &p0);
+    for (int s = 0; ok && s < G_STEPS; s++) {
+        sg_tensor *out = NULL;
+        ok = TU_EXPECT(gpt2_decode(g, token, pos, &out) == SG_OK);
+        double *v = ok ? tu_read(out) : NULL;
+        ok = ok && TU_EXPECT(v != NULL && sg_tensor_numel(out) == G_V);
+        if (ok) memcpy(logits + s * G_V, v, sizeof(double) * G_V);
+        free(v);
+        if (mode == SG_MODE_EAGER) sg_release(out);
+    }
+    if (!ok) fprintf(stderr, "  %s\n", sg_last_error(ctx));
+    char name[64];
+    snprintf(name, sizeof name, "cu_gpt2_decode_l%lld", (long long)layers);
+    if (ok && mode != SG_MODE_EAGER) ok = cuda_launches(g->decode_fn, name, launches);
+    sg_release(token);
+    sg_release(pos);
+    gpt2_destroy(g);
+    return ok;
+}
+
+static int argmax_of(const double *v, int n) {
+    int b = 0;
+    for (int i = 1; i < n; i++)
+        if (v[i] > v[b]) b = i;
+    return b;
+}
+
+static void test_gpt2(void) {
+    static double eager[G_STEPS * G_V], comp[G_STEPS * G_V], tmp[G_STEPS * G_V];
+    int one = 0, two = 0;
+    bool ok = gpt2_run(2, SG_MODE_EAGER, eager, &two) &&
+              gpt2_run(2, SG_MODE_REDUCE_OVERHEAD, comp, &two) &&
+              gpt2_run(1, SG_MODE_REDUCE_OVERHEAD, tmp, &one);
+    int per_layer = two - one;
+    /* layer_norm + QKV GEMV, the K/V cache writes, attention, proj GEMV +
+     * residual, layer_norm + fc GEMV + gelu, fcproj GEMV + residual. */
+    ok = ok && TU_EXPECT(per_layer <= 6) &&
+         tu_close("gpt2 decode logits", comp, eager, G_STEPS * G_V, BF16_TOL, BF16_TOL);
+    for (int s = 0; ok && s < G_STEPS; s++)
+        ok = TU_EXPECT(argmax_of(comp + s * G_V, G_V) == argmax_of(eager + s * G_V, G_V));
+    tu_case(ok,
+            "GPT2_DECODE_LAUNCHES(bf16,C=%d,NH=%d,V=%d,batch=1,%d steps) -> %d per layer "
+            "(1 layer: %d, 2 layers: %d), logits as eager's",
+            G_C, G_NH, G_V, G_STEPS, per_layer, one, two);
+}
+
+/* ------------------------------------------------------------ Llama-style */
+
+enum { D = 512, HQ = 8, HKV = 2, HD = 64, F = 1024, V = 128, S = 16, NQKV = (HQ + 2 * HKV) * HD };
+#define LL_MAX 2
+#define EPS 1e-5
+
+typedef struct llama {
+    int layers;
+    sg_tensor *g1[LL_MAX], *wqkv[LL_MAX], *wo[LL_MAX], *g2[LL_MAX], *w1[LL_MAX], *w3[LL_MAX],
+        *w2[LL_MAX], *kc[LL_MAX], *vc[LL_MAX], *gf, *wout, *cos, *sin;
+    double *g1v[LL_MAX], *wqkvv[LL_MAX], *wov[LL_MAX], *g2v[LL_MAX], *w1v[LL_MAX], *w3v[LL_MAX],
+        *w2v[LL_MAX], *gfv, *woutv, *cosv, *sinv;
+} llama;
+
+/* t (1, H, 1, HD) rotated by the position's angles c, s (1, 1, 1, HD/2). */
+static sg_tensor *rotate(sg_tensor *t, sg_tensor *c, sg_tensor *s) {
+    sg_tensor *a = sg_narrow(t, 3, 0, HD / 2), *b = sg_narrow(t, 3, HD / 2, HD / 2);
+    sg_tensor *h[2] = {sg_sub(sg_mul(a, c), sg_mul(b, s)), sg_add(sg_mul(b, c), sg_mul(a, s))};
+    return sg_concat(2, h, 3);
+}
+
+/* (1, 1, H * HD) -> (1, H, 1, HD) */
+static sg_tensor *heads(sg_tensor *t, int64_t h) {
+    int64_t sh[4] = {1, 1, h, HD};
+    return sg_transpose(sg_reshape(t, 4, sh), 1, 2);
+}
+
+/* in: x (1, 1, D), pos (1) i64 -> logits (1, 1, V); K and V at pos. */
+static sg_status llama_step(sg_ctx *c, sg_tensor *const *in, sg_tensor **out, void *user) {
+    const llama *m = user;
+    sg_tensor *x = in[0], *pos = in[1];
+    int64_t rs[4] = {1, 1, 1, HD / 2}, flat[3] = {1, 1, HQ * HD};
+    sg_tensor *cs = sg_reshape(sg_index_select(m->cos, 0, pos), 4, rs);
+    sg_tensor *sn = sg_reshape(sg_index_select(m->sin, 0, pos), 4, rs);
+    sg_tensor *kv_len = sg_add_scalar(sg_reshape(pos, 0, NULL), 1);
+    for (int l = 0; l < m->layers; l++) {
+        sg_tensor *qkv = sg_linear(sg_rms_norm(x, m->g1[l], EPS), m->wqkv[l], NULL);
+        /* The query and key heads rotate together (one rotation, one concat). */
+        sg_tensor *qk = rotate(heads(sg_narrow(qkv, 2, 0, (HQ + HKV) * HD), HQ + HKV), cs, sn);
+        sg_tensor *q = sg_narrow(qk, 1, 0, HQ), *k = sg_narrow(qk, 1, HQ, HKV);
+        sg_tensor *v = heads(sg_narrow(qkv, 2, (HQ + HKV) * HD, HKV * HD), HKV);
+        sg_status st = sg_index_copy_(m->kc[l], 2, pos, k);
+        if (st == SG_OK) st = sg_index_copy_(m->vc[l], 2, pos, v);
+        if (st != SG_OK) return st;
+        sg_tensor *a = sg_sdpa_cached(q, m->kc[l], m->vc[l], kv_len, 0.0);
+        x = sg_add(x, sg_linear(sg_reshape(sg_transpose(a, 1, 2), 3, flat), m->wo[l], NULL));
+        sg_tensor *h = sg_rms_norm(x, m->g2[l], EPS);
+        sg_tensor *u = sg_mul(sg_silu(sg_linear(h, m->w1[l], NULL)), sg_linear(h, m->w3[l], NULL));
+        x = sg_add(x, sg_linear(u, m->w2[l], NULL));
+    }
+    out[0] = sg_linear(sg_rms_norm(x, m->gf, EPS), m->wout, NULL);
+    return out[0] ? SG_OK : sg_ctx_status(c);
+}
+
+/* ---- the f64 reference */
+
+static void ref_norm(const double *x, const double *g, double *y) {
+    double ss = 0;
+    for (int i = 0; i < D; i++) ss += x[i] * x[i];
+    double r = 1 / sqrt(ss / D + EPS);
+    for (int i = 0; i < D; i++) y[i] = x[i] * r * g[i];
+}
+
+/* y (n) = w (n, k) x (k) */
+static void ref_linear(const double *x, const double *w, int n, int k, double *y) {
+    for (int i = 0; i < n; i++) {
+        double s = 0;
+        for (int j = 0; j < k; j++) s += w[(int64_t)i * k + j] * x[j];
+        y[i] = s;
+    }
+}
+
+static void ref_rotate(double *t, const double *c, const double *s) {
+    for (int i = 0; i < HD / 2; i++) {
+        double a = t[i], b = t[i + HD / 2];
+        t[i] = a * c[i] - b * s[i];
+        t[i + HD / 2] = b * c[i] + a * s[i];
+    }
+}
+
+/* One step at position p: kc, vc (layers, HKV, S, HD) updated, logits out. */
+static void ref_step(const llama *m, const double *x0, int p, double *kc, double *vc,
+                     double *logits) {
+    static double x[D], h[D], qkv[NQKV], att[HQ * HD], o[D], a[F], b[F];
+    memcpy(x, x0, sizeof x);
+    const double *c = m->cosv + p * HD / 2, *s = m->sinv + p * HD / 2;
+    for (int l = 0; l < m->layers; l++) {
+        ref_norm(x, m->g1v[l], h);
+        ref_linear(h, m->wqkvv[l], NQKV, D, qkv);
+        for (int hh = 0; hh < HQ + HKV; hh++) ref_rotate(qkv + hh * HD, c, s);
+        double *K = kc + (int64_t)l * HKV * S * HD, *Vc = vc + (int64_t)l * HKV * S * HD;
+        for (int hh = 0; hh < HKV; hh++)
+            for (int d = 0; d < HD; d++) {
+                K[(hh * S + p) * HD + d] = qkv[(HQ + hh) * HD + d];
+                Vc[(hh * S + p) * HD + d] = qkv[(HQ + HKV + hh) * HD + d];
+            }
+        for (int hq = 0; hq < HQ; hq++) {
+            const double *q = qkv + hq * HD;
+            int hk = hq / (HQ / HKV);
+            double sc[S], mx = -INFINITY, sum = 0;
+            for (int j = 0; j <= p; j++) {
+                double d = 0;
+                for (int e = 0; e < HD; e++) d += q[e] * K[(hk * S + j) * HD + e];
+                sc[j] = d / sqrt((double)HD);
+                mx = fmax(mx, sc[j]);
+            }
+            for (int j = 0; j <= p; j++) sum += sc[j] = exp(sc[j] - mx);
+            for (int e = 0; e < HD; e++) {
+                double acc = 0;
+                for (int j = 0; j <= p; j++) acc += sc[j] / sum * Vc[(hk * S + j) * HD + e];
+                att[hq * HD + e] = acc;
+            }
+        }
+        ref_linear(att, m->wov[l], D, HQ * HD, o);
+        for (int i = 0; i < D; i++) x[i] += o[i];
+        ref_norm(x, m->g2v[l], h);
+        ref_linear(h, m->w1v[l], F, D, a);
+        ref_linear(h, m->w3v[l], F, D, b);
+        for (int i = 0; i < F; i++) a[i] = a[i] / (1 + exp(-a[i])) * b[i];
+        ref_linear(a, m->w2v[l], D, F, o);
+        for (int i = 0; i < D; i++) x[i] += o[i];
+    }
+    ref_norm(x, m->gfv, h);
+    ref_linear(h, m->woutv, V, D, logits);
+}
+
+static void llama_init(llama *m, int layers) {
+    memset(m, 0, sizeof *m);
+    m->layers = layers;
+    int64_t d = D, qs[2] = {NQKV, D}, os[2] = {D, HQ * HD}, us[2] = {F, D}, ds[2] = {D, F},
+            vs[2] = {V, D}, cs[4] = {1, HKV, S, HD}, ts[2] = {S, HD / 2};
+    for (int l = 0; l < layers; l++) {
+        m->g1[l] = tu_rand(ctx, SG_BF16, 1, &d, 0.8, 1.2, &m->g1v[l]);
+        m->wqkv[l] = tu_rand(ctx, SG_BF16, 2, qs, -0.08, 0.08, &m->wqkvv[l]);
+        m->wo[l] = tu_rand(ctx, SG_BF16, 2, os, -0.05, 0.05, &m->wov[l]);
+        m->g2[l] = tu_rand(ctx, SG_BF16, 1, &d, 0.8, 1.2, &m->g2v[l]);
+        m->w1[l] = tu_rand(ctx, SG_BF16, 2, us, -0.05, 0.05, &m->w1v[l]);
+        m->w3[l] = tu_rand(ctx, SG_BF16, 2, us, -0.05, 0.05, &m->w3v[l]);
+        m->w2[l] = tu_rand(ctx, SG_BF16, 2, ds, -0.05, 0.05, &m->w2v[l]);
+        m->kc[l] = sg_zeros(ctx, SG_BF16, 4, cs);
+        m->vc[l] = sg_zeros(ctx, SG_BF16, 4, cs);
+    }
+    m->gf = tu_rand(ctx, SG_BF16, 1, &d, 0.8, 1.2, &m->gfv);
+    m->wout = tu_rand(ctx, SG_BF16, 2, vs, -0.1, 0.1, &m->woutv);
+    /* The angles of positions 0 .. S-1 (rounded to bf16 as the tables hold them). */
+    uint16_t c[S * HD / 2], s[S * HD / 2];
+    m->cosv = malloc(sizeof(double) * S * HD / 2);
+    m->sinv = malloc(sizeof(double) * S * HD / 2);
+    for (int p = 0; p < S; p++)
+        for (int i = 0; i < HD / 2; i++) {
+            double ang = p * pow(10000.0, -2.0 * i / HD);
+            tu_store(c, SG_BF16, p * HD / 2 + i, cos(ang));
+            tu_store(s, SG_BF16, p * HD / 2 + i, sin(ang));
+            m->cosv[p * HD / 2 + i] = tu_load(c, SG_BF16, p * HD / 2 + i);
+            m->sinv[p * HD / 2 + i] = tu_load(s, SG_BF16, p * HD / 2 + i);
+        }
+    m->cos = sg_from_host(ctx, SG_BF16, 2, ts, c);
+    m->sin = sg_from_host(ctx, SG_BF16, 2, ts, s);
+}
+
+static void llama_free(llama *m) {
+    for (int l = 0; l < m->layers; l++) {
+        sg_tensor *t[9] = {m->g1[l], m->wqkv[l], m->wo[l], m->g2[l], m->w1[l],
+                           m->w3[l], m->w2[l],   m->kc[l], m->vc[l]};
+        double *v[7] = {m->g1v[l], m->wqkvv[l], m->wov[l], m->g2v[l],
+                        m->w1v[l], m->w3v[l],   m->w2v[l]};
+        for (int i = 0; i < 9; i++) sg_release(t[i]);
+        for (int i = 0; i < 7; i++) free(v[i]);
+    }
+    sg_release(m->gf), sg_release(m->wout), sg_release(m->cos), sg_release(m->sin);
+    free(m->gfv), free(m->woutv), free(m->cosv), free(m->sinv);
+}
+
+/* Three steps (positions 0, 1, 2) against the reference; the launches. */
+static bool llama_run(int layers, int *launches) {
+    static llama m;
+    tu_seed(100 + (uint64_t)layers);
+    llama_init(&m, layers);
+    sg_fn *fn = NULL;
+    bool ok =
+        TU_EXPECT(sg_compile(ctx, llama_step, &m, 2, 1,
+                             &(sg_compile_opts){.mode = SG_MODE_REDUCE_OVERHEAD}, &fn) == SG_OK);
+    double *kc = calloc((size_t)layers * HKV * S * HD, sizeof(double));
+    double *vc = calloc((size_t)layers * HKV * S * HD, sizeof(double));
+    int64_t xs[3] = {1, 1, D}, one = 1;
+    for (int p = 0; ok && p < 3; p++) {
+        double *xv = NULL, ref[V];
+        int64_t pp = p;
+        sg_tensor *in[2] = {tu_rand(ctx, SG_BF16, 3, xs, -1, 1, &xv),
+                            sg_from_host(ctx, SG_I64, 1, &one, &pp)};
+        sg_tensor *out[1] = {NULL};
+        sg_mark_step_begin(ctx);
+        ok = TU_EXPECT(sg_call(fn, in, 2, out, 1) == SG_OK);
+        if (!ok) fprintf(stderr, "  %s\n", sg_last_error(ctx));
+        ref_step(&m, xv, p, kc, vc, ref);
+        double *got = ok ? tu_read(out[0]) : NULL;
+        ok = ok && TU_EXPECT(got != NULL) &&
+             tu_close("llama logits", got, ref, V, BF16_TOL, BF16_TOL);
+        free(got);
+        free(xv);
+        sg_release(in[0]);
+        sg_release(in[1]);
+    }
+    char name[64];
+    snprintf(name, sizeof name, "cu_llama_decode_l%d", layers);
+    ok = ok && cuda_launches(fn, name, launches);
+    sg_fn_destroy(fn);
+    free(kc);
+    free(vc);
+    llama_free(&m);
+    return ok;
+}
+
+static void test_llama(void) {
+    int one = 0, two = 0;
+    bool ok = llama_run(1, &one) && llama_run(2, &two);
+    int per_layer = two - one;
+    /* The aim is 6 per layer; reached: rms_norm + QKV GEMV, the rotated
+     * halves, their concat, the K/V cache writes, attention, o-proj GEMV +
+     * residual, rms_norm + w1 GEMV, w3 GEMV + silu * mul, w2 GEMV +
+     * residual. */
+    ok = ok && TU_EXPECT(per_layer <= 9);
+    tu_case(ok,
+            "LLAMA_DECODE_LAUNCHES(bf16,D=%d,HQ=%d,HKV=%d,HD=%d,F=%d,S=%d,batch=1,3 positions) "
+            "-> %d per layer (1 layer: %d, 2 layers: %d), logits as f64's",
+            D, HQ, HKV, HD, F, S, per_layer, one, two);
+}
+
+/* ------------------------------------------------------------ in place */
+
+enum { IP_D = 384, IP_N = 384 };
+
+/* h += linear(rms_norm(h)) in place: the GEMV's epilogue writes what the
+ * norm reads, so the two stay separate kernels (a merged kernel's blocks
+ * would read h while others store it). */
+static sg_status inplace_step(sg_ctx *c, sg_tensor *const *in, sg_tensor **out, void *user) {
+    (void)user;
+    sg_status st = sg_add_(in[0], sg_linear(sg_rms_norm(in[0], in[1], EPS), in[2], NULL));
+    out[0] = in[0];
+    return st != SG_OK ? st : sg_ctx_status(c);
+}
+
+static void test_inplace(void) {
+    tu_seed(5);
+    int64_t hs[2] = {1, IP_D}, d = IP_D, ws[2] = {IP_N, IP_D};
+    double *hv, *gv, *wv, ref[IP_D], x[IP_D], y[IP_N];
+    sg_tensor *in[3] = {tu_rand(ctx, SG_BF16, 2, hs, -1, 1, &hv),
+                        tu_rand(ctx, SG_BF16, 1, &d, 0.8, 1.2, &gv),
+                        tu_rand(ctx, SG_BF16, 2, ws, -0.05, 0.05, &wv)};
+    sg_fn *fn = NULL;
+    bool ok =
+        TU_EXPECT(sg_compile(ctx, inplace_step, NULL, 3, 1,
+                             &(sg_compile_opts){.mode = SG_MODE_REDUCE_OVERHEAD}, &fn) == SG_OK);
+    sg_tensor *out[1] = {NULL};
+    sg_mark_step_begin(ctx);
+    ok = ok && TU_EXPECT(sg_call(fn, in, 3, out, 1) == SG_OK);
+    double ss = 0;
+    for (int i = 0; i < IP_D; i++) ss += hv[i] * hv[i];
+    for (int i = 0; i < IP_D; i++) x[i] = hv[i] / sqrt(ss / IP_D + EPS) * gv[i];
+    ref_linear(x, wv, IP_N, IP_D, y);
+    for (int i = 0; i < IP_D; i++) ref[i] = hv[i] + y[i];
+    double *got = ok ? tu_read(in[0]) : NULL;
+    ok = ok && TU_EXPECT(got != NULL) && tu_close("in place", got, ref, IP_D, BF16_TOL, BF16_TOL);
+    int launches = 0;
+    ok = ok && cuda_launches(fn, "cu_norm_gemv_inplace", &launches) && TU_EXPECT(launches == 2);
+    tu_case(ok, "NORM_GEMV_INPLACE(bf16,h=[1,%d],w=[%d,%d]) -> %d launches (norm, GEMV)", IP_D,
+            IP_N, IP_D, launches);
+    free(got);
+    free(hv), free(gv), free(wv);
+    sg_fn_destroy(fn);
+    for (int i = 0; i < 3; i++) sg_release(in[i]);
+}
+
+int main(void) {
+    ctx = tu_ctx((sg_ctx_opts){0});
+    test_gpt2();
+    test_llama();
+    test_inplace();
+    sg_ctx_destroy(ctx);
+    return tu_finish();
+}
