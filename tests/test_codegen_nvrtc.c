@@ -40,6 +40,8 @@ static const char *const unit_kernels[SG__CU_NUM_UNITS][12] = {
                        "sg_mm_copy_f16", "sg_mm_copy_bf16", "sg_mm_fill_f32", "sg_mm_fill_f16",
                        "sg_mm_fill_bf16"},
     [SG__CU_ATTN] = {"sg_attn_split", "sg_attn_combine", "sg_attn_mma", "sg_attn_decode", NULL},
+    [SG__CU_ATTN_BWD] = {"sg_attn_bwd_rows", "sg_attn_bwd_keys", "sg_attn_bwd_dq64",
+                         "sg_attn_bwd_dq128", "sg_attn_bwd_dkv64", "sg_attn_bwd_dkv128", NULL},
 };
 
 /* Whether the image holds the symbol (a kernel's name is in its ELF string table). */
