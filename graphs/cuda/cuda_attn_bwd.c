@@ -30,6 +30,17 @@ typedef struct bgeom {
 } bgeom;
 _Static_assert(sizeof(bgeom) == 264, "bgeom changed: update k_attn_bwd.cu too");
 
+enum { CAUSAL = 1, VQ = 2, VK = 4, VV = 8, VG = 16 }; /* k_attn_bwd.cu's flags */
+
+/* 16-byte loads of a 16-bit operand's rows: unit last stride, every other
+ * stride a multiple of 8 elements, element 0 aligned. */
+static bool rows_vector(const sg_tensor *t) {
+    if (sg_dtype_size(t->dtype) != 2 || t->stride[3] != 1) return false;
+    for (int d = 0; d < 3; d++)
+        if (t->stride[d] % 8 != 0) return false;
+    return ((uintptr_t)sg__data(t) & 15) == 0;
+}
+
 /* in = {q, k, v, mask?, kv_len?, o, dout} (capture/ops.def). */
 static void describe(bgeom *g, const sg__node *n) {
     const sg_tensor *q = n->in[0], *k = n->in[1], *v = n->in[2], *m = n->in[3], *len = n->in[4];
@@ -48,7 +59,9 @@ static void describe(bgeom *g, const sg__node *n) {
     g->dt = (int32_t)q->dtype;
     g->mdt = m ? (int32_t)m->dtype : -1;
     g->ldt = len ? (int32_t)len->dtype : -1;
-    g->flags = (n->i[0] & SG__ATTN_CAUSAL) ? 1 : 0;
+    g->flags = (n->i[0] & SG__ATTN_CAUSAL) ? CAUSAL : 0;
+    g->flags |= (rows_vector(q) ? VQ : 0) | (rows_vector(k) ? VK : 0) | (rows_vector(v) ? VV : 0) |
+                (rows_vector(d) ? VG : 0);
 }
 
 /* Tensor cores: 16-bit, D 64 or 128, no mask, sm_80+, grids within 65535 heads. */

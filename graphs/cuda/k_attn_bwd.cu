@@ -51,7 +51,9 @@ typedef unsigned short u16;
 
 /* sg_dtype's values (include/stepgraph.h). */
 enum { DT_F32, DT_F16, DT_BF16, DT_I32, DT_I64, DT_BOOL };
-enum { CAUSAL = 1 }; /* SG__ATTN_CAUSAL */
+/* CAUSAL is SG__ATTN_CAUSAL; VQ, VK, VV, VG: q, k, v, dO take 16-byte loads
+ * (contiguous rows of 8-element vectors, aligned), set by the host. */
+enum { CAUSAL = 1, VQ = 2, VK = 4, VV = 8, VG = 16 };
 
 /* The same layout as struct bgeom in cuda_attn_bwd.c. */
 struct bgeom {
@@ -307,6 +309,13 @@ __device__ __forceinline__ u16 ld16(const void *p, i64 at, bool in) {
     return in ? ((const u16 *)p)[at] : (u16)0;
 }
 
+/* e^x through one ex2.approx (relative error ~2^-22; e^-inf = 0). */
+__device__ __forceinline__ float fexp(float x) {
+    float y;
+    asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x * 1.4426950408889634f));
+    return y;
+}
+
 __device__ __forceinline__ float f16v(u16 h, int dt) {
     return dt == DT_F16 ? h2f(h) : __uint_as_float((u32)h << 16);
 }
@@ -327,12 +336,31 @@ __device__ __forceinline__ void frag_a(u32 (*a)[4], const u16 *sm, int r0, int p
 
 /* A strided (rows, D) block of a 16-bit operand, rows from r0 (0 at or past
  * end), into shared memory row-major (pitch KP) and, if tr, transposed too
- * (pitch TP). */
+ * (pitch TP). Consecutive threads take consecutive rows, so that the
+ * transposed stores of a warp fall in distinct banks; with vec, 16-byte
+ * loads and stores of 8 elements (the host checked the alignment). */
 template <int D>
 __device__ __forceinline__ void stage(u16 *rm, u16 *tr, int KP, int TP, int rows, const void *p,
-                                      i64 base, i64 rs, i64 es, i64 r0, i64 end) {
+                                      i64 base, i64 rs, i64 es, i64 r0, i64 end, bool vec) {
+    if (vec) {
+        for (int x = threadIdx.x; x < rows * (D / 8); x += NT) {
+            const int r = x % rows, e = (x / rows) * 8;
+            uint4 val = make_uint4(0u, 0u, 0u, 0u);
+            if (r0 + r < end) val = *(const uint4 *)((const u16 *)p + base + (r0 + r) * rs + e);
+            *(uint4 *)(rm + r * KP + e) = val;
+            if (tr) {
+                const u32 w[4] = {val.x, val.y, val.z, val.w};
+#pragma unroll
+                for (int c = 0; c < 4; c++) {
+                    tr[(e + 2 * c) * TP + r] = (u16)(w[c] & 0xffffu);
+                    tr[(e + 2 * c + 1) * TP + r] = (u16)(w[c] >> 16);
+                }
+            }
+        }
+        return;
+    }
     for (int x = threadIdx.x; x < rows * D; x += NT) {
-        int r = x / D, e = x % D;
+        const int r = x % rows, e = x / rows;
         u16 val = ld16(p, base + (r0 + r) * rs + e * es, r0 + r < end);
         rm[r * KP + e] = val;
         if (tr) tr[e * TP + r] = val;
@@ -359,15 +387,19 @@ __device__ __forceinline__ void bwd_dq(const void *q, const void *k, const void 
     const int tid = threadIdx.x, warp = tid / 32, lane = tid & 31, gr = lane >> 2, tq = lane & 3;
     const int dt = g.dt;
     const i64 b = blockIdx.y / g.Hq, h = blockIdx.y % g.Hq, hk = h / (g.Hq / g.Hkv);
-    const i64 q0 = (i64)blockIdx.x * MQ, L = valid_len(len, g, b), rows = g.B * g.Hq * g.Lq;
+    /* The last query tiles see the most keys (causal): they start first. */
+    const i64 q0 = (i64)(gridDim.x - 1 - blockIdx.x) * MQ, L = valid_len(len, g, b);
+    const i64 rows = g.B * g.Hq * g.Lq;
     const i64 kb = b * g.ks[0] + hk * g.ks[1], vb = b * g.vs[0] + hk * g.vs[1];
     const int r0 = warp * 16 + gr;
     u32 qa[NK][4], da[NK][4];
-    stage<D>(sm, 0, KP, 0, MQ, q, b * g.qs[0] + h * g.qs[1], g.qs[2], g.qs[3], q0, g.Lq);
+    stage<D>(sm, 0, KP, 0, MQ, q, b * g.qs[0] + h * g.qs[1], g.qs[2], g.qs[3], q0, g.Lq,
+             g.flags & VQ);
     __syncthreads();
     frag_a<NK>(qa, sm, r0, KP, tq);
     __syncthreads();
-    stage<D>(sm, 0, KP, 0, MQ, dout, b * g.gs[0] + h * g.gs[1], g.gs[2], g.gs[3], q0, g.Lq);
+    stage<D>(sm, 0, KP, 0, MQ, dout, b * g.gs[0] + h * g.gs[1], g.gs[2], g.gs[3], q0, g.Lq,
+             g.flags & VG);
     __syncthreads();
     frag_a<NK>(da, sm, r0, KP, tq);
     if (tid < MQ) { /* D = rowsum(dO * O), O contiguous */
@@ -379,13 +411,13 @@ __device__ __forceinline__ void bwd_dq(const void *q, const void *k, const void 
     __syncthreads();
     const float Da = sD[r0], Db = sD[r0 + 8];
     const i64 ia = q0 + r0, ib = ia + 8;
-    const i64 na = ia < g.Lq ? visible(g, L, ia) : 0, nb = ib < g.Lq ? visible(g, L, ib) : 0;
+    const int na = ia < g.Lq ? (int)visible(g, L, ia) : 0, nb = ib < g.Lq ? (int)visible(g, L, ib) : 0;
     const i64 last = q0 + MQ - 1 < g.Lq - 1 ? q0 + MQ - 1 : g.Lq - 1;
     const i64 nmax = visible(g, L, last);
     /* Pass 1: each row's max and sum of exp over its visible keys. */
     float ma = -inf_f(), mb = -inf_f(), la = 0.0f, lb = 0.0f;
     for (i64 j0 = 0; j0 < nmax; j0 += MK) {
-        stage<D>(ks, 0, KP, 0, MK, k, kb, g.ks[2], g.ks[3], j0, nmax);
+        stage<D>(ks, 0, KP, 0, MK, k, kb, g.ks[2], g.ks[3], j0, nmax, g.flags & VK);
         __syncthreads();
         float s[MK / 8][4];
 #pragma unroll
@@ -399,7 +431,7 @@ __device__ __forceinline__ void bwd_dq(const void *q, const void *k, const void 
         for (int n = 0; n < MK / 8; n++)
 #pragma unroll
             for (int c = 0; c < 4; c++) {
-                i64 j = j0 + n * 8 + 2 * tq + (c & 1);
+                const int j = (int)j0 + n * 8 + 2 * tq + (c & 1);
                 float x = j < (c >= 2 ? nb : na) ? s[n][c] * g.scale : -inf_f();
                 s[n][c] = x;
                 if (c >= 2)
@@ -412,12 +444,12 @@ __device__ __forceinline__ void bwd_dq(const void *q, const void *k, const void 
             tmb = fmaxf(tmb, __shfl_xor_sync(0xffffffffu, tmb, off));
         }
         const float mna = fmaxf(ma, tma), mnb = fmaxf(mb, tmb);
-        la *= mna == -inf_f() ? 1.0f : expf(ma - mna);
-        lb *= mnb == -inf_f() ? 1.0f : expf(mb - mnb);
+        la *= mna == -inf_f() ? 1.0f : fexp(ma - mna);
+        lb *= mnb == -inf_f() ? 1.0f : fexp(mb - mnb);
 #pragma unroll
         for (int n = 0; n < MK / 8; n++) {
-            if (mna != -inf_f()) la += expf(s[n][0] - mna) + expf(s[n][1] - mna);
-            if (mnb != -inf_f()) lb += expf(s[n][2] - mnb) + expf(s[n][3] - mnb);
+            if (mna != -inf_f()) la += fexp(s[n][0] - mna) + fexp(s[n][1] - mna);
+            if (mnb != -inf_f()) lb += fexp(s[n][2] - mnb) + fexp(s[n][3] - mnb);
         }
         ma = mna, mb = mnb;
         __syncthreads();
@@ -438,8 +470,8 @@ __device__ __forceinline__ void bwd_dq(const void *q, const void *k, const void 
 #pragma unroll
     for (int d = 0; d < D / 8; d++) acc[d][0] = acc[d][1] = acc[d][2] = acc[d][3] = 0.0f;
     for (i64 j0 = 0; j0 < nmax; j0 += MK) {
-        stage<D>(ks, kt, KP, TP, MK, k, kb, g.ks[2], g.ks[3], j0, nmax);
-        stage<D>(vs, 0, KP, 0, MK, v, vb, g.vs[2], g.vs[3], j0, nmax);
+        stage<D>(ks, kt, KP, TP, MK, k, kb, g.ks[2], g.ks[3], j0, nmax, g.flags & VK);
+        stage<D>(vs, 0, KP, 0, MK, v, vb, g.vs[2], g.vs[3], j0, nmax, g.flags & VV);
         __syncthreads();
         u32 dsa[MK / 16][4];
 #pragma unroll
@@ -457,9 +489,9 @@ __device__ __forceinline__ void bwd_dq(const void *q, const void *k, const void 
                 }
 #pragma unroll
                 for (int c = 0; c < 4; c++) {
-                    i64 j = j0 + n * 8 + 2 * tq + (c & 1);
-                    bool rb = c >= 2;
-                    float p = j < (rb ? nb : na) ? expf(s[u][c] * g.scale - (rb ? lsb : lsa)) : 0.0f;
+                    const int j = (int)j0 + n * 8 + 2 * tq + (c & 1);
+                    const bool rb = c >= 2;
+                    float p = j < (rb ? nb : na) ? fexp(s[u][c] * g.scale - (rb ? lsb : lsa)) : 0.0f;
                     s[u][c] = p * (dp[u][c] - (rb ? Db : Da));
                 }
             }
@@ -496,12 +528,16 @@ __device__ __forceinline__ void bwd_dkv(const void *q, const void *k, const void
     const i64 j0 = (i64)blockIdx.x * MKB, L = valid_len(len, g, b), rows = g.B * g.Hq * g.Lq;
     const int r0 = warp * 16 + gr;
     const i64 ja = j0 + r0, jb = ja + 8; /* this thread's two keys */
+    /* The first query that sees each (Lq: none): query i sees key ja when i >= fa. */
+    const int fa = (int)first_query(g, L, ja), fb = (int)first_query(g, L, jb);
     u32 ka[NK][4], va[NK][4];
-    stage<D>(sm, 0, KP, 0, MKB, k, b * g.ks[0] + hk * g.ks[1], g.ks[2], g.ks[3], j0, L);
+    stage<D>(sm, 0, KP, 0, MKB, k, b * g.ks[0] + hk * g.ks[1], g.ks[2], g.ks[3], j0, L,
+             g.flags & VK);
     __syncthreads();
     frag_a<NK>(ka, sm, r0, KP, tq);
     __syncthreads();
-    stage<D>(sm, 0, KP, 0, MKB, v, b * g.vs[0] + hk * g.vs[1], g.vs[2], g.vs[3], j0, L);
+    stage<D>(sm, 0, KP, 0, MKB, v, b * g.vs[0] + hk * g.vs[1], g.vs[2], g.vs[3], j0, L,
+             g.flags & VV);
     __syncthreads();
     frag_a<NK>(va, sm, r0, KP, tq);
     __syncthreads();
@@ -514,9 +550,10 @@ __device__ __forceinline__ void bwd_dkv(const void *q, const void *k, const void
     const i64 i1 = first_query(g, L, j0);
     for (i64 h = hk * G; h < (hk + 1) * G; h++)
         for (i64 i0 = i1; i0 < g.Lq; i0 += MQ) {
-            stage<D>(qs, qt, KP, QP, MQ, q, b * g.qs[0] + h * g.qs[1], g.qs[2], g.qs[3], i0, g.Lq);
+            stage<D>(qs, qt, KP, QP, MQ, q, b * g.qs[0] + h * g.qs[1], g.qs[2], g.qs[3], i0, g.Lq,
+                     g.flags & VQ);
             stage<D>(dos, dot, KP, QP, MQ, dout, b * g.gs[0] + h * g.gs[1], g.gs[2], g.gs[3], i0,
-                     g.Lq);
+                     g.Lq, g.flags & VG);
             if (tid < MQ) {
                 const i64 i = i0 + tid, r = (b * g.Hq + h) * g.Lq + i;
                 slse[tid] = i < g.Lq ? ws[r] : inf_f();
@@ -539,10 +576,9 @@ __device__ __forceinline__ void bwd_dkv(const void *q, const void *k, const void
                     }
 #pragma unroll
                     for (int c = 0; c < 4; c++) {
-                        const int col = n * 8 + 2 * tq + (c & 1);
-                        const i64 i = i0 + col, j = c >= 2 ? jb : ja;
-                        bool vis = i < g.Lq && j < visible(g, L, i);
-                        float p = vis ? expf(s[u][c] * g.scale - slse[col]) : 0.0f;
+                        const int col = n * 8 + 2 * tq + (c & 1), i = (int)i0 + col;
+                        const bool vis = i < (int)g.Lq && i >= (c >= 2 ? fb : fa);
+                        float p = vis ? fexp(s[u][c] * g.scale - slse[col]) : 0.0f;
                         s[u][c] = p;
                         dp[u][c] = p * (dp[u][c] - sD[col]);
                     }
