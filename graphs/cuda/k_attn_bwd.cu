@@ -289,19 +289,20 @@ __device__ __forceinline__ u32 pack2(float lo, float hi, int dt) {
     return (u32)a | ((u32)b << 16);
 }
 
-/* c += a b: m16n8k16, A row-major 16 x 16, B column-major 16 x 8, f32 C. */
+/* c += a b: m16n8k16, A row-major 16 x 16, B column-major 16 x 8, f32 C. Not
+ * volatile: the compiler interleaves independent accumulators' mmas. */
 __device__ __forceinline__ void mma(float *c, const u32 *a, const u16 *b, int dt) {
     u32 b0 = *(const u32 *)b, b1 = *(const u32 *)(b + 8);
     if (dt == DT_F16)
-        asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, "
-                     "{%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
-                     : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-                     : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+        asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, "
+            "{%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
+            : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+            : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
     else
-        asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, "
-                     "{%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
-                     : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-                     : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+        asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, "
+            "{%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
+            : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+            : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 
 /* A 16-bit element of a strided operand, 0 where !in. */
@@ -339,17 +340,25 @@ __device__ __forceinline__ void frag_a(u32 (*a)[4], const u16 *sm, int r0, int p
  * (pitch TP). Consecutive threads take consecutive rows, so that the
  * transposed stores of a warp fall in distinct banks; with vec, 16-byte
  * loads and stores of 8 elements (the host checked the alignment). */
-template <int D>
-__device__ __forceinline__ void stage(u16 *rm, u16 *tr, int KP, int TP, int rows, const void *p,
-                                      i64 base, i64 rs, i64 es, i64 r0, i64 end, bool vec) {
-    if (vec) {
-        for (int x = threadIdx.x; x < rows * (D / 8); x += NT) {
-            const int r = x % rows, e = (x / rows) * 8;
-            uint4 val = make_uint4(0u, 0u, 0u, 0u);
-            if (r0 + r < end) val = *(const uint4 *)((const u16 *)p + base + (r0 + r) * rs + e);
-            *(uint4 *)(rm + r * KP + e) = val;
+template <int D, int ROWS>
+__device__ __forceinline__ void stage(u16 *rm, u16 *tr, int KP, int TP, const void *p, i64 base,
+                                      i64 rs, i64 es, i64 r0, i64 end, bool vec) {
+    constexpr int rows = ROWS, NV = ROWS * D / 8 / NT; /* vectors per thread */
+    static_assert(ROWS * D / 8 % NT == 0, "a tile is a whole number of vectors per thread");
+    if (vec) { /* every load in flight before the first store */
+        uint4 val[NV];
+#pragma unroll
+        for (int it = 0; it < NV; it++) {
+            const int x = it * NT + threadIdx.x, r = x % rows, e = (x / rows) * 8;
+            val[it] = make_uint4(0u, 0u, 0u, 0u);
+            if (r0 + r < end) val[it] = *(const uint4 *)((const u16 *)p + base + (r0 + r) * rs + e);
+        }
+#pragma unroll
+        for (int it = 0; it < NV; it++) {
+            const int x = it * NT + threadIdx.x, r = x % rows, e = (x / rows) * 8;
+            *(uint4 *)(rm + r * KP + e) = val[it];
             if (tr) {
-                const u32 w[4] = {val.x, val.y, val.z, val.w};
+                const u32 w[4] = {val[it].x, val[it].y, val[it].z, val[it].w};
 #pragma unroll
                 for (int c = 0; c < 4; c++) {
                     tr[(e + 2 * c) * TP + r] = (u16)(w[c] & 0xffffu);
@@ -393,12 +402,12 @@ __device__ __forceinline__ void bwd_dq(const void *q, const void *k, const void 
     const i64 kb = b * g.ks[0] + hk * g.ks[1], vb = b * g.vs[0] + hk * g.vs[1];
     const int r0 = warp * 16 + gr;
     u32 qa[NK][4], da[NK][4];
-    stage<D>(sm, 0, KP, 0, MQ, q, b * g.qs[0] + h * g.qs[1], g.qs[2], g.qs[3], q0, g.Lq,
+    stage<D, MQ>(sm, 0, KP, 0, q, b * g.qs[0] + h * g.qs[1], g.qs[2], g.qs[3], q0, g.Lq,
              g.flags & VQ);
     __syncthreads();
     frag_a<NK>(qa, sm, r0, KP, tq);
     __syncthreads();
-    stage<D>(sm, 0, KP, 0, MQ, dout, b * g.gs[0] + h * g.gs[1], g.gs[2], g.gs[3], q0, g.Lq,
+    stage<D, MQ>(sm, 0, KP, 0, dout, b * g.gs[0] + h * g.gs[1], g.gs[2], g.gs[3], q0, g.Lq,
              g.flags & VG);
     __syncthreads();
     frag_a<NK>(da, sm, r0, KP, tq);
@@ -417,15 +426,16 @@ __device__ __forceinline__ void bwd_dq(const void *q, const void *k, const void 
     /* Pass 1: each row's max and sum of exp over its visible keys. */
     float ma = -inf_f(), mb = -inf_f(), la = 0.0f, lb = 0.0f;
     for (i64 j0 = 0; j0 < nmax; j0 += MK) {
-        stage<D>(ks, 0, KP, 0, MK, k, kb, g.ks[2], g.ks[3], j0, nmax, g.flags & VK);
+        stage<D, MK>(ks, 0, KP, 0, k, kb, g.ks[2], g.ks[3], j0, nmax, g.flags & VK);
         __syncthreads();
         float s[MK / 8][4];
 #pragma unroll
-        for (int n = 0; n < MK / 8; n++) {
-            s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.0f;
+        for (int n = 0; n < MK / 8; n++) s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.0f;
 #pragma unroll
-            for (int t = 0; t < NK; t++) mma(s[n], qa[t], ks + (n * 8 + gr) * KP + t * 16 + 2 * tq, dt);
-        }
+        for (int t = 0; t < NK; t++)
+#pragma unroll
+            for (int n = 0; n < MK / 8; n++)
+                mma(s[n], qa[t], ks + (n * 8 + gr) * KP + t * 16 + 2 * tq, dt);
         float tma = -inf_f(), tmb = -inf_f();
 #pragma unroll
         for (int n = 0; n < MK / 8; n++)
@@ -470,23 +480,28 @@ __device__ __forceinline__ void bwd_dq(const void *q, const void *k, const void 
 #pragma unroll
     for (int d = 0; d < D / 8; d++) acc[d][0] = acc[d][1] = acc[d][2] = acc[d][3] = 0.0f;
     for (i64 j0 = 0; j0 < nmax; j0 += MK) {
-        stage<D>(ks, kt, KP, TP, MK, k, kb, g.ks[2], g.ks[3], j0, nmax, g.flags & VK);
-        stage<D>(vs, 0, KP, 0, MK, v, vb, g.vs[2], g.vs[3], j0, nmax, g.flags & VV);
+        stage<D, MK>(ks, kt, KP, TP, k, kb, g.ks[2], g.ks[3], j0, nmax, g.flags & VK);
+        stage<D, MK>(vs, 0, KP, 0, v, vb, g.vs[2], g.vs[3], j0, nmax, g.flags & VV);
         __syncthreads();
         u32 dsa[MK / 16][4];
 #pragma unroll
         for (int n2 = 0; n2 < MK / 16; n2++) {
             float s[2][4], dp[2][4];
 #pragma unroll
+            for (int u = 0; u < 2; u++)
+#pragma unroll
+                for (int c = 0; c < 4; c++) s[u][c] = dp[u][c] = 0.0f;
+#pragma unroll
+            for (int t = 0; t < NK; t++)
+#pragma unroll
+                for (int u = 0; u < 2; u++) {
+                    const int at = ((n2 * 2 + u) * 8 + gr) * KP + t * 16 + 2 * tq;
+                    mma(s[u], qa[t], ks + at, dt);
+                    mma(dp[u], da[t], vs + at, dt);
+                }
+#pragma unroll
             for (int u = 0; u < 2; u++) {
                 const int n = n2 * 2 + u;
-                s[u][0] = s[u][1] = s[u][2] = s[u][3] = 0.0f;
-                dp[u][0] = dp[u][1] = dp[u][2] = dp[u][3] = 0.0f;
-#pragma unroll
-                for (int t = 0; t < NK; t++) {
-                    mma(s[u], qa[t], ks + (n * 8 + gr) * KP + t * 16 + 2 * tq, dt);
-                    mma(dp[u], da[t], vs + (n * 8 + gr) * KP + t * 16 + 2 * tq, dt);
-                }
 #pragma unroll
                 for (int c = 0; c < 4; c++) {
                     const int j = (int)j0 + n * 8 + 2 * tq + (c & 1);
@@ -498,9 +513,9 @@ __device__ __forceinline__ void bwd_dq(const void *q, const void *k, const void 
             to_a(dsa[n2], s[0], s[1], dt);
         }
 #pragma unroll
-        for (int d = 0; d < D / 8; d++)
+        for (int t = 0; t < MK / 16; t++)
 #pragma unroll
-            for (int t = 0; t < MK / 16; t++)
+            for (int d = 0; d < D / 8; d++)
                 mma(acc[d], dsa[t], kt + (d * 8 + gr) * TP + t * 16 + 2 * tq, dt);
         __syncthreads();
     }
@@ -531,12 +546,12 @@ __device__ __forceinline__ void bwd_dkv(const void *q, const void *k, const void
     /* The first query that sees each (Lq: none): query i sees key ja when i >= fa. */
     const int fa = (int)first_query(g, L, ja), fb = (int)first_query(g, L, jb);
     u32 ka[NK][4], va[NK][4];
-    stage<D>(sm, 0, KP, 0, MKB, k, b * g.ks[0] + hk * g.ks[1], g.ks[2], g.ks[3], j0, L,
+    stage<D, MKB>(sm, 0, KP, 0, k, b * g.ks[0] + hk * g.ks[1], g.ks[2], g.ks[3], j0, L,
              g.flags & VK);
     __syncthreads();
     frag_a<NK>(ka, sm, r0, KP, tq);
     __syncthreads();
-    stage<D>(sm, 0, KP, 0, MKB, v, b * g.vs[0] + hk * g.vs[1], g.vs[2], g.vs[3], j0, L,
+    stage<D, MKB>(sm, 0, KP, 0, v, b * g.vs[0] + hk * g.vs[1], g.vs[2], g.vs[3], j0, L,
              g.flags & VV);
     __syncthreads();
     frag_a<NK>(va, sm, r0, KP, tq);
@@ -550,9 +565,9 @@ __device__ __forceinline__ void bwd_dkv(const void *q, const void *k, const void
     const i64 i1 = first_query(g, L, j0);
     for (i64 h = hk * G; h < (hk + 1) * G; h++)
         for (i64 i0 = i1; i0 < g.Lq; i0 += MQ) {
-            stage<D>(qs, qt, KP, QP, MQ, q, b * g.qs[0] + h * g.qs[1], g.qs[2], g.qs[3], i0, g.Lq,
+            stage<D, MQ>(qs, qt, KP, QP, q, b * g.qs[0] + h * g.qs[1], g.qs[2], g.qs[3], i0, g.Lq,
                      g.flags & VQ);
-            stage<D>(dos, dot, KP, QP, MQ, dout, b * g.gs[0] + h * g.gs[1], g.gs[2], g.gs[3], i0,
+            stage<D, MQ>(dos, dot, KP, QP, dout, b * g.gs[0] + h * g.gs[1], g.gs[2], g.gs[3], i0,
                      g.Lq, g.flags & VG);
             if (tid < MQ) {
                 const i64 i = i0 + tid, r = (b * g.Hq + h) * g.Lq + i;
@@ -565,15 +580,20 @@ __device__ __forceinline__ void bwd_dkv(const void *q, const void *k, const void
             for (int n2 = 0; n2 < MQ / 16; n2++) {
                 float s[2][4], dp[2][4];
 #pragma unroll
+                for (int u = 0; u < 2; u++)
+#pragma unroll
+                    for (int c = 0; c < 4; c++) s[u][c] = dp[u][c] = 0.0f;
+#pragma unroll
+                for (int t = 0; t < NK; t++)
+#pragma unroll
+                    for (int u = 0; u < 2; u++) {
+                        const int at = ((n2 * 2 + u) * 8 + gr) * KP + t * 16 + 2 * tq;
+                        mma(s[u], ka[t], qs + at, dt);
+                        mma(dp[u], va[t], dos + at, dt);
+                    }
+#pragma unroll
                 for (int u = 0; u < 2; u++) {
                     const int n = n2 * 2 + u;
-                    s[u][0] = s[u][1] = s[u][2] = s[u][3] = 0.0f;
-                    dp[u][0] = dp[u][1] = dp[u][2] = dp[u][3] = 0.0f;
-#pragma unroll
-                    for (int t = 0; t < NK; t++) {
-                        mma(s[u], ka[t], qs + (n * 8 + gr) * KP + t * 16 + 2 * tq, dt);
-                        mma(dp[u], va[t], dos + (n * 8 + gr) * KP + t * 16 + 2 * tq, dt);
-                    }
 #pragma unroll
                     for (int c = 0; c < 4; c++) {
                         const int col = n * 8 + 2 * tq + (c & 1), i = (int)i0 + col;
@@ -587,9 +607,9 @@ __device__ __forceinline__ void bwd_dkv(const void *q, const void *k, const void
                 to_a(dsa[n2], dp[0], dp[1], dt);
             }
 #pragma unroll
-            for (int d = 0; d < D / 8; d++)
+            for (int t = 0; t < MQ / 16; t++)
 #pragma unroll
-                for (int t = 0; t < MQ / 16; t++) {
+                for (int d = 0; d < D / 8; d++) {
                     const int at = (d * 8 + gr) * QP + t * 16 + 2 * tq;
                     mma(dv[d], pa[t], dot + at, dt);
                     mma(dk[d], dsa[t], qt + at, dt);
@@ -613,19 +633,20 @@ __device__ __forceinline__ void bwd_dkv(const void *q, const void *k, const void
     }
 }
 
-#define DQ(D)                                                                                      \
-    extern "C" __global__ void __launch_bounds__(NT)                                               \
+/* At D = 64, three blocks per SM (at most 168 registers a thread). */
+#define DQ(D, MINB)                                                                                \
+    extern "C" __global__ void __launch_bounds__(NT, MINB)                                         \
         sg_attn_bwd_dq##D(const void *q, const void *k, const void *v, const void *len,            \
                           const void *o, const void *dout, void *out, bgeom g) {                   \
         bwd_dq<D>(q, k, v, len, o, dout, out, g);                                                  \
     }
-#define DKV(D)                                                                                     \
-    extern "C" __global__ void __launch_bounds__(NT)                                               \
+#define DKV(D, MINB)                                                                               \
+    extern "C" __global__ void __launch_bounds__(NT, MINB)                                         \
         sg_attn_bwd_dkv##D(const void *q, const void *k, const void *v, const void *len,           \
                            const void *dout, void *out, bgeom g) {                                 \
         bwd_dkv<D>(q, k, v, len, dout, out, g);                                                    \
     }
-DQ(64)
-DQ(128)
-DKV(64)
-DKV(128)
+DQ(64, 3)
+DQ(128, 1)
+DKV(64, 3)
+DKV(128, 1)
