@@ -13,7 +13,8 @@
  * recomputed logsumexp and rowsum(dO * O)) planned into the pool like any
  * buffer. Only shapes the fused kernels do not take (D > 256, Dv != D, more
  * than 4 dims) and a float mask that itself needs a gradient still go
- * through the decomposed ops (materialized scores), with a perf_hints line. The data ops check index dtypes, dims and the
+ * through the decomposed ops (materialized scores), with a perf_hints line.
+ * The data ops check index dtypes, dims and the
  * sizes that must agree, and dispatch one node each; index *values* are
  * checked by the backend, which reads them anyway (a front-end read would be
  * a host sync, and a graph break under capture).
