@@ -363,11 +363,12 @@ static sg_status matmul(sg__bw *b) {
  */
 static sg_status attention(sg__bw *b) {
     if (b->want[3] || b->want[4])
-        return sg__fail(b->ctx, SG_ERR_UNSUPPORTED, "sg_grad: attention gives no gradient for "
+        return sg__fail(b->ctx, SG_ERR_UNSUPPORTED,
+                        "sg_grad: attention gives no gradient for "
                         "its mask or kv_len; compute a mask that needs one outside sg_sdpa");
     sg_tensor *d[3] = {NULL, NULL, NULL};
-    sg_status s = sg__sdpa_grad(b->x, b->out, b->g, b->n->f[0], (int)b->n->i[0], &d[0], &d[1],
-                                &d[2]);
+    sg_status s =
+        sg__sdpa_grad(b->x, b->out, b->g, b->n->f[0], (int)b->n->i[0], &d[0], &d[1], &d[2]);
     if (s != SG_OK) return s;
     for (int k = 0; k < 3; k++)
         if (b->want[k]) b->gi[k] = d[k];

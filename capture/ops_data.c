@@ -559,8 +559,10 @@ static bool mask_wants_grad(const sg_ctx *ctx, const sg_tensor *mask) {
 static void hint_decomposed(sg_ctx *ctx, sg_tensor *const *in, const char *why) {
     if (ctx->grad_off || !(in[0]->grad_fn || in[1]->grad_fn || in[2]->grad_fn)) return;
     char a[SG__DESC];
-    sg__log(ctx, "perf_hints", "sg_sdpa: q %s with gradients runs as matmul, softmax, matmul "
-            "(scores in memory): %s", sg__describe(in[0], a, sizeof a), why);
+    sg__log(ctx, "perf_hints",
+            "sg_sdpa: q %s with gradients runs as matmul, softmax, matmul "
+            "(scores in memory): %s",
+            sg__describe(in[0], a, sizeof a), why);
 }
 
 /* sg_sdpa through ATTENTION when the kernels take it: at most 4 dims, Dv = D

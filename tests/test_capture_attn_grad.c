@@ -61,7 +61,8 @@ static bool ref_scores(const ref *R, int64_t b, int64_t h, int64_t i, double *s)
         s[j] = -INFINITY;
         if (!seen) continue;
         double d = 0;
-        for (int64_t e = 0; e < c->D; e++) d += R->q[qat(c, b, h, i, e)] * R->k[kat(c, b, hk, j, e)];
+        for (int64_t e = 0; e < c->D; e++)
+            d += R->q[qat(c, b, h, i, e)] * R->k[kat(c, b, hk, j, e)];
         s[j] = d * R->scale + (c->mask == 2 ? R->mask[i * c->S + j] : 0);
         any = true;
     }
@@ -189,11 +190,12 @@ static bool grads(const acase *c, const made *m, sg_tensor **g) {
 }
 
 static const char *case_name(const acase *c, char *buf, size_t n) {
-    snprintf(buf, n,
-             "ATTN_GRAD(type=%s,B=%lld,Hq=%lld,Hkv=%lld,Lq=%lld,S=%lld,D=%lld%s%s%s%s%s)",
+    snprintf(buf, n, "ATTN_GRAD(type=%s,B=%lld,Hq=%lld,Hkv=%lld,Lq=%lld,S=%lld,D=%lld%s%s%s%s%s)",
              sg_dtype_name(c->dt), (long long)c->B, (long long)c->Hq, (long long)c->Hkv,
              (long long)c->Lq, (long long)c->S, (long long)c->D, c->causal ? ",causal" : "",
-             c->mask == 1 ? ",mask=bool" : c->mask == 2 ? ",mask=float" : "",
+             c->mask == 1   ? ",mask=bool"
+             : c->mask == 2 ? ",mask=float"
+                            : "",
              c->cached ? ",kv_len" : "", c->three ? ",3d" : "", c->kv_bcast ? ",kv_bcast" : "");
     return buf;
 }
@@ -213,8 +215,14 @@ static void attn_case(const acase *c, uint64_t seed) {
     case_name(c, name, sizeof name);
     sg_tensor *g[3] = {NULL}, *g2[3] = {NULL};
     bool ok = TU_EXPECT(grads(c, &m, g)) && TU_EXPECT(grads(c, &m, g2));
-    ref R = {.c = c, .q = m.xv[0], .k = m.xv[1], .v = m.xv[2], .mask = m.mv, .r = m.rv,
-             .len = c->cached ? m.lens : NULL, .scale = 1.0 / sqrt((double)c->D)};
+    ref R = {.c = c,
+             .q = m.xv[0],
+             .k = m.xv[1],
+             .v = m.xv[2],
+             .mask = m.mv,
+             .r = m.rv,
+             .len = c->cached ? m.lens : NULL,
+             .scale = 1.0 / sqrt((double)c->D)};
     int64_t n[3];
     double *want[3], *p = malloc(sizeof(double) * (size_t)c->S * 2);
     for (int k = 0; k < 3; k++) {
@@ -228,11 +236,15 @@ static void attn_case(const acase *c, uint64_t seed) {
         double *got = tu_read(g[k]);
         size_t bytes = (size_t)n[k] * sg_dtype_size(c->dt);
         char *b1 = malloc(bytes + 1), *b2 = malloc(bytes + 1);
-        ok = TU_EXPECT(got != NULL) && TU_EXPECT(close_to("grad vs f64", got, want[k], n[k], tol)) &&
+        ok = TU_EXPECT(got != NULL) &&
+             TU_EXPECT(close_to("grad vs f64", got, want[k], n[k], tol)) &&
              TU_EXPECT(sg_read(g[k], b1, bytes) == SG_OK) &&
              TU_EXPECT(sg_read(g2[k], b2, bytes) == SG_OK) && TU_EXPECT(!memcmp(b1, b2, bytes));
         if (ok && c->fd) { /* the reference's own gradient against finite differences */
-            double *x = (double *)(k == 0 ? R.q : k == 1 ? R.k : R.v), *fd = malloc(sizeof(double) * (size_t)n[k]);
+            double *x = (double *)(k == 0   ? R.q
+                                   : k == 1 ? R.k
+                                            : R.v),
+                   *fd = malloc(sizeof(double) * (size_t)n[k]);
             for (int64_t i = 0; i < n[k]; i++) {
                 double v = x[i], h = 1e-6;
                 x[i] = v + h;
@@ -242,7 +254,8 @@ static void attn_case(const acase *c, uint64_t seed) {
                 x[i] = v;
                 fd[i] = (lp - lm) / (2 * h);
             }
-            ok = TU_EXPECT(close_to("f64 analytic vs finite differences", want[k], fd, n[k], 1e-6)) &&
+            ok = TU_EXPECT(
+                     close_to("f64 analytic vs finite differences", want[k], fd, n[k], 1e-6)) &&
                  TU_EXPECT(close_to("grad vs finite differences", got, fd, n[k], 2e-3));
             free(fd);
         }
@@ -278,15 +291,17 @@ static void compiled_case(const acase *c, uint64_t seed) {
                                      SG_MODE_MAX_AUTOTUNE};
     for (int mo = 0; mo < 3; mo++) {
         sg_fn *fn = NULL;
-        bool ok = ok0 && TU_EXPECT(sg_compile(ctx, grad_step, NULL, 0, 3,
-                                              &(sg_compile_opts){.mode = modes[mo], .fullgraph = true},
-                                              &fn) == SG_OK);
+        bool ok =
+            ok0 && TU_EXPECT(sg_compile(ctx, grad_step, NULL, 0, 3,
+                                        &(sg_compile_opts){.mode = modes[mo], .fullgraph = true},
+                                        &fn) == SG_OK);
         for (int call = 0; ok && call < 2; call++) {
             sg_mark_step_begin(ctx);
             ok = TU_EXPECT(sg_call(fn, NULL, 0, out, 3) == SG_OK);
             for (int k = 0; ok && k < 3; k++) {
                 double *a = tu_read(out[k]), *b = tu_read(eager[k]);
-                ok = TU_EXPECT(a && b) && TU_EXPECT(sg_tensor_numel(out[k]) == sg_tensor_numel(eager[k])) &&
+                ok = TU_EXPECT(a && b) &&
+                     TU_EXPECT(sg_tensor_numel(out[k]) == sg_tensor_numel(eager[k])) &&
                      TU_EXPECT(close_to("compiled vs eager", a, b, sg_tensor_numel(eager[k]),
                                         c->dt == SG_F32 ? 1e-5 : 1e-2));
                 free(a), free(b);

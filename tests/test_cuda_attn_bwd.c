@@ -46,8 +46,8 @@ static sg_tensor *upload(sg_ctx *c, sg_tensor *src) {
     return t;
 }
 
-static void make(inputs *in, sg_dtype dt, int64_t B, int64_t Hq, int64_t Hkv, int64_t T,
-                 int64_t D, bool fused) {
+static void make(inputs *in, sg_dtype dt, int64_t B, int64_t Hq, int64_t Hkv, int64_t T, int64_t D,
+                 bool fused) {
     int64_t ps[4] = {B, T, Hq + 2 * Hkv, D}, ds[4] = {B, Hq, T, D};
     sg_tensor *p = tu_rand(cpu, dt, 4, ps, -2, 2, NULL), *d = tu_rand(cpu, dt, 4, ds, -1, 1, NULL);
     static const int perm[4] = {0, 2, 1, 3};
@@ -78,9 +78,9 @@ static bool backward(const inputs *in, int s, bool causal, sg_tensor **g) {
     sg_tensor *o = sg_sdpa(x[0], x[1], x[2], NULL, causal, 0);
     sg_tensor *args[5] = {x[0], x[1], x[2], NULL, NULL};
     double scale = 1.0 / sqrt((double)sg_tensor_size(x[0], 3));
-    sg_status st = o ? sg__sdpa_grad(args, o, x[3], scale, causal ? SG__ATTN_CAUSAL : 0, &g[0],
-                                     &g[1], &g[2])
-                     : SG_ERR_NULL;
+    sg_status st =
+        o ? sg__sdpa_grad(args, o, x[3], scale, causal ? SG__ATTN_CAUSAL : 0, &g[0], &g[1], &g[2])
+          : SG_ERR_NULL;
     if (st != SG_OK) fprintf(stderr, "  %s\n", sg_last_error(c));
     sg_release(o);
     return st == SG_OK;

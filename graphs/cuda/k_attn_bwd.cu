@@ -150,8 +150,8 @@ __device__ float block_reduce(float x, bool max, float *red) {
 }
 
 /* The scaled, masked score of query row (b, h, i), q in qf, against key j. */
-__device__ float score(const void *k, const void *m, const bgeom &g, const float *qf, i64 b,
-                       i64 h, i64 hk, i64 i, i64 j) {
+__device__ float score(const void *k, const void *m, const bgeom &g, const float *qf, i64 b, i64 h,
+                       i64 hk, i64 i, i64 j) {
     i64 kb = b * g.ks[0] + hk * g.ks[1] + j * g.ks[2];
     float s = 0.0f;
     for (int e = 0; e < (int)g.D; e++) s += qf[e] * ld(k, g.dt, kb + e * g.ks[3]);
@@ -253,7 +253,8 @@ extern "C" __global__ void __launch_bounds__(NT)
                         s += ld(m, g.mdt, at);
                 }
                 p = expf(s - ws[r]);
-                for (int e = 0; p > 0.0f && e < D; e++) dp += ld(dout, g.dt, db + e * g.gs[3]) * vf[e];
+                for (int e = 0; p > 0.0f && e < D; e++)
+                    dp += ld(dout, g.dt, db + e * g.gs[3]) * vf[e];
                 ds = p * (dp - ws[rows + r]);
             }
             sp[tid] = p, sds[tid] = ds;
@@ -265,10 +266,10 @@ extern "C" __global__ void __launch_bounds__(NT)
                 for (int t = 0; t < nt; t++) {
                     i64 it = i0 + t;
                     if (sp[t] == 0.0f) continue;
-                    dv[c] += sp[t] * ld(dout, g.dt, b * g.gs[0] + h * g.gs[1] + it * g.gs[2] +
-                                                        e * g.gs[3]);
-                    dk[c] += sds[t] * ld(q, g.dt, b * g.qs[0] + h * g.qs[1] + it * g.qs[2] +
-                                                      e * g.qs[3]);
+                    dv[c] += sp[t] *
+                             ld(dout, g.dt, b * g.gs[0] + h * g.gs[1] + it * g.gs[2] + e * g.gs[3]);
+                    dk[c] += sds[t] *
+                             ld(q, g.dt, b * g.qs[0] + h * g.qs[1] + it * g.qs[2] + e * g.qs[3]);
                 }
             }
             __syncthreads();
@@ -386,9 +387,8 @@ __device__ __forceinline__ void to_a(u32 *a, const float *c0, const float *c1, i
 
 /* Block (query tile, b * Hq + h): lse, D and dq of 64 query rows. */
 template <int D>
-__device__ __forceinline__ void bwd_dq(const void *q, const void *k, const void *v,
-                                       const void *len, const void *o, const void *dout,
-                                       void *out, const bgeom &g) {
+__device__ __forceinline__ void bwd_dq(const void *q, const void *k, const void *v, const void *len,
+                                       const void *o, const void *dout, void *out, const bgeom &g) {
     constexpr int MQ = 64, MK = D == 128 ? 32 : 64, KP = D + 8, TP = MK + 8, NK = D / 16;
     __shared__ __align__(16) u16 sm[2 * MK * KP + D * TP];
     __shared__ float sD[MQ];
@@ -403,12 +403,12 @@ __device__ __forceinline__ void bwd_dq(const void *q, const void *k, const void 
     const int r0 = warp * 16 + gr;
     u32 qa[NK][4], da[NK][4];
     stage<D, MQ>(sm, 0, KP, 0, q, b * g.qs[0] + h * g.qs[1], g.qs[2], g.qs[3], q0, g.Lq,
-             g.flags & VQ);
+                 g.flags & VQ);
     __syncthreads();
     frag_a<NK>(qa, sm, r0, KP, tq);
     __syncthreads();
     stage<D, MQ>(sm, 0, KP, 0, dout, b * g.gs[0] + h * g.gs[1], g.gs[2], g.gs[3], q0, g.Lq,
-             g.flags & VG);
+                 g.flags & VG);
     __syncthreads();
     frag_a<NK>(da, sm, r0, KP, tq);
     if (tid < MQ) { /* D = rowsum(dO * O), O contiguous */
@@ -420,7 +420,8 @@ __device__ __forceinline__ void bwd_dq(const void *q, const void *k, const void 
     __syncthreads();
     const float Da = sD[r0], Db = sD[r0 + 8];
     const i64 ia = q0 + r0, ib = ia + 8;
-    const int na = ia < g.Lq ? (int)visible(g, L, ia) : 0, nb = ib < g.Lq ? (int)visible(g, L, ib) : 0;
+    const int na = ia < g.Lq ? (int)visible(g, L, ia) : 0,
+              nb = ib < g.Lq ? (int)visible(g, L, ib) : 0;
     const i64 last = q0 + MQ - 1 < g.Lq - 1 ? q0 + MQ - 1 : g.Lq - 1;
     const i64 nmax = visible(g, L, last);
     /* Pass 1: each row's max and sum of exp over its visible keys. */
@@ -468,7 +469,8 @@ __device__ __forceinline__ void bwd_dq(const void *q, const void *k, const void 
         la += __shfl_xor_sync(0xffffffffu, la, off);
         lb += __shfl_xor_sync(0xffffffffu, lb, off);
     }
-    const float lsa = la > 0.0f ? ma + logf(la) : inf_f(), lsb = lb > 0.0f ? mb + logf(lb) : inf_f();
+    const float lsa = la > 0.0f ? ma + logf(la) : inf_f(),
+                lsb = lb > 0.0f ? mb + logf(lb) : inf_f();
     if (tq == 0) {
         float *ws = workspace(out, g);
         const i64 ra = (b * g.Hq + h) * g.Lq + ia;
@@ -506,7 +508,8 @@ __device__ __forceinline__ void bwd_dq(const void *q, const void *k, const void 
                 for (int c = 0; c < 4; c++) {
                     const int j = (int)j0 + n * 8 + 2 * tq + (c & 1);
                     const bool rb = c >= 2;
-                    float p = j < (rb ? nb : na) ? fexp(s[u][c] * g.scale - (rb ? lsb : lsa)) : 0.0f;
+                    float p =
+                        j < (rb ? nb : na) ? fexp(s[u][c] * g.scale - (rb ? lsb : lsa)) : 0.0f;
                     s[u][c] = p * (dp[u][c] - (rb ? Db : Da));
                 }
             }
@@ -523,8 +526,10 @@ __device__ __forceinline__ void bwd_dq(const void *q, const void *k, const void 
 #pragma unroll
     for (int d = 0; d < D / 8; d++) {
         const int e = d * 8 + 2 * tq;
-        if (ia < g.Lq) st(out, dt, oa + e, acc[d][0] * g.scale), st(out, dt, oa + e + 1, acc[d][1] * g.scale);
-        if (ib < g.Lq) st(out, dt, ob + e, acc[d][2] * g.scale), st(out, dt, ob + e + 1, acc[d][3] * g.scale);
+        if (ia < g.Lq)
+            st(out, dt, oa + e, acc[d][0] * g.scale), st(out, dt, oa + e + 1, acc[d][1] * g.scale);
+        if (ib < g.Lq)
+            st(out, dt, ob + e, acc[d][2] * g.scale), st(out, dt, ob + e + 1, acc[d][3] * g.scale);
     }
 }
 
@@ -547,12 +552,12 @@ __device__ __forceinline__ void bwd_dkv(const void *q, const void *k, const void
     const int fa = (int)first_query(g, L, ja), fb = (int)first_query(g, L, jb);
     u32 ka[NK][4], va[NK][4];
     stage<D, MKB>(sm, 0, KP, 0, k, b * g.ks[0] + hk * g.ks[1], g.ks[2], g.ks[3], j0, L,
-             g.flags & VK);
+                  g.flags & VK);
     __syncthreads();
     frag_a<NK>(ka, sm, r0, KP, tq);
     __syncthreads();
     stage<D, MKB>(sm, 0, KP, 0, v, b * g.vs[0] + hk * g.vs[1], g.vs[2], g.vs[3], j0, L,
-             g.flags & VV);
+                  g.flags & VV);
     __syncthreads();
     frag_a<NK>(va, sm, r0, KP, tq);
     __syncthreads();
@@ -566,9 +571,9 @@ __device__ __forceinline__ void bwd_dkv(const void *q, const void *k, const void
     for (i64 h = hk * G; h < (hk + 1) * G; h++)
         for (i64 i0 = i1; i0 < g.Lq; i0 += MQ) {
             stage<D, MQ>(qs, qt, KP, QP, q, b * g.qs[0] + h * g.qs[1], g.qs[2], g.qs[3], i0, g.Lq,
-                     g.flags & VQ);
+                         g.flags & VQ);
             stage<D, MQ>(dos, dot, KP, QP, dout, b * g.gs[0] + h * g.gs[1], g.gs[2], g.gs[3], i0,
-                     g.Lq, g.flags & VG);
+                         g.Lq, g.flags & VG);
             if (tid < MQ) {
                 const i64 i = i0 + tid, r = (b * g.Hq + h) * g.Lq + i;
                 slse[tid] = i < g.Lq ? ws[r] : inf_f();
@@ -622,12 +627,14 @@ __device__ __forceinline__ void bwd_dkv(const void *q, const void *k, const void
         const int e = d * 8 + 2 * tq;
         if (ja < g.S) {
             const i64 at = (base + ja) * D + e;
-            st(out, dt, g.nq + at, dk[d][0] * g.scale), st(out, dt, g.nq + at + 1, dk[d][1] * g.scale);
+            st(out, dt, g.nq + at, dk[d][0] * g.scale),
+                st(out, dt, g.nq + at + 1, dk[d][1] * g.scale);
             st(out, dt, g.nq + g.nkv + at, dv[d][0]), st(out, dt, g.nq + g.nkv + at + 1, dv[d][1]);
         }
         if (jb < g.S) {
             const i64 at = (base + jb) * D + e;
-            st(out, dt, g.nq + at, dk[d][2] * g.scale), st(out, dt, g.nq + at + 1, dk[d][3] * g.scale);
+            st(out, dt, g.nq + at, dk[d][2] * g.scale),
+                st(out, dt, g.nq + at + 1, dk[d][3] * g.scale);
             st(out, dt, g.nq + g.nkv + at, dv[d][2]), st(out, dt, g.nq + g.nkv + at + 1, dv[d][3]);
         }
     }
