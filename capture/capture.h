@@ -45,7 +45,7 @@ typedef enum sg__family {
     SG__FAM_ROW,
     SG__FAM_MATMUL,
     SG__FAM_DATA,
-    SG__FAM_ATTN, /* ATTENTION: graphs/cpu/cpu_attn.c, graphs/cuda/cuda_attn.c */
+    SG__FAM_ATTN, /* ATTENTION (cuda_attn.c) and ATTENTION_BWD (cuda_attn_bwd.c); cpu_attn.c */
     SG__FAM_COMM  /* collectives: graphs/comm.c, run in order, never fused away */
 } sg__family;
 
@@ -422,7 +422,8 @@ SG__HIDDEN sg_tensor *sg__run_new(sg_ctx *ctx, sg__node *n, sg_dtype dt, int ndi
 
 /* sg_sdpa as the ops it is made of (matmul, where/add, softmax, matmul):
  * for what the ATTENTION kernels do not take (Dv != D, D > 256, more than
- * 4 dims, gradients). Grouped-query K/V (dim -3 dividing q's) included. */
+ * 4 dims, a float mask that needs a gradient). Grouped-query K/V (dim -3
+ * dividing q's) included. */
 SG__HIDDEN sg_tensor *sg__sdpa_decomposed(sg_tensor *q, sg_tensor *k, sg_tensor *v,
                                           sg_tensor *mask, bool causal, double scale);
 /* ------------------------------------------------------------ collectives (ops_comm.c) */
@@ -445,6 +446,27 @@ struct sg_comm {
     struct sg_comm *next; /* the context's list */
 };
 
+
+/*
+ * ATTENTION's gradients (the ATTENTION_BWD node): in = the ATTENTION node's
+ * inputs {q, k, v, mask?, kv_len?} (4-d views), o its output, dout the
+ * gradient of o, scale and flags its f[0] and i[0]. Sets *dq (B,Hq,Lq,D) and
+ * *dk, *dv (B,Hkv,S,D), contiguous views of one packed buffer of q's dtype;
+ * a query row that sees no key contributes nothing (its output is NaN).
+ */
+SG__HIDDEN sg_status sg__sdpa_grad(sg_tensor *const *in, sg_tensor *o, sg_tensor *dout,
+                                   double scale, int flags, sg_tensor **dq, sg_tensor **dk,
+                                   sg_tensor **dv);
+/* ATTENTION_BWD's packed output, in elements of q's dtype: dq at 0, dk at
+ * nq, dv at nq + nkv, then at sg__attn_bwd_ws (16-byte aligned) the row
+ * workspace of 2 * rows f32 (each row's logsumexp of the scaled scores, then
+ * rowsum(dO * O)), rows = B * Hq * Lq. */
+static inline int64_t sg__attn_bwd_ws(int64_t nq, int64_t nkv) {
+    return (nq + 2 * nkv + 7) / 8 * 8;
+}
+static inline int64_t sg__attn_bwd_numel(int64_t nq, int64_t nkv, int64_t rows, size_t esize) {
+    return sg__attn_bwd_ws(nq, nkv) + (int64_t)((size_t)(2 * rows) * sizeof(float) / esize);
+}
 /* ------------------------------------------------------------ autograd (autograd.c) */
 
 /* How a view relates to the tensor it views, for its gradient. */

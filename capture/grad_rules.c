@@ -28,6 +28,7 @@ bool sg__grad_differentiable(int op) {
     case SG__OP_ARGMAX:
     case SG__OP_INDEX_COPY:
     case SG__OP_INDEX_ADD:
+    case SG__OP_ATTENTION_BWD:
     case SG__OP_ARANGE: return false;
     default: /* collectives record no gradient, as torch.distributed's */
         return op < SG__OP_COUNT && sg__op_family((sg__op)op) != SG__FAM_COMM;
@@ -62,6 +63,7 @@ bool sg__grad_saves_input(int op, int k) {
     case SG__OP_WHERE: return k == 0;
     case SG__OP_EMBEDDING:
     case SG__OP_INDEX_SELECT: return k == 1;
+    case SG__OP_ATTENTION: return k <= 4; /* q, k, v, mask, kv_len */
     default: return false;
     }
 }
@@ -78,7 +80,8 @@ bool sg__grad_saves_output(int op) {
     case SG__OP_MAX:
     case SG__OP_MIN:
     case SG__OP_SOFTMAX:
-    case SG__OP_LOG_SOFTMAX: return true;
+    case SG__OP_LOG_SOFTMAX:
+    case SG__OP_ATTENTION: return true;
     default: return false;
     }
 }
@@ -352,6 +355,27 @@ static sg_status matmul(sg__bw *b) {
     return SG_OK;
 }
 
+/*
+ * ATTENTION: one ATTENTION_BWD node recomputes each row's logsumexp and
+ * rowsum(dO * O) and gives dq, dk and dv (dk and dv summed over the query
+ * heads of a grouped K/V head in a fixed order); the mask (a float mask that
+ * needs a gradient never reaches this node: sg_sdpa decomposes it) and
+ * kv_len get none.
+ */
+static sg_status attention(sg__bw *b) {
+    if (b->want[3] || b->want[4])
+        return sg__fail(b->ctx, SG_ERR_UNSUPPORTED,
+                        "sg_grad: attention gives no gradient for "
+                        "its mask or kv_len; compute a mask that needs one outside sg_sdpa");
+    sg_tensor *d[3] = {NULL, NULL, NULL};
+    sg_status s =
+        sg__sdpa_grad(b->x, b->out, b->g, b->n->f[0], (int)b->n->i[0], &d[0], &d[1], &d[2]);
+    if (s != SG_OK) return s;
+    for (int k = 0; k < 3; k++)
+        if (b->want[k]) b->gi[k] = d[k];
+    return SG_OK;
+}
+
 static sg_status data(sg__bw *b) {
     const sg__gnode *n = b->n;
     sg_tensor *g = b->g;
@@ -380,6 +404,7 @@ static sg_status data(sg__bw *b) {
         }
         return SG_OK;
     }
+    case SG__OP_ATTENTION: return attention(b);
     default: return no_rule(b);
     }
 }

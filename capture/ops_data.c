@@ -5,7 +5,16 @@
  * sg_sdpa_cached dispatch one ATTENTION node over 4-d strided views of
  * their operands (no copy; grouped-query K/V read in place), and
  * sg__sdpa_decomposed builds the same attention from public ops for what
- * the node does not take. The data ops check index dtypes, dims and the
+ * the node does not take. With gradients wanted, the 4-d views carry their
+ * operands' backward (as expands) and ATTENTION's rule (grad_rules.c) runs
+ * one ATTENTION_BWD node (sg__sdpa_grad): dq, dk and dv come back as views
+ * of its one packed output, so the IR keeps one output per node and the
+ * backends run the backward as one unit with its row workspace (the
+ * recomputed logsumexp and rowsum(dO * O)) planned into the pool like any
+ * buffer. Only shapes the fused kernels do not take (D > 256, Dv != D, more
+ * than 4 dims) and a float mask that itself needs a gradient still go
+ * through the decomposed ops (materialized scores), with a perf_hints line.
+ * The data ops check index dtypes, dims and the
  * sizes that must agree, and dispatch one node each; index *values* are
  * checked by the backend, which reads them anyway (a front-end read would be
  * a host sync, and a graph break under capture).
@@ -488,14 +497,17 @@ static sg_tensor *view4(sg_tensor *t, const char *op, const int64_t *shape) {
 /*
  * Dispatch ATTENTION over the 4-d views of q (B, Hq, Lq, D), k and v (B, Hkv,
  * S, D), the mask broadcast to (B, Hq, Lq, S), and kv_len: the result
- * (B, Hq, Lq, D), or NULL.
+ * (B, Hq, Lq, D), or NULL. The views of q, k and v are expands for autograd,
+ * so that their gradients sum back to the operands' shapes.
  */
 static sg_tensor *attn_run(sg_ctx *ctx, const char *op, sg_tensor *q, sg_tensor *k, sg_tensor *v,
                            sg_tensor *mask, sg_tensor *kv_len, const int64_t *bh, int64_t hkv,
                            double scale, int flags) {
     int64_t Lq = q->shape[q->ndim - 2], D = q->shape[q->ndim - 1], S = k->shape[k->ndim - 2];
     int64_t qs[4] = {bh[0], bh[1], Lq, D}, ks[4] = {bh[0], hkv, S, D}, ms[4] = {bh[0], bh[1], Lq, S};
-    sg_tensor *in[5] = {view4(q, op, qs), view4(k, op, ks), view4(v, op, ks),
+    sg_tensor *in[5] = {sg__grad_view(q, view4(q, op, qs), SG__VIEW_EXPAND, NULL),
+                        sg__grad_view(k, view4(k, op, ks), SG__VIEW_EXPAND, NULL),
+                        sg__grad_view(v, view4(v, op, ks), SG__VIEW_EXPAND, NULL),
                         mask ? view4(mask, op, ms) : NULL, kv_len};
     sg_tensor *out = NULL;
     if (in[0] && in[1] && in[2] && (in[3] || !mask)) {
@@ -506,12 +518,51 @@ static sg_tensor *attn_run(sg_ctx *ctx, const char *op, sg_tensor *q, sg_tensor 
     return out;
 }
 
-/* Whether an input of an attention needs a gradient while grad is on. */
-static bool grad_wanted(const sg_ctx *ctx, sg_tensor *const *in) {
-    if (ctx->grad_off) return false;
-    for (int i = 0; i < 3; i++)
-        if (in[i]->grad_fn) return true;
-    return false;
+sg_status sg__sdpa_grad(sg_tensor *const *in, sg_tensor *o, sg_tensor *dout, double scale,
+                        int flags, sg_tensor **dq, sg_tensor **dk, sg_tensor **dv) {
+    sg_tensor *q = in[0], *k = in[1];
+    sg_ctx *ctx = q->ctx;
+    if (!dout) return ctx->status != SG_OK ? ctx->status : SG_ERR_NULL;
+    int64_t B = q->shape[0], Hq = q->shape[1], Lq = q->shape[2], D = q->shape[3];
+    int64_t Hkv = k->shape[1], S = k->shape[2];
+    int64_t nq = B * Hq * Lq * D, nkv = B * Hkv * S * D;
+    int64_t total = sg__attn_bwd_numel(nq, nkv, B * Hq * Lq, sg_dtype_size(q->dtype));
+    sg_tensor *g = dout->dtype == q->dtype ? dout : sg_cast(dout, q->dtype);
+    sg_tensor *args[7] = {q, k, in[2], in[3], in[4], o, g};
+    sg__node n = {.op = SG__OP_ATTENTION_BWD, .nin = 7, .in = args, .f = {scale}, .i = {flags}};
+    sg_tensor *pk = g ? sg__run_new(ctx, &n, q->dtype, 1, &total) : NULL;
+    if (g != dout) sg__tensor_drop(g);
+    if (!pk) return ctx->status != SG_OK ? ctx->status : SG_ERR_INTERNAL;
+    int64_t qs[4] = {B, Hq, Lq, D}, ks[4] = {B, Hkv, S, D}, qst[4], kst[4];
+    for (int d = 3; d >= 0; d--) {
+        qst[d] = d == 3 ? 1 : qst[d + 1] * qs[d + 1];
+        kst[d] = d == 3 ? 1 : kst[d + 1] * ks[d + 1];
+    }
+    *dq = sg__tensor_view(pk, "sg_sdpa", 4, qs, qst, 0);
+    *dk = sg__tensor_view(pk, "sg_sdpa", 4, ks, kst, nq);
+    *dv = sg__tensor_view(pk, "sg_sdpa", 4, ks, kst, nq + nkv);
+    sg__tensor_drop(pk);
+    if (*dq && *dk && *dv) return SG_OK;
+    sg__tensor_drop(*dq), sg__tensor_drop(*dk), sg__tensor_drop(*dv);
+    *dq = *dk = *dv = NULL;
+    return ctx->status != SG_OK ? ctx->status : SG_ERR_OOM;
+}
+
+/* A float mask that needs a gradient (while grad is on): ATTENTION_BWD
+ * gives none, so such a call runs as the decomposed ops. */
+static bool mask_wants_grad(const sg_ctx *ctx, const sg_tensor *mask) {
+    return !ctx->grad_off && mask && mask->grad_fn;
+}
+
+/* Attention with a gradient wanted that runs as the decomposed ops: said
+ * once per call under perf_hints (SG_LOGS=perf_hints). */
+static void hint_decomposed(sg_ctx *ctx, sg_tensor *const *in, const char *why) {
+    if (ctx->grad_off || !(in[0]->grad_fn || in[1]->grad_fn || in[2]->grad_fn)) return;
+    char a[SG__DESC];
+    sg__log(ctx, "perf_hints",
+            "sg_sdpa: q %s with gradients runs as matmul, softmax, matmul "
+            "(scores in memory): %s",
+            sg__describe(in[0], a, sizeof a), why);
 }
 
 /* sg_sdpa through ATTENTION when the kernels take it: at most 4 dims, Dv = D
@@ -523,9 +574,19 @@ static sg_tensor *sdpa_fused(sg_ctx *ctx, sg_tensor *const *in, sg_tensor *mask,
     int64_t sc[SG_MAX_DIMS];
     bool gqa = sdpa_gqa(q, k, v);
     *took = false;
-    if (!sdpa_scores(ctx, in, gqa, &nd, sc) || nd > 4) return NULL;
+    if (!sdpa_scores(ctx, in, gqa, &nd, sc) || nd > 4) {
+        hint_decomposed(ctx, in, "more than 4 dims");
+        return NULL;
+    }
     int64_t D = q->shape[q->ndim - 1];
-    if (D > ATTN_MAX_D || v->shape[v->ndim - 1] != D) return NULL;
+    if (D > ATTN_MAX_D || v->shape[v->ndim - 1] != D) {
+        hint_decomposed(ctx, in, D > ATTN_MAX_D ? "D > 256" : "v's last dim is not q's");
+        return NULL;
+    }
+    if (mask_wants_grad(ctx, mask)) {
+        hint_decomposed(ctx, in, "the mask needs a gradient");
+        return NULL;
+    }
     int64_t bh[2] = {nd >= 4 ? sc[nd - 4] : 1, nd >= 3 ? sc[nd - 3] : 1};
     /* K/V heads: their own count when they share one (grouped, or 1), else the output's. */
     int64_t hk = k->ndim >= 3 ? k->shape[k->ndim - 3] : 1;
@@ -540,6 +601,7 @@ static sg_tensor *sdpa_fused(sg_ctx *ctx, sg_tensor *const *in, sg_tensor *mask,
     os[nd - 1] = D;
     for (int d = nd - 1; d >= 0; d--) st[d] = d == nd - 1 ? 1 : st[d + 1] * os[d + 1];
     sg_tensor *out = sg__tensor_view(o4, "sg_sdpa", nd, os, st, o4->offset);
+    out = sg__grad_view(o4, out, SG__VIEW_RESHAPE, NULL);
     sg__tensor_drop(o4);
     return out;
 }
@@ -551,9 +613,7 @@ sg_tensor *sg_sdpa(sg_tensor *q, sg_tensor *k, sg_tensor *v, sg_tensor *mask, bo
     sg_ctx *ctx = sg__check_inputs("sg_sdpa", 4, in, optional);
     if (!ctx || !sdpa_check(ctx, in, mask, &scale)) return NULL;
     bool took = false;
-    /* A gradient goes through the decomposed ops (their rules exist); the
-     * fused kernel has no backward yet. */
-    sg_tensor *out = grad_wanted(ctx, in) ? NULL : sdpa_fused(ctx, in, mask, causal, scale, &took);
+    sg_tensor *out = sdpa_fused(ctx, in, mask, causal, scale, &took);
     if (!took) out = sg__sdpa_decomposed(q, k, v, mask, causal, scale);
     if (!out) name_failure(ctx, "sg_sdpa");
     return out;
@@ -623,8 +683,9 @@ sg_tensor *sg_sdpa_cached(sg_tensor *q, sg_tensor *k_cache, sg_tensor *v_cache,
     sg_tensor *in[4] = {q, k_cache, v_cache, kv_len};
     sg_ctx *ctx = sg__check_inputs("sg_sdpa_cached", 4, in, NULL);
     if (!ctx || !cached_check(ctx, in, &scale)) return NULL;
-    /* Past the kernels, or a gradient wanted: the ops, with kv_len as a mask. */
-    if (q->shape[3] > ATTN_MAX_D || grad_wanted(ctx, in)) {
+    /* Past the kernels: the ops, with kv_len as a mask. */
+    if (q->shape[3] > ATTN_MAX_D) {
+        hint_decomposed(ctx, in, "D > 256");
         sg_tensor *keep = cached_keep(ctx, kv_len, q->shape[2], k_cache->shape[2]);
         sg_tensor *out = keep ? sg__sdpa_decomposed(q, k_cache, v_cache, keep, false, scale) : NULL;
         sg__tensor_drop(keep);

@@ -566,6 +566,13 @@ SG_API sg_tensor *sg_sample(sg_tensor *logits, double temperature, int64_t top_k
  * (decode) split the keys over blocks and merge the splits; many queries
  * in bf16/f16 with D a multiple of 16 up to 128 and no mask (prefill) run
  * on tensor cores (SG_ATTN_MMA=0 keeps them on the f32 FMA kernel).
+ * Gradients of q, k and v (sg_grad) go through one fused backward
+ * (flash-attention style: no scores in memory; the row logsumexp is
+ * recomputed; dk and dv of a grouped-query head summed in a fixed order,
+ * so replays are bit-identical), on CUDA on tensor cores for bf16 / f16
+ * with D = 64 or 128 and no mask. Shapes that run as matmul, mask,
+ * softmax, matmul, and a float mask that itself needs a gradient,
+ * differentiate through those ops (SG_LOGS=perf_hints says so).
  *
  * Attention of q (B, Hq, Lq, D) over the first kv_len[b] positions of
  * k_cache / v_cache (B, Hkv, S, D), S slots, Hq a multiple of Hkv (query

@@ -290,7 +290,8 @@ static sg_status cu_run(sg_ctx *ctx, const sg__node *n) {
     case SG__FAM_ROW: return sg__cuda_row(ctx, n);
     case SG__FAM_MATMUL: return sg__cuda_matmul(ctx, n);
     case SG__FAM_DATA: return sg__cuda_data(ctx, n);
-    case SG__FAM_ATTN: return sg__cuda_attn(ctx, n);
+    case SG__FAM_ATTN:
+        return n->op == SG__OP_ATTENTION_BWD ? sg__cuda_attn_bwd(ctx, n) : sg__cuda_attn(ctx, n);
     case SG__FAM_COMM: return sg__comm_run(ctx, n);
     }
     return sg__fail(ctx, SG_ERR_INTERNAL, "cuda: op %s has no kernel family", sg__op_name(n->op));

@@ -25,6 +25,7 @@ typedef enum sg__cu_unit {
     SG__CU_ROW,       /* k_row.cu: softmax, log_softmax, layer_norm, rms_norm, cross_entropy */
     SG__CU_MATMUL,    /* k_matmul.cu: gemv and the helpers around cuBLASLt */
     SG__CU_ATTN,      /* k_attn.cu: flash-decoding and flash attention (ATTENTION) */
+    SG__CU_ATTN_BWD,  /* k_attn_bwd.cu: flash-attention backward (ATTENTION_BWD) */
     SG__CU_NUM_UNITS
 } sg__cu_unit;
 
@@ -85,5 +86,6 @@ SG__HIDDEN sg_status sg__cuda_reduce(sg_ctx *ctx, const sg__node *n);
 SG__HIDDEN sg_status sg__cuda_row(sg_ctx *ctx, const sg__node *n);
 SG__HIDDEN sg_status sg__cuda_matmul(sg_ctx *ctx, const sg__node *n);
 SG__HIDDEN sg_status sg__cuda_attn(sg_ctx *ctx, const sg__node *n);
+SG__HIDDEN sg_status sg__cuda_attn_bwd(sg_ctx *ctx, const sg__node *n);
 
 #endif /* SG_CUDA_EXEC_H */

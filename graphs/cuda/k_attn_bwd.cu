@@ -1,0 +1,659 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * k_attn_bwd.cu -- the CUDA kernels of ATTENTION_BWD, the gradient of
+ * attention (host side in cuda_attn_bwd.c; the node in capture/ops.def).
+ * Every kernel writes into the node's one packed output: dq (B,Hq,Lq,D) at
+ * 0, dk and dv (B,Hkv,S,D) at nq and nq + nkv, and the row workspace (f32
+ * logsumexp of each row's scaled scores, then D = rowsum(dO * O)) at ws.
+ * Nothing is accumulated with atomics: every result is one sum in a fixed
+ * order, so replays give identical bits.
+ *
+ * Two passes, in this order on the stream:
+ *   rows: per query row (block), the logsumexp recomputed from Q K^T, D, and
+ *         dq = scale * sum_j dS_j k_j, dS_j = P_j (dO . v_j - D), P_j =
+ *         exp(s_j - lse); writes dq and the workspace.
+ *   keys: per key (block), dv_j = sum_i P_ij dO_i and dk_j = scale * sum_i
+ *         dS_ij q_i over the query heads that share its K/V head (in head
+ *         order) and the queries that see it.
+ *
+ * sg_attn_bwd_rows / sg_attn_bwd_keys: f32 FMA, any float dtype, D <= 256,
+ * masks and kv_len; a block per row or key, scores of 128 keys (queries)
+ * at a time through shared memory.
+ *
+ * sg_attn_bwd_dq<D> / sg_attn_bwd_dkv<D> (D = 64 or 128; bf16 and f16, no
+ * mask): the same two passes on tensor cores, mma.sync m16n8k16 with f32
+ * accumulators, flash-attention-2 style. dq: a block of 4 warps per 64
+ * query rows (a warp 16), Q and dO fragments in registers; a first loop
+ * over key tiles finds each row's logsumexp, a second recomputes P and dP =
+ * dO V^T per tile and adds dS K into dq. dkv: a block per 64 keys (a warp
+ * 16), K and V fragments in registers; for each query head of the group and
+ * each query tile that can see the block (causal: from the first such
+ * tile), S^T = K Q^T, P^T from the workspace's lse, dV += P^T dO, dP^T = V
+ * dO^T, dS^T = P^T (dP^T - D), dK += dS^T Q. A tile's accumulator layout
+ * is the next mma's A-operand layout, so P and dS never leave registers;
+ * the B operands sit in shared memory as 16-bit, row-major and transposed,
+ * with 8 halves of padding per row. Tiles: 64 keys (dq) or 64 queries
+ * (dkv) at D = 64, 32 at D = 128, within 48 KiB of static shared memory.
+ *
+ * Visibility is ATTENTION's (capture.h, SG__ATTN_CAUSAL): key j of batch b
+ * is seen by query i when j < L (kv_len[b] clamped to [0, S], or S) and,
+ * causal, j <= L - Lq + i. A row that sees no key gets lse = +inf, so its P
+ * is 0: it contributes nothing and its dq is 0.
+ *
+ * NVRTC compiles this file with no include path, so it includes nothing.
+ */
+typedef long long i64;
+typedef unsigned int u32;
+typedef unsigned short u16;
+
+#define NT 128 /* threads per block */
+#define NW (NT / 32)
+
+/* sg_dtype's values (include/stepgraph.h). */
+enum { DT_F32, DT_F16, DT_BF16, DT_I32, DT_I64, DT_BOOL };
+/* CAUSAL is SG__ATTN_CAUSAL; VQ, VK, VV, VG: q, k, v, dO take 16-byte loads
+ * (contiguous rows of 8-element vectors, aligned), set by the host. */
+enum { CAUSAL = 1, VQ = 2, VK = 4, VV = 8, VG = 16 };
+
+/* The same layout as struct bgeom in cuda_attn_bwd.c. */
+struct bgeom {
+    i64 qs[4], ks[4], vs[4], ms[4], gs[4]; /* strides of q, k, v, mask, dO (0: broadcast) */
+    i64 B, Hq, Hkv, Lq, S, D;
+    i64 ls;          /* kv_len's stride over b (0: one length for all) */
+    i64 nq, nkv, ws; /* the packed output's parts, in elements */
+    float scale;
+    int dt, mdt, ldt, flags; /* q/k/v dtype; mask's and kv_len's (-1: none) */
+};
+
+/* ------------------------------------------------------------ elements */
+
+__device__ __forceinline__ float h2f(u16 h) {
+    float f;
+    asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(h));
+    return f;
+}
+
+__device__ __forceinline__ u16 f2h(float f) {
+    u16 h;
+    asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(f));
+    return h;
+}
+
+/* bf16 by nearest even, NaN kept NaN, as the CPU rounds. */
+__device__ __forceinline__ u16 f2bf(float f) {
+    u32 u = __float_as_uint(f);
+    if ((u & 0x7fffffffu) > 0x7f800000u) return (u16)((u >> 16) | 0x40);
+    u += 0x7fffu + ((u >> 16) & 1);
+    return (u16)(u >> 16);
+}
+
+__device__ __forceinline__ float ld(const void *p, int dt, i64 i) {
+    if (dt == DT_F32) return ((const float *)p)[i];
+    u16 h = ((const u16 *)p)[i];
+    return dt == DT_F16 ? h2f(h) : __uint_as_float((u32)h << 16);
+}
+
+__device__ __forceinline__ void st(void *p, int dt, i64 i, float v) {
+    if (dt == DT_F32)
+        ((float *)p)[i] = v;
+    else
+        ((u16 *)p)[i] = dt == DT_F16 ? f2h(v) : f2bf(v);
+}
+
+__device__ __forceinline__ float inf_f() { return __uint_as_float(0x7f800000u); }
+
+/* The row workspace: lse at ws[r], D at ws[rows + r]. */
+__device__ __forceinline__ float *workspace(void *out, const bgeom &g) {
+    return (float *)((char *)out + g.ws * (g.dt == DT_F32 ? 4 : 2));
+}
+
+/* ------------------------------------------------------------ visibility */
+
+__device__ __forceinline__ i64 valid_len(const void *len, const bgeom &g, i64 b) {
+    if (g.ldt < 0) return g.S;
+    i64 L = g.ldt == DT_I32 ? (i64)((const int *)len)[b * g.ls] : ((const i64 *)len)[b * g.ls];
+    return L < 0 ? 0 : L > g.S ? g.S : L;
+}
+
+/* Keys 0 .. n-1 are seen by query i. */
+__device__ __forceinline__ i64 visible(const bgeom &g, i64 L, i64 i) {
+    i64 n = L;
+    if (g.flags & CAUSAL) {
+        i64 last = L - g.Lq + i + 1;
+        n = last < n ? last : n;
+    }
+    return n < 0 ? 0 : n;
+}
+
+/* The first query that sees key j (Lq when none does). */
+__device__ __forceinline__ i64 first_query(const bgeom &g, i64 L, i64 j) {
+    if (j >= L) return g.Lq;
+    if (!(g.flags & CAUSAL)) return 0;
+    i64 i = j - L + g.Lq;
+    return i < 0 ? 0 : i;
+}
+
+/* ------------------------------------------------------------ FMA kernels */
+
+/* A block-wide sum or max of one value per thread, in a fixed order. */
+__device__ float block_reduce(float x, bool max, float *red) {
+    for (int o = 16; o > 0; o >>= 1) {
+        float y = __shfl_xor_sync(0xffffffffu, x, o);
+        x = max ? fmaxf(x, y) : x + y;
+    }
+    __syncthreads();
+    if ((threadIdx.x & 31) == 0) red[threadIdx.x / 32] = x;
+    __syncthreads();
+    float r = red[0];
+    for (int w = 1; w < NW; w++) r = max ? fmaxf(r, red[w]) : r + red[w];
+    return r;
+}
+
+/* The scaled, masked score of query row (b, h, i), q in qf, against key j. */
+__device__ float score(const void *k, const void *m, const bgeom &g, const float *qf, i64 b, i64 h,
+                       i64 hk, i64 i, i64 j) {
+    i64 kb = b * g.ks[0] + hk * g.ks[1] + j * g.ks[2];
+    float s = 0.0f;
+    for (int e = 0; e < (int)g.D; e++) s += qf[e] * ld(k, g.dt, kb + e * g.ks[3]);
+    s *= g.scale;
+    if (g.mdt >= 0) {
+        i64 at = b * g.ms[0] + h * g.ms[1] + i * g.ms[2] + j * g.ms[3];
+        if (g.mdt == DT_BOOL) return ((const unsigned char *)m)[at] ? s : -inf_f();
+        s += ld(m, g.mdt, at);
+    }
+    return s;
+}
+
+/* Block r = (b, h, i): lse, D and dq of one query row. */
+extern "C" __global__ void __launch_bounds__(NT)
+    sg_attn_bwd_rows(const void *q, const void *k, const void *v, const void *m, const void *len,
+                     const void *o, const void *dout, void *out, bgeom g) {
+    __shared__ float qf[256], df[256], sds[NT], red[NW];
+    const int tid = threadIdx.x, D = (int)g.D;
+    const i64 r = blockIdx.x, i = r % g.Lq, h = (r / g.Lq) % g.Hq, b = r / (g.Lq * g.Hq);
+    const i64 hk = h / (g.Hq / g.Hkv), rows = g.B * g.Hq * g.Lq;
+    const i64 n = visible(g, valid_len(len, g, b), i);
+    float dpart = 0.0f;
+    for (int e = tid; e < D; e += NT) {
+        qf[e] = ld(q, g.dt, b * g.qs[0] + h * g.qs[1] + i * g.qs[2] + e * g.qs[3]);
+        df[e] = ld(dout, g.dt, b * g.gs[0] + h * g.gs[1] + i * g.gs[2] + e * g.gs[3]);
+        dpart += df[e] * ld(o, g.dt, r * D + e);
+    }
+    __syncthreads();
+    const float Di = block_reduce(dpart, false, red);
+    float mx = -inf_f();
+    for (i64 j = tid; j < n; j += NT) mx = fmaxf(mx, score(k, m, g, qf, b, h, hk, i, j));
+    mx = block_reduce(mx, true, red);
+    float sum = 0.0f;
+    for (i64 j = tid; mx > -inf_f() && j < n; j += NT)
+        sum += expf(score(k, m, g, qf, b, h, hk, i, j) - mx);
+    sum = block_reduce(sum, false, red);
+    const float lse = sum > 0.0f ? mx + logf(sum) : inf_f();
+    float acc[2] = {0.0f, 0.0f}; /* dq at e = tid and tid + NT */
+    const i64 vb = b * g.vs[0] + hk * g.vs[1], kb = b * g.ks[0] + hk * g.ks[1];
+    for (i64 j0 = 0; sum > 0.0f && j0 < n; j0 += NT) {
+        i64 j = j0 + tid;
+        float ds = 0.0f;
+        if (j < n) {
+            float p = expf(score(k, m, g, qf, b, h, hk, i, j) - lse), dp = 0.0f;
+            for (int e = 0; p > 0.0f && e < D; e++)
+                dp += df[e] * ld(v, g.dt, vb + j * g.vs[2] + e * g.vs[3]);
+            ds = p * (dp - Di);
+        }
+        sds[tid] = ds;
+        __syncthreads();
+        int nt = n - j0 < NT ? (int)(n - j0) : NT;
+        for (int c = 0; c < 2; c++) {
+            int e = tid + c * NT;
+            if (e >= D) break;
+            for (int t = 0; t < nt; t++)
+                acc[c] += sds[t] * ld(k, g.dt, kb + (j0 + t) * g.ks[2] + e * g.ks[3]);
+        }
+        __syncthreads();
+    }
+    for (int c = 0; c < 2; c++)
+        if (tid + c * NT < D) st(out, g.dt, r * D + tid + c * NT, acc[c] * g.scale);
+    if (tid == 0) {
+        float *ws = workspace(out, g);
+        ws[r] = lse, ws[rows + r] = Di;
+    }
+}
+
+/* Block x = (b, hk, j): dk and dv of one key over its group's query rows. */
+extern "C" __global__ void __launch_bounds__(NT)
+    sg_attn_bwd_keys(const void *q, const void *k, const void *v, const void *m, const void *len,
+                     const void *dout, void *out, bgeom g) {
+    __shared__ float kf[256], vf[256], sp[NT], sds[NT];
+    const int tid = threadIdx.x, D = (int)g.D;
+    const i64 x = blockIdx.x, j = x % g.S, hk = (x / g.S) % g.Hkv, b = x / (g.S * g.Hkv);
+    const i64 G = g.Hq / g.Hkv, rows = g.B * g.Hq * g.Lq, L = valid_len(len, g, b);
+    const float *ws = workspace(out, g);
+    for (int e = tid; e < D; e += NT) {
+        kf[e] = ld(k, g.dt, b * g.ks[0] + hk * g.ks[1] + j * g.ks[2] + e * g.ks[3]);
+        vf[e] = ld(v, g.dt, b * g.vs[0] + hk * g.vs[1] + j * g.vs[2] + e * g.vs[3]);
+    }
+    __syncthreads();
+    float dk[2] = {0.0f, 0.0f}, dv[2] = {0.0f, 0.0f};
+    const i64 i1 = first_query(g, L, j); /* every query from i1 on sees j */
+    for (i64 h = hk * G; h < (hk + 1) * G; h++)
+        for (i64 i0 = i1; i0 < g.Lq; i0 += NT) {
+            i64 i = i0 + tid, r = (b * g.Hq + h) * g.Lq + i;
+            float p = 0.0f, ds = 0.0f;
+            if (i < g.Lq && ws[r] != inf_f()) {
+                const i64 qb = b * g.qs[0] + h * g.qs[1] + i * g.qs[2];
+                const i64 db = b * g.gs[0] + h * g.gs[1] + i * g.gs[2];
+                float s = 0.0f, dp = 0.0f;
+                for (int e = 0; e < D; e++) s += ld(q, g.dt, qb + e * g.qs[3]) * kf[e];
+                s *= g.scale;
+                if (g.mdt >= 0) {
+                    i64 at = b * g.ms[0] + h * g.ms[1] + i * g.ms[2] + j * g.ms[3];
+                    if (g.mdt == DT_BOOL)
+                        s = ((const unsigned char *)m)[at] ? s : -inf_f();
+                    else
+                        s += ld(m, g.mdt, at);
+                }
+                p = expf(s - ws[r]);
+                for (int e = 0; p > 0.0f && e < D; e++)
+                    dp += ld(dout, g.dt, db + e * g.gs[3]) * vf[e];
+                ds = p * (dp - ws[rows + r]);
+            }
+            sp[tid] = p, sds[tid] = ds;
+            __syncthreads();
+            int nt = g.Lq - i0 < NT ? (int)(g.Lq - i0) : NT;
+            for (int c = 0; c < 2; c++) {
+                int e = tid + c * NT;
+                if (e >= D) break;
+                for (int t = 0; t < nt; t++) {
+                    i64 it = i0 + t;
+                    if (sp[t] == 0.0f) continue;
+                    dv[c] += sp[t] *
+                             ld(dout, g.dt, b * g.gs[0] + h * g.gs[1] + it * g.gs[2] + e * g.gs[3]);
+                    dk[c] += sds[t] *
+                             ld(q, g.dt, b * g.qs[0] + h * g.qs[1] + it * g.qs[2] + e * g.qs[3]);
+                }
+            }
+            __syncthreads();
+        }
+    const i64 at = ((b * g.Hkv + hk) * g.S + j) * D;
+    for (int c = 0; c < 2; c++) {
+        int e = tid + c * NT;
+        if (e >= D) break;
+        st(out, g.dt, g.nq + at + e, dk[c] * g.scale);
+        st(out, g.dt, g.nq + g.nkv + at + e, dv[c]);
+    }
+}
+
+/* ------------------------------------------------------------ tensor cores */
+
+__device__ __forceinline__ u32 pack2(float lo, float hi, int dt) {
+    u16 a = dt == DT_F16 ? f2h(lo) : f2bf(lo), b = dt == DT_F16 ? f2h(hi) : f2bf(hi);
+    return (u32)a | ((u32)b << 16);
+}
+
+/* c += a b: m16n8k16, A row-major 16 x 16, B column-major 16 x 8, f32 C. Not
+ * volatile: the compiler interleaves independent accumulators' mmas. */
+__device__ __forceinline__ void mma(float *c, const u32 *a, const u16 *b, int dt) {
+    u32 b0 = *(const u32 *)b, b1 = *(const u32 *)(b + 8);
+    if (dt == DT_F16)
+        asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, "
+            "{%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
+            : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+            : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+    else
+        asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, "
+            "{%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
+            : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+            : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+/* A 16-bit element of a strided operand, 0 where !in. */
+__device__ __forceinline__ u16 ld16(const void *p, i64 at, bool in) {
+    return in ? ((const u16 *)p)[at] : (u16)0;
+}
+
+/* e^x through one ex2.approx (relative error ~2^-22; e^-inf = 0). */
+__device__ __forceinline__ float fexp(float x) {
+    float y;
+    asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x * 1.4426950408889634f));
+    return y;
+}
+
+__device__ __forceinline__ float f16v(u16 h, int dt) {
+    return dt == DT_F16 ? h2f(h) : __uint_as_float((u32)h << 16);
+}
+
+/* The A fragments of rows r0 and r0 + 8 of a row-major 16-bit tile in
+ * shared memory (pitch in halves), NS slices of 16 columns. */
+template <int NS>
+__device__ __forceinline__ void frag_a(u32 (*a)[4], const u16 *sm, int r0, int pitch, int tq) {
+#pragma unroll
+    for (int s = 0; s < NS; s++) {
+        const u16 *base = sm + s * 16 + 2 * tq;
+        a[s][0] = *(const u32 *)(base + r0 * pitch);
+        a[s][1] = *(const u32 *)(base + (r0 + 8) * pitch);
+        a[s][2] = *(const u32 *)(base + r0 * pitch + 8);
+        a[s][3] = *(const u32 *)(base + (r0 + 8) * pitch + 8);
+    }
+}
+
+/* A strided (rows, D) block of a 16-bit operand, rows from r0 (0 at or past
+ * end), into shared memory row-major (pitch KP) and, if tr, transposed too
+ * (pitch TP). Consecutive threads take consecutive rows, so that the
+ * transposed stores of a warp fall in distinct banks; with vec, 16-byte
+ * loads and stores of 8 elements (the host checked the alignment). */
+template <int D, int ROWS>
+__device__ __forceinline__ void stage(u16 *rm, u16 *tr, int KP, int TP, const void *p, i64 base,
+                                      i64 rs, i64 es, i64 r0, i64 end, bool vec) {
+    constexpr int rows = ROWS, NV = ROWS * D / 8 / NT; /* vectors per thread */
+    static_assert(ROWS * D / 8 % NT == 0, "a tile is a whole number of vectors per thread");
+    if (vec) { /* every load in flight before the first store */
+        uint4 val[NV];
+#pragma unroll
+        for (int it = 0; it < NV; it++) {
+            const int x = it * NT + threadIdx.x, r = x % rows, e = (x / rows) * 8;
+            val[it] = make_uint4(0u, 0u, 0u, 0u);
+            if (r0 + r < end) val[it] = *(const uint4 *)((const u16 *)p + base + (r0 + r) * rs + e);
+        }
+#pragma unroll
+        for (int it = 0; it < NV; it++) {
+            const int x = it * NT + threadIdx.x, r = x % rows, e = (x / rows) * 8;
+            *(uint4 *)(rm + r * KP + e) = val[it];
+            if (tr) {
+                const u32 w[4] = {val[it].x, val[it].y, val[it].z, val[it].w};
+#pragma unroll
+                for (int c = 0; c < 4; c++) {
+                    tr[(e + 2 * c) * TP + r] = (u16)(w[c] & 0xffffu);
+                    tr[(e + 2 * c + 1) * TP + r] = (u16)(w[c] >> 16);
+                }
+            }
+        }
+        return;
+    }
+    for (int x = threadIdx.x; x < rows * D; x += NT) {
+        const int r = x % rows, e = x / rows;
+        u16 val = ld16(p, base + (r0 + r) * rs + e * es, r0 + r < end);
+        rm[r * KP + e] = val;
+        if (tr) tr[e * TP + r] = val;
+    }
+}
+
+/* C tiles (n, n+1) of P-like values as the A fragment of one 16-column slice. */
+__device__ __forceinline__ void to_a(u32 *a, const float *c0, const float *c1, int dt) {
+    a[0] = pack2(c0[0], c0[1], dt);
+    a[1] = pack2(c0[2], c0[3], dt);
+    a[2] = pack2(c1[0], c1[1], dt);
+    a[3] = pack2(c1[2], c1[3], dt);
+}
+
+/* Block (query tile, b * Hq + h): lse, D and dq of 64 query rows. */
+template <int D>
+__device__ __forceinline__ void bwd_dq(const void *q, const void *k, const void *v, const void *len,
+                                       const void *o, const void *dout, void *out, const bgeom &g) {
+    constexpr int MQ = 64, MK = D == 128 ? 32 : 64, KP = D + 8, TP = MK + 8, NK = D / 16;
+    __shared__ __align__(16) u16 sm[2 * MK * KP + D * TP];
+    __shared__ float sD[MQ];
+    u16 *ks = sm, *vs = sm + MK * KP, *kt = sm + 2 * MK * KP;
+    const int tid = threadIdx.x, warp = tid / 32, lane = tid & 31, gr = lane >> 2, tq = lane & 3;
+    const int dt = g.dt;
+    const i64 b = blockIdx.y / g.Hq, h = blockIdx.y % g.Hq, hk = h / (g.Hq / g.Hkv);
+    /* The last query tiles see the most keys (causal): they start first. */
+    const i64 q0 = (i64)(gridDim.x - 1 - blockIdx.x) * MQ, L = valid_len(len, g, b);
+    const i64 rows = g.B * g.Hq * g.Lq;
+    const i64 kb = b * g.ks[0] + hk * g.ks[1], vb = b * g.vs[0] + hk * g.vs[1];
+    const int r0 = warp * 16 + gr;
+    u32 qa[NK][4], da[NK][4];
+    stage<D, MQ>(sm, 0, KP, 0, q, b * g.qs[0] + h * g.qs[1], g.qs[2], g.qs[3], q0, g.Lq,
+                 g.flags & VQ);
+    __syncthreads();
+    frag_a<NK>(qa, sm, r0, KP, tq);
+    __syncthreads();
+    stage<D, MQ>(sm, 0, KP, 0, dout, b * g.gs[0] + h * g.gs[1], g.gs[2], g.gs[3], q0, g.Lq,
+                 g.flags & VG);
+    __syncthreads();
+    frag_a<NK>(da, sm, r0, KP, tq);
+    if (tid < MQ) { /* D = rowsum(dO * O), O contiguous */
+        float s = 0.0f;
+        const i64 i = q0 + tid, ob = ((b * g.Hq + h) * g.Lq + i) * D;
+        for (int e = 0; i < g.Lq && e < D; e++) s += f16v(sm[tid * KP + e], dt) * ld(o, dt, ob + e);
+        sD[tid] = s;
+    }
+    __syncthreads();
+    const float Da = sD[r0], Db = sD[r0 + 8];
+    const i64 ia = q0 + r0, ib = ia + 8;
+    const int na = ia < g.Lq ? (int)visible(g, L, ia) : 0,
+              nb = ib < g.Lq ? (int)visible(g, L, ib) : 0;
+    const i64 last = q0 + MQ - 1 < g.Lq - 1 ? q0 + MQ - 1 : g.Lq - 1;
+    const i64 nmax = visible(g, L, last);
+    /* Pass 1: each row's max and sum of exp over its visible keys. */
+    float ma = -inf_f(), mb = -inf_f(), la = 0.0f, lb = 0.0f;
+    for (i64 j0 = 0; j0 < nmax; j0 += MK) {
+        stage<D, MK>(ks, 0, KP, 0, k, kb, g.ks[2], g.ks[3], j0, nmax, g.flags & VK);
+        __syncthreads();
+        float s[MK / 8][4];
+#pragma unroll
+        for (int n = 0; n < MK / 8; n++) s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.0f;
+#pragma unroll
+        for (int t = 0; t < NK; t++)
+#pragma unroll
+            for (int n = 0; n < MK / 8; n++)
+                mma(s[n], qa[t], ks + (n * 8 + gr) * KP + t * 16 + 2 * tq, dt);
+        float tma = -inf_f(), tmb = -inf_f();
+#pragma unroll
+        for (int n = 0; n < MK / 8; n++)
+#pragma unroll
+            for (int c = 0; c < 4; c++) {
+                const int j = (int)j0 + n * 8 + 2 * tq + (c & 1);
+                float x = j < (c >= 2 ? nb : na) ? s[n][c] * g.scale : -inf_f();
+                s[n][c] = x;
+                if (c >= 2)
+                    tmb = fmaxf(tmb, x);
+                else
+                    tma = fmaxf(tma, x);
+            }
+        for (int off = 1; off < 4; off <<= 1) {
+            tma = fmaxf(tma, __shfl_xor_sync(0xffffffffu, tma, off));
+            tmb = fmaxf(tmb, __shfl_xor_sync(0xffffffffu, tmb, off));
+        }
+        const float mna = fmaxf(ma, tma), mnb = fmaxf(mb, tmb);
+        la *= mna == -inf_f() ? 1.0f : fexp(ma - mna);
+        lb *= mnb == -inf_f() ? 1.0f : fexp(mb - mnb);
+#pragma unroll
+        for (int n = 0; n < MK / 8; n++) {
+            if (mna != -inf_f()) la += fexp(s[n][0] - mna) + fexp(s[n][1] - mna);
+            if (mnb != -inf_f()) lb += fexp(s[n][2] - mnb) + fexp(s[n][3] - mnb);
+        }
+        ma = mna, mb = mnb;
+        __syncthreads();
+    }
+    for (int off = 1; off < 4; off <<= 1) {
+        la += __shfl_xor_sync(0xffffffffu, la, off);
+        lb += __shfl_xor_sync(0xffffffffu, lb, off);
+    }
+    const float lsa = la > 0.0f ? ma + logf(la) : inf_f(),
+                lsb = lb > 0.0f ? mb + logf(lb) : inf_f();
+    if (tq == 0) {
+        float *ws = workspace(out, g);
+        const i64 ra = (b * g.Hq + h) * g.Lq + ia;
+        if (ia < g.Lq) ws[ra] = lsa, ws[rows + ra] = Da;
+        if (ib < g.Lq) ws[ra + 8] = lsb, ws[rows + ra + 8] = Db;
+    }
+    /* Pass 2: dq += dS K, dS = P (dP - D), P = exp(s - lse), dP = dO V^T. */
+    float acc[D / 8][4];
+#pragma unroll
+    for (int d = 0; d < D / 8; d++) acc[d][0] = acc[d][1] = acc[d][2] = acc[d][3] = 0.0f;
+    for (i64 j0 = 0; j0 < nmax; j0 += MK) {
+        stage<D, MK>(ks, kt, KP, TP, k, kb, g.ks[2], g.ks[3], j0, nmax, g.flags & VK);
+        stage<D, MK>(vs, 0, KP, 0, v, vb, g.vs[2], g.vs[3], j0, nmax, g.flags & VV);
+        __syncthreads();
+        u32 dsa[MK / 16][4];
+#pragma unroll
+        for (int n2 = 0; n2 < MK / 16; n2++) {
+            float s[2][4], dp[2][4];
+#pragma unroll
+            for (int u = 0; u < 2; u++)
+#pragma unroll
+                for (int c = 0; c < 4; c++) s[u][c] = dp[u][c] = 0.0f;
+#pragma unroll
+            for (int t = 0; t < NK; t++)
+#pragma unroll
+                for (int u = 0; u < 2; u++) {
+                    const int at = ((n2 * 2 + u) * 8 + gr) * KP + t * 16 + 2 * tq;
+                    mma(s[u], qa[t], ks + at, dt);
+                    mma(dp[u], da[t], vs + at, dt);
+                }
+#pragma unroll
+            for (int u = 0; u < 2; u++) {
+                const int n = n2 * 2 + u;
+#pragma unroll
+                for (int c = 0; c < 4; c++) {
+                    const int j = (int)j0 + n * 8 + 2 * tq + (c & 1);
+                    const bool rb = c >= 2;
+                    float p =
+                        j < (rb ? nb : na) ? fexp(s[u][c] * g.scale - (rb ? lsb : lsa)) : 0.0f;
+                    s[u][c] = p * (dp[u][c] - (rb ? Db : Da));
+                }
+            }
+            to_a(dsa[n2], s[0], s[1], dt);
+        }
+#pragma unroll
+        for (int t = 0; t < MK / 16; t++)
+#pragma unroll
+            for (int d = 0; d < D / 8; d++)
+                mma(acc[d], dsa[t], kt + (d * 8 + gr) * TP + t * 16 + 2 * tq, dt);
+        __syncthreads();
+    }
+    const i64 oa = ((b * g.Hq + h) * g.Lq + ia) * D, ob = oa + 8 * (i64)D;
+#pragma unroll
+    for (int d = 0; d < D / 8; d++) {
+        const int e = d * 8 + 2 * tq;
+        if (ia < g.Lq)
+            st(out, dt, oa + e, acc[d][0] * g.scale), st(out, dt, oa + e + 1, acc[d][1] * g.scale);
+        if (ib < g.Lq)
+            st(out, dt, ob + e, acc[d][2] * g.scale), st(out, dt, ob + e + 1, acc[d][3] * g.scale);
+    }
+}
+
+/* Block (key tile, b * Hkv + hk): dk and dv of 64 keys over the group's queries. */
+template <int D>
+__device__ __forceinline__ void bwd_dkv(const void *q, const void *k, const void *v,
+                                        const void *len, const void *dout, void *out,
+                                        const bgeom &g) {
+    constexpr int MKB = 64, MQ = D == 128 ? 32 : 64, KP = D + 8, QP = MQ + 8, NK = D / 16;
+    __shared__ __align__(16) u16 sm[2 * MQ * KP + 2 * D * QP];
+    __shared__ float slse[MQ], sD[MQ];
+    u16 *qs = sm, *dos = sm + MQ * KP, *qt = sm + 2 * MQ * KP, *dot = qt + D * QP;
+    const int tid = threadIdx.x, warp = tid / 32, lane = tid & 31, gr = lane >> 2, tq = lane & 3;
+    const int dt = g.dt;
+    const i64 b = blockIdx.y / g.Hkv, hk = blockIdx.y % g.Hkv, G = g.Hq / g.Hkv;
+    const i64 j0 = (i64)blockIdx.x * MKB, L = valid_len(len, g, b), rows = g.B * g.Hq * g.Lq;
+    const int r0 = warp * 16 + gr;
+    const i64 ja = j0 + r0, jb = ja + 8; /* this thread's two keys */
+    /* The first query that sees each (Lq: none): query i sees key ja when i >= fa. */
+    const int fa = (int)first_query(g, L, ja), fb = (int)first_query(g, L, jb);
+    u32 ka[NK][4], va[NK][4];
+    stage<D, MKB>(sm, 0, KP, 0, k, b * g.ks[0] + hk * g.ks[1], g.ks[2], g.ks[3], j0, L,
+                  g.flags & VK);
+    __syncthreads();
+    frag_a<NK>(ka, sm, r0, KP, tq);
+    __syncthreads();
+    stage<D, MKB>(sm, 0, KP, 0, v, b * g.vs[0] + hk * g.vs[1], g.vs[2], g.vs[3], j0, L,
+                  g.flags & VV);
+    __syncthreads();
+    frag_a<NK>(va, sm, r0, KP, tq);
+    __syncthreads();
+    float dk[D / 8][4], dv[D / 8][4];
+#pragma unroll
+    for (int d = 0; d < D / 8; d++)
+#pragma unroll
+        for (int c = 0; c < 4; c++) dk[d][c] = dv[d][c] = 0.0f;
+    const float *ws = workspace(out, g);
+    const i64 i1 = first_query(g, L, j0);
+    for (i64 h = hk * G; h < (hk + 1) * G; h++)
+        for (i64 i0 = i1; i0 < g.Lq; i0 += MQ) {
+            stage<D, MQ>(qs, qt, KP, QP, q, b * g.qs[0] + h * g.qs[1], g.qs[2], g.qs[3], i0, g.Lq,
+                         g.flags & VQ);
+            stage<D, MQ>(dos, dot, KP, QP, dout, b * g.gs[0] + h * g.gs[1], g.gs[2], g.gs[3], i0,
+                         g.Lq, g.flags & VG);
+            if (tid < MQ) {
+                const i64 i = i0 + tid, r = (b * g.Hq + h) * g.Lq + i;
+                slse[tid] = i < g.Lq ? ws[r] : inf_f();
+                sD[tid] = i < g.Lq ? ws[rows + r] : 0.0f;
+            }
+            __syncthreads();
+            u32 pa[MQ / 16][4], dsa[MQ / 16][4];
+#pragma unroll
+            for (int n2 = 0; n2 < MQ / 16; n2++) {
+                float s[2][4], dp[2][4];
+#pragma unroll
+                for (int u = 0; u < 2; u++)
+#pragma unroll
+                    for (int c = 0; c < 4; c++) s[u][c] = dp[u][c] = 0.0f;
+#pragma unroll
+                for (int t = 0; t < NK; t++)
+#pragma unroll
+                    for (int u = 0; u < 2; u++) {
+                        const int at = ((n2 * 2 + u) * 8 + gr) * KP + t * 16 + 2 * tq;
+                        mma(s[u], ka[t], qs + at, dt);
+                        mma(dp[u], va[t], dos + at, dt);
+                    }
+#pragma unroll
+                for (int u = 0; u < 2; u++) {
+                    const int n = n2 * 2 + u;
+#pragma unroll
+                    for (int c = 0; c < 4; c++) {
+                        const int col = n * 8 + 2 * tq + (c & 1), i = (int)i0 + col;
+                        const bool vis = i < (int)g.Lq && i >= (c >= 2 ? fb : fa);
+                        float p = vis ? fexp(s[u][c] * g.scale - slse[col]) : 0.0f;
+                        s[u][c] = p;
+                        dp[u][c] = p * (dp[u][c] - sD[col]);
+                    }
+                }
+                to_a(pa[n2], s[0], s[1], dt);
+                to_a(dsa[n2], dp[0], dp[1], dt);
+            }
+#pragma unroll
+            for (int t = 0; t < MQ / 16; t++)
+#pragma unroll
+                for (int d = 0; d < D / 8; d++) {
+                    const int at = (d * 8 + gr) * QP + t * 16 + 2 * tq;
+                    mma(dv[d], pa[t], dot + at, dt);
+                    mma(dk[d], dsa[t], qt + at, dt);
+                }
+            __syncthreads();
+        }
+    const i64 base = (b * g.Hkv + hk) * g.S;
+#pragma unroll
+    for (int d = 0; d < D / 8; d++) {
+        const int e = d * 8 + 2 * tq;
+        if (ja < g.S) {
+            const i64 at = (base + ja) * D + e;
+            st(out, dt, g.nq + at, dk[d][0] * g.scale),
+                st(out, dt, g.nq + at + 1, dk[d][1] * g.scale);
+            st(out, dt, g.nq + g.nkv + at, dv[d][0]), st(out, dt, g.nq + g.nkv + at + 1, dv[d][1]);
+        }
+        if (jb < g.S) {
+            const i64 at = (base + jb) * D + e;
+            st(out, dt, g.nq + at, dk[d][2] * g.scale),
+                st(out, dt, g.nq + at + 1, dk[d][3] * g.scale);
+            st(out, dt, g.nq + g.nkv + at, dv[d][2]), st(out, dt, g.nq + g.nkv + at + 1, dv[d][3]);
+        }
+    }
+}
+
+/* At D = 64, three blocks per SM (at most 168 registers a thread). */
+#define DQ(D, MINB)                                                                                \
+    extern "C" __global__ void __launch_bounds__(NT, MINB)                                         \
+        sg_attn_bwd_dq##D(const void *q, const void *k, const void *v, const void *len,            \
+                          const void *o, const void *dout, void *out, bgeom g) {                   \
+        bwd_dq<D>(q, k, v, len, o, dout, out, g);                                                  \
+    }
+#define DKV(D, MINB)                                                                               \
+    extern "C" __global__ void __launch_bounds__(NT, MINB)                                         \
+        sg_attn_bwd_dkv##D(const void *q, const void *k, const void *v, const void *len,           \
+                           const void *dout, void *out, bgeom g) {                                 \
+        bwd_dkv<D>(q, k, v, len, dout, out, g);                                                    \
+    }
+DQ(64, 3)
+DQ(128, 1)
+DKV(64, 3)
+DKV(128, 1)
