@@ -25,7 +25,8 @@
  * kernel with no library call, and compiles the unit with NVRTC for sm_90
  * (skipped, not failed, when NVRTC cannot be loaded).
  *
- * SG_ROW_TIMING=1 (with SG_TEST_BACKEND=cuda) also times compiled and eager
+ * SG_ROW_SECTION=reduce runs the reductions only. SG_ROW_TIMING=1 (with
+ * SG_TEST_BACKEND=cuda) also times compiled and eager
  * rms_norm, layer_norm and softmax in bf16 over (1, 768), (1, 4096),
  * (2048, 768) and (2048, 50257) against the HBM bytes floor.
  */
@@ -536,9 +537,10 @@ static double now_s(void) {
 }
 
 /* Microseconds per call of the step in mode m (after warm-up). */
-static double time_step(spec *s, sg_mode m, sg_tensor *x) {
+static double time_fn(sg_step_fn step, void *user, sg_mode m, sg_tensor *const *x, int nin) {
     sg_fn *fn = NULL;
-    if (sg_compile(ctx, row_step, s, 1, 1, &(sg_compile_opts){.mode = m}, &fn) != SG_OK) return -1;
+    if (sg_compile(ctx, step, user, nin, 1, &(sg_compile_opts){.mode = m}, &fn) != SG_OK)
+        return -1;
     sg_tensor *out[1] = {NULL};
     int iters = 200;
     double t0 = 0;
@@ -548,7 +550,7 @@ static double time_step(spec *s, sg_mode m, sg_tensor *x) {
             t0 = now_s();
         }
         sg_mark_step_begin(ctx);
-        if (sg_call(fn, &x, 1, out, 1) != SG_OK) {
+        if (sg_call(fn, x, nin, out, 1) != SG_OK) {
             sg_fn_destroy(fn);
             return -1;
         }
@@ -559,10 +561,10 @@ static double time_step(spec *s, sg_mode m, sg_tensor *x) {
     return us;
 }
 
-static void timing(void) {
+static void timing(bool rows) {
     static const int64_t shapes[4][2] = {{1, 768}, {1, 4096}, {2048, 768}, {2048, 50257}};
     static const pattern pats[3] = {P_RMS_BUILTIN, P_LAYERNORM, P_SOFTMAX_CAST};
-    for (int si = 0; si < 4; si++)
+    for (int si = 0; si < 4 && rows; si++)
         for (int pi = 0; pi < 3; pi++) {
             int64_t rows = shapes[si][0], len = shapes[si][1], xs[2] = {rows, len};
             spec s = {.p = pats[pi], .dt = SG_BF16};
@@ -572,8 +574,8 @@ static void timing(void) {
             /* x in, y out (f32 after softmax's cast), weight and bias. */
             double ob = s.p == P_SOFTMAX_CAST ? 4 : 2;
             double bytes = (double)rows * (double)len * (2 + ob) + (double)len * 2 * 2;
-            double compiled = time_step(&s, SG_MODE_REDUCE_OVERHEAD, x);
-            double eager = time_step(&s, SG_MODE_EAGER, x);
+            double compiled = time_fn(row_step, &s, SG_MODE_REDUCE_OVERHEAD, &x, 1);
+            double eager = time_fn(row_step, &s, SG_MODE_EAGER, &x, 1);
             fprintf(stderr,
                     "TIMING %s bf16 [%lld,%lld]: compiled %.2f us, eager %.2f us, bytes floor %.2f "
                     "us (%.0f KB at 3.35 TB/s)\n",
@@ -581,13 +583,37 @@ static void timing(void) {
                     bytes / 3.35e12 * 1e6, bytes / 1024);
             sg_release(x), sg_release(s.w), sg_release(s.b);
         }
+    /* The reductions: a gradient's squared norm, a layer_norm weight
+     * gradient (two bf16 inputs), a bias gradient in f32. */
+    static const rcase red[3] = {
+        {R_SUM, PRO_SQUARE, SG_BF16, 2, {1, 38597376}, 2, {0, 1}, true, false, false, 1},
+        {R_SUM, PRO_CASTMUL, SG_BF16, 2, {4096, 768}, 1, {0}, false, false, false, 2},
+        {R_SUM, PRO_NONE, SG_F32, 2, {128, 1024}, 1, {0}, false, false, false, 2}};
+    for (int i = 0; i < 3; i++) {
+        const rcase *rc = &red[i];
+        int nin = rc->pro == PRO_CASTMUL ? 2 : 1;
+        sg_tensor *x[2] = {tu_rand(ctx, rc->dt, 2, rc->shape, -1, 1, NULL), NULL};
+        if (nin == 2) x[1] = tu_rand(ctx, rc->dt, 2, rc->shape, -1, 1, NULL);
+        double bytes = (double)(rc->shape[0] * rc->shape[1]) * (double)sg_dtype_size(rc->dt) * nin;
+        double compiled = time_fn(red_step, (void *)rc, SG_MODE_REDUCE_OVERHEAD, x, nin);
+        double eager = time_fn(red_step, (void *)rc, SG_MODE_EAGER, x, nin);
+        fprintf(stderr,
+                "TIMING REDUCE sum %s [%lld,%lld] dims=[%s]: compiled %.2f us, eager %.2f us, "
+                "bytes floor %.2f us (%.0f KB at 3.35 TB/s)\n",
+                sg_dtype_name(rc->dt), (long long)rc->shape[0], (long long)rc->shape[1],
+                rc->nred == 2 ? "0,1" : "0", compiled, eager, bytes / 3.35e12 * 1e6, bytes / 1024);
+        for (int k = 0; k < nin; k++) sg_release(x[k]);
+    }
 }
 
 int main(void) {
     ctx = tu_ctx((sg_ctx_opts){0});
     static const int64_t lens[6] = {1, 7, 768, 1024, 5000, 50257};
     static const sg_dtype dts[2] = {SG_F32, SG_BF16};
-    for (int p = 0; p < P_COUNT; p++)
+    /* SG_ROW_SECTION=reduce runs only the long-row and column reductions. */
+    const char *sec = getenv("SG_ROW_SECTION");
+    bool rows = !sec || strcmp(sec, "reduce") != 0;
+    for (int p = 0; p < P_COUNT && rows; p++)
         for (int d = 0; d < 2; d++)
             for (int l = 0; l < 6; l++) {
                 /* Short rows: several per block (warp teams), a partial block. */
@@ -597,7 +623,7 @@ int main(void) {
             }
     reductions();
     const char *t = getenv("SG_ROW_TIMING");
-    if (t && strcmp(t, "1") == 0 && tu_backend() == SG_BACKEND_CUDA) timing();
+    if (t && strcmp(t, "1") == 0 && tu_backend() == SG_BACKEND_CUDA) timing(rows);
     sg_ctx_destroy(ctx);
     return tu_finish();
 }
