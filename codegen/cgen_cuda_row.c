@@ -278,28 +278,36 @@ static void emit_row_op(rowk *k) {
  * in chunks of u positions, the chunk's loads (and prologue) first, all in
  * flight at once, then `fold` on each (r_x, r_c) in position order -- a
  * long range is a few memory latencies, not one per element. The prologue
- * stores: each position is visited once.
+ * stores (each position is visited once), but only after the chunk's
+ * loads: a store waits for its value, and warps issue in order, so a load
+ * placed after a store would wait for the load before it -- one memory
+ * latency per element again. The stores' second walk reads what the first
+ * just brought into the cache.
  */
 static void chunk_loop(rowk *k, const char *start, const char *hi, int step, int u,
                        const char *fold) {
+    bool stores = false;
+    for (int m = 0; m < k->a; m++) stores = stores || k->grp->g[m].store;
     sg__emit_open(k->e, "for (sg_i64 r_c0 = %s; r_c0 < %s; r_c0 += %lld)", start, hi,
                   (long long)u * step);
     sg__emit_line(k->e, "float r_xs[%d];", u);
-    sg__emit_line(k->e, "#pragma unroll");
-    sg__emit_open(k->e, "for (int r_u = 0; r_u < %d; r_u++)", u);
-    sg__emit_line(k->e, "const sg_i64 r_c = r_c0 + (sg_i64)r_u * %d;", step);
-    sg__emit_line(k->e, "float r_x = 0.0f;");
-    sg__emit_open(k->e, "if (r_c < %s)", hi);
-    row_input(k, true);
-    sg__emit_close(k->e);
-    sg__emit_line(k->e, "r_xs[r_u] = r_x;");
-    sg__emit_close(k->e);
-    sg__emit_line(k->e, "#pragma unroll");
-    sg__emit_open(k->e, "for (int r_u = 0; r_u < %d; r_u++)", u);
-    sg__emit_line(k->e, "const sg_i64 r_c = r_c0 + (sg_i64)r_u * %d;", step);
-    sg__emit_line(k->e, "const float r_x = r_xs[r_u];");
-    sg__emit_line(k->e, "if (r_c < %s) %s", hi, fold);
-    sg__emit_close(k->e);
+    for (int pass = 0; pass < 3; pass++) {
+        if (pass == 1 && !stores) continue;
+        sg__emit_line(k->e, "#pragma unroll");
+        sg__emit_open(k->e, "for (int r_u = 0; r_u < %d; r_u++)", u);
+        sg__emit_line(k->e, "const sg_i64 r_c = r_c0 + (sg_i64)r_u * %d;", step);
+        if (pass == 2) {
+            sg__emit_line(k->e, "const float r_x = r_xs[r_u];");
+            sg__emit_line(k->e, "if (r_c < %s) %s", hi, fold);
+        } else {
+            sg__emit_line(k->e, "float r_x = 0.0f;");
+            sg__emit_open(k->e, "if (r_c < %s)", hi);
+            row_input(k, pass == 1);
+            sg__emit_close(k->e);
+            sg__emit_line(k->e, pass == 0 ? "r_xs[r_u] = r_x;" : "(void)r_x;");
+        }
+        sg__emit_close(k->e);
+    }
     sg__emit_close(k->e);
 }
 

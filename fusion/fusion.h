@@ -76,6 +76,9 @@ typedef struct sg__group {
      * ncols): a column sum); ncols is 1 for every other anchor. */
     bool rows_inline;
     int64_t nrows, rowlen, ncols;
+    const char *lib_why; /* with rows_inline asked for: why this REDUCE or ROW
+                            anchor runs as the backend's library kernel
+                            (static text), NULL when generated code runs it */
     int bcast; /* REDUCE: index into g of the first epilogue member over the
                   anchor's input shape (it reads the reduced values broadcast
                   along the rows); 0 when none */
@@ -101,10 +104,12 @@ typedef struct sg__fuse_opts {
                          softmax/log_softmax over the last dim, layer_norm,
                          rms_norm, argmax whose reduced dims are the
                          innermost, and sum/mean over a run of dims (rows
-                         or columns: sg__group.ncols). Those take a prologue even with no_prologue,
-                         a row sum/mean's epilogue may go on over its input's shape
-                         (sg__group.bcast), and no prologue value is stored
-                         for a library call */
+                         or columns: sg__group.ncols). Those take a
+                         prologue even with no_prologue, a row sum/mean's
+                         epilogue may go on over its input's shape
+                         (sg__group.bcast), and no prologue value is
+                         stored for a library call; the other anchors get
+                         sg__group.lib_why */
     bool per_op;      /* cse and dce, then one group per surviving node (the
                          aot_eager backend of sg_compile_opts.backend_name) */
     bool no_epilogue; /* no pointwise epilogue after a REDUCE/ROW/MATMUL anchor

@@ -315,7 +315,9 @@ typedef enum rop { R_SUM, R_MEAN, R_ARGMAX } rop;
 typedef enum rpro {
     PRO_NONE,   /* the input itself */
     PRO_SQUARE, /* cast(x, f32) * cast(x, f32): a gradient's squared norm */
-    PRO_CASTMUL /* cast(x, f32) * cast(y, f32): a layer_norm weight gradient */
+    PRO_CASTMUL, /* cast(x, f32) * cast(y, f32): a layer_norm weight gradient */
+    PRO_KEPT     /* PRO_SQUARE, and cast(x, f32) again as a second output (as
+                    clip_grad_norm_ scales it): the prologue stores the cast */
 } rpro;
 
 typedef struct rcase {
@@ -333,7 +335,9 @@ typedef struct rcase {
 static sg_status red_step(sg_ctx *c, sg_tensor *const *in, sg_tensor **out, void *user) {
     const rcase *rc = user;
     sg_tensor *x = in[0];
-    if (rc->pro == PRO_SQUARE) x = sg_mul(sg_cast(x, SG_F32), sg_cast(x, SG_F32));
+    if (rc->pro == PRO_SQUARE || rc->pro == PRO_KEPT)
+        x = sg_mul(sg_cast(x, SG_F32), sg_cast(x, SG_F32));
+    if (rc->pro == PRO_KEPT) out[1] = sg_cast(in[0], SG_F32);
     if (rc->pro == PRO_CASTMUL) x = sg_mul(sg_cast(x, SG_F32), sg_cast(in[1], SG_F32));
     sg_tensor *y = rc->op == R_SUM    ? sg_sum(x, rc->nred, rc->dims, rc->keep)
                    : rc->op == R_MEAN ? sg_mean(x, rc->nred, rc->dims, rc->keep)
@@ -372,9 +376,9 @@ static void red_reference(const rcase *rc, const double *x, const double *y, int
         int64_t at = 0;
         for (int64_t j = 0; j < len; j++) {
             int64_t f = red_index(rc, o, j);
-            double t = rc->pro == PRO_NONE     ? x[f]
-                       : rc->pro == PRO_SQUARE ? tu_round(SG_F32, x[f] * x[f])
-                                               : tu_round(SG_F32, x[f] * y[f]);
+            double t = rc->pro == PRO_NONE      ? x[f]
+                       : rc->pro == PRO_CASTMUL ? tu_round(SG_F32, x[f] * y[f])
+                                                : tu_round(SG_F32, x[f] * x[f]);
             if (rc->op == R_ARGMAX) {
                 if (isnan(best)) continue;
                 if (isnan(t) || j == 0 || t > best) best = t, at = j;
@@ -441,7 +445,8 @@ static void red_plant(const rcase *rc, sg_tensor *t, double *xv, int64_t nout, i
 
 static void red_case(const rcase *rc) {
     static const char *const opn[3] = {"SUM", "MEAN", "ARGMAX"};
-    static const char *const pron[3] = {"x", "f32(x)*f32(x)", "f32(x)*f32(y)"};
+    static const char *const pron[4] = {"x", "f32(x)*f32(x)", "f32(x)*f32(y)",
+                                        "f32(x)*f32(x),f32(x)"};
     int64_t numel = 1, len = 1;
     for (int d = 0; d < rc->nd; d++) numel *= rc->shape[d];
     for (int k = 0; k < rc->nred; k++) len *= rc->shape[rc->dims[k]];
@@ -455,22 +460,23 @@ static void red_case(const rcase *rc) {
              rc->keep ? ",keepdim" : "", rc->half ? ",*0.5" : "", rc->plant ? ",nan/inf" : "");
     tu_seed((uint64_t)(numel * 31 + rc->op * 7 + rc->pro * 3 + rc->dt + rc->nred));
     double *xv = NULL, *yv = NULL;
-    int nin = rc->pro == PRO_CASTMUL ? 2 : 1;
+    int nin = rc->pro == PRO_CASTMUL ? 2 : 1, nouts = rc->pro == PRO_KEPT ? 2 : 1;
     sg_tensor *in[2] = {tu_rand(ctx, rc->dt, rc->nd, rc->shape, -1, 1, &xv), NULL};
     if (nin == 2) in[1] = tu_rand(ctx, rc->dt, rc->nd, rc->shape, -1, 1, &yv);
     if (rc->plant) red_plant(rc, in[0], xv, nout, len);
     sg_fn *fn = NULL;
     bool ok = TU_EXPECT(in[0] && (nin == 1 || in[1])) &&
-              TU_EXPECT(sg_compile(ctx, red_step, (void *)rc, nin, 1,
+              TU_EXPECT(sg_compile(ctx, red_step, (void *)rc, nin, nouts,
                                    &(sg_compile_opts){.mode = SG_MODE_REDUCE_OVERHEAD},
                                    &fn) == SG_OK);
     /* Call 1 runs the kernels, 2 records the graph, 3 replays it: the
      * results of the three must be the same bits. */
-    sg_tensor *out[1] = {NULL};
+    sg_tensor *out[2] = {NULL, NULL};
     double *got[3] = {NULL, NULL, NULL};
     for (int call = 0; call < 3 && ok; call++) {
         sg_mark_step_begin(ctx);
-        ok = TU_EXPECT(sg_call(fn, in, nin, out, 1) == SG_OK) && TU_EXPECT(got[call] = tu_read(out[0]));
+        ok = TU_EXPECT(sg_call(fn, in, nin, out, nouts) == SG_OK) &&
+             TU_EXPECT(got[call] = tu_read(out[0]));
         if (!ok) fprintf(stderr, "  %s\n", sg_last_error(ctx));
     }
     sg_dtype odt = rc->op == R_ARGMAX ? SG_I64 : rc->pro == PRO_NONE ? rc->dt : SG_F32;
@@ -482,6 +488,11 @@ static void red_case(const rcase *rc) {
         for (int call = 1; call < 3 && ok; call++)
             ok = TU_EXPECT(memcmp(got[0], got[call], sizeof(double) * (size_t)nout) == 0);
         free(ref), free(scale);
+        if (ok && nouts == 2) { /* the stored cast: exact */
+            double *kept = tu_read(out[1]);
+            ok = TU_EXPECT(kept) && tu_close(name, kept, xv, numel, 0, 0);
+            free(kept);
+        }
     }
     counts c = {0};
     char uname[96];
@@ -505,6 +516,7 @@ static void reductions(void) {
         /* A gradient's squared norm: one row of 38.6M (the GPT-2 embedding). */
         {R_SUM, PRO_SQUARE, SG_BF16, 2, {1, 38597376}, 2, {0, 1}, true, false, false, 1},
         {R_SUM, PRO_NONE, SG_F32, 2, {4, 1 << 20}, 1, {1}, false, false, false, 1},
+        {R_SUM, PRO_KEPT, SG_BF16, 2, {768, 3072}, 2, {0, 1}, false, false, true, 1},
         {R_MEAN, PRO_NONE, SG_BF16, 2, {4, 1 << 20}, 1, {1}, true, true, true, 1},
         {R_ARGMAX, PRO_NONE, SG_F32, 2, {4, 1 << 20}, 1, {1}, false, false, true, 1},
         {R_ARGMAX, PRO_SQUARE, SG_BF16, 2, {3, 100000}, 1, {1}, true, false, false, 1},
@@ -514,6 +526,7 @@ static void reductions(void) {
         {R_SUM, PRO_NONE, SG_F32, 2, {128, 1024}, 1, {0}, true, false, false, 2},
         {R_SUM, PRO_NONE, SG_F32, 2, {128, 1024}, 1, {0}, true, true, true, 2},
         {R_SUM, PRO_NONE, SG_F32, 2, {128, 1024}, 1, {0}, false, false, true, 2},
+        {R_SUM, PRO_KEPT, SG_BF16, 2, {4096, 768}, 1, {0}, true, false, false, 2},
         {R_MEAN, PRO_NONE, SG_BF16, 2, {2048, 50257}, 1, {0}, true, false, false, 2},
         /* Odd shapes: a middle dim, the first dim, rows of 1 element. */
         {R_SUM, PRO_NONE, SG_F32, 3, {3, 5, 7}, 1, {1}, false, false, false, 2},
@@ -537,11 +550,12 @@ static double now_s(void) {
 }
 
 /* Microseconds per call of the step in mode m (after warm-up). */
-static double time_fn(sg_step_fn step, void *user, sg_mode m, sg_tensor *const *x, int nin) {
+static double time_fn(sg_step_fn step, void *user, sg_mode m, sg_tensor *const *x, int nin,
+                      int nout) {
     sg_fn *fn = NULL;
-    if (sg_compile(ctx, step, user, nin, 1, &(sg_compile_opts){.mode = m}, &fn) != SG_OK)
+    if (sg_compile(ctx, step, user, nin, nout, &(sg_compile_opts){.mode = m}, &fn) != SG_OK)
         return -1;
-    sg_tensor *out[1] = {NULL};
+    sg_tensor *out[2] = {NULL, NULL};
     int iters = 200;
     double t0 = 0;
     for (int it = 0; it < iters + 10; it++) {
@@ -550,7 +564,7 @@ static double time_fn(sg_step_fn step, void *user, sg_mode m, sg_tensor *const *
             t0 = now_s();
         }
         sg_mark_step_begin(ctx);
-        if (sg_call(fn, x, nin, out, 1) != SG_OK) {
+        if (sg_call(fn, x, nin, out, nout) != SG_OK) {
             sg_fn_destroy(fn);
             return -1;
         }
@@ -574,8 +588,8 @@ static void timing(bool rows) {
             /* x in, y out (f32 after softmax's cast), weight and bias. */
             double ob = s.p == P_SOFTMAX_CAST ? 4 : 2;
             double bytes = (double)rows * (double)len * (2 + ob) + (double)len * 2 * 2;
-            double compiled = time_fn(row_step, &s, SG_MODE_REDUCE_OVERHEAD, &x, 1);
-            double eager = time_fn(row_step, &s, SG_MODE_EAGER, &x, 1);
+            double compiled = time_fn(row_step, &s, SG_MODE_REDUCE_OVERHEAD, &x, 1, 1);
+            double eager = time_fn(row_step, &s, SG_MODE_EAGER, &x, 1, 1);
             fprintf(stderr,
                     "TIMING %s bf16 [%lld,%lld]: compiled %.2f us, eager %.2f us, bytes floor %.2f "
                     "us (%.0f KB at 3.35 TB/s)\n",
@@ -583,24 +597,29 @@ static void timing(bool rows) {
                     bytes / 3.35e12 * 1e6, bytes / 1024);
             sg_release(x), sg_release(s.w), sg_release(s.b);
         }
-    /* The reductions: a gradient's squared norm, a layer_norm weight
-     * gradient (two bf16 inputs), a bias gradient in f32. */
-    static const rcase red[3] = {
+    /* The reductions: a gradient's squared norm (also storing the f32
+     * cast, as clip_grad_norm_ does), a layer_norm weight gradient (two bf16
+     * inputs), a bias gradient in f32. */
+    static const rcase red[5] = {
         {R_SUM, PRO_SQUARE, SG_BF16, 2, {1, 38597376}, 2, {0, 1}, true, false, false, 1},
+        {R_SUM, PRO_KEPT, SG_BF16, 2, {50257, 768}, 2, {0, 1}, true, false, false, 1},
+        {R_SUM, PRO_KEPT, SG_BF16, 2, {768, 3072}, 2, {0, 1}, true, false, false, 1},
         {R_SUM, PRO_CASTMUL, SG_BF16, 2, {4096, 768}, 1, {0}, false, false, false, 2},
         {R_SUM, PRO_NONE, SG_F32, 2, {128, 1024}, 1, {0}, false, false, false, 2}};
-    for (int i = 0; i < 3; i++) {
+    for (int i = 0; i < 5; i++) {
         const rcase *rc = &red[i];
-        int nin = rc->pro == PRO_CASTMUL ? 2 : 1;
+        int nin = rc->pro == PRO_CASTMUL ? 2 : 1, nout = rc->pro == PRO_KEPT ? 2 : 1;
         sg_tensor *x[2] = {tu_rand(ctx, rc->dt, 2, rc->shape, -1, 1, NULL), NULL};
         if (nin == 2) x[1] = tu_rand(ctx, rc->dt, 2, rc->shape, -1, 1, NULL);
-        double bytes = (double)(rc->shape[0] * rc->shape[1]) * (double)sg_dtype_size(rc->dt) * nin;
-        double compiled = time_fn(red_step, (void *)rc, SG_MODE_REDUCE_OVERHEAD, x, nin);
-        double eager = time_fn(red_step, (void *)rc, SG_MODE_EAGER, x, nin);
+        double bytes = (double)(rc->shape[0] * rc->shape[1]) *
+                       (double)(sg_dtype_size(rc->dt) * nin + (nout == 2 ? 4 : 0));
+        double compiled = time_fn(red_step, (void *)rc, SG_MODE_REDUCE_OVERHEAD, x, nin, nout);
+        double eager = time_fn(red_step, (void *)rc, SG_MODE_EAGER, x, nin, nout);
         fprintf(stderr,
-                "TIMING REDUCE sum %s [%lld,%lld] dims=[%s]: compiled %.2f us, eager %.2f us, "
+                "TIMING REDUCE sum %s%s [%lld,%lld] dims=[%s]: compiled %.2f us, eager %.2f us, "
                 "bytes floor %.2f us (%.0f KB at 3.35 TB/s)\n",
-                sg_dtype_name(rc->dt), (long long)rc->shape[0], (long long)rc->shape[1],
+                sg_dtype_name(rc->dt), nout == 2 ? " (the cast stored)" : "",
+                (long long)rc->shape[0], (long long)rc->shape[1],
                 rc->nred == 2 ? "0,1" : "0", compiled, eager, bytes / 3.35e12 * 1e6, bytes / 1024);
         for (int k = 0; k < nin; k++) sg_release(x[k]);
     }
