@@ -511,6 +511,53 @@ static void red_case(const rcase *rc) {
     free(xv), free(yv);
 }
 
+/* Reductions the generated kernels leave to the library: a max, and a sum
+ * over dims 0 and 2 of (3, 5, 7) (not one run); next to a column sum that
+ * they take. */
+static sg_status lib_step(sg_ctx *c, sg_tensor *const *in, sg_tensor **out, void *user) {
+    (void)user;
+    int d1[1] = {1}, d02[2] = {0, 2}, d0[1] = {0};
+    out[0] = sg_max(in[0], 1, d1, false);
+    out[1] = sg_sum(in[0], 2, d02, false);
+    out[2] = sg_sum(in[0], 1, d0, false);
+    return out[0] && out[1] && out[2] ? SG_OK : sg_ctx_status(c);
+}
+
+/* Fusion gives each library anchor its reason; sg_fn_explain shows them on CUDA. */
+static void library_reasons(void) {
+    int64_t shape[3] = {3, 5, 7};
+    sg_tensor *x = tu_rand(ctx, SG_F32, 3, shape, -1, 1, NULL);
+    sg_fn *fn = NULL;
+    sg_tensor *out[3] = {NULL, NULL, NULL};
+    bool ok = TU_EXPECT(sg_compile(ctx, lib_step, NULL, 1, 3, NULL, &fn) == SG_OK) &&
+              TU_EXPECT(sg_call(fn, &x, 1, out, 3) == SG_OK) && TU_EXPECT(fn->ngraphs > 0);
+    int nmax = 0, nrun = 0, ncol = 0;
+    if (ok) {
+        sg__graph *g = fn->graphs[fn->ngraphs - 1];
+        sg__fuse_opts fo;
+        sg__cgen_cuda_fuse_opts(&fo, false);
+        sg__fused f;
+        ok = TU_EXPECT(sg__fuse(ctx, &g->ir, &fo, &f) == SG_OK);
+        for (int k = 0; ok && k < f.ngroups; k++) {
+            const sg__group *grp = &f.groups[k];
+            if (grp->kind != SG__G_REDUCE) continue;
+            const char *why = grp->lib_why;
+            sg__op op = g->ir.nodes[grp->g[grp->anchor].node].op;
+            if (op == SG__OP_MAX) nmax += why && strstr(why, "no generated kernel") != NULL;
+            if (op == SG__OP_SUM && grp->rows_inline) ncol += why == NULL && grp->ncols == 35;
+            if (op == SG__OP_SUM && !grp->rows_inline) nrun += why && strstr(why, "one run") != NULL;
+        }
+        sg__fused_free(ctx, &f, &g->ir);
+        ok = ok && TU_EXPECT(nmax == 1) && TU_EXPECT(nrun == 1) && TU_EXPECT(ncol == 1);
+        if (ok && tu_backend() == SG_BACKEND_CUDA)
+            ok = TU_EXPECT(strstr(sg_fn_explain(fn), "library kernel: IR line") != NULL);
+    }
+    tu_case(ok, "LIBRARY_REASONS(max over [1], sum over [0,2], sum over [0] of [3,5,7]) on %s",
+            tu_backend() == SG_BACKEND_CUDA ? "cuda" : "cpu");
+    sg_fn_destroy(fn);
+    sg_release(x);
+}
+
 static void reductions(void) {
     static const rcase cases[] = {
         /* A gradient's squared norm: one row of 38.6M (the GPT-2 embedding). */
@@ -539,6 +586,7 @@ static void reductions(void) {
         {R_SUM, PRO_NONE, SG_F32, 2, {1, 20000}, 1, {1}, false, false, true, 1},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) red_case(&cases[i]);
+    library_reasons();
 }
 
 /* ------------------------------------------------------------ timing */
