@@ -5,12 +5,18 @@
  * its pointwise prologue, its anchor and its epilogues, so no library call
  * runs for it:
  *   softmax, log_softmax over the last dim, layer_norm, rms_norm;
- *   sum and mean over the innermost dims, with the epilogue over the
+ *   sum, mean and var over the innermost dims, with the epilogue over the
  *   reduced shape and then over the input's shape (the written-out
  *   x * rsqrt(mean(x * x) + eps) * w in one kernel);
  *   argmax over the innermost dims (no epilogue: its i64 result is stored),
  *   with PyTorch's order: NaN above every number, then the first position
- *   among equals -- a total order, so lanes combine in any order.
+ *   among equals -- a total order, so lanes combine in any order;
+ *   sum and mean over leading dims that keep inner columns ((A, R, C) ->
+ *   (A, 1, C), a bias gradient): a block per 32 columns (emit_columns).
+ * A sum, mean or argmax over a few long rows (a gradient's squared norm:
+ * one row of 38.6M) is cut over ~1024 blocks, and so is a column sum with
+ * few column tiles; the last block to finish combines the partials in a
+ * fixed order (emit_split), so results are the same bits every launch.
  *
  * A team works one row: a warp for rows of at most 256 elements, else a
  * block of 256 threads. Lane j of a team takes elements j, j + team, ...;
@@ -285,14 +291,14 @@ static void emit_row_op(rowk *k) {
  * just brought into the cache.
  */
 static void chunk_loop(rowk *k, const char *start, const char *hi, int step, int u,
-                       const char *fold) {
+                       const char *fold, bool quiet) {
     bool stores = false;
     for (int m = 0; m < k->a; m++) stores = stores || k->grp->g[m].store;
     sg__emit_open(k->e, "for (sg_i64 r_c0 = %s; r_c0 < %s; r_c0 += %lld)", start, hi,
                   (long long)u * step);
     sg__emit_line(k->e, "float r_xs[%d];", u);
     for (int pass = 0; pass < 3; pass++) {
-        if (pass == 1 && !stores) continue;
+        if (pass == 1 && (!stores || quiet)) continue;
         sg__emit_line(k->e, "#pragma unroll");
         sg__emit_open(k->e, "for (int r_u = 0; r_u < %d; r_u++)", u);
         sg__emit_line(k->e, "const sg_i64 r_c = r_c0 + (sg_i64)r_u * %d;", step);
@@ -349,8 +355,22 @@ static void emit_reduce(rowk *k) {
     snprintf(hi, sizeof hi, "%lldLL", (long long)k->len);
     sg__emit_line(k->e, "float r_s = 0.0f;");
     k->per = 0; /* one pass: nothing to keep */
-    chunk_loop(k, "r_lane", hi, k->team, chunk_of(k->len, k->team, 8), "r_s += r_x;");
+    chunk_loop(k, "r_lane", hi, k->team, chunk_of(k->len, k->team, 8), "r_s += r_x;", false);
     team_reduce(k, "r_s", false);
+    if (k->an->op == SG__OP_VAR) { /* a second pass, about the mean; a quiet prologue */
+        int64_t den = k->len - k->an->i[0];
+        sg__emit_line(k->e, "const float r_mean = r_s / %lld.0f;", (long long)k->len);
+        sg__emit_line(k->e, "float r_q = 0.0f;");
+        chunk_loop(k, "r_lane", hi, k->team, chunk_of(k->len, k->team, 8),
+                   "r_q += (r_x - r_mean) * (r_x - r_mean);", true);
+        team_reduce(k, "r_q", false);
+        if (den > 0) /* var, or NaN/inf as torch's for too few elements */
+            sg__emit_line(k->e, "r_s = r_q / %lld.0f;", (long long)den);
+        else
+            sg__emit_line(k->e,
+                          "r_s = r_q > 0.0f ? __uint_as_float(0x7f800000u) : "
+                          "__uint_as_float(0x7fc00000u);");
+    }
     char y[160], rt[600], lv[400], st[1000], v[16];
     if (k->an->op == SG__OP_MEAN)
         snprintf(y, sizeof y, "(r_s / %lld.0f)", (long long)k->len);
@@ -442,7 +462,7 @@ static void emit_argmax(rowk *k) {
     sg__emit_line(k->e, "float r_b = __uint_as_float(0xff800000u);");
     sg__emit_line(k->e, "sg_i64 r_at = -1;");
     chunk_loop(k, "r_lane", hi, k->team, chunk_of(k->len, k->team, k->a > 0 ? 8 : 32),
-               ARGMAX_FOLD);
+               ARGMAX_FOLD, false);
     team_argmax(k);
     argmax_store(k);
 }
@@ -475,11 +495,11 @@ static void emit_split(rowk *k, int64_t split, int64_t ch) {
     if (argmax) {
         sg__emit_line(e, "float r_b = __uint_as_float(0xff800000u);");
         sg__emit_line(e, "sg_i64 r_at = -1;");
-        chunk_loop(k, "r_lo + r_lane", "r_hi", k->team, u, ARGMAX_FOLD);
+        chunk_loop(k, "r_lo + r_lane", "r_hi", k->team, u, ARGMAX_FOLD, false);
         team_argmax(k);
     } else {
         sg__emit_line(e, "float r_s = 0.0f;");
-        chunk_loop(k, "r_lo + r_lane", "r_hi", k->team, u, "r_s += r_x;");
+        chunk_loop(k, "r_lo + r_lane", "r_hi", k->team, u, "r_s += r_x;", false);
         team_reduce(k, "r_s", false);
     }
     sg__emit_open(e, "if (r_lane == 0)");
@@ -560,7 +580,7 @@ static void emit_columns(rowk *k, int tc, int64_t split, int64_t ch, int64_t ite
                   (long long)ch, (long long)k->len, (long long)ch, (long long)k->len);
     sg__emit_line(e, "float r_s = 0.0f;");
     sg__emit_open(e, "if (r_col < %lldLL)", (long long)k->cols);
-    chunk_loop(k, "r_lo + r_rg", "r_hi", rg, chunk_of(ch, rg, 8), "r_s += r_x;");
+    chunk_loop(k, "r_lo + r_rg", "r_hi", rg, chunk_of(ch, rg, 8), "r_s += r_x;", false);
     sg__emit_close(e);
     column_combine(k, tc, rg);
     snprintf(tile, sizeof tile, "r_row * %lldLL + r_col", (long long)k->cols);
@@ -658,6 +678,7 @@ const char *sg__cgen_cuda_rows(sg__cuda_gen *g, const sg__group *grp, sg__cuda_k
                          : "column reduction, a block per column tile; prologue and epilogue "
                            "fused";
     } else if (grp->kind == SG__G_REDUCE && !grp->bcast && k.team == BLOCK &&
+               k.an->op != SG__OP_VAR &&
                (split = plan_split(k.rows, k.len, SPLIT_LEAST, &ch)) > 1) {
         ki->grid = (unsigned)(k.rows * split);
         emit_split(&k, split, ch);

@@ -125,8 +125,8 @@ static bool is_row_anchor(sg__op op) {
 /*
  * Does node i work along rows of its input that a generated kernel can walk
  * as consecutive runs of a row-major order? Softmax and log_softmax over the
- * last dim, the norms, argmax of a float input whose reduced dims (of size
- * > 1) all follow its kept ones, and sum/mean of a float input whose dims
+ * last dim, the norms, argmax and var of a float input whose reduced dims
+ * (of size > 1) all follow its kept ones, and sum/mean of a float input whose dims
  * of size > 1 are kept ones, then reduced ones, then kept ones again (a
  * column sum: (A, R, C) -> (A, 1, C)). *rows, *len and *cols get A, R and
  * C (C is 1 for the others); empty inputs are left to the library.
@@ -153,6 +153,7 @@ static bool row_like(const sg__ir *ir, const int *alias, int i, int64_t *rows, i
     case SG__OP_RMS_NORM: mask = last; break;
     case SG__OP_SUM:
     case SG__OP_MEAN:
+    case SG__OP_VAR:
     case SG__OP_ARGMAX: mask = n->mask; break;
     default: *why = "no generated kernel computes this op"; return false;
     }

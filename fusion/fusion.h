@@ -102,8 +102,8 @@ typedef struct sg__fuse_opts {
                          (CUDA) needs the prologue as its own POINTWISE group */
     bool rows_inline; /* the backend computes row-like anchors in generated code:
                          softmax/log_softmax over the last dim, layer_norm,
-                         rms_norm, argmax whose reduced dims are the
-                         innermost, and sum/mean over a run of dims (rows
+                         rms_norm, argmax and var whose reduced dims are
+                         the innermost, and sum/mean over a run of dims (rows
                          or columns: sg__group.ncols). Those take a
                          prologue even with no_prologue, a row sum/mean's
                          epilogue may go on over its input's shape

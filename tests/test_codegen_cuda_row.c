@@ -311,7 +311,7 @@ static void test_case(pattern p, sg_dtype dt, int64_t rows, int64_t len) {
 
 /* ------------------------------------------------------------ long rows and columns */
 
-typedef enum rop { R_SUM, R_MEAN, R_ARGMAX } rop;
+typedef enum rop { R_SUM, R_MEAN, R_ARGMAX, R_VAR, R_VAR1 } rop; /* var: correction 0, 1 */
 typedef enum rpro {
     PRO_NONE,   /* the input itself */
     PRO_SQUARE, /* cast(x, f32) * cast(x, f32): a gradient's squared norm */
@@ -341,7 +341,9 @@ static sg_status red_step(sg_ctx *c, sg_tensor *const *in, sg_tensor **out, void
     if (rc->pro == PRO_CASTMUL) x = sg_mul(sg_cast(x, SG_F32), sg_cast(in[1], SG_F32));
     sg_tensor *y = rc->op == R_SUM    ? sg_sum(x, rc->nred, rc->dims, rc->keep)
                    : rc->op == R_MEAN ? sg_mean(x, rc->nred, rc->dims, rc->keep)
-                                      : sg_argmax(x, rc->dims[0], rc->keep);
+                   : rc->op == R_ARGMAX
+                       ? sg_argmax(x, rc->dims[0], rc->keep)
+                       : sg_var(x, rc->nred, rc->dims, rc->op == R_VAR1 ? 1 : 0, rc->keep);
     out[0] = rc->half ? sg_mul_scalar(y, 0.5) : y;
     return out[0] ? SG_OK : sg_ctx_status(c);
 }
@@ -386,6 +388,19 @@ static void red_reference(const rcase *rc, const double *x, const double *y, int
             }
             s += t;
             a += fabs(t);
+        }
+        if (rc->op == R_VAR || rc->op == R_VAR1) { /* two passes; scale: the variance */
+            double mean = s / (double)len, m2 = 0, den = (double)(len - (rc->op == R_VAR1));
+            for (int64_t j = 0; j < len; j++) {
+                int64_t f = red_index(rc, o, j);
+                double t = rc->pro == PRO_NONE ? x[f] : tu_round(SG_F32, x[f] * x[f]);
+                m2 += (t - mean) * (t - mean);
+            }
+            double v = den > 0 ? m2 / den : m2 > 0 ? INFINITY : NAN;
+            ref[o] = tu_round(odt, v);
+            if (rc->half) ref[o] = tu_round(odt, ref[o] * 0.5);
+            scale[o] = fabs(v) * (rc->half ? 0.5 : 1.0);
+            continue;
         }
         if (rc->op == R_ARGMAX) {
             ref[o] = (double)at;
@@ -444,7 +459,7 @@ static void red_plant(const rcase *rc, sg_tensor *t, double *xv, int64_t nout, i
 }
 
 static void red_case(const rcase *rc) {
-    static const char *const opn[3] = {"SUM", "MEAN", "ARGMAX"};
+    static const char *const opn[5] = {"SUM", "MEAN", "ARGMAX", "VAR", "VAR1"};
     static const char *const pron[4] = {"x", "f32(x)*f32(x)", "f32(x)*f32(y)",
                                         "f32(x)*f32(x),f32(x)"};
     int64_t numel = 1, len = 1;
@@ -580,6 +595,10 @@ static void reductions(void) {
         {R_MEAN, PRO_SQUARE, SG_BF16, 3, {3, 5, 7}, 1, {1}, true, true, false, 2},
         {R_SUM, PRO_NONE, SG_F32, 3, {3, 5, 7}, 1, {0}, false, false, false, 2},
         {R_SUM, PRO_NONE, SG_F32, 3, {3, 5, 7}, 2, {1, 2}, false, false, false, 0},
+        /* var over the last dim (layer_norm's backward), one-element rows. */
+        {R_VAR, PRO_NONE, SG_BF16, 3, {4, 256, 768}, 1, {2}, true, false, false, 0},
+        {R_VAR1, PRO_SQUARE, SG_F32, 2, {6, 5000}, 1, {1}, true, true, true, 0},
+        {R_VAR1, PRO_NONE, SG_F32, 2, {5, 1}, 1, {1}, true, false, false, 0},
         {R_SUM, PRO_NONE, SG_F32, 2, {64, 1}, 1, {1}, false, false, false, 0},
         {R_SUM, PRO_NONE, SG_BF16, 3, {5, 1, 7}, 1, {1}, true, true, false, 0},
         {R_SUM, PRO_NONE, SG_F32, 2, {1, 1}, 2, {0, 1}, false, false, false, 0},
