@@ -38,23 +38,23 @@
 
 #include <stdio.h>
 
-#define BLOCK 256    /* threads per block, as cgen_cuda.c launches */
-#define WARP_ROW 256 /* rows up to this length take a warp */
-#define REG_MAX 32   /* elements per lane kept in registers */
-#define TARGET_BLOCKS 1024 /* a long reduction's blocks: a wave of 8 per SM on an H100 */
-#define SPLIT_LEAST 8192   /* positions per block of a cut row, at least */
+#define BLOCK 256             /* threads per block, as cgen_cuda.c launches */
+#define WARP_ROW 256          /* rows up to this length take a warp */
+#define REG_MAX 32            /* elements per lane kept in registers */
+#define TARGET_BLOCKS 1024    /* a long reduction's blocks: a wave of 8 per SM on an H100 */
+#define SPLIT_LEAST 8192      /* positions per block of a cut row, at least */
 #define GRID_MAX (65535 * 16) /* more blocks stride over the work */
 
 typedef struct rowk {
     sg__cuda_gen *g;
     sg__emit *e;
     const sg__group *grp;
-    const sg__irnode *an; /* the anchor */
-    const sg__ref *x, *o; /* its input and output */
-    int a;                /* the anchor's index in grp->g */
+    const sg__irnode *an;    /* the anchor */
+    const sg__ref *x, *o;    /* its input and output */
+    int a;                   /* the anchor's index in grp->g */
     int64_t rows, len, cols; /* cols: a column sum's kept inner extent, else 1 */
-    int team, per; /* threads per row; elements per lane (registers), 0 when re-read */
-    int nd;        /* the input's shape: the walk of prologue and row epilogue */
+    int team, per;           /* threads per row; elements per lane (registers), 0 when re-read */
+    int nd;                  /* the input's shape: the walk of prologue and row epilogue */
     const int64_t *shape;
     bool flat;       /* that walk is flat */
     int nred;        /* shared arrays declared so far */
@@ -367,9 +367,8 @@ static void emit_reduce(rowk *k) {
         if (den > 0) /* var, or NaN/inf as torch's for too few elements */
             sg__emit_line(k->e, "r_s = r_q / %lld.0f;", (long long)den);
         else
-            sg__emit_line(k->e,
-                          "r_s = r_q > 0.0f ? __uint_as_float(0x7f800000u) : "
-                          "__uint_as_float(0x7fc00000u);");
+            sg__emit_line(k->e, "r_s = r_q > 0.0f ? __uint_as_float(0x7f800000u) : "
+                                "__uint_as_float(0x7fc00000u);");
     }
     char y[160], rt[600], lv[400], st[1000], v[16];
     if (k->an->op == SG__OP_MEAN)
@@ -413,7 +412,8 @@ static void emit_reduce(rowk *k) {
     " : (r_b == r_b && (r_ob > r_b || (r_ob == r_b && r_oa < r_at)))))"
 
 /* A lane's fold of (r_x, r_c) in position order: the first best. */
-#define ARGMAX_FOLD "if (r_at < 0 || r_x > r_b || (r_x != r_x && r_b == r_b)) r_b = r_x, r_at = r_c;"
+#define ARGMAX_FOLD                                                                                \
+    "if (r_at < 0 || r_x > r_b || (r_x != r_x && r_b == r_b)) r_b = r_x, r_at = r_c;"
 
 /* (r_b, r_at) combined over the team in argmax's total order. */
 static void team_argmax(rowk *k) {
@@ -461,8 +461,8 @@ static void emit_argmax(rowk *k) {
     snprintf(hi, sizeof hi, "%lldLL", (long long)k->len);
     sg__emit_line(k->e, "float r_b = __uint_as_float(0xff800000u);");
     sg__emit_line(k->e, "sg_i64 r_at = -1;");
-    chunk_loop(k, "r_lane", hi, k->team, chunk_of(k->len, k->team, k->a > 0 ? 8 : 32),
-               ARGMAX_FOLD, false);
+    chunk_loop(k, "r_lane", hi, k->team, chunk_of(k->len, k->team, k->a > 0 ? 8 : 32), ARGMAX_FOLD,
+               false);
     team_argmax(k);
     argmax_store(k);
 }
@@ -513,8 +513,7 @@ static void emit_split(rowk *k, int64_t split, int64_t ch) {
     sg__emit_line(e, "__threadfence();");
     if (argmax) {
         sg__emit_line(e, "r_b = __uint_as_float(0xff800000u), r_at = -1;");
-        sg__emit_open(e, "for (sg_i64 j = r_lane; j < %lldLL; j += %d)", (long long)split,
-                      k->team);
+        sg__emit_open(e, "for (sg_i64 j = r_lane; j < %lldLL; j += %d)", (long long)split, k->team);
         sg__emit_line(e, "const float r_ob = __ldcg(&r_part[r_row * %lldLL + j]);",
                       (long long)split);
         sg__emit_line(e, "const sg_i64 r_oa = __ldcg(&r_parti[r_row * %lldLL + j]);",

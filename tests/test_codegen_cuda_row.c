@@ -313,8 +313,8 @@ static void test_case(pattern p, sg_dtype dt, int64_t rows, int64_t len) {
 
 typedef enum rop { R_SUM, R_MEAN, R_ARGMAX, R_VAR, R_VAR1 } rop; /* var: correction 0, 1 */
 typedef enum rpro {
-    PRO_NONE,   /* the input itself */
-    PRO_SQUARE, /* cast(x, f32) * cast(x, f32): a gradient's squared norm */
+    PRO_NONE,    /* the input itself */
+    PRO_SQUARE,  /* cast(x, f32) * cast(x, f32): a gradient's squared norm */
     PRO_CASTMUL, /* cast(x, f32) * cast(y, f32): a layer_norm weight gradient */
     PRO_KEPT     /* PRO_SQUARE, and cast(x, f32) again as a second output (as
                     clip_grad_norm_ scales it): the prologue stores the cast */
@@ -416,8 +416,8 @@ static void red_reference(const rcase *rc, const double *x, const double *y, int
 
 /* got within an f32 sum's rounding of ref (plus the output dtype's), NaN
  * for NaN and the same infinity. */
-static bool red_close(const char *name, const double *got, const double *ref,
-                      const double *scale, int64_t n, sg_dtype odt) {
+static bool red_close(const char *name, const double *got, const double *ref, const double *scale,
+                      int64_t n, sg_dtype odt) {
     int64_t bad = -1;
     double worst = 0;
     for (int64_t o = 0; o < n; o++) {
@@ -480,10 +480,10 @@ static void red_case(const rcase *rc) {
     if (nin == 2) in[1] = tu_rand(ctx, rc->dt, rc->nd, rc->shape, -1, 1, &yv);
     if (rc->plant) red_plant(rc, in[0], xv, nout, len);
     sg_fn *fn = NULL;
-    bool ok = TU_EXPECT(in[0] && (nin == 1 || in[1])) &&
-              TU_EXPECT(sg_compile(ctx, red_step, (void *)rc, nin, nouts,
-                                   &(sg_compile_opts){.mode = SG_MODE_REDUCE_OVERHEAD},
-                                   &fn) == SG_OK);
+    bool ok =
+        TU_EXPECT(in[0] && (nin == 1 || in[1])) &&
+        TU_EXPECT(sg_compile(ctx, red_step, (void *)rc, nin, nouts,
+                             &(sg_compile_opts){.mode = SG_MODE_REDUCE_OVERHEAD}, &fn) == SG_OK);
     /* Call 1 runs the kernels, 2 records the graph, 3 replays it: the
      * results of the three must be the same bits. */
     sg_tensor *out[2] = {NULL, NULL};
@@ -518,7 +518,9 @@ static void red_case(const rcase *rc) {
          TU_EXPECT(rc->expect == 2 || c.split == (rc->expect == 1));
     tu_case(ok, "%s on %s -> %d CUDA kernel (%s), %d library calls", name,
             tu_backend() == SG_BACKEND_CUDA ? "cuda" : "cpu", c.kernels,
-            c.cols ? (c.split ? "columns, cut" : "columns") : c.split ? "rows, cut" : "rows",
+            c.cols    ? (c.split ? "columns, cut" : "columns")
+            : c.split ? "rows, cut"
+                      : "rows",
             c.calls);
     sg_fn_destroy(fn);
     for (int k = 0; k < nin; k++) sg_release(in[k]);
@@ -560,7 +562,8 @@ static void library_reasons(void) {
             sg__op op = g->ir.nodes[grp->g[grp->anchor].node].op;
             if (op == SG__OP_MAX) nmax += why && strstr(why, "no generated kernel") != NULL;
             if (op == SG__OP_SUM && grp->rows_inline) ncol += why == NULL && grp->ncols == 35;
-            if (op == SG__OP_SUM && !grp->rows_inline) nrun += why && strstr(why, "one run") != NULL;
+            if (op == SG__OP_SUM && !grp->rows_inline)
+                nrun += why && strstr(why, "one run") != NULL;
         }
         sg__fused_free(ctx, &f, &g->ir);
         ok = ok && TU_EXPECT(nmax == 1) && TU_EXPECT(nrun == 1) && TU_EXPECT(ncol == 1);
@@ -686,8 +689,8 @@ static void timing(bool rows) {
                 "TIMING REDUCE sum %s%s [%lld,%lld] dims=[%s]: compiled %.2f us, eager %.2f us, "
                 "bytes floor %.2f us (%.0f KB at 3.35 TB/s)\n",
                 sg_dtype_name(rc->dt), nout == 2 ? " (the cast stored)" : "",
-                (long long)rc->shape[0], (long long)rc->shape[1],
-                rc->nred == 2 ? "0,1" : "0", compiled, eager, bytes / 3.35e12 * 1e6, bytes / 1024);
+                (long long)rc->shape[0], (long long)rc->shape[1], rc->nred == 2 ? "0,1" : "0",
+                compiled, eager, bytes / 3.35e12 * 1e6, bytes / 1024);
         for (int k = 0; k < nin; k++) sg_release(x[k]);
     }
 }
