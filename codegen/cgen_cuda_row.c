@@ -5,12 +5,18 @@
  * its pointwise prologue, its anchor and its epilogues, so no library call
  * runs for it:
  *   softmax, log_softmax over the last dim, layer_norm, rms_norm;
- *   sum and mean over the innermost dims, with the epilogue over the
+ *   sum, mean and var over the innermost dims, with the epilogue over the
  *   reduced shape and then over the input's shape (the written-out
  *   x * rsqrt(mean(x * x) + eps) * w in one kernel);
  *   argmax over the innermost dims (no epilogue: its i64 result is stored),
  *   with PyTorch's order: NaN above every number, then the first position
- *   among equals -- a total order, so lanes combine in any order.
+ *   among equals -- a total order, so lanes combine in any order;
+ *   sum and mean over leading dims that keep inner columns ((A, R, C) ->
+ *   (A, 1, C), a bias gradient): a block per 32 columns (emit_columns).
+ * A sum, mean or argmax over a few long rows (a gradient's squared norm:
+ * one row of 38.6M) is cut over ~1024 blocks, and so is a column sum with
+ * few column tiles; the last block to finish combines the partials in a
+ * fixed order (emit_split), so results are the same bits every launch.
  *
  * A team works one row: a warp for rows of at most 256 elements, else a
  * block of 256 threads. Lane j of a team takes elements j, j + team, ...;
@@ -37,20 +43,23 @@
 
 #include <stdio.h>
 
-#define BLOCK 256    /* threads per block, as cgen_cuda.c launches */
-#define WARP_ROW 256 /* rows up to this length take a warp */
-#define REG_MAX 32   /* elements per lane kept in registers */
+#define BLOCK 256             /* threads per block, as cgen_cuda.c launches */
+#define WARP_ROW 256          /* rows up to this length take a warp */
+#define REG_MAX 32            /* elements per lane kept in registers */
+#define TARGET_BLOCKS 1024    /* a long reduction's blocks: a wave of 8 per SM on an H100 */
+#define SPLIT_LEAST 8192      /* positions per block of a cut row, at least */
+#define GRID_MAX (65535 * 16) /* more blocks stride over the work */
 
 typedef struct rowk {
     sg__cuda_gen *g;
     sg__emit *e;
     const sg__group *grp;
-    const sg__irnode *an; /* the anchor */
-    const sg__ref *x, *o; /* its input and output */
-    int a;                /* the anchor's index in grp->g */
-    int64_t rows, len;
-    int team, per; /* threads per row; elements per lane (registers), 0 when re-read */
-    int nd;        /* the input's shape: the walk of prologue and row epilogue */
+    const sg__irnode *an;    /* the anchor */
+    const sg__ref *x, *o;    /* its input and output */
+    int a;                   /* the anchor's index in grp->g */
+    int64_t rows, len, cols; /* cols: a column sum's kept inner extent, else 1 */
+    int team, per;           /* threads per row; elements per lane (registers), 0 when re-read */
+    int nd;                  /* the input's shape: the walk of prologue and row epilogue */
     const int64_t *shape;
     bool flat;       /* that walk is flat */
     int nred;        /* shared arrays declared so far */
@@ -119,7 +128,11 @@ static void team_reduce_ms(rowk *k) {
 
 /* In the current scope: i for column r_c of the row, and (unless flat) its indices. */
 static void walk_index(rowk *k) {
-    sg__emit_line(k->e, "const sg_i64 i = r_row * %lldLL + r_c;", (long long)k->len);
+    if (k->cols > 1) /* (r_row, r_c, r_col) of the (rows, len, cols) walk */
+        sg__emit_line(k->e, "const sg_i64 i = (r_row * %lldLL + r_c) * %lldLL + r_col;",
+                      (long long)k->len, (long long)k->cols);
+    else
+        sg__emit_line(k->e, "const sg_i64 i = r_row * %lldLL + r_c;", (long long)k->len);
     if (!k->flat) sg__cuda_unflatten(k->g, k->nd, k->shape);
 }
 
@@ -281,16 +294,97 @@ static void emit_row_op(rowk *k) {
     pass_close(k);
 }
 
+/*
+ * One pass over positions [start, hi) of the reduced range, `step` apart:
+ * in chunks of u positions, the chunk's loads (and prologue) first, all in
+ * flight at once, then `fold` on each (r_x, r_c) in position order -- a
+ * long range is a few memory latencies, not one per element. The prologue
+ * stores (each position is visited once), but only after the chunk's
+ * loads: a store waits for its value, and warps issue in order, so a load
+ * placed after a store would wait for the load before it -- one memory
+ * latency per element again. The stores' second walk reads what the first
+ * just brought into the cache.
+ */
+static void chunk_loop(rowk *k, const char *start, const char *hi, int step, int u,
+                       const char *fold, bool quiet) {
+    bool stores = false;
+    for (int m = 0; m < k->a; m++) stores = stores || k->grp->g[m].store;
+    sg__emit_open(k->e, "for (sg_i64 r_c0 = %s; r_c0 < %s; r_c0 += %lld)", start, hi,
+                  (long long)u * step);
+    sg__emit_line(k->e, "float r_xs[%d];", u);
+    for (int pass = 0; pass < 3; pass++) {
+        if (pass == 1 && (!stores || quiet)) continue;
+        sg__emit_line(k->e, "#pragma unroll");
+        sg__emit_open(k->e, "for (int r_u = 0; r_u < %d; r_u++)", u);
+        sg__emit_line(k->e, "const sg_i64 r_c = r_c0 + (sg_i64)r_u * %d;", step);
+        if (pass == 2) {
+            sg__emit_line(k->e, "const float r_x = r_xs[r_u];");
+            sg__emit_line(k->e, "if (r_c < %s) %s", hi, fold);
+        } else {
+            sg__emit_line(k->e, "float r_x = 0.0f;");
+            sg__emit_open(k->e, "if (r_c < %s)", hi);
+            row_input(k, pass == 1);
+            sg__emit_close(k->e);
+            sg__emit_line(k->e, pass == 0 ? "r_xs[r_u] = r_x;" : "(void)r_x;");
+        }
+        sg__emit_close(k->e);
+    }
+    sg__emit_close(k->e);
+}
+
+/* Positions per chunk: 8, fewer when a lane has fewer to take. */
+static int chunk_of(int64_t len, int step, int u) {
+    int64_t per = (len + step - 1) / step;
+    return per < u ? (int)(per < 1 ? 1 : per) : u;
+}
+
+/* The reduced value r_s of output `idx` by one thread: the anchor's value,
+ * its store and the epilogue over the reduced shape (no full epilogue). */
+static void single_tail(rowk *k, const char *idx) {
+    const sg__group *grp = k->grp;
+    char y[160], rt[600], lv[400], st[1000], v[16];
+    if (k->an->op == SG__OP_MEAN)
+        snprintf(y, sizeof y, "(r_s / %lld.0f)", (long long)k->len);
+    else
+        snprintf(y, sizeof y, "r_s");
+    bool rflat = sg__cuda_walk_flat(k->g, grp, k->a + 1, grp->n, grp->ndim, grp->shape, k->o);
+    sg__emit_line(k->e, "const sg_i64 i = %s;", idx);
+    if (!rflat) sg__cuda_unflatten(k->g, grp->ndim, grp->shape);
+    sg__cuda_round_trip(y, k->o->dtype, rt, sizeof rt);
+    sg__emit_line(k->e, "const float v%d = %s; /* %s */", k->a, rt, sg__op_name(k->an->op));
+    if (grp->g[k->a].store) {
+        sg__cuda_lvalue(k->g, k->o, grp->ndim, grp->shape, rflat, lv, sizeof lv);
+        snprintf(v, sizeof v, "v%d", k->a);
+        sg__cuda_narrow_store(k->o->dtype, lv, v, st, sizeof st);
+        sg__emit_line(k->e, "%s", st);
+    }
+    if (k->a + 1 < grp->n)
+        sg__cuda_members(k->g, grp, k->a + 1, grp->n, grp->ndim, grp->shape, rflat);
+}
+
 /* Sum or mean, the epilogue over the reduced shape, then over the input's. */
 static void emit_reduce(rowk *k) {
     const sg__group *grp = k->grp;
     int red_end = grp->bcast ? grp->bcast : grp->n;
+    char hi[32];
+    snprintf(hi, sizeof hi, "%lldLL", (long long)k->len);
     sg__emit_line(k->e, "float r_s = 0.0f;");
     k->per = 0; /* one pass: nothing to keep */
-    pass_open(k, false, true);
-    sg__emit_line(k->e, "r_s += r_x;");
-    pass_close(k);
+    chunk_loop(k, "r_lane", hi, k->team, chunk_of(k->len, k->team, 8), "r_s += r_x;", false);
     team_reduce(k, "r_s", false);
+    if (k->an->op == SG__OP_VAR) { /* a second pass, about the mean; a quiet prologue */
+        int64_t den = k->len - k->an->i[0];
+        sg__emit_line(k->e, "const float r_mean = r_s / %lld.0f;", (long long)k->len);
+        sg__emit_line(k->e, "float r_q = 0.0f;");
+        chunk_loop(k, "r_lane", hi, k->team, chunk_of(k->len, k->team, 8),
+                   "r_q += (r_x - r_mean) * (r_x - r_mean);", true);
+        team_reduce(k, "r_q", false);
+        if (den > 0) /* var, or NaN/inf as torch's for too few elements */
+            sg__emit_line(k->e, "r_s = r_q / %lld.0f;", (long long)den);
+        else
+            sg__emit_line(k->e, "r_s = r_q > 0.0f ? __uint_as_float(0x7f800000u) : "
+                                "__uint_as_float(0x7fc00000u);");
+    }
     char y[160], rt[600], lv[400], st[1000], v[16];
     if (k->an->op == SG__OP_MEAN)
         snprintf(y, sizeof y, "(r_s / %lld.0f)", (long long)k->len);
@@ -332,62 +426,39 @@ static void emit_reduce(rowk *k) {
     "r_oa >= 0 && (r_at < 0 || (r_ob != r_ob ? (r_b == r_b || r_oa < r_at)"                        \
     " : (r_b == r_b && (r_ob > r_b || (r_ob == r_b && r_oa < r_at)))))"
 
-/* Argmax over the row: each lane's first best, the team's, and lane 0 stores it. */
-static void emit_argmax(rowk *k) {
-    const sg__group *grp = k->grp;
-    sg__emit_line(k->e, "float r_b = __uint_as_float(0xff800000u);");
-    sg__emit_line(k->e, "sg_i64 r_at = -1;");
-    /* One pass in chunks of u columns per lane: the chunk's loads (and
-     * prologue) first, all in flight at once, then its compares in column
-     * order -- a long row is a few memory latencies, not one per column. */
-    int u = k->a > 0 ? 8 : 32;
-    int64_t per = (k->len + k->team - 1) / k->team;
-    u = per < u ? (int)per : u;
-    sg__emit_open(k->e, "for (sg_i64 r_c0 = r_lane; r_c0 < %lldLL; r_c0 += %lld)",
-                  (long long)k->len, (long long)u * k->team);
-    sg__emit_line(k->e, "float r_xs[%d];", u);
-    sg__emit_line(k->e, "#pragma unroll");
-    sg__emit_open(k->e, "for (int r_u = 0; r_u < %d; r_u++)", u);
-    sg__emit_line(k->e, "const sg_i64 r_c = r_c0 + (sg_i64)r_u * %d;", k->team);
-    sg__emit_line(k->e, "float r_x = 0.0f;");
-    sg__emit_open(k->e, "if (r_c < %lldLL)", (long long)k->len);
-    row_input(k, true);
-    sg__emit_close(k->e);
-    sg__emit_line(k->e, "r_xs[r_u] = r_x;");
-    sg__emit_close(k->e);
-    sg__emit_line(k->e, "#pragma unroll");
-    sg__emit_open(k->e, "for (int r_u = 0; r_u < %d; r_u++)", u);
-    sg__emit_line(k->e, "const sg_i64 r_c = r_c0 + (sg_i64)r_u * %d;", k->team);
-    sg__emit_line(k->e, "const float r_x = r_xs[r_u];");
-    sg__emit_line(k->e,
-                  "if (r_c < %lldLL && (r_at < 0 || r_x > r_b || (r_x != r_x && r_b == r_b))) "
-                  "r_b = r_x, r_at = r_c;",
-                  (long long)k->len);
-    sg__emit_close(k->e);
-    sg__emit_close(k->e);
+/* A lane's fold of (r_x, r_c) in position order: the first best. */
+#define ARGMAX_FOLD                                                                                \
+    "if (r_at < 0 || r_x > r_b || (r_x != r_x && r_b == r_b)) r_b = r_x, r_at = r_c;"
+
+/* (r_b, r_at) combined over the team in argmax's total order. */
+static void team_argmax(rowk *k) {
     sg__emit_open(k->e, "for (int o = %d; o > 0; o >>= 1)", k->team > 32 ? 16 : k->team / 2);
     sg__emit_line(k->e, "const float r_ob = __shfl_xor_sync(0xffffffffu, r_b, o);");
     sg__emit_line(k->e, "const sg_i64 r_oa = __shfl_xor_sync(0xffffffffu, r_at, o);");
     sg__emit_line(k->e, "if (%s) r_b = r_ob, r_at = r_oa;", ARGMAX_BETTER);
     sg__emit_close(k->e);
-    if (k->team > 32) {
-        int r = k->nred;
-        k->nred += 2;
-        sg__emit_open(k->e, "%s", "");
-        sg__emit_line(k->e, "__shared__ float r_red%d[%d];", r, k->team / 32);
-        sg__emit_line(k->e, "__shared__ sg_i64 r_red%d[%d];", r + 1, k->team / 32);
-        sg__emit_line(k->e,
-                      "if ((threadIdx.x & 31) == 0) r_red%d[threadIdx.x >> 5] = r_b, "
-                      "r_red%d[threadIdx.x >> 5] = r_at;",
-                      r, r + 1);
-        sg__emit_line(k->e, "__syncthreads();");
-        sg__emit_open(k->e, "for (int w = 0; w < %d; w++)", k->team / 32);
-        sg__emit_line(k->e, "const float r_ob = r_red%d[w];", r);
-        sg__emit_line(k->e, "const sg_i64 r_oa = r_red%d[w];", r + 1);
-        sg__emit_line(k->e, "if (%s) r_b = r_ob, r_at = r_oa;", ARGMAX_BETTER);
-        sg__emit_close(k->e);
-        sg__emit_close(k->e);
-    }
+    if (k->team <= 32) return;
+    int r = k->nred;
+    k->nred += 2;
+    sg__emit_open(k->e, "%s", "");
+    sg__emit_line(k->e, "__shared__ float r_red%d[%d];", r, k->team / 32);
+    sg__emit_line(k->e, "__shared__ sg_i64 r_red%d[%d];", r + 1, k->team / 32);
+    sg__emit_line(k->e,
+                  "if ((threadIdx.x & 31) == 0) r_red%d[threadIdx.x >> 5] = r_b, "
+                  "r_red%d[threadIdx.x >> 5] = r_at;",
+                  r, r + 1);
+    sg__emit_line(k->e, "__syncthreads();");
+    sg__emit_open(k->e, "for (int w = 0; w < %d; w++)", k->team / 32);
+    sg__emit_line(k->e, "const float r_ob = r_red%d[w];", r);
+    sg__emit_line(k->e, "const sg_i64 r_oa = r_red%d[w];", r + 1);
+    sg__emit_line(k->e, "if (%s) r_b = r_ob, r_at = r_oa;", ARGMAX_BETTER);
+    sg__emit_close(k->e);
+    sg__emit_close(k->e);
+}
+
+/* Lane 0 stores the row's r_at. */
+static void argmax_store(rowk *k) {
+    const sg__group *grp = k->grp;
     if (!grp->g[k->a].store) return;
     char lv[400];
     bool rflat = sg__cuda_walk_flat(k->g, grp, k->a + 1, k->a + 1, grp->ndim, grp->shape, k->o);
@@ -399,62 +470,264 @@ static void emit_argmax(rowk *k) {
     sg__emit_close(k->e);
 }
 
+/* Argmax over the row: each lane's first best, the team's, and lane 0 stores it. */
+static void emit_argmax(rowk *k) {
+    char hi[32];
+    snprintf(hi, sizeof hi, "%lldLL", (long long)k->len);
+    sg__emit_line(k->e, "float r_b = __uint_as_float(0xff800000u);");
+    sg__emit_line(k->e, "sg_i64 r_at = -1;");
+    chunk_loop(k, "r_lane", hi, k->team, chunk_of(k->len, k->team, k->a > 0 ? 8 : 32), ARGMAX_FOLD,
+               false);
+    team_argmax(k);
+    argmax_store(k);
+}
+
 /*
- * The rows of grp (k: its fields set by the caller) over the loop of rows
- * that starts at row block `blk` and steps over `nblk` blocks; fills the
- * rest of k.
+ * A few long rows (sum, mean, argmax with no epilogue over the input's
+ * shape): each row is cut into `split` chunks of `ch` positions, a block
+ * each. A block folds its chunk, publishes its partial, and the row's last
+ * block to arrive (a fence, then a counter; it resets the counter for the
+ * next launch) combines the partials in chunk order -- the same tree every
+ * launch, whatever order blocks finish in -- and runs the epilogue.
+ * Partials and counters are the kernel's own static device arrays,
+ * zeroed when the module loads.
  */
-static void emit_rows(rowk *kp, const char *blk, const char *nblk) {
-    rowk k = *kp;
-    sg__cuda_gen *g = k.g;
-    const sg__group *grp = k.grp;
+static void emit_split(rowk *k, int64_t split, int64_t ch) {
+    bool argmax = k->an->op == SG__OP_ARGMAX;
+    sg__emit *e = k->e;
+    sg__emit_line(e, "const int r_lane = threadIdx.x;");
+    sg__emit_line(e, "static __device__ float r_part[%lld];", (long long)(k->rows * split));
+    if (argmax)
+        sg__emit_line(e, "static __device__ sg_i64 r_parti[%lld];", (long long)(k->rows * split));
+    sg__emit_line(e, "static __device__ unsigned int r_count[%lld];", (long long)k->rows);
+    sg__emit_line(e, "__shared__ bool r_last;");
+    sg__emit_line(e, "const sg_i64 r_row = blockIdx.x / %lld, r_sp = blockIdx.x %% %lld;",
+                  (long long)split, (long long)split);
+    sg__emit_line(e, "const sg_i64 r_lo = r_sp * %lldLL;", (long long)ch);
+    sg__emit_line(e, "const sg_i64 r_hi = r_lo + %lldLL < %lldLL ? r_lo + %lldLL : %lldLL;",
+                  (long long)ch, (long long)k->len, (long long)ch, (long long)k->len);
+    int u = chunk_of(ch, k->team, 8);
+    if (argmax) {
+        sg__emit_line(e, "float r_b = __uint_as_float(0xff800000u);");
+        sg__emit_line(e, "sg_i64 r_at = -1;");
+        chunk_loop(k, "r_lo + r_lane", "r_hi", k->team, u, ARGMAX_FOLD, false);
+        team_argmax(k);
+    } else {
+        sg__emit_line(e, "float r_s = 0.0f;");
+        chunk_loop(k, "r_lo + r_lane", "r_hi", k->team, u, "r_s += r_x;", false);
+        team_reduce(k, "r_s", false);
+    }
+    sg__emit_open(e, "if (r_lane == 0)");
+    sg__emit_line(e, argmax ? "r_part[blockIdx.x] = r_b, r_parti[blockIdx.x] = r_at;"
+                            : "r_part[blockIdx.x] = r_s;");
+    sg__emit_line(e, "__threadfence();");
+    sg__emit_line(e, "r_last = atomicAdd(&r_count[r_row], 1u) == %lldu;", (long long)(split - 1));
+    sg__emit_close(e);
+    sg__emit_line(e, "__syncthreads();");
+    sg__emit_line(e, "if (!r_last) return;");
+    sg__emit_line(e, "__threadfence();");
+    if (argmax) {
+        sg__emit_line(e, "r_b = __uint_as_float(0xff800000u), r_at = -1;");
+        sg__emit_open(e, "for (sg_i64 j = r_lane; j < %lldLL; j += %d)", (long long)split, k->team);
+        sg__emit_line(e, "const float r_ob = __ldcg(&r_part[r_row * %lldLL + j]);",
+                      (long long)split);
+        sg__emit_line(e, "const sg_i64 r_oa = __ldcg(&r_parti[r_row * %lldLL + j]);",
+                      (long long)split);
+        sg__emit_line(e, "if (%s) r_b = r_ob, r_at = r_oa;", ARGMAX_BETTER);
+        sg__emit_close(e);
+        team_argmax(k);
+    } else {
+        sg__emit_line(e, "r_s = 0.0f;");
+        sg__emit_line(e,
+                      "for (sg_i64 j = r_lane; j < %lldLL; j += %d) r_s += "
+                      "__ldcg(&r_part[r_row * %lldLL + j]);",
+                      (long long)split, k->team, (long long)split);
+        team_reduce(k, "r_s", false);
+    }
+    sg__emit_line(e, "if (r_lane == 0) r_count[r_row] = 0;");
+    if (argmax) {
+        argmax_store(k);
+    } else {
+        sg__emit_open(e, "if (r_lane == 0)");
+        single_tail(k, "r_row");
+        sg__emit_close(e);
+    }
+}
+
+/* r_s summed over the block's row groups, in group order, into the
+ * threads of group 0. */
+static void column_combine(rowk *k, int tc, int rg) {
+    sg__emit_line(k->e, "r_cred[threadIdx.x] = r_s;");
+    sg__emit_line(k->e, "__syncthreads();");
+    sg__emit_line(k->e, "if (r_rg == 0) for (int w = 1; w < %d; w++) r_s += r_cred[w * %d + r_lc];",
+                  rg, tc);
+}
+
+/*
+ * A column sum or mean, (rows, len, cols) -> (rows, cols): a block takes tc
+ * consecutive columns (32, fewer for narrower rows) of one row block, its
+ * threads rg = 256 / tc groups of positions along the reduced range (a warp
+ * reads a run of 32 neighbours at each step), combined in shared memory in
+ * group order. With few column tiles the range is also cut into `split`
+ * chunks of `ch`, finished by the last block as in emit_split.
+ */
+static void emit_columns(rowk *k, int tc, int64_t split, int64_t ch, int64_t items) {
+    sg__emit *e = k->e;
+    int rg = BLOCK / tc;
+    int64_t nct = (k->cols + tc - 1) / tc, tiles = k->rows * nct;
+    char tile[64], hi[32];
+    sg__emit_line(e, "const int r_lc = threadIdx.x %% %d, r_rg = threadIdx.x / %d;", tc, tc);
+    sg__emit_line(e, "__shared__ float r_cred[%d];", BLOCK);
+    if (split > 1) {
+        sg__emit_line(e, "static __device__ float r_part[%lld];", (long long)(items * tc));
+        sg__emit_line(e, "static __device__ unsigned int r_count[%lld];", (long long)tiles);
+        sg__emit_line(e, "__shared__ bool r_last;");
+    }
+    sg__emit_open(e, "for (sg_i64 r_w = blockIdx.x; r_w < %lldLL; r_w += gridDim.x)",
+                  (long long)items);
+    sg__emit_line(e, "const sg_i64 r_t = r_w / %lld, r_sp = r_w %% %lld;", (long long)split,
+                  (long long)split);
+    sg__emit_line(e, "const sg_i64 r_row = r_t / %lld, r_col = (r_t %% %lld) * %d + r_lc;",
+                  (long long)nct, (long long)nct, tc);
+    sg__emit_line(e, "const sg_i64 r_lo = r_sp * %lldLL;", (long long)ch);
+    sg__emit_line(e, "const sg_i64 r_hi = r_lo + %lldLL < %lldLL ? r_lo + %lldLL : %lldLL;",
+                  (long long)ch, (long long)k->len, (long long)ch, (long long)k->len);
+    sg__emit_line(e, "float r_s = 0.0f;");
+    sg__emit_open(e, "if (r_col < %lldLL)", (long long)k->cols);
+    chunk_loop(k, "r_lo + r_rg", "r_hi", rg, chunk_of(ch, rg, 8), "r_s += r_x;", false);
+    sg__emit_close(e);
+    column_combine(k, tc, rg);
+    snprintf(tile, sizeof tile, "r_row * %lldLL + r_col", (long long)k->cols);
+    snprintf(hi, sizeof hi, "%lldLL", (long long)k->cols);
+    if (split > 1) {
+        sg__emit_open(e, "if (r_rg == 0)");
+        sg__emit_line(e, "r_part[r_w * %d + r_lc] = r_s;", tc);
+        sg__emit_line(e, "__threadfence();");
+        sg__emit_close(e);
+        sg__emit_line(e, "__syncthreads();");
+        sg__emit_line(e, "if (threadIdx.x == 0) r_last = atomicAdd(&r_count[r_t], 1u) == %lldu;",
+                      (long long)(split - 1));
+        sg__emit_line(e, "__syncthreads();");
+        sg__emit_open(e, "if (r_last)");
+        sg__emit_line(e, "__threadfence();");
+        sg__emit_line(e, "r_s = 0.0f;");
+        sg__emit_line(e,
+                      "for (sg_i64 j = r_rg; j < %lldLL; j += %d) r_s += "
+                      "__ldcg(&r_part[(r_t * %lldLL + j) * %d + r_lc]);",
+                      (long long)split, rg, (long long)split, tc);
+        column_combine(k, tc, rg);
+        sg__emit_line(e, "if (threadIdx.x == 0) r_count[r_t] = 0;");
+    }
+    sg__emit_open(e, "if (r_rg == 0 && r_col < %s)", hi);
+    single_tail(k, tile);
+    sg__emit_close(e);
+    if (split > 1) sg__emit_close(e);
+    sg__emit_line(e, "__syncthreads();");
+    sg__emit_close(e);
+}
+
+/* Blocks for (a few rows of) a long reduction: about TARGET_BLOCKS in all,
+ * at least `least` positions each; *ch the positions per chunk. 1 when
+ * the rows alone fill the GPU or are too short to cut. */
+static int64_t plan_split(int64_t units, int64_t len, int64_t least, int64_t *ch) {
+    int64_t want = (TARGET_BLOCKS + units - 1) / units, cap = len / least;
+    int64_t s = want < cap ? want : cap;
+    *ch = len;
+    if (s < 2) return 1;
+    *ch = (len + s - 1) / s;
+    return (len + *ch - 1) / *ch;
+}
+
+/*
+ * k's fields from its group (k->g, e, grp, a, rows, len, cols, sink, xs
+ * set by the caller). Returns the members with no store (for passes that
+ * only read): `quiet` when it holds them, else an allocation row_done
+ * frees; NULL when out of memory (e->oom set).
+ */
+static sg__gnode *row_setup(rowk *k, sg__gnode *quiet, int nquiet) {
+    sg__cuda_gen *g = k->g;
+    const sg__group *grp = k->grp;
     const sg__ir *ir = sg__cuda_ir(g);
-    k.an = &ir->nodes[grp->g[k.a].node];
-    k.x = sg__cuda_arg(g, k.an, 0);
-    k.o = sg__cuda_ref(g, k.an->out);
-    k.nd = k.x->ndim;
-    k.shape = k.x->shape;
-    k.team = k.len <= WARP_ROW ? 32 : BLOCK;
-    int64_t per = (k.len + k.team - 1) / k.team;
-    k.per = per <= REG_MAX ? (int)per : 0;
+    k->an = &ir->nodes[grp->g[k->a].node];
+    k->x = sg__cuda_arg(g, k->an, 0);
+    k->o = sg__cuda_ref(g, k->an->out);
+    k->nd = k->x->ndim;
+    k->shape = k->x->shape;
+    k->team = k->len <= WARP_ROW ? 32 : BLOCK;
+    int64_t per = (k->len + k->team - 1) / k->team;
+    k->per = per <= REG_MAX ? (int)per : 0;
     /* The walk over the input's shape: prologue, the anchor's load and
      * store, the row epilogue (ROW) or the full epilogue (REDUCE). */
-    int epi_from = grp->kind == SG__G_ROW ? k.a + 1 : grp->bcast ? grp->bcast : grp->n;
-    bool loads = grp->g[k.a].arg_src[0] < 0;
-    k.flat = sg__cuda_walk_flat(g, grp, 0, k.a, k.nd, k.shape, loads ? k.x : NULL) &&
-             sg__cuda_walk_flat(g, grp, epi_from, grp->n, k.nd, k.shape,
-                                grp->kind == SG__G_ROW && grp->g[k.a].store ? k.o : NULL);
-    /* The same group with no member storing, for passes that only read. */
-    sg__gnode quiet[64];
-    sg__gnode *qg =
-        grp->n <= 64 ? quiet : sg__alloc(sg__cuda_out(g)->ctx, sizeof *qg * (size_t)grp->n);
+    int epi_from = grp->kind == SG__G_ROW ? k->a + 1 : grp->bcast ? grp->bcast : grp->n;
+    bool loads = grp->g[k->a].arg_src[0] < 0;
+    k->flat = sg__cuda_walk_flat(g, grp, 0, k->a, k->nd, k->shape, loads ? k->x : NULL) &&
+              sg__cuda_walk_flat(g, grp, epi_from, grp->n, k->nd, k->shape,
+                                 grp->kind == SG__G_ROW && grp->g[k->a].store ? k->o : NULL);
+    sg__gnode *qg = grp->n <= nquiet ? quiet
+                                     : sg__alloc(sg__cuda_out(g)->ctx, sizeof *qg * (size_t)grp->n);
     if (!qg) {
-        k.e->oom = true;
-        *kp = k;
-        return;
+        k->e->oom = true;
+        return NULL;
     }
     for (int m = 0; m < grp->n; m++) qg[m] = grp->g[m], qg[m].store = false;
-    k.quiet = *grp;
-    k.quiet.g = qg;
+    k->quiet = *grp;
+    k->quiet.g = qg;
+    return qg;
+}
 
-    int rpb = BLOCK / k.team;
-    sg__emit_line(k.e, "const int r_lane = threadIdx.x %% %d;", k.team);
-    sg__emit_open(k.e,
+static void row_done(rowk *k, sg__gnode *qg, const sg__gnode *quiet) {
+    if (qg && qg != quiet) sg__free(k->e->ctx, qg, sizeof *qg * (size_t)k->grp->n);
+}
+
+/* The loop of rows that starts at row block `blk` and steps over `nblk`
+ * blocks, a team per row. */
+static void row_loop(rowk *k, const char *blk, const char *nblk) {
+    const sg__group *grp = k->grp;
+    int rpb = BLOCK / k->team;
+    sg__emit_line(k->e, "const int r_lane = threadIdx.x %% %d;", k->team);
+    sg__emit_open(k->e,
                   "for (sg_i64 r_row = (sg_i64)%s * %d + threadIdx.x / %d; r_row < %lldLL; "
                   "r_row += (sg_i64)%s * %d)",
-                  blk, rpb, k.team, (long long)k.rows, nblk, rpb);
-    if (k.per && grp->kind == SG__G_ROW) sg__emit_line(k.e, "float r_xr[%d];", k.per);
+                  blk, rpb, k->team, (long long)k->rows, nblk, rpb);
+    if (k->per && grp->kind == SG__G_ROW) sg__emit_line(k->e, "float r_xr[%d];", k->per);
     if (grp->kind == SG__G_ROW)
-        emit_row_op(&k);
-    else if (k.an->op == SG__OP_ARGMAX)
-        emit_argmax(&k);
+        emit_row_op(k);
+    else if (k->an->op == SG__OP_ARGMAX)
+        emit_argmax(k);
     else
-        emit_reduce(&k);
+        emit_reduce(k);
     /* The next row reuses the shared words. */
-    if (k.team > 32 && k.nred) sg__emit_line(k.e, "__syncthreads();");
-    sg__emit_close(k.e);
-    if (qg != quiet) sg__free(k.e->ctx, qg, sizeof *qg * (size_t)grp->n);
-    *kp = k;
+    if (k->team > 32 && k->nred) sg__emit_line(k->e, "__syncthreads();");
+    sg__emit_close(k->e);
+}
+
+/* A column reduction or a few long rows cut over blocks (emit_columns,
+ * emit_split), with its grid; NULL when the group is neither. */
+static const char *emit_wide(rowk *k, sg__cuda_kinfo *ki) {
+    const sg__group *grp = k->grp;
+    int64_t ch = k->len, split = 1;
+    if (grp->kind == SG__G_REDUCE && k->cols > 1) {
+        int tc = 32; /* the least power of 2 >= cols, at most 32 */
+        while (tc > 2 && tc / 2 >= k->cols) tc /= 2;
+        int64_t tiles = k->rows * ((k->cols + tc - 1) / tc);
+        split = plan_split(tiles, k->len, 4 * (BLOCK / tc), &ch);
+        int64_t items = tiles * split;
+        ki->grid = (unsigned)(items > GRID_MAX ? GRID_MAX : items);
+        emit_columns(k, tc, split, ch, items);
+        return split > 1 ? "column reduction, a block per column tile and chunk of the range, "
+                           "the last block of a tile combining the chunks in order; prologue "
+                           "and epilogue fused"
+                         : "column reduction, a block per column tile; prologue and epilogue "
+                           "fused";
+    }
+    if (grp->kind == SG__G_REDUCE && !grp->bcast && k->team == BLOCK &&
+        k->an->op != SG__OP_VAR && (split = plan_split(k->rows, k->len, SPLIT_LEAST, &ch)) > 1) {
+        ki->grid = (unsigned)(k->rows * split);
+        emit_split(k, split, ch);
+        return "long-row reduction, a block per chunk of a row, the row's last block "
+               "combining the chunks in order; prologue and epilogue fused";
+    }
+    return NULL;
 }
 
 const char *sg__cgen_cuda_rows(sg__cuda_gen *g, const sg__group *grp, sg__cuda_kinfo *ki) {
@@ -464,13 +737,22 @@ const char *sg__cgen_cuda_rows(sg__cuda_gen *g, const sg__group *grp, sg__cuda_k
               .a = grp->anchor,
               .rows = grp->nrows,
               .len = grp->rowlen,
+              .cols = grp->ncols > 1 ? grp->ncols : 1,
               .sink = -1};
-    emit_rows(&k, "blockIdx.x", "gridDim.x");
-    int rpb = BLOCK / k.team;
-    int64_t blocks = (k.rows + rpb - 1) / rpb;
-    ki->grid = (unsigned)(blocks < 1 ? 1 : blocks > 65535 * 16 ? 65535 * 16 : blocks);
-    ki->iters = k.rows * k.len;
+    sg__gnode quiet[64];
+    sg__gnode *qg = row_setup(&k, quiet, 64);
+    if (!qg) return "";
+    ki->iters = k.rows * k.len * k.cols;
     ki->replaces_call = true;
+    const char *what = emit_wide(&k, ki);
+    if (!what) {
+        int rpb = BLOCK / k.team;
+        int64_t blocks = (k.rows + rpb - 1) / rpb;
+        ki->grid = (unsigned)(blocks < 1 ? 1 : blocks > GRID_MAX ? GRID_MAX : blocks);
+        row_loop(&k, "blockIdx.x", "gridDim.x");
+    }
+    row_done(&k, qg, quiet);
+    if (what) return what;
     if (grp->kind == SG__G_ROW)
         return k.team > 32 ? "row op, a block per row, prologue and epilogue fused"
                            : "row op, a warp per row, prologue and epilogue fused";
@@ -488,7 +770,12 @@ void sg__cgen_cuda_rows_into(sg__cuda_gen *g, const sg__group *grp, int sink, co
               .a = grp->anchor,
               .rows = grp->nrows,
               .len = grp->rowlen,
+              .cols = 1,
               .sink = sink,
               .xs = xs};
-    emit_rows(&k, "0", "1");
+    sg__gnode quiet[64];
+    sg__gnode *qg = row_setup(&k, quiet, 64);
+    if (!qg) return;
+    row_loop(&k, "0", "1");
+    row_done(&k, qg, quiet);
 }

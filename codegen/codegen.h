@@ -274,8 +274,10 @@ SG__HIDDEN sg_status sg__cgen_cuda(sg_ctx *ctx, const sg__ir *ir, const sg__fuse
 /*
  * Row kernels (cgen_cuda_row.c): a ROW or REDUCE group that fusion marks
  * rows_inline becomes one kernel that computes its prologue, its anchor
- * (softmax, log_softmax, layer_norm, rms_norm, or a sum/mean over the
- * innermost dims) and its epilogues, a team of threads per row. It uses
+ * (softmax, log_softmax, layer_norm, rms_norm, a sum/mean/var/argmax over
+ * the innermost dims, or a sum/mean over leading dims keeping inner
+ * columns) and its epilogues: a team of threads per row, a block per
+ * column tile, or a few long rows cut over many blocks. It uses
  * cgen_cuda.c's emission state (sg__cuda_gen) and expression helpers
  * through the functions below, so that both write loads, stores and ops
  * one way.

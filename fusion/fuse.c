@@ -131,21 +131,27 @@ static bool is_row_anchor(sg__op op) {
 /*
  * Does node i work along rows of its input that a generated kernel can walk
  * as consecutive runs of a row-major order? Softmax and log_softmax over the
- * last dim, the norms, and sum/mean/argmax of a float input whose reduced dims (of
- * size > 1) all follow its kept ones. *rows and *len get the row count and
- * length; empty inputs are left to the library.
+ * last dim, the norms, argmax and var of a float input whose reduced dims
+ * (of size > 1) all follow its kept ones, and sum/mean of a float input whose dims
+ * of size > 1 are kept ones, then reduced ones, then kept ones again (a
+ * column sum: (A, R, C) -> (A, 1, C)). *rows, *len and *cols get A, R and
+ * C (C is 1 for the others); empty inputs are left to the library.
  */
-static bool row_like(const sg__ir *ir, const int *alias, int i, int64_t *rows, int64_t *len) {
+static bool row_like(const sg__ir *ir, const int *alias, int i, int64_t *rows, int64_t *len,
+                     int64_t *cols, const char **why) {
     const sg__irnode *n = &ir->nodes[i];
     const sg__ref *x = arg_ref(ir, n, 0, alias), *o = &ir->refs[alias[n->out]];
     bool idx = n->op == SG__OP_ARGMAX; /* a float row, an i64 result */
-    if (!x || x->ndim < 1 || !sg__dtype_is_float(x->dtype) ||
-        !(idx ? o->dtype == SG_I64 : sg__dtype_is_float(o->dtype)))
+    *why = "a 0-d input";
+    if (!x || x->ndim < 1) return false;
+    *why = "an integer or bool input or result (generated reductions fold floats)";
+    if (!sg__dtype_is_float(x->dtype) || !(idx ? o->dtype == SG_I64 : sg__dtype_is_float(o->dtype)))
         return false;
     uint32_t last = 1u << (x->ndim - 1), mask;
     switch (n->op) {
     case SG__OP_SOFTMAX:
     case SG__OP_LOG_SOFTMAX:
+        *why = "over a dim other than the last";
         if (n->i[0] != x->ndim - 1) return false;
         mask = last;
         break;
@@ -153,24 +159,37 @@ static bool row_like(const sg__ir *ir, const int *alias, int i, int64_t *rows, i
     case SG__OP_RMS_NORM: mask = last; break;
     case SG__OP_SUM:
     case SG__OP_MEAN:
+    case SG__OP_VAR:
     case SG__OP_ARGMAX: mask = n->mask; break;
-    default: return false;
+    default: *why = "no generated kernel computes this op"; return false;
     }
-    int64_t r = 1, l = 1;
+    bool columns = n->op == SG__OP_SUM || n->op == SG__OP_MEAN;
+    int64_t r = 1, l = 1, c = 1;
     bool inner = false;
+    *why = columns ? "its reduced dims are not one run between kept ones (kept, reduced, kept)"
+                   : "it keeps dims after its reduced ones";
     for (int d = 0; d < x->ndim; d++) {
-        if (x->shape[d] < 1) return false;
+        if (x->shape[d] < 1) {
+            *why = "an empty input";
+            return false;
+        }
         if (x->shape[d] == 1) continue;
         if (mask & (1u << d)) {
+            if (c > 1) return false;
             inner = true;
             l *= x->shape[d];
-        } else {
-            if (inner) return false;
+        } else if (!inner) {
             r *= x->shape[d];
+        } else if (columns) {
+            c *= x->shape[d];
+        } else {
+            return false;
         }
     }
     *rows = r;
     *len = l;
+    *cols = c;
+    *why = NULL;
     return true;
 }
 
@@ -279,19 +298,23 @@ typedef struct open {
     int nd;
     int64_t shape[SG_MAX_DIMS];
     bool rows_inline;   /* the anchor is row-like and computed in generated code */
-    int64_t nrows, rowlen;
+    int64_t nrows, rowlen, ncols;
+    const char *lib_why; /* sg__group.lib_why */
     int bcast;          /* scratch index of the first member over full_shape, 0 none */
     int full_nd;        /* REDUCE with rows_inline: the anchor's input shape, else -1 */
     int64_t full_shape[SG_MAX_DIMS];
 } open_t;
 
 static sg_status close_open(builder *b, open_t *og) {
-    sg_status s = b->nscratch ? push_group(b, og->kind, og->anchor, og->nd, og->shape) : SG_OK;
+    bool pushed = b->nscratch > 0;
+    sg_status s = pushed ? push_group(b, og->kind, og->anchor, og->nd, og->shape) : SG_OK;
+    if (s == SG_OK && pushed) b->groups[b->ngroups - 1].lib_why = og->lib_why;
     if (s == SG_OK && og->rows_inline) {
         sg__group *g = &b->groups[b->ngroups - 1];
         g->rows_inline = true;
         g->nrows = og->nrows;
         g->rowlen = og->rowlen;
+        g->ncols = og->ncols;
         g->bcast = og->bcast;
     }
     og->kind = SG__G_POINTWISE;
@@ -299,6 +322,7 @@ static sg_status close_open(builder *b, open_t *og) {
     og->epi_from = 0;
     og->nd = 0;
     og->rows_inline = false;
+    og->lib_why = NULL;
     og->bcast = 0;
     og->full_nd = -1;
     return s;
@@ -316,8 +340,10 @@ static void set_shape(open_t *og, const sg__ref *r) {
 static sg_status start_anchor(builder *b, open_t *og, int i, sg__gkind kind) {
     const sg__irnode *n = &b->ir->nodes[i];
     const sg__ref *x = arg_ref(b->ir, n, 0, b->alias);
-    int64_t nrows = 0, rowlen = 0;
-    bool inl = b->rows_inline && kind != SG__G_MATMUL && row_like(b->ir, b->alias, i, &nrows, &rowlen);
+    int64_t nrows = 0, rowlen = 0, ncols = 1;
+    const char *why = NULL;
+    bool inl = b->rows_inline && kind != SG__G_MATMUL &&
+               row_like(b->ir, b->alias, i, &nrows, &rowlen, &ncols, &why);
     bool prologue = kind != SG__G_MATMUL && (!b->no_prologue || inl) &&
                     og->kind == SG__G_POINTWISE && b->nscratch > 0 && same_shape(og->nd, og->shape, x);
     sg__gnode gn = {.node = i, .store = true};
@@ -348,7 +374,10 @@ static sg_status start_anchor(builder *b, open_t *og, int i, sg__gkind kind) {
     og->rows_inline = inl;
     og->nrows = nrows;
     og->rowlen = rowlen;
-    if (inl && kind == SG__G_REDUCE) {
+    og->ncols = ncols;
+    og->lib_why = b->rows_inline && kind != SG__G_MATMUL && !inl ? why : NULL;
+    /* A column sum's epilogue stays over the reduced shape. */
+    if (inl && kind == SG__G_REDUCE && ncols == 1) {
         og->full_nd = x->ndim;
         memcpy(og->full_shape, x->shape, sizeof(int64_t) * (size_t)x->ndim);
     }

@@ -73,9 +73,15 @@ typedef struct sg__group {
     /* REDUCE/ROW groups that sg__fuse_opts.rows_inline gives to the backend's
      * generated code: the anchor works along rows of its input (nrows rows
      * of rowlen elements, row r being elements [r * rowlen, (r + 1) * rowlen)
-     * of a row-major walk of the input's shape). */
+     * of a row-major walk of the input's shape). A sum or mean may also keep
+     * inner dims: then each row is rowlen runs of ncols consecutive elements
+     * (the input walks as (nrows, rowlen, ncols), the output as (nrows,
+     * ncols): a column sum); ncols is 1 for every other anchor. */
     bool rows_inline;
-    int64_t nrows, rowlen;
+    int64_t nrows, rowlen, ncols;
+    const char *lib_why; /* with rows_inline asked for: why this REDUCE or ROW
+                            anchor runs as the backend's library kernel
+                            (static text), NULL when generated code runs it */
     int bcast; /* REDUCE: index into g of the first epilogue member over the
                   anchor's input shape (it reads the reduced values broadcast
                   along the rows); 0 when none */
@@ -105,11 +111,14 @@ typedef struct sg__fuse_opts {
                          (CUDA) needs the prologue as its own POINTWISE group */
     bool rows_inline; /* the backend computes row-like anchors in generated code:
                          softmax/log_softmax over the last dim, layer_norm,
-                         rms_norm, and sum/mean whose reduced dims are the
-                         innermost. Those take a prologue even with no_prologue,
-                         a sum/mean's epilogue may go on over its input's shape
-                         (sg__group.bcast), and no prologue value is stored
-                         for a library call */
+                         rms_norm, argmax and var whose reduced dims are
+                         the innermost, and sum/mean over a run of dims (rows
+                         or columns: sg__group.ncols). Those take a
+                         prologue even with no_prologue, a row sum/mean's
+                         epilogue may go on over its input's shape
+                         (sg__group.bcast), and no prologue value is
+                         stored for a library call; the other anchors get
+                         sg__group.lib_why */
     bool per_op;      /* cse and dce, then one group per surviving node (the
                          aot_eager backend of sg_compile_opts.backend_name) */
     bool no_epilogue; /* no pointwise epilogue after a REDUCE/ROW/MATMUL anchor

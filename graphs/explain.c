@@ -95,6 +95,18 @@ static void explain_slots(sg__text *t, const sg__graph *g) {
     }
 }
 
+/* The anchors a compiled graph leaves to the backend's library kernels
+ * although generated code could run such ops, and why (fusion's reason). */
+static void explain_library(sg__text *t, const sg__graph *g) {
+    for (int k = 0; k < g->fused.ngroups; k++) {
+        const sg__group *grp = &g->fused.groups[k];
+        if (!grp->lib_why || grp->anchor < 0) continue;
+        int node = grp->g[grp->anchor].node;
+        sg__text_put(t, "    library kernel: IR line %d (%s), not generated: %s\n", node,
+            sg__op_name(g->ir.nodes[node].op), grp->lib_why);
+    }
+}
+
 static void explain_graph(sg__text *t, const sg__graph *g, int gi, int nin) {
     const sg__ir *ir = &g->ir;
     sg__text_put(t, "  capture %d: %d ops, %d buffers, %s\n", gi + 1, ir->nnodes, ir->nslots,
@@ -121,6 +133,7 @@ static void explain_graph(sg__text *t, const sg__graph *g, int gi, int nin) {
                "op by op)\n", sg__graph_nkernels(g));
     else if (!g->eager)
         sg__text_put(t, "    kernels: %d (unfused, eager kernels op by op)\n", ir->nnodes);
+    if (g->compiled) explain_library(t, g);
     if (!g->eager)
         sg__text_put(t,
             "    memory: scratch %zu bytes (peak live %zu, unshared %zu), output set %zu "

@@ -941,7 +941,8 @@ SG_API sg_status sg_fn_reset(sg_fn *fn);
  * fn's captures in text: for each, its guards, IR (one line per op, with
  * its scalar attributes: `mul_scalar(in0:f32[8], 0.25)`), buffers and pool
  * offsets, parameters, in-place mutations, and every fallback with its
- * reason; then the output sets and the counters of sg_fn_get_stats. The text is owned by fn and valid until the
+ * reason (on CUDA also each reduction or row op left to a library kernel
+ * rather than generated code, and why); then the output sets and the counters of sg_fn_get_stats. The text is owned by fn and valid until the
  * next sg_fn_explain or sg_fn_destroy; "" on NULL.
  */
 SG_API const char *sg_fn_explain(sg_fn *fn);

@@ -9,6 +9,14 @@
  * elements in f32 and bf16; argmax over the last dim (kept, and dropped
  * after a scale prologue) with ties of the maximum and NaN planted in some
  * rows (first maximum wins, NaN counts as the maximum: PyTorch's rule).
+ * Then the reductions that must use the whole GPU: a gradient's squared
+ * norm over one row of 38.6M elements, sums, means and argmax over 4 rows
+ * of 1M (rows cut over blocks, the last block finishing), column sums of
+ * (4096, 768), (4, 1024, 768), (128, 1024) and (2048, 50257) with a cast *
+ * mul prologue and a * 0.5 epilogue, odd (3, 5, 7) shapes and rows of one
+ * element, NaN and infinities planted in some outputs' ranges; each checked
+ * against an f64 sum within an f32 sum's rounding (2e-5 of the sum of
+ * magnitudes), and the three calls (run, record, replay) bit for bit equal.
  *
  * Each case runs the compiled step on the test's backend (SG_TEST_BACKEND:
  * the CPU's generated C by default, the CUDA row kernels under the gpu
@@ -17,7 +25,8 @@
  * kernel with no library call, and compiles the unit with NVRTC for sm_90
  * (skipped, not failed, when NVRTC cannot be loaded).
  *
- * SG_ROW_TIMING=1 (with SG_TEST_BACKEND=cuda) also times compiled and eager
+ * SG_ROW_SECTION=reduce runs the reductions only. SG_ROW_TIMING=1 (with
+ * SG_TEST_BACKEND=cuda) also times compiled and eager
  * rms_norm, layer_norm and softmax in bf16 over (1, 768), (1, 4096),
  * (2048, 768) and (2048, 50257) against the HBM bytes floor.
  */
@@ -164,6 +173,7 @@ static void reference(const spec *s, int64_t rows, int64_t len, const double *x,
 /* What the capture became in the CUDA dialect. */
 typedef struct counts {
     int kernels, calls, rows;
+    bool split, cols; /* a reduction cut over blocks; a column reduction */
 } counts;
 
 /* Fuse fn's last capture with the CUDA options, generate its unit, count
@@ -185,6 +195,8 @@ static bool cuda_unit(sg_fn *fn, const char *name, counts *c) {
         if (ki[k].replaces_call && grp->kind != SG__G_MATMUL) c->rows++;
     }
     if (ok && getenv("SG_TEST_PRINT_CUDA")) fprintf(stderr, "%s\n", e.buf);
+    c->split = ok && strstr(e.buf, "r_count") != NULL;
+    c->cols = ok && strstr(e.buf, "r_cred") != NULL;
     if (ok && !nvrtc_missing) {
         void *cubin = NULL;
         size_t size = 0;
@@ -297,6 +309,308 @@ static void test_case(pattern p, sg_dtype dt, int64_t rows, int64_t len) {
     free(xv), free(rv), free(wv), free(bv), free(ref0), free(ref1);
 }
 
+/* ------------------------------------------------------------ long rows and columns */
+
+typedef enum rop { R_SUM, R_MEAN, R_ARGMAX, R_VAR, R_VAR1 } rop; /* var: correction 0, 1 */
+typedef enum rpro {
+    PRO_NONE,    /* the input itself */
+    PRO_SQUARE,  /* cast(x, f32) * cast(x, f32): a gradient's squared norm */
+    PRO_CASTMUL, /* cast(x, f32) * cast(y, f32): a layer_norm weight gradient */
+    PRO_KEPT     /* PRO_SQUARE, and cast(x, f32) again as a second output (as
+                    clip_grad_norm_ scales it): the prologue stores the cast */
+} rpro;
+
+typedef struct rcase {
+    rop op;
+    rpro pro;
+    sg_dtype dt; /* the input's */
+    int nd;
+    int64_t shape[3];
+    int nred, dims[3];
+    bool keep, half; /* keepdim; an epilogue * 0.5 */
+    bool plant;      /* NaN and infinities in a few outputs' ranges */
+    int expect;      /* 0: a team per row, 1: rows cut over blocks, 2: columns */
+} rcase;
+
+static sg_status red_step(sg_ctx *c, sg_tensor *const *in, sg_tensor **out, void *user) {
+    const rcase *rc = user;
+    sg_tensor *x = in[0];
+    if (rc->pro == PRO_SQUARE || rc->pro == PRO_KEPT)
+        x = sg_mul(sg_cast(x, SG_F32), sg_cast(x, SG_F32));
+    if (rc->pro == PRO_KEPT) out[1] = sg_cast(in[0], SG_F32);
+    if (rc->pro == PRO_CASTMUL) x = sg_mul(sg_cast(x, SG_F32), sg_cast(in[1], SG_F32));
+    sg_tensor *y = rc->op == R_SUM    ? sg_sum(x, rc->nred, rc->dims, rc->keep)
+                   : rc->op == R_MEAN ? sg_mean(x, rc->nred, rc->dims, rc->keep)
+                   : rc->op == R_ARGMAX
+                       ? sg_argmax(x, rc->dims[0], rc->keep)
+                       : sg_var(x, rc->nred, rc->dims, rc->op == R_VAR1 ? 1 : 0, rc->keep);
+    out[0] = rc->half ? sg_mul_scalar(y, 0.5) : y;
+    return out[0] ? SG_OK : sg_ctx_status(c);
+}
+
+/* The flat index in x of output o's j-th reduced element (row-major over
+ * the reduced dims, as argmax counts positions). */
+static int64_t red_index(const rcase *rc, int64_t o, int64_t j) {
+    int64_t idx[3] = {0}, rest = o, inner = j;
+    for (int d = rc->nd - 1; d >= 0; d--) {
+        bool red = false;
+        for (int k = 0; k < rc->nred; k++) red = red || rc->dims[k] == d;
+        if (red) {
+            idx[d] = inner % rc->shape[d];
+            inner /= rc->shape[d];
+        } else {
+            idx[d] = rest % rc->shape[d];
+            rest /= rc->shape[d];
+        }
+    }
+    int64_t f = 0;
+    for (int d = 0; d < rc->nd; d++) f = f * rc->shape[d] + idx[d];
+    return f;
+}
+
+/* The reference: each output's f64 sum (or first NaN / first maximum) of
+ * the prologue's f32 values, and the sum of their magnitudes, the scale
+ * of an f32 sum's rounding. */
+static void red_reference(const rcase *rc, const double *x, const double *y, int64_t nout,
+                          int64_t len, sg_dtype odt, double *ref, double *scale) {
+    for (int64_t o = 0; o < nout; o++) {
+        double s = 0, a = 0, best = -INFINITY;
+        int64_t at = 0;
+        for (int64_t j = 0; j < len; j++) {
+            int64_t f = red_index(rc, o, j);
+            double t = rc->pro == PRO_NONE      ? x[f]
+                       : rc->pro == PRO_CASTMUL ? tu_round(SG_F32, x[f] * y[f])
+                                                : tu_round(SG_F32, x[f] * x[f]);
+            if (rc->op == R_ARGMAX) {
+                if (isnan(best)) continue;
+                if (isnan(t) || j == 0 || t > best) best = t, at = j;
+                continue;
+            }
+            s += t;
+            a += fabs(t);
+        }
+        if (rc->op == R_VAR || rc->op == R_VAR1) { /* two passes; scale: the variance */
+            double mean = s / (double)len, m2 = 0, den = (double)(len - (rc->op == R_VAR1));
+            for (int64_t j = 0; j < len; j++) {
+                int64_t f = red_index(rc, o, j);
+                double t = rc->pro == PRO_NONE ? x[f] : tu_round(SG_F32, x[f] * x[f]);
+                m2 += (t - mean) * (t - mean);
+            }
+            double v = den > 0 ? m2 / den : m2 > 0 ? INFINITY : NAN;
+            ref[o] = tu_round(odt, v);
+            if (rc->half) ref[o] = tu_round(odt, ref[o] * 0.5);
+            scale[o] = fabs(v) * (rc->half ? 0.5 : 1.0);
+            continue;
+        }
+        if (rc->op == R_ARGMAX) {
+            ref[o] = (double)at;
+            scale[o] = 0;
+            continue;
+        }
+        double div = rc->op == R_MEAN ? (double)len : 1.0, h = rc->half ? 0.5 : 1.0;
+        ref[o] = tu_round(odt, s / div);
+        if (rc->half) ref[o] = tu_round(odt, ref[o] * 0.5);
+        scale[o] = a / div * h;
+    }
+}
+
+/* got within an f32 sum's rounding of ref (plus the output dtype's), NaN
+ * for NaN and the same infinity. */
+static bool red_close(const char *name, const double *got, const double *ref, const double *scale,
+                      int64_t n, sg_dtype odt) {
+    int64_t bad = -1;
+    double worst = 0;
+    for (int64_t o = 0; o < n; o++) {
+        bool ok;
+        if (isnan(ref[o]))
+            ok = isnan(got[o]);
+        else if (isinf(ref[o]))
+            ok = got[o] == ref[o];
+        else
+            ok = fabs(got[o] - ref[o]) <= 2e-5 * scale[o] + tu_rtol(odt) * fabs(ref[o]) + 1e-30;
+        double err = isnan(got[o]) || isnan(ref[o]) ? INFINITY : fabs(got[o] - ref[o]);
+        if (!ok && (bad < 0 || err > worst)) bad = o, worst = err;
+    }
+    if (bad >= 0)
+        fprintf(stderr, "  %s: output %lld is %.9g, expected %.9g (scale %.3g)\n", name,
+                (long long)bad, got[bad], ref[bad], scale[bad]);
+    return bad < 0;
+}
+
+/* NaN in one range, +inf in another, +inf and -inf in a third; for
+ * argmax, the maximum three times in range 1 (the first wins). */
+static void red_plant(const rcase *rc, sg_tensor *t, double *xv, int64_t nout, int64_t len) {
+    int64_t numel = nout * len;
+    if (rc->op == R_ARGMAX) {
+        for (int64_t k = 1; k <= 3; k++) xv[red_index(rc, 1 % nout, len * k / 4)] = 4.0;
+        xv[red_index(rc, 2 % nout, len / 3)] = NAN;
+        xv[red_index(rc, 2 % nout, len / 2)] = NAN;
+    } else {
+        xv[red_index(rc, 0, len / 2)] = NAN;
+        xv[red_index(rc, 1 % nout, len - 1)] = INFINITY;
+        xv[red_index(rc, 2 % nout, 0)] = INFINITY;
+        xv[red_index(rc, 2 % nout, len / 3)] = -INFINITY;
+    }
+    size_t es = sg_dtype_size(rc->dt);
+    void *buf = malloc((size_t)numel * es);
+    for (int64_t j = 0; j < numel; j++) tu_store(buf, rc->dt, j, xv[j]);
+    sg_write(t, buf, (size_t)numel * es);
+    free(buf);
+}
+
+static void red_case(const rcase *rc) {
+    static const char *const opn[5] = {"SUM", "MEAN", "ARGMAX", "VAR", "VAR1"};
+    static const char *const pron[4] = {"x", "f32(x)*f32(x)", "f32(x)*f32(y)",
+                                        "f32(x)*f32(x),f32(x)"};
+    int64_t numel = 1, len = 1;
+    for (int d = 0; d < rc->nd; d++) numel *= rc->shape[d];
+    for (int k = 0; k < rc->nred; k++) len *= rc->shape[rc->dims[k]];
+    int64_t nout = numel / len;
+    char name[160], sh[48], dm[32] = "";
+    size_t q = 0;
+    for (int k = 0; k < rc->nred; k++)
+        q += (size_t)snprintf(dm + q, sizeof dm - q, k ? ",%d" : "%d", rc->dims[k]);
+    snprintf(name, sizeof name, "%s(%s,type=%s,x=%s,dims=[%s]%s%s%s)", opn[rc->op], pron[rc->pro],
+             sg_dtype_name(rc->dt), tu_shape(rc->nd, rc->shape, sh, sizeof sh), dm,
+             rc->keep ? ",keepdim" : "", rc->half ? ",*0.5" : "", rc->plant ? ",nan/inf" : "");
+    tu_seed((uint64_t)(numel * 31 + rc->op * 7 + rc->pro * 3 + rc->dt + rc->nred));
+    double *xv = NULL, *yv = NULL;
+    int nin = rc->pro == PRO_CASTMUL ? 2 : 1, nouts = rc->pro == PRO_KEPT ? 2 : 1;
+    sg_tensor *in[2] = {tu_rand(ctx, rc->dt, rc->nd, rc->shape, -1, 1, &xv), NULL};
+    if (nin == 2) in[1] = tu_rand(ctx, rc->dt, rc->nd, rc->shape, -1, 1, &yv);
+    if (rc->plant) red_plant(rc, in[0], xv, nout, len);
+    sg_fn *fn = NULL;
+    bool ok =
+        TU_EXPECT(in[0] && (nin == 1 || in[1])) &&
+        TU_EXPECT(sg_compile(ctx, red_step, (void *)rc, nin, nouts,
+                             &(sg_compile_opts){.mode = SG_MODE_REDUCE_OVERHEAD}, &fn) == SG_OK);
+    /* Call 1 runs the kernels, 2 records the graph, 3 replays it: the
+     * results of the three must be the same bits. */
+    sg_tensor *out[2] = {NULL, NULL};
+    double *got[3] = {NULL, NULL, NULL};
+    for (int call = 0; call < 3 && ok; call++) {
+        sg_mark_step_begin(ctx);
+        ok = TU_EXPECT(sg_call(fn, in, nin, out, nouts) == SG_OK) &&
+             TU_EXPECT(got[call] = tu_read(out[0]));
+        if (!ok) fprintf(stderr, "  %s\n", sg_last_error(ctx));
+    }
+    sg_dtype odt = rc->op == R_ARGMAX ? SG_I64 : rc->pro == PRO_NONE ? rc->dt : SG_F32;
+    if (ok) {
+        double *ref = malloc(sizeof(double) * (size_t)nout);
+        double *scale = malloc(sizeof(double) * (size_t)nout);
+        red_reference(rc, xv, yv, nout, len, odt, ref, scale);
+        ok = red_close(name, got[0], ref, scale, nout, odt);
+        for (int call = 1; call < 3 && ok; call++)
+            ok = TU_EXPECT(memcmp(got[0], got[call], sizeof(double) * (size_t)nout) == 0);
+        free(ref), free(scale);
+        if (ok && nouts == 2) { /* the stored cast: exact */
+            double *kept = tu_read(out[1]);
+            ok = TU_EXPECT(kept) && tu_close(name, kept, xv, numel, 0, 0);
+            free(kept);
+        }
+    }
+    counts c = {0};
+    char uname[96];
+    snprintf(uname, sizeof uname, "cu_red_%d_%d_%s_%lld_%lld", (int)rc->op, (int)rc->pro,
+             sg_dtype_name(rc->dt), (long long)nout, (long long)len);
+    ok = ok && cuda_unit(fn, uname, &c) && TU_EXPECT(c.kernels == 1) && TU_EXPECT(c.calls == 0) &&
+         TU_EXPECT(c.rows == 1) && TU_EXPECT(c.cols == (rc->expect == 2)) &&
+         TU_EXPECT(rc->expect == 2 || c.split == (rc->expect == 1));
+    tu_case(ok, "%s on %s -> %d CUDA kernel (%s), %d library calls", name,
+            tu_backend() == SG_BACKEND_CUDA ? "cuda" : "cpu", c.kernels,
+            c.cols    ? (c.split ? "columns, cut" : "columns")
+            : c.split ? "rows, cut"
+                      : "rows",
+            c.calls);
+    sg_fn_destroy(fn);
+    for (int k = 0; k < nin; k++) sg_release(in[k]);
+    for (int k = 0; k < 3; k++) free(got[k]);
+    free(xv), free(yv);
+}
+
+/* Reductions the generated kernels leave to the library: a max, and a sum
+ * over dims 0 and 2 of (3, 5, 7) (not one run); next to a column sum that
+ * they take. */
+static sg_status lib_step(sg_ctx *c, sg_tensor *const *in, sg_tensor **out, void *user) {
+    (void)user;
+    int d1[1] = {1}, d02[2] = {0, 2}, d0[1] = {0};
+    out[0] = sg_max(in[0], 1, d1, false);
+    out[1] = sg_sum(in[0], 2, d02, false);
+    out[2] = sg_sum(in[0], 1, d0, false);
+    return out[0] && out[1] && out[2] ? SG_OK : sg_ctx_status(c);
+}
+
+/* Fusion gives each library anchor its reason; sg_fn_explain shows them on CUDA. */
+static void library_reasons(void) {
+    int64_t shape[3] = {3, 5, 7};
+    sg_tensor *x = tu_rand(ctx, SG_F32, 3, shape, -1, 1, NULL);
+    sg_fn *fn = NULL;
+    sg_tensor *out[3] = {NULL, NULL, NULL};
+    bool ok = TU_EXPECT(sg_compile(ctx, lib_step, NULL, 1, 3, NULL, &fn) == SG_OK) &&
+              TU_EXPECT(sg_call(fn, &x, 1, out, 3) == SG_OK) && TU_EXPECT(fn->ngraphs > 0);
+    int nmax = 0, nrun = 0, ncol = 0;
+    if (ok) {
+        sg__graph *g = fn->graphs[fn->ngraphs - 1];
+        sg__fuse_opts fo;
+        sg__cgen_cuda_fuse_opts(&fo, false);
+        sg__fused f;
+        ok = TU_EXPECT(sg__fuse(ctx, &g->ir, &fo, &f) == SG_OK);
+        for (int k = 0; ok && k < f.ngroups; k++) {
+            const sg__group *grp = &f.groups[k];
+            if (grp->kind != SG__G_REDUCE) continue;
+            const char *why = grp->lib_why;
+            sg__op op = g->ir.nodes[grp->g[grp->anchor].node].op;
+            if (op == SG__OP_MAX) nmax += why && strstr(why, "no generated kernel") != NULL;
+            if (op == SG__OP_SUM && grp->rows_inline) ncol += why == NULL && grp->ncols == 35;
+            if (op == SG__OP_SUM && !grp->rows_inline)
+                nrun += why && strstr(why, "one run") != NULL;
+        }
+        sg__fused_free(ctx, &f, &g->ir);
+        ok = ok && TU_EXPECT(nmax == 1) && TU_EXPECT(nrun == 1) && TU_EXPECT(ncol == 1);
+        if (ok && tu_backend() == SG_BACKEND_CUDA)
+            ok = TU_EXPECT(strstr(sg_fn_explain(fn), "library kernel: IR line") != NULL);
+    }
+    tu_case(ok, "LIBRARY_REASONS(max over [1], sum over [0,2], sum over [0] of [3,5,7]) on %s",
+            tu_backend() == SG_BACKEND_CUDA ? "cuda" : "cpu");
+    sg_fn_destroy(fn);
+    sg_release(x);
+}
+
+static void reductions(void) {
+    static const rcase cases[] = {
+        /* A gradient's squared norm: one row of 38.6M (the GPT-2 embedding). */
+        {R_SUM, PRO_SQUARE, SG_BF16, 2, {1, 38597376}, 2, {0, 1}, true, false, false, 1},
+        {R_SUM, PRO_NONE, SG_F32, 2, {4, 1 << 20}, 1, {1}, false, false, false, 1},
+        {R_SUM, PRO_KEPT, SG_BF16, 2, {768, 3072}, 2, {0, 1}, false, false, true, 1},
+        {R_MEAN, PRO_NONE, SG_BF16, 2, {4, 1 << 20}, 1, {1}, true, true, true, 1},
+        {R_ARGMAX, PRO_NONE, SG_F32, 2, {4, 1 << 20}, 1, {1}, false, false, true, 1},
+        {R_ARGMAX, PRO_SQUARE, SG_BF16, 2, {3, 100000}, 1, {1}, true, false, false, 1},
+        /* Bias and layer_norm gradients: sums over the leading dims. */
+        {R_SUM, PRO_CASTMUL, SG_BF16, 2, {4096, 768}, 1, {0}, false, false, false, 2},
+        {R_SUM, PRO_CASTMUL, SG_BF16, 3, {4, 1024, 768}, 2, {0, 1}, true, true, false, 2},
+        {R_SUM, PRO_NONE, SG_F32, 2, {128, 1024}, 1, {0}, true, false, false, 2},
+        {R_SUM, PRO_NONE, SG_F32, 2, {128, 1024}, 1, {0}, true, true, true, 2},
+        {R_SUM, PRO_NONE, SG_F32, 2, {128, 1024}, 1, {0}, false, false, true, 2},
+        {R_SUM, PRO_KEPT, SG_BF16, 2, {4096, 768}, 1, {0}, true, false, false, 2},
+        {R_MEAN, PRO_NONE, SG_BF16, 2, {2048, 50257}, 1, {0}, true, false, false, 2},
+        /* Odd shapes: a middle dim, the first dim, rows of 1 element. */
+        {R_SUM, PRO_NONE, SG_F32, 3, {3, 5, 7}, 1, {1}, false, false, false, 2},
+        {R_MEAN, PRO_SQUARE, SG_BF16, 3, {3, 5, 7}, 1, {1}, true, true, false, 2},
+        {R_SUM, PRO_NONE, SG_F32, 3, {3, 5, 7}, 1, {0}, false, false, false, 2},
+        {R_SUM, PRO_NONE, SG_F32, 3, {3, 5, 7}, 2, {1, 2}, false, false, false, 0},
+        /* var over the last dim (layer_norm's backward), one-element rows. */
+        {R_VAR, PRO_NONE, SG_BF16, 3, {4, 256, 768}, 1, {2}, true, false, false, 0},
+        {R_VAR1, PRO_SQUARE, SG_F32, 2, {6, 5000}, 1, {1}, true, true, true, 0},
+        {R_VAR1, PRO_NONE, SG_F32, 2, {5, 1}, 1, {1}, true, false, false, 0},
+        {R_SUM, PRO_NONE, SG_F32, 2, {64, 1}, 1, {1}, false, false, false, 0},
+        {R_SUM, PRO_NONE, SG_BF16, 3, {5, 1, 7}, 1, {1}, true, true, false, 0},
+        {R_SUM, PRO_NONE, SG_F32, 2, {1, 1}, 2, {0, 1}, false, false, false, 0},
+        {R_SUM, PRO_NONE, SG_F32, 2, {1, 20000}, 1, {1}, false, false, true, 1},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) red_case(&cases[i]);
+    library_reasons();
+}
+
 /* ------------------------------------------------------------ timing */
 
 static double now_s(void) {
@@ -306,10 +620,12 @@ static double now_s(void) {
 }
 
 /* Microseconds per call of the step in mode m (after warm-up). */
-static double time_step(spec *s, sg_mode m, sg_tensor *x) {
+static double time_fn(sg_step_fn step, void *user, sg_mode m, sg_tensor *const *x, int nin,
+                      int nout) {
     sg_fn *fn = NULL;
-    if (sg_compile(ctx, row_step, s, 1, 1, &(sg_compile_opts){.mode = m}, &fn) != SG_OK) return -1;
-    sg_tensor *out[1] = {NULL};
+    if (sg_compile(ctx, step, user, nin, nout, &(sg_compile_opts){.mode = m}, &fn) != SG_OK)
+        return -1;
+    sg_tensor *out[2] = {NULL, NULL};
     int iters = 200;
     double t0 = 0;
     for (int it = 0; it < iters + 10; it++) {
@@ -318,7 +634,7 @@ static double time_step(spec *s, sg_mode m, sg_tensor *x) {
             t0 = now_s();
         }
         sg_mark_step_begin(ctx);
-        if (sg_call(fn, &x, 1, out, 1) != SG_OK) {
+        if (sg_call(fn, x, nin, out, nout) != SG_OK) {
             sg_fn_destroy(fn);
             return -1;
         }
@@ -329,10 +645,10 @@ static double time_step(spec *s, sg_mode m, sg_tensor *x) {
     return us;
 }
 
-static void timing(void) {
+static void timing(bool rows) {
     static const int64_t shapes[4][2] = {{1, 768}, {1, 4096}, {2048, 768}, {2048, 50257}};
     static const pattern pats[3] = {P_RMS_BUILTIN, P_LAYERNORM, P_SOFTMAX_CAST};
-    for (int si = 0; si < 4; si++)
+    for (int si = 0; si < 4 && rows; si++)
         for (int pi = 0; pi < 3; pi++) {
             int64_t rows = shapes[si][0], len = shapes[si][1], xs[2] = {rows, len};
             spec s = {.p = pats[pi], .dt = SG_BF16};
@@ -342,8 +658,8 @@ static void timing(void) {
             /* x in, y out (f32 after softmax's cast), weight and bias. */
             double ob = s.p == P_SOFTMAX_CAST ? 4 : 2;
             double bytes = (double)rows * (double)len * (2 + ob) + (double)len * 2 * 2;
-            double compiled = time_step(&s, SG_MODE_REDUCE_OVERHEAD, x);
-            double eager = time_step(&s, SG_MODE_EAGER, x);
+            double compiled = time_fn(row_step, &s, SG_MODE_REDUCE_OVERHEAD, &x, 1, 1);
+            double eager = time_fn(row_step, &s, SG_MODE_EAGER, &x, 1, 1);
             fprintf(stderr,
                     "TIMING %s bf16 [%lld,%lld]: compiled %.2f us, eager %.2f us, bytes floor %.2f "
                     "us (%.0f KB at 3.35 TB/s)\n",
@@ -351,13 +667,42 @@ static void timing(void) {
                     bytes / 3.35e12 * 1e6, bytes / 1024);
             sg_release(x), sg_release(s.w), sg_release(s.b);
         }
+    /* The reductions: a gradient's squared norm (also storing the f32
+     * cast, as clip_grad_norm_ does), a layer_norm weight gradient (two bf16
+     * inputs), a bias gradient in f32. */
+    static const rcase red[5] = {
+        {R_SUM, PRO_SQUARE, SG_BF16, 2, {1, 38597376}, 2, {0, 1}, true, false, false, 1},
+        {R_SUM, PRO_KEPT, SG_BF16, 2, {50257, 768}, 2, {0, 1}, true, false, false, 1},
+        {R_SUM, PRO_KEPT, SG_BF16, 2, {768, 3072}, 2, {0, 1}, true, false, false, 1},
+        {R_SUM, PRO_CASTMUL, SG_BF16, 2, {4096, 768}, 1, {0}, false, false, false, 2},
+        {R_SUM, PRO_NONE, SG_F32, 2, {128, 1024}, 1, {0}, false, false, false, 2}};
+    for (int i = 0; i < 5; i++) {
+        const rcase *rc = &red[i];
+        int nin = rc->pro == PRO_CASTMUL ? 2 : 1, nout = rc->pro == PRO_KEPT ? 2 : 1;
+        sg_tensor *x[2] = {tu_rand(ctx, rc->dt, 2, rc->shape, -1, 1, NULL), NULL};
+        if (nin == 2) x[1] = tu_rand(ctx, rc->dt, 2, rc->shape, -1, 1, NULL);
+        double bytes = (double)(rc->shape[0] * rc->shape[1]) *
+                       (double)(sg_dtype_size(rc->dt) * nin + (nout == 2 ? 4 : 0));
+        double compiled = time_fn(red_step, (void *)rc, SG_MODE_REDUCE_OVERHEAD, x, nin, nout);
+        double eager = time_fn(red_step, (void *)rc, SG_MODE_EAGER, x, nin, nout);
+        fprintf(stderr,
+                "TIMING REDUCE sum %s%s [%lld,%lld] dims=[%s]: compiled %.2f us, eager %.2f us, "
+                "bytes floor %.2f us (%.0f KB at 3.35 TB/s)\n",
+                sg_dtype_name(rc->dt), nout == 2 ? " (the cast stored)" : "",
+                (long long)rc->shape[0], (long long)rc->shape[1], rc->nred == 2 ? "0,1" : "0",
+                compiled, eager, bytes / 3.35e12 * 1e6, bytes / 1024);
+        for (int k = 0; k < nin; k++) sg_release(x[k]);
+    }
 }
 
 int main(void) {
     ctx = tu_ctx((sg_ctx_opts){0});
     static const int64_t lens[6] = {1, 7, 768, 1024, 5000, 50257};
     static const sg_dtype dts[2] = {SG_F32, SG_BF16};
-    for (int p = 0; p < P_COUNT; p++)
+    /* SG_ROW_SECTION=reduce runs only the long-row and column reductions. */
+    const char *sec = getenv("SG_ROW_SECTION");
+    bool rows = !sec || strcmp(sec, "reduce") != 0;
+    for (int p = 0; p < P_COUNT && rows; p++)
         for (int d = 0; d < 2; d++)
             for (int l = 0; l < 6; l++) {
                 /* Short rows: several per block (warp teams), a partial block. */
@@ -365,8 +710,9 @@ int main(void) {
                 if (p == P_ARGMAX_KEEP || p == P_ARGMAX_SCALED) rows = 6; /* the planted rows */
                 test_case((pattern)p, dts[d], rows, lens[l]);
             }
+    reductions();
     const char *t = getenv("SG_ROW_TIMING");
-    if (t && strcmp(t, "1") == 0 && tu_backend() == SG_BACKEND_CUDA) timing();
+    if (t && strcmp(t, "1") == 0 && tu_backend() == SG_BACKEND_CUDA) timing(rows);
     sg_ctx_destroy(ctx);
     return tu_finish();
 }

@@ -10,7 +10,7 @@
  * its reduced range: the team is one thread (when consecutive outputs lie
  * next to each other in memory), one warp, or one block of 256 threads.
  * With few outputs and a long range the range is cut into P chunks; each
- * team writes a partial, and sg_reduce_finish merges them in chunk order.
+ * team writes a partial, and sg_reduce_finish merges them in a fixed order.
  *
  * Semantics follow the CPU kernels (graphs/cpu/cpu_reduce.c): floats fold
  * in double, integers in int64 with wrapping sums; var is two-pass within a
@@ -335,26 +335,36 @@ extern "C" __global__ void sg_reduce_fold(const void *x, void *y, part *parts, r
         parts[item] = p;
 }
 
-/* Merge each output's P partials in chunk order (one thread per output). */
-extern "C" __global__ void sg_reduce_finish(const part *parts, void *y, rgeom g) {
-    i64 o = (i64)blockIdx.x * blockDim.x + threadIdx.x;
-    if (o >= g.M) return;
-    bool ints = is_int(g.xdt);
-    part a = parts[o];
-    for (i64 c = 1; c < g.P; c++) {
-        part b = parts[c * g.M + o];
-        if (b.n == 0) continue;
-        if (a.n == 0) {
-            a = b;
-        } else if (g.op == OP_VAR) { /* Chan et al.: combine two (n, mean, M2) */
-            double na = (double)a.n, nb = (double)b.n, d = b.f / nb - a.f / na;
-            a.m2 += b.m2 + d * d * (na * nb / (na + nb));
-            a.f += b.f;
-            a.n += b.n;
-        } else {
-            a = comb(a, b, g.op == OP_ARGMAX ? OP_MAX : g.op, ints);
-        }
+/* b merged into a (either may be empty): var by Chan et al.'s combination
+ * of two (n, mean, M2), argmax as max, the rest by comb. */
+__device__ __forceinline__ part merge(part a, const part &b, int op, bool ints) {
+    if (b.n == 0) return a;
+    if (a.n == 0) return b;
+    if (op == OP_VAR) {
+        double na = (double)a.n, nb = (double)b.n, d = b.f / nb - a.f / na;
+        a.m2 += b.m2 + d * d * (na * nb / (na + nb));
+        a.f += b.f;
+        a.n += b.n;
+        return a;
     }
+    return comb(a, b, op == OP_ARGMAX ? OP_MAX : op, ints);
+}
+
+/*
+ * Merge each output's P partials. A team of g.team threads (cuda_reduce.c:
+ * a warp when there are many partials, else one thread) takes one output;
+ * lane l merges chunks l, l + team, ... in order, then the lanes merge by
+ * a butterfly: a fixed tree, the same bits every run.
+ */
+extern "C" __global__ void sg_reduce_finish(const part *parts, void *y, rgeom g) {
+    int team = g.team, lane = threadIdx.x % team;
+    i64 o = ((i64)blockIdx.x * blockDim.x + threadIdx.x) / team;
+    if (o >= g.M) return; /* the whole team leaves together */
+    bool ints = is_int(g.xdt);
+    part a = {0.0, 0.0, 0, 0, 0};
+    for (i64 c = lane; c < g.P; c += team) a = merge(a, parts[c * g.M + o], g.op, ints);
+    for (int m = team / 2; m >= 1; m >>= 1) a = merge(a, shfl(a, m), g.op, ints);
+    if (lane != 0) return;
     i64 xo, yo;
     kept(g, o, &xo, &yo);
     store(g, y, a, yo);
