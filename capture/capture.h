@@ -171,7 +171,6 @@ struct sg_ctx {
     /* The registry (registry.c): this context's handles by address, under
      * its own lock, and the process's list of live contexts. */
     atomic_flag reg_lock;
-    bool reg_listed;
     struct sg_ctx *reg_next;
     sg__reg *reg_bucket[SG__REG_BUCKETS];
 };

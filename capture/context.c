@@ -289,7 +289,6 @@ void sg__ctx_init(sg_ctx *ctx, const sg_ctx_opts *opts) {
     ctx->live.prev = ctx->live.next = &ctx->live;
     ctx->dead.prev = ctx->dead.next = &ctx->dead;
     atomic_flag_clear(&ctx->reg_lock);
-    ctx->reg_listed = false;
     ctx->reg_next = NULL;
     memset(ctx->reg_bucket, 0, sizeof ctx->reg_bucket);
 }

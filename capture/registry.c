@@ -60,7 +60,6 @@ void sg__reg_ctx_list(sg_ctx *ctx) {
     take(&contexts_lock);
     ctx->reg_next = contexts;
     contexts = ctx;
-    ctx->reg_listed = true;
     give(&contexts_lock);
 }
 
@@ -70,7 +69,6 @@ bool sg__reg_ctx_unlist(sg_ctx *ctx) {
     for (sg_ctx **p = &contexts; *p; p = &(*p)->reg_next)
         if (*p == ctx) {
             *p = ctx->reg_next; /* ctx is live: reading it is safe */
-            ctx->reg_listed = false;
             found = true;
             break;
         }
