@@ -50,8 +50,8 @@
  *    is gone, and cleanup code may still release and destroy in any order:
  *    sg_release of such a tensor, sg_fn_destroy or sg_call of such an fn
  *    read nothing of it and return SG_ERR_INVALID_ARG with the reason in
- *    sg_last_error(NULL); the other sg_fn_* calls fail likewise (without a
- *    message), and sg_ctx_destroy of a destroyed context does nothing.
+ *    sg_last_error(NULL); the other sg_fn_* calls fail likewise (explain
+ *    gives ""), and sg_ctx_destroy of a destroyed context does nothing.
  *    Passing such a tensor to an op, sg_read, sg_write or sg_tensor_* is
  *    undefined. A stale handle is recognized by its address until the
  *    allocator gives that address to a new handle; from then on it names
@@ -218,12 +218,12 @@ SG_API sg_tensor *sg_arange(sg_ctx *ctx, sg_dtype dt, double start, double end, 
 /*
  * Drop the user's hold on t and return SG_OK. Views share storage with
  * their base: the bytes are freed when the last tensor that sees them is
- * released. NULL: SG_OK. Using a released tensor is SG_ERR_RELEASED;
+ * released. NULL: SG_OK. Using a released tensor is SG_ERR_RELEASED, and
  * releasing it again returns SG_ERR_RELEASED and changes nothing, the
  * context's status included (detected for the most recent 4096 releases
- * of the context; after that the handle may be reused). A tensor whose context was
- * destroyed (sg_ctx_destroy freed it) is never read: SG_ERR_INVALID_ARG,
- * with the message in sg_last_error(NULL); the release is not needed.
+ * of the context; after that the handle is freed, and may be reused). A
+ * tensor whose handle was freed (by sg_ctx_destroy, or after those 4096)
+ * is never read: SG_ERR_INVALID_ARG, the message in sg_last_error(NULL).
  */
 SG_API sg_status sg_release(sg_tensor *t);
 
@@ -849,10 +849,10 @@ SG_API const char *sg_fn_explain(sg_fn *fn);
 /* Free fn, its captures and its output buffers and return SG_OK. Outputs
  * it returned become invalid. NULL: SG_OK. Calling a destroyed fn is
  * SG_ERR_RELEASED; destroying it again returns SG_ERR_RELEASED and changes
- * nothing (detected for the context's 64 most recently destroyed fns;
- * after that, SG_ERR_INVALID_ARG). An fn whose
- * context was destroyed is never read: SG_ERR_INVALID_ARG from this and
- * from sg_call, with the message in sg_last_error(NULL). */
+ * nothing (detected for the context's 64 most recently destroyed fns). An
+ * fn whose record was freed (by sg_ctx_destroy, or after those 64) is never
+ * read: SG_ERR_INVALID_ARG from this and from sg_call, the message in
+ * sg_last_error(NULL). */
 SG_API sg_status sg_fn_destroy(sg_fn *fn);
 
 typedef enum sg_stance {
