@@ -17,6 +17,7 @@
 #include "stepgraph.h"
 
 #include <stdarg.h>
+#include <stdatomic.h>
 #include <stdint.h>
 #include <string.h>
 
@@ -84,6 +85,17 @@ typedef struct sg__storage {
     uint32_t version;        /* bumped by every op that writes the bytes (autograd's check) */
 } sg__storage;
 
+/* A handle's entry in its context's registry of live handles (registry.c):
+ * what lets a stale pointer be recognized without being read. */
+typedef struct sg__reg {
+    struct sg__reg *next, **pprev; /* the bucket's chain */
+    const void *obj;               /* the handle itself */
+    int kind;                      /* SG__REG_TENSOR or SG__REG_FN; 0: not registered */
+} sg__reg;
+
+enum { SG__REG_TENSOR = 1, SG__REG_FN = 2 };
+#define SG__REG_BUCKETS 1024
+
 #define SG__TENSOR_LIVE 0x5347544eu /* "SGTN" */
 #define SG__TENSOR_DEAD 0xdeadbeefu
 
@@ -101,6 +113,7 @@ struct sg_tensor {
     bool fn_owned;          /* an output handle in a compiled fn's ring, not in the lists */
     struct sg__gnode *grad_fn; /* what made it, for sg_grad (a leaf's own node); NULL: no grad */
     sg_tensor *prev, *next; /* the context's list of live or quarantined handles */
+    sg__reg reg;            /* registered while its memory is the handle's (registry.c) */
 };
 
 /*
@@ -157,6 +170,12 @@ struct sg_ctx {
     bool no_cache_reads; /* while compiling for a fn with force_disable_caches */
     struct sg_comm *comms; /* communicators made on this context (graphs/comm.c) */
     uint32_t next_comm_id;
+
+    /* The registry (registry.c): this context's handles by address, under
+     * its own lock, and the process's list of live contexts. */
+    atomic_flag reg_lock;
+    struct sg_ctx *reg_next;
+    sg__reg *reg_bucket[SG__REG_BUCKETS];
 };
 
 /* ------------------------------------------------------------ context helpers */
@@ -188,7 +207,24 @@ SG__HIDDEN void sg__log_always(sg_ctx *ctx, const char *topic, const char *fmt, 
 SG__HIDDEN void sg__ctx_init(sg_ctx *ctx, const sg_ctx_opts *opts);
 /* Free every handle and storage still held (before the backend goes). */
 SG__HIDDEN void sg__ctx_release_all(sg_ctx *ctx);
-/* The message of a failed sg_ctx_create, per thread. */
+/* The registry of live handles (registry.c). A context is listed from
+ * sg_ctx_create's success until sg_ctx_destroy; sg__reg_ctx_unlist says
+ * whether it was listed. A handle is added once its memory is the
+ * handle's and removed before that memory is freed. sg__reg_find returns
+ * the live context that holds obj as a handle of that kind, or NULL,
+ * never reading obj; sg__reg_fn_known is its cached form for sg_call. */
+SG__HIDDEN void sg__reg_ctx_list(sg_ctx *ctx);
+SG__HIDDEN bool sg__reg_ctx_unlist(sg_ctx *ctx);
+SG__HIDDEN void sg__reg_add(sg_ctx *ctx, sg__reg *r, const void *obj, int kind);
+SG__HIDDEN void sg__reg_remove(sg_ctx *ctx, sg__reg *r);
+SG__HIDDEN sg_ctx *sg__reg_find(const void *obj, int kind);
+SG__HIDDEN bool sg__reg_fn_known(const void *fn);
+/* A registered tensor handle, zeroed but for ctx and reg (magic 0), and
+ * its end: unregistered, then freed. */
+SG__HIDDEN sg_tensor *sg__handle_alloc(sg_ctx *ctx);
+SG__HIDDEN void sg__handle_free(sg_ctx *ctx, sg_tensor *t);
+/* The message of a failed sg_ctx_create, per thread; also of a call given
+ * a handle whose context was destroyed (sg_last_error(NULL)). */
 SG__HIDDEN void sg__set_create_error(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 
 /* ------------------------------------------------------------ element conversions */

@@ -254,6 +254,8 @@ sg_status sg__fail(sg_ctx *ctx, sg_status s, const char *fmt, ...) {
     return s;
 }
 
+/* Per thread: the message of a failed sg_ctx_create, or of a call given a
+ * handle whose context was destroyed (there is no context to hold it). */
 static _Thread_local char create_error[SG__MSG_SIZE];
 
 void sg__set_create_error(const char *fmt, ...) {
@@ -286,4 +288,7 @@ void sg__ctx_init(sg_ctx *ctx, const sg_ctx_opts *opts) {
     ctx->log_topics = parse_sg_logs();
     ctx->live.prev = ctx->live.next = &ctx->live;
     ctx->dead.prev = ctx->dead.next = &ctx->dead;
+    atomic_flag_clear(&ctx->reg_lock);
+    ctx->reg_next = NULL;
+    memset(ctx->reg_bucket, 0, sizeof ctx->reg_bucket);
 }

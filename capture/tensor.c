@@ -82,15 +82,28 @@ void sg__storage_unref(sg_ctx *ctx, sg__storage *st) {
     sg__free(ctx, st, sizeof *st);
 }
 
-static sg_tensor *handle_new(sg_ctx *ctx, const char *op) {
+sg_tensor *sg__handle_alloc(sg_ctx *ctx) {
     sg_tensor *t = sg__calloc(ctx, sizeof *t);
+    if (!t) return NULL;
+    t->ctx = ctx;
+    sg__reg_add(ctx, &t->reg, t, SG__REG_TENSOR);
+    return t;
+}
+
+void sg__handle_free(sg_ctx *ctx, sg_tensor *t) {
+    if (!t) return;
+    sg__reg_remove(ctx, &t->reg);
+    sg__free(ctx, t, sizeof *t);
+}
+
+static sg_tensor *handle_new(sg_ctx *ctx, const char *op) {
+    sg_tensor *t = sg__handle_alloc(ctx);
     if (!t) {
         sg__fail(ctx, SG_ERR_OOM, "%s: out of host memory for a tensor handle (%zu bytes)", op,
                  sizeof *t);
         return NULL;
     }
     t->magic = SG__TENSOR_LIVE;
-    t->ctx = ctx;
     t->id = ++ctx->next_id;
     list_push_back(&ctx->live, t);
     return t;
@@ -201,6 +214,7 @@ sg_tensor *sg__tensor_hold(sg_tensor *t) {
     h->fn_owned = false;
     h->grad_fn = NULL;
     h->magic = SG__TENSOR_LIVE;
+    memset(&h->reg, 0, sizeof h->reg); /* internal: never given out, never registered */
     h->st->refs++;
     return h;
 }
@@ -219,7 +233,7 @@ void sg__tensor_drop(sg_tensor *t) {
     t->grad_fn = NULL;
     list_unlink(t);
     sg__storage_unref(ctx, t->st);
-    sg__free(ctx, t, sizeof *t);
+    sg__handle_free(ctx, t);
 }
 
 /* Keep a dead handle a while so that a later use is caught, not a crash. */
@@ -229,7 +243,7 @@ static void quarantine(sg_ctx *ctx, sg_tensor *t) {
     if (++ctx->ndead > SG__QUARANTINE) {
         sg_tensor *old = ctx->dead.next;
         list_unlink(old);
-        sg__free(ctx, old, sizeof *old);
+        sg__handle_free(ctx, old);
         ctx->ndead--;
     }
 }
@@ -239,21 +253,35 @@ void sg__tensor_bury(sg_tensor *t) {
     quarantine(t->ctx, t);
 }
 
-void sg_release(sg_tensor *t) {
-    if (!t || t->magic != SG__TENSOR_LIVE) return;
+sg_status sg_release(sg_tensor *t) {
+    if (!t) return SG_OK;
+    /* Found in a live context's registry before anything of t is read. */
+    if (!sg__reg_find(t, SG__REG_TENSOR)) {
+        sg__set_create_error(
+            "sg_release: %p is no live tensor: the context of this tensor was destroyed "
+            "(sg_ctx_destroy frees every tensor it holds), or it is no stepgraph tensor; release "
+            "tensors before sg_ctx_destroy, or skip the release",
+            (void *)t);
+        return SG_ERR_INVALID_ARG;
+    }
     sg_ctx *ctx = t->ctx;
+    /* Released already (by sg_release, or as an output of a destroyed fn):
+     * harmless, and no failure of the context's. */
+    if (t->magic == SG__TENSOR_DEAD) return SG_ERR_RELEASED;
+    if (t->magic != SG__TENSOR_LIVE) return SG_ERR_INVALID_ARG;
     sg__gnode_unref(ctx, t->grad_fn);
     t->grad_fn = NULL;
     if (t->fn_owned) { /* an output handle: its fn keeps the handle itself */
         sg__storage_unref(ctx, t->st);
         t->st = NULL;
         t->magic = SG__TENSOR_DEAD;
-        return;
+        return SG_OK;
     }
     list_unlink(t);
     sg__storage_unref(ctx, t->st);
     t->st = NULL;
     quarantine(ctx, t);
+    return SG_OK;
 }
 
 void sg__ctx_release_all(sg_ctx *ctx) {
@@ -261,7 +289,7 @@ void sg__ctx_release_all(sg_ctx *ctx) {
     while (ctx->dead.next != &ctx->dead) {
         sg_tensor *t = ctx->dead.next;
         list_unlink(t);
-        sg__free(ctx, t, sizeof *t);
+        sg__handle_free(ctx, t);
     }
     ctx->ndead = 0;
 }

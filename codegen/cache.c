@@ -24,8 +24,9 @@
  *
  * Trust: the root must be the user's and writable by no one else, and so
  * must every entry loaded (cache_dir.c has the checks); a root that cannot
- * be used at all (not creatable, not writable) makes the build compile into
- * a private mkdtemp directory instead. The compiler runs in its own process
+ * be used at all (not creatable, not writable, or below a directory that
+ * other users may write to) makes the build compile into a private mkdtemp
+ * directory instead. The compiler runs in its own process
  * group, killed after SG_COMPILE_TIMEOUT seconds (default 120).
  */
 #define _GNU_SOURCE /* pipe2 */
@@ -376,7 +377,7 @@ typedef struct job {
     bool always;
     bool private_root; /* root is a mkdtemp dir of this build alone */
     bool unusable;     /* the cache root cannot be used: why says why */
-    char why[160];
+    char why[SG__MSG_SIZE];
     double timeout; /* SG_COMPILE_TIMEOUT */
     char root[PATH_MAX];
     char entry[PATH_MAX]; /* <root>/<key> */
@@ -461,6 +462,14 @@ static sg_status open_root(job *j) {
                         j->name, j->root, mode, uid, (unsigned long)geteuid(), j->root);
     }
     if (!rc && access(j->root, W_OK | X_OK) != 0) rc = errno;
+    /* A directory above the root that others may write to lets them rename
+     * the root away and put their own in its place. */
+    char bad[PATH_MAX];
+    if (!rc && sg__dir_parents_trusted(j->root, bad, sizeof bad) == EPERM) {
+        j->unusable = true;
+        sg__parent_why(bad, j->why, sizeof j->why);
+        return SG_OK;
+    }
     if (rc) {
         j->unusable = true;
         snprintf(j->why, sizeof j->why, "%s", strerror(rc));
@@ -947,7 +956,7 @@ static sg_status shared_root(sg_ctx *ctx, const char *name, char *root, size_t s
 
 sg_status sg__cache_root(sg_ctx *ctx, const char *name, char *root, size_t size) {
     bool unusable = false;
-    char why[160];
+    char why[SG__MSG_SIZE];
     sg_status s = shared_root(ctx, name, root, size, &unusable, why, sizeof why);
     if (s == SG_OK && unusable)
         s = sg__fail(ctx, SG_ERR_COMPILE,
@@ -959,7 +968,7 @@ sg_status sg__cache_root(sg_ctx *ctx, const char *name, char *root, size_t size)
 
 sg_status sg__cache_root_or_none(sg_ctx *ctx, const char *name, char *root, size_t size) {
     bool unusable = false;
-    char why[160];
+    char why[SG__MSG_SIZE];
     sg_status s = shared_root(ctx, name, root, size, &unusable, why, sizeof why);
     if (s == SG_OK && unusable) {
         if (!atomic_flag_test_and_set(&said_private))

@@ -3,7 +3,9 @@
  * cache_dir.c -- the kernel cache's files as a trust boundary, and its
  * housekeeping. Every directory stepgraph loads code from (the cache root,
  * its entries, SG_OVERRIDE_DIR) must belong to the user and be writable by
- * no one else; every file it reads or writes there is opened without
+ * no one else, and every directory above the root, SG_OVERRIDE_DIR and
+ * SG_DUMP_DIR up to "/" must belong to root or the user and be writable by
+ * no one else unless sticky (/tmp); every file it reads or writes there is opened without
  * following symbolic links and without blocking (a FIFO or a device is
  * refused, never waited on), then checked to be a regular file owned by
  * the user. This file also owns SG_DUMP_DIR's writes, the override reads,
@@ -11,6 +13,8 @@
  * the size limit with least-recently-used eviction (SG_CACHE_MAX_MB), the
  * removal of builds killed half-way, and sg_cache_clear / sg_cache_dir.
  */
+#define _XOPEN_SOURCE 700 /* S_ISVTX, realpath */
+
 #include "codegen.h"
 
 #include <dirent.h>
@@ -59,6 +63,69 @@ int sg__dir_trusted(const char *path, bool follow) {
     if (!S_ISDIR(st.st_mode)) return ENOTDIR;
     if (st.st_uid != geteuid() || (st.st_mode & (S_IWGRP | S_IWOTH))) return EPERM;
     return 0;
+}
+
+/* A directory no one but root and the user can change the entries of: owned
+ * by one of them, and not writable by group or others unless sticky (in a
+ * sticky directory such as /tmp, mode 1777, no one may rename or remove
+ * another user's entries). OpenSSH's safe_path asks the same of a key's
+ * parents. */
+static bool parent_safe(const struct stat *st) {
+    if (st->st_uid != 0 && st->st_uid != geteuid()) return false;
+    return !(st->st_mode & (S_IWGRP | S_IWOTH)) || (st->st_mode & S_ISVTX);
+}
+
+/* Each directory above the absolute path abs, up to "/": 0, or EPERM with
+ * the first unsafe one in bad, or a stat errno. */
+static int parents_safe(const char *abs, char *bad, size_t size) {
+    char p[PATH_MAX];
+    size_t n = strlen(abs);
+    if (n >= sizeof p) return ENAMETOOLONG;
+    memcpy(p, abs, n + 1);
+    while (n > 1 && p[n - 1] == '/') p[--n] = '\0';
+    for (;;) {
+        char *slash = strrchr(p, '/');
+        if (!slash || (slash == p && p[1] == '\0')) return 0; /* "/" was the last */
+        slash[slash == p ? 1 : 0] = '\0';
+        struct stat st;
+        if (stat(p, &st) != 0) return errno;
+        if (!S_ISDIR(st.st_mode)) return ENOTDIR;
+        if (!parent_safe(&st)) {
+            snprintf(bad, size, "%s", p);
+            return EPERM;
+        }
+    }
+}
+
+int sg__dir_parents_trusted(const char *path, char *bad, size_t size) {
+    char abs[PATH_MAX], real[PATH_MAX];
+    if (path[0] == '/') {
+        if (snprintf(abs, sizeof abs, "%s", path) >= (int)sizeof abs) return ENAMETOOLONG;
+    } else {
+        char cwd[PATH_MAX];
+        if (!getcwd(cwd, sizeof cwd)) return errno;
+        if (snprintf(abs, sizeof abs, "%s/%s", cwd, path) >= (int)sizeof abs) return ENAMETOOLONG;
+    }
+    /* The path as named (a link's own directory counts: whoever may write
+     * there may swap the link), then as it resolves. */
+    int rc = parents_safe(abs, bad, size);
+    if (!rc && realpath(abs, real)) rc = parents_safe(real, bad, size);
+    return rc;
+}
+
+/* The end of a message about an unsafe parent: what is wrong and the fix. */
+const char *sg__parent_why(const char *bad, char *buf, size_t size) {
+    struct stat st = {0};
+    stat(bad, &st);
+    int n = snprintf(
+        buf, size,
+        "its parent directory '%.240s' (mode %04o, owner uid %lu) lets other users rename "
+        "what is in it: each directory above must belong to root or you (uid %lu) and not be "
+        "writable by group or others unless sticky (as /tmp, mode 1777, is); chmod go-w "
+        "'%.240s', or choose a directory below ones only you and root can write to",
+        bad, (unsigned)st.st_mode & 07777, (unsigned long)st.st_uid, (unsigned long)geteuid(), bad);
+    (void)n; /* a long path may cut the text short: the path comes first */
+    return buf;
 }
 
 int sg__open_file(const char *path, int flags, bool own) {
@@ -224,6 +291,12 @@ sg_status sg__read_override(sg_ctx *ctx, const char *name, const char *ext, char
                         dir, name, ext,
                         rc == EPERM ? "is writable by other users or not yours" : strerror(rc),
                         dir);
+    char bad[PATH_MAX], why[SG__MSG_SIZE];
+    if (sg__dir_parents_trusted(dir, bad, sizeof bad) == EPERM)
+        return sg__fail(ctx, SG_ERR_COMPILE,
+                        "codegen: SG_OVERRIDE_DIR '%s' holds '%s%s' but is not trusted: %s; or "
+                        "set SG_OVERRIDE_DIR to such a directory",
+                        dir, name, ext, sg__parent_why(bad, why, sizeof why));
     rc = sg__read_file(ctx, path, (size_t)1 << 26, text, n);
     if (rc == ENOMEM) return sg__fail(ctx, SG_ERR_OOM, "codegen: out of memory reading '%s'", path);
     if (rc)
@@ -242,6 +315,12 @@ sg_status sg__dump_source(sg_ctx *ctx, const char *name, const char *ext, const 
     if (snprintf(path, sizeof path, "%s/%s%s", dir, name, ext) >= (int)sizeof path)
         return sg__fail(ctx, SG_ERR_COMPILE, "codegen: SG_DUMP_DIR '%s' is too long", dir);
     int rc = sg__make_dirs(dir, 0700);
+    char bad[PATH_MAX], why[SG__MSG_SIZE];
+    if (!rc && sg__dir_parents_trusted(dir, bad, sizeof bad) == EPERM)
+        return sg__fail(ctx, SG_ERR_COMPILE,
+                        "codegen: will not write kernel '%s' to SG_DUMP_DIR '%s': %s; or set "
+                        "SG_DUMP_DIR to such a directory",
+                        name, dir, sg__parent_why(bad, why, sizeof why));
     if (!rc) rc = sg__write_file(path, src, n);
     if (rc)
         return sg__fail(ctx, SG_ERR_COMPILE,

@@ -99,6 +99,12 @@ SG__HIDDEN sg_status sg__cache_root_or_none(sg_ctx *ctx, const char *name, char 
  * writable by group or others). follow: stat (the root the user named)
  * rather than lstat (entries, which must not be links). */
 SG__HIDDEN int sg__dir_trusted(const char *path, bool follow);
+/* 0, or EPERM with the first unsafe directory above path (as named, then as
+ * it resolves) in bad, or a stat errno. Safe: owned by root or the user,
+ * and not writable by group or others unless sticky. sg__parent_why
+ * writes what is wrong with bad and the fix into buf, for messages. */
+SG__HIDDEN int sg__dir_parents_trusted(const char *path, char *bad, size_t size);
+SG__HIDDEN const char *sg__parent_why(const char *bad, char *buf, size_t size);
 /* An fd (blocking again after the checks), or -errno: -EINVAL for a file
  * that is not regular, -EPERM for one owned by someone else, -ELOOP for a
  * link. flags: O_RDONLY, or O_WRONLY | O_CREAT | O_TRUNC (mode 0644). */

@@ -65,12 +65,14 @@ sg_status sg_ctx_create(const sg_ctx_opts *opts, sg_ctx **out) {
         ctx->alloc(ctx->alloc_user, ctx, sizeof *ctx, 0);
         return s;
     }
+    sg__reg_ctx_list(ctx);
     *out = ctx;
     return SG_OK;
 }
 
 void sg_ctx_destroy(sg_ctx *ctx) {
-    if (!ctx) return;
+    /* A context destroyed already is no listed one: nothing of it is read. */
+    if (!ctx || !sg__reg_ctx_unlist(ctx)) return;
     sg__fns_destroy_all(ctx); /* before tensors: captures pin parameters */
     sg__comm_destroy_all(ctx); /* while the device is there */
     sg__ctx_release_all(ctx);

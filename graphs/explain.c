@@ -143,7 +143,7 @@ static void explain_graph(sg__text *t, const sg__graph *g, int gi, int nin) {
 }
 
 const char *sg_fn_explain(sg_fn *fn) {
-    if (!fn || fn->magic != SG__FN_LIVE) return "";
+    if (!fn || !sg__reg_fn_known(fn) || fn->magic != SG__FN_LIVE) return "";
     sg__text t = {.ctx = fn->ctx, .buf = fn->explain, .cap = fn->explain_size};
     if (t.buf) t.buf[0] = '\0';
     sg__text_put(&t, "fn '%s': mode %s%s%s, %d inputs, %d outputs, %llu calls (%llu eager)\n", fn->name,

@@ -9,6 +9,7 @@
 #include "graphs.h"
 
 #include <stdarg.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 
@@ -40,18 +41,24 @@ static void fn_unlink(sg_fn *fn) {
         }
 }
 
+/* The end of an fn record: out of the registry, then freed. */
+static void fn_free(sg_ctx *ctx, sg_fn *fn) {
+    sg__reg_remove(ctx, &fn->reg);
+    sg__free(ctx, fn, sizeof *fn);
+}
+
 /* Free a fn that sg_compile could not finish. The user never saw it nor its
  * handles, so none of it goes to the quarantine or the destroyed fns: a
  * failed sg_compile leaves the context as it found it. */
 static void fn_discard(sg_fn *fn) {
     sg_ctx *ctx = fn->ctx;
     fn_unlink(fn);
-    for (int h = 0; h < fn->nhandles; h++) sg__free(ctx, fn->handles[h], sizeof *fn->handles[h]);
+    for (int h = 0; h < fn->nhandles; h++) sg__handle_free(ctx, fn->handles[h]);
     fn->nhandles = 0;
     sg__outputs_free(fn);
     if (fn->graphs)
         sg__free(ctx, fn->graphs, sizeof *fn->graphs * (size_t)fn->opts.cache_size_limit);
-    sg__free(ctx, fn, sizeof *fn);
+    fn_free(ctx, fn);
 }
 
 sg_status sg_compile(sg_ctx *ctx, sg_step_fn step, void *user, int nin, int nout,
@@ -109,6 +116,7 @@ sg_status sg_compile(sg_ctx *ctx, sg_step_fn step, void *user, int nin, int nout
     fn->opts.backend_name = NULL;
     fn->backend_kind = backend_kind;
     fn->nsets = o.output_sets;
+    sg__reg_add(ctx, &fn->reg, fn, SG__REG_FN);
     fn_link(fn);
     fn->graphs = sg__calloc(ctx, sizeof *fn->graphs * (size_t)o.cache_size_limit);
     if (!fn->graphs || sg__outputs_init(fn) != SG_OK) {
@@ -452,9 +460,22 @@ static sg_status check_call(sg_fn *fn, sg_tensor *const *in, int nin, sg_tensor 
     return SG_OK;
 }
 
-/* A destroyed fn's record, or not an fn at all: the status to return. */
+/* The message for an fn that no live context holds (what: the call). */
+static sg_status fn_unknown(const sg_fn *fn, const char *what) {
+    sg__set_create_error("%s: %p is no live fn: the context of this fn was destroyed "
+                         "(sg_ctx_destroy frees every fn it made), or it is no stepgraph fn; "
+                         "destroy fns before sg_ctx_destroy, or skip the destroy",
+                         what, (const void *)fn);
+    return SG_ERR_INVALID_ARG;
+}
+
+/* A destroyed fn's record, an fn of a destroyed context, or not an fn at
+ * all: the status to return. Found in the registry before fn is read
+ * (cached per thread: sg_call takes no process-wide lock while no fn was
+ * freed). */
 static sg_status check_fn(const sg_fn *fn, const char *what) {
     if (!fn) return SG_ERR_NULL;
+    if (!sg__reg_fn_known(fn)) return fn_unknown(fn, what);
     if (fn->magic == SG__FN_DEAD)
         return sg__fail(fn->ctx, SG_ERR_RELEASED,
                         "%s: the fn was destroyed with sg_fn_destroy; "
@@ -591,7 +612,7 @@ sg_status sg_fn_get_stats(const sg_fn *fn, sg_fn_stats *stats) {
 /* Keep the record of a destroyed fn a while (so that a later call is
  * reported, not a crash); the oldest beyond SG__DEAD_FNS is freed. */
 static void fn_bury(sg_ctx *ctx, sg_fn *fn) {
-    memset(fn, 0, sizeof *fn);
+    memset(fn, 0, offsetof(sg_fn, reg)); /* the registry's entry stays as it is */
     fn->magic = SG__FN_DEAD;
     fn->ctx = ctx;
     fn->next = ctx->dead_fns;
@@ -599,21 +620,29 @@ static void fn_bury(sg_ctx *ctx, sg_fn *fn) {
     if (++ctx->ndead_fns <= SG__DEAD_FNS) return;
     sg_fn **p = &ctx->dead_fns;
     while ((*p)->next) p = &(*p)->next;
-    sg__free(ctx, *p, sizeof **p);
+    fn_free(ctx, *p);
     *p = NULL;
     ctx->ndead_fns--;
 }
 
-void sg_fn_destroy(sg_fn *fn) {
-    if (!fn || fn->magic != SG__FN_LIVE) return;
+/* Free a live fn's captures, outputs and handles; keep its record a while. */
+static void fn_destroy(sg_fn *fn) {
     sg_ctx *ctx = fn->ctx;
     fn_unlink(fn);
-    sg_fn_reset(fn);
+    while (fn->ngraphs) drop_graph(fn, fn->ngraphs - 1);
     sg__outputs_free(fn);
     if (fn->graphs)
         sg__free(ctx, fn->graphs, sizeof *fn->graphs * (size_t)fn->opts.cache_size_limit);
     sg__free(ctx, fn->explain, fn->explain_size);
     fn_bury(ctx, fn);
+}
+
+sg_status sg_fn_destroy(sg_fn *fn) {
+    if (!fn) return SG_OK;
+    if (!sg__reg_find(fn, SG__REG_FN)) return fn_unknown(fn, "sg_fn_destroy");
+    if (fn->magic == SG__FN_DEAD) return SG_ERR_RELEASED; /* harmless, as for tensors */
+    fn_destroy(fn);
+    return SG_OK;
 }
 
 void sg__fns_repoint(sg_ctx *ctx) {
@@ -623,11 +652,11 @@ void sg__fns_repoint(sg_ctx *ctx) {
 }
 
 void sg__fns_destroy_all(sg_ctx *ctx) {
-    while (ctx->fns) sg_fn_destroy(ctx->fns);
+    while (ctx->fns) fn_destroy(ctx->fns);
     while (ctx->dead_fns) {
         sg_fn *fn = ctx->dead_fns;
         ctx->dead_fns = fn->next;
-        sg__free(ctx, fn, sizeof *fn);
+        fn_free(ctx, fn);
     }
     ctx->ndead_fns = 0;
 }

@@ -126,6 +126,7 @@ struct sg_fn {
     size_t explain_size;
     struct sg__trace *trace; /* sg_fn_trace in progress: replays time each kernel */
     sg_fn *next; /* the context's list */
+    sg__reg reg; /* the registry's entry (capture/registry.c); last: fn_bury keeps it */
 };
 
 /* graph.c */

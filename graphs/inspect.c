@@ -308,7 +308,7 @@ static sg_status dot_svg(sg_ctx *ctx, const char *path, bool *svg) {
 
 /* The last capture of fn, if it has a plan to picture. */
 static sg_status last_capture(sg_fn *fn, const char *what, sg__graph **g) {
-    if (!fn || fn->magic != SG__FN_LIVE) return SG_ERR_NULL;
+    if (!fn || !sg__reg_fn_known(fn) || fn->magic != SG__FN_LIVE) return SG_ERR_NULL;
     if (fn->ngraphs == 0)
         return sg__fail(fn->ctx, SG_ERR_INVALID_ARG,
                         "%s: fn '%s' has no capture yet; call it with sg_call first", what,
@@ -441,7 +441,7 @@ static void trace_json(const sg__trace *tr, sg__text *t) {
 }
 
 sg_status sg_fn_trace(sg_fn *fn, sg_tensor *const *in, int nin, const char *path, int replays) {
-    if (!fn || fn->magic != SG__FN_LIVE) return SG_ERR_NULL;
+    if (!fn || !sg__reg_fn_known(fn) || fn->magic != SG__FN_LIVE) return SG_ERR_NULL;
     sg_ctx *ctx = fn->ctx;
     if (!path) return sg__fail(ctx, SG_ERR_NULL, "sg_fn_trace: path is NULL");
     if (replays < 1)

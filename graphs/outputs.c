@@ -45,9 +45,8 @@ static sg_status add_handles(sg_fn *fn, int n) {
         fn->cap_handles = ncap;
     }
     for (int i = 0; i < n; i++) {
-        sg_tensor *t = sg__calloc(ctx, sizeof *t);
+        sg_tensor *t = sg__handle_alloc(ctx);
         if (!t) return sg__fail(ctx, SG_ERR_OOM, "call: out of host memory for handles");
-        t->ctx = ctx;
         t->fn_owned = true;
         t->magic = SG__TENSOR_DEAD;
         fn->handles[fn->nhandles++] = t;

@@ -47,9 +47,15 @@
  *    by one thread at a time; different contexts may run in different
  *    threads at once.
  *  - After sg_ctx_destroy every handle made from the context (tensors, fns)
- *    is gone: using it, releasing it or destroying it is undefined. Destroy
- *    fns and release tensors in any order you like, but before the context,
- *    or leave them all to sg_ctx_destroy, which frees them.
+ *    is gone, and cleanup code may still release and destroy in any order:
+ *    sg_release of such a tensor, sg_fn_destroy or sg_call of such an fn
+ *    read nothing of it and return SG_ERR_INVALID_ARG with the reason in
+ *    sg_last_error(NULL); the other sg_fn_* calls fail likewise (explain
+ *    gives ""), and sg_ctx_destroy of a destroyed context does nothing.
+ *    Passing such a tensor to an op, sg_read, sg_write or sg_tensor_* is
+ *    undefined. A stale handle is recognized by its address until the
+ *    allocator gives that address to a new handle; from then on it names
+ *    the new one, as any pointer after free does.
  */
 #ifndef STEPGRAPH_H
 #define STEPGRAPH_H
@@ -162,7 +168,8 @@ typedef struct sg_ctx_opts {
  * reason is in sg_last_error(NULL).
  */
 SG_API sg_status sg_ctx_create(const sg_ctx_opts *opts, sg_ctx **out);
-/* Free the context and every tensor it still holds. NULL does nothing. */
+/* Free the context and every tensor and fn it still holds. NULL, or a
+ * context destroyed already, does nothing (see the conventions above). */
 SG_API void sg_ctx_destroy(sg_ctx *ctx);
 /* The backend the context runs on (never AUTO). */
 SG_API sg_backend sg_ctx_backend(const sg_ctx *ctx);
@@ -170,7 +177,8 @@ SG_API sg_backend sg_ctx_backend(const sg_ctx *ctx);
 /*
  * The text of the newest failure: the op, the shapes and dtypes involved and
  * what to do about it. "" when there was none. With ctx == NULL, the message
- * of the last sg_ctx_create that failed in this thread.
+ * of the last sg_ctx_create that failed in this thread, or of the last call
+ * in this thread given a handle whose context was destroyed.
  */
 SG_API const char *sg_last_error(const sg_ctx *ctx);
 /* The first failure status since the last sg_clear_error; SG_OK if none. */
@@ -208,12 +216,16 @@ SG_API sg_tensor *sg_from_host(sg_ctx *ctx, sg_dtype dt, int ndim, const int64_t
 SG_API sg_tensor *sg_arange(sg_ctx *ctx, sg_dtype dt, double start, double end, double step);
 
 /*
- * Drop the user's hold on t. Views share storage with their base: the
- * bytes are freed when the last tensor that sees them is released. Using a
- * released tensor is SG_ERR_RELEASED (detected for the most recent 4096
- * releases of the context; after that the handle may be reused).
+ * Drop the user's hold on t and return SG_OK. Views share storage with
+ * their base: the bytes are freed when the last tensor that sees them is
+ * released. NULL: SG_OK. Using a released tensor is SG_ERR_RELEASED, and
+ * releasing it again returns SG_ERR_RELEASED and changes nothing, the
+ * context's status included (detected for the most recent 4096 releases
+ * of the context; after that the handle is freed, and may be reused). A
+ * tensor whose handle was freed (by sg_ctx_destroy, or after those 4096)
+ * is never read: SG_ERR_INVALID_ARG, the message in sg_last_error(NULL).
  */
-SG_API void sg_release(sg_tensor *t);
+SG_API sg_status sg_release(sg_tensor *t);
 
 /* Facts about a tensor. On NULL or released: 0, SG_F32 or NULL. */
 SG_API sg_ctx *sg_tensor_ctx(const sg_tensor *t);
@@ -946,10 +958,14 @@ SG_API sg_status sg_fn_reset(sg_fn *fn);
  * next sg_fn_explain or sg_fn_destroy; "" on NULL.
  */
 SG_API const char *sg_fn_explain(sg_fn *fn);
-/* Free fn, its captures and its output buffers. Outputs it returned become
- * invalid. NULL does nothing. Calling a destroyed fn is SG_ERR_RELEASED
- * (detected for the context's 64 most recently destroyed fns). */
-SG_API void sg_fn_destroy(sg_fn *fn);
+/* Free fn, its captures and its output buffers and return SG_OK. Outputs
+ * it returned become invalid. NULL: SG_OK. Calling a destroyed fn is
+ * SG_ERR_RELEASED; destroying it again returns SG_ERR_RELEASED and changes
+ * nothing (detected for the context's 64 most recently destroyed fns). An
+ * fn whose record was freed (by sg_ctx_destroy, or after those 64) is never
+ * read: SG_ERR_INVALID_ARG from this and from sg_call, the message in
+ * sg_last_error(NULL). */
+SG_API sg_status sg_fn_destroy(sg_fn *fn);
 
 typedef enum sg_stance {
     SG_STANCE_DEFAULT = 0,         /* capture, recapture up to cache_size_limit */

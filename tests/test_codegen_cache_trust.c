@@ -10,7 +10,10 @@
  * stray file at an entry's path is replaced; an unusable cache compiles
  * into a private directory; SG_CACHE_MAX_MB evicts least recently used
  * entries, never the one just written, and abandoned builds are removed;
- * sg_cache_clear and sg_cache_dir; checksummed notes beside entries.
+ * sg_cache_clear and sg_cache_dir; checksummed notes beside entries; a
+ * root, SG_OVERRIDE_DIR or SG_DUMP_DIR below a directory that other users
+ * may write to (mode 777 without the sticky bit, or another user's) is
+ * not used, but a sticky one (1777, as /tmp) is.
  *
  * A case that would hang without its fix is cut off by alarm(): the test
  * then dies instead of waiting. Every built kernel is run against a
@@ -361,6 +364,109 @@ static void test_unusable(void) {
     tu_case(ok, "CACHE_PRIVATE(SG_CACHE_DIR=/dev/null/cache -> compiled, SG_OK, nothing left)");
 }
 
+/* ------------------------------------------------------------ the directories above */
+
+static int count_entries(const char *dir) {
+    DIR *d = opendir(dir);
+    int n = 0;
+    for (struct dirent *e; d && (e = readdir(d)) != NULL;) n += e->d_name[0] != '.';
+    if (d) closedir(d);
+    return n;
+}
+
+/* SG_CACHE_DIR=root, with a directory above it that is unsafe: builds still
+ * work (compiled privately, never kept, nothing written in root) and
+ * sg_cache_dir names the unsafe directory and the fix. */
+static bool refused_below(const char *root, const char *unsafe, const char *tmpdir) {
+    setenv("SG_CACHE_DIR", root, 1);
+    setenv("TMPDIR", tmpdir, 1);
+    bool ok = build_expect("sg_k_parent", 3, 1, 0, 0, NULL) &&
+              build_expect("sg_k_parent", 3, 1, 0, 0, NULL);
+    char buf[600];
+    ok = ok && TU_EXPECT(sg_cache_dir(ctx, buf, sizeof buf) == SG_ERR_COMPILE);
+    const char *m = sg_last_error(ctx);
+    ok = ok && TU_EXPECT(strstr(m, unsafe) != NULL) && TU_EXPECT(strstr(m, "chmod go-w") != NULL) &&
+         TU_EXPECT(strstr(m, "sticky") != NULL);
+    if (!ok) fprintf(stderr, "  message: %s\n", m);
+    sg_clear_error(ctx);
+    ok = ok && TU_EXPECT(count_entries(tmpdir) == 0);
+    unsetenv("TMPDIR");
+    return ok;
+}
+
+static void test_unsafe_parents(void) {
+    char open_dir[600], root[700], link[700], safe[700], tmpdir[600], other[600], root2[700];
+    snprintf(open_dir, sizeof open_dir, "%s/open", base);
+    snprintf(root, sizeof root, "%s/cache", open_dir);
+    snprintf(link, sizeof link, "%s/link", open_dir);
+    snprintf(safe, sizeof safe, "%s/safe-cache", base);
+    snprintf(tmpdir, sizeof tmpdir, "%s/parent-tmp", base);
+    mkdir(open_dir, 0700);
+    mkdir(root, 0700);
+    mkdir(safe, 0700);
+    mkdir(tmpdir, 0700);
+    bool ok = TU_EXPECT(chmod(open_dir, 0777) == 0) && refused_below(root, open_dir, tmpdir) &&
+              TU_EXPECT(count_entries(root) == 0);
+    tu_case(ok, "CACHE_TRUST(root below a dir of mode 777 -> compiled privately, nothing kept, "
+                "sg_cache_dir names it)");
+
+    /* A link to a safe root, in the unsafe directory: whoever may write
+     * there may swap the link. */
+    ok = TU_EXPECT(symlink(safe, link) == 0) && refused_below(link, open_dir, tmpdir) &&
+         TU_EXPECT(count_entries(safe) == 0);
+    tu_case(ok, "CACHE_TRUST(root through a link in a dir of mode 777 -> refused the same)");
+
+    /* Sticky, as /tmp: no one may rename another's entries. */
+    setenv("SG_CACHE_DIR", root, 1);
+    ok = TU_EXPECT(chmod(open_dir, 01777) == 0) && build_expect("sg_k_parent", 3, 1, 0, 0, NULL) &&
+         build_expect("sg_k_parent", 3, 0, 1, 0, NULL) && TU_EXPECT(count_entries(root) == 1);
+    tu_case(ok, "CACHE_TRUST(root below a dir of mode 1777 -> used and kept)");
+
+    /* SG_OVERRIDE_DIR and SG_DUMP_DIR below the unsafe directory. */
+    char odir[700], opath[800], ddir[700];
+    snprintf(odir, sizeof odir, "%s/over", open_dir);
+    snprintf(opath, sizeof opath, "%s/sg_k_pover.c", odir);
+    snprintf(ddir, sizeof ddir, "%s/dump", open_dir);
+    use_cache("parents", 0700);
+    mkdir(odir, 0700);
+    chmod(open_dir, 0777);
+    ok = TU_EXPECT(write_text(opath, kernel_src(9), 0600));
+    setenv("SG_OVERRIDE_DIR", odir, 1);
+    ok = ok && build_fails("sg_k_pover", 2, SG_ERR_COMPILE,
+                           (const char *const[]){open_dir, "chmod go-w", "SG_OVERRIDE_DIR", NULL});
+    chmod(open_dir, 01777);
+    sg__module *m = NULL;
+    ok = ok && TU_EXPECT(sg__cache_build_c(ctx, "sg_k_pover", kernel_src(2), &m) == SG_OK) &&
+         runs_as(m, 9);
+    sg__module_free(ctx, m);
+    unsetenv("SG_OVERRIDE_DIR");
+    tu_case(ok,
+            "CACHE_TRUST(override dir below a dir of mode 777 -> SG_ERR_COMPILE; 1777 -> used)");
+
+    chmod(open_dir, 0777);
+    setenv("SG_DUMP_DIR", ddir, 1);
+    ok = build_fails("sg_k_pdump", 2, SG_ERR_COMPILE,
+                     (const char *const[]){open_dir, "chmod go-w", "SG_DUMP_DIR", NULL}) &&
+         TU_EXPECT(count_entries(ddir) == 0);
+    chmod(open_dir, 01777);
+    ok = ok && build_expect("sg_k_pdump", 2, 1, 0, 0, NULL) && TU_EXPECT(count_entries(ddir) == 1);
+    unsetenv("SG_DUMP_DIR");
+    tu_case(ok, "CACHE_TRUST(dump dir below a dir of mode 777 -> SG_ERR_COMPILE, nothing written; "
+                "1777 -> written)");
+    chmod(open_dir, 0700);
+
+    /* A directory above that another user owns, even 0755 (only root can
+     * give one away, so only then is there one to test). */
+    if (geteuid() == 0) {
+        snprintf(other, sizeof other, "%s/nobody", base);
+        snprintf(root2, sizeof root2, "%s/cache", other);
+        mkdir(other, 0755);
+        mkdir(root2, 0700);
+        ok = TU_EXPECT(chown(other, 65534, 65534) == 0) && refused_below(root2, other, tmpdir);
+        tu_case(ok, "CACHE_TRUST(root below a dir of mode 755 owned by uid 65534 -> refused)");
+    }
+}
+
 /* ------------------------------------------------------------ size and clearing */
 
 static void test_evict(void) {
@@ -476,6 +582,7 @@ int main(void) {
     test_dump();
     test_timeout();
     test_unusable();
+    test_unsafe_parents();
     test_evict();
     test_clear();
     test_notes();
