@@ -90,10 +90,10 @@ typedef struct sg__storage {
 typedef struct sg__reg {
     struct sg__reg *next, **pprev; /* the bucket's chain */
     const void *obj;               /* the handle itself */
-    int kind;                      /* SG__REG_TENSOR or SG__REG_FN; 0: not registered */
+    int kind;                      /* SG__REG_*; 0: not registered */
 } sg__reg;
 
-enum { SG__REG_TENSOR = 1, SG__REG_FN = 2 };
+enum { SG__REG_TENSOR = 1, SG__REG_FN = 2, SG__REG_OPTIM = 3, SG__REG_COMM = 4 };
 #define SG__REG_BUCKETS 1024
 
 #define SG__TENSOR_LIVE 0x5347544eu /* "SGTN" */
@@ -169,6 +169,7 @@ struct sg_ctx {
     int ndead;
     bool no_cache_reads; /* while compiling for a fn with force_disable_caches */
     struct sg_comm *comms; /* communicators made on this context (graphs/comm.c) */
+    struct sg_optim *optims; /* optimizers made on this context (optim.c) */
     uint32_t next_comm_id;
 
     /* The registry (registry.c): this context's handles by address, under
@@ -218,6 +219,8 @@ SG__HIDDEN bool sg__reg_ctx_unlist(sg_ctx *ctx);
 SG__HIDDEN void sg__reg_add(sg_ctx *ctx, sg__reg *r, const void *obj, int kind);
 SG__HIDDEN void sg__reg_remove(sg_ctx *ctx, sg__reg *r);
 SG__HIDDEN sg_ctx *sg__reg_find(const void *obj, int kind);
+/* Free every optimizer made on ctx (sg_ctx_destroy; optim.c). */
+SG__HIDDEN void sg__optims_destroy_all(sg_ctx *ctx);
 SG__HIDDEN bool sg__reg_fn_known(const void *fn);
 /* A registered tensor handle, zeroed but for ctx and reg (magic 0), and
  * its end: unregistered, then freed. */
@@ -480,6 +483,7 @@ struct sg_comm {
     const struct sg__comm_impl *impl;
     void *state;
     struct sg_comm *next; /* the context's list */
+    sg__reg reg;          /* its entry in the context's registry */
 };
 
 

@@ -36,6 +36,8 @@ struct sg_optim {
     sg_tensor *lr, *step;
     sg_adamw_opts adamw;
     sg_sgd_opts sgd;
+    sg__reg reg;          /* its entry in the context's registry */
+    struct sg_optim *next; /* the context's list */
 };
 
 /* ------------------------------------------------------------ scratch */
@@ -103,9 +105,15 @@ static void release_all(sg_tensor **ts, int n) {
     for (int i = 0; ts && i < n; i++) sg_release(ts[i]);
 }
 
-void sg_optim_destroy(sg_optim *opt) {
-    if (!opt) return;
+/* Unlisted from its context, its state released, its memory freed. */
+static void optim_free(sg_optim *opt) {
     sg_ctx *ctx = opt->ctx;
+    for (sg_optim **p = &ctx->optims; *p; p = &(*p)->next)
+        if (*p == opt) {
+            *p = opt->next;
+            break;
+        }
+    sg__reg_remove(ctx, &opt->reg);
     size_t arr = sizeof(sg_tensor *) * (size_t)opt->n;
     release_all(opt->s1, opt->n);
     release_all(opt->s2, opt->n);
@@ -117,6 +125,17 @@ void sg_optim_destroy(sg_optim *opt) {
     sg__free(ctx, opt->s2, arr);
     sg__free(ctx, opt->master, arr);
     sg__free(ctx, opt, sizeof *opt);
+}
+
+/* An optimizer of a destroyed context went with it (sg_ctx_destroy frees
+ * the optimizers made on it): found in a live context's registry before
+ * anything of opt is read, else nothing to do. */
+void sg_optim_destroy(sg_optim *opt) {
+    if (opt && sg__reg_find(opt, SG__REG_OPTIM)) optim_free(opt);
+}
+
+void sg__optims_destroy_all(sg_ctx *ctx) {
+    while (ctx->optims) optim_free(ctx->optims);
 }
 
 /* A zeroed f32 tensor of param's shape. */
@@ -131,6 +150,9 @@ static sg_status optim_new(sg_ctx *ctx, optim_kind kind, int n, sg_tensor *const
     sg_optim *o = sg__calloc(ctx, sizeof *o);
     if (!o) return sg__fail(ctx, SG_ERR_OOM, "sg_optim: out of host memory");
     o->ctx = ctx;
+    sg__reg_add(ctx, &o->reg, o, SG__REG_OPTIM);
+    o->next = ctx->optims;
+    ctx->optims = o;
     o->kind = kind;
     o->n = n;
     o->params = sg__alloc(ctx, arr);

@@ -75,6 +75,7 @@ void sg_ctx_destroy(sg_ctx *ctx) {
     if (!ctx || !sg__reg_ctx_unlist(ctx)) return;
     sg__fns_destroy_all(ctx); /* before tensors: captures pin parameters */
     sg__comm_destroy_all(ctx); /* while the device is there */
+    sg__optims_destroy_all(ctx);
     sg__ctx_release_all(ctx);
     sg__pool_destroy(ctx);
     if (ctx->exec.destroy) ctx->exec.destroy(ctx);

@@ -140,6 +140,7 @@ sg_status sg_comm_create(sg_ctx *ctx, const sg_comm_opts *opts, sg_comm **out) {
         return s;
     }
     c->magic = SG__COMM_LIVE;
+    sg__reg_add(ctx, &c->reg, c, SG__REG_COMM);
     c->id = ++ctx->next_comm_id;
     c->next = ctx->comms;
     ctx->comms = c;
@@ -149,9 +150,10 @@ sg_status sg_comm_create(sg_ctx *ctx, const sg_comm_opts *opts, sg_comm **out) {
     return SG_OK;
 }
 
-void sg_comm_destroy(sg_comm *c) {
-    if (!c || c->magic != SG__COMM_LIVE) return;
+/* Unlisted from its context, its engine's state dropped, its memory freed. */
+static void comm_free(sg_comm *c) {
     sg_ctx *ctx = c->ctx;
+    sg__reg_remove(ctx, &c->reg);
     for (sg_comm **p = &ctx->comms; *p; p = &(*p)->next)
         if (*p == c) {
             *p = c->next;
@@ -162,8 +164,14 @@ void sg_comm_destroy(sg_comm *c) {
     sg__free(ctx, c, sizeof *c);
 }
 
+/* A communicator of a destroyed context went with it: found in a live
+ * context's registry before anything of c is read, else nothing to do. */
+void sg_comm_destroy(sg_comm *c) {
+    if (c && sg__reg_find(c, SG__REG_COMM)) comm_free(c);
+}
+
 void sg__comm_destroy_all(sg_ctx *ctx) {
-    while (ctx->comms) sg_comm_destroy(ctx->comms);
+    while (ctx->comms) comm_free(ctx->comms);
 }
 
 int sg_comm_rank(const sg_comm *c) { return c && c->magic == SG__COMM_LIVE ? c->rank : -1; }

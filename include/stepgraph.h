@@ -500,8 +500,9 @@ SG_API sg_status sg_optim_step(sg_optim *opt, sg_tensor *const *grads);
 SG_API sg_tensor *sg_optim_lr(sg_optim *opt);
 /* The step count, a 0-d f32 tensor owned by opt, advanced by each step. */
 SG_API sg_tensor *sg_optim_step_count(sg_optim *opt);
-/* Free the optimizer and its state tensors (not the params), before its
- * context is destroyed. NULL does nothing. */
+/* Free the optimizer and its state tensors (not the params). sg_ctx_destroy
+ * frees the optimizers made on the context, so after it this does nothing
+ * (and reads nothing of opt). NULL does nothing. */
 SG_API void sg_optim_destroy(sg_optim *opt);
 /*
  * torch.nn.utils.clip_grad_norm_: scales the n float grads in place so that
@@ -721,7 +722,8 @@ typedef struct sg_comm_opts {
  * (the library failed, or a peer did not arrive within the timeout).
  */
 SG_API sg_status sg_comm_create(sg_ctx *ctx, const sg_comm_opts *opts, sg_comm **out);
-/* Leave the communicator; the context destroys those left. NULL does nothing. */
+/* Leave the communicator; sg_ctx_destroy destroys those left, so after it
+ * this does nothing (and reads nothing of comm). NULL does nothing. */
 SG_API void sg_comm_destroy(sg_comm *comm);
 /* This process's rank in [0, size), and the number of ranks. */
 SG_API int sg_comm_rank(const sg_comm *comm);

@@ -15,6 +15,9 @@
  *    destroyed fn: SG_ERR_RELEASED;
  *  - two contexts: destroying one leaves the other's tensors and fn as
  *    they were (the fn's next call after a free takes the slow path);
+ *  - an optimizer and a communicator: destroyed after their context (which
+ *    freed them: the hook is empty), sg_optim_destroy and sg_comm_destroy
+ *    read nothing; destroyed before it, they free what they hold;
  *  - NULL everywhere;
  *  - 400 cycles of both orders: the hook holds no block after each destroy
  *    and the process's heap does not grow from cycle 40 to cycle 400.
@@ -164,6 +167,36 @@ static void test_two_contexts(void) {
                 "unchanged)");
 }
 
+/* An optimizer (AdamW over x: its moments are tensors of the context) and
+ * a one-rank communicator, made on a world and destroyed after or before
+ * its context. */
+static void test_optim_comm(void) {
+    for (int after = 0; after < 2; after++) {
+        world w;
+        sg_optim *opt = NULL;
+        sg_comm *comm = NULL;
+        bool ok = world_make(&w, SG_MODE_DEFAULT) &&
+                  TU_EXPECT(sg_adamw_create(w.ctx, 1, &w.x, NULL, &opt) == SG_OK) &&
+                  TU_EXPECT(sg_comm_create(w.ctx, &(sg_comm_opts){.size = 1}, &comm) == SG_OK);
+        if (!ok) fprintf(stderr, "  %s\n", sg_last_error(w.ctx));
+        if (after) {
+            sg_ctx_destroy(w.ctx);
+            ok = hook_empty(&w) && ok; /* the context freed both */
+            sg_optim_destroy(opt);     /* then these read nothing (ASan would say) */
+            sg_comm_destroy(comm);
+            ok = says_destroyed(sg_release(w.x), "sg_release") && ok;
+        } else {
+            sg_optim_destroy(opt);
+            sg_comm_destroy(comm);
+            ok = TU_EXPECT(sg_ctx_status(w.ctx) == SG_OK) && ok;
+            sg_ctx_destroy(w.ctx);
+            ok = hook_empty(&w) && ok;
+        }
+        tu_case(ok, "LIFETIME(AdamW optimizer and one-rank communicator destroyed %s sg_ctx_destroy)",
+                after ? "after" : "before");
+    }
+}
+
 static void test_null(void) {
     sg_tensor *o = NULL;
     sg_ctx_destroy(NULL);
@@ -198,6 +231,7 @@ int main(void) {
     test_null();
     test_orders();
     test_two_contexts();
+    test_optim_comm();
     test_cycles();
     return tu_finish();
 }
