@@ -74,7 +74,7 @@ static bool cuda_unit(sg_fn *fn, const char *name, counts *c) {
             for (int j = 0; ok && j < i; j++) ok = TU_EXPECT(ki[k].local[i] != ki[k].local[j]);
         /* A kernel named like an earlier one is emitted once, and its text is there. */
         if (ok && ki[k].name[0]) {
-            char sig[160];
+            char sig[sizeof ki[k].name + 64];
             snprintf(sig, sizeof sig, " %s(char *const *slot)", ki[k].name);
             const char *at = strstr(e.buf, sig);
             ok = TU_EXPECT(at != NULL) && TU_EXPECT(strstr(at + 1, sig) == NULL);
@@ -84,7 +84,7 @@ static bool cuda_unit(sg_fn *fn, const char *name, counts *c) {
         /* A MULTI kernel: three blocks of 512 per SM, and no slot base
          * loaded in its head (each member's branch loads its own). */
         if (ok && grp->kind == SG__G_MULTI && ki[k].emitted) {
-            char sig[160];
+            char sig[sizeof ki[k].name + 64];
             snprintf(sig, sizeof sig, "__launch_bounds__(512, 3) %s(char *const *slot) {",
                      ki[k].name);
             const char *at = strstr(e.buf, sig), *pdl = at ? strstr(at, "sg_pdl_launch();") : NULL;
