@@ -335,6 +335,14 @@ __device__ __forceinline__ void cp16(u16 *dst, const u16 *src, bool in) {
 #endif
 }
 
+/* 4 bytes likewise (through L1). */
+__device__ __forceinline__ void cp4(float *dst, const float *src, bool in) {
+#if __CUDA_ARCH__ >= 800
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;" ::"r"(smem_addr(dst)), "l"(src),
+                 "r"(in ? 4 : 0));
+#endif
+}
+
 __device__ __forceinline__ void cp_commit() {
 #if __CUDA_ARCH__ >= 800
     asm volatile("cp.async.commit_group;" ::: "memory");
@@ -613,7 +621,7 @@ __device__ __forceinline__ void bwd_dkv(const void *q, const void *k, const void
     constexpr int MKB = 64, MQ = D == 128 ? 32 : 64, P = D + 8, NK = D / 16, T = MQ * P;
     /* Q and dO tiles, two of each (tile t at t & 1: Q, then dO); first K and V. */
     __shared__ __align__(16) u16 sm[4 * T];
-    __shared__ float slse[2][MQ], sD[2][MQ]; /* lse log2(e) and D of each tile's queries */
+    __shared__ float slse[2][MQ], sD[2][MQ]; /* lse and D of each tile's queries */
     static_assert(2 * MKB * P <= 4 * T, "K and V fit the tile buffers");
     const int tid = threadIdx.x, warp = tid / 32, lane = tid & 31, gr = lane >> 2, tq = lane & 3;
     const int dt = g.dt;
@@ -645,24 +653,26 @@ __device__ __forceinline__ void bwd_dkv(const void *q, const void *k, const void
      * sees the block; tile t + 1 is in flight while tile t computes. */
     const int i1 = (int)first_query(g, L, j0), nth = ((int)g.Lq - i1 + MQ - 1) / MQ;
     const int nt = (int)G * nth;
-    i64 h = hk * G; /* the next tile to fetch: head h, queries from in */
+    /* The next tile to fetch: queries from in of the head whose q, dO and
+     * workspace rows start at qo, go and wr. */
+    i64 qo = b * g.qs[0] + hk * G * g.qs[1], go = b * g.gs[0] + hk * G * g.gs[1];
+    i64 wr = (b * g.Hq + hk * G) * g.Lq;
     int in = i1, next = i1;
     for (int t = -1; t < nt; t++) {
         const int i0 = next; /* tile t's first query */
         next = in;
         if (t + 1 < nt) {
             const int u = (t + 1) & 1;
-            fetch<D, MQ>(sm + 2 * u * T, q, b * g.qs[0] + h * g.qs[1], g.qs[2], g.qs[3], in, g.Lq,
-                         vq);
-            fetch<D, MQ>(sm + (2 * u + 1) * T, dout, b * g.gs[0] + h * g.gs[1], g.gs[2], g.gs[3],
-                         in, g.Lq, vg);
-            if (tid < MQ) {
-                const i64 i = in + tid, r = (b * g.Hq + h) * g.Lq + i;
-                slse[u][tid] = i < g.Lq ? ws[r] * LOG2E : inf_f();
-                sD[u][tid] = i < g.Lq ? ws[rows + r] : 0.0f;
+            fetch<D, MQ>(sm + 2 * u * T, q, qo, g.qs[2], g.qs[3], in, g.Lq, vq);
+            fetch<D, MQ>(sm + (2 * u + 1) * T, dout, go, g.gs[2], g.gs[3], in, g.Lq, vg);
+            if (tid < MQ) { /* rows past Lq: 0, masked below */
+                const int i = in + tid;
+                const i64 r = wr + (i < (int)g.Lq ? i : 0);
+                cp4(&slse[u][tid], ws + r, i < (int)g.Lq);
+                cp4(&sD[u][tid], ws + rows + r, i < (int)g.Lq);
             }
             in += MQ;
-            if (in >= (int)g.Lq) in = i1, h++;
+            if (in >= (int)g.Lq) in = i1, qo += g.qs[1], go += g.gs[1], wr += g.Lq;
         }
         cp_commit();
         if (t < 0) continue;
@@ -671,6 +681,8 @@ __device__ __forceinline__ void bwd_dkv(const void *q, const void *k, const void
         const int u = t & 1;
         const u16 *qs = sm + 2 * u * T, *dos = sm + (2 * u + 1) * T;
         const float *tl = slse[u], *tD = sD[u];
+        /* Query i0 + 2 tq + x is visible to key ja when xa <= x < xe (jb: xb). */
+        const int xa = fa - i0 - 2 * tq, xb = fb - i0 - 2 * tq, xe = (int)g.Lq - i0 - 2 * tq;
 #pragma unroll
         for (int n2 = 0; n2 < MQ / 16; n2++) {
             float s[2][4], dp[2][4];
@@ -693,9 +705,9 @@ __device__ __forceinline__ void bwd_dkv(const void *q, const void *k, const void
                 const int n = n2 * 2 + w;
 #pragma unroll
                 for (int c = 0; c < 4; c++) {
-                    const int col = n * 8 + 2 * tq + (c & 1), i = i0 + col;
-                    const bool vis = i < (int)g.Lq && i >= (c >= 2 ? fb : fa);
-                    float p = vis ? ex2(s[w][c] * sl2 - tl[col]) : 0.0f;
+                    const int x = n * 8 + (c & 1), col = x + 2 * tq;
+                    const bool vis = x < xe && x >= (c >= 2 ? xb : xa);
+                    float p = vis ? ex2(s[w][c] * sl2 - tl[col] * LOG2E) : 0.0f;
                     s[w][c] = p;
                     dp[w][c] = p * (dp[w][c] - tD[col]);
                 }
