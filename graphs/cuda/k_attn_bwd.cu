@@ -30,10 +30,15 @@
  * each query tile that can see the block (causal: from the first such
  * tile), S^T = K Q^T, P^T from the workspace's lse, dV += P^T dO, dP^T = V
  * dO^T, dS^T = P^T (dP^T - D), dK += dS^T Q. A tile's accumulator layout
- * is the next mma's A-operand layout, so P and dS never leave registers;
- * the B operands sit in shared memory as 16-bit, row-major and transposed,
- * with 8 halves of padding per row. Tiles: 64 keys (dq) or 64 queries
- * (dkv) at D = 64, 32 at D = 128, within 48 KiB of static shared memory.
+ * is the next mma's A-operand layout, so P and dS (16 keys or queries at a
+ * time) never leave registers. The streamed tiles (K and V for dq; Q, dO
+ * and their lse and D for dkv) come by cp.async into two buffers, tile t +
+ * 1 in flight while tile t computes, stored once, row-major, rows padded
+ * by 8 halves (the 8 rows of an ldmatrix hit distinct banks); B operands
+ * come out by ldmatrix, .trans where the tile is the k side (dq += dS K,
+ * dV += P^T dO, dK += dS^T Q). Tiles: 64 keys (dq) or 64 queries (dkv) at
+ * D = 64, 32 at D = 128, within 48 KiB of static shared memory. Operands
+ * without 16-byte rows are staged element by element instead.
  *
  * Visibility is ATTENTION's (capture.h, SG__ATTN_CAUSAL): key j of batch b
  * is seen by query i when j < L (kv_len[b] clamped to [0, S], or S) and,
