@@ -390,7 +390,8 @@ __device__ __forceinline__ void frag_b(u32 *r, const u16 *x, int kk, int d, int 
 template <int NS>
 __device__ __forceinline__ void frag_a(u32 (*a)[4], const u16 *sm, int w16, int P, int lane) {
 #pragma unroll
-    for (int s = 0; s < NS; s++) ldsm4(a[s], sm + (w16 + (lane & 15)) * P + s * 16 + (lane >> 4) * 8);
+    for (int s = 0; s < NS; s++)
+        ldsm4(a[s], sm + (w16 + (lane & 15)) * P + s * 16 + (lane >> 4) * 8);
 }
 
 /* Rows r0 .. r0 + ROWS - 1 (0 at or past end) of a strided (rows, D)
