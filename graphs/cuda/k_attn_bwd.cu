@@ -30,10 +30,15 @@
  * each query tile that can see the block (causal: from the first such
  * tile), S^T = K Q^T, P^T from the workspace's lse, dV += P^T dO, dP^T = V
  * dO^T, dS^T = P^T (dP^T - D), dK += dS^T Q. A tile's accumulator layout
- * is the next mma's A-operand layout, so P and dS never leave registers;
- * the B operands sit in shared memory as 16-bit, row-major and transposed,
- * with 8 halves of padding per row. Tiles: 64 keys (dq) or 64 queries
- * (dkv) at D = 64, 32 at D = 128, within 48 KiB of static shared memory.
+ * is the next mma's A-operand layout, so P and dS (16 keys or queries at a
+ * time) never leave registers. The streamed tiles (K and V for dq; Q, dO
+ * and their lse and D for dkv) come by cp.async into two buffers, tile t +
+ * 1 in flight while tile t computes, stored once, row-major, rows padded
+ * by 8 halves (the 8 rows of an ldmatrix hit distinct banks); B operands
+ * come out by ldmatrix, .trans where the tile is the k side (dq += dS K,
+ * dV += P^T dO, dK += dS^T Q). Tiles: 64 keys (dq) or 64 queries (dkv) at
+ * D = 64, 32 at D = 128, within 48 KiB of static shared memory. Operands
+ * without 16-byte rows are staged element by element instead.
  *
  * Visibility is ATTENTION's (capture.h, SG__ATTN_CAUSAL): key j of batch b
  * is seen by query i when j < L (kv_len[b] clamped to [0, S], or S) and,
@@ -285,15 +290,9 @@ extern "C" __global__ void __launch_bounds__(NT)
 
 /* ------------------------------------------------------------ tensor cores */
 
-__device__ __forceinline__ u32 pack2(float lo, float hi, int dt) {
-    u16 a = dt == DT_F16 ? f2h(lo) : f2bf(lo), b = dt == DT_F16 ? f2h(hi) : f2bf(hi);
-    return (u32)a | ((u32)b << 16);
-}
-
-/* c += a b: m16n8k16, A row-major 16 x 16, B column-major 16 x 8, f32 C. Not
- * volatile: the compiler interleaves independent accumulators' mmas. */
-__device__ __forceinline__ void mma(float *c, const u32 *a, const u16 *b, int dt) {
-    u32 b0 = *(const u32 *)b, b1 = *(const u32 *)(b + 8);
+/* c += a b: m16n8k16, A row-major 16 x 16, B column-major 16 x 8 (b0, b1),
+ * f32 C. Not volatile: the compiler interleaves independent accumulators' mmas. */
+__device__ __forceinline__ void mma(float *c, const u32 *a, u32 b0, u32 b1, int dt) {
     if (dt == DT_F16)
         asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, "
             "{%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
@@ -311,88 +310,142 @@ __device__ __forceinline__ u16 ld16(const void *p, i64 at, bool in) {
     return in ? ((const u16 *)p)[at] : (u16)0;
 }
 
-/* e^x through one ex2.approx (relative error ~2^-22; e^-inf = 0). */
-__device__ __forceinline__ float fexp(float x) {
+#define LOG2E 1.4426950408889634f
+
+/* 2^x through one ex2.approx (relative error ~2^-22; 2^-inf = 0). */
+__device__ __forceinline__ float ex2(float x) {
     float y;
-    asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x * 1.4426950408889634f));
+    asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
     return y;
 }
+
+/* e^x likewise. */
+__device__ __forceinline__ float fexp(float x) { return ex2(x * LOG2E); }
 
 __device__ __forceinline__ float f16v(u16 h, int dt) {
     return dt == DT_F16 ? h2f(h) : __uint_as_float((u32)h << 16);
 }
 
-/* The A fragments of rows r0 and r0 + 8 of a row-major 16-bit tile in
- * shared memory (pitch in halves), NS slices of 16 columns. */
-template <int NS>
-__device__ __forceinline__ void frag_a(u32 (*a)[4], const u16 *sm, int r0, int pitch, int tq) {
-#pragma unroll
-    for (int s = 0; s < NS; s++) {
-        const u16 *base = sm + s * 16 + 2 * tq;
-        a[s][0] = *(const u32 *)(base + r0 * pitch);
-        a[s][1] = *(const u32 *)(base + (r0 + 8) * pitch);
-        a[s][2] = *(const u32 *)(base + r0 * pitch + 8);
-        a[s][3] = *(const u32 *)(base + (r0 + 8) * pitch + 8);
-    }
+__device__ __forceinline__ u32 smem_addr(const void *p) {
+    u32 a;
+    asm("{ .reg .u64 t; cvta.to.shared.u64 t, %1; cvt.u32.u64 %0, t; }" : "=r"(a) : "l"(p));
+    return a;
 }
 
-/* A strided (rows, D) block of a 16-bit operand, rows from r0 (0 at or past
- * end), into shared memory row-major (pitch KP) and, if tr, transposed too
- * (pitch TP). Consecutive threads take consecutive rows, so that the
- * transposed stores of a warp fall in distinct banks; with vec, 16-byte
- * loads and stores of 8 elements (the host checked the alignment). */
+/* 16 bytes global -> shared, zero-filled when !in (nothing read then). */
+__device__ __forceinline__ void cp16(u16 *dst, const u16 *src, bool in) {
+#if __CUDA_ARCH__ >= 800
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(smem_addr(dst)), "l"(src),
+                 "r"(in ? 16 : 0));
+#endif
+}
+
+/* 4 bytes likewise (through L1). */
+__device__ __forceinline__ void cp4(float *dst, const float *src, bool in) {
+#if __CUDA_ARCH__ >= 800
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;" ::"r"(smem_addr(dst)), "l"(src),
+                 "r"(in ? 4 : 0));
+#endif
+}
+
+__device__ __forceinline__ void cp_commit() {
+#if __CUDA_ARCH__ >= 800
+    asm volatile("cp.async.commit_group;" ::: "memory");
+#endif
+}
+
+/* Wait until at most N of this thread's copy groups are pending. */
+template <int N> __device__ __forceinline__ void cp_wait() {
+#if __CUDA_ARCH__ >= 800
+    asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory");
+#endif
+}
+
+/* Four 8x8 16-bit matrices from shared memory, as stored or transposed. */
+__device__ __forceinline__ void ldsm4(u32 *r, const u16 *p) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(smem_addr(p)));
+}
+
+__device__ __forceinline__ void ldsm4t(u32 *r, const u16 *p) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(smem_addr(p)));
+}
+
+/* The B fragments of n tiles (n, n + 1) x k slice kk of S = A X^T, X a
+ * row-major (n, k) tile of pitch P: r[0..1] for n, r[2..3] for n + 1. */
+__device__ __forceinline__ void frag_bt(u32 *r, const u16 *x, int n, int kk, int P, int lane) {
+    ldsm4(r, x + (n * 8 + (lane & 7) + ((lane >> 4) << 3)) * P + kk * 16 + ((lane >> 3) & 1) * 8);
+}
+
+/* The B fragments of k slice kk x n tiles (d, d + 1) of A X, X a row-major
+ * (k, n) tile of pitch P. */
+__device__ __forceinline__ void frag_b(u32 *r, const u16 *x, int kk, int d, int P, int lane) {
+    ldsm4t(r, x + (kk * 16 + (lane & 7) + ((lane >> 3) & 1) * 8) * P + d * 8 + (lane >> 4) * 8);
+}
+
+/* The A fragments of a warp's 16 rows (from w16) of a row-major tile. */
+template <int NS>
+__device__ __forceinline__ void frag_a(u32 (*a)[4], const u16 *sm, int w16, int P, int lane) {
+#pragma unroll
+    for (int s = 0; s < NS; s++)
+        ldsm4(a[s], sm + (w16 + (lane & 15)) * P + s * 16 + (lane >> 4) * 8);
+}
+
+/* Rows r0 .. r0 + ROWS - 1 (0 at or past end) of a strided (rows, D)
+ * 16-bit operand into a row-major tile of pitch D + 8. With vec (rows of
+ * 16-byte vectors, aligned: the host checked) through cp.async, which the
+ * caller commits and waits for; otherwise element by element, at once. */
 template <int D, int ROWS>
-__device__ __forceinline__ void stage(u16 *rm, u16 *tr, int KP, int TP, const void *p, i64 base,
-                                      i64 rs, i64 es, i64 r0, i64 end, bool vec) {
-    constexpr int rows = ROWS, NV = ROWS * D / 8 / NT; /* vectors per thread */
-    static_assert(ROWS * D / 8 % NT == 0, "a tile is a whole number of vectors per thread");
-    if (vec) { /* every load in flight before the first store */
-        uint4 val[NV];
+__device__ __forceinline__ void fetch(u16 *dst, const void *p, i64 base, i64 rs, i64 es, i64 r0,
+                                      i64 end, bool vec) {
+    constexpr int P = D + 8, CH = D / 8;
+    static_assert(ROWS * CH % NT == 0, "a tile is a whole number of vectors per thread");
+    const u16 *src = (const u16 *)p + base;
+    if (vec) {
 #pragma unroll
-        for (int it = 0; it < NV; it++) {
-            const int x = it * NT + threadIdx.x, r = x % rows, e = (x / rows) * 8;
-            val[it] = make_uint4(0u, 0u, 0u, 0u);
-            if (r0 + r < end) val[it] = *(const uint4 *)((const u16 *)p + base + (r0 + r) * rs + e);
-        }
-#pragma unroll
-        for (int it = 0; it < NV; it++) {
-            const int x = it * NT + threadIdx.x, r = x % rows, e = (x / rows) * 8;
-            *(uint4 *)(rm + r * KP + e) = val[it];
-            if (tr) {
-                const u32 w[4] = {val[it].x, val[it].y, val[it].z, val[it].w};
-#pragma unroll
-                for (int c = 0; c < 4; c++) {
-                    tr[(e + 2 * c) * TP + r] = (u16)(w[c] & 0xffffu);
-                    tr[(e + 2 * c + 1) * TP + r] = (u16)(w[c] >> 16);
-                }
-            }
+        for (int c = 0; c < ROWS * CH / NT; c++) {
+            const int x = threadIdx.x + c * NT, r = x / CH, e = (x % CH) * 8;
+            const bool in = r0 + r < end;
+            cp16(dst + r * P + e, in ? src + (r0 + r) * rs + e : src, in);
         }
         return;
     }
-    for (int x = threadIdx.x; x < rows * D; x += NT) {
-        const int r = x % rows, e = x / rows;
-        u16 val = ld16(p, base + (r0 + r) * rs + e * es, r0 + r < end);
-        rm[r * KP + e] = val;
-        if (tr) tr[e * TP + r] = val;
+    for (int x = threadIdx.x; x < ROWS * D; x += NT) {
+        const int r = x / D, e = x % D;
+        dst[r * P + e] = ld16(src, (r0 + r) * rs + e * es, r0 + r < end);
     }
+}
+
+/* (lo, hi) rounded to nearest even as two 16-bit values, lo in the low half. */
+__device__ __forceinline__ u32 pack16(float lo, float hi, int dt) {
+    u32 r;
+    if (dt == DT_F16)
+        asm("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
+    else
+        asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
+    return r;
 }
 
 /* C tiles (n, n+1) of P-like values as the A fragment of one 16-column slice. */
 __device__ __forceinline__ void to_a(u32 *a, const float *c0, const float *c1, int dt) {
-    a[0] = pack2(c0[0], c0[1], dt);
-    a[1] = pack2(c0[2], c0[3], dt);
-    a[2] = pack2(c1[0], c1[1], dt);
-    a[3] = pack2(c1[2], c1[3], dt);
+    a[0] = pack16(c0[0], c0[1], dt);
+    a[1] = pack16(c0[2], c0[3], dt);
+    a[2] = pack16(c1[0], c1[1], dt);
+    a[3] = pack16(c1[2], c1[3], dt);
 }
 
 /* Block (query tile, b * Hq + h): lse, D and dq of 64 query rows. */
 template <int D>
 __device__ __forceinline__ void bwd_dq(const void *q, const void *k, const void *v, const void *len,
                                        const void *o, const void *dout, void *out, const bgeom &g) {
-    constexpr int MQ = 64, MK = D == 128 ? 32 : 64, KP = D + 8, TP = MK + 8, NK = D / 16;
-    __shared__ __align__(16) u16 sm[2 * MK * KP + D * TP];
+    constexpr int MQ = 64, MK = D == 128 ? 32 : 64, P = D + 8, NK = D / 16, T = MK * P;
+    /* K and V tiles, two of each (tile t in buffer t & 1); first Q and dO. */
+    __shared__ __align__(16) u16 sm[4 * T];
     __shared__ float sD[MQ];
-    u16 *ks = sm, *vs = sm + MK * KP, *kt = sm + 2 * MK * KP;
+    static_assert(2 * MQ * P <= 4 * T, "Q and dO fit the tile buffers");
     const int tid = threadIdx.x, warp = tid / 32, lane = tid & 31, gr = lane >> 2, tq = lane & 3;
     const int dt = g.dt;
     const i64 b = blockIdx.y / g.Hq, h = blockIdx.y % g.Hq, hk = h / (g.Hq / g.Hkv);
@@ -400,21 +453,22 @@ __device__ __forceinline__ void bwd_dq(const void *q, const void *k, const void 
     const i64 q0 = (i64)(gridDim.x - 1 - blockIdx.x) * MQ, L = valid_len(len, g, b);
     const i64 rows = g.B * g.Hq * g.Lq;
     const i64 kb = b * g.ks[0] + hk * g.ks[1], vb = b * g.vs[0] + hk * g.vs[1];
+    const bool vk = g.flags & VK, vv = g.flags & VV;
     const int r0 = warp * 16 + gr;
     u32 qa[NK][4], da[NK][4];
-    stage<D, MQ>(sm, 0, KP, 0, q, b * g.qs[0] + h * g.qs[1], g.qs[2], g.qs[3], q0, g.Lq,
-                 g.flags & VQ);
-    __syncthreads();
-    frag_a<NK>(qa, sm, r0, KP, tq);
-    __syncthreads();
-    stage<D, MQ>(sm, 0, KP, 0, dout, b * g.gs[0] + h * g.gs[1], g.gs[2], g.gs[3], q0, g.Lq,
+    fetch<D, MQ>(sm, q, b * g.qs[0] + h * g.qs[1], g.qs[2], g.qs[3], q0, g.Lq, g.flags & VQ);
+    fetch<D, MQ>(sm + MQ * P, dout, b * g.gs[0] + h * g.gs[1], g.gs[2], g.gs[3], q0, g.Lq,
                  g.flags & VG);
+    cp_commit();
+    cp_wait<0>();
     __syncthreads();
-    frag_a<NK>(da, sm, r0, KP, tq);
+    frag_a<NK>(qa, sm, warp * 16, P, lane);
+    frag_a<NK>(da, sm + MQ * P, warp * 16, P, lane);
     if (tid < MQ) { /* D = rowsum(dO * O), O contiguous */
         float s = 0.0f;
         const i64 i = q0 + tid, ob = ((b * g.Hq + h) * g.Lq + i) * D;
-        for (int e = 0; i < g.Lq && e < D; e++) s += f16v(sm[tid * KP + e], dt) * ld(o, dt, ob + e);
+        for (int e = 0; i < g.Lq && e < D; e++)
+            s += f16v(sm[MQ * P + tid * P + e], dt) * ld(o, dt, ob + e);
         sD[tid] = s;
     }
     __syncthreads();
@@ -424,19 +478,32 @@ __device__ __forceinline__ void bwd_dq(const void *q, const void *k, const void 
               nb = ib < g.Lq ? (int)visible(g, L, ib) : 0;
     const i64 last = q0 + MQ - 1 < g.Lq - 1 ? q0 + MQ - 1 : g.Lq - 1;
     const i64 nmax = visible(g, L, last);
-    /* Pass 1: each row's max and sum of exp over its visible keys. */
+    const int nt = (int)((nmax + MK - 1) / MK);
+    /* Pass 1: each row's max and sum of exp over its visible keys; K(t+1)
+     * is in flight while tile t is scored. */
     float ma = -inf_f(), mb = -inf_f(), la = 0.0f, lb = 0.0f;
-    for (i64 j0 = 0; j0 < nmax; j0 += MK) {
-        stage<D, MK>(ks, 0, KP, 0, k, kb, g.ks[2], g.ks[3], j0, nmax, g.flags & VK);
+    if (nt > 0) fetch<D, MK>(sm, k, kb, g.ks[2], g.ks[3], 0, nmax, vk);
+    cp_commit();
+    for (int t = 0; t < nt; t++) {
+        const i64 j0 = (i64)t * MK;
+        if (t + 1 < nt)
+            fetch<D, MK>(sm + ((t + 1) & 1) * T, k, kb, g.ks[2], g.ks[3], j0 + MK, nmax, vk);
+        cp_commit();
+        cp_wait<1>();
         __syncthreads();
+        const u16 *ks = sm + (t & 1) * T;
         float s[MK / 8][4];
 #pragma unroll
         for (int n = 0; n < MK / 8; n++) s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.0f;
 #pragma unroll
-        for (int t = 0; t < NK; t++)
+        for (int kk = 0; kk < NK; kk++)
 #pragma unroll
-            for (int n = 0; n < MK / 8; n++)
-                mma(s[n], qa[t], ks + (n * 8 + gr) * KP + t * 16 + 2 * tq, dt);
+            for (int n = 0; n < MK / 8; n += 2) {
+                u32 r[4];
+                frag_bt(r, ks, n, kk, P, lane);
+                mma(s[n], qa[kk], r[0], r[1], dt);
+                mma(s[n + 1], qa[kk], r[2], r[3], dt);
+            }
         float tma = -inf_f(), tmb = -inf_f();
 #pragma unroll
         for (int n = 0; n < MK / 8; n++)
@@ -465,27 +532,42 @@ __device__ __forceinline__ void bwd_dq(const void *q, const void *k, const void 
         ma = mna, mb = mnb;
         __syncthreads();
     }
+    /* K(0) and V(0) of pass 2 load during the reductions. */
+    if (nt > 0) {
+        fetch<D, MK>(sm, k, kb, g.ks[2], g.ks[3], 0, nmax, vk);
+        fetch<D, MK>(sm + 2 * T, v, vb, g.vs[2], g.vs[3], 0, nmax, vv);
+    }
+    cp_commit();
     for (int off = 1; off < 4; off <<= 1) {
         la += __shfl_xor_sync(0xffffffffu, la, off);
         lb += __shfl_xor_sync(0xffffffffu, lb, off);
     }
     const float lsa = la > 0.0f ? ma + logf(la) : inf_f(),
                 lsb = lb > 0.0f ? mb + logf(lb) : inf_f();
+    /* P = 2^(s scale log2(e) - lse log2(e)): one FFMA before the ex2. */
+    const float sl2 = g.scale * LOG2E, l2a = lsa * LOG2E, l2b = lsb * LOG2E;
     if (tq == 0) {
         float *ws = workspace(out, g);
         const i64 ra = (b * g.Hq + h) * g.Lq + ia;
         if (ia < g.Lq) ws[ra] = lsa, ws[rows + ra] = Da;
         if (ib < g.Lq) ws[ra + 8] = lsb, ws[rows + ra + 8] = Db;
     }
-    /* Pass 2: dq += dS K, dS = P (dP - D), P = exp(s - lse), dP = dO V^T. */
+    /* Pass 2: dq += dS K, dS = P (dP - D), P = exp(s - lse), dP = dO V^T;
+     * K(t+1) and V(t+1) are in flight while tile t computes. */
     float acc[D / 8][4];
 #pragma unroll
     for (int d = 0; d < D / 8; d++) acc[d][0] = acc[d][1] = acc[d][2] = acc[d][3] = 0.0f;
-    for (i64 j0 = 0; j0 < nmax; j0 += MK) {
-        stage<D, MK>(ks, kt, KP, TP, k, kb, g.ks[2], g.ks[3], j0, nmax, g.flags & VK);
-        stage<D, MK>(vs, 0, KP, 0, v, vb, g.vs[2], g.vs[3], j0, nmax, g.flags & VV);
+    for (int t = 0; t < nt; t++) {
+        const i64 j0 = (i64)t * MK;
+        if (t + 1 < nt) {
+            const int nb2 = (t + 1) & 1;
+            fetch<D, MK>(sm + nb2 * T, k, kb, g.ks[2], g.ks[3], j0 + MK, nmax, vk);
+            fetch<D, MK>(sm + (2 + nb2) * T, v, vb, g.vs[2], g.vs[3], j0 + MK, nmax, vv);
+        }
+        cp_commit();
+        cp_wait<1>();
         __syncthreads();
-        u32 dsa[MK / 16][4];
+        const u16 *ks = sm + (t & 1) * T, *vs = sm + (2 + (t & 1)) * T;
 #pragma unroll
         for (int n2 = 0; n2 < MK / 16; n2++) {
             float s[2][4], dp[2][4];
@@ -494,13 +576,15 @@ __device__ __forceinline__ void bwd_dq(const void *q, const void *k, const void 
 #pragma unroll
                 for (int c = 0; c < 4; c++) s[u][c] = dp[u][c] = 0.0f;
 #pragma unroll
-            for (int t = 0; t < NK; t++)
-#pragma unroll
-                for (int u = 0; u < 2; u++) {
-                    const int at = ((n2 * 2 + u) * 8 + gr) * KP + t * 16 + 2 * tq;
-                    mma(s[u], qa[t], ks + at, dt);
-                    mma(dp[u], da[t], vs + at, dt);
-                }
+            for (int kk = 0; kk < NK; kk++) {
+                u32 rk[4], rv[4];
+                frag_bt(rk, ks, n2 * 2, kk, P, lane);
+                frag_bt(rv, vs, n2 * 2, kk, P, lane);
+                mma(s[0], qa[kk], rk[0], rk[1], dt);
+                mma(s[1], qa[kk], rk[2], rk[3], dt);
+                mma(dp[0], da[kk], rv[0], rv[1], dt);
+                mma(dp[1], da[kk], rv[2], rv[3], dt);
+            }
 #pragma unroll
             for (int u = 0; u < 2; u++) {
                 const int n = n2 * 2 + u;
@@ -508,18 +592,20 @@ __device__ __forceinline__ void bwd_dq(const void *q, const void *k, const void 
                 for (int c = 0; c < 4; c++) {
                     const int j = (int)j0 + n * 8 + 2 * tq + (c & 1);
                     const bool rb = c >= 2;
-                    float p =
-                        j < (rb ? nb : na) ? fexp(s[u][c] * g.scale - (rb ? lsb : lsa)) : 0.0f;
+                    float p = j < (rb ? nb : na) ? ex2(s[u][c] * sl2 - (rb ? l2b : l2a)) : 0.0f;
                     s[u][c] = p * (dp[u][c] - (rb ? Db : Da));
                 }
             }
-            to_a(dsa[n2], s[0], s[1], dt);
+            u32 dsa[4]; /* dS of these 16 keys, as an A fragment: dq += dS K */
+            to_a(dsa, s[0], s[1], dt);
+#pragma unroll
+            for (int d = 0; d < D / 8; d += 2) {
+                u32 r[4];
+                frag_b(r, ks, n2, d, P, lane);
+                mma(acc[d], dsa, r[0], r[1], dt);
+                mma(acc[d + 1], dsa, r[2], r[3], dt);
+            }
         }
-#pragma unroll
-        for (int t = 0; t < MK / 16; t++)
-#pragma unroll
-            for (int d = 0; d < D / 8; d++)
-                mma(acc[d], dsa[t], kt + (d * 8 + gr) * TP + t * 16 + 2 * tq, dt);
         __syncthreads();
     }
     const i64 oa = ((b * g.Hq + h) * g.Lq + ia) * D, ob = oa + 8 * (i64)D;
@@ -538,28 +624,30 @@ template <int D>
 __device__ __forceinline__ void bwd_dkv(const void *q, const void *k, const void *v,
                                         const void *len, const void *dout, void *out,
                                         const bgeom &g) {
-    constexpr int MKB = 64, MQ = D == 128 ? 32 : 64, KP = D + 8, QP = MQ + 8, NK = D / 16;
-    __shared__ __align__(16) u16 sm[2 * MQ * KP + 2 * D * QP];
-    __shared__ float slse[MQ], sD[MQ];
-    u16 *qs = sm, *dos = sm + MQ * KP, *qt = sm + 2 * MQ * KP, *dot = qt + D * QP;
+    constexpr int MKB = 64, MQ = D == 128 ? 32 : 64, P = D + 8, NK = D / 16, T = MQ * P;
+    /* Q and dO tiles, two of each (tile t at t & 1: Q, then dO); first K and V. */
+    __shared__ __align__(16) u16 sm[4 * T];
+    __shared__ float slse[2][MQ], sD[2][MQ]; /* lse and D of each tile's queries */
+    static_assert(2 * MKB * P <= 4 * T, "K and V fit the tile buffers");
     const int tid = threadIdx.x, warp = tid / 32, lane = tid & 31, gr = lane >> 2, tq = lane & 3;
     const int dt = g.dt;
     const i64 b = blockIdx.y / g.Hkv, hk = blockIdx.y % g.Hkv, G = g.Hq / g.Hkv;
     const i64 j0 = (i64)blockIdx.x * MKB, L = valid_len(len, g, b), rows = g.B * g.Hq * g.Lq;
+    const bool vq = g.flags & VQ, vg = g.flags & VG;
+    const float sl2 = g.scale * LOG2E;
     const int r0 = warp * 16 + gr;
     const i64 ja = j0 + r0, jb = ja + 8; /* this thread's two keys */
     /* The first query that sees each (Lq: none): query i sees key ja when i >= fa. */
     const int fa = (int)first_query(g, L, ja), fb = (int)first_query(g, L, jb);
     u32 ka[NK][4], va[NK][4];
-    stage<D, MKB>(sm, 0, KP, 0, k, b * g.ks[0] + hk * g.ks[1], g.ks[2], g.ks[3], j0, L,
-                  g.flags & VK);
-    __syncthreads();
-    frag_a<NK>(ka, sm, r0, KP, tq);
-    __syncthreads();
-    stage<D, MKB>(sm, 0, KP, 0, v, b * g.vs[0] + hk * g.vs[1], g.vs[2], g.vs[3], j0, L,
+    fetch<D, MKB>(sm, k, b * g.ks[0] + hk * g.ks[1], g.ks[2], g.ks[3], j0, L, g.flags & VK);
+    fetch<D, MKB>(sm + MKB * P, v, b * g.vs[0] + hk * g.vs[1], g.vs[2], g.vs[3], j0, L,
                   g.flags & VV);
+    cp_commit();
+    cp_wait<0>();
     __syncthreads();
-    frag_a<NK>(va, sm, r0, KP, tq);
+    frag_a<NK>(ka, sm, warp * 16, P, lane);
+    frag_a<NK>(va, sm + MKB * P, warp * 16, P, lane);
     __syncthreads();
     float dk[D / 8][4], dv[D / 8][4];
 #pragma unroll
@@ -567,60 +655,85 @@ __device__ __forceinline__ void bwd_dkv(const void *q, const void *k, const void
 #pragma unroll
         for (int c = 0; c < 4; c++) dk[d][c] = dv[d][c] = 0.0f;
     const float *ws = workspace(out, g);
-    const i64 i1 = first_query(g, L, j0);
-    for (i64 h = hk * G; h < (hk + 1) * G; h++)
-        for (i64 i0 = i1; i0 < g.Lq; i0 += MQ) {
-            stage<D, MQ>(qs, qt, KP, QP, q, b * g.qs[0] + h * g.qs[1], g.qs[2], g.qs[3], i0, g.Lq,
-                         g.flags & VQ);
-            stage<D, MQ>(dos, dot, KP, QP, dout, b * g.gs[0] + h * g.gs[1], g.gs[2], g.gs[3], i0,
-                         g.Lq, g.flags & VG);
-            if (tid < MQ) {
-                const i64 i = i0 + tid, r = (b * g.Hq + h) * g.Lq + i;
-                slse[tid] = i < g.Lq ? ws[r] : inf_f();
-                sD[tid] = i < g.Lq ? ws[rows + r] : 0.0f;
+    /* Tiles (h, i0) in head order, each head's from the first query that
+     * sees the block; tile t + 1 is in flight while tile t computes. */
+    const int i1 = (int)first_query(g, L, j0), nth = ((int)g.Lq - i1 + MQ - 1) / MQ;
+    const int nt = (int)G * nth;
+    /* The next tile to fetch: queries from in of the head whose q, dO and
+     * workspace rows start at qo, go and wr. */
+    i64 qo = b * g.qs[0] + hk * G * g.qs[1], go = b * g.gs[0] + hk * G * g.gs[1];
+    i64 wr = (b * g.Hq + hk * G) * g.Lq;
+    int in = i1, next = i1;
+    for (int t = -1; t < nt; t++) {
+        const int i0 = next; /* tile t's first query */
+        next = in;
+        if (t + 1 < nt) {
+            const int u = (t + 1) & 1;
+            fetch<D, MQ>(sm + 2 * u * T, q, qo, g.qs[2], g.qs[3], in, g.Lq, vq);
+            fetch<D, MQ>(sm + (2 * u + 1) * T, dout, go, g.gs[2], g.gs[3], in, g.Lq, vg);
+            if (tid < MQ) { /* rows past Lq: 0, masked below */
+                const int i = in + tid;
+                const i64 r = wr + (i < (int)g.Lq ? i : 0);
+                cp4(&slse[u][tid], ws + r, i < (int)g.Lq);
+                cp4(&sD[u][tid], ws + rows + r, i < (int)g.Lq);
             }
-            __syncthreads();
-            u32 pa[MQ / 16][4], dsa[MQ / 16][4];
-#pragma unroll
-            for (int n2 = 0; n2 < MQ / 16; n2++) {
-                float s[2][4], dp[2][4];
-#pragma unroll
-                for (int u = 0; u < 2; u++)
-#pragma unroll
-                    for (int c = 0; c < 4; c++) s[u][c] = dp[u][c] = 0.0f;
-#pragma unroll
-                for (int t = 0; t < NK; t++)
-#pragma unroll
-                    for (int u = 0; u < 2; u++) {
-                        const int at = ((n2 * 2 + u) * 8 + gr) * KP + t * 16 + 2 * tq;
-                        mma(s[u], ka[t], qs + at, dt);
-                        mma(dp[u], va[t], dos + at, dt);
-                    }
-#pragma unroll
-                for (int u = 0; u < 2; u++) {
-                    const int n = n2 * 2 + u;
-#pragma unroll
-                    for (int c = 0; c < 4; c++) {
-                        const int col = n * 8 + 2 * tq + (c & 1), i = (int)i0 + col;
-                        const bool vis = i < (int)g.Lq && i >= (c >= 2 ? fb : fa);
-                        float p = vis ? fexp(s[u][c] * g.scale - slse[col]) : 0.0f;
-                        s[u][c] = p;
-                        dp[u][c] = p * (dp[u][c] - sD[col]);
-                    }
-                }
-                to_a(pa[n2], s[0], s[1], dt);
-                to_a(dsa[n2], dp[0], dp[1], dt);
-            }
-#pragma unroll
-            for (int t = 0; t < MQ / 16; t++)
-#pragma unroll
-                for (int d = 0; d < D / 8; d++) {
-                    const int at = (d * 8 + gr) * QP + t * 16 + 2 * tq;
-                    mma(dv[d], pa[t], dot + at, dt);
-                    mma(dk[d], dsa[t], qt + at, dt);
-                }
-            __syncthreads();
+            in += MQ;
+            if (in >= (int)g.Lq) in = i1, qo += g.qs[1], go += g.gs[1], wr += g.Lq;
         }
+        cp_commit();
+        if (t < 0) continue;
+        cp_wait<1>();
+        __syncthreads();
+        const int u = t & 1;
+        const u16 *qs = sm + 2 * u * T, *dos = sm + (2 * u + 1) * T;
+        const float *tl = slse[u], *tD = sD[u];
+        /* Query i0 + 2 tq + x is visible to key ja when xa <= x < xe (jb: xb). */
+        const int xa = fa - i0 - 2 * tq, xb = fb - i0 - 2 * tq, xe = (int)g.Lq - i0 - 2 * tq;
+#pragma unroll
+        for (int n2 = 0; n2 < MQ / 16; n2++) {
+            float s[2][4], dp[2][4];
+#pragma unroll
+            for (int w = 0; w < 2; w++)
+#pragma unroll
+                for (int c = 0; c < 4; c++) s[w][c] = dp[w][c] = 0.0f;
+#pragma unroll
+            for (int kk = 0; kk < NK; kk++) {
+                u32 rq[4], rd[4];
+                frag_bt(rq, qs, n2 * 2, kk, P, lane);
+                frag_bt(rd, dos, n2 * 2, kk, P, lane);
+                mma(s[0], ka[kk], rq[0], rq[1], dt);
+                mma(s[1], ka[kk], rq[2], rq[3], dt);
+                mma(dp[0], va[kk], rd[0], rd[1], dt);
+                mma(dp[1], va[kk], rd[2], rd[3], dt);
+            }
+#pragma unroll
+            for (int w = 0; w < 2; w++) {
+                const int n = n2 * 2 + w;
+#pragma unroll
+                for (int c = 0; c < 4; c++) {
+                    const int x = n * 8 + (c & 1), col = x + 2 * tq;
+                    const bool vis = x < xe && x >= (c >= 2 ? xb : xa);
+                    float p = vis ? ex2(s[w][c] * sl2 - tl[col] * LOG2E) : 0.0f;
+                    s[w][c] = p;
+                    dp[w][c] = p * (dp[w][c] - tD[col]);
+                }
+            }
+            u32 pa[4], dsa[4]; /* P^T, dS^T of these 16 queries as A fragments */
+            to_a(pa, s[0], s[1], dt);
+            to_a(dsa, dp[0], dp[1], dt);
+#pragma unroll
+            for (int d = 0; d < D / 8; d += 2) {
+                u32 rd[4], rq[4];
+                frag_b(rd, dos, n2, d, P, lane);
+                frag_b(rq, qs, n2, d, P, lane);
+                mma(dv[d], pa, rd[0], rd[1], dt);
+                mma(dv[d + 1], pa, rd[2], rd[3], dt);
+                mma(dk[d], dsa, rq[0], rq[1], dt);
+                mma(dk[d + 1], dsa, rq[2], rq[3], dt);
+            }
+        }
+        __syncthreads();
+    }
     const i64 base = (b * g.Hkv + hk) * g.S;
 #pragma unroll
     for (int d = 0; d < D / 8; d++) {
