@@ -123,7 +123,9 @@ static void release(sg_ctx *ctx, sg__graph *g) {
 }
 
 /* The file beside the kernel cache that remembers max-autotune's picks for
- * this unit on this device: cu-tune-<sha256 of the source and the device>. */
+ * this unit on this device: cu-tune-<sha256 of the source, the device and
+ * the file's version>. Version 2 added cuBLASLt's picks: a file of version
+ * 1 (block sizes only) is not read, so that those calls get timed. */
 static void tune_path(sg_ctx *ctx, const char *name, const char *src, cu_graph *cg) {
     char root[PATH_MAX], hex[65];
     sg__cuda_device dev;
@@ -143,6 +145,7 @@ static void tune_path(sg_ctx *ctx, const char *name, const char *src, cu_graph *
     sg__sha256_update(&sh, src, strlen(src));
     sg__sha256_update(&sh, dev.name, strlen(dev.name));
     sg__sha256_update(&sh, &dev.sms, sizeof dev.sms);
+    sg__sha256_update(&sh, "tune-v2", 7);
     sg__sha256_final(&sh, d);
     sg__sha256_hex(d, hex);
     if (snprintf(cg->tune_path, sizeof cg->tune_path, "%s/cu-tune-%s.txt", root, hex) >=
