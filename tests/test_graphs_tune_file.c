@@ -26,16 +26,18 @@
 /* A key as cublaslt.c makes one: dtype, transposes, m n k, leading dims,
  * batch and its strides, bias and accumulate flags, four alignments, TF32. */
 static void rand_pick(sg__lt_pick *p) {
-    int64_t m = tu_randint(1, 8192), n = tu_randint(1, 8192), k = tu_randint(1, 8192);
-    int64_t batch = tu_randint(1, 64);
-    int64_t v[SG__LT_KEY_WORDS] = {tu_randint(0, 2), tu_randint(0, 1), tu_randint(0, 1), m, n, k,
-                                   m + tu_randint(0, 8), k + tu_randint(0, 8), m,
-                                   batch, batch > 1 ? m * k : 0, batch > 1 ? k * n : 0,
-                                   batch > 1 ? m * n : 0, tu_randint(0, 1), tu_randint(0, 1),
-                                   (int64_t)1 << tu_randint(0, 8), (int64_t)1 << tu_randint(0, 8),
-                                   (int64_t)1 << tu_randint(0, 8), 0, tu_randint(0, 1)};
-    v[18] = v[13] ? (int64_t)1 << tu_randint(0, 8) : 0;
-    memcpy(p->key, v, sizeof v);
+    int64_t *k = p->key;
+    k[0] = tu_randint(0, 2); /* dtype */
+    k[1] = tu_randint(0, 1), k[2] = tu_randint(0, 1);
+    for (int i = 3; i < 6; i++) k[i] = tu_randint(1, 8192); /* m n k */
+    k[6] = k[3] + tu_randint(0, 8), k[7] = k[5] + tu_randint(0, 8), k[8] = k[3];
+    k[9] = tu_randint(1, 64); /* batch, then its strides */
+    k[10] = k[9] > 1 ? k[3] * k[5] : 0, k[11] = k[9] > 1 ? k[5] * k[4] : 0;
+    k[12] = k[9] > 1 ? k[3] * k[4] : 0;
+    k[13] = tu_randint(0, 1), k[14] = tu_randint(0, 1);
+    for (int i = 15; i < 18; i++) k[i] = (int64_t)1 << tu_randint(0, 8);
+    k[18] = k[13] ? (int64_t)1 << tu_randint(0, 8) : 0;
+    k[19] = tu_randint(0, 1);
     p->pick = (int)tu_randint(SG__LT_GEMV, SG__LT_NALGO - 1);
 }
 
@@ -44,8 +46,8 @@ static bool same_pick(const sg__lt_pick *a, const sg__lt_pick *b) {
 }
 
 /* nb block lines then np picks, as tune_save writes them. */
-static size_t body_of(char *buf, size_t size, const sg__tune_block *b, int nb,
-                      const sg__lt_pick *p, int np) {
+static size_t body_of(char *buf, size_t size, const sg__tune_block *b, int nb, const sg__lt_pick *p,
+                      int np) {
     size_t n = 0;
     for (int i = 0; i < nb; i++)
         n += (size_t)snprintf(buf + n, size - n, "%d %d\n", b[i].group, b[i].threads);
@@ -68,7 +70,8 @@ static void round_trip(const char *path, uint64_t seed) {
     char body[4096], back[4096];
     bool ok = TU_EXPECT(body_of(body, sizeof body, b, nb, p, np) > 0);
     ok = ok && TU_EXPECT(sg__note_write(path, body));
-    ok = ok && TU_EXPECT(sg__note_read(path, back, sizeof back)) && TU_EXPECT(strcmp(back, body) == 0);
+    ok = ok && TU_EXPECT(sg__note_read(path, back, sizeof back)) &&
+         TU_EXPECT(strcmp(back, body) == 0);
     int gnb = -1, gnp = -1;
     ok = ok && TU_EXPECT(sg__tune_parse(back, gb, 16, &gnb, gp, 16, &gnp));
     ok = ok && TU_EXPECT(gnb == nb) && TU_EXPECT(gnp == np);

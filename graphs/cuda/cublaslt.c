@@ -27,10 +27,10 @@
 int sg__lt_pick_format(const sg__lt_pick *p, char *buf, size_t size) {
     size_t n = 0;
     for (int i = 0; i <= SG__LT_KEY_WORDS + 1; i++) {
-        int w = i == 0                    ? snprintf(buf, size, "lt")
-                : i <= SG__LT_KEY_WORDS ? snprintf(buf + n, size - n, " %lld",
-                                                   (long long)p->key[i - 1])
-                                          : snprintf(buf + n, size - n, " %d\n", p->pick);
+        int w = i == 0 ? snprintf(buf, size, "lt")
+                : i <= SG__LT_KEY_WORDS
+                    ? snprintf(buf + n, size - n, " %lld", (long long)p->key[i - 1])
+                    : snprintf(buf + n, size - n, " %d\n", p->pick);
         if (w < 0 || (size_t)w >= size - n) return -1;
         n += (size_t)w;
     }
@@ -43,7 +43,7 @@ static bool pow2_upto256(int64_t v) { return v >= 1 && v <= 256 && (v & (v - 1))
 static bool key_ok(const int64_t *k) {
     bool ok = k[0] >= 0 && k[0] < 64;
     for (int i = 1; i < 3; i++) ok = ok && (k[i] == 0 || k[i] == 1);
-    for (int i = 3; i < 10; i++) ok = ok && k[i] >= 1; /* m n k lda ldb ldc batch */
+    for (int i = 3; i < 10; i++) ok = ok && k[i] >= 1;  /* m n k lda ldb ldc batch */
     for (int i = 10; i < 13; i++) ok = ok && k[i] >= 0; /* batch strides */
     ok = ok && (k[13] == 0 || k[13] == 1) && (k[14] == 0 || k[14] == 1);
     for (int i = 15; i < 18; i++) ok = ok && pow2_upto256(k[i]);
@@ -297,7 +297,8 @@ static cublasStatus_t layout(const lt_api *api, cublasLtMatrixLayout_t *l, cudaD
  * call, within the workspace, into out (*found of them); *call: the call
  * that failed. */
 static cublasStatus_t heuristic(lt_state *s, const lt_entry *e, int n,
-                                cublasLtMatmulHeuristicResult_t *out, int *found, const char **call) {
+                                cublasLtMatmulHeuristicResult_t *out, int *found,
+                                const char **call) {
     const lt_api *api = &s->api;
     cublasLtMatmulPreference_t pref = NULL;
     *call = "cublasLtMatmulPreferenceCreate";
@@ -305,8 +306,8 @@ static cublasStatus_t heuristic(lt_state *s, const lt_entry *e, int n,
     if (r == CUBLAS_STATUS_SUCCESS) {
         uint64_t ws = WORKSPACE_BYTES;
         *call = "cublasLtMatmulPreferenceSetAttribute";
-        r = api->cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
-                                                      &ws, sizeof ws);
+        r = api->cublasLtMatmulPreferenceSetAttribute(
+            pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof ws);
         /* The default assumes 256-byte aligned pointers; views may be less. */
         static const cublasLtMatmulPreferenceAttributes_t which[4] = {
             CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES,
@@ -468,8 +469,8 @@ static bool cand_run(sg_ctx *ctx, const cand *t, const cublasLtMatmulAlgo_t *alg
     const lt_entry *e = t->e;
     return t->s->api.cublasLtMatmul(t->s->handle, e->desc, &alpha, t->a, e->la, t->b, e->lb, &beta,
                                     t->d, e->lc, t->d, e->lc, algo, t->s->workspace,
-                                    WORKSPACE_BYTES, (cudaStream_t)sg__cuda_stream(ctx)) ==
-           CUBLAS_STATUS_SUCCESS;
+                                    WORKSPACE_BYTES,
+                                    (cudaStream_t)sg__cuda_stream(ctx)) == CUBLAS_STATUS_SUCCESS;
 }
 
 /* Milliseconds of 5 runs of a candidate (algo, or the alternative when
@@ -511,7 +512,8 @@ static int tune_call(sg_ctx *ctx, const cand *t, const sg__lt_call *c, bool alt_
     if (!cand_time(ctx, t, def == 0 ? &res[0].algo : NULL, &def_ms)) return def;
     best_ms = def_ms;
     for (int i = t->alt ? SG__LT_GEMV : 0; i < found; i++)
-        if (i != def && cand_time(ctx, t, i >= 0 ? &res[i].algo : NULL, &ms) && ms < 0.97f * best_ms)
+        if (i != def && cand_time(ctx, t, i >= 0 ? &res[i].algo : NULL, &ms) &&
+            ms < 0.97f * best_ms)
             best = i, best_ms = ms;
     e->picked = best >= 0 ? res[best].algo : e->algo;
     e->tuned = true;
@@ -520,10 +522,11 @@ static int tune_call(sg_ctx *ctx, const cand *t, const sg__lt_call *c, bool alt_
         snprintf(what, sizeof what, "the GEMV kernel");
     else
         snprintf(what, sizeof what, "cuBLASLt's algorithm %d of %d", best + 1, found);
-    sg__log(ctx, "perf_hints", "cuda: max-autotune: a %s matmul m=%lld n=%lld k=%lld batch=%lld "
-            "runs %s (%.2f us; the default %.2f us)", sg_dtype_name(c->dtype), (long long)c->m,
-            (long long)c->n, (long long)c->k, (long long)c->batch, what, best_ms / 5 * 1e3,
-            def_ms / 5 * 1e3);
+    sg__log(ctx, "perf_hints",
+            "cuda: max-autotune: a %s matmul m=%lld n=%lld k=%lld batch=%lld "
+            "runs %s (%.2f us; the default %.2f us)",
+            sg_dtype_name(c->dtype), (long long)c->m, (long long)c->n, (long long)c->k,
+            (long long)c->batch, what, best_ms / 5 * 1e3, def_ms / 5 * 1e3);
     return best;
 }
 
@@ -636,9 +639,9 @@ bool sg__lt_prefer_gemv(sg_ctx *ctx, const sg__lt_call *c, const void *a, const 
     lt_entry *e = NULL;
     int pick = -2;
     if (find_entry(ctx, s, k, c, bias, &e) == SG_OK &&
-        (!c->bias || s->api.cublasLtMatmulDescSetAttribute(e->desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER,
-                                                          &bias, sizeof bias) ==
-                         CUBLAS_STATUS_SUCCESS)) {
+        (!c->bias ||
+         s->api.cublasLtMatmulDescSetAttribute(e->desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias,
+                                               sizeof bias) == CUBLAS_STATUS_SUCCESS)) {
         cand t = {s, e, a, b, d, alt, user};
         pick = pick_for(ctx, &t, c, gemv);
     }

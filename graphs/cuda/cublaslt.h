@@ -199,6 +199,7 @@ typedef sg_status (*sg__lt_alt)(sg_ctx *ctx, void *user);
  * is made now (while tuning, by timing alt against the algorithms). Never
  * fails: any failure keeps gemv, the context's status untouched. */
 SG__HIDDEN bool sg__lt_prefer_gemv(sg_ctx *ctx, const sg__lt_call *c, const void *a, const void *b,
-                                   void *d, const void *bias, sg__lt_alt alt, void *user, bool gemv);
+                                   void *d, const void *bias, sg__lt_alt alt, void *user,
+                                   bool gemv);
 
 #endif /* SG_CUDA_CUBLASLT_H */

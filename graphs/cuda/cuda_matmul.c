@@ -580,7 +580,8 @@ static sg_status gemv_run(sg_ctx *ctx, void *user) {
  * operand, result or bias, no padding, one cuBLASLt call): GEMV or not, as
  * max-autotune picked it (timed against cuBLASLt's algorithms in the tuning
  * run, remembered after); gemv, the choice without tuning, otherwise. */
-static bool tuned_gemv(sg_ctx *ctx, const sg__node *n, const sg__mm_plan *p, sg_dtype dt, bool gemv) {
+static bool tuned_gemv(sg_ctx *ctx, const sg__node *n, const sg__mm_plan *p, sg_dtype dt,
+                       bool gemv) {
     const sg_tensor *bias = n->op == SG__OP_LINEAR ? n->in[2] : NULL;
     sg__lt_call call;
     sg__mm_pad pad;
