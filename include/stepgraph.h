@@ -794,7 +794,13 @@ SG_API sg_tensor *sg_broadcast(sg_comm *comm, sg_tensor *x, int root);
  * the graph, which patches the instantiated one (cuGraphExecUpdate). The
  * MAX_AUTOTUNE modes time 128/256/512 threads per generated kernel on the
  * real buffers (what the step writes in place is copied aside first and put
- * back after). Kernels launch with programmatic dependent launch on sm_90
+ * back after), and for each distinct cuBLASLt call up to 8 of the
+ * heuristic's algorithms (within its 32 MiB workspace), and the GEMV kernel
+ * against them for products of up to 8 rows; the heuristic's first (or,
+ * for few rows, the usual choice) stays unless another is at least 3%
+ * faster, and calls that add into their output keep it. The picks apply
+ * only to MAX_AUTOTUNE steps and are remembered on disk with the block
+ * sizes, so a second process times nothing. Kernels launch with programmatic dependent launch on sm_90
  * (SG_CUDA_PDL=0 turns it off).
  *
  * What a step may do: read its inputs and any tensors made outside it (its

@@ -11,16 +11,76 @@
  * CUDA graph is being recorded: a graph would hold an allocation made inside
  * its own capture. cu_destroy calls sg__cublaslt_release after the stream is
  * idle.
+ *
+ * It also owns max-autotune's algorithm picks (see cublaslt.h): the timing
+ * of the heuristic's candidates during a step's tuning run, the table of
+ * picks a context knows (timed, or read from a tune file), and their text.
  */
 #include "cublaslt.h"
 
+#include <errno.h>
 #include <stdio.h>
+#include <stdlib.h>
+
+/* ------------------------------------------------------------ picks as text (no device) */
+
+int sg__lt_pick_format(const sg__lt_pick *p, char *buf, size_t size) {
+    size_t n = 0;
+    for (int i = 0; i <= SG__LT_KEY_WORDS + 1; i++) {
+        int w = i == 0 ? snprintf(buf, size, "lt")
+                : i <= SG__LT_KEY_WORDS
+                    ? snprintf(buf + n, size - n, " %lld", (long long)p->key[i - 1])
+                    : snprintf(buf + n, size - n, " %d\n", p->pick);
+        if (w < 0 || (size_t)w >= size - n) return -1;
+        n += (size_t)w;
+    }
+    return (int)n;
+}
+
+static bool pow2_upto256(int64_t v) { return v >= 1 && v <= 256 && (v & (v - 1)) == 0; }
+
+/* The words of a key as make_key writes them (see there). */
+static bool key_ok(const int64_t *k) {
+    bool ok = k[0] >= 0 && k[0] < 64;
+    for (int i = 1; i < 3; i++) ok = ok && (k[i] == 0 || k[i] == 1);
+    for (int i = 3; i < 10; i++) ok = ok && k[i] >= 1;  /* m n k lda ldb ldc batch */
+    for (int i = 10; i < 13; i++) ok = ok && k[i] >= 0; /* batch strides */
+    ok = ok && (k[13] == 0 || k[13] == 1) && (k[14] == 0 || k[14] == 1);
+    for (int i = 15; i < 18; i++) ok = ok && pow2_upto256(k[i]);
+    ok = ok && (k[18] == 0 || pow2_upto256(k[18])) && (k[19] == 0 || k[19] == 1);
+    return ok;
+}
+
+bool sg__lt_pick_parse(const char *s, sg__lt_pick *p, int *used) {
+    const char *q = s;
+    while (*q == ' ' || *q == '\n') q++;
+    if (strncmp(q, "lt ", 3) != 0) return false;
+    q += 2;
+    for (int i = 0; i <= SG__LT_KEY_WORDS; i++) {
+        if (*q != ' ' || !((q[1] >= '0' && q[1] <= '9') || q[1] == '-')) return false;
+        char *end;
+        errno = 0;
+        long long v = strtoll(q + 1, &end, 10);
+        if (end == q + 1 || errno) return false;
+        if (i < SG__LT_KEY_WORDS)
+            p->key[i] = v;
+        else if (v < SG__LT_GEMV || v >= SG__LT_NALGO)
+            return false;
+        else
+            p->pick = (int)v;
+        q = end;
+    }
+    if ((*q != '\n' && *q != '\0') || !key_ok(p->key)) return false;
+    *used = (int)(q - s);
+    return true;
+}
 
 #ifdef SG_HAVE_CUDA_HEADERS
 
+#include "cuda.h"
+
 #include <cublasLt.h>
 #include <dlfcn.h>
-#include <stdlib.h>
 
 #define WORKSPACE_BYTES ((size_t)32 << 20)
 
@@ -61,15 +121,23 @@ typedef struct lt_api {
 
 /* What identifies a matmul to cuBLASLt, as plain integers (no padding to
  * compare): the call, the pointers' alignments, TF32. */
-#define KEY_WORDS 20
+#define KEY_WORDS SG__LT_KEY_WORDS
 typedef struct lt_entry {
     int64_t key[KEY_WORDS];
     uint64_t hash;
     cublasLtMatmulDesc_t desc;
     cublasLtMatrixLayout_t la, lb, lc;
-    cublasLtMatmulAlgo_t algo;
+    cublasLtMatmulAlgo_t algo;   /* the heuristic's first */
+    cublasLtMatmulAlgo_t picked; /* max-autotune's, once tuned */
     bool has_algo; /* false: the heuristic found none (remembered too) */
+    bool tuned;    /* picked is set (timed or remembered) */
 } lt_entry;
+
+/* A pick the context knows; mark: the tuning run that made or used it. */
+typedef struct lt_known {
+    sg__lt_pick p;
+    unsigned mark;
+} lt_known;
 
 typedef struct lt_state {
     void *lib;
@@ -79,6 +147,11 @@ typedef struct lt_state {
     lt_entry *entries;
     int nentries, cap;
     bool tf32;
+    lt_known *known;
+    int nknown, kcap;
+    bool tuning;    /* between sg__lt_tune_begin and sg__lt_tune_end */
+    bool scope;     /* a max-autotune step runs: picks apply */
+    unsigned epoch; /* the tuning run's number */
 } lt_state;
 
 static const char *const lib_names[] = {"libcublasLt.so.13", "libcublasLt.so",
@@ -119,6 +192,7 @@ void sg__cublaslt_release(sg_ctx *ctx) {
     if (!s) return;
     for (int i = 0; i < s->nentries; i++) free_entry(&s->api, &s->entries[i]);
     sg__free(ctx, s->entries, sizeof *s->entries * (size_t)s->cap);
+    sg__free(ctx, s->known, sizeof *s->known * (size_t)s->kcap);
     if (s->handle) s->api.cublasLtDestroy(s->handle);
     if (s->workspace) ctx->exec.free(ctx, s->workspace, WORKSPACE_BYTES);
     if (s->lib) dlclose(s->lib);
@@ -219,6 +293,50 @@ static cublasStatus_t layout(const lt_api *api, cublasLtMatrixLayout_t *l, cudaD
     return r;
 }
 
+/* The heuristic's first n (at most SG__LT_NALGO) usable algorithms for e's
+ * call, within the workspace, into out (*found of them); *call: the call
+ * that failed. */
+static cublasStatus_t heuristic(lt_state *s, const lt_entry *e, int n,
+                                cublasLtMatmulHeuristicResult_t *out, int *found,
+                                const char **call) {
+    const lt_api *api = &s->api;
+    cublasLtMatmulPreference_t pref = NULL;
+    *call = "cublasLtMatmulPreferenceCreate";
+    cublasStatus_t r = api->cublasLtMatmulPreferenceCreate(&pref);
+    if (r == CUBLAS_STATUS_SUCCESS) {
+        uint64_t ws = WORKSPACE_BYTES;
+        *call = "cublasLtMatmulPreferenceSetAttribute";
+        r = api->cublasLtMatmulPreferenceSetAttribute(
+            pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof ws);
+        /* The default assumes 256-byte aligned pointers; views may be less. */
+        static const cublasLtMatmulPreferenceAttributes_t which[4] = {
+            CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES,
+            CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES};
+        for (int i = 0; i < 4 && r == CUBLAS_STATUS_SUCCESS; i++) {
+            uint32_t al = (uint32_t)e->key[15 + (i < 2 ? i : 2)];
+            r = api->cublasLtMatmulPreferenceSetAttribute(pref, which[i], &al, sizeof al);
+        }
+    }
+    cublasLtMatmulHeuristicResult_t res[SG__LT_NALGO];
+    memset(res, 0, sizeof(*res) * (size_t)n);
+    *found = 0;
+    if (r == CUBLAS_STATUS_SUCCESS) {
+        *call = "cublasLtMatmulAlgoGetHeuristic";
+        r = api->cublasLtMatmulAlgoGetHeuristic(s->handle, e->desc, e->la, e->lb, e->lc, e->lc,
+                                                pref, n, res, found);
+        /* No algorithm is an answer, not a failure: the caller falls back. */
+        if (r == CUBLAS_STATUS_NOT_SUPPORTED) r = CUBLAS_STATUS_SUCCESS, *found = 0;
+    }
+    if (pref) api->cublasLtMatmulPreferenceDestroy(pref);
+    /* Only the usable ones, in the heuristic's order. */
+    int m = 0;
+    for (int i = 0; i < *found && i < n; i++)
+        if (res[i].state == CUBLAS_STATUS_SUCCESS && res[i].workspaceSize <= WORKSPACE_BYTES)
+            out[m++] = res[i];
+    *found = m;
+    return r;
+}
+
 /* Descriptors, layouts and the heuristic's first algorithm for e's call. */
 static sg_status build_entry(sg_ctx *ctx, lt_state *s, lt_entry *e, const sg__lt_call *c,
                              const void *bias) {
@@ -252,37 +370,11 @@ static sg_status build_entry(sg_ctx *ctx, lt_state *s, lt_entry *e, const sg__lt
                    c->batch, c->sb);
     if (r == CUBLAS_STATUS_SUCCESS) r = layout(api, &e->lc, t, c->m, c->n, c->ldc, c->batch, c->sc);
     if (r != CUBLAS_STATUS_SUCCESS) return lt_fail(ctx, s, r, call, c);
-
-    cublasLtMatmulPreference_t pref = NULL;
-    call = "cublasLtMatmulPreferenceCreate";
-    r = api->cublasLtMatmulPreferenceCreate(&pref);
-    if (r == CUBLAS_STATUS_SUCCESS) {
-        uint64_t ws = WORKSPACE_BYTES;
-        call = "cublasLtMatmulPreferenceSetAttribute";
-        r = api->cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
-                                                      &ws, sizeof ws);
-        /* The default assumes 256-byte aligned pointers; views may be less. */
-        static const cublasLtMatmulPreferenceAttributes_t which[4] = {
-            CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES,
-            CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES};
-        for (int i = 0; i < 4 && r == CUBLAS_STATUS_SUCCESS; i++) {
-            uint32_t al = (uint32_t)e->key[15 + (i < 2 ? i : 2)];
-            r = api->cublasLtMatmulPreferenceSetAttribute(pref, which[i], &al, sizeof al);
-        }
-    }
     cublasLtMatmulHeuristicResult_t res;
-    memset(&res, 0, sizeof res);
     int found = 0;
-    if (r == CUBLAS_STATUS_SUCCESS) {
-        call = "cublasLtMatmulAlgoGetHeuristic";
-        r = api->cublasLtMatmulAlgoGetHeuristic(s->handle, e->desc, e->la, e->lb, e->lc, e->lc,
-                                                pref, 1, &res, &found);
-        /* No algorithm is an answer, not a failure: the caller falls back. */
-        if (r == CUBLAS_STATUS_NOT_SUPPORTED) r = CUBLAS_STATUS_SUCCESS, found = 0;
-    }
-    if (pref) api->cublasLtMatmulPreferenceDestroy(pref);
+    r = heuristic(s, e, 1, &res, &found, &call);
     if (r != CUBLAS_STATUS_SUCCESS) return lt_fail(ctx, s, r, call, c);
-    e->has_algo = found > 0 && res.state == CUBLAS_STATUS_SUCCESS;
+    e->has_algo = found > 0;
     if (e->has_algo)
         e->algo = res.algo;
     else /* once per distinct call: the entry remembers the answer */
@@ -330,6 +422,233 @@ static sg_status find_entry(sg_ctx *ctx, lt_state *s, const int64_t *k, const sg
     return SG_OK;
 }
 
+/* ------------------------------------------------------------ max-autotune */
+
+static lt_known *known_find(lt_state *s, const int64_t *k) {
+    for (int i = 0; i < s->nknown; i++)
+        if (memcmp(s->known[i].p.key, k, sizeof s->known[i].p.key) == 0) return &s->known[i];
+    return NULL;
+}
+
+/* Remember the pick for key k (replacing one): NULL when out of memory. */
+static lt_known *known_put(sg_ctx *ctx, lt_state *s, const int64_t *k, int pick) {
+    lt_known *kn = known_find(s, k);
+    if (!kn) {
+        if (s->nknown == s->kcap) {
+            int ncap = s->kcap ? s->kcap * 2 : 16;
+            lt_known *nk = sg__alloc(ctx, sizeof *nk * (size_t)ncap);
+            if (!nk) return NULL;
+            if (s->known) {
+                memcpy(nk, s->known, sizeof *nk * (size_t)s->nknown);
+                sg__free(ctx, s->known, sizeof *nk * (size_t)s->kcap);
+            }
+            s->known = nk;
+            s->kcap = ncap;
+        }
+        kn = &s->known[s->nknown++];
+        memcpy(kn->p.key, k, sizeof kn->p.key);
+        kn->mark = 0;
+    }
+    kn->p.pick = pick;
+    return kn;
+}
+
+/* One call of the product being tuned: an algorithm, or the alternative. */
+typedef struct cand {
+    lt_state *s;
+    lt_entry *e;
+    const void *a, *b;
+    void *d;
+    sg__lt_alt alt;
+    void *user;
+} cand;
+
+static bool cand_run(sg_ctx *ctx, const cand *t, const cublasLtMatmulAlgo_t *algo) {
+    if (!algo) return t->alt(ctx, t->user) == SG_OK;
+    float alpha = 1.0f, beta = 0.0f;
+    const lt_entry *e = t->e;
+    return t->s->api.cublasLtMatmul(t->s->handle, e->desc, &alpha, t->a, e->la, t->b, e->lb, &beta,
+                                    t->d, e->lc, t->d, e->lc, algo, t->s->workspace,
+                                    WORKSPACE_BYTES,
+                                    (cudaStream_t)sg__cuda_stream(ctx)) == CUBLAS_STATUS_SUCCESS;
+}
+
+/* Milliseconds of 5 runs of a candidate (algo, or the alternative when
+ * NULL) after one warm-up, between two events; false when any step fails. */
+static bool cand_time(sg_ctx *ctx, const cand *t, const cublasLtMatmulAlgo_t *algo, float *ms) {
+    const sg__cu_api *cu = NULL;
+    char why[8];
+    if (sg__cuda_load(why, sizeof why, &cu) != SG_OK || !cu) return false;
+    CUstream stream = sg__cuda_stream(ctx);
+    CUevent e0 = NULL, e1 = NULL;
+    bool ok = cu->cuEventCreate(&e0, CU_EVENT_DEFAULT) == CUDA_SUCCESS &&
+              cu->cuEventCreate(&e1, CU_EVENT_DEFAULT) == CUDA_SUCCESS;
+    ok = ok && cand_run(ctx, t, algo) && cu->cuEventRecord(e0, stream) == CUDA_SUCCESS;
+    for (int i = 0; ok && i < 5; i++) ok = cand_run(ctx, t, algo);
+    ok = ok && cu->cuEventRecord(e1, stream) == CUDA_SUCCESS &&
+         cu->cuEventSynchronize(e1) == CUDA_SUCCESS &&
+         cu->cuEventElapsedTime_v2(ms, e0, e1) == CUDA_SUCCESS;
+    if (e0) cu->cuEventDestroy_v2(e0);
+    if (e1) cu->cuEventDestroy_v2(e1);
+    return ok;
+}
+
+/* Time the heuristic's algorithms for e's call (and t's alternative when it
+ * has one) and keep the fastest in e: the pick. The default (the first
+ * algorithm, or the alternative when alt_first) stays unless another is 3%
+ * faster, and stays when it cannot be timed; a candidate that fails is
+ * dropped. */
+static int tune_call(sg_ctx *ctx, const cand *t, const sg__lt_call *c, bool alt_first) {
+    lt_state *s = t->s;
+    lt_entry *e = t->e;
+    cublasLtMatmulHeuristicResult_t res[SG__LT_NALGO];
+    int found = 0;
+    const char *call;
+    if (e->has_algo && heuristic(s, e, SG__LT_NALGO, res, &found, &call) != CUBLAS_STATUS_SUCCESS)
+        found = 0;
+    int def = t->alt && alt_first ? SG__LT_GEMV : 0, best = def;
+    float def_ms = 0, best_ms = 0, ms = 0;
+    if (def == 0 && found == 0) return def;
+    if (!cand_time(ctx, t, def == 0 ? &res[0].algo : NULL, &def_ms)) return def;
+    best_ms = def_ms;
+    for (int i = t->alt ? SG__LT_GEMV : 0; i < found; i++)
+        if (i != def && cand_time(ctx, t, i >= 0 ? &res[i].algo : NULL, &ms) &&
+            ms < 0.97f * best_ms)
+            best = i, best_ms = ms;
+    e->picked = best >= 0 ? res[best].algo : e->algo;
+    e->tuned = true;
+    char what[64];
+    if (best == SG__LT_GEMV)
+        snprintf(what, sizeof what, "the GEMV kernel");
+    else
+        snprintf(what, sizeof what, "cuBLASLt's algorithm %d of %d", best + 1, found);
+    sg__log(ctx, "perf_hints",
+            "cuda: max-autotune: a %s matmul m=%lld n=%lld k=%lld batch=%lld "
+            "runs %s (%.2f us; the default %.2f us)",
+            sg_dtype_name(c->dtype), (long long)c->m, (long long)c->n, (long long)c->k,
+            (long long)c->batch, what, best_ms / 5 * 1e3, def_ms / 5 * 1e3);
+    return best;
+}
+
+/* A remembered pick into e: the heuristic's algorithm at that index (the
+ * first where the heuristic now lists fewer). */
+static void use_pick(lt_state *s, lt_entry *e, int pick) {
+    cublasLtMatmulHeuristicResult_t res[SG__LT_NALGO];
+    int found = 0;
+    const char *call;
+    e->picked = e->algo;
+    if (pick > 0 && heuristic(s, e, SG__LT_NALGO, res, &found, &call) == CUBLAS_STATUS_SUCCESS &&
+        pick < found)
+        e->picked = res[pick].algo;
+    e->tuned = true;
+}
+
+/* Restores the context's status after work whose failures are not the call's. */
+typedef struct quiet {
+    sg_status status;
+    char msg[SG__MSG_SIZE];
+} quiet;
+
+static void quiet_begin(const sg_ctx *ctx, quiet *q) {
+    q->status = ctx->status;
+    snprintf(q->msg, sizeof q->msg, "%s", ctx->msg);
+}
+
+static void quiet_end(sg_ctx *ctx, const quiet *q) {
+    ctx->status = q->status;
+    snprintf(ctx->msg, sizeof ctx->msg, "%s", q->msg);
+}
+
+/* The pick for e's call (t's product): remembered, or timed now while
+ * tuning; -2 when there is none (the call keeps its default). */
+static int pick_for(sg_ctx *ctx, const cand *t, const sg__lt_call *c, bool alt_first) {
+    lt_state *s = t->s;
+    lt_known *kn = known_find(s, t->e->key);
+    int pick;
+    if (kn) {
+        pick = kn->p.pick;
+        if (!t->e->tuned) use_pick(s, t->e, pick);
+    } else if (s->tuning && !c->accumulate && !sg__cuda_capturing(ctx)) {
+        pick = tune_call(ctx, t, c, alt_first);
+        kn = known_put(ctx, s, t->e->key, pick);
+    } else {
+        return -2;
+    }
+    if (kn && s->tuning) kn->mark = s->epoch;
+    return pick;
+}
+
+void sg__lt_scope(sg_ctx *ctx, bool on) {
+    lt_state *s = *sg__cuda_lt_state(ctx);
+    if (on && !s) {
+        quiet q;
+        quiet_begin(ctx, &q);
+        if (lt_state_get(ctx, &s) != SG_OK) s = NULL;
+        quiet_end(ctx, &q);
+    }
+    if (s) s->scope = on;
+}
+
+bool sg__lt_scoped(sg_ctx *ctx) {
+    const lt_state *s = *sg__cuda_lt_state(ctx);
+    return s && s->scope;
+}
+
+void sg__lt_tune_begin(sg_ctx *ctx) {
+    quiet q;
+    quiet_begin(ctx, &q);
+    lt_state *s = NULL;
+    if (lt_state_get(ctx, &s) == SG_OK) s->tuning = true, s->epoch++;
+    quiet_end(ctx, &q);
+}
+
+int sg__lt_tune_end(sg_ctx *ctx, sg__lt_pick *out, int max) {
+    lt_state *s = *sg__cuda_lt_state(ctx);
+    int n = 0;
+    if (!s || !s->tuning) return 0;
+    s->tuning = false;
+    for (int i = 0; i < s->nknown && n < max; i++)
+        if (s->known[i].mark == s->epoch) out[n++] = s->known[i].p;
+    return n;
+}
+
+bool sg__lt_picks_set(sg_ctx *ctx, const sg__lt_pick *p, int n) {
+    quiet q;
+    quiet_begin(ctx, &q);
+    lt_state *s = NULL;
+    bool ok = lt_state_get(ctx, &s) == SG_OK;
+    quiet_end(ctx, &q);
+    for (int i = 0; ok && i < n; i++) ok = known_put(ctx, s, p[i].key, p[i].pick) != NULL;
+    return ok;
+}
+
+bool sg__lt_prefer_gemv(sg_ctx *ctx, const sg__lt_call *c, const void *a, const void *b, void *d,
+                        const void *bias, sg__lt_alt alt, void *user, bool gemv) {
+    lt_state *s = *sg__cuda_lt_state(ctx);
+    if (!s || !s->scope || (!s->tuning && s->nknown == 0)) return gemv;
+    int64_t k[KEY_WORDS];
+    make_key(c, a, b, d, c->bias ? bias : NULL, s->tf32, k);
+    lt_known *kn = known_find(s, k);
+    if (kn) {
+        if (s->tuning) kn->mark = s->epoch;
+        return kn->p.pick == SG__LT_GEMV;
+    }
+    if (!s->tuning || c->accumulate || sg__cuda_capturing(ctx)) return gemv;
+    quiet q;
+    quiet_begin(ctx, &q);
+    lt_entry *e = NULL;
+    int pick = -2;
+    if (find_entry(ctx, s, k, c, bias, &e) == SG_OK &&
+        (!c->bias ||
+         s->api.cublasLtMatmulDescSetAttribute(e->desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias,
+                                               sizeof bias) == CUBLAS_STATUS_SUCCESS)) {
+        cand t = {s, e, a, b, d, alt, user};
+        pick = pick_for(ctx, &t, c, gemv);
+    }
+    quiet_end(ctx, &q);
+    return pick == -2 ? gemv : pick == SG__LT_GEMV;
+}
+
 sg_status sg__lt_matmul(sg_ctx *ctx, const sg__lt_call *c, const void *a, const void *b, void *d,
                         const void *bias, bool *ran) {
     *ran = false;
@@ -346,10 +665,25 @@ sg_status sg__lt_matmul(sg_ctx *ctx, const sg__lt_call *c, const void *a, const 
         r = s->api.cublasLtMatmulDescSetAttribute(e->desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias,
                                                   sizeof bias);
     if (r != CUBLAS_STATUS_SUCCESS) return lt_fail(ctx, s, r, "cublasLtMatmulDescSetAttribute", c);
+    if (s->scope && (s->tuning || (!e->tuned && s->nknown > 0))) {
+        quiet q; /* a pick that cannot be made keeps the default */
+        quiet_begin(ctx, &q);
+        cand t = {s, e, a, b, d, NULL, NULL};
+        pick_for(ctx, &t, c, false);
+        quiet_end(ctx, &q);
+    }
+    const cublasLtMatmulAlgo_t *algo = s->scope && e->tuned ? &e->picked : &e->algo;
     float alpha = 1.0f, beta = c->accumulate ? 1.0f : 0.0f;
     r = s->api.cublasLtMatmul(s->handle, e->desc, &alpha, a, e->la, b, e->lb, &beta, d, e->lc, d,
-                              e->lc, &e->algo, s->workspace, WORKSPACE_BYTES,
+                              e->lc, algo, s->workspace, WORKSPACE_BYTES,
                               (cudaStream_t)sg__cuda_stream(ctx));
+    if (r != CUBLAS_STATUS_SUCCESS && algo == &e->picked) {
+        /* A pick that fails is dropped for the heuristic's first. */
+        e->picked = e->algo;
+        r = s->api.cublasLtMatmul(s->handle, e->desc, &alpha, a, e->la, b, e->lb, &beta, d, e->lc,
+                                  d, e->lc, &e->algo, s->workspace, WORKSPACE_BYTES,
+                                  (cudaStream_t)sg__cuda_stream(ctx));
+    }
     if (r != CUBLAS_STATUS_SUCCESS) return lt_fail(ctx, s, r, "cublasLtMatmul", c);
     *ran = true;
     return SG_OK;

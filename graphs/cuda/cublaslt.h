@@ -129,4 +129,77 @@ SG__HIDDEN bool sg__mm_pad_note(const sg__node *n, char *buf, size_t size);
 SG__HIDDEN sg_status sg__lt_matmul(sg_ctx *ctx, const sg__lt_call *c, const void *a, const void *b,
                                    void *d, const void *bias, bool *ran);
 
+/* ------------------------------------------------------------ max-autotune */
+
+/*
+ * In the MAX_AUTOTUNE modes the step's tuning run (cuda_graph.c) also picks
+ * each cuBLASLt call's algorithm: the heuristic is asked for up to
+ * SG__LT_NALGO algorithms (within the workspace), each is timed on the real
+ * buffers, and the fastest is kept; for products of at most 8 rows the GEMV
+ * kernel is timed against them. The heuristic's first algorithm (and, for
+ * few rows, today's choice between GEMV and cuBLASLt) stays unless another
+ * is at least 3% faster, and stays when a candidate fails. Calls that add
+ * to their output (beta = 1) keep the first algorithm: timing them would
+ * add the product again. A pick is the call's key (the words cublaslt.c
+ * compares: sizes, strides, dtype, epilogue, pointer alignments, TF32) and
+ * the index of the chosen algorithm in the heuristic's list, or
+ * SG__LT_GEMV; picks are remembered with the block sizes in the tune file
+ * (one line each: "lt <key words> <pick>"), so that a warm process applies
+ * them without timing.
+ */
+#define SG__LT_KEY_WORDS 20
+#define SG__LT_NALGO 8
+#define SG__LT_GEMV (-1)
+
+typedef struct sg__lt_pick {
+    int64_t key[SG__LT_KEY_WORDS];
+    int pick; /* SG__LT_GEMV, or 0 .. SG__LT_NALGO - 1 */
+} sg__lt_pick;
+
+/* The pick as one tune-file line (with its newline) into buf: its length,
+ * or -1 when it does not fit. */
+SG__HIDDEN int sg__lt_pick_format(const sg__lt_pick *p, char *buf, size_t size);
+/* One such line at s (leading blanks skipped); *used: the characters read.
+ * False when s holds no well-formed pick (a bad key or pick number). */
+SG__HIDDEN bool sg__lt_pick_parse(const char *s, sg__lt_pick *p, int *used);
+
+/* A tune file's body (cuda_graph.c): "<group> <threads>" lines (block
+ * sizes) and pick lines, into b (at most maxb) and p (at most maxp). False,
+ * with nothing to apply, when any line is malformed or there are too many. */
+typedef struct sg__tune_block {
+    int group, threads;
+} sg__tune_block;
+SG__HIDDEN bool sg__tune_parse(const char *body, sg__tune_block *b, int maxb, int *nb,
+                               sg__lt_pick *p, int maxp, int *np);
+
+/* Picks apply only to calls made between sg__lt_scope(ctx, true) and
+ * (ctx, false): while a MAX_AUTOTUNE step runs (launched, recorded or
+ * tuned), so that steps of other modes on the context keep the heuristic's
+ * first algorithm. On loads cuBLASLt if needed (where it cannot, no pick
+ * applies; the status is untouched). sg__lt_scoped: whether in scope. */
+SG__HIDDEN void sg__lt_scope(sg_ctx *ctx, bool on);
+SG__HIDDEN bool sg__lt_scoped(sg_ctx *ctx);
+
+/* The tuning run's bracket (in scope): between begin and end every cuBLASLt call not
+ * yet picked is timed (and GEMV against it where the caller asks, see
+ * sg__lt_prefer_gemv). begin loads cuBLASLt if needed; where it cannot,
+ * nothing is timed and the context's status is untouched. end returns the
+ * picks made or applied since begin (at most max into out). */
+SG__HIDDEN void sg__lt_tune_begin(sg_ctx *ctx);
+SG__HIDDEN int sg__lt_tune_end(sg_ctx *ctx, sg__lt_pick *out, int max);
+/* Remembered picks, applied to calls with these keys from now on: false
+ * (status untouched) when cuBLASLt cannot be loaded. */
+SG__HIDDEN bool sg__lt_picks_set(sg_ctx *ctx, const sg__lt_pick *p, int n);
+
+/* Launch the alternative to a cuBLASLt call (the GEMV kernel) once. */
+typedef sg_status (*sg__lt_alt)(sg_ctx *ctx, void *user);
+/* For a product that GEMV could run: whether it should, given c, the
+ * cuBLASLt call that would run it instead (arguments as sg__lt_matmul's).
+ * gemv: the choice without tuning, returned unless a pick for c exists or
+ * is made now (while tuning, by timing alt against the algorithms). Never
+ * fails: any failure keeps gemv, the context's status untouched. */
+SG__HIDDEN bool sg__lt_prefer_gemv(sg_ctx *ctx, const sg__lt_call *c, const void *a, const void *b,
+                                   void *d, const void *bias, sg__lt_alt alt, void *user,
+                                   bool gemv);
+
 #endif /* SG_CUDA_CUBLASLT_H */

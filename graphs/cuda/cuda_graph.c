@@ -31,17 +31,46 @@
  * The MAX_AUTOTUNE modes time 128, 256 and 512 threads per block for each
  * generated kernel at the first replay, with events on the real buffers;
  * what the step writes in its inputs and parameters is copied aside before
- * and put back after, so tuning changes no value the caller sees.
+ * and put back after, so tuning changes no value the caller sees. The same
+ * run picks each cuBLASLt call's algorithm, and GEMV or cuBLASLt for
+ * products of few rows, by timing (cublaslt.c); the picks of both kinds are
+ * remembered in one tune file per unit and device.
  */
 #include "../comm.h"
 #include "../graphs.h"
-#include "exec.h"
+#include "cublaslt.h"
+
+#include <stdio.h>
+
+/* ------------------------------------------------------------ the tune file (no device) */
+
+bool sg__tune_parse(const char *body, sg__tune_block *b, int maxb, int *nb, sg__lt_pick *p,
+                    int maxp, int *np) {
+    *nb = *np = 0;
+    for (const char *q = body;;) {
+        while (*q == ' ' || *q == '\n') q++;
+        if (!*q) return true;
+        int used = 0, k, t;
+        bool ok;
+        if (*q == 'l') {
+            ok = *np < maxp && sg__lt_pick_parse(q, &p[*np], &used);
+            *np += ok;
+        } else {
+            ok = *nb < maxb && sscanf(q, "%d %d%n", &k, &t, &used) == 2;
+            if (ok) b[(*nb)++] = (sg__tune_block){k, t};
+        }
+        q += used;
+        if (!ok || (*q != '\n' && *q != '\0')) {
+            *nb = *np = 0;
+            return false;
+        }
+    }
+}
 
 #ifdef SG_HAVE_CUDA_HEADERS
 #include "cuda.h"
 
 #include <limits.h>
-#include <stdio.h>
 #include <stdlib.h>
 #include <time.h>
 #include <unistd.h>
@@ -64,6 +93,7 @@ typedef struct cu_graph {
     int nsets;
     bool use_graph, said;
     bool tune;            /* MAX_AUTOTUNE*: time block sizes at the first replay */
+    bool lt;              /* MAX_AUTOTUNE* with products: cuBLASLt's picks apply */
     char tune_path[1024]; /* where the picks are remembered ("" when nowhere) */
 } cu_graph;
 
@@ -93,7 +123,9 @@ static void release(sg_ctx *ctx, sg__graph *g) {
 }
 
 /* The file beside the kernel cache that remembers max-autotune's picks for
- * this unit on this device: cu-tune-<sha256 of the source and the device>. */
+ * this unit on this device: cu-tune-<sha256 of the source, the device and
+ * the file's version>. Version 2 added cuBLASLt's picks: a file of version
+ * 1 (block sizes only) is not read, so that those calls get timed. */
 static void tune_path(sg_ctx *ctx, const char *name, const char *src, cu_graph *cg) {
     char root[PATH_MAX], hex[65];
     sg__cuda_device dev;
@@ -113,6 +145,7 @@ static void tune_path(sg_ctx *ctx, const char *name, const char *src, cu_graph *
     sg__sha256_update(&sh, src, strlen(src));
     sg__sha256_update(&sh, dev.name, strlen(dev.name));
     sg__sha256_update(&sh, &dev.sms, sizeof dev.sms);
+    sg__sha256_update(&sh, "tune-v2", 7);
     sg__sha256_final(&sh, d);
     sg__sha256_hex(d, hex);
     if (snprintf(cg->tune_path, sizeof cg->tune_path, "%s/cu-tune-%s.txt", root, hex) >=
@@ -120,35 +153,54 @@ static void tune_path(sg_ctx *ctx, const char *name, const char *src, cu_graph *
         cg->tune_path[0] = '\0';
 }
 
-/* Apply remembered picks ("<group> <threads>" lines, a checksummed note);
- * whether all applied. */
-static bool tune_load(cu_graph *cg) {
+/* The most picks of each kind a tune file holds (a note is at most 4 KiB). */
+#define TUNE_MAX 128
+
+/* Apply remembered picks (a checksummed note of block-size lines and
+ * cuBLASLt pick lines, see sg__tune_parse); whether all applied. */
+static bool tune_load(sg_ctx *ctx, cu_graph *cg) {
     char body[4096];
     if (!cg->tune_path[0] || !sg__note_read(cg->tune_path, body, sizeof body)) return false;
-    int k, threads, n = 0, used = 0;
-    bool ok = true;
-    for (const char *p = body; ok && sscanf(p, "%d %d%n", &k, &threads, &used) == 2; p += used) {
+    sg__tune_block b[TUNE_MAX];
+    sg__lt_pick p[TUNE_MAX];
+    int nb = 0, np = 0;
+    bool ok = sg__tune_parse(body, b, TUNE_MAX, &nb, p, TUNE_MAX, &np);
+    for (int i = 0; ok && i < nb; i++) {
+        int k = b[i].group, threads = b[i].threads;
         int t = threads == 128 ? 0 : threads == 256 ? 1 : threads == 512 ? 2 : -1;
         ok = k >= 0 && k < cg->ngroups && t >= 0 && cg->kinfo[k].tune_grid[t];
         if (ok) {
             cg->kinfo[k].block = (unsigned)threads;
             cg->kinfo[k].grid = cg->kinfo[k].tune_grid[t];
-            n++;
         }
     }
-    return ok && n > 0;
+    if (ok && np > 0) ok = sg__lt_picks_set(ctx, p, np);
+    return ok && nb + np > 0;
 }
 
-/* Remember the picks (replaced atomically). */
-static void tune_save(const cu_graph *cg) {
+/* Remember the picks, block sizes then cuBLASLt's (replaced atomically);
+ * picks past what a note holds are left out (their calls keep defaults). */
+static void tune_save(const cu_graph *cg, const sg__lt_pick *picks, int npicks) {
     char body[4096];
     size_t n = 0;
     if (!cg->tune_path[0]) return;
     for (int k = 0; k < cg->ngroups && n < sizeof body - 32; k++)
         if (cg->kfn[k] && cg->kinfo[k].tune_grid[0])
             n += (size_t)snprintf(body + n, sizeof body - n, "%d %u\n", k, cg->kinfo[k].block);
+    for (int i = 0; i < npicks; i++) {
+        int w = sg__lt_pick_format(&picks[i], body + n, sizeof body - n);
+        if (w < 0) break;
+        n += (size_t)w;
+    }
     body[n] = '\0';
     if (n) sg__note_write(cg->tune_path, body);
+}
+
+/* Whether the step has products (cuBLASLt's algorithms to pick). */
+static bool has_matmul(const sg__graph *g) {
+    for (int i = 0; i < g->ir.nnodes; i++)
+        if (sg__op_family(g->ir.nodes[i].op) == SG__FAM_MATMUL) return true;
+    return false;
 }
 
 static sg_status compile(sg_fn *fn, sg__graph *g) {
@@ -195,7 +247,8 @@ static sg_status compile(sg_fn *fn, sg__graph *g) {
         fn->opts.mode == SG_MODE_REDUCE_OVERHEAD || fn->opts.mode == SG_MODE_MAX_AUTOTUNE;
     cg->tune =
         fn->opts.mode == SG_MODE_MAX_AUTOTUNE || fn->opts.mode == SG_MODE_MAX_AUTOTUNE_NO_GRAPHS;
-    if (s == SG_OK && cg->tune && !fn->opts.force_disable_caches && tune_load(cg)) {
+    cg->lt = cg->tune && has_matmul(g);
+    if (s == SG_OK && cg->tune && !fn->opts.force_disable_caches && tune_load(ctx, cg)) {
         cg->tune = false;
         sg__log(ctx, "perf_hints", "fn '%s': max-autotune: the picks remembered in %s", fn->name,
                 cg->tune_path);
@@ -480,7 +533,9 @@ static sg_status tune_kernels(sg_fn *fn, sg__graph *g, set_state *st) {
 /*
  * Time each generated kernel that takes any block size with 128, 256 and
  * 512 threads on the real buffers and keep the fastest. The whole step runs
- * first so that every kernel reads the values it would read in a replay.
+ * first so that every kernel reads the values it would read in a replay;
+ * in it, each cuBLASLt call not yet picked times its candidates (and GEMV
+ * against them for few rows) and keeps the fastest (cublaslt.c).
  * What the step writes in its inputs and parameters is copied aside first
  * and put back after, so the replay that follows starts from the caller's
  * values (intermediates are recomputed by it). A failure to time keeps the
@@ -497,9 +552,12 @@ static sg_status autotune(sg_fn *fn, sg__graph *g, set_state *st) {
     saved *sv = NULL;
     int nsv = 0;
     sg_status s = save_mutated(ctx, g, &sv, &nsv);
+    if (cg->lt) sg__lt_tune_begin(ctx);
     if (s == SG_OK) s = launch_all(ctx, g, st);
+    sg__lt_pick picks[TUNE_MAX];
+    int npicks = cg->lt ? sg__lt_tune_end(ctx, picks, TUNE_MAX) : 0;
     if (s == SG_OK) s = tune_kernels(fn, g, st);
-    if (s == SG_OK) tune_save(cg);
+    if (s == SG_OK) tune_save(cg, picks, npicks);
     if (s != SG_OK) {
         sg__log(ctx, "perf_hints",
                 "fn '%s': max-autotune stopped, the kernels left keep their "
@@ -512,7 +570,7 @@ static sg_status autotune(sg_fn *fn, sg__graph *g, set_state *st) {
     return sv ? restore_mutated(ctx, g, sv, nsv) : SG_OK;
 }
 
-static sg_status run(sg_fn *fn, sg__graph *g, int set) {
+static sg_status run_set(sg_fn *fn, sg__graph *g, int set) {
     sg_ctx *ctx = fn->ctx;
     cu_graph *cg = g->dev;
     set_state *st = NULL;
@@ -547,13 +605,22 @@ static sg_status run(sg_fn *fn, sg__graph *g, int set) {
     return r == CUDA_SUCCESS ? SG_OK : sg__cu_fail(ctx, r, "cuGraphLaunch", g->module);
 }
 
+/* A replay; in the MAX_AUTOTUNE modes, with cuBLASLt's picks in scope. */
+static sg_status run(sg_fn *fn, sg__graph *g, int set) {
+    cu_graph *cg = g->dev;
+    if (cg->lt) sg__lt_scope(fn->ctx, true);
+    sg_status s = run_set(fn, g, set);
+    if (cg->lt) sg__lt_scope(fn->ctx, false);
+    return s;
+}
+
 /*
  * sg_fn_trace on CUDA: one replay launched kernel by kernel (no graph), an
  * event recorded before the first and after each, so that every kernel --
  * its library call, its generated kernel -- gets its own device time. The
  * times are placed on the host clock read when the first event is queued.
  */
-static sg_status timed_run(sg_fn *fn, sg__graph *g, int set) {
+static sg_status timed_run_set(sg_fn *fn, sg__graph *g, int set) {
     sg_ctx *ctx = fn->ctx;
     const sg__cu_api *cu = api();
     set_state *st = NULL;
@@ -589,6 +656,14 @@ static sg_status timed_run(sg_fn *fn, sg__graph *g, int set) {
     if (s == SG_OK && r != CUDA_SUCCESS)
         s = sg__cu_fail(ctx, r, "cuEventRecord/cuEventElapsedTime", "timing kernels for sg_fn_trace");
     if (s == SG_OK) sg__trace_next(fn);
+    return s;
+}
+
+static sg_status timed_run(sg_fn *fn, sg__graph *g, int set) {
+    cu_graph *cg = g->dev;
+    if (cg->lt) sg__lt_scope(fn->ctx, true);
+    sg_status s = timed_run_set(fn, g, set);
+    if (cg->lt) sg__lt_scope(fn->ctx, false);
     return s;
 }
 

@@ -563,6 +563,40 @@ static sg_status run_padded(sg_ctx *ctx, const sg__mm_plan *p, const sg__mm_pad 
     return s;
 }
 
+/* ------------------------------------------------------------ GEMV or cuBLASLt, tuned */
+
+typedef struct gemv_alt {
+    const sg__mm_plan *p;
+    sg_dtype dt;
+    const ptrs *q;
+} gemv_alt;
+
+static sg_status gemv_run(sg_ctx *ctx, void *user) {
+    const gemv_alt *g = user;
+    return each_outer(ctx, g->p, g->dt, g->q, gemv_batch, NULL);
+}
+
+/* For a product of at most 8 rows that both could run in place (no packed
+ * operand, result or bias, no padding, one cuBLASLt call): GEMV or not, as
+ * max-autotune picked it (timed against cuBLASLt's algorithms in the tuning
+ * run, remembered after); gemv, the choice without tuning, otherwise. */
+static bool tuned_gemv(sg_ctx *ctx, const sg__node *n, const sg__mm_plan *p, sg_dtype dt,
+                       bool gemv) {
+    const sg_tensor *bias = n->op == SG__OP_LINEAR ? n->in[2] : NULL;
+    sg__lt_call call;
+    sg__mm_pad pad;
+    if (!sg__lt_scoped(ctx) || p->M > 8 || p->nb > 1 || p->copy_a || p->copy_b || p->copy_c ||
+        (bias && bias->stride[0] != 1 && bias->shape[0] > 1) || !sg__mm_lt_call(p, dt, &call) ||
+        sg__mm_pad_make(p, dt, &pad))
+        return gemv;
+    call.bias = bias != NULL;
+    ptrs q = {sg__data(n->in[0]), sg__data(n->in[1]), sg__data(n->out),
+              bias ? sg__data(bias) : NULL, bias ? bias->stride[0] : 0};
+    gemv_alt g = {p, dt, &q};
+    /* cuBLASLt's A is our B, its B our A. */
+    return sg__lt_prefer_gemv(ctx, &call, q.b, q.a, q.c, q.bias, gemv_run, &g, gemv);
+}
+
 /* ------------------------------------------------------------ the family */
 
 sg_status sg__cuda_matmul(sg_ctx *ctx, const sg__node *n) {
@@ -576,6 +610,7 @@ sg_status sg__cuda_matmul(sg_ctx *ctx, const sg__node *n) {
     sg__mm_plan_make(n, &p);
     sg__mm_path path = sg__mm_path_env();
     bool gemv = path == SG__MM_GEMV || (path == SG__MM_AUTO && sg__mm_prefer_gemv(&p));
+    if (path == SG__MM_AUTO && p.M <= 8) gemv = tuned_gemv(ctx, n, &p, dt, gemv);
     lt_user lt = {.ran = true};
     if (!gemv && !sg__mm_lt_call(&p, dt, &lt.call)) {
         if (p.M > INT_MAX || p.N > INT_MAX || p.K > INT_MAX)
