@@ -558,6 +558,95 @@ static sg_status norms_into_gemv(sg_ctx *ctx, const sg__ir *ir, const int *alias
     return SG_OK;
 }
 
+/* ------------------------------------------------------------ GEMV pairs */
+
+/*
+ * MATMUL group b's epilogue rewired onto a merged group whose member ia is
+ * a's anchor (a's result o): a member loading o's exact geometry reuses
+ * ia's value; false when one loads o's slot through another geometry, or
+ * b's anchor reads o's slot at all (a chain, not a pair).
+ */
+static bool rewire_pair(const sg__ir *ir, const int *alias, const sg__ref *o, sg__group *m,
+                        int from, int ia) {
+    for (int k = from; k < m->n; k++) {
+        sg__gnode *gn = &m->g[k];
+        const sg__irnode *n = &ir->nodes[gn->node];
+        for (int j = 0; j < n->nin; j++) {
+            const sg__ref *r = arg_ref(ir, n, j, alias);
+            if (!r || r->slot != o->slot || src_of(gn, j) >= 0) continue;
+            if (k == from || j >= 4 || !same_geom(r, o)) return false;
+            gn->arg_src[j] = ia;
+        }
+    }
+    return true;
+}
+
+/* MATMUL groups a (no epilogue) and b (no norm) as one group with b's
+ * anchor as anchor2, or false when they are no pair; *oom when out of memory. */
+static bool merge_pair(sg_ctx *ctx, const sg__ir *ir, const int *alias, const sg__group *a,
+                       const sg__group *b, sg__group *out, bool *oom) {
+    *oom = false;
+    if (a->kind != SG__G_MATMUL || b->kind != SG__G_MATMUL || a->anchor < 0 ||
+        a->anchor != a->n - 1 || a->anchor2 || b->anchor != 0 || b->anchor2 || b->norm_rows)
+        return false;
+    const sg__irnode *na = &ir->nodes[a->g[a->anchor].node], *nb = &ir->nodes[b->g[0].node];
+    const sg__ref *xa = arg_ref(ir, na, 0, alias), *xb = arg_ref(ir, nb, 0, alias);
+    if (na->op != nb->op || !xa || !xb || !same_geom(xa, xb)) return false;
+    *out = *b;
+    out->g = sg__alloc(ctx, sizeof *out->g * (size_t)(a->n + b->n));
+    if (!out->g) {
+        *oom = true;
+        return false;
+    }
+    memcpy(out->g, a->g, sizeof *out->g * (size_t)a->n);
+    for (int k = 0; k < b->n; k++) {
+        sg__gnode gn = b->g[k];
+        for (int j = 0; j < 4; j++)
+            if (gn.arg_src[j] >= 0) gn.arg_src[j] += a->n;
+        out->g[a->n + k] = gn;
+    }
+    out->g[a->n].arg_src[0] = a->g[a->anchor].arg_src[0]; /* a's x: the norm's value, or memory */
+    out->n = a->n + b->n;
+    out->first = a->first;
+    out->anchor = a->anchor;
+    out->anchor2 = a->n;
+    out->norm_rows = a->norm_rows;
+    out->row_anchor = a->row_anchor;
+    out->nrows = a->nrows;
+    out->rowlen = a->rowlen;
+    out->rows_inline = false;
+    if (!rewire_pair(ir, alias, &ir->refs[alias[na->out]], out, a->n, a->anchor)) {
+        sg__free(ctx, out->g, sizeof *out->g * (size_t)out->n);
+        return false;
+    }
+    return true;
+}
+
+/* Each MATMUL group without epilogue and the next one reading the same x
+ * merge where the backend's gemv_rows takes the result. */
+static sg_status gemv_pairs(sg_ctx *ctx, const sg__ir *ir, const int *alias, sg__fused *f,
+                            bool (*takes)(const sg__ir *, const int *, const sg__group *)) {
+    for (int k = 0; k + 1 < f->ngroups; k++) {
+        sg__group *a = &f->groups[k], *b = &f->groups[k + 1];
+        sg__group merged;
+        bool oom;
+        if (!merge_pair(ctx, ir, alias, a, b, &merged, &oom)) {
+            if (oom) return sg__fail(ctx, SG_ERR_OOM, "fusion: out of host memory");
+            continue;
+        }
+        if (!merged_safe(ir, alias, &merged) || !takes(ir, alias, &merged)) {
+            sg__free(ctx, merged.g, sizeof *merged.g * (size_t)merged.n);
+            continue;
+        }
+        sg__free(ctx, a->g, sizeof *a->g * (size_t)(a->n ? a->n : 1));
+        sg__free(ctx, b->g, sizeof *b->g * (size_t)(b->n ? b->n : 1));
+        *a = merged;
+        memmove(b, b + 1, sizeof *b * (size_t)(f->ngroups - k - 2));
+        f->ngroups--;
+    }
+    return SG_OK;
+}
+
 /* ------------------------------------------------------------ stores */
 
 /* Which groups load each slot from memory: a bit per slot, computed per group. */
@@ -587,8 +676,9 @@ static void mark_stores(const sg__ir *ir, const int *alias, sg__group *groups, i
             const sg__irnode *n = &ir->nodes[g->g[k].node];
             int slot = ir->refs[alias[n->out]].slot;
             const sg__slot *sl = &ir->slots[slot];
-            bool store = sl->kind != SG__SLOT_INTERNAL || sl->output >= 0 ||
-                         g->kind == SG__G_OPAQUE || (g->kind == SG__G_MATMUL && k == g->anchor);
+            bool store =
+                sl->kind != SG__SLOT_INTERNAL || sl->output >= 0 || g->kind == SG__G_OPAQUE ||
+                (g->kind == SG__G_MATMUL && (k == g->anchor || (g->anchor2 && k == g->anchor2)));
             /* The library call of a reduction or row reads its input from
              * memory: the prologue value it takes is stored. */
             if (g->anchor > 0 && !g->rows_inline && !g->norm_rows &&
@@ -743,6 +833,8 @@ sg_status sg__fuse(sg_ctx *ctx, const sg__ir *ir, const sg__fuse_opts *opts, sg_
     f->cap_groups = b.cap;
     if (s == SG_OK && !per_op && opts && opts->gemv_rows)
         s = norms_into_gemv(ctx, ir, f->alias, f, opts->gemv_rows);
+    if (s == SG_OK && !per_op && opts && opts->gemv_rows)
+        s = gemv_pairs(ctx, ir, f->alias, f, opts->gemv_rows);
     if (s != SG_OK) goto done;
     mark_stores(ir, f->alias, f->groups, f->ngroups);
     if (!per_op && (!opts || opts->horizontal))

@@ -31,6 +31,11 @@
  *  - norm into GEMV (with gemv_rows): a layer_norm/rms_norm ROW group and
  *    the MATMUL group that reads its result become one MATMUL group whose
  *    generated kernel normalizes the rows on chip and then runs the GEMV.
+ *  - GEMV pairs (with gemv_rows): a MATMUL group without epilogue and the
+ *    next MATMUL group whose anchor reads the same x (SwiGLU's two
+ *    projections) become one MATMUL group (sg__group.anchor2) whose kernel
+ *    computes both products per output column, then the second group's
+ *    epilogue on the pair: silu(x W1) * (x W3) in one kernel.
  *  - horizontal: consecutive POINTWISE groups with no data between them
  *    (an optimizer's per-parameter updates) become one MULTI group: one
  *    kernel with one loop per member; with horizontal_data, so do
@@ -91,6 +96,12 @@ typedef struct sg__group {
      * value the anchor reads as x (arg_src[0]); nrows rows of rowlen. */
     bool norm_rows;
     int row_anchor;
+    /* MATMUL groups that sg__fuse_opts.gemv_rows merged with the matmul
+     * group after them (same x, no epilogue between): the index into g of
+     * the second matmul, right after the anchor, 0 when none. Members after
+     * it are the epilogue of both products (reading either from a
+     * register); both results are stored. */
+    int anchor2;
 } sg__group;
 
 typedef struct sg__fused {
@@ -131,7 +142,9 @@ typedef struct sg__fuse_opts {
      * x from on-chip memory): a rows_inline layer_norm/rms_norm ROW group
      * whose result only the next MATMUL group's anchor reads as x merges
      * into it (sg__group.norm_rows) when this says the merged group is one
-     * it generates. NULL: no such merge. */
+     * it generates; so does a pair of matmul groups reading the same x
+     * (sg__group.anchor2) when this takes the merged group. NULL: no such
+     * merge. */
     bool (*gemv_rows)(const sg__ir *ir, const int *alias, const sg__group *merged);
 } sg__fuse_opts;
 
