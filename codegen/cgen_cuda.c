@@ -8,8 +8,11 @@
  * when every access of the loop is contiguous and aligned. A matmul of at
  * most 8 rows becomes one GEMV kernel that also runs its bias and epilogue,
  * and, when fusion merged the layer_norm/rms_norm that makes its x, first
- * normalizes those rows into shared memory (every block, from L2).
- * Embedding, index_select, concat and index_copy_ become one kernel each.
+ * normalizes those rows into shared memory (every block, from L2); two
+ * such matmuls on one x (a pair) become one kernel computing both products
+ * per column, then their shared epilogue. Embedding, index_select, concat
+ * and index_copy_ become one kernel each; a chain of small loops and data
+ * ops runs in one block, in order, a barrier between them.
  * Every kernel names its slots in its own numbering (first use first), so
  * that the kernels of a model's layers print the same text: each distinct
  * text is emitted once, and the groups that run it share its name.
@@ -32,6 +35,7 @@
 #define MAX_BLOCK 512   /* the largest block max-autotune tries (launch bounds) */
 #define GRID_CAP 2048   /* grid-stride loops: more blocks than this buy nothing */
 #define MEMBER_CAP 1024 /* blocks per member of a MULTI kernel */
+#define CHAIN_MAX 4096  /* elements per loop of a one-block chain kernel */
 #define GEMV_ROWS 8     /* the most rows a generated GEMV takes */
 #define GEMV_SMEM 32768 /* bytes of normalized rows a GEMV keeps in shared memory */
 #define GEMV_PREFETCH 16 /* 16-byte weight vectors a lane loads ahead (64 registers) */
@@ -1358,6 +1362,61 @@ static void emit_multi(gen *g, const sg__group *grp, sg__cuda_kinfo *ki, bool *a
     for (int t = 0; t < SG__CUDA_NTUNE; t++) ki->tune_grid[t] = ki->grid;
 }
 
+/* The elements one loop of a chain member walks (its data walk, or its
+ * pointwise shape), or -1 when it is no loop a chain runs. */
+static int64_t chain_walk(const gen *g, const sg__group *part) {
+    const sg__irnode *n = NULL;
+    if (part->kind == SG__G_OPAQUE) return data_walk(g, part, &n);
+    if (part->kind != SG__G_POINTWISE) return -1;
+    int64_t numel = numel_of(part->ndim, part->shape);
+    return numel > 0 ? numel : -1;
+}
+
+/*
+ * A chain (sg__group.chain): its members in order in one block, each a
+ * loop over the block's threads in its own scope, a block barrier between
+ * them (which also makes the global writes of one visible to the next).
+ */
+static void emit_chain(gen *g, const sg__group *grp, sg__cuda_kinfo *ki, bool *aligned,
+                       int nslots) {
+    sg__emit *outer = g->e;
+    bool *mark = sg__calloc(outer->ctx, sizeof(bool) * (size_t)nslots);
+    if (!mark) {
+        outer->oom = true;
+        return;
+    }
+    g->member_slots = true; /* each member's scope loads its own slot bases */
+    for (int m = 0; m < grp->nmembers; m++) {
+        const sg__group *part = &g->f->parts[grp->members[m]];
+        const sg__irnode *n = NULL;
+        sg__emit body = {.ctx = outer->ctx, .depth = outer->depth + 1};
+        memset(mark, 0, sizeof(bool) * (size_t)nslots);
+        g->e = &body, g->mark = mark;
+        if (part->kind == SG__G_OPAQUE) {
+            ki->iters += data_walk(g, part, &n);
+            g->walk_blk = "0", g->walk_nblk = "1";
+            data_body(g, n);
+            g->walk_blk = g->walk_nblk = NULL;
+        } else {
+            used_slots(g, part, 0);
+            ki->iters += numel_of(part->ndim, part->shape);
+            emit_loop(g, part, 0, 1, aligned, "0", "1"); /* w 1: no early return */
+        }
+        g->e = outer, g->mark = NULL;
+        if (m) sg__emit_line(outer, "__syncthreads();");
+        sg__emit_open(outer, "%s", "");
+        for (int i = 0; i < nslots; i++)
+            if (mark[i]) sg__emit_line(outer, "char *const s%d = slot[%d];", i, i);
+        if (body.buf) sg__emit_raw(outer, "%s", body.buf);
+        sg__emit_close(outer);
+        if (body.oom) outer->oom = true;
+        sg__emit_free(&body);
+    }
+    sg__free(outer->ctx, mark, sizeof(bool) * (size_t)nslots);
+    ki->grid = 1;
+    for (int t = 0; t < SG__CUDA_NTUNE; t++) ki->tune_grid[t] = 1;
+}
+
 /*
  * Group grp's kernel body into g->e, its slots numbered through lslot, and
  * its launch into ki; false when the group has no kernel. *what describes
@@ -1400,6 +1459,9 @@ static bool emit_group(gen *g, const sg__group *grp, sg__cuda_kinfo *ki, bool *a
         used_slots(g, grp, 0);
         g->anchor_reg = false;
         *what = sg__cgen_cuda_rows(g, grp, ki);
+    } else if (grp->kind == SG__G_MULTI && grp->chain) {
+        emit_chain(g, grp, ki, aligned, nslots);
+        *what = "dependent loops in order in one block, a barrier between them";
     } else if (grp->kind == SG__G_MULTI) {
         emit_multi(g, grp, ki, aligned, nslots);
         *what = "independent loops, each over its own range of blocks";
@@ -1608,6 +1670,21 @@ static bool gemv_rows(const sg__ir *ir, const int *alias, const sg__group *merge
     return gemv_plan(&g, merged, &p) && (p.norm || p.w2);
 }
 
+/* sg__fuse_opts.chain: a pointwise loop or a generated data op (a MULTI of
+ * them) of at most CHAIN_MAX elements each, which one block runs in a few
+ * passes. */
+static bool chain_takes(const sg__ir *ir, const sg__fused *f, const sg__group *grp) {
+    gen g = {.ir = ir, .f = f};
+    int nl = grp->kind == SG__G_MULTI ? grp->nmembers : 1;
+    if (grp->kind == SG__G_MULTI && grp->chain) return false;
+    for (int m = 0; m < nl; m++) {
+        const sg__group *part = grp->kind == SG__G_MULTI ? &f->parts[grp->members[m]] : grp;
+        int64_t numel = chain_walk(&g, part);
+        if (numel < 1 || numel > CHAIN_MAX) return false;
+    }
+    return true;
+}
+
 void sg__cgen_cuda_fuse_opts(sg__fuse_opts *o, bool disable) {
     memset(o, 0, sizeof *o);
     o->disable = disable;
@@ -1616,6 +1693,7 @@ void sg__cgen_cuda_fuse_opts(sg__fuse_opts *o, bool disable) {
     o->rows_inline = true;
     o->horizontal_data = true;
     o->gemv_rows = gemv_rows;
+    o->chain = chain_takes;
 }
 
 sg_status sg__cgen_cuda(sg_ctx *ctx, const sg__ir *ir, const sg__fused *f, const char *title,

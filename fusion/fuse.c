@@ -799,6 +799,74 @@ static sg_status horizontal(sg_ctx *ctx, const sg__ir *ir, const int *alias, sg_
     return SG_OK;
 }
 
+/* ------------------------------------------------------------ chains */
+
+/* Room for `more` parts in f (after horizontal: parts may be absent). */
+static bool parts_room(sg_ctx *ctx, sg__fused *f, int more) {
+    if (f->nparts + more <= f->cap_parts) return true;
+    int ncap = f->nparts + more;
+    sg__group *np = sg__calloc(ctx, sizeof *np * (size_t)ncap);
+    if (!np) return false;
+    if (f->parts) memcpy(np, f->parts, sizeof *np * (size_t)f->nparts);
+    sg__free(ctx, f->parts, sizeof *np * (size_t)(f->cap_parts ? f->cap_parts : 1));
+    f->parts = np;
+    f->cap_parts = ncap;
+    return true;
+}
+
+/* Groups [i, j) as one chain at *out (their parts, a MULTI's flattened), or
+ * false when out of memory (nothing changed). */
+static bool make_chain(sg_ctx *ctx, sg__fused *f, int i, int j, sg__group *out) {
+    int nm = 0, nnew = 0;
+    for (int k = i; k < j; k++) {
+        bool multi = f->groups[k].kind == SG__G_MULTI;
+        nm += multi ? f->groups[k].nmembers : 1;
+        nnew += !multi;
+    }
+    int *members = sg__alloc(ctx, sizeof(int) * (size_t)nm);
+    if (!members || !parts_room(ctx, f, nnew)) {
+        sg__free(ctx, members, sizeof(int) * (size_t)nm);
+        return false;
+    }
+    sg__group c = {.kind = SG__G_MULTI, .anchor = -1, .chain = true, .members = members};
+    c.first = f->groups[i].first;
+    c.last = f->groups[j - 1].last;
+    for (int k = i; k < j; k++) {
+        sg__group *g = &f->groups[k];
+        if (g->kind != SG__G_MULTI) {
+            f->parts[f->nparts] = *g;
+            members[c.nmembers++] = f->nparts++;
+            continue;
+        }
+        memcpy(members + c.nmembers, g->members, sizeof(int) * (size_t)g->nmembers);
+        c.nmembers += g->nmembers;
+        sg__free(ctx, g->members, sizeof(int) * (size_t)g->nmembers);
+        sg__free(ctx, g->g, sizeof *g->g * (size_t)(g->n ? g->n : 1));
+    }
+    *out = c;
+    return true;
+}
+
+/* Each run of two or more consecutive groups that the backend's chain takes
+ * becomes one chain; out of memory leaves a run as it was. */
+static void chains(sg_ctx *ctx, const sg__ir *ir, sg__fused *f,
+                   bool (*takes)(const sg__ir *, const sg__fused *, const sg__group *)) {
+    int nout = 0;
+    for (int i = 0; i < f->ngroups;) {
+        int j = i;
+        while (j < f->ngroups && takes(ir, f, &f->groups[j])) j++;
+        sg__group c;
+        if (j - i >= 2 && make_chain(ctx, f, i, j, &c)) {
+            f->groups[nout++] = c;
+            i = j;
+        } else {
+            for (int k = i; k < (j > i ? j : i + 1); k++) f->groups[nout++] = f->groups[k];
+            i = j > i ? j : i + 1;
+        }
+    }
+    f->ngroups = nout;
+}
+
 /* ------------------------------------------------------------ entry */
 
 sg_status sg__fuse(sg_ctx *ctx, const sg__ir *ir, const sg__fuse_opts *opts, sg__fused *f) {
@@ -839,6 +907,7 @@ sg_status sg__fuse(sg_ctx *ctx, const sg__ir *ir, const sg__fuse_opts *opts, sg_
     mark_stores(ir, f->alias, f->groups, f->ngroups);
     if (!per_op && (!opts || opts->horizontal))
         s = horizontal(ctx, ir, f->alias, f, opts && opts->horizontal_data);
+    if (s == SG_OK && !per_op && opts && opts->chain) chains(ctx, ir, f, opts->chain);
 done:
     sg__free(ctx, writes, sizeof(int) * (size_t)ns);
     sg__free(ctx, needed, (size_t)ns);
@@ -867,6 +936,6 @@ const char *sg__group_name(const sg__ir *ir, const sg__group *g, char *buf, size
     buf[0] = '\0';
     for (int i = 0; i < g->n && k + 1 < size; i++)
         k += (size_t)snprintf(buf + k, size - k, i ? "_%s" : "%s", sg__op_name(ir->nodes[g->g[i].node].op));
-    if (g->kind == SG__G_MULTI) snprintf(buf, size, "multi%d", g->nmembers);
+    if (g->kind == SG__G_MULTI) snprintf(buf, size, g->chain ? "chain%d" : "multi%d", g->nmembers);
     return buf;
 }

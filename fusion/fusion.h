@@ -41,6 +41,11 @@
  *    kernel with one loop per member; with horizontal_data, so do
  *    consecutive independent index_copy_ groups (OPAQUE members: a decode
  *    step's K and V cache writes) for a backend that generates them.
+ *  - chains (with chain): consecutive small kernels that the backend can
+ *    run in one block each (a decode step's rotation, its concat and its
+ *    K/V cache writes; elements, not bandwidth, set their time) become one
+ *    MULTI group with `chain` set: one kernel running them in order with a
+ *    barrier between them, so dependent ones may join.
  * SG_DISABLE_FUSION=1 makes every node its own group.
  */
 #ifndef SG_FUSION_H
@@ -75,6 +80,9 @@ typedef struct sg__group {
     int64_t shape[SG_MAX_DIMS]; /* epilogue of an anchored group) */
     int *members;    /* MULTI: indices into sg__fused.parts, in run order */
     int nmembers;
+    bool chain;      /* MULTI: the members depend on one another (a chain of
+                        sg__fuse_opts.chain): they run in order, each after
+                        the one before it has finished */
     /* REDUCE/ROW groups that sg__fuse_opts.rows_inline gives to the backend's
      * generated code: the anchor works along rows of its input (nrows rows
      * of rowlen elements, row r being elements [r * rowlen, (r + 1) * rowlen)
@@ -146,6 +154,11 @@ typedef struct sg__fuse_opts {
      * (sg__group.anchor2) when this takes the merged group. NULL: no such
      * merge. */
     bool (*gemv_rows)(const sg__ir *ir, const int *alias, const sg__group *merged);
+    /* The backend generates group g (of f, after horizontal: a MULTI's parts
+     * are in f) as loops that one block of its threads may run alone, in
+     * order with others: runs of two or more such groups become one chain
+     * (sg__group.chain). NULL: no chains. */
+    bool (*chain)(const sg__ir *ir, const sg__fused *f, const sg__group *g);
 } sg__fuse_opts;
 
 SG__HIDDEN sg_status sg__fuse(sg_ctx *ctx, const sg__ir *ir, const sg__fuse_opts *opts,
