@@ -35,7 +35,7 @@
 #define MAX_BLOCK 512   /* the largest block max-autotune tries (launch bounds) */
 #define GRID_CAP 2048   /* grid-stride loops: more blocks than this buy nothing */
 #define MEMBER_CAP 1024 /* blocks per member of a MULTI kernel */
-#define CHAIN_MAX 4096  /* elements per loop of a one-block chain kernel */
+#define CHAIN_MAX 4096  /* elements per group of a one-block chain kernel */
 #define GEMV_ROWS 8     /* the most rows a generated GEMV takes */
 #define GEMV_SMEM 32768 /* bytes of normalized rows a GEMV keeps in shared memory */
 #define GEMV_PREFETCH 16 /* 16-byte weight vectors a lane loads ahead (64 registers) */
@@ -1671,18 +1671,20 @@ static bool gemv_rows(const sg__ir *ir, const int *alias, const sg__group *merge
 }
 
 /* sg__fuse_opts.chain: a pointwise loop or a generated data op (a MULTI of
- * them) of at most CHAIN_MAX elements each, which one block runs in a few
- * passes. */
+ * them) of at most CHAIN_MAX elements in all, which one block runs in a few
+ * passes (a MULTI's members, which ran side by side, run one by one). */
 static bool chain_takes(const sg__ir *ir, const sg__fused *f, const sg__group *grp) {
     gen g = {.ir = ir, .f = f};
     int nl = grp->kind == SG__G_MULTI ? grp->nmembers : 1;
+    int64_t total = 0;
     if (grp->kind == SG__G_MULTI && grp->chain) return false;
     for (int m = 0; m < nl; m++) {
         const sg__group *part = grp->kind == SG__G_MULTI ? &f->parts[grp->members[m]] : grp;
         int64_t numel = chain_walk(&g, part);
-        if (numel < 1 || numel > CHAIN_MAX) return false;
+        if (numel < 1) return false;
+        total += numel;
     }
-    return true;
+    return total <= CHAIN_MAX;
 }
 
 void sg__cgen_cuda_fuse_opts(sg__fuse_opts *o, bool disable) {
