@@ -8,8 +8,11 @@
  * when every access of the loop is contiguous and aligned. A matmul of at
  * most 8 rows becomes one GEMV kernel that also runs its bias and epilogue,
  * and, when fusion merged the layer_norm/rms_norm that makes its x, first
- * normalizes those rows into shared memory (every block, from L2).
- * Embedding, index_select, concat and index_copy_ become one kernel each.
+ * normalizes those rows into shared memory (every block, from L2); two
+ * such matmuls on one x (a pair) become one kernel computing both products
+ * per column, then their shared epilogue. Embedding, index_select, concat
+ * and index_copy_ become one kernel each; a chain of small loops and data
+ * ops runs in one block, in order, a barrier between them.
  * Every kernel names its slots in its own numbering (first use first), so
  * that the kernels of a model's layers print the same text: each distinct
  * text is emitted once, and the groups that run it share its name.
@@ -32,6 +35,7 @@
 #define MAX_BLOCK 512   /* the largest block max-autotune tries (launch bounds) */
 #define GRID_CAP 2048   /* grid-stride loops: more blocks than this buy nothing */
 #define MEMBER_CAP 1024 /* blocks per member of a MULTI kernel */
+#define CHAIN_MAX 4096  /* elements per group of a one-block chain kernel */
 #define GEMV_ROWS 8     /* the most rows a generated GEMV takes */
 #define GEMV_SMEM 32768 /* bytes of normalized rows a GEMV keeps in shared memory */
 #define GEMV_PREFETCH 16 /* 16-byte weight vectors a lane loads ahead (64 registers) */
@@ -653,6 +657,10 @@ typedef struct gemv {
     bool along_k;
     bool norm; /* the group's norm_rows part fills x in shared memory (sg_xs) */
     int cols;  /* along K: output columns per warp */
+    /* A pair (sg__group.anchor2): the second product's weight, at woff2
+     * with the first's strides, and its output. */
+    const sg__ref *w2, *o2;
+    int64_t woff2;
 } gemv;
 
 /* Columns per warp of an along-K GEMV: enough 16-byte loads in flight per
@@ -666,6 +674,32 @@ static int gemv_cols(const gemv *p) {
     if (per <= 2 && p->n >= 4 * wpb * sms) return 4;
     if (per <= 4 && p->n >= 2 * wpb * sms) return 2;
     return 1;
+}
+
+/*
+ * The second product of a pair: a linear/matmul like the first (weight of
+ * the same dtype, shape and strides, no bias) on the same x, along K, its
+ * output rows x N contiguous; the epilogue may not write its weight.
+ */
+static bool gemv_pair_plan(const gen *g, const sg__group *grp, gemv *p) {
+    const sg__irnode *n = &g->ir->nodes[grp->g[grp->anchor2].node];
+    const sg__ref *w = arg_of(g, n, 1), *o = ref_of(g, n->out);
+    if (grp->anchor2 != grp->anchor + 1 || !p->along_k || !w || w->ndim != 2 ||
+        w->dtype != p->w->dtype || o->dtype != p->o->dtype ||
+        (n->op == SG__OP_LINEAR && n->nin > 2 && arg_of(g, n, 2)))
+        return false;
+    for (int d = 0; d < 2; d++)
+        if (w->shape[d] != p->w->shape[d] || (w->shape[d] > 1 && w->stride[d] != p->w->stride[d]))
+            return false;
+    if (numel_of(o->ndim, o->shape) != p->rows * p->n || !flat_ok(o, o->ndim, o->shape))
+        return false;
+    for (int k = grp->anchor2 + 1; k < grp->n; k++)
+        if (grp->g[k].store && ref_of(g, g->ir->nodes[grp->g[k].node].out)->slot == w->slot)
+            return false;
+    p->w2 = w;
+    p->o2 = o;
+    p->woff2 = w->offset;
+    return true;
 }
 
 static bool gemv_plan(const gen *g, const sg__group *grp, gemv *p) {
@@ -723,14 +757,30 @@ static bool gemv_plan(const gen *g, const sg__group *grp, gemv *p) {
         if (grp->g[k].store && (slot == x->slot || slot == w->slot || (p->b && slot == p->b->slot)))
             return false;
     }
+    if (grp->anchor2 && !gemv_pair_plan(g, grp, p)) return false;
     p->cols = p->along_k ? gemv_cols(p) : 1;
+    if (p->w2 && p->cols > 1) p->cols /= 2; /* each column is two weights' */
     return true;
 }
 
+/* Member a's value v<a> = expr (a product at element i) and its store into o. */
+static void emit_gemv_result(gen *g, const sg__group *grp, int a, const sg__ref *o,
+                             const char *expr) {
+    char lv[200], st[1100], v[16];
+    sg__emit_line(g->e, "const float v%d = %s; /* %s */", a, expr,
+                  sg__op_name(g->ir->nodes[grp->g[a].node].op));
+    snprintf(lv, sizeof lv, "((%s *)s%d)[%lld + i]", ctype(o->dtype), lslot(g, o->slot),
+             (long long)o->offset);
+    snprintf(v, sizeof v, "v%d", a);
+    narrow_store(o->dtype, lv, v, st, sizeof st);
+    sg__emit_line(g->e, "%s", st);
+}
+
 /* The anchor's value at (row r, column n) from acc<r>, its store, and the
- * epilogue: one output element, on the thread that holds the sum. */
+ * epilogue: one output element, on the thread that holds the sum (a pair's
+ * second product from accp<r> after it). */
 static void emit_gemv_tail(gen *g, const sg__group *grp, const gemv *p, int r) {
-    char ld[320], rt[900], st[1100], lv[200], e[420];
+    char ld[320], rt[900], lv[200], e[420];
     int a = grp->anchor;
     sg__emit_open(g->e, "%s", "");
     sg__emit_line(g->e, "const sg_i64 i = %lld + n;", (long long)(r * p->n));
@@ -743,14 +793,12 @@ static void emit_gemv_tail(gen *g, const sg__group *grp, const gemv *p, int r) {
         snprintf(e, sizeof e, "acc%d", r);
     }
     round_trip(e, true, p->o->dtype, rt, sizeof rt);
-    sg__emit_line(g->e, "const float v%d = %s; /* %s */", a, rt,
-                  sg__op_name(g->ir->nodes[grp->g[a].node].op));
-    snprintf(lv, sizeof lv, "((%s *)s%d)[%lld + i]", ctype(p->o->dtype), lslot(g, p->o->slot),
-             (long long)p->o->offset);
-    char v[16];
-    snprintf(v, sizeof v, "v%d", a);
-    narrow_store(p->o->dtype, lv, v, st, sizeof st);
-    sg__emit_line(g->e, "%s", st);
+    emit_gemv_result(g, grp, a, p->o, rt);
+    if (p->w2) {
+        snprintf(e, sizeof e, "accp%d", r);
+        round_trip(e, true, p->o2->dtype, rt, sizeof rt);
+        emit_gemv_result(g, grp, a = grp->anchor2, p->o2, rt);
+    }
     if (a + 1 < grp->n) {
         bool flat = group_flat(g, grp, a + 1, grp->ndim, grp->shape);
         if (!flat) emit_unflatten(g, grp->ndim, grp->shape);
@@ -840,14 +888,16 @@ static void emit_gemv_vectors(gen *g, const gemv *p, int cols, int u, int npf, i
 /*
  * The loads and sums of an along-K GEMV: `cols` adjacent output columns per
  * warp (nb, nb + 1, ...), 16-byte loads along K shared by the columns for
- * x, then a shuffle sum, after which every lane holds acc<r>_<c>. Returns
- * the grid; the caller emits the tail on lanes 0 .. cols-1.
+ * x, then a shuffle sum, after which every lane holds acc<r>_<c> (a pair's
+ * second product of column c in acc<r>_<cols + c>). Returns the grid; the
+ * caller emits the tail on lanes 0 .. cols-1.
  */
 static unsigned emit_gemv_warp(gen *g, const sg__group *grp, const gemv *p, int cols) {
     const char *t = ctype(p->x->dtype);
     int es = (int)sg_dtype_size(p->x->dtype), v = 16 / es;
     int64_t wpb = BLOCK / 32, per_block = wpb * cols;
     unsigned grid = (unsigned)((p->n + per_block - 1) / per_block);
+    int nw = p->w2 ? 2 * cols : cols; /* weight columns: a pair's second at cols + c */
     sg__emit_line(g->e, "const int lane = threadIdx.x & 31;");
     sg__emit_line(g->e,
                   "const sg_i64 nb = ((sg_i64)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> "
@@ -855,14 +905,17 @@ static unsigned emit_gemv_warp(gen *g, const sg__group *grp, const gemv *p, int 
                   cols);
     if (!p->norm) sg__emit_line(g->e, "if (nb >= %lld) return;", (long long)p->n);
     for (int r = 0; r < p->rows; r++)
-        for (int c = 0; c < cols; c++) sg__emit_line(g->e, "float acc%d_%d = 0.0f;", r, c);
+        for (int c = 0; c < nw; c++) sg__emit_line(g->e, "float acc%d_%d = 0.0f;", r, c);
     /* A warp's last columns past N read column N - 1 again (not stored). */
-    for (int c = 0; c < cols; c++)
+    for (int c = 0; c < nw; c++) {
+        const sg__ref *w = c < cols ? p->w : p->w2;
+        int cc = c < cols ? c : c - cols;
         sg__emit_line(
             g->e,
             "const %s *wr%d = (const %s *)s%d + (%lld + (nb + %d < %lld ? nb + %d : %lld) * %lld);",
-            t, c, t, lslot(g, p->w->slot), (long long)p->woff, c, (long long)p->n, c,
-            (long long)(p->n - 1), (long long)p->sn);
+            t, c, t, lslot(g, w->slot), (long long)(c < cols ? p->woff : p->woff2), cc,
+            (long long)p->n, cc, (long long)(p->n - 1), (long long)p->sn);
+    }
     /* A weight nothing in the step writes may be loaded before the previous
      * kernel has finished: the loads of each lane go to registers ahead of
      * sg_pdl_wait, overlapping that kernel's tail -- all of them up to
@@ -870,27 +923,29 @@ static unsigned emit_gemv_warp(gen *g, const sg__group *grp, const gemv *p, int 
      * weights take one memory latency, not one per batch of loads. */
     const sg__slot *wsl = &g->ir->slots[p->w->slot];
     int64_t kv = p->k / v;
-    int npf = wsl->kind != SG__SLOT_INTERNAL && wsl->mutated_by < 0 && p->k % v == 0
+    const sg__slot *wsl2 = p->w2 ? &g->ir->slots[p->w2->slot] : wsl;
+    int npf = wsl->kind != SG__SLOT_INTERNAL && wsl->mutated_by < 0 &&
+                      wsl2->kind != SG__SLOT_INTERNAL && wsl2->mutated_by < 0 && p->k % v == 0
                   ? (int)((kv + 31) / 32 < GEMV_PREFETCH ? (kv + 31) / 32 : GEMV_PREFETCH)
                   : 0;
-    while (npf > 1 && npf * cols > GEMV_PREFETCH) npf--;
+    while (npf > 1 && npf * nw > GEMV_PREFETCH) npf--;
     if (p->k % v != 0) {
         sg__emit_line(g->e, "sg_pdl_wait();");
         emit_gemv_norm(g, grp, p);
     } else {
         char cond[768];
         size_t k = (size_t)snprintf(cond, sizeof cond, "(((sg_u64)wr0");
-        for (int c = 1; c < cols; c++)
+        for (int c = 1; c < nw; c++)
             k += (size_t)snprintf(cond + k, sizeof cond - k, " | (sg_u64)wr%d", c);
         for (int r = 0; r < p->rows; r++)
             k += (size_t)snprintf(cond + k, sizeof cond - k, " | (sg_u64)x%d", r);
         snprintf(cond + k, sizeof cond - k, ") & 15) == 0");
         sg__emit_line(g->e, "const bool aligned = %s;", cond);
         if (npf) {
-            sg__emit_line(g->e, "sg_v16 wp[%d][%d];", npf, cols);
+            sg__emit_line(g->e, "sg_v16 wp[%d][%d];", npf, nw);
             sg__emit_open(g->e, "if (aligned && nb < %lld)", (long long)p->n);
             for (int u = 0; u < npf; u++)
-                for (int c = 0; c < cols; c++)
+                for (int c = 0; c < nw; c++)
                     sg__emit_line(
                         g->e,
                         "if (lane + %d < %lld) wp[%d][%d] = ((const sg_v16 *)wr%d)[lane + %d];",
@@ -901,17 +956,17 @@ static unsigned emit_gemv_warp(gen *g, const sg__group *grp, const gemv *p, int 
         emit_gemv_norm(g, grp, p);
         sg__emit_open(g->e, "if (aligned)");
         /* The prefetched vectors, then the rest of K, several loads in flight per lane. */
-        for (int u = 0; u <= npf; u++) emit_gemv_vectors(g, p, cols, u, npf, kv);
+        for (int u = 0; u <= npf; u++) emit_gemv_vectors(g, p, nw, u, npf, kv);
         sg__emit_close(g->e);
         sg__emit_open(g->e, "else");
     }
     if (p->k % v != 0) sg__emit_open(g->e, "%s", "");
     sg__emit_open(g->e, "for (sg_i64 k = lane; k < %lld; k += 32)", (long long)p->k);
-    emit_gemv_cols_fma(g, p, cols, "wr%d[k]", "x%d[k]");
+    emit_gemv_cols_fma(g, p, nw, "wr%d[k]", "x%d[k]");
     sg__emit_close(g->e);
     sg__emit_close(g->e);
     for (int r = 0; r < p->rows; r++)
-        for (int c = 0; c < cols; c++)
+        for (int c = 0; c < nw; c++)
             sg__emit_line(g->e,
                           "for (int o = 16; o > 0; o >>= 1) acc%d_%d += "
                           "__shfl_xor_sync(0xffffffffu, acc%d_%d, o);",
@@ -947,6 +1002,13 @@ static unsigned emit_gemv(gen *g, const sg__group *grp, const gemv *p) {
                 q += (size_t)snprintf(sel + q, sizeof sel - q, "lane == %d ? acc%d_%d : ", c, r, c);
             if (q < sizeof sel) snprintf(sel + q, sizeof sel - q, "acc%d_0", r);
             sg__emit_line(g->e, "const float acc%d = %s;", r, sel);
+            if (!p->w2) continue;
+            q = 0;
+            for (int c = cols - 1; c > 0 && q < sizeof sel; c--)
+                q += (size_t)snprintf(sel + q, sizeof sel - q, "lane == %d ? acc%d_%d : ", c, r,
+                                      cols + c);
+            if (q < sizeof sel) snprintf(sel + q, sizeof sel - q, "acc%d_%d", r, cols);
+            sg__emit_line(g->e, "const float accp%d = %s;", r, sel);
         }
     } else {
         /* One thread per column, 8 slices of K per block summed in shared memory. */
@@ -1300,6 +1362,61 @@ static void emit_multi(gen *g, const sg__group *grp, sg__cuda_kinfo *ki, bool *a
     for (int t = 0; t < SG__CUDA_NTUNE; t++) ki->tune_grid[t] = ki->grid;
 }
 
+/* The elements one loop of a chain member walks (its data walk, or its
+ * pointwise shape), or -1 when it is no loop a chain runs. */
+static int64_t chain_walk(const gen *g, const sg__group *part) {
+    const sg__irnode *n = NULL;
+    if (part->kind == SG__G_OPAQUE) return data_walk(g, part, &n);
+    if (part->kind != SG__G_POINTWISE) return -1;
+    int64_t numel = numel_of(part->ndim, part->shape);
+    return numel > 0 ? numel : -1;
+}
+
+/*
+ * A chain (sg__group.chain): its members in order in one block, each a
+ * loop over the block's threads in its own scope, a block barrier between
+ * them (which also makes the global writes of one visible to the next).
+ */
+static void emit_chain(gen *g, const sg__group *grp, sg__cuda_kinfo *ki, bool *aligned,
+                       int nslots) {
+    sg__emit *outer = g->e;
+    bool *mark = sg__calloc(outer->ctx, sizeof(bool) * (size_t)nslots);
+    if (!mark) {
+        outer->oom = true;
+        return;
+    }
+    g->member_slots = true; /* each member's scope loads its own slot bases */
+    for (int m = 0; m < grp->nmembers; m++) {
+        const sg__group *part = &g->f->parts[grp->members[m]];
+        const sg__irnode *n = NULL;
+        sg__emit body = {.ctx = outer->ctx, .depth = outer->depth + 1};
+        memset(mark, 0, sizeof(bool) * (size_t)nslots);
+        g->e = &body, g->mark = mark;
+        if (part->kind == SG__G_OPAQUE) {
+            ki->iters += data_walk(g, part, &n);
+            g->walk_blk = "0", g->walk_nblk = "1";
+            data_body(g, n);
+            g->walk_blk = g->walk_nblk = NULL;
+        } else {
+            used_slots(g, part, 0);
+            ki->iters += numel_of(part->ndim, part->shape);
+            emit_loop(g, part, 0, 1, aligned, "0", "1"); /* w 1: no early return */
+        }
+        g->e = outer, g->mark = NULL;
+        if (m) sg__emit_line(outer, "__syncthreads();");
+        sg__emit_open(outer, "%s", "");
+        for (int i = 0; i < nslots; i++)
+            if (mark[i]) sg__emit_line(outer, "char *const s%d = slot[%d];", i, i);
+        if (body.buf) sg__emit_raw(outer, "%s", body.buf);
+        sg__emit_close(outer);
+        if (body.oom) outer->oom = true;
+        sg__emit_free(&body);
+    }
+    sg__free(outer->ctx, mark, sizeof(bool) * (size_t)nslots);
+    ki->grid = 1;
+    for (int t = 0; t < SG__CUDA_NTUNE; t++) ki->tune_grid[t] = 1;
+}
+
 /*
  * Group grp's kernel body into g->e, its slots numbered through lslot, and
  * its launch into ki; false when the group has no kernel. *what describes
@@ -1323,6 +1440,7 @@ static bool emit_group(gen *g, const sg__group *grp, sg__cuda_kinfo *ki, bool *a
         g->anchor_reg = true;
         used_slots(g, grp, 0);
         lslot(g, p.o->slot);
+        if (p.o2) lslot(g, p.o2->slot);
         ki->grid = emit_gemv(g, grp, &p);
         ki->iters = p.n;
         /* Warps per block vary, except where the norm's team is the block. */
@@ -1341,6 +1459,9 @@ static bool emit_group(gen *g, const sg__group *grp, sg__cuda_kinfo *ki, bool *a
         used_slots(g, grp, 0);
         g->anchor_reg = false;
         *what = sg__cgen_cuda_rows(g, grp, ki);
+    } else if (grp->kind == SG__G_MULTI && grp->chain) {
+        emit_chain(g, grp, ki, aligned, nslots);
+        *what = "dependent loops in order in one block, a barrier between them";
     } else if (grp->kind == SG__G_MULTI) {
         emit_multi(g, grp, ki, aligned, nslots);
         *what = "independent loops, each over its own range of blocks";
@@ -1539,13 +1660,31 @@ void sg__cuda_members(sg__cuda_gen *g, const sg__group *grp, int from, int to, i
 
 /* ------------------------------------------------------------ the unit */
 
-/* sg__fuse_opts.gemv_rows: a norm merged into a matmul group is one GEMV
- * kernel here (gemv_plan on the merged group). */
+/* sg__fuse_opts.gemv_rows: a norm merged into a matmul group, or a pair
+ * of matmuls on one x, is one GEMV kernel here (gemv_plan on the merged
+ * group). */
 static bool gemv_rows(const sg__ir *ir, const int *alias, const sg__group *merged) {
     sg__fused f = {.alias = (int *)alias};
     gen g = {.ir = ir, .f = &f};
     gemv p;
-    return gemv_plan(&g, merged, &p) && p.norm;
+    return gemv_plan(&g, merged, &p) && (p.norm || p.w2);
+}
+
+/* sg__fuse_opts.chain: a pointwise loop or a generated data op (a MULTI of
+ * them) of at most CHAIN_MAX elements in all, which one block runs in a few
+ * passes (a MULTI's members, which ran side by side, run one by one). */
+static bool chain_takes(const sg__ir *ir, const sg__fused *f, const sg__group *grp) {
+    gen g = {.ir = ir, .f = f};
+    int nl = grp->kind == SG__G_MULTI ? grp->nmembers : 1;
+    int64_t total = 0;
+    if (grp->kind == SG__G_MULTI && grp->chain) return false;
+    for (int m = 0; m < nl; m++) {
+        const sg__group *part = grp->kind == SG__G_MULTI ? &f->parts[grp->members[m]] : grp;
+        int64_t numel = chain_walk(&g, part);
+        if (numel < 1) return false;
+        total += numel;
+    }
+    return total <= CHAIN_MAX;
 }
 
 void sg__cgen_cuda_fuse_opts(sg__fuse_opts *o, bool disable) {
@@ -1556,6 +1695,7 @@ void sg__cgen_cuda_fuse_opts(sg__fuse_opts *o, bool disable) {
     o->rows_inline = true;
     o->horizontal_data = true;
     o->gemv_rows = gemv_rows;
+    o->chain = chain_takes;
 }
 
 sg_status sg__cgen_cuda(sg_ctx *ctx, const sg__ir *ir, const sg__fused *f, const char *title,

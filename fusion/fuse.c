@@ -558,6 +558,95 @@ static sg_status norms_into_gemv(sg_ctx *ctx, const sg__ir *ir, const int *alias
     return SG_OK;
 }
 
+/* ------------------------------------------------------------ GEMV pairs */
+
+/*
+ * MATMUL group b's epilogue rewired onto a merged group whose member ia is
+ * a's anchor (a's result o): a member loading o's exact geometry reuses
+ * ia's value; false when one loads o's slot through another geometry, or
+ * b's anchor reads o's slot at all (a chain, not a pair).
+ */
+static bool rewire_pair(const sg__ir *ir, const int *alias, const sg__ref *o, sg__group *m,
+                        int from, int ia) {
+    for (int k = from; k < m->n; k++) {
+        sg__gnode *gn = &m->g[k];
+        const sg__irnode *n = &ir->nodes[gn->node];
+        for (int j = 0; j < n->nin; j++) {
+            const sg__ref *r = arg_ref(ir, n, j, alias);
+            if (!r || r->slot != o->slot || src_of(gn, j) >= 0) continue;
+            if (k == from || j >= 4 || !same_geom(r, o)) return false;
+            gn->arg_src[j] = ia;
+        }
+    }
+    return true;
+}
+
+/* MATMUL groups a (no epilogue) and b (no norm) as one group with b's
+ * anchor as anchor2, or false when they are no pair; *oom when out of memory. */
+static bool merge_pair(sg_ctx *ctx, const sg__ir *ir, const int *alias, const sg__group *a,
+                       const sg__group *b, sg__group *out, bool *oom) {
+    *oom = false;
+    if (a->kind != SG__G_MATMUL || b->kind != SG__G_MATMUL || a->anchor < 0 ||
+        a->anchor != a->n - 1 || a->anchor2 || b->anchor != 0 || b->anchor2 || b->norm_rows)
+        return false;
+    const sg__irnode *na = &ir->nodes[a->g[a->anchor].node], *nb = &ir->nodes[b->g[0].node];
+    const sg__ref *xa = arg_ref(ir, na, 0, alias), *xb = arg_ref(ir, nb, 0, alias);
+    if (na->op != nb->op || !xa || !xb || !same_geom(xa, xb)) return false;
+    *out = *b;
+    out->g = sg__alloc(ctx, sizeof *out->g * (size_t)(a->n + b->n));
+    if (!out->g) {
+        *oom = true;
+        return false;
+    }
+    memcpy(out->g, a->g, sizeof *out->g * (size_t)a->n);
+    for (int k = 0; k < b->n; k++) {
+        sg__gnode gn = b->g[k];
+        for (int j = 0; j < 4; j++)
+            if (gn.arg_src[j] >= 0) gn.arg_src[j] += a->n;
+        out->g[a->n + k] = gn;
+    }
+    out->g[a->n].arg_src[0] = a->g[a->anchor].arg_src[0]; /* a's x: the norm's value, or memory */
+    out->n = a->n + b->n;
+    out->first = a->first;
+    out->anchor = a->anchor;
+    out->anchor2 = a->n;
+    out->norm_rows = a->norm_rows;
+    out->row_anchor = a->row_anchor;
+    out->nrows = a->nrows;
+    out->rowlen = a->rowlen;
+    out->rows_inline = false;
+    if (!rewire_pair(ir, alias, &ir->refs[alias[na->out]], out, a->n, a->anchor)) {
+        sg__free(ctx, out->g, sizeof *out->g * (size_t)out->n);
+        return false;
+    }
+    return true;
+}
+
+/* Each MATMUL group without epilogue and the next one reading the same x
+ * merge where the backend's gemv_rows takes the result. */
+static sg_status gemv_pairs(sg_ctx *ctx, const sg__ir *ir, const int *alias, sg__fused *f,
+                            bool (*takes)(const sg__ir *, const int *, const sg__group *)) {
+    for (int k = 0; k + 1 < f->ngroups; k++) {
+        sg__group *a = &f->groups[k], *b = &f->groups[k + 1];
+        sg__group merged;
+        bool oom;
+        if (!merge_pair(ctx, ir, alias, a, b, &merged, &oom)) {
+            if (oom) return sg__fail(ctx, SG_ERR_OOM, "fusion: out of host memory");
+            continue;
+        }
+        if (!merged_safe(ir, alias, &merged) || !takes(ir, alias, &merged)) {
+            sg__free(ctx, merged.g, sizeof *merged.g * (size_t)merged.n);
+            continue;
+        }
+        sg__free(ctx, a->g, sizeof *a->g * (size_t)(a->n ? a->n : 1));
+        sg__free(ctx, b->g, sizeof *b->g * (size_t)(b->n ? b->n : 1));
+        *a = merged;
+        memmove(b, b + 1, sizeof *b * (size_t)(f->ngroups - k - 2));
+        f->ngroups--;
+    }
+    return SG_OK;
+}
+
 /* ------------------------------------------------------------ stores */
 
 /* Which groups load each slot from memory: a bit per slot, computed per group. */
@@ -587,8 +676,9 @@ static void mark_stores(const sg__ir *ir, const int *alias, sg__group *groups, i
             const sg__irnode *n = &ir->nodes[g->g[k].node];
             int slot = ir->refs[alias[n->out]].slot;
             const sg__slot *sl = &ir->slots[slot];
-            bool store = sl->kind != SG__SLOT_INTERNAL || sl->output >= 0 ||
-                         g->kind == SG__G_OPAQUE || (g->kind == SG__G_MATMUL && k == g->anchor);
+            bool store =
+                sl->kind != SG__SLOT_INTERNAL || sl->output >= 0 || g->kind == SG__G_OPAQUE ||
+                (g->kind == SG__G_MATMUL && (k == g->anchor || (g->anchor2 && k == g->anchor2)));
             /* The library call of a reduction or row reads its input from
              * memory: the prologue value it takes is stored. */
             if (g->anchor > 0 && !g->rows_inline && !g->norm_rows &&
@@ -709,6 +799,74 @@ static sg_status horizontal(sg_ctx *ctx, const sg__ir *ir, const int *alias, sg_
     return SG_OK;
 }
 
+/* ------------------------------------------------------------ chains */
+
+/* Room for `more` parts in f (after horizontal: parts may be absent). */
+static bool parts_room(sg_ctx *ctx, sg__fused *f, int more) {
+    if (f->nparts + more <= f->cap_parts) return true;
+    int ncap = f->nparts + more;
+    sg__group *np = sg__calloc(ctx, sizeof *np * (size_t)ncap);
+    if (!np) return false;
+    if (f->parts) memcpy(np, f->parts, sizeof *np * (size_t)f->nparts);
+    sg__free(ctx, f->parts, sizeof *np * (size_t)(f->cap_parts ? f->cap_parts : 1));
+    f->parts = np;
+    f->cap_parts = ncap;
+    return true;
+}
+
+/* Groups [i, j) as one chain at *out (their parts, a MULTI's flattened), or
+ * false when out of memory (nothing changed). */
+static bool make_chain(sg_ctx *ctx, sg__fused *f, int i, int j, sg__group *out) {
+    int nm = 0, nnew = 0;
+    for (int k = i; k < j; k++) {
+        bool multi = f->groups[k].kind == SG__G_MULTI;
+        nm += multi ? f->groups[k].nmembers : 1;
+        nnew += !multi;
+    }
+    int *members = sg__alloc(ctx, sizeof(int) * (size_t)nm);
+    if (!members || !parts_room(ctx, f, nnew)) {
+        sg__free(ctx, members, sizeof(int) * (size_t)nm);
+        return false;
+    }
+    sg__group c = {.kind = SG__G_MULTI, .anchor = -1, .chain = true, .members = members};
+    c.first = f->groups[i].first;
+    c.last = f->groups[j - 1].last;
+    for (int k = i; k < j; k++) {
+        sg__group *g = &f->groups[k];
+        if (g->kind != SG__G_MULTI) {
+            f->parts[f->nparts] = *g;
+            members[c.nmembers++] = f->nparts++;
+            continue;
+        }
+        memcpy(members + c.nmembers, g->members, sizeof(int) * (size_t)g->nmembers);
+        c.nmembers += g->nmembers;
+        sg__free(ctx, g->members, sizeof(int) * (size_t)g->nmembers);
+        sg__free(ctx, g->g, sizeof *g->g * (size_t)(g->n ? g->n : 1));
+    }
+    *out = c;
+    return true;
+}
+
+/* Each run of two or more consecutive groups that the backend's chain takes
+ * becomes one chain; out of memory leaves a run as it was. */
+static void chains(sg_ctx *ctx, const sg__ir *ir, sg__fused *f,
+                   bool (*takes)(const sg__ir *, const sg__fused *, const sg__group *)) {
+    int nout = 0;
+    for (int i = 0; i < f->ngroups;) {
+        int j = i;
+        while (j < f->ngroups && takes(ir, f, &f->groups[j])) j++;
+        sg__group c;
+        if (j - i >= 2 && make_chain(ctx, f, i, j, &c)) {
+            f->groups[nout++] = c;
+            i = j;
+        } else {
+            for (int k = i; k < (j > i ? j : i + 1); k++) f->groups[nout++] = f->groups[k];
+            i = j > i ? j : i + 1;
+        }
+    }
+    f->ngroups = nout;
+}
+
 /* ------------------------------------------------------------ entry */
 
 sg_status sg__fuse(sg_ctx *ctx, const sg__ir *ir, const sg__fuse_opts *opts, sg__fused *f) {
@@ -743,10 +901,13 @@ sg_status sg__fuse(sg_ctx *ctx, const sg__ir *ir, const sg__fuse_opts *opts, sg_
     f->cap_groups = b.cap;
     if (s == SG_OK && !per_op && opts && opts->gemv_rows)
         s = norms_into_gemv(ctx, ir, f->alias, f, opts->gemv_rows);
+    if (s == SG_OK && !per_op && opts && opts->gemv_rows)
+        s = gemv_pairs(ctx, ir, f->alias, f, opts->gemv_rows);
     if (s != SG_OK) goto done;
     mark_stores(ir, f->alias, f->groups, f->ngroups);
     if (!per_op && (!opts || opts->horizontal))
         s = horizontal(ctx, ir, f->alias, f, opts && opts->horizontal_data);
+    if (s == SG_OK && !per_op && opts && opts->chain) chains(ctx, ir, f, opts->chain);
 done:
     sg__free(ctx, writes, sizeof(int) * (size_t)ns);
     sg__free(ctx, needed, (size_t)ns);
@@ -775,6 +936,6 @@ const char *sg__group_name(const sg__ir *ir, const sg__group *g, char *buf, size
     buf[0] = '\0';
     for (int i = 0; i < g->n && k + 1 < size; i++)
         k += (size_t)snprintf(buf + k, size - k, i ? "_%s" : "%s", sg__op_name(ir->nodes[g->g[i].node].op));
-    if (g->kind == SG__G_MULTI) snprintf(buf, size, "multi%d", g->nmembers);
+    if (g->kind == SG__G_MULTI) snprintf(buf, size, g->chain ? "chain%d" : "multi%d", g->nmembers);
     return buf;
 }

@@ -31,11 +31,21 @@
  *  - norm into GEMV (with gemv_rows): a layer_norm/rms_norm ROW group and
  *    the MATMUL group that reads its result become one MATMUL group whose
  *    generated kernel normalizes the rows on chip and then runs the GEMV.
+ *  - GEMV pairs (with gemv_rows): a MATMUL group without epilogue and the
+ *    next MATMUL group whose anchor reads the same x (SwiGLU's two
+ *    projections) become one MATMUL group (sg__group.anchor2) whose kernel
+ *    computes both products per output column, then the second group's
+ *    epilogue on the pair: silu(x W1) * (x W3) in one kernel.
  *  - horizontal: consecutive POINTWISE groups with no data between them
  *    (an optimizer's per-parameter updates) become one MULTI group: one
  *    kernel with one loop per member; with horizontal_data, so do
  *    consecutive independent index_copy_ groups (OPAQUE members: a decode
  *    step's K and V cache writes) for a backend that generates them.
+ *  - chains (with chain): consecutive small kernels that the backend can
+ *    run in one block each (a decode step's rotation, its concat and its
+ *    K/V cache writes; elements, not bandwidth, set their time) become one
+ *    MULTI group with `chain` set: one kernel running them in order with a
+ *    barrier between them, so dependent ones may join.
  * SG_DISABLE_FUSION=1 makes every node its own group.
  */
 #ifndef SG_FUSION_H
@@ -70,6 +80,9 @@ typedef struct sg__group {
     int64_t shape[SG_MAX_DIMS]; /* epilogue of an anchored group) */
     int *members;    /* MULTI: indices into sg__fused.parts, in run order */
     int nmembers;
+    bool chain;      /* MULTI: the members depend on one another (a chain of
+                        sg__fuse_opts.chain): they run in order, each after
+                        the one before it has finished */
     /* REDUCE/ROW groups that sg__fuse_opts.rows_inline gives to the backend's
      * generated code: the anchor works along rows of its input (nrows rows
      * of rowlen elements, row r being elements [r * rowlen, (r + 1) * rowlen)
@@ -91,6 +104,12 @@ typedef struct sg__group {
      * value the anchor reads as x (arg_src[0]); nrows rows of rowlen. */
     bool norm_rows;
     int row_anchor;
+    /* MATMUL groups that sg__fuse_opts.gemv_rows merged with the matmul
+     * group after them (same x, no epilogue between): the index into g of
+     * the second matmul, right after the anchor, 0 when none. Members after
+     * it are the epilogue of both products (reading either from a
+     * register); both results are stored. */
+    int anchor2;
 } sg__group;
 
 typedef struct sg__fused {
@@ -131,8 +150,15 @@ typedef struct sg__fuse_opts {
      * x from on-chip memory): a rows_inline layer_norm/rms_norm ROW group
      * whose result only the next MATMUL group's anchor reads as x merges
      * into it (sg__group.norm_rows) when this says the merged group is one
-     * it generates. NULL: no such merge. */
+     * it generates; so does a pair of matmul groups reading the same x
+     * (sg__group.anchor2) when this takes the merged group. NULL: no such
+     * merge. */
     bool (*gemv_rows)(const sg__ir *ir, const int *alias, const sg__group *merged);
+    /* The backend generates group g (of f, after horizontal: a MULTI's parts
+     * are in f) as loops that one block of its threads may run alone, in
+     * order with others: runs of two or more such groups become one chain
+     * (sg__group.chain). NULL: no chains. */
+    bool (*chain)(const sg__ir *ir, const sg__fused *f, const sg__group *g);
 } sg__fuse_opts;
 
 SG__HIDDEN sg_status sg__fuse(sg_ctx *ctx, const sg__ir *ir, const sg__fuse_opts *opts,

@@ -299,7 +299,7 @@ static bool tlayers_unit(sg_dtype dt, int layers, counts *c) {
 static void test_layers(sg_dtype dt) {
     counts one = {0}, all = {0};
     bool ok = tlayers_unit(dt, 1, &one) && tlayers_unit(dt, TL_MAX, &all) &&
-              TU_EXPECT(one.kernels >= 3) && TU_EXPECT(all.kernels == TL_MAX * one.kernels) &&
+              TU_EXPECT(one.kernels >= 2) && TU_EXPECT(all.kernels == TL_MAX * one.kernels) &&
               TU_EXPECT(all.calls == TL_MAX * one.calls) && TU_EXPECT(all.distinct == one.distinct);
     tu_case(ok,
             "CUDA_LAYERS_SHARE_KERNELS(type=%s,layers=%d,d=256,f=512,batch=1) -> %d launches of "
@@ -310,7 +310,8 @@ static void test_layers(sg_dtype dt) {
 
 /* Decode-step data movement: token embedding plus a position row, the
  * halves rotated by concat, the result written into a cache row by
- * index_copy_ (every one a generated kernel, no library call). */
+ * index_copy_ (every one generated, no library call; being small, they
+ * run in order as one chain kernel). */
 typedef struct datamove {
     sg_tensor *wte, *wpe, *cache;
 } datamove;
@@ -338,7 +339,7 @@ static void test_datamove(sg_dtype dt, sg_dtype it, int64_t rows) {
     snprintf(name, sizeof name, "cu_datamove_%s_%s_%lld", sg_dtype_name(dt), sg_dtype_name(it),
              (long long)rows);
     bool ok = capture(fn, in, 2, 1) && cuda_unit(fn, name, &c) && TU_EXPECT(c.calls == 0) &&
-              TU_EXPECT(c.kernels >= 4);
+              TU_EXPECT(c.kernels == 1); /* all small: one chain kernel, in order */
     tu_case(ok,
             "CUDA_DATA_MOVEMENT(type=%s,idx=%s,rows=%lld: embedding, index_select, concat, "
             "index_copy_) -> %d kernels + %d library calls",

@@ -14,10 +14,15 @@
  *  - A Llama-style block written here against the public header (bf16:
  *    RMSNorm, one QKV projection, rotary embeddings with narrow, mul, sub,
  *    add and concat on the position's row of cos/sin tables, grouped-query
- *    attention through sg_sdpa_cached over per-layer caches, SwiGLU): its
- *    logits against an f64 reference written here for three positions.
+ *    attention through sg_sdpa_cached over per-layer caches, SwiGLU): at
+ *    most 6 per layer (SwiGLU's two GEMVs as one pair kernel, the rotation,
+ *    concat and cache writes as one chain kernel); its logits against an
+ *    f64 reference written here for three positions.
  *  - h += linear(rms_norm(h)) in place: the norm is not folded into the GEMV
  *    whose epilogue writes h (2 launches), and h is right.
+ *  - Two linears on one x of 2 rows meeting in sigmoid(b) * a - b, with a
+ *    an output too: one pair kernel, both results right.
+ * SG_TEST_PRINT_PLAN=1 lists each step's kernels (its groups) on stderr.
  * Each unit is compiled by NVRTC for sm_90 when NVRTC can be loaded. The
  * results run on the test's backend (SG_TEST_BACKEND: the CPU by default,
  * the CUDA kernels under the gpu label).
@@ -51,6 +56,12 @@ static bool cuda_launches(sg_fn *fn, const char *name, int *launches) {
     for (int k = 0; ok && k < f.ngroups; k++) {
         const sg__group *grp = &f.groups[k];
         calls += (grp->kind == SG__G_OPAQUE || grp->anchor >= 0) && !ki[k].replaces_call;
+        if (getenv("SG_TEST_PRINT_PLAN")) {
+            char nm[512];
+            fprintf(stderr, "  %s[%d] kind %d: %s%s\n", name, k, grp->kind,
+                    sg__group_name(&g->ir, grp, nm, sizeof nm),
+                    ki[k].replaces_call ? " (gen)" : "");
+        }
     }
     *launches = nk + calls;
     if (ok && getenv("SG_TEST_PRINT_CUDA")) fprintf(stderr, "%s\n", e.buf);
@@ -352,11 +363,11 @@ static void test_llama(void) {
     int one = 0, two = 0;
     bool ok = llama_run(1, &one) && llama_run(2, &two);
     int per_layer = two - one;
-    /* The aim is 6 per layer; reached: rms_norm + QKV GEMV, the rotated
-     * halves, their concat, the K/V cache writes, attention, o-proj GEMV +
-     * residual, rms_norm + w1 GEMV, w3 GEMV + silu * mul, w2 GEMV +
-     * residual. */
-    ok = ok && TU_EXPECT(per_layer <= 9);
+    /* rms_norm + QKV GEMV, the rotated halves + their concat + the K/V
+     * cache writes (one chain kernel in one block), attention, o-proj GEMV
+     * + residual, rms_norm + w1 and w3 GEMVs + silu * mul (one kernel, two
+     * products per column), w2 GEMV + residual. */
+    ok = ok && TU_EXPECT(per_layer <= 6);
     tu_case(ok,
             "LLAMA_DECODE_LAUNCHES(bf16,D=%d,HQ=%d,HKV=%d,HD=%d,F=%d,S=%d,batch=1,3 positions) "
             "-> %d per layer (1 layer: %d, 2 layers: %d), logits as f64's",
@@ -408,11 +419,59 @@ static void test_inplace(void) {
     for (int i = 0; i < 3; i++) sg_release(in[i]);
 }
 
+/* ------------------------------------------------------------ GEMV pair */
+
+enum { PR_K = 256, PR_N = 320 };
+
+/* Two linears on one x (no norm) meeting in an epilogue that is not
+ * SwiGLU's, the first product also an output: one pair kernel. */
+static sg_status pair_step(sg_ctx *c, sg_tensor *const *in, sg_tensor **out, void *user) {
+    (void)user;
+    sg_tensor *a = sg_linear(in[0], in[1], NULL), *b = sg_linear(in[0], in[2], NULL);
+    out[0] = sg_sub(sg_mul(sg_sigmoid(b), a), b);
+    out[1] = a;
+    return out[0] && out[1] ? SG_OK : sg_ctx_status(c);
+}
+
+static void test_pair(void) {
+    tu_seed(9);
+    int64_t xs[2] = {2, PR_K}, ws[2] = {PR_N, PR_K};
+    double *xv, *w1v, *w3v, a[2 * PR_N], b[2 * PR_N], ref[2 * PR_N];
+    sg_tensor *in[3] = {tu_rand(ctx, SG_BF16, 2, xs, -1, 1, &xv),
+                        tu_rand(ctx, SG_BF16, 2, ws, -0.1, 0.1, &w1v),
+                        tu_rand(ctx, SG_BF16, 2, ws, -0.1, 0.1, &w3v)};
+    sg_fn *fn = NULL;
+    bool ok =
+        TU_EXPECT(sg_compile(ctx, pair_step, NULL, 3, 2,
+                             &(sg_compile_opts){.mode = SG_MODE_REDUCE_OVERHEAD}, &fn) == SG_OK);
+    sg_tensor *out[2] = {NULL, NULL};
+    sg_mark_step_begin(ctx);
+    ok = ok && TU_EXPECT(sg_call(fn, in, 3, out, 2) == SG_OK);
+    for (int r = 0; r < 2; r++) {
+        ref_linear(xv + r * PR_K, w1v, PR_N, PR_K, a + r * PR_N);
+        ref_linear(xv + r * PR_K, w3v, PR_N, PR_K, b + r * PR_N);
+    }
+    for (int i = 0; i < 2 * PR_N; i++) ref[i] = a[i] / (1 + exp(-b[i])) - b[i];
+    double *got = ok ? tu_read(out[0]) : NULL, *got_a = ok ? tu_read(out[1]) : NULL;
+    ok = ok && TU_EXPECT(got && got_a) &&
+         tu_close("pair epilogue", got, ref, 2 * PR_N, BF16_TOL, BF16_TOL) &&
+         tu_close("pair first product", got_a, a, 2 * PR_N, BF16_TOL, BF16_TOL);
+    int launches = 0;
+    ok = ok && cuda_launches(fn, "cu_gemv_pair", &launches) && TU_EXPECT(launches == 1);
+    tu_case(ok, "GEMV_PAIR(bf16,x=[2,%d],w1=w3=[%d,%d],sigmoid(b)*a-b, a an output) -> %d launches",
+            PR_K, PR_N, PR_K, launches);
+    free(got), free(got_a);
+    free(xv), free(w1v), free(w3v);
+    sg_fn_destroy(fn);
+    for (int i = 0; i < 3; i++) sg_release(in[i]);
+}
+
 int main(void) {
     ctx = tu_ctx((sg_ctx_opts){0});
     test_gpt2();
     test_llama();
     test_inplace();
+    test_pair();
     sg_ctx_destroy(ctx);
     return tu_finish();
 }
