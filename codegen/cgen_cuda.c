@@ -88,6 +88,23 @@ static const char *const preamble =
     "    if ((u & 0x7fffffffu) > 0x7f800000u) return (sg_u16)((u >> 16) | 0x40);\n"
     "    u += 0x7fffu + ((u >> 16) & 1); return (sg_u16)(u >> 16);\n"
     "}\n"
+    "/* A float rounded to bf16 or f16 and widened back, as a store and a load\n"
+    " * would: one hardware conversion each way, rounding to nearest even as\n"
+    " * sg_f2bf and sg_f2h do (a NaN stays a NaN; its payload is the device's). */\n"
+    "SG_DEV float sg_bf_rt(float f) {\n"
+    "#if __CUDA_ARCH__ >= 800\n"
+    "    sg_u16 h; asm(\"cvt.rn.bf16.f32 %0, %1;\" : \"=h\"(h) : \"f\"(f));\n"
+    "    return __uint_as_float((sg_u32)h << 16);\n"
+    "#else\n"
+    "    return sg_bf2f(sg_f2bf(f));\n"
+    "#endif\n"
+    "}\n"
+    "SG_DEV float sg_h_rt(float f) {\n"
+    "    sg_u16 h; float r;\n"
+    "    asm(\"cvt.rn.f16.f32 %0, %1;\" : \"=h\"(h) : \"f\"(f));\n"
+    "    asm(\"cvt.f32.f16 %0, %1;\" : \"=f\"(r) : \"h\"(h));\n"
+    "    return r;\n"
+    "}\n"
     "/* Saturating casts: NaN to 0, out of range to the nearest limit. */\n"
     "SG_DEV sg_i64 sg_f2i32(float v) {\n"
     "    return v != v ? 0 : v >= 2147483647.0f ? 2147483647LL : v <= -2147483648.0f ? "
@@ -170,11 +187,10 @@ static void round_trip(const char *e, bool src_float, sg_dtype dt, char *buf, si
     switch (dt) {
     case SG_F32: snprintf(buf, size, src_float ? "%s" : "(float)%s", e); break;
     case SG_F16:
-        snprintf(buf, size, src_float ? "sg_h2f(sg_f2h(%s))" : "sg_h2f(sg_f2h(sg_i2f_odd(%s)))", e);
+        snprintf(buf, size, src_float ? "sg_h_rt(%s)" : "sg_h_rt(sg_i2f_odd(%s))", e);
         break;
     case SG_BF16:
-        snprintf(buf, size, src_float ? "sg_bf2f(sg_f2bf(%s))" : "sg_bf2f(sg_f2bf(sg_i2f_odd(%s)))",
-                 e);
+        snprintf(buf, size, src_float ? "sg_bf_rt(%s)" : "sg_bf_rt(sg_i2f_odd(%s))", e);
         break;
     case SG_I32: snprintf(buf, size, src_float ? "sg_f2i32(%s)" : "(sg_i64)(sg_i32)%s", e); break;
     case SG_I64: snprintf(buf, size, src_float ? "sg_f2i64(%s)" : "%s", e); break;
