@@ -340,6 +340,11 @@ typedef struct sg__cuda_gen {
      * mark[n] is set for every s<n> named while it is non-NULL. */
     bool *mark;
     bool member_slots;
+    /* Deferred stores (sg__cuda_defer_begin): declarations, statements, the
+     * arrays' length, and the members whose values are kept. */
+    sg__emit *defer_decl, *defer_st;
+    int defer_n, ndefer;
+    int deferred[64];
 } gen;
 
 /* The number under which the kernel being emitted names IR slot s (taken
@@ -420,6 +425,28 @@ static int vec_index(gen *g, const sg__ref *r) {
     return g->nvec++;
 }
 
+/* Store statement st of value v<k> (fl: float, else sg_i64): now, or
+ * deferred (sg__cuda_defer_begin). */
+static void store_stmt(gen *g, bool fl, int k, const char *st) {
+    if (!g->defer_st) {
+        sg__emit_line(g->e, "%s", st);
+        return;
+    }
+    bool kept = false;
+    for (int i = 0; i < g->ndefer; i++) kept = kept || g->deferred[i] == k;
+    if (!kept && g->ndefer == 64) { /* out of room: store now (correct, only slower) */
+        sg__emit_line(g->e, "%s", st);
+        return;
+    }
+    const char *t = fl ? "float" : "sg_i64";
+    if (!kept) {
+        g->deferred[g->ndefer++] = k;
+        sg__emit_line(g->defer_decl, "%s r_d%d[%d];", t, k, g->defer_n);
+        sg__emit_line(g->e, "r_d%d[r_u] = v%d;", k, k);
+    }
+    sg__emit_line(g->defer_st, "{ const %s v%d = r_d%d[r_u]; %s }", t, k, k, st);
+}
+
 /* The members [from, n) of a group, one element: the body. */
 static void emit_body(gen *g, const sg__group *grp, int from, int nd, const int64_t *shape,
                       ixmode m) {
@@ -470,7 +497,7 @@ static void emit_body(gen *g, const sg__group *grp, int from, int nd, const int6
                 snprintf(lv, sizeof lv, "((%s *)s%d)[%s]", ctype(o->dtype), lslot(g, o->slot), off);
             }
             narrow_store(o->dtype, lv, v, st, sizeof st);
-            sg__emit_line(g->e, "%s", st);
+            store_stmt(g, fdom(o->dtype), k, st);
         }
     }
 }
@@ -1552,6 +1579,26 @@ void sg__cuda_members(sg__cuda_gen *g, const sg__group *grp, int from, int to, i
     emit_body(g, &part, from, nd, shape, flat ? IX_FLAT : IX_NESTED);
     g->anchor_reg = reg;
 }
+
+sg__emit *sg__cuda_set_out(sg__cuda_gen *g, sg__emit *e) {
+    sg__emit *old = g->e;
+    g->e = e;
+    return old;
+}
+
+void sg__cuda_defer_begin(sg__cuda_gen *g, sg__emit *decl, sg__emit *later, int n) {
+    g->defer_decl = decl;
+    g->defer_st = later;
+    g->defer_n = n;
+    g->ndefer = 0;
+}
+
+void sg__cuda_defer_end(sg__cuda_gen *g) {
+    g->defer_decl = g->defer_st = NULL;
+    g->ndefer = 0;
+}
+
+void sg__cuda_store(sg__cuda_gen *g, bool fl, int k, const char *st) { store_stmt(g, fl, k, st); }
 
 /* ------------------------------------------------------------ the unit */
 
