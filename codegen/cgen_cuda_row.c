@@ -238,14 +238,15 @@ static void chunk_loop(rowk *k, const char *start, const char *hi, int step, int
 static int chunk_of(int64_t len, int step, int u);
 
 /*
- * Columns base + r_u * team, r_u < n, of the row (those below len): `elem`
+ * Columns base + (r_t0 + r_u) * team (regs; else base + r_u * team), r_u <
+ * n, of the row (those below len): `elem`
  * emits each one's loads, values and stores, the stores kept aside
  * (sg__cuda_defer_begin) and replayed by a second walk over the same
  * columns, so that the loads of all n columns issue before the first store
  * (a store waits for its value, and warps issue in order: a load placed
  * after a store would wait for the load before it).
  */
-static void deferred_walk(rowk *k, const char *base, int n, void (*elem)(rowk *)) {
+static void deferred_walk(rowk *k, const char *base, bool regs, int n, void (*elem)(rowk *)) {
     sg__emit *out = k->e;
     sg__emit decl = {.ctx = out->ctx, .depth = out->depth};
     sg__emit body = {.ctx = out->ctx, .depth = out->depth};
@@ -258,7 +259,8 @@ static void deferred_walk(rowk *k, const char *base, int n, void (*elem)(rowk *)
         if (pass == 1 && !later.buf) break;
         sg__emit_line(k->e, "#pragma unroll");
         sg__emit_open(k->e, "for (int r_u = 0; r_u < %d; r_u++)", n);
-        sg__emit_line(k->e, "const sg_i64 r_c = %s + (sg_i64)r_u * %d;", base, k->team);
+        sg__emit_line(k->e, "const sg_i64 r_c = %s + (sg_i64)(%sr_u) * %d;", base,
+                      regs ? "r_t0 + " : "", k->team);
         sg__emit_open(k->e, "if (r_c < %lldLL)", (long long)k->len);
         if (pass == 0) {
             elem(k);
@@ -284,7 +286,7 @@ static void deferred_walk(rowk *k, const char *base, int n, void (*elem)(rowk *)
 static void write_elem(rowk *k) {
     sg__emit_line(k->e, "float r_x;");
     if (k->per) {
-        sg__emit_line(k->e, "r_x = r_xr[r_u];");
+        sg__emit_line(k->e, "r_x = r_xr[r_t0 + r_u];");
     } else {
         sg__emit_open(k->e, "%s", "");
         row_input(k, true);
@@ -354,14 +356,18 @@ static void emit_row_op(rowk *k) {
                       "const float r_r = 1.0f / sqrtf((r_var > 0.0f ? r_var : 0.0f) + %.9ef);",
                       k->an->f[0]);
     }
-    if (k->per) {
-        deferred_walk(k, "r_lane", k->per, write_elem);
+    if (k->per) { /* the registers, 8 at a time (the kept values are registers too) */
+        int u = k->per < 8 ? k->per : 8;
+        sg__emit_line(k->e, "#pragma unroll");
+        sg__emit_open(k->e, "for (int r_t0 = 0; r_t0 < %d; r_t0 += %d)", k->per, u);
+        deferred_walk(k, "r_lane", true, u, write_elem);
+        sg__emit_close(k->e);
         return;
     }
     int u = chunk_of(k->len, k->team, 8);
     sg__emit_open(k->e, "for (sg_i64 r_c0 = r_lane; r_c0 < %lldLL; r_c0 += %lld)",
                   (long long)k->len, (long long)u * k->team);
-    deferred_walk(k, "r_c0", u, write_elem);
+    deferred_walk(k, "r_c0", false, u, write_elem);
     sg__emit_close(k->e);
 }
 
@@ -494,7 +500,7 @@ static void emit_reduce(rowk *k) {
     int u = chunk_of(k->len, k->team, 8);
     sg__emit_open(k->e, "for (sg_i64 r_c0 = r_lane; r_c0 < %lldLL; r_c0 += %lld)",
                   (long long)k->len, (long long)u * k->team);
-    deferred_walk(k, "r_c0", u, bcast_elem);
+    deferred_walk(k, "r_c0", false, u, bcast_elem);
     sg__emit_close(k->e);
 }
 
@@ -766,7 +772,9 @@ static void row_loop(rowk *k, const char *blk, const char *nblk) {
                   "for (sg_i64 r_row = (sg_i64)%s * %d + threadIdx.x / %d; r_row < %lldLL; "
                   "r_row += (sg_i64)%s * %d)",
                   blk, rpb, k->team, (long long)k->rows, nblk, rpb);
-    if (k->per && grp->kind == SG__G_ROW) sg__emit_line(k->e, "float r_xr[%d];", k->per);
+    /* Room for whole groups of 8 (the write pass's steps; those past the row go unused). */
+    if (k->per && grp->kind == SG__G_ROW)
+        sg__emit_line(k->e, "float r_xr[%d];", k->per < 8 ? k->per : (k->per + 7) / 8 * 8);
     if (grp->kind == SG__G_ROW)
         emit_row_op(k);
     else if (k->an->op == SG__OP_ARGMAX)

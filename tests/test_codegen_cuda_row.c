@@ -57,12 +57,11 @@ typedef enum pattern {
     P_COUNT
 } pattern;
 
-static const char *const pattern_name[P_COUNT] = {"SOFTMAX_SCALE_CAST", "LAYERNORM_RESIDUAL",
-                                                  "RMSNORM_BUILTIN",    "RMSNORM_WRITTEN",
-                                                  "LOG_SOFTMAX",        "ROW_SUM",
-                                                  "LAYERNORM",          "SOFTMAX_TRANSPOSED",
-                                                  "ARGMAX_KEEPDIM",     "ARGMAX_SCALED",
-                                                  "XENT_BACKWARD"};
+static const char *const pattern_name[P_COUNT] = {
+    "SOFTMAX_SCALE_CAST", "LAYERNORM_RESIDUAL", "RMSNORM_BUILTIN",
+    "RMSNORM_WRITTEN",    "LOG_SOFTMAX",        "ROW_SUM",
+    "LAYERNORM",          "SOFTMAX_TRANSPOSED", "ARGMAX_KEEPDIM",
+    "ARGMAX_SCALED",      "XENT_BACKWARD"};
 
 #define EPS 1e-5
 
@@ -267,7 +266,8 @@ static void test_case(pattern p, sg_dtype dt, int64_t rows, int64_t len) {
     }
     if (p == P_ARGMAX_KEEP || p == P_ARGMAX_SCALED) plant(p, in[0], xv, rows, len, dt);
     int nin = 1, nout = p == P_LAYERNORM_RES ? 2 : 1;
-    if (p == P_LAYERNORM_RES || p == P_XENT_BWD) in[1] = tu_rand(ctx, dt, 2, xs, -1, 1, &rv), nin = 2;
+    if (p == P_LAYERNORM_RES || p == P_XENT_BWD)
+        in[1] = tu_rand(ctx, dt, 2, xs, -1, 1, &rv), nin = 2;
     if (p == P_LAYERNORM_RES || p == P_LAYERNORM || p == P_RMS_BUILTIN || p == P_RMS_WRITTEN)
         s.w = tu_rand(ctx, dt, 1, &len, 0.5, 1.5, &wv);
     if (p == P_LAYERNORM_RES || p == P_LAYERNORM) s.b = tu_rand(ctx, dt, 1, &len, -0.5, 0.5, &bv);
@@ -311,8 +311,7 @@ static void test_case(pattern p, sg_dtype dt, int64_t rows, int64_t len) {
              (long long)rows, (long long)len);
     /* The backward's comparison is a kernel of its own, as the one-hot is. */
     ok = ok && cuda_unit(fn, uname, &c) && TU_EXPECT(c.kernels == (p == P_XENT_BWD ? 2 : 1)) &&
-         TU_EXPECT(c.calls == 0) &&
-         TU_EXPECT(c.rows == 1);
+         TU_EXPECT(c.calls == 0) && TU_EXPECT(c.rows == 1);
     tu_case(ok, "%s on %s -> %d CUDA kernel, %d library calls", name,
             tu_backend() == SG_BACKEND_CUDA ? "cuda" : "cpu", c.kernels, c.calls);
     sg_fn_destroy(fn);
