@@ -29,7 +29,10 @@
  * (prologue included) and read from there by every pass; a longer row is
  * recomputed from memory by each pass, its prologue storing only in the
  * last pass that computes it (an in-place prologue must not read its own
- * result back).
+ * result back). Passes over memory load 8 elements per lane before using
+ * them, and the write pass (and a reduction's epilogue over the input's
+ * shape) computes 8 elements, keeping the values to store, before a second
+ * walk stores them: no load waits behind a store (deferred_walk).
  *
  * The same rows, with every block computing all of them, open a GEMV kernel
  * whose x is the norm's result (sg__cgen_cuda_rows_into): the value the

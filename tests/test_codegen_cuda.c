@@ -15,8 +15,10 @@
  * transformer-like step whose layers share their kernels: as many distinct
  * kernels as one layer has, and twelve times its launches, embedding,
  * index_select, concat of narrowed halves and index_copy_ into a cache as
- * generated kernels with no library call) and random op
- * DAGs over every dtype, 24 programs to a unit.
+ * generated kernels with no library call, the gelu_tanh backward over
+ * (4, 1024, 3072) bf16 as one vectorized kernel whose bf16 round trips are
+ * one conversion each way) and random op DAGs over every dtype, 24
+ * programs to a unit.
  * The numerics of the kernels run under the gpu label (the capture tests on
  * the CUDA backend). Exits 77 when NVRTC cannot be loaded.
  */
@@ -37,8 +39,10 @@ static int units_compiled;
 /* What a capture became on CUDA. */
 typedef struct counts {
     int groups, kernels, calls, gemv, multi;
-    int rows; /* row kernels: a ROW or REDUCE group computed without a library call */
+    int rows;     /* row kernels: a ROW or REDUCE group computed without a library call */
     int distinct; /* kernels whose text is in the unit (the others reuse one) */
+    bool vec;     /* a 16-, 8- or 4-byte vector path */
+    int soft_rt;  /* bf16/f16 round trips written out in bits, not one conversion each way */
     double nvrtc_s;
 } counts;
 
@@ -93,6 +97,11 @@ static bool cuda_unit(sg_fn *fn, const char *name, counts *c) {
         }
     }
     if (ok && getenv("SG_TEST_PRINT_CUDA")) fprintf(stderr, "%s\n", e.buf);
+    c->vec = ok && strstr(e.buf, "union {") != NULL;
+    static const char *const soft[2] = {"sg_bf2f(sg_f2bf(", "sg_h2f(sg_f2h("};
+    for (int p = 0; ok && p < 2; p++) /* in the kernels, after the preamble */
+        for (const char *at = strstr(e.buf, "__global__"); at && (at = strstr(at, soft[p])); at++)
+            c->soft_rt++;
     if (ok && nk > 0 && !nvrtc_missing) {
         void *cubin = NULL;
         size_t size = 0;
@@ -502,8 +511,10 @@ static void test_gelu_bwd(void) {
     sg_fn *fn = compile(gelu_bwd_step, NULL, 2, 1);
     counts c = {0};
     bool ok = capture(fn, in, 2, 1) && cuda_unit(fn, "cu_gelu_bwd_bf16", &c) &&
-              TU_EXPECT(c.kernels == 1) && TU_EXPECT(c.calls == 0);
-    tu_case(ok, "CUDA_GELU_TANH_BWD(type=bf16,x=[4,1024,3072]) -> %d kernel", c.kernels);
+              TU_EXPECT(c.kernels == 1) && TU_EXPECT(c.calls == 0) && TU_EXPECT(c.vec) &&
+              TU_EXPECT(c.soft_rt == 0);
+    tu_case(ok, "CUDA_GELU_TANH_BWD(type=bf16,x=[4,1024,3072]) -> %d kernel, vector path %d",
+            c.kernels, c.vec);
     sg_fn_destroy(fn);
     sg_release(in[0]);
     sg_release(in[1]);

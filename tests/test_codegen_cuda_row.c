@@ -4,8 +4,10 @@
  * (codegen/cgen_cuda_row.c) and the fusion that feeds them: softmax with a
  * scale prologue and a cast epilogue, layer_norm after a residual add,
  * rms_norm built in and written out of primitives (x * rsqrt(mean(x*x) +
- * eps) * w), log_softmax, row sums, layer_norm, and softmax over the
- * rows of a transposed view, over rows of 1, 7, 768, 1024, 5000 and 50257
+ * eps) * w), log_softmax, row sums, layer_norm, softmax over the rows
+ * of a transposed view, and cross_entropy's backward written out
+ * ((softmax(x) - cast(r > x)) / rows, the comparison a kernel of its own as
+ * the one-hot is), over rows of 1, 7, 768, 1024, 5000 and 50257
  * elements in f32 and bf16; argmax over the last dim (kept, and dropped
  * after a scale prologue) with ties of the maximum and NaN planted in some
  * rows (first maximum wins, NaN counts as the maximum: PyTorch's rule).
