@@ -92,6 +92,23 @@ static const char *const preamble =
     "    if ((u & 0x7fffffffu) > 0x7f800000u) return (sg_u16)((u >> 16) | 0x40);\n"
     "    u += 0x7fffu + ((u >> 16) & 1); return (sg_u16)(u >> 16);\n"
     "}\n"
+    "/* A float rounded to bf16 or f16 and widened back, as a store and a load\n"
+    " * would: one hardware conversion each way, rounding to nearest even as\n"
+    " * sg_f2bf and sg_f2h do (a NaN stays a NaN; its payload is the device's). */\n"
+    "SG_DEV float sg_bf_rt(float f) {\n"
+    "#if __CUDA_ARCH__ >= 800\n"
+    "    sg_u16 h; asm(\"cvt.rn.bf16.f32 %0, %1;\" : \"=h\"(h) : \"f\"(f));\n"
+    "    return __uint_as_float((sg_u32)h << 16);\n"
+    "#else\n"
+    "    return sg_bf2f(sg_f2bf(f));\n"
+    "#endif\n"
+    "}\n"
+    "SG_DEV float sg_h_rt(float f) {\n"
+    "    sg_u16 h; float r;\n"
+    "    asm(\"cvt.rn.f16.f32 %0, %1;\" : \"=h\"(h) : \"f\"(f));\n"
+    "    asm(\"cvt.f32.f16 %0, %1;\" : \"=f\"(r) : \"h\"(h));\n"
+    "    return r;\n"
+    "}\n"
     "/* Saturating casts: NaN to 0, out of range to the nearest limit. */\n"
     "SG_DEV sg_i64 sg_f2i32(float v) {\n"
     "    return v != v ? 0 : v >= 2147483647.0f ? 2147483647LL : v <= -2147483648.0f ? "
@@ -174,11 +191,10 @@ static void round_trip(const char *e, bool src_float, sg_dtype dt, char *buf, si
     switch (dt) {
     case SG_F32: snprintf(buf, size, src_float ? "%s" : "(float)%s", e); break;
     case SG_F16:
-        snprintf(buf, size, src_float ? "sg_h2f(sg_f2h(%s))" : "sg_h2f(sg_f2h(sg_i2f_odd(%s)))", e);
+        snprintf(buf, size, src_float ? "sg_h_rt(%s)" : "sg_h_rt(sg_i2f_odd(%s))", e);
         break;
     case SG_BF16:
-        snprintf(buf, size, src_float ? "sg_bf2f(sg_f2bf(%s))" : "sg_bf2f(sg_f2bf(sg_i2f_odd(%s)))",
-                 e);
+        snprintf(buf, size, src_float ? "sg_bf_rt(%s)" : "sg_bf_rt(sg_i2f_odd(%s))", e);
         break;
     case SG_I32: snprintf(buf, size, src_float ? "sg_f2i32(%s)" : "(sg_i64)(sg_i32)%s", e); break;
     case SG_I64: snprintf(buf, size, src_float ? "sg_f2i64(%s)" : "%s", e); break;
@@ -328,6 +344,11 @@ typedef struct sg__cuda_gen {
      * mark[n] is set for every s<n> named while it is non-NULL. */
     bool *mark;
     bool member_slots;
+    /* Deferred stores (sg__cuda_defer_begin): declarations, statements, the
+     * arrays' length, and the members whose values are kept. */
+    sg__emit *defer_decl, *defer_st;
+    int defer_n, ndefer;
+    int deferred[64];
 } gen;
 
 /* The number under which the kernel being emitted names IR slot s (taken
@@ -408,6 +429,28 @@ static int vec_index(gen *g, const sg__ref *r) {
     return g->nvec++;
 }
 
+/* Store statement st of value v<k> (fl: float, else sg_i64): now, or
+ * deferred (sg__cuda_defer_begin). */
+static void store_stmt(gen *g, bool fl, int k, const char *st) {
+    if (!g->defer_st) {
+        sg__emit_line(g->e, "%s", st);
+        return;
+    }
+    bool kept = false;
+    for (int i = 0; i < g->ndefer; i++) kept = kept || g->deferred[i] == k;
+    if (!kept && g->ndefer == 64) { /* out of room: store now (correct, only slower) */
+        sg__emit_line(g->e, "%s", st);
+        return;
+    }
+    const char *t = fl ? "float" : "sg_i64";
+    if (!kept) {
+        g->deferred[g->ndefer++] = k;
+        sg__emit_line(g->defer_decl, "%s r_d%d[%d];", t, k, g->defer_n);
+        sg__emit_line(g->e, "r_d%d[r_u] = v%d;", k, k);
+    }
+    sg__emit_line(g->defer_st, "{ const %s v%d = r_d%d[r_u]; %s }", t, k, k, st);
+}
+
 /* The members [from, n) of a group, one element: the body. */
 static void emit_body(gen *g, const sg__group *grp, int from, int nd, const int64_t *shape,
                       ixmode m) {
@@ -458,7 +501,7 @@ static void emit_body(gen *g, const sg__group *grp, int from, int nd, const int6
                 snprintf(lv, sizeof lv, "((%s *)s%d)[%s]", ctype(o->dtype), lslot(g, o->slot), off);
             }
             narrow_store(o->dtype, lv, v, st, sizeof st);
-            sg__emit_line(g->e, "%s", st);
+            store_stmt(g, fdom(o->dtype), k, st);
         }
     }
 }
@@ -1657,6 +1700,26 @@ void sg__cuda_members(sg__cuda_gen *g, const sg__group *grp, int from, int to, i
     emit_body(g, &part, from, nd, shape, flat ? IX_FLAT : IX_NESTED);
     g->anchor_reg = reg;
 }
+
+sg__emit *sg__cuda_set_out(sg__cuda_gen *g, sg__emit *e) {
+    sg__emit *old = g->e;
+    g->e = e;
+    return old;
+}
+
+void sg__cuda_defer_begin(sg__cuda_gen *g, sg__emit *decl, sg__emit *later, int n) {
+    g->defer_decl = decl;
+    g->defer_st = later;
+    g->defer_n = n;
+    g->ndefer = 0;
+}
+
+void sg__cuda_defer_end(sg__cuda_gen *g) {
+    g->defer_decl = g->defer_st = NULL;
+    g->ndefer = 0;
+}
+
+void sg__cuda_store(sg__cuda_gen *g, bool fl, int k, const char *st) { store_stmt(g, fl, k, st); }
 
 /* ------------------------------------------------------------ the unit */
 

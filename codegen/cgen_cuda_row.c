@@ -29,7 +29,10 @@
  * (prologue included) and read from there by every pass; a longer row is
  * recomputed from memory by each pass, its prologue storing only in the
  * last pass that computes it (an in-place prologue must not read its own
- * result back).
+ * result back). Passes over memory load 8 elements per lane before using
+ * them, and the write pass (and a reduction's epilogue over the input's
+ * shape) computes 8 elements, keeping the values to store, before a second
+ * walk stores them: no load waits behind a store (deferred_walk).
  *
  * The same rows, with every block computing all of them, open a GEMV kernel
  * whose x is the norm's result (sg__cgen_cuda_rows_into): the value the
@@ -219,7 +222,7 @@ static void row_write(rowk *k) {
         sg__cuda_lvalue(k->g, k->o, k->nd, k->shape, k->flat, lv, sizeof lv);
         snprintf(v, sizeof v, "v%d", k->a);
         sg__cuda_narrow_store(k->o->dtype, lv, v, st, sizeof st);
-        sg__emit_line(k->e, "%s", st);
+        sg__cuda_store(k->g, true, k->a, st);
     }
     if (k->a + 1 < k->grp->n)
         sg__cuda_members(k->g, k->grp, k->a + 1, k->grp->n, k->nd, k->shape, k->flat);
@@ -229,8 +232,84 @@ static void row_write(rowk *k) {
         snprintf(lv, sizeof lv, "%s[i]", k->xs);
         snprintf(v, sizeof v, "v%d", k->sink);
         sg__cuda_narrow_store(x->dtype, lv, v, st, sizeof st);
-        sg__emit_line(k->e, "%s", st);
+        sg__cuda_store(k->g, true, k->sink, st);
     }
+}
+
+static void chunk_loop(rowk *k, const char *start, const char *hi, int step, int u,
+                       const char *fold, bool quiet);
+static int chunk_of(int64_t len, int step, int u);
+
+/*
+ * Columns base + (r_t0 + r_u) * team (regs; else base + r_u * team), r_u <
+ * n, of the row (those below len): `elem`
+ * emits each one's loads, values and stores, the stores kept aside
+ * (sg__cuda_defer_begin) and replayed by a second walk over the same
+ * columns, so that the loads of all n columns issue before the first store
+ * (a store waits for its value, and warps issue in order: a load placed
+ * after a store would wait for the load before it).
+ */
+static void deferred_walk(rowk *k, const char *base, bool regs, int n, void (*elem)(rowk *)) {
+    sg__emit *out = k->e;
+    sg__emit decl = {.ctx = out->ctx, .depth = out->depth};
+    sg__emit body = {.ctx = out->ctx, .depth = out->depth};
+    sg__emit later = {.ctx = out->ctx, .depth = out->depth + 2};
+    sg__cuda_defer_begin(k->g, &decl, &later, n);
+    k->e = &body;
+    sg__cuda_set_out(k->g, &body);
+    for (int pass = 0; pass < 2; pass++) {
+        if (pass == 1) sg__cuda_defer_end(k->g);
+        if (pass == 1 && !later.buf) break;
+        sg__emit_line(k->e, "#pragma unroll");
+        sg__emit_open(k->e, "for (int r_u = 0; r_u < %d; r_u++)", n);
+        sg__emit_line(k->e, "const sg_i64 r_c = %s + (sg_i64)(%sr_u) * %d;", base,
+                      regs ? "r_t0 + " : "", k->team);
+        sg__emit_open(k->e, "if (r_c < %lldLL)", (long long)k->len);
+        if (pass == 0) {
+            elem(k);
+        } else {
+            walk_index(k);
+            sg__emit_raw(k->e, "%s", later.buf);
+        }
+        sg__emit_close(k->e);
+        sg__emit_close(k->e);
+    }
+    k->e = out;
+    sg__cuda_set_out(k->g, out);
+    if (decl.buf) sg__emit_raw(out, "%s", decl.buf);
+    if (body.buf) sg__emit_raw(out, "%s", body.buf);
+    if (decl.oom || body.oom || later.oom) out->oom = true;
+    sg__emit_free(&decl);
+    sg__emit_free(&body);
+    sg__emit_free(&later);
+}
+
+/* A column of the write pass: the input (kept in registers, or
+ * recomputed with the prologue's stores), then row_write. */
+static void write_elem(rowk *k) {
+    sg__emit_line(k->e, "float r_x;");
+    if (k->per) {
+        sg__emit_line(k->e, "r_x = r_xr[r_t0 + r_u];");
+    } else {
+        sg__emit_open(k->e, "%s", "");
+        row_input(k, true);
+        sg__emit_close(k->e);
+    }
+    row_write(k);
+}
+
+/* A statistics pass folding each column's r_x: over the registers (the
+ * first pass fills them), or over memory in chunks of loads in flight. */
+static void stat_pass(rowk *k, bool fill, const char *fold) {
+    if (k->per) {
+        pass_open(k, fill, false);
+        sg__emit_line(k->e, "%s", fold);
+        pass_close(k);
+        return;
+    }
+    char hi[32];
+    snprintf(hi, sizeof hi, "%lldLL", (long long)k->len);
+    chunk_loop(k, "r_lane", hi, k->team, chunk_of(k->len, k->team, 8), fold, true);
 }
 
 /* Statistics and write pass of softmax, log_softmax and the norms. */
@@ -242,15 +321,10 @@ static void emit_row_op(rowk *k) {
         /* A row read from memory: max and sum in one pass, the sum rescaled
          * as the max grows; -inf adds exactly 0, +inf and NaN make it NaN. */
         sg__emit_line(k->e, "float r_m = __uint_as_float(0xff800000u), r_s = 0.0f;");
-        pass_open(k, false, false);
-        sg__emit_open(k->e, "if (r_x > r_m)");
-        sg__emit_line(k->e, "r_s = r_s * expf(r_m - r_x) + (r_x == __uint_as_float(0x7f800000u) ? "
-                            "__uint_as_float(0x7fc00000u) : 1.0f);");
-        sg__emit_line(k->e, "r_m = r_x;");
-        sg__emit_close(k->e);
-        sg__emit_line(k->e,
-                      "else if (r_x != __uint_as_float(0xff800000u)) r_s += expf(r_x - r_m);");
-        pass_close(k);
+        stat_pass(k, false,
+                  "{ if (r_x > r_m) { r_s = r_s * expf(r_m - r_x) + (r_x == "
+                  "__uint_as_float(0x7f800000u) ? __uint_as_float(0x7fc00000u) : 1.0f); r_m = "
+                  "r_x; } else if (r_x != __uint_as_float(0xff800000u)) r_s += expf(r_x - r_m); }");
         team_reduce_ms(k);
         sg__emit_line(k->e, "const float r_inv = 1.0f / r_s, r_ls = logf(r_s);");
         sg__emit_line(k->e, "(void)r_inv, (void)r_ls;");
@@ -270,16 +344,12 @@ static void emit_row_op(rowk *k) {
     } else {
         bool layer = op == SG__OP_LAYER_NORM;
         sg__emit_line(k->e, "float r_s = 0.0f;");
-        pass_open(k, fill, false);
-        sg__emit_line(k->e, layer ? "r_s += r_x;" : "r_s += r_x * r_x;");
-        pass_close(k);
+        stat_pass(k, fill, layer ? "r_s += r_x;" : "r_s += r_x * r_x;");
         team_reduce(k, "r_s", false);
         if (layer) {
             sg__emit_line(k->e, "const float r_mean = r_s / %lld.0f;", (long long)k->len);
             sg__emit_line(k->e, "float r_q = 0.0f;");
-            pass_open(k, false, false);
-            sg__emit_line(k->e, "r_q += (r_x - r_mean) * (r_x - r_mean);");
-            pass_close(k);
+            stat_pass(k, false, "r_q += (r_x - r_mean) * (r_x - r_mean);");
             team_reduce(k, "r_q", false);
             sg__emit_line(k->e, "const float r_var = r_q / %lld.0f;", (long long)k->len);
         } else {
@@ -289,9 +359,19 @@ static void emit_row_op(rowk *k) {
                       "const float r_r = 1.0f / sqrtf((r_var > 0.0f ? r_var : 0.0f) + %.9ef);",
                       k->an->f[0]);
     }
-    pass_open(k, false, true);
-    row_write(k);
-    pass_close(k);
+    if (k->per) { /* the registers, 8 at a time (the kept values are registers too) */
+        int u = k->per < 8 ? k->per : 8;
+        sg__emit_line(k->e, "#pragma unroll");
+        sg__emit_open(k->e, "for (int r_t0 = 0; r_t0 < %d; r_t0 += %d)", k->per, u);
+        deferred_walk(k, "r_lane", true, u, write_elem);
+        sg__emit_close(k->e);
+        return;
+    }
+    int u = chunk_of(k->len, k->team, 8);
+    sg__emit_open(k->e, "for (sg_i64 r_c0 = r_lane; r_c0 < %lldLL; r_c0 += %lld)",
+                  (long long)k->len, (long long)u * k->team);
+    deferred_walk(k, "r_c0", false, u, write_elem);
+    sg__emit_close(k->e);
 }
 
 /*
@@ -362,6 +442,12 @@ static void single_tail(rowk *k, const char *idx) {
         sg__cuda_members(k->g, grp, k->a + 1, grp->n, grp->ndim, grp->shape, rflat);
 }
 
+/* A column of a reduction's epilogue over the input's shape. */
+static void bcast_elem(rowk *k) {
+    walk_index(k);
+    sg__cuda_members(k->g, k->grp, k->grp->bcast, k->grp->n, k->nd, k->shape, k->flat);
+}
+
 /* Sum or mean, the epilogue over the reduced shape, then over the input's. */
 static void emit_reduce(rowk *k) {
     const sg__group *grp = k->grp;
@@ -414,10 +500,10 @@ static void emit_reduce(rowk *k) {
         sg__emit_close(k->e);
     }
     if (!grp->bcast) return;
-    sg__emit_open(k->e, "for (sg_i64 r_c = r_lane; r_c < %lldLL; r_c += %d)", (long long)k->len,
-                  k->team);
-    walk_index(k);
-    sg__cuda_members(k->g, grp, grp->bcast, grp->n, k->nd, k->shape, k->flat);
+    int u = chunk_of(k->len, k->team, 8);
+    sg__emit_open(k->e, "for (sg_i64 r_c0 = r_lane; r_c0 < %lldLL; r_c0 += %lld)",
+                  (long long)k->len, (long long)u * k->team);
+    deferred_walk(k, "r_c0", false, u, bcast_elem);
     sg__emit_close(k->e);
 }
 
@@ -689,7 +775,9 @@ static void row_loop(rowk *k, const char *blk, const char *nblk) {
                   "for (sg_i64 r_row = (sg_i64)%s * %d + threadIdx.x / %d; r_row < %lldLL; "
                   "r_row += (sg_i64)%s * %d)",
                   blk, rpb, k->team, (long long)k->rows, nblk, rpb);
-    if (k->per && grp->kind == SG__G_ROW) sg__emit_line(k->e, "float r_xr[%d];", k->per);
+    /* Room for whole groups of 8 (the write pass's steps; those past the row go unused). */
+    if (k->per && grp->kind == SG__G_ROW)
+        sg__emit_line(k->e, "float r_xr[%d];", k->per < 8 ? k->per : (k->per + 7) / 8 * 8);
     if (grp->kind == SG__G_ROW)
         emit_row_op(k);
     else if (k->an->op == SG__OP_ARGMAX)

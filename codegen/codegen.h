@@ -329,6 +329,18 @@ SG__HIDDEN void sg__cuda_unflatten(sg__cuda_gen *g, int nd, const int64_t *shape
  * grp marks it; the anchor's value is read from v<anchor>. */
 SG__HIDDEN void sg__cuda_members(sg__cuda_gen *g, const sg__group *grp, int from, int to, int nd,
                                  const int64_t *shape, bool flat);
+/* Redirect what the helpers write to e; returns the previous output. */
+SG__HIDDEN sg__emit *sg__cuda_set_out(sg__cuda_gen *g, sg__emit *e);
+/*
+ * Deferred stores, for a walk that takes n elements per lane at once: until
+ * sg__cuda_defer_end, each store of value v<k> keeps v<k> in r_d<k>[r_u]
+ * (its array declared once into `decl`) and its statement goes to `later`,
+ * for a second walk of the same indices to replay after every load of the
+ * n elements has issued. sg__cuda_store is that choice for one statement.
+ */
+SG__HIDDEN void sg__cuda_defer_begin(sg__cuda_gen *g, sg__emit *decl, sg__emit *later, int n);
+SG__HIDDEN void sg__cuda_defer_end(sg__cuda_gen *g);
+SG__HIDDEN void sg__cuda_store(sg__cuda_gen *g, bool fl, int k, const char *st);
 
 /* ------------------------------------------------------------ NVRTC (nvrtc.c) */
 

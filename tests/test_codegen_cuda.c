@@ -15,8 +15,10 @@
  * transformer-like step whose layers share their kernels: as many distinct
  * kernels as one layer has, and twelve times its launches, embedding,
  * index_select, concat of narrowed halves and index_copy_ into a cache as
- * generated kernels with no library call) and random op
- * DAGs over every dtype, 24 programs to a unit.
+ * generated kernels with no library call, the gelu_tanh backward over
+ * (4, 1024, 3072) bf16 as one vectorized kernel whose bf16 round trips are
+ * one conversion each way) and random op DAGs over every dtype, 24
+ * programs to a unit.
  * The numerics of the kernels run under the gpu label (the capture tests on
  * the CUDA backend). Exits 77 when NVRTC cannot be loaded.
  */
@@ -37,8 +39,10 @@ static int units_compiled;
 /* What a capture became on CUDA. */
 typedef struct counts {
     int groups, kernels, calls, gemv, multi;
-    int rows; /* row kernels: a ROW or REDUCE group computed without a library call */
+    int rows;     /* row kernels: a ROW or REDUCE group computed without a library call */
     int distinct; /* kernels whose text is in the unit (the others reuse one) */
+    bool vec;     /* a 16-, 8- or 4-byte vector path */
+    int soft_rt;  /* bf16/f16 round trips written out in bits, not one conversion each way */
     double nvrtc_s;
 } counts;
 
@@ -93,6 +97,11 @@ static bool cuda_unit(sg_fn *fn, const char *name, counts *c) {
         }
     }
     if (ok && getenv("SG_TEST_PRINT_CUDA")) fprintf(stderr, "%s\n", e.buf);
+    c->vec = ok && strstr(e.buf, "union {") != NULL;
+    static const char *const soft[2] = {"sg_bf2f(sg_f2bf(", "sg_h2f(sg_f2h("};
+    for (int p = 0; ok && p < 2; p++) /* in the kernels, after the preamble */
+        for (const char *at = strstr(e.buf, "__global__"); at && (at = strstr(at, soft[p])); at++)
+            c->soft_rt++;
     if (ok && nk > 0 && !nvrtc_missing) {
         void *cubin = NULL;
         size_t size = 0;
@@ -482,6 +491,36 @@ static void test_reduce(sg_dtype dt) {
     sg_release(x);
 }
 
+/* The gelu_tanh backward as the grad rule writes it, times dy: one
+ * pointwise kernel over (4, 1024, 3072) bf16 with a vector path. */
+static sg_status gelu_bwd_step(sg_ctx *c, sg_tensor *const *in, sg_tensor **out, void *user) {
+    (void)user;
+    const double k = 0.044715, cc = 0.7978845608028654;
+    sg_tensor *x = in[0], *x2 = sg_mul(x, x);
+    sg_tensor *t = sg_tanh(sg_mul_scalar(sg_mul(x, sg_add_scalar(sg_mul_scalar(x2, k), 1.0)), cc));
+    sg_tensor *du = sg_mul_scalar(sg_add_scalar(sg_mul_scalar(x2, 3.0 * k), 1.0), cc);
+    sg_tensor *left = sg_mul_scalar(sg_add_scalar(t, 1.0), 0.5);
+    sg_tensor *sech2 = sg_add_scalar(sg_neg(sg_mul(t, t)), 1.0);
+    out[0] = sg_mul(in[1], sg_add(left, sg_mul(sg_mul_scalar(x, 0.5), sg_mul(sech2, du))));
+    return out[0] ? SG_OK : sg_ctx_status(c);
+}
+
+static void test_gelu_bwd(void) {
+    int64_t xs[3] = {4, 1024, 3072};
+    sg_tensor *in[2] = {tu_rand(ctx, SG_BF16, 3, xs, -3, 3, NULL),
+                        tu_rand(ctx, SG_BF16, 3, xs, -1, 1, NULL)};
+    sg_fn *fn = compile(gelu_bwd_step, NULL, 2, 1);
+    counts c = {0};
+    bool ok = capture(fn, in, 2, 1) && cuda_unit(fn, "cu_gelu_bwd_bf16", &c) &&
+              TU_EXPECT(c.kernels == 1) && TU_EXPECT(c.calls == 0) && TU_EXPECT(c.vec) &&
+              TU_EXPECT(c.soft_rt == 0);
+    tu_case(ok, "CUDA_GELU_TANH_BWD(type=bf16,x=[4,1024,3072]) -> %d kernel, vector path %d",
+            c.kernels, c.vec);
+    sg_fn_destroy(fn);
+    sg_release(in[0]);
+    sg_release(in[1]);
+}
+
 /* ------------------------------------------------------------ random DAGs */
 
 enum kind { K_UNARY, K_SCALAR, K_BINARY, K_WHERE, K_CAST, K_TRANSPOSE, K_SLICE, K_CMP, K_COUNT };
@@ -672,7 +711,9 @@ int main(int argc, char **argv) {
     setenv("SG_CACHE_DIR", dir, 1); /* every unit is compiled, none served from an old cache */
     /* Captures run on the CPU whatever SG_TEST_BACKEND says: only the IR matters. */
     if (sg_ctx_create(&(sg_ctx_opts){.backend = SG_BACKEND_CPU}, &ctx) != SG_OK) return 1;
-    if (argc > 1) { /* re-run one fuzz batch */
+    if (argc > 1 && strcmp(argv[1], "gelu") == 0) {
+        test_gelu_bwd();
+    } else if (argc > 1) { /* re-run one fuzz batch */
         test_fuzz(strtoull(argv[1], NULL, 10));
     } else {
         test_chain(SG_F32, 4096, 0);
@@ -696,6 +737,7 @@ int main(int argc, char **argv) {
         test_adamw(SG_F32);
         test_adamw(SG_BF16);
         test_reduce(SG_F32);
+        test_gelu_bwd();
         for (uint64_t s = 1; s <= 4; s++) test_fuzz(1 + (s - 1) * NPROG);
     }
     sg_ctx_destroy(ctx);

@@ -4,8 +4,10 @@
  * (codegen/cgen_cuda_row.c) and the fusion that feeds them: softmax with a
  * scale prologue and a cast epilogue, layer_norm after a residual add,
  * rms_norm built in and written out of primitives (x * rsqrt(mean(x*x) +
- * eps) * w), log_softmax, row sums, layer_norm, and softmax over the
- * rows of a transposed view, over rows of 1, 7, 768, 1024, 5000 and 50257
+ * eps) * w), log_softmax, row sums, layer_norm, softmax over the rows
+ * of a transposed view, and cross_entropy's backward written out
+ * ((softmax(x) - cast(r > x)) / rows, the comparison a kernel of its own as
+ * the one-hot is), over rows of 1, 7, 768, 1024, 5000 and 50257
  * elements in f32 and bf16; argmax over the last dim (kept, and dropped
  * after a scale prologue) with ties of the maximum and NaN planted in some
  * rows (first maximum wins, NaN counts as the maximum: PyTorch's rule).
@@ -53,14 +55,15 @@ typedef enum pattern {
     P_SOFTMAX_T,     /* softmax(transpose(x)) over its last dim: a strided walk */
     P_ARGMAX_KEEP,   /* argmax(x, -1, keepdim) */
     P_ARGMAX_SCALED, /* argmax(x * -2, -1): a prologue, the dim dropped */
+    P_XENT_BWD,      /* (softmax(x) - cast(r > x)) / rows: cross_entropy's backward */
     P_COUNT
 } pattern;
 
-static const char *const pattern_name[P_COUNT] = {"SOFTMAX_SCALE_CAST", "LAYERNORM_RESIDUAL",
-                                                  "RMSNORM_BUILTIN",    "RMSNORM_WRITTEN",
-                                                  "LOG_SOFTMAX",        "ROW_SUM",
-                                                  "LAYERNORM",          "SOFTMAX_TRANSPOSED",
-                                                  "ARGMAX_KEEPDIM",     "ARGMAX_SCALED"};
+static const char *const pattern_name[P_COUNT] = {
+    "SOFTMAX_SCALE_CAST", "LAYERNORM_RESIDUAL", "RMSNORM_BUILTIN",
+    "RMSNORM_WRITTEN",    "LOG_SOFTMAX",        "ROW_SUM",
+    "LAYERNORM",          "SOFTMAX_TRANSPOSED", "ARGMAX_KEEPDIM",
+    "ARGMAX_SCALED",      "XENT_BACKWARD"};
 
 #define EPS 1e-5
 
@@ -95,6 +98,10 @@ static sg_status row_step(sg_ctx *c, sg_tensor *const *in, sg_tensor **out, void
     case P_SOFTMAX_T: out[0] = sg_softmax(sg_transpose(x, 0, 1), -1); break;
     case P_ARGMAX_KEEP: out[0] = sg_argmax(x, -1, true); break;
     case P_ARGMAX_SCALED: out[0] = sg_argmax(sg_mul_scalar(x, -2.0), -1, false); break;
+    case P_XENT_BWD:
+        out[0] = sg_mul_scalar(sg_sub(sg_softmax(x, -1), sg_cast(sg_gt(in[1], x), s->dt)),
+                               1.0 / (double)x->shape[0]);
+        break;
     default: break;
     }
     return out[0] ? SG_OK : sg_ctx_status(c);
@@ -108,7 +115,8 @@ static void reference(const spec *s, int64_t rows, int64_t len, const double *x,
     for (int64_t i = 0; i < rows; i++) {
         const double *xr = x + i * len;
         double *o = out0 + i * len;
-        if (s->p == P_SOFTMAX_CAST || s->p == P_LOG_SOFTMAX || s->p == P_SOFTMAX_T) {
+        if (s->p == P_SOFTMAX_CAST || s->p == P_LOG_SOFTMAX || s->p == P_SOFTMAX_T ||
+            s->p == P_XENT_BWD) {
             double m = -INFINITY, sum = 0;
             for (int64_t j = 0; j < len; j++) {
                 double v = s->p == P_SOFTMAX_CAST ? tu_round(dt, xr[j] * 0.5) : xr[j];
@@ -121,6 +129,10 @@ static void reference(const spec *s, int64_t rows, int64_t len, const double *x,
                     o[j] = tu_round(other(dt), tu_round(dt, exp(o[j] - m) / sum));
                 else if (s->p == P_SOFTMAX_T)
                     o[j] = tu_round(dt, exp(o[j] - m) / sum);
+                else if (s->p == P_XENT_BWD) /* every op rounds to dt */
+                    o[j] = tu_round(dt, tu_round(dt, tu_round(dt, exp(o[j] - m) / sum) -
+                                                         (r[i * len + j] > xr[j] ? 1.0 : 0.0)) /
+                                            (double)rows);
                 else
                     o[j] = tu_round(dt, tu_round(dt, (o[j] - m) - log(sum)) - 1.0);
             }
@@ -256,7 +268,8 @@ static void test_case(pattern p, sg_dtype dt, int64_t rows, int64_t len) {
     }
     if (p == P_ARGMAX_KEEP || p == P_ARGMAX_SCALED) plant(p, in[0], xv, rows, len, dt);
     int nin = 1, nout = p == P_LAYERNORM_RES ? 2 : 1;
-    if (p == P_LAYERNORM_RES) in[1] = tu_rand(ctx, dt, 2, xs, -1, 1, &rv), nin = 2;
+    if (p == P_LAYERNORM_RES || p == P_XENT_BWD)
+        in[1] = tu_rand(ctx, dt, 2, xs, -1, 1, &rv), nin = 2;
     if (p == P_LAYERNORM_RES || p == P_LAYERNORM || p == P_RMS_BUILTIN || p == P_RMS_WRITTEN)
         s.w = tu_rand(ctx, dt, 1, &len, 0.5, 1.5, &wv);
     if (p == P_LAYERNORM_RES || p == P_LAYERNORM) s.b = tu_rand(ctx, dt, 1, &len, -0.5, 0.5, &bv);
@@ -298,8 +311,9 @@ static void test_case(pattern p, sg_dtype dt, int64_t rows, int64_t len) {
     char uname[96];
     snprintf(uname, sizeof uname, "cu_row_%d_%s_%lld_%lld", (int)p, sg_dtype_name(dt),
              (long long)rows, (long long)len);
-    ok = ok && cuda_unit(fn, uname, &c) && TU_EXPECT(c.kernels == 1) && TU_EXPECT(c.calls == 0) &&
-         TU_EXPECT(c.rows == 1);
+    /* The backward's comparison is a kernel of its own, as the one-hot is. */
+    ok = ok && cuda_unit(fn, uname, &c) && TU_EXPECT(c.kernels == (p == P_XENT_BWD ? 2 : 1)) &&
+         TU_EXPECT(c.calls == 0) && TU_EXPECT(c.rows == 1);
     tu_case(ok, "%s on %s -> %d CUDA kernel, %d library calls", name,
             tu_backend() == SG_BACKEND_CUDA ? "cuda" : "cpu", c.kernels, c.calls);
     sg_fn_destroy(fn);
