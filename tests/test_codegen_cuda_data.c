@@ -18,6 +18,7 @@
 #include "testutil.h"
 
 #include "graphs/graphs.h"
+#include "cuda_unit.h"
 
 #include <math.h>
 #include <string.h>
@@ -63,20 +64,7 @@ static bool cuda_unit(sg_fn *fn, const char *name, int *kernels, int *calls, int
         if (grp->kind == SG__G_MULTI && f.parts[grp->members[0]].kind == SG__G_OPAQUE) (*merged)++;
     }
     if (ok && getenv("SG_TEST_PRINT_CUDA")) fprintf(stderr, "%s\n", e.buf);
-    if (ok && !nvrtc_missing) {
-        void *cubin = NULL;
-        size_t size = 0;
-        sg_status s = sg__nvrtc_build(ctx, name, e.buf, 90, &cubin, &size);
-        if (s == SG_ERR_BACKEND_UNAVAILABLE) {
-            nvrtc_missing = true;
-            fprintf(stderr, "  NVRTC unavailable: units are generated but not compiled\n");
-        } else {
-            ok = TU_EXPECT(s == SG_OK && cubin && size > 0);
-            if (!ok) fprintf(stderr, "  %s\n", sg_last_error(ctx));
-        }
-        sg__free(ctx, cubin, size);
-        sg_clear_error(ctx);
-    }
+    ok = ok && cu_unit_compiles(ctx, name, e.buf, &nvrtc_missing);
     sg__emit_free(&e);
     free(ki);
     sg__fused_free(ctx, &f, &g->ir);
