@@ -1,0 +1,151 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * test_capture_xent.c -- cross_entropy's gradient over wide rows of odd
+ * width (a row of 1001 bf16 or f32 logits starts at every alignment), the
+ * shape of a language model's head: the logits' own gradient (contiguous,
+ * transposed and sliced logits, a scaled loss), and the gradients of x and
+ * w through linear -> cross_entropy, eager and compiled (DEFAULT and
+ * REDUCE_OVERHEAD), against an f64 reference written here.
+ */
+#include "testutil.h"
+
+#include <math.h>
+#include <string.h>
+
+static sg_ctx *ctx;
+
+enum { N = 24, K = 40, C = 1001 };
+
+/* d(scale * mean_r(lse(l_r) - l_r[t_r])) / dl, row-major (rows, cols). */
+static void ref_dlogits(const double *l, const int64_t *t, int64_t rows, int64_t cols,
+                        double scale, double *d) {
+    for (int64_t r = 0; r < rows; r++) {
+        const double *row = l + r * cols;
+        double m = -INFINITY, s = 0;
+        for (int64_t j = 0; j < cols; j++) m = row[j] > m ? row[j] : m;
+        for (int64_t j = 0; j < cols; j++) s += exp(row[j] - m);
+        for (int64_t j = 0; j < cols; j++)
+            d[r * cols + j] = (exp(row[j] - m) / s - (j == t[r] ? 1.0 : 0.0)) * scale / (double)rows;
+    }
+}
+
+/* |got - ref| <= rtol * (|ref| + the largest |ref|): a sum of many rounded
+ * terms is checked against the scale of the whole gradient. */
+static bool close_scaled(const char *what, const double *got, const double *ref, int64_t n,
+                         double rtol) {
+    double big = 0;
+    for (int64_t i = 0; i < n; i++) big = fabs(ref[i]) > big ? fabs(ref[i]) : big;
+    return tu_close(what, got, ref, n, rtol, rtol * big);
+}
+
+static sg_tensor *targets(int64_t n, int64_t cols, int64_t *tv) {
+    for (int64_t i = 0; i < n; i++) tv[i] = tu_randint(0, cols - 1);
+    tv[0] = 0, tv[n - 1] = cols - 1; /* the first and last columns */
+    return sg_from_host(ctx, SG_I64, 1, &n, tv);
+}
+
+/* The logits as a leaf: its gradient, for each layout of the logits. */
+static void logits_case(sg_dtype dt, tu_layout lay, uint64_t seed) {
+    tu_seed(seed);
+    int64_t sh[2] = {N, C}, tv[N];
+    double *lv, *want = malloc(sizeof(double) * N * C), scale = 0.75;
+    sg_tensor *l = tu_rand_layout(ctx, dt, 2, sh, -4, 4, lay, &lv), *t = targets(N, C, tv), *g = NULL;
+    bool ok = TU_EXPECT(sg_requires_grad_(l, true) == SG_OK);
+    sg_tensor *loss = sg_mul_scalar(sg_cross_entropy(l, t), scale);
+    ok = ok && TU_EXPECT(sg_grad(loss, 1, &l, &g) == SG_OK);
+    double *got = ok ? tu_read(g) : NULL;
+    ref_dlogits(lv, tv, N, C, scale, want);
+    ok = ok && TU_EXPECT(got != NULL) && TU_EXPECT(sg_tensor_dtype(g) == dt) &&
+         TU_EXPECT(tu_close("dlogits", got, want, N * C, tu_rtol(dt), tu_atol(dt) / C));
+    tu_case(ok, "XENT_GRAD_LOGITS(type=%s,logits=[%d,%d],layout=%s,scale=%g) seed=%llu",
+            sg_dtype_name(dt), N, C, tu_layout_name(lay), scale, (unsigned long long)seed);
+    free(got), free(lv), free(want);
+    sg_release(l), sg_release(t), sg_release(g), sg_release(loss);
+}
+
+/* ------------------------------------------------------------ linear -> cross_entropy */
+
+typedef struct head {
+    sg_tensor *w; /* (C, K) */
+} head;
+
+static sg_status head_step(sg_ctx *c, sg_tensor *const *in, sg_tensor **out, void *user) {
+    (void)c;
+    head *h = user;
+    sg_tensor *x = in[0], *p[2] = {x, h->w}, *g[2] = {NULL, NULL};
+    sg_tensor *loss = sg_cross_entropy(sg_linear(x, h->w, NULL), in[1]);
+    sg_status s = sg_grad(loss, 2, p, g);
+    out[0] = loss, out[1] = g[0], out[2] = g[1];
+    return s;
+}
+
+/* f64: the logits x w^T rounded to dt (as the product stores them), then
+ * dx = d w and dw = d^T x from their gradient d. */
+static void ref_head(sg_dtype dt, const double *x, const double *w, const int64_t *tv, double *dx,
+                     double *dw) {
+    double *l = malloc(sizeof(double) * N * C), *d = malloc(sizeof(double) * N * C);
+    for (int64_t r = 0; r < N; r++)
+        for (int64_t j = 0; j < C; j++) {
+            double a = 0;
+            for (int64_t k = 0; k < K; k++) a += x[r * K + k] * w[j * K + k];
+            l[r * C + j] = tu_round(dt, a);
+        }
+    ref_dlogits(l, tv, N, C, 1.0, d);
+    memset(dx, 0, sizeof(double) * N * K);
+    memset(dw, 0, sizeof(double) * C * K);
+    for (int64_t r = 0; r < N; r++)
+        for (int64_t j = 0; j < C; j++)
+            for (int64_t k = 0; k < K; k++) {
+                dx[r * K + k] += d[r * C + j] * w[j * K + k];
+                dw[j * K + k] += d[r * C + j] * x[r * K + k];
+            }
+    free(l), free(d);
+}
+
+static void head_case(sg_dtype dt, sg_mode mode, uint64_t seed) {
+    tu_seed(seed);
+    int64_t xs[2] = {N, K}, ws[2] = {C, K}, tv[N];
+    double *xv, *wv, *dx = malloc(sizeof(double) * N * K), *dw = malloc(sizeof(double) * C * K);
+    sg_tensor *x = tu_rand(ctx, dt, 2, xs, -1, 1, &xv);
+    head h = {.w = tu_rand(ctx, dt, 2, ws, -1, 1, &wv)};
+    sg_tensor *t = targets(N, C, tv), *in[2] = {x, t}, *out[3] = {NULL, NULL, NULL};
+    bool ok = TU_EXPECT(sg_requires_grad_(x, true) == SG_OK) &&
+              TU_EXPECT(sg_requires_grad_(h.w, true) == SG_OK);
+    sg_fn *fn = NULL;
+    if (ok && mode == SG_MODE_EAGER) {
+        ok = TU_EXPECT(head_step(ctx, in, out, &h) == SG_OK);
+    } else if (ok) {
+        ok = TU_EXPECT(sg_compile(ctx, head_step, &h, 2, 3, &(sg_compile_opts){.mode = mode},
+                                  &fn) == SG_OK);
+        /* Twice: the second call replays what the first recorded. */
+        for (int call = 0; ok && call < 2; call++) {
+            for (int k = 0; k < 3; k++) sg_release(out[k]), out[k] = NULL;
+            ok = TU_EXPECT(sg_call(fn, in, 2, out, 3) == SG_OK);
+        }
+    }
+    ref_head(dt, xv, wv, tv, dx, dw);
+    double *gx = ok ? tu_read(out[1]) : NULL, *gw = ok ? tu_read(out[2]) : NULL;
+    ok = ok && TU_EXPECT(gx && gw) && close_scaled("dx", gx, dx, N * K, tu_rtol(dt)) &&
+         close_scaled("dw", gw, dw, C * K, tu_rtol(dt));
+    if (!ok && sg_last_error(ctx)[0]) fprintf(stderr, "  %s\n", sg_last_error(ctx));
+    tu_case(ok, "XENT_GRAD_HEAD(type=%s,mode=%s,x=[%d,%d],w=[%d,%d]) seed=%llu", sg_dtype_name(dt),
+            sg_mode_name(mode), N, K, C, K, (unsigned long long)seed);
+    sg_clear_error(ctx);
+    sg_fn_destroy(fn);
+    free(gx), free(gw), free(xv), free(wv), free(dx), free(dw);
+    for (int k = 0; k < 3; k++) sg_release(out[k]);
+    sg_release(x), sg_release(h.w), sg_release(t);
+}
+
+int main(void) {
+    ctx = tu_ctx((sg_ctx_opts){0});
+    static const sg_dtype dts[3] = {SG_F32, SG_BF16, SG_F16};
+    static const sg_mode modes[3] = {SG_MODE_EAGER, SG_MODE_DEFAULT, SG_MODE_REDUCE_OVERHEAD};
+    uint64_t seed = 1;
+    for (int d = 0; d < 3; d++)
+        for (int lay = 0; lay < TU_NUM_LAYOUTS; lay++) logits_case(dts[d], (tu_layout)lay, seed++);
+    for (int d = 0; d < 2; d++)
+        for (int m = 0; m < 3; m++) head_case(dts[d], modes[m], seed++);
+    sg_ctx_destroy(ctx);
+    return tu_finish();
+}
