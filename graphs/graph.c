@@ -232,6 +232,14 @@ sg_status sg__graph_build(sg_fn *fn, sg__graph *g) {
         !ALLOC_ARRAY(ctx, g->slotp, ir->nslots))
         return sg__fail(ctx, SG_ERR_OOM, "compile: out of host memory building the plan");
     g->ctx = ctx;
+    /* Wide unaligned matrices get padded rows before anything reads the
+     * refs' strides (a custom backend sees the capture as recorded). */
+    if (fn->opts.mode != SG_MODE_EAGER && !fn->opts.backend_fn) {
+        int np = sg__pad_rows(ctx, ir);
+        if (np)
+            sg__log(ctx, "perf_hints", "fn '%s': capture %d: %d buffer%s of unaligned rows padded",
+                    fn->name, fn->ngraphs, np, np > 1 ? "s" : "");
+    }
     sg_status s = fn->opts.mode != SG_MODE_EAGER ? try_compile(fn, g) : SG_OK;
     if (s == SG_OK) s = plan(ctx, g);
     if (s != SG_OK) return s;

@@ -80,7 +80,10 @@ SG__HIDDEN bool sg__mm_prefer_gemv(const sg__mm_plan *p);
  *   - an A or B with unaligned rows is copied there with a padded leading
  *     dim; a C with unaligned rows is written there and copied out;
  *   - a K that is contiguous in A or B and not a multiple of 16 bytes is
- *     padded with zeros in both (both are copied);
+ *     padded with zeros in both (both are copied), unless both have
+ *     aligned rows (a buffer with padded rows, memory/pad.c): then K splits
+ *     into the largest multiple of 16 bytes, one call, and the rest, a
+ *     second call that adds its product to the first's (beta = 1);
  *   - N (C's contiguous extent) splits into the largest multiple of 16
  *     bytes, one call, and the rest, a second narrow call;
  *   - with A read transposed (contiguous along M), the rows past the
@@ -90,7 +93,8 @@ SG__HIDDEN bool sg__mm_prefer_gemv(const sg__mm_plan *p);
  * another cap; 0 or off turns padding off); B is copied whole. Only single
  * products (no batch dim left after folding) of at least SG__MM_PAD_MIN
  * multiply-adds whose operands cuBLASLt reads in place are padded. Every
- * output element is one dot product as before: deterministic.
+ * output element is one dot product as before (two partial ones added,
+ * when K splits), the same every run: deterministic.
  */
 #define SG__MM_PAD_BYTES ((size_t)256 << 20)
 #define SG__MM_PAD_MIN ((int64_t)1 << 24)
@@ -99,6 +103,8 @@ typedef struct sg__mm_pad {
     bool a, b, c;   /* which operands go through scratch */
     bool a_t, b_t;  /* that operand is stored transposed (contiguous along M, K) */
     int64_t kp;     /* K with its zero padding (K when none) */
+    int64_t km;     /* K of the first call; the rest (kp - km) in a second
+                       that accumulates (kp: no second call) */
     int64_t nm;     /* columns of the first call (N: no second call) */
     int64_t mm;     /* rows of M in chunks; the rest (M - mm) in a last call */
     int64_t mchunk; /* rows of M per chunk */
