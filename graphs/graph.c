@@ -234,13 +234,16 @@ sg_status sg__graph_build(sg_fn *fn, sg__graph *g) {
     g->ctx = ctx;
     /* Wide unaligned matrices get padded rows before anything reads the
      * refs' strides (a custom backend sees the capture as recorded). */
+    sg_status s = SG_OK;
     if (fn->opts.mode != SG_MODE_EAGER && !fn->opts.backend_fn) {
-        int np = sg__pad_rows(ctx, ir);
+        int np = 0;
+        s = sg__pad_rows(ctx, ir, &np);
+        if (s != SG_OK) return s;
         if (np)
             sg__log(ctx, "perf_hints", "fn '%s': capture %d: %d buffer%s of unaligned rows padded",
                     fn->name, fn->ngraphs, np, np > 1 ? "s" : "");
     }
-    sg_status s = fn->opts.mode != SG_MODE_EAGER ? try_compile(fn, g) : SG_OK;
+    if (fn->opts.mode != SG_MODE_EAGER) s = try_compile(fn, g);
     if (s == SG_OK) s = plan(ctx, g);
     if (s != SG_OK) return s;
     s = sg__pool_reserve(ctx, g->scratch, 0, NULL);

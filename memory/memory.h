@@ -48,10 +48,10 @@ static inline int64_t sg__pad_row_len(int64_t n, size_t es) {
  * cross_entropy's gradient and read only by ops that take strides (matmul,
  * linear, cross_entropy and its gradient), gets rows of sg__pad_row_len
  * elements: the slot grows and the strides of its refs step padded rows.
- * Never a step output. Returns how many buffers it padded. SG_PAD_ROWS=0
- * turns it off.
+ * Never a step output. *npadded gets how many buffers it padded;
+ * SG_ERR_OOM on host memory. SG_PAD_ROWS=0 turns it off.
  */
-SG__HIDDEN int sg__pad_rows(sg_ctx *ctx, sg__ir *ir);
+SG__HIDDEN sg_status sg__pad_rows(sg_ctx *ctx, sg__ir *ir, int *npadded);
 
 typedef struct sg__pool_block {
     size_t offset, size;

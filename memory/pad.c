@@ -91,11 +91,12 @@ static int64_t pad_row(const sg__ir *ir, int s, const int *writer) {
     return n;
 }
 
-int sg__pad_rows(sg_ctx *ctx, sg__ir *ir) {
+sg_status sg__pad_rows(sg_ctx *ctx, sg__ir *ir, int *npadded) {
+    *npadded = 0;
     const char *e = getenv("SG_PAD_ROWS");
-    if ((e && strcmp(e, "0") == 0) || ir->nslots == 0) return 0;
+    if ((e && strcmp(e, "0") == 0) || ir->nslots == 0) return SG_OK;
     int *writer = sg__alloc(ctx, sizeof(int) * (size_t)ir->nslots);
-    if (!writer) return 0; /* no padding: the products copy instead */
+    if (!writer) return sg__fail(ctx, SG_ERR_OOM, "compile: out of host memory padding rows");
     for (int s = 0; s < ir->nslots; s++) writer[s] = -1;
     for (int i = 0; i < ir->nnodes; i++) {
         int s = ir->refs[ir->nodes[i].out].slot;
@@ -114,5 +115,6 @@ int sg__pad_rows(sg_ctx *ctx, sg__ir *ir) {
         padded++;
     }
     sg__free(ctx, writer, sizeof(int) * (size_t)ir->nslots);
-    return padded;
+    *npadded = padded;
+    return SG_OK;
 }
