@@ -2,8 +2,8 @@
 /*
  * test_capture_xent.c -- cross_entropy's gradient over wide rows of odd
  * width (a row of 1001 bf16 or f32 logits starts at every alignment), the
- * shape of a language model's head: the logits' own gradient (contiguous,
- * transposed and sliced logits, a scaled loss), and the gradients of x and
+ * shape of a language model's head: the loss and the logits' own gradient
+ * (contiguous, transposed and sliced logits, a scaled loss), and the gradients of x and
  * w through linear -> cross_entropy, eager and compiled (DEFAULT and
  * REDUCE_OVERHEAD, where the logits and their gradient get padded rows:
  * memory/pad.c), against an f64 reference written here.
@@ -27,15 +27,16 @@ static void log_hook(void *user, const char *topic, const char *line) {
 }
 
 /* d(scale * mean_r(lse(l_r) - l_r[t_r])) / dl, row-major (rows, cols). */
-static void ref_dlogits(const double *l, const int64_t *t, int64_t rows, int64_t cols,
-                        double scale, double *d) {
+static void ref_dlogits(const double *l, const int64_t *t, int64_t rows, int64_t cols, double scale,
+                        double *d) {
     for (int64_t r = 0; r < rows; r++) {
         const double *row = l + r * cols;
         double m = -INFINITY, s = 0;
         for (int64_t j = 0; j < cols; j++) m = row[j] > m ? row[j] : m;
         for (int64_t j = 0; j < cols; j++) s += exp(row[j] - m);
         for (int64_t j = 0; j < cols; j++)
-            d[r * cols + j] = (exp(row[j] - m) / s - (j == t[r] ? 1.0 : 0.0)) * scale / (double)rows;
+            d[r * cols + j] =
+                (exp(row[j] - m) / s - (j == t[r] ? 1.0 : 0.0)) * scale / (double)rows;
     }
 }
 
@@ -54,21 +55,32 @@ static sg_tensor *targets(int64_t n, int64_t cols, int64_t *tv) {
     return sg_from_host(ctx, SG_I64, 1, &n, tv);
 }
 
-/* The logits as a leaf: its gradient, for each layout of the logits. */
-static void logits_case(sg_dtype dt, tu_layout lay, uint64_t seed) {
+/* The logits as a leaf, rows of `cols`: the loss and its gradient, for
+ * each layout of the logits. */
+static void logits_case(sg_dtype dt, int64_t cols, tu_layout lay, uint64_t seed) {
     tu_seed(seed);
-    int64_t sh[2] = {N, C}, tv[N];
-    double *lv, *want = malloc(sizeof(double) * N * C), scale = 0.75;
-    sg_tensor *l = tu_rand_layout(ctx, dt, 2, sh, -4, 4, lay, &lv), *t = targets(N, C, tv), *g = NULL;
+    int64_t sh[2] = {N, cols}, tv[N], n = N * cols;
+    double *lv, *want = malloc(sizeof(double) * (size_t)n), scale = 0.75, lref = 0, lgot = NAN;
+    sg_tensor *l = tu_rand_layout(ctx, dt, 2, sh, -4, 4, lay, &lv), *t = targets(N, cols, tv);
+    sg_tensor *g = NULL;
     bool ok = TU_EXPECT(sg_requires_grad_(l, true) == SG_OK);
     sg_tensor *loss = sg_mul_scalar(sg_cross_entropy(l, t), scale);
-    ok = ok && TU_EXPECT(sg_grad(loss, 1, &l, &g) == SG_OK);
+    ok = ok && TU_EXPECT(sg_grad(loss, 1, &l, &g) == SG_OK) &&
+         TU_EXPECT(sg_item(loss, &lgot) == SG_OK);
     double *got = ok ? tu_read(g) : NULL;
-    ref_dlogits(lv, tv, N, C, scale, want);
+    ref_dlogits(lv, tv, N, cols, scale, want);
+    for (int64_t r = 0; r < N; r++) { /* scale * mean(lse - x[t]) */
+        double m = -INFINITY, s = 0;
+        for (int64_t j = 0; j < cols; j++) m = lv[r * cols + j] > m ? lv[r * cols + j] : m;
+        for (int64_t j = 0; j < cols; j++) s += exp(lv[r * cols + j] - m);
+        lref += (m + log(s) - lv[r * cols + tv[r]]) * scale / N;
+    }
     ok = ok && TU_EXPECT(got != NULL) && TU_EXPECT(sg_tensor_dtype(g) == dt) &&
-         TU_EXPECT(tu_close("dlogits", got, want, N * C, tu_rtol(dt), tu_atol(dt) / C));
-    tu_case(ok, "XENT_GRAD_LOGITS(type=%s,logits=[%d,%d],layout=%s,scale=%g) seed=%llu",
-            sg_dtype_name(dt), N, C, tu_layout_name(lay), scale, (unsigned long long)seed);
+         TU_EXPECT(tu_close("loss", &lgot, &lref, 1, 1e-5, 1e-6)) &&
+         TU_EXPECT(tu_close("dlogits", got, want, n, tu_rtol(dt), tu_atol(dt) / (double)cols));
+    tu_case(ok, "XENT_GRAD_LOGITS(type=%s,logits=[%d,%lld],layout=%s,scale=%g) seed=%llu",
+            sg_dtype_name(dt), N, (long long)cols, tu_layout_name(lay), scale,
+            (unsigned long long)seed);
     free(got), free(lv), free(want);
     sg_release(l), sg_release(t), sg_release(g), sg_release(loss);
 }
@@ -126,8 +138,8 @@ static void head_case(sg_dtype dt, sg_mode mode, uint64_t seed) {
     if (ok && mode == SG_MODE_EAGER) {
         ok = TU_EXPECT(head_step(ctx, in, out, &h) == SG_OK);
     } else if (ok) {
-        ok = TU_EXPECT(sg_compile(ctx, head_step, &h, 2, 3, &(sg_compile_opts){.mode = mode},
-                                  &fn) == SG_OK);
+        ok = TU_EXPECT(
+            sg_compile(ctx, head_step, &h, 2, 3, &(sg_compile_opts){.mode = mode}, &fn) == SG_OK);
         /* Twice: the second call replays what the first recorded. */
         for (int call = 0; ok && call < 2; call++) {
             for (int k = 0; k < 3; k++) sg_release(out[k]), out[k] = NULL;
@@ -157,7 +169,9 @@ int main(void) {
     static const sg_mode modes[3] = {SG_MODE_EAGER, SG_MODE_DEFAULT, SG_MODE_REDUCE_OVERHEAD};
     uint64_t seed = 1;
     for (int d = 0; d < 3; d++)
-        for (int lay = 0; lay < TU_NUM_LAYOUTS; lay++) logits_case(dts[d], (tu_layout)lay, seed++);
+        for (int w = 0; w < 2; w++) /* a warp's row and a block's row of the forward */
+            for (int lay = 0; lay < TU_NUM_LAYOUTS; lay++)
+                logits_case(dts[d], w ? 3001 : C, (tu_layout)lay, seed++);
     for (int d = 0; d < 2; d++)
         for (int m = 0; m < 3; m++) head_case(dts[d], modes[m], seed++);
     sg_ctx_destroy(ctx);

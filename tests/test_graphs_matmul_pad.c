@@ -63,9 +63,8 @@ static void pad_case(const char *name, sg__op op, sg_tensor a, sg_tensor b, sg_t
                     "  got a=%d b=%d c=%d a_t=%d b_t=%d kp=%lld km=%lld nm=%lld mm=%lld "
                     "mchunk=%lld ldb=%lld bytes %zu %zu %zu\n",
                     pad.a, pad.b, pad.c, pad.a_t, pad.b_t, (long long)pad.kp, (long long)pad.km,
-                    (long long)pad.nm,
-                    (long long)pad.mm, (long long)pad.mchunk, (long long)pad.ldb, pad.bytes_a,
-                    pad.bytes_b, pad.bytes_c);
+                    (long long)pad.nm, (long long)pad.mm, (long long)pad.mchunk, (long long)pad.ldb,
+                    pad.bytes_a, pad.bytes_b, pad.bytes_c);
     }
     char note[256];
     bool noted = sg__mm_pad_note(&n, note, sizeof note);

@@ -537,8 +537,8 @@ static sg_status lt_columns(sg_ctx *ctx, const sg__mm_plan *c, sg_dtype dt, cons
         call.bias = q->bias != NULL && k0 == 0;
         call.accumulate = k0 > 0;
         const char *bias = call.bias ? (const char *)q->bias + n0 * q->bias_s * es : NULL;
-        s = sg__lt_matmul(ctx, &call, b + (n0 * c->B.cs + k0 * c->B.rs) * es,
-                          a + k0 * c->A.cs * es, cp + n0 * c->C.cs * es, bias, ran);
+        s = sg__lt_matmul(ctx, &call, b + (n0 * c->B.cs + k0 * c->B.rs) * es, a + k0 * c->A.cs * es,
+                          cp + n0 * c->C.cs * es, bias, ran);
     }
     return s;
 }

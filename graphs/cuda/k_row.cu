@@ -246,35 +246,7 @@ extern "C" __global__ void sg_row_norm(const void *x, const void *w, const void 
     }
 }
 
-/* cross_entropy, first pass: loss[r] = log(sum(exp(x - m))) + m - x[t[r]],
- * NaN for a target outside [0, len) (never read out of bounds). Row r's
- * logits start at r * oxs[0]. */
-extern "C" __global__ void sg_row_xent(const void *x, const void *t, double *loss, wgeom g) {
-    i64 row;
-    int lane, team = g.team;
-    if (!my_row(g, &row, &lane)) return;
-    i64 xo = row * g.oxs[0];
-    float m = -inf_f();
-    double s = 0.0;
-    for (i64 j = lane; j < g.len; j += team) lse_add(ldf(x, g.dt, xo + j * g.xs), &m, &s);
-    team_lse(&m, &s, team);
-    if (lane != 0) return;
-    i64 c = g.tdt == DT_I32 ? (i64)((const int *)t)[row * g.ts] : ((const i64 *)t)[row * g.ts];
-    double l = nan_d();
-    if (c >= 0 && c < g.len) l = ((double)m - (double)ldf(x, g.dt, xo + c * g.xs)) + log(s);
-    loss[row] = l;
-}
-
-/* cross_entropy, second pass (one block): the mean of the nrows losses, as
- * an f32 scalar; NaN over no rows, as in PyTorch. */
-extern "C" __global__ void sg_row_xent_mean(const double *loss, float *out, wgeom g) {
-    double a = 0.0, unused = 0.0;
-    for (i64 r = threadIdx.x; r < g.nrows; r += BLOCK) a += loss[r];
-    team_sum2(&a, &unused, BLOCK);
-    if (threadIdx.x == 0) out[0] = g.nrows ? (float)(a / (double)g.nrows) : (float)nan_d();
-}
-
-/* ------------------------------------------------------------ cross_entropy's gradient */
+/* ------------------------------------------------------------ rows as 16-byte vectors */
 
 /* The floats of one 16-byte vector of dtype DT (8 halves or 4 floats):
  * exact widenings, as h2f and bf2f. */
@@ -285,7 +257,8 @@ template <int DT> __device__ __forceinline__ void unpack16(uint4 u, float *f) {
         if (DT == DT_F32) {
             f[k] = __uint_as_float(w[k]);
         } else if (DT == DT_BF16) {
-            f[2 * k] = __uint_as_float(w[k] << 16), f[2 * k + 1] = __uint_as_float(w[k] & 0xffff0000u);
+            f[2 * k] = __uint_as_float(w[k] << 16);
+            f[2 * k + 1] = __uint_as_float(w[k] & 0xffff0000u);
         } else {
             u16 lo = (u16)(w[k] & 0xffffu), hi = (u16)(w[k] >> 16);
             asm("cvt.f32.f16 %0, %1;" : "=f"(f[2 * k]) : "h"(lo));
@@ -334,41 +307,43 @@ template <int DT> __device__ __forceinline__ void lse_chunk(const float *f, floa
     *s += (double)cs;
 }
 
-/* Row j0.. of the gradient: y = (exp(x - m) * inv - (j == c)) * scale. */
-template <int DT>
-__device__ __forceinline__ uint4 xent_bwd_vec(uint4 u, i64 j0, i64 c, float m, float inv,
-                                              float scale) {
-    const int PER = DT == DT_F32 ? 4 : 8;
-    float f[8];
-    unpack16<DT>(u, f);
-#pragma unroll
-    for (int k = 0; k < PER; k++)
-        f[k] = (ex<DT>(f[k] - m) * inv - (j0 + k == c ? 1.0f : 0.0f)) * scale;
-    return pack16<DT>(f);
-}
-
 #define XENT_UNROLL 4 /* vectors in flight per thread */
 
-/* One row of sg_row_xent_bwd, its dtype known. */
+/* A row of len elements cut into a head, nv 16-byte vectors and a tail:
+ * the head reaches x's first 16-byte boundary; with no vectors (strided
+ * rows, or x and y placed differently within 16 bytes) the head is the
+ * whole row. rest counts the head and the tail. */
+struct vrow {
+    i64 head, nv, tail, rest;
+};
+
 template <int DT>
-__device__ __forceinline__ void xent_bwd_row(const char *xr, char *yr, i64 c, float gv,
-                                             const wgeom &g, double inv_n) {
+__device__ __forceinline__ vrow vrow_of(const char *xr, const char *yr, i64 len, i64 xs, i64 ys) {
     const int ES = DT == DT_F32 ? 4 : 2, PER = 16 / ES;
-    int tid = threadIdx.x;
-    bool vec = g.xs == 1 && g.ys == 1 &&
-               ((((unsigned long long)xr ^ (unsigned long long)yr) & 15) == 0);
-    i64 head = g.len;
-    if (vec) {
+    vrow v;
+    v.head = len;
+    if (xs == 1 && ys == 1 && ((((unsigned long long)xr ^ (unsigned long long)yr) & 15) == 0)) {
         i64 h = (i64)((16 - ((unsigned long long)xr & 15)) & 15) / ES;
-        head = h < g.len ? h : g.len;
+        v.head = h < len ? h : len;
     }
-    i64 nv = (g.len - head) / PER, tail = head + nv * PER, rest = head + g.len - tail;
-    const uint4 *xv = (const uint4 *)(xr + head * ES);
-    uint4 *yv = (uint4 *)(yr + head * ES);
+    v.nv = (len - v.head) / PER;
+    v.tail = v.head + v.nv * PER;
+    v.rest = v.head + len - v.tail;
+    return v;
+}
+
+/* The row's online max m and sum s of exps, the whole block's (every
+ * thread gets them): the vectors from the row's end, XENT_UNROLL loads
+ * then their math, and the head and tail element by element. */
+template <int DT>
+__device__ __forceinline__ void block_lse(const char *xr, const vrow &r, i64 xs, float *mo,
+                                          double *so) {
+    const int ES = DT == DT_F32 ? 4 : 2;
+    const uint4 *xv = (const uint4 *)(xr + r.head * ES);
+    int tid = threadIdx.x;
     float m = -inf_f(), f[8];
     double s = 0.0;
-    /* Statistics, from the row's end: XENT_UNROLL loads, then their math. */
-    i64 v = nv - 1 - tid;
+    i64 v = r.nv - 1 - tid;
     for (; v >= (XENT_UNROLL - 1) * BLOCK; v -= XENT_UNROLL * BLOCK) {
         uint4 a[XENT_UNROLL];
 #pragma unroll
@@ -383,29 +358,104 @@ __device__ __forceinline__ void xent_bwd_row(const char *xr, char *yr, i64 c, fl
         unpack16<DT>(__ldg(xv + v), f);
         lse_chunk<DT>(f, &m, &s);
     }
-    /* The elements outside the vectors: u counts the head, then the tail. */
-    for (i64 u = tid; u < rest; u += BLOCK) {
-        i64 j = u < head ? u : tail + (u - head);
-        lse_add(ldf(xr, DT, j * g.xs), &m, &s);
+    for (i64 u = tid; u < r.rest; u += BLOCK) {
+        i64 j = u < r.head ? u : r.tail + (u - r.head);
+        lse_add(ldf(xr, DT, j * xs), &m, &s);
     }
     team_lse(&m, &s, BLOCK);
+    *mo = m, *so = s;
+}
+
+/* A block's row of the loss: its statistics, as vectors where it can. */
+template <int DT>
+__device__ __forceinline__ void xent_block_lse(const char *xr, i64 len, i64 xs, float *m,
+                                               double *s) {
+    block_lse<DT>(xr, vrow_of<DT>(xr, xr, len, xs, 1), xs, m, s);
+}
+
+/* cross_entropy, first pass: loss[r] = log(sum(exp(x - m))) + m - x[t[r]],
+ * NaN for a target outside [0, len) (never read out of bounds). Row r's
+ * logits start at r * oxs[0]; a block's row (over 1k elements) is read as
+ * 16-byte vectors (block_lse). */
+extern "C" __global__ void sg_row_xent(const void *x, const void *t, double *loss, wgeom g) {
+    i64 row;
+    int lane, team = g.team;
+    if (!my_row(g, &row, &lane)) return;
+    i64 xo = row * g.oxs[0];
+    float m = -inf_f();
+    double s = 0.0;
+    if (team == BLOCK) { /* a long row: as 16-byte vectors where it can */
+        const char *xr = (const char *)x + xo * (g.dt == DT_F32 ? 4 : 2);
+        if (g.dt == DT_F32)
+            xent_block_lse<DT_F32>(xr, g.len, g.xs, &m, &s);
+        else if (g.dt == DT_BF16)
+            xent_block_lse<DT_BF16>(xr, g.len, g.xs, &m, &s);
+        else
+            xent_block_lse<DT_F16>(xr, g.len, g.xs, &m, &s);
+    } else {
+        for (i64 j = lane; j < g.len; j += team) lse_add(ldf(x, g.dt, xo + j * g.xs), &m, &s);
+        team_lse(&m, &s, team);
+    }
+    if (lane != 0) return;
+    i64 c = g.tdt == DT_I32 ? (i64)((const int *)t)[row * g.ts] : ((const i64 *)t)[row * g.ts];
+    double l = nan_d();
+    if (c >= 0 && c < g.len) l = ((double)m - (double)ldf(x, g.dt, xo + c * g.xs)) + log(s);
+    loss[row] = l;
+}
+
+/* cross_entropy, second pass (one block): the mean of the nrows losses, as
+ * an f32 scalar; NaN over no rows, as in PyTorch. */
+extern "C" __global__ void sg_row_xent_mean(const double *loss, float *out, wgeom g) {
+    double a = 0.0, unused = 0.0;
+    for (i64 r = threadIdx.x; r < g.nrows; r += BLOCK) a += loss[r];
+    team_sum2(&a, &unused, BLOCK);
+    if (threadIdx.x == 0) out[0] = g.nrows ? (float)(a / (double)g.nrows) : (float)nan_d();
+}
+
+/* ------------------------------------------------------------ cross_entropy's gradient */
+
+/* Row j0.. of the gradient: y = (exp(x - m) * inv - (j == c)) * scale. */
+template <int DT>
+__device__ __forceinline__ uint4 xent_bwd_vec(uint4 u, i64 j0, i64 c, float m, float inv,
+                                              float scale) {
+    const int PER = DT == DT_F32 ? 4 : 8;
+    float f[8];
+    unpack16<DT>(u, f);
+#pragma unroll
+    for (int k = 0; k < PER; k++)
+        f[k] = (ex<DT>(f[k] - m) * inv - (j0 + k == c ? 1.0f : 0.0f)) * scale;
+    return pack16<DT>(f);
+}
+
+/* One row of sg_row_xent_bwd, its dtype known. */
+template <int DT>
+__device__ __forceinline__ void xent_bwd_row(const char *xr, char *yr, i64 c, float gv,
+                                             const wgeom &g, double inv_n) {
+    const int ES = DT == DT_F32 ? 4 : 2, PER = 16 / ES;
+    vrow r = vrow_of<DT>(xr, yr, g.len, g.xs, g.ys);
+    const uint4 *xv = (const uint4 *)(xr + r.head * ES);
+    uint4 *yv = (uint4 *)(yr + r.head * ES);
+    float m;
+    double s;
+    block_lse<DT>(xr, r, g.xs, &m, &s);
     float inv = (float)(1.0 / s), scale = (float)((double)gv * inv_n);
     if (c < 0 || c >= g.len) scale = __int_as_float(0x7fc00000); /* NaN */
     /* The write pass, from the row's start. */
-    v = tid;
-    for (; v + (XENT_UNROLL - 1) * BLOCK < nv; v += XENT_UNROLL * BLOCK) {
+    i64 v = threadIdx.x;
+    for (; v + (XENT_UNROLL - 1) * BLOCK < r.nv; v += XENT_UNROLL * BLOCK) {
         uint4 a[XENT_UNROLL];
 #pragma unroll
         for (int u = 0; u < XENT_UNROLL; u++) a[u] = __ldg(xv + v + u * BLOCK);
 #pragma unroll
         for (int u = 0; u < XENT_UNROLL; u++) {
             i64 w = v + u * BLOCK;
-            yv[w] = xent_bwd_vec<DT>(a[u], head + w * PER, c, m, inv, scale);
+            yv[w] = xent_bwd_vec<DT>(a[u], r.head + w * PER, c, m, inv, scale);
         }
     }
-    for (; v < nv; v += BLOCK) yv[v] = xent_bwd_vec<DT>(__ldg(xv + v), head + v * PER, c, m, inv, scale);
-    for (i64 u = tid; u < rest; u += BLOCK) {
-        i64 j = u < head ? u : tail + (u - head);
+    for (; v < r.nv; v += BLOCK)
+        yv[v] = xent_bwd_vec<DT>(__ldg(xv + v), r.head + v * PER, c, m, inv, scale);
+    for (i64 u = threadIdx.x; u < r.rest; u += BLOCK) {
+        i64 j = u < r.head ? u : r.tail + (u - r.head);
         float e = ex<DT>(ldf(xr, DT, j * g.xs) - m);
         stf(yr, DT, j * g.ys, (e * inv - (j == c ? 1.0f : 0.0f)) * scale);
     }
