@@ -6,7 +6,9 @@
  * (contiguous, transposed and sliced logits, a scaled loss), and the gradients of x and
  * w through linear -> cross_entropy, eager and compiled (DEFAULT and
  * REDUCE_OVERHEAD, where the logits and their gradient get padded rows:
- * memory/pad.c), against an f64 reference written here.
+ * memory/pad.c), against an f64 reference written here; and which buffers
+ * are padded when the logits are also returned or read by a pointwise op
+ * (the compiled step against the eager one).
  */
 #include "testutil.h"
 
@@ -87,18 +89,66 @@ static void logits_case(sg_dtype dt, int64_t cols, tu_layout lay, uint64_t seed)
 
 /* ------------------------------------------------------------ linear -> cross_entropy */
 
+/* How the step uses the logits: as the LM head does (both the logits and
+ * their gradient padded), also returning them (an output keeps its layout:
+ * only the gradient is padded), or scaling them first (read by a pointwise
+ * op: neither is padded). */
+enum use { U_HEAD, U_RETURNED, U_SCALED };
+static const char *const use_names[] = {"head", "returned", "scaled"};
+
 typedef struct head {
     sg_tensor *w; /* (C, K) */
+    enum use use;
 } head;
 
 static sg_status head_step(sg_ctx *c, sg_tensor *const *in, sg_tensor **out, void *user) {
     (void)c;
     head *h = user;
     sg_tensor *x = in[0], *p[2] = {x, h->w}, *g[2] = {NULL, NULL};
-    sg_tensor *loss = sg_cross_entropy(sg_linear(x, h->w, NULL), in[1]);
+    sg_tensor *logits = sg_linear(x, h->w, NULL);
+    sg_tensor *loss =
+        sg_cross_entropy(h->use == U_SCALED ? sg_mul_scalar(logits, 0.5) : logits, in[1]);
     sg_status s = sg_grad(loss, 2, p, g);
     out[0] = loss, out[1] = g[0], out[2] = g[1];
+    if (h->use == U_RETURNED) out[3] = logits;
     return s;
+}
+
+/* The rules of padding: the step as `use` says, compiled, gives the eager
+ * step's numbers, and pads the buffers it may. */
+static void use_case(enum use use, uint64_t seed) {
+    tu_seed(seed);
+    int64_t xs[2] = {NH, K}, ws[2] = {C, K}, tv[NH];
+    double *xv, *wv;
+    sg_tensor *x = tu_rand(ctx, SG_F32, 2, xs, -1, 1, &xv);
+    head h = {.w = tu_rand(ctx, SG_F32, 2, ws, -1, 1, &wv), .use = use};
+    sg_tensor *t = targets(NH, C, tv), *in[2] = {x, t}, *ref[4] = {NULL}, *got[4] = {NULL};
+    int nout = use == U_RETURNED ? 4 : 3;
+    bool ok = TU_EXPECT(sg_requires_grad_(x, true) == SG_OK) &&
+              TU_EXPECT(sg_requires_grad_(h.w, true) == SG_OK) &&
+              TU_EXPECT(head_step(ctx, in, ref, &h) == SG_OK);
+    sg_fn *fn = NULL;
+    padded[0] = '\0';
+    ok = ok && TU_EXPECT(sg_compile(ctx, head_step, &h, 2, nout, NULL, &fn) == SG_OK);
+    for (int call = 0; ok && call < 2; call++) {
+        for (int k = 0; k < 4; k++) sg_release(got[k]), got[k] = NULL;
+        ok = TU_EXPECT(sg_call(fn, in, 2, got, nout) == SG_OK);
+    }
+    const char *want = use == U_HEAD ? "2 buffers" : use == U_RETURNED ? "1 buffer " : NULL;
+    ok = ok && (want ? TU_EXPECT(strstr(padded, want) != NULL) : TU_EXPECT(!padded[0]));
+    for (int k = 0; ok && k < nout; k++) {
+        int64_t n = sg_tensor_numel(ref[k]);
+        double *a = tu_read(got[k]), *b = tu_read(ref[k]);
+        ok = TU_EXPECT(a && b) && close_scaled("out", a, b, n, 1e-5) &&
+             TU_EXPECT(sg_tensor_is_contiguous(got[k]));
+        free(a), free(b);
+    }
+    tu_case(ok, "XENT_PAD_RULES(use=%s,x=[%d,%d],w=[%d,%d]) -> %s seed=%llu", use_names[use], NH, K,
+            C, K, padded[0] ? padded : "none padded", (unsigned long long)seed);
+    sg_fn_destroy(fn);
+    for (int k = 0; k < 4; k++) sg_release(ref[k]), sg_release(got[k]);
+    free(xv), free(wv);
+    sg_release(x), sg_release(h.w), sg_release(t);
 }
 
 /* f64: the logits x w^T rounded to dt (as the product stores them), then
@@ -130,7 +180,7 @@ static void head_case(sg_dtype dt, sg_mode mode, uint64_t seed) {
     double *xv, *wv, *dx = malloc(sizeof(double) * NH * K), *dw = malloc(sizeof(double) * C * K);
     sg_tensor *x = tu_rand(ctx, dt, 2, xs, -1, 1, &xv);
     head h = {.w = tu_rand(ctx, dt, 2, ws, -1, 1, &wv)};
-    sg_tensor *t = targets(NH, C, tv), *in[2] = {x, t}, *out[3] = {NULL, NULL, NULL};
+    sg_tensor *t = targets(NH, C, tv), *in[2] = {x, t}, *out[4] = {NULL, NULL, NULL, NULL};
     bool ok = TU_EXPECT(sg_requires_grad_(x, true) == SG_OK) &&
               TU_EXPECT(sg_requires_grad_(h.w, true) == SG_OK);
     sg_fn *fn = NULL;
@@ -174,6 +224,7 @@ int main(void) {
                 logits_case(dts[d], w ? 3001 : C, (tu_layout)lay, seed++);
     for (int d = 0; d < 2; d++)
         for (int m = 0; m < 3; m++) head_case(dts[d], modes[m], seed++);
+    for (int u = 0; u < 3; u++) use_case((enum use)u, seed++);
     sg_ctx_destroy(ctx);
     return tu_finish();
 }
