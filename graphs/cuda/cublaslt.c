@@ -84,54 +84,11 @@ int sg__lt_splits(int own, int64_t k, int *out, int max) {
     return n;
 }
 
-bool sg__lt_split_fits(const sg__lt_cand *c, int parts, int64_t k, int sms) {
-    if (parts <= 1) return true;
-    return k / parts >= SG__LT_SPLIT_MIN_K && (c->tiles <= 0 || c->tiles * parts <= sms);
-}
-
-int sg__lt_default_pick(const sg__lt_cand *c, int n, int64_t k, int sms) {
-    if (n <= 0 || sg__lt_split_fits(&c[0], c[0].splitk, k, sms)) return 0;
-    int best = 0;
+int sg__lt_default_pick(const sg__lt_cand *c, int n, int64_t k) {
+    if (n <= 0 || c[0].splitk <= 1 || k / 2 >= SG__LT_SPLIT_MIN_K) return 0;
     for (int i = 1; i < n; i++)
-        if (c[i].base == 0 && sg__lt_split_fits(&c[0], c[i].splitk, k, sms) &&
-            (best == 0 || c[i].splitk > c[best].splitk))
-            best = i;
-    return best;
-}
-
-/* Rows x columns of each cublasLtMatmulTile_t (CUDA 13's, in its order). */
-/* clang-format off */
-static const uint16_t tile_rc[][2] = {
-    {0, 0}, {8, 8}, {8, 16}, {16, 8}, {8, 32}, {16, 16}, {32, 8}, {8, 64}, {16, 32}, {32, 16},
-    {64, 8}, {32, 32}, {32, 64}, {64, 32}, {32, 128}, {64, 64}, {128, 32}, {64, 128}, {128, 64},
-    {64, 256}, {128, 128}, {256, 64}, {64, 512}, {128, 256}, {256, 128}, {512, 64}, {64, 96},
-    {96, 64}, {96, 128}, {128, 160}, {160, 128}, {192, 128}, {128, 192}, {128, 96}, {32, 256},
-    {256, 32}, {8, 128}, {8, 192}, {8, 256}, {8, 320}, {8, 384}, {8, 448}, {8, 512}, {8, 576},
-    {8, 640}, {8, 704}, {8, 768}, {16, 64}, {16, 128}, {16, 192}, {16, 256}, {16, 320}, {16, 384},
-    {16, 448}, {16, 512}, {16, 576}, {16, 640}, {16, 704}, {16, 768}, {24, 64}, {24, 128},
-    {24, 192}, {24, 256}, {24, 320}, {24, 384}, {24, 448}, {24, 512}, {24, 576}, {24, 640},
-    {24, 704}, {24, 768}, {32, 192}, {32, 320}, {32, 384}, {32, 448}, {32, 512}, {32, 576},
-    {32, 640}, {32, 704}, {32, 768}, {40, 64}, {40, 128}, {40, 192}, {40, 256}, {40, 320},
-    {40, 384}, {40, 448}, {40, 512}, {40, 576}, {40, 640}, {40, 704}, {40, 768}, {48, 64},
-    {48, 128}, {48, 192}, {48, 256}, {48, 320}, {48, 384}, {48, 448}, {48, 512}, {48, 576},
-    {48, 640}, {48, 704}, {48, 768}, {56, 64}, {56, 128}, {56, 192}, {56, 256}, {56, 320},
-    {56, 384}, {56, 448}, {56, 512}, {56, 576}, {56, 640}, {56, 704}, {56, 768}, {64, 192},
-    {64, 320}, {64, 384}, {64, 448}, {64, 576}, {64, 640}, {64, 704}, {64, 768}, {72, 64},
-    {72, 128}, {72, 192}, {72, 256}, {72, 320}, {72, 384}, {72, 448}, {72, 512}, {72, 576},
-    {72, 640}, {80, 64}, {80, 128}, {80, 192}, {80, 256}, {80, 320}, {80, 384}, {80, 448},
-    {80, 512}, {80, 576}, {88, 64}, {88, 128}, {88, 192}, {88, 256}, {88, 320}, {88, 384},
-    {88, 448}, {88, 512}, {96, 192}, {96, 256}, {96, 320}, {96, 384}, {96, 448}, {96, 512},
-    {104, 64}, {104, 128}, {104, 192}, {104, 256}, {104, 320}, {104, 384}, {104, 448}, {112, 64},
-    {112, 128}, {112, 192}, {112, 256}, {112, 320}, {112, 384}, {120, 64}, {120, 128}, {120, 192},
-    {120, 256}, {120, 320}, {120, 384}, {128, 320}, {128, 384}, {136, 64},
-
-};
-/* clang-format on */
-
-int64_t sg__lt_tiles(int tile, int64_t m, int64_t n) {
-    if (tile <= 0 || tile >= (int)(sizeof tile_rc / sizeof tile_rc[0])) return 0;
-    int64_t r = tile_rc[tile][0], c = tile_rc[tile][1];
-    return ((m + r - 1) / r) * ((n + c - 1) / c);
+        if (c[i].base == 0 && c[i].splitk == 1) return i;
+    return 0;
 }
 
 #ifdef SG_HAVE_CUDA_HEADERS
@@ -406,22 +363,25 @@ static cublasStatus_t heuristic(lt_state *s, const lt_entry *e, int n,
     return r;
 }
 
-/* Algorithm a with K in `parts` parts (reduced in place where cuBLASLt
- * takes that, else in the compute type; none for one part) when cuBLASLt takes it for e's call within the
- * workspace: false otherwise. */
+/* Algorithm a with K in `parts` parts (reduced in the compute type, or in
+ * place for 2 parts where cuBLASLt takes that; none for one part) when
+ * cuBLASLt takes it for e's call within the workspace: false otherwise. */
 static bool split_variant(lt_state *s, const lt_entry *e, cublasLtMatmulAlgo_t a, int32_t parts,
                           cublasLtMatmulHeuristicResult_t *out) {
     const lt_api *api = &s->api;
-    static const uint32_t schemes[2] = {CUBLASLT_REDUCTION_SCHEME_INPLACE,
-                                        CUBLASLT_REDUCTION_SCHEME_COMPUTE_TYPE},
-                          none = CUBLASLT_REDUCTION_SCHEME_NONE;
-    for (int i = 0; i < (parts > 1 ? 2 : 1); i++) {
-        const uint32_t *scheme = parts > 1 ? &schemes[i] : &none;
+    uint32_t schemes[2] = {CUBLASLT_REDUCTION_SCHEME_NONE, 0};
+    int ns = 1;
+    if (parts == 2)
+        schemes[0] = CUBLASLT_REDUCTION_SCHEME_INPLACE,
+        schemes[1] = CUBLASLT_REDUCTION_SCHEME_COMPUTE_TYPE, ns = 2;
+    else if (parts > 2)
+        schemes[0] = CUBLASLT_REDUCTION_SCHEME_COMPUTE_TYPE;
+    for (int i = 0; i < ns; i++) {
         cublasLtMatmulAlgo_t v = a;
         if (api->cublasLtMatmulAlgoConfigSetAttribute(&v, CUBLASLT_ALGO_CONFIG_SPLITK_NUM, &parts,
                                                       sizeof parts) != CUBLAS_STATUS_SUCCESS ||
             api->cublasLtMatmulAlgoConfigSetAttribute(&v, CUBLASLT_ALGO_CONFIG_REDUCTION_SCHEME,
-                                                      scheme, sizeof *scheme) !=
+                                                      &schemes[i], sizeof schemes[i]) !=
                 CUBLAS_STATUS_SUCCESS)
             return false;
         memset(out, 0, sizeof *out);
@@ -435,40 +395,33 @@ static bool split_variant(lt_state *s, const lt_entry *e, cublasLtMatmulAlgo_t a
     return false;
 }
 
-/* An int32 or uint32 configuration attribute of a (dflt where unreadable). */
-static int config_of(const lt_state *s, const cublasLtMatmulAlgo_t *a,
-                     cublasLtMatmulAlgoConfigAttributes_t what, int dflt) {
-    int32_t v = dflt;
+static int splitk_of(const lt_state *s, const cublasLtMatmulAlgo_t *a) {
+    int32_t v = 1;
     size_t w = 0;
-    if (s->api.cublasLtMatmulAlgoConfigGetAttribute(a, what, &v, sizeof v, &w) !=
-        CUBLAS_STATUS_SUCCESS)
-        v = dflt;
+    if (s->api.cublasLtMatmulAlgoConfigGetAttribute(a, CUBLASLT_ALGO_CONFIG_SPLITK_NUM, &v, sizeof v,
+                                                    &w) != CUBLAS_STATUS_SUCCESS)
+        v = 1;
     return v;
 }
 
-/* c's candidates (cublaslt.h, "Split-K") for its entry e: the heuristic's
- * first SG__LT_NHEUR usable algorithms, then up to an equal share of the
- * rest each of split-K variants of the first SG__LT_SPLIT_BASES (the most
- * parts first), in a fixed order: a pick is an index into this list. */
-static cublasStatus_t candidates(lt_state *s, const lt_entry *e, const sg__lt_call *c,
+/* e's call's candidates (cublaslt.h, "Split-K"): the heuristic's first
+ * SG__LT_NHEUR usable algorithms, then up to an equal share of the rest
+ * each of split-K variants of the first SG__LT_SPLIT_BASES (the most parts
+ * first), in a fixed order: a pick is an index into this list. */
+static cublasStatus_t candidates(lt_state *s, const lt_entry *e, int64_t k,
                                  cublasLtMatmulHeuristicResult_t *out, sg__lt_cand *cd, int *found,
                                  const char **call) {
     cublasStatus_t r = heuristic(s, e, SG__LT_NHEUR, out, found, call);
     if (r != CUBLAS_STATUS_SUCCESS) return r;
-    bool count = c->dtype == SG_F32 && !s->tf32; /* see sg__lt_default_pick */
     int nh = *found, n = nh;
-    for (int i = 0; i < nh; i++) {
-        int tile = config_of(s, &out[i].algo, CUBLASLT_ALGO_CONFIG_TILE_ID, 0);
-        cd[i] = (sg__lt_cand){i, config_of(s, &out[i].algo, CUBLASLT_ALGO_CONFIG_SPLITK_NUM, 1),
-                              count ? sg__lt_tiles(tile, c->m, c->n) * c->batch : 0};
-    }
+    for (int i = 0; i < nh; i++) cd[i] = (sg__lt_cand){i, splitk_of(s, &out[i].algo)};
     int per = nh ? (SG__LT_NALGO - nh) / SG__LT_SPLIT_BASES : 0;
     for (int i = 0; i < nh && i < SG__LT_SPLIT_BASES; i++) {
         int parts[SG__LT_NALGO];
-        int np = sg__lt_splits(cd[i].splitk, c->k, parts, SG__LT_NALGO);
+        int np = sg__lt_splits(cd[i].splitk, k, parts, SG__LT_NALGO);
         for (int j = np - 1, made = 0; j >= 0 && made < per && n < SG__LT_NALGO; j--)
             if (split_variant(s, e, out[i].algo, parts[j], &out[n]))
-                cd[n] = (sg__lt_cand){i, parts[j], cd[i].tiles}, n++, made++;
+                cd[n] = (sg__lt_cand){i, parts[j]}, n++, made++;
     }
     *found = n;
     return r;
@@ -510,17 +463,17 @@ static sg_status build_entry(sg_ctx *ctx, lt_state *s, lt_entry *e, const sg__lt
     cublasLtMatmulHeuristicResult_t res[SG__LT_NALGO];
     sg__lt_cand cd[SG__LT_NALGO];
     int found = 0;
-    r = candidates(s, e, c, res, cd, &found, &call);
+    r = candidates(s, e, c->k, res, cd, &found, &call);
     if (r != CUBLAS_STATUS_SUCCESS) return lt_fail(ctx, s, r, call, c);
     e->has_algo = found > 0;
     if (e->has_algo) {
-        e->def = sg__lt_default_pick(cd, found, c->k, sg__cuda_sm_count(ctx));
+        e->def = sg__lt_default_pick(cd, found, c->k);
         e->algo = res[e->def].algo;
         if (e->def > 0)
             sg__log(ctx, "perf_hints", "cuda: a %s matmul m=%lld n=%lld k=%lld: cuBLASLt's "
-                    "first algorithm splits K in %d parts (%lld tiles); it runs in %d",
+                    "first algorithm splits K in %d parts; it runs unsplit",
                     sg_dtype_name(c->dtype), (long long)c->m, (long long)c->n, (long long)c->k,
-                    cd[0].splitk, (long long)cd[0].tiles, cd[e->def].splitk);
+                    cd[0].splitk);
     } else /* once per distinct call: the entry remembers the answer */
         sg__log(ctx, "fallbacks", "cuda: cuBLASLt has no algorithm for a %s matmul m=%lld n=%lld "
                 "k=%lld lda=%lld ldb=%lld ldc=%lld batch=%lld%s; %s", sg_dtype_name(c->dtype),
@@ -656,7 +609,7 @@ static int tune_call(sg_ctx *ctx, const cand *t, const sg__lt_call *c, bool alt_
     sg__lt_cand cd[SG__LT_NALGO];
     int found = 0;
     const char *call;
-    if (e->has_algo && candidates(s, e, c, res, cd, &found, &call) != CUBLAS_STATUS_SUCCESS)
+    if (e->has_algo && candidates(s, e, c->k, res, cd, &found, &call) != CUBLAS_STATUS_SUCCESS)
         found = 0;
     int def = t->alt && alt_first ? SG__LT_GEMV : e->has_algo ? e->def : 0, best = def;
     float def_ms = 0, best_ms = 0, ms = 0;
@@ -691,7 +644,7 @@ static void use_pick(lt_state *s, lt_entry *e, int pick, const sg__lt_call *c) {
     const char *call;
     e->picked = e->algo;
     if (pick >= 0 && pick != e->def &&
-        candidates(s, e, c, res, cd, &found, &call) == CUBLAS_STATUS_SUCCESS && pick < found)
+        candidates(s, e, c->k, res, cd, &found, &call) == CUBLAS_STATUS_SUCCESS && pick < found)
         e->picked = res[pick].algo;
     e->tuned = true;
 }

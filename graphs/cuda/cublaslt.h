@@ -160,45 +160,37 @@ typedef struct sg__lt_pick {
 
 /*
  * Split-K (no device). cuBLASLt's heuristic splits K for small products,
- * sometimes into parts of a few elements (W4: K = 10 in 8 parts, K = 1024 in
- * 132), where each part costs a CTA and the reduction a second kernel for
- * almost no arithmetic, and sometimes into more CTAs than the SMs run at
- * once (W4's 128 x 1024 f32 outputs: 32 tiles of 64 x 64 in 8 parts, 256
- * CTAs on 132 SMs, where 4 parts measured 1-4 us faster). A call's
+ * sometimes into parts of a few elements (W4: K = 10 in 8 parts, each a
+ * CTA, plus a reduction kernel, for 1.3M multiply-adds). A call's
  * candidates are the heuristic's first SG__LT_NHEUR algorithms, then
  * variants of the first SG__LT_SPLIT_BASES of them with K in other numbers
- * of parts (sg__lt_splits; cuBLASLt's in-place reduction where it takes it:
- * the parts are added in a fixed order, so replays give the same bits).
- * Without timing (every mode but max-autotune's tuning run) a call runs
- * sg__lt_default_pick's candidate; max-autotune times them all.
+ * of parts (sg__lt_splits), reduced in the compute type in a second kernel
+ * (in place, through the output, for 2 parts where cuBLASLt takes it: the
+ * in-place reduction adds the parts one after another, and measured 2-10
+ * times slower from 4 parts up). Either way the parts are added in a fixed
+ * order, so replays give the same bits. Without timing (every mode but
+ * max-autotune's tuning run) a call runs sg__lt_default_pick's candidate;
+ * max-autotune times them all.
  */
 #define SG__LT_SPLIT_BASES 2
-#define SG__LT_SPLIT_MIN_K 32 /* the least K per part the untimed choice takes */
+#define SG__LT_SPLIT_MIN_K 32 /* the least K per part of a variant */
 
 typedef struct sg__lt_cand {
-    int base;      /* the heuristic's algorithm it is (or is a variant of) */
-    int splitk;    /* K parts (1: not split) */
-    int64_t tiles; /* output tiles (times the batch), or 0: not counted (see
-                      sg__lt_default_pick) */
+    int base;   /* the heuristic's algorithm it is (or is a variant of) */
+    int splitk; /* K parts (1: not split) */
 } sg__lt_cand;
 
 /* The numbers of K parts to try as variants of an algorithm that splits K
  * in `own` parts: 1, and powers of two from 2 while a part keeps at least
  * SG__LT_SPLIT_MIN_K, but not `own`; at most max into out, their number. */
 SG__HIDDEN int sg__lt_splits(int own, int64_t k, int *out, int max);
-/* Whether K in `parts` parts suits candidate c on sms SMs without timing:
- * one part, or parts of at least SG__LT_SPLIT_MIN_K whose CTAs (c's tiles
- * times parts, where counted) fit one wave of the SMs. */
-SG__HIDDEN bool sg__lt_split_fits(const sg__lt_cand *c, int parts, int64_t k, int sms);
 /* The index of the candidate a call runs without timing: the first (the
- * heuristic's own) unless its split does not fit (sg__lt_split_fits); then
- * the variant of it with the most parts that fit, where the list has one.
- * Tiles are counted for f32 products without TF32 (cuBLASLt's SIMT
- * kernels, where the one-wave cap was measured), else 0. */
-SG__HIDDEN int sg__lt_default_pick(const sg__lt_cand *c, int n, int64_t k, int sms);
-/* Output tiles of tile id `tile` (cublasLtMatmulTile_t) over an m x n
- * output: 0 for an id this build does not know. */
-SG__HIDDEN int64_t sg__lt_tiles(int tile, int64_t m, int64_t n);
+ * heuristic's own), unless it splits a K too short for two parts of
+ * SG__LT_SPLIT_MIN_K; then its unsplit variant, where the list has it.
+ * (Splits of a longer K into short parts stay: W4's K = 1024 in 132 parts
+ * measured no slower than in 32, and its 128 x 1024 products in 8 parts
+ * of 32 tiles, 256 CTAs on 132 SMs, no slower than in 4.) */
+SG__HIDDEN int sg__lt_default_pick(const sg__lt_cand *c, int n, int64_t k);
 
 /* The pick as one tune-file line (with its newline) into buf: its length,
  * or -1 when it does not fit. */
