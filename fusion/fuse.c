@@ -119,6 +119,43 @@ static void cse(const sg__ir *ir, bool *dead, int *alias, const int *writes) {
     }
 }
 
+/* Whether a view of slot `slot` with a geometry other than r's exists. */
+static bool other_view(const sg__ir *ir, const sg__ref *r) {
+    for (int q = 0; q < ir->nrefs; q++)
+        if (ir->refs[q].slot == r->slot && !same_geom(&ir->refs[q], r)) return true;
+    return false;
+}
+
+/*
+ * A copy of a value into a fresh internal slot (sg_clone, as sg_grad's
+ * results are) is dropped when the source is an internal value written
+ * once, by its producer, and read through the same geometry: neither can
+ * change after the copy, so reads of the copy read the source (W4: the six
+ * weight and bias gradients, 7.6 MB copied once more per step).
+ */
+static void forward_copies(const sg__ir *ir, bool *dead, int *alias, const int *writes) {
+    for (int i = 0; i < ir->nnodes; i++) {
+        const sg__irnode *n = &ir->nodes[i];
+        if (dead[i] || n->op != SG__OP_COPY || n->nin != 1) continue;
+        int xr = ir->args[n->args];
+        if (xr < 0) continue;
+        xr = alias[xr];
+        const sg__ref *o = &ir->refs[n->out], *x = &ir->refs[xr];
+        const sg__slot *os = &ir->slots[o->slot], *xs = &ir->slots[x->slot];
+        bool same = x->dtype == o->dtype && x->ndim == o->ndim && x->offset == o->offset &&
+                    x->slot != o->slot;
+        for (int d = 0; same && d < o->ndim; d++)
+            same = x->shape[d] == o->shape[d] && (o->shape[d] <= 1 || x->stride[d] == o->stride[d]);
+        if (!same || os->kind != SG__SLOT_INTERNAL || os->output >= 0 || writes[o->slot] != 1 ||
+            xs->kind != SG__SLOT_INTERNAL || xs->output >= 0 || writes[x->slot] != 1 ||
+            other_view(ir, o))
+            continue;
+        dead[i] = true;
+        for (int r = 0; r < ir->nrefs; r++) /* cse's aliases of the copy too */
+            if (alias[r] == n->out || same_geom(&ir->refs[r], o)) alias[r] = xr;
+    }
+}
+
 /* ------------------------------------------------------------ grouping */
 
 static bool is_pointwise(sg__op op) { return sg__op_family(op) == SG__FAM_POINTWISE; }
@@ -888,6 +925,7 @@ sg_status sg__fuse(sg_ctx *ctx, const sg__ir *ir, const sg__fuse_opts *opts, sg_
     bool disable = opts && opts->disable;
     if (!disable) {
         cse(ir, f->dead, f->alias, writes);
+        forward_copies(ir, f->dead, f->alias, writes);
         dce(ir, f->dead, f->alias, needed);
     }
     builder b = {.ctx = ctx, .ir = ir, .dead = f->dead, .alias = f->alias, .scratch = scratch,

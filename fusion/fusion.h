@@ -13,6 +13,9 @@
  *    inputs and parameters, and everything those depend on).
  *  - cse: a node equal to an earlier one (op, attributes, input refs) reads
  *    that one's result instead.
+ *  - copy forwarding: a same-geometry copy of an internal value written
+ *    once into a fresh internal slot (sg_clone) is dropped; reads of it
+ *    read the source.
  *  - group: walk the nodes in order and grow the open group while the next
  *    node can join it:
  *      POINTWISE  elementwise nodes over one iteration shape; a value made
@@ -118,8 +121,9 @@ typedef struct sg__fused {
     sg__group *parts;  /* the POINTWISE groups that MULTI kernels run */
     int nparts;
     int cap_groups, cap_parts;
-    bool *dead; /* per IR node: removed by dce or cse */
-    int *alias; /* per IR ref: cse maps a ref to an equal earlier one, or itself */
+    bool *dead; /* per IR node: removed by dce, cse or copy forwarding */
+    int *alias; /* per IR ref: cse maps a ref to an equal earlier one (copy forwarding:
+                   to the copy's source), or itself */
 } sg__fused;
 
 typedef struct sg__fuse_opts {
