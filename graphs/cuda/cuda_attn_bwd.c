@@ -5,7 +5,8 @@
  * output's parts to the kernels and launches the two passes, query rows
  * first (they write each row's logsumexp and rowsum(dO * O) into the
  * output's workspace), then keys. bf16 / f16 with D = 64 or 128, no mask,
- * on sm_80+ run on tensor cores (sg_attn_bwd_dq<D>, sg_attn_bwd_dkv<D>);
+ * on sm_80+ run on tensor cores (sg_attn_bwd_dq<D>_<dtype>,
+ * sg_attn_bwd_dkv<D>_<dtype>);
  * everything else -- f32, masks, other head dims up to 256 -- on the FMA
  * kernels (sg_attn_bwd_rows, sg_attn_bwd_keys), as does SG_ATTN_MMA=0.
  * No scratch: the workspace is part of the node's output, planned with it.
@@ -75,8 +76,9 @@ static bool use_mma(sg_ctx *ctx, const bgeom *g) {
 
 static sg_status launch_mma(sg_ctx *ctx, const sg__node *n, bgeom *g) {
     char dq_name[32], dkv_name[32];
-    snprintf(dq_name, sizeof dq_name, "sg_attn_bwd_dq%d", (int)g->D);
-    snprintf(dkv_name, sizeof dkv_name, "sg_attn_bwd_dkv%d", (int)g->D);
+    const char *t = g->dt == SG_F16 ? "f16" : "bf16";
+    snprintf(dq_name, sizeof dq_name, "sg_attn_bwd_dq%d_%s", (int)g->D, t);
+    snprintf(dkv_name, sizeof dkv_name, "sg_attn_bwd_dkv%d_%s", (int)g->D, t);
     void *fdq, *fdkv;
     sg_status st = sg__cuda_kernel(ctx, SG__CU_ATTN_BWD, dq_name, &fdq);
     if (st == SG_OK) st = sg__cuda_kernel(ctx, SG__CU_ATTN_BWD, dkv_name, &fdkv);

@@ -437,8 +437,9 @@ __device__ __forceinline__ void to_a(u32 *a, const float *c0, const float *c1, i
     a[3] = pack16(c1[2], c1[3], dt);
 }
 
-/* Block (query tile, b * Hq + h): lse, D and dq of 64 query rows. */
-template <int D>
+/* Block (query tile, b * Hq + h): lse, D and dq of 64 query rows; DT
+ * (DT_BF16 or DT_F16) is a constant, so no mma sits behind a branch. */
+template <int D, int DT>
 __device__ __forceinline__ void bwd_dq(const void *q, const void *k, const void *v, const void *len,
                                        const void *o, const void *dout, void *out, const bgeom &g) {
     constexpr int MQ = 64, MK = D == 128 ? 32 : 64, P = D + 8, NK = D / 16, T = MK * P;
@@ -447,7 +448,7 @@ __device__ __forceinline__ void bwd_dq(const void *q, const void *k, const void 
     __shared__ float sD[MQ];
     static_assert(2 * MQ * P <= 4 * T, "Q and dO fit the tile buffers");
     const int tid = threadIdx.x, warp = tid / 32, lane = tid & 31, gr = lane >> 2, tq = lane & 3;
-    const int dt = g.dt;
+    constexpr int dt = DT;
     const i64 b = blockIdx.y / g.Hq, h = blockIdx.y % g.Hq, hk = h / (g.Hq / g.Hkv);
     /* The last query tiles see the most keys (causal): they start first. */
     const i64 q0 = (i64)(gridDim.x - 1 - blockIdx.x) * MQ, L = valid_len(len, g, b);
@@ -620,7 +621,7 @@ __device__ __forceinline__ void bwd_dq(const void *q, const void *k, const void 
 }
 
 /* Block (key tile, b * Hkv + hk): dk and dv of 64 keys over the group's queries. */
-template <int D>
+template <int D, int DT>
 __device__ __forceinline__ void bwd_dkv(const void *q, const void *k, const void *v,
                                         const void *len, const void *dout, void *out,
                                         const bgeom &g) {
@@ -630,7 +631,7 @@ __device__ __forceinline__ void bwd_dkv(const void *q, const void *k, const void
     __shared__ float slse[2][MQ], sD[2][MQ]; /* lse and D of each tile's queries */
     static_assert(2 * MKB * P <= 4 * T, "K and V fit the tile buffers");
     const int tid = threadIdx.x, warp = tid / 32, lane = tid & 31, gr = lane >> 2, tq = lane & 3;
-    const int dt = g.dt;
+    constexpr int dt = DT;
     const i64 b = blockIdx.y / g.Hkv, hk = blockIdx.y % g.Hkv, G = g.Hq / g.Hkv;
     const i64 j0 = (i64)blockIdx.x * MKB, L = valid_len(len, g, b), rows = g.B * g.Hq * g.Lq;
     const bool vq = g.flags & VQ, vg = g.flags & VG;
@@ -753,20 +754,25 @@ __device__ __forceinline__ void bwd_dkv(const void *q, const void *k, const void
     }
 }
 
-/* At D = 64, three blocks per SM (at most 168 registers a thread). */
-#define DQ(D, MINB)                                                                                \
+/* At D = 64, three blocks per SM (at most 168 registers a thread). One
+ * kernel per dtype: sg_attn_bwd_dq64_bf16, sg_attn_bwd_dq64_f16, ... */
+#define DQ(D, MINB, T, DT)                                                                         \
     extern "C" __global__ void __launch_bounds__(NT, MINB)                                         \
-        sg_attn_bwd_dq##D(const void *q, const void *k, const void *v, const void *len,            \
-                          const void *o, const void *dout, void *out, bgeom g) {                   \
-        bwd_dq<D>(q, k, v, len, o, dout, out, g);                                                  \
+        sg_attn_bwd_dq##D##_##T(const void *q, const void *k, const void *v, const void *len,      \
+                                const void *o, const void *dout, void *out, bgeom g) {             \
+        bwd_dq<D, DT>(q, k, v, len, o, dout, out, g);                                              \
     }
-#define DKV(D, MINB)                                                                               \
+#define DKV(D, MINB, T, DT)                                                                        \
     extern "C" __global__ void __launch_bounds__(NT, MINB)                                         \
-        sg_attn_bwd_dkv##D(const void *q, const void *k, const void *v, const void *len,           \
-                           const void *dout, void *out, bgeom g) {                                 \
-        bwd_dkv<D>(q, k, v, len, dout, out, g);                                                    \
+        sg_attn_bwd_dkv##D##_##T(const void *q, const void *k, const void *v, const void *len,     \
+                                 const void *dout, void *out, bgeom g) {                           \
+        bwd_dkv<D, DT>(q, k, v, len, dout, out, g);                                                \
     }
-DQ(64, 3)
-DQ(128, 1)
-DKV(64, 3)
-DKV(128, 1)
+DQ(64, 3, bf16, DT_BF16)
+DQ(64, 3, f16, DT_F16)
+DQ(128, 1, bf16, DT_BF16)
+DQ(128, 1, f16, DT_F16)
+DKV(64, 3, bf16, DT_BF16)
+DKV(64, 3, f16, DT_F16)
+DKV(128, 1, bf16, DT_BF16)
+DKV(128, 1, f16, DT_F16)
