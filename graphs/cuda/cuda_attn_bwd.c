@@ -31,7 +31,7 @@ typedef struct bgeom {
 } bgeom;
 _Static_assert(sizeof(bgeom) == 264, "bgeom changed: update k_attn_bwd.cu too");
 
-enum { CAUSAL = 1, VQ = 2, VK = 4, VV = 8, VG = 16 }; /* k_attn_bwd.cu's flags */
+enum { CAUSAL = 1, VQ = 2, VK = 4, VV = 8, VG = 16, VO = 32 }; /* k_attn_bwd.cu's flags */
 
 /* 16-byte loads of a 16-bit operand's rows: unit last stride, every other
  * stride a multiple of 8 elements, element 0 aligned. */
@@ -63,15 +63,18 @@ static void describe(bgeom *g, const sg__node *n) {
     g->flags = (n->i[0] & SG__ATTN_CAUSAL) ? CAUSAL : 0;
     g->flags |= (rows_vector(q) ? VQ : 0) | (rows_vector(k) ? VK : 0) | (rows_vector(v) ? VV : 0) |
                 (rows_vector(d) ? VG : 0);
+    const sg_tensor *o = n->in[5]; /* the kernels index it as contiguous */
+    if (rows_vector(o) && o->stride[2] == g->D && o->stride[1] == g->Lq * g->D) g->flags |= VO;
 }
 
-/* Tensor cores: 16-bit, D 64 or 128, no mask, sm_80+, grids within 65535 heads. */
+/* Tensor cores: 16-bit, D 64 or 128, no mask, sm_80+; the grids are (heads,
+ * tiles of 64 rows), at most 65535 tiles. */
 static bool use_mma(sg_ctx *ctx, const bgeom *g) {
     const char *e = getenv("SG_ATTN_MMA");
     if (e && strcmp(e, "0") == 0) return false;
     return (g->dt == SG_BF16 || g->dt == SG_F16) && g->mdt < 0 && (g->D == 64 || g->D == 128) &&
-           g->B * g->Hq <= 65535 && (g->Lq + 63) / 64 <= INT32_MAX &&
-           (g->S + 63) / 64 <= INT32_MAX && sg__cuda_arch(ctx) >= 80;
+           g->B * g->Hq <= INT32_MAX && (g->Lq + 63) / 64 <= 65535 && (g->S + 63) / 64 <= 65535 &&
+           sg__cuda_arch(ctx) >= 80;
 }
 
 static sg_status launch_mma(sg_ctx *ctx, const sg__node *n, bgeom *g) {
@@ -89,12 +92,12 @@ static sg_status launch_mma(sg_ctx *ctx, const sg__node *n, bgeom *g) {
     unsigned block[3] = {NT, 1, 1};
     if (g->Lq > 0) {
         void *args[] = {&q, &k, &v, &len, &o, &d, &out, g};
-        unsigned grid[3] = {(unsigned)((g->Lq + 63) / 64), (unsigned)(g->B * g->Hq), 1};
+        unsigned grid[3] = {(unsigned)(g->B * g->Hq), (unsigned)((g->Lq + 63) / 64), 1};
         st = sg__cuda_launch(ctx, fdq, grid, block, 0, args);
     }
     if (st != SG_OK || g->S == 0) return st;
     void *args[] = {&q, &k, &v, &len, &d, &out, g};
-    unsigned grid[3] = {(unsigned)((g->S + 63) / 64), (unsigned)(g->B * g->Hkv), 1};
+    unsigned grid[3] = {(unsigned)(g->B * g->Hkv), (unsigned)((g->S + 63) / 64), 1};
     return sg__cuda_launch(ctx, fdkv, grid, block, 0, args);
 }
 
