@@ -488,29 +488,47 @@ __device__ __forceinline__ void bwd_dq(const void *q, const void *k, const void 
     const bool vk = g.flags & VK, vv = g.flags & VV;
     const int r0 = warp * 16 + gr;
     u32 qa[NK][4], da[NK][4];
+    const i64 last = q0 + MQ - 1 < g.Lq - 1 ? q0 + MQ - 1 : g.Lq - 1;
+    const i64 nmax = visible(g, L, last);
+    const int nt = (int)((nmax + MK - 1) / MK);
     fetch<D, MQ>(sm, q, b * g.qs[0] + h * g.qs[1], g.qs[2], g.qs[3], q0, g.Lq, g.flags & VQ);
     fetch<D, MQ>(sm + MQ * P, dout, b * g.gs[0] + h * g.gs[1], g.gs[2], g.gs[3], q0, g.Lq,
                  g.flags & VG);
     cp_commit();
-    cp_wait<0>();
+    /* With Q and dO in buffers 0-1 (D = 64), pass 1 streams K through
+     * buffers 2-3, and K(0) loads beside Q and dO. */
+    constexpr int E = 2 * MQ * P <= 2 * T, KB = E ? 2 : 0;
+    if (E) {
+        if (nt > 0) fetch<D, MK>(sm + KB * T, k, kb, g.ks[2], g.ks[3], 0, nmax, vk);
+        cp_commit();
+    }
+    /* D = rowsum(dO * O): CH lanes a row, 16-byte loads of O, issued before
+     * the wait for dO. */
+    constexpr int CH = D / 8, OV = MQ * CH / NT;
+    const i64 ob = (b * g.Hq + h) * g.Lq * D; /* O contiguous */
+    const bool vo = g.flags & VO;
+    uint4 ov[OV];
+#pragma unroll
+    for (int c = 0; c < OV; c++) {
+        const int x = tid + c * NT, r = x / CH, e = (x % CH) * 8;
+        ov[c] = vo && q0 + r < g.Lq ? *(const uint4 *)((const u16 *)o + ob + (q0 + r) * D + e)
+                                     : make_uint4(0, 0, 0, 0);
+    }
+    cp_wait<E ? 1 : 0>();
     __syncthreads();
     frag_a<NK>(qa, sb, warp * 16, P, lane);
     frag_a<NK>(da, sb + 2 * MQ * P, warp * 16, P, lane);
-    const i64 ob = (b * g.Hq + h) * g.Lq * D; /* O contiguous */
-    if (g.flags & VO) { /* D = rowsum(dO * O): CH lanes a row, 16-byte loads of O */
-        constexpr int CH = D / 8;
+    if (vo) {
 #pragma unroll
-        for (int c = 0; c < MQ * CH / NT; c++) {
+        for (int c = 0; c < OV; c++) {
             const int x = tid + c * NT, r = x / CH, e = (x % CH) * 8;
+            const uint4 dv = *(const uint4 *)(sm + MQ * P + r * P + e);
+            const u32 ow[4] = {ov[c].x, ov[c].y, ov[c].z, ov[c].w},
+                      dw[4] = {dv.x, dv.y, dv.z, dv.w};
             float s = 0.0f;
-            if (q0 + r < g.Lq) {
-                const uint4 ov = *(const uint4 *)((const u16 *)o + ob + (q0 + r) * D + e);
-                const uint4 dv = *(const uint4 *)(sm + MQ * P + r * P + e);
-                const u32 ow[4] = {ov.x, ov.y, ov.z, ov.w}, dw[4] = {dv.x, dv.y, dv.z, dv.w};
 #pragma unroll
-                for (int w = 0; w < 4; w++)
-                    s += lo16(ow[w], dt) * lo16(dw[w], dt) + hi16(ow[w], dt) * hi16(dw[w], dt);
-            }
+            for (int w = 0; w < 4; w++)
+                s += lo16(ow[w], dt) * lo16(dw[w], dt) + hi16(ow[w], dt) * hi16(dw[w], dt);
 #pragma unroll
             for (int off = 1; off < CH; off <<= 1) s += __shfl_xor_sync(0xffffffffu, s, off);
             if (x % CH == 0) sD[r] = s;
@@ -527,9 +545,6 @@ __device__ __forceinline__ void bwd_dq(const void *q, const void *k, const void 
     const i64 ia = q0 + r0, ib = ia + 8;
     const int na = ia < g.Lq ? (int)visible(g, L, ia) : 0,
               nb = ib < g.Lq ? (int)visible(g, L, ib) : 0;
-    const i64 last = q0 + MQ - 1 < g.Lq - 1 ? q0 + MQ - 1 : g.Lq - 1;
-    const i64 nmax = visible(g, L, last);
-    const int nt = (int)((nmax + MK - 1) / MK);
     /* Keys every row of the block sees: tiles below it need no mask. */
     const int nall = (int)visible(g, L, q0);
     /* Scores in log2 units: s scale log2(e), one FMUL (or FFMA) before each ex2. */
@@ -539,7 +554,7 @@ __device__ __forceinline__ void bwd_dq(const void *q, const void *k, const void 
     float ma = -inf_f(), mb = -inf_f(), la = 0.0f, lb = 0.0f;
     auto stats = [&](int t, bool masked) {
         const int j0 = t * MK;
-        const u32 ks = sb + 2 * (t & 1) * T;
+        const u32 ks = sb + 2 * (KB + (t & 1)) * T;
         float s[MK / 8][4];
 #pragma unroll
         for (int n = 0; n < MK / 8; n++) s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.0f;
@@ -579,12 +594,14 @@ __device__ __forceinline__ void bwd_dq(const void *q, const void *k, const void 
         }
         ma = mna, mb = mnb;
     };
-    if (nt > 0) fetch<D, MK>(sm, k, kb, g.ks[2], g.ks[3], 0, nmax, vk);
-    cp_commit();
+    if (!E) {
+        if (nt > 0) fetch<D, MK>(sm, k, kb, g.ks[2], g.ks[3], 0, nmax, vk);
+        cp_commit();
+    }
     for (int t = 0; t < nt; t++) {
         if (t + 1 < nt)
-            fetch<D, MK>(sm + ((t + 1) & 1) * T, k, kb, g.ks[2], g.ks[3], (i64)(t + 1) * MK, nmax,
-                         vk);
+            fetch<D, MK>(sm + (KB + ((t + 1) & 1)) * T, k, kb, g.ks[2], g.ks[3], (i64)(t + 1) * MK,
+                         nmax, vk);
         cp_commit();
         cp_wait<1>();
         __syncthreads();
@@ -716,11 +733,6 @@ __device__ __forceinline__ void bwd_dkv(const void *q, const void *k, const void
     fetch<D, MKB>(sm + MKB * P, v, b * g.vs[0] + hk * g.vs[1], g.vs[2], g.vs[3], j0, L,
                   g.flags & VV);
     cp_commit();
-    cp_wait<0>();
-    __syncthreads();
-    frag_a<NK>(ka, sb, warp * 16, P, lane);
-    frag_a<NK>(va, sb + 2 * MKB * P, warp * 16, P, lane);
-    __syncthreads();
     float dk[D / 8][4], dv[D / 8][4];
 #pragma unroll
     for (int d = 0; d < D / 8; d++)
@@ -782,19 +794,20 @@ __device__ __forceinline__ void bwd_dkv(const void *q, const void *k, const void
         }
     };
     /* Tiles (h, i0) in head order, each head's from the first query that
-     * sees the block; tile t + 1 is in flight while tile t computes. */
+     * sees the block; tile t + 1 is in flight while tile t computes, in
+     * buffer (t + E) & 1. With K and V in buffer 0 (D = 64), tile 0 loads
+     * beside them into buffer 1. */
+    constexpr int E = 2 * MKB * P <= 2 * T;
     const int i1 = (int)first_query(g, L, j0), nth = ((int)g.Lq - i1 + MQ - 1) / MQ;
     const int nt = (int)G * nth;
     /* The next tile to fetch: queries from in of the head whose q, dO and
      * workspace rows start at qo, go and wr. */
     i64 qo = b * g.qs[0] + hk * G * g.qs[1], go = b * g.gs[0] + hk * G * g.gs[1];
     i64 wr = (b * g.Hq + hk * G) * g.Lq;
-    int in = i1, next = i1;
-    for (int t = -1; t < nt; t++) {
-        const int i0 = next; /* tile t's first query */
-        next = in;
-        if (t + 1 < nt) {
-            const int u = (t + 1) & 1;
+    int in = i1, pend = i1; /* pend: the first query of the tile fetched last */
+    auto prefetch = [&](int t) {
+        if (t < nt) {
+            const int u = (t + E) & 1;
             fetch<D, MQ>(sm + 2 * u * T, q, qo, g.qs[2], g.qs[3], in, g.Lq, vq);
             fetch<D, MQ>(sm + (2 * u + 1) * T, dout, go, g.gs[2], g.gs[3], in, g.Lq, vg);
             if (tid < MQ) { /* rows past Lq: 0, masked below */
@@ -803,17 +816,28 @@ __device__ __forceinline__ void bwd_dkv(const void *q, const void *k, const void
                 cp4(&slse[u][tid], ws + r, i < (int)g.Lq);
                 cp4(&sD[u][tid], ws + rows + r, i < (int)g.Lq);
             }
+            pend = in;
             in += MQ;
             if (in >= (int)g.Lq) in = i1, qo += g.qs[1], go += g.gs[1], wr += g.Lq;
         }
         cp_commit();
-        if (t < 0) continue;
+    };
+    if (E) prefetch(0);
+    cp_wait<E ? 1 : 0>(); /* K and V */
+    __syncthreads();
+    frag_a<NK>(ka, sb, warp * 16, P, lane);
+    frag_a<NK>(va, sb + 2 * MKB * P, warp * 16, P, lane);
+    __syncthreads();
+    if (!E) prefetch(0);
+    for (int t = 0; t < nt; t++) {
+        const int i0 = pend; /* tile t's first query */
+        prefetch(t + 1);
         cp_wait<1>();
         __syncthreads();
         if (i0 >= fall && i0 + MQ <= (int)g.Lq)
-            tile(i0, t & 1, false);
+            tile(i0, (t + E) & 1, false);
         else
-            tile(i0, t & 1, true);
+            tile(i0, (t + E) & 1, true);
         __syncthreads();
     }
     const i64 base = (b * g.Hkv + hk) * g.S;
