@@ -20,8 +20,9 @@
  * masks and kv_len; a block per row or key, scores of 128 keys (queries)
  * at a time through shared memory.
  *
- * sg_attn_bwd_dq<D> / sg_attn_bwd_dkv<D> (D = 64 or 128; bf16 and f16, no
- * mask): the same two passes on tensor cores, mma.sync m16n8k16 with f32
+ * sg_attn_bwd_dq<D>_<dtype> / sg_attn_bwd_dkv<D>_<dtype> (D = 64 or 128;
+ * bf16 and f16, one kernel each, no mask): the same two passes on tensor
+ * cores, mma.sync m16n8k16 with f32
  * accumulators, flash-attention-2 style. dq: a block of 4 warps per 64
  * query rows (a warp 16), Q and dO fragments in registers; a first loop
  * over key tiles finds each row's logsumexp, a second recomputes P and dP =
@@ -38,7 +39,11 @@
  * come out by ldmatrix, .trans where the tile is the k side (dq += dS K,
  * dV += P^T dO, dK += dS^T Q). Tiles: 64 keys (dq) or 64 queries (dkv) at
  * D = 64, 32 at D = 128, within 48 KiB of static shared memory. Operands
- * without 16-byte rows are staged element by element instead.
+ * without 16-byte rows are staged element by element instead. Shared
+ * memory is addressed by 32-bit shared-window addresses; exponents are in
+ * log2 units (one FFMA before each ex2); only the tiles that cut a row's or
+ * key's visible range (the causal diagonal, the ends) test visibility per
+ * element. Grids are (heads, tiles), the longest tiles first.
  *
  * Visibility is ATTENTION's (capture.h, SG__ATTN_CAUSAL): key j of batch b
  * is seen by query i when j < L (kv_len[b] clamped to [0, S], or S) and,
@@ -857,8 +862,10 @@ __device__ __forceinline__ void bwd_dkv(const void *q, const void *k, const void
     }
 }
 
-/* At D = 64, three blocks per SM (at most 168 registers a thread). One
- * kernel per dtype: sg_attn_bwd_dq64_bf16, sg_attn_bwd_dq64_f16, ... */
+/* At D = 64, four dq blocks per SM (at most 128 registers a thread; a few
+ * bytes spill outside the tile loops) and three dkv blocks (168: at 128 dkv
+ * spills inside them). One kernel per dtype: sg_attn_bwd_dq64_bf16,
+ * sg_attn_bwd_dq64_f16, ... */
 #define DQ(D, MINB, T, DT)                                                                         \
     extern "C" __global__ void __launch_bounds__(NT, MINB)                                         \
         sg_attn_bwd_dq##D##_##T(const void *q, const void *k, const void *v, const void *len,      \
@@ -871,8 +878,8 @@ __device__ __forceinline__ void bwd_dkv(const void *q, const void *k, const void
                                  const void *dout, void *out, bgeom g) {                           \
         bwd_dkv<D, DT>(q, k, v, len, dout, out, g);                                                \
     }
-DQ(64, 3, bf16, DT_BF16)
-DQ(64, 3, f16, DT_F16)
+DQ(64, 4, bf16, DT_BF16)
+DQ(64, 4, f16, DT_F16)
 DQ(128, 1, bf16, DT_BF16)
 DQ(128, 1, f16, DT_F16)
 DKV(64, 3, bf16, DT_BF16)
