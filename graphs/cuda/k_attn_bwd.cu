@@ -517,7 +517,7 @@ __device__ __forceinline__ void bwd_dq(const void *q, const void *k, const void 
     for (int c = 0; c < OV; c++) {
         const int x = tid + c * NT, r = x / CH, e = (x % CH) * 8;
         ov[c] = vo && q0 + r < g.Lq ? *(const uint4 *)((const u16 *)o + ob + (q0 + r) * D + e)
-                                     : make_uint4(0, 0, 0, 0);
+                                    : make_uint4(0, 0, 0, 0);
     }
     cp_wait<E ? 1 : 0>();
     __syncthreads();
