@@ -43,8 +43,10 @@ static const char *const unit_kernels[SG__CU_NUM_UNITS][16] = {
                        NULL},
     [SG__CU_ATTN] = {"sg_attn_split", "sg_attn_combine", "sg_attn_mma", "sg_attn_decode",
                      "sg_attn_decode8", "sg_attn_flash64", "sg_attn_flash128", NULL},
-    [SG__CU_ATTN_BWD] = {"sg_attn_bwd_rows", "sg_attn_bwd_keys", "sg_attn_bwd_dq64",
-                         "sg_attn_bwd_dq128", "sg_attn_bwd_dkv64", "sg_attn_bwd_dkv128", NULL},
+    [SG__CU_ATTN_BWD] = {"sg_attn_bwd_rows", "sg_attn_bwd_keys", "sg_attn_bwd_dq64_bf16",
+                         "sg_attn_bwd_dq64_f16", "sg_attn_bwd_dq128_bf16", "sg_attn_bwd_dq128_f16",
+                         "sg_attn_bwd_dkv64_bf16", "sg_attn_bwd_dkv64_f16",
+                         "sg_attn_bwd_dkv128_bf16", "sg_attn_bwd_dkv128_f16", NULL},
 };
 
 /* Whether the image holds the symbol (a kernel's name is in its ELF string table). */
