@@ -7,8 +7,9 @@
  * step on CUDA (generated kernels plus library calls, from its capture fused
  * with the CUDA options and generated in the CUDA dialect, without a GPU)
  * differ by one layer's:
- *  - GPT-2 (examples/gpt2/, bf16, 768 channels, 12 heads): at most 6 per
- *    layer (each layer_norm folded into the GEMV that reads it); its
+ *  - GPT-2 (examples/gpt2/, bf16, 768 channels, 12 heads): at most 5 per
+ *    layer (each layer_norm folded into the GEMV that reads it, the K/V
+ *    cache writes into the QKV GEMV's epilogue); its
  *    compiled decode logits equal an eager run's within bf16 tolerance for
  *    two steps (the same seeded weights), and its greedy tokens match.
  *  - A Llama-style block written here against the public header (bf16:
@@ -122,9 +123,9 @@ static void test_gpt2(void) {
               gpt2_run(2, SG_MODE_REDUCE_OVERHEAD, comp, &two) &&
               gpt2_run(1, SG_MODE_REDUCE_OVERHEAD, tmp, &one);
     int per_layer = two - one;
-    /* layer_norm + QKV GEMV, the K/V cache writes, attention, proj GEMV +
+    /* layer_norm + QKV GEMV + the K/V cache writes, attention, proj GEMV +
      * residual, layer_norm + fc GEMV + gelu, fcproj GEMV + residual. */
-    ok = ok && TU_EXPECT(per_layer <= 6) &&
+    ok = ok && TU_EXPECT(per_layer <= 5) &&
          tu_close("gpt2 decode logits", comp, eager, G_STEPS * G_V, BF16_TOL, BF16_TOL);
     for (int s = 0; ok && s < G_STEPS; s++)
         ok = TU_EXPECT(argmax_of(comp + s * G_V, G_V) == argmax_of(eager + s * G_V, G_V));
