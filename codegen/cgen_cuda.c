@@ -949,6 +949,47 @@ static void emit_gemv_tail(gen *g, const sg__group *grp, const gemv *p, int r) {
     sg__emit_close(g->e);
 }
 
+/*
+ * Before sg_pdl_wait: every parameter the group reads from memory besides
+ * the weights a lane loads ahead (the bias, the norm's scale and shift),
+ * a few KB each, goes to L2 by the block's threads, so that reading it
+ * after the wait costs an L2 hit, not a trip to memory on the kernel's
+ * path (the weights streamed by the step's other kernels evict them).
+ */
+static void emit_gemv_l2(gen *g, const sg__group *grp, const gemv *p, bool wregs) {
+    int seen[16], ns = 0;
+    for (int k = 0; k < p->copies; k++) {
+        const sg__irnode *n = &g->ir->nodes[grp->g[k].node];
+        for (int j = 0; j < n->nin; j++) {
+            const sg__ref *r = arg_of(g, n, j);
+            if (!r || reg_src(g, grp, k, j) >= 0 || r->ndim < 1) continue;
+            const sg__slot *sl = &g->ir->slots[r->slot];
+            if (sl->kind != SG__SLOT_PARAM || sl->mutated_by >= 0) continue;
+            if (wregs && (r == p->w || r == p->w2)) continue;
+            int64_t span = 1;
+            for (int d = 0; d < r->ndim; d++) {
+                if (r->stride[d] < 0) span = -1;
+                if (span > 0) span += (r->shape[d] - 1) * r->stride[d];
+            }
+            int64_t bytes = span * (int64_t)sg_dtype_size(r->dtype);
+            bool dup = false;
+            for (int q = 0; q < ns; q++) dup = dup || seen[q] == r->slot;
+            if (span < 1 || bytes > 16384 || dup || ns == 16) continue;
+            seen[ns++] = r->slot;
+            sg__emit_open(g->e, "%s", "");
+            sg__emit_line(g->e, "const sg_u64 pf = (sg_u64)(s%d + %lld);", lslot(g, r->slot),
+                          (long long)(r->offset * (int64_t)sg_dtype_size(r->dtype)));
+            sg__emit_line(
+                g->e,
+                "for (sg_u64 q = (pf & ~127ull) + threadIdx.x * 128ull; q < pf + %lldull; "
+                "q += blockDim.x * 128ull)",
+                (long long)bytes);
+            sg__emit_line(g->e, "    asm volatile(\"prefetch.global.L2 [%%0];\" ::\"l\"(q));");
+            sg__emit_close(g->e);
+        }
+    }
+}
+
 /* acc<r> += x[r][kexpr] * wf for every row. */
 static void emit_gemv_fma(gen *g, const gemv *p, const char *xlane) {
     char lv[160], ld[240];
@@ -1072,6 +1113,7 @@ static unsigned emit_gemv_warp(gen *g, const sg__group *grp, const gemv *p, int 
                   : 0;
     while (npf > 1 && npf * nw > GEMV_PREFETCH) npf--;
     if (p->k % v != 0) {
+        emit_gemv_l2(g, grp, p, false);
         sg__emit_line(g->e, "sg_pdl_wait();");
         emit_gemv_norm(g, grp, p);
     } else {
@@ -1094,6 +1136,7 @@ static unsigned emit_gemv_warp(gen *g, const sg__group *grp, const gemv *p, int 
                         32 * u, (long long)kv, u, c, c, 32 * u);
             sg__emit_close(g->e);
         }
+        emit_gemv_l2(g, grp, p, npf > 0);
         sg__emit_line(g->e, "sg_pdl_wait();");
         emit_gemv_norm(g, grp, p);
         sg__emit_open(g->e, "if (aligned)");
@@ -1156,6 +1199,7 @@ static unsigned emit_gemv(gen *g, const sg__group *grp, const gemv *p) {
         /* One thread per column, 8 slices of K per block summed in shared memory. */
         int slices = BLOCK / 32;
         grid = (unsigned)((p->n + 31) / 32);
+        emit_gemv_l2(g, grp, p, false);
         sg__emit_line(g->e, "sg_pdl_wait();");
         emit_gemv_norm(g, grp, p);
         sg__emit_line(g->e, "const int c = threadIdx.x & 31, ks = threadIdx.x >> 5;");
