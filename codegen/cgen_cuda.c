@@ -705,6 +705,8 @@ typedef struct gemv {
     const sg__ref *w2, *o2;
     int64_t woff2;
     int copies; /* the first index_copy_ member (sg__group.ncopies), grp->n when none */
+    bool bias_reg; /* along K: the bias (a parameter the step does not write) of the
+                      lane's column is loaded into b_pre before the wait */
 } gemv;
 
 /* Columns per warp of an along-K GEMV: enough 16-byte loads in flight per
@@ -858,6 +860,10 @@ static bool gemv_plan(const gen *g, const sg__group *grp, gemv *p) {
     }
     if (grp->anchor2 && !gemv_pair_plan(g, grp, p)) return false;
     if (!gemv_copies_plan(g, grp, p)) return false;
+    if (p->b && p->along_k) {
+        const sg__slot *bs = &g->ir->slots[p->b->slot];
+        p->bias_reg = bs->kind == SG__SLOT_PARAM && bs->mutated_by < 0;
+    }
     p->cols = p->along_k ? gemv_cols(p) : 1;
     if (p->w2 && p->cols > 1) p->cols /= 2; /* each column is two weights' */
     return true;
@@ -923,7 +929,9 @@ static void emit_gemv_tail(gen *g, const sg__group *grp, const gemv *p, int r) {
     int a = grp->anchor;
     sg__emit_open(g->e, "%s", "");
     sg__emit_line(g->e, "const sg_i64 i = %lld + n;", (long long)(r * p->n));
-    if (p->b) {
+    if (p->bias_reg) {
+        snprintf(e, sizeof e, "(b_pre + acc%d)", r);
+    } else if (p->b) {
         snprintf(lv, sizeof lv, "((const %s *)s%d)[%lld + n * %lld]", ctype(p->b->dtype),
                  lslot(g, p->b->slot), (long long)p->b->offset, (long long)p->b->stride[0]);
         widen(p->b->dtype, lv, ld, sizeof ld);
@@ -965,7 +973,7 @@ static void emit_gemv_l2(gen *g, const sg__group *grp, const gemv *p, bool wregs
             if (!r || reg_src(g, grp, k, j) >= 0 || r->ndim < 1) continue;
             const sg__slot *sl = &g->ir->slots[r->slot];
             if (sl->kind != SG__SLOT_PARAM || sl->mutated_by >= 0) continue;
-            if (wregs && (r == p->w || r == p->w2)) continue;
+            if ((wregs && (r == p->w || r == p->w2)) || (p->bias_reg && r == p->b)) continue;
             int64_t span = 1;
             for (int d = 0; d < r->ndim; d++) {
                 if (r->stride[d] < 0) span = -1;
@@ -1068,6 +1076,18 @@ static void emit_gemv_vectors(gen *g, const gemv *p, int cols, int u, int npf, i
     sg__emit_close(g->e);
 }
 
+/* Before the wait: the bias of lane c's column nb + c into b_pre (bias_reg). */
+static void emit_gemv_bias(gen *g, const gemv *p, int cols) {
+    char lv[200], ld[300];
+    if (!p->bias_reg) return;
+    snprintf(lv, sizeof lv, "((const %s *)s%d)[%lld + (nb + lane) * %lld]", ctype(p->b->dtype),
+             lslot(g, p->b->slot), (long long)p->b->offset, (long long)p->b->stride[0]);
+    widen(p->b->dtype, lv, ld, sizeof ld);
+    sg__emit_line(g->e, "float b_pre = 0.0f;");
+    sg__emit_line(g->e, "if (lane < %d && nb + lane < %lld) b_pre = %s;", cols, (long long)p->n,
+                  ld);
+}
+
 /*
  * The loads and sums of an along-K GEMV: `cols` adjacent output columns per
  * warp (nb, nb + 1, ...), 16-byte loads along K shared by the columns for
@@ -1112,6 +1132,7 @@ static unsigned emit_gemv_warp(gen *g, const sg__group *grp, const gemv *p, int 
                   ? (int)((kv + 31) / 32 < GEMV_PREFETCH ? (kv + 31) / 32 : GEMV_PREFETCH)
                   : 0;
     while (npf > 1 && npf * nw > GEMV_PREFETCH) npf--;
+    emit_gemv_bias(g, p, cols);
     if (p->k % v != 0) {
         emit_gemv_l2(g, grp, p, false);
         sg__emit_line(g->e, "sg_pdl_wait();");
