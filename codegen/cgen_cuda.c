@@ -704,6 +704,9 @@ typedef struct gemv {
      * with the first's strides, and its output. */
     const sg__ref *w2, *o2;
     int64_t woff2;
+    int copies; /* the first index_copy_ member (sg__group.ncopies), grp->n when none */
+    bool bias_reg; /* along K: the bias (a parameter the step does not write) of the
+                      lane's column is loaded into b_pre before the wait */
 } gemv;
 
 /* Columns per warp of an along-K GEMV: enough 16-byte loads in flight per
@@ -742,6 +745,61 @@ static bool gemv_pair_plan(const gen *g, const sg__group *grp, gemv *p) {
     p->w2 = w;
     p->o2 = o;
     p->woff2 = w->offset;
+    return true;
+}
+
+/* src's dims of more than one element, by stride from the largest; their
+ * count, 0 when a stride is not positive or the dims overlap (an element
+ * offset then has at most one set of indices, found by dividing). */
+static int copy_dims(const sg__ref *src, int *ord) {
+    int nd = 0;
+    for (int d = 0; d < src->ndim; d++) {
+        if (src->shape[d] == 1) continue;
+        if (src->stride[d] < 1) return 0;
+        int j = nd++;
+        for (; j > 0 && src->stride[ord[j - 1]] < src->stride[d]; j--) ord[j] = ord[j - 1];
+        ord[j] = d;
+    }
+    for (int j = 0; j + 1 < nd; j++)
+        if (src->stride[ord[j]] < src->stride[ord[j + 1]] * src->shape[ord[j + 1]]) return 0;
+    return nd;
+}
+
+/*
+ * Member k of a GEMV group, an index_copy_ that fusion merged: one index
+ * (src one element long along dim), src a view of the result o of o's
+ * dtype whose elements lie within the rows x N of o (each written by the
+ * thread holding it), dst of the same dtype and rank, not read by the GEMV.
+ */
+static bool gemv_copy_ok(const gen *g, const gemv *p, const sg__group *grp, int k) {
+    const sg__irnode *n = &g->ir->nodes[grp->g[k].node];
+    if (n->op != SG__OP_INDEX_COPY || n->nin < 3) return false;
+    const sg__ref *d = ref_of(g, n->out), *idx = arg_of(g, n, 1), *src = arg_of(g, n, 2);
+    int dim = (int)n->i[0], ord[SG_MAX_DIMS];
+    if (!idx || !src || src->slot != p->o->slot || src->dtype != p->o->dtype ||
+        d->dtype != src->dtype || d->ndim != src->ndim || dim < 0 || dim >= d->ndim ||
+        src->shape[dim] != 1 || numel_of(idx->ndim, idx->shape) != 1 ||
+        sg_dtype_size(idx->dtype) < 4 || fdom(idx->dtype))
+        return false;
+    if (d->slot == p->o->slot || d->slot == p->x->slot || d->slot == p->w->slot ||
+        (p->b && d->slot == p->b->slot) || idx->slot == d->slot)
+        return false;
+    int nd = copy_dims(src, ord);
+    if (nd == 0 && numel_of(src->ndim, src->shape) > 1) return false;
+    int64_t hi = src->offset;
+    for (int j = 0; j < nd; j++) hi += (src->shape[ord[j]] - 1) * src->stride[ord[j]];
+    return src->offset >= p->o->offset && hi < p->o->offset + p->rows * p->n;
+}
+
+/* The index_copy_ members at the group's end: each checked, and no member
+ * before them writes the result's slot (the copies take the anchor's value). */
+static bool gemv_copies_plan(const gen *g, const sg__group *grp, gemv *p) {
+    p->copies = grp->n - grp->ncopies;
+    for (int k = p->copies; k < grp->n; k++)
+        if (!gemv_copy_ok(g, p, grp, k)) return false;
+    for (int k = grp->anchor + 1; k < p->copies && grp->ncopies; k++)
+        if (k != grp->anchor2 && ref_of(g, g->ir->nodes[grp->g[k].node].out)->slot == p->o->slot)
+            return false;
     return true;
 }
 
@@ -801,6 +859,11 @@ static bool gemv_plan(const gen *g, const sg__group *grp, gemv *p) {
             return false;
     }
     if (grp->anchor2 && !gemv_pair_plan(g, grp, p)) return false;
+    if (!gemv_copies_plan(g, grp, p)) return false;
+    if (p->b && p->along_k) {
+        const sg__slot *bs = &g->ir->slots[p->b->slot];
+        p->bias_reg = bs->kind == SG__SLOT_PARAM && bs->mutated_by < 0;
+    }
     p->cols = p->along_k ? gemv_cols(p) : 1;
     if (p->w2 && p->cols > 1) p->cols /= 2; /* each column is two weights' */
     return true;
@@ -819,15 +882,56 @@ static void emit_gemv_result(gen *g, const sg__group *grp, int a, const sg__ref 
     sg__emit_line(g->e, "%s", st);
 }
 
+/*
+ * Copy member k (gemv_copy_ok): element i of the result o, held in v<a>,
+ * goes to dst at src's indices of it with idx's value along dim, when i
+ * is in src (its offset from src's divides into src's indices).
+ */
+static void emit_gemv_copy(gen *g, const gemv *p, const sg__group *grp, int k, int a) {
+    const sg__irnode *n = &g->ir->nodes[grp->g[k].node];
+    const sg__ref *d = ref_of(g, n->out), *idx = arg_of(g, n, 1), *src = arg_of(g, n, 2);
+    int dim = (int)n->i[0], ord[SG_MAX_DIMS], nd = copy_dims(src, ord);
+    int64_t span = 1;
+    if (nd) span = src->stride[ord[0]] * src->shape[ord[0]];
+    char dof[400], cond[400], lv[460], st[1000], v[16];
+    sg__emit_open(g->e, "%s", "");
+    sg__emit_line(g->e, "sg_i64 c_rel = i + %lld;", (long long)(p->o->offset - src->offset));
+    sg__emit_open(g->e, "if (c_rel >= 0 && c_rel < %lld)", (long long)span);
+    size_t q = (size_t)snprintf(dof, sizeof dof, "%lld", (long long)d->offset);
+    size_t c = (size_t)snprintf(cond, sizeof cond, "c_rel == 0");
+    for (int j = 0; j < nd; j++) {
+        int dd = ord[j];
+        sg__emit_line(g->e, "const sg_i64 c%d = c_rel / %lld;", dd, (long long)src->stride[dd]);
+        sg__emit_line(g->e, "c_rel -= c%d * %lld;", dd, (long long)src->stride[dd]);
+        c += (size_t)snprintf(cond + c, c < sizeof cond ? sizeof cond - c : 0, " && c%d < %lld", dd,
+                              (long long)src->shape[dd]);
+        q += (size_t)snprintf(dof + q, q < sizeof dof ? sizeof dof - q : 0, " + c%d * %lld", dd,
+                              (long long)d->stride[dd]);
+    }
+    sg__emit_line(g->e, "const sg_i64 at = (sg_i64)((const %s *)s%d)[%lld];", ctype(idx->dtype),
+                  lslot(g, idx->slot), (long long)idx->offset);
+    sg__emit_open(g->e, "if (%s && at >= 0 && at < %lld)", cond, (long long)d->shape[dim]);
+    snprintf(lv, sizeof lv, "((%s *)s%d)[%s + at * %lld]", ctype(d->dtype), lslot(g, d->slot), dof,
+             (long long)d->stride[dim]);
+    snprintf(v, sizeof v, "v%d", a);
+    narrow_store(d->dtype, lv, v, st, sizeof st);
+    sg__emit_line(g->e, "%s", st);
+    sg__emit_close(g->e);
+    sg__emit_close(g->e);
+    sg__emit_close(g->e);
+}
+
 /* The anchor's value at (row r, column n) from acc<r>, its store, and the
  * epilogue: one output element, on the thread that holds the sum (a pair's
- * second product from accp<r> after it). */
+ * second product from accp<r> after it), then the copies of the result. */
 static void emit_gemv_tail(gen *g, const sg__group *grp, const gemv *p, int r) {
     char ld[320], rt[900], lv[200], e[420];
     int a = grp->anchor;
     sg__emit_open(g->e, "%s", "");
     sg__emit_line(g->e, "const sg_i64 i = %lld + n;", (long long)(r * p->n));
-    if (p->b) {
+    if (p->bias_reg) {
+        snprintf(e, sizeof e, "(b_pre + acc%d)", r);
+    } else if (p->b) {
         snprintf(lv, sizeof lv, "((const %s *)s%d)[%lld + n * %lld]", ctype(p->b->dtype),
                  lslot(g, p->b->slot), (long long)p->b->offset, (long long)p->b->stride[0]);
         widen(p->b->dtype, lv, ld, sizeof ld);
@@ -842,12 +946,56 @@ static void emit_gemv_tail(gen *g, const sg__group *grp, const gemv *p, int r) {
         round_trip(e, true, p->o2->dtype, rt, sizeof rt);
         emit_gemv_result(g, grp, a = grp->anchor2, p->o2, rt);
     }
-    if (a + 1 < grp->n) {
-        bool flat = group_flat(g, grp, a + 1, grp->ndim, grp->shape);
+    sg__group epi = *grp;
+    epi.n = p->copies;
+    if (a + 1 < epi.n) {
+        bool flat = group_flat(g, &epi, a + 1, grp->ndim, grp->shape);
         if (!flat) emit_unflatten(g, grp->ndim, grp->shape);
-        emit_body(g, grp, a + 1, grp->ndim, grp->shape, flat ? IX_FLAT : IX_NESTED);
+        emit_body(g, &epi, a + 1, grp->ndim, grp->shape, flat ? IX_FLAT : IX_NESTED);
     }
+    for (int k = p->copies; k < grp->n; k++) emit_gemv_copy(g, p, grp, k, grp->anchor);
     sg__emit_close(g->e);
+}
+
+/*
+ * Before sg_pdl_wait: every parameter the group reads from memory besides
+ * the weights a lane loads ahead (the bias, the norm's scale and shift),
+ * a few KB each, goes to L2 by the block's threads, so that reading it
+ * after the wait costs an L2 hit, not a trip to memory on the kernel's
+ * path (the weights streamed by the step's other kernels evict them).
+ */
+static void emit_gemv_l2(gen *g, const sg__group *grp, const gemv *p, bool wregs) {
+    int seen[16], ns = 0;
+    for (int k = 0; k < p->copies; k++) {
+        const sg__irnode *n = &g->ir->nodes[grp->g[k].node];
+        for (int j = 0; j < n->nin; j++) {
+            const sg__ref *r = arg_of(g, n, j);
+            if (!r || reg_src(g, grp, k, j) >= 0 || r->ndim < 1) continue;
+            const sg__slot *sl = &g->ir->slots[r->slot];
+            if (sl->kind != SG__SLOT_PARAM || sl->mutated_by >= 0) continue;
+            if ((wregs && (r == p->w || r == p->w2)) || (p->bias_reg && r == p->b)) continue;
+            int64_t span = 1;
+            for (int d = 0; d < r->ndim; d++) {
+                if (r->stride[d] < 0) span = -1;
+                if (span > 0) span += (r->shape[d] - 1) * r->stride[d];
+            }
+            int64_t bytes = span * (int64_t)sg_dtype_size(r->dtype);
+            bool dup = false;
+            for (int q = 0; q < ns; q++) dup = dup || seen[q] == r->slot;
+            if (span < 1 || bytes > 16384 || dup || ns == 16) continue;
+            seen[ns++] = r->slot;
+            sg__emit_open(g->e, "%s", "");
+            sg__emit_line(g->e, "const sg_u64 pf = (sg_u64)(s%d + %lld);", lslot(g, r->slot),
+                          (long long)(r->offset * (int64_t)sg_dtype_size(r->dtype)));
+            sg__emit_line(
+                g->e,
+                "for (sg_u64 q = (pf & ~127ull) + threadIdx.x * 128ull; q < pf + %lldull; "
+                "q += blockDim.x * 128ull)",
+                (long long)bytes);
+            sg__emit_line(g->e, "    asm volatile(\"prefetch.global.L2 [%%0];\" ::\"l\"(q));");
+            sg__emit_close(g->e);
+        }
+    }
 }
 
 /* acc<r> += x[r][kexpr] * wf for every row. */
@@ -928,6 +1076,18 @@ static void emit_gemv_vectors(gen *g, const gemv *p, int cols, int u, int npf, i
     sg__emit_close(g->e);
 }
 
+/* Before the wait: the bias of lane c's column nb + c into b_pre (bias_reg). */
+static void emit_gemv_bias(gen *g, const gemv *p, int cols) {
+    char lv[200], ld[300];
+    if (!p->bias_reg) return;
+    snprintf(lv, sizeof lv, "((const %s *)s%d)[%lld + (nb + lane) * %lld]", ctype(p->b->dtype),
+             lslot(g, p->b->slot), (long long)p->b->offset, (long long)p->b->stride[0]);
+    widen(p->b->dtype, lv, ld, sizeof ld);
+    sg__emit_line(g->e, "float b_pre = 0.0f;");
+    sg__emit_line(g->e, "if (lane < %d && nb + lane < %lld) b_pre = %s;", cols, (long long)p->n,
+                  ld);
+}
+
 /*
  * The loads and sums of an along-K GEMV: `cols` adjacent output columns per
  * warp (nb, nb + 1, ...), 16-byte loads along K shared by the columns for
@@ -972,7 +1132,9 @@ static unsigned emit_gemv_warp(gen *g, const sg__group *grp, const gemv *p, int 
                   ? (int)((kv + 31) / 32 < GEMV_PREFETCH ? (kv + 31) / 32 : GEMV_PREFETCH)
                   : 0;
     while (npf > 1 && npf * nw > GEMV_PREFETCH) npf--;
+    emit_gemv_bias(g, p, cols);
     if (p->k % v != 0) {
+        emit_gemv_l2(g, grp, p, false);
         sg__emit_line(g->e, "sg_pdl_wait();");
         emit_gemv_norm(g, grp, p);
     } else {
@@ -995,6 +1157,7 @@ static unsigned emit_gemv_warp(gen *g, const sg__group *grp, const gemv *p, int 
                         32 * u, (long long)kv, u, c, c, 32 * u);
             sg__emit_close(g->e);
         }
+        emit_gemv_l2(g, grp, p, npf > 0);
         sg__emit_line(g->e, "sg_pdl_wait();");
         emit_gemv_norm(g, grp, p);
         sg__emit_open(g->e, "if (aligned)");
@@ -1057,6 +1220,7 @@ static unsigned emit_gemv(gen *g, const sg__group *grp, const gemv *p) {
         /* One thread per column, 8 slices of K per block summed in shared memory. */
         int slices = BLOCK / 32;
         grid = (unsigned)((p->n + 31) / 32);
+        emit_gemv_l2(g, grp, p, false);
         sg__emit_line(g->e, "sg_pdl_wait();");
         emit_gemv_norm(g, grp, p);
         sg__emit_line(g->e, "const int c = threadIdx.x & 31, ks = threadIdx.x >> 5;");
@@ -1730,7 +1894,7 @@ static bool gemv_rows(const sg__ir *ir, const int *alias, const sg__group *merge
     sg__fused f = {.alias = (int *)alias};
     gen g = {.ir = ir, .f = &f};
     gemv p;
-    return gemv_plan(&g, merged, &p) && (p.norm || p.w2);
+    return gemv_plan(&g, merged, &p) && (p.norm || p.w2 || merged->ncopies);
 }
 
 /* sg__fuse_opts.chain: a pointwise loop or a generated data op (a MULTI of

@@ -246,10 +246,17 @@ SG__HIDDEN sg_status sg__cgen_c(sg_ctx *ctx, const sg__ir *ir, const sg__fused *
  * epilogue), so the library call is skipped; so does a rows_inline ROW or
  * REDUCE group (cgen_cuda_row.c). A MATMUL group with norm_rows (the
  * layer_norm/rms_norm before it merged in by fusion) is one such GEMV whose
- * blocks first compute the norm's rows into shared memory. Along K, a warp
- * takes 1, 2 or 4 adjacent output columns (more when K gives a lane few
- * 16-byte loads and N still fills the SMs; SG_GEMV_COLS=1|2|4 forces a
- * count, for measuring). OPAQUE groups get nothing.
+ * blocks first compute the norm's rows into shared memory. One with
+ * ncopies (the index_copy_ of views of its result that fusion merged: a
+ * decode step's K/V cache writes) also writes each element of the result
+ * that a copy's src covers into that copy's dst, from the thread that
+ * holds it. Before its wait, a GEMV loads its weights (up to
+ * GEMV_PREFETCH 16-byte vectors a lane) and its bias into registers and
+ * sends the other parameters it reads (the norm's scale and shift) to L2.
+ * Along K, a warp takes 1, 2 or 4 adjacent output columns (more when K
+ * gives a lane few 16-byte loads and N still fills the SMs;
+ * SG_GEMV_COLS=1|2|4 forces a count, for measuring). OPAQUE groups get
+ * nothing.
  */
 #define SG__CUDA_NTUNE 3 /* block sizes max-autotune tries: 128, 256, 512 */
 #define SG__CUDA_MAX_LOCAL 64 /* entries of a kernel's own address table */

@@ -294,6 +294,11 @@ static sg_status launch_range(sg_ctx *ctx, sg__graph *g, set_state *st, int from
             sg_status s = sg__cuda_data_check(ctx, &g->nodes[node]);
             if (s != SG_OK) return s;
         }
+        /* So do the K/V cache writes a GEMV kernel makes (sg__group.ncopies). */
+        for (int m = grp->n - grp->ncopies; grp->kind == SG__G_MATMUL && m < grp->n; m++) {
+            sg_status s = sg__cuda_data_check(ctx, &g->nodes[grp->g[m].node]);
+            if (s != SG_OK) return s;
+        }
         for (int m = 0; grp->kind == SG__G_MULTI && m < grp->nmembers; m++) {
             const sg__group *part = &g->fused.parts[grp->members[m]];
             sg_status s = part->kind == SG__G_OPAQUE

@@ -388,12 +388,42 @@ __device__ __forceinline__ float ld_cluster(const float *p, u32 rank) {
 #define DU 2  /* key groups per lane that sg_attn_decode loads before it uses any */
 #define DCL 8 /* blocks per cluster of sg_attn_decode8: the splits of one row */
 
+/*
+ * Before the wait: block (row, split)'s keys and values go to L2 (the
+ * step's weights have pushed them out since the last step), so that its
+ * loads after the wait hit L2. The valid length is read as it stands (at
+ * worst the previous step's, one short) and clamped like valid_len: the
+ * lines are a hint, and every one lies in the cache.
+ */
+__device__ __forceinline__ void decode_prefetch(const void *k, const void *v, const void *len,
+                                                const ageom &g) {
+    const u32 row = blockIdx.x, lq = (u32)g.Lq, hq = (u32)g.Hq;
+    const u32 i = row % lq, h = row / lq % hq, b = row / lq / hq, hk = h / (hq / (u32)g.Hkv);
+    i64 L = g.S;
+    if (g.ldt >= 0) {
+        L = g.ldt == DT_I32 ? (i64)((const volatile int *)len)[b * g.ls]
+                            : ((const volatile i64 *)len)[b * g.ls];
+        L = L < 0 ? 0 : L > g.S ? g.S : L;
+    }
+    const i64 n = visible(g, L, i), chunk = dchunk(g, L), js = (i64)blockIdx.y * chunk;
+    const i64 je = js + chunk < n ? js + chunk : n, es = g.dt == DT_F32 ? 4 : 2;
+    const i64 lines = (g.D * es + 127) / 128;
+    const char *kb = (const char *)k + (b * g.ks[0] + hk * g.ks[1]) * es;
+    const char *vb = (const char *)v + (b * g.vs[0] + hk * g.vs[1]) * es;
+    for (i64 t = threadIdx.x; t < (je - js) * lines; t += blockDim.x) {
+        const i64 j = js + t / lines, off = (t % lines) * 128;
+        asm volatile("prefetch.global.L2 [%0];" ::"l"(kb + j * g.ks[2] * es + off));
+        asm volatile("prefetch.global.L2 [%0];" ::"l"(vb + j * g.vs[2] * es + off));
+    }
+}
+
 /* The body of sg_attn_decode (CL false) and sg_attn_decode8 (CL true). */
 template <bool CL>
 __device__ __forceinline__ void decode_body(const void *q, const void *k, const void *v,
                                             const void *len, void *out, float *part,
                                             const ageom &g) {
     __shared__ float wm[NW], wl[NW], wa[NW][256];
+    decode_prefetch(k, v, len, g);
     pdl_wait();
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const int W = g.dt == DT_F32 ? 4 : 8, T = (int)g.D / W, kpw = 32 / T, es = 16 / W;
