@@ -103,18 +103,38 @@ done:
     return s;
 }
 
-static _Atomic uint64_t cuda_check_failures;
+/* Per dialect (CUDA, OpenCL) and sg__check_what: the checks' counts. */
+static _Atomic uint64_t check_counts[SG__DIALECT_OPENCL + 1][SG__CHECK_NCOUNTS];
 
-uint64_t sg__cuda_check_failures(void) { return cuda_check_failures; }
+uint64_t sg__cuda_check_failures(void) { return check_counts[SG__DIALECT_CUDA][SG__CHECK_FAILED]; }
 
-/* SG_NVRTC_CHECK: the CUDA unit of this capture, compiled for sm_90 and
- * thrown away. Nothing here changes the capture or the context's status. */
-static void check_cuda_dialect(sg_fn *fn, sg__graph *g, bool disable) {
+uint64_t sg__dialect_check_count(sg__dialect d, sg__check_what w) {
+    return d >= 0 && d <= SG__DIALECT_OPENCL && w >= 0 && w < SG__CHECK_NCOUNTS ? check_counts[d][w]
+                                                                                : 0;
+}
+
+/* The unit of dialect d (CUDA or OpenCL), compiled and thrown away. */
+static sg_status build_dialect(sg_ctx *ctx, sg__dialect d, const char *name, const char *src) {
+    if (d == SG__DIALECT_OPENCL) return sg__opencl_build(ctx, name, src, NULL);
+    void *cubin = NULL;
+    size_t size = 0;
+    sg_status s = sg__nvrtc_build(ctx, name, src, 90, &cubin, &size);
+    sg__free(ctx, cubin, size);
+    return s;
+}
+
+/* SG_NVRTC_CHECK / SG_OPENCL_CHECK: this capture fused as for a GPU, its
+ * unit in dialect d (CUDA C compiled for sm_90 by NVRTC, OpenCL C built on
+ * the first OpenCL CPU device) and thrown away. Groups the dialect has no
+ * kernel for are counted, not failures. Nothing here changes the capture or
+ * the context's status. */
+static void check_dialect(sg_fn *fn, sg__graph *g, bool disable, sg__dialect d) {
     sg_ctx *ctx = fn->ctx;
     sg_status before = ctx->status;
+    const char *var = d == SG__DIALECT_OPENCL ? "SG_OPENCL_CHECK" : "SG_NVRTC_CHECK";
     char msg[SG__MSG_SIZE], name[sizeof g->module + 8];
     snprintf(msg, sizeof msg, "%s", ctx->msg);
-    snprintf(name, sizeof name, "%s_cu", g->module);
+    snprintf(name, sizeof name, "%s_%s", g->module, d == SG__DIALECT_OPENCL ? "cl" : "cu");
     sg__fuse_opts fo;
     sg__cgen_cuda_fuse_opts(&fo, disable);
     sg__fused f;
@@ -125,18 +145,27 @@ static void check_cuda_dialect(sg_fn *fn, sg__graph *g, bool disable) {
     sg__emit e = {.ctx = ctx};
     if (s == SG_OK) {
         ki = sg__calloc(ctx, sizeof *ki * (size_t)(f.ngroups ? f.ngroups : 1));
-        s = ki ? sg__cgen_cuda(ctx, &g->ir, &f, name, &e, ki, &nk)
+        s = ki ? sg__cgen_gpu(ctx, &g->ir, &f, name, d, &e, ki, &nk)
                : sg__fail(ctx, SG_ERR_OOM, "out of host memory");
     }
-    void *cubin = NULL;
-    size_t size = 0;
-    if (s == SG_OK && nk > 0) s = sg__nvrtc_build(ctx, name, e.buf, 90, &cubin, &size);
-    if (s != SG_OK && s != SG_ERR_BACKEND_UNAVAILABLE) {
-        cuda_check_failures++;
-        sg__log(ctx, "error", "fn '%s': SG_NVRTC_CHECK: the CUDA unit of capture %d failed: %.800s",
-                fn->name, fn->ngraphs, ctx->msg);
+    if (s == SG_ERR_UNSUPPORTED && ki) {
+        for (int k = 0; k < f.ngroups; k++)
+            check_counts[d][SG__CHECK_UNSUPPORTED] += ki[k].unsupported;
+        s = SG_OK;
     }
-    sg__free(ctx, cubin, size);
+    if (s == SG_OK && nk > 0) {
+        s = build_dialect(ctx, d, name, e.buf);
+        if (s == SG_OK) check_counts[d][SG__CHECK_BUILT]++;
+    }
+    if (s == SG_ERR_BACKEND_UNAVAILABLE) {
+        if (check_counts[d][SG__CHECK_UNAVAILABLE]++ == 0)
+            sg__log(ctx, "fallbacks", "%s: no compiler for the %s dialect, not checked: %.600s",
+                    var, sg__spell_of(d)->name, ctx->msg);
+    } else if (s != SG_OK) {
+        check_counts[d][SG__CHECK_FAILED]++;
+        sg__log(ctx, "error", "fn '%s': %s: the %s unit of capture %d failed: %.800s", fn->name,
+                var, sg__spell_of(d)->name, fn->ngraphs, ctx->msg);
+    }
     sg__emit_free(&e);
     if (ki) sg__free(ctx, ki, sizeof *ki * (size_t)(f.ngroups ? f.ngroups : 1));
     sg__fused_free(ctx, &f, &g->ir);
@@ -201,7 +230,10 @@ static sg_status try_compile(sg_fn *fn, sg__graph *g) {
     ctx->no_cache_reads = false;
     const char *chk = getenv("SG_NVRTC_CHECK");
     if (chk && strcmp(chk, "1") == 0 && ctx->backend == SG_BACKEND_CPU)
-        check_cuda_dialect(fn, g, fo.disable);
+        check_dialect(fn, g, fo.disable, SG__DIALECT_CUDA);
+    chk = getenv("SG_OPENCL_CHECK");
+    if (chk && strcmp(chk, "1") == 0 && ctx->backend == SG_BACKEND_CPU)
+        check_dialect(fn, g, fo.disable, SG__DIALECT_OPENCL);
     if (s == SG_OK) {
         g->compiled = true;
         fn->stats.compiles++;

@@ -289,6 +289,8 @@ bool tu_case(bool ok, const char *fmt, ...) {
 /* The library's count of captures whose CUDA unit failed NVRTC under
  * SG_NVRTC_CHECK=1 (graphs/graphs.h). */
 uint64_t sg__cuda_check_failures(void);
+/* The same for SG_OPENCL_CHECK=1: dialect 3 is SG__DIALECT_OPENCL. */
+uint64_t sg__dialect_check_count(int dialect, int what);
 
 int tu_finish(void) {
     const char *chk = getenv("SG_NVRTC_CHECK");
@@ -298,6 +300,21 @@ int tu_finish(void) {
                 "SG_NVRTC_CHECK: every capture's CUDA unit compiled by NVRTC for sm_90 "
                 "(%llu failed)",
                 (unsigned long long)nf);
+    }
+    chk = getenv("SG_OPENCL_CHECK");
+    if (chk && strcmp(chk, "1") == 0) {
+        /* graphs.h's sg__check_what: built, failed, unsupported groups, unavailable */
+        uint64_t built = sg__dialect_check_count(3, 0), nf = sg__dialect_check_count(3, 1);
+        uint64_t nun = sg__dialect_check_count(3, 2), none = sg__dialect_check_count(3, 3);
+        if (none && !built && !nf) {
+            printf("SG_OPENCL_CHECK: no OpenCL CPU device (ICD) here: nothing checked, skipped\n");
+            printf("%d passed, %d failed\n", passed, failed);
+            return failed ? 1 : 77;
+        }
+        tu_case(nf == 0 && (built > 0 || none == 0),
+                "SG_OPENCL_CHECK: every capture's OpenCL C unit built on the OpenCL CPU device "
+                "(%llu built, %llu failed, %llu groups not in the dialect)",
+                (unsigned long long)built, (unsigned long long)nf, (unsigned long long)nun);
     }
     printf("%d passed, %d failed\n", passed, failed);
     return failed ? 1 : 0;
