@@ -200,6 +200,30 @@ void sg__cublaslt_release(sg_ctx *ctx) {
     *slot = NULL;
 }
 
+/* On HIP a product cuBLASLt would run needs AMD's BLAS, which this library
+ * does not call: it names which is installed, or what to install. The
+ * GEMV kernel (products of few rows) and every other family run there. */
+static sg_status hip_no_blas(sg_ctx *ctx) {
+    const char *libs[] = {"libhipblaslt.so.0", "libhipblaslt.so", "librocblas.so.4",
+                          "librocblas.so.0", "librocblas.so"};
+    const char *found = NULL;
+    for (size_t i = 0; i < sizeof libs / sizeof *libs && !found; i++) {
+        void *h = dlopen(libs[i], RTLD_LAZY | RTLD_LOCAL | RTLD_NOLOAD);
+        if (!h) h = dlopen(libs[i], RTLD_LAZY | RTLD_LOCAL);
+        if (h) found = libs[i], dlclose(h);
+    }
+    if (found)
+        return sg__fail(ctx, SG_ERR_BACKEND_UNAVAILABLE,
+                        "hip: this matmul needs a general GEMM, and this stepgraph does not yet "
+                        "call %s (found) for it; on HIP only products of few rows (GEMV) run: "
+                        "use SG_BACKEND_CPU for this step",
+                        found);
+    return sg__fail(ctx, SG_ERR_BACKEND_UNAVAILABLE,
+                    "hip: this matmul needs a general GEMM and no AMD BLAS is installed: install "
+                    "hipBLASLt (libhipblaslt.so) or rocBLAS (librocblas.so); on HIP only "
+                    "products of few rows (GEMV) run without one");
+}
+
 /* Load the library, make the handle and the workspace (first use only). */
 static sg_status lt_state_get(sg_ctx *ctx, lt_state **out) {
     void **slot = sg__cuda_lt_state(ctx);
@@ -207,6 +231,8 @@ static sg_status lt_state_get(sg_ctx *ctx, lt_state **out) {
         *out = *slot;
         return SG_OK;
     }
+    if (sg__cuda_is_hip(ctx))
+        return hip_no_blas(ctx);
     if (sg__cuda_capturing(ctx))
         return sg__fail(ctx, SG_ERR_UNSUPPORTED, "cuda: the first matmul of a context ran while a "
                         "CUDA graph was recorded; cuBLASLt's handle and workspace cannot be made "
@@ -476,9 +502,7 @@ static bool cand_run(sg_ctx *ctx, const cand *t, const cublasLtMatmulAlgo_t *alg
 /* Milliseconds of 5 runs of a candidate (algo, or the alternative when
  * NULL) after one warm-up, between two events; false when any step fails. */
 static bool cand_time(sg_ctx *ctx, const cand *t, const cublasLtMatmulAlgo_t *algo, float *ms) {
-    const sg__cu_api *cu = NULL;
-    char why[8];
-    if (sg__cuda_load(why, sizeof why, &cu) != SG_OK || !cu) return false;
+    const sg__cu_api *cu = sg__cuda_api(ctx);
     CUstream stream = sg__cuda_stream(ctx);
     CUevent e0 = NULL, e1 = NULL;
     bool ok = cu->cuEventCreate(&e0, CU_EVENT_DEFAULT) == CUDA_SUCCESS &&
