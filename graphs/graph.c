@@ -105,11 +105,17 @@ done:
 
 static _Atomic uint64_t cuda_check_failures;
 
-uint64_t sg__cuda_check_failures(void) { return cuda_check_failures; }
+static _Atomic bool hiprtc_absent;
 
-/* SG_NVRTC_CHECK: the CUDA unit of this capture, compiled for sm_90 and
- * thrown away. Nothing here changes the capture or the context's status. */
-static void check_cuda_dialect(sg_fn *fn, sg__graph *g, bool disable) {
+uint64_t sg__cuda_check_failures(void) { return cuda_check_failures; }
+bool sg__hiprtc_check_skipped(void) { return hiprtc_absent; }
+
+/* SG_NVRTC_CHECK / SG_HIPRTC_CHECK (check names which): the CUDA unit of
+ * this capture, compiled by drv for arch (sm_90; gfx90a, after the HIP
+ * prelude) and thrown away. Nothing here changes the capture or the
+ * context's status. */
+static void check_cuda_dialect(sg_fn *fn, sg__graph *g, bool disable, sg__rtc drv,
+                               const char *arch, const char *check) {
     sg_ctx *ctx = fn->ctx;
     sg_status before = ctx->status;
     char msg[SG__MSG_SIZE], name[sizeof g->module + 8];
@@ -130,11 +136,12 @@ static void check_cuda_dialect(sg_fn *fn, sg__graph *g, bool disable) {
     }
     void *cubin = NULL;
     size_t size = 0;
-    if (s == SG_OK && nk > 0) s = sg__nvrtc_build(ctx, name, e.buf, 90, &cubin, &size);
+    if (s == SG_OK && nk > 0) s = sg__rtc_build(ctx, drv, name, e.buf, arch, &cubin, &size);
+    if (s == SG_ERR_BACKEND_UNAVAILABLE && drv == SG__RTC_HIPRTC) hiprtc_absent = true;
     if (s != SG_OK && s != SG_ERR_BACKEND_UNAVAILABLE) {
         cuda_check_failures++;
-        sg__log(ctx, "error", "fn '%s': SG_NVRTC_CHECK: the CUDA unit of capture %d failed: %.800s",
-                fn->name, fn->ngraphs, ctx->msg);
+        sg__log(ctx, "error", "fn '%s': %s: the CUDA unit of capture %d failed for %s: %.800s",
+                fn->name, check, fn->ngraphs, arch, ctx->msg);
     }
     sg__free(ctx, cubin, size);
     sg__emit_free(&e);
@@ -201,7 +208,10 @@ static sg_status try_compile(sg_fn *fn, sg__graph *g) {
     ctx->no_cache_reads = false;
     const char *chk = getenv("SG_NVRTC_CHECK");
     if (chk && strcmp(chk, "1") == 0 && ctx->backend == SG_BACKEND_CPU)
-        check_cuda_dialect(fn, g, fo.disable);
+        check_cuda_dialect(fn, g, fo.disable, SG__RTC_NVRTC, "sm_90", "SG_NVRTC_CHECK");
+    const char *hchk = getenv("SG_HIPRTC_CHECK");
+    if (hchk && strcmp(hchk, "1") == 0 && ctx->backend == SG_BACKEND_CPU)
+        check_cuda_dialect(fn, g, fo.disable, SG__RTC_HIPRTC, "gfx90a", "SG_HIPRTC_CHECK");
     if (s == SG_OK) {
         g->compiled = true;
         fn->stats.compiles++;

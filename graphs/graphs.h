@@ -162,6 +162,10 @@ SG__HIDDEN void sg__fns_destroy_all(sg_ctx *ctx);
  * compiled by NVRTC for sm_90; the failures so far in this process (each
  * logged under "error"). */
 SG__HIDDEN uint64_t sg__cuda_check_failures(void);
+/* SG_HIPRTC_CHECK=1: the same through hiprtc for gfx90a (the unit after
+ * the HIP prelude), its failures counted with NVRTC's above; true once a
+ * check found hiprtc absent (nothing was compiled then). */
+SG__HIDDEN bool sg__hiprtc_check_skipped(void);
 
 /* inspect.c */
 /* Log a capture's generated source under "output_code", one call per line. */

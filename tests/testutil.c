@@ -289,6 +289,8 @@ bool tu_case(bool ok, const char *fmt, ...) {
 /* The library's count of captures whose CUDA unit failed NVRTC under
  * SG_NVRTC_CHECK=1 (graphs/graphs.h). */
 uint64_t sg__cuda_check_failures(void);
+/* Whether SG_HIPRTC_CHECK=1 found no hiprtc (graphs/graphs.h). */
+bool sg__hiprtc_check_skipped(void);
 
 int tu_finish(void) {
     const char *chk = getenv("SG_NVRTC_CHECK");
@@ -296,6 +298,18 @@ int tu_finish(void) {
         uint64_t nf = sg__cuda_check_failures();
         tu_case(nf == 0,
                 "SG_NVRTC_CHECK: every capture's CUDA unit compiled by NVRTC for sm_90 "
+                "(%llu failed)",
+                (unsigned long long)nf);
+    }
+    const char *hchk = getenv("SG_HIPRTC_CHECK");
+    if (hchk && strcmp(hchk, "1") == 0) {
+        uint64_t nf = sg__cuda_check_failures();
+        if (nf == 0 && failed == 0 && sg__hiprtc_check_skipped()) {
+            printf("SKIP: SG_HIPRTC_CHECK: hiprtc is absent (%d cases passed)\n", passed);
+            return 77;
+        }
+        tu_case(nf == 0,
+                "SG_HIPRTC_CHECK: every capture's CUDA unit compiled by hiprtc for gfx90a "
                 "(%llu failed)",
                 (unsigned long long)nf);
     }
