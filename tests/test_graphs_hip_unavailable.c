@@ -7,10 +7,12 @@
  * there (the test's "noruntime" variant), one that names the library and
  * the fix. Either way sg_list_backends says the same, nothing of the failed
  * context is left in the allocator hook, AUTO picks a backend that runs ops
- * (the CPU here) and the process stays usable. Exits 77 where a HIP device
+ * (the CPU here) and the process stays usable; without the runtime hiprtc
+ * is unavailable too, with the same reason. Exits 77 where a HIP device
  * is present, or where the library was built without HIP.
  */
 #define _POSIX_C_SOURCE 200809L
+#include "codegen/codegen.h"
 #include "testutil.h"
 
 #include <stdio.h>
@@ -89,5 +91,18 @@ int main(void) {
 
     ok = auto_runs();
     tu_case(ok, "backend=auto after a failed hip context runs x + x");
+
+    if (runtime && runtime[0]) {
+        sg_ctx *ctx = tu_ctx((sg_ctx_opts){0});
+        void *img = NULL;
+        size_t n = 0;
+        s = sg__rtc_build(ctx, SG__RTC_HIPRTC, "k", "extern \"C\" __global__ void k() {}\n",
+                          "gfx90a", &img, &n);
+        const char *m = sg_last_error(ctx);
+        ok = TU_EXPECT(s == SG_ERR_BACKEND_UNAVAILABLE) && TU_EXPECT(img == NULL) &&
+             TU_EXPECT(sg__rtc_compiles(SG__RTC_HIPRTC) == 0) && expected(m, runtime);
+        tu_case(ok, "hiprtc without the runtime -> SG_ERR_BACKEND_UNAVAILABLE (\"%.160s\")", m);
+        sg_ctx_destroy(ctx);
+    }
     return tu_finish();
 }

@@ -200,28 +200,13 @@ void sg__cublaslt_release(sg_ctx *ctx) {
     *slot = NULL;
 }
 
-/* On HIP a product cuBLASLt would run needs AMD's BLAS, which this library
- * does not call: it names which is installed, or what to install. The
- * GEMV kernel (products of few rows) and every other family run there. */
+/* HIP has no cuBLASLt (cuda_matmul.c runs every product through the GEMV
+ * kernel there); a call that reaches here on HIP says what would be needed. */
 static sg_status hip_no_blas(sg_ctx *ctx) {
-    const char *libs[] = {"libhipblaslt.so.0", "libhipblaslt.so", "librocblas.so.4",
-                          "librocblas.so.0", "librocblas.so"};
-    const char *found = NULL;
-    for (size_t i = 0; i < sizeof libs / sizeof *libs && !found; i++) {
-        void *h = dlopen(libs[i], RTLD_LAZY | RTLD_LOCAL | RTLD_NOLOAD);
-        if (!h) h = dlopen(libs[i], RTLD_LAZY | RTLD_LOCAL);
-        if (h) found = libs[i], dlclose(h);
-    }
-    if (found)
-        return sg__fail(ctx, SG_ERR_BACKEND_UNAVAILABLE,
-                        "hip: this matmul needs a general GEMM, and this stepgraph does not yet "
-                        "call %s (found) for it; on HIP only products of few rows (GEMV) run: "
-                        "use SG_BACKEND_CPU for this step",
-                        found);
     return sg__fail(ctx, SG_ERR_BACKEND_UNAVAILABLE,
-                    "hip: this matmul needs a general GEMM and no AMD BLAS is installed: install "
-                    "hipBLASLt (libhipblaslt.so) or rocBLAS (librocblas.so); on HIP only "
-                    "products of few rows (GEMV) run without one");
+                    "hip: cuBLASLt does not exist on HIP and this stepgraph does not call "
+                    "hipBLASLt (libhipblaslt.so) or rocBLAS; set SG_CUDA_MATMUL=gemv, or use "
+                    "SG_BACKEND_CPU");
 }
 
 /* Load the library, make the handle and the workspace (first use only). */
