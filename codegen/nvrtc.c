@@ -74,7 +74,8 @@ const char sg__hip_prelude[] =
     "    return __shfl(v, l, w);\n"
     "}\n"
     "template <typename T>\n"
-    "static __device__ __forceinline__ T __shfl_down_sync(unsigned, T v, unsigned d, int w = 32) {\n"
+    "static __device__ __forceinline__ T __shfl_down_sync(unsigned, T v, unsigned d, int w = 32) "
+    "{\n"
     "    return __shfl_down(v, d, w);\n"
     "}\n"
     "template <typename T>\n"
@@ -138,9 +139,9 @@ static rtc_driver drivers[2] = {
 
 /* The archs hiprtc is asked for: those ROCm 5.2's code-object manager
  * compiles (each checked here); gfx940 and later abort it. */
-static const char *const hiprtc_archs[] = {
-    "gfx803",  "gfx900",  "gfx906",  "gfx908",  "gfx90a",  "gfx90c",  "gfx1010", "gfx1011",
-    "gfx1012", "gfx1030", "gfx1031", "gfx1032", "gfx1034", "gfx1035", "gfx1036"};
+static const char *const hiprtc_archs[] = {"gfx803",  "gfx900",  "gfx906",  "gfx908",  "gfx90a",
+                                           "gfx90c",  "gfx1010", "gfx1011", "gfx1012", "gfx1030",
+                                           "gfx1031", "gfx1032", "gfx1034", "gfx1035", "gfx1036"};
 
 bool sg__hiprtc_arch_known(const char *arch) {
     for (size_t i = 0; arch && i < sizeof hiprtc_archs / sizeof *hiprtc_archs; i++)
@@ -177,11 +178,12 @@ static void hip_open(void) {
 void *sg__hip_library(char *why, size_t n, const char **path) {
     pthread_once(&hip_once, hip_open);
     if (!hip_lib && why && n)
-        snprintf(why, n,
-                 "no HIP runtime: cannot load libamdhip64 (tried %.300s); install ROCm's HIP runtime "
-                 "(apt-get install libamdhip64-5, or ROCm 6's hip-runtime-amd) or set "
-                 "SG_HIP_RUNTIME to its path",
-                 hip_why);
+        snprintf(
+            why, n,
+            "no HIP runtime: cannot load libamdhip64 (tried %.300s); install ROCm's HIP runtime "
+            "(apt-get install libamdhip64-5, or ROCm 6's hip-runtime-amd) or set "
+            "SG_HIP_RUNTIME to its path",
+            hip_why);
     if (path) *path = hip_lib ? hip_path : NULL;
     return hip_lib;
 }
@@ -191,8 +193,8 @@ static void load(rtc_driver *d, void *lib, const char *libname) {
     for (int i = 0; i < 9; i++) {
         void *f = dlsym(lib, d->syms[i]);
         if (!f) {
-            snprintf(d->why, sizeof d->why, "%s lacks %s; install a newer %s", libname,
-                     d->syms[i], d == &drivers[SG__RTC_NVRTC] ? "NVRTC (12 or newer)" : "ROCm");
+            snprintf(d->why, sizeof d->why, "%s lacks %s; install a newer %s", libname, d->syms[i],
+                     d == &drivers[SG__RTC_NVRTC] ? "NVRTC (12 or newer)" : "ROCm");
             return;
         }
         memcpy(&slot[i], &f, sizeof f);
@@ -391,8 +393,12 @@ static void entry_path(const rtc_driver *d, const char *root, const char *arch_o
     sg__sha256_ctx sh;
     uint8_t digest[32];
     sg__sha256_init(&sh);
-    const char *fields[] = {SG__CODEGEN_VERSION, d == &drivers[SG__RTC_NVRTC] ? "cuda" : d->tag,
-                            d->ver, arch_opt, opts, source};
+    const char *fields[] = {SG__CODEGEN_VERSION,
+                            d == &drivers[SG__RTC_NVRTC] ? "cuda" : d->tag,
+                            d->ver,
+                            arch_opt,
+                            opts,
+                            source};
     for (size_t i = 0; i < sizeof fields / sizeof *fields; i++) {
         uint64_t n = strlen(fields[i]);
         sg__sha256_update(&sh, &n, sizeof n); /* length-prefixed: no two lists hash alike */

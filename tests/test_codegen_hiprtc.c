@@ -58,11 +58,11 @@ static bool has_name(const void *img, size_t n, const char *name) {
  * EM_AMDGPU (224), and e_flags' EF_AMDGPU_MACH (low byte) the arch's number
  * in the ELF spec (gfx90a 0x3f, gfx1030 0x36). */
 static bool amdgpu_elf(const unsigned char *img, size_t n, const char *arch) {
-    if (!img || n < 64 || memcmp(img, "\x7f" "ELF", 4) != 0 || img[4] != 2 || img[5] != 1)
+    if (!img || n < 64 || memcmp(img, "\177ELF", 4) != 0 || img[4] != 2 || img[5] != 1)
         return false;
     unsigned machine = img[18] | (unsigned)img[19] << 8;
-    uint32_t flags = img[48] | (uint32_t)img[49] << 8 | (uint32_t)img[50] << 16 |
-                     (uint32_t)img[51] << 24;
+    uint32_t flags =
+        img[48] | (uint32_t)img[49] << 8 | (uint32_t)img[50] << 16 | (uint32_t)img[51] << 24;
     unsigned want = strcmp(arch, "gfx90a") == 0 ? 0x3f : strcmp(arch, "gfx1030") == 0 ? 0x36 : 0;
     return machine == 224 && (flags & 0xff) == want;
 }
@@ -72,8 +72,8 @@ static void units(sg_ctx *ctx, const char *arch) {
     for (int u = 0; u < SG__CU_NUM_UNITS; u++) {
         void *b = NULL;
         size_t nb = 0;
-        sg_status s = sg__rtc_build(ctx, SG__RTC_HIPRTC, sg__cu_names[u], sg__cu_sources[u], arch,
-                                    &b, &nb);
+        sg_status s =
+            sg__rtc_build(ctx, SG__RTC_HIPRTC, sg__cu_names[u], sg__cu_sources[u], arch, &b, &nb);
         bool ok = TU_EXPECT(sg__cu_sources[u] != NULL) && TU_EXPECT(s == SG_OK) &&
                   TU_EXPECT(amdgpu_elf(b, nb, arch));
         if (s != SG_OK) fprintf(stderr, "  %.1500s\n", sg_last_error(ctx));

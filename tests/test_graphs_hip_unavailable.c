@@ -27,8 +27,7 @@ static bool expected(const char *m, const char *runtime) {
                TU_EXPECT(strstr(m, "hipInit") == NULL);
     /* a runtime, no device: hipInit's result by number and name, and the fix */
     return TU_EXPECT(strstr(m, "hipInit failed with ") != NULL) &&
-           TU_EXPECT(strstr(m, "no device") != NULL) &&
-           TU_EXPECT(strstr(m, "amdgpu") != NULL) &&
+           TU_EXPECT(strstr(m, "no device") != NULL) && TU_EXPECT(strstr(m, "amdgpu") != NULL) &&
            TU_EXPECT(strstr(m, "SG_BACKEND_CPU") != NULL);
 }
 
@@ -68,8 +67,8 @@ int main(void) {
         printf("SKIP: a HIP device is present\n");
         return 77;
     }
-    bool ok = TU_EXPECT(strcmp(hip->name, "hip") == 0) && TU_EXPECT(info[1].backend == SG_BACKEND_HIP) &&
-              expected(hip->why, runtime);
+    bool ok = TU_EXPECT(strcmp(hip->name, "hip") == 0) &&
+              TU_EXPECT(info[1].backend == SG_BACKEND_HIP) && expected(hip->why, runtime);
     tu_case(ok, "sg_list_backends: hip built, unavailable (\"%s\")", hip->why);
 
     /* Asked for by name, twice (the outcome is remembered, the message the same). */
@@ -84,8 +83,9 @@ int main(void) {
              TU_EXPECT(strstr(m, "the hip backend is unavailable") != NULL) &&
              TU_EXPECT(strstr(m, hip->why) != NULL) && expected(m, runtime) &&
              TU_EXPECT(a.live == 0) && TU_EXPECT(a.bytes == 0);
-        tu_case(ok, "sg_ctx_create(backend=hip) #%d -> SG_ERR_BACKEND_UNAVAILABLE, %ld blocks left "
-                    "(\"%s\")",
+        tu_case(ok,
+                "sg_ctx_create(backend=hip) #%d -> SG_ERR_BACKEND_UNAVAILABLE, %ld blocks left "
+                "(\"%s\")",
                 k + 1, a.live, m);
     }
 

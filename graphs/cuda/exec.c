@@ -36,7 +36,7 @@ typedef struct sg__cuda {
     CUdevice dev;
     CUcontext pctx;
     CUstream stream;
-    int arch, sms;   /* arch: 90 for sm_90; 0 on HIP (no CUDA compute capability) */
+    int arch, sms;        /* arch: 90 for sm_90; 0 on HIP (no CUDA compute capability) */
     sg__cuda_device dev0; /* what the probe read (HIP: arch_name, the gfx arch) */
     CUmodule mod[SG__CU_NUM_UNITS];
     kfunc *funcs;

@@ -301,9 +301,9 @@ static void load_once(void) {
     r = hip.hipGetDeviceCount(&count);
     if (r != hipSuccess || count < 1) {
         char e[160];
-        snprintf(load_why, sizeof load_why, "the HIP runtime sees no device (%s); use SG_BACKEND_CPU",
-                 r != hipSuccess ? sg__cu_strerror_in(&table, (CUresult)r, e, sizeof e)
-                                 : "count 0");
+        snprintf(
+            load_why, sizeof load_why, "the HIP runtime sees no device (%s); use SG_BACKEND_CPU",
+            r != hipSuccess ? sg__cu_strerror_in(&table, (CUresult)r, e, sizeof e) : "count 0");
         return;
     }
     if (!read_device()) return;
