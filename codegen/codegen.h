@@ -286,9 +286,6 @@ SG__HIDDEN bool sg__lower_group_flat(const sg__ir *ir, const sg__fused *f, const
  * i0..i<nd-1> of (nd, shape), broadcast dims left out), as text. */
 SG__HIDDEN void sg__lower_offset(const sg__ref *r, int nd, const int64_t *shape, bool flat,
                                  char *buf, size_t size);
-/* The HIP unit's prelude: text put before the CUDA text so that hiprtc
- * compiles it (the name map of the HIP backend, which sets it); "" here. */
-SG__HIDDEN extern const char *sg__hip_prelude;
 
 /* ------------------------------------------------------------ the C dialect (cgen_c.c) */
 
@@ -491,5 +488,35 @@ SG__HIDDEN uint64_t sg__nvrtc_compiles(void);
  */
 SG__HIDDEN sg_status sg__opencl_build(sg_ctx *ctx, const char *name, const char *source,
                                       void **program);
+
+/* ------------------------------------------------------------ runtime compile drivers (nvrtc.c) */
+
+/* The runtime compilers: NVRTC (CUDA) and hiprtc (HIP, AMD GPUs). */
+typedef enum sg__rtc { SG__RTC_NVRTC, SG__RTC_HIPRTC } sg__rtc;
+
+/*
+ * sg__nvrtc_build generalized: compile `source` with driver drv for arch
+ * ("sm_90" for NVRTC; "gfx90a" for hiprtc, which gets sg__hip_prelude
+ * before the source), through the same disk cache (the key includes the
+ * driver, its version and the arch). hiprtc is only asked for the archs
+ * sg__hiprtc_arch_known accepts: any other is SG_ERR_BACKEND_UNAVAILABLE
+ * naming it, without a call. On success *image (sg__alloc'd, *size bytes)
+ * is the cubin or the code object for cuModuleLoadData/hipModuleLoadData.
+ */
+SG__HIDDEN sg_status sg__rtc_build(sg_ctx *ctx, sg__rtc drv, const char *name, const char *source,
+                                   const char *arch, void **image, size_t *size);
+/* Whether drv can be loaded (why not into why). */
+SG__HIDDEN bool sg__rtc_available(sg__rtc drv, char *why, size_t n);
+/* Process-wide count of drv's compiles (not cache hits), for tests. */
+SG__HIDDEN uint64_t sg__rtc_compiles(sg__rtc drv);
+/* Whether hiprtc is asked to compile for this gfx arch (no feature suffix). */
+SG__HIDDEN bool sg__hiprtc_arch_known(const char *arch);
+/* What hiprtc compiles before a unit written for NVRTC: the CUDA spellings
+ * HIP names otherwise (warp shuffles of width 32, __syncwarp). */
+SG__HIDDEN extern const char sg__hip_prelude[];
+/* The HIP runtime library (libamdhip64.so.6, .so.5, .so, or SG_HIP_RUNTIME),
+ * opened once per process: its handle, or NULL with why it is not there
+ * (naming the library and the fix). *path, when given, gets its name. */
+SG__HIDDEN void *sg__hip_library(char *why, size_t n, const char **path);
 
 #endif /* SG_CODEGEN_H */

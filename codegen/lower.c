@@ -124,10 +124,14 @@ static const char *const cuda_tail =
     "#endif\n"
     "}\n"
     "SG_DEV float sg_h_rt(float f) {\n"
+    "#if defined(__CUDA_ARCH__)\n"
     "    sg_u16 h; float r;\n"
     "    asm(\"cvt.rn.f16.f32 %0, %1;\" : \"=h\"(h) : \"f\"(f));\n"
     "    asm(\"cvt.f32.f16 %0, %1;\" : \"=f\"(r) : \"h\"(h));\n"
     "    return r;\n"
+    "#else /* hiprtc (HIP): no PTX */\n"
+    "    return (float)(_Float16)f;\n"
+    "#endif\n"
     "}\n";
 
 /* OpenCL C: no contraction into fma (the CPU computes a * b + c in two
@@ -578,6 +582,3 @@ void sg__lower_offset(const sg__ref *r, int nd, const int64_t *shape, bool flat,
     }
 }
 
-/* ------------------------------------------------------------ the HIP prelude */
-
-const char *sg__hip_prelude = "";

@@ -103,38 +103,55 @@ done:
     return s;
 }
 
-/* Per dialect (CUDA, OpenCL) and sg__check_what: the checks' counts. */
+/* Per dialect (CUDA, HIP, OpenCL) and sg__check_what: the checks' counts. */
 static _Atomic uint64_t check_counts[SG__DIALECT_OPENCL + 1][SG__CHECK_NCOUNTS];
 
-uint64_t sg__cuda_check_failures(void) { return check_counts[SG__DIALECT_CUDA][SG__CHECK_FAILED]; }
+uint64_t sg__cuda_check_failures(void) {
+    return check_counts[SG__DIALECT_CUDA][SG__CHECK_FAILED] +
+           check_counts[SG__DIALECT_HIP][SG__CHECK_FAILED];
+}
+
+bool sg__hiprtc_check_skipped(void) {
+    return check_counts[SG__DIALECT_HIP][SG__CHECK_UNAVAILABLE] > 0 &&
+           check_counts[SG__DIALECT_HIP][SG__CHECK_BUILT] == 0;
+}
 
 uint64_t sg__dialect_check_count(sg__dialect d, sg__check_what w) {
     return d >= 0 && d <= SG__DIALECT_OPENCL && w >= 0 && w < SG__CHECK_NCOUNTS ? check_counts[d][w]
                                                                                 : 0;
 }
 
-/* The unit of dialect d (CUDA or OpenCL), compiled and thrown away. */
+/* The unit of dialect d, compiled and thrown away: CUDA C by NVRTC for
+ * sm_90, HIP by hiprtc for gfx90a, OpenCL C on the first OpenCL CPU device. */
 static sg_status build_dialect(sg_ctx *ctx, sg__dialect d, const char *name, const char *src) {
     if (d == SG__DIALECT_OPENCL) return sg__opencl_build(ctx, name, src, NULL);
-    void *cubin = NULL;
+    void *image = NULL;
     size_t size = 0;
-    sg_status s = sg__nvrtc_build(ctx, name, src, 90, &cubin, &size);
-    sg__free(ctx, cubin, size);
+    sg_status s = d == SG__DIALECT_HIP
+                      ? sg__rtc_build(ctx, SG__RTC_HIPRTC, name, src, "gfx90a", &image, &size)
+                      : sg__rtc_build(ctx, SG__RTC_NVRTC, name, src, "sm_90", &image, &size);
+    sg__free(ctx, image, size);
     return s;
 }
 
-/* SG_NVRTC_CHECK / SG_OPENCL_CHECK: this capture fused as for a GPU, its
- * unit in dialect d (CUDA C compiled for sm_90 by NVRTC, OpenCL C built on
- * the first OpenCL CPU device) and thrown away. Groups the dialect has no
- * kernel for are counted, not failures. Nothing here changes the capture or
- * the context's status. */
+static const char *check_var(sg__dialect d) {
+    return d == SG__DIALECT_OPENCL ? "SG_OPENCL_CHECK"
+           : d == SG__DIALECT_HIP  ? "SG_HIPRTC_CHECK"
+                                   : "SG_NVRTC_CHECK";
+}
+
+/* SG_NVRTC_CHECK / SG_HIPRTC_CHECK / SG_OPENCL_CHECK: this capture fused as
+ * for a GPU, its unit in dialect d built (build_dialect) and thrown away.
+ * Groups the dialect has no kernel for are counted, not failures. Nothing
+ * here changes the capture or the context's status. */
 static void check_dialect(sg_fn *fn, sg__graph *g, bool disable, sg__dialect d) {
     sg_ctx *ctx = fn->ctx;
     sg_status before = ctx->status;
-    const char *var = d == SG__DIALECT_OPENCL ? "SG_OPENCL_CHECK" : "SG_NVRTC_CHECK";
+    const char *var = check_var(d);
     char msg[SG__MSG_SIZE], name[sizeof g->module + 8];
     snprintf(msg, sizeof msg, "%s", ctx->msg);
-    snprintf(name, sizeof name, "%s_%s", g->module, d == SG__DIALECT_OPENCL ? "cl" : "cu");
+    snprintf(name, sizeof name, "%s_%s", g->module,
+             d == SG__DIALECT_OPENCL ? "cl" : d == SG__DIALECT_HIP ? "hip" : "cu");
     sg__fuse_opts fo;
     sg__cgen_cuda_fuse_opts(&fo, disable);
     sg__fused f;
@@ -231,6 +248,9 @@ static sg_status try_compile(sg_fn *fn, sg__graph *g) {
     const char *chk = getenv("SG_NVRTC_CHECK");
     if (chk && strcmp(chk, "1") == 0 && ctx->backend == SG_BACKEND_CPU)
         check_dialect(fn, g, fo.disable, SG__DIALECT_CUDA);
+    chk = getenv("SG_HIPRTC_CHECK");
+    if (chk && strcmp(chk, "1") == 0 && ctx->backend == SG_BACKEND_CPU)
+        check_dialect(fn, g, fo.disable, SG__DIALECT_HIP);
     chk = getenv("SG_OPENCL_CHECK");
     if (chk && strcmp(chk, "1") == 0 && ctx->backend == SG_BACKEND_CPU)
         check_dialect(fn, g, fo.disable, SG__DIALECT_OPENCL);

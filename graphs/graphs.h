@@ -176,6 +176,11 @@ typedef enum sg__check_what {
 } sg__check_what;
 SG__HIDDEN uint64_t sg__dialect_check_count(sg__dialect d, sg__check_what w);
 
+/* SG_HIPRTC_CHECK=1: the same through hiprtc for gfx90a (the unit after
+ * the HIP prelude), its failures counted with NVRTC's above; true once a
+ * check found hiprtc absent (nothing was compiled then). */
+SG__HIDDEN bool sg__hiprtc_check_skipped(void);
+
 /* inspect.c */
 /* Log a capture's generated source under "output_code", one call per line. */
 SG__HIDDEN void sg__graph_log_source(sg_fn *fn, const sg__graph *g, const char *source);

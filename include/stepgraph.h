@@ -749,6 +749,29 @@ SG_API sg_tensor *sg_reduce_scatter(sg_comm *comm, sg_tensor *x, sg_reduce_op op
  * are not read there). */
 SG_API sg_tensor *sg_broadcast(sg_comm *comm, sg_tensor *x, int root);
 
+/* ---------------------------------------------------------------- the HIP backend */
+
+/*
+ * SG_BACKEND_HIP runs on AMD GPUs through the CUDA backend's executor,
+ * kernels and graphs, with the HIP runtime (libamdhip64, loaded at run
+ * time: libamdhip64.so.6, then .so.5, then libamdhip64.so; SG_HIP_RUNTIME
+ * names another) in place of the CUDA driver, and hiprtc in place of NVRTC,
+ * compiling for the device's gfx arch. Only archs hiprtc is known to
+ * compile for are used (gfx803, gfx900, gfx906, gfx908, gfx90a, gfx90c,
+ * gfx1010-gfx1036); a device of another arch, a machine without the runtime
+ * or without a device (hipInit fails) make sg_ctx_create fail with
+ * SG_ERR_BACKEND_UNAVAILABLE, naming the library, the arch or hipInit's
+ * result and the fix, and sg_list_backends says the same. On HIP, attention
+ * runs its FMA kernels (the tensor-core kernels are CUDA-only), every
+ * matmul runs the GEMV kernel (there is no cuBLASLt; hipBLASLt and rocBLAS
+ * are not called), and launches are never programmatic dependent launches.
+ * Nothing of this backend has yet run on AMD hardware.
+ *
+ * SG_HIPRTC_CHECK=1 (like SG_NVRTC_CHECK=1, for CI without a GPU): every
+ * capture compiled on the CPU is also emitted in the CUDA dialect and
+ * compiled by hiprtc for gfx90a, failures logged under "error".
+ */
+
 /* ---------------------------------------------------------------- compiled steps */
 /*
  * A step is a function over tensor ops. sg_compile wraps it in an sg_fn;

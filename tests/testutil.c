@@ -291,6 +291,8 @@ bool tu_case(bool ok, const char *fmt, ...) {
 uint64_t sg__cuda_check_failures(void);
 /* The same for SG_OPENCL_CHECK=1: dialect 3 is SG__DIALECT_OPENCL. */
 uint64_t sg__dialect_check_count(int dialect, int what);
+/* Whether SG_HIPRTC_CHECK=1 found no hiprtc (graphs/graphs.h). */
+bool sg__hiprtc_check_skipped(void);
 
 int tu_finish(void) {
     const char *chk = getenv("SG_NVRTC_CHECK");
@@ -315,6 +317,18 @@ int tu_finish(void) {
                 "SG_OPENCL_CHECK: every capture's OpenCL C unit built on the OpenCL CPU device "
                 "(%llu built, %llu failed, %llu groups not in the dialect)",
                 (unsigned long long)built, (unsigned long long)nf, (unsigned long long)nun);
+    }
+    const char *hchk = getenv("SG_HIPRTC_CHECK");
+    if (hchk && strcmp(hchk, "1") == 0) {
+        uint64_t nf = sg__cuda_check_failures();
+        if (nf == 0 && failed == 0 && sg__hiprtc_check_skipped()) {
+            printf("SKIP: SG_HIPRTC_CHECK: hiprtc is absent (%d cases passed)\n", passed);
+            return 77;
+        }
+        tu_case(nf == 0,
+                "SG_HIPRTC_CHECK: every capture's CUDA unit compiled by hiprtc for gfx90a "
+                "(%llu failed)",
+                (unsigned long long)nf);
     }
     printf("%d passed, %d failed\n", passed, failed);
     return failed ? 1 : 0;

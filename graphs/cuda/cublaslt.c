@@ -226,6 +226,15 @@ void sg__cublaslt_release(sg_ctx *ctx) {
     *slot = NULL;
 }
 
+/* HIP has no cuBLASLt (cuda_matmul.c runs every product through the GEMV
+ * kernel there); a call that reaches here on HIP says what would be needed. */
+static sg_status hip_no_blas(sg_ctx *ctx) {
+    return sg__fail(ctx, SG_ERR_BACKEND_UNAVAILABLE,
+                    "hip: cuBLASLt does not exist on HIP and this stepgraph does not call "
+                    "hipBLASLt (libhipblaslt.so) or rocBLAS; set SG_CUDA_MATMUL=gemv, or use "
+                    "SG_BACKEND_CPU");
+}
+
 /* Load the library, make the handle and the workspace (first use only). */
 static sg_status lt_state_get(sg_ctx *ctx, lt_state **out) {
     void **slot = sg__cuda_lt_state(ctx);
@@ -233,6 +242,8 @@ static sg_status lt_state_get(sg_ctx *ctx, lt_state **out) {
         *out = *slot;
         return SG_OK;
     }
+    if (sg__cuda_is_hip(ctx))
+        return hip_no_blas(ctx);
     if (sg__cuda_capturing(ctx))
         return sg__fail(ctx, SG_ERR_UNSUPPORTED, "cuda: the first matmul of a context ran while a "
                         "CUDA graph was recorded; cuBLASLt's handle and workspace cannot be made "
@@ -575,9 +586,7 @@ static bool cand_run(sg_ctx *ctx, const cand *t, const cublasLtMatmulAlgo_t *alg
  * since a round only ever runs slower than the call (clocks, other work);
  * false when any step fails. */
 static bool cand_time(sg_ctx *ctx, const cand *t, const cublasLtMatmulAlgo_t *algo, float *ms) {
-    const sg__cu_api *cu = NULL;
-    char why[8];
-    if (sg__cuda_load(why, sizeof why, &cu) != SG_OK || !cu) return false;
+    const sg__cu_api *cu = sg__cuda_api(ctx);
     CUstream stream = sg__cuda_stream(ctx);
     CUevent e0 = NULL, e1 = NULL;
     bool ok = cu->cuEventCreate(&e0, CU_EVENT_DEFAULT) == CUDA_SUCCESS &&

@@ -16,7 +16,8 @@
  * contiguous along K (batch-1 inference: it streams the weight once at
  * memory bandwidth, where a GEMM tiles for reuse it cannot get), else
  * cuBLASLt. SG_CUDA_MATMUL=lt|gemv forces one (tests); gemv takes any
- * shape and layout, slowly when they are not its own. When cuBLASLt has no
+ * shape and layout, slowly when they are not its own. On HIP (no cuBLASLt)
+ * every product runs the GEMV kernel. When cuBLASLt has no
  * algorithm for a call, the GEMV kernel runs it instead (logged under
  * fallbacks, once per distinct call). LINEAR's bias rides on cuBLASLt's BIAS epilogue, or is written
  * into the result first and the product added to it (beta = 1).
@@ -622,7 +623,8 @@ sg_status sg__cuda_matmul(sg_ctx *ctx, const sg__node *n) {
         return fill(ctx, out, sg__data(out), out->stride, bias);
     sg__mm_plan p;
     sg__mm_plan_make(n, &p);
-    sg__mm_path path = sg__mm_path_env();
+    /* HIP has no cuBLASLt: the GEMV kernel runs every product there. */
+    sg__mm_path path = sg__cuda_is_hip(ctx) ? SG__MM_GEMV : sg__mm_path_env();
     bool gemv = path == SG__MM_GEMV || (path == SG__MM_AUTO && sg__mm_prefer_gemv(&p));
     if (path == SG__MM_AUTO && p.M <= 8) gemv = tuned_gemv(ctx, n, &p, dt, gemv);
     lt_user lt = {.ran = true};

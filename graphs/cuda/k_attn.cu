@@ -43,11 +43,22 @@
  * j <= L - Lq + i. A row that sees no key, or whose every score is -inf,
  * gives NaN. Every index is guarded; keys at or past L are never read.
  *
- * NVRTC compiles this file with no include path, so it includes nothing.
+ * NVRTC compiles this file with no include path, so it includes nothing
+ * (hiprtc too: see SG_PTX).
  */
 typedef long long i64;
 typedef unsigned int u32;
 typedef unsigned short u16;
+
+/* SG_PTX: NVRTC (CUDA) compiles this file, with PTX. hiprtc compiles it
+ * too, for AMD GPUs, after the HIP prelude (codegen/nvrtc.c): there the
+ * conversions take their portable forms and the tensor-core kernels, all
+ * PTX, are not built (the host picks the FMA kernels on HIP). */
+#if defined(__CUDA_ARCH__)
+#define SG_PTX 1
+#else
+#define SG_PTX 0
+#endif
 
 #define NT 128    /* threads per block */
 #define MAXR 16   /* rows per block, at most */
@@ -74,15 +85,23 @@ struct ageom {
 /* ------------------------------------------------------------ conversions */
 
 __device__ __forceinline__ float h2f(u16 h) {
+#if SG_PTX
     float f;
     asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(h));
     return f;
+#else
+    return (float)__builtin_bit_cast(_Float16, h);
+#endif
 }
 
 __device__ __forceinline__ u16 f2h(float f) {
+#if SG_PTX
     u16 h;
     asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(f));
     return h;
+#else
+    return __builtin_bit_cast(u16, (_Float16)f); /* round to nearest even */
+#endif
 }
 
 __device__ __forceinline__ float bf2f(u16 b) { return __uint_as_float((u32)b << 16); }
@@ -360,11 +379,13 @@ __device__ __forceinline__ void merge(float &m, float &l, float *a, float m2, fl
     m = mn;
 }
 
+#if SG_PTX
 __device__ __forceinline__ u32 smem_addr(const void *p) {
     u32 a;
     asm("{ .reg .u64 t; cvta.to.shared.u64 t, %1; cvt.u32.u64 %0, t; }" : "=r"(a) : "l"(p));
     return a;
 }
+#endif
 
 /* All threads of the block cluster meet; shared-memory writes before show after. */
 __device__ __forceinline__ void cluster_sync() {
@@ -584,6 +605,8 @@ extern "C" __global__ void __cluster_dims__(1, DCL, 1) __launch_bounds__(NT)
 #endif
 
 /* ------------------------------------------------------------ tensor cores */
+
+#if SG_PTX /* the tensor-core kernels: the rest of the file */
 
 /*
  * sg_attn_mma: prefill on tensor cores (bf16 / f16, D a multiple of 16, at
@@ -991,3 +1014,5 @@ extern "C" __global__ void __launch_bounds__(NT)
     sg_attn_flash128(const u16 *q, const u16 *k, const u16 *v, const void *len, u16 *out, ageom g) {
     FLASH(128, 32)
 }
+
+#endif /* SG_PTX */

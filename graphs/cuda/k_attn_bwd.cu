@@ -50,11 +50,22 @@
  * causal, j <= L - Lq + i. A row that sees no key gets lse = +inf, so its P
  * is 0: it contributes nothing and its dq is 0.
  *
- * NVRTC compiles this file with no include path, so it includes nothing.
+ * NVRTC compiles this file with no include path, so it includes nothing
+ * (hiprtc too: see SG_PTX).
  */
 typedef long long i64;
 typedef unsigned int u32;
 typedef unsigned short u16;
+
+/* SG_PTX: NVRTC (CUDA) compiles this file, with PTX. hiprtc compiles it
+ * too, for AMD GPUs, after the HIP prelude (codegen/nvrtc.c): there the
+ * conversions take their portable forms and the tensor-core kernels, all
+ * PTX, are not built (the host picks the FMA kernels on HIP). */
+#if defined(__CUDA_ARCH__)
+#define SG_PTX 1
+#else
+#define SG_PTX 0
+#endif
 
 #define NT 128 /* threads per block */
 #define NW (NT / 32)
@@ -79,15 +90,23 @@ struct bgeom {
 /* ------------------------------------------------------------ elements */
 
 __device__ __forceinline__ float h2f(u16 h) {
+#if SG_PTX
     float f;
     asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(h));
     return f;
+#else
+    return (float)__builtin_bit_cast(_Float16, h);
+#endif
 }
 
 __device__ __forceinline__ u16 f2h(float f) {
+#if SG_PTX
     u16 h;
     asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(f));
     return h;
+#else
+    return __builtin_bit_cast(u16, (_Float16)f); /* round to nearest even */
+#endif
 }
 
 /* bf16 by nearest even, NaN kept NaN, as the CPU rounds. */
@@ -295,6 +314,7 @@ extern "C" __global__ void __launch_bounds__(NT)
 }
 
 /* ------------------------------------------------------------ tensor cores */
+#if SG_PTX /* the rest of the file */
 
 /* c += a b: m16n8k16, A row-major 16 x 16, B column-major 16 x 8 (b0, b1),
  * f32 C. Not volatile: the compiler interleaves independent accumulators' mmas. */
@@ -886,3 +906,5 @@ DKV(64, 3, bf16, DT_BF16)
 DKV(64, 3, f16, DT_F16)
 DKV(128, 1, bf16, DT_BF16)
 DKV(128, 1, f16, DT_F16)
+
+#endif /* SG_PTX */
