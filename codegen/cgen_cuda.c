@@ -692,12 +692,16 @@ static void emit_gemv_l2(gen *g, const sg__group *grp, const gemv *p, bool wregs
             sg__emit_open(g->e, "%s", "");
             sg__emit_line(g->e, "const sg_u64 pf = (sg_u64)(s%d + %lld);", lslot(g, r->slot),
                           (long long)(r->offset * (int64_t)sg_dtype_size(r->dtype)));
+            sg__emit_raw(g->e, "#if defined(__CUDA_ARCH__) /* PTX: not under hiprtc */\n");
             sg__emit_line(
                 g->e,
                 "for (sg_u64 q = (pf & ~127ull) + threadIdx.x * 128ull; q < pf + %lldull; "
                 "q += blockDim.x * 128ull)",
                 (long long)bytes);
             sg__emit_line(g->e, "    asm volatile(\"prefetch.global.L2 [%%0];\" ::\"l\"(q));");
+            sg__emit_raw(g->e, "#else\n");
+            sg__emit_line(g->e, "(void)pf;");
+            sg__emit_raw(g->e, "#endif\n");
             sg__emit_close(g->e);
         }
     }

@@ -433,8 +433,12 @@ __device__ __forceinline__ void decode_prefetch(const void *k, const void *v, co
     const char *vb = (const char *)v + (b * g.vs[0] + hk * g.vs[1]) * es;
     for (i64 t = threadIdx.x; t < (je - js) * lines; t += blockDim.x) {
         const i64 j = js + t / lines, off = (t % lines) * 128;
+#if SG_PTX
         asm volatile("prefetch.global.L2 [%0];" ::"l"(kb + j * g.ks[2] * es + off));
         asm volatile("prefetch.global.L2 [%0];" ::"l"(vb + j * g.vs[2] * es + off));
+#else
+        (void)kb, (void)vb, (void)j, (void)off;
+#endif
     }
 }
 

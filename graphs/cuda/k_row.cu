@@ -261,8 +261,13 @@ template <int DT> __device__ __forceinline__ void unpack16(uint4 u, float *f) {
             f[2 * k + 1] = __uint_as_float(w[k] & 0xffff0000u);
         } else {
             u16 lo = (u16)(w[k] & 0xffffu), hi = (u16)(w[k] >> 16);
+#if defined(__CUDA_ARCH__)
             asm("cvt.f32.f16 %0, %1;" : "=f"(f[2 * k]) : "h"(lo));
             asm("cvt.f32.f16 %0, %1;" : "=f"(f[2 * k + 1]) : "h"(hi));
+#else /* hiprtc (HIP): no PTX */
+            f[2 * k] = h2f(lo);
+            f[2 * k + 1] = h2f(hi);
+#endif
         }
     }
 }
@@ -276,10 +281,17 @@ template <int DT> __device__ __forceinline__ uint4 pack16(const float *f) {
     for (int k = 0; k < 4; k++) {
         if (DT == DT_F32)
             w[k] = __float_as_uint(f[k]);
+#if defined(__CUDA_ARCH__)
         else if (DT == DT_BF16)
             asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(w[k]) : "f"(f[2 * k + 1]), "f"(f[2 * k]));
         else
             asm("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(w[k]) : "f"(f[2 * k + 1]), "f"(f[2 * k]));
+#else /* hiprtc (HIP): no PTX */
+        else if (DT == DT_BF16)
+            w[k] = (u32)f2bf(f[2 * k]) | (u32)f2bf(f[2 * k + 1]) << 16;
+        else
+            w[k] = (u32)f2h(f[2 * k]) | (u32)f2h(f[2 * k + 1]) << 16;
+#endif
     }
     return make_uint4(w[0], w[1], w[2], w[3]);
 }
