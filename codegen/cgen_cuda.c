@@ -1541,7 +1541,8 @@ static int member_parts(gen *g, const sg__group *part, int *comp) {
     for (int k = 0; k < n; k++) {
         const sg__irnode *a = &g->ir->nodes[part->g[k].node];
         for (int j = 0; j < 4 && j < a->nin; j++)
-            if (part->g[k].arg_src[j] >= 0) up[comp_root(up, k)] = comp_root(up, part->g[k].arg_src[j]);
+            if (part->g[k].arg_src[j] >= 0)
+                up[comp_root(up, k)] = comp_root(up, part->g[k].arg_src[j]);
         int ws = ref_of(g, a->out)->slot;
         for (int i = 0; i < n; i++) {
             const sg__irnode *b = &g->ir->nodes[part->g[i].node];
@@ -1566,6 +1567,22 @@ static int member_parts(gen *g, const sg__group *part, int *comp) {
     return count;
 }
 
+/* Part c of member part (comp: each member's part) as a group over sub. */
+static sg__group part_of(const gen *g, const sg__group *part, int *comp, int c, sg__gnode *sub) {
+    int n = part->n, *map = comp + n, m = 0;
+    for (int k = 0; k < n; k++) map[k] = comp[k] == c ? m++ : -1;
+    for (int k = 0; k < n; k++) {
+        if (comp[k] != c) continue;
+        sub[map[k]] = part->g[k];
+        int nin = g->ir->nodes[part->g[k].node].nin;
+        for (int j = 0; j < 4 && j < nin; j++) /* arg_src past nin is not set */
+            if (part->g[k].arg_src[j] >= 0) sub[map[k]].arg_src[j] = map[part->g[k].arg_src[j]];
+    }
+    sg__group one = *part;
+    one.g = sub, one.n = m;
+    return one;
+}
+
 /*
  * A pointwise member of a MULTI with no vector path (more than the 64
  * vectors it keeps) split into its independent parts, each its own member
@@ -1574,8 +1591,8 @@ static int member_parts(gen *g, const sg__group *part, int *comp) {
  * member stays whole (one part, or a part alone has no vector path either);
  * else the blocks taken, the parts emitted as members from block start.
  */
-static int64_t multi_split(gen *g, const sg__group *part, int64_t start, bool *aligned,
-                           int nslots, sg__cuda_kinfo *ki, bool *mark) {
+static int64_t multi_split(gen *g, const sg__group *part, int64_t start, bool *aligned, int nslots,
+                           sg__cuda_kinfo *ki, bool *mark) {
     sg_ctx *ctx = g->e->ctx;
     if (part->kind != SG__G_POINTWISE || part->n < 2) return 0;
     memset(aligned, 0, sizeof(bool) * (size_t)nslots);
@@ -1585,38 +1602,36 @@ static int64_t multi_split(gen *g, const sg__group *part, int64_t start, bool *a
     int64_t total = 0;
     int count = comp && sub ? member_parts(g, part, comp) : -1;
     if (count < 0) g->e->oom = true;
-    for (int c = 0; count > 1 && c < count; c++) {
-        int *map = comp + n, m = 0;
-        for (int k = 0; k < n; k++) {
-            map[k] = comp[k] == c ? m : -1;
-            if (comp[k] != c) continue;
-            sub[m] = part->g[k];
-            for (int j = 0; j < 4; j++)
-                if (sub[m].arg_src[j] >= 0) sub[m].arg_src[j] = map[sub[m].arg_src[j]];
-            m++;
+    /* Pass 0 checks that every part has a vector path, pass 1 emits them. */
+    for (int pass = 0; pass < 2 && count > 1; pass++) {
+        for (int c = 0; count > 1 && c < count; c++) {
+            sg__group one = part_of(g, part, comp, c, sub);
+            if (pass == 0) {
+                memset(aligned, 0, sizeof(bool) * (size_t)nslots);
+                if (vec_width(g, &one, 0, aligned) < 2) count = 0;
+                continue;
+            }
+            sg__emit body = {.ctx = ctx, .depth = g->e->depth + 1}, *outer = g->e;
+            memset(mark, 0, sizeof(bool) * (size_t)nslots);
+            g->e = &body, g->mark = mark;
+            int64_t nb = multi_loop(g, &one, start + total, aligned, nslots, ki);
+            g->e = outer, g->mark = NULL;
+            if (nb > 0) {
+                sg__emit_open(outer, "%sif (blockIdx.x < %lld)", start + total ? "else " : "",
+                              (long long)(start + total + nb));
+                for (int i = 0; i < nslots; i++)
+                    if (mark[i]) sg__emit_line(outer, "char *const s%d = slot[%d];", i, i);
+                if (body.buf) sg__emit_raw(outer, "%s", body.buf);
+                sg__emit_close(outer);
+            }
+            if (body.oom) outer->oom = true;
+            sg__emit_free(&body);
+            total += nb;
         }
-        sg__group one = *part;
-        one.g = sub, one.n = m;
-        sg__emit body = {.ctx = ctx, .depth = g->e->depth + 1}, *outer = g->e;
-        memset(mark, 0, sizeof(bool) * (size_t)nslots);
-        g->e = &body, g->mark = mark;
-        int64_t nb = multi_loop(g, &one, start + total, aligned, nslots, ki);
-        g->e = outer, g->mark = NULL;
-        if (nb > 0) {
-            sg__emit_open(outer, "%sif (blockIdx.x < %lld)", start + total ? "else " : "",
-                          (long long)(start + total + nb));
-            for (int i = 0; i < nslots; i++)
-                if (mark[i]) sg__emit_line(outer, "char *const s%d = slot[%d];", i, i);
-            if (body.buf) sg__emit_raw(outer, "%s", body.buf);
-            sg__emit_close(outer);
-        }
-        if (body.oom) outer->oom = true;
-        sg__emit_free(&body);
-        total += nb;
     }
     sg__free(ctx, comp, sizeof(int) * (size_t)n * 2);
     sg__free(ctx, sub, sizeof *sub * (size_t)n);
-    return count > 1 ? total : 0;
+    return total;
 }
 
 /*
