@@ -1234,6 +1234,117 @@ static int64_t multi_loop(gen *g, const sg__group *part, int64_t start, bool *al
     return nb;
 }
 
+/* Union-find root of member k. */
+static int comp_root(int *up, int k) {
+    while (up[k] != k) k = up[k] = up[up[k]];
+    return k;
+}
+
+/*
+ * The independent parts of a pointwise member (AdamW's same-shaped weights
+ * of every layer, fused into one loop): comp[k] gets member k's part, 0 ..
+ * (the count returned). Members join through a reused value or a slot that
+ * one of them writes and the other touches. -1 when out of memory.
+ */
+static int member_parts(gen *g, const sg__group *part, int *comp) {
+    int n = part->n, *up = comp;
+    for (int k = 0; k < n; k++) up[k] = k;
+    for (int k = 0; k < n; k++) {
+        const sg__irnode *a = &g->ir->nodes[part->g[k].node];
+        for (int j = 0; j < 4 && j < a->nin; j++)
+            if (part->g[k].arg_src[j] >= 0)
+                up[comp_root(up, k)] = comp_root(up, part->g[k].arg_src[j]);
+        int ws = ref_of(g, a->out)->slot;
+        for (int i = 0; i < n; i++) {
+            const sg__irnode *b = &g->ir->nodes[part->g[i].node];
+            bool touch = i != k && ref_of(g, b->out)->slot == ws;
+            for (int j = 0; j < b->nin && !touch; j++) {
+                const sg__ref *r = arg_of(g, b, j);
+                touch = r && r->slot == ws && i != k;
+            }
+            if (touch) up[comp_root(up, k)] = comp_root(up, i);
+        }
+    }
+    int *id = sg__alloc(g->e->ctx, sizeof(int) * (size_t)n), count = 0;
+    if (!id) return -1;
+    for (int k = 0; k < n; k++) id[k] = -1;
+    for (int k = 0; k < n; k++) {
+        int r = comp_root(up, k);
+        if (id[r] < 0) id[r] = count++;
+    }
+    for (int k = 0; k < n; k++) id[k] = id[comp_root(up, k)];
+    memcpy(comp, id, sizeof(int) * (size_t)n);
+    sg__free(g->e->ctx, id, sizeof(int) * (size_t)n);
+    return count;
+}
+
+/* Part c of member part (comp: each member's part) as a group over sub. */
+static sg__group part_of(const gen *g, const sg__group *part, int *comp, int c, sg__gnode *sub) {
+    int n = part->n, *map = comp + n, m = 0;
+    for (int k = 0; k < n; k++) map[k] = comp[k] == c ? m++ : -1;
+    for (int k = 0; k < n; k++) {
+        if (comp[k] != c) continue;
+        sub[map[k]] = part->g[k];
+        int nin = g->ir->nodes[part->g[k].node].nin;
+        for (int j = 0; j < 4 && j < nin; j++) /* arg_src past nin is not set */
+            if (part->g[k].arg_src[j] >= 0) sub[map[k]].arg_src[j] = map[part->g[k].arg_src[j]];
+    }
+    sg__group one = *part;
+    one.g = sub, one.n = m;
+    return one;
+}
+
+/*
+ * A pointwise member of a MULTI with no vector path (more than the 64
+ * vectors it keeps) split into its independent parts, each its own member
+ * over its own blocks: a part's loop loads, computes and stores one weight's
+ * elements in 16-byte vectors and holds only their registers. 0 when the
+ * member stays whole (one part, or a part alone has no vector path either);
+ * else the blocks taken, the parts emitted as members from block start.
+ */
+static int64_t multi_split(gen *g, const sg__group *part, int64_t start, bool *aligned, int nslots,
+                           sg__cuda_kinfo *ki, bool *mark) {
+    sg_ctx *ctx = g->e->ctx;
+    if (part->kind != SG__G_POINTWISE || part->n < 2) return 0;
+    memset(aligned, 0, sizeof(bool) * (size_t)nslots);
+    if (vec_width(g, part, 0, aligned) > 1) return 0;
+    int n = part->n, *comp = sg__alloc(ctx, sizeof(int) * (size_t)n * 2);
+    sg__gnode *sub = sg__alloc(ctx, sizeof *sub * (size_t)n);
+    int64_t total = 0;
+    int count = comp && sub ? member_parts(g, part, comp) : -1;
+    if (count < 0) g->e->oom = true;
+    /* Pass 0 checks that every part has a vector path, pass 1 emits them. */
+    for (int pass = 0; pass < 2 && count > 1; pass++) {
+        for (int c = 0; count > 1 && c < count; c++) {
+            sg__group one = part_of(g, part, comp, c, sub);
+            if (pass == 0) {
+                memset(aligned, 0, sizeof(bool) * (size_t)nslots);
+                if (vec_width(g, &one, 0, aligned) < 2) count = 0;
+                continue;
+            }
+            sg__emit body = {.ctx = ctx, .depth = g->e->depth + 1}, *outer = g->e;
+            memset(mark, 0, sizeof(bool) * (size_t)nslots);
+            g->e = &body, g->mark = mark;
+            int64_t nb = multi_loop(g, &one, start + total, aligned, nslots, ki);
+            g->e = outer, g->mark = NULL;
+            if (nb > 0) {
+                sg__emit_open(outer, "%sif (blockIdx.x < %lld)", start + total ? "else " : "",
+                              (long long)(start + total + nb));
+                for (int i = 0; i < nslots; i++)
+                    if (mark[i]) sg__emit_line(outer, "char *const s%d = slot[%d];", i, i);
+                if (body.buf) sg__emit_raw(outer, "%s", body.buf);
+                sg__emit_close(outer);
+            }
+            if (body.oom) outer->oom = true;
+            sg__emit_free(&body);
+            total += nb;
+        }
+    }
+    sg__free(ctx, comp, sizeof(int) * (size_t)n * 2);
+    sg__free(ctx, sub, sizeof *sub * (size_t)n);
+    return total;
+}
+
 /*
  * A MULTI group: its members one after another over consecutive ranges of
  * blocks, each in its own branch that loads the slot bases it names (where
@@ -1253,6 +1364,11 @@ static void emit_multi(gen *g, const sg__group *grp, sg__cuda_kinfo *ki, bool *a
     int64_t start = 0;
     for (int m = 0; m < grp->nmembers; m++) {
         const sg__group *part = &g->f->parts[grp->members[m]];
+        int64_t split = multi_split(g, part, start, aligned, nslots, ki, mark);
+        if (split > 0 || outer->oom) {
+            start += split;
+            continue;
+        }
         sg__emit body = {.ctx = outer->ctx, .depth = outer->depth + 1};
         memset(mark, 0, sizeof(bool) * (size_t)nslots);
         g->e = &body, g->mark = mark;

@@ -43,6 +43,8 @@ typedef struct counts {
     int distinct; /* kernels whose text is in the unit (the others reuse one) */
     bool vec;     /* a 16-, 8- or 4-byte vector path */
     int soft_rt;  /* bf16/f16 round trips written out in bits, not one conversion each way */
+    int branches; /* MULTI members' block ranges ("if (blockIdx.x < ") */
+    int vec_loops; /* loops with a vector path */
     double nvrtc_s;
 } counts;
 
@@ -98,6 +100,9 @@ static bool cuda_unit(sg_fn *fn, const char *name, counts *c) {
     }
     if (ok && getenv("SG_TEST_PRINT_CUDA")) fprintf(stderr, "%s\n", e.buf);
     c->vec = ok && strstr(e.buf, "union {") != NULL;
+    for (const char *at = e.buf; ok && (at = strstr(at, "if (blockIdx.x < ")); at++) c->branches++;
+    for (const char *at = e.buf; ok && (at = strstr(at, "for (sg_i64 q = tid;")); at++)
+        c->vec_loops++;
     static const char *const soft[2] = {"sg_bf2f(sg_f2bf(", "sg_h2f(sg_f2h("};
     for (int p = 0; ok && p < 2; p++) /* in the kernels, after the preamble */
         for (const char *at = strstr(e.buf, "__global__"); at && (at = strstr(at, soft[p])); at++)
@@ -420,7 +425,7 @@ static void test_gemv_inplace(void) {
 /* AdamW over n parameters: m, v and p updated in place, one MULTI kernel. */
 typedef struct adamw {
     int n;
-    sg_tensor *p[10], *g[10], *m[10], *v[10];
+    sg_tensor *p[12], *g[12], *m[12], *v[12];
 } adamw;
 
 static sg_status adamw_step(sg_ctx *c, sg_tensor *const *in, sg_tensor **out, void *user) {
@@ -443,10 +448,14 @@ static sg_status adamw_step(sg_ctx *c, sg_tensor *const *in, sg_tensor **out, vo
     return s != SG_OK ? s : sg_ctx_status(c);
 }
 
-static void test_adamw(sg_dtype dt) {
-    adamw a = {.n = 10};
+/* same: ten parameters of one shape (fusion puts their updates in one loop
+ * of 70 vectors) and two others; the MULTI kernel runs each of the ten as
+ * its own member with a vector path. */
+static void test_adamw(sg_dtype dt, bool same) {
+    adamw a = {.n = same ? 12 : 10};
     for (int i = 0; i < a.n; i++) {
         int64_t shape[2] = {32 + 16 * i, 40 + i};
+        if (same && i < 10) shape[0] = 48, shape[1] = 40;
         a.p[i] = tu_rand(ctx, dt, 2, shape, -1, 1, NULL);
         a.g[i] = tu_rand(ctx, dt, 2, shape, -1, 1, NULL);
         a.m[i] = tu_rand(ctx, dt, 2, shape, -0.1, 0.1, NULL);
@@ -455,11 +464,13 @@ static void test_adamw(sg_dtype dt) {
     sg_fn *fn = compile(adamw_step, &a, 0, 1);
     counts c = {0};
     char name[64];
-    snprintf(name, sizeof name, "cu_adamw_%s", sg_dtype_name(dt));
+    snprintf(name, sizeof name, "cu_adamw_%s%s", sg_dtype_name(dt), same ? "_same" : "");
     bool ok = capture(fn, NULL, 0, 1) && cuda_unit(fn, name, &c) && TU_EXPECT(c.kernels == 1) &&
-              TU_EXPECT(c.multi == 1) && TU_EXPECT(c.calls == 0);
-    tu_case(ok, "CUDA_ADAMW(type=%s,params=10) -> %d kernel (%d MULTI)", sg_dtype_name(dt),
-            c.kernels, c.multi);
+              TU_EXPECT(c.multi == 1) && TU_EXPECT(c.calls == 0) &&
+              TU_EXPECT(c.branches == a.n && c.vec_loops == a.n);
+    tu_case(ok, "CUDA_ADAMW(type=%s,params=%d,most_of_one_shape=%d) -> %d kernel (%d MULTI, %d members, "
+            "%d vector loops)",
+            sg_dtype_name(dt), a.n, same ? 10 : 1, c.kernels, c.multi, c.branches, c.vec_loops);
     sg_fn_destroy(fn);
     for (int i = 0; i < a.n; i++)
         sg_release(a.p[i]), sg_release(a.g[i]), sg_release(a.m[i]), sg_release(a.v[i]);
@@ -734,8 +745,10 @@ int main(int argc, char **argv) {
         test_gemv_odd(SG_F32);
         test_gemv_odd(SG_BF16);
         test_gemv_inplace();
-        test_adamw(SG_F32);
-        test_adamw(SG_BF16);
+        test_adamw(SG_F32, false);
+        test_adamw(SG_BF16, false);
+        test_adamw(SG_F32, true);
+        test_adamw(SG_BF16, true);
         test_reduce(SG_F32);
         test_gelu_bwd();
         for (uint64_t s = 1; s <= 4; s++) test_fuzz(1 + (s - 1) * NPROG);
