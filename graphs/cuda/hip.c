@@ -342,4 +342,11 @@ sg_status sg__hip_probe(char *why, size_t n, sg__cuda_device *dev) {
     return SG_ERR_BACKEND_UNAVAILABLE;
 }
 
+#ifdef SG_HAVE_CUDA_HEADERS /* the CUDA executor is built and asks for the HIP table */
+sg_status sg__hip_load(char *why, size_t n, const sg__cu_api **out) {
+    *out = NULL;
+    return sg__hip_probe(why, n, NULL);
+}
+#endif
+
 #endif
