@@ -1,12 +1,9 @@
 /* SPDX-License-Identifier: MIT */
 /*
  * nvrtc.c -- CUDA C to a cubin with NVRTC, loaded at run time, through the
- * disk cache. An entry is one file, <root>/cu-<key>.cubin: a magic, the
- * SHA-256 of the image, and the image. The key hashes the generator
- * version, NVRTC's version, the options, the arch and the source; the file
- * is written under a temporary name and renamed into place, so a reader
- * never sees half an entry and two processes racing on one key end with
- * one valid file. A file whose hash does not match is removed and rebuilt.
+ * disk cache. An entry is one file, <root>/cu-<key>.cubin, kept by blob.c
+ * (magic, SHA-256, image; written whole or not at all). The key hashes the
+ * generator version, NVRTC's version, the options, the arch and the source.
  * Files are read and written under the cache's trust rules (cache_dir.c):
  * never through a link, only regular files of the user's, in a root that is
  * the user's alone; a root that cannot be used means compiling uncached.
@@ -15,8 +12,6 @@
  * (--fmad=false): the eager CPU kernels round after every multiply, and a
  * fused kernel must agree with them within the dtype's tolerance.
  */
-#define _GNU_SOURCE /* mkostemp */
-
 #include "codegen.h"
 
 #include <stdio.h>
@@ -24,15 +19,11 @@
 #ifdef SG_HAVE_CUDA_HEADERS
 
 #include <dlfcn.h>
-#include <errno.h>
-#include <fcntl.h>
 #include <limits.h>
 #include <nvrtc.h>
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdlib.h>
-#include <sys/stat.h>
-#include <unistd.h>
 
 #define SG__NVRTC_API(X)                                                                           \
     X(nvrtcVersion)                                                                                \
@@ -100,65 +91,6 @@ static const char *env(const char *name) {
 }
 
 static const char magic[8] = {'S', 'G', 'C', 'U', 'B', 'I', 'N', '1'};
-
-static int write_all(int fd, const void *p, size_t n) {
-    const char *c = p;
-    while (n) {
-        ssize_t w = write(fd, c, n);
-        if (w < 0 && errno == EINTR) continue;
-        if (w <= 0) return errno ? errno : EIO;
-        c += w, n -= (size_t)w;
-    }
-    return 0;
-}
-
-/* A cached image: SG_OK with *cubin set, or SG_OK with *cubin NULL on a
- * miss (a damaged file is removed, so the caller rebuilds it). */
-static void lookup(sg_ctx *ctx, const char *path, void **cubin, size_t *size) {
-    char *data;
-    size_t n;
-    *cubin = NULL;
-    if (sg__read_file(ctx, path, (size_t)1 << 28, &data, &n) != 0) return;
-    uint8_t digest[32];
-    bool ok = n > 40 && memcmp(data, magic, 8) == 0;
-    if (ok) {
-        sg__sha256(data + 40, n - 40, digest);
-        ok = memcmp(digest, data + 8, 32) == 0;
-    }
-    if (!ok) {
-        unlink(path);
-        sg__free(ctx, data, n + 1);
-        return;
-    }
-    void *img = sg__alloc(ctx, n - 40);
-    if (img) memcpy(img, data + 40, n - 40);
-    sg__free(ctx, data, n + 1);
-    if (!img) return;
-    *cubin = img;
-    *size = n - 40;
-    sg__cache_touch(path);
-}
-
-/* Publish the image at path (temp file + rename). Failure only costs the
- * next process a compile, so it is not an error. */
-static void publish(sg_ctx *ctx, const char *root, const char *path, const void *cubin,
-                    size_t size) {
-    char tmp[PATH_MAX + 96];
-    if (snprintf(tmp, sizeof tmp, "%s/tmp-cubin-XXXXXX", root) >= (int)sizeof tmp) return;
-    int fd = mkostemp(tmp, O_CLOEXEC);
-    if (fd < 0) return;
-    uint8_t digest[32];
-    sg__sha256(cubin, size, digest);
-    int rc = write_all(fd, magic, 8);
-    if (!rc) rc = write_all(fd, digest, 32);
-    if (!rc) rc = write_all(fd, cubin, size);
-    if (close(fd) != 0 && !rc) rc = errno;
-    if (rc || rename(tmp, path) != 0) {
-        unlink(tmp);
-        return;
-    }
-    sg__cache_evict(ctx, root, strrchr(path, '/') + 1);
-}
 
 static sg_status compile(sg_ctx *ctx, const char *name, const char *source, const char *arch_opt,
                          void **cubin, size_t *size) {
@@ -241,31 +173,22 @@ sg_status sg__nvrtc_build(sg_ctx *ctx, const char *name, const char *source, int
     char arch_opt[40], ver[32], key[65];
     snprintf(arch_opt, sizeof arch_opt, "--gpu-architecture=sm_%d", arch);
     snprintf(ver, sizeof ver, "%d.%d", ver_major, ver_minor);
-    sg__sha256_ctx sh;
-    uint8_t digest[32];
-    sg__sha256_init(&sh);
     const char *fields[] = {SG__CODEGEN_VERSION,
                             "cuda",
                             ver,
                             arch_opt,
                             "--std=c++17 --fmad=false -default-device",
                             source};
-    for (size_t i = 0; i < sizeof fields / sizeof *fields; i++) {
-        uint64_t n = strlen(fields[i]);
-        sg__sha256_update(&sh, &n, sizeof n); /* length-prefixed: no two lists hash alike */
-        sg__sha256_update(&sh, fields[i], n);
-    }
-    sg__sha256_final(&sh, digest);
-    sg__sha256_hex(digest, key);
+    sg__blob_key(fields, (int)(sizeof fields / sizeof *fields), key);
     char path[PATH_MAX + 96]; /* root is at most PATH_MAX - 80 */
     snprintf(path, sizeof path, "%s/cu-%s.cubin", root, key);
 
     const char *always = env("SG_ALWAYS_COMPILE");
     if (root[0] && !(always && strcmp(always, "0") != 0) && !ctx->no_cache_reads)
-        lookup(ctx, path, cubin, size);
+        sg__blob_lookup(ctx, path, magic, cubin, size);
     if (!*cubin) {
         s = compile(ctx, name, source, arch_opt, cubin, size);
-        if (s == SG_OK && root[0]) publish(ctx, root, path, *cubin, *size);
+        if (s == SG_OK && root[0]) sg__blob_publish(ctx, root, path, magic, *cubin, *size);
     }
     if (owned) sg__free(ctx, owned, owned_n + 1);
     return s;
