@@ -749,6 +749,25 @@ SG_API sg_tensor *sg_reduce_scatter(sg_comm *comm, sg_tensor *x, sg_reduce_op op
  * are not read there). */
 SG_API sg_tensor *sg_broadcast(sg_comm *comm, sg_tensor *x, int root);
 
+/* ---------------------------------------------------------------- the Level Zero backend */
+
+/*
+ * SG_BACKEND_ZE runs on the first GPU of the Level Zero drivers. The loader
+ * (libze_loader.so.1; SG_ZE_LOADER names another) is opened at run time and
+ * initialized once per process with zeInit for GPUs only. When zeInit fails
+ * (no driver, no GPU), sg_ctx_create(SG_BACKEND_ZE) returns
+ * SG_ERR_BACKEND_UNAVAILABLE with zeInit's result in the message and the
+ * loader is never called again in the process; SG_BACKEND_AUTO goes on to
+ * the CPU. Tensors and the compiled steps' pool live in device memory
+ * (USM); kernels are OpenCL C compiled to SPIR-V by libocloc (loaded at run
+ * time; SG_OCLOC_LIB names another, SG_ZE_OCLOC_DEVICE its -device, default
+ * pvc), validated by spirv-val when it is on PATH, and kept in the kernel
+ * cache. Ops reach the device only through the OpenCL C generator: an op it
+ * does not cover fails with SG_ERR_UNSUPPORTED naming the op ("not yet on
+ * the ze backend"), never with a wrong result. sg_list_backends says why
+ * the backend is unavailable.
+ */
+
 /* ---------------------------------------------------------------- compiled steps */
 /*
  * A step is a function over tensor ops. sg_compile wraps it in an sg_fn;
