@@ -386,6 +386,11 @@ SG__HIDDEN uint64_t sg__nvrtc_compiles(void);
  */
 SG__HIDDEN sg_status sg__ocloc_build(sg_ctx *ctx, const char *name, const char *source,
                                      void **spirv, size_t *size);
+/* The check every new module gets: SPIR-V's magic and a whole number of
+ * words, then spirv-val (absent from PATH: said once under "fallbacks").
+ * SG_OK or SG_ERR_COMPILE with the reason or spirv-val's output. */
+SG__HIDDEN sg_status sg__ocloc_check(sg_ctx *ctx, const char *name, const void *spirv,
+                                     size_t size);
 /* Process-wide count of ocloc compiles (not cache hits), for tests. */
 SG__HIDDEN uint64_t sg__ocloc_compiles(void);
 

@@ -92,9 +92,7 @@ static void read_head(int fd, char *buf, size_t size) {
     buf[r > 0 ? r : 0] = '\0';
 }
 
-/* spirv-val on the module: SG_OK, SG_ERR_COMPILE with its output, or SG_OK
- * after saying once that it is missing. */
-static sg_status validate(sg_ctx *ctx, const char *name, const void *img, size_t n) {
+sg_status sg__ocloc_check(sg_ctx *ctx, const char *name, const void *img, size_t n) {
     if (!spirv_shaped(img, n))
         return sg__fail(ctx, SG_ERR_COMPILE,
                         "ocloc: the module of '%s' is no SPIR-V (%zu bytes, bad magic or "
@@ -175,7 +173,7 @@ static sg_status compile(sg_ctx *ctx, const char *name, const char *source, void
         }
     }
     if (nout) api.free_output(&nout, &out, &out_len, &out_names);
-    if (s == SG_OK && (s = validate(ctx, name, *spirv, *size)) != SG_OK) {
+    if (s == SG_OK && (s = sg__ocloc_check(ctx, name, *spirv, *size)) != SG_OK) {
         sg__free(ctx, *spirv, *size);
         *spirv = NULL;
         *size = 0;

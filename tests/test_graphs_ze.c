@@ -134,8 +134,10 @@ static void case_eager(sg_ctx *ctx, uint64_t seed) {
          TU_EXPECT(strstr(sg_last_error(ctx), "add") != NULL);
     sg_clear_error(ctx);
     sg_release(t);
-    tu_case(ok, "ZE_EAGER(upload, download, f32 [%d] bit for bit; add: not yet on the ze backend) "
-                "seed=%llu", N, (unsigned long long)seed);
+    tu_case(ok,
+            "ZE_EAGER(upload, download, f32 [%d] bit for bit; add: not yet on the ze backend) "
+            "seed=%llu",
+            N, (unsigned long long)seed);
 }
 
 /* The two kernels: from libocloc's SPIR-V, or a hand-made module header
@@ -162,18 +164,22 @@ static bool case_module(sg_ctx *ctx, sg__ze_kfn **scale, sg__ze_kfn **tadd) {
     /* Asking again costs nothing; a module that is not SPIR-V is refused
      * with the driver's build log in the message. */
     sg__ze_kfn *again = NULL, *bad = NULL;
-    ok = ok && TU_EXPECT(sg__ze_kernel(ctx, "ze_test_kernels", kernels_cl, "scale", &again) ==
-                             SG_OK || strcmp(how, "libocloc") != 0) &&
+    ok = ok &&
+         TU_EXPECT(sg__ze_kernel(ctx, "ze_test_kernels", kernels_cl, "scale", &again) == SG_OK ||
+                   strcmp(how, "libocloc") != 0) &&
          TU_EXPECT(strcmp(how, "libocloc") != 0 || again == *scale);
     sg_clear_error(ctx);
     static const char junk[24] = "this is not SPIR-V....";
-    ok = ok && TU_EXPECT(sg__ze_kernel_spirv(ctx, "junk", junk, sizeof junk, "k", &bad) ==
-                         SG_ERR_COMPILE) &&
+    ok = ok &&
+         TU_EXPECT(sg__ze_kernel_spirv(ctx, "junk", junk, sizeof junk, "k", &bad) ==
+                   SG_ERR_COMPILE) &&
          TU_EXPECT(strstr(sg_last_error(ctx), "is not SPIR-V") != NULL) &&
          TU_EXPECT(count_calls("zeModuleCreate") == 2);
     sg_clear_error(ctx);
-    tu_case(ok, "ZE_MODULE(%s: one module, kernels scale and table_add; junk refused with the "
-                "build log)", how);
+    tu_case(ok,
+            "ZE_MODULE(%s: one module, kernels scale and table_add; junk refused with the "
+            "build log)",
+            how);
     return ok;
 }
 
@@ -211,8 +217,7 @@ static void case_launch(sg_ctx *ctx, sg__ze_kfn *scale, bufs *b, uint64_t seed) 
 
 /* scale then table_add recorded once, replayed; then the table's z moved
  * (an upload: the list stays) and scale's x moved (a re-record). */
-static void case_record(sg_ctx *ctx, sg__ze_kfn *scale, sg__ze_kfn *tadd, bufs *b,
-                        uint64_t seed) {
+static void case_record(sg_ctx *ctx, sg__ze_kfn *scale, sg__ze_kfn *tadd, bufs *b, uint64_t seed) {
     tu_seed(seed);
     for (int i = 0; i < N; i++) b->hx2[i] = (float)tu_uniform(-2, 2);
     uint64_t table[2];

@@ -55,9 +55,7 @@ API long fake_ze_live(void) { return live_allocs; }
 
 /* ------------------------------------------------------------ objects */
 
-static struct {
-    int dummy;
-} the_driver, the_device;
+static struct { int dummy; } the_driver, the_device;
 
 typedef struct fctx {
     int dummy;
@@ -348,8 +346,7 @@ static ze_result_t f_module_create(ze_context_handle_t c, ze_device_handle_t d,
              desc->inputSize % 4 == 0 && w0 == 0x07230203u;
     if (log) {
         char *text = malloc(128);
-        snprintf(text, 128, ok ? "" : "fake_ze: input of %zu bytes is not SPIR-V",
-                 desc->inputSize);
+        snprintf(text, 128, ok ? "" : "fake_ze: input of %zu bytes is not SPIR-V", desc->inputSize);
         *log = (ze_module_build_log_handle_t)text;
     }
     if (!ok) return ZE_RESULT_ERROR_MODULE_BUILD_FAILURE;
@@ -367,8 +364,10 @@ static ze_result_t f_module_destroy(ze_module_handle_t m) {
 
 static ze_result_t f_log_string(ze_module_build_log_handle_t log, size_t *n, char *out) {
     const char *text = (const char *)log;
-    if (out) memcpy(out, text, *n);
-    else *n = strlen(text) + 1;
+    if (out)
+        memcpy(out, text, *n);
+    else
+        *n = strlen(text) + 1;
     return ZE_RESULT_SUCCESS;
 }
 
@@ -405,8 +404,10 @@ static ze_result_t f_set_arg(ze_kernel_handle_t h, uint32_t i, size_t size, cons
     fkernel *k = (fkernel *)h;
     if (i >= FAKE_ZE_MAX_ARGS || size > 16) return ZE_RESULT_ERROR_INVALID_KERNEL_ARGUMENT_INDEX;
     k->now.size[i] = size;
-    if (v) memcpy(k->now.value[i], v, size);
-    else memset(k->now.value[i], 0, size);
+    if (v)
+        memcpy(k->now.value[i], v, size);
+    else
+        memset(k->now.value[i], 0, size);
     if ((int)i >= k->now.nargs) k->now.nargs = (int)i + 1;
     return ZE_RESULT_SUCCESS;
 }
@@ -442,8 +443,7 @@ API ze_result_t zeGetContextProcAddrTable(ze_api_version_t v, ze_context_dditabl
     return ZE_RESULT_SUCCESS;
 }
 
-API ze_result_t zeGetCommandQueueProcAddrTable(ze_api_version_t v,
-                                               ze_command_queue_dditable_t *t) {
+API ze_result_t zeGetCommandQueueProcAddrTable(ze_api_version_t v, ze_command_queue_dditable_t *t) {
     (void)v;
     t->pfnCreate = f_queue_create;
     t->pfnDestroy = f_queue_destroy;
