@@ -154,7 +154,25 @@ static bool find_gpu(void) {
     return false;
 }
 
+/* Sanitizer runtimes abort the process when a library is opened with
+ * RTLD_DEEPBIND, which installed GPU drivers do; a driver named through
+ * ZE_ENABLE_ALT_DRIVERS is the only one the loader then opens. */
+#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
+#define SANITIZED 1
+#else
+#define SANITIZED 0
+#endif
+
 static void load_once(void) {
+    const char *alt = getenv("ZE_ENABLE_ALT_DRIVERS");
+    if (SANITIZED && !(alt && *alt)) {
+        snprintf(load_why, sizeof load_why,
+                 "this stepgraph is built with a sanitizer, which aborts the process when a "
+                 "Level Zero GPU driver opens its libraries (RTLD_DEEPBIND); the ze backend "
+                 "opens the loader there only with ZE_ENABLE_ALT_DRIVERS set; use a build "
+                 "without sanitizers");
+        return;
+    }
     const char *path = getenv("SG_ZE_LOADER");
     if (!path || !*path) path = "libze_loader.so.1";
     void *lib = dlopen(path, RTLD_NOW | RTLD_LOCAL);
