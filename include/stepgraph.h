@@ -765,7 +765,9 @@ SG_API sg_tensor *sg_broadcast(sg_comm *comm, sg_tensor *x, int root);
  * cache. Ops reach the device only through the OpenCL C generator: an op it
  * does not cover fails with SG_ERR_UNSUPPORTED naming the op ("not yet on
  * the ze backend"), never with a wrong result. sg_list_backends says why
- * the backend is unavailable.
+ * the backend is unavailable. A stepgraph built with a sanitizer opens the
+ * loader only when ZE_ENABLE_ALT_DRIVERS names the drivers: installed GPU
+ * drivers open libraries with RTLD_DEEPBIND, which sanitizers abort on.
  */
 
 /* ---------------------------------------------------------------- compiled steps */
