@@ -371,6 +371,15 @@ SG__HIDDEN uint64_t sg__nvrtc_compiles(void);
 
 /* ------------------------------------------------------------ ocloc (ocloc.c) */
 
+/* Built with AddressSanitizer or ThreadSanitizer: their runtimes abort the
+ * process when a library is opened with RTLD_DEEPBIND, as libocloc and the
+ * Level Zero GPU drivers do, so those stay unopened in such builds. */
+#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
+#define SG__SANITIZED 1
+#else
+#define SG__SANITIZED 0
+#endif
+
 /*
  * Compile OpenCL C source to a SPIR-V module with libocloc, loaded at run
  * time (dlopen of libocloc.so; oclocInvoke with the source in memory,
@@ -382,7 +391,8 @@ SG__HIDDEN uint64_t sg__nvrtc_compiles(void);
  * SG_DUMP_DIR and SG_OVERRIDE_DIR work with <name>.cl. On success *spirv
  * (sg__alloc'd, *size bytes) holds the module for zeModuleCreate.
  * Failures: SG_ERR_COMPILE with the head of ocloc's log (or spirv-val's),
- * SG_ERR_BACKEND_UNAVAILABLE when libocloc cannot be loaded, SG_ERR_OOM.
+ * SG_ERR_BACKEND_UNAVAILABLE when libocloc cannot be loaded (or in a
+ * SG__SANITIZED build), SG_ERR_OOM.
  */
 SG__HIDDEN sg_status sg__ocloc_build(sg_ctx *ctx, const char *name, const char *source,
                                      void **spirv, size_t *size);

@@ -45,6 +45,13 @@ static atomic_flag said_no_val = ATOMIC_FLAG_INIT;
 static const char magic[8] = {'S', 'G', 'S', 'P', 'I', 'R', 'V', '1'};
 
 static void load_once(void) {
+    if (SG__SANITIZED) {
+        snprintf(load_why, sizeof load_why,
+                 "ocloc: this stepgraph is built with a sanitizer, which aborts the process when "
+                 "libocloc opens its compiler (RTLD_DEEPBIND); use a build without sanitizers "
+                 "to compile kernels for the ze backend");
+        return;
+    }
     const char *path = getenv("SG_OCLOC_LIB");
     if (!path || !*path) path = "libocloc.so";
     void *lib = dlopen(path, RTLD_NOW | RTLD_LOCAL);

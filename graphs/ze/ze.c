@@ -154,18 +154,12 @@ static bool find_gpu(void) {
     return false;
 }
 
-/* Sanitizer runtimes abort the process when a library is opened with
- * RTLD_DEEPBIND, which installed GPU drivers do; a driver named through
- * ZE_ENABLE_ALT_DRIVERS is the only one the loader then opens. */
-#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
-#define SANITIZED 1
-#else
-#define SANITIZED 0
-#endif
-
 static void load_once(void) {
+    /* With a sanitizer, the installed GPU drivers must stay unopened (see
+     * SG__SANITIZED); a driver named by ZE_ENABLE_ALT_DRIVERS is the only
+     * one the loader then opens. */
     const char *alt = getenv("ZE_ENABLE_ALT_DRIVERS");
-    if (SANITIZED && !(alt && *alt)) {
+    if (SG__SANITIZED && !(alt && *alt)) {
         snprintf(load_why, sizeof load_why,
                  "this stepgraph is built with a sanitizer, which aborts the process when a "
                  "Level Zero GPU driver opens its libraries (RTLD_DEEPBIND); the ze backend "
