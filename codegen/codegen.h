@@ -383,7 +383,9 @@ SG__HIDDEN uint64_t sg__nvrtc_compiles(void);
 /*
  * Compile OpenCL C source to a SPIR-V module with libocloc, loaded at run
  * time (dlopen of libocloc.so; oclocInvoke with the source in memory,
- * "-spv_only -device <SG_ZE_OCLOC_DEVICE, default pvc>"), through the disk
+ * "-spv_only -device <SG_ZE_OCLOC_DEVICE, default pvc> -options
+ * -cl-std=CL2.0": generated kernels take a pointer to pointers, which
+ * OpenCL C 1.2 refuses in kernel parameters), through the disk
  * cache (entries spv-<key>.spv; key: generator version, ocloc's version,
  * options, source). The module is checked with spirv-val when it is on
  * PATH (without it, said once under "fallbacks", only the magic and the

@@ -141,7 +141,10 @@ static sg_status compile(sg_ctx *ctx, const char *name, const char *source, void
                          size_t *size) {
     char file[256];
     snprintf(file, sizeof file, "%s.cl", name);
-    const char *argv[] = {"ocloc", "-file", file, "-spv_only", "-device", device(), "-q"};
+    /* OpenCL C 2.0: generated kernels take their address table as a pointer
+     * to pointers, which 1.2 refuses in a kernel's parameters. */
+    const char *argv[] = {"ocloc",    "-file",         file, "-spv_only", "-device", device(),
+                          "-options", "-cl-std=CL2.0", "-q"};
     const uint8_t *src[] = {(const uint8_t *)source};
     uint64_t len[] = {strlen(source) + 1};
     const char *names[] = {file};
@@ -212,7 +215,7 @@ sg_status sg__ocloc_build(sg_ctx *ctx, const char *name, const char *source, voi
     }
     char ver[32], opts[96], key[65];
     snprintf(ver, sizeof ver, "%d", api.version);
-    snprintf(opts, sizeof opts, "-spv_only -device %s", device());
+    snprintf(opts, sizeof opts, "-spv_only -device %s -options -cl-std=CL2.0", device());
     const char *fields[] = {SG__CODEGEN_VERSION, "opencl", ver, opts, source};
     sg__blob_key(fields, (int)(sizeof fields / sizeof *fields), key);
     char path[PATH_MAX + 96]; /* root is at most PATH_MAX - 80 */
