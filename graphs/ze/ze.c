@@ -5,8 +5,8 @@
  * eager launches on an immediate command list (synchronous mode), modules
  * from SPIR-V and their kernels, and recorded command lists replayed on a
  * queue with a fence (see ze.h). Ops reach the device through kernels the
- * OpenCL C generator writes; until the ze backend has it, every op fails
- * with SG_ERR_UNSUPPORTED naming the op, never running anything wrong.
+ * OpenCL C generator writes (ze_eager.c, ze_graph.c); a build without that
+ * generator fails every op with SG_ERR_UNSUPPORTED naming it.
  */
 #include "ze.h"
 
@@ -243,6 +243,7 @@ typedef struct sg__ze {
     ze_command_queue_handle_t queue;
     ze_fence_handle_t fence;
     sg__ze_kfn *kernels;
+    void *eager; /* ze_eager.c's units */
 } sg__ze;
 
 static sg__ze *state(const sg_ctx *ctx) { return ctx->exec.state; }
@@ -543,18 +544,25 @@ void sg__ze_rec_free(sg_ctx *ctx, sg__ze_rec *r) {
 
 /* ------------------------------------------------------------ the executor */
 
+#ifdef SG_ZE_GENERATED
+static sg_status ze_run(sg_ctx *ctx, const sg__node *n) {
+    return sg__ze_eager_run(ctx, &state(ctx)->eager, n);
+}
+#else
+/* Built without the GPU generator's OpenCL C dialect (codegen.h has no
+ * sg__cgen_gpu): no op has a kernel, and no capture compiles. */
 static sg_status ze_run(sg_ctx *ctx, const sg__node *n) {
     return sg__fail(ctx, SG_ERR_UNSUPPORTED,
-                    "ze: op %s is not yet on the ze backend (its kernels come from the OpenCL C "
-                    "generator, which this build does not wire to it); use SG_BACKEND_CPU",
+                    "ze: op %s is not yet on the ze backend (this build has no OpenCL C "
+                    "generator); use SG_BACKEND_CPU",
                     sg__op_name(n->op));
 }
 
 static sg_status ze_compile(struct sg_fn *fn, struct sg__graph *g) {
     (void)g;
     return sg__fail(fn->ctx, SG_ERR_UNSUPPORTED,
-                    "ze: compiled steps are not yet on the ze backend (the OpenCL C generator is "
-                    "not wired to it); the capture replays op by op");
+                    "ze: compiled steps are not yet on the ze backend (this build has no OpenCL "
+                    "C generator); the capture replays op by op");
 }
 
 static sg_status ze_graph_run(struct sg_fn *fn, struct sg__graph *g, int set) {
@@ -567,9 +575,18 @@ static void ze_graph_release(sg_ctx *ctx, struct sg__graph *g) { (void)ctx, (voi
 const sg__graph_ops sg__ze_graph_ops = {
     .compile = ze_compile, .run = ze_graph_run, .release = ze_graph_release};
 
+sg_status sg__ze_eager_run(sg_ctx *ctx, void **state, const sg__node *n) {
+    (void)state;
+    return ze_run(ctx, n);
+}
+void sg__ze_eager_release(sg_ctx *ctx, void *state) { (void)ctx, (void)state; }
+#endif
+
 static void ze_destroy(sg_ctx *ctx) {
     sg__ze *s = state(ctx);
     if (!s) return;
+    sg__ze_eager_release(ctx, s->eager); /* device memory: before the context goes */
+    s->eager = NULL;
     while (s->kernels) {
         sg__ze_kfn *k = s->kernels;
         s->kernels = k->next;

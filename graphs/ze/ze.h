@@ -28,7 +28,13 @@ SG__HIDDEN sg_status sg__ze_init(sg_ctx *ctx, char *why, size_t n);
 /* Whether a Level Zero GPU is usable (loads and initializes the loader
  * once per process): SG_OK, or SG_ERR_BACKEND_UNAVAILABLE with why. */
 SG__HIDDEN sg_status sg__ze_probe(char *why, size_t n);
-SG__HIDDEN extern const sg__graph_ops sg__ze_graph_ops;
+SG__HIDDEN extern const sg__graph_ops sg__ze_graph_ops; /* ze_graph.c */
+
+/* An eager op (ze_eager.c): n as a one-op capture generated in the OpenCL C
+ * dialect, its kernels kept by the capture's signature in *state (the
+ * context's, NULL at first; sg__ze_eager_release frees it). */
+SG__HIDDEN sg_status sg__ze_eager_run(sg_ctx *ctx, void **state, const sg__node *n);
+SG__HIDDEN void sg__ze_eager_release(sg_ctx *ctx, void *state);
 
 /* The device's name and its total memory in bytes (a ze context only). */
 SG__HIDDEN const char *sg__ze_device_name(const sg_ctx *ctx);
