@@ -762,9 +762,11 @@ SG_API sg_tensor *sg_broadcast(sg_comm *comm, sg_tensor *x, int root);
  * (USM); kernels are OpenCL C compiled to SPIR-V by libocloc (loaded at run
  * time; SG_OCLOC_LIB names another, SG_ZE_OCLOC_DEVICE its -device, default
  * pvc), validated by spirv-val when it is on PATH, and kept in the kernel
- * cache. Ops reach the device only through the OpenCL C generator: an op it
- * does not cover fails with SG_ERR_UNSUPPORTED naming the op ("not yet on
- * the ze backend"), never with a wrong result. sg_list_backends says why
+ * cache. Ops reach the device only through the OpenCL C generator (an eager
+ * op is a one-op capture; a compiled step in SG_MODE_REDUCE_OVERHEAD or
+ * MAX_AUTOTUNE replays one recorded command list): an op it does not cover
+ * (row kernels, GEMV, matmul) fails with SG_ERR_UNSUPPORTED naming the op
+ * ("not yet on the ze backend"), never with a wrong result. sg_list_backends says why
  * the backend is unavailable. A stepgraph built with a sanitizer opens the
  * loader only when ZE_ENABLE_ALT_DRIVERS names the drivers: installed GPU
  * drivers open libraries with RTLD_DEEPBIND, which sanitizers abort on.
