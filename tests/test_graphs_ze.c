@@ -142,11 +142,13 @@ static void case_eager(sg_ctx *ctx, uint64_t seed) {
     sg_clear_error(ctx);
 #endif
     sg_release(t);
-    tu_case(ok,
-            "ZE_EAGER(upload, download, f32 [%d] bit for bit; add without the generator: not "
-            "yet on the ze backend) "
-            "seed=%llu",
-            N, (unsigned long long)seed);
+#ifdef SG_ZE_GENERATED
+    const char *op_note = "";
+#else
+    const char *op_note = "; add without the generator: not yet on the ze backend";
+#endif
+    tu_case(ok, "ZE_EAGER(upload, download, f32 [%d] bit for bit%s) seed=%llu", N, op_note,
+            (unsigned long long)seed);
 }
 
 /* The two kernels: from libocloc's SPIR-V, or a hand-made module header
