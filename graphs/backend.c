@@ -65,7 +65,8 @@ sg_status sg_ctx_create(const sg_ctx_opts *opts, sg_ctx **out) {
         s = sg__ze_init(ctx, why, sizeof why);
         if (s != SG_OK && want == SG_BACKEND_ZE) {
             sg__set_create_error("sg_ctx_create: the ze backend is unavailable: %s; "
-                                 "SG_BACKEND_AUTO falls back to the CPU", why);
+                                 "SG_BACKEND_AUTO falls back to the CPU",
+                                 why);
             if (ctx->exec.destroy) ctx->exec.destroy(ctx);
             ctx->alloc(ctx->alloc_user, ctx, sizeof *ctx, 0);
             return s;
