@@ -497,6 +497,13 @@ struct sg_comm {
 SG__HIDDEN sg_status sg__sdpa_grad(sg_tensor *const *in, sg_tensor *o, sg_tensor *dout,
                                    double scale, int flags, sg_tensor **dq, sg_tensor **dk,
                                    sg_tensor **dv);
+/*
+ * cross_entropy's gradient (the CROSS_ENTROPY_BWD node): logits (N, C) and
+ * targets (N) as the CROSS_ENTROPY node's inputs, g the loss's gradient (a
+ * 0-d float). Gives (softmax(logits) - onehot(targets)) * g / N, contiguous,
+ * of logits' dtype, or NULL.
+ */
+SG__HIDDEN sg_tensor *sg__cross_entropy_grad(sg_tensor *logits, sg_tensor *targets, sg_tensor *g);
 /* ATTENTION_BWD's packed output, in elements of q's dtype: dq at 0, dk at
  * nq, dv at nq + nkv, then at sg__attn_bwd_ws (16-byte aligned) the row
  * workspace of 2 * rows f32 (each row's logsumexp of the scaled scores, then

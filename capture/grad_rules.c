@@ -29,6 +29,7 @@ bool sg__grad_differentiable(int op) {
     case SG__OP_INDEX_COPY:
     case SG__OP_INDEX_ADD:
     case SG__OP_ATTENTION_BWD:
+    case SG__OP_CROSS_ENTROPY_BWD:
     case SG__OP_ARANGE: return false;
     default: /* collectives record no gradient, as torch.distributed's */
         return op < SG__OP_COUNT && sg__op_family((sg__op)op) != SG__FAM_COMM;
@@ -312,14 +313,9 @@ static sg_status rows(sg__bw *b) {
     case SG__OP_LAYER_NORM:
     case SG__OP_RMS_NORM: return norm(b);
     case SG__OP_CROSS_ENTROPY: {
-        /* (softmax(logits) - onehot(targets)) * g / N, the one-hot from an
-         * arange compared with the targets. */
-        sg_tensor *logits = b->x[0], *t = b->x[1];
-        int64_t N = logits->shape[0], C = logits->shape[1], col[2] = {N, 1};
-        sg_tensor *hot = sg_eq(sg_reshape(t, 2, col), sg_arange(b->ctx, t->dtype, 0, (double)C, 1));
-        sg_tensor *scale = sg_mul_scalar(sg_cast(g, logits->dtype), N ? 1.0 / (double)N : 0.0);
-        sg_tensor *p = sg_softmax(logits, 1);
-        b->gi[0] = sg_mul(sg_sub(p, sg_cast(hot, logits->dtype)), scale);
+        /* (softmax(logits) - onehot(targets)) * g / N as one node: one pass
+         * per row, the target compared in the kernel (no one-hot tensor). */
+        b->gi[0] = sg__cross_entropy_grad(b->x[0], b->x[1], g);
         return SG_OK;
     }
     default: return no_rule(b);

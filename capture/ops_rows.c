@@ -13,6 +13,9 @@
  *  - CROSS_ENTROPY: in = {logits (N, C), targets (N)}; out is a 0-d f32.
  *    Whether targets lie in [0, C) depends on their values, so the backend
  *    checks it (the CPU one before it computes anything).
+ *  - CROSS_ENTROPY_BWD: in = {logits (N, C), targets (N), g ()}; out (N, C)
+ *    of logits' dtype, contiguous: the gradient of the mean loss, the
+ *    softmax computed and the target compared in one pass per row.
  */
 #include "capture.h"
 
@@ -127,4 +130,18 @@ sg_tensor *sg_cross_entropy(sg_tensor *logits, sg_tensor *targets) {
     sg__node n = {.op = SG__OP_CROSS_ENTROPY, .nin = 2, .in = in};
     int64_t none[1] = {0};
     return sg__run_new(ctx, &n, SG_F32, 0, none);
+}
+
+sg_tensor *sg__cross_entropy_grad(sg_tensor *logits, sg_tensor *targets, sg_tensor *g) {
+    sg_tensor *in[3] = {logits, targets, g};
+    sg_ctx *ctx = sg__check_inputs("cross_entropy", 3, in, NULL);
+    if (!ctx) return NULL;
+    if (!sg__dtype_is_float(g->dtype) || g->ndim != 0) {
+        char a[SG__DESC];
+        sg__fail(ctx, SG_ERR_SHAPE, "cross_entropy backward: the loss's gradient is %s; it must "
+                 "be a 0-d float like the loss", sg__describe(g, a, sizeof a));
+        return NULL;
+    }
+    sg__node n = {.op = SG__OP_CROSS_ENTROPY_BWD, .nin = 3, .in = in};
+    return sg__run_new(ctx, &n, logits->dtype, 2, logits->shape);
 }

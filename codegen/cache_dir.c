@@ -394,7 +394,7 @@ static bool is_hex(const char *s, size_t n) {
 }
 
 /* What a name in the root is: 1 an entry the cache owns (a key directory,
- * a failed build, a cubin, a SPIR-V module, a note), 2 a build or discard in progress or
+ * a failed build, a cubin, hsaco or SPIR-V module, a note), 2 a build or discard in progress or
  * abandoned (tmp-*, trash-*), 0 anything else (left alone). */
 static int kind_of(const char *n) {
     size_t l = strlen(n);
@@ -405,6 +405,9 @@ static int kind_of(const char *n) {
     if (strncmp(n, "spv-", 4) == 0 && l < sizeof((item *)0)->name && l > 8 &&
         strcmp(n + l - 4, ".spv") == 0)
         return 1; /* an ocloc module (ocloc.c) */
+    if (strncmp(n, "hip-", 4) == 0 && l < sizeof((item *)0)->name && l > 10 &&
+        strcmp(n + l - 6, ".hsaco") == 0)
+        return 1;
     if (strncmp(n, "tmp-", 4) == 0 || strncmp(n, "trash-", 6) == 0) return 2;
     return 0;
 }

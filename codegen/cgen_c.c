@@ -17,253 +17,7 @@
 #include <math.h>
 #include <stdio.h>
 
-/* The helpers generated code uses, matching graphs/cpu/cpu.h bit for bit. */
-static const char *const preamble =
-    "#include <math.h>\n"
-    "#include <stdint.h>\n"
-    "#include <string.h>\n"
-    "\n"
-    "typedef struct sg_rt { void *ctx; int (*run_node)(void *ctx, int node); } sg_rt;\n"
-    "/* OpenMP directives vanish cleanly when the compiler runs without OpenMP. */\n"
-    "#ifdef _OPENMP\n"
-    "#define SG_OMP(x) _Pragma(#x)\n"
-    "#else\n"
-    "#define SG_OMP(x)\n"
-    "#endif\n"
-    "\n"
-    "static inline float sg_h2f(uint16_t h) {\n"
-    "    uint32_t sign = (uint32_t)(h & 0x8000) << 16, e = (h >> 10) & 31, m = h & 1023, u;\n"
-    "    if (e == 0) {\n"
-    "        if (m == 0) { u = sign; }\n"
-    "        else { e = 113; while (!(m & 1024)) { m <<= 1; e--; } u = sign | (e << 23) | ((m & 1023) << 13); }\n"
-    "    } else if (e == 31) { u = sign | 0x7f800000u | (m << 13); }\n"
-    "    else { u = sign | ((e + 112) << 23) | (m << 13); }\n"
-    "    float f; memcpy(&f, &u, 4); return f;\n"
-    "}\n"
-    "static inline uint16_t sg_f2h(float f) {\n"
-    "    uint32_t u; memcpy(&u, &f, 4);\n"
-    "    uint32_t sign = (u >> 16) & 0x8000, a = u & 0x7fffffffu;\n"
-    "    if (a > 0x7f800000u) return (uint16_t)(sign | 0x7e00);\n"
-    "    if (a >= 0x477ff000u) return (uint16_t)(sign | 0x7c00);\n"
-    "    if (a < 0x38800000u) { float af, r; uint32_t ru; memcpy(&af, &a, 4); r = af + 0.5f;\n"
-    "        memcpy(&ru, &r, 4); return (uint16_t)(sign | (ru - 0x3f000000u)); }\n"
-    "    uint32_t odd = (a >> 13) & 1; a += 0xc8000fffu + odd; return (uint16_t)(sign | (a >> 13));\n"
-    "}\n"
-    "static inline float sg_bf2f(uint16_t b) { uint32_t u = (uint32_t)b << 16; float f; memcpy(&f, &u, 4); return f; }\n"
-    "static inline uint16_t sg_f2bf(float f) {\n"
-    "    uint32_t u; memcpy(&u, &f, 4);\n"
-    "    if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x40);\n"
-    "    u += 0x7fffu + ((u >> 16) & 1); return (uint16_t)(u >> 16);\n"
-    "}\n"
-    "static inline int64_t sg_f2i32(float v) {\n"
-    "    return v != v ? 0 : v >= 2147483647.0f ? INT32_MAX : v <= -2147483648.0f ? INT32_MIN : (int32_t)v;\n"
-    "}\n"
-    "static inline int64_t sg_f2i64(float v) {\n"
-    "    return v != v ? 0 : v >= 9.2233720e18f ? INT64_MAX : v <= -9.2233720e18f ? INT64_MIN : (int64_t)v;\n"
-    "}\n"
-    "static inline float sg_gelu(float x) { return 0.5f * x * erfcf(x * -0.70710678118654752f); }\n"
-    "static inline float sg_gelu_tanh(float x) {\n"
-    "    return 0.5f * x * (1.0f + tanhf(0.7978845608028654f * (x + 0.044715f * x * x * x)));\n"
-    "}\n"
-    "#define SG_WRAP(x) ((int64_t)(uint64_t)(x))\n"
-    "/* Rounding to float 'to odd' first makes the later f16/bf16 rounding single. */\n"
-    "static inline float sg_round_odd(double v) {\n"
-    "    float f = (float)v; uint32_t u;\n"
-    "    if ((double)f == v || f != f || isinf(f)) return f;\n"
-    "    memcpy(&u, &f, 4); if (u & 1) return f;\n"
-    "    return nextafterf(f, v > (double)f ? INFINITY : -INFINITY);\n"
-    "}\n"
-    "static inline float sg_i2f_odd(int64_t v) {\n"
-    "    uint64_t u = v < 0 ? 0 - (uint64_t)v : (uint64_t)v, sticky = 0; int sh = 0;\n"
-    "    while (u >> 53) { sticky |= u & 1; u >>= 1; sh++; }\n"
-    "    double d = ldexp((double)(u | sticky), sh);\n"
-    "    return sg_round_odd(v < 0 ? -d : d);\n"
-    "}\n"
-    "/* glibc's vector libm (see graphs/cpu/cpu_pointwise.c for why it is declared here). */\n"
-    "#if defined(_OPENMP) && defined(__x86_64__) && defined(__GLIBC__) && !defined(__FAST_MATH__) && \\\n"
-    "    (__GLIBC__ > 2 || (__GLIBC__ == 2 && __GLIBC_MINOR__ >= 35))\n"
-    "#pragma omp declare simd notinbranch\n"
-    "float expf(float);\n"
-    "#pragma omp declare simd notinbranch\n"
-    "float logf(float);\n"
-    "#pragma omp declare simd notinbranch\n"
-    "float sinf(float);\n"
-    "#pragma omp declare simd notinbranch\n"
-    "float cosf(float);\n"
-    "#pragma omp declare simd notinbranch\n"
-    "float tanhf(float);\n"
-    "#pragma omp declare simd notinbranch\n"
-    "float erfcf(float);\n"
-    "#pragma omp declare simd notinbranch\n"
-    "float powf(float, float);\n"
-    "#endif\n";
-
-/* ------------------------------------------------------------ types and values */
-
-static bool fdom(sg_dtype dt) { return dt == SG_F32 || dt == SG_F16 || dt == SG_BF16; }
-
-static const char *ctype(sg_dtype dt) {
-    switch (dt) {
-    case SG_F32: return "float";
-    case SG_F16:
-    case SG_BF16: return "uint16_t";
-    case SG_I32: return "int32_t";
-    case SG_I64: return "int64_t";
-    case SG_BOOL: return "uint8_t";
-    }
-    return "?";
-}
-
-/* The element offset of ref r at the loop indices, as C text. */
-static void offset_expr(const sg__ref *r, int nd, const int64_t *shape, bool flat, char *buf,
-                        size_t size) {
-    size_t k = (size_t)snprintf(buf, size, "%lld", (long long)r->offset);
-    bool scalar = true;
-    for (int d = 0; d < r->ndim; d++)
-        if (r->shape[d] > 1 && r->stride[d] != 0) scalar = false;
-    if (scalar) return;
-    if (flat) {
-        snprintf(buf + k, size - k, " + i");
-        return;
-    }
-    for (int d = 0; d < nd && k < size; d++) {
-        int rd = d - (nd - r->ndim);
-        if (rd < 0 || r->shape[rd] == 1 || shape[d] == 1 || r->stride[rd] == 0) continue;
-        k += (size_t)snprintf(buf + k, size - k, " + i%d * %lld", d, (long long)r->stride[rd]);
-    }
-}
-
-static void load_expr(const sg__ref *r, const char *off, char *buf, size_t size) {
-    const char *t = ctype(r->dtype);
-    switch (r->dtype) {
-    case SG_F32: snprintf(buf, size, "((const float *)slot[%d])[%s]", r->slot, off); break;
-    case SG_F16: snprintf(buf, size, "sg_h2f(((const uint16_t *)slot[%d])[%s])", r->slot, off); break;
-    case SG_BF16: snprintf(buf, size, "sg_bf2f(((const uint16_t *)slot[%d])[%s])", r->slot, off); break;
-    case SG_BOOL: snprintf(buf, size, "(int64_t)(((const uint8_t *)slot[%d])[%s] != 0)", r->slot, off); break;
-    default: snprintf(buf, size, "(int64_t)((const %s *)slot[%d])[%s]", t, r->slot, off); break;
-    }
-}
-
-/* Narrow a value of the given domain to dt and widen it back, as a store and load would. */
-static void round_trip(const char *e, bool src_float, sg_dtype dt, char *buf, size_t size) {
-    switch (dt) {
-    case SG_F32: snprintf(buf, size, src_float ? "%s" : "(float)%s", e); break;
-    case SG_F16: snprintf(buf, size, src_float ? "sg_h2f(sg_f2h(%s))" : "sg_h2f(sg_f2h(sg_i2f_odd(%s)))", e); break;
-    case SG_BF16: snprintf(buf, size, src_float ? "sg_bf2f(sg_f2bf(%s))" : "sg_bf2f(sg_f2bf(sg_i2f_odd(%s)))", e); break;
-    case SG_I32: snprintf(buf, size, src_float ? "sg_f2i32(%s)" : "(int64_t)(int32_t)%s", e); break;
-    case SG_I64: snprintf(buf, size, src_float ? "sg_f2i64(%s)" : "%s", e); break;
-    case SG_BOOL: snprintf(buf, size, src_float ? "(int64_t)(%s != 0.0f)" : "(int64_t)(%s != 0)", e); break;
-    }
-}
-
-static void store_stmt(const sg__ref *r, const char *off, const char *v, char *buf, size_t size) {
-    switch (r->dtype) {
-    case SG_F32: snprintf(buf, size, "((float *)slot[%d])[%s] = %s;", r->slot, off, v); break;
-    case SG_F16: snprintf(buf, size, "((uint16_t *)slot[%d])[%s] = sg_f2h(%s);", r->slot, off, v); break;
-    case SG_BF16: snprintf(buf, size, "((uint16_t *)slot[%d])[%s] = sg_f2bf(%s);", r->slot, off, v); break;
-    case SG_BOOL: snprintf(buf, size, "((uint8_t *)slot[%d])[%s] = (uint8_t)(%s != 0);", r->slot, off, v); break;
-    default: snprintf(buf, size, "((%s *)slot[%d])[%s] = (%s)%s;", ctype(r->dtype), r->slot, off, ctype(r->dtype), v); break;
-    }
-}
-
-static void scalar_text(double v, bool fl, sg_dtype dt, char *buf, size_t size) {
-    /* %a prints inf and nan, which are no C constants: math.h's are. */
-    char d[40];
-    if (v != v)
-        snprintf(d, sizeof d, "NAN");
-    else if (isinf(v))
-        snprintf(d, sizeof d, v > 0 ? "INFINITY" : "-INFINITY");
-    else
-        snprintf(d, sizeof d, "%a", v);
-    if (fl && dt != SG_F32 && sg__dtype_is_float(dt))
-        snprintf(buf, size, "sg_round_odd(%s)", d); /* one rounding to f16/bf16 */
-    else if (fl)
-        snprintf(buf, size, "(float)(%s)", d);
-    else if (sg__double_to_int(v, dt) == INT64_MIN)
-        snprintf(buf, size, "INT64_MIN");
-    else
-        snprintf(buf, size, "(int64_t)%lldLL", (long long)sg__double_to_int(v, dt));
-}
-
-/* The op applied to argument names a, b, c (C text), in the domain of `fl`;
- * dt is the dtype whose rules the scalars follow. */
-static bool op_expr(const sg__irnode *n, bool fl, sg_dtype dt, const char *a, const char *b,
-                    const char *c, char *buf, size_t size) {
-    char s0[64], s1[64];
-    bool fill_half = n->op == SG__OP_FILL && (dt == SG_F16 || dt == SG_BF16);
-    scalar_text(n->f[0], fl, fill_half ? dt : fl ? SG_F32 : dt, s0, sizeof s0);
-    scalar_text(n->f[1], fl, fl ? SG_F32 : dt, s1, sizeof s1);
-    const char *cmp = NULL;
-    switch (n->op) {
-    case SG__OP_EQ: cmp = "=="; break;
-    case SG__OP_NE: cmp = "!="; break;
-    case SG__OP_LT: cmp = "<"; break;
-    case SG__OP_LE: cmp = "<="; break;
-    case SG__OP_GT: cmp = ">"; break;
-    case SG__OP_GE: cmp = ">="; break;
-    default: break;
-    }
-    if (cmp) return snprintf(buf, size, "(int64_t)(%s %s %s)", a, cmp, b), true;
-    const char *z = fl ? "0.0f" : "0";
-    switch (n->op) {
-    case SG__OP_LOGICAL_NOT: snprintf(buf, size, "(int64_t)(%s == %s)", a, z); return true;
-    case SG__OP_WHERE: snprintf(buf, size, "(%s ? %s : %s)", a, b, c); return true;
-    case SG__OP_CAST:
-    case SG__OP_COPY: snprintf(buf, size, "%s", a); return true;
-    case SG__OP_FILL: snprintf(buf, size, "%s", s0); return true;
-    default: break;
-    }
-    if (fl) {
-        switch (n->op) {
-        case SG__OP_NEG: snprintf(buf, size, "(-%s)", a); break;
-        case SG__OP_ABS: snprintf(buf, size, "fabsf(%s)", a); break;
-        case SG__OP_EXP: snprintf(buf, size, "expf(%s)", a); break;
-        case SG__OP_LOG: snprintf(buf, size, "logf(%s)", a); break;
-        case SG__OP_SQRT: snprintf(buf, size, "sqrtf(%s)", a); break;
-        case SG__OP_RSQRT: snprintf(buf, size, "(1.0f / sqrtf(%s))", a); break;
-        case SG__OP_SIN: snprintf(buf, size, "sinf(%s)", a); break;
-        case SG__OP_COS: snprintf(buf, size, "cosf(%s)", a); break;
-        case SG__OP_TANH: snprintf(buf, size, "tanhf(%s)", a); break;
-        case SG__OP_SIGMOID: snprintf(buf, size, "(1.0f / (1.0f + expf(-%s)))", a); break;
-        case SG__OP_RELU: snprintf(buf, size, "(%s > 0.0f || %s != %s ? %s : 0.0f)", a, a, a, a); break;
-        case SG__OP_GELU: snprintf(buf, size, "sg_gelu(%s)", a); break;
-        case SG__OP_GELU_TANH: snprintf(buf, size, "sg_gelu_tanh(%s)", a); break;
-        case SG__OP_SILU: snprintf(buf, size, "(%s / (1.0f + expf(-%s)))", a, a); break;
-        case SG__OP_ADD_SCALAR: snprintf(buf, size, "(%s + %s)", a, s0); break;
-        case SG__OP_MUL_SCALAR: snprintf(buf, size, "(%s * %s)", a, s0); break;
-        case SG__OP_POW_SCALAR: snprintf(buf, size, "powf(%s, %s)", a, s0); break;
-        case SG__OP_CLAMP: snprintf(buf, size, "(%s < %s ? %s : %s > %s ? %s : %s)", a, s0, s0, a, s1, s1, a); break;
-        case SG__OP_ADD: snprintf(buf, size, "(%s + %s)", a, b); break;
-        case SG__OP_SUB: snprintf(buf, size, "(%s - %s)", a, b); break;
-        case SG__OP_MUL: snprintf(buf, size, "(%s * %s)", a, b); break;
-        case SG__OP_DIV: snprintf(buf, size, "(%s / %s)", a, b); break;
-        case SG__OP_POW: snprintf(buf, size, "powf(%s, %s)", a, b); break;
-        case SG__OP_MAXIMUM: snprintf(buf, size, "(%s != %s || %s > %s ? %s : %s)", a, a, a, b, a, b); break;
-        case SG__OP_MINIMUM: snprintf(buf, size, "(%s != %s || %s < %s ? %s : %s)", a, a, a, b, a, b); break;
-        case SG__OP_LOGICAL_AND: snprintf(buf, size, "(int64_t)(%s != 0.0f && %s)", a, b); break;
-        case SG__OP_LOGICAL_OR: snprintf(buf, size, "(int64_t)(%s != 0.0f || %s)", a, b); break;
-        default: return false;
-        }
-        return true;
-    }
-    switch (n->op) {
-    case SG__OP_NEG: snprintf(buf, size, "SG_WRAP(0u - (uint64_t)%s)", a); break;
-    case SG__OP_ABS: snprintf(buf, size, "(%s < 0 ? SG_WRAP(0u - (uint64_t)%s) : %s)", a, a, a); break;
-    case SG__OP_RELU: snprintf(buf, size, "(%s > 0 ? %s : 0)", a, a); break;
-    case SG__OP_ADD_SCALAR: snprintf(buf, size, "SG_WRAP((uint64_t)%s + (uint64_t)%s)", a, s0); break;
-    case SG__OP_MUL_SCALAR: snprintf(buf, size, "SG_WRAP((uint64_t)%s * (uint64_t)%s)", a, s0); break;
-    case SG__OP_CLAMP: snprintf(buf, size, "(%s < %s ? %s : %s > %s ? %s : %s)", a, s0, s0, a, s1, s1, a); break;
-    case SG__OP_ADD: snprintf(buf, size, "SG_WRAP((uint64_t)%s + (uint64_t)%s)", a, b); break;
-    case SG__OP_SUB: snprintf(buf, size, "SG_WRAP((uint64_t)%s - (uint64_t)%s)", a, b); break;
-    case SG__OP_MUL: snprintf(buf, size, "SG_WRAP((uint64_t)%s * (uint64_t)%s)", a, b); break;
-    case SG__OP_MAXIMUM: snprintf(buf, size, "(%s > %s ? %s : %s)", a, b, a, b); break;
-    case SG__OP_MINIMUM: snprintf(buf, size, "(%s < %s ? %s : %s)", a, b, a, b); break;
-    case SG__OP_LOGICAL_AND: snprintf(buf, size, "(int64_t)(%s != 0 && %s)", a, b); break;
-    case SG__OP_LOGICAL_OR: snprintf(buf, size, "(int64_t)(%s != 0 || %s)", a, b); break;
-    default: return false;
-    }
-    return true;
-}
+#define D SG__DIALECT_C
 
 /* ------------------------------------------------------------ loops */
 
@@ -273,41 +27,22 @@ typedef struct gen {
     sg__emit *e;
 } gen;
 
-static const sg__ref *ref_of(const gen *g, int r) { return &g->ir->refs[g->f->alias[r]]; }
+static const sg__ref *ref_of(const gen *g, int r) { return sg__lower_ref(g->ir, g->f, r); }
 
 static const sg__ref *arg_of(const gen *g, const sg__irnode *n, int j) {
-    int r = g->ir->args[n->args + j];
-    return r < 0 ? NULL : ref_of(g, r);
-}
-
-/* A ref the loop can address as element i of a flat row-major walk (or a
- * single element). */
-static bool flat_ok(const sg__ref *r, int nd, const int64_t *shape) {
-    bool scalar = true;
-    for (int d = 0; d < r->ndim; d++)
-        if (r->shape[d] > 1 && r->stride[d] != 0) scalar = false;
-    if (scalar) return true;
-    if (r->ndim != nd) return false;
-    int64_t expect = 1;
-    for (int d = nd - 1; d >= 0; d--) {
-        if (r->shape[d] != shape[d]) return false;
-        if (shape[d] > 1 && r->stride[d] != expect) return false;
-        expect *= shape[d];
-    }
-    return true;
+    return sg__lower_arg(g->ir, g->f, n, j);
 }
 
 /* Does gnode k's argument j come from a register (and not the anchor, whose
  * value the library wrote to memory)? */
 static int reg_src(const sg__group *grp, int k, int j) {
-    int s = grp->g[k].arg_src[j];
-    return s >= 0 && s != grp->anchor ? s : -1;
+    return sg__lower_reg_src(grp, k, j, false);
 }
 
 /* The members [from, to) of a group, elementwise over (nd, shape): the body. */
 static void emit_body(gen *g, const sg__group *grp, int from, int to, int nd, const int64_t *shape,
                       bool flat) {
-    char off[256], ld[320], expr[700], rt[800], st[1200];
+    char off[256], lv[320], ld[400], rt[1200], st[1400];
     for (int k = from; k < to; k++) {
         const sg__irnode *n = &g->ir->nodes[grp->g[k].node];
         const sg__ref *o = ref_of(g, n->out);
@@ -318,30 +53,26 @@ static void emit_body(gen *g, const sg__group *grp, int from, int to, int nd, co
             int src = reg_src(grp, k, j);
             bool twice = false; /* v == v on integers is a -Wtautological-compare warning */
             for (int q = 0; q < j && src >= 0; q++) twice |= reg_src(grp, k, q) == src;
-            if (src >= 0 && twice && !fdom(a->dtype)) {
-                sg__emit_line(g->e, "int64_t a%d_%d = v%d;", k, j, src);
+            if (src >= 0 && twice && !sg__lower_fdom(a->dtype)) {
+                sg__emit_line(g->e, "%s a%d_%d = v%d;", sg__lower_vtype(D, false), k, j, src);
                 snprintf(args[j], sizeof args[j], "a%d_%d", k, j);
             } else if (src >= 0) {
                 snprintf(args[j], sizeof args[j], "v%d", src);
             } else {
-                offset_expr(a, nd, shape, flat, off, sizeof off);
-                load_expr(a, off, ld, sizeof ld);
+                sg__lower_offset(a, nd, shape, flat, off, sizeof off);
+                snprintf(lv, sizeof lv, "((const %s *)slot[%d])[%s]", sg__lower_ctype(D, a->dtype),
+                         a->slot, off);
+                sg__lower_widen(D, a->dtype, lv, ld, sizeof ld);
                 /* Loads go through a named temporary: some ops use an argument twice. */
-                sg__emit_line(g->e, "%s a%d_%d = %s;", fdom(a->dtype) ? "float" : "int64_t", k, j, ld);
+                sg__emit_line(g->e, "%s a%d_%d = %s;", sg__lower_vtype(D, sg__lower_fdom(a->dtype)),
+                              k, j, ld);
                 snprintf(args[j], sizeof args[j], "a%d_%d", k, j);
             }
         }
-        const sg__ref *a0 = n->nin ? arg_of(g, n, 0) : NULL;
-        bool in_fl = n->op == SG__OP_FILL ? fdom(o->dtype) : a0 && fdom(a0->dtype);
-        bool res_fl = in_fl;
-        if ((n->op >= SG__OP_EQ && n->op <= SG__OP_LOGICAL_OR) || n->op == SG__OP_LOGICAL_NOT)
-            res_fl = false;
-        if (n->op == SG__OP_WHERE) res_fl = fdom(arg_of(g, n, 1)->dtype);
-        sg_dtype sdt = n->op == SG__OP_FILL ? o->dtype : a0 ? a0->dtype : o->dtype;
-        op_expr(n, in_fl, sdt, args[0], args[1], args[2], expr, sizeof expr);
-        round_trip(expr, res_fl, o->dtype, rt, sizeof rt);
-        sg__emit_line(g->e, "%s v%d = %s; /* %s */", fdom(o->dtype) ? "float" : "int64_t", k, rt,
-                      sg__op_name(n->op));
+        const char *const av[3] = {args[0], args[1], args[2]};
+        sg__lower_member(D, g->ir, g->f, n, av, rt, sizeof rt);
+        sg__emit_line(g->e, "%s v%d = %s; /* %s */", sg__lower_vtype(D, sg__lower_fdom(o->dtype)),
+                      k, rt, sg__op_name(n->op));
         bool read = false; /* by a later member, from the register */
         for (int q = k + 1; q < to && !read; q++)
             for (int j = 0; j < g->ir->nodes[grp->g[q].node].nin && !read; j++)
@@ -351,8 +82,10 @@ static void emit_body(gen *g, const sg__group *grp, int from, int to, int nd, co
         if (grp->g[k].store) {
             char v[32];
             snprintf(v, sizeof v, "v%d", k);
-            offset_expr(o, nd, shape, flat, off, sizeof off);
-            store_stmt(o, off, v, st, sizeof st);
+            sg__lower_offset(o, nd, shape, flat, off, sizeof off);
+            snprintf(lv, sizeof lv, "((%s *)slot[%d])[%s]", sg__lower_ctype(D, o->dtype), o->slot,
+                     off);
+            sg__lower_narrow_store(D, o->dtype, lv, v, st, sizeof st);
             sg__emit_line(g->e, "%s", st);
         }
     }
@@ -361,15 +94,7 @@ static void emit_body(gen *g, const sg__group *grp, int from, int to, int nd, co
 /* Is every ref a member touches flat-addressable over the shape? */
 static bool group_flat(const gen *g, const sg__group *grp, int from, int to, int nd,
                        const int64_t *shape) {
-    for (int k = from; k < to; k++) {
-        const sg__irnode *n = &g->ir->nodes[grp->g[k].node];
-        if (grp->g[k].store && !flat_ok(ref_of(g, n->out), nd, shape)) return false;
-        for (int j = 0; j < n->nin; j++) {
-            const sg__ref *a = arg_of(g, n, j);
-            if (a && reg_src(grp, k, j) < 0 && !flat_ok(a, nd, shape)) return false;
-        }
-    }
-    return true;
+    return sg__lower_group_flat(g->ir, g->f, grp, from, to, nd, shape, false);
 }
 
 /* The loop nest over (nd, shape) around the body of members [from, to);
@@ -531,9 +256,10 @@ sg_status sg__cgen_c(sg_ctx *ctx, const sg__ir *ir, const sg__fused *f, const ch
     /* names[2k]: kernel k's loop after its library call; names[2k+1]: its prologue. */
     char (*names)[160] = sg__calloc(ctx, sizeof *names * (size_t)(f->ngroups ? f->ngroups : 1) * 2);
     if (!names) return sg__fail(ctx, SG_ERR_OOM, "codegen: out of host memory");
-    sg__emit_line(e, "/* stepgraph: %s -- %d kernels for %d IR ops (generated; C + OpenMP) */",
-                  title, f->ngroups, ir->nnodes);
-    sg__emit_raw(e, "%s\n", preamble);
+    sg__emit_line(e, "/* stepgraph: %s -- %d kernels for %d IR ops (generated; %s) */", title,
+                  f->ngroups, ir->nnodes, sg__spell_of(D)->name);
+    sg__lower_preamble(D, e);
+    sg__emit_raw(e, "\n");
     for (int k = 0; k < f->ngroups; k++) {
         if (has_prologue(&f->groups[k]))
             emit_kernel(&g, &f->groups[k], k, true, names[2 * k + 1], sizeof names[0]);

@@ -40,119 +40,7 @@
 #define GEMV_SMEM 32768 /* bytes of normalized rows a GEMV keeps in shared memory */
 #define GEMV_PREFETCH 16 /* 16-byte weight vectors a lane loads ahead (64 registers) */
 
-static const char *const preamble =
-    "typedef unsigned char sg_u8;\n"
-    "typedef unsigned short sg_u16;\n"
-    "typedef unsigned int sg_u32;\n"
-    "typedef int sg_i32;\n"
-    "typedef long long sg_i64;\n"
-    "typedef unsigned long long sg_u64;\n"
-    "/* Vector types for 16-, 8-, 4- and 2-byte loads and stores. */\n"
-    "struct alignas(16) sg_v16 { sg_u32 w[4]; };\n"
-    "struct alignas(8) sg_v8 { sg_u32 w[2]; };\n"
-    "#define SG_DEV static __device__ __forceinline__\n"
-    "/* Programmatic dependent launch (sm_90+): the next kernel may start once\n"
-    " * every block here has begun; each kernel waits for the one before it\n"
-    " * to finish, and its writes to show, before it reads what that wrote. */\n"
-    "SG_DEV void sg_pdl_launch(void) {\n"
-    "#if __CUDA_ARCH__ >= 900\n"
-    "    asm volatile(\"griddepcontrol.launch_dependents;\" ::: \"memory\");\n"
-    "#endif\n"
-    "}\n"
-    "SG_DEV void sg_pdl_wait(void) {\n"
-    "#if __CUDA_ARCH__ >= 900\n"
-    "    asm volatile(\"griddepcontrol.wait;\" ::: \"memory\");\n"
-    "#endif\n"
-    "}\n"
-    "#define SG_WRAP(x) ((sg_i64)(sg_u64)(x))\n"
-    "\n"
-    "/* f16 and bf16 conversions, bit for bit those of the CPU backend. */\n"
-    "SG_DEV float sg_h2f(sg_u16 h) {\n"
-    "    sg_u32 sign = (sg_u32)(h & 0x8000) << 16, e = (h >> 10) & 31, m = h & 1023, u;\n"
-    "    if (e == 0) {\n"
-    "        if (m == 0) { u = sign; }\n"
-    "        else { e = 113; while (!(m & 1024)) { m <<= 1; e--; } u = sign | (e << 23) | ((m & "
-    "1023) << 13); }\n"
-    "    } else if (e == 31) { u = sign | 0x7f800000u | (m << 13); }\n"
-    "    else { u = sign | ((e + 112) << 23) | (m << 13); }\n"
-    "    return __uint_as_float(u);\n"
-    "}\n"
-    "SG_DEV sg_u16 sg_f2h(float f) {\n"
-    "    sg_u32 u = __float_as_uint(f);\n"
-    "    sg_u32 sign = (u >> 16) & 0x8000, a = u & 0x7fffffffu;\n"
-    "    if (a > 0x7f800000u) return (sg_u16)(sign | 0x7e00);\n"
-    "    if (a >= 0x477ff000u) return (sg_u16)(sign | 0x7c00);\n"
-    "    if (a < 0x38800000u) { float r = __uint_as_float(a) + 0.5f;\n"
-    "        return (sg_u16)(sign | (__float_as_uint(r) - 0x3f000000u)); }\n"
-    "    sg_u32 odd = (a >> 13) & 1; a += 0xc8000fffu + odd; return (sg_u16)(sign | (a >> 13));\n"
-    "}\n"
-    "SG_DEV float sg_bf2f(sg_u16 b) { return __uint_as_float((sg_u32)b << 16); }\n"
-    "SG_DEV sg_u16 sg_f2bf(float f) {\n"
-    "    sg_u32 u = __float_as_uint(f);\n"
-    "    if ((u & 0x7fffffffu) > 0x7f800000u) return (sg_u16)((u >> 16) | 0x40);\n"
-    "    u += 0x7fffu + ((u >> 16) & 1); return (sg_u16)(u >> 16);\n"
-    "}\n"
-    "/* A float rounded to bf16 or f16 and widened back, as a store and a load\n"
-    " * would: one hardware conversion each way, rounding to nearest even as\n"
-    " * sg_f2bf and sg_f2h do (a NaN stays a NaN; its payload is the device's). */\n"
-    "SG_DEV float sg_bf_rt(float f) {\n"
-    "#if __CUDA_ARCH__ >= 800\n"
-    "    sg_u16 h; asm(\"cvt.rn.bf16.f32 %0, %1;\" : \"=h\"(h) : \"f\"(f));\n"
-    "    return __uint_as_float((sg_u32)h << 16);\n"
-    "#else\n"
-    "    return sg_bf2f(sg_f2bf(f));\n"
-    "#endif\n"
-    "}\n"
-    "SG_DEV float sg_h_rt(float f) {\n"
-    "    sg_u16 h; float r;\n"
-    "    asm(\"cvt.rn.f16.f32 %0, %1;\" : \"=h\"(h) : \"f\"(f));\n"
-    "    asm(\"cvt.f32.f16 %0, %1;\" : \"=f\"(r) : \"h\"(h));\n"
-    "    return r;\n"
-    "}\n"
-    "/* Saturating casts: NaN to 0, out of range to the nearest limit. */\n"
-    "SG_DEV sg_i64 sg_f2i32(float v) {\n"
-    "    return v != v ? 0 : v >= 2147483647.0f ? 2147483647LL : v <= -2147483648.0f ? "
-    "-2147483648LL\n"
-    "         : (sg_i64)(sg_i32)v;\n"
-    "}\n"
-    "SG_DEV sg_i64 sg_f2i64(float v) {\n"
-    "    return v != v ? 0 : v >= 9.2233720e18f ? 9223372036854775807LL\n"
-    "         : v <= -9.2233720e18f ? (-9223372036854775807LL - 1) : (sg_i64)v;\n"
-    "}\n"
-    "SG_DEV float sg_gelu(float x) { return 0.5f * x * erfcf(x * -0.70710678118654752f); }\n"
-    "SG_DEV float sg_gelu_tanh(float x) {\n"
-    "    return 0.5f * x * (1.0f + tanhf(0.7978845608028654f * (x + 0.044715f * x * x * x)));\n"
-    "}\n"
-    "/* Rounding to float 'to odd' first makes the later f16/bf16 rounding single. */\n"
-    "SG_DEV float sg_round_odd(double v) {\n"
-    "    float f = (float)v;\n"
-    "    if ((double)f == v || f != f || fabsf(f) == __uint_as_float(0x7f800000u)) return f;\n"
-    "    if (__float_as_uint(f) & 1) return f;\n"
-    "    return nextafterf(f, v > (double)f ? __uint_as_float(0x7f800000u) : "
-    "__uint_as_float(0xff800000u));\n"
-    "}\n"
-    "SG_DEV float sg_i2f_odd(sg_i64 v) {\n"
-    "    sg_u64 u = v < 0 ? 0 - (sg_u64)v : (sg_u64)v, sticky = 0; int sh = 0;\n"
-    "    while (u >> 53) { sticky |= u & 1; u >>= 1; sh++; }\n"
-    "    double d = ldexp((double)(u | sticky), sh);\n"
-    "    return sg_round_odd(v < 0 ? -d : d);\n"
-    "}\n";
-
 /* ------------------------------------------------------------ types and values */
-
-static bool fdom(sg_dtype dt) { return dt == SG_F32 || dt == SG_F16 || dt == SG_BF16; }
-
-static const char *ctype(sg_dtype dt) {
-    switch (dt) {
-    case SG_F32: return "float";
-    case SG_F16:
-    case SG_BF16: return "sg_u16";
-    case SG_I32: return "sg_i32";
-    case SG_I64: return "sg_i64";
-    case SG_BOOL: return "sg_u8";
-    }
-    return "?";
-}
 
 static const char *vtype(size_t bytes) {
     switch (bytes) {
@@ -162,155 +50,6 @@ static const char *vtype(size_t bytes) {
     case 2: return "sg_u16";
     default: return "sg_u8";
     }
-}
-
-/* The value of an element lvalue `lv` of dtype dt, widened to the compute domain. */
-static void widen(sg_dtype dt, const char *lv, char *buf, size_t size) {
-    switch (dt) {
-    case SG_F32: snprintf(buf, size, "%s", lv); break;
-    case SG_F16: snprintf(buf, size, "sg_h2f(%s)", lv); break;
-    case SG_BF16: snprintf(buf, size, "sg_bf2f(%s)", lv); break;
-    case SG_BOOL: snprintf(buf, size, "(sg_i64)(%s != 0)", lv); break;
-    default: snprintf(buf, size, "(sg_i64)%s", lv); break;
-    }
-}
-
-/* `lv = v` narrowed to dt, as a statement. */
-static void narrow_store(sg_dtype dt, const char *lv, const char *v, char *buf, size_t size) {
-    switch (dt) {
-    case SG_F32: snprintf(buf, size, "%s = %s;", lv, v); break;
-    case SG_F16: snprintf(buf, size, "%s = sg_f2h(%s);", lv, v); break;
-    case SG_BF16: snprintf(buf, size, "%s = sg_f2bf(%s);", lv, v); break;
-    case SG_BOOL: snprintf(buf, size, "%s = (sg_u8)(%s != 0);", lv, v); break;
-    default: snprintf(buf, size, "%s = (%s)%s;", lv, ctype(dt), v); break;
-    }
-}
-
-/* Narrow a value of the given domain to dt and widen it back, as a store and load would. */
-static void round_trip(const char *e, bool src_float, sg_dtype dt, char *buf, size_t size) {
-    switch (dt) {
-    case SG_F32: snprintf(buf, size, src_float ? "%s" : "(float)%s", e); break;
-    case SG_F16:
-        snprintf(buf, size, src_float ? "sg_h_rt(%s)" : "sg_h_rt(sg_i2f_odd(%s))", e);
-        break;
-    case SG_BF16:
-        snprintf(buf, size, src_float ? "sg_bf_rt(%s)" : "sg_bf_rt(sg_i2f_odd(%s))", e);
-        break;
-    case SG_I32: snprintf(buf, size, src_float ? "sg_f2i32(%s)" : "(sg_i64)(sg_i32)%s", e); break;
-    case SG_I64: snprintf(buf, size, src_float ? "sg_f2i64(%s)" : "%s", e); break;
-    case SG_BOOL:
-        snprintf(buf, size, src_float ? "(sg_i64)(%s != 0.0f)" : "(sg_i64)(%s != 0)", e);
-        break;
-    }
-}
-
-/*
- * A scalar as exact float bits, so that inf, NaN and every finite value
- * survive the trip through text (the value follows as a comment).
- */
-static void scalar_text(double v, bool fl, sg_dtype dt, char *buf, size_t size) {
-    if (fl) {
-        float f = dt != SG_F32 && sg__dtype_is_float(dt) ? sg__round_odd(v) : (float)v;
-        uint32_t u;
-        memcpy(&u, &f, 4);
-        snprintf(buf, size, "__uint_as_float(0x%08xu) /* %g */", (unsigned)u, (double)f);
-    } else if (sg__double_to_int(v, dt) == INT64_MIN) {
-        snprintf(buf, size, "(-9223372036854775807LL - 1)");
-    } else {
-        snprintf(buf, size, "(sg_i64)%lldLL", (long long)sg__double_to_int(v, dt));
-    }
-}
-
-/* The op applied to argument names a, b, c, in the domain of `fl`; dt is
- * the dtype whose rules the scalars follow (cgen_c.c's op_expr). */
-static bool op_expr(const sg__irnode *n, bool fl, sg_dtype dt, const char *a, const char *b,
-                    const char *c, char *buf, size_t size) {
-    char s0[96], s1[96];
-    bool fill_half = n->op == SG__OP_FILL && (dt == SG_F16 || dt == SG_BF16);
-    scalar_text(n->f[0], fl, fill_half ? dt : fl ? SG_F32 : dt, s0, sizeof s0);
-    scalar_text(n->f[1], fl, fl ? SG_F32 : dt, s1, sizeof s1);
-    const char *cmp = NULL;
-    switch (n->op) {
-    case SG__OP_EQ: cmp = "=="; break;
-    case SG__OP_NE: cmp = "!="; break;
-    case SG__OP_LT: cmp = "<"; break;
-    case SG__OP_LE: cmp = "<="; break;
-    case SG__OP_GT: cmp = ">"; break;
-    case SG__OP_GE: cmp = ">="; break;
-    default: break;
-    }
-    if (cmp) return snprintf(buf, size, "(sg_i64)(%s %s %s)", a, cmp, b), true;
-    const char *z = fl ? "0.0f" : "0";
-    switch (n->op) {
-    case SG__OP_LOGICAL_NOT: snprintf(buf, size, "(sg_i64)(%s == %s)", a, z); return true;
-    case SG__OP_WHERE: snprintf(buf, size, "(%s ? %s : %s)", a, b, c); return true;
-    case SG__OP_CAST:
-    case SG__OP_COPY: snprintf(buf, size, "%s", a); return true;
-    case SG__OP_FILL: snprintf(buf, size, "%s", s0); return true;
-    default: break;
-    }
-    if (fl) {
-        switch (n->op) {
-        case SG__OP_NEG: snprintf(buf, size, "(-%s)", a); break;
-        case SG__OP_ABS: snprintf(buf, size, "fabsf(%s)", a); break;
-        case SG__OP_EXP: snprintf(buf, size, "expf(%s)", a); break;
-        case SG__OP_LOG: snprintf(buf, size, "logf(%s)", a); break;
-        case SG__OP_SQRT: snprintf(buf, size, "sqrtf(%s)", a); break;
-        case SG__OP_RSQRT: snprintf(buf, size, "(1.0f / sqrtf(%s))", a); break;
-        case SG__OP_SIN: snprintf(buf, size, "sinf(%s)", a); break;
-        case SG__OP_COS: snprintf(buf, size, "cosf(%s)", a); break;
-        case SG__OP_TANH: snprintf(buf, size, "tanhf(%s)", a); break;
-        case SG__OP_SIGMOID: snprintf(buf, size, "(1.0f / (1.0f + expf(-%s)))", a); break;
-        case SG__OP_RELU:
-            snprintf(buf, size, "(%s > 0.0f || %s != %s ? %s : 0.0f)", a, a, a, a);
-            break;
-        case SG__OP_GELU: snprintf(buf, size, "sg_gelu(%s)", a); break;
-        case SG__OP_GELU_TANH: snprintf(buf, size, "sg_gelu_tanh(%s)", a); break;
-        case SG__OP_SILU: snprintf(buf, size, "(%s / (1.0f + expf(-%s)))", a, a); break;
-        case SG__OP_ADD_SCALAR: snprintf(buf, size, "(%s + %s)", a, s0); break;
-        case SG__OP_MUL_SCALAR: snprintf(buf, size, "(%s * %s)", a, s0); break;
-        case SG__OP_POW_SCALAR: snprintf(buf, size, "powf(%s, %s)", a, s0); break;
-        case SG__OP_CLAMP:
-            snprintf(buf, size, "(%s < %s ? %s : %s > %s ? %s : %s)", a, s0, s0, a, s1, s1, a);
-            break;
-        case SG__OP_ADD: snprintf(buf, size, "(%s + %s)", a, b); break;
-        case SG__OP_SUB: snprintf(buf, size, "(%s - %s)", a, b); break;
-        case SG__OP_MUL: snprintf(buf, size, "(%s * %s)", a, b); break;
-        case SG__OP_DIV: snprintf(buf, size, "(%s / %s)", a, b); break;
-        case SG__OP_POW: snprintf(buf, size, "powf(%s, %s)", a, b); break;
-        case SG__OP_MAXIMUM:
-            snprintf(buf, size, "(%s != %s || %s > %s ? %s : %s)", a, a, a, b, a, b);
-            break;
-        case SG__OP_MINIMUM:
-            snprintf(buf, size, "(%s != %s || %s < %s ? %s : %s)", a, a, a, b, a, b);
-            break;
-        case SG__OP_LOGICAL_AND: snprintf(buf, size, "(sg_i64)(%s != 0.0f && %s)", a, b); break;
-        case SG__OP_LOGICAL_OR: snprintf(buf, size, "(sg_i64)(%s != 0.0f || %s)", a, b); break;
-        default: return false;
-        }
-        return true;
-    }
-    switch (n->op) {
-    case SG__OP_NEG: snprintf(buf, size, "SG_WRAP(0u - (sg_u64)%s)", a); break;
-    case SG__OP_ABS:
-        snprintf(buf, size, "(%s < 0 ? SG_WRAP(0u - (sg_u64)%s) : %s)", a, a, a);
-        break;
-    case SG__OP_RELU: snprintf(buf, size, "(%s > 0 ? %s : 0)", a, a); break;
-    case SG__OP_ADD_SCALAR: snprintf(buf, size, "SG_WRAP((sg_u64)%s + (sg_u64)%s)", a, s0); break;
-    case SG__OP_MUL_SCALAR: snprintf(buf, size, "SG_WRAP((sg_u64)%s * (sg_u64)%s)", a, s0); break;
-    case SG__OP_CLAMP:
-        snprintf(buf, size, "(%s < %s ? %s : %s > %s ? %s : %s)", a, s0, s0, a, s1, s1, a);
-        break;
-    case SG__OP_ADD: snprintf(buf, size, "SG_WRAP((sg_u64)%s + (sg_u64)%s)", a, b); break;
-    case SG__OP_SUB: snprintf(buf, size, "SG_WRAP((sg_u64)%s - (sg_u64)%s)", a, b); break;
-    case SG__OP_MUL: snprintf(buf, size, "SG_WRAP((sg_u64)%s * (sg_u64)%s)", a, b); break;
-    case SG__OP_MAXIMUM: snprintf(buf, size, "(%s > %s ? %s : %s)", a, b, a, b); break;
-    case SG__OP_MINIMUM: snprintf(buf, size, "(%s < %s ? %s : %s)", a, b, a, b); break;
-    case SG__OP_LOGICAL_AND: snprintf(buf, size, "(sg_i64)(%s != 0 && %s)", a, b); break;
-    case SG__OP_LOGICAL_OR: snprintf(buf, size, "(sg_i64)(%s != 0 || %s)", a, b); break;
-    default: return false;
-    }
-    return true;
 }
 
 /* ------------------------------------------------------------ refs and loops */
@@ -325,6 +64,8 @@ typedef struct sg__cuda_gen {
     const sg__ir *ir;
     const sg__fused *f;
     sg__emit *e;
+    sg__dialect d;       /* CUDA, HIP or OpenCL C */
+    const sg__spell *sp; /* its spellings */
     bool anchor_reg; /* GEMV: the anchor's value is in register v<anchor> */
     /* IX_VEC: the vectors loaded before the lane loop, by (slot, offset). */
     int nvec;
@@ -349,6 +90,9 @@ typedef struct sg__cuda_gen {
     sg__emit *defer_decl, *defer_st;
     int defer_n, ndefer;
     int deferred[64];
+    /* The anchor op of the last group whose kernel the dialect cannot
+     * write (a GEMV or row kernel needs warp shuffles), else NULL. */
+    const char *unsupported;
 } gen;
 
 /* The number under which the kernel being emitted names IR slot s (taken
@@ -368,54 +112,22 @@ static int lslot(gen *g, int s) {
     return g->loc[s];
 }
 
-static const sg__ref *ref_of(const gen *g, int r) { return &g->ir->refs[g->f->alias[r]]; }
+static const sg__ref *ref_of(const gen *g, int r) { return sg__lower_ref(g->ir, g->f, r); }
 
 static const sg__ref *arg_of(const gen *g, const sg__irnode *n, int j) {
-    int r = g->ir->args[n->args + j];
-    return r < 0 ? NULL : ref_of(g, r);
-}
-
-static bool is_scalar(const sg__ref *r) {
-    for (int d = 0; d < r->ndim; d++)
-        if (r->shape[d] > 1 && r->stride[d] != 0) return false;
-    return true;
-}
-
-/* A ref the loop can address as element i of a flat row-major walk (or a
- * single element). */
-static bool flat_ok(const sg__ref *r, int nd, const int64_t *shape) {
-    if (is_scalar(r)) return true;
-    if (r->ndim != nd) return false;
-    int64_t expect = 1;
-    for (int d = nd - 1; d >= 0; d--) {
-        if (r->shape[d] != shape[d]) return false;
-        if (shape[d] > 1 && r->stride[d] != expect) return false;
-        expect *= shape[d];
-    }
-    return true;
+    return sg__lower_arg(g->ir, g->f, n, j);
 }
 
 /* Does gnode k's argument j come from a register? The anchor's value does
  * only when the kernel computed it (GEMV); the library writes it to memory. */
 static int reg_src(const gen *g, const sg__group *grp, int k, int j) {
-    int s = j < 4 ? grp->g[k].arg_src[j] : -1; /* arg_src holds 4; more inputs load */
-    return s >= 0 && (s != grp->anchor || g->anchor_reg) ? s : -1;
+    return sg__lower_reg_src(grp, k, j, g->anchor_reg);
 }
 
 /* The element offset of ref r at the loop indices, as text. */
 static void offset_expr(const sg__ref *r, int nd, const int64_t *shape, ixmode m, char *buf,
                         size_t size) {
-    size_t k = (size_t)snprintf(buf, size, "%lld", (long long)r->offset);
-    if (is_scalar(r)) return;
-    if (m == IX_FLAT) {
-        snprintf(buf + k, size - k, " + i");
-        return;
-    }
-    for (int d = 0; d < nd && k < size; d++) {
-        int rd = d - (nd - r->ndim);
-        if (rd < 0 || r->shape[rd] == 1 || shape[d] == 1 || r->stride[rd] == 0) continue;
-        k += (size_t)snprintf(buf + k, size - k, " + i%d * %lld", d, (long long)r->stride[rd]);
-    }
+    sg__lower_offset(r, nd, shape, m == IX_FLAT, buf, size);
 }
 
 /* The vector that holds ref r's lanes in IX_VEC mode (added when new). */
@@ -454,7 +166,8 @@ static void store_stmt(gen *g, bool fl, int k, const char *st) {
 /* The members [from, n) of a group, one element: the body. */
 static void emit_body(gen *g, const sg__group *grp, int from, int nd, const int64_t *shape,
                       ixmode m) {
-    char off[256], lv[320], ld[400], expr[900], rt[1000], st[1400];
+    char off[256], lv[320], ld[400], rt[1200], st[1400];
+    const char *gp = g->sp->gp;
     for (int k = from; k < grp->n; k++) {
         const sg__irnode *n = &g->ir->nodes[grp->g[k].node];
         const sg__ref *o = ref_of(g, n->out);
@@ -467,56 +180,42 @@ static void emit_body(gen *g, const sg__group *grp, int from, int nd, const int6
                 snprintf(args[j], sizeof args[j], "v%d", src);
                 continue;
             }
-            if (m == IX_VEC && !is_scalar(a)) {
+            if (m == IX_VEC && !sg__lower_is_scalar(a)) {
                 snprintf(lv, sizeof lv, "l%d.e[j]", vec_index(g, a));
             } else {
                 offset_expr(a, nd, shape, m, off, sizeof off);
-                snprintf(lv, sizeof lv, "((const %s *)s%d)[%s]", ctype(a->dtype), lslot(g, a->slot),
-                         off);
+                snprintf(lv, sizeof lv, "((%sconst %s *)s%d)[%s]", gp,
+                         sg__lower_ctype(g->d, a->dtype), lslot(g, a->slot), off);
             }
-            widen(a->dtype, lv, ld, sizeof ld);
+            sg__lower_widen(g->d, a->dtype, lv, ld, sizeof ld);
             /* Loads go through a named temporary: some ops use an argument twice. */
-            sg__emit_line(g->e, "const %s a%d_%d = %s;", fdom(a->dtype) ? "float" : "sg_i64", k, j,
-                          ld);
+            sg__emit_line(g->e, "const %s a%d_%d = %s;",
+                          sg__lower_vtype(g->d, sg__lower_fdom(a->dtype)), k, j, ld);
             snprintf(args[j], sizeof args[j], "a%d_%d", k, j);
         }
-        const sg__ref *a0 = n->nin ? arg_of(g, n, 0) : NULL;
-        bool in_fl = n->op == SG__OP_FILL ? fdom(o->dtype) : a0 && fdom(a0->dtype);
-        bool res_fl = in_fl;
-        if ((n->op >= SG__OP_EQ && n->op <= SG__OP_LOGICAL_OR) || n->op == SG__OP_LOGICAL_NOT)
-            res_fl = false;
-        if (n->op == SG__OP_WHERE) res_fl = fdom(arg_of(g, n, 1)->dtype);
-        sg_dtype sdt = n->op == SG__OP_FILL ? o->dtype : a0 ? a0->dtype : o->dtype;
-        op_expr(n, in_fl, sdt, args[0], args[1], args[2], expr, sizeof expr);
-        round_trip(expr, res_fl, o->dtype, rt, sizeof rt);
-        sg__emit_line(g->e, "const %s v%d = %s; /* %s */", fdom(o->dtype) ? "float" : "sg_i64", k,
-                      rt, sg__op_name(n->op));
+        const char *const av[3] = {args[0], args[1], args[2]};
+        sg__lower_member(g->d, g->ir, g->f, n, av, rt, sizeof rt);
+        sg__emit_line(g->e, "const %s v%d = %s; /* %s */",
+                      sg__lower_vtype(g->d, sg__lower_fdom(o->dtype)), k, rt, sg__op_name(n->op));
         if (grp->g[k].store) {
             char v[32];
             snprintf(v, sizeof v, "v%d", k);
-            if (m == IX_VEC && !is_scalar(o)) {
+            if (m == IX_VEC && !sg__lower_is_scalar(o)) {
                 snprintf(lv, sizeof lv, "o%d.e[j]", k);
             } else {
                 offset_expr(o, nd, shape, m, off, sizeof off);
-                snprintf(lv, sizeof lv, "((%s *)s%d)[%s]", ctype(o->dtype), lslot(g, o->slot), off);
+                snprintf(lv, sizeof lv, "((%s%s *)s%d)[%s]", gp, sg__lower_ctype(g->d, o->dtype),
+                         lslot(g, o->slot), off);
             }
-            narrow_store(o->dtype, lv, v, st, sizeof st);
-            store_stmt(g, fdom(o->dtype), k, st);
+            sg__lower_narrow_store(g->d, o->dtype, lv, v, st, sizeof st);
+            store_stmt(g, sg__lower_fdom(o->dtype), k, st);
         }
     }
 }
 
 /* Is every ref a member touches flat-addressable over the shape? */
 static bool group_flat(const gen *g, const sg__group *grp, int from, int nd, const int64_t *shape) {
-    for (int k = from; k < grp->n; k++) {
-        const sg__irnode *n = &g->ir->nodes[grp->g[k].node];
-        if (grp->g[k].store && !flat_ok(ref_of(g, n->out), nd, shape)) return false;
-        for (int j = 0; j < n->nin; j++) {
-            const sg__ref *a = arg_of(g, n, j);
-            if (a && reg_src(g, grp, k, j) < 0 && !flat_ok(a, nd, shape)) return false;
-        }
-    }
-    return true;
+    return sg__lower_group_flat(g->ir, g->f, grp, from, grp->n, nd, shape, g->anchor_reg);
 }
 
 static int64_t numel_of(int nd, const int64_t *shape) {
@@ -562,7 +261,7 @@ static int vec_width(const gen *g, const sg__group *grp, int from, bool *slots) 
         for (int j = -1; j < n->nin; j++) {
             const sg__ref *r =
                 j < 0 ? (grp->g[k].store ? ref_of(g, n->out) : NULL) : arg_of(g, n, j);
-            if (!r || (j >= 0 && reg_src(g, grp, k, j) >= 0) || is_scalar(r)) continue;
+            if (!r || (j >= 0 && reg_src(g, grp, k, j) >= 0) || sg__lower_is_scalar(r)) continue;
             if (nrefs == 64) return 1;
             refs[nrefs++] = r;
             if (sg_dtype_size(r->dtype) > widest) widest = sg_dtype_size(r->dtype);
@@ -628,8 +327,8 @@ static void emit_loop(gen *g, const sg__group *grp, int from, int w, const bool 
     const int64_t *shape = grp->shape;
     int64_t numel = numel_of(nd, shape);
     bool flat = group_flat(g, grp, from, nd, shape);
-    sg__emit_line(g->e, "const sg_i64 tid = (sg_i64)(%s) * blockDim.x + threadIdx.x;", blk);
-    sg__emit_line(g->e, "const sg_i64 step = (sg_i64)(%s) * blockDim.x;", nblk);
+    sg__emit_line(g->e, "const sg_i64 tid = (sg_i64)(%s) * %s + %s;", blk, g->sp->bdim, g->sp->tid);
+    sg__emit_line(g->e, "const sg_i64 step = (sg_i64)(%s) * %s;", nblk, g->sp->bdim);
     if (w > 1) {
         char cond[1024];
         size_t k = (size_t)snprintf(cond, sizeof cond, "(((sg_u64)0");
@@ -652,17 +351,18 @@ static void emit_loop(gen *g, const sg__group *grp, int from, int w, const bool 
         g->e = outer;
         for (int v = 0; v < g->nvec; v++) {
             size_t es = sg_dtype_size(g->vec_dt[v]), bytes = (size_t)w * es;
-            sg__emit_line(g->e, "union { %s v; %s e[%d]; } l%d;", vtype(bytes), ctype(g->vec_dt[v]),
-                          w, v);
-            sg__emit_line(g->e, "l%d.v = ((const %s *)(s%d + %lld))[q];", v, vtype(bytes),
-                          lslot(g, g->vec_slot[v]), (long long)(g->vec_off[v] * (int64_t)es));
+            sg__emit_line(g->e, "union { %s v; %s e[%d]; } l%d;", vtype(bytes),
+                          sg__lower_ctype(g->d, g->vec_dt[v]), w, v);
+            sg__emit_line(g->e, "l%d.v = ((%sconst %s *)(s%d + %lld))[q];", v, g->sp->gp,
+                          vtype(bytes), lslot(g, g->vec_slot[v]),
+                          (long long)(g->vec_off[v] * (int64_t)es));
         }
         for (int k = from; k < grp->n; k++) {
             const sg__ref *o = ref_of(g, g->ir->nodes[grp->g[k].node].out);
-            if (!grp->g[k].store || is_scalar(o)) continue;
+            if (!grp->g[k].store || sg__lower_is_scalar(o)) continue;
             size_t bytes = (size_t)w * sg_dtype_size(o->dtype);
-            sg__emit_line(g->e, "union { %s v; %s e[%d]; } o%d;", vtype(bytes), ctype(o->dtype), w,
-                          k);
+            sg__emit_line(g->e, "union { %s v; %s e[%d]; } o%d;", vtype(bytes),
+                          sg__lower_ctype(g->d, o->dtype), w, k);
         }
         sg__emit_line(g->e, "#pragma unroll");
         sg__emit_open(g->e, "for (int j = 0; j < %d; j++)", w);
@@ -672,9 +372,10 @@ static void emit_loop(gen *g, const sg__group *grp, int from, int w, const bool 
         sg__emit_close(g->e);
         for (int k = from; k < grp->n; k++) {
             const sg__ref *o = ref_of(g, g->ir->nodes[grp->g[k].node].out);
-            if (!grp->g[k].store || is_scalar(o)) continue;
+            if (!grp->g[k].store || sg__lower_is_scalar(o)) continue;
             size_t bytes = (size_t)w * sg_dtype_size(o->dtype);
-            sg__emit_line(g->e, "((%s *)(s%d + %lld))[q] = o%d.v;", vtype(bytes), lslot(g, o->slot),
+            sg__emit_line(g->e, "((%s%s *)(s%d + %lld))[q] = o%d.v;", g->sp->gp, vtype(bytes),
+                          lslot(g, o->slot),
                           (long long)(o->offset * (int64_t)sg_dtype_size(o->dtype)), k);
         }
         sg__emit_close(g->e);
@@ -704,6 +405,9 @@ typedef struct gemv {
      * with the first's strides, and its output. */
     const sg__ref *w2, *o2;
     int64_t woff2;
+    int copies; /* the first index_copy_ member (sg__group.ncopies), grp->n when none */
+    bool bias_reg; /* along K: the bias (a parameter the step does not write) of the
+                      lane's column is loaded into b_pre before the wait */
 } gemv;
 
 /* Columns per warp of an along-K GEMV: enough 16-byte loads in flight per
@@ -734,7 +438,7 @@ static bool gemv_pair_plan(const gen *g, const sg__group *grp, gemv *p) {
     for (int d = 0; d < 2; d++)
         if (w->shape[d] != p->w->shape[d] || (w->shape[d] > 1 && w->stride[d] != p->w->stride[d]))
             return false;
-    if (numel_of(o->ndim, o->shape) != p->rows * p->n || !flat_ok(o, o->ndim, o->shape))
+    if (numel_of(o->ndim, o->shape) != p->rows * p->n || !sg__lower_flat_ok(o, o->ndim, o->shape))
         return false;
     for (int k = grp->anchor2 + 1; k < grp->n; k++)
         if (grp->g[k].store && ref_of(g, g->ir->nodes[grp->g[k].node].out)->slot == w->slot)
@@ -742,6 +446,61 @@ static bool gemv_pair_plan(const gen *g, const sg__group *grp, gemv *p) {
     p->w2 = w;
     p->o2 = o;
     p->woff2 = w->offset;
+    return true;
+}
+
+/* src's dims of more than one element, by stride from the largest; their
+ * count, 0 when a stride is not positive or the dims overlap (an element
+ * offset then has at most one set of indices, found by dividing). */
+static int copy_dims(const sg__ref *src, int *ord) {
+    int nd = 0;
+    for (int d = 0; d < src->ndim; d++) {
+        if (src->shape[d] == 1) continue;
+        if (src->stride[d] < 1) return 0;
+        int j = nd++;
+        for (; j > 0 && src->stride[ord[j - 1]] < src->stride[d]; j--) ord[j] = ord[j - 1];
+        ord[j] = d;
+    }
+    for (int j = 0; j + 1 < nd; j++)
+        if (src->stride[ord[j]] < src->stride[ord[j + 1]] * src->shape[ord[j + 1]]) return 0;
+    return nd;
+}
+
+/*
+ * Member k of a GEMV group, an index_copy_ that fusion merged: one index
+ * (src one element long along dim), src a view of the result o of o's
+ * dtype whose elements lie within the rows x N of o (each written by the
+ * thread holding it), dst of the same dtype and rank, not read by the GEMV.
+ */
+static bool gemv_copy_ok(const gen *g, const gemv *p, const sg__group *grp, int k) {
+    const sg__irnode *n = &g->ir->nodes[grp->g[k].node];
+    if (n->op != SG__OP_INDEX_COPY || n->nin < 3) return false;
+    const sg__ref *d = ref_of(g, n->out), *idx = arg_of(g, n, 1), *src = arg_of(g, n, 2);
+    int dim = (int)n->i[0], ord[SG_MAX_DIMS];
+    if (!idx || !src || src->slot != p->o->slot || src->dtype != p->o->dtype ||
+        d->dtype != src->dtype || d->ndim != src->ndim || dim < 0 || dim >= d->ndim ||
+        src->shape[dim] != 1 || numel_of(idx->ndim, idx->shape) != 1 ||
+        sg_dtype_size(idx->dtype) < 4 || sg__lower_fdom(idx->dtype))
+        return false;
+    if (d->slot == p->o->slot || d->slot == p->x->slot || d->slot == p->w->slot ||
+        (p->b && d->slot == p->b->slot) || idx->slot == d->slot)
+        return false;
+    int nd = copy_dims(src, ord);
+    if (nd == 0 && numel_of(src->ndim, src->shape) > 1) return false;
+    int64_t hi = src->offset;
+    for (int j = 0; j < nd; j++) hi += (src->shape[ord[j]] - 1) * src->stride[ord[j]];
+    return src->offset >= p->o->offset && hi < p->o->offset + p->rows * p->n;
+}
+
+/* The index_copy_ members at the group's end: each checked, and no member
+ * before them writes the result's slot (the copies take the anchor's value). */
+static bool gemv_copies_plan(const gen *g, const sg__group *grp, gemv *p) {
+    p->copies = grp->n - grp->ncopies;
+    for (int k = p->copies; k < grp->n; k++)
+        if (!gemv_copy_ok(g, p, grp, k)) return false;
+    for (int k = grp->anchor + 1; k < p->copies && grp->ncopies; k++)
+        if (k != grp->anchor2 && ref_of(g, g->ir->nodes[grp->g[k].node].out)->slot == p->o->slot)
+            return false;
     return true;
 }
 
@@ -754,7 +513,7 @@ static bool gemv_plan(const gen *g, const sg__group *grp, gemv *p) {
     p->b = n->op == SG__OP_LINEAR && n->nin > 2 ? arg_of(g, n, 2) : NULL;
     p->o = ref_of(g, n->out);
     const sg__ref *x = p->x, *w = p->w, *o = p->o;
-    if (!x || !w || !fdom(x->dtype) || x->ndim < 1 || w->ndim != 2) return false;
+    if (!x || !w || !sg__lower_fdom(x->dtype) || x->ndim < 1 || w->ndim != 2) return false;
     if (w->dtype != x->dtype || o->dtype != x->dtype || (p->b && p->b->dtype != x->dtype))
         return false;
     p->k = x->shape[x->ndim - 1];
@@ -791,7 +550,8 @@ static bool gemv_plan(const gen *g, const sg__group *grp, gemv *p) {
         p->xoff[r] = p->norm ? r * p->k : off;
     }
     /* The output: rows x N, contiguous, and the epilogue runs over it. */
-    if (numel_of(o->ndim, o->shape) != rows * p->n || !flat_ok(o, o->ndim, o->shape)) return false;
+    if (numel_of(o->ndim, o->shape) != rows * p->n || !sg__lower_flat_ok(o, o->ndim, o->shape))
+        return false;
     if (numel_of(grp->ndim, grp->shape) != rows * p->n) return false;
     /* The epilogue of one column runs while other warps still read x, w and
      * b: it may not write into them (an in-place update after the matmul). */
@@ -801,6 +561,11 @@ static bool gemv_plan(const gen *g, const sg__group *grp, gemv *p) {
             return false;
     }
     if (grp->anchor2 && !gemv_pair_plan(g, grp, p)) return false;
+    if (!gemv_copies_plan(g, grp, p)) return false;
+    if (p->b && p->along_k) {
+        const sg__slot *bs = &g->ir->slots[p->b->slot];
+        p->bias_reg = bs->kind == SG__SLOT_PARAM && bs->mutated_by < 0;
+    }
     p->cols = p->along_k ? gemv_cols(p) : 1;
     if (p->w2 && p->cols > 1) p->cols /= 2; /* each column is two weights' */
     return true;
@@ -812,42 +577,130 @@ static void emit_gemv_result(gen *g, const sg__group *grp, int a, const sg__ref 
     char lv[200], st[1100], v[16];
     sg__emit_line(g->e, "const float v%d = %s; /* %s */", a, expr,
                   sg__op_name(g->ir->nodes[grp->g[a].node].op));
-    snprintf(lv, sizeof lv, "((%s *)s%d)[%lld + i]", ctype(o->dtype), lslot(g, o->slot),
-             (long long)o->offset);
+    snprintf(lv, sizeof lv, "((%s *)s%d)[%lld + i]", sg__lower_ctype(g->d, o->dtype),
+             lslot(g, o->slot), (long long)o->offset);
     snprintf(v, sizeof v, "v%d", a);
-    narrow_store(o->dtype, lv, v, st, sizeof st);
+    sg__lower_narrow_store(g->d, o->dtype, lv, v, st, sizeof st);
     sg__emit_line(g->e, "%s", st);
+}
+
+/*
+ * Copy member k (gemv_copy_ok): element i of the result o, held in v<a>,
+ * goes to dst at src's indices of it with idx's value along dim, when i
+ * is in src (its offset from src's divides into src's indices).
+ */
+static void emit_gemv_copy(gen *g, const gemv *p, const sg__group *grp, int k, int a) {
+    const sg__irnode *n = &g->ir->nodes[grp->g[k].node];
+    const sg__ref *d = ref_of(g, n->out), *idx = arg_of(g, n, 1), *src = arg_of(g, n, 2);
+    int dim = (int)n->i[0], ord[SG_MAX_DIMS], nd = copy_dims(src, ord);
+    int64_t span = 1;
+    if (nd) span = src->stride[ord[0]] * src->shape[ord[0]];
+    char dof[400], cond[400], lv[460], st[1000], v[16];
+    sg__emit_open(g->e, "%s", "");
+    sg__emit_line(g->e, "sg_i64 c_rel = i + %lld;", (long long)(p->o->offset - src->offset));
+    sg__emit_open(g->e, "if (c_rel >= 0 && c_rel < %lld)", (long long)span);
+    size_t q = (size_t)snprintf(dof, sizeof dof, "%lld", (long long)d->offset);
+    size_t c = (size_t)snprintf(cond, sizeof cond, "c_rel == 0");
+    for (int j = 0; j < nd; j++) {
+        int dd = ord[j];
+        sg__emit_line(g->e, "const sg_i64 c%d = c_rel / %lld;", dd, (long long)src->stride[dd]);
+        sg__emit_line(g->e, "c_rel -= c%d * %lld;", dd, (long long)src->stride[dd]);
+        c += (size_t)snprintf(cond + c, c < sizeof cond ? sizeof cond - c : 0, " && c%d < %lld", dd,
+                              (long long)src->shape[dd]);
+        q += (size_t)snprintf(dof + q, q < sizeof dof ? sizeof dof - q : 0, " + c%d * %lld", dd,
+                              (long long)d->stride[dd]);
+    }
+    sg__emit_line(g->e, "const sg_i64 at = (sg_i64)((const %s *)s%d)[%lld];",
+                  sg__lower_ctype(g->d, idx->dtype),
+                  lslot(g, idx->slot), (long long)idx->offset);
+    sg__emit_open(g->e, "if (%s && at >= 0 && at < %lld)", cond, (long long)d->shape[dim]);
+    snprintf(lv, sizeof lv, "((%s *)s%d)[%s + at * %lld]", sg__lower_ctype(g->d, d->dtype),
+             lslot(g, d->slot), dof,
+             (long long)d->stride[dim]);
+    snprintf(v, sizeof v, "v%d", a);
+    sg__lower_narrow_store(g->d, d->dtype, lv, v, st, sizeof st);
+    sg__emit_line(g->e, "%s", st);
+    sg__emit_close(g->e);
+    sg__emit_close(g->e);
+    sg__emit_close(g->e);
 }
 
 /* The anchor's value at (row r, column n) from acc<r>, its store, and the
  * epilogue: one output element, on the thread that holds the sum (a pair's
- * second product from accp<r> after it). */
+ * second product from accp<r> after it), then the copies of the result. */
 static void emit_gemv_tail(gen *g, const sg__group *grp, const gemv *p, int r) {
     char ld[320], rt[900], lv[200], e[420];
     int a = grp->anchor;
     sg__emit_open(g->e, "%s", "");
     sg__emit_line(g->e, "const sg_i64 i = %lld + n;", (long long)(r * p->n));
-    if (p->b) {
-        snprintf(lv, sizeof lv, "((const %s *)s%d)[%lld + n * %lld]", ctype(p->b->dtype),
-                 lslot(g, p->b->slot), (long long)p->b->offset, (long long)p->b->stride[0]);
-        widen(p->b->dtype, lv, ld, sizeof ld);
+    if (p->bias_reg) {
+        snprintf(e, sizeof e, "(b_pre + acc%d)", r);
+    } else if (p->b) {
+        snprintf(lv, sizeof lv, "((const %s *)s%d)[%lld + n * %lld]",
+                 sg__lower_ctype(g->d, p->b->dtype), lslot(g, p->b->slot), (long long)p->b->offset,
+                 (long long)p->b->stride[0]);
+        sg__lower_widen(g->d, p->b->dtype, lv, ld, sizeof ld);
         snprintf(e, sizeof e, "(%s + acc%d)", ld, r);
     } else {
         snprintf(e, sizeof e, "acc%d", r);
     }
-    round_trip(e, true, p->o->dtype, rt, sizeof rt);
+    sg__lower_round_trip(g->d, e, true, p->o->dtype, rt, sizeof rt);
     emit_gemv_result(g, grp, a, p->o, rt);
     if (p->w2) {
         snprintf(e, sizeof e, "accp%d", r);
-        round_trip(e, true, p->o2->dtype, rt, sizeof rt);
+        sg__lower_round_trip(g->d, e, true, p->o2->dtype, rt, sizeof rt);
         emit_gemv_result(g, grp, a = grp->anchor2, p->o2, rt);
     }
-    if (a + 1 < grp->n) {
-        bool flat = group_flat(g, grp, a + 1, grp->ndim, grp->shape);
+    sg__group epi = *grp;
+    epi.n = p->copies;
+    if (a + 1 < epi.n) {
+        bool flat = group_flat(g, &epi, a + 1, grp->ndim, grp->shape);
         if (!flat) emit_unflatten(g, grp->ndim, grp->shape);
-        emit_body(g, grp, a + 1, grp->ndim, grp->shape, flat ? IX_FLAT : IX_NESTED);
+        emit_body(g, &epi, a + 1, grp->ndim, grp->shape, flat ? IX_FLAT : IX_NESTED);
     }
+    for (int k = p->copies; k < grp->n; k++) emit_gemv_copy(g, p, grp, k, grp->anchor);
     sg__emit_close(g->e);
+}
+
+/*
+ * Before sg_pdl_wait: every parameter the group reads from memory besides
+ * the weights a lane loads ahead (the bias, the norm's scale and shift),
+ * a few KB each, goes to L2 by the block's threads, so that reading it
+ * after the wait costs an L2 hit, not a trip to memory on the kernel's
+ * path (the weights streamed by the step's other kernels evict them).
+ */
+static void emit_gemv_l2(gen *g, const sg__group *grp, const gemv *p, bool wregs) {
+    int seen[16], ns = 0;
+    for (int k = 0; k < p->copies; k++) {
+        const sg__irnode *n = &g->ir->nodes[grp->g[k].node];
+        for (int j = 0; j < n->nin; j++) {
+            const sg__ref *r = arg_of(g, n, j);
+            if (!r || reg_src(g, grp, k, j) >= 0 || r->ndim < 1) continue;
+            const sg__slot *sl = &g->ir->slots[r->slot];
+            if (sl->kind != SG__SLOT_PARAM || sl->mutated_by >= 0) continue;
+            if ((wregs && (r == p->w || r == p->w2)) || (p->bias_reg && r == p->b)) continue;
+            int64_t span = 1;
+            for (int d = 0; d < r->ndim; d++) {
+                if (r->stride[d] < 0) span = -1;
+                if (span > 0) span += (r->shape[d] - 1) * r->stride[d];
+            }
+            int64_t bytes = span * (int64_t)sg_dtype_size(r->dtype);
+            bool dup = false;
+            for (int q = 0; q < ns; q++) dup = dup || seen[q] == r->slot;
+            if (span < 1 || bytes > 16384 || dup || ns == 16) continue;
+            seen[ns++] = r->slot;
+            sg__emit_open(g->e, "%s", "");
+            sg__emit_line(g->e, "const sg_u64 pf = (sg_u64)(s%d + %lld);", lslot(g, r->slot),
+                          (long long)(r->offset * (int64_t)sg_dtype_size(r->dtype)));
+            sg__emit_line(
+                g->e,
+                "for (sg_u64 q = (pf & ~127ull) + threadIdx.x * 128ull; q < pf + %lldull; "
+                "q += blockDim.x * 128ull)",
+                (long long)bytes);
+            sg__emit_line(g->e, "    asm volatile(\"prefetch.global.L2 [%%0];\" ::\"l\"(q));");
+            sg__emit_close(g->e);
+        }
+    }
 }
 
 /* acc<r> += x[r][kexpr] * wf for every row. */
@@ -855,7 +708,7 @@ static void emit_gemv_fma(gen *g, const gemv *p, const char *xlane) {
     char lv[160], ld[240];
     for (int r = 0; r < p->rows; r++) {
         snprintf(lv, sizeof lv, xlane, r);
-        widen(p->x->dtype, lv, ld, sizeof ld);
+        sg__lower_widen(g->d, p->x->dtype, lv, ld, sizeof ld);
         sg__emit_line(g->e, "acc%d += %s * wf;", r, ld);
     }
 }
@@ -886,12 +739,12 @@ static void emit_gemv_cols_fma(gen *g, const gemv *p, int cols, const char *wlan
     char lv[160], ld[240];
     for (int c = 0; c < cols; c++) {
         snprintf(lv, sizeof lv, wlane, c);
-        widen(p->w->dtype, lv, ld, sizeof ld);
+        sg__lower_widen(g->d, p->w->dtype, lv, ld, sizeof ld);
         sg__emit_line(g->e, "const float wf%d = %s;", c, ld);
     }
     for (int r = 0; r < p->rows; r++) {
         snprintf(lv, sizeof lv, xlane, r);
-        widen(p->x->dtype, lv, ld, sizeof ld);
+        sg__lower_widen(g->d, p->x->dtype, lv, ld, sizeof ld);
         sg__emit_line(g->e, "const float xf%d = %s;", r, ld);
         for (int c = 0; c < cols; c++) sg__emit_line(g->e, "acc%d_%d += xf%d * wf%d;", r, c, r, c);
     }
@@ -900,7 +753,7 @@ static void emit_gemv_cols_fma(gen *g, const gemv *p, int cols, const char *wlan
 /* Step u of an along-K GEMV's vector loop: the prefetched vector u of each
  * column (u < npf), or the loop over the rest of K (u == npf). */
 static void emit_gemv_vectors(gen *g, const gemv *p, int cols, int u, int npf, int64_t kv) {
-    const char *t = ctype(p->x->dtype);
+    const char *t = sg__lower_ctype(g->d, p->x->dtype);
     int v = 16 / (int)sg_dtype_size(p->x->dtype);
     if (u < npf) {
         sg__emit_open(g->e, "if (lane + %d < %lld)", 32 * u, (long long)kv);
@@ -928,6 +781,18 @@ static void emit_gemv_vectors(gen *g, const gemv *p, int cols, int u, int npf, i
     sg__emit_close(g->e);
 }
 
+/* Before the wait: the bias of lane c's column nb + c into b_pre (bias_reg). */
+static void emit_gemv_bias(gen *g, const gemv *p, int cols) {
+    char lv[200], ld[300];
+    if (!p->bias_reg) return;
+    snprintf(lv, sizeof lv, "((const %s *)s%d)[%lld + (nb + lane) * %lld]",
+             sg__lower_ctype(g->d, p->b->dtype), lslot(g, p->b->slot), (long long)p->b->offset, (long long)p->b->stride[0]);
+    sg__lower_widen(g->d, p->b->dtype, lv, ld, sizeof ld);
+    sg__emit_line(g->e, "float b_pre = 0.0f;");
+    sg__emit_line(g->e, "if (lane < %d && nb + lane < %lld) b_pre = %s;", cols, (long long)p->n,
+                  ld);
+}
+
 /*
  * The loads and sums of an along-K GEMV: `cols` adjacent output columns per
  * warp (nb, nb + 1, ...), 16-byte loads along K shared by the columns for
@@ -936,7 +801,7 @@ static void emit_gemv_vectors(gen *g, const gemv *p, int cols, int u, int npf, i
  * caller emits the tail on lanes 0 .. cols-1.
  */
 static unsigned emit_gemv_warp(gen *g, const sg__group *grp, const gemv *p, int cols) {
-    const char *t = ctype(p->x->dtype);
+    const char *t = sg__lower_ctype(g->d, p->x->dtype);
     int es = (int)sg_dtype_size(p->x->dtype), v = 16 / es;
     int64_t wpb = BLOCK / 32, per_block = wpb * cols;
     unsigned grid = (unsigned)((p->n + per_block - 1) / per_block);
@@ -972,7 +837,9 @@ static unsigned emit_gemv_warp(gen *g, const sg__group *grp, const gemv *p, int 
                   ? (int)((kv + 31) / 32 < GEMV_PREFETCH ? (kv + 31) / 32 : GEMV_PREFETCH)
                   : 0;
     while (npf > 1 && npf * nw > GEMV_PREFETCH) npf--;
+    emit_gemv_bias(g, p, cols);
     if (p->k % v != 0) {
+        emit_gemv_l2(g, grp, p, false);
         sg__emit_line(g->e, "sg_pdl_wait();");
         emit_gemv_norm(g, grp, p);
     } else {
@@ -995,6 +862,7 @@ static unsigned emit_gemv_warp(gen *g, const sg__group *grp, const gemv *p, int 
                         32 * u, (long long)kv, u, c, c, 32 * u);
             sg__emit_close(g->e);
         }
+        emit_gemv_l2(g, grp, p, npf > 0);
         sg__emit_line(g->e, "sg_pdl_wait();");
         emit_gemv_norm(g, grp, p);
         sg__emit_open(g->e, "if (aligned)");
@@ -1019,7 +887,7 @@ static unsigned emit_gemv_warp(gen *g, const sg__group *grp, const gemv *p, int 
 
 /* The kernel body of a GEMV group; returns the grid. */
 static unsigned emit_gemv(gen *g, const sg__group *grp, const gemv *p) {
-    const char *t = ctype(p->x->dtype);
+    const char *t = sg__lower_ctype(g->d, p->x->dtype);
     char lv[160], ld[240];
     g->anchor_reg = true;
     if (p->norm)
@@ -1057,6 +925,7 @@ static unsigned emit_gemv(gen *g, const sg__group *grp, const gemv *p) {
         /* One thread per column, 8 slices of K per block summed in shared memory. */
         int slices = BLOCK / 32;
         grid = (unsigned)((p->n + 31) / 32);
+        emit_gemv_l2(g, grp, p, false);
         sg__emit_line(g->e, "sg_pdl_wait();");
         emit_gemv_norm(g, grp, p);
         sg__emit_line(g->e, "const int c = threadIdx.x & 31, ks = threadIdx.x >> 5;");
@@ -1067,7 +936,7 @@ static unsigned emit_gemv(gen *g, const sg__group *grp, const gemv *p) {
                       lslot(g, p->w->slot), (long long)p->woff);
         sg__emit_open(g->e, "for (sg_i64 k = ks; k < %lld; k += %d)", (long long)p->k, slices);
         snprintf(lv, sizeof lv, "wc[k * %lld]", (long long)p->sk);
-        widen(p->w->dtype, lv, ld, sizeof ld);
+        sg__lower_widen(g->d, p->w->dtype, lv, ld, sizeof ld);
         sg__emit_line(g->e, "const float wf = %s;", ld);
         emit_gemv_fma(g, p, "x%d[k]");
         sg__emit_close(g->e);
@@ -1110,26 +979,28 @@ static void walk_terms(const sg__ref *r, int nd, const int64_t *shape, int skip,
 
 /* `v = idx[<off>]` as a 64-bit value. */
 static void emit_index_load(gen *g, const char *v, const sg__ref *idx, const char *off) {
-    sg__emit_line(g->e, "const sg_i64 %s = (sg_i64)((const %s *)s%d)[%s];", v, ctype(idx->dtype),
-                  lslot(g, idx->slot), off);
+    sg__emit_line(g->e, "const sg_i64 %s = (sg_i64)((%sconst %s *)s%d)[%s];", v, g->sp->gp,
+                  sg__lower_ctype(g->d, idx->dtype), lslot(g, idx->slot), off);
 }
 
 /* out = src[sel] where sel is in [0, limit), else zeros. */
 static void emit_pick(gen *g, const sg__ref *o, const char *oo, const sg__ref *x, const char *xo,
                       const char *sel, int64_t limit) {
-    const char *t = ctype(o->dtype);
+    const char *t = sg__lower_ctype(g->d, o->dtype);
     int so = lslot(g, o->slot), sx = lslot(g, x->slot);
-    sg__emit_line(g->e, "((%s *)s%d)[%s] = %s >= 0 && %s < %lld ? ((const %s *)s%d)[%s] : (%s)0;",
-                  t, so, oo, sel, sel, (long long)limit, t, sx, xo, t);
+    const char *gp = g->sp->gp;
+    sg__emit_line(g->e,
+                  "((%s%s *)s%d)[%s] = %s >= 0 && %s < %lld ? ((%sconst %s *)s%d)[%s] : (%s)0;", gp,
+                  t, so, oo, sel, sel, (long long)limit, gp, t, sx, xo, t);
 }
 
 /* The loop over the walk's elements, i0..i<nd-1> declared; close it after. */
 static void open_walk(gen *g, int nd, const int64_t *shape) {
-    const char *blk = g->walk_blk ? g->walk_blk : "blockIdx.x";
-    const char *nblk = g->walk_nblk ? g->walk_nblk : "gridDim.x";
-    sg__emit_line(g->e, "const sg_i64 tid = (sg_i64)(%s) * blockDim.x + threadIdx.x;", blk);
-    sg__emit_open(g->e, "for (sg_i64 i = tid; i < %lld; i += (sg_i64)(%s) * blockDim.x)",
-                  (long long)numel_of(nd, shape), nblk);
+    const char *blk = g->walk_blk ? g->walk_blk : g->sp->bid;
+    const char *nblk = g->walk_nblk ? g->walk_nblk : g->sp->gdim;
+    sg__emit_line(g->e, "const sg_i64 tid = (sg_i64)(%s) * %s + %s;", blk, g->sp->bdim, g->sp->tid);
+    sg__emit_open(g->e, "for (sg_i64 i = tid; i < %lld; i += (sg_i64)(%s) * %s)",
+                  (long long)numel_of(nd, shape), nblk, g->sp->bdim);
     emit_unflatten(g, nd, shape);
 }
 
@@ -1170,7 +1041,7 @@ static void emit_index_select(gen *g, const sg__irnode *n) {
 static void emit_concat(gen *g, const sg__irnode *n) {
     const sg__ref *o = ref_of(g, n->out);
     int nd = o->ndim, dim = (int)n->i[0];
-    const char *t = ctype(o->dtype);
+    const char *t = sg__lower_ctype(g->d, o->dtype);
     char oo[320], xo[400];
     open_walk(g, nd, o->shape);
     walk_terms(o, nd, o->shape, -1, oo, sizeof oo);
@@ -1189,8 +1060,8 @@ static void emit_concat(gen *g, const sg__irnode *n) {
             sg__emit_open(g->e, "%s", first ? "" : "else");
         else
             sg__emit_open(g->e, "%sif (i%d < %lld)", first ? "" : "else ", dim, (long long)start);
-        sg__emit_line(g->e, "((%s *)s%d)[%s] = ((const %s *)s%d)[%s];", t, lslot(g, o->slot), oo, t,
-                      lslot(g, x->slot), xo);
+        sg__emit_line(g->e, "((%s%s *)s%d)[%s] = ((%sconst %s *)s%d)[%s];", g->sp->gp, t,
+                      lslot(g, o->slot), oo, g->sp->gp, t, lslot(g, x->slot), xo);
         sg__emit_close(g->e);
         first = false;
     }
@@ -1203,7 +1074,7 @@ static void emit_index_copy(gen *g, const sg__irnode *n) {
     const sg__ref *d = ref_of(g, n->out), *idx = arg_of(g, n, 1), *src = arg_of(g, n, 2);
     int nd = src->ndim, dim = (int)n->i[0];
     int64_t len = src->shape[dim];
-    const char *t = ctype(d->dtype);
+    const char *t = sg__lower_ctype(g->d, d->dtype);
     char io[96], so[320], dof[400];
     open_walk(g, nd, src->shape);
     snprintf(io, sizeof io, "%lld", (long long)idx->offset);
@@ -1216,17 +1087,17 @@ static void emit_index_copy(gen *g, const sg__irnode *n) {
         sg__emit_line(g->e, "bool later = false;");
         sg__emit_line(g->e, "for (sg_i64 j = i%d + 1; j < %lld && !later; j++)", dim,
                       (long long)len);
-        sg__emit_line(g->e, "    later = (sg_i64)((const %s *)s%d)[%lld + j * %lld] == at;",
-                      ctype(idx->dtype), lslot(g, idx->slot), (long long)idx->offset,
-                      (long long)idx->stride[0]);
+        sg__emit_line(g->e, "    later = (sg_i64)((%sconst %s *)s%d)[%lld + j * %lld] == at;",
+                      g->sp->gp, sg__lower_ctype(g->d, idx->dtype), lslot(g, idx->slot),
+                      (long long)idx->offset, (long long)idx->stride[0]);
         sg__emit_line(g->e, "if (later) continue;");
     }
     walk_terms(src, nd, src->shape, -1, so, sizeof so);
     walk_terms(d, nd, src->shape, dim, dof, sizeof dof);
     snprintf(dof + strlen(dof), sizeof dof - strlen(dof), " + at * %lld",
              (long long)d->stride[dim]);
-    sg__emit_line(g->e, "((%s *)s%d)[%s] = ((const %s *)s%d)[%s];", t, lslot(g, d->slot), dof, t,
-                  lslot(g, src->slot), so);
+    sg__emit_line(g->e, "((%s%s *)s%d)[%s] = ((%sconst %s *)s%d)[%s];", g->sp->gp, t,
+                  lslot(g, d->slot), dof, g->sp->gp, t, lslot(g, src->slot), so);
     sg__emit_close(g->e);
 }
 
@@ -1333,7 +1204,7 @@ static int64_t multi_data(gen *g, const sg__group *part, int64_t start, sg__cuda
     }
     nb = nb > MEMBER_CAP ? MEMBER_CAP : nb;
     char blk[64], nblk[32];
-    snprintf(blk, sizeof blk, "blockIdx.x - %lld", (long long)start);
+    snprintf(blk, sizeof blk, "%s - %lld", g->sp->bid, (long long)start);
     snprintf(nblk, sizeof nblk, "%lld", (long long)nb);
     g->walk_blk = blk, g->walk_nblk = nblk;
     data_body(g, n);
@@ -1352,7 +1223,7 @@ static int64_t multi_loop(gen *g, const sg__group *part, int64_t start, bool *al
     int w = vec_width(g, part, 0, aligned);
     unsigned nb = loop_blocks(part, w, BLOCK, MEMBER_CAP);
     char blk[64], nblk[32];
-    snprintf(blk, sizeof blk, "blockIdx.x - %lld", (long long)start);
+    snprintf(blk, sizeof blk, "%s - %lld", g->sp->bid, (long long)start);
     snprintf(nblk, sizeof nblk, "%u", nb);
     emit_loop(g, part, 0, w, aligned, blk, nblk);
     ki->iters += numel_of(part->ndim, part->shape);
@@ -1385,10 +1256,10 @@ static void emit_multi(gen *g, const sg__group *grp, sg__cuda_kinfo *ki, bool *a
                                                 : multi_loop(g, part, start, aligned, nslots, ki);
         g->e = outer, g->mark = NULL;
         if (nb > 0) {
-            sg__emit_open(outer, "%sif (blockIdx.x < %lld)", start ? "else " : "",
+            sg__emit_open(outer, "%sif (%s < %lld)", start ? "else " : "", g->sp->bid,
                           (long long)(start + nb));
             for (int i = 0; i < nslots; i++)
-                if (mark[i]) sg__emit_line(outer, "char *const s%d = slot[%d];", i, i);
+                if (mark[i]) sg__emit_line(outer, "%schar *const s%d = slot[%d];", g->sp->gp, i, i);
             if (body.buf) sg__emit_raw(outer, "%s", body.buf);
             sg__emit_close(outer);
         } else if (body.buf) {
@@ -1446,10 +1317,10 @@ static void emit_chain(gen *g, const sg__group *grp, sg__cuda_kinfo *ki, bool *a
             emit_loop(g, part, 0, 1, aligned, "0", "1"); /* w 1: no early return */
         }
         g->e = outer, g->mark = NULL;
-        if (m) sg__emit_line(outer, "__syncthreads();");
+        if (m) sg__emit_line(outer, "%s", g->sp->sync);
         sg__emit_open(outer, "%s", "");
         for (int i = 0; i < nslots; i++)
-            if (mark[i]) sg__emit_line(outer, "char *const s%d = slot[%d];", i, i);
+            if (mark[i]) sg__emit_line(outer, "%schar *const s%d = slot[%d];", g->sp->gp, i, i);
         if (body.buf) sg__emit_raw(outer, "%s", body.buf);
         sg__emit_close(outer);
         if (body.oom) outer->oom = true;
@@ -1475,6 +1346,10 @@ static bool emit_group(gen *g, const sg__group *grp, sg__cuda_kinfo *ki, bool *a
     int from = grp->anchor >= 0 ? grp->anchor + 1 : 0;
     *gemv_out = is_gemv;
     bool is_row = !is_gemv && grp->rows_inline; /* cgen_cuda_row.c computes the anchor */
+    if ((is_gemv || is_row) && !g->sp->shuffles) {
+        g->unsupported = sg__op_name(g->ir->nodes[grp->g[grp->anchor].node].op);
+        return false;
+    }
     if (!is_gemv && !is_row && grp->kind != SG__G_MULTI &&
         (from >= grp->n || numel_of(grp->ndim, grp->shape) == 0))
         return false;
@@ -1515,7 +1390,7 @@ static bool emit_group(gen *g, const sg__group *grp, sg__cuda_kinfo *ki, bool *a
         for (int t = 0; t < SG__CUDA_NTUNE; t++)
             ki->tune_grid[t] = loop_blocks(grp, w, 128 << t, GRID_CAP);
         ki->iters = numel_of(grp->ndim, grp->shape);
-        emit_loop(g, grp, from, w, aligned, "blockIdx.x", "gridDim.x");
+        emit_loop(g, grp, from, w, aligned, g->sp->bid, g->sp->gdim);
         *what = grp->kind == SG__G_POINTWISE ? "pointwise" : "epilogue after a library call";
     }
     g->anchor_reg = false;
@@ -1582,7 +1457,7 @@ static void kernel_head(gen *g, bool is_gemv, sg__emit *head) {
     int n = g->member_slots ? 0 : g->global ? g->ir->nslots : g->nloc;
     for (int i = 0; i < n; i++)
         if (!g->global || g->loc[i] >= 0)
-            sg__emit_line(head, "    char *const s%d = slot[%d];", i, i);
+            sg__emit_line(head, "    %schar *const s%d = slot[%d];", g->sp->gp, i, i);
     sg__emit_line(head, "    sg_pdl_launch();");
     if (!is_gemv) sg__emit_line(head, "    sg_pdl_wait();");
 }
@@ -1609,10 +1484,12 @@ static void emit_kernel(gen *g, const sg__group *grp, int k, sg__cuda_kinfo *kin
         sg__emit_free(&body);
         body = (sg__emit){.ctx = outer->ctx, .depth = 1};
         g->e = &body;
+        g->unsupported = NULL;
         has = emit_group(g, grp, ki, aligned, &what, &is_gemv);
         g->e = outer;
         if (!g->overflow) break;
     }
+    ki->unsupported = g->unsupported != NULL;
     if (has) {
         kernel_head(g, is_gemv, &head);
         kernel_name(g, grp, &head, &body, ki);
@@ -1627,10 +1504,12 @@ static void emit_kernel(gen *g, const sg__group *grp, int k, sg__cuda_kinfo *kin
                           grp->last, ki->name);
         } else {
             kernel_comment(g, grp, k, ki, what);
-            char lbs[32];
-            sg__emit_line(
-                g->e, "extern \"C\" __global__ void __launch_bounds__(%s) %s(char *const *slot) {",
-                launch_bounds(grp, ki, lbs, sizeof lbs), ki->name);
+            char lbs[32], lb[64] = "";
+            if (g->sp->launch_bounds)
+                snprintf(lb, sizeof lb, "__launch_bounds__(%s) ",
+                         launch_bounds(grp, ki, lbs, sizeof lbs));
+            sg__emit_line(g->e, "%s %s%s(%schar *%sconst *slot) {", g->sp->kernel, lb, ki->name,
+                          g->sp->gp, g->sp->gp);
             if (head.buf) sg__emit_raw(g->e, "%s", head.buf);
             if (body.buf) sg__emit_raw(g->e, "%s", body.buf);
             sg__emit_line(g->e, "}");
@@ -1655,16 +1534,17 @@ const sg__ref *sg__cuda_arg(const sg__cuda_gen *g, const sg__irnode *n, int j) {
 
 const sg__ir *sg__cuda_ir(const sg__cuda_gen *g) { return g->ir; }
 
+/* Row kernels are CUDA's (and HIP's, which spells values the same). */
 void sg__cuda_widen(sg_dtype dt, const char *lv, char *buf, size_t size) {
-    widen(dt, lv, buf, size);
+    sg__lower_widen(SG__DIALECT_CUDA, dt, lv, buf, size);
 }
 
 void sg__cuda_narrow_store(sg_dtype dt, const char *lv, const char *v, char *buf, size_t size) {
-    narrow_store(dt, lv, v, buf, size);
+    sg__lower_narrow_store(SG__DIALECT_CUDA, dt, lv, v, buf, size);
 }
 
 void sg__cuda_round_trip(const char *e, sg_dtype dt, char *buf, size_t size) {
-    round_trip(e, true, dt, buf, size);
+    sg__lower_round_trip(SG__DIALECT_CUDA, e, true, dt, buf, size);
 }
 
 bool sg__cuda_walk_flat(const sg__cuda_gen *g, const sg__group *grp, int from, int to, int nd,
@@ -1672,12 +1552,12 @@ bool sg__cuda_walk_flat(const sg__cuda_gen *g, const sg__group *grp, int from, i
     sg__group part = *grp;
     part.n = to;
     bool flat = group_flat(g, &part, from, nd, shape);
-    return flat && (!extra || flat_ok(extra, nd, shape));
+    return flat && (!extra || sg__lower_flat_ok(extra, nd, shape));
 }
 
 void sg__cuda_lvalue_at(sg__cuda_gen *g, const sg__ref *r, const char *off, char *buf,
                         size_t size) {
-    snprintf(buf, size, "((%s *)s%d)[%s]", ctype(r->dtype), lslot(g, r->slot), off);
+    snprintf(buf, size, "((%s *)s%d)[%s]", sg__lower_ctype(g->d, r->dtype), lslot(g, r->slot), off);
 }
 
 void sg__cuda_lvalue(sg__cuda_gen *g, const sg__ref *r, int nd, const int64_t *shape,
@@ -1728,16 +1608,16 @@ void sg__cuda_store(sg__cuda_gen *g, bool fl, int k, const char *st) { store_stm
  * group). */
 static bool gemv_rows(const sg__ir *ir, const int *alias, const sg__group *merged) {
     sg__fused f = {.alias = (int *)alias};
-    gen g = {.ir = ir, .f = &f};
+    gen g = {.ir = ir, .f = &f, .d = SG__DIALECT_CUDA, .sp = sg__spell_of(SG__DIALECT_CUDA)};
     gemv p;
-    return gemv_plan(&g, merged, &p) && (p.norm || p.w2);
+    return gemv_plan(&g, merged, &p) && (p.norm || p.w2 || merged->ncopies);
 }
 
 /* sg__fuse_opts.chain: a pointwise loop or a generated data op (a MULTI of
  * them) of at most CHAIN_MAX elements in all, which one block runs in a few
  * passes (a MULTI's members, which ran side by side, run one by one). */
 static bool chain_takes(const sg__ir *ir, const sg__fused *f, const sg__group *grp) {
-    gen g = {.ir = ir, .f = f};
+    gen g = {.ir = ir, .f = f, .d = SG__DIALECT_CUDA, .sp = sg__spell_of(SG__DIALECT_CUDA)};
     int nl = grp->kind == SG__G_MULTI ? grp->nmembers : 1;
     int64_t total = 0;
     if (grp->kind == SG__G_MULTI && grp->chain) return false;
@@ -1761,21 +1641,43 @@ void sg__cgen_cuda_fuse_opts(sg__fuse_opts *o, bool disable) {
     o->chain = chain_takes;
 }
 
-sg_status sg__cgen_cuda(sg_ctx *ctx, const sg__ir *ir, const sg__fused *f, const char *title,
-                        sg__emit *e, sg__cuda_kinfo *kinfo, int *nkernels) {
-    gen g = {.ir = ir, .f = f, .e = e};
+sg_status sg__cgen_gpu(sg_ctx *ctx, const sg__ir *ir, const sg__fused *f, const char *title,
+                       sg__dialect d, sg__emit *e, sg__cuda_kinfo *kinfo, int *nkernels) {
+    const sg__spell *sp = sg__spell_of(d);
+    if (!sp->kernel)
+        return sg__fail(ctx, SG_ERR_INVALID_ARG,
+                        "codegen: %s is no GPU dialect; sg__cgen_c writes the C unit", sp->name);
+    gen g = {.ir = ir, .f = f, .e = e, .d = d, .sp = sp};
     g.loc = sg__calloc(ctx, sizeof(int) * (size_t)(ir->nslots ? ir->nslots : 1));
-    if (!g.loc) return sg__fail(ctx, SG_ERR_OOM, "codegen: out of host memory for the CUDA source");
-    sg__emit_line(e, "/* stepgraph: %s -- %d groups for %d IR ops (generated; CUDA C for NVRTC) */",
-                  title, f->ngroups, ir->nnodes);
-    sg__emit_raw(e, "%s\n", preamble);
-    int nk = 0;
+    if (!g.loc)
+        return sg__fail(ctx, SG_ERR_OOM, "codegen: out of host memory for the %s source", sp->name);
+    sg__emit_line(e, "/* stepgraph: %s -- %d groups for %d IR ops (generated; %s) */", title,
+                  f->ngroups, ir->nnodes, sp->name);
+    if (d == SG__DIALECT_HIP) sg__emit_raw(e, "%s", sg__hip_prelude);
+    sg__lower_preamble(d, e);
+    sg__emit_raw(e, "\n");
+    int nk = 0, nun = 0, first = -1;
+    const char *op = "";
     for (int k = 0; k < f->ngroups; k++) {
         emit_kernel(&g, &f->groups[k], k, kinfo);
         nk += kinfo[k].name[0] != '\0';
+        if (kinfo[k].unsupported && nun++ == 0) first = k, op = g.unsupported;
     }
     sg__free(ctx, g.loc, sizeof(int) * (size_t)(ir->nslots ? ir->nslots : 1));
-    if (e->oom) return sg__fail(ctx, SG_ERR_OOM, "codegen: out of host memory for the CUDA source");
+    if (e->oom)
+        return sg__fail(ctx, SG_ERR_OOM, "codegen: out of host memory for the %s source", sp->name);
     *nkernels = nk;
+    if (nun)
+        return sg__fail(ctx, SG_ERR_UNSUPPORTED,
+                        "codegen: group %d (IR lines %d..%d, %s) needs a row or GEMV kernel, which "
+                        "is not yet in the %s dialect (%d such groups of %d; the unit holds the "
+                        "others' kernels); run this capture on the CPU or CUDA backend",
+                        first, f->groups[first].first, f->groups[first].last, op, sp->name, nun,
+                        f->ngroups);
     return SG_OK;
+}
+
+sg_status sg__cgen_cuda(sg_ctx *ctx, const sg__ir *ir, const sg__fused *f, const char *title,
+                        sg__emit *e, sg__cuda_kinfo *kinfo, int *nkernels) {
+    return sg__cgen_gpu(ctx, ir, f, title, SG__DIALECT_CUDA, e, kinfo, nkernels);
 }

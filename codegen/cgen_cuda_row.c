@@ -51,6 +51,7 @@
 #define REG_MAX 32            /* elements per lane kept in registers */
 #define TARGET_BLOCKS 1024    /* a long reduction's blocks: a wave of 8 per SM on an H100 */
 #define SPLIT_LEAST 8192      /* positions per block of a cut row, at least */
+#define SPLIT_LEAST_ARGMAX 2048 /* an argmax's (a vocabulary's logits: one load batch a thread) */
 #define GRID_MAX (65535 * 16) /* more blocks stride over the work */
 
 typedef struct rowk {
@@ -808,8 +809,10 @@ static const char *emit_wide(rowk *k, sg__cuda_kinfo *ki) {
                          : "column reduction, a block per column tile; prologue and epilogue "
                            "fused";
     }
-    if (grp->kind == SG__G_REDUCE && !grp->bcast && k->team == BLOCK &&
-        k->an->op != SG__OP_VAR && (split = plan_split(k->rows, k->len, SPLIT_LEAST, &ch)) > 1) {
+    if (grp->kind == SG__G_REDUCE && !grp->bcast && k->team == BLOCK && k->an->op != SG__OP_VAR &&
+        (split = plan_split(k->rows, k->len,
+                            k->an->op == SG__OP_ARGMAX ? SPLIT_LEAST_ARGMAX : SPLIT_LEAST, &ch)) >
+            1) {
         ki->grid = (unsigned)(k->rows * split);
         emit_split(k, split, ch);
         return "long-row reduction, a block per chunk of a row, the row's last block "

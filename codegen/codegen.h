@@ -208,6 +208,95 @@ SG__HIDDEN void sg__emit_open(sg__emit *e, const char *fmt, ...) __attribute__((
 SG__HIDDEN void sg__emit_close(sg__emit *e);
 SG__HIDDEN void sg__emit_free(sg__emit *e);
 
+/* ------------------------------------------------------------ op lowering and dialects (lower.c)
+ */
+
+/*
+ * The op semantics of generated code, written once: every generator calls
+ * these for its expressions, and a dialect differs only by its entry in
+ * the table of spellings (sg__spell). Values are computed in float for
+ * f32/f16/bf16 (rounded to the dtype after every op, as the eager path
+ * does) and in 64-bit integers for i32/i64/bool.
+ */
+typedef enum sg__dialect {
+    SG__DIALECT_C,     /* C11 + OpenMP, for the CPU (cgen_c.c) */
+    SG__DIALECT_CUDA,  /* CUDA C for NVRTC (cgen_cuda.c) */
+    SG__DIALECT_HIP,   /* the CUDA text after the HIP prelude, for hiprtc */
+    SG__DIALECT_OPENCL /* OpenCL C 1.2 and later (no generic address space needed) */
+} sg__dialect;
+
+typedef struct sg__spell {
+    const char *name;                       /* in words, for messages and unit titles */
+    const char *u8, *u16, *i32, *i64, *u64; /* storage and value types */
+    const char *i64_min;                    /* the least 64-bit integer as a constant */
+    const char *ll;                         /* the suffix of a 64-bit integer literal */
+    const char *fn;                         /* the qualifier of the preamble's helpers */
+    const char *mf;                         /* the suffix of float math functions ("f": expf) */
+    const char *gp;                         /* the address space of tensor pointers ("__global ") */
+    const char *fbits;                      /* a float from its bits (printf: %08x bits, %g value);
+                                               NULL: a hex literal of the double */
+    const char *h_rt, *bf_rt;               /* a float rounded to f16/bf16 and back (printf: %s) */
+    const char *head, *tail;                /* the preamble before and after the shared helpers */
+    /* GPU dialects: the kernel's qualifier, thread and block indices and
+     * counts along x, the block barrier, and whether kernels declare
+     * __launch_bounds__ and have warp shuffles (row and GEMV kernels). */
+    const char *kernel, *tid, *bid, *bdim, *gdim, *sync;
+    bool launch_bounds, shuffles;
+} sg__spell;
+
+/* The dialect's spellings (an unknown dialect gets C's). */
+SG__HIDDEN const sg__spell *sg__spell_of(sg__dialect d);
+/* The unit's preamble: the dialect's head, the helpers every unit has
+ * (sg_h2f, sg_f2h, sg_bf2f, sg_f2bf, sg_f2i32, sg_f2i64, sg_gelu,
+ * sg_gelu_tanh, sg_i2f_odd, SG_WRAP: one text, the dialect's qualifier),
+ * then its tail. */
+SG__HIDDEN void sg__lower_preamble(sg__dialect d, sg__emit *e);
+/* Is dt computed in float (f32, f16, bf16)? */
+SG__HIDDEN bool sg__lower_fdom(sg_dtype dt);
+/* The element type in memory, and the type of a value in registers. */
+SG__HIDDEN const char *sg__lower_ctype(sg__dialect d, sg_dtype dt);
+SG__HIDDEN const char *sg__lower_vtype(sg__dialect d, bool fl);
+/* The value of element lvalue lv of dtype dt, widened to its domain. */
+SG__HIDDEN void sg__lower_widen(sg__dialect d, sg_dtype dt, const char *lv, char *buf, size_t size);
+/* `lv = v` narrowed to dt, as a statement. */
+SG__HIDDEN void sg__lower_narrow_store(sg__dialect d, sg_dtype dt, const char *lv, const char *v,
+                                       char *buf, size_t size);
+/* Value e (float when src_float, else a 64-bit integer) narrowed to dt and
+ * widened back, as a store and a load would. */
+SG__HIDDEN void sg__lower_round_trip(sg__dialect d, const char *e, bool src_float, sg_dtype dt,
+                                     char *buf, size_t size);
+/* Scalar v in the domain of fl, following dt's rules (a half's is rounded once). */
+SG__HIDDEN void sg__lower_scalar(sg__dialect d, double v, bool fl, sg_dtype dt, char *buf,
+                                 size_t size);
+/* Node n's op applied to argument texts a, b, c in the domain of fl; dt is
+ * the dtype whose rules its scalars follow. False: not a pointwise op. */
+SG__HIDDEN bool sg__lower_op(sg__dialect d, const sg__irnode *n, bool fl, sg_dtype dt,
+                             const char *a, const char *b, const char *c, char *buf, size_t size);
+/* Node n as a member of a loop: its op on args (texts of its inputs'
+ * values), in the domain its inputs decide, rounded to its output's dtype. */
+SG__HIDDEN bool sg__lower_member(sg__dialect d, const sg__ir *ir, const sg__fused *f,
+                                 const sg__irnode *n, const char *const args[3], char *buf,
+                                 size_t size);
+/* IR ref r after cse's alias; node n's argument j (NULL when absent). */
+SG__HIDDEN const sg__ref *sg__lower_ref(const sg__ir *ir, const sg__fused *f, int r);
+SG__HIDDEN const sg__ref *sg__lower_arg(const sg__ir *ir, const sg__fused *f, const sg__irnode *n,
+                                        int j);
+/* Is r one element broadcast everywhere? Can a loop over (nd, shape)
+ * address it as element i of a flat row-major walk? */
+SG__HIDDEN bool sg__lower_is_scalar(const sg__ref *r);
+SG__HIDDEN bool sg__lower_flat_ok(const sg__ref *r, int nd, const int64_t *shape);
+/* The member of grp whose register holds member k's argument j, or -1 when
+ * it is loaded (the anchor's value is a register only when anchor_reg). */
+SG__HIDDEN int sg__lower_reg_src(const sg__group *grp, int k, int j, bool anchor_reg);
+/* Is every ref members [from, to) of grp load or store flat-addressable? */
+SG__HIDDEN bool sg__lower_group_flat(const sg__ir *ir, const sg__fused *f, const sg__group *grp,
+                                     int from, int to, int nd, const int64_t *shape,
+                                     bool anchor_reg);
+/* The element offset of r at the loop indices (i when flat, else
+ * i0..i<nd-1> of (nd, shape), broadcast dims left out), as text. */
+SG__HIDDEN void sg__lower_offset(const sg__ref *r, int nd, const int64_t *shape, bool flat,
+                                 char *buf, size_t size);
+
 /* ------------------------------------------------------------ the C dialect (cgen_c.c) */
 
 /*
@@ -256,10 +345,17 @@ SG__HIDDEN sg_status sg__cgen_c(sg_ctx *ctx, const sg__ir *ir, const sg__fused *
  * epilogue), so the library call is skipped; so does a rows_inline ROW or
  * REDUCE group (cgen_cuda_row.c). A MATMUL group with norm_rows (the
  * layer_norm/rms_norm before it merged in by fusion) is one such GEMV whose
- * blocks first compute the norm's rows into shared memory. Along K, a warp
- * takes 1, 2 or 4 adjacent output columns (more when K gives a lane few
- * 16-byte loads and N still fills the SMs; SG_GEMV_COLS=1|2|4 forces a
- * count, for measuring). OPAQUE groups get nothing.
+ * blocks first compute the norm's rows into shared memory. One with
+ * ncopies (the index_copy_ of views of its result that fusion merged: a
+ * decode step's K/V cache writes) also writes each element of the result
+ * that a copy's src covers into that copy's dst, from the thread that
+ * holds it. Before its wait, a GEMV loads its weights (up to
+ * GEMV_PREFETCH 16-byte vectors a lane) and its bias into registers and
+ * sends the other parameters it reads (the norm's scale and shift) to L2.
+ * Along K, a warp takes 1, 2 or 4 adjacent output columns (more when K
+ * gives a lane few 16-byte loads and N still fills the SMs;
+ * SG_GEMV_COLS=1|2|4 forces a count, for measuring). OPAQUE groups get
+ * nothing.
  */
 #define SG__CUDA_NTUNE 3 /* block sizes max-autotune tries: 128, 256, 512 */
 #define SG__CUDA_MAX_LOCAL 64 /* entries of a kernel's own address table */
@@ -273,6 +369,7 @@ typedef struct sg__cuda_kinfo {
     bool emitted;         /* its text is in the unit here; false: an earlier
                              group's kernel of the same name runs it */
     int nlocal;           /* entries of its address table, -1: the capture-wide one */
+    bool unsupported;     /* the dialect has no kernel for the group (sg__cgen_gpu) */
     int local[SG__CUDA_MAX_LOCAL]; /* per entry, the IR slot whose base it holds */
 } sg__cuda_kinfo;
 
@@ -286,6 +383,25 @@ SG__HIDDEN void sg__cgen_cuda_fuse_opts(sg__fuse_opts *o, bool disable);
 SG__HIDDEN sg_status sg__cgen_cuda(sg_ctx *ctx, const sg__ir *ir, const sg__fused *f,
                                    const char *title, sg__emit *e, sg__cuda_kinfo *kinfo,
                                    int *nkernels);
+/*
+ * The same generator in GPU dialect d (sg__cgen_cuda is its CUDA call):
+ *   SG__DIALECT_HIP     the CUDA text after sg__hip_prelude;
+ *   SG__DIALECT_OPENCL  OpenCL C (1.2, or 3.0 without the generic address
+ *       space: every pointer says __global), with CUDA's ABI and kinfo:
+ *           __kernel void <name>(__global char *__global const *slot)
+ *       slot[] a table of device addresses in device memory (SVM or USM),
+ *       grid = work-groups, block = work-group size. Pointwise, MULTI,
+ *       chain, data (embedding, index_select, concat, index_copy_) and
+ *       epilogue kernels; a row or GEMV kernel (a rows_inline ROW or REDUCE
+ *       group, a GEMV group) needs warp shuffles: its kinfo says
+ *       `unsupported`, it gets no kernel, and the call ends with
+ *       SG_ERR_UNSUPPORTED naming the first such group's op, the unit in e
+ *       holding every other group's kernel.
+ * SG__DIALECT_C is no GPU dialect: SG_ERR_INVALID_ARG.
+ */
+SG__HIDDEN sg_status sg__cgen_gpu(sg_ctx *ctx, const sg__ir *ir, const sg__fused *f,
+                                  const char *title, sg__dialect d, sg__emit *e,
+                                  sg__cuda_kinfo *kinfo, int *nkernels);
 
 /*
  * Row kernels (cgen_cuda_row.c): a ROW or REDUCE group that fusion marks
@@ -405,5 +521,49 @@ SG__HIDDEN sg_status sg__ocloc_check(sg_ctx *ctx, const char *name, const void *
                                      size_t size);
 /* Process-wide count of ocloc compiles (not cache hits), for tests. */
 SG__HIDDEN uint64_t sg__ocloc_compiles(void);
+
+/* ------------------------------------------------------------ OpenCL C on the CPU (opencl.c) */
+
+/*
+ * Build an OpenCL C unit (sg__cgen_gpu's SG__DIALECT_OPENCL) with
+ * clBuildProgram on the first OpenCL CPU device (PoCL), the ICD loader
+ * libOpenCL.so.1 opened at run time: the check that the dialect compiles,
+ * where its real targets are absent. SG_DUMP_DIR gets <name>.cl. On success
+ * *program (when not NULL) is the cl_program, the caller's to release
+ * (opencl.h has the API). Failures: SG_ERR_COMPILE with the head of the
+ * build log, SG_ERR_BACKEND_UNAVAILABLE without a loader or CPU device.
+ */
+SG__HIDDEN sg_status sg__opencl_build(sg_ctx *ctx, const char *name, const char *source,
+                                      void **program);
+
+/* ------------------------------------------------------------ runtime compile drivers (nvrtc.c) */
+
+/* The runtime compilers: NVRTC (CUDA) and hiprtc (HIP, AMD GPUs). */
+typedef enum sg__rtc { SG__RTC_NVRTC, SG__RTC_HIPRTC } sg__rtc;
+
+/*
+ * sg__nvrtc_build generalized: compile `source` with driver drv for arch
+ * ("sm_90" for NVRTC; "gfx90a" for hiprtc, which gets sg__hip_prelude
+ * before the source), through the same disk cache (the key includes the
+ * driver, its version and the arch). hiprtc is only asked for the archs
+ * sg__hiprtc_arch_known accepts: any other is SG_ERR_BACKEND_UNAVAILABLE
+ * naming it, without a call. On success *image (sg__alloc'd, *size bytes)
+ * is the cubin or the code object for cuModuleLoadData/hipModuleLoadData.
+ */
+SG__HIDDEN sg_status sg__rtc_build(sg_ctx *ctx, sg__rtc drv, const char *name, const char *source,
+                                   const char *arch, void **image, size_t *size);
+/* Whether drv can be loaded (why not into why). */
+SG__HIDDEN bool sg__rtc_available(sg__rtc drv, char *why, size_t n);
+/* Process-wide count of drv's compiles (not cache hits), for tests. */
+SG__HIDDEN uint64_t sg__rtc_compiles(sg__rtc drv);
+/* Whether hiprtc is asked to compile for this gfx arch (no feature suffix). */
+SG__HIDDEN bool sg__hiprtc_arch_known(const char *arch);
+/* What hiprtc compiles before a unit written for NVRTC: the CUDA spellings
+ * HIP names otherwise (warp shuffles of width 32, __syncwarp). */
+SG__HIDDEN extern const char sg__hip_prelude[];
+/* The HIP runtime library (libamdhip64.so.6, .so.5, .so, or SG_HIP_RUNTIME),
+ * opened once per process: its handle, or NULL with why it is not there
+ * (naming the library and the fix). *path, when given, gets its name. */
+SG__HIDDEN void *sg__hip_library(char *why, size_t n, const char **path);
 
 #endif /* SG_CODEGEN_H */

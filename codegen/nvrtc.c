@@ -1,57 +1,213 @@
 /* SPDX-License-Identifier: MIT */
 /*
- * nvrtc.c -- CUDA C to a cubin with NVRTC, loaded at run time, through the
- * disk cache. An entry is one file, <root>/cu-<key>.cubin, kept by blob.c
- * (magic, SHA-256, image; written whole or not at all). The key hashes the
- * generator version, NVRTC's version, the options, the arch and the source.
- * Files are read and written under the cache's trust rules (cache_dir.c):
- * never through a link, only regular files of the user's, in a root that is
- * the user's alone; a root that cannot be used means compiling uncached.
+ * nvrtc.c -- GPU C++ to a device image at run time, through the disk cache,
+ * with one of two drivers whose APIs mirror each other: NVRTC (CUDA C to a
+ * cubin for sm_<arch>) and hiprtc (the same source, after the HIP prelude
+ * below, to a code object for an AMD gfx<N> arch). Both are loaded at run
+ * time (dlopen): libnvrtc from the CUDA toolkit; hiprtc from the HIP
+ * runtime (libamdhip64, or libhiprtc where ROCm ships it apart).
+ *
+ * An entry is one file, <root>/cu-<key>.cubin (NVRTC) or
+ * <root>/hip-<key>.hsaco (hiprtc): a magic, the SHA-256 of the image, and
+ * the image, kept by blob.c (written whole or not at all; a damaged file is
+ * removed and rebuilt). The key hashes the generator version, the driver
+ * and its version, the options, the arch and the source. Files are read
+ * and written under the cache's trust rules (cache_dir.c): never through a
+ * link, only regular files of the user's, in a root that is the user's
+ * alone; a root that cannot be used means compiling uncached.
  *
  * Generated code never relies on fused multiply-add contraction
- * (--fmad=false): the eager CPU kernels round after every multiply, and a
- * fused kernel must agree with them within the dtype's tolerance.
+ * (--fmad=false, -ffp-contract=off): the eager CPU kernels round after
+ * every multiply, and a fused kernel must agree with them within the
+ * dtype's tolerance.
+ *
+ * hiprtc is asked only for the archs of hiprtc_archs: for an arch its
+ * code-object manager does not know, ROCm 5's aborts the process.
  */
+
 #include "codegen.h"
-
-#include <stdio.h>
-
-#ifdef SG_HAVE_CUDA_HEADERS
 
 #include <dlfcn.h>
 #include <limits.h>
-#include <nvrtc.h>
 #include <pthread.h>
 #include <stdatomic.h>
+#include <stdio.h>
 #include <stdlib.h>
+#include <sys/stat.h>
 
-#define SG__NVRTC_API(X)                                                                           \
-    X(nvrtcVersion)                                                                                \
-    X(nvrtcGetErrorString)                                                                         \
-    X(nvrtcCreateProgram)                                                                          \
-    X(nvrtcCompileProgram)                                                                         \
-    X(nvrtcGetProgramLogSize)                                                                      \
-    X(nvrtcGetProgramLog)                                                                          \
-    X(nvrtcGetCUBINSize)                                                                           \
-    X(nvrtcGetCUBIN)                                                                               \
-    X(nvrtcDestroyProgram)
+#ifdef SG_HAVE_CUDA_HEADERS
+#include <nvrtc.h>
+_Static_assert(NVRTC_SUCCESS == 0 && NVRTC_ERROR_OUT_OF_MEMORY == 1, "nvrtcResult codes");
+#endif
+#ifdef SG_HAVE_HIP_HEADERS
+#include <hip/hiprtc.h>
+_Static_assert(HIPRTC_SUCCESS == 0 && HIPRTC_ERROR_OUT_OF_MEMORY == 1, "hiprtcResult codes");
+#endif
 
-static struct {
-#define X(f) __typeof__(&f) f;
-    SG__NVRTC_API(X)
-#undef X
-} api;
-static pthread_once_t once = PTHREAD_ONCE_INIT;
-static bool loaded;
-static int ver_major, ver_minor;
-static char load_why[512];
-static atomic_uint_fast64_t n_compiles;
+/* ------------------------------------------------------------ the HIP prelude */
 
-static void load_once(void) {
+/*
+ * What hiprtc needs before a unit written for NVRTC: the CUDA spellings the
+ * kernels use that HIP names otherwise. A warp stays 32 lanes: on a wave64
+ * GPU each shuffle has width 32, so it stays within its half of the wave,
+ * and the kernels' lane (threadIdx.x & 31) and warp (threadIdx.x >> 5)
+ * arithmetic keeps its meaning. __syncwarp orders shared memory within the
+ * wave (whose lanes run in lockstep). The mask arguments are ignored: every
+ * kernel passes the full warp. Guarded, so that a unit that has it already
+ * may get it again.
+ */
+const char sg__hip_prelude[] =
+    "#ifndef SG_HIP_PRELUDE\n"
+    "#define SG_HIP_PRELUDE 1\n"
+    "template <typename T>\n"
+    "static __device__ __forceinline__ T __shfl_xor_sync(unsigned, T v, int m, int w = 32) {\n"
+    "    return __shfl_xor(v, m, w);\n"
+    "}\n"
+    "template <typename T>\n"
+    "static __device__ __forceinline__ T __shfl_sync(unsigned, T v, int l, int w = 32) {\n"
+    "    return __shfl(v, l, w);\n"
+    "}\n"
+    "template <typename T>\n"
+    "static __device__ __forceinline__ T __shfl_down_sync(unsigned, T v, unsigned d, int w = 32) "
+    "{\n"
+    "    return __shfl_down(v, d, w);\n"
+    "}\n"
+    "template <typename T>\n"
+    "static __device__ __forceinline__ T __shfl_up_sync(unsigned, T v, unsigned d, int w = 32) {\n"
+    "    return __shfl_up(v, d, w);\n"
+    "}\n"
+    "static __device__ __forceinline__ void __syncwarp(unsigned = 0xffffffffu) {\n"
+    "    __builtin_amdgcn_fence(__ATOMIC_RELEASE, \"wavefront\");\n"
+    "    __builtin_amdgcn_wave_barrier();\n"
+    "    __builtin_amdgcn_fence(__ATOMIC_ACQUIRE, \"wavefront\");\n"
+    "}\n"
+    "#endif\n";
+
+/* ------------------------------------------------------------ the two drivers */
+
+/* The calls both drivers have, in their shared shape (both result enums
+ * are ints with SUCCESS 0 and OUT_OF_MEMORY 1; programs are pointers). */
+typedef struct rtc_api {
+    const char *(*error_string)(int);
+    int (*version)(int *, int *);
+    int (*create)(void **, const char *, const char *, int, const char *const *,
+                  const char *const *);
+    int (*compile)(void *, int, const char *const *);
+    int (*log_size)(void *, size_t *);
+    int (*log)(void *, char *);
+    int (*code_size)(void *, size_t *);
+    int (*code)(void *, char *);
+    int (*destroy)(void **);
+} rtc_api;
+
+/* Per driver: its symbols in rtc_api's order, names, options and cache file. */
+typedef struct rtc_driver {
+    const char *tag, *syms[9], *arch_flag, *opts[3], *prefix, *suffix;
+    pthread_once_t once;
+    bool loaded;
+    rtc_api api;
+    char ver[32], why[512];
+    atomic_uint_fast64_t compiles;
+} rtc_driver;
+
+static rtc_driver drivers[2] = {
+    [SG__RTC_NVRTC] = {"nvrtc",
+                       {"nvrtcGetErrorString", "nvrtcVersion", "nvrtcCreateProgram",
+                        "nvrtcCompileProgram", "nvrtcGetProgramLogSize", "nvrtcGetProgramLog",
+                        "nvrtcGetCUBINSize", "nvrtcGetCUBIN", "nvrtcDestroyProgram"},
+                       "--gpu-architecture=",
+                       {"--std=c++17", "--fmad=false", "-default-device"},
+                       "cu",
+                       "cubin",
+                       PTHREAD_ONCE_INIT},
+    [SG__RTC_HIPRTC] = {"hiprtc",
+                        {"hiprtcGetErrorString", "hiprtcVersion", "hiprtcCreateProgram",
+                         "hiprtcCompileProgram", "hiprtcGetProgramLogSize", "hiprtcGetProgramLog",
+                         "hiprtcGetCodeSize", "hiprtcGetCode", "hiprtcDestroyProgram"},
+                        "--offload-arch=",
+                        {"-std=c++17", "-ffp-contract=off", "-O3"},
+                        "hip",
+                        "hsaco",
+                        PTHREAD_ONCE_INIT},
+};
+
+/* The archs hiprtc is asked for: those ROCm 5.2's code-object manager
+ * compiles (each checked here); gfx940 and later abort it. */
+static const char *const hiprtc_archs[] = {"gfx803",  "gfx900",  "gfx906",  "gfx908",  "gfx90a",
+                                           "gfx90c",  "gfx1010", "gfx1011", "gfx1012", "gfx1030",
+                                           "gfx1031", "gfx1032", "gfx1034", "gfx1035", "gfx1036"};
+
+bool sg__hiprtc_arch_known(const char *arch) {
+    for (size_t i = 0; arch && i < sizeof hiprtc_archs / sizeof *hiprtc_archs; i++)
+        if (strcmp(arch, hiprtc_archs[i]) == 0) return true;
+    return false;
+}
+
+/* ------------------------------------------------------------ the HIP runtime library */
+
+static pthread_once_t hip_once = PTHREAD_ONCE_INIT;
+static void *hip_lib;
+static char hip_why[320], hip_path[256];
+
+static void hip_open(void) {
+    /* SG_HIP_RUNTIME names the library (tests point it at one that is not there). */
+    const char *over = getenv("SG_HIP_RUNTIME");
+    const char *names[] = {"libamdhip64.so.6", "libamdhip64.so.5", "libamdhip64.so"};
+    size_t nn = over && over[0] ? 1 : sizeof names / sizeof *names;
+    size_t len = 0;
+    for (size_t i = 0; i < nn && !hip_lib; i++) {
+        const char *name = over && over[0] ? over : names[i];
+        hip_lib = dlopen(name, RTLD_NOW | RTLD_LOCAL);
+        if (hip_lib) {
+            snprintf(hip_path, sizeof hip_path, "%s", name);
+        } else {
+            const char *e = dlerror();
+            int w = snprintf(hip_why + len, sizeof hip_why - len, "%s%.120s", len ? "; " : "",
+                             e ? e : name);
+            if (w > 0 && (size_t)w < sizeof hip_why - len) len += (size_t)w;
+        }
+    }
+}
+
+void *sg__hip_library(char *why, size_t n, const char **path) {
+    pthread_once(&hip_once, hip_open);
+    if (!hip_lib && why && n)
+        snprintf(
+            why, n,
+            "no HIP runtime: cannot load libamdhip64 (tried %.300s); install ROCm's HIP runtime "
+            "(apt-get install libamdhip64-5, or ROCm 6's hip-runtime-amd) or set "
+            "SG_HIP_RUNTIME to its path",
+            hip_why);
+    if (path) *path = hip_lib ? hip_path : NULL;
+    return hip_lib;
+}
+
+static void load(rtc_driver *d, void *lib, const char *libname) {
+    void **slot = (void **)&d->api;
+    for (int i = 0; i < 9; i++) {
+        void *f = dlsym(lib, d->syms[i]);
+        if (!f) {
+            snprintf(d->why, sizeof d->why, "%s lacks %s; install a newer %s", libname, d->syms[i],
+                     d == &drivers[SG__RTC_NVRTC] ? "NVRTC (12 or newer)" : "ROCm");
+            return;
+        }
+        memcpy(&slot[i], &f, sizeof f);
+    }
+    int major = 0, minor = 0;
+    if (d->api.version(&major, &minor) != 0) {
+        snprintf(d->why, sizeof d->why, "%sVersion failed", d->tag);
+        return;
+    }
+    snprintf(d->ver, sizeof d->ver, "%d.%d", major, minor);
+    d->loaded = true;
+}
+
+static void nvrtc_once(void) {
     /* The soname first (what a user's loader path finds), then the toolkit. */
     const char *names[] = {"libnvrtc.so.13", "libnvrtc.so.12", "libnvrtc.so",
                            "/usr/local/cuda/lib64/libnvrtc.so.13",
                            "/usr/local/cuda/lib64/libnvrtc.so"};
+    rtc_driver *d = &drivers[SG__RTC_NVRTC];
     void *lib = NULL;
     const char *err = NULL;
     for (size_t i = 0; i < sizeof names / sizeof *names && !lib; i++) {
@@ -59,31 +215,45 @@ static void load_once(void) {
         if (!lib && !err) err = dlerror();
     }
     if (!lib) {
-        snprintf(load_why, sizeof load_why,
+        snprintf(d->why, sizeof d->why,
                  "NVRTC is not available: cannot load libnvrtc.so.13 "
                  "(%s); install the CUDA toolkit's NVRTC or add its lib64 to LD_LIBRARY_PATH",
                  err ? err : "not found");
         return;
     }
-#define X(f)                                                                                       \
-    api.f = (__typeof__(api.f))(uintptr_t)dlsym(lib, #f);                                          \
-    if (!api.f) {                                                                                  \
-        snprintf(load_why, sizeof load_why,                                                        \
-                 "the NVRTC library lacks %s; install NVRTC 12 or "                                \
-                 "newer",                                                                          \
-                 #f);                                                                              \
-        return;                                                                                    \
-    }
-    SG__NVRTC_API(X)
-#undef X
-    if (api.nvrtcVersion(&ver_major, &ver_minor) != NVRTC_SUCCESS) {
-        snprintf(load_why, sizeof load_why, "nvrtcVersion failed");
-        return;
-    }
-    loaded = true;
+    load(d, lib, "the NVRTC library");
 }
 
-uint64_t sg__nvrtc_compiles(void) { return atomic_load(&n_compiles); }
+static void hiprtc_once(void) {
+    rtc_driver *d = &drivers[SG__RTC_HIPRTC];
+    const char *path;
+    void *lib = sg__hip_library(d->why, sizeof d->why, &path);
+    if (!lib) return;
+    /* ROCm 5 keeps hiprtc inside libamdhip64; ROCm 6 ships it apart. */
+    if (!dlsym(lib, "hiprtcCompileProgram")) {
+        void *rtc = dlopen("libhiprtc.so.6", RTLD_NOW | RTLD_LOCAL);
+        if (!rtc) rtc = dlopen("libhiprtc.so", RTLD_NOW | RTLD_LOCAL);
+        if (!rtc) {
+            snprintf(d->why, sizeof d->why,
+                     "hiprtc is not available: %s has no hiprtc and libhiprtc.so.6 cannot be "
+                     "loaded; install ROCm's hiprtc (hiprtc package)",
+                     path);
+            return;
+        }
+        lib = rtc, path = "libhiprtc.so";
+    }
+    load(d, lib, path);
+}
+
+bool sg__rtc_available(sg__rtc drv, char *why, size_t n) {
+    rtc_driver *d = &drivers[drv];
+    pthread_once(&d->once, drv == SG__RTC_NVRTC ? nvrtc_once : hiprtc_once);
+    if (!d->loaded && why && n) snprintf(why, n, "%s", d->why);
+    return d->loaded;
+}
+
+uint64_t sg__rtc_compiles(sg__rtc drv) { return atomic_load(&drivers[drv].compiles); }
+uint64_t sg__nvrtc_compiles(void) { return sg__rtc_compiles(SG__RTC_NVRTC); }
 
 static const char *env(const char *name) {
     const char *v = getenv(name);
@@ -92,50 +262,51 @@ static const char *env(const char *name) {
 
 static const char magic[8] = {'S', 'G', 'C', 'U', 'B', 'I', 'N', '1'};
 
-static sg_status compile(sg_ctx *ctx, const char *name, const char *source, const char *arch_opt,
-                         void **cubin, size_t *size) {
-    nvrtcProgram prog;
+static sg_status compile(sg_ctx *ctx, rtc_driver *d, const char *name, const char *source,
+                         const char *arch_opt, const char *arch, void **cubin, size_t *size) {
+    const rtc_api *api = &d->api;
+    void *prog;
     char file[256];
     snprintf(file, sizeof file, "%s.cu", name);
-    nvrtcResult r = api.nvrtcCreateProgram(&prog, source, file, 0, NULL, NULL);
-    if (r != NVRTC_SUCCESS)
-        return sg__fail(ctx, r == NVRTC_ERROR_OUT_OF_MEMORY ? SG_ERR_OOM : SG_ERR_COMPILE,
-                        "nvrtc: creating the program '%s' failed: %s", name,
-                        api.nvrtcGetErrorString(r));
-    const char *opts[] = {arch_opt, "--std=c++17", "--fmad=false", "-default-device"};
-    r = api.nvrtcCompileProgram(prog, (int)(sizeof opts / sizeof *opts), opts);
-    atomic_fetch_add(&n_compiles, 1);
+    int r = api->create(&prog, source, file, 0, NULL, NULL);
+    if (r != 0)
+        return sg__fail(ctx, r == 1 ? SG_ERR_OOM : SG_ERR_COMPILE,
+                        "%s: creating the program '%s' failed: %s", d->tag, name,
+                        api->error_string(r));
+    const char *opts[] = {arch_opt, d->opts[0], d->opts[1], d->opts[2]};
+    r = api->compile(prog, (int)(sizeof opts / sizeof *opts), opts);
+    atomic_fetch_add(&d->compiles, 1);
     sg_status s = SG_OK;
-    if (r != NVRTC_SUCCESS) {
+    if (r != 0) {
         size_t logn = 0;
         char head[600] = "";
-        if (api.nvrtcGetProgramLogSize(prog, &logn) == NVRTC_SUCCESS && logn > 1) {
+        if (api->log_size(prog, &logn) == 0 && logn > 1) {
             char *log = sg__alloc(ctx, logn);
-            if (log && api.nvrtcGetProgramLog(prog, log) == NVRTC_SUCCESS)
+            if (log && api->log(prog, log) == 0)
                 snprintf(head, sizeof head, "%.*s", (int)sizeof head - 1, log);
             sg__free(ctx, log, logn);
         }
-        s = sg__fail(ctx, SG_ERR_COMPILE, "nvrtc: compiling '%s' for %s failed (%s): %s%s", name,
-                     arch_opt + 19, api.nvrtcGetErrorString(r), head,
+        s = sg__fail(ctx, SG_ERR_COMPILE, "%s: compiling '%s' for %s failed (%s): %s%s", d->tag,
+                     name, arch, api->error_string(r), head,
                      env("SG_DUMP_DIR") ? "" : " (set SG_DUMP_DIR to keep the source)");
     } else {
         size_t n = 0;
-        r = api.nvrtcGetCUBINSize(prog, &n);
-        void *img = r == NVRTC_SUCCESS && n ? sg__alloc(ctx, n) : NULL;
+        r = api->code_size(prog, &n);
+        void *img = r == 0 && n ? sg__alloc(ctx, n) : NULL;
         if (!img)
-            s = sg__fail(ctx, r == NVRTC_SUCCESS ? SG_ERR_OOM : SG_ERR_COMPILE,
-                         "nvrtc: no cubin for '%s' (%zu bytes): %s", name, n,
-                         api.nvrtcGetErrorString(r));
-        else if ((r = api.nvrtcGetCUBIN(prog, img)) != NVRTC_SUCCESS) {
+            s = sg__fail(ctx, r == 0 ? SG_ERR_OOM : SG_ERR_COMPILE,
+                         "%s: no device code for '%s' (%zu bytes): %s", d->tag, name, n,
+                         api->error_string(r));
+        else if ((r = api->code(prog, img)) != 0) {
             sg__free(ctx, img, n);
-            s = sg__fail(ctx, SG_ERR_COMPILE, "nvrtc: reading the cubin of '%s' failed: %s", name,
-                         api.nvrtcGetErrorString(r));
+            s = sg__fail(ctx, SG_ERR_COMPILE, "%s: reading the code of '%s' failed: %s", d->tag,
+                         name, api->error_string(r));
         } else {
             *cubin = img;
             *size = n;
         }
     }
-    api.nvrtcDestroyProgram(&prog);
+    api->destroy(&prog);
     return s;
 }
 
@@ -149,64 +320,84 @@ static sg_status override_and_dump(sg_ctx *ctx, const char *name, const char **s
     return sg__dump_source(ctx, name, ".cu", *source, strlen(*source));
 }
 
-sg_status sg__nvrtc_build(sg_ctx *ctx, const char *name, const char *source, int arch, void **cubin,
-                          size_t *size) {
-    SG_ASSERT(ctx && cubin && size);
+/* The cache file of one compile: <root>/<prefix>-<key>.<suffix>. */
+static void entry_path(const rtc_driver *d, const char *root, const char *arch_opt,
+                       const char *source, char *path, size_t size) {
+    char opts[128], key[65];
+    snprintf(opts, sizeof opts, "%s %s %s", d->opts[0], d->opts[1], d->opts[2]);
+    const char *fields[] = {SG__CODEGEN_VERSION,
+                            d == &drivers[SG__RTC_NVRTC] ? "cuda" : d->tag,
+                            d->ver,
+                            arch_opt,
+                            opts,
+                            source};
+    sg__blob_key(fields, (int)(sizeof fields / sizeof *fields), key);
+    snprintf(path, size, "%s/%s-%s.%s", root, d->prefix, key, d->suffix);
+}
+
+/* The unit hiprtc compiles: the prelude, then the source. */
+static char *with_prelude(sg_ctx *ctx, const char *source, size_t *n) {
+    size_t a = strlen(sg__hip_prelude), b = strlen(source);
+    char *s = sg__alloc(ctx, a + b + 1);
+    if (!s) return NULL;
+    memcpy(s, sg__hip_prelude, a);
+    memcpy(s + a, source, b + 1);
+    *n = a + b + 1;
+    return s;
+}
+
+sg_status sg__rtc_build(sg_ctx *ctx, sg__rtc drv, const char *name, const char *source,
+                        const char *arch, void **cubin, size_t *size) {
+    SG_ASSERT(ctx && cubin && size && (drv == SG__RTC_NVRTC || drv == SG__RTC_HIPRTC));
+    rtc_driver *d = &drivers[drv];
     *cubin = NULL;
     *size = 0;
     if (!source)
-        return sg__fail(ctx, SG_ERR_INVALID_ARG, "nvrtc: kernel '%s' has no source",
+        return sg__fail(ctx, SG_ERR_INVALID_ARG, "%s: kernel '%s' has no source", d->tag,
                         name ? name : "(null)");
-    pthread_once(&once, load_once);
-    if (!loaded) return sg__fail(ctx, SG_ERR_BACKEND_UNAVAILABLE, "%s", load_why);
+    if (drv == SG__RTC_HIPRTC && !sg__hiprtc_arch_known(arch))
+        return sg__fail(ctx, SG_ERR_BACKEND_UNAVAILABLE,
+                        "hiprtc: cannot compile '%s' for %s: this stepgraph asks hiprtc only for "
+                        "gfx803, gfx900, gfx906, gfx908, gfx90a, gfx90c and gfx1010-gfx1036 (ROCm "
+                        "5.2's code-object manager aborts on archs it does not know); use "
+                        "SG_BACKEND_CPU on this GPU",
+                        name ? name : "(null)", arch ? arch : "(no arch)");
+    char why[512];
+    if (!sg__rtc_available(drv, why, sizeof why))
+        return sg__fail(ctx, SG_ERR_BACKEND_UNAVAILABLE, "%s", why);
     char root[PATH_MAX];
     sg_status s = sg__cache_root_or_none(ctx, name, root, sizeof root - 80);
     if (s != SG_OK) return s;
-    char *owned = NULL;
-    size_t owned_n = 0;
+    char *owned = NULL, *unit = NULL;
+    size_t owned_n = 0, unit_n = 0;
     s = override_and_dump(ctx, name, &source, &owned, &owned_n);
-    if (s != SG_OK) {
-        if (owned) sg__free(ctx, owned, owned_n + 1);
-        return s;
+    if (s == SG_OK && drv == SG__RTC_HIPRTC) {
+        unit = with_prelude(ctx, source, &unit_n);
+        if (unit)
+            source = unit;
+        else
+            s = sg__fail(ctx, SG_ERR_OOM, "hiprtc: out of host memory for '%s'", name);
     }
-
-    char arch_opt[40], ver[32], key[65];
-    snprintf(arch_opt, sizeof arch_opt, "--gpu-architecture=sm_%d", arch);
-    snprintf(ver, sizeof ver, "%d.%d", ver_major, ver_minor);
-    const char *fields[] = {SG__CODEGEN_VERSION,
-                            "cuda",
-                            ver,
-                            arch_opt,
-                            "--std=c++17 --fmad=false -default-device",
-                            source};
-    sg__blob_key(fields, (int)(sizeof fields / sizeof *fields), key);
-    char path[PATH_MAX + 96]; /* root is at most PATH_MAX - 80 */
-    snprintf(path, sizeof path, "%s/cu-%s.cubin", root, key);
-
-    const char *always = env("SG_ALWAYS_COMPILE");
-    if (root[0] && !(always && strcmp(always, "0") != 0) && !ctx->no_cache_reads)
-        sg__blob_lookup(ctx, path, magic, cubin, size);
-    if (!*cubin) {
-        s = compile(ctx, name, source, arch_opt, cubin, size);
-        if (s == SG_OK && root[0]) sg__blob_publish(ctx, root, path, magic, *cubin, *size);
+    if (s == SG_OK) {
+        char arch_opt[64], path[PATH_MAX + 96]; /* root is at most PATH_MAX - 80 */
+        snprintf(arch_opt, sizeof arch_opt, "%s%s", d->arch_flag, arch);
+        entry_path(d, root, arch_opt, source, path, sizeof path);
+        const char *always = env("SG_ALWAYS_COMPILE");
+        if (root[0] && !(always && strcmp(always, "0") != 0) && !ctx->no_cache_reads)
+            sg__blob_lookup(ctx, path, magic, cubin, size);
+        if (!*cubin) {
+            s = compile(ctx, d, name, source, arch_opt, arch, cubin, size);
+            if (s == SG_OK && root[0]) sg__blob_publish(ctx, root, path, magic, *cubin, *size);
+        }
     }
+    if (unit) sg__free(ctx, unit, unit_n);
     if (owned) sg__free(ctx, owned, owned_n + 1);
     return s;
 }
 
-#else /* no CUDA headers at build time */
-
-uint64_t sg__nvrtc_compiles(void) { return 0; }
-
 sg_status sg__nvrtc_build(sg_ctx *ctx, const char *name, const char *source, int arch, void **cubin,
                           size_t *size) {
-    (void)source, (void)arch;
-    *cubin = NULL;
-    *size = 0;
-    return sg__fail(ctx, SG_ERR_BACKEND_UNAVAILABLE,
-                    "nvrtc: cannot compile '%s': this stepgraph was built without the CUDA "
-                    "headers; rebuild with the CUDA toolkit installed",
-                    name ? name : "(null)");
+    char sm[16];
+    snprintf(sm, sizeof sm, "sm_%d", arch);
+    return sg__rtc_build(ctx, SG__RTC_NVRTC, name, source, sm, cubin, size);
 }
-
-#endif

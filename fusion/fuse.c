@@ -119,6 +119,43 @@ static void cse(const sg__ir *ir, bool *dead, int *alias, const int *writes) {
     }
 }
 
+/* Whether a view of slot `slot` with a geometry other than r's exists. */
+static bool other_view(const sg__ir *ir, const sg__ref *r) {
+    for (int q = 0; q < ir->nrefs; q++)
+        if (ir->refs[q].slot == r->slot && !same_geom(&ir->refs[q], r)) return true;
+    return false;
+}
+
+/*
+ * A copy of a value into a fresh internal slot (sg_clone, as sg_grad's
+ * results are) is dropped when the source is an internal value written
+ * once, by its producer, and read through the same geometry: neither can
+ * change after the copy, so reads of the copy read the source (W4: the six
+ * weight and bias gradients, 7.6 MB copied once more per step).
+ */
+static void forward_copies(const sg__ir *ir, bool *dead, int *alias, const int *writes) {
+    for (int i = 0; i < ir->nnodes; i++) {
+        const sg__irnode *n = &ir->nodes[i];
+        if (dead[i] || n->op != SG__OP_COPY || n->nin != 1) continue;
+        int xr = ir->args[n->args];
+        if (xr < 0) continue;
+        xr = alias[xr];
+        const sg__ref *o = &ir->refs[n->out], *x = &ir->refs[xr];
+        const sg__slot *os = &ir->slots[o->slot], *xs = &ir->slots[x->slot];
+        bool same = x->dtype == o->dtype && x->ndim == o->ndim && x->offset == o->offset &&
+                    x->slot != o->slot;
+        for (int d = 0; same && d < o->ndim; d++)
+            same = x->shape[d] == o->shape[d] && (o->shape[d] <= 1 || x->stride[d] == o->stride[d]);
+        if (!same || os->kind != SG__SLOT_INTERNAL || os->output >= 0 || writes[o->slot] != 1 ||
+            xs->kind != SG__SLOT_INTERNAL || xs->output >= 0 || writes[x->slot] != 1 ||
+            other_view(ir, o))
+            continue;
+        dead[i] = true;
+        for (int r = 0; r < ir->nrefs; r++) /* cse's aliases of the copy too */
+            if (alias[r] == n->out || same_geom(&ir->refs[r], o)) alias[r] = xr;
+    }
+}
+
 /* ------------------------------------------------------------ grouping */
 
 static bool is_pointwise(sg__op op) { return sg__op_family(op) == SG__FAM_POINTWISE; }
@@ -867,6 +904,72 @@ static void chains(sg_ctx *ctx, const sg__ir *ir, sg__fused *f,
     f->ngroups = nout;
 }
 
+/* ------------------------------------------------------------ cache writes into GEMV */
+
+/*
+ * Is group c an index_copy_ of part of group m's matmul result: its src in
+ * the anchor's output slot, its dst a slot that no member of m touches and
+ * its idx one that none writes (the merged kernel writes dst while its
+ * other threads still read)?
+ */
+static bool copies_result(const sg__ir *ir, const int *alias, const sg__group *m,
+                          const sg__group *c) {
+    if (c->kind != SG__G_OPAQUE || c->n != 1) return false;
+    const sg__irnode *n = &ir->nodes[c->g[0].node];
+    if (n->op != SG__OP_INDEX_COPY || n->nin < 3) return false;
+    const sg__ref *o = &ir->refs[alias[ir->nodes[m->g[m->anchor].node].out]];
+    const sg__ref *d = &ir->refs[alias[n->out]], *idx = arg_ref(ir, n, 1, alias),
+                  *src = arg_ref(ir, n, 2, alias);
+    if (!idx || !src || src->slot != o->slot || d->slot == o->slot || idx->slot == d->slot)
+        return false;
+    bool w;
+    if (group_touches(ir, alias, m, d->slot, &w)) return false;
+    return !(group_touches(ir, alias, m, idx->slot, &w) && w);
+}
+
+/* Each MATMUL group and the index_copy_ groups right after it that copy
+ * views of its result merge where the backend's gemv_rows takes the
+ * result: the copies become the group's last members. */
+static sg_status copies_into_gemv(sg_ctx *ctx, const sg__ir *ir, const int *alias, sg__fused *f,
+                                  bool (*takes)(const sg__ir *, const int *, const sg__group *)) {
+    for (int k = 0; k + 1 < f->ngroups; k++) {
+        sg__group *m = &f->groups[k];
+        if (m->kind != SG__G_MATMUL || m->anchor < 0 || m->ncopies) continue;
+        sg__group merged = *m;
+        merged.g = sg__alloc(ctx, sizeof *merged.g * (size_t)(m->n + 8));
+        if (!merged.g) return sg__fail(ctx, SG_ERR_OOM, "fusion: out of host memory");
+        memcpy(merged.g, m->g, sizeof *merged.g * (size_t)m->n);
+        int j = k + 1;
+        while (j < f->ngroups && merged.ncopies < 8 &&
+               copies_result(ir, alias, &merged, &f->groups[j])) {
+            sg__gnode gn = f->groups[j].g[0];
+            for (int q = 0; q < 4; q++) gn.arg_src[q] = -1;
+            merged.g[merged.n++] = gn;
+            merged.ncopies++;
+            merged.last = f->groups[j++].last;
+        }
+        if (!merged.ncopies || !takes(ir, alias, &merged)) {
+            sg__free(ctx, merged.g, sizeof *merged.g * (size_t)(m->n + 8));
+            continue;
+        }
+        sg__gnode *g = sg__alloc(ctx, sizeof *g * (size_t)merged.n);
+        if (!g) {
+            sg__free(ctx, merged.g, sizeof *merged.g * (size_t)(m->n + 8));
+            return sg__fail(ctx, SG_ERR_OOM, "fusion: out of host memory");
+        }
+        memcpy(g, merged.g, sizeof *g * (size_t)merged.n);
+        sg__free(ctx, merged.g, sizeof *merged.g * (size_t)(m->n + 8));
+        merged.g = g;
+        for (int q = k; q < j; q++)
+            sg__free(ctx, f->groups[q].g,
+                     sizeof *g * (size_t)(f->groups[q].n ? f->groups[q].n : 1));
+        *m = merged;
+        memmove(m + 1, &f->groups[j], sizeof *m * (size_t)(f->ngroups - j));
+        f->ngroups -= j - k - 1;
+    }
+    return SG_OK;
+}
+
 /* ------------------------------------------------------------ entry */
 
 sg_status sg__fuse(sg_ctx *ctx, const sg__ir *ir, const sg__fuse_opts *opts, sg__fused *f) {
@@ -888,6 +991,7 @@ sg_status sg__fuse(sg_ctx *ctx, const sg__ir *ir, const sg__fuse_opts *opts, sg_
     bool disable = opts && opts->disable;
     if (!disable) {
         cse(ir, f->dead, f->alias, writes);
+        forward_copies(ir, f->dead, f->alias, writes);
         dce(ir, f->dead, f->alias, needed);
     }
     builder b = {.ctx = ctx, .ir = ir, .dead = f->dead, .alias = f->alias, .scratch = scratch,
@@ -903,6 +1007,8 @@ sg_status sg__fuse(sg_ctx *ctx, const sg__ir *ir, const sg__fuse_opts *opts, sg_
         s = norms_into_gemv(ctx, ir, f->alias, f, opts->gemv_rows);
     if (s == SG_OK && !per_op && opts && opts->gemv_rows)
         s = gemv_pairs(ctx, ir, f->alias, f, opts->gemv_rows);
+    if (s == SG_OK && !per_op && opts && opts->gemv_rows)
+        s = copies_into_gemv(ctx, ir, f->alias, f, opts->gemv_rows);
     if (s != SG_OK) goto done;
     mark_stores(ir, f->alias, f->groups, f->ngroups);
     if (!per_op && (!opts || opts->horizontal))

@@ -13,6 +13,9 @@
  *    inputs and parameters, and everything those depend on).
  *  - cse: a node equal to an earlier one (op, attributes, input refs) reads
  *    that one's result instead.
+ *  - copy forwarding: a same-geometry copy of an internal value written
+ *    once into a fresh internal slot (sg_clone) is dropped; reads of it
+ *    read the source.
  *  - group: walk the nodes in order and grow the open group while the next
  *    node can join it:
  *      POINTWISE  elementwise nodes over one iteration shape; a value made
@@ -36,6 +39,12 @@
  *    projections) become one MATMUL group (sg__group.anchor2) whose kernel
  *    computes both products per output column, then the second group's
  *    epilogue on the pair: silu(x W1) * (x W3) in one kernel.
+ *  - cache writes into GEMV (with gemv_rows): the index_copy_ groups right
+ *    after a MATMUL group that copy part of its result into a tensor no
+ *    member touches (a decode step's K and V rows, views of the QKV
+ *    product, into the caches at the position) join it as its last members
+ *    (sg__group.ncopies): the GEMV's thread that holds an element of the
+ *    result also writes it into the cache.
  *  - horizontal: consecutive POINTWISE groups with no data between them
  *    (an optimizer's per-parameter updates) become one MULTI group: one
  *    kernel with one loop per member; with horizontal_data, so do
@@ -110,6 +119,11 @@ typedef struct sg__group {
      * it are the epilogue of both products (reading either from a
      * register); both results are stored. */
     int anchor2;
+    /* MATMUL groups that sg__fuse_opts.gemv_rows merged with the index_copy_
+     * groups after them: the last ncopies members are those index_copy_
+     * nodes, each copying a view of the anchor's result (src, in the
+     * anchor's output slot) into dst at idx; 0 when none. */
+    int ncopies;
 } sg__group;
 
 typedef struct sg__fused {
@@ -118,8 +132,9 @@ typedef struct sg__fused {
     sg__group *parts;  /* the POINTWISE groups that MULTI kernels run */
     int nparts;
     int cap_groups, cap_parts;
-    bool *dead; /* per IR node: removed by dce or cse */
-    int *alias; /* per IR ref: cse maps a ref to an equal earlier one, or itself */
+    bool *dead; /* per IR node: removed by dce, cse or copy forwarding */
+    int *alias; /* per IR ref: cse maps a ref to an equal earlier one (copy forwarding:
+                   to the copy's source), or itself */
 } sg__fused;
 
 typedef struct sg__fuse_opts {
@@ -151,8 +166,9 @@ typedef struct sg__fuse_opts {
      * whose result only the next MATMUL group's anchor reads as x merges
      * into it (sg__group.norm_rows) when this says the merged group is one
      * it generates; so does a pair of matmul groups reading the same x
-     * (sg__group.anchor2) when this takes the merged group. NULL: no such
-     * merge. */
+     * (sg__group.anchor2) when this takes the merged group, and so do the
+     * index_copy_ groups of a view of a matmul's result right after it
+     * (sg__group.ncopies). NULL: no such merge. */
     bool (*gemv_rows)(const sg__ir *ir, const int *alias, const sg__group *merged);
     /* The backend generates group g (of f, after horizontal: a MULTI's parts
      * are in f) as loops that one block of its threads may run alone, in

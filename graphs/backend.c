@@ -21,12 +21,6 @@ sg_status sg_ctx_create(const sg_ctx_opts *opts, sg_ctx **out) {
         sg__set_create_error("sg_ctx_create: backend %d is not an sg_backend value", (int)want);
         return SG_ERR_INVALID_ARG;
     }
-    if (want == SG_BACKEND_HIP) {
-        sg__set_create_error("sg_ctx_create: the %s backend is not built into this stepgraph; "
-                             "use SG_BACKEND_CPU or SG_BACKEND_AUTO",
-                             sg_backend_name(want));
-        return SG_ERR_BACKEND_UNAVAILABLE;
-    }
     sg_ctx tmp;
     memset(&tmp, 0, sizeof tmp);
     sg__ctx_init(&tmp, opts);
@@ -41,24 +35,28 @@ sg_status sg_ctx_create(const sg_ctx_opts *opts, sg_ctx **out) {
     ctx->host_live = ctx->host_peak = sizeof *ctx;
     sg_status s = SG_ERR_BACKEND_UNAVAILABLE;
     char why[SG__MSG_SIZE] = "";
-    /* AUTO takes CUDA when a driver and a device are there; SG_BACKEND=cpu
+    /* AUTO takes CUDA, then HIP, when a driver and a device are there (both
+     * run the one GPU executor, with their own driver table); SG_BACKEND=cpu
      * makes it take the CPU. */
     const char *env = getenv("SG_BACKEND");
-    bool try_cuda = want == SG_BACKEND_CUDA ||
-                    (want == SG_BACKEND_AUTO && !(env && strcmp(env, "cpu") == 0));
-    if (try_cuda) {
-        ctx->backend = SG_BACKEND_CUDA;
+    bool auto_gpu = want == SG_BACKEND_AUTO && !(env && strcmp(env, "cpu") == 0);
+    const sg_backend gpus[2] = {SG_BACKEND_CUDA, SG_BACKEND_HIP};
+    for (int i = 0; i < 2 && s != SG_OK; i++) {
+        if (want != gpus[i] && !auto_gpu) continue;
+        ctx->backend = gpus[i];
         s = sg__cuda_init(ctx, why, sizeof why);
         if (s == SG_OK) ctx->gops = &sg__cuda_graph_ops;
-        if (s != SG_OK && want == SG_BACKEND_CUDA) {
-            sg__set_create_error("sg_ctx_create: the cuda backend is unavailable: %s; SG_BACKEND_AUTO falls back to the CPU", why);
+        if (s != SG_OK && want == gpus[i]) {
+            sg__set_create_error("sg_ctx_create: the %s backend is unavailable: %s; "
+                                 "SG_BACKEND_AUTO falls back to the CPU",
+                                 sg_backend_name(gpus[i]), why);
             if (ctx->exec.destroy) ctx->exec.destroy(ctx);
             ctx->alloc(ctx->alloc_user, ctx, sizeof *ctx, 0);
             return s;
         }
     }
-    /* Level Zero: asked for, or AUTO when no CUDA device was taken. */
-    if (s != SG_OK && (want == SG_BACKEND_ZE || (want == SG_BACKEND_AUTO && try_cuda))) {
+    /* Level Zero: asked for, or AUTO when no CUDA or HIP device was taken. */
+    if (s != SG_OK && (want == SG_BACKEND_ZE || auto_gpu)) {
         if (ctx->exec.destroy) ctx->exec.destroy(ctx);
         memset(&ctx->exec, 0, sizeof ctx->exec);
         ctx->backend = SG_BACKEND_ZE;

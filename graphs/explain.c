@@ -107,6 +107,22 @@ static void explain_library(sg__text *t, const sg__graph *g) {
     }
 }
 
+/* On HIP the library kernels differ from CUDA's: say which run. */
+static void explain_hip(sg__text *t, const sg__graph *g) {
+    for (int i = 0; i < g->ir.nnodes; i++) {
+        int fam = sg__op_family(g->ir.nodes[i].op);
+        if (fam == SG__FAM_ATTN)
+            sg__text_put(t, "    library kernel: IR line %d (%s): the FMA kernel on HIP (the "
+                            "tensor-core kernels are PTX, built for CUDA only)\n",
+                i, sg__op_name(g->ir.nodes[i].op));
+        else if (fam == SG__FAM_MATMUL)
+            sg__text_put(t, "    library kernel: IR line %d (%s): the GEMV kernel on HIP, for "
+                            "any shape (no cuBLASLt there; hipBLASLt and rocBLAS are not "
+                            "called)\n",
+                i, sg__op_name(g->ir.nodes[i].op));
+    }
+}
+
 static void explain_graph(sg__text *t, const sg__graph *g, int gi, int nin) {
     const sg__ir *ir = &g->ir;
     sg__text_put(t, "  capture %d: %d ops, %d buffers, %s\n", gi + 1, ir->nnodes, ir->nslots,
@@ -134,6 +150,7 @@ static void explain_graph(sg__text *t, const sg__graph *g, int gi, int nin) {
     else if (!g->eager)
         sg__text_put(t, "    kernels: %d (unfused, eager kernels op by op)\n", ir->nnodes);
     if (g->compiled) explain_library(t, g);
+    if (t->ctx->backend == SG_BACKEND_HIP) explain_hip(t, g);
     if (!g->eager)
         sg__text_put(t,
             "    memory: scratch %zu bytes (peak live %zu, unshared %zu), output set %zu "

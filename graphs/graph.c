@@ -103,18 +103,55 @@ done:
     return s;
 }
 
-static _Atomic uint64_t cuda_check_failures;
+/* Per dialect (CUDA, HIP, OpenCL) and sg__check_what: the checks' counts. */
+static _Atomic uint64_t check_counts[SG__DIALECT_OPENCL + 1][SG__CHECK_NCOUNTS];
 
-uint64_t sg__cuda_check_failures(void) { return cuda_check_failures; }
+uint64_t sg__cuda_check_failures(void) {
+    return check_counts[SG__DIALECT_CUDA][SG__CHECK_FAILED] +
+           check_counts[SG__DIALECT_HIP][SG__CHECK_FAILED];
+}
 
-/* SG_NVRTC_CHECK: the CUDA unit of this capture, compiled for sm_90 and
- * thrown away. Nothing here changes the capture or the context's status. */
-static void check_cuda_dialect(sg_fn *fn, sg__graph *g, bool disable) {
+bool sg__hiprtc_check_skipped(void) {
+    return check_counts[SG__DIALECT_HIP][SG__CHECK_UNAVAILABLE] > 0 &&
+           check_counts[SG__DIALECT_HIP][SG__CHECK_BUILT] == 0;
+}
+
+uint64_t sg__dialect_check_count(sg__dialect d, sg__check_what w) {
+    return d >= 0 && d <= SG__DIALECT_OPENCL && w >= 0 && w < SG__CHECK_NCOUNTS ? check_counts[d][w]
+                                                                                : 0;
+}
+
+/* The unit of dialect d, compiled and thrown away: CUDA C by NVRTC for
+ * sm_90, HIP by hiprtc for gfx90a, OpenCL C on the first OpenCL CPU device. */
+static sg_status build_dialect(sg_ctx *ctx, sg__dialect d, const char *name, const char *src) {
+    if (d == SG__DIALECT_OPENCL) return sg__opencl_build(ctx, name, src, NULL);
+    void *image = NULL;
+    size_t size = 0;
+    sg_status s = d == SG__DIALECT_HIP
+                      ? sg__rtc_build(ctx, SG__RTC_HIPRTC, name, src, "gfx90a", &image, &size)
+                      : sg__rtc_build(ctx, SG__RTC_NVRTC, name, src, "sm_90", &image, &size);
+    sg__free(ctx, image, size);
+    return s;
+}
+
+static const char *check_var(sg__dialect d) {
+    return d == SG__DIALECT_OPENCL ? "SG_OPENCL_CHECK"
+           : d == SG__DIALECT_HIP  ? "SG_HIPRTC_CHECK"
+                                   : "SG_NVRTC_CHECK";
+}
+
+/* SG_NVRTC_CHECK / SG_HIPRTC_CHECK / SG_OPENCL_CHECK: this capture fused as
+ * for a GPU, its unit in dialect d built (build_dialect) and thrown away.
+ * Groups the dialect has no kernel for are counted, not failures. Nothing
+ * here changes the capture or the context's status. */
+static void check_dialect(sg_fn *fn, sg__graph *g, bool disable, sg__dialect d) {
     sg_ctx *ctx = fn->ctx;
     sg_status before = ctx->status;
+    const char *var = check_var(d);
     char msg[SG__MSG_SIZE], name[sizeof g->module + 8];
     snprintf(msg, sizeof msg, "%s", ctx->msg);
-    snprintf(name, sizeof name, "%s_cu", g->module);
+    snprintf(name, sizeof name, "%s_%s", g->module,
+             d == SG__DIALECT_OPENCL ? "cl" : d == SG__DIALECT_HIP ? "hip" : "cu");
     sg__fuse_opts fo;
     sg__cgen_cuda_fuse_opts(&fo, disable);
     sg__fused f;
@@ -125,18 +162,27 @@ static void check_cuda_dialect(sg_fn *fn, sg__graph *g, bool disable) {
     sg__emit e = {.ctx = ctx};
     if (s == SG_OK) {
         ki = sg__calloc(ctx, sizeof *ki * (size_t)(f.ngroups ? f.ngroups : 1));
-        s = ki ? sg__cgen_cuda(ctx, &g->ir, &f, name, &e, ki, &nk)
+        s = ki ? sg__cgen_gpu(ctx, &g->ir, &f, name, d, &e, ki, &nk)
                : sg__fail(ctx, SG_ERR_OOM, "out of host memory");
     }
-    void *cubin = NULL;
-    size_t size = 0;
-    if (s == SG_OK && nk > 0) s = sg__nvrtc_build(ctx, name, e.buf, 90, &cubin, &size);
-    if (s != SG_OK && s != SG_ERR_BACKEND_UNAVAILABLE) {
-        cuda_check_failures++;
-        sg__log(ctx, "error", "fn '%s': SG_NVRTC_CHECK: the CUDA unit of capture %d failed: %.800s",
-                fn->name, fn->ngraphs, ctx->msg);
+    if (s == SG_ERR_UNSUPPORTED && ki) {
+        for (int k = 0; k < f.ngroups; k++)
+            check_counts[d][SG__CHECK_UNSUPPORTED] += ki[k].unsupported;
+        s = SG_OK;
     }
-    sg__free(ctx, cubin, size);
+    if (s == SG_OK && nk > 0) {
+        s = build_dialect(ctx, d, name, e.buf);
+        if (s == SG_OK) check_counts[d][SG__CHECK_BUILT]++;
+    }
+    if (s == SG_ERR_BACKEND_UNAVAILABLE) {
+        if (check_counts[d][SG__CHECK_UNAVAILABLE]++ == 0)
+            sg__log(ctx, "fallbacks", "%s: no compiler for the %s dialect, not checked: %.600s",
+                    var, sg__spell_of(d)->name, ctx->msg);
+    } else if (s != SG_OK) {
+        check_counts[d][SG__CHECK_FAILED]++;
+        sg__log(ctx, "error", "fn '%s': %s: the %s unit of capture %d failed: %.800s", fn->name,
+                var, sg__spell_of(d)->name, fn->ngraphs, ctx->msg);
+    }
     sg__emit_free(&e);
     if (ki) sg__free(ctx, ki, sizeof *ki * (size_t)(f.ngroups ? f.ngroups : 1));
     sg__fused_free(ctx, &f, &g->ir);
@@ -201,7 +247,13 @@ static sg_status try_compile(sg_fn *fn, sg__graph *g) {
     ctx->no_cache_reads = false;
     const char *chk = getenv("SG_NVRTC_CHECK");
     if (chk && strcmp(chk, "1") == 0 && ctx->backend == SG_BACKEND_CPU)
-        check_cuda_dialect(fn, g, fo.disable);
+        check_dialect(fn, g, fo.disable, SG__DIALECT_CUDA);
+    chk = getenv("SG_HIPRTC_CHECK");
+    if (chk && strcmp(chk, "1") == 0 && ctx->backend == SG_BACKEND_CPU)
+        check_dialect(fn, g, fo.disable, SG__DIALECT_HIP);
+    chk = getenv("SG_OPENCL_CHECK");
+    if (chk && strcmp(chk, "1") == 0 && ctx->backend == SG_BACKEND_CPU)
+        check_dialect(fn, g, fo.disable, SG__DIALECT_OPENCL);
     if (s == SG_OK) {
         g->compiled = true;
         fn->stats.compiles++;
@@ -232,7 +284,18 @@ sg_status sg__graph_build(sg_fn *fn, sg__graph *g) {
         !ALLOC_ARRAY(ctx, g->slotp, ir->nslots))
         return sg__fail(ctx, SG_ERR_OOM, "compile: out of host memory building the plan");
     g->ctx = ctx;
-    sg_status s = fn->opts.mode != SG_MODE_EAGER ? try_compile(fn, g) : SG_OK;
+    /* Wide unaligned matrices get padded rows before anything reads the
+     * refs' strides (a custom backend sees the capture as recorded). */
+    sg_status s = SG_OK;
+    if (fn->opts.mode != SG_MODE_EAGER && !fn->opts.backend_fn) {
+        int np = 0;
+        s = sg__pad_rows(ctx, ir, &np);
+        if (s != SG_OK) return s;
+        if (np)
+            sg__log(ctx, "perf_hints", "fn '%s': capture %d: %d buffer%s of unaligned rows padded",
+                    fn->name, fn->ngraphs, np, np > 1 ? "s" : "");
+    }
+    if (fn->opts.mode != SG_MODE_EAGER) s = try_compile(fn, g);
     if (s == SG_OK) s = plan(ctx, g);
     if (s != SG_OK) return s;
     s = sg__pool_reserve(ctx, g->scratch, 0, NULL);

@@ -162,6 +162,24 @@ SG__HIDDEN void sg__fns_destroy_all(sg_ctx *ctx);
  * compiled by NVRTC for sm_90; the failures so far in this process (each
  * logged under "error"). */
 SG__HIDDEN uint64_t sg__cuda_check_failures(void);
+/* SG_OPENCL_CHECK=1 does the same in the OpenCL C dialect, each unit built
+ * on the first OpenCL CPU device (PoCL). Per dialect, the counts so far:
+ * units built, units that failed (each logged under "error"), groups the
+ * dialect has no kernel for (not failures), and captures not checked for
+ * want of a compiler (said once under "fallbacks"). */
+typedef enum sg__check_what {
+    SG__CHECK_BUILT,
+    SG__CHECK_FAILED,
+    SG__CHECK_UNSUPPORTED,
+    SG__CHECK_UNAVAILABLE,
+    SG__CHECK_NCOUNTS
+} sg__check_what;
+SG__HIDDEN uint64_t sg__dialect_check_count(sg__dialect d, sg__check_what w);
+
+/* SG_HIPRTC_CHECK=1: the same through hiprtc for gfx90a (the unit after
+ * the HIP prelude), its failures counted with NVRTC's above; true once a
+ * check found hiprtc absent (nothing was compiled then). */
+SG__HIDDEN bool sg__hiprtc_check_skipped(void);
 
 /* inspect.c */
 /* Log a capture's generated source under "output_code", one call per line. */

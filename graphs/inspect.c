@@ -499,6 +499,12 @@ sg_status sg_list_backends(sg_backend_info *out, int cap, int *n) {
 #endif
             b->available = sg__ze_probe(b->why, sizeof b->why) == SG_OK;
             break;
+        case SG_BACKEND_HIP:
+#if defined(SG_HAVE_CUDA_HEADERS) && defined(SG_HAVE_HIP_HEADERS)
+            b->built = true;
+#endif
+            b->available = sg__hip_probe(b->why, sizeof b->why, NULL) == SG_OK;
+            break;
         case SG_BACKEND_CPU: b->built = b->available = true; break;
         default:
             snprintf(b->why, sizeof b->why, "the %s backend is not built into this stepgraph",

@@ -749,6 +749,29 @@ SG_API sg_tensor *sg_reduce_scatter(sg_comm *comm, sg_tensor *x, sg_reduce_op op
  * are not read there). */
 SG_API sg_tensor *sg_broadcast(sg_comm *comm, sg_tensor *x, int root);
 
+/* ---------------------------------------------------------------- the HIP backend */
+
+/*
+ * SG_BACKEND_HIP runs on AMD GPUs through the CUDA backend's executor,
+ * kernels and graphs, with the HIP runtime (libamdhip64, loaded at run
+ * time: libamdhip64.so.6, then .so.5, then libamdhip64.so; SG_HIP_RUNTIME
+ * names another) in place of the CUDA driver, and hiprtc in place of NVRTC,
+ * compiling for the device's gfx arch. Only archs hiprtc is known to
+ * compile for are used (gfx803, gfx900, gfx906, gfx908, gfx90a, gfx90c,
+ * gfx1010-gfx1036); a device of another arch, a machine without the runtime
+ * or without a device (hipInit fails) make sg_ctx_create fail with
+ * SG_ERR_BACKEND_UNAVAILABLE, naming the library, the arch or hipInit's
+ * result and the fix, and sg_list_backends says the same. On HIP, attention
+ * runs its FMA kernels (the tensor-core kernels are CUDA-only), every
+ * matmul runs the GEMV kernel (there is no cuBLASLt; hipBLASLt and rocBLAS
+ * are not called), and launches are never programmatic dependent launches.
+ * Nothing of this backend has yet run on AMD hardware.
+ *
+ * SG_HIPRTC_CHECK=1 (like SG_NVRTC_CHECK=1, for CI without a GPU): every
+ * capture compiled on the CPU is also emitted in the CUDA dialect and
+ * compiled by hiprtc for gfx90a, failures logged under "error".
+ */
+
 /* ---------------------------------------------------------------- the Level Zero backend */
 
 /*
@@ -766,10 +789,11 @@ SG_API sg_tensor *sg_broadcast(sg_comm *comm, sg_tensor *x, int root);
  * op is a one-op capture; a compiled step in SG_MODE_REDUCE_OVERHEAD or
  * MAX_AUTOTUNE replays one recorded command list): an op it does not cover
  * (row kernels, GEMV, matmul) fails with SG_ERR_UNSUPPORTED naming the op
- * ("not yet on the ze backend"), never with a wrong result. sg_list_backends says why
- * the backend is unavailable. A stepgraph built with a sanitizer opens the
- * loader only when ZE_ENABLE_ALT_DRIVERS names the drivers: installed GPU
- * drivers open libraries with RTLD_DEEPBIND, which sanitizers abort on.
+ * ("not yet on the ze backend"), never with a wrong result. sg_list_backends
+ * says why the backend is unavailable. A stepgraph built with a sanitizer
+ * opens the loader only when ZE_ENABLE_ALT_DRIVERS names the drivers:
+ * installed GPU drivers open libraries with RTLD_DEEPBIND, which sanitizers
+ * abort on.
  */
 
 /* ---------------------------------------------------------------- compiled steps */

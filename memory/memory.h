@@ -1,8 +1,9 @@
 /* SPDX-License-Identifier: MIT */
 /*
  * memory.h -- the internal header of memory/: the liveness planner that
- * gives every intermediate of a capture an offset in one arena, and the
- * context's static pool that holds those arenas on the backend's device.
+ * gives every intermediate of a capture an offset in one arena (and wide
+ * unaligned matrices padded rows), and the context's static pool that holds
+ * those arenas on the backend's device.
  *
  * The pool is one region: [scratch | block | block | ...]. Scratch is shared
  * by the intermediates of every compiled fn of the context (fns replay one
@@ -34,6 +35,23 @@ typedef struct sg__buf {
 SG__HIDDEN sg_status sg__plan(sg_ctx *ctx, sg__buf *bufs, int n, size_t align, size_t *total);
 /* The largest sum of sizes live at one node (what no plan can go under). */
 SG__HIDDEN size_t sg__plan_peak(const sg__buf *bufs, int n);
+
+/* A row of n elements of es bytes, padded to whole 16-byte units. */
+static inline int64_t sg__pad_row_len(int64_t n, size_t es) {
+    int64_t per = 16 / (int64_t)es;
+    return (n + per - 1) / per * per;
+}
+
+/*
+ * Padded rows (pad.c): every internal buffer of ir that holds a matrix
+ * whose rows are not a multiple of 16 bytes, written by a matmul or
+ * cross_entropy's gradient and read only by ops that take strides (matmul,
+ * linear, cross_entropy and its gradient), gets rows of sg__pad_row_len
+ * elements: the slot grows and the strides of its refs step padded rows.
+ * Never a step output. *npadded gets how many buffers it padded;
+ * SG_ERR_OOM on host memory. SG_PAD_ROWS=0 turns it off.
+ */
+SG__HIDDEN sg_status sg__pad_rows(sg_ctx *ctx, sg__ir *ir, int *npadded);
 
 typedef struct sg__pool_block {
     size_t offset, size;

@@ -35,15 +35,18 @@ static const char *const unit_kernels[SG__CU_NUM_UNITS][16] = {
                      "sg_data_rand", "sg_data_topk", "sg_data_sample", "sg_data_index_add",
                      "sg_data_index_rank", "sg_data_index_order", "sg_data_index_add_runs", NULL},
     [SG__CU_REDUCE] = {"sg_reduce_fold", "sg_reduce_finish", NULL},
-    [SG__CU_ROW] = {"sg_row_softmax", "sg_row_norm", "sg_row_xent", "sg_row_xent_mean", NULL},
+    [SG__CU_ROW] = {"sg_row_softmax", "sg_row_norm", "sg_row_xent", "sg_row_xent_mean",
+                    "sg_row_xent_bwd", NULL},
     [SG__CU_MATMUL] = {"sg_mm_gemv_f32", "sg_mm_gemv_f16", "sg_mm_gemv_bf16", "sg_mm_copy_f32",
                        "sg_mm_copy_f16", "sg_mm_copy_bf16", "sg_mm_fill_f32", "sg_mm_fill_f16",
                        "sg_mm_fill_bf16", "sg_mm_pitch_f32", "sg_mm_pitch_f16", "sg_mm_pitch_bf16",
                        NULL},
     [SG__CU_ATTN] = {"sg_attn_split", "sg_attn_combine", "sg_attn_mma", "sg_attn_decode",
                      "sg_attn_decode8", "sg_attn_flash64", "sg_attn_flash128", NULL},
-    [SG__CU_ATTN_BWD] = {"sg_attn_bwd_rows", "sg_attn_bwd_keys", "sg_attn_bwd_dq64",
-                         "sg_attn_bwd_dq128", "sg_attn_bwd_dkv64", "sg_attn_bwd_dkv128", NULL},
+    [SG__CU_ATTN_BWD] = {"sg_attn_bwd_rows", "sg_attn_bwd_keys", "sg_attn_bwd_dq64_bf16",
+                         "sg_attn_bwd_dq64_f16", "sg_attn_bwd_dq128_bf16", "sg_attn_bwd_dq128_f16",
+                         "sg_attn_bwd_dkv64_bf16", "sg_attn_bwd_dkv64_f16",
+                         "sg_attn_bwd_dkv128_bf16", "sg_attn_bwd_dkv128_f16", NULL},
 };
 
 /* Whether the image holds the symbol (a kernel's name is in its ELF string table). */

@@ -2,7 +2,9 @@
 /*
  * test_fusion_passes.c -- the fusion passes one at a time, and the corners
  * of the C dialect: dead-code removal (and what it must keep), common
- * subexpression removal (and what it must not merge), views of a removed
+ * subexpression removal (and what it must not merge), copy forwarding (a
+ * clone of an intermediate dropped; of an input, a view of another
+ * geometry, a value written later or an output kept), views of a removed
  * value, concat of many inputs, inf and NaN scalars in generated source,
  * integer self-comparisons under -Werror, the multi-tensor kernel's
  * barrier, and explain's text for values kept in registers. Each step runs
@@ -212,6 +214,54 @@ static void test_cse(void) {
     sg_release(in[0]), sg_release(x), sg_release(y);
 }
 
+/* ------------------------------------------------------------ copy forwarding */
+
+/* A clone of an intermediate, read twice: the copy is dropped. */
+STEP(copy_step) {
+    sg_tensor *k = sg_clone(sg_exp(in[0]));
+    return DONE(sg_mul(k, sg_add(k, in[0])));
+}
+/* The source is written after the clone: the clone keeps the old value. */
+STEP(copy_clobber_step) {
+    sg_tensor *a = sg_exp(in[0]), *k = sg_clone(a);
+    sg_status s = sg_add_(a, in[0]);
+    if (s != SG_OK) return s;
+    return DONE(sg_sub(k, a));
+}
+/* A clone of an input, and a clone of a transposed view: both kept. */
+STEP(copy_kept_step) {
+    sg_tensor *k = sg_clone(in[0]), *t = sg_clone(sg_transpose(sg_sin(in[0]), 0, 1));
+    return DONE(sg_add(k, t));
+}
+/* The clone is the step's output: kept. */
+STEP(copy_output_step) { return DONE(sg_clone(sg_cos(in[0]))); }
+
+static void test_copy_forwarding(void) {
+    sg_tensor *x = rand2(SG_F32, 8, 8);
+    sg_fn *fn = NULL;
+    int d = 0;
+    bool ok = versus_eager(copy_step, NULL, 1, &x, 1, &fn);
+    ok = ok && TU_EXPECT(count_op(fn, SG__OP_COPY, &d) == 1 && d == 1);
+    tu_case(ok, "COPY(clone(exp(x)) read twice: the copy removed)");
+    sg_fn_destroy(fn), fn = NULL;
+
+    ok = versus_eager(copy_clobber_step, NULL, 1, &x, 1, &fn);
+    ok = ok && TU_EXPECT(count_op(fn, SG__OP_COPY, &d) == 1 && d == 0);
+    tu_case(ok, "COPY(clone(a); a += x: the source written after the copy, kept)");
+    sg_fn_destroy(fn), fn = NULL;
+
+    ok = versus_eager(copy_kept_step, NULL, 1, &x, 1, &fn);
+    ok = ok && TU_EXPECT(count_op(fn, SG__OP_COPY, &d) == 2 && d == 0);
+    tu_case(ok, "COPY(clone(x) of an input, clone(sin(x)^T) of another geometry: both kept)");
+    sg_fn_destroy(fn), fn = NULL;
+
+    ok = versus_eager(copy_output_step, NULL, 1, &x, 1, &fn);
+    ok = ok && TU_EXPECT(count_op(fn, SG__OP_COPY, &d) == 1 && d == 0);
+    tu_case(ok, "COPY(the output is a clone: kept)");
+    sg_fn_destroy(fn);
+    sg_release(x);
+}
+
 /* ------------------------------------------------------------ dialect corners */
 
 #define NCAT 6
@@ -355,6 +405,7 @@ int main(void) {
     tu_seed(9);
     test_dce();
     test_cse();
+    test_copy_forwarding();
     test_concat_many();
     test_inf_nan();
     test_self_compare();

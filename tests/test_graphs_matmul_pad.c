@@ -5,8 +5,10 @@
  * product whose operand or result rows are not 16-byte aligned (GPT-2's LM
  * head, N = 50257, forward and both backward products; an odd K) goes
  * through aligned scratch, in chunks of rows that keep the scratch under
- * its cap, with K zero-padded where it is contiguous, N split into an
- * aligned part and the rest, and with A stored transposed M likewise;
+ * its cap, with K zero-padded where it is contiguous (split into an
+ * aligned part and the rest when the rows are aligned: padded logits), N
+ * split into an aligned part and the rest, and with A stored transposed M
+ * likewise;
  * aligned, small, batched and GEMV products do not; the note
  * sg_fn_explain prints; SG_CUDA_MATMUL_PAD's cap and off. Every expected
  * number is worked out here from the shapes. (test_codegen_nvrtc compiles
@@ -35,6 +37,7 @@ typedef struct want {
     bool pad, a, b, c, a_t, b_t;
     int64_t kp, nm, mm, mchunk, ldb;
     size_t bytes_a, bytes_b, bytes_c;
+    int64_t km; /* K of the first call; 0: kp (no K split) */
 } want;
 
 static size_t r256(size_t n) { return (n + 255) / 256 * 256; }
@@ -50,17 +53,18 @@ static void pad_case(const char *name, sg__op op, sg_tensor a, sg_tensor b, sg_t
     if (ok && got) {
         ok = TU_EXPECT(pad.a == w.a) && TU_EXPECT(pad.b == w.b) && TU_EXPECT(pad.c == w.c) &&
              TU_EXPECT(pad.a_t == w.a_t) && TU_EXPECT(pad.b_t == w.b_t) &&
-             TU_EXPECT(pad.kp == w.kp) && TU_EXPECT(pad.nm == w.nm) && TU_EXPECT(pad.mm == w.mm) &&
+             TU_EXPECT(pad.kp == w.kp) && TU_EXPECT(pad.km == (w.km ? w.km : w.kp)) &&
+             TU_EXPECT(pad.nm == w.nm) && TU_EXPECT(pad.mm == w.mm) &&
              TU_EXPECT(pad.mchunk == w.mchunk) && TU_EXPECT(pad.ldb == w.ldb) &&
              TU_EXPECT(pad.bytes_a == w.bytes_a) && TU_EXPECT(pad.bytes_b == w.bytes_b) &&
              TU_EXPECT(pad.bytes_c == w.bytes_c);
         if (!ok)
             fprintf(stderr,
-                    "  got a=%d b=%d c=%d a_t=%d b_t=%d kp=%lld nm=%lld mm=%lld mchunk=%lld "
-                    "ldb=%lld bytes %zu %zu %zu\n",
-                    pad.a, pad.b, pad.c, pad.a_t, pad.b_t, (long long)pad.kp, (long long)pad.nm,
-                    (long long)pad.mm, (long long)pad.mchunk, (long long)pad.ldb, pad.bytes_a,
-                    pad.bytes_b, pad.bytes_c);
+                    "  got a=%d b=%d c=%d a_t=%d b_t=%d kp=%lld km=%lld nm=%lld mm=%lld "
+                    "mchunk=%lld ldb=%lld bytes %zu %zu %zu\n",
+                    pad.a, pad.b, pad.c, pad.a_t, pad.b_t, (long long)pad.kp, (long long)pad.km,
+                    (long long)pad.nm, (long long)pad.mm, (long long)pad.mchunk, (long long)pad.ldb,
+                    pad.bytes_a, pad.bytes_b, pad.bytes_c);
     }
     char note[256];
     bool noted = sg__mm_pad_note(&n, note, sizeof note);
@@ -114,6 +118,18 @@ int main(void) {
                     .mm = V - 1,
                     .mchunk = mct,
                     .bytes_a = r256((size_t)(T * mct) * bf)});
+    /* The same three with the logits' rows padded to 50264 (memory/pad.c): nothing is
+     * copied; N as 50256 + 1, K as 50256 + 1 (the second call accumulates), M as 50256 + 1 */
+    int64_t lgp3[3] = {1024 * Vp, Vp, 1}, lgp[2] = {Vp, 1}, lgTp[2] = {1, Vp};
+    pad_case("lm_head_padded", SG__OP_LINEAR, fake(SG_BF16, 3, x3, NULL),
+             fake(SG_BF16, 2, wte, NULL), fake(SG_BF16, 3, lg3, lgp3),
+             (want){.pad = true, .kp = C, .nm = V - 1, .mm = T, .mchunk = T});
+    pad_case("lm_head_dx_padded", SG__OP_MATMUL, fake(SG_BF16, 2, lg, lgp),
+             fake(SG_BF16, 2, wte, NULL), fake(SG_BF16, 2, x2, NULL),
+             (want){.pad = true, .kp = V, .km = V - 1, .nm = C, .mm = T, .mchunk = T});
+    pad_case("lm_head_dw_padded", SG__OP_MATMUL, fake(SG_BF16, 2, lgT, lgTp),
+             fake(SG_BF16, 2, x2, NULL), fake(SG_BF16, 2, dw, NULL),
+             (want){.pad = true, .kp = T, .nm = C, .mm = V - 1, .mchunk = V - 1});
     /* f32 logits: rows padded to 4 floats, N as 50256 + 1 */
     pad_case(
         "lm_head", SG__OP_LINEAR, fake(SG_F32, 3, x3, NULL), fake(SG_F32, 2, wte, NULL),

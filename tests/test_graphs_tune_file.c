@@ -133,7 +133,9 @@ int main(void) {
     snprintf(path, sizeof path, "%s/cu-tune-test.txt", dir);
     for (uint64_t seed = 1; seed <= 20; seed++) round_trip(path, seed);
 
-    corrupt(path, "pick=8", 21, "8", NULL);
+    char past[16]; /* the first pick past the candidate list */
+    snprintf(past, sizeof past, "%d", SG__LT_NALGO);
+    corrupt(path, "pick=SG__LT_NALGO", 21, past, NULL);
     corrupt(path, "pick=-2", 21, "-2", NULL);
     corrupt(path, "pick=x", 21, "x", NULL);
     corrupt(path, "pick_missing", 21, NULL, NULL);

@@ -263,6 +263,10 @@ static void test_cross_entropy(void) {
         ce_case(ctx_mt, floats[t], SG_I32, 512, 1000, (tu_layout)t, 10);
     }
     ce_case(ctx, SG_F32, SG_I64, 6, 50, TU_CONTIG, 1e4);
+    /* Rows over 1k: a block each (on CUDA, 16-byte vectors from an odd start). */
+    for (int t = 0; t < 3; t++)
+        for (int l = 0; l < TU_NUM_LAYOUTS; l++)
+            ce_case(ctx, floats[t], SG_I64, 16, 3001, (tu_layout)l, 8);
 }
 
 /* ------------------------------------------------------------ bad input */

@@ -289,6 +289,10 @@ bool tu_case(bool ok, const char *fmt, ...) {
 /* The library's count of captures whose CUDA unit failed NVRTC under
  * SG_NVRTC_CHECK=1 (graphs/graphs.h). */
 uint64_t sg__cuda_check_failures(void);
+/* The same for SG_OPENCL_CHECK=1: dialect 3 is SG__DIALECT_OPENCL. */
+uint64_t sg__dialect_check_count(int dialect, int what);
+/* Whether SG_HIPRTC_CHECK=1 found no hiprtc (graphs/graphs.h). */
+bool sg__hiprtc_check_skipped(void);
 
 int tu_finish(void) {
     const char *chk = getenv("SG_NVRTC_CHECK");
@@ -296,6 +300,33 @@ int tu_finish(void) {
         uint64_t nf = sg__cuda_check_failures();
         tu_case(nf == 0,
                 "SG_NVRTC_CHECK: every capture's CUDA unit compiled by NVRTC for sm_90 "
+                "(%llu failed)",
+                (unsigned long long)nf);
+    }
+    chk = getenv("SG_OPENCL_CHECK");
+    if (chk && strcmp(chk, "1") == 0) {
+        /* graphs.h's sg__check_what: built, failed, unsupported groups, unavailable */
+        uint64_t built = sg__dialect_check_count(3, 0), nf = sg__dialect_check_count(3, 1);
+        uint64_t nun = sg__dialect_check_count(3, 2), none = sg__dialect_check_count(3, 3);
+        if (none && !built && !nf) {
+            printf("SG_OPENCL_CHECK: no OpenCL CPU device (ICD) here: nothing checked, skipped\n");
+            printf("%d passed, %d failed\n", passed, failed);
+            return failed ? 1 : 77;
+        }
+        tu_case(nf == 0 && (built > 0 || none == 0),
+                "SG_OPENCL_CHECK: every capture's OpenCL C unit built on the OpenCL CPU device "
+                "(%llu built, %llu failed, %llu groups not in the dialect)",
+                (unsigned long long)built, (unsigned long long)nf, (unsigned long long)nun);
+    }
+    const char *hchk = getenv("SG_HIPRTC_CHECK");
+    if (hchk && strcmp(hchk, "1") == 0) {
+        uint64_t nf = sg__cuda_check_failures();
+        if (nf == 0 && failed == 0 && sg__hiprtc_check_skipped()) {
+            printf("SKIP: SG_HIPRTC_CHECK: hiprtc is absent (%d cases passed)\n", passed);
+            return 77;
+        }
+        tu_case(nf == 0,
+                "SG_HIPRTC_CHECK: every capture's CUDA unit compiled by hiprtc for gfx90a "
                 "(%llu failed)",
                 (unsigned long long)nf);
     }

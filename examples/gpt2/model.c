@@ -271,16 +271,20 @@ static sg_tensor *head(gpt2 *g, sg_tensor *x) {
     return sg_linear(sg_layer_norm(x, g->lnfw, g->lnfb, GPT2_EPS), w, NULL);
 }
 
+/* The valid cache slots for the token at position pos ((1) i64): pos + 1,
+ * a scalar on the device, made once per step before the layers (so that
+ * it runs with the step's first small kernels). */
+static sg_tensor *kv_len_of(sg_tensor *pos) { return sg_add_scalar(sg_reshape(pos, 0, NULL), 1); }
+
 /*
- * Attention of q (B, NH, 1, hs) over the cache kc, vc (B, NH, S, hs) for the
- * token at position pos ((1) i64): slots 0 .. pos are visible. The one place
- * that knows how cached attention is computed.
+ * Attention of q (B, NH, 1, hs) over the cache kc, vc (B, NH, S, hs) with
+ * slots 0 .. kv_len - 1 visible (kv_len_of). The one place that knows how
+ * cached attention is computed.
  */
-static sg_tensor *attend(gpt2 *g, sg_tensor *q, sg_tensor *kc, sg_tensor *vc, sg_tensor *pos) {
+static sg_tensor *attend(gpt2 *g, sg_tensor *q, sg_tensor *kc, sg_tensor *vc, sg_tensor *kv_len) {
     (void)g;
-    /* kv_len = pos + 1 valid slots, read on the device: one fused kernel that
-     * reads only those slots (flash-decoding on CUDA). */
-    sg_tensor *kv_len = sg_add_scalar(sg_reshape(pos, 0, NULL), 1);
+    /* kv_len read on the device: one fused kernel that reads only the valid
+     * slots (flash-decoding on CUDA). */
     return sg_sdpa_cached(q, kc, vc, kv_len, 0.0);
 }
 
@@ -325,6 +329,7 @@ static sg_status decode(sg_ctx *ctx, sg_tensor *const *in, sg_tensor **out, void
         return SG_ERR_SHAPE;
     sg_tensor *x = sg_add(sg_embedding(g->wte, token), sg_embedding(g->wpe, pos));
     x = sg_reshape(x, 3, bt);
+    sg_tensor *kv_len = kv_len_of(pos);
     for (int64_t l = 0; l < g->cfg.n_layer; l++) {
         const gpt2_layer *w = &g->layers[l];
         sg_tensor *qkv[3];
@@ -332,7 +337,7 @@ static sg_status decode(sg_ctx *ctx, sg_tensor *const *in, sg_tensor **out, void
         sg_status st = sg_index_copy_(g->kcache[l], 2, pos, qkv[1]);
         if (st == SG_OK) st = sg_index_copy_(g->vcache[l], 2, pos, qkv[2]);
         if (st != SG_OK) return st;
-        x = block_rest(w, x, attend(g, qkv[0], g->kcache[l], g->vcache[l], pos));
+        x = block_rest(w, x, attend(g, qkv[0], g->kcache[l], g->vcache[l], kv_len));
     }
     sg_tensor *logits = sg_squeeze(head(g, x), 1);
     if (!logits) return sg_ctx_status(ctx);

@@ -3,7 +3,7 @@
  * cpu_row.c -- the eager CPU kernels of the row family: softmax and
  * log_softmax along any dim, layer_norm and rms_norm over the last dim, and
  * cross_entropy over the rows of (N, C) logits (node layouts in
- * capture/ops_rows.c).
+ * capture/ops_rows.c), and cross_entropy's gradient.
  *
  * A row is every element along the op's dim for one index of the other
  * dims; rows run in parallel and may have any strides. Each row is read in
@@ -302,6 +302,44 @@ static sg_status cross_entropy(sg_ctx *ctx, const sg__node *n) {
     return SG_OK;
 }
 
+/*
+ * cross_entropy's gradient: row r of the output is (softmax(x_r) - onehot(
+ * t_r)) * g / N, from row_lse's max and sum, the math in double and one
+ * rounding at the store. A target outside [0, C) makes its row NaN (the
+ * forward reported it).
+ */
+static sg_status cross_entropy_bwd(sg_ctx *ctx, const sg__node *n) {
+    const sg_tensor *lg = n->in[0], *tg = n->in[1], *out = n->out;
+    int64_t N = lg->shape[0], C = lg->shape[1], xs0 = lg->stride[0], xs1 = lg->stride[1];
+    int64_t ys0 = out->stride[0], ys1 = out->stride[1], ts = tg->stride[0];
+    const void *x = sg__data(lg), *t = sg__data(tg);
+    void *y = sg__data(out);
+    sg_dtype dt = lg->dtype, ydt = out->dtype, tdt = tg->dtype;
+    double scale = N ? (double)sg__ldf(sg__data(n->in[2]), n->in[2]->dtype, 0) / (double)N : 0.0;
+    int nth = sg__cpu_threads(ctx, N * C);
+#pragma omp parallel for num_threads(nth) if (nth > 1) schedule(static)
+    for (int64_t r = 0; r < N; r++) {
+        const void *row = sg__at((void *)x, dt, r * xs0);
+        void *yrow = sg__at(y, ydt, r * ys0);
+        int64_t c = sg__ldi(t, tdt, r * ts);
+        bool bad = c < 0 || c >= C;
+        double m, sum;
+        row_lse(row, dt, xs1, C, &m, &sum);
+        double inv = 1.0 / sum;
+        float tile[SG__TILE];
+        for (int64_t j = 0; j < C; j += SG__TILE) {
+            int k = tile_len(C, j);
+            sg__gather_f(sg__at((void *)row, dt, j * xs1), dt, xs1, k, tile);
+            for (int e = 0; e < k; e++) {
+                double p = exp(tile[e] - m) * inv - (j + e == c ? 1.0 : 0.0);
+                tile[e] = bad ? NAN : (float)(p * scale);
+            }
+            sg__scatter_f(sg__at(yrow, ydt, j * ys1), ydt, ys1, k, tile);
+        }
+    }
+    return SG_OK;
+}
+
 sg_status sg__cpu_row(sg_ctx *ctx, const sg__node *n) {
     switch (n->op) {
     case SG__OP_SOFTMAX:
@@ -309,6 +347,7 @@ sg_status sg__cpu_row(sg_ctx *ctx, const sg__node *n) {
     case SG__OP_LAYER_NORM:
     case SG__OP_RMS_NORM: return norm(ctx, n);
     case SG__OP_CROSS_ENTROPY: return cross_entropy(ctx, n);
+    case SG__OP_CROSS_ENTROPY_BWD: return cross_entropy_bwd(ctx, n);
     default: break;
     }
     return sg__fail(ctx, SG_ERR_INTERNAL, "cpu: %s is not a row op", sg__op_name(n->op));

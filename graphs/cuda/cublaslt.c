@@ -75,6 +75,22 @@ bool sg__lt_pick_parse(const char *s, sg__lt_pick *p, int *used) {
     return true;
 }
 
+/* ------------------------------------------------------------ split-K (no device) */
+
+int sg__lt_splits(int own, int64_t k, int *out, int max) {
+    int n = 0;
+    for (int p = 1; n < max && p <= 256 && (p == 1 || k / p >= SG__LT_SPLIT_MIN_K); p *= 2)
+        if (p != own) out[n++] = p;
+    return n;
+}
+
+int sg__lt_default_pick(const sg__lt_cand *c, int n, int64_t k) {
+    if (n <= 0 || c[0].splitk <= 1 || k / 2 >= SG__LT_SPLIT_MIN_K) return 0;
+    for (int i = 1; i < n; i++)
+        if (c[i].base == 0 && c[i].splitk == 1) return i;
+    return 0;
+}
+
 #ifdef SG_HAVE_CUDA_HEADERS
 
 #include "cuda.h"
@@ -107,6 +123,15 @@ bool sg__lt_pick_parse(const char *s, sg__lt_pick *p, int *used) {
       (cublasLtHandle_t, cublasLtMatmulDesc_t, cublasLtMatrixLayout_t, cublasLtMatrixLayout_t,    \
        cublasLtMatrixLayout_t, cublasLtMatrixLayout_t, cublasLtMatmulPreference_t, int,           \
        cublasLtMatmulHeuristicResult_t *, int *))                                                 \
+    X(cublasStatus_t, cublasLtMatmulAlgoCheck,                                                    \
+      (cublasLtHandle_t, cublasLtMatmulDesc_t, cublasLtMatrixLayout_t, cublasLtMatrixLayout_t,    \
+       cublasLtMatrixLayout_t, cublasLtMatrixLayout_t, const cublasLtMatmulAlgo_t *,              \
+       cublasLtMatmulHeuristicResult_t *))                                                        \
+    X(cublasStatus_t, cublasLtMatmulAlgoConfigGetAttribute,                                       \
+      (const cublasLtMatmulAlgo_t *, cublasLtMatmulAlgoConfigAttributes_t, void *, size_t,        \
+       size_t *))                                                                                 \
+    X(cublasStatus_t, cublasLtMatmulAlgoConfigSetAttribute,                                       \
+      (cublasLtMatmulAlgo_t *, cublasLtMatmulAlgoConfigAttributes_t, const void *, size_t))       \
     X(cublasStatus_t, cublasLtMatmul,                                                             \
       (cublasLtHandle_t, cublasLtMatmulDesc_t, const void *, const void *,                        \
        cublasLtMatrixLayout_t, const void *, cublasLtMatrixLayout_t, const void *, const void *,  \
@@ -127,8 +152,9 @@ typedef struct lt_entry {
     uint64_t hash;
     cublasLtMatmulDesc_t desc;
     cublasLtMatrixLayout_t la, lb, lc;
-    cublasLtMatmulAlgo_t algo;   /* the heuristic's first */
+    cublasLtMatmulAlgo_t algo;   /* sg__lt_default_pick's candidate */
     cublasLtMatmulAlgo_t picked; /* max-autotune's, once tuned */
+    int def;       /* algo's index in the call's candidate list */
     bool has_algo; /* false: the heuristic found none (remembered too) */
     bool tuned;    /* picked is set (timed or remembered) */
 } lt_entry;
@@ -200,6 +226,15 @@ void sg__cublaslt_release(sg_ctx *ctx) {
     *slot = NULL;
 }
 
+/* HIP has no cuBLASLt (cuda_matmul.c runs every product through the GEMV
+ * kernel there); a call that reaches here on HIP says what would be needed. */
+static sg_status hip_no_blas(sg_ctx *ctx) {
+    return sg__fail(ctx, SG_ERR_BACKEND_UNAVAILABLE,
+                    "hip: cuBLASLt does not exist on HIP and this stepgraph does not call "
+                    "hipBLASLt (libhipblaslt.so) or rocBLAS; set SG_CUDA_MATMUL=gemv, or use "
+                    "SG_BACKEND_CPU");
+}
+
 /* Load the library, make the handle and the workspace (first use only). */
 static sg_status lt_state_get(sg_ctx *ctx, lt_state **out) {
     void **slot = sg__cuda_lt_state(ctx);
@@ -207,6 +242,8 @@ static sg_status lt_state_get(sg_ctx *ctx, lt_state **out) {
         *out = *slot;
         return SG_OK;
     }
+    if (sg__cuda_is_hip(ctx))
+        return hip_no_blas(ctx);
     if (sg__cuda_capturing(ctx))
         return sg__fail(ctx, SG_ERR_UNSUPPORTED, "cuda: the first matmul of a context ran while a "
                         "CUDA graph was recorded; cuBLASLt's handle and workspace cannot be made "
@@ -337,7 +374,71 @@ static cublasStatus_t heuristic(lt_state *s, const lt_entry *e, int n,
     return r;
 }
 
-/* Descriptors, layouts and the heuristic's first algorithm for e's call. */
+/* Algorithm a with K in `parts` parts (reduced in the compute type, or in
+ * place for 2 parts where cuBLASLt takes that; none for one part) when
+ * cuBLASLt takes it for e's call within the workspace: false otherwise. */
+static bool split_variant(lt_state *s, const lt_entry *e, cublasLtMatmulAlgo_t a, int32_t parts,
+                          cublasLtMatmulHeuristicResult_t *out) {
+    const lt_api *api = &s->api;
+    uint32_t schemes[2] = {CUBLASLT_REDUCTION_SCHEME_NONE, 0};
+    int ns = 1;
+    if (parts == 2)
+        schemes[0] = CUBLASLT_REDUCTION_SCHEME_INPLACE,
+        schemes[1] = CUBLASLT_REDUCTION_SCHEME_COMPUTE_TYPE, ns = 2;
+    else if (parts > 2)
+        schemes[0] = CUBLASLT_REDUCTION_SCHEME_COMPUTE_TYPE;
+    for (int i = 0; i < ns; i++) {
+        cublasLtMatmulAlgo_t v = a;
+        if (api->cublasLtMatmulAlgoConfigSetAttribute(&v, CUBLASLT_ALGO_CONFIG_SPLITK_NUM, &parts,
+                                                      sizeof parts) != CUBLAS_STATUS_SUCCESS ||
+            api->cublasLtMatmulAlgoConfigSetAttribute(&v, CUBLASLT_ALGO_CONFIG_REDUCTION_SCHEME,
+                                                      &schemes[i], sizeof schemes[i]) !=
+                CUBLAS_STATUS_SUCCESS)
+            return false;
+        memset(out, 0, sizeof *out);
+        if (api->cublasLtMatmulAlgoCheck(s->handle, e->desc, e->la, e->lb, e->lc, e->lc, &v, out) ==
+                CUBLAS_STATUS_SUCCESS &&
+            out->state == CUBLAS_STATUS_SUCCESS && out->workspaceSize <= WORKSPACE_BYTES) {
+            out->algo = v;
+            return true;
+        }
+    }
+    return false;
+}
+
+static int splitk_of(const lt_state *s, const cublasLtMatmulAlgo_t *a) {
+    int32_t v = 1;
+    size_t w = 0;
+    if (s->api.cublasLtMatmulAlgoConfigGetAttribute(a, CUBLASLT_ALGO_CONFIG_SPLITK_NUM, &v, sizeof v,
+                                                    &w) != CUBLAS_STATUS_SUCCESS)
+        v = 1;
+    return v;
+}
+
+/* e's call's candidates (cublaslt.h, "Split-K"): the heuristic's first
+ * SG__LT_NHEUR usable algorithms, then up to an equal share of the rest
+ * each of split-K variants of the first SG__LT_SPLIT_BASES (the most parts
+ * first), in a fixed order: a pick is an index into this list. */
+static cublasStatus_t candidates(lt_state *s, const lt_entry *e, int64_t k,
+                                 cublasLtMatmulHeuristicResult_t *out, sg__lt_cand *cd, int *found,
+                                 const char **call) {
+    cublasStatus_t r = heuristic(s, e, SG__LT_NHEUR, out, found, call);
+    if (r != CUBLAS_STATUS_SUCCESS) return r;
+    int nh = *found, n = nh;
+    for (int i = 0; i < nh; i++) cd[i] = (sg__lt_cand){i, splitk_of(s, &out[i].algo)};
+    int per = nh ? (SG__LT_NALGO - nh) / SG__LT_SPLIT_BASES : 0;
+    for (int i = 0; i < nh && i < SG__LT_SPLIT_BASES; i++) {
+        int parts[SG__LT_NALGO];
+        int np = sg__lt_splits(cd[i].splitk, k, parts, SG__LT_NALGO);
+        for (int j = np - 1, made = 0; j >= 0 && made < per && n < SG__LT_NALGO; j--)
+            if (split_variant(s, e, out[i].algo, parts[j], &out[n]))
+                cd[n] = (sg__lt_cand){i, parts[j]}, n++, made++;
+    }
+    *found = n;
+    return r;
+}
+
+/* Descriptors, layouts and the untimed choice of algorithm for e's call. */
 static sg_status build_entry(sg_ctx *ctx, lt_state *s, lt_entry *e, const sg__lt_call *c,
                              const void *bias) {
     const lt_api *api = &s->api;
@@ -370,14 +471,21 @@ static sg_status build_entry(sg_ctx *ctx, lt_state *s, lt_entry *e, const sg__lt
                    c->batch, c->sb);
     if (r == CUBLAS_STATUS_SUCCESS) r = layout(api, &e->lc, t, c->m, c->n, c->ldc, c->batch, c->sc);
     if (r != CUBLAS_STATUS_SUCCESS) return lt_fail(ctx, s, r, call, c);
-    cublasLtMatmulHeuristicResult_t res;
+    cublasLtMatmulHeuristicResult_t res[SG__LT_NALGO];
+    sg__lt_cand cd[SG__LT_NALGO];
     int found = 0;
-    r = heuristic(s, e, 1, &res, &found, &call);
+    r = candidates(s, e, c->k, res, cd, &found, &call);
     if (r != CUBLAS_STATUS_SUCCESS) return lt_fail(ctx, s, r, call, c);
     e->has_algo = found > 0;
-    if (e->has_algo)
-        e->algo = res.algo;
-    else /* once per distinct call: the entry remembers the answer */
+    if (e->has_algo) {
+        e->def = sg__lt_default_pick(cd, found, c->k);
+        e->algo = res[e->def].algo;
+        if (e->def > 0)
+            sg__log(ctx, "perf_hints", "cuda: a %s matmul m=%lld n=%lld k=%lld: cuBLASLt's "
+                    "first algorithm splits K in %d parts; it runs unsplit",
+                    sg_dtype_name(c->dtype), (long long)c->m, (long long)c->n, (long long)c->k,
+                    cd[0].splitk);
+    } else /* once per distinct call: the entry remembers the answer */
         sg__log(ctx, "fallbacks", "cuda: cuBLASLt has no algorithm for a %s matmul m=%lld n=%lld "
                 "k=%lld lda=%lld ldb=%lld ldc=%lld batch=%lld%s; %s", sg_dtype_name(c->dtype),
                 (long long)c->m, (long long)c->n, (long long)c->k, (long long)c->lda,
@@ -474,20 +582,25 @@ static bool cand_run(sg_ctx *ctx, const cand *t, const cublasLtMatmulAlgo_t *alg
 }
 
 /* Milliseconds of 5 runs of a candidate (algo, or the alternative when
- * NULL) after one warm-up, between two events; false when any step fails. */
+ * NULL) after one warm-up, between two events: the least of 3 such rounds,
+ * since a round only ever runs slower than the call (clocks, other work);
+ * false when any step fails. */
 static bool cand_time(sg_ctx *ctx, const cand *t, const cublasLtMatmulAlgo_t *algo, float *ms) {
-    const sg__cu_api *cu = NULL;
-    char why[8];
-    if (sg__cuda_load(why, sizeof why, &cu) != SG_OK || !cu) return false;
+    const sg__cu_api *cu = sg__cuda_api(ctx);
     CUstream stream = sg__cuda_stream(ctx);
     CUevent e0 = NULL, e1 = NULL;
     bool ok = cu->cuEventCreate(&e0, CU_EVENT_DEFAULT) == CUDA_SUCCESS &&
               cu->cuEventCreate(&e1, CU_EVENT_DEFAULT) == CUDA_SUCCESS;
-    ok = ok && cand_run(ctx, t, algo) && cu->cuEventRecord(e0, stream) == CUDA_SUCCESS;
-    for (int i = 0; ok && i < 5; i++) ok = cand_run(ctx, t, algo);
-    ok = ok && cu->cuEventRecord(e1, stream) == CUDA_SUCCESS &&
-         cu->cuEventSynchronize(e1) == CUDA_SUCCESS &&
-         cu->cuEventElapsedTime_v2(ms, e0, e1) == CUDA_SUCCESS;
+    ok = ok && cand_run(ctx, t, algo);
+    for (int round = 0; ok && round < 3; round++) {
+        float r = 0;
+        ok = cu->cuEventRecord(e0, stream) == CUDA_SUCCESS;
+        for (int i = 0; ok && i < 5; i++) ok = cand_run(ctx, t, algo);
+        ok = ok && cu->cuEventRecord(e1, stream) == CUDA_SUCCESS &&
+             cu->cuEventSynchronize(e1) == CUDA_SUCCESS &&
+             cu->cuEventElapsedTime_v2(&r, e0, e1) == CUDA_SUCCESS;
+        if (ok && (round == 0 || r < *ms)) *ms = r;
+    }
     if (e0) cu->cuEventDestroy_v2(e0);
     if (e1) cu->cuEventDestroy_v2(e1);
     return ok;
@@ -502,14 +615,15 @@ static int tune_call(sg_ctx *ctx, const cand *t, const sg__lt_call *c, bool alt_
     lt_state *s = t->s;
     lt_entry *e = t->e;
     cublasLtMatmulHeuristicResult_t res[SG__LT_NALGO];
+    sg__lt_cand cd[SG__LT_NALGO];
     int found = 0;
     const char *call;
-    if (e->has_algo && heuristic(s, e, SG__LT_NALGO, res, &found, &call) != CUBLAS_STATUS_SUCCESS)
+    if (e->has_algo && candidates(s, e, c->k, res, cd, &found, &call) != CUBLAS_STATUS_SUCCESS)
         found = 0;
-    int def = t->alt && alt_first ? SG__LT_GEMV : 0, best = def;
+    int def = t->alt && alt_first ? SG__LT_GEMV : e->has_algo ? e->def : 0, best = def;
     float def_ms = 0, best_ms = 0, ms = 0;
-    if (def == 0 && found == 0) return def;
-    if (!cand_time(ctx, t, def == 0 ? &res[0].algo : NULL, &def_ms)) return def;
+    if (def >= 0 && def >= found) return def;
+    if (!cand_time(ctx, t, def >= 0 ? &res[def].algo : NULL, &def_ms)) return def;
     best_ms = def_ms;
     for (int i = t->alt ? SG__LT_GEMV : 0; i < found; i++)
         if (i != def && cand_time(ctx, t, i >= 0 ? &res[i].algo : NULL, &ms) &&
@@ -530,15 +644,16 @@ static int tune_call(sg_ctx *ctx, const cand *t, const sg__lt_call *c, bool alt_
     return best;
 }
 
-/* A remembered pick into e: the heuristic's algorithm at that index (the
- * first where the heuristic now lists fewer). */
-static void use_pick(lt_state *s, lt_entry *e, int pick) {
+/* A remembered pick into e: the candidate at that index (the untimed
+ * choice where the list is now shorter). */
+static void use_pick(lt_state *s, lt_entry *e, int pick, const sg__lt_call *c) {
     cublasLtMatmulHeuristicResult_t res[SG__LT_NALGO];
+    sg__lt_cand cd[SG__LT_NALGO];
     int found = 0;
     const char *call;
     e->picked = e->algo;
-    if (pick > 0 && heuristic(s, e, SG__LT_NALGO, res, &found, &call) == CUBLAS_STATUS_SUCCESS &&
-        pick < found)
+    if (pick >= 0 && pick != e->def &&
+        candidates(s, e, c->k, res, cd, &found, &call) == CUBLAS_STATUS_SUCCESS && pick < found)
         e->picked = res[pick].algo;
     e->tuned = true;
 }
@@ -567,7 +682,7 @@ static int pick_for(sg_ctx *ctx, const cand *t, const sg__lt_call *c, bool alt_f
     int pick;
     if (kn) {
         pick = kn->p.pick;
-        if (!t->e->tuned) use_pick(s, t->e, pick);
+        if (!t->e->tuned) use_pick(s, t->e, pick, c);
     } else if (s->tuning && !c->accumulate && !sg__cuda_capturing(ctx)) {
         pick = tune_call(ctx, t, c, alt_first);
         kn = known_put(ctx, s, t->e->key, pick);

@@ -80,7 +80,10 @@ SG__HIDDEN bool sg__mm_prefer_gemv(const sg__mm_plan *p);
  *   - an A or B with unaligned rows is copied there with a padded leading
  *     dim; a C with unaligned rows is written there and copied out;
  *   - a K that is contiguous in A or B and not a multiple of 16 bytes is
- *     padded with zeros in both (both are copied);
+ *     padded with zeros in both (both are copied), unless both have
+ *     aligned rows (a buffer with padded rows, memory/pad.c): then K splits
+ *     into the largest multiple of 16 bytes, one call, and the rest, a
+ *     second call that adds its product to the first's (beta = 1);
  *   - N (C's contiguous extent) splits into the largest multiple of 16
  *     bytes, one call, and the rest, a second narrow call;
  *   - with A read transposed (contiguous along M), the rows past the
@@ -90,7 +93,8 @@ SG__HIDDEN bool sg__mm_prefer_gemv(const sg__mm_plan *p);
  * another cap; 0 or off turns padding off); B is copied whole. Only single
  * products (no batch dim left after folding) of at least SG__MM_PAD_MIN
  * multiply-adds whose operands cuBLASLt reads in place are padded. Every
- * output element is one dot product as before: deterministic.
+ * output element is one dot product as before (two partial ones added,
+ * when K splits), the same every run: deterministic.
  */
 #define SG__MM_PAD_BYTES ((size_t)256 << 20)
 #define SG__MM_PAD_MIN ((int64_t)1 << 24)
@@ -99,6 +103,8 @@ typedef struct sg__mm_pad {
     bool a, b, c;   /* which operands go through scratch */
     bool a_t, b_t;  /* that operand is stored transposed (contiguous along M, K) */
     int64_t kp;     /* K with its zero padding (K when none) */
+    int64_t km;     /* K of the first call; the rest (kp - km) in a second
+                       that accumulates (kp: no second call) */
     int64_t nm;     /* columns of the first call (N: no second call) */
     int64_t mm;     /* rows of M in chunks; the rest (M - mm) in a last call */
     int64_t mchunk; /* rows of M per chunk */
@@ -133,28 +139,64 @@ SG__HIDDEN sg_status sg__lt_matmul(sg_ctx *ctx, const sg__lt_call *c, const void
 
 /*
  * In the MAX_AUTOTUNE modes the step's tuning run (cuda_graph.c) also picks
- * each cuBLASLt call's algorithm: the heuristic is asked for up to
- * SG__LT_NALGO algorithms (within the workspace), each is timed on the real
- * buffers, and the fastest is kept; for products of at most 8 rows the GEMV
- * kernel is timed against them. The heuristic's first algorithm (and, for
- * few rows, today's choice between GEMV and cuBLASLt) stays unless another
+ * each cuBLASLt call's algorithm: its candidates (up to SG__LT_NALGO: the
+ * heuristic's algorithms within the workspace and their split-K variants,
+ * see "Split-K" below) are each timed on the real buffers, and the fastest
+ * is kept; for products of at most 8 rows the GEMV kernel is timed against
+ * them. The untimed choice (sg__lt_default_pick's candidate, and, for few rows,
+ * today's choice between GEMV and cuBLASLt) stays unless another
  * is at least 3% faster, and stays when a candidate fails. Calls that add
- * to their output (beta = 1) keep the first algorithm: timing them would
+ * to their output (beta = 1) keep the untimed choice: timing them would
  * add the product again. A pick is the call's key (the words cublaslt.c
  * compares: sizes, strides, dtype, epilogue, pointer alignments, TF32) and
- * the index of the chosen algorithm in the heuristic's list, or
+ * the index of the chosen algorithm in the call's candidate list, or
  * SG__LT_GEMV; picks are remembered with the block sizes in the tune file
  * (one line each: "lt <key words> <pick>"), so that a warm process applies
  * them without timing.
  */
 #define SG__LT_KEY_WORDS 20
-#define SG__LT_NALGO 8
+#define SG__LT_NHEUR 8  /* the heuristic's algorithms in a call's candidate list */
+#define SG__LT_NALGO 16 /* the list: those, then split-K variants (see below) */
 #define SG__LT_GEMV (-1)
 
 typedef struct sg__lt_pick {
     int64_t key[SG__LT_KEY_WORDS];
     int pick; /* SG__LT_GEMV, or 0 .. SG__LT_NALGO - 1 */
 } sg__lt_pick;
+
+/*
+ * Split-K (no device). cuBLASLt's heuristic splits K for small products,
+ * sometimes into parts of a few elements (W4: K = 10 in 8 parts, each a
+ * CTA, plus a reduction kernel, for 1.3M multiply-adds). A call's
+ * candidates are the heuristic's first SG__LT_NHEUR algorithms, then
+ * variants of the first SG__LT_SPLIT_BASES of them with K in other numbers
+ * of parts (sg__lt_splits), reduced in the compute type in a second kernel
+ * (in place, through the output, for 2 parts where cuBLASLt takes it: the
+ * in-place reduction adds the parts one after another, and measured 2-10
+ * times slower from 4 parts up). Either way the parts are added in a fixed
+ * order, so replays give the same bits. Without timing (every mode but
+ * max-autotune's tuning run) a call runs sg__lt_default_pick's candidate;
+ * max-autotune times them all.
+ */
+#define SG__LT_SPLIT_BASES 2
+#define SG__LT_SPLIT_MIN_K 32 /* the least K per part of a variant */
+
+typedef struct sg__lt_cand {
+    int base;   /* the heuristic's algorithm it is (or is a variant of) */
+    int splitk; /* K parts (1: not split) */
+} sg__lt_cand;
+
+/* The numbers of K parts to try as variants of an algorithm that splits K
+ * in `own` parts: 1, and powers of two from 2 while a part keeps at least
+ * SG__LT_SPLIT_MIN_K, but not `own`; at most max into out, their number. */
+SG__HIDDEN int sg__lt_splits(int own, int64_t k, int *out, int max);
+/* The index of the candidate a call runs without timing: the first (the
+ * heuristic's own), unless it splits a K too short for two parts of
+ * SG__LT_SPLIT_MIN_K; then its unsplit variant, where the list has it.
+ * (Splits of a longer K into short parts stay: W4's K = 1024 in 132 parts
+ * measured no slower than in 32, and its 128 x 1024 products in 8 parts
+ * of 32 tiles, 256 CTAs on 132 SMs, no slower than in 4.) */
+SG__HIDDEN int sg__lt_default_pick(const sg__lt_cand *c, int n, int64_t k);
 
 /* The pick as one tune-file line (with its newline) into buf: its length,
  * or -1 when it does not fit. */

@@ -26,6 +26,8 @@ typedef struct sg__cuda_device {
     int driver_version;     /* 13000 for 13.0 */
     size_t total_mem;       /* bytes */
     int count;              /* devices present */
+    bool hip;               /* read through the HIP runtime (hip.c) */
+    char arch_name[32];     /* HIP: the gfx arch hiprtc compiles for ("gfx90a"); "" on CUDA */
 } sg__cuda_device;
 
 /*
@@ -35,6 +37,10 @@ typedef struct sg__cuda_device {
  * point) in why. Cheap after the first call (the outcome is remembered).
  */
 SG__HIDDEN sg_status sg__cuda_probe(char *why, size_t n, sg__cuda_device *dev);
+/* The same for the HIP runtime (hip.c): loads libamdhip64, hipInit, reads
+ * device 0 (arch_name set); the reason names hipInit's result or the
+ * missing library, and the fix. */
+SG__HIDDEN sg_status sg__hip_probe(char *why, size_t n, sg__cuda_device *dev);
 
 #ifdef SG_HAVE_CUDA_HEADERS
 #include <cuda.h>
@@ -93,11 +99,21 @@ typedef struct sg__cu_api {
 /* The driver table (loaded and cuInit'ed once per process), or
  * SG_ERR_BACKEND_UNAVAILABLE with the reason in why. */
 SG__HIDDEN sg_status sg__cuda_load(char *why, size_t n, const sg__cu_api **out);
+/* The same table filled from the HIP runtime (hip.c: hip* functions where
+ * they agree with the driver call, shims where not), hipInit'ed once. */
+SG__HIDDEN sg_status sg__hip_load(char *why, size_t n, const sg__cu_api **out);
+/* The table of a context of the CUDA executor (CUDA's or HIP's). */
+SG__HIDDEN const sg__cu_api *sg__cuda_api(const sg_ctx *ctx);
+/* What the probe read of the context's device (exec.c keeps it). */
+SG__HIDDEN const sg__cuda_device *sg__cuda_device_of(const sg_ctx *ctx);
 /* "CUDA_ERROR_OUT_OF_MEMORY (out of memory)" into buf. */
 SG__HIDDEN const char *sg__cu_strerror(CUresult r, char *buf, size_t size);
+/* The same through a given table (HIP's names its errors hipError...). */
+SG__HIDDEN const char *sg__cu_strerror_in(const sg__cu_api *api, CUresult r, char *buf,
+                                          size_t size);
 /* Record a failed driver call: SG_ERR_OOM for out-of-memory, else
- * SG_ERR_DRIVER, with a message naming the call, what it was doing and the
- * driver's error. Returns the status. */
+ * SG_ERR_DRIVER, with a message naming the backend, the call, what it was
+ * doing and the driver's error. Returns the status. */
 SG__HIDDEN sg_status sg__cu_fail(sg_ctx *ctx, CUresult r, const char *call, const char *doing);
 #endif /* SG_HAVE_CUDA_HEADERS */
 

@@ -5,7 +5,8 @@
  * output's parts to the kernels and launches the two passes, query rows
  * first (they write each row's logsumexp and rowsum(dO * O) into the
  * output's workspace), then keys. bf16 / f16 with D = 64 or 128, no mask,
- * on sm_80+ run on tensor cores (sg_attn_bwd_dq<D>, sg_attn_bwd_dkv<D>);
+ * on sm_80+ run on tensor cores (sg_attn_bwd_dq<D>_<dtype>,
+ * sg_attn_bwd_dkv<D>_<dtype>);
  * everything else -- f32, masks, other head dims up to 256 -- on the FMA
  * kernels (sg_attn_bwd_rows, sg_attn_bwd_keys), as does SG_ATTN_MMA=0.
  * No scratch: the workspace is part of the node's output, planned with it.
@@ -30,7 +31,7 @@ typedef struct bgeom {
 } bgeom;
 _Static_assert(sizeof(bgeom) == 264, "bgeom changed: update k_attn_bwd.cu too");
 
-enum { CAUSAL = 1, VQ = 2, VK = 4, VV = 8, VG = 16 }; /* k_attn_bwd.cu's flags */
+enum { CAUSAL = 1, VQ = 2, VK = 4, VV = 8, VG = 16, VO = 32 }; /* k_attn_bwd.cu's flags */
 
 /* 16-byte loads of a 16-bit operand's rows: unit last stride, every other
  * stride a multiple of 8 elements, element 0 aligned. */
@@ -62,21 +63,25 @@ static void describe(bgeom *g, const sg__node *n) {
     g->flags = (n->i[0] & SG__ATTN_CAUSAL) ? CAUSAL : 0;
     g->flags |= (rows_vector(q) ? VQ : 0) | (rows_vector(k) ? VK : 0) | (rows_vector(v) ? VV : 0) |
                 (rows_vector(d) ? VG : 0);
+    const sg_tensor *o = n->in[5]; /* the kernels index it as contiguous */
+    if (rows_vector(o) && o->stride[2] == g->D && o->stride[1] == g->Lq * g->D) g->flags |= VO;
 }
 
-/* Tensor cores: 16-bit, D 64 or 128, no mask, sm_80+, grids within 65535 heads. */
+/* Tensor cores: 16-bit, D 64 or 128, no mask, sm_80+; the grids are (heads,
+ * tiles of 64 rows), at most 65535 tiles. */
 static bool use_mma(sg_ctx *ctx, const bgeom *g) {
     const char *e = getenv("SG_ATTN_MMA");
     if (e && strcmp(e, "0") == 0) return false;
     return (g->dt == SG_BF16 || g->dt == SG_F16) && g->mdt < 0 && (g->D == 64 || g->D == 128) &&
-           g->B * g->Hq <= 65535 && (g->Lq + 63) / 64 <= INT32_MAX &&
-           (g->S + 63) / 64 <= INT32_MAX && sg__cuda_arch(ctx) >= 80;
+           g->B * g->Hq <= INT32_MAX && (g->Lq + 63) / 64 <= 65535 && (g->S + 63) / 64 <= 65535 &&
+           sg__cuda_arch(ctx) >= 80;
 }
 
 static sg_status launch_mma(sg_ctx *ctx, const sg__node *n, bgeom *g) {
     char dq_name[32], dkv_name[32];
-    snprintf(dq_name, sizeof dq_name, "sg_attn_bwd_dq%d", (int)g->D);
-    snprintf(dkv_name, sizeof dkv_name, "sg_attn_bwd_dkv%d", (int)g->D);
+    const char *t = g->dt == SG_F16 ? "f16" : "bf16";
+    snprintf(dq_name, sizeof dq_name, "sg_attn_bwd_dq%d_%s", (int)g->D, t);
+    snprintf(dkv_name, sizeof dkv_name, "sg_attn_bwd_dkv%d_%s", (int)g->D, t);
     void *fdq, *fdkv;
     sg_status st = sg__cuda_kernel(ctx, SG__CU_ATTN_BWD, dq_name, &fdq);
     if (st == SG_OK) st = sg__cuda_kernel(ctx, SG__CU_ATTN_BWD, dkv_name, &fdkv);
@@ -87,12 +92,12 @@ static sg_status launch_mma(sg_ctx *ctx, const sg__node *n, bgeom *g) {
     unsigned block[3] = {NT, 1, 1};
     if (g->Lq > 0) {
         void *args[] = {&q, &k, &v, &len, &o, &d, &out, g};
-        unsigned grid[3] = {(unsigned)((g->Lq + 63) / 64), (unsigned)(g->B * g->Hq), 1};
+        unsigned grid[3] = {(unsigned)(g->B * g->Hq), (unsigned)((g->Lq + 63) / 64), 1};
         st = sg__cuda_launch(ctx, fdq, grid, block, 0, args);
     }
     if (st != SG_OK || g->S == 0) return st;
     void *args[] = {&q, &k, &v, &len, &d, &out, g};
-    unsigned grid[3] = {(unsigned)((g->S + 63) / 64), (unsigned)(g->B * g->Hkv), 1};
+    unsigned grid[3] = {(unsigned)(g->B * g->Hkv), (unsigned)((g->S + 63) / 64), 1};
     return sg__cuda_launch(ctx, fdkv, grid, block, 0, args);
 }
 

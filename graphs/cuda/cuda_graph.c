@@ -97,17 +97,12 @@ typedef struct cu_graph {
     char tune_path[1024]; /* where the picks are remembered ("" when nowhere) */
 } cu_graph;
 
-static const sg__cu_api *api(void) {
-    const sg__cu_api *cu = NULL;
-    char why[8];
-    sg__cuda_load(why, sizeof why, &cu);
-    return cu;
-}
+static const sg__cu_api *api(const sg_ctx *ctx) { return sg__cuda_api(ctx); }
 
 static void release(sg_ctx *ctx, sg__graph *g) {
     cu_graph *cg = g->dev;
     if (!cg) return;
-    const sg__cu_api *cu = api();
+    const sg__cu_api *cu = api(ctx);
     for (int s = 0; s < cg->nsets; s++) {
         if (cg->sets[s].exec) cu->cuGraphExecDestroy(cg->sets[s].exec);
         if (cg->sets[s].table) cu->cuMemFree_v2(cg->sets[s].table);
@@ -128,14 +123,12 @@ static void release(sg_ctx *ctx, sg__graph *g) {
  * 1 (block sizes only) is not read, so that those calls get timed. */
 static void tune_path(sg_ctx *ctx, const char *name, const char *src, cu_graph *cg) {
     char root[PATH_MAX], hex[65];
-    sg__cuda_device dev;
-    char why[8];
+    sg__cuda_device dev = *sg__cuda_device_of(ctx);
     cg->tune_path[0] = '\0';
     sg_status before = ctx->status;
     char msg[SG__MSG_SIZE];
     snprintf(msg, sizeof msg, "%s", ctx->msg);
-    bool ok = sg__cuda_probe(why, sizeof why, &dev) == SG_OK &&
-              sg__cache_root(ctx, name, root, sizeof root) == SG_OK;
+    bool ok = sg__cache_root(ctx, name, root, sizeof root) == SG_OK;
     ctx->status = before; /* no remembered picks is no failure */
     snprintf(ctx->msg, sizeof ctx->msg, "%s", msg);
     if (!ok) return;
@@ -205,7 +198,7 @@ static bool has_matmul(const sg__graph *g) {
 
 static sg_status compile(sg_fn *fn, sg__graph *g) {
     sg_ctx *ctx = fn->ctx;
-    const sg__cu_api *cu = api();
+    const sg__cu_api *cu = api(ctx);
     cu_graph *cg = sg__calloc(ctx, sizeof *cg);
     if (!cg) return sg__fail(ctx, SG_ERR_OOM, "cuda: out of host memory");
     g->dev = cg;
@@ -222,7 +215,7 @@ static sg_status compile(sg_fn *fn, sg__graph *g) {
     void *cubin = NULL;
     size_t size = 0;
     if (s == SG_OK && nk > 0)
-        s = sg__nvrtc_build(ctx, g->module, e.buf, sg__cuda_arch(ctx), &cubin, &size);
+        s = sg__cuda_rtc_build(ctx, g->module, e.buf, &cubin, &size);
     if (s == SG_OK && nk > 0) tune_path(ctx, g->module, e.buf, cg);
     if (s == SG_OK) sg__graph_log_source(fn, g, e.buf);
     sg__emit_free(&e);
@@ -294,6 +287,11 @@ static sg_status launch_range(sg_ctx *ctx, sg__graph *g, set_state *st, int from
             sg_status s = sg__cuda_data_check(ctx, &g->nodes[node]);
             if (s != SG_OK) return s;
         }
+        /* So do the K/V cache writes a GEMV kernel makes (sg__group.ncopies). */
+        for (int m = grp->n - grp->ncopies; grp->kind == SG__G_MATMUL && m < grp->n; m++) {
+            sg_status s = sg__cuda_data_check(ctx, &g->nodes[grp->g[m].node]);
+            if (s != SG_OK) return s;
+        }
         for (int m = 0; grp->kind == SG__G_MULTI && m < grp->nmembers; m++) {
             const sg__group *part = &g->fused.parts[grp->members[m]];
             sg_status s = part->kind == SG__G_OPAQUE
@@ -330,7 +328,7 @@ static void fill_table(const cu_graph *cg, char *const *slotp, char **addrs) {
 /* The set's slot table holds this call's addresses (rewritten if any moved). */
 static sg_status table_for(sg_ctx *ctx, sg__graph *g, int set, set_state **out, bool *moved) {
     cu_graph *cg = g->dev;
-    const sg__cu_api *cu = api();
+    const sg__cu_api *cu = api(ctx);
     if (set >= cg->nsets) {
         set_state *ns = sg__calloc(ctx, sizeof *ns * (size_t)(set + 1));
         if (!ns) return sg__fail(ctx, SG_ERR_OOM, "cuda: out of host memory");
@@ -365,7 +363,7 @@ static sg_status table_for(sg_ctx *ctx, sg__graph *g, int set, set_state **out, 
 /* Record the set's replay as a graph (or patch the one it has). */
 static sg_status record(sg_fn *fn, sg__graph *g, set_state *st) {
     sg_ctx *ctx = fn->ctx;
-    const sg__cu_api *cu = api();
+    const sg__cu_api *cu = api(ctx);
     CUstream stream = sg__cuda_stream(ctx);
     CUresult r = cu->cuStreamBeginCapture_v2(stream, CU_STREAM_CAPTURE_MODE_RELAXED);
     if (r != CUDA_SUCCESS) return sg__cu_fail(ctx, r, "cuStreamBeginCapture", "recording a graph");
@@ -405,7 +403,7 @@ static sg_status record(sg_fn *fn, sg__graph *g, set_state *st) {
 /* Milliseconds of 5 launches of kernel k in blocks of 128 << t threads
  * (after one warm-up launch), between two events on the stream. */
 static sg_status time_kernel(sg_ctx *ctx, cu_graph *cg, int k, int t, set_state *st, float *ms) {
-    const sg__cu_api *cu = api();
+    const sg__cu_api *cu = api(ctx);
     CUstream stream = sg__cuda_stream(ctx);
     CUevent e0 = NULL, e1 = NULL;
     unsigned grid[3] = {cg->kinfo[k].tune_grid[t], 1, 1}, block[3] = {128u << t, 1, 1};
@@ -461,7 +459,7 @@ static void slot_extent(const sg__ir *ir, int s, int64_t *lo, int64_t *hi) {
 /* Device copies of everything the step writes in its inputs and parameters
  * (*n of them into *out), queued on the stream. */
 static sg_status save_mutated(sg_ctx *ctx, sg__graph *g, saved **out, int *n) {
-    const sg__cu_api *cu = api();
+    const sg__cu_api *cu = api(ctx);
     int nslots = g->ir.nslots ? g->ir.nslots : 1;
     saved *sv = sg__calloc(ctx, sizeof *sv * (size_t)nslots);
     *out = sv, *n = 0;
@@ -487,7 +485,7 @@ static sg_status save_mutated(sg_ctx *ctx, sg__graph *g, saved **out, int *n) {
 
 /* Put the saved bytes back, wait for the stream, free the copies. */
 static sg_status restore_mutated(sg_ctx *ctx, sg__graph *g, saved *sv, int n) {
-    const sg__cu_api *cu = api();
+    const sg__cu_api *cu = api(ctx);
     CUresult r = CUDA_SUCCESS;
     for (int i = 0; i < n && r == CUDA_SUCCESS; i++)
         r = cu->cuMemcpyDtoDAsync_v2(sv[i].at, sv[i].copy, sv[i].bytes, sg__cuda_stream(ctx));
@@ -601,7 +599,7 @@ static sg_status run_set(sg_fn *fn, sg__graph *g, int set) {
             return launch_all(ctx, g, st);
         }
     }
-    CUresult r = api()->cuGraphLaunch(st->exec, sg__cuda_stream(ctx));
+    CUresult r = api(ctx)->cuGraphLaunch(st->exec, sg__cuda_stream(ctx));
     return r == CUDA_SUCCESS ? SG_OK : sg__cu_fail(ctx, r, "cuGraphLaunch", g->module);
 }
 
@@ -622,7 +620,7 @@ static sg_status run(sg_fn *fn, sg__graph *g, int set) {
  */
 static sg_status timed_run_set(sg_fn *fn, sg__graph *g, int set) {
     sg_ctx *ctx = fn->ctx;
-    const sg__cu_api *cu = api();
+    const sg__cu_api *cu = api(ctx);
     set_state *st = NULL;
     bool moved = false;
     sg_status s = table_for(ctx, g, set, &st, &moved);

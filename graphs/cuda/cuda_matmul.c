@@ -16,7 +16,8 @@
  * contiguous along K (batch-1 inference: it streams the weight once at
  * memory bandwidth, where a GEMM tiles for reuse it cannot get), else
  * cuBLASLt. SG_CUDA_MATMUL=lt|gemv forces one (tests); gemv takes any
- * shape and layout, slowly when they are not its own. When cuBLASLt has no
+ * shape and layout, slowly when they are not its own. On HIP (no cuBLASLt)
+ * every product runs the GEMV kernel. When cuBLASLt has no
  * algorithm for a call, the GEMV kernel runs it instead (logged under
  * fallbacks, once per distinct call). LINEAR's bias rides on cuBLASLt's BIAS epilogue, or is written
  * into the result first and the product added to it (beta = 1).
@@ -26,6 +27,8 @@
  * than align1 ones; sg_fn_explain says so per node (sg__mm_pad_note).
  */
 #include "cublaslt.h"
+
+#include "../../memory/memory.h"
 
 #include <limits.h>
 #include <stdint.h>
@@ -220,10 +223,7 @@ bool sg__mm_prefer_gemv(const sg__mm_plan *p) {
 
 static size_t round_up(size_t n) { return (n + 255) & ~(size_t)255; }
 
-int64_t sg__mm_pad_ld(int64_t ld, sg_dtype dt) {
-    int64_t per = 16 / (int64_t)sg_dtype_size(dt);
-    return (ld + per - 1) / per * per;
-}
+int64_t sg__mm_pad_ld(int64_t ld, sg_dtype dt) { return sg__pad_row_len(ld, sg_dtype_size(dt)); }
 
 static bool misaligned(int64_t ld, sg_dtype dt) {
     return ld * (int64_t)sg_dtype_size(dt) % 16 != 0;
@@ -264,13 +264,18 @@ bool sg__mm_pad_make(const sg__mm_plan *p, sg_dtype dt, sg__mm_pad *pad) {
     int lc = layout(p->M, p->N, p->C.rs, p->C.cs, &ldc);
     if (la == LAY_NONE || lb == LAY_NONE || lc != LAY_N) return false;
     bool kpad = p->K % q != 0 && (la == LAY_N || lb == LAY_T); /* K contiguous in A or B */
+    /* Both with aligned rows: K splits in place rather than being copied. */
+    bool ksplit = kpad && p->K > q && !misaligned(lda, dt) && !misaligned(ldb, dt);
+    kpad = kpad && !ksplit;
     pad->a = misaligned(lda, dt) || kpad, pad->a_t = pad->a && la == LAY_T;
     pad->b = misaligned(ldb, dt) || kpad, pad->b_t = pad->b && lb == LAY_T;
     pad->c = misaligned(ldc, dt);
     pad->kp = kpad ? sg__mm_pad_ld(p->K, dt) : p->K;
+    pad->km = ksplit ? p->K - p->K % q : pad->kp;
     pad->nm = p->N > q ? p->N - p->N % q : p->N;
     pad->mm = la == LAY_T && p->M > q ? p->M - p->M % q : p->M;
-    if (!pad->a && !pad->b && !pad->c && pad->nm == p->N && pad->mm == p->M) return false;
+    if (!pad->a && !pad->b && !pad->c && pad->nm == p->N && pad->mm == p->M && !ksplit)
+        return false;
     size_t es = sg_dtype_size(dt);
     pad->mchunk = pad_chunk(p, pad, dt);
     if (pad->a) /* a chunk: mchunk rows of padded K, or K rows of padded mchunk */
@@ -299,6 +304,8 @@ bool sg__mm_pad_note(const sg__node *n, char *buf, size_t size) {
     int64_t chunks = (pad.mm + pad.mchunk - 1) / pad.mchunk + (pad.mm < p.M);
     char kz[64] = "", ns[64] = "";
     if (pad.kp > p.K) snprintf(kz, sizeof kz, ", K zero-padded to %lld", (long long)pad.kp);
+    if (pad.km < pad.kp)
+        snprintf(kz, sizeof kz, ", K as %lld + %lld", (long long)pad.km, (long long)(p.K - pad.km));
     if (pad.nm < p.N)
         snprintf(ns, sizeof ns, ", N as %lld + %lld", (long long)pad.nm, (long long)(p.N - pad.nm));
     snprintf(
@@ -512,21 +519,29 @@ static sg_status pad_b(sg_ctx *ctx, const sg__mm_plan *p, const sg__mm_pad *pad,
     return pitch_copy(ctx, dt, b, p->B.rs, sb, pad->ldb, pad->kp, p->N, p->K, p->N);
 }
 
-/* Columns n0 .. n0 + nn of plan c's product: one cuBLASLt call. */
+/* Columns n0 .. n0 + nn of plan c's product: one cuBLASLt call over K's
+ * first km, and a second that adds the rest's product when km < K. */
 static sg_status lt_columns(sg_ctx *ctx, const sg__mm_plan *c, sg_dtype dt, const char *a,
                             const char *b, char *cp, const ptrs *q, int64_t n0, int64_t nn,
-                            bool *ran) {
+                            int64_t km, bool *ran) {
     int64_t es = (int64_t)sg_dtype_size(dt);
-    sg__mm_plan cn = *c;
-    cn.N = nn;
-    sg__lt_call call;
-    if (!sg__mm_lt_call(&cn, dt, &call)) {
-        *ran = false;
-        return SG_OK;
+    sg_status s = SG_OK;
+    *ran = true;
+    for (int64_t k0 = 0; s == SG_OK && *ran && k0 < c->K; k0 += km, km = c->K - km) {
+        sg__mm_plan cn = *c;
+        cn.N = nn, cn.K = km;
+        sg__lt_call call;
+        if (!sg__mm_lt_call(&cn, dt, &call)) {
+            *ran = false;
+            return SG_OK;
+        }
+        call.bias = q->bias != NULL && k0 == 0;
+        call.accumulate = k0 > 0;
+        const char *bias = call.bias ? (const char *)q->bias + n0 * q->bias_s * es : NULL;
+        s = sg__lt_matmul(ctx, &call, b + (n0 * c->B.cs + k0 * c->B.rs) * es, a + k0 * c->A.cs * es,
+                          cp + n0 * c->C.cs * es, bias, ran);
     }
-    call.bias = q->bias != NULL;
-    const char *bias = q->bias ? (const char *)q->bias + n0 * q->bias_s * es : NULL;
-    return sg__lt_matmul(ctx, &call, b + n0 * c->B.cs * es, a, cp + n0 * c->C.cs * es, bias, ran);
+    return s;
 }
 
 /*
@@ -553,9 +568,9 @@ static sg_status run_padded(sg_ctx *ctx, const sg__mm_plan *p, const sg__mm_pad 
         char *cp = pad->c ? sc : q->c + m0 * p->C.rs * es;
         c.M = mc;
         if (pad->a) s = pad_a(ctx, p, pad, dt, a, sa, mc, &c), a = sa;
-        if (s == SG_OK) s = lt_columns(ctx, &c, dt, a, b, cp, q, 0, pad->nm, ran);
+        if (s == SG_OK) s = lt_columns(ctx, &c, dt, a, b, cp, q, 0, pad->nm, pad->km, ran);
         if (s == SG_OK && *ran && pad->nm < p->N)
-            s = lt_columns(ctx, &c, dt, a, b, cp, q, pad->nm, p->N - pad->nm, ran);
+            s = lt_columns(ctx, &c, dt, a, b, cp, q, pad->nm, p->N - pad->nm, pad->km, ran);
         if (s == SG_OK && *ran && pad->c)
             s = pitch_copy(ctx, dt, sc, c.C.rs, q->c + m0 * p->C.rs * es, p->C.rs, mc, p->N, mc,
                            p->N);
@@ -608,7 +623,8 @@ sg_status sg__cuda_matmul(sg_ctx *ctx, const sg__node *n) {
         return fill(ctx, out, sg__data(out), out->stride, bias);
     sg__mm_plan p;
     sg__mm_plan_make(n, &p);
-    sg__mm_path path = sg__mm_path_env();
+    /* HIP has no cuBLASLt: the GEMV kernel runs every product there. */
+    sg__mm_path path = sg__cuda_is_hip(ctx) ? SG__MM_GEMV : sg__mm_path_env();
     bool gemv = path == SG__MM_GEMV || (path == SG__MM_AUTO && sg__mm_prefer_gemv(&p));
     if (path == SG__MM_AUTO && p.M <= 8) gemv = tuned_gemv(ctx, n, &p, dt, gemv);
     lt_user lt = {.ran = true};

@@ -1,10 +1,11 @@
 /* SPDX-License-Identifier: MIT */
 /*
  * cuda_row.c -- the host side of the CUDA row family (softmax, log_softmax,
- * layer_norm, rms_norm, cross_entropy; kernels in k_row.cu). It describes
- * the rows of a node (the other dims, any strides) and picks the team per
- * row: a thread when the rows lie side by side in memory (softmax over
- * dim 0 of a matrix), a warp for rows up to ~1k elements, a block beyond.
+ * layer_norm, rms_norm, cross_entropy and its gradient; kernels in
+ * k_row.cu). It describes the rows of a node (the other dims, any strides)
+ * and picks the team per row: a thread when the rows lie side by side in
+ * memory (softmax over dim 0 of a matrix), a warp for rows up to ~1k
+ * elements, a block beyond.
  *
  * cross_entropy's targets must lie in [0, C). The CPU checks them before
  * computing; here the targets live on the device, so they are read back and
@@ -188,6 +189,29 @@ static sg_status cross_entropy(sg_ctx *ctx, const sg__node *n) {
     return sg__cuda_launch(ctx, f, grid, block, 0, margs);
 }
 
+/* cross_entropy's gradient: one block per row (k_row.cu, sg_row_xent_bwd). */
+static sg_status cross_entropy_bwd(sg_ctx *ctx, const sg__node *n) {
+    const sg_tensor *lg = n->in[0], *tg = n->in[1], *gt = n->in[2], *out = n->out;
+    int64_t N = lg->shape[0];
+    if (N * lg->shape[1] == 0) return SG_OK;
+    wgeom g;
+    memset(&g, 0, sizeof g);
+    g.dt = (int32_t)lg->dtype;
+    g.tdt = (int32_t)tg->dtype;
+    g.nrows = N;
+    g.nd = 1;
+    g.osize[0] = N, g.oxs[0] = lg->stride[0], g.oys[0] = out->stride[0];
+    g.len = lg->shape[1], g.xs = lg->stride[1], g.ys = out->stride[1];
+    g.ts = tg->stride[0];
+    g.team = BLOCK;
+    double inv_n = 1.0 / (double)N;
+    int32_t gdt = (int32_t)gt->dtype;
+    const void *x = sg__data(lg), *t = sg__data(tg), *gp = sg__data(gt);
+    void *y = sg__data(out);
+    void *args[] = {&x, &t, &gp, &y, &g, &inv_n, &gdt};
+    return launch_rows(ctx, "sg_row_xent_bwd", &g, args);
+}
+
 sg_status sg__cuda_row(sg_ctx *ctx, const sg__node *n) {
     switch (n->op) {
     case SG__OP_SOFTMAX:
@@ -195,6 +219,7 @@ sg_status sg__cuda_row(sg_ctx *ctx, const sg__node *n) {
     case SG__OP_LAYER_NORM:
     case SG__OP_RMS_NORM: return norm(ctx, n);
     case SG__OP_CROSS_ENTROPY: return cross_entropy(ctx, n);
+    case SG__OP_CROSS_ENTROPY_BWD: return cross_entropy_bwd(ctx, n);
     default: break;
     }
     return sg__fail(ctx, SG_ERR_INTERNAL, "cuda: %s is not a row op", sg__op_name(n->op));

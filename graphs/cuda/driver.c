@@ -119,27 +119,34 @@ sg_status sg__cuda_probe(char *why, size_t n, sg__cuda_device *dev) {
     return s;
 }
 
-const char *sg__cu_strerror(CUresult r, char *buf, size_t size) {
+const char *sg__cu_strerror_in(const sg__cu_api *api, CUresult r, char *buf, size_t size) {
     const char *name = NULL, *str = NULL;
     /* Usable before the table is complete only for entries already set. */
-    if (table.cuGetErrorName) table.cuGetErrorName(r, &name);
-    if (table.cuGetErrorString) table.cuGetErrorString(r, &str);
+    if (api->cuGetErrorName) api->cuGetErrorName(r, &name);
+    if (api->cuGetErrorString) api->cuGetErrorString(r, &str);
     if (name)
         snprintf(buf, size, "%s (%s)", name, str ? str : "no description");
     else
-        snprintf(buf, size, "CUresult %d", (int)r);
+        snprintf(buf, size, "error %d", (int)r);
     return buf;
+}
+
+const char *sg__cu_strerror(CUresult r, char *buf, size_t size) {
+    return sg__cu_strerror_in(&table, r, buf, size);
 }
 
 sg_status sg__cu_fail(sg_ctx *ctx, CUresult r, const char *call, const char *doing) {
     char e[200];
-    sg__cu_strerror(r, e, sizeof e);
+    const sg__cu_api *api = &table;
+    if (ctx->backend == SG_BACKEND_HIP && sg__hip_load(NULL, 0, &api) != SG_OK) api = &table;
+    sg__cu_strerror_in(api, r, e, sizeof e);
+    const char *b = sg_backend_name(ctx->backend);
     if (r == CUDA_ERROR_OUT_OF_MEMORY)
         return sg__fail(ctx, SG_ERR_OOM,
-                        "cuda: %s failed while %s: %s; free device memory "
+                        "%s: %s failed while %s: %s; free device memory "
                         "(release tensors, destroy unused fns) or use smaller shapes",
-                        call, doing, e);
-    return sg__fail(ctx, SG_ERR_DRIVER, "cuda: %s failed while %s: %s", call, doing, e);
+                        b, call, doing, e);
+    return sg__fail(ctx, SG_ERR_DRIVER, "%s: %s failed while %s: %s", b, call, doing, e);
 }
 
 #else /* no CUDA headers at build time */

@@ -36,7 +36,8 @@ typedef struct sg__cuda {
     CUdevice dev;
     CUcontext pctx;
     CUstream stream;
-    int arch, sms;
+    int arch, sms;        /* arch: 90 for sm_90; 0 on HIP (no CUDA compute capability) */
+    sg__cuda_device dev0; /* what the probe read (HIP: arch_name, the gfx arch) */
     CUmodule mod[SG__CU_NUM_UNITS];
     kfunc *funcs;
     int nfuncs, cap_funcs;
@@ -188,6 +189,17 @@ int sg__cuda_sm_count(const sg_ctx *ctx) { return state(ctx)->sms; }
 int sg__cuda_arch(const sg_ctx *ctx) { return state(ctx)->arch; }
 void *sg__cuda_stream(const sg_ctx *ctx) { return state(ctx)->stream; }
 void **sg__cuda_lt_state(sg_ctx *ctx) { return &state(ctx)->lt; }
+const sg__cu_api *sg__cuda_api(const sg_ctx *ctx) { return state(ctx)->cu; }
+bool sg__cuda_is_hip(const sg_ctx *ctx) { return state(ctx)->dev0.hip; }
+const sg__cuda_device *sg__cuda_device_of(const sg_ctx *ctx) { return &state(ctx)->dev0; }
+
+sg_status sg__cuda_rtc_build(sg_ctx *ctx, const char *name, const char *source, void **image,
+                             size_t *size) {
+    sg__cuda *s = state(ctx);
+    if (s->dev0.hip)
+        return sg__rtc_build(ctx, SG__RTC_HIPRTC, name, source, s->dev0.arch_name, image, size);
+    return sg__nvrtc_build(ctx, name, source, s->arch, image, size);
+}
 
 /* ------------------------------------------------------------ kernels */
 
@@ -201,8 +213,7 @@ static sg_status load_unit(sg_ctx *ctx, sg__cu_unit unit) {
                         (int)unit);
     void *cubin = NULL;
     size_t size = 0;
-    sg_status st =
-        sg__nvrtc_build(ctx, sg__cu_names[unit], sg__cu_sources[unit], s->arch, &cubin, &size);
+    sg_status st = sg__cuda_rtc_build(ctx, sg__cu_names[unit], sg__cu_sources[unit], &cubin, &size);
     if (st != SG_OK) return st;
     CUresult r = s->cu->cuModuleLoadData(&s->mod[unit], cubin);
     sg__free(ctx, cubin, size);
@@ -322,20 +333,23 @@ static void cu_destroy(sg_ctx *ctx) {
 }
 
 sg_status sg__cuda_init(sg_ctx *ctx, char *why, size_t n) {
+    /* One executor, two driver tables: HIP's for a context made for it. */
+    bool hip = ctx->backend == SG_BACKEND_HIP;
     sg__cuda_device dev;
-    sg_status st = sg__cuda_probe(why, n, &dev);
+    sg_status st = hip ? sg__hip_probe(why, n, &dev) : sg__cuda_probe(why, n, &dev);
     if (st != SG_OK) return st;
     const sg__cu_api *cu;
-    st = sg__cuda_load(why, n, &cu);
+    st = hip ? sg__hip_load(why, n, &cu) : sg__cuda_load(why, n, &cu);
     if (st != SG_OK) return st;
     sg__cuda *s = sg__calloc(ctx, sizeof *s);
     if (!s) {
-        snprintf(why, n, "out of host memory for the CUDA state");
+        snprintf(why, n, "out of host memory for the %s state", hip ? "HIP" : "CUDA");
         return SG_ERR_OOM;
     }
     s->cu = cu;
     s->pdl = -1;
-    s->arch = dev.cc_major * 10 + dev.cc_minor;
+    s->dev0 = dev;
+    s->arch = hip ? 0 : dev.cc_major * 10 + dev.cc_minor;
     s->sms = dev.sms;
     ctx->exec.state = s;
     ctx->exec.destroy = cu_destroy;
@@ -345,7 +359,8 @@ sg_status sg__cuda_init(sg_ctx *ctx, char *why, size_t n) {
     if (r == CUDA_SUCCESS) r = cu->cuStreamCreate(&s->stream, CU_STREAM_NON_BLOCKING);
     if (r != CUDA_SUCCESS) {
         char e[256];
-        snprintf(why, n, "CUDA context setup failed: %s", sg__cu_strerror(r, e, sizeof e));
+        snprintf(why, n, "%s context setup failed: %s", hip ? "HIP" : "CUDA",
+                 sg__cu_strerror_in(cu, r, e, sizeof e));
         cu_destroy(ctx);
         return SG_ERR_BACKEND_UNAVAILABLE;
     }

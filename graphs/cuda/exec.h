@@ -63,8 +63,16 @@ SG__HIDDEN int sg__cuda_sm_count(const sg_ctx *ctx);
 SG__HIDDEN int sg__cuda_arch(const sg_ctx *ctx); /* 90 for sm_90 */
 /* The context's CUstream, for libraries (cuBLASLt). */
 SG__HIDDEN void *sg__cuda_stream(const sg_ctx *ctx);
+/* Whether the context runs on the HIP runtime's table (an AMD GPU). */
+SG__HIDDEN bool sg__cuda_is_hip(const sg_ctx *ctx);
+/* Compile a unit for the context's device: NVRTC for sm_<arch> on CUDA,
+ * hiprtc for its gfx arch on HIP (sg__rtc_build); the image loads with the
+ * table's cuModuleLoadData. */
+SG__HIDDEN sg_status sg__cuda_rtc_build(sg_ctx *ctx, const char *name, const char *source,
+                                        void **image, size_t *size);
 
-/* Make ctx a CUDA context (sg_ctx_create calls this): SG_OK, or
+/* Make ctx a CUDA context (sg_ctx_create calls this), or a HIP one when
+ * ctx->backend is SG_BACKEND_HIP (the HIP runtime's table): SG_OK, or
  * SG_ERR_BACKEND_UNAVAILABLE / SG_ERR_OOM with the reason in why. */
 SG__HIDDEN sg_status sg__cuda_init(sg_ctx *ctx, char *why, size_t n);
 

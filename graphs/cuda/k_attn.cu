@@ -43,11 +43,22 @@
  * j <= L - Lq + i. A row that sees no key, or whose every score is -inf,
  * gives NaN. Every index is guarded; keys at or past L are never read.
  *
- * NVRTC compiles this file with no include path, so it includes nothing.
+ * NVRTC compiles this file with no include path, so it includes nothing
+ * (hiprtc too: see SG_PTX).
  */
 typedef long long i64;
 typedef unsigned int u32;
 typedef unsigned short u16;
+
+/* SG_PTX: NVRTC (CUDA) compiles this file, with PTX. hiprtc compiles it
+ * too, for AMD GPUs, after the HIP prelude (codegen/nvrtc.c): there the
+ * conversions take their portable forms and the tensor-core kernels, all
+ * PTX, are not built (the host picks the FMA kernels on HIP). */
+#if defined(__CUDA_ARCH__)
+#define SG_PTX 1
+#else
+#define SG_PTX 0
+#endif
 
 #define NT 128    /* threads per block */
 #define MAXR 16   /* rows per block, at most */
@@ -74,15 +85,23 @@ struct ageom {
 /* ------------------------------------------------------------ conversions */
 
 __device__ __forceinline__ float h2f(u16 h) {
+#if SG_PTX
     float f;
     asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(h));
     return f;
+#else
+    return (float)__builtin_bit_cast(_Float16, h);
+#endif
 }
 
 __device__ __forceinline__ u16 f2h(float f) {
+#if SG_PTX
     u16 h;
     asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(f));
     return h;
+#else
+    return __builtin_bit_cast(u16, (_Float16)f); /* round to nearest even */
+#endif
 }
 
 __device__ __forceinline__ float bf2f(u16 b) { return __uint_as_float((u32)b << 16); }
@@ -360,11 +379,13 @@ __device__ __forceinline__ void merge(float &m, float &l, float *a, float m2, fl
     m = mn;
 }
 
+#if SG_PTX
 __device__ __forceinline__ u32 smem_addr(const void *p) {
     u32 a;
     asm("{ .reg .u64 t; cvta.to.shared.u64 t, %1; cvt.u32.u64 %0, t; }" : "=r"(a) : "l"(p));
     return a;
 }
+#endif
 
 /* All threads of the block cluster meet; shared-memory writes before show after. */
 __device__ __forceinline__ void cluster_sync() {
@@ -388,12 +409,42 @@ __device__ __forceinline__ float ld_cluster(const float *p, u32 rank) {
 #define DU 2  /* key groups per lane that sg_attn_decode loads before it uses any */
 #define DCL 8 /* blocks per cluster of sg_attn_decode8: the splits of one row */
 
+/*
+ * Before the wait: block (row, split)'s keys and values go to L2 (the
+ * step's weights have pushed them out since the last step), so that its
+ * loads after the wait hit L2. The valid length is read as it stands (at
+ * worst the previous step's, one short) and clamped like valid_len: the
+ * lines are a hint, and every one lies in the cache.
+ */
+__device__ __forceinline__ void decode_prefetch(const void *k, const void *v, const void *len,
+                                                const ageom &g) {
+    const u32 row = blockIdx.x, lq = (u32)g.Lq, hq = (u32)g.Hq;
+    const u32 i = row % lq, h = row / lq % hq, b = row / lq / hq, hk = h / (hq / (u32)g.Hkv);
+    i64 L = g.S;
+    if (g.ldt >= 0) {
+        L = g.ldt == DT_I32 ? (i64)((const volatile int *)len)[b * g.ls]
+                            : ((const volatile i64 *)len)[b * g.ls];
+        L = L < 0 ? 0 : L > g.S ? g.S : L;
+    }
+    const i64 n = visible(g, L, i), chunk = dchunk(g, L), js = (i64)blockIdx.y * chunk;
+    const i64 je = js + chunk < n ? js + chunk : n, es = g.dt == DT_F32 ? 4 : 2;
+    const i64 lines = (g.D * es + 127) / 128;
+    const char *kb = (const char *)k + (b * g.ks[0] + hk * g.ks[1]) * es;
+    const char *vb = (const char *)v + (b * g.vs[0] + hk * g.vs[1]) * es;
+    for (i64 t = threadIdx.x; t < (je - js) * lines; t += blockDim.x) {
+        const i64 j = js + t / lines, off = (t % lines) * 128;
+        asm volatile("prefetch.global.L2 [%0];" ::"l"(kb + j * g.ks[2] * es + off));
+        asm volatile("prefetch.global.L2 [%0];" ::"l"(vb + j * g.vs[2] * es + off));
+    }
+}
+
 /* The body of sg_attn_decode (CL false) and sg_attn_decode8 (CL true). */
 template <bool CL>
 __device__ __forceinline__ void decode_body(const void *q, const void *k, const void *v,
                                             const void *len, void *out, float *part,
                                             const ageom &g) {
     __shared__ float wm[NW], wl[NW], wa[NW][256];
+    decode_prefetch(k, v, len, g);
     pdl_wait();
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const int W = g.dt == DT_F32 ? 4 : 8, T = (int)g.D / W, kpw = 32 / T, es = 16 / W;
@@ -554,6 +605,8 @@ extern "C" __global__ void __cluster_dims__(1, DCL, 1) __launch_bounds__(NT)
 #endif
 
 /* ------------------------------------------------------------ tensor cores */
+
+#if SG_PTX /* the tensor-core kernels: the rest of the file */
 
 /*
  * sg_attn_mma: prefill on tensor cores (bf16 / f16, D a multiple of 16, at
@@ -961,3 +1014,5 @@ extern "C" __global__ void __launch_bounds__(NT)
     sg_attn_flash128(const u16 *q, const u16 *k, const u16 *v, const void *len, u16 *out, ageom g) {
     FLASH(128, 32)
 }
+
+#endif /* SG_PTX */

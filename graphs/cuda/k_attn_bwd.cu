@@ -20,8 +20,9 @@
  * masks and kv_len; a block per row or key, scores of 128 keys (queries)
  * at a time through shared memory.
  *
- * sg_attn_bwd_dq<D> / sg_attn_bwd_dkv<D> (D = 64 or 128; bf16 and f16, no
- * mask): the same two passes on tensor cores, mma.sync m16n8k16 with f32
+ * sg_attn_bwd_dq<D>_<dtype> / sg_attn_bwd_dkv<D>_<dtype> (D = 64 or 128;
+ * bf16 and f16, one kernel each, no mask): the same two passes on tensor
+ * cores, mma.sync m16n8k16 with f32
  * accumulators, flash-attention-2 style. dq: a block of 4 warps per 64
  * query rows (a warp 16), Q and dO fragments in registers; a first loop
  * over key tiles finds each row's logsumexp, a second recomputes P and dP =
@@ -38,18 +39,33 @@
  * come out by ldmatrix, .trans where the tile is the k side (dq += dS K,
  * dV += P^T dO, dK += dS^T Q). Tiles: 64 keys (dq) or 64 queries (dkv) at
  * D = 64, 32 at D = 128, within 48 KiB of static shared memory. Operands
- * without 16-byte rows are staged element by element instead.
+ * without 16-byte rows are staged element by element instead. Shared
+ * memory is addressed by 32-bit shared-window addresses; exponents are in
+ * log2 units (one FFMA before each ex2); only the tiles that cut a row's or
+ * key's visible range (the causal diagonal, the ends) test visibility per
+ * element. Grids are (heads, tiles), the longest tiles first.
  *
  * Visibility is ATTENTION's (capture.h, SG__ATTN_CAUSAL): key j of batch b
  * is seen by query i when j < L (kv_len[b] clamped to [0, S], or S) and,
  * causal, j <= L - Lq + i. A row that sees no key gets lse = +inf, so its P
  * is 0: it contributes nothing and its dq is 0.
  *
- * NVRTC compiles this file with no include path, so it includes nothing.
+ * NVRTC compiles this file with no include path, so it includes nothing
+ * (hiprtc too: see SG_PTX).
  */
 typedef long long i64;
 typedef unsigned int u32;
 typedef unsigned short u16;
+
+/* SG_PTX: NVRTC (CUDA) compiles this file, with PTX. hiprtc compiles it
+ * too, for AMD GPUs, after the HIP prelude (codegen/nvrtc.c): there the
+ * conversions take their portable forms and the tensor-core kernels, all
+ * PTX, are not built (the host picks the FMA kernels on HIP). */
+#if defined(__CUDA_ARCH__)
+#define SG_PTX 1
+#else
+#define SG_PTX 0
+#endif
 
 #define NT 128 /* threads per block */
 #define NW (NT / 32)
@@ -57,8 +73,9 @@ typedef unsigned short u16;
 /* sg_dtype's values (include/stepgraph.h). */
 enum { DT_F32, DT_F16, DT_BF16, DT_I32, DT_I64, DT_BOOL };
 /* CAUSAL is SG__ATTN_CAUSAL; VQ, VK, VV, VG: q, k, v, dO take 16-byte loads
- * (contiguous rows of 8-element vectors, aligned), set by the host. */
-enum { CAUSAL = 1, VQ = 2, VK = 4, VV = 8, VG = 16 };
+ * (contiguous rows of 8-element vectors, aligned), set by the host; VO: o
+ * likewise (o is contiguous). */
+enum { CAUSAL = 1, VQ = 2, VK = 4, VV = 8, VG = 16, VO = 32 };
 
 /* The same layout as struct bgeom in cuda_attn_bwd.c. */
 struct bgeom {
@@ -73,15 +90,23 @@ struct bgeom {
 /* ------------------------------------------------------------ elements */
 
 __device__ __forceinline__ float h2f(u16 h) {
+#if SG_PTX
     float f;
     asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(h));
     return f;
+#else
+    return (float)__builtin_bit_cast(_Float16, h);
+#endif
 }
 
 __device__ __forceinline__ u16 f2h(float f) {
+#if SG_PTX
     u16 h;
     asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(f));
     return h;
+#else
+    return __builtin_bit_cast(u16, (_Float16)f); /* round to nearest even */
+#endif
 }
 
 /* bf16 by nearest even, NaN kept NaN, as the CPU rounds. */
@@ -289,6 +314,7 @@ extern "C" __global__ void __launch_bounds__(NT)
 }
 
 /* ------------------------------------------------------------ tensor cores */
+#if SG_PTX /* the rest of the file */
 
 /* c += a b: m16n8k16, A row-major 16 x 16, B column-major 16 x 8 (b0, b1),
  * f32 C. Not volatile: the compiler interleaves independent accumulators' mmas. */
@@ -332,10 +358,11 @@ __device__ __forceinline__ u32 smem_addr(const void *p) {
     return a;
 }
 
-/* 16 bytes global -> shared, zero-filled when !in (nothing read then). */
-__device__ __forceinline__ void cp16(u16 *dst, const u16 *src, bool in) {
+/* 16 bytes global -> shared (at shared address dst), zero-filled when !in
+ * (nothing read then). */
+__device__ __forceinline__ void cp16(u32 dst, const u16 *src, bool in) {
 #if __CUDA_ARCH__ >= 800
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(smem_addr(dst)), "l"(src),
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(dst), "l"(src),
                  "r"(in ? 16 : 0));
 #endif
 }
@@ -361,37 +388,44 @@ template <int N> __device__ __forceinline__ void cp_wait() {
 #endif
 }
 
-/* Four 8x8 16-bit matrices from shared memory, as stored or transposed. */
-__device__ __forceinline__ void ldsm4(u32 *r, const u16 *p) {
+/* Four 8x8 16-bit matrices from shared memory, as stored or transposed.
+ * Shared memory is addressed by 32-bit shared-window addresses (bytes), so
+ * a fragment's address is a per-thread base plus a constant. */
+__device__ __forceinline__ void ldsm4(u32 *r, u32 a) {
     asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];"
                  : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-                 : "r"(smem_addr(p)));
+                 : "r"(a));
 }
 
-__device__ __forceinline__ void ldsm4t(u32 *r, const u16 *p) {
+__device__ __forceinline__ void ldsm4t(u32 *r, u32 a) {
     asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];"
                  : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-                 : "r"(smem_addr(p)));
+                 : "r"(a));
 }
 
 /* The B fragments of n tiles (n, n + 1) x k slice kk of S = A X^T, X a
- * row-major (n, k) tile of pitch P: r[0..1] for n, r[2..3] for n + 1. */
-__device__ __forceinline__ void frag_bt(u32 *r, const u16 *x, int n, int kk, int P, int lane) {
-    ldsm4(r, x + (n * 8 + (lane & 7) + ((lane >> 4) << 3)) * P + kk * 16 + ((lane >> 3) & 1) * 8);
+ * row-major (n, k) tile of pitch P at shared address x: r[0..1] for n,
+ * r[2..3] for n + 1. The lane's part of the address is kept apart from the
+ * constant part, which the compiler folds into the instruction. */
+__device__ __forceinline__ void frag_bt(u32 *r, u32 x, int n, int kk, int P, int lane) {
+    const u32 l = 2 * (((lane & 7) + ((lane >> 4) << 3)) * P + ((lane >> 3) & 1) * 8);
+    ldsm4(r, (x + l) + 2 * (n * 8 * P + kk * 16));
 }
 
 /* The B fragments of k slice kk x n tiles (d, d + 1) of A X, X a row-major
- * (k, n) tile of pitch P. */
-__device__ __forceinline__ void frag_b(u32 *r, const u16 *x, int kk, int d, int P, int lane) {
-    ldsm4t(r, x + (kk * 16 + (lane & 7) + ((lane >> 3) & 1) * 8) * P + d * 8 + (lane >> 4) * 8);
+ * (k, n) tile of pitch P at shared address x. */
+__device__ __forceinline__ void frag_b(u32 *r, u32 x, int kk, int d, int P, int lane) {
+    const u32 l = 2 * (((lane & 7) + ((lane >> 3) & 1) * 8) * P + (lane >> 4) * 8);
+    ldsm4t(r, (x + l) + 2 * (kk * 16 * P + d * 8));
 }
 
-/* The A fragments of a warp's 16 rows (from w16) of a row-major tile. */
+/* The A fragments of a warp's 16 rows (from w16) of a row-major tile at
+ * shared address x. */
 template <int NS>
-__device__ __forceinline__ void frag_a(u32 (*a)[4], const u16 *sm, int w16, int P, int lane) {
+__device__ __forceinline__ void frag_a(u32 (*a)[4], u32 x, int w16, int P, int lane) {
+    const u32 l = 2 * ((w16 + (lane & 15)) * P + (lane >> 4) * 8);
 #pragma unroll
-    for (int s = 0; s < NS; s++)
-        ldsm4(a[s], sm + (w16 + (lane & 15)) * P + s * 16 + (lane >> 4) * 8);
+    for (int s = 0; s < NS; s++) ldsm4(a[s], (x + l) + 2 * s * 16);
 }
 
 /* Rows r0 .. r0 + ROWS - 1 (0 at or past end) of a strided (rows, D)
@@ -404,12 +438,17 @@ __device__ __forceinline__ void fetch(u16 *dst, const void *p, i64 base, i64 rs,
     constexpr int P = D + 8, CH = D / 8;
     static_assert(ROWS * CH % NT == 0, "a tile is a whole number of vectors per thread");
     const u16 *src = (const u16 *)p + base;
-    if (vec) {
+    if (vec) { /* thread x copies vector x % CH of rows x / CH + c * NT / CH */
+        constexpr int RP = NT / CH;
+        static_assert(NT % CH == 0, "a pass is whole rows");
+        const int r = threadIdx.x / CH, e = (threadIdx.x % CH) * 8;
+        const u32 d = smem_addr(dst) + 2 * (r * P + e);
+        const u16 *s = src + (r0 + r) * rs + e;
+        const i64 step = RP * rs;
 #pragma unroll
-        for (int c = 0; c < ROWS * CH / NT; c++) {
-            const int x = threadIdx.x + c * NT, r = x / CH, e = (x % CH) * 8;
-            const bool in = r0 + r < end;
-            cp16(dst + r * P + e, in ? src + (r0 + r) * rs + e : src, in);
+        for (int c = 0; c < ROWS / RP; c++) {
+            const bool in = r0 + r + c * RP < end;
+            cp16(d + 2 * c * RP * P, in ? s + c * step : src, in);
         }
         return;
     }
@@ -437,8 +476,26 @@ __device__ __forceinline__ void to_a(u32 *a, const float *c0, const float *c1, i
     a[3] = pack16(c1[2], c1[3], dt);
 }
 
-/* Block (query tile, b * Hq + h): lse, D and dq of 64 query rows. */
-template <int D>
+/* The two 16-bit values of w (lo in the low half) as floats. */
+__device__ __forceinline__ float lo16(u32 w, int dt) {
+    return dt == DT_F16 ? h2f((u16)(w & 0xffffu)) : __uint_as_float(w << 16);
+}
+__device__ __forceinline__ float hi16(u32 w, int dt) {
+    return dt == DT_F16 ? h2f((u16)(w >> 16)) : __uint_as_float(w & 0xffff0000u);
+}
+
+/* (lo, hi) into the 16-bit pair at element at (even) of out. */
+__device__ __forceinline__ void st2(void *out, i64 at, float lo, float hi, int dt) {
+    ((u32 *)out)[at >> 1] = pack16(lo, hi, dt);
+}
+
+#define LN2 0.6931471805599453f
+
+/* Block (head b * Hq + h, query tile): lse, D and dq of 64 query rows; DT
+ * (DT_BF16 or DT_F16) is a constant, so no mma sits behind a branch. Blocks
+ * go out heads first, the last query tiles (causal: the most keys) first of
+ * all, so the longest blocks do not start last. */
+template <int D, int DT>
 __device__ __forceinline__ void bwd_dq(const void *q, const void *k, const void *v, const void *len,
                                        const void *o, const void *dout, void *out, const bgeom &g) {
     constexpr int MQ = 64, MK = D == 128 ? 32 : 64, P = D + 8, NK = D / 16, T = MK * P;
@@ -447,28 +504,65 @@ __device__ __forceinline__ void bwd_dq(const void *q, const void *k, const void 
     __shared__ float sD[MQ];
     static_assert(2 * MQ * P <= 4 * T, "Q and dO fit the tile buffers");
     const int tid = threadIdx.x, warp = tid / 32, lane = tid & 31, gr = lane >> 2, tq = lane & 3;
-    const int dt = g.dt;
-    const i64 b = blockIdx.y / g.Hq, h = blockIdx.y % g.Hq, hk = h / (g.Hq / g.Hkv);
-    /* The last query tiles see the most keys (causal): they start first. */
-    const i64 q0 = (i64)(gridDim.x - 1 - blockIdx.x) * MQ, L = valid_len(len, g, b);
+    constexpr int dt = DT;
+    const u32 sb = smem_addr(sm); /* tile x at sb + 2 * x * T */
+    const i64 b = blockIdx.x / g.Hq, h = blockIdx.x % g.Hq, hk = h / (g.Hq / g.Hkv);
+    const i64 q0 = (i64)(gridDim.y - 1 - blockIdx.y) * MQ, L = valid_len(len, g, b);
     const i64 rows = g.B * g.Hq * g.Lq;
     const i64 kb = b * g.ks[0] + hk * g.ks[1], vb = b * g.vs[0] + hk * g.vs[1];
     const bool vk = g.flags & VK, vv = g.flags & VV;
     const int r0 = warp * 16 + gr;
     u32 qa[NK][4], da[NK][4];
+    const i64 last = q0 + MQ - 1 < g.Lq - 1 ? q0 + MQ - 1 : g.Lq - 1;
+    const i64 nmax = visible(g, L, last);
+    const int nt = (int)((nmax + MK - 1) / MK);
     fetch<D, MQ>(sm, q, b * g.qs[0] + h * g.qs[1], g.qs[2], g.qs[3], q0, g.Lq, g.flags & VQ);
     fetch<D, MQ>(sm + MQ * P, dout, b * g.gs[0] + h * g.gs[1], g.gs[2], g.gs[3], q0, g.Lq,
                  g.flags & VG);
     cp_commit();
-    cp_wait<0>();
+    /* With Q and dO in buffers 0-1 (D = 64), pass 1 streams K through
+     * buffers 2-3, and K(0) loads beside Q and dO. */
+    constexpr int E = 2 * MQ * P <= 2 * T, KB = E ? 2 : 0;
+    if (E) {
+        if (nt > 0) fetch<D, MK>(sm + KB * T, k, kb, g.ks[2], g.ks[3], 0, nmax, vk);
+        cp_commit();
+    }
+    /* D = rowsum(dO * O): CH lanes a row, 16-byte loads of O, issued before
+     * the wait for dO. */
+    constexpr int CH = D / 8, OV = MQ * CH / NT;
+    const i64 ob = (b * g.Hq + h) * g.Lq * D; /* O contiguous */
+    const bool vo = g.flags & VO;
+    uint4 ov[OV];
+#pragma unroll
+    for (int c = 0; c < OV; c++) {
+        const int x = tid + c * NT, r = x / CH, e = (x % CH) * 8;
+        ov[c] = vo && q0 + r < g.Lq ? *(const uint4 *)((const u16 *)o + ob + (q0 + r) * D + e)
+                                    : make_uint4(0, 0, 0, 0);
+    }
+    cp_wait<E ? 1 : 0>();
     __syncthreads();
-    frag_a<NK>(qa, sm, warp * 16, P, lane);
-    frag_a<NK>(da, sm + MQ * P, warp * 16, P, lane);
-    if (tid < MQ) { /* D = rowsum(dO * O), O contiguous */
+    frag_a<NK>(qa, sb, warp * 16, P, lane);
+    frag_a<NK>(da, sb + 2 * MQ * P, warp * 16, P, lane);
+    if (vo) {
+#pragma unroll
+        for (int c = 0; c < OV; c++) {
+            const int x = tid + c * NT, r = x / CH, e = (x % CH) * 8;
+            const uint4 dv = *(const uint4 *)(sm + MQ * P + r * P + e);
+            const u32 ow[4] = {ov[c].x, ov[c].y, ov[c].z, ov[c].w},
+                      dw[4] = {dv.x, dv.y, dv.z, dv.w};
+            float s = 0.0f;
+#pragma unroll
+            for (int w = 0; w < 4; w++)
+                s += lo16(ow[w], dt) * lo16(dw[w], dt) + hi16(ow[w], dt) * hi16(dw[w], dt);
+#pragma unroll
+            for (int off = 1; off < CH; off <<= 1) s += __shfl_xor_sync(0xffffffffu, s, off);
+            if (x % CH == 0) sD[r] = s;
+        }
+    } else if (tid < MQ) {
         float s = 0.0f;
-        const i64 i = q0 + tid, ob = ((b * g.Hq + h) * g.Lq + i) * D;
+        const i64 i = q0 + tid;
         for (int e = 0; i < g.Lq && e < D; e++)
-            s += f16v(sm[MQ * P + tid * P + e], dt) * ld(o, dt, ob + e);
+            s += f16v(sm[MQ * P + tid * P + e], dt) * ld(o, dt, ob + i * D + e);
         sD[tid] = s;
     }
     __syncthreads();
@@ -476,22 +570,16 @@ __device__ __forceinline__ void bwd_dq(const void *q, const void *k, const void 
     const i64 ia = q0 + r0, ib = ia + 8;
     const int na = ia < g.Lq ? (int)visible(g, L, ia) : 0,
               nb = ib < g.Lq ? (int)visible(g, L, ib) : 0;
-    const i64 last = q0 + MQ - 1 < g.Lq - 1 ? q0 + MQ - 1 : g.Lq - 1;
-    const i64 nmax = visible(g, L, last);
-    const int nt = (int)((nmax + MK - 1) / MK);
-    /* Pass 1: each row's max and sum of exp over its visible keys; K(t+1)
+    /* Keys every row of the block sees: tiles below it need no mask. */
+    const int nall = (int)visible(g, L, q0);
+    /* Scores in log2 units: s scale log2(e), one FMUL (or FFMA) before each ex2. */
+    const float sl2 = g.scale * LOG2E;
+    /* Pass 1: each row's max and sum of 2^x over its visible keys; K(t+1)
      * is in flight while tile t is scored. */
     float ma = -inf_f(), mb = -inf_f(), la = 0.0f, lb = 0.0f;
-    if (nt > 0) fetch<D, MK>(sm, k, kb, g.ks[2], g.ks[3], 0, nmax, vk);
-    cp_commit();
-    for (int t = 0; t < nt; t++) {
-        const i64 j0 = (i64)t * MK;
-        if (t + 1 < nt)
-            fetch<D, MK>(sm + ((t + 1) & 1) * T, k, kb, g.ks[2], g.ks[3], j0 + MK, nmax, vk);
-        cp_commit();
-        cp_wait<1>();
-        __syncthreads();
-        const u16 *ks = sm + (t & 1) * T;
+    auto stats = [&](int t, bool masked) {
+        const int j0 = t * MK;
+        const u32 ks = sb + 2 * (KB + (t & 1)) * T;
         float s[MK / 8][4];
 #pragma unroll
         for (int n = 0; n < MK / 8; n++) s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.0f;
@@ -509,8 +597,8 @@ __device__ __forceinline__ void bwd_dq(const void *q, const void *k, const void 
         for (int n = 0; n < MK / 8; n++)
 #pragma unroll
             for (int c = 0; c < 4; c++) {
-                const int j = (int)j0 + n * 8 + 2 * tq + (c & 1);
-                float x = j < (c >= 2 ? nb : na) ? s[n][c] * g.scale : -inf_f();
+                float x = s[n][c] * sl2;
+                if (masked && j0 + n * 8 + 2 * tq + (c & 1) >= (c >= 2 ? nb : na)) x = -inf_f();
                 s[n][c] = x;
                 if (c >= 2)
                     tmb = fmaxf(tmb, x);
@@ -522,14 +610,30 @@ __device__ __forceinline__ void bwd_dq(const void *q, const void *k, const void 
             tmb = fmaxf(tmb, __shfl_xor_sync(0xffffffffu, tmb, off));
         }
         const float mna = fmaxf(ma, tma), mnb = fmaxf(mb, tmb);
-        la *= mna == -inf_f() ? 1.0f : fexp(ma - mna);
-        lb *= mnb == -inf_f() ? 1.0f : fexp(mb - mnb);
+        la *= mna == -inf_f() ? 1.0f : ex2(ma - mna);
+        lb *= mnb == -inf_f() ? 1.0f : ex2(mb - mnb);
 #pragma unroll
         for (int n = 0; n < MK / 8; n++) {
-            if (mna != -inf_f()) la += fexp(s[n][0] - mna) + fexp(s[n][1] - mna);
-            if (mnb != -inf_f()) lb += fexp(s[n][2] - mnb) + fexp(s[n][3] - mnb);
+            if (mna != -inf_f()) la += ex2(s[n][0] - mna) + ex2(s[n][1] - mna);
+            if (mnb != -inf_f()) lb += ex2(s[n][2] - mnb) + ex2(s[n][3] - mnb);
         }
         ma = mna, mb = mnb;
+    };
+    if (!E) {
+        if (nt > 0) fetch<D, MK>(sm, k, kb, g.ks[2], g.ks[3], 0, nmax, vk);
+        cp_commit();
+    }
+    for (int t = 0; t < nt; t++) {
+        if (t + 1 < nt)
+            fetch<D, MK>(sm + (KB + ((t + 1) & 1)) * T, k, kb, g.ks[2], g.ks[3], (i64)(t + 1) * MK,
+                         nmax, vk);
+        cp_commit();
+        cp_wait<1>();
+        __syncthreads();
+        if ((t + 1) * MK <= nall)
+            stats(t, false);
+        else
+            stats(t, true);
         __syncthreads();
     }
     /* K(0) and V(0) of pass 2 load during the reductions. */
@@ -542,32 +646,24 @@ __device__ __forceinline__ void bwd_dq(const void *q, const void *k, const void 
         la += __shfl_xor_sync(0xffffffffu, la, off);
         lb += __shfl_xor_sync(0xffffffffu, lb, off);
     }
-    const float lsa = la > 0.0f ? ma + logf(la) : inf_f(),
-                lsb = lb > 0.0f ? mb + logf(lb) : inf_f();
-    /* P = 2^(s scale log2(e) - lse log2(e)): one FFMA before the ex2. */
-    const float sl2 = g.scale * LOG2E, l2a = lsa * LOG2E, l2b = lsb * LOG2E;
+    /* lse in log2 units (+inf for a row that sees nothing: its P is 0). */
+    const float l2a = la > 0.0f ? ma + log2f(la) : inf_f(),
+                l2b = lb > 0.0f ? mb + log2f(lb) : inf_f();
     if (tq == 0) {
         float *ws = workspace(out, g);
         const i64 ra = (b * g.Hq + h) * g.Lq + ia;
-        if (ia < g.Lq) ws[ra] = lsa, ws[rows + ra] = Da;
-        if (ib < g.Lq) ws[ra + 8] = lsb, ws[rows + ra + 8] = Db;
+        if (ia < g.Lq) ws[ra] = l2a * LN2, ws[rows + ra] = Da;
+        if (ib < g.Lq) ws[ra + 8] = l2b * LN2, ws[rows + ra + 8] = Db;
     }
-    /* Pass 2: dq += dS K, dS = P (dP - D), P = exp(s - lse), dP = dO V^T;
-     * K(t+1) and V(t+1) are in flight while tile t computes. */
+    /* Pass 2: dq += dS K, dS = P (dP - D), P = 2^(s scale log2(e) - lse
+     * log2(e)), dP = dO V^T; K(t+1) and V(t+1) are in flight while tile t
+     * computes. */
     float acc[D / 8][4];
 #pragma unroll
     for (int d = 0; d < D / 8; d++) acc[d][0] = acc[d][1] = acc[d][2] = acc[d][3] = 0.0f;
-    for (int t = 0; t < nt; t++) {
-        const i64 j0 = (i64)t * MK;
-        if (t + 1 < nt) {
-            const int nb2 = (t + 1) & 1;
-            fetch<D, MK>(sm + nb2 * T, k, kb, g.ks[2], g.ks[3], j0 + MK, nmax, vk);
-            fetch<D, MK>(sm + (2 + nb2) * T, v, vb, g.vs[2], g.vs[3], j0 + MK, nmax, vv);
-        }
-        cp_commit();
-        cp_wait<1>();
-        __syncthreads();
-        const u16 *ks = sm + (t & 1) * T, *vs = sm + (2 + (t & 1)) * T;
+    auto grads = [&](int t, bool masked) {
+        const int j0 = t * MK;
+        const u32 ks = sb + 2 * (t & 1) * T, vs = sb + 2 * (2 + (t & 1)) * T;
 #pragma unroll
         for (int n2 = 0; n2 < MK / 16; n2++) {
             float s[2][4], dp[2][4];
@@ -590,9 +686,9 @@ __device__ __forceinline__ void bwd_dq(const void *q, const void *k, const void 
                 const int n = n2 * 2 + u;
 #pragma unroll
                 for (int c = 0; c < 4; c++) {
-                    const int j = (int)j0 + n * 8 + 2 * tq + (c & 1);
                     const bool rb = c >= 2;
-                    float p = j < (rb ? nb : na) ? ex2(s[u][c] * sl2 - (rb ? l2b : l2a)) : 0.0f;
+                    float p = ex2(__fmaf_rn(s[u][c], sl2, -(rb ? l2b : l2a)));
+                    if (masked && j0 + n * 8 + 2 * tq + (c & 1) >= (rb ? nb : na)) p = 0.0f;
                     s[u][c] = p * (dp[u][c] - (rb ? Db : Da));
                 }
             }
@@ -606,86 +702,71 @@ __device__ __forceinline__ void bwd_dq(const void *q, const void *k, const void 
                 mma(acc[d + 1], dsa, r[2], r[3], dt);
             }
         }
+    };
+    for (int t = 0; t < nt; t++) {
+        if (t + 1 < nt) {
+            const int nb2 = (t + 1) & 1;
+            const i64 j1 = (i64)(t + 1) * MK;
+            fetch<D, MK>(sm + nb2 * T, k, kb, g.ks[2], g.ks[3], j1, nmax, vk);
+            fetch<D, MK>(sm + (2 + nb2) * T, v, vb, g.vs[2], g.vs[3], j1, nmax, vv);
+        }
+        cp_commit();
+        cp_wait<1>();
+        __syncthreads();
+        if ((t + 1) * MK <= nall)
+            grads(t, false);
+        else
+            grads(t, true);
         __syncthreads();
     }
-    const i64 oa = ((b * g.Hq + h) * g.Lq + ia) * D, ob = oa + 8 * (i64)D;
+    const i64 oa = ((b * g.Hq + h) * g.Lq + ia) * D, oe = oa + 8 * (i64)D;
 #pragma unroll
     for (int d = 0; d < D / 8; d++) {
         const int e = d * 8 + 2 * tq;
-        if (ia < g.Lq)
-            st(out, dt, oa + e, acc[d][0] * g.scale), st(out, dt, oa + e + 1, acc[d][1] * g.scale);
-        if (ib < g.Lq)
-            st(out, dt, ob + e, acc[d][2] * g.scale), st(out, dt, ob + e + 1, acc[d][3] * g.scale);
+        if (ia < g.Lq) st2(out, oa + e, acc[d][0] * g.scale, acc[d][1] * g.scale, dt);
+        if (ib < g.Lq) st2(out, oe + e, acc[d][2] * g.scale, acc[d][3] * g.scale, dt);
     }
 }
 
-/* Block (key tile, b * Hkv + hk): dk and dv of 64 keys over the group's queries. */
-template <int D>
+/* Block (head b * Hkv + hk, key tile): dk and dv of 64 keys over the group's
+ * queries. Blocks go out heads first, the first key tiles (causal: the most
+ * queries) first of all. */
+template <int D, int DT>
 __device__ __forceinline__ void bwd_dkv(const void *q, const void *k, const void *v,
                                         const void *len, const void *dout, void *out,
                                         const bgeom &g) {
     constexpr int MKB = 64, MQ = D == 128 ? 32 : 64, P = D + 8, NK = D / 16, T = MQ * P;
     /* Q and dO tiles, two of each (tile t at t & 1: Q, then dO); first K and V. */
     __shared__ __align__(16) u16 sm[4 * T];
-    __shared__ float slse[2][MQ], sD[2][MQ]; /* lse and D of each tile's queries */
+    __shared__ __align__(8) float slse[2][MQ], sD[2][MQ]; /* lse and D of each tile's queries */
     static_assert(2 * MKB * P <= 4 * T, "K and V fit the tile buffers");
     const int tid = threadIdx.x, warp = tid / 32, lane = tid & 31, gr = lane >> 2, tq = lane & 3;
-    const int dt = g.dt;
-    const i64 b = blockIdx.y / g.Hkv, hk = blockIdx.y % g.Hkv, G = g.Hq / g.Hkv;
-    const i64 j0 = (i64)blockIdx.x * MKB, L = valid_len(len, g, b), rows = g.B * g.Hq * g.Lq;
+    constexpr int dt = DT;
+    const u32 sb = smem_addr(sm); /* tile x at sb + 2 * x * T */
+    const i64 b = blockIdx.x / g.Hkv, hk = blockIdx.x % g.Hkv, G = g.Hq / g.Hkv;
+    const i64 j0 = (i64)blockIdx.y * MKB, L = valid_len(len, g, b), rows = g.B * g.Hq * g.Lq;
     const bool vq = g.flags & VQ, vg = g.flags & VG;
     const float sl2 = g.scale * LOG2E;
     const int r0 = warp * 16 + gr;
     const i64 ja = j0 + r0, jb = ja + 8; /* this thread's two keys */
     /* The first query that sees each (Lq: none): query i sees key ja when i >= fa. */
     const int fa = (int)first_query(g, L, ja), fb = (int)first_query(g, L, jb);
+    /* Query tiles from fall on, within Lq, are seen by every key of the block. */
+    const int fall = (int)first_query(g, L, j0 + MKB - 1);
     u32 ka[NK][4], va[NK][4];
     fetch<D, MKB>(sm, k, b * g.ks[0] + hk * g.ks[1], g.ks[2], g.ks[3], j0, L, g.flags & VK);
     fetch<D, MKB>(sm + MKB * P, v, b * g.vs[0] + hk * g.vs[1], g.vs[2], g.vs[3], j0, L,
                   g.flags & VV);
     cp_commit();
-    cp_wait<0>();
-    __syncthreads();
-    frag_a<NK>(ka, sm, warp * 16, P, lane);
-    frag_a<NK>(va, sm + MKB * P, warp * 16, P, lane);
-    __syncthreads();
     float dk[D / 8][4], dv[D / 8][4];
 #pragma unroll
     for (int d = 0; d < D / 8; d++)
 #pragma unroll
         for (int c = 0; c < 4; c++) dk[d][c] = dv[d][c] = 0.0f;
     const float *ws = workspace(out, g);
-    /* Tiles (h, i0) in head order, each head's from the first query that
-     * sees the block; tile t + 1 is in flight while tile t computes. */
-    const int i1 = (int)first_query(g, L, j0), nth = ((int)g.Lq - i1 + MQ - 1) / MQ;
-    const int nt = (int)G * nth;
-    /* The next tile to fetch: queries from in of the head whose q, dO and
-     * workspace rows start at qo, go and wr. */
-    i64 qo = b * g.qs[0] + hk * G * g.qs[1], go = b * g.gs[0] + hk * G * g.gs[1];
-    i64 wr = (b * g.Hq + hk * G) * g.Lq;
-    int in = i1, next = i1;
-    for (int t = -1; t < nt; t++) {
-        const int i0 = next; /* tile t's first query */
-        next = in;
-        if (t + 1 < nt) {
-            const int u = (t + 1) & 1;
-            fetch<D, MQ>(sm + 2 * u * T, q, qo, g.qs[2], g.qs[3], in, g.Lq, vq);
-            fetch<D, MQ>(sm + (2 * u + 1) * T, dout, go, g.gs[2], g.gs[3], in, g.Lq, vg);
-            if (tid < MQ) { /* rows past Lq: 0, masked below */
-                const int i = in + tid;
-                const i64 r = wr + (i < (int)g.Lq ? i : 0);
-                cp4(&slse[u][tid], ws + r, i < (int)g.Lq);
-                cp4(&sD[u][tid], ws + rows + r, i < (int)g.Lq);
-            }
-            in += MQ;
-            if (in >= (int)g.Lq) in = i1, qo += g.qs[1], go += g.gs[1], wr += g.Lq;
-        }
-        cp_commit();
-        if (t < 0) continue;
-        cp_wait<1>();
-        __syncthreads();
-        const int u = t & 1;
-        const u16 *qs = sm + 2 * u * T, *dos = sm + (2 * u + 1) * T;
+    /* One query tile from i0 (buffer u): S^T, P^T, dV, dP^T, dS^T, dK. */
+    auto tile = [&](int i0, int u, bool masked) {
+        const u32 qs = sb + 2 * (2 * u) * T, dos = sb + 2 * (2 * u + 1) * T;
         const float *tl = slse[u], *tD = sD[u];
         /* Query i0 + 2 tq + x is visible to key ja when xa <= x < xe (jb: xb). */
         const int xa = fa - i0 - 2 * tq, xb = fb - i0 - 2 * tq, xe = (int)g.Lq - i0 - 2 * tq;
@@ -709,13 +790,17 @@ __device__ __forceinline__ void bwd_dkv(const void *q, const void *k, const void
 #pragma unroll
             for (int w = 0; w < 2; w++) {
                 const int n = n2 * 2 + w;
+                /* The lse (log2 units) and D of queries n * 8 + 2 tq, + 1. */
+                const float2 lq = *(const float2 *)(tl + n * 8 + 2 * tq);
+                const float2 Dq = *(const float2 *)(tD + n * 8 + 2 * tq);
+                const float l2[2] = {lq.x * LOG2E, lq.y * LOG2E}, dd[2] = {Dq.x, Dq.y};
 #pragma unroll
                 for (int c = 0; c < 4; c++) {
-                    const int x = n * 8 + (c & 1), col = x + 2 * tq;
-                    const bool vis = x < xe && x >= (c >= 2 ? xb : xa);
-                    float p = vis ? ex2(s[w][c] * sl2 - tl[col] * LOG2E) : 0.0f;
+                    const int x = n * 8 + (c & 1);
+                    float p = ex2(__fmaf_rn(s[w][c], sl2, -l2[c & 1]));
+                    if (masked && !(x < xe && x >= (c >= 2 ? xb : xa))) p = 0.0f;
                     s[w][c] = p;
-                    dp[w][c] = p * (dp[w][c] - tD[col]);
+                    dp[w][c] = p * (dp[w][c] - dd[c & 1]);
                 }
             }
             u32 pa[4], dsa[4]; /* P^T, dS^T of these 16 queries as A fragments */
@@ -732,6 +817,52 @@ __device__ __forceinline__ void bwd_dkv(const void *q, const void *k, const void
                 mma(dk[d + 1], dsa, rq[2], rq[3], dt);
             }
         }
+    };
+    /* Tiles (h, i0) in head order, each head's from the first query that
+     * sees the block; tile t + 1 is in flight while tile t computes, in
+     * buffer (t + E) & 1. With K and V in buffer 0 (D = 64), tile 0 loads
+     * beside them into buffer 1. */
+    constexpr int E = 2 * MKB * P <= 2 * T;
+    const int i1 = (int)first_query(g, L, j0), nth = ((int)g.Lq - i1 + MQ - 1) / MQ;
+    const int nt = (int)G * nth;
+    /* The next tile to fetch: queries from in of the head whose q, dO and
+     * workspace rows start at qo, go and wr. */
+    i64 qo = b * g.qs[0] + hk * G * g.qs[1], go = b * g.gs[0] + hk * G * g.gs[1];
+    i64 wr = (b * g.Hq + hk * G) * g.Lq;
+    int in = i1, pend = i1; /* pend: the first query of the tile fetched last */
+    auto prefetch = [&](int t) {
+        if (t < nt) {
+            const int u = (t + E) & 1;
+            fetch<D, MQ>(sm + 2 * u * T, q, qo, g.qs[2], g.qs[3], in, g.Lq, vq);
+            fetch<D, MQ>(sm + (2 * u + 1) * T, dout, go, g.gs[2], g.gs[3], in, g.Lq, vg);
+            if (tid < MQ) { /* rows past Lq: 0, masked below */
+                const int i = in + tid;
+                const i64 r = wr + (i < (int)g.Lq ? i : 0);
+                cp4(&slse[u][tid], ws + r, i < (int)g.Lq);
+                cp4(&sD[u][tid], ws + rows + r, i < (int)g.Lq);
+            }
+            pend = in;
+            in += MQ;
+            if (in >= (int)g.Lq) in = i1, qo += g.qs[1], go += g.gs[1], wr += g.Lq;
+        }
+        cp_commit();
+    };
+    if (E) prefetch(0);
+    cp_wait<E ? 1 : 0>(); /* K and V */
+    __syncthreads();
+    frag_a<NK>(ka, sb, warp * 16, P, lane);
+    frag_a<NK>(va, sb + 2 * MKB * P, warp * 16, P, lane);
+    __syncthreads();
+    if (!E) prefetch(0);
+    for (int t = 0; t < nt; t++) {
+        const int i0 = pend; /* tile t's first query */
+        prefetch(t + 1);
+        cp_wait<1>();
+        __syncthreads();
+        if (i0 >= fall && i0 + MQ <= (int)g.Lq)
+            tile(i0, (t + E) & 1, false);
+        else
+            tile(i0, (t + E) & 1, true);
         __syncthreads();
     }
     const i64 base = (b * g.Hkv + hk) * g.S;
@@ -740,33 +871,40 @@ __device__ __forceinline__ void bwd_dkv(const void *q, const void *k, const void
         const int e = d * 8 + 2 * tq;
         if (ja < g.S) {
             const i64 at = (base + ja) * D + e;
-            st(out, dt, g.nq + at, dk[d][0] * g.scale),
-                st(out, dt, g.nq + at + 1, dk[d][1] * g.scale);
-            st(out, dt, g.nq + g.nkv + at, dv[d][0]), st(out, dt, g.nq + g.nkv + at + 1, dv[d][1]);
+            st2(out, g.nq + at, dk[d][0] * g.scale, dk[d][1] * g.scale, dt);
+            st2(out, g.nq + g.nkv + at, dv[d][0], dv[d][1], dt);
         }
         if (jb < g.S) {
             const i64 at = (base + jb) * D + e;
-            st(out, dt, g.nq + at, dk[d][2] * g.scale),
-                st(out, dt, g.nq + at + 1, dk[d][3] * g.scale);
-            st(out, dt, g.nq + g.nkv + at, dv[d][2]), st(out, dt, g.nq + g.nkv + at + 1, dv[d][3]);
+            st2(out, g.nq + at, dk[d][2] * g.scale, dk[d][3] * g.scale, dt);
+            st2(out, g.nq + g.nkv + at, dv[d][2], dv[d][3], dt);
         }
     }
 }
 
-/* At D = 64, three blocks per SM (at most 168 registers a thread). */
-#define DQ(D, MINB)                                                                                \
+/* At D = 64, four dq blocks per SM (at most 128 registers a thread; a few
+ * bytes spill outside the tile loops) and three dkv blocks (168: at 128 dkv
+ * spills inside them). One kernel per dtype: sg_attn_bwd_dq64_bf16,
+ * sg_attn_bwd_dq64_f16, ... */
+#define DQ(D, MINB, T, DT)                                                                         \
     extern "C" __global__ void __launch_bounds__(NT, MINB)                                         \
-        sg_attn_bwd_dq##D(const void *q, const void *k, const void *v, const void *len,            \
-                          const void *o, const void *dout, void *out, bgeom g) {                   \
-        bwd_dq<D>(q, k, v, len, o, dout, out, g);                                                  \
+        sg_attn_bwd_dq##D##_##T(const void *q, const void *k, const void *v, const void *len,      \
+                                const void *o, const void *dout, void *out, bgeom g) {             \
+        bwd_dq<D, DT>(q, k, v, len, o, dout, out, g);                                              \
     }
-#define DKV(D, MINB)                                                                               \
+#define DKV(D, MINB, T, DT)                                                                        \
     extern "C" __global__ void __launch_bounds__(NT, MINB)                                         \
-        sg_attn_bwd_dkv##D(const void *q, const void *k, const void *v, const void *len,           \
-                           const void *dout, void *out, bgeom g) {                                 \
-        bwd_dkv<D>(q, k, v, len, dout, out, g);                                                    \
+        sg_attn_bwd_dkv##D##_##T(const void *q, const void *k, const void *v, const void *len,     \
+                                 const void *dout, void *out, bgeom g) {                           \
+        bwd_dkv<D, DT>(q, k, v, len, dout, out, g);                                                \
     }
-DQ(64, 3)
-DQ(128, 1)
-DKV(64, 3)
-DKV(128, 1)
+DQ(64, 4, bf16, DT_BF16)
+DQ(64, 4, f16, DT_F16)
+DQ(128, 1, bf16, DT_BF16)
+DQ(128, 1, f16, DT_F16)
+DKV(64, 3, bf16, DT_BF16)
+DKV(64, 3, f16, DT_F16)
+DKV(128, 1, bf16, DT_BF16)
+DKV(128, 1, f16, DT_F16)
+
+#endif /* SG_PTX */

@@ -2,7 +2,8 @@
 /*
  * k_row.cu -- the eager CUDA kernels of the row family: softmax and
  * log_softmax along any dim, layer_norm and rms_norm over the last dim, and
- * cross_entropy over the rows of (N, C) logits (host side in cuda_row.c).
+ * cross_entropy over the rows of (N, C) logits and its gradient (host side
+ * in cuda_row.c).
  *
  * A team works one row: one thread (softmax whose rows lie side by side in
  * memory, so that neighbouring threads read neighbours), one warp (rows up
@@ -245,9 +246,137 @@ extern "C" __global__ void sg_row_norm(const void *x, const void *w, const void 
     }
 }
 
+/* ------------------------------------------------------------ rows as 16-byte vectors */
+
+/* The floats of one 16-byte vector of dtype DT (8 halves or 4 floats):
+ * exact widenings, as h2f and bf2f. */
+template <int DT> __device__ __forceinline__ void unpack16(uint4 u, float *f) {
+    u32 w[4] = {u.x, u.y, u.z, u.w};
+#pragma unroll
+    for (int k = 0; k < 4; k++) {
+        if (DT == DT_F32) {
+            f[k] = __uint_as_float(w[k]);
+        } else if (DT == DT_BF16) {
+            f[2 * k] = __uint_as_float(w[k] << 16);
+            f[2 * k + 1] = __uint_as_float(w[k] & 0xffff0000u);
+        } else {
+            u16 lo = (u16)(w[k] & 0xffffu), hi = (u16)(w[k] >> 16);
+            asm("cvt.f32.f16 %0, %1;" : "=f"(f[2 * k]) : "h"(lo));
+            asm("cvt.f32.f16 %0, %1;" : "=f"(f[2 * k + 1]) : "h"(hi));
+        }
+    }
+}
+
+/* Round 8 halves or 4 floats to one vector of DT: round to nearest even,
+ * as f2h and f2bf (one cvt per pair; a NaN stays NaN, its payload the
+ * device's). */
+template <int DT> __device__ __forceinline__ uint4 pack16(const float *f) {
+    u32 w[4];
+#pragma unroll
+    for (int k = 0; k < 4; k++) {
+        if (DT == DT_F32)
+            w[k] = __float_as_uint(f[k]);
+        else if (DT == DT_BF16)
+            asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(w[k]) : "f"(f[2 * k + 1]), "f"(f[2 * k]));
+        else
+            asm("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(w[k]) : "f"(f[2 * k + 1]), "f"(f[2 * k]));
+    }
+    return make_uint4(w[0], w[1], w[2], w[3]);
+}
+
+/* exp(a) for a <= 0: the full-precision expf for f32 rows, the hardware's
+ * approximation (a few ulp of f32) for rows that end in f16 or bf16. */
+template <int DT> __device__ __forceinline__ float ex(float a) {
+    return DT == DT_F32 ? expf(a) : __expf(a);
+}
+
+/* Fold the PER values of f into the online (m, s): the chunk's max first,
+ * so the sum is rescaled at most once per chunk; lse_add's rules. */
+template <int DT> __device__ __forceinline__ void lse_chunk(const float *f, float *m, double *s) {
+    const int PER = DT == DT_F32 ? 4 : 8;
+    float cm = -inf_f();
+#pragma unroll
+    for (int k = 0; k < PER; k++) cm = f[k] > cm ? f[k] : cm;
+    if (cm > *m) {
+        *s = cm == inf_f() ? nan_d() : *s * (double)expf(*m - cm);
+        *m = cm;
+    }
+    float cs = 0.0f;
+#pragma unroll
+    for (int k = 0; k < PER; k++) cs += f[k] == -inf_f() ? 0.0f : ex<DT>(f[k] - *m);
+    *s += (double)cs;
+}
+
+#define XENT_UNROLL 4 /* vectors in flight per thread */
+
+/* A row of len elements cut into a head, nv 16-byte vectors and a tail:
+ * the head reaches x's first 16-byte boundary; with no vectors (strided
+ * rows, or x and y placed differently within 16 bytes) the head is the
+ * whole row. rest counts the head and the tail. */
+struct vrow {
+    i64 head, nv, tail, rest;
+};
+
+template <int DT>
+__device__ __forceinline__ vrow vrow_of(const char *xr, const char *yr, i64 len, i64 xs, i64 ys) {
+    const int ES = DT == DT_F32 ? 4 : 2, PER = 16 / ES;
+    vrow v;
+    v.head = len;
+    if (xs == 1 && ys == 1 && ((((unsigned long long)xr ^ (unsigned long long)yr) & 15) == 0)) {
+        i64 h = (i64)((16 - ((unsigned long long)xr & 15)) & 15) / ES;
+        v.head = h < len ? h : len;
+    }
+    v.nv = (len - v.head) / PER;
+    v.tail = v.head + v.nv * PER;
+    v.rest = v.head + len - v.tail;
+    return v;
+}
+
+/* The row's online max m and sum s of exps, the whole block's (every
+ * thread gets them): the vectors from the row's end, XENT_UNROLL loads
+ * then their math, and the head and tail element by element. */
+template <int DT>
+__device__ __forceinline__ void block_lse(const char *xr, const vrow &r, i64 xs, float *mo,
+                                          double *so) {
+    const int ES = DT == DT_F32 ? 4 : 2;
+    const uint4 *xv = (const uint4 *)(xr + r.head * ES);
+    int tid = threadIdx.x;
+    float m = -inf_f(), f[8];
+    double s = 0.0;
+    i64 v = r.nv - 1 - tid;
+    for (; v >= (XENT_UNROLL - 1) * BLOCK; v -= XENT_UNROLL * BLOCK) {
+        uint4 a[XENT_UNROLL];
+#pragma unroll
+        for (int u = 0; u < XENT_UNROLL; u++) a[u] = __ldg(xv + v - u * BLOCK);
+#pragma unroll
+        for (int u = 0; u < XENT_UNROLL; u++) {
+            unpack16<DT>(a[u], f);
+            lse_chunk<DT>(f, &m, &s);
+        }
+    }
+    for (; v >= 0; v -= BLOCK) {
+        unpack16<DT>(__ldg(xv + v), f);
+        lse_chunk<DT>(f, &m, &s);
+    }
+    for (i64 u = tid; u < r.rest; u += BLOCK) {
+        i64 j = u < r.head ? u : r.tail + (u - r.head);
+        lse_add(ldf(xr, DT, j * xs), &m, &s);
+    }
+    team_lse(&m, &s, BLOCK);
+    *mo = m, *so = s;
+}
+
+/* A block's row of the loss: its statistics, as vectors where it can. */
+template <int DT>
+__device__ __forceinline__ void xent_block_lse(const char *xr, i64 len, i64 xs, float *m,
+                                               double *s) {
+    block_lse<DT>(xr, vrow_of<DT>(xr, xr, len, xs, 1), xs, m, s);
+}
+
 /* cross_entropy, first pass: loss[r] = log(sum(exp(x - m))) + m - x[t[r]],
  * NaN for a target outside [0, len) (never read out of bounds). Row r's
- * logits start at r * oxs[0]. */
+ * logits start at r * oxs[0]; a block's row (over 1k elements) is read as
+ * 16-byte vectors (block_lse). */
 extern "C" __global__ void sg_row_xent(const void *x, const void *t, double *loss, wgeom g) {
     i64 row;
     int lane, team = g.team;
@@ -255,8 +384,18 @@ extern "C" __global__ void sg_row_xent(const void *x, const void *t, double *los
     i64 xo = row * g.oxs[0];
     float m = -inf_f();
     double s = 0.0;
-    for (i64 j = lane; j < g.len; j += team) lse_add(ldf(x, g.dt, xo + j * g.xs), &m, &s);
-    team_lse(&m, &s, team);
+    if (team == BLOCK) { /* a long row: as 16-byte vectors where it can */
+        const char *xr = (const char *)x + xo * (g.dt == DT_F32 ? 4 : 2);
+        if (g.dt == DT_F32)
+            xent_block_lse<DT_F32>(xr, g.len, g.xs, &m, &s);
+        else if (g.dt == DT_BF16)
+            xent_block_lse<DT_BF16>(xr, g.len, g.xs, &m, &s);
+        else
+            xent_block_lse<DT_F16>(xr, g.len, g.xs, &m, &s);
+    } else {
+        for (i64 j = lane; j < g.len; j += team) lse_add(ldf(x, g.dt, xo + j * g.xs), &m, &s);
+        team_lse(&m, &s, team);
+    }
     if (lane != 0) return;
     i64 c = g.tdt == DT_I32 ? (i64)((const int *)t)[row * g.ts] : ((const i64 *)t)[row * g.ts];
     double l = nan_d();
@@ -271,4 +410,80 @@ extern "C" __global__ void sg_row_xent_mean(const double *loss, float *out, wgeo
     for (i64 r = threadIdx.x; r < g.nrows; r += BLOCK) a += loss[r];
     team_sum2(&a, &unused, BLOCK);
     if (threadIdx.x == 0) out[0] = g.nrows ? (float)(a / (double)g.nrows) : (float)nan_d();
+}
+
+/* ------------------------------------------------------------ cross_entropy's gradient */
+
+/* Row j0.. of the gradient: y = (exp(x - m) * inv - (j == c)) * scale. */
+template <int DT>
+__device__ __forceinline__ uint4 xent_bwd_vec(uint4 u, i64 j0, i64 c, float m, float inv,
+                                              float scale) {
+    const int PER = DT == DT_F32 ? 4 : 8;
+    float f[8];
+    unpack16<DT>(u, f);
+#pragma unroll
+    for (int k = 0; k < PER; k++)
+        f[k] = (ex<DT>(f[k] - m) * inv - (j0 + k == c ? 1.0f : 0.0f)) * scale;
+    return pack16<DT>(f);
+}
+
+/* One row of sg_row_xent_bwd, its dtype known. */
+template <int DT>
+__device__ __forceinline__ void xent_bwd_row(const char *xr, char *yr, i64 c, float gv,
+                                             const wgeom &g, double inv_n) {
+    const int ES = DT == DT_F32 ? 4 : 2, PER = 16 / ES;
+    vrow r = vrow_of<DT>(xr, yr, g.len, g.xs, g.ys);
+    const uint4 *xv = (const uint4 *)(xr + r.head * ES);
+    uint4 *yv = (uint4 *)(yr + r.head * ES);
+    float m;
+    double s;
+    block_lse<DT>(xr, r, g.xs, &m, &s);
+    float inv = (float)(1.0 / s), scale = (float)((double)gv * inv_n);
+    if (c < 0 || c >= g.len) scale = __int_as_float(0x7fc00000); /* NaN */
+    /* The write pass, from the row's start. */
+    i64 v = threadIdx.x;
+    for (; v + (XENT_UNROLL - 1) * BLOCK < r.nv; v += XENT_UNROLL * BLOCK) {
+        uint4 a[XENT_UNROLL];
+#pragma unroll
+        for (int u = 0; u < XENT_UNROLL; u++) a[u] = __ldg(xv + v + u * BLOCK);
+#pragma unroll
+        for (int u = 0; u < XENT_UNROLL; u++) {
+            i64 w = v + u * BLOCK;
+            yv[w] = xent_bwd_vec<DT>(a[u], r.head + w * PER, c, m, inv, scale);
+        }
+    }
+    for (; v < r.nv; v += BLOCK)
+        yv[v] = xent_bwd_vec<DT>(__ldg(xv + v), r.head + v * PER, c, m, inv, scale);
+    for (i64 u = threadIdx.x; u < r.rest; u += BLOCK) {
+        i64 j = u < r.head ? u : r.tail + (u - r.head);
+        float e = ex<DT>(ldf(xr, DT, j * g.xs) - m);
+        stf(yr, DT, j * g.ys, (e * inv - (j == c ? 1.0f : 0.0f)) * scale);
+    }
+}
+
+/*
+ * cross_entropy's gradient, one block per row: y = (exp(x - m) / s -
+ * (j == t[r])) * g / N, g (a 0-d float of dtype gdt) read here, so that a
+ * replay reads its current value. The statistics pass walks the row from
+ * its end and the write pass from its start, so that the second first
+ * reads what the first left in L2 last. Rows whose x and y are contiguous
+ * and equally placed within 16 bytes move as 16-byte vectors (a head and a
+ * tail element by element), others element by element. A target outside
+ * [0, len) makes its row NaN.
+ */
+extern "C" __global__ void __launch_bounds__(BLOCK)
+    sg_row_xent_bwd(const void *x, const void *t, const void *gp, void *y, wgeom g, double inv_n,
+                    int gdt) {
+    i64 row = blockIdx.x;
+    if (row >= g.nrows) return;
+    int es = g.dt == DT_F32 ? 4 : 2;
+    const char *xr = (const char *)x + row * g.oxs[0] * es;
+    char *yr = (char *)y + row * g.oys[0] * es;
+    i64 c = g.tdt == DT_I32 ? (i64)((const int *)t)[row * g.ts] : ((const i64 *)t)[row * g.ts];
+    float gv = ldf(gp, gdt, 0);
+    switch (g.dt) {
+    case DT_F32: xent_bwd_row<DT_F32>(xr, yr, c, gv, g, inv_n); break;
+    case DT_BF16: xent_bwd_row<DT_BF16>(xr, yr, c, gv, g, inv_n); break;
+    default: xent_bwd_row<DT_F16>(xr, yr, c, gv, g, inv_n); break;
+    }
 }
