@@ -394,7 +394,7 @@ static bool is_hex(const char *s, size_t n) {
 }
 
 /* What a name in the root is: 1 an entry the cache owns (a key directory,
- * a failed build, a cubin or hsaco, a note), 2 a build or discard in progress or
+ * a failed build, a cubin, hsaco or SPIR-V module, a note), 2 a build or discard in progress or
  * abandoned (tmp-*, trash-*), 0 anything else (left alone). */
 static int kind_of(const char *n) {
     size_t l = strlen(n);
@@ -402,6 +402,9 @@ static int kind_of(const char *n) {
     if (strncmp(n, "cu-", 3) == 0 && l < sizeof((item *)0)->name &&
         ((l > 9 && strcmp(n + l - 6, ".cubin") == 0) || (l > 7 && strcmp(n + l - 4, ".txt") == 0)))
         return 1;
+    if (strncmp(n, "spv-", 4) == 0 && l < sizeof((item *)0)->name && l > 8 &&
+        strcmp(n + l - 4, ".spv") == 0)
+        return 1; /* an ocloc module (ocloc.c) */
     if (strncmp(n, "hip-", 4) == 0 && l < sizeof((item *)0)->name && l > 10 &&
         strcmp(n + l - 6, ".hsaco") == 0)
         return 1;

@@ -180,6 +180,16 @@ SG__HIDDEN void sg__sha256_final(sg__sha256_ctx *s, uint8_t out[32]);
 /* 64 lowercase hex digits and a NUL into hex. */
 SG__HIDDEN void sg__sha256_hex(const uint8_t digest[32], char hex[65]);
 
+/* Cache entries of one file holding a compiled image (blob.c): the key of
+ * a list of strings (64 hex digits), a lookup (*img sg__alloc'd, NULL on a
+ * miss; a damaged file is removed) and a publish (temporary file, rename,
+ * then eviction; failure only costs a later compile, so it is silent). */
+SG__HIDDEN void sg__blob_key(const char *const *fields, int n, char key[65]);
+SG__HIDDEN void sg__blob_lookup(sg_ctx *ctx, const char *path, const char magic[8], void **img,
+                                size_t *size);
+SG__HIDDEN void sg__blob_publish(sg_ctx *ctx, const char *root, const char *path,
+                                 const char magic[8], const void *img, size_t size);
+
 /* ------------------------------------------------------------ the emitter (emit.c) */
 
 typedef struct sg__emit {
@@ -474,6 +484,43 @@ SG__HIDDEN sg_status sg__nvrtc_build(sg_ctx *ctx, const char *name, const char *
                                      void **cubin, size_t *size);
 /* Process-wide count of NVRTC compiles (not cache hits), for tests. */
 SG__HIDDEN uint64_t sg__nvrtc_compiles(void);
+
+/* ------------------------------------------------------------ ocloc (ocloc.c) */
+
+/* Built with AddressSanitizer or ThreadSanitizer: their runtimes abort the
+ * process when a library is opened with RTLD_DEEPBIND, as libocloc and the
+ * Level Zero GPU drivers do, so those stay unopened in such builds. */
+#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
+#define SG__SANITIZED 1
+#else
+#define SG__SANITIZED 0
+#endif
+
+/*
+ * Compile OpenCL C source to a SPIR-V module with libocloc, loaded at run
+ * time (dlopen of libocloc.so; oclocInvoke with the source in memory,
+ * "-spv_only -device <SG_ZE_OCLOC_DEVICE, default pvc> -options
+ * -cl-std=CL2.0": generated kernels take a pointer to pointers, which
+ * OpenCL C 1.2 refuses in kernel parameters), through the disk
+ * cache (entries spv-<key>.spv; key: generator version, ocloc's version,
+ * options, source). The module is checked with spirv-val when it is on
+ * PATH (without it, said once under "fallbacks", only the magic and the
+ * length are checked). `name` follows the rules of sg__cache_build_c;
+ * SG_DUMP_DIR and SG_OVERRIDE_DIR work with <name>.cl. On success *spirv
+ * (sg__alloc'd, *size bytes) holds the module for zeModuleCreate.
+ * Failures: SG_ERR_COMPILE with the head of ocloc's log (or spirv-val's),
+ * SG_ERR_BACKEND_UNAVAILABLE when libocloc cannot be loaded (or in a
+ * SG__SANITIZED build), SG_ERR_OOM.
+ */
+SG__HIDDEN sg_status sg__ocloc_build(sg_ctx *ctx, const char *name, const char *source,
+                                     void **spirv, size_t *size);
+/* The check every new module gets: SPIR-V's magic and a whole number of
+ * words, then spirv-val (absent from PATH: said once under "fallbacks").
+ * SG_OK or SG_ERR_COMPILE with the reason or spirv-val's output. */
+SG__HIDDEN sg_status sg__ocloc_check(sg_ctx *ctx, const char *name, const void *spirv,
+                                     size_t size);
+/* Process-wide count of ocloc compiles (not cache hits), for tests. */
+SG__HIDDEN uint64_t sg__ocloc_compiles(void);
 
 /* ------------------------------------------------------------ OpenCL C on the CPU (opencl.c) */
 

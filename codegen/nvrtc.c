@@ -9,11 +9,9 @@
  *
  * An entry is one file, <root>/cu-<key>.cubin (NVRTC) or
  * <root>/hip-<key>.hsaco (hiprtc): a magic, the SHA-256 of the image, and
- * the image. The key hashes the generator version, the driver and its
- * version, the options, the arch and the source; the file is written under
- * a temporary name and renamed into place, so a reader never sees half an
- * entry and two processes racing on one key end with one valid file. A
- * file whose hash does not match is removed and rebuilt. Files are read
+ * the image, kept by blob.c (written whole or not at all; a damaged file is
+ * removed and rebuilt). The key hashes the generator version, the driver
+ * and its version, the options, the arch and the source. Files are read
  * and written under the cache's trust rules (cache_dir.c): never through a
  * link, only regular files of the user's, in a root that is the user's
  * alone; a root that cannot be used means compiling uncached.
@@ -26,20 +24,16 @@
  * hiprtc is asked only for the archs of hiprtc_archs: for an arch its
  * code-object manager does not know, ROCm 5's aborts the process.
  */
-#define _GNU_SOURCE /* mkostemp */
 
 #include "codegen.h"
 
 #include <dlfcn.h>
-#include <errno.h>
-#include <fcntl.h>
 #include <limits.h>
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <sys/stat.h>
-#include <unistd.h>
 
 #ifdef SG_HAVE_CUDA_HEADERS
 #include <nvrtc.h>
@@ -268,65 +262,6 @@ static const char *env(const char *name) {
 
 static const char magic[8] = {'S', 'G', 'C', 'U', 'B', 'I', 'N', '1'};
 
-static int write_all(int fd, const void *p, size_t n) {
-    const char *c = p;
-    while (n) {
-        ssize_t w = write(fd, c, n);
-        if (w < 0 && errno == EINTR) continue;
-        if (w <= 0) return errno ? errno : EIO;
-        c += w, n -= (size_t)w;
-    }
-    return 0;
-}
-
-/* A cached image: SG_OK with *cubin set, or SG_OK with *cubin NULL on a
- * miss (a damaged file is removed, so the caller rebuilds it). */
-static void lookup(sg_ctx *ctx, const char *path, void **cubin, size_t *size) {
-    char *data;
-    size_t n;
-    *cubin = NULL;
-    if (sg__read_file(ctx, path, (size_t)1 << 28, &data, &n) != 0) return;
-    uint8_t digest[32];
-    bool ok = n > 40 && memcmp(data, magic, 8) == 0;
-    if (ok) {
-        sg__sha256(data + 40, n - 40, digest);
-        ok = memcmp(digest, data + 8, 32) == 0;
-    }
-    if (!ok) {
-        unlink(path);
-        sg__free(ctx, data, n + 1);
-        return;
-    }
-    void *img = sg__alloc(ctx, n - 40);
-    if (img) memcpy(img, data + 40, n - 40);
-    sg__free(ctx, data, n + 1);
-    if (!img) return;
-    *cubin = img;
-    *size = n - 40;
-    sg__cache_touch(path);
-}
-
-/* Publish the image at path (temp file + rename). Failure only costs the
- * next process a compile, so it is not an error. */
-static void publish(sg_ctx *ctx, const char *root, const char *path, const void *cubin,
-                    size_t size) {
-    char tmp[PATH_MAX + 96];
-    if (snprintf(tmp, sizeof tmp, "%s/tmp-cubin-XXXXXX", root) >= (int)sizeof tmp) return;
-    int fd = mkostemp(tmp, O_CLOEXEC);
-    if (fd < 0) return;
-    uint8_t digest[32];
-    sg__sha256(cubin, size, digest);
-    int rc = write_all(fd, magic, 8);
-    if (!rc) rc = write_all(fd, digest, 32);
-    if (!rc) rc = write_all(fd, cubin, size);
-    if (close(fd) != 0 && !rc) rc = errno;
-    if (rc || rename(tmp, path) != 0) {
-        unlink(tmp);
-        return;
-    }
-    sg__cache_evict(ctx, root, strrchr(path, '/') + 1);
-}
-
 static sg_status compile(sg_ctx *ctx, rtc_driver *d, const char *name, const char *source,
                          const char *arch_opt, const char *arch, void **cubin, size_t *size) {
     const rtc_api *api = &d->api;
@@ -390,22 +325,13 @@ static void entry_path(const rtc_driver *d, const char *root, const char *arch_o
                        const char *source, char *path, size_t size) {
     char opts[128], key[65];
     snprintf(opts, sizeof opts, "%s %s %s", d->opts[0], d->opts[1], d->opts[2]);
-    sg__sha256_ctx sh;
-    uint8_t digest[32];
-    sg__sha256_init(&sh);
     const char *fields[] = {SG__CODEGEN_VERSION,
                             d == &drivers[SG__RTC_NVRTC] ? "cuda" : d->tag,
                             d->ver,
                             arch_opt,
                             opts,
                             source};
-    for (size_t i = 0; i < sizeof fields / sizeof *fields; i++) {
-        uint64_t n = strlen(fields[i]);
-        sg__sha256_update(&sh, &n, sizeof n); /* length-prefixed: no two lists hash alike */
-        sg__sha256_update(&sh, fields[i], n);
-    }
-    sg__sha256_final(&sh, digest);
-    sg__sha256_hex(digest, key);
+    sg__blob_key(fields, (int)(sizeof fields / sizeof *fields), key);
     snprintf(path, size, "%s/%s-%s.%s", root, d->prefix, key, d->suffix);
 }
 
@@ -458,10 +384,10 @@ sg_status sg__rtc_build(sg_ctx *ctx, sg__rtc drv, const char *name, const char *
         entry_path(d, root, arch_opt, source, path, sizeof path);
         const char *always = env("SG_ALWAYS_COMPILE");
         if (root[0] && !(always && strcmp(always, "0") != 0) && !ctx->no_cache_reads)
-            lookup(ctx, path, cubin, size);
+            sg__blob_lookup(ctx, path, magic, cubin, size);
         if (!*cubin) {
             s = compile(ctx, d, name, source, arch_opt, arch, cubin, size);
-            if (s == SG_OK && root[0]) publish(ctx, root, path, *cubin, *size);
+            if (s == SG_OK && root[0]) sg__blob_publish(ctx, root, path, magic, *cubin, *size);
         }
     }
     if (unit) sg__free(ctx, unit, unit_n);

@@ -6,6 +6,7 @@
 #include "graphs.h"
 #include "comm.h"
 #include "cuda/exec.h"
+#include "ze/ze.h"
 
 #include <stdlib.h>
 
@@ -19,12 +20,6 @@ sg_status sg_ctx_create(const sg_ctx_opts *opts, sg_ctx **out) {
     if ((unsigned)want > SG_BACKEND_ZE) {
         sg__set_create_error("sg_ctx_create: backend %d is not an sg_backend value", (int)want);
         return SG_ERR_INVALID_ARG;
-    }
-    if (want == SG_BACKEND_ZE) {
-        sg__set_create_error("sg_ctx_create: the %s backend is not built into this stepgraph; "
-                             "use SG_BACKEND_CPU or SG_BACKEND_AUTO",
-                             sg_backend_name(want));
-        return SG_ERR_BACKEND_UNAVAILABLE;
     }
     sg_ctx tmp;
     memset(&tmp, 0, sizeof tmp);
@@ -55,6 +50,21 @@ sg_status sg_ctx_create(const sg_ctx_opts *opts, sg_ctx **out) {
             sg__set_create_error("sg_ctx_create: the %s backend is unavailable: %s; "
                                  "SG_BACKEND_AUTO falls back to the CPU",
                                  sg_backend_name(gpus[i]), why);
+            if (ctx->exec.destroy) ctx->exec.destroy(ctx);
+            ctx->alloc(ctx->alloc_user, ctx, sizeof *ctx, 0);
+            return s;
+        }
+    }
+    /* Level Zero: asked for, or AUTO when no CUDA or HIP device was taken. */
+    if (s != SG_OK && (want == SG_BACKEND_ZE || auto_gpu)) {
+        if (ctx->exec.destroy) ctx->exec.destroy(ctx);
+        memset(&ctx->exec, 0, sizeof ctx->exec);
+        ctx->backend = SG_BACKEND_ZE;
+        s = sg__ze_init(ctx, why, sizeof why);
+        if (s != SG_OK && want == SG_BACKEND_ZE) {
+            sg__set_create_error("sg_ctx_create: the ze backend is unavailable: %s; "
+                                 "SG_BACKEND_AUTO falls back to the CPU",
+                                 why);
             if (ctx->exec.destroy) ctx->exec.destroy(ctx);
             ctx->alloc(ctx->alloc_user, ctx, sizeof *ctx, 0);
             return s;

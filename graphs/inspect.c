@@ -9,6 +9,7 @@
  */
 #include "cuda/cuda.h"
 #include "graphs.h"
+#include "ze/ze.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -491,6 +492,12 @@ sg_status sg_list_backends(sg_backend_info *out, int cap, int *n) {
             b->built = true;
 #endif
             b->available = sg__cuda_probe(b->why, sizeof b->why, NULL) == SG_OK;
+            break;
+        case SG_BACKEND_ZE:
+#ifdef SG_HAVE_ZE_HEADERS
+            b->built = true;
+#endif
+            b->available = sg__ze_probe(b->why, sizeof b->why) == SG_OK;
             break;
         case SG_BACKEND_HIP:
 #if defined(SG_HAVE_CUDA_HEADERS) && defined(SG_HAVE_HIP_HEADERS)

@@ -772,6 +772,30 @@ SG_API sg_tensor *sg_broadcast(sg_comm *comm, sg_tensor *x, int root);
  * compiled by hiprtc for gfx90a, failures logged under "error".
  */
 
+/* ---------------------------------------------------------------- the Level Zero backend */
+
+/*
+ * SG_BACKEND_ZE runs on the first GPU of the Level Zero drivers. The loader
+ * (libze_loader.so.1; SG_ZE_LOADER names another) is opened at run time and
+ * initialized once per process with zeInit for GPUs only. When zeInit fails
+ * (no driver, no GPU), sg_ctx_create(SG_BACKEND_ZE) returns
+ * SG_ERR_BACKEND_UNAVAILABLE with zeInit's result in the message and the
+ * loader is never called again in the process; SG_BACKEND_AUTO goes on to
+ * the CPU. Tensors and the compiled steps' pool live in device memory
+ * (USM); kernels are OpenCL C compiled to SPIR-V by libocloc (loaded at run
+ * time; SG_OCLOC_LIB names another, SG_ZE_OCLOC_DEVICE its -device, default
+ * pvc), validated by spirv-val when it is on PATH, and kept in the kernel
+ * cache. Ops reach the device only through the OpenCL C generator (an eager
+ * op is a one-op capture; a compiled step in SG_MODE_REDUCE_OVERHEAD or
+ * MAX_AUTOTUNE replays one recorded command list): an op it does not cover
+ * (row kernels, GEMV, matmul) fails with SG_ERR_UNSUPPORTED naming the op
+ * ("not yet on the ze backend"), never with a wrong result. sg_list_backends
+ * says why the backend is unavailable. A stepgraph built with a sanitizer
+ * opens the loader only when ZE_ENABLE_ALT_DRIVERS names the drivers:
+ * installed GPU drivers open libraries with RTLD_DEEPBIND, which sanitizers
+ * abort on.
+ */
+
 /* ---------------------------------------------------------------- compiled steps */
 /*
  * A step is a function over tensor ops. sg_compile wraps it in an sg_fn;
