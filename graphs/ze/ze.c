@@ -544,43 +544,9 @@ void sg__ze_rec_free(sg_ctx *ctx, sg__ze_rec *r) {
 
 /* ------------------------------------------------------------ the executor */
 
-#ifdef SG_ZE_GENERATED
 static sg_status ze_run(sg_ctx *ctx, const sg__node *n) {
     return sg__ze_eager_run(ctx, &state(ctx)->eager, n);
 }
-#else
-/* Built without the GPU generator's OpenCL C dialect (codegen.h has no
- * sg__cgen_gpu): no op has a kernel, and no capture compiles. */
-static sg_status ze_run(sg_ctx *ctx, const sg__node *n) {
-    return sg__fail(ctx, SG_ERR_UNSUPPORTED,
-                    "ze: op %s is not yet on the ze backend (this build has no OpenCL C "
-                    "generator); use SG_BACKEND_CPU",
-                    sg__op_name(n->op));
-}
-
-static sg_status ze_compile(struct sg_fn *fn, struct sg__graph *g) {
-    (void)g;
-    return sg__fail(fn->ctx, SG_ERR_UNSUPPORTED,
-                    "ze: compiled steps are not yet on the ze backend (this build has no OpenCL "
-                    "C generator); the capture replays op by op");
-}
-
-static sg_status ze_graph_run(struct sg_fn *fn, struct sg__graph *g, int set) {
-    (void)g, (void)set;
-    return sg__fail(fn->ctx, SG_ERR_INTERNAL, "ze: a compiled step ran without code");
-}
-
-static void ze_graph_release(sg_ctx *ctx, struct sg__graph *g) { (void)ctx, (void)g; }
-
-const sg__graph_ops sg__ze_graph_ops = {
-    .compile = ze_compile, .run = ze_graph_run, .release = ze_graph_release};
-
-sg_status sg__ze_eager_run(sg_ctx *ctx, void **state, const sg__node *n) {
-    (void)state;
-    return ze_run(ctx, n);
-}
-void sg__ze_eager_release(sg_ctx *ctx, void *state) { (void)ctx, (void)state; }
-#endif
 
 static void ze_destroy(sg_ctx *ctx) {
     sg__ze *s = state(ctx);

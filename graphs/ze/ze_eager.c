@@ -16,7 +16,7 @@
 
 #include <stdio.h>
 
-#if defined(SG_HAVE_ZE_HEADERS) && defined(SG_ZE_GENERATED)
+#ifdef SG_HAVE_ZE_HEADERS
 
 typedef struct entry {
     struct entry *next;

@@ -22,7 +22,7 @@
 #include "../graphs.h"
 #include "ze.h"
 
-#if defined(SG_HAVE_ZE_HEADERS) && defined(SG_ZE_GENERATED)
+#ifdef SG_HAVE_ZE_HEADERS
 
 typedef struct ze_set {
     void *table;  /* device: ntable addresses */
