@@ -241,8 +241,7 @@ static void emit_body(gen *g, const sg__group *grp, int from, int nd, const int6
                          lslot(g, o->slot), off);
             }
             sg__lower_narrow_store(g->d, o->dtype, lv, v, st, sizeof st);
-            if (lanes == 2) sg__emit_line(g->e, "%s", st); /* no deferred stores in pairs */
-            else store_stmt(g, sg__lower_fdom(o->dtype), k, st);
+            store_stmt(g, sg__lower_fdom(o->dtype), k, st); /* pairs: never deferred */
         }
     }
 }
