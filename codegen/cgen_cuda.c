@@ -163,52 +163,85 @@ static void store_stmt(gen *g, bool fl, int k, const char *st) {
     sg__emit_line(g->defer_st, "{ const %s v%d = r_d%d[r_u]; %s }", t, k, k, st);
 }
 
-/* The members [from, n) of a group, one element: the body. */
+/* rt minus an outer sg_bf_rt( ... ) into inner; false when rt is not one call. */
+static bool bf_rt_inner(const char *rt, char *inner, size_t size) {
+    static const char pre[] = "sg_bf_rt(";
+    size_t n = strlen(rt), np = sizeof pre - 1;
+    if (n <= np || strncmp(rt, pre, np) || rt[n - 1] != ')') return false;
+    int depth = 1;
+    for (size_t i = np; i < n - 1; i++) {
+        depth += (rt[i] == '(') - (rt[i] == ')');
+        if (depth == 0) return false; /* the first call closes before the end */
+    }
+    if (n - np > size) return false;
+    snprintf(inner, size, "%.*s", (int)(n - 1 - np), rt + np);
+    return true;
+}
+
+/*
+ * The members [from, n) of a group, one element: the body. In IX_VEC mode
+ * with lanes 2 it computes lanes j and j + 1 of the vectors side by side
+ * (values v<k>_0 and v<k>_1), and a member whose two values are rounded to
+ * bf16 rounds them in one packed conversion (sg_bf_rt2): the same bits,
+ * half the conversions, which bound a long bf16 chain.
+ */
 static void emit_body(gen *g, const sg__group *grp, int from, int nd, const int64_t *shape,
-                      ixmode m) {
-    char off[256], lv[320], ld[400], rt[1200], st[1400];
+                      ixmode m, int lanes) {
+    char off[256], lv[320], ld[400], rt[2][1200], in[2][1200], st[1400];
     const char *gp = g->sp->gp;
     for (int k = from; k < grp->n; k++) {
         const sg__irnode *n = &g->ir->nodes[grp->g[k].node];
         const sg__ref *o = ref_of(g, n->out);
-        char args[3][32] = {"", "", ""};
-        for (int j = 0; j < n->nin && j < 3; j++) {
-            const sg__ref *a = arg_of(g, n, j);
-            if (!a) continue;
-            int src = reg_src(g, grp, k, j);
-            if (src >= 0) {
-                snprintf(args[j], sizeof args[j], "v%d", src);
-                continue;
+        const char *const sfx[2] = {lanes == 2 ? "_0" : "", "_1"};
+        for (int h = 0; h < lanes; h++) {
+            char args[3][40] = {"", "", ""};
+            for (int j = 0; j < n->nin && j < 3; j++) {
+                const sg__ref *a = arg_of(g, n, j);
+                if (!a) continue;
+                int src = reg_src(g, grp, k, j);
+                if (src >= 0) {
+                    snprintf(args[j], sizeof args[j], "v%d%s", src, sfx[h]);
+                    continue;
+                }
+                if (m == IX_VEC && !sg__lower_is_scalar(a)) {
+                    snprintf(lv, sizeof lv, h ? "l%d.e[j + 1]" : "l%d.e[j]", vec_index(g, a));
+                } else {
+                    offset_expr(a, nd, shape, m, off, sizeof off);
+                    snprintf(lv, sizeof lv, "((%sconst %s *)s%d)[%s]", gp,
+                             sg__lower_ctype(g->d, a->dtype), lslot(g, a->slot), off);
+                }
+                sg__lower_widen(g->d, a->dtype, lv, ld, sizeof ld);
+                /* Loads go through a named temporary: some ops use an argument twice. */
+                sg__emit_line(g->e, "const %s a%d_%d%s = %s;",
+                              sg__lower_vtype(g->d, sg__lower_fdom(a->dtype)), k, j, sfx[h], ld);
+                snprintf(args[j], sizeof args[j], "a%d_%d%s", k, j, sfx[h]);
             }
-            if (m == IX_VEC && !sg__lower_is_scalar(a)) {
-                snprintf(lv, sizeof lv, "l%d.e[j]", vec_index(g, a));
-            } else {
-                offset_expr(a, nd, shape, m, off, sizeof off);
-                snprintf(lv, sizeof lv, "((%sconst %s *)s%d)[%s]", gp,
-                         sg__lower_ctype(g->d, a->dtype), lslot(g, a->slot), off);
-            }
-            sg__lower_widen(g->d, a->dtype, lv, ld, sizeof ld);
-            /* Loads go through a named temporary: some ops use an argument twice. */
-            sg__emit_line(g->e, "const %s a%d_%d = %s;",
-                          sg__lower_vtype(g->d, sg__lower_fdom(a->dtype)), k, j, ld);
-            snprintf(args[j], sizeof args[j], "a%d_%d", k, j);
+            const char *const av[3] = {args[0], args[1], args[2]};
+            sg__lower_member(g->d, g->ir, g->f, n, av, rt[h], sizeof rt[h]);
         }
-        const char *const av[3] = {args[0], args[1], args[2]};
-        sg__lower_member(g->d, g->ir, g->f, n, av, rt, sizeof rt);
-        sg__emit_line(g->e, "const %s v%d = %s; /* %s */",
-                      sg__lower_vtype(g->d, sg__lower_fdom(o->dtype)), k, rt, sg__op_name(n->op));
-        if (grp->g[k].store) {
+        const char *vt = sg__lower_vtype(g->d, sg__lower_fdom(o->dtype));
+        if (lanes == 2 && bf_rt_inner(rt[0], in[0], sizeof in[0]) &&
+            bf_rt_inner(rt[1], in[1], sizeof in[1])) {
+            sg__emit_line(g->e, "float v%d_0, v%d_1; /* %s */", k, k, sg__op_name(n->op));
+            sg__emit_line(g->e, "sg_bf_rt2(%s, %s, &v%d_0, &v%d_1);", in[0], in[1], k, k);
+        } else {
+            for (int h = 0; h < lanes; h++)
+                sg__emit_line(g->e, "const %s v%d%s = %s; /* %s */", vt, k, sfx[h], rt[h],
+                              sg__op_name(n->op));
+        }
+        if (!grp->g[k].store) continue;
+        for (int h = 0; h < lanes; h++) {
             char v[32];
-            snprintf(v, sizeof v, "v%d", k);
+            snprintf(v, sizeof v, "v%d%s", k, sfx[h]);
             if (m == IX_VEC && !sg__lower_is_scalar(o)) {
-                snprintf(lv, sizeof lv, "o%d.e[j]", k);
+                snprintf(lv, sizeof lv, h ? "o%d.e[j + 1]" : "o%d.e[j]", k);
             } else {
                 offset_expr(o, nd, shape, m, off, sizeof off);
                 snprintf(lv, sizeof lv, "((%s%s *)s%d)[%s]", gp, sg__lower_ctype(g->d, o->dtype),
                          lslot(g, o->slot), off);
             }
             sg__lower_narrow_store(g->d, o->dtype, lv, v, st, sizeof st);
-            store_stmt(g, sg__lower_fdom(o->dtype), k, st);
+            store_stmt(g, sg__lower_fdom(o->dtype), k, st); /* pairs: never deferred */
         }
     }
 }
@@ -347,7 +380,9 @@ static void emit_loop(gen *g, const sg__group *grp, int from, int w, const bool 
         sg__emit *outer = g->e;
         g->e = &body;
         g->nvec = 0;
-        emit_body(g, grp, from, nd, shape, IX_VEC);
+        /* Lanes in pairs (w is a power of two); deferred stores keep one lane a pass. */
+        int lanes = g->defer_st ? 1 : 2;
+        emit_body(g, grp, from, nd, shape, IX_VEC, lanes);
         g->e = outer;
         for (int v = 0; v < g->nvec; v++) {
             size_t es = sg_dtype_size(g->vec_dt[v]), bytes = (size_t)w * es;
@@ -365,7 +400,7 @@ static void emit_loop(gen *g, const sg__group *grp, int from, int w, const bool 
                           sg__lower_ctype(g->d, o->dtype), w, k);
         }
         sg__emit_line(g->e, "#pragma unroll");
-        sg__emit_open(g->e, "for (int j = 0; j < %d; j++)", w);
+        sg__emit_open(g->e, "for (int j = 0; j < %d; j += %d)", w, lanes);
         if (body.buf) sg__emit_raw(g->e, "%s", body.buf);
         if (body.oom) g->e->oom = true;
         sg__emit_free(&body);
@@ -384,7 +419,7 @@ static void emit_loop(gen *g, const sg__group *grp, int from, int w, const bool 
     }
     sg__emit_open(g->e, "for (sg_i64 i = tid; i < %lld; i += step)", (long long)numel);
     if (!flat) emit_unflatten(g, nd, shape);
-    emit_body(g, grp, from, nd, shape, flat ? IX_FLAT : IX_NESTED);
+    emit_body(g, grp, from, nd, shape, flat ? IX_FLAT : IX_NESTED, 1);
     sg__emit_close(g->e);
 }
 
@@ -656,7 +691,7 @@ static void emit_gemv_tail(gen *g, const sg__group *grp, const gemv *p, int r) {
     if (a + 1 < epi.n) {
         bool flat = group_flat(g, &epi, a + 1, grp->ndim, grp->shape);
         if (!flat) emit_unflatten(g, grp->ndim, grp->shape);
-        emit_body(g, &epi, a + 1, grp->ndim, grp->shape, flat ? IX_FLAT : IX_NESTED);
+        emit_body(g, &epi, a + 1, grp->ndim, grp->shape, flat ? IX_FLAT : IX_NESTED, 1);
     }
     for (int k = p->copies; k < grp->n; k++) emit_gemv_copy(g, p, grp, k, grp->anchor);
     sg__emit_close(g->e);
@@ -1697,7 +1732,7 @@ void sg__cuda_members(sg__cuda_gen *g, const sg__group *grp, int from, int to, i
     part.n = to;
     bool reg = g->anchor_reg;
     g->anchor_reg = true;
-    emit_body(g, &part, from, nd, shape, flat ? IX_FLAT : IX_NESTED);
+    emit_body(g, &part, from, nd, shape, flat ? IX_FLAT : IX_NESTED, 1);
     g->anchor_reg = reg;
 }
 

@@ -45,6 +45,7 @@ typedef struct counts {
     int soft_rt;  /* bf16/f16 round trips written out in bits, not one conversion each way */
     int branches; /* MULTI members' block ranges ("if (blockIdx.x < ") */
     int vec_loops; /* loops with a vector path */
+    int bf_rt2;    /* packed pairs of bf16 round trips (sg_bf_rt2) in the kernels */
     double nvrtc_s;
 } counts;
 
@@ -103,6 +104,9 @@ static bool cuda_unit(sg_fn *fn, const char *name, counts *c) {
     for (const char *at = e.buf; ok && (at = strstr(at, "if (blockIdx.x < ")); at++) c->branches++;
     for (const char *at = e.buf; ok && (at = strstr(at, "for (sg_i64 q = tid;")); at++)
         c->vec_loops++;
+    for (const char *at = strstr(e.buf, "__global__"); ok && at && (at = strstr(at, "sg_bf_rt2("));
+         at++)
+        c->bf_rt2++;
     static const char *const soft[2] = {"sg_bf2f(sg_f2bf(", "sg_h2f(sg_f2h("};
     for (int p = 0; ok && p < 2; p++) /* in the kernels, after the preamble */
         for (const char *at = strstr(e.buf, "__global__"); at && (at = strstr(at, soft[p])); at++)
@@ -524,9 +528,12 @@ static void test_gelu_bwd(void) {
     counts c = {0};
     bool ok = capture(fn, in, 2, 1) && cuda_unit(fn, "cu_gelu_bwd_bf16", &c) &&
               TU_EXPECT(c.kernels == 1) && TU_EXPECT(c.calls == 0) && TU_EXPECT(c.vec) &&
-              TU_EXPECT(c.soft_rt == 0);
-    tu_case(ok, "CUDA_GELU_TANH_BWD(type=bf16,x=[4,1024,3072]) -> %d kernel, vector path %d",
-            c.kernels, c.vec);
+              TU_EXPECT(c.soft_rt == 0) && TU_EXPECT(c.bf_rt2 == 19);
+    /* Its 19 bf16-rounded members, two lanes each, in 19 packed conversions. */
+    tu_case(ok,
+            "CUDA_GELU_TANH_BWD(type=bf16,x=[4,1024,3072]) -> %d kernel, vector path %d, "
+            "%d packed bf16 pairs",
+            c.kernels, c.vec, c.bf_rt2);
     sg_fn_destroy(fn);
     sg_release(in[0]);
     sg_release(in[1]);
