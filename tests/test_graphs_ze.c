@@ -426,7 +426,6 @@ static void fake_driver_cases(void) {
               TU_EXPECT(strstr(fz_calls(), "zeContextDestroy\n")[17] == '\0');
     tu_case(ok, "ZE_FREE(device memory, kernels, module, lists freed; the context last)");
 }
-#endif /* FAKE_ZE_PATH */
 
 /* The real loader and no driver, in a child: exit 0 when the create fails
  * with zeInit's result and the process goes on, 3 when there is no loader. */
@@ -483,6 +482,7 @@ static void case_no_driver(void) {
     tu_case(ok, "ZE_NO_DRIVER(real loader, no driver: SG_ERR_BACKEND_UNAVAILABLE with zeInit's "
                 "result, no later ze call, AUTO still runs ops)");
 }
+#endif /* FAKE_ZE_PATH */
 
 int main(void) {
 #ifdef FAKE_ZE_PATH
