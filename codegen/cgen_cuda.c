@@ -1808,7 +1808,6 @@ sg_status sg__cgen_gpu(sg_ctx *ctx, const sg__ir *ir, const sg__fused *f, const 
         return sg__fail(ctx, SG_ERR_OOM, "codegen: out of host memory for the %s source", sp->name);
     sg__emit_line(e, "/* stepgraph: %s -- %d groups for %d IR ops (generated; %s) */", title,
                   f->ngroups, ir->nnodes, sp->name);
-    if (d == SG__DIALECT_HIP) sg__emit_raw(e, "%s", sg__hip_prelude);
     sg__lower_preamble(d, e);
     sg__emit_raw(e, "\n");
     int nk = 0, nun = 0, first = -1;

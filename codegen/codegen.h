@@ -221,7 +221,7 @@ SG__HIDDEN void sg__emit_free(sg__emit *e);
 typedef enum sg__dialect {
     SG__DIALECT_C,     /* C11 + OpenMP, for the CPU (cgen_c.c) */
     SG__DIALECT_CUDA,  /* CUDA C for NVRTC (cgen_cuda.c) */
-    SG__DIALECT_HIP,   /* the CUDA text after the HIP prelude, for hiprtc */
+    SG__DIALECT_HIP,   /* the CUDA text, for hiprtc (which adds the HIP prelude) */
     SG__DIALECT_OPENCL /* OpenCL C 1.2 and later (no generic address space needed) */
 } sg__dialect;
 
@@ -385,7 +385,7 @@ SG__HIDDEN sg_status sg__cgen_cuda(sg_ctx *ctx, const sg__ir *ir, const sg__fuse
                                    int *nkernels);
 /*
  * The same generator in GPU dialect d (sg__cgen_cuda is its CUDA call):
- *   SG__DIALECT_HIP     the CUDA text after sg__hip_prelude;
+ *   SG__DIALECT_HIP     the CUDA text (sg__rtc_build puts sg__hip_prelude before it);
  *   SG__DIALECT_OPENCL  OpenCL C (1.2, or 3.0 without the generic address
  *       space: every pointer says __global), with CUDA's ABI and kinfo:
  *           __kernel void <name>(__global char *__global const *slot)
