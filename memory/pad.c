@@ -36,14 +36,13 @@ static bool makes_rows(sg__op op) {
 
 /* The row length (elements) ref r of slot s has when it is the whole slot
  * written contiguously; 0 when it is not. */
-static int64_t row_of(const sg__ir *ir, const sg__ref *r, const sg__slot *s) {
+static int64_t row_of(const sg__ref *r, const sg__slot *s) {
     if (r->ndim < 2 || r->offset != 0) return 0;
     int64_t n = 1;
     for (int d = r->ndim - 1; d >= 0; d--) {
         if (r->shape[d] > 1 && r->stride[d] != n) return 0;
         n *= r->shape[d];
     }
-    (void)ir;
     return (size_t)n * sg_dtype_size(r->dtype) == s->nbytes ? r->shape[r->ndim - 1] : 0;
 }
 
@@ -73,7 +72,7 @@ static int64_t pad_row(const sg__ir *ir, int s, const int *writer) {
     if (sl->kind != SG__SLOT_INTERNAL || sl->output >= 0 || writer[s] < 0) return 0;
     const sg__irnode *w = &ir->nodes[writer[s]];
     const sg__ref *o = &ir->refs[w->out];
-    int64_t n = makes_rows(w->op) ? row_of(ir, o, sl) : 0;
+    int64_t n = makes_rows(w->op) ? row_of(o, sl) : 0;
     size_t es = sg_dtype_size(o->dtype);
     if (n < PAD_MIN_ROW || (size_t)n * es % 16 == 0 || sl->nbytes / es / (size_t)n < PAD_MIN_ROWS)
         return 0;
