@@ -57,7 +57,8 @@ static const char *vtype(size_t bytes) {
 typedef enum ixmode {
     IX_FLAT,   /* element i of a flat row-major walk */
     IX_NESTED, /* indices i0..i<nd-1> */
-    IX_VEC     /* lane j of the 16-byte vectors loaded at q */
+    IX_VEC     /* lane j of the 16-byte vectors loaded at vector q (flat), or
+                  at the indices of a row walk (vec_row_ok) */
 } ixmode;
 
 typedef struct sg__cuda_gen {
@@ -67,11 +68,9 @@ typedef struct sg__cuda_gen {
     sg__dialect d;       /* CUDA, HIP or OpenCL C */
     const sg__spell *sp; /* its spellings */
     bool anchor_reg; /* GEMV: the anchor's value is in register v<anchor> */
-    /* IX_VEC: the vectors loaded before the lane loop, by (slot, offset). */
+    /* IX_VEC: the vectors loaded before the lane loop, by ref layout. */
     int nvec;
-    int vec_slot[64];
-    int64_t vec_off[64];
-    sg_dtype vec_dt[64];
+    const sg__ref *vec_ref[64];
     /* The kernel being emitted names IR slot s as s<loc[s]>: its own local
      * numbers in first-use order (locals[] maps them back), or, when
      * `global`, the IR's numbers. */
@@ -130,14 +129,22 @@ static void offset_expr(const sg__ref *r, int nd, const int64_t *shape, ixmode m
     sg__lower_offset(r, nd, shape, m == IX_FLAT, buf, size);
 }
 
+/* Do refs a and b name the same elements in the same order? */
+static bool same_layout(const sg__ref *a, const sg__ref *b) {
+    if (a->slot != b->slot || a->offset != b->offset || a->dtype != b->dtype || a->ndim != b->ndim)
+        return false;
+    for (int d = 0; d < a->ndim; d++)
+        if (a->shape[d] != b->shape[d] || (a->shape[d] > 1 && a->stride[d] != b->stride[d]))
+            return false;
+    return true;
+}
+
 /* The vector that holds ref r's lanes in IX_VEC mode (added when new). */
 static int vec_index(gen *g, const sg__ref *r) {
     for (int v = 0; v < g->nvec; v++)
-        if (g->vec_slot[v] == r->slot && g->vec_off[v] == r->offset) return v;
+        if (same_layout(g->vec_ref[v], r)) return v;
     if (g->nvec == 64) return -1;
-    g->vec_slot[g->nvec] = r->slot;
-    g->vec_off[g->nvec] = r->offset;
-    g->vec_dt[g->nvec] = r->dtype;
+    g->vec_ref[g->nvec] = r;
     return g->nvec++;
 }
 
@@ -275,17 +282,71 @@ static bool is_heavy(sg__op op) {
     }
 }
 
+/* The loop's innermost dim longer than 1, or -1 when there is none. */
+static int inner_dim(int nd, const int64_t *shape) {
+    for (int d = nd - 1; d >= 0; d--)
+        if (shape[d] > 1) return d;
+    return -1;
+}
+
+/*
+ * Can a loop that is not flat walk ref r in vectors of w elements along its
+ * innermost dim `in`? r must be contiguous there (stride 1, not broadcast),
+ * and its offset and every other stride it steps by must be multiples of
+ * w, so that each vector starts on w elements (the base's 16 bytes are
+ * checked at run time). A scalar ref is read as one value: always fine.
+ */
+static bool vec_row_ok(const sg__ref *r, int nd, const int64_t *shape, int in, int w) {
+    if (sg__lower_is_scalar(r)) return true;
+    if (r->ndim > nd || r->offset % w) return false;
+    for (int d = 0; d < nd; d++) {
+        int rd = d - (nd - r->ndim);
+        bool steps = rd >= 0 && shape[d] > 1 && r->shape[rd] > 1 && r->stride[rd] != 0;
+        if (d == in && (!steps || r->stride[rd] != 1)) return false;
+        if (d != in && steps && r->stride[rd] % w) return false;
+    }
+    return true;
+}
+
+/* The loop shape in w-element vectors: its innermost dim divided by w. */
+static void vec_row_shape(int nd, const int64_t *shape, int w, int64_t *vshape) {
+    int in = inner_dim(nd, shape);
+    for (int d = 0; d < nd; d++) vshape[d] = d == in ? shape[d] / w : shape[d];
+}
+
+/* r in units of w-element vectors for a row walk (vec_row_ok holds): its
+ * offset and strides divided by w, the innermost stride 1; the loop shape
+ * likewise (vec_row_shape). */
+static void vec_row_units(const sg__ref *r, int nd, const int64_t *shape, int w, sg__ref *rv,
+                          int64_t *vshape) {
+    int in = inner_dim(nd, shape);
+    vec_row_shape(nd, shape, w, vshape);
+    *rv = *r;
+    if (sg__lower_is_scalar(r)) return;
+    rv->offset = r->offset / w;
+    for (int d = 0; d < r->ndim; d++) {
+        int ld = d + (nd - r->ndim);
+        rv->stride[d] = ld == in ? 1 : r->stride[d] / w;
+        if (ld == in) rv->shape[d] = vshape[in];
+    }
+}
+
 /*
  * Elements per thread and iteration of the vector path: 16 bytes of the
  * widest dtype the loop reads or writes through memory, when every such
- * access is flat, the count divides and each offset keeps vectors aligned;
- * 1 when there is no vector path. *slots gets the slots whose bases the
- * kernel checks for 16-byte alignment at run time.
+ * access is flat, the count divides and each offset keeps vectors aligned,
+ * or, for a loop that is not flat (a permute copy), when every access is
+ * contiguous along the innermost dim and vec_row_ok (emit_loop then walks
+ * the vectors by their indices); 1 when there is no vector path.
+ * *slots gets the slots whose bases the kernel checks for 16-byte
+ * alignment at run time.
  */
 static int vec_width(const gen *g, const sg__group *grp, int from, bool *slots) {
     int nd = grp->ndim;
     const int64_t *shape = grp->shape;
-    if (!group_flat(g, grp, from, nd, shape)) return 1;
+    bool flat = group_flat(g, grp, from, nd, shape);
+    int in = inner_dim(nd, shape);
+    if (!flat && in < 0) return 1;
     size_t widest = 0;
     const sg__ref *refs[64]; /* vec_index keeps at most 64 vectors */
     int nrefs = 0;
@@ -302,7 +363,7 @@ static int vec_width(const gen *g, const sg__group *grp, int from, bool *slots) 
     }
     if (!widest) return 1;
     int w = (int)(16 / widest);
-    if (w < 2 || numel_of(nd, shape) % w) return 1;
+    if (w < 2) return 1;
     /* The vector path repeats the body w times: for a chain of
      * transcendentals the loop is bound by math, not by bytes, and w copies
      * of each inlined libdevice function only cost NVRTC time. */
@@ -311,8 +372,14 @@ static int vec_width(const gen *g, const sg__group *grp, int from, bool *slots) 
     if (heavy * w > 16) return 1;
     /* Long bodies take narrower vectors (8 bytes of bf16 still coalesce well). */
     while (w > 2 && (grp->n - from) * w > 64) w /= 2;
-    for (int i = 0; i < nrefs; i++)
-        if (refs[i]->offset % w) return 1;
+    /* The widest vectors whose count divides and whose accesses align. */
+    for (; w >= 2; w /= 2) {
+        bool ok = numel_of(nd, shape) % w == 0 && (flat || shape[in] % w == 0);
+        for (int i = 0; i < nrefs && ok; i++)
+            ok = flat ? refs[i]->offset % w == 0 : vec_row_ok(refs[i], nd, shape, in, w);
+        if (ok) break;
+    }
+    if (w < 2) return 1;
     /* The alignment test names each slot once; keep it to one short line. */
     int nslots = 0;
     for (int i = 0; i < nrefs; i++) {
@@ -325,9 +392,10 @@ static int vec_width(const gen *g, const sg__group *grp, int from, bool *slots) 
     return w;
 }
 
-/* Declare i0..i<nd-1> from the flat index i. Below 2^32 elements the
- * divisions by constants run in 32 bits (64-bit ones cost several times more). */
-static void emit_unflatten(gen *g, int nd, const int64_t *shape) {
+/* Declare i0..i<nd-1> from the flat index named var. Below 2^32 elements
+ * the divisions by constants run in 32 bits (64-bit ones cost several
+ * times more). */
+static void emit_unflatten_from(gen *g, const char *var, int nd, const int64_t *shape) {
     int outer = -1;
     for (int d = 0; d < nd; d++)
         if (shape[d] > 1) {
@@ -336,7 +404,7 @@ static void emit_unflatten(gen *g, int nd, const int64_t *shape) {
         }
     if (outer < 0) return;
     bool narrow = numel_of(nd, shape) <= (int64_t)UINT32_MAX;
-    sg__emit_line(g->e, narrow ? "sg_u32 rem = (sg_u32)i;" : "sg_i64 rem = i;");
+    sg__emit_line(g->e, narrow ? "sg_u32 rem = (sg_u32)%s;" : "sg_i64 rem = %s;", var);
     for (int d = nd - 1; d >= outer; d--) {
         if (shape[d] == 1) continue;
         if (d == outer) {
@@ -347,6 +415,29 @@ static void emit_unflatten(gen *g, int nd, const int64_t *shape) {
             sg__emit_line(g->e, "rem /= %lld%s;", (long long)shape[d], narrow ? "u" : "");
         }
     }
+}
+
+static void emit_unflatten(gen *g, int nd, const int64_t *shape) {
+    emit_unflatten_from(g, "i", nd, shape);
+}
+
+/* The lvalue of ref r's vector in the vector loop: vector q when flat,
+ * else the one at the row walk's indices i0..i<nd-1> (in vectors). */
+static void vec_lvalue(gen *g, const sg__ref *r, bool flat, int w, int nd, const int64_t *shape,
+                       const char *cv, char *buf, size_t size) {
+    size_t es = sg_dtype_size(r->dtype);
+    const char *vt = vtype((size_t)w * es);
+    if (flat) {
+        snprintf(buf, size, "((%s%s%s *)(s%d + %lld))[q]", g->sp->gp, cv, vt, lslot(g, r->slot),
+                 (long long)(r->offset * (int64_t)es));
+        return;
+    }
+    sg__ref rv;
+    int64_t vshape[SG_MAX_DIMS];
+    char off[256];
+    vec_row_units(r, nd, shape, w, &rv, vshape);
+    sg__lower_offset(&rv, nd, vshape, false, off, sizeof off);
+    snprintf(buf, size, "((%s%s%s *)s%d)[%s]", g->sp->gp, cv, vt, lslot(g, r->slot), off);
 }
 
 /*
@@ -375,6 +466,10 @@ static void emit_loop(gen *g, const sg__group *grp, int from, int w, const bool 
         snprintf(cond + k, sizeof cond - k, ") & 15) == 0");
         sg__emit_open(g->e, "if (%s)", cond);
         sg__emit_open(g->e, "for (sg_i64 q = tid; q < %lld; q += step)", (long long)(numel / w));
+        int64_t vshape[SG_MAX_DIMS];
+        vec_row_shape(nd, shape, w, vshape);
+        /* A row walk (not flat): the vector's indices, once per vector. */
+        if (!flat) emit_unflatten_from(g, "q", nd, vshape);
         /* The body records which vectors it reads; emit it aside, then the loads. */
         sg__emit body = {.ctx = g->e->ctx, .depth = g->e->depth + 1};
         sg__emit *outer = g->e;
@@ -384,13 +479,14 @@ static void emit_loop(gen *g, const sg__group *grp, int from, int w, const bool 
         int lanes = g->defer_st ? 1 : 2;
         emit_body(g, grp, from, nd, shape, IX_VEC, lanes);
         g->e = outer;
+        char lv[400];
         for (int v = 0; v < g->nvec; v++) {
-            size_t es = sg_dtype_size(g->vec_dt[v]), bytes = (size_t)w * es;
+            const sg__ref *r = g->vec_ref[v];
+            size_t bytes = (size_t)w * sg_dtype_size(r->dtype);
             sg__emit_line(g->e, "union { %s v; %s e[%d]; } l%d;", vtype(bytes),
-                          sg__lower_ctype(g->d, g->vec_dt[v]), w, v);
-            sg__emit_line(g->e, "l%d.v = ((%sconst %s *)(s%d + %lld))[q];", v, g->sp->gp,
-                          vtype(bytes), lslot(g, g->vec_slot[v]),
-                          (long long)(g->vec_off[v] * (int64_t)es));
+                          sg__lower_ctype(g->d, r->dtype), w, v);
+            vec_lvalue(g, r, flat, w, nd, shape, "const ", lv, sizeof lv);
+            sg__emit_line(g->e, "l%d.v = %s;", v, lv);
         }
         for (int k = from; k < grp->n; k++) {
             const sg__ref *o = ref_of(g, g->ir->nodes[grp->g[k].node].out);
@@ -408,10 +504,8 @@ static void emit_loop(gen *g, const sg__group *grp, int from, int w, const bool 
         for (int k = from; k < grp->n; k++) {
             const sg__ref *o = ref_of(g, g->ir->nodes[grp->g[k].node].out);
             if (!grp->g[k].store || sg__lower_is_scalar(o)) continue;
-            size_t bytes = (size_t)w * sg_dtype_size(o->dtype);
-            sg__emit_line(g->e, "((%s%s *)(s%d + %lld))[q] = o%d.v;", g->sp->gp, vtype(bytes),
-                          lslot(g, o->slot),
-                          (long long)(o->offset * (int64_t)sg_dtype_size(o->dtype)), k);
+            vec_lvalue(g, o, flat, w, nd, shape, "", lv, sizeof lv);
+            sg__emit_line(g->e, "%s = o%d.v;", lv, k);
         }
         sg__emit_close(g->e);
         sg__emit_line(g->e, "return;");

@@ -3,7 +3,11 @@
  * test_capture_views.c -- views against index arithmetic done here: reshape
  * and view (with and without copies), permute, transpose, slice, narrow,
  * expand, squeeze/unsqueeze, contiguous and clone, on every dtype; host
- * transfer through strided views; use after release.
+ * transfer through strided views; use after release; and, compiled, the
+ * permute copies of attention (heads split out of a QKV row at an offset,
+ * (B,H,T,D) <-> (B,T,H,D), a copy_ into a slice of a cache) with
+ * broadcasts along outer and inner dims and odd head sizes, whose
+ * generated kernels walk 16-byte vectors along D where the layout allows.
  */
 #include "testutil.h"
 
@@ -159,6 +163,81 @@ static void test_release(void) {
     tu_case(ok, "RELEASE(use after release is SG_ERR_RELEASED)");
 }
 
+/* ------------------------------------------------------------ compiled permute copies */
+
+typedef struct permcopy {
+    int64_t b, h, t, d;
+    sg_tensor *cache; /* [b, h, t + 3, d]: rows 2 .. t + 1 are written */
+} permcopy;
+
+/* Inputs: x [b,h,t,d], qkv [b,t,3*h*d], bias [d], gate [b,t,h,1], y [b,h,t,d]. */
+static sg_status permcopy_step(sg_ctx *c, sg_tensor *const *in, sg_tensor **out, void *user) {
+    const permcopy *p = user;
+    int64_t hd = p->h * p->d, heads[4] = {p->b, p->t, p->h, p->d};
+    sg_tensor *xt = sg_transpose(in[0], 1, 2); /* (b,t,h,d) */
+    out[0] = sg_contiguous(xt);
+    /* Heads out of the middle third of a QKV row (offset h*d), and at offset 1. */
+    out[1] = sg_contiguous(sg_transpose(sg_reshape(sg_narrow(in[1], 2, hd, hd), 4, heads), 1, 2));
+    out[2] = sg_contiguous(sg_transpose(sg_reshape(sg_narrow(in[1], 2, 1, hd), 4, heads), 1, 2));
+    out[3] = sg_add(xt, in[2]);                        /* broadcast along the outer dims */
+    out[4] = sg_mul(sg_transpose(in[4], 1, 2), in[3]); /* broadcast along d */
+    sg_tensor *v = sg_transpose(sg_reshape(sg_narrow(in[1], 2, 2 * hd, hd), 4, heads), 1, 2);
+    sg_status s = sg_copy_(sg_narrow(p->cache, 2, 2, p->t), v);
+    return s != SG_OK ? s : sg_ctx_status(c);
+}
+
+static void test_permute_copies(sg_dtype dt, int64_t d) {
+    permcopy p = {2, 3, 5, d, NULL};
+    int64_t b = p.b, h = p.h, t = p.t, tc = t + 3, hd = h * d, n = b * h * t * d;
+    int64_t sx[4] = {b, h, t, d}, sq[3] = {b, t, 3 * hd}, sg[4] = {b, t, h, 1}, sc[4] = {b, h, tc, d};
+    double *xv, *qv, *bv, *gv, *yv, *cv;
+    sg_tensor *in[5] = {tu_rand(ctx, dt, 4, sx, -4, 4, &xv), tu_rand(ctx, dt, 3, sq, -4, 4, &qv),
+                        tu_rand(ctx, dt, 1, &d, -4, 4, &bv), tu_rand(ctx, dt, 4, sg, -2, 2, &gv),
+                        tu_rand(ctx, dt, 4, sx, -4, 4, &yv)};
+    p.cache = tu_rand(ctx, dt, 4, sc, -4, 4, &cv);
+    double *ref[5], *cref = malloc(sizeof(double) * (size_t)(b * h * tc * d));
+    for (int k = 0; k < 5; k++) ref[k] = malloc(sizeof(double) * (size_t)n);
+    memcpy(cref, cv, sizeof(double) * (size_t)(b * h * tc * d));
+    for (int64_t i = 0; i < b; i++)
+        for (int64_t j = 0; j < h; j++)
+            for (int64_t k = 0; k < t; k++)
+                for (int64_t e = 0; e < d; e++) {
+                    int64_t bhtd = ((i * h + j) * t + k) * d + e, bthd = ((i * t + k) * h + j) * d + e;
+                    int64_t row = (i * t + k) * 3 * hd + j * d + e;
+                    ref[0][bthd] = xv[bhtd];
+                    ref[1][bhtd] = qv[row + hd];
+                    ref[2][bhtd] = qv[row + 1];
+                    ref[3][bthd] = tu_round(dt, xv[bhtd] + bv[e]);
+                    ref[4][bthd] = tu_round(dt, yv[bhtd] * gv[(i * t + k) * h + j]);
+                    cref[((i * h + j) * tc + k + 2) * d + e] = qv[row + 2 * hd];
+                }
+    sg_fn *fn = NULL;
+    bool ok = TU_EXPECT(sg_compile(ctx, permcopy_step, &p, 5, 5,
+                                   &(sg_compile_opts){.mode = SG_MODE_REDUCE_OVERHEAD}, &fn) == SG_OK);
+    for (int call = 0; ok && call < 2; call++) { /* the capture, then a replay */
+        sg_tensor *out[5] = {NULL};
+        sg_mark_step_begin(ctx);
+        ok = TU_EXPECT(sg_call(fn, in, 5, out, 5) == SG_OK);
+        if (!ok) fprintf(stderr, "  %s\n", sg_last_error(ctx));
+        for (int k = 0; ok && k < 3; k++) ok = TU_EXPECT(same(out[k], ref[k], n));
+        for (int k = 3; ok && k < 5; k++) { /* computed: one rounding, maybe two */
+            double *got = tu_read(out[k]);
+            ok = TU_EXPECT(got && tu_close("computed", got, ref[k], n, tu_rtol(dt), tu_atol(dt)));
+            free(got);
+        }
+        ok = ok && TU_EXPECT(same(p.cache, cref, b * h * tc * d));
+    }
+    tu_case(ok,
+            "PERMUTE_COPIES(type=%s,x=[%lld,%lld,%lld,%lld],compiled: transpose, QKV split at "
+            "offsets %lld and 1, outer and inner broadcasts, copy_ into a cache slice)",
+            sg_dtype_name(dt), (long long)b, (long long)h, (long long)t, (long long)d,
+            (long long)hd);
+    sg_fn_destroy(fn);
+    for (int k = 0; k < 5; k++) sg_release(in[k]), free(ref[k]);
+    sg_release(p.cache);
+    free(xv), free(qv), free(bv), free(gv), free(yv), free(cv), free(cref);
+}
+
 int main(void) {
     ctx = tu_ctx((sg_ctx_opts){0});
     tu_seed(1);
@@ -170,6 +249,10 @@ int main(void) {
         test_strided_write(dt);
     }
     test_release();
+    /* Head sizes: 64 and 24 (16-byte vectors), 6 (4-byte), 7 (no vectors). */
+    static const int64_t heads[4] = {64, 24, 6, 7};
+    for (sg_dtype dt = SG_F32; dt <= SG_BF16; dt++)
+        for (int k = 0; k < 4; k++) test_permute_copies(dt, heads[k]);
     sg_ctx_destroy(ctx);
     return tu_finish();
 }

@@ -17,8 +17,9 @@
  * index_select, concat of narrowed halves and index_copy_ into a cache as
  * generated kernels with no library call, the gelu_tanh backward over
  * (4, 1024, 3072) bf16 as one vectorized kernel whose bf16 round trips are
- * one conversion each way) and random op DAGs over every dtype, 24
- * programs to a unit.
+ * one conversion each way, permute copies of (B,H,T,D) heads walking
+ * 16-byte vectors along D only where every access is contiguous there and
+ * aligned) and random op DAGs over every dtype, 24 programs to a unit.
  * The numerics of the kernels run under the gpu label (the capture tests on
  * the CUDA backend). Exits 77 when NVRTC cannot be loaded.
  */
@@ -46,6 +47,7 @@ typedef struct counts {
     int branches; /* MULTI members' block ranges ("if (blockIdx.x < ") */
     int vec_loops; /* loops with a vector path */
     int bf_rt2;    /* packed pairs of bf16 round trips (sg_bf_rt2) in the kernels */
+    int row_vec;   /* vector loops that walk rows by indices (not flat) */
     double nvrtc_s;
 } counts;
 
@@ -104,6 +106,7 @@ static bool cuda_unit(sg_fn *fn, const char *name, counts *c) {
     for (const char *at = e.buf; ok && (at = strstr(at, "if (blockIdx.x < ")); at++) c->branches++;
     for (const char *at = e.buf; ok && (at = strstr(at, "for (sg_i64 q = tid;")); at++)
         c->vec_loops++;
+    for (const char *at = e.buf; ok && (at = strstr(at, "rem = (sg_u32)q;")); at++) c->row_vec++;
     for (const char *at = strstr(e.buf, "__global__"); ok && at && (at = strstr(at, "sg_bf_rt2("));
          at++)
         c->bf_rt2++;
@@ -539,6 +542,62 @@ static void test_gelu_bwd(void) {
     sg_release(in[1]);
 }
 
+/* Permute copies over (B,H,T,D) heads, one pattern per capture: which walk
+ * 16-byte (or narrower) vectors along D, by the vector's indices. */
+typedef struct permcopy {
+    int kind;
+    int64_t h, t, d;
+    sg_tensor *cache;
+} permcopy;
+
+static const char *const permcopy_name[] = {
+    "transpose (B,H,T,D)->(B,T,H,D)", "QKV split at offset H*D", "QKV split at offset 1",
+    "transpose + bias[D]",            "transpose * gate[...,1]", "copy_ into a cache slice"};
+
+static sg_status permcopy_step(sg_ctx *c, sg_tensor *const *in, sg_tensor **out, void *user) {
+    const permcopy *p = user;
+    int64_t hd = p->h * p->d, heads[4] = {2, p->t, p->h, p->d};
+    sg_tensor *xt = sg_transpose(in[0], 1, 2);
+    sg_tensor *qk = sg_transpose(sg_reshape(sg_narrow(in[1], 2, p->kind == 2 ? 1 : hd, hd), 4, heads), 1, 2);
+    sg_status s = SG_OK;
+    switch (p->kind) {
+    case 0: out[0] = sg_contiguous(xt); break;
+    case 1:
+    case 2: out[0] = sg_contiguous(qk); break;
+    case 3: out[0] = sg_add(xt, in[2]); break;
+    case 4: out[0] = sg_mul(xt, in[3]); break;
+    default: s = sg_copy_(sg_narrow(p->cache, 2, 2, p->t), qk), out[0] = sg_neg(in[2]);
+    }
+    return s != SG_OK ? s : sg_ctx_status(c);
+}
+
+static void test_permcopy(sg_dtype dt, int64_t d) {
+    int64_t h = 12, t = 64, xs[4] = {2, h, t, d}, qs[3] = {2, t, 3 * h * d}, gs[4] = {2, t, h, 1};
+    int64_t cs[4] = {2, h, t + 8, d};
+    sg_tensor *in[4] = {tu_rand(ctx, dt, 4, xs, -1, 1, NULL), tu_rand(ctx, dt, 3, qs, -1, 1, NULL),
+                        tu_rand(ctx, dt, 1, &d, -1, 1, NULL), tu_rand(ctx, dt, 4, gs, -1, 1, NULL)};
+    sg_tensor *cache = tu_rand(ctx, dt, 4, cs, -1, 1, NULL);
+    for (int kind = 0; kind < 6; kind++) {
+        permcopy p = {kind, h, t, d, cache};
+        sg_fn *fn = compile(permcopy_step, &p, 4, 1);
+        counts c = {0};
+        char name[64];
+        snprintf(name, sizeof name, "cu_permcopy_%s_%lld_%d", sg_dtype_name(dt), (long long)d, kind);
+        /* Vectors: D divides into them, every access is contiguous along D,
+         * and offsets and strides keep them aligned. */
+        bool vec = d % 2 == 0 && kind != 2 && kind != 4;
+        bool ok = capture(fn, in, 4, 1) && cuda_unit(fn, name, &c) &&
+                  TU_EXPECT(c.row_vec == (vec ? 1 : 0));
+        tu_case(ok, "CUDA_PERMUTE_COPY(type=%s,x=[2,%lld,%lld,%lld],%s) -> %d kernels, %d row walks "
+                    "in vectors",
+                sg_dtype_name(dt), (long long)h, (long long)t, (long long)d, permcopy_name[kind],
+                c.kernels, c.row_vec);
+        sg_fn_destroy(fn);
+    }
+    for (int k = 0; k < 4; k++) sg_release(in[k]);
+    sg_release(cache);
+}
+
 /* ------------------------------------------------------------ random DAGs */
 
 enum kind { K_UNARY, K_SCALAR, K_BINARY, K_WHERE, K_CAST, K_TRANSPOSE, K_SLICE, K_CMP, K_COUNT };
@@ -731,6 +790,9 @@ int main(int argc, char **argv) {
     if (sg_ctx_create(&(sg_ctx_opts){.backend = SG_BACKEND_CPU}, &ctx) != SG_OK) return 1;
     if (argc > 1 && strcmp(argv[1], "gelu") == 0) {
         test_gelu_bwd();
+    } else if (argc > 1 && strcmp(argv[1], "permcopy") == 0) {
+        test_permcopy(SG_BF16, 64);
+        test_permcopy(SG_BF16, 7);
     } else if (argc > 1) { /* re-run one fuzz batch */
         test_fuzz(strtoull(argv[1], NULL, 10));
     } else {
@@ -758,6 +820,10 @@ int main(int argc, char **argv) {
         test_adamw(SG_BF16, true);
         test_reduce(SG_F32);
         test_gelu_bwd();
+        test_permcopy(SG_BF16, 64);
+        test_permcopy(SG_F32, 64);
+        test_permcopy(SG_BF16, 6);
+        test_permcopy(SG_BF16, 7);
         for (uint64_t s = 1; s <= 4; s++) test_fuzz(1 + (s - 1) * NPROG);
     }
     sg_ctx_destroy(ctx);
