@@ -433,7 +433,7 @@ static int epi_refusals;
 static void epi_log(void *user, const char *topic, const char *line) {
     on_log(user, topic, line);
     if (strcmp(topic, "fallbacks") == 0 && strstr(line, "cuBLASLt has no algorithm") &&
-        (strstr(line, "GELU") || strstr(line, "RELU") || strstr(line, "adding C")))
+        (strstr(line, "GELU") || strstr(line, "RELU") || strstr(line, "residual C")))
         epi_refusals++;
 }
 

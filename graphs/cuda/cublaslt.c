@@ -330,11 +330,13 @@ static cublasLtEpilogue_t epilogue_of(const sg__lt_call *c) {
     return c->bias ? CUBLASLT_EPILOGUE_BIAS : CUBLASLT_EPILOGUE_DEFAULT;
 }
 
-/* A call's epilogue in words, for logs ("" for none). */
-static const char *epilogue_words(const sg__lt_call *c) {
-    if (c->act == SG__LT_ACT_GELU) return c->aux ? " with the GELU epilogue (and its input)" : " with the GELU epilogue";
+/* A call's epilogue in words, for logs ("" for none); own_c: beta = 1 with
+ * a C apart from D (a residual). */
+static const char *epilogue_words(const sg__lt_call *c, bool own_c) {
+    if (c->act == SG__LT_ACT_GELU)
+        return c->aux ? " with the GELU epilogue (and its input)" : " with the GELU epilogue";
     if (c->act == SG__LT_ACT_RELU) return " with the RELU epilogue";
-    if (c->accumulate && c->bias) return " with the bias epilogue, adding C";
+    if (own_c) return c->bias ? " with the bias epilogue and a residual C" : " with a residual C";
     return c->bias ? " with the bias epilogue" : "";
 }
 
@@ -532,8 +534,9 @@ static sg_status build_entry(sg_ctx *ctx, lt_state *s, lt_entry *e, const sg__lt
         sg__log(ctx, "fallbacks", "cuda: cuBLASLt has no algorithm for a %s matmul m=%lld n=%lld "
                 "k=%lld lda=%lld ldb=%lld ldc=%lld batch=%lld%s; %s", sg_dtype_name(c->dtype),
                 (long long)c->m, (long long)c->n, (long long)c->k, (long long)c->lda,
-                (long long)c->ldb, (long long)c->ldc, (long long)c->batch, epilogue_words(c),
-                c->act || (c->accumulate && c->bias)
+                (long long)c->ldb, (long long)c->ldc, (long long)c->batch,
+                epilogue_words(c, e->key[14] == 2),
+                c->act || e->key[14] == 2
                     ? "the product runs alone and the group's epilogue kernel after it"
                 : c->bias ? "the bias is written first and the product added to it"
                           : "the GEMV kernel runs it");
