@@ -19,7 +19,8 @@
  * forward and training (sg_grad of w and b), in bf16 and f32, against an f64
  * reference: the epilogue computed in cuBLASLt's call (explain names it, no
  * refusal logged, replays bit-identical), and a GELU whose aux leading dim
- * cuBLASLt cannot take running the product and the group's kernel.
+ * cuBLASLt cannot take, or one SG_CUDA_LT_EPILOGUE leaves out, running the
+ * product and the group's kernel.
  */
 #define _POSIX_C_SOURCE 200809L /* setenv */
 #include "codegen/codegen.h"
@@ -547,6 +548,10 @@ static void test_epilogues(void) {
             epi_run(dts[t], kind, true, 192);
         }
     epi_run(SG_BF16, EPI_GELU, true, 100); /* aux ld 100: not a multiple of 8, the old path */
+    setenv("SG_CUDA_LT_EPILOGUE", "relu", 1); /* the old path for gelu and add */
+    epi_run(SG_BF16, EPI_GELU, true, 192);
+    epi_run(SG_F32, EPI_ADD, false, 192);
+    unsetenv("SG_CUDA_LT_EPILOGUE");
     unsetenv("SG_CUDA_MATMUL");
 }
 

@@ -623,16 +623,30 @@ static bool tuned_gemv(sg_ctx *ctx, const sg__node *n, const sg__mm_plan *p, sg_
  * layout) and D = e's result. Only for a product that runs as one cuBLASLt
  * call in place (no packed operand or result, no batch left, no padding,
  * not GEMV); *took false (nothing run) otherwise, or when cuBLASLt has no
- * algorithm with that epilogue (cublaslt.c logs it): the caller runs the
- * product and the group's epilogue kernel.
+ * algorithm with that epilogue (cublaslt.c logs it), or SG_CUDA_LT_EPILOGUE
+ * leaves it out: the caller runs the product and the group's epilogue kernel.
  */
+/* SG_CUDA_LT_EPILOGUE: "off" (or "0") keeps every epilogue in the group's
+ * kernel; a comma list of gelu, relu, add lets cuBLASLt take only those;
+ * unset, all of them. */
+static bool epi_allowed(int epi) {
+    const char *v = getenv("SG_CUDA_LT_EPILOGUE");
+    if (!v) return true;
+    const char *name = epi == SG__EPI_GELU ? "gelu" : epi == SG__EPI_RELU ? "relu" : "add";
+    size_t len = strlen(name);
+    for (const char *p = v; (p = strstr(p, name)); p += len)
+        if ((p == v || p[-1] == ',') && (p[len] == '\0' || p[len] == ',')) return true;
+    return false;
+}
+
 sg_status sg__cuda_matmul_epi(sg_ctx *ctx, const sg__node *n, const sg__node *e, int epi, int res,
                               bool aux, bool *took) {
     const sg_tensor *a = n->in[0], *out = n->out;
     const sg_tensor *bias = n->op == SG__OP_LINEAR ? n->in[2] : NULL;
     sg_dtype dt = out->dtype;
     *took = false;
-    if (sg__cuda_is_hip(ctx) || sg__numel(out->ndim, out->shape) == 0 || a->shape[a->ndim - 1] == 0)
+    if (sg__cuda_is_hip(ctx) || sg__numel(out->ndim, out->shape) == 0 ||
+        a->shape[a->ndim - 1] == 0 || !epi_allowed(epi))
         return SG_OK;
     sg__mm_plan p;
     sg__mm_plan_make(n, &p);
