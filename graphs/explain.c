@@ -111,10 +111,11 @@ static void explain_library(sg__text *t, const sg__graph *g) {
         const sg__group *grp = &g->fused.groups[k];
         if (grp->kind != SG__G_MATMUL || grp->lib_epi <= 0 || grp->lib_epi > SG__EPI_ADD) continue;
         int node = grp->g[0].node, e = grp->g[1].node;
-        sg__text_put(t, "    library epilogue: IR line %d (%s) computes IR line %d (%s) in its "
-                        "call: %s%s (else the group's kernel runs it)\n", node,
-            sg__op_name(g->ir.nodes[node].op), e, sg__op_name(g->ir.nodes[e].op),
-            epi[grp->lib_epi], grp->lib_aux ? ", its input written too (aux)" : "");
+        sg__text_put(t,
+                     "    library epilogue: IR line %d (%s) computes IR line %d (%s) in its "
+                     "call: %s%s (else the group's kernel runs it)\n",
+                     node, sg__op_name(g->ir.nodes[node].op), e, sg__op_name(g->ir.nodes[e].op),
+                     epi[grp->lib_epi], grp->lib_aux ? ", its input written too (aux)" : "");
     }
 }
 

@@ -409,8 +409,9 @@ typedef struct epi_case {
 static sg_status epi_step(sg_ctx *c, sg_tensor *const *in, sg_tensor **out, void *user) {
     const epi_case *e = user;
     sg_tensor *h = sg_linear(in[0], e->w, e->b);
-    sg_tensor *y = e->kind == EPI_GELU ? sg_gelu_tanh(h)
-                   : e->kind == EPI_RELU ? sg_relu(h) : sg_add(in[1], h);
+    sg_tensor *y = e->kind == EPI_GELU   ? sg_gelu_tanh(h)
+                   : e->kind == EPI_RELU ? sg_relu(h)
+                                         : sg_add(in[1], h);
     out[0] = y;
     if (!e->train) return y ? SG_OK : sg_ctx_status(c);
     sg_tensor *z = sg_linear(y, in[2], NULL);
@@ -442,14 +443,16 @@ static void epi_log(void *user, const char *topic, const char *line) {
 static void epi_ref(const epi_case *e, int64_t M, int64_t K, int64_t N, int64_t Z, const double *xv,
                     const double *wv, const double *bv, const double *rv, const double *w2v,
                     double *y, double *dw, double *db) {
-    double *h = calloc((size_t)(M * N), sizeof(double)), *dy = calloc((size_t)(M * N), sizeof(double));
+    double *h = calloc((size_t)(M * N), sizeof(double)),
+           *dy = calloc((size_t)(M * N), sizeof(double));
     for (int64_t m = 0; m < M; m++)
         for (int64_t n = 0; n < N; n++) {
             double s = bv[n];
             for (int64_t k = 0; k < K; k++) s += xv[m * K + k] * wv[n * K + k];
             h[m * N + n] = s;
-            y[m * N + n] = e->kind == EPI_GELU ? gelu_f64(s) : e->kind == EPI_RELU ? (s > 0 ? s : 0)
-                                                                                  : rv[m * N + n] + s;
+            y[m * N + n] = e->kind == EPI_GELU   ? gelu_f64(s)
+                           : e->kind == EPI_RELU ? (s > 0 ? s : 0)
+                                                 : rv[m * N + n] + s;
         }
     for (int64_t m = 0; e->train && m < M; m++)
         for (int64_t j = 0; j < Z; j++) {
@@ -475,7 +478,8 @@ static void epi_ref(const epi_case *e, int64_t M, int64_t K, int64_t N, int64_t 
 static bool norm_close(const char *what, const double *got, const double *ref, int64_t n,
                        double tol) {
     double num = 0, den = 0;
-    for (int64_t i = 0; i < n; i++) num += (got[i] - ref[i]) * (got[i] - ref[i]), den += ref[i] * ref[i];
+    for (int64_t i = 0; i < n; i++)
+        num += (got[i] - ref[i]) * (got[i] - ref[i]), den += ref[i] * ref[i];
     bool ok = sqrt(num) <= tol * sqrt(den) + 1e-30;
     if (!ok) fprintf(stderr, "  %s: ||got-ref|| = %g, ||ref|| = %g\n", what, sqrt(num), sqrt(den));
     return ok;
@@ -490,13 +494,14 @@ static void epi_run(sg_dtype dt, int kind, bool train, int64_t N) {
     epi_case e = {kind, train, tu_rand(ctx, dt, 2, ws, -0.2, 0.2, &wv),
                   tu_rand(ctx, dt, 1, bs, -0.5, 0.5, &bv)};
     if (train) sg_requires_grad_(e.w, true), sg_requires_grad_(e.b, true);
-    double *y = calloc((size_t)(M * N), sizeof(double)), *dw = calloc((size_t)(N * K), sizeof(double)),
-           *db = calloc((size_t)N, sizeof(double));
+    double *y = calloc((size_t)(M * N), sizeof(double)),
+           *dw = calloc((size_t)(N * K), sizeof(double)), *db = calloc((size_t)N, sizeof(double));
     epi_ref(&e, M, K, N, Z, xv, wv, bv, rv, w2v, y, dw, db);
     int refusals = epi_refusals, nout = train ? 3 : 1;
     sg_fn *fn = NULL;
-    bool ok = TU_EXPECT(sg_compile(ctx, epi_step, &e, 3, nout,
-                                   &(sg_compile_opts){.mode = SG_MODE_REDUCE_OVERHEAD}, &fn) == SG_OK);
+    bool ok =
+        TU_EXPECT(sg_compile(ctx, epi_step, &e, 3, nout,
+                             &(sg_compile_opts){.mode = SG_MODE_REDUCE_OVERHEAD}, &fn) == SG_OK);
     double *prev[3] = {NULL};
     /* the first call runs the kernels, the second records them, the third replays */
     for (int call = 0; ok && call < 3; call++) {
@@ -511,10 +516,13 @@ static void epi_run(sg_dtype dt, int kind, bool train, int64_t N) {
             if (ok && dt == SG_F32 && o == 0)
                 ok = check(dt, got, ref, n, K + 1, max_abs(xv, M * K) * max_abs(wv, N * K) + 1);
             else if (ok)
-                ok = norm_close(o == 0 ? "y" : o == 1 ? "dw" : "db", got, ref, n,
-                                dt == SG_F32 ? 1e-5 : 1e-2);
+                ok = norm_close(o == 0   ? "y"
+                                : o == 1 ? "dw"
+                                         : "db",
+                                got, ref, n, dt == SG_F32 ? 1e-5 : 1e-2);
             /* replays give the same bits */
-            if (ok && prev[o]) ok = TU_EXPECT(memcmp(prev[o], got, sizeof(double) * (size_t)n) == 0);
+            if (ok && prev[o])
+                ok = TU_EXPECT(memcmp(prev[o], got, sizeof(double) * (size_t)n) == 0);
             free(prev[o]);
             prev[o] = got;
         }
@@ -528,10 +536,10 @@ static void epi_run(sg_dtype dt, int kind, bool train, int64_t N) {
         ok = TU_EXPECT(line != NULL) && TU_EXPECT(epi_refusals == refusals) &&
              TU_EXPECT((strstr(line, "(aux)") != NULL) == (train && kind == EPI_GELU));
     if (!ok) fprintf(stderr, "  error: %s\n", sg_last_error(ctx));
-    tu_case(ok, "CUDA_LINEAR_EPILOGUE(%s,type=%s,x=[%lld,%lld,%lld],N=%lld,%s): %.*s", epi_names[kind],
-            sg_dtype_name(dt), (long long)B, (long long)T, (long long)K, (long long)N,
-            train ? "train, sg_grad dw db" : "forward", line ? (int)strcspn(line, "\n") : 0,
-            line ? line : "");
+    tu_case(ok, "CUDA_LINEAR_EPILOGUE(%s,type=%s,x=[%lld,%lld,%lld],N=%lld,%s): %.*s",
+            epi_names[kind], sg_dtype_name(dt), (long long)B, (long long)T, (long long)K,
+            (long long)N, train ? "train, sg_grad dw db" : "forward",
+            line ? (int)strcspn(line, "\n") : 0, line ? line : "");
     sg_clear_error(ctx);
     sg_fn_destroy(fn);
     for (int o = 0; o < 3; o++) free(prev[o]), sg_release(in[o]);
@@ -547,7 +555,7 @@ static void test_epilogues(void) {
             epi_run(dts[t], kind, false, 192);
             epi_run(dts[t], kind, true, 192);
         }
-    epi_run(SG_BF16, EPI_GELU, true, 100); /* aux ld 100: not a multiple of 8, the old path */
+    epi_run(SG_BF16, EPI_GELU, true, 100);    /* aux ld 100: not a multiple of 8, the old path */
     setenv("SG_CUDA_LT_EPILOGUE", "relu", 1); /* the old path for gelu and add */
     epi_run(SG_BF16, EPI_GELU, true, 192);
     epi_run(SG_F32, EPI_ADD, false, 192);

@@ -23,12 +23,28 @@
 
 static sg_ctx *ctx;
 
-enum { K_GELU, K_RELU, K_ADD_RH, K_ADD_HR, K_RELU_SEEN, K_GELU_MUL, K_ADD_BCAST, K_MATMUL_GELU,
-       K_INPLACE, K_BLOCK, NK };
-static const char *const names[NK] = {"linear+gelu_tanh", "linear+relu", "add(r,linear)",
-                                      "add(linear,r)", "relu, its input an output too",
-                                      "linear+gelu_tanh+mul_scalar", "add(linear,bias-shaped r)",
-                                      "matmul+gelu_tanh", "x = x + linear(x) in place",
+enum {
+    K_GELU,
+    K_RELU,
+    K_ADD_RH,
+    K_ADD_HR,
+    K_RELU_SEEN,
+    K_GELU_MUL,
+    K_ADD_BCAST,
+    K_MATMUL_GELU,
+    K_INPLACE,
+    K_BLOCK,
+    NK
+};
+static const char *const names[NK] = {"linear+gelu_tanh",
+                                      "linear+relu",
+                                      "add(r,linear)",
+                                      "add(linear,r)",
+                                      "relu, its input an output too",
+                                      "linear+gelu_tanh+mul_scalar",
+                                      "add(linear,bias-shaped r)",
+                                      "matmul+gelu_tanh",
+                                      "x = x + linear(x) in place",
                                       "gpt2 block"};
 
 typedef struct spec {
@@ -100,7 +116,8 @@ typedef struct marks {
 
 static bool same_layout(const sg__ref *a, const sg__ref *b) {
     bool ok = a->dtype == b->dtype && a->ndim == b->ndim;
-    for (int d = 0; ok && d < a->ndim; d++) ok = a->shape[d] == b->shape[d] && a->stride[d] == b->stride[d];
+    for (int d = 0; ok && d < a->ndim; d++)
+        ok = a->shape[d] == b->shape[d] && a->stride[d] == b->stride[d];
     return ok;
 }
 
@@ -139,7 +156,10 @@ static void run(int kind, bool train, sg_dtype dt, marks want) {
     bool square = kind == K_INPLACE || kind == K_BLOCK;
     int64_t xs[3] = {B, T, C}, rs[3] = {B, T, square ? C : H}, ws[2] = {H, C}, bs[1] = {H},
             w2s[2] = {C, H}, b2s[1] = {kind == K_ADD_BCAST ? H : C}, sq[2] = {C, C}, zs[2] = {4, H};
-    spec p = {kind, train, tu_rand(ctx, dt, 2, ws, -1, 1, NULL), tu_rand(ctx, dt, 1, bs, -1, 1, NULL),
+    spec p = {kind,
+              train,
+              tu_rand(ctx, dt, 2, ws, -1, 1, NULL),
+              tu_rand(ctx, dt, 1, bs, -1, 1, NULL),
               tu_rand(ctx, dt, 2, kind == K_INPLACE ? sq : w2s, -1, 1, NULL),
               tu_rand(ctx, dt, 1, b2s, -1, 1, NULL)};
     if (train) sg_requires_grad_(p.w, true), sg_requires_grad_(p.b, true);
@@ -148,8 +168,9 @@ static void run(int kind, bool train, sg_dtype dt, marks want) {
     int nout = (kind == K_RELU_SEEN ? 2 : 1) + (train ? 2 : 0);
     sg_fn *fn = NULL;
     sg_tensor *out[4] = {NULL};
-    bool ok = TU_EXPECT(sg_compile(ctx, step, &p, 3, nout,
-                                   &(sg_compile_opts){.mode = SG_MODE_REDUCE_OVERHEAD}, &fn) == SG_OK);
+    bool ok =
+        TU_EXPECT(sg_compile(ctx, step, &p, 3, nout,
+                             &(sg_compile_opts){.mode = SG_MODE_REDUCE_OVERHEAD}, &fn) == SG_OK);
     sg_mark_step_begin(ctx);
     ok = ok && TU_EXPECT(sg_call(fn, in, 3, out, nout) == SG_OK) && TU_EXPECT(fn->ngraphs == 1);
     if (!ok) fprintf(stderr, "  %s\n", sg_last_error(ctx));
@@ -165,7 +186,8 @@ static void run(int kind, bool train, sg_dtype dt, marks want) {
         sg__fuse_opts co = {.horizontal = true};
         const sg__graph_ops *ops = ctx->gops;
         if (ops && ops->fuse_opts) ops->fuse_opts(&co, false);
-        ok = ok && TU_EXPECT(!co.lib_epilogue) && TU_EXPECT(sg__fuse(ctx, &g->ir, &co, &f) == SG_OK);
+        ok =
+            ok && TU_EXPECT(!co.lib_epilogue) && TU_EXPECT(sg__fuse(ctx, &g->ir, &co, &f) == SG_OK);
         if (ok) cpu = marks_of(&g->ir, &f), sg__fused_free(ctx, &f, &g->ir);
     }
     ok = ok && got.sane && TU_EXPECT(got.gelu == want.gelu) &&
@@ -192,8 +214,8 @@ static void test_pick_words(void) {
     static const struct {
         int epi, beta;
         bool ok;
-    } cases[] = {{0, 0, true}, {7, 0, true}, {15, 2, true}, {5, 1, true}, {16, 0, false},
-                 {-1, 0, false}, {1, 3, false}};
+    } cases[] = {{0, 0, true},   {7, 0, true},   {15, 2, true}, {5, 1, true},
+                 {16, 0, false}, {-1, 0, false}, {1, 3, false}};
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         char line[256];
         snprintf(line, sizeof line,

@@ -313,10 +313,10 @@ static void make_key(const sg__lt_call *c, const void *a, const void *b, const v
     int64_t al = align_of(d);
     if (cin && align_of(cin) < al) al = align_of(cin);
     if (aux && align_of(aux) < al) al = align_of(aux);
+    int64_t epi = c->bias | c->act << 1 | (int64_t)c->aux << 3;
+    int64_t beta = c->accumulate ? (cin && cin != d ? 2 : 1) : 0;
     int64_t v[KEY_WORDS] = {c->dtype, c->transa, c->transb, c->m, c->n, c->k, c->lda, c->ldb,
-                            c->ldc, c->batch, c->sa, c->sb, c->sc,
-                            c->bias | c->act << 1 | (int64_t)c->aux << 3,
-                            c->accumulate ? (cin && cin != d ? 2 : 1) : 0, align_of(a),
+                            c->ldc, c->batch, c->sa, c->sb, c->sc, epi, beta, align_of(a),
                             align_of(b), al, bias ? align_of(bias) : 0, tf32};
     memcpy(k, v, sizeof v);
 }
@@ -326,7 +326,8 @@ static cublasLtEpilogue_t epilogue_of(const sg__lt_call *c) {
     if (c->act == SG__LT_ACT_GELU)
         return c->aux ? (c->bias ? CUBLASLT_EPILOGUE_GELU_AUX_BIAS : CUBLASLT_EPILOGUE_GELU_AUX)
                       : (c->bias ? CUBLASLT_EPILOGUE_GELU_BIAS : CUBLASLT_EPILOGUE_GELU);
-    if (c->act == SG__LT_ACT_RELU) return c->bias ? CUBLASLT_EPILOGUE_RELU_BIAS : CUBLASLT_EPILOGUE_RELU;
+    if (c->act == SG__LT_ACT_RELU)
+        return c->bias ? CUBLASLT_EPILOGUE_RELU_BIAS : CUBLASLT_EPILOGUE_RELU;
     return c->bias ? CUBLASLT_EPILOGUE_BIAS : CUBLASLT_EPILOGUE_DEFAULT;
 }
 
@@ -531,10 +532,11 @@ static sg_status build_entry(sg_ctx *ctx, lt_state *s, lt_entry *e, const sg__lt
                     sg_dtype_name(c->dtype), (long long)c->m, (long long)c->n, (long long)c->k,
                     cd[0].splitk);
     } else /* once per distinct call: the entry remembers the answer */
-        sg__log(ctx, "fallbacks", "cuda: cuBLASLt has no algorithm for a %s matmul m=%lld n=%lld "
-                "k=%lld lda=%lld ldb=%lld ldc=%lld batch=%lld%s; %s", sg_dtype_name(c->dtype),
-                (long long)c->m, (long long)c->n, (long long)c->k, (long long)c->lda,
-                (long long)c->ldb, (long long)c->ldc, (long long)c->batch,
+        sg__log(ctx, "fallbacks",
+                "cuda: cuBLASLt has no algorithm for a %s matmul m=%lld n=%lld "
+                "k=%lld lda=%lld ldb=%lld ldc=%lld batch=%lld%s; %s",
+                sg_dtype_name(c->dtype), (long long)c->m, (long long)c->n, (long long)c->k,
+                (long long)c->lda, (long long)c->ldb, (long long)c->ldc, (long long)c->batch,
                 epilogue_words(c, e->key[14] == 2),
                 c->act || e->key[14] == 2
                     ? "the product runs alone and the group's epilogue kernel after it"
@@ -624,8 +626,8 @@ static bool cand_run(sg_ctx *ctx, const cand *t, const cublasLtMatmulAlgo_t *alg
     float alpha = 1.0f, beta = t->cin ? 1.0f : 0.0f;
     const lt_entry *e = t->e;
     return t->s->api.cublasLtMatmul(t->s->handle, e->desc, &alpha, t->a, e->la, t->b, e->lb, &beta,
-                                    t->cin ? t->cin : t->d, e->lc, t->d, e->lc, algo, t->s->workspace,
-                                    WORKSPACE_BYTES,
+                                    t->cin ? t->cin : t->d, e->lc, t->d, e->lc, algo,
+                                    t->s->workspace, WORKSPACE_BYTES,
                                     (cudaStream_t)sg__cuda_stream(ctx)) == CUBLAS_STATUS_SUCCESS;
 }
 
