@@ -42,7 +42,6 @@ bool sg__grad_saves_input(int op, int k) {
     case SG__OP_LOG:
     case SG__OP_SIN:
     case SG__OP_COS:
-    case SG__OP_RELU:
     case SG__OP_GELU:
     case SG__OP_GELU_TANH:
     case SG__OP_SILU:
@@ -72,6 +71,7 @@ bool sg__grad_saves_input(int op, int k) {
 bool sg__grad_saves_output(int op) {
     switch (op) {
     case SG__OP_EXP:
+    case SG__OP_RELU: /* y > 0 where x > 0: a BLAS epilogue need not keep x */
     case SG__OP_SQRT:
     case SG__OP_RSQRT:
     case SG__OP_TANH:
@@ -166,7 +166,7 @@ static sg_status unary(sg__bw *b) {
     case SG__OP_NEG: b->gi[0] = sg_neg(g); break;
     case SG__OP_LOG: b->gi[0] = sg_div(g, x); break;
     case SG__OP_SQRT: b->gi[0] = sg_div(sg_mul_scalar(g, 0.5), b->out); break;
-    case SG__OP_RELU: b->gi[0] = sg_where(sg_gt(x, cst(b, 0)), g, cst(b, 0)); break;
+    case SG__OP_RELU: b->gi[0] = sg_where(sg_gt(b->out, cst(b, 0)), g, cst(b, 0)); break;
     case SG__OP_CAST:
     case SG__OP_COPY:
     case SG__OP_ADD_SCALAR: b->gi[0] = alias(g); break;

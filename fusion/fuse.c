@@ -730,6 +730,76 @@ static void mark_stores(const sg__ir *ir, const int *alias, sg__group *groups, i
     }
 }
 
+/* ------------------------------------------------------------ epilogues into the BLAS */
+
+/* Is slot s seen outside group gi: not internal, an output, or loaded by another group? */
+static bool seen_outside(const sg__ir *ir, const int *alias, const sg__group *groups, int ngroups,
+                         int gi, int slot) {
+    const sg__slot *sl = &ir->slots[slot];
+    if (sl->kind != SG__SLOT_INTERNAL || sl->output >= 0) return true;
+    for (int o = 0; o < ngroups; o++)
+        if (o != gi && group_loads(ir, alias, &groups[o], slot)) return true;
+    return false;
+}
+
+/* Same dtype, shape and strides (offsets and slots may differ). */
+static bool same_layout(const sg__ref *a, const sg__ref *b) {
+    if (a->dtype != b->dtype || a->ndim != b->ndim) return false;
+    for (int d = 0; d < a->ndim; d++)
+        if (a->shape[d] != b->shape[d] || (a->shape[d] > 1 && a->stride[d] != b->stride[d]))
+            return false;
+    return true;
+}
+
+/*
+ * What the library call of MATMUL group gi can compute of its epilogue
+ * (sg__lib_epi): the group must be the anchor and one stored member of its
+ * dtype (f32, bf16, f16) and strides, written to a slot that no input of
+ * the product is in (the call writes it while it reads them); *res the
+ * residual's input index (an add), *aux whether the product is seen
+ * outside the group (only a GELU's call writes it beside its result).
+ */
+static int lib_epi_of(const sg__ir *ir, const int *alias, const sg__group *groups, int ngroups,
+                      int gi, int *res, bool *aux) {
+    const sg__group *g = &groups[gi];
+    *res = -1;
+    *aux = false;
+    if (g->kind != SG__G_MATMUL || g->anchor != 0 || g->n != 2 || g->anchor2 || g->norm_rows ||
+        g->ncopies || !g->g[1].store)
+        return SG__EPI_NONE;
+    const sg__irnode *mm = &ir->nodes[g->g[0].node], *e = &ir->nodes[g->g[1].node];
+    const sg__ref *a = &ir->refs[alias[mm->out]], *o = &ir->refs[alias[e->out]];
+    if ((a->dtype != SG_F32 && a->dtype != SG_BF16 && a->dtype != SG_F16) || !same_layout(a, o) ||
+        o->slot == a->slot)
+        return SG__EPI_NONE;
+    for (int j = 0; j < mm->nin; j++) {
+        const sg__ref *x = arg_ref(ir, mm, j, alias);
+        if (x && x->slot == o->slot) return SG__EPI_NONE;
+    }
+    *aux = seen_outside(ir, alias, groups, ngroups, gi, a->slot);
+    if (e->op == SG__OP_GELU_TANH && e->nin == 1 && g->g[1].arg_src[0] == 0) return SG__EPI_GELU;
+    if (*aux) return SG__EPI_NONE; /* only GELU's call writes the product too */
+    if (e->op == SG__OP_RELU && e->nin == 1 && g->g[1].arg_src[0] == 0) return SG__EPI_RELU;
+    if (e->op != SG__OP_ADD || e->nin != 2) return SG__EPI_NONE;
+    for (int j = 0; j < 2; j++) {
+        const sg__ref *r = arg_ref(ir, e, j, alias);
+        if (g->g[1].arg_src[1 - j] != 0 || g->g[1].arg_src[j] >= 0 || !r || !same_layout(r, o) ||
+            r->slot == a->slot || (r->slot == o->slot && r->offset != o->offset))
+            continue;
+        *res = j;
+        return SG__EPI_ADD;
+    }
+    return SG__EPI_NONE;
+}
+
+static void lib_epilogues(const sg__ir *ir, const int *alias, sg__group *groups, int ngroups) {
+    for (int gi = 0; gi < ngroups; gi++) {
+        sg__group *g = &groups[gi];
+        g->lib_epi = lib_epi_of(ir, alias, groups, ngroups, gi, &g->lib_res, &g->lib_aux);
+        if (!g->lib_epi) g->lib_res = -1, g->lib_aux = false;
+    }
+}
+
 /* ------------------------------------------------------------ horizontal */
 
 static bool group_touches(const sg__ir *ir, const int *alias, const sg__group *g, int slot,
@@ -1011,6 +1081,7 @@ sg_status sg__fuse(sg_ctx *ctx, const sg__ir *ir, const sg__fuse_opts *opts, sg_
         s = copies_into_gemv(ctx, ir, f->alias, f, opts->gemv_rows);
     if (s != SG_OK) goto done;
     mark_stores(ir, f->alias, f->groups, f->ngroups);
+    if (!per_op && opts && opts->lib_epilogue) lib_epilogues(ir, f->alias, f->groups, f->ngroups);
     if (!per_op && (!opts || opts->horizontal))
         s = horizontal(ctx, ir, f->alias, f, opts && opts->horizontal_data);
     if (s == SG_OK && !per_op && opts && opts->chain) chains(ctx, ir, f, opts->chain);

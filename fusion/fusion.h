@@ -45,6 +45,9 @@
  *    product, into the caches at the position) join it as its last members
  *    (sg__group.ncopies): the GEMV's thread that holds an element of the
  *    result also writes it into the cache.
+ *  - epilogues into the BLAS (with lib_epilogue): a MATMUL group whose
+ *    epilogue is one gelu_tanh, relu or residual add is marked
+ *    (sg__group.lib_epi) for a library call that computes it itself.
  *  - horizontal: consecutive POINTWISE groups with no data between them
  *    (an optimizer's per-parameter updates) become one MULTI group: one
  *    kernel with one loop per member; with horizontal_data, so do
@@ -124,7 +127,24 @@ typedef struct sg__group {
      * nodes, each copying a view of the anchor's result (src, in the
      * anchor's output slot) into dst at idx; 0 when none. */
     int ncopies;
+    /* MATMUL groups that sg__fuse_opts.lib_epilogue hands whole to the BLAS
+     * call: the group is its anchor and one epilogue member (g[1]) that the
+     * library computes in its own epilogue (sg__lib_epi), the member's
+     * result written by the call; lib_res is the member's input index of
+     * the residual (SG__EPI_ADD, -1 otherwise) and lib_aux says that the
+     * anchor's value is read outside the group too, so that the call also
+     * writes it (SG__EPI_GELU only). The backend may still run the group as
+     * the product and then its epilogue kernel (the library refused). */
+    int lib_epi;
+    int lib_res;
+    bool lib_aux;
 } sg__group;
+
+/* What a MATMUL group's one epilogue member is, for sg__group.lib_epi:
+ * gelu_tanh (the tanh form BLAS epilogues compute), relu, or an add of a
+ * residual of the result's dtype, shape and strides (beta = 1 with C the
+ * residual). */
+typedef enum sg__lib_epi { SG__EPI_NONE, SG__EPI_GELU, SG__EPI_RELU, SG__EPI_ADD } sg__lib_epi;
 
 typedef struct sg__fused {
     sg__group *groups; /* the kernels, in execution order */
@@ -175,6 +195,10 @@ typedef struct sg__fuse_opts {
      * order with others: runs of two or more such groups become one chain
      * (sg__group.chain). NULL: no chains. */
     bool (*chain)(const sg__ir *ir, const sg__fused *f, const sg__group *g);
+    /* The backend's BLAS can take a MATMUL group's epilogue into the call
+     * (cuBLASLt's GELU/RELU epilogues, beta = 1 with a separate C): set
+     * sg__group.lib_epi where the group allows it. */
+    bool lib_epilogue;
 } sg__fuse_opts;
 
 SG__HIDDEN sg_status sg__fuse(sg_ctx *ctx, const sg__ir *ir, const sg__fuse_opts *opts,

@@ -96,7 +96,8 @@ static void explain_slots(sg__text *t, const sg__graph *g) {
 }
 
 /* The anchors a compiled graph leaves to the backend's library kernels
- * although generated code could run such ops, and why (fusion's reason). */
+ * although generated code could run such ops, and why (fusion's reason);
+ * then the epilogues the library call computes itself (sg__group.lib_epi). */
 static void explain_library(sg__text *t, const sg__graph *g) {
     for (int k = 0; k < g->fused.ngroups; k++) {
         const sg__group *grp = &g->fused.groups[k];
@@ -104,6 +105,17 @@ static void explain_library(sg__text *t, const sg__graph *g) {
         int node = grp->g[grp->anchor].node;
         sg__text_put(t, "    library kernel: IR line %d (%s), not generated: %s\n", node,
             sg__op_name(g->ir.nodes[node].op), grp->lib_why);
+    }
+    static const char *const epi[] = {"", "GELU", "RELU", "a residual as C, beta = 1"};
+    for (int k = 0; k < g->fused.ngroups; k++) {
+        const sg__group *grp = &g->fused.groups[k];
+        if (grp->kind != SG__G_MATMUL || grp->lib_epi <= 0 || grp->lib_epi > SG__EPI_ADD) continue;
+        int node = grp->g[0].node, e = grp->g[1].node;
+        sg__text_put(t,
+                     "    library epilogue: IR line %d (%s) computes IR line %d (%s) in its "
+                     "call: %s%s (else the group's kernel runs it)\n",
+                     node, sg__op_name(g->ir.nodes[node].op), e, sg__op_name(g->ir.nodes[e].op),
+                     epi[grp->lib_epi], grp->lib_aux ? ", its input written too (aux)" : "");
     }
 }
 

@@ -14,6 +14,13 @@
  * 1e-6 * sqrt(K) * max|a| * max|b|; f16/bf16 by the norm of the error,
  * ||out - ref|| <= 1e-2 ||ref||. Exits 77 without a CUDA device (after the
  * plan checks, which fail the test on their own).
+ *
+ * Then linear + gelu_tanh, relu or a residual add compiled (reduce-overhead),
+ * forward and training (sg_grad of w and b), in bf16 and f32, against an f64
+ * reference: the epilogue computed in cuBLASLt's call (explain names it, no
+ * refusal logged, replays bit-identical), and a GELU whose aux leading dim
+ * cuBLASLt cannot take, or one SG_CUDA_LT_EPILOGUE leaves out, running the
+ * product and the group's kernel.
  */
 #define _POSIX_C_SOURCE 200809L /* setenv */
 #include "codegen/codegen.h"
@@ -382,6 +389,180 @@ static void test_padded(void) {
     sg_clear_error(ctx);
 }
 
+/* ------------------------------------------------------------ epilogues in cuBLASLt */
+
+/* linear + gelu_tanh, relu or a residual add in one compiled step (the
+ * fused group's epilogue computed by cuBLASLt: GELU_BIAS, RELU_BIAS, beta =
+ * 1 with C = the residual), and the training path: y feeds a second
+ * product, the loss is sum(z * z) and sg_grad takes d/dw and d/db (the
+ * GELU's input kept by GELU_AUX_BIAS for its backward; relu's backward reads
+ * y). */
+enum { EPI_GELU, EPI_RELU, EPI_ADD };
+static const char *const epi_names[3] = {"gelu_tanh", "relu", "add_residual"};
+
+typedef struct epi_case {
+    int kind;
+    bool train;
+    sg_tensor *w, *b; /* the parameters (requires grad when training) */
+} epi_case;
+
+static sg_status epi_step(sg_ctx *c, sg_tensor *const *in, sg_tensor **out, void *user) {
+    const epi_case *e = user;
+    sg_tensor *h = sg_linear(in[0], e->w, e->b);
+    sg_tensor *y = e->kind == EPI_GELU   ? sg_gelu_tanh(h)
+                   : e->kind == EPI_RELU ? sg_relu(h)
+                                         : sg_add(in[1], h);
+    out[0] = y;
+    if (!e->train) return y ? SG_OK : sg_ctx_status(c);
+    sg_tensor *z = sg_linear(y, in[2], NULL);
+    sg_tensor *loss = sg_sum(sg_mul(z, z), 0, NULL, false);
+    sg_tensor *p[2] = {e->w, e->b};
+    return loss ? sg_grad(loss, 2, p, out + 1) : sg_ctx_status(c);
+}
+
+static double gelu_f64(double h) {
+    return 0.5 * h * (1 + tanh(sqrt(2 / 3.14159265358979323846) * (h + 0.044715 * h * h * h)));
+}
+
+static double gelu_deriv_f64(double h) {
+    double c = sqrt(2 / 3.14159265358979323846), t = tanh(c * (h + 0.044715 * h * h * h));
+    return 0.5 * (1 + t) + 0.5 * h * (1 - t * t) * c * (1 + 3 * 0.044715 * h * h);
+}
+
+/* Epilogue refusals cuBLASLt logged (cublaslt.c: "... with the GELU epilogue"). */
+static int epi_refusals;
+
+static void epi_log(void *user, const char *topic, const char *line) {
+    on_log(user, topic, line);
+    if (strcmp(topic, "fallbacks") == 0 && strstr(line, "cuBLASLt has no algorithm") &&
+        (strstr(line, "GELU") || strstr(line, "RELU") || strstr(line, "residual C")))
+        epi_refusals++;
+}
+
+/* The f64 reference of the step: y, and when training dW (N, K), db (N). */
+static void epi_ref(const epi_case *e, int64_t M, int64_t K, int64_t N, int64_t Z, const double *xv,
+                    const double *wv, const double *bv, const double *rv, const double *w2v,
+                    double *y, double *dw, double *db) {
+    double *h = calloc((size_t)(M * N), sizeof(double)),
+           *dy = calloc((size_t)(M * N), sizeof(double));
+    for (int64_t m = 0; m < M; m++)
+        for (int64_t n = 0; n < N; n++) {
+            double s = bv[n];
+            for (int64_t k = 0; k < K; k++) s += xv[m * K + k] * wv[n * K + k];
+            h[m * N + n] = s;
+            y[m * N + n] = e->kind == EPI_GELU   ? gelu_f64(s)
+                           : e->kind == EPI_RELU ? (s > 0 ? s : 0)
+                                                 : rv[m * N + n] + s;
+        }
+    for (int64_t m = 0; e->train && m < M; m++)
+        for (int64_t j = 0; j < Z; j++) {
+            double z = 0;
+            for (int64_t n = 0; n < N; n++) z += y[m * N + n] * w2v[j * N + n];
+            for (int64_t n = 0; n < N; n++) dy[m * N + n] += 2 * z * w2v[j * N + n];
+        }
+    for (int64_t i = 0; e->train && i < M * N; i++)
+        dy[i] *= e->kind == EPI_GELU ? gelu_deriv_f64(h[i]) : e->kind == EPI_RELU ? h[i] > 0 : 1;
+    for (int64_t n = 0; e->train && n < N; n++) {
+        db[n] = 0;
+        for (int64_t k = 0; k < K; k++) dw[n * K + k] = 0;
+        for (int64_t m = 0; m < M; m++) {
+            db[n] += dy[m * N + n];
+            for (int64_t k = 0; k < K; k++) dw[n * K + k] += dy[m * N + n] * xv[m * K + k];
+        }
+    }
+    free(h), free(dy);
+}
+
+/* Relative error by the norm (a GELU in f32 is held to the f32 check below
+ * per element too: cuBLASLt's epilogue must be as exact as the kernel's). */
+static bool norm_close(const char *what, const double *got, const double *ref, int64_t n,
+                       double tol) {
+    double num = 0, den = 0;
+    for (int64_t i = 0; i < n; i++)
+        num += (got[i] - ref[i]) * (got[i] - ref[i]), den += ref[i] * ref[i];
+    bool ok = sqrt(num) <= tol * sqrt(den) + 1e-30;
+    if (!ok) fprintf(stderr, "  %s: ||got-ref|| = %g, ||ref|| = %g\n", what, sqrt(num), sqrt(den));
+    return ok;
+}
+
+static void epi_run(sg_dtype dt, int kind, bool train, int64_t N) {
+    int64_t B = 4, T = 64, K = 128, Z = 8, M = B * T;
+    int64_t xs[3] = {B, T, K}, rs[3] = {B, T, N}, ws[2] = {N, K}, bs[1] = {N}, w2s[2] = {Z, N};
+    double *xv, *rv, *wv, *bv, *w2v;
+    sg_tensor *in[3] = {tu_rand(ctx, dt, 3, xs, -1, 1, &xv), tu_rand(ctx, dt, 3, rs, -1, 1, &rv),
+                        tu_rand(ctx, dt, 2, w2s, -0.5, 0.5, &w2v)};
+    epi_case e = {kind, train, tu_rand(ctx, dt, 2, ws, -0.2, 0.2, &wv),
+                  tu_rand(ctx, dt, 1, bs, -0.5, 0.5, &bv)};
+    if (train) sg_requires_grad_(e.w, true), sg_requires_grad_(e.b, true);
+    double *y = calloc((size_t)(M * N), sizeof(double)),
+           *dw = calloc((size_t)(N * K), sizeof(double)), *db = calloc((size_t)N, sizeof(double));
+    epi_ref(&e, M, K, N, Z, xv, wv, bv, rv, w2v, y, dw, db);
+    int refusals = epi_refusals, nout = train ? 3 : 1;
+    sg_fn *fn = NULL;
+    bool ok =
+        TU_EXPECT(sg_compile(ctx, epi_step, &e, 3, nout,
+                             &(sg_compile_opts){.mode = SG_MODE_REDUCE_OVERHEAD}, &fn) == SG_OK);
+    double *prev[3] = {NULL};
+    /* the first call runs the kernels, the second records them, the third replays */
+    for (int call = 0; ok && call < 3; call++) {
+        sg_tensor *out[3] = {NULL};
+        sg_mark_step_begin(ctx);
+        ok = TU_EXPECT(sg_call(fn, in, 3, out, nout) == SG_OK);
+        for (int o = 0; ok && o < nout; o++) {
+            int64_t n = o == 0 ? M * N : o == 1 ? N * K : N;
+            const double *ref = o == 0 ? y : o == 1 ? dw : db;
+            double *got = tu_read(out[o]);
+            ok = TU_EXPECT(got != NULL);
+            if (ok && dt == SG_F32 && o == 0)
+                ok = check(dt, got, ref, n, K + 1, max_abs(xv, M * K) * max_abs(wv, N * K) + 1);
+            else if (ok)
+                ok = norm_close(o == 0   ? "y"
+                                : o == 1 ? "dw"
+                                         : "db",
+                                got, ref, n, dt == SG_F32 ? 1e-5 : 1e-2);
+            /* replays give the same bits */
+            if (ok && prev[o])
+                ok = TU_EXPECT(memcmp(prev[o], got, sizeof(double) * (size_t)n) == 0);
+            free(prev[o]);
+            prev[o] = got;
+        }
+        for (int o = 0; o < nout; o++) sg_release(out[o]);
+    }
+    const char *ex = ok ? sg_fn_explain(fn) : "";
+    const char *line = strstr(ex, "library epilogue:");
+    /* N a multiple of 8: the group is marked and cuBLASLt takes it (else
+     * the product and the group's kernel run, numbers as checked) */
+    if (ok && N % 8 == 0)
+        ok = TU_EXPECT(line != NULL) && TU_EXPECT(epi_refusals == refusals) &&
+             TU_EXPECT((strstr(line, "(aux)") != NULL) == (train && kind == EPI_GELU));
+    if (!ok) fprintf(stderr, "  error: %s\n", sg_last_error(ctx));
+    tu_case(ok, "CUDA_LINEAR_EPILOGUE(%s,type=%s,x=[%lld,%lld,%lld],N=%lld,%s): %.*s",
+            epi_names[kind], sg_dtype_name(dt), (long long)B, (long long)T, (long long)K,
+            (long long)N, train ? "train, sg_grad dw db" : "forward",
+            line ? (int)strcspn(line, "\n") : 0, line ? line : "");
+    sg_clear_error(ctx);
+    sg_fn_destroy(fn);
+    for (int o = 0; o < 3; o++) free(prev[o]), sg_release(in[o]);
+    sg_release(e.w), sg_release(e.b);
+    free(xv), free(rv), free(wv), free(bv), free(w2v), free(y), free(dw), free(db);
+}
+
+static void test_epilogues(void) {
+    static const sg_dtype dts[2] = {SG_BF16, SG_F32};
+    setenv("SG_CUDA_MATMUL", "auto", 1);
+    for (int t = 0; t < 2; t++)
+        for (int kind = 0; kind < 3; kind++) {
+            epi_run(dts[t], kind, false, 192);
+            epi_run(dts[t], kind, true, 192);
+        }
+    epi_run(SG_BF16, EPI_GELU, true, 100);    /* aux ld 100: not a multiple of 8, the old path */
+    setenv("SG_CUDA_LT_EPILOGUE", "relu", 1); /* the old path for gelu and add */
+    epi_run(SG_BF16, EPI_GELU, true, 192);
+    epi_run(SG_F32, EPI_ADD, false, 192);
+    unsetenv("SG_CUDA_LT_EPILOGUE");
+    unsetenv("SG_CUDA_MATMUL");
+}
+
 static double now(void) {
     struct timespec t;
     clock_gettime(CLOCK_MONOTONIC, &t);
@@ -420,7 +601,7 @@ int main(void) {
     tu_seed(23);
     test_plan();
     if (tu_finish() != 0) return 1; /* the plan is wrong: no need for a device to say so */
-    sg_status s = sg_ctx_create(&(sg_ctx_opts){.backend = SG_BACKEND_CUDA, .log = on_log}, &ctx);
+    sg_status s = sg_ctx_create(&(sg_ctx_opts){.backend = SG_BACKEND_CUDA, .log = epi_log}, &ctx);
     if (s == SG_ERR_BACKEND_UNAVAILABLE) {
         printf("skipped: no CUDA device (%s)\n", sg_last_error(NULL));
         return 77;
@@ -431,6 +612,7 @@ int main(void) {
     }
     test_device();
     test_padded();
+    test_epilogues();
     report_bandwidth();
     sg_ctx_destroy(ctx);
     return tu_finish();

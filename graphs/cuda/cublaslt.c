@@ -45,7 +45,7 @@ static bool key_ok(const int64_t *k) {
     for (int i = 1; i < 3; i++) ok = ok && (k[i] == 0 || k[i] == 1);
     for (int i = 3; i < 10; i++) ok = ok && k[i] >= 1;  /* m n k lda ldb ldc batch */
     for (int i = 10; i < 13; i++) ok = ok && k[i] >= 0; /* batch strides */
-    ok = ok && (k[13] == 0 || k[13] == 1) && (k[14] == 0 || k[14] == 1);
+    ok = ok && k[13] >= 0 && k[13] < 16 && k[14] >= 0 && k[14] <= 2; /* epilogue, beta */
     for (int i = 15; i < 18; i++) ok = ok && pow2_upto256(k[i]);
     ok = ok && (k[18] == 0 || pow2_upto256(k[18])) && (k[19] == 0 || k[19] == 1);
     return ok;
@@ -304,12 +304,54 @@ fail:
     return st;
 }
 
-static void make_key(const sg__lt_call *c, const void *a, const void *b, const void *d,
-                     const void *bias, bool tf32, int64_t *k) {
+/* The key's words: dtype, transa, transb, m, n, k, lda, ldb, ldc, batch,
+ * sa, sb, sc, the epilogue (bias | act << 1 | aux << 3), beta (0; 1 with
+ * C = D; 2 with a C of its own), the alignments of A, B, of D with C and
+ * aux (one layout), of the bias (0: none), TF32. */
+static void make_key(const sg__lt_call *c, const void *a, const void *b, const void *cin,
+                     const void *d, const void *bias, const void *aux, bool tf32, int64_t *k) {
+    int64_t al = align_of(d);
+    if (cin && align_of(cin) < al) al = align_of(cin);
+    if (aux && align_of(aux) < al) al = align_of(aux);
+    int64_t epi = c->bias | c->act << 1 | (int64_t)c->aux << 3;
+    int64_t beta = c->accumulate ? (cin && cin != d ? 2 : 1) : 0;
     int64_t v[KEY_WORDS] = {c->dtype, c->transa, c->transb, c->m, c->n, c->k, c->lda, c->ldb,
-                            c->ldc, c->batch, c->sa, c->sb, c->sc, c->bias, c->accumulate,
-                            align_of(a), align_of(b), align_of(d), bias ? align_of(bias) : 0, tf32};
+                            c->ldc, c->batch, c->sa, c->sb, c->sc, epi, beta, align_of(a),
+                            align_of(b), al, bias ? align_of(bias) : 0, tf32};
     memcpy(k, v, sizeof v);
+}
+
+/* The cuBLASLt epilogue of a call. */
+static cublasLtEpilogue_t epilogue_of(const sg__lt_call *c) {
+    if (c->act == SG__LT_ACT_GELU)
+        return c->aux ? (c->bias ? CUBLASLT_EPILOGUE_GELU_AUX_BIAS : CUBLASLT_EPILOGUE_GELU_AUX)
+                      : (c->bias ? CUBLASLT_EPILOGUE_GELU_BIAS : CUBLASLT_EPILOGUE_GELU);
+    if (c->act == SG__LT_ACT_RELU)
+        return c->bias ? CUBLASLT_EPILOGUE_RELU_BIAS : CUBLASLT_EPILOGUE_RELU;
+    return c->bias ? CUBLASLT_EPILOGUE_BIAS : CUBLASLT_EPILOGUE_DEFAULT;
+}
+
+/* A call's epilogue in words, for logs ("" for none); own_c: beta = 1 with
+ * a C apart from D (a residual). */
+static const char *epilogue_words(const sg__lt_call *c, bool own_c) {
+    if (c->act == SG__LT_ACT_GELU)
+        return c->aux ? " with the GELU epilogue (and its input)" : " with the GELU epilogue";
+    if (c->act == SG__LT_ACT_RELU) return " with the RELU epilogue";
+    if (own_c) return c->bias ? " with the bias epilogue and a residual C" : " with a residual C";
+    return c->bias ? " with the bias epilogue" : "";
+}
+
+/* The call's per-call pointers on its descriptor: the bias and aux. */
+static cublasStatus_t set_pointers(const lt_api *api, const lt_entry *e, const sg__lt_call *c,
+                                   const void *bias, const void *aux) {
+    cublasStatus_t r = CUBLAS_STATUS_SUCCESS;
+    if (c->bias)
+        r = api->cublasLtMatmulDescSetAttribute(e->desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias,
+                                                sizeof bias);
+    if (r == CUBLAS_STATUS_SUCCESS && c->aux)
+        r = api->cublasLtMatmulDescSetAttribute(e->desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER,
+                                                &aux, sizeof aux);
+    return r;
 }
 
 static uint64_t hash_key(const int64_t *k) {
@@ -440,7 +482,7 @@ static cublasStatus_t candidates(lt_state *s, const lt_entry *e, int64_t k,
 
 /* Descriptors, layouts and the untimed choice of algorithm for e's call. */
 static sg_status build_entry(sg_ctx *ctx, lt_state *s, lt_entry *e, const sg__lt_call *c,
-                             const void *bias) {
+                             const void *bias, const void *aux) {
     const lt_api *api = &s->api;
     cudaDataType_t t = data_type(c->dtype);
     cublasComputeType_t ct = c->dtype == SG_F32 && s->tf32 ? CUBLAS_COMPUTE_32F_FAST_TF32
@@ -454,12 +496,16 @@ static sg_status build_entry(sg_ctx *ctx, lt_state *s, lt_entry *e, const sg__lt
     }
     if (r == CUBLAS_STATUS_SUCCESS)
         r = api->cublasLtMatmulDescSetAttribute(e->desc, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof tb);
-    if (r == CUBLAS_STATUS_SUCCESS && c->bias) {
-        cublasLtEpilogue_t ep = CUBLASLT_EPILOGUE_BIAS;
+    cublasLtEpilogue_t ep = epilogue_of(c);
+    if (r == CUBLAS_STATUS_SUCCESS && ep != CUBLASLT_EPILOGUE_DEFAULT) {
         r = api->cublasLtMatmulDescSetAttribute(e->desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &ep, sizeof ep);
-        if (r == CUBLAS_STATUS_SUCCESS) /* the heuristic reads its alignment */
-            r = api->cublasLtMatmulDescSetAttribute(e->desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER,
-                                                    &bias, sizeof bias);
+        if (r == CUBLAS_STATUS_SUCCESS && c->aux) {
+            int64_t ld = c->ldc;
+            r = api->cublasLtMatmulDescSetAttribute(e->desc, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD,
+                                                    &ld, sizeof ld);
+        }
+        if (r == CUBLAS_STATUS_SUCCESS) /* the heuristic reads their alignment */
+            r = set_pointers(api, e, c, bias, aux);
     }
     if (r == CUBLAS_STATUS_SUCCESS) {
         call = "cublasLtMatrixLayoutCreate";
@@ -486,19 +532,22 @@ static sg_status build_entry(sg_ctx *ctx, lt_state *s, lt_entry *e, const sg__lt
                     sg_dtype_name(c->dtype), (long long)c->m, (long long)c->n, (long long)c->k,
                     cd[0].splitk);
     } else /* once per distinct call: the entry remembers the answer */
-        sg__log(ctx, "fallbacks", "cuda: cuBLASLt has no algorithm for a %s matmul m=%lld n=%lld "
-                "k=%lld lda=%lld ldb=%lld ldc=%lld batch=%lld%s; %s", sg_dtype_name(c->dtype),
-                (long long)c->m, (long long)c->n, (long long)c->k, (long long)c->lda,
-                (long long)c->ldb, (long long)c->ldc, (long long)c->batch,
-                c->bias ? " with the bias epilogue" : "",
-                c->bias ? "the bias is written first and the product added to it"
-                        : "the GEMV kernel runs it");
+        sg__log(ctx, "fallbacks",
+                "cuda: cuBLASLt has no algorithm for a %s matmul m=%lld n=%lld "
+                "k=%lld lda=%lld ldb=%lld ldc=%lld batch=%lld%s; %s",
+                sg_dtype_name(c->dtype), (long long)c->m, (long long)c->n, (long long)c->k,
+                (long long)c->lda, (long long)c->ldb, (long long)c->ldc, (long long)c->batch,
+                epilogue_words(c, e->key[14] == 2),
+                c->act || e->key[14] == 2
+                    ? "the product runs alone and the group's epilogue kernel after it"
+                : c->bias ? "the bias is written first and the product added to it"
+                          : "the GEMV kernel runs it");
     return SG_OK;
 }
 
 /* The cached entry for key k, made now if new. */
 static sg_status find_entry(sg_ctx *ctx, lt_state *s, const int64_t *k, const sg__lt_call *c,
-                            const void *bias, lt_entry **out) {
+                            const void *bias, const void *aux, lt_entry **out) {
     uint64_t h = hash_key(k);
     for (int i = 0; i < s->nentries; i++)
         if (s->entries[i].hash == h && memcmp(s->entries[i].key, k, sizeof s->entries[i].key) == 0) {
@@ -520,7 +569,7 @@ static sg_status find_entry(sg_ctx *ctx, lt_state *s, const int64_t *k, const sg
     memset(e, 0, sizeof *e);
     memcpy(e->key, k, sizeof e->key);
     e->hash = h;
-    sg_status st = build_entry(ctx, s, e, c, bias);
+    sg_status st = build_entry(ctx, s, e, c, bias, aux);
     if (st != SG_OK) {
         free_entry(&s->api, e);
         return st;
@@ -569,15 +618,16 @@ typedef struct cand {
     void *d;
     sg__lt_alt alt;
     void *user;
+    const void *cin; /* a C apart from D (beta = 1), NULL when none */
 } cand;
 
 static bool cand_run(sg_ctx *ctx, const cand *t, const cublasLtMatmulAlgo_t *algo) {
     if (!algo) return t->alt(ctx, t->user) == SG_OK;
-    float alpha = 1.0f, beta = 0.0f;
+    float alpha = 1.0f, beta = t->cin ? 1.0f : 0.0f;
     const lt_entry *e = t->e;
     return t->s->api.cublasLtMatmul(t->s->handle, e->desc, &alpha, t->a, e->la, t->b, e->lb, &beta,
-                                    t->d, e->lc, t->d, e->lc, algo, t->s->workspace,
-                                    WORKSPACE_BYTES,
+                                    t->cin ? t->cin : t->d, e->lc, t->d, e->lc, algo,
+                                    t->s->workspace, WORKSPACE_BYTES,
                                     (cudaStream_t)sg__cuda_stream(ctx)) == CUBLAS_STATUS_SUCCESS;
 }
 
@@ -683,7 +733,7 @@ static int pick_for(sg_ctx *ctx, const cand *t, const sg__lt_call *c, bool alt_f
     if (kn) {
         pick = kn->p.pick;
         if (!t->e->tuned) use_pick(s, t->e, pick, c);
-    } else if (s->tuning && !c->accumulate && !sg__cuda_capturing(ctx)) {
+    } else if (s->tuning && (!c->accumulate || t->cin) && !sg__cuda_capturing(ctx)) {
         pick = tune_call(ctx, t, c, alt_first);
         kn = known_put(ctx, s, t->e->key, pick);
     } else {
@@ -742,7 +792,7 @@ bool sg__lt_prefer_gemv(sg_ctx *ctx, const sg__lt_call *c, const void *a, const 
     lt_state *s = *sg__cuda_lt_state(ctx);
     if (!s || !s->scope || (!s->tuning && s->nknown == 0)) return gemv;
     int64_t k[KEY_WORDS];
-    make_key(c, a, b, d, c->bias ? bias : NULL, s->tf32, k);
+    make_key(c, a, b, NULL, d, c->bias ? bias : NULL, NULL, s->tf32, k);
     lt_known *kn = known_find(s, k);
     if (kn) {
         if (s->tuning) kn->mark = s->epoch;
@@ -753,11 +803,9 @@ bool sg__lt_prefer_gemv(sg_ctx *ctx, const sg__lt_call *c, const void *a, const 
     quiet_begin(ctx, &q);
     lt_entry *e = NULL;
     int pick = -2;
-    if (find_entry(ctx, s, k, c, bias, &e) == SG_OK &&
-        (!c->bias ||
-         s->api.cublasLtMatmulDescSetAttribute(e->desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias,
-                                               sizeof bias) == CUBLAS_STATUS_SUCCESS)) {
-        cand t = {s, e, a, b, d, alt, user};
+    if (find_entry(ctx, s, k, c, bias, NULL, &e) == SG_OK &&
+        set_pointers(&s->api, e, c, bias, NULL) == CUBLAS_STATUS_SUCCESS) {
+        cand t = {s, e, a, b, d, alt, user, NULL};
         pick = pick_for(ctx, &t, c, gemv);
     }
     quiet_end(ctx, &q);
@@ -766,36 +814,42 @@ bool sg__lt_prefer_gemv(sg_ctx *ctx, const sg__lt_call *c, const void *a, const 
 
 sg_status sg__lt_matmul(sg_ctx *ctx, const sg__lt_call *c, const void *a, const void *b, void *d,
                         const void *bias, bool *ran) {
+    return sg__lt_matmul_epi(ctx, c, a, b, NULL, d, bias, NULL, ran);
+}
+
+sg_status sg__lt_matmul_epi(sg_ctx *ctx, const sg__lt_call *c, const void *a, const void *b,
+                            const void *cin, void *d, const void *bias, void *aux, bool *ran) {
     *ran = false;
     lt_state *s = NULL;
     sg_status st = lt_state_get(ctx, &s);
     if (st != SG_OK) return st;
+    if (!c->accumulate || cin == d) cin = NULL;
+    if (!c->aux) aux = NULL;
     int64_t k[KEY_WORDS];
-    make_key(c, a, b, d, c->bias ? bias : NULL, s->tf32, k);
+    make_key(c, a, b, cin, d, c->bias ? bias : NULL, aux, s->tf32, k);
     lt_entry *e = NULL;
-    st = find_entry(ctx, s, k, c, bias, &e);
+    st = find_entry(ctx, s, k, c, bias, aux, &e);
     if (st != SG_OK || !e->has_algo) return st;
-    cublasStatus_t r = CUBLAS_STATUS_SUCCESS;
-    if (c->bias) /* the pointer of this call (the cached one was another's) */
-        r = s->api.cublasLtMatmulDescSetAttribute(e->desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias,
-                                                  sizeof bias);
+    /* the pointers of this call (the cached ones were another's) */
+    cublasStatus_t r = set_pointers(&s->api, e, c, bias, aux);
     if (r != CUBLAS_STATUS_SUCCESS) return lt_fail(ctx, s, r, "cublasLtMatmulDescSetAttribute", c);
     if (s->scope && (s->tuning || (!e->tuned && s->nknown > 0))) {
         quiet q; /* a pick that cannot be made keeps the default */
         quiet_begin(ctx, &q);
-        cand t = {s, e, a, b, d, NULL, NULL};
+        cand t = {s, e, a, b, d, NULL, NULL, cin};
         pick_for(ctx, &t, c, false);
         quiet_end(ctx, &q);
     }
     const cublasLtMatmulAlgo_t *algo = s->scope && e->tuned ? &e->picked : &e->algo;
     float alpha = 1.0f, beta = c->accumulate ? 1.0f : 0.0f;
-    r = s->api.cublasLtMatmul(s->handle, e->desc, &alpha, a, e->la, b, e->lb, &beta, d, e->lc, d,
+    const void *cp = cin ? cin : d;
+    r = s->api.cublasLtMatmul(s->handle, e->desc, &alpha, a, e->la, b, e->lb, &beta, cp, e->lc, d,
                               e->lc, algo, s->workspace, WORKSPACE_BYTES,
                               (cudaStream_t)sg__cuda_stream(ctx));
     if (r != CUBLAS_STATUS_SUCCESS && algo == &e->picked) {
         /* A pick that fails is dropped for the heuristic's first. */
         e->picked = e->algo;
-        r = s->api.cublasLtMatmul(s->handle, e->desc, &alpha, a, e->la, b, e->lb, &beta, d, e->lc,
+        r = s->api.cublasLtMatmul(s->handle, e->desc, &alpha, a, e->la, b, e->lb, &beta, cp, e->lc,
                                   d, e->lc, &e->algo, s->workspace, WORKSPACE_BYTES,
                                   (cudaStream_t)sg__cuda_stream(ctx));
     }

@@ -48,7 +48,7 @@ typedef struct sg__mm_plan {
 SG__HIDDEN void sg__mm_plan_make(const sg__node *n, sg__mm_plan *p);
 
 /* One cuBLASLt matmul in its own column-major terms:
- * D (m x n) = op(A) op(B) [+ bias (m) on every column] [+ C when accumulate]. */
+ * D (m x n) = act(op(A) op(B) [+ bias (m) on every column] [+ C when accumulate]). */
 typedef struct sg__lt_call {
     sg_dtype dtype;
     int transa, transb; /* 1: CUBLAS_OP_T */
@@ -57,8 +57,15 @@ typedef struct sg__lt_call {
     int64_t batch;      /* matrices per call (strided batch), >= 1 */
     int64_t sa, sb, sc; /* element strides between them */
     bool bias;          /* the BIAS epilogue */
-    bool accumulate;    /* beta = 1: D = C (same buffer) plus the product */
+    bool accumulate;    /* beta = 1: D = C (the same buffer, or sg__lt_matmul_epi's c)
+                           plus the product */
+    int act;            /* SG__LT_ACT_*: cuBLASLt's GELU (tanh form) or RELU epilogue,
+                           after the bias */
+    bool aux;           /* with SG__LT_ACT_GELU: the value before it is written too
+                           (sg__lt_matmul_epi's aux, D's layout; ldc a multiple of 8) */
 } sg__lt_call;
+
+enum { SG__LT_ACT_NONE, SG__LT_ACT_GELU, SG__LT_ACT_RELU };
 
 /* The call for plan p's innermost batch (or its one matrix): false when an
  * operand is neither row-major nor transposed (the plan packs those, so
@@ -134,6 +141,13 @@ SG__HIDDEN bool sg__mm_pad_note(const sg__node *n, char *buf, size_t size);
  */
 SG__HIDDEN sg_status sg__lt_matmul(sg_ctx *ctx, const sg__lt_call *c, const void *a, const void *b,
                                    void *d, const void *bias, bool *ran);
+/* The same with a C apart from D (cin: read with beta = 1 when c->accumulate,
+ * of D's layout, either D itself or not overlapping it; NULL: D) and the
+ * GELU epilogue's aux output (with c->aux). *ran false: no algorithm for
+ * this epilogue (logged once per call under fallbacks); nothing written. */
+SG__HIDDEN sg_status sg__lt_matmul_epi(sg_ctx *ctx, const sg__lt_call *c, const void *a,
+                                       const void *b, const void *cin, void *d, const void *bias,
+                                       void *aux, bool *ran);
 
 /* ------------------------------------------------------------ max-autotune */
 
@@ -146,8 +160,9 @@ SG__HIDDEN sg_status sg__lt_matmul(sg_ctx *ctx, const sg__lt_call *c, const void
  * them. The untimed choice (sg__lt_default_pick's candidate, and, for few rows,
  * today's choice between GEMV and cuBLASLt) stays unless another
  * is at least 3% faster, and stays when a candidate fails. Calls that add
- * to their output (beta = 1) keep the untimed choice: timing them would
- * add the product again. A pick is the call's key (the words cublaslt.c
+ * to their output in place (beta = 1, C = D) keep the untimed choice: timing
+ * them would add the product again (with a separate C they are timed, with
+ * their epilogue). A pick is the call's key (the words cublaslt.c
  * compares: sizes, strides, dtype, epilogue, pointer alignments, TF32) and
  * the index of the chosen algorithm in the call's candidate list, or
  * SG__LT_GEMV; picks are remembered with the block sizes in the tune file

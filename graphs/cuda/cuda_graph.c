@@ -89,6 +89,8 @@ typedef struct cu_graph {
     int ngroups, nslots;
     int ntable;  /* entries of a set's table: nslots, then the launches' own */
     int *argoff; /* per group: the entry its kernel's table starts at */
+    bool *took;  /* per group: its last run's cuBLASLt call computed the epilogue,
+                    so its kernel did not run (sg__group.lib_epi) */
     set_state *sets;
     int nsets;
     bool use_graph, said;
@@ -113,6 +115,7 @@ static void release(sg_ctx *ctx, sg__graph *g) {
     sg__free(ctx, cg->kfn, sizeof *cg->kfn * (size_t)(cg->ngroups ? cg->ngroups : 1));
     sg__free(ctx, cg->kinfo, sizeof *cg->kinfo * (size_t)(cg->ngroups ? cg->ngroups : 1));
     sg__free(ctx, cg->argoff, sizeof *cg->argoff * (size_t)(cg->ngroups ? cg->ngroups : 1));
+    sg__free(ctx, cg->took, sizeof *cg->took * (size_t)(cg->ngroups ? cg->ngroups : 1));
     sg__free(ctx, cg, sizeof *cg);
     g->dev = NULL;
 }
@@ -207,7 +210,8 @@ static sg_status compile(sg_fn *fn, sg__graph *g) {
     cg->kfn = sg__calloc(ctx, sizeof *cg->kfn * (size_t)(cg->ngroups ? cg->ngroups : 1));
     cg->kinfo = sg__calloc(ctx, sizeof *cg->kinfo * (size_t)(cg->ngroups ? cg->ngroups : 1));
     cg->argoff = sg__calloc(ctx, sizeof *cg->argoff * (size_t)(cg->ngroups ? cg->ngroups : 1));
-    if (!cg->kfn || !cg->kinfo || !cg->argoff)
+    cg->took = sg__calloc(ctx, sizeof *cg->took * (size_t)(cg->ngroups ? cg->ngroups : 1));
+    if (!cg->kfn || !cg->kinfo || !cg->argoff || !cg->took)
         return sg__fail(ctx, SG_ERR_OOM, "cuda: out of host memory");
     sg__emit e = {.ctx = ctx};
     int nk = 0;
@@ -277,10 +281,17 @@ static sg_status launch_range(sg_ctx *ctx, sg__graph *g, set_state *st, int from
         const sg__group *grp = &g->fused.groups[k];
         const sg__cuda_kinfo *ki = &cg->kinfo[k];
         int node = call_node(grp);
-        if (node >= 0 && !ki->replaces_call) {
+        bool took = false; /* cuBLASLt computed the epilogue too (sg__group.lib_epi) */
+        if (node >= 0 && !ki->replaces_call && grp->kind == SG__G_MATMUL && grp->lib_epi) {
+            sg_status s = sg__cuda_matmul_epi(ctx, &g->nodes[node], &g->nodes[grp->g[1].node],
+                                              grp->lib_epi, grp->lib_res, grp->lib_aux, &took);
+            if (s != SG_OK) return s;
+        }
+        if (node >= 0 && !ki->replaces_call && !took) {
             sg_status s = ctx->exec.run(ctx, &g->nodes[node]);
             if (s != SG_OK) return s;
         }
+        cg->took[k] = took;
         /* A data op run by a generated kernel: bad indices fail the call
          * before anything is written, as in the eager kernel. */
         if (grp->kind == SG__G_OPAQUE && ki->replaces_call) {
@@ -299,7 +310,7 @@ static sg_status launch_range(sg_ctx *ctx, sg__graph *g, set_state *st, int from
                               : SG_OK;
             if (s != SG_OK) return s;
         }
-        if (!cg->kfn[k]) continue;
+        if (!cg->kfn[k] || took) continue;
         unsigned grid[3] = {ki->grid, 1, 1}, block[3] = {ki->block, 1, 1};
         CUdeviceptr tab = table_of(cg, st, k);
         void *args[1] = {&tab};
@@ -506,7 +517,7 @@ static sg_status tune_kernels(sg_fn *fn, sg__graph *g, set_state *st) {
     sg_status s = SG_OK;
     for (int k = 0; s == SG_OK && k < cg->ngroups; k++) {
         sg__cuda_kinfo *ki = &cg->kinfo[k];
-        if (!cg->kfn[k] || !ki->tune_grid[0]) continue;
+        if (!cg->kfn[k] || !ki->tune_grid[0] || cg->took[k]) continue;
         /* Timed alone, a kernel can look faster with a launch that is slower
          * in the step (where the next kernel overlaps its tail): the default
          * (256 threads) stays unless another is clearly faster. */
@@ -666,9 +677,14 @@ static sg_status timed_run(sg_fn *fn, sg__graph *g, int set) {
 }
 
 /* The CUDA dialect's fusion: no prologues before library anchors, which
- * read their input from memory. */
-const sg__graph_ops sg__cuda_graph_ops = {compile, run, release, sg__cgen_cuda_fuse_opts,
-                                          timed_run};
+ * read their input from memory; epilogues that cuBLASLt can compute are
+ * marked for it (the group's kernel stays, for when it cannot). */
+static void fuse_opts(sg__fuse_opts *o, bool disable) {
+    sg__cgen_cuda_fuse_opts(o, disable);
+    o->lib_epilogue = true;
+}
+
+const sg__graph_ops sg__cuda_graph_ops = {compile, run, release, fuse_opts, timed_run};
 
 #else
 /* Built without CUDA: no context ever gets these. */

@@ -93,6 +93,12 @@ SG__HIDDEN sg_status sg__cuda_data_check(sg_ctx *ctx, const sg__node *n);
 SG__HIDDEN sg_status sg__cuda_reduce(sg_ctx *ctx, const sg__node *n);
 SG__HIDDEN sg_status sg__cuda_row(sg_ctx *ctx, const sg__node *n);
 SG__HIDDEN sg_status sg__cuda_matmul(sg_ctx *ctx, const sg__node *n);
+/* Node n's product with its fused group's epilogue member e in cuBLASLt's
+ * epilogue (epi an sg__lib_epi, res and aux as sg__group's lib_res and
+ * lib_aux; cuda_matmul.c): *took false when it ran nothing, for the caller
+ * to run the product and the epilogue kernel. */
+SG__HIDDEN sg_status sg__cuda_matmul_epi(sg_ctx *ctx, const sg__node *n, const sg__node *e, int epi,
+                                         int res, bool aux, bool *took);
 SG__HIDDEN sg_status sg__cuda_attn(sg_ctx *ctx, const sg__node *n);
 SG__HIDDEN sg_status sg__cuda_attn_bwd(sg_ctx *ctx, const sg__node *n);
 
