@@ -242,6 +242,14 @@ typedef struct sg__spell {
      * __launch_bounds__ and have warp shuffles (row and GEMV kernels). */
     const char *kernel, *tid, *bid, *bdim, *gdim, *sync;
     bool launch_bounds, shuffles;
+    /* GPU dialects: the function giving a float from its bits
+     * ("__uint_as_float"), the qualifier of an array the block shares and
+     * the address space of a pointer into one, and whether such arrays are
+     * declared at the kernel's outermost scope (OpenCL C), not where used.
+     * Without shuffles a team combines its lanes through such an array, in
+     * the order the shuffles would (sg__cuda_tree). */
+    const char *u2f, *shared, *lp;
+    bool shared_top;
 } sg__spell;
 
 /* The dialect's spellings (an unknown dialect gets C's). */
@@ -467,6 +475,27 @@ SG__HIDDEN sg__emit *sg__cuda_set_out(sg__cuda_gen *g, sg__emit *e);
 SG__HIDDEN void sg__cuda_defer_begin(sg__cuda_gen *g, sg__emit *decl, sg__emit *later, int n);
 SG__HIDDEN void sg__cuda_defer_end(sg__cuda_gen *g);
 SG__HIDDEN void sg__cuda_store(sg__cuda_gen *g, bool fl, int k, const char *st);
+/* The dialect's spellings of the kernel being emitted. */
+SG__HIDDEN const sg__spell *sg__cuda_spell(const sg__cuda_gen *g);
+/* An array the block shares, decl its type and declarator ("float r[8]"),
+ * aligned to `align` bytes when not 0: where the kernel is at (CUDA), or at
+ * its outermost scope (shared_top: OpenCL C allows __local nowhere else). */
+SG__HIDDEN void sg__cuda_shared(sg__cuda_gen *g, int align, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+/*
+ * Without shuffles (OpenCL C): the nv (at most 4) values var[v] of type
+ * type[v] ("float" or "sg_i64") combined over each 32 consecutive threads
+ * through arrays at the kernel's outermost scope, as CUDA's xor shuffles by
+ * 16, 8, .., 1 combine a warp's lanes -- the same operands in the same
+ * order, so the same bits. `fold` is the statement that folds the values
+ * other[v] into var[v]. warps == 1: every thread ends with its 32's
+ * result; else the results of the block's `warps` 32s folded in order
+ * (var = the first's, then each other's), as a block's shared words are.
+ * Every thread of the block must reach it (it holds barriers).
+ */
+SG__HIDDEN void sg__cuda_tree(sg__cuda_gen *g, int nv, const char *const *type,
+                              const char *const *var, const char *const *other, const char *fold,
+                              int warps);
 
 /* ------------------------------------------------------------ NVRTC (nvrtc.c) */
 

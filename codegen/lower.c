@@ -162,6 +162,12 @@ static const char *const opencl_head =
     "#define sg_u2f(u) as_float(u)\n"
     "#define sg_f2u(f) as_uint(f)\n";
 
+/* After the shared helpers: the round trips under CUDA's names, which the
+ * row and GEMV kernels write in every GPU dialect. */
+static const char *const opencl_tail =
+    "static inline float sg_bf_rt(float f) { return sg_bf2f(sg_f2bf(f)); }\n"
+    "static inline float sg_h_rt(float f) { return sg_h2f(sg_f2h(f)); }\n";
+
 /*
  * The helpers of every unit, one text: "$D" is the dialect's function
  * qualifier, "$F" the suffix of its float math functions. Integers round
@@ -227,7 +233,8 @@ static const char *const shared_helpers =
         .h_rt = "sg_h_rt(%s)", .bf_rt = "sg_bf_rt(%s)", .head = cuda_head, .tail = cuda_tail,       \
         .kernel = "extern \"C\" __global__ void", .tid = "threadIdx.x", .bid = "blockIdx.x",       \
         .bdim = "blockDim.x", .gdim = "gridDim.x", .sync = "__syncthreads();",                     \
-        .launch_bounds = true, .shuffles = true                                                    \
+        .launch_bounds = true, .shuffles = true, .u2f = "__uint_as_float", .shared = "__shared__", \
+        .lp = ""                                                                                   \
     }
 
 static const sg__spell spells[] = {
@@ -269,7 +276,7 @@ static const sg__spell spells[] = {
             .h_rt = "sg_h2f(sg_f2h(%s))",
             .bf_rt = "sg_bf2f(sg_f2bf(%s))",
             .head = opencl_head,
-            .tail = "",
+            .tail = opencl_tail,
             .kernel = "__kernel void",
             .tid = "get_local_id(0)",
             .bid = "get_group_id(0)",
@@ -277,6 +284,10 @@ static const sg__spell spells[] = {
             .gdim = "get_num_groups(0)",
             .sync = "barrier(CLK_GLOBAL_MEM_FENCE | CLK_LOCAL_MEM_FENCE);",
             .launch_bounds = false,
+            .u2f = "as_float",
+            .shared = "__local",
+            .lp = "__local ",
+            .shared_top = true,
         },
 };
 
