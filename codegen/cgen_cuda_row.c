@@ -41,6 +41,13 @@
  *
  * Loads, stores, ops and their rounding are cgen_cuda.c's (through the
  * helpers of codegen.h), so a fused row rounds as the unfused ops would.
+ *
+ * The same kernels in OpenCL C (sg__spell without shuffles): a team's
+ * lanes combine through local memory in the shuffles' order
+ * (sg__cuda_tree), a work-group is one team (its barriers are the
+ * team's), and the cut rows and column ranges are folded chunk by chunk
+ * by one work-group (emit_split_seq, emit_columns_seq): the same bits as
+ * the CUDA kernels, with no memory shared between work-groups.
  */
 #include "codegen.h"
 

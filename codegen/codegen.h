@@ -398,13 +398,19 @@ SG__HIDDEN sg_status sg__cgen_cuda(sg_ctx *ctx, const sg__ir *ir, const sg__fuse
  *       space: every pointer says __global), with CUDA's ABI and kinfo:
  *           __kernel void <name>(__global char *__global const *slot)
  *       slot[] a table of device addresses in device memory (SVM or USM),
- *       grid = work-groups, block = work-group size. Pointwise, MULTI,
- *       chain, data (embedding, index_select, concat, index_copy_) and
- *       epilogue kernels; a row or GEMV kernel (a rows_inline ROW or REDUCE
- *       group, a GEMV group) needs warp shuffles: its kinfo says
- *       `unsupported`, it gets no kernel, and the call ends with
- *       SG_ERR_UNSUPPORTED naming the first such group's op, the unit in e
- *       holding every other group's kernel.
+ *       grid = work-groups, block = work-group size. Every kernel the
+ *       CUDA dialect has (pointwise, MULTI, chain, data, epilogue, row and
+ *       GEMV kernels), with the CUDA dialect's order of every sum. Where
+ *       CUDA shuffles, a team combines its lanes through local memory and
+ *       barriers (sg__cuda_tree), so a row kernel's work-group is its team
+ *       (32 work-items for a row of at most 256, else 256), and the GEMV's
+ *       warps all stay to the end; a long row or column range that CUDA
+ *       cuts over blocks finished by the last one (kernel-owned device
+ *       arrays, which PoCL lacks) is folded chunk by chunk by one
+ *       work-group, to the same bits. A group the dialect cannot write
+ *       (none today) has kinfo.unsupported and no kernel, and the call
+ *       ends with SG_ERR_UNSUPPORTED naming its op, the unit in e holding
+ *       every other group's kernel.
  * SG__DIALECT_C is no GPU dialect: SG_ERR_INVALID_ARG.
  */
 SG__HIDDEN sg_status sg__cgen_gpu(sg_ctx *ctx, const sg__ir *ir, const sg__fused *f,

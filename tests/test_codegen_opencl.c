@@ -13,9 +13,18 @@
  * sqrt, max/min, casts, comparisons), else within the output dtype's
  * tolerance (the device's libm differs from glibc's in the last bits). Two
  * independent chains over different shapes make a MULTI kernel; that case
- * checks the unit has one. Also: a row kernel (softmax) is refused with
- * SG_ERR_UNSUPPORTED naming the op, and its unit still holds the other
- * groups' kernels. Exits 77 without an OpenCL CPU device.
+ * checks the unit has one.
+ * Row, reduce and GEMV kernels: softmax, log_softmax, layer_norm, rms_norm,
+ * sum, mean, var, argmax over the last dim, x - mean(x) (a reduction's
+ * epilogue over x's shape), column sums over a middle dim, linear and
+ * matmul of 1 to 8 rows (GEMVs along K and along N) and a layer_norm
+ * feeding a linear (the norm's rows in local memory), in f32, f16 and bf16,
+ * with or without a pointwise prologue and epilogue, over random widths
+ * (1, odd, around 32 and 256, up to 9001) and a few long rows and column
+ * ranges that are cut into chunks; each against an f64 reference written
+ * here (every op's result rounded to the dtype as stored), within the
+ * dtype's tolerance plus 2e-6 of the magnitudes a sum adds. Exits 77
+ * without an OpenCL CPU device.
  */
 #define _POSIX_C_SOURCE 200809L
 #include "testutil.h"
@@ -35,7 +44,7 @@ int main(void) {
 
 static sg_ctx *ctx;
 static const sg__ocl *ocl;
-static char gen_msg[512]; /* the generator's message when it refused a group */
+static char gen_msg[512]; /* the generator's message when it failed */
 static cl_command_queue queue;
 
 /* ------------------------------------------------------------ random programs */
@@ -615,8 +624,7 @@ static bool close_mag(const char *what, const double *got, const double *ref, co
     return true;
 }
 
-/* Case c on the device against its f64 reference; `kind` the kernel's
- * description, as the unit's comment says it. */
+/* Case c on the device against its f64 reference. */
 static void test_rcase(const rcase *c, uint64_t seed) {
     int nd[5];
     int64_t sh[5][3];
