@@ -1666,6 +1666,9 @@ static void emit_kernel(gen *g, const sg__group *grp, int k, sg__cuda_kinfo *kin
         g->top = NULL;
         if (!g->overflow) break;
     }
+    /* The row kernels write CUDA's literal suffixes. */
+    body.len = sg__lower_literals(g->d, body.buf, body.len);
+    if (body.buf) body.buf[body.len] = '\0';
     ki->unsupported = g->unsupported != NULL;
     if (has) {
         kernel_head(g, is_gemv, &head);

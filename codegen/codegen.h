@@ -259,6 +259,10 @@ SG__HIDDEN const sg__spell *sg__spell_of(sg__dialect d);
  * sg_gelu_tanh, sg_i2f_odd, SG_WRAP: one text, the dialect's qualifier),
  * then its tail. */
 SG__HIDDEN void sg__lower_preamble(sg__dialect d, sg__emit *e);
+/* Text written with CUDA's 64-bit literal suffixes (LL, ull) in dialect d,
+ * whose suffix differs (OpenCL C: L, its long long being 128 bits): each
+ * number's suffix rewritten in place. Returns the new length. */
+SG__HIDDEN size_t sg__lower_literals(sg__dialect d, char *text, size_t len);
 /* Is dt computed in float (f32, f16, bf16)? */
 SG__HIDDEN bool sg__lower_fdom(sg_dtype dt);
 /* The element type in memory, and the type of a value in registers. */

@@ -310,6 +310,29 @@ void sg__lower_preamble(sg__dialect d, sg__emit *e) {
     sg__emit_raw(e, "%s", s->tail);
 }
 
+/* Is c a character of an identifier or a number? */
+static bool word_char(char c) {
+    return (c >= '0' && c <= '9') || (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || c == '_';
+}
+
+size_t sg__lower_literals(sg__dialect d, char *text, size_t len) {
+    const char *ll = sg__spell_of(d)->ll;
+    if (!text || !ll || strcmp(ll, "LL") == 0) return len;
+    size_t w = 0;
+    for (size_t r = 0; r < len; r++) {
+        text[w++] = text[r];
+        /* The second L of "<number>LL" or "<number>ull" (a number: a word
+         * that starts with a digit) ends the word: drop it. */
+        bool two = r + 2 <= len && (text[r] == 'L' || text[r] == 'l') && text[r + 1] == text[r] &&
+                   (r + 2 == len || !word_char(text[r + 2]));
+        if (!two) continue;
+        size_t b = r;
+        while (b > 0 && word_char(text[b - 1])) b--;
+        if (b < r && text[b] >= '0' && text[b] <= '9') r++;
+    }
+    return w;
+}
+
 /* ------------------------------------------------------------ types and values */
 
 bool sg__lower_fdom(sg_dtype dt) { return dt == SG_F32 || dt == SG_F16 || dt == SG_BF16; }
