@@ -23,8 +23,10 @@
  * (1, odd, around 32 and 256, up to 9001) and a few long rows and column
  * ranges that are cut into chunks; each against an f64 reference written
  * here (every op's result rounded to the dtype as stored), within the
- * dtype's tolerance plus 2e-6 of the magnitudes a sum adds. Exits 77
- * without an OpenCL CPU device.
+ * dtype's tolerance plus 2e-6 of the magnitudes a sum adds; one case of
+ * each kind and the long ones are also compiled to SPIR-V by libocloc and
+ * checked by spirv-val, as the ze backend takes them (where libocloc loads).
+ * Exits 77 without an OpenCL CPU device.
  */
 #define _POSIX_C_SOURCE 200809L
 #include "testutil.h"
@@ -44,7 +46,9 @@ int main(void) {
 
 static sg_ctx *ctx;
 static const sg__ocl *ocl;
-static char gen_msg[512]; /* the generator's message when it failed */
+static char gen_msg[512]; /* the generator's (or libocloc's) message when it failed */
+static bool spirv_next;    /* build_unit also compiles the unit to SPIR-V (libocloc) */
+static sg_status spirv_status;
 static cl_command_queue queue;
 
 /* ------------------------------------------------------------ random programs */
@@ -283,6 +287,14 @@ static cl_program build_unit(sg_fn *fn, const char *name, sg__fused *f, sg__cuda
     if ((*gen == SG_OK || *gen == SG_ERR_UNSUPPORTED) && nk > 0) {
         sg_status s = sg__opencl_build(ctx, name, e.buf, &prog);
         if (!TU_EXPECT(s == SG_OK)) fprintf(stderr, "  %s\n", sg_last_error(ctx));
+    }
+    if (spirv_next && prog) { /* the same unit as the ze backend takes it */
+        void *spv = NULL;
+        size_t size = 0;
+        spirv_status = sg__ocloc_build(ctx, name, e.buf, &spv, &size);
+        if (spirv_status != SG_OK) snprintf(gen_msg, sizeof gen_msg, "%s", sg_last_error(ctx));
+        sg__free(ctx, spv, size);
+        sg_clear_error(ctx);
     }
     if (getenv("SG_TEST_PRINT_OPENCL") && e.buf) fprintf(stderr, "%s\n", e.buf);
     sg__emit_free(&e);
@@ -624,8 +636,9 @@ static bool close_mag(const char *what, const double *got, const double *ref, co
     return true;
 }
 
-/* Case c on the device against its f64 reference. */
-static void test_rcase(const rcase *c, uint64_t seed) {
+/* Case c on the device against its f64 reference; `spirv`: its unit also
+ * compiled to SPIR-V by libocloc and checked, as the ze backend does. */
+static void test_rcase(const rcase *c, uint64_t seed, bool spirv) {
     int nd[5];
     int64_t sh[5][3];
     int nin = rcase_shapes(c, nd, sh);
@@ -650,8 +663,13 @@ static void test_rcase(const rcase *c, uint64_t seed) {
     memset(&f, 0, sizeof f);
     sg__cuda_kinfo *ki = NULL;
     sg_status gen = SG_OK;
+    spirv_next = spirv, spirv_status = SG_OK;
     cl_program prog = ok ? build_unit(fn, name, &f, &ki, &gen) : NULL;
-    ok = ok && TU_EXPECT(gen == SG_OK) && TU_EXPECT(prog != NULL);
+    spirv_next = false;
+    /* libocloc (and spirv-val where present) takes it too; not in sanitizer builds */
+    bool no_ocloc = spirv_status == SG_ERR_BACKEND_UNAVAILABLE;
+    ok = ok && TU_EXPECT(gen == SG_OK) && TU_EXPECT(prog != NULL) &&
+         TU_EXPECT(spirv_status == SG_OK || no_ocloc);
     if (!ok && gen_msg[0]) fprintf(stderr, "  %s\n", gen_msg);
     const sg__ir *ir = ok ? &fn->graphs[fn->ngraphs - 1]->ir : NULL;
     int inlined = 0;
@@ -664,10 +682,11 @@ static void test_rcase(const rcase *c, uint64_t seed) {
     int64_t nw = ref_rcase(&cc, v, want, mag);
     ok = base && TU_EXPECT(n == nw) && close_mag(name, got, want, mag, n, c->dt);
     tu_case(ok, "OPENCL_ROWS(%s,%s,rows=%lld,len=%lld,cols=%lld,%s%sseed=%llu) -> %d groups, %d "
-                "computing their anchor",
+                "computing their anchor%s",
             rop_names[c->op], sg_dtype_name(c->dt), (long long)c->rows, (long long)c->len,
             (long long)c->cols, c->pro ? "prologue," : "", c->epi ? "epilogue," : "",
-            (unsigned long long)seed, f.ngroups, inlined);
+            (unsigned long long)seed, f.ngroups, inlined,
+            !spirv ? "" : no_ocloc ? "; no libocloc here" : "; SPIR-V checked");
     free(got), free(want), free(mag);
     if (base) free_slots(ir, base);
     if (prog) ocl->clReleaseProgram(prog);
@@ -704,7 +723,7 @@ static void random_rcase(uint64_t seed) {
         c.pro = c.pro && c.op == R_NORM_LINEAR;
     }
     if (c.len > 1000) c.rows = tu_randint(1, 2);
-    test_rcase(&c, seed);
+    test_rcase(&c, seed, seed <= R_COUNT);
 }
 
 /* A few long rows and columns, cut into chunks that one block per row
@@ -720,7 +739,7 @@ static void long_rcases(void) {
         {R_SOFTMAX, SG_F32, 2, 20000, 0, true, true, 0},
         {R_LAYER_NORM, SG_BF16, 1, 12345, 0, false, true, 0},
     };
-    for (int i = 0; i < COUNT(cases); i++) test_rcase(&cases[i], 500 + (uint64_t)i);
+    for (int i = 0; i < COUNT(cases); i++) test_rcase(&cases[i], 500 + (uint64_t)i, true);
 }
 
 int main(void) {
