@@ -651,13 +651,10 @@ static void emit_gemv_copy(gen *g, const gemv *p, const sg__group *grp, int k, i
                               (long long)d->stride[dd]);
     }
     sg__emit_line(g->e, "const sg_i64 at = (sg_i64)((%sconst %s *)s%d)[%lld];", g->sp->gp,
-                  sg__lower_ctype(g->d, idx->dtype),
-                  lslot(g, idx->slot), (long long)idx->offset);
+                  sg__lower_ctype(g->d, idx->dtype), lslot(g, idx->slot), (long long)idx->offset);
     sg__emit_open(g->e, "if (%s && at >= 0 && at < %lld)", cond, (long long)d->shape[dim]);
     snprintf(lv, sizeof lv, "((%s%s *)s%d)[%s + at * %lld]", g->sp->gp,
-             sg__lower_ctype(g->d, d->dtype),
-             lslot(g, d->slot), dof,
-             (long long)d->stride[dim]);
+             sg__lower_ctype(g->d, d->dtype), lslot(g, d->slot), dof, (long long)d->stride[dim]);
     snprintf(v, sizeof v, "v%d", a);
     sg__lower_narrow_store(g->d, d->dtype, lv, v, st, sizeof st);
     sg__emit_line(g->e, "%s", st);
@@ -835,7 +832,8 @@ static void emit_gemv_bias(gen *g, const gemv *p, int cols) {
     char lv[200], ld[300];
     if (!p->bias_reg) return;
     snprintf(lv, sizeof lv, "((%sconst %s *)s%d)[%lld + (nb + lane) * %lld]", g->sp->gp,
-             sg__lower_ctype(g->d, p->b->dtype), lslot(g, p->b->slot), (long long)p->b->offset, (long long)p->b->stride[0]);
+             sg__lower_ctype(g->d, p->b->dtype), lslot(g, p->b->slot), (long long)p->b->offset,
+             (long long)p->b->stride[0]);
     sg__lower_widen(g->d, p->b->dtype, lv, ld, sizeof ld);
     sg__emit_line(g->e, "float b_pre = 0.0f;");
     sg__emit_line(g->e, "if (lane < %d && nb + lane < %lld) b_pre = %s;", cols, (long long)p->n,
@@ -870,8 +868,8 @@ static unsigned emit_gemv_warp(gen *g, const sg__group *grp, const gemv *p, int 
             g->e,
             "%sconst %s *wr%d = (%sconst %s *)s%d + (%lld + (nb + %d < %lld ? nb + %d : %lld) * "
             "%lld);",
-            sp->gp, t, c, sp->gp, t, lslot(g, w->slot), (long long)(c < cols ? p->woff : p->woff2), cc,
-            (long long)p->n, cc, (long long)(p->n - 1), (long long)p->sn);
+            sp->gp, t, c, sp->gp, t, lslot(g, w->slot), (long long)(c < cols ? p->woff : p->woff2),
+            cc, (long long)p->n, cc, (long long)(p->n - 1), (long long)p->sn);
     }
     /* A weight nothing in the step writes may be loaded before the previous
      * kernel has finished: the loads of each lane go to registers ahead of
@@ -955,8 +953,8 @@ static unsigned emit_gemv(gen *g, const sg__group *grp, const gemv *p) {
             sg__emit_line(g->e, "%sconst %s *x%d = sg_xs + %lld;", sp->lp, t, r,
                           (long long)p->xoff[r]);
         else
-            sg__emit_line(g->e, "%sconst %s *x%d = (%sconst %s *)s%d + %lld;", sp->gp, t, r,
-                          sp->gp, t, lslot(g, p->x->slot), (long long)p->xoff[r]);
+            sg__emit_line(g->e, "%sconst %s *x%d = (%sconst %s *)s%d + %lld;", sp->gp, t, r, sp->gp,
+                          t, lslot(g, p->x->slot), (long long)p->xoff[r]);
     unsigned grid;
     if (p->along_k) {
         int cols = p->cols;

@@ -77,8 +77,8 @@ typedef struct rowk {
     sg__group quiet; /* grp with no member storing */
     int sink;        /* GEMV prologue: the member whose value goes to xs[i], else -1 */
     const char *xs;
-    const sg__spell *sp; /* the dialect's spellings */
-    int block;           /* threads per block (OpenCL C: a team's; see row_setup) */
+    const sg__spell *sp;               /* the dialect's spellings */
+    int block;                         /* threads per block (OpenCL C: a team's; see row_setup) */
     char ninf[40], pinf[40], qnan[40]; /* -inf, +inf and NaN from their bits */
 } rowk;
 
@@ -517,8 +517,7 @@ static void emit_reduce(rowk *k) {
     bool any = grp->g[k->a].store;
     for (int m = k->a + 1; m < red_end; m++) any = any || grp->g[m].store;
     if (any) {
-        sg__emit_line(k->e, "%s",
-                      k->team > 32 || !k->sp->shuffles ? k->sp->sync : "__syncwarp();");
+        sg__emit_line(k->e, "%s", k->team > 32 || !k->sp->shuffles ? k->sp->sync : "__syncwarp();");
         sg__emit_open(k->e, "if (r_lane == 0)");
         if (grp->g[k->a].store) {
             sg__cuda_lvalue(k->g, k->o, grp->ndim, grp->shape, rflat, lv, sizeof lv);
@@ -680,8 +679,8 @@ static void emit_split(rowk *k, int64_t split, int64_t ch) {
 /* Lane r_sp % team folds the team's (r_b, r_at) of chunk r_sp into its
  * (r_fb, r_fa), as emit_split's last block folds the partials it reads. */
 #define ARGMAX_KEEP                                                                                \
-    "{ const float r_ob = r_b; const sg_i64 r_oa = r_at; r_b = r_fb, r_at = r_fa; if ("            \
-    ARGMAX_BETTER ") r_b = r_ob, r_at = r_oa; r_fb = r_b, r_fa = r_at; }"
+    "{ const float r_ob = r_b; const sg_i64 r_oa = r_at; r_b = r_fb, r_at = r_fa; if "             \
+    "(" ARGMAX_BETTER ") r_b = r_ob, r_at = r_oa; r_fb = r_b, r_fa = r_at; }"
 
 /*
  * emit_split where blocks cannot meet (OpenCL C: a kernel's own device
@@ -763,8 +762,8 @@ static void emit_columns(rowk *k, int tc, int64_t split, int64_t ch, int64_t ite
         sg__emit_line(e, "static __device__ unsigned int r_count[%lld];", (long long)tiles);
         sg__emit_line(e, "__shared__ bool r_last;");
     }
-    sg__emit_open(e, "for (sg_i64 r_w = %s; r_w < %lldLL; r_w += %s)", k->sp->bid,
-                  (long long)items, k->sp->gdim);
+    sg__emit_open(e, "for (sg_i64 r_w = %s; r_w < %lldLL; r_w += %s)", k->sp->bid, (long long)items,
+                  k->sp->gdim);
     sg__emit_line(e, "const sg_i64 r_t = r_w / %lld, r_sp = r_w %% %lld;", (long long)split,
                   (long long)split);
     sg__emit_line(e, "const sg_i64 r_row = r_t / %lld, r_col = (r_t %% %lld) * %d + r_lc;",

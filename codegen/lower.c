@@ -229,8 +229,8 @@ static const char *const shared_helpers =
     {                                                                                              \
         .name = unit_name, .u8 = "sg_u8", .u16 = "sg_u16", .i32 = "sg_i32", .i64 = "sg_i64",       \
         .u64 = "sg_u64", .i64_min = "(-9223372036854775807LL - 1)", .ll = "LL", .fn = "SG_DEV",    \
-        .mf = "f", .gp = "", .fbits = "__uint_as_float(0x%08xu) /* %g */",                         \
-        .h_rt = "sg_h_rt(%s)", .bf_rt = "sg_bf_rt(%s)", .head = cuda_head, .tail = cuda_tail,       \
+        .mf = "f", .gp = "", .fbits = "__uint_as_float(0x%08xu) /* %g */", .h_rt = "sg_h_rt(%s)",  \
+        .bf_rt = "sg_bf_rt(%s)", .head = cuda_head, .tail = cuda_tail,                             \
         .kernel = "extern \"C\" __global__ void", .tid = "threadIdx.x", .bid = "blockIdx.x",       \
         .bdim = "blockDim.x", .gdim = "gridDim.x", .sync = "__syncthreads();",                     \
         .launch_bounds = true, .shuffles = true, .u2f = "__uint_as_float", .shared = "__shared__", \

@@ -47,7 +47,7 @@ int main(void) {
 static sg_ctx *ctx;
 static const sg__ocl *ocl;
 static char gen_msg[512]; /* the generator's (or libocloc's) message when it failed */
-static bool spirv_next;    /* build_unit also compiles the unit to SPIR-V (libocloc) */
+static bool spirv_next;   /* build_unit also compiles the unit to SPIR-V (libocloc) */
 static sg_status spirv_status;
 static cl_command_queue queue;
 
@@ -432,16 +432,16 @@ enum rop {
     R_MEAN,
     R_VAR,
     R_ARGMAX,
-    R_CENTER,  /* x - mean(x) over the last dim: a reduction's epilogue over x's shape */
-    R_COLSUM,  /* (A, len, C) summed over dim 1 */
-    R_LINEAR,  /* x (rows, K) against w (N, K), plus b: a GEMV along K */
-    R_MATMUL,  /* x (rows, K) times w (K, N): a GEMV along N */
+    R_CENTER,      /* x - mean(x) over the last dim: a reduction's epilogue over x's shape */
+    R_COLSUM,      /* (A, len, C) summed over dim 1 */
+    R_LINEAR,      /* x (rows, K) against w (N, K), plus b: a GEMV along K */
+    R_MATMUL,      /* x (rows, K) times w (K, N): a GEMV along N */
     R_NORM_LINEAR, /* layer_norm(x) against w (N, K): the norm's rows, then the GEMV */
     R_COUNT
 };
 static const char *const rop_names[R_COUNT] = {
-    "softmax", "log_softmax", "layer_norm", "rms_norm", "sum", "mean", "var",
-    "argmax", "center", "colsum", "linear", "matmul", "norm_linear"};
+    "softmax", "log_softmax", "layer_norm", "rms_norm", "sum",    "mean",       "var",
+    "argmax",  "center",      "colsum",     "linear",   "matmul", "norm_linear"};
 
 typedef struct rcase {
     enum rop op;
@@ -547,8 +547,8 @@ static void ref_rowop(const rcase *c, const double *xr, double *const *w, double
     case R_RMS_NORM: {
         double ss = 0;
         for (int64_t j = 0; j < n; j++) ss += xr[j] * xr[j];
-        double rr = c->op == R_RMS_NORM ? 1 / sqrt(ss / (double)n + 1e-5)
-                                        : 1 / sqrt(q / (double)n + 1e-5);
+        double rr =
+            c->op == R_RMS_NORM ? 1 / sqrt(ss / (double)n + 1e-5) : 1 / sqrt(q / (double)n + 1e-5);
         for (int64_t j = 0; j < n; j++)
             y[j] = c->op == R_RMS_NORM ? xr[j] * rr * w[0][j]
                                        : (xr[j] - mean) * rr * w[0][j] + w[1][j];
@@ -647,7 +647,13 @@ static void test_rcase(const rcase *c, uint64_t seed, bool spirv) {
     tu_seed(seed);
     bool pos = c->op == R_SUM || c->op == R_MEAN || c->op == R_COLSUM;
     for (int i = 0; i < nin; i++)
-        in[i] = tu_rand(ctx, c->dt, nd[i], sh[i], i ? -1 : pos ? 0.25 : -2, i ? 1 : pos ? 1.25 : 2,
+        in[i] = tu_rand(ctx, c->dt, nd[i], sh[i],
+                        i     ? -1
+                        : pos ? 0.25
+                              : -2,
+                        i     ? 1
+                        : pos ? 1.25
+                              : 2,
                         &v[i]);
     rcase cc = *c;
     cc.nin = nin;
@@ -677,16 +683,20 @@ static void test_rcase(const rcase *c, uint64_t seed, bool spirv) {
     ok = ok && TU_EXPECT(inlined >= 1);
     void **base = ok ? run_units(ir, prog, &f, ki, in) : NULL;
     int64_t n = 0, total = c->rows * (c->len > c->cols ? c->len : c->cols) * (c->cols + 1);
-    double *want = malloc(sizeof(double) * (size_t)total), *mag = malloc(sizeof(double) * (size_t)total);
+    double *want = malloc(sizeof(double) * (size_t)total),
+           *mag = malloc(sizeof(double) * (size_t)total);
     double *got = base ? read_out(ir, &f, 0, base, &n) : NULL;
     int64_t nw = ref_rcase(&cc, v, want, mag);
     ok = base && TU_EXPECT(n == nw) && close_mag(name, got, want, mag, n, c->dt);
-    tu_case(ok, "OPENCL_ROWS(%s,%s,rows=%lld,len=%lld,cols=%lld,%s%sseed=%llu) -> %d groups, %d "
-                "computing their anchor%s",
+    tu_case(ok,
+            "OPENCL_ROWS(%s,%s,rows=%lld,len=%lld,cols=%lld,%s%sseed=%llu) -> %d groups, %d "
+            "computing their anchor%s",
             rop_names[c->op], sg_dtype_name(c->dt), (long long)c->rows, (long long)c->len,
             (long long)c->cols, c->pro ? "prologue," : "", c->epi ? "epilogue," : "",
             (unsigned long long)seed, f.ngroups, inlined,
-            !spirv ? "" : no_ocloc ? "; no libocloc here" : "; SPIR-V checked");
+            !spirv     ? ""
+            : no_ocloc ? "; no libocloc here"
+                       : "; SPIR-V checked");
     free(got), free(want), free(mag);
     if (base) free_slots(ir, base);
     if (prog) ocl->clReleaseProgram(prog);
@@ -701,8 +711,8 @@ static void test_rcase(const rcase *c, uint64_t seed, bool spirv) {
 /* Row widths: 1, odd, around a warp and a block, one pass from registers
  * or several from memory. */
 static int64_t pick_len(void) {
-    static const int64_t lens[] = {1, 2, 3, 7, 31, 32, 33, 100, 255, 256, 257, 333, 1000, 4099,
-                                   9001};
+    static const int64_t lens[] = {1,   2,   3,   7,   31,   32,   33,  100,
+                                   255, 256, 257, 333, 1000, 4099, 9001};
     return tu_next() % 3 == 0 ? tu_randint(1, 700) : lens[tu_randint(0, COUNT(lens) - 1)];
 }
 
