@@ -28,6 +28,7 @@
 #include "codegen.h"
 
 #include <math.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 
@@ -90,8 +91,12 @@ typedef struct sg__cuda_gen {
     int defer_n, ndefer;
     int deferred[64];
     /* The anchor op of the last group whose kernel the dialect cannot
-     * write (a GEMV or row kernel needs warp shuffles), else NULL. */
+     * write, else NULL (no group today: kept for a dialect that lacks one). */
     const char *unsupported;
+    /* Declarations at the kernel's outermost scope (sg__cuda_shared where
+     * the dialect says shared_top), and the team arrays declared there. */
+    sg__emit *top;
+    int ntree_f, ntree_i;
 } gen;
 
 /* The number under which the kernel being emitted names IR slot s (taken
@@ -706,7 +711,7 @@ static void emit_gemv_result(gen *g, const sg__group *grp, int a, const sg__ref 
     char lv[200], st[1100], v[16];
     sg__emit_line(g->e, "const float v%d = %s; /* %s */", a, expr,
                   sg__op_name(g->ir->nodes[grp->g[a].node].op));
-    snprintf(lv, sizeof lv, "((%s *)s%d)[%lld + i]", sg__lower_ctype(g->d, o->dtype),
+    snprintf(lv, sizeof lv, "((%s%s *)s%d)[%lld + i]", g->sp->gp, sg__lower_ctype(g->d, o->dtype),
              lslot(g, o->slot), (long long)o->offset);
     snprintf(v, sizeof v, "v%d", a);
     sg__lower_narrow_store(g->d, o->dtype, lv, v, st, sizeof st);
@@ -739,13 +744,11 @@ static void emit_gemv_copy(gen *g, const gemv *p, const sg__group *grp, int k, i
         q += (size_t)snprintf(dof + q, q < sizeof dof ? sizeof dof - q : 0, " + c%d * %lld", dd,
                               (long long)d->stride[dd]);
     }
-    sg__emit_line(g->e, "const sg_i64 at = (sg_i64)((const %s *)s%d)[%lld];",
-                  sg__lower_ctype(g->d, idx->dtype),
-                  lslot(g, idx->slot), (long long)idx->offset);
+    sg__emit_line(g->e, "const sg_i64 at = (sg_i64)((%sconst %s *)s%d)[%lld];", g->sp->gp,
+                  sg__lower_ctype(g->d, idx->dtype), lslot(g, idx->slot), (long long)idx->offset);
     sg__emit_open(g->e, "if (%s && at >= 0 && at < %lld)", cond, (long long)d->shape[dim]);
-    snprintf(lv, sizeof lv, "((%s *)s%d)[%s + at * %lld]", sg__lower_ctype(g->d, d->dtype),
-             lslot(g, d->slot), dof,
-             (long long)d->stride[dim]);
+    snprintf(lv, sizeof lv, "((%s%s *)s%d)[%s + at * %lld]", g->sp->gp,
+             sg__lower_ctype(g->d, d->dtype), lslot(g, d->slot), dof, (long long)d->stride[dim]);
     snprintf(v, sizeof v, "v%d", a);
     sg__lower_narrow_store(g->d, d->dtype, lv, v, st, sizeof st);
     sg__emit_line(g->e, "%s", st);
@@ -765,7 +768,7 @@ static void emit_gemv_tail(gen *g, const sg__group *grp, const gemv *p, int r) {
     if (p->bias_reg) {
         snprintf(e, sizeof e, "(b_pre + acc%d)", r);
     } else if (p->b) {
-        snprintf(lv, sizeof lv, "((const %s *)s%d)[%lld + n * %lld]",
+        snprintf(lv, sizeof lv, "((%sconst %s *)s%d)[%lld + n * %lld]", g->sp->gp,
                  sg__lower_ctype(g->d, p->b->dtype), lslot(g, p->b->slot), (long long)p->b->offset,
                  (long long)p->b->stride[0]);
         sg__lower_widen(g->d, p->b->dtype, lv, ld, sizeof ld);
@@ -861,8 +864,11 @@ static void emit_gemv_norm(gen *g, const sg__group *grp, const gemv *p) {
     sg__emit_open(g->e, "%s", "");
     sg__cgen_cuda_rows_into(g, &part, grp->g[grp->anchor].arg_src[0], "sg_xs");
     sg__emit_close(g->e);
-    sg__emit_line(g->e, "__syncthreads();");
-    if (p->along_k) sg__emit_line(g->e, "if (nb >= %lld) return;", (long long)p->n);
+    sg__emit_line(g->e, "%s", g->sp->sync);
+    /* Without shuffles every warp stays for the sums' barriers (its columns
+     * past N read column N - 1, and nothing is stored). */
+    if (p->along_k && g->sp->shuffles)
+        sg__emit_line(g->e, "if (nb >= %lld) return;", (long long)p->n);
 }
 
 /* acc<r>_<c> += x<r> * w<c> for every row and column (wlane, xlane: printf
@@ -901,11 +907,12 @@ static void emit_gemv_vectors(gen *g, const gemv *p, int cols, int u, int npf, i
         if (u < npf)
             sg__emit_line(g->e, "wv%d.v = wp[%d][%d];", c, u, c);
         else
-            sg__emit_line(g->e, "wv%d.v = ((const sg_v16 *)wr%d)[q];", c, c);
+            sg__emit_line(g->e, "wv%d.v = ((%sconst sg_v16 *)wr%d)[q];", c, g->sp->gp, c);
     }
     for (int r = 0; r < p->rows; r++) {
         sg__emit_line(g->e, "union { sg_v16 v; %s e[%d]; } xv%d;", t, v, r);
-        sg__emit_line(g->e, "xv%d.v = ((const sg_v16 *)x%d)[q];", r, r);
+        sg__emit_line(g->e, "xv%d.v = ((%sconst sg_v16 *)x%d)[q];", r,
+                      p->norm ? g->sp->lp : g->sp->gp, r);
     }
     sg__emit_line(g->e, "#pragma unroll");
     sg__emit_open(g->e, "for (int j = 0; j < %d; j++)", v);
@@ -918,8 +925,9 @@ static void emit_gemv_vectors(gen *g, const gemv *p, int cols, int u, int npf, i
 static void emit_gemv_bias(gen *g, const gemv *p, int cols) {
     char lv[200], ld[300];
     if (!p->bias_reg) return;
-    snprintf(lv, sizeof lv, "((const %s *)s%d)[%lld + (nb + lane) * %lld]",
-             sg__lower_ctype(g->d, p->b->dtype), lslot(g, p->b->slot), (long long)p->b->offset, (long long)p->b->stride[0]);
+    snprintf(lv, sizeof lv, "((%sconst %s *)s%d)[%lld + (nb + lane) * %lld]", g->sp->gp,
+             sg__lower_ctype(g->d, p->b->dtype), lslot(g, p->b->slot), (long long)p->b->offset,
+             (long long)p->b->stride[0]);
     sg__lower_widen(g->d, p->b->dtype, lv, ld, sizeof ld);
     sg__emit_line(g->e, "float b_pre = 0.0f;");
     sg__emit_line(g->e, "if (lane < %d && nb + lane < %lld) b_pre = %s;", cols, (long long)p->n,
@@ -939,12 +947,11 @@ static unsigned emit_gemv_warp(gen *g, const sg__group *grp, const gemv *p, int 
     int64_t wpb = BLOCK / 32, per_block = wpb * cols;
     unsigned grid = (unsigned)((p->n + per_block - 1) / per_block);
     int nw = p->w2 ? 2 * cols : cols; /* weight columns: a pair's second at cols + c */
-    sg__emit_line(g->e, "const int lane = threadIdx.x & 31;");
-    sg__emit_line(g->e,
-                  "const sg_i64 nb = ((sg_i64)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> "
-                  "5)) * %d;",
-                  cols);
-    if (!p->norm) sg__emit_line(g->e, "if (nb >= %lld) return;", (long long)p->n);
+    const sg__spell *sp = g->sp;
+    sg__emit_line(g->e, "const int lane = %s & 31;", sp->tid);
+    sg__emit_line(g->e, "const sg_i64 nb = ((sg_i64)%s * (%s >> 5) + (%s >> 5)) * %d;", sp->bid,
+                  sp->bdim, sp->tid, cols);
+    if (!p->norm && sp->shuffles) sg__emit_line(g->e, "if (nb >= %lld) return;", (long long)p->n);
     for (int r = 0; r < p->rows; r++)
         for (int c = 0; c < nw; c++) sg__emit_line(g->e, "float acc%d_%d = 0.0f;", r, c);
     /* A warp's last columns past N read column N - 1 again (not stored). */
@@ -953,9 +960,10 @@ static unsigned emit_gemv_warp(gen *g, const sg__group *grp, const gemv *p, int 
         int cc = c < cols ? c : c - cols;
         sg__emit_line(
             g->e,
-            "const %s *wr%d = (const %s *)s%d + (%lld + (nb + %d < %lld ? nb + %d : %lld) * %lld);",
-            t, c, t, lslot(g, w->slot), (long long)(c < cols ? p->woff : p->woff2), cc,
-            (long long)p->n, cc, (long long)(p->n - 1), (long long)p->sn);
+            "%sconst %s *wr%d = (%sconst %s *)s%d + (%lld + (nb + %d < %lld ? nb + %d : %lld) * "
+            "%lld);",
+            sp->gp, t, c, sp->gp, t, lslot(g, w->slot), (long long)(c < cols ? p->woff : p->woff2),
+            cc, (long long)p->n, cc, (long long)(p->n - 1), (long long)p->sn);
     }
     /* A weight nothing in the step writes may be loaded before the previous
      * kernel has finished: the loads of each lane go to registers ahead of
@@ -991,8 +999,8 @@ static unsigned emit_gemv_warp(gen *g, const sg__group *grp, const gemv *p, int 
                 for (int c = 0; c < nw; c++)
                     sg__emit_line(
                         g->e,
-                        "if (lane + %d < %lld) wp[%d][%d] = ((const sg_v16 *)wr%d)[lane + %d];",
-                        32 * u, (long long)kv, u, c, c, 32 * u);
+                        "if (lane + %d < %lld) wp[%d][%d] = ((%sconst sg_v16 *)wr%d)[lane + %d];",
+                        32 * u, (long long)kv, u, c, sp->gp, c, 32 * u);
             sg__emit_close(g->e);
         }
         emit_gemv_l2(g, grp, p, npf > 0);
@@ -1010,11 +1018,20 @@ static unsigned emit_gemv_warp(gen *g, const sg__group *grp, const gemv *p, int 
     sg__emit_close(g->e);
     sg__emit_close(g->e);
     for (int r = 0; r < p->rows; r++)
-        for (int c = 0; c < nw; c++)
+        for (int c = 0; c < nw; c++) {
+            char acc[32], fold[48];
+            snprintf(acc, sizeof acc, "acc%d_%d", r, c);
+            if (!sp->shuffles) {
+                const char *t1[1] = {"float"}, *v1[1] = {acc}, *o1[1] = {"r_o"};
+                snprintf(fold, sizeof fold, "%s += r_o;", acc);
+                sg__cuda_tree(g, 1, t1, v1, o1, fold, 1);
+                continue;
+            }
             sg__emit_line(g->e,
                           "for (int o = 16; o > 0; o >>= 1) acc%d_%d += "
                           "__shfl_xor_sync(0xffffffffu, acc%d_%d, o);",
                           r, c, r, c);
+        }
     return grid;
 }
 
@@ -1023,15 +1040,15 @@ static unsigned emit_gemv(gen *g, const sg__group *grp, const gemv *p) {
     const char *t = sg__lower_ctype(g->d, p->x->dtype);
     char lv[160], ld[240];
     g->anchor_reg = true;
-    if (p->norm)
-        sg__emit_line(g->e, "__shared__ alignas(16) %s sg_xs[%lld];", t,
-                      (long long)(p->rows * p->k));
+    const sg__spell *sp = g->sp;
+    if (p->norm) sg__cuda_shared(g, 16, "%s sg_xs[%lld]", t, (long long)(p->rows * p->k));
     for (int r = 0; r < p->rows; r++)
         if (p->norm)
-            sg__emit_line(g->e, "const %s *x%d = sg_xs + %lld;", t, r, (long long)p->xoff[r]);
+            sg__emit_line(g->e, "%sconst %s *x%d = sg_xs + %lld;", sp->lp, t, r,
+                          (long long)p->xoff[r]);
         else
-            sg__emit_line(g->e, "const %s *x%d = (const %s *)s%d + %lld;", t, r, t,
-                          lslot(g, p->x->slot), (long long)p->xoff[r]);
+            sg__emit_line(g->e, "%sconst %s *x%d = (%sconst %s *)s%d + %lld;", sp->gp, t, r, sp->gp,
+                          t, lslot(g, p->x->slot), (long long)p->xoff[r]);
     unsigned grid;
     if (p->along_k) {
         int cols = p->cols;
@@ -1061,12 +1078,12 @@ static unsigned emit_gemv(gen *g, const sg__group *grp, const gemv *p) {
         emit_gemv_l2(g, grp, p, false);
         sg__emit_line(g->e, "sg_pdl_wait();");
         emit_gemv_norm(g, grp, p);
-        sg__emit_line(g->e, "const int c = threadIdx.x & 31, ks = threadIdx.x >> 5;");
-        sg__emit_line(g->e, "const sg_i64 n = (sg_i64)blockIdx.x * 32 + c;");
+        sg__emit_line(g->e, "const int c = %s & 31, ks = %s >> 5;", sp->tid, sp->tid);
+        sg__emit_line(g->e, "const sg_i64 n = (sg_i64)%s * 32 + c;", sp->bid);
         for (int r = 0; r < p->rows; r++) sg__emit_line(g->e, "float acc%d = 0.0f;", r);
         sg__emit_open(g->e, "if (n < %lld)", (long long)p->n);
-        sg__emit_line(g->e, "const %s *wc = (const %s *)s%d + (%lld + n);", t, t,
-                      lslot(g, p->w->slot), (long long)p->woff);
+        sg__emit_line(g->e, "%sconst %s *wc = (%sconst %s *)s%d + (%lld + n);", sp->gp, t, sp->gp,
+                      t, lslot(g, p->w->slot), (long long)p->woff);
         sg__emit_open(g->e, "for (sg_i64 k = ks; k < %lld; k += %d)", (long long)p->k, slices);
         snprintf(lv, sizeof lv, "wc[k * %lld]", (long long)p->sk);
         sg__lower_widen(g->d, p->w->dtype, lv, ld, sizeof ld);
@@ -1074,9 +1091,9 @@ static unsigned emit_gemv(gen *g, const sg__group *grp, const gemv *p) {
         emit_gemv_fma(g, p, "x%d[k]");
         sg__emit_close(g->e);
         sg__emit_close(g->e);
-        sg__emit_line(g->e, "__shared__ float red[%lld][%d][32];", (long long)p->rows, slices);
+        sg__cuda_shared(g, 0, "float red[%lld][%d][32]", (long long)p->rows, slices);
         for (int r = 0; r < p->rows; r++) sg__emit_line(g->e, "red[%d][ks][c] = acc%d;", r, r);
-        sg__emit_line(g->e, "__syncthreads();");
+        sg__emit_line(g->e, "%s", sp->sync);
         sg__emit_open(g->e, "if (ks == 0 && n < %lld)", (long long)p->n);
         for (int r = 0; r < p->rows; r++)
             sg__emit_line(g->e, "for (int s = 1; s < %d; s++) acc%d += red[%d][s][c];", slices, r,
@@ -1457,10 +1474,11 @@ static int64_t multi_split(gen *g, const sg__group *part, int64_t start, bool *a
             int64_t nb = multi_loop(g, &one, start + total, aligned, nslots, ki);
             g->e = outer, g->mark = NULL;
             if (nb > 0) {
-                sg__emit_open(outer, "%sif (blockIdx.x < %lld)", start + total ? "else " : "",
+                sg__emit_open(outer, "%sif (%s < %lld)", start + total ? "else " : "", g->sp->bid,
                               (long long)(start + total + nb));
                 for (int i = 0; i < nslots; i++)
-                    if (mark[i]) sg__emit_line(outer, "char *const s%d = slot[%d];", i, i);
+                    if (mark[i])
+                        sg__emit_line(outer, "%schar *const s%d = slot[%d];", g->sp->gp, i, i);
                 if (body.buf) sg__emit_raw(outer, "%s", body.buf);
                 sg__emit_close(outer);
             }
@@ -1595,10 +1613,6 @@ static bool emit_group(gen *g, const sg__group *grp, sg__cuda_kinfo *ki, bool *a
     int from = grp->anchor >= 0 ? grp->anchor + 1 : 0;
     *gemv_out = is_gemv;
     bool is_row = !is_gemv && grp->rows_inline; /* cgen_cuda_row.c computes the anchor */
-    if ((is_gemv || is_row) && !g->sp->shuffles) {
-        g->unsupported = sg__op_name(g->ir->nodes[grp->g[grp->anchor].node].op);
-        return false;
-    }
     if (!is_gemv && !is_row && grp->kind != SG__G_MULTI &&
         (from >= grp->n || numel_of(grp->ndim, grp->shape) == 0))
         return false;
@@ -1643,7 +1657,7 @@ static bool emit_group(gen *g, const sg__group *grp, sg__cuda_kinfo *ki, bool *a
         *what = grp->kind == SG__G_POINTWISE ? "pointwise" : "epilogue after a library call";
     }
     g->anchor_reg = false;
-    ki->block = BLOCK;
+    if (!ki->block) ki->block = BLOCK; /* row kernels set theirs */
     return true;
 }
 
@@ -1664,7 +1678,7 @@ static const char *launch_bounds(const sg__group *grp, const sg__cuda_kinfo *ki,
 /* The kernel's name: its ops, dtype and shape, and 48 bits of the SHA-256
  * of its text (head: everything before the body). */
 static void kernel_name(const gen *g, const sg__group *grp, const sg__emit *head,
-                        const sg__emit *body, sg__cuda_kinfo *ki) {
+                        const sg__emit *top, const sg__emit *body, sg__cuda_kinfo *ki) {
     char ops[96], sh[64] = "", hex[65];
     sg__group_name(g->ir, grp, ops, sizeof ops);
     if (strlen(ops) > 48) ops[48] = '\0';
@@ -1683,6 +1697,7 @@ static void kernel_name(const gen *g, const sg__group *grp, const sg__emit *head
     sg__sha256_init(&c);
     sg__sha256_update(&c, lb, (size_t)nlb);
     if (head->buf) sg__sha256_update(&c, head->buf, head->len);
+    if (top->buf) sg__sha256_update(&c, top->buf, top->len);
     if (body->buf) sg__sha256_update(&c, body->buf, body->len);
     sg__sha256_final(&c, d);
     sg__sha256_hex(d, hex);
@@ -1722,7 +1737,7 @@ static void emit_kernel(gen *g, const sg__group *grp, int k, sg__cuda_kinfo *kin
         g->e->oom = true;
         return;
     }
-    sg__emit body = {.ctx = g->e->ctx}, head = {.ctx = g->e->ctx};
+    sg__emit body = {.ctx = g->e->ctx}, head = {.ctx = g->e->ctx}, top = {.ctx = g->e->ctx};
     sg__emit *outer = g->e;
     const char *what = "";
     bool is_gemv = false, has = false;
@@ -1731,17 +1746,25 @@ static void emit_kernel(gen *g, const sg__group *grp, int k, sg__cuda_kinfo *kin
         memset(ki, 0, sizeof *ki);
         memset(aligned, 0, sizeof(bool) * (size_t)nslots);
         sg__emit_free(&body);
+        sg__emit_free(&top);
         body = (sg__emit){.ctx = outer->ctx, .depth = 1};
+        top = (sg__emit){.ctx = outer->ctx, .depth = 1};
         g->e = &body;
+        g->top = &top;
+        g->ntree_f = g->ntree_i = 0;
         g->unsupported = NULL;
         has = emit_group(g, grp, ki, aligned, &what, &is_gemv);
         g->e = outer;
+        g->top = NULL;
         if (!g->overflow) break;
     }
+    /* The row kernels write CUDA's literal suffixes. */
+    body.len = sg__lower_literals(g->d, body.buf, body.len);
+    if (body.buf) body.buf[body.len] = '\0';
     ki->unsupported = g->unsupported != NULL;
     if (has) {
         kernel_head(g, is_gemv, &head);
-        kernel_name(g, grp, &head, &body, ki);
+        kernel_name(g, grp, &head, &top, &body, ki);
         ki->nlocal = g->global ? -1 : g->nloc;
         memcpy(ki->local, g->locals, sizeof(int) * (size_t)(g->global ? 0 : g->nloc));
         const sg__cuda_kinfo *same = NULL;
@@ -1760,13 +1783,15 @@ static void emit_kernel(gen *g, const sg__group *grp, int k, sg__cuda_kinfo *kin
             sg__emit_line(g->e, "%s %s%s(%schar *%sconst *slot) {", g->sp->kernel, lb, ki->name,
                           g->sp->gp, g->sp->gp);
             if (head.buf) sg__emit_raw(g->e, "%s", head.buf);
+            if (top.buf) sg__emit_raw(g->e, "%s", top.buf);
             if (body.buf) sg__emit_raw(g->e, "%s", body.buf);
             sg__emit_line(g->e, "}");
         }
         sg__emit_line(g->e, "%s", "");
     }
-    if (body.oom || head.oom) g->e->oom = true;
+    if (body.oom || head.oom || top.oom) g->e->oom = true;
     sg__emit_free(&head);
+    sg__emit_free(&top);
     sg__emit_free(&body);
     sg__free(g->e->ctx, aligned, sizeof(bool) * (size_t)nslots);
 }
@@ -1783,7 +1808,8 @@ const sg__ref *sg__cuda_arg(const sg__cuda_gen *g, const sg__irnode *n, int j) {
 
 const sg__ir *sg__cuda_ir(const sg__cuda_gen *g) { return g->ir; }
 
-/* Row kernels are CUDA's (and HIP's, which spells values the same). */
+/* Row kernels spell values as CUDA's (HIP's and OpenCL C's preambles have
+ * the same helpers: sg_bf_rt, sg_h_rt). */
 void sg__cuda_widen(sg_dtype dt, const char *lv, char *buf, size_t size) {
     sg__lower_widen(SG__DIALECT_CUDA, dt, lv, buf, size);
 }
@@ -1806,7 +1832,8 @@ bool sg__cuda_walk_flat(const sg__cuda_gen *g, const sg__group *grp, int from, i
 
 void sg__cuda_lvalue_at(sg__cuda_gen *g, const sg__ref *r, const char *off, char *buf,
                         size_t size) {
-    snprintf(buf, size, "((%s *)s%d)[%s]", sg__lower_ctype(g->d, r->dtype), lslot(g, r->slot), off);
+    snprintf(buf, size, "((%s%s *)s%d)[%s]", g->sp->gp, sg__lower_ctype(g->d, r->dtype),
+             lslot(g, r->slot), off);
 }
 
 void sg__cuda_lvalue(sg__cuda_gen *g, const sg__ref *r, int nd, const int64_t *shape,
@@ -1849,6 +1876,71 @@ void sg__cuda_defer_end(sg__cuda_gen *g) {
 }
 
 void sg__cuda_store(sg__cuda_gen *g, bool fl, int k, const char *st) { store_stmt(g, fl, k, st); }
+
+const sg__spell *sg__cuda_spell(const sg__cuda_gen *g) { return g->sp; }
+
+void sg__cuda_shared(sg__cuda_gen *g, int align, const char *fmt, ...) {
+    char decl[256];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(decl, sizeof decl, fmt, ap);
+    va_end(ap);
+    const char *q = g->sp->shared;
+    sg__emit *e = g->sp->shared_top && g->top ? g->top : g->e;
+    if (!align)
+        sg__emit_line(e, "%s %s;", q, decl);
+    else if (g->sp->shared_top)
+        sg__emit_line(e, "%s %s __attribute__((aligned(%d)));", q, decl, align);
+    else
+        sg__emit_line(e, "%s alignas(%d) %s;", q, align, decl);
+}
+
+/* Team array i of type t (float or sg_i64) at the kernel's outermost
+ * scope, a word per thread, declared on first use. */
+static void tree_array(gen *g, const char *t, int i, char *name, size_t size) {
+    bool fl = strcmp(t, "float") == 0;
+    int *have = fl ? &g->ntree_f : &g->ntree_i;
+    snprintf(name, size, fl ? "r_lf%d" : "r_li%d", i);
+    for (; *have <= i; (*have)++)
+        sg__cuda_shared(g, 0, "%s %s%d[%d]", t, fl ? "r_lf" : "r_li", *have, MAX_BLOCK);
+}
+
+void sg__cuda_tree(sg__cuda_gen *g, int nv, const char *const *type, const char *const *var,
+                   const char *const *other, const char *fold, int warps) {
+    char arr[4][16];
+    int nf = 0, ni = 0;
+    nv = nv < 4 ? nv : 4;
+    for (int v = 0; v < nv; v++)
+        tree_array(g, type[v], strcmp(type[v], "float") == 0 ? nf++ : ni++, arr[v], sizeof arr[v]);
+    sg__emit *e = g->e;
+    sg__emit_open(e, "%s", "");
+    sg__emit_line(e, "const int r_l = %s;", g->sp->tid);
+    for (int v = 0; v < nv; v++) sg__emit_line(e, "%s[r_l] = %s;", arr[v], var[v]);
+    sg__emit_line(e, "%s", g->sp->sync);
+    /* Round o: lane j < o of each 32 takes lane j + o's value, as lane j's
+     * shuffle by o does (lane j + o's result equals lane j's: only j's is kept). */
+    sg__emit_open(e, "for (int o = 16; o > 0; o >>= 1)");
+    sg__emit_open(e, "if ((r_l & 31) < o)");
+    for (int v = 0; v < nv; v++)
+        sg__emit_line(e, "const %s %s = %s[r_l + o];", type[v], other[v], arr[v]);
+    sg__emit_line(e, "%s", fold);
+    for (int v = 0; v < nv; v++) sg__emit_line(e, "%s[r_l] = %s;", arr[v], var[v]);
+    sg__emit_close(e);
+    sg__emit_line(e, "%s", g->sp->sync);
+    sg__emit_close(e);
+    if (warps > 1) { /* the warps' results in warp order, as the shared words are */
+        for (int v = 0; v < nv; v++) sg__emit_line(e, "%s = %s[0];", var[v], arr[v]);
+        sg__emit_open(e, "for (int w = 1; w < %d; w++)", warps);
+        for (int v = 0; v < nv; v++)
+            sg__emit_line(e, "const %s %s = %s[w * 32];", type[v], other[v], arr[v]);
+        sg__emit_line(e, "%s", fold);
+        sg__emit_close(e);
+    } else {
+        for (int v = 0; v < nv; v++) sg__emit_line(e, "%s = %s[r_l & ~31];", var[v], arr[v]);
+    }
+    sg__emit_line(e, "%s", g->sp->sync); /* before the arrays are written again */
+    sg__emit_close(e);
+}
 
 /* ------------------------------------------------------------ the unit */
 

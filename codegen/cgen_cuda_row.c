@@ -41,6 +41,13 @@
  *
  * Loads, stores, ops and their rounding are cgen_cuda.c's (through the
  * helpers of codegen.h), so a fused row rounds as the unfused ops would.
+ *
+ * The same kernels in OpenCL C (sg__spell without shuffles): a team's
+ * lanes combine through local memory in the shuffles' order
+ * (sg__cuda_tree), a work-group is one team (its barriers are the
+ * team's), and the cut rows and column ranges are folded chunk by chunk
+ * by one work-group (emit_split_seq, emit_columns_seq): the same bits as
+ * the CUDA kernels, with no memory shared between work-groups.
  */
 #include "codegen.h"
 
@@ -70,10 +77,23 @@ typedef struct rowk {
     sg__group quiet; /* grp with no member storing */
     int sink;        /* GEMV prologue: the member whose value goes to xs[i], else -1 */
     const char *xs;
+    const sg__spell *sp;               /* the dialect's spellings */
+    int block;                         /* threads per block (OpenCL C: a team's; see row_setup) */
+    char ninf[40], pinf[40], qnan[40]; /* -inf, +inf and NaN from their bits */
 } rowk;
 
 /* `var` combined over the team (op: "+" for a sum, else fmaxf). */
 static void team_reduce(rowk *k, const char *var, bool max) {
+    if (!k->sp->shuffles) {
+        const char *t[1] = {"float"}, *v[1] = {var}, *o[1] = {"r_o"};
+        char fold[96];
+        if (max)
+            snprintf(fold, sizeof fold, "%s = fmax%s(%s, r_o);", var, k->sp->mf, var);
+        else
+            snprintf(fold, sizeof fold, "%s += r_o;", var);
+        sg__cuda_tree(k->g, 1, t, v, o, fold, k->team / 32);
+        return;
+    }
     if (max)
         sg__emit_line(
             k->e,
@@ -87,7 +107,7 @@ static void team_reduce(rowk *k, const char *var, bool max) {
     if (k->team <= 32) return;
     int r = k->nred++;
     sg__emit_open(k->e, "%s", "");
-    sg__emit_line(k->e, "__shared__ float r_red%d[%d];", r, k->team / 32);
+    sg__cuda_shared(k->g, 0, "float r_red%d[%d]", r, k->team / 32);
     sg__emit_line(k->e, "if ((threadIdx.x & 31) == 0) r_red%d[threadIdx.x >> 5] = %s;", r, var);
     sg__emit_line(k->e, "__syncthreads();");
     sg__emit_line(k->e, "%s = r_red%d[0];", var, r);
@@ -101,22 +121,29 @@ static void team_reduce(rowk *k, const char *var, bool max) {
 
 /* The softmax statistics (r_m, r_s) combined over the team: the max, and
  * each sum of exps rescaled to it. Lanes that saw nothing hold (-inf, 0). */
-#define COMBINE_MS(m2, s2)                                                                         \
-    "{ const float r_nm = fmaxf(r_m, " m2 "); r_s = (r_m == r_nm ? r_s : r_s * expf(r_m - r_nm))"  \
-    " + (" m2 " == r_nm ? " s2 " : " s2 " * expf(" m2 " - r_nm)); r_m = r_nm; }"
-
 static void team_reduce_ms(rowk *k) {
+    char ms[400];
+    const char *mf = k->sp->mf;
+    snprintf(ms, sizeof ms,
+             "{ const float r_nm = fmax%s(r_m, r_om); r_s = (r_m == r_nm ? r_s : r_s * exp%s(r_m "
+             "- r_nm)) + (r_om == r_nm ? r_os : r_os * exp%s(r_om - r_nm)); r_m = r_nm; }",
+             mf, mf, mf);
+    if (!k->sp->shuffles) {
+        const char *t[2] = {"float", "float"}, *v[2] = {"r_m", "r_s"}, *o[2] = {"r_om", "r_os"};
+        sg__cuda_tree(k->g, 2, t, v, o, ms, k->team / 32);
+        return;
+    }
     sg__emit_open(k->e, "for (int o = %d; o > 0; o >>= 1)", k->team > 32 ? 16 : k->team / 2);
     sg__emit_line(k->e, "const float r_om = __shfl_xor_sync(0xffffffffu, r_m, o);");
     sg__emit_line(k->e, "const float r_os = __shfl_xor_sync(0xffffffffu, r_s, o);");
-    sg__emit_line(k->e, "%s", COMBINE_MS("r_om", "r_os"));
+    sg__emit_line(k->e, "%s", ms);
     sg__emit_close(k->e);
     if (k->team <= 32) return;
     int r = k->nred;
     k->nred += 2;
     sg__emit_open(k->e, "%s", "");
-    sg__emit_line(k->e, "__shared__ float r_red%d[%d], r_red%d[%d];", r, k->team / 32, r + 1,
-                  k->team / 32);
+    sg__cuda_shared(k->g, 0, "float r_red%d[%d], r_red%d[%d]", r, k->team / 32, r + 1,
+                    k->team / 32);
     sg__emit_line(k->e,
                   "if ((threadIdx.x & 31) == 0) r_red%d[threadIdx.x >> 5] = r_m, "
                   "r_red%d[threadIdx.x >> 5] = r_s;",
@@ -125,7 +152,7 @@ static void team_reduce_ms(rowk *k) {
     sg__emit_line(k->e, "r_m = r_red%d[0], r_s = r_red%d[0];", r, r + 1);
     sg__emit_open(k->e, "for (int w = 1; w < %d; w++)", k->team / 32);
     sg__emit_line(k->e, "const float r_om = r_red%d[w], r_os = r_red%d[w];", r, r + 1);
-    sg__emit_line(k->e, "%s", COMBINE_MS("r_om", "r_os"));
+    sg__emit_line(k->e, "%s", ms);
     sg__emit_close(k->e);
     sg__emit_close(k->e);
 }
@@ -198,7 +225,7 @@ static void row_write(rowk *k) {
     char y[600], rt[900], lv[400], ld[480], st[1000], v[16];
     const sg__irnode *n = k->an;
     switch (n->op) {
-    case SG__OP_SOFTMAX: snprintf(y, sizeof y, "(expf(r_x - r_m) * r_inv)"); break;
+    case SG__OP_SOFTMAX: snprintf(y, sizeof y, "(exp%s(r_x - r_m) * r_inv)", k->sp->mf); break;
     case SG__OP_LOG_SOFTMAX: snprintf(y, sizeof y, "((r_x - r_m) - r_ls)"); break;
     default: {
         size_t q = (size_t)snprintf(
@@ -317,30 +344,33 @@ static void stat_pass(rowk *k, bool fill, const char *fold) {
 static void emit_row_op(rowk *k) {
     sg__op op = k->an->op;
     bool fill = k->per > 0;
+    const char *mf = k->sp->mf;
     /* Which pass computes the prologue last: the write pass. */
     if ((op == SG__OP_SOFTMAX || op == SG__OP_LOG_SOFTMAX) && !k->per) {
         /* A row read from memory: max and sum in one pass, the sum rescaled
          * as the max grows; -inf adds exactly 0, +inf and NaN make it NaN. */
-        sg__emit_line(k->e, "float r_m = __uint_as_float(0xff800000u), r_s = 0.0f;");
-        stat_pass(k, false,
-                  "{ if (r_x > r_m) { r_s = r_s * expf(r_m - r_x) + (r_x == "
-                  "__uint_as_float(0x7f800000u) ? __uint_as_float(0x7fc00000u) : 1.0f); r_m = "
-                  "r_x; } else if (r_x != __uint_as_float(0xff800000u)) r_s += expf(r_x - r_m); }");
+        char fold[400];
+        snprintf(fold, sizeof fold,
+                 "{ if (r_x > r_m) { r_s = r_s * exp%s(r_m - r_x) + (r_x == %s ? %s : 1.0f); r_m = "
+                 "r_x; } else if (r_x != %s) r_s += exp%s(r_x - r_m); }",
+                 mf, k->pinf, k->qnan, k->ninf, mf);
+        sg__emit_line(k->e, "float r_m = %s, r_s = 0.0f;", k->ninf);
+        stat_pass(k, false, fold);
         team_reduce_ms(k);
-        sg__emit_line(k->e, "const float r_inv = 1.0f / r_s, r_ls = logf(r_s);");
+        sg__emit_line(k->e, "const float r_inv = 1.0f / r_s, r_ls = log%s(r_s);", mf);
         sg__emit_line(k->e, "(void)r_inv, (void)r_ls;");
     } else if (op == SG__OP_SOFTMAX || op == SG__OP_LOG_SOFTMAX) {
-        sg__emit_line(k->e, "float r_m = __uint_as_float(0xff800000u);");
+        sg__emit_line(k->e, "float r_m = %s;", k->ninf);
         pass_open(k, fill, false);
         sg__emit_line(k->e, "r_m = r_x > r_m ? r_x : r_m;");
         pass_close(k);
         team_reduce(k, "r_m", true);
         sg__emit_line(k->e, "float r_s = 0.0f;");
         pass_open(k, false, false);
-        sg__emit_line(k->e, "r_s += r_x == __uint_as_float(0xff800000u) ? 0.0f : expf(r_x - r_m);");
+        sg__emit_line(k->e, "r_s += r_x == %s ? 0.0f : exp%s(r_x - r_m);", k->ninf, mf);
         pass_close(k);
         team_reduce(k, "r_s", false);
-        sg__emit_line(k->e, "const float r_inv = 1.0f / r_s, r_ls = logf(r_s);");
+        sg__emit_line(k->e, "const float r_inv = 1.0f / r_s, r_ls = log%s(r_s);", mf);
         sg__emit_line(k->e, "(void)r_inv, (void)r_ls;");
     } else {
         bool layer = op == SG__OP_LAYER_NORM;
@@ -357,7 +387,7 @@ static void emit_row_op(rowk *k) {
             sg__emit_line(k->e, "const float r_var = r_s / %lld.0f;", (long long)k->len);
         }
         sg__emit_line(k->e,
-                      "const float r_r = 1.0f / sqrtf((r_var > 0.0f ? r_var : 0.0f) + %.9ef);",
+                      "const float r_r = 1.0f / sqrt%s((r_var > 0.0f ? r_var : 0.0f) + %.9ef);", mf,
                       k->an->f[0]);
     }
     if (k->per) { /* the registers, 8 at a time (the kept values are registers too) */
@@ -469,8 +499,7 @@ static void emit_reduce(rowk *k) {
         if (den > 0) /* var, or NaN/inf as torch's for too few elements */
             sg__emit_line(k->e, "r_s = r_q / %lld.0f;", (long long)den);
         else
-            sg__emit_line(k->e, "r_s = r_q > 0.0f ? __uint_as_float(0x7f800000u) : "
-                                "__uint_as_float(0x7fc00000u);");
+            sg__emit_line(k->e, "r_s = r_q > 0.0f ? %s : %s;", k->pinf, k->qnan);
     }
     char y[160], rt[600], lv[400], st[1000], v[16];
     if (k->an->op == SG__OP_MEAN)
@@ -488,7 +517,7 @@ static void emit_reduce(rowk *k) {
     bool any = grp->g[k->a].store;
     for (int m = k->a + 1; m < red_end; m++) any = any || grp->g[m].store;
     if (any) {
-        sg__emit_line(k->e, k->team > 32 ? "__syncthreads();" : "__syncwarp();");
+        sg__emit_line(k->e, "%s", k->team > 32 || !k->sp->shuffles ? k->sp->sync : "__syncwarp();");
         sg__emit_open(k->e, "if (r_lane == 0)");
         if (grp->g[k->a].store) {
             sg__cuda_lvalue(k->g, k->o, grp->ndim, grp->shape, rflat, lv, sizeof lv);
@@ -519,6 +548,12 @@ static void emit_reduce(rowk *k) {
 
 /* (r_b, r_at) combined over the team in argmax's total order. */
 static void team_argmax(rowk *k) {
+    if (!k->sp->shuffles) {
+        const char *t[2] = {"float", "sg_i64"}, *v[2] = {"r_b", "r_at"}, *o[2] = {"r_ob", "r_oa"};
+        sg__cuda_tree(k->g, 2, t, v, o, "if (" ARGMAX_BETTER ") r_b = r_ob, r_at = r_oa;",
+                      k->team / 32);
+        return;
+    }
     sg__emit_open(k->e, "for (int o = %d; o > 0; o >>= 1)", k->team > 32 ? 16 : k->team / 2);
     sg__emit_line(k->e, "const float r_ob = __shfl_xor_sync(0xffffffffu, r_b, o);");
     sg__emit_line(k->e, "const sg_i64 r_oa = __shfl_xor_sync(0xffffffffu, r_at, o);");
@@ -528,8 +563,8 @@ static void team_argmax(rowk *k) {
     int r = k->nred;
     k->nred += 2;
     sg__emit_open(k->e, "%s", "");
-    sg__emit_line(k->e, "__shared__ float r_red%d[%d];", r, k->team / 32);
-    sg__emit_line(k->e, "__shared__ sg_i64 r_red%d[%d];", r + 1, k->team / 32);
+    sg__cuda_shared(k->g, 0, "float r_red%d[%d]", r, k->team / 32);
+    sg__cuda_shared(k->g, 0, "sg_i64 r_red%d[%d]", r + 1, k->team / 32);
     sg__emit_line(k->e,
                   "if ((threadIdx.x & 31) == 0) r_red%d[threadIdx.x >> 5] = r_b, "
                   "r_red%d[threadIdx.x >> 5] = r_at;",
@@ -561,7 +596,7 @@ static void argmax_store(rowk *k) {
 static void emit_argmax(rowk *k) {
     char hi[32];
     snprintf(hi, sizeof hi, "%lldLL", (long long)k->len);
-    sg__emit_line(k->e, "float r_b = __uint_as_float(0xff800000u);");
+    sg__emit_line(k->e, "float r_b = %s;", k->ninf);
     sg__emit_line(k->e, "sg_i64 r_at = -1;");
     chunk_loop(k, "r_lane", hi, k->team, chunk_of(k->len, k->team, k->a > 0 ? 8 : 32), ARGMAX_FOLD,
                false);
@@ -641,11 +676,68 @@ static void emit_split(rowk *k, int64_t split, int64_t ch) {
     }
 }
 
+/* Lane r_sp % team folds the team's (r_b, r_at) of chunk r_sp into its
+ * (r_fb, r_fa), as emit_split's last block folds the partials it reads. */
+#define ARGMAX_KEEP                                                                                \
+    "{ const float r_ob = r_b; const sg_i64 r_oa = r_at; r_b = r_fb, r_at = r_fa; if "             \
+    "(" ARGMAX_BETTER ") r_b = r_ob, r_at = r_oa; r_fb = r_b, r_fa = r_at; }"
+
+/*
+ * emit_split where blocks cannot meet (OpenCL C: a kernel's own device
+ * arrays need program-scope globals, which PoCL lacks): a block per row
+ * folds the row's chunks one after another, each as emit_split's block
+ * does, and lane j of the team keeps the fold of partials j, j + team, ..
+ * in chunk order, as the last block's lane j does; then the same combine
+ * over the team. The same bits as emit_split, on fewer blocks.
+ */
+static void emit_split_seq(rowk *k, int64_t split, int64_t ch) {
+    bool argmax = k->an->op == SG__OP_ARGMAX;
+    sg__emit *e = k->e;
+    int u = chunk_of(ch, k->team, 8);
+    sg__emit_line(e, "const int r_lane = %s;", k->sp->tid);
+    sg__emit_open(e, "for (sg_i64 r_row = %s; r_row < %lldLL; r_row += %s)", k->sp->bid,
+                  (long long)k->rows, k->sp->gdim);
+    if (argmax) {
+        sg__emit_line(e, "float r_b, r_fb = %s;", k->ninf);
+        sg__emit_line(e, "sg_i64 r_at, r_fa = -1;");
+    } else {
+        sg__emit_line(e, "float r_s, r_f = 0.0f;");
+    }
+    sg__emit_open(e, "for (sg_i64 r_sp = 0; r_sp < %lldLL; r_sp++)", (long long)split);
+    sg__emit_line(e, "const sg_i64 r_lo = r_sp * %lldLL;", (long long)ch);
+    sg__emit_line(e, "const sg_i64 r_hi = r_lo + %lldLL < %lldLL ? r_lo + %lldLL : %lldLL;",
+                  (long long)ch, (long long)k->len, (long long)ch, (long long)k->len);
+    if (argmax) {
+        sg__emit_line(e, "r_b = %s, r_at = -1;", k->ninf);
+        chunk_loop(k, "r_lo + r_lane", "r_hi", k->team, u, ARGMAX_FOLD, false);
+        team_argmax(k);
+        sg__emit_line(e, "if (r_lane == r_sp %% %d) %s", k->team, ARGMAX_KEEP);
+    } else {
+        sg__emit_line(e, "r_s = 0.0f;");
+        chunk_loop(k, "r_lo + r_lane", "r_hi", k->team, u, "r_s += r_x;", false);
+        team_reduce(k, "r_s", false);
+        sg__emit_line(e, "if (r_lane == r_sp %% %d) r_f += r_s;", k->team);
+    }
+    sg__emit_close(e);
+    if (argmax) {
+        sg__emit_line(e, "r_b = r_fb, r_at = r_fa;");
+        team_argmax(k);
+        argmax_store(k);
+    } else {
+        sg__emit_line(e, "r_s = r_f;");
+        team_reduce(k, "r_s", false);
+        sg__emit_open(e, "if (r_lane == 0)");
+        single_tail(k, "r_row");
+        sg__emit_close(e);
+    }
+    sg__emit_close(e);
+}
+
 /* r_s summed over the block's row groups, in group order, into the
  * threads of group 0. */
 static void column_combine(rowk *k, int tc, int rg) {
-    sg__emit_line(k->e, "r_cred[threadIdx.x] = r_s;");
-    sg__emit_line(k->e, "__syncthreads();");
+    sg__emit_line(k->e, "r_cred[%s] = r_s;", k->sp->tid);
+    sg__emit_line(k->e, "%s", k->sp->sync);
     sg__emit_line(k->e, "if (r_rg == 0) for (int w = 1; w < %d; w++) r_s += r_cred[w * %d + r_lc];",
                   rg, tc);
 }
@@ -663,15 +755,15 @@ static void emit_columns(rowk *k, int tc, int64_t split, int64_t ch, int64_t ite
     int rg = BLOCK / tc;
     int64_t nct = (k->cols + tc - 1) / tc, tiles = k->rows * nct;
     char tile[64], hi[32];
-    sg__emit_line(e, "const int r_lc = threadIdx.x %% %d, r_rg = threadIdx.x / %d;", tc, tc);
-    sg__emit_line(e, "__shared__ float r_cred[%d];", BLOCK);
+    sg__emit_line(e, "const int r_lc = %s %% %d, r_rg = %s / %d;", k->sp->tid, tc, k->sp->tid, tc);
+    sg__cuda_shared(k->g, 0, "float r_cred[%d]", BLOCK);
     if (split > 1) {
         sg__emit_line(e, "static __device__ float r_part[%lld];", (long long)(items * tc));
         sg__emit_line(e, "static __device__ unsigned int r_count[%lld];", (long long)tiles);
         sg__emit_line(e, "__shared__ bool r_last;");
     }
-    sg__emit_open(e, "for (sg_i64 r_w = blockIdx.x; r_w < %lldLL; r_w += gridDim.x)",
-                  (long long)items);
+    sg__emit_open(e, "for (sg_i64 r_w = %s; r_w < %lldLL; r_w += %s)", k->sp->bid, (long long)items,
+                  k->sp->gdim);
     sg__emit_line(e, "const sg_i64 r_t = r_w / %lld, r_sp = r_w %% %lld;", (long long)split,
                   (long long)split);
     sg__emit_line(e, "const sg_i64 r_row = r_t / %lld, r_col = (r_t %% %lld) * %d + r_lc;",
@@ -709,7 +801,51 @@ static void emit_columns(rowk *k, int tc, int64_t split, int64_t ch, int64_t ite
     single_tail(k, tile);
     sg__emit_close(e);
     if (split > 1) sg__emit_close(e);
-    sg__emit_line(e, "__syncthreads();");
+    sg__emit_line(e, "%s", k->sp->sync);
+    sg__emit_close(e);
+}
+
+/*
+ * emit_columns with `split` chunks where blocks cannot meet (emit_split_seq):
+ * a block per column tile folds the chunks one after another, each as
+ * emit_columns' block does; group 0's sum of chunk j goes through shared
+ * memory to group j % rg, which folds it in chunk order, as the last
+ * block's group does; then the same combine over the groups.
+ */
+static void emit_columns_seq(rowk *k, int tc, int64_t split, int64_t ch) {
+    sg__emit *e = k->e;
+    const sg__spell *sp = k->sp;
+    int rg = BLOCK / tc;
+    int64_t nct = (k->cols + tc - 1) / tc, tiles = k->rows * nct;
+    char tile[64];
+    sg__emit_line(e, "const int r_lc = %s %% %d, r_rg = %s / %d;", sp->tid, tc, sp->tid, tc);
+    sg__cuda_shared(k->g, 0, "float r_cred[%d]", BLOCK);
+    sg__cuda_shared(k->g, 0, "float r_cpart[%d]", tc);
+    sg__emit_open(e, "for (sg_i64 r_t = %s; r_t < %lldLL; r_t += %s)", sp->bid, (long long)tiles,
+                  sp->gdim);
+    sg__emit_line(e, "const sg_i64 r_row = r_t / %lld, r_col = (r_t %% %lld) * %d + r_lc;",
+                  (long long)nct, (long long)nct, tc);
+    sg__emit_line(e, "float r_s, r_f = 0.0f;");
+    sg__emit_open(e, "for (sg_i64 r_sp = 0; r_sp < %lldLL; r_sp++)", (long long)split);
+    sg__emit_line(e, "const sg_i64 r_lo = r_sp * %lldLL;", (long long)ch);
+    sg__emit_line(e, "const sg_i64 r_hi = r_lo + %lldLL < %lldLL ? r_lo + %lldLL : %lldLL;",
+                  (long long)ch, (long long)k->len, (long long)ch, (long long)k->len);
+    sg__emit_line(e, "r_s = 0.0f;");
+    sg__emit_open(e, "if (r_col < %lldLL)", (long long)k->cols);
+    chunk_loop(k, "r_lo + r_rg", "r_hi", rg, chunk_of(ch, rg, 8), "r_s += r_x;", false);
+    sg__emit_close(e);
+    column_combine(k, tc, rg);
+    sg__emit_line(e, "if (r_rg == 0) r_cpart[r_lc] = r_s;");
+    sg__emit_line(e, "%s", sp->sync);
+    sg__emit_line(e, "if (r_rg == r_sp %% %d) r_f += r_cpart[r_lc];", rg);
+    sg__emit_close(e);
+    sg__emit_line(e, "r_s = r_f;");
+    column_combine(k, tc, rg);
+    snprintf(tile, sizeof tile, "r_row * %lldLL + r_col", (long long)k->cols);
+    sg__emit_open(e, "if (r_rg == 0 && r_col < %lldLL)", (long long)k->cols);
+    single_tail(k, tile);
+    sg__emit_close(e);
+    sg__emit_line(e, "%s", sp->sync);
     sg__emit_close(e);
 }
 
@@ -740,7 +876,16 @@ static sg__gnode *row_setup(rowk *k, sg__gnode *quiet, int nquiet) {
     k->o = sg__cuda_ref(g, k->an->out);
     k->nd = k->x->ndim;
     k->shape = k->x->shape;
-    k->team = k->len <= WARP_ROW ? 32 : BLOCK;
+    k->sp = sg__cuda_spell(g);
+    snprintf(k->ninf, sizeof k->ninf, "%s(0xff800000u)", k->sp->u2f);
+    snprintf(k->pinf, sizeof k->pinf, "%s(0x7f800000u)", k->sp->u2f);
+    snprintf(k->qnan, sizeof k->qnan, "%s(0x7fc00000u)", k->sp->u2f);
+    /* Without shuffles a team's barriers are the block's: a block is one
+     * team (a warp's 32 threads for a short row), every team of it taking
+     * the same rows; a GEMV's rows (the block is the GEMV's) take the block. */
+    bool into = k->xs != NULL;
+    k->team = k->len <= WARP_ROW && (k->sp->shuffles || !into) ? 32 : BLOCK;
+    k->block = k->sp->shuffles ? BLOCK : k->team;
     int64_t per = (k->len + k->team - 1) / k->team;
     k->per = per <= REG_MAX ? (int)per : 0;
     /* The walk over the input's shape: prologue, the anchor's load and
@@ -770,12 +915,13 @@ static void row_done(rowk *k, sg__gnode *qg, const sg__gnode *quiet) {
  * blocks, a team per row. */
 static void row_loop(rowk *k, const char *blk, const char *nblk) {
     const sg__group *grp = k->grp;
-    int rpb = BLOCK / k->team;
-    sg__emit_line(k->e, "const int r_lane = threadIdx.x %% %d;", k->team);
+    const char *tid = k->sp->tid;
+    int rpb = k->block / k->team;
+    sg__emit_line(k->e, "const int r_lane = %s %% %d;", tid, k->team);
     sg__emit_open(k->e,
-                  "for (sg_i64 r_row = (sg_i64)%s * %d + threadIdx.x / %d; r_row < %lldLL; "
+                  "for (sg_i64 r_row = (sg_i64)%s * %d + %s / %d; r_row < %lldLL; "
                   "r_row += (sg_i64)%s * %d)",
-                  blk, rpb, k->team, (long long)k->rows, nblk, rpb);
+                  blk, rpb, tid, k->team, (long long)k->rows, nblk, rpb);
     /* Room for whole groups of 8 (the write pass's steps; those past the row go unused). */
     if (k->per && grp->kind == SG__G_ROW)
         sg__emit_line(k->e, "float r_xr[%d];", k->per < 8 ? k->per : (k->per + 7) / 8 * 8);
@@ -786,7 +932,7 @@ static void row_loop(rowk *k, const char *blk, const char *nblk) {
     else
         emit_reduce(k);
     /* The next row reuses the shared words. */
-    if (k->team > 32 && k->nred) sg__emit_line(k->e, "__syncthreads();");
+    if (k->team > 32 && k->nred) sg__emit_line(k->e, "%s", k->sp->sync);
     sg__emit_close(k->e);
 }
 
@@ -801,6 +947,12 @@ static const char *emit_wide(rowk *k, sg__cuda_kinfo *ki) {
         int64_t tiles = k->rows * ((k->cols + tc - 1) / tc);
         split = plan_split(tiles, k->len, 4 * (BLOCK / tc), &ch);
         int64_t items = tiles * split;
+        if (split > 1 && !k->sp->shuffles) {
+            ki->grid = (unsigned)(tiles > GRID_MAX ? GRID_MAX : tiles);
+            emit_columns_seq(k, tc, split, ch);
+            return "column reduction, a block per column tile folding the chunks of the range "
+                   "in order; prologue and epilogue fused";
+        }
         ki->grid = (unsigned)(items > GRID_MAX ? GRID_MAX : items);
         emit_columns(k, tc, split, ch, items);
         return split > 1 ? "column reduction, a block per column tile and chunk of the range, "
@@ -813,6 +965,12 @@ static const char *emit_wide(rowk *k, sg__cuda_kinfo *ki) {
         (split = plan_split(k->rows, k->len,
                             k->an->op == SG__OP_ARGMAX ? SPLIT_LEAST_ARGMAX : SPLIT_LEAST, &ch)) >
             1) {
+        if (!k->sp->shuffles) {
+            ki->grid = (unsigned)(k->rows > GRID_MAX ? GRID_MAX : k->rows);
+            emit_split_seq(k, split, ch);
+            return "long-row reduction, a block per row folding its chunks in order; prologue "
+                   "and epilogue fused";
+        }
         ki->grid = (unsigned)(k->rows * split);
         emit_split(k, split, ch);
         return "long-row reduction, a block per chunk of a row, the row's last block "
@@ -836,11 +994,12 @@ const char *sg__cgen_cuda_rows(sg__cuda_gen *g, const sg__group *grp, sg__cuda_k
     ki->iters = k.rows * k.len * k.cols;
     ki->replaces_call = true;
     const char *what = emit_wide(&k, ki);
+    ki->block = what ? BLOCK : (unsigned)k.block;
     if (!what) {
-        int rpb = BLOCK / k.team;
+        int rpb = k.block / k.team;
         int64_t blocks = (k.rows + rpb - 1) / rpb;
         ki->grid = (unsigned)(blocks < 1 ? 1 : blocks > GRID_MAX ? GRID_MAX : blocks);
-        row_loop(&k, "blockIdx.x", "gridDim.x");
+        row_loop(&k, k.sp->bid, k.sp->gdim);
     }
     row_done(&k, qg, quiet);
     if (what) return what;

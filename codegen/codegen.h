@@ -242,6 +242,14 @@ typedef struct sg__spell {
      * __launch_bounds__ and have warp shuffles (row and GEMV kernels). */
     const char *kernel, *tid, *bid, *bdim, *gdim, *sync;
     bool launch_bounds, shuffles;
+    /* GPU dialects: the function giving a float from its bits
+     * ("__uint_as_float"), the qualifier of an array the block shares and
+     * the address space of a pointer into one, and whether such arrays are
+     * declared at the kernel's outermost scope (OpenCL C), not where used.
+     * Without shuffles a team combines its lanes through such an array, in
+     * the order the shuffles would (sg__cuda_tree). */
+    const char *u2f, *shared, *lp;
+    bool shared_top;
 } sg__spell;
 
 /* The dialect's spellings (an unknown dialect gets C's). */
@@ -251,6 +259,10 @@ SG__HIDDEN const sg__spell *sg__spell_of(sg__dialect d);
  * sg_gelu_tanh, sg_i2f_odd, SG_WRAP: one text, the dialect's qualifier),
  * then its tail. */
 SG__HIDDEN void sg__lower_preamble(sg__dialect d, sg__emit *e);
+/* Text written with CUDA's 64-bit literal suffixes (LL, ull) in dialect d,
+ * whose suffix differs (OpenCL C: L, its long long being 128 bits): each
+ * number's suffix rewritten in place. Returns the new length. */
+SG__HIDDEN size_t sg__lower_literals(sg__dialect d, char *text, size_t len);
 /* Is dt computed in float (f32, f16, bf16)? */
 SG__HIDDEN bool sg__lower_fdom(sg_dtype dt);
 /* The element type in memory, and the type of a value in registers. */
@@ -390,13 +402,19 @@ SG__HIDDEN sg_status sg__cgen_cuda(sg_ctx *ctx, const sg__ir *ir, const sg__fuse
  *       space: every pointer says __global), with CUDA's ABI and kinfo:
  *           __kernel void <name>(__global char *__global const *slot)
  *       slot[] a table of device addresses in device memory (SVM or USM),
- *       grid = work-groups, block = work-group size. Pointwise, MULTI,
- *       chain, data (embedding, index_select, concat, index_copy_) and
- *       epilogue kernels; a row or GEMV kernel (a rows_inline ROW or REDUCE
- *       group, a GEMV group) needs warp shuffles: its kinfo says
- *       `unsupported`, it gets no kernel, and the call ends with
- *       SG_ERR_UNSUPPORTED naming the first such group's op, the unit in e
- *       holding every other group's kernel.
+ *       grid = work-groups, block = work-group size. Every kernel the
+ *       CUDA dialect has (pointwise, MULTI, chain, data, epilogue, row and
+ *       GEMV kernels), with the CUDA dialect's order of every sum. Where
+ *       CUDA shuffles, a team combines its lanes through local memory and
+ *       barriers (sg__cuda_tree), so a row kernel's work-group is its team
+ *       (32 work-items for a row of at most 256, else 256), and the GEMV's
+ *       warps all stay to the end; a long row or column range that CUDA
+ *       cuts over blocks finished by the last one (kernel-owned device
+ *       arrays, which PoCL lacks) is folded chunk by chunk by one
+ *       work-group, to the same bits. A group the dialect cannot write
+ *       (none today) has kinfo.unsupported and no kernel, and the call
+ *       ends with SG_ERR_UNSUPPORTED naming its op, the unit in e holding
+ *       every other group's kernel.
  * SG__DIALECT_C is no GPU dialect: SG_ERR_INVALID_ARG.
  */
 SG__HIDDEN sg_status sg__cgen_gpu(sg_ctx *ctx, const sg__ir *ir, const sg__fused *f,
@@ -467,6 +485,27 @@ SG__HIDDEN sg__emit *sg__cuda_set_out(sg__cuda_gen *g, sg__emit *e);
 SG__HIDDEN void sg__cuda_defer_begin(sg__cuda_gen *g, sg__emit *decl, sg__emit *later, int n);
 SG__HIDDEN void sg__cuda_defer_end(sg__cuda_gen *g);
 SG__HIDDEN void sg__cuda_store(sg__cuda_gen *g, bool fl, int k, const char *st);
+/* The dialect's spellings of the kernel being emitted. */
+SG__HIDDEN const sg__spell *sg__cuda_spell(const sg__cuda_gen *g);
+/* An array the block shares, decl its type and declarator ("float r[8]"),
+ * aligned to `align` bytes when not 0: where the kernel is at (CUDA), or at
+ * its outermost scope (shared_top: OpenCL C allows __local nowhere else). */
+SG__HIDDEN void sg__cuda_shared(sg__cuda_gen *g, int align, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+/*
+ * Without shuffles (OpenCL C): the nv (at most 4) values var[v] of type
+ * type[v] ("float" or "sg_i64") combined over each 32 consecutive threads
+ * through arrays at the kernel's outermost scope, as CUDA's xor shuffles by
+ * 16, 8, .., 1 combine a warp's lanes -- the same operands in the same
+ * order, so the same bits. `fold` is the statement that folds the values
+ * other[v] into var[v]. warps == 1: every thread ends with its 32's
+ * result; else the results of the block's `warps` 32s folded in order
+ * (var = the first's, then each other's), as a block's shared words are.
+ * Every thread of the block must reach it (it holds barriers).
+ */
+SG__HIDDEN void sg__cuda_tree(sg__cuda_gen *g, int nv, const char *const *type,
+                              const char *const *var, const char *const *other, const char *fold,
+                              int warps);
 
 /* ------------------------------------------------------------ NVRTC (nvrtc.c) */
 

@@ -162,6 +162,12 @@ static const char *const opencl_head =
     "#define sg_u2f(u) as_float(u)\n"
     "#define sg_f2u(f) as_uint(f)\n";
 
+/* After the shared helpers: the round trips under CUDA's names, which the
+ * row and GEMV kernels write in every GPU dialect. */
+static const char *const opencl_tail =
+    "static inline float sg_bf_rt(float f) { return sg_bf2f(sg_f2bf(f)); }\n"
+    "static inline float sg_h_rt(float f) { return sg_h2f(sg_f2h(f)); }\n";
+
 /*
  * The helpers of every unit, one text: "$D" is the dialect's function
  * qualifier, "$F" the suffix of its float math functions. Integers round
@@ -223,11 +229,12 @@ static const char *const shared_helpers =
     {                                                                                              \
         .name = unit_name, .u8 = "sg_u8", .u16 = "sg_u16", .i32 = "sg_i32", .i64 = "sg_i64",       \
         .u64 = "sg_u64", .i64_min = "(-9223372036854775807LL - 1)", .ll = "LL", .fn = "SG_DEV",    \
-        .mf = "f", .gp = "", .fbits = "__uint_as_float(0x%08xu) /* %g */",                         \
-        .h_rt = "sg_h_rt(%s)", .bf_rt = "sg_bf_rt(%s)", .head = cuda_head, .tail = cuda_tail,       \
+        .mf = "f", .gp = "", .fbits = "__uint_as_float(0x%08xu) /* %g */", .h_rt = "sg_h_rt(%s)",  \
+        .bf_rt = "sg_bf_rt(%s)", .head = cuda_head, .tail = cuda_tail,                             \
         .kernel = "extern \"C\" __global__ void", .tid = "threadIdx.x", .bid = "blockIdx.x",       \
         .bdim = "blockDim.x", .gdim = "gridDim.x", .sync = "__syncthreads();",                     \
-        .launch_bounds = true, .shuffles = true                                                    \
+        .launch_bounds = true, .shuffles = true, .u2f = "__uint_as_float", .shared = "__shared__", \
+        .lp = ""                                                                                   \
     }
 
 static const sg__spell spells[] = {
@@ -269,7 +276,7 @@ static const sg__spell spells[] = {
             .h_rt = "sg_h2f(sg_f2h(%s))",
             .bf_rt = "sg_bf2f(sg_f2bf(%s))",
             .head = opencl_head,
-            .tail = "",
+            .tail = opencl_tail,
             .kernel = "__kernel void",
             .tid = "get_local_id(0)",
             .bid = "get_group_id(0)",
@@ -277,6 +284,10 @@ static const sg__spell spells[] = {
             .gdim = "get_num_groups(0)",
             .sync = "barrier(CLK_GLOBAL_MEM_FENCE | CLK_LOCAL_MEM_FENCE);",
             .launch_bounds = false,
+            .u2f = "as_float",
+            .shared = "__local",
+            .lp = "__local ",
+            .shared_top = true,
         },
 };
 
@@ -297,6 +308,29 @@ void sg__lower_preamble(sg__dialect d, sg__emit *e) {
         p = q[1] ? q + 2 : q + 1;
     }
     sg__emit_raw(e, "%s", s->tail);
+}
+
+/* Is c a character of an identifier or a number? */
+static bool word_char(char c) {
+    return (c >= '0' && c <= '9') || (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || c == '_';
+}
+
+size_t sg__lower_literals(sg__dialect d, char *text, size_t len) {
+    const char *ll = sg__spell_of(d)->ll;
+    if (!text || !ll || strcmp(ll, "LL") == 0) return len;
+    size_t w = 0;
+    for (size_t r = 0; r < len; r++) {
+        text[w++] = text[r];
+        /* The second L of "<number>LL" or "<number>ull" (a number: a word
+         * that starts with a digit) ends the word: drop it. */
+        bool two = r + 2 <= len && (text[r] == 'L' || text[r] == 'l') && text[r + 1] == text[r] &&
+                   (r + 2 == len || !word_char(text[r + 2]));
+        if (!two) continue;
+        size_t b = r;
+        while (b > 0 && word_char(text[b - 1])) b--;
+        if (b < r && text[b] >= '0' && text[b] <= '9') r++;
+    }
+    return w;
 }
 
 /* ------------------------------------------------------------ types and values */

@@ -142,8 +142,8 @@ static const char *check_var(sg__dialect d) {
 
 /* SG_NVRTC_CHECK / SG_HIPRTC_CHECK / SG_OPENCL_CHECK: this capture fused as
  * for a GPU, its unit in dialect d built (build_dialect) and thrown away.
- * Groups the dialect has no kernel for are counted, not failures. Nothing
- * here changes the capture or the context's status. */
+ * A group the dialect has no kernel for is counted and fails the unit.
+ * Nothing here changes the capture or the context's status. */
 static void check_dialect(sg_fn *fn, sg__graph *g, bool disable, sg__dialect d) {
     sg_ctx *ctx = fn->ctx;
     sg_status before = ctx->status;
@@ -165,11 +165,9 @@ static void check_dialect(sg_fn *fn, sg__graph *g, bool disable, sg__dialect d) 
         s = ki ? sg__cgen_gpu(ctx, &g->ir, &f, name, d, &e, ki, &nk)
                : sg__fail(ctx, SG_ERR_OOM, "out of host memory");
     }
-    if (s == SG_ERR_UNSUPPORTED && ki) {
+    if (s == SG_ERR_UNSUPPORTED && ki)
         for (int k = 0; k < f.ngroups; k++)
             check_counts[d][SG__CHECK_UNSUPPORTED] += ki[k].unsupported;
-        s = SG_OK;
-    }
     if (s == SG_OK && nk > 0) {
         s = build_dialect(ctx, d, name, e.buf);
         if (s == SG_OK) check_counts[d][SG__CHECK_BUILT]++;

@@ -165,8 +165,9 @@ SG__HIDDEN uint64_t sg__cuda_check_failures(void);
 /* SG_OPENCL_CHECK=1 does the same in the OpenCL C dialect, each unit built
  * on the first OpenCL CPU device (PoCL). Per dialect, the counts so far:
  * units built, units that failed (each logged under "error"), groups the
- * dialect has no kernel for (not failures), and captures not checked for
- * want of a compiler (said once under "fallbacks"). */
+ * dialect has no kernel for (their units counted as failed too), and
+ * captures not checked for want of a compiler (said once under
+ * "fallbacks"). */
 typedef enum sg__check_what {
     SG__CHECK_BUILT,
     SG__CHECK_FAILED,

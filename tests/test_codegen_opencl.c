@@ -13,9 +13,20 @@
  * sqrt, max/min, casts, comparisons), else within the output dtype's
  * tolerance (the device's libm differs from glibc's in the last bits). Two
  * independent chains over different shapes make a MULTI kernel; that case
- * checks the unit has one. Also: a row kernel (softmax) is refused with
- * SG_ERR_UNSUPPORTED naming the op, and its unit still holds the other
- * groups' kernels. Exits 77 without an OpenCL CPU device.
+ * checks the unit has one.
+ * Row, reduce and GEMV kernels: softmax, log_softmax, layer_norm, rms_norm,
+ * sum, mean, var, argmax over the last dim, x - mean(x) (a reduction's
+ * epilogue over x's shape), column sums over a middle dim, linear and
+ * matmul of 1 to 8 rows (GEMVs along K and along N) and a layer_norm
+ * feeding a linear (the norm's rows in local memory), in f32, f16 and bf16,
+ * with or without a pointwise prologue and epilogue, over random widths
+ * (1, odd, around 32 and 256, up to 9001) and a few long rows and column
+ * ranges that are cut into chunks; each against an f64 reference written
+ * here (every op's result rounded to the dtype as stored), within the
+ * dtype's tolerance plus 2e-6 of the magnitudes a sum adds; one case of
+ * each kind and the long ones are also compiled to SPIR-V by libocloc and
+ * checked by spirv-val, as the ze backend takes them (where libocloc loads).
+ * Exits 77 without an OpenCL CPU device.
  */
 #define _POSIX_C_SOURCE 200809L
 #include "testutil.h"
@@ -35,7 +46,9 @@ int main(void) {
 
 static sg_ctx *ctx;
 static const sg__ocl *ocl;
-static char gen_msg[512]; /* the generator's message when it refused a group */
+static char gen_msg[512]; /* the generator's (or libocloc's) message when it failed */
+static bool spirv_next;   /* build_unit also compiles the unit to SPIR-V (libocloc) */
+static sg_status spirv_status;
 static cl_command_queue queue;
 
 /* ------------------------------------------------------------ random programs */
@@ -199,21 +212,22 @@ static sg_status run_prog(sg_ctx *c, sg_tensor *const *in, sg_tensor **out, void
 /* ------------------------------------------------------------ running a unit */
 
 /* Slot s's memory on the device: an input's values, or an internal slot. */
-static void *slot_memory(const sg__ir *ir, int s, sg_tensor *const *in, const prog *p) {
+static void *slot_memory(const sg__ir *ir, int s, sg_tensor *const *in) {
     const sg__slot *sl = &ir->slots[s];
     size_t bytes = sl->kind == SG__SLOT_INTERNAL ? sl->nbytes : 0;
     double *vals = NULL;
     int64_t n = 0;
+    sg_dtype dt = SG_F32;
     if (sl->kind == SG__SLOT_INPUT) {
-        const meta *m = &p->m[sl->input];
-        n = m->ndim == 2 ? m->shape[0] * m->shape[1] : m->shape[0];
-        bytes = (size_t)n * sg_dtype_size(m->dt);
+        n = sg_tensor_numel(in[sl->input]);
+        dt = sg_tensor_dtype(in[sl->input]);
+        bytes = (size_t)n * sg_dtype_size(dt);
         vals = tu_read(in[sl->input]);
     }
     void *mem = ocl->clSVMAlloc(ocl->context, CL_MEM_READ_WRITE | CL_MEM_SVM_FINE_GRAIN_BUFFER,
                                 bytes ? bytes : 16, 128);
     if (mem) memset(mem, 0, bytes ? bytes : 16);
-    for (int64_t i = 0; mem && vals && i < n; i++) tu_store(mem, p->m[sl->input].dt, i, vals[i]);
+    for (int64_t i = 0; mem && vals && i < n; i++) tu_store(mem, dt, i, vals[i]);
     free(vals);
     return mem;
 }
@@ -274,6 +288,14 @@ static cl_program build_unit(sg_fn *fn, const char *name, sg__fused *f, sg__cuda
         sg_status s = sg__opencl_build(ctx, name, e.buf, &prog);
         if (!TU_EXPECT(s == SG_OK)) fprintf(stderr, "  %s\n", sg_last_error(ctx));
     }
+    if (spirv_next && prog) { /* the same unit as the ze backend takes it */
+        void *spv = NULL;
+        size_t size = 0;
+        spirv_status = sg__ocloc_build(ctx, name, e.buf, &spv, &size);
+        if (spirv_status != SG_OK) snprintf(gen_msg, sizeof gen_msg, "%s", sg_last_error(ctx));
+        sg__free(ctx, spv, size);
+        sg_clear_error(ctx);
+    }
     if (getenv("SG_TEST_PRINT_OPENCL") && e.buf) fprintf(stderr, "%s\n", e.buf);
     sg__emit_free(&e);
     return prog;
@@ -294,21 +316,37 @@ static sg_fn *capture(prog *p, sg_tensor *const *in) {
     return fn;
 }
 
-/* Every group's kernel in order on the device, then each output against ref. */
-static bool run_and_compare(const prog *p, sg_fn *fn, cl_program prog, const sg__fused *f,
-                            const sg__cuda_kinfo *ki, sg_tensor *const *in, sg_tensor **ref,
-                            const char *name) {
-    const sg__ir *ir = &fn->graphs[fn->ngraphs - 1]->ir;
+static void free_slots(const sg__ir *ir, void **base) {
+    for (int s = 0; base && s < ir->nslots; s++)
+        if (base[s]) ocl->clSVMFree(ocl->context, base[s]);
+    free(base);
+}
+
+/* Device memory for every slot (the inputs' values in theirs), then every
+ * group's kernel in order; the slots' memory, or NULL when one step failed. */
+static void **run_units(const sg__ir *ir, cl_program prog, const sg__fused *f,
+                        const sg__cuda_kinfo *ki, sg_tensor *const *in) {
     void **base = calloc((size_t)ir->nslots + 1, sizeof *base);
     bool ok = TU_EXPECT(base != NULL);
     for (int s = 0; ok && s < ir->nslots; s++) {
         ok = TU_EXPECT(ir->slots[s].kind != SG__SLOT_PARAM);
-        if (ok) ok = TU_EXPECT((base[s] = slot_memory(ir, s, in, p)) != NULL);
+        if (ok) ok = TU_EXPECT((base[s] = slot_memory(ir, s, in)) != NULL);
     }
     for (int k = 0; ok && k < f->ngroups; k++) {
         ok = TU_EXPECT(ki[k].name[0] != '\0');
         if (ok) ok = launch(prog, &ki[k], base, ir->nslots);
     }
+    if (!ok) free_slots(ir, base);
+    return ok ? base : NULL;
+}
+
+/* Every group's kernel in order on the device, then each output against ref. */
+static bool run_and_compare(const prog *p, sg_fn *fn, cl_program prog, const sg__fused *f,
+                            const sg__cuda_kinfo *ki, sg_tensor *const *in, sg_tensor **ref,
+                            const char *name) {
+    const sg__ir *ir = &fn->graphs[fn->ngraphs - 1]->ir;
+    void **base = run_units(ir, prog, f, ki, in);
+    bool ok = base != NULL;
     for (int o = 0; ok && o < p->nout; o++) {
         int64_t n = 0;
         double *got = read_out(ir, f, o, base, &n), *want = tu_read(ref[o]);
@@ -320,9 +358,7 @@ static bool run_and_compare(const prog *p, sg_fn *fn, cl_program prog, const sg_
         free(got);
         free(want);
     }
-    for (int s = 0; base && s < ir->nslots; s++)
-        if (base[s]) ocl->clSVMFree(ocl->context, base[s]);
-    free(base);
+    free_slots(ir, base);
     return ok;
 }
 
@@ -385,45 +421,335 @@ static void test_prog(uint64_t seed, int base, int multi) {
     sg_clear_error(ctx);
 }
 
-/* softmax is a row kernel: refused by name; the pointwise group after it
- * still gets its kernel in the unit. */
-static sg_status softmax_step(sg_ctx *c, sg_tensor *const *in, sg_tensor **out, void *user) {
-    (void)user;
-    sg_tensor *s = sg_softmax(in[0], -1);
-    out[0] = sg_add_scalar(sg_mul_scalar(s, 2.0), 1.0);
-    out[1] = sg_sin(in[1]);
-    sg_release(s);
-    return out[0] && out[1] ? SG_OK : sg_ctx_status(c);
+/* ------------------------------------------------------------ row, reduce and GEMV kernels */
+
+enum rop {
+    R_SOFTMAX,
+    R_LOG_SOFTMAX,
+    R_LAYER_NORM,
+    R_RMS_NORM,
+    R_SUM,
+    R_MEAN,
+    R_VAR,
+    R_ARGMAX,
+    R_CENTER,      /* x - mean(x) over the last dim: a reduction's epilogue over x's shape */
+    R_COLSUM,      /* (A, len, C) summed over dim 1 */
+    R_LINEAR,      /* x (rows, K) against w (N, K), plus b: a GEMV along K */
+    R_MATMUL,      /* x (rows, K) times w (K, N): a GEMV along N */
+    R_NORM_LINEAR, /* layer_norm(x) against w (N, K): the norm's rows, then the GEMV */
+    R_COUNT
+};
+static const char *const rop_names[R_COUNT] = {
+    "softmax", "log_softmax", "layer_norm", "rms_norm", "sum",    "mean",       "var",
+    "argmax",  "center",      "colsum",     "linear",   "matmul", "norm_linear"};
+
+typedef struct rcase {
+    enum rop op;
+    sg_dtype dt;
+    int64_t rows, len, cols; /* cols: colsum's C; GEMV: N (len is K) */
+    bool pro, epi;           /* x * 0.5 + 0.25 before the op; its result * 2 after */
+    int nin;
+} rcase;
+
+static bool gemv_op(enum rop op) { return op >= R_LINEAR; }
+
+/* The inputs' shapes: x, then the op's weights. */
+static int rcase_shapes(const rcase *c, int *nd, int64_t sh[5][3]) {
+    int n = 1;
+    nd[0] = 2, sh[0][0] = c->rows, sh[0][1] = c->len;
+    if (c->op == R_COLSUM) nd[0] = 3, sh[0][1] = c->len, sh[0][2] = c->cols;
+    if (c->op == R_LAYER_NORM || c->op == R_RMS_NORM || c->op == R_NORM_LINEAR) {
+        nd[n] = 1, sh[n++][0] = c->len;
+        if (c->op != R_RMS_NORM) nd[n] = 1, sh[n++][0] = c->len;
+    }
+    if (gemv_op(c->op)) {
+        nd[n] = 2;
+        sh[n][0] = c->op == R_MATMUL ? c->len : c->cols;
+        sh[n++][1] = c->op == R_MATMUL ? c->cols : c->len;
+        if (c->op != R_MATMUL) nd[n] = 1, sh[n++][0] = c->cols;
+    }
+    return n;
 }
 
-static void test_row_refused(void) {
-    int64_t xs[2] = {4, 64}, ys = 100;
-    sg_tensor *in[2] = {tu_rand(ctx, SG_F32, 2, xs, -2, 2, NULL),
-                        tu_rand(ctx, SG_F32, 1, &ys, -2, 2, NULL)};
+static sg_status run_rcase(sg_ctx *cx, sg_tensor *const *in, sg_tensor **out, void *user) {
+    const rcase *c = user;
+    sg_tensor *x = in[0], *y = NULL;
+    int last = 1, red = 1;
+    if (c->pro) {
+        sg_tensor *h = sg_mul_scalar(in[0], 0.5);
+        x = sg_add_scalar(h, 0.25);
+        sg_release(h);
+    }
+    switch (c->op) {
+    case R_SOFTMAX: y = sg_softmax(x, -1); break;
+    case R_LOG_SOFTMAX: y = sg_log_softmax(x, -1); break;
+    case R_LAYER_NORM: y = sg_layer_norm(x, in[1], in[2], 1e-5); break;
+    case R_RMS_NORM: y = sg_rms_norm(x, in[1], 1e-5); break;
+    case R_SUM: y = sg_sum(x, 1, &last, false); break;
+    case R_MEAN: y = sg_mean(x, 1, &last, false); break;
+    case R_VAR: y = sg_var(x, 1, &last, 1, false); break;
+    case R_ARGMAX: y = sg_argmax(x, 1, false); break;
+    case R_CENTER: {
+        sg_tensor *m = sg_mean(x, 1, &last, true);
+        y = sg_sub(x, m);
+        sg_release(m);
+        break;
+    }
+    case R_COLSUM: y = sg_sum(x, 1, &red, false); break;
+    case R_LINEAR: y = sg_linear(x, in[1], in[2]); break;
+    case R_MATMUL: y = sg_matmul(x, in[1]); break;
+    case R_NORM_LINEAR: {
+        sg_tensor *h = sg_layer_norm(x, in[1], in[2], 1e-5);
+        y = sg_linear(h, in[3], in[4]);
+        sg_release(h);
+        break;
+    }
+    default: break;
+    }
+    out[0] = c->epi && y ? sg_mul_scalar(y, 2.0) : y;
+    if (out[0] != y) sg_release(y);
+    if (c->pro) sg_release(x);
+    return out[0] ? SG_OK : sg_ctx_status(cx);
+}
+
+/* ------------------------------------------------------------ their f64 reference */
+
+/* x's row r (the prologue applied and rounded as each op rounds) into xr. */
+static void ref_row(const rcase *c, const double *x, int64_t r, int64_t stride, int64_t step,
+                    double *xr) {
+    for (int64_t j = 0; j < c->len; j++) {
+        double v = x[r * stride + j * step];
+        xr[j] = c->pro ? tu_round(c->dt, tu_round(c->dt, v * 0.5) + 0.25) : v;
+    }
+}
+
+/* The row op on xr into y (len values, or one), and the bound of its
+ * rounding: the sum of the magnitudes the f32 sums add. */
+static void ref_rowop(const rcase *c, const double *xr, double *const *w, double *y, double *mag) {
+    int64_t n = c->len;
+    double m = -INFINITY, s = 0, q = 0, a = 0;
+    for (int64_t j = 0; j < n; j++) m = xr[j] > m ? xr[j] : m, s += xr[j], a += fabs(xr[j]);
+    double mean = s / (double)n;
+    for (int64_t j = 0; j < n; j++) q += (xr[j] - mean) * (xr[j] - mean);
+    *mag = a / (double)n;
+    switch (c->op) {
+    case R_SOFTMAX:
+    case R_LOG_SOFTMAX: {
+        double e = 0;
+        for (int64_t j = 0; j < n; j++) e += exp(xr[j] - m);
+        for (int64_t j = 0; j < n; j++)
+            y[j] = c->op == R_SOFTMAX ? exp(xr[j] - m) / e : (xr[j] - m) - log(e);
+        *mag = 0;
+        break;
+    }
+    case R_LAYER_NORM:
+    case R_NORM_LINEAR:
+    case R_RMS_NORM: {
+        double ss = 0;
+        for (int64_t j = 0; j < n; j++) ss += xr[j] * xr[j];
+        double rr =
+            c->op == R_RMS_NORM ? 1 / sqrt(ss / (double)n + 1e-5) : 1 / sqrt(q / (double)n + 1e-5);
+        for (int64_t j = 0; j < n; j++)
+            y[j] = c->op == R_RMS_NORM ? xr[j] * rr * w[0][j]
+                                       : (xr[j] - mean) * rr * w[0][j] + w[1][j];
+        *mag = 0;
+        break;
+    }
+    case R_SUM: y[0] = s, *mag = a; break;
+    case R_MEAN: y[0] = mean; break;
+    case R_VAR: y[0] = n > 1 ? q / (double)(n - 1) : NAN, *mag = n > 1 ? y[0] : 0; break;
+    case R_ARGMAX: {
+        int64_t at = 0;
+        for (int64_t j = 1; j < n; j++) at = xr[j] > xr[at] ? j : at;
+        y[0] = (double)at, *mag = 0;
+        break;
+    }
+    case R_CENTER:
+        for (int64_t j = 0; j < n; j++) y[j] = xr[j] - tu_round(c->dt, mean);
+        break;
+    default: break;
+    }
+}
+
+/* out (and mag) of case c from the inputs' values v[]; its element count. */
+static int64_t ref_rcase(const rcase *c, double *const *v, double *out, double *mag) {
+    size_t wide = (size_t)(c->len > c->cols ? c->len : c->cols);
+    double *xr = malloc(sizeof(double) * wide), *yr = malloc(sizeof(double) * wide);
+    bool row = c->op <= R_CENTER || c->op == R_NORM_LINEAR;
+    int64_t n = 0, rl = c->op == R_SUM || c->op == R_MEAN || c->op == R_VAR || c->op == R_ARGMAX;
+    int64_t outer = c->op == R_COLSUM ? c->rows * c->cols : c->rows;
+    for (int64_t r = 0; r < outer; r++) {
+        double mg = 0;
+        if (c->op == R_COLSUM) {
+            ref_row(c, v[0], r / c->cols * c->len * c->cols + r % c->cols, 1, c->cols, xr);
+        } else {
+            ref_row(c, v[0], r, c->len, 1, xr);
+        }
+        if (row) {
+            ref_rowop(c, xr, v + 1, yr, &mg);
+        } else if (c->op == R_COLSUM) {
+            yr[0] = 0;
+            for (int64_t j = 0; j < c->len; j++) yr[0] += xr[j], mg += fabs(xr[j]);
+        }
+        int64_t ny = row && !rl ? c->len : 1;
+        if (c->op == R_NORM_LINEAR) { /* the norm's rows rounded, then the products */
+            for (int64_t j = 0; j < c->len; j++) xr[j] = tu_round(c->dt, yr[j]);
+            ny = 0;
+        }
+        if (gemv_op(c->op)) {
+            const double *w = v[c->op == R_NORM_LINEAR ? 3 : 1];
+            const double *b = c->op == R_MATMUL ? NULL : v[c->op == R_NORM_LINEAR ? 4 : 2];
+            for (int64_t o = 0; o < c->cols; o++) {
+                double d = 0, dm = 0;
+                for (int64_t k = 0; k < c->len; k++) {
+                    double wk = c->op == R_MATMUL ? w[k * c->cols + o] : w[o * c->len + k];
+                    d += xr[k] * wk, dm += fabs(xr[k] * wk);
+                }
+                yr[o] = d + (b ? b[o] : 0);
+                mag[n + o] = dm;
+            }
+            ny = c->cols;
+        } else {
+            for (int64_t j = 0; j < ny; j++) mag[n + j] = mg;
+        }
+        for (int64_t j = 0; j < ny; j++) {
+            double y = c->op == R_ARGMAX ? yr[j] : tu_round(c->dt, yr[j]);
+            out[n++] = c->epi ? tu_round(c->dt, y * 2) : y;
+        }
+    }
+    free(xr);
+    free(yr);
+    return n;
+}
+/* |got - ref| within the dtype's tolerance of ref, plus 2e-6 of the
+ * magnitudes the f32 sums added (mag: the bound of their rounding). */
+static bool close_mag(const char *what, const double *got, const double *ref, const double *mag,
+                      int64_t n, sg_dtype dt) {
+    double rt = tu_rtol(dt), at = tu_atol(dt);
+    for (int64_t i = 0; i < n; i++) {
+        bool same = (got[i] != got[i] && ref[i] != ref[i]) || got[i] == ref[i];
+        if (same || fabs(got[i] - ref[i]) <= at + rt * fabs(ref[i]) + 2e-6 * mag[i]) continue;
+        printf("  %s: element %lld of %lld: got %.9g, want %.9g (magnitude %.4g)\n", what,
+               (long long)i, (long long)n, got[i], ref[i], mag[i]);
+        return false;
+    }
+    return true;
+}
+
+/* Case c on the device against its f64 reference; `spirv`: its unit also
+ * compiled to SPIR-V by libocloc and checked, as the ze backend does. */
+static void test_rcase(const rcase *c, uint64_t seed, bool spirv) {
+    int nd[5];
+    int64_t sh[5][3];
+    int nin = rcase_shapes(c, nd, sh);
+    sg_tensor *in[5] = {NULL};
+    double *v[5] = {NULL};
+    tu_seed(seed);
+    bool pos = c->op == R_SUM || c->op == R_MEAN || c->op == R_COLSUM;
+    for (int i = 0; i < nin; i++)
+        in[i] = tu_rand(ctx, c->dt, nd[i], sh[i],
+                        i     ? -1
+                        : pos ? 0.25
+                              : -2,
+                        i     ? 1
+                        : pos ? 1.25
+                              : 2,
+                        &v[i]);
+    rcase cc = *c;
+    cc.nin = nin;
+    char name[64];
+    snprintf(name, sizeof name, "ocl_%s_%llu", rop_names[c->op], (unsigned long long)seed);
     sg_fn *fn = NULL;
-    sg_compile(ctx, softmax_step, NULL, 2, 2, NULL, &fn);
-    sg_tensor *out[2] = {NULL, NULL};
+    sg_compile(ctx, run_rcase, &cc, nin, 1, NULL, &fn);
+    sg_tensor *out[1] = {NULL};
     sg_mark_step_begin(ctx);
-    bool ok = TU_EXPECT(fn && sg_call(fn, in, 2, out, 2) == SG_OK);
+    bool ok = TU_EXPECT(fn && sg_call(fn, in, nin, out, 1) == SG_OK);
+    if (!ok) fprintf(stderr, "  %s\n", sg_last_error(ctx));
     sg__fused f;
     memset(&f, 0, sizeof f);
     sg__cuda_kinfo *ki = NULL;
     sg_status gen = SG_OK;
-    cl_program prog = ok ? build_unit(fn, "ocl_softmax_refused", &f, &ki, &gen) : NULL;
-    int refused = 0, kernels = 0;
-    for (int k = 0; ok && k < f.ngroups; k++)
-        refused += ki[k].unsupported, kernels += ki[k].name[0] != 0;
-    ok = ok && TU_EXPECT(gen == SG_ERR_UNSUPPORTED) && TU_EXPECT(refused == 1) &&
-         TU_EXPECT(kernels >= 1) && TU_EXPECT(prog != NULL) &&
-         TU_EXPECT(strstr(gen_msg, "softmax") && strstr(gen_msg, "OpenCL C"));
-    if (gen_msg[0]) printf("  %s\n", gen_msg);
-    tu_case(ok, "OPENCL_ROW_REFUSED(softmax,[4,64]) -> %d refused, %d kernels", refused, kernels);
+    spirv_next = spirv, spirv_status = SG_OK;
+    cl_program prog = ok ? build_unit(fn, name, &f, &ki, &gen) : NULL;
+    spirv_next = false;
+    /* libocloc (and spirv-val where present) takes it too; not in sanitizer builds */
+    bool no_ocloc = spirv_status == SG_ERR_BACKEND_UNAVAILABLE;
+    ok = ok && TU_EXPECT(gen == SG_OK) && TU_EXPECT(prog != NULL) &&
+         TU_EXPECT(spirv_status == SG_OK || no_ocloc);
+    if (!ok && gen_msg[0]) fprintf(stderr, "  %s\n", gen_msg);
+    const sg__ir *ir = ok ? &fn->graphs[fn->ngraphs - 1]->ir : NULL;
+    int inlined = 0;
+    for (int k = 0; ok && k < f.ngroups; k++) inlined += ki[k].replaces_call;
+    ok = ok && TU_EXPECT(inlined >= 1);
+    void **base = ok ? run_units(ir, prog, &f, ki, in) : NULL;
+    int64_t n = 0, total = c->rows * (c->len > c->cols ? c->len : c->cols) * (c->cols + 1);
+    double *want = malloc(sizeof(double) * (size_t)total),
+           *mag = malloc(sizeof(double) * (size_t)total);
+    double *got = base ? read_out(ir, &f, 0, base, &n) : NULL;
+    int64_t nw = ref_rcase(&cc, v, want, mag);
+    ok = base && TU_EXPECT(n == nw) && close_mag(name, got, want, mag, n, c->dt);
+    tu_case(ok,
+            "OPENCL_ROWS(%s,%s,rows=%lld,len=%lld,cols=%lld,%s%sseed=%llu) -> %d groups, %d "
+            "computing their anchor%s",
+            rop_names[c->op], sg_dtype_name(c->dt), (long long)c->rows, (long long)c->len,
+            (long long)c->cols, c->pro ? "prologue," : "", c->epi ? "epilogue," : "",
+            (unsigned long long)seed, f.ngroups, inlined,
+            !spirv     ? ""
+            : no_ocloc ? "; no libocloc here"
+                       : "; SPIR-V checked");
+    free(got), free(want), free(mag);
+    if (base) free_slots(ir, base);
     if (prog) ocl->clReleaseProgram(prog);
-    if (fn && ok) sg__fused_free(ctx, &f, &fn->graphs[fn->ngraphs - 1]->ir);
+    if (fn && f.groups) sg__fused_free(ctx, &f, &fn->graphs[fn->ngraphs - 1]->ir);
     free(ki);
     sg_fn_destroy(fn);
-    for (int i = 0; i < 2; i++) sg_release(in[i]), sg_release(out[i]);
+    sg_release(out[0]);
+    for (int i = 0; i < nin; i++) sg_release(in[i]), free(v[i]);
     sg_clear_error(ctx);
+}
+
+/* Row widths: 1, odd, around a warp and a block, one pass from registers
+ * or several from memory. */
+static int64_t pick_len(void) {
+    static const int64_t lens[] = {1,   2,   3,   7,   31,   32,   33,  100,
+                                   255, 256, 257, 333, 1000, 4099, 9001};
+    return tu_next() % 3 == 0 ? tu_randint(1, 700) : lens[tu_randint(0, COUNT(lens) - 1)];
+}
+
+/* Case `seed`: a random op, dtype, shape, prologue and epilogue. */
+static void random_rcase(uint64_t seed) {
+    static const sg_dtype dts[3] = {SG_F32, SG_F16, SG_BF16};
+    tu_seed(seed * 7919 + 17);
+    rcase c = {.op = (enum rop)(seed % R_COUNT), .dt = dts[tu_randint(0, 2)]};
+    c.rows = tu_randint(1, 9);
+    c.len = pick_len();
+    c.pro = tu_next() % 2;
+    c.epi = c.op != R_ARGMAX && tu_next() % 2;
+    if (c.op == R_COLSUM) c.rows = tu_randint(1, 3), c.cols = tu_randint(2, 40);
+    if (gemv_op(c.op)) {
+        c.rows = tu_randint(1, 8);
+        c.len = tu_next() % 2 ? tu_randint(1, 300) : 8 * tu_randint(1, 40);
+        c.cols = tu_randint(1, 200);
+        c.pro = c.pro && c.op == R_NORM_LINEAR;
+    }
+    if (c.len > 1000) c.rows = tu_randint(1, 2);
+    test_rcase(&c, seed, seed <= R_COUNT);
+}
+
+/* A few long rows and columns, cut into chunks that one block per row
+ * (or column tile) folds in order. */
+static void long_rcases(void) {
+    static const rcase cases[] = {
+        {R_SUM, SG_F32, 1, 40000, 0, true, true, 0},
+        {R_MEAN, SG_BF16, 2, 20011, 0, false, false, 0},
+        {R_ARGMAX, SG_F32, 1, 10007, 0, true, false, 0},
+        {R_ARGMAX, SG_F16, 2, 6000, 0, false, false, 0},
+        {R_COLSUM, SG_F32, 1, 3001, 7, false, true, 0},
+        {R_COLSUM, SG_BF16, 2, 1000, 33, true, false, 0},
+        {R_SOFTMAX, SG_F32, 2, 20000, 0, true, true, 0},
+        {R_LAYER_NORM, SG_BF16, 1, 12345, 0, false, true, 0},
+    };
+    for (int i = 0; i < COUNT(cases); i++) test_rcase(&cases[i], 500 + (uint64_t)i, true);
 }
 
 int main(void) {
@@ -451,7 +777,8 @@ int main(void) {
     for (uint64_t seed = 1; seed <= 30; seed++) test_prog(seed, bases[seed % 5], 0);
     test_prog(101, SG_F32, 4);   /* small: a chain in one block */
     test_prog(102, SG_F32, 200); /* large: members over their own blocks */
-    test_row_refused();
+    for (uint64_t seed = 1; seed <= 4 * R_COUNT; seed++) random_rcase(seed);
+    long_rcases();
     ocl->clReleaseCommandQueue(queue);
     sg_ctx_destroy(ctx);
     return tu_finish();

@@ -293,7 +293,8 @@ static bool table_has(const fake_ze_launch *l, int n, const void *p) {
 
 /* An eager op is a one-op capture in the OpenCL C dialect: one generated
  * kernel whose one argument is a table holding the tensors' addresses; the
- * same op again reuses the unit; an op the dialect lacks says so. */
+ * same op again reuses the unit; a row op is one row kernel; an op that
+ * needs a library kernel says so. */
 static void case_generated_eager(sg_ctx *ctx, uint64_t seed) {
     tu_seed(seed);
     int64_t shape[2] = {37, 29};
@@ -318,16 +319,23 @@ static void case_generated_eager(sg_ctx *ctx, uint64_t seed) {
          TU_EXPECT(count_calls("zeModuleCreate") == 0) &&
          TU_EXPECT(table_has(fz_launch(0), 3, sg__data(d)) &&
                    table_has(fz_launch(0), 3, sg__data(c)));
-    sg_tensor *sm = sg_softmax(a, -1);
-    ok = ok && TU_EXPECT(sm == NULL) &&
+    fz_clear();
+    sg_tensor *sm = sg_softmax(a, -1); /* a row kernel: a work-group per row */
+    ok = ok && TU_EXPECT(sm != NULL) && TU_EXPECT(fz_nlaunches() == 1) &&
+         TU_EXPECT(strstr(fz_launch(0)->name, "softmax") != NULL) &&
+         TU_EXPECT(fz_launch(0)->groups[0] == 37 && fz_launch(0)->gsize[0] == 32);
+    int last = 1;
+    sg_tensor *mx = sg_max(a, 1, &last, false); /* a library reduction */
+    ok = ok && TU_EXPECT(mx == NULL) &&
          TU_EXPECT(strstr(sg_last_error(ctx), "not yet on the ze backend") != NULL) &&
-         TU_EXPECT(strstr(sg_last_error(ctx), "softmax") != NULL);
+         TU_EXPECT(strstr(sg_last_error(ctx), "max") != NULL);
     printf("  %s\n", sg_last_error(ctx));
     sg_clear_error(ctx);
-    sg_release(a), sg_release(b), sg_release(c), sg_release(d);
+    sg_release(a), sg_release(b), sg_release(c), sg_release(d), sg_release(sm);
     tu_case(ok,
             "ZE_GENERATED_EAGER(add f32 [37,29] as a one-op OpenCL C unit, reused by "
-            "signature; softmax: not yet on the ze backend) seed=%llu",
+            "signature; softmax: one generated row kernel; max: not yet on the ze backend) "
+            "seed=%llu",
             (unsigned long long)seed);
 }
 

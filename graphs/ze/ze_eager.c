@@ -6,9 +6,13 @@
  * options and generated in the OpenCL C dialect (sg__cgen_gpu), compiled to
  * SPIR-V and loaded. What is kept is the capture's signature (its IR
  * without addresses) and the unit's kernels, so an op seen before costs
- * its table upload and its launches. An op the dialect has no kernel for,
- * or one whose group needs a library call, fails with SG_ERR_UNSUPPORTED
- * naming the op.
+ * its table upload and its launches. Pointwise and data ops, and the row
+ * and reduce ops the generator computes (softmax, log_softmax, layer_norm,
+ * rms_norm; sum, mean, var and argmax over the innermost dims; sums and
+ * means keeping inner columns) and matmul/linear of at most 8 rows (a
+ * GEMV), run so. An op whose group needs a library call (a larger matmul,
+ * max, cross_entropy, attention, ...) fails with SG_ERR_UNSUPPORTED naming
+ * the op, as would one the dialect had no kernel for.
  */
 #include "../comm.h"
 #include "../graphs.h"
