@@ -81,20 +81,10 @@ static bool same_node(const sg__ir *ir, const sg__irnode *a, const sg__irnode *b
     return true;
 }
 
-/* A cast to a wider dtype: recomputed where it is read, it loads the
- * narrower input; shared between two kernels, it would be stored wide. */
-static bool widening_cast(const sg__ir *ir, const sg__irnode *n, const int *alias) {
-    const sg__ref *a = n->op == SG__OP_CAST ? arg_ref(ir, n, 0, alias) : NULL;
-    return a && sg_dtype_size(ir->refs[n->out].dtype) > sg_dtype_size(a->dtype);
-}
-
 /*
  * A node that recomputes an earlier node's value (same op, attributes and
  * inputs, nothing written to its inputs in between, a fresh internal output
- * written once) is dropped, and reads of its output read the earlier one's;
- * a widening cast is left to be recomputed (clip_grad_norm_'s two casts of
- * a bf16 gradient: merged, the norm's kernel stored the f32 copy that the
- * scaling pass read back).
+ * written once) is dropped, and reads of its output read the earlier one's.
  */
 static void cse(const sg__ir *ir, bool *dead, int *alias, const int *writes) {
     for (int i = 0; i < ir->nnodes; i++) {
@@ -102,7 +92,7 @@ static void cse(const sg__ir *ir, bool *dead, int *alias, const int *writes) {
         const sg__ref *o = &ir->refs[n->out];
         const sg__slot *os = &ir->slots[o->slot];
         if (is_collective(n->op) || os->kind != SG__SLOT_INTERNAL || os->output >= 0 ||
-            writes[o->slot] != 1 || widening_cast(ir, n, alias))
+            writes[o->slot] != 1)
             continue;
         /* A view of the output with another geometry (a transpose, a slice)
          * would still name the removed node's slot: keep such nodes. */
