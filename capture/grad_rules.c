@@ -431,7 +431,10 @@ static sg_status view(sg__bw *b) {
     return SG_OK;
 }
 
-sg_status sg__grad_rule(sg__bw *b) {
+/* ------------------------------------------------------------ dispatch */
+
+/* The rule of b->n by its family. */
+static sg_status rule(sg__bw *b) {
     int op = b->n->op;
     sg_status s;
     if (op == SG__GK_VIEW)
@@ -453,4 +456,63 @@ sg_status sg__grad_rule(sg__bw *b) {
         if (b->want[k] && !b->gi[k])
             return b->ctx->status != SG_OK ? b->ctx->status : SG_ERR_INTERNAL;
     return SG_OK;
+}
+
+/*
+ * Whether op's rule is one pointwise formula of several rounding ops (not a
+ * copy, a select or one product with g): for a bf16 or f16 node it computes
+ * in f32 and fuses into one loop. The rules with a reduction inside (var,
+ * max/min, softmax, log_softmax, layer_norm, rms_norm) keep the node's dtype:
+ * their values cross between kernels, where f32 would double the bytes.
+ */
+static bool opmath(int op) {
+    switch (op) {
+    case SG__OP_SIN:
+    case SG__OP_COS:
+    case SG__OP_TANH:
+    case SG__OP_SIGMOID:
+    case SG__OP_RSQRT:
+    case SG__OP_GELU:
+    case SG__OP_GELU_TANH:
+    case SG__OP_SILU:
+    case SG__OP_POW_SCALAR:
+    case SG__OP_DIV:
+    case SG__OP_POW: return true;
+    default: return false;
+    }
+}
+
+#define OPMATH_MAX_IN 4
+
+/* t in f32 when it is a bf16 or f16 tensor, else t itself. */
+static sg_tensor *widen(sg_tensor *t) {
+    return t && (t->dtype == SG_BF16 || t->dtype == SG_F16) ? sg_cast(t, SG_F32) : t;
+}
+
+/*
+ * The rule of a bf16 or f16 node that opmath names runs on f32 copies of g,
+ * the saved inputs and the saved output, as PyTorch computes such
+ * gradients: every op of the formula keeps f32, and the gradient is rounded
+ * to the input's dtype once, by the caller's cast. Fused, the widening casts
+ * are free and the formula's intermediate roundings are gone; the copies are
+ * intermediates of the rule, dropped with the rest.
+ */
+static sg_status rule_opmath(sg__bw *b) {
+    sg_tensor *x[OPMATH_MAX_IN];
+    sg__bw w = *b;
+    w.g = widen(b->g);
+    w.out = widen(b->out);
+    for (int k = 0; k < b->n->nin; k++) x[k] = widen(b->x[k]);
+    w.x = x;
+    bool made = w.g && (w.out || !b->out);
+    for (int k = 0; k < b->n->nin; k++) made = made && (x[k] || !b->x[k]);
+    if (!made) return b->ctx->status != SG_OK ? b->ctx->status : SG_ERR_INTERNAL;
+    return rule(&w);
+}
+
+sg_status sg__grad_rule(sg__bw *b) {
+    sg_dtype dt = b->n->outm.dtype;
+    if (opmath(b->n->op) && (dt == SG_BF16 || dt == SG_F16) && b->n->nin <= OPMATH_MAX_IN)
+        return rule_opmath(b);
+    return rule(b);
 }

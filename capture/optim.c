@@ -412,19 +412,30 @@ sg_status sg_clip_grad_norm_(int n, sg_tensor *const *grads, double max_norm,
                         "sg_clip_grad_norm_: max_norm %g; it must be "
                         "finite and >= 0",
                         max_norm);
-    /* Each grad's sum of squares joins the running total; intermediates are
-     * dropped as soon as they are used, so any number of grads fits. */
-    sg_tensor *sq = NULL;
+    /* Every grad's sum of squares first, then their total: the reductions
+     * are recorded back to back and the n - 1 adds after them, in the same
+     * order as a running total, so the adds fuse into one small kernel
+     * (with the sqrt and the coefficient) instead of one per grad. */
+    sg_tensor **part = sg__calloc(ctx, sizeof *part * (size_t)n);
+    if (!part)
+        return sg__fail(ctx, SG_ERR_OOM, "sg_clip_grad_norm_: no host memory for %d partial norms",
+                        n);
     for (int i = 0; i < n; i++) {
         sg_tensor *g = grads[i]->dtype == SG_F32 ? grads[i] : sg_cast(grads[i], SG_F32);
         sg_tensor *g2 = sg_mul(g, g);
-        sg_tensor *part = sg_sum(g2, 0, NULL, false);
-        sg_tensor *next = i == 0 ? part : sg_add(sq, part);
+        part[i] = sg_sum(g2, 0, NULL, false);
         if (g != grads[i]) sg__tensor_drop(g);
         sg__tensor_drop(g2);
-        if (i > 0) sg__tensor_drop(part), sg__tensor_drop(sq);
+    }
+    sg_tensor *sq = part[0];
+    for (int i = 1; i < n; i++) {
+        sg_tensor *next = sg_add(sq, part[i]);
+        if (i > 1) sg__tensor_drop(sq);
         sq = next;
     }
+    for (int i = 0; i < n; i++)
+        if (part[i] != sq) sg__tensor_drop(part[i]);
+    sg__free(ctx, part, sizeof *part * (size_t)n);
     sg_tensor *total = sg_sqrt(sq);
     scratch s = {.n = 0};
     sg_tensor *maxn = keep(&s, sg_full(ctx, SG_F32, 0, NULL, max_norm));

@@ -421,6 +421,14 @@ static sg_status start_anchor(builder *b, open_t *og, int i, sg__gkind kind) {
     return SG_OK;
 }
 
+/* Whether gn reads a value computed in the open group. */
+static bool reads_group(const builder *b, const sg__gnode *gn) {
+    int nin = b->ir->nodes[gn->node].nin;
+    for (int j = 0; j < 4 && j < nin; j++)
+        if (gn->arg_src[j] >= 0) return true;
+    return false;
+}
+
 static sg_status group_nodes(builder *b, bool disable) {
     open_t og = {.kind = SG__G_POINTWISE, .anchor = -1, .full_nd = -1};
     sg_status s = SG_OK;
@@ -452,9 +460,14 @@ static sg_status group_nodes(builder *b, bool disable) {
                 continue;
             }
             /* After a row reduction, an epilogue over the reduced input's
-             * shape (reading the reduced values broadcast along rows). */
+             * shape (reading the reduced values broadcast along rows). After
+             * a reduction of one row, one that reads no value of the group
+             * starts a group of its own (the prologue of the next reduction:
+             * clip_grad_norm_'s squared norms): joined, its elements would
+             * walk that row in one block, where alone they take the GPU. */
             if (pw_ok && og.full_nd >= 0 &&
-                can_join_pointwise(b, i, og.full_nd, og.full_shape, from, &gn)) {
+                can_join_pointwise(b, i, og.full_nd, og.full_shape, from, &gn) &&
+                (og.bcast || og.nrows != 1 || reads_group(b, &gn))) {
                 if (!og.bcast) og.bcast = b->nscratch;
                 add_node(b, &gn);
                 continue;

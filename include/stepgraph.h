@@ -619,6 +619,9 @@ SG_API sg_tensor *sg_sdpa_cached(sg_tensor *q, sg_tensor *k_cache, sg_tensor *v_
  * pending backward reads makes sg_grad fail with SG_ERR_INVALID_ARG naming
  * it. Comparisons, logical ops and argmax give no gradient; a gradient
  * through a non-float op stops there.
+ * For f16 and bf16 ops whose derivative is a formula of several ops (sin,
+ * cos, tanh, sigmoid, rsqrt, gelu, gelu_tanh, silu, pow, div) the formula
+ * computes in f32 and the gradient is rounded once, as PyTorch's are.
  *
  *     sg_requires_grad_(w, true);                 // once, on the parameters
  *     sg_tensor *loss = sg_cross_entropy(sg_linear(x, w, b), y);

@@ -18,7 +18,8 @@
  * mul prologue and a * 0.5 epilogue, odd (3, 5, 7) shapes and rows of one
  * element, NaN and infinities planted in some outputs' ranges; each checked
  * against an f64 sum within an f32 sum's rounding (2e-5 of the sum of
- * magnitudes), and the three calls (run, record, replay) bit for bit equal.
+ * magnitudes), and the three calls (run, record, replay) bit for bit equal;
+ * and two squared norms recorded back to back stay two reductions.
  *
  * Each case runs the compiled step on the test's backend (SG_TEST_BACKEND:
  * the CPU's generated C by default, the CUDA row kernels under the gpu
@@ -578,6 +579,58 @@ static void library_reasons(void) {
     sg_release(x);
 }
 
+/* clip_grad_norm_'s squared norms recorded back to back: after a sum of
+ * one row, the next gradient's cast and square read nothing of it. */
+static sg_status norms_step(sg_ctx *c, sg_tensor *const *in, sg_tensor **out, void *user) {
+    (void)user;
+    for (int k = 0; k < 2; k++) {
+        sg_tensor *g = sg_cast(in[k], SG_F32), *g2 = sg_mul(g, g);
+        out[k] = sg_sum(g2, 0, NULL, false);
+        sg_release(g), sg_release(g2);
+    }
+    return out[0] && out[1] ? SG_OK : sg_ctx_status(c);
+}
+
+/* Each sum is its own group with its square as prologue: the second square
+ * is no epilogue of the first sum (which would walk it in that sum's one
+ * row, one block); both sums match an f64 sum of squares. */
+static void norms_apart(void) {
+    int64_t shape[2] = {300, 1000};
+    double *v[2] = {NULL, NULL};
+    sg_tensor *x[2] = {tu_rand(ctx, SG_BF16, 2, shape, -1, 1, &v[0]),
+                       tu_rand(ctx, SG_BF16, 2, shape, -1, 1, &v[1])};
+    sg_fn *fn = NULL;
+    sg_tensor *out[2] = {NULL, NULL};
+    bool ok = TU_EXPECT(sg_compile(ctx, norms_step, NULL, 2, 2, NULL, &fn) == SG_OK) &&
+              TU_EXPECT(sg_call(fn, x, 2, out, 2) == SG_OK) && TU_EXPECT(fn->ngraphs > 0);
+    for (int k = 0; ok && k < 2; k++) {
+        double ref = 0, *got = tu_read(out[k]);
+        for (int64_t i = 0; i < shape[0] * shape[1]; i++) ref += v[k][i] * v[k][i];
+        ok = TU_EXPECT(got != NULL) && TU_EXPECT(tu_close("norm", got, &ref, 1, 0, 2e-5 * ref));
+        free(got);
+    }
+    int nsum = 0, nbcast = 0;
+    if (ok) {
+        sg__graph *g = fn->graphs[fn->ngraphs - 1];
+        sg__fuse_opts fo;
+        sg__cgen_cuda_fuse_opts(&fo, false);
+        sg__fused f;
+        ok = TU_EXPECT(sg__fuse(ctx, &g->ir, &fo, &f) == SG_OK);
+        for (int k = 0; ok && k < f.ngroups; k++) {
+            const sg__group *grp = &f.groups[k];
+            if (grp->kind != SG__G_REDUCE) continue;
+            nsum++;
+            nbcast += grp->bcast != 0;
+        }
+        if (ok) sg__fused_free(ctx, &f, &g->ir);
+        ok = ok && TU_EXPECT(nsum == 2) && TU_EXPECT(nbcast == 0);
+    }
+    tu_case(ok, "NORMS_APART(sum(f32(x)^2) then sum(f32(y)^2), bf16 [300,1000]) on %s",
+            tu_backend() == SG_BACKEND_CUDA ? "cuda" : "cpu");
+    sg_fn_destroy(fn);
+    for (int k = 0; k < 2; k++) sg_release(x[k]), free(v[k]);
+}
+
 static void reductions(void) {
     static const rcase cases[] = {
         /* A gradient's squared norm: one row of 38.6M (the GPT-2 embedding). */
@@ -611,6 +664,7 @@ static void reductions(void) {
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) red_case(&cases[i]);
     library_reasons();
+    norms_apart();
 }
 
 /* ------------------------------------------------------------ timing */
