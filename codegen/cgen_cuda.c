@@ -1492,6 +1492,8 @@ static void emit_chain(gen *g, const sg__group *grp, sg__cuda_kinfo *ki, bool *a
  * the kernel, *gemv says it is a GEMV (which waits for the kernel before it
  * on its own).
  */
+static void reset_slots(gen *g, bool global);
+
 static bool emit_group(gen *g, const sg__group *grp, sg__cuda_kinfo *ki, bool *aligned,
                        const char **what, bool *gemv_out) {
     *gemv_out = false;
@@ -1499,6 +1501,20 @@ static bool emit_group(gen *g, const sg__group *grp, sg__cuda_kinfo *ki, bool *a
     gemv p;
     bool is_gemv = gemv_plan(g, grp, &p);
     int from = grp->anchor >= 0 ? grp->anchor + 1 : 0;
+    /* A MATMUL group no GEMV kernel of the dialect takes: the generated GEMM,
+     * where the dialect wants it (cgen_gemm.c). */
+    if (grp->kind == SG__G_MATMUL && !(is_gemv && g->sp->shuffles) &&
+        sg__cgen_gemm_wanted(g->d)) {
+        g->anchor_reg = true;
+        used_slots(g, grp, 0);
+        bool taken = sg__cgen_gemm(g, grp, ki);
+        g->anchor_reg = false;
+        if (taken) {
+            *what = "tiled GEMM (64 x 64 per block, K through shared memory), then the epilogue";
+            return true;
+        }
+        reset_slots(g, g->global);
+    }
     *gemv_out = is_gemv;
     bool is_row = !is_gemv && grp->rows_inline; /* cgen_cuda_row.c computes the anchor */
     if ((is_gemv || is_row) && !g->sp->shuffles) {
@@ -1755,6 +1771,10 @@ void sg__cuda_defer_end(sg__cuda_gen *g) {
 }
 
 void sg__cuda_store(sg__cuda_gen *g, bool fl, int k, const char *st) { store_stmt(g, fl, k, st); }
+
+sg__dialect sg__cuda_dialect(const sg__cuda_gen *g) { return g->d; }
+
+int sg__cuda_slot(sg__cuda_gen *g, int s) { return lslot(g, s); }
 
 /* ------------------------------------------------------------ the unit */
 

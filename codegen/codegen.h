@@ -242,6 +242,8 @@ typedef struct sg__spell {
      * __launch_bounds__ and have warp shuffles (row and GEMV kernels). */
     const char *kernel, *tid, *bid, *bdim, *gdim, *sync;
     bool launch_bounds, shuffles;
+    /* GPU dialects: the qualifier of a block's shared array (the GEMM's tiles). */
+    const char *shared;
 } sg__spell;
 
 /* The dialect's spellings (an unknown dialect gets C's). */
@@ -467,6 +469,28 @@ SG__HIDDEN sg__emit *sg__cuda_set_out(sg__cuda_gen *g, sg__emit *e);
 SG__HIDDEN void sg__cuda_defer_begin(sg__cuda_gen *g, sg__emit *decl, sg__emit *later, int n);
 SG__HIDDEN void sg__cuda_defer_end(sg__cuda_gen *g);
 SG__HIDDEN void sg__cuda_store(sg__cuda_gen *g, bool fl, int k, const char *st);
+
+/* cgen_cuda.c's dialect, and the number under which the kernel being
+ * emitted names IR slot s (its base is s<number>), for cgen_gemm.c. */
+SG__HIDDEN sg__dialect sg__cuda_dialect(const sg__cuda_gen *g);
+SG__HIDDEN int sg__cuda_slot(sg__cuda_gen *g, int s);
+
+/*
+ * The generated GEMM (cgen_gemm.c): a MATMUL group that no GEMV kernel
+ * takes, as one tiled kernel computing the matmul/linear anchor (any
+ * strides, broadcast batch dims, the bias), storing it and running the
+ * epilogue on each element: 64 x 64 tiles of C per block of 256 threads,
+ * K in steps of 16 through shared memory, f32 sums in a fixed order.
+ * sg__cgen_gemm writes the body into sg__cuda_out(g) and sets ki's launch
+ * and replaces_call; false (nothing written) when it does not take the
+ * group (a merged norm, pair or cache copy, mixed dtypes, a strided
+ * output, an epilogue writing into an operand). sg__cgen_gemm_wanted: whether
+ * dialect d generates its MATMUL groups so: OpenCL C (Level Zero has no
+ * BLAS library) and HIP (no hipBLASLt path) always, CUDA when
+ * SG_CUDA_GEMM=generated (else cuBLASLt runs them).
+ */
+SG__HIDDEN bool sg__cgen_gemm(sg__cuda_gen *g, const sg__group *grp, sg__cuda_kinfo *ki);
+SG__HIDDEN bool sg__cgen_gemm_wanted(sg__dialect d);
 
 /* ------------------------------------------------------------ NVRTC (nvrtc.c) */
 

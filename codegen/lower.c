@@ -227,7 +227,7 @@ static const char *const shared_helpers =
         .h_rt = "sg_h_rt(%s)", .bf_rt = "sg_bf_rt(%s)", .head = cuda_head, .tail = cuda_tail,       \
         .kernel = "extern \"C\" __global__ void", .tid = "threadIdx.x", .bid = "blockIdx.x",       \
         .bdim = "blockDim.x", .gdim = "gridDim.x", .sync = "__syncthreads();",                     \
-        .launch_bounds = true, .shuffles = true                                                    \
+        .launch_bounds = true, .shuffles = true, .shared = "__shared__"                            \
     }
 
 static const sg__spell spells[] = {
@@ -277,6 +277,7 @@ static const sg__spell spells[] = {
             .gdim = "get_num_groups(0)",
             .sync = "barrier(CLK_GLOBAL_MEM_FENCE | CLK_LOCAL_MEM_FENCE);",
             .launch_bounds = false,
+            .shared = "__local",
         },
 };
 
