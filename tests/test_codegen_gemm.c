@@ -22,6 +22,7 @@
 #include "testutil.h"
 
 #include "codegen/opencl.h"
+#include "graphs/cuda/cuda.h"
 #include "graphs/graphs.h"
 
 #include <math.h>
@@ -337,6 +338,17 @@ static void run_case(const spec *s, uint64_t seed) {
     sg_clear_error(ctx);
 }
 
+/* HIP's line about its matmuls (logged once by its executor): without
+ * libhipblaslt (Debian), the not-found text naming the generated GEMM. */
+static void test_hip_note(void) {
+    char line[400];
+    bool found = sg__hip_blaslt_note(line, sizeof line);
+    bool ok = TU_EXPECT(strstr(line, "generated GEMM") != NULL) &&
+              TU_EXPECT(strstr(line, found ? "not called" : "no hipBLASLt") != NULL);
+    printf("  %s\n", line);
+    tu_case(ok, "HIP_BLASLT_NOTE(found=%d)", found);
+}
+
 /* A random product of seed: sizes odd and small (tiles partly filled),
  * now and then K = 1 or one size past a tile. */
 static void random_spec(uint64_t seed, spec *s) {
@@ -421,6 +433,7 @@ int main(void) {
         random_spec(seed, &s);
         if (mode != SG__DIALECT_HIP || seed % 3 == 0) run_case(&s, seed);
     }
+    if (mode == SG__DIALECT_OPENCL) test_hip_note();
     if (queue) ocl->clReleaseCommandQueue(queue);
     sg_ctx_destroy(ctx);
     return tu_finish();
