@@ -6,9 +6,10 @@
  * options and generated in the OpenCL C dialect (sg__cgen_gpu), compiled to
  * SPIR-V and loaded. What is kept is the capture's signature (its IR
  * without addresses) and the unit's kernels, so an op seen before costs
- * its table upload and its launches. An op the dialect has no kernel for,
- * or one whose group needs a library call, fails with SG_ERR_UNSUPPORTED
- * naming the op.
+ * its table upload and its launches. A matmul or linear is the dialect's
+ * generated GEMM (codegen/cgen_gemm.c: Level Zero has no BLAS library). An
+ * op the dialect has no kernel for, or one whose group needs a library
+ * call, fails with SG_ERR_UNSUPPORTED naming the op.
  */
 #include "../comm.h"
 #include "../graphs.h"
