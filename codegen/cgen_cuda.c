@@ -12,7 +12,9 @@
  * such matmuls on one x (a pair) become one kernel computing both products
  * per column, then their shared epilogue. Embedding, index_select, concat
  * and index_copy_ become one kernel each; a chain of small loops and data
- * ops runs in one block, in order, a barrier between them.
+ * ops runs in one block, in order, a barrier between them. Where the
+ * dialect has no BLAS library (sg__cgen_gemm_wanted), any other matmul
+ * group is the tiled GEMM of cgen_gemm.c, its epilogue fused.
  * Every kernel names its slots in its own numbering (first use first), so
  * that the kernels of a model's layers print the same text: each distinct
  * text is emitted once, and the groups that run it share its name.

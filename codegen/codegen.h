@@ -394,8 +394,11 @@ SG__HIDDEN sg_status sg__cgen_cuda(sg_ctx *ctx, const sg__ir *ir, const sg__fuse
  *       slot[] a table of device addresses in device memory (SVM or USM),
  *       grid = work-groups, block = work-group size. Pointwise, MULTI,
  *       chain, data (embedding, index_select, concat, index_copy_) and
- *       epilogue kernels; a row or GEMV kernel (a rows_inline ROW or REDUCE
- *       group, a GEMV group) needs warp shuffles: its kinfo says
+ *       epilogue kernels, and MATMUL groups as the generated GEMM
+ *       (sg__cgen_gemm: the dialects of sg__cgen_gemm_wanted; a GEMV group
+ *       that kernel takes too, where the dialect has no GEMV); a row or GEMV
+ *       kernel (a rows_inline ROW or REDUCE group, a merged GEMV group)
+ *       needs warp shuffles: its kinfo says
  *       `unsupported`, it gets no kernel, and the call ends with
  *       SG_ERR_UNSUPPORTED naming the first such group's op, the unit in e
  *       holding every other group's kernel.
