@@ -39,10 +39,10 @@
 #include <stdlib.h>
 #include <string.h>
 
-#define TILE 64   /* rows and columns of C per block */
-#define TK 16     /* K per step */
+#define TILE 64 /* rows and columns of C per block */
+#define TK 16   /* K per step */
 #define THREADS 256
-#define PER 4     /* rows and columns per thread: TILE = 16 * PER */
+#define PER 4 /* rows and columns per thread: TILE = 16 * PER */
 
 typedef struct gemm {
     const sg__ref *a, *b, *bias, *o;
@@ -103,8 +103,10 @@ static bool operands(const sg__irnode *n, gemm *p) {
     while (p->nb > 0) {
         int d = p->nb - 1;
         if (p->bbs[d] != 0) break;
-        if (p->bshape[d] != 1 && p->M == 1) p->ars = p->abs_[d]; /* one row: any stride */
-        else if (p->bshape[d] != 1 && p->abs_[d] != p->ars * p->M) break;
+        if (p->bshape[d] != 1 && p->M == 1)
+            p->ars = p->abs_[d]; /* one row: any stride */
+        else if (p->bshape[d] != 1 && p->abs_[d] != p->ars * p->M)
+            break;
         p->M *= p->bshape[d];
         p->nb--;
     }
@@ -147,8 +149,8 @@ static bool plan(sg__cuda_gen *g, const sg__group *grp, gemm *p) {
     /* Other blocks still read the operands while one block's epilogue runs. */
     for (int k = grp->anchor + 1; k < grp->n; k++) {
         int slot = sg__cuda_ref(g, ir->nodes[grp->g[k].node].out)->slot;
-        if (grp->g[k].store && (slot == p->a->slot || slot == p->b->slot ||
-                                (p->bias && slot == p->bias->slot)))
+        if (grp->g[k].store &&
+            (slot == p->a->slot || slot == p->b->slot || (p->bias && slot == p->bias->slot)))
             return false;
     }
     return true;
@@ -158,8 +160,8 @@ static bool plan(sg__cuda_gen *g, const sg__group *grp, gemm *p) {
  * rows of the tile are `outer` (m of A, n of B) and columns k; thread e's
  * element runs along k when k is the contiguous dim (kfast). */
 static void emit_tile_load(sg__cuda_gen *g, const char *tile, const sg__ref *r, const char *base,
-                           const char *o0, int64_t limit, int64_t s_outer, int64_t s_k,
-                           bool kfast, int64_t K) {
+                           const char *o0, int64_t limit, int64_t s_outer, int64_t s_k, bool kfast,
+                           int64_t K) {
     sg__emit *e = sg__cuda_out(g);
     const sg__spell *sp = sg__spell_of(sg__cuda_dialect(g));
     char lv[320], ld[400];
@@ -221,9 +223,8 @@ static void emit_store(sg__cuda_gen *g, const sg__group *grp, const gemm *p) {
                   sg__op_name(sg__cuda_ir(g)->nodes[grp->g[a].node].op));
     if (grp->g[a].store) {
         char v[16];
-        snprintf(lv, sizeof lv, "((%s%s *)s%d)[%lld + i]", sp->gp,
-                 sg__lower_ctype(d, p->o->dtype), sg__cuda_slot(g, p->o->slot),
-                 (long long)p->o->offset);
+        snprintf(lv, sizeof lv, "((%s%s *)s%d)[%lld + i]", sp->gp, sg__lower_ctype(d, p->o->dtype),
+                 sg__cuda_slot(g, p->o->slot), (long long)p->o->offset);
         snprintf(v, sizeof v, "v%d", a);
         sg__lower_narrow_store(d, p->o->dtype, lv, v, st, sizeof st);
         sg__emit_line(e, "%s", st);
@@ -246,8 +247,8 @@ bool sg__cgen_gemm(sg__cuda_gen *g, const sg__group *grp, sg__cuda_kinfo *ki) {
     sg__emit_line(e, "%s float sg_tb[%d][%d];", sp->shared, TK, TILE);
     sg__emit_line(e, "const sg_i64 t = (sg_i64)%s;", sp->bid);
     sg__emit_line(e, "const sg_i64 bz = t / %lld;", (long long)(tn * tm));
-    sg__emit_line(e, "const sg_i64 m0 = t / %lld %% %lld * %d, n0 = t %% %lld * %d;",
-                  (long long)tn, (long long)tm, TILE, (long long)tn, TILE);
+    sg__emit_line(e, "const sg_i64 m0 = t / %lld %% %lld * %d, n0 = t %% %lld * %d;", (long long)tn,
+                  (long long)tm, TILE, (long long)tn, TILE);
     sg__emit_line(e, "const int tx = (int)%s %% 16, ty = (int)%s / 16;", sp->tid, sp->tid);
     emit_batch(g, &p);
     sg__emit_line(e, "float acc[%d][%d];", PER, PER);

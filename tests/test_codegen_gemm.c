@@ -46,8 +46,8 @@ static cl_command_queue queue;
  * instead of running the OpenCL C one (hiprtc's LLVM and PoCL's clash in
  * one process, so the checks run as separate variants). */
 static sg__dialect mode = SG__DIALECT_OPENCL;
-static bool on_device;  /* SG_TEST_BACKEND=cuda: compiled steps on the device */
-static int gemm_lines;  /* output_code lines naming a generated GEMM (or GEMV) kernel */
+static bool on_device; /* SG_TEST_BACKEND=cuda: compiled steps on the device */
+static int gemm_lines; /* output_code lines naming a generated GEMM (or GEMV) kernel */
 
 static void log_hook(void *user, const char *topic, const char *line) {
     (void)user;
@@ -63,12 +63,12 @@ static const char *const epi_names[EPI_COUNT] = {"none", "gelu", "residual", "re
 typedef struct spec {
     bool linear;
     sg_dtype dt;
-    int nb;          /* batch dims of the product (matmul: a's; linear: x's leading) */
-    int64_t bs[2];   /* their sizes */
-    bool b_batched;  /* matmul: b has the batch dims too (else it is broadcast) */
-    bool a1, b1;     /* matmul: a 1-d a (a row) or b (a column) */
+    int nb;         /* batch dims of the product (matmul: a's; linear: x's leading) */
+    int64_t bs[2];  /* their sizes */
+    bool b_batched; /* matmul: b has the batch dims too (else it is broadcast) */
+    bool a1, b1;    /* matmul: a 1-d a (a row) or b (a column) */
     int64_t M, N, K;
-    bool ta, tb;     /* the operand is a transposed view of its stored transpose */
+    bool ta, tb; /* the operand is a transposed view of its stored transpose */
     bool bias;
     int epi;
 } spec;
@@ -119,8 +119,7 @@ static sg_status step(sg_ctx *c, sg_tensor *const *in, sg_tensor **out, void *us
 }
 
 /* out (the product, rounded to dt) and the epilogue's result, in f64. */
-static void reference(const spec *s, const shapes *h, double *const *v, double *prod,
-                      double *fin) {
+static void reference(const spec *s, const shapes *h, double *const *v, double *prod, double *fin) {
     int64_t batch = s->nb ? s->bs[0] * (s->nb > 1 ? s->bs[1] : 1) : 1;
     int64_t M = s->M, N = s->N, K = s->K;
     (void)h;
@@ -187,8 +186,7 @@ static bool launch(cl_program prog, const sg__cuda_kinfo *ki, void *const *base,
 }
 
 /* Output o through its ref, in row-major order. */
-static double *read_out(const sg__ir *ir, const sg__fused *f, int o, void *const *base,
-                        int64_t n) {
+static double *read_out(const sg__ir *ir, const sg__fused *f, int o, void *const *base, int64_t n) {
     const sg__ref *r = &ir->refs[f->alias[ir->out_refs[o]]];
     double *v = malloc(sizeof(double) * (size_t)(n ? n : 1));
     for (int64_t i = 0; v && i < n; i++) {
@@ -216,7 +214,8 @@ static bool check(const char *what, sg_dtype dt, const double *got, const double
         return tu_close(what, got, ref, n, tu_rtol(dt),
                         tu_atol(dt) * sqrt((double)(K > 1 ? K : 1)) * (scale > 1 ? scale : 1));
     double e = 0, r = 0;
-    for (int64_t i = 0; i < n; i++) e += (got[i] - ref[i]) * (got[i] - ref[i]), r += ref[i] * ref[i];
+    for (int64_t i = 0; i < n; i++)
+        e += (got[i] - ref[i]) * (got[i] - ref[i]), r += ref[i] * ref[i];
     if (sqrt(e) <= tu_rtol(dt) * sqrt(r) + 1e-6) return true;
     fprintf(stderr, "  %s: ||err|| %g > %g ||ref|| %g\n", what, sqrt(e), tu_rtol(dt), sqrt(r));
     return false;
@@ -224,8 +223,8 @@ static bool check(const char *what, sg_dtype dt, const double *got, const double
 
 /* The unit of dialect d for the capture (fused as for a GPU): kinfo, and
  * whether each MATMUL group became a generated kernel. */
-static bool generate(const sg__ir *ir, sg__fused *f, sg__dialect d, const char *name,
-                     sg__emit *e, sg__cuda_kinfo **ki) {
+static bool generate(const sg__ir *ir, sg__fused *f, sg__dialect d, const char *name, sg__emit *e,
+                     sg__cuda_kinfo **ki) {
     sg__fuse_opts fo;
     sg__cgen_cuda_fuse_opts(&fo, false);
     if (!TU_EXPECT(sg__fuse(ctx, ir, &fo, f) == SG_OK)) return false;
@@ -467,8 +466,10 @@ static void test_timing(void) {
     bool ok = TU_EXPECT(tg > 0 && tl > 0 && vg && vl) &&
               check("generated vs cuBLASLt", SG_BF16, vg, vl, 1024 * 1024, 1024, 1);
     double flop = 2.0 * 1024 * 1024 * 1024;
-    tu_case(ok, "GEMM_TIME(matmul bf16 1024^3: generated %.3f ms (%.1f TFLOP/s), cuBLASLt %.3f ms "
-            "(%.1f TFLOP/s), %.1fx)", tg, flop / tg / 1e9, tl, flop / tl / 1e9, tg / tl);
+    tu_case(ok,
+            "GEMM_TIME(matmul bf16 1024^3: generated %.3f ms (%.1f TFLOP/s), cuBLASLt %.3f ms "
+            "(%.1f TFLOP/s), %.1fx)",
+            tg, flop / tg / 1e9, tl, flop / tl / 1e9, tg / tl);
     free(vg), free(vl);
     sg_release(a), sg_release(b);
 }
@@ -560,11 +561,31 @@ int main(void) {
         {.dt = SG_F32, .M = 64, .N = 64, .K = 16},
         {.dt = SG_F32, .M = 7, .N = 5, .K = 1},
         {.dt = SG_F32, .M = 65, .N = 129, .K = 33, .ta = true, .tb = true},
-        {.dt = SG_BF16, .linear = true, .nb = 2, .bs = {2, 3}, .M = 11, .N = 70, .K = 37,
-         .bias = true, .epi = EPI_GELU},
-        {.dt = SG_F16, .nb = 1, .bs = {3}, .b_batched = true, .M = 13, .N = 17, .K = 19,
-         .tb = true, .epi = EPI_RESIDUAL},
-        {.dt = SG_BF16, .nb = 1, .bs = {4}, .M = 9, .N = 21, .K = 5, .ta = true,
+        {.dt = SG_BF16,
+         .linear = true,
+         .nb = 2,
+         .bs = {2, 3},
+         .M = 11,
+         .N = 70,
+         .K = 37,
+         .bias = true,
+         .epi = EPI_GELU},
+        {.dt = SG_F16,
+         .nb = 1,
+         .bs = {3},
+         .b_batched = true,
+         .M = 13,
+         .N = 17,
+         .K = 19,
+         .tb = true,
+         .epi = EPI_RESIDUAL},
+        {.dt = SG_BF16,
+         .nb = 1,
+         .bs = {4},
+         .M = 9,
+         .N = 21,
+         .K = 5,
+         .ta = true,
          .epi = EPI_RELU_SCALE},
     };
     int nfixed = (int)(sizeof fixed / sizeof fixed[0]);
