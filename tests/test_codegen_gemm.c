@@ -244,13 +244,15 @@ static bool generate(const sg__ir *ir, sg__fused *f, sg__dialect d, const char *
     return TU_EXPECT(gemms == 1);
 }
 
-/* The capture's CUDA (SG_CUDA_GEMM=generated) or HIP unit, compiled. */
-static bool compile_rtc(const sg__ir *ir, const char *name) {
+/* The capture's CUDA (SG_CUDA_GEMM=generated) or HIP unit, compiled; *ngroups: the fusion's groups.
+ */
+static bool compile_rtc(const sg__ir *ir, const char *name, int *ngroups) {
     sg__fused f;
     memset(&f, 0, sizeof f);
     sg__cuda_kinfo *ki = NULL;
     sg__emit e = {.ctx = ctx};
     bool hip = mode == SG__DIALECT_HIP, ok = generate(ir, &f, mode, name, &e, &ki);
+    *ngroups = f.ngroups;
     void *image = NULL;
     size_t size = 0;
     if (ok) {
@@ -377,7 +379,7 @@ static void run_case(const spec *s, uint64_t seed) {
     const sg__ir *ir = ok ? &fn->graphs[fn->ngraphs - 1]->ir : NULL;
     int ngroups = 0;
     bool rtc = mode != SG__DIALECT_OPENCL;
-    if (ok && rtc) ok = compile_rtc(ir, name);
+    if (ok && rtc) ok = compile_rtc(ir, name, &ngroups);
 #ifdef SG_HAVE_OPENCL_HEADERS
     if (ok && !rtc) ok = run_opencl(ir, s, x.v, x.nv, x.nout, x.no, x.ref, name, &ngroups);
 #endif
