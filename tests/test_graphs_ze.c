@@ -441,7 +441,8 @@ static void fake_driver_cases(void) {
         case_compiled(ctx, 15);
         case_generated_gemm(ctx, 16);
     } else {
-        printf("  skip ZE_GENERATED_EAGER and ZE_COMPILED: no libocloc to build their units\n");
+        printf("  skip ZE_GENERATED_EAGER, ZE_COMPILED and ZE_GENERATED_GEMM: no libocloc to build their "
+               "units\n");
     }
     void *dev[] = {b.x, b.y, b.z, b.x2, b.z2, b.table};
     for (size_t i = 0; i < sizeof dev / sizeof *dev; i++)
