@@ -12,7 +12,9 @@
  * such matmuls on one x (a pair) become one kernel computing both products
  * per column, then their shared epilogue. Embedding, index_select, concat
  * and index_copy_ become one kernel each; a chain of small loops and data
- * ops runs in one block, in order, a barrier between them.
+ * ops runs in one block, in order, a barrier between them. Where the
+ * dialect has no BLAS library (sg__cgen_gemm_wanted), any other matmul
+ * group is the tiled GEMM of cgen_gemm.c, its epilogue fused.
  * Every kernel names its slots in its own numbering (first use first), so
  * that the kernels of a model's layers print the same text: each distinct
  * text is emitted once, and the groups that run it share its name.
@@ -1604,6 +1606,8 @@ static void emit_chain(gen *g, const sg__group *grp, sg__cuda_kinfo *ki, bool *a
  * the kernel, *gemv says it is a GEMV (which waits for the kernel before it
  * on its own).
  */
+static void reset_slots(gen *g, bool global);
+
 static bool emit_group(gen *g, const sg__group *grp, sg__cuda_kinfo *ki, bool *aligned,
                        const char **what, bool *gemv_out) {
     *gemv_out = false;
@@ -1611,6 +1615,20 @@ static bool emit_group(gen *g, const sg__group *grp, sg__cuda_kinfo *ki, bool *a
     gemv p;
     bool is_gemv = gemv_plan(g, grp, &p);
     int from = grp->anchor >= 0 ? grp->anchor + 1 : 0;
+    /* A MATMUL group no GEMV kernel takes: the generated GEMM, where the
+     * dialect wants it (cgen_gemm.c). */
+    if (grp->kind == SG__G_MATMUL && !is_gemv &&
+        sg__cgen_gemm_wanted(g->d)) {
+        g->anchor_reg = true;
+        used_slots(g, grp, 0);
+        bool taken = sg__cgen_gemm(g, grp, ki);
+        g->anchor_reg = false;
+        if (taken) {
+            *what = "tiled GEMM (64 x 64 per block, K through shared memory), then the epilogue";
+            return true;
+        }
+        reset_slots(g, g->global);
+    }
     *gemv_out = is_gemv;
     bool is_row = !is_gemv && grp->rows_inline; /* cgen_cuda_row.c computes the anchor */
     if (!is_gemv && !is_row && grp->kind != SG__G_MULTI &&
@@ -1941,6 +1959,9 @@ void sg__cuda_tree(sg__cuda_gen *g, int nv, const char *const *type, const char 
     sg__emit_line(e, "%s", g->sp->sync); /* before the arrays are written again */
     sg__emit_close(e);
 }
+sg__dialect sg__cuda_dialect(const sg__cuda_gen *g) { return g->d; }
+
+int sg__cuda_slot(sg__cuda_gen *g, int s) { return lslot(g, s); }
 
 /* ------------------------------------------------------------ the unit */
 

@@ -404,7 +404,9 @@ SG__HIDDEN sg_status sg__cgen_cuda(sg_ctx *ctx, const sg__ir *ir, const sg__fuse
  *       slot[] a table of device addresses in device memory (SVM or USM),
  *       grid = work-groups, block = work-group size. Every kernel the
  *       CUDA dialect has (pointwise, MULTI, chain, data, epilogue, row and
- *       GEMV kernels), with the CUDA dialect's order of every sum. Where
+ *       GEMV kernels, and MATMUL groups that no GEMV kernel takes as the
+ *       generated GEMM: sg__cgen_gemm, in the dialects of
+ *       sg__cgen_gemm_wanted), with the CUDA dialect's order of every sum. Where
  *       CUDA shuffles, a team combines its lanes through local memory and
  *       barriers (sg__cuda_tree), so a row kernel's work-group is its team
  *       (32 work-items for a row of at most 256, else 256), and the GEMV's
@@ -506,6 +508,28 @@ SG__HIDDEN void sg__cuda_shared(sg__cuda_gen *g, int align, const char *fmt, ...
 SG__HIDDEN void sg__cuda_tree(sg__cuda_gen *g, int nv, const char *const *type,
                               const char *const *var, const char *const *other, const char *fold,
                               int warps);
+
+/* cgen_cuda.c's dialect, and the number under which the kernel being
+ * emitted names IR slot s (its base is s<number>), for cgen_gemm.c. */
+SG__HIDDEN sg__dialect sg__cuda_dialect(const sg__cuda_gen *g);
+SG__HIDDEN int sg__cuda_slot(sg__cuda_gen *g, int s);
+
+/*
+ * The generated GEMM (cgen_gemm.c): a MATMUL group that no GEMV kernel
+ * takes, as one tiled kernel computing the matmul/linear anchor (any
+ * strides, broadcast batch dims, the bias), storing it and running the
+ * epilogue on each element: 64 x 64 tiles of C per block of 256 threads,
+ * K in steps of 16 through shared memory, f32 sums in a fixed order.
+ * sg__cgen_gemm writes the body into sg__cuda_out(g) and sets ki's launch
+ * and replaces_call; false (nothing written) when it does not take the
+ * group (a merged norm, pair or cache copy, mixed dtypes, a strided
+ * output, an epilogue writing into an operand). sg__cgen_gemm_wanted: whether
+ * dialect d generates its MATMUL groups so: OpenCL C (Level Zero has no
+ * BLAS library) and HIP (no hipBLASLt path) always, CUDA when
+ * SG_CUDA_GEMM=generated (else cuBLASLt runs them).
+ */
+SG__HIDDEN bool sg__cgen_gemm(sg__cuda_gen *g, const sg__group *grp, sg__cuda_kinfo *ki);
+SG__HIDDEN bool sg__cgen_gemm_wanted(sg__dialect d);
 
 /* ------------------------------------------------------------ NVRTC (nvrtc.c) */
 

@@ -127,6 +127,11 @@ static void explain_hip(sg__text *t, const sg__graph *g) {
             sg__text_put(t, "    library kernel: IR line %d (%s): the FMA kernel on HIP (the "
                             "tensor-core kernels are PTX, built for CUDA only)\n",
                 i, sg__op_name(g->ir.nodes[i].op));
+        else if (fam == SG__FAM_MATMUL && g->compiled)
+            sg__text_put(t, "    matmul: IR line %d (%s): generated on HIP, a GEMM of 64 x 64 "
+                            "tiles or a GEMV for few rows (no cuBLASLt there; hipBLASLt and "
+                            "rocBLAS are not called)\n",
+                i, sg__op_name(g->ir.nodes[i].op));
         else if (fam == SG__FAM_MATMUL)
             sg__text_put(t, "    library kernel: IR line %d (%s): the GEMV kernel on HIP, for "
                             "any shape (no cuBLASLt there; hipBLASLt and rocBLAS are not "

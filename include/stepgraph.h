@@ -765,9 +765,12 @@ SG_API sg_tensor *sg_broadcast(sg_comm *comm, sg_tensor *x, int root);
  * or without a device (hipInit fails) make sg_ctx_create fail with
  * SG_ERR_BACKEND_UNAVAILABLE, naming the library, the arch or hipInit's
  * result and the fix, and sg_list_backends says the same. On HIP, attention
- * runs its FMA kernels (the tensor-core kernels are CUDA-only), every
- * matmul runs the GEMV kernel (there is no cuBLASLt; hipBLASLt and rocBLAS
- * are not called), and launches are never programmatic dependent launches.
+ * runs its FMA kernels (the tensor-core kernels are CUDA-only), a compiled
+ * step's matmuls run as generated kernels (a tiled GEMM with the bias and
+ * epilogue, or a GEMV for at most 8 rows) and eager matmuls as the GEMV
+ * kernel (there is no cuBLASLt; hipBLASLt, whose enums are not cuBLASLt's,
+ * and rocBLAS are not called; said once under "fallbacks"), and launches
+ * are never programmatic dependent launches.
  * Nothing of this backend has yet run on AMD hardware.
  *
  * SG_HIPRTC_CHECK=1 (like SG_NVRTC_CHECK=1, for CI without a GPU): every
@@ -790,9 +793,11 @@ SG_API sg_tensor *sg_broadcast(sg_comm *comm, sg_tensor *x, int root);
  * pvc), validated by spirv-val when it is on PATH, and kept in the kernel
  * cache. Ops reach the device only through the OpenCL C generator (an eager
  * op is a one-op capture; a compiled step in SG_MODE_REDUCE_OVERHEAD or
- * MAX_AUTOTUNE replays one recorded command list): an op it does not cover
- * (row kernels, GEMV, matmul) fails with SG_ERR_UNSUPPORTED naming the op
- * ("not yet on the ze backend"), never with a wrong result. sg_list_backends
+ * MAX_AUTOTUNE replays one recorded command list). Matmuls and linears
+ * (there is no BLAS library) are a generated tiled GEMM with their bias and
+ * epilogue. An op it does not cover (row kernels, GEMV) fails with
+ * SG_ERR_UNSUPPORTED naming the op ("not yet on the ze backend"), never
+ * with a wrong result. sg_list_backends
  * says why the backend is unavailable. A stepgraph built with a sanitizer
  * opens the loader only when ZE_ENABLE_ALT_DRIVERS names the drivers:
  * installed GPU drivers open libraries with RTLD_DEEPBIND, which sanitizers
@@ -851,7 +856,10 @@ SG_API sg_tensor *sg_broadcast(sg_comm *comm, sg_tensor *x, int root);
  * faster, and calls that add into their output keep it. The picks apply
  * only to MAX_AUTOTUNE steps and are remembered on disk with the block
  * sizes, so a second process times nothing. Kernels launch with programmatic dependent launch on sm_90
- * (SG_CUDA_PDL=0 turns it off).
+ * (SG_CUDA_PDL=0 turns it off). SG_CUDA_GEMM=generated runs a compiled
+ * step's matmuls (those of more than 8 rows) as the generated tiled GEMM of
+ * the backends without a BLAS library, its bias and epilogue fused, instead
+ * of cuBLASLt (for checking that GEMM on a GPU; cuBLASLt is much faster).
  *
  * What a step may do: read its inputs and any tensors made outside it (its
  * *parameters*: weights, caches), make new tensors with ops (they belong to

@@ -382,6 +382,34 @@ static void case_compiled(sg_ctx *ctx, uint64_t seed) {
             (unsigned long long)seed);
 }
 
+/* A matmul on ze (no BLAS library there) is the generated GEMM: an eager
+ * sg_linear with bias is one launch of 64 x 64 tiles, 256 work-items each,
+ * whose table holds x, w, the bias and the output. */
+static void case_generated_gemm(sg_ctx *ctx, uint64_t seed) {
+    tu_seed(seed);
+    int64_t xs[2] = {70, 33}, ws[2] = {130, 33}, bs[1] = {130};
+    sg_tensor *x = tu_rand(ctx, SG_BF16, 2, xs, -1, 1, NULL);
+    sg_tensor *w = tu_rand(ctx, SG_BF16, 2, ws, -1, 1, NULL);
+    sg_tensor *b = tu_rand(ctx, SG_BF16, 1, bs, -1, 1, NULL);
+    fz_clear();
+    sg_tensor *y = sg_linear(x, w, b);
+    if (!y) fprintf(stderr, "  %s\n", sg_last_error(ctx));
+    bool ok = TU_EXPECT(y != NULL) && TU_EXPECT(fz_nlaunches() == 1);
+    if (ok) {
+        const fake_ze_launch *l = fz_launch(0);
+        ok = TU_EXPECT(l->nargs == 1) && TU_EXPECT(l->gsize[0] == 256) &&
+             TU_EXPECT(l->groups[0] == 2 * 3) &&
+             TU_EXPECT(table_has(l, 4, sg__data(x)) && table_has(l, 4, sg__data(w)) &&
+                       table_has(l, 4, sg__data(b)) && table_has(l, 4, sg__data(y)));
+        printf("  linear: kernel %s, %u groups of %u\n", l->name, l->groups[0], l->gsize[0]);
+    }
+    sg_clear_error(ctx);
+    sg_release(x), sg_release(w), sg_release(b), sg_release(y);
+    tu_case(ok,
+            "ZE_GENERATED_GEMM(linear bf16 x [70,33] w [130,33] + bias: one generated GEMM "
+            "launch of 2 x 3 tiles) seed=%llu",
+            (unsigned long long)seed);
+}
 
 static void fake_driver_cases(void) {
     setenv("ZE_ENABLE_ALT_DRIVERS", FAKE_ZE_PATH, 1);
@@ -419,8 +447,10 @@ static void fake_driver_cases(void) {
     if (have_ocloc) {
         case_generated_eager(ctx, 14);
         case_compiled(ctx, 15);
+        case_generated_gemm(ctx, 16);
     } else {
-        printf("  skip ZE_GENERATED_EAGER and ZE_COMPILED: no libocloc to build their units\n");
+        printf("  skip ZE_GENERATED_EAGER, ZE_COMPILED and ZE_GENERATED_GEMM: no libocloc to build their "
+               "units\n");
     }
     void *dev[] = {b.x, b.y, b.z, b.x2, b.z2, b.table};
     for (size_t i = 0; i < sizeof dev / sizeof *dev; i++)

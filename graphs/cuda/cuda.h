@@ -41,6 +41,11 @@ SG__HIDDEN sg_status sg__cuda_probe(char *why, size_t n, sg__cuda_device *dev);
  * device 0 (arch_name set); the reason names hipInit's result or the
  * missing library, and the fix. */
 SG__HIDDEN sg_status sg__hip_probe(char *why, size_t n, sg__cuda_device *dev);
+/* What runs HIP's matmuls (hip.c): no hipBLASLt path (its API's numbers are
+ * not cuBLASLt's), so the generated GEMM and the GEMV kernel; the line into
+ * buf says so and whether libhipblaslt is installed (returned). The HIP
+ * executor logs it once per process under "fallbacks". */
+SG__HIDDEN bool sg__hip_blaslt_note(char *buf, size_t n);
 
 #ifdef SG_HAVE_CUDA_HEADERS
 #include <cuda.h>

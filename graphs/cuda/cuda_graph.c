@@ -35,6 +35,11 @@
  * run picks each cuBLASLt call's algorithm, and GEMV or cuBLASLt for
  * products of few rows, by timing (cublaslt.c); the picks of both kinds are
  * remembered in one tune file per unit and device.
+ *
+ * On HIP the unit is generated in the HIP dialect, whose MATMUL groups are
+ * generated GEMM kernels (codegen/cgen_gemm.c: HIP has no BLAS library
+ * path, see sg__hip_blaslt_note, logged once per process); so are CUDA's
+ * with SG_CUDA_GEMM=generated, where cuBLASLt runs them otherwise.
  */
 #include "../comm.h"
 #include "../graphs.h"
@@ -71,6 +76,7 @@ bool sg__tune_parse(const char *body, sg__tune_block *b, int maxb, int *nb, sg__
 #include "cuda.h"
 
 #include <limits.h>
+#include <stdatomic.h>
 #include <stdlib.h>
 #include <time.h>
 #include <unistd.h>
@@ -199,6 +205,18 @@ static bool has_matmul(const sg__graph *g) {
     return false;
 }
 
+/* On HIP, once per process: a MATMUL group ran as the generated GEMM, and why. */
+static void hip_gemm_note(sg_ctx *ctx, const sg__graph *g, const sg__cuda_kinfo *ki) {
+    static atomic_flag said = ATOMIC_FLAG_INIT;
+    bool gemm = false;
+    for (int k = 0; k < g->fused.ngroups; k++)
+        gemm = gemm || (g->fused.groups[k].kind == SG__G_MATMUL && ki[k].replaces_call);
+    if (!gemm || atomic_flag_test_and_set(&said)) return;
+    char line[400];
+    sg__hip_blaslt_note(line, sizeof line);
+    sg__log(ctx, "fallbacks", "%s", line);
+}
+
 static sg_status compile(sg_fn *fn, sg__graph *g) {
     sg_ctx *ctx = fn->ctx;
     const sg__cu_api *cu = api(ctx);
@@ -215,7 +233,10 @@ static sg_status compile(sg_fn *fn, sg__graph *g) {
         return sg__fail(ctx, SG_ERR_OOM, "cuda: out of host memory");
     sg__emit e = {.ctx = ctx};
     int nk = 0;
-    sg_status s = sg__cgen_cuda(ctx, &g->ir, &g->fused, g->module, &e, cg->kinfo, &nk);
+    bool hip = sg__cuda_is_hip(ctx);
+    sg_status s = sg__cgen_gpu(ctx, &g->ir, &g->fused, g->module,
+                               hip ? SG__DIALECT_HIP : SG__DIALECT_CUDA, &e, cg->kinfo, &nk);
+    if (s == SG_OK && hip) hip_gemm_note(ctx, g, cg->kinfo);
     void *cubin = NULL;
     size_t size = 0;
     if (s == SG_OK && nk > 0)

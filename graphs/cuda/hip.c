@@ -29,6 +29,7 @@
  */
 #include "cuda.h"
 
+#include <dlfcn.h>
 #include <stdio.h>
 
 #if defined(SG_HAVE_CUDA_HEADERS) && defined(SG_HAVE_HIP_HEADERS)
@@ -350,3 +351,33 @@ sg_status sg__hip_load(char *why, size_t n, const sg__cu_api **out) {
 #endif
 
 #endif
+
+/*
+ * hipBLASLt. Its API has cuBLASLt's shape (hipblasLtMatmul,
+ * hipblasLtMatmulDescCreate, ...), but not its numbers: the descriptor and
+ * layout attributes (HIPBLASLT_MATMUL_DESC_TRANSA is 0, CUBLASLT_'s 3), the
+ * operations (HIPBLAS_OP_N is 111), the compute types, the heuristic's
+ * result and the algorithm's configuration (cublaslt.c's split-K variants
+ * have no counterpart) all differ, and cublasLtGetStatusName has none. A
+ * name map cannot fill cublaslt.c's table from it, so the HIP executor does
+ * not call it: compiled steps run their MATMUL groups as the generated GEMM
+ * (codegen/cgen_gemm.c), eager matmuls the GEMV kernel. This says so, and
+ * whether the library is installed at all.
+ */
+bool sg__hip_blaslt_note(char *buf, size_t n) {
+    static const char *const names[] = {"libhipblaslt.so.1", "libhipblaslt.so.0",
+                                        "libhipblaslt.so"};
+    const char *found = NULL;
+    for (size_t i = 0; i < sizeof names / sizeof names[0] && !found; i++) {
+        void *h = dlopen(names[i], RTLD_LAZY | RTLD_LOCAL);
+        if (h) found = names[i], dlclose(h);
+    }
+    const char *tail = "compiled steps run their matmuls as the generated GEMM (64 x 64 tiles), "
+                       "eager matmuls as the GEMV kernel";
+    if (found)
+        snprintf(buf, n, "hip: %s is installed but not called (its enums and algorithm "
+                 "attributes are not cuBLASLt's); %s", found, tail);
+    else
+        snprintf(buf, n, "hip: no hipBLASLt (libhipblaslt.so not found); %s", tail);
+    return found != NULL;
+}

@@ -10,8 +10,9 @@
  * and reduce ops the generator computes (softmax, log_softmax, layer_norm,
  * rms_norm; sum, mean, var and argmax over the innermost dims; sums and
  * means keeping inner columns) and matmul/linear of at most 8 rows (a
- * GEMV), run so. An op whose group needs a library call (a larger matmul,
- * max, cross_entropy, attention, ...) fails with SG_ERR_UNSUPPORTED naming
+ * GEMV) or more (the generated GEMM, codegen/cgen_gemm.c: Level Zero has no
+ * BLAS library), run so. An op whose group needs a library call (max,
+ * cross_entropy, attention, ...) fails with SG_ERR_UNSUPPORTED naming
  * the op, as would one the dialect had no kernel for.
  */
 #include "../comm.h"

@@ -9,8 +9,10 @@
  * device array per output set holds the capture-wide table followed by
  * every launch's own, as on CUDA.
  *
- * Replays of a set whose groups are all generated kernels run one recorded
- * command list (sg__ze_rec), recorded at the set's first replay; its only
+ * MATMUL groups are generated GEMM kernels (codegen/cgen_gemm.c), as Level
+ * Zero has no BLAS library. Replays of a set whose groups are all generated
+ * kernels run one recorded command list (sg__ze_rec), recorded at the
+ * set's first replay; its only
  * argument per launch is a pointer into the set's array, which never
  * moves, so new slot addresses are one upload of the array and no
  * re-record. Groups whose anchor or opaque node is no generated kernel run
