@@ -10,7 +10,9 @@
  * and, when fusion merged the layer_norm/rms_norm that makes its x, first
  * normalizes those rows into shared memory (every block, from L2); two
  * such matmuls on one x (a pair) become one kernel computing both products
- * per column, then their shared epilogue. Embedding, index_select, concat
+ * per column, then their shared epilogue. A long K over too few blocks
+ * is split over a group of warps per column, their sums added in shared
+ * memory in a fixed order. Embedding, index_select, concat
  * and index_copy_ become one kernel each; a chain of small loops and data
  * ops runs in one block, in order, a barrier between them.
  * Every kernel names its slots in its own numbering (first use first), so
@@ -436,6 +438,7 @@ typedef struct gemv {
     bool along_k;
     bool norm; /* the group's norm_rows part fills x in shared memory (sg_xs) */
     int cols;  /* along K: output columns per warp */
+    int ks;    /* along K: warps that share a column group, each a slice of K (split-K) */
     /* A pair (sg__group.anchor2): the second product's weight, at woff2
      * with the first's strides, and its output. */
     const sg__ref *w2, *o2;
@@ -456,6 +459,24 @@ static int gemv_cols(const gemv *p) {
     if (per <= 2 && p->n >= 4 * wpb * sms) return 4;
     if (per <= 4 && p->n >= 2 * wpb * sms) return 2;
     return 1;
+}
+
+/*
+ * Warps per column group of an along-K GEMV (split-K): a long K (fcproj's
+ * 3072 bf16 is 12 16-byte vectors a lane, one chain of 96 FMAs) over a
+ * grid short of the SMs is cut into 2, 4 or 8 slices of K, one warp each,
+ * while a lane keeps at least 3 vectors and the grid at most 4 blocks an
+ * SM; the slices' sums meet in shared memory in slice order.
+ */
+static int gemv_split(const gemv *p) {
+    int64_t per = (p->k * (int64_t)sg_dtype_size(p->x->dtype) / 16 + 31) / 32;
+    int64_t wpb = BLOCK / 32, sms = 132, blocks = (p->n + wpb * p->cols - 1) / (wpb * p->cols);
+    const char *env = getenv("SG_GEMV_SPLITK");
+    if (env && (atoi(env) == 1 || atoi(env) == 2 || atoi(env) == 4 || atoi(env) == 8))
+        return atoi(env);
+    int ks = 1;
+    while (2 * ks <= wpb && per / (2 * ks) >= 3 && blocks * 2 * ks <= 4 * sms) ks *= 2;
+    return ks;
 }
 
 /*
@@ -603,6 +624,7 @@ static bool gemv_plan(const gen *g, const sg__group *grp, gemv *p) {
     }
     p->cols = p->along_k ? gemv_cols(p) : 1;
     if (p->w2 && p->cols > 1) p->cols /= 2; /* each column is two weights' */
+    p->ks = p->along_k ? gemv_split(p) : 1;
     return true;
 }
 
@@ -768,7 +790,7 @@ static void emit_gemv_norm(gen *g, const sg__group *grp, const gemv *p) {
     sg__cgen_cuda_rows_into(g, &part, grp->g[grp->anchor].arg_src[0], "sg_xs");
     sg__emit_close(g->e);
     sg__emit_line(g->e, "__syncthreads();");
-    if (p->along_k) sg__emit_line(g->e, "if (nb >= %lld) return;", (long long)p->n);
+    if (p->along_k && p->ks == 1) sg__emit_line(g->e, "if (nb >= %lld) return;", (long long)p->n);
 }
 
 /* acc<r>_<c> += x<r> * w<c> for every row and column (wlane, xlane: printf
@@ -793,14 +815,14 @@ static void emit_gemv_cols_fma(gen *g, const gemv *p, int cols, const char *wlan
  * column (u < npf), or the loop over the rest of K (u == npf). */
 static void emit_gemv_vectors(gen *g, const gemv *p, int cols, int u, int npf, int64_t kv) {
     const char *t = sg__lower_ctype(g->d, p->x->dtype);
-    int v = 16 / (int)sg_dtype_size(p->x->dtype);
+    int v = 16 / (int)sg_dtype_size(p->x->dtype), st = 32 * p->ks;
     if (u < npf) {
-        sg__emit_open(g->e, "if (lane + %d < %lld)", 32 * u, (long long)kv);
-        sg__emit_line(g->e, "const sg_i64 q = lane + %d;", 32 * u);
+        sg__emit_open(g->e, "if (kl + %d < %lld)", st * u, (long long)kv);
+        sg__emit_line(g->e, "const sg_i64 q = kl + %d;", st * u);
     } else {
         sg__emit_line(g->e, "#pragma unroll %d", cols > 1 ? 2 : 4);
-        sg__emit_open(g->e, "for (sg_i64 q = lane + %d; q < %lld; q += 32)", 32 * npf,
-                      (long long)kv);
+        sg__emit_open(g->e, "for (sg_i64 q = kl + %d; q < %lld; q += %d)", st * npf,
+                      (long long)kv, st);
     }
     for (int c = 0; c < cols; c++) {
         sg__emit_line(g->e, "union { sg_v16 v; %s e[%d]; } wv%d;", t, v, c);
@@ -832,6 +854,28 @@ static void emit_gemv_bias(gen *g, const gemv *p, int cols) {
                   ld);
 }
 
+/* Split K: the warps of a column group add their sums into slice 0's, in
+ * slice order (the same bits every launch). */
+static void emit_gemv_slices(gen *g, const gemv *p, int nw) {
+    int ks = p->ks, nv = (int)p->rows * nw;
+    if (ks == 1) return;
+    sg__emit_line(g->e, "__shared__ float sg_kred[%d][%d];", BLOCK / 32, nv);
+    sg__emit_open(g->e, "if (lane == 0)");
+    for (int r = 0; r < p->rows; r++)
+        for (int c = 0; c < nw; c++)
+            sg__emit_line(g->e, "sg_kred[threadIdx.x >> 5][%d] = acc%d_%d;", r * nw + c, r, c);
+    sg__emit_close(g->e);
+    sg__emit_line(g->e, "__syncthreads();");
+    sg__emit_open(g->e, "if (kw == 0)");
+    sg__emit_open(g->e, "for (int s = 1; s < %d; s++)", ks);
+    for (int r = 0; r < p->rows; r++)
+        for (int c = 0; c < nw; c++)
+            sg__emit_line(g->e, "acc%d_%d += sg_kred[(threadIdx.x >> 5) + s][%d];", r, c,
+                          r * nw + c);
+    sg__emit_close(g->e);
+    sg__emit_close(g->e);
+}
+
 /*
  * The loads and sums of an along-K GEMV: `cols` adjacent output columns per
  * warp (nb, nb + 1, ...), 16-byte loads along K shared by the columns for
@@ -842,15 +886,19 @@ static void emit_gemv_bias(gen *g, const gemv *p, int cols) {
 static unsigned emit_gemv_warp(gen *g, const sg__group *grp, const gemv *p, int cols) {
     const char *t = sg__lower_ctype(g->d, p->x->dtype);
     int es = (int)sg_dtype_size(p->x->dtype), v = 16 / es;
-    int64_t wpb = BLOCK / 32, per_block = wpb * cols;
+    int ks = p->ks, st = 32 * ks;
+    int64_t wpb = BLOCK / 32, per_block = wpb / ks * cols;
     unsigned grid = (unsigned)((p->n + per_block - 1) / per_block);
     int nw = p->w2 ? 2 * cols : cols; /* weight columns: a pair's second at cols + c */
     sg__emit_line(g->e, "const int lane = threadIdx.x & 31;");
+    /* Split K: warp kw of a group of ks takes vectors kw * 32 + lane, then every st-th. */
+    sg__emit_line(g->e, "const int kw = (threadIdx.x >> 5) %% %d, kl = kw * 32 + lane;", ks);
     sg__emit_line(g->e,
                   "const sg_i64 nb = ((sg_i64)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> "
-                  "5)) * %d;",
-                  cols);
-    if (!p->norm) sg__emit_line(g->e, "if (nb >= %lld) return;", (long long)p->n);
+                  "5)) / %d * %d;",
+                  ks, cols);
+    /* A group past N computes column N - 1 again when its block meets in a barrier. */
+    if (!p->norm && ks == 1) sg__emit_line(g->e, "if (nb >= %lld) return;", (long long)p->n);
     for (int r = 0; r < p->rows; r++)
         for (int c = 0; c < nw; c++) sg__emit_line(g->e, "float acc%d_%d = 0.0f;", r, c);
     /* A warp's last columns past N read column N - 1 again (not stored). */
@@ -873,7 +921,7 @@ static unsigned emit_gemv_warp(gen *g, const sg__group *grp, const gemv *p, int 
     const sg__slot *wsl2 = p->w2 ? &g->ir->slots[p->w2->slot] : wsl;
     int npf = wsl->kind != SG__SLOT_INTERNAL && wsl->mutated_by < 0 &&
                       wsl2->kind != SG__SLOT_INTERNAL && wsl2->mutated_by < 0 && p->k % v == 0
-                  ? (int)((kv + 31) / 32 < GEMV_PREFETCH ? (kv + 31) / 32 : GEMV_PREFETCH)
+                  ? (int)((kv + st - 1) / st < GEMV_PREFETCH ? (kv + st - 1) / st : GEMV_PREFETCH)
                   : 0;
     while (npf > 1 && npf * nw > GEMV_PREFETCH) npf--;
     emit_gemv_bias(g, p, cols);
@@ -897,8 +945,8 @@ static unsigned emit_gemv_warp(gen *g, const sg__group *grp, const gemv *p, int 
                 for (int c = 0; c < nw; c++)
                     sg__emit_line(
                         g->e,
-                        "if (lane + %d < %lld) wp[%d][%d] = ((const sg_v16 *)wr%d)[lane + %d];",
-                        32 * u, (long long)kv, u, c, c, 32 * u);
+                        "if (kl + %d < %lld) wp[%d][%d] = ((const sg_v16 *)wr%d)[kl + %d];",
+                        st * u, (long long)kv, u, c, c, st * u);
             sg__emit_close(g->e);
         }
         emit_gemv_l2(g, grp, p, npf > 0);
@@ -911,7 +959,7 @@ static unsigned emit_gemv_warp(gen *g, const sg__group *grp, const gemv *p, int 
         sg__emit_open(g->e, "else");
     }
     if (p->k % v != 0) sg__emit_open(g->e, "%s", "");
-    sg__emit_open(g->e, "for (sg_i64 k = lane; k < %lld; k += 32)", (long long)p->k);
+    sg__emit_open(g->e, "for (sg_i64 k = kl; k < %lld; k += %d)", (long long)p->k, st);
     emit_gemv_cols_fma(g, p, nw, "wr%d[k]", "x%d[k]");
     sg__emit_close(g->e);
     sg__emit_close(g->e);
@@ -921,6 +969,7 @@ static unsigned emit_gemv_warp(gen *g, const sg__group *grp, const gemv *p, int 
                           "for (int o = 16; o > 0; o >>= 1) acc%d_%d += "
                           "__shfl_xor_sync(0xffffffffu, acc%d_%d, o);",
                           r, c, r, c);
+    emit_gemv_slices(g, p, nw);
     return grid;
 }
 
@@ -943,7 +992,8 @@ static unsigned emit_gemv(gen *g, const sg__group *grp, const gemv *p) {
         int cols = p->cols;
         grid = emit_gemv_warp(g, grp, p, cols);
         /* Lane c stores column nb + c. */
-        sg__emit_open(g->e, "if (lane < %d && nb + lane < %lld)", cols, (long long)p->n);
+        sg__emit_open(g->e, "if (kw == 0 && lane < %d && nb + lane < %lld)", cols,
+                      (long long)p->n);
         sg__emit_line(g->e, "const sg_i64 n = nb + lane;");
         for (int r = 0; r < p->rows; r++) {
             char sel[512];
@@ -1525,6 +1575,8 @@ static bool emit_group(gen *g, const sg__group *grp, sg__cuda_kinfo *ki, bool *a
                                            "output column, then the epilogue"
                                          : "norm rows into shared memory, then GEMV, a thread "
                                            "per output column, then the epilogue")
+                : p.ks > 1  ? "GEMV, a group of warps per output column each summing a slice of "
+                              "K, the slices added in shared memory, then the epilogue"
                 : p.along_k ? "GEMV, a warp per output column, then the epilogue"
                             : "GEMV, a thread per output column, then the epilogue";
     } else if (is_row) {

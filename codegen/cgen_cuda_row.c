@@ -24,7 +24,8 @@
  * word per warp summed in a fixed order), in f32. Softmax subtracts the
  * row's max (a row read from memory takes max and sum in one pass, the sum
  * rescaled as the max grows); layer_norm takes the variance about the mean
- * in a second pass.
+ * in a second pass. A norm of at most 8 elements a lane reads its scale
+ * and shift with the row in the first pass, not after the statistics.
  * A row of at most 32 elements per lane is computed once into registers
  * (prologue included) and read from there by every pass; a longer row is
  * recomputed from memory by each pass, its prologue storing only in the
@@ -70,6 +71,7 @@ typedef struct rowk {
     sg__group quiet; /* grp with no member storing */
     int sink;        /* GEMV prologue: the member whose value goes to xs[i], else -1 */
     const char *xs;
+    bool wreg; /* a norm's scale and shift, read by the first pass into r_pw1, r_pw2 */
 } rowk;
 
 /* `var` combined over the team (op: "+" for a sum, else fmaxf). */
@@ -157,6 +159,48 @@ static void row_input(rowk *k, bool stores) {
     }
 }
 
+/* Argument j (1: scale, 2: shift) of the norm at column r_c, widened, into ld. */
+static void norm_param(rowk *k, int j, char *ld, size_t size) {
+    const sg__ref *p = sg__cuda_arg(k->g, k->an, j);
+    char off[128], lv[400];
+    snprintf(off, sizeof off, "%lld + r_c * %lldLL", (long long)p->offset,
+             (long long)p->stride[0]);
+    sg__cuda_lvalue_at(k->g, p, off, lv, sizeof lv);
+    sg__cuda_widen(p->dtype, lv, ld, size);
+}
+
+/* The first pass's loads of the norm's scale and shift at column r_c, in
+ * flight with the row's (k->wreg), so that the write pass waits for no
+ * load after the statistics. */
+static void norm_params_load(rowk *k) {
+    char ld[480];
+    for (int j = 1; j < k->an->nin && j < 3; j++) {
+        if (!sg__cuda_arg(k->g, k->an, j)) continue;
+        norm_param(k, j, ld, sizeof ld);
+        sg__emit_line(k->e, "r_pw%d[r_t] = %s;", j, ld);
+    }
+}
+
+/*
+ * k->wreg: a norm whose row lives in registers, at most 8 a lane, reads its
+ * scale and shift in the first pass when no member of the group writes
+ * them (declaring r_pw1, r_pw2).
+ */
+static void norm_params_plan(rowk *k) {
+    const sg__ir *ir = sg__cuda_ir(k->g);
+    k->wreg = k->per > 0 && k->per <= 8 &&
+              (k->an->op == SG__OP_LAYER_NORM || k->an->op == SG__OP_RMS_NORM);
+    for (int j = 1; k->wreg && j < k->an->nin && j < 3; j++) {
+        const sg__ref *p = sg__cuda_arg(k->g, k->an, j);
+        if (!p) continue;
+        for (int m = 0; m < k->grp->n; m++)
+            if (k->grp->g[m].store && sg__cuda_ref(k->g, ir->nodes[k->grp->g[m].node].out)->slot ==
+                                          p->slot)
+                k->wreg = false;
+        if (k->wreg) sg__emit_line(k->e, "float r_pw%d[%d];", j, k->per);
+    }
+}
+
 /*
  * One pass over the row: `body` runs once per column with the input in
  * r_x (and the column in r_c). From registers when the row lives there
@@ -174,6 +218,7 @@ static void pass_open(rowk *k, bool fill, bool stores) {
             row_input(k, true);
             sg__emit_close(k->e);
             sg__emit_line(k->e, "r_xr[r_t] = r_x;");
+            if (k->wreg) norm_params_load(k);
         } else {
             sg__emit_line(k->e, "r_x = r_xr[r_t];");
         }
@@ -204,13 +249,11 @@ static void row_write(rowk *k) {
         size_t q = (size_t)snprintf(
             y, sizeof y, n->op == SG__OP_LAYER_NORM ? "((r_x - r_mean) * r_r" : "(r_x * r_r");
         for (int j = 1; j < n->nin && j < 3; j++) {
-            const sg__ref *p = sg__cuda_arg(k->g, n, j);
-            if (!p) continue;
-            char off[128];
-            snprintf(off, sizeof off, "%lld + r_c * %lldLL", (long long)p->offset,
-                     (long long)p->stride[0]);
-            sg__cuda_lvalue_at(k->g, p, off, lv, sizeof lv);
-            sg__cuda_widen(p->dtype, lv, ld, sizeof ld);
+            if (!sg__cuda_arg(k->g, n, j)) continue;
+            if (k->wreg)
+                snprintf(ld, sizeof ld, "r_pw%d[r_t0 + r_u]", j);
+            else
+                norm_param(k, j, ld, sizeof ld);
             q += (size_t)snprintf(y + q, sizeof y - q, j == 1 ? " * %s" : " + %s", ld);
         }
         snprintf(y + q, sizeof y - q, ")");
@@ -344,6 +387,7 @@ static void emit_row_op(rowk *k) {
         sg__emit_line(k->e, "(void)r_inv, (void)r_ls;");
     } else {
         bool layer = op == SG__OP_LAYER_NORM;
+        norm_params_plan(k);
         sg__emit_line(k->e, "float r_s = 0.0f;");
         stat_pass(k, fill, layer ? "r_s += r_x;" : "r_s += r_x * r_x;");
         team_reduce(k, "r_s", false);

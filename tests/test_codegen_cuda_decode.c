@@ -23,6 +23,9 @@
  *    whose epilogue writes h (2 launches), and h is right.
  *  - Two linears on one x of 2 rows meeting in sigmoid(b) * a - b, with a
  *    an output too: one pair kernel, both results right.
+ *  - linear(x, w, b) + r with a long K (3072, 3001 bf16; 1500, 1501 f32)
+ *    over few columns (odd N), 1 to 3 rows: one GEMV whose K is split over
+ *    a group of warps per column, against an f64 reference.
  *  - qkv = linear(x, w, b) with its K and V heads index_copy_'d into two
  *    caches at a position: one GEMV kernel that also writes the caches;
  *    after two calls (positions 1 and 6) the caches hold those rows and
@@ -45,6 +48,7 @@
 
 static sg_ctx *ctx;
 static bool nvrtc_missing;
+static bool last_split; /* cuda_launches' unit splits a GEMV's K over warps */
 
 /* Launches per step of fn's last capture on CUDA; the unit through NVRTC. */
 static bool cuda_launches(sg_fn *fn, const char *name, int *launches) {
@@ -70,6 +74,7 @@ static bool cuda_launches(sg_fn *fn, const char *name, int *launches) {
         }
     }
     *launches = nk + calls;
+    last_split = ok && e.buf && strstr(e.buf, "sg_kred");
     if (ok && getenv("SG_TEST_PRINT_CUDA")) fprintf(stderr, "%s\n", e.buf);
     ok = ok && cu_unit_compiles(ctx, name, e.buf, &nvrtc_missing);
     sg__emit_free(&e);
@@ -523,8 +528,58 @@ static void test_copies(void) {
     for (int i = 0; i < 5; i++) sg_release(in[i]);
 }
 
+/* ------------------------------------------------------------ split K */
+
+/* y = linear(x, w, b) + r: a long K over few columns, so that the GEMV
+ * splits K over a group of warps per column. */
+static sg_status split_step(sg_ctx *c, sg_tensor *const *in, sg_tensor **out, void *user) {
+    (void)user;
+    out[0] = sg_add(sg_linear(in[0], in[1], in[2]), in[3]);
+    return out[0] ? SG_OK : sg_ctx_status(c);
+}
+
+/* One case: x (rows, k) of dt against w (n, k), N odd so that the last
+ * block holds a column group past N; K a multiple of the 16-byte vector's
+ * elements or not (the vector path or the element loop). */
+static void test_split(sg_dtype dt, int64_t rows, int64_t k, int64_t n) {
+    tu_seed(13);
+    int64_t xs[2] = {rows, k}, ws[2] = {n, k}, ys[2] = {rows, n};
+    double *xv, *wv, *bv, *rv, *ref = malloc(sizeof(double) * (size_t)(rows * n));
+    sg_tensor *in[4] = {tu_rand(ctx, dt, 2, xs, -1, 1, &xv), tu_rand(ctx, dt, 2, ws, -0.1, 0.1, &wv),
+                        tu_rand(ctx, dt, 1, &n, -0.5, 0.5, &bv),
+                        tu_rand(ctx, dt, 2, ys, -1, 1, &rv)};
+    sg_fn *fn = NULL;
+    bool ok =
+        TU_EXPECT(ref != NULL) &&
+        TU_EXPECT(sg_compile(ctx, split_step, NULL, 4, 1,
+                             &(sg_compile_opts){.mode = SG_MODE_REDUCE_OVERHEAD}, &fn) == SG_OK);
+    sg_tensor *out[1] = {NULL};
+    sg_mark_step_begin(ctx);
+    ok = ok && TU_EXPECT(sg_call(fn, in, 4, out, 1) == SG_OK);
+    for (int64_t r = 0; ok && r < rows; r++) {
+        ref_linear(xv + r * k, wv, (int)n, (int)k, ref + r * n);
+        for (int64_t i = 0; i < n; i++) ref[r * n + i] += bv[i] + rv[r * n + i];
+    }
+    double tol = dt == SG_F32 ? 1e-5 : BF16_TOL, *got = ok ? tu_read(out[0]) : NULL;
+    ok = ok && TU_EXPECT(got) && tu_close("split-K GEMV", got, ref, rows * n, tol, tol);
+    int launches = 0;
+    ok = ok && cuda_launches(fn, "cu_gemv_split", &launches) && TU_EXPECT(launches == 1) &&
+         TU_EXPECT(last_split);
+    tu_case(ok, "GEMV_SPLIT_K(%s,x=[%lld,%lld],w=[%lld,%lld],+b+r) -> %d launches, K split",
+            sg_dtype_name(dt), (long long)rows, (long long)k, (long long)n, (long long)k,
+            launches);
+    free(got), free(ref);
+    free(xv), free(wv), free(bv), free(rv);
+    sg_fn_destroy(fn);
+    for (int i = 0; i < 4; i++) sg_release(in[i]);
+}
+
 int main(void) {
     ctx = tu_ctx((sg_ctx_opts){0});
+    test_split(SG_BF16, 1, 3072, 201);
+    test_split(SG_BF16, 3, 3001, 201);
+    test_split(SG_F32, 2, 1500, 97);
+    test_split(SG_F32, 1, 1501, 97);
     test_gpt2();
     test_llama();
     test_inplace();
