@@ -443,7 +443,9 @@ typedef struct gemv {
      * with the first's strides, and its output. */
     const sg__ref *w2, *o2;
     int64_t woff2;
-    int copies; /* the first index_copy_ member (sg__group.ncopies), grp->n when none */
+    int copies; /* the first index_copy_ member (sg__group.ncopies), cend when none */
+    int cend;   /* the end of the index_copy_ members: grp->n, or the argmax member */
+    int am;     /* sg__group.argmax: an argmax over the result's rows, the last member */
     bool bias_reg; /* along K: the bias (a parameter the step does not write) of the
                       lane's column is loaded into b_pre before the wait */
 } gemv;
@@ -551,13 +553,37 @@ static bool gemv_copy_ok(const gen *g, const gemv *p, const sg__group *grp, int 
 /* The index_copy_ members at the group's end: each checked, and no member
  * before them writes the result's slot (the copies take the anchor's value). */
 static bool gemv_copies_plan(const gen *g, const sg__group *grp, gemv *p) {
-    p->copies = grp->n - grp->ncopies;
-    for (int k = p->copies; k < grp->n; k++)
+    p->cend = grp->argmax ? grp->argmax : grp->n;
+    p->copies = p->cend - grp->ncopies;
+    for (int k = p->copies; k < p->cend; k++)
         if (!gemv_copy_ok(g, p, grp, k)) return false;
     for (int k = grp->anchor + 1; k < p->copies && grp->ncopies; k++)
         if (k != grp->anchor2 && ref_of(g, g->ir->nodes[grp->g[k].node].out)->slot == p->o->slot)
             return false;
     return true;
+}
+
+/*
+ * Member am of a GEMV group, an argmax that fusion merged (the last): over
+ * the rows of exactly the result (its reduced dims a suffix of the
+ * result's of N elements), its i64 output one element a row; along K
+ * only (every thread of the grid reaches its block-wide combine).
+ */
+static bool gemv_argmax_ok(const gen *g, const gemv *p, const sg__group *grp) {
+    int am = grp->argmax;
+    const sg__irnode *n = &g->ir->nodes[grp->g[am].node];
+    const sg__ref *x = arg_of(g, n, 0), *o = ref_of(g, n->out);
+    if (am != grp->n - 1 || grp->ncopies || grp->anchor2 || !p->along_k ||
+        n->op != SG__OP_ARGMAX || !x || x->slot != p->o->slot || x->offset != p->o->offset ||
+        x->dtype != p->o->dtype || !sg__lower_flat_ok(x, x->ndim, x->shape) ||
+        numel_of(o->ndim, o->shape) != p->rows || sg_dtype_size(o->dtype) != 8)
+        return false;
+    int64_t len = 1;
+    int d = x->ndim - 1;
+    for (; d >= 0 && (n->mask & (1u << d)); d--) len *= x->shape[d];
+    for (int e = d; e >= 0; e--)
+        if (n->mask & (1u << e)) return false;
+    return len == p->n && numel_of(x->ndim, x->shape) == p->rows * p->n;
 }
 
 static bool gemv_plan(const gen *g, const sg__group *grp, gemv *p) {
@@ -625,7 +651,8 @@ static bool gemv_plan(const gen *g, const sg__group *grp, gemv *p) {
     p->cols = p->along_k ? gemv_cols(p) : 1;
     if (p->w2 && p->cols > 1) p->cols /= 2; /* each column is two weights' */
     p->ks = p->along_k ? gemv_split(p) : 1;
-    return true;
+    p->am = grp->argmax;
+    return !p->am || gemv_argmax_ok(g, p, grp);
 }
 
 /* Member a's value v<a> = expr (a product at element i) and its store into o. */
@@ -703,6 +730,7 @@ static void emit_gemv_tail(gen *g, const sg__group *grp, const gemv *p, int r) {
     }
     sg__lower_round_trip(g->d, e, true, p->o->dtype, rt, sizeof rt);
     emit_gemv_result(g, grp, a, p->o, rt);
+    if (p->am) sg__emit_line(g->e, "am_b%d = v%d, am_at%d = n;", r, a, r);
     if (p->w2) {
         snprintf(e, sizeof e, "accp%d", r);
         sg__lower_round_trip(g->d, e, true, p->o2->dtype, rt, sizeof rt);
@@ -715,7 +743,7 @@ static void emit_gemv_tail(gen *g, const sg__group *grp, const gemv *p, int r) {
         if (!flat) emit_unflatten(g, grp->ndim, grp->shape);
         emit_body(g, &epi, a + 1, grp->ndim, grp->shape, flat ? IX_FLAT : IX_NESTED, 1);
     }
-    for (int k = p->copies; k < grp->n; k++) emit_gemv_copy(g, p, grp, k, grp->anchor);
+    for (int k = p->copies; k < p->cend; k++) emit_gemv_copy(g, p, grp, k, grp->anchor);
     sg__emit_close(g->e);
 }
 
@@ -790,7 +818,8 @@ static void emit_gemv_norm(gen *g, const sg__group *grp, const gemv *p) {
     sg__cgen_cuda_rows_into(g, &part, grp->g[grp->anchor].arg_src[0], "sg_xs");
     sg__emit_close(g->e);
     sg__emit_line(g->e, "__syncthreads();");
-    if (p->along_k && p->ks == 1) sg__emit_line(g->e, "if (nb >= %lld) return;", (long long)p->n);
+    if (p->along_k && p->ks == 1 && !p->am)
+        sg__emit_line(g->e, "if (nb >= %lld) return;", (long long)p->n);
 }
 
 /* acc<r>_<c> += x<r> * w<c> for every row and column (wlane, xlane: printf
@@ -898,7 +927,8 @@ static unsigned emit_gemv_warp(gen *g, const sg__group *grp, const gemv *p, int 
                   "5)) / %d * %d;",
                   ks, cols);
     /* A group past N computes column N - 1 again when its block meets in a barrier. */
-    if (!p->norm && ks == 1) sg__emit_line(g->e, "if (nb >= %lld) return;", (long long)p->n);
+    if (!p->norm && ks == 1 && !p->am)
+        sg__emit_line(g->e, "if (nb >= %lld) return;", (long long)p->n);
     for (int r = 0; r < p->rows; r++)
         for (int c = 0; c < nw; c++) sg__emit_line(g->e, "float acc%d_%d = 0.0f;", r, c);
     /* A warp's last columns past N read column N - 1 again (not stored). */
@@ -991,6 +1021,9 @@ static unsigned emit_gemv(gen *g, const sg__group *grp, const gemv *p) {
     if (p->along_k) {
         int cols = p->cols;
         grid = emit_gemv_warp(g, grp, p, cols);
+        for (int r = 0; p->am && r < p->rows; r++)
+            sg__emit_line(g->e, "float am_b%d = __uint_as_float(0xff800000u); sg_i64 am_at%d = -1;",
+                          r, r);
         /* Lane c stores column nb + c. */
         sg__emit_open(g->e, "if (kw == 0 && lane < %d && nb + lane < %lld)", cols,
                       (long long)p->n);
@@ -1040,8 +1073,10 @@ static unsigned emit_gemv(gen *g, const sg__group *grp, const gemv *p) {
     }
     for (int r = 0; r < p->rows; r++) emit_gemv_tail(g, grp, p, r);
     sg__emit_close(g->e);
+    grid = grid ? grid : 1;
+    if (p->am) sg__cgen_cuda_gemv_argmax(g, grp, p->am, p->rows, grid);
     g->anchor_reg = false;
-    return grid ? grid : 1;
+    return grid;
 }
 
 /* ------------------------------------------------------------ data movement */
@@ -1810,14 +1845,14 @@ void sg__cuda_store(sg__cuda_gen *g, bool fl, int k, const char *st) { store_stm
 
 /* ------------------------------------------------------------ the unit */
 
-/* sg__fuse_opts.gemv_rows: a norm merged into a matmul group, or a pair
- * of matmuls on one x, is one GEMV kernel here (gemv_plan on the merged
- * group). */
+/* sg__fuse_opts.gemv_rows: a norm merged into a matmul group, a pair of
+ * matmuls on one x, cache writes or an argmax after it, is one GEMV kernel
+ * here (gemv_plan on the merged group). */
 static bool gemv_rows(const sg__ir *ir, const int *alias, const sg__group *merged) {
     sg__fused f = {.alias = (int *)alias};
     gen g = {.ir = ir, .f = &f, .d = SG__DIALECT_CUDA, .sp = sg__spell_of(SG__DIALECT_CUDA)};
     gemv p;
-    return gemv_plan(&g, merged, &p) && (p.norm || p.w2 || merged->ncopies);
+    return gemv_plan(&g, merged, &p) && (p.norm || p.w2 || merged->ncopies || merged->argmax);
 }
 
 /* sg__fuse_opts.chain: a pointwise loop or a generated data op (a MULTI of

@@ -914,3 +914,87 @@ void sg__cgen_cuda_rows_into(sg__cuda_gen *g, const sg__group *grp, int sink, co
     row_loop(&k, "0", "1");
     row_done(&k, qg, quiet);
 }
+
+/*
+ * An argmax merged into a GEMV (sg__group.argmax): each thread's candidate
+ * (am_b<r>, am_at<r>) per row, the block's best through its warps' shuffles
+ * and shared memory, published by thread 0; the last block to arrive (a
+ * fence, then a counter that it resets for the next launch) combines the
+ * blocks' bests, as emit_split does, and stores each row's index. The
+ * order is argmax's total order, so the result is the same whatever order
+ * the blocks finish in.
+ */
+void sg__cgen_cuda_gemv_argmax(sg__cuda_gen *g, const sg__group *grp, int am, int64_t rows,
+                               unsigned grid) {
+    sg__emit *e = sg__cuda_out(g);
+    const sg__ref *o = sg__cuda_ref(g, sg__cuda_ir(g)->nodes[grp->g[am].node].out);
+    rowk warp = {.g = g, .e = e, .grp = grp, .team = 32, .nred = 100};
+    rowk blk = warp;
+    blk.team = BLOCK;
+    int nw = BLOCK / 32;
+    char lv[400];
+    sg__emit_open(e, "%s", "");
+    sg__emit_line(e, "static __device__ float am_part[%lld];", (long long)(rows * grid));
+    sg__emit_line(e, "static __device__ sg_i64 am_parti[%lld];", (long long)(rows * grid));
+    sg__emit_line(e, "static __device__ unsigned int am_count[1];");
+    sg__emit_line(e, "__shared__ float am_wb[%lld][%d];", (long long)rows, nw);
+    sg__emit_line(e, "__shared__ sg_i64 am_wa[%lld][%d];", (long long)rows, nw);
+    sg__emit_line(e, "__shared__ bool am_last;");
+    for (int64_t r = 0; r < rows; r++) {
+        sg__emit_open(e, "%s", "");
+        sg__emit_line(e, "float r_b = am_b%lld;", (long long)r);
+        sg__emit_line(e, "sg_i64 r_at = am_at%lld;", (long long)r);
+        team_argmax(&warp);
+        sg__emit_line(e,
+                      "if ((threadIdx.x & 31) == 0) am_wb[%lld][threadIdx.x >> 5] = r_b, "
+                      "am_wa[%lld][threadIdx.x >> 5] = r_at;",
+                      (long long)r, (long long)r);
+        sg__emit_close(e);
+    }
+    sg__emit_line(e, "__syncthreads();");
+    sg__emit_open(e, "if (threadIdx.x == 0)");
+    for (int64_t r = 0; r < rows; r++) {
+        sg__emit_open(e, "%s", "");
+        sg__emit_line(e, "float r_b = am_wb[%lld][0];", (long long)r);
+        sg__emit_line(e, "sg_i64 r_at = am_wa[%lld][0];", (long long)r);
+        sg__emit_open(e, "for (int w = 1; w < %d; w++)", nw);
+        sg__emit_line(e, "const float r_ob = am_wb[%lld][w];", (long long)r);
+        sg__emit_line(e, "const sg_i64 r_oa = am_wa[%lld][w];", (long long)r);
+        sg__emit_line(e, "if (%s) r_b = r_ob, r_at = r_oa;", ARGMAX_BETTER);
+        sg__emit_close(e);
+        sg__emit_line(e, "am_part[%lldLL + blockIdx.x] = r_b, am_parti[%lldLL + blockIdx.x] = r_at;",
+                      (long long)(r * grid), (long long)(r * grid));
+        sg__emit_close(e);
+    }
+    sg__emit_line(e, "__threadfence();");
+    sg__emit_line(e, "am_last = atomicAdd(&am_count[0], 1u) == %uu;", grid - 1);
+    sg__emit_close(e);
+    sg__emit_line(e, "__syncthreads();");
+    sg__emit_open(e, "if (am_last)");
+    sg__emit_line(e, "__threadfence();");
+    bool flat = sg__cuda_walk_flat(g, grp, 0, 0, o->ndim, o->shape, o);
+    for (int64_t r = 0; r < rows; r++) {
+        sg__emit_open(e, "%s", "");
+        sg__emit_line(e, "float r_b = __uint_as_float(0xff800000u);");
+        sg__emit_line(e, "sg_i64 r_at = -1;");
+        sg__emit_open(e, "for (sg_i64 j = threadIdx.x; j < %u; j += %d)", grid, BLOCK);
+        sg__emit_line(e, "const float r_ob = __ldcg(&am_part[%lldLL + j]);", (long long)(r * grid));
+        sg__emit_line(e, "const sg_i64 r_oa = __ldcg(&am_parti[%lldLL + j]);",
+                      (long long)(r * grid));
+        sg__emit_line(e, "if (%s) r_b = r_ob, r_at = r_oa;", ARGMAX_BETTER);
+        sg__emit_close(e);
+        team_argmax(&blk);
+        if (grp->g[am].store) {
+            sg__emit_open(e, "if (threadIdx.x == 0)");
+            sg__emit_line(e, "const sg_i64 i = %lld;", (long long)r);
+            if (!flat) sg__cuda_unflatten(g, o->ndim, o->shape);
+            sg__cuda_lvalue(g, o, o->ndim, o->shape, flat, lv, sizeof lv);
+            sg__emit_line(e, "%s = r_at; /* argmax */", lv);
+            sg__emit_close(e);
+        }
+        sg__emit_close(e);
+    }
+    sg__emit_line(e, "if (threadIdx.x == 0) am_count[0] = 0;");
+    sg__emit_close(e);
+    sg__emit_close(e);
+}

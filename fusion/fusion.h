@@ -45,6 +45,11 @@
  *    product, into the caches at the position) join it as its last members
  *    (sg__group.ncopies): the GEMV's thread that holds an element of the
  *    result also writes it into the cache.
+ *  - argmax into GEMV (with gemv_rows): an argmax group (no prologue, no
+ *    epilogue) over the rows of the result of the MATMUL group right before
+ *    it, which has no epilogue, joins it as its last member
+ *    (sg__group.argmax): a decode step's greedy token from the LM head's
+ *    logits in the GEMV's kernel.
  *  - horizontal: consecutive POINTWISE groups with no data between them
  *    (an optimizer's per-parameter updates) become one MULTI group: one
  *    kernel with one loop per member; with horizontal_data, so do
@@ -124,6 +129,10 @@ typedef struct sg__group {
      * nodes, each copying a view of the anchor's result (src, in the
      * anchor's output slot) into dst at idx; 0 when none. */
     int ncopies;
+    /* MATMUL groups that sg__fuse_opts.gemv_rows merged with the argmax
+     * group after them: the index into g of that argmax (the last member),
+     * which reads the anchor's value along its rows; 0 when none. */
+    int argmax;
 } sg__group;
 
 typedef struct sg__fused {
@@ -166,9 +175,10 @@ typedef struct sg__fuse_opts {
      * whose result only the next MATMUL group's anchor reads as x merges
      * into it (sg__group.norm_rows) when this says the merged group is one
      * it generates; so does a pair of matmul groups reading the same x
-     * (sg__group.anchor2) when this takes the merged group, and so do the
+     * (sg__group.anchor2) when this takes the merged group, so do the
      * index_copy_ groups of a view of a matmul's result right after it
-     * (sg__group.ncopies). NULL: no such merge. */
+     * (sg__group.ncopies), and so does an argmax over its rows
+     * (sg__group.argmax). NULL: no such merge. */
     bool (*gemv_rows)(const sg__ir *ir, const int *alias, const sg__group *merged);
     /* The backend generates group g (of f, after horizontal: a MULTI's parts
      * are in f) as loops that one block of its threads may run alone, in

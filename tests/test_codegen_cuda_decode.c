@@ -26,6 +26,10 @@
  *  - linear(x, w, b) + r with a long K (3072, 3001 bf16; 1500, 1501 f32)
  *    over few columns (odd N), 1 to 3 rows: one GEMV whose K is split over
  *    a group of warps per column, against an f64 reference.
+ *  - argmax(linear(x, w), -1) with the logits an output (bf16 over 50257
+ *    columns at 1 and 3 rows, f32 at an odd K): one GEMV kernel that also
+ *    finishes the argmax; the indices are torch's argmax of the returned
+ *    logits, with two equal columns in different blocks and a NaN column.
  *  - qkv = linear(x, w, b) with its K and V heads index_copy_'d into two
  *    caches at a position: one GEMV kernel that also writes the caches;
  *    after two calls (positions 1 and 6) the caches hold those rows and
@@ -574,8 +578,73 @@ static void test_split(sg_dtype dt, int64_t rows, int64_t k, int64_t n) {
     for (int i = 0; i < 4; i++) sg_release(in[i]);
 }
 
+/* ------------------------------------------------------------ argmax in the GEMV */
+
+/* logits = linear(x, w), token = argmax(logits, -1): one GEMV kernel whose
+ * last block finishes the argmax over the blocks' bests. */
+static sg_status argmax_step(sg_ctx *c, sg_tensor *const *in, sg_tensor **out, void *user) {
+    (void)user;
+    out[1] = sg_linear(in[0], in[1], NULL);
+    out[0] = sg_argmax(out[1], -1, false);
+    return out[0] && out[1] ? SG_OK : sg_ctx_status(c);
+}
+
+/* One case: w's columns n/5 and n-3 equal and 4x the others (ties across
+ * blocks: the first wins), with `nan`, one weight of column n/2 NaN (a NaN
+ * logit in every row wins over every number). The indices must be argmax's
+ * of the returned logits (torch's order), and those within tolerance of
+ * an f64 reference. */
+static void test_argmax(sg_dtype dt, int64_t rows, int64_t k, int64_t n, bool nan) {
+    tu_seed(17);
+    int64_t xs[2] = {rows, k}, ws[2] = {n, k}, j1 = n / 5, j2 = n - 3;
+    double *xv, *wv = malloc(sizeof(double) * (size_t)(n * k)),
+                *ref = malloc(sizeof(double) * (size_t)(rows * n));
+    void *wb = malloc((size_t)(n * k) * sg_dtype_size(dt));
+    bool ok = TU_EXPECT(wv && ref && wb);
+    for (int64_t i = 0; ok && i < n * k; i++) wv[i] = tu_uniform(-0.1, 0.1);
+    for (int64_t j = 0; ok && j < k; j++) wv[j2 * k + j] = wv[j1 * k + j] = 4 * wv[j1 * k + j];
+    if (ok && nan) wv[n / 2 * k + k / 2] = NAN;
+    for (int64_t i = 0; ok && i < n * k; i++) {
+        tu_store(wb, dt, i, wv[i]);
+        wv[i] = tu_load(wb, dt, i);
+    }
+    sg_tensor *in[2] = {tu_rand(ctx, dt, 2, xs, -1, 1, &xv),
+                        ok ? sg_from_host(ctx, dt, 2, ws, wb) : NULL};
+    sg_fn *fn = NULL;
+    ok = ok && TU_EXPECT(sg_compile(ctx, argmax_step, NULL, 2, 2,
+                                    &(sg_compile_opts){.mode = SG_MODE_REDUCE_OVERHEAD},
+                                    &fn) == SG_OK);
+    sg_tensor *out[2] = {NULL, NULL};
+    sg_mark_step_begin(ctx);
+    ok = ok && TU_EXPECT(sg_call(fn, in, 2, out, 2) == SG_OK);
+    for (int64_t r = 0; ok && r < rows; r++) ref_linear(xv + r * k, wv, (int)n, (int)k, ref + r * n);
+    double tol = dt == SG_F32 ? 1e-5 : BF16_TOL;
+    double *at = ok ? tu_read(out[0]) : NULL, *lg = ok ? tu_read(out[1]) : NULL;
+    ok = ok && TU_EXPECT(at && lg) && tu_close("logits", lg, ref, rows * n, tol, tol);
+    for (int64_t r = 0; ok && r < rows; r++) {
+        const double *l = lg + r * n;
+        int64_t b = 0;
+        for (int64_t i = 1; i < n; i++)
+            if (l[i] != l[i] ? l[b] == l[b] : l[b] == l[b] && l[i] > l[b]) b = i;
+        ok = TU_EXPECT(at[r] == (double)b) && TU_EXPECT(!nan || b == n / 2);
+    }
+    int launches = 0;
+    ok = ok && cuda_launches(fn, "cu_gemv_argmax", &launches) && TU_EXPECT(launches == 1);
+    tu_case(ok,
+            "GEMV_ARGMAX(%s,x=[%lld,%lld],w=[%lld,%lld],columns %lld and %lld tied%s) -> %d "
+            "launches",
+            sg_dtype_name(dt), (long long)rows, (long long)k, (long long)n, (long long)k,
+            (long long)j1, (long long)j2, nan ? ", a NaN column" : "", launches);
+    free(at), free(lg), free(ref), free(wv), free(wb), free(xv);
+    sg_fn_destroy(fn);
+    for (int i = 0; i < 2; i++) sg_release(in[i]);
+}
+
 int main(void) {
     ctx = tu_ctx((sg_ctx_opts){0});
+    test_argmax(SG_BF16, 1, 64, 50257, false);
+    test_argmax(SG_BF16, 3, 64, 50257, true);
+    test_argmax(SG_F32, 2, 101, 4099, false);
     test_split(SG_BF16, 1, 3072, 201);
     test_split(SG_BF16, 3, 3001, 201);
     test_split(SG_F32, 2, 1500, 97);
