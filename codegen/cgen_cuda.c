@@ -573,7 +573,7 @@ static bool gemv_argmax_ok(const gen *g, const gemv *p, const sg__group *grp) {
     int am = grp->argmax;
     const sg__irnode *n = &g->ir->nodes[grp->g[am].node];
     const sg__ref *x = arg_of(g, n, 0), *o = ref_of(g, n->out);
-    if (am != grp->n - 1 || grp->ncopies || grp->anchor2 || !p->along_k ||
+    if (am != (grp->post ? grp->post : grp->n) - 1 || grp->ncopies || grp->anchor2 || !p->along_k ||
         n->op != SG__OP_ARGMAX || !x || x->slot != p->o->slot || x->offset != p->o->offset ||
         x->dtype != p->o->dtype || !sg__lower_flat_ok(x, x->ndim, x->shape) ||
         numel_of(o->ndim, o->shape) != p->rows || sg_dtype_size(o->dtype) != 8)
@@ -652,6 +652,7 @@ static bool gemv_plan(const gen *g, const sg__group *grp, gemv *p) {
     if (p->w2 && p->cols > 1) p->cols /= 2; /* each column is two weights' */
     p->ks = p->along_k ? gemv_split(p) : 1;
     p->am = grp->argmax;
+    if (grp->post && (!p->am || numel_of(grp->post_ndim, grp->post_shape) > 64)) return false;
     return !p->am || gemv_argmax_ok(g, p, grp);
 }
 
@@ -1003,6 +1004,20 @@ static unsigned emit_gemv_warp(gen *g, const sg__group *grp, const gemv *p, int 
     return grid;
 }
 
+/* The pointwise members after a GEMV's argmax (sg__group.post), by one
+ * thread of the last block once the argmax is stored (am_last). */
+static void emit_gemv_post(gen *g, const sg__group *grp) {
+    int nd = grp->post_ndim;
+    const int64_t *shape = grp->post_shape;
+    bool flat = group_flat(g, grp, grp->post, nd, shape);
+    sg__emit_open(g->e, "if (am_last && threadIdx.x == 0)");
+    sg__emit_open(g->e, "for (sg_i64 i = 0; i < %lld; i++)", (long long)numel_of(nd, shape));
+    if (!flat) emit_unflatten(g, nd, shape);
+    emit_body(g, grp, grp->post, nd, shape, flat ? IX_FLAT : IX_NESTED, 1);
+    sg__emit_close(g->e);
+    sg__emit_close(g->e);
+}
+
 /* The kernel body of a GEMV group; returns the grid. */
 static unsigned emit_gemv(gen *g, const sg__group *grp, const gemv *p) {
     const char *t = sg__lower_ctype(g->d, p->x->dtype);
@@ -1075,6 +1090,7 @@ static unsigned emit_gemv(gen *g, const sg__group *grp, const gemv *p) {
     sg__emit_close(g->e);
     grid = grid ? grid : 1;
     if (p->am) sg__cgen_cuda_gemv_argmax(g, grp, p->am, p->rows, grid);
+    if (grp->post) emit_gemv_post(g, grp);
     g->anchor_reg = false;
     return grid;
 }

@@ -933,13 +933,13 @@ void sg__cgen_cuda_gemv_argmax(sg__cuda_gen *g, const sg__group *grp, int am, in
     blk.team = BLOCK;
     int nw = BLOCK / 32;
     char lv[400];
+    sg__emit_line(e, "__shared__ bool am_last; /* this block finished the argmax */");
     sg__emit_open(e, "%s", "");
     sg__emit_line(e, "static __device__ float am_part[%lld];", (long long)(rows * grid));
     sg__emit_line(e, "static __device__ sg_i64 am_parti[%lld];", (long long)(rows * grid));
     sg__emit_line(e, "static __device__ unsigned int am_count[1];");
     sg__emit_line(e, "__shared__ float am_wb[%lld][%d];", (long long)rows, nw);
     sg__emit_line(e, "__shared__ sg_i64 am_wa[%lld][%d];", (long long)rows, nw);
-    sg__emit_line(e, "__shared__ bool am_last;");
     for (int64_t r = 0; r < rows; r++) {
         sg__emit_open(e, "%s", "");
         sg__emit_line(e, "float r_b = am_b%lld;", (long long)r);

@@ -1012,8 +1012,50 @@ static bool argmax_of_result(const sg__ir *ir, const int *alias, const sg__group
     return x && same_elems(x, o);
 }
 
+/* Group p after merged group m (with its argmax): a POINTWISE group of at
+ * most POST_MAX elements that writes no slot m touches and reads no slot m
+ * writes besides the argmax's result. */
+#define POST_MAX 64
+static bool post_of_argmax(const sg__ir *ir, const int *alias, const sg__group *m,
+                           const sg__group *p) {
+    if (p->kind != SG__G_POINTWISE || p->n < 1) return false;
+    int64_t numel = 1;
+    for (int d = 0; d < p->ndim; d++) numel *= p->shape[d];
+    if (numel > POST_MAX) return false;
+    bool w;
+    for (int k = 0; k < p->n; k++)
+        if (group_touches(ir, alias, m, ir->refs[alias[ir->nodes[p->g[k].node].out]].slot, &w))
+            return false;
+    for (int k = 0; k + 1 < m->n; k++)
+        if (group_loads(ir, alias, p, ir->refs[alias[ir->nodes[m->g[k].node].out]].slot))
+            return false;
+    return true;
+}
+
+/* merged with group p appended as its post members, or false when out of memory. */
+static bool append_post(sg_ctx *ctx, sg__group *merged, const sg__group *p) {
+    sg__gnode *g = sg__alloc(ctx, sizeof *g * (size_t)(merged->n + p->n));
+    if (!g) return false;
+    memcpy(g, merged->g, sizeof *g * (size_t)merged->n);
+    for (int k = 0; k < p->n; k++) {
+        sg__gnode gn = p->g[k];
+        for (int j = 0; j < 4; j++)
+            if (gn.arg_src[j] >= 0) gn.arg_src[j] += merged->n;
+        g[merged->n + k] = gn;
+    }
+    sg__free(ctx, merged->g, sizeof *g * (size_t)merged->n);
+    merged->g = g;
+    merged->post = merged->n;
+    merged->n += p->n;
+    merged->post_ndim = p->ndim;
+    memcpy(merged->post_shape, p->shape, sizeof p->shape);
+    merged->last = p->last;
+    return true;
+}
+
 /* Each MATMUL group and the argmax group right after it over its result
- * merge where the backend's gemv_rows takes the result. */
+ * merge where the backend's gemv_rows takes the result, and so does a
+ * small pointwise group after the argmax (post_of_argmax). */
 static sg_status argmax_into_gemv(sg_ctx *ctx, const sg__ir *ir, const int *alias, sg__fused *f,
                                   bool (*takes)(const sg__ir *, const int *, const sg__group *)) {
     for (int k = 0; k + 1 < f->ngroups; k++) {
@@ -1037,6 +1079,25 @@ static sg_status argmax_into_gemv(sg_ctx *ctx, const sg__ir *ir, const int *alia
         sg__free(ctx, r->g, sizeof *r->g * (size_t)(r->n ? r->n : 1));
         *m = merged;
         memmove(r, r + 1, sizeof *r * (size_t)(f->ngroups - k - 2));
+        f->ngroups--;
+        if (k + 1 >= f->ngroups || !post_of_argmax(ir, alias, m, &f->groups[k + 1])) continue;
+        sg__group *p = &f->groups[k + 1];
+        merged = *m;
+        merged.g = sg__alloc(ctx, sizeof *merged.g * (size_t)m->n);
+        if (!merged.g) return sg__fail(ctx, SG_ERR_OOM, "fusion: out of host memory");
+        memcpy(merged.g, m->g, sizeof *merged.g * (size_t)m->n);
+        if (!append_post(ctx, &merged, p)) {
+            sg__free(ctx, merged.g, sizeof *merged.g * (size_t)merged.n);
+            return sg__fail(ctx, SG_ERR_OOM, "fusion: out of host memory");
+        }
+        if (!takes(ir, alias, &merged)) {
+            sg__free(ctx, merged.g, sizeof *merged.g * (size_t)merged.n);
+            continue;
+        }
+        sg__free(ctx, m->g, sizeof *m->g * (size_t)m->n);
+        sg__free(ctx, p->g, sizeof *p->g * (size_t)(p->n ? p->n : 1));
+        *m = merged;
+        memmove(p, p + 1, sizeof *p * (size_t)(f->ngroups - k - 2));
         f->ngroups--;
     }
     return SG_OK;

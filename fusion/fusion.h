@@ -49,7 +49,9 @@
  *    epilogue) over the rows of the result of the MATMUL group right before
  *    it, which has no epilogue, joins it as its last member
  *    (sg__group.argmax): a decode step's greedy token from the LM head's
- *    logits in the GEMV's kernel.
+ *    logits in the GEMV's kernel; a small POINTWISE group right after it
+ *    that reads nothing else the GEMV writes and writes nothing it reads
+ *    joins too (sg__group.post: the token and position updates).
  *  - horizontal: consecutive POINTWISE groups with no data between them
  *    (an optimizer's per-parameter updates) become one MULTI group: one
  *    kernel with one loop per member; with horizontal_data, so do
@@ -133,6 +135,12 @@ typedef struct sg__group {
      * group after them: the index into g of that argmax (the last member),
      * which reads the anchor's value along its rows; 0 when none. */
     int argmax;
+    /* With argmax: the index into g of the first member of a small
+     * pointwise group merged after it (a decode step's token and position
+     * updates), which one thread of the GEMV's last block runs over
+     * post_shape once the argmax is stored; 0 when none. */
+    int post, post_ndim;
+    int64_t post_shape[SG_MAX_DIMS];
 } sg__group;
 
 typedef struct sg__fused {
