@@ -1868,6 +1868,10 @@ static bool gemv_rows(const sg__ir *ir, const int *alias, const sg__group *merge
     sg__fused f = {.alias = (int *)alias};
     gen g = {.ir = ir, .f = &f, .d = SG__DIALECT_CUDA, .sp = sg__spell_of(SG__DIALECT_CUDA)};
     gemv p;
+    /* An argmax merged into the GEMV: only with SG_GEMV_ARGMAX=1 until it is
+     * measured faster than its own kernel (bench/NOTES.md, W3). */
+    const char *am = getenv("SG_GEMV_ARGMAX");
+    if (merged->argmax && !(am && atoi(am) == 1)) return false;
     return gemv_plan(&g, merged, &p) && (p.norm || p.w2 || merged->ncopies || merged->argmax);
 }
 

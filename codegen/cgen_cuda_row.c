@@ -977,11 +977,27 @@ void sg__cgen_cuda_gemv_argmax(sg__cuda_gen *g, const sg__group *grp, int am, in
         sg__emit_open(e, "%s", "");
         sg__emit_line(e, "float r_b = __uint_as_float(0xff800000u);");
         sg__emit_line(e, "sg_i64 r_at = -1;");
-        sg__emit_open(e, "for (sg_i64 j = threadIdx.x; j < %u; j += %d)", grid, BLOCK);
-        sg__emit_line(e, "const float r_ob = __ldcg(&am_part[%lldLL + j]);", (long long)(r * grid));
-        sg__emit_line(e, "const sg_i64 r_oa = __ldcg(&am_parti[%lldLL + j]);",
+        /* The partials in chunks of `u` a thread, every load of a chunk in
+         * flight before the first is used. */
+        int u = (int)((grid + BLOCK - 1) / BLOCK);
+        u = u < 1 ? 1 : u > 16 ? 16 : u;
+        sg__emit_open(e, "for (sg_i64 j0 = threadIdx.x; j0 < %u; j0 += %d)", grid, u * BLOCK);
+        sg__emit_line(e, "float r_pb[%d];", u);
+        sg__emit_line(e, "sg_i64 r_pa[%d];", u);
+        sg__emit_line(e, "#pragma unroll");
+        sg__emit_open(e, "for (int r_u = 0; r_u < %d; r_u++)", u);
+        sg__emit_line(e, "const sg_i64 j = j0 + (sg_i64)r_u * %d;", BLOCK);
+        sg__emit_line(e, "r_pb[r_u] = j < %u ? __ldcg(&am_part[%lldLL + j]) : 0.0f;", grid,
                       (long long)(r * grid));
+        sg__emit_line(e, "r_pa[r_u] = j < %u ? __ldcg(&am_parti[%lldLL + j]) : -1;", grid,
+                      (long long)(r * grid));
+        sg__emit_close(e);
+        sg__emit_line(e, "#pragma unroll");
+        sg__emit_open(e, "for (int r_u = 0; r_u < %d; r_u++)", u);
+        sg__emit_line(e, "const float r_ob = r_pb[r_u];");
+        sg__emit_line(e, "const sg_i64 r_oa = r_pa[r_u];");
         sg__emit_line(e, "if (%s) r_b = r_ob, r_at = r_oa;", ARGMAX_BETTER);
+        sg__emit_close(e);
         sg__emit_close(e);
         team_argmax(&blk);
         if (grp->g[am].store) {

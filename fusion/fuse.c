@@ -700,7 +700,8 @@ static bool group_loads(const sg__ir *ir, const int *alias, const sg__group *g, 
 
 /*
  * A value is stored when anything outside its group can see it: outputs,
- * writes into inputs and parameters, loads by other groups; matmul and
+ * writes into inputs and parameters, loads by other groups or from memory
+ * by a later member of its own; matmul and
  * opaque results always (the library writes memory); and of several writes
  * of one slot in a group only the last.
  */
@@ -723,6 +724,9 @@ static void mark_stores(const sg__ir *ir, const int *alias, sg__group *groups, i
                 store = true;
             for (int o = 0; o < ngroups && !store; o++)
                 if (o != gi && group_loads(ir, alias, &groups[o], slot)) store = true;
+            /* A later member loading it from memory (an argmax's post members) */
+            for (int q = k + 1; q < g->n && !store; q++)
+                if (member_loads(ir, alias, &g->g[q], slot)) store = true;
             for (int q = k + 1; q < g->n && store; q++) /* a later write supersedes */
                 if (ir->refs[alias[ir->nodes[g->g[q].node].out]].slot == slot) store = false;
             g->g[k].store = store;

@@ -26,6 +26,9 @@
  *  - linear(x, w, b) + r with a long K (3072, 3001 bf16; 1500, 1501 f32)
  *    over few columns (odd N), 1 to 3 rows: one GEMV whose K is split over
  *    a group of warps per column, against an f64 reference.
+ *    With SG_GEMV_ARGMAX=1 the step takes 2 launches fewer (the argmax
+ *    and the token and position updates in the LM head's GEMV), and the
+ *    same checks hold.
  *  - argmax(linear(x, w), -1) with the logits an output (bf16 over 50257
  *    columns at 1 and 3 rows, f32 at an odd K): one GEMV kernel that also
  *    finishes the argmax; the indices are torch's argmax of the returned
@@ -39,6 +42,7 @@
  * results run on the test's backend (SG_TEST_BACKEND: the CPU by default,
  * the CUDA kernels under the gpu label).
  */
+#define _POSIX_C_SOURCE 200809L /* setenv */
 #include "gpt2/model.h"
 #include "testutil.h"
 
@@ -69,6 +73,8 @@ static bool cuda_launches(sg_fn *fn, const char *name, int *launches) {
     bool ok = TU_EXPECT(ki && sg__cgen_cuda(ctx, &g->ir, &f, name, &e, ki, &nk) == SG_OK);
     for (int k = 0; ok && k < f.ngroups; k++) {
         const sg__group *grp = &f.groups[k];
+        /* The post members read the argmax's result from memory. */
+        if (grp->post) ok = ok && TU_EXPECT(grp->g[grp->argmax].store);
         calls += (grp->kind == SG__G_OPAQUE || grp->anchor >= 0) && !ki[k].replaces_call;
         if (getenv("SG_TEST_PRINT_PLAN")) {
             char nm[512];
@@ -129,23 +135,27 @@ static int argmax_of(const double *v, int n) {
     return b;
 }
 
-static void test_gpt2(void) {
+/* fold: SG_GEMV_ARGMAX=1, the greedy token's argmax and the token and
+ * position updates inside the LM head's GEMV (2 launches fewer). */
+static void test_gpt2(bool fold) {
     static double eager[G_STEPS * G_V], comp[G_STEPS * G_V], tmp[G_STEPS * G_V];
     int one = 0, two = 0;
+    setenv("SG_GEMV_ARGMAX", fold ? "1" : "0", 1);
     bool ok = gpt2_run(2, SG_MODE_EAGER, eager, &two) &&
               gpt2_run(2, SG_MODE_REDUCE_OVERHEAD, comp, &two) &&
               gpt2_run(1, SG_MODE_REDUCE_OVERHEAD, tmp, &one);
     int per_layer = two - one;
     /* layer_norm + QKV GEMV + the K/V cache writes, attention, proj GEMV +
      * residual, layer_norm + fc GEMV + gelu, fcproj GEMV + residual. */
-    ok = ok && TU_EXPECT(per_layer <= 5) &&
+    ok = ok && TU_EXPECT(per_layer <= 5) && TU_EXPECT(!fold || one == per_layer + 2) &&
          tu_close("gpt2 decode logits", comp, eager, G_STEPS * G_V, BF16_TOL, BF16_TOL);
     for (int s = 0; ok && s < G_STEPS; s++)
         ok = TU_EXPECT(argmax_of(comp + s * G_V, G_V) == argmax_of(eager + s * G_V, G_V));
     tu_case(ok,
-            "GPT2_DECODE_LAUNCHES(bf16,C=%d,NH=%d,V=%d,batch=1,%d steps) -> %d per layer "
+            "GPT2_DECODE_LAUNCHES(bf16,C=%d,NH=%d,V=%d,batch=1,%d steps%s) -> %d per layer "
             "(1 layer: %d, 2 layers: %d), logits as eager's",
-            G_C, G_NH, G_V, G_STEPS, per_layer, one, two);
+            G_C, G_NH, G_V, G_STEPS, fold ? ",argmax in the LM head" : "", per_layer, one, two);
+    unsetenv("SG_GEMV_ARGMAX");
 }
 
 /* ------------------------------------------------------------ Llama-style */
@@ -596,6 +606,7 @@ static sg_status argmax_step(sg_ctx *c, sg_tensor *const *in, sg_tensor **out, v
  * an f64 reference. */
 static void test_argmax(sg_dtype dt, int64_t rows, int64_t k, int64_t n, bool nan) {
     tu_seed(17);
+    setenv("SG_GEMV_ARGMAX", "1", 1);
     int64_t xs[2] = {rows, k}, ws[2] = {n, k}, j1 = n / 5, j2 = n - 3;
     double *xv, *wv = malloc(sizeof(double) * (size_t)(n * k)),
                 *ref = malloc(sizeof(double) * (size_t)(rows * n));
@@ -635,6 +646,7 @@ static void test_argmax(sg_dtype dt, int64_t rows, int64_t k, int64_t n, bool na
             "launches",
             sg_dtype_name(dt), (long long)rows, (long long)k, (long long)n, (long long)k,
             (long long)j1, (long long)j2, nan ? ", a NaN column" : "", launches);
+    unsetenv("SG_GEMV_ARGMAX");
     free(at), free(lg), free(ref), free(wv), free(wb), free(xv);
     sg_fn_destroy(fn);
     for (int i = 0; i < 2; i++) sg_release(in[i]);
@@ -649,7 +661,8 @@ int main(void) {
     test_split(SG_BF16, 3, 3001, 201);
     test_split(SG_F32, 2, 1500, 97);
     test_split(SG_F32, 1, 1501, 97);
-    test_gpt2();
+    test_gpt2(false);
+    test_gpt2(true);
     test_llama();
     test_inplace();
     test_pair();
