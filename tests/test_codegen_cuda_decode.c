@@ -25,7 +25,8 @@
  *    an output too: one pair kernel, both results right.
  *  - linear(x, w, b) + r with a long K (3072, 3001 bf16; 1500, 1501 f32)
  *    over few columns (odd N), 1 to 3 rows: one GEMV whose K is split over
- *    a group of warps per column, against an f64 reference.
+ *    a group of warps per column, against an f64 reference; also with x
+ *    first through layer_norm (the rows normalized in the GEMV).
  *    With SG_GEMV_ARGMAX=1 the step takes 2 launches fewer (the argmax
  *    and the token and position updates in the LM head's GEMV), and the
  *    same checks hold.
@@ -544,32 +545,47 @@ static void test_copies(void) {
 
 /* ------------------------------------------------------------ split K */
 
-/* y = linear(x, w, b) + r: a long K over few columns, so that the GEMV
- * splits K over a group of warps per column. */
+/* y = linear(x, w, b) + r, x first normalized by layer_norm(x, in[4],
+ * in[5]) when user is not NULL: a long K over few columns, so that the
+ * GEMV splits K over a group of warps per column. */
 static sg_status split_step(sg_ctx *c, sg_tensor *const *in, sg_tensor **out, void *user) {
-    (void)user;
-    out[0] = sg_add(sg_linear(in[0], in[1], in[2]), in[3]);
+    sg_tensor *x = user ? sg_layer_norm(in[0], in[4], in[5], EPS) : in[0];
+    out[0] = sg_add(sg_linear(x, in[1], in[2]), in[3]);
     return out[0] ? SG_OK : sg_ctx_status(c);
+}
+
+/* Row x of k elements through layer_norm(x, g, b), rounded to dt as the
+ * GEMV's rows in shared memory are. */
+static void ref_layer_norm(sg_dtype dt, double *x, int64_t k, const double *g, const double *b) {
+    double m = 0, v = 0;
+    for (int64_t j = 0; j < k; j++) m += x[j] / (double)k;
+    for (int64_t j = 0; j < k; j++) v += (x[j] - m) * (x[j] - m) / (double)k;
+    for (int64_t j = 0; j < k; j++) x[j] = tu_round(dt, (x[j] - m) / sqrt(v + EPS) * g[j] + b[j]);
 }
 
 /* One case: x (rows, k) of dt against w (n, k), N odd so that the last
  * block holds a column group past N; K a multiple of the 16-byte vector's
  * elements or not (the vector path or the element loop). */
-static void test_split(sg_dtype dt, int64_t rows, int64_t k, int64_t n) {
+static void test_split(sg_dtype dt, int64_t rows, int64_t k, int64_t n, bool norm) {
     tu_seed(13);
     int64_t xs[2] = {rows, k}, ws[2] = {n, k}, ys[2] = {rows, n};
-    double *xv, *wv, *bv, *rv, *ref = malloc(sizeof(double) * (size_t)(rows * n));
-    sg_tensor *in[4] = {tu_rand(ctx, dt, 2, xs, -1, 1, &xv), tu_rand(ctx, dt, 2, ws, -0.1, 0.1, &wv),
+    double *xv, *wv, *bv, *rv, *gv = NULL, *nbv = NULL,
+                               *ref = malloc(sizeof(double) * (size_t)(rows * n));
+    sg_tensor *in[6] = {tu_rand(ctx, dt, 2, xs, -1, 1, &xv), tu_rand(ctx, dt, 2, ws, -0.1, 0.1, &wv),
                         tu_rand(ctx, dt, 1, &n, -0.5, 0.5, &bv),
-                        tu_rand(ctx, dt, 2, ys, -1, 1, &rv)};
+                        tu_rand(ctx, dt, 2, ys, -1, 1, &rv),
+                        norm ? tu_rand(ctx, dt, 1, &k, 0.5, 1.5, &gv) : NULL,
+                        norm ? tu_rand(ctx, dt, 1, &k, -0.5, 0.5, &nbv) : NULL};
+    int nin = norm ? 6 : 4;
     sg_fn *fn = NULL;
     bool ok =
         TU_EXPECT(ref != NULL) &&
-        TU_EXPECT(sg_compile(ctx, split_step, NULL, 4, 1,
+        TU_EXPECT(sg_compile(ctx, split_step, norm ? (void *)ctx : NULL, nin, 1,
                              &(sg_compile_opts){.mode = SG_MODE_REDUCE_OVERHEAD}, &fn) == SG_OK);
     sg_tensor *out[1] = {NULL};
     sg_mark_step_begin(ctx);
-    ok = ok && TU_EXPECT(sg_call(fn, in, 4, out, 1) == SG_OK);
+    ok = ok && TU_EXPECT(sg_call(fn, in, nin, out, 1) == SG_OK);
+    for (int64_t r = 0; ok && norm && r < rows; r++) ref_layer_norm(dt, xv + r * k, k, gv, nbv);
     for (int64_t r = 0; ok && r < rows; r++) {
         ref_linear(xv + r * k, wv, (int)n, (int)k, ref + r * n);
         for (int64_t i = 0; i < n; i++) ref[r * n + i] += bv[i] + rv[r * n + i];
@@ -579,13 +595,13 @@ static void test_split(sg_dtype dt, int64_t rows, int64_t k, int64_t n) {
     int launches = 0;
     ok = ok && cuda_launches(fn, "cu_gemv_split", &launches) && TU_EXPECT(launches == 1) &&
          TU_EXPECT(last_split);
-    tu_case(ok, "GEMV_SPLIT_K(%s,x=[%lld,%lld],w=[%lld,%lld],+b+r) -> %d launches, K split",
-            sg_dtype_name(dt), (long long)rows, (long long)k, (long long)n, (long long)k,
-            launches);
+    tu_case(ok, "GEMV_SPLIT_K(%s,x=[%lld,%lld]%s,w=[%lld,%lld],+b+r) -> %d launches, K split",
+            sg_dtype_name(dt), (long long)rows, (long long)k, norm ? ",layer_norm(x)" : "",
+            (long long)n, (long long)k, launches);
     free(got), free(ref);
-    free(xv), free(wv), free(bv), free(rv);
+    free(xv), free(wv), free(bv), free(rv), free(gv), free(nbv);
     sg_fn_destroy(fn);
-    for (int i = 0; i < 4; i++) sg_release(in[i]);
+    for (int i = 0; i < nin; i++) sg_release(in[i]);
 }
 
 /* ------------------------------------------------------------ argmax in the GEMV */
@@ -657,10 +673,12 @@ int main(void) {
     test_argmax(SG_BF16, 1, 64, 50257, false);
     test_argmax(SG_BF16, 3, 64, 50257, true);
     test_argmax(SG_F32, 2, 101, 4099, false);
-    test_split(SG_BF16, 1, 3072, 201);
-    test_split(SG_BF16, 3, 3001, 201);
-    test_split(SG_F32, 2, 1500, 97);
-    test_split(SG_F32, 1, 1501, 97);
+    test_split(SG_BF16, 1, 3072, 201, false);
+    test_split(SG_BF16, 3, 3001, 201, false);
+    test_split(SG_F32, 2, 1500, 97, false);
+    test_split(SG_F32, 1, 1501, 97, false);
+    test_split(SG_BF16, 2, 3072, 201, true);
+    test_split(SG_F32, 1, 1501, 97, true);
     test_gpt2(false);
     test_gpt2(true);
     test_llama();
