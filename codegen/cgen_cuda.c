@@ -443,9 +443,9 @@ typedef struct gemv {
      * with the first's strides, and its output. */
     const sg__ref *w2, *o2;
     int64_t woff2;
-    int copies; /* the first index_copy_ member (sg__group.ncopies), cend when none */
-    int cend;   /* the end of the index_copy_ members: grp->n, or the argmax member */
-    int am;     /* sg__group.argmax: an argmax over the result's rows, the last member */
+    int copies;    /* the first index_copy_ member (sg__group.ncopies), cend when none */
+    int cend;      /* the end of the index_copy_ members: grp->n, or the argmax member */
+    int am;        /* sg__group.argmax: an argmax over the result's rows, the last member */
     bool bias_reg; /* along K: the bias (a parameter the step does not write) of the
                       lane's column is loaded into b_pre before the wait */
 } gemv;
@@ -851,8 +851,8 @@ static void emit_gemv_vectors(gen *g, const gemv *p, int cols, int u, int npf, i
         sg__emit_line(g->e, "const sg_i64 q = kl + %d;", st * u);
     } else {
         sg__emit_line(g->e, "#pragma unroll %d", cols > 1 ? 2 : 4);
-        sg__emit_open(g->e, "for (sg_i64 q = kl + %d; q < %lld; q += %d)", st * npf,
-                      (long long)kv, st);
+        sg__emit_open(g->e, "for (sg_i64 q = kl + %d; q < %lld; q += %d)", st * npf, (long long)kv,
+                      st);
     }
     for (int c = 0; c < cols; c++) {
         sg__emit_line(g->e, "union { sg_v16 v; %s e[%d]; } wv%d;", t, v, c);
@@ -975,8 +975,7 @@ static unsigned emit_gemv_warp(gen *g, const sg__group *grp, const gemv *p, int 
             for (int u = 0; u < npf; u++)
                 for (int c = 0; c < nw; c++)
                     sg__emit_line(
-                        g->e,
-                        "if (kl + %d < %lld) wp[%d][%d] = ((const sg_v16 *)wr%d)[kl + %d];",
+                        g->e, "if (kl + %d < %lld) wp[%d][%d] = ((const sg_v16 *)wr%d)[kl + %d];",
                         st * u, (long long)kv, u, c, c, st * u);
             sg__emit_close(g->e);
         }
@@ -1040,8 +1039,7 @@ static unsigned emit_gemv(gen *g, const sg__group *grp, const gemv *p) {
             sg__emit_line(g->e, "float am_b%d = __uint_as_float(0xff800000u); sg_i64 am_at%d = -1;",
                           r, r);
         /* Lane c stores column nb + c. */
-        sg__emit_open(g->e, "if (kw == 0 && lane < %d && nb + lane < %lld)", cols,
-                      (long long)p->n);
+        sg__emit_open(g->e, "if (kw == 0 && lane < %d && nb + lane < %lld)", cols, (long long)p->n);
         sg__emit_line(g->e, "const sg_i64 n = nb + lane;");
         for (int r = 0; r < p->rows; r++) {
             char sel[512];

@@ -163,8 +163,7 @@ static void row_input(rowk *k, bool stores) {
 static void norm_param(rowk *k, int j, char *ld, size_t size) {
     const sg__ref *p = sg__cuda_arg(k->g, k->an, j);
     char off[128], lv[400];
-    snprintf(off, sizeof off, "%lld + r_c * %lldLL", (long long)p->offset,
-             (long long)p->stride[0]);
+    snprintf(off, sizeof off, "%lld + r_c * %lldLL", (long long)p->offset, (long long)p->stride[0]);
     sg__cuda_lvalue_at(k->g, p, off, lv, sizeof lv);
     sg__cuda_widen(p->dtype, lv, ld, size);
 }
@@ -194,8 +193,8 @@ static void norm_params_plan(rowk *k) {
         const sg__ref *p = sg__cuda_arg(k->g, k->an, j);
         if (!p) continue;
         for (int m = 0; m < k->grp->n; m++)
-            if (k->grp->g[m].store && sg__cuda_ref(k->g, ir->nodes[k->grp->g[m].node].out)->slot ==
-                                          p->slot)
+            if (k->grp->g[m].store &&
+                sg__cuda_ref(k->g, ir->nodes[k->grp->g[m].node].out)->slot == p->slot)
                 k->wreg = false;
         if (k->wreg) sg__emit_line(k->e, "float r_pw%d[%d];", j, k->per);
     }
@@ -962,7 +961,8 @@ void sg__cgen_cuda_gemv_argmax(sg__cuda_gen *g, const sg__group *grp, int am, in
         sg__emit_line(e, "const sg_i64 r_oa = am_wa[%lld][w];", (long long)r);
         sg__emit_line(e, "if (%s) r_b = r_ob, r_at = r_oa;", ARGMAX_BETTER);
         sg__emit_close(e);
-        sg__emit_line(e, "am_part[%lldLL + blockIdx.x] = r_b, am_parti[%lldLL + blockIdx.x] = r_at;",
+        sg__emit_line(e,
+                      "am_part[%lldLL + blockIdx.x] = r_b, am_parti[%lldLL + blockIdx.x] = r_at;",
                       (long long)(r * grid), (long long)(r * grid));
         sg__emit_close(e);
     }

@@ -571,7 +571,8 @@ static void test_split(sg_dtype dt, int64_t rows, int64_t k, int64_t n, bool nor
     int64_t xs[2] = {rows, k}, ws[2] = {n, k}, ys[2] = {rows, n};
     double *xv, *wv, *bv, *rv, *gv = NULL, *nbv = NULL,
                                *ref = malloc(sizeof(double) * (size_t)(rows * n));
-    sg_tensor *in[6] = {tu_rand(ctx, dt, 2, xs, -1, 1, &xv), tu_rand(ctx, dt, 2, ws, -0.1, 0.1, &wv),
+    sg_tensor *in[6] = {tu_rand(ctx, dt, 2, xs, -1, 1, &xv),
+                        tu_rand(ctx, dt, 2, ws, -0.1, 0.1, &wv),
                         tu_rand(ctx, dt, 1, &n, -0.5, 0.5, &bv),
                         tu_rand(ctx, dt, 2, ys, -1, 1, &rv),
                         norm ? tu_rand(ctx, dt, 1, &k, 0.5, 1.5, &gv) : NULL,
@@ -638,13 +639,14 @@ static void test_argmax(sg_dtype dt, int64_t rows, int64_t k, int64_t n, bool na
     sg_tensor *in[2] = {tu_rand(ctx, dt, 2, xs, -1, 1, &xv),
                         ok ? sg_from_host(ctx, dt, 2, ws, wb) : NULL};
     sg_fn *fn = NULL;
-    ok = ok && TU_EXPECT(sg_compile(ctx, argmax_step, NULL, 2, 2,
-                                    &(sg_compile_opts){.mode = SG_MODE_REDUCE_OVERHEAD},
-                                    &fn) == SG_OK);
+    ok = ok &&
+         TU_EXPECT(sg_compile(ctx, argmax_step, NULL, 2, 2,
+                              &(sg_compile_opts){.mode = SG_MODE_REDUCE_OVERHEAD}, &fn) == SG_OK);
     sg_tensor *out[2] = {NULL, NULL};
     sg_mark_step_begin(ctx);
     ok = ok && TU_EXPECT(sg_call(fn, in, 2, out, 2) == SG_OK);
-    for (int64_t r = 0; ok && r < rows; r++) ref_linear(xv + r * k, wv, (int)n, (int)k, ref + r * n);
+    for (int64_t r = 0; ok && r < rows; r++)
+        ref_linear(xv + r * k, wv, (int)n, (int)k, ref + r * n);
     double tol = dt == SG_F32 ? 1e-5 : BF16_TOL;
     double *at = ok ? tu_read(out[0]) : NULL, *lg = ok ? tu_read(out[1]) : NULL;
     ok = ok && TU_EXPECT(at && lg) && tu_close("logits", lg, ref, rows * n, tol, tol);
