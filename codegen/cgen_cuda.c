@@ -10,7 +10,9 @@
  * and, when fusion merged the layer_norm/rms_norm that makes its x, first
  * normalizes those rows into shared memory (every block, from L2); two
  * such matmuls on one x (a pair) become one kernel computing both products
- * per column, then their shared epilogue. Embedding, index_select, concat
+ * per column, then their shared epilogue. A long K over too few blocks
+ * is split over a group of warps per column, their sums added in shared
+ * memory in a fixed order. Embedding, index_select, concat
  * and index_copy_ become one kernel each; a chain of small loops and data
  * ops runs in one block, in order, a barrier between them. Where the
  * dialect has no BLAS library (sg__cgen_gemm_wanted), any other matmul
@@ -537,11 +539,14 @@ typedef struct gemv {
     bool along_k;
     bool norm; /* the group's norm_rows part fills x in shared memory (sg_xs) */
     int cols;  /* along K: output columns per warp */
+    int ks;    /* along K: warps that share a column group, each a slice of K (split-K) */
     /* A pair (sg__group.anchor2): the second product's weight, at woff2
      * with the first's strides, and its output. */
     const sg__ref *w2, *o2;
     int64_t woff2;
-    int copies; /* the first index_copy_ member (sg__group.ncopies), grp->n when none */
+    int copies;    /* the first index_copy_ member (sg__group.ncopies), cend when none */
+    int cend;      /* the end of the index_copy_ members: grp->n, or the argmax member */
+    int am;        /* sg__group.argmax: an argmax over the result's rows, the last member */
     bool bias_reg; /* along K: the bias (a parameter the step does not write) of the
                       lane's column is loaded into b_pre before the wait */
 } gemv;
@@ -557,6 +562,24 @@ static int gemv_cols(const gemv *p) {
     if (per <= 2 && p->n >= 4 * wpb * sms) return 4;
     if (per <= 4 && p->n >= 2 * wpb * sms) return 2;
     return 1;
+}
+
+/*
+ * Warps per column group of an along-K GEMV (split-K): a long K (fcproj's
+ * 3072 bf16 is 12 16-byte vectors a lane, one chain of 96 FMAs) over a
+ * grid short of the SMs is cut into 2, 4 or 8 slices of K, one warp each,
+ * while a lane keeps at least 3 vectors and the grid at most 4 blocks an
+ * SM; the slices' sums meet in shared memory in slice order.
+ */
+static int gemv_split(const gemv *p) {
+    int64_t per = (p->k * (int64_t)sg_dtype_size(p->x->dtype) / 16 + 31) / 32;
+    int64_t wpb = BLOCK / 32, sms = 132, blocks = (p->n + wpb * p->cols - 1) / (wpb * p->cols);
+    const char *env = getenv("SG_GEMV_SPLITK");
+    if (env && (atoi(env) == 1 || atoi(env) == 2 || atoi(env) == 4 || atoi(env) == 8))
+        return atoi(env);
+    int ks = 1;
+    while (2 * ks <= wpb && per / (2 * ks) >= 3 && blocks * 2 * ks <= 4 * sms) ks *= 2;
+    return ks;
 }
 
 /*
@@ -631,13 +654,37 @@ static bool gemv_copy_ok(const gen *g, const gemv *p, const sg__group *grp, int 
 /* The index_copy_ members at the group's end: each checked, and no member
  * before them writes the result's slot (the copies take the anchor's value). */
 static bool gemv_copies_plan(const gen *g, const sg__group *grp, gemv *p) {
-    p->copies = grp->n - grp->ncopies;
-    for (int k = p->copies; k < grp->n; k++)
+    p->cend = grp->argmax ? grp->argmax : grp->n;
+    p->copies = p->cend - grp->ncopies;
+    for (int k = p->copies; k < p->cend; k++)
         if (!gemv_copy_ok(g, p, grp, k)) return false;
     for (int k = grp->anchor + 1; k < p->copies && grp->ncopies; k++)
         if (k != grp->anchor2 && ref_of(g, g->ir->nodes[grp->g[k].node].out)->slot == p->o->slot)
             return false;
     return true;
+}
+
+/*
+ * Member am of a GEMV group, an argmax that fusion merged (the last): over
+ * the rows of exactly the result (its reduced dims a suffix of the
+ * result's of N elements), its i64 output one element a row; along K
+ * only (every thread of the grid reaches its block-wide combine).
+ */
+static bool gemv_argmax_ok(const gen *g, const gemv *p, const sg__group *grp) {
+    int am = grp->argmax;
+    const sg__irnode *n = &g->ir->nodes[grp->g[am].node];
+    const sg__ref *x = arg_of(g, n, 0), *o = ref_of(g, n->out);
+    if (am != (grp->post ? grp->post : grp->n) - 1 || grp->ncopies || grp->anchor2 || !p->along_k ||
+        n->op != SG__OP_ARGMAX || !x || x->slot != p->o->slot || x->offset != p->o->offset ||
+        x->dtype != p->o->dtype || !sg__lower_flat_ok(x, x->ndim, x->shape) ||
+        numel_of(o->ndim, o->shape) != p->rows || sg_dtype_size(o->dtype) != 8)
+        return false;
+    int64_t len = 1;
+    int d = x->ndim - 1;
+    for (; d >= 0 && (n->mask & (1u << d)); d--) len *= x->shape[d];
+    for (int e = d; e >= 0; e--)
+        if (n->mask & (1u << e)) return false;
+    return len == p->n && numel_of(x->ndim, x->shape) == p->rows * p->n;
 }
 
 static bool gemv_plan(const gen *g, const sg__group *grp, gemv *p) {
@@ -704,7 +751,11 @@ static bool gemv_plan(const gen *g, const sg__group *grp, gemv *p) {
     }
     p->cols = p->along_k ? gemv_cols(p) : 1;
     if (p->w2 && p->cols > 1) p->cols /= 2; /* each column is two weights' */
-    return true;
+    /* Split K's and the argmax's shared words are spelled for CUDA/HIP only. */
+    p->ks = p->along_k && g->sp->shuffles ? gemv_split(p) : 1;
+    p->am = grp->argmax;
+    if (grp->post && (!p->am || numel_of(grp->post_ndim, grp->post_shape) > 64)) return false;
+    return !p->am || gemv_argmax_ok(g, p, grp);
 }
 
 /* Member a's value v<a> = expr (a product at element i) and its store into o. */
@@ -780,6 +831,7 @@ static void emit_gemv_tail(gen *g, const sg__group *grp, const gemv *p, int r) {
     }
     sg__lower_round_trip(g->d, e, true, p->o->dtype, rt, sizeof rt);
     emit_gemv_result(g, grp, a, p->o, rt);
+    if (p->am) sg__emit_line(g->e, "am_b%d = v%d, am_at%d = n;", r, a, r);
     if (p->w2) {
         snprintf(e, sizeof e, "accp%d", r);
         sg__lower_round_trip(g->d, e, true, p->o2->dtype, rt, sizeof rt);
@@ -792,7 +844,7 @@ static void emit_gemv_tail(gen *g, const sg__group *grp, const gemv *p, int r) {
         if (!flat) emit_unflatten(g, grp->ndim, grp->shape);
         emit_body(g, &epi, a + 1, grp->ndim, grp->shape, flat ? IX_FLAT : IX_NESTED, 1);
     }
-    for (int k = p->copies; k < grp->n; k++) emit_gemv_copy(g, p, grp, k, grp->anchor);
+    for (int k = p->copies; k < p->cend; k++) emit_gemv_copy(g, p, grp, k, grp->anchor);
     sg__emit_close(g->e);
 }
 
@@ -868,8 +920,9 @@ static void emit_gemv_norm(gen *g, const sg__group *grp, const gemv *p) {
     sg__emit_close(g->e);
     sg__emit_line(g->e, "%s", g->sp->sync);
     /* Without shuffles every warp stays for the sums' barriers (its columns
-     * past N read column N - 1, and nothing is stored). */
-    if (p->along_k && g->sp->shuffles)
+     * past N read column N - 1, and nothing is stored); so does every warp
+     * of a split K's group or of an argmax's. */
+    if (p->along_k && g->sp->shuffles && p->ks == 1 && !p->am)
         sg__emit_line(g->e, "if (nb >= %lld) return;", (long long)p->n);
 }
 
@@ -895,14 +948,14 @@ static void emit_gemv_cols_fma(gen *g, const gemv *p, int cols, const char *wlan
  * column (u < npf), or the loop over the rest of K (u == npf). */
 static void emit_gemv_vectors(gen *g, const gemv *p, int cols, int u, int npf, int64_t kv) {
     const char *t = sg__lower_ctype(g->d, p->x->dtype);
-    int v = 16 / (int)sg_dtype_size(p->x->dtype);
+    int v = 16 / (int)sg_dtype_size(p->x->dtype), st = 32 * p->ks;
     if (u < npf) {
-        sg__emit_open(g->e, "if (lane + %d < %lld)", 32 * u, (long long)kv);
-        sg__emit_line(g->e, "const sg_i64 q = lane + %d;", 32 * u);
+        sg__emit_open(g->e, "if (kl + %d < %lld)", st * u, (long long)kv);
+        sg__emit_line(g->e, "const sg_i64 q = kl + %d;", st * u);
     } else {
         sg__emit_line(g->e, "#pragma unroll %d", cols > 1 ? 2 : 4);
-        sg__emit_open(g->e, "for (sg_i64 q = lane + %d; q < %lld; q += 32)", 32 * npf,
-                      (long long)kv);
+        sg__emit_open(g->e, "for (sg_i64 q = kl + %d; q < %lld; q += %d)", st * npf, (long long)kv,
+                      st);
     }
     for (int c = 0; c < cols; c++) {
         sg__emit_line(g->e, "union { sg_v16 v; %s e[%d]; } wv%d;", t, v, c);
@@ -936,6 +989,28 @@ static void emit_gemv_bias(gen *g, const gemv *p, int cols) {
                   ld);
 }
 
+/* Split K: the warps of a column group add their sums into slice 0's, in
+ * slice order (the same bits every launch). */
+static void emit_gemv_slices(gen *g, const gemv *p, int nw) {
+    int ks = p->ks, nv = (int)p->rows * nw;
+    if (ks == 1) return;
+    sg__emit_line(g->e, "__shared__ float sg_kred[%d][%d];", BLOCK / 32, nv);
+    sg__emit_open(g->e, "if (lane == 0)");
+    for (int r = 0; r < p->rows; r++)
+        for (int c = 0; c < nw; c++)
+            sg__emit_line(g->e, "sg_kred[threadIdx.x >> 5][%d] = acc%d_%d;", r * nw + c, r, c);
+    sg__emit_close(g->e);
+    sg__emit_line(g->e, "__syncthreads();");
+    sg__emit_open(g->e, "if (kw == 0)");
+    sg__emit_open(g->e, "for (int s = 1; s < %d; s++)", ks);
+    for (int r = 0; r < p->rows; r++)
+        for (int c = 0; c < nw; c++)
+            sg__emit_line(g->e, "acc%d_%d += sg_kred[(threadIdx.x >> 5) + s][%d];", r, c,
+                          r * nw + c);
+    sg__emit_close(g->e);
+    sg__emit_close(g->e);
+}
+
 /*
  * The loads and sums of an along-K GEMV: `cols` adjacent output columns per
  * warp (nb, nb + 1, ...), 16-byte loads along K shared by the columns for
@@ -946,14 +1021,19 @@ static void emit_gemv_bias(gen *g, const gemv *p, int cols) {
 static unsigned emit_gemv_warp(gen *g, const sg__group *grp, const gemv *p, int cols) {
     const char *t = sg__lower_ctype(g->d, p->x->dtype);
     int es = (int)sg_dtype_size(p->x->dtype), v = 16 / es;
-    int64_t wpb = BLOCK / 32, per_block = wpb * cols;
+    int ks = p->ks, st = 32 * ks;
+    int64_t wpb = BLOCK / 32, per_block = wpb / ks * cols;
     unsigned grid = (unsigned)((p->n + per_block - 1) / per_block);
     int nw = p->w2 ? 2 * cols : cols; /* weight columns: a pair's second at cols + c */
     const sg__spell *sp = g->sp;
     sg__emit_line(g->e, "const int lane = %s & 31;", sp->tid);
-    sg__emit_line(g->e, "const sg_i64 nb = ((sg_i64)%s * (%s >> 5) + (%s >> 5)) * %d;", sp->bid,
-                  sp->bdim, sp->tid, cols);
-    if (!p->norm && sp->shuffles) sg__emit_line(g->e, "if (nb >= %lld) return;", (long long)p->n);
+    /* Split K: warp kw of a group of ks takes vectors kw * 32 + lane, then every st-th. */
+    sg__emit_line(g->e, "const int kw = (%s >> 5) %% %d, kl = kw * 32 + lane;", sp->tid, ks);
+    sg__emit_line(g->e, "const sg_i64 nb = ((sg_i64)%s * (%s >> 5) + (%s >> 5)) / %d * %d;",
+                  sp->bid, sp->bdim, sp->tid, ks, cols);
+    /* A group past N computes column N - 1 again when its block meets in a barrier. */
+    if (!p->norm && sp->shuffles && ks == 1 && !p->am)
+        sg__emit_line(g->e, "if (nb >= %lld) return;", (long long)p->n);
     for (int r = 0; r < p->rows; r++)
         for (int c = 0; c < nw; c++) sg__emit_line(g->e, "float acc%d_%d = 0.0f;", r, c);
     /* A warp's last columns past N read column N - 1 again (not stored). */
@@ -977,7 +1057,7 @@ static unsigned emit_gemv_warp(gen *g, const sg__group *grp, const gemv *p, int 
     const sg__slot *wsl2 = p->w2 ? &g->ir->slots[p->w2->slot] : wsl;
     int npf = wsl->kind != SG__SLOT_INTERNAL && wsl->mutated_by < 0 &&
                       wsl2->kind != SG__SLOT_INTERNAL && wsl2->mutated_by < 0 && p->k % v == 0
-                  ? (int)((kv + 31) / 32 < GEMV_PREFETCH ? (kv + 31) / 32 : GEMV_PREFETCH)
+                  ? (int)((kv + st - 1) / st < GEMV_PREFETCH ? (kv + st - 1) / st : GEMV_PREFETCH)
                   : 0;
     while (npf > 1 && npf * nw > GEMV_PREFETCH) npf--;
     emit_gemv_bias(g, p, cols);
@@ -1001,8 +1081,8 @@ static unsigned emit_gemv_warp(gen *g, const sg__group *grp, const gemv *p, int 
                 for (int c = 0; c < nw; c++)
                     sg__emit_line(
                         g->e,
-                        "if (lane + %d < %lld) wp[%d][%d] = ((%sconst sg_v16 *)wr%d)[lane + %d];",
-                        32 * u, (long long)kv, u, c, sp->gp, c, 32 * u);
+                        "if (kl + %d < %lld) wp[%d][%d] = ((%sconst sg_v16 *)wr%d)[kl + %d];",
+                        st * u, (long long)kv, u, c, sp->gp, c, st * u);
             sg__emit_close(g->e);
         }
         emit_gemv_l2(g, grp, p, npf > 0);
@@ -1015,7 +1095,7 @@ static unsigned emit_gemv_warp(gen *g, const sg__group *grp, const gemv *p, int 
         sg__emit_open(g->e, "else");
     }
     if (p->k % v != 0) sg__emit_open(g->e, "%s", "");
-    sg__emit_open(g->e, "for (sg_i64 k = lane; k < %lld; k += 32)", (long long)p->k);
+    sg__emit_open(g->e, "for (sg_i64 k = kl; k < %lld; k += %d)", (long long)p->k, st);
     emit_gemv_cols_fma(g, p, nw, "wr%d[k]", "x%d[k]");
     sg__emit_close(g->e);
     sg__emit_close(g->e);
@@ -1034,7 +1114,22 @@ static unsigned emit_gemv_warp(gen *g, const sg__group *grp, const gemv *p, int 
                           "__shfl_xor_sync(0xffffffffu, acc%d_%d, o);",
                           r, c, r, c);
         }
+    emit_gemv_slices(g, p, nw);
     return grid;
+}
+
+/* The pointwise members after a GEMV's argmax (sg__group.post), by one
+ * thread of the last block once the argmax is stored (am_last). */
+static void emit_gemv_post(gen *g, const sg__group *grp) {
+    int nd = grp->post_ndim;
+    const int64_t *shape = grp->post_shape;
+    bool flat = group_flat(g, grp, grp->post, nd, shape);
+    sg__emit_open(g->e, "if (am_last && threadIdx.x == 0)");
+    sg__emit_open(g->e, "for (sg_i64 i = 0; i < %lld; i++)", (long long)numel_of(nd, shape));
+    if (!flat) emit_unflatten(g, nd, shape);
+    emit_body(g, grp, grp->post, nd, shape, flat ? IX_FLAT : IX_NESTED, 1);
+    sg__emit_close(g->e);
+    sg__emit_close(g->e);
 }
 
 /* The kernel body of a GEMV group; returns the grid. */
@@ -1055,8 +1150,11 @@ static unsigned emit_gemv(gen *g, const sg__group *grp, const gemv *p) {
     if (p->along_k) {
         int cols = p->cols;
         grid = emit_gemv_warp(g, grp, p, cols);
+        for (int r = 0; p->am && r < p->rows; r++)
+            sg__emit_line(g->e, "float am_b%d = __uint_as_float(0xff800000u); sg_i64 am_at%d = -1;",
+                          r, r);
         /* Lane c stores column nb + c. */
-        sg__emit_open(g->e, "if (lane < %d && nb + lane < %lld)", cols, (long long)p->n);
+        sg__emit_open(g->e, "if (kw == 0 && lane < %d && nb + lane < %lld)", cols, (long long)p->n);
         sg__emit_line(g->e, "const sg_i64 n = nb + lane;");
         for (int r = 0; r < p->rows; r++) {
             char sel[512];
@@ -1103,8 +1201,11 @@ static unsigned emit_gemv(gen *g, const sg__group *grp, const gemv *p) {
     }
     for (int r = 0; r < p->rows; r++) emit_gemv_tail(g, grp, p, r);
     sg__emit_close(g->e);
+    grid = grid ? grid : 1;
+    if (p->am) sg__cgen_cuda_gemv_argmax(g, grp, p->am, p->rows, grid);
+    if (grp->post) emit_gemv_post(g, grp);
     g->anchor_reg = false;
-    return grid ? grid : 1;
+    return grid;
 }
 
 /* ------------------------------------------------------------ data movement */
@@ -1614,6 +1715,10 @@ static bool emit_group(gen *g, const sg__group *grp, sg__cuda_kinfo *ki, bool *a
     if (grp->kind == SG__G_OPAQUE) return emit_data(g, grp, ki, what);
     gemv p;
     bool is_gemv = gemv_plan(g, grp, &p);
+    if (is_gemv && p.am && !g->sp->shuffles) { /* SG_GEMV_ARGMAX=1 merged it */
+        g->unsupported = "argmax merged into a GEMV (SG_GEMV_ARGMAX=1)";
+        return false;
+    }
     int from = grp->anchor >= 0 ? grp->anchor + 1 : 0;
     /* A MATMUL group no GEMV kernel takes: the generated GEMM, where the
      * dialect wants it (cgen_gemm.c). */
@@ -1651,6 +1756,8 @@ static bool emit_group(gen *g, const sg__group *grp, sg__cuda_kinfo *ki, bool *a
                                            "output column, then the epilogue"
                                          : "norm rows into shared memory, then GEMV, a thread "
                                            "per output column, then the epilogue")
+                : p.ks > 1  ? "GEMV, a group of warps per output column each summing a slice of "
+                              "K, the slices added in shared memory, then the epilogue"
                 : p.along_k ? "GEMV, a warp per output column, then the epilogue"
                             : "GEMV, a thread per output column, then the epilogue";
     } else if (is_row) {
@@ -1965,14 +2072,18 @@ int sg__cuda_slot(sg__cuda_gen *g, int s) { return lslot(g, s); }
 
 /* ------------------------------------------------------------ the unit */
 
-/* sg__fuse_opts.gemv_rows: a norm merged into a matmul group, or a pair
- * of matmuls on one x, is one GEMV kernel here (gemv_plan on the merged
- * group). */
+/* sg__fuse_opts.gemv_rows: a norm merged into a matmul group, a pair of
+ * matmuls on one x, cache writes or an argmax after it, is one GEMV kernel
+ * here (gemv_plan on the merged group). */
 static bool gemv_rows(const sg__ir *ir, const int *alias, const sg__group *merged) {
     sg__fused f = {.alias = (int *)alias};
     gen g = {.ir = ir, .f = &f, .d = SG__DIALECT_CUDA, .sp = sg__spell_of(SG__DIALECT_CUDA)};
     gemv p;
-    return gemv_plan(&g, merged, &p) && (p.norm || p.w2 || merged->ncopies);
+    /* An argmax merged into the GEMV: only with SG_GEMV_ARGMAX=1 until it is
+     * measured faster than its own kernel (bench/NOTES.md, W3). */
+    const char *am = getenv("SG_GEMV_ARGMAX");
+    if (merged->argmax && !(am && atoi(am) == 1)) return false;
+    return gemv_plan(&g, merged, &p) && (p.norm || p.w2 || merged->ncopies || merged->argmax);
 }
 
 /* sg__fuse_opts.chain: a pointwise loop or a generated data op (a MULTI of

@@ -24,7 +24,8 @@
  * word per warp summed in a fixed order), in f32. Softmax subtracts the
  * row's max (a row read from memory takes max and sum in one pass, the sum
  * rescaled as the max grows); layer_norm takes the variance about the mean
- * in a second pass.
+ * in a second pass. A norm of at most 8 elements a lane reads its scale
+ * and shift with the row in the first pass, not after the statistics.
  * A row of at most 32 elements per lane is computed once into registers
  * (prologue included) and read from there by every pass; a longer row is
  * recomputed from memory by each pass, its prologue storing only in the
@@ -80,6 +81,7 @@ typedef struct rowk {
     const sg__spell *sp;               /* the dialect's spellings */
     int block;                         /* threads per block (OpenCL C: a team's; see row_setup) */
     char ninf[40], pinf[40], qnan[40]; /* -inf, +inf and NaN from their bits */
+    bool wreg; /* a norm's scale and shift, read by the first pass into r_pw1, r_pw2 */
 } rowk;
 
 /* `var` combined over the team (op: "+" for a sum, else fmaxf). */
@@ -184,6 +186,47 @@ static void row_input(rowk *k, bool stores) {
     }
 }
 
+/* Argument j (1: scale, 2: shift) of the norm at column r_c, widened, into ld. */
+static void norm_param(rowk *k, int j, char *ld, size_t size) {
+    const sg__ref *p = sg__cuda_arg(k->g, k->an, j);
+    char off[128], lv[400];
+    snprintf(off, sizeof off, "%lld + r_c * %lldLL", (long long)p->offset, (long long)p->stride[0]);
+    sg__cuda_lvalue_at(k->g, p, off, lv, sizeof lv);
+    sg__cuda_widen(p->dtype, lv, ld, size);
+}
+
+/* The first pass's loads of the norm's scale and shift at column r_c, in
+ * flight with the row's (k->wreg), so that the write pass waits for no
+ * load after the statistics. */
+static void norm_params_load(rowk *k) {
+    char ld[480];
+    for (int j = 1; j < k->an->nin && j < 3; j++) {
+        if (!sg__cuda_arg(k->g, k->an, j)) continue;
+        norm_param(k, j, ld, sizeof ld);
+        sg__emit_line(k->e, "r_pw%d[r_t] = %s;", j, ld);
+    }
+}
+
+/*
+ * k->wreg: a norm whose row lives in registers, at most 8 a lane, reads its
+ * scale and shift in the first pass when no member of the group writes
+ * them (declaring r_pw1, r_pw2).
+ */
+static void norm_params_plan(rowk *k) {
+    const sg__ir *ir = sg__cuda_ir(k->g);
+    k->wreg = k->per > 0 && k->per <= 8 &&
+              (k->an->op == SG__OP_LAYER_NORM || k->an->op == SG__OP_RMS_NORM);
+    for (int j = 1; k->wreg && j < k->an->nin && j < 3; j++) {
+        const sg__ref *p = sg__cuda_arg(k->g, k->an, j);
+        if (!p) continue;
+        for (int m = 0; m < k->grp->n; m++)
+            if (k->grp->g[m].store &&
+                sg__cuda_ref(k->g, ir->nodes[k->grp->g[m].node].out)->slot == p->slot)
+                k->wreg = false;
+        if (k->wreg) sg__emit_line(k->e, "float r_pw%d[%d];", j, k->per);
+    }
+}
+
 /*
  * One pass over the row: `body` runs once per column with the input in
  * r_x (and the column in r_c). From registers when the row lives there
@@ -201,6 +244,7 @@ static void pass_open(rowk *k, bool fill, bool stores) {
             row_input(k, true);
             sg__emit_close(k->e);
             sg__emit_line(k->e, "r_xr[r_t] = r_x;");
+            if (k->wreg) norm_params_load(k);
         } else {
             sg__emit_line(k->e, "r_x = r_xr[r_t];");
         }
@@ -231,13 +275,11 @@ static void row_write(rowk *k) {
         size_t q = (size_t)snprintf(
             y, sizeof y, n->op == SG__OP_LAYER_NORM ? "((r_x - r_mean) * r_r" : "(r_x * r_r");
         for (int j = 1; j < n->nin && j < 3; j++) {
-            const sg__ref *p = sg__cuda_arg(k->g, n, j);
-            if (!p) continue;
-            char off[128];
-            snprintf(off, sizeof off, "%lld + r_c * %lldLL", (long long)p->offset,
-                     (long long)p->stride[0]);
-            sg__cuda_lvalue_at(k->g, p, off, lv, sizeof lv);
-            sg__cuda_widen(p->dtype, lv, ld, sizeof ld);
+            if (!sg__cuda_arg(k->g, n, j)) continue;
+            if (k->wreg)
+                snprintf(ld, sizeof ld, "r_pw%d[r_t0 + r_u]", j);
+            else
+                norm_param(k, j, ld, sizeof ld);
             q += (size_t)snprintf(y + q, sizeof y - q, j == 1 ? " * %s" : " + %s", ld);
         }
         snprintf(y + q, sizeof y - q, ")");
@@ -374,6 +416,7 @@ static void emit_row_op(rowk *k) {
         sg__emit_line(k->e, "(void)r_inv, (void)r_ls;");
     } else {
         bool layer = op == SG__OP_LAYER_NORM;
+        norm_params_plan(k);
         sg__emit_line(k->e, "float r_s = 0.0f;");
         stat_pass(k, fill, layer ? "r_s += r_x;" : "r_s += r_x * r_x;");
         team_reduce(k, "r_s", false);
@@ -1028,4 +1071,105 @@ void sg__cgen_cuda_rows_into(sg__cuda_gen *g, const sg__group *grp, int sink, co
     if (!qg) return;
     row_loop(&k, "0", "1");
     row_done(&k, qg, quiet);
+}
+
+/*
+ * An argmax merged into a GEMV (sg__group.argmax): each thread's candidate
+ * (am_b<r>, am_at<r>) per row, the block's best through its warps' shuffles
+ * and shared memory, published by thread 0; the last block to arrive (a
+ * fence, then a counter that it resets for the next launch) combines the
+ * blocks' bests, as emit_split does, and stores each row's index. The
+ * order is argmax's total order, so the result is the same whatever order
+ * the blocks finish in.
+ */
+void sg__cgen_cuda_gemv_argmax(sg__cuda_gen *g, const sg__group *grp, int am, int64_t rows,
+                               unsigned grid) {
+    sg__emit *e = sg__cuda_out(g);
+    const sg__ref *o = sg__cuda_ref(g, sg__cuda_ir(g)->nodes[grp->g[am].node].out);
+    rowk warp = {.g = g, .e = e, .grp = grp, .team = 32, .nred = 100};
+    rowk blk = warp;
+    blk.team = BLOCK;
+    int nw = BLOCK / 32;
+    char lv[400];
+    sg__emit_line(e, "__shared__ bool am_last; /* this block finished the argmax */");
+    sg__emit_open(e, "%s", "");
+    sg__emit_line(e, "static __device__ float am_part[%lld];", (long long)(rows * grid));
+    sg__emit_line(e, "static __device__ sg_i64 am_parti[%lld];", (long long)(rows * grid));
+    sg__emit_line(e, "static __device__ unsigned int am_count[1];");
+    sg__emit_line(e, "__shared__ float am_wb[%lld][%d];", (long long)rows, nw);
+    sg__emit_line(e, "__shared__ sg_i64 am_wa[%lld][%d];", (long long)rows, nw);
+    for (int64_t r = 0; r < rows; r++) {
+        sg__emit_open(e, "%s", "");
+        sg__emit_line(e, "float r_b = am_b%lld;", (long long)r);
+        sg__emit_line(e, "sg_i64 r_at = am_at%lld;", (long long)r);
+        team_argmax(&warp);
+        sg__emit_line(e,
+                      "if ((threadIdx.x & 31) == 0) am_wb[%lld][threadIdx.x >> 5] = r_b, "
+                      "am_wa[%lld][threadIdx.x >> 5] = r_at;",
+                      (long long)r, (long long)r);
+        sg__emit_close(e);
+    }
+    sg__emit_line(e, "__syncthreads();");
+    sg__emit_open(e, "if (threadIdx.x == 0)");
+    for (int64_t r = 0; r < rows; r++) {
+        sg__emit_open(e, "%s", "");
+        sg__emit_line(e, "float r_b = am_wb[%lld][0];", (long long)r);
+        sg__emit_line(e, "sg_i64 r_at = am_wa[%lld][0];", (long long)r);
+        sg__emit_open(e, "for (int w = 1; w < %d; w++)", nw);
+        sg__emit_line(e, "const float r_ob = am_wb[%lld][w];", (long long)r);
+        sg__emit_line(e, "const sg_i64 r_oa = am_wa[%lld][w];", (long long)r);
+        sg__emit_line(e, "if (%s) r_b = r_ob, r_at = r_oa;", ARGMAX_BETTER);
+        sg__emit_close(e);
+        sg__emit_line(e,
+                      "am_part[%lldLL + blockIdx.x] = r_b, am_parti[%lldLL + blockIdx.x] = r_at;",
+                      (long long)(r * grid), (long long)(r * grid));
+        sg__emit_close(e);
+    }
+    sg__emit_line(e, "__threadfence();");
+    sg__emit_line(e, "am_last = atomicAdd(&am_count[0], 1u) == %uu;", grid - 1);
+    sg__emit_close(e);
+    sg__emit_line(e, "__syncthreads();");
+    sg__emit_open(e, "if (am_last)");
+    sg__emit_line(e, "__threadfence();");
+    bool flat = sg__cuda_walk_flat(g, grp, 0, 0, o->ndim, o->shape, o);
+    for (int64_t r = 0; r < rows; r++) {
+        sg__emit_open(e, "%s", "");
+        sg__emit_line(e, "float r_b = __uint_as_float(0xff800000u);");
+        sg__emit_line(e, "sg_i64 r_at = -1;");
+        /* The partials in chunks of `u` a thread, every load of a chunk in
+         * flight before the first is used. */
+        int u = (int)((grid + BLOCK - 1) / BLOCK);
+        u = u < 1 ? 1 : u > 16 ? 16 : u;
+        sg__emit_open(e, "for (sg_i64 j0 = threadIdx.x; j0 < %u; j0 += %d)", grid, u * BLOCK);
+        sg__emit_line(e, "float r_pb[%d];", u);
+        sg__emit_line(e, "sg_i64 r_pa[%d];", u);
+        sg__emit_line(e, "#pragma unroll");
+        sg__emit_open(e, "for (int r_u = 0; r_u < %d; r_u++)", u);
+        sg__emit_line(e, "const sg_i64 j = j0 + (sg_i64)r_u * %d;", BLOCK);
+        sg__emit_line(e, "r_pb[r_u] = j < %u ? __ldcg(&am_part[%lldLL + j]) : 0.0f;", grid,
+                      (long long)(r * grid));
+        sg__emit_line(e, "r_pa[r_u] = j < %u ? __ldcg(&am_parti[%lldLL + j]) : -1;", grid,
+                      (long long)(r * grid));
+        sg__emit_close(e);
+        sg__emit_line(e, "#pragma unroll");
+        sg__emit_open(e, "for (int r_u = 0; r_u < %d; r_u++)", u);
+        sg__emit_line(e, "const float r_ob = r_pb[r_u];");
+        sg__emit_line(e, "const sg_i64 r_oa = r_pa[r_u];");
+        sg__emit_line(e, "if (%s) r_b = r_ob, r_at = r_oa;", ARGMAX_BETTER);
+        sg__emit_close(e);
+        sg__emit_close(e);
+        team_argmax(&blk);
+        if (grp->g[am].store) {
+            sg__emit_open(e, "if (threadIdx.x == 0)");
+            sg__emit_line(e, "const sg_i64 i = %lld;", (long long)r);
+            if (!flat) sg__cuda_unflatten(g, o->ndim, o->shape);
+            sg__cuda_lvalue(g, o, o->ndim, o->shape, flat, lv, sizeof lv);
+            sg__emit_line(e, "%s = r_at; /* argmax */", lv);
+            sg__emit_close(e);
+        }
+        sg__emit_close(e);
+    }
+    sg__emit_line(e, "if (threadIdx.x == 0) am_count[0] = 0;");
+    sg__emit_close(e);
+    sg__emit_close(e);
 }

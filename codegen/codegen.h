@@ -448,6 +448,14 @@ SG__HIDDEN const char *sg__cgen_cuda_rows(sg__cuda_gen *g, const sg__group *grp,
  * in shared memory of sink's dtype; nothing is launched by it. */
 SG__HIDDEN void sg__cgen_cuda_rows_into(sg__cuda_gen *g, const sg__group *grp, int sink,
                                         const char *xs);
+/* The argmax member am of a GEMV group over its `rows` rows, after the
+ * GEMV's tail in the kernel's `grid` blocks: every thread holds
+ * (am_b<r>, am_at<r>), its column's value and index or (-inf, -1); each
+ * block's best per row goes to the kernel's static device arrays and the
+ * last block to finish combines them and stores each row's index; am_last
+ * (a shared bool, declared in the current scope) is true in that block. */
+SG__HIDDEN void sg__cgen_cuda_gemv_argmax(sg__cuda_gen *g, const sg__group *grp, int am,
+                                          int64_t rows, unsigned grid);
 /* cgen_cuda.c's helpers. The walk index is `i` (flat, row-major over the
  * walk's shape) or i0..i<nd-1> after sg__cuda_unflatten. */
 SG__HIDDEN sg__emit *sg__cuda_out(sg__cuda_gen *g);

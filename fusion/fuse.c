@@ -713,7 +713,8 @@ static bool group_loads(const sg__ir *ir, const int *alias, const sg__group *g, 
 
 /*
  * A value is stored when anything outside its group can see it: outputs,
- * writes into inputs and parameters, loads by other groups; matmul and
+ * writes into inputs and parameters, loads by other groups or from memory
+ * by a later member of its own; matmul and
  * opaque results always (the library writes memory); and of several writes
  * of one slot in a group only the last.
  */
@@ -736,6 +737,9 @@ static void mark_stores(const sg__ir *ir, const int *alias, sg__group *groups, i
                 store = true;
             for (int o = 0; o < ngroups && !store; o++)
                 if (o != gi && group_loads(ir, alias, &groups[o], slot)) store = true;
+            /* A later member loading it from memory (an argmax's post members) */
+            for (int q = k + 1; q < g->n && !store; q++)
+                if (member_loads(ir, alias, &g->g[q], slot)) store = true;
             for (int q = k + 1; q < g->n && store; q++) /* a later write supersedes */
                 if (ir->refs[alias[ir->nodes[g->g[q].node].out]].slot == slot) store = false;
             g->g[k].store = store;
@@ -1053,6 +1057,139 @@ static sg_status copies_into_gemv(sg_ctx *ctx, const sg__ir *ir, const int *alia
     return SG_OK;
 }
 
+/* ------------------------------------------------------------ argmax into GEMV */
+
+/* Is r row-major contiguous (dims of one element aside)? */
+static bool dense(const sg__ref *r) {
+    int64_t st = 1;
+    for (int d = r->ndim - 1; d >= 0; d--) {
+        if (r->shape[d] == 1) continue;
+        if (r->stride[d] != st) return false;
+        st *= r->shape[d];
+    }
+    return true;
+}
+
+/* Do a and b hold the same elements in the same row-major order (one a
+ * reshape of the other: a squeeze, a flattening)? */
+static bool same_elems(const sg__ref *a, const sg__ref *b) {
+    int64_t na = 1, nb = 1;
+    for (int d = 0; d < a->ndim; d++) na *= a->shape[d];
+    for (int d = 0; d < b->ndim; d++) nb *= b->shape[d];
+    return a->slot == b->slot && a->dtype == b->dtype && a->offset == b->offset && na == nb &&
+           dense(a) && dense(b);
+}
+
+/*
+ * Is group r an argmax with neither prologue nor epilogue over the rows of
+ * matmul group m's result (its elements, through any reshape), m having no
+ * member after its anchor (the argmax then reads the anchor's value)?
+ */
+static bool argmax_of_result(const sg__ir *ir, const int *alias, const sg__group *m,
+                             const sg__group *r) {
+    if (m->kind != SG__G_MATMUL || m->anchor < 0 || m->anchor != m->n - 1 || m->anchor2 ||
+        m->ncopies || m->argmax)
+        return false;
+    if (r->kind != SG__G_REDUCE || !r->rows_inline || r->anchor != 0 || r->n != 1 || r->bcast ||
+        r->ncols > 1)
+        return false;
+    const sg__irnode *a = &ir->nodes[r->g[0].node];
+    const sg__ref *o = &ir->refs[alias[ir->nodes[m->g[m->anchor].node].out]];
+    const sg__ref *x = a->op == SG__OP_ARGMAX ? arg_ref(ir, a, 0, alias) : NULL;
+    return x && same_elems(x, o);
+}
+
+/* Group p after merged group m (with its argmax): a POINTWISE group of at
+ * most POST_MAX elements that writes no slot m touches and reads no slot m
+ * writes besides the argmax's result. */
+#define POST_MAX 64
+static bool post_of_argmax(const sg__ir *ir, const int *alias, const sg__group *m,
+                           const sg__group *p) {
+    if (p->kind != SG__G_POINTWISE || p->n < 1) return false;
+    int64_t numel = 1;
+    for (int d = 0; d < p->ndim; d++) numel *= p->shape[d];
+    if (numel > POST_MAX) return false;
+    bool w;
+    for (int k = 0; k < p->n; k++)
+        if (group_touches(ir, alias, m, ir->refs[alias[ir->nodes[p->g[k].node].out]].slot, &w))
+            return false;
+    for (int k = 0; k + 1 < m->n; k++)
+        if (group_loads(ir, alias, p, ir->refs[alias[ir->nodes[m->g[k].node].out]].slot))
+            return false;
+    return true;
+}
+
+/* merged with group p appended as its post members, or false when out of memory. */
+static bool append_post(sg_ctx *ctx, sg__group *merged, const sg__group *p) {
+    sg__gnode *g = sg__alloc(ctx, sizeof *g * (size_t)(merged->n + p->n));
+    if (!g) return false;
+    memcpy(g, merged->g, sizeof *g * (size_t)merged->n);
+    for (int k = 0; k < p->n; k++) {
+        sg__gnode gn = p->g[k];
+        for (int j = 0; j < 4; j++)
+            if (gn.arg_src[j] >= 0) gn.arg_src[j] += merged->n;
+        g[merged->n + k] = gn;
+    }
+    sg__free(ctx, merged->g, sizeof *g * (size_t)merged->n);
+    merged->g = g;
+    merged->post = merged->n;
+    merged->n += p->n;
+    merged->post_ndim = p->ndim;
+    memcpy(merged->post_shape, p->shape, sizeof p->shape);
+    merged->last = p->last;
+    return true;
+}
+
+/* Each MATMUL group and the argmax group right after it over its result
+ * merge where the backend's gemv_rows takes the result, and so does a
+ * small pointwise group after the argmax (post_of_argmax). */
+static sg_status argmax_into_gemv(sg_ctx *ctx, const sg__ir *ir, const int *alias, sg__fused *f,
+                                  bool (*takes)(const sg__ir *, const int *, const sg__group *)) {
+    for (int k = 0; k + 1 < f->ngroups; k++) {
+        sg__group *m = &f->groups[k], *r = &f->groups[k + 1];
+        if (!argmax_of_result(ir, alias, m, r)) continue;
+        sg__group merged = *m;
+        merged.g = sg__alloc(ctx, sizeof *merged.g * (size_t)(m->n + 1));
+        if (!merged.g) return sg__fail(ctx, SG_ERR_OOM, "fusion: out of host memory");
+        memcpy(merged.g, m->g, sizeof *merged.g * (size_t)m->n);
+        sg__gnode gn = r->g[0];
+        for (int q = 0; q < 4; q++) gn.arg_src[q] = -1;
+        gn.arg_src[0] = m->anchor;
+        merged.g[merged.n] = gn;
+        merged.argmax = merged.n++;
+        merged.last = r->last;
+        if (!takes(ir, alias, &merged)) {
+            sg__free(ctx, merged.g, sizeof *merged.g * (size_t)merged.n);
+            continue;
+        }
+        sg__free(ctx, m->g, sizeof *m->g * (size_t)(m->n ? m->n : 1));
+        sg__free(ctx, r->g, sizeof *r->g * (size_t)(r->n ? r->n : 1));
+        *m = merged;
+        memmove(r, r + 1, sizeof *r * (size_t)(f->ngroups - k - 2));
+        f->ngroups--;
+        if (k + 1 >= f->ngroups || !post_of_argmax(ir, alias, m, &f->groups[k + 1])) continue;
+        sg__group *p = &f->groups[k + 1];
+        merged = *m;
+        merged.g = sg__alloc(ctx, sizeof *merged.g * (size_t)m->n);
+        if (!merged.g) return sg__fail(ctx, SG_ERR_OOM, "fusion: out of host memory");
+        memcpy(merged.g, m->g, sizeof *merged.g * (size_t)m->n);
+        if (!append_post(ctx, &merged, p)) {
+            sg__free(ctx, merged.g, sizeof *merged.g * (size_t)merged.n);
+            return sg__fail(ctx, SG_ERR_OOM, "fusion: out of host memory");
+        }
+        if (!takes(ir, alias, &merged)) {
+            sg__free(ctx, merged.g, sizeof *merged.g * (size_t)merged.n);
+            continue;
+        }
+        sg__free(ctx, m->g, sizeof *m->g * (size_t)m->n);
+        sg__free(ctx, p->g, sizeof *p->g * (size_t)(p->n ? p->n : 1));
+        *m = merged;
+        memmove(p, p + 1, sizeof *p * (size_t)(f->ngroups - k - 2));
+        f->ngroups--;
+    }
+    return SG_OK;
+}
+
 /* ------------------------------------------------------------ entry */
 
 sg_status sg__fuse(sg_ctx *ctx, const sg__ir *ir, const sg__fuse_opts *opts, sg__fused *f) {
@@ -1092,6 +1229,8 @@ sg_status sg__fuse(sg_ctx *ctx, const sg__ir *ir, const sg__fuse_opts *opts, sg_
         s = gemv_pairs(ctx, ir, f->alias, f, opts->gemv_rows);
     if (s == SG_OK && !per_op && opts && opts->gemv_rows)
         s = copies_into_gemv(ctx, ir, f->alias, f, opts->gemv_rows);
+    if (s == SG_OK && !per_op && opts && opts->gemv_rows)
+        s = argmax_into_gemv(ctx, ir, f->alias, f, opts->gemv_rows);
     if (s != SG_OK) goto done;
     mark_stores(ir, f->alias, f->groups, f->ngroups);
     if (!per_op && opts && opts->lib_epilogue) lib_epilogues(ir, f->alias, f->groups, f->ngroups);

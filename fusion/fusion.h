@@ -48,6 +48,13 @@
  *  - epilogues into the BLAS (with lib_epilogue): a MATMUL group whose
  *    epilogue is one gelu_tanh, relu or residual add is marked
  *    (sg__group.lib_epi) for a library call that computes it itself.
+ *  - argmax into GEMV (with gemv_rows): an argmax group (no prologue, no
+ *    epilogue) over the rows of the result of the MATMUL group right before
+ *    it, which has no epilogue, joins it as its last member
+ *    (sg__group.argmax): a decode step's greedy token from the LM head's
+ *    logits in the GEMV's kernel; a small POINTWISE group right after it
+ *    that reads nothing else the GEMV writes and writes nothing it reads
+ *    joins too (sg__group.post: the token and position updates).
  *  - horizontal: consecutive POINTWISE groups with no data between them
  *    (an optimizer's per-parameter updates) become one MULTI group: one
  *    kernel with one loop per member; with horizontal_data, so do
@@ -138,6 +145,16 @@ typedef struct sg__group {
     int lib_epi;
     int lib_res;
     bool lib_aux;
+    /* MATMUL groups that sg__fuse_opts.gemv_rows merged with the argmax
+     * group after them: the index into g of that argmax (the last member),
+     * which reads the anchor's value along its rows; 0 when none. */
+    int argmax;
+    /* With argmax: the index into g of the first member of a small
+     * pointwise group merged after it (a decode step's token and position
+     * updates), which one thread of the GEMV's last block runs over
+     * post_shape once the argmax is stored; 0 when none. */
+    int post, post_ndim;
+    int64_t post_shape[SG_MAX_DIMS];
 } sg__group;
 
 /* What a MATMUL group's one epilogue member is, for sg__group.lib_epi:
@@ -186,9 +203,10 @@ typedef struct sg__fuse_opts {
      * whose result only the next MATMUL group's anchor reads as x merges
      * into it (sg__group.norm_rows) when this says the merged group is one
      * it generates; so does a pair of matmul groups reading the same x
-     * (sg__group.anchor2) when this takes the merged group, and so do the
+     * (sg__group.anchor2) when this takes the merged group, so do the
      * index_copy_ groups of a view of a matmul's result right after it
-     * (sg__group.ncopies). NULL: no such merge. */
+     * (sg__group.ncopies), and so does an argmax over its rows
+     * (sg__group.argmax). NULL: no such merge. */
     bool (*gemv_rows)(const sg__ir *ir, const int *alias, const sg__group *merged);
     /* The backend generates group g (of f, after horizontal: a MULTI's parts
      * are in f) as loops that one block of its threads may run alone, in

@@ -23,6 +23,17 @@
  *    whose epilogue writes h (2 launches), and h is right.
  *  - Two linears on one x of 2 rows meeting in sigmoid(b) * a - b, with a
  *    an output too: one pair kernel, both results right.
+ *  - linear(x, w, b) + r with a long K (3072, 3001 bf16; 1500, 1501 f32)
+ *    over few columns (odd N), 1 to 3 rows: one GEMV whose K is split over
+ *    a group of warps per column, against an f64 reference; also with x
+ *    first through layer_norm (the rows normalized in the GEMV).
+ *    With SG_GEMV_ARGMAX=1 the step takes 2 launches fewer (the argmax
+ *    and the token and position updates in the LM head's GEMV), and the
+ *    same checks hold.
+ *  - argmax(linear(x, w), -1) with the logits an output (bf16 over 50257
+ *    columns at 1 and 3 rows, f32 at an odd K): one GEMV kernel that also
+ *    finishes the argmax; the indices are torch's argmax of the returned
+ *    logits, with two equal columns in different blocks and a NaN column.
  *  - qkv = linear(x, w, b) with its K and V heads index_copy_'d into two
  *    caches at a position: one GEMV kernel that also writes the caches;
  *    after two calls (positions 1 and 6) the caches hold those rows and
@@ -32,6 +43,7 @@
  * results run on the test's backend (SG_TEST_BACKEND: the CPU by default,
  * the CUDA kernels under the gpu label).
  */
+#define _POSIX_C_SOURCE 200809L /* setenv */
 #include "gpt2/model.h"
 #include "testutil.h"
 
@@ -45,6 +57,7 @@
 
 static sg_ctx *ctx;
 static bool nvrtc_missing;
+static bool last_split; /* cuda_launches' unit splits a GEMV's K over warps */
 
 /* Launches per step of fn's last capture on CUDA; the unit through NVRTC. */
 static bool cuda_launches(sg_fn *fn, const char *name, int *launches) {
@@ -61,6 +74,8 @@ static bool cuda_launches(sg_fn *fn, const char *name, int *launches) {
     bool ok = TU_EXPECT(ki && sg__cgen_cuda(ctx, &g->ir, &f, name, &e, ki, &nk) == SG_OK);
     for (int k = 0; ok && k < f.ngroups; k++) {
         const sg__group *grp = &f.groups[k];
+        /* The post members read the argmax's result from memory. */
+        if (grp->post) ok = ok && TU_EXPECT(grp->g[grp->argmax].store);
         calls += (grp->kind == SG__G_OPAQUE || grp->anchor >= 0) && !ki[k].replaces_call;
         if (getenv("SG_TEST_PRINT_PLAN")) {
             char nm[512];
@@ -70,6 +85,7 @@ static bool cuda_launches(sg_fn *fn, const char *name, int *launches) {
         }
     }
     *launches = nk + calls;
+    last_split = ok && e.buf && strstr(e.buf, "sg_kred");
     if (ok && getenv("SG_TEST_PRINT_CUDA")) fprintf(stderr, "%s\n", e.buf);
     ok = ok && cu_unit_compiles(ctx, name, e.buf, &nvrtc_missing);
     sg__emit_free(&e);
@@ -120,23 +136,27 @@ static int argmax_of(const double *v, int n) {
     return b;
 }
 
-static void test_gpt2(void) {
+/* fold: SG_GEMV_ARGMAX=1, the greedy token's argmax and the token and
+ * position updates inside the LM head's GEMV (2 launches fewer). */
+static void test_gpt2(bool fold) {
     static double eager[G_STEPS * G_V], comp[G_STEPS * G_V], tmp[G_STEPS * G_V];
     int one = 0, two = 0;
+    setenv("SG_GEMV_ARGMAX", fold ? "1" : "0", 1);
     bool ok = gpt2_run(2, SG_MODE_EAGER, eager, &two) &&
               gpt2_run(2, SG_MODE_REDUCE_OVERHEAD, comp, &two) &&
               gpt2_run(1, SG_MODE_REDUCE_OVERHEAD, tmp, &one);
     int per_layer = two - one;
     /* layer_norm + QKV GEMV + the K/V cache writes, attention, proj GEMV +
      * residual, layer_norm + fc GEMV + gelu, fcproj GEMV + residual. */
-    ok = ok && TU_EXPECT(per_layer <= 5) &&
+    ok = ok && TU_EXPECT(per_layer <= 5) && TU_EXPECT(!fold || one == per_layer + 2) &&
          tu_close("gpt2 decode logits", comp, eager, G_STEPS * G_V, BF16_TOL, BF16_TOL);
     for (int s = 0; ok && s < G_STEPS; s++)
         ok = TU_EXPECT(argmax_of(comp + s * G_V, G_V) == argmax_of(eager + s * G_V, G_V));
     tu_case(ok,
-            "GPT2_DECODE_LAUNCHES(bf16,C=%d,NH=%d,V=%d,batch=1,%d steps) -> %d per layer "
+            "GPT2_DECODE_LAUNCHES(bf16,C=%d,NH=%d,V=%d,batch=1,%d steps%s) -> %d per layer "
             "(1 layer: %d, 2 layers: %d), logits as eager's",
-            G_C, G_NH, G_V, G_STEPS, per_layer, one, two);
+            G_C, G_NH, G_V, G_STEPS, fold ? ",argmax in the LM head" : "", per_layer, one, two);
+    unsetenv("SG_GEMV_ARGMAX");
 }
 
 /* ------------------------------------------------------------ Llama-style */
@@ -523,9 +543,146 @@ static void test_copies(void) {
     for (int i = 0; i < 5; i++) sg_release(in[i]);
 }
 
+/* ------------------------------------------------------------ split K */
+
+/* y = linear(x, w, b) + r, x first normalized by layer_norm(x, in[4],
+ * in[5]) when user is not NULL: a long K over few columns, so that the
+ * GEMV splits K over a group of warps per column. */
+static sg_status split_step(sg_ctx *c, sg_tensor *const *in, sg_tensor **out, void *user) {
+    sg_tensor *x = user ? sg_layer_norm(in[0], in[4], in[5], EPS) : in[0];
+    out[0] = sg_add(sg_linear(x, in[1], in[2]), in[3]);
+    return out[0] ? SG_OK : sg_ctx_status(c);
+}
+
+/* Row x of k elements through layer_norm(x, g, b), rounded to dt as the
+ * GEMV's rows in shared memory are. */
+static void ref_layer_norm(sg_dtype dt, double *x, int64_t k, const double *g, const double *b) {
+    double m = 0, v = 0;
+    for (int64_t j = 0; j < k; j++) m += x[j] / (double)k;
+    for (int64_t j = 0; j < k; j++) v += (x[j] - m) * (x[j] - m) / (double)k;
+    for (int64_t j = 0; j < k; j++) x[j] = tu_round(dt, (x[j] - m) / sqrt(v + EPS) * g[j] + b[j]);
+}
+
+/* One case: x (rows, k) of dt against w (n, k), N odd so that the last
+ * block holds a column group past N; K a multiple of the 16-byte vector's
+ * elements or not (the vector path or the element loop). */
+static void test_split(sg_dtype dt, int64_t rows, int64_t k, int64_t n, bool norm) {
+    tu_seed(13);
+    int64_t xs[2] = {rows, k}, ws[2] = {n, k}, ys[2] = {rows, n};
+    double *xv, *wv, *bv, *rv, *gv = NULL, *nbv = NULL,
+                               *ref = malloc(sizeof(double) * (size_t)(rows * n));
+    sg_tensor *in[6] = {tu_rand(ctx, dt, 2, xs, -1, 1, &xv),
+                        tu_rand(ctx, dt, 2, ws, -0.1, 0.1, &wv),
+                        tu_rand(ctx, dt, 1, &n, -0.5, 0.5, &bv),
+                        tu_rand(ctx, dt, 2, ys, -1, 1, &rv),
+                        norm ? tu_rand(ctx, dt, 1, &k, 0.5, 1.5, &gv) : NULL,
+                        norm ? tu_rand(ctx, dt, 1, &k, -0.5, 0.5, &nbv) : NULL};
+    int nin = norm ? 6 : 4;
+    sg_fn *fn = NULL;
+    bool ok =
+        TU_EXPECT(ref != NULL) &&
+        TU_EXPECT(sg_compile(ctx, split_step, norm ? (void *)ctx : NULL, nin, 1,
+                             &(sg_compile_opts){.mode = SG_MODE_REDUCE_OVERHEAD}, &fn) == SG_OK);
+    sg_tensor *out[1] = {NULL};
+    sg_mark_step_begin(ctx);
+    ok = ok && TU_EXPECT(sg_call(fn, in, nin, out, 1) == SG_OK);
+    for (int64_t r = 0; ok && norm && r < rows; r++) ref_layer_norm(dt, xv + r * k, k, gv, nbv);
+    for (int64_t r = 0; ok && r < rows; r++) {
+        ref_linear(xv + r * k, wv, (int)n, (int)k, ref + r * n);
+        for (int64_t i = 0; i < n; i++) ref[r * n + i] += bv[i] + rv[r * n + i];
+    }
+    double tol = dt == SG_F32 ? 1e-5 : BF16_TOL, *got = ok ? tu_read(out[0]) : NULL;
+    ok = ok && TU_EXPECT(got) && tu_close("split-K GEMV", got, ref, rows * n, tol, tol);
+    int launches = 0;
+    ok = ok && cuda_launches(fn, "cu_gemv_split", &launches) && TU_EXPECT(launches == 1) &&
+         TU_EXPECT(last_split);
+    tu_case(ok, "GEMV_SPLIT_K(%s,x=[%lld,%lld]%s,w=[%lld,%lld],+b+r) -> %d launches, K split",
+            sg_dtype_name(dt), (long long)rows, (long long)k, norm ? ",layer_norm(x)" : "",
+            (long long)n, (long long)k, launches);
+    free(got), free(ref);
+    free(xv), free(wv), free(bv), free(rv), free(gv), free(nbv);
+    sg_fn_destroy(fn);
+    for (int i = 0; i < nin; i++) sg_release(in[i]);
+}
+
+/* ------------------------------------------------------------ argmax in the GEMV */
+
+/* logits = linear(x, w), token = argmax(logits, -1): one GEMV kernel whose
+ * last block finishes the argmax over the blocks' bests. */
+static sg_status argmax_step(sg_ctx *c, sg_tensor *const *in, sg_tensor **out, void *user) {
+    (void)user;
+    out[1] = sg_linear(in[0], in[1], NULL);
+    out[0] = sg_argmax(out[1], -1, false);
+    return out[0] && out[1] ? SG_OK : sg_ctx_status(c);
+}
+
+/* One case: w's columns n/5 and n-3 equal and 4x the others (ties across
+ * blocks: the first wins), with `nan`, one weight of column n/2 NaN (a NaN
+ * logit in every row wins over every number). The indices must be argmax's
+ * of the returned logits (torch's order), and those within tolerance of
+ * an f64 reference. */
+static void test_argmax(sg_dtype dt, int64_t rows, int64_t k, int64_t n, bool nan) {
+    tu_seed(17);
+    setenv("SG_GEMV_ARGMAX", "1", 1);
+    int64_t xs[2] = {rows, k}, ws[2] = {n, k}, j1 = n / 5, j2 = n - 3;
+    double *xv, *wv = malloc(sizeof(double) * (size_t)(n * k)),
+                *ref = malloc(sizeof(double) * (size_t)(rows * n));
+    void *wb = malloc((size_t)(n * k) * sg_dtype_size(dt));
+    bool ok = TU_EXPECT(wv && ref && wb);
+    for (int64_t i = 0; ok && i < n * k; i++) wv[i] = tu_uniform(-0.1, 0.1);
+    for (int64_t j = 0; ok && j < k; j++) wv[j2 * k + j] = wv[j1 * k + j] = 4 * wv[j1 * k + j];
+    if (ok && nan) wv[n / 2 * k + k / 2] = NAN;
+    for (int64_t i = 0; ok && i < n * k; i++) {
+        tu_store(wb, dt, i, wv[i]);
+        wv[i] = tu_load(wb, dt, i);
+    }
+    sg_tensor *in[2] = {tu_rand(ctx, dt, 2, xs, -1, 1, &xv),
+                        ok ? sg_from_host(ctx, dt, 2, ws, wb) : NULL};
+    sg_fn *fn = NULL;
+    ok = ok &&
+         TU_EXPECT(sg_compile(ctx, argmax_step, NULL, 2, 2,
+                              &(sg_compile_opts){.mode = SG_MODE_REDUCE_OVERHEAD}, &fn) == SG_OK);
+    sg_tensor *out[2] = {NULL, NULL};
+    sg_mark_step_begin(ctx);
+    ok = ok && TU_EXPECT(sg_call(fn, in, 2, out, 2) == SG_OK);
+    for (int64_t r = 0; ok && r < rows; r++)
+        ref_linear(xv + r * k, wv, (int)n, (int)k, ref + r * n);
+    double tol = dt == SG_F32 ? 1e-5 : BF16_TOL;
+    double *at = ok ? tu_read(out[0]) : NULL, *lg = ok ? tu_read(out[1]) : NULL;
+    ok = ok && TU_EXPECT(at && lg) && tu_close("logits", lg, ref, rows * n, tol, tol);
+    for (int64_t r = 0; ok && r < rows; r++) {
+        const double *l = lg + r * n;
+        int64_t b = 0;
+        for (int64_t i = 1; i < n; i++)
+            if (l[i] != l[i] ? l[b] == l[b] : l[b] == l[b] && l[i] > l[b]) b = i;
+        ok = TU_EXPECT(at[r] == (double)b) && TU_EXPECT(!nan || b == n / 2);
+    }
+    int launches = 0;
+    ok = ok && cuda_launches(fn, "cu_gemv_argmax", &launches) && TU_EXPECT(launches == 1);
+    tu_case(ok,
+            "GEMV_ARGMAX(%s,x=[%lld,%lld],w=[%lld,%lld],columns %lld and %lld tied%s) -> %d "
+            "launches",
+            sg_dtype_name(dt), (long long)rows, (long long)k, (long long)n, (long long)k,
+            (long long)j1, (long long)j2, nan ? ", a NaN column" : "", launches);
+    unsetenv("SG_GEMV_ARGMAX");
+    free(at), free(lg), free(ref), free(wv), free(wb), free(xv);
+    sg_fn_destroy(fn);
+    for (int i = 0; i < 2; i++) sg_release(in[i]);
+}
+
 int main(void) {
     ctx = tu_ctx((sg_ctx_opts){0});
-    test_gpt2();
+    test_argmax(SG_BF16, 1, 64, 50257, false);
+    test_argmax(SG_BF16, 3, 64, 50257, true);
+    test_argmax(SG_F32, 2, 101, 4099, false);
+    test_split(SG_BF16, 1, 3072, 201, false);
+    test_split(SG_BF16, 3, 3001, 201, false);
+    test_split(SG_F32, 2, 1500, 97, false);
+    test_split(SG_F32, 1, 1501, 97, false);
+    test_split(SG_BF16, 2, 3072, 201, true);
+    test_split(SG_F32, 1, 1501, 97, true);
+    test_gpt2(false);
+    test_gpt2(true);
     test_llama();
     test_inplace();
     test_pair();
