@@ -1086,7 +1086,7 @@ void sg__cgen_cuda_gemv_argmax(sg__cuda_gen *g, const sg__group *grp, int am, in
                                unsigned grid) {
     sg__emit *e = sg__cuda_out(g);
     const sg__ref *o = sg__cuda_ref(g, sg__cuda_ir(g)->nodes[grp->g[am].node].out);
-    rowk warp = {.g = g, .e = e, .grp = grp, .team = 32, .nred = 100};
+    rowk warp = {.g = g, .e = e, .grp = grp, .team = 32, .nred = 100, .sp = sg__cuda_spell(g)};
     rowk blk = warp;
     blk.team = BLOCK;
     int nw = BLOCK / 32;
