@@ -531,8 +531,9 @@ static void epi_run(sg_dtype dt, int kind, bool train, int64_t N) {
     const char *ex = ok ? sg_fn_explain(fn) : "";
     const char *line = strstr(ex, "library epilogue:");
     /* N a multiple of 8: the group is marked and cuBLASLt takes it (else
-     * the product and the group's kernel run, numbers as checked) */
-    if (ok && N % 8 == 0)
+     * the product and the group's kernel run, numbers as checked); an f32
+     * GELU is never marked (cuBLASLt's tanh is approximate) */
+    if (ok && N % 8 == 0 && (dt != SG_F32 || kind != EPI_GELU))
         ok = TU_EXPECT(line != NULL) && TU_EXPECT(epi_refusals == refusals) &&
              TU_EXPECT((strstr(line, "(aux)") != NULL) == (train && kind == EPI_GELU));
     if (!ok) fprintf(stderr, "  error: %s\n", sg_last_error(ctx));
