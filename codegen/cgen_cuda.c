@@ -1747,8 +1747,9 @@ static bool emit_group(gen *g, const sg__group *grp, sg__cuda_kinfo *ki, bool *a
         if (p.o2) lslot(g, p.o2->slot);
         ki->grid = emit_gemv(g, grp, &p);
         ki->iters = p.n;
-        /* Warps per block vary, except where the norm's team is the block. */
-        for (int t = 0; t < SG__CUDA_NTUNE && p.along_k && !p.norm; t++)
+        /* Warps per block vary, except where the norm's team is the block or
+         * the block's warps share words sized for BLOCK (split K, argmax). */
+        for (int t = 0; t < SG__CUDA_NTUNE && p.along_k && !p.norm && p.ks == 1 && !p.am; t++)
             ki->tune_grid[t] =
                 (unsigned)((p.n + (128 << t) / 32 * p.cols - 1) / ((128 << t) / 32 * p.cols));
         ki->replaces_call = true;
