@@ -364,8 +364,17 @@ sg_backend tu_backend(void) {
     exit(1);
 }
 
+/* Whether libocloc loads (codegen/codegen.h): the ze backend compiles every
+ * op with it. */
+sg_status sg__ocloc_probe(char *why, size_t n);
+
 sg_ctx *tu_ctx(sg_ctx_opts opts) {
     opts.backend = tu_backend();
+    char why[512];
+    if (opts.backend == SG_BACKEND_ZE && sg__ocloc_probe(why, sizeof why) != SG_OK) {
+        fprintf(stderr, "skip: the ze backend compiles every op with libocloc: %s\n", why);
+        exit(77);
+    }
     sg_ctx *ctx = NULL;
     sg_status s = sg_ctx_create(&opts, &ctx);
     if (s == SG_OK) return ctx;

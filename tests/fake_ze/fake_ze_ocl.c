@@ -35,6 +35,7 @@ int fzo_wanted(void) {
 #include <dlfcn.h>
 #include <stdint.h>
 #include <string.h>
+#include <unistd.h>
 
 #define CL_API(X)                                                                                  \
     X(clGetPlatformIDs)                                                                            \
@@ -43,6 +44,8 @@ int fzo_wanted(void) {
     X(clCreateCommandQueueWithProperties)                                                          \
     X(clFinish)                                                                                    \
     X(clCreateProgramWithIL)                                                                       \
+    X(clCreateProgramWithBinary)                                                                   \
+    X(clGetProgramInfo)                                                                            \
     X(clBuildProgram)                                                                              \
     X(clGetProgramBuildInfo)                                                                       \
     X(clReleaseProgram)                                                                            \
@@ -160,10 +163,73 @@ static int is_usm(const void *v) {
     return 0;
 }
 
+/* Built programs are kept as the runtime's binaries in SG_CACHE_DIR, as
+ * fake_ze-<hash of the SPIR-V>.clbin (the library's cache ignores such
+ * names): the runtime's compile of SPIR-V is most of a warm run's time. */
+static int bin_path(const void *il, size_t n, char *path, size_t size) {
+    const char *dir = getenv("SG_CACHE_DIR");
+    if (!dir || !*dir) return -1;
+    uint64_t h = 1469598103934665603ull; /* FNV-1a */
+    for (size_t i = 0; i < n; i++) h = (h ^ ((const unsigned char *)il)[i]) * 1099511628211ull;
+    return snprintf(path, size, "%s/fake_ze-%016llx-%zu.clbin", dir, (unsigned long long)h, n) <
+                   (int)size
+               ? 0
+               : -1;
+}
+
+static cl_program from_binary(const char *path) {
+    FILE *f = fopen(path, "rb");
+    if (!f) return NULL;
+    fseek(f, 0, SEEK_END);
+    long len = ftell(f);
+    fseek(f, 0, SEEK_SET);
+    unsigned char *buf = len > 0 ? malloc((size_t)len) : NULL;
+    size_t got = buf ? fread(buf, 1, (size_t)len, f) : 0;
+    fclose(f);
+    cl_program p = NULL;
+    if (buf && got == (size_t)len) {
+        size_t blen = got;
+        const unsigned char *bins[1] = {buf};
+        cl_int st = CL_SUCCESS, err = CL_SUCCESS;
+        p = cl.clCreateProgramWithBinary(context, 1, &device, &blen, bins, &st, &err);
+        if (p && cl.clBuildProgram(p, 1, &device, "", NULL, NULL) != CL_SUCCESS) {
+            cl.clReleaseProgram(p);
+            p = NULL;
+        }
+    }
+    free(buf);
+    return p;
+}
+
+static void keep_binary(cl_program p, const char *path) {
+    size_t len = 0;
+    if (cl.clGetProgramInfo(p, CL_PROGRAM_BINARY_SIZES, sizeof len, &len, NULL) != CL_SUCCESS ||
+        !len)
+        return;
+    unsigned char *buf = malloc(len);
+    char tmp[4200];
+    snprintf(tmp, sizeof tmp, "%s.%d.tmp", path, (int)getpid());
+    FILE *f = NULL;
+    if (buf && cl.clGetProgramInfo(p, CL_PROGRAM_BINARIES, sizeof buf, &buf, NULL) == CL_SUCCESS &&
+        (f = fopen(tmp, "wb"))) {
+        int ok = fwrite(buf, 1, len, f) == len;
+        ok = fclose(f) == 0 && ok;
+        if (!ok || rename(tmp, path) != 0) remove(tmp);
+    }
+    free(buf);
+}
+
 int fzo_program(const void *il, size_t n, void **prog, char *log, size_t size) {
     cl_int err = CL_SUCCESS;
-    cl_program p = cl.clCreateProgramWithIL(context, il, n, &err);
+    char path[4096];
+    int cached = bin_path(il, n, path, sizeof path) == 0;
+    cl_program p = cached ? from_binary(path) : NULL;
     log[0] = '\0';
+    if (p) {
+        *prog = p;
+        return 0;
+    }
+    p = cl.clCreateProgramWithIL(context, il, n, &err);
     if (!p) {
         snprintf(log, size, "fake_ze: clCreateProgramWithIL failed (OpenCL error %d)", (int)err);
         return -1;
@@ -180,6 +246,7 @@ int fzo_program(const void *il, size_t n, void **prog, char *log, size_t size) {
         cl.clReleaseProgram(p);
         return -1;
     }
+    if (cached) keep_binary(p, path);
     *prog = p;
     return 0;
 }
