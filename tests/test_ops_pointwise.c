@@ -205,6 +205,7 @@ static const unop unops[] = {
 #define NUNOPS (int)(sizeof unops / sizeof unops[0])
 
 static void unary_case(const unop *op, sg_dtype dt, const shp *s, tu_layout lay) {
+    if (!tu_sampled()) return;
     double *v;
     bool ints = is_int(dt);
     sg_tensor *x = rin(dt, s, ints ? -1000 : op->lo, ints ? 1000 : op->hi, lay, &v);
@@ -380,6 +381,7 @@ static void binary_case(const char *name, sg_tensor *(*fn)(sg_tensor *, sg_tenso
                         double (*ref_fn)(double, double), const double *range, sg_dtype dt,
                         sg_dtype out_dt, const shp *sa, const shp *sb, tu_layout la, tu_layout lb,
                         gen_fn gen) {
+    if (!tu_sampled()) return;
     double *va, *vb;
     bool ints = !is_float(dt);
     sg_tensor *a = gen ? gin(dt, sa, la, gen, &va)
@@ -498,6 +500,7 @@ static void test_compare(void) {
  * makes its own inputs. */
 static void logical_case(int which, sg_dtype da, sg_dtype db, const shp *sa, const shp *sb,
                          tu_layout la, tu_layout lb) {
+    if (!tu_sampled()) return;
     double *va, *vb = NULL;
     sg_tensor *a = gin(da, sa, la, gen_discrete, &va);
     sg_tensor *b = which < 2 ? gin(db, sb, lb, gen_discrete, &vb) : NULL;
@@ -547,6 +550,7 @@ static const shp triples[][3] = {
 #define NTRIPLES (int)(sizeof triples / sizeof triples[0])
 
 static void where_case(sg_dtype dt, const shp *const *ss, const tu_layout *lay) {
+    if (!tu_sampled()) return;
     double *vc, *va, *vb;
     sg_tensor *c = rin(SG_BOOL, ss[0], 0, 1, lay[0], &vc);
     sg_tensor *a =
@@ -727,6 +731,7 @@ static elem cast_source(sg_dtype dt, int64_t k) {
 
 /* x (from) -> sg_cast(x, to), compared exactly with convert_ref. */
 static void cast_case(sg_dtype from, sg_dtype to, const shp *s, tu_layout lay) {
+    if (!tu_sampled()) return;
     int64_t n = numel(s);
     size_t fs = sg_dtype_size(from), ts = sg_dtype_size(to);
     unsigned char *src = malloc((size_t)(n + 1) * fs), *dst = malloc((size_t)(n + 1) * ts);
@@ -812,6 +817,7 @@ static bool base_is(sg_tensor *base, sg_dtype dt, const elem *want, int64_t nb) 
 /* copy_ of a source (kind 0: [C] broadcast over rows; 1: 0-d; 2: [R,C] in
  * another layout) of dtype sd into a [R,C] destination of dtype dd. */
 static void copy_case(sg_dtype sd, sg_dtype dd, tu_layout dl, int kind) {
+    if (!tu_sampled()) return;
     elem base_v[2 * R_ * C_], want[2 * R_ * C_], src_v[R_ * C_];
     int64_t nb, pos[R_ * C_];
     sg_tensor *base = make_base(dd, dl, base_v, &nb);
@@ -840,6 +846,7 @@ static void copy_case(sg_dtype sd, sg_dtype dd, tu_layout dl, int kind) {
 
 /* fill_ converts its double exactly as a cast would (rounded once). */
 static void fill_case(sg_dtype dd, tu_layout dl, double value) {
+    if (!tu_sampled()) return;
     elem base_v[2 * R_ * C_], want[2 * R_ * C_];
     int64_t nb, pos[R_ * C_];
     sg_tensor *base = make_base(dd, dl, base_v, &nb);
@@ -856,6 +863,7 @@ static void fill_case(sg_dtype dd, tu_layout dl, double value) {
 
 /* add_ of a [C] or [R,C] source into each destination layout; tolerance by dtype. */
 static void add_case(sg_dtype dt, tu_layout dl, int kind) {
+    if (!tu_sampled()) return;
     elem base_v[2 * R_ * C_];
     int64_t nb, pos[R_ * C_];
     shp ss = kind == 0 ? (shp){1, {C_}} : kind == 1 ? (shp){0, {0}} : (shp){2, {R_, C_}};
@@ -889,6 +897,7 @@ static void add_case(sg_dtype dt, tu_layout dl, int kind) {
 /* copy_(x, transpose(x)) must give the transpose; add_(x, transpose(x))
  * x + x^T; add_(x, x) 2x; and shifted copies within one vector. */
 static void overlap_case(sg_dtype dt, int64_t n) {
+    if (!tu_sampled()) return;
     int64_t shape[2] = {n, n};
     double *v;
     char what[96];

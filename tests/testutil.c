@@ -382,3 +382,12 @@ sg_ctx *tu_ctx(sg_ctx_opts opts) {
             sg_last_error(NULL));
     exit(s == SG_ERR_BACKEND_UNAVAILABLE && opts.backend != SG_BACKEND_CPU ? 77 : 1);
 }
+
+bool tu_sampled(void) {
+    static long every = -1, n;
+    if (every < 0) {
+        const char *e = getenv("SG_TEST_EVERY");
+        every = e && atol(e) > 1 ? atol(e) : 1;
+    }
+    return n++ % every == 0;
+}
