@@ -240,6 +240,7 @@ sg_status sg__ze_eager_run(sg_ctx *ctx, void **state, const sg__node *n) {
     entry *e = NULL;
     if (s == SG_OK) s = lookup(ctx, z, n, &ir, &e);
     if (s == SG_OK) s = upload_table(ctx, z, e, &ir, t);
+    if (s == SG_OK) s = sg__data_check(ctx, n); /* bad indices: nothing written */
     for (int k = 0; s == SG_OK && k < e->ngroups; k++) {
         if (!e->kfn[k]) continue;
         uint32_t groups[3] = {e->kinfo[k].grid, 1, 1}, size[3] = {e->kinfo[k].block, 1, 1};
