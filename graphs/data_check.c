@@ -34,9 +34,10 @@ sg_status sg__check_indices(sg_ctx *ctx, const char *op, const sg_tensor *idx, i
             idx->dtype == SG_I64 ? ((const int64_t *)buf)[off] : ((const int32_t *)buf)[off];
         if (v < 0 || v >= limit) {
             char d[SG__DESC];
-            s = sg__fail(ctx, SG_ERR_INDEX, "%s: idx %s holds %lld at position %lld, out of range "
-                         "for %s of size %lld; indices must be in [0, %lld)", op,
-                         sg__describe(idx, d, sizeof d), (long long)v, (long long)i, what,
+            s = sg__fail(ctx, SG_ERR_INDEX,
+                         "%s: idx %s holds %lld at position %lld, out of range "
+                         "for %s of size %lld; indices must be in [0, %lld)",
+                         op, sg__describe(idx, d, sizeof d), (long long)v, (long long)i, what,
                          (long long)limit, (long long)limit);
             break;
         }
@@ -59,8 +60,7 @@ sg_status sg__data_check(sg_ctx *ctx, const sg__node *n) {
                                  "dim 0 of weight");
     case SG__OP_INDEX_SELECT:
         snprintf(what, sizeof what, "dim %d of x", (int)n->i[0]);
-        return sg__check_indices(ctx, "sg_index_select", n->in[1], n->in[0]->shape[n->i[0]],
-                                 what);
+        return sg__check_indices(ctx, "sg_index_select", n->in[1], n->in[0]->shape[n->i[0]], what);
     case SG__OP_INDEX_COPY:
         snprintf(what, sizeof what, "dim %d of dst", (int)n->i[0]);
         return sg__check_indices(ctx, "sg_index_copy_", n->in[1], n->out->shape[n->i[0]], what);

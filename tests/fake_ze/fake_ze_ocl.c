@@ -87,6 +87,11 @@ static int fail(const char *what, cl_int err) {
     return -1;
 }
 
+static uintptr_t usm_entry(void *lib, const char *name) {
+    void *f = dlsym(lib, name);
+    return (uintptr_t)(f ? f : cl.clGetExtensionFunctionAddressForPlatform(platform, name));
+}
+
 static int load(void) {
     const char *path = getenv("FAKE_ZE_OPENCL");
     void *lib = dlopen(path, RTLD_NOW | RTLD_LOCAL);
@@ -107,12 +112,10 @@ static int load(void) {
     cl_uint n = 0;
     cl_int err = cl.clGetPlatformIDs(1, &platform, &n);
     if (err != CL_SUCCESS || n == 0) return fail("clGetPlatformIDs", err);
-    /* The USM entry points: exported by Intel's runtime, else through the
-     * extension query. */
+        /* The USM entry points: exported by Intel's runtime, else through the
+         * extension query. */
 #define X(f)                                                                                       \
-    cl.f = (__typeof__(cl.f))(uintptr_t)dlsym(lib, #f);                                            \
-    if (!cl.f)                                                                                     \
-        cl.f = (__typeof__(cl.f))(uintptr_t)cl.clGetExtensionFunctionAddressForPlatform(platform, #f); \
+    cl.f = (__typeof__(cl.f))usm_entry(lib, #f);                                                   \
     if (!cl.f) {                                                                                   \
         fprintf(stderr, "fake_ze: %s has no %s (cl_intel_unified_shared_memory)\n", path, #f);     \
         return -1;                                                                                 \
@@ -236,8 +239,8 @@ int fzo_program(const void *il, size_t n, void **prog, char *log, size_t size) {
     }
     err = cl.clBuildProgram(p, 1, &device, "", NULL, NULL);
     if (err != CL_SUCCESS) {
-        int head = snprintf(log, size, "fake_ze: clBuildProgram failed (OpenCL error %d): ",
-                            (int)err);
+        int head =
+            snprintf(log, size, "fake_ze: clBuildProgram failed (OpenCL error %d): ", (int)err);
         size_t got = 0;
         if (head > 0 && (size_t)head < size)
             cl.clGetProgramBuildInfo(p, device, CL_PROGRAM_BUILD_LOG, size - (size_t)head,
@@ -273,7 +276,7 @@ int fzo_launch(void *kernel, const fake_ze_launch *l, unsigned null_mask) {
         if (l->size[i] == sizeof p) memcpy(&p, l->value[i], sizeof p);
         cl_int err = (null_mask >> i) & 1 ? cl.clSetKernelArg(k, (cl_uint)i, l->size[i], NULL)
                      : p && is_usm(p)     ? cl.clSetKernelArgMemPointerINTEL(k, (cl_uint)i, p)
-                                          : cl.clSetKernelArg(k, (cl_uint)i, l->size[i], l->value[i]);
+                                      : cl.clSetKernelArg(k, (cl_uint)i, l->size[i], l->value[i]);
         if (err != CL_SUCCESS) {
             fprintf(stderr, "fake_ze: argument %d (%zu bytes) of %s: ", i, l->size[i], l->name);
             return fail("clSetKernelArg", err);
@@ -305,7 +308,9 @@ int fzo_init(void) {
     fprintf(stderr, "fake_ze: built without the OpenCL headers (install opencl-c-headers)\n");
     return -1;
 }
-void *fzo_alloc(size_t size, size_t align, int host) { return (void)size, (void)align, (void)host, NULL; }
+void *fzo_alloc(size_t size, size_t align, int host) {
+    return (void)size, (void)align, (void)host, NULL;
+}
 void fzo_free(void *p) { (void)p; }
 int fzo_program(const void *il, size_t n, void **prog, char *log, size_t size) {
     return (void)il, (void)n, (void)prog, (void)log, (void)size, -1;
