@@ -375,8 +375,9 @@ static void test_multi_barrier(void) {
     /* The barrier is the C dialect's: other backends' units are checked by the numbers. */
     bool c_unit = tu_backend() == SG_BACKEND_CPU;
     ok = ok && TU_EXPECT(!c_unit || (k0 && bar && (!k1 || bar < k1)));
-    tu_case(ok, "MULTI(4 parameter updates, the last empty, then tanh(p0^T) in the same region: "
-                "%s)",
+    tu_case(ok,
+            "MULTI(4 parameter updates, the last empty, then tanh(p0^T) in the same region: "
+            "%s)",
             c_unit ? "barrier ends the loops" : "the numbers only, not a C unit");
     unlink(path);
     rmdir(dir);

@@ -365,8 +365,7 @@ static void case_compiled(sg_ctx *ctx, uint64_t seed) {
     sg_tensor *x = tu_rand(ctx, SG_F32, 1, shape, -1, 1, &vx);
     sg_tensor *y = tu_rand(ctx, SG_F32, 1, shape, -1, 1, &vy);
     sg_tensor *x2 = tu_rand(ctx, SG_F32, 1, shape, -1, 1, &vx2);
-    for (int i = 0; i < 300; i++)
-        ref[i] = vx[i] * vx[i] + vy[i], ref2[i] = vx2[i] * vx2[i] + vy[i];
+    for (int i = 0; i < 300; i++) ref[i] = vx[i] * vx[i] + vy[i], ref2[i] = vx2[i] * vx2[i] + vy[i];
     free(vx), free(vy), free(vx2);
     sg_compile_opts o = {.mode = SG_MODE_REDUCE_OVERHEAD, .name = "ze_step", .output_sets = 1};
     sg_fn *fn = NULL;

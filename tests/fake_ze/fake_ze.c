@@ -119,7 +119,7 @@ static ze_result_t run_cmd(const cmd *c) {
     launches[nlaunches++] = c->l;
     if (forward)
         return fzo_launch(c->cl, &c->l, c->null_args) == 0 ? ZE_RESULT_SUCCESS
-                                                            : ZE_RESULT_ERROR_INVALID_ARGUMENT;
+                                                           : ZE_RESULT_ERROR_INVALID_ARGUMENT;
     for (int i = 0; i < nregistry; i++)
         if (strcmp(registry[i].name, c->l.name) == 0) registry[i].fn(&c->l);
     return ZE_RESULT_SUCCESS;
