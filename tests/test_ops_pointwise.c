@@ -310,6 +310,7 @@ static void test_scalar(void) {
             sg_dtype dt = dts[k];
             if (scops[o].kind == 2 && !is_float(dt)) continue;
             for (int si = 0; si < NSHAPES1 + 1; si++) {
+                if (!tu_sampled()) continue;
                 const shp *s = si < NSHAPES1 ? &shapes1[si] : &big1;
                 tu_layout lay = (tu_layout)((si + o) % TU_NUM_LAYOUTS);
                 double *v;
