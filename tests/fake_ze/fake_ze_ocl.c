@@ -16,7 +16,9 @@
  * set with clSetKernelArgMemPointerINTEL, any other with clSetKernelArg;
  * kernels may read USM addresses from tables (indirect access enabled); a
  * launch is clEnqueueNDRangeKernel of groups x group size work-items on one
- * in-order queue.
+ * in-order queue. Built programs are kept as the runtime's binaries in
+ * SG_CACHE_DIR (fake_ze-<hash>.clbin), since compiling SPIR-V is most of
+ * a warm run's time.
  */
 #define CL_TARGET_OPENCL_VERSION 300
 #include "fake_ze_ocl.h"
