@@ -592,6 +592,9 @@ SG__HIDDEN sg_status sg__ocloc_check(sg_ctx *ctx, const char *name, const void *
                                      size_t size);
 /* Process-wide count of ocloc compiles (not cache hits), for tests. */
 SG__HIDDEN uint64_t sg__ocloc_compiles(void);
+/* Whether libocloc loads here (once per process): SG_OK, or
+ * SG_ERR_BACKEND_UNAVAILABLE with the reason in why (tests skip on it). */
+SG__HIDDEN sg_status sg__ocloc_probe(char *why, size_t n);
 
 /* ------------------------------------------------------------ OpenCL C on the CPU (opencl.c) */
 

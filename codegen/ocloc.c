@@ -79,6 +79,12 @@ static void load_once(void) {
 
 uint64_t sg__ocloc_compiles(void) { return atomic_load(&n_compiles); }
 
+sg_status sg__ocloc_probe(char *why, size_t n) {
+    pthread_once(&once, load_once);
+    if (!loaded && why && n) snprintf(why, n, "%s", load_why);
+    return loaded ? SG_OK : SG_ERR_BACKEND_UNAVAILABLE;
+}
+
 static const char *device(void) {
     const char *d = getenv("SG_ZE_OCLOC_DEVICE");
     return d && d[0] ? d : "pvc";

@@ -54,4 +54,14 @@ SG__HIDDEN void sg__reduce_dims(const sg_tensor *x, const sg_tensor *y, uint32_t
 /* Fill ctx->exec for the CPU. Never unavailable; fails only on OOM. */
 SG__HIDDEN sg_status sg__cpu_init(sg_ctx *ctx);
 
+/* Index checks for a device's data kernels (data_check.c): idx (any shape
+ * and strides, i32/i64) read back with ctx->exec.download and every entry
+ * checked to be in [0, limit), failing with SG_ERR_INDEX and the CPU's
+ * message (op, the entry's row-major position, what it indexes). */
+SG__HIDDEN sg_status sg__check_indices(sg_ctx *ctx, const char *op, const sg_tensor *idx,
+                                       int64_t limit, const char *what);
+/* The check of node n when it is embedding, index_select or index_copy_
+ * (SG_OK for any other op): before its generated kernel writes anything. */
+SG__HIDDEN sg_status sg__data_check(sg_ctx *ctx, const sg__node *n);
+
 #endif /* SG_BACKEND_H */

@@ -372,9 +372,13 @@ static void test_multi_barrier(void) {
     const char *k0 = strstr(src, "static void sg_k0_multi");
     const char *k1 = k0 ? strstr(k0, "static void sg_k1") : NULL;
     const char *bar = k0 ? strstr(k0, "SG_OMP(omp barrier)") : NULL;
-    ok = ok && TU_EXPECT(k0 && bar && (!k1 || bar < k1));
-    tu_case(ok, "MULTI(4 parameter updates, the last empty, then tanh(p0^T) in the same region: "
-                "barrier ends the loops)");
+    /* The barrier is the C dialect's: other backends' units are checked by the numbers. */
+    bool c_unit = tu_backend() == SG_BACKEND_CPU;
+    ok = ok && TU_EXPECT(!c_unit || (k0 && bar && (!k1 || bar < k1)));
+    tu_case(ok,
+            "MULTI(4 parameter updates, the last empty, then tanh(p0^T) in the same region: "
+            "%s)",
+            c_unit ? "barrier ends the loops" : "the numbers only, not a C unit");
     unlink(path);
     rmdir(dir);
     unsetenv("SG_DUMP_DIR");

@@ -13,7 +13,10 @@
  * table of the tensors' addresses, its unit reused by signature) and a
  * compiled step (one recorded list replayed, a moved input one table
  * upload); the fake driver runs no SPIR-V, so those check addresses and
- * launches, not numbers. Before that, in a child
+ * launches, not numbers, unless it runs in its OpenCL mode (FAKE_ZE_OPENCL,
+ * the test_graphs_ze_opencl variant): then every kernel, the registered
+ * ones' sources included, runs for real and the generated cases check
+ * their numbers too. Before that, in a child
  * process, the path with the real loader and no driver: sg_ctx_create
  * fails with zeInit's result in the message, and the process goes on (a
  * call after a failed zeInit would crash it); skipped without a loader and
@@ -27,6 +30,7 @@
 
 #include <dlfcn.h>
 #include <math.h>
+#include <stdlib.h>
 #include <string.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -143,6 +147,16 @@ static void case_eager(sg_ctx *ctx, uint64_t seed) {
 /* Whether libocloc builds OpenCL C here (case_module finds out): the
  * generated cases need it. */
 static bool have_ocloc = true;
+/* Whether the fake driver runs the real kernels (its OpenCL mode). */
+static bool real_kernels;
+
+/* t's values against ref, when the kernels ran for real. */
+static bool real_numbers(const char *what, sg_tensor *t, const double *ref, int n) {
+    if (!real_kernels) return true;
+    float got[1100];
+    return TU_EXPECT(n <= 1100) && TU_EXPECT(sg_read(t, got, sizeof(float) * (size_t)n) == SG_OK) &&
+           near_all(what, got, ref, n);
+}
 
 static bool case_module(sg_ctx *ctx, sg__ze_kfn **scale, sg__ze_kfn **tadd) {
     fz_clear();
@@ -298,8 +312,11 @@ static bool table_has(const fake_ze_launch *l, int n, const void *p) {
 static void case_generated_eager(sg_ctx *ctx, uint64_t seed) {
     tu_seed(seed);
     int64_t shape[2] = {37, 29};
-    sg_tensor *a = tu_rand(ctx, SG_F32, 2, shape, -1, 1, NULL);
-    sg_tensor *b = tu_rand(ctx, SG_F32, 2, shape, -1, 1, NULL);
+    double *va, *vb, ref[37 * 29], ref2[37 * 29];
+    sg_tensor *a = tu_rand(ctx, SG_F32, 2, shape, -1, 1, &va);
+    sg_tensor *b = tu_rand(ctx, SG_F32, 2, shape, -1, 1, &vb);
+    for (int i = 0; i < 37 * 29; i++) ref[i] = (float)(va[i] + vb[i]), ref2[i] = ref[i] + vb[i];
+    free(va), free(vb);
     fz_clear();
     sg_tensor *c = sg_add(a, b);
     if (!c) fprintf(stderr, "  %s\n", sg_last_error(ctx));
@@ -315,6 +332,8 @@ static void case_generated_eager(sg_ctx *ctx, uint64_t seed) {
     }
     fz_clear();
     sg_tensor *d = sg_add(c, b); /* the same signature: no new unit */
+    ok = ok && TU_EXPECT(real_numbers("c", c, ref, 37 * 29)) &&
+         TU_EXPECT(real_numbers("d", d, ref2, 37 * 29));
     ok = ok && TU_EXPECT(d != NULL) && TU_EXPECT(fz_nlaunches() == 1) &&
          TU_EXPECT(count_calls("zeModuleCreate") == 0) &&
          TU_EXPECT(table_has(fz_launch(0), 3, sg__data(d)) &&
@@ -334,9 +353,9 @@ static void case_generated_eager(sg_ctx *ctx, uint64_t seed) {
     sg_release(a), sg_release(b), sg_release(c), sg_release(d), sg_release(sm);
     tu_case(ok,
             "ZE_GENERATED_EAGER(add f32 [37,29] as a one-op OpenCL C unit, reused by "
-            "signature; softmax: one generated row kernel; max: not yet on the ze backend) "
+            "signature; softmax: one generated row kernel; max: not yet on the ze backend%s) "
             "seed=%llu",
-            (unsigned long long)seed);
+            real_kernels ? "; numbers from the real kernels" : "", (unsigned long long)seed);
 }
 
 static sg_status step_fn(sg_ctx *ctx, sg_tensor *const *in, sg_tensor **out, void *user) {
@@ -350,9 +369,12 @@ static sg_status step_fn(sg_ctx *ctx, sg_tensor *const *in, sg_tensor **out, voi
 static void case_compiled(sg_ctx *ctx, uint64_t seed) {
     tu_seed(seed);
     int64_t shape[1] = {300};
-    sg_tensor *x = tu_rand(ctx, SG_F32, 1, shape, -1, 1, NULL);
-    sg_tensor *y = tu_rand(ctx, SG_F32, 1, shape, -1, 1, NULL);
-    sg_tensor *x2 = tu_rand(ctx, SG_F32, 1, shape, -1, 1, NULL);
+    double *vx, *vy, *vx2, ref[300], ref2[300];
+    sg_tensor *x = tu_rand(ctx, SG_F32, 1, shape, -1, 1, &vx);
+    sg_tensor *y = tu_rand(ctx, SG_F32, 1, shape, -1, 1, &vy);
+    sg_tensor *x2 = tu_rand(ctx, SG_F32, 1, shape, -1, 1, &vx2);
+    for (int i = 0; i < 300; i++) ref[i] = vx[i] * vx[i] + vy[i], ref2[i] = vx2[i] * vx2[i] + vy[i];
+    free(vx), free(vy), free(vx2);
     sg_compile_opts o = {.mode = SG_MODE_REDUCE_OVERHEAD, .name = "ze_step", .output_sets = 1};
     sg_fn *fn = NULL;
     bool ok = TU_EXPECT(sg_compile(ctx, step_fn, NULL, 2, 1, &o, &fn) == SG_OK);
@@ -364,7 +386,8 @@ static void case_compiled(sg_ctx *ctx, uint64_t seed) {
          TU_EXPECT(count_calls("zeCommandQueueExecuteCommandLists") == 1) &&
          TU_EXPECT(fz_nlaunches() >= 1);
     int nl = fz_nlaunches();
-    ok = ok && TU_EXPECT(nl >= 1 && table_has(fz_launch(0), 8, sg__data(x)));
+    ok = ok && TU_EXPECT(nl >= 1 && table_has(fz_launch(0), 8, sg__data(x))) &&
+         TU_EXPECT(real_numbers("x*x+y", out[0], ref, 300));
     in[0] = x2;
     fz_clear();
     s = sg_call(fn, in, 2, out, 1);
@@ -372,7 +395,8 @@ static void case_compiled(sg_ctx *ctx, uint64_t seed) {
          TU_EXPECT(count_calls("zeCommandListReset") == 0) &&
          TU_EXPECT(count_calls("zeCommandListAppendLaunchKernel") == 0) &&
          TU_EXPECT(count_calls("zeCommandQueueExecuteCommandLists") == 1) &&
-         TU_EXPECT(fz_nlaunches() == nl) && TU_EXPECT(table_has(fz_launch(0), 8, sg__data(x2)));
+         TU_EXPECT(fz_nlaunches() == nl) && TU_EXPECT(table_has(fz_launch(0), 8, sg__data(x2))) &&
+         TU_EXPECT(real_numbers("x2*x2+y", out[0], ref2, 300));
     printf("  %s\n", sg_fn_explain(fn));
     sg_fn_destroy(fn);
     sg_release(x), sg_release(y), sg_release(x2);
@@ -411,8 +435,13 @@ static void case_generated_gemm(sg_ctx *ctx, uint64_t seed) {
             (unsigned long long)seed);
 }
 
+/* Whether libocloc loads (codegen/codegen.h). */
+sg_status sg__ocloc_probe(char *why, size_t n);
+
 static void fake_driver_cases(void) {
     setenv("ZE_ENABLE_ALT_DRIVERS", FAKE_ZE_PATH, 1);
+    const char *ocl = getenv("FAKE_ZE_OPENCL");
+    real_kernels = ocl && *ocl;
     unsetenv("SG_ZE_LOADER");
     sg_ctx *ctx = NULL;
     sg_ctx_opts o = {.backend = SG_BACKEND_ZE};
@@ -524,6 +553,17 @@ static void case_no_driver(void) {
 
 int main(void) {
 #ifdef FAKE_ZE_PATH
+    /* The OpenCL mode runs SPIR-V from libocloc only (absent in sanitizer builds). */
+    const char *ocl = getenv("FAKE_ZE_OPENCL");
+    char why[512];
+    if (ocl && *ocl && sg__ocloc_probe(why, sizeof why) != SG_OK) {
+        printf("skip: the fake driver's OpenCL mode needs libocloc's SPIR-V: %s\n", why);
+        return 77;
+    }
+    if (ocl && *ocl && access(ocl, R_OK) != 0) {
+        printf("skip: no OpenCL CPU runtime at %s (pip install intel-opencl-rt)\n", ocl);
+        return 77;
+    }
     /* Nothing may touch the loader before this: it reads its environment
      * once per process. */
     case_no_driver();

@@ -364,12 +364,30 @@ sg_backend tu_backend(void) {
     exit(1);
 }
 
+/* Whether libocloc loads (codegen/codegen.h): the ze backend compiles every
+ * op with it. */
+sg_status sg__ocloc_probe(char *why, size_t n);
+
 sg_ctx *tu_ctx(sg_ctx_opts opts) {
     opts.backend = tu_backend();
+    char why[512];
+    if (opts.backend == SG_BACKEND_ZE && sg__ocloc_probe(why, sizeof why) != SG_OK) {
+        fprintf(stderr, "skip: the ze backend compiles every op with libocloc: %s\n", why);
+        exit(77);
+    }
     sg_ctx *ctx = NULL;
     sg_status s = sg_ctx_create(&opts, &ctx);
     if (s == SG_OK) return ctx;
     fprintf(stderr, "sg_ctx_create(%s): %s: %s\n", sg_backend_name(opts.backend), sg_status_str(s),
             sg_last_error(NULL));
     exit(s == SG_ERR_BACKEND_UNAVAILABLE && opts.backend != SG_BACKEND_CPU ? 77 : 1);
+}
+
+bool tu_sampled(void) {
+    static long every = -1, n;
+    if (every < 0) {
+        const char *e = getenv("SG_TEST_EVERY");
+        every = e && atol(e) > 1 ? atol(e) : 1;
+    }
+    return n++ % every == 0;
 }

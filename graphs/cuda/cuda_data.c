@@ -78,43 +78,10 @@ static bool fits_32(const dt_args *a) {
 
 /* ------------------------------------------------------------ index checks */
 
-/*
- * Download idx (any shape and strides, i32/i64) and check every entry is in
- * [0, limit), with the CPU's message naming the op, the entry's row-major
- * position and what it indexes. Skipped while a graph is recorded.
- */
+/* sg__check_indices (data_check.c), skipped while a graph is recorded. */
 static sg_status check_indices(sg_ctx *ctx, const char *op, const sg_tensor *idx, int64_t limit,
                                const char *what) {
-    int64_t n = sg__numel(idx->ndim, idx->shape);
-    if (n == 0 || sg__cuda_capturing(ctx)) return SG_OK;
-    size_t es = sg_dtype_size(idx->dtype);
-    size_t nbytes = (size_t)(extent(idx->ndim, idx->shape, idx->stride) + 1) * es;
-    char *buf = sg__alloc(ctx, nbytes);
-    if (!buf)
-        return sg__fail(ctx, SG_ERR_OOM, "%s: out of host memory for %lld indices", op,
-                        (long long)n);
-    sg_status s = sg__cuda_download(ctx, buf, sg__data(idx), nbytes);
-    int64_t coord[SG_MAX_DIMS] = {0}, off = 0;
-    for (int64_t i = 0; s == SG_OK && i < n; i++) {
-        int64_t v =
-            idx->dtype == SG_I64 ? ((const int64_t *)buf)[off] : ((const int32_t *)buf)[off];
-        if (v < 0 || v >= limit) {
-            char d[SG__DESC];
-            s = sg__fail(ctx, SG_ERR_INDEX, "%s: idx %s holds %lld at position %lld, out of range "
-                         "for %s of size %lld; indices must be in [0, %lld)", op,
-                         sg__describe(idx, d, sizeof d), (long long)v, (long long)i, what,
-                         (long long)limit, (long long)limit);
-            break;
-        }
-        for (int d = idx->ndim - 1; d >= 0; d--) { /* next row-major position */
-            off += idx->stride[d];
-            if (++coord[d] < idx->shape[d]) break;
-            off -= coord[d] * idx->stride[d];
-            coord[d] = 0;
-        }
-    }
-    sg__free(ctx, buf, nbytes);
-    return s;
+    return sg__cuda_capturing(ctx) ? SG_OK : sg__check_indices(ctx, op, idx, limit, what);
 }
 
 /* ------------------------------------------------------------ the ops */
@@ -421,18 +388,7 @@ static sg_status per_row(sg_ctx *ctx, const sg__node *n) {
 }
 
 sg_status sg__cuda_data_check(sg_ctx *ctx, const sg__node *n) {
-    char what[64];
-    switch (n->op) {
-    case SG__OP_EMBEDDING:
-        return check_indices(ctx, "sg_embedding", n->in[1], n->in[0]->shape[0], "dim 0 of weight");
-    case SG__OP_INDEX_SELECT:
-        snprintf(what, sizeof what, "dim %d of x", (int)n->i[0]);
-        return check_indices(ctx, "sg_index_select", n->in[1], n->in[0]->shape[n->i[0]], what);
-    case SG__OP_INDEX_COPY:
-        snprintf(what, sizeof what, "dim %d of dst", (int)n->i[0]);
-        return check_indices(ctx, "sg_index_copy_", n->in[1], n->out->shape[n->i[0]], what);
-    default: return SG_OK;
-    }
+    return sg__cuda_capturing(ctx) ? SG_OK : sg__data_check(ctx, n);
 }
 
 sg_status sg__cuda_data(sg_ctx *ctx, const sg__node *n) {

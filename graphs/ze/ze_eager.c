@@ -233,6 +233,8 @@ static sg_status upload_table(sg_ctx *ctx, eager *z, const entry *e, const sg__i
 
 sg_status sg__ze_eager_run(sg_ctx *ctx, void **state, const sg__node *n) {
     if (sg__op_family(n->op) == SG__FAM_COMM) return sg__comm_run(ctx, n);
+    /* An empty output: nothing to compute (the generator writes no kernel for it). */
+    if (n->out && sg__numel(n->out->ndim, n->out->shape) == 0) return SG_OK;
     if (!*state && !(*state = sg__calloc(ctx, sizeof(eager))))
         return sg__fail(ctx, SG_ERR_OOM, "ze: out of host memory");
     eager *z = *state;
@@ -243,6 +245,7 @@ sg_status sg__ze_eager_run(sg_ctx *ctx, void **state, const sg__node *n) {
     entry *e = NULL;
     if (s == SG_OK) s = lookup(ctx, z, n, &ir, &e);
     if (s == SG_OK) s = upload_table(ctx, z, e, &ir, t);
+    if (s == SG_OK) s = sg__data_check(ctx, n); /* bad indices: nothing written */
     for (int k = 0; s == SG_OK && k < e->ngroups; k++) {
         if (!e->kfn[k]) continue;
         uint32_t groups[3] = {e->kinfo[k].grid, 1, 1}, size[3] = {e->kinfo[k].block, 1, 1};

@@ -170,9 +170,17 @@ static sg_status launch_range(sg_ctx *ctx, sg__graph *g, ze_set *st, sg__ze_rec 
     ze_graph *zg = g->dev;
     for (int k = from; k < to; k++) {
         const sg__cuda_kinfo *ki = &zg->kinfo[k];
-        int node = call_node(&g->fused.groups[k]);
+        const sg__group *grp = &g->fused.groups[k];
+        int node = call_node(grp);
         if (node >= 0 && !ki->replaces_call) {
             sg_status s = ctx->exec.run(ctx, &g->nodes[node]);
+            if (s != SG_OK) return s;
+        }
+        /* A data op's kernel launched now: bad indices fail the call before
+         * it writes, as eagerly (a recorded list relies on the kernels'
+         * guards, as CUDA's graphs do). */
+        if (!rec && grp->kind == SG__G_OPAQUE && ki->replaces_call) {
+            sg_status s = sg__data_check(ctx, &g->nodes[grp->g[0].node]);
             if (s != SG_OK) return s;
         }
         if (!zg->kfn[k]) continue;

@@ -7,8 +7,17 @@
  * a launch by calling the C function a test registered for the kernel's
  * name. Every call is logged by name (fake_ze.h). Not thread-safe: one
  * test thread drives it.
+ *
+ * With FAKE_ZE_OPENCL naming an OpenCL CPU runtime's library, the same
+ * calls forward to it (fake_ze_ocl.c): device memory is its USM, a module
+ * is its program built from the SPIR-V (the build log is the module's),
+ * launches run the real kernels in order (registered C kernels are not
+ * called), an immediate list waits for each command, and a queue's
+ * execution waits before it signals the fence. zeInit fails when the
+ * runtime cannot be loaded.
  */
 #include "fake_ze.h"
+#include "fake_ze_ocl.h"
 
 #include <level_zero/ze_ddi.h>
 #include <stdio.h>
@@ -63,11 +72,16 @@ typedef struct fctx {
 
 typedef struct fkernel {
     fake_ze_launch now; /* name, group size and argument values as set now */
+    unsigned null_args; /* arguments set with no value: local memory */
+    void *cl;           /* the OpenCL kernel (OpenCL mode) */
 } fkernel;
 
 typedef struct fmodule {
     size_t size;
+    void *cl; /* the OpenCL program (OpenCL mode) */
 } fmodule;
+
+static int forward; /* OpenCL mode: set by zeInit */
 
 enum { CMD_COPY, CMD_LAUNCH };
 typedef struct cmd {
@@ -76,6 +90,8 @@ typedef struct cmd {
     const void *src;
     size_t n;
     fake_ze_launch l;
+    unsigned null_args;
+    void *cl;
 } cmd;
 
 typedef struct flist {
@@ -88,24 +104,32 @@ typedef struct ffence {
     int signalled;
 } ffence;
 
-static void run_cmd(const cmd *c) {
+/* Run one command: in OpenCL mode a copy waits for the kernels before it
+ * and a launch is enqueued. */
+static ze_result_t run_cmd(const cmd *c) {
     if (c->kind == CMD_COPY) {
+        if (forward && fzo_finish() != 0) return ZE_RESULT_ERROR_DEVICE_LOST;
         memmove(c->dst, c->src, c->n);
-        return;
+        return ZE_RESULT_SUCCESS;
     }
     if (nlaunches == cap_launches) {
         cap_launches = cap_launches ? cap_launches * 2 : 64;
         launches = realloc(launches, sizeof *launches * (size_t)cap_launches);
     }
     launches[nlaunches++] = c->l;
+    if (forward)
+        return fzo_launch(c->cl, &c->l, c->null_args) == 0 ? ZE_RESULT_SUCCESS
+                                                           : ZE_RESULT_ERROR_INVALID_ARGUMENT;
     for (int i = 0; i < nregistry; i++)
         if (strcmp(registry[i].name, c->l.name) == 0) registry[i].fn(&c->l);
+    return ZE_RESULT_SUCCESS;
 }
 
 static ze_result_t push(flist *l, const cmd *c) {
-    if (l->immediate) {
-        run_cmd(c);
-        return ZE_RESULT_SUCCESS;
+    if (l->immediate) { /* synchronous: done when the call returns */
+        ze_result_t r = run_cmd(c);
+        if (r == ZE_RESULT_SUCCESS && forward && fzo_finish() != 0) r = ZE_RESULT_ERROR_DEVICE_LOST;
+        return r;
     }
     if (l->closed) return ZE_RESULT_ERROR_INVALID_ARGUMENT;
     if (l->n == l->cap) {
@@ -121,6 +145,9 @@ static ze_result_t push(flist *l, const cmd *c) {
 static ze_result_t f_init(ze_init_flags_t flags) {
     (void)flags;
     called("zeInit");
+    if (!fzo_wanted()) return ZE_RESULT_SUCCESS;
+    if (fzo_init() != 0) return ZE_RESULT_ERROR_UNINITIALIZED;
+    forward = 1;
     return ZE_RESULT_SUCCESS;
 }
 
@@ -187,22 +214,46 @@ static ze_result_t f_ctx_destroy(ze_context_handle_t c) {
     return ZE_RESULT_SUCCESS;
 }
 
+/* Memory of every kind: host memory, or the runtime's USM. */
+static ze_result_t mem_alloc(size_t size, size_t align, int host, void **out) {
+    if (align < 16) align = 16;
+    size = (size + align - 1) / align * align;
+    *out = forward ? fzo_alloc(size ? size : align, align, host) : aligned_alloc(align, size);
+    if (!*out) return ZE_RESULT_ERROR_OUT_OF_DEVICE_MEMORY;
+    memset(*out, 0xcd, size); /* memory starts as garbage */
+    live_allocs++;
+    return ZE_RESULT_SUCCESS;
+}
+
 static ze_result_t f_alloc_device(ze_context_handle_t c, const ze_device_mem_alloc_desc_t *desc,
                                   size_t size, size_t align, ze_device_handle_t d, void **out) {
     (void)c, (void)desc, (void)d;
     called("zeMemAllocDevice");
-    if (align < 16) align = 16;
-    *out = aligned_alloc(align, (size + align - 1) / align * align);
-    if (!*out) return ZE_RESULT_ERROR_OUT_OF_DEVICE_MEMORY;
-    memset(*out, 0xcd, size); /* device memory starts as garbage */
-    live_allocs++;
-    return ZE_RESULT_SUCCESS;
+    return mem_alloc(size, align, 0, out);
+}
+
+static ze_result_t f_alloc_host(ze_context_handle_t c, const ze_host_mem_alloc_desc_t *desc,
+                                size_t size, size_t align, void **out) {
+    (void)c, (void)desc;
+    called("zeMemAllocHost");
+    return mem_alloc(size, align, 1, out);
+}
+
+static ze_result_t f_alloc_shared(ze_context_handle_t c, const ze_device_mem_alloc_desc_t *dd,
+                                  const ze_host_mem_alloc_desc_t *hd, size_t size, size_t align,
+                                  ze_device_handle_t d, void **out) {
+    (void)c, (void)dd, (void)hd, (void)d;
+    called("zeMemAllocShared");
+    return mem_alloc(size, align, 0, out);
 }
 
 static ze_result_t f_free(ze_context_handle_t c, void *p) {
     (void)c;
     called("zeMemFree");
-    free(p);
+    if (forward)
+        fzo_free(p);
+    else
+        free(p);
     live_allocs--;
     return ZE_RESULT_SUCCESS;
 }
@@ -270,7 +321,8 @@ static ze_result_t f_launch(ze_command_list_handle_t h, ze_kernel_handle_t k,
                             ze_event_handle_t *wait) {
     (void)ev, (void)nwait, (void)wait;
     called("zeCommandListAppendLaunchKernel");
-    cmd c = {.kind = CMD_LAUNCH, .l = ((fkernel *)k)->now};
+    fkernel *fk = (fkernel *)k;
+    cmd c = {.kind = CMD_LAUNCH, .l = fk->now, .null_args = fk->null_args, .cl = fk->cl};
     c.l.groups[0] = g->groupCountX, c.l.groups[1] = g->groupCountY, c.l.groups[2] = g->groupCountZ;
     return push((flist *)h, &c);
 }
@@ -294,11 +346,17 @@ static ze_result_t f_queue_exec(ze_command_queue_handle_t q, uint32_t n,
                                 ze_command_list_handle_t *lists, ze_fence_handle_t fence) {
     (void)q;
     called("zeCommandQueueExecuteCommandLists");
+    for (uint32_t i = 0; i < n; i++)
+        if (!((flist *)lists[i])->closed) return ZE_RESULT_ERROR_INVALID_ARGUMENT; /* closed */
     for (uint32_t i = 0; i < n; i++) {
         flist *l = (flist *)lists[i];
-        if (!l->closed) return ZE_RESULT_ERROR_INVALID_ARGUMENT; /* must be closed */
-        for (int k = 0; k < l->n; k++) run_cmd(&l->c[k]);
+        for (int k = 0; k < l->n; k++) {
+            ze_result_t r = run_cmd(&l->c[k]);
+            if (r != ZE_RESULT_SUCCESS) return r;
+        }
     }
+    /* The fence is signalled when the device is done. */
+    if (forward && fzo_finish() != 0) return ZE_RESULT_ERROR_DEVICE_LOST;
     if (fence) ((ffence *)fence)->signalled = 1;
     return ZE_RESULT_SUCCESS;
 }
@@ -306,6 +364,7 @@ static ze_result_t f_queue_exec(ze_command_queue_handle_t q, uint32_t n,
 static ze_result_t f_queue_sync(ze_command_queue_handle_t q, uint64_t t) {
     (void)q, (void)t;
     called("zeCommandQueueSynchronize");
+    if (forward && fzo_finish() != 0) return ZE_RESULT_ERROR_DEVICE_LOST;
     return ZE_RESULT_SUCCESS;
 }
 
@@ -344,20 +403,26 @@ static ze_result_t f_module_create(ze_context_handle_t c, ze_device_handle_t d,
     if (desc->inputSize >= 4) memcpy(&w0, desc->pInputModule, 4);
     int ok = desc->format == ZE_MODULE_FORMAT_IL_SPIRV && desc->inputSize >= 20 &&
              desc->inputSize % 4 == 0 && w0 == 0x07230203u;
-    if (log) {
-        char *text = malloc(128);
-        snprintf(text, 128, ok ? "" : "fake_ze: input of %zu bytes is not SPIR-V", desc->inputSize);
+    enum { LOG = 4096 };
+    char *text = malloc(LOG);
+    snprintf(text, LOG, ok ? "" : "fake_ze: input of %zu bytes is not SPIR-V", desc->inputSize);
+    void *prog = NULL;
+    if (ok && forward) ok = fzo_program(desc->pInputModule, desc->inputSize, &prog, text, LOG) == 0;
+    if (log)
         *log = (ze_module_build_log_handle_t)text;
-    }
+    else
+        free(text);
     if (!ok) return ZE_RESULT_ERROR_MODULE_BUILD_FAILURE;
     fmodule *m = calloc(1, sizeof *m);
     m->size = desc->inputSize;
+    m->cl = prog;
     *out = (ze_module_handle_t)m;
     return ZE_RESULT_SUCCESS;
 }
 
 static ze_result_t f_module_destroy(ze_module_handle_t m) {
     called("zeModuleDestroy");
+    if (((fmodule *)m)->cl) fzo_program_free(((fmodule *)m)->cl);
     free(m);
     return ZE_RESULT_SUCCESS;
 }
@@ -378,16 +443,20 @@ static ze_result_t f_log_destroy(ze_module_build_log_handle_t log) {
 
 static ze_result_t f_kernel_create(ze_module_handle_t m, const ze_kernel_desc_t *d,
                                    ze_kernel_handle_t *out) {
-    (void)m;
     called("zeKernelCreate");
+    void *clk = NULL;
+    if (forward && !(clk = fzo_kernel(((fmodule *)m)->cl, d->pKernelName)))
+        return ZE_RESULT_ERROR_INVALID_KERNEL_NAME;
     fkernel *k = calloc(1, sizeof *k);
     snprintf(k->now.name, sizeof k->now.name, "%s", d->pKernelName);
+    k->cl = clk;
     *out = (ze_kernel_handle_t)k;
     return ZE_RESULT_SUCCESS;
 }
 
 static ze_result_t f_kernel_destroy(ze_kernel_handle_t k) {
     called("zeKernelDestroy");
+    if (((fkernel *)k)->cl) fzo_kernel_free(((fkernel *)k)->cl);
     free(k);
     return ZE_RESULT_SUCCESS;
 }
@@ -402,12 +471,15 @@ static ze_result_t f_group_size(ze_kernel_handle_t h, uint32_t x, uint32_t y, ui
 static ze_result_t f_set_arg(ze_kernel_handle_t h, uint32_t i, size_t size, const void *v) {
     called("zeKernelSetArgumentValue");
     fkernel *k = (fkernel *)h;
-    if (i >= FAKE_ZE_MAX_ARGS || size > 16) return ZE_RESULT_ERROR_INVALID_KERNEL_ARGUMENT_INDEX;
+    /* A value of at most 16 bytes, or none: local memory of any size. */
+    if (i >= FAKE_ZE_MAX_ARGS || (v && size > 16))
+        return ZE_RESULT_ERROR_INVALID_KERNEL_ARGUMENT_INDEX;
     k->now.size[i] = size;
     if (v)
         memcpy(k->now.value[i], v, size);
     else
-        memset(k->now.value[i], 0, size);
+        memset(k->now.value[i], 0, sizeof k->now.value[i]);
+    k->null_args = v ? k->null_args & ~(1u << i) : k->null_args | (1u << i);
     if ((int)i >= k->now.nargs) k->now.nargs = (int)i + 1;
     return ZE_RESULT_SUCCESS;
 }
@@ -477,6 +549,8 @@ API ze_result_t zeGetFenceProcAddrTable(ze_api_version_t v, ze_fence_dditable_t 
 API ze_result_t zeGetMemProcAddrTable(ze_api_version_t v, ze_mem_dditable_t *t) {
     (void)v;
     t->pfnAllocDevice = f_alloc_device;
+    t->pfnAllocHost = f_alloc_host;
+    t->pfnAllocShared = f_alloc_shared;
     t->pfnFree = f_free;
     return ZE_RESULT_SUCCESS;
 }
