@@ -176,6 +176,7 @@ typedef struct workload {
     sg_status (*check)(struct workload *, sg_mode);
     void (*end)(struct workload *);
     void *state;
+    sg_fn *(*fn)(struct workload *); /* the timed fn, for its kernel count */
 } workload;
 
 typedef struct result {
@@ -187,6 +188,21 @@ static sg_status run_steps(workload *w, int n) {
     sg_status st = w->rewind ? w->rewind(w) : SG_OK;
     for (int i = 0; i < n && st == SG_OK; i++) st = w->step(w);
     return st == SG_OK ? sg_ctx_synchronize(w->ctx) : st;
+}
+
+/* Kernels per step as sg_fn_explain counts them: the "kernels: N" of each
+ * capture of fn (generated kernels and library calls; a step with graph
+ * breaks has several captures); -1 when fn is NULL. */
+static int explain_kernels(sg_fn *fn, int *captures) {
+    *captures = 0;
+    if (!fn) return -1;
+    int total = 0;
+    for (const char *t = sg_fn_explain(fn); (t = strstr(t, "    kernels: ")) != NULL;) {
+        t += strlen("    kernels: ");
+        total += atoi(t); /* "none" (a backend_fn's capture) reads 0 */
+        (*captures)++;
+    }
+    return total;
 }
 
 static result time_mode(workload *w, sg_mode mode) {
@@ -210,6 +226,10 @@ static result time_mode(workload *w, sg_mode mode) {
     if (!first_only) {
         qsort(per, (size_t)w->loops, sizeof per[0], cmp_double);
         r.us = per[w->loops / 2];
+        int ncap, nk = explain_kernels(w->fn ? w->fn(w) : NULL, &ncap);
+        if (nk >= 0 && ncap > 0)
+            fprintf(stderr, "bench: %s %s: %d kernels per step (sg_fn_explain, %d capture%s)\n",
+                    w->name, sg_mode_name(mode), nk, ncap, ncap == 1 ? "" : "s");
     }
     sg_memory_stats ms;
     if (sg_ctx_memory_stats(w->ctx, &ms) == SG_OK)
@@ -276,6 +296,8 @@ typedef struct fn_work {
     sg_fn *fn;
 } fn_work;
 
+static sg_fn *fn_fn(workload *w) { return ((fn_work *)w->state)->fn; }
+
 static sg_status fn_begin(workload *w, sg_mode mode) {
     fn_work *f = w->state;
     return sg_compile(w->ctx, f->body, f->user, 1, 1, &(sg_compile_opts){.mode = mode}, &f->fn);
@@ -315,7 +337,7 @@ static sg_tensor *randn(sg_ctx *ctx, sg_dtype dt, int ndim, const int64_t *shape
 static void run_fn(const char *name, sg_ctx *ctx, sg_step_fn body, void *user, sg_tensor *x,
                    int steps, int loops) {
     fn_work f = {body, user, x, NULL, NULL};
-    workload w = {name, steps, loops, ctx, fn_begin, fn_step, NULL, NULL, fn_end, &f};
+    workload w = {name, steps, loops, ctx, fn_begin, fn_step, NULL, NULL, fn_end, &f, fn_fn};
     run(&w);
 }
 
@@ -342,6 +364,12 @@ static sg_status gpt_rewind(workload *w) {
     int64_t start = W3_START_TOKEN % p->g->cfg.vocab, zero = 0;
     sg_status st = sg_write(p->token, &start, sizeof start);
     return st == SG_OK ? sg_write(p->pos, &zero, sizeof zero) : st;
+}
+
+/* The fn gpt_step calls: decode's, or prefill's for every position's logits. */
+static sg_fn *gpt_fn(workload *w) {
+    gpt_work *p = w->state;
+    return p->decode ? p->g->decode_fn : p->g->prefill_fn[1];
 }
 
 static sg_status gpt_begin(workload *w, sg_mode mode) {
@@ -462,7 +490,7 @@ static void run_gpt2(const char *name, sg_ctx *ctx, bool decode, bool small) {
     }
     bool gpu = sg_ctx_backend(ctx) == SG_BACKEND_CUDA;
     workload w = {name,     gpu ? 200 : decode ? 20 : 3, gpu ? 5 : 3, ctx,     gpt_begin,
-                  gpt_step, decode ? gpt_rewind : NULL,  gpt_check,   gpt_end, &p};
+                  gpt_step, decode ? gpt_rewind : NULL,  gpt_check,   gpt_end, &p, gpt_fn};
     run(&w);
     gpt2_destroy(p.g);
 }
@@ -501,6 +529,8 @@ static sg_status w4_body(sg_ctx *ctx, sg_tensor *const *in, sg_tensor **out, voi
     out[0] = loss;
     return st;
 }
+
+static sg_fn *w4_fn(workload *w) { return ((w4_work *)w->state)->fn; }
 
 static sg_status w4_begin(workload *w, sg_mode mode) {
     w4_work *m = w->state;
@@ -587,7 +617,7 @@ static void run_w4(sg_ctx *ctx, bool small) {
     } else {
         bool gpu = sg_ctx_backend(ctx) == SG_BACKEND_CUDA;
         workload w = {"W4",    gpu ? 200 : 5, gpu ? 5 : 3, ctx,    w4_begin,
-                      w4_step, NULL,          w4_check,    w4_end, &m};
+                      w4_step, NULL,          w4_check,    w4_end, &m, w4_fn};
         run(&w);
     }
     for (int i = 0; i < 6; i++) free(m.init[i]);
@@ -622,6 +652,11 @@ typedef struct w6_work {
     gpt2_trainer *tr;
     sg_tensor *x, *y;
 } w6_work;
+
+static sg_fn *w6_fn(workload *w) {
+    w6_work *p = w->state;
+    return p->tr ? p->tr->train_fn : NULL;
+}
 
 static sg_status w6_begin(workload *w, sg_mode mode) {
     w6_work *p = w->state;
@@ -702,7 +737,7 @@ static void run_w6(sg_ctx *ctx, bool small) {
             (long long)p.g->cfg.vocab, W6_BATCH, (long long)T, sg_dtype_name(p.dt),
             gpu ? " with f32 master weights" : "");
     /* A step is 10 ms or more: fewer steps than the other workloads. */
-    workload w = {"W6", gpu ? 10 : 3, 3, ctx, w6_begin, w6_step, NULL, w6_check, w6_end, &p};
+    workload w = {"W6", gpu ? 10 : 3, 3, ctx, w6_begin, w6_step, NULL, w6_check, w6_end, &p, w6_fn};
     run(&w);
     sg_release(p.x);
     sg_release(p.y);
