@@ -84,6 +84,7 @@ typedef struct rowk {
     bool wreg; /* a norm's scale and shift, read by the first pass into r_pw1, r_pw2 */
     int vw;    /* elements per 16-byte vector of a row in vectors (vec_plan), else 0 */
     bool vld, vst;    /* that row's input loads, its result stores 16 bytes at a time */
+    bool vpar;        /* and (vst) a norm's scale and shift load 16 bytes at a time */
     const char *vout; /* row_write narrows the anchor's value into this lvalue instead */
 } rowk;
 
@@ -228,7 +229,7 @@ static void norm_params_load(rowk *k) {
  */
 static void norm_params_plan(rowk *k) {
     const sg__ir *ir = sg__cuda_ir(k->g);
-    k->wreg = k->per > 0 && k->per <= 8 &&
+    k->wreg = k->per > 0 && k->per <= 8 && !k->vpar &&
               (k->an->op == SG__OP_LAYER_NORM || k->an->op == SG__OP_RMS_NORM);
     for (int j = 1; k->wreg && j < k->an->nin && j < 3; j++) {
         const sg__ref *p = sg__cuda_arg(k->g, k->an, j);
@@ -258,15 +259,30 @@ static void vec_row_base(rowk *k, const sg__ref *r, char *buf, size_t size) {
     snprintf(buf, size, "&%s", lv);
 }
 
+/* The address of a norm's scale or shift (contiguous) into buf. */
+static void vec_param_base(rowk *k, const sg__ref *r, char *buf, size_t size) {
+    char off[32], lv[400];
+    snprintf(off, sizeof off, "%lldLL", (long long)r->offset);
+    sg__cuda_lvalue_at(k->g, r, off, lv, sizeof lv);
+    snprintf(buf, size, "&%s", lv);
+}
+
 /* r_al: this row's vector accesses sit on 16 bytes (the row's input when
  * k->vld, its result when k->vst); when not, the same elements go
  * through the scalar loads and stores, in the same order. */
 static void vec_check(rowk *k) {
-    char a[420], b[420];
+    char a[420], b[420], p[2][420];
     if (k->vld) vec_row_base(k, k->x, a, sizeof a);
     if (k->vst) vec_row_base(k, k->o, b, sizeof b);
-    sg__emit_line(k->e, "const bool r_al = (((sg_u64)%s%s(sg_u64)%s) & 15) == 0;",
-                  k->vld ? a : "0", " | ", k->vst ? b : "0");
+    for (int j = 1; j < 3; j++) {
+        const sg__ref *r = k->vpar && j < k->an->nin ? sg__cuda_arg(k->g, k->an, j) : NULL;
+        snprintf(p[j - 1], sizeof p[j - 1], "0");
+        if (r) vec_param_base(k, r, p[j - 1], sizeof p[j - 1]);
+    }
+    sg__emit_line(k->e,
+                  "const bool r_al = (((sg_u64)%s | (sg_u64)%s | (sg_u64)%s | (sg_u64)%s) & 15) "
+                  "== 0;",
+                  k->vld ? a : "0", k->vst ? b : "0", p[0], p[1]);
 }
 
 /* The first pass's loads of a row in vectors: vector q of lane j into r_l[q]. */
@@ -345,7 +361,11 @@ static void row_write(rowk *k) {
             y, sizeof y, n->op == SG__OP_LAYER_NORM ? "((r_x - r_mean) * r_r" : "(r_x * r_r");
         for (int j = 1; j < n->nin && j < 3; j++) {
             if (!sg__cuda_arg(k->g, n, j)) continue;
-            if (k->wreg)
+            if (k->vout && k->vpar) {
+                char pv[32];
+                snprintf(pv, sizeof pv, "r_p%d.e[r_e]", j);
+                sg__cuda_widen(sg__cuda_arg(k->g, n, j)->dtype, pv, ld, sizeof ld);
+            } else if (k->wreg)
                 snprintf(ld, sizeof ld, "r_pw%d[r_t0 + r_u]", j);
             else
                 norm_param(k, j, ld, sizeof ld);
@@ -473,6 +493,15 @@ static void vec_write(rowk *k) {
     sg__emit_line(k->e, "const sg_i64 r_v = r_lane + (sg_i64)r_q * %d;", k->team);
     sg__emit_open(k->e, "if (r_v < %lldLL)", (long long)(k->len / k->vw));
     vec_union(k, k->o, "r_w", 0);
+    for (int j = 1; k->vpar && j < k->an->nin && j < 3; j++) {
+        const sg__ref *r = sg__cuda_arg(k->g, k->an, j);
+        if (!r) continue;
+        char pb[420], nm[8];
+        vec_param_base(k, r, pb, sizeof pb);
+        snprintf(nm, sizeof nm, "r_p%d", j);
+        vec_union(k, r, nm, 0);
+        sg__emit_line(k->e, "r_p%d.v = ((%sconst sg_v16 *)%s)[r_v];", j, k->sp->gp, pb);
+    }
     sg__emit_line(k->e, "#pragma unroll");
     sg__emit_open(k->e, "for (int r_e = 0; r_e < %d; r_e++)", k->vw);
     /* row_write's register index is r_t0 + r_u */
@@ -1050,6 +1079,13 @@ static void vec_plan(rowk *k) {
     int64_t per = (nv + team - 1) / team * vw;
     if (per > REG_MAX) return;
     k->team = team, k->per = (int)per, k->vw = vw, k->vld = vld, k->vst = vst;
+    /* A norm's scale and shift: vectors too when contiguous and aligned alike. */
+    k->vpar = vst && (op == SG__OP_LAYER_NORM || op == SG__OP_RMS_NORM);
+    for (int j = 1; k->vpar && j < k->an->nin && j < 3; j++) {
+        const sg__ref *r = sg__cuda_arg(k->g, k->an, j);
+        k->vpar = !r || (r->ndim == 1 && r->shape[0] == k->len && r->stride[0] == 1 &&
+                         r->offset % vw == 0 && sg_dtype_size(r->dtype) * (size_t)vw == 16);
+    }
 }
 
 /*
