@@ -40,6 +40,11 @@
  * matmul reads goes to an array in shared memory, rounded to its dtype as
  * its store would round it.
  *
+ * A contiguous softmax or norm row whose width is a multiple of a 16-byte
+ * vector is laid out in vectors instead (vec_plan): lane j keeps vectors
+ * j, j + team, ..., loaded and stored 16 bytes at a time when the row's
+ * addresses sit on 16 bytes, a warp per row when they fit the registers.
+ *
  * Loads, stores, ops and their rounding are cgen_cuda.c's (through the
  * helpers of codegen.h), so a fused row rounds as the unfused ops would.
  *
@@ -48,7 +53,9 @@
  * (sg__cuda_tree), a work-group is one team (its barriers are the
  * team's), and the cut rows and column ranges are folded chunk by chunk
  * by one work-group (emit_split_seq, emit_columns_seq): the same bits as
- * the CUDA kernels, with no memory shared between work-groups.
+ * the CUDA kernels (but for rows in vectors, which OpenCL C keeps in the
+ * scalar layout: their sums may differ by rounding), with no memory shared
+ * between work-groups.
  */
 #include "codegen.h"
 
@@ -81,8 +88,8 @@ typedef struct rowk {
     const sg__spell *sp;               /* the dialect's spellings */
     int block;                         /* threads per block (OpenCL C: a team's; see row_setup) */
     char ninf[40], pinf[40], qnan[40]; /* -inf, +inf and NaN from their bits */
-    bool wreg; /* a norm's scale and shift, read by the first pass into r_pw1, r_pw2 */
-    int vw;    /* elements per 16-byte vector of a row in vectors (vec_plan), else 0 */
+    bool wreg;        /* a norm's scale and shift, read by the first pass into r_pw1, r_pw2 */
+    int vw;           /* elements per 16-byte vector of a row in vectors (vec_plan), else 0 */
     bool vld, vst;    /* that row's input loads, its result stores 16 bytes at a time */
     bool vpar;        /* and (vst) a norm's scale and shift load 16 bytes at a time */
     const char *vout; /* row_write narrows the anchor's value into this lvalue instead */

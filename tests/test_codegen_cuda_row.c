@@ -26,7 +26,9 @@
  * label) against an f64 reference written here, then fuses its capture
  * with the CUDA options, checks that the whole pattern is one generated
  * kernel with no library call, and compiles the unit with NVRTC for sm_90
- * (skipped, not failed, when NVRTC cannot be loaded).
+ * (skipped, not failed, when NVRTC cannot be loaded); contiguous norm and
+ * log_softmax rows of widths a multiple of 8 must take 16-byte vectors,
+ * strided rows and rows with both a prologue and an epilogue must not.
  *
  * SG_ROW_SECTION=reduce runs the reductions only. SG_ROW_TIMING=1 (with
  * SG_TEST_BACKEND=cuda) also times compiled and eager
