@@ -40,6 +40,11 @@
  * matmul reads goes to an array in shared memory, rounded to its dtype as
  * its store would round it.
  *
+ * A contiguous softmax or norm row whose width is a multiple of a 16-byte
+ * vector is laid out in vectors instead (vec_plan): lane j keeps vectors
+ * j, j + team, ..., loaded and stored 16 bytes at a time when the row's
+ * addresses sit on 16 bytes, a warp per row when they fit the registers.
+ *
  * Loads, stores, ops and their rounding are cgen_cuda.c's (through the
  * helpers of codegen.h), so a fused row rounds as the unfused ops would.
  *
@@ -48,7 +53,9 @@
  * (sg__cuda_tree), a work-group is one team (its barriers are the
  * team's), and the cut rows and column ranges are folded chunk by chunk
  * by one work-group (emit_split_seq, emit_columns_seq): the same bits as
- * the CUDA kernels, with no memory shared between work-groups.
+ * the CUDA kernels (but for rows in vectors, which OpenCL C keeps in the
+ * scalar layout: their sums may differ by rounding), with no memory shared
+ * between work-groups.
  */
 #include "codegen.h"
 
@@ -81,8 +88,23 @@ typedef struct rowk {
     const sg__spell *sp;               /* the dialect's spellings */
     int block;                         /* threads per block (OpenCL C: a team's; see row_setup) */
     char ninf[40], pinf[40], qnan[40]; /* -inf, +inf and NaN from their bits */
-    bool wreg; /* a norm's scale and shift, read by the first pass into r_pw1, r_pw2 */
+    bool wreg;        /* a norm's scale and shift, read by the first pass into r_pw1, r_pw2 */
+    int vw;           /* elements per 16-byte vector of a row in vectors (vec_plan), else 0 */
+    bool vld, vst;    /* that row's input loads, its result stores 16 bytes at a time */
+    bool vpar;        /* and (vst) a norm's scale and shift load 16 bytes at a time */
+    const char *vout; /* row_write narrows the anchor's value into this lvalue instead */
 } rowk;
+
+/* The column of register element `t` (a C expression): lane j's
+ * elements are j, j + team, ...; in a row of vectors (k->vw) lane j's
+ * are the vectors j, j + team, ... of vw columns each. */
+static void col_of(const rowk *k, const char *t, char *buf, size_t size) {
+    if (k->vw)
+        snprintf(buf, size, "((sg_i64)(r_lane + (%s) / %d * %d) * %d + (%s) %% %d)", t, k->vw,
+                 k->team, k->vw, t, k->vw);
+    else
+        snprintf(buf, size, "(r_lane + (sg_i64)(%s) * %d)", t, k->team);
+}
 
 /* `var` combined over the team (op: "+" for a sum, else fmaxf). */
 static void team_reduce(rowk *k, const char *var, bool max) {
@@ -214,7 +236,7 @@ static void norm_params_load(rowk *k) {
  */
 static void norm_params_plan(rowk *k) {
     const sg__ir *ir = sg__cuda_ir(k->g);
-    k->wreg = k->per > 0 && k->per <= 8 &&
+    k->wreg = k->per > 0 && k->per <= 8 && !k->vpar &&
               (k->an->op == SG__OP_LAYER_NORM || k->an->op == SG__OP_RMS_NORM);
     for (int j = 1; k->wreg && j < k->an->nin && j < 3; j++) {
         const sg__ref *p = sg__cuda_arg(k->g, k->an, j);
@@ -227,6 +249,65 @@ static void norm_params_plan(rowk *k) {
     }
 }
 
+/* The 16-byte vector type of a row in vectors: a union with its elements. */
+static void vec_union(const rowk *k, const sg__ref *r, const char *name, int n) {
+    const char *ct = sg__lower_ctype(sg__cuda_dialect(k->g), r->dtype);
+    if (n)
+        sg__emit_line(k->e, "union { sg_v16 v; %s e[%d]; } %s[%d];", ct, k->vw, name, n);
+    else
+        sg__emit_line(k->e, "union { sg_v16 v; %s e[%d]; } %s;", ct, k->vw, name);
+}
+
+/* The address of ref r's row r_row (a flat, contiguous row) into buf. */
+static void vec_row_base(rowk *k, const sg__ref *r, char *buf, size_t size) {
+    char off[96], lv[400];
+    snprintf(off, sizeof off, "%lldLL + r_row * %lldLL", (long long)r->offset, (long long)k->len);
+    sg__cuda_lvalue_at(k->g, r, off, lv, sizeof lv);
+    snprintf(buf, size, "&%s", lv);
+}
+
+/* The address of a norm's scale or shift (contiguous) into buf. */
+static void vec_param_base(rowk *k, const sg__ref *r, char *buf, size_t size) {
+    char off[32], lv[400];
+    snprintf(off, sizeof off, "%lldLL", (long long)r->offset);
+    sg__cuda_lvalue_at(k->g, r, off, lv, sizeof lv);
+    snprintf(buf, size, "&%s", lv);
+}
+
+/* r_al: this row's vector accesses sit on 16 bytes (the row's input when
+ * k->vld, its result when k->vst); when not, the same elements go
+ * through the scalar loads and stores, in the same order. */
+static void vec_check(rowk *k) {
+    char a[420], b[420], p[2][420];
+    if (k->vld) vec_row_base(k, k->x, a, sizeof a);
+    if (k->vst) vec_row_base(k, k->o, b, sizeof b);
+    for (int j = 1; j < 3; j++) {
+        const sg__ref *r = k->vpar && j < k->an->nin ? sg__cuda_arg(k->g, k->an, j) : NULL;
+        snprintf(p[j - 1], sizeof p[j - 1], "0");
+        if (r) vec_param_base(k, r, p[j - 1], sizeof p[j - 1]);
+    }
+    sg__emit_line(k->e,
+                  "const bool r_al = (((sg_u64)%s | (sg_u64)%s | (sg_u64)%s | (sg_u64)%s) & 15) "
+                  "== 0;",
+                  k->vld ? a : "0", k->vst ? b : "0", p[0], p[1]);
+}
+
+/* The first pass's loads of a row in vectors: vector q of lane j into r_l[q]. */
+static void vec_loads(rowk *k) {
+    int nq = k->per / k->vw;
+    char base[420];
+    vec_row_base(k, k->x, base, sizeof base);
+    vec_union(k, k->x, "r_l", nq);
+    sg__emit_open(k->e, "if (r_al)");
+    sg__emit_line(k->e, "#pragma unroll");
+    sg__emit_open(k->e, "for (int r_q = 0; r_q < %d; r_q++)", nq);
+    sg__emit_line(k->e, "const sg_i64 r_v = r_lane + (sg_i64)r_q * %d;", k->team);
+    sg__emit_line(k->e, "if (r_v < %lldLL) r_l[r_q].v = ((%sconst sg_v16 *)%s)[r_v];",
+                  (long long)(k->len / k->vw), k->sp->gp, base);
+    sg__emit_close(k->e);
+    sg__emit_close(k->e);
+}
+
 /*
  * One pass over the row: `body` runs once per column with the input in
  * r_x (and the column in r_c). From registers when the row lives there
@@ -234,13 +315,24 @@ static void norm_params_plan(rowk *k) {
  */
 static void pass_open(rowk *k, bool fill, bool stores) {
     if (k->per) {
+        char c[160];
+        col_of(k, "r_t", c, sizeof c);
+        if (fill && k->vld) vec_loads(k);
         sg__emit_line(k->e, "#pragma unroll");
         sg__emit_open(k->e, "for (int r_t = 0; r_t < %d; r_t++)", k->per);
-        sg__emit_line(k->e, "const sg_i64 r_c = r_lane + (sg_i64)r_t * %d;", k->team);
+        sg__emit_line(k->e, "const sg_i64 r_c = %s;", c);
         sg__emit_open(k->e, "if (r_c < %lldLL)", (long long)k->len);
         sg__emit_line(k->e, "float r_x;");
         if (fill) {
-            sg__emit_open(k->e, "%s", "");
+            if (k->vld) {
+                char lv[64], ld[160];
+                snprintf(lv, sizeof lv, "r_l[r_t / %d].e[r_t %% %d]", k->vw, k->vw);
+                sg__cuda_widen(k->x->dtype, lv, ld, sizeof ld);
+                sg__emit_line(k->e, "if (r_al) r_x = %s;", ld);
+                sg__emit_open(k->e, "else");
+            } else {
+                sg__emit_open(k->e, "%s", "");
+            }
             row_input(k, true);
             sg__emit_close(k->e);
             sg__emit_line(k->e, "r_xr[r_t] = r_x;");
@@ -276,7 +368,11 @@ static void row_write(rowk *k) {
             y, sizeof y, n->op == SG__OP_LAYER_NORM ? "((r_x - r_mean) * r_r" : "(r_x * r_r");
         for (int j = 1; j < n->nin && j < 3; j++) {
             if (!sg__cuda_arg(k->g, n, j)) continue;
-            if (k->wreg)
+            if (k->vout && k->vpar) {
+                char pv[32];
+                snprintf(pv, sizeof pv, "r_p%d.e[r_e]", j);
+                sg__cuda_widen(sg__cuda_arg(k->g, n, j)->dtype, pv, ld, sizeof ld);
+            } else if (k->wreg)
                 snprintf(ld, sizeof ld, "r_pw%d[r_t0 + r_u]", j);
             else
                 norm_param(k, j, ld, sizeof ld);
@@ -288,7 +384,11 @@ static void row_write(rowk *k) {
     walk_index(k);
     sg__cuda_round_trip(y, k->o->dtype, rt, sizeof rt);
     sg__emit_line(k->e, "const float v%d = %s; /* %s */", k->a, rt, sg__op_name(n->op));
-    if (k->grp->g[k->a].store) {
+    if (k->vout) { /* a vector's element (vec_write) */
+        snprintf(v, sizeof v, "v%d", k->a);
+        sg__cuda_narrow_store(k->o->dtype, k->vout, v, st, sizeof st);
+        sg__emit_line(k->e, "%s", st);
+    } else if (k->grp->g[k->a].store) {
         sg__cuda_lvalue(k->g, k->o, k->nd, k->shape, k->flat, lv, sizeof lv);
         snprintf(v, sizeof v, "v%d", k->a);
         sg__cuda_narrow_store(k->o->dtype, lv, v, st, sizeof st);
@@ -332,8 +432,13 @@ static void deferred_walk(rowk *k, const char *base, bool regs, int n, void (*el
         if (pass == 1 && !later.buf) break;
         sg__emit_line(k->e, "#pragma unroll");
         sg__emit_open(k->e, "for (int r_u = 0; r_u < %d; r_u++)", n);
-        sg__emit_line(k->e, "const sg_i64 r_c = %s + (sg_i64)(%sr_u) * %d;", base,
-                      regs ? "r_t0 + " : "", k->team);
+        if (regs) {
+            char c[160];
+            col_of(k, "r_t0 + r_u", c, sizeof c);
+            sg__emit_line(k->e, "const sg_i64 r_c = %s;", c);
+        } else {
+            sg__emit_line(k->e, "const sg_i64 r_c = %s + (sg_i64)r_u * %d;", base, k->team);
+        }
         sg__emit_open(k->e, "if (r_c < %lldLL)", (long long)k->len);
         if (pass == 0) {
             elem(k);
@@ -382,11 +487,51 @@ static void stat_pass(rowk *k, bool fill, const char *fold) {
     chunk_loop(k, "r_lane", hi, k->team, chunk_of(k->len, k->team, 8), fold, true);
 }
 
+/* The write pass of a row in vectors whose accesses sit on 16 bytes
+ * (r_al): each vector's values into a union, stored in one 16-byte store
+ * (k->vst: the anchor's value is the row's only store). */
+static void vec_write(rowk *k) {
+    int nq = k->per / k->vw;
+    char base[420], lv[64];
+    vec_row_base(k, k->o, base, sizeof base);
+    sg__emit_open(k->e, "if (r_al)");
+    sg__emit_line(k->e, "#pragma unroll");
+    sg__emit_open(k->e, "for (int r_q = 0; r_q < %d; r_q++)", nq);
+    sg__emit_line(k->e, "const sg_i64 r_v = r_lane + (sg_i64)r_q * %d;", k->team);
+    sg__emit_open(k->e, "if (r_v < %lldLL)", (long long)(k->len / k->vw));
+    vec_union(k, k->o, "r_w", 0);
+    for (int j = 1; k->vpar && j < k->an->nin && j < 3; j++) {
+        const sg__ref *r = sg__cuda_arg(k->g, k->an, j);
+        if (!r) continue;
+        char pb[420], nm[8];
+        vec_param_base(k, r, pb, sizeof pb);
+        snprintf(nm, sizeof nm, "r_p%d", j);
+        vec_union(k, r, nm, 0);
+        sg__emit_line(k->e, "r_p%d.v = ((%sconst sg_v16 *)%s)[r_v];", j, k->sp->gp, pb);
+    }
+    sg__emit_line(k->e, "#pragma unroll");
+    sg__emit_open(k->e, "for (int r_e = 0; r_e < %d; r_e++)", k->vw);
+    /* row_write's register index is r_t0 + r_u */
+    sg__emit_line(k->e, "const int r_t0 = r_q * %d, r_u = r_e;", k->vw);
+    sg__emit_line(k->e, "const sg_i64 r_c = r_v * %d + r_e;", k->vw);
+    sg__emit_line(k->e, "const float r_x = r_xr[r_t0 + r_u];");
+    k->vout = lv;
+    snprintf(lv, sizeof lv, "r_w.e[r_e]");
+    row_write(k);
+    k->vout = NULL;
+    sg__emit_close(k->e);
+    sg__emit_line(k->e, "((%ssg_v16 *)%s)[r_v] = r_w.v;", k->sp->gp, base);
+    sg__emit_close(k->e);
+    sg__emit_close(k->e);
+    sg__emit_close(k->e);
+}
+
 /* Statistics and write pass of softmax, log_softmax and the norms. */
 static void emit_row_op(rowk *k) {
     sg__op op = k->an->op;
     bool fill = k->per > 0;
     const char *mf = k->sp->mf;
+    if (k->vw) vec_check(k);
     /* Which pass computes the prologue last: the write pass. */
     if ((op == SG__OP_SOFTMAX || op == SG__OP_LOG_SOFTMAX) && !k->per) {
         /* A row read from memory: max and sum in one pass, the sum rescaled
@@ -435,10 +580,15 @@ static void emit_row_op(rowk *k) {
     }
     if (k->per) { /* the registers, 8 at a time (the kept values are registers too) */
         int u = k->per < 8 ? k->per : 8;
+        if (k->vst) {
+            vec_write(k);
+            sg__emit_open(k->e, "else");
+        }
         sg__emit_line(k->e, "#pragma unroll");
         sg__emit_open(k->e, "for (int r_t0 = 0; r_t0 < %d; r_t0 += %d)", k->per, u);
         deferred_walk(k, "r_lane", true, u, write_elem);
         sg__emit_close(k->e);
+        if (k->vst) sg__emit_close(k->e);
         return;
     }
     int u = chunk_of(k->len, k->team, 8);
@@ -905,6 +1055,47 @@ static int64_t plan_split(int64_t units, int64_t len, int64_t least, int64_t *ch
 }
 
 /*
+ * A softmax, log_softmax or norm row of CUDA or HIP whose input is read
+ * straight from memory or whose result is its only store, flat and
+ * contiguous, with a width and offsets that are multiples of a 16-byte
+ * vector, is a row in vectors (k->vw, vld, vst): lane j keeps vectors j,
+ * j + team, ... in registers, loaded and stored 16 bytes at a time when
+ * the row's addresses sit on 16 bytes (checked per row: vec_check), and a
+ * warp takes the row when its vectors fit the registers (a row of 768
+ * bf16: 3 vectors a lane). The lanes' partial sums hold other columns
+ * than in the scalar layout, so sums may differ from it by rounding.
+ */
+static void vec_plan(rowk *k) {
+    const sg__group *grp = k->grp;
+    sg__op op = k->an->op;
+    sg__dialect d = sg__cuda_dialect(k->g);
+    if ((d != SG__DIALECT_CUDA && d != SG__DIALECT_HIP) || grp->kind != SG__G_ROW || k->xs ||
+        k->sink >= 0 || k->cols > 1 || !k->flat ||
+        (op != SG__OP_SOFTMAX && op != SG__OP_LOG_SOFTMAX && op != SG__OP_LAYER_NORM &&
+         op != SG__OP_RMS_NORM))
+        return;
+    size_t xs = sg_dtype_size(k->x->dtype), os = sg_dtype_size(k->o->dtype);
+    int vw = (int)(16 / (xs > os ? xs : os));
+    bool vld = k->a == 0 && grp->g[k->a].arg_src[0] < 0 && xs * (size_t)vw == 16 &&
+               sg__lower_flat_ok(k->x, k->nd, k->shape) && k->x->offset % vw == 0;
+    bool vst = grp->g[k->a].store && k->a + 1 == grp->n && os * (size_t)vw == 16 &&
+               sg__lower_flat_ok(k->o, k->nd, k->shape) && k->o->offset % vw == 0;
+    if (vw < 2 || k->len % vw || (!vld && !vst)) return;
+    int64_t nv = k->len / vw;
+    int team = (nv + 31) / 32 * vw <= REG_MAX ? 32 : BLOCK;
+    int64_t per = (nv + team - 1) / team * vw;
+    if (per > REG_MAX) return;
+    k->team = team, k->per = (int)per, k->vw = vw, k->vld = vld, k->vst = vst;
+    /* A norm's scale and shift: vectors too when contiguous and aligned alike. */
+    k->vpar = vst && (op == SG__OP_LAYER_NORM || op == SG__OP_RMS_NORM);
+    for (int j = 1; k->vpar && j < k->an->nin && j < 3; j++) {
+        const sg__ref *r = sg__cuda_arg(k->g, k->an, j);
+        k->vpar = !r || (r->ndim == 1 && r->shape[0] == k->len && r->stride[0] == 1 &&
+                         r->offset % vw == 0 && sg_dtype_size(r->dtype) * (size_t)vw == 16);
+    }
+}
+
+/*
  * k's fields from its group (k->g, e, grp, a, rows, len, cols, sink, xs
  * set by the caller). Returns the members with no store (for passes that
  * only read): `quiet` when it holds them, else an allocation row_done
@@ -938,6 +1129,7 @@ static sg__gnode *row_setup(rowk *k, sg__gnode *quiet, int nquiet) {
     k->flat = sg__cuda_walk_flat(g, grp, 0, k->a, k->nd, k->shape, loads ? k->x : NULL) &&
               sg__cuda_walk_flat(g, grp, epi_from, grp->n, k->nd, k->shape,
                                  grp->kind == SG__G_ROW && grp->g[k->a].store ? k->o : NULL);
+    vec_plan(k);
     sg__gnode *qg = grp->n <= nquiet ? quiet
                                      : sg__alloc(sg__cuda_out(g)->ctx, sizeof *qg * (size_t)grp->n);
     if (!qg) {

@@ -26,7 +26,9 @@
  * label) against an f64 reference written here, then fuses its capture
  * with the CUDA options, checks that the whole pattern is one generated
  * kernel with no library call, and compiles the unit with NVRTC for sm_90
- * (skipped, not failed, when NVRTC cannot be loaded).
+ * (skipped, not failed, when NVRTC cannot be loaded); contiguous norm and
+ * log_softmax rows of widths a multiple of 8 must take 16-byte vectors,
+ * strided rows and rows with both a prologue and an epilogue must not.
  *
  * SG_ROW_SECTION=reduce runs the reductions only. SG_ROW_TIMING=1 (with
  * SG_TEST_BACKEND=cuda) also times compiled and eager
@@ -188,6 +190,7 @@ static void reference(const spec *s, int64_t rows, int64_t len, const double *x,
 typedef struct counts {
     int kernels, calls, rows;
     bool split, cols; /* a reduction cut over blocks; a column reduction */
+    bool vec;         /* a row in 16-byte vectors (its per-row alignment test) */
 } counts;
 
 /* Fuse fn's last capture with the CUDA options, generate its unit, count
@@ -211,6 +214,7 @@ static bool cuda_unit(sg_fn *fn, const char *name, counts *c) {
     if (ok && getenv("SG_TEST_PRINT_CUDA")) fprintf(stderr, "%s\n", e.buf);
     c->split = ok && strstr(e.buf, "r_count") != NULL;
     c->cols = ok && strstr(e.buf, "r_cred") != NULL;
+    c->vec = ok && strstr(e.buf, "const bool r_al") != NULL;
     ok = ok && cu_unit_compiles(ctx, name, e.buf, &nvrtc_missing);
     sg__emit_free(&e);
     free(ki);
@@ -303,8 +307,15 @@ static void test_case(pattern p, sg_dtype dt, int64_t rows, int64_t len) {
     /* The backward's comparison is a kernel of its own, as the one-hot is. */
     ok = ok && cuda_unit(fn, uname, &c) && TU_EXPECT(c.kernels == (p == P_XENT_BWD ? 2 : 1)) &&
          TU_EXPECT(c.calls == 0) && TU_EXPECT(c.rows == 1);
-    tu_case(ok, "%s on %s -> %d CUDA kernel, %d library calls", name,
-            tu_backend() == SG_BACKEND_CUDA ? "cuda" : "cpu", c.kernels, c.calls);
+    /* Rows in 16-byte vectors: a contiguous row read straight from memory or
+     * stored as the kernel's only store, its width a multiple of 8; never a
+     * strided row, nor one with both a prologue and an epilogue. */
+    if (p == P_LAYERNORM || p == P_RMS_BUILTIN || p == P_LAYERNORM_RES || p == P_LOG_SOFTMAX)
+        ok = ok && TU_EXPECT(c.vec == (len % 8 == 0));
+    if (p == P_SOFTMAX_CAST || p == P_SOFTMAX_T) ok = ok && TU_EXPECT(!c.vec);
+    tu_case(ok, "%s on %s -> %d CUDA kernel, %d library calls%s", name,
+            tu_backend() == SG_BACKEND_CUDA ? "cuda" : "cpu", c.kernels, c.calls,
+            c.vec ? ", 16-byte rows" : "");
     sg_fn_destroy(fn);
     for (int k = 0; k < nin; k++) sg_release(in[k]);
     if (s.w) sg_release(s.w);
