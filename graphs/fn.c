@@ -626,10 +626,19 @@ static void fn_bury(sg_ctx *ctx, sg_fn *fn) {
 }
 
 /* Free a live fn's captures, outputs and handles; keep its record a while. */
+/* Scratch goes back to the backend once no capture of the context plans into it. */
+static void drop_unused_scratch(sg_ctx *ctx) {
+    for (const sg_fn *f = ctx->fns; f; f = f->next)
+        for (int gi = 0; gi < f->ngraphs; gi++)
+            if (!f->graphs[gi]->eager && f->graphs[gi]->scratch) return;
+    sg__pool_drop_scratch(ctx);
+}
+
 static void fn_destroy(sg_fn *fn) {
     sg_ctx *ctx = fn->ctx;
     fn_unlink(fn);
     while (fn->ngraphs) drop_graph(fn, fn->ngraphs - 1);
+    drop_unused_scratch(ctx);
     sg__outputs_free(fn);
     if (fn->graphs)
         sg__free(ctx, fn->graphs, sizeof *fn->graphs * (size_t)fn->opts.cache_size_limit);

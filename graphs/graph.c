@@ -403,6 +403,11 @@ void sg__graph_repoint(sg_ctx *ctx, sg__graph *g) {
 sg_status sg__graph_replay(sg_fn *fn, sg__graph *g, sg_tensor *const *in, int set) {
     sg_ctx *ctx = fn->ctx;
     sg__ir *ir = &g->ir;
+    /* Scratch is short only after growing it failed (it kept its old size). */
+    if (g->scratch && ctx->pool->scratch < g->scratch) {
+        sg_status s = sg__pool_reserve(ctx, g->scratch, 0, NULL);
+        if (s != SG_OK) return s;
+    }
     if (ctx->pool && g->pool_gen != ctx->pool->generation) sg__graph_repoint(ctx, g);
     bool moved = false;
     for (int i = 0; i < ir->nslots; i++) {

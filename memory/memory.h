@@ -5,12 +5,14 @@
  * unaligned matrices padded rows), and the context's static pool that holds
  * those arenas on the backend's device.
  *
- * The pool is one region: [scratch | block | block | ...]. Scratch is shared
- * by the intermediates of every compiled fn of the context (fns replay one
- * after another on one stream, so their intermediates never live at once);
- * blocks hold what must outlive a replay (a fn's output sets). The region
- * grows only when a capture needs more; growing moves it, so its users
- * re-point their storages afterwards (sg__pool_addr gives current addresses).
+ * The pool is scratch plus blocks, each its own allocation. Scratch is
+ * shared by the intermediates of every compiled fn of the context (fns
+ * replay one after another on one stream, so their intermediates never live
+ * at once); blocks hold what must outlive a replay (a fn's output sets) and
+ * never move. Scratch grows only when a capture needs more; growing moves
+ * it (its old bytes are given back first, so the pool never holds both), so
+ * its users re-point their storages afterwards (sg__pool_addr gives current
+ * addresses).
  */
 #ifndef SG_MEMORY_H
 #define SG_MEMORY_H
@@ -54,27 +56,31 @@ static inline int64_t sg__pad_row_len(int64_t n, size_t es) {
 SG__HIDDEN sg_status sg__pad_rows(sg_ctx *ctx, sg__ir *ir, int *npadded);
 
 typedef struct sg__pool_block {
-    size_t offset, size;
+    void *base;
+    size_t size;
     bool used;
 } sg__pool_block;
 
 typedef struct sg__pool {
-    void *base;
-    size_t size;    /* bytes reserved */
-    size_t scratch; /* bytes at offset 0 shared by all plans */
+    void *base;     /* scratch */
+    size_t size;    /* bytes held: scratch and the used blocks */
+    size_t scratch; /* bytes of scratch, shared by all plans */
     sg__pool_block *blocks;
     int nblocks, cap;
-    int generation; /* bumped each time the region moves */
+    int generation; /* bumped each time scratch moves */
 } sg__pool;
 
 /*
  * Make room: scratch of at least `scratch` bytes and, if size > 0, a new
- * block of `size` bytes whose id goes to *block. The region may move (its
- * generation changes): re-point every storage with sg__pool_addr after.
+ * block of `size` bytes whose id goes to *block. Scratch may move (the
+ * generation changes; also when growing it failed, and then it keeps its
+ * old size): re-point every storage with sg__pool_addr after.
  */
 SG__HIDDEN sg_status sg__pool_reserve(sg_ctx *ctx, size_t scratch, size_t size, int *block);
-/* Give a block back (its bytes are reused at the next growth). */
+/* Give a block back to the backend. */
 SG__HIDDEN void sg__pool_release(sg_ctx *ctx, int block);
+/* Give scratch back (no plan needs it any more); the generation changes. */
+SG__HIDDEN void sg__pool_drop_scratch(sg_ctx *ctx);
 /* The address of byte `off` of a block (block -1: scratch). */
 SG__HIDDEN void *sg__pool_addr(sg_ctx *ctx, int block, size_t off);
 SG__HIDDEN void sg__pool_destroy(sg_ctx *ctx);
