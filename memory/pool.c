@@ -80,7 +80,8 @@ sg_status sg__pool_reserve(sg_ctx *ctx, size_t scratch, size_t size, int *block)
     if (scratch > p->scratch && (s = grow_scratch(ctx, p, scratch)) != SG_OK) return s;
     if (!size) return SG_OK;
     void *base = NULL;
-    if (sg__dev_alloc(ctx, size, &base) != SG_OK) return out_of_memory(ctx, "an output set", size, p);
+    if (sg__dev_alloc(ctx, size, &base) != SG_OK)
+        return out_of_memory(ctx, "an output set", size, p);
     p->blocks[slot] = (sg__pool_block){.base = base, .size = size, .used = true};
     if (slot == p->nblocks) p->nblocks++;
     p->size += size;
