@@ -64,18 +64,68 @@ static void kernel_intervals(const sg__graph *g, int *first, int *last) {
             last[s] = f->ngroups;
 }
 
+static bool same_geometry(const sg__ref *a, const sg__ref *b) {
+    if (a->dtype != b->dtype || a->ndim != b->ndim || a->offset != b->offset) return false;
+    for (int d = 0; d < a->ndim; d++)
+        if (a->shape[d] != b->shape[d] || a->stride[d] != b->stride[d]) return false;
+    return true;
+}
+
+/* The kernel that runs IR node i alone (its group holds nothing else), or -1. */
+static int lone_kernel(const sg__graph *g, int i) {
+    if (!g->has_fused) return i;
+    for (int k = 0; k < g->fused.ngroups; k++) {
+        const sg__group *grp = &g->fused.groups[k];
+        if (grp->kind != SG__G_MULTI && grp->n == 1 && grp->g[0].node == i) return k;
+    }
+    return -1;
+}
+
+/*
+ * host[s]: the slot whose bytes slot s takes, or -1. cross_entropy's
+ * gradient overwrites its logits when they die there (the training step's
+ * largest buffer pair): every backend's kernel reads a row whole for its
+ * statistics before writing any of it, then reads each element before
+ * writing it, one row per thread or block. Only in a kernel of its own and
+ * over the logits' exact geometry. The host's interval grows to the guest's.
+ */
+static void inplace_hosts(const sg__graph *g, int *first, int *last, int *host) {
+    const sg__ir *ir = &g->ir;
+    const int *alias = g->has_fused ? g->fused.alias : NULL;
+    for (int s = 0; s < ir->nslots; s++) host[s] = -1;
+    for (int i = 0; i < ir->nnodes; i++) {
+        const sg__irnode *n = &ir->nodes[i];
+        if (n->op != SG__OP_CROSS_ENTROPY_BWD || ir->args[n->args] < 0) continue;
+        if (g->has_fused && g->fused.dead[i]) continue;
+        const sg__ref *x = &ir->refs[alias ? alias[ir->args[n->args]] : ir->args[n->args]];
+        const sg__ref *y = &ir->refs[alias ? alias[n->out] : n->out];
+        int a = x->slot, b = y->slot, k = lone_kernel(g, i);
+        const sg__slot *sa = &ir->slots[a], *sb = &ir->slots[b];
+        if (k < 0 || a == b || sa->kind != SG__SLOT_INTERNAL || sb->kind != SG__SLOT_INTERNAL ||
+            is_output_slot(sa) || is_output_slot(sb) || host[a] >= 0 || sb->nbytes > sa->nbytes ||
+            last[a] != k || first[b] != k || !same_geometry(x, y))
+            continue;
+        bool hosts = false; /* a takes one guest at most */
+        for (int s = 0; s < ir->nslots && !hosts; s++) hosts = host[s] == a;
+        if (hosts) continue;
+        host[b] = a;
+        last[a] = last[b];
+    }
+}
+
 /* Scratch offsets by liveness, output offsets one after another. */
 static sg_status plan(sg_ctx *ctx, sg__graph *g) {
     sg__ir *ir = &g->ir;
     sg__buf *bufs = sg__alloc(ctx, sizeof *bufs * (size_t)(ir->nslots ? ir->nslots : 1));
-    int *which = sg__alloc(ctx, sizeof(int) * (size_t)(ir->nslots ? ir->nslots : 1) * 3);
+    int *which = sg__alloc(ctx, sizeof(int) * (size_t)(ir->nslots ? ir->nslots : 1) * 4);
     sg_status s = SG_OK;
     if (!bufs || !which) {
         s = sg__fail(ctx, SG_ERR_OOM, "compile: out of host memory planning buffers");
         goto done;
     }
-    int n = 0, *sfirst = which + ir->nslots, *slast = sfirst + ir->nslots;
+    int n = 0, *sfirst = which + ir->nslots, *slast = sfirst + ir->nslots, *host = slast + ir->nslots;
     kernel_intervals(g, sfirst, slast);
+    inplace_hosts(g, sfirst, slast, host);
     g->out_bytes = g->unshared = 0;
     for (int i = 0; i < ir->nslots; i++) {
         sg__slot *sl = &ir->slots[i];
@@ -85,7 +135,7 @@ static sg_status plan(sg_ctx *ctx, sg__graph *g) {
         if (is_output_slot(sl)) {
             g->slot_off[i] = g->out_bytes;
             g->out_bytes += round_up(sl->nbytes ? sl->nbytes : 1, SG__POOL_ALIGN);
-        } else if (sfirst[i] >= 0 || !g->has_fused) {
+        } else if (host[i] < 0 && (sfirst[i] >= 0 || !g->has_fused)) {
             /* Unfused, a buffer no node touched still gets bytes, live at node 0. */
             int first = sfirst[i] < 0 ? 0 : sfirst[i];
             bufs[n] = (sg__buf){
@@ -96,10 +146,12 @@ static sg_status plan(sg_ctx *ctx, sg__graph *g) {
     s = sg__plan(ctx, bufs, n, SG__POOL_ALIGN, &g->scratch);
     if (s != SG_OK) goto done;
     for (int k = 0; k < n; k++) g->slot_off[which[k]] = bufs[k].offset;
+    for (int i = 0; i < ir->nslots; i++)
+        if (host[i] >= 0) g->slot_off[i] = g->slot_off[host[i]];
     g->peak = sg__plan_peak(bufs, n);
 done:
     sg__free(ctx, bufs, sizeof *bufs * (size_t)(ir->nslots ? ir->nslots : 1));
-    sg__free(ctx, which, sizeof(int) * (size_t)(ir->nslots ? ir->nslots : 1) * 3);
+    sg__free(ctx, which, sizeof(int) * (size_t)(ir->nslots ? ir->nslots : 1) * 4);
     return s;
 }
 
