@@ -17,6 +17,11 @@
  *  - after both fns are destroyed, the tensors' bytes again;
  *  - every loss and the weights after the updates match an f64 reference.
  * Cases: `PEAK(mode=reduce-overhead, ...)`.
+ *
+ * And a linear classifier's step (logits x W (N, C), cross_entropy, its
+ * gradient, SGD): the logits' gradient takes the logits' bytes, so scratch
+ * stays under the two of them together, over rows of 16-byte multiples and
+ * over padded ones; its losses and W against f64. Cases: `XENT_INPLACE(...)`.
  */
 #include "testutil.h"
 
@@ -182,7 +187,92 @@ static void peak(sg_mode mode) {
     sg_ctx_destroy(ctx);
 }
 
+/* ------------------------------------------------------------ the classifier */
+
+enum { N = 64, DX = 16 };
+
+static sg_status xent_step(sg_ctx *c, sg_tensor *const *in, sg_tensor **out, void *user) {
+    sg_tensor **w = user, *g;
+    sg_tensor *loss = sg_cross_entropy(sg_matmul(in[0], *w), in[1]);
+    sg_status s = sg_grad(loss, 1, w, &g);
+    if (s != SG_OK) return s;
+    sg_set_grad_enabled(c, false);
+    s = sg_copy_(*w, sg_sub(*w, sg_mul_scalar(g, LR)));
+    sg_set_grad_enabled(c, true);
+    out[0] = loss;
+    return s;
+}
+
+/* One SGD step of the classifier in f64; the loss before it. */
+static double ref_xent(double *w, const double *x, const int64_t *y, int C) {
+    double loss = 0, *dl = malloc(sizeof(double) * N * (size_t)C);
+    for (int r = 0; r < N; r++) {
+        double top = -INFINITY, sum = 0;
+        for (int c = 0; c < C; c++) {
+            double z = 0;
+            for (int i = 0; i < DX; i++) z += x[r * DX + i] * w[i * C + c];
+            dl[r * C + c] = z;
+            top = fmax(top, z);
+        }
+        for (int c = 0; c < C; c++) sum += exp(dl[r * C + c] - top);
+        loss += log(sum) + top - dl[r * C + y[r]];
+        for (int c = 0; c < C; c++)
+            dl[r * C + c] = (exp(dl[r * C + c] - top) / sum - (c == y[r])) / N;
+    }
+    for (int i = 0; i < DX; i++)
+        for (int c = 0; c < C; c++) {
+            double gw = 0;
+            for (int r = 0; r < N; r++) gw += x[r * DX + i] * dl[r * C + c];
+            w[i * C + c] -= LR * gw;
+        }
+    free(dl);
+    return loss / N;
+}
+
+static void xent_inplace(sg_mode mode, int C) {
+    sg_ctx *ctx = tu_ctx((sg_ctx_opts){0});
+    tu_seed((uint64_t)C);
+    int64_t sw[2] = {DX, C}, sx[2] = {N, DX}, sy[1] = {N}, y[N];
+    double *wv, *xv;
+    sg_tensor *w = tu_rand(ctx, SG_F32, 2, sw, -0.5, 0.5, &wv),
+              *x = tu_rand(ctx, SG_F32, 2, sx, -1, 1, &xv);
+    for (int r = 0; r < N; r++) y[r] = tu_randint(0, C - 1);
+    sg_tensor *t = sg_from_host(ctx, SG_I64, 1, sy, y);
+    sg_requires_grad_(w, true);
+    sg_fn *fn = NULL;
+    bool ok = TU_EXPECT(
+        sg_compile(ctx, xent_step, &w, 2, 1, &(sg_compile_opts){.mode = mode}, &fn) == SG_OK);
+    for (int k = 0; k < STEPS && ok; k++) {
+        char what[64];
+        snprintf(what, sizeof what, "loss %d", k + 1);
+        ok = call(fn, x, t, ref_xent(wv, xv, y, C), what);
+    }
+    double *wg = ok ? tu_read(w) : NULL;
+    ok = ok && TU_EXPECT(wg) && tu_close("w", wg, wv, DX * (int64_t)C, 1e-5, 1e-6);
+    free(wg);
+    sg_memory_stats fs, cs;
+    size_t logits = (size_t)N * (size_t)C * sizeof(float);
+    ok = ok && TU_EXPECT(sg_fn_memory_stats(fn, &fs) == SG_OK) &&
+         TU_EXPECT(sg_ctx_memory_stats(ctx, &cs) == SG_OK);
+    if (ok)
+        fprintf(stderr, "  %s C=%d: logits %zu bytes, scratch %zu, peak %zu, held %zu\n",
+                sg_mode_name(mode), C, logits, fs.scratch_bytes, cs.device_peak_bytes,
+                cs.device_bytes);
+    ok = ok && TU_EXPECT(fs.scratch_bytes >= logits) && TU_EXPECT(fs.scratch_bytes < 2 * logits) &&
+         TU_EXPECT(cs.device_peak_bytes == cs.device_bytes);
+    tu_case(ok, "XENT_INPLACE(mode=%s, logits [%d,%d] f32 from x [%d,%d] W [%d,%d], %d SGD steps)",
+            sg_mode_name(mode), N, C, N, DX, DX, C, STEPS);
+    sg_fn_destroy(fn);
+    free(wv), free(xv);
+    sg_release(w), sg_release(x), sg_release(t);
+    sg_ctx_destroy(ctx);
+}
+
 int main(void) {
+    xent_inplace(SG_MODE_REDUCE_OVERHEAD, 1000);
+    xent_inplace(SG_MODE_REDUCE_OVERHEAD, 1001);
+    xent_inplace(SG_MODE_MAX_AUTOTUNE, 1001);
+    xent_inplace(SG_MODE_DEFAULT, 1000);
     peak(SG_MODE_REDUCE_OVERHEAD);
     peak(SG_MODE_MAX_AUTOTUNE);
     peak(SG_MODE_DEFAULT);
