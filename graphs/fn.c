@@ -625,7 +625,6 @@ static void fn_bury(sg_ctx *ctx, sg_fn *fn) {
     ctx->ndead_fns--;
 }
 
-/* Free a live fn's captures, outputs and handles; keep its record a while. */
 /* Scratch goes back to the backend once no capture of the context plans into it. */
 static void drop_unused_scratch(sg_ctx *ctx) {
     for (const sg_fn *f = ctx->fns; f; f = f->next)
@@ -634,6 +633,7 @@ static void drop_unused_scratch(sg_ctx *ctx) {
     sg__pool_drop_scratch(ctx);
 }
 
+/* Free a live fn's captures, outputs and handles; keep its record a while. */
 static void fn_destroy(sg_fn *fn) {
     sg_ctx *ctx = fn->ctx;
     fn_unlink(fn);
