@@ -459,9 +459,10 @@ static sg_status time_kernel(sg_ctx *ctx, cu_graph *cg, int k, int t, set_state 
     return s;
 }
 
-/* A device copy of the bytes a step writes in one input or parameter. */
+/* A host copy of the bytes a step writes in one input or parameter. */
 typedef struct saved {
-    CUdeviceptr at, copy;
+    CUdeviceptr at;
+    void *copy;
     size_t bytes;
 } saved;
 
@@ -488,8 +489,11 @@ static void slot_extent(const sg__ir *ir, int s, int64_t *lo, int64_t *hi) {
     }
 }
 
-/* Device copies of everything the step writes in its inputs and parameters
- * (*n of them into *out), queued on the stream. */
+/* Host copies of everything the step writes in its inputs and parameters
+ * (*n of them into *out). They live in host memory so that tuning adds
+ * nothing to the device's peak (a training step's parameters and optimizer
+ * state are most of it: GPT-2 124M's are 1.7 GB); the copies are made once,
+ * when no tuning is cached. */
 static sg_status save_mutated(sg_ctx *ctx, sg__graph *g, saved **out, int *n) {
     const sg__cu_api *cu = api(ctx);
     int nslots = g->ir.nslots ? g->ir.nslots : 1;
@@ -504,30 +508,38 @@ static sg_status save_mutated(sg_ctx *ctx, sg__graph *g, saved **out, int *n) {
         saved *v = &sv[*n];
         v->at = (CUdeviceptr)(uintptr_t)(g->slotp[s] + lo);
         v->bytes = (size_t)(hi - lo);
-        CUresult r = cu->cuMemAlloc_v2(&v->copy, v->bytes);
-        if (r == CUDA_SUCCESS) (*n)++;
-        if (r == CUDA_SUCCESS)
-            r = cu->cuMemcpyDtoDAsync_v2(v->copy, v->at, v->bytes, sg__cuda_stream(ctx));
+        v->copy = sg__alloc(ctx, v->bytes);
+        if (!v->copy)
+            return sg__fail(ctx, SG_ERR_OOM,
+                            "cuda: out of host memory for a %zu-byte copy of a buffer the "
+                            "step writes in place (max-autotune keeps one to put it back); "
+                            "use reduce-overhead or free host memory",
+                            v->bytes);
+        (*n)++;
+        CUresult r = cu->cuMemcpyDtoHAsync_v2(v->copy, v->at, v->bytes, sg__cuda_stream(ctx));
         if (r != CUDA_SUCCESS)
-            return sg__cu_fail(ctx, r, "cuMemAlloc/cuMemcpyDtoDAsync",
+            return sg__cu_fail(ctx, r, "cuMemcpyDtoHAsync",
                                "saving a buffer the step writes in place, for max-autotune");
     }
-    return SG_OK;
+    CUresult r = cu->cuStreamSynchronize(sg__cuda_stream(ctx));
+    return r == CUDA_SUCCESS ? SG_OK
+                             : sg__cu_fail(ctx, r, "cuStreamSynchronize",
+                                           "saving the buffers the step writes in place");
 }
 
 /* Put the saved bytes back, wait for the stream, free the copies. */
 static sg_status restore_mutated(sg_ctx *ctx, sg__graph *g, saved *sv, int n) {
     const sg__cu_api *cu = api(ctx);
-    CUresult r = CUDA_SUCCESS;
+    CUresult r = cu->cuStreamSynchronize(sg__cuda_stream(ctx));
     for (int i = 0; i < n && r == CUDA_SUCCESS; i++)
-        r = cu->cuMemcpyDtoDAsync_v2(sv[i].at, sv[i].copy, sv[i].bytes, sg__cuda_stream(ctx));
+        r = cu->cuMemcpyHtoDAsync_v2(sv[i].at, sv[i].copy, sv[i].bytes, sg__cuda_stream(ctx));
     CUresult rs = cu->cuStreamSynchronize(sg__cuda_stream(ctx));
     if (r == CUDA_SUCCESS) r = rs;
-    for (int i = 0; i < n; i++) cu->cuMemFree_v2(sv[i].copy);
+    for (int i = 0; i < n; i++) sg__free(ctx, sv[i].copy, sv[i].bytes);
     sg__free(ctx, sv, sizeof *sv * (size_t)(g->ir.nslots ? g->ir.nslots : 1));
     return r == CUDA_SUCCESS
                ? SG_OK
-               : sg__cu_fail(ctx, r, "cuMemcpyDtoDAsync/cuStreamSynchronize",
+               : sg__cu_fail(ctx, r, "cuMemcpyHtoDAsync/cuStreamSynchronize",
                              "restoring what the step writes in place after max-autotune");
 }
 
