@@ -120,7 +120,8 @@ int main(void) {
      * off: C rows of 50257 into scratch, N as 50256 + 1 */
     int64_t mc = (int64_t)(cap / ((size_t)Vp * bf)) / 256 * 256, bv[1] = {V}, x7[2] = {T - 1, C},
             lg7[2] = {T - 1, V};
-    sg_tensor bias = fake(SG_BF16, 1, bv, NULL);
+    static sg_tensor bias;
+    bias = fake(SG_BF16, 1, bv, NULL);
     case_bias = &bias;
     pad_case("lm_head_bias", SG__OP_LINEAR, fake(SG_BF16, 3, x3, NULL), fake(SG_BF16, 2, wte, NULL),
              fake(SG_BF16, 3, lg3, NULL),

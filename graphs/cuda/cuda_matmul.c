@@ -627,11 +627,13 @@ static sg_status run_padded(sg_ctx *ctx, const sg__mm_plan *p, const sg__mm_pad 
 static int64_t class_cols(sg_ctx *ctx, const sg__mm_plan *p, const sg__mm_pad *pad, sg_dtype dt) {
     int64_t es = (int64_t)sg_dtype_size(dt), q = 16 / es;
     const char *e = getenv("SG_CUDA_MATMUL_CLASSES");
-    char *end;
-    long long n = e && *e ? strtoll(e, &end, 10) : 0;
-    if (e && *e && !*end && n > 0) {
-        int64_t nc = n < q ? q : (int64_t)n / q * q;
-        return nc < pad->ncls ? nc : pad->ncls;
+    if (e && *e) {
+        char *end;
+        long long n = strtoll(e, &end, 10);
+        if (!*end && n > 0) {
+            int64_t nc = n < q ? q : (int64_t)n / q * q;
+            return nc < pad->ncls ? nc : pad->ncls;
+        }
     }
     size_t l2 = sg__cuda_l2_bytes(ctx);
     int64_t fit = (int64_t)((l2 ? l2 / 4 : (size_t)12 << 20) / (size_t)(p->K * es));
@@ -657,6 +659,7 @@ static sg_status run_classes(sg_ctx *ctx, const sg__mm_plan *p, const sg__mm_pad
     c.A.bs[0] = p->A.rs, c.B.bs[0] = pad->cshift * p->B.cs, c.C.bs[0] = p->C.rs + pad->cshift;
     int64_t nc = class_cols(ctx, p, pad, dt);
     sg__lt_call call;
+    memset(&call, 0, sizeof call);
     sg_status s = SG_OK;
     *ran = true;
     for (int64_t n0 = 0; s == SG_OK && *ran && n0 < pad->ncls; n0 += nc) {
