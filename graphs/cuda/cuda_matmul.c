@@ -24,7 +24,9 @@
  *
  * A large product that is not 16-byte aligned (cublaslt.h: padding) runs
  * through aligned scratch, so that cuBLASLt takes its fast kernels rather
- * than align1 ones; sg_fn_explain says so per node (sg__mm_pad_note).
+ * than align1 ones, or, when only its result's rows are unaligned, writes
+ * them in place in row classes (run_classes); sg_fn_explain says so per
+ * node (sg__mm_pad_note).
  */
 #include "cublaslt.h"
 
