@@ -681,7 +681,8 @@ static sg_status run_classes(sg_ctx *ctx, const sg__mm_plan *p, const sg__mm_pad
     if (s == SG_OK && !*ran) { /* no algorithm for the two batches: a call each */
         l.nb = 0;
         if (!sg__mm_lt_call(&l, dt, &call)) return SG_OK;
-        for (int b = 0; s == SG_OK && b < 2; b++)
+        *ran = true;
+        for (int b = 0; s == SG_OK && *ran && b < 2; b++)
             s = sg__lt_matmul(ctx, &call, q->b + b * pad->ncls * p->B.cs * es, q->a,
                               scratch + b * p->M * ld * es, NULL, ran);
     }
