@@ -217,6 +217,21 @@ static void norm_param(rowk *k, int j, char *ld, size_t size) {
     sg__cuda_widen(p->dtype, lv, ld, size);
 }
 
+/* Whether a member of the group stores into the norm's scale or shift
+ * (then they are read after the statistics, where the scalar path reads
+ * them). */
+static bool norm_params_written(const rowk *k) {
+    const sg__ir *ir = sg__cuda_ir(k->g);
+    for (int j = 1; j < k->an->nin && j < 3; j++) {
+        const sg__ref *p = sg__cuda_arg(k->g, k->an, j);
+        for (int m = 0; p && m < k->grp->n; m++)
+            if (k->grp->g[m].store &&
+                sg__cuda_ref(k->g, ir->nodes[k->grp->g[m].node].out)->slot == p->slot)
+                return true;
+    }
+    return false;
+}
+
 /* The first pass's loads of the norm's scale and shift at column r_c, in
  * flight with the row's (k->wreg), so that the write pass waits for no
  * load after the statistics. */
@@ -235,18 +250,11 @@ static void norm_params_load(rowk *k) {
  * them (declaring r_pw1, r_pw2).
  */
 static void norm_params_plan(rowk *k) {
-    const sg__ir *ir = sg__cuda_ir(k->g);
     k->wreg = k->per > 0 && k->per <= 8 && !k->vpar &&
-              (k->an->op == SG__OP_LAYER_NORM || k->an->op == SG__OP_RMS_NORM);
-    for (int j = 1; k->wreg && j < k->an->nin && j < 3; j++) {
-        const sg__ref *p = sg__cuda_arg(k->g, k->an, j);
-        if (!p) continue;
-        for (int m = 0; m < k->grp->n; m++)
-            if (k->grp->g[m].store &&
-                sg__cuda_ref(k->g, ir->nodes[k->grp->g[m].node].out)->slot == p->slot)
-                k->wreg = false;
-        if (k->wreg) sg__emit_line(k->e, "float r_pw%d[%d];", j, k->per);
-    }
+              (k->an->op == SG__OP_LAYER_NORM || k->an->op == SG__OP_RMS_NORM) &&
+              !norm_params_written(k);
+    for (int j = 1; k->wreg && j < k->an->nin && j < 3; j++)
+        if (sg__cuda_arg(k->g, k->an, j)) sg__emit_line(k->e, "float r_pw%d[%d];", j, k->per);
 }
 
 /* The 16-byte vector type of a row in vectors: a union with its elements. */
@@ -308,6 +316,29 @@ static void vec_loads(rowk *k) {
     sg__emit_close(k->e);
 }
 
+/* The first pass's loads of a norm's scale and shift in vectors (k->vpar):
+ * lane j's vectors of them into r_p1[q], r_p2[q], in flight with the row's,
+ * so that the write pass waits for no load after the statistics. */
+static void vec_param_loads(rowk *k) {
+    int nq = k->per / k->vw;
+    for (int j = 1; j < k->an->nin && j < 3; j++) {
+        const sg__ref *r = sg__cuda_arg(k->g, k->an, j);
+        if (!r) continue;
+        char pb[420], nm[8];
+        vec_param_base(k, r, pb, sizeof pb);
+        snprintf(nm, sizeof nm, "r_p%d", j);
+        vec_union(k, r, nm, nq);
+        sg__emit_open(k->e, "if (r_al)");
+        sg__emit_line(k->e, "#pragma unroll");
+        sg__emit_open(k->e, "for (int r_q = 0; r_q < %d; r_q++)", nq);
+        sg__emit_line(k->e, "const sg_i64 r_v = r_lane + (sg_i64)r_q * %d;", k->team);
+        sg__emit_line(k->e, "if (r_v < %lldLL) r_p%d[r_q].v = ((%sconst sg_v16 *)%s)[r_v];",
+                      (long long)(k->len / k->vw), j, k->sp->gp, pb);
+        sg__emit_close(k->e);
+        sg__emit_close(k->e);
+    }
+}
+
 /*
  * One pass over the row: `body` runs once per column with the input in
  * r_x (and the column in r_c). From registers when the row lives there
@@ -318,6 +349,7 @@ static void pass_open(rowk *k, bool fill, bool stores) {
         char c[160];
         col_of(k, "r_t", c, sizeof c);
         if (fill && k->vld) vec_loads(k);
+        if (fill && k->vpar) vec_param_loads(k);
         sg__emit_line(k->e, "#pragma unroll");
         sg__emit_open(k->e, "for (int r_t = 0; r_t < %d; r_t++)", k->per);
         sg__emit_line(k->e, "const sg_i64 r_c = %s;", c);
@@ -370,7 +402,7 @@ static void row_write(rowk *k) {
             if (!sg__cuda_arg(k->g, n, j)) continue;
             if (k->vout && k->vpar) {
                 char pv[32];
-                snprintf(pv, sizeof pv, "r_p%d.e[r_e]", j);
+                snprintf(pv, sizeof pv, "r_p%d[r_q].e[r_e]", j);
                 sg__cuda_widen(sg__cuda_arg(k->g, n, j)->dtype, pv, ld, sizeof ld);
             } else if (k->wreg)
                 snprintf(ld, sizeof ld, "r_pw%d[r_t0 + r_u]", j);
@@ -500,15 +532,6 @@ static void vec_write(rowk *k) {
     sg__emit_line(k->e, "const sg_i64 r_v = r_lane + (sg_i64)r_q * %d;", k->team);
     sg__emit_open(k->e, "if (r_v < %lldLL)", (long long)(k->len / k->vw));
     vec_union(k, k->o, "r_w", 0);
-    for (int j = 1; k->vpar && j < k->an->nin && j < 3; j++) {
-        const sg__ref *r = sg__cuda_arg(k->g, k->an, j);
-        if (!r) continue;
-        char pb[420], nm[8];
-        vec_param_base(k, r, pb, sizeof pb);
-        snprintf(nm, sizeof nm, "r_p%d", j);
-        vec_union(k, r, nm, 0);
-        sg__emit_line(k->e, "r_p%d.v = ((%sconst sg_v16 *)%s)[r_v];", j, k->sp->gp, pb);
-    }
     sg__emit_line(k->e, "#pragma unroll");
     sg__emit_open(k->e, "for (int r_e = 0; r_e < %d; r_e++)", k->vw);
     /* row_write's register index is r_t0 + r_u */
@@ -1062,21 +1085,25 @@ static int64_t plan_split(int64_t units, int64_t len, int64_t least, int64_t *ch
  * j + team, ... in registers, loaded and stored 16 bytes at a time when
  * the row's addresses sit on 16 bytes (checked per row: vec_check), and a
  * warp takes the row when its vectors fit the registers (a row of 768
- * bf16: 3 vectors a lane). The lanes' partial sums hold other columns
- * than in the scalar layout, so sums may differ from it by rounding.
+ * bf16: 3 vectors a lane). A row computed by a prologue need not be flat
+ * (W5's embedding, x + wpe broadcast over the batch): only its result's
+ * store goes in vectors then, and the prologue walks its own indices. A
+ * norm's contiguous scale and shift are loaded in vectors with the row, in
+ * the first pass (vec_param_loads). The lanes' partial sums hold other
+ * columns than in the scalar layout, so sums may differ from it by rounding.
  */
 static void vec_plan(rowk *k) {
     const sg__group *grp = k->grp;
     sg__op op = k->an->op;
     sg__dialect d = sg__cuda_dialect(k->g);
     if ((d != SG__DIALECT_CUDA && d != SG__DIALECT_HIP) || grp->kind != SG__G_ROW || k->xs ||
-        k->sink >= 0 || k->cols > 1 || !k->flat ||
+        k->sink >= 0 || k->cols > 1 || (!k->flat && k->a == 0) ||
         (op != SG__OP_SOFTMAX && op != SG__OP_LOG_SOFTMAX && op != SG__OP_LAYER_NORM &&
          op != SG__OP_RMS_NORM))
         return;
     size_t xs = sg_dtype_size(k->x->dtype), os = sg_dtype_size(k->o->dtype);
     int vw = (int)(16 / (xs > os ? xs : os));
-    bool vld = k->a == 0 && grp->g[k->a].arg_src[0] < 0 && xs * (size_t)vw == 16 &&
+    bool vld = k->flat && k->a == 0 && grp->g[k->a].arg_src[0] < 0 && xs * (size_t)vw == 16 &&
                sg__lower_flat_ok(k->x, k->nd, k->shape) && k->x->offset % vw == 0;
     bool vst = grp->g[k->a].store && k->a + 1 == grp->n && os * (size_t)vw == 16 &&
                sg__lower_flat_ok(k->o, k->nd, k->shape) && k->o->offset % vw == 0;
@@ -1087,7 +1114,7 @@ static void vec_plan(rowk *k) {
     if (per > REG_MAX) return;
     k->team = team, k->per = (int)per, k->vw = vw, k->vld = vld, k->vst = vst;
     /* A norm's scale and shift: vectors too when contiguous and aligned alike. */
-    k->vpar = vst && (op == SG__OP_LAYER_NORM || op == SG__OP_RMS_NORM);
+    k->vpar = vst && (op == SG__OP_LAYER_NORM || op == SG__OP_RMS_NORM) && !norm_params_written(k);
     for (int j = 1; k->vpar && j < k->an->nin && j < 3; j++) {
         const sg__ref *r = sg__cuda_arg(k->g, k->an, j);
         k->vpar = !r || (r->ndim == 1 && r->shape[0] == k->len && r->stride[0] == 1 &&

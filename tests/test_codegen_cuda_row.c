@@ -4,7 +4,8 @@
  * (codegen/cgen_cuda_row.c) and the fusion that feeds them: softmax with a
  * scale prologue and a cast epilogue, layer_norm after a residual add,
  * rms_norm built in and written out of primitives (x * rsqrt(mean(x*x) +
- * eps) * w), log_softmax, row sums, layer_norm, softmax over the rows
+ * eps) * w), log_softmax, row sums, layer_norm (also after adding one row
+ * broadcast over the rows: W5's embedding), softmax over the rows
  * of a transposed view, and cross_entropy's backward written out
  * ((softmax(x) - cast(r > x)) / rows, the comparison a kernel of its own as
  * the one-hot is), over rows of 1, 7, 768, 1024, 5000 and 50257
@@ -60,6 +61,7 @@ typedef enum pattern {
     P_ARGMAX_KEEP,   /* argmax(x, -1, keepdim) */
     P_ARGMAX_SCALED, /* argmax(x * -2, -1): a prologue, the dim dropped */
     P_XENT_BWD,      /* (softmax(x) - cast(r > x)) / rows: cross_entropy's backward */
+    P_LAYERNORM_BC,  /* h = x + r (r one row, broadcast: a walk that is not flat); layer_norm */
     P_COUNT
 } pattern;
 
@@ -67,7 +69,7 @@ static const char *const pattern_name[P_COUNT] = {
     "SOFTMAX_SCALE_CAST", "LAYERNORM_RESIDUAL", "RMSNORM_BUILTIN",
     "RMSNORM_WRITTEN",    "LOG_SOFTMAX",        "ROW_SUM",
     "LAYERNORM",          "SOFTMAX_TRANSPOSED", "ARGMAX_KEEPDIM",
-    "ARGMAX_SCALED",      "XENT_BACKWARD"};
+    "ARGMAX_SCALED",      "XENT_BACKWARD",      "LAYERNORM_BROADCAST"};
 
 #define EPS 1e-5
 
@@ -88,6 +90,7 @@ static sg_status row_step(sg_ctx *c, sg_tensor *const *in, sg_tensor **out, void
         out[0] = sg_cast(sg_softmax(sg_mul_scalar(x, 0.5), -1), other(s->dt));
         break;
     case P_LAYERNORM_RES:
+    case P_LAYERNORM_BC:
         out[0] = sg_add(x, in[1]);
         out[1] = sg_layer_norm(out[0], s->w, s->b, EPS);
         break;
@@ -140,11 +143,12 @@ static void reference(const spec *s, int64_t rows, int64_t len, const double *x,
                 else
                     o[j] = tu_round(dt, tu_round(dt, (o[j] - m) - log(sum)) - 1.0);
             }
-        } else if (s->p == P_LAYERNORM_RES || s->p == P_LAYERNORM) {
+        } else if (s->p == P_LAYERNORM_RES || s->p == P_LAYERNORM || s->p == P_LAYERNORM_BC) {
             double mean = 0, var = 0;
             double *y = s->p == P_LAYERNORM ? out1 + i * len : o;
             for (int64_t j = 0; j < len; j++)
-                y[j] = r ? tu_round(dt, xr[j] + r[i * len + j]) : xr[j];
+                y[j] = r ? tu_round(dt, xr[j] + r[(s->p == P_LAYERNORM_BC ? 0 : i) * len + j])
+                         : xr[j];
             o = y;
             for (int64_t j = 0; j < len; j++) mean += o[j];
             mean /= (double)len;
@@ -260,12 +264,14 @@ static void test_case(pattern p, sg_dtype dt, int64_t rows, int64_t len) {
         xv = t;
     }
     if (p == P_ARGMAX_KEEP || p == P_ARGMAX_SCALED) plant(p, in[0], xv, rows, len, dt);
-    int nin = 1, nout = p == P_LAYERNORM_RES ? 2 : 1;
-    if (p == P_LAYERNORM_RES || p == P_XENT_BWD)
-        in[1] = tu_rand(ctx, dt, 2, xs, -1, 1, &rv), nin = 2;
-    if (p == P_LAYERNORM_RES || p == P_LAYERNORM || p == P_RMS_BUILTIN || p == P_RMS_WRITTEN)
+    bool res = p == P_LAYERNORM_RES || p == P_LAYERNORM_BC;
+    int64_t rs1[2] = {1, len};
+    int nin = 1, nout = res ? 2 : 1;
+    if (res || p == P_XENT_BWD)
+        in[1] = tu_rand(ctx, dt, 2, p == P_LAYERNORM_BC ? rs1 : xs, -1, 1, &rv), nin = 2;
+    if (res || p == P_LAYERNORM || p == P_RMS_BUILTIN || p == P_RMS_WRITTEN)
         s.w = tu_rand(ctx, dt, 1, &len, 0.5, 1.5, &wv);
-    if (p == P_LAYERNORM_RES || p == P_LAYERNORM) s.b = tu_rand(ctx, dt, 1, &len, -0.5, 0.5, &bv);
+    if (res || p == P_LAYERNORM) s.b = tu_rand(ctx, dt, 1, &len, -0.5, 0.5, &bv);
     sg_fn *fn = NULL;
     bool ok =
         TU_EXPECT(sg_compile(ctx, row_step, &s, nin, nout,
@@ -308,9 +314,10 @@ static void test_case(pattern p, sg_dtype dt, int64_t rows, int64_t len) {
     ok = ok && cuda_unit(fn, uname, &c) && TU_EXPECT(c.kernels == (p == P_XENT_BWD ? 2 : 1)) &&
          TU_EXPECT(c.calls == 0) && TU_EXPECT(c.rows == 1);
     /* Rows in 16-byte vectors: a contiguous row read straight from memory or
-     * stored as the kernel's only store, its width a multiple of 8; never a
-     * strided row, nor one with both a prologue and an epilogue. */
-    if (p == P_LAYERNORM || p == P_RMS_BUILTIN || p == P_LAYERNORM_RES || p == P_LOG_SOFTMAX)
+     * stored as the kernel's only store (after a prologue, flat or not), its
+     * width a multiple of 8; never a strided row, nor one with both a
+     * prologue and an epilogue. */
+    if (p == P_LAYERNORM || p == P_RMS_BUILTIN || res || p == P_LOG_SOFTMAX)
         ok = ok && TU_EXPECT(c.vec == (len % 8 == 0));
     if (p == P_SOFTMAX_CAST || p == P_SOFTMAX_T) ok = ok && TU_EXPECT(!c.vec);
     tu_case(ok, "%s on %s -> %d CUDA kernel, %d library calls%s", name,

@@ -339,23 +339,38 @@ static sg_status head_step(sg_ctx *c, sg_tensor *const *in, sg_tensor **out, voi
 }
 
 /* Products that are not 16-byte aligned run through padded scratch
- * (cuda_matmul.c: run_padded): the LM head's N = 50257 forward and both
+ * (cuda_matmul.c: run_padded) or, x @ w^T whose result rows alone are
+ * unaligned, write the result in place in row classes (run_classes, in one
+ * call or calls of 1000 columns): the LM head's N = 50257 forward and both
  * backward shapes, odd K (zero-padded), odd N (split), M of a transposed A
  * (its last rows apart), in one chunk and (a 1 MiB cap) in several; and a
  * compiled step says so in sg_fn_explain. */
 static void test_padded(void) {
     int64_t xh[2] = {40, 96}, xc[2] = {600, 32}, ak[2] = {64, 5001}, bk[2] = {5001, 96};
-    int64_t xo[2] = {300, 1001};
+    int64_t xo[2] = {300, 1001}, xm[2] = {45, 96};
     static const sg_dtype dts[2] = {SG_BF16, SG_F32};
     setenv("SG_CUDA_MATMUL", "auto", 1);
     for (int t = 0; t < 2; t++) {
         sg_dtype dt = dts[t];
-        const char *caps[2] = {"256", "1"}; /* MiB: one chunk, then several */
-        for (int c = 0; c < 2; c++) {
+        /* MiB: one chunk, then several (row classes off), then row classes in calls of
+         * 1000 columns */
+        const char *caps[3] = {"256", "1", "256"}, *classes[3] = {NULL, "off", "1000"};
+        for (int c = 0; c < 3; c++) {
             setenv("SG_CUDA_MATMUL_PAD", caps[c], 1);
-            char mode[32];
-            snprintf(mode, sizeof mode, "pad_cap=%sMiB", caps[c]);
-            linear_case(mode, dt, 2, c ? xc : xh, 50257, false, true); /* C rows of 50257 */
+            if (classes[c]) setenv("SG_CUDA_MATMUL_CLASSES", classes[c], 1);
+            else unsetenv("SG_CUDA_MATMUL_CLASSES");
+            char mode[48];
+            snprintf(mode, sizeof mode, "pad_cap=%sMiB,classes=%s", caps[c],
+                     classes[c] ? classes[c] : "auto");
+            linear_case(mode, dt, 2, c == 1 ? xc : xh, 50257, false, true); /* C rows of 50257 */
+            /* no bias: C in place in row classes (M 40, 600), unless M is not a multiple of
+             * them (45); cuBLASLt must take the strided-batch calls */
+            int fallbacks = lt_fallbacks;
+            linear_case(mode, dt, 2, c == 1 ? xc : xh, 50257, false, false);
+            linear_case(mode, dt, 2, xm, 50257, false, false);
+            tu_case(TU_EXPECT(lt_fallbacks == fallbacks),
+                    "CUDA_PADDED_NO_FALLBACK(%s,%s): cuBLASLt took every call", mode,
+                    sg_dtype_name(dt));
             linear_case(mode, dt, 2, xo, 200, false, false);           /* odd K: A and w */
             linear_case(mode, dt, 2, xo, 200, true, true);             /* w^T view, ld 200 */
             linear_case(mode, dt, 2, xo, 203, false, true);            /* N as 200 + 3 */
@@ -365,6 +380,7 @@ static void test_padded(void) {
         }
     }
     unsetenv("SG_CUDA_MATMUL_PAD");
+    unsetenv("SG_CUDA_MATMUL_CLASSES");
     unsetenv("SG_CUDA_MATMUL");
     int64_t xs[2] = {64, 128}, ws[2] = {50257, 128};
     sg_tensor *in[2] = {sg_full(ctx, SG_BF16, 2, xs, 0.5), sg_full(ctx, SG_BF16, 2, ws, 0.25)},
@@ -379,7 +395,7 @@ static void test_padded(void) {
     const char *e = sg_fn_explain(fn);
     ok = ok && TU_EXPECT(strstr(e, "matmul padding: IR line") != NULL) &&
          TU_EXPECT(strstr(e, "M=64 N=50257 K=128 is not 16-byte aligned") != NULL) &&
-         TU_EXPECT(strstr(e, "N as 50256 + 1") != NULL);
+         TU_EXPECT(strstr(e, "C in place in 8 row classes") != NULL);
     const char *line = strstr(e, "matmul padding");
     tu_case(ok, "CUDA_PADDED_STEP(reduce-overhead, linear [64,128] x [50257,128]^T): %.*s",
             line ? (int)strcspn(line, "\n") : 0, line ? line : "");

@@ -8,7 +8,10 @@
  * its cap, with K zero-padded where it is contiguous (split into an
  * aligned part and the rest when the rows are aligned: padded logits), N
  * split into an aligned part and the rest, and with A stored transposed M
- * likewise;
+ * likewise; a result whose rows alone are unaligned (x @ w^T, no bias, M a
+ * multiple of the classes) written in place in row classes instead, with
+ * only its leftover columns in scratch (SG_CUDA_MATMUL_CLASSES=off: as
+ * before);
  * aligned, small, batched and GEMV products do not; the note
  * sg_fn_explain prints; SG_CUDA_MATMUL_PAD's cap and off. Every expected
  * number is worked out here from the shapes. (test_codegen_nvrtc compiles
@@ -37,13 +40,16 @@ typedef struct want {
     bool pad, a, b, c, a_t, b_t;
     int64_t kp, nm, mm, mchunk, ldb;
     size_t bytes_a, bytes_b, bytes_c;
-    int64_t km; /* K of the first call; 0: kp (no K split) */
+    int64_t km;                    /* K of the first call; 0: kp (no K split) */
+    int64_t classes, cshift, ncls; /* C in place in row classes (0: not) */
 } want;
+
+static sg_tensor *case_bias; /* LINEAR's bias in pad_case (NULL: none) */
 
 static size_t r256(size_t n) { return (n + 255) / 256 * 256; }
 
 static void pad_case(const char *name, sg__op op, sg_tensor a, sg_tensor b, sg_tensor out, want w) {
-    sg_tensor *in[3] = {&a, &b, NULL};
+    sg_tensor *in[3] = {&a, &b, case_bias};
     sg__node n = {.op = op, .nin = op == SG__OP_LINEAR ? 3 : 2, .in = in, .out = &out};
     sg__mm_plan p;
     sg__mm_plan_make(&n, &p);
@@ -57,14 +63,16 @@ static void pad_case(const char *name, sg__op op, sg_tensor a, sg_tensor b, sg_t
              TU_EXPECT(pad.nm == w.nm) && TU_EXPECT(pad.mm == w.mm) &&
              TU_EXPECT(pad.mchunk == w.mchunk) && TU_EXPECT(pad.ldb == w.ldb) &&
              TU_EXPECT(pad.bytes_a == w.bytes_a) && TU_EXPECT(pad.bytes_b == w.bytes_b) &&
-             TU_EXPECT(pad.bytes_c == w.bytes_c);
+             TU_EXPECT(pad.bytes_c == w.bytes_c) && TU_EXPECT(pad.classes == w.classes) &&
+             TU_EXPECT(pad.cshift == w.cshift) && TU_EXPECT(pad.ncls == w.ncls);
         if (!ok)
             fprintf(stderr,
                     "  got a=%d b=%d c=%d a_t=%d b_t=%d kp=%lld km=%lld nm=%lld mm=%lld "
-                    "mchunk=%lld ldb=%lld bytes %zu %zu %zu\n",
+                    "mchunk=%lld ldb=%lld bytes %zu %zu %zu classes %lld shift %lld ncls %lld\n",
                     pad.a, pad.b, pad.c, pad.a_t, pad.b_t, (long long)pad.kp, (long long)pad.km,
                     (long long)pad.nm, (long long)pad.mm, (long long)pad.mchunk, (long long)pad.ldb,
-                    pad.bytes_a, pad.bytes_b, pad.bytes_c);
+                    pad.bytes_a, pad.bytes_b, pad.bytes_c, (long long)pad.classes,
+                    (long long)pad.cshift, (long long)pad.ncls);
     }
     char note[256];
     bool noted = sg__mm_pad_note(&n, note, sizeof note);
@@ -80,9 +88,42 @@ int main(void) {
     const size_t cap = (size_t)256 << 20, bf = 2;
     int64_t x3[3] = {4, 1024, 768}, wte[2] = {V, C}, lg3[3] = {4, 1024, V};
     int64_t lg[2] = {T, V}, x2[2] = {T, C}, lgT[2] = {V, T}, lgTs[2] = {1, V}, dw[2] = {V, C};
-    /* forward: logits = x @ wte^T; C rows of 50257 into scratch, N as 50256 + 1 */
-    int64_t mc = (int64_t)(cap / ((size_t)Vp * bf)) / 256 * 256;
+    /* forward: logits = x @ wte^T; C in place in 8 row classes (ldc 8 * 50257; class j's
+     * columns from 7j, 50208 each), columns 0..49 and 50208..50257 (49 each, ld 56) through
+     * scratch */
     pad_case("lm_head", SG__OP_LINEAR, fake(SG_BF16, 3, x3, NULL), fake(SG_BF16, 2, wte, NULL),
+             fake(SG_BF16, 3, lg3, NULL),
+             (want){.pad = true,
+                    .c = true,
+                    .kp = C,
+                    .nm = V - 1,
+                    .mm = T,
+                    .mchunk = T,
+                    .bytes_c = r256((size_t)(2 * T * 56) * bf),
+                    .classes = 8,
+                    .cshift = 7,
+                    .ncls = 50208});
+    /* f32: 4 classes (ldc 4 * 50257), columns from 3j, 50248 each; 9 left (ld 12) */
+    pad_case("lm_head", SG__OP_LINEAR, fake(SG_F32, 3, x3, NULL), fake(SG_F32, 2, wte, NULL),
+             fake(SG_F32, 3, lg3, NULL),
+             (want){.pad = true,
+                    .c = true,
+                    .kp = C,
+                    .nm = V - 1,
+                    .mm = T,
+                    .mchunk = T,
+                    .bytes_c = r256((size_t)(2 * T * 12) * 4),
+                    .classes = 4,
+                    .cshift = 3,
+                    .ncls = 50248});
+    /* with a bias (its pointer would shift per class), M not a multiple of 8, or classes
+     * off: C rows of 50257 into scratch, N as 50256 + 1 */
+    int64_t mc = (int64_t)(cap / ((size_t)Vp * bf)) / 256 * 256, bv[1] = {V}, x7[2] = {T - 1, C},
+            lg7[2] = {T - 1, V};
+    static sg_tensor bias;
+    bias = fake(SG_BF16, 1, bv, NULL);
+    case_bias = &bias;
+    pad_case("lm_head_bias", SG__OP_LINEAR, fake(SG_BF16, 3, x3, NULL), fake(SG_BF16, 2, wte, NULL),
              fake(SG_BF16, 3, lg3, NULL),
              (want){.pad = true,
                     .c = true,
@@ -91,6 +132,27 @@ int main(void) {
                     .mm = T,
                     .mchunk = mc,
                     .bytes_c = r256((size_t)(mc * Vp) * bf)});
+    case_bias = NULL;
+    pad_case("lm_head_rows_4095", SG__OP_LINEAR, fake(SG_BF16, 2, x7, NULL),
+             fake(SG_BF16, 2, wte, NULL), fake(SG_BF16, 2, lg7, NULL),
+             (want){.pad = true,
+                    .c = true,
+                    .kp = C,
+                    .nm = V - 1,
+                    .mm = T - 1,
+                    .mchunk = mc,
+                    .bytes_c = r256((size_t)(mc * Vp) * bf)});
+    setenv("SG_CUDA_MATMUL_CLASSES", "off", 1);
+    pad_case("lm_head_classes_off", SG__OP_LINEAR, fake(SG_BF16, 3, x3, NULL),
+             fake(SG_BF16, 2, wte, NULL), fake(SG_BF16, 3, lg3, NULL),
+             (want){.pad = true,
+                    .c = true,
+                    .kp = C,
+                    .nm = V - 1,
+                    .mm = T,
+                    .mchunk = mc,
+                    .bytes_c = r256((size_t)(mc * Vp) * bf)});
+    unsetenv("SG_CUDA_MATMUL_CLASSES");
     /* dx = dlogits @ wte: K = 50257 contiguous in A: A and B copied, K zero-padded to 50264
      * (B whole: K x 768) */
     pad_case("lm_head_dx", SG__OP_MATMUL, fake(SG_BF16, 2, lg, NULL), fake(SG_BF16, 2, wte, NULL),
@@ -130,9 +192,10 @@ int main(void) {
     pad_case("lm_head_dw_padded", SG__OP_MATMUL, fake(SG_BF16, 2, lgT, lgTp),
              fake(SG_BF16, 2, x2, NULL), fake(SG_BF16, 2, dw, NULL),
              (want){.pad = true, .kp = T, .nm = C, .mm = V - 1, .mchunk = V - 1});
-    /* f32 logits: rows padded to 4 floats, N as 50256 + 1 */
+    /* f32 logits, classes off: rows padded to 4 floats, N as 50256 + 1 */
+    setenv("SG_CUDA_MATMUL_CLASSES", "off", 1);
     pad_case(
-        "lm_head", SG__OP_LINEAR, fake(SG_F32, 3, x3, NULL), fake(SG_F32, 2, wte, NULL),
+        "lm_head_classes_off", SG__OP_LINEAR, fake(SG_F32, 3, x3, NULL), fake(SG_F32, 2, wte, NULL),
         fake(SG_F32, 3, lg3, NULL),
         (want){.pad = true,
                .c = true,
@@ -141,6 +204,7 @@ int main(void) {
                .mm = T,
                .mchunk = (int64_t)(cap / (50260 * 4)) / 256 * 256,
                .bytes_c = r256((size_t)((int64_t)(cap / (50260 * 4)) / 256 * 256 * 50260) * 4)});
+    unsetenv("SG_CUDA_MATMUL_CLASSES");
     /* odd K: x's rows and w's rows (B read transposed) both padded with zeros to 1008,
      * the result's rows of 300 (600 bytes) to 304, N as 296 + 4; all 512 rows in one chunk */
     int64_t xk[2] = {512, 1001}, wk[2] = {300, 1001}, ok2[2] = {512, 300};
@@ -181,9 +245,13 @@ int main(void) {
                     .nm = V - 1,
                     .mm = 8,
                     .mchunk = 8,
-                    .bytes_c = r256(8 * Vp * bf)}); /* no note: GEMV */
-    /* a 1 MiB cap: chunks of 256 rows (the least); off: as is */
+                    .bytes_c = r256(2 * 8 * 56 * bf),
+                    .classes = 8,
+                    .cshift = 7,
+                    .ncls = 50208}); /* no note: GEMV */
+    /* a 1 MiB cap (row classes off): chunks of 256 rows (the least); off: as is */
     setenv("SG_CUDA_MATMUL_PAD", "1", 1);
+    setenv("SG_CUDA_MATMUL_CLASSES", "off", 1);
     pad_case("cap_1mib", SG__OP_LINEAR, fake(SG_BF16, 3, x3, NULL), fake(SG_BF16, 2, wte, NULL),
              fake(SG_BF16, 3, lg3, NULL),
              (want){.pad = true,
@@ -197,5 +265,6 @@ int main(void) {
     pad_case("off", SG__OP_LINEAR, fake(SG_BF16, 3, x3, NULL), fake(SG_BF16, 2, wte, NULL),
              fake(SG_BF16, 3, lg3, NULL), (want){0});
     unsetenv("SG_CUDA_MATMUL_PAD");
+    unsetenv("SG_CUDA_MATMUL_CLASSES");
     return tu_finish();
 }

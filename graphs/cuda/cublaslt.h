@@ -43,6 +43,7 @@ typedef struct sg__mm_plan {
     int64_t bshape[SG_MAX_DIMS];
     sg__mm_mat A, B, C;
     bool copy_a, copy_b, copy_c;
+    bool bias; /* LINEAR with a bias */
 } sg__mm_plan;
 
 SG__HIDDEN void sg__mm_plan_make(const sg__node *n, sg__mm_plan *p);
@@ -102,6 +103,20 @@ SG__HIDDEN bool sg__mm_prefer_gemv(const sg__mm_plan *p);
  * multiply-adds whose operands cuBLASLt reads in place are padded. Every
  * output element is one dot product as before (two partial ones added,
  * when K splits), the same every run: deterministic.
+ *
+ * Row classes. When only C's rows are unaligned (x @ w^T with x row-major,
+ * w read transposed, no bias: the LM head's logits), C is written in place
+ * instead: with ldc % q = r (q elements in 16 bytes), the rows r' with
+ * r' mod g = j (g = q / gcd(r, q) classes) are g * ldc apart, an aligned
+ * leading dim, and start aligned past their first s * j columns (s = q - r).
+ * One strided-batch call, a batch per class (strides: one row of A, s rows
+ * of w, ldc + s of C), writes columns s * j .. s * j + ncls of class j's rows,
+ * per chunk of columns whose w rows stay in a quarter of the L2 (the batches
+ * run one after another and each reads them); the columns no class covers
+ * for every row (0 .. s * (g - 1) and ncls .. N) go through scratch in one
+ * small call of two batches and are copied out. This moves the product's
+ * own bytes only, where scratch adds a read and a write of all of C.
+ * SG_CUDA_MATMUL_CLASSES=off turns it off, =<n> sets n columns per call.
  */
 #define SG__MM_PAD_BYTES ((size_t)256 << 20)
 #define SG__MM_PAD_MIN ((int64_t)1 << 24)
@@ -117,6 +132,11 @@ typedef struct sg__mm_pad {
     int64_t mchunk; /* rows of M per chunk */
     int64_t ldb;    /* B's padded leading dim */
     size_t bytes_a, bytes_b, bytes_c; /* scratch of each (256-byte multiples) */
+    int64_t classes; /* > 0: C written in place in this many row classes (then
+                        bytes_c holds the columns no class covers); 0: C (when
+                        padded) through scratch in chunks of rows */
+    int64_t cshift;  /* with classes: class j's columns start at cshift * j */
+    int64_t ncls;    /* with classes: columns each class writes in place */
 } sg__mm_pad;
 
 /* Whether plan p (of dtype dt, run by cuBLASLt) is padded, and how. */

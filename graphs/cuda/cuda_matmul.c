@@ -24,7 +24,9 @@
  *
  * A large product that is not 16-byte aligned (cublaslt.h: padding) runs
  * through aligned scratch, so that cuBLASLt takes its fast kernels rather
- * than align1 ones; sg_fn_explain says so per node (sg__mm_pad_note).
+ * than align1 ones, or, when only its result's rows are unaligned, writes
+ * them in place in row classes (run_classes); sg_fn_explain says so per
+ * node (sg__mm_pad_note).
  */
 #include "cublaslt.h"
 
@@ -177,6 +179,7 @@ void sg__mm_plan_make(const sg__node *n, sg__mm_plan *p) {
     mat_set(&p->C, out, rc, p->copy_c ? st : out->stride, p->nb);
     fold(p);
     collapse(p);
+    p->bias = n->op == SG__OP_LINEAR && n->nin > 2 && n->in[2] != NULL;
 }
 
 bool sg__mm_lt_call(const sg__mm_plan *p, sg_dtype dt, sg__lt_call *c) {
@@ -253,6 +256,34 @@ static int64_t pad_chunk(const sg__mm_plan *p, const sg__mm_pad *pad, sg_dtype d
     return mc < pad->mm ? mc : pad->mm;
 }
 
+static int64_t gcd64(int64_t a, int64_t b) {
+    while (b) {
+        int64_t t = a % b;
+        a = b, b = t;
+    }
+    return a;
+}
+
+/* Whether C goes in place in row classes (cublaslt.h): only C's rows
+ * unaligned, A row-major and B read transposed (their per-class offsets
+ * stay aligned), no bias (its pointer would shift by cshift per class), M a
+ * multiple of the classes, and at least 7/8 of the columns in place. */
+static void pad_classes(const sg__mm_plan *p, sg__mm_pad *pad, sg_dtype dt, int la, int lb,
+                        int64_t ldc) {
+    const char *e = getenv("SG_CUDA_MATMUL_CLASSES");
+    if ((e && strcmp(e, "off") == 0) || !pad->c || pad->a || pad->b || pad->km != p->K ||
+        pad->mm != p->M || la != LAY_N || lb != LAY_T || p->bias)
+        return;
+    int64_t q = 16 / (int64_t)sg_dtype_size(dt), r = ldc % q, g = q / gcd64(r, q), s = q - r;
+    int64_t ncls = (p->N - s * (g - 1)) / q * q;
+    if (p->M % g != 0 || ncls <= 0 || ncls * 8 < p->N * 7) return;
+    pad->classes = g, pad->cshift = s, pad->ncls = ncls;
+    pad->mchunk = p->M;
+    /* the leftover columns: two batches of M rows of N - ncls (>= s * (g - 1)) */
+    pad->bytes_c =
+        round_up((size_t)(2 * p->M * sg__mm_pad_ld(p->N - ncls, dt)) * sg_dtype_size(dt));
+}
+
 bool sg__mm_pad_make(const sg__mm_plan *p, sg_dtype dt, sg__mm_pad *pad) {
     memset(pad, 0, sizeof *pad);
     if (pad_cap() == 0 || p->nb > 0 || p->copy_a || p->copy_b || p->copy_c) return false;
@@ -288,6 +319,7 @@ bool sg__mm_pad_make(const sg__mm_plan *p, sg_dtype dt, sg__mm_pad *pad) {
         pad->bytes_b = round_up((size_t)((pad->b_t ? p->N : pad->kp) * pad->ldb) * es);
     }
     if (pad->c) pad->bytes_c = round_up((size_t)(pad->mchunk * sg__mm_pad_ld(p->N, dt)) * es);
+    pad_classes(p, pad, dt, la, lb, ldc);
     return true;
 }
 
@@ -302,6 +334,17 @@ bool sg__mm_pad_note(const sg__node *n, char *buf, size_t size) {
     if (path == SG__MM_GEMV || (path == SG__MM_AUTO && sg__mm_prefer_gemv(&p)) ||
         !sg__mm_pad_make(&p, dt, &pad))
         return false;
+    if (pad.classes) {
+        int64_t left = pad.cshift * (pad.classes - 1);
+        snprintf(buf, size,
+                 "M=%lld N=%lld K=%lld is not 16-byte aligned: C in place in %lld row classes "
+                 "(rows %lld apart, columns from %lld * class, %lld each), columns 0..%lld and "
+                 "%lld..%lld through %zu bytes of scratch",
+                 (long long)p.M, (long long)p.N, (long long)p.K, (long long)pad.classes,
+                 (long long)pad.classes, (long long)pad.cshift, (long long)pad.ncls,
+                 (long long)left, (long long)pad.ncls, (long long)p.N, pad.bytes_c);
+        return true;
+    }
     int64_t chunks = (pad.mm + pad.mchunk - 1) / pad.mchunk + (pad.mm < p.M);
     char kz[64] = "", ns[64] = "";
     if (pad.kp > p.K) snprintf(kz, sizeof kz, ", K zero-padded to %lld", (long long)pad.kp);
@@ -579,6 +622,78 @@ static sg_status run_padded(sg_ctx *ctx, const sg__mm_plan *p, const sg__mm_pad 
     return s;
 }
 
+/* Columns of each row-class call: SG_CUDA_MATMUL_CLASSES=<n> (rounded down
+ * to 16 bytes), else all ncls when B's rows for them fit in a quarter of the
+ * L2 (12 MiB when the device does not say), else ncls in equal calls of a
+ * multiple of 256 columns that each fit about that. */
+static int64_t class_cols(sg_ctx *ctx, const sg__mm_plan *p, const sg__mm_pad *pad, sg_dtype dt) {
+    int64_t es = (int64_t)sg_dtype_size(dt), q = 16 / es;
+    const char *e = getenv("SG_CUDA_MATMUL_CLASSES");
+    if (e && *e) {
+        char *end;
+        long long n = strtoll(e, &end, 10);
+        if (!*end && n > 0) {
+            int64_t nc = n < q ? q : (int64_t)n / q * q;
+            return nc < pad->ncls ? nc : pad->ncls;
+        }
+    }
+    size_t l2 = sg__cuda_l2_bytes(ctx);
+    int64_t fit = (int64_t)((l2 ? l2 / 4 : (size_t)12 << 20) / (size_t)(p->K * es));
+    if (fit >= pad->ncls) return pad->ncls;
+    int64_t calls = (pad->ncls + fit - 1) / (fit > 0 ? fit : 1);
+    int64_t nc = ((pad->ncls + calls - 1) / calls + 255) / 256 * 256;
+    return nc < pad->ncls ? nc : pad->ncls;
+}
+
+/*
+ * Plan p with C written in place in row classes (sg__mm_pad.classes, see
+ * cublaslt.h): per chunk of columns one strided-batch call over the
+ * classes, then the columns no class covers through scratch: one call of
+ * two batches (columns 0.. and ncls.., N - ncls of each) and two copies out.
+ * *ran as run_padded's.
+ */
+static sg_status run_classes(sg_ctx *ctx, const sg__mm_plan *p, const sg__mm_pad *pad, sg_dtype dt,
+                             const ptrs *q, char *scratch, bool *ran) {
+    int64_t es = (int64_t)sg_dtype_size(dt), g = pad->classes, w = p->N - pad->ncls;
+    sg__mm_plan c = *p;
+    c.M = p->M / g, c.A.rs = p->A.rs * g, c.C.rs = p->C.rs * g;
+    c.nb = 1, c.bshape[0] = g;
+    c.A.bs[0] = p->A.rs, c.B.bs[0] = pad->cshift * p->B.cs, c.C.bs[0] = p->C.rs + pad->cshift;
+    int64_t nc = class_cols(ctx, p, pad, dt);
+    sg__lt_call call;
+    memset(&call, 0, sizeof call);
+    sg_status s = SG_OK;
+    *ran = true;
+    for (int64_t n0 = 0; s == SG_OK && *ran && n0 < pad->ncls; n0 += nc) {
+        c.N = pad->ncls - n0 < nc ? pad->ncls - n0 : nc;
+        if (!sg__mm_lt_call(&c, dt, &call)) return *ran = false, SG_OK;
+        s = sg__lt_matmul(ctx, &call, q->b + n0 * p->B.cs * es, q->a, q->c + n0 * es, NULL, ran);
+    }
+    /* The leftovers: batch 0 columns 0 .. w, batch 1 columns ncls .. N. */
+    sg__mm_plan l = *p;
+    int64_t ld = sg__mm_pad_ld(w, dt), left = pad->cshift * (g - 1);
+    l.N = w, l.C.rs = ld, l.C.cs = 1;
+    l.nb = 1, l.bshape[0] = 2;
+    l.A.bs[0] = 0, l.B.bs[0] = pad->ncls * p->B.cs, l.C.bs[0] = p->M * ld;
+    if (s != SG_OK || !*ran) return s;
+    if (!sg__mm_lt_call(&l, dt, &call)) return *ran = false, SG_OK;
+    s = sg__lt_matmul(ctx, &call, q->b, q->a, scratch, NULL, ran);
+    if (s == SG_OK && !*ran) { /* no algorithm for the two batches: a call each */
+        l.nb = 0;
+        if (!sg__mm_lt_call(&l, dt, &call)) return SG_OK;
+        *ran = true;
+        for (int b = 0; s == SG_OK && *ran && b < 2; b++)
+            s = sg__lt_matmul(ctx, &call, q->b + b * pad->ncls * p->B.cs * es, q->a,
+                              scratch + b * p->M * ld * es, NULL, ran);
+    }
+    if (s == SG_OK && *ran)
+        s = pitch_copy(ctx, dt, scratch, ld, q->c, p->C.rs, p->M, left, p->M, left);
+    if (s == SG_OK && *ran)
+        s = pitch_copy(ctx, dt, scratch + p->M * ld * es, ld, q->c + pad->ncls * es, p->C.rs, p->M,
+                       w, p->M, w);
+    return s;
+}
+
 /* ------------------------------------------------------------ GEMV or cuBLASLt, tuned */
 
 typedef struct gemv_alt {
@@ -739,7 +854,9 @@ sg_status sg__cuda_matmul(sg_ctx *ctx, const sg__node *n) {
 
     bool done = false;
     if (padded) { /* a plan with no packed operand: q is untouched but the bias */
-        s = run_padded(ctx, &p, &pad, dt, &q, scratch + na + nbb + nc + nbias, &done);
+        char *sp = scratch + na + nbb + nc + nbias;
+        s = pad.classes ? run_classes(ctx, &p, &pad, dt, &q, sp, &done)
+                        : run_padded(ctx, &p, &pad, dt, &q, sp, &done);
         if (s != SG_OK) return s;
     }
     if (!gemv && !done) {

@@ -37,6 +37,7 @@ typedef struct sg__cuda {
     CUcontext pctx;
     CUstream stream;
     int arch, sms;        /* arch: 90 for sm_90; 0 on HIP (no CUDA compute capability) */
+    int l2;               /* L2 cache bytes (0: unknown) */
     sg__cuda_device dev0; /* what the probe read (HIP: arch_name, the gfx arch) */
     CUmodule mod[SG__CU_NUM_UNITS];
     kfunc *funcs;
@@ -186,6 +187,7 @@ sg_status sg__cuda_sync(sg_ctx *ctx) {
 }
 
 int sg__cuda_sm_count(const sg_ctx *ctx) { return state(ctx)->sms; }
+size_t sg__cuda_l2_bytes(const sg_ctx *ctx) { return (size_t)state(ctx)->l2; }
 int sg__cuda_arch(const sg_ctx *ctx) { return state(ctx)->arch; }
 void *sg__cuda_stream(const sg_ctx *ctx) { return state(ctx)->stream; }
 void **sg__cuda_lt_state(sg_ctx *ctx) { return &state(ctx)->lt; }
@@ -354,6 +356,9 @@ sg_status sg__cuda_init(sg_ctx *ctx, char *why, size_t n) {
     ctx->exec.state = s;
     ctx->exec.destroy = cu_destroy;
     CUresult r = cu->cuDeviceGet(&s->dev, 0);
+    if (r == CUDA_SUCCESS &&
+        cu->cuDeviceGetAttribute(&s->l2, CU_DEVICE_ATTRIBUTE_L2_CACHE_SIZE, s->dev) != CUDA_SUCCESS)
+        s->l2 = 0;
     if (r == CUDA_SUCCESS) r = cu->cuDevicePrimaryCtxRetain(&s->pctx, s->dev);
     if (r == CUDA_SUCCESS) r = cu->cuCtxSetCurrent(s->pctx);
     if (r == CUDA_SUCCESS) r = cu->cuStreamCreate(&s->stream, CU_STREAM_NON_BLOCKING);

@@ -60,6 +60,7 @@ SG__HIDDEN void sg__cuda_set_capturing(sg_ctx *ctx, bool on);
 SG__HIDDEN sg_status sg__cuda_sync(sg_ctx *ctx);
 /* Device facts. */
 SG__HIDDEN int sg__cuda_sm_count(const sg_ctx *ctx);
+SG__HIDDEN size_t sg__cuda_l2_bytes(const sg_ctx *ctx); /* 0 when the device did not say */
 SG__HIDDEN int sg__cuda_arch(const sg_ctx *ctx); /* 90 for sm_90 */
 /* The context's CUstream, for libraries (cuBLASLt). */
 SG__HIDDEN void *sg__cuda_stream(const sg_ctx *ctx);

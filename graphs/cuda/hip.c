@@ -133,6 +133,7 @@ static CUresult device_attribute(int *v, CUdevice_attribute a, CUdevice d) {
         h = hipDeviceAttributeComputeCapabilityMinor;
         break;
     case CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT: h = hipDeviceAttributeMultiprocessorCount; break;
+    case CU_DEVICE_ATTRIBUTE_L2_CACHE_SIZE: h = hipDeviceAttributeL2CacheSize; break;
     case CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_BLOCK: h = hipDeviceAttributeMaxThreadsPerBlock; break;
     case CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK:
         h = hipDeviceAttributeMaxSharedMemoryPerBlock;
