@@ -183,7 +183,7 @@ void sg__mm_plan_make(const sg__node *n, sg__mm_plan *p) {
 }
 
 bool sg__mm_lt_call(const sg__mm_plan *p, sg_dtype dt, sg__lt_call *c) {
-    int64_t lda, ldb, ldc;
+    int64_t lda = 0, ldb = 0, ldc = 0;
     int la = layout(p->M, p->K, p->A.rs, p->A.cs, &lda);
     int lb = layout(p->K, p->N, p->B.rs, p->B.cs, &ldb);
     int lc = layout(p->M, p->N, p->C.rs, p->C.cs, &ldc);
