@@ -39,7 +39,8 @@
 #define BLOCK 256       /* threads per block unless max-autotune picks another */
 #define MAX_BLOCK 512   /* the largest block max-autotune tries (launch bounds) */
 #define GRID_CAP 2048   /* grid-stride loops: more blocks than this buy nothing */
-#define MEMBER_CAP 1024 /* blocks per member of a MULTI kernel */
+#define MEMBER_CAP 1024 /* blocks per data member of a MULTI kernel */
+#define MEMBER_VECS 4   /* vectors a thread takes in a pointwise member of a MULTI */
 #define CHAIN_MAX 4096  /* elements per group of a one-block chain kernel */
 #define GEMV_ROWS 8     /* the most rows a generated GEMV takes */
 #define GEMV_SMEM 32768 /* bytes of normalized rows a GEMV keeps in shared memory */
@@ -89,6 +90,9 @@ typedef struct sg__cuda_gen {
      * mark[n] is set for every s<n> named while it is non-NULL. */
     bool *mark;
     bool member_slots;
+    /* A MULTI's members keep 16-byte vectors for bodies of up to 128
+     * vector ops (AdamW's 17-20), where other loops halve past 64. */
+    bool long_body;
     /* Deferred stores (sg__cuda_defer_begin): declarations, statements, the
      * arrays' length, and the members whose values are kept. */
     sg__emit *defer_decl, *defer_st;
@@ -380,7 +384,7 @@ static int vec_width(const gen *g, const sg__group *grp, int from, bool *slots) 
     for (int k = from; k < grp->n; k++) heavy += is_heavy(g->ir->nodes[grp->g[k].node].op);
     if (heavy * w > 16) return 1;
     /* Long bodies take narrower vectors (8 bytes of bf16 still coalesce well). */
-    while (w > 2 && (grp->n - from) * w > 64) w /= 2;
+    while (w > 2 && (grp->n - from) * w > (g->long_body ? 128 : 64)) w /= 2;
     /* The widest vectors whose count divides and whose accesses align. */
     for (; w >= 2; w /= 2) {
         bool ok = numel_of(nd, shape) % w == 0 && (flat || shape[in] % w == 0);
@@ -1467,17 +1471,22 @@ static int64_t multi_data(gen *g, const sg__group *part, int64_t start, sg__cuda
 }
 
 /* A pointwise member of a MULTI over blocks start ..: its loop, and the
- * blocks it takes (0: none). */
+ * blocks it takes (0: none), one per BLOCK x MEMBER_VECS vectors. */
 static int64_t multi_loop(gen *g, const sg__group *part, int64_t start, bool *aligned, int nslots,
                           sg__cuda_kinfo *ki) {
     if (numel_of(part->ndim, part->shape) == 0) return 0;
     used_slots(g, part, 0);
     memset(aligned, 0, sizeof(bool) * (size_t)nslots);
     int w = vec_width(g, part, 0, aligned);
-    unsigned nb = loop_blocks(part, w, BLOCK, MEMBER_CAP);
+    /* Blocks in proportion to the member's vectors, MEMBER_VECS a thread:
+     * every block of the kernel does about the same work, so no member's
+     * blocks stride alone over a long loop after the others have ended. */
+    int64_t vecs = numel_of(part->ndim, part->shape) / w, per = (int64_t)BLOCK * MEMBER_VECS;
+    int64_t nb = (vecs + per - 1) / per;
+    nb = nb < 1 ? 1 : nb > (1 << 24) ? (1 << 24) : nb;
     char blk[64], nblk[32];
     snprintf(blk, sizeof blk, "%s - %lld", g->sp->bid, (long long)start);
-    snprintf(nblk, sizeof nblk, "%u", nb);
+    snprintf(nblk, sizeof nblk, "%lld", (long long)nb);
     emit_loop(g, part, 0, w, aligned, blk, nblk);
     ki->iters += numel_of(part->ndim, part->shape);
     return nb;
@@ -1611,6 +1620,7 @@ static void emit_multi(gen *g, const sg__group *grp, sg__cuda_kinfo *ki, bool *a
         return;
     }
     g->member_slots = true;
+    g->long_body = true;
     int64_t start = 0;
     for (int m = 0; m < grp->nmembers; m++) {
         const sg__group *part = &g->f->parts[grp->members[m]];
@@ -1639,6 +1649,7 @@ static void emit_multi(gen *g, const sg__group *grp, sg__cuda_kinfo *ki, bool *a
         sg__emit_free(&body);
         start += nb;
     }
+    g->long_body = false;
     sg__free(outer->ctx, mark, sizeof(bool) * (size_t)nslots);
     ki->grid = (unsigned)(start ? start : 1);
     /* Members own fixed ranges of blocks and stride over their loops:
@@ -1791,13 +1802,14 @@ static bool emit_group(gen *g, const sg__group *grp, sg__cuda_kinfo *ki, bool *a
 static int launch_bound(const sg__cuda_kinfo *ki) { return ki->tune_grid[0] ? MAX_BLOCK : BLOCK; }
 
 /* The launch bounds after __launch_bounds__: a MULTI kernel also asks for
- * three blocks of the most threads per SM (at most 42 registers), which its
- * large members' streaming loops need to keep enough loads in flight; a
- * member with many merged params spills a little instead (AdamW over
- * GPT-2 124M: 1.26 ms against 1.74 ms at 108 registers, on an H100). */
+ * two blocks of the most threads per SM (at most 64 registers): its
+ * members' 16-byte vector loops keep 56 bytes a thread in flight (AdamW's
+ * gradient, moments and master weight) and, at the 40 registers of three
+ * blocks, spill (AdamW over GPT-2 124M, ptxas for sm_90: 104-byte stack
+ * frames at 40 registers, none at 62). */
 static const char *launch_bounds(const sg__group *grp, const sg__cuda_kinfo *ki, char *buf,
                                  size_t size) {
-    snprintf(buf, size, grp->kind == SG__G_MULTI ? "%d, 3" : "%d", launch_bound(ki));
+    snprintf(buf, size, grp->kind == SG__G_MULTI ? "%d, 2" : "%d", launch_bound(ki));
     return buf;
 }
 
