@@ -40,7 +40,8 @@
 #define MAX_BLOCK 512   /* the largest block max-autotune tries (launch bounds) */
 #define GRID_CAP 2048   /* grid-stride loops: more blocks than this buy nothing */
 #define MEMBER_CAP 1024 /* blocks per data member of a MULTI kernel */
-#define MEMBER_VECS 4   /* vectors a thread takes in a pointwise member of a MULTI */
+#define MEMBER_VECS 2   /* vectors a thread takes in a pointwise member of a MULTI, */
+#define MEMBER_UNROLL 2 /* all loaded before the first is stored */
 #define CHAIN_MAX 4096  /* elements per group of a one-block chain kernel */
 #define GEMV_ROWS 8     /* the most rows a generated GEMV takes */
 #define GEMV_SMEM 32768 /* bytes of normalized rows a GEMV keeps in shared memory */
@@ -93,6 +94,8 @@ typedef struct sg__cuda_gen {
     /* A MULTI's members keep 16-byte vectors for bodies of up to 128
      * vector ops (AdamW's 17-20), where other loops halve past 64. */
     bool long_body;
+    /* Vectors a thread loads before it stores any (emit_loop; 0: one). */
+    int unroll;
     /* Deferred stores (sg__cuda_defer_begin): declarations, statements, the
      * arrays' length, and the members whose values are kept. */
     sg__emit *defer_decl, *defer_st;
@@ -224,7 +227,8 @@ static void emit_body(gen *g, const sg__group *grp, int from, int nd, const int6
                     continue;
                 }
                 if (m == IX_VEC && !sg__lower_is_scalar(a)) {
-                    snprintf(lv, sizeof lv, h ? "l%d.e[j + 1]" : "l%d.e[j]", vec_index(g, a));
+                    snprintf(lv, sizeof lv, h ? "l%d%s.e[j + 1]" : "l%d%s.e[j]",
+                             vec_index(g, a), g->unroll > 1 ? "[u]" : "");
                 } else {
                     offset_expr(a, nd, shape, m, off, sizeof off);
                     snprintf(lv, sizeof lv, "((%sconst %s *)s%d)[%s]", gp,
@@ -453,6 +457,70 @@ static void vec_lvalue(gen *g, const sg__ref *r, bool flat, int w, int nd, const
     snprintf(buf, size, "((%s%s%s *)s%d)[%s]", g->sp->gp, cv, vt, lslot(g, r->slot), off);
 }
 
+/* The stores of a vector body: o<k> to each stored output at q. */
+static void emit_vec_stores(gen *g, const sg__group *grp, int from, int w, bool decl) {
+    char lv[400];
+    for (int k = from; k < grp->n; k++) {
+        const sg__ref *o = ref_of(g, g->ir->nodes[grp->g[k].node].out);
+        if (!grp->g[k].store || sg__lower_is_scalar(o)) continue;
+        if (decl) {
+            sg__emit_line(g->e, "union { %s v; %s e[%d]; } o%d;",
+                          vtype((size_t)w * sg_dtype_size(o->dtype)),
+                          sg__lower_ctype(g->d, o->dtype), w, k);
+            continue;
+        }
+        vec_lvalue(g, o, true, w, grp->ndim, grp->shape, "", lv, sizeof lv);
+        sg__emit_line(g->e, "%s = o%d.v;", lv, k);
+    }
+}
+
+/*
+ * A flat vector loop whose thread loads g->unroll vectors of every input
+ * (q0, q0 + step, ...) before it computes and stores the first: the stores
+ * may alias the loads, so a loop of one vector an iteration keeps one
+ * vector's bytes in flight; this keeps unroll times as many. Each vector's
+ * arithmetic is the one-vector loop's.
+ */
+static void emit_vec_unrolled(gen *g, const sg__group *grp, int from, int w, int64_t nv) {
+    int un = g->unroll;
+    sg__emit_open(g->e, "for (sg_i64 q0 = tid; q0 < %lld; q0 += %d * step)", (long long)nv, un);
+    sg__emit body = {.ctx = g->e->ctx, .depth = g->e->depth + 2};
+    sg__emit *outer = g->e;
+    g->e = &body;
+    g->nvec = 0;
+    emit_body(g, grp, from, grp->ndim, grp->shape, IX_VEC, 2);
+    g->e = outer;
+    char lv[400];
+    for (int v = 0; v < g->nvec; v++)
+        sg__emit_line(g->e, "union { %s v; %s e[%d]; } l%d[%d];",
+                      vtype((size_t)w * sg_dtype_size(g->vec_ref[v]->dtype)),
+                      sg__lower_ctype(g->d, g->vec_ref[v]->dtype), w, v, un);
+    sg__emit_line(g->e, "#pragma unroll");
+    sg__emit_open(g->e, "for (int u = 0; u < %d; u++)", un);
+    sg__emit_line(g->e, "const sg_i64 q = q0 + u * step;");
+    sg__emit_open(g->e, "if (q < %lld)", (long long)nv);
+    for (int v = 0; v < g->nvec; v++) {
+        vec_lvalue(g, g->vec_ref[v], true, w, grp->ndim, grp->shape, "const ", lv, sizeof lv);
+        sg__emit_line(g->e, "l%d[u].v = %s;", v, lv);
+    }
+    sg__emit_close(g->e);
+    sg__emit_close(g->e);
+    sg__emit_line(g->e, "#pragma unroll");
+    sg__emit_open(g->e, "for (int u = 0; u < %d; u++)", un);
+    sg__emit_line(g->e, "const sg_i64 q = q0 + u * step;");
+    sg__emit_line(g->e, "if (q >= %lld) break;", (long long)nv);
+    emit_vec_stores(g, grp, from, w, true);
+    sg__emit_line(g->e, "#pragma unroll");
+    sg__emit_open(g->e, "for (int j = 0; j < %d; j += 2)", w);
+    if (body.buf) sg__emit_raw(g->e, "%s", body.buf);
+    if (body.oom) g->e->oom = true;
+    sg__emit_free(&body);
+    sg__emit_close(g->e);
+    emit_vec_stores(g, grp, from, w, false);
+    sg__emit_close(g->e);
+    sg__emit_close(g->e);
+}
+
 /*
  * The grid-stride loop of one group (members [from, n)) over blocks
  * blk .. blk + nblk - 1 (C expressions), with the vector path first when
@@ -464,6 +532,8 @@ static void emit_loop(gen *g, const sg__group *grp, int from, int w, const bool 
     const int64_t *shape = grp->shape;
     int64_t numel = numel_of(nd, shape);
     bool flat = group_flat(g, grp, from, nd, shape);
+    int un = g->unroll;
+    g->unroll = 0; /* the one-vector and scalar bodies read l<v> */
     sg__emit_line(g->e, "const sg_i64 tid = (sg_i64)(%s) * %s + %s;", blk, g->sp->bdim, g->sp->tid);
     sg__emit_line(g->e, "const sg_i64 step = (sg_i64)(%s) * %s;", nblk, g->sp->bdim);
     if (w > 1) {
@@ -478,6 +548,14 @@ static void emit_loop(gen *g, const sg__group *grp, int from, int w, const bool 
         }
         snprintf(cond + k, sizeof cond - k, ") & 15) == 0");
         sg__emit_open(g->e, "if (%s)", cond);
+        if (flat && un > 1 && !g->defer_st) {
+            g->unroll = un;
+            emit_vec_unrolled(g, grp, from, w, numel / w);
+            g->unroll = 0;
+            sg__emit_line(g->e, "return;");
+            sg__emit_close(g->e);
+            goto scalar;
+        }
         sg__emit_open(g->e, "for (sg_i64 q = tid; q < %lld; q += step)", (long long)(numel / w));
         int64_t vshape[SG_MAX_DIMS];
         vec_row_shape(nd, shape, w, vshape);
@@ -524,6 +602,7 @@ static void emit_loop(gen *g, const sg__group *grp, int from, int w, const bool 
         sg__emit_line(g->e, "return;");
         sg__emit_close(g->e);
     }
+scalar:
     sg__emit_open(g->e, "for (sg_i64 i = tid; i < %lld; i += step)", (long long)numel);
     if (!flat) emit_unflatten(g, nd, shape);
     emit_body(g, grp, from, nd, shape, flat ? IX_FLAT : IX_NESTED, 1);
@@ -1482,12 +1561,14 @@ static int64_t multi_loop(gen *g, const sg__group *part, int64_t start, bool *al
      * every block of the kernel does about the same work, so no member's
      * blocks stride alone over a long loop after the others have ended. */
     int64_t vecs = numel_of(part->ndim, part->shape) / w, per = (int64_t)BLOCK * MEMBER_VECS;
+    g->unroll = MEMBER_UNROLL;
     int64_t nb = (vecs + per - 1) / per;
     nb = nb < 1 ? 1 : nb > (1 << 24) ? (1 << 24) : nb;
     char blk[64], nblk[32];
     snprintf(blk, sizeof blk, "%s - %lld", g->sp->bid, (long long)start);
     snprintf(nblk, sizeof nblk, "%lld", (long long)nb);
     emit_loop(g, part, 0, w, aligned, blk, nblk);
+    g->unroll = 0;
     ki->iters += numel_of(part->ndim, part->shape);
     return nb;
 }
