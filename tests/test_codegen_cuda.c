@@ -45,9 +45,7 @@ typedef struct counts {
     bool vec;     /* a 16-, 8- or 4-byte vector path */
     int soft_rt;  /* bf16/f16 round trips written out in bits, not one conversion each way */
     int branches; /* MULTI members' block ranges ("if (blockIdx.x < ") */
-    long long ends[32]; /* the first 32 ranges' ends */
     int vec_loops; /* loops with a vector path */
-    int unrolled;  /* of them, vector loops that load two vectors before storing one */
     int bf_rt2;    /* packed pairs of bf16 round trips (sg_bf_rt2) in the kernels */
     int row_vec;   /* vector loops that walk rows by indices (not flat) */
     double nvrtc_s;
@@ -92,11 +90,11 @@ static bool cuda_unit(sg_fn *fn, const char *name, counts *c) {
             for (int j = 0; ok && j < k; j++)
                 if (strcmp(ki[j].name, ki[k].name) == 0) ok = TU_EXPECT(!ki[k].emitted);
         }
-        /* A MULTI kernel: two blocks of 512 per SM, and no slot base
+        /* A MULTI kernel: three blocks of 512 per SM, and no slot base
          * loaded in its head (each member's branch loads its own). */
         if (ok && grp->kind == SG__G_MULTI && ki[k].emitted) {
             char sig[sizeof ki[k].name + 64];
-            snprintf(sig, sizeof sig, "__launch_bounds__(512, 2) %s(char *const *slot) {",
+            snprintf(sig, sizeof sig, "__launch_bounds__(512, 3) %s(char *const *slot) {",
                      ki[k].name);
             const char *at = strstr(e.buf, sig), *pdl = at ? strstr(at, "sg_pdl_launch();") : NULL;
             const char *first = at ? strstr(at + strlen(sig), "= slot[") : NULL;
@@ -105,14 +103,9 @@ static bool cuda_unit(sg_fn *fn, const char *name, counts *c) {
     }
     if (ok && getenv("SG_TEST_PRINT_CUDA")) fprintf(stderr, "%s\n", e.buf);
     c->vec = ok && strstr(e.buf, "union {") != NULL;
-    for (const char *at = e.buf; ok && (at = strstr(at, "if (blockIdx.x < ")); at++) {
-        if (c->branches < 32) c->ends[c->branches] = atoll(at + strlen("if (blockIdx.x < "));
-        c->branches++;
-    }
+    for (const char *at = e.buf; ok && (at = strstr(at, "if (blockIdx.x < ")); at++) c->branches++;
     for (const char *at = e.buf; ok && (at = strstr(at, "for (sg_i64 q = tid;")); at++)
         c->vec_loops++;
-    for (const char *at = e.buf; ok && (at = strstr(at, "for (sg_i64 q0 = tid;")); at++)
-        c->vec_loops++, c->unrolled++;
     for (const char *at = e.buf; ok && (at = strstr(at, "rem = (sg_u32)q;")); at++) c->row_vec++;
     for (const char *at = strstr(e.buf, "__global__"); ok && at && (at = strstr(at, "sg_bf_rt2("));
          at++)
@@ -470,7 +463,6 @@ static void test_adamw(sg_dtype dt, bool same) {
     for (int i = 0; i < a.n; i++) {
         int64_t shape[2] = {32 + 16 * i, 40 + i};
         if (same && i < 10) shape[0] = 48, shape[1] = 40;
-        if (i == a.n - 1) shape[0] = 1024, shape[1] = 1024; /* 256 blocks of 16-byte f32 */
         a.p[i] = tu_rand(ctx, dt, 2, shape, -1, 1, NULL);
         a.g[i] = tu_rand(ctx, dt, 2, shape, -1, 1, NULL);
         a.m[i] = tu_rand(ctx, dt, 2, shape, -0.1, 0.1, NULL);
@@ -482,18 +474,10 @@ static void test_adamw(sg_dtype dt, bool same) {
     snprintf(name, sizeof name, "cu_adamw_%s%s", sg_dtype_name(dt), same ? "_same" : "");
     bool ok = capture(fn, NULL, 0, 1) && cuda_unit(fn, name, &c) && TU_EXPECT(c.kernels == 1) &&
               TU_EXPECT(c.multi == 1) && TU_EXPECT(c.calls == 0) &&
-              TU_EXPECT(c.branches == a.n && c.vec_loops == a.n && c.unrolled == a.n);
-    /* Blocks in proportion to each member's vectors (2 a thread of 256):
-     * the large one 1M / 4 / 512 (4 f32 lanes in 16 bytes; bf16's 17 ops
-     * take 4 lanes, 17 x 8 being past 128), where a fixed cap gave it 1024
-     * blocks. */
-    long long big = 1024LL * 1024 / 4 / 512, got = -1;
-    for (int b = 0; ok && b < c.branches && b < 32; b++)
-        if (c.ends[b] - (b ? c.ends[b - 1] : 0) > 1) got = c.ends[b] - (b ? c.ends[b - 1] : 0);
-    ok = ok && TU_EXPECT(got == big);
+              TU_EXPECT(c.branches == a.n && c.vec_loops == a.n);
     tu_case(ok, "CUDA_ADAMW(type=%s,params=%d,most_of_one_shape=%d) -> %d kernel (%d MULTI, %d members, "
-            "%d vector loops, %lld blocks for 1024x1024)",
-            sg_dtype_name(dt), a.n, same ? 10 : 1, c.kernels, c.multi, c.branches, c.vec_loops, got);
+            "%d vector loops)",
+            sg_dtype_name(dt), a.n, same ? 10 : 1, c.kernels, c.multi, c.branches, c.vec_loops);
     sg_fn_destroy(fn);
     for (int i = 0; i < a.n; i++)
         sg_release(a.p[i]), sg_release(a.g[i]), sg_release(a.m[i]), sg_release(a.v[i]);
