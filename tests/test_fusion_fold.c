@@ -1,0 +1,224 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * test_fusion_fold.c -- constant folding: the groups of a capture that read
+ * no input, parameter or RNG state (fills, arange and their pointwise
+ * functions) are computed once when the plan is built and kept in a pool
+ * block of their own. Checked against f64 references on random inputs that
+ * change every call: in every compiled mode, over several replays, with
+ * SG_CONST_FOLD=0 (the same numbers, nothing folded), for a constant
+ * written in place later (not folded), for a constant that is an output
+ * (not folded), after the pool grows and moves (another fn with a larger
+ * plan) and after a recapture for another shape. The folded values'
+ * bytes never overlap the scratch that plans share.
+ * SG_TEST_BACKEND=cuda runs the same checks on the GPU.
+ */
+#define _POSIX_C_SOURCE 200809L
+#include "graphs/graphs.h"
+#include "testutil.h"
+
+#include <math.h>
+#include <string.h>
+
+static sg_ctx *ctx;
+
+#define STEP(name)                                                                                 \
+    static sg_status name(sg_ctx *c, sg_tensor *const *in, sg_tensor **out, void *user)
+
+/* y = (x + 0.5 exp(arange(C) / 4)) * 2.5 - 1.0, x (R, C): arange, its exp
+ * chain over [C] and the 0-d fills are constants, the add over [R, C] is
+ * not; the chain and the 0-d fill are groups of their own (other shapes
+ * than x's). */
+STEP(const_step) {
+    (void)user;
+    int64_t C = sg_tensor_size(in[0], 1);
+    sg_tensor *k = sg_mul_scalar(sg_exp(sg_mul_scalar(sg_arange(c, SG_F32, 0, (double)C, 1), 0.25)),
+                                 0.5);
+    sg_tensor *two5 = sg_full(c, SG_F32, 0, NULL, 2.5), *one = sg_full(c, SG_F32, 0, NULL, 1.0);
+    out[0] = sg_sub(sg_mul(sg_add(in[0], k), two5), one);
+    return out[0] ? SG_OK : sg_ctx_status(c);
+}
+
+static double const_ref(double x, int64_t j) { return (x + 0.5 * exp((double)j * 0.25)) * 2.5 - 1; }
+
+/* Count "values folded" in explain's text: the sum over captures. */
+static int folded_in(sg_fn *fn) {
+    int n = 0;
+    for (const char *t = sg_fn_explain(fn); (t = strstr(t, "constants: ")) != NULL;) {
+        t += strlen("constants: ");
+        n += atoi(t);
+    }
+    return n;
+}
+
+/* The folded slots of every capture of fn lie outside the scratch that the
+ * context's plans share, in a pool block of their own. */
+static bool consts_apart(sg_fn *fn) {
+    const sg__pool *p = fn->ctx->pool;
+    for (int gi = 0; gi < fn->ngraphs; gi++) {
+        const sg__graph *g = fn->graphs[gi];
+        for (int s = 0; g->slot_const && s < g->ir.nslots; s++) {
+            if (!g->slot_const[s]) continue;
+            const char *at = (const char *)sg__pool_addr(fn->ctx, g->const_block, g->slot_off[s]);
+            if (at < (const char *)p->base + p->scratch || g->slot_st[s].data != at) return false;
+        }
+    }
+    return true;
+}
+
+/* Call fn `calls` times on fresh random x (R, C) and check y against f64. */
+static bool run_const(sg_fn *fn, int64_t R, int64_t C, int calls) {
+    bool ok = true;
+    for (int call = 0; ok && call < calls; call++) {
+        double *xv = NULL;
+        sg_tensor *x = tu_rand(ctx, SG_F32, 2, (int64_t[]){R, C}, -2, 2, &xv), *y = NULL;
+        sg_mark_step_begin(ctx);
+        ok = TU_EXPECT(x && sg_call(fn, &x, 1, &y, 1) == SG_OK);
+        double *got = ok ? tu_read(y) : NULL, *ref = malloc(sizeof(double) * (size_t)(R * C));
+        for (int64_t i = 0; ok && ref && i < R * C; i++) ref[i] = const_ref(xv[i], i % C);
+        ok = ok && TU_EXPECT(got && ref) && tu_close("y", got, ref, R * C, 1e-5, 1e-5);
+        free(got), free(ref), free(xv);
+        sg_release(x);
+    }
+    if (!ok) fprintf(stderr, "%s\n%s\n", sg_last_error(ctx), sg_fn_explain(fn));
+    sg_clear_error(ctx);
+    return ok;
+}
+
+static void test_modes(void) {
+    static const sg_mode modes[] = {SG_MODE_DEFAULT, SG_MODE_REDUCE_OVERHEAD, SG_MODE_MAX_AUTOTUNE,
+                                    SG_MODE_MAX_AUTOTUNE_NO_GRAPHS, SG_MODE_EAGER};
+    for (int fold = 1; fold >= 0; fold--) {
+        if (!fold) setenv("SG_CONST_FOLD", "0", 1);
+        for (size_t m = 0; m < sizeof modes / sizeof *modes; m++) {
+            sg_fn *fn = NULL;
+            bool ok = TU_EXPECT(sg_compile(ctx, const_step, NULL, 1, 1,
+                                           &(sg_compile_opts){.mode = modes[m]}, &fn) == SG_OK) &&
+                      run_const(fn, 6, 40, 4);
+            /* arange, its two mul_scalars and exp, the two fills */
+            int want = fold && modes[m] != SG_MODE_EAGER ? 6 : 0;
+            ok = ok && TU_EXPECT(folded_in(fn) == want) && TU_EXPECT(consts_apart(fn));
+            if (ok && want)
+                ok = TU_EXPECT(fn->graphs[0]->compiled && fn->graphs[0]->fused.nconsts == 3);
+            tu_case(ok, "FOLD(mode=%s,SG_CONST_FOLD=%d,x=[6,40],calls=4,folded=%d)",
+                    sg_mode_name(modes[m]), fold, want);
+            sg_fn_destroy(fn);
+        }
+    }
+    unsetenv("SG_CONST_FOLD");
+}
+
+/* A constant written in place later is no constant: c = zeros; c += v;
+ * y = x + c, with v an input that changes every call. */
+STEP(inplace_step) {
+    (void)user;
+    sg_tensor *cz = sg_zeros(c, SG_F32, 1, (int64_t[]){sg_tensor_size(in[0], 1)});
+    sg_status s = sg_add_(cz, in[1]);
+    if (s != SG_OK) return s;
+    out[0] = sg_add(in[0], cz);
+    return out[0] ? SG_OK : sg_ctx_status(c);
+}
+
+static void test_inplace(void) {
+    sg_fn *fn = NULL;
+    int64_t R = 5, C = 24;
+    bool ok = TU_EXPECT(sg_compile(ctx, inplace_step, NULL, 2, 1,
+                                   &(sg_compile_opts){.mode = SG_MODE_REDUCE_OVERHEAD},
+                                   &fn) == SG_OK);
+    for (int call = 0; ok && call < 4; call++) {
+        double *xv = NULL, *vv = NULL;
+        sg_tensor *in[2] = {tu_rand(ctx, SG_F32, 2, (int64_t[]){R, C}, -2, 2, &xv),
+                            tu_rand(ctx, SG_F32, 1, &C, -2, 2, &vv)},
+                  *y = NULL;
+        sg_mark_step_begin(ctx);
+        ok = TU_EXPECT(in[0] && in[1] && sg_call(fn, in, 2, &y, 1) == SG_OK);
+        double *got = ok ? tu_read(y) : NULL, *ref = malloc(sizeof(double) * (size_t)(R * C));
+        for (int64_t i = 0; ok && ref && i < R * C; i++) ref[i] = xv[i] + vv[i % C];
+        ok = ok && TU_EXPECT(got && ref) && tu_close("y", got, ref, R * C, 1e-5, 1e-5);
+        free(got), free(ref), free(xv), free(vv);
+        sg_release(in[0]), sg_release(in[1]);
+    }
+    ok = ok && TU_EXPECT(folded_in(fn) == 0) && TU_EXPECT(fn->graphs[0]->compiled);
+    if (!ok) fprintf(stderr, "%s\n%s\n", sg_last_error(ctx), sg_fn_explain(fn));
+    sg_clear_error(ctx);
+    tu_case(ok, "FOLD_INPLACE(zeros[24] += v, x=[5,24], calls=4: not folded)");
+    sg_fn_destroy(fn);
+}
+
+/* A constant that is the step's output is not folded (it lives in the
+ * output sets); one read by another output beside it still is. */
+STEP(output_step) {
+    (void)user;
+    out[0] = sg_full(c, SG_F32, 1, (int64_t[]){3}, 7.0);
+    out[1] = sg_mul(in[0], sg_full(c, SG_F32, 0, NULL, -3.0));
+    return out[0] && out[1] ? SG_OK : sg_ctx_status(c);
+}
+
+static void test_output(void) {
+    sg_fn *fn = NULL;
+    bool ok = TU_EXPECT(sg_compile(ctx, output_step, NULL, 1, 2,
+                                   &(sg_compile_opts){.mode = SG_MODE_REDUCE_OVERHEAD},
+                                   &fn) == SG_OK);
+    for (int call = 0; ok && call < 3; call++) {
+        double *xv = NULL;
+        sg_tensor *x = tu_rand(ctx, SG_F32, 1, (int64_t[]){16}, -2, 2, &xv), *o[2] = {NULL};
+        sg_mark_step_begin(ctx);
+        ok = TU_EXPECT(x && sg_call(fn, &x, 1, o, 2) == SG_OK);
+        double *a = ok ? tu_read(o[0]) : NULL, *b = ok ? tu_read(o[1]) : NULL, ra[3], rb[16];
+        for (int i = 0; i < 3; i++) ra[i] = 7.0;
+        for (int i = 0; xv && i < 16; i++) rb[i] = -3.0 * xv[i];
+        ok = ok && TU_EXPECT(a && b) && tu_close("full", a, ra, 3, 0, 0) &&
+             tu_close("x * -3", b, rb, 16, 1e-6, 1e-6);
+        free(a), free(b), free(xv);
+        sg_release(x);
+    }
+    ok = ok && TU_EXPECT(folded_in(fn) == 1);
+    if (!ok) fprintf(stderr, "%s\n%s\n", sg_last_error(ctx), sg_fn_explain(fn));
+    sg_clear_error(ctx);
+    tu_case(ok, "FOLD_OUTPUT(out0 = full[3] not folded, out1 = x * full[] folded, calls=3)");
+    sg_fn_destroy(fn);
+}
+
+/* A step with a large intermediate: its plan needs more scratch than the
+ * pool holds, so the pool grows and moves. */
+STEP(big_step) {
+    (void)user;
+    out[0] = sg_sum(sg_exp(sg_mul_scalar(in[0], 0.5)), 0, NULL, false);
+    return out[0] ? SG_OK : sg_ctx_status(c);
+}
+
+/* Folded constants survive the pool moving (another fn's larger plan) and
+ * a recapture for another shape (each capture folds its own). */
+static void test_replan(void) {
+    sg_fn *fn = NULL, *big = NULL;
+    bool ok = TU_EXPECT(sg_compile(ctx, const_step, NULL, 1, 1,
+                                   &(sg_compile_opts){.mode = SG_MODE_REDUCE_OVERHEAD},
+                                   &fn) == SG_OK) &&
+              run_const(fn, 4, 32, 2);
+    int gen = ok ? ctx->pool->generation : 0;
+    sg_tensor *xb = tu_rand(ctx, SG_F32, 2, (int64_t[]){512, 1024}, -1, 1, NULL), *yb = NULL;
+    ok = ok && TU_EXPECT(sg_compile(ctx, big_step, NULL, 1, 1,
+                                    &(sg_compile_opts){.mode = SG_MODE_REDUCE_OVERHEAD},
+                                    &big) == SG_OK) &&
+         TU_EXPECT(sg_call(big, &xb, 1, &yb, 1) == SG_OK) &&
+         TU_EXPECT(ctx->pool->generation != gen);
+    ok = ok && run_const(fn, 4, 32, 2) && TU_EXPECT(consts_apart(fn));
+    ok = ok && run_const(fn, 3, 48, 2) && run_const(fn, 4, 32, 1) && run_const(fn, 3, 48, 1);
+    ok = ok && TU_EXPECT(fn->ngraphs == 2) && TU_EXPECT(folded_in(fn) == 12) &&
+         TU_EXPECT(consts_apart(fn));
+    tu_case(ok, "FOLD_REPLAN(x=[4,32], pool moved by a [512,1024] plan, recapture x=[3,48])");
+    sg_release(xb);
+    sg_fn_destroy(big);
+    sg_fn_destroy(fn);
+}
+
+int main(void) {
+    unsetenv("SG_CONST_FOLD"); /* the test sets it where it means to */
+    ctx = tu_ctx((sg_ctx_opts){0});
+    tu_seed(11);
+    test_modes();
+    test_inplace();
+    test_output();
+    test_replan();
+    sg_ctx_destroy(ctx);
+    return tu_finish();
+}
