@@ -385,14 +385,11 @@ __device__ __forceinline__ void xent_block_lse(const char *xr, i64 len, i64 xs, 
     block_lse<DT>(xr, vrow_of<DT>(xr, xr, len, xs, 1), xs, m, s);
 }
 
-/* cross_entropy, first pass: loss[r] = log(sum(exp(x - m))) + m - x[t[r]],
- * NaN for a target outside [0, len) (never read out of bounds). Row r's
- * logits start at r * oxs[0]; a block's row (over 1k elements) is read as
- * 16-byte vectors (block_lse). */
-extern "C" __global__ void sg_row_xent(const void *x, const void *t, double *loss, wgeom g) {
-    i64 row;
-    int lane, team = g.team;
-    if (!my_row(g, &row, &lane)) return;
+/* Row `row` of cross_entropy's first pass, its team of g.team lanes (this
+ * thread is `lane`): loss[row] = log(sum(exp(x - m))) + m - x[t[row]]. */
+__device__ __forceinline__ void xent_row(const void *x, const void *t, double *loss,
+                                         const wgeom &g, i64 row, int lane) {
+    int team = g.team;
     i64 xo = row * g.oxs[0];
     float m = -inf_f();
     double s = 0.0;
@@ -415,13 +412,42 @@ extern "C" __global__ void sg_row_xent(const void *x, const void *t, double *los
     loss[row] = l;
 }
 
-/* cross_entropy, second pass (one block): the mean of the nrows losses, as
- * an f32 scalar; NaN over no rows, as in PyTorch. */
-extern "C" __global__ void sg_row_xent_mean(const double *loss, float *out, wgeom g) {
+/* The mean of the nrows losses by one block, in a fixed order. */
+__device__ __forceinline__ void xent_mean(const double *loss, float *out, const wgeom &g) {
     double a = 0.0, unused = 0.0;
     for (i64 r = threadIdx.x; r < g.nrows; r += BLOCK) a += loss[r];
     team_sum2(&a, &unused, BLOCK);
     if (threadIdx.x == 0) out[0] = g.nrows ? (float)(a / (double)g.nrows) : (float)nan_d();
+}
+
+/* cross_entropy, first pass: loss[r] = log(sum(exp(x - m))) + m - x[t[r]],
+ * NaN for a target outside [0, len) (never read out of bounds). Row r's
+ * logits start at r * oxs[0]; a block's row (over 1k elements) is read as
+ * 16-byte vectors (block_lse). */
+extern "C" __global__ void sg_row_xent(const void *x, const void *t, double *loss, wgeom g) {
+    i64 row;
+    int lane;
+    if (!my_row(g, &row, &lane)) return;
+    xent_row(x, t, loss, g, row, lane);
+}
+
+/* cross_entropy in one launch for few short rows (cuda_row.c says when):
+ * one block, each warp taking rows w, w + 8, ... as sg_row_xent's teams of
+ * 32 do, then the mean as sg_row_xent_mean takes it (the losses written
+ * before the block's barrier are visible after it): the same bits, one
+ * kernel instead of two. */
+extern "C" __global__ void __launch_bounds__(BLOCK)
+    sg_row_xent1(const void *x, const void *t, double *loss, float *out, wgeom g) {
+    for (i64 row = threadIdx.x / 32; row < g.nrows; row += BLOCK / 32)
+        xent_row(x, t, loss, g, row, threadIdx.x % 32);
+    __syncthreads();
+    xent_mean(loss, out, g);
+}
+
+/* cross_entropy, second pass (one block): the mean of the nrows losses, as
+ * an f32 scalar; NaN over no rows, as in PyTorch. */
+extern "C" __global__ void sg_row_xent_mean(const double *loss, float *out, wgeom g) {
+    xent_mean(loss, out, g);
 }
 
 /* ------------------------------------------------------------ cross_entropy's gradient */
