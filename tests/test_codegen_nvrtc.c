@@ -36,7 +36,7 @@ static const char *const unit_kernels[SG__CU_NUM_UNITS][16] = {
                      "sg_data_index_rank", "sg_data_index_order", "sg_data_index_add_runs", NULL},
     [SG__CU_REDUCE] = {"sg_reduce_fold", "sg_reduce_finish", NULL},
     [SG__CU_ROW] = {"sg_row_softmax", "sg_row_norm", "sg_row_xent", "sg_row_xent_mean",
-                    "sg_row_xent1", "sg_row_xent_bwd", NULL},
+                    "sg_row_xent_bwd", NULL},
     [SG__CU_MATMUL] = {"sg_mm_gemv_f32", "sg_mm_gemv_f16", "sg_mm_gemv_bf16", "sg_mm_copy_f32",
                        "sg_mm_copy_f16", "sg_mm_copy_bf16", "sg_mm_fill_f32", "sg_mm_fill_f16",
                        "sg_mm_fill_bf16", "sg_mm_pitch_f32", "sg_mm_pitch_f16", "sg_mm_pitch_bf16",

@@ -156,9 +156,6 @@ static sg_status check_targets(sg_ctx *ctx, const sg_tensor *lg, const sg_tensor
     return st;
 }
 
-/* sg_row_xent1's bound: a warp's rows times the passes each takes. */
-#define XENT1_MAX 16
-
 static sg_status cross_entropy(sg_ctx *ctx, const sg__node *n) {
     const sg_tensor *lg = n->in[0], *tg = n->in[1];
     int64_t N = lg->shape[0];
@@ -179,21 +176,11 @@ static sg_status cross_entropy(sg_ctx *ctx, const sg__node *n) {
         return st;
     const void *x = sg__data(lg), *t = sg__data(tg);
     void *y = sg__data(n->out);
-    /* Few short rows (W4's 128 x 10: 16 rows a warp at most, each in one
-     * pass of its lanes) take one block that also takes the mean: one
-     * launch, the same bits. */
-    if (N > 0 && g.team == 32 && (N + 7) / 8 * ((g.len + 31) / 32) <= XENT1_MAX) {
-        void *f;
-        if ((st = sg__cuda_kernel(ctx, SG__CU_ROW, "sg_row_xent1", &f)) != SG_OK) return st;
-        void *args[] = {&x, &t, &loss, &y, &g};
-        unsigned grid[3] = {1, 1, 1}, block[3] = {BLOCK, 1, 1};
-        return sg__cuda_launch(ctx, f, grid, block, 0, args);
-    }
     /* With C == 0 every target is out of range: the check above failed, or
      * (while recording) each row's loss is NaN and so is their mean. */
-    if (N > 0) {
-        void *args[] = {&x, &t, &loss, &g};
-        if ((st = launch_rows(ctx, "sg_row_xent", &g, args)) != SG_OK) return st;
+    if (N > 0) { /* its last block takes the mean */
+        void *args[] = {&x, &t, &loss, &y, &g};
+        return launch_rows(ctx, "sg_row_xent", &g, args);
     }
     void *f;
     if ((st = sg__cuda_kernel(ctx, SG__CU_ROW, "sg_row_xent_mean", &f)) != SG_OK) return st;

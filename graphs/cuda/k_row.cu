@@ -412,40 +412,47 @@ __device__ __forceinline__ void xent_row(const void *x, const void *t, double *l
     loss[row] = l;
 }
 
-/* The mean of the nrows losses by one block, in a fixed order. */
+/* The mean of the nrows losses by one block, in a fixed order; read from
+ * L2, where other blocks' stores are. */
 __device__ __forceinline__ void xent_mean(const double *loss, float *out, const wgeom &g) {
     double a = 0.0, unused = 0.0;
-    for (i64 r = threadIdx.x; r < g.nrows; r += BLOCK) a += loss[r];
+    for (i64 r = threadIdx.x; r < g.nrows; r += BLOCK) a += __ldcg(&loss[r]); /* from L2 */
     team_sum2(&a, &unused, BLOCK);
     if (threadIdx.x == 0) out[0] = g.nrows ? (float)(a / (double)g.nrows) : (float)nan_d();
 }
 
+/* sg_row_xent's blocks of the launch in flight that have finished: the
+ * context's launches run in order on its stream, so one counter serves
+ * (zeroed when the module loads, put back to 0 by each launch's last block). */
+static __device__ u32 xent_done;
+
 /* cross_entropy, first pass: loss[r] = log(sum(exp(x - m))) + m - x[t[r]],
  * NaN for a target outside [0, len) (never read out of bounds). Row r's
  * logits start at r * oxs[0]; a block's row (over 1k elements) is read as
- * 16-byte vectors (block_lse). */
-extern "C" __global__ void sg_row_xent(const void *x, const void *t, double *loss, wgeom g) {
+ * 16-byte vectors (block_lse). The last block to finish (a fence, then the
+ * counter) takes the mean into out as sg_row_xent_mean does: one launch,
+ * the same bits whichever block is last. */
+extern "C" __global__ void sg_row_xent(const void *x, const void *t, double *loss, float *out,
+                                       wgeom g) {
     i64 row;
     int lane;
-    if (!my_row(g, &row, &lane)) return;
-    xent_row(x, t, loss, g, row, lane);
-}
-
-/* cross_entropy in one launch for few short rows (cuda_row.c says when):
- * one block, each warp taking rows w, w + 8, ... as sg_row_xent's teams of
- * 32 do, then the mean as sg_row_xent_mean takes it (the losses written
- * before the block's barrier are visible after it): the same bits, one
- * kernel instead of two. */
-extern "C" __global__ void __launch_bounds__(BLOCK)
-    sg_row_xent1(const void *x, const void *t, double *loss, float *out, wgeom g) {
-    for (i64 row = threadIdx.x / 32; row < g.nrows; row += BLOCK / 32)
-        xent_row(x, t, loss, g, row, threadIdx.x % 32);
+    if (my_row(g, &row, &lane)) xent_row(x, t, loss, g, row, lane);
+    __shared__ bool last;
     __syncthreads();
+    if (threadIdx.x == 0) {
+        __threadfence();
+        last = atomicAdd(&xent_done, 1u) == gridDim.x - 1;
+    }
+    __syncthreads();
+    if (!last) return;
+    __threadfence();
     xent_mean(loss, out, g);
+    if (threadIdx.x == 0) xent_done = 0;
 }
 
 /* cross_entropy, second pass (one block): the mean of the nrows losses, as
- * an f32 scalar; NaN over no rows, as in PyTorch. */
+ * an f32 scalar; NaN over no rows, as in PyTorch. For no rows only:
+ * sg_row_xent takes the mean itself. */
 extern "C" __global__ void sg_row_xent_mean(const double *loss, float *out, wgeom g) {
     xent_mean(loss, out, g);
 }
