@@ -506,6 +506,23 @@ __device__ __forceinline__ void xent_bwd_row(const char *xr, char *yr, i64 c, fl
     }
 }
 
+/* A short row of sg_row_xent_bwd by a warp (g.team == 32, lane `lane`):
+ * its statistics element by element, then the write pass. */
+template <int DT>
+__device__ __forceinline__ void xent_bwd_team(const char *xr, char *yr, i64 c, float gv,
+                                              const wgeom &g, double inv_n, int lane) {
+    float m = -inf_f();
+    double s = 0.0;
+    for (i64 j = lane; j < g.len; j += 32) lse_add(ldf(xr, DT, j * g.xs), &m, &s);
+    team_lse(&m, &s, 32);
+    float inv = (float)(1.0 / s), scale = (float)((double)gv * inv_n);
+    if (c < 0 || c >= g.len) scale = __int_as_float(0x7fc00000); /* NaN */
+    for (i64 j = lane; j < g.len; j += 32) {
+        float e = ex<DT>(ldf(xr, DT, j * g.xs) - m);
+        stf(yr, DT, j * g.ys, (e * inv - (j == c ? 1.0f : 0.0f)) * scale);
+    }
+}
+
 /*
  * cross_entropy's gradient, one block per row: y = (exp(x - m) / s -
  * (j == t[r])) * g / N, g (a 0-d float of dtype gdt) read here, so that a
@@ -513,19 +530,30 @@ __device__ __forceinline__ void xent_bwd_row(const char *xr, char *yr, i64 c, fl
  * its end and the write pass from its start, so that the second first
  * reads what the first left in L2 last. Rows whose x and y are contiguous
  * and equally placed within 16 bytes move as 16-byte vectors (a head and a
- * tail element by element), others element by element. A target outside
- * [0, len) makes its row NaN.
+ * tail element by element), others element by element; rows of up to 1024
+ * elements take a warp each (g.team 32). A target outside [0, len) makes
+ * its row NaN.
  */
 extern "C" __global__ void __launch_bounds__(BLOCK)
     sg_row_xent_bwd(const void *x, const void *t, const void *gp, void *y, wgeom g, double inv_n,
                     int gdt) {
     i64 row = blockIdx.x;
+    int lane = 0;
+    if (g.team == 32 && !my_row(g, &row, &lane)) return; /* short rows: a warp each */
     if (row >= g.nrows) return;
     int es = g.dt == DT_F32 ? 4 : 2;
     const char *xr = (const char *)x + row * g.oxs[0] * es;
     char *yr = (char *)y + row * g.oys[0] * es;
     i64 c = g.tdt == DT_I32 ? (i64)((const int *)t)[row * g.ts] : ((const i64 *)t)[row * g.ts];
     float gv = ldf(gp, gdt, 0);
+    if (g.team == 32) {
+        switch (g.dt) {
+        case DT_F32: xent_bwd_team<DT_F32>(xr, yr, c, gv, g, inv_n, lane); break;
+        case DT_BF16: xent_bwd_team<DT_BF16>(xr, yr, c, gv, g, inv_n, lane); break;
+        default: xent_bwd_team<DT_F16>(xr, yr, c, gv, g, inv_n, lane); break;
+        }
+        return;
+    }
     switch (g.dt) {
     case DT_F32: xent_bwd_row<DT_F32>(xr, yr, c, gv, g, inv_n); break;
     case DT_BF16: xent_bwd_row<DT_BF16>(xr, yr, c, gv, g, inv_n); break;
