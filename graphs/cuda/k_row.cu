@@ -412,11 +412,11 @@ __device__ __forceinline__ void xent_row(const void *x, const void *t, double *l
     loss[row] = l;
 }
 
-/* The mean of the nrows losses by one block, in a fixed order; read from
- * L2, where other blocks' stores are. */
+/* The mean of the nrows losses by one block, in a fixed order. */
 __device__ __forceinline__ void xent_mean(const double *loss, float *out, const wgeom &g) {
     double a = 0.0, unused = 0.0;
-    for (i64 r = threadIdx.x; r < g.nrows; r += BLOCK) a += __ldcg(&loss[r]); /* from L2 */
+    const volatile double *lv = loss; /* not through L1: other blocks wrote them */
+    for (i64 r = threadIdx.x; r < g.nrows; r += BLOCK) a += lv[r];
     team_sum2(&a, &unused, BLOCK);
     if (threadIdx.x == 0) out[0] = g.nrows ? (float)(a / (double)g.nrows) : (float)nan_d();
 }
