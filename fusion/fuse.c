@@ -374,6 +374,28 @@ static void set_shape(open_t *og, const sg__ref *r) {
 
 /* Node i is an anchor (reduce, row or matmul): start its group, taking the
  * open pointwise group as prologue where the anchor's input comes from it. */
+/*
+ * A column sum (rows_inline, ncols > 1) walks its input 32 columns a block:
+ * as fast as anything while launches bound it, slower than a pointwise
+ * kernel's vector walk once large. So a prologue whose value is also
+ * stored (a later node reads it: a relu backward's where that the
+ * products read too) joins it only up to this many elements.
+ */
+#define COL_STORED_PROLOGUE_MAX (1 << 20)
+
+/* Whether a node after i reads slot `slot`. */
+static bool read_after(const builder *b, int i, int slot) {
+    for (int k = i + 1; k < b->ir->nnodes; k++) {
+        if (b->dead[k]) continue;
+        const sg__irnode *n = &b->ir->nodes[k];
+        for (int j = 0; j < n->nin; j++) {
+            const sg__ref *a = arg_ref(b->ir, n, j, b->alias);
+            if (a && a->slot == slot) return true;
+        }
+    }
+    return false;
+}
+
 static sg_status start_anchor(builder *b, open_t *og, int i, sg__gkind kind) {
     const sg__irnode *n = &b->ir->nodes[i];
     const sg__ref *x = arg_ref(b->ir, n, 0, b->alias);
@@ -383,6 +405,9 @@ static sg_status start_anchor(builder *b, open_t *og, int i, sg__gkind kind) {
                row_like(b->ir, b->alias, i, &nrows, &rowlen, &ncols, &why);
     bool prologue = kind != SG__G_MATMUL && (!b->no_prologue || inl) &&
                     og->kind == SG__G_POINTWISE && b->nscratch > 0 && same_shape(og->nd, og->shape, x);
+    if (prologue && inl && ncols > 1 && sg__numel(og->nd, og->shape) > COL_STORED_PROLOGUE_MAX &&
+        read_after(b, i, x->slot))
+        prologue = false;
     sg__gnode gn = {.node = i, .store = true};
     for (int j = 0; j < 4; j++) gn.arg_src[j] = -1;
     if (prologue) {
