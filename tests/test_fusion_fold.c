@@ -9,7 +9,11 @@
  * written in place later (not folded), for a constant that is an output
  * (not folded), after the pool grows and moves (another fn with a larger
  * plan) and after a recapture for another shape. The folded values'
- * bytes never overlap the scratch that plans share.
+ * bytes never overlap the scratch that plans share. Beside it, W4's other
+ * change of kernel count: linear's bias gradient is taken before its
+ * products, so that for CUDA its column sum takes the relu backward's
+ * where as its prologue -- up to 1M elements (checked both sides, with
+ * the gradients against f64).
  * SG_TEST_BACKEND=cuda runs the same checks on the GPU.
  */
 #define _POSIX_C_SOURCE 200809L
@@ -211,6 +215,88 @@ static void test_replan(void) {
     sg_fn_destroy(fn);
 }
 
+/* One layer's gradients: y = relu(x w^T + b), loss = sum(y * c); the
+ * step returns dw and db. in = {x (R, K), c (R, N)}. */
+typedef struct layer {
+    sg_tensor *w, *b;
+} layer;
+
+STEP(layer_step) {
+    layer *m = user;
+    sg_tensor *y = sg_relu(sg_linear(in[0], m->w, m->b)), *p[2] = {m->w, m->b};
+    sg_tensor *loss = sg_sum(sg_mul(y, in[1]), 0, NULL, false);
+    if (!loss) return sg_ctx_status(c);
+    return sg_grad(loss, 2, p, out);
+}
+
+/* Whether the capture's CUDA fusion has a group running the where and the
+ * sum (the relu backward as the bias sum's prologue). */
+static bool where_in_sum(sg_fn *fn) {
+    sg__fuse_opts fo;
+    sg__cgen_cuda_fuse_opts(&fo, false);
+    sg__fused f;
+    bool found = false;
+    if (sg__fuse(fn->ctx, &fn->graphs[0]->ir, &fo, &f) != SG_OK) return false;
+    for (int k = 0; k < f.ngroups && !found; k++) {
+        const sg__group *g = &f.groups[k];
+        bool w = false, sum = false;
+        for (int i = 0; i < g->n; i++) {
+            sg__op op = fn->graphs[0]->ir.nodes[g->g[i].node].op;
+            w = w || op == SG__OP_WHERE;
+            sum = sum || op == SG__OP_SUM;
+        }
+        found = w && sum;
+    }
+    sg__fused_free(fn->ctx, &f, &fn->graphs[0]->ir);
+    return found;
+}
+
+static void layer_case(int64_t R, int64_t K, int64_t N, bool fused) {
+    double *wv = NULL, *bv = NULL, *xv = NULL, *cv = NULL;
+    layer m = {tu_rand(ctx, SG_F32, 2, (int64_t[]){N, K}, -1, 1, &wv),
+               tu_rand(ctx, SG_F32, 1, &N, -1, 1, &bv)};
+    sg_tensor *in[2] = {tu_rand(ctx, SG_F32, 2, (int64_t[]){R, K}, -1, 1, &xv),
+                        tu_rand(ctx, SG_F32, 2, (int64_t[]){R, N}, -1, 1, &cv)},
+              *out[2] = {NULL, NULL};
+    sg_fn *fn = NULL;
+    bool ok = TU_EXPECT(m.w && m.b && in[0] && in[1]) &&
+              TU_EXPECT(sg_requires_grad_(m.w, true) == SG_OK) &&
+              TU_EXPECT(sg_requires_grad_(m.b, true) == SG_OK) &&
+              TU_EXPECT(sg_compile(ctx, layer_step, &m, 2, 2,
+                                   &(sg_compile_opts){.mode = SG_MODE_REDUCE_OVERHEAD},
+                                   &fn) == SG_OK);
+    double *dw = calloc((size_t)(N * K), sizeof(double)), *db = calloc((size_t)N, sizeof(double));
+    for (int64_t r = 0; ok && dw && db && r < R; r++)
+        for (int64_t n = 0; n < N; n++) {
+            double h = bv[n];
+            for (int64_t k = 0; k < K; k++) h += xv[r * K + k] * wv[n * K + k];
+            double g = h > 0 ? cv[r * N + n] : 0;
+            db[n] += g;
+            for (int64_t k = 0; k < K; k++) dw[n * K + k] += g * xv[r * K + k];
+        }
+    for (int call = 0; ok && call < 2; call++) {
+        sg_mark_step_begin(ctx);
+        ok = TU_EXPECT(sg_call(fn, in, 2, out, 2) == SG_OK);
+        double *gw = ok ? tu_read(out[0]) : NULL, *gb = ok ? tu_read(out[1]) : NULL;
+        ok = ok && TU_EXPECT(gw && gb && dw && db) &&
+             tu_close("dw", gw, dw, N * K, 1e-5, 1e-5) && tu_close("db", gb, db, N, 1e-5, 1e-5);
+        free(gw), free(gb);
+    }
+    ok = ok && TU_EXPECT(where_in_sum(fn) == fused);
+    if (!ok) fprintf(stderr, "%s\n", sg_last_error(ctx));
+    sg_clear_error(ctx);
+    tu_case(ok, "BIAS_GRAD(x=[%lld,%lld],w=[%lld,%lld],relu,where in the CUDA bias sum=%d)",
+            (long long)R, (long long)K, (long long)N, (long long)K, fused);
+    sg_fn_destroy(fn);
+    sg_release(m.w), sg_release(m.b), sg_release(in[0]), sg_release(in[1]);
+    free(wv), free(bv), free(xv), free(cv), free(dw), free(db);
+}
+
+static void test_bias_grad(void) {
+    layer_case(16, 12, 40, true);
+    layer_case(128, 3, 8448, false); /* 1.08M elements: the sum alone */
+}
+
 int main(void) {
     unsetenv("SG_CONST_FOLD"); /* the test sets it where it means to */
     ctx = tu_ctx((sg_ctx_opts){0});
@@ -219,6 +305,7 @@ int main(void) {
     test_inplace();
     test_output();
     test_replan();
+    test_bias_grad();
     sg_ctx_destroy(ctx);
     return tu_finish();
 }
