@@ -801,10 +801,30 @@ static void find_consts(const sg__ir *ir, const bool *dead, const int *alias, co
     }
 }
 
+/* Whether every value group g loads from memory is made in g or by a
+ * group folded before it: a constant made in a group that replays (a fill
+ * fused with work on inputs) is not there yet when the folded ones run. */
+static bool loads_folded(const sg__ir *ir, const int *alias, const sg__group *g, const int *writer,
+                         const bool *folded) {
+    for (int k = 0; k < g->n; k++) {
+        const sg__irnode *n = &ir->nodes[g->g[k].node];
+        for (int j = 0; j < n->nin; j++) {
+            const sg__ref *a = arg_ref(ir, n, j, alias);
+            if (!a || src_of(&g->g[k], j) >= 0) continue;
+            int w = writer[a->slot];
+            bool ok = folded && w >= 0 && folded[w];
+            for (int q = 0; q < g->n && !ok; q++) ok = g->g[q].node == w;
+            if (!ok) return false;
+        }
+    }
+    return true;
+}
+
 /*
  * Groups whose every member is constant (a POINTWISE group, or an OPAQUE
- * arange) leave f->groups for f->consts, their members stored. Run after
- * mark_stores: the groups that read a constant load it from memory already.
+ * arange) and whose loads are their own or folded values leave f->groups
+ * for f->consts, their members stored. Run after mark_stores: the groups
+ * that read a constant load it from memory already.
  */
 static sg_status fold_consts(sg_ctx *ctx, const sg__ir *ir, const int *alias, const int *writes,
                              sg__fused *f) {
@@ -824,7 +844,7 @@ static sg_status fold_consts(sg_ctx *ctx, const sg__ir *ir, const int *alias, co
                                 (g->kind == SG__G_OPAQUE && g->n == 1 &&
                                  ir->nodes[g->g[0].node].op == SG__OP_ARANGE));
         for (int k = 0; k < g->n && all; k++) all = konst[g->g[k].node];
-        if (!all) {
+        if (!all || !loads_folded(ir, alias, g, writer, f->folded)) {
             f->groups[kept++] = *g;
             continue;
         }

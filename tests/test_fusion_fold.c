@@ -182,6 +182,41 @@ static void test_output(void) {
     sg_fn_destroy(fn);
 }
 
+/* A constant fused with work on an input replays with it; a constant
+ * group reading it (through a view of another shape) must then replay too:
+ * y = x * a + 3 a viewed as (C/2, 2), a = full([C], 2). */
+STEP(mixed_step) {
+    (void)user;
+    int64_t C = sg_tensor_size(in[0], 0), h[2] = {C / 2, 2};
+    sg_tensor *a = sg_full(c, SG_F32, 1, &C, 2.0), *xa = sg_mul(in[0], a);
+    sg_tensor *k = sg_mul_scalar(sg_reshape(a, 2, h), 3.0);
+    out[0] = sg_add(xa, sg_reshape(k, 1, &C));
+    return out[0] ? SG_OK : sg_ctx_status(c);
+}
+
+static void test_mixed(void) {
+    sg_fn *fn = NULL;
+    int64_t C = 64;
+    bool ok = TU_EXPECT(sg_compile(ctx, mixed_step, NULL, 1, 1,
+                                   &(sg_compile_opts){.mode = SG_MODE_REDUCE_OVERHEAD},
+                                   &fn) == SG_OK);
+    for (int call = 0; ok && call < 3; call++) {
+        double *xv = NULL, ref[64];
+        sg_tensor *x = tu_rand(ctx, SG_F32, 1, &C, -2, 2, &xv), *y = NULL;
+        sg_mark_step_begin(ctx);
+        ok = TU_EXPECT(x && sg_call(fn, &x, 1, &y, 1) == SG_OK);
+        for (int64_t i = 0; xv && i < C; i++) ref[i] = xv[i] * 2.0 + 6.0;
+        double *got = ok ? tu_read(y) : NULL;
+        ok = ok && TU_EXPECT(got) && tu_close("y", got, ref, C, 1e-6, 1e-6);
+        free(got), free(xv);
+        sg_release(x);
+    }
+    if (!ok) fprintf(stderr, "%s\n%s\n", sg_last_error(ctx), sg_fn_explain(fn));
+    sg_clear_error(ctx);
+    tu_case(ok, "FOLD_MIXED(a = full[64] fused with x * a, 3 a as [32,2] reads it, calls=3)");
+    sg_fn_destroy(fn);
+}
+
 /* A step with a large intermediate: its plan needs more scratch than the
  * pool holds, so the pool grows and moves. */
 STEP(big_step) {
@@ -304,6 +339,7 @@ int main(void) {
     test_modes();
     test_inplace();
     test_output();
+    test_mixed();
     test_replan();
     test_bias_grad();
     sg_ctx_destroy(ctx);
