@@ -820,6 +820,22 @@ static bool loads_folded(const sg__ir *ir, const int *alias, const sg__group *g,
     return true;
 }
 
+/* Room for one more group in f->consts (and f->folded, nn nodes). */
+static bool consts_room(sg_ctx *ctx, sg__fused *f, int nn) {
+    if (!f->folded && !(f->folded = sg__calloc(ctx, sizeof(bool) * (size_t)nn))) return false;
+    if (f->nconsts < f->cap_consts) return true;
+    int ncap = f->cap_consts ? f->cap_consts * 2 : 4;
+    sg__group *nc = sg__alloc(ctx, sizeof *nc * (size_t)ncap);
+    if (!nc) return false;
+    if (f->consts) {
+        memcpy(nc, f->consts, sizeof *nc * (size_t)f->nconsts);
+        sg__free(ctx, f->consts, sizeof *nc * (size_t)f->cap_consts);
+    }
+    f->consts = nc;
+    f->cap_consts = ncap;
+    return true;
+}
+
 /*
  * Groups whose every member is constant (a POINTWISE group, or an OPAQUE
  * arange) and whose loads are their own or folded values leave f->groups
@@ -848,15 +864,7 @@ static sg_status fold_consts(sg_ctx *ctx, const sg__ir *ir, const int *alias, co
             f->groups[kept++] = *g;
             continue;
         }
-        if (!f->folded) f->folded = sg__calloc(ctx, sizeof(bool) * (size_t)nn);
-        if (f->nconsts == f->cap_consts) {
-            int ncap = f->cap_consts ? f->cap_consts * 2 : 4;
-            sg__group *nc = sg__alloc(ctx, sizeof *nc * (size_t)ncap);
-            if (nc && f->consts) memcpy(nc, f->consts, sizeof *nc * (size_t)f->nconsts);
-            if (nc) sg__free(ctx, f->consts, sizeof *nc * (size_t)(f->cap_consts ? f->cap_consts : 1));
-            if (nc) f->consts = nc, f->cap_consts = ncap;
-        }
-        if (!f->folded || f->nconsts == f->cap_consts) { /* keep the rest as they are */
+        if (!consts_room(ctx, f, nn)) { /* keep the rest as they are */
             for (int r = gi; r < f->ngroups; r++) f->groups[kept++] = f->groups[r];
             s = sg__fail(ctx, SG_ERR_OOM, "fusion: out of host memory folding constants");
             break;
