@@ -856,9 +856,9 @@ static sg_status fold_consts(sg_ctx *ctx, const sg__ir *ir, const int *alias, co
     int kept = 0;
     for (int gi = 0; gi < f->ngroups; gi++) {
         sg__group *g = &f->groups[gi];
-        bool all = g->n > 0 && (g->kind == SG__G_POINTWISE ||
-                                (g->kind == SG__G_OPAQUE && g->n == 1 &&
-                                 ir->nodes[g->g[0].node].op == SG__OP_ARANGE));
+        bool all = g->n > 0 &&
+                   (g->kind == SG__G_POINTWISE || (g->kind == SG__G_OPAQUE && g->n == 1 &&
+                                                   ir->nodes[g->g[0].node].op == SG__OP_ARANGE));
         for (int k = 0; k < g->n && all; k++) all = konst[g->g[k].node];
         if (!all || !loads_folded(ir, alias, g, writer, f->folded)) {
             f->groups[kept++] = *g;

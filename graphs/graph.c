@@ -97,8 +97,8 @@ static sg_status eval_consts(sg_fn *fn, sg__graph *g) {
             if (s != SG_OK) {
                 char line[256], msg[700];
                 snprintf(msg, sizeof msg, "%.600s", ctx->msg);
-                return sg__fail(ctx, s, "%s (folding IR line %s of fn '%s' into a constant)",
-                                msg, sg__ir_node_str(&g->ir, i, line, sizeof line), fn->name);
+                return sg__fail(ctx, s, "%s (folding IR line %s of fn '%s' into a constant)", msg,
+                                sg__ir_node_str(&g->ir, i, line, sizeof line), fn->name);
             }
         }
     }
@@ -392,8 +392,9 @@ sg_status sg__graph_build(sg_fn *fn, sg__graph *g) {
     sg__graph_repoint(ctx, g);
     s = eval_consts(fn, g);
     if (s == SG_OK && g->nfolded)
-        sg__log(ctx, "output_code", "fn '%s': capture %d: %d value%s folded into constants (%zu bytes)",
-                fn->name, fn->ngraphs, g->nfolded, g->nfolded > 1 ? "s" : "", g->const_bytes);
+        sg__log(ctx, "output_code",
+                "fn '%s': capture %d: %d value%s folded into constants (%zu bytes)", fn->name,
+                fn->ngraphs, g->nfolded, g->nfolded > 1 ? "s" : "", g->const_bytes);
     return s;
 }
 

@@ -35,8 +35,8 @@ static sg_ctx *ctx;
 STEP(const_step) {
     (void)user;
     int64_t C = sg_tensor_size(in[0], 1);
-    sg_tensor *k = sg_mul_scalar(sg_exp(sg_mul_scalar(sg_arange(c, SG_F32, 0, (double)C, 1), 0.25)),
-                                 0.5);
+    sg_tensor *k =
+        sg_mul_scalar(sg_exp(sg_mul_scalar(sg_arange(c, SG_F32, 0, (double)C, 1), 0.25)), 0.5);
     sg_tensor *two5 = sg_full(c, SG_F32, 0, NULL, 2.5), *one = sg_full(c, SG_F32, 0, NULL, 1.0);
     out[0] = sg_sub(sg_mul(sg_add(in[0], k), two5), one);
     return out[0] ? SG_OK : sg_ctx_status(c);
@@ -125,9 +125,9 @@ STEP(inplace_step) {
 static void test_inplace(void) {
     sg_fn *fn = NULL;
     int64_t R = 5, C = 24;
-    bool ok = TU_EXPECT(sg_compile(ctx, inplace_step, NULL, 2, 1,
-                                   &(sg_compile_opts){.mode = SG_MODE_REDUCE_OVERHEAD},
-                                   &fn) == SG_OK);
+    bool ok =
+        TU_EXPECT(sg_compile(ctx, inplace_step, NULL, 2, 1,
+                             &(sg_compile_opts){.mode = SG_MODE_REDUCE_OVERHEAD}, &fn) == SG_OK);
     for (int call = 0; ok && call < 4; call++) {
         double *xv = NULL, *vv = NULL;
         sg_tensor *in[2] = {tu_rand(ctx, SG_F32, 2, (int64_t[]){R, C}, -2, 2, &xv),
@@ -159,9 +159,9 @@ STEP(output_step) {
 
 static void test_output(void) {
     sg_fn *fn = NULL;
-    bool ok = TU_EXPECT(sg_compile(ctx, output_step, NULL, 1, 2,
-                                   &(sg_compile_opts){.mode = SG_MODE_REDUCE_OVERHEAD},
-                                   &fn) == SG_OK);
+    bool ok =
+        TU_EXPECT(sg_compile(ctx, output_step, NULL, 1, 2,
+                             &(sg_compile_opts){.mode = SG_MODE_REDUCE_OVERHEAD}, &fn) == SG_OK);
     for (int call = 0; ok && call < 3; call++) {
         double *xv = NULL;
         sg_tensor *x = tu_rand(ctx, SG_F32, 1, (int64_t[]){16}, -2, 2, &xv), *o[2] = {NULL};
@@ -197,9 +197,9 @@ STEP(mixed_step) {
 static void test_mixed(void) {
     sg_fn *fn = NULL;
     int64_t C = 64;
-    bool ok = TU_EXPECT(sg_compile(ctx, mixed_step, NULL, 1, 1,
-                                   &(sg_compile_opts){.mode = SG_MODE_REDUCE_OVERHEAD},
-                                   &fn) == SG_OK);
+    bool ok =
+        TU_EXPECT(sg_compile(ctx, mixed_step, NULL, 1, 1,
+                             &(sg_compile_opts){.mode = SG_MODE_REDUCE_OVERHEAD}, &fn) == SG_OK);
     for (int call = 0; ok && call < 3; call++) {
         double *xv = NULL, ref[64];
         sg_tensor *x = tu_rand(ctx, SG_F32, 1, &C, -2, 2, &xv), *y = NULL;
@@ -229,17 +229,17 @@ STEP(big_step) {
  * a recapture for another shape (each capture folds its own). */
 static void test_replan(void) {
     sg_fn *fn = NULL, *big = NULL;
-    bool ok = TU_EXPECT(sg_compile(ctx, const_step, NULL, 1, 1,
-                                   &(sg_compile_opts){.mode = SG_MODE_REDUCE_OVERHEAD},
-                                   &fn) == SG_OK) &&
-              run_const(fn, 4, 32, 2);
+    bool ok =
+        TU_EXPECT(sg_compile(ctx, const_step, NULL, 1, 1,
+                             &(sg_compile_opts){.mode = SG_MODE_REDUCE_OVERHEAD}, &fn) == SG_OK) &&
+        run_const(fn, 4, 32, 2);
     int gen = ok ? ctx->pool->generation : 0;
     sg_tensor *xb = tu_rand(ctx, SG_F32, 2, (int64_t[]){512, 1024}, -1, 1, NULL), *yb = NULL;
-    ok = ok && TU_EXPECT(sg_compile(ctx, big_step, NULL, 1, 1,
-                                    &(sg_compile_opts){.mode = SG_MODE_REDUCE_OVERHEAD},
-                                    &big) == SG_OK) &&
-         TU_EXPECT(sg_call(big, &xb, 1, &yb, 1) == SG_OK) &&
-         TU_EXPECT(ctx->pool->generation != gen);
+    ok =
+        ok &&
+        TU_EXPECT(sg_compile(ctx, big_step, NULL, 1, 1,
+                             &(sg_compile_opts){.mode = SG_MODE_REDUCE_OVERHEAD}, &big) == SG_OK) &&
+        TU_EXPECT(sg_call(big, &xb, 1, &yb, 1) == SG_OK) && TU_EXPECT(ctx->pool->generation != gen);
     ok = ok && run_const(fn, 4, 32, 2) && TU_EXPECT(consts_apart(fn));
     ok = ok && run_const(fn, 3, 48, 2) && run_const(fn, 4, 32, 1) && run_const(fn, 3, 48, 1);
     ok = ok && TU_EXPECT(fn->ngraphs == 2) && TU_EXPECT(folded_in(fn) == 12) &&
@@ -294,12 +294,12 @@ static void layer_case(int64_t R, int64_t K, int64_t N, bool fused) {
                         tu_rand(ctx, SG_F32, 2, (int64_t[]){R, N}, -1, 1, &cv)},
               *out[2] = {NULL, NULL};
     sg_fn *fn = NULL;
-    bool ok = TU_EXPECT(m.w && m.b && in[0] && in[1]) &&
-              TU_EXPECT(sg_requires_grad_(m.w, true) == SG_OK) &&
-              TU_EXPECT(sg_requires_grad_(m.b, true) == SG_OK) &&
-              TU_EXPECT(sg_compile(ctx, layer_step, &m, 2, 2,
-                                   &(sg_compile_opts){.mode = SG_MODE_REDUCE_OVERHEAD},
-                                   &fn) == SG_OK);
+    bool ok =
+        TU_EXPECT(m.w && m.b && in[0] && in[1]) &&
+        TU_EXPECT(sg_requires_grad_(m.w, true) == SG_OK) &&
+        TU_EXPECT(sg_requires_grad_(m.b, true) == SG_OK) &&
+        TU_EXPECT(sg_compile(ctx, layer_step, &m, 2, 2,
+                             &(sg_compile_opts){.mode = SG_MODE_REDUCE_OVERHEAD}, &fn) == SG_OK);
     double *dw = calloc((size_t)(N * K), sizeof(double)), *db = calloc((size_t)N, sizeof(double));
     for (int64_t r = 0; ok && dw && db && r < R; r++)
         for (int64_t n = 0; n < N; n++) {
@@ -313,8 +313,8 @@ static void layer_case(int64_t R, int64_t K, int64_t N, bool fused) {
         sg_mark_step_begin(ctx);
         ok = TU_EXPECT(sg_call(fn, in, 2, out, 2) == SG_OK);
         double *gw = ok ? tu_read(out[0]) : NULL, *gb = ok ? tu_read(out[1]) : NULL;
-        ok = ok && TU_EXPECT(gw && gb && dw && db) &&
-             tu_close("dw", gw, dw, N * K, 1e-5, 1e-5) && tu_close("db", gb, db, N, 1e-5, 1e-5);
+        ok = ok && TU_EXPECT(gw && gb && dw && db) && tu_close("dw", gw, dw, N * K, 1e-5, 1e-5) &&
+             tu_close("db", gb, db, N, 1e-5, 1e-5);
         free(gw), free(gb);
     }
     ok = ok && TU_EXPECT(where_in_sum(fn) == fused);
