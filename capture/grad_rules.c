@@ -328,10 +328,20 @@ static sg_status matmul(sg__bw *b) {
     sg_tensor *g = b->g, *x = b->x[0], *w = b->x[1];
     if (b->n->op == SG__OP_LINEAR) {
         int64_t N = w->shape[0], K = w->shape[1], gs[2] = {-1, N}, xs[2] = {-1, K};
+        /* The bias's gradient (g summed over its leading dims) first: its
+         * column sum then follows the node that made g (a relu backward's
+         * where) and generated code takes that node as its prologue, one
+         * kernel instead of two. */
+        if (b->want[2] && g->ndim > 1) {
+            int dims[SG_MAX_DIMS];
+            for (int d = 0; d < g->ndim - 1; d++) dims[d] = d;
+            b->gi[2] = sg_reshape(sg_sum(g, g->ndim - 1, dims, true), 1, &N);
+        } else if (b->want[2]) {
+            b->gi[2] = alias(g);
+        }
         if (b->want[0]) b->gi[0] = sg_matmul(g, w);
         if (b->want[1])
             b->gi[1] = sg_matmul(sg_transpose(sg_reshape(g, 2, gs), 0, 1), sg_reshape(x, 2, xs));
-        if (b->want[2]) b->gi[2] = alias(g);
         return SG_OK;
     }
     /* A 1-d a is a row (1, K), a 1-d b a column (K, 1); g gets those dims back. */

@@ -374,6 +374,28 @@ static void set_shape(open_t *og, const sg__ref *r) {
 
 /* Node i is an anchor (reduce, row or matmul): start its group, taking the
  * open pointwise group as prologue where the anchor's input comes from it. */
+/*
+ * A column sum (rows_inline, ncols > 1) walks its input 32 columns a block:
+ * as fast as anything while launches bound it, slower than a pointwise
+ * kernel's vector walk once large. So a prologue whose value is also
+ * stored (a later node reads it: a relu backward's where that the
+ * products read too) joins it only up to this many elements.
+ */
+#define COL_STORED_PROLOGUE_MAX (1 << 20)
+
+/* Whether a node after i reads slot `slot`. */
+static bool read_after(const builder *b, int i, int slot) {
+    for (int k = i + 1; k < b->ir->nnodes; k++) {
+        if (b->dead[k]) continue;
+        const sg__irnode *n = &b->ir->nodes[k];
+        for (int j = 0; j < n->nin; j++) {
+            const sg__ref *a = arg_ref(b->ir, n, j, b->alias);
+            if (a && a->slot == slot) return true;
+        }
+    }
+    return false;
+}
+
 static sg_status start_anchor(builder *b, open_t *og, int i, sg__gkind kind) {
     const sg__irnode *n = &b->ir->nodes[i];
     const sg__ref *x = arg_ref(b->ir, n, 0, b->alias);
@@ -383,6 +405,9 @@ static sg_status start_anchor(builder *b, open_t *og, int i, sg__gkind kind) {
                row_like(b->ir, b->alias, i, &nrows, &rowlen, &ncols, &why);
     bool prologue = kind != SG__G_MATMUL && (!b->no_prologue || inl) &&
                     og->kind == SG__G_POINTWISE && b->nscratch > 0 && same_shape(og->nd, og->shape, x);
+    if (prologue && inl && ncols > 1 && sg__numel(og->nd, og->shape) > COL_STORED_PROLOGUE_MAX &&
+        read_after(b, i, x->slot))
+        prologue = false;
     sg__gnode gn = {.node = i, .store = true};
     for (int j = 0; j < 4; j++) gn.arg_src[j] = -1;
     if (prologue) {
@@ -745,6 +770,116 @@ static void mark_stores(const sg__ir *ir, const int *alias, sg__group *groups, i
             g->g[k].store = store;
         }
     }
+}
+
+/* ------------------------------------------------------------ constants */
+
+/*
+ * konst[i]: node i computes the same value in every replay. Its op is
+ * pointwise (fill included) or arange, its result is an internal value that
+ * is no output and that no other node writes (a constant written in place
+ * later is no constant), and each input is such a value of an earlier
+ * constant node. Reads of inputs, parameters and RNG states never are.
+ */
+static void find_consts(const sg__ir *ir, const bool *dead, const int *alias, const int *writes,
+                        int *writer, bool *konst) {
+    for (int s = 0; s < ir->nslots; s++) writer[s] = -1;
+    for (int i = 0; i < ir->nnodes; i++) writer[ir->refs[ir->nodes[i].out].slot] = i;
+    for (int i = 0; i < ir->nnodes; i++) {
+        const sg__irnode *n = &ir->nodes[i];
+        const sg__slot *os = &ir->slots[ir->refs[n->out].slot];
+        konst[i] = !dead[i] && (is_pointwise(n->op) || n->op == SG__OP_ARANGE) &&
+                   os->kind == SG__SLOT_INTERNAL && os->output < 0 &&
+                   writes[ir->refs[n->out].slot] == 1 && alias[n->out] == n->out;
+        for (int j = 0; j < n->nin && konst[i]; j++) {
+            const sg__ref *a = arg_ref(ir, n, j, alias);
+            if (!a) continue;
+            int w = writer[a->slot];
+            konst[i] = ir->slots[a->slot].kind == SG__SLOT_INTERNAL && writes[a->slot] == 1 &&
+                       w >= 0 && w < i && konst[w];
+        }
+    }
+}
+
+/* Whether every value group g loads from memory is made in g or by a
+ * group folded before it: a constant made in a group that replays (a fill
+ * fused with work on inputs) is not there yet when the folded ones run. */
+static bool loads_folded(const sg__ir *ir, const int *alias, const sg__group *g, const int *writer,
+                         const bool *folded) {
+    for (int k = 0; k < g->n; k++) {
+        const sg__irnode *n = &ir->nodes[g->g[k].node];
+        for (int j = 0; j < n->nin; j++) {
+            const sg__ref *a = arg_ref(ir, n, j, alias);
+            if (!a || src_of(&g->g[k], j) >= 0) continue;
+            int w = writer[a->slot];
+            bool ok = folded && w >= 0 && folded[w];
+            for (int q = 0; q < g->n && !ok; q++) ok = g->g[q].node == w;
+            if (!ok) return false;
+        }
+    }
+    return true;
+}
+
+/* Room for one more group in f->consts (and f->folded, nn nodes). */
+static bool consts_room(sg_ctx *ctx, sg__fused *f, int nn) {
+    if (!f->folded && !(f->folded = sg__calloc(ctx, sizeof(bool) * (size_t)nn))) return false;
+    if (f->nconsts < f->cap_consts) return true;
+    int ncap = f->cap_consts ? f->cap_consts * 2 : 4;
+    sg__group *nc = sg__alloc(ctx, sizeof *nc * (size_t)ncap);
+    if (!nc) return false;
+    if (f->consts) {
+        memcpy(nc, f->consts, sizeof *nc * (size_t)f->nconsts);
+        sg__free(ctx, f->consts, sizeof *nc * (size_t)f->cap_consts);
+    }
+    f->consts = nc;
+    f->cap_consts = ncap;
+    return true;
+}
+
+/*
+ * Groups whose every member is constant (a POINTWISE group, or an OPAQUE
+ * arange) and whose loads are their own or folded values leave f->groups
+ * for f->consts, their members stored. Run after mark_stores: the groups
+ * that read a constant load it from memory already.
+ */
+static sg_status fold_consts(sg_ctx *ctx, const sg__ir *ir, const int *alias, const int *writes,
+                             sg__fused *f) {
+    int nn = ir->nnodes ? ir->nnodes : 1, ns = ir->nslots ? ir->nslots : 1;
+    bool *konst = sg__calloc(ctx, sizeof(bool) * (size_t)nn);
+    int *writer = sg__alloc(ctx, sizeof(int) * (size_t)ns);
+    sg_status s = SG_OK;
+    if (!konst || !writer) {
+        s = sg__fail(ctx, SG_ERR_OOM, "fusion: out of host memory folding constants");
+        goto done;
+    }
+    find_consts(ir, f->dead, alias, writes, writer, konst);
+    int kept = 0;
+    for (int gi = 0; gi < f->ngroups; gi++) {
+        sg__group *g = &f->groups[gi];
+        bool all = g->n > 0 &&
+                   (g->kind == SG__G_POINTWISE || (g->kind == SG__G_OPAQUE && g->n == 1 &&
+                                                   ir->nodes[g->g[0].node].op == SG__OP_ARANGE));
+        for (int k = 0; k < g->n && all; k++) all = konst[g->g[k].node];
+        if (!all || !loads_folded(ir, alias, g, writer, f->folded)) {
+            f->groups[kept++] = *g;
+            continue;
+        }
+        if (!consts_room(ctx, f, nn)) { /* keep the rest as they are */
+            for (int r = gi; r < f->ngroups; r++) f->groups[kept++] = f->groups[r];
+            s = sg__fail(ctx, SG_ERR_OOM, "fusion: out of host memory folding constants");
+            break;
+        }
+        for (int k = 0; k < g->n; k++) {
+            g->g[k].store = true; /* computed by eager kernels, each result in memory */
+            f->folded[g->g[k].node] = true;
+        }
+        f->consts[f->nconsts++] = *g;
+    }
+    f->ngroups = kept;
+done:
+    sg__free(ctx, konst, sizeof(bool) * (size_t)nn);
+    sg__free(ctx, writer, sizeof(int) * (size_t)ns);
+    return s;
 }
 
 /* ------------------------------------------------------------ epilogues into the BLAS */
@@ -1236,6 +1371,8 @@ sg_status sg__fuse(sg_ctx *ctx, const sg__ir *ir, const sg__fuse_opts *opts, sg_
         s = argmax_into_gemv(ctx, ir, f->alias, f, opts->gemv_rows);
     if (s != SG_OK) goto done;
     mark_stores(ir, f->alias, f->groups, f->ngroups);
+    if (!per_op && !(opts && opts->no_fold)) s = fold_consts(ctx, ir, f->alias, writes, f);
+    if (s != SG_OK) goto done;
     if (!per_op && opts && opts->lib_epilogue) lib_epilogues(ir, f->alias, f->groups, f->ngroups);
     if (!per_op && (!opts || opts->horizontal))
         s = horizontal(ctx, ir, f->alias, f, opts && opts->horizontal_data);
@@ -1256,6 +1393,9 @@ static void free_group(sg_ctx *ctx, sg__group *g) {
 void sg__fused_free(sg_ctx *ctx, sg__fused *f, const sg__ir *ir) {
     for (int i = 0; i < f->ngroups; i++) free_group(ctx, &f->groups[i]);
     for (int i = 0; i < f->nparts; i++) free_group(ctx, &f->parts[i]);
+    for (int i = 0; i < f->nconsts; i++) free_group(ctx, &f->consts[i]);
+    sg__free(ctx, f->consts, sizeof *f->consts * (size_t)(f->cap_consts ? f->cap_consts : 1));
+    if (f->folded) sg__free(ctx, f->folded, sizeof(bool) * (size_t)(ir->nnodes ? ir->nnodes : 1));
     sg__free(ctx, f->groups, sizeof *f->groups * (size_t)(f->cap_groups ? f->cap_groups : 1));
     sg__free(ctx, f->parts, sizeof *f->parts * (size_t)(f->cap_parts ? f->cap_parts : 1));
     sg__free(ctx, f->dead, sizeof(bool) * (size_t)(ir->nnodes ? ir->nnodes : 1));

@@ -60,6 +60,13 @@
  *    kernel with one loop per member; with horizontal_data, so do
  *    consecutive independent index_copy_ groups (OPAQUE members: a decode
  *    step's K and V cache writes) for a backend that generates them.
+ *  - constants (unless no_fold): a POINTWISE group whose every member
+ *    depends on no input, parameter or RNG state (fills and their pointwise
+ *    functions, each written once), or an OPAQUE arange, leaves the kernel
+ *    list for sg__fused.consts: graphs/ computes those once when it builds
+ *    the plan and keeps them in a pool block of their own, so replays only
+ *    read them. A constant fused into a group with other work stays there
+ *    (it costs nothing in registers).
  *  - chains (with chain): consecutive small kernels that the backend can
  *    run in one block each (a decode step's rotation, its concat and its
  *    K/V cache writes; elements, not bandwidth, set their time) become one
@@ -170,6 +177,12 @@ typedef struct sg__fused {
     int nparts;
     int cap_groups, cap_parts;
     bool *dead; /* per IR node: removed by dce, cse or copy forwarding */
+    /* Constant folding: the groups computed once, when the plan is built
+     * (in order, each member by the backend's eager kernel, every member's
+     * result kept in memory), not in any replay; folded marks their nodes. */
+    sg__group *consts;
+    int nconsts, cap_consts;
+    bool *folded; /* per IR node, NULL when nothing was folded */
     int *alias; /* per IR ref: cse maps a ref to an equal earlier one (copy forwarding:
                    to the copy's source), or itself */
 } sg__fused;
@@ -217,6 +230,8 @@ typedef struct sg__fuse_opts {
      * (cuBLASLt's GELU/RELU epilogues, beta = 1 with a separate C): set
      * sg__group.lib_epi where the group allows it. */
     bool lib_epilogue;
+    /* No constant folding (SG_CONST_FOLD=0): constant groups replay. */
+    bool no_fold;
 } sg__fuse_opts;
 
 SG__HIDDEN sg_status sg__fuse(sg_ctx *ctx, const sg__ir *ir, const sg__fuse_opts *opts,

@@ -79,6 +79,11 @@ static void explain_slots(sg__text *t, const sg__graph *g) {
             if (sl->output >= 0)
                 sg__text_put(t, "    buffer b%d: %zu bytes, output %d, offset %zu in each output set\n", s,
                     sl->nbytes, sl->output, g->slot_off[s]);
+            else if (g->slot_const && g->slot_const[s])
+                sg__text_put(t,
+                    "    buffer b%d: %zu bytes, a constant folded at compile, offset %zu in the "
+                    "constants' block\n",
+                    s, sl->nbytes, g->slot_off[s]);
             else if (g->slot_off[s] == SIZE_MAX) /* no kernel reads or writes it in memory */
                 sg__text_put(t, "    buffer b%d: %zu bytes, live over IR lines %d..%d, %s (no pool bytes)\n",
                     s, sl->nbytes, sl->first, sl->last,
@@ -166,6 +171,11 @@ static void explain_graph(sg__text *t, const sg__graph *g, int gi, int nin) {
                "op by op)\n", sg__graph_nkernels(g));
     else if (!g->eager)
         sg__text_put(t, "    kernels: %d (unfused, eager kernels op by op)\n", ir->nnodes);
+    if (g->nfolded)
+        sg__text_put(t,
+            "    constants: %d values folded (%d kernel%s computed once at compile, not in "
+            "replays; %zu bytes kept in the pool)\n",
+            g->nfolded, g->fused.nconsts, g->fused.nconsts > 1 ? "s" : "", g->const_bytes);
     if (g->compiled) explain_library(t, g);
     if (t->ctx->backend == SG_BACKEND_HIP) explain_hip(t, g);
     if (!g->eager)

@@ -13,6 +13,9 @@
 
 static size_t round_up(size_t x, size_t a) { return (x + a - 1) / a * a; }
 
+#define ALLOC_ARRAY(ctx, ptr, count)                                                               \
+    ((ptr) = sg__calloc(ctx, sizeof *(ptr) * (size_t)((count) ? (count) : 1)))
+
 static bool is_output_slot(const sg__slot *sl) {
     return sl->kind == SG__SLOT_INTERNAL && sl->output >= 0;
 }
@@ -113,7 +116,47 @@ static void inplace_hosts(const sg__graph *g, int *first, int *last, int *host) 
     }
 }
 
-/* Scratch offsets by liveness, output offsets one after another. */
+/* The slots that folded constants write (sg__fused.consts): g->slot_const. */
+static sg_status mark_consts(sg_ctx *ctx, sg__graph *g) {
+    const sg__ir *ir = &g->ir;
+    g->const_bytes = 0;
+    g->nfolded = 0;
+    if (!g->has_fused || !g->fused.nconsts) return SG_OK;
+    if (!g->slot_const && !ALLOC_ARRAY(ctx, g->slot_const, ir->nslots))
+        return sg__fail(ctx, SG_ERR_OOM, "compile: out of host memory planning constants");
+    for (int c = 0; c < g->fused.nconsts; c++) {
+        const sg__group *grp = &g->fused.consts[c];
+        for (int k = 0; k < grp->n; k++) {
+            g->slot_const[ir->refs[ir->nodes[grp->g[k].node].out].slot] = true;
+            g->nfolded++;
+        }
+    }
+    return SG_OK;
+}
+
+/* Compute the folded constants once, by the backend's eager kernels, into
+ * their block (the storages already point there). */
+static sg_status eval_consts(sg_fn *fn, sg__graph *g) {
+    sg_ctx *ctx = fn->ctx;
+    for (int c = 0; g->has_fused && c < g->fused.nconsts; c++) {
+        const sg__group *grp = &g->fused.consts[c];
+        for (int k = 0; k < grp->n; k++) {
+            int i = grp->g[k].node;
+            sg_status s = ctx->exec.run(ctx, &g->nodes[i]);
+            if (s != SG_OK) {
+                char line[256], msg[700];
+                snprintf(msg, sizeof msg, "%.600s", ctx->msg);
+                return sg__fail(ctx, s, "%s (folding IR line %s of fn '%s' into a constant)", msg,
+                                sg__ir_node_str(&g->ir, i, line, sizeof line), fn->name);
+            }
+        }
+    }
+    return SG_OK;
+}
+
+/* Scratch offsets by liveness, output offsets one after another, folded
+ * constants in a block of their own (their bytes must outlive every replay
+ * of every fn, so scratch, which other plans reuse, cannot hold them). */
 static sg_status plan(sg_ctx *ctx, sg__graph *g) {
     sg__ir *ir = &g->ir;
     sg__buf *bufs = sg__alloc(ctx, sizeof *bufs * (size_t)(ir->nslots ? ir->nslots : 1));
@@ -127,12 +170,17 @@ static sg_status plan(sg_ctx *ctx, sg__graph *g) {
     kernel_intervals(g, sfirst, slast);
     inplace_hosts(g, sfirst, slast, host);
     g->out_bytes = g->unshared = 0;
+    s = mark_consts(ctx, g);
+    if (s != SG_OK) goto done;
     for (int i = 0; i < ir->nslots; i++) {
         sg__slot *sl = &ir->slots[i];
         if (sl->kind != SG__SLOT_INTERNAL) continue;
         g->unshared += sl->nbytes;
         g->slot_off[i] = SIZE_MAX; /* no bytes: lives in registers, or never touched */
-        if (is_output_slot(sl)) {
+        if (g->slot_const && g->slot_const[i]) { /* never shared, never reused */
+            g->slot_off[i] = g->const_bytes;
+            g->const_bytes += round_up(sl->nbytes ? sl->nbytes : 1, SG__POOL_ALIGN);
+        } else if (is_output_slot(sl)) {
             g->slot_off[i] = g->out_bytes;
             g->out_bytes += round_up(sl->nbytes ? sl->nbytes : 1, SG__POOL_ALIGN);
         } else if (host[i] < 0 && (sfirst[i] >= 0 || !g->has_fused)) {
@@ -153,6 +201,12 @@ done:
     sg__free(ctx, bufs, sizeof *bufs * (size_t)(ir->nslots ? ir->nslots : 1));
     sg__free(ctx, which, sizeof(int) * (size_t)(ir->nslots ? ir->nslots : 1) * 4);
     return s;
+}
+
+/* SG_CONST_FOLD=0: constant groups run in every replay (for comparison). */
+static bool no_fold(void) {
+    const char *e = getenv("SG_CONST_FOLD");
+    return e && strcmp(e, "0") == 0;
 }
 
 /* Per dialect (CUDA, HIP, OpenCL) and sg__check_what: the checks' counts. */
@@ -206,6 +260,7 @@ static void check_dialect(sg_fn *fn, sg__graph *g, bool disable, sg__dialect d) 
              d == SG__DIALECT_OPENCL ? "cl" : d == SG__DIALECT_HIP ? "hip" : "cu");
     sg__fuse_opts fo;
     sg__cgen_cuda_fuse_opts(&fo, disable);
+    fo.no_fold = no_fold();
     sg__fused f;
     memset(&f, 0, sizeof f);
     sg_status s = sg__fuse(ctx, &g->ir, &fo, &f);
@@ -268,6 +323,7 @@ static sg_status try_compile(sg_fn *fn, sg__graph *g) {
     sg__fuse_opts fo = {.disable = nf && strcmp(nf, "1") == 0, .horizontal = true};
     if (ops && ops->fuse_opts) ops->fuse_opts(&fo, fo.disable);
     fo.no_epilogue = fn->opts.epilogue_fusion == SG_FLAG_FALSE;
+    fo.no_fold = no_fold();
     fo.per_op = fn->backend_kind == SG__BACKEND_AOT_EAGER;
     fo.disable = fo.disable || fn->backend_kind == SG__BACKEND_EAGER;
     sg_status before = ctx->status;
@@ -322,9 +378,6 @@ static sg_status try_compile(sg_fn *fn, sg__graph *g) {
     return sg__fn_fallback(fn, s, "capture %d replays unfused, op by op: %.800s", fn->ngraphs, why);
 }
 
-#define ALLOC_ARRAY(ctx, ptr, count)                                                               \
-    ((ptr) = sg__calloc(ctx, sizeof *(ptr) * (size_t)((count) ? (count) : 1)))
-
 sg_status sg__graph_build(sg_fn *fn, sg__graph *g) {
     sg_ctx *ctx = fn->ctx;
     sg__ir *ir = &g->ir;
@@ -345,10 +398,12 @@ sg_status sg__graph_build(sg_fn *fn, sg__graph *g) {
             sg__log(ctx, "perf_hints", "fn '%s': capture %d: %d buffer%s of unaligned rows padded",
                     fn->name, fn->ngraphs, np, np > 1 ? "s" : "");
     }
+    g->const_block = -1;
     if (fn->opts.mode != SG_MODE_EAGER) s = try_compile(fn, g);
     if (s == SG_OK) s = plan(ctx, g);
     if (s != SG_OK) return s;
     s = sg__pool_reserve(ctx, g->scratch, 0, NULL);
+    if (s == SG_OK && g->const_bytes) s = sg__pool_reserve(ctx, 0, g->const_bytes, &g->const_block);
     if (s != SG_OK) return s;
     for (int i = 0; i < ir->nslots; i++) {
         sg__slot *sl = &ir->slots[i];
@@ -387,7 +442,12 @@ sg_status sg__graph_build(sg_fn *fn, sg__graph *g) {
     }
     sg__fns_repoint(ctx);
     sg__graph_repoint(ctx, g);
-    return SG_OK;
+    s = eval_consts(fn, g);
+    if (s == SG_OK && g->nfolded)
+        sg__log(ctx, "output_code",
+                "fn '%s': capture %d: %d value%s folded into constants (%zu bytes)", fn->name,
+                fn->ngraphs, g->nfolded, g->nfolded > 1 ? "s" : "", g->const_bytes);
+    return s;
 }
 
 sg_status sg__graph_outbuf(sg_fn *fn, sg__graph *g, int set) {
@@ -439,8 +499,10 @@ void sg__graph_repoint(sg_ctx *ctx, sg__graph *g) {
     if (!ctx->pool) return;
     for (int i = 0; i < ir->nslots; i++)
         if (ir->slots[i].kind == SG__SLOT_INTERNAL && !is_output_slot(&ir->slots[i]))
-            g->slot_st[i].data =
-                g->slot_off[i] == SIZE_MAX ? NULL : sg__pool_addr(ctx, -1, g->slot_off[i]);
+            g->slot_st[i].data = g->slot_off[i] == SIZE_MAX ? NULL
+                                 : g->slot_const && g->slot_const[i]
+                                     ? sg__pool_addr(ctx, g->const_block, g->slot_off[i])
+                                     : sg__pool_addr(ctx, -1, g->slot_off[i]);
     for (int k = 0; k < g->noutbufs; k++) {
         sg__outbuf *ob = &g->outbufs[k];
         if (!ob->st) continue;
@@ -528,6 +590,8 @@ void sg__graph_free(sg_ctx *ctx, sg__graph *g) {
         sg__free(ctx, ob->st, sizeof *ob->st * (size_t)nslots);
     }
     sg__free(ctx, g->outbufs, sizeof *g->outbufs * (size_t)(g->noutbufs ? g->noutbufs : 1));
+    if (g->const_bytes && g->const_block >= 0) sg__pool_release(ctx, g->const_block);
+    sg__free(ctx, g->slot_const, sizeof *g->slot_const * (size_t)nslots);
     sg__free(ctx, g->slot_off, sizeof *g->slot_off * (size_t)nslots);
     sg__free(ctx, g->slot_st, sizeof *g->slot_st * (size_t)nslots);
     sg__free(ctx, g->slot_ptr, sizeof *g->slot_ptr * (size_t)nslots);

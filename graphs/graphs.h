@@ -41,6 +41,12 @@ typedef struct sg__graph { /* struct tag used by backend.h */
     size_t scratch;    /* bytes of scratch this plan needs */
     size_t out_bytes;  /* bytes of one output set */
     size_t peak, unshared;
+    /* Constant folding (sg__fused.consts): the slots the folded groups
+     * write, in a pool block of their own, computed once by the build. */
+    bool *slot_const;   /* per slot; NULL when nothing was folded */
+    size_t const_bytes; /* bytes of that block (0: none) */
+    int const_block;    /* its pool block */
+    int nfolded;        /* values folded (IR nodes) */
 
     /* The executable form. */
     sg__storage *slot_st;   /* per slot (params point at their own storage) */

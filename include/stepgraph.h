@@ -834,6 +834,11 @@ SG_API sg_tensor *sg_broadcast(sg_comm *comm, sg_tensor *x, int root);
  * SG_OVERRIDE_DIR (compile a hand-edited <name>.c instead), SG_ALWAYS_COMPILE=1,
  * SG_CC, SG_CFLAGS, SG_DISABLE_FUSION=1 (one kernel per op), SG_CODEGEN=0
  * (no generated code: replay op by op).
+ * Constant folding, on every backend: a kernel of a capture whose values
+ * depend on no input, parameter or random state (fills, arange and
+ * pointwise functions of them, written once) runs once, when the capture
+ * is built, into pool bytes of its own; replays only read its values
+ * (sg_fn_explain: "constants: N values folded"). SG_CONST_FOLD=0 replays it.
  *
  * On CUDA the same fused groups become one CUDA C program per capture,
  * compiled by NVRTC for the device's arch and cached on disk: pointwise and

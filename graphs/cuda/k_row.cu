@@ -385,14 +385,11 @@ __device__ __forceinline__ void xent_block_lse(const char *xr, i64 len, i64 xs, 
     block_lse<DT>(xr, vrow_of<DT>(xr, xr, len, xs, 1), xs, m, s);
 }
 
-/* cross_entropy, first pass: loss[r] = log(sum(exp(x - m))) + m - x[t[r]],
- * NaN for a target outside [0, len) (never read out of bounds). Row r's
- * logits start at r * oxs[0]; a block's row (over 1k elements) is read as
- * 16-byte vectors (block_lse). */
-extern "C" __global__ void sg_row_xent(const void *x, const void *t, double *loss, wgeom g) {
-    i64 row;
-    int lane, team = g.team;
-    if (!my_row(g, &row, &lane)) return;
+/* Row `row` of cross_entropy's first pass, its team of g.team lanes (this
+ * thread is `lane`): loss[row] = log(sum(exp(x - m))) + m - x[t[row]]. */
+__device__ __forceinline__ void xent_row(const void *x, const void *t, double *loss,
+                                         const wgeom &g, i64 row, int lane) {
+    int team = g.team;
     i64 xo = row * g.oxs[0];
     float m = -inf_f();
     double s = 0.0;
@@ -415,13 +412,49 @@ extern "C" __global__ void sg_row_xent(const void *x, const void *t, double *los
     loss[row] = l;
 }
 
-/* cross_entropy, second pass (one block): the mean of the nrows losses, as
- * an f32 scalar; NaN over no rows, as in PyTorch. */
-extern "C" __global__ void sg_row_xent_mean(const double *loss, float *out, wgeom g) {
+/* The mean of the nrows losses by one block, in a fixed order. */
+__device__ __forceinline__ void xent_mean(const double *loss, float *out, const wgeom &g) {
     double a = 0.0, unused = 0.0;
-    for (i64 r = threadIdx.x; r < g.nrows; r += BLOCK) a += loss[r];
+    const volatile double *lv = loss; /* not through L1: other blocks wrote them */
+    for (i64 r = threadIdx.x; r < g.nrows; r += BLOCK) a += lv[r];
     team_sum2(&a, &unused, BLOCK);
     if (threadIdx.x == 0) out[0] = g.nrows ? (float)(a / (double)g.nrows) : (float)nan_d();
+}
+
+/* sg_row_xent's blocks of the launch in flight that have finished: the
+ * context's launches run in order on its stream, so one counter serves
+ * (zeroed when the module loads, put back to 0 by each launch's last block). */
+static __device__ u32 xent_done;
+
+/* cross_entropy, first pass: loss[r] = log(sum(exp(x - m))) + m - x[t[r]],
+ * NaN for a target outside [0, len) (never read out of bounds). Row r's
+ * logits start at r * oxs[0]; a block's row (over 1k elements) is read as
+ * 16-byte vectors (block_lse). The last block to finish (a fence, then the
+ * counter) takes the mean into out as sg_row_xent_mean does: one launch,
+ * the same bits whichever block is last. */
+extern "C" __global__ void sg_row_xent(const void *x, const void *t, double *loss, float *out,
+                                       wgeom g) {
+    i64 row;
+    int lane;
+    if (my_row(g, &row, &lane)) xent_row(x, t, loss, g, row, lane);
+    __shared__ bool last;
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        __threadfence();
+        last = atomicAdd(&xent_done, 1u) == gridDim.x - 1;
+    }
+    __syncthreads();
+    if (!last) return;
+    __threadfence();
+    xent_mean(loss, out, g);
+    if (threadIdx.x == 0) xent_done = 0;
+}
+
+/* cross_entropy, second pass (one block): the mean of the nrows losses, as
+ * an f32 scalar; NaN over no rows, as in PyTorch. For no rows only:
+ * sg_row_xent takes the mean itself. */
+extern "C" __global__ void sg_row_xent_mean(const double *loss, float *out, wgeom g) {
+    xent_mean(loss, out, g);
 }
 
 /* ------------------------------------------------------------ cross_entropy's gradient */
@@ -473,6 +506,23 @@ __device__ __forceinline__ void xent_bwd_row(const char *xr, char *yr, i64 c, fl
     }
 }
 
+/* A short row of sg_row_xent_bwd by a warp (g.team == 32, lane `lane`):
+ * its statistics element by element, then the write pass. */
+template <int DT>
+__device__ __forceinline__ void xent_bwd_team(const char *xr, char *yr, i64 c, float gv,
+                                              const wgeom &g, double inv_n, int lane) {
+    float m = -inf_f();
+    double s = 0.0;
+    for (i64 j = lane; j < g.len; j += 32) lse_add(ldf(xr, DT, j * g.xs), &m, &s);
+    team_lse(&m, &s, 32);
+    float inv = (float)(1.0 / s), scale = (float)((double)gv * inv_n);
+    if (c < 0 || c >= g.len) scale = __int_as_float(0x7fc00000); /* NaN */
+    for (i64 j = lane; j < g.len; j += 32) {
+        float e = ex<DT>(ldf(xr, DT, j * g.xs) - m);
+        stf(yr, DT, j * g.ys, (e * inv - (j == c ? 1.0f : 0.0f)) * scale);
+    }
+}
+
 /*
  * cross_entropy's gradient, one block per row: y = (exp(x - m) / s -
  * (j == t[r])) * g / N, g (a 0-d float of dtype gdt) read here, so that a
@@ -480,19 +530,30 @@ __device__ __forceinline__ void xent_bwd_row(const char *xr, char *yr, i64 c, fl
  * its end and the write pass from its start, so that the second first
  * reads what the first left in L2 last. Rows whose x and y are contiguous
  * and equally placed within 16 bytes move as 16-byte vectors (a head and a
- * tail element by element), others element by element. A target outside
- * [0, len) makes its row NaN.
+ * tail element by element), others element by element; rows of up to 1024
+ * elements take a warp each (g.team 32). A target outside [0, len) makes
+ * its row NaN.
  */
 extern "C" __global__ void __launch_bounds__(BLOCK)
     sg_row_xent_bwd(const void *x, const void *t, const void *gp, void *y, wgeom g, double inv_n,
                     int gdt) {
     i64 row = blockIdx.x;
+    int lane = 0;
+    if (g.team == 32 && !my_row(g, &row, &lane)) return; /* short rows: a warp each */
     if (row >= g.nrows) return;
     int es = g.dt == DT_F32 ? 4 : 2;
     const char *xr = (const char *)x + row * g.oxs[0] * es;
     char *yr = (char *)y + row * g.oys[0] * es;
     i64 c = g.tdt == DT_I32 ? (i64)((const int *)t)[row * g.ts] : ((const i64 *)t)[row * g.ts];
     float gv = ldf(gp, gdt, 0);
+    if (g.team == 32) {
+        switch (g.dt) {
+        case DT_F32: xent_bwd_team<DT_F32>(xr, yr, c, gv, g, inv_n, lane); break;
+        case DT_BF16: xent_bwd_team<DT_BF16>(xr, yr, c, gv, g, inv_n, lane); break;
+        default: xent_bwd_team<DT_F16>(xr, yr, c, gv, g, inv_n, lane); break;
+        }
+        return;
+    }
     switch (g.dt) {
     case DT_F32: xent_bwd_row<DT_F32>(xr, yr, c, gv, g, inv_n); break;
     case DT_BF16: xent_bwd_row<DT_BF16>(xr, yr, c, gv, g, inv_n); break;
