@@ -675,6 +675,7 @@ void sg__fns_destroy_all(sg_ctx *ctx) {
 static void add_graph_stats(const sg__graph *g, sg_memory_stats *st) {
     if (g->eager) return;
     st->output_bytes += g->out_bytes * (size_t)g->noutbufs;
+    if (g->const_block >= 0) st->constant_bytes += g->const_bytes;
     if (g->peak > st->peak_live_bytes) st->peak_live_bytes = g->peak;
     st->unshared_bytes += g->unshared;
     st->captures++;
@@ -690,7 +691,7 @@ sg_status sg_fn_memory_stats(const sg_fn *fn, sg_memory_stats *st) {
         if (fn->graphs[gi]->scratch > st->scratch_bytes)
             st->scratch_bytes = fn->graphs[gi]->scratch;
     }
-    st->pool_bytes = st->scratch_bytes + st->output_bytes;
+    st->pool_bytes = st->scratch_bytes + st->output_bytes + st->constant_bytes;
     sg_ctx_host_bytes(fn->ctx, &st->host_bytes, NULL);
     return SG_OK;
 }

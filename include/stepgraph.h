@@ -1069,7 +1069,7 @@ typedef struct sg_fn_stats {
 SG_API sg_status sg_fn_get_stats(const sg_fn *fn, sg_fn_stats *stats);
 
 typedef struct sg_memory_stats {
-    size_t pool_bytes;      /* bytes the static pool holds (scratch + output sets) */
+    size_t pool_bytes;      /* bytes the static pool holds (scratch + output sets + constants) */
     size_t scratch_bytes;   /* the share of intermediates, reused by every fn */
     size_t output_bytes;    /* the output sets */
     size_t peak_live_bytes; /* the most intermediate bytes live at one op (a lower bound) */
@@ -1078,6 +1078,7 @@ typedef struct sg_memory_stats {
     size_t device_bytes;    /* tensor and pool bytes held now (on the device for GPU backends) */
     size_t device_peak_bytes; /* the most device_bytes ever held by the context */
     int captures;           /* captures (graphs) counted in the figures */
+    size_t constant_bytes;  /* folded constants: values of no input, computed once */
 } sg_memory_stats;
 
 /* Start device_peak_bytes (and the host peak) over from what is held now,

@@ -63,7 +63,8 @@ static bool consts_apart(sg_fn *fn) {
         for (int s = 0; g->slot_const && s < g->ir.nslots; s++) {
             if (!g->slot_const[s]) continue;
             const char *at = (const char *)sg__pool_addr(fn->ctx, g->const_block, g->slot_off[s]);
-            if (at < (const char *)p->base + p->scratch || g->slot_st[s].data != at) return false;
+            const char *lo = (const char *)p->base, *hi = lo + p->scratch; /* scratch */
+            if ((at >= lo && at < hi) || g->slot_st[s].data != at) return false;
         }
     }
     return true;

@@ -162,7 +162,7 @@ static void peak(sg_mode mode) {
 
     ok = ok && TU_EXPECT(sg_ctx_memory_stats(ctx, &cs) == SG_OK) &&
          TU_EXPECT(sg_fn_memory_stats(train, &fs) == SG_OK);
-    size_t sets = cs.pool_bytes - cs.scratch_bytes;
+    size_t sets = cs.pool_bytes - cs.scratch_bytes - cs.constant_bytes;
     if (ok)
         fprintf(stderr,
                 "  %s: tensors %zu, scratch %zu (live at most %zu), output sets %zu, "
