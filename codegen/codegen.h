@@ -539,6 +539,20 @@ SG__HIDDEN int sg__cuda_slot(sg__cuda_gen *g, int s);
 SG__HIDDEN bool sg__cgen_gemm(sg__cuda_gen *g, const sg__group *grp, sg__cuda_kinfo *ki);
 SG__HIDDEN bool sg__cgen_gemm_wanted(sg__dialect d);
 
+/*
+ * Library anchors as generated code (cgen_serial.c), for a dialect with no
+ * library kernel family (sg__cgen_serial_wanted: OpenCL C): a REDUCE or ROW
+ * group that is not rows_inline (max, min, argmax, var, sum or mean over
+ * any dims and dtypes, softmax/log_softmax over any dim, cross_entropy and
+ * its gradient) or an OPAQUE arange, as one kernel of a work-item per
+ * element of the anchor's output walking its inputs serially (float sums
+ * compensated, in a fixed order), then the group's epilogue. Writes the
+ * body into sg__cuda_out(g) and sets ki's launch and replaces_call; false
+ * (nothing written) when it does not take the group.
+ */
+SG__HIDDEN bool sg__cgen_serial(sg__cuda_gen *g, const sg__group *grp, sg__cuda_kinfo *ki);
+SG__HIDDEN bool sg__cgen_serial_wanted(sg__dialect d);
+
 /* ------------------------------------------------------------ NVRTC (nvrtc.c) */
 
 /*
