@@ -235,6 +235,8 @@ sg_status sg__ze_eager_run(sg_ctx *ctx, void **state, const sg__node *n) {
     if (sg__op_family(n->op) == SG__FAM_COMM) return sg__comm_run(ctx, n);
     /* An empty output: nothing to compute (the generator writes no kernel for it). */
     if (n->out && sg__numel(n->out->ndim, n->out->shape) == 0) return SG_OK;
+    /* An index_copy_ of no rows writes nothing (its kernel walks src). */
+    if (n->op == SG__OP_INDEX_COPY && sg__numel(n->in[2]->ndim, n->in[2]->shape) == 0) return SG_OK;
     if (!*state && !(*state = sg__calloc(ctx, sizeof(eager))))
         return sg__fail(ctx, SG_ERR_OOM, "ze: out of host memory");
     eager *z = *state;
