@@ -11,9 +11,13 @@
  * rms_norm; sum, mean, var and argmax over the innermost dims; sums and
  * means keeping inner columns) and matmul/linear of at most 8 rows (a
  * GEMV) or more (the generated GEMM, codegen/cgen_gemm.c: Level Zero has no
- * BLAS library), run so. An op whose group needs a library call (max,
- * cross_entropy, attention, ...) fails with SG_ERR_UNSUPPORTED naming
- * the op, as would one the dialect had no kernel for.
+ * BLAS library), run so; so do the ops CUDA runs as library kernels
+ * (max, min, argmax, var and sums over any dims, softmax over any dim,
+ * cross_entropy and its gradient, arange: codegen/cgen_serial.c), and
+ * attention runs as its decomposition (capture/ops_data.c). An op whose
+ * group still needs a library call (rand, topk, gather, sample, index_add)
+ * fails with SG_ERR_UNSUPPORTED naming the op, as would one the dialect had
+ * no kernel for.
  */
 #include "../comm.h"
 #include "../graphs.h"
