@@ -406,7 +406,8 @@ SG__HIDDEN sg_status sg__cgen_cuda(sg_ctx *ctx, const sg__ir *ir, const sg__fuse
  *       CUDA dialect has (pointwise, MULTI, chain, data, epilogue, row and
  *       GEMV kernels, and MATMUL groups that no GEMV kernel takes as the
  *       generated GEMM: sg__cgen_gemm, in the dialects of
- *       sg__cgen_gemm_wanted), with the CUDA dialect's order of every sum. Where
+ *       sg__cgen_gemm_wanted), with the CUDA dialect's order of every sum,
+ *       and the anchors CUDA's library runs (sg__cgen_serial). Where
  *       CUDA shuffles, a team combines its lanes through local memory and
  *       barriers (sg__cuda_tree), so a row kernel's work-group is its team
  *       (32 work-items for a row of at most 256, else 256), and the GEMV's
