@@ -158,8 +158,10 @@ static bool emit_reduce(ser *s, const sg__ref *x, const sg__ref *o, const char *
         emit_offset(s, "xo", "j", x, nr, red);
         sg__emit_line(s->e, "const %s xv = %s;", vt, v);
         /* The first NaN wins, then the first of equal values. */
-        sg__emit_line(s->e, "if (j == 0 || (best == best && (xv != xv || xv %s best))) "
-                            "best = xv, at = j;", cmp);
+        sg__emit_line(s->e,
+                      "if (j == 0 || (best == best && (xv != xv || xv %s best))) "
+                      "best = xv, at = j;",
+                      cmp);
         sg__emit_close(s->e);
         sg__emit_line(s->e, "%s = %s;", val, n->op == SG__OP_ARGMAX ? "at" : "best");
         return true;
@@ -293,8 +295,8 @@ static bool emit_anchor(ser *s, const sg__group *grp, const sg__ref *o, const ch
     case SG__OP_ARGMAX: return x && emit_reduce(s, x, o, val);
     case SG__OP_SOFTMAX:
     case SG__OP_LOG_SOFTMAX:
-        return x && sg__lower_fdom(x->dtype) && sg__numel(o->ndim, o->shape) ==
-                                                   sg__numel(x->ndim, x->shape) &&
+        return x && sg__lower_fdom(x->dtype) &&
+               sg__numel(o->ndim, o->shape) == sg__numel(x->ndim, x->shape) &&
                emit_softmax(s, x, val);
     case SG__OP_CROSS_ENTROPY: return x && emit_xent(s, x, sg__cuda_arg(s->g, n, 1), val);
     case SG__OP_CROSS_ENTROPY_BWD:
