@@ -565,6 +565,10 @@ static void hint_decomposed(sg_ctx *ctx, sg_tensor *const *in, const char *why) 
             sg__describe(in[0], a, sizeof a), why);
 }
 
+/* Whether the context's backend has attention kernels: Level Zero has none
+ * in OpenCL C, so attention there runs as the decomposed ops. */
+static bool attn_kernels(const sg_ctx *ctx) { return ctx->backend != SG_BACKEND_ZE; }
+
 /* sg_sdpa through ATTENTION when the kernels take it: at most 4 dims, Dv = D
  * <= 256, and q's heads a multiple of k's and v's (or broadcast). Sets *took. */
 static sg_tensor *sdpa_fused(sg_ctx *ctx, sg_tensor *const *in, sg_tensor *mask, bool causal,
@@ -574,6 +578,7 @@ static sg_tensor *sdpa_fused(sg_ctx *ctx, sg_tensor *const *in, sg_tensor *mask,
     int64_t sc[SG_MAX_DIMS];
     bool gqa = sdpa_gqa(q, k, v);
     *took = false;
+    if (!attn_kernels(ctx)) return NULL;
     if (!sdpa_scores(ctx, in, gqa, &nd, sc) || nd > 4) {
         hint_decomposed(ctx, in, "more than 4 dims");
         return NULL;
@@ -684,8 +689,8 @@ sg_tensor *sg_sdpa_cached(sg_tensor *q, sg_tensor *k_cache, sg_tensor *v_cache,
     sg_ctx *ctx = sg__check_inputs("sg_sdpa_cached", 4, in, NULL);
     if (!ctx || !cached_check(ctx, in, &scale)) return NULL;
     /* Past the kernels: the ops, with kv_len as a mask. */
-    if (q->shape[3] > ATTN_MAX_D) {
-        hint_decomposed(ctx, in, "D > 256");
+    if (q->shape[3] > ATTN_MAX_D || !attn_kernels(ctx)) {
+        if (attn_kernels(ctx)) hint_decomposed(ctx, in, "D > 256");
         sg_tensor *keep = cached_keep(ctx, kv_len, q->shape[2], k_cache->shape[2]);
         sg_tensor *out = keep ? sg__sdpa_decomposed(q, k_cache, v_cache, keep, false, scale) : NULL;
         sg__tensor_drop(keep);

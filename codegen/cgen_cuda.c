@@ -1712,6 +1712,10 @@ static void reset_slots(gen *g, bool global);
 static bool emit_group(gen *g, const sg__group *grp, sg__cuda_kinfo *ki, bool *aligned,
                        const char **what, bool *gemv_out) {
     *gemv_out = false;
+    if (grp->kind == SG__G_OPAQUE && sg__cgen_serial_wanted(g->d) && sg__cgen_serial(g, grp, ki)) {
+        *what = "arange: a work-item per element";
+        return true;
+    }
     if (grp->kind == SG__G_OPAQUE) return emit_data(g, grp, ki, what);
     gemv p;
     bool is_gemv = gemv_plan(g, grp, &p);
@@ -1730,6 +1734,19 @@ static bool emit_group(gen *g, const sg__group *grp, sg__cuda_kinfo *ki, bool *a
         g->anchor_reg = false;
         if (taken) {
             *what = "tiled GEMM (64 x 64 per block, K through shared memory), then the epilogue";
+            return true;
+        }
+        reset_slots(g, g->global);
+    }
+    /* A library anchor, where the dialect has no library (cgen_serial.c). */
+    if (!is_gemv && sg__cgen_serial_wanted(g->d) &&
+        (grp->kind == SG__G_REDUCE || grp->kind == SG__G_ROW) && !grp->rows_inline) {
+        g->anchor_reg = true;
+        used_slots(g, grp, 0);
+        bool taken = sg__cgen_serial(g, grp, ki);
+        g->anchor_reg = false;
+        if (taken) {
+            *what = "a work-item per output element walking its inputs, then the epilogue";
             return true;
         }
         reset_slots(g, g->global);

@@ -406,7 +406,8 @@ SG__HIDDEN sg_status sg__cgen_cuda(sg_ctx *ctx, const sg__ir *ir, const sg__fuse
  *       CUDA dialect has (pointwise, MULTI, chain, data, epilogue, row and
  *       GEMV kernels, and MATMUL groups that no GEMV kernel takes as the
  *       generated GEMM: sg__cgen_gemm, in the dialects of
- *       sg__cgen_gemm_wanted), with the CUDA dialect's order of every sum. Where
+ *       sg__cgen_gemm_wanted), with the CUDA dialect's order of every sum,
+ *       and the anchors CUDA's library runs (sg__cgen_serial). Where
  *       CUDA shuffles, a team combines its lanes through local memory and
  *       barriers (sg__cuda_tree), so a row kernel's work-group is its team
  *       (32 work-items for a row of at most 256, else 256), and the GEMV's
@@ -538,6 +539,20 @@ SG__HIDDEN int sg__cuda_slot(sg__cuda_gen *g, int s);
  */
 SG__HIDDEN bool sg__cgen_gemm(sg__cuda_gen *g, const sg__group *grp, sg__cuda_kinfo *ki);
 SG__HIDDEN bool sg__cgen_gemm_wanted(sg__dialect d);
+
+/*
+ * Library anchors as generated code (cgen_serial.c), for a dialect with no
+ * library kernel family (sg__cgen_serial_wanted: OpenCL C): a REDUCE or ROW
+ * group that is not rows_inline (max, min, argmax, var, sum or mean over
+ * any dims and dtypes, softmax/log_softmax over any dim, cross_entropy and
+ * its gradient) or an OPAQUE arange, as one kernel of a work-item per
+ * element of the anchor's output walking its inputs serially (float sums
+ * compensated, in a fixed order), then the group's epilogue. Writes the
+ * body into sg__cuda_out(g) and sets ki's launch and replaces_call; false
+ * (nothing written) when it does not take the group.
+ */
+SG__HIDDEN bool sg__cgen_serial(sg__cuda_gen *g, const sg__group *grp, sg__cuda_kinfo *ki);
+SG__HIDDEN bool sg__cgen_serial_wanted(sg__dialect d);
 
 /* ------------------------------------------------------------ NVRTC (nvrtc.c) */
 

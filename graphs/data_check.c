@@ -4,7 +4,9 @@
  * kernels (embedding, index_select, index_copy_; CUDA's index_add): the index
  * tensor is read back to the host and checked before any launch, so that a
  * bad index fails the call with SG_ERR_INDEX, the CPU's message, and every
- * tensor as it was, on every backend (see backend.h).
+ * tensor as it was, on every backend (see backend.h). Level Zero's eager
+ * cross_entropy reads its targets back the same way (CUDA's row family has
+ * its own check).
  */
 #include "backend.h"
 
@@ -52,6 +54,34 @@ sg_status sg__check_indices(sg_ctx *ctx, const char *op, const sg_tensor *idx, i
     return s;
 }
 
+/* cross_entropy's targets (N) in [0, C) for logits (N, C), the CPU's message. */
+static sg_status check_targets(sg_ctx *ctx, const sg_tensor *lg, const sg_tensor *tg) {
+    int64_t N = tg->shape[0], C = lg->shape[1], ts = tg->stride[0];
+    if (N == 0) return SG_OK;
+    size_t es = sg_dtype_size(tg->dtype);
+    int64_t lo = ts < 0 ? (N - 1) * ts : 0, hi = ts < 0 ? 0 : (N - 1) * ts;
+    size_t nbytes = (size_t)(hi - lo + 1) * es;
+    char *buf = sg__alloc(ctx, nbytes);
+    if (!buf)
+        return sg__fail(ctx, SG_ERR_OOM,
+                        "sg_cross_entropy: out of host memory to check %lld targets (%zu bytes)",
+                        (long long)N, nbytes);
+    sg_status s = ctx->exec.download(ctx, buf, (const char *)sg__data(tg) + lo * (int64_t)es, nbytes);
+    for (int64_t r = 0; s == SG_OK && r < N; r++) {
+        int64_t at = r * ts - lo;
+        int64_t c = tg->dtype == SG_I32 ? ((const int32_t *)buf)[at] : ((const int64_t *)buf)[at];
+        if (c < 0 || c >= C) {
+            char a[SG__DESC];
+            s = sg__fail(ctx, SG_ERR_INDEX,
+                         "sg_cross_entropy: targets[%lld] is %lld, outside [0, %lld) for logits "
+                         "%s; targets are class indices (there is no ignore_index)",
+                         (long long)r, (long long)c, (long long)C, sg__describe(lg, a, sizeof a));
+        }
+    }
+    sg__free(ctx, buf, nbytes);
+    return s;
+}
+
 sg_status sg__data_check(sg_ctx *ctx, const sg__node *n) {
     char what[64];
     switch (n->op) {
@@ -64,6 +94,7 @@ sg_status sg__data_check(sg_ctx *ctx, const sg__node *n) {
     case SG__OP_INDEX_COPY:
         snprintf(what, sizeof what, "dim %d of dst", (int)n->i[0]);
         return sg__check_indices(ctx, "sg_index_copy_", n->in[1], n->out->shape[n->i[0]], what);
+    case SG__OP_CROSS_ENTROPY: return check_targets(ctx, n->in[0], n->in[1]);
     default: return SG_OK;
     }
 }

@@ -414,6 +414,7 @@ int main(int argc, char **argv) {
         /* Generated, each seed compiles a unit (~0.1 s): fewer of them. */
         uint64_t end = all || pass == 0 ? last : pass == 1 ? first + 29 : first + 9;
         for (uint64_t seed = first; seed <= end; seed++) {
+            if (!all && !tu_sampled()) continue; /* SG_TEST_EVERY: the ze variant */
             const sg_mode reduce_overhead = SG_MODE_REDUCE_OVERHEAD;
             bool ok = pass == 1 ? run_seed(ctx, seed, 4, compiled_modes)
                                 : run_seed(ctx, seed, 1, &reduce_overhead);

@@ -55,6 +55,25 @@ static bool outputs_match(sg_tensor **oe, sg_tensor **oc, int nout) {
  * the compiled fn's kernel count goes to *kernels, its IR op count to *ops.
  * In reduce-overhead mode a 4th step passes transposed views (new strides:
  * a second capture, whose loads are strided). */
+/*
+ * On a GPU backend a REDUCE or ROW anchor that its row kernels do not
+ * compute (max, softmax over dim 0: a library kernel on CUDA, a serial
+ * kernel on Level Zero) reads its input from memory, so a prologue before
+ * it is a kernel of its own: the count of such groups of the last compiled
+ * fn, which check() allows on top of the pattern's bound.
+ */
+static int lib_anchors;
+
+static int count_lib_anchors(const sg_fn *fn) {
+    int n = 0;
+    if (tu_backend() == SG_BACKEND_CPU || !fn->ngraphs) return 0;
+    const sg__fused *f = &fn->graphs[0]->fused;
+    for (int k = 0; k < f->ngroups; k++)
+        n += (f->groups[k].kind == SG__G_REDUCE || f->groups[k].kind == SG__G_ROW) &&
+             f->groups[k].anchor >= 0 && !f->groups[k].rows_inline;
+    return n;
+}
+
 static bool run_pattern(const pattern *p, sg_mode mode, int *kernels, int *ops) {
     sg_fn *eager = NULL, *comp = NULL;
     bool ok = TU_EXPECT(sg_compile(ctx, p->step, p->user, p->nin, p->nout,
@@ -76,6 +95,7 @@ static bool run_pattern(const pattern *p, sg_mode mode, int *kernels, int *ops) 
     bool fused = false;
     *kernels = ok ? explained_kernels(comp, &fused) : -1;
     *ops = ok && comp->ngraphs ? comp->graphs[0]->ir.nnodes : -1;
+    lib_anchors = ok ? count_lib_anchors(comp) : 0;
     ok = ok && TU_EXPECT(fused) && TU_EXPECT(*kernels == comp->graphs[0]->fused.ngroups);
     for (int gi = 0; ok && gi < comp->ngraphs; gi++) ok = TU_EXPECT(comp->graphs[gi]->compiled);
     if (!ok) fprintf(stderr, "%s\n%s\n", sg_last_error(ctx), comp ? sg_fn_explain(comp) : "");
@@ -99,12 +119,13 @@ static const char *shapes_str(const pattern *p, char *buf, size_t size) {
 /* Fused in the graph modes and launched kernel by kernel; then with fusion
  * disabled, one kernel per IR op. */
 static void check(const pattern *p) {
+    if (!tu_sampled()) return;
     char sh[256];
     shapes_str(p, sh, sizeof sh);
     int k1 = -1, k2 = -1, ops = -1, ops2 = -1;
     bool ok = run_pattern(p, SG_MODE_REDUCE_OVERHEAD, &k1, &ops) &&
               run_pattern(p, SG_MODE_DEFAULT, &k2, &ops2);
-    ok = ok && TU_EXPECT(k1 == k2) && TU_EXPECT(k1 >= 1 && k1 <= p->max_kernels);
+    ok = ok && TU_EXPECT(k1 == k2) && TU_EXPECT(k1 >= 1 && k1 <= p->max_kernels + lib_anchors);
     tu_case(ok, "%s(type=%s,in=%s) kernels=%d (max %d, %d IR ops)", p->name, sg_dtype_name(p->dt),
             sh, k1, p->max_kernels, ops);
     setenv("SG_DISABLE_FUSION", "1", 1);

@@ -307,15 +307,20 @@ static bool table_has(const fake_ze_launch *l, int n, const void *p) {
 
 /* An eager op is a one-op capture in the OpenCL C dialect: one generated
  * kernel whose one argument is a table holding the tensors' addresses; the
- * same op again reuses the unit; a row op is one row kernel; an op that
- * needs a library kernel says so. */
+ * same op again reuses the unit; a row op is one row kernel; a reduction
+ * CUDA runs as a library kernel (max) is one generated kernel too; an op
+ * with no OpenCL C kernel (topk) says so. */
 static void case_generated_eager(sg_ctx *ctx, uint64_t seed) {
     tu_seed(seed);
     int64_t shape[2] = {37, 29};
-    double *va, *vb, ref[37 * 29], ref2[37 * 29];
+    double *va, *vb, ref[37 * 29], ref2[37 * 29], refmax[37];
     sg_tensor *a = tu_rand(ctx, SG_F32, 2, shape, -1, 1, &va);
     sg_tensor *b = tu_rand(ctx, SG_F32, 2, shape, -1, 1, &vb);
     for (int i = 0; i < 37 * 29; i++) ref[i] = (float)(va[i] + vb[i]), ref2[i] = ref[i] + vb[i];
+    for (int r = 0; r < 37; r++) {
+        refmax[r] = va[r * 29];
+        for (int j = 1; j < 29; j++) refmax[r] = va[r * 29 + j] > refmax[r] ? va[r * 29 + j] : refmax[r];
+    }
     free(va), free(vb);
     fz_clear();
     sg_tensor *c = sg_add(a, b);
@@ -344,16 +349,21 @@ static void case_generated_eager(sg_ctx *ctx, uint64_t seed) {
          TU_EXPECT(strstr(fz_launch(0)->name, "softmax") != NULL) &&
          TU_EXPECT(fz_launch(0)->groups[0] == 37 && fz_launch(0)->gsize[0] == 32);
     int last = 1;
-    sg_tensor *mx = sg_max(a, 1, &last, false); /* a library reduction */
-    ok = ok && TU_EXPECT(mx == NULL) &&
+    fz_clear();
+    sg_tensor *mx = sg_max(a, 1, &last, false); /* CUDA's library reduction: generated */
+    ok = ok && TU_EXPECT(mx != NULL) && TU_EXPECT(fz_nlaunches() == 1) &&
+         TU_EXPECT(real_numbers("max", mx, refmax, 37));
+    sg_tensor *tk = sg_topk_indices(a, 2); /* no OpenCL C kernel */
+    ok = ok && TU_EXPECT(tk == NULL) &&
          TU_EXPECT(strstr(sg_last_error(ctx), "not yet on the ze backend") != NULL) &&
-         TU_EXPECT(strstr(sg_last_error(ctx), "max") != NULL);
+         TU_EXPECT(strstr(sg_last_error(ctx), "topk") != NULL);
     printf("  %s\n", sg_last_error(ctx));
     sg_clear_error(ctx);
-    sg_release(a), sg_release(b), sg_release(c), sg_release(d), sg_release(sm);
+    sg_release(a), sg_release(b), sg_release(c), sg_release(d), sg_release(sm), sg_release(mx);
     tu_case(ok,
             "ZE_GENERATED_EAGER(add f32 [37,29] as a one-op OpenCL C unit, reused by "
-            "signature; softmax: one generated row kernel; max: not yet on the ze backend%s) "
+            "signature; softmax: one generated row kernel; max: one generated kernel; topk: not "
+            "yet on the ze backend%s) "
             "seed=%llu",
             real_kernels ? "; numbers from the real kernels" : "", (unsigned long long)seed);
 }

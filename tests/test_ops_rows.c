@@ -58,6 +58,7 @@ static void ref_softmax(int ndim, const int64_t *shape, int dim, const double *v
 
 static void softmax_case(sg_ctx *c, sg_dtype dt, int ndim, const int64_t *shape, int dim, bool lg,
                          tu_layout layout, double mag) {
+    if (!tu_sampled()) return;
     double *v;
     sg_tensor *x = tu_rand_layout(c, dt, ndim, shape, -mag, mag, layout, &v);
     int nd = dim < 0 ? dim + (ndim ? ndim : 1) : dim;
@@ -176,6 +177,7 @@ static void ref_norm(bool layer, int64_t rows, int64_t C, const double *v, const
 /* which: bit 0 weight, bit 1 bias. */
 static void norm_case(sg_ctx *c, bool layer, sg_dtype dt, int ndim, const int64_t *shape, int which,
                       tu_layout layout, double eps, double shift) {
+    if (!tu_sampled()) return;
     double *v, *wv = NULL, *bv = NULL;
     int64_t C = shape[ndim - 1], rows = numel_of(ndim - 1, shape);
     sg_tensor *x = tu_rand_layout(c, dt, ndim, shape, shift - 3, shift + 3, layout, &v);
@@ -227,6 +229,7 @@ static void test_norms(void) {
 
 static void ce_case(sg_ctx *c, sg_dtype dt, sg_dtype tdt, int64_t N, int64_t C, tu_layout layout,
                     double mag) {
+    if (!tu_sampled()) return;
     int64_t shape[2] = {N, C};
     double *v, *tv;
     sg_tensor *x = tu_rand_layout(c, dt, 2, shape, -mag, mag, layout, &v);

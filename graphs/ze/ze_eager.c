@@ -11,9 +11,13 @@
  * rms_norm; sum, mean, var and argmax over the innermost dims; sums and
  * means keeping inner columns) and matmul/linear of at most 8 rows (a
  * GEMV) or more (the generated GEMM, codegen/cgen_gemm.c: Level Zero has no
- * BLAS library), run so. An op whose group needs a library call (max,
- * cross_entropy, attention, ...) fails with SG_ERR_UNSUPPORTED naming
- * the op, as would one the dialect had no kernel for.
+ * BLAS library), run so; so do the ops CUDA runs as library kernels
+ * (max, min, argmax, var and sums over any dims, softmax over any dim,
+ * cross_entropy and its gradient, arange: codegen/cgen_serial.c), and
+ * attention runs as its decomposition (capture/ops_data.c). An op whose
+ * group still needs a library call (rand, topk, gather, sample, index_add)
+ * fails with SG_ERR_UNSUPPORTED naming the op, as would one the dialect had
+ * no kernel for.
  */
 #include "../comm.h"
 #include "../graphs.h"
@@ -235,6 +239,8 @@ sg_status sg__ze_eager_run(sg_ctx *ctx, void **state, const sg__node *n) {
     if (sg__op_family(n->op) == SG__FAM_COMM) return sg__comm_run(ctx, n);
     /* An empty output: nothing to compute (the generator writes no kernel for it). */
     if (n->out && sg__numel(n->out->ndim, n->out->shape) == 0) return SG_OK;
+    /* An index_copy_ of no rows writes nothing (its kernel walks src). */
+    if (n->op == SG__OP_INDEX_COPY && sg__numel(n->in[2]->ndim, n->in[2]->shape) == 0) return SG_OK;
     if (!*state && !(*state = sg__calloc(ctx, sizeof(eager))))
         return sg__fail(ctx, SG_ERR_OOM, "ze: out of host memory");
     eager *z = *state;
