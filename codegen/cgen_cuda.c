@@ -1716,6 +1716,9 @@ static bool emit_group(gen *g, const sg__group *grp, sg__cuda_kinfo *ki, bool *a
         *what = "arange: a work-item per element";
         return true;
     }
+    if (grp->kind == SG__G_OPAQUE && sg__cgen_serial_wanted(g->d) &&
+        sg__cgen_serial_data(g, grp, ki, what))
+        return true;
     if (grp->kind == SG__G_OPAQUE) return emit_data(g, grp, ki, what);
     gemv p;
     bool is_gemv = gemv_plan(g, grp, &p);
@@ -2145,6 +2148,7 @@ sg_status sg__cgen_gpu(sg_ctx *ctx, const sg__ir *ir, const sg__fused *f, const 
     sg__emit_line(e, "/* stepgraph: %s -- %d groups for %d IR ops (generated; %s) */", title,
                   f->ngroups, ir->nnodes, sp->name);
     sg__lower_preamble(d, e);
+    sg__cgen_serial_data_prelude(d, ir, e);
     sg__emit_raw(e, "\n");
     int nk = 0, nun = 0, first = -1;
     const char *op = "";

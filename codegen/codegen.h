@@ -553,6 +553,20 @@ SG__HIDDEN bool sg__cgen_gemm_wanted(sg__dialect d);
  */
 SG__HIDDEN bool sg__cgen_serial(sg__cuda_gen *g, const sg__group *grp, sg__cuda_kinfo *ki);
 SG__HIDDEN bool sg__cgen_serial_wanted(sg__dialect d);
+/*
+ * The data ops CUDA's library kernels run (cgen_serial_data.c), for the
+ * same dialects: an OPAQUE rand, topk, sample, gather or index_add as one
+ * kernel computing what the CPU backend computes, bit for bit where the
+ * CPU's result is defined by its order (Philox draws, tie order, index
+ * order of sums). Writes the body into sg__cuda_out(g), sets ki's launch
+ * and replaces_call and *what; false (nothing written) when it does not
+ * take the group. sg__cgen_serial_data_prelude writes the helpers those
+ * kernels call into a unit of dialect d whose IR needs them (after the
+ * dialect's preamble).
+ */
+SG__HIDDEN bool sg__cgen_serial_data(sg__cuda_gen *g, const sg__group *grp, sg__cuda_kinfo *ki,
+                                     const char **what);
+SG__HIDDEN void sg__cgen_serial_data_prelude(sg__dialect d, const sg__ir *ir, sg__emit *e);
 
 /* ------------------------------------------------------------ NVRTC (nvrtc.c) */
 

@@ -60,8 +60,8 @@ SG__HIDDEN sg_status sg__cpu_init(sg_ctx *ctx);
  * message (op, the entry's row-major position, what it indexes). */
 SG__HIDDEN sg_status sg__check_indices(sg_ctx *ctx, const char *op, const sg_tensor *idx,
                                        int64_t limit, const char *what);
-/* The check of node n when it is embedding, index_select or index_copy_
- * (its indices), or cross_entropy (its targets, in [0, C)); SG_OK for any
+/* The check of node n when it is embedding, index_select, index_copy_,
+ * gather or index_add (its indices), or cross_entropy (its targets, in [0, C)); SG_OK for any
  * other op: before its generated kernel writes anything. */
 SG__HIDDEN sg_status sg__data_check(sg_ctx *ctx, const sg__node *n);
 

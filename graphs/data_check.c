@@ -1,9 +1,9 @@
 /* SPDX-License-Identifier: MIT */
 /*
  * data_check.c -- the index checks of the data ops a device backend runs as
- * kernels (embedding, index_select, index_copy_; CUDA's index_add): the index
- * tensor is read back to the host and checked before any launch, so that a
- * bad index fails the call with SG_ERR_INDEX, the CPU's message, and every
+ * kernels (embedding, index_select, index_copy_; CUDA's index_add; Level
+ * Zero's gather and index_add): the index tensor is read back to the host
+ * and checked before any launch, so that a bad index fails the call with SG_ERR_INDEX, the CPU's message, and every
  * tensor as it was, on every backend (see backend.h). Level Zero's eager
  * cross_entropy reads its targets back the same way (CUDA's row family has
  * its own check).
@@ -94,6 +94,12 @@ sg_status sg__data_check(sg_ctx *ctx, const sg__node *n) {
     case SG__OP_INDEX_COPY:
         snprintf(what, sizeof what, "dim %d of dst", (int)n->i[0]);
         return sg__check_indices(ctx, "sg_index_copy_", n->in[1], n->out->shape[n->i[0]], what);
+    case SG__OP_GATHER:
+        snprintf(what, sizeof what, "dim %d of x", (int)n->i[0]);
+        return sg__check_indices(ctx, "sg_gather", n->in[1], n->in[0]->shape[n->i[0]], what);
+    case SG__OP_INDEX_ADD:
+        snprintf(what, sizeof what, "dim %d of dst", (int)n->i[0]);
+        return sg__check_indices(ctx, "index_add", n->in[1], n->out->shape[n->i[0]], what);
     case SG__OP_CROSS_ENTROPY: return check_targets(ctx, n->in[0], n->in[1]);
     default: return SG_OK;
     }
