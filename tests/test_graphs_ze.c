@@ -308,18 +308,26 @@ static bool table_has(const fake_ze_launch *l, int n, const void *p) {
 /* An eager op is a one-op capture in the OpenCL C dialect: one generated
  * kernel whose one argument is a table holding the tensors' addresses; the
  * same op again reuses the unit; a row op is one row kernel; a reduction
- * CUDA runs as a library kernel (max) is one generated kernel too; an op
- * with no OpenCL C kernel (topk) says so. */
+ * CUDA runs as a library kernel (max) is one generated kernel too, and so
+ * is a data op CUDA runs as one (topk's indices); an op with more tensors
+ * than an eager table holds (a concat of 8) names itself as not on ze. */
 static void case_generated_eager(sg_ctx *ctx, uint64_t seed) {
     tu_seed(seed);
     int64_t shape[2] = {37, 29};
     double *va, *vb, ref[37 * 29], ref2[37 * 29], refmax[37];
+    int64_t reftop[37 * 2];
     sg_tensor *a = tu_rand(ctx, SG_F32, 2, shape, -1, 1, &va);
     sg_tensor *b = tu_rand(ctx, SG_F32, 2, shape, -1, 1, &vb);
     for (int i = 0; i < 37 * 29; i++) ref[i] = (float)(va[i] + vb[i]), ref2[i] = ref[i] + vb[i];
     for (int r = 0; r < 37; r++) {
         refmax[r] = va[r * 29];
         for (int j = 1; j < 29; j++) refmax[r] = va[r * 29 + j] > refmax[r] ? va[r * 29 + j] : refmax[r];
+        int64_t first = 0, second = -1; /* the two largest, the lower index first among equals */
+        for (int j = 1; j < 29; j++)
+            if (va[r * 29 + j] > va[r * 29 + first]) first = j;
+        for (int j = 0; j < 29; j++)
+            if (j != first && (second < 0 || va[r * 29 + j] > va[r * 29 + second])) second = j;
+        reftop[2 * r] = first, reftop[2 * r + 1] = second;
     }
     free(va), free(vb);
     fz_clear();
@@ -353,17 +361,32 @@ static void case_generated_eager(sg_ctx *ctx, uint64_t seed) {
     sg_tensor *mx = sg_max(a, 1, &last, false); /* CUDA's library reduction: generated */
     ok = ok && TU_EXPECT(mx != NULL) && TU_EXPECT(fz_nlaunches() == 1) &&
          TU_EXPECT(real_numbers("max", mx, refmax, 37));
-    sg_tensor *tk = sg_topk_indices(a, 2); /* no OpenCL C kernel */
-    ok = ok && TU_EXPECT(tk == NULL) &&
+    fz_clear();
+    sg_tensor *tk = sg_topk_indices(a, 2); /* CUDA's library data kernel: generated */
+    int64_t got[37 * 2];
+    ok = ok && TU_EXPECT(tk != NULL) && TU_EXPECT(fz_nlaunches() == 1) &&
+         TU_EXPECT(strstr(fz_launch(0)->name, "topk") != NULL);
+    if (ok && real_kernels) {
+        ok = TU_EXPECT(sg_read(tk, got, sizeof got) == SG_OK);
+        for (int i = 0; ok && i < 37 * 2; i++)
+            if (got[i] != reftop[i])
+                ok = TU_EXPECT(got[i] == reftop[i]) &&
+                     fprintf(stderr, "  topk[%d]: %lld, want %lld\n", i, (long long)got[i],
+                             (long long)reftop[i]) < 0;
+    }
+    sg_tensor *parts[8] = {a, b, a, b, a, b, a, b};
+    sg_tensor *cat = sg_concat(8, parts, 0); /* 9 tensors: more than an eager table takes */
+    ok = ok && TU_EXPECT(cat == NULL) &&
          TU_EXPECT(strstr(sg_last_error(ctx), "not yet on the ze backend") != NULL) &&
-         TU_EXPECT(strstr(sg_last_error(ctx), "topk") != NULL);
+         TU_EXPECT(strstr(sg_last_error(ctx), "concat") != NULL);
     printf("  %s\n", sg_last_error(ctx));
     sg_clear_error(ctx);
     sg_release(a), sg_release(b), sg_release(c), sg_release(d), sg_release(sm), sg_release(mx);
+    sg_release(tk);
     tu_case(ok,
             "ZE_GENERATED_EAGER(add f32 [37,29] as a one-op OpenCL C unit, reused by "
-            "signature; softmax: one generated row kernel; max: one generated kernel; topk: not "
-            "yet on the ze backend%s) "
+            "signature; softmax: one generated row kernel; max and topk k=2: one generated "
+            "kernel each; concat of 8: not yet on the ze backend%s) "
             "seed=%llu",
             real_kernels ? "; numbers from the real kernels" : "", (unsigned long long)seed);
 }

@@ -72,6 +72,7 @@ void sg__ze_eager_release(sg_ctx *ctx, void *state) {
  */
 static sg_status one_op_ir(sg_ctx *ctx, const sg__node *n, sg__ir *ir, sg_tensor **t, int *nt) {
     *nt = 0;
+    memset(ir, 0, sizeof *ir); /* freed by the caller, whatever happens here */
     for (int j = 0; j <= n->nin; j++) {
         sg_tensor *x = j < n->nin ? n->in[j] : n->out;
         if (!x) continue;
@@ -85,7 +86,6 @@ static sg_status one_op_ir(sg_ctx *ctx, const sg__node *n, sg__ir *ir, sg_tensor
     int cap_slot[MAX_T];
     for (int k = 0; k < *nt; k++) cap_id[k] = t[k]->st->cap_id, cap_slot[k] = t[k]->st->cap_slot;
     sg__rec *outer = ctx->rec, rec;
-    memset(ir, 0, sizeof *ir);
     sg_status s = sg__rec_begin(ctx, &rec, ir, *nt, t, false);
     if (s == SG_OK) s = sg__rec_node(ctx, n);
     sg_tensor *out = n->out;
