@@ -13,11 +13,11 @@
  * GEMV) or more (the generated GEMM, codegen/cgen_gemm.c: Level Zero has no
  * BLAS library), run so; so do the ops CUDA runs as library kernels
  * (max, min, argmax, var and sums over any dims, softmax over any dim,
- * cross_entropy and its gradient, arange: codegen/cgen_serial.c), and
- * attention runs as its decomposition (capture/ops_data.c). An op whose
- * group still needs a library call (rand, topk, gather, sample, index_add)
- * fails with SG_ERR_UNSUPPORTED naming the op, as would one the dialect had
- * no kernel for.
+ * cross_entropy and its gradient, arange: codegen/cgen_serial.c; rand,
+ * topk, sample, gather and index_add: codegen/cgen_serial_data.c), and
+ * attention runs as its decomposition (capture/ops_data.c). An op with more
+ * tensors than MAX_T, or whose group would need a library call or a kernel
+ * the dialect lacks (none today), fails with SG_ERR_UNSUPPORTED naming it.
  */
 #include "../comm.h"
 #include "../graphs.h"
