@@ -223,8 +223,9 @@ static void store(sd *s, const sg__ref *r, const char *off, const char *v) {
 
 /* The grid-stride loop over n work items (index `i`); closed by the caller. */
 static void open_loop(sd *s, const char *i, int64_t n) {
-    sg__emit_open(s->e, "for (sg_i64 %s = (sg_i64)%s * %d + %s; %s < %lldLL; %s += (sg_i64)%s * %d)",
-                  i, s->sp->bid, THREADS, s->sp->tid, i, (long long)n, i, s->sp->gdim, THREADS);
+    sg__emit_open(s->e,
+                  "for (sg_i64 %s = (sg_i64)%s * %d + %s; %s < %lldLL; %s += (sg_i64)%s * %d)", i,
+                  s->sp->bid, THREADS, s->sp->tid, i, (long long)n, i, s->sp->gdim, THREADS);
 }
 
 static bool contiguous(const sg__ref *r) {
@@ -251,9 +252,8 @@ static void emit_state(sd *s, const sg__ref *rng) {
 /* Philox block b's words into w4 (b: an sg_u64 expression). */
 static void emit_block(sd *s, const char *b) {
     sg__emit_line(s->e, "const sg_u64 b = %s;", b);
-    sg__emit_line(s->e,
-                  "const uint4 w4 = sg_philox((uint4)((sg_u32)b, (sg_u32)(b >> 32), 0u, 0u), "
-                  "(sg_u32)seed, (sg_u32)(seed >> 32));");
+    sg__emit_line(s->e, "const uint4 w4 = sg_philox((uint4)((sg_u32)b, (sg_u32)(b >> 32), 0u, 0u), "
+                        "(sg_u32)seed, (sg_u32)(seed >> 32));");
 }
 
 static bool rng_ok(const sg__ref *rng) {
@@ -271,8 +271,8 @@ static int64_t emit_rand(sd *s, const sg__ref *rng, const sg__ref *o) {
     open_loop(s, "bi", blocks);
     emit_block(s, "offset + (sg_u64)bi");
     sg__emit_line(s->e, "const sg_u32 w[4] = {w4.x, w4.y, w4.z, w4.w};");
-    sg__emit_open(s->e, "for (int k = 0; k < %d && bi * %d + k < %lldLL; k++)", (int)per,
-                  (int)per, (long long)numel);
+    sg__emit_open(s->e, "for (int k = 0; k < %d && bi * %d + k < %lldLL; k++)", (int)per, (int)per,
+                  (long long)numel);
     sg__emit_line(s->e, "const sg_i64 e = bi * %d + k;", (int)per);
     if (normal)
         sg__emit_line(s->e, "const float v = sg_rand_normal(w[2 * k], w[2 * k + 1], %d);",
@@ -358,8 +358,7 @@ static int64_t emit_gather(sd *s, const sg__ref *x, const sg__ref *idx, const sg
     snprintf(xoff, sizeof xoff, "xo + v * %lldLL", (long long)x->stride[dim]);
     lvalue(s, o, "oo", olv, sizeof olv);
     lvalue(s, x, xoff, xlv, sizeof xlv);
-    sg__emit_line(s->e, "%s = v < 0 || v >= %lldLL ? 0 : %s;", olv, (long long)x->shape[dim],
-                  xlv);
+    sg__emit_line(s->e, "%s = v < 0 || v >= %lldLL ? 0 : %s;", olv, (long long)x->shape[dim], xlv);
     sg__emit_close(s->e);
     return numel;
 }

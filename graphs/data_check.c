@@ -3,10 +3,10 @@
  * data_check.c -- the index checks of the data ops a device backend runs as
  * kernels (embedding, index_select, index_copy_; CUDA's index_add; Level
  * Zero's gather and index_add): the index tensor is read back to the host
- * and checked before any launch, so that a bad index fails the call with SG_ERR_INDEX, the CPU's message, and every
- * tensor as it was, on every backend (see backend.h). Level Zero's eager
- * cross_entropy reads its targets back the same way (CUDA's row family has
- * its own check).
+ * and checked before any launch, so that a bad index fails the call with
+ * SG_ERR_INDEX, the CPU's message, and every tensor as it was, on every
+ * backend (see backend.h). Level Zero's eager cross_entropy reads its
+ * targets back the same way (CUDA's row family has its own check).
  */
 #include "backend.h"
 
