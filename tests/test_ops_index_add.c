@@ -12,7 +12,9 @@
  * 1e-6 * sqrt(count) * scale; bf16 with few duplicates within 1e-2), and
  * for f32 the sequential loop in float, which both backends must give bit
  * for bit (each run is added in position order starting from dst's value).
- * Each case runs twice and the two results must be equal bit for bit. On
+ * Each case runs twice and the two results must be equal bit for bit. An
+ * index out of range fails the call with SG_ERR_INDEX naming the op and
+ * leaves dst as it was (the host check before any kernel). On
  * CUDA an "info" line times the GPT-2 embedding gradient (4096 tokens into
  * a 50257 x 768 bf16 table).
  */
@@ -98,6 +100,27 @@ static void index_add_case(sg_dtype dt, int dim, int64_t rows, int64_t cols, int
     free(dv), free(sv), free(iv), free(ref), free(seq), free(got[0]), free(got[1]);
 }
 
+/* An index out of range: SG_ERR_INDEX naming index_add, dst unchanged. */
+static void bad_index_case(int64_t bad) {
+    int64_t ds[2] = {6, 5}, ss[2] = {3, 5}, is[1] = {3}, iv[3] = {1, bad, 2};
+    double *dv;
+    sg_tensor *dst = tu_rand(ctx, SG_F32, 2, ds, -1, 1, &dv),
+              *src = tu_rand(ctx, SG_F32, 2, ss, -1, 1, NULL);
+    sg_tensor *idx = sg_from_host(ctx, SG_I64, 1, is, iv);
+    sg_status st = sg__index_add_(dst, 0, idx, src);
+    bool ok = TU_EXPECT(st == SG_ERR_INDEX) &&
+              TU_EXPECT(strstr(sg_last_error(ctx), "index_add") != NULL) &&
+              TU_EXPECT(strstr(sg_last_error(ctx), "out of range") != NULL);
+    sg_clear_error(ctx);
+    double *after = tu_read(dst);
+    ok = ok && TU_EXPECT(after && memcmp(after, dv, sizeof(double) * 30) == 0);
+    tu_case(ok, "INDEX_ADD_BAD_INDEX(dst=[6,5],idx={1,%lld,2}) SG_ERR_INDEX, dst unchanged",
+            (long long)bad);
+    sg_clear_error(ctx);
+    sg_release(dst), sg_release(src), sg_release(idx);
+    free(dv), free(after);
+}
+
 static double now(void) {
     struct timespec t;
     clock_gettime(CLOCK_MONOTONIC, &t);
@@ -135,6 +158,8 @@ int main(void) {
     }
     index_add_case(SG_BF16, 0, 1000, 40, 200, ALL_DISTINCT);
     index_add_case(SG_BF16, 0, 3000, 96, 256, RANDOM);
+    bad_index_case(6);
+    bad_index_case(-1);
     if (tu_backend() == SG_BACKEND_CUDA) report_time();
     sg_ctx_destroy(ctx);
     return tu_finish();
