@@ -412,7 +412,7 @@ bool sg__cgen_serial_data(sg__cuda_gen *g, const sg__group *grp, sg__cuda_kinfo 
     const sg__ref *a1 = s.n->nin > 1 ? sg__cuda_arg(g, s.n, 1) : NULL;
     const sg__ref *a2 = s.n->nin > 2 ? sg__cuda_arg(g, s.n, 2) : NULL;
     if (sg__numel(o->ndim, o->shape) < 1) return false;
-    /* Decide before writing: every emitter below takes what it checks. */
+    /* Each emitter checks its refs before it names a slot; a declined body is dropped. */
     sg__emit *outer = s.e, body = {.ctx = outer->ctx, .depth = outer->depth};
     s.e = &body;
     int64_t n = -1;
