@@ -312,14 +312,15 @@ static bool emit_norm_stats_at(ser *s, const sg__ref *x, const char *val) {
 }
 
 /* In the current scope: gw = g * w and xh = (x - rmean) * rrs at column
- * `col` of NORM_BWD's row (x0, g0: the row's starts in x and g). */
+ * `col` of NORM_BWD's row (nx0, ng0: the row's starts in x and g; s0, s1, ...
+ * name the unit's slots). */
 static void emit_gw_xh(ser *s, const sg__ref *x, const sg__ref *gr, const sg__ref *w,
                        const char *col) {
     int last = x->ndim - 1;
     char xv[400], gv[400], wv[400];
     load(s, x, "xo", xv, sizeof xv);
     load(s, gr, "go", gv, sizeof gv);
-    sg__emit_line(s->e, "const sg_i64 xo = x0 + (%s) * %lldLL, go = g0 + (%s) * %lldLL;", col,
+    sg__emit_line(s->e, "const sg_i64 xo = nx0 + (%s) * %lldLL, go = ng0 + (%s) * %lldLL;", col,
                   (long long)x->stride[last], col, (long long)gr->stride[last]);
     if (w) {
         load(s, w, "wo", wv, sizeof wv);
@@ -343,26 +344,26 @@ static bool emit_norm_bwd(ser *s, const char *val) {
     int64_t len = x->shape[last];
     bool layer = n->i[0] != 0;
     const sg__ref *rs[3] = {x, gr, st};
-    const char *names[3] = {"x0", "g0", "s0"};
+    const char *names[3] = {"nx0", "ng0", "ns0"};
     char idx[64], mv[400], rv[400], so[96];
     snprintf(idx, sizeof idx, "i / %lldLL", (long long)len);
     emit_row_starts(s, idx, 3, rs, names);
-    load(s, st, "s0", mv, sizeof mv);
-    snprintf(so, sizeof so, "s0 + %lldLL", (long long)st->stride[last]);
+    load(s, st, "ns0", mv, sizeof mv);
+    snprintf(so, sizeof so, "ns0 + %lldLL", (long long)st->stride[last]);
     load(s, st, so, rv, sizeof rv);
     sg__emit_line(s->e, "const float rmean = %s, rrs = %s;", layer ? mv : "0.0f", rv);
-    sg__emit_line(s->e, "float s1 = 0.0f, c1 = 0.0f, s2 = 0.0f, c2 = 0.0f;");
+    sg__emit_line(s->e, "float n1 = 0.0f, nc1 = 0.0f, n2 = 0.0f, nc2 = 0.0f;");
     sg__emit_open(s->e, "for (sg_i64 k = 0; k < %lldLL; k++)", (long long)len);
     emit_gw_xh(s, x, gr, w, "k");
-    kahan(s, "s1", "c1", "gw");
-    kahan(s, "s2", "c2", "gw * xh");
+    kahan(s, "n1", "nc1", "gw");
+    kahan(s, "n2", "nc2", "gw * xh");
     sg__emit_close(s->e);
     sg__emit_open(s->e, "%s", "");
     char own[64], lenf[64];
-    snprintf(lenf, sizeof lenf, "s1 / %lld.0f", (long long)len);
+    snprintf(lenf, sizeof lenf, "n1 / %lld.0f", (long long)len);
     snprintf(own, sizeof own, "i %% %lldLL", (long long)len);
     emit_gw_xh(s, x, gr, w, own);
-    sg__emit_line(s->e, "const float m1 = %s, m2 = s2 / %lld.0f;", layer ? lenf : "0.0f", (long long)len);
+    sg__emit_line(s->e, "const float m1 = %s, m2 = n2 / %lld.0f;", layer ? lenf : "0.0f", (long long)len);
     sg__emit_line(s->e, "%s = rrs * ((gw - m1) - xh * m2);", val);
     sg__emit_close(s->e);
     return true;
