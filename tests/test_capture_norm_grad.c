@@ -2,7 +2,7 @@
 /*
  * test_capture_norm_grad.c -- the gradients of layer_norm and rms_norm
  * (input, weight, bias) against the f64 formulas written here, on rows of
- * 3 (many rows), 769, 4100 and 9000 elements, f32, bf16 and f16, with and
+ * 3 (many rows), 512, 768, 769, 4100 and 9000 elements, f32, bf16 and f16, with and
  * without weight and bias, the input contiguous or a strided view; the loss
  * is sum(norm(x) * r) for a random r, so the output's gradient is r. Then
  * every case in one compiled step (DEFAULT and REDUCE_OVERHEAD): the same
@@ -168,12 +168,14 @@ static void compiled_cases(void) {
 
 int main(void) {
     ctx = tu_ctx((sg_ctx_opts){0});
-    static const int64_t shapes[4][3] = {{2, 600, 3}, {1, 3, 769}, {2, 1, 4100}, {1, 2, 9000}};
+    /* Rows of 768 and 512 (whole 16-byte vectors) as well as odd ones. */
+    static const int64_t shapes[6][3] = {{2, 600, 3},  {1, 3, 769}, {2, 1, 4100},
+                                         {1, 2, 9000}, {2, 8, 768}, {3, 5, 512}};
     static const sg_dtype dts[3] = {SG_F32, SG_BF16, SG_F16};
     uint64_t seed = 1;
     int i = 0;
     for (int d = 0; d < 3; d++)
-        for (int s = 0; s < 4; s++)
+        for (int s = 0; s < 6; s++)
             for (int layer = 1; layer >= 0; layer--, i++) {
                 if (s == 3 && d > 0) continue; /* the longest rows in f32 only */
                 int aff = i % 3; /* none; weight; weight and bias (layer_norm) */
@@ -184,7 +186,8 @@ int main(void) {
                            .rows1 = shapes[s][1],
                            .len = shapes[s][2],
                            .dt = dts[d],
-                           .lay = (tu_layout)(i % TU_NUM_LAYOUTS)};
+                           .lay = s >= 4 && layer ? TU_CONTIG
+                                                  : (tu_layout)(i % TU_NUM_LAYOUTS)};
                 if (tu_sampled()) norm_case(&c, seed);
                 seed++;
             }
