@@ -288,9 +288,10 @@ static sg_status norm(sg__bw *b) {
     sg_tensor *st = b->want[0] || b->want[1] ? sg__norm_stats(x, layer, n->f[0]) : NULL;
     if (b->want[0]) b->gi[0] = sg__norm_grad(x, g, st, w, layer);
     if (b->want[1]) {
-        sg_tensor *xf = sg_cast(x, SG_F32), *r = sg_narrow(st, last, 1, 1);
+        sg_tensor *xf = x->dtype == SG_F32 ? x : sg_cast(x, SG_F32);
+        sg_tensor *gf = g->dtype == SG_F32 ? g : sg_cast(g, SG_F32), *r = sg_narrow(st, last, 1, 1);
         sg_tensor *xh = sg_mul(layer ? sg_sub(xf, sg_narrow(st, last, 0, 1)) : xf, r);
-        b->gi[1] = sg_mul(sg_cast(g, SG_F32), xh);
+        b->gi[1] = sg_mul(gf, xh);
     }
     if (layer && b->want[2]) b->gi[2] = alias(g);
     return SG_OK;

@@ -156,8 +156,8 @@ sg_tensor *sg__norm_stats(sg_tensor *x, bool layer, double eps) {
     if (!ctx || !check_float(ctx, name, "x", x)) return NULL;
     if (x->ndim == 0 || x->ndim > SG_MAX_DIMS) {
         char a[SG__DESC];
-        sg__fail(ctx, SG_ERR_SHAPE, "%s backward: x is %s; its statistics need a last dim",
-                 name, sg__describe(x, a, sizeof a));
+        sg__fail(ctx, SG_ERR_SHAPE, "%s backward: x is %s; its statistics need a last dim", name,
+                 sg__describe(x, a, sizeof a));
         return NULL;
     }
     int64_t shape[SG_MAX_DIMS];
@@ -175,14 +175,15 @@ sg_tensor *sg__norm_grad(sg_tensor *x, sg_tensor *g, sg_tensor *stats, sg_tensor
     sg_ctx *ctx = sg__check_inputs(name, 4, in, optional);
     if (!ctx) return NULL;
     char a[SG__DESC], b[SG__DESC];
-    bool ok = x->ndim >= 1 && g->dtype == x->dtype && g->ndim == x->ndim &&
-              stats->dtype == SG_F32 && stats->ndim == x->ndim &&
-              stats->shape[x->ndim - 1] == 2 && (!w || (w->dtype == x->dtype && w->ndim == 1 &&
-                                                         w->shape[0] == x->shape[x->ndim - 1]));
+    bool ok =
+        x->ndim >= 1 && g->dtype == x->dtype && g->ndim == x->ndim && stats->dtype == SG_F32 &&
+        stats->ndim == x->ndim && stats->shape[x->ndim - 1] == 2 &&
+        (!w || (w->dtype == x->dtype && w->ndim == 1 && w->shape[0] == x->shape[x->ndim - 1]));
     for (int d = 0; ok && d < x->ndim; d++)
         ok = g->shape[d] == x->shape[d] && (d == x->ndim - 1 || stats->shape[d] == x->shape[d]);
     if (!ok) {
-        sg__fail(ctx, SG_ERR_SHAPE, "%s backward: the gradient %s does not match x %s (or the "
+        sg__fail(ctx, SG_ERR_SHAPE,
+                 "%s backward: the gradient %s does not match x %s (or the "
                  "statistics or weight do not); they must share x's shape and dtype",
                  name, sg__describe(g, a, sizeof a), sg__describe(x, b, sizeof b));
         return NULL;

@@ -363,7 +363,8 @@ static bool emit_norm_bwd(ser *s, const char *val) {
     snprintf(lenf, sizeof lenf, "n1 / %lld.0f", (long long)len);
     snprintf(own, sizeof own, "i %% %lldLL", (long long)len);
     emit_gw_xh(s, x, gr, w, own);
-    sg__emit_line(s->e, "const float m1 = %s, m2 = n2 / %lld.0f;", layer ? lenf : "0.0f", (long long)len);
+    sg__emit_line(s->e, "const float m1 = %s, m2 = n2 / %lld.0f;", layer ? lenf : "0.0f",
+                  (long long)len);
     sg__emit_line(s->e, "%s = rrs * ((gw - m1) - xh * m2);", val);
     sg__emit_close(s->e);
     return true;

@@ -54,8 +54,8 @@ _Static_assert(HIPRTC_SUCCESS == 0 && HIPRTC_ERROR_OUT_OF_MEMORY == 1, "hiprtcRe
  * arithmetic keeps its meaning. __syncwarp orders shared memory within the
  * wave (whose lanes run in lockstep). The mask arguments are ignored: every
  * kernel passes the full warp. __ldcg (a load past the L1 of what other
- * blocks wrote: the cut reductions' partials) is a volatile load. Guarded, so that a unit that has it already
- * may get it again.
+ * blocks wrote: the cut reductions' partials) is a volatile load. Guarded, so that a unit that has
+ * it already may get it again.
  */
 const char sg__hip_prelude[] =
     "#ifndef SG_HIP_PRELUDE\n"

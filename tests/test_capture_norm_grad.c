@@ -35,8 +35,8 @@ static int nkeep;
 static const double EPS = 1e-5;
 
 /* The f64 gradients of sum(norm(x) * r): gx (rows * len), gw and gb (len). */
-static void ref_grads(const ncase *c, const double *x, const double *w, const double *r,
-                      double *gx, double *gw, double *gb) {
+static void ref_grads(const ncase *c, const double *x, const double *w, const double *r, double *gx,
+                      double *gw, double *gb) {
     int64_t rows = c->rows0 * c->rows1, len = c->len;
     for (int64_t j = 0; j < len; j++) gw[j] = gb[j] = 0;
     for (int64_t i = 0; i < rows; i++) {
@@ -64,8 +64,7 @@ static sg_tensor *forward(const ncase *c, sg_tensor *x, sg_tensor *w, sg_tensor 
 }
 
 /* got against ref: within rtol of each element, plus atol of the largest. */
-static bool close_to(const char *what, sg_tensor *got, const double *ref, int64_t n,
-                     sg_dtype dt) {
+static bool close_to(const char *what, sg_tensor *got, const double *ref, int64_t n, sg_dtype dt) {
     double *v = tu_read(got), big = 1;
     for (int64_t i = 0; i < n; i++) big = fabs(ref[i]) > big ? fabs(ref[i]) : big;
     bool half = dt != SG_F32;
@@ -158,8 +157,10 @@ static void compiled_cases(void) {
                 }
         }
         if (!ok) fprintf(stderr, "  %s\n", sg_last_error(ctx));
-        tu_case(ok, "NORM_GRAD_COMPILED(%d cases, %d gradients, mode=%s, == eager, replay "
-                "bit-identical)", nkeep, nout, sg_mode_name(modes[m]));
+        tu_case(ok,
+                "NORM_GRAD_COMPILED(%d cases, %d gradients, mode=%s, == eager, replay "
+                "bit-identical)",
+                nkeep, nout, sg_mode_name(modes[m]));
         for (int j = 0; j < nout; j++) free(first[j]), first[j] = NULL; /* out: fn's */
         sg_fn_destroy(fn);
     }
@@ -178,7 +179,7 @@ int main(void) {
         for (int s = 0; s < 6; s++)
             for (int layer = 1; layer >= 0; layer--, i++) {
                 if (s == 3 && d > 0) continue; /* the longest rows in f32 only */
-                int aff = i % 3; /* none; weight; weight and bias (layer_norm) */
+                int aff = i % 3;               /* none; weight; weight and bias (layer_norm) */
                 ncase c = {.layer = layer,
                            .w = aff > 0,
                            .b = layer && aff == 2,
@@ -186,8 +187,7 @@ int main(void) {
                            .rows1 = shapes[s][1],
                            .len = shapes[s][2],
                            .dt = dts[d],
-                           .lay = s >= 4 && layer ? TU_CONTIG
-                                                  : (tu_layout)(i % TU_NUM_LAYOUTS)};
+                           .lay = s >= 4 && layer ? TU_CONTIG : (tu_layout)(i % TU_NUM_LAYOUTS)};
                 if (tu_sampled()) norm_case(&c, seed);
                 seed++;
             }

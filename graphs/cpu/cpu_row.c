@@ -264,7 +264,7 @@ static sg_status norm(sg_ctx *ctx, const sg__node *n) {
 /*
  * The norms' gradient (NORM_STATS, NORM_BWD; layouts in capture/ops_rows.c).
  * Operands of the rows: x, the output, then (NORM_BWD) g and the stats; a
- * row's stats are two f32 at its offset, stats_s apart.
+ * row's stats are two f32 at its offset, the stats' last stride apart.
  */
 static sg_status norm_stats(sg_ctx *ctx, const sg__node *n) {
     const sg_tensor *x = n->in[0], *o = n->out;

@@ -287,8 +287,10 @@ static sg_status norm_bwd(sg_ctx *ctx, const sg__node *n) {
         g.flags |= NB_VECS, g.team = 32;
     int64_t blocks = (g.nrows + BLOCK / g.team - 1) / (BLOCK / g.team);
     if (blocks > 0x7fffffff)
-        return sg__fail(ctx, SG_ERR_UNSUPPORTED, "cuda norm_bwd: %lld rows need more blocks than "
-                        "one launch holds; split the tensor", (long long)g.nrows);
+        return sg__fail(ctx, SG_ERR_UNSUPPORTED,
+                        "cuda norm_bwd: %lld rows need more blocks than "
+                        "one launch holds; split the tensor",
+                        (long long)g.nrows);
     void *f;
     const char *name = (g.flags & NB_VECS) ? "sg_row_norm_bwd_vec" : "sg_row_norm_bwd";
     sg_status s = sg__cuda_kernel(ctx, SG__CU_ROW, name, &f);

@@ -221,8 +221,8 @@ extern "C" __global__ void sg_row_softmax(const void *x, void *y, wgeom g) {
  * about the row's first element (layer_norm), so that a large mean does not
  * cancel the variance. */
 __device__ __forceinline__ void norm_stats(const void *x, int dt, i64 xo, i64 xs, i64 len,
-                                           bool layer, double eps, int lane, int team,
-                                           double *mean, double *r) {
+                                           bool layer, double eps, int lane, int team, double *mean,
+                                           double *r) {
     double shift = layer ? (double)ldf(x, dt, xo) : 0.0, s1 = 0.0, s2 = 0.0;
     for (i64 j = lane; j < len; j += team) {
         double d = (double)ldf(x, dt, xo + j * xs) - shift;
