@@ -504,6 +504,22 @@ SG__HIDDEN sg_status sg__sdpa_grad(sg_tensor *const *in, sg_tensor *o, sg_tensor
  * of logits' dtype, or NULL.
  */
 SG__HIDDEN sg_tensor *sg__cross_entropy_grad(sg_tensor *logits, sg_tensor *targets, sg_tensor *g);
+/*
+ * layer_norm's and rms_norm's row statistics (the NORM_STATS node): x float,
+ * at least 1-d; layer: true for layer_norm. Gives f32 (..., 2), x's shape
+ * with the last dim 2: each row's mean (0 for rms_norm) and 1 / sqrt(var +
+ * eps), or NULL.
+ */
+SG__HIDDEN sg_tensor *sg__norm_stats(sg_tensor *x, bool layer, double eps);
+/*
+ * The input gradient of layer_norm or rms_norm (the NORM_BWD node): x the
+ * norm's input, g the gradient of its output (x's shape and dtype), stats
+ * sg__norm_stats(x), w the weight or NULL. Gives rstd * (gw - mean(gw) -
+ * xh * mean(gw * xh)) with gw = g * w and xh = (x - mean) * rstd (without
+ * the mean(gw) term for rms_norm), contiguous, of x's dtype, or NULL.
+ */
+SG__HIDDEN sg_tensor *sg__norm_grad(sg_tensor *x, sg_tensor *g, sg_tensor *stats, sg_tensor *w,
+                                    bool layer);
 /* ATTENTION_BWD's packed output, in elements of q's dtype: dq at 0, dk at
  * nq, dv at nq + nkv, then at sg__attn_bwd_ws (16-byte aligned) the row
  * workspace of 2 * rows f32 (each row's logsumexp of the scaled scores, then

@@ -30,6 +30,8 @@ bool sg__grad_differentiable(int op) {
     case SG__OP_INDEX_ADD:
     case SG__OP_ATTENTION_BWD:
     case SG__OP_CROSS_ENTROPY_BWD:
+    case SG__OP_NORM_STATS:
+    case SG__OP_NORM_BWD:
     case SG__OP_ARANGE: return false;
     default: /* collectives record no gradient, as torch.distributed's */
         return op < SG__OP_COUNT && sg__op_family((sg__op)op) != SG__FAM_COMM;
@@ -271,31 +273,27 @@ static sg_status reduction(sg__bw *b) {
     return SG_OK;
 }
 
+/*
+ * layer_norm and rms_norm: the row statistics once (NORM_STATS), the input's
+ * gradient as one row node that reads them (NORM_BWD: g * w, both means and
+ * the result in one pass per row), and the weight's gradient g * xh in f32
+ * from x and the statistics (xh = (x - mean) * rstd), pointwise, so that
+ * fusion gives it to the column sum autograd takes over the rows.
+ */
 static sg_status norm(sg__bw *b) {
     const sg__gnode *n = b->n;
     sg_tensor *g = b->g, *x = b->x[0], *w = b->x[1];
-    int last = -1;
-    double eps = n->f[0];
-    sg_tensor *gxh = w ? sg_mul(g, w) : g;
-    if (n->op == SG__OP_LAYER_NORM) {
-        sg_tensor *mu = sg_mean(x, 1, &last, true);
-        sg_tensor *rstd = sg_rsqrt(sg_add_scalar(sg_var(x, 1, &last, 0, true), eps));
-        sg_tensor *xh = sg_mul(sg_sub(x, mu), rstd);
-        if (b->want[0]) {
-            sg_tensor *c = sg_sub(gxh, sg_mean(gxh, 1, &last, true));
-            sg_tensor *p = sg_mul(xh, sg_mean(sg_mul(gxh, xh), 1, &last, true));
-            b->gi[0] = sg_mul(rstd, sg_sub(c, p));
-        }
-        if (b->want[1]) b->gi[1] = sg_mul(g, xh);
-        if (b->want[2]) b->gi[2] = alias(g);
-        return SG_OK;
+    bool layer = n->op == SG__OP_LAYER_NORM;
+    int last = x->ndim - 1;
+    sg_tensor *st = b->want[0] || b->want[1] ? sg__norm_stats(x, layer, n->f[0]) : NULL;
+    if (b->want[0]) b->gi[0] = sg__norm_grad(x, g, st, w, layer);
+    if (b->want[1]) {
+        sg_tensor *xf = x->dtype == SG_F32 ? x : sg_cast(x, SG_F32);
+        sg_tensor *gf = g->dtype == SG_F32 ? g : sg_cast(g, SG_F32), *r = sg_narrow(st, last, 1, 1);
+        sg_tensor *xh = sg_mul(layer ? sg_sub(xf, sg_narrow(st, last, 0, 1)) : xf, r);
+        b->gi[1] = sg_mul(gf, xh);
     }
-    sg_tensor *r = sg_rsqrt(sg_add_scalar(sg_mean(sg_mul(x, x), 1, &last, true), eps));
-    if (b->want[0]) {
-        sg_tensor *p = sg_mul(sg_mul(x, sg_mul(r, r)), sg_mean(sg_mul(gxh, x), 1, &last, true));
-        b->gi[0] = sg_mul(r, sg_sub(gxh, p));
-    }
-    if (b->want[1]) b->gi[1] = sg_mul(g, sg_mul(x, r));
+    if (layer && b->want[2]) b->gi[2] = alias(g);
     return SG_OK;
 }
 

@@ -16,11 +16,15 @@
  *  - CROSS_ENTROPY_BWD: in = {logits (N, C), targets (N), g ()}; out (N, C)
  *    of logits' dtype, contiguous: the gradient of the mean loss, the
  *    softmax computed and the target compared in one pass per row.
+ *  - NORM_STATS: in = {x}; out f32 (..., 2); f[0] = eps, i[0] = 1 for
+ *    layer_norm, 0 for rms_norm. NORM_BWD: in = {x, g, stats, w} (w may be
+ *    NULL); out x's shape and dtype, contiguous; i[0] as NORM_STATS'.
  */
 #include "capture.h"
 
 #include <math.h>
 #include <stdio.h>
+#include <string.h>
 
 static bool check_float(sg_ctx *ctx, const char *name, const char *what, const sg_tensor *x) {
     if (sg__dtype_is_float(x->dtype)) return true;
@@ -144,4 +148,46 @@ sg_tensor *sg__cross_entropy_grad(sg_tensor *logits, sg_tensor *targets, sg_tens
     }
     sg__node n = {.op = SG__OP_CROSS_ENTROPY_BWD, .nin = 3, .in = in};
     return sg__run_new(ctx, &n, logits->dtype, 2, logits->shape);
+}
+
+sg_tensor *sg__norm_stats(sg_tensor *x, bool layer, double eps) {
+    const char *name = layer ? "layer_norm" : "rms_norm";
+    sg_ctx *ctx = sg__check_inputs(name, 1, &x, NULL);
+    if (!ctx || !check_float(ctx, name, "x", x)) return NULL;
+    if (x->ndim == 0 || x->ndim > SG_MAX_DIMS) {
+        char a[SG__DESC];
+        sg__fail(ctx, SG_ERR_SHAPE, "%s backward: x is %s; its statistics need a last dim", name,
+                 sg__describe(x, a, sizeof a));
+        return NULL;
+    }
+    int64_t shape[SG_MAX_DIMS];
+    memcpy(shape, x->shape, sizeof(int64_t) * (size_t)x->ndim);
+    shape[x->ndim - 1] = 2;
+    sg_tensor *in[1] = {x};
+    sg__node n = {.op = SG__OP_NORM_STATS, .nin = 1, .in = in, .f = {eps}, .i = {layer}};
+    return sg__run_new(ctx, &n, SG_F32, x->ndim, shape);
+}
+
+sg_tensor *sg__norm_grad(sg_tensor *x, sg_tensor *g, sg_tensor *stats, sg_tensor *w, bool layer) {
+    const char *name = layer ? "layer_norm" : "rms_norm";
+    sg_tensor *in[4] = {x, g, stats, w};
+    const bool optional[4] = {false, false, false, true};
+    sg_ctx *ctx = sg__check_inputs(name, 4, in, optional);
+    if (!ctx) return NULL;
+    char a[SG__DESC], b[SG__DESC];
+    bool ok =
+        x->ndim >= 1 && g->dtype == x->dtype && g->ndim == x->ndim && stats->dtype == SG_F32 &&
+        stats->ndim == x->ndim && stats->shape[x->ndim - 1] == 2 &&
+        (!w || (w->dtype == x->dtype && w->ndim == 1 && w->shape[0] == x->shape[x->ndim - 1]));
+    for (int d = 0; ok && d < x->ndim; d++)
+        ok = g->shape[d] == x->shape[d] && (d == x->ndim - 1 || stats->shape[d] == x->shape[d]);
+    if (!ok) {
+        sg__fail(ctx, SG_ERR_SHAPE,
+                 "%s backward: the gradient %s does not match x %s (or the "
+                 "statistics or weight do not); they must share x's shape and dtype",
+                 name, sg__describe(g, a, sizeof a), sg__describe(x, b, sizeof b));
+        return NULL;
+    }
+    sg__node n = {.op = SG__OP_NORM_BWD, .nin = 4, .in = in, .i = {layer}};
+    return sg__run_new(ctx, &n, x->dtype, x->ndim, x->shape);
 }

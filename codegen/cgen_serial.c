@@ -6,7 +6,8 @@
  * group that fusion did not give to the row kernels (cgen_cuda_row.c) --
  * max and min, argmax, var, sum and mean over dims that are not one run,
  * integer sums, 0-d inputs, softmax and log_softmax over a dim other than
- * the last, cross_entropy and its gradient -- and the arange data op.
+ * the last, cross_entropy and its gradient, the norms' row statistics and
+ * input gradient -- and the arange data op.
  *
  * One work-item per element of the anchor's output (a grid-stride loop of
  * blocks of 256) walks the elements that element depends on in row-major
@@ -264,6 +265,111 @@ static bool emit_xent_bwd(ser *s, const sg__ref *x, const sg__ref *t, const sg__
     return true;
 }
 
+/* The norms' statistics over the row at element offset row0 of x (len
+ * elements, xs apart) into rmean (0 for rms_norm) and rrs = 1 / sqrt(var +
+ * eps): the mean first, then the squares about it (layer_norm). */
+static void emit_norm_stats(ser *s, const sg__ref *x, bool layer, double eps) {
+    int last = x->ndim - 1;
+    int64_t len = x->shape[last], xs = x->stride[last];
+    char v[400], e[96];
+    load(s, x, "xo", v, sizeof v);
+    sg__lower_scalar(s->d, eps, true, SG_F32, e, sizeof e);
+    sg__emit_line(s->e, "float rsum = 0.0f, rmean = 0.0f, rsq = 0.0f, rc = 0.0f;");
+    for (int pass = layer ? 0 : 1; pass < 2; pass++) {
+        sg__emit_line(s->e, "rc = 0.0f;");
+        sg__emit_open(s->e, "for (sg_i64 k = 0; k < %lldLL; k++)", (long long)len);
+        sg__emit_line(s->e, "const sg_i64 xo = row0 + k * %lldLL;", (long long)xs);
+        sg__emit_line(s->e, "const float dv = (%s) - rmean;", v);
+        kahan(s, pass ? "rsq" : "rsum", "rc", pass ? "dv * dv" : "dv");
+        sg__emit_close(s->e);
+        if (!pass) sg__emit_line(s->e, "rmean = rsum / %lld.0f;", (long long)len);
+    }
+    sg__emit_line(s->e, "const float rrs = 1.0f / sqrt(rsq / %lld.0f + %s);", (long long)len, e);
+}
+
+/* The element offset where the row of walk index `idx` (a row index over
+ * the leading dims of rs[0]) starts in each of the n refs rs, into new
+ * variables named by `names`. */
+static void emit_row_starts(ser *s, const char *idx, int n, const sg__ref *const *rs,
+                            const char *const *names) {
+    int lead[SG_MAX_DIMS];
+    for (int d = 0; d < rs[0]->ndim; d++) lead[d] = d;
+    for (int k = 0; k < n; k++) {
+        sg__emit_line(s->e, "sg_i64 %s = %lld;", names[k], (long long)rs[k]->offset);
+        emit_offset(s, names[k], idx, rs[k], rs[0]->ndim - 1, lead);
+    }
+}
+
+/* NORM_STATS at walk index i of (..., 2): its row's mean, or 1 / sqrt(var + eps). */
+static bool emit_norm_stats_at(ser *s, const sg__ref *x, const char *val) {
+    if (x->ndim < 1) return false;
+    const sg__ref *rs[1] = {x};
+    const char *names[1] = {"row0"};
+    emit_row_starts(s, "i / 2", 1, rs, names);
+    emit_norm_stats(s, x, s->n->i[0] != 0, s->n->f[0]);
+    sg__emit_line(s->e, "%s = i %% 2 == 0 ? rmean : rrs;", val);
+    return true;
+}
+
+/* In the current scope: gw = g * w and xh = (x - rmean) * rrs at column
+ * `col` of NORM_BWD's row (nx0, ng0: the row's starts in x and g; s0, s1, ...
+ * name the unit's slots). */
+static void emit_gw_xh(ser *s, const sg__ref *x, const sg__ref *gr, const sg__ref *w,
+                       const char *col) {
+    int last = x->ndim - 1;
+    char xv[400], gv[400], wv[400];
+    load(s, x, "xo", xv, sizeof xv);
+    load(s, gr, "go", gv, sizeof gv);
+    sg__emit_line(s->e, "const sg_i64 xo = nx0 + (%s) * %lldLL, go = ng0 + (%s) * %lldLL;", col,
+                  (long long)x->stride[last], col, (long long)gr->stride[last]);
+    if (w) {
+        load(s, w, "wo", wv, sizeof wv);
+        sg__emit_line(s->e, "const sg_i64 wo = %lldLL + (%s) * %lldLL;", (long long)w->offset, col,
+                      (long long)w->stride[0]);
+        sg__emit_line(s->e, "const float gw = (%s) * (%s);", gv, wv);
+    } else {
+        sg__emit_line(s->e, "const float gw = %s;", gv);
+    }
+    sg__emit_line(s->e, "const float xh = ((%s) - rmean) * rrs;", xv);
+}
+
+/* NORM_BWD at walk index i of x's shape: rstd * (gw - mean(gw) - xh *
+ * mean(gw * xh)), the sums over the row compensated. */
+static bool emit_norm_bwd(ser *s, const char *val) {
+    const sg__irnode *n = s->n;
+    const sg__ref *x = sg__cuda_arg(s->g, n, 0), *gr = sg__cuda_arg(s->g, n, 1);
+    const sg__ref *st = sg__cuda_arg(s->g, n, 2), *w = n->nin > 3 ? sg__cuda_arg(s->g, n, 3) : NULL;
+    if (!x || !gr || !st || x->ndim < 1) return false;
+    int last = x->ndim - 1;
+    int64_t len = x->shape[last];
+    bool layer = n->i[0] != 0;
+    const sg__ref *rs[3] = {x, gr, st};
+    const char *names[3] = {"nx0", "ng0", "ns0"};
+    char idx[64], mv[400], rv[400], so[96];
+    snprintf(idx, sizeof idx, "i / %lldLL", (long long)len);
+    emit_row_starts(s, idx, 3, rs, names);
+    load(s, st, "ns0", mv, sizeof mv);
+    snprintf(so, sizeof so, "ns0 + %lldLL", (long long)st->stride[last]);
+    load(s, st, so, rv, sizeof rv);
+    sg__emit_line(s->e, "const float rmean = %s, rrs = %s;", layer ? mv : "0.0f", rv);
+    sg__emit_line(s->e, "float n1 = 0.0f, nc1 = 0.0f, n2 = 0.0f, nc2 = 0.0f;");
+    sg__emit_open(s->e, "for (sg_i64 k = 0; k < %lldLL; k++)", (long long)len);
+    emit_gw_xh(s, x, gr, w, "k");
+    kahan(s, "n1", "nc1", "gw");
+    kahan(s, "n2", "nc2", "gw * xh");
+    sg__emit_close(s->e);
+    sg__emit_open(s->e, "%s", "");
+    char own[64], lenf[64];
+    snprintf(lenf, sizeof lenf, "n1 / %lld.0f", (long long)len);
+    snprintf(own, sizeof own, "i %% %lldLL", (long long)len);
+    emit_gw_xh(s, x, gr, w, own);
+    sg__emit_line(s->e, "const float m1 = %s, m2 = n2 / %lld.0f;", layer ? lenf : "0.0f",
+                  (long long)len);
+    sg__emit_line(s->e, "%s = rrs * ((gw - m1) - xh * m2);", val);
+    sg__emit_close(s->e);
+    return true;
+}
+
 /* arange: start + i * step, in float for float outputs, exactly in 64 bits
  * for integer ones when start and step are whole numbers. */
 static bool emit_arange(ser *s, const sg__ref *o, const char *val) {
@@ -301,6 +407,8 @@ static bool emit_anchor(ser *s, const sg__group *grp, const sg__ref *o, const ch
     case SG__OP_CROSS_ENTROPY: return x && emit_xent(s, x, sg__cuda_arg(s->g, n, 1), val);
     case SG__OP_CROSS_ENTROPY_BWD:
         return x && emit_xent_bwd(s, x, sg__cuda_arg(s->g, n, 1), sg__cuda_arg(s->g, n, 2), val);
+    case SG__OP_NORM_STATS: return x && emit_norm_stats_at(s, x, val);
+    case SG__OP_NORM_BWD: return emit_norm_bwd(s, val);
     case SG__OP_ARANGE: return grp->kind == SG__G_OPAQUE && o->ndim == 1 && emit_arange(s, o, val);
     default: return false;
     }

@@ -53,8 +53,9 @@ _Static_assert(HIPRTC_SUCCESS == 0 && HIPRTC_ERROR_OUT_OF_MEMORY == 1, "hiprtcRe
  * and the kernels' lane (threadIdx.x & 31) and warp (threadIdx.x >> 5)
  * arithmetic keeps its meaning. __syncwarp orders shared memory within the
  * wave (whose lanes run in lockstep). The mask arguments are ignored: every
- * kernel passes the full warp. Guarded, so that a unit that has it already
- * may get it again.
+ * kernel passes the full warp. __ldcg (a load past the L1 of what other
+ * blocks wrote: the cut reductions' partials) is a volatile load. Guarded, so that a unit that has
+ * it already may get it again.
  */
 const char sg__hip_prelude[] =
     "#ifndef SG_HIP_PRELUDE\n"
@@ -75,6 +76,10 @@ const char sg__hip_prelude[] =
     "template <typename T>\n"
     "static __device__ __forceinline__ T __shfl_up_sync(unsigned, T v, unsigned d, int w = 32) {\n"
     "    return __shfl_up(v, d, w);\n"
+    "}\n"
+    "template <typename T> /* HIP's headers may have only __half's */\n"
+    "static __device__ __forceinline__ T __ldcg(const T *p) {\n"
+    "    return *(const volatile T *)p;\n"
     "}\n"
     "static __device__ __forceinline__ void __syncwarp(unsigned = 0xffffffffu) {\n"
     "    __builtin_amdgcn_fence(__ATOMIC_RELEASE, \"wavefront\");\n"

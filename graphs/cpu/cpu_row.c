@@ -3,7 +3,8 @@
  * cpu_row.c -- the eager CPU kernels of the row family: softmax and
  * log_softmax along any dim, layer_norm and rms_norm over the last dim, and
  * cross_entropy over the rows of (N, C) logits (node layouts in
- * capture/ops_rows.c), and cross_entropy's gradient.
+ * capture/ops_rows.c), cross_entropy's gradient, and the norms' (their
+ * row statistics, then the input's gradient).
  *
  * A row is every element along the op's dim for one index of the other
  * dims; rows run in parallel and may have any strides. Each row is read in
@@ -199,25 +200,35 @@ typedef struct affine {
  * row's first element (layer_norm), so a large mean does not cancel the
  * variance away.
  */
-static void norm_row(const rowg *g, const affine *a, bool layer, double eps, int64_t row) {
-    int64_t off[2], len = g->len;
-    sg__rows_offsets(&g->r, row, off);
-    const void *x = sg__at((void *)g->x, g->xdt, off[0]);
-    void *y = sg__at(g->y, g->ydt, off[1]);
-    float t[SG__TILE], w[SG__TILE], b[SG__TILE];
-    double shift = layer ? sg__ldf(x, g->xdt, 0) : 0.0, s1 = 0, s2 = 0;
+/* The mean (0 for rms_norm) and 1 / sqrt(var + eps) of the row of len
+ * elements at x, xs apart: the norms' statistics, shared with their
+ * gradient's (norm_stats, norm_bwd). */
+static void row_stats(const void *x, sg_dtype dt, int64_t xs, int64_t len, bool layer, double eps,
+                      double *mean, double *rstd) {
+    float t[SG__TILE];
+    double shift = layer ? sg__ldf(x, dt, 0) : 0.0, s1 = 0, s2 = 0;
     for (int64_t j = 0; j < len; j += SG__TILE) {
         int n = tile_len(len, j);
-        sg__gather_f(sg__at((void *)x, g->xdt, j * g->xs), g->xdt, g->xs, n, t);
+        sg__gather_f(sg__at((void *)x, dt, j * xs), dt, xs, n, t);
         for (int k = 0; k < n; k++) {
             double d = t[k] - shift;
             s1 += d;
             s2 += d * d;
         }
     }
-    double mean = layer ? shift + s1 / (double)len : 0.0;
     double var = layer ? (s2 - s1 * s1 / (double)len) / (double)len : s2 / (double)len;
-    double r = 1.0 / sqrt((var > 0 ? var : 0) + eps);
+    *mean = layer ? shift + s1 / (double)len : 0.0;
+    *rstd = 1.0 / sqrt((var > 0 ? var : 0) + eps);
+}
+
+static void norm_row(const rowg *g, const affine *a, bool layer, double eps, int64_t row) {
+    int64_t off[2], len = g->len;
+    sg__rows_offsets(&g->r, row, off);
+    const void *x = sg__at((void *)g->x, g->xdt, off[0]);
+    void *y = sg__at(g->y, g->ydt, off[1]);
+    float t[SG__TILE], w[SG__TILE], b[SG__TILE];
+    double mean, r;
+    row_stats(x, g->xdt, g->xs, len, layer, eps, &mean, &r);
     for (int64_t j = 0; j < len; j += SG__TILE) {
         int n = tile_len(len, j);
         sg__gather_f(sg__at((void *)x, g->xdt, j * g->xs), g->xdt, g->xs, n, t);
@@ -247,6 +258,83 @@ static sg_status norm(sg_ctx *ctx, const sg__node *n) {
     int nth = sg__cpu_threads(ctx, g.r.nrows * g.len);
 #pragma omp parallel for num_threads(nth) if (nth > 1) schedule(static)
     for (int64_t row = 0; row < g.r.nrows; row++) norm_row(&g, &a, layer, eps, row);
+    return SG_OK;
+}
+
+/*
+ * The norms' gradient (NORM_STATS, NORM_BWD; layouts in capture/ops_rows.c).
+ * Operands of the rows: x, the output, then (NORM_BWD) g and the stats; a
+ * row's stats are two f32 at its offset, the stats' last stride apart.
+ */
+static sg_status norm_stats(sg_ctx *ctx, const sg__node *n) {
+    const sg_tensor *x = n->in[0], *o = n->out;
+    rowg g;
+    rows_along(&g, x, o, x->ndim - 1, false);
+    if (g.r.nrows * g.len == 0) return SG_OK;
+    int64_t os = o->stride[o->ndim - 1];
+    int nth = sg__cpu_threads(ctx, g.r.nrows * g.len);
+#pragma omp parallel for num_threads(nth) if (nth > 1) schedule(static)
+    for (int64_t row = 0; row < g.r.nrows; row++) {
+        int64_t off[2];
+        double mean, r;
+        sg__rows_offsets(&g.r, row, off);
+        row_stats(sg__at((void *)g.x, g.xdt, off[0]), g.xdt, g.xs, g.len, n->i[0] != 0, n->f[0],
+                  &mean, &r);
+        float *so = (float *)g.y + off[1];
+        so[0] = (float)mean;
+        so[os] = (float)r;
+    }
+    return SG_OK;
+}
+
+/* One row of NORM_BWD: sums of gw and gw * xh in double, then
+ * dx = rstd * (gw - mean(gw) - xh * mean(gw * xh)), one rounding at the store. */
+static void norm_bwd_row(const sg__rows *rw, const sg__node *n, int64_t row) {
+    const sg_tensor *x = n->in[0], *gt = n->in[1], *st = n->in[2], *w = n->in[3], *y = n->out;
+    int last = x->ndim - 1;
+    int64_t off[4], len = x->shape[last], xs = x->stride[last], gs = gt->stride[last];
+    int64_t ys = y->stride[last], ws = w ? w->stride[0] : 0;
+    sg__rows_offsets(rw, row, off);
+    const void *xr = sg__at(sg__data(x), x->dtype, off[0]);
+    const void *gr = sg__at(sg__data(gt), gt->dtype, off[2]);
+    void *yr = sg__at(sg__data(y), y->dtype, off[1]);
+    const float *sr = (const float *)sg__data(st) + off[3];
+    bool layer = n->i[0] != 0;
+    double mean = layer ? sr[0] : 0.0, r = sr[st->stride[last]], s1 = 0, s2 = 0;
+    float t[SG__TILE], u[SG__TILE], v[SG__TILE];
+    for (int pass = 0; pass < 2; pass++) {
+        double m1 = s1 / (double)len, m2 = s2 / (double)len;
+        for (int64_t j = 0; j < len; j += SG__TILE) {
+            int k = tile_len(len, j);
+            sg__gather_f(sg__at((void *)xr, x->dtype, j * xs), x->dtype, xs, k, t);
+            sg__gather_f(sg__at((void *)gr, gt->dtype, j * gs), gt->dtype, gs, k, u);
+            if (w) sg__gather_f(sg__at(sg__data(w), w->dtype, j * ws), w->dtype, ws, k, v);
+            for (int e = 0; e < k; e++) {
+                double gw = w ? (double)u[e] * v[e] : u[e], xh = (t[e] - mean) * r;
+                if (pass == 0) {
+                    s1 += gw;
+                    s2 += gw * xh;
+                } else {
+                    t[e] = (float)(r * (gw - (layer ? m1 : 0.0) - xh * m2));
+                }
+            }
+            if (pass == 1) sg__scatter_f(sg__at(yr, y->dtype, j * ys), y->dtype, ys, k, t);
+        }
+    }
+}
+
+static sg_status norm_bwd(sg_ctx *ctx, const sg__node *n) {
+    const sg_tensor *x = n->in[0], *ts[4] = {x, n->out, n->in[1], n->in[2]};
+    int last = x->ndim - 1;
+    sg__rows rw; /* the rows over x's leading dims */
+    sg__rows_init(&rw, x->ndim, x->shape, 4);
+    for (int k = 0; k < 4; k++)
+        for (int d = 0; d < last; d++) rw.stride[k][d] = ts[k]->stride[d];
+    int64_t nrows = rw.nrows;
+    if (nrows * x->shape[last] == 0) return SG_OK;
+    int nth = sg__cpu_threads(ctx, nrows * x->shape[last]);
+#pragma omp parallel for num_threads(nth) if (nth > 1) schedule(static)
+    for (int64_t row = 0; row < nrows; row++) norm_bwd_row(&rw, n, row);
     return SG_OK;
 }
 
@@ -348,6 +436,8 @@ sg_status sg__cpu_row(sg_ctx *ctx, const sg__node *n) {
     case SG__OP_RMS_NORM: return norm(ctx, n);
     case SG__OP_CROSS_ENTROPY: return cross_entropy(ctx, n);
     case SG__OP_CROSS_ENTROPY_BWD: return cross_entropy_bwd(ctx, n);
+    case SG__OP_NORM_STATS: return norm_stats(ctx, n);
+    case SG__OP_NORM_BWD: return norm_bwd(ctx, n);
     default: break;
     }
     return sg__fail(ctx, SG_ERR_INTERNAL, "cpu: %s is not a row op", sg__op_name(n->op));

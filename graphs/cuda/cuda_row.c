@@ -1,8 +1,8 @@
 /* SPDX-License-Identifier: MIT */
 /*
  * cuda_row.c -- the host side of the CUDA row family (softmax, log_softmax,
- * layer_norm, rms_norm, cross_entropy and its gradient; kernels in
- * k_row.cu). It describes the rows of a node (the other dims, any strides)
+ * layer_norm, rms_norm and their gradient, cross_entropy and its gradient;
+ * kernels in k_row.cu). It describes the rows of a node (the other dims, any strides)
  * and picks the team per row: a thread when the rows lie side by side in
  * memory (softmax over dim 0 of a matrix), a warp for rows up to ~1k
  * elements, a block beyond.
@@ -21,7 +21,8 @@
 
 /* The kernels' op numbers and flags (k_row.cu). */
 enum { OP_SOFTMAX, OP_LOG_SOFTMAX, OP_LAYER_NORM, OP_RMS_NORM };
-enum { HAS_W = 1, HAS_B = 2 };
+enum { HAS_W = 1, HAS_B = 2, NB_VECS = 4 };
+#define NB_VEC 4 /* k_row.cu's 16-byte vectors per lane of a row in vectors */
 
 /* The same layout as struct wgeom in k_row.cu. */
 typedef struct wgeom {
@@ -213,6 +214,92 @@ static sg_status cross_entropy_bwd(sg_ctx *ctx, const sg__node *n) {
     return launch_rows(ctx, "sg_row_xent_bwd", &g, args);
 }
 
+/* Whether rows of len elements of dtype dt, at p and n row strides rs
+ * apart, read contiguously (unit stride xs), lie on 16 bytes and fit a
+ * warp's registers as k_row.cu's rows in vectors (NB_VECS). */
+static bool vec_rows(sg_dtype dt, const void *p, int64_t xs, int64_t len, int n,
+                     const int64_t *rs) {
+    int64_t per = dt == SG_F32 ? 4 : 8;
+    if (((uintptr_t)p & 15) || (xs != 1 && len > 1) || len % per || len / per > 32 * NB_VEC)
+        return false;
+    for (int d = 0; d < n; d++)
+        if (rs[d] % per) return false;
+    return true;
+}
+
+/* NORM_STATS: a team per row (k_row.cu, sg_row_norm_stats); y's last dim
+ * holds the mean and the reciprocal standard deviation. A warp reads a row
+ * of 16-byte vectors (NB_VECS) when vec_rows holds. */
+static sg_status norm_stats(sg_ctx *ctx, const sg__node *n) {
+    const sg_tensor *x = n->in[0];
+    wgeom g;
+    int lane;
+    rows_along(&g, x, n->out, x->ndim - 1, &lane);
+    if (g.nrows * g.len == 0) return SG_OK;
+    g.op = n->i[0] ? OP_LAYER_NORM : OP_RMS_NORM;
+    g.team = team_for(g.len, g.nrows);
+    g.eps = n->f[0];
+    const void *xp = sg__data(x);
+    if (vec_rows(x->dtype, xp, g.xs, g.len, g.nd, g.oxs)) g.flags |= NB_VECS, g.team = 32;
+    void *y = sg__data(n->out);
+    void *args[] = {&xp, &y, &g};
+    return launch_rows(ctx, "sg_row_norm_stats", &g, args);
+}
+
+/* The same layout as struct ngeom in k_row.cu. */
+typedef struct ngeom {
+    int64_t osize[SG_MAX_DIMS], oxs[SG_MAX_DIMS], ogs[SG_MAX_DIMS], oys[SG_MAX_DIMS],
+        oss[SG_MAX_DIMS];
+    int64_t nrows, len, xs, gs, ys, ws, ss;
+    int32_t nd, team, layer, dt, flags;
+} ngeom;
+
+/* NORM_BWD: a team per row over x's leading dims, any strides
+ * (k_row.cu, sg_row_norm_bwd); a warp per row of 16-byte vectors
+ * (NB_VECS) when x, g, y and w are contiguous rows on 16 bytes. */
+static sg_status norm_bwd(sg_ctx *ctx, const sg__node *n) {
+    const sg_tensor *x = n->in[0], *gt = n->in[1], *st = n->in[2], *w = n->in[3], *y = n->out;
+    int last = x->ndim - 1;
+    ngeom g;
+    memset(&g, 0, sizeof g);
+    g.nrows = 1;
+    for (int d = 0; d < last; d++) {
+        if (x->shape[d] == 1) continue;
+        g.osize[g.nd] = x->shape[d], g.oxs[g.nd] = x->stride[d], g.ogs[g.nd] = gt->stride[d];
+        g.oys[g.nd] = y->stride[d], g.oss[g.nd] = st->stride[d];
+        g.nrows *= x->shape[d];
+        g.nd++;
+    }
+    g.len = x->shape[last], g.xs = x->stride[last], g.gs = gt->stride[last];
+    g.ys = y->stride[last], g.ss = st->stride[last];
+    if (g.nrows * g.len == 0) return SG_OK;
+    g.team = g.len <= 1024 ? 32 : BLOCK;
+    g.layer = n->i[0] != 0;
+    g.dt = (int32_t)x->dtype;
+    const void *wp = NULL, *xp = sg__data(x), *gp = sg__data(gt), *sp = sg__data(st);
+    void *yp = sg__data(y);
+    if (w) wp = sg__data(w), g.ws = w->stride[0], g.flags |= HAS_W;
+    int64_t zero = 0;
+    if (vec_rows(x->dtype, xp, g.xs, g.len, g.nd, g.oxs) &&
+        vec_rows(x->dtype, gp, g.gs, g.len, g.nd, g.ogs) &&
+        vec_rows(x->dtype, yp, g.ys, g.len, g.nd, g.oys) &&
+        (!w || vec_rows(x->dtype, wp, g.ws, g.len, 0, &zero)))
+        g.flags |= NB_VECS, g.team = 32;
+    int64_t blocks = (g.nrows + BLOCK / g.team - 1) / (BLOCK / g.team);
+    if (blocks > 0x7fffffff)
+        return sg__fail(ctx, SG_ERR_UNSUPPORTED,
+                        "cuda norm_bwd: %lld rows need more blocks than "
+                        "one launch holds; split the tensor",
+                        (long long)g.nrows);
+    void *f;
+    const char *name = (g.flags & NB_VECS) ? "sg_row_norm_bwd_vec" : "sg_row_norm_bwd";
+    sg_status s = sg__cuda_kernel(ctx, SG__CU_ROW, name, &f);
+    if (s != SG_OK) return s;
+    void *args[] = {&xp, &gp, &wp, &sp, &yp, &g};
+    unsigned grid[3] = {(unsigned)blocks, 1, 1}, block[3] = {BLOCK, 1, 1};
+    return sg__cuda_launch(ctx, f, grid, block, 0, args);
+}
+
 sg_status sg__cuda_row(sg_ctx *ctx, const sg__node *n) {
     switch (n->op) {
     case SG__OP_SOFTMAX:
@@ -221,6 +308,8 @@ sg_status sg__cuda_row(sg_ctx *ctx, const sg__node *n) {
     case SG__OP_RMS_NORM: return norm(ctx, n);
     case SG__OP_CROSS_ENTROPY: return cross_entropy(ctx, n);
     case SG__OP_CROSS_ENTROPY_BWD: return cross_entropy_bwd(ctx, n);
+    case SG__OP_NORM_STATS: return norm_stats(ctx, n);
+    case SG__OP_NORM_BWD: return norm_bwd(ctx, n);
     default: break;
     }
     return sg__fail(ctx, SG_ERR_INTERNAL, "cuda: %s is not a row op", sg__op_name(n->op));

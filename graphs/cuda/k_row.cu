@@ -1,7 +1,8 @@
 /* SPDX-License-Identifier: MIT */
 /*
  * k_row.cu -- the eager CUDA kernels of the row family: softmax and
- * log_softmax along any dim, layer_norm and rms_norm over the last dim, and
+ * log_softmax along any dim, layer_norm and rms_norm over the last dim and
+ * their gradient (the row statistics, then the input's gradient), and
  * cross_entropy over the rows of (N, C) logits and its gradient (host side
  * in cuda_row.c).
  *
@@ -31,7 +32,7 @@ typedef unsigned short u16;
 enum { DT_F32, DT_F16, DT_BF16, DT_I32, DT_I64, DT_BOOL };
 /* Ops and flags, as cuda_row.c numbers them. */
 enum { OP_SOFTMAX, OP_LOG_SOFTMAX, OP_LAYER_NORM, OP_RMS_NORM };
-enum { HAS_W = 1, HAS_B = 2 };
+enum { HAS_W = 1, HAS_B = 2, NB_VECS = 4 };
 
 /* The rows of one op; the same layout as struct wgeom in cuda_row.c. Row r
  * is an index over the other dims (osize, row-major); its elements lie
@@ -215,10 +216,29 @@ extern "C" __global__ void sg_row_softmax(const void *x, void *y, wgeom g) {
     }
 }
 
+/* The mean (0 for rms_norm) and 1 / sqrt(var + eps) of the row at xo, the
+ * whole team's: the norms' statistics, shared with their gradient's. Sums
+ * about the row's first element (layer_norm), so that a large mean does not
+ * cancel the variance. */
+__device__ __forceinline__ void norm_stats(const void *x, int dt, i64 xo, i64 xs, i64 len,
+                                           bool layer, double eps, int lane, int team, double *mean,
+                                           double *r) {
+    double shift = layer ? (double)ldf(x, dt, xo) : 0.0, s1 = 0.0, s2 = 0.0;
+    for (i64 j = lane; j < len; j += team) {
+        double d = (double)ldf(x, dt, xo + j * xs) - shift;
+        s1 += d;
+        s2 += d * d;
+    }
+    team_sum2(&s1, &s2, team);
+    double n = (double)len;
+    double var = layer ? (s2 - s1 * s1 / n) / n : s2 / n;
+    *mean = layer ? shift + s1 / n : 0.0;
+    *r = 1.0 / sqrt((var > 0 ? var : 0) + eps);
+}
+
 /*
  * layer_norm: (x - mean) / sqrt(var + eps) * w + b, population variance;
- * rms_norm: x / sqrt(mean(x^2) + eps) * w. Sums about the row's first
- * element (layer_norm), so that a large mean does not cancel the variance.
+ * rms_norm: x / sqrt(mean(x^2) + eps) * w.
  */
 extern "C" __global__ void sg_row_norm(const void *x, const void *w, const void *b, void *y,
                                        wgeom g) {
@@ -226,18 +246,8 @@ extern "C" __global__ void sg_row_norm(const void *x, const void *w, const void 
     int lane, team = g.team;
     if (!my_row(g, &row, &lane)) return;
     row_offsets(g, row, &xo, &yo);
-    bool layer = g.op == OP_LAYER_NORM;
-    double shift = layer ? (double)ldf(x, g.dt, xo) : 0.0, s1 = 0.0, s2 = 0.0;
-    for (i64 j = lane; j < g.len; j += team) {
-        double d = (double)ldf(x, g.dt, xo + j * g.xs) - shift;
-        s1 += d;
-        s2 += d * d;
-    }
-    team_sum2(&s1, &s2, team);
-    double n = (double)g.len;
-    double mean = layer ? shift + s1 / n : 0.0;
-    double var = layer ? (s2 - s1 * s1 / n) / n : s2 / n;
-    double r = 1.0 / sqrt((var > 0 ? var : 0) + g.eps);
+    double mean, r;
+    norm_stats(x, g.dt, xo, g.xs, g.len, g.op == OP_LAYER_NORM, g.eps, lane, team, &mean, &r);
     for (i64 j = lane; j < g.len; j += team) {
         double v = ((double)ldf(x, g.dt, xo + j * g.xs) - mean) * r;
         if (g.flags & HAS_W) v *= (double)ldf(w, g.dt, j * g.ws);
@@ -559,4 +569,237 @@ extern "C" __global__ void __launch_bounds__(BLOCK)
     case DT_BF16: xent_bwd_row<DT_BF16>(xr, yr, c, gv, g, inv_n); break;
     default: xent_bwd_row<DT_F16>(xr, yr, c, gv, g, inv_n); break;
     }
+}
+
+/* ------------------------------------------------------------ the norms' gradient */
+
+/* NORM_STATS: row r's mean (0 for rms_norm) and 1 / sqrt(var + eps), as f32
+ * at y[yo] and y[yo + ys] (g.op: OP_LAYER_NORM or OP_RMS_NORM). */
+#define NB_VEC 4 /* 16-byte vectors per lane of a row in vectors: 1024 halves, 512 floats */
+
+/* A warp's sum of v in a fixed order: the butterfly gives both lanes of a
+ * pair the same bits (a + b == b + a). */
+__device__ __forceinline__ float warp_sum(float v) {
+    for (int m = 16; m >= 1; m >>= 1) v += __shfl_xor_sync(0xffffffffu, v, m);
+    return v;
+}
+
+/* The norms' statistics of a row of nv 16-byte vectors (nv <= 32 * NB_VEC)
+ * at xr by a warp, in f32: every load in flight first, then the mean and
+ * the squares about it from the registers. */
+template <int DT>
+__device__ __forceinline__ void norm_stats_vec(const char *xr, i64 nv, i64 len, bool layer,
+                                               double eps, int lane, float *mean, float *r) {
+    const int PER = DT == DT_F32 ? 4 : 8;
+    uint4 xa[NB_VEC];
+#pragma unroll
+    for (int q = 0; q < NB_VEC; q++)
+        if (lane + q * 32 < nv) xa[q] = __ldg((const uint4 *)xr + lane + q * 32);
+    float f[8], s = 0.0f, m = 0.0f, v = 0.0f;
+#pragma unroll
+    for (int q = 0; q < NB_VEC; q++) {
+        if (!layer || lane + q * 32 >= nv) continue;
+        unpack16<DT>(xa[q], f);
+#pragma unroll
+        for (int k = 0; k < PER; k++) s += f[k];
+    }
+    if (layer) m = warp_sum(s) / (float)len;
+#pragma unroll
+    for (int q = 0; q < NB_VEC; q++) {
+        if (lane + q * 32 >= nv) continue;
+        unpack16<DT>(xa[q], f);
+#pragma unroll
+        for (int k = 0; k < PER; k++) v += (f[k] - m) * (f[k] - m);
+    }
+    v = warp_sum(v) / (float)len;
+    *mean = m;
+    *r = 1.0f / sqrtf(v + (float)eps);
+}
+
+extern "C" __global__ void sg_row_norm_stats(const void *x, float *y, wgeom g) {
+    i64 row, xo, yo;
+    int lane;
+    if (!my_row(g, &row, &lane)) return;
+    row_offsets(g, row, &xo, &yo);
+    if (g.flags & NB_VECS) { /* contiguous rows on 16 bytes (cuda_row.c) */
+        float m, rf;
+        const char *xr = (const char *)x + xo * (g.dt == DT_F32 ? 4 : 2);
+        i64 nv = g.len / (g.dt == DT_F32 ? 4 : 8);
+        bool layer = g.op == OP_LAYER_NORM;
+        if (g.dt == DT_F32)
+            norm_stats_vec<DT_F32>(xr, nv, g.len, layer, g.eps, lane, &m, &rf);
+        else if (g.dt == DT_BF16)
+            norm_stats_vec<DT_BF16>(xr, nv, g.len, layer, g.eps, lane, &m, &rf);
+        else
+            norm_stats_vec<DT_F16>(xr, nv, g.len, layer, g.eps, lane, &m, &rf);
+        if (lane == 0) y[yo] = m, y[yo + g.ys] = rf;
+        return;
+    }
+    double mean, r;
+    norm_stats(x, g.dt, xo, g.xs, g.len, g.op == OP_LAYER_NORM, g.eps, lane, g.team, &mean, &r);
+    if (lane == 0) y[yo] = (float)mean, y[yo + g.ys] = (float)r;
+}
+
+/* NORM_BWD's rows (struct ngeom in cuda_row.c): row r's offsets in x, g, y
+ * and the stats over the leading dims (osize), then strides along the row. */
+struct ngeom {
+    i64 osize[MAXD], oxs[MAXD], ogs[MAXD], oys[MAXD], oss[MAXD];
+    i64 nrows, len, xs, gs, ys, ws, ss;
+    int nd, team, layer, dt, flags;
+};
+
+#define NB_KEEP 32 /* elements per lane kept in registers between the passes */
+
+/* One row of NORM_BWD by its team: the sums of gw and gw * xh (f64, each
+ * lane in column order, the team's butterfly), then dx = rstd * (gw -
+ * mean(gw) - xh * mean(gw * xh)). A row of at most NB_KEEP elements a lane
+ * is read once; a longer one again by the second pass. */
+template <int DT>
+__device__ __forceinline__ void norm_bwd_row(const void *x, const void *gp, const void *w,
+                                             const float *st, void *y, const ngeom &g, i64 row,
+                                             int lane) {
+    i64 xo = 0, go = 0, yo = 0, so = 0, r = row;
+    for (int d = g.nd - 1; d >= 0; d--) {
+        i64 i = r % g.osize[d];
+        r /= g.osize[d];
+        xo += i * g.oxs[d], go += i * g.ogs[d], yo += i * g.oys[d], so += i * g.oss[d];
+    }
+    const int team = g.team;
+    const i64 len = g.len;
+    const bool hw = (g.flags & HAS_W) != 0;
+    const float mean = g.layer ? st[so] : 0.0f, rs = st[so + g.ss];
+    double s1 = 0.0, s2 = 0.0;
+    float kg[NB_KEEP], kx[NB_KEEP];
+    const bool keep = len <= (i64)team * NB_KEEP;
+    if (keep) {
+#pragma unroll
+        for (int t = 0; t < NB_KEEP; t++) {
+            i64 j = lane + (i64)t * team;
+            kg[t] = 0.0f, kx[t] = 0.0f;
+            if (j < len) {
+                float gw = ldf(gp, DT, go + j * g.gs);
+                if (hw) gw *= ldf(w, DT, j * g.ws);
+                kg[t] = gw;
+                kx[t] = (ldf(x, DT, xo + j * g.xs) - mean) * rs;
+            }
+        }
+#pragma unroll
+        for (int t = 0; t < NB_KEEP; t++) s1 += (double)kg[t], s2 += (double)kg[t] * kx[t];
+    } else {
+        for (i64 j = lane; j < len; j += team) {
+            float gw = ldf(gp, DT, go + j * g.gs);
+            if (hw) gw *= ldf(w, DT, j * g.ws);
+            s1 += (double)gw;
+            s2 += (double)gw * ((ldf(x, DT, xo + j * g.xs) - mean) * rs);
+        }
+    }
+    team_sum2(&s1, &s2, team);
+    const float m1 = g.layer ? (float)(s1 / (double)len) : 0.0f, m2 = (float)(s2 / (double)len);
+    if (keep) {
+#pragma unroll
+        for (int t = 0; t < NB_KEEP; t++) {
+            i64 j = lane + (i64)t * team;
+            if (j < len) stf(y, DT, yo + j * g.ys, rs * ((kg[t] - m1) - kx[t] * m2));
+        }
+        return;
+    }
+    for (i64 j = lane; j < len; j += team) {
+        float gw = ldf(gp, DT, go + j * g.gs);
+        if (hw) gw *= ldf(w, DT, j * g.ws);
+        float xh = (ldf(x, DT, xo + j * g.xs) - mean) * rs;
+        stf(y, DT, yo + j * g.ys, rs * ((gw - m1) - xh * m2));
+    }
+}
+
+/* One row of NORM_BWD in 16-byte vectors by a warp (NB_VECS: x, g, y and
+ * w contiguous on 16 bytes, at most 32 * NB_VEC vectors): the stats and
+ * every vector of the row in flight at once, the sums in f32 (each lane in
+ * column order, then the butterfly), the result packed and stored. */
+template <int DT>
+__device__ __forceinline__ void norm_bwd_vec(const char *xr, const char *gr, const char *wr,
+                                             const float *sr, i64 ss, char *yr, i64 nv, i64 len,
+                                             bool layer, int lane) {
+    const int PER = DT == DT_F32 ? 4 : 8;
+    const float mean = layer ? __ldg(sr) : 0.0f, rs = __ldg(sr + ss);
+    uint4 xa[NB_VEC], ga[NB_VEC], wa[NB_VEC];
+#pragma unroll
+    for (int q = 0; q < NB_VEC; q++) {
+        i64 v = lane + q * 32;
+        if (v >= nv) continue;
+        xa[q] = __ldg((const uint4 *)xr + v);
+        ga[q] = __ldg((const uint4 *)gr + v);
+        if (wr) wa[q] = __ldg((const uint4 *)wr + v);
+    }
+    float f[8], gg[8], ww[8], s1 = 0.0f, s2 = 0.0f;
+#pragma unroll
+    for (int q = 0; q < NB_VEC; q++) {
+        if (lane + q * 32 >= nv) continue;
+        unpack16<DT>(xa[q], f);
+        unpack16<DT>(ga[q], gg);
+        if (wr) unpack16<DT>(wa[q], ww);
+#pragma unroll
+        for (int k = 0; k < PER; k++) {
+            float gw = wr ? gg[k] * ww[k] : gg[k];
+            s1 += gw;
+            s2 += gw * ((f[k] - mean) * rs);
+        }
+    }
+    const float m1 = layer ? warp_sum(s1) / (float)len : 0.0f, m2 = warp_sum(s2) / (float)len;
+#pragma unroll
+    for (int q = 0; q < NB_VEC; q++) {
+        i64 v = lane + q * 32;
+        if (v >= nv) continue;
+        unpack16<DT>(xa[q], f);
+        unpack16<DT>(ga[q], gg);
+        if (wr) unpack16<DT>(wa[q], ww);
+#pragma unroll
+        for (int k = 0; k < PER; k++) {
+            float gw = wr ? gg[k] * ww[k] : gg[k];
+            f[k] = rs * ((gw - m1) - ((f[k] - mean) * rs) * m2);
+        }
+        ((uint4 *)yr)[v] = pack16<DT>(f);
+    }
+}
+
+/* NORM_BWD: the input gradient of layer_norm (g.layer) or rms_norm from x,
+ * the output's gradient g, the weight w (HAS_W) and NORM_STATS' stats, a
+ * team per row. */
+extern "C" __global__ void __launch_bounds__(BLOCK)
+    sg_row_norm_bwd(const void *x, const void *gp, const void *w, const float *st, void *y,
+                    ngeom g) {
+    int lane = threadIdx.x % g.team;
+    i64 row = (i64)blockIdx.x * (BLOCK / g.team) + threadIdx.x / g.team;
+    if (row >= g.nrows) return; /* the whole team leaves together */
+    switch (g.dt) {
+    case DT_F32: norm_bwd_row<DT_F32>(x, gp, w, st, y, g, row, lane); break;
+    case DT_BF16: norm_bwd_row<DT_BF16>(x, gp, w, st, y, g, row, lane); break;
+    default: norm_bwd_row<DT_F16>(x, gp, w, st, y, g, row, lane); break;
+    }
+}
+
+/* NORM_BWD's rows in 16-byte vectors (NB_VECS, cuda_row.c), a warp each. */
+extern "C" __global__ void __launch_bounds__(BLOCK)
+    sg_row_norm_bwd_vec(const void *x, const void *gp, const void *w, const float *st, void *y,
+                        ngeom g) {
+    int lane = threadIdx.x % 32;
+    i64 row = (i64)blockIdx.x * (BLOCK / 32) + threadIdx.x / 32;
+    if (row >= g.nrows) return;
+    i64 xo = 0, go = 0, yo = 0, so = 0, r = row;
+    for (int d = g.nd - 1; d >= 0; d--) {
+        i64 i = r % g.osize[d];
+        r /= g.osize[d];
+        xo += i * g.oxs[d], go += i * g.ogs[d], yo += i * g.oys[d], so += i * g.oss[d];
+    }
+    const int es = g.dt == DT_F32 ? 4 : 2;
+    const char *xr = (const char *)x + xo * es, *gr = (const char *)gp + go * es;
+    const char *wr = (g.flags & HAS_W) ? (const char *)w : 0;
+    char *yr = (char *)y + yo * es;
+    i64 nv = g.len / (16 / es);
+    bool layer = g.layer != 0;
+    if (g.dt == DT_F32)
+        norm_bwd_vec<DT_F32>(xr, gr, wr, st + so, g.ss, yr, nv, g.len, layer, lane);
+    else if (g.dt == DT_BF16)
+        norm_bwd_vec<DT_BF16>(xr, gr, wr, st + so, g.ss, yr, nv, g.len, layer, lane);
+    else
+        norm_bwd_vec<DT_F16>(xr, gr, wr, st + so, g.ss, yr, nv, g.len, layer, lane);
 }
