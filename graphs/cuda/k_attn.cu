@@ -38,6 +38,10 @@
  * combine kernels wait for the previous kernel (griddepcontrol.wait)
  * before reading, so the host may launch them as programmatic dependents.
  *
+ * The result is stored (B, Lq, Hq, D) (capture.h, SG__ATTN_CAUSAL): row
+ * (b, h, i) at ((b * Lq + i) * Hq + h) * D (out_row), so that the usual
+ * consumer, the heads put back side by side, reads it as it is.
+ *
  * Visibility (capture.h, SG__ATTN_CAUSAL): key j of batch b is seen by
  * query i when j < L (kv_len[b] read here, clamped to [0, S]) and, causal,
  * j <= L - Lq + i. A row that sees no key, or whose every score is -inf,
@@ -151,6 +155,17 @@ __device__ __forceinline__ i64 visible(const ageom &g, i64 L, i64 i) {
         n = last < n ? last : n;
     }
     return n < 0 ? 0 : n;
+}
+
+/* Where row (b, h, i) of the result starts: it is stored (B, Lq, Hq, D). */
+__device__ __forceinline__ i64 out_row(const ageom &g, i64 b, i64 h, i64 i) {
+    return ((b * g.Lq + i) * g.Hq + h) * g.D;
+}
+
+/* The same for the flat row (b * Hq + h) * Lq + i of the scratch's order. */
+__device__ __forceinline__ i64 out_at(const ageom &g, i64 row) {
+    const i64 bh = row / g.Lq;
+    return out_row(g, bh / g.Hq, bh % g.Hq, row % g.Lq);
 }
 
 /* Rows KT x D of a K or V tile, keys j0 .. j0+nt-1, into shared memory as
@@ -289,7 +304,7 @@ extern "C" __global__ void __launch_bounds__(NT)
             int r = x / D, e = x % D;
             i64 o = orow[r];
             if (g.nsplit == 1)
-                stf(out, g.dt, o * D + e, rsum[r] > 0.0f ? acc[c] / rsum[r] : nan_f());
+                stf(out, g.dt, out_at(g, o) + e, rsum[r] > 0.0f ? acc[c] / rsum[r] : nan_f());
             else
                 part[(o * g.nsplit + split) * D + e] = acc[c];
         }
@@ -337,6 +352,7 @@ extern "C" __global__ void sg_attn_combine(const float *part, const void *len, v
     const int n = (int)row_splits(len, g, row), ns = g.nsplit;
     if ((g.flags & DECODE) && n <= 1) return; /* written by its one split */
     const float *pm = part + rows * ns * g.D + row * ns * 2;
+    const i64 at = out_at(g, row);
     float M = -inf_f();
     for (int s = 0; s < n; s++) M = fmaxf(M, pm[2 * s]);
     for (i64 e = threadIdx.x; e < g.D; e += blockDim.x) {
@@ -347,7 +363,7 @@ extern "C" __global__ void sg_attn_combine(const float *part, const void *len, v
                 l += pm[2 * s + 1] * w;
                 a += part[(row * ns + s) * g.D + e] * w;
             }
-        stf(out, g.dt, row * g.D + e, l > 0.0f ? a / l : nan_f());
+        stf(out, g.dt, at + e, l > 0.0f ? a / l : nan_f());
     }
 }
 
@@ -571,7 +587,7 @@ __device__ __forceinline__ void decode_body(const void *q, const void *k, const 
 #pragma unroll
                 for (int r = 0; r < DCL; r++)
                     if (y[r] > 0.0f) a += ld_cluster(&wa[0][d], r) * y[r];
-                stf(out, g.dt, row * g.D + d, Sc > 0.0f ? a / Sc : nan_f());
+                stf(out, g.dt, out_row(g, b, h, i) + d, Sc > 0.0f ? a / Sc : nan_f());
             }
         }
         cluster_sync(); /* block 0 has read the others' shared memory */
@@ -582,7 +598,7 @@ __device__ __forceinline__ void decode_body(const void *q, const void *k, const 
 #pragma unroll
         for (int w = 0; w < NW; w++) A += x[w] > 0.0f ? wa[w][d] * x[w] : 0.0f;
         if (nv <= 1)
-            stf(out, g.dt, row * g.D + d, S > 0.0f ? A / S : nan_f());
+            stf(out, g.dt, out_row(g, b, h, i) + d, S > 0.0f ? A / S : nan_f());
         else
             part[((i64)row * g.nsplit + split) * g.D + d] = A;
     }
@@ -756,7 +772,7 @@ extern "C" __global__ void __launch_bounds__(NT)
         la += __shfl_xor_sync(0xffffffffu, la, off);
         lb += __shfl_xor_sync(0xffffffffu, lb, off);
     }
-    const i64 oa = ((b * g.Hq + h) * g.Lq + ia) * D, ob = oa + 8 * (i64)D;
+    const i64 oa = out_row(g, b, h, ia), ob = out_row(g, b, h, ib);
 #pragma unroll
     for (int d = 0; d < MAXD / 8; d++)
         if (d < D / 8) {
@@ -791,7 +807,7 @@ extern "C" __global__ void __launch_bounds__(NT)
  * last visible key are never loaded; only tiles that reach past a warp's
  * first row's visible keys are masked elementwise; keys at or past the
  * block's last visible key are zero-filled, not read. The result goes out
- * through shared memory as 16-byte rows.
+ * through shared memory as 16-byte rows of (B, Lq, Hq, D).
  */
 #define FQ 64 /* queries per block */
 
@@ -993,11 +1009,12 @@ __device__ __forceinline__ void flash_fwd(const u16 *q, const u16 *k, const u16 
         *(u32 *)(so + 8 * P + d * 8) = pack16<DT>(o[d][2] * rb, o[d][3] * rb);
     }
     __syncthreads();
-    u16 *op = out + ((b * g.Hq + h) * g.Lq + q0) * D;
+    u16 *op = out + out_row(g, b, h, q0);
+    const i64 ost = g.Hq * D; /* rows of (B, Lq, Hq, D) */
 #pragma unroll
     for (int c = 0; c < FQ * (D / 8) / NT; c++) {
         int x = tid + c * NT, r = x / (D / 8), e = (x % (D / 8)) * 8;
-        if (q0 + r < g.Lq) *(uint4 *)(op + (i64)r * D + e) = *(const uint4 *)(sm + r * P + e);
+        if (q0 + r < g.Lq) *(uint4 *)(op + r * ost + e) = *(const uint4 *)(sm + r * P + e);
     }
 }
 
