@@ -900,6 +900,23 @@ __device__ __forceinline__ void tile_in(u32 dst, const u16 *src, i64 st, i64 r0,
     }
 }
 
+/* The maxima of a tile's scores over this thread's two rows (columns 0-1
+ * of each 8-key group: row a; 2-3: row b); with M, scores of keys at or
+ * past ea (eb) of the thread's first column become -inf first. */
+template <bool M, int NS>
+__device__ __forceinline__ void row_max(float (&s)[NS][4], int ea, int eb, float &tma, float &tmb) {
+#pragma unroll
+    for (int n = 0; n < NS; n++)
+#pragma unroll
+        for (int c = 0; c < 4; c++) {
+            if (M && n * 8 + (c & 1) >= (c < 2 ? ea : eb)) s[n][c] = -inf_f();
+            if (c < 2)
+                tma = fmaxf(tma, s[n][c]);
+            else
+                tmb = fmaxf(tmb, s[n][c]);
+        }
+}
+
 template <int D, int FK, int DT>
 __device__ __forceinline__ void flash_fwd(const u16 *q, const u16 *k, const u16 *v, const void *len,
                                           u16 *out, const ageom &g, u16 *sm) {
@@ -963,21 +980,13 @@ __device__ __forceinline__ void flash_fwd(const u16 *q, const u16 *k, const u16 
         if (t + 1 < ntiles) tile_in<D, FK>(tk, kt, g.ks[2], j0 + FK, nmax);
         cp_commit();
         float tma = -inf_f(), tmb = -inf_f();
-        const bool edge = j0 + FK > wmin;
-        const int ea = (int)(na - j0 < FK ? na - j0 : FK) - 2 * tq;
-        const int eb = (int)(nb - j0 < FK ? nb - j0 : FK) - 2 * tq;
-#pragma unroll
-        for (int n = 0; n < NS; n++)
-#pragma unroll
-            for (int c = 0; c < 4; c++) {
-                float x = s[n][c];
-                if (edge && n * 8 + (c & 1) >= (c < 2 ? ea : eb)) x = -inf_f();
-                s[n][c] = x;
-                if (c < 2)
-                    tma = fmaxf(tma, x);
-                else
-                    tmb = fmaxf(tmb, x);
-            }
+        if (j0 + FK > wmin) { /* the tile cuts a row's visible keys: mask */
+            const int ea = (int)(na - j0 < FK ? na - j0 : FK) - 2 * tq;
+            const int eb = (int)(nb - j0 < FK ? nb - j0 : FK) - 2 * tq;
+            row_max<true, NS>(s, ea, eb, tma, tmb);
+        } else {
+            row_max<false, NS>(s, 0, 0, tma, tmb);
+        }
 #pragma unroll
         for (int off = 1; off < 4; off <<= 1) {
             tma = fmaxf(tma, __shfl_xor_sync(0xffffffffu, tma, off));
