@@ -459,6 +459,12 @@ SG__HIDDEN sg_tensor *sg__run_new(sg_ctx *ctx, sg__node *n, sg_dtype dt, int ndi
  * j <= L - Lq + i. A query that sees no key gives NaN. */
 #define SG__ATTN_CAUSAL 1
 
+/* ATTENTION's output is stored (B, Lq, Hq, D), the heads side by side; the
+ * result (B, Hq, Lq, D) is this view of it, dims 1 and 2 swapped (a new
+ * reference, no gradient). Also takes a gradient of that output to the
+ * result's order. */
+SG__HIDDEN sg_tensor *sg__attn_heads(sg_tensor *t, const char *op);
+
 /* sg_sdpa as the ops it is made of (matmul, where/add, softmax, matmul):
  * for what the ATTENTION kernels do not take (Dv != D, D > 256, more than
  * 4 dims, a float mask that needs a gradient). Grouped-query K/V (dim -3
@@ -489,8 +495,8 @@ struct sg_comm {
 
 /*
  * ATTENTION's gradients (the ATTENTION_BWD node): in = the ATTENTION node's
- * inputs {q, k, v, mask?, kv_len?} (4-d views), o its output, dout the
- * gradient of o, scale and flags its f[0] and i[0]. Sets *dq (B,Hq,Lq,D) and
+ * inputs {q, k, v, mask?, kv_len?} (4-d views), o its result (B,Hq,Lq,D)
+ * (the node's output through sg__attn_heads), dout the gradient of o, scale and flags its f[0] and i[0]. Sets *dq (B,Hq,Lq,D) and
  * *dk, *dv (B,Hkv,S,D), contiguous views of one packed buffer of q's dtype;
  * a query row that sees no key contributes nothing (its output is NaN).
  */

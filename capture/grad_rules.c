@@ -372,8 +372,11 @@ static sg_status attention(sg__bw *b) {
                         "sg_grad: attention gives no gradient for "
                         "its mask or kv_len; compute a mask that needs one outside sg_sdpa");
     sg_tensor *d[3] = {NULL, NULL, NULL};
-    sg_status s =
-        sg__sdpa_grad(b->x, b->out, b->g, b->n->f[0], (int)b->n->i[0], &d[0], &d[1], &d[2]);
+    /* The node's output and its gradient, (B, Lq, Hq, D), in the result's order. */
+    sg_tensor *o = sg__attn_heads(b->out, "sg_grad"), *g = sg__attn_heads(b->g, "sg_grad");
+    sg_status s = b->ctx->status != SG_OK ? b->ctx->status : SG_ERR_OOM;
+    if (o && g) s = sg__sdpa_grad(b->x, o, g, b->n->f[0], (int)b->n->i[0], &d[0], &d[1], &d[2]);
+    sg__tensor_drop(o), sg__tensor_drop(g);
     if (s != SG_OK) return s;
     for (int k = 0; k < 3; k++)
         if (b->want[k]) b->gi[k] = d[k];

@@ -494,11 +494,21 @@ static sg_tensor *view4(sg_tensor *t, const char *op, const int64_t *shape) {
     return sg__tensor_view(t, op, 4, shape, st, t->offset);
 }
 
+sg_tensor *sg__attn_heads(sg_tensor *t, const char *op) {
+    if (!t) return NULL;
+    int64_t sh[4] = {t->shape[0], t->shape[2], t->shape[1], t->shape[3]};
+    int64_t st[4] = {t->stride[0], t->stride[2], t->stride[1], t->stride[3]};
+    return sg__tensor_view(t, op, 4, sh, st, t->offset);
+}
+
 /*
  * Dispatch ATTENTION over the 4-d views of q (B, Hq, Lq, D), k and v (B, Hkv,
  * S, D), the mask broadcast to (B, Hq, Lq, S), and kv_len: the result
  * (B, Hq, Lq, D), or NULL. The views of q, k and v are expands for autograd,
- * so that their gradients sum back to the operands' shapes.
+ * so that their gradients sum back to the operands' shapes. The node stores
+ * the result (B, Lq, Hq, D), the heads side by side, as the attention's
+ * output projection reads them: the result is a permuted view of it (with
+ * the contiguous strides where Lq or Hq is 1, the same bytes either way).
  */
 static sg_tensor *attn_run(sg_ctx *ctx, const char *op, sg_tensor *q, sg_tensor *k, sg_tensor *v,
                            sg_tensor *mask, sg_tensor *kv_len, const int64_t *bh, int64_t hkv,
@@ -509,12 +519,23 @@ static sg_tensor *attn_run(sg_ctx *ctx, const char *op, sg_tensor *q, sg_tensor 
                         sg__grad_view(k, view4(k, op, ks), SG__VIEW_EXPAND, NULL),
                         sg__grad_view(v, view4(v, op, ks), SG__VIEW_EXPAND, NULL),
                         mask ? view4(mask, op, ms) : NULL, kv_len};
-    sg_tensor *out = NULL;
+    sg_tensor *t = NULL, *out = NULL;
     if (in[0] && in[1] && in[2] && (in[3] || !mask)) {
         sg__node n = {.op = SG__OP_ATTENTION, .nin = 5, .in = in, .f = {scale}, .i = {flags}};
-        out = sg__run_new(ctx, &n, q->dtype, 4, qs);
+        int64_t ts[4] = {bh[0], Lq, bh[1], D};
+        t = sg__run_new(ctx, &n, q->dtype, 4, ts);
     }
     for (int i = 0; i < 4; i++) sg__tensor_drop(in[i]);
+    if (!t) return NULL;
+    static const int64_t perm[4] = {0, 2, 1, 3};
+    if (Lq == 1 || bh[1] == 1) {
+        int64_t st[4] = {bh[1] * Lq * D, Lq * D, D, 1};
+        out = sg__tensor_view(t, op, 4, qs, st, t->offset);
+    } else {
+        out = sg__attn_heads(t, op);
+    }
+    out = sg__grad_view(t, out, SG__VIEW_PERMUTE, perm);
+    sg__tensor_drop(t);
     return out;
 }
 
@@ -600,11 +621,12 @@ static sg_tensor *sdpa_fused(sg_ctx *ctx, sg_tensor *const *in, sg_tensor *mask,
     *took = true;
     sg_tensor *o4 = attn_run(ctx, "sg_sdpa", q, k, v, mask, NULL, bh, hkv, scale,
                              causal ? SG__ATTN_CAUSAL : 0);
-    if (!o4) return NULL;
+    if (!o4 || nd == 4) return o4;
+    /* Fewer dims: o4's last nd, the ones before them of size 1. */
     int64_t os[SG_MAX_DIMS], st[SG_MAX_DIMS];
     memcpy(os, sc, sizeof os);
     os[nd - 1] = D;
-    for (int d = nd - 1; d >= 0; d--) st[d] = d == nd - 1 ? 1 : st[d + 1] * os[d + 1];
+    for (int d = 0; d < nd; d++) st[d] = o4->stride[4 - nd + d];
     sg_tensor *out = sg__tensor_view(o4, "sg_sdpa", nd, os, st, o4->offset);
     out = sg__grad_view(o4, out, SG__VIEW_RESHAPE, NULL);
     sg__tensor_drop(o4);

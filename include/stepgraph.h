@@ -575,7 +575,10 @@ SG_API sg_tensor *sg_sample(sg_tensor *logits, double temperature, int64_t top_k
  * memory) when q, k, v have at most 4 dims and Dv = D <= 256; other shapes
  * run as matmul, mask, softmax, matmul. q, k and v may be strided views (say
  * narrowed out of one fused QKV projection with heads permuted): the kernels
- * read them through their strides without a copy. On CUDA, few queries
+ * read them through their strides without a copy. The fused result is
+ * stored with the heads side by side, (..., Lq, H, Dv) in memory, as an
+ * output projection reads them: its transpose (-3, -2) is contiguous, so
+ * transpose + reshape to (..., Lq, H * Dv) copies nothing. On CUDA, few queries
  * (decode) split the keys over blocks and merge the splits; many queries
  * in bf16/f16 with D a multiple of 16 up to 128 and no mask (prefill) run
  * on tensor cores (SG_ATTN_MMA=0 keeps them on the f32 FMA kernel).
@@ -598,7 +601,8 @@ SG_API sg_tensor *sg_sample(sg_tensor *logits, double temperature, int64_t top_k
  * kv_len < Lq for the first queries) comes out NaN, as sg_sdpa's fully
  * masked rows do. scale <= 0 means 1/sqrt(D). D > 256 runs as matmul,
  * mask, softmax, matmul, with the mask computed from kv_len on the device.
- * Result (B, Hq, Lq, D), contiguous, q's dtype.
+ * Result (B, Hq, Lq, D) of q's dtype; from the kernel (D <= 256) stored
+ * (B, Lq, Hq, D) like sg_sdpa's fused result (contiguous when Lq is 1).
  */
 SG_API sg_tensor *sg_sdpa_cached(sg_tensor *q, sg_tensor *k_cache, sg_tensor *v_cache,
                                  sg_tensor *kv_len, double scale);

@@ -9,8 +9,9 @@
  * with heads permuted, eagerly and through every compiled mode, where a
  * replay after a new kv_len is written must see it. Also sg_sdpa's
  * grouped-query path through the decomposed ops (Dv != D), sg_sdpa_cached
- * past the kernels' D (the decomposed ops with kv_len as a mask), and the
- * errors of sg_sdpa_cached. Runs on SG_TEST_BACKEND (CPU by default; the gpu label
+ * past the kernels' D (the decomposed ops with kv_len as a mask), the
+ * result's heads side by side in memory (its transpose (1, 2) contiguous,
+ * a 3-d q a 3-d result), and the errors of sg_sdpa_cached. Runs on SG_TEST_BACKEND (CPU by default; the gpu label
  * runs it on CUDA too).
  */
 #include "testutil.h"
@@ -278,6 +279,71 @@ static void gqa_decomposed(sg_dtype dt) {
     free(qv), free(kv), free(vv), free(ref), free(got);
 }
 
+/* The step of heads_side_by_side: GPT-2's attention result, the heads put back side by
+ * side as the output projection reads them, (B, L, Hq * D). */
+static sg_status side_step(sg_ctx *cx, sg_tensor *const *in, sg_tensor **out, void *user) {
+    (void)user;
+    int64_t sh[3] = {sg_tensor_size(in[0], 0), sg_tensor_size(in[0], 2), -1};
+    sg_tensor *y = sg_sdpa(in[0], in[1], in[2], NULL, true, 0);
+    sg_tensor *t = sg_transpose(y, 1, 2);
+    out[0] = sg_reshape(t, 3, sh);
+    sg_release(y), sg_release(t);
+    return out[0] ? SG_OK : sg_ctx_status(cx);
+}
+
+/* Batch 0 of a 4-d tensor, a contiguous 3-d copy. */
+static sg_tensor *batch0(sg_tensor *t) {
+    sg_tensor *n = sg_narrow(t, 0, 0, 1), *s = sg_squeeze(n, 0), *c = sg_contiguous(s);
+    sg_release(n), sg_release(s);
+    return c;
+}
+
+/* ATTENTION stores its result with the heads side by side: the result's transpose (1, 2) is
+ * contiguous (no copy before the output projection), eagerly and compiled, and its values
+ * are the f64 reference's, transposed. Also a 3-d q, k, v (H, L, D), whose result is 3-d. */
+static void heads_side_by_side(sg_dtype dt) {
+    const acase c = {2, 4, 4, 40, 40, 16, {0}, false, true, 0, true, 0};
+    int64_t ps[4] = {c.B, c.Lq, 3 * c.Hq, c.D}, n = c.B * c.Hq * c.Lq * c.D;
+    double *pv = NULL;
+    sg_tensor *proj = tu_rand(ctx, dt, 4, ps, -1, 1, &pv);
+    operand q = narrowed(proj, pv, 0, c.Hq), k = narrowed(proj, pv, c.Hq, c.Hq);
+    operand v = narrowed(proj, pv, 2 * c.Hq, c.Hq);
+    double *ref = reference(&c, &q, &k, &v, NULL), *want = malloc(sizeof(double) * (size_t)n);
+    for (int64_t b = 0; b < c.B; b++) /* (B, Hq, L, D) -> (B, L, Hq, D) */
+        for (int64_t h = 0; h < c.Hq; h++)
+            for (int64_t i = 0; i < c.Lq; i++)
+                for (int64_t e = 0; e < c.D; e++)
+                    want[((b * c.Lq + i) * c.Hq + h) * c.D + e] =
+                        ref[((b * c.Hq + h) * c.Lq + i) * c.D + e];
+    sg_tensor *in[3] = {q.t, k.t, v.t}, *y = sg_sdpa(q.t, k.t, v.t, NULL, true, 0), *z = NULL;
+    sg_tensor *t = sg_transpose(y, 1, 2);
+    double *got = t ? tu_read(t) : NULL;
+    bool ok = TU_EXPECT(t && sg_tensor_is_contiguous(t)) &&
+              TU_EXPECT(got && tu_close("eager", got, want, n, tu_rtol(dt), tu_atol(dt)));
+    free(got), got = NULL;
+    sg_fn *fn = NULL;
+    ok = ok && TU_EXPECT(sg_compile(ctx, side_step, NULL, 3, 1,
+                                    &(sg_compile_opts){.mode = SG_MODE_DEFAULT}, &fn) == SG_OK);
+    ok = ok && TU_EXPECT(sg_call(fn, in, 3, &z, 1) == SG_OK) && TU_EXPECT((got = tu_read(z))) &&
+         TU_EXPECT(tu_close("compiled", got, want, n, tu_rtol(dt), tu_atol(dt)));
+    free(got), got = NULL;
+    /* 3-d: batch 0's heads, contiguous (Hq, L, D). */
+    int64_t s3[3] = {c.Hq, c.Lq, c.D};
+    sg_tensor *q3 = batch0(q.t), *k3 = batch0(k.t), *v3 = batch0(v.t);
+    sg_tensor *y3 = sg_sdpa(q3, k3, v3, NULL, true, 0);
+    ok = ok && TU_EXPECT(y3 && sg_tensor_ndim(y3) == 3 && sg_tensor_size(y3, 0) == s3[0]) &&
+         TU_EXPECT((got = tu_read(y3))) &&
+         TU_EXPECT(tu_close("3-d", got, ref, c.Hq * c.Lq * c.D, tu_rtol(dt), tu_atol(dt)));
+    if (!ok) fprintf(stderr, "  %s\n", sg_last_error(ctx));
+    tu_case(ok, "SDPA_HEADS_SIDE_BY_SIDE(type=%s,B=2,H=4,L=40,D=16,causal=1,fused_qkv) eager, "
+                "compiled and 3-d", sg_dtype_name(dt));
+    sg_clear_error(ctx);
+    sg_fn_destroy(fn);
+    sg_release(y), sg_release(t), sg_release(z), sg_release(q3), sg_release(k3), sg_release(v3);
+    sg_release(y3), sg_release(q.t), sg_release(k.t), sg_release(v.t), sg_release(proj);
+    free(got), free(ref), free(want), free(pv);
+}
+
 static bool failed_with(sg_status s, const char *text) {
     bool ok = TU_EXPECT(sg_ctx_status(ctx) == s) &&
               TU_EXPECT(strstr(sg_last_error(ctx), "sg_sdpa_cached") != NULL) &&
@@ -331,6 +397,8 @@ int main(void) {
     }
     gqa_decomposed(SG_F32);
     gqa_decomposed(SG_BF16);
+    heads_side_by_side(SG_F32);
+    heads_side_by_side(SG_BF16);
     errors();
     sg_ctx_destroy(ctx);
     return tu_finish();

@@ -90,8 +90,8 @@ static void attn_row(const attn_geom *g, int64_t b, int64_t h, int64_t i, float 
     }
     /* No visible key, or every one masked: NaN, as softmax over -inf gives. */
     float inv = sum > 0 ? 1.0f / sum : NAN;
-    const sg_tensor *o = g->out;
-    int64_t oo = ((b * g->Hq + h) * g->Lq + i) * D;
+    const sg_tensor *o = g->out; /* stored (B, Lq, Hq, D): capture.h */
+    int64_t oo = ((b * g->Lq + i) * g->Hq + h) * D;
     for (int64_t e = 0; e < D; e++) sg__stf(sg__data(o), o->dtype, oo + e, acc[e] * inv);
 }
 
@@ -135,7 +135,7 @@ static void bwd_row(const attn_geom *g, int64_t b, int64_t h, int64_t i, float *
     float Di = 0, mx = -INFINITY, sum = 0;
     for (int64_t e = 0; e < D; e++) {
         qf[e] = at4(g->q, b, h, i, e), dof[e] = at4(g->dout, b, h, i, e), acc[e] = 0;
-        Di += dof[e] * sg__ldf(sg__data(g->o), g->o->dtype, r * D + e);
+        Di += dof[e] * at4(g->o, b, h, i, e);
     }
     for (int64_t j = 0; j < n; j++) {
         float s = score(g, b, h, i, j, qf);

@@ -22,14 +22,14 @@
 
 /* The same layout as struct bgeom in k_attn_bwd.cu. */
 typedef struct bgeom {
-    int64_t qs[4], ks[4], vs[4], ms[4], gs[4];
+    int64_t qs[4], ks[4], vs[4], ms[4], gs[4], os[4];
     int64_t B, Hq, Hkv, Lq, S, D;
     int64_t ls;
     int64_t nq, nkv, ws;
     float scale;
     int32_t dt, mdt, ldt, flags;
 } bgeom;
-_Static_assert(sizeof(bgeom) == 264, "bgeom changed: update k_attn_bwd.cu too");
+_Static_assert(sizeof(bgeom) == 296, "bgeom changed: update k_attn_bwd.cu too");
 
 enum { CAUSAL = 1, VQ = 2, VK = 4, VV = 8, VG = 16, VO = 32 }; /* k_attn_bwd.cu's flags */
 
@@ -45,11 +45,11 @@ static bool rows_vector(const sg_tensor *t) {
 /* in = {q, k, v, mask?, kv_len?, o, dout} (capture/ops.def). */
 static void describe(bgeom *g, const sg__node *n) {
     const sg_tensor *q = n->in[0], *k = n->in[1], *v = n->in[2], *m = n->in[3], *len = n->in[4];
-    const sg_tensor *d = n->in[6];
+    const sg_tensor *o = n->in[5], *d = n->in[6];
     memset(g, 0, sizeof *g);
     for (int i = 0; i < 4; i++) {
         g->qs[i] = q->stride[i], g->ks[i] = k->stride[i], g->vs[i] = v->stride[i];
-        g->ms[i] = m ? m->stride[i] : 0, g->gs[i] = d->stride[i];
+        g->ms[i] = m ? m->stride[i] : 0, g->gs[i] = d->stride[i], g->os[i] = o->stride[i];
     }
     g->B = q->shape[0], g->Hq = q->shape[1], g->Hkv = k->shape[1];
     g->Lq = q->shape[2], g->S = k->shape[2], g->D = q->shape[3];
@@ -62,9 +62,7 @@ static void describe(bgeom *g, const sg__node *n) {
     g->ldt = len ? (int32_t)len->dtype : -1;
     g->flags = (n->i[0] & SG__ATTN_CAUSAL) ? CAUSAL : 0;
     g->flags |= (rows_vector(q) ? VQ : 0) | (rows_vector(k) ? VK : 0) | (rows_vector(v) ? VV : 0) |
-                (rows_vector(d) ? VG : 0);
-    const sg_tensor *o = n->in[5]; /* the kernels index it as contiguous */
-    if (rows_vector(o) && o->stride[2] == g->D && o->stride[1] == g->Lq * g->D) g->flags |= VO;
+                (rows_vector(d) ? VG : 0) | (rows_vector(o) ? VO : 0);
 }
 
 /* Tensor cores: 16-bit, D 64 or 128, no mask, sm_80+; the grids are (heads,

@@ -38,6 +38,10 @@
  * combine kernels wait for the previous kernel (griddepcontrol.wait)
  * before reading, so the host may launch them as programmatic dependents.
  *
+ * The result is stored (B, Lq, Hq, D) (capture.h, SG__ATTN_CAUSAL): row
+ * (b, h, i) at ((b * Lq + i) * Hq + h) * D (out_row), so that the usual
+ * consumer, the heads put back side by side, reads it as it is.
+ *
  * Visibility (capture.h, SG__ATTN_CAUSAL): key j of batch b is seen by
  * query i when j < L (kv_len[b] read here, clamped to [0, S]) and, causal,
  * j <= L - Lq + i. A row that sees no key, or whose every score is -inf,
@@ -151,6 +155,17 @@ __device__ __forceinline__ i64 visible(const ageom &g, i64 L, i64 i) {
         n = last < n ? last : n;
     }
     return n < 0 ? 0 : n;
+}
+
+/* Where row (b, h, i) of the result starts: it is stored (B, Lq, Hq, D). */
+__device__ __forceinline__ i64 out_row(const ageom &g, i64 b, i64 h, i64 i) {
+    return ((b * g.Lq + i) * g.Hq + h) * g.D;
+}
+
+/* The same for the flat row (b * Hq + h) * Lq + i of the scratch's order. */
+__device__ __forceinline__ i64 out_at(const ageom &g, i64 row) {
+    const i64 bh = row / g.Lq;
+    return out_row(g, bh / g.Hq, bh % g.Hq, row % g.Lq);
 }
 
 /* Rows KT x D of a K or V tile, keys j0 .. j0+nt-1, into shared memory as
@@ -289,7 +304,7 @@ extern "C" __global__ void __launch_bounds__(NT)
             int r = x / D, e = x % D;
             i64 o = orow[r];
             if (g.nsplit == 1)
-                stf(out, g.dt, o * D + e, rsum[r] > 0.0f ? acc[c] / rsum[r] : nan_f());
+                stf(out, g.dt, out_at(g, o) + e, rsum[r] > 0.0f ? acc[c] / rsum[r] : nan_f());
             else
                 part[(o * g.nsplit + split) * D + e] = acc[c];
         }
@@ -337,6 +352,7 @@ extern "C" __global__ void sg_attn_combine(const float *part, const void *len, v
     const int n = (int)row_splits(len, g, row), ns = g.nsplit;
     if ((g.flags & DECODE) && n <= 1) return; /* written by its one split */
     const float *pm = part + rows * ns * g.D + row * ns * 2;
+    const i64 at = out_at(g, row);
     float M = -inf_f();
     for (int s = 0; s < n; s++) M = fmaxf(M, pm[2 * s]);
     for (i64 e = threadIdx.x; e < g.D; e += blockDim.x) {
@@ -347,7 +363,7 @@ extern "C" __global__ void sg_attn_combine(const float *part, const void *len, v
                 l += pm[2 * s + 1] * w;
                 a += part[(row * ns + s) * g.D + e] * w;
             }
-        stf(out, g.dt, row * g.D + e, l > 0.0f ? a / l : nan_f());
+        stf(out, g.dt, at + e, l > 0.0f ? a / l : nan_f());
     }
 }
 
@@ -571,7 +587,7 @@ __device__ __forceinline__ void decode_body(const void *q, const void *k, const 
 #pragma unroll
                 for (int r = 0; r < DCL; r++)
                     if (y[r] > 0.0f) a += ld_cluster(&wa[0][d], r) * y[r];
-                stf(out, g.dt, row * g.D + d, Sc > 0.0f ? a / Sc : nan_f());
+                stf(out, g.dt, out_row(g, b, h, i) + d, Sc > 0.0f ? a / Sc : nan_f());
             }
         }
         cluster_sync(); /* block 0 has read the others' shared memory */
@@ -582,7 +598,7 @@ __device__ __forceinline__ void decode_body(const void *q, const void *k, const 
 #pragma unroll
         for (int w = 0; w < NW; w++) A += x[w] > 0.0f ? wa[w][d] * x[w] : 0.0f;
         if (nv <= 1)
-            stf(out, g.dt, row * g.D + d, S > 0.0f ? A / S : nan_f());
+            stf(out, g.dt, out_row(g, b, h, i) + d, S > 0.0f ? A / S : nan_f());
         else
             part[((i64)row * g.nsplit + split) * g.D + d] = A;
     }
@@ -756,7 +772,7 @@ extern "C" __global__ void __launch_bounds__(NT)
         la += __shfl_xor_sync(0xffffffffu, la, off);
         lb += __shfl_xor_sync(0xffffffffu, lb, off);
     }
-    const i64 oa = ((b * g.Hq + h) * g.Lq + ia) * D, ob = oa + 8 * (i64)D;
+    const i64 oa = out_row(g, b, h, ia), ob = out_row(g, b, h, ib);
 #pragma unroll
     for (int d = 0; d < MAXD / 8; d++)
         if (d < D / 8) {
@@ -785,20 +801,24 @@ extern "C" __global__ void __launch_bounds__(NT)
  * banks); Q comes the same way, into V's buffer, once, and stays in
  * registers as A fragments. Each tile: V(t) is requested, S = Q K(t)^T
  * (ldmatrix, mma.sync m16n8k16, f32), K(t+1) is requested, the online
- * softmax runs in registers (scores times scale * log2(e), ex2), P is packed
+ * softmax runs in registers (maxima of the raw scores, then each exponent
+ * one FMA, s * scale * log2(e) - max * scale * log2(e), and ex2), P is packed
  * to 16 bits in place as the A operand, and O += P V(t) (ldmatrix.trans).
  * So each load overlaps the other half's arithmetic. Tiles past the block's
  * last visible key are never loaded; only tiles that reach past a warp's
  * first row's visible keys are masked elementwise; keys at or past the
  * block's last visible key are zero-filled, not read. The result goes out
- * through shared memory as 16-byte rows.
+ * through shared memory as 16-byte rows of (B, Lq, Hq, D).
  */
 #define FQ 64 /* queries per block */
 
-/* 16 bytes global -> shared, zero-filled when !in (nothing read then). */
-__device__ __forceinline__ void cp16(u16 *dst, const u16 *src, bool in) {
+/* 16 bytes global -> shared (at shared address dst), zero-filled when !in
+ * (nothing read then). Shared addresses are 32-bit window offsets, the
+ * lane's part apart from the constant part, which ptxas folds into the
+ * instruction (no generic-to-shared conversion per access). */
+__device__ __forceinline__ void cp16(u32 dst, const u16 *src, bool in) {
 #if __CUDA_ARCH__ >= 800
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(smem_addr(dst)), "l"(src),
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(dst), "l"(src),
                  "r"(in ? 16 : 0));
 #endif
 }
@@ -816,16 +836,16 @@ template <int N> __device__ __forceinline__ void cp_wait() {
 #endif
 }
 
-__device__ __forceinline__ void ldsm4(u32 *r, const u16 *p) {
+__device__ __forceinline__ void ldsm4(u32 *r, u32 a) {
     asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];"
                  : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-                 : "r"(smem_addr(p)));
+                 : "r"(a));
 }
 
-__device__ __forceinline__ void ldsm4t(u32 *r, const u16 *p) {
+__device__ __forceinline__ void ldsm4t(u32 *r, u32 a) {
     asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];"
                  : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-                 : "r"(smem_addr(p)));
+                 : "r"(a));
 }
 
 /* D += A B on tensor cores, A 16x16 row-major, B 16x8 col-major, f32 accumulators;
@@ -860,16 +880,41 @@ __device__ __forceinline__ float ex2(float x) {
 }
 
 /* Rows r0 .. r0+R-1 of a (rows, D) operand with row stride st (elements)
- * into a tile of pitch D + 8; rows at or past n zero-filled. */
+ * into a tile of pitch D + 8; rows at or past n zero-filled. The thread
+ * copies vector tid % CH of rows tid / CH + c * NT / CH: dst is the tile's
+ * shared address plus the thread's part (tile_at), src the operand's row 0
+ * plus the thread's part (rows tid / CH, elements (tid % CH) * 8). */
+template <int D> __device__ __forceinline__ u32 tile_at(u32 tile) {
+    return tile + 2 * ((threadIdx.x / (D / 8)) * (D + 8) + (threadIdx.x % (D / 8)) * 8);
+}
+
 template <int D, int R>
-__device__ __forceinline__ void tile_in(u16 *dst, const u16 *src, i64 st, i64 r0, i64 n) {
-    constexpr int CH = D / 8;
+__device__ __forceinline__ void tile_in(u32 dst, const u16 *src, i64 st, i64 r0, i64 n) {
+    constexpr int CH = D / 8, RP = NT / CH;
+    const i64 lim = n - r0 - threadIdx.x / CH; /* chunk c is in when c * RP < lim */
+    const u16 *p = src + r0 * st;
 #pragma unroll
-    for (int c = 0; c < R * CH / NT; c++) {
-        int x = threadIdx.x + c * NT, r = x / CH, e = (x % CH) * 8;
-        bool in = r0 + r < n;
-        cp16(dst + r * (D + 8) + e, in ? src + (r0 + r) * st + e : src, in);
+    for (int c = 0; c < R / RP; c++, p += RP * st) {
+        const bool in = c * RP < lim;
+        cp16(dst + 2 * c * RP * (D + 8), in ? p : src, in);
     }
+}
+
+/* The maxima of a tile's scores over this thread's two rows (columns 0-1
+ * of each 8-key group: row a; 2-3: row b); with M, scores of keys at or
+ * past ea (eb) of the thread's first column become -inf first. */
+template <bool M, int NS>
+__device__ __forceinline__ void row_max(float (&s)[NS][4], int ea, int eb, float &tma, float &tmb) {
+#pragma unroll
+    for (int n = 0; n < NS; n++)
+#pragma unroll
+        for (int c = 0; c < 4; c++) {
+            if (M && n * 8 + (c & 1) >= (c < 2 ? ea : eb)) s[n][c] = -inf_f();
+            if (c < 2)
+                tma = fmaxf(tma, s[n][c]);
+            else
+                tmb = fmaxf(tmb, s[n][c]);
+        }
 }
 
 template <int D, int FK, int DT>
@@ -885,17 +930,25 @@ __device__ __forceinline__ void flash_fwd(const u16 *q, const u16 *k, const u16 
     const i64 qlast = q0 + FQ < g.Lq ? q0 + FQ - 1 : g.Lq - 1;
     const i64 nmax = visible(g, L, qlast);
     const int ntiles = (int)((nmax + FK - 1) / FK);
-    u16 *sk = sm, *sv = sm + FK * P;
-    tile_in<D, FQ>(sm, qp, g.qs[2], q0, g.Lq);
+    /* Shared addresses: K's tile at sk, V's at sv (Q's at sk first); the
+     * thread's part of a tile copy (tk, tv), the lane's part of the ldmatrix
+     * reads of K (lk) and V (lv). */
+    const u32 sk = smem_addr(sm), sv = sk + 2 * FK * P, tk = tile_at<D>(sk), tv = tile_at<D>(sv);
+    const u32 lk = sk + 2 * (((lane & 7) + ((lane >> 4) << 3)) * P + ((lane >> 3) & 1) * 8);
+    const u32 lv = sv + 2 * (((lane & 7) + ((lane >> 3) & 1) * 8) * P + (lane >> 4) * 8);
+    const u16 *qt = qp + (tid / (D / 8)) * g.qs[2] + (tid % (D / 8)) * 8;
+    const u16 *kt = kp + (tid / (D / 8)) * g.ks[2] + (tid % (D / 8)) * 8;
+    const u16 *vt = vp + (tid / (D / 8)) * g.vs[2] + (tid % (D / 8)) * 8;
+    tile_in<D, FQ>(tk, qt, g.qs[2], q0, g.Lq);
     cp_commit();
     cp_wait<0>();
     __syncthreads();
     u32 qa[NKS][4];
 #pragma unroll
     for (int t = 0; t < NKS; t++)
-        ldsm4(qa[t], sm + (warp * 16 + (lane & 15)) * P + t * 16 + (lane >> 4) * 8);
+        ldsm4(qa[t], sk + 2 * ((warp * 16 + (lane & 15)) * P + t * 16 + (lane >> 4) * 8));
     __syncthreads();
-    if (ntiles > 0) tile_in<D, FK>(sk, kp, g.ks[2], 0, nmax);
+    if (ntiles > 0) tile_in<D, FK>(tk, kt, g.ks[2], 0, nmax);
     cp_commit();
     /* This thread's rows ia and ia + 8; the warp's first row sees the fewest keys. */
     const i64 ia = q0 + warp * 16 + gr;
@@ -907,7 +960,7 @@ __device__ __forceinline__ void flash_fwd(const u16 *q, const u16 *k, const u16 
     for (int d = 0; d < ND; d++) o[d][0] = o[d][1] = o[d][2] = o[d][3] = 0.0f;
     for (int t = 0; t < ntiles; t++) {
         const i64 j0 = (i64)t * FK;
-        tile_in<D, FK>(sv, vp, g.vs[2], j0, nmax);
+        tile_in<D, FK>(tv, vt, g.vs[2], j0, nmax);
         cp_commit();
         cp_wait<1>();
         __syncthreads();
@@ -919,46 +972,40 @@ __device__ __forceinline__ void flash_fwd(const u16 *q, const u16 *k, const u16 
 #pragma unroll
             for (int n = 0; n < NS; n += 2) {
                 u32 r[4];
-                ldsm4(r, sk + (n * 8 + (lane & 7) + ((lane >> 4) << 3)) * P + kk * 16 +
-                             ((lane >> 3) & 1) * 8);
+                ldsm4(r, lk + 2 * (n * 8 * P + kk * 16));
                 mma_f32<DT>(s[n], qa[kk], r[0], r[1]);
                 mma_f32<DT>(s[n + 1], qa[kk], r[2], r[3]);
             }
         __syncthreads();
-        if (t + 1 < ntiles) tile_in<D, FK>(sk, kp, g.ks[2], j0 + FK, nmax);
+        if (t + 1 < ntiles) tile_in<D, FK>(tk, kt, g.ks[2], j0 + FK, nmax);
         cp_commit();
         float tma = -inf_f(), tmb = -inf_f();
-        const bool edge = j0 + FK > wmin;
-        const int ea = (int)(na - j0 < FK ? na - j0 : FK) - 2 * tq;
-        const int eb = (int)(nb - j0 < FK ? nb - j0 : FK) - 2 * tq;
-#pragma unroll
-        for (int n = 0; n < NS; n++)
-#pragma unroll
-            for (int c = 0; c < 4; c++) {
-                float x = s[n][c] * sl2;
-                if (edge && n * 8 + (c & 1) >= (c < 2 ? ea : eb)) x = -inf_f();
-                s[n][c] = x;
-                if (c < 2)
-                    tma = fmaxf(tma, x);
-                else
-                    tmb = fmaxf(tmb, x);
-            }
+        if (j0 + FK > wmin) { /* the tile cuts a row's visible keys: mask */
+            const int ea = (int)(na - j0 < FK ? na - j0 : FK) - 2 * tq;
+            const int eb = (int)(nb - j0 < FK ? nb - j0 : FK) - 2 * tq;
+            row_max<true, NS>(s, ea, eb, tma, tmb);
+        } else {
+            row_max<false, NS>(s, 0, 0, tma, tmb);
+        }
 #pragma unroll
         for (int off = 1; off < 4; off <<= 1) {
             tma = fmaxf(tma, __shfl_xor_sync(0xffffffffu, tma, off));
             tmb = fmaxf(tmb, __shfl_xor_sync(0xffffffffu, tmb, off));
         }
+        /* Maxima of the raw scores (scale > 0); ua, ub in log2 units, each
+         * exponent one FMA, s * scale * log2(e) - u. A row with nothing seen
+         * yet keeps zeros: subtract 0, not -inf. */
         const float mna = fmaxf(ma, tma), mnb = fmaxf(mb, tmb);
-        /* A row with nothing seen yet keeps zeros: subtract 0, not -inf. */
-        const float ua = mna == -inf_f() ? 0.0f : mna, ub = mnb == -inf_f() ? 0.0f : mnb;
-        const float aa = ex2(ma - ua), ab = ex2(mb - ub);
+        const float ua = mna == -inf_f() ? 0.0f : mna * sl2;
+        const float ub = mnb == -inf_f() ? 0.0f : mnb * sl2;
+        const float aa = ex2(__fmaf_rn(ma, sl2, -ua)), ab = ex2(__fmaf_rn(mb, sl2, -ub));
         ma = mna, mb = mnb;
         float sa = 0.0f, sb = 0.0f;
         u32 pa[FK / 16][4];
 #pragma unroll
         for (int n = 0; n < NS; n++) {
-            float p0 = ex2(s[n][0] - ua), p1 = ex2(s[n][1] - ua);
-            float p2 = ex2(s[n][2] - ub), p3 = ex2(s[n][3] - ub);
+            float p0 = ex2(__fmaf_rn(s[n][0], sl2, -ua)), p1 = ex2(__fmaf_rn(s[n][1], sl2, -ua));
+            float p2 = ex2(__fmaf_rn(s[n][2], sl2, -ub)), p3 = ex2(__fmaf_rn(s[n][3], sl2, -ub));
             sa += p0 + p1, sb += p2 + p3;
             pa[n / 2][(n & 1) * 2] = pack16<DT>(p0, p1);
             pa[n / 2][(n & 1) * 2 + 1] = pack16<DT>(p2, p3);
@@ -973,8 +1020,7 @@ __device__ __forceinline__ void flash_fwd(const u16 *q, const u16 *k, const u16 
 #pragma unroll
             for (int d = 0; d < ND; d += 2) {
                 u32 r[4];
-                ldsm4t(r, sv + (kk * 16 + (lane & 7) + ((lane >> 3) & 1) * 8) * P + d * 8 +
-                              (lane >> 4) * 8);
+                ldsm4t(r, lv + 2 * (kk * 16 * P + d * 8));
                 mma_f32<DT>(o[d], pa[kk], r[0], r[1]);
                 mma_f32<DT>(o[d + 1], pa[kk], r[2], r[3]);
             }
@@ -993,11 +1039,12 @@ __device__ __forceinline__ void flash_fwd(const u16 *q, const u16 *k, const u16 
         *(u32 *)(so + 8 * P + d * 8) = pack16<DT>(o[d][2] * rb, o[d][3] * rb);
     }
     __syncthreads();
-    u16 *op = out + ((b * g.Hq + h) * g.Lq + q0) * D;
+    u16 *op = out + out_row(g, b, h, q0);
+    const i64 ost = g.Hq * D; /* rows of (B, Lq, Hq, D) */
 #pragma unroll
     for (int c = 0; c < FQ * (D / 8) / NT; c++) {
         int x = tid + c * NT, r = x / (D / 8), e = (x % (D / 8)) * 8;
-        if (q0 + r < g.Lq) *(uint4 *)(op + (i64)r * D + e) = *(const uint4 *)(sm + r * P + e);
+        if (q0 + r < g.Lq) *(uint4 *)(op + r * ost + e) = *(const uint4 *)(sm + r * P + e);
     }
 }
 

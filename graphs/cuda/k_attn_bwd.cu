@@ -72,14 +72,13 @@ typedef unsigned short u16;
 
 /* sg_dtype's values (include/stepgraph.h). */
 enum { DT_F32, DT_F16, DT_BF16, DT_I32, DT_I64, DT_BOOL };
-/* CAUSAL is SG__ATTN_CAUSAL; VQ, VK, VV, VG: q, k, v, dO take 16-byte loads
- * (contiguous rows of 8-element vectors, aligned), set by the host; VO: o
- * likewise (o is contiguous). */
+/* CAUSAL is SG__ATTN_CAUSAL; VQ, VK, VV, VG, VO: q, k, v, dO, o take 16-byte
+ * loads (contiguous rows of 8-element vectors, aligned), set by the host. */
 enum { CAUSAL = 1, VQ = 2, VK = 4, VV = 8, VG = 16, VO = 32 };
 
 /* The same layout as struct bgeom in cuda_attn_bwd.c. */
 struct bgeom {
-    i64 qs[4], ks[4], vs[4], ms[4], gs[4]; /* strides of q, k, v, mask, dO (0: broadcast) */
+    i64 qs[4], ks[4], vs[4], ms[4], gs[4], os[4]; /* strides of q, k, v, mask, dO, o */
     i64 B, Hq, Hkv, Lq, S, D;
     i64 ls;          /* kv_len's stride over b (0: one length for all) */
     i64 nq, nkv, ws; /* the packed output's parts, in elements */
@@ -207,7 +206,7 @@ extern "C" __global__ void __launch_bounds__(NT)
     for (int e = tid; e < D; e += NT) {
         qf[e] = ld(q, g.dt, b * g.qs[0] + h * g.qs[1] + i * g.qs[2] + e * g.qs[3]);
         df[e] = ld(dout, g.dt, b * g.gs[0] + h * g.gs[1] + i * g.gs[2] + e * g.gs[3]);
-        dpart += df[e] * ld(o, g.dt, r * D + e);
+        dpart += df[e] * ld(o, g.dt, b * g.os[0] + h * g.os[1] + i * g.os[2] + e * g.os[3]);
     }
     __syncthreads();
     const float Di = block_reduce(dpart, false, red);
@@ -530,13 +529,13 @@ __device__ __forceinline__ void bwd_dq(const void *q, const void *k, const void 
     /* D = rowsum(dO * O): CH lanes a row, 16-byte loads of O, issued before
      * the wait for dO. */
     constexpr int CH = D / 8, OV = MQ * CH / NT;
-    const i64 ob = (b * g.Hq + h) * g.Lq * D; /* O contiguous */
+    const i64 ob = b * g.os[0] + h * g.os[1];
     const bool vo = g.flags & VO;
     uint4 ov[OV];
 #pragma unroll
     for (int c = 0; c < OV; c++) {
         const int x = tid + c * NT, r = x / CH, e = (x % CH) * 8;
-        ov[c] = vo && q0 + r < g.Lq ? *(const uint4 *)((const u16 *)o + ob + (q0 + r) * D + e)
+        ov[c] = vo && q0 + r < g.Lq ? *(const uint4 *)((const u16 *)o + ob + (q0 + r) * g.os[2] + e)
                                     : make_uint4(0, 0, 0, 0);
     }
     cp_wait<E ? 1 : 0>();
@@ -562,7 +561,7 @@ __device__ __forceinline__ void bwd_dq(const void *q, const void *k, const void 
         float s = 0.0f;
         const i64 i = q0 + tid;
         for (int e = 0; i < g.Lq && e < D; e++)
-            s += f16v(sm[MQ * P + tid * P + e], dt) * ld(o, dt, ob + i * D + e);
+            s += f16v(sm[MQ * P + tid * P + e], dt) * ld(o, dt, ob + i * g.os[2] + e * g.os[3]);
         sD[tid] = s;
     }
     __syncthreads();
