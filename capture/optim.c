@@ -478,8 +478,8 @@ static sg_status clip_coef(int n, sg_tensor *const *grads, double max_norm, sg_t
     return st;
 }
 
-sg_status sg_clip_grad_norm_coef(int n, sg_tensor *const *grads, double max_norm,
-                                 sg_tensor **coef, sg_tensor **total_norm) {
+sg_status sg_clip_grad_norm_coef(int n, sg_tensor *const *grads, double max_norm, sg_tensor **coef,
+                                 sg_tensor **total_norm) {
     if (!coef) {
         sg__set_create_error("sg_clip_grad_norm_coef: coef is NULL; pass where to put it");
         return SG_ERR_NULL;

@@ -804,7 +804,7 @@ SG_API sg_tensor *sg_broadcast(sg_comm *comm, sg_tensor *x, int root);
  * abort on.
  */
 
-/* ---------------------------------------------------------------- gradient clipping folded into the optimizer */
+/* ---------------------------------------------------------------- clipping in the update */
 /*
  * sg_clip_grad_norm_ followed by sg_optim_step reads and writes every
  * gradient once more than the update needs. These two split it: the first

@@ -324,7 +324,8 @@ static void test_scaled(const setup *given, double max_norm, int mode, uint64_t 
         }
     }
     if (!ok) fprintf(stderr, "%s\n", sg_last_error(ctx));
-    tu_case(ok, "CLIP_SCALED_%s(type=%s,params=%d,steps=%d,max_norm=%g,coef=%.4f,mode=%s) seed=%llu",
+    tu_case(ok,
+            "CLIP_SCALED_%s(type=%s,params=%d,steps=%d,max_norm=%g,coef=%.4f,mode=%s) seed=%llu",
             adam ? "ADAMW" : "SGD", sg_dtype_name(su->dt), NP, NSTEPS, max_norm, coef,
             mode < 0 ? "direct" : sg_mode_name((sg_mode)mode), (unsigned long long)seed);
     sg_clear_error(ctx);
