@@ -273,6 +273,15 @@ static sg_tensor *param_f32(sg_optim *opt, scratch *s, int i) {
     return as_f32(s, opt->params[i]);
 }
 
+/* grad as f32; with scale (sg_optim_step_scaled), grad * scale rounded to
+ * grad's dtype first: the value an in-place sg_clip_grad_norm_ leaves. */
+static sg_tensor *grad_f32(scratch *s, sg_tensor *grad, sg_tensor *scale) {
+    sg_tensor *g = as_f32(s, grad);
+    if (!scale || !g) return g;
+    sg_tensor *scaled = keep(s, sg_mul(g, scale));
+    return grad->dtype == SG_F32 ? scaled : as_f32(s, keep(s, sg_cast(scaled, grad->dtype)));
+}
+
 /* Store the updated value of param i (and of its master copy). */
 static sg_status param_store(sg_optim *opt, int i, sg_tensor *p_new) {
     sg_status st = SG_OK;
@@ -298,11 +307,11 @@ static sg_tensor *bias_correction(scratch *s, sg_tensor *t, double beta) {
  *   p *= 1 - lr * wd;  m = b1 m + (1 - b1) g;  v = b2 v + (1 - b2) g^2
  *   p -= lr / (1 - b1^t) * m / (sqrt(v) / sqrt(1 - b2^t) + eps)
  */
-static sg_status adamw_param(sg_optim *opt, int i, sg_tensor *grad, sg_tensor *decay,
-                             sg_tensor *step_size, sg_tensor *bc2_sqrt) {
+static sg_status adamw_param(sg_optim *opt, int i, sg_tensor *grad, sg_tensor *scale,
+                             sg_tensor *decay, sg_tensor *step_size, sg_tensor *bc2_sqrt) {
     const sg_adamw_opts *a = &opt->adamw;
     scratch s = {.n = 0};
-    sg_tensor *g = as_f32(&s, grad), *p = param_f32(opt, &s, i);
+    sg_tensor *g = grad_f32(&s, grad, scale), *p = param_f32(opt, &s, i);
     sg_tensor *m = keep(&s, sg_add(keep(&s, sg_mul_scalar(opt->s1[i], a->beta1)),
                                    keep(&s, sg_mul_scalar(g, 1 - a->beta1))));
     sg_tensor *g2 = keep(&s, sg_mul_scalar(keep(&s, sg_mul(g, g)), 1 - a->beta2));
@@ -319,7 +328,7 @@ static sg_status adamw_param(sg_optim *opt, int i, sg_tensor *grad, sg_tensor *d
     return st;
 }
 
-static sg_status adamw_step(sg_optim *opt, sg_tensor *const *grads) {
+static sg_status adamw_step(sg_optim *opt, sg_tensor *const *grads, sg_tensor *scale) {
     const sg_adamw_opts *a = &opt->adamw;
     scratch s = {.n = 0};
     sg_tensor *t = advance_step(opt, &s);
@@ -330,7 +339,7 @@ static sg_status adamw_step(sg_optim *opt, sg_tensor *const *grads) {
         keep(&s, sg_add_scalar(keep(&s, sg_mul_scalar(opt->lr, -a->weight_decay)), 1));
     sg_status st = ops_status(opt->ctx, step_size && bc2_sqrt && decay);
     for (int i = 0; i < opt->n && st == SG_OK; i++)
-        st = adamw_param(opt, i, grads[i], decay, step_size, bc2_sqrt);
+        st = adamw_param(opt, i, grads[i], scale, decay, step_size, bc2_sqrt);
     scratch_drop(&s);
     return st;
 }
@@ -342,11 +351,11 @@ static sg_status adamw_step(sg_optim *opt, sg_tensor *const *grads) {
  * step count: buf = momentum buf + first_coef d, first_coef = 1 - dampening
  * min(step, 1) (buf is still zero on the first step).
  */
-static sg_status sgd_param(sg_optim *opt, int i, sg_tensor *grad, sg_tensor *neg_lr,
-                           sg_tensor *first_coef) {
+static sg_status sgd_param(sg_optim *opt, int i, sg_tensor *grad, sg_tensor *scale,
+                           sg_tensor *neg_lr, sg_tensor *first_coef) {
     const sg_sgd_opts *o = &opt->sgd;
     scratch s = {.n = 0};
-    sg_tensor *d = as_f32(&s, grad), *p = param_f32(opt, &s, i), *buf = NULL;
+    sg_tensor *d = grad_f32(&s, grad, scale), *p = param_f32(opt, &s, i), *buf = NULL;
     if (o->weight_decay != 0) d = keep(&s, sg_add(d, keep(&s, sg_mul_scalar(p, o->weight_decay))));
     if (o->momentum != 0) {
         buf = keep(&s, sg_add(keep(&s, sg_mul_scalar(opt->s1[i], o->momentum)),
@@ -361,7 +370,7 @@ static sg_status sgd_param(sg_optim *opt, int i, sg_tensor *grad, sg_tensor *neg
     return st;
 }
 
-static sg_status sgd_step(sg_optim *opt, sg_tensor *const *grads) {
+static sg_status sgd_step(sg_optim *opt, sg_tensor *const *grads, sg_tensor *scale) {
     const sg_sgd_opts *o = &opt->sgd;
     scratch s = {.n = 0};
     sg_tensor *first = NULL;
@@ -372,16 +381,28 @@ static sg_status sgd_step(sg_optim *opt, sg_tensor *const *grads) {
     sg_tensor *t = advance_step(opt, &s);
     sg_tensor *neg_lr = keep(&s, sg_mul_scalar(opt->lr, -1));
     sg_status st = ops_status(opt->ctx, t && neg_lr && (o->momentum == 0 || first));
-    for (int i = 0; i < opt->n && st == SG_OK; i++) st = sgd_param(opt, i, grads[i], neg_lr, first);
+    for (int i = 0; i < opt->n && st == SG_OK; i++)
+        st = sgd_param(opt, i, grads[i], scale, neg_lr, first);
     scratch_drop(&s);
     return st;
 }
 
-sg_status sg_optim_step(sg_optim *opt, sg_tensor *const *grads) {
+sg_status sg_optim_step_scaled(sg_optim *opt, sg_tensor *const *grads, sg_tensor *scale) {
     if (!opt) return SG_ERR_NULL;
     sg_status st = check_grads(opt, grads);
     if (st != SG_OK) return st;
-    return opt->kind == OPTIM_ADAMW ? adamw_step(opt, grads) : sgd_step(opt, grads);
+    if (scale && (scale->ctx != opt->ctx || scale->ndim != 0 || scale->dtype != SG_F32)) {
+        char d[SG__DESC];
+        return sg__fail(opt->ctx, scale->ctx != opt->ctx ? SG_ERR_WRONG_CONTEXT : SG_ERR_SHAPE,
+                        "sg_optim_step_scaled: scale is %s; it must be a 0-d f32 tensor of the "
+                        "optimizer's context (sg_clip_grad_norm_coef makes one)",
+                        sg__describe(scale, d, sizeof d));
+    }
+    return opt->kind == OPTIM_ADAMW ? adamw_step(opt, grads, scale) : sgd_step(opt, grads, scale);
+}
+
+sg_status sg_optim_step(sg_optim *opt, sg_tensor *const *grads) {
+    return sg_optim_step_scaled(opt, grads, NULL);
 }
 
 /* ------------------------------------------------------------ clip_grad_norm_ */
@@ -389,9 +410,11 @@ sg_status sg_optim_step(sg_optim *opt, sg_tensor *const *grads) {
 /*
  * torch.nn.utils.clip_grad_norm_ (L2): total = sqrt(sum_i sum(g_i^2)),
  * coef = min(max_norm / (total + 1e-6), 1), g_i *= coef. All on the device.
+ * clip_coef is all but the last step; *coef_out and *total_norm (may be
+ * NULL) are set on success only.
  */
-sg_status sg_clip_grad_norm_(int n, sg_tensor *const *grads, double max_norm,
-                             sg_tensor **total_norm) {
+static sg_status clip_coef(int n, sg_tensor *const *grads, double max_norm, sg_tensor **coef_out,
+                           sg_tensor **total_norm) {
     if (n < 1 || !grads) {
         sg__set_create_error("sg_clip_grad_norm_: %s; pass an array of n >= 1 tensors",
                              !grads ? "grads is NULL" : "n is below 1");
@@ -440,9 +463,36 @@ sg_status sg_clip_grad_norm_(int n, sg_tensor *const *grads, double max_norm,
     scratch s = {.n = 0};
     sg_tensor *maxn = keep(&s, sg_full(ctx, SG_F32, 0, NULL, max_norm));
     sg_tensor *ratio = keep(&s, sg_div(maxn, keep(&s, sg_add_scalar(total, 1e-6))));
-    sg_tensor *coef = keep(&s, sg_clamp(ratio, -INFINITY, 1));
+    sg_tensor *coef = sg_clamp(ratio, -INFINITY, 1);
     sg__tensor_drop(sq);
     sg_status st = ops_status(ctx, coef != NULL);
+    scratch_drop(&s);
+    if (st == SG_OK)
+        *coef_out = coef;
+    else
+        sg__tensor_drop(coef);
+    if (st == SG_OK && total_norm)
+        *total_norm = total;
+    else
+        sg__tensor_drop(total);
+    return st;
+}
+
+sg_status sg_clip_grad_norm_coef(int n, sg_tensor *const *grads, double max_norm, sg_tensor **coef,
+                                 sg_tensor **total_norm) {
+    if (!coef) {
+        sg__set_create_error("sg_clip_grad_norm_coef: coef is NULL; pass where to put it");
+        return SG_ERR_NULL;
+    }
+    *coef = NULL;
+    return clip_coef(n, grads, max_norm, coef, total_norm);
+}
+
+sg_status sg_clip_grad_norm_(int n, sg_tensor *const *grads, double max_norm,
+                             sg_tensor **total_norm) {
+    sg_tensor *coef = NULL, *total = NULL;
+    sg_status st = clip_coef(n, grads, max_norm, &coef, &total);
+    sg_ctx *ctx = coef ? coef->ctx : NULL;
     for (int i = 0; i < n && st == SG_OK; i++) {
         sg_tensor *g = grads[i]->dtype == SG_F32 ? grads[i] : sg_cast(grads[i], SG_F32);
         sg_tensor *scaled = sg_mul(g, coef);
@@ -450,7 +500,7 @@ sg_status sg_clip_grad_norm_(int n, sg_tensor *const *grads, double max_norm,
         if (g != grads[i]) sg__tensor_drop(g);
         sg__tensor_drop(scaled);
     }
-    scratch_drop(&s);
+    sg__tensor_drop(coef);
     if (st == SG_OK && total_norm)
         *total_norm = total;
     else

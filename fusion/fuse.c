@@ -81,10 +81,20 @@ static bool same_node(const sg__ir *ir, const sg__irnode *a, const sg__irnode *b
     return true;
 }
 
+/* A cast to a wider dtype: recomputed where it is read, it loads the
+ * narrower input; shared between two kernels, it would be stored wide. */
+static bool widening_cast(const sg__ir *ir, const sg__irnode *n, const int *alias) {
+    const sg__ref *a = n->op == SG__OP_CAST ? arg_ref(ir, n, 0, alias) : NULL;
+    return a && sg_dtype_size(ir->refs[n->out].dtype) > sg_dtype_size(a->dtype);
+}
+
 /*
  * A node that recomputes an earlier node's value (same op, attributes and
  * inputs, nothing written to its inputs in between, a fresh internal output
- * written once) is dropped, and reads of its output read the earlier one's.
+ * written once) is dropped, and reads of its output read the earlier one's;
+ * a widening cast is left to be recomputed (the clip's norm and the
+ * optimizer's update, with sg_optim_step_scaled, both cast a bf16 gradient:
+ * merged, the norm's kernel stored an f32 copy that the update read back).
  */
 static void cse(const sg__ir *ir, bool *dead, int *alias, const int *writes) {
     for (int i = 0; i < ir->nnodes; i++) {
@@ -92,7 +102,7 @@ static void cse(const sg__ir *ir, bool *dead, int *alias, const int *writes) {
         const sg__ref *o = &ir->refs[n->out];
         const sg__slot *os = &ir->slots[o->slot];
         if (is_collective(n->op) || os->kind != SG__SLOT_INTERNAL || os->output >= 0 ||
-            writes[o->slot] != 1)
+            writes[o->slot] != 1 || widening_cast(ir, n, alias))
             continue;
         /* A view of the output with another geometry (a transpose, a slice)
          * would still name the removed node's slot: keep such nodes. */

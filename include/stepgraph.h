@@ -808,6 +808,25 @@ SG_API sg_tensor *sg_broadcast(sg_comm *comm, sg_tensor *x, int root);
  * abort on.
  */
 
+/* ---------------------------------------------------------------- clipping in the update */
+/*
+ * sg_clip_grad_norm_ followed by sg_optim_step reads and writes every
+ * gradient once more than the update needs. These two split it: the first
+ * computes the clipping coefficient only (grads untouched), the second is
+ * sg_optim_step on the grads scaled by a 0-d f32 tensor inside the update,
+ * each scaled grad rounded to its own dtype first, so the update sees the
+ * same values, bit for bit, as after sg_clip_grad_norm_. Use them when the
+ * clipped grads are not needed after the step (they stay unscaled).
+ */
+/* coef = min(max_norm / (norm + 1e-6), 1) of the n float grads' global L2
+ * norm, as a new 0-d f32 tensor (the caller's to release; inside a step,
+ * the step's); total_norm as in sg_clip_grad_norm_ (may be NULL). */
+SG_API sg_status sg_clip_grad_norm_coef(int n, sg_tensor *const *grads, double max_norm,
+                                        sg_tensor **coef, sg_tensor **total_norm);
+/* sg_optim_step with every grad g read as cast(g * scale, g's dtype); scale
+ * is a 0-d f32 tensor of opt's context (NULL: sg_optim_step). */
+SG_API sg_status sg_optim_step_scaled(sg_optim *opt, sg_tensor *const *grads, sg_tensor *scale);
+
 /* ---------------------------------------------------------------- compiled steps */
 /*
  * A step is a function over tensor ops. sg_compile wraps it in an sg_fn;

@@ -4,7 +4,9 @@
  * update formulas written here in f64, over several steps on random params
  * and grads: eagerly (sg_optim_step outside any step) and inside a step
  * compiled in each mode, with lr changed between calls (no recapture), and
- * the kernel count of a compiled AdamW step. Each case prints its name:
+ * the kernel count of a compiled AdamW step; the clip folded into the
+ * update (sg_clip_grad_norm_coef, sg_optim_step_scaled) equal bit for bit
+ * to the clip in place. Each case prints its name:
  *   ok   ADAMW(type=f32,params=4,steps=4,mode=reduce-overhead) kernels=2
  */
 #define _POSIX_C_SOURCE 200809L
@@ -99,15 +101,20 @@ static bool has_multi(sg_fn *fn, int members) {
  * sg_optim_step called directly) or in a step compiled in mode; lr changes
  * after step 2 through sg_fill_. Each step's params match the reference.
  */
-static void run(const setup *given, int mode, uint64_t seed) {
-    /* The reference applies torch's defaults to zero AdamW fields itself. */
-    setup full = *given, *su = &full;
+/* The reference applies torch's defaults to zero AdamW fields itself. */
+static setup with_defaults(const setup *given) {
+    setup full = *given;
     sg_adamw_opts *a = &full.a;
     if (a->lr == 0) a->lr = 1e-3;
     if (a->beta1 == 0) a->beta1 = 0.9;
     if (a->beta2 == 0) a->beta2 = 0.999;
     if (a->eps == 0) a->eps = 1e-8;
     if (a->weight_decay == 0) a->weight_decay = 1e-2;
+    return full;
+}
+
+static void run(const setup *given, int mode, uint64_t seed) {
+    setup full = with_defaults(given), *su = &full;
     tu_seed(seed);
     world w = {0};
     ref r = {0};
@@ -231,6 +238,103 @@ static void test_clip(sg_dtype dt, double max_norm, int mode, uint64_t seed) {
     for (int i = 0; i < NP; i++) sg_release(g[i]), free(gv[i]);
 }
 
+/* ------------------------------------------------------------ clipping inside the update */
+
+static sg_status scaled_step(sg_ctx *c, sg_tensor *const *in, sg_tensor **out, void *user) {
+    world *w = user;
+    sg_tensor *coef = NULL;
+    sg_status s = sg_clip_grad_norm_coef(NP, in, clip_max, &coef, NULL);
+    if (s == SG_OK) s = sg_optim_step_scaled(w->opt, in, coef);
+    out[0] = sg_optim_step_count(w->opt);
+    return s != SG_OK ? s : sg_ctx_status(c);
+}
+
+static sg_status inplace_step(sg_ctx *c, sg_tensor *const *in, sg_tensor **out, void *user) {
+    world *w = user;
+    sg_status s = sg_clip_grad_norm_(NP, in, clip_max, NULL);
+    if (s == SG_OK) s = sg_optim_step(w->opt, in);
+    out[0] = sg_optim_step_count(w->opt);
+    return s != SG_OK ? s : sg_ctx_status(c);
+}
+
+/* sg_clip_grad_norm_coef then sg_optim_step_scaled (mode < 0: directly, else
+ * compiled), NSTEPS steps: the params equal, bit for bit, those of
+ * sg_clip_grad_norm_ then sg_optim_step on copies run the same way (eager
+ * and generated kernels may round differently: compared within a mode),
+ * match the f64 reference on round(g * coef), and the grads stay unscaled. */
+static void test_scaled(const setup *given, double max_norm, int mode, uint64_t seed) {
+    setup full = with_defaults(given), *su = &full;
+    tu_seed(seed);
+    world w = {0}, cp = {0};
+    ref r = {0};
+    bool adam = strcmp(su->kind, "adamw") == 0, ok = true;
+    for (int i = 0; i < NP; i++) {
+        w.p[i] = tu_rand(ctx, su->dt, 2, shapes[i], -1, 1, &r.p[i]);
+        cp.p[i] = sg_clone(w.p[i]);
+        r.n[i] = shapes[i][0] * shapes[i][1];
+        r.m[i] = calloc((size_t)r.n[i], sizeof(double));
+        r.v[i] = calloc((size_t)r.n[i], sizeof(double));
+        r.master[i] = malloc(sizeof(double) * (size_t)r.n[i]);
+        memcpy(r.master[i], r.p[i], sizeof(double) * (size_t)r.n[i]);
+    }
+    ok = adam ? TU_EXPECT(sg_adamw_create(ctx, NP, w.p, &given->a, &w.opt) == SG_OK) &&
+                    TU_EXPECT(sg_adamw_create(ctx, NP, cp.p, &given->a, &cp.opt) == SG_OK)
+              : TU_EXPECT(sg_sgd_create(ctx, NP, w.p, &su->s, &w.opt) == SG_OK) &&
+                    TU_EXPECT(sg_sgd_create(ctx, NP, cp.p, &su->s, &cp.opt) == SG_OK);
+    sg_fn *fn = NULL, *fc = NULL;
+    clip_max = max_norm;
+    if (ok && mode >= 0)
+        ok = TU_EXPECT(sg_compile(ctx, scaled_step, &w, NP, 1,
+                                  &(sg_compile_opts){.mode = (sg_mode)mode}, &fn) == SG_OK) &&
+             TU_EXPECT(sg_compile(ctx, inplace_step, &cp, NP, 1,
+                                  &(sg_compile_opts){.mode = (sg_mode)mode}, &fc) == SG_OK);
+    double lr = adam ? su->a.lr : su->s.lr, coef = 0;
+    for (int t = 1; ok && t <= NSTEPS; t++) {
+        sg_mark_step_begin(ctx);
+        sg_tensor *g[NP], *gc[NP], *out = NULL, *outc = NULL;
+        double *gv[NP], sq = 0;
+        for (int i = 0; i < NP; i++) {
+            g[i] = tu_rand(ctx, su->dt, 2, shapes[i], -1, 1, &gv[i]);
+            gc[i] = sg_clone(g[i]);
+            for (int64_t k = 0; k < r.n[i]; k++) sq += gv[i][k] * gv[i][k];
+        }
+        coef = fmin(max_norm / (sqrt(sq) + 1e-6), 1.0);
+        ok = TU_EXPECT((fn ? sg_call(fn, g, NP, &out, 1) : scaled_step(ctx, g, &out, &w)) ==
+                       SG_OK) &&
+             TU_EXPECT((fc ? sg_call(fc, gc, NP, &outc, 1) : inplace_step(ctx, gc, &outc, &cp)) ==
+                       SG_OK);
+        for (int i = 0; i < NP; i++) {
+            double *gs = malloc(sizeof(double) * (size_t)r.n[i]);
+            for (int64_t k = 0; k < r.n[i]; k++) gs[k] = tu_round(su->dt, gv[i][k] * coef);
+            if (adam)
+                ref_adamw(&r, i, gs, lr, t, &su->a, su->dt);
+            else
+                ref_sgd(&r, i, gs, lr, t, &su->s, su->dt);
+            double *got = ok ? tu_read(w.p[i]) : NULL, *same = ok ? tu_read(cp.p[i]) : NULL;
+            double *gread = ok ? tu_read(g[i]) : NULL;
+            char nm[64];
+            snprintf(nm, sizeof nm, "param %d after step %d", i, t);
+            ok = ok && TU_EXPECT(got && same && gread) &&
+                 TU_EXPECT(memcmp(got, same, sizeof(double) * (size_t)r.n[i]) == 0) &&
+                 TU_EXPECT(memcmp(gread, gv[i], sizeof(double) * (size_t)r.n[i]) == 0) &&
+                 tu_close(nm, got, r.p[i], r.n[i], su->dt == SG_F32 ? 1e-5 : 1e-2,
+                          su->dt == SG_F32 ? 2e-6 : 1e-2);
+            free(got), free(same), free(gread), free(gs), free(gv[i]);
+            sg_release(g[i]), sg_release(gc[i]);
+        }
+    }
+    if (!ok) fprintf(stderr, "%s\n", sg_last_error(ctx));
+    tu_case(ok,
+            "CLIP_SCALED_%s(type=%s,params=%d,steps=%d,max_norm=%g,coef=%.4f,mode=%s) seed=%llu",
+            adam ? "ADAMW" : "SGD", sg_dtype_name(su->dt), NP, NSTEPS, max_norm, coef,
+            mode < 0 ? "direct" : sg_mode_name((sg_mode)mode), (unsigned long long)seed);
+    sg_clear_error(ctx);
+    sg_fn_destroy(fn), sg_fn_destroy(fc);
+    sg_optim_destroy(w.opt), sg_optim_destroy(cp.opt);
+    for (int i = 0; i < NP; i++) sg_release(w.p[i]), sg_release(cp.p[i]);
+    ref_free(&r);
+}
+
 /* ------------------------------------------------------------ errors */
 
 static void test_errors(void) {
@@ -246,9 +350,12 @@ static void test_errors(void) {
               TU_EXPECT(sg_adamw_create(ctx, 1, &p, NULL, &o) == SG_OK) &&
               TU_EXPECT(sg_optim_step(o, &g) == SG_ERR_SHAPE) &&
               TU_EXPECT(strstr(sg_last_error(ctx), "grad 0") != NULL) &&
-              TU_EXPECT(sg_clip_grad_norm_(1, &p, -1, NULL) == SG_ERR_INVALID_ARG);
+              TU_EXPECT(sg_clip_grad_norm_(1, &p, -1, NULL) == SG_ERR_INVALID_ARG) &&
+              TU_EXPECT(sg_clip_grad_norm_coef(1, &p, 1, NULL, NULL) == SG_ERR_NULL) &&
+              TU_EXPECT(sg_optim_step_scaled(o, &p, p) == SG_ERR_SHAPE) &&
+              TU_EXPECT(strstr(sg_last_error(ctx), "sg_optim_step_scaled") != NULL);
     tu_case(ok, "OPTIM_ERRORS(int param, sgd without lr, nesterov without momentum, grad shape, "
-                "negative max_norm)");
+                "negative max_norm, no coef out, scale not 0-d)");
     sg_clear_error(ctx);
     sg_optim_destroy(o);
     sg_optim_destroy(NULL);
@@ -285,6 +392,10 @@ int main(void) {
         test_clip(SG_F32, 1.0, modes[k], 8);
         test_clip(SG_F32, 100.0, modes[k], 9);
         test_clip(SG_BF16, 2.0, modes[k], 10);
+        test_scaled(&adam_bf, 2.0, modes[k], 11);
+        test_scaled(&adam_bf_nomaster, 1.0, modes[k], 12);
+        test_scaled(&adam, 100.0, modes[k], 13);
+        test_scaled(&sgd_m, 1.5, modes[k], 14);
     }
     test_errors();
     sg_ctx_destroy(ctx);

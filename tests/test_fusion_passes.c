@@ -144,6 +144,13 @@ static void test_dce(void) {
 /* ------------------------------------------------------------ cse */
 
 STEP(cse_step) { return DONE(sg_mul(sg_tanh(in[0]), sg_tanh(in[0]))); }
+/* x bf16: a widening cast read by a reduction and by the pointwise op after it. */
+STEP(cse_widen_step) {
+    sg_tensor *a = sg_cast(in[0], SG_F32), *s = sg_sum(sg_mul(a, a), 0, NULL, false);
+    return DONE(sg_mul(sg_cast(in[0], SG_F32), s));
+}
+/* x f32: a narrowing cast twice. */
+STEP(cse_narrow_step) { return DONE(sg_add(sg_cast(in[0], SG_BF16), sg_cast(in[0], SG_BF16))); }
 STEP(cse_attr_step) { return DONE(sg_add(sg_mul_scalar(in[0], 2.0), sg_mul_scalar(in[0], 3.0))); }
 /* Same op over two views of x with different geometry: not one value. */
 STEP(cse_views_step) {
@@ -188,6 +195,17 @@ static void test_cse(void) {
 
     ok = versus_eager(cse_view_of_removed_step, NULL, 1, &x, 1, NULL);
     tu_case(ok, "CSE(sin(x) + sin(x)^T: the duplicate read through a transposed view)");
+
+    sg_tensor *xb = rand2(SG_BF16, 8, 8);
+    ok = versus_eager(cse_widen_step, NULL, 1, &xb, 1, &fn);
+    ok = ok && TU_EXPECT(count_op(fn, SG__OP_CAST, &d) == 2 && d == 0);
+    tu_case(ok, "CSE(f32(x) * sum(f32(x)^2), x bf16: the widening cast recomputed, both kept)");
+    sg_fn_destroy(fn), fn = NULL;
+    sg_release(xb);
+    ok = versus_eager(cse_narrow_step, NULL, 1, &x, 1, &fn);
+    ok = ok && TU_EXPECT(count_op(fn, SG__OP_CAST, &d) == 2 && d == 1);
+    tu_case(ok, "CSE(bf16(x) + bf16(x), x f32: one narrowing cast removed)");
+    sg_fn_destroy(fn), fn = NULL;
 
     /* Each call adds y into a fresh copy of x. */
     sg_tensor *in[2] = {sg_clone(x), y};

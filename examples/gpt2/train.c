@@ -48,11 +48,16 @@ static sg_status train_step(sg_ctx *ctx, sg_tensor *const *in, sg_tensor **out, 
         st = mean_grads(t, grads);
         loss = sg_all_reduce(t->opts.comm, loss, SG_REDUCE_MEAN);
     }
-    if (st == SG_OK && t->opts.grad_clip > 0)
+    /* Gradients the caller does not see are clipped inside AdamW's update
+     * (same values, one pass over them fewer); output ones in place. */
+    sg_tensor *coef = NULL;
+    if (st == SG_OK && t->opts.grad_clip > 0 && t->opts.output_grads)
         st = sg_clip_grad_norm_(t->n, grads, t->opts.grad_clip, NULL);
+    else if (st == SG_OK && t->opts.grad_clip > 0)
+        st = sg_clip_grad_norm_coef(t->n, grads, t->opts.grad_clip, &coef, NULL);
     for (int k = 0; st == SG_OK && k < t->n; k++) t->sorted[t->n + k] = grads[t->order[k]];
-    if (st == SG_OK) st = sg_optim_step(t->opt[0], t->sorted + t->n);
-    if (st == SG_OK) st = sg_optim_step(t->opt[1], t->sorted + t->n + t->nmat);
+    if (st == SG_OK) st = sg_optim_step_scaled(t->opt[0], t->sorted + t->n, coef);
+    if (st == SG_OK) st = sg_optim_step_scaled(t->opt[1], t->sorted + t->n + t->nmat, coef);
     sg_set_grad_enabled(ctx, true);
     out[0] = loss;
     return st;
