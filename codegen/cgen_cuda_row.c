@@ -181,6 +181,71 @@ static void team_reduce_ms(rowk *k) {
     sg__emit_close(k->e);
 }
 
+/* The two f32 sums r_q and r_dm combined over the team, each in
+ * team_reduce's order (so each has the bits it would alone), side by side
+ * so that their shuffles overlap. */
+static void team_reduce_qd(rowk *k) {
+    if (!k->sp->shuffles) {
+        const char *t[2] = {"float", "float"}, *v[2] = {"r_q", "r_dm"}, *o[2] = {"r_oq", "r_odm"};
+        sg__cuda_tree(k->g, 2, t, v, o, "r_q += r_oq; r_dm += r_odm;", k->team / 32);
+        return;
+    }
+    sg__emit_open(k->e, "for (int o = %d; o > 0; o >>= 1)", k->team > 32 ? 16 : k->team / 2);
+    sg__emit_line(k->e, "r_q += __shfl_xor_sync(0xffffffffu, r_q, o);");
+    sg__emit_line(k->e, "r_dm += __shfl_xor_sync(0xffffffffu, r_dm, o);");
+    sg__emit_close(k->e);
+    if (k->team <= 32) return;
+    int r = k->nred;
+    k->nred += 2;
+    sg__emit_open(k->e, "%s", "");
+    sg__cuda_shared(k->g, 0, "float r_red%d[%d], r_red%d[%d]", r, k->team / 32, r + 1,
+                    k->team / 32);
+    sg__emit_line(k->e,
+                  "if ((threadIdx.x & 31) == 0) r_red%d[threadIdx.x >> 5] = r_q, "
+                  "r_red%d[threadIdx.x >> 5] = r_dm;",
+                  r, r + 1);
+    sg__emit_line(k->e, "__syncthreads();");
+    sg__emit_line(k->e, "r_q = r_red%d[0], r_dm = r_red%d[0];", r, r + 1);
+    sg__emit_line(k->e, "for (int w = 1; w < %d; w++) r_q += r_red%d[w], r_dm += r_red%d[w];",
+                  k->team / 32, r, r + 1);
+    sg__emit_close(k->e);
+}
+
+/*
+ * A row's mean and the sum of squares about it, by the corrected two-pass
+ * rule: r_q sums (x - m)^2 and r_dm sums (x - m) about the f32 mean m of
+ * the first pass, whose rounding (large for a row far from zero: a mean of
+ * ~1000 is off by up to half its ulp, 3e-5, in f32) the second sum
+ * measures and takes back: the mean is m + r_mc with r_mc = r_dm / n, and
+ * sum (x - mean)^2 = r_q - r_dm^2 / n. After it r_m0, r_mc and r_q hold
+ * those; x - m0 is exact for x near the mean, so x - mean is taken as
+ * (x - r_m0) - r_mc, not against a mean rounded to f32. `pass` emits the
+ * second pass over the row with the fold it is given.
+ */
+static void stat_pass(rowk *k, bool fill, const char *fold);
+static void chunk_loop(rowk *k, const char *start, const char *hi, int step, int u,
+                       const char *fold, bool quiet);
+static int chunk_of(int64_t len, int step, int u);
+
+/* The second pass of a norm's statistics (its registers or its chunks). */
+static void norm_second_pass(rowk *k, const char *fold) { stat_pass(k, false, fold); }
+
+/* The second pass of a var anchor: the row in chunks, its prologue quiet. */
+static void var_second_pass(rowk *k, const char *fold) {
+    char hi[32];
+    snprintf(hi, sizeof hi, "%lldLL", (long long)k->len);
+    chunk_loop(k, "r_lane", hi, k->team, chunk_of(k->len, k->team, 8), fold, true);
+}
+
+static void corrected_q(rowk *k, void (*pass)(rowk *, const char *)) {
+    sg__emit_line(k->e, "const float r_m0 = r_s / %lld.0f;", (long long)k->len);
+    sg__emit_line(k->e, "float r_q = 0.0f, r_dm = 0.0f;");
+    pass(k, "{ const float r_d = r_x - r_m0; r_q += r_d * r_d; r_dm += r_d; }");
+    team_reduce_qd(k);
+    sg__emit_line(k->e, "const float r_mc = r_dm / %lld.0f;", (long long)k->len);
+    sg__emit_line(k->e, "r_q -= r_dm * (r_dm / %lld.0f);", (long long)k->len);
+}
+
 /* In the current scope: i for column r_c of the row, and (unless flat) its indices. */
 static void walk_index(rowk *k) {
     if (k->cols > 1) /* (r_row, r_c, r_col) of the (rows, len, cols) walk */
@@ -397,7 +462,7 @@ static void row_write(rowk *k) {
     case SG__OP_LOG_SOFTMAX: snprintf(y, sizeof y, "((r_x - r_m) - r_ls)"); break;
     default: {
         size_t q = (size_t)snprintf(
-            y, sizeof y, n->op == SG__OP_LAYER_NORM ? "((r_x - r_mean) * r_r" : "(r_x * r_r");
+            y, sizeof y, n->op == SG__OP_LAYER_NORM ? "((r_x - r_m0 - r_mc) * r_r" : "(r_x * r_r");
         for (int j = 1; j < n->nin && j < 3; j++) {
             if (!sg__cuda_arg(k->g, n, j)) continue;
             if (k->vout && k->vpar) {
@@ -589,10 +654,7 @@ static void emit_row_op(rowk *k) {
         stat_pass(k, fill, layer ? "r_s += r_x;" : "r_s += r_x * r_x;");
         team_reduce(k, "r_s", false);
         if (layer) {
-            sg__emit_line(k->e, "const float r_mean = r_s / %lld.0f;", (long long)k->len);
-            sg__emit_line(k->e, "float r_q = 0.0f;");
-            stat_pass(k, false, "r_q += (r_x - r_mean) * (r_x - r_mean);");
-            team_reduce(k, "r_q", false);
+            corrected_q(k, norm_second_pass);
             sg__emit_line(k->e, "const float r_var = r_q / %lld.0f;", (long long)k->len);
         } else {
             sg__emit_line(k->e, "const float r_var = r_s / %lld.0f;", (long long)k->len);
@@ -707,11 +769,7 @@ static void emit_reduce(rowk *k) {
     team_reduce(k, "r_s", false);
     if (k->an->op == SG__OP_VAR) { /* a second pass, about the mean; a quiet prologue */
         int64_t den = k->len - k->an->i[0];
-        sg__emit_line(k->e, "const float r_mean = r_s / %lld.0f;", (long long)k->len);
-        sg__emit_line(k->e, "float r_q = 0.0f;");
-        chunk_loop(k, "r_lane", hi, k->team, chunk_of(k->len, k->team, 8),
-                   "r_q += (r_x - r_mean) * (r_x - r_mean);", true);
-        team_reduce(k, "r_q", false);
+        corrected_q(k, var_second_pass);
         if (den > 0) /* var, or NaN/inf as torch's for too few elements */
             sg__emit_line(k->e, "r_s = r_q / %lld.0f;", (long long)den);
         else
