@@ -669,12 +669,18 @@ static sg_status run_classes(sg_ctx *ctx, const sg__mm_plan *p, const sg__mm_pad
         if (!sg__mm_lt_call(&c, dt, &call)) return *ran = false, SG_OK;
         s = sg__lt_matmul(ctx, &call, q->b + n0 * p->B.cs * es, q->a, q->c + n0 * es, NULL, ran);
     }
-    /* The leftovers: batch 0 columns 0 .. w, batch 1 columns ncls .. N. */
+    /* The leftovers: batch 0 columns 0 .. ld, batch 1 columns N - ld .. N
+     * (ld: w rounded up to 16 bytes, so that the call's result rows are whole
+     * vectors -- an odd width gets cuBLASLt's align1 kernels, ~5x slower);
+     * batch 1's columns ncls .. N start w - ld into its rows. B's columns
+     * are rows of 16-byte multiples (read transposed, not padded), so any
+     * column start is aligned. */
     sg__mm_plan l = *p;
     int64_t ld = sg__mm_pad_ld(w, dt), left = pad->cshift * (g - 1);
-    l.N = w, l.C.rs = ld, l.C.cs = 1;
+    int64_t lw = ld <= p->N ? ld : w, b1 = p->N - lw;
+    l.N = lw, l.C.rs = ld, l.C.cs = 1;
     l.nb = 1, l.bshape[0] = 2;
-    l.A.bs[0] = 0, l.B.bs[0] = pad->ncls * p->B.cs, l.C.bs[0] = p->M * ld;
+    l.A.bs[0] = 0, l.B.bs[0] = b1 * p->B.cs, l.C.bs[0] = p->M * ld;
     if (s != SG_OK || !*ran) return s;
     if (!sg__mm_lt_call(&l, dt, &call)) return *ran = false, SG_OK;
     s = sg__lt_matmul(ctx, &call, q->b, q->a, scratch, NULL, ran);
@@ -683,14 +689,14 @@ static sg_status run_classes(sg_ctx *ctx, const sg__mm_plan *p, const sg__mm_pad
         if (!sg__mm_lt_call(&l, dt, &call)) return SG_OK;
         *ran = true;
         for (int b = 0; s == SG_OK && *ran && b < 2; b++)
-            s = sg__lt_matmul(ctx, &call, q->b + b * pad->ncls * p->B.cs * es, q->a,
+            s = sg__lt_matmul(ctx, &call, q->b + b * b1 * p->B.cs * es, q->a,
                               scratch + b * p->M * ld * es, NULL, ran);
     }
     if (s == SG_OK && *ran)
         s = pitch_copy(ctx, dt, scratch, ld, q->c, p->C.rs, p->M, left, p->M, left);
     if (s == SG_OK && *ran)
-        s = pitch_copy(ctx, dt, scratch + p->M * ld * es, ld, q->c + pad->ncls * es, p->C.rs, p->M,
-                       w, p->M, w);
+        s = pitch_copy(ctx, dt, scratch + (p->M * ld + pad->ncls - b1) * es, ld,
+                       q->c + pad->ncls * es, p->C.rs, p->M, w, p->M, w);
     return s;
 }
 
