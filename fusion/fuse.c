@@ -1205,6 +1205,67 @@ static sg_status copies_into_gemv(sg_ctx *ctx, const sg__ir *ir, const int *alia
     return SG_OK;
 }
 
+/* ------------------------------------------------------------ copies into attention */
+
+/* Same slot, offset, dtype, shape and strides. */
+static bool same_view(const sg__ref *a, const sg__ref *b) {
+    return a && b && a->slot == b->slot && a->offset == b->offset && same_layout(a, b);
+}
+
+/* Does POINTWISE group c only copy attention a's k or v views (inputs 1, 2)
+ * into slots a does not touch, one copy per view? */
+static bool copies_attn_inputs(const sg__ir *ir, const int *alias, const sg__group *a,
+                               const sg__group *c) {
+    const sg__irnode *at = &ir->nodes[a->g[0].node];
+    if (c->kind != SG__G_POINTWISE || c->n < 1 || c->n > 2) return false;
+    bool used[2] = {false, false};
+    for (int i = 0; i < c->n; i++) {
+        const sg__irnode *n = &ir->nodes[c->g[i].node];
+        if (n->op != SG__OP_COPY || n->nin != 1 || c->g[i].arg_src[0] >= 0) return false;
+        const sg__ref *src = arg_ref(ir, n, 0, alias), *dst = &ir->refs[alias[n->out]];
+        int which = same_view(src, arg_ref(ir, at, 1, alias))   ? 0
+                    : same_view(src, arg_ref(ir, at, 2, alias)) ? 1
+                                                                : -1;
+        if (which < 0 || used[which] || dst->dtype != src->dtype || dst->ndim != src->ndim)
+            return false;
+        for (int d = 0; d < src->ndim; d++)
+            if (dst->shape[d] != src->shape[d]) return false;
+        used[which] = true;
+        if (dst->slot == ir->refs[alias[at->out]].slot) return false;
+        for (int j = 0; j < at->nin; j++) {
+            const sg__ref *x = arg_ref(ir, at, j, alias);
+            if (x && x->slot == dst->slot) return false;
+        }
+    }
+    return true;
+}
+
+/* Each OPAQUE attention group and the copy group right before it that
+ * copies its k and v views elsewhere: the copies become the attention
+ * group's last members (nothing between them, and neither reads what the
+ * other writes, so the copies may happen while the attention runs). */
+static sg_status copies_into_attn(sg_ctx *ctx, const sg__ir *ir, const int *alias, sg__fused *f) {
+    for (int k = 1; k < f->ngroups; k++) {
+        sg__group *a = &f->groups[k], *c = &f->groups[k - 1];
+        if (a->kind != SG__G_OPAQUE || a->n != 1 || a->ncopies ||
+            ir->nodes[a->g[0].node].op != SG__OP_ATTENTION || !copies_attn_inputs(ir, alias, a, c))
+            continue;
+        sg__gnode *g = sg__alloc(ctx, sizeof *g * (size_t)(1 + c->n));
+        if (!g) return sg__fail(ctx, SG_ERR_OOM, "fusion: out of host memory");
+        g[0] = a->g[0];
+        memcpy(g + 1, c->g, sizeof *g * (size_t)c->n);
+        sg__free(ctx, a->g, sizeof *g);
+        a->g = g;
+        a->ncopies = c->n;
+        a->n = 1 + c->n;
+        a->first = c->first;
+        sg__free(ctx, c->g, sizeof *g * (size_t)c->n);
+        memmove(c, a, sizeof *c * (size_t)(f->ngroups - k));
+        f->ngroups--;
+    }
+    return SG_OK;
+}
+
 /* ------------------------------------------------------------ argmax into GEMV */
 
 /* Is r row-major contiguous (dims of one element aside)? */
@@ -1379,6 +1440,8 @@ sg_status sg__fuse(sg_ctx *ctx, const sg__ir *ir, const sg__fuse_opts *opts, sg_
         s = copies_into_gemv(ctx, ir, f->alias, f, opts->gemv_rows);
     if (s == SG_OK && !per_op && opts && opts->gemv_rows)
         s = argmax_into_gemv(ctx, ir, f->alias, f, opts->gemv_rows);
+    if (s == SG_OK && !per_op && opts && opts->attn_copies)
+        s = copies_into_attn(ctx, ir, f->alias, f);
     if (s != SG_OK) goto done;
     mark_stores(ir, f->alias, f->groups, f->ngroups);
     if (!per_op && !(opts && opts->no_fold)) s = fold_consts(ctx, ir, f->alias, writes, f);

@@ -45,6 +45,11 @@
  *    product, into the caches at the position) join it as its last members
  *    (sg__group.ncopies): the GEMV's thread that holds an element of the
  *    result also writes it into the cache.
+ *  - copies into attention (with attn_copies): a POINTWISE group right
+ *    before an ATTENTION whose members each copy exactly its k or v view
+ *    into a tensor the attention does not touch (a prefill's K and V into
+ *    the cache) joins it (sg__group.ncopies): the attention kernel writes
+ *    them from the rows it reads.
  *  - epilogues into the BLAS (with lib_epilogue): a MATMUL group whose
  *    epilogue is one gelu_tanh, relu or residual add is marked
  *    (sg__group.lib_epi) for a library call that computes it itself.
@@ -139,7 +144,12 @@ typedef struct sg__group {
     /* MATMUL groups that sg__fuse_opts.gemv_rows merged with the index_copy_
      * groups after them: the last ncopies members are those index_copy_
      * nodes, each copying a view of the anchor's result (src, in the
-     * anchor's output slot) into dst at idx; 0 when none. */
+     * anchor's output slot) into dst at idx; 0 when none. OPAQUE attention
+     * groups that sg__fuse_opts.attn_copies merged with the copy group
+     * before them: the last ncopies members are COPY nodes of exactly the
+     * attention's k or v view into a tensor the attention does not touch
+     * (a prefill's K and V into the cache), which the attention kernel
+     * writes as it goes. */
     int ncopies;
     /* MATMUL groups that sg__fuse_opts.lib_epilogue hands whole to the BLAS
      * call: the group is its anchor and one epilogue member (g[1]) that the
@@ -230,6 +240,10 @@ typedef struct sg__fuse_opts {
      * (cuBLASLt's GELU/RELU epilogues, beta = 1 with a separate C): set
      * sg__group.lib_epi where the group allows it. */
     bool lib_epilogue;
+    /* The backend's attention kernel also copies its k and v inputs: a
+     * POINTWISE group right before an ATTENTION that only copies those views
+     * joins it (sg__group.ncopies). */
+    bool attn_copies;
     /* No constant folding (SG_CONST_FOLD=0): constant groups replay. */
     bool no_fold;
 } sg__fuse_opts;

@@ -122,6 +122,19 @@ static void explain_library(sg__text *t, const sg__graph *g) {
                      node, sg__op_name(g->ir.nodes[node].op), e, sg__op_name(g->ir.nodes[e].op),
                      epi[grp->lib_epi], grp->lib_aux ? ", its input written too (aux)" : "");
     }
+    for (int k = 0; k < g->fused.ngroups; k++) {
+        const sg__group *grp = &g->fused.groups[k];
+        if (grp->kind != SG__G_OPAQUE || !grp->ncopies) continue;
+        int node = grp->g[0].node;
+        char lines[64] = "";
+        for (int m = grp->n - grp->ncopies, at = 0; m < grp->n && at < (int)sizeof lines; m++)
+            at += snprintf(lines + at, sizeof lines - (size_t)at,
+                           m > grp->n - grp->ncopies ? ", %d" : "%d", grp->g[m].node);
+        sg__text_put(t,
+                     "    attention copies: IR line %d (%s) also writes the copies of IR line%s %s "
+                     "(its K/V views) from the rows it reads (else each copy runs alone)\n",
+                     node, sg__op_name(g->ir.nodes[node].op), grp->ncopies > 1 ? "s" : "", lines);
+    }
 }
 
 /* On HIP the library kernels differ from CUDA's: say which run. */

@@ -344,6 +344,75 @@ static void heads_side_by_side(sg_dtype dt) {
     free(got), free(ref), free(want), free(pv);
 }
 
+/* A prefill's K and V into their caches, then causal attention over the fresh K and V
+ * (in: q, k, v, kc, vc; out: the result). */
+static sg_status cache_step(sg_ctx *cx, sg_tensor *const *in, sg_tensor **out, void *user) {
+    (void)user;
+    int64_t L = sg_tensor_size(in[1], 2);
+    sg_tensor *kn = sg_narrow(in[3], 2, 0, L), *vn = sg_narrow(in[4], 2, 0, L);
+    sg_status s = sg_copy_(kn, in[1]);
+    if (s == SG_OK) s = sg_copy_(vn, in[2]);
+    sg_release(kn), sg_release(vn);
+    out[0] = s == SG_OK ? sg_sdpa(in[0], in[1], in[2], NULL, true, 0) : NULL;
+    return out[0] ? SG_OK : sg_ctx_status(cx);
+}
+
+/* The K/V cache writes of a prefill next to its attention: compiled, the attention's group
+ * takes the copies (on CUDA its flash kernel writes them as it reads the rows). The caches
+ * hold exactly the K and V values in their first L slots and their old values after; the
+ * result is the f64 reference's. Heads narrowed out of one fused projection; L not a
+ * multiple of the 64-row tiles; one grouped-query case. */
+static void prefill_cache_copies(sg_dtype dt, int64_t Hq, int64_t Hkv, int64_t L, int64_t D) {
+    const int64_t B = 2, S = L + 9;
+    const acase c = {B, Hq, Hkv, L, L, D, {0}, false, true, 0, true, 0};
+    int64_t ps[4] = {B, L, Hq + 2 * Hkv, D}, cs[4] = {B, Hkv, S, D};
+    int64_t n = B * Hq * L * D, nc = B * Hkv * S * D;
+    double *pv = NULL, *kcv = NULL, *vcv = NULL, *got = NULL, *kg = NULL, *vg = NULL;
+    sg_tensor *proj = tu_rand(ctx, dt, 4, ps, -1, 1, &pv);
+    sg_tensor *kc = tu_rand(ctx, dt, 4, cs, -1, 1, &kcv),
+              *vc = tu_rand(ctx, dt, 4, cs, -1, 1, &vcv);
+    operand q = narrowed(proj, pv, 0, Hq), k = narrowed(proj, pv, Hq, Hkv);
+    operand v = narrowed(proj, pv, Hq + Hkv, Hkv);
+    double *ref = reference(&c, &q, &k, &v, NULL);
+    sg_tensor *in[5] = {q.t, k.t, v.t, kc, vc}, *y = NULL;
+    sg_fn *fn = NULL;
+    bool ok =
+        TU_EXPECT(sg_compile(ctx, cache_step, NULL, 5, 1,
+                             &(sg_compile_opts){.mode = SG_MODE_REDUCE_OVERHEAD}, &fn) == SG_OK);
+    for (int call = 0; ok && call < 2; call++) {
+        sg_release(y), y = NULL;
+        ok = TU_EXPECT(sg_call(fn, in, 5, &y, 1) == SG_OK) && TU_EXPECT((got = tu_read(y))) &&
+             TU_EXPECT(tu_close("result", got, ref, n, tu_rtol(dt), tu_atol(dt))) &&
+             TU_EXPECT((kg = tu_read(kc)) && (vg = tu_read(vc)));
+        for (int64_t i = 0; ok && i < nc; i++) { /* (b, h, s, e) of the caches */
+            int64_t e = i % D, sl = i / D % S, h = i / D / S % Hkv, b = i / D / S / Hkv;
+            double kw = sl < L ? at(&k, b, h, sl, e) : kcv[i],
+                   vw = sl < L ? at(&v, b, h, sl, e) : vcv[i];
+            ok = TU_EXPECT(kg[i] == kw) && TU_EXPECT(vg[i] == vw);
+            if (!ok)
+                fprintf(stderr, "  cache (%lld,%lld,%lld,%lld): k %g want %g, v %g want %g\n",
+                        (long long)b, (long long)h, (long long)sl, (long long)e, kg[i], kw, vg[i],
+                        vw);
+        }
+        free(got), free(kg), free(vg), got = kg = vg = NULL;
+    }
+    const char *ex = fn ? sg_fn_explain(fn) : "";
+    if (ok && tu_backend() == SG_BACKEND_CUDA)
+        ok = TU_EXPECT(strstr(ex, "attention copies:") != NULL);
+    if (!ok) fprintf(stderr, "  %s\n%s\n", sg_last_error(ctx), ex);
+    tu_case(ok,
+            "SDPA_PREFILL_CACHE_COPIES(type=%s,B=%lld,Hq=%lld,Hkv=%lld,L=%lld,S=%lld,D=%lld,"
+            "causal=1,fused_qkv) reduce-overhead, two calls",
+            sg_dtype_name(dt), (long long)B, (long long)Hq, (long long)Hkv, (long long)L,
+            (long long)S, (long long)D);
+    sg_clear_error(ctx);
+    sg_fn_destroy(fn);
+    sg_release(y), sg_release(q.t), sg_release(k.t), sg_release(v.t), sg_release(kc),
+        sg_release(vc);
+    sg_release(proj);
+    free(ref), free(pv), free(kcv), free(vcv);
+}
+
 static bool failed_with(sg_status s, const char *text) {
     bool ok = TU_EXPECT(sg_ctx_status(ctx) == s) &&
               TU_EXPECT(strstr(sg_last_error(ctx), "sg_sdpa_cached") != NULL) &&
@@ -399,6 +468,9 @@ int main(void) {
     gqa_decomposed(SG_BF16);
     heads_side_by_side(SG_F32);
     heads_side_by_side(SG_BF16);
+    prefill_cache_copies(SG_BF16, 4, 4, 100, 64);
+    prefill_cache_copies(SG_F16, 4, 2, 70, 128);
+    prefill_cache_copies(SG_F32, 2, 2, 33, 16);
     errors();
     sg_ctx_destroy(ctx);
     return tu_finish();

@@ -109,7 +109,15 @@ static bool use_flash(const sg__node *n, const ageom *g) {
            g->B * g->Hq <= INT32_MAX;
 }
 
-static sg_status launch_mma(sg_ctx *ctx, const sg__node *n, ageom *g) {
+/* The same layout as struct acopy in k_attn.cu: the flash kernel's copies of
+ * its K and V views (NULL: that view is not copied). */
+typedef struct acopy {
+    void *kd, *vd;
+    int64_t kds[4], vds[4];
+} acopy;
+_Static_assert(sizeof(acopy) == 80, "acopy changed: update k_attn.cu too");
+
+static sg_status launch_mma(sg_ctx *ctx, const sg__node *n, ageom *g, const acopy *cp) {
     bool flash = use_flash(n, g);
     const char *name = !flash ? "sg_attn_mma" : g->D == 64 ? "sg_attn_flash64" : "sg_attn_flash128";
     void *f;
@@ -117,7 +125,8 @@ static sg_status launch_mma(sg_ctx *ctx, const sg__node *n, ageom *g) {
     if (st != SG_OK) return st;
     void *q = sg__data(n->in[0]), *k = sg__data(n->in[1]), *v = sg__data(n->in[2]);
     void *len = n->nin > 4 && n->in[4] ? sg__data(n->in[4]) : NULL, *out = sg__data(n->out);
-    void *args[] = {&q, &k, &v, &len, &out, g};
+    acopy none = {0};
+    void *args[] = {&q, &k, &v, &len, &out, g, (void *)(cp ? cp : &none)};
     unsigned tiles = (unsigned)((g->Lq + 63) / 64), heads = (unsigned)(g->B * g->Hq);
     unsigned grid[3] = {flash ? heads : tiles, flash ? tiles : heads, 1};
     unsigned block[3] = {NT, 1, 1};
@@ -182,7 +191,7 @@ sg_status sg__cuda_attn(sg_ctx *ctx, const sg__node *n) {
                         (long long)g.D, (long long)g.Hq, (long long)g.Hkv);
     int64_t rows = g.B * g.Hq * g.Lq;
     if (rows == 0 || g.D == 0) return SG_OK;
-    if (use_mma(ctx, &g)) return launch_mma(ctx, n, &g);
+    if (use_mma(ctx, &g)) return launch_mma(ctx, n, &g, NULL);
     if (use_decode(&g)) return launch_decode(ctx, n, &g);
     int64_t zr = ((g.Hq / g.Hkv) * g.Lq + g.rows - 1) / g.rows, bx = g.B * g.Hkv;
     plan_splits(&g, bx * zr, sg__cuda_sm_count(ctx));
@@ -212,6 +221,42 @@ sg_status sg__cuda_attn(sg_ctx *ctx, const sg__node *n) {
     unsigned cgrid[3] = {(unsigned)rows, 1, 1};
     unsigned cblock[3] = {(unsigned)(g.D < 32 ? 32 : (g.D + 31) / 32 * 32), 1, 1};
     return sg__cuda_launch(ctx, combine, cgrid, cblock, 0, cargs);
+}
+
+/*
+ * ATTENTION with the copies of its k and v views that fusion gave it
+ * (sg__group.ncopies): the flash kernel writes them from the rows it reads
+ * when it runs the node and each destination has 16-byte rows (rows_vector);
+ * else the node, then each copy by its own kernel.
+ */
+sg_status sg__cuda_attn_copies(sg_ctx *ctx, const sg__node *n, const sg__node *const *copies,
+                               int ncopies) {
+    ageom g;
+    describe(&g, n);
+    acopy cp = {0};
+    bool fused = g.D <= 256 && g.Hkv >= 1 && g.Hq % g.Hkv == 0 && g.B * g.Hq * g.Lq > 0 &&
+                 use_mma(ctx, &g) && use_flash(n, &g);
+    for (int i = 0; i < ncopies && fused; i++) {
+        const sg_tensor *src = copies[i]->in[0], *dst = copies[i]->out;
+        int which = -1;
+        for (int j = 1; j <= 2 && which < 0; j++) {
+            const sg_tensor *x = n->in[j];
+            bool same = sg__data(src) == sg__data(x) && src->ndim == 4 && dst->ndim == 4 &&
+                        src->dtype == x->dtype && dst->dtype == x->dtype;
+            for (int d = 0; d < 4 && same; d++)
+                same = src->shape[d] == x->shape[d] && src->stride[d] == x->stride[d] &&
+                       dst->shape[d] == x->shape[d];
+            if (same && !(j == 1 ? cp.kd : cp.vd)) which = j;
+        }
+        fused = which > 0 && rows_vector(dst, g.D);
+        int64_t *st = which == 1 ? cp.kds : cp.vds;
+        for (int d = 0; d < 4 && fused; d++) st[d] = dst->stride[d];
+        if (fused) *(which == 1 ? &cp.kd : &cp.vd) = sg__data(dst);
+    }
+    if (fused) return launch_mma(ctx, n, &g, &cp);
+    sg_status s = sg__cuda_attn(ctx, n);
+    for (int i = 0; i < ncopies && s == SG_OK; i++) s = ctx->exec.run(ctx, copies[i]);
+    return s;
 }
 
 #endif /* SG_HAVE_CUDA_HEADERS */

@@ -308,7 +308,14 @@ static sg_status launch_range(sg_ctx *ctx, sg__graph *g, set_state *st, int from
                                               grp->lib_epi, grp->lib_res, grp->lib_aux, &took);
             if (s != SG_OK) return s;
         }
-        if (node >= 0 && !ki->replaces_call && !took) {
+        if (node >= 0 && !ki->replaces_call && !took && grp->kind == SG__G_OPAQUE && grp->ncopies) {
+            /* an attention and the copies of its K and V (sg__group.ncopies) */
+            const sg__node *cps[2];
+            int nc = grp->ncopies < 2 ? grp->ncopies : 2;
+            for (int m = 0; m < nc; m++) cps[m] = &g->nodes[grp->g[grp->n - nc + m].node];
+            sg_status s = sg__cuda_attn_copies(ctx, &g->nodes[node], cps, nc);
+            if (s != SG_OK) return s;
+        } else if (node >= 0 && !ki->replaces_call && !took) {
             sg_status s = ctx->exec.run(ctx, &g->nodes[node]);
             if (s != SG_OK) return s;
         }
@@ -715,6 +722,7 @@ static sg_status timed_run(sg_fn *fn, sg__graph *g, int set) {
 static void fuse_opts(sg__fuse_opts *o, bool disable) {
     sg__cgen_cuda_fuse_opts(o, disable);
     o->lib_epilogue = true;
+    o->attn_copies = true;
 }
 
 const sg__graph_ops sg__cuda_graph_ops = {compile, run, release, fuse_opts, timed_run};

@@ -101,6 +101,10 @@ SG__HIDDEN sg_status sg__cuda_matmul(sg_ctx *ctx, const sg__node *n);
 SG__HIDDEN sg_status sg__cuda_matmul_epi(sg_ctx *ctx, const sg__node *n, const sg__node *e, int epi,
                                          int res, bool aux, bool *took);
 SG__HIDDEN sg_status sg__cuda_attn(sg_ctx *ctx, const sg__node *n);
+/* ATTENTION n and the copies of its k and v views that fusion merged into
+ * its group (sg__group.ncopies): one kernel where it can, else each alone. */
+SG__HIDDEN sg_status sg__cuda_attn_copies(sg_ctx *ctx, const sg__node *n,
+                                          const sg__node *const *copies, int ncopies);
 SG__HIDDEN sg_status sg__cuda_attn_bwd(sg_ctx *ctx, const sg__node *n);
 
 #endif /* SG_CUDA_EXEC_H */

@@ -812,6 +812,35 @@ extern "C" __global__ void __launch_bounds__(NT)
  */
 #define FQ 64 /* queries per block */
 
+/* Where the flash kernel also copies its K and V views (the attention group's
+ * copies, sg__group.ncopies): destinations of K's and V's 4-d shape with
+ * 16-byte rows, NULL when that view is not copied. The same layout as
+ * struct acopy in cuda_attn.c. */
+struct acopy {
+    u16 *kd, *vd;
+    i64 kds[4], vds[4];
+};
+
+/* Block (b, h, query tile) of a K/V head's first query head copies key rows
+ * tile * FQ, (tile + tiles) * FQ, ... of its K and V views, 16 bytes a thread
+ * at a time; the rows are the ones the blocks read, so mostly from L2. */
+template <int D>
+__device__ __forceinline__ void flash_copies(const u16 *kp, const u16 *vp, const ageom &g,
+                                             const acopy &c, i64 b, i64 h, i64 hk) {
+    if ((!c.kd && !c.vd) || h % (g.Hq / g.Hkv) != 0) return;
+    const i64 tile = (i64)(gridDim.y - 1 - blockIdx.y), step = (i64)gridDim.y * FQ;
+    u16 *kd = c.kd ? c.kd + b * c.kds[0] + hk * c.kds[1] : nullptr;
+    u16 *vd = c.vd ? c.vd + b * c.vds[0] + hk * c.vds[1] : nullptr;
+    for (i64 j0 = tile * FQ; j0 < g.S; j0 += step)
+        for (int x = threadIdx.x; x < FQ * (D / 8); x += NT) {
+            const i64 j = j0 + x / (D / 8);
+            const int e = (x % (D / 8)) * 8;
+            if (j >= g.S) continue;
+            if (kd) *(uint4 *)(kd + j * c.kds[2] + e) = *(const uint4 *)(kp + j * g.ks[2] + e);
+            if (vd) *(uint4 *)(vd + j * c.vds[2] + e) = *(const uint4 *)(vp + j * g.vs[2] + e);
+        }
+}
+
 /* 16 bytes global -> shared (at shared address dst), zero-filled when !in
  * (nothing read then). Shared addresses are 32-bit window offsets, the
  * lane's part apart from the constant part, which ptxas folds into the
@@ -919,7 +948,7 @@ __device__ __forceinline__ void row_max(float (&s)[NS][4], int ea, int eb, float
 
 template <int D, int FK, int DT>
 __device__ __forceinline__ void flash_fwd(const u16 *q, const u16 *k, const u16 *v, const void *len,
-                                          u16 *out, const ageom &g, u16 *sm) {
+                                          u16 *out, const ageom &g, const acopy &cp, u16 *sm) {
     constexpr int P = D + 8, NKS = D / 16, ND = D / 8, NS = FK / 8;
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, gr = lane >> 2, tq = lane & 3;
     const i64 b = blockIdx.x / g.Hq, h = blockIdx.x % g.Hq, hk = h / (g.Hq / g.Hkv);
@@ -1046,23 +1075,26 @@ __device__ __forceinline__ void flash_fwd(const u16 *q, const u16 *k, const u16 
         int x = tid + c * NT, r = x / (D / 8), e = (x % (D / 8)) * 8;
         if (q0 + r < g.Lq) *(uint4 *)(op + r * ost + e) = *(const uint4 *)(sm + r * P + e);
     }
+    flash_copies<D>(kp, vp, g, cp, b, h, hk);
 }
 
 /* Shared memory: a K and a V tile of FK rows, or Q's FQ rows, of pitch D + 8. */
 #define FLASH(D, FK)                                                                               \
     __shared__ __align__(16) u16 sm[(FQ > 2 * FK ? FQ : 2 * FK) * (D + 8)];                        \
     if (g.dt == DT_F16)                                                                            \
-        flash_fwd<D, FK, DT_F16>(q, k, v, len, out, g, sm);                                        \
+        flash_fwd<D, FK, DT_F16>(q, k, v, len, out, g, cp, sm);                                    \
     else                                                                                           \
-        flash_fwd<D, FK, DT_BF16>(q, k, v, len, out, g, sm);
+        flash_fwd<D, FK, DT_BF16>(q, k, v, len, out, g, cp, sm);
 
 extern "C" __global__ void __launch_bounds__(NT)
-    sg_attn_flash64(const u16 *q, const u16 *k, const u16 *v, const void *len, u16 *out, ageom g) {
+    sg_attn_flash64(const u16 *q, const u16 *k, const u16 *v, const void *len, u16 *out, ageom g,
+                    acopy cp) {
     FLASH(64, 64)
 }
 
 extern "C" __global__ void __launch_bounds__(NT)
-    sg_attn_flash128(const u16 *q, const u16 *k, const u16 *v, const void *len, u16 *out, ageom g) {
+    sg_attn_flash128(const u16 *q, const u16 *k, const u16 *v, const void *len, u16 *out, ageom g,
+                     acopy cp) {
     FLASH(128, 32)
 }
 
