@@ -821,24 +821,36 @@ struct acopy {
     i64 kds[4], vds[4];
 };
 
-/* Block (b, h, query tile) of a K/V head's first query head copies key rows
- * tile * FQ, (tile + tiles) * FQ, ... of its K and V views, 16 bytes a thread
- * at a time; the rows are the ones the blocks read, so mostly from L2. */
+/* The copies go to the lighter half of the blocks (causal: the first query
+ * tiles, which read the fewest keys), off the heavy blocks' path: block
+ * (b, h, tile t < half) of a K/V head's first query head copies key tiles t,
+ * t + half, ... of FQ rows of its K and V views; each thread issues all its
+ * 16-byte loads of a tile before its stores. The rows are mostly in L2. */
 template <int D>
 __device__ __forceinline__ void flash_copies(const u16 *kp, const u16 *vp, const ageom &g,
                                              const acopy &c, i64 b, i64 h, i64 hk) {
-    if ((!c.kd && !c.vd) || h % (g.Hq / g.Hkv) != 0) return;
-    const i64 tile = (i64)(gridDim.y - 1 - blockIdx.y), step = (i64)gridDim.y * FQ;
+    constexpr int PER = FQ * (D / 8) / NT; /* vectors of a tile per thread and view */
+    const i64 half = ((i64)gridDim.y + 1) / 2, t = (i64)(gridDim.y - 1 - blockIdx.y);
+    if ((!c.kd && !c.vd) || h % (g.Hq / g.Hkv) != 0 || t >= half) return;
     u16 *kd = c.kd ? c.kd + b * c.kds[0] + hk * c.kds[1] : nullptr;
     u16 *vd = c.vd ? c.vd + b * c.vds[0] + hk * c.vds[1] : nullptr;
-    for (i64 j0 = tile * FQ; j0 < g.S; j0 += step)
-        for (int x = threadIdx.x; x < FQ * (D / 8); x += NT) {
+    for (i64 j0 = t * FQ; j0 < g.S; j0 += half * FQ) {
+        uint4 kv[PER], vv[PER];
+#pragma unroll
+        for (int u = 0; u < PER; u++) {
+            const int x = threadIdx.x + u * NT, e = (x % (D / 8)) * 8;
             const i64 j = j0 + x / (D / 8);
-            const int e = (x % (D / 8)) * 8;
-            if (j >= g.S) continue;
-            if (kd) *(uint4 *)(kd + j * c.kds[2] + e) = *(const uint4 *)(kp + j * g.ks[2] + e);
-            if (vd) *(uint4 *)(vd + j * c.vds[2] + e) = *(const uint4 *)(vp + j * g.vs[2] + e);
+            if (j < g.S && kd) kv[u] = *(const uint4 *)(kp + j * g.ks[2] + e);
+            if (j < g.S && vd) vv[u] = *(const uint4 *)(vp + j * g.vs[2] + e);
         }
+#pragma unroll
+        for (int u = 0; u < PER; u++) {
+            const int x = threadIdx.x + u * NT, e = (x % (D / 8)) * 8;
+            const i64 j = j0 + x / (D / 8);
+            if (j < g.S && kd) *(uint4 *)(kd + j * c.kds[2] + e) = kv[u];
+            if (j < g.S && vd) *(uint4 *)(vd + j * c.vds[2] + e) = vv[u];
+        }
+    }
 }
 
 /* 16 bytes global -> shared (at shared address dst), zero-filled when !in
