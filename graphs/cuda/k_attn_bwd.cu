@@ -873,18 +873,18 @@ __device__ __forceinline__ void bwd_dkv(const void *q, const void *k, const void
             tile(i0, (t + E) & 1, true);
         __syncthreads();
     }
-    const i64 ka = part_at(g, 1, b, hk, ja), va = part_at(g, 2, b, hk, ja);
+    const i64 dka = part_at(g, 1, b, hk, ja), dva = part_at(g, 2, b, hk, ja);
     const i64 kb8 = 8 * g.part[1][3], vb8 = 8 * g.part[2][3]; /* row jb = ja + 8 */
 #pragma unroll
     for (int d = 0; d < D / 8; d++) {
         const int e = d * 8 + 2 * tq;
         if (ja < g.S) {
-            st2(out, ka + e, dk[d][0] * g.scale, dk[d][1] * g.scale, dt);
-            st2(out, va + e, dv[d][0], dv[d][1], dt);
+            st2(out, dka + e, dk[d][0] * g.scale, dk[d][1] * g.scale, dt);
+            st2(out, dva + e, dv[d][0], dv[d][1], dt);
         }
         if (jb < g.S) {
-            st2(out, ka + kb8 + e, dk[d][2] * g.scale, dk[d][3] * g.scale, dt);
-            st2(out, va + vb8 + e, dv[d][2], dv[d][3], dt);
+            st2(out, dka + kb8 + e, dk[d][2] * g.scale, dk[d][3] * g.scale, dt);
+            st2(out, dva + vb8 + e, dv[d][2], dv[d][3], dt);
         }
     }
 }
