@@ -20,8 +20,8 @@
  * the gradient taken of that tensor: against the reference's dq, dk, dv
  * placed in its columns (zeros in the columns no view reads: the case with
  * gaps; dk + dv where k and v view the same columns), and, but for
- * overlapping views, bit for bit against the gradients of contiguous
- * copies of q, k and v. Compiled, the step of GPT-2's layout runs no
+ * overlapping views, bit for bit against the gradients of q, k and v
+ * viewed alike from three copies of that tensor. Compiled, the step of GPT-2's layout runs no
  * copy, fill or add after attention_bwd: its gradients are written in
  * place.
  */
@@ -338,18 +338,27 @@ static double *fused_want(const acase *c, const made *m, double *const *want) {
     return w;
 }
 
-/* The fused gradient bit for bit against the gradients of contiguous
- * copies of q, k and v (same kernels, dq, dk, dv written elsewhere). */
+/* The fused gradient bit for bit against the gradients of q, k and v made
+ * the same way from three copies of the fused tensor: the same geometry
+ * and alignment (so the same forward and backward kernels: both pick
+ * their paths by the operands' strides), but no one base to write into. */
 static bool fused_bits(const acase *c, const made *m, const double *got) {
     made sep = *m;
     sep.base = NULL;
-    sg_set_grad_enabled(ctx, false);
-    for (int k = 0; k < 3; k++) sep.x[k] = sg_contiguous(m->x[k]);
-    sg_set_grad_enabled(ctx, true);
-    for (int k = 0; k < 3; k++) sg_requires_grad_(sep.x[k], true);
+    sg_tensor *copy[3];
+    int64_t L = c->Lq, D = c->D, bad = 0;
+    for (int k = 0; k < 3; k++) {
+        int64_t H = k ? c->Hkv : c->Hq, heads[4] = {c->B, L, H, D};
+        sg_set_grad_enabled(ctx, false);
+        copy[k] = sg_clone(m->base);
+        sg_set_grad_enabled(ctx, true);
+        sg_requires_grad_(copy[k], true);
+        sg_tensor *n = sg_narrow(copy[k], 2, m->off[k], H * D), *r = sg_reshape(n, 4, heads);
+        sep.x[k] = sg_transpose(r, 1, 2);
+        sg_release(n), sg_release(r);
+    }
     sg_tensor *g[3] = {NULL};
     bool ok = TU_EXPECT(grads(c, &sep, g));
-    int64_t L = c->Lq, D = c->D, bad = 0;
     for (int k = 0; ok && k < 3; k++) {
         int64_t H = k ? c->Hkv : c->Hq;
         double *v = tu_read(g[k]);
@@ -364,7 +373,7 @@ static bool fused_bits(const acase *c, const made *m, const double *got) {
     }
     if (bad) fprintf(stderr, "  %lld elements differ from the separate tensors' gradients\n",
                      (long long)bad);
-    for (int k = 0; k < 3; k++) sg_release(g[k]), sg_release(sep.x[k]);
+    for (int k = 0; k < 3; k++) sg_release(g[k]), sg_release(sep.x[k]), sg_release(copy[k]);
     return ok && TU_EXPECT(bad == 0);
 }
 
