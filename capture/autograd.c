@@ -7,6 +7,8 @@
  * computes every backward with the ordinary op front-ends. Eagerly those
  * ops just run; inside a compiled step they are recorded into the same IR
  * as the forward, so the backward fuses with it and replays with it.
+ * The gradients of slices of one tensor meet in one buffer of its shape
+ * (settle), with no copy where their producer wrote them in place.
  */
 #include "autograd.h"
 
@@ -309,7 +311,8 @@ static sg_status push_part(sg_ctx *ctx, sg__gnode *g) {
     if (e->nparts == e->partcap) {
         int cap = e->partcap ? e->partcap * 2 : 4;
         sg__gpart *v = sg__alloc(ctx, sizeof *v * (size_t)cap);
-        if (!v) return sg__fail(ctx, SG_ERR_OOM, "sg_grad: out of host memory for a slice's gradient");
+        if (!v)
+            return sg__fail(ctx, SG_ERR_OOM, "sg_grad: out of host memory for a slice's gradient");
         if (e->parts) memcpy(v, e->parts, sizeof *v * (size_t)e->nparts);
         sg__free(ctx, e->parts, sizeof *v * (size_t)e->partcap);
         e->parts = v;
@@ -326,8 +329,8 @@ static sg_status push_part(sg_ctx *ctx, sg__gnode *g) {
  * gradient has the view's shape and the base's dtype. */
 static bool takes_part(const sg__gnode *g) {
     const sg_tensor *t = g->grad;
-    return g->op == SG__GK_VIEW && g->view == SG__VIEW_SLICE && t &&
-           t->dtype == g->in[0].dtype && t->ndim == g->outm.ndim &&
+    return g->op == SG__GK_VIEW && g->view == SG__VIEW_SLICE && t && t->dtype == g->in[0].dtype &&
+           t->ndim == g->outm.ndim &&
            memcmp(t->shape, g->outm.shape, sizeof(int64_t) * (size_t)t->ndim) == 0;
 }
 
@@ -428,10 +431,9 @@ static sg_tensor *pad_part(sg_ctx *ctx, const sg__gnode *e, const sg__gpart *p) 
     const sg__gmeta *m = &e->outm;
     int64_t len = p->g->shape[p->dim];
     sg_tensor *z = sg_zeros(ctx, m->dtype, m->ndim, m->shape);
-    sg_tensor *part =
-        z ? sg_slice(z, p->dim, p->start, len ? p->start + (len - 1) * p->step + 1 : p->start,
-                     p->step)
-          : NULL;
+    sg_tensor *part = z ? sg_slice(z, p->dim, p->start,
+                                   len ? p->start + (len - 1) * p->step + 1 : p->start, p->step)
+                        : NULL;
     sg_status s = part ? sg_copy_(part, p->g) : SG_ERR_INTERNAL;
     sg__tensor_drop(part);
     if (s == SG_OK) return z;

@@ -548,8 +548,7 @@ static sg_tensor *attn_run(sg_ctx *ctx, const char *op, sg_tensor *q, sg_tensor 
 #define LAYOUT_MIRROR 1
 #define LAYOUT_JOINT 2
 
-void sg__attn_bwd_parts(int64_t layout, const int64_t *qs, const int64_t *ks,
-                        sg__attn_part *part) {
+void sg__attn_bwd_parts(int64_t layout, const int64_t *qs, const int64_t *ks, sg__attn_part *part) {
     int64_t nq = qs[0] * qs[1] * qs[2] * qs[3], nkv = ks[0] * ks[1] * ks[2] * ks[3];
     int64_t base[3] = {0, nq, nq + nkv};
     bool joint = (layout & LAYOUT_JOINT) != 0;
@@ -663,11 +662,8 @@ sg_status sg__sdpa_grad(sg_tensor *const *in, sg_tensor *o, sg_tensor *dout, dou
     sg_tensor *g = dout->dtype == q->dtype ? dout : sg_cast(dout, q->dtype);
     sg_tensor *args[7] = {q, k, in[2], in[3], in[4], o, g};
     int64_t layout = bwd_layout(ctx, in);
-    sg__node n = {.op = SG__OP_ATTENTION_BWD,
-                  .nin = 7,
-                  .in = args,
-                  .f = {scale},
-                  .i = {flags, layout}};
+    sg__node n = {
+        .op = SG__OP_ATTENTION_BWD, .nin = 7, .in = args, .f = {scale}, .i = {flags, layout}};
     sg_tensor *pk = g ? sg__run_new(ctx, &n, q->dtype, 1, &total) : NULL;
     if (g != dout) sg__tensor_drop(g);
     if (!pk) return ctx->status != SG_OK ? ctx->status : SG_ERR_INTERNAL;

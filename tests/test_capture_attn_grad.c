@@ -371,8 +371,9 @@ static bool fused_bits(const acase *c, const made *m, const double *got) {
                                v[((b * H + h) * L + i) * D + e];
         free(v);
     }
-    if (bad) fprintf(stderr, "  %lld elements differ from the separate tensors' gradients\n",
-                     (long long)bad);
+    if (bad)
+        fprintf(stderr, "  %lld elements differ from the separate tensors' gradients\n",
+                (long long)bad);
     for (int k = 0; k < 3; k++) sg_release(g[k]), sg_release(sep.x[k]), sg_release(copy[k]);
     return ok && TU_EXPECT(bad == 0);
 }
@@ -384,7 +385,11 @@ static void fused_case(const acase *c, uint64_t seed) {
     case_name(c, name, sizeof name);
     sg_tensor *g = NULL, *g2 = NULL;
     bool ok = TU_EXPECT(grads(c, &m, &g)) && TU_EXPECT(grads(c, &m, &g2));
-    ref R = {.c = c, .q = m.xv[0], .k = m.xv[1], .v = m.xv[2], .r = m.rv,
+    ref R = {.c = c,
+             .q = m.xv[0],
+             .k = m.xv[1],
+             .v = m.xv[2],
+             .r = m.rv,
              .scale = 1.0 / sqrt((double)c->D)};
     double *want[3], *p = malloc(sizeof(double) * (size_t)c->S * 2);
     for (int k = 0; k < 3; k++) {
@@ -427,7 +432,8 @@ static void compiled_case(const acase *c, uint64_t seed) {
     make(c, seed, &m);
     char name[200];
     case_name(c, name, sizeof name);
-    sg_tensor *eager[3] = {NULL}, *out[3] = {NULL}, *const *x;
+    sg_tensor *eager[3] = {NULL}, *out[3] = {NULL};
+    sg_tensor *const *x;
     int nout = wrt(&m, &x);
     bool ok0 = TU_EXPECT(grads(c, &m, eager));
     step_case = c, step_made = &m;
@@ -458,7 +464,8 @@ static void compiled_case(const acase *c, uint64_t seed) {
             const char *p = strstr(ex, "attention_bwd");
             int copies = 0;
             while ((p = strstr(p, "= copy(")) != NULL) copies++, p++;
-            ok = TU_EXPECT(copies == 1) && TU_EXPECT(strstr(ex, "= fill(") == strstr(ex, "= fill(1)")) &&
+            ok = TU_EXPECT(copies == 1) &&
+                 TU_EXPECT(strstr(ex, "= fill(") == strstr(ex, "= fill(1)")) &&
                  TU_EXPECT(strstr(ex, "= add(") == NULL);
         }
         if (!ok) fprintf(stderr, "  %s\n%s\n", sg_last_error(ctx), ex);

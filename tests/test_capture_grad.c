@@ -931,7 +931,7 @@ static void view_cases(void) {
  */
 typedef struct scase {
     const char *name;
-    int n;                       /* slices */
+    int n; /* slices */
     int64_t start[3], len[3], step[3];
     bool whole, concat;
 } scase;
@@ -997,11 +997,12 @@ static void slice_group_case(const scase *c, sg_dtype dt, uint64_t seed) {
     sg_tensor *g = NULL, *out = NULL;
     bool ok = TU_EXPECT(sg_grad(slice_loss(), 1, &slice_x, &g) == SG_OK);
     double *got = ok ? tu_read(g) : NULL, tol = dt == SG_F32 ? 1e-6 : 1e-2;
-    ok = ok && TU_EXPECT(got != NULL) && TU_EXPECT(tu_close("eager", got, want, B * W * E, tol, tol));
+    ok = ok && TU_EXPECT(got != NULL) &&
+         TU_EXPECT(tu_close("eager", got, want, B * W * E, tol, tol));
     sg_fn *fn = NULL;
-    ok = ok && TU_EXPECT(sg_compile(ctx, slice_step, NULL, 0, 1,
-                                    &(sg_compile_opts){.mode = SG_MODE_REDUCE_OVERHEAD}, &fn) ==
-                         SG_OK);
+    ok = ok &&
+         TU_EXPECT(sg_compile(ctx, slice_step, NULL, 0, 1,
+                              &(sg_compile_opts){.mode = SG_MODE_REDUCE_OVERHEAD}, &fn) == SG_OK);
     for (int call = 0; ok && call < 2; call++) {
         sg_mark_step_begin(ctx);
         double *cv = NULL;
@@ -1009,7 +1010,8 @@ static void slice_group_case(const scase *c, sg_dtype dt, uint64_t seed) {
              TU_EXPECT(tu_close("compiled", cv, want, B * W * E, tol, tol));
         free(cv);
     }
-    if (ok && c->concat && c->start[0] == 0) { /* covered: no zeros, no add, one copy (the result) */
+    if (ok && c->concat &&
+        c->start[0] == 0) { /* covered: no zeros, no add, one copy (the result) */
         const char *ex = sg_fn_explain(fn), *p = ex;
         int copies = 0;
         while ((p = strstr(p, "= copy(")) != NULL) copies++, p++;
