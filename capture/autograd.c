@@ -7,6 +7,8 @@
  * computes every backward with the ordinary op front-ends. Eagerly those
  * ops just run; inside a compiled step they are recorded into the same IR
  * as the forward, so the backward fuses with it and replays with it.
+ * The gradients of slices of one tensor meet in one buffer of its shape
+ * (settle), with no copy where their producer wrote them in place.
  */
 #include "autograd.h"
 
@@ -286,6 +288,191 @@ static sg_status accumulate(sg_ctx *ctx, sg__gnode *e, sg_tensor *gi) {
     return SG_OK;
 }
 
+/* ------------------------------------------------------------ slices of one tensor */
+
+/*
+ * The gradients of slice views (narrow, slice) of one tensor are not each
+ * padded with zeros to the tensor's shape and added: each is kept as a
+ * part of the viewed node, and when that node's backward comes up (every
+ * consumer has given its gradient by then) settle places them in one
+ * tensor. Disjoint step-1 slices of one dim that cover it, whose gradients
+ * are views of one storage placed where their slices lie in one view of
+ * the base's shape (a producer that wrote them as the forward's views lay,
+ * as ATTENTION_BWD does for q, k, v narrowed from one projection, or a
+ * concat's backward), are that view: no copy at all. Other disjoint ones
+ * are copied into their slices of one new tensor, zeros only where no
+ * slice lies. Overlapping slices, or slices of several dims or steps, are
+ * padded and added as a single slice's would be.
+ */
+
+/* Hand the gradient of slice view g to the node it views, as a part. */
+static sg_status push_part(sg_ctx *ctx, sg__gnode *g) {
+    sg__gnode *e = g->next[0];
+    if (e->nparts == e->partcap) {
+        int cap = e->partcap ? e->partcap * 2 : 4;
+        sg__gpart *v = sg__alloc(ctx, sizeof *v * (size_t)cap);
+        if (!v)
+            return sg__fail(ctx, SG_ERR_OOM, "sg_grad: out of host memory for a slice's gradient");
+        if (e->parts) memcpy(v, e->parts, sizeof *v * (size_t)e->nparts);
+        sg__free(ctx, e->parts, sizeof *v * (size_t)e->partcap);
+        e->parts = v;
+        e->partcap = cap;
+    }
+    sg_tensor *t = g->grad;
+    sg_tensor *h = sg_reshape(t, t->ndim, t->shape); /* a handle of its own */
+    if (!h) return ctx->status != SG_OK ? ctx->status : SG_ERR_INTERNAL;
+    e->parts[e->nparts++] = (sg__gpart){h, (int)g->info[0], g->info[1], g->info[2]};
+    return SG_OK;
+}
+
+/* Whether g's gradient can go to its node as a part: a slice view whose
+ * gradient has the view's shape and the base's dtype. */
+static bool takes_part(const sg__gnode *g) {
+    const sg_tensor *t = g->grad;
+    return g->op == SG__GK_VIEW && g->view == SG__VIEW_SLICE && t && t->dtype == g->in[0].dtype &&
+           t->ndim == g->outm.ndim &&
+           memcmp(t->shape, g->outm.shape, sizeof(int64_t) * (size_t)t->ndim) == 0;
+}
+
+static void drop_parts(sg_ctx *ctx, sg__gnode *e) {
+    for (int k = 0; k < e->nparts; k++) sg__tensor_drop(e->parts[k].g);
+    sg__free(ctx, e->parts, sizeof *e->parts * (size_t)e->partcap);
+    e->parts = NULL;
+    e->nparts = e->partcap = 0;
+}
+
+/* Whether e's parts are step-1 slices of one dim that do not overlap;
+ * sorts them by start when they are of one dim. */
+static bool parts_disjoint(sg__gnode *e) {
+    sg__gpart *p = e->parts;
+    int dim = p[0].dim;
+    for (int k = 0; k < e->nparts; k++)
+        if (p[k].dim != dim || p[k].step != 1) return false;
+    for (int k = 1; k < e->nparts; k++)
+        for (int j = k; j > 0 && p[j].start < p[j - 1].start; j--) {
+            sg__gpart t = p[j];
+            p[j] = p[j - 1], p[j - 1] = t;
+        }
+    for (int k = 1; k < e->nparts; k++)
+        if (p[k].start < p[k - 1].start + p[k - 1].g->shape[dim]) return false;
+    return true;
+}
+
+/* Whether no two elements of (ndim, shape, stride) share an address. */
+static bool no_overlap(int ndim, const int64_t *shape, const int64_t *stride) {
+    int d[SG_MAX_DIMS], n = 0;
+    for (int k = 0; k < ndim; k++)
+        if (shape[k] > 1) d[n++] = k;
+    for (int k = 1; k < n; k++) /* by stride, smallest first */
+        for (int j = k; j > 0 && stride[d[j]] < stride[d[j - 1]]; j--) {
+            int t = d[j];
+            d[j] = d[j - 1], d[j - 1] = t;
+        }
+    int64_t extent = 1;
+    for (int k = 0; k < n; k++) {
+        if (stride[d[k]] < extent) return false;
+        extent = stride[d[k]] * shape[d[k]];
+    }
+    return true;
+}
+
+/* When the disjoint parts cover e's output and lie, each where its slice
+ * does, in one non-overlapping view of one storage: that view, else NULL. */
+static sg_tensor *shared_base(sg__gnode *e) {
+    const sg__gmeta *m = &e->outm;
+    const sg__gpart *p = e->parts;
+    int dim = p[0].dim;
+    const sg_tensor *t0 = p[0].g;
+    int64_t covered = 0, off = t0->offset - p[0].start * t0->stride[dim];
+    for (int k = 0; k < e->nparts; k++) {
+        const sg_tensor *t = p[k].g;
+        if (t->st != t0->st || t->ndim != m->ndim || t->offset - p[k].start * t->stride[dim] != off)
+            return NULL;
+        for (int d = 0; d < m->ndim; d++)
+            if (t->stride[d] != t0->stride[d]) return NULL;
+        covered += t->shape[dim];
+    }
+    if (covered != m->shape[dim] || p[0].start != 0 || off < 0 ||
+        !no_overlap(m->ndim, m->shape, t0->stride))
+        return NULL;
+    return sg__tensor_view(p[0].g, "sg_grad", m->ndim, m->shape, t0->stride, off);
+}
+
+/* The disjoint parts copied into their slices of one new tensor of e's
+ * output's shape; the gaps between them (if any) zeroed. */
+static sg_tensor *gather_parts(sg_ctx *ctx, const sg__gnode *e) {
+    const sg__gmeta *m = &e->outm;
+    const sg__gpart *p = e->parts;
+    int dim = p[0].dim;
+    sg_tensor *buf = sg_empty(ctx, m->dtype, m->ndim, m->shape);
+    sg_status s = buf ? SG_OK : SG_ERR_OOM;
+    int64_t at = 0;
+    for (int k = 0; s == SG_OK && k <= e->nparts; k++) {
+        int64_t start = k < e->nparts ? p[k].start : m->shape[dim];
+        if (start > at) { /* a gap: zeros */
+            sg_tensor *gap = sg_narrow(buf, dim, at, start - at);
+            s = gap ? sg_fill_(gap, 0.0) : SG_ERR_INTERNAL;
+            sg__tensor_drop(gap);
+        }
+        if (s != SG_OK || k == e->nparts) break;
+        int64_t len = p[k].g->shape[dim];
+        sg_tensor *part = sg_narrow(buf, dim, start, len);
+        s = part ? sg_copy_(part, p[k].g) : SG_ERR_INTERNAL;
+        sg__tensor_drop(part);
+        at = start + len;
+    }
+    if (s == SG_OK) return buf;
+    sg__tensor_drop(buf);
+    return NULL;
+}
+
+/* One part padded with zeros to e's output's shape. */
+static sg_tensor *pad_part(sg_ctx *ctx, const sg__gnode *e, const sg__gpart *p) {
+    const sg__gmeta *m = &e->outm;
+    int64_t len = p->g->shape[p->dim];
+    sg_tensor *z = sg_zeros(ctx, m->dtype, m->ndim, m->shape);
+    sg_tensor *part = z ? sg_slice(z, p->dim, p->start,
+                                   len ? p->start + (len - 1) * p->step + 1 : p->start, p->step)
+                        : NULL;
+    sg_status s = part ? sg_copy_(part, p->g) : SG_ERR_INTERNAL;
+    sg__tensor_drop(part);
+    if (s == SG_OK) return z;
+    sg__tensor_drop(z);
+    return NULL;
+}
+
+static sg_status accumulate(sg_ctx *ctx, sg__gnode *e, sg_tensor *gi);
+
+/* Place e's parts (see above) and add them to its gradient. */
+static sg_status settle(sg_ctx *ctx, sg__gnode *e) {
+    if (!e->nparts) return SG_OK;
+    sg_status s = SG_OK;
+    if (parts_disjoint(e)) {
+        sg_tensor *t = shared_base(e);
+        if (!t) {
+            char d[SG__DESC];
+            sg__log(ctx, "perf_hints",
+                    "sg_grad: the gradients of %d slices of %s are copied into one tensor: "
+                    "their producers did not write them in place",
+                    e->nparts, sg__shape_str(e->outm.ndim, e->outm.shape, d, sizeof d));
+            t = gather_parts(ctx, e);
+        }
+        s = t ? accumulate(ctx, e, t) : ctx->status != SG_OK ? ctx->status : SG_ERR_INTERNAL;
+    } else {
+        char d[SG__DESC];
+        sg__log(ctx, "perf_hints",
+                "sg_grad: %d slices of %s overlap, or differ in dim or step: each slice's "
+                "gradient is padded with zeros and added",
+                e->nparts, sg__shape_str(e->outm.ndim, e->outm.shape, d, sizeof d));
+        for (int k = 0; s == SG_OK && k < e->nparts; k++) {
+            sg_tensor *t = pad_part(ctx, e, &e->parts[k]);
+            s = t ? accumulate(ctx, e, t) : ctx->status != SG_OK ? ctx->status : SG_ERR_INTERNAL;
+        }
+    }
+    drop_parts(ctx, e);
+    return s;
+}
+
 /* One node's backward: its rule, then each input's gradient reduced to the
  * input's shape and added to the input node's. */
 static sg_status backward_one(sg_ctx *ctx, sg__gnode *g) {
@@ -299,6 +486,7 @@ static sg_status backward_one(sg_ctx *ctx, sg__gnode *g) {
         any = any || want[k];
     }
     if (!any) return SG_OK;
+    if (takes_part(g)) return push_part(ctx, g);
     uint32_t mark = ctx->next_id;
     sg__bw b = {
         .ctx = ctx, .n = g, .g = g->grad, .out = g->out, .x = g->saved, .want = want, .gi = gi};
@@ -392,7 +580,8 @@ static sg_status walk(sg_ctx *ctx, sg_tensor *loss, const nodes *order) {
     if (!root->grad) return ctx->status != SG_OK ? ctx->status : SG_ERR_OOM;
     for (int k = order->n - 1; k >= 0 && s == SG_OK; k--) {
         sg__gnode *g = order->v[k];
-        if (!g->needed || !g->grad || g->op == SG__GK_LEAF) continue;
+        if (g->needed) s = settle(ctx, g);
+        if (s != SG_OK || !g->needed || !g->grad || g->op == SG__GK_LEAF) continue;
         s = backward_one(ctx, g);
         if (g->target_epoch != ctx->grad_epoch) { /* done with it: free it early */
             sg__tensor_drop(g->grad);
@@ -419,6 +608,7 @@ sg_status sg_grad(sg_tensor *loss, int n, sg_tensor *const *wrt, sg_tensor **gra
     sg_tensor *res[n > 0 ? n : 1];
     if (s == SG_OK) s = results(ctx, n, wrt, epoch, res);
     for (int k = 0; k < order.n; k++) {
+        drop_parts(ctx, order.v[k]);
         sg__tensor_drop(order.v[k]->grad);
         order.v[k]->grad = NULL;
     }

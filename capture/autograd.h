@@ -51,7 +51,18 @@ typedef struct sg__gnode {
     uint32_t epoch, target_epoch;
     bool needed;
     sg_tensor *grad; /* the gradient of the output gathered so far */
+    struct sg__gpart *parts; /* gradients of slices of the output, not yet placed */
+    int nparts, partcap;
 } sg__gnode;
+
+/* The gradient of one slice view of a node's output (its {dim, start,
+ * step}): sg_grad gathers these per node and places them in one tensor of
+ * the output's shape when the node's backward runs (autograd.c settle). */
+typedef struct sg__gpart {
+    sg_tensor *g;
+    int dim;
+    int64_t start, step;
+} sg__gpart;
 
 /* What one backward rule sees: g, the gradient of the node's output, and
  * the saved tensors; it sets gi[k] for the inputs with want[k] to a

@@ -497,7 +497,8 @@ struct sg_comm {
  * ATTENTION's gradients (the ATTENTION_BWD node): in = the ATTENTION node's
  * inputs {q, k, v, mask?, kv_len?} (4-d views), o its result (B,Hq,Lq,D)
  * (the node's output through sg__attn_heads), dout the gradient of o, scale and flags its f[0] and i[0]. Sets *dq (B,Hq,Lq,D) and
- * *dk, *dv (B,Hkv,S,D), contiguous views of one packed buffer of q's dtype;
+ * *dk, *dv (B,Hkv,S,D), views of one packed buffer of q's dtype laid out as
+ * q, k and v are where their strides allow (sg__attn_bwd_parts);
  * a query row that sees no key contributes nothing (its output is NaN).
  */
 SG__HIDDEN sg_status sg__sdpa_grad(sg_tensor *const *in, sg_tensor *o, sg_tensor *dout,
@@ -526,8 +527,8 @@ SG__HIDDEN sg_tensor *sg__norm_stats(sg_tensor *x, bool layer, double eps);
  */
 SG__HIDDEN sg_tensor *sg__norm_grad(sg_tensor *x, sg_tensor *g, sg_tensor *stats, sg_tensor *w,
                                     bool layer);
-/* ATTENTION_BWD's packed output, in elements of q's dtype: dq at 0, dk at
- * nq, dv at nq + nkv, then at sg__attn_bwd_ws (16-byte aligned) the row
+/* ATTENTION_BWD's packed output, in elements of q's dtype: dq, dk and dv in
+ * the first nq + 2 * nkv (sg__attn_bwd_parts), then at sg__attn_bwd_ws (16-byte aligned) the row
  * workspace of 2 * rows f32 (each row's logsumexp of the scaled scores, then
  * rowsum(dO * O)), rows = B * Hq * Lq. */
 static inline int64_t sg__attn_bwd_ws(int64_t nq, int64_t nkv) {
@@ -536,6 +537,20 @@ static inline int64_t sg__attn_bwd_ws(int64_t nq, int64_t nkv) {
 static inline int64_t sg__attn_bwd_numel(int64_t nq, int64_t nkv, int64_t rows, size_t esize) {
     return sg__attn_bwd_ws(nq, nkv) + (int64_t)((size_t)(2 * rows) * sizeof(float) / esize);
 }
+/*
+ * Where ATTENTION_BWD writes dq, dk and dv in its packed output: element
+ * (b, h, i, e) of part k (0 dq, 1 dk, 2 dv) at off + b * sb + h * sh + i *
+ * si + e. The node's i[1] says (sg__sdpa_grad sets it): 0 for each
+ * contiguous at 0, nq and nq + nkv; else the layout of the forward's q, k
+ * and v mirrored (bit 0), one dense region of all three when they are
+ * views of one base (bit 1), so that their gradients are the same views
+ * of one gradient of the base. qs = (B, Hq, Lq, D), ks = (B, Hkv, S, D).
+ */
+typedef struct sg__attn_part {
+    int64_t off, sb, sh, si;
+} sg__attn_part;
+SG__HIDDEN void sg__attn_bwd_parts(int64_t layout, const int64_t *qs, const int64_t *ks,
+                                   sg__attn_part *part);
 /* ------------------------------------------------------------ autograd (autograd.c) */
 
 /* How a view relates to the tensor it views, for its gradient. */

@@ -539,6 +539,117 @@ static sg_tensor *attn_run(sg_ctx *ctx, const char *op, sg_tensor *q, sg_tensor 
     return out;
 }
 
+/*
+ * ATTENTION_BWD's layout code (sg__attn_bwd_parts): bit 0 mirrored, bit 1
+ * one region; part k's dim order at bits 2 + 8k (four 2-bit dims, outer
+ * first: 0 b, 1 h, 2 i, 3 x, the dim of the three parts in one region) and
+ * its place along x at bits 26 + 2k. The last dim is always innermost.
+ */
+#define LAYOUT_MIRROR 1
+#define LAYOUT_JOINT 2
+
+void sg__attn_bwd_parts(int64_t layout, const int64_t *qs, const int64_t *ks, sg__attn_part *part) {
+    int64_t nq = qs[0] * qs[1] * qs[2] * qs[3], nkv = ks[0] * ks[1] * ks[2] * ks[3];
+    int64_t base[3] = {0, nq, nq + nkv};
+    bool joint = (layout & LAYOUT_JOINT) != 0;
+    for (int k = 0; k < 3; k++) {
+        const int64_t *s = k ? ks : qs;
+        int64_t size[4] = {s[0], s[1], s[2], joint ? 3 : 1}, st[4], m = s[3];
+        for (int p = 3; p >= 0; p--) {
+            int d = layout & LAYOUT_MIRROR ? (int)(layout >> (2 + 8 * k + 2 * p)) & 3 : p;
+            st[d] = m;
+            m *= size[d];
+        }
+        int64_t slot = joint ? (layout >> (26 + 2 * k)) & 3 : 0;
+        part[k] = (sg__attn_part){(joint ? 0 : base[k]) + slot * st[3], st[0], st[1], st[2]};
+    }
+}
+
+/* The order (outer first) of t's dims b, h, i and x (nx of stride xs)
+ * when they lay its elements out densely over a unit-stride last dim. */
+static bool dense_order(const sg_tensor *t, int64_t nx, int64_t xs, int *ord) {
+    int64_t size[4] = {t->shape[0], t->shape[1], t->shape[2], nx};
+    int64_t st[4] = {t->stride[0], t->stride[1], t->stride[2], xs};
+    if (t->shape[3] > 1 && t->stride[3] != 1) return false;
+    int n = 0;
+    for (int d = 0; d < 4; d++) /* size-1 dims outermost: their strides never count */
+        if (size[d] == 1) ord[n++] = d;
+    int first = n;
+    for (int d = 0; d < 4; d++) {
+        if (size[d] == 1) continue;
+        int j = n++;
+        for (; j > first && st[ord[j - 1]] < st[d]; j--) ord[j] = ord[j - 1];
+        ord[j] = d;
+    }
+    int64_t want = t->shape[3];
+    for (int p = 3; p >= first; p--) {
+        if (st[ord[p]] != want) return false;
+        want *= size[ord[p]];
+    }
+    return true;
+}
+
+static int64_t layout_order(const int *ord, int k) {
+    int64_t code = 0;
+    for (int p = 0; p < 4; p++) code |= (int64_t)ord[p] << (2 + 8 * k + 2 * p);
+    return code;
+}
+
+/* q, k and v views of one tensor, of one geometry, at equally spaced
+ * offsets that make one dense region: its layout code, else 0. */
+static int64_t joint_layout(sg_tensor *const *in) {
+    const sg_tensor *q = in[0];
+    for (int k = 1; k < 3; k++)
+        if (in[k]->st != q->st || memcmp(in[k]->shape, q->shape, sizeof(int64_t) * 4) != 0 ||
+            memcmp(in[k]->stride, q->stride, sizeof(int64_t) * 4) != 0)
+            return 0;
+    int64_t o[3] = {in[0]->offset, in[1]->offset, in[2]->offset}, lo = o[0], hi = o[0];
+    for (int k = 1; k < 3; k++) lo = o[k] < lo ? o[k] : lo, hi = o[k] > hi ? o[k] : hi;
+    int64_t xs = (hi - lo) / 2, slot[3];
+    int ord[4];
+    for (int k = 0; k < 3; k++) {
+        if (xs <= 0 || (o[k] - lo) % xs != 0) return 0;
+        slot[k] = (o[k] - lo) / xs;
+    }
+    if (slot[0] == slot[1] || slot[0] == slot[2] || slot[1] == slot[2] ||
+        !dense_order(q, 3, xs, ord))
+        return 0;
+    int64_t code = LAYOUT_MIRROR | LAYOUT_JOINT;
+    for (int k = 0; k < 3; k++) code |= layout_order(ord, k) | slot[k] << (26 + 2 * k);
+    return code;
+}
+
+/*
+ * Where ATTENTION_BWD puts dq, dk and dv (sg__attn_bwd_parts): as q, k and
+ * v lie, so that the views that made them from their tensors take the
+ * gradients back to those tensors' layouts without a copy -- all three in
+ * one region when they are views of one base (a fused projection narrowed
+ * three ways), else each where its own strides are dense; a part whose
+ * operand is broadcast or otherwise not dense is contiguous.
+ */
+static int64_t bwd_layout(sg_ctx *ctx, sg_tensor *const *in) {
+    for (int k = 0; k < 3; k++)
+        if (sg__numel(4, in[k]->shape) == 0) return 0;
+    int64_t code = joint_layout(in);
+    if (code) return code;
+    code = LAYOUT_MIRROR;
+    int ord[4];
+    for (int k = 0; k < 3; k++) {
+        if (!dense_order(in[k], 1, 0, ord))
+            for (int p = 0; p < 4; p++) ord[p] = p;
+        code |= layout_order(ord, k);
+    }
+    if (in[1]->st == in[0]->st && in[2]->st == in[0]->st) {
+        char a[SG__DESC];
+        sg__log(ctx, "perf_hints",
+                "sg_sdpa backward: q %s, k and v view one tensor but not as three equal, "
+                "disjoint parts of one dense region (grouped K/V heads, padding or odd "
+                "strides): their gradients are written apart and copied into its gradient",
+                sg__describe(in[0], a, sizeof a));
+    }
+    return code;
+}
+
 sg_status sg__sdpa_grad(sg_tensor *const *in, sg_tensor *o, sg_tensor *dout, double scale,
                         int flags, sg_tensor **dq, sg_tensor **dk, sg_tensor **dv) {
     sg_tensor *q = in[0], *k = in[1];
@@ -550,18 +661,20 @@ sg_status sg__sdpa_grad(sg_tensor *const *in, sg_tensor *o, sg_tensor *dout, dou
     int64_t total = sg__attn_bwd_numel(nq, nkv, B * Hq * Lq, sg_dtype_size(q->dtype));
     sg_tensor *g = dout->dtype == q->dtype ? dout : sg_cast(dout, q->dtype);
     sg_tensor *args[7] = {q, k, in[2], in[3], in[4], o, g};
-    sg__node n = {.op = SG__OP_ATTENTION_BWD, .nin = 7, .in = args, .f = {scale}, .i = {flags}};
+    int64_t layout = bwd_layout(ctx, in);
+    sg__node n = {
+        .op = SG__OP_ATTENTION_BWD, .nin = 7, .in = args, .f = {scale}, .i = {flags, layout}};
     sg_tensor *pk = g ? sg__run_new(ctx, &n, q->dtype, 1, &total) : NULL;
     if (g != dout) sg__tensor_drop(g);
     if (!pk) return ctx->status != SG_OK ? ctx->status : SG_ERR_INTERNAL;
-    int64_t qs[4] = {B, Hq, Lq, D}, ks[4] = {B, Hkv, S, D}, qst[4], kst[4];
-    for (int d = 3; d >= 0; d--) {
-        qst[d] = d == 3 ? 1 : qst[d + 1] * qs[d + 1];
-        kst[d] = d == 3 ? 1 : kst[d + 1] * ks[d + 1];
+    int64_t qs[4] = {B, Hq, Lq, D}, ks[4] = {B, Hkv, S, D};
+    sg__attn_part p[3];
+    sg__attn_bwd_parts(layout, qs, ks, p);
+    sg_tensor **d[3] = {dq, dk, dv};
+    for (int k = 0; k < 3; k++) {
+        int64_t st[4] = {p[k].sb, p[k].sh, p[k].si, 1};
+        *d[k] = sg__tensor_view(pk, "sg_sdpa", 4, k ? ks : qs, st, p[k].off);
     }
-    *dq = sg__tensor_view(pk, "sg_sdpa", 4, qs, qst, 0);
-    *dk = sg__tensor_view(pk, "sg_sdpa", 4, ks, kst, nq);
-    *dv = sg__tensor_view(pk, "sg_sdpa", 4, ks, kst, nq + nkv);
     sg__tensor_drop(pk);
     if (*dq && *dk && *dv) return SG_OK;
     sg__tensor_drop(*dq), sg__tensor_drop(*dk), sg__tensor_drop(*dv);

@@ -14,6 +14,16 @@
  * gradients and run one attention_bwd node with no softmax (the scores
  * never reach memory), and a head dim past the kernels still differentiates
  * through the decomposed ops.
+ *
+ * Fused projections: q, k and v as views of one (B, L, W) tensor (GPT-2's
+ * transpose(reshape(narrow(qkv, 2, o, H * D))), grouped heads included),
+ * the gradient taken of that tensor: against the reference's dq, dk, dv
+ * placed in its columns (zeros in the columns no view reads: the case with
+ * gaps; dk + dv where k and v view the same columns), and, but for
+ * overlapping views, bit for bit against the gradients of q, k and v
+ * viewed alike from three copies of that tensor. Compiled, the step of GPT-2's layout runs no
+ * copy, fill or add after attention_bwd: its gradients are written in
+ * place.
  */
 #include "testutil.h"
 
@@ -31,6 +41,7 @@ typedef struct acase {
     bool three;    /* 3-d operands (B = 1, no batch dim) */
     bool kv_bcast; /* k and v of batch 1 */
     bool fd;       /* also against finite differences */
+    int fused; /* q, k, v views of one tensor: 1 dense, 2 with gaps, 3 k and v the same columns */
 } acase;
 
 /* ------------------------------------------------------------ the f64 reference */
@@ -131,6 +142,9 @@ typedef struct made {
     int64_t lens[16];
     int nd, xnd[3];
     int64_t sh[3][4];
+    sg_tensor *base; /* fused: the (B, L, W) tensor q, k and v view, and its values */
+    double *bv;
+    int64_t W, off[3];
 } made;
 
 static sg_tensor *forward(const acase *c, const made *m) {
@@ -138,13 +152,41 @@ static sg_tensor *forward(const acase *c, const made *m) {
     return sg_sdpa(m->x[0], m->x[1], m->x[2], m->mask, c->causal, 0);
 }
 
+/* q, k and v as views of one (B, L, W) tensor at columns m->off[k]. */
+static void make_fused(const acase *c, made *m) {
+    int64_t wq = c->Hq * c->D, wk = c->Hkv * c->D, gap = c->fused == 2 ? 2 : 0;
+    m->off[0] = 0, m->off[1] = wq + gap;
+    m->off[2] = c->fused == 3 ? m->off[1] : m->off[1] + wk;
+    m->W = m->off[2] + wk + (c->fused == 2 ? 3 : 0);
+    int64_t bs[3] = {c->B, c->Lq, m->W}, L = c->Lq, D = c->D;
+    m->base = tu_rand(ctx, c->dt, 3, bs, -1.5, 1.5, &m->bv);
+    sg_requires_grad_(m->base, true);
+    m->nd = 4;
+    for (int k = 0; k < 3; k++) {
+        int64_t H = k ? c->Hkv : c->Hq, heads[4] = {c->B, L, H, D};
+        sg_tensor *n = sg_narrow(m->base, 2, m->off[k], H * D), *r = sg_reshape(n, 4, heads);
+        m->x[k] = sg_transpose(r, 1, 2);
+        sg_release(n), sg_release(r);
+        int64_t sh[4] = {c->B, H, L, D};
+        memcpy(m->sh[k], sh, sizeof sh);
+        m->xv[k] = malloc(sizeof(double) * (size_t)(c->B * H * L * D));
+        for (int64_t b = 0; b < c->B; b++)
+            for (int64_t h = 0; h < H; h++)
+                for (int64_t i = 0; i < L; i++)
+                    for (int64_t e = 0; e < D; e++)
+                        m->xv[k][((b * H + h) * L + i) * D + e] =
+                            m->bv[(b * L + i) * m->W + m->off[k] + h * D + e];
+    }
+}
+
 static void make(const acase *c, uint64_t seed, made *m) {
     memset(m, 0, sizeof *m);
     tu_seed(seed);
+    if (c->fused) make_fused(c, m);
     int64_t kb = c->kv_bcast ? 1 : c->B;
     int64_t qs[4] = {c->B, c->Hq, c->Lq, c->D}, ks[4] = {kb, c->Hkv, c->S, c->D};
     m->nd = c->three ? 3 : 4;
-    for (int k = 0; k < 3; k++) {
+    for (int k = 0; !c->fused && k < 3; k++) {
         const int64_t *s = k ? ks : qs;
         memcpy(m->sh[k], s + (c->three ? 1 : 0), sizeof(int64_t) * (size_t)m->nd);
         m->x[k] = tu_rand_layout(ctx, c->dt, m->nd, m->sh[k], -1.5, 1.5,
@@ -175,28 +217,38 @@ static void make(const acase *c, uint64_t seed, made *m) {
 
 static void unmake(made *m) {
     for (int k = 0; k < 3; k++) sg_release(m->x[k]), free(m->xv[k]);
-    sg_release(m->mask), sg_release(m->len), sg_release(m->r);
-    free(m->mv), free(m->rv);
+    sg_release(m->mask), sg_release(m->len), sg_release(m->r), sg_release(m->base);
+    free(m->mv), free(m->rv), free(m->bv);
 }
 
-/* sg_grad of sum(sdpa * r): g[0..2], or false. */
+/* What the gradients are taken of: the fused tensor, or q, k and v. */
+static int wrt(const made *m, sg_tensor *const **x) {
+    *x = m->base ? &m->base : m->x;
+    return m->base ? 1 : 3;
+}
+
+/* sg_grad of sum(sdpa * r): g[0..2] (g[0] alone when fused), or false. */
 static bool grads(const acase *c, const made *m, sg_tensor **g) {
     sg_tensor *y = forward(c, m);
     sg_tensor *yr = sg_mul(y, m->r), *loss = sg_sum(yr, 0, NULL, false);
-    sg_status s = loss ? sg_grad(loss, 3, m->x, g) : SG_ERR_NULL;
+    sg_tensor *const *x;
+    int n = wrt(m, &x);
+    sg_status s = loss ? sg_grad(loss, n, x, g) : SG_ERR_NULL;
     if (s != SG_OK) fprintf(stderr, "  %s\n", sg_last_error(ctx));
     sg_release(y), sg_release(yr), sg_release(loss);
     return s == SG_OK;
 }
 
 static const char *case_name(const acase *c, char *buf, size_t n) {
-    snprintf(buf, n, "ATTN_GRAD(type=%s,B=%lld,Hq=%lld,Hkv=%lld,Lq=%lld,S=%lld,D=%lld%s%s%s%s%s)",
+    static const char *fused[4] = {"", ",fused", ",fused=gaps", ",fused=kv_overlap"};
+    snprintf(buf, n, "ATTN_GRAD(type=%s,B=%lld,Hq=%lld,Hkv=%lld,Lq=%lld,S=%lld,D=%lld%s%s%s%s%s%s)",
              sg_dtype_name(c->dt), (long long)c->B, (long long)c->Hq, (long long)c->Hkv,
              (long long)c->Lq, (long long)c->S, (long long)c->D, c->causal ? ",causal" : "",
              c->mask == 1   ? ",mask=bool"
              : c->mask == 2 ? ",mask=float"
                             : "",
-             c->cached ? ",kv_len" : "", c->three ? ",3d" : "", c->kv_bcast ? ",kv_bcast" : "");
+             c->cached ? ",kv_len" : "", c->three ? ",3d" : "", c->kv_bcast ? ",kv_bcast" : "",
+             fused[c->fused]);
     return buf;
 }
 
@@ -268,6 +320,100 @@ static void attn_case(const acase *c, uint64_t seed) {
     unmake(&m);
 }
 
+/* ------------------------------------------------------------ fused projections */
+
+/* The reference's dq, dk, dv (want) placed in the fused tensor's columns. */
+static double *fused_want(const acase *c, const made *m, double *const *want) {
+    int64_t L = c->Lq, D = c->D;
+    double *w = calloc((size_t)(c->B * L * m->W), sizeof(double));
+    for (int k = 0; k < 3; k++) {
+        int64_t H = k ? c->Hkv : c->Hq;
+        for (int64_t b = 0; b < c->B; b++)
+            for (int64_t h = 0; h < H; h++)
+                for (int64_t i = 0; i < L; i++)
+                    for (int64_t e = 0; e < D; e++)
+                        w[(b * L + i) * m->W + m->off[k] + h * D + e] +=
+                            want[k][((b * H + h) * L + i) * D + e];
+    }
+    return w;
+}
+
+/* The fused gradient bit for bit against the gradients of q, k and v made
+ * the same way from three copies of the fused tensor: the same geometry
+ * and alignment (so the same forward and backward kernels: both pick
+ * their paths by the operands' strides), but no one base to write into. */
+static bool fused_bits(const acase *c, const made *m, const double *got) {
+    made sep = *m;
+    sep.base = NULL;
+    sg_tensor *copy[3];
+    int64_t L = c->Lq, D = c->D, bad = 0;
+    for (int k = 0; k < 3; k++) {
+        int64_t H = k ? c->Hkv : c->Hq, heads[4] = {c->B, L, H, D};
+        sg_set_grad_enabled(ctx, false);
+        copy[k] = sg_clone(m->base);
+        sg_set_grad_enabled(ctx, true);
+        sg_requires_grad_(copy[k], true);
+        sg_tensor *n = sg_narrow(copy[k], 2, m->off[k], H * D), *r = sg_reshape(n, 4, heads);
+        sep.x[k] = sg_transpose(r, 1, 2);
+        sg_release(n), sg_release(r);
+    }
+    sg_tensor *g[3] = {NULL};
+    bool ok = TU_EXPECT(grads(c, &sep, g));
+    for (int k = 0; ok && k < 3; k++) {
+        int64_t H = k ? c->Hkv : c->Hq;
+        double *v = tu_read(g[k]);
+        ok = TU_EXPECT(v != NULL);
+        for (int64_t b = 0; ok && b < c->B; b++)
+            for (int64_t h = 0; h < H; h++)
+                for (int64_t i = 0; i < L; i++)
+                    for (int64_t e = 0; e < D; e++)
+                        bad += got[(b * L + i) * m->W + m->off[k] + h * D + e] !=
+                               v[((b * H + h) * L + i) * D + e];
+        free(v);
+    }
+    if (bad)
+        fprintf(stderr, "  %lld elements differ from the separate tensors' gradients\n",
+                (long long)bad);
+    for (int k = 0; k < 3; k++) sg_release(g[k]), sg_release(sep.x[k]), sg_release(copy[k]);
+    return ok && TU_EXPECT(bad == 0);
+}
+
+static void fused_case(const acase *c, uint64_t seed) {
+    made m;
+    make(c, seed, &m);
+    char name[200];
+    case_name(c, name, sizeof name);
+    sg_tensor *g = NULL, *g2 = NULL;
+    bool ok = TU_EXPECT(grads(c, &m, &g)) && TU_EXPECT(grads(c, &m, &g2));
+    ref R = {.c = c,
+             .q = m.xv[0],
+             .k = m.xv[1],
+             .v = m.xv[2],
+             .r = m.rv,
+             .scale = 1.0 / sqrt((double)c->D)};
+    double *want[3], *p = malloc(sizeof(double) * (size_t)c->S * 2);
+    for (int k = 0; k < 3; k++) {
+        int64_t n = 1;
+        for (int d = 0; d < 4; d++) n *= m.sh[k][d];
+        want[k] = calloc((size_t)n, sizeof(double));
+    }
+    ref_grad(&R, want[0], want[1], want[2], p, p + c->S);
+    double *wb = fused_want(c, &m, want), *got = ok ? tu_read(g) : NULL, *got2 = NULL;
+    int64_t n = c->B * c->Lq * m.W;
+    ok = ok && TU_EXPECT(got != NULL) && TU_EXPECT(sg_tensor_numel(g) == n) &&
+         TU_EXPECT(close_to("fused grad vs f64", got, wb, n, c->dt == SG_F32 ? 1e-4 : 2e-2));
+    if (ok) { /* replays of the backward give the same bits */
+        got2 = tu_read(g2);
+        ok = TU_EXPECT(got2 != NULL) && TU_EXPECT(!memcmp(got, got2, sizeof(double) * (size_t)n));
+    }
+    if (ok && c->fused != 3) ok = fused_bits(c, &m, got);
+    tu_case(ok, "%s seed=%llu", name, (unsigned long long)seed);
+    sg_release(g), sg_release(g2);
+    for (int k = 0; k < 3; k++) free(want[k]);
+    free(p), free(wb), free(got), free(got2);
+    unmake(&m);
+}
+
 /* ------------------------------------------------------------ compiled */
 
 static const acase *step_case;
@@ -276,7 +422,9 @@ static const made *step_made;
 static sg_status grad_step(sg_ctx *c, sg_tensor *const *in, sg_tensor **out, void *user) {
     (void)c, (void)in, (void)user;
     sg_tensor *loss = sg_sum(sg_mul(forward(step_case, step_made), step_made->r), 0, NULL, false);
-    return sg_grad(loss, 3, step_made->x, out);
+    sg_tensor *const *x;
+    int n = wrt(step_made, &x);
+    return sg_grad(loss, n, x, out);
 }
 
 static void compiled_case(const acase *c, uint64_t seed) {
@@ -285,6 +433,8 @@ static void compiled_case(const acase *c, uint64_t seed) {
     char name[200];
     case_name(c, name, sizeof name);
     sg_tensor *eager[3] = {NULL}, *out[3] = {NULL};
+    sg_tensor *const *x;
+    int nout = wrt(&m, &x);
     bool ok0 = TU_EXPECT(grads(c, &m, eager));
     step_case = c, step_made = &m;
     static const sg_mode modes[3] = {SG_MODE_DEFAULT, SG_MODE_REDUCE_OVERHEAD,
@@ -292,13 +442,13 @@ static void compiled_case(const acase *c, uint64_t seed) {
     for (int mo = 0; mo < 3; mo++) {
         sg_fn *fn = NULL;
         bool ok =
-            ok0 && TU_EXPECT(sg_compile(ctx, grad_step, NULL, 0, 3,
+            ok0 && TU_EXPECT(sg_compile(ctx, grad_step, NULL, 0, nout,
                                         &(sg_compile_opts){.mode = modes[mo], .fullgraph = true},
                                         &fn) == SG_OK);
         for (int call = 0; ok && call < 2; call++) {
             sg_mark_step_begin(ctx);
-            ok = TU_EXPECT(sg_call(fn, NULL, 0, out, 3) == SG_OK);
-            for (int k = 0; ok && k < 3; k++) {
+            ok = TU_EXPECT(sg_call(fn, NULL, 0, out, nout) == SG_OK);
+            for (int k = 0; ok && k < nout; k++) {
                 double *a = tu_read(out[k]), *b = tu_read(eager[k]);
                 ok = TU_EXPECT(a && b) &&
                      TU_EXPECT(sg_tensor_numel(out[k]) == sg_tensor_numel(eager[k])) &&
@@ -310,6 +460,14 @@ static void compiled_case(const acase *c, uint64_t seed) {
         const char *ex = fn ? sg_fn_explain(fn) : "";
         ok = ok && TU_EXPECT(strstr(ex, "attention_bwd") != NULL) &&
              TU_EXPECT(strstr(ex, "softmax") == NULL);
+        if (ok && c->fused == 1 && c->Hq == c->Hkv) { /* in place: one copy (the result) */
+            const char *p = strstr(ex, "attention_bwd");
+            int copies = 0;
+            while ((p = strstr(p, "= copy(")) != NULL) copies++, p++;
+            ok = TU_EXPECT(copies == 1) &&
+                 TU_EXPECT(strstr(ex, "= fill(") == strstr(ex, "= fill(1)")) &&
+                 TU_EXPECT(strstr(ex, "= add(") == NULL);
+        }
         if (!ok) fprintf(stderr, "  %s\n%s\n", sg_last_error(ctx), ex);
         tu_case(ok, "%s compiled mode=%s seed=%llu", name, sg_mode_name(modes[mo]),
                 (unsigned long long)seed);
@@ -323,32 +481,49 @@ int main(void) {
     ctx = tu_ctx((sg_ctx_opts){0});
     const sg_dtype F = SG_F32, BF = SG_BF16, H = SG_F16;
     const acase cases[] = {
-        /* dt  B  Hq Hkv Lq  S   D   causal mask cached three kv_bcast fd */
-        {F, 2, 2, 2, 5, 7, 8, false, 0, false, false, false, true},
-        {F, 1, 2, 2, 6, 6, 4, true, 0, false, false, false, true},
-        {F, 2, 2, 2, 3, 7, 8, true, 0, false, false, false, true},
-        {F, 2, 4, 2, 5, 5, 8, true, 0, false, false, false, true},
-        {F, 2, 2, 2, 4, 6, 8, false, 1, false, false, false, true},
-        {F, 1, 2, 2, 4, 6, 8, true, 2, false, false, false, true},
-        {F, 1, 3, 3, 5, 6, 8, false, 0, false, true, false, true},
-        {F, 2, 2, 2, 4, 5, 8, false, 0, false, false, true, true},
-        {F, 2, 4, 1, 3, 9, 8, false, 0, true, false, false, true},
-        {F, 2, 6, 2, 37, 45, 24, true, 0, false, false, false, false},
-        {BF, 2, 4, 2, 9, 9, 16, true, 0, false, false, false, false},
-        {H, 2, 2, 2, 6, 11, 16, false, 1, false, false, false, false},
-        {BF, 2, 4, 4, 70, 70, 64, true, 0, false, false, false, false},
-        {BF, 1, 4, 2, 65, 130, 64, false, 0, false, false, false, false},
-        {H, 1, 4, 1, 40, 100, 64, false, 0, true, false, false, false},
-        {BF, 1, 2, 2, 50, 50, 128, true, 0, false, false, false, false},
-        {H, 1, 4, 2, 33, 70, 128, true, 0, false, false, false, false},
-        {F, 1, 2, 2, 40, 40, 64, true, 0, false, false, false, false},
+        /* dt  B  Hq Hkv Lq  S   D   causal mask cached three kv_bcast fd fused */
+        {F, 2, 2, 2, 5, 7, 8, false, 0, false, false, false, true, 0},
+        {F, 1, 2, 2, 6, 6, 4, true, 0, false, false, false, true, 0},
+        {F, 2, 2, 2, 3, 7, 8, true, 0, false, false, false, true, 0},
+        {F, 2, 4, 2, 5, 5, 8, true, 0, false, false, false, true, 0},
+        {F, 2, 2, 2, 4, 6, 8, false, 1, false, false, false, true, 0},
+        {F, 1, 2, 2, 4, 6, 8, true, 2, false, false, false, true, 0},
+        {F, 1, 3, 3, 5, 6, 8, false, 0, false, true, false, true, 0},
+        {F, 2, 2, 2, 4, 5, 8, false, 0, false, false, true, true, 0},
+        {F, 2, 4, 1, 3, 9, 8, false, 0, true, false, false, true, 0},
+        {F, 2, 6, 2, 37, 45, 24, true, 0, false, false, false, false, 0},
+        {BF, 2, 4, 2, 9, 9, 16, true, 0, false, false, false, false, 0},
+        {H, 2, 2, 2, 6, 11, 16, false, 1, false, false, false, false, 0},
+        {BF, 2, 4, 4, 70, 70, 64, true, 0, false, false, false, false, 0},
+        {BF, 1, 4, 2, 65, 130, 64, false, 0, false, false, false, false, 0},
+        {H, 1, 4, 1, 40, 100, 64, false, 0, true, false, false, false, 0},
+        {BF, 1, 2, 2, 50, 50, 128, true, 0, false, false, false, false, 0},
+        {H, 1, 4, 2, 33, 70, 128, true, 0, false, false, false, false, 0},
+        {F, 1, 2, 2, 40, 40, 64, true, 0, false, false, false, false, 0},
     };
     uint64_t seed = 1;
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) attn_case(&cases[i], seed++);
     compiled_case(&cases[3], 100);
     compiled_case(&cases[12], 101);
+    /* q, k, v as views of one projection (GPT-2's layout), grouped heads, gaps, overlap. */
+    const acase fused[] = {
+        /* dt  B  Hq Hkv Lq  S   D   causal mask cached three kv_bcast fd fused */
+        {F, 2, 2, 2, 5, 5, 8, true, 0, false, false, false, false, 1},
+        {F, 1, 3, 3, 6, 6, 4, false, 0, false, false, false, false, 2},
+        {F, 2, 2, 2, 5, 5, 8, true, 0, false, false, false, false, 3},
+        {F, 2, 4, 2, 7, 7, 8, true, 0, false, false, false, false, 1},
+        {F, 1, 2, 2, 40, 40, 64, true, 0, false, false, false, false, 1},
+        {BF, 2, 4, 4, 70, 70, 64, true, 0, false, false, false, false, 1},
+        {BF, 1, 2, 2, 100, 100, 128, false, 0, false, false, false, false, 2},
+        {H, 1, 4, 2, 65, 65, 64, true, 0, false, false, false, false, 1},
+        {BF, 1, 2, 2, 33, 33, 64, true, 0, false, false, false, false, 3},
+    };
+    for (size_t i = 0; i < sizeof fused / sizeof fused[0]; i++) fused_case(&fused[i], seed++);
+    compiled_case(&fused[0], 102);
+    compiled_case(&fused[5], 103);
+    compiled_case(&fused[3], 104);
     /* A head dim past the fused kernels: the decomposed ops, still differentiated. */
-    acase big = {F, 1, 1, 1, 3, 4, 260, false, 0, false, false, false, false};
+    acase big = {F, 1, 1, 1, 3, 4, 260, false, 0, false, false, false, false, 0};
     attn_case(&big, seed++);
     sg_ctx_destroy(ctx);
     return tu_finish();

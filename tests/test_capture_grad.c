@@ -918,12 +918,139 @@ static void view_cases(void) {
     }
 }
 
+/* ------------------------------------------------------------ slices of one tensor */
+
+/*
+ * Gradients of several slices of one x (4, 10, 6) taken apart: loss =
+ * sum_k sum(slice_k(x) * r_k) (+ sum(x * r) when x is also used whole),
+ * so d loss / dx = the sum of each r_k placed where its slice lies (and
+ * r). Slices that cover dim 1, that leave gaps, that overlap, of step 2,
+ * in any order, and the parts of a concat of narrows (whose gradients are
+ * views of the concat's gradient, placed with no copy), each against that
+ * f64 sum, eagerly and compiled.
+ */
+typedef struct scase {
+    const char *name;
+    int n; /* slices */
+    int64_t start[3], len[3], step[3];
+    bool whole, concat;
+} scase;
+
+#define SLICES 3
+
+static const scase *slice_case;
+static sg_tensor *slice_x, *slice_r[SLICES + 1];
+
+static sg_tensor *slice_loss(void) {
+    const scase *c = slice_case;
+    sg_tensor *part[SLICES], *loss = NULL;
+    for (int k = 0; k < c->n; k++) {
+        int64_t st = c->step[k] ? c->step[k] : 1;
+        part[k] = sg_slice(slice_x, 1, c->start[k], c->start[k] + (c->len[k] - 1) * st + 1, st);
+    }
+    if (c->concat) { /* one product of the concat: its gradient, narrowed, is each part's */
+        sg_tensor *cat = sg_concat(c->n, part, 1);
+        loss = sg_sum(sg_mul(cat, slice_r[0]), 0, NULL, false);
+    } else {
+        for (int k = 0; k < c->n; k++) {
+            sg_tensor *l = sg_sum(sg_mul(part[k], slice_r[k]), 0, NULL, false);
+            loss = loss ? sg_add(loss, l) : l;
+        }
+    }
+    if (c->whole) loss = sg_add(loss, sg_sum(sg_mul(slice_x, slice_r[SLICES]), 0, NULL, false));
+    return loss;
+}
+
+static sg_status slice_step(sg_ctx *c, sg_tensor *const *in, sg_tensor **out, void *user) {
+    (void)c, (void)in, (void)user;
+    return sg_grad(slice_loss(), 1, &slice_x, out);
+}
+
+static void slice_group_case(const scase *c, sg_dtype dt, uint64_t seed) {
+    tu_seed(seed);
+    const int64_t B = 4, W = 10, E = 6, xs[3] = {B, W, E};
+    double *xv, *rv[SLICES + 1] = {NULL}, *want = calloc((size_t)(B * W * E), sizeof(double));
+    slice_case = c;
+    slice_x = tu_rand(ctx, dt, 3, xs, -1, 1, &xv);
+    sg_requires_grad_(slice_x, true);
+    int64_t at = 0; /* concat: the part's first column in the concat */
+    for (int k = 0; k <= SLICES; k++) {
+        bool used = k == SLICES ? c->whole : k < c->n && (!c->concat || k == 0);
+        int64_t cols = k == SLICES ? W : c->concat ? 0 : c->len[k];
+        for (int j = 0; c->concat && k == 0 && j < c->n; j++) cols += c->len[j];
+        int64_t rs[3] = {B, cols, E};
+        slice_r[k] = used ? tu_rand(ctx, dt, 3, rs, -1, 1, &rv[k]) : NULL;
+    }
+    for (int k = 0; k < c->n; k++) {
+        int64_t st = c->step[k] ? c->step[k] : 1;
+        for (int64_t b = 0; b < B; b++)
+            for (int64_t j = 0; j < c->len[k]; j++)
+                for (int64_t e = 0; e < E; e++) {
+                    int64_t col = c->concat ? at + j : j, cols = c->concat ? 0 : c->len[k];
+                    for (int i = 0; c->concat && i < c->n; i++) cols += c->len[i];
+                    want[(b * W + c->start[k] + j * st) * E + e] +=
+                        rv[c->concat ? 0 : k][(b * cols + col) * E + e];
+                }
+        at += c->len[k];
+    }
+    for (int64_t i = 0; c->whole && i < B * W * E; i++) want[i] += rv[SLICES][i];
+    sg_tensor *g = NULL, *out = NULL;
+    bool ok = TU_EXPECT(sg_grad(slice_loss(), 1, &slice_x, &g) == SG_OK);
+    double *got = ok ? tu_read(g) : NULL, tol = dt == SG_F32 ? 1e-6 : 1e-2;
+    ok = ok && TU_EXPECT(got != NULL) &&
+         TU_EXPECT(tu_close("eager", got, want, B * W * E, tol, tol));
+    sg_fn *fn = NULL;
+    ok = ok &&
+         TU_EXPECT(sg_compile(ctx, slice_step, NULL, 0, 1,
+                              &(sg_compile_opts){.mode = SG_MODE_REDUCE_OVERHEAD}, &fn) == SG_OK);
+    for (int call = 0; ok && call < 2; call++) {
+        sg_mark_step_begin(ctx);
+        double *cv = NULL;
+        ok = TU_EXPECT(sg_call(fn, NULL, 0, &out, 1) == SG_OK) && TU_EXPECT(cv = tu_read(out)) &&
+             TU_EXPECT(tu_close("compiled", cv, want, B * W * E, tol, tol));
+        free(cv);
+    }
+    if (ok && c->concat &&
+        c->start[0] == 0) { /* covered: no zeros, no add, one copy (the result) */
+        const char *ex = sg_fn_explain(fn), *p = ex;
+        int copies = 0;
+        while ((p = strstr(p, "= copy(")) != NULL) copies++, p++;
+        ok = TU_EXPECT(copies == 1) && TU_EXPECT(strstr(ex, "= fill(0") == NULL) &&
+             TU_EXPECT(strstr(ex, "= add(") == NULL);
+        if (!ok) fprintf(stderr, "%s\n", ex);
+    }
+    tu_case(ok, "SLICE_GRAD(%s,type=%s) seed=%llu", c->name, sg_dtype_name(dt),
+            (unsigned long long)seed);
+    sg_fn_destroy(fn);
+    sg_release(g), sg_release(slice_x);
+    for (int k = 0; k <= SLICES; k++) sg_release(slice_r[k]), free(rv[k]);
+    free(xv), free(want), free(got);
+}
+
+static void slice_group_cases(void) {
+    static const scase cases[] = {
+        {"cover", 3, {0, 3, 7}, {3, 4, 3}, {0}, false, false},
+        {"cover_unordered", 3, {7, 0, 3}, {3, 3, 4}, {0}, false, false},
+        {"gaps", 2, {1, 5}, {2, 4}, {0}, false, false},
+        {"overlap", 2, {0, 4}, {6, 6}, {0}, false, false},
+        {"step2", 2, {0, 1}, {5, 5}, {2, 2}, false, false},
+        {"cover_and_whole", 3, {0, 3, 7}, {3, 4, 3}, {0}, true, false},
+        {"concat_cover", 3, {0, 3, 7}, {3, 4, 3}, {0}, false, true},
+        {"concat_gaps", 2, {1, 5}, {2, 4}, {0}, false, true},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        slice_group_case(&cases[i], SG_F32, next_seed++);
+        slice_group_case(&cases[i], SG_BF16, next_seed++);
+    }
+}
+
 static void op_cases(void) {
     pointwise_cases();
     reduce_row_cases();
     matmul_data_cases();
     half_cases();
     view_cases();
+    slice_group_cases();
 }
 
 /* ------------------------------------------------------------ a model, eager and compiled */

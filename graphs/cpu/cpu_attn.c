@@ -12,7 +12,8 @@
  * f32 accumulation throughout. Rows: per (batch, head, query) row, the
  * logsumexp of its visible scaled scores, D = rowsum(dO * O), and dq =
  * scale * sum_j dS_j k_j with P_j = exp(s_j - lse), dS_j = P_j (dO.v_j - D),
- * keys in order; lse and D go to the packed output's row workspace. Keys:
+ * keys in order; lse and D go to the packed output's row workspace, dq,
+ * dk and dv where sg__attn_bwd_parts puts them. Keys:
  * per (batch, K/V head, key) j, dv_j = sum P_ij dO_i and dk_j = scale * sum
  * dS_ij q_i over the query heads that share the K/V head and the queries
  * that see j, in order, so every result is one fixed sum (bit-identical
@@ -26,6 +27,7 @@ typedef struct attn_geom {
     int64_t B, Hq, Hkv, Lq, S, D;
     const sg_tensor *q, *k, *v, *m, *len, *out;
     const sg_tensor *o, *dout; /* ATTENTION_BWD: the forward's output and its gradient */
+    sg__attn_part part[3];     /* ATTENTION_BWD: where dq, dk, dv go in out */
     float scale;
     bool causal;
 } attn_geom;
@@ -151,8 +153,10 @@ static void bwd_row(const attn_geom *g, int64_t b, int64_t h, int64_t i, float *
         for (int64_t e = 0; e < D; e++) acc[e] += ds * at4(g->k, b, hk, j, e);
     }
     ws[r] = lse, ws[rows + r] = Di;
+    const sg__attn_part *p = &g->part[0];
+    int64_t at = p->off + b * p->sb + h * p->sh + i * p->si;
     for (int64_t e = 0; e < D; e++)
-        sg__stf(sg__data(g->out), g->out->dtype, r * D + e, acc[e] * g->scale);
+        sg__stf(sg__data(g->out), g->out->dtype, at + e, acc[e] * g->scale);
 }
 
 /* One key j of K/V head hk: dk_j and dv_j over every query that sees it. */
@@ -172,12 +176,13 @@ static void bwd_key(const attn_geom *g, int64_t b, int64_t hk, int64_t j, const 
             float ds = p * (dot_v(g, b, hk, j, dof) - ws[rows + r]);
             for (int64_t e = 0; e < D; e++) dv[e] += p * dof[e], dk[e] += ds * qf[e];
         }
-    int64_t nq = rows * D, at = ((b * g->Hkv + hk) * g->S + j) * D;
-    int64_t nkv = g->B * g->Hkv * g->S * D;
+    const sg__attn_part *pk = &g->part[1], *pv = &g->part[2];
+    int64_t ak = pk->off + b * pk->sb + hk * pk->sh + j * pk->si;
+    int64_t av = pv->off + b * pv->sb + hk * pv->sh + j * pv->si;
     void *out = sg__data(g->out);
     for (int64_t e = 0; e < D; e++) {
-        sg__stf(out, g->out->dtype, nq + at + e, dk[e] * g->scale);
-        sg__stf(out, g->out->dtype, nq + nkv + at + e, dv[e]);
+        sg__stf(out, g->out->dtype, ak + e, dk[e] * g->scale);
+        sg__stf(out, g->out->dtype, av + e, dv[e]);
     }
 }
 
@@ -225,7 +230,11 @@ sg_status sg__cpu_attn(sg_ctx *ctx, const sg__node *n) {
                         "attention: D %lld, Hq %lld, Hkv %lld: the kernel "
                         "takes D <= 256 and Hq a multiple of Hkv",
                         (long long)g.D, (long long)g.Hq, (long long)g.Hkv);
-    if (n->op == SG__OP_ATTENTION_BWD) return attn_bwd(ctx, &g);
+    if (n->op == SG__OP_ATTENTION_BWD) {
+        int64_t qs[4] = {g.B, g.Hq, g.Lq, g.D}, ks[4] = {g.B, g.Hkv, g.S, g.D};
+        sg__attn_bwd_parts(n->i[1], qs, ks, g.part);
+        return attn_bwd(ctx, &g);
+    }
     int64_t rows = g.B * g.Hq * g.Lq;
     int nth = sg__cpu_threads(ctx, rows * g.S * g.D / 4);
 #pragma omp parallel for num_threads(nth) if (nth > 1) schedule(dynamic, 4)

@@ -4,7 +4,8 @@
  * k_attn_bwd.cu): it describes the node's strided views and the packed
  * output's parts to the kernels and launches the two passes, query rows
  * first (they write each row's logsumexp and rowsum(dO * O) into the
- * output's workspace), then keys. bf16 / f16 with D = 64 or 128, no mask,
+ * output's workspace), then keys; dq, dk and dv go where the node's
+ * layout puts them (sg__attn_bwd_parts). bf16 / f16 with D = 64 or 128, no mask,
  * on sm_80+ run on tensor cores (sg_attn_bwd_dq<D>_<dtype>,
  * sg_attn_bwd_dkv<D>_<dtype>);
  * everything else -- f32, masks, other head dims up to 256 -- on the FMA
@@ -26,10 +27,11 @@ typedef struct bgeom {
     int64_t B, Hq, Hkv, Lq, S, D;
     int64_t ls;
     int64_t nq, nkv, ws;
+    int64_t part[3][4]; /* dq, dk, dv in the output: sg__attn_part's fields */
     float scale;
     int32_t dt, mdt, ldt, flags;
 } bgeom;
-_Static_assert(sizeof(bgeom) == 296, "bgeom changed: update k_attn_bwd.cu too");
+_Static_assert(sizeof(bgeom) == 392, "bgeom changed: update k_attn_bwd.cu too");
 
 enum { CAUSAL = 1, VQ = 2, VK = 4, VV = 8, VG = 16, VO = 32 }; /* k_attn_bwd.cu's flags */
 
@@ -56,6 +58,12 @@ static void describe(bgeom *g, const sg__node *n) {
     g->ls = len && len->ndim == 1 && len->shape[0] > 1 ? len->stride[0] : 0;
     g->nq = g->B * g->Hq * g->Lq * g->D, g->nkv = g->B * g->Hkv * g->S * g->D;
     g->ws = sg__attn_bwd_ws(g->nq, g->nkv);
+    int64_t qs[4] = {g->B, g->Hq, g->Lq, g->D}, ks[4] = {g->B, g->Hkv, g->S, g->D};
+    sg__attn_part p[3];
+    sg__attn_bwd_parts(n->i[1], qs, ks, p);
+    for (int k = 0; k < 3; k++)
+        g->part[k][0] = p[k].off, g->part[k][1] = p[k].sb, g->part[k][2] = p[k].sh,
+        g->part[k][3] = p[k].si;
     g->scale = (float)n->f[0];
     g->dt = (int32_t)q->dtype;
     g->mdt = m ? (int32_t)m->dtype : -1;

@@ -2,9 +2,11 @@
 /*
  * k_attn_bwd.cu -- the CUDA kernels of ATTENTION_BWD, the gradient of
  * attention (host side in cuda_attn_bwd.c; the node in capture/ops.def).
- * Every kernel writes into the node's one packed output: dq (B,Hq,Lq,D) at
- * 0, dk and dv (B,Hkv,S,D) at nq and nq + nkv, and the row workspace (f32
- * logsumexp of each row's scaled scores, then D = rowsum(dO * O)) at ws.
+ * Every kernel writes into the node's one packed output: dq (B,Hq,Lq,D), dk
+ * and dv (B,Hkv,S,D) in its first nq + 2 nkv elements, each row where
+ * bgeom.part puts it (capture.h's sg__attn_bwd_parts: contiguous parts, or
+ * laid out as q, k and v are), and the row workspace (f32 logsumexp of each
+ * row's scaled scores, then D = rowsum(dO * O)) at ws.
  * Nothing is accumulated with atomics: every result is one sum in a fixed
  * order, so replays give identical bits.
  *
@@ -82,6 +84,7 @@ struct bgeom {
     i64 B, Hq, Hkv, Lq, S, D;
     i64 ls;          /* kv_len's stride over b (0: one length for all) */
     i64 nq, nkv, ws; /* the packed output's parts, in elements */
+    i64 part[3][4];  /* dq, dk, dv: element (b, h, i, e) at [0] + b [1] + h [2] + i [3] + e */
     float scale;
     int dt, mdt, ldt, flags; /* q/k/v dtype; mask's and kv_len's (-1: none) */
 };
@@ -130,6 +133,11 @@ __device__ __forceinline__ void st(void *p, int dt, i64 i, float v) {
 }
 
 __device__ __forceinline__ float inf_f() { return __uint_as_float(0x7f800000u); }
+
+/* Element 0 of row i of head h, batch b of part k (0 dq, 1 dk, 2 dv) in out. */
+__device__ __forceinline__ i64 part_at(const bgeom &g, int k, i64 b, i64 h, i64 i) {
+    return g.part[k][0] + b * g.part[k][1] + h * g.part[k][2] + i * g.part[k][3];
+}
 
 /* The row workspace: lse at ws[r], D at ws[rows + r]. */
 __device__ __forceinline__ float *workspace(void *out, const bgeom &g) {
@@ -240,8 +248,9 @@ extern "C" __global__ void __launch_bounds__(NT)
         }
         __syncthreads();
     }
+    const i64 qa = part_at(g, 0, b, h, i);
     for (int c = 0; c < 2; c++)
-        if (tid + c * NT < D) st(out, g.dt, r * D + tid + c * NT, acc[c] * g.scale);
+        if (tid + c * NT < D) st(out, g.dt, qa + tid + c * NT, acc[c] * g.scale);
     if (tid == 0) {
         float *ws = workspace(out, g);
         ws[r] = lse, ws[rows + r] = Di;
@@ -303,12 +312,12 @@ extern "C" __global__ void __launch_bounds__(NT)
             }
             __syncthreads();
         }
-    const i64 at = ((b * g.Hkv + hk) * g.S + j) * D;
+    const i64 ka = part_at(g, 1, b, hk, j), va = part_at(g, 2, b, hk, j);
     for (int c = 0; c < 2; c++) {
         int e = tid + c * NT;
         if (e >= D) break;
-        st(out, g.dt, g.nq + at + e, dk[c] * g.scale);
-        st(out, g.dt, g.nq + g.nkv + at + e, dv[c]);
+        st(out, g.dt, ka + e, dk[c] * g.scale);
+        st(out, g.dt, va + e, dv[c]);
     }
 }
 
@@ -718,7 +727,7 @@ __device__ __forceinline__ void bwd_dq(const void *q, const void *k, const void 
             grads(t, true);
         __syncthreads();
     }
-    const i64 oa = ((b * g.Hq + h) * g.Lq + ia) * D, oe = oa + 8 * (i64)D;
+    const i64 oa = part_at(g, 0, b, h, ia), oe = oa + 8 * g.part[0][3];
 #pragma unroll
     for (int d = 0; d < D / 8; d++) {
         const int e = d * 8 + 2 * tq;
@@ -864,19 +873,18 @@ __device__ __forceinline__ void bwd_dkv(const void *q, const void *k, const void
             tile(i0, (t + E) & 1, true);
         __syncthreads();
     }
-    const i64 base = (b * g.Hkv + hk) * g.S;
+    const i64 dka = part_at(g, 1, b, hk, ja), dva = part_at(g, 2, b, hk, ja);
+    const i64 kb8 = 8 * g.part[1][3], vb8 = 8 * g.part[2][3]; /* row jb = ja + 8 */
 #pragma unroll
     for (int d = 0; d < D / 8; d++) {
         const int e = d * 8 + 2 * tq;
         if (ja < g.S) {
-            const i64 at = (base + ja) * D + e;
-            st2(out, g.nq + at, dk[d][0] * g.scale, dk[d][1] * g.scale, dt);
-            st2(out, g.nq + g.nkv + at, dv[d][0], dv[d][1], dt);
+            st2(out, dka + e, dk[d][0] * g.scale, dk[d][1] * g.scale, dt);
+            st2(out, dva + e, dv[d][0], dv[d][1], dt);
         }
         if (jb < g.S) {
-            const i64 at = (base + jb) * D + e;
-            st2(out, g.nq + at, dk[d][2] * g.scale, dk[d][3] * g.scale, dt);
-            st2(out, g.nq + g.nkv + at, dv[d][2], dv[d][3], dt);
+            st2(out, dka + kb8 + e, dk[d][2] * g.scale, dk[d][3] * g.scale, dt);
+            st2(out, dva + vb8 + e, dv[d][2], dv[d][3], dt);
         }
     }
 }
