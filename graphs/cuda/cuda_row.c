@@ -15,6 +15,8 @@
  */
 #include "exec.h"
 
+#include <stdio.h>
+
 #ifdef SG_HAVE_CUDA_HEADERS
 
 #define BLOCK 256
@@ -375,6 +377,18 @@ static sg_status norm_bwd(sg_ctx *ctx, const sg__node *n) {
     return sg__cuda_launch(ctx, f, grid, block, 0, args);
 }
 
+bool sg__cuda_norm_bwd_note(const sg__node *n, char *buf, size_t size) {
+    if (size) buf[0] = '\0';
+    if (n->op != SG__OP_NORM_BWD || !n->out) return false;
+    ngeom g;
+    norm_bwd_geom(&g, n);
+    const char *why = norm_bwd_why(&g, n);
+    if (!why) return false;
+    snprintf(buf, size, "a team per row%s, not the one-pass kernel (a warp per row): %s",
+             n->i[1] ? ", then a thread per column for the column sums" : "", why);
+    return true;
+}
+
 sg_status sg__cuda_row(sg_ctx *ctx, const sg__node *n) {
     switch (n->op) {
     case SG__OP_SOFTMAX:
@@ -388,6 +402,14 @@ sg_status sg__cuda_row(sg_ctx *ctx, const sg__node *n) {
     default: break;
     }
     return sg__fail(ctx, SG_ERR_INTERNAL, "cuda: %s is not a row op", sg__op_name(n->op));
+}
+
+#else
+
+bool sg__cuda_norm_bwd_note(const sg__node *n, char *buf, size_t size) {
+    (void)n;
+    if (size) buf[0] = '\0';
+    return false;
 }
 
 #endif /* SG_HAVE_CUDA_HEADERS */
