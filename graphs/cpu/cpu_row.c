@@ -314,7 +314,8 @@ static void norm_bwd_row(const sg__rows *rw, const sg__node *n, void *dx, int64_
             sg__gather_f(sg__at((void *)xr, x->dtype, j * xs), x->dtype, xs, k, t);
             sg__gather_f(sg__at((void *)gr, gt->dtype, j * gs), gt->dtype, gs, k, u);
             if (w) sg__gather_f(sg__at(sg__data(w), w->dtype, j * ws), w->dtype, ws, k, v);
-            if (rr && pass == 1) sg__gather_f(sg__at((void *)rr, x->dtype, j * rs), x->dtype, rs, k, q);
+            if (rr && pass == 1)
+                sg__gather_f(sg__at((void *)rr, x->dtype, j * rs), x->dtype, rs, k, q);
             for (int e = 0; e < k; e++) {
                 double gw = w ? (double)u[e] * v[e] : u[e], xh = (t[e] - mean) * r;
                 if (pass == 0) {

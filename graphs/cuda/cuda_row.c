@@ -320,8 +320,8 @@ static sg_status norm_bwd_cols(sg_ctx *ctx, const sg__node *n, const ngeom *g, f
 }
 
 /* NORM_BWD: dx (+ r) and, with i[1], the column sums. Rows of whole
- * 16-byte vectors: sg_row_norm_bwd_vec, a warp per row, one block per SM
- * at most, each block's column partials in op scratch, then
+ * 16-byte vectors: sg_row_norm_bwd_vec, a warp per row, two blocks per SM
+ * at most with the column sums, each block's column partials in op scratch, then
  * sg_row_norm_bwd_fin adds them in block order. Other rows: a team per
  * row (sg_row_norm_bwd, any strides, the rows' statistics in scratch),
  * then sg_row_norm_bwd_cols. */
@@ -330,13 +330,19 @@ static sg_status norm_bwd(sg_ctx *ctx, const sg__node *n) {
     norm_bwd_geom(&g, n);
     bool sums = n->i[1] != 0;
     const void *xp = sg__data(n->in[0]), *gp = sg__data(n->in[1]);
-    const void *wp = n->in[2] ? sg__data(n->in[2]) : NULL, *rp = n->in[3] ? sg__data(n->in[3]) : NULL;
+    const void *wp = n->in[2] ? sg__data(n->in[2]) : NULL;
+    const void *rp = n->in[3] ? sg__data(n->in[3]) : NULL;
     void *yp = sg__data(n->out), *f;
     float *st = NULL;
     if (g.len == 0) return SG_OK;
-    int64_t parts = (g.nrows + BLOCK / 32 - 1) / (BLOCK / 32), sm = sg__cuda_sm_count(ctx);
-    if (sums && parts > sm && sm > 0) parts = sm; /* one block per SM: few partials */
-    if (parts > (1 << 24)) parts = 1 << 24;       /* the warps take rows in turn */
+    /* Column sums: each warp's in 2 * len floats of shared memory, at most
+     * 48 KiB a block, and two blocks an SM (few partials to add). */
+    int64_t warps = sums ? 49152 / (2 * g.len * (int64_t)sizeof(float)) : BLOCK / 32;
+    if (warps > BLOCK / 32) warps = BLOCK / 32;
+    if (warps < 1) warps = 1;
+    int64_t parts = (g.nrows + warps - 1) / warps, sm = sg__cuda_sm_count(ctx);
+    if (sums && parts > 2 * sm && sm > 0) parts = 2 * sm;
+    if (parts > (1 << 24)) parts = 1 << 24; /* the warps take rows in turn */
     size_t pbytes = (size_t)parts * 2 * (size_t)g.len * sizeof(float);
     if (g.nrows * g.len == 0) {
         if (!sums) return SG_OK;
@@ -347,8 +353,9 @@ static sg_status norm_bwd(sg_ctx *ctx, const sg__node *n) {
         if (s == SG_OK) s = sg__cuda_kernel(ctx, SG__CU_ROW, "sg_row_norm_bwd_vec", &f);
         if (s != SG_OK) return s;
         void *args[] = {&xp, &gp, &wp, &rp, &yp, &st, &g};
-        unsigned grid[3] = {(unsigned)parts, 1, 1}, block[3] = {BLOCK, 1, 1};
-        s = sg__cuda_launch(ctx, f, grid, block, sums ? (unsigned)(2 * g.len * 4) : 0, args);
+        unsigned grid[3] = {(unsigned)parts, 1, 1}, block[3] = {(unsigned)warps * 32, 1, 1};
+        unsigned shmem = sums ? (unsigned)(warps * 2 * g.len * (int64_t)sizeof(float)) : 0;
+        s = sg__cuda_launch(ctx, f, grid, block, shmem, args);
         if (s != SG_OK || !sums) return s;
     } else {
         int64_t blocks = (g.nrows + BLOCK / g.team - 1) / (BLOCK / g.team);

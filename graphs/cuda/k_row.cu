@@ -771,41 +771,37 @@ extern "C" __global__ void __launch_bounds__(BLOCK)
  * the statistics from the registers (the mean, then the squares about it),
  * the sums in f32 (each lane in column order, then the butterfly), dx (+ r)
  * packed and stored. With NB_SUMS each lane also sums g * xh and g of its
- * columns over its rows; the block adds its warps' sums in warp order and
- * writes them to part[blockIdx.x] (2 * len f32), which sg_row_norm_bwd_fin
- * adds in block order: the same bits every launch of the same grid. */
+ * columns over its warp's rows, in the warp's own 2 * len floats of shared
+ * memory (16-byte accesses); then the block adds its warps' sums in warp
+ * order into part[blockIdx.x] (2 * len f32), which sg_row_norm_bwd_fin adds in block order: the
+ * same bits every launch of the same grid. Two blocks fit an SM. */
 template <int DT>
 __device__ __forceinline__ void norm_bwd_vec(const void *x, const void *gp, const void *w,
                                              const void *rp, void *y, float *part, const ngeom &g) {
     const int PER = DT == DT_F32 ? 4 : 8, es = DT == DT_F32 ? 4 : 2;
-    const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+    const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, nw = blockDim.x / 32;
     const i64 len = g.len, nv = len / PER;
     const bool layer = g.layer != 0, hw = (g.flags & HAS_W) != 0, hr = (g.flags & NB_R) != 0;
     const bool sums = (g.flags & NB_SUMS) != 0;
-    float ww[NB_VEC][8], aw[NB_VEC][8], ab[NB_VEC][8];
-#pragma unroll
-    for (int q = 0; q < NB_VEC; q++) {
-#pragma unroll
-        for (int k = 0; k < 8; k++) ww[q][k] = 1.0f, aw[q][k] = 0.0f, ab[q][k] = 0.0f;
-        if (hw && lane + q * 32 < nv) unpack16<DT>(__ldg((const uint4 *)w + lane + q * 32), ww[q]);
-    }
-    for (i64 row = (i64)blockIdx.x * (BLOCK / 32) + warp; row < g.nrows;
-         row += (i64)gridDim.x * (BLOCK / 32)) {
+    extern __shared__ float sh[];
+    float *acc = sh + (i64)warp * 2 * len;
+    for (i64 v = lane; sums && v < nv; v += 32) /* the lane's own columns */
+        for (int k = 0; k < PER; k++) acc[v * PER + k] = acc[len + v * PER + k] = 0.0f;
+    for (i64 row = (i64)blockIdx.x * nw + warp; row < g.nrows; row += (i64)gridDim.x * nw) {
         i64 xo, go, yo, ro;
         nrow_offsets(g, row, &xo, &go, &yo, &ro);
         const uint4 *xr = (const uint4 *)((const char *)x + xo * es);
         const uint4 *gr = (const uint4 *)((const char *)gp + go * es);
         const uint4 *rr = (const uint4 *)((const char *)rp + ro * es);
-        uint4 xa[NB_VEC], ga[NB_VEC], ra[NB_VEC];
+        uint4 xa[NB_VEC], ga[NB_VEC];
 #pragma unroll
         for (int q = 0; q < NB_VEC; q++) {
             i64 v = lane + q * 32;
             if (v >= nv) continue;
             xa[q] = __ldg(xr + v);
             ga[q] = __ldg(gr + v);
-            if (hr) ra[q] = __ldg(rr + v);
         }
-        float f[8], gg[8], s = 0.0f, m = 0.0f, var = 0.0f;
+        float f[8], gg[8], ww[8], s = 0.0f, m = 0.0f, var = 0.0f;
 #pragma unroll
         for (int q = 0; q < NB_VEC; q++) {
             if (!layer || lane + q * 32 >= nv) continue;
@@ -825,15 +821,26 @@ __device__ __forceinline__ void norm_bwd_vec(const void *x, const void *gp, cons
         float s1 = 0.0f, s2 = 0.0f;
 #pragma unroll
         for (int q = 0; q < NB_VEC; q++) {
-            if (lane + q * 32 >= nv) continue;
+            i64 v = lane + q * 32;
+            if (v >= nv) continue;
             unpack16<DT>(xa[q], f);
             unpack16<DT>(ga[q], gg);
+            if (hw) unpack16<DT>(__ldg((const uint4 *)w + v), ww);
 #pragma unroll
             for (int k = 0; k < PER; k++) {
-                float gw = gg[k] * ww[q][k], xh = (f[k] - m) * rs;
+                float xh = (f[k] - m) * rs, gw = hw ? gg[k] * ww[k] : gg[k];
                 s1 += gw;
                 s2 += gw * xh;
-                if (sums) aw[q][k] += gg[k] * xh, ab[q][k] += gg[k];
+                f[k] = gg[k] * xh;
+            }
+            if (!sums) continue;
+            float4 *aw = (float4 *)(acc + v * PER), *ab = (float4 *)(acc + len + v * PER);
+#pragma unroll
+            for (int h = 0; h < PER / 4; h++) {
+                float4 a = aw[h], b = ab[h];
+                a.x += f[4 * h], a.y += f[4 * h + 1], a.z += f[4 * h + 2], a.w += f[4 * h + 3];
+                b.x += gg[4 * h], b.y += gg[4 * h + 1], b.z += gg[4 * h + 2], b.w += gg[4 * h + 3];
+                aw[h] = a, ab[h] = b;
             }
         }
         const float m1 = layer ? warp_sum(s1) / (float)len : 0.0f;
@@ -846,39 +853,27 @@ __device__ __forceinline__ void norm_bwd_vec(const void *x, const void *gp, cons
             float rv[8];
             unpack16<DT>(xa[q], f);
             unpack16<DT>(ga[q], gg);
-            if (hr) unpack16<DT>(ra[q], rv);
+            if (hw) unpack16<DT>(__ldg((const uint4 *)w + v), ww);
+            if (hr) unpack16<DT>(__ldg(rr + v), rv);
 #pragma unroll
             for (int k = 0; k < PER; k++) {
-                f[k] = rs * ((gg[k] * ww[q][k] - m1) - ((f[k] - m) * rs) * m2);
+                f[k] = rs * (((hw ? gg[k] * ww[k] : gg[k]) - m1) - ((f[k] - m) * rs) * m2);
                 if (hr) f[k] += rv[k];
             }
             yr[v] = pack16<DT>(f);
         }
     }
     if (!sums) return;
-    /* The block's warps in order through shared memory: 2 * len floats. */
-    extern __shared__ float sh[];
-    for (int wv = 0; wv < BLOCK / 32; wv++) {
-        if (warp == wv) {
-#pragma unroll
-            for (int q = 0; q < NB_VEC; q++) {
-                i64 v = lane + q * 32;
-                if (v >= nv) continue;
-#pragma unroll
-                for (int k = 0; k < PER; k++) {
-                    i64 j = v * PER + k;
-                    sh[j] = wv ? sh[j] + aw[q][k] : aw[q][k];
-                    sh[len + j] = wv ? sh[len + j] + ab[q][k] : ab[q][k];
-                }
-            }
-        }
-        __syncthreads();
-    }
+    __syncthreads();
     float *pb = part + (i64)blockIdx.x * 2 * len;
-    for (i64 j = threadIdx.x; j < 2 * len; j += BLOCK) pb[j] = sh[j];
+    for (i64 t = threadIdx.x; t < 2 * len; t += blockDim.x) {
+        float a = 0.0f;
+        for (int wv = 0; wv < nw; wv++) a += sh[(i64)wv * 2 * len + t];
+        pb[t] = a;
+    }
 }
 
-extern "C" __global__ void __launch_bounds__(BLOCK)
+extern "C" __global__ void __launch_bounds__(BLOCK, 2)
     sg_row_norm_bwd_vec(const void *x, const void *gp, const void *w, const void *rp, void *y,
                         float *part, ngeom g) {
     if (g.dt == DT_F32)
