@@ -487,9 +487,16 @@ static sg_status backward_one(sg_ctx *ctx, sg__gnode *g) {
     }
     if (!any) return SG_OK;
     if (takes_part(g)) return push_part(ctx, g);
+    sg_tensor *acc[nin > 0 ? nin : 1];
+    bool took[nin > 0 ? nin : 1];
+    for (int k = 0; k < nin; k++) {
+        acc[k] = want[k] ? g->next[k]->grad : NULL, took[k] = false;
+        for (int j = 0; j < k; j++) /* one node behind two inputs: added as before */
+            if (acc[k] && g->next[j] == g->next[k]) acc[k] = acc[j] = NULL;
+    }
     uint32_t mark = ctx->next_id;
-    sg__bw b = {
-        .ctx = ctx, .n = g, .g = g->grad, .out = g->out, .x = g->saved, .want = want, .gi = gi};
+    sg__bw b = {.ctx = ctx, .n = g, .g = g->grad, .out = g->out, .x = g->saved, .want = want,
+                .gi = gi, .acc = acc, .took = took};
     sg_status s = sg__grad_rule(&b);
     for (int k = 0; s == SG_OK && k < nin; k++)
         if (want[k]) {
@@ -503,7 +510,10 @@ static sg_status backward_one(sg_ctx *ctx, sg__gnode *g) {
     sweep(ctx, mark, gi, nin);
     for (int k = 0; k < nin; k++) {
         if (!want[k]) continue;
-        if (s == SG_OK)
+        if (s == SG_OK && took[k]) { /* gi[k] already holds the gathered gradient */
+            sg__tensor_drop(g->next[k]->grad);
+            g->next[k]->grad = gi[k];
+        } else if (s == SG_OK)
             s = accumulate(ctx, g->next[k], gi[k]);
         else
             sg__tensor_drop(gi[k]);

@@ -67,7 +67,11 @@ typedef struct sg__gpart {
 /* What one backward rule sees: g, the gradient of the node's output, and
  * the saved tensors; it sets gi[k] for the inputs with want[k] to a
  * gradient of the output's shape (broadcast) or of the input's; the caller
- * sums broadcast dims away and casts to the input's dtype. */
+ * sums broadcast dims away and casts to the input's dtype. acc[k] is the
+ * gradient gathered so far for input k (NULL when none, or when another
+ * input of the node has the same one): a rule that adds it into gi[k]
+ * itself (the norms' kernel, the residual's gradient) sets took[k], and
+ * gi[k] then replaces the gathered gradient instead of being added to it. */
 typedef struct sg__bw {
     sg_ctx *ctx;
     const sg__gnode *n;
@@ -76,6 +80,8 @@ typedef struct sg__bw {
     sg_tensor **x; /* n->saved */
     bool *want;
     sg_tensor **gi;
+    sg_tensor **acc;
+    bool *took;
 } sg__bw;
 
 /* Which inputs' bytes (and whether the output's) op's backward reads. */

@@ -519,14 +519,20 @@ SG__HIDDEN sg_tensor *sg__cross_entropy_grad(sg_tensor *logits, sg_tensor *targe
  */
 SG__HIDDEN sg_tensor *sg__norm_stats(sg_tensor *x, bool layer, double eps);
 /*
- * The input gradient of layer_norm or rms_norm (the NORM_BWD node): x the
- * norm's input, g the gradient of its output (x's shape and dtype), stats
- * sg__norm_stats(x), w the weight or NULL. Gives rstd * (gw - mean(gw) -
- * xh * mean(gw * xh)) with gw = g * w and xh = (x - mean) * rstd (without
- * the mean(gw) term for rms_norm), contiguous, of x's dtype, or NULL.
+ * The gradients of layer_norm or rms_norm (the NORM_BWD node): x the norm's
+ * input, g the gradient of its output (x's shape and dtype), w the weight
+ * or NULL, r a gradient to add to the input's (x's shape and dtype) or NULL,
+ * eps the norm's; the row statistics are recomputed from x. parts 0: gives
+ * the input's gradient rstd * (gw - mean(gw) - xh * mean(gw * xh)) (+ r)
+ * with gw = g * w and xh = (x - mean) * rstd (without the mean(gw) term for
+ * rms_norm), contiguous, of x's dtype. parts SG__NB_DW and/or SG__NB_DB:
+ * gives the packed 1-d result of ops.def (the norms' rule takes views).
+ * NULL on failure.
  */
-SG__HIDDEN sg_tensor *sg__norm_grad(sg_tensor *x, sg_tensor *g, sg_tensor *stats, sg_tensor *w,
-                                    bool layer);
+#define SG__NB_DW 1 /* NORM_BWD's i[1]: the weight's gradient sum(g * xh) */
+#define SG__NB_DB 2 /* ... and the bias's, sum(g) */
+SG__HIDDEN sg_tensor *sg__norm_grad(sg_tensor *x, sg_tensor *g, sg_tensor *w, sg_tensor *r,
+                                    bool layer, double eps, int parts);
 /* ATTENTION_BWD's packed output, in elements of q's dtype: dq, dk and dv in
  * the first nq + 2 * nkv (sg__attn_bwd_parts), then at sg__attn_bwd_ws (16-byte aligned) the row
  * workspace of 2 * rows f32 (each row's logsumexp of the scaled scores, then

@@ -274,26 +274,32 @@ static sg_status reduction(sg__bw *b) {
 }
 
 /*
- * layer_norm and rms_norm: the row statistics once (NORM_STATS), the input's
- * gradient as one row node that reads them (NORM_BWD: g * w, both means and
- * the result in one pass per row), and the weight's gradient g * xh in f32
- * from x and the statistics (xh = (x - mean) * rstd), pointwise, so that
- * fusion gives it to the column sum autograd takes over the rows.
+ * layer_norm and rms_norm: one NORM_BWD node gives the input's gradient and
+ * the weight's and bias's (column sums, in one packed result that views
+ * take apart), the row statistics recomputed from x; the gradient already
+ * gathered for x (a pre-norm residual's) is added by the same node, which
+ * the backends run as one pass over x and g.
  */
 static sg_status norm(sg__bw *b) {
     const sg__gnode *n = b->n;
-    sg_tensor *g = b->g, *x = b->x[0], *w = b->x[1];
+    sg_tensor *g = b->g, *x = b->x[0], *w = b->x[1], *r = b->want[0] ? b->acc[0] : NULL;
     bool layer = n->op == SG__OP_LAYER_NORM;
-    int last = x->ndim - 1;
-    sg_tensor *st = b->want[0] || b->want[1] ? sg__norm_stats(x, layer, n->f[0]) : NULL;
-    if (b->want[0]) b->gi[0] = sg__norm_grad(x, g, st, w, layer);
-    if (b->want[1]) {
-        sg_tensor *xf = x->dtype == SG_F32 ? x : sg_cast(x, SG_F32);
-        sg_tensor *gf = g->dtype == SG_F32 ? g : sg_cast(g, SG_F32), *r = sg_narrow(st, last, 1, 1);
-        sg_tensor *xh = sg_mul(layer ? sg_sub(xf, sg_narrow(st, last, 0, 1)) : xf, r);
-        b->gi[1] = sg_mul(gf, xh);
+    int parts = (b->want[1] ? SG__NB_DW : 0) | (layer && b->want[2] ? SG__NB_DB : 0);
+    if (!b->want[0] && !parts) return SG_OK;
+    bool same = r && r->dtype == x->dtype && r->ndim == x->ndim;
+    for (int d = 0; same && d < x->ndim; d++) same = r->shape[d] == x->shape[d];
+    if (!same) r = NULL;
+    sg_tensor *o = sg__norm_grad(x, g, w, r, layer, n->f[0], parts);
+    if (!o) return b->ctx->status != SG_OK ? b->ctx->status : SG_ERR_INTERNAL;
+    b->took[0] = r != NULL;
+    if (!parts) {
+        b->gi[0] = o;
+        return SG_OK;
     }
-    if (layer && b->want[2]) b->gi[2] = alias(g);
+    int64_t m = sg__numel(x->ndim, x->shape), len = x->shape[x->ndim - 1];
+    if (b->want[0]) b->gi[0] = sg_reshape(sg_narrow(o, 0, 0, m), x->ndim, x->shape);
+    if (parts & SG__NB_DW) b->gi[1] = sg_narrow(o, 0, m, len);
+    if (parts & SG__NB_DB) b->gi[2] = sg_narrow(o, 0, m + len, len);
     return SG_OK;
 }
 

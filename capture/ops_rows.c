@@ -17,8 +17,9 @@
  *    of logits' dtype, contiguous: the gradient of the mean loss, the
  *    softmax computed and the target compared in one pass per row.
  *  - NORM_STATS: in = {x}; out f32 (..., 2); f[0] = eps, i[0] = 1 for
- *    layer_norm, 0 for rms_norm. NORM_BWD: in = {x, g, stats, w} (w may be
- *    NULL); out x's shape and dtype, contiguous; i[0] as NORM_STATS'.
+ *    layer_norm, 0 for rms_norm. NORM_BWD: in = {x, g, w, r} (w and r may
+ *    be NULL); f[0], i[0] as NORM_STATS'; i[1] = 0: out x's shape and
+ *    dtype, contiguous, else the packed 1-d out with the column sums.
  */
 #include "capture.h"
 
@@ -168,26 +169,31 @@ sg_tensor *sg__norm_stats(sg_tensor *x, bool layer, double eps) {
     return sg__run_new(ctx, &n, SG_F32, x->ndim, shape);
 }
 
-sg_tensor *sg__norm_grad(sg_tensor *x, sg_tensor *g, sg_tensor *stats, sg_tensor *w, bool layer) {
+sg_tensor *sg__norm_grad(sg_tensor *x, sg_tensor *g, sg_tensor *w, sg_tensor *r, bool layer,
+                         double eps, int parts) {
     const char *name = layer ? "layer_norm" : "rms_norm";
-    sg_tensor *in[4] = {x, g, stats, w};
-    const bool optional[4] = {false, false, false, true};
+    sg_tensor *in[4] = {x, g, w, r};
+    const bool optional[4] = {false, false, true, true};
     sg_ctx *ctx = sg__check_inputs(name, 4, in, optional);
-    if (!ctx) return NULL;
+    if (!ctx || !check_float(ctx, name, "x", x)) return NULL;
     char a[SG__DESC], b[SG__DESC];
-    bool ok =
-        x->ndim >= 1 && g->dtype == x->dtype && g->ndim == x->ndim && stats->dtype == SG_F32 &&
-        stats->ndim == x->ndim && stats->shape[x->ndim - 1] == 2 &&
-        (!w || (w->dtype == x->dtype && w->ndim == 1 && w->shape[0] == x->shape[x->ndim - 1]));
-    for (int d = 0; ok && d < x->ndim; d++)
-        ok = g->shape[d] == x->shape[d] && (d == x->ndim - 1 || stats->shape[d] == x->shape[d]);
+    bool ok = x->ndim >= 1 && x->ndim <= SG_MAX_DIMS;
+    for (int k = 1; k < 4; k += 2)
+        if (in[k]) {
+            ok = ok && in[k]->dtype == x->dtype && in[k]->ndim == x->ndim;
+            for (int d = 0; ok && d < x->ndim; d++) ok = in[k]->shape[d] == x->shape[d];
+        }
+    ok = ok && (!w || (w->dtype == x->dtype && w->ndim == 1 &&
+                       w->shape[0] == x->shape[x->ndim - 1]));
     if (!ok) {
         sg__fail(ctx, SG_ERR_SHAPE,
-                 "%s backward: the gradient %s does not match x %s (or the "
-                 "statistics or weight do not); they must share x's shape and dtype",
+                 "%s backward: the gradient %s does not match x %s (or the weight or the "
+                 "gradient to add do not); they must share x's shape and dtype",
                  name, sg__describe(g, a, sizeof a), sg__describe(x, b, sizeof b));
         return NULL;
     }
-    sg__node n = {.op = SG__OP_NORM_BWD, .nin = 4, .in = in, .i = {layer}};
-    return sg__run_new(ctx, &n, x->dtype, x->ndim, x->shape);
+    sg__node n = {.op = SG__OP_NORM_BWD, .nin = 4, .in = in, .f = {eps}, .i = {layer, parts}};
+    if (!parts) return sg__run_new(ctx, &n, x->dtype, x->ndim, x->shape);
+    int64_t len = x->shape[x->ndim - 1], packed = sg__numel(x->ndim, x->shape) + 2 * len;
+    return sg__run_new(ctx, &n, x->dtype, 1, &packed);
 }

@@ -333,39 +333,64 @@ static void emit_gw_xh(ser *s, const sg__ref *x, const sg__ref *gr, const sg__re
     sg__emit_line(s->e, "const float xh = ((%s) - rmean) * rrs;", xv);
 }
 
-/* NORM_BWD at walk index i of x's shape: rstd * (gw - mean(gw) - xh *
- * mean(gw * xh)), the sums over the row compensated. */
+/* NORM_BWD at walk index i of its output: below rows * len, the input's
+ * gradient rstd * (gw - mean(gw) - xh * mean(gw * xh)) (+ r) of row i / len,
+ * the statistics and the sums over the row compensated; past it (the packed
+ * column sums of ops.def), sum(g * xh) or sum(g) of its column over the rows
+ * in order, each row's statistics recomputed. */
 static bool emit_norm_bwd(ser *s, const char *val) {
     const sg__irnode *n = s->n;
     const sg__ref *x = sg__cuda_arg(s->g, n, 0), *gr = sg__cuda_arg(s->g, n, 1);
-    const sg__ref *st = sg__cuda_arg(s->g, n, 2), *w = n->nin > 3 ? sg__cuda_arg(s->g, n, 3) : NULL;
-    if (!x || !gr || !st || x->ndim < 1) return false;
+    const sg__ref *w = sg__cuda_arg(s->g, n, 2), *r = sg__cuda_arg(s->g, n, 3);
+    if (!x || !gr || x->ndim < 1) return false;
     int last = x->ndim - 1;
-    int64_t len = x->shape[last];
+    int64_t len = x->shape[last], m = sg__numel(x->ndim, x->shape);
     bool layer = n->i[0] != 0;
-    const sg__ref *rs[3] = {x, gr, st};
-    const char *names[3] = {"nx0", "ng0", "ns0"};
-    char idx[64], mv[400], rv[400], so[96];
+    const sg__ref *rs[3] = {x, gr, r};
+    const char *names[3] = {"nx0", "ng0", "nr0"};
+    char idx[64], own[64], lenf[64], rv[400], xv[400], gv[400];
+    sg__emit_open(s->e, "if (i < %lldLL)", (long long)m);
     snprintf(idx, sizeof idx, "i / %lldLL", (long long)len);
-    emit_row_starts(s, idx, 3, rs, names);
-    load(s, st, "ns0", mv, sizeof mv);
-    snprintf(so, sizeof so, "ns0 + %lldLL", (long long)st->stride[last]);
-    load(s, st, so, rv, sizeof rv);
-    sg__emit_line(s->e, "const float rmean = %s, rrs = %s;", layer ? mv : "0.0f", rv);
+    emit_row_starts(s, idx, r ? 3 : 2, rs, names);
+    sg__emit_line(s->e, "const sg_i64 row0 = nx0;");
+    emit_norm_stats(s, x, layer, n->f[0]);
     sg__emit_line(s->e, "float n1 = 0.0f, nc1 = 0.0f, n2 = 0.0f, nc2 = 0.0f;");
     sg__emit_open(s->e, "for (sg_i64 k = 0; k < %lldLL; k++)", (long long)len);
     emit_gw_xh(s, x, gr, w, "k");
     kahan(s, "n1", "nc1", "gw");
     kahan(s, "n2", "nc2", "gw * xh");
     sg__emit_close(s->e);
-    sg__emit_open(s->e, "%s", "");
-    char own[64], lenf[64];
     snprintf(lenf, sizeof lenf, "n1 / %lld.0f", (long long)len);
     snprintf(own, sizeof own, "i %% %lldLL", (long long)len);
     emit_gw_xh(s, x, gr, w, own);
     sg__emit_line(s->e, "const float m1 = %s, m2 = n2 / %lld.0f;", layer ? lenf : "0.0f",
                   (long long)len);
-    sg__emit_line(s->e, "%s = rrs * ((gw - m1) - xh * m2);", val);
+    if (r) {
+        load(s, r, "ro", rv, sizeof rv);
+        sg__emit_line(s->e, "const sg_i64 ro = nr0 + (%s) * %lldLL;", own,
+                      (long long)r->stride[last]);
+        sg__emit_line(s->e, "%s = rrs * ((gw - m1) - xh * m2) + (%s);", val, rv);
+    } else {
+        sg__emit_line(s->e, "%s = rrs * ((gw - m1) - xh * m2);", val);
+    }
+    sg__emit_close(s->e);
+    if (!n->i[1]) return true;
+    sg__emit_open(s->e, "else");
+    sg__emit_line(s->e, "const sg_i64 c = (i - %lldLL) %% %lldLL, db = (i - %lldLL) / %lldLL;",
+                  (long long)m, (long long)len, (long long)m, (long long)len);
+    sg__emit_line(s->e, "float a = 0.0f, ac = 0.0f;");
+    sg__emit_open(s->e, "for (sg_i64 rw = 0; rw < %lldLL; rw++)", (long long)(m / len));
+    emit_row_starts(s, "rw", 2, rs, names);
+    sg__emit_line(s->e, "const sg_i64 row0 = nx0;");
+    emit_norm_stats(s, x, layer, n->f[0]);
+    load(s, x, "xo", xv, sizeof xv);
+    load(s, gr, "go", gv, sizeof gv);
+    sg__emit_line(s->e, "const sg_i64 xo = nx0 + c * %lldLL, go = ng0 + c * %lldLL;",
+                  (long long)x->stride[last], (long long)gr->stride[last]);
+    sg__emit_line(s->e, "const float gv = %s, xh = ((%s) - rmean) * rrs;", gv, xv);
+    kahan(s, "a", "ac", "db ? gv : gv * xh");
+    sg__emit_close(s->e);
+    sg__emit_line(s->e, "%s = a;", val);
     sg__emit_close(s->e);
     return true;
 }

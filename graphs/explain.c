@@ -7,6 +7,7 @@
  */
 #include "graphs.h"
 #include "cuda/cublaslt.h"
+#include "cuda/exec.h"
 
 #include <stdio.h>
 
@@ -173,6 +174,8 @@ static void explain_graph(sg__text *t, const sg__graph *g, int gi, int nin) {
         char note[256];
         if (sg__mm_pad_note(&g->nodes[i], note, sizeof note))
             sg__text_put(t, "    matmul padding: IR line %d: %s\n", i, note);
+        if (sg__cuda_norm_bwd_note(&g->nodes[i], note, sizeof note))
+            sg__text_put(t, "    library kernel: IR line %d (norm_bwd): %s\n", i, note);
     }
     if (g->compiled)
         sg__text_put(t, "    kernels: %d (fused from %d IR ops, unit %s%s%s)\n", g->fused.ngroups,

@@ -262,9 +262,9 @@ static sg_status norm(sg_ctx *ctx, const sg__node *n) {
 }
 
 /*
- * The norms' gradient (NORM_STATS, NORM_BWD; layouts in capture/ops_rows.c).
- * Operands of the rows: x, the output, then (NORM_BWD) g and the stats; a
- * row's stats are two f32 at its offset, the stats' last stride apart.
+ * The norms' gradient (NORM_STATS, NORM_BWD; layouts in capture/ops_rows.c
+ * and ops.def). NORM_STATS: a row's stats are two f32 at its offset, the
+ * stats' last stride apart. NORM_BWD recomputes them per row.
  */
 static sg_status norm_stats(sg_ctx *ctx, const sg__node *n) {
     const sg_tensor *x = n->in[0], *o = n->out;
@@ -287,21 +287,26 @@ static sg_status norm_stats(sg_ctx *ctx, const sg__node *n) {
     return SG_OK;
 }
 
-/* One row of NORM_BWD: sums of gw and gw * xh in double, then
- * dx = rstd * (gw - mean(gw) - xh * mean(gw * xh)), one rounding at the store. */
-static void norm_bwd_row(const sg__rows *rw, const sg__node *n, int64_t row) {
-    const sg_tensor *x = n->in[0], *gt = n->in[1], *st = n->in[2], *w = n->in[3], *y = n->out;
+/* One row of NORM_BWD (operands of rw: x, the input's gradient dx, g, r):
+ * its statistics (row_stats, kept in st for the column sums), the sums of
+ * gw and gw * xh in double, then dx = rstd * (gw - mean(gw) - xh *
+ * mean(gw * xh)) (+ r), one rounding at the store. */
+static void norm_bwd_row(const sg__rows *rw, const sg__node *n, void *dx, int64_t row,
+                         double *st) {
+    const sg_tensor *x = n->in[0], *gt = n->in[1], *w = n->in[2], *rt = n->in[3];
     int last = x->ndim - 1;
     int64_t off[4], len = x->shape[last], xs = x->stride[last], gs = gt->stride[last];
-    int64_t ys = y->stride[last], ws = w ? w->stride[0] : 0;
+    int64_t ws = w ? w->stride[0] : 0, rs = rt ? rt->stride[last] : 0;
     sg__rows_offsets(rw, row, off);
     const void *xr = sg__at(sg__data(x), x->dtype, off[0]);
     const void *gr = sg__at(sg__data(gt), gt->dtype, off[2]);
-    void *yr = sg__at(sg__data(y), y->dtype, off[1]);
-    const float *sr = (const float *)sg__data(st) + off[3];
+    const void *rr = rt ? sg__at(sg__data(rt), rt->dtype, off[3]) : NULL;
+    void *yr = sg__at(dx, x->dtype, off[1]);
     bool layer = n->i[0] != 0;
-    double mean = layer ? sr[0] : 0.0, r = sr[st->stride[last]], s1 = 0, s2 = 0;
-    float t[SG__TILE], u[SG__TILE], v[SG__TILE];
+    double mean, r, s1 = 0, s2 = 0;
+    row_stats(xr, x->dtype, xs, len, layer, n->f[0], &mean, &r);
+    st[0] = mean, st[1] = r;
+    float t[SG__TILE], u[SG__TILE], v[SG__TILE], q[SG__TILE];
     for (int pass = 0; pass < 2; pass++) {
         double m1 = s1 / (double)len, m2 = s2 / (double)len;
         for (int64_t j = 0; j < len; j += SG__TILE) {
@@ -309,32 +314,79 @@ static void norm_bwd_row(const sg__rows *rw, const sg__node *n, int64_t row) {
             sg__gather_f(sg__at((void *)xr, x->dtype, j * xs), x->dtype, xs, k, t);
             sg__gather_f(sg__at((void *)gr, gt->dtype, j * gs), gt->dtype, gs, k, u);
             if (w) sg__gather_f(sg__at(sg__data(w), w->dtype, j * ws), w->dtype, ws, k, v);
+            if (rr && pass == 1)
+                sg__gather_f(sg__at((void *)rr, x->dtype, j * rs), x->dtype, rs, k, q);
             for (int e = 0; e < k; e++) {
                 double gw = w ? (double)u[e] * v[e] : u[e], xh = (t[e] - mean) * r;
                 if (pass == 0) {
                     s1 += gw;
                     s2 += gw * xh;
                 } else {
-                    t[e] = (float)(r * (gw - (layer ? m1 : 0.0) - xh * m2));
+                    double d = r * (gw - (layer ? m1 : 0.0) - xh * m2);
+                    t[e] = (float)(rr ? d + q[e] : d);
                 }
             }
-            if (pass == 1) sg__scatter_f(sg__at(yr, y->dtype, j * ys), y->dtype, ys, k, t);
+            if (pass == 1) sg__scatter_f(sg__at(yr, x->dtype, j), x->dtype, 1, k, t);
         }
     }
 }
 
-static sg_status norm_bwd(sg_ctx *ctx, const sg__node *n) {
-    const sg_tensor *x = n->in[0], *ts[4] = {x, n->out, n->in[1], n->in[2]};
+/* NORM_BWD's column sums into out at elements m (sum(g * xh)) and m + len
+ * (sum(g)): a tile of columns per work item, the rows in order (the same
+ * bits for any thread count), from each row's statistics in st. */
+static void norm_bwd_cols(const sg__rows *rw, const sg__node *n, int64_t j0, const double *st) {
+    const sg_tensor *x = n->in[0], *gt = n->in[1], *o = n->out;
     int last = x->ndim - 1;
-    sg__rows rw; /* the rows over x's leading dims */
+    int64_t off[4], len = x->shape[last], xs = x->stride[last], gs = gt->stride[last];
+    int64_t m = sg__numel(x->ndim, x->shape);
+    int k = tile_len(len, j0);
+    double aw[SG__TILE] = {0}, ab[SG__TILE] = {0};
+    float t[SG__TILE], u[SG__TILE];
+    for (int64_t row = 0; row < rw->nrows; row++) {
+        sg__rows_offsets(rw, row, off);
+        const void *xr = sg__at(sg__data(x), x->dtype, off[0] + j0 * xs);
+        const void *gr = sg__at(sg__data(gt), gt->dtype, off[2] + j0 * gs);
+        sg__gather_f(xr, x->dtype, xs, k, t);
+        sg__gather_f(gr, gt->dtype, gs, k, u);
+        double mean = n->i[0] ? st[2 * row] : 0.0, r = st[2 * row + 1];
+        for (int e = 0; e < k; e++) aw[e] += (double)u[e] * ((t[e] - mean) * r), ab[e] += u[e];
+    }
+    float fw[SG__TILE], fb[SG__TILE];
+    for (int e = 0; e < k; e++) fw[e] = (float)aw[e], fb[e] = (float)ab[e];
+    sg__scatter_f(sg__at(sg__data(o), o->dtype, m + j0), o->dtype, 1, k, fw);
+    sg__scatter_f(sg__at(sg__data(o), o->dtype, m + len + j0), o->dtype, 1, k, fb);
+}
+
+static sg_status norm_bwd(sg_ctx *ctx, const sg__node *n) {
+    const sg_tensor *x = n->in[0], *ts[4] = {x, NULL, n->in[1], n->in[3]};
+    int last = x->ndim - 1;
+    int64_t len = x->shape[last], cs = 1;
+    sg__rows rw; /* the rows over x's leading dims; dx row-major at the output's start */
     sg__rows_init(&rw, x->ndim, x->shape, 4);
-    for (int k = 0; k < 4; k++)
-        for (int d = 0; d < last; d++) rw.stride[k][d] = ts[k]->stride[d];
+    for (int d = last - 1; d >= 0; d--) {
+        cs *= x->shape[d + 1];
+        for (int k = 0; k < 4; k++) rw.stride[k][d] = k == 1 ? cs : ts[k] ? ts[k]->stride[d] : 0;
+    }
     int64_t nrows = rw.nrows;
-    if (nrows * x->shape[last] == 0) return SG_OK;
-    int nth = sg__cpu_threads(ctx, nrows * x->shape[last]);
+    if (nrows * len == 0) { /* empty rows: column sums of nothing are 0 */
+        for (int64_t j = 0; n->i[1] && j < 2 * len; j++)
+            sg__scatter_f(sg__at(sg__data(n->out), x->dtype, nrows * len + j), x->dtype, 1, 1,
+                          &(float){0.0f});
+        return SG_OK;
+    }
+    size_t bytes = sizeof(double) * 2 * (size_t)nrows;
+    double *st = sg__alloc(ctx, bytes);
+    if (!st)
+        return sg__fail(ctx, SG_ERR_OOM, "%s backward: cannot allocate %zu bytes for the row "
+                        "statistics", n->i[0] ? "layer_norm" : "rms_norm", bytes);
+    void *dx = sg__data(n->out);
+    int nth = sg__cpu_threads(ctx, nrows * len);
 #pragma omp parallel for num_threads(nth) if (nth > 1) schedule(static)
-    for (int64_t row = 0; row < nrows; row++) norm_bwd_row(&rw, n, row);
+    for (int64_t row = 0; row < nrows; row++) norm_bwd_row(&rw, n, dx, row, st + 2 * row);
+    int64_t tiles = n->i[1] ? (len + SG__TILE - 1) / SG__TILE : 0;
+#pragma omp parallel for num_threads(nth) if (nth > 1) schedule(static)
+    for (int64_t t = 0; t < tiles; t++) norm_bwd_cols(&rw, n, t * SG__TILE, st);
+    sg__free(ctx, st, bytes);
     return SG_OK;
 }
 

@@ -15,6 +15,8 @@
  */
 #include "exec.h"
 
+#include <stdio.h>
+
 #ifdef SG_HAVE_CUDA_HEADERS
 
 #define BLOCK 256
@@ -249,55 +251,149 @@ static sg_status norm_stats(sg_ctx *ctx, const sg__node *n) {
 /* The same layout as struct ngeom in k_row.cu. */
 typedef struct ngeom {
     int64_t osize[SG_MAX_DIMS], oxs[SG_MAX_DIMS], ogs[SG_MAX_DIMS], oys[SG_MAX_DIMS],
-        oss[SG_MAX_DIMS];
-    int64_t nrows, len, xs, gs, ys, ws, ss;
+        ors[SG_MAX_DIMS];
+    int64_t nrows, len, xs, gs, ys, ws, rs;
     int32_t nd, team, layer, dt, flags;
+    double eps;
 } ngeom;
 
-/* NORM_BWD: a team per row over x's leading dims, any strides
- * (k_row.cu, sg_row_norm_bwd); a warp per row of 16-byte vectors
- * (NB_VECS) when x, g, y and w are contiguous rows on 16 bytes. */
-static sg_status norm_bwd(sg_ctx *ctx, const sg__node *n) {
-    const sg_tensor *x = n->in[0], *gt = n->in[1], *st = n->in[2], *w = n->in[3], *y = n->out;
+enum { NB_R = 8, NB_SUMS = 16 }; /* k_row.cu's: r is added; the column sums */
+
+#define NB_SCRATCH ((size_t)64 << 20) /* the most op scratch the column sums take */
+
+/* NORM_BWD's rows over x's leading dims (dx row-major at the output's
+ * start), r's strides when it is given. */
+static void norm_bwd_geom(ngeom *g, const sg__node *n) {
+    const sg_tensor *x = n->in[0], *gt = n->in[1], *w = n->in[2], *r = n->in[3];
     int last = x->ndim - 1;
-    ngeom g;
-    memset(&g, 0, sizeof g);
-    g.nrows = 1;
+    int64_t cs[SG_MAX_DIMS];
+    cs[last] = 1;
+    for (int d = last - 1; d >= 0; d--) cs[d] = cs[d + 1] * x->shape[d + 1];
+    memset(g, 0, sizeof *g);
+    g->nrows = 1;
     for (int d = 0; d < last; d++) {
         if (x->shape[d] == 1) continue;
-        g.osize[g.nd] = x->shape[d], g.oxs[g.nd] = x->stride[d], g.ogs[g.nd] = gt->stride[d];
-        g.oys[g.nd] = y->stride[d], g.oss[g.nd] = st->stride[d];
-        g.nrows *= x->shape[d];
-        g.nd++;
+        g->osize[g->nd] = x->shape[d], g->oxs[g->nd] = x->stride[d];
+        g->ogs[g->nd] = gt->stride[d], g->oys[g->nd] = cs[d];
+        g->ors[g->nd] = r ? r->stride[d] : 0;
+        g->nrows *= x->shape[d];
+        g->nd++;
     }
-    g.len = x->shape[last], g.xs = x->stride[last], g.gs = gt->stride[last];
-    g.ys = y->stride[last], g.ss = st->stride[last];
-    if (g.nrows * g.len == 0) return SG_OK;
-    g.team = g.len <= 1024 ? 32 : BLOCK;
-    g.layer = n->i[0] != 0;
-    g.dt = (int32_t)x->dtype;
-    const void *wp = NULL, *xp = sg__data(x), *gp = sg__data(gt), *sp = sg__data(st);
-    void *yp = sg__data(y);
-    if (w) wp = sg__data(w), g.ws = w->stride[0], g.flags |= HAS_W;
+    g->len = x->shape[last], g->xs = x->stride[last], g->gs = gt->stride[last], g->ys = 1;
+    g->team = g->len <= 1024 ? 32 : BLOCK;
+    g->layer = n->i[0] != 0;
+    g->dt = (int32_t)x->dtype;
+    g->eps = n->f[0];
+    if (w) g->ws = w->stride[0], g->flags |= HAS_W;
+    if (r) g->rs = r->stride[last], g->flags |= NB_R;
+    if (n->i[1]) g->flags |= NB_SUMS;
+}
+
+/* Whether sg_row_norm_bwd_vec takes the node (x, g, r and dx in contiguous
+ * 16-byte rows of at most 32 * NB_VEC vectors, w on 16 bytes), else why not. */
+static const char *norm_bwd_why(const ngeom *g, const sg__node *n) {
+    const sg_tensor *x = n->in[0], *gt = n->in[1], *w = n->in[2], *r = n->in[3];
+    sg_dtype dt = x->dtype;
     int64_t zero = 0;
-    if (vec_rows(x->dtype, xp, g.xs, g.len, g.nd, g.oxs) &&
-        vec_rows(x->dtype, gp, g.gs, g.len, g.nd, g.ogs) &&
-        vec_rows(x->dtype, yp, g.ys, g.len, g.nd, g.oys) &&
-        (!w || vec_rows(x->dtype, wp, g.ws, g.len, 0, &zero)))
-        g.flags |= NB_VECS, g.team = 32;
-    int64_t blocks = (g.nrows + BLOCK / g.team - 1) / (BLOCK / g.team);
-    if (blocks > 0x7fffffff)
-        return sg__fail(ctx, SG_ERR_UNSUPPORTED,
-                        "cuda norm_bwd: %lld rows need more blocks than "
-                        "one launch holds; split the tensor",
-                        (long long)g.nrows);
-    void *f;
-    const char *name = (g.flags & NB_VECS) ? "sg_row_norm_bwd_vec" : "sg_row_norm_bwd";
-    sg_status s = sg__cuda_kernel(ctx, SG__CU_ROW, name, &f);
+    if (!vec_rows(dt, sg__data(x), g->xs, g->len, g->nd, g->oxs) ||
+        !vec_rows(dt, sg__data(gt), g->gs, g->len, g->nd, g->ogs) ||
+        !vec_rows(dt, sg__data(n->out), g->ys, g->len, g->nd, g->oys) ||
+        (w && !vec_rows(dt, sg__data(w), g->ws, g->len, 0, &zero)) ||
+        (r && !vec_rows(dt, sg__data(r), g->rs, g->len, g->nd, g->ors)))
+        return "its rows are not contiguous runs of whole 16-byte vectors of at most 1024 "
+               "halves or 512 floats";
+    return NULL;
+}
+
+/* NORM_BWD's column sums by sg_row_norm_bwd_cols from the rows'
+ * statistics st (a thread per column, the rows in order). */
+static sg_status norm_bwd_cols(sg_ctx *ctx, const sg__node *n, const ngeom *g, float *st) {
+    void *f, *o = (char *)sg__data(n->out) + (size_t)(g->nrows * g->len) *
+                                                 sg_dtype_size(n->in[0]->dtype);
+    sg_status s = sg__cuda_kernel(ctx, SG__CU_ROW, "sg_row_norm_bwd_cols", &f);
     if (s != SG_OK) return s;
-    void *args[] = {&xp, &gp, &wp, &sp, &yp, &g};
-    unsigned grid[3] = {(unsigned)blocks, 1, 1}, block[3] = {BLOCK, 1, 1};
+    const void *xp = sg__data(n->in[0]), *gp = sg__data(n->in[1]);
+    ngeom gg = *g;
+    void *args[] = {&xp, &gp, &st, &o, &gg};
+    unsigned grid[3] = {(unsigned)((g->len + BLOCK - 1) / BLOCK), 1, 1}, block[3] = {BLOCK, 1, 1};
     return sg__cuda_launch(ctx, f, grid, block, 0, args);
+}
+
+/* NORM_BWD: dx (+ r) and, with i[1], the column sums. Rows of whole
+ * 16-byte vectors: sg_row_norm_bwd_vec, a warp per row, two blocks per SM
+ * at most with the column sums, each block's column partials in op scratch, then
+ * sg_row_norm_bwd_fin adds them in block order. Other rows: a team per
+ * row (sg_row_norm_bwd, any strides, the rows' statistics in scratch),
+ * then sg_row_norm_bwd_cols. */
+static sg_status norm_bwd(sg_ctx *ctx, const sg__node *n) {
+    ngeom g;
+    norm_bwd_geom(&g, n);
+    bool sums = n->i[1] != 0;
+    const void *xp = sg__data(n->in[0]), *gp = sg__data(n->in[1]);
+    const void *wp = n->in[2] ? sg__data(n->in[2]) : NULL;
+    const void *rp = n->in[3] ? sg__data(n->in[3]) : NULL;
+    void *yp = sg__data(n->out), *f;
+    float *st = NULL;
+    if (g.len == 0) return SG_OK;
+    /* Column sums: each warp's in 2 * len floats of shared memory, at most
+     * 48 KiB a block, and two blocks an SM (few partials to add). */
+    int64_t warps = sums ? 49152 / (2 * g.len * (int64_t)sizeof(float)) : BLOCK / 32;
+    if (warps > BLOCK / 32) warps = BLOCK / 32;
+    if (warps < 1) warps = 1;
+    int64_t parts = (g.nrows + warps - 1) / warps, sm = sg__cuda_sm_count(ctx);
+    if (sums && parts > 2 * sm && sm > 0) parts = 2 * sm;
+    if (parts > (1 << 24)) parts = 1 << 24; /* the warps take rows in turn */
+    size_t pbytes = (size_t)parts * 2 * (size_t)g.len * sizeof(float);
+    if (g.nrows * g.len == 0) {
+        if (!sums) return SG_OK;
+        parts = 0, pbytes = 0; /* the sums of no rows: 0 */
+    } else if (!norm_bwd_why(&g, n) && (!sums || pbytes <= NB_SCRATCH)) {
+        g.flags |= NB_VECS, g.team = 32;
+        sg_status s = sums ? sg__cuda_scratch(ctx, pbytes, (void **)&st) : SG_OK;
+        if (s == SG_OK) s = sg__cuda_kernel(ctx, SG__CU_ROW, "sg_row_norm_bwd_vec", &f);
+        if (s != SG_OK) return s;
+        void *args[] = {&xp, &gp, &wp, &rp, &yp, &st, &g};
+        unsigned grid[3] = {(unsigned)parts, 1, 1}, block[3] = {(unsigned)warps * 32, 1, 1};
+        unsigned shmem = sums ? (unsigned)(warps * 2 * g.len * (int64_t)sizeof(float)) : 0;
+        s = sg__cuda_launch(ctx, f, grid, block, shmem, args);
+        if (s != SG_OK || !sums) return s;
+    } else {
+        int64_t blocks = (g.nrows + BLOCK / g.team - 1) / (BLOCK / g.team);
+        if (blocks > 0x7fffffff)
+            return sg__fail(ctx, SG_ERR_UNSUPPORTED,
+                            "cuda norm_bwd: %lld rows need more blocks than "
+                            "one launch holds; split the tensor",
+                            (long long)g.nrows);
+        sg_status s = sums ? sg__cuda_scratch(ctx, (size_t)g.nrows * 2 * sizeof(float),
+                                              (void **)&st)
+                           : SG_OK;
+        if (s == SG_OK) s = sg__cuda_kernel(ctx, SG__CU_ROW, "sg_row_norm_bwd", &f);
+        if (s != SG_OK) return s;
+        void *args[] = {&xp, &gp, &wp, &rp, &yp, &st, &g};
+        unsigned grid[3] = {(unsigned)blocks, 1, 1}, block[3] = {BLOCK, 1, 1};
+        s = sg__cuda_launch(ctx, f, grid, block, 0, args);
+        return s == SG_OK && sums ? norm_bwd_cols(ctx, n, &g, st) : s;
+    }
+    /* The column sums of the block partials (none: zeros). */
+    void *o = (char *)yp + (size_t)(g.nrows * g.len) * sg_dtype_size(n->in[0]->dtype);
+    int np = (int)parts;
+    sg_status s = sg__cuda_kernel(ctx, SG__CU_ROW, "sg_row_norm_bwd_fin", &f);
+    if (s != SG_OK) return s;
+    void *args[] = {&st, &np, &o, &g};
+    unsigned grid[3] = {(unsigned)((2 * g.len + 31) / 32), 1, 1}, block[3] = {BLOCK, 1, 1};
+    return sg__cuda_launch(ctx, f, grid, block, 0, args);
+}
+
+bool sg__cuda_norm_bwd_note(const sg__node *n, char *buf, size_t size) {
+    if (size) buf[0] = '\0';
+    if (n->op != SG__OP_NORM_BWD || !n->out) return false;
+    ngeom g;
+    norm_bwd_geom(&g, n);
+    const char *why = norm_bwd_why(&g, n);
+    if (!why) return false;
+    snprintf(buf, size, "a team per row%s, not the one-pass kernel (a warp per row): %s",
+             n->i[1] ? ", then a thread per column for the column sums" : "", why);
+    return true;
 }
 
 sg_status sg__cuda_row(sg_ctx *ctx, const sg__node *n) {
@@ -313,6 +409,14 @@ sg_status sg__cuda_row(sg_ctx *ctx, const sg__node *n) {
     default: break;
     }
     return sg__fail(ctx, SG_ERR_INTERNAL, "cuda: %s is not a row op", sg__op_name(n->op));
+}
+
+#else
+
+bool sg__cuda_norm_bwd_note(const sg__node *n, char *buf, size_t size) {
+    (void)n;
+    if (size) buf[0] = '\0';
+    return false;
 }
 
 #endif /* SG_HAVE_CUDA_HEADERS */

@@ -93,6 +93,9 @@ SG__HIDDEN sg_status sg__cuda_data(sg_ctx *ctx, const sg__node *n);
 SG__HIDDEN sg_status sg__cuda_data_check(sg_ctx *ctx, const sg__node *n);
 SG__HIDDEN sg_status sg__cuda_reduce(sg_ctx *ctx, const sg__node *n);
 SG__HIDDEN sg_status sg__cuda_row(sg_ctx *ctx, const sg__node *n);
+/* For sg_fn_explain: why NORM_BWD node n runs as a team per row and a
+ * column-sum kernel rather than the one-pass kernel (into buf), or false. */
+SG__HIDDEN bool sg__cuda_norm_bwd_note(const sg__node *n, char *buf, size_t size);
 SG__HIDDEN sg_status sg__cuda_matmul(sg_ctx *ctx, const sg__node *n);
 /* Node n's product with its fused group's epilogue member e in cuBLASLt's
  * epilogue (epi an sg__lib_epi, res and aux as sg__group's lib_res and

@@ -641,33 +641,47 @@ extern "C" __global__ void sg_row_norm_stats(const void *x, float *y, wgeom g) {
 }
 
 /* NORM_BWD's rows (struct ngeom in cuda_row.c): row r's offsets in x, g, y
- * and the stats over the leading dims (osize), then strides along the row. */
+ * and r over the leading dims (osize), then strides along the row. */
 struct ngeom {
-    i64 osize[MAXD], oxs[MAXD], ogs[MAXD], oys[MAXD], oss[MAXD];
-    i64 nrows, len, xs, gs, ys, ws, ss;
+    i64 osize[MAXD], oxs[MAXD], ogs[MAXD], oys[MAXD], ors[MAXD];
+    i64 nrows, len, xs, gs, ys, ws, rs;
     int nd, team, layer, dt, flags;
+    double eps;
 };
+
+enum { NB_R = 8, NB_SUMS = 16 }; /* flags beside HAS_W and NB_VECS: r is added; column sums */
 
 #define NB_KEEP 32 /* elements per lane kept in registers between the passes */
 
-/* One row of NORM_BWD by its team: the sums of gw and gw * xh (f64, each
- * lane in column order, the team's butterfly), then dx = rstd * (gw -
- * mean(gw) - xh * mean(gw * xh)). A row of at most NB_KEEP elements a lane
- * is read once; a longer one again by the second pass. */
-template <int DT>
-__device__ __forceinline__ void norm_bwd_row(const void *x, const void *gp, const void *w,
-                                             const float *st, void *y, const ngeom &g, i64 row,
-                                             int lane) {
-    i64 xo = 0, go = 0, yo = 0, so = 0, r = row;
+__device__ __forceinline__ void nrow_offsets(const ngeom &g, i64 row, i64 *xo, i64 *go, i64 *yo,
+                                             i64 *ro) {
+    i64 r = row;
+    *xo = *go = *yo = *ro = 0;
     for (int d = g.nd - 1; d >= 0; d--) {
         i64 i = r % g.osize[d];
         r /= g.osize[d];
-        xo += i * g.oxs[d], go += i * g.ogs[d], yo += i * g.oys[d], so += i * g.oss[d];
+        *xo += i * g.oxs[d], *go += i * g.ogs[d], *yo += i * g.oys[d], *ro += i * g.ors[d];
     }
+}
+
+/* One row of NORM_BWD by its team: the row's statistics (norm_stats, kept
+ * at st[2 row] for the column sums when st is given), the sums of gw and gw *
+ * xh (f64, each lane in column order, the team's butterfly), then dx =
+ * rstd * (gw - mean(gw) - xh * mean(gw * xh)) (+ r). A row of at most
+ * NB_KEEP elements a lane is read once more; a longer one twice. */
+template <int DT>
+__device__ __forceinline__ void norm_bwd_row(const void *x, const void *gp, const void *w,
+                                             const void *rp, void *y, float *st, const ngeom &g,
+                                             i64 row, int lane) {
+    i64 xo, go, yo, ro;
+    nrow_offsets(g, row, &xo, &go, &yo, &ro);
     const int team = g.team;
     const i64 len = g.len;
-    const bool hw = (g.flags & HAS_W) != 0;
-    const float mean = g.layer ? st[so] : 0.0f, rs = st[so + g.ss];
+    const bool hw = (g.flags & HAS_W) != 0, hr = (g.flags & NB_R) != 0;
+    double dm, dr;
+    norm_stats(x, DT, xo, g.xs, len, g.layer != 0, g.eps, lane, team, &dm, &dr);
+    const float mean = (float)dm, rs = (float)dr;
+    if (st && lane == 0) st[2 * row] = mean, st[2 * row + 1] = rs;
     double s1 = 0.0, s2 = 0.0;
     float kg[NB_KEEP], kx[NB_KEEP];
     const bool keep = len <= (i64)team * NB_KEEP;
@@ -699,7 +713,10 @@ __device__ __forceinline__ void norm_bwd_row(const void *x, const void *gp, cons
 #pragma unroll
         for (int t = 0; t < NB_KEEP; t++) {
             i64 j = lane + (i64)t * team;
-            if (j < len) stf(y, DT, yo + j * g.ys, rs * ((kg[t] - m1) - kx[t] * m2));
+            if (j >= len) continue;
+            float d = rs * ((kg[t] - m1) - kx[t] * m2);
+            if (hr) d += ldf(rp, DT, ro + j * g.rs);
+            stf(y, DT, yo + j * g.ys, d);
         }
         return;
     }
@@ -707,99 +724,181 @@ __device__ __forceinline__ void norm_bwd_row(const void *x, const void *gp, cons
         float gw = ldf(gp, DT, go + j * g.gs);
         if (hw) gw *= ldf(w, DT, j * g.ws);
         float xh = (ldf(x, DT, xo + j * g.xs) - mean) * rs;
-        stf(y, DT, yo + j * g.ys, rs * ((gw - m1) - xh * m2));
-    }
-}
-
-/* One row of NORM_BWD in 16-byte vectors by a warp (NB_VECS: x, g, y and
- * w contiguous on 16 bytes, at most 32 * NB_VEC vectors): the stats and
- * every vector of the row in flight at once, the sums in f32 (each lane in
- * column order, then the butterfly), the result packed and stored. */
-template <int DT>
-__device__ __forceinline__ void norm_bwd_vec(const char *xr, const char *gr, const char *wr,
-                                             const float *sr, i64 ss, char *yr, i64 nv, i64 len,
-                                             bool layer, int lane) {
-    const int PER = DT == DT_F32 ? 4 : 8;
-    const float mean = layer ? __ldg(sr) : 0.0f, rs = __ldg(sr + ss);
-    uint4 xa[NB_VEC], ga[NB_VEC], wa[NB_VEC];
-#pragma unroll
-    for (int q = 0; q < NB_VEC; q++) {
-        i64 v = lane + q * 32;
-        if (v >= nv) continue;
-        xa[q] = __ldg((const uint4 *)xr + v);
-        ga[q] = __ldg((const uint4 *)gr + v);
-        if (wr) wa[q] = __ldg((const uint4 *)wr + v);
-    }
-    float f[8], gg[8], ww[8], s1 = 0.0f, s2 = 0.0f;
-#pragma unroll
-    for (int q = 0; q < NB_VEC; q++) {
-        if (lane + q * 32 >= nv) continue;
-        unpack16<DT>(xa[q], f);
-        unpack16<DT>(ga[q], gg);
-        if (wr) unpack16<DT>(wa[q], ww);
-#pragma unroll
-        for (int k = 0; k < PER; k++) {
-            float gw = wr ? gg[k] * ww[k] : gg[k];
-            s1 += gw;
-            s2 += gw * ((f[k] - mean) * rs);
-        }
-    }
-    const float m1 = layer ? warp_sum(s1) / (float)len : 0.0f, m2 = warp_sum(s2) / (float)len;
-#pragma unroll
-    for (int q = 0; q < NB_VEC; q++) {
-        i64 v = lane + q * 32;
-        if (v >= nv) continue;
-        unpack16<DT>(xa[q], f);
-        unpack16<DT>(ga[q], gg);
-        if (wr) unpack16<DT>(wa[q], ww);
-#pragma unroll
-        for (int k = 0; k < PER; k++) {
-            float gw = wr ? gg[k] * ww[k] : gg[k];
-            f[k] = rs * ((gw - m1) - ((f[k] - mean) * rs) * m2);
-        }
-        ((uint4 *)yr)[v] = pack16<DT>(f);
+        float d = rs * ((gw - m1) - xh * m2);
+        if (hr) d += ldf(rp, DT, ro + j * g.rs);
+        stf(y, DT, yo + j * g.ys, d);
     }
 }
 
 /* NORM_BWD: the input gradient of layer_norm (g.layer) or rms_norm from x,
- * the output's gradient g, the weight w (HAS_W) and NORM_STATS' stats, a
- * team per row. */
+ * the output's gradient g and the weight w (HAS_W), plus r (NB_R), a team
+ * per row; with st, each row's statistics for sg_row_norm_bwd_cols. */
 extern "C" __global__ void __launch_bounds__(BLOCK)
-    sg_row_norm_bwd(const void *x, const void *gp, const void *w, const float *st, void *y,
-                    ngeom g) {
+    sg_row_norm_bwd(const void *x, const void *gp, const void *w, const void *rp, void *y,
+                    float *st, ngeom g) {
     int lane = threadIdx.x % g.team;
     i64 row = (i64)blockIdx.x * (BLOCK / g.team) + threadIdx.x / g.team;
     if (row >= g.nrows) return; /* the whole team leaves together */
     switch (g.dt) {
-    case DT_F32: norm_bwd_row<DT_F32>(x, gp, w, st, y, g, row, lane); break;
-    case DT_BF16: norm_bwd_row<DT_BF16>(x, gp, w, st, y, g, row, lane); break;
-    default: norm_bwd_row<DT_F16>(x, gp, w, st, y, g, row, lane); break;
+    case DT_F32: norm_bwd_row<DT_F32>(x, gp, w, rp, y, st, g, row, lane); break;
+    case DT_BF16: norm_bwd_row<DT_BF16>(x, gp, w, rp, y, st, g, row, lane); break;
+    default: norm_bwd_row<DT_F16>(x, gp, w, rp, y, st, g, row, lane); break;
     }
 }
 
-/* NORM_BWD's rows in 16-byte vectors (NB_VECS, cuda_row.c), a warp each. */
+/* NORM_BWD's column sums after sg_row_norm_bwd: a thread per column j sums
+ * g * xh and g over the rows in order (f64), from the rows' statistics st,
+ * and stores them at o[j] and o[len + j]. */
 extern "C" __global__ void __launch_bounds__(BLOCK)
-    sg_row_norm_bwd_vec(const void *x, const void *gp, const void *w, const float *st, void *y,
-                        ngeom g) {
-    int lane = threadIdx.x % 32;
-    i64 row = (i64)blockIdx.x * (BLOCK / 32) + threadIdx.x / 32;
-    if (row >= g.nrows) return;
-    i64 xo = 0, go = 0, yo = 0, so = 0, r = row;
-    for (int d = g.nd - 1; d >= 0; d--) {
-        i64 i = r % g.osize[d];
-        r /= g.osize[d];
-        xo += i * g.oxs[d], go += i * g.ogs[d], yo += i * g.oys[d], so += i * g.oss[d];
+    sg_row_norm_bwd_cols(const void *x, const void *gp, const float *st, void *o, ngeom g) {
+    i64 j = (i64)blockIdx.x * BLOCK + threadIdx.x;
+    if (j >= g.len) return;
+    double aw = 0.0, ab = 0.0;
+    for (i64 row = 0; row < g.nrows; row++) {
+        i64 xo, go, yo, ro;
+        nrow_offsets(g, row, &xo, &go, &yo, &ro);
+        float gv = ldf(gp, g.dt, go + j * g.gs);
+        float xh = (ldf(x, g.dt, xo + j * g.xs) - (g.layer ? st[2 * row] : 0.0f)) * st[2 * row + 1];
+        aw += (double)gv * xh, ab += (double)gv;
     }
-    const int es = g.dt == DT_F32 ? 4 : 2;
-    const char *xr = (const char *)x + xo * es, *gr = (const char *)gp + go * es;
-    const char *wr = (g.flags & HAS_W) ? (const char *)w : 0;
-    char *yr = (char *)y + yo * es;
-    i64 nv = g.len / (16 / es);
-    bool layer = g.layer != 0;
+    stf(o, g.dt, j, (float)aw);
+    stf(o, g.dt, g.len + j, (float)ab);
+}
+
+/* Rows of NORM_BWD in 16-byte vectors by a warp each (NB_VECS: x, g, y, w
+ * and r contiguous on 16 bytes, at most 32 * NB_VEC vectors), the warps of
+ * the grid taking rows in turn: per row every vector in flight at once,
+ * the statistics from the registers (the mean, then the squares about it),
+ * the sums in f32 (each lane in column order, then the butterfly), dx (+ r)
+ * packed and stored. With NB_SUMS each lane also sums g * xh and g of its
+ * columns over its warp's rows, in the warp's own 2 * len floats of shared
+ * memory (16-byte accesses); then the block adds its warps' sums in warp
+ * order into part[blockIdx.x] (2 * len f32), which sg_row_norm_bwd_fin adds in block order: the
+ * same bits every launch of the same grid. Two blocks fit an SM. */
+template <int DT>
+__device__ __forceinline__ void norm_bwd_vec(const void *x, const void *gp, const void *w,
+                                             const void *rp, void *y, float *part, const ngeom &g) {
+    const int PER = DT == DT_F32 ? 4 : 8, es = DT == DT_F32 ? 4 : 2;
+    const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, nw = blockDim.x / 32;
+    const i64 len = g.len, nv = len / PER;
+    const bool layer = g.layer != 0, hw = (g.flags & HAS_W) != 0, hr = (g.flags & NB_R) != 0;
+    const bool sums = (g.flags & NB_SUMS) != 0;
+    extern __shared__ float sh[];
+    float *acc = sh + (i64)warp * 2 * len;
+    for (i64 v = lane; sums && v < nv; v += 32) /* the lane's own columns */
+        for (int k = 0; k < PER; k++) acc[v * PER + k] = acc[len + v * PER + k] = 0.0f;
+    for (i64 row = (i64)blockIdx.x * nw + warp; row < g.nrows; row += (i64)gridDim.x * nw) {
+        i64 xo, go, yo, ro;
+        nrow_offsets(g, row, &xo, &go, &yo, &ro);
+        const uint4 *xr = (const uint4 *)((const char *)x + xo * es);
+        const uint4 *gr = (const uint4 *)((const char *)gp + go * es);
+        const uint4 *rr = (const uint4 *)((const char *)rp + ro * es);
+        uint4 xa[NB_VEC], ga[NB_VEC];
+#pragma unroll
+        for (int q = 0; q < NB_VEC; q++) {
+            i64 v = lane + q * 32;
+            if (v >= nv) continue;
+            xa[q] = __ldg(xr + v);
+            ga[q] = __ldg(gr + v);
+        }
+        float f[8], gg[8], ww[8], s = 0.0f, m = 0.0f, var = 0.0f;
+#pragma unroll
+        for (int q = 0; q < NB_VEC; q++) {
+            if (!layer || lane + q * 32 >= nv) continue;
+            unpack16<DT>(xa[q], f);
+#pragma unroll
+            for (int k = 0; k < PER; k++) s += f[k];
+        }
+        if (layer) m = warp_sum(s) / (float)len;
+#pragma unroll
+        for (int q = 0; q < NB_VEC; q++) {
+            if (lane + q * 32 >= nv) continue;
+            unpack16<DT>(xa[q], f);
+#pragma unroll
+            for (int k = 0; k < PER; k++) var += (f[k] - m) * (f[k] - m);
+        }
+        const float rs = 1.0f / sqrtf(warp_sum(var) / (float)len + (float)g.eps);
+        float s1 = 0.0f, s2 = 0.0f;
+#pragma unroll
+        for (int q = 0; q < NB_VEC; q++) {
+            i64 v = lane + q * 32;
+            if (v >= nv) continue;
+            unpack16<DT>(xa[q], f);
+            unpack16<DT>(ga[q], gg);
+            if (hw) unpack16<DT>(__ldg((const uint4 *)w + v), ww);
+#pragma unroll
+            for (int k = 0; k < PER; k++) {
+                float xh = (f[k] - m) * rs, gw = hw ? gg[k] * ww[k] : gg[k];
+                s1 += gw;
+                s2 += gw * xh;
+                f[k] = gg[k] * xh;
+            }
+            if (!sums) continue;
+            float4 *aw = (float4 *)(acc + v * PER), *ab = (float4 *)(acc + len + v * PER);
+#pragma unroll
+            for (int h = 0; h < PER / 4; h++) {
+                float4 a = aw[h], b = ab[h];
+                a.x += f[4 * h], a.y += f[4 * h + 1], a.z += f[4 * h + 2], a.w += f[4 * h + 3];
+                b.x += gg[4 * h], b.y += gg[4 * h + 1], b.z += gg[4 * h + 2], b.w += gg[4 * h + 3];
+                aw[h] = a, ab[h] = b;
+            }
+        }
+        const float m1 = layer ? warp_sum(s1) / (float)len : 0.0f;
+        const float m2 = warp_sum(s2) / (float)len;
+        uint4 *yr = (uint4 *)((char *)y + yo * es);
+#pragma unroll
+        for (int q = 0; q < NB_VEC; q++) {
+            i64 v = lane + q * 32;
+            if (v >= nv) continue;
+            float rv[8];
+            unpack16<DT>(xa[q], f);
+            unpack16<DT>(ga[q], gg);
+            if (hw) unpack16<DT>(__ldg((const uint4 *)w + v), ww);
+            if (hr) unpack16<DT>(__ldg(rr + v), rv);
+#pragma unroll
+            for (int k = 0; k < PER; k++) {
+                f[k] = rs * (((hw ? gg[k] * ww[k] : gg[k]) - m1) - ((f[k] - m) * rs) * m2);
+                if (hr) f[k] += rv[k];
+            }
+            yr[v] = pack16<DT>(f);
+        }
+    }
+    if (!sums) return;
+    __syncthreads();
+    float *pb = part + (i64)blockIdx.x * 2 * len;
+    for (i64 t = threadIdx.x; t < 2 * len; t += blockDim.x) {
+        float a = 0.0f;
+        for (int wv = 0; wv < nw; wv++) a += sh[(i64)wv * 2 * len + t];
+        pb[t] = a;
+    }
+}
+
+extern "C" __global__ void __launch_bounds__(BLOCK, 2)
+    sg_row_norm_bwd_vec(const void *x, const void *gp, const void *w, const void *rp, void *y,
+                        float *part, ngeom g) {
     if (g.dt == DT_F32)
-        norm_bwd_vec<DT_F32>(xr, gr, wr, st + so, g.ss, yr, nv, g.len, layer, lane);
+        norm_bwd_vec<DT_F32>(x, gp, w, rp, y, part, g);
     else if (g.dt == DT_BF16)
-        norm_bwd_vec<DT_BF16>(xr, gr, wr, st + so, g.ss, yr, nv, g.len, layer, lane);
+        norm_bwd_vec<DT_BF16>(x, gp, w, rp, y, part, g);
     else
-        norm_bwd_vec<DT_F16>(xr, gr, wr, st + so, g.ss, yr, nv, g.len, layer, lane);
+        norm_bwd_vec<DT_F16>(x, gp, w, rp, y, part, g);
+}
+
+/* NORM_BWD's column sums from sg_row_norm_bwd_vec's nparts block partials
+ * (2 * len f32 each): a block of 32 columns by 8 warps, warp s adding
+ * partials s, s + 8, ... in order, then the 8 in warp order; rounded once
+ * into o[c] (c < len: sum(g * xh), else sum(g)). */
+extern "C" __global__ void __launch_bounds__(BLOCK)
+    sg_row_norm_bwd_fin(const float *part, int nparts, void *o, ngeom g) {
+    __shared__ float sh[BLOCK / 32][32];
+    const int lane = threadIdx.x % 32, s = threadIdx.x / 32;
+    const i64 c = (i64)blockIdx.x * 32 + lane, n2 = 2 * g.len;
+    float a = 0.0f;
+    if (c < n2)
+        for (int p = s; p < nparts; p += BLOCK / 32) a += part[(i64)p * n2 + c];
+    sh[s][lane] = a;
+    __syncthreads();
+    if (s != 0 || c >= n2) return;
+    for (int k = 1; k < BLOCK / 32; k++) a += sh[k][lane];
+    stf(o, g.dt, c, a);
 }
