@@ -35,7 +35,8 @@
  * log_softmax rows of widths a multiple of 8 must take 16-byte vectors,
  * strided rows and rows with both a prologue and an epilogue must not.
  *
- * SG_ROW_SECTION=reduce runs the reductions only. SG_ROW_TIMING=1 (with
+ * SG_ROW_SECTION=reduce runs the reductions only, SG_ROW_SECTION=sums the
+ * squared norms only. SG_ROW_TIMING=1 (with
  * SG_TEST_BACKEND=cuda) also times compiled and eager
  * rms_norm, layer_norm and softmax in bf16 over (1, 768), (1, 4096),
  * (2048, 768) and (2048, 50257) against the HBM bytes floor.
@@ -705,8 +706,8 @@ static sg_status multi_norms_step(sg_ctx *c, sg_tensor *const *in, sg_tensor **o
  * Six squared norms recorded back to back are one kernel of the CUDA
  * dialect (a multi-tensor sum: fusion's sums), which NVRTC compiles; the
  * compiled step's sums and their total match an f64 sum of squares within
- * an f32 sum's rounding, and the three calls (run, record, replay) give
- * the same bits.
+ * an f32 sum's rounding, and the four calls (run, record, two replays)
+ * give the same bits.
  */
 static void multi_norms(void) {
     sg_tensor *x[NMEM];
@@ -723,8 +724,8 @@ static void multi_norms(void) {
                                     &(sg_compile_opts){.mode = SG_MODE_REDUCE_OVERHEAD},
                                     &fn) == SG_OK);
     sg_tensor *out[NMEM + 1] = {NULL};
-    double got[3][NMEM + 1];
-    for (int call = 0; call < 3 && ok; call++) {
+    double got[4][NMEM + 1];
+    for (int call = 0; call < 4 && ok; call++) {
         sg_mark_step_begin(ctx);
         ok = TU_EXPECT(sg_call(fn, x, NMEM, out, NMEM + 1) == SG_OK);
         for (int k = 0; ok && k <= NMEM; k++) {
@@ -745,7 +746,7 @@ static void multi_norms(void) {
     }
     ref[NMEM] = sqrt(tot);
     ok = ok && tu_close("total norm", &got[0][NMEM], &ref[NMEM], 1, 1e-5, 0);
-    for (int call = 1; call < 3 && ok; call++)
+    for (int call = 1; call < 4 && ok; call++)
         ok = TU_EXPECT(memcmp(got[0], got[call], sizeof got[0]) == 0);
     /* The CUDA dialect's unit: every sum a member of one kernel. */
     int nsums = 0, nred = 0;
@@ -764,6 +765,12 @@ static void multi_norms(void) {
         if (ok) sg__fused_free(ctx, &f, &g->ir);
         ok = ok && TU_EXPECT(nsums == 1) && TU_EXPECT(nred == 0) &&
              cuda_unit(fn, "cu_multi_norms", &c) && TU_EXPECT(c.calls == 0) && TU_EXPECT(c.split);
+    }
+    /* On the GPU, explain shows the two kernels that ran: the sums, then the total. */
+    if (ok && tu_backend() == SG_BACKEND_CUDA) {
+        const char *ex = sg_fn_explain(fn);
+        ok = TU_EXPECT(strstr(ex, "kernels: 2 (") != NULL);
+        if (!ok) fprintf(stderr, "%s", ex);
     }
     tu_case(ok,
             "MULTI_NORMS(sum(f32(g)^2) of f32[1], bf16[3], f16[1000007], bf16[300,1001] permuted, "
@@ -900,6 +907,12 @@ int main(void) {
     static const sg_dtype dts[2] = {SG_F32, SG_BF16};
     /* SG_ROW_SECTION=reduce runs only the long-row and column reductions. */
     const char *sec = getenv("SG_ROW_SECTION");
+    if (sec && strcmp(sec, "sums") == 0) { /* the squared norms only */
+        norms_apart();
+        multi_norms();
+        sg_ctx_destroy(ctx);
+        return tu_finish();
+    }
     bool rows = !sec || strcmp(sec, "reduce") != 0;
     for (int p = 0; p < P_COUNT && rows; p++)
         for (int d = 0; d < 2; d++)
