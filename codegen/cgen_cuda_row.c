@@ -1465,8 +1465,14 @@ typedef struct sums_member {
 /* Member part's rowk, a block per team (its chunks are long); false when
  * out of memory. */
 static bool sums_setup(sums_member *sm, sg__cuda_gen *g, const sg__group *part) {
-    sm->k = (rowk){.g = g, .e = sg__cuda_out(g), .grp = part, .a = part->anchor, .rows = 1,
-                   .len = part->rowlen, .cols = 1, .sink = -1};
+    sm->k = (rowk){.g = g,
+                   .e = sg__cuda_out(g),
+                   .grp = part,
+                   .a = part->anchor,
+                   .rows = 1,
+                   .len = part->rowlen,
+                   .cols = 1,
+                   .sink = -1};
     sm->qg = row_setup(&sm->k, sm->quiet, 16);
     if (!sm->qg) return false;
     sm->k.team = sm->k.block = BLOCK;
@@ -1511,10 +1517,11 @@ static void sums_finish(sg__cuda_gen *g, void *arg) {
         sg__emit_line(k->e, "r_s = __ldcg(&r_part[%lld]);", (long long)sm->first);
     } else {
         sg__emit_line(k->e, "r_s = 0.0f;");
-        sg__emit_line(k->e, "for (int j = r_l; j < %lld; j += 32) r_s += __ldcg(&r_part[%lld + j]);",
-                      (long long)sm->split, (long long)sm->first);
         sg__emit_line(k->e,
-                      "for (int o = 16; o > 0; o >>= 1) r_s += __shfl_xor_sync(0xffffffffu, r_s, o);");
+                      "for (int j = r_l; j < %lld; j += 32) r_s += __ldcg(&r_part[%lld + j]);",
+                      (long long)sm->split, (long long)sm->first);
+        sg__emit_line(
+            k->e, "for (int o = 16; o > 0; o >>= 1) r_s += __shfl_xor_sync(0xffffffffu, r_s, o);");
     }
     sg__emit_open(k->e, "if (r_l == 0)");
     single_tail(k, "0");

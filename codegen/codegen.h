@@ -470,7 +470,7 @@ SG__HIDDEN void sg__cgen_cuda_gemv_argmax(sg__cuda_gen *g, const sg__group *grp,
  * walk's shape) or i0..i<nd-1> after sg__cuda_unflatten. */
 SG__HIDDEN sg__emit *sg__cuda_out(sg__cuda_gen *g);
 SG__HIDDEN const sg__ir *sg__cuda_ir(const sg__cuda_gen *g);
-SG__HIDDEN const sg__fused *sg__cuda_fused(const sg__cuda_gen *g); /* a MULTI's parts */
+SG__HIDDEN const sg__fused *sg__cuda_fused(const sg__cuda_gen *g);    /* a MULTI's parts */
 SG__HIDDEN const sg__ref *sg__cuda_ref(const sg__cuda_gen *g, int r); /* after cse's alias */
 SG__HIDDEN const sg__ref *sg__cuda_arg(const sg__cuda_gen *g, const sg__irnode *n, int j);
 SG__HIDDEN void sg__cuda_widen(sg_dtype dt, const char *lv, char *buf, size_t size);

@@ -1174,8 +1174,8 @@ static int sums_run(const sg__ir *ir, const int *alias, const sg__group *in, int
 static void multi_sums(sg_ctx *ctx, const sg__ir *ir, const int *alias, sg__fused *f) {
     int nout = 0;
     for (int i = 0; i < f->ngroups;) {
-        int j = sum_member(ir, &f->groups[i]) ? sums_run(ir, alias, f->groups, f->ngroups, i)
-                                              : i + 1;
+        int j =
+            sum_member(ir, &f->groups[i]) ? sums_run(ir, alias, f->groups, f->ngroups, i) : i + 1;
         int *members = j - i >= 2 ? sg__alloc(ctx, sizeof(int) * (size_t)(j - i)) : NULL;
         if (!members || !parts_room(ctx, f, j - i)) {
             sg__free(ctx, members, sizeof(int) * (size_t)(j - i));

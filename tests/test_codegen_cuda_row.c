@@ -672,9 +672,9 @@ typedef struct member {
     tu_layout layout;
 } member;
 static const member members[NMEM] = {
-    {SG_F32, 1, {1, 0}, TU_CONTIG},         {SG_BF16, 1, {3, 0}, TU_CONTIG},
-    {SG_F16, 1, {1000007, 0}, TU_CONTIG},   {SG_BF16, 2, {300, 1001}, TU_PERMUTED},
-    {SG_F32, 2, {257, 65}, TU_SLICED},      {SG_F16, 2, {768, 2304}, TU_CONTIG},
+    {SG_F32, 1, {1, 0}, TU_CONTIG},       {SG_BF16, 1, {3, 0}, TU_CONTIG},
+    {SG_F16, 1, {1000007, 0}, TU_CONTIG}, {SG_BF16, 2, {300, 1001}, TU_PERMUTED},
+    {SG_F32, 2, {257, 65}, TU_SLICED},    {SG_F16, 2, {768, 2304}, TU_CONTIG},
 };
 
 /* sum(f32(g)^2) of each member (clip_grad_norm_'s squared norms), then
@@ -720,9 +720,9 @@ static void multi_norms(void) {
         ok = ok && TU_EXPECT(x[k] != NULL);
     }
     sg_fn *fn = NULL;
-    ok = ok && TU_EXPECT(sg_compile(ctx, multi_norms_step, NULL, NMEM, NMEM + 1,
-                                    &(sg_compile_opts){.mode = SG_MODE_REDUCE_OVERHEAD},
-                                    &fn) == SG_OK);
+    ok = ok &&
+         TU_EXPECT(sg_compile(ctx, multi_norms_step, NULL, NMEM, NMEM + 1,
+                              &(sg_compile_opts){.mode = SG_MODE_REDUCE_OVERHEAD}, &fn) == SG_OK);
     sg_tensor *out[NMEM + 1] = {NULL};
     double got[4][NMEM + 1];
     for (int call = 0; call < 4 && ok; call++) {

@@ -7,9 +7,10 @@
  * geometry, a value written later or an output kept), views of a removed
  * value, concat of many inputs, inf and NaN scalars in generated source,
  * integer self-comparisons under -Werror, the multi-tensor kernel's
- * barrier, several full reductions as one multi-tensor sum, and explain's text for values kept in registers. Each step runs
- * eagerly and compiled on the same random inputs; the compiled fn must have
- * compiled (no fallback) with SG_CFLAGS="-Wall -Wextra -Werror".
+ * barrier, several full reductions as one multi-tensor sum, and explain's
+ * text for values kept in registers. Each step runs eagerly and compiled
+ * on the same random inputs; the compiled fn must have compiled (no
+ * fallback) with SG_CFLAGS="-Wall -Wextra -Werror".
  */
 #define _POSIX_C_SOURCE 200809L
 #include "graphs/graphs.h"
