@@ -1646,6 +1646,30 @@ static void emit_multi(gen *g, const sg__group *grp, sg__cuda_kinfo *ki, bool *a
     for (int t = 0; t < SG__CUDA_NTUNE; t++) ki->tune_grid[t] = ki->grid;
 }
 
+void sg__cuda_branch(sg__cuda_gen *g, const char *open, void (*body)(sg__cuda_gen *, void *),
+                     void *arg) {
+    sg__emit *outer = g->e;
+    int nslots = g->ir->nslots ? g->ir->nslots : 1;
+    bool *mark = sg__calloc(outer->ctx, sizeof(bool) * (size_t)nslots), *was = g->mark;
+    if (!mark) {
+        outer->oom = true;
+        return;
+    }
+    g->member_slots = true;
+    sg__emit inner = {.ctx = outer->ctx, .depth = outer->depth + 1};
+    g->e = &inner, g->mark = mark;
+    body(g, arg);
+    g->e = outer, g->mark = was;
+    sg__emit_open(outer, "%s", open);
+    for (int i = 0; i < nslots; i++)
+        if (mark[i]) sg__emit_line(outer, "%schar *const s%d = slot[%d];", g->sp->gp, i, i);
+    if (inner.buf) sg__emit_raw(outer, "%s", inner.buf);
+    sg__emit_close(outer);
+    if (inner.oom) outer->oom = true;
+    sg__emit_free(&inner);
+    sg__free(outer->ctx, mark, sizeof(bool) * (size_t)nslots);
+}
+
 /* The elements one loop of a chain member walks (its data walk, or its
  * pointwise shape), or -1 when it is no loop a chain runs. */
 static int64_t chain_walk(const gen *g, const sg__group *part) {
@@ -1786,6 +1810,8 @@ static bool emit_group(gen *g, const sg__group *grp, sg__cuda_kinfo *ki, bool *a
         used_slots(g, grp, 0);
         g->anchor_reg = false;
         *what = sg__cgen_cuda_rows(g, grp, ki);
+    } else if (grp->kind == SG__G_MULTI && grp->sums) {
+        *what = sg__cgen_cuda_sums(g, grp, ki);
     } else if (grp->kind == SG__G_MULTI && grp->chain) {
         emit_chain(g, grp, ki, aligned, nslots);
         *what = "dependent loops in order in one block, a barrier between them";
@@ -1953,6 +1979,8 @@ const sg__ref *sg__cuda_arg(const sg__cuda_gen *g, const sg__irnode *n, int j) {
 }
 
 const sg__ir *sg__cuda_ir(const sg__cuda_gen *g) { return g->ir; }
+
+const sg__fused *sg__cuda_fused(const sg__cuda_gen *g) { return g->f; }
 
 /* Row kernels spell values as CUDA's (HIP's and OpenCL C's preambles have
  * the same helpers: sg_bf_rt, sg_h_rt). */
@@ -2133,6 +2161,7 @@ void sg__cgen_cuda_fuse_opts(sg__fuse_opts *o, bool disable) {
     o->horizontal_data = true;
     o->gemv_rows = gemv_rows;
     o->chain = chain_takes;
+    o->multi_sums = true;
 }
 
 sg_status sg__cgen_gpu(sg_ctx *ctx, const sg__ir *ir, const sg__fused *f, const char *title,

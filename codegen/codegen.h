@@ -442,6 +442,15 @@ typedef struct sg__cuda_gen sg__cuda_gen;
  * replaces_call. Returns the kernel comment's description. */
 SG__HIDDEN const char *sg__cgen_cuda_rows(sg__cuda_gen *g, const sg__group *grp,
                                           sg__cuda_kinfo *ki);
+/* The body of a MULTI group of full reductions (sg__group.sums), as
+ * sg__cgen_cuda_rows does a row kernel's: with shuffles, every member's
+ * range cut into chunks, a block per chunk, each block's partial in the
+ * kernel's own device array and the last block to finish (a counter it
+ * resets for the next launch) folding each member's partials in chunk
+ * order, a warp per member, then the member's store and epilogue; without
+ * them (OpenCL C), a work-group per member folding its chunks in order. */
+SG__HIDDEN const char *sg__cgen_cuda_sums(sg__cuda_gen *g, const sg__group *grp,
+                                          sg__cuda_kinfo *ki);
 /* The same for the norm part of a MATMUL group with norm_rows: grp is that
  * part as a ROW group (members [0, its anchor), anchor at the norm), every
  * block computes every row (a warp per row up to 256 elements, else the
@@ -461,6 +470,7 @@ SG__HIDDEN void sg__cgen_cuda_gemv_argmax(sg__cuda_gen *g, const sg__group *grp,
  * walk's shape) or i0..i<nd-1> after sg__cuda_unflatten. */
 SG__HIDDEN sg__emit *sg__cuda_out(sg__cuda_gen *g);
 SG__HIDDEN const sg__ir *sg__cuda_ir(const sg__cuda_gen *g);
+SG__HIDDEN const sg__fused *sg__cuda_fused(const sg__cuda_gen *g);    /* a MULTI's parts */
 SG__HIDDEN const sg__ref *sg__cuda_ref(const sg__cuda_gen *g, int r); /* after cse's alias */
 SG__HIDDEN const sg__ref *sg__cuda_arg(const sg__cuda_gen *g, const sg__irnode *n, int j);
 SG__HIDDEN void sg__cuda_widen(sg_dtype dt, const char *lv, char *buf, size_t size);
@@ -496,6 +506,11 @@ SG__HIDDEN sg__emit *sg__cuda_set_out(sg__cuda_gen *g, sg__emit *e);
 SG__HIDDEN void sg__cuda_defer_begin(sg__cuda_gen *g, sg__emit *decl, sg__emit *later, int n);
 SG__HIDDEN void sg__cuda_defer_end(sg__cuda_gen *g);
 SG__HIDDEN void sg__cuda_store(sg__cuda_gen *g, bool fl, int k, const char *st);
+/* What body(g, arg) emits, under `open` (a statement head such as
+ * "if (blockIdx.x < 4)"), loading the bases of only the slots it names,
+ * as a MULTI's member does (the kernel's head then loads none). */
+SG__HIDDEN void sg__cuda_branch(sg__cuda_gen *g, const char *open,
+                                void (*body)(sg__cuda_gen *, void *), void *arg);
 /* The dialect's spellings of the kernel being emitted. */
 SG__HIDDEN const sg__spell *sg__cuda_spell(const sg__cuda_gen *g);
 /* An array the block shares, decl its type and declarator ("float r[8]"),

@@ -1139,6 +1139,63 @@ static void chains(sg_ctx *ctx, const sg__ir *ir, sg__fused *f,
     f->ngroups = nout;
 }
 
+/* ------------------------------------------------------------ horizontal reductions */
+
+/* A full sum or mean (one value; no epilogue over the input's shape) that
+ * the backend computes in generated code: a member of a multi-tensor sum. */
+static bool sum_member(const sg__ir *ir, const sg__group *g) {
+    if (g->kind != SG__G_REDUCE || !g->rows_inline || g->lib_why || g->bcast || g->anchor < 0 ||
+        g->nrows != 1 || g->ncols > 1)
+        return false;
+    sg__op op = ir->nodes[g->g[g->anchor].node].op;
+    return op == SG__OP_SUM || op == SG__OP_MEAN;
+}
+
+/* The run of sum_member groups from i that are independent of one another,
+ * at most SUMS_MAX of them: its end. */
+#define SUMS_MAX 1024
+static int sums_run(const sg__ir *ir, const int *alias, const sg__group *in, int n, int i) {
+    int j = i + 1;
+    while (j < n && j - i < SUMS_MAX && sum_member(ir, &in[j])) {
+        bool ok = true;
+        for (int k = i; k < j && ok; k++) ok = independent(ir, alias, &in[k], &in[j]);
+        if (!ok) break;
+        j++;
+    }
+    return j;
+}
+
+/*
+ * Runs of two or more independent full reductions (a clip's squared norms)
+ * become one MULTI group with `sums` set: one kernel whose blocks take
+ * chunks of every member, the last finishing each member's sum and its
+ * epilogue. Out of memory leaves a run as it was.
+ */
+static void multi_sums(sg_ctx *ctx, const sg__ir *ir, const int *alias, sg__fused *f) {
+    int nout = 0;
+    for (int i = 0; i < f->ngroups;) {
+        int j =
+            sum_member(ir, &f->groups[i]) ? sums_run(ir, alias, f->groups, f->ngroups, i) : i + 1;
+        int *members = j - i >= 2 ? sg__alloc(ctx, sizeof(int) * (size_t)(j - i)) : NULL;
+        if (!members || !parts_room(ctx, f, j - i)) {
+            sg__free(ctx, members, sizeof(int) * (size_t)(j - i));
+            for (int k = i; k < j; k++) f->groups[nout++] = f->groups[k];
+            i = j;
+            continue;
+        }
+        sg__group m = {.kind = SG__G_MULTI, .anchor = -1, .sums = true, .members = members};
+        m.first = f->groups[i].first;
+        m.last = f->groups[j - 1].last;
+        for (int k = i; k < j; k++) {
+            f->parts[f->nparts] = f->groups[k];
+            members[m.nmembers++] = f->nparts++;
+        }
+        f->groups[nout++] = m;
+        i = j;
+    }
+    f->ngroups = nout;
+}
+
 /* ------------------------------------------------------------ cache writes into GEMV */
 
 /*
@@ -1449,6 +1506,7 @@ sg_status sg__fuse(sg_ctx *ctx, const sg__ir *ir, const sg__fuse_opts *opts, sg_
     if (!per_op && opts && opts->lib_epilogue) lib_epilogues(ir, f->alias, f->groups, f->ngroups);
     if (!per_op && (!opts || opts->horizontal))
         s = horizontal(ctx, ir, f->alias, f, opts && opts->horizontal_data);
+    if (s == SG_OK && !per_op && opts && opts->multi_sums) multi_sums(ctx, ir, f->alias, f);
     if (s == SG_OK && !per_op && opts && opts->chain) chains(ctx, ir, f, opts->chain);
 done:
     sg__free(ctx, writes, sizeof(int) * (size_t)ns);
@@ -1481,6 +1539,7 @@ const char *sg__group_name(const sg__ir *ir, const sg__group *g, char *buf, size
     buf[0] = '\0';
     for (int i = 0; i < g->n && k + 1 < size; i++)
         k += (size_t)snprintf(buf + k, size - k, i ? "_%s" : "%s", sg__op_name(ir->nodes[g->g[i].node].op));
-    if (g->kind == SG__G_MULTI) snprintf(buf, size, g->chain ? "chain%d" : "multi%d", g->nmembers);
+    if (g->kind == SG__G_MULTI)
+        snprintf(buf, size, g->chain ? "chain%d" : g->sums ? "sums%d" : "multi%d", g->nmembers);
     return buf;
 }

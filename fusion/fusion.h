@@ -77,6 +77,12 @@
  *    K/V cache writes; elements, not bandwidth, set their time) become one
  *    MULTI group with `chain` set: one kernel running them in order with a
  *    barrier between them, so dependent ones may join.
+ *  - sums (with multi_sums): consecutive independent full reductions (a
+ *    sum or mean to one value each, with its prologue and its epilogue over
+ *    the one value: a clip's squared norms, the losses of several heads)
+ *    become one MULTI group with `sums` set: one kernel whose blocks each
+ *    take a chunk of one member, the last block finishing every member's
+ *    sum in a fixed order.
  * SG_DISABLE_FUSION=1 makes every node its own group.
  */
 #ifndef SG_FUSION_H
@@ -114,6 +120,9 @@ typedef struct sg__group {
     bool chain;      /* MULTI: the members depend on one another (a chain of
                         sg__fuse_opts.chain): they run in order, each after
                         the one before it has finished */
+    bool sums;       /* MULTI: the members are independent full reductions
+                        (REDUCE groups of one sum or mean each, with their
+                        prologue and epilogue: sg__fuse_opts.multi_sums) */
     /* REDUCE/ROW groups that sg__fuse_opts.rows_inline gives to the backend's
      * generated code: the anchor works along rows of its input (nrows rows
      * of rowlen elements, row r being elements [r * rowlen, (r + 1) * rowlen)
@@ -244,6 +253,10 @@ typedef struct sg__fuse_opts {
      * POINTWISE group right before an ATTENTION that only copies those views
      * joins it (sg__group.ncopies). */
     bool attn_copies;
+    /* The backend generates a MULTI of full reductions (sg__group.sums):
+     * consecutive independent rows_inline REDUCE groups of one sum or mean
+     * each, with no epilogue over their input's shape, merge into one. */
+    bool multi_sums;
     /* No constant folding (SG_CONST_FOLD=0): constant groups replay. */
     bool no_fold;
 } sg__fuse_opts;

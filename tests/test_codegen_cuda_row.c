@@ -20,7 +20,11 @@
  * element, NaN and infinities planted in some outputs' ranges; each checked
  * against an f64 sum within an f32 sum's rounding (2e-5 of the sum of
  * magnitudes), and the three calls (run, record, replay) bit for bit equal;
- * and two squared norms recorded back to back stay two reductions.
+ * two squared norms recorded back to back stay two reductions (members of
+ * one multi-tensor sum kernel), and six squared norms of sizes 1 to 1e6 + 7
+ * in f32, bf16 and f16, two of them views that are not contiguous, are one
+ * kernel whose sums and total match an f64 reference, bit for bit alike on
+ * each call.
  *
  * Each case runs the compiled step on the test's backend (SG_TEST_BACKEND:
  * the CPU's generated C by default, the CUDA row kernels under the gpu
@@ -31,7 +35,8 @@
  * log_softmax rows of widths a multiple of 8 must take 16-byte vectors,
  * strided rows and rows with both a prologue and an epilogue must not.
  *
- * SG_ROW_SECTION=reduce runs the reductions only. SG_ROW_TIMING=1 (with
+ * SG_ROW_SECTION=reduce runs the reductions only, SG_ROW_SECTION=sums the
+ * squared norms only. SG_ROW_TIMING=1 (with
  * SG_TEST_BACKEND=cuda) also times compiled and eager
  * rms_norm, layer_norm and softmax in bf16 over (1, 768), (1, 4096),
  * (2048, 768) and (2048, 50257) against the HBM bytes floor.
@@ -609,9 +614,10 @@ static sg_status norms_step(sg_ctx *c, sg_tensor *const *in, sg_tensor **out, vo
     return out[0] && out[1] ? SG_OK : sg_ctx_status(c);
 }
 
-/* Each sum is its own group with its square as prologue: the second square
- * is no epilogue of the first sum (which would walk it in that sum's one
- * row, one block); both sums match an f64 sum of squares. */
+/* Each sum is its own reduction with its square as prologue: the second
+ * square is no epilogue of the first sum (which would walk it in that sum's
+ * one row, one block); the two are members of one multi-tensor sum kernel;
+ * both sums match an f64 sum of squares. */
 static void norms_apart(void) {
     int64_t shape[2] = {300, 1000};
     double *v[2] = {NULL, NULL};
@@ -627,7 +633,7 @@ static void norms_apart(void) {
         ok = TU_EXPECT(got != NULL) && TU_EXPECT(tu_close("norm", got, &ref, 1, 0, 2e-5 * ref));
         free(got);
     }
-    int nsum = 0, nbcast = 0;
+    int nsum = 0, nbcast = 0, nmulti = 0;
     if (ok) {
         sg__graph *g = fn->graphs[fn->ngraphs - 1];
         sg__fuse_opts fo;
@@ -636,17 +642,142 @@ static void norms_apart(void) {
         ok = TU_EXPECT(sg__fuse(ctx, &g->ir, &fo, &f) == SG_OK);
         for (int k = 0; ok && k < f.ngroups; k++) {
             const sg__group *grp = &f.groups[k];
-            if (grp->kind != SG__G_REDUCE) continue;
-            nsum++;
-            nbcast += grp->bcast != 0;
+            bool sums = grp->kind == SG__G_MULTI && grp->sums;
+            nmulti += sums;
+            for (int m = 0; m < (sums ? grp->nmembers : 1); m++) {
+                const sg__group *p = sums ? &f.parts[grp->members[m]] : grp;
+                if (p->kind != SG__G_REDUCE) continue;
+                nsum++;
+                nbcast += p->bcast != 0;
+            }
         }
         if (ok) sg__fused_free(ctx, &f, &g->ir);
-        ok = ok && TU_EXPECT(nsum == 2) && TU_EXPECT(nbcast == 0);
+        ok = ok && TU_EXPECT(nsum == 2) && TU_EXPECT(nbcast == 0) && TU_EXPECT(nmulti == 1);
     }
     tu_case(ok, "NORMS_APART(sum(f32(x)^2) then sum(f32(y)^2), bf16 [300,1000]) on %s",
             tu_backend() == SG_BACKEND_CUDA ? "cuda" : "cpu");
     sg_fn_destroy(fn);
     for (int k = 0; k < 2; k++) sg_release(x[k]), free(v[k]);
+}
+
+/* ------------------------------------------------------------ multi-tensor sums */
+
+/* The members of MULTI_NORMS: sizes 1, 3, 1e6 + 7 and two views that are
+ * not contiguous, in f32, bf16 and f16. */
+#define NMEM 6
+typedef struct member {
+    sg_dtype dt;
+    int nd;
+    int64_t shape[2];
+    tu_layout layout;
+} member;
+static const member members[NMEM] = {
+    {SG_F32, 1, {1, 0}, TU_CONTIG},       {SG_BF16, 1, {3, 0}, TU_CONTIG},
+    {SG_F16, 1, {1000007, 0}, TU_CONTIG}, {SG_BF16, 2, {300, 1001}, TU_PERMUTED},
+    {SG_F32, 2, {257, 65}, TU_SLICED},    {SG_F16, 2, {768, 2304}, TU_CONTIG},
+};
+
+/* sum(f32(g)^2) of each member (clip_grad_norm_'s squared norms), then
+ * their total in a running sum and its sqrt: NMEM + 1 outputs. */
+static sg_status multi_norms_step(sg_ctx *c, sg_tensor *const *in, sg_tensor **out, void *user) {
+    (void)user;
+    sg_tensor *tot;
+    for (int k = 0; k < NMEM; k++) {
+        sg_tensor *g = sg_tensor_dtype(in[k]) == SG_F32 ? in[k] : sg_cast(in[k], SG_F32);
+        sg_tensor *g2 = sg_mul(g, g);
+        out[k] = sg_sum(g2, 0, NULL, false);
+        if (g != in[k]) sg_release(g);
+        sg_release(g2);
+    }
+    tot = sg_add(out[0], out[1]);
+    for (int k = 2; k < NMEM; k++) {
+        sg_tensor *next = sg_add(tot, out[k]);
+        sg_release(tot);
+        tot = next;
+    }
+    out[NMEM] = sg_sqrt(tot);
+    sg_release(tot);
+    for (int k = 0; k <= NMEM; k++)
+        if (!out[k]) return sg_ctx_status(c);
+    return SG_OK;
+}
+
+/*
+ * Six squared norms recorded back to back are one kernel of the CUDA
+ * dialect (a multi-tensor sum: fusion's sums), which NVRTC compiles; the
+ * compiled step's sums and their total match an f64 sum of squares within
+ * an f32 sum's rounding, and the four calls (run, record, two replays)
+ * give the same bits.
+ */
+static void multi_norms(void) {
+    sg_tensor *x[NMEM];
+    double *v[NMEM];
+    tu_seed(77);
+    bool ok = true;
+    for (int k = 0; k < NMEM; k++) {
+        const member *mb = &members[k];
+        x[k] = tu_rand_layout(ctx, mb->dt, mb->nd, mb->shape, -1, 1, mb->layout, &v[k]);
+        ok = ok && TU_EXPECT(x[k] != NULL);
+    }
+    sg_fn *fn = NULL;
+    ok = ok &&
+         TU_EXPECT(sg_compile(ctx, multi_norms_step, NULL, NMEM, NMEM + 1,
+                              &(sg_compile_opts){.mode = SG_MODE_REDUCE_OVERHEAD}, &fn) == SG_OK);
+    sg_tensor *out[NMEM + 1] = {NULL};
+    double got[4][NMEM + 1];
+    for (int call = 0; call < 4 && ok; call++) {
+        sg_mark_step_begin(ctx);
+        ok = TU_EXPECT(sg_call(fn, x, NMEM, out, NMEM + 1) == SG_OK);
+        for (int k = 0; ok && k <= NMEM; k++) {
+            double *r = tu_read(out[k]);
+            ok = TU_EXPECT(r != NULL);
+            if (ok) got[call][k] = r[0];
+            free(r);
+        }
+        if (!ok) fprintf(stderr, "  %s\n", sg_last_error(ctx));
+    }
+    double ref[NMEM + 1], tot = 0;
+    for (int k = 0; ok && k < NMEM; k++) {
+        int64_t n = members[k].shape[0] * (members[k].nd > 1 ? members[k].shape[1] : 1);
+        ref[k] = 0;
+        for (int64_t i = 0; i < n; i++) ref[k] += v[k][i] * v[k][i];
+        tot += ref[k];
+        ok = tu_close("squared norm", &got[0][k], &ref[k], 1, 0, 2e-5 * ref[k]);
+    }
+    ref[NMEM] = sqrt(tot);
+    ok = ok && tu_close("total norm", &got[0][NMEM], &ref[NMEM], 1, 1e-5, 0);
+    for (int call = 1; call < 4 && ok; call++)
+        ok = TU_EXPECT(memcmp(got[0], got[call], sizeof got[0]) == 0);
+    /* The CUDA dialect's unit: every sum a member of one kernel. */
+    int nsums = 0, nred = 0;
+    counts c = {0};
+    if (ok) {
+        sg__graph *g = fn->graphs[fn->ngraphs - 1];
+        sg__fuse_opts fo;
+        sg__cgen_cuda_fuse_opts(&fo, false);
+        sg__fused f;
+        ok = TU_EXPECT(sg__fuse(ctx, &g->ir, &fo, &f) == SG_OK);
+        for (int k = 0; ok && k < f.ngroups; k++) {
+            const sg__group *grp = &f.groups[k];
+            nred += grp->kind == SG__G_REDUCE;
+            if (grp->kind == SG__G_MULTI && grp->sums && grp->nmembers == NMEM) nsums++;
+        }
+        if (ok) sg__fused_free(ctx, &f, &g->ir);
+        ok = ok && TU_EXPECT(nsums == 1) && TU_EXPECT(nred == 0) &&
+             cuda_unit(fn, "cu_multi_norms", &c) && TU_EXPECT(c.calls == 0) && TU_EXPECT(c.split);
+    }
+    /* On the GPU, explain shows the two kernels that ran: the sums, then the total. */
+    if (ok && tu_backend() == SG_BACKEND_CUDA) {
+        const char *ex = sg_fn_explain(fn);
+        ok = TU_EXPECT(strstr(ex, "kernels: 2 (") != NULL);
+        if (!ok) fprintf(stderr, "%s", ex);
+    }
+    tu_case(ok,
+            "MULTI_NORMS(sum(f32(g)^2) of f32[1], bf16[3], f16[1000007], bf16[300,1001] permuted, "
+            "f32[257,65] sliced, f16[768,2304]; sqrt of the total) on %s -> %d CUDA kernels",
+            tu_backend() == SG_BACKEND_CUDA ? "cuda" : "cpu", c.kernels);
+    sg_fn_destroy(fn);
+    for (int k = 0; k < NMEM; k++) sg_release(x[k]), free(v[k]);
 }
 
 static void reductions(void) {
@@ -683,6 +814,7 @@ static void reductions(void) {
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) red_case(&cases[i]);
     library_reasons();
     norms_apart();
+    multi_norms();
 }
 
 /* ------------------------------------------------------------ timing */
@@ -775,6 +907,12 @@ int main(void) {
     static const sg_dtype dts[2] = {SG_F32, SG_BF16};
     /* SG_ROW_SECTION=reduce runs only the long-row and column reductions. */
     const char *sec = getenv("SG_ROW_SECTION");
+    if (sec && strcmp(sec, "sums") == 0) { /* the squared norms only */
+        norms_apart();
+        multi_norms();
+        sg_ctx_destroy(ctx);
+        return tu_finish();
+    }
     bool rows = !sec || strcmp(sec, "reduce") != 0;
     for (int p = 0; p < P_COUNT && rows; p++)
         for (int d = 0; d < 2; d++)

@@ -7,9 +7,10 @@
  * geometry, a value written later or an output kept), views of a removed
  * value, concat of many inputs, inf and NaN scalars in generated source,
  * integer self-comparisons under -Werror, the multi-tensor kernel's
- * barrier, and explain's text for values kept in registers. Each step runs
- * eagerly and compiled on the same random inputs; the compiled fn must have
- * compiled (no fallback) with SG_CFLAGS="-Wall -Wextra -Werror".
+ * barrier, several full reductions as one multi-tensor sum, and explain's
+ * text for values kept in registers. Each step runs eagerly and compiled
+ * on the same random inputs; the compiled fn must have compiled (no
+ * fallback) with SG_CFLAGS="-Wall -Wextra -Werror".
  */
 #define _POSIX_C_SOURCE 200809L
 #include "graphs/graphs.h"
@@ -405,6 +406,32 @@ static void test_multi_barrier(void) {
     for (int i = 0; i < 4; i++) sg_release(be.p[i]), sg_release(bc.p[i]), sg_release(in[i]);
 }
 
+/* ------------------------------------------------------------ multi-tensor sums */
+
+/* Squared norms of two tensors (one in bf16), a mean of the squares of a
+ * transposed view, and the square root of their total: the backends
+ * that generate a multi-tensor sum (CUDA, HIP, OpenCL C) run the three
+ * reductions as one kernel. */
+STEP(sums_step) {
+    sg_tensor *a = in[0];
+    out[0] = sg_sum(sg_mul(a, a), 0, NULL, false);
+    sg_tensor *b = sg_cast(in[1], SG_F32);
+    out[1] = sg_sum(sg_mul(b, b), 0, NULL, false);
+    sg_tensor *t = sg_transpose(in[2], 0, 1);
+    out[2] = sg_mean(sg_mul(t, t), 0, NULL, false);
+    out[3] = sg_sqrt(sg_add(sg_add(out[0], sg_mul_scalar(out[1], 2.0)), out[2]));
+    (void)user;
+    return out[0] && out[1] && out[2] && out[3] ? SG_OK : sg_ctx_status(c);
+}
+
+static void test_multi_sums(void) {
+    sg_tensor *in[3] = {rand2(SG_F32, 1, 3), rand2(SG_BF16, 1000, 21), rand2(SG_F32, 33, 70)};
+    bool ok = versus_eager(sums_step, NULL, 3, in, 4, NULL);
+    tu_case(ok, "SUMS(sum(a^2) f32[1,3], sum(f32(b)^2) bf16[1000,21], mean((c^T)^2) "
+                "f32[70,33] transposed, sqrt(a + 2 b + c))");
+    for (int i = 0; i < 3; i++) sg_release(in[i]);
+}
+
 STEP(chain_step) { return DONE(sg_tanh(sg_add_scalar(sg_sin(in[0]), 0.5))); }
 
 static void test_explain_registers(void) {
@@ -432,6 +459,7 @@ int main(void) {
     test_inf_nan();
     test_self_compare();
     test_multi_barrier();
+    test_multi_sums();
     test_explain_registers();
     sg_ctx_destroy(ctx);
     return tu_finish();
