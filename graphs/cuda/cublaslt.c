@@ -328,6 +328,7 @@ static cublasLtEpilogue_t epilogue_of(const sg__lt_call *c) {
                       : (c->bias ? CUBLASLT_EPILOGUE_GELU_BIAS : CUBLASLT_EPILOGUE_GELU);
     if (c->act == SG__LT_ACT_RELU)
         return c->bias ? CUBLASLT_EPILOGUE_RELU_BIAS : CUBLASLT_EPILOGUE_RELU;
+    if (c->act == SG__LT_ACT_DGELU) return CUBLASLT_EPILOGUE_DGELU;
     return c->bias ? CUBLASLT_EPILOGUE_BIAS : CUBLASLT_EPILOGUE_DEFAULT;
 }
 
@@ -337,6 +338,7 @@ static const char *epilogue_words(const sg__lt_call *c, bool own_c) {
     if (c->act == SG__LT_ACT_GELU)
         return c->aux ? " with the GELU epilogue (and its input)" : " with the GELU epilogue";
     if (c->act == SG__LT_ACT_RELU) return " with the RELU epilogue";
+    if (c->act == SG__LT_ACT_DGELU) return " with the GELU-gradient epilogue";
     if (own_c) return c->bias ? " with the bias epilogue and a residual C" : " with a residual C";
     return c->bias ? " with the bias epilogue" : "";
 }

@@ -61,12 +61,13 @@ typedef struct sg__lt_call {
     bool accumulate;    /* beta = 1: D = C (the same buffer, or sg__lt_matmul_epi's c)
                            plus the product */
     int act;            /* SG__LT_ACT_*: cuBLASLt's GELU (tanh form) or RELU epilogue,
-                           after the bias */
-    bool aux;           /* with SG__LT_ACT_GELU: the value before it is written too
-                           (sg__lt_matmul_epi's aux, D's layout; ldc a multiple of 8) */
+                           after the bias; DGELU: D = gelu'(aux) * the product (no bias) */
+    bool aux;           /* with SG__LT_ACT_GELU: the value before it is written too;
+                           with DGELU (always set): the GELU's input, read (sg__lt_matmul_epi's
+                           aux, D's layout; ldc a multiple of 8) */
 } sg__lt_call;
 
-enum { SG__LT_ACT_NONE, SG__LT_ACT_GELU, SG__LT_ACT_RELU };
+enum { SG__LT_ACT_NONE, SG__LT_ACT_GELU, SG__LT_ACT_RELU, SG__LT_ACT_DGELU };
 
 /* The call for plan p's innermost batch (or its one matrix): false when an
  * operand is neither row-major nor transposed (the plan packs those, so
