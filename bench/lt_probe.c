@@ -98,7 +98,9 @@ static void run(const shp *s, int epi) {
     cublasLtEpilogue_t ep = epi;
     if (epi != CUBLASLT_EPILOGUE_DEFAULT) {
         cublasLtMatmulDescSetAttribute(d, CUBLASLT_MATMUL_DESC_EPILOGUE, &ep, sizeof ep);
-        cublasLtMatmulDescSetAttribute(d, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof bias);
+        if (epi & (4 | 16 | 256 | 512)) /* BIAS, BGRAD, BGRADA, BGRADB */
+            cublasLtMatmulDescSetAttribute(d, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias,
+                                           sizeof bias);
         if (epi & 128) { /* DGELU reads the pre-activation, D's layout */
             int64_t ld = s->ldc;
             cublasLtMatmulDescSetAttribute(d, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, &aux,

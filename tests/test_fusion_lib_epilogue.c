@@ -13,7 +13,8 @@
  * fc (GELU) and both projections (residual); no group of the CPU backend's
  * own fusion is marked (its numbers do not change). In training (bf16), the
  * GELU's gradient, one gelu_tanh_bwd after the product that makes its g,
- * is DGELU, its input read as the aux. Also the tune file's
+ * is DGELU, its input read as the aux, unless the next linear's dW product
+ * runs between the two (its weight trained). Also the tune file's
  * key words for the new epilogues parse, and out-of-range ones do not.
  */
 #define _POSIX_C_SOURCE 200809L
@@ -36,6 +37,8 @@ enum {
     K_MATMUL_GELU,
     K_INPLACE,
     K_BLOCK,
+    K_CHAIN,
+    K_CHAIN_FROZEN,
     NK
 };
 static const char *const names[NK] = {"linear+gelu_tanh",
@@ -47,7 +50,9 @@ static const char *const names[NK] = {"linear+gelu_tanh",
                                       "add(linear,bias-shaped r)",
                                       "matmul+gelu_tanh",
                                       "x = x + linear(x) in place",
-                                      "gpt2 block"};
+                                      "gpt2 block",
+                                      "linear+gelu_tanh+linear, loss sum(y * r)",
+                                      "linear+gelu_tanh+linear, the second frozen"};
 
 typedef struct spec {
     int kind;
@@ -87,6 +92,15 @@ static sg_status step(sg_ctx *c, sg_tensor *const *in, sg_tensor **out, void *us
             y = sg_add(y, sg_linear(f, p->w2, p->b2));
         }
         break;
+    }
+    case K_CHAIN:
+    case K_CHAIN_FROZEN: { /* the loss's gradient r itself */
+        y = sg_linear(sg_gelu_tanh(sg_linear(x, p->w, p->b)), p->w2, p->b2);
+        sg_tensor *loss = sg_sum(sg_mul(y, r), 0, NULL, false);
+        sg_tensor *params[4] = {p->w, p->b, p->w2, p->b2};
+        out[0] = y;
+        return loss ? sg_grad(loss, p->kind == K_CHAIN ? 4 : 2, params, out + 1)
+                    : sg_ctx_status(c);
     }
     }
     out[0] = y;
@@ -168,7 +182,7 @@ static marks marks_of(const sg__ir *ir, const sg__fused *f) {
 
 static void run(int kind, bool train, sg_dtype dt, marks want) {
     int64_t B = 2, T = 8, C = 16, H = 32;
-    bool square = kind == K_INPLACE || kind == K_BLOCK;
+    bool square = kind == K_INPLACE || kind == K_BLOCK || kind >= K_CHAIN;
     int64_t xs[3] = {B, T, C}, rs[3] = {B, T, square ? C : H}, ws[2] = {H, C}, bs[1] = {H},
             w2s[2] = {C, H}, b2s[1] = {kind == K_ADD_BCAST ? H : C}, sq[2] = {C, C},
             zs[2] = {4, square ? C : H};
@@ -179,11 +193,12 @@ static void run(int kind, bool train, sg_dtype dt, marks want) {
               tu_rand(ctx, dt, 2, kind == K_INPLACE ? sq : w2s, -1, 1, NULL),
               tu_rand(ctx, dt, 1, b2s, -1, 1, NULL)};
     if (train) sg_requires_grad_(p.w, true), sg_requires_grad_(p.b, true);
+    if (kind == K_CHAIN) sg_requires_grad_(p.w2, true), sg_requires_grad_(p.b2, true);
     sg_tensor *in[3] = {tu_rand(ctx, dt, 3, xs, -1, 1, NULL), tu_rand(ctx, dt, 3, rs, -1, 1, NULL),
                         tu_rand(ctx, dt, 2, zs, -1, 1, NULL)};
-    int nout = (kind == K_RELU_SEEN ? 2 : 1) + (train ? 2 : 0);
+    int nout = kind == K_CHAIN ? 5 : (kind == K_RELU_SEEN ? 2 : 1) + (train ? 2 : 0);
     sg_fn *fn = NULL;
-    sg_tensor *out[4] = {NULL};
+    sg_tensor *out[5] = {NULL};
     bool ok =
         TU_EXPECT(sg_compile(ctx, step, &p, 3, nout,
                              &(sg_compile_opts){.mode = SG_MODE_REDUCE_OVERHEAD}, &fn) == SG_OK);
@@ -275,6 +290,10 @@ int main(void) {
     /* trained: the pre-activations kept (aux), each GELU's gradient after the product of its
      * g (DGELU), and a third residual add in the backward */
     run(K_BLOCK, true, SG_BF16, (marks){.gelu_aux = 2, .add = 3, .res0 = 3, .dgelu = 2});
+    /* both linears trained: the second's dW product runs between its dX product and the
+     * GELU's gradient, which joins the first bias's column sum as its prologue instead */
+    run(K_CHAIN, true, SG_BF16, (marks){.gelu_aux = 1});
+    run(K_CHAIN_FROZEN, true, SG_BF16, (marks){.gelu_aux = 1, .dgelu = 1});
     test_pick_words();
     sg_ctx_destroy(ctx);
     return tu_finish();
