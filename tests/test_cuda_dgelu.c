@@ -5,13 +5,16 @@
  * aux): the gradients of a linear -> gelu_tanh -> linear chain in bf16,
  * loss = sum(y * r) for a random r, with and without biases, with aligned
  * sizes and with odd K and N (where the product runs alone and the
- * gelu_tanh_bwd kernel after it). Each case runs eagerly on the CPU backend
- * (checked against the f64 gradients written here), eagerly on CUDA and
- * compiled on CUDA (reduce-overhead): every gradient within bf16's
- * tolerance of the f64 reference and of the CPU backend's, compiled within
- * it of eager, the replays bit-identical, and explain naming the epilogue;
- * with aligned sizes cuBLASLt logs no refusal of it. Exits 77 without a CUDA
- * device.
+ * gelu_tanh_bwd kernel after it), every parameter trained or the second
+ * linear frozen. Each case runs eagerly on the CPU backend (checked against
+ * the f64 gradients written here), eagerly on CUDA and compiled on CUDA
+ * (reduce-overhead): every gradient within bf16's tolerance of the f64
+ * reference and of the CPU backend's, compiled within it of eager, the
+ * replays bit-identical. With the second linear frozen, its dX product is
+ * right before the GELU's gradient and explain names the epilogue (with
+ * aligned sizes cuBLASLt logs no refusal of it); trained, the second
+ * linear's dW product runs between them and the gelu_tanh_bwd kernel runs
+ * (fusion/fuse.c lib_epi_of). Exits 77 without a CUDA device.
  */
 #define _POSIX_C_SOURCE 200809L
 #include "testutil.h"
@@ -24,18 +27,20 @@
 
 typedef struct chain {
     int64_t B, T, C, H, O; /* x (B, T, C) -> h (.., H) -> y (.., O) */
-    bool bias;
+    bool bias, frozen; /* frozen: w2 and b2 not trained */
     sg_tensor *w1, *b1, *w2, *b2;
 } chain;
 
-/* in: x, r. out: dw1, dw2, then db1, db2 with biases. */
+/* in: x, r. out: dw1, dw2, then db1, db2 with biases (frozen: dw1, then db1). */
 static sg_status step(sg_ctx *c, sg_tensor *const *in, sg_tensor **out, void *user) {
     const chain *p = user;
     sg_tensor *a = sg_gelu_tanh(sg_linear(in[0], p->w1, p->b1));
     sg_tensor *y = sg_linear(a, p->w2, p->b2);
     sg_tensor *loss = sg_sum(sg_mul(y, in[1]), 0, NULL, false);
-    sg_tensor *wrt[4] = {p->w1, p->w2, p->b1, p->b2};
-    return loss ? sg_grad(loss, p->bias ? 4 : 2, wrt, out) : sg_ctx_status(c);
+    sg_tensor *wrt[4] = {p->w1, p->w2, p->b1, p->b2}, *fz[2] = {p->w1, p->b1};
+    if (!loss) return sg_ctx_status(c);
+    if (p->frozen) return sg_grad(loss, p->bias ? 2 : 1, fz, out);
+    return sg_grad(loss, p->bias ? 4 : 2, wrt, out);
 }
 
 static double gelu(double h) {
@@ -77,8 +82,9 @@ static void reference(const chain *p, vals *v) {
             for (int64_t j = 0; j < H; j++) dw2[o * H + j] += v->r[m * O + o] * a[m * H + j];
         }
     }
-    double *refs[NG] = {dw1, dw2, db1, db2};
-    int64_t n[NG] = {H * C, O * H, H, O};
+    double *refs[NG] = {dw1, dw2, db1, db2}, *fz[NG] = {dw1, db1, dw2, db2};
+    int64_t n[NG] = {H * C, O * H, H, O}, nf[NG] = {H * C, H, O * H, O};
+    if (p->frozen) memcpy(refs, fz, sizeof fz), memcpy(n, nf, sizeof nf);
     memcpy(v->ref, refs, sizeof refs);
     memcpy(v->n, n, sizeof n);
     free(dh), free(a);
@@ -98,8 +104,8 @@ static void make(sg_ctx *ctx, chain *p, sg_tensor **in, uint64_t seed, vals *v) 
     p->w2 = tu_rand(ctx, SG_BF16, 2, w2s, -0.3, 0.3, &d[4]);
     p->b2 = tu_rand(ctx, SG_BF16, 1, &p->O, -0.5, 0.5, &d[5]);
     if (!p->bias) sg_release(p->b1), sg_release(p->b2), p->b1 = p->b2 = NULL;
-    sg_requires_grad_(p->w1, true), sg_requires_grad_(p->w2, true);
-    if (p->bias) sg_requires_grad_(p->b1, true), sg_requires_grad_(p->b2, true);
+    sg_requires_grad_(p->w1, true), sg_requires_grad_(p->w2, !p->frozen);
+    if (p->bias) sg_requires_grad_(p->b1, true), sg_requires_grad_(p->b2, !p->frozen);
     if (v) {
         v->x = d[0], v->r = d[1], v->w1 = d[2], v->b1 = d[3], v->w2 = d[4], v->b2 = d[5];
     } else {
@@ -121,7 +127,7 @@ static bool norm_close(const char *what, const double *got, const double *ref, i
     return ok;
 }
 
-static const char *const gnames[NG] = {"dw1", "dw2", "db1", "db2"};
+static const char *const gnames[NG] = {"grad0", "grad1", "grad2", "grad3"};
 
 /* The gradients of one eager step on ctx, read back (NULL on failure). */
 static bool eager(sg_ctx *ctx, chain *p, uint64_t seed, vals *v, double **got) {
@@ -145,9 +151,9 @@ static void on_log(void *user, const char *topic, const char *line) {
 }
 
 static void run_case(sg_ctx *cpu, sg_ctx *cuda, int64_t C, int64_t H, int64_t O, bool bias,
-                     uint64_t seed) {
-    chain p = {3, 43, C, H, O, bias, NULL, NULL, NULL, NULL};
-    int ng = bias ? 4 : 2;
+                     bool frozen, uint64_t seed) {
+    chain p = {3, 43, C, H, O, bias, frozen, NULL, NULL, NULL, NULL};
+    int ng = (bias ? 2 : 1) * (frozen ? 1 : 2);
     vals v = {0};
     double *c_got[NG] = {NULL}, *e_got[NG] = {NULL}, *prev[NG] = {NULL};
     bool ok = eager(cpu, &p, seed, &v, c_got);
@@ -183,13 +189,14 @@ static void run_case(sg_ctx *cpu, sg_ctx *cuda, int64_t C, int64_t H, int64_t O,
     }
     const char *ex = ok ? sg_fn_explain(fn) : "";
     const char *line = ex ? strstr(ex, "GELU gradient (DGELU)") : NULL;
-    ok = ok && TU_EXPECT(line != NULL);
+    ok = ok && TU_EXPECT((line != NULL) == frozen);
     /* aligned sizes: cuBLASLt has the algorithm and takes it */
     bool aligned = C % 8 == 0 && H % 8 == 0 && O % 8 == 0;
     if (ok && aligned) ok = TU_EXPECT(refusals == before);
     if (!ok) fprintf(stderr, "  error: %s\n", sg_last_error(cuda));
-    tu_case(ok, "CUDA_DGELU(x=[3,43,%lld],H=%lld,O=%lld,%s,bf16): cpu, cuda eager, compiled, "
-            "replays%s", (long long)C, (long long)H, (long long)O, bias ? "bias" : "no bias",
+    tu_case(ok, "CUDA_DGELU(x=[3,43,%lld],H=%lld,O=%lld,%s,%s,bf16): cpu, cuda eager, compiled, "
+            "replays%s%s", (long long)C, (long long)H, (long long)O, bias ? "bias" : "no bias",
+            frozen ? "second frozen" : "all trained", line ? ", explain names DGELU" : "",
             refusals == before ? "" : " (cuBLASLt refused the epilogue: the kernel ran)");
     sg_clear_error(cuda);
     sg_clear_error(cpu);
@@ -210,11 +217,13 @@ int main(void) {
         fprintf(stderr, "sg_ctx_create: %s\n", sg_last_error(NULL));
         return 1;
     }
-    run_case(cpu, cuda, 64, 256, 96, true, 1);
-    run_case(cpu, cuda, 64, 256, 96, false, 2);
-    run_case(cpu, cuda, 45, 200, 37, true, 3);  /* odd K of the dX product (37) and of x */
-    run_case(cpu, cuda, 64, 131, 64, true, 4);  /* odd N: the aux's rows unaligned */
-    run_case(cpu, cuda, 72, 136, 24, false, 5);
+    for (int f = 0; f < 2; f++) {
+        run_case(cpu, cuda, 64, 256, 96, true, f, 1);
+        run_case(cpu, cuda, 64, 256, 96, false, f, 2);
+        run_case(cpu, cuda, 45, 200, 37, true, f, 3); /* odd K of the dX product (37) and of x */
+        run_case(cpu, cuda, 64, 131, 64, true, f, 4); /* odd N: the aux's rows unaligned */
+        run_case(cpu, cuda, 72, 136, 24, false, f, 5);
+    }
     sg_ctx_destroy(cuda);
     sg_ctx_destroy(cpu);
     return tu_finish();

@@ -855,6 +855,18 @@ sg_status sg__lt_matmul_epi(sg_ctx *ctx, const sg__lt_call *c, const void *a, co
                                   d, e->lc, &e->algo, s->workspace, WORKSPACE_BYTES,
                                   (cudaStream_t)sg__cuda_stream(ctx));
     }
+    if ((r == CUBLAS_STATUS_NOT_SUPPORTED || r == CUBLAS_STATUS_INVALID_VALUE) &&
+        c->act == SG__LT_ACT_DGELU) {
+        /* Refused before any launch: the caller runs the product and the
+         * group's kernel, now and for every later call with this key. */
+        e->has_algo = false;
+        sg__log(ctx, "fallbacks",
+                "cuda: cuBLASLt refused a %s matmul m=%lld n=%lld k=%lld%s (status %d); "
+                "the product runs alone and the group's epilogue kernel after it",
+                sg_dtype_name(c->dtype), (long long)c->m, (long long)c->n, (long long)c->k,
+                epilogue_words(c, false), (int)r);
+        return SG_OK;
+    }
     if (r != CUBLAS_STATUS_SUCCESS) return lt_fail(ctx, s, r, "cublasLtMatmul", c);
     *ran = true;
     return SG_OK;

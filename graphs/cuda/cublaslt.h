@@ -164,8 +164,10 @@ SG__HIDDEN sg_status sg__lt_matmul(sg_ctx *ctx, const sg__lt_call *c, const void
                                    void *d, const void *bias, bool *ran);
 /* The same with a C apart from D (cin: read with beta = 1 when c->accumulate,
  * of D's layout, either D itself or not overlapping it; NULL: D) and the
- * GELU epilogue's aux output (with c->aux). *ran false: no algorithm for
- * this epilogue (logged once per call under fallbacks); nothing written. */
+ * GELU epilogue's aux output or the GELU-gradient epilogue's aux input (with
+ * c->aux). *ran false: no algorithm for this epilogue, or a GELU-gradient
+ * call that cuBLASLt refused when run (not supported, invalid value: nothing
+ * launched); logged once per call under fallbacks; nothing written. */
 SG__HIDDEN sg_status sg__lt_matmul_epi(sg_ctx *ctx, const sg__lt_call *c, const void *a,
                                        const void *b, const void *cin, void *d, const void *bias,
                                        void *aux, bool *ran);
