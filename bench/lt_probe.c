@@ -17,8 +17,8 @@
  * Products are in cuBLASLt's column-major terms (cublaslt.h: m = N, n = M).
  */
 #include <cublasLt.h>
-#include <stdbool.h>
 #include <cuda_runtime.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>

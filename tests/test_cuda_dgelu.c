@@ -27,7 +27,7 @@
 
 typedef struct chain {
     int64_t B, T, C, H, O; /* x (B, T, C) -> h (.., H) -> y (.., O) */
-    bool bias, frozen; /* frozen: w2 and b2 not trained */
+    bool bias, frozen;     /* frozen: w2 and b2 not trained */
     sg_tensor *w1, *b1, *w2, *b2;
 } chain;
 
@@ -61,8 +61,10 @@ typedef struct vals {
 
 static void reference(const chain *p, vals *v) {
     int64_t M = p->B * p->T, C = p->C, H = p->H, O = p->O;
-    double *dh = calloc((size_t)(M * H), sizeof(double)), *a = calloc((size_t)(M * H), sizeof(double));
-    double *dw1 = calloc((size_t)(H * C), sizeof(double)), *dw2 = calloc((size_t)(O * H), sizeof(double));
+    double *dh = calloc((size_t)(M * H), sizeof(double)),
+           *a = calloc((size_t)(M * H), sizeof(double));
+    double *dw1 = calloc((size_t)(H * C), sizeof(double)),
+           *dw2 = calloc((size_t)(O * H), sizeof(double));
     double *db1 = calloc((size_t)H, sizeof(double)), *db2 = calloc((size_t)O, sizeof(double));
     for (int64_t m = 0; m < M; m++)
         for (int64_t j = 0; j < H; j++) {
@@ -167,9 +169,9 @@ static void run_case(sg_ctx *cpu, sg_ctx *cuda, int64_t C, int64_t H, int64_t O,
     sg_tensor *in[2];
     make(cuda, &p, in, seed, NULL);
     sg_fn *fn = NULL;
-    ok = ok && TU_EXPECT(sg_compile(cuda, step, &p, 2, ng,
-                                    &(sg_compile_opts){.mode = SG_MODE_REDUCE_OVERHEAD},
-                                    &fn) == SG_OK);
+    ok = ok &&
+         TU_EXPECT(sg_compile(cuda, step, &p, 2, ng,
+                              &(sg_compile_opts){.mode = SG_MODE_REDUCE_OVERHEAD}, &fn) == SG_OK);
     /* run, record, then two replays: each within tolerance, the replays the same bits */
     for (int call = 0; ok && call < 4; call++) {
         sg_tensor *out[NG] = {NULL};
@@ -194,8 +196,10 @@ static void run_case(sg_ctx *cpu, sg_ctx *cuda, int64_t C, int64_t H, int64_t O,
     bool aligned = C % 8 == 0 && H % 8 == 0 && O % 8 == 0;
     if (ok && aligned) ok = TU_EXPECT(refusals == before);
     if (!ok) fprintf(stderr, "  error: %s\n", sg_last_error(cuda));
-    tu_case(ok, "CUDA_DGELU(x=[3,43,%lld],H=%lld,O=%lld,%s,%s,bf16): cpu, cuda eager, compiled, "
-            "replays%s%s", (long long)C, (long long)H, (long long)O, bias ? "bias" : "no bias",
+    tu_case(ok,
+            "CUDA_DGELU(x=[3,43,%lld],H=%lld,O=%lld,%s,%s,bf16): cpu, cuda eager, compiled, "
+            "replays%s%s",
+            (long long)C, (long long)H, (long long)O, bias ? "bias" : "no bias",
             frozen ? "second frozen" : "all trained", line ? ", explain names DGELU" : "",
             refusals == before ? "" : " (cuBLASLt refused the epilogue: the kernel ran)");
     sg_clear_error(cuda);

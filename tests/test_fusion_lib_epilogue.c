@@ -99,8 +99,7 @@ static sg_status step(sg_ctx *c, sg_tensor *const *in, sg_tensor **out, void *us
         sg_tensor *loss = sg_sum(sg_mul(y, r), 0, NULL, false);
         sg_tensor *params[4] = {p->w, p->b, p->w2, p->b2};
         out[0] = y;
-        return loss ? sg_grad(loss, p->kind == K_CHAIN ? 4 : 2, params, out + 1)
-                    : sg_ctx_status(c);
+        return loss ? sg_grad(loss, p->kind == K_CHAIN ? 4 : 2, params, out + 1) : sg_ctx_status(c);
     }
     }
     out[0] = y;
@@ -164,13 +163,12 @@ static marks marks_of(const sg__ir *ir, const sg__fused *f) {
         if (g->lib_epi == SG__EPI_DGELU) { /* gelu_tanh_bwd(x, the product) */
             m.dgelu++;
             int x = ir->args[e->args];
-            m.sane = m.sane && TU_EXPECT(e->op == SG__OP_GELU_TANH_BWD) &&
-                     TU_EXPECT(g->lib_res == 0) && TU_EXPECT(g->g[1].arg_src[0] < 0) &&
-                     TU_EXPECT(g->g[1].arg_src[1] == 0) &&
-                     TU_EXPECT(same_layout(&ir->refs[f->alias[x]], o)) &&
-                     TU_EXPECT(ir->refs[f->alias[x]].slot != o->slot) &&
-                     TU_EXPECT(mm->op == SG__OP_MATMUL || mm->nin < 3 ||
-                               ir->args[mm->args + 2] < 0);
+            m.sane =
+                m.sane && TU_EXPECT(e->op == SG__OP_GELU_TANH_BWD) && TU_EXPECT(g->lib_res == 0) &&
+                TU_EXPECT(g->g[1].arg_src[0] < 0) && TU_EXPECT(g->g[1].arg_src[1] == 0) &&
+                TU_EXPECT(same_layout(&ir->refs[f->alias[x]], o)) &&
+                TU_EXPECT(ir->refs[f->alias[x]].slot != o->slot) &&
+                TU_EXPECT(mm->op == SG__OP_MATMUL || mm->nin < 3 || ir->args[mm->args + 2] < 0);
         }
         m.sane = m.sane &&
                  TU_EXPECT(g->lib_epi == SG__EPI_ADD || g->lib_epi == SG__EPI_DGELU ||

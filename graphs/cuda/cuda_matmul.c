@@ -736,11 +736,12 @@ static bool tuned_gemv(sg_ctx *ctx, const sg__node *n, const sg__mm_plan *p, sg_
  * result (with aux, the product also into n's own result, which GELU_AUX
  * writes), beta = 1 with C = e's input `res` (a residual of the result's
  * layout) and D = e's result, or DGELU: e's result = gelu'(e's input `res`,
- * read as the aux) * the product, for a product without a bias. Only for a product that runs as one cuBLASLt
- * call in place (no packed operand or result, no batch left, no padding,
- * not GEMV); *took false (nothing run) otherwise, or when cuBLASLt has no
- * algorithm with that epilogue (cublaslt.c logs it), or SG_CUDA_LT_EPILOGUE
- * leaves it out: the caller runs the product and the group's epilogue kernel.
+ * read as the aux) * the product, for a product without a bias. Only for a
+ * product that runs as one cuBLASLt call in place (no packed operand or
+ * result, no batch left, no padding, not GEMV); *took false (nothing run)
+ * otherwise, or when cuBLASLt has no algorithm with that epilogue
+ * (cublaslt.c logs it), or SG_CUDA_LT_EPILOGUE leaves it out: the caller runs
+ * the product and the group's epilogue kernel.
  */
 /* SG_CUDA_LT_EPILOGUE: "off" (or "0") keeps every epilogue in the group's
  * kernel; a comma list of gelu, relu, add, dgelu lets cuBLASLt take only those;
@@ -787,7 +788,9 @@ sg_status sg__cuda_matmul_epi(sg_ctx *ctx, const sg__node *n, const sg__node *e,
     call.accumulate = epi == SG__EPI_ADD;
     const void *cin = epi == SG__EPI_ADD ? sg__data(e->in[res]) : NULL;
     /* GELU_AUX writes the product beside the result; DGELU reads the GELU's input. */
-    const void *auxp = !call.aux ? NULL : epi == SG__EPI_DGELU ? sg__data(e->in[res]) : sg__data(out);
+    const void *auxp = !call.aux              ? NULL
+                       : epi == SG__EPI_DGELU ? sg__data(e->in[res])
+                                              : sg__data(out);
     /* cuBLASLt's A is our B, its B our A. */
     return sg__lt_matmul_epi(ctx, &call, sg__data(n->in[1]), sg__data(a), cin, sg__data(e->out),
                              bias ? sg__data(bias) : NULL, (void *)auxp, took);

@@ -147,8 +147,7 @@ sg_status sg__cuda_pointwise(sg_ctx *ctx, const sg__node *n) {
     a.ndim = coalesce(out->ndim, a.shape, nops, a.stride);
     a.n = numel;
     /* GELU_TANH_BWD follows FILL in the kernel's numbering. */
-    a.op = n->op == SG__OP_GELU_TANH_BWD ? SG__OP_FILL - SG__OP_NEG + 1
-                                         : (int)(n->op - SG__OP_NEG);
+    a.op = n->op == SG__OP_GELU_TANH_BWD ? SG__OP_FILL - SG__OP_NEG + 1 : (int)(n->op - SG__OP_NEG);
     a.nin = n->nin;
     /* Scalars in the domain of the op's first input, as the CPU takes them. */
     sg_dtype d0 = n->nin > 0 ? n->in[0]->dtype : out->dtype;
