@@ -6,13 +6,19 @@
  * reduction schemes) of the first six, each timed warm (median of 15 rounds
  * of 10 calls); one line per candidate with its tile, parts, reduction
  * scheme and workspace, then the best per product. bench/NOTES.md ("split-K
- * and the gradient copies") quotes it. Not built by CMake; on a GPU machine:
+ * and the gradient copies") quotes it. `./lt_probe w6` instead times W6's
+ * bf16 backward products per layer (no split-K variants): the dX products
+ * plain and with the GELU-gradient epilogues (DGELU, DGELU_BGRAD: the aux a
+ * bf16 pre-activation), the dW products plain and with BGRADB (the bias
+ * gradient as the reduction over k of the dY operand). Not built by CMake;
+ * on a GPU machine:
  *   gcc -O2 -std=c11 -I/usr/local/cuda/include bench/lt_probe.c -o lt_probe \
- *       -L/usr/local/cuda/lib64 -lcublasLt -lcudart && ./lt_probe
+ *       -L/usr/local/cuda/lib64 -lcublasLt -lcudart && ./lt_probe [w6]
  * Products are in cuBLASLt's column-major terms (cublaslt.h: m = N, n = M).
  */
 #include <cublasLt.h>
 #include <cuda_runtime.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -33,7 +39,9 @@ typedef struct {
 static cublasLtHandle_t h;
 static void *ws;
 static size_t WS = 32u << 20;
-static float *A, *B, *D, *bias;
+static float *A, *B, *D, *bias, *aux;
+static cudaDataType_t dtype = CUDA_R_32F; /* CUDA_R_16BF for w6 */
+static int splits = 1;                    /* time split-K variants (not for w6) */
 static const char *tile_name(int t) {
     static const char *n[] = {
         "U",      "8x8",    "8x16",    "16x8",   "8x32",   "16x16",   "32x8",    "8x64",   "16x32",
@@ -90,12 +98,20 @@ static void run(const shp *s, int epi) {
     cublasLtEpilogue_t ep = epi;
     if (epi != CUBLASLT_EPILOGUE_DEFAULT) {
         cublasLtMatmulDescSetAttribute(d, CUBLASLT_MATMUL_DESC_EPILOGUE, &ep, sizeof ep);
-        cublasLtMatmulDescSetAttribute(d, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof bias);
+        if (epi & (4 | 16 | 256 | 512)) /* BIAS, BGRAD, BGRADA, BGRADB */
+            cublasLtMatmulDescSetAttribute(d, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias,
+                                           sizeof bias);
+        if (epi & 128) { /* DGELU reads the pre-activation, D's layout */
+            int64_t ld = s->ldc;
+            cublasLtMatmulDescSetAttribute(d, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_POINTER, &aux,
+                                           sizeof aux);
+            cublasLtMatmulDescSetAttribute(d, CUBLASLT_MATMUL_DESC_EPILOGUE_AUX_LD, &ld, sizeof ld);
+        }
     }
     cublasLtMatrixLayout_t la, lb, lc;
-    cublasLtMatrixLayoutCreate(&la, CUDA_R_32F, s->ta ? s->k : s->m, s->ta ? s->m : s->k, s->lda);
-    cublasLtMatrixLayoutCreate(&lb, CUDA_R_32F, s->tb ? s->n : s->k, s->tb ? s->k : s->n, s->ldb);
-    cublasLtMatrixLayoutCreate(&lc, CUDA_R_32F, s->m, s->n, s->ldc);
+    cublasLtMatrixLayoutCreate(&la, dtype, s->ta ? s->k : s->m, s->ta ? s->m : s->k, s->lda);
+    cublasLtMatrixLayoutCreate(&lb, dtype, s->tb ? s->n : s->k, s->tb ? s->k : s->n, s->ldb);
+    cublasLtMatrixLayoutCreate(&lc, dtype, s->m, s->n, s->ldc);
     cublasLtMatmulPreference_t pr;
     cublasLtMatmulPreferenceCreate(&pr);
     cublasLtMatmulPreferenceSetAttribute(pr, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &WS,
@@ -117,7 +133,7 @@ static void run(const shp *s, int epi) {
                us);
     }
     /* split-K variants of the first 6 candidates */
-    for (int i = 0; i < found && i < 6; i++) {
+    for (int i = 0; splits && i < found && i < 6; i++) {
         int id, tile, sk0, red0, st;
         cfg(&res[i].algo, &id, &tile, &sk0, &red0, &st);
         for (int sk = 1; sk <= 32; sk *= 2) {
@@ -149,18 +165,56 @@ static void run(const shp *s, int epi) {
     cublasLtMatrixLayoutDestroy(lc);
     cublasLtMatmulDescDestroy(d);
 }
-int main(void) {
-    CK(cudaMalloc((void **)&A, 4u << 22));
-    CK(cudaMalloc((void **)&B, 4u << 22));
-    CK(cudaMalloc((void **)&D, 4u << 22));
+/* W6 (GPT-2 d12, 4 x 1024 tokens) per layer, bf16, in cuBLASLt's terms (m = our N, n = our
+ * M): the dX products g @ W (both read N) and the dW products g^T @ x (x read N, g read T, so
+ * that BGRADB reduces g over the tokens: the linear's bias gradient). */
+static void w6(void) {
+    shp s[] = {
+        {"fcproj dX (fc's dGELU)", 0, 0, 3072, 4096, 768, 3072, 768, 3072, 0},
+        {"fcproj dW", 0, 1, 3072, 768, 4096, 3072, 768, 3072, CUBLASLT_EPILOGUE_BGRADB},
+        {"fc dX", 0, 0, 768, 4096, 3072, 768, 3072, 768, 0},
+        {"fc dW", 0, 1, 768, 3072, 4096, 768, 3072, 768, CUBLASLT_EPILOGUE_BGRADB},
+        {"proj dW", 0, 1, 768, 768, 4096, 768, 768, 768, CUBLASLT_EPILOGUE_BGRADB},
+        {"qkv dW", 0, 1, 768, 2304, 4096, 768, 2304, 768, CUBLASLT_EPILOGUE_BGRADB},
+    };
+    for (unsigned i = 0; i < sizeof s / sizeof *s; i++) {
+        run(&s[i], CUBLASLT_EPILOGUE_DEFAULT);
+        if (s[i].ep) run(&s[i], s[i].ep);
+        if (i == 0) run(&s[i], CUBLASLT_EPILOGUE_DGELU), run(&s[i], CUBLASLT_EPILOGUE_DGELU_BGRAD);
+    }
+}
+
+int main(int argc, char **argv) {
+    bool bf = argc > 1 && strcmp(argv[1], "w6") == 0;
+    size_t nb = bf ? 4u << 24 : 4u << 22; /* w6: 64 MiB a buffer */
+    CK(cudaMalloc((void **)&A, nb));
+    CK(cudaMalloc((void **)&B, nb));
+    CK(cudaMalloc((void **)&D, nb));
+    CK(cudaMalloc((void **)&aux, nb));
     CK(cudaMalloc((void **)&bias, 4u << 12));
     CK(cudaMalloc(&ws, WS));
-    float *hb = malloc(4u << 22);
-    for (int i = 0; i < (1 << 22); i++)
-        hb[i] = (float)((i * 2654435761u) >> 8) / 16777216.0f - 0.5f;
-    CK(cudaMemcpy(A, hb, 4u << 22, cudaMemcpyHostToDevice));
-    CK(cudaMemcpy(B, hb, 4u << 22, cudaMemcpyHostToDevice));
+    float *hb = malloc(nb);
+    unsigned short *hh = (unsigned short *)hb;
+    for (size_t i = 0; i < nb / 4; i++) {
+        float v = (float)(((unsigned)i * 2654435761u) >> 8) / 16777216.0f - 0.5f;
+        if (!bf) {
+            hb[i] = v;
+            continue;
+        }
+        unsigned u;
+        memcpy(&u, &v, 4);
+        hh[2 * i] = hh[2 * i + 1] = (unsigned short)(u >> 16); /* bf16, truncated */
+    }
+    CK(cudaMemcpy(A, hb, nb, cudaMemcpyHostToDevice));
+    CK(cudaMemcpy(B, hb, nb, cudaMemcpyHostToDevice));
+    CK(cudaMemcpy(aux, hb, nb, cudaMemcpyHostToDevice));
     cublasLtCreate(&h);
+    if (bf) {
+        dtype = CUDA_R_16BF, splits = 0;
+        w6();
+        CK(cudaDeviceSynchronize());
+        return 0;
+    }
     shp s[] = {
         {"fwd1 x@w1T", 1, 0, 1024, 128, 784, 784, 784, 1024, CUBLASLT_EPILOGUE_BIAS},
         {"fwd2 h1@w2T", 1, 0, 1024, 128, 1024, 1024, 1024, 1024, CUBLASLT_EPILOGUE_BIAS},

@@ -533,6 +533,14 @@ SG__HIDDEN sg_tensor *sg__norm_stats(sg_tensor *x, bool layer, double eps);
 #define SG__NB_DB 2 /* ... and the bias's, sum(g) */
 SG__HIDDEN sg_tensor *sg__norm_grad(sg_tensor *x, sg_tensor *g, sg_tensor *w, sg_tensor *r,
                                     bool layer, double eps, int parts);
+/*
+ * gelu_tanh's input gradient (the GELU_TANH_BWD node): x the gelu_tanh's
+ * input, g the gradient of its output, float of one dtype (broadcast).
+ * Gives gelu_tanh'(x) * g computed in f32 and rounded once to x's dtype, or
+ * NULL. One pointwise op, so that a BLAS can compute it in the epilogue of
+ * the product that makes g (fusion/fuse.c lib_epi_of).
+ */
+SG__HIDDEN sg_tensor *sg__gelu_tanh_grad(sg_tensor *x, sg_tensor *g);
 /* ATTENTION_BWD's packed output, in elements of q's dtype: dq, dk and dv in
  * the first nq + 2 * nkv (sg__attn_bwd_parts), then at sg__attn_bwd_ws (16-byte aligned) the row
  * workspace of 2 * rows f32 (each row's logsumexp of the scaled scores, then

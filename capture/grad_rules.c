@@ -32,6 +32,7 @@ bool sg__grad_differentiable(int op) {
     case SG__OP_CROSS_ENTROPY_BWD:
     case SG__OP_NORM_STATS:
     case SG__OP_NORM_BWD:
+    case SG__OP_GELU_TANH_BWD:
     case SG__OP_ARANGE: return false;
     default: /* collectives record no gradient, as torch.distributed's */
         return op < SG__OP_COUNT && sg__op_family((sg__op)op) != SG__FAM_COMM;
@@ -142,16 +143,6 @@ static sg_tensor *unary_deriv(const sg__bw *b, bool *known) {
             sg_mul_scalar(sg_exp(sg_mul_scalar(sg_mul(x, x), -0.5)), 0.3989422804014327);
         return sg_add(phi_cdf, sg_mul(x, pdf));
     }
-    case SG__OP_GELU_TANH: {
-        const double c = 0.7978845608028654, k = 0.044715;
-        sg_tensor *x2 = sg_mul(x, x);
-        sg_tensor *u = sg_mul_scalar(sg_mul(x, sg_add_scalar(sg_mul_scalar(x2, k), 1.0)), c);
-        sg_tensor *t = sg_tanh(u);
-        sg_tensor *du = sg_mul_scalar(sg_add_scalar(sg_mul_scalar(x2, 3.0 * k), 1.0), c);
-        sg_tensor *left = sg_mul_scalar(sg_add_scalar(t, 1.0), 0.5);
-        sg_tensor *sech2 = sg_add_scalar(sg_neg(sg_mul(t, t)), 1.0);
-        return sg_add(left, sg_mul(sg_mul_scalar(x, 0.5), sg_mul(sech2, du)));
-    }
     case SG__OP_SILU: {
         sg_tensor *s = sg_sigmoid(x);
         return sg_mul(s, sg_add_scalar(sg_mul(x, sg_add_scalar(sg_neg(s), 1.0)), 1.0));
@@ -169,6 +160,8 @@ static sg_status unary(sg__bw *b) {
     case SG__OP_LOG: b->gi[0] = sg_div(g, x); break;
     case SG__OP_SQRT: b->gi[0] = sg_div(sg_mul_scalar(g, 0.5), b->out); break;
     case SG__OP_RELU: b->gi[0] = sg_where(sg_gt(b->out, cst(b, 0)), g, cst(b, 0)); break;
+    /* One op, computed in f32 and rounded once, that a BLAS epilogue can take. */
+    case SG__OP_GELU_TANH: b->gi[0] = sg__gelu_tanh_grad(x, g); break;
     case SG__OP_CAST:
     case SG__OP_COPY:
     case SG__OP_ADD_SCALAR: b->gi[0] = alias(g); break;
@@ -481,6 +474,7 @@ static sg_status rule(sg__bw *b) {
  * in f32 and fuses into one loop. The rules with a reduction inside (var,
  * max/min, softmax, log_softmax, layer_norm, rms_norm) keep the node's dtype:
  * their values cross between kernels, where f32 would double the bytes.
+ * gelu_tanh's rule is one op (GELU_TANH_BWD) that computes in f32 itself.
  */
 static bool opmath(int op) {
     switch (op) {
@@ -490,7 +484,6 @@ static bool opmath(int op) {
     case SG__OP_SIGMOID:
     case SG__OP_RSQRT:
     case SG__OP_GELU:
-    case SG__OP_GELU_TANH:
     case SG__OP_SILU:
     case SG__OP_POW_SCALAR:
     case SG__OP_DIV:

@@ -179,6 +179,10 @@ sg_tensor *sg_ge(sg_tensor *a, sg_tensor *b) { return binary(SG__OP_GE, a, b, AN
 sg_tensor *sg_logical_and(sg_tensor *a, sg_tensor *b) { return binary(SG__OP_LOGICAL_AND, a, b, ANY, false, true); }
 sg_tensor *sg_logical_or(sg_tensor *a, sg_tensor *b) { return binary(SG__OP_LOGICAL_OR, a, b, ANY, false, true); }
 
+sg_tensor *sg__gelu_tanh_grad(sg_tensor *x, sg_tensor *g) {
+    return binary(SG__OP_GELU_TANH_BWD, x, g, FLOATS, true, false);
+}
+
 sg_tensor *sg_where(sg_tensor *cond, sg_tensor *a, sg_tensor *b) {
     sg_tensor *in[3] = {cond, a, b};
     sg_ctx *ctx = sg__check_inputs("sg_where", 3, in, NULL);

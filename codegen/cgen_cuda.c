@@ -284,6 +284,7 @@ static bool is_heavy(sg__op op) {
     case SG__OP_SIGMOID:
     case SG__OP_GELU:
     case SG__OP_GELU_TANH:
+    case SG__OP_GELU_TANH_BWD:
     case SG__OP_SILU:
     case SG__OP_POW:
     case SG__OP_POW_SCALAR: return true;

@@ -216,6 +216,12 @@ static const char *const shared_helpers =
     "$D float sg_gelu_tanh(float x) {\n"
     "    return 0.5f * x * (1.0f + tanh$F(0.7978845608028654f * (x + 0.044715f * x * x * x)));\n"
     "}\n"
+    "/* gelu_tanh'(x) * g (GELU_TANH_BWD). */\n"
+    "$D float sg_gelu_tanh_bwd(float x, float g) {\n"
+    "    float x2 = x * x, t = tanh$F(0.7978845608028654f * (x + 0.044715f * x2 * x));\n"
+    "    float du = 0.7978845608028654f * (1.0f + 0.134145f * x2);\n"
+    "    return (0.5f * (1.0f + t) + 0.5f * x * (1.0f - t * t) * du) * g;\n"
+    "}\n"
     "/* An integer rounded to float 'to odd', so that its later f16/bf16 rounding is single. */\n"
     "$D float sg_i2f_odd(sg_i64 v) {\n"
     "    sg_u64 u = v < 0 ? 0 - (sg_u64)v : (sg_u64)v, sticky = 0; int sh = 0;\n"
@@ -466,6 +472,7 @@ static bool float_op(const sg__spell *s, const sg__irnode *n, const char *a, con
     case SG__OP_RELU: snprintf(buf, size, "(%s > 0.0f || %s != %s ? %s : 0.0f)", a, a, a, a); break;
     case SG__OP_GELU: snprintf(buf, size, "sg_gelu(%s)", a); break;
     case SG__OP_GELU_TANH: snprintf(buf, size, "sg_gelu_tanh(%s)", a); break;
+    case SG__OP_GELU_TANH_BWD: snprintf(buf, size, "sg_gelu_tanh_bwd(%s, %s)", a, b); break;
     case SG__OP_ADD_SCALAR: snprintf(buf, size, "(%s + %s)", a, s0); break;
     case SG__OP_MUL_SCALAR: snprintf(buf, size, "(%s * %s)", a, s0); break;
     case SG__OP_CLAMP:

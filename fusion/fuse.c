@@ -916,11 +916,31 @@ static bool same_layout(const sg__ref *a, const sg__ref *b) {
 /*
  * What the library call of MATMUL group gi can compute of its epilogue
  * (sg__lib_epi): the group must be the anchor and one stored member of its
- * dtype (f32, bf16, f16; GELU bf16 and f16 only) and strides, written to a slot that no input of
- * the product is in (the call writes it while it reads them); *res the
- * residual's input index (an add), *aux whether the product is seen
- * outside the group (only a GELU's call writes it beside its result).
+ * dtype (f32, bf16, f16; GELU and its gradient bf16 and f16 only) and
+ * strides, written to a slot that no input of the product is in (the call
+ * writes it while it reads them); *res the
+ * residual's input index (an add) or the GELU input's (gelu_tanh_bwd),
+ * *aux whether the product is seen outside the group (only a GELU's call
+ * writes it beside its result).
  */
+/*
+ * gelu_tanh_bwd(x, g) after the product, as the BLAS's GELU-gradient
+ * epilogue: g the product, x loaded (the GELU's input, read as the call's
+ * aux) with the result's layout, in a slot of its own, bf16 or f16 (as the
+ * GELU epilogue), and a product without a bias (the epilogue adds none).
+ */
+static int dgelu_of(const sg__ir *ir, const int *alias, const sg__group *g, const sg__ref *a,
+                    const sg__ref *o, int *res) {
+    const sg__irnode *mm = &ir->nodes[g->g[0].node], *e = &ir->nodes[g->g[1].node];
+    const sg__ref *x = arg_ref(ir, e, 0, alias);
+    if (e->nin != 2 || g->g[1].arg_src[1] != 0 || g->g[1].arg_src[0] >= 0 || !x ||
+        a->dtype == SG_F32 || !same_layout(x, o) || x->slot == o->slot || x->slot == a->slot ||
+        (mm->op == SG__OP_LINEAR && mm->nin > 2 && arg_ref(ir, mm, 2, alias)))
+        return SG__EPI_NONE;
+    *res = 0;
+    return SG__EPI_DGELU;
+}
+
 static int lib_epi_of(const sg__ir *ir, const int *alias, const sg__group *groups, int ngroups,
                       int gi, int *res, bool *aux) {
     const sg__group *g = &groups[gi];
@@ -944,6 +964,7 @@ static int lib_epi_of(const sg__ir *ir, const int *alias, const sg__group *group
     if (e->op == SG__OP_GELU_TANH && e->nin == 1 && g->g[1].arg_src[0] == 0)
         return a->dtype == SG_F32 ? SG__EPI_NONE : SG__EPI_GELU;
     if (*aux) return SG__EPI_NONE; /* only GELU's call writes the product too */
+    if (e->op == SG__OP_GELU_TANH_BWD) return dgelu_of(ir, alias, g, a, o, res);
     if (e->op == SG__OP_RELU && e->nin == 1 && g->g[1].arg_src[0] == 0) return SG__EPI_RELU;
     if (e->op != SG__OP_ADD || e->nin != 2) return SG__EPI_NONE;
     for (int j = 0; j < 2; j++) {

@@ -51,7 +51,7 @@
  *    the cache) joins it (sg__group.ncopies): the attention kernel writes
  *    them from the rows it reads.
  *  - epilogues into the BLAS (with lib_epilogue): a MATMUL group whose
- *    epilogue is one gelu_tanh, relu or residual add is marked
+ *    epilogue is one gelu_tanh, relu, residual add or gelu_tanh_bwd is marked
  *    (sg__group.lib_epi) for a library call that computes it itself.
  *  - argmax into GEMV (with gemv_rows): an argmax group (no prologue, no
  *    epilogue) over the rows of the result of the MATMUL group right before
@@ -164,7 +164,8 @@ typedef struct sg__group {
      * call: the group is its anchor and one epilogue member (g[1]) that the
      * library computes in its own epilogue (sg__lib_epi), the member's
      * result written by the call; lib_res is the member's input index of
-     * the residual (SG__EPI_ADD, -1 otherwise) and lib_aux says that the
+     * the residual (SG__EPI_ADD) or of the GELU's input (SG__EPI_DGELU), -1
+     * otherwise, and lib_aux says that the
      * anchor's value is read outside the group too, so that the call also
      * writes it (SG__EPI_GELU only). The backend may still run the group as
      * the product and then its epilogue kernel (the library refused). */
@@ -184,10 +185,18 @@ typedef struct sg__group {
 } sg__group;
 
 /* What a MATMUL group's one epilogue member is, for sg__group.lib_epi:
- * gelu_tanh (the tanh form BLAS epilogues compute), relu, or an add of a
+ * gelu_tanh (the tanh form BLAS epilogues compute), relu, an add of a
  * residual of the result's dtype, shape and strides (beta = 1 with C the
- * residual). */
-typedef enum sg__lib_epi { SG__EPI_NONE, SG__EPI_GELU, SG__EPI_RELU, SG__EPI_ADD } sg__lib_epi;
+ * residual), or gelu_tanh_bwd with the product as its g and a GELU input
+ * of the result's layout (the BLAS's GELU-gradient epilogue, the input
+ * read as its aux). */
+typedef enum sg__lib_epi {
+    SG__EPI_NONE,
+    SG__EPI_GELU,
+    SG__EPI_RELU,
+    SG__EPI_ADD,
+    SG__EPI_DGELU
+} sg__lib_epi;
 
 typedef struct sg__fused {
     sg__group *groups; /* the kernels, in execution order */

@@ -112,10 +112,12 @@ static void explain_library(sg__text *t, const sg__graph *g) {
         sg__text_put(t, "    library kernel: IR line %d (%s), not generated: %s\n", node,
             sg__op_name(g->ir.nodes[node].op), grp->lib_why);
     }
-    static const char *const epi[] = {"", "GELU", "RELU", "a residual as C, beta = 1"};
+    static const char *const epi[] = {"", "GELU", "RELU", "a residual as C, beta = 1",
+                                      "GELU gradient (DGELU), the GELU's input read as aux"};
     for (int k = 0; k < g->fused.ngroups; k++) {
         const sg__group *grp = &g->fused.groups[k];
-        if (grp->kind != SG__G_MATMUL || grp->lib_epi <= 0 || grp->lib_epi > SG__EPI_ADD) continue;
+        if (grp->kind != SG__G_MATMUL || grp->lib_epi <= 0 || grp->lib_epi > SG__EPI_DGELU)
+            continue;
         int node = grp->g[0].node, e = grp->g[1].node;
         sg__text_put(t,
                      "    library epilogue: IR line %d (%s) computes IR line %d (%s) in its "

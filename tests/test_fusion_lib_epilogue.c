@@ -11,7 +11,10 @@
  * epilogue has a second member, when the residual broadcasts, or when the
  * result is written over an input of the product; a GPT-2 block marks its
  * fc (GELU) and both projections (residual); no group of the CPU backend's
- * own fusion is marked (its numbers do not change). Also the tune file's
+ * own fusion is marked (its numbers do not change). In training (bf16), the
+ * GELU's gradient, one gelu_tanh_bwd after the product that makes its g,
+ * is DGELU, its input read as the aux, unless the next linear's dW product
+ * runs between the two (its weight trained). Also the tune file's
  * key words for the new epilogues parse, and out-of-range ones do not.
  */
 #define _POSIX_C_SOURCE 200809L
@@ -34,6 +37,8 @@ enum {
     K_MATMUL_GELU,
     K_INPLACE,
     K_BLOCK,
+    K_CHAIN,
+    K_CHAIN_FROZEN,
     NK
 };
 static const char *const names[NK] = {"linear+gelu_tanh",
@@ -45,7 +50,9 @@ static const char *const names[NK] = {"linear+gelu_tanh",
                                       "add(linear,bias-shaped r)",
                                       "matmul+gelu_tanh",
                                       "x = x + linear(x) in place",
-                                      "gpt2 block"};
+                                      "gpt2 block",
+                                      "linear+gelu_tanh+linear, loss sum(y * r)",
+                                      "linear+gelu_tanh+linear, the second frozen"};
 
 typedef struct spec {
     int kind;
@@ -86,6 +93,14 @@ static sg_status step(sg_ctx *c, sg_tensor *const *in, sg_tensor **out, void *us
         }
         break;
     }
+    case K_CHAIN:
+    case K_CHAIN_FROZEN: { /* the loss's gradient r itself */
+        y = sg_linear(sg_gelu_tanh(sg_linear(x, p->w, p->b)), p->w2, p->b2);
+        sg_tensor *loss = sg_sum(sg_mul(y, r), 0, NULL, false);
+        sg_tensor *params[4] = {p->w, p->b, p->w2, p->b2};
+        out[0] = y;
+        return loss ? sg_grad(loss, p->kind == K_CHAIN ? 4 : 2, params, out + 1) : sg_ctx_status(c);
+    }
     }
     out[0] = y;
     if (!y) return sg_ctx_status(c);
@@ -110,7 +125,7 @@ static void cuda_opts(sg__fuse_opts *o) {
  * group on the way: one epilogue member, its result not in a slot the
  * product reads, of the product's layout, the residual its other input. */
 typedef struct marks {
-    int gelu, gelu_aux, relu, add, res0, res1;
+    int gelu, gelu_aux, relu, add, res0, res1, dgelu;
     bool sane;
 } marks;
 
@@ -145,7 +160,19 @@ static marks marks_of(const sg__ir *ir, const sg__fused *f) {
                      TU_EXPECT(g->g[1].arg_src[1 - g->lib_res] == 0) &&
                      TU_EXPECT(same_layout(&ir->refs[f->alias[r]], o));
         }
-        m.sane = m.sane && TU_EXPECT(g->lib_epi == SG__EPI_ADD || g->lib_res == -1) &&
+        if (g->lib_epi == SG__EPI_DGELU) { /* gelu_tanh_bwd(x, the product) */
+            m.dgelu++;
+            int x = ir->args[e->args];
+            m.sane =
+                m.sane && TU_EXPECT(e->op == SG__OP_GELU_TANH_BWD) && TU_EXPECT(g->lib_res == 0) &&
+                TU_EXPECT(g->g[1].arg_src[0] < 0) && TU_EXPECT(g->g[1].arg_src[1] == 0) &&
+                TU_EXPECT(same_layout(&ir->refs[f->alias[x]], o)) &&
+                TU_EXPECT(ir->refs[f->alias[x]].slot != o->slot) &&
+                TU_EXPECT(mm->op == SG__OP_MATMUL || mm->nin < 3 || ir->args[mm->args + 2] < 0);
+        }
+        m.sane = m.sane &&
+                 TU_EXPECT(g->lib_epi == SG__EPI_ADD || g->lib_epi == SG__EPI_DGELU ||
+                           g->lib_res == -1) &&
                  TU_EXPECT(g->lib_epi == SG__EPI_GELU || !g->lib_aux);
     }
     return m;
@@ -153,9 +180,10 @@ static marks marks_of(const sg__ir *ir, const sg__fused *f) {
 
 static void run(int kind, bool train, sg_dtype dt, marks want) {
     int64_t B = 2, T = 8, C = 16, H = 32;
-    bool square = kind == K_INPLACE || kind == K_BLOCK;
+    bool square = kind == K_INPLACE || kind == K_BLOCK || kind >= K_CHAIN;
     int64_t xs[3] = {B, T, C}, rs[3] = {B, T, square ? C : H}, ws[2] = {H, C}, bs[1] = {H},
-            w2s[2] = {C, H}, b2s[1] = {kind == K_ADD_BCAST ? H : C}, sq[2] = {C, C}, zs[2] = {4, H};
+            w2s[2] = {C, H}, b2s[1] = {kind == K_ADD_BCAST ? H : C}, sq[2] = {C, C},
+            zs[2] = {4, square ? C : H};
     spec p = {kind,
               train,
               tu_rand(ctx, dt, 2, ws, -1, 1, NULL),
@@ -163,11 +191,12 @@ static void run(int kind, bool train, sg_dtype dt, marks want) {
               tu_rand(ctx, dt, 2, kind == K_INPLACE ? sq : w2s, -1, 1, NULL),
               tu_rand(ctx, dt, 1, b2s, -1, 1, NULL)};
     if (train) sg_requires_grad_(p.w, true), sg_requires_grad_(p.b, true);
+    if (kind == K_CHAIN) sg_requires_grad_(p.w2, true), sg_requires_grad_(p.b2, true);
     sg_tensor *in[3] = {tu_rand(ctx, dt, 3, xs, -1, 1, NULL), tu_rand(ctx, dt, 3, rs, -1, 1, NULL),
                         tu_rand(ctx, dt, 2, zs, -1, 1, NULL)};
-    int nout = (kind == K_RELU_SEEN ? 2 : 1) + (train ? 2 : 0);
+    int nout = kind == K_CHAIN ? 5 : (kind == K_RELU_SEEN ? 2 : 1) + (train ? 2 : 0);
     sg_fn *fn = NULL;
-    sg_tensor *out[4] = {NULL};
+    sg_tensor *out[5] = {NULL};
     bool ok =
         TU_EXPECT(sg_compile(ctx, step, &p, 3, nout,
                              &(sg_compile_opts){.mode = SG_MODE_REDUCE_OVERHEAD}, &fn) == SG_OK);
@@ -193,14 +222,16 @@ static void run(int kind, bool train, sg_dtype dt, marks want) {
     ok = ok && got.sane && TU_EXPECT(got.gelu == want.gelu) &&
          TU_EXPECT(got.gelu_aux == want.gelu_aux) && TU_EXPECT(got.relu == want.relu) &&
          TU_EXPECT(got.add == want.add) && TU_EXPECT(got.res0 == want.res0) &&
-         TU_EXPECT(got.res1 == want.res1) &&
-         TU_EXPECT(cpu.gelu + cpu.gelu_aux + cpu.relu + cpu.add == 0);
+         TU_EXPECT(got.res1 == want.res1) && TU_EXPECT(got.dgelu == want.dgelu) &&
+         TU_EXPECT(cpu.gelu + cpu.gelu_aux + cpu.relu + cpu.add + cpu.dgelu == 0);
     if (!ok)
-        fprintf(stderr, "  got gelu %d gelu_aux %d relu %d add %d (residual first %d, second %d)\n",
-                got.gelu, got.gelu_aux, got.relu, got.add, got.res0, got.res1);
-    tu_case(ok, "LIB_EPILOGUE(%s,type=%s,%s): gelu %d, gelu+aux %d, relu %d, add %d", names[kind],
-            sg_dtype_name(dt), train ? "train" : "forward", got.gelu, got.gelu_aux, got.relu,
-            got.add);
+        fprintf(stderr,
+                "  got gelu %d gelu_aux %d relu %d add %d (residual first %d, second %d) "
+                "dgelu %d\n",
+                got.gelu, got.gelu_aux, got.relu, got.add, got.res0, got.res1, got.dgelu);
+    tu_case(ok, "LIB_EPILOGUE(%s,type=%s,%s): gelu %d, gelu+aux %d, relu %d, add %d, dgelu %d",
+            names[kind], sg_dtype_name(dt), train ? "train" : "forward", got.gelu, got.gelu_aux,
+            got.relu, got.add, got.dgelu);
     sg_clear_error(ctx);
     for (int o = 0; o < nout; o++) sg_release(out[o]);
     sg_fn_destroy(fn);
@@ -240,7 +271,8 @@ int main(void) {
         sg_dtype dt = dts[t];
         /* f32 keeps its GELU kernel: cuBLASLt's tanh is approximate */
         run(K_GELU, false, dt, dt == SG_F32 ? (marks){0} : (marks){.gelu = 1});
-        run(K_GELU, true, dt, dt == SG_F32 ? (marks){0} : (marks){.gelu_aux = 1});
+        /* and its gradient after the product that makes g, as DGELU (bf16 only) */
+        run(K_GELU, true, dt, dt == SG_F32 ? (marks){0} : (marks){.gelu_aux = 1, .dgelu = 1});
         run(K_RELU, false, dt, (marks){.relu = 1});
         run(K_RELU, true, dt, (marks){.relu = 1});
         run(K_ADD_RH, false, dt, (marks){.add = 1, .res0 = 1});
@@ -253,6 +285,13 @@ int main(void) {
     run(K_MATMUL_GELU, false, SG_BF16, (marks){.gelu = 1});
     run(K_INPLACE, false, SG_F32, (marks){0});
     run(K_BLOCK, false, SG_BF16, (marks){.gelu = 2, .add = 2, .res0 = 2});
+    /* trained: the pre-activations kept (aux), each GELU's gradient after the product of its
+     * g (DGELU), and a third residual add in the backward */
+    run(K_BLOCK, true, SG_BF16, (marks){.gelu_aux = 2, .add = 3, .res0 = 3, .dgelu = 2});
+    /* both linears trained: the second's dW product runs between its dX product and the
+     * GELU's gradient, which joins the first bias's column sum as its prologue instead */
+    run(K_CHAIN, true, SG_BF16, (marks){.gelu_aux = 1});
+    run(K_CHAIN_FROZEN, true, SG_BF16, (marks){.gelu_aux = 1, .dgelu = 1});
     test_pick_words();
     sg_ctx_destroy(ctx);
     return tu_finish();

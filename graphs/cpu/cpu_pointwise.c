@@ -109,6 +109,14 @@ static inline float gelu_tanh(float x) {
     return 0.5f * x * (1.0f + tanhf(k * (x + 0.044715f * x * x * x)));
 }
 
+/* gelu_tanh'(x) * g. */
+static inline float gelu_tanh_bwd(float x, float g) {
+    const float k = 0.7978845608028654f, x2 = x * x;
+    float t = tanhf(k * (x + 0.044715f * x2 * x));
+    float du = k * (1.0f + 3.0f * 0.044715f * x2);
+    return (0.5f * (1.0f + t) + 0.5f * x * (1.0f - t * t) * du) * g;
+}
+
 /* One loop per op, so that the op's switch runs once per tile. */
 #define LOOP(expr)                                                                                 \
     SIMD for (k = 0; k < len; k++) y[k] = (expr);                                                  \
@@ -151,6 +159,7 @@ static void apply_f(const sg__node *n, int len, const float *a, const float *b, 
     /* NaN propagates through maximum/minimum from either side, as in PyTorch. */
     case SG__OP_MAXIMUM: LOOP(a[k] != a[k] || a[k] > b[k] ? a[k] : b[k]);
     case SG__OP_MINIMUM: LOOP(a[k] != a[k] || a[k] < b[k] ? a[k] : b[k]);
+    case SG__OP_GELU_TANH_BWD: CALLLOOP(gelu_tanh_bwd(a[k], b[k]));
     default: SG_ASSERT(!"not a float-domain op"); break;
     }
 }

@@ -328,6 +328,7 @@ static cublasLtEpilogue_t epilogue_of(const sg__lt_call *c) {
                       : (c->bias ? CUBLASLT_EPILOGUE_GELU_BIAS : CUBLASLT_EPILOGUE_GELU);
     if (c->act == SG__LT_ACT_RELU)
         return c->bias ? CUBLASLT_EPILOGUE_RELU_BIAS : CUBLASLT_EPILOGUE_RELU;
+    if (c->act == SG__LT_ACT_DGELU) return CUBLASLT_EPILOGUE_DGELU;
     return c->bias ? CUBLASLT_EPILOGUE_BIAS : CUBLASLT_EPILOGUE_DEFAULT;
 }
 
@@ -337,6 +338,7 @@ static const char *epilogue_words(const sg__lt_call *c, bool own_c) {
     if (c->act == SG__LT_ACT_GELU)
         return c->aux ? " with the GELU epilogue (and its input)" : " with the GELU epilogue";
     if (c->act == SG__LT_ACT_RELU) return " with the RELU epilogue";
+    if (c->act == SG__LT_ACT_DGELU) return " with the GELU-gradient epilogue";
     if (own_c) return c->bias ? " with the bias epilogue and a residual C" : " with a residual C";
     return c->bias ? " with the bias epilogue" : "";
 }
@@ -852,6 +854,18 @@ sg_status sg__lt_matmul_epi(sg_ctx *ctx, const sg__lt_call *c, const void *a, co
         r = s->api.cublasLtMatmul(s->handle, e->desc, &alpha, a, e->la, b, e->lb, &beta, cp, e->lc,
                                   d, e->lc, &e->algo, s->workspace, WORKSPACE_BYTES,
                                   (cudaStream_t)sg__cuda_stream(ctx));
+    }
+    if ((r == CUBLAS_STATUS_NOT_SUPPORTED || r == CUBLAS_STATUS_INVALID_VALUE) &&
+        c->act == SG__LT_ACT_DGELU) {
+        /* Refused before any launch: the caller runs the product and the
+         * group's kernel, now and for every later call with this key. */
+        e->has_algo = false;
+        sg__log(ctx, "fallbacks",
+                "cuda: cuBLASLt refused a %s matmul m=%lld n=%lld k=%lld%s (status %d); "
+                "the product runs alone and the group's epilogue kernel after it",
+                sg_dtype_name(c->dtype), (long long)c->m, (long long)c->n, (long long)c->k,
+                epilogue_words(c, false), (int)r);
+        return SG_OK;
     }
     if (r != CUBLAS_STATUS_SUCCESS) return lt_fail(ctx, s, r, "cublasLtMatmul", c);
     *ran = true;

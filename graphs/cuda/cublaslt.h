@@ -61,12 +61,13 @@ typedef struct sg__lt_call {
     bool accumulate;    /* beta = 1: D = C (the same buffer, or sg__lt_matmul_epi's c)
                            plus the product */
     int act;            /* SG__LT_ACT_*: cuBLASLt's GELU (tanh form) or RELU epilogue,
-                           after the bias */
-    bool aux;           /* with SG__LT_ACT_GELU: the value before it is written too
-                           (sg__lt_matmul_epi's aux, D's layout; ldc a multiple of 8) */
+                           after the bias; DGELU: D = gelu'(aux) * the product (no bias) */
+    bool aux;           /* with SG__LT_ACT_GELU: the value before it is written too;
+                           with DGELU (always set): the GELU's input, read (sg__lt_matmul_epi's
+                           aux, D's layout; ldc a multiple of 8) */
 } sg__lt_call;
 
-enum { SG__LT_ACT_NONE, SG__LT_ACT_GELU, SG__LT_ACT_RELU };
+enum { SG__LT_ACT_NONE, SG__LT_ACT_GELU, SG__LT_ACT_RELU, SG__LT_ACT_DGELU };
 
 /* The call for plan p's innermost batch (or its one matrix): false when an
  * operand is neither row-major nor transposed (the plan packs those, so
@@ -163,8 +164,10 @@ SG__HIDDEN sg_status sg__lt_matmul(sg_ctx *ctx, const sg__lt_call *c, const void
                                    void *d, const void *bias, bool *ran);
 /* The same with a C apart from D (cin: read with beta = 1 when c->accumulate,
  * of D's layout, either D itself or not overlapping it; NULL: D) and the
- * GELU epilogue's aux output (with c->aux). *ran false: no algorithm for
- * this epilogue (logged once per call under fallbacks); nothing written. */
+ * GELU epilogue's aux output or the GELU-gradient epilogue's aux input (with
+ * c->aux). *ran false: no algorithm for this epilogue, or a GELU-gradient
+ * call that cuBLASLt refused when run (not supported, invalid value: nothing
+ * launched); logged once per call under fallbacks; nothing written. */
 SG__HIDDEN sg_status sg__lt_matmul_epi(sg_ctx *ctx, const sg__lt_call *c, const void *a,
                                        const void *b, const void *cin, void *d, const void *bias,
                                        void *aux, bool *ran);

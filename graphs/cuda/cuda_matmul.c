@@ -740,20 +740,25 @@ static bool tuned_gemv(sg_ctx *ctx, const sg__node *n, const sg__mm_plan *p, sg_
  * Node n's product with the epilogue member e of its fused group computed
  * by cuBLASLt (sg__group.lib_epi): GELU or RELU after the bias into e's
  * result (with aux, the product also into n's own result, which GELU_AUX
- * writes), or beta = 1 with C = e's input `res` (a residual of the result's
- * layout) and D = e's result. Only for a product that runs as one cuBLASLt
- * call in place (no packed operand or result, no batch left, no padding,
- * not GEMV); *took false (nothing run) otherwise, or when cuBLASLt has no
- * algorithm with that epilogue (cublaslt.c logs it), or SG_CUDA_LT_EPILOGUE
- * leaves it out: the caller runs the product and the group's epilogue kernel.
+ * writes), beta = 1 with C = e's input `res` (a residual of the result's
+ * layout) and D = e's result, or DGELU: e's result = gelu'(e's input `res`,
+ * read as the aux) * the product, for a product without a bias. Only for a
+ * product that runs as one cuBLASLt call in place (no packed operand or
+ * result, no batch left, no padding, not GEMV); *took false (nothing run)
+ * otherwise, or when cuBLASLt has no algorithm with that epilogue
+ * (cublaslt.c logs it), or SG_CUDA_LT_EPILOGUE leaves it out: the caller runs
+ * the product and the group's epilogue kernel.
  */
 /* SG_CUDA_LT_EPILOGUE: "off" (or "0") keeps every epilogue in the group's
- * kernel; a comma list of gelu, relu, add lets cuBLASLt take only those;
+ * kernel; a comma list of gelu, relu, add, dgelu lets cuBLASLt take only those;
  * unset, all of them. */
 static bool epi_allowed(int epi) {
     const char *v = getenv("SG_CUDA_LT_EPILOGUE");
     if (!v) return true;
-    const char *name = epi == SG__EPI_GELU ? "gelu" : epi == SG__EPI_RELU ? "relu" : "add";
+    const char *name = epi == SG__EPI_GELU    ? "gelu"
+                       : epi == SG__EPI_RELU  ? "relu"
+                       : epi == SG__EPI_DGELU ? "dgelu"
+                                              : "add";
     size_t len = strlen(name);
     for (const char *p = v; (p = strstr(p, name)); p += len)
         if ((p == v || p[-1] == ',') && (p[len] == '\0' || p[len] == ',')) return true;
@@ -777,16 +782,24 @@ sg_status sg__cuda_matmul_epi(sg_ctx *ctx, const sg__node *n, const sg__node *e,
     if (path == SG__MM_GEMV || (path == SG__MM_AUTO && (p.M <= 8 || sg__mm_prefer_gemv(&p))) ||
         p.copy_a || p.copy_b || p.copy_c || p.nb > 0 ||
         (bias && bias->stride[0] != 1 && bias->shape[0] > 1) || !sg__mm_lt_call(&p, dt, &call) ||
-        sg__mm_pad_make(&p, dt, &pad) || (aux && call.ldc % 8 != 0))
+        sg__mm_pad_make(&p, dt, &pad) || ((aux || epi == SG__EPI_DGELU) && call.ldc % 8 != 0) ||
+        (epi == SG__EPI_DGELU && bias))
         return SG_OK;
     call.bias = bias != NULL;
-    call.act = epi == SG__EPI_GELU ? SG__LT_ACT_GELU : epi == SG__EPI_RELU ? SG__LT_ACT_RELU : 0;
-    call.aux = epi == SG__EPI_GELU && aux;
+    call.act = epi == SG__EPI_GELU    ? SG__LT_ACT_GELU
+               : epi == SG__EPI_RELU  ? SG__LT_ACT_RELU
+               : epi == SG__EPI_DGELU ? SG__LT_ACT_DGELU
+                                      : 0;
+    call.aux = (epi == SG__EPI_GELU && aux) || epi == SG__EPI_DGELU;
     call.accumulate = epi == SG__EPI_ADD;
     const void *cin = epi == SG__EPI_ADD ? sg__data(e->in[res]) : NULL;
+    /* GELU_AUX writes the product beside the result; DGELU reads the GELU's input. */
+    const void *auxp = !call.aux              ? NULL
+                       : epi == SG__EPI_DGELU ? sg__data(e->in[res])
+                                              : sg__data(out);
     /* cuBLASLt's A is our B, its B our A. */
     return sg__lt_matmul_epi(ctx, &call, sg__data(n->in[1]), sg__data(a), cin, sg__data(e->out),
-                             bias ? sg__data(bias) : NULL, call.aux ? sg__data(out) : NULL, took);
+                             bias ? sg__data(bias) : NULL, (void *)auxp, took);
 }
 
 /* ------------------------------------------------------------ the family */

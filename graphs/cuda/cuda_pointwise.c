@@ -127,7 +127,8 @@ static void grid_for(sg_ctx *ctx, int64_t work, unsigned grid[3], unsigned block
 sg_status sg__cuda_pointwise(sg_ctx *ctx, const sg__node *n) {
     const sg_tensor *out = n->out;
     int nops = 1 + n->nin;
-    if (n->op < SG__OP_NEG || n->op > SG__OP_FILL || nops > MAXOPS)
+    bool pw = (n->op >= SG__OP_NEG && n->op <= SG__OP_FILL) || n->op == SG__OP_GELU_TANH_BWD;
+    if (!pw || nops > MAXOPS)
         return sg__fail(ctx, SG_ERR_INTERNAL,
                         "cuda: %s is not a pointwise op with at most 3 "
                         "inputs",
@@ -145,7 +146,8 @@ sg_status sg__cuda_pointwise(sg_ctx *ctx, const sg__node *n) {
     memcpy(a.shape, out->shape, sizeof(int64_t) * (size_t)out->ndim);
     a.ndim = coalesce(out->ndim, a.shape, nops, a.stride);
     a.n = numel;
-    a.op = (int)(n->op - SG__OP_NEG);
+    /* GELU_TANH_BWD follows FILL in the kernel's numbering. */
+    a.op = n->op == SG__OP_GELU_TANH_BWD ? SG__OP_FILL - SG__OP_NEG + 1 : (int)(n->op - SG__OP_NEG);
     a.nin = n->nin;
     /* Scalars in the domain of the op's first input, as the CPU takes them. */
     sg_dtype d0 = n->nin > 0 ? n->in[0]->dtype : out->dtype;

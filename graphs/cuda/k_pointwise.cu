@@ -31,13 +31,14 @@ typedef long long i64;
 /* sg_dtype's values. */
 enum { DT_F32, DT_F16, DT_BF16, DT_I32, DT_I64, DT_BOOL };
 
-/* The pointwise ops in ops.def's order from NEG (the host passes op - NEG). */
+/* The pointwise ops in ops.def's order from NEG (the host passes op - NEG),
+ * then GELU_TANH_BWD (appended to ops.def after the other families). */
 enum {
     OP_NEG, OP_ABS, OP_EXP, OP_LOG, OP_SQRT, OP_RSQRT, OP_SIN, OP_COS, OP_TANH, OP_SIGMOID,
     OP_RELU, OP_GELU, OP_GELU_TANH, OP_SILU, OP_LOGICAL_NOT, OP_CAST, OP_COPY, OP_ADD_SCALAR,
     OP_MUL_SCALAR, OP_POW_SCALAR, OP_CLAMP, OP_ADD, OP_SUB, OP_MUL, OP_DIV, OP_POW, OP_MAXIMUM,
     OP_MINIMUM, OP_EQ, OP_NE, OP_LT, OP_LE, OP_GT, OP_GE, OP_LOGICAL_AND, OP_LOGICAL_OR,
-    OP_WHERE, OP_FILL
+    OP_WHERE, OP_FILL, OP_GELU_TANH_BWD
 };
 
 #define MAXD 6
@@ -208,6 +209,11 @@ __device__ __forceinline__ float apply_f(const pw_op &o, float a, float b) {
     case OP_POW: return powf(a, b);
     case OP_MAXIMUM: return a != a || a > b ? a : b; /* NaN from either side */
     case OP_MINIMUM: return a != a || a < b ? a : b;
+    case OP_GELU_TANH_BWD: { /* gelu_tanh'(a) * b */
+        float a2 = a * a, t = tanhf(k * (a + 0.044715f * a2 * a));
+        float du = k * (1.0f + 3.0f * 0.044715f * a2);
+        return (0.5f * (1.0f + t) + 0.5f * a * (1.0f - t * t) * du) * b;
+    }
     default: return 0.0f;
     }
 }
