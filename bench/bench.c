@@ -52,6 +52,7 @@ static const char *gpt2_path;         /* --gpt2: checkpoint to load, or to write
 static const char *check_dir;         /* --check: where the W3/W5 outputs go */
 static bool full_cpu;                 /* --full: 124M GPT-2 on the CPU too */
 static bool first_only;               /* --first-only: time the first three calls only */
+static const char *w6_dtype;          /* --w6-dtype: bf16 or f32 (NULL: the backend's) */
 static const char *tag = "stepgraph"; /* "stepgraph-<SG_BENCH_TAG>" when set */
 
 static const char *const work_names[] = {"w1s", "w1l", "w2", "w3", "w4", "w5", "w6"};
@@ -61,7 +62,8 @@ static bool work_on[NUM_WORKS];
 
 static void usage(FILE *f) {
     fprintf(f, "usage: bench [--backend auto|cpu|cuda] [--modes m1,m2,...] [--gpt2 FILE]\n"
-               "             [--check DIR] [--full] [--first-only] [workload ...]\n"
+               "             [--check DIR] [--full] [--first-only] [--w6-dtype DT]\n"
+               "             [workload ...]\n"
                "\n"
                "Runs each workload through stepgraph in every mode and prints a table\n"
                "(stdout); progress and RESULT lines for bench/run.sh go to stderr.\n"
@@ -79,6 +81,8 @@ static void usage(FILE *f) {
                "              (default there: reduced sizes, so that the CPU run stays short)\n"
                "  --first-only time only the first three calls of each mode (first_s; the\n"
                "              us column is then 0): run.sh's cold- and warm-cache runs\n"
+               "  --w6-dtype DT  W6's precision: bf16 (with f32 master weights) or f32\n"
+               "              (default: bf16 on CUDA, f32 on the CPU)\n"
                "Environment: SG_BENCH_TAG=x names the RESULT lines stepgraph-x.\n");
 }
 
@@ -122,13 +126,17 @@ static int parse_args(int argc, char **argv, sg_backend *backend) {
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         bool takes = !strcmp(a, "--backend") || !strcmp(a, "--modes") || !strcmp(a, "--gpt2") ||
-                     !strcmp(a, "--check");
+                     !strcmp(a, "--check") || !strcmp(a, "--w6-dtype");
         if (!strcmp(a, "--help") || !strcmp(a, "-h")) return usage(stdout), 1;
         if (takes && i + 1 == argc) return fprintf(stderr, "bench: %s needs a value\n", a), 2;
         if (!strcmp(a, "--full")) {
             full_cpu = true;
         } else if (!strcmp(a, "--first-only")) {
             first_only = true;
+        } else if (!strcmp(a, "--w6-dtype")) {
+            w6_dtype = argv[++i];
+            if (strcmp(w6_dtype, "bf16") && strcmp(w6_dtype, "f32"))
+                return fprintf(stderr, "bench: unknown --w6-dtype '%s' (bf16, f32)\n", w6_dtype), 2;
         } else if (!strcmp(a, "--backend")) {
             const char *v = argv[++i];
             if (!strcmp(v, "auto"))
@@ -632,12 +640,12 @@ static void run_w4(sg_ctx *ctx, bool small) {
  * AdamW (betas 0.9/0.95, eps 1e-8, lr 3e-4 constant, weight decay 0.1 on
  * the 2-d parameters and none on the rest, as the trainer splits them),
  * all in one compiled step. bf16 with f32 master weights on CUDA, f32 on
- * the CPU. The model is the seeded init of make_model (the --gpt2
- * checkpoint); B = 4, T = min(1024, maxT). The batch is the same every
- * step: a stream of B T + 1 tokens, inputs token b T + t, targets the next
- * one, from a noisy bigram that torch_ref.py repeats: prev = (37 prev + 11
- * + (s >> 30)) mod min(V, 256), s the 32-bit LCG from seed 6666, prev from
- * 0. Each mode starts again from the init.
+ * the CPU (--w6-dtype picks either on both). The model is the seeded init
+ * of make_model (the --gpt2 checkpoint); B = 4, T = min(1024, maxT). The
+ * batch is the same every step: a stream of B T + 1 tokens, inputs token
+ * b T + t, targets the next one, from a noisy bigram that torch_ref.py
+ * repeats: prev = (37 prev + 11 + (s >> 30)) mod min(V, 256), s the 32-bit
+ * LCG from seed 6666, prev from 0. Each mode starts again from the init.
  */
 #define W6_BATCH 4
 #define W6_CHECK_STEPS 20
@@ -723,7 +731,8 @@ static void run_w6(sg_ctx *ctx, bool small) {
     static const gpt2_config full = {1024, 50257, 12, 12, 768, 50304};
     static const gpt2_config reduced = {128, 512, 2, 4, 64, 512};
     bool gpu = sg_ctx_backend(ctx) == SG_BACKEND_CUDA;
-    w6_work p = {small ? reduced : full, gpu ? SG_BF16 : SG_F32, NULL, NULL, NULL, NULL};
+    sg_dtype dt = w6_dtype ? (strcmp(w6_dtype, "f32") ? SG_BF16 : SG_F32) : gpu ? SG_BF16 : SG_F32;
+    w6_work p = {small ? reduced : full, dt, NULL, NULL, NULL, NULL};
     p.g = make_model(ctx, &p.cfg, p.dt); /* the first mode's; its size sets T */
     int64_t T = p.g && p.g->cfg.max_t < 1024 ? p.g->cfg.max_t : 1024;
     if (!p.g || w6_batch(&p, ctx, T) != SG_OK) {
@@ -735,7 +744,7 @@ static void run_w6(sg_ctx *ctx, bool small) {
     fprintf(stderr, "bench: W6: GPT-2 L=%lld NH=%lld C=%lld V=%lld, B %d x T %lld, %s%s, AdamW\n",
             (long long)p.g->cfg.n_layer, (long long)p.g->cfg.n_head, (long long)p.g->cfg.channels,
             (long long)p.g->cfg.vocab, W6_BATCH, (long long)T, sg_dtype_name(p.dt),
-            gpu ? " with f32 master weights" : "");
+            dt == SG_BF16 ? " with f32 master weights" : "");
     /* A step is 10 ms or more: fewer steps than the other workloads. */
     workload w = {"W6", gpu ? 10 : 3, 3, ctx, w6_begin, w6_step, NULL, w6_check, w6_end, &p, w6_fn};
     run(&w);

@@ -7,7 +7,8 @@ RESULT, for bench/run.sh. The workloads are specified in bench/README.md.
 
     python3 bench/torch_ref.py [--modes eager,default,reduce-overhead,max-autotune]
                                [--device cuda|cpu] [--gpt2 FILE] [--check DIR]
-                               [--full] [w1s w1l w2 w3 w4 w5 w6]
+                               [--full] [--w6-recipe autocast|bf16|f32]
+                               [w1s w1l w2 w3 w4 w5 w6]
 
 W3 and W5 run GPT-2 with the weights of the llm.c checkpoint --gpt2 FILE, the
 one bench.c wrote (bench --gpt2 FILE, as run.sh does), so that both run the
@@ -25,7 +26,15 @@ the CPU), backward, clip_grad_norm_ 1.0 and AdamW (fused on CUDA; betas
 0.9/0.95, eps 1e-8, lr 3e-4, weight decay 0.1 on the 2-d parameters, none
 on the rest); torch.compile compiles the model's forward and loss (its
 backward through AOTAutograd), the clip and the optimizer run eagerly.
---check writes the losses of steps 1..20 from the init.
+--check writes the losses of steps 1..20 from the init. --w6-recipe picks
+the twin's precision on CUDA: autocast (the default, above); bf16, the
+recipe of stepgraph's step and of llm.c's C trainer (bf16 parameters,
+activations and gradients; f32 master weights that AdamW updates and that
+are rounded back into the parameters after each step; the clip over the
+master gradients, f32 copies of the bf16 ones; the loss in f32), on the
+CPU too when asked; f32: no autocast. bench/RESULTS.md's figures and
+timings are the default's; bench/NOTES.md ("W6's losses against the
+twin") has each recipe's losses beside stepgraph's.
 
 The decode step follows gpt-fast: the compiled function takes the token and
 the position as tensors and returns the logits and the greedy next token;
@@ -291,11 +300,11 @@ class TrainGPT2(torch.nn.Module):
     position, as llm.c's train_gpt2.py computes it (under autocast the loss
     is taken in f32)."""
 
-    def __init__(self, cfg, p, dev):
+    def __init__(self, cfg, p, dev, dtype=torch.float32):
         super().__init__()
         self.V, self.NH = cfg["V"], cfg["NH"]
         # copies: .to() on the CPU would share the checkpoint's storage
-        own = lambda t: torch.nn.Parameter(t.to(dev, torch.float32, copy=True))
+        own = lambda t: torch.nn.Parameter(t.to(dev, dtype, copy=True))
         for name in ("wte", "wpe", "lnfw", "lnfb"):
             setattr(self, name, own(p[name]))
         self.layers = torch.nn.ModuleList(torch.nn.Module() for _ in range(cfg["L"]))
@@ -319,23 +328,32 @@ class TrainGPT2(torch.nn.Module):
         for m in self.layers:
             x = block(m, x, self.NH, causal)
         logits = lm_head(self, x, self.V)
-        return F.cross_entropy(logits.view(-1, self.V), targets.view(-1))
+        return F.cross_entropy(logits.view(-1, self.V).float(), targets.view(-1))
 
 
 class W6:
     """bench.c's W6 on the same checkpoint and batch: one step is forward and
-    loss (bf16 autocast on CUDA), backward, clip to 1.0, AdamW."""
+    loss, backward, clip to 1.0, AdamW; in the precision of recipe on CUDA
+    (autocast, bf16 with f32 master weights, or f32); on the CPU f32 unless
+    recipe is bf16."""
 
-    def __init__(self, cfg, params, dev):
+    def __init__(self, cfg, params, dev, recipe="autocast"):
         T = min(1024, cfg["maxT"])
         self.x, self.y = (t.to(dev) for t in w6_batch(cfg["V"], T))
         self.params, self.dev = params, dev
-        self.model = TrainGPT2(cfg, params, dev)
+        self.recipe = recipe if dev == "cuda" or recipe == "bf16" else "f32"
+        dtype = torch.bfloat16 if self.recipe == "bf16" else torch.float32
+        self.model = TrainGPT2(cfg, params, dev, dtype)
+        self.master = None
 
     def reset(self):
-        """The checkpoint's weights and a fresh AdamW."""
+        """The checkpoint's weights and a fresh AdamW (over f32 master copies
+        of the bf16 parameters in the bf16 recipe)."""
         self.model.load(self.params)
         ps = list(self.model.parameters())
+        if self.recipe == "bf16":
+            self.master = [p.detach().float() for p in ps]
+            ps = self.master
         groups = [{"params": [p for p in ps if p.dim() == 2], "weight_decay": 0.1},
                   {"params": [p for p in ps if p.dim() != 2], "weight_decay": 0.0}]
         self.opt = torch.optim.AdamW(groups, lr=3e-4, betas=(0.9, 0.95), eps=1e-8,
@@ -347,12 +365,21 @@ class W6:
         params = list(self.model.parameters())
 
         def train_step():
-            with torch.autocast("cuda", dtype=torch.bfloat16, enabled=self.dev == "cuda"):
+            with torch.autocast("cuda", dtype=torch.bfloat16, enabled=self.recipe == "autocast"):
                 loss = f(self.x, self.y)
             loss.backward()
-            torch.nn.utils.clip_grad_norm_(params, 1.0)
+            if self.master is None:
+                torch.nn.utils.clip_grad_norm_(params, 1.0)
+                self.opt.step()
+                self.opt.zero_grad(set_to_none=True)
+                return loss.detach()
+            for m, p in zip(self.master, params):
+                m.grad, p.grad = p.grad.float(), None
+            torch.nn.utils.clip_grad_norm_(self.master, 1.0)
             self.opt.step()
             self.opt.zero_grad(set_to_none=True)
+            with torch.no_grad():
+                torch._foreach_copy_(params, self.master)
             return loss.detach()
 
         return train_step
@@ -462,6 +489,8 @@ def main():
     ap.add_argument("--gpt2", help="llm.c checkpoint for W3/W5/W6 (bench --gpt2 FILE writes it)")
     ap.add_argument("--check", help="directory for W3/W4/W5/W6 outputs (table.py --check)")
     ap.add_argument("--full", action="store_true", help="W4 at its full width on the CPU too")
+    ap.add_argument("--w6-recipe", default="autocast", choices=["autocast", "bf16", "f32"],
+                    help="W6's precision (default autocast; on the CPU f32 unless bf16)")
     ap.add_argument("work", nargs="*", help="w1s w1l w2 w3 w4 w5 w6 (default: all)")
     args = ap.parse_args()
     works = ["w1s", "w1l", "w2", "w3", "w4", "w5", "w6"]
@@ -534,7 +563,7 @@ def main():
             print(f"| W4   | {mode:16} | {us:10.1f} us | first {first:7.2f} s | peak {peak / 2**20:8.1f} MiB |")
             print(f"RESULT torch W4 {mode} {us:.2f} {first:.4f} {peak}", file=sys.stderr, flush=True)
     if "w6" in args.work:  # training: outside inference_mode; a step is 10 ms or more
-        w6 = W6(cfg, params, dev)
+        w6 = W6(cfg, params, dev, args.w6_recipe)
         for mode in args.modes.split(","):
             print(f"torch_ref: W6 {mode}", file=sys.stderr, flush=True)
             try:
