@@ -336,9 +336,13 @@ static sg_status matmul(sg__bw *b) {
         } else if (b->want[2]) {
             b->gi[2] = alias(g);
         }
-        if (b->want[0]) b->gi[0] = sg_matmul(g, w);
+        /* dW before dX: the input's gradient is then the last node of the
+         * rule, right before the backward of the op that made x (a GELU's
+         * gradient), which fusion can give the product as its epilogue
+         * (cuBLASLt's DGELU). */
         if (b->want[1])
             b->gi[1] = sg_matmul(sg_transpose(sg_reshape(g, 2, gs), 0, 1), sg_reshape(x, 2, xs));
+        if (b->want[0]) b->gi[0] = sg_matmul(g, w);
         return SG_OK;
     }
     /* A 1-d a is a row (1, K), a 1-d b a column (K, 1); g gets those dims back. */
