@@ -13,8 +13,8 @@
  * fc (GELU) and both projections (residual); no group of the CPU backend's
  * own fusion is marked (its numbers do not change). In training (bf16), the
  * GELU's gradient, one gelu_tanh_bwd after the product that makes its g,
- * is DGELU, its input read as the aux, unless the next linear's dW product
- * runs between the two (its weight trained). Also the tune file's
+ * is DGELU, its input read as the aux, the next linear's weight trained or
+ * frozen (its dW product runs before its dX product). Also the tune file's
  * key words for the new epilogues parse, and out-of-range ones do not.
  */
 #define _POSIX_C_SOURCE 200809L
@@ -288,9 +288,9 @@ int main(void) {
     /* trained: the pre-activations kept (aux), each GELU's gradient after the product of its
      * g (DGELU), and a third residual add in the backward */
     run(K_BLOCK, true, SG_BF16, (marks){.gelu_aux = 2, .add = 3, .res0 = 3, .dgelu = 2});
-    /* both linears trained: the second's dW product runs between its dX product and the
-     * GELU's gradient, which joins the first bias's column sum as its prologue instead */
-    run(K_CHAIN, true, SG_BF16, (marks){.gelu_aux = 1});
+    /* both linears trained: the linear's rule gives the second's dW product before its dX
+     * product, which is then right before the GELU's gradient (DGELU) */
+    run(K_CHAIN, true, SG_BF16, (marks){.gelu_aux = 1, .dgelu = 1});
     run(K_CHAIN_FROZEN, true, SG_BF16, (marks){.gelu_aux = 1, .dgelu = 1});
     test_pick_words();
     sg_ctx_destroy(ctx);
