@@ -797,6 +797,11 @@ static void reductions(void) {
         {R_SUM, PRO_NONE, SG_F32, 2, {128, 1024}, 1, {0}, false, false, true, 2},
         {R_SUM, PRO_KEPT, SG_BF16, 2, {4096, 768}, 1, {0}, true, false, false, 2},
         {R_MEAN, PRO_NONE, SG_BF16, 2, {2048, 50257}, 1, {0}, true, false, false, 2},
+        /* Short ranges: a positional embedding's gradient over a batch of 4 (a thread per
+         * column), 8 rows (two row groups), NaN and infinities planted. */
+        {R_SUM, PRO_NONE, SG_BF16, 3, {4, 1024, 768}, 1, {0}, false, false, false, 2},
+        {R_SUM, PRO_NONE, SG_F32, 2, {8, 4000}, 1, {0}, true, true, true, 2},
+        {R_MEAN, PRO_SQUARE, SG_BF16, 2, {3, 1001}, 1, {0}, false, false, false, 2},
         /* Odd shapes: a middle dim, the first dim, rows of 1 element. */
         {R_SUM, PRO_NONE, SG_F32, 3, {3, 5, 7}, 1, {1}, false, false, false, 2},
         {R_MEAN, PRO_SQUARE, SG_BF16, 3, {3, 5, 7}, 1, {1}, true, true, false, 2},
