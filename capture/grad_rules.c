@@ -107,6 +107,25 @@ static sg_tensor *zeros_of(const sg__bw *b, const sg__gmeta *m) {
     return sg_zeros(b->ctx, m->dtype, m->ndim, m->shape);
 }
 
+/*
+ * Where a scatter-add rule (embedding, index_select) adds its rows: into
+ * the gradient already gathered for input 0 when the rule may write it in
+ * place -- m's dtype and shape, contiguous, the only handle on its bytes
+ * (not a pass-through alias of another gradient) -- so that a tied
+ * embedding's rows go straight into the LM head's gradient (took[0]; a new
+ * handle, as the caller drops the old one); else zeros of m.
+ */
+static sg_tensor *scatter_base(sg__bw *b, const sg__gmeta *m) {
+    sg_tensor *a = b->acc[0];
+    bool own = a && a->dtype == m->dtype && a->ndim == m->ndim && a->offset == 0 &&
+               a->st->refs == 1 && sg__is_contiguous(a) &&
+               a->st->nbytes == (size_t)sg__numel(a->ndim, a->shape) * sg_dtype_size(a->dtype);
+    for (int d = 0; own && d < m->ndim; d++) own = a->shape[d] == m->shape[d];
+    if (!own) return zeros_of(b, m);
+    b->took[0] = true;
+    return alias(a);
+}
+
 /* The reduced dims of a reduction node's mask, as a list. */
 static int mask_dims(uint32_t mask, int ndim, int *dims) {
     int n = 0;
@@ -393,13 +412,13 @@ static sg_status data(sg__bw *b) {
     case SG__OP_EMBEDDING: {
         const sg__gmeta *m = &n->in[0];
         int64_t flat[1] = {-1}, rows2[2] = {-1, m->shape[1]};
-        sg_tensor *z = zeros_of(b, m);
+        sg_tensor *z = scatter_base(b, m);
         sg_status s = sg__index_add_(z, 0, sg_reshape(b->x[1], 1, flat), sg_reshape(g, 2, rows2));
         b->gi[0] = z;
         return z ? s : b->ctx->status;
     }
     case SG__OP_INDEX_SELECT: {
-        sg_tensor *z = zeros_of(b, &n->in[0]);
+        sg_tensor *z = scatter_base(b, &n->in[0]);
         sg_status s = sg__index_add_(z, (int)n->i[0], b->x[1], g);
         b->gi[0] = z;
         return z ? s : b->ctx->status;

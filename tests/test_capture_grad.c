@@ -1377,6 +1377,108 @@ static void oom_cases(void) {
     tu_case(ok && !failed, "GRAD_OOM(the Nth allocation fails, N = 1..%ld)", n - 1);
 }
 
+/* ------------------------------------------------------------ tied embeddings */
+
+/*
+ * A tied embedding: W (Vp, C) is the embedding table and, over its first V
+ * rows, the LM head: loss = sum(linear(embedding(W, ids), W[:V]) * R). The
+ * embedding's rows are added straight into the LM head's gradient (the
+ * scatter-add takes the gathered gradient in place). Mode 1 adds
+ * sum((W + U) * S); mode 2 has no head: sum(embedding(W, ids) * Re) +
+ * sum((W + U) * S), so that W's gradient when the embedding's backward runs
+ * is the pass-through tensor U's also is, which must not be written in
+ * place. Against an f64 reference, eager and compiled; mode 0 compiled has
+ * no add.
+ */
+enum { TV = 33, TVP = 37, TC = 24, TN = 13 };
+
+static sg_tensor *tied_w, *tied_u, *tied_r, *tied_s, *tied_ids;
+static int tied_mode;
+
+static sg_status tied_step(sg_ctx *c, sg_tensor *const *in, sg_tensor **out, void *user) {
+    (void)c, (void)in, (void)user;
+    sg_tensor *e = sg_embedding(tied_w, tied_ids);
+    sg_tensor *y = tied_mode == 2 ? e : sg_linear(e, sg_narrow(tied_w, 0, 0, TV), NULL);
+    sg_tensor *loss = sg_sum(sg_mul(y, tied_r), 0, NULL, false);
+    if (tied_mode)
+        loss = sg_add(loss, sg_sum(sg_mul(sg_add(tied_w, tied_u), tied_s), 0, NULL, false));
+    sg_tensor *wrt[2] = {tied_w, tied_u};
+    return sg_grad(loss, tied_mode ? 2 : 1, wrt, out);
+}
+
+static void tied_case(sg_dtype dt, int mode, uint64_t seed) {
+    tu_seed(seed);
+    double *w, *u, *r, *sv;
+    int64_t ws[2] = {TVP, TC}, rs[2] = {TN, mode == 2 ? TC : TV}, n = TN;
+    tied_w = tu_rand(ctx, dt, 2, ws, -1, 1, &w);
+    tied_u = tu_rand(ctx, dt, 2, ws, -1, 1, &u);
+    tied_s = tu_rand(ctx, dt, 2, ws, -1, 1, &sv);
+    tied_r = tu_rand(ctx, dt, 2, rs, -1, 1, &r);
+    int64_t iv[TN];
+    for (int i = 0; i < TN; i++) iv[i] = tu_randint(0, TVP - 1);
+    iv[1] = iv[4]; /* a repeated token */
+    tied_ids = sg_from_host(ctx, SG_I64, 1, &n, iv);
+    sg_requires_grad_(tied_w, true), sg_requires_grad_(tied_u, mode != 0);
+    tied_mode = mode;
+    /* f64 reference: the head's rows, the embedding's scatter, the alias term */
+    double *dw = calloc(TVP * TC, sizeof(double)), *du = calloc(TVP * TC, sizeof(double));
+    for (int i = 0; i < TN && mode == 2; i++)
+        for (int c = 0; c < TC; c++) dw[iv[i] * TC + c] += r[i * TC + c];
+    for (int i = 0; i < TN && mode != 2; i++)
+        for (int v = 0; v < TV; v++)
+            for (int c = 0; c < TC; c++) {
+                dw[v * TC + c] += r[i * TV + v] * w[iv[i] * TC + c];
+                dw[iv[i] * TC + c] += r[i * TV + v] * w[v * TC + c];
+            }
+    for (int k = 0; mode && k < TVP * TC; k++) dw[k] += sv[k], du[k] = sv[k];
+    double tol = dt == SG_F32 ? 1e-5 : 3e-2;
+    int ng = mode ? 2 : 1;
+    sg_tensor *g[2] = {NULL, NULL};
+    bool ok = TU_EXPECT(tied_step(ctx, NULL, g, NULL) == SG_OK);
+    for (int k = 0; ok && k < ng; k++) {
+        double *got = tu_read(g[k]);
+        ok = TU_EXPECT(got != NULL) && tu_close("eager", got, k ? du : dw, TVP * TC, tol, tol);
+        free(got);
+    }
+    for (int k = 0; k < ng; k++) sg_release(g[k]);
+    sg_fn *fn = NULL;
+    ok = ok && TU_EXPECT(sg_compile(ctx, tied_step, NULL, 0, ng,
+                                    &(sg_compile_opts){.mode = SG_MODE_REDUCE_OVERHEAD},
+                                    &fn) == SG_OK);
+    for (int call = 0; ok && call < 3; call++) {
+        sg_tensor *out[2] = {NULL, NULL};
+        sg_mark_step_begin(ctx);
+        ok = TU_EXPECT(sg_call(fn, NULL, 0, out, ng) == SG_OK);
+        for (int k = 0; ok && k < ng; k++) {
+            double *got = tu_read(out[k]);
+            ok = TU_EXPECT(got != NULL) &&
+                 tu_close("compiled", got, k ? du : dw, TVP * TC, tol, tol);
+            free(got);
+        }
+        for (int k = 0; k < ng; k++) sg_release(out[k]);
+    }
+    const char *ex = ok ? sg_fn_explain(fn) : NULL;
+    if (ok && mode == 0) ok = TU_EXPECT(ex && strstr(ex, "= add(") == NULL);
+    if (!ok) fprintf(stderr, "  %s\n%s\n", sg_last_error(ctx), ex ? ex : "");
+    tu_case(ok, "GRAD_TIED_EMBEDDING(W=[%d,%d], %s, n=%d, %s) seed=%llu", TVP, TC,
+            mode == 0   ? "head over 33 rows"
+            : mode == 1 ? "head over 33 rows, W + U"
+                        : "no head, W + U",
+            TN, sg_dtype_name(dt), (unsigned long long)seed);
+    sg_fn_destroy(fn);
+    sg_release(tied_w), sg_release(tied_u), sg_release(tied_s), sg_release(tied_r);
+    sg_release(tied_ids);
+    free(w), free(u), free(r), free(sv), free(dw), free(du);
+    sg_clear_error(ctx);
+}
+
+static void tied_cases(void) {
+    for (int mode = 0; mode < 3; mode++) {
+        tied_case(SG_F32, mode, 91 + (uint64_t)mode);
+        tied_case(SG_BF16, mode, 95 + (uint64_t)mode);
+    }
+}
+
 int main(void) {
     ctx = tu_ctx((sg_ctx_opts){0});
     op_cases();
@@ -1385,6 +1487,7 @@ int main(void) {
     oom_cases();
     compiled_cases();
     training_cases();
+    tied_cases();
     sg_ctx_destroy(ctx);
     return tu_finish();
 }
