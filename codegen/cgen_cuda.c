@@ -1649,6 +1649,20 @@ static void emit_multi(gen *g, const sg__group *grp, sg__cuda_kinfo *ki, bool *a
 
 void sg__cuda_branch(sg__cuda_gen *g, const char *open, void (*body)(sg__cuda_gen *, void *),
                      void *arg) {
+    sg__cuda_branch_based(g, open, body, arg, -1, NULL);
+}
+
+int sg__cuda_local_slot(sg__cuda_gen *g, int slot) {
+    bool *was = g->mark;
+    g->mark = NULL;
+    int l = lslot(g, slot);
+    g->mark = was;
+    return l;
+}
+
+void sg__cuda_branch_based(sg__cuda_gen *g, const char *open,
+                           void (*body)(sg__cuda_gen *, void *), void *arg, int local,
+                           const char *base) {
     sg__emit *outer = g->e;
     int nslots = g->ir->nslots ? g->ir->nslots : 1;
     bool *mark = sg__calloc(outer->ctx, sizeof(bool) * (size_t)nslots), *was = g->mark;
@@ -1663,7 +1677,10 @@ void sg__cuda_branch(sg__cuda_gen *g, const char *open, void (*body)(sg__cuda_ge
     g->e = outer, g->mark = was;
     sg__emit_open(outer, "%s", open);
     for (int i = 0; i < nslots; i++)
-        if (mark[i]) sg__emit_line(outer, "%schar *const s%d = slot[%d];", g->sp->gp, i, i);
+        if (mark[i] && i == local)
+            sg__emit_line(outer, "%schar *const s%d = %s;", g->sp->gp, i, base);
+        else if (mark[i])
+            sg__emit_line(outer, "%schar *const s%d = slot[%d];", g->sp->gp, i, i);
     if (inner.buf) sg__emit_raw(outer, "%s", inner.buf);
     sg__emit_close(outer);
     if (inner.oom) outer->oom = true;

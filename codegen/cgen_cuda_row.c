@@ -1467,6 +1467,10 @@ typedef struct sums_member {
     sg__gnode quiet[16];
     sg__gnode *qg;
     int64_t first, split, ch;
+    const sg__ref *in; /* its one input when its fold may be shared (sums_input) */
+    int cls;           /* the shared fold it runs (a member index: the first of
+                          its class), or -1: its own */
+    int tab;           /* with a class: its row of the tables */
 } sums_member;
 
 /* Member part's rowk, a block per team (its chunks are long); false when
@@ -1502,6 +1506,124 @@ static void sums_fold(sums_member *sm) {
     chunk_loop(k, "r_lo + r_lane", "r_hi", BLOCK, chunk_of(n, BLOCK, 8), "r_s += r_x;", false);
 }
 
+/*
+ * Members whose folds are one code but for where their input lies share
+ * one fold, so that a clip's 148 squared norms compile as one loop, not
+ * 148 (NVRTC took 10 s for them apart, ~70 ms a member): the fold of a
+ * flat walk with no store before the anchor, whose every load is of one
+ * contiguous ref (sums_input), is the same for members with the same ops,
+ * constants, dtypes and operand sources (sums_same); its slot base comes
+ * from a table indexed by the block's member (sums_tables), moved by the
+ * member's offset less the first's, whose offset the shared code adds.
+ */
+static const sg__ref *sums_input(const sums_member *sm) {
+    const rowk *k = &sm->k;
+    const sg__ir *ir = sg__cuda_ir(k->g);
+    const sg__ref *in = NULL;
+    if (!k->flat) return NULL;
+    for (int j = 0; j <= k->a; j++) {
+        const sg__gnode *m = &k->grp->g[j];
+        const sg__irnode *n = &ir->nodes[m->node];
+        if ((m->store && j < k->a) || n->nin > 4) return NULL;
+        for (int q = 0; q < n->nin; q++) {
+            const sg__ref *r = m->arg_src[q] >= 0 ? NULL : sg__cuda_arg(k->g, n, q);
+            if (!r) continue;
+            if (in && (r->slot != in->slot || r->offset != in->offset || r->dtype != in->dtype))
+                return NULL;
+            if (!sg__lower_flat_ok(r, k->nd, k->shape)) return NULL;
+            in = r;
+        }
+    }
+    return in;
+}
+
+static bool sums_same(const sums_member *a, const sums_member *b) {
+    const rowk *x = &a->k, *y = &b->k;
+    const sg__ir *ir = sg__cuda_ir(x->g);
+    if (x->a != y->a || a->in->dtype != b->in->dtype) return false;
+    for (int j = 0; j <= x->a; j++) {
+        const sg__gnode *p = &x->grp->g[j], *q = &y->grp->g[j];
+        const sg__irnode *m = &ir->nodes[p->node], *n = &ir->nodes[q->node];
+        if (m->op != n->op || m->nin != n->nin || memcmp(m->f, n->f, sizeof m->f) != 0 ||
+            memcmp(p->arg_src, q->arg_src, sizeof(int) * (size_t)m->nin) != 0 ||
+            sg__cuda_ref(x->g, m->out)->dtype != sg__cuda_ref(y->g, n->out)->dtype)
+            return false;
+        if (j < x->a && (memcmp(m->i, n->i, sizeof m->i) != 0 || m->mask != n->mask))
+            return false;
+        for (int k = 0; k < m->nin; k++)
+            if ((sg__cuda_arg(x->g, m, k) == NULL) != (sg__cuda_arg(y->g, n, k) == NULL))
+                return false;
+    }
+    return true;
+}
+
+/* Each member's class: the first earlier member whose fold it shares. */
+static void sums_classes(sums_member *sm, int n) {
+    for (int m = 0; m < n; m++) {
+        sm[m].in = sums_input(&sm[m]);
+        sm[m].cls = -1;
+        for (int c = 0; sm[m].in && c < m && sm[m].cls < 0; c++)
+            if (sm[c].in && sm[c].cls == c && sums_same(&sm[c], &sm[m])) sm[m].cls = c;
+        if (sm[m].in && sm[m].cls < 0) sm[m].cls = m; /* a class of its own so far */
+    }
+    for (int m = 0; m < n; m++) { /* a class of one keeps its own fold */
+        bool shared = false;
+        for (int o = 0; o < n && !shared; o++) shared = o != m && sm[o].cls == sm[m].cls;
+        if (!shared) sm[m].cls = -1;
+    }
+}
+
+/* One row of a table over the members of shared folds. */
+static void sums_row(sg__emit *e, const char *decl, const sums_member *sm, int n, int what) {
+    sg__emit_line(e, "static __device__ const %s = {", decl);
+    for (int m = 0, at = 0; m < n; m++) {
+        if (sm[m].cls < 0) continue;
+        const sums_member *c = &sm[sm[m].cls];
+        int64_t v = what == 0   ? sm[m].first
+                    : what == 1 ? sm[m].first + sm[m].split
+                    : what == 2 ? sm[m].k.len
+                    : what == 3 ? (sm[m].in->offset - c->in->offset) *
+                                      (int64_t)sg_dtype_size(sm[m].in->dtype)
+                    : what == 4 ? sg__cuda_local_slot(sm[m].k.g, sm[m].in->slot)
+                                : sm[m].cls;
+        sg__emit_raw(e, "%s%lldLL", at++ % 8 ? ", " : at > 1 ? ",\n" : "", (long long)v);
+    }
+    sg__emit_raw(e, "};\n");
+}
+
+/* The members of shared folds in block order: first and end blocks,
+ * lengths, byte moves and slots, classes; r_t the block's row, or -1. */
+static void sums_tables(sums_member *sm, int n, sg__emit *e) {
+    int nt = 0;
+    for (int m = 0; m < n; m++) nt += sm[m].cls >= 0;
+    char d[64];
+    static const char *names[6] = {"r_tf", "r_te", "r_tl", "r_td", "r_ts", "r_tc"};
+    for (int w = 0; w < 6; w++) {
+        snprintf(d, sizeof d, "sg_i64 %s[%d]", names[w], nt);
+        sums_row(e, d, sm, n, w);
+    }
+    sg__emit_line(e, "int r_t = -1, r_a = 0, r_b = %d;", nt - 1);
+    sg__emit_open(e, "while (r_a < r_b)");
+    sg__emit_line(e, "const int r_h = (r_a + r_b + 1) / 2;");
+    sg__emit_line(e, "if (r_tf[r_h] <= (sg_i64)blockIdx.x) r_a = r_h; else r_b = r_h - 1;");
+    sg__emit_close(e);
+    sg__emit_line(e,
+                  "if (r_tf[r_a] <= (sg_i64)blockIdx.x && (sg_i64)blockIdx.x < r_te[r_a]) r_t = r_a;");
+}
+
+/* A shared fold: the chunk of table row r_t's member, the code sm's. */
+static void sums_shared(sg__cuda_gen *g, void *arg) {
+    sums_member *sm = arg;
+    rowk *k = &sm->k;
+    k->e = sg__cuda_out(g);
+    sg__emit_line(k->e, "const sg_i64 r_row = 0;");
+    sg__emit_line(k->e, "const sg_i64 r_lo = ((sg_i64)blockIdx.x - r_tf[r_t]) * %lldLL;",
+                  (long long)sm->ch);
+    sg__emit_line(k->e, "const sg_i64 r_hi = r_lo + %lldLL < r_tl[r_t] ? r_lo + %lldLL : r_tl[r_t];",
+                  (long long)sm->ch, (long long)sm->ch);
+    chunk_loop(k, "r_lo + r_lane", "r_hi", BLOCK, chunk_of(sm->ch, BLOCK, 8), "r_s += r_x;", false);
+}
+
 /* Blocks that meet: this block's chunk of member sm into r_s. */
 static void sums_chunk(sg__cuda_gen *g, void *arg) {
     sums_member *sm = arg;
@@ -1533,6 +1655,15 @@ static void sums_finish(sg__cuda_gen *g, void *arg) {
     sg__emit_open(k->e, "if (r_l == 0)");
     single_tail(k, "0");
     sg__emit_close(k->e);
+}
+
+/* A shared fold's member: its sum from r_fv, stored, its epilogue run. */
+static void sums_tail(sg__cuda_gen *g, void *arg) {
+    sums_member *sm = arg;
+    rowk *k = &sm->k;
+    k->e = sg__cuda_out(g);
+    sg__emit_line(k->e, "r_s = r_fv[%d];", sm->tab);
+    single_tail(k, "0");
 }
 
 /* Blocks that cannot meet (OpenCL C): this work-group folds member sm's
@@ -1581,8 +1712,31 @@ static void sums_last(sg__cuda_gen *g, sums_member *sm, int n, int64_t blocks) {
     sg__emit_line(e, "if (!r_last) return;");
     sg__emit_line(e, "__threadfence();");
     sg__emit_line(e, "const int r_w = r_lane >> 5, r_l = r_lane & 31;");
-    for (int m = 0; m < n; m++) {
+    int nt = 0;
+    for (int m = 0; m < n; m++) nt += sm[m].cls >= 0;
+    if (nt) { /* the shared folds' members: one loop folds their partials as sums_finish does */
+        sg__cuda_shared(g, 0, "float r_fv[%d]", nt);
+        sg__emit_open(e, "for (int r_q = r_w; r_q < %d; r_q += %d)", nt, BLOCK / 32);
+        sg__emit_line(e, "const sg_i64 r_f0 = r_tf[r_q], r_n = r_te[r_q] - r_f0;");
+        sg__emit_line(e, "float r_v = __ldcg(&r_part[r_f0]);");
+        sg__emit_open(e, "if (r_n > 1)");
+        sg__emit_line(e, "r_v = 0.0f;");
+        sg__emit_line(e, "for (sg_i64 j = r_l; j < r_n; j += 32) r_v += __ldcg(&r_part[r_f0 + j]);");
+        sg__emit_line(
+            e, "for (int o = 16; o > 0; o >>= 1) r_v += __shfl_xor_sync(0xffffffffu, r_v, o);");
+        sg__emit_close(e);
+        sg__emit_line(e, "if (r_l == 0) r_fv[r_q] = r_v;");
+        sg__emit_close(e);
+        sg__emit_line(e, "__syncthreads();");
+    }
+    for (int m = 0, t = 0; m < n; m++) {
         char open[64];
+        if (sm[m].cls >= 0) { /* its store and epilogue by thread t of the block */
+            snprintf(open, sizeof open, "if (r_lane == %d)", t % BLOCK);
+            sm[m].tab = t++;
+            sg__cuda_branch(g, open, sums_tail, &sm[m]);
+            continue;
+        }
         snprintf(open, sizeof open, "if (r_w == %d)", m % (BLOCK / 32));
         sg__cuda_branch(g, open, sums_finish, &sm[m]);
     }
@@ -1623,11 +1777,24 @@ const char *sg__cgen_cuda_sums(sg__cuda_gen *g, const sg__group *grp, sg__cuda_k
         sg__emit_line(e, "static __device__ unsigned int r_count[1];");
         sg__emit_line(e, "__shared__ bool r_last;");
     }
-    /* One flat `if` per member, not an else-if chain: nested branches, one
-     * reconvergence point per level, held 80 registers and spilled (the
-     * 148 norms of GPT-2 124M) where flat ones take 40. */
+    for (int m = 0; m < n; m++) sm[m].cls = -1; /* OpenCL C: each member its own fold */
+    if (sp->shuffles) sums_classes(sm, n);
+    bool tables = false;
+    for (int m = 0; m < n; m++) tables = tables || sm[m].cls >= 0;
+    if (tables) sums_tables(sm, n, e);
+    /* One flat `if` per member or shared fold, not an else-if chain: nested
+     * branches, one reconvergence point per level, held 80 registers and
+     * spilled where flat ones take 40. */
     for (int m = 0; m < n; m++) {
-        char open[96];
+        char open[96], base[96];
+        if (sm[m].cls >= 0 && sm[m].cls != m) continue; /* its class's fold runs it */
+        if (sm[m].cls == m) {
+            snprintf(open, sizeof open, "if (r_t >= 0 && r_tc[r_t] == %d)", m);
+            snprintf(base, sizeof base, "slot[r_ts[r_t]] + r_td[r_t]");
+            sg__cuda_branch_based(g, open, sums_shared, &sm[m],
+                                  sg__cuda_local_slot(g, sm[m].in->slot), base);
+            continue;
+        }
         if (sp->shuffles)
             snprintf(open, sizeof open, "if (blockIdx.x >= %lld && blockIdx.x < %lld)",
                      (long long)sm[m].first, (long long)(sm[m].first + sm[m].split));

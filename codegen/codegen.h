@@ -511,6 +511,14 @@ SG__HIDDEN void sg__cuda_store(sg__cuda_gen *g, bool fl, int k, const char *st);
  * as a MULTI's member does (the kernel's head then loads none). */
 SG__HIDDEN void sg__cuda_branch(sg__cuda_gen *g, const char *open,
                                 void (*body)(sg__cuda_gen *, void *), void *arg);
+/* sg__cuda_branch, but local slot `local` (when the body names it) takes
+ * its base from the C expression `base` instead of slot[local]: one body
+ * for several members whose inputs lie in different slots. */
+SG__HIDDEN void sg__cuda_branch_based(sg__cuda_gen *g, const char *open,
+                                      void (*body)(sg__cuda_gen *, void *), void *arg, int local,
+                                      const char *base);
+/* The kernel's local index of IR slot `slot` (its s<n> and slot[n]). */
+SG__HIDDEN int sg__cuda_local_slot(sg__cuda_gen *g, int slot);
 /* The dialect's spellings of the kernel being emitted. */
 SG__HIDDEN const sg__spell *sg__cuda_spell(const sg__cuda_gen *g);
 /* An array the block shares, decl its type and declarator ("float r[8]"),
