@@ -26,6 +26,7 @@
  */
 
 #include "codegen.h"
+#include "nvrtc_opts.h"
 
 #include <dlfcn.h>
 #include <limits.h>
@@ -121,7 +122,7 @@ static rtc_driver drivers[2] = {
                         "nvrtcCompileProgram", "nvrtcGetProgramLogSize", "nvrtcGetProgramLog",
                         "nvrtcGetCUBINSize", "nvrtcGetCUBIN", "nvrtcDestroyProgram"},
                        "--gpu-architecture=",
-                       {"--std=c++17", "--fmad=false", "-default-device"},
+                       {SG_NVRTC_OPTS},
                        "cu",
                        "cubin",
                        PTHREAD_ONCE_INIT},

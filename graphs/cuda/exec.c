@@ -205,6 +205,32 @@ sg_status sg__cuda_rtc_build(sg_ctx *ctx, const char *name, const char *source, 
 
 /* ------------------------------------------------------------ kernels */
 
+/* The build's image of unit for this GPU's arch, loaded (true), or false:
+ * none (HIP, another arch, a build without NVRTC, SG_ALWAYS_COMPILE or
+ * SG_OVERRIDE_DIR set) or the driver refused it (said under fallbacks),
+ * and NVRTC compiles the family. */
+static bool load_image(sg_ctx *ctx, sg__cu_unit unit) {
+    sg__cuda *s = state(ctx);
+    const char *always = getenv("SG_ALWAYS_COMPILE"), *over = getenv("SG_OVERRIDE_DIR");
+    if (s->dev0.hip || (always && always[0] && strcmp(always, "0") != 0) || (over && over[0]))
+        return false;
+    for (int i = 0; i < sg__cu_nimages; i++) {
+        const sg__cu_image *im = &sg__cu_images[i];
+        if (im->unit != unit || im->arch != s->arch) continue;
+        CUresult r = s->cu->cuModuleLoadData(&s->mod[unit], im->data);
+        if (r == CUDA_SUCCESS) return true;
+        s->mod[unit] = NULL;
+        const char *msg = NULL;
+        if (s->cu->cuGetErrorString) s->cu->cuGetErrorString(r, &msg);
+        sg__log(ctx, "fallbacks",
+                "cuda: the library's prebuilt %s for sm_%d did not load (%s); compiling it "
+                "with NVRTC",
+                sg__cu_names[unit], s->arch, msg ? msg : "unknown error");
+        return false;
+    }
+    return false;
+}
+
 static sg_status load_unit(sg_ctx *ctx, sg__cu_unit unit) {
     sg__cuda *s = state(ctx);
     if (s->mod[unit]) return SG_OK;
@@ -213,6 +239,7 @@ static sg_status load_unit(sg_ctx *ctx, sg__cu_unit unit) {
                         "cuda: the kernel unit %d is not built into this "
                         "library",
                         (int)unit);
+    if (load_image(ctx, unit)) return SG_OK;
     void *cubin = NULL;
     size_t size = 0;
     sg_status st = sg__cuda_rtc_build(ctx, sg__cu_names[unit], sg__cu_sources[unit], &cubin, &size);

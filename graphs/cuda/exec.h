@@ -32,6 +32,16 @@ typedef enum sg__cu_unit {
 /* The embedded sources (generated from the .cu files by the build). */
 SG__HIDDEN extern const char *const sg__cu_sources[SG__CU_NUM_UNITS];
 SG__HIDDEN extern const char *const sg__cu_names[SG__CU_NUM_UNITS];
+/* The families the build compiled (tools/sg_cubins.c, when it found
+ * NVRTC): sg__cu_nimages images, each for one unit and sm_<arch>. */
+typedef struct sg__cu_image {
+    sg__cu_unit unit;
+    int arch;
+    const unsigned char *data;
+    size_t size;
+} sg__cu_image;
+SG__HIDDEN extern const sg__cu_image sg__cu_images[];
+SG__HIDDEN extern const int sg__cu_nimages;
 
 /* A kernel of a unit by its extern "C" name (a CUfunction), compiling and
  * loading the unit on first use. */
