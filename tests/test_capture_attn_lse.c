@@ -129,8 +129,7 @@ static bool run(const lcase *c, const made *m, int how, sg_tensor **g, float *ls
     float *h = malloc(lb + 4);
     bool ok = TU_EXPECT(lv != NULL) && TU_EXPECT(sg_read(lv, h, lb) == SG_OK);
     if (ok && lse) memcpy(lse, h, sizeof(float) * (size_t)rows);
-    for (int64_t r = 0; ok && how && r < rows; r++)
-        h[r] = how == 2 ? NAN : h[r] + (float)log(2.0);
+    for (int64_t r = 0; ok && how && r < rows; r++) h[r] = how == 2 ? NAN : h[r] + (float)log(2.0);
     if (ok && how) ok = TU_EXPECT(sg_write(lv, h, lb) == SG_OK);
     sg_tensor *yr = sg_mul(y, m->r), *loss = sg_sum(yr, 0, NULL, false);
     ok = ok && TU_EXPECT(sg_grad(loss, 3, m->x, g) == SG_OK);

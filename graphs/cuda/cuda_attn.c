@@ -238,8 +238,8 @@ sg_status sg__cuda_attn(sg_ctx *ctx, const sg__node *n) {
     if (rows == 0) return SG_OK;
     float *lse = lse_of(n, &g);
     bool mma = use_mma(ctx, &g), wrote = mma && use_flash(n, &g);
-    sg_status st = g.D == 0 ? SG_OK
-                   : mma    ? launch_mma(ctx, n, &g, NULL)
+    sg_status st = g.D == 0         ? SG_OK
+                   : mma            ? launch_mma(ctx, n, &g, NULL)
                    : use_decode(&g) ? launch_decode(ctx, n, &g)
                                     : launch_split(ctx, n, &g);
     /* A path that keeps no logsumexps: NaN (every bit set), the backward recomputes. */

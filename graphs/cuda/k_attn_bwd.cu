@@ -671,8 +671,12 @@ __device__ __forceinline__ void bwd_dq(const void *q, const void *k, const void 
         lb += __shfl_xor_sync(0xffffffffu, lb, off);
     }
     /* lse in log2 units (+inf for a row that sees nothing: its P is 0). */
-    const float l2a = have ? fa * LOG2E : la > 0.0f ? ma + log2f(la) : inf_f(),
-                l2b = have ? fb * LOG2E : lb > 0.0f ? mb + log2f(lb) : inf_f();
+    const float l2a = have        ? fa * LOG2E
+                      : la > 0.0f ? ma + log2f(la)
+                                  : inf_f(),
+                l2b = have        ? fb * LOG2E
+                      : lb > 0.0f ? mb + log2f(lb)
+                                  : inf_f();
     if (tq == 0) {
         float *ws = workspace(out, g);
         const i64 ra = (b * g.Hq + h) * g.Lq + ia;
@@ -910,10 +914,9 @@ __device__ __forceinline__ void bwd_dkv(const void *q, const void *k, const void
  * spills inside them). One kernel per dtype: sg_attn_bwd_dq64_bf16,
  * sg_attn_bwd_dq64_f16, ... */
 #define DQ(D, MINB, T, DT)                                                                         \
-    extern "C" __global__ void __launch_bounds__(NT, MINB)                                         \
-        sg_attn_bwd_dq##D##_##T(const void *q, const void *k, const void *v, const void *len,      \
-                                const void *o, const void *dout, void *out, bgeom g,               \
-                                const float *lse) {                                                \
+    extern "C" __global__ void __launch_bounds__(NT, MINB) sg_attn_bwd_dq##D##_##T(                \
+        const void *q, const void *k, const void *v, const void *len, const void *o,               \
+        const void *dout, void *out, bgeom g, const float *lse) {                                  \
         bwd_dq<D, DT>(q, k, v, len, o, dout, out, g, lse);                                         \
     }
 #define DKV(D, MINB, T, DT)                                                                        \
