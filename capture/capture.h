@@ -458,6 +458,20 @@ SG__HIDDEN sg_tensor *sg__run_new(sg_ctx *ctx, sg__node *n, sg_dtype dt, int ndi
  * kv_len[b] clamped to [0, S], or S without kv_len) and, with CAUSAL,
  * j <= L - Lq + i. A query that sees no key gives NaN. */
 #define SG__ATTN_CAUSAL 1
+/* ATTENTION's i[0] flag: the result will have a backward, so the node's
+ * output is packed (sg__attn_lse_at): the result (B, Lq, Hq, D) at 0, then
+ * each row's logsumexp of its scaled, masked scores (f32, row (b * Hq + h)
+ * * Lq + i; +inf for a row that sees no key), which ATTENTION_BWD reads
+ * instead of recomputing it. A CUDA path that does not compute it fills it
+ * with NaN (every bit set): the backward then recomputes those rows. */
+#define SG__ATTN_LSE 2
+/* Where the row logsumexps of ATTENTION's packed output start, in elements
+ * of its dtype after no = B * Lq * Hq * D (16-byte aligned), and the packed
+ * output's length for rows = B * Hq * Lq. */
+static inline int64_t sg__attn_lse_at(int64_t no) { return (no + 7) / 8 * 8; }
+static inline int64_t sg__attn_numel(int64_t no, int64_t rows, size_t esize) {
+    return sg__attn_lse_at(no) + (int64_t)(((size_t)rows * sizeof(float) + esize - 1) / esize);
+}
 
 /* ATTENTION's output is stored (B, Lq, Hq, D), the heads side by side; the
  * result (B, Hq, Lq, D) is this view of it, dims 1 and 2 swapped (a new
@@ -496,14 +510,16 @@ struct sg_comm {
 /*
  * ATTENTION's gradients (the ATTENTION_BWD node): in = the ATTENTION node's
  * inputs {q, k, v, mask?, kv_len?} (4-d views), o its result (B,Hq,Lq,D)
- * (the node's output through sg__attn_heads), dout the gradient of o, scale and flags its f[0] and i[0]. Sets *dq (B,Hq,Lq,D) and
+ * (the node's output through sg__attn_heads), lse NULL or the forward's row
+ * logsumexps (SG__ATTN_LSE: a 1-d view of o's dtype over their f32 bits),
+ * dout the gradient of o, scale and flags its f[0] and i[0]. Sets *dq (B,Hq,Lq,D) and
  * *dk, *dv (B,Hkv,S,D), views of one packed buffer of q's dtype laid out as
  * q, k and v are where their strides allow (sg__attn_bwd_parts);
  * a query row that sees no key contributes nothing (its output is NaN).
  */
-SG__HIDDEN sg_status sg__sdpa_grad(sg_tensor *const *in, sg_tensor *o, sg_tensor *dout,
-                                   double scale, int flags, sg_tensor **dq, sg_tensor **dk,
-                                   sg_tensor **dv);
+SG__HIDDEN sg_status sg__sdpa_grad(sg_tensor *const *in, sg_tensor *o, sg_tensor *lse,
+                                   sg_tensor *dout, double scale, int flags, sg_tensor **dq,
+                                   sg_tensor **dk, sg_tensor **dv);
 /*
  * cross_entropy's gradient (the CROSS_ENTROPY_BWD node): logits (N, C) and
  * targets (N) as the CROSS_ENTROPY node's inputs, g the loss's gradient (a

@@ -382,8 +382,10 @@ static sg_status matmul(sg__bw *b) {
 }
 
 /*
- * ATTENTION: one ATTENTION_BWD node recomputes each row's logsumexp and
- * rowsum(dO * O) and gives dq, dk and dv (dk and dv summed over the query
+ * ATTENTION: one ATTENTION_BWD node takes each row's logsumexp from the
+ * forward's packed output (SG__ATTN_LSE: the saved result views its
+ * storage) or recomputes it, computes rowsum(dO * O) and gives dq, dk and
+ * dv (dk and dv summed over the query
  * heads of a grouped K/V head in a fixed order); the mask (a float mask that
  * needs a gradient never reaches this node: sg_sdpa decomposes it) and
  * kv_len get none.
@@ -396,9 +398,17 @@ static sg_status attention(sg__bw *b) {
     sg_tensor *d[3] = {NULL, NULL, NULL};
     /* The node's output and its gradient, (B, Lq, Hq, D), in the result's order. */
     sg_tensor *o = sg__attn_heads(b->out, "sg_grad"), *g = sg__attn_heads(b->g, "sg_grad");
+    sg_tensor *lse = NULL;
+    if (b->n->i[0] & SG__ATTN_LSE) { /* after the result in its packed output */
+        const sg_tensor *t = b->out;
+        int64_t rows = sg__numel(3, t->shape), no = rows * t->shape[3], one = 1;
+        int64_t nl = sg__attn_numel(no, rows, sg_dtype_size(t->dtype)) - sg__attn_lse_at(no);
+        lse = sg__tensor_view(b->out, "sg_grad", 1, &nl, &one, t->offset + sg__attn_lse_at(no));
+    }
     sg_status s = b->ctx->status != SG_OK ? b->ctx->status : SG_ERR_OOM;
-    if (o && g) s = sg__sdpa_grad(b->x, o, g, b->n->f[0], (int)b->n->i[0], &d[0], &d[1], &d[2]);
-    sg__tensor_drop(o), sg__tensor_drop(g);
+    if (o && g && (lse || !(b->n->i[0] & SG__ATTN_LSE)))
+        s = sg__sdpa_grad(b->x, o, lse, g, b->n->f[0], (int)b->n->i[0], &d[0], &d[1], &d[2]);
+    sg__tensor_drop(o), sg__tensor_drop(g), sg__tensor_drop(lse);
     if (s != SG_OK) return s;
     for (int k = 0; k < 3; k++)
         if (b->want[k]) b->gi[k] = d[k];

@@ -502,6 +502,29 @@ sg_tensor *sg__attn_heads(sg_tensor *t, const char *op) {
 }
 
 /*
+ * ATTENTION whose result will have a backward (SG__ATTN_LSE in n's i[0]):
+ * the node writes a packed output, the result ts = (B, Lq, Hq, D) and then
+ * its rows' logsumexps (sg__attn_lse_at); gives the result, a view of it at
+ * 0 that carries the node's backward (which saves it, and so the
+ * logsumexps' storage), or NULL.
+ */
+static sg_tensor *attn_packed(sg_ctx *ctx, sg__node *n, const char *op, sg_dtype dt,
+                              const int64_t *ts) {
+    int64_t no = ts[0] * ts[1] * ts[2] * ts[3], rows = ts[0] * ts[1] * ts[2];
+    int64_t total = sg__attn_numel(no, rows, sg_dtype_size(dt));
+    sg_tensor *pk = sg__tensor_new(ctx, op, dt, 1, &total), *t = NULL;
+    if (!pk) return NULL;
+    n->out = pk;
+    if (sg__dispatch(ctx, n) == SG_OK) {
+        int64_t st[4] = {ts[1] * ts[2] * ts[3], ts[2] * ts[3], ts[3], 1};
+        t = sg__tensor_view(pk, op, 4, ts, st, pk->offset);
+        if (t) t = sg__grad_record(ctx, n, t);
+    }
+    sg__tensor_drop(pk);
+    return t;
+}
+
+/*
  * Dispatch ATTENTION over the 4-d views of q (B, Hq, Lq, D), k and v (B, Hkv,
  * S, D), the mask broadcast to (B, Hq, Lq, S), and kv_len: the result
  * (B, Hq, Lq, D), or NULL. The views of q, k and v are expands for autograd,
@@ -521,9 +544,15 @@ static sg_tensor *attn_run(sg_ctx *ctx, const char *op, sg_tensor *q, sg_tensor 
                         mask ? view4(mask, op, ms) : NULL, kv_len};
     sg_tensor *t = NULL, *out = NULL;
     if (in[0] && in[1] && in[2] && (in[3] || !mask)) {
-        sg__node n = {.op = SG__OP_ATTENTION, .nin = 5, .in = in, .f = {scale}, .i = {flags}};
+        /* A backward will follow: the node also keeps its rows' logsumexps. */
+        bool lse = !ctx->grad_off && (in[0]->grad_fn || in[1]->grad_fn || in[2]->grad_fn);
+        sg__node n = {.op = SG__OP_ATTENTION,
+                      .nin = 5,
+                      .in = in,
+                      .f = {scale},
+                      .i = {flags | (lse ? SG__ATTN_LSE : 0)}};
         int64_t ts[4] = {bh[0], Lq, bh[1], D};
-        t = sg__run_new(ctx, &n, q->dtype, 4, ts);
+        t = lse ? attn_packed(ctx, &n, op, q->dtype, ts) : sg__run_new(ctx, &n, q->dtype, 4, ts);
     }
     for (int i = 0; i < 4; i++) sg__tensor_drop(in[i]);
     if (!t) return NULL;
@@ -650,8 +679,8 @@ static int64_t bwd_layout(sg_ctx *ctx, sg_tensor *const *in) {
     return code;
 }
 
-sg_status sg__sdpa_grad(sg_tensor *const *in, sg_tensor *o, sg_tensor *dout, double scale,
-                        int flags, sg_tensor **dq, sg_tensor **dk, sg_tensor **dv) {
+sg_status sg__sdpa_grad(sg_tensor *const *in, sg_tensor *o, sg_tensor *lse, sg_tensor *dout,
+                        double scale, int flags, sg_tensor **dq, sg_tensor **dk, sg_tensor **dv) {
     sg_tensor *q = in[0], *k = in[1];
     sg_ctx *ctx = q->ctx;
     if (!dout) return ctx->status != SG_OK ? ctx->status : SG_ERR_NULL;
@@ -660,10 +689,13 @@ sg_status sg__sdpa_grad(sg_tensor *const *in, sg_tensor *o, sg_tensor *dout, dou
     int64_t nq = B * Hq * Lq * D, nkv = B * Hkv * S * D;
     int64_t total = sg__attn_bwd_numel(nq, nkv, B * Hq * Lq, sg_dtype_size(q->dtype));
     sg_tensor *g = dout->dtype == q->dtype ? dout : sg_cast(dout, q->dtype);
-    sg_tensor *args[7] = {q, k, in[2], in[3], in[4], o, g};
+    sg_tensor *args[8] = {q, k, in[2], in[3], in[4], o, g, lse};
     int64_t layout = bwd_layout(ctx, in);
-    sg__node n = {
-        .op = SG__OP_ATTENTION_BWD, .nin = 7, .in = args, .f = {scale}, .i = {flags, layout}};
+    sg__node n = {.op = SG__OP_ATTENTION_BWD,
+                  .nin = lse ? 8 : 7,
+                  .in = args,
+                  .f = {scale},
+                  .i = {flags & ~SG__ATTN_LSE, layout}};
     sg_tensor *pk = g ? sg__run_new(ctx, &n, q->dtype, 1, &total) : NULL;
     if (g != dout) sg__tensor_drop(g);
     if (!pk) return ctx->status != SG_OK ? ctx->status : SG_ERR_INTERNAL;

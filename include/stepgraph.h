@@ -583,8 +583,11 @@ SG_API sg_tensor *sg_sample(sg_tensor *logits, double temperature, int64_t top_k
  * in bf16/f16 with D a multiple of 16 up to 128 and no mask (prefill) run
  * on tensor cores (SG_ATTN_MMA=0 keeps them on the f32 FMA kernel).
  * Gradients of q, k and v (sg_grad) go through one fused backward
- * (flash-attention style: no scores in memory; the row logsumexp is
- * recomputed; dk and dv of a grouped-query head summed in a fixed order,
+ * (flash-attention style: no scores in memory; when q, k or v needs a
+ * gradient the forward keeps each query row's logsumexp, 4 bytes a row,
+ * beside its result for the backward -- on CUDA the bf16 / f16 prefill
+ * kernels with D = 64 or 128; elsewhere on CUDA the backward recomputes it;
+ * without gradients nothing is kept; dk and dv of a grouped-query head summed in a fixed order,
  * so replays are bit-identical), on CUDA on tensor cores for bf16 / f16
  * with D = 64 or 128 and no mask. Shapes that run as matmul, mask,
  * softmax, matmul, and a float mask that itself needs a gradient,

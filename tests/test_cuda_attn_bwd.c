@@ -7,11 +7,12 @@
  * out of one fused QKV projection), the FMA kernels (SG_ATTN_MMA=0, and
  * f32) likewise, and at GPT-2's size (B=4, H=12, T=1024, D=64, causal,
  * bf16) the tensor-core result against the FMA one and two runs of each
- * bit-identical. bf16 / f16 within 2e-2 of the largest |gradient|, f32
+ * bit-identical, and the backward that reads the forward's row logsumexps
+ * (SG__ATTN_LSE) against the one that recomputes them. bf16 / f16 within 2e-2 of the largest |gradient|, f32
  * within 1e-4. Then, unless SG_ATTN_TIMING=0 (set it under
  * compute-sanitizer), the time of the backward at GPT-2's size (eager,
- * 20 calls between synchronizations, best of 3), with the forward's
- * beside it. Without a CUDA device it exits 77.
+ * 20 calls between synchronizations, best of 3), with the forward's and
+ * the backward's with the forward's logsumexps beside it. Without a CUDA device it exits 77.
  */
 #define _POSIX_C_SOURCE 200809L
 #include "capture/capture.h"
@@ -79,7 +80,8 @@ static bool backward(const inputs *in, int s, bool causal, sg_tensor **g) {
     sg_tensor *args[5] = {x[0], x[1], x[2], NULL, NULL};
     double scale = 1.0 / sqrt((double)sg_tensor_size(x[0], 3));
     sg_status st =
-        o ? sg__sdpa_grad(args, o, x[3], scale, causal ? SG__ATTN_CAUSAL : 0, &g[0], &g[1], &g[2])
+        o ? sg__sdpa_grad(args, o, NULL, x[3], scale, causal ? SG__ATTN_CAUSAL : 0, &g[0], &g[1],
+                          &g[2])
           : SG_ERR_NULL;
     if (st != SG_OK) fprintf(stderr, "  %s\n", sg_last_error(c));
     sg_release(o);
@@ -129,6 +131,45 @@ static void vs_cpu(sg_dtype dt, int64_t B, int64_t Hq, int64_t Hkv, int64_t T, i
     sg_clear_error(gpu);
 }
 
+/* The forward of x as with gradients wanted: the result, and the rows'
+ * logsumexps kept after it in its packed output (*lse, a view), or NULL. */
+static sg_tensor *forward_kept(sg_tensor *const *x, bool causal, sg_tensor **lse) {
+    for (int k = 0; k < 3; k++) sg_requires_grad_(x[k], true);
+    sg_tensor *o = sg_sdpa(x[0], x[1], x[2], NULL, causal, 0);
+    for (int k = 0; k < 3; k++) sg_requires_grad_(x[k], false);
+    *lse = NULL;
+    if (!o) return NULL;
+    int64_t rows = sg_tensor_numel(o) / sg_tensor_size(o, 3), no = sg_tensor_numel(o), one = 1;
+    size_t es = sg_dtype_size(sg_tensor_dtype(o));
+    int64_t nl = sg__attn_numel(no, rows, es) - sg__attn_lse_at(no);
+    *lse = sg__tensor_view(o, "test", 1, &nl, &one, o->offset + sg__attn_lse_at(no));
+    return o;
+}
+
+/* The backward with the forward's logsumexps against the recomputing one
+ * (tensor cores, GPT-2's size): within 2e-2, differing elements counted. */
+static void kept_vs_recomputed(void) {
+    inputs in;
+    make(&in, SG_BF16, 4, 12, 12, 1024, 64, true);
+    sg_tensor *const *x = in.x[0], *lse = NULL, *g[3] = {NULL}, *r[3] = {NULL};
+    sg_tensor *o = forward_kept(x, true, &lse), *args[5] = {x[0], x[1], x[2], NULL, NULL};
+    bool ok = TU_EXPECT(o && lse) && TU_EXPECT(backward(&in, 0, true, r)) &&
+              TU_EXPECT(sg__sdpa_grad(args, o, lse, x[3], 0.125, SG__ATTN_CAUSAL, &g[0], &g[1],
+                                      &g[2]) == SG_OK);
+    int64_t diff = 0;
+    for (int k = 0; ok && k < 3; k++) {
+        double *a = tu_read(g[k]), *b = tu_read(r[k]);
+        for (int64_t i = 0; a && b && i < sg_tensor_numel(g[k]); i++) diff += a[i] != b[i];
+        free(a), free(b);
+        ok = close_to(g[k], r[k], 2e-2);
+    }
+    tu_case(ok, "ATTN_BWD(type=bf16,B=4,H=12,T=1024,D=64,causal,fused_qkv) the forward's "
+                "logsumexps vs recomputed: %lld elements differ", (long long)diff);
+    release3(g), release3(r);
+    sg_release(o), sg_release(lse);
+    unmake(&in);
+}
+
 /* GPT-2's size: tensor cores against FMA, each twice bit-identical. */
 static void gpt2_size(void) {
     inputs in;
@@ -156,19 +197,29 @@ static void timing(int64_t T) {
     make(&in, SG_BF16, 4, 12, 12, T, 64, true);
     sg_tensor *const *x = in.x[0];
     sg_tensor *o = sg_sdpa(x[0], x[1], x[2], NULL, true, 0);
-    sg_tensor *args[5] = {x[0], x[1], x[2], NULL, NULL};
-    double best = 1e30, fbest = 1e30;
+    sg_tensor *args[5] = {x[0], x[1], x[2], NULL, NULL}, *lse = NULL;
+    sg_tensor *ok = forward_kept(x, true, &lse);
+    double best = 1e30, fbest = 1e30, kbest = 1e30;
     for (int r = 0; r < 3; r++) {
         sg_ctx_synchronize(gpu);
         double t0 = now();
         for (int i = 0; i < 20; i++) {
             sg_tensor *g[3] = {NULL};
-            sg__sdpa_grad(args, o, x[3], 0.125, SG__ATTN_CAUSAL, &g[0], &g[1], &g[2]);
+            sg__sdpa_grad(args, o, NULL, x[3], 0.125, SG__ATTN_CAUSAL, &g[0], &g[1], &g[2]);
             release3(g);
         }
         sg_ctx_synchronize(gpu);
         double t = (now() - t0) / 20;
         best = t < best ? t : best;
+        t0 = now();
+        for (int i = 0; i < 20; i++) {
+            sg_tensor *g[3] = {NULL};
+            sg__sdpa_grad(args, ok, lse, x[3], 0.125, SG__ATTN_CAUSAL, &g[0], &g[1], &g[2]);
+            release3(g);
+        }
+        sg_ctx_synchronize(gpu);
+        t = (now() - t0) / 20;
+        kbest = t < kbest ? t : kbest;
         t0 = now();
         for (int i = 0; i < 20; i++) sg_release(sg_sdpa(x[0], x[1], x[2], NULL, true, 0));
         sg_ctx_synchronize(gpu);
@@ -178,9 +229,10 @@ static void timing(int64_t T) {
     /* The backward's five matmuls of a causal attention (2.5x the forward's two). */
     double flop = 2.5 * 4.0 * 4 * 12 * (double)T * (double)T * 64 / 2;
     printf("time ATTN_BWD(bf16,B=4,H=12,T=%lld,D=64,causal): %8.1f us/call (%.1f TFLOP/s at "
-           "2.5x the forward's FLOPs); forward %7.1f us/call\n",
-           (long long)T, best * 1e6, flop / best * 1e-12, fbest * 1e6);
-    sg_release(o);
+           "2.5x the forward's FLOPs); forward %7.1f us/call; with the forward's logsumexps "
+           "%8.1f us/call\n",
+           (long long)T, best * 1e6, flop / best * 1e-12, fbest * 1e6, kbest * 1e6);
+    sg_release(o), sg_release(ok), sg_release(lse);
     unmake(&in);
 }
 
@@ -206,6 +258,7 @@ int main(void) {
     vs_cpu(SG_F32, 1, 4, 2, 100, 64, true, true, false);
     vs_cpu(SG_F32, 1, 2, 1, 70, 96, false, false, false);
     gpt2_size();
+    kept_vs_recomputed();
     const char *e = getenv("SG_ATTN_TIMING");
     if (!(e && strcmp(e, "0") == 0)) timing(512), timing(1024);
     sg_ctx_destroy(gpu);

@@ -6,11 +6,13 @@
  * keys taken in tiles of KT so that the rescale happens once per tile.
  * Rows are spread over OpenMP threads; q, k, v and the mask are read
  * through their strides (stride 0 where broadcast), grouped-query heads
- * read their shared K/V head. The node's layout is in capture/ops.def.
+ * read their shared K/V head. The node's layout is in capture/ops.def;
+ * with SG__ATTN_LSE each row's logsumexp, mx + log(sum), follows the result.
  *
  * ATTENTION_BWD (the gradient of ATTENTION, sg__sdpa_grad) in two passes,
  * f32 accumulation throughout. Rows: per (batch, head, query) row, the
- * logsumexp of its visible scaled scores, D = rowsum(dO * O), and dq =
+ * logsumexp of its visible scaled scores (the forward's, when the node has
+ * them and they are not NaN, else recomputed), D = rowsum(dO * O), and dq =
  * scale * sum_j dS_j k_j with P_j = exp(s_j - lse), dS_j = P_j (dO.v_j - D),
  * keys in order; lse and D go to the packed output's row workspace, dq,
  * dk and dv where sg__attn_bwd_parts puts them. Keys:
@@ -28,6 +30,8 @@ typedef struct attn_geom {
     const sg_tensor *q, *k, *v, *m, *len, *out;
     const sg_tensor *o, *dout; /* ATTENTION_BWD: the forward's output and its gradient */
     sg__attn_part part[3];     /* ATTENTION_BWD: where dq, dk, dv go in out */
+    float *lse;                /* ATTENTION: where its rows' logsumexps go, or NULL;
+                                  ATTENTION_BWD: the forward's, or NULL */
     float scale;
     bool causal;
 } attn_geom;
@@ -92,6 +96,7 @@ static void attn_row(const attn_geom *g, int64_t b, int64_t h, int64_t i, float 
     }
     /* No visible key, or every one masked: NaN, as softmax over -inf gives. */
     float inv = sum > 0 ? 1.0f / sum : NAN;
+    if (g->lse) g->lse[(b * g->Hq + h) * g->Lq + i] = sum > 0 ? mx + logf(sum) : INFINITY;
     const sg_tensor *o = g->out; /* stored (B, Lq, Hq, D): capture.h */
     int64_t oo = ((b * g->Lq + i) * g->Hq + h) * D;
     for (int64_t e = 0; e < D; e++) sg__stf(sg__data(o), o->dtype, oo + e, acc[e] * inv);
@@ -139,13 +144,18 @@ static void bwd_row(const attn_geom *g, int64_t b, int64_t h, int64_t i, float *
         qf[e] = at4(g->q, b, h, i, e), dof[e] = at4(g->dout, b, h, i, e), acc[e] = 0;
         Di += dof[e] * at4(g->o, b, h, i, e);
     }
-    for (int64_t j = 0; j < n; j++) {
-        float s = score(g, b, h, i, j, qf);
-        mx = s > mx ? s : mx;
-    }
-    for (int64_t j = 0; mx > -INFINITY && j < n; j++) sum += expf(score(g, b, h, i, j, qf) - mx);
     /* No key seen: lse = +inf makes every P 0, so the row contributes nothing. */
-    float lse = sum > 0 ? mx + logf(sum) : INFINITY;
+    float lse = g->lse ? g->lse[r] : NAN;
+    if (lse != lse) { /* not kept by the forward: recompute */
+        for (int64_t j = 0; j < n; j++) {
+            float s = score(g, b, h, i, j, qf);
+            mx = s > mx ? s : mx;
+        }
+        for (int64_t j = 0; mx > -INFINITY && j < n; j++)
+            sum += expf(score(g, b, h, i, j, qf) - mx);
+        lse = sum > 0 ? mx + logf(sum) : INFINITY;
+    }
+    sum = lse < INFINITY; /* from here: whether the row sees a key */
     for (int64_t j = 0; sum > 0 && j < n; j++) {
         float p = expf(score(g, b, h, i, j, qf) - lse);
         if (p == 0) continue;
@@ -223,6 +233,7 @@ sg_status sg__cpu_attn(sg_ctx *ctx, const sg__node *n) {
                    .out = n->out,
                    .o = n->nin > 6 ? n->in[5] : NULL,
                    .dout = n->nin > 6 ? n->in[6] : NULL,
+                   .lse = n->nin > 7 && n->in[7] ? (float *)sg__data(n->in[7]) : NULL,
                    .scale = (float)n->f[0],
                    .causal = (n->i[0] & SG__ATTN_CAUSAL) != 0};
     if (g.D > 256 || g.Hkv < 1 || g.Hq % g.Hkv != 0)
@@ -236,6 +247,9 @@ sg_status sg__cpu_attn(sg_ctx *ctx, const sg__node *n) {
         return attn_bwd(ctx, &g);
     }
     int64_t rows = g.B * g.Hq * g.Lq;
+    if (n->i[0] & SG__ATTN_LSE) /* packed: the result, then its rows' logsumexps */
+        g.lse = (float *)((char *)sg__data(n->out) +
+                          (size_t)sg__attn_lse_at(rows * g.D) * sg_dtype_size(n->out->dtype));
     int nth = sg__cpu_threads(ctx, rows * g.S * g.D / 4);
 #pragma omp parallel for num_threads(nth) if (nth > 1) schedule(dynamic, 4)
     for (int64_t r = 0; r < rows; r++) {

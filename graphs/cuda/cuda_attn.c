@@ -12,7 +12,9 @@
  * forward for D 64 and 128 with 16-byte rows, else sg_attn_mma; decode (at most 4 queries
  * per row, no mask, 16-byte K/V rows) to the lean sg_attn_decode (SG_ATTN_DECODE=0: not),
  * whose splits the device picks from kv_len within the count planned here, merged by a
- * cluster of blocks (sm_90) or by the combine kernel. The split count depends
+ * cluster of blocks (sm_90) or by the combine kernel. With SG__ATTN_LSE the flash
+ * kernels also write each row's logsumexp after the result; the other paths fill
+ * that with NaN, so the backward recomputes it. The split count depends
  * only on shapes, never on kv_len, which stays on the device: a recorded graph replays with
  * whatever length the step wrote there.
  */
@@ -117,6 +119,14 @@ typedef struct acopy {
 } acopy;
 _Static_assert(sizeof(acopy) == 80, "acopy changed: update k_attn.cu too");
 
+/* With SG__ATTN_LSE: where the rows' logsumexps go in the packed output
+ * (capture.h sg__attn_lse_at), else NULL. */
+static float *lse_of(const sg__node *n, const ageom *g) {
+    if (!(n->i[0] & SG__ATTN_LSE)) return NULL;
+    size_t at = (size_t)sg__attn_lse_at(g->B * g->Lq * g->Hq * g->D) * sg_dtype_size(n->out->dtype);
+    return (float *)((char *)sg__data(n->out) + at);
+}
+
 static sg_status launch_mma(sg_ctx *ctx, const sg__node *n, ageom *g, const acopy *cp) {
     bool flash = use_flash(n, g);
     const char *name = !flash ? "sg_attn_mma" : g->D == 64 ? "sg_attn_flash64" : "sg_attn_flash128";
@@ -126,7 +136,8 @@ static sg_status launch_mma(sg_ctx *ctx, const sg__node *n, ageom *g, const acop
     void *q = sg__data(n->in[0]), *k = sg__data(n->in[1]), *v = sg__data(n->in[2]);
     void *len = n->nin > 4 && n->in[4] ? sg__data(n->in[4]) : NULL, *out = sg__data(n->out);
     acopy none = {0};
-    void *args[] = {&q, &k, &v, &len, &out, g, (void *)(cp ? cp : &none)};
+    float *lse = flash ? lse_of(n, g) : NULL;
+    void *args[] = {&q, &k, &v, &len, &out, g, (void *)(cp ? cp : &none), &lse};
     unsigned tiles = (unsigned)((g->Lq + 63) / 64), heads = (unsigned)(g->B * g->Hq);
     unsigned grid[3] = {flash ? heads : tiles, flash ? tiles : heads, 1};
     unsigned block[3] = {NT, 1, 1};
@@ -181,18 +192,10 @@ static sg_status launch_decode(sg_ctx *ctx, const sg__node *n, ageom *g) {
     return sg__cuda_launch_pdl(ctx, combine, cgrid, cblock, 0, cargs);
 }
 
-sg_status sg__cuda_attn(sg_ctx *ctx, const sg__node *n) {
-    ageom g;
-    describe(&g, n);
-    if (g.D > 256 || g.Hkv < 1 || g.Hq % g.Hkv != 0)
-        return sg__fail(ctx, SG_ERR_INTERNAL,
-                        "cuda: attention with D %lld, Hq %lld, Hkv %lld; "
-                        "the kernels take D <= 256 and Hq a multiple of Hkv",
-                        (long long)g.D, (long long)g.Hq, (long long)g.Hkv);
+/* The FFMA kernel sg_attn_split, its splits merged by sg_attn_combine. */
+static sg_status launch_split(sg_ctx *ctx, const sg__node *n, ageom *g0) {
+    ageom g = *g0;
     int64_t rows = g.B * g.Hq * g.Lq;
-    if (rows == 0 || g.D == 0) return SG_OK;
-    if (use_mma(ctx, &g)) return launch_mma(ctx, n, &g, NULL);
-    if (use_decode(&g)) return launch_decode(ctx, n, &g);
     int64_t zr = ((g.Hq / g.Hkv) * g.Lq + g.rows - 1) / g.rows, bx = g.B * g.Hkv;
     plan_splits(&g, bx * zr, sg__cuda_sm_count(ctx));
     if (zr > 65535 || bx > INT32_MAX || rows > INT32_MAX)
@@ -221,6 +224,28 @@ sg_status sg__cuda_attn(sg_ctx *ctx, const sg__node *n) {
     unsigned cgrid[3] = {(unsigned)rows, 1, 1};
     unsigned cblock[3] = {(unsigned)(g.D < 32 ? 32 : (g.D + 31) / 32 * 32), 1, 1};
     return sg__cuda_launch(ctx, combine, cgrid, cblock, 0, cargs);
+}
+
+sg_status sg__cuda_attn(sg_ctx *ctx, const sg__node *n) {
+    ageom g;
+    describe(&g, n);
+    if (g.D > 256 || g.Hkv < 1 || g.Hq % g.Hkv != 0)
+        return sg__fail(ctx, SG_ERR_INTERNAL,
+                        "cuda: attention with D %lld, Hq %lld, Hkv %lld; "
+                        "the kernels take D <= 256 and Hq a multiple of Hkv",
+                        (long long)g.D, (long long)g.Hq, (long long)g.Hkv);
+    int64_t rows = g.B * g.Hq * g.Lq;
+    if (rows == 0) return SG_OK;
+    float *lse = lse_of(n, &g);
+    bool mma = use_mma(ctx, &g), wrote = mma && use_flash(n, &g);
+    sg_status st = g.D == 0         ? SG_OK
+                   : mma            ? launch_mma(ctx, n, &g, NULL)
+                   : use_decode(&g) ? launch_decode(ctx, n, &g)
+                                    : launch_split(ctx, n, &g);
+    /* A path that keeps no logsumexps: NaN (every bit set), the backward recomputes. */
+    if (st == SG_OK && lse && !wrote)
+        st = sg__cuda_memset(ctx, lse, 0xff, (size_t)rows * sizeof(float));
+    return st;
 }
 
 /*

@@ -3,8 +3,9 @@
  * cuda_attn_bwd.c -- the host side of ATTENTION_BWD on CUDA (kernels in
  * k_attn_bwd.cu): it describes the node's strided views and the packed
  * output's parts to the kernels and launches the two passes, query rows
- * first (they write each row's logsumexp and rowsum(dO * O) into the
- * output's workspace), then keys; dq, dk and dv go where the node's
+ * first (they write each row's logsumexp -- the forward's, in[7], when it
+ * kept them, else recomputed -- and rowsum(dO * O) into the output's
+ * workspace), then keys; dq, dk and dv go where the node's
  * layout puts them (sg__attn_bwd_parts). bf16 / f16 with D = 64 or 128, no mask,
  * on sm_80+ run on tensor cores (sg_attn_bwd_dq<D>_<dtype>,
  * sg_attn_bwd_dkv<D>_<dtype>);
@@ -83,6 +84,11 @@ static bool use_mma(sg_ctx *ctx, const bgeom *g) {
            sg__cuda_arch(ctx) >= 80;
 }
 
+/* The forward's row logsumexps (f32; NaN where it kept none), or NULL. */
+static void *lse_of(const sg__node *n) {
+    return n->nin > 7 && n->in[7] ? sg__data(n->in[7]) : NULL;
+}
+
 static sg_status launch_mma(sg_ctx *ctx, const sg__node *n, bgeom *g) {
     char dq_name[32], dkv_name[32];
     const char *t = g->dt == SG_F16 ? "f16" : "bf16";
@@ -94,10 +100,10 @@ static sg_status launch_mma(sg_ctx *ctx, const sg__node *n, bgeom *g) {
     if (st != SG_OK) return st;
     void *q = sg__data(n->in[0]), *k = sg__data(n->in[1]), *v = sg__data(n->in[2]);
     void *len = n->in[4] ? sg__data(n->in[4]) : NULL, *o = sg__data(n->in[5]);
-    void *d = sg__data(n->in[6]), *out = sg__data(n->out);
+    void *d = sg__data(n->in[6]), *out = sg__data(n->out), *lse = lse_of(n);
     unsigned block[3] = {NT, 1, 1};
     if (g->Lq > 0) {
-        void *args[] = {&q, &k, &v, &len, &o, &d, &out, g};
+        void *args[] = {&q, &k, &v, &len, &o, &d, &out, g, &lse};
         unsigned grid[3] = {(unsigned)(g->B * g->Hq), (unsigned)((g->Lq + 63) / 64), 1};
         st = sg__cuda_launch(ctx, fdq, grid, block, 0, args);
     }
@@ -121,9 +127,10 @@ static sg_status launch_fma(sg_ctx *ctx, const sg__node *n, bgeom *g) {
     void *q = sg__data(n->in[0]), *k = sg__data(n->in[1]), *v = sg__data(n->in[2]);
     void *m = n->in[3] ? sg__data(n->in[3]) : NULL, *len = n->in[4] ? sg__data(n->in[4]) : NULL;
     void *o = sg__data(n->in[5]), *d = sg__data(n->in[6]), *out = sg__data(n->out);
+    void *lse = lse_of(n);
     unsigned block[3] = {NT, 1, 1};
     if (rows > 0) {
-        void *args[] = {&q, &k, &v, &m, &len, &o, &d, &out, g};
+        void *args[] = {&q, &k, &v, &m, &len, &o, &d, &out, g, &lse};
         unsigned grid[3] = {(unsigned)rows, 1, 1};
         st = sg__cuda_launch(ctx, frows, grid, block, 0, args);
     }

@@ -142,6 +142,12 @@ sg_status sg__cuda_download(sg_ctx *ctx, void *dst, const void *src, size_t n) {
                              : sg__cu_fail(ctx, r, "cuMemcpyDtoHAsync", "copying to the host");
 }
 
+sg_status sg__cuda_memset(sg_ctx *ctx, void *dptr, unsigned char byte, size_t n) {
+    sg__cuda *s = state(ctx);
+    CUresult r = s->cu->cuMemsetD8Async((CUdeviceptr)(uintptr_t)dptr, byte, n, s->stream);
+    return r == CUDA_SUCCESS ? SG_OK : sg__cu_fail(ctx, r, "cuMemsetD8Async", "filling memory");
+}
+
 static sg_status cu_copy(sg_ctx *ctx, void *dst, const void *src, size_t n) {
     sg__cuda *s = state(ctx);
     CUresult r = s->cu->cuMemcpyDtoDAsync_v2((CUdeviceptr)(uintptr_t)dst,

@@ -60,6 +60,8 @@ SG__HIDDEN sg_status sg__cuda_launch_pdl(sg_ctx *ctx, void *func, const unsigned
 /* Device scratch for one op, valid until the next call of this function on
  * the context (ops run one at a time on the stream, so one buffer serves). */
 SG__HIDDEN sg_status sg__cuda_scratch(sg_ctx *ctx, size_t bytes, void **dptr);
+/* Set n bytes at dptr to byte, in stream order (a memset node in a graph). */
+SG__HIDDEN sg_status sg__cuda_memset(sg_ctx *ctx, void *dptr, unsigned char byte, size_t n);
 /* Copy device memory to the host and wait (for host-side index checks). */
 SG__HIDDEN sg_status sg__cuda_download(sg_ctx *ctx, void *dst, const void *src, size_t nbytes);
 /* True while a CUDA graph is being recorded: ops must not wait for the device

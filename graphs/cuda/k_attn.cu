@@ -808,7 +808,8 @@ extern "C" __global__ void __launch_bounds__(NT)
  * last visible key are never loaded; only tiles that reach past a warp's
  * first row's visible keys are masked elementwise; keys at or past the
  * block's last visible key are zero-filled, not read. The result goes out
- * through shared memory as 16-byte rows of (B, Lq, Hq, D).
+ * through shared memory as 16-byte rows of (B, Lq, Hq, D); with lse (not
+ * NULL: the node's SG__ATTN_LSE) each row's logsumexp to lse[row].
  */
 #define FQ 64 /* queries per block */
 
@@ -960,7 +961,8 @@ __device__ __forceinline__ void row_max(float (&s)[NS][4], int ea, int eb, float
 
 template <int D, int FK, int DT>
 __device__ __forceinline__ void flash_fwd(const u16 *q, const u16 *k, const u16 *v, const void *len,
-                                          u16 *out, const ageom &g, const acopy &cp, u16 *sm) {
+                                          u16 *out, const ageom &g, const acopy &cp, float *lse,
+                                          u16 *sm) {
     constexpr int P = D + 8, NKS = D / 16, ND = D / 8, NS = FK / 8;
     const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, gr = lane >> 2, tq = lane & 3;
     const i64 b = blockIdx.x / g.Hq, h = blockIdx.x % g.Hq, hk = h / (g.Hq / g.Hkv);
@@ -1073,6 +1075,12 @@ __device__ __forceinline__ void flash_fwd(const u16 *q, const u16 *k, const u16 
         lb += __shfl_xor_sync(0xffffffffu, lb, off);
     }
     const float ra = la > 0.0f ? 1.0f / la : nan_f(), rb = lb > 0.0f ? 1.0f / lb : nan_f();
+    if (lse && tq == 0) { /* ln sum e^(s scale) = (max s scale log2(e) + log2 l) ln 2 */
+        const i64 r = (b * g.Hq + h) * g.Lq + ia;
+        if (ia < g.Lq) lse[r] = la > 0.0f ? (ma * sl2 + log2f(la)) * 0.6931471805599453f : inf_f();
+        if (ia + 8 < g.Lq)
+            lse[r + 8] = lb > 0.0f ? (mb * sl2 + log2f(lb)) * 0.6931471805599453f : inf_f();
+    }
     u16 *so = sm + (warp * 16 + gr) * P + 2 * tq;
 #pragma unroll
     for (int d = 0; d < ND; d++) {
@@ -1094,19 +1102,19 @@ __device__ __forceinline__ void flash_fwd(const u16 *q, const u16 *k, const u16 
 #define FLASH(D, FK)                                                                               \
     __shared__ __align__(16) u16 sm[(FQ > 2 * FK ? FQ : 2 * FK) * (D + 8)];                        \
     if (g.dt == DT_F16)                                                                            \
-        flash_fwd<D, FK, DT_F16>(q, k, v, len, out, g, cp, sm);                                    \
+        flash_fwd<D, FK, DT_F16>(q, k, v, len, out, g, cp, lse, sm);                               \
     else                                                                                           \
-        flash_fwd<D, FK, DT_BF16>(q, k, v, len, out, g, cp, sm);
+        flash_fwd<D, FK, DT_BF16>(q, k, v, len, out, g, cp, lse, sm);
 
 extern "C" __global__ void __launch_bounds__(NT)
     sg_attn_flash64(const u16 *q, const u16 *k, const u16 *v, const void *len, u16 *out, ageom g,
-                    acopy cp) {
+                    acopy cp, float *lse) {
     FLASH(64, 64)
 }
 
 extern "C" __global__ void __launch_bounds__(NT)
     sg_attn_flash128(const u16 *q, const u16 *k, const u16 *v, const void *len, u16 *out, ageom g,
-                     acopy cp) {
+                     acopy cp, float *lse) {
     FLASH(128, 32)
 }
 

@@ -11,7 +11,8 @@
  * order, so replays give identical bits.
  *
  * Two passes, in this order on the stream:
- *   rows: per query row (block), the logsumexp recomputed from Q K^T, D, and
+ *   rows: per query row (block), the logsumexp (the forward's when the node
+ *         has them, lse, and they are not NaN; else recomputed from Q K^T), D, and
  *         dq = scale * sum_j dS_j k_j, dS_j = P_j (dO . v_j - D), P_j =
  *         exp(s_j - lse); writes dq and the workspace.
  *   keys: per key (block), dv_j = sum_i P_ij dO_i and dk_j = scale * sum_i
@@ -27,7 +28,8 @@
  * cores, mma.sync m16n8k16 with f32
  * accumulators, flash-attention-2 style. dq: a block of 4 warps per 64
  * query rows (a warp 16), Q and dO fragments in registers; a first loop
- * over key tiles finds each row's logsumexp, a second recomputes P and dP =
+ * over key tiles finds each row's logsumexp (none when the forward kept
+ * every row's), a second recomputes P and dP =
  * dO V^T per tile and adds dS K into dq. dkv: a block per 64 keys (a warp
  * 16), K and V fragments in registers; for each query head of the group and
  * each query tile that can see the block (causal: from the first such
@@ -204,7 +206,7 @@ __device__ float score(const void *k, const void *m, const bgeom &g, const float
 /* Block r = (b, h, i): lse, D and dq of one query row. */
 extern "C" __global__ void __launch_bounds__(NT)
     sg_attn_bwd_rows(const void *q, const void *k, const void *v, const void *m, const void *len,
-                     const void *o, const void *dout, void *out, bgeom g) {
+                     const void *o, const void *dout, void *out, bgeom g, const float *lse) {
     __shared__ float qf[256], df[256], sds[NT], red[NW];
     const int tid = threadIdx.x, D = (int)g.D;
     const i64 r = blockIdx.x, i = r % g.Lq, h = (r / g.Lq) % g.Hq, b = r / (g.Lq * g.Hq);
@@ -218,21 +220,25 @@ extern "C" __global__ void __launch_bounds__(NT)
     }
     __syncthreads();
     const float Di = block_reduce(dpart, false, red);
-    float mx = -inf_f();
-    for (i64 j = tid; j < n; j += NT) mx = fmaxf(mx, score(k, m, g, qf, b, h, hk, i, j));
-    mx = block_reduce(mx, true, red);
-    float sum = 0.0f;
-    for (i64 j = tid; mx > -inf_f() && j < n; j += NT)
-        sum += expf(score(k, m, g, qf, b, h, hk, i, j) - mx);
-    sum = block_reduce(sum, false, red);
-    const float lse = sum > 0.0f ? mx + logf(sum) : inf_f();
+    float rl = lse ? lse[r] : __uint_as_float(0x7fc00000u), sum = rl < inf_f() ? 1.0f : 0.0f;
+    if (rl != rl) { /* not kept by the forward: recompute */
+        float mx = -inf_f();
+        for (i64 j = tid; j < n; j += NT) mx = fmaxf(mx, score(k, m, g, qf, b, h, hk, i, j));
+        mx = block_reduce(mx, true, red);
+        sum = 0.0f;
+        for (i64 j = tid; mx > -inf_f() && j < n; j += NT)
+            sum += expf(score(k, m, g, qf, b, h, hk, i, j) - mx);
+        sum = block_reduce(sum, false, red);
+        rl = sum > 0.0f ? mx + logf(sum) : inf_f();
+    }
+    const float lse_r = rl;
     float acc[2] = {0.0f, 0.0f}; /* dq at e = tid and tid + NT */
     const i64 vb = b * g.vs[0] + hk * g.vs[1], kb = b * g.ks[0] + hk * g.ks[1];
     for (i64 j0 = 0; sum > 0.0f && j0 < n; j0 += NT) {
         i64 j = j0 + tid;
         float ds = 0.0f;
         if (j < n) {
-            float p = expf(score(k, m, g, qf, b, h, hk, i, j) - lse), dp = 0.0f;
+            float p = expf(score(k, m, g, qf, b, h, hk, i, j) - lse_r), dp = 0.0f;
             for (int e = 0; p > 0.0f && e < D; e++)
                 dp += df[e] * ld(v, g.dt, vb + j * g.vs[2] + e * g.vs[3]);
             ds = p * (dp - Di);
@@ -253,7 +259,7 @@ extern "C" __global__ void __launch_bounds__(NT)
         if (tid + c * NT < D) st(out, g.dt, qa + tid + c * NT, acc[c] * g.scale);
     if (tid == 0) {
         float *ws = workspace(out, g);
-        ws[r] = lse, ws[rows + r] = Di;
+        ws[r] = lse_r, ws[rows + r] = Di;
     }
 }
 
@@ -505,7 +511,8 @@ __device__ __forceinline__ void st2(void *out, i64 at, float lo, float hi, int d
  * all, so the longest blocks do not start last. */
 template <int D, int DT>
 __device__ __forceinline__ void bwd_dq(const void *q, const void *k, const void *v, const void *len,
-                                       const void *o, const void *dout, void *out, const bgeom &g) {
+                                       const void *o, const void *dout, void *out, const bgeom &g,
+                                       const float *lse) {
     constexpr int MQ = 64, MK = D == 128 ? 32 : 64, P = D + 8, NK = D / 16, T = MK * P;
     /* K and V tiles, two of each (tile t in buffer t & 1); first Q and dO. */
     __shared__ __align__(16) u16 sm[4 * T];
@@ -524,6 +531,15 @@ __device__ __forceinline__ void bwd_dq(const void *q, const void *k, const void 
     const i64 last = q0 + MQ - 1 < g.Lq - 1 ? q0 + MQ - 1 : g.Lq - 1;
     const i64 nmax = visible(g, L, last);
     const int nt = (int)((nmax + MK - 1) / MK);
+    /* The forward's logsumexps of this thread's rows (NaN where it kept
+     * none): with every row's, pass 1 is skipped. */
+    float fa = 0.0f, fb = 0.0f;
+    if (lse) {
+        const i64 i = q0 + r0, r = (b * g.Hq + h) * g.Lq + i;
+        if (i < g.Lq) fa = lse[r];
+        if (i + 8 < g.Lq) fb = lse[r + 8];
+    }
+    const bool have = lse && !__syncthreads_or(fa != fa || fb != fb);
     fetch<D, MQ>(sm, q, b * g.qs[0] + h * g.qs[1], g.qs[2], g.qs[3], q0, g.Lq, g.flags & VQ);
     fetch<D, MQ>(sm + MQ * P, dout, b * g.gs[0] + h * g.gs[1], g.gs[2], g.gs[3], q0, g.Lq,
                  g.flags & VG);
@@ -532,7 +548,7 @@ __device__ __forceinline__ void bwd_dq(const void *q, const void *k, const void 
      * buffers 2-3, and K(0) loads beside Q and dO. */
     constexpr int E = 2 * MQ * P <= 2 * T, KB = E ? 2 : 0;
     if (E) {
-        if (nt > 0) fetch<D, MK>(sm + KB * T, k, kb, g.ks[2], g.ks[3], 0, nmax, vk);
+        if (nt > 0 && !have) fetch<D, MK>(sm + KB * T, k, kb, g.ks[2], g.ks[3], 0, nmax, vk);
         cp_commit();
     }
     /* D = rowsum(dO * O): CH lanes a row, 16-byte loads of O, issued before
@@ -628,10 +644,10 @@ __device__ __forceinline__ void bwd_dq(const void *q, const void *k, const void 
         ma = mna, mb = mnb;
     };
     if (!E) {
-        if (nt > 0) fetch<D, MK>(sm, k, kb, g.ks[2], g.ks[3], 0, nmax, vk);
+        if (nt > 0 && !have) fetch<D, MK>(sm, k, kb, g.ks[2], g.ks[3], 0, nmax, vk);
         cp_commit();
     }
-    for (int t = 0; t < nt; t++) {
+    for (int t = 0; t < (have ? 0 : nt); t++) {
         if (t + 1 < nt)
             fetch<D, MK>(sm + (KB + ((t + 1) & 1)) * T, k, kb, g.ks[2], g.ks[3], (i64)(t + 1) * MK,
                          nmax, vk);
@@ -655,13 +671,17 @@ __device__ __forceinline__ void bwd_dq(const void *q, const void *k, const void 
         lb += __shfl_xor_sync(0xffffffffu, lb, off);
     }
     /* lse in log2 units (+inf for a row that sees nothing: its P is 0). */
-    const float l2a = la > 0.0f ? ma + log2f(la) : inf_f(),
-                l2b = lb > 0.0f ? mb + log2f(lb) : inf_f();
+    const float l2a = have        ? fa * LOG2E
+                      : la > 0.0f ? ma + log2f(la)
+                                  : inf_f(),
+                l2b = have        ? fb * LOG2E
+                      : lb > 0.0f ? mb + log2f(lb)
+                                  : inf_f();
     if (tq == 0) {
         float *ws = workspace(out, g);
         const i64 ra = (b * g.Hq + h) * g.Lq + ia;
-        if (ia < g.Lq) ws[ra] = l2a * LN2, ws[rows + ra] = Da;
-        if (ib < g.Lq) ws[ra + 8] = l2b * LN2, ws[rows + ra + 8] = Db;
+        if (ia < g.Lq) ws[ra] = have ? fa : l2a * LN2, ws[rows + ra] = Da;
+        if (ib < g.Lq) ws[ra + 8] = have ? fb : l2b * LN2, ws[rows + ra + 8] = Db;
     }
     /* Pass 2: dq += dS K, dS = P (dP - D), P = 2^(s scale log2(e) - lse
      * log2(e)), dP = dO V^T; K(t+1) and V(t+1) are in flight while tile t
@@ -894,10 +914,10 @@ __device__ __forceinline__ void bwd_dkv(const void *q, const void *k, const void
  * spills inside them). One kernel per dtype: sg_attn_bwd_dq64_bf16,
  * sg_attn_bwd_dq64_f16, ... */
 #define DQ(D, MINB, T, DT)                                                                         \
-    extern "C" __global__ void __launch_bounds__(NT, MINB)                                         \
-        sg_attn_bwd_dq##D##_##T(const void *q, const void *k, const void *v, const void *len,      \
-                                const void *o, const void *dout, void *out, bgeom g) {             \
-        bwd_dq<D, DT>(q, k, v, len, o, dout, out, g);                                              \
+    extern "C" __global__ void __launch_bounds__(NT, MINB) sg_attn_bwd_dq##D##_##T(                \
+        const void *q, const void *k, const void *v, const void *len, const void *o,               \
+        const void *dout, void *out, bgeom g, const float *lse) {                                  \
+        bwd_dq<D, DT>(q, k, v, len, o, dout, out, g, lse);                                         \
     }
 #define DKV(D, MINB, T, DT)                                                                        \
     extern "C" __global__ void __launch_bounds__(NT, MINB)                                         \
