@@ -729,7 +729,7 @@ static void fuse_opts(sg__fuse_opts *o, bool disable) {
     sg__cgen_cuda_fuse_opts(o, disable);
     o->lib_epilogue = true;
     o->attn_copies = true;
-    o->xent_pairs = true;
+    o->xent_pairs = sg__cuda_xent_on("pair");
 }
 
 const sg__graph_ops sg__cuda_graph_ops = {compile, run, release, fuse_opts, timed_run};

@@ -11,12 +11,17 @@
  * computing; here the targets live on the device, so they are read back and
  * checked the same way (the same message) unless a CUDA graph is being
  * recorded, when the host may not wait: the kernel then writes NaN for a bad
- * target and never reads outside the row.
+ * target and never reads outside the row. The gradient's kernel keeps a
+ * block's row in shared memory between its two passes where it fits, and
+ * also computes the loss when fusion merged the pair (sg__cuda_xent_pair);
+ * SG_CUDA_XENT turns either off.
  */
 #include "cuda.h"
 #include "exec.h"
 
 #include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
 
 #ifdef SG_HAVE_CUDA_HEADERS
 
@@ -205,12 +210,22 @@ static sg_status cross_entropy(sg_ctx *ctx, const sg__node *n) {
  * row (100 KB) does. Longer rows rely on L2 for their second read. */
 #define XENT_STAGE_MAX (112 * 1024)
 
+bool sg__cuda_xent_on(const char *what) {
+    const char *e = getenv("SG_CUDA_XENT");
+    if (!e || !*e) return true;
+    size_t n = strlen(what);
+    for (const char *p = strstr(e, what); p; p = strstr(p + 1, what))
+        if ((p == e || p[-1] == ',') && (p[n] == '\0' || p[n] == ',')) return true;
+    return false;
+}
+
 /* Shared memory for sg_row_xent_bwd to stage a block's row of len elements
  * of es bytes as 16-byte vectors: the bytes, or 0 where it cannot
  * (warp rows, strided rows, rows over XENT_STAGE_MAX, a refused attribute). */
 static size_t xent_stage_bytes(sg_ctx *ctx, void *f, const wgeom *g, size_t es) {
     size_t bytes = (size_t)g->len * es / 16 * 16;
-    if (g->team != BLOCK || g->xs != 1 || g->ys != 1 || bytes == 0 || bytes > XENT_STAGE_MAX)
+    if (g->team != BLOCK || g->xs != 1 || g->ys != 1 || bytes == 0 || bytes > XENT_STAGE_MAX ||
+        !sg__cuda_xent_on("stage"))
         return 0;
     if (bytes <= 48 * 1024) return bytes;
     CUresult r = sg__cuda_api(ctx)->cuFuncSetAttribute(
