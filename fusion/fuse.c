@@ -1602,6 +1602,8 @@ sg_status sg__fuse(sg_ctx *ctx, const sg__ir *ir, const sg__fuse_opts *opts, sg_
     if (s == SG_OK && !per_op && opts && opts->xent_pairs) s = xent_pairs(ctx, ir, f->alias, f);
     if (s != SG_OK) goto done;
     mark_stores(ir, f->alias, f->groups, f->ngroups);
+    for (int k = 0; k < f->ngroups; k++) /* the gradient's kernel writes the loss (xent_pairs) */
+        if (f->groups[k].xent) f->groups[k].g[f->groups[k].xent].store = true;
     if (!per_op && !(opts && opts->no_fold)) s = fold_consts(ctx, ir, f->alias, writes, f);
     if (s != SG_OK) goto done;
     if (!per_op && opts && opts->lib_epilogue) lib_epilogues(ir, f->alias, f->groups, f->ngroups);
