@@ -1416,7 +1416,8 @@ static sg_status xent_pairs(sg_ctx *ctx, const sg__ir *ir, const int *alias, sg_
         b->n = 2;
         b->xent = 1;
         sg__free(ctx, f->groups[ka].g, sizeof *g);
-        memmove(&f->groups[ka], &f->groups[ka + 1], sizeof *f->groups * (size_t)(f->ngroups - ka - 1));
+        memmove(&f->groups[ka], &f->groups[ka + 1],
+                sizeof *f->groups * (size_t)(f->ngroups - ka - 1));
         f->ngroups--;
         kb--;
     }

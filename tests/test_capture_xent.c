@@ -295,11 +295,11 @@ static void pair_case(sg_dtype dt, sg_dtype tdt, int64_t rows, int64_t cols, int
     sg_tensor *in[2] = {base, t}, *got[3] = {NULL}, *eag[3] = {NULL};
     sg_fn *fn = NULL;
     bool cuda = sg_ctx_backend(ctx) == SG_BACKEND_CUDA;
-    bool ok = TU_EXPECT(sg_requires_grad_(base, true) == SG_OK) &&
-              TU_EXPECT(pair_step(ctx, in, eag, &p) == SG_OK) &&
-              TU_EXPECT(sg_compile(ctx, pair_step, &p, 2, nout,
-                                   &(sg_compile_opts){.mode = SG_MODE_REDUCE_OVERHEAD},
-                                   &fn) == SG_OK);
+    bool ok =
+        TU_EXPECT(sg_requires_grad_(base, true) == SG_OK) &&
+        TU_EXPECT(pair_step(ctx, in, eag, &p) == SG_OK) &&
+        TU_EXPECT(sg_compile(ctx, pair_step, &p, 2, nout,
+                             &(sg_compile_opts){.mode = SG_MODE_REDUCE_OVERHEAD}, &fn) == SG_OK);
     unsigned char *first = NULL, *again = NULL, *eb = NULL;
     size_t nf = 0, na = 0, ne = 0;
     for (int call = 0; ok && call < 2; call++) {
@@ -309,7 +309,8 @@ static void pair_case(sg_dtype dt, sg_dtype tdt, int64_t rows, int64_t cols, int
         if (ok && call == 1) again = bytes_of(got, nout, &na);
     }
     if (ok) eb = bytes_of(eag, nout, &ne);
-    ok = ok && TU_EXPECT(first && again && eb) && TU_EXPECT(nf == na && memcmp(first, again, nf) == 0);
+    ok = ok && TU_EXPECT(first && again && eb) &&
+         TU_EXPECT(nf == na && memcmp(first, again, nf) == 0);
     /* On CUDA the fused pair and the eager kernels give the same bits. */
     ok = ok && (!cuda || TU_EXPECT(nf == ne && memcmp(first, eb, nf) == 0));
     /* f16 keeps gradients of ~1/C as subnormals: one step of 2^-24 apart */
@@ -324,8 +325,8 @@ static void pair_case(sg_dtype dt, sg_dtype tdt, int64_t rows, int64_t cols, int
     /* A target out of range in a replay. */
     int64_t bad = rows / 2;
     tv[bad] = cols, t32[bad] = (int32_t)cols;
-    ok = ok && TU_EXPECT(sg_write(t, tdt == SG_I32 ? (void *)t32 : (void *)tv,
-                                  nbytes_of(t)) == SG_OK);
+    ok = ok &&
+         TU_EXPECT(sg_write(t, tdt == SG_I32 ? (void *)t32 : (void *)tv, nbytes_of(t)) == SG_OK);
     for (int k = 0; ok && k < 3; k++) sg_release(got[k]), got[k] = NULL;
     sg_status bs = ok ? sg_call(fn, in, 2, got, nout) : SG_OK;
     double *g2 = NULL;

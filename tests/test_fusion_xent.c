@@ -90,11 +90,11 @@ static void run(int kind, int want, const char *why) {
     int nin = kind == P_HEAD ? 3 : 2;
     sg_fn *fn = NULL;
     sg_tensor *out[3] = {NULL};
-    bool ok = TU_EXPECT(sg_requires_grad_(in[0], true) == SG_OK) &&
-              TU_EXPECT(sg_compile(ctx, step, &kind, nin, 3,
-                                   &(sg_compile_opts){.mode = SG_MODE_REDUCE_OVERHEAD},
-                                   &fn) == SG_OK) &&
-              TU_EXPECT(sg_call(fn, in, nin, out, 3) == SG_OK) && TU_EXPECT(fn->ngraphs == 1);
+    bool ok =
+        TU_EXPECT(sg_requires_grad_(in[0], true) == SG_OK) &&
+        TU_EXPECT(sg_compile(ctx, step, &kind, nin, 3,
+                             &(sg_compile_opts){.mode = SG_MODE_REDUCE_OVERHEAD}, &fn) == SG_OK) &&
+        TU_EXPECT(sg_call(fn, in, nin, out, 3) == SG_OK) && TU_EXPECT(fn->ngraphs == 1);
     if (!ok) fprintf(stderr, "  %s\n", sg_last_error(ctx));
     int got = -1, cpu = -1;
     bool sane = true;

@@ -85,8 +85,8 @@ static int32_t team_for(int64_t len, int64_t nrows) {
 
 /* Launch kernel f (`name`) over g.nrows rows, one team each, with smem
  * bytes of dynamic shared memory. */
-static sg_status launch_rows_of(sg_ctx *ctx, const char *name, void *f, const wgeom *g,
-                                size_t smem, void **args) {
+static sg_status launch_rows_of(sg_ctx *ctx, const char *name, void *f, const wgeom *g, size_t smem,
+                                void **args) {
     int64_t per = BLOCK / g->team, blocks = (g->nrows + per - 1) / per;
     if (blocks > 0x7fffffff)
         return sg__fail(ctx, SG_ERR_UNSUPPORTED,

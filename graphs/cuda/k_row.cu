@@ -538,7 +538,8 @@ __device__ __forceinline__ void xent_bwd_row(const char *xr, char *yr, i64 c, fl
     for (; v + (XENT_UNROLL - 1) * BLOCK < r.nv; v += XENT_UNROLL * BLOCK) {
         uint4 a[XENT_UNROLL];
 #pragma unroll
-        for (int u = 0; u < XENT_UNROLL; u++) a[u] = ST ? stage[v + u * BLOCK] : __ldg(xv + v + u * BLOCK);
+        for (int u = 0; u < XENT_UNROLL; u++)
+            a[u] = ST ? stage[v + u * BLOCK] : __ldg(xv + v + u * BLOCK);
 #pragma unroll
         for (int u = 0; u < XENT_UNROLL; u++) {
             i64 w = v + u * BLOCK;
@@ -546,8 +547,7 @@ __device__ __forceinline__ void xent_bwd_row(const char *xr, char *yr, i64 c, fl
         }
     }
     for (; v < r.nv; v += BLOCK)
-        yv[v] = xent_bwd_vec<DT>(ST ? stage[v] : __ldg(xv + v), r.head + v * PER, c, m, inv,
-                                 scale);
+        yv[v] = xent_bwd_vec<DT>(ST ? stage[v] : __ldg(xv + v), r.head + v * PER, c, m, inv, scale);
     for (i64 u = threadIdx.x; u < r.rest; u += BLOCK) {
         i64 j = u < r.head ? u : r.tail + (u - r.head);
         float e = ex<DT>(ldf(xr, DT, j * g.xs) - m);
@@ -561,8 +561,8 @@ __device__ __forceinline__ void xent_bwd_row(const char *xr, char *yr, i64 c, fl
  * lane 0 alone when fteam is 1), read whole before any lane writes. */
 template <int DT>
 __device__ __forceinline__ void xent_bwd_team(const char *xr, char *yr, i64 c, float gv,
-                                              const wgeom &g, double inv_n, int lane,
-                                              double *loss, int fteam) {
+                                              const wgeom &g, double inv_n, int lane, double *loss,
+                                              int fteam) {
     bool in = c >= 0 && c < g.len;
     float fm = -inf_f(), xc = 0.0f;
     double fs = 0.0;
@@ -575,8 +575,8 @@ __device__ __forceinline__ void xent_bwd_team(const char *xr, char *yr, i64 c, f
     for (i64 j = lane; j < g.len; j += 32) lse_add(ldf(xr, DT, j * g.xs), &m, &s);
     team_lse(&m, &s, 32);
     __syncwarp(); /* every lane's reads of the row before any lane's writes */
-    if (loss && lane == 0) *loss = fteam == 1 ? xent_loss(fm, fs, xc, c, g.len)
-                                              : xent_loss(m, s, xc, c, g.len);
+    if (loss && lane == 0)
+        *loss = fteam == 1 ? xent_loss(fm, fs, xc, c, g.len) : xent_loss(m, s, xc, c, g.len);
     float inv = (float)(1.0 / s), scale = (float)((double)gv * inv_n);
     if (!in) scale = __int_as_float(0x7fc00000); /* NaN */
     for (i64 j = lane; j < g.len; j += 32) {
@@ -616,8 +616,8 @@ __device__ __forceinline__ void xent_bwd_dt(const char *xr, char *yr, i64 c, flo
  * fteam, and the last block takes their mean into out (xent_finish).
  */
 extern "C" __global__ void __launch_bounds__(BLOCK)
-    sg_row_xent_bwd(const void *x, const void *t, const void *gp, void *y, double *loss,
-                    float *out, wgeom g, double inv_n, int gdt, int staged, int fteam) {
+    sg_row_xent_bwd(const void *x, const void *t, const void *gp, void *y, double *loss, float *out,
+                    wgeom g, double inv_n, int gdt, int staged, int fteam) {
     extern __shared__ uint4 stage[];
     i64 row = blockIdx.x;
     int lane = 0;
@@ -630,9 +630,15 @@ extern "C" __global__ void __launch_bounds__(BLOCK)
         float gv = ldf(gp, gdt, 0);
         double *lr = loss ? loss + row : 0;
         switch (g.dt) {
-        case DT_F32: xent_bwd_dt<DT_F32>(xr, yr, c, gv, g, inv_n, lane, lr, fteam, staged, stage); break;
-        case DT_BF16: xent_bwd_dt<DT_BF16>(xr, yr, c, gv, g, inv_n, lane, lr, fteam, staged, stage); break;
-        default: xent_bwd_dt<DT_F16>(xr, yr, c, gv, g, inv_n, lane, lr, fteam, staged, stage); break;
+        case DT_F32:
+            xent_bwd_dt<DT_F32>(xr, yr, c, gv, g, inv_n, lane, lr, fteam, staged, stage);
+            break;
+        case DT_BF16:
+            xent_bwd_dt<DT_BF16>(xr, yr, c, gv, g, inv_n, lane, lr, fteam, staged, stage);
+            break;
+        default:
+            xent_bwd_dt<DT_F16>(xr, yr, c, gv, g, inv_n, lane, lr, fteam, staged, stage);
+            break;
         }
     }
     if (loss) xent_finish(loss, out, g, &xent_bwd_done);
