@@ -1344,6 +1344,86 @@ static sg_status copies_into_attn(sg_ctx *ctx, const sg__ir *ir, const int *alia
     return SG_OK;
 }
 
+/* ------------------------------------------------------------ cross_entropy with its gradient */
+
+/* The group's node of op, when it is a lone one (nothing else in its kernel). */
+static int lone_node(const sg__ir *ir, const sg__group *g, sg__op op) {
+    if (g->kind == SG__G_MULTI || g->n != 1 || g->xent || ir->nodes[g->g[0].node].op != op)
+        return -1;
+    return g->g[0].node;
+}
+
+/* Why cross_entropy group a (the loss in slot ls) may not move to its
+ * gradient's group b (logits x, targets t, the loss's gradient gr), or NULL. */
+static const char *xent_blocker(const sg__ir *ir, const int *alias, const sg__fused *f, int ka,
+                                int kb, const sg__ref *x, const sg__ref *t, const sg__ref *gr) {
+    const sg__group *a = &f->groups[ka];
+    if (a->kind == SG__G_MULTI || a->n != 1)
+        return "the cross_entropy's kernel computes more than the loss (a prologue or epilogue "
+               "on it)";
+    int ls = ir->refs[alias[ir->nodes[a->g[0].node].out]].slot;
+    if (gr && gr->slot == ls) return "the gradient's g is the loss itself";
+    for (int k = ka + 1; k < kb; k++) {
+        const sg__group *c = &f->groups[k];
+        bool w;
+        if (group_touches(ir, alias, c, ls, &w))
+            return "a kernel between them reads or writes the loss";
+        if ((group_touches(ir, alias, c, x->slot, &w) && w) ||
+            (group_touches(ir, alias, c, t->slot, &w) && w))
+            return "a kernel between them writes the logits or the targets";
+    }
+    return NULL;
+}
+
+/* Each lone CROSS_ENTROPY_BWD group and the nearest group before it holding
+ * a CROSS_ENTROPY of the same logits and targets: the forward becomes the
+ * gradient's group's second member (sg__group.xent) where xent_blocker
+ * allows, else the first refusal is kept and hinted. */
+static sg_status xent_pairs(sg_ctx *ctx, const sg__ir *ir, const int *alias, sg__fused *f) {
+    for (int kb = 1; kb < f->ngroups; kb++) {
+        sg__group *b = &f->groups[kb];
+        int bn = lone_node(ir, b, SG__OP_CROSS_ENTROPY_BWD);
+        if (bn < 0) continue;
+        const sg__irnode *n = &ir->nodes[bn];
+        const sg__ref *x = arg_ref(ir, n, 0, alias), *t = arg_ref(ir, n, 1, alias);
+        int ka = -1, fwd = -1;
+        for (int k = kb - 1; k >= 0 && ka < 0; k--) {
+            const sg__group *c = &f->groups[k];
+            for (int m = 0; m < c->n && c->kind != SG__G_MULTI; m++) {
+                const sg__irnode *a = &ir->nodes[c->g[m].node];
+                if (a->op == SG__OP_CROSS_ENTROPY && same_view(arg_ref(ir, a, 0, alias), x) &&
+                    same_view(arg_ref(ir, a, 1, alias), t))
+                    ka = k, fwd = c->g[m].node;
+            }
+        }
+        if (ka < 0) continue;
+        const char *why = xent_blocker(ir, alias, f, ka, kb, x, t, arg_ref(ir, n, 2, alias));
+        if (why) {
+            sg__log(ctx, "perf_hints",
+                    "fusion: cross_entropy (IR line %d) and its gradient (IR line %d) run as two "
+                    "kernels, each reading the logits: %s",
+                    fwd, bn, why);
+            if (!f->xent_why) f->xent_why = why, f->xent_fwd = fwd, f->xent_bwd = bn;
+            continue;
+        }
+        sg__gnode *g = sg__alloc(ctx, sizeof *g * 2);
+        if (!g) return sg__fail(ctx, SG_ERR_OOM, "fusion: out of host memory");
+        g[0] = b->g[0];
+        g[1] = f->groups[ka].g[0];
+        for (int j = 0; j < 4; j++) g[1].arg_src[j] = -1;
+        sg__free(ctx, b->g, sizeof *g);
+        b->g = g;
+        b->n = 2;
+        b->xent = 1;
+        sg__free(ctx, f->groups[ka].g, sizeof *g);
+        memmove(&f->groups[ka], &f->groups[ka + 1],
+                sizeof *f->groups * (size_t)(f->ngroups - ka - 1));
+        f->ngroups--;
+        kb--;
+    }
+    return SG_OK;
+}
+
 /* ------------------------------------------------------------ argmax into GEMV */
 
 /* Is r row-major contiguous (dims of one element aside)? */
@@ -1520,8 +1600,11 @@ sg_status sg__fuse(sg_ctx *ctx, const sg__ir *ir, const sg__fuse_opts *opts, sg_
         s = argmax_into_gemv(ctx, ir, f->alias, f, opts->gemv_rows);
     if (s == SG_OK && !per_op && opts && opts->attn_copies)
         s = copies_into_attn(ctx, ir, f->alias, f);
+    if (s == SG_OK && !per_op && opts && opts->xent_pairs) s = xent_pairs(ctx, ir, f->alias, f);
     if (s != SG_OK) goto done;
     mark_stores(ir, f->alias, f->groups, f->ngroups);
+    for (int k = 0; k < f->ngroups; k++) /* the gradient's kernel writes the loss (xent_pairs) */
+        if (f->groups[k].xent) f->groups[k].g[f->groups[k].xent].store = true;
     if (!per_op && !(opts && opts->no_fold)) s = fold_consts(ctx, ir, f->alias, writes, f);
     if (s != SG_OK) goto done;
     if (!per_op && opts && opts->lib_epilogue) lib_epilogues(ir, f->alias, f->groups, f->ngroups);

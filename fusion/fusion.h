@@ -50,6 +50,14 @@
  *    into a tensor the attention does not touch (a prefill's K and V into
  *    the cache) joins it (sg__group.ncopies): the attention kernel writes
  *    them from the rows it reads.
+ *  - cross_entropy with its gradient (with xent_pairs): a lone
+ *    CROSS_ENTROPY_BWD group and the lone CROSS_ENTROPY group before it of
+ *    the same logits and targets, nothing between them touching the loss
+ *    or writing the logits or targets (a training step's loss and its
+ *    first backward node): the forward joins the gradient's group as its
+ *    second member (sg__group.xent), run where the gradient runs by one
+ *    kernel that also writes the loss; a pair that cannot join says why
+ *    (sg__fused.xent_why, a perf hint).
  *  - epilogues into the BLAS (with lib_epilogue): a MATMUL group whose
  *    epilogue is one gelu_tanh, relu, residual add or gelu_tanh_bwd is marked
  *    (sg__group.lib_epi) for a library call that computes it itself.
@@ -182,6 +190,11 @@ typedef struct sg__group {
      * post_shape once the argmax is stored; 0 when none. */
     int post, post_ndim;
     int64_t post_shape[SG_MAX_DIMS];
+    /* A CROSS_ENTROPY_BWD group (g[0]) that sg__fuse_opts.xent_pairs merged
+     * with the CROSS_ENTROPY of the same logits and targets before it: the
+     * index into g of that forward node (1), which the backend computes in
+     * the gradient's kernel; 0 when none. */
+    int xent;
 } sg__group;
 
 /* What a MATMUL group's one epilogue member is, for sg__group.lib_epi:
@@ -213,6 +226,11 @@ typedef struct sg__fused {
     bool *folded; /* per IR node, NULL when nothing was folded */
     int *alias; /* per IR ref: cse maps a ref to an equal earlier one (copy forwarding:
                    to the copy's source), or itself */
+    /* With xent_pairs: the first cross_entropy (IR node xent_fwd) and
+     * gradient of it (xent_bwd) that stayed two kernels, and why (static
+     * text); NULL when every such pair merged. */
+    const char *xent_why;
+    int xent_fwd, xent_bwd;
 } sg__fused;
 
 typedef struct sg__fuse_opts {
@@ -262,6 +280,9 @@ typedef struct sg__fuse_opts {
      * POINTWISE group right before an ATTENTION that only copies those views
      * joins it (sg__group.ncopies). */
     bool attn_copies;
+    /* The backend computes a cross_entropy's loss in the kernel of its
+     * gradient: the pair merges (sg__group.xent). */
+    bool xent_pairs;
     /* The backend generates a MULTI of full reductions (sg__group.sums):
      * consecutive independent rows_inline REDUCE groups of one sum or mean
      * each, with no epilogue over their input's shape, merge into one. */

@@ -138,6 +138,20 @@ static void explain_library(sg__text *t, const sg__graph *g) {
                      "(its K/V views) from the rows it reads (else each copy runs alone)\n",
                      node, sg__op_name(g->ir.nodes[node].op), grp->ncopies > 1 ? "s" : "", lines);
     }
+    for (int k = 0; k < g->fused.ngroups; k++) {
+        const sg__group *grp = &g->fused.groups[k];
+        if (!grp->xent) continue;
+        sg__text_put(t,
+                     "    cross_entropy pair: IR line %d (cross_entropy_bwd) also computes IR line "
+                     "%d (cross_entropy), its loss and their mean, in one kernel at the "
+                     "gradient's place (one read of the logits)\n",
+                     grp->g[0].node, grp->g[grp->xent].node);
+    }
+    if (g->fused.xent_why)
+        sg__text_put(t,
+                     "    cross_entropy pair: IR lines %d (cross_entropy) and %d "
+                     "(cross_entropy_bwd) run as two kernels: %s\n",
+                     g->fused.xent_fwd, g->fused.xent_bwd, g->fused.xent_why);
 }
 
 /* On HIP the library kernels differ from CUDA's: say which run. */

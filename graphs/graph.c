@@ -74,12 +74,16 @@ static bool same_geometry(const sg__ref *a, const sg__ref *b) {
     return true;
 }
 
-/* The kernel that runs IR node i alone (its group holds nothing else), or -1. */
+/* The kernel that runs IR node i alone (its group holds nothing else, or
+ * only the cross_entropy whose loss the gradient's kernel computes from
+ * each row before writing it: sg__group.xent), or -1. */
 static int lone_kernel(const sg__graph *g, int i) {
     if (!g->has_fused) return i;
     for (int k = 0; k < g->fused.ngroups; k++) {
         const sg__group *grp = &g->fused.groups[k];
-        if (grp->kind != SG__G_MULTI && grp->n == 1 && grp->g[0].node == i) return k;
+        if (grp->kind != SG__G_MULTI && (grp->n == 1 || (grp->n == 2 && grp->xent == 1)) &&
+            grp->g[0].node == i)
+            return k;
     }
     return -1;
 }

@@ -8,7 +8,12 @@
  * REDUCE_OVERHEAD, where the logits and their gradient get padded rows:
  * memory/pad.c), against an f64 reference written here; and which buffers
  * are padded when the logits are also returned or read by a pointwise op
- * (the compiled step against the eager one).
+ * (the compiled step against the eager one); and the loss with its
+ * gradient compiled (on CUDA one kernel: sg__group.xent) for vocabularies
+ * short and long, rows off 16 bytes, i32 and i64 targets, against the f64
+ * reference and, on CUDA, bit for bit against the eager kernels, replays
+ * repeating their bits, a target out of range in a replay giving NaN, and
+ * a step reading the loss before its gradient (no merge).
  */
 #include "testutil.h"
 
@@ -213,6 +218,145 @@ static void head_case(sg_dtype dt, sg_mode mode, uint64_t seed) {
     sg_release(x), sg_release(h.w), sg_release(t);
 }
 
+/* ------------------------------------------------------------ the loss with its gradient */
+
+/* in: base logits (N, C + skip), targets (N); the logits are columns [skip,
+ * skip + C) of the base (skip 1: rows start off 16 bytes); out: the loss, the
+ * base's gradient and, with read_between, the loss * 2 (read before the
+ * gradient: the pair must not merge). */
+typedef struct pair {
+    int64_t skip, cols;
+    bool read_between;
+} pair;
+
+static sg_status pair_step(sg_ctx *c, sg_tensor *const *in, sg_tensor **out, void *user) {
+    const pair *p = user;
+    sg_tensor *base = in[0];
+    sg_tensor *loss = sg_cross_entropy(sg_narrow(in[0], 1, p->skip, p->cols), in[1]);
+    out[2] = p->read_between ? sg_mul_scalar(loss, 2.0) : NULL;
+    out[1] = NULL;
+    sg_status s = loss ? sg_grad(loss, 1, &base, &out[1]) : sg_ctx_status(c);
+    out[0] = loss;
+    return s;
+}
+
+static size_t nbytes_of(const sg_tensor *t) {
+    return (size_t)sg_tensor_numel(t) * sg_dtype_size(sg_tensor_dtype(t));
+}
+
+/* Each output's bytes, concatenated (malloc'd), *n their count. */
+static unsigned char *bytes_of(sg_tensor *const *t, int n, size_t *nb) {
+    size_t total = 0, at = 0;
+    for (int k = 0; k < n; k++) total += nbytes_of(t[k]);
+    unsigned char *b = malloc(total ? total : 1);
+    for (int k = 0; k < n && b; k++) {
+        size_t m = nbytes_of(t[k]);
+        if (sg_read(t[k], b + at, m) != SG_OK) return free(b), NULL;
+        at += m;
+    }
+    *nb = total;
+    return b;
+}
+
+/*
+ * The compiled step (REDUCE_OVERHEAD: on CUDA the loss's kernel merges into
+ * its gradient's, sg__group.xent, unless read_between) against the f64
+ * reference, twice (the replay gives the same bits), and against the eager
+ * step (on CUDA the unfused kernels: the same bits); then with one target
+ * out of range in a replay: on CUDA (no host check while replaying) the loss
+ * and that row's gradient are NaN and the other rows unchanged; elsewhere
+ * the call fails with SG_ERR_INDEX.
+ */
+static void pair_case(sg_dtype dt, sg_dtype tdt, int64_t rows, int64_t cols, int64_t skip,
+                      bool read_between, uint64_t seed) {
+    tu_seed(seed);
+    int64_t wide = cols + skip, sh[2] = {rows, wide}, n = rows * wide;
+    int64_t *tv = malloc(sizeof(int64_t) * (size_t)rows);
+    int32_t *t32 = malloc(sizeof(int32_t) * (size_t)rows);
+    double *bv, *ref = calloc((size_t)n, sizeof(double)), lref = 0;
+    double *lv = malloc(sizeof(double) * (size_t)(rows * cols));
+    sg_tensor *base = tu_rand(ctx, dt, 2, sh, -4, 4, &bv);
+    for (int64_t i = 0; i < rows; i++) tv[i] = tu_randint(0, cols - 1), t32[i] = (int32_t)tv[i];
+    tv[0] = 0, tv[rows - 1] = cols - 1, t32[0] = 0, t32[rows - 1] = (int32_t)(cols - 1);
+    sg_tensor *t = sg_from_host(ctx, tdt, 1, &rows, tdt == SG_I32 ? (void *)t32 : (void *)tv);
+    for (int64_t r = 0; r < rows; r++)
+        for (int64_t j = 0; j < cols; j++) lv[r * cols + j] = bv[r * wide + skip + j];
+    double *d = malloc(sizeof(double) * (size_t)(rows * cols));
+    ref_dlogits(lv, tv, rows, cols, 1.0, d);
+    for (int64_t r = 0; r < rows; r++) {
+        double m = -INFINITY, s = 0;
+        for (int64_t j = 0; j < cols; j++) m = lv[r * cols + j] > m ? lv[r * cols + j] : m;
+        for (int64_t j = 0; j < cols; j++) s += exp(lv[r * cols + j] - m);
+        lref += (m + log(s) - lv[r * cols + tv[r]]) / (double)rows;
+        for (int64_t j = 0; j < cols; j++) ref[r * wide + skip + j] = d[r * cols + j];
+    }
+    pair p = {.skip = skip, .cols = cols, .read_between = read_between};
+    int nout = read_between ? 3 : 2;
+    sg_tensor *in[2] = {base, t}, *got[3] = {NULL}, *eag[3] = {NULL};
+    sg_fn *fn = NULL;
+    bool cuda = sg_ctx_backend(ctx) == SG_BACKEND_CUDA;
+    bool ok =
+        TU_EXPECT(sg_requires_grad_(base, true) == SG_OK) &&
+        TU_EXPECT(pair_step(ctx, in, eag, &p) == SG_OK) &&
+        TU_EXPECT(sg_compile(ctx, pair_step, &p, 2, nout,
+                             &(sg_compile_opts){.mode = SG_MODE_REDUCE_OVERHEAD}, &fn) == SG_OK);
+    unsigned char *first = NULL, *again = NULL, *eb = NULL;
+    size_t nf = 0, na = 0, ne = 0;
+    for (int call = 0; ok && call < 2; call++) {
+        for (int k = 0; k < 3; k++) sg_release(got[k]), got[k] = NULL;
+        ok = TU_EXPECT(sg_call(fn, in, 2, got, nout) == SG_OK);
+        if (ok && call == 0) first = bytes_of(got, nout, &nf);
+        if (ok && call == 1) again = bytes_of(got, nout, &na);
+    }
+    if (ok) eb = bytes_of(eag, nout, &ne);
+    ok = ok && TU_EXPECT(first && again && eb) &&
+         TU_EXPECT(nf == na && memcmp(first, again, nf) == 0);
+    /* On CUDA the fused pair and the eager kernels give the same bits. */
+    ok = ok && (!cuda || TU_EXPECT(nf == ne && memcmp(first, eb, nf) == 0));
+    /* f16 keeps gradients of ~1/C as subnormals: one step of 2^-24 apart */
+    double atol = fmax(tu_atol(dt) / (double)cols, dt == SG_F16 ? 0x1p-24 : 0.0);
+    double lgot = NAN, *g = ok ? tu_read(got[1]) : NULL;
+    ok = ok && TU_EXPECT(g != NULL) && TU_EXPECT(sg_item(got[0], &lgot) == SG_OK) &&
+         TU_EXPECT(tu_close("loss", &lgot, &lref, 1, tu_rtol(dt), 1e-6)) &&
+         TU_EXPECT(tu_close("dlogits", g, ref, n, tu_rtol(dt), atol));
+    const char *ex = fn ? sg_fn_explain(fn) : "";
+    bool merged = strstr(ex, "also computes IR line") != NULL;
+    ok = ok && TU_EXPECT(merged == (cuda && !read_between));
+    /* A target out of range in a replay. */
+    int64_t bad = rows / 2;
+    tv[bad] = cols, t32[bad] = (int32_t)cols;
+    ok = ok &&
+         TU_EXPECT(sg_write(t, tdt == SG_I32 ? (void *)t32 : (void *)tv, nbytes_of(t)) == SG_OK);
+    for (int k = 0; ok && k < 3; k++) sg_release(got[k]), got[k] = NULL;
+    sg_status bs = ok ? sg_call(fn, in, 2, got, nout) : SG_OK;
+    double *g2 = NULL;
+    if (ok && cuda) {
+        g2 = TU_EXPECT(bs == SG_OK) ? tu_read(got[1]) : NULL;
+        ok = TU_EXPECT(g2 != NULL) && TU_EXPECT(sg_item(got[0], &lgot) == SG_OK) &&
+             TU_EXPECT(isnan(lgot));
+        for (int64_t r = 0; ok && r < rows; r++)
+            for (int64_t j = skip; ok && j < wide; j++) {
+                double v = g2[r * wide + j];
+                ok = r == bad ? TU_EXPECT(isnan(v)) : TU_EXPECT(v == g[r * wide + j]);
+            }
+    } else if (ok) {
+        ok = TU_EXPECT(bs == SG_ERR_INDEX);
+    }
+    tu_case(ok,
+            "XENT_PAIR(type=%s,targets=%s,logits=[%lld,%lld],row_offset=%lld,%s) merged=%d "
+            "seed=%llu",
+            sg_dtype_name(dt), sg_dtype_name(tdt), (long long)rows, (long long)cols,
+            (long long)skip, read_between ? "loss read between" : "loss then gradient", merged,
+            (unsigned long long)seed);
+    if (!ok && sg_last_error(ctx)[0]) fprintf(stderr, "  %s\n", sg_last_error(ctx));
+    sg_clear_error(ctx);
+    sg_fn_destroy(fn);
+    free(first), free(again), free(eb), free(g), free(g2);
+    free(tv), free(t32), free(bv), free(ref), free(lv), free(d);
+    for (int k = 0; k < 3; k++) sg_release(got[k]), sg_release(eag[k]);
+    sg_release(base), sg_release(t);
+}
+
 int main(void) {
     ctx = tu_ctx((sg_ctx_opts){.log = log_hook});
     static const sg_dtype dts[3] = {SG_F32, SG_BF16, SG_F16};
@@ -225,6 +369,17 @@ int main(void) {
     for (int d = 0; d < 2; d++)
         for (int m = 0; m < 3; m++) head_case(dts[d], modes[m], seed++);
     for (int u = 0; u < 3; u++) use_case((enum use)u, seed++);
+    /* Vocabularies: GPT-2's (odd, a block's row staged in shared memory for
+     * halves), a warp's row, a tiny one over many rows (the forward's
+     * thread per row), and a block's row of 3001. */
+    static const int64_t vocab[4][2] = {{50257, 6}, {1000, 40}, {7, 1100}, {3001, 20}};
+    for (int v = 0; v < 4; v++)
+        for (int d = 0; d < 3; d++)
+            for (int skip = 0; skip < 2; skip++)
+                pair_case(dts[d], (v + d + skip) % 2 ? SG_I32 : SG_I64, vocab[v][1], vocab[v][0],
+                          skip, false, seed++);
+    pair_case(SG_BF16, SG_I64, 6, 50257, 0, true, seed++);
+    pair_case(SG_F32, SG_I32, 40, 1000, 1, true, seed++);
     sg_ctx_destroy(ctx);
     return tu_finish();
 }

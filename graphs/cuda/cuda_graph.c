@@ -308,7 +308,13 @@ static sg_status launch_range(sg_ctx *ctx, sg__graph *g, set_state *st, int from
                                               grp->lib_epi, grp->lib_res, grp->lib_aux, &took);
             if (s != SG_OK) return s;
         }
-        if (node >= 0 && !ki->replaces_call && !took && grp->kind == SG__G_OPAQUE && grp->ncopies) {
+        if (node >= 0 && !ki->replaces_call && !took && grp->xent) {
+            /* a cross_entropy's gradient and its loss (sg__group.xent) */
+            sg_status s =
+                sg__cuda_xent_pair(ctx, &g->nodes[node], &g->nodes[grp->g[grp->xent].node]);
+            if (s != SG_OK) return s;
+        } else if (node >= 0 && !ki->replaces_call && !took && grp->kind == SG__G_OPAQUE &&
+                   grp->ncopies) {
             /* an attention and the copies of its K and V (sg__group.ncopies) */
             const sg__node *cps[2];
             int nc = grp->ncopies < 2 ? grp->ncopies : 2;
@@ -723,6 +729,7 @@ static void fuse_opts(sg__fuse_opts *o, bool disable) {
     sg__cgen_cuda_fuse_opts(o, disable);
     o->lib_epilogue = true;
     o->attn_copies = true;
+    o->xent_pairs = sg__cuda_xent_on("pair");
 }
 
 const sg__graph_ops sg__cuda_graph_ops = {compile, run, release, fuse_opts, timed_run};

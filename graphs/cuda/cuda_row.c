@@ -11,11 +11,17 @@
  * computing; here the targets live on the device, so they are read back and
  * checked the same way (the same message) unless a CUDA graph is being
  * recorded, when the host may not wait: the kernel then writes NaN for a bad
- * target and never reads outside the row.
+ * target and never reads outside the row. The gradient's kernel keeps a
+ * block's row in shared memory between its two passes where it fits, and
+ * also computes the loss when fusion merged the pair (sg__cuda_xent_pair);
+ * SG_CUDA_XENT turns either off.
  */
+#include "cuda.h"
 #include "exec.h"
 
 #include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
 
 #ifdef SG_HAVE_CUDA_HEADERS
 
@@ -77,19 +83,26 @@ static int32_t team_for(int64_t len, int64_t nrows) {
     return len <= 8 && nrows >= 1024 ? 1 : len <= 1024 ? 32 : BLOCK;
 }
 
-/* Launch kernel `name` over g.nrows rows, one team each. */
-static sg_status launch_rows(sg_ctx *ctx, const char *name, const wgeom *g, void **args) {
+/* Launch kernel f (`name`) over g.nrows rows, one team each, with smem
+ * bytes of dynamic shared memory. */
+static sg_status launch_rows_of(sg_ctx *ctx, const char *name, void *f, const wgeom *g, size_t smem,
+                                void **args) {
     int64_t per = BLOCK / g->team, blocks = (g->nrows + per - 1) / per;
     if (blocks > 0x7fffffff)
         return sg__fail(ctx, SG_ERR_UNSUPPORTED,
                         "cuda %s: %lld rows need more blocks than one "
                         "launch holds; split the tensor",
                         name, (long long)g->nrows);
+    unsigned grid[3] = {(unsigned)blocks, 1, 1}, block[3] = {BLOCK, 1, 1};
+    return sg__cuda_launch(ctx, f, grid, block, smem, args);
+}
+
+/* Launch kernel `name` over g.nrows rows, one team each. */
+static sg_status launch_rows(sg_ctx *ctx, const char *name, const wgeom *g, void **args) {
     void *f;
     sg_status st = sg__cuda_kernel(ctx, SG__CU_ROW, name, &f);
     if (st != SG_OK) return st;
-    unsigned grid[3] = {(unsigned)blocks, 1, 1}, block[3] = {BLOCK, 1, 1};
-    return sg__cuda_launch(ctx, f, grid, block, 0, args);
+    return launch_rows_of(ctx, name, f, g, 0, args);
 }
 
 static sg_status softmax(sg_ctx *ctx, const sg__node *n) {
@@ -192,11 +205,47 @@ static sg_status cross_entropy(sg_ctx *ctx, const sg__node *n) {
     return sg__cuda_launch(ctx, f, grid, block, 0, margs);
 }
 
-/* cross_entropy's gradient: one block per row, a warp per row of up to 1k
- * (k_row.cu, sg_row_xent_bwd). */
-static sg_status cross_entropy_bwd(sg_ctx *ctx, const sg__node *n) {
+/* The most dynamic shared memory sg_row_xent_bwd stages a row in: two
+ * blocks per multiprocessor still fit (228 KB on sm_90), a 50k-class bf16
+ * row (100 KB) does. Longer rows rely on L2 for their second read. */
+#define XENT_STAGE_MAX (112 * 1024)
+
+bool sg__cuda_xent_on(const char *what) {
+    const char *e = getenv("SG_CUDA_XENT");
+    if (!e || !*e) return true;
+    size_t n = strlen(what);
+    for (const char *p = strstr(e, what); p; p = strstr(p + 1, what))
+        if ((p == e || p[-1] == ',') && (p[n] == '\0' || p[n] == ',')) return true;
+    return false;
+}
+
+/* Shared memory for sg_row_xent_bwd to stage a block's row of len elements
+ * of es bytes as 16-byte vectors: the bytes, or 0 where it cannot
+ * (warp rows, strided rows, rows over XENT_STAGE_MAX, a refused attribute). */
+static size_t xent_stage_bytes(sg_ctx *ctx, void *f, const wgeom *g, size_t es) {
+    size_t bytes = (size_t)g->len * es / 16 * 16;
+    if (g->team != BLOCK || g->xs != 1 || g->ys != 1 || bytes == 0 || bytes > XENT_STAGE_MAX ||
+        !sg__cuda_xent_on("stage"))
+        return 0;
+    if (bytes <= 48 * 1024) return bytes;
+    CUresult r = sg__cuda_api(ctx)->cuFuncSetAttribute(
+        (CUfunction)f, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, (int)bytes);
+    return r == CUDA_SUCCESS ? bytes : 0;
+}
+
+/* cross_entropy's gradient n: one block per row, a warp per row of up to 1k
+ * (k_row.cu, sg_row_xent_bwd). With fwd (a CROSS_ENTROPY of the same logits
+ * and targets, fused with it: sg__group.xent) the same kernel also writes
+ * fwd's loss, the mean of its rows' losses as sg_row_xent computes it. */
+static sg_status xent_bwd(sg_ctx *ctx, const sg__node *n, const sg__node *fwd) {
     const sg_tensor *lg = n->in[0], *tg = n->in[1], *gt = n->in[2], *out = n->out;
     int64_t N = lg->shape[0];
+    sg_status st;
+    if (fwd && (N == 0 || lg->shape[1] == 0)) { /* no rows to fuse over: each alone */
+        if ((st = cross_entropy(ctx, fwd)) != SG_OK) return st;
+        fwd = NULL;
+    }
+    if (fwd && !sg__cuda_capturing(ctx) && (st = check_targets(ctx, lg, tg)) != SG_OK) return st;
     if (N * lg->shape[1] == 0) return SG_OK;
     wgeom g;
     memset(&g, 0, sizeof g);
@@ -208,12 +257,22 @@ static sg_status cross_entropy_bwd(sg_ctx *ctx, const sg__node *n) {
     g.len = lg->shape[1], g.xs = lg->stride[1], g.ys = out->stride[1];
     g.ts = tg->stride[0];
     g.team = g.len <= 1024 ? 32 : BLOCK; /* short rows (W4's 10 classes): a warp each */
+    int32_t fteam = team_for(g.len, g.nrows); /* sg_row_xent's team, for its sums */
     double inv_n = 1.0 / (double)N;
     int32_t gdt = (int32_t)gt->dtype;
     const void *x = sg__data(lg), *t = sg__data(tg), *gp = sg__data(gt);
-    void *y = sg__data(out);
-    void *args[] = {&x, &t, &gp, &y, &g, &inv_n, &gdt};
-    return launch_rows(ctx, "sg_row_xent_bwd", &g, args);
+    void *y = sg__data(out), *loss = NULL, *mean = fwd ? sg__data(fwd->out) : NULL;
+    if (fwd && (st = sg__cuda_scratch(ctx, (size_t)N * sizeof(double), &loss)) != SG_OK) return st;
+    void *f;
+    if ((st = sg__cuda_kernel(ctx, SG__CU_ROW, "sg_row_xent_bwd", &f)) != SG_OK) return st;
+    size_t smem = xent_stage_bytes(ctx, f, &g, sg_dtype_size(lg->dtype));
+    int32_t staged = smem > 0;
+    void *args[] = {&x, &t, &gp, &y, &loss, &mean, &g, &inv_n, &gdt, &staged, &fteam};
+    return launch_rows_of(ctx, "sg_row_xent_bwd", f, &g, smem, args);
+}
+
+sg_status sg__cuda_xent_pair(sg_ctx *ctx, const sg__node *bwd, const sg__node *fwd) {
+    return xent_bwd(ctx, bwd, fwd);
 }
 
 /* Whether rows of len elements of dtype dt, at p and n row strides rs
@@ -403,7 +462,7 @@ sg_status sg__cuda_row(sg_ctx *ctx, const sg__node *n) {
     case SG__OP_LAYER_NORM:
     case SG__OP_RMS_NORM: return norm(ctx, n);
     case SG__OP_CROSS_ENTROPY: return cross_entropy(ctx, n);
-    case SG__OP_CROSS_ENTROPY_BWD: return cross_entropy_bwd(ctx, n);
+    case SG__OP_CROSS_ENTROPY_BWD: return xent_bwd(ctx, n, NULL);
     case SG__OP_NORM_STATS: return norm_stats(ctx, n);
     case SG__OP_NORM_BWD: return norm_bwd(ctx, n);
     default: break;

@@ -105,6 +105,14 @@ SG__HIDDEN sg_status sg__cuda_data(sg_ctx *ctx, const sg__node *n);
 SG__HIDDEN sg_status sg__cuda_data_check(sg_ctx *ctx, const sg__node *n);
 SG__HIDDEN sg_status sg__cuda_reduce(sg_ctx *ctx, const sg__node *n);
 SG__HIDDEN sg_status sg__cuda_row(sg_ctx *ctx, const sg__node *n);
+/* CROSS_ENTROPY_BWD bwd and the CROSS_ENTROPY fwd of the same logits and
+ * targets that fusion merged into its group (sg__group.xent): one kernel
+ * computing the gradient, fwd's row losses and their mean. */
+SG__HIDDEN sg_status sg__cuda_xent_pair(sg_ctx *ctx, const sg__node *bwd, const sg__node *fwd);
+/* Whether SG_CUDA_XENT (a comma list; unset: all) names what: "stage" (the
+ * gradient's kernel keeps a block's row in shared memory between its two
+ * passes) or "pair" (fusion's sg__fuse_opts.xent_pairs). */
+SG__HIDDEN bool sg__cuda_xent_on(const char *what);
 /* For sg_fn_explain: why NORM_BWD node n runs as a team per row and a
  * column-sum kernel rather than the one-pass kernel (into buf), or false. */
 SG__HIDDEN bool sg__cuda_norm_bwd_note(const sg__node *n, char *buf, size_t size);

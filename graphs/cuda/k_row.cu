@@ -356,10 +356,12 @@ __device__ __forceinline__ vrow vrow_of(const char *xr, const char *yr, i64 len,
 
 /* The row's online max m and sum s of exps, the whole block's (every
  * thread gets them): the vectors from the row's end, XENT_UNROLL loads
- * then their math, and the head and tail element by element. */
-template <int DT>
+ * then their math, and the head and tail element by element. With ST,
+ * each vector is also kept at stage[v] (shared memory) for a second pass
+ * that then reads no DRAM; the sums are the same either way. */
+template <int DT, bool ST = false>
 __device__ __forceinline__ void block_lse(const char *xr, const vrow &r, i64 xs, float *mo,
-                                          double *so) {
+                                          double *so, uint4 *stage = 0) {
     const int ES = DT == DT_F32 ? 4 : 2;
     const uint4 *xv = (const uint4 *)(xr + r.head * ES);
     int tid = threadIdx.x;
@@ -372,12 +374,15 @@ __device__ __forceinline__ void block_lse(const char *xr, const vrow &r, i64 xs,
         for (int u = 0; u < XENT_UNROLL; u++) a[u] = __ldg(xv + v - u * BLOCK);
 #pragma unroll
         for (int u = 0; u < XENT_UNROLL; u++) {
+            if (ST) stage[v - u * BLOCK] = a[u];
             unpack16<DT>(a[u], f);
             lse_chunk<DT>(f, &m, &s);
         }
     }
     for (; v >= 0; v -= BLOCK) {
-        unpack16<DT>(__ldg(xv + v), f);
+        uint4 a = __ldg(xv + v);
+        if (ST) stage[v] = a;
+        unpack16<DT>(a, f);
         lse_chunk<DT>(f, &m, &s);
     }
     for (i64 u = tid; u < r.rest; u += BLOCK) {
@@ -393,6 +398,17 @@ template <int DT>
 __device__ __forceinline__ void xent_block_lse(const char *xr, i64 len, i64 xs, float *m,
                                                double *s) {
     block_lse<DT>(xr, vrow_of<DT>(xr, xr, len, xs, 1), xs, m, s);
+}
+
+/* Row `row`'s loss from its statistics and its target's logit xc:
+ * log(s) + m - x[c], NaN for a target outside [0, len). */
+__device__ __forceinline__ double xent_loss(float m, double s, float xc, i64 c, i64 len) {
+    return c >= 0 && c < len ? ((double)m - (double)xc) + log(s) : nan_d();
+}
+
+/* Row `row`'s target. */
+__device__ __forceinline__ i64 xent_target(const void *t, const wgeom &g, i64 row) {
+    return g.tdt == DT_I32 ? (i64)((const int *)t)[row * g.ts] : ((const i64 *)t)[row * g.ts];
 }
 
 /* Row `row` of cross_entropy's first pass, its team of g.team lanes (this
@@ -416,10 +432,9 @@ __device__ __forceinline__ void xent_row(const void *x, const void *t, double *l
         team_lse(&m, &s, team);
     }
     if (lane != 0) return;
-    i64 c = g.tdt == DT_I32 ? (i64)((const int *)t)[row * g.ts] : ((const i64 *)t)[row * g.ts];
-    double l = nan_d();
-    if (c >= 0 && c < g.len) l = ((double)m - (double)ldf(x, g.dt, xo + c * g.xs)) + log(s);
-    loss[row] = l;
+    i64 c = xent_target(t, g, row);
+    float xc = c >= 0 && c < g.len ? ldf(x, g.dt, xo + c * g.xs) : 0.0f;
+    loss[row] = xent_loss(m, s, xc, c, g.len);
 }
 
 /* The mean of the nrows losses by one block, in a fixed order. */
@@ -431,33 +446,41 @@ __device__ __forceinline__ void xent_mean(const double *loss, float *out, const 
     if (threadIdx.x == 0) out[0] = g.nrows ? (float)(a / (double)g.nrows) : (float)nan_d();
 }
 
-/* sg_row_xent's blocks of the launch in flight that have finished: the
- * context's launches run in order on its stream, so one counter serves
- * (zeroed when the module loads, put back to 0 by each launch's last block). */
-static __device__ u32 xent_done;
+/* The blocks of a launch in flight that have finished, one counter per
+ * kernel that takes the mean itself: the context's launches run in order
+ * on its stream, so one counter serves each (zeroed when the module loads,
+ * put back to 0 by each launch's last block). */
+static __device__ u32 xent_done, xent_bwd_done;
 
-/* cross_entropy, first pass: loss[r] = log(sum(exp(x - m))) + m - x[t[r]],
- * NaN for a target outside [0, len) (never read out of bounds). Row r's
- * logits start at r * oxs[0]; a block's row (over 1k elements) is read as
- * 16-byte vectors (block_lse). The last block to finish (a fence, then the
- * counter) takes the mean into out as sg_row_xent_mean does: one launch,
- * the same bits whichever block is last. */
-extern "C" __global__ void sg_row_xent(const void *x, const void *t, double *loss, float *out,
-                                       wgeom g) {
-    i64 row;
-    int lane;
-    if (my_row(g, &row, &lane)) xent_row(x, t, loss, g, row, lane);
+/* Every thread of the block, after its rows' losses: the last block to
+ * finish (a fence, then the counter) takes the mean into out as
+ * sg_row_xent_mean does, the same bits whichever block is last. */
+__device__ __forceinline__ void xent_finish(const double *loss, float *out, const wgeom &g,
+                                            u32 *done) {
     __shared__ bool last;
     __syncthreads();
     if (threadIdx.x == 0) {
         __threadfence();
-        last = atomicAdd(&xent_done, 1u) == gridDim.x - 1;
+        last = atomicAdd(done, 1u) == gridDim.x - 1;
     }
     __syncthreads();
     if (!last) return;
     __threadfence();
     xent_mean(loss, out, g);
-    if (threadIdx.x == 0) xent_done = 0;
+    if (threadIdx.x == 0) *done = 0;
+}
+
+/* cross_entropy, first pass: loss[r] = log(sum(exp(x - m))) + m - x[t[r]],
+ * NaN for a target outside [0, len) (never read out of bounds). Row r's
+ * logits start at r * oxs[0]; a block's row (over 1k elements) is read as
+ * 16-byte vectors (block_lse). The last block takes the mean (xent_finish):
+ * one launch. */
+extern "C" __global__ void sg_row_xent(const void *x, const void *t, double *loss, float *out,
+                                       wgeom g) {
+    i64 row;
+    int lane;
+    if (my_row(g, &row, &lane)) xent_row(x, t, loss, g, row, lane);
+    xent_finish(loss, out, g, &xent_done);
 }
 
 /* cross_entropy, second pass (one block): the mean of the nrows losses, as
@@ -482,25 +505,41 @@ __device__ __forceinline__ uint4 xent_bwd_vec(uint4 u, i64 j0, i64 c, float m, f
     return pack16<DT>(f);
 }
 
-/* One row of sg_row_xent_bwd, its dtype known. */
-template <int DT>
+/* One row of sg_row_xent_bwd by the block, its dtype known; with ST its
+ * vectors kept in shared memory (stage) by the statistics pass, so that the
+ * write pass reads no DRAM. With loss, also the row's loss, its sums those
+ * of sg_row_xent's block (the same vectors: a second statistics pass when
+ * y's placement cut the row otherwise); the target's logit is read before
+ * any thread writes (y may be x). */
+template <int DT, bool ST>
 __device__ __forceinline__ void xent_bwd_row(const char *xr, char *yr, i64 c, float gv,
-                                             const wgeom &g, double inv_n) {
+                                             const wgeom &g, double inv_n, double *loss,
+                                             uint4 *stage) {
     const int ES = DT == DT_F32 ? 4 : 2, PER = 16 / ES;
     vrow r = vrow_of<DT>(xr, yr, g.len, g.xs, g.ys);
     const uint4 *xv = (const uint4 *)(xr + r.head * ES);
     uint4 *yv = (uint4 *)(yr + r.head * ES);
+    bool in = c >= 0 && c < g.len;
+    float xc = loss && threadIdx.x == 0 && in ? ldf(xr, DT, c * g.xs) : 0.0f;
     float m;
     double s;
-    block_lse<DT>(xr, r, g.xs, &m, &s);
+    block_lse<DT, ST>(xr, r, g.xs, &m, &s, stage);
+    if (loss) {
+        vrow rf = vrow_of<DT>(xr, xr, g.len, g.xs, 1);
+        float fm = m;
+        double fs = s;
+        if (rf.head != r.head) block_lse<DT>(xr, rf, g.xs, &fm, &fs);
+        if (threadIdx.x == 0) *loss = xent_loss(fm, fs, xc, c, g.len);
+    }
     float inv = (float)(1.0 / s), scale = (float)((double)gv * inv_n);
-    if (c < 0 || c >= g.len) scale = __int_as_float(0x7fc00000); /* NaN */
+    if (!in) scale = __int_as_float(0x7fc00000); /* NaN */
     /* The write pass, from the row's start. */
     i64 v = threadIdx.x;
     for (; v + (XENT_UNROLL - 1) * BLOCK < r.nv; v += XENT_UNROLL * BLOCK) {
         uint4 a[XENT_UNROLL];
 #pragma unroll
-        for (int u = 0; u < XENT_UNROLL; u++) a[u] = __ldg(xv + v + u * BLOCK);
+        for (int u = 0; u < XENT_UNROLL; u++)
+            a[u] = ST ? stage[v + u * BLOCK] : __ldg(xv + v + u * BLOCK);
 #pragma unroll
         for (int u = 0; u < XENT_UNROLL; u++) {
             i64 w = v + u * BLOCK;
@@ -508,7 +547,7 @@ __device__ __forceinline__ void xent_bwd_row(const char *xr, char *yr, i64 c, fl
         }
     }
     for (; v < r.nv; v += BLOCK)
-        yv[v] = xent_bwd_vec<DT>(__ldg(xv + v), r.head + v * PER, c, m, inv, scale);
+        yv[v] = xent_bwd_vec<DT>(ST ? stage[v] : __ldg(xv + v), r.head + v * PER, c, m, inv, scale);
     for (i64 u = threadIdx.x; u < r.rest; u += BLOCK) {
         i64 j = u < r.head ? u : r.tail + (u - r.head);
         float e = ex<DT>(ldf(xr, DT, j * g.xs) - m);
@@ -517,58 +556,92 @@ __device__ __forceinline__ void xent_bwd_row(const char *xr, char *yr, i64 c, fl
 }
 
 /* A short row of sg_row_xent_bwd by a warp (g.team == 32, lane `lane`):
- * its statistics element by element, then the write pass. */
+ * its statistics element by element, then the write pass. With loss, also
+ * the row's loss as sg_row_xent's team of fteam lanes sums it (a warp, or
+ * lane 0 alone when fteam is 1), read whole before any lane writes. */
 template <int DT>
 __device__ __forceinline__ void xent_bwd_team(const char *xr, char *yr, i64 c, float gv,
-                                              const wgeom &g, double inv_n, int lane) {
+                                              const wgeom &g, double inv_n, int lane, double *loss,
+                                              int fteam) {
+    bool in = c >= 0 && c < g.len;
+    float fm = -inf_f(), xc = 0.0f;
+    double fs = 0.0;
+    if (loss && lane == 0) {
+        if (in) xc = ldf(xr, DT, c * g.xs);
+        for (i64 j = 0; fteam == 1 && j < g.len; j++) lse_add(ldf(xr, DT, j * g.xs), &fm, &fs);
+    }
     float m = -inf_f();
     double s = 0.0;
     for (i64 j = lane; j < g.len; j += 32) lse_add(ldf(xr, DT, j * g.xs), &m, &s);
     team_lse(&m, &s, 32);
+    __syncwarp(); /* every lane's reads of the row before any lane's writes */
+    if (loss && lane == 0)
+        *loss = fteam == 1 ? xent_loss(fm, fs, xc, c, g.len) : xent_loss(m, s, xc, c, g.len);
     float inv = (float)(1.0 / s), scale = (float)((double)gv * inv_n);
-    if (c < 0 || c >= g.len) scale = __int_as_float(0x7fc00000); /* NaN */
+    if (!in) scale = __int_as_float(0x7fc00000); /* NaN */
     for (i64 j = lane; j < g.len; j += 32) {
         float e = ex<DT>(ldf(xr, DT, j * g.xs) - m);
         stf(yr, DT, j * g.ys, (e * inv - (j == c ? 1.0f : 0.0f)) * scale);
     }
 }
 
+/* Row `row` of sg_row_xent_bwd by its team, its dtype known. */
+template <int DT>
+__device__ __forceinline__ void xent_bwd_dt(const char *xr, char *yr, i64 c, float gv,
+                                            const wgeom &g, double inv_n, int lane, double *loss,
+                                            int fteam, int staged, uint4 *stage) {
+    if (g.team == 32)
+        xent_bwd_team<DT>(xr, yr, c, gv, g, inv_n, lane, loss, fteam);
+    else if (staged)
+        xent_bwd_row<DT, true>(xr, yr, c, gv, g, inv_n, loss, stage);
+    else
+        xent_bwd_row<DT, false>(xr, yr, c, gv, g, inv_n, loss, stage);
+}
+
 /*
  * cross_entropy's gradient, one block per row: y = (exp(x - m) / s -
  * (j == t[r])) * g / N, g (a 0-d float of dtype gdt) read here, so that a
  * replay reads its current value. The statistics pass walks the row from
- * its end and the write pass from its start, so that the second first
- * reads what the first left in L2 last. Rows whose x and y are contiguous
- * and equally placed within 16 bytes move as 16-byte vectors (a head and a
- * tail element by element), others element by element; rows of up to 1024
- * elements take a warp each (g.team 32). A target outside [0, len) makes
- * its row NaN.
+ * its end and the write pass from its start; with staged (a row's vectors
+ * fit the dynamic shared memory the launch gave) the statistics pass keeps
+ * the row on chip and the write pass reads it there (DRAM: one read, one
+ * write), else the write pass first reads what the statistics pass left in
+ * L2 last. Rows whose x and y are contiguous and equally placed within 16
+ * bytes move as 16-byte vectors (a head and a tail element by element),
+ * others element by element; rows of up to 1024 elements take a warp each
+ * (g.team 32). A target outside [0, len) makes its row NaN.
+ *
+ * With loss (a cross_entropy fused with its gradient, sg__group.xent): also
+ * the forward's loss[r], the same bits as sg_row_xent's with a team of
+ * fteam, and the last block takes their mean into out (xent_finish).
  */
 extern "C" __global__ void __launch_bounds__(BLOCK)
-    sg_row_xent_bwd(const void *x, const void *t, const void *gp, void *y, wgeom g, double inv_n,
-                    int gdt) {
+    sg_row_xent_bwd(const void *x, const void *t, const void *gp, void *y, double *loss, float *out,
+                    wgeom g, double inv_n, int gdt, int staged, int fteam) {
+    extern __shared__ uint4 stage[];
     i64 row = blockIdx.x;
     int lane = 0;
-    if (g.team == 32 && !my_row(g, &row, &lane)) return; /* short rows: a warp each */
-    if (row >= g.nrows) return;
-    int es = g.dt == DT_F32 ? 4 : 2;
-    const char *xr = (const char *)x + row * g.oxs[0] * es;
-    char *yr = (char *)y + row * g.oys[0] * es;
-    i64 c = g.tdt == DT_I32 ? (i64)((const int *)t)[row * g.ts] : ((const i64 *)t)[row * g.ts];
-    float gv = ldf(gp, gdt, 0);
-    if (g.team == 32) {
+    bool mine = g.team == 32 ? my_row(g, &row, &lane) : row < g.nrows;
+    if (mine) {
+        int es = g.dt == DT_F32 ? 4 : 2;
+        const char *xr = (const char *)x + row * g.oxs[0] * es;
+        char *yr = (char *)y + row * g.oys[0] * es;
+        i64 c = xent_target(t, g, row);
+        float gv = ldf(gp, gdt, 0);
+        double *lr = loss ? loss + row : 0;
         switch (g.dt) {
-        case DT_F32: xent_bwd_team<DT_F32>(xr, yr, c, gv, g, inv_n, lane); break;
-        case DT_BF16: xent_bwd_team<DT_BF16>(xr, yr, c, gv, g, inv_n, lane); break;
-        default: xent_bwd_team<DT_F16>(xr, yr, c, gv, g, inv_n, lane); break;
+        case DT_F32:
+            xent_bwd_dt<DT_F32>(xr, yr, c, gv, g, inv_n, lane, lr, fteam, staged, stage);
+            break;
+        case DT_BF16:
+            xent_bwd_dt<DT_BF16>(xr, yr, c, gv, g, inv_n, lane, lr, fteam, staged, stage);
+            break;
+        default:
+            xent_bwd_dt<DT_F16>(xr, yr, c, gv, g, inv_n, lane, lr, fteam, staged, stage);
+            break;
         }
-        return;
     }
-    switch (g.dt) {
-    case DT_F32: xent_bwd_row<DT_F32>(xr, yr, c, gv, g, inv_n); break;
-    case DT_BF16: xent_bwd_row<DT_BF16>(xr, yr, c, gv, g, inv_n); break;
-    default: xent_bwd_row<DT_F16>(xr, yr, c, gv, g, inv_n); break;
-    }
+    if (loss) xent_finish(loss, out, g, &xent_bwd_done);
 }
 
 /* ------------------------------------------------------------ the norms' gradient */
