@@ -39,7 +39,8 @@ static const char *const unit_kernels[SG__CU_NUM_UNITS][20] = {
                        "sg_mm_fill_bf16", "sg_mm_pitch_f32", "sg_mm_pitch_f16", "sg_mm_pitch_bf16",
                        NULL},
     [SG__CU_ATTN] = {"sg_attn_split", "sg_attn_combine", "sg_attn_decode", NULL, "sg_attn_mma",
-                     "sg_attn_decode8", "sg_attn_flash64", "sg_attn_flash128", NULL},
+                     "sg_attn_decode8", "sg_attn_flash64", "sg_attn_flash128", "sg_attn_flash64_lse",
+                     "sg_attn_flash128_lse", NULL},
     [SG__CU_ATTN_BWD] = {"sg_attn_bwd_rows", "sg_attn_bwd_keys", NULL, "sg_attn_bwd_dq64",
                          "sg_attn_bwd_dq128", "sg_attn_bwd_dkv64", "sg_attn_bwd_dkv128", NULL},
 };

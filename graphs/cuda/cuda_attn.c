@@ -129,14 +129,16 @@ static float *lse_of(const sg__node *n, const ageom *g) {
 
 static sg_status launch_mma(sg_ctx *ctx, const sg__node *n, ageom *g, const acopy *cp) {
     bool flash = use_flash(n, g);
-    const char *name = !flash ? "sg_attn_mma" : g->D == 64 ? "sg_attn_flash64" : "sg_attn_flash128";
+    float *lse = flash ? lse_of(n, g) : NULL;
+    const char *name = !flash      ? "sg_attn_mma"
+                       : g->D == 64 ? (lse ? "sg_attn_flash64_lse" : "sg_attn_flash64")
+                                    : (lse ? "sg_attn_flash128_lse" : "sg_attn_flash128");
     void *f;
     sg_status st = sg__cuda_kernel(ctx, SG__CU_ATTN, name, &f);
     if (st != SG_OK) return st;
     void *q = sg__data(n->in[0]), *k = sg__data(n->in[1]), *v = sg__data(n->in[2]);
     void *len = n->nin > 4 && n->in[4] ? sg__data(n->in[4]) : NULL, *out = sg__data(n->out);
     acopy none = {0};
-    float *lse = flash ? lse_of(n, g) : NULL;
     void *args[] = {&q, &k, &v, &len, &out, g, (void *)(cp ? cp : &none), &lse};
     unsigned tiles = (unsigned)((g->Lq + 63) / 64), heads = (unsigned)(g->B * g->Hq);
     unsigned grid[3] = {flash ? heads : tiles, flash ? tiles : heads, 1};

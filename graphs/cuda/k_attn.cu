@@ -959,7 +959,7 @@ __device__ __forceinline__ void row_max(float (&s)[NS][4], int ea, int eb, float
         }
 }
 
-template <int D, int FK, int DT>
+template <int D, int FK, int DT, bool LSE>
 __device__ __forceinline__ void flash_fwd(const u16 *q, const u16 *k, const u16 *v, const void *len,
                                           u16 *out, const ageom &g, const acopy &cp, float *lse,
                                           u16 *sm) {
@@ -1075,7 +1075,7 @@ __device__ __forceinline__ void flash_fwd(const u16 *q, const u16 *k, const u16 
         lb += __shfl_xor_sync(0xffffffffu, lb, off);
     }
     const float ra = la > 0.0f ? 1.0f / la : nan_f(), rb = lb > 0.0f ? 1.0f / lb : nan_f();
-    if (lse && tq == 0) { /* ln sum e^(s scale) = (max s scale log2(e) + log2 l) ln 2 */
+    if (LSE && tq == 0) { /* ln sum e^(s scale) = (max s scale log2(e) + log2 l) ln 2 */
         const i64 r = (b * g.Hq + h) * g.Lq + ia;
         if (ia < g.Lq) lse[r] = la > 0.0f ? (ma * sl2 + log2f(la)) * 0.6931471805599453f : inf_f();
         if (ia + 8 < g.Lq)
@@ -1098,24 +1098,40 @@ __device__ __forceinline__ void flash_fwd(const u16 *q, const u16 *k, const u16 
     flash_copies<D>(kp, vp, g, cp, b, h, hk);
 }
 
-/* Shared memory: a K and a V tile of FK rows, or Q's FQ rows, of pitch D + 8. */
-#define FLASH(D, FK)                                                                               \
+/* Shared memory: a K and a V tile of FK rows, or Q's FQ rows, of pitch D + 8.
+ * The _lse kernels (a forward whose backward follows) also write each row's
+ * logsumexp; inference runs the kernels without that code. */
+#define FLASH(D, FK, LSE)                                                                          \
     __shared__ __align__(16) u16 sm[(FQ > 2 * FK ? FQ : 2 * FK) * (D + 8)];                        \
     if (g.dt == DT_F16)                                                                            \
-        flash_fwd<D, FK, DT_F16>(q, k, v, len, out, g, cp, lse, sm);                               \
+        flash_fwd<D, FK, DT_F16, LSE>(q, k, v, len, out, g, cp, lse, sm);                          \
     else                                                                                           \
-        flash_fwd<D, FK, DT_BF16>(q, k, v, len, out, g, cp, lse, sm);
+        flash_fwd<D, FK, DT_BF16, LSE>(q, k, v, len, out, g, cp, lse, sm);
 
 extern "C" __global__ void __launch_bounds__(NT)
     sg_attn_flash64(const u16 *q, const u16 *k, const u16 *v, const void *len, u16 *out, ageom g,
-                    acopy cp, float *lse) {
-    FLASH(64, 64)
+                    acopy cp) {
+    float *lse = nullptr;
+    FLASH(64, 64, false)
 }
 
 extern "C" __global__ void __launch_bounds__(NT)
     sg_attn_flash128(const u16 *q, const u16 *k, const u16 *v, const void *len, u16 *out, ageom g,
-                     acopy cp, float *lse) {
-    FLASH(128, 32)
+                     acopy cp) {
+    float *lse = nullptr;
+    FLASH(128, 32, false)
+}
+
+extern "C" __global__ void __launch_bounds__(NT)
+    sg_attn_flash64_lse(const u16 *q, const u16 *k, const u16 *v, const void *len, u16 *out,
+                        ageom g, acopy cp, float *lse) {
+    FLASH(64, 64, true)
+}
+
+extern "C" __global__ void __launch_bounds__(NT)
+    sg_attn_flash128_lse(const u16 *q, const u16 *k, const u16 *v, const void *len, u16 *out,
+                         ageom g, acopy cp, float *lse) {
+    FLASH(128, 32, true)
 }
 
 #endif /* SG_PTX */
