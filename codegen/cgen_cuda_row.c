@@ -1081,6 +1081,133 @@ static void emit_columns(rowk *k, int tc, int64_t split, int64_t ch, int64_t ite
 }
 
 /*
+ * A column sum or mean read 16 bytes at a time (CUDA, HIP): its input read
+ * straight from memory, flat and contiguous, its columns and offset whole
+ * vectors of vw elements, no epilogue over the input's shape. A warp's
+ * lanes take vw neighbouring columns each (32 * vw a block: 512 bytes a
+ * row step where emit_columns moves 64), its 8 warps the row groups, each
+ * lane's vw sums in registers, combined in group order through shared
+ * memory; the range is cut into `split` chunks of `ch` as in emit_columns.
+ * A base off 16 bytes (a view passed in) takes the same walk element by
+ * element. Every column is summed in the same order each replay.
+ */
+static bool columns_vec_ok(const rowk *k, int *vw) {
+    const sg__group *grp = k->grp;
+    sg__dialect d = sg__cuda_dialect(k->g);
+    size_t es = sg_dtype_size(k->x->dtype);
+    *vw = es ? (int)(16 / es) : 0;
+    return (d == SG__DIALECT_CUDA || d == SG__DIALECT_HIP) && k->sp->shuffles &&
+           grp->kind == SG__G_REDUCE && !grp->bcast && k->cols > 1 && k->a == 0 &&
+           grp->g[0].arg_src[0] < 0 && (k->an->op == SG__OP_SUM || k->an->op == SG__OP_MEAN) &&
+           k->flat && sg__lower_flat_ok(k->x, k->nd, k->shape) && (es == 4 || es == 2) &&
+           k->cols % *vw == 0 && k->x->offset % *vw == 0;
+}
+
+/* Group 0's r_a[] summed with the other groups' in group order. */
+static void columns_vec_combine(rowk *k, int vw) {
+    sg__emit *e = k->e;
+    sg__emit_line(e, "for (int r_e = 0; r_e < %d; r_e++) r_cv[%s * %d + r_e] = r_a[r_e];", vw,
+                  k->sp->tid, vw);
+    sg__emit_line(e, "%s", k->sp->sync);
+    sg__emit_line(e,
+                  "if (r_rg == 0) for (int w = 1; w < %d; w++) for (int r_e = 0; r_e < %d; "
+                  "r_e++) r_a[r_e] += r_cv[(w * 32 + r_lc) * %d + r_e];",
+                  BLOCK / 32, vw, vw);
+}
+
+static void emit_columns_vec(rowk *k, int vw, int64_t split, int64_t ch, int64_t items) {
+    sg__emit *e = k->e;
+    const int rg = BLOCK / 32, tcv = 32 * vw, u = 4;
+    int64_t nct = (k->cols + tcv - 1) / tcv, tiles = k->rows * nct;
+    char lv[400], off[160], w[480], ld[600], tile[64];
+    sg__emit_line(e, "const int r_lc = %s %% 32, r_rg = %s / 32;", k->sp->tid, k->sp->tid);
+    sg__cuda_shared(k->g, 16, "float r_cv[%d]", BLOCK * vw);
+    if (split > 1) {
+        sg__emit_line(e, "static __device__ float r_part[%lld];", (long long)(items * tcv));
+        sg__emit_line(e, "static __device__ unsigned int r_count[%lld];", (long long)tiles);
+        sg__emit_line(e, "__shared__ bool r_last;");
+    }
+    snprintf(off, sizeof off, "%lldLL", (long long)k->x->offset);
+    sg__cuda_lvalue_at(k->g, k->x, off, lv, sizeof lv);
+    sg__emit_line(e, "const bool r_al = ((sg_u64)&%s & 15) == 0;", lv);
+    sg__emit_open(e, "for (sg_i64 r_w = %s; r_w < %lldLL; r_w += %s)", k->sp->bid, (long long)items,
+                  k->sp->gdim);
+    sg__emit_line(e, "const sg_i64 r_t = r_w / %lld, r_sp = r_w %% %lld;", (long long)split,
+                  (long long)split);
+    sg__emit_line(e, "const sg_i64 r_row = r_t / %lld, r_col0 = (r_t %% %lld) * %d + r_lc * %d;",
+                  (long long)nct, (long long)nct, tcv, vw);
+    sg__emit_line(e, "const sg_i64 r_lo = r_sp * %lldLL;", (long long)ch);
+    sg__emit_line(e, "const sg_i64 r_hi = r_lo + %lldLL < %lldLL ? r_lo + %lldLL : %lldLL;",
+                  (long long)ch, (long long)k->len, (long long)ch, (long long)k->len);
+    sg__emit_line(e, "float r_a[%d];", vw);
+    sg__emit_line(e, "for (int r_e = 0; r_e < %d; r_e++) r_a[r_e] = 0.0f;", vw);
+    sg__emit_open(e, "if (r_col0 < %lldLL && r_al)", (long long)k->cols);
+    sg__emit_open(e, "for (sg_i64 r_c0 = r_lo + r_rg; r_c0 < r_hi; r_c0 += %d)", rg * u);
+    k->vw = vw;
+    vec_union(k, k->x, "r_u", u);
+    k->vw = 0;
+    snprintf(off, sizeof off, "%lldLL + ((r_row * %lldLL + r_c) * %lldLL + r_col0)",
+             (long long)k->x->offset, (long long)k->len, (long long)k->cols);
+    sg__cuda_lvalue_at(k->g, k->x, off, lv, sizeof lv);
+    sg__emit_line(e, "#pragma unroll");
+    sg__emit_open(e, "for (int r_q = 0; r_q < %d; r_q++)", u);
+    sg__emit_line(e, "const sg_i64 r_c = r_c0 + (sg_i64)r_q * %d;", rg);
+    sg__emit_line(e, "if (r_c < r_hi) r_u[r_q].v = *(%sconst sg_v16 *)&%s;", k->sp->gp, lv);
+    sg__emit_close(e);
+    sg__cuda_widen(k->x->dtype, "r_u[r_q].e[r_e]", w, sizeof w);
+    sg__emit_line(e, "#pragma unroll");
+    sg__emit_open(e, "for (int r_q = 0; r_q < %d; r_q++)", u);
+    sg__emit_line(e, "if (r_c0 + (sg_i64)r_q * %d < r_hi)", rg);
+    sg__emit_line(e, "    for (int r_e = 0; r_e < %d; r_e++) r_a[r_e] += %s;", vw, w);
+    sg__emit_close(e);
+    sg__emit_close(e);
+    sg__emit_close(e);
+    sg__emit_open(e, "else if (r_col0 < %lldLL)", (long long)k->cols);
+    snprintf(off, sizeof off, "%lldLL + ((r_row * %lldLL + r_c) * %lldLL + r_col0 + r_e)",
+             (long long)k->x->offset, (long long)k->len, (long long)k->cols);
+    sg__cuda_lvalue_at(k->g, k->x, off, lv, sizeof lv);
+    sg__cuda_widen(k->x->dtype, lv, ld, sizeof ld);
+    sg__emit_line(e, "for (sg_i64 r_c = r_lo + r_rg; r_c < r_hi; r_c += %d)", rg);
+    sg__emit_line(e, "    for (int r_e = 0; r_e < %d; r_e++) r_a[r_e] += %s;", vw, ld);
+    sg__emit_close(e);
+    columns_vec_combine(k, vw);
+    if (split > 1) {
+        sg__emit_open(e, "if (r_rg == 0)");
+        sg__emit_line(e, "for (int r_e = 0; r_e < %d; r_e++) r_part[(r_w * 32 + r_lc) * %d + r_e] = r_a[r_e];",
+                      vw, vw);
+        sg__emit_line(e, "__threadfence();");
+        sg__emit_close(e);
+        sg__emit_line(e, "__syncthreads();");
+        sg__emit_line(e, "if (threadIdx.x == 0) r_last = atomicAdd(&r_count[r_t], 1u) == %lldu;",
+                      (long long)(split - 1));
+        sg__emit_line(e, "__syncthreads();");
+        sg__emit_open(e, "if (r_last)");
+        sg__emit_line(e, "__threadfence();");
+        sg__emit_line(e, "for (int r_e = 0; r_e < %d; r_e++) r_a[r_e] = 0.0f;", vw);
+        sg__emit_line(e,
+                      "for (sg_i64 j = r_rg; j < %lldLL; j += %d) for (int r_e = 0; r_e < %d; "
+                      "r_e++) r_a[r_e] += __ldcg(&r_part[((r_t * %lldLL + j) * 32 + r_lc) * %d + "
+                      "r_e]);",
+                      (long long)split, rg, vw, (long long)split, vw);
+        sg__emit_line(e, "__syncthreads();"); /* r_cv is read above by group 0 */
+        columns_vec_combine(k, vw);
+        sg__emit_line(e, "if (threadIdx.x == 0) r_count[r_t] = 0;");
+    }
+    snprintf(tile, sizeof tile, "r_row * %lldLL + r_col", (long long)k->cols);
+    sg__emit_open(e, "if (r_rg == 0 && r_col0 < %lldLL)", (long long)k->cols);
+    sg__emit_line(e, "#pragma unroll");
+    sg__emit_open(e, "for (int r_e = 0; r_e < %d; r_e++)", vw);
+    sg__emit_line(e, "const sg_i64 r_col = r_col0 + r_e;");
+    sg__emit_line(e, "const float r_s = r_a[r_e];");
+    single_tail(k, tile);
+    sg__emit_close(e);
+    sg__emit_close(e);
+    if (split > 1) sg__emit_close(e);
+    sg__emit_line(e, "%s", k->sp->sync);
+    sg__emit_close(e);
+}
+
+/*
  * emit_columns with `split` chunks where blocks cannot meet (emit_split_seq):
  * a block per column tile folds the chunks one after another, each as
  * emit_columns' block does; group 0's sum of chunk j goes through shared
@@ -1279,6 +1406,18 @@ static const char *emit_wide(rowk *k, sg__cuda_kinfo *ki) {
             emit_columns_seq(k, tc, split, ch);
             return "column reduction, a block per column tile folding the chunks of the range "
                    "in order; prologue and epilogue fused";
+        }
+        int vw;
+        if (columns_vec_ok(k, &vw)) {
+            int64_t vt = k->rows * ((k->cols + 32 * vw - 1) / (32 * vw));
+            int64_t vsplit = plan_split(vt, k->len, 4 * (BLOCK / 32), &ch), vitems = vt * vsplit;
+            ki->grid = (unsigned)(vitems > GRID_MAX ? GRID_MAX : vitems);
+            emit_columns_vec(k, vw, vsplit, ch, vitems);
+            return vsplit > 1 ? "column reduction in 16-byte vectors, a block per tile of columns "
+                                "and chunk of the range, the last block of a tile combining the "
+                                "chunks in order; epilogue fused"
+                              : "column reduction in 16-byte vectors, a block per tile of "
+                                "columns; epilogue fused";
         }
         ki->grid = (unsigned)(items > GRID_MAX ? GRID_MAX : items);
         emit_columns(k, tc, split, ch, items);
