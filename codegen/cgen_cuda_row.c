@@ -1083,17 +1083,14 @@ static void emit_columns(rowk *k, int tc, int64_t split, int64_t ch, int64_t ite
 /*
  * A column sum or mean read 16 bytes at a time (CUDA, HIP): its input read
  * straight from memory, flat and contiguous, its columns and offset whole
- * vectors of vw elements, no epilogue over the input's shape. VL lanes
- * take vw neighbouring columns each (a tile of VL * vw columns: a warp
- * reads 4 rows of 128 bytes a step where emit_columns reads one of 64),
- * the block's BLOCK / VL row groups the rows, each lane's vw sums in
- * registers, combined in group order through shared memory; the range is
- * cut into `split` chunks of `ch` as in emit_columns (narrow tiles keep
- * the chunks few, so the last block's fold of a tile is short). A base off
- * 16 bytes (a view passed in) takes the same walk element by element.
- * Every column is summed in the same order each replay.
+ * vectors of vw elements, no epilogue over the input's shape. A warp's
+ * lanes take vw neighbouring columns each (32 * vw a block: 512 bytes a
+ * row step where emit_columns moves 64), its 8 warps the row groups, each
+ * lane's vw sums in registers, combined in group order through shared
+ * memory; the range is cut into `split` chunks of `ch` as in emit_columns.
+ * A base off 16 bytes (a view passed in) takes the same walk element by
+ * element. Every column is summed in the same order each replay.
  */
-#define VL 8
 static bool columns_vec_ok(const rowk *k, int *vw) {
     const sg__group *grp = k->grp;
     sg__dialect d = sg__cuda_dialect(k->g);
@@ -1114,16 +1111,16 @@ static void columns_vec_combine(rowk *k, int vw) {
     sg__emit_line(e, "%s", k->sp->sync);
     sg__emit_line(e,
                   "if (r_rg == 0) for (int w = 1; w < %d; w++) for (int r_e = 0; r_e < %d; "
-                  "r_e++) r_a[r_e] += r_cv[(w * %d + r_lc) * %d + r_e];",
-                  BLOCK / VL, vw, VL, vw);
+                  "r_e++) r_a[r_e] += r_cv[(w * 32 + r_lc) * %d + r_e];",
+                  BLOCK / 32, vw, vw);
 }
 
 static void emit_columns_vec(rowk *k, int vw, int64_t split, int64_t ch, int64_t items) {
     sg__emit *e = k->e;
-    const int rg = BLOCK / VL, tcv = VL * vw, u = 4;
+    const int rg = BLOCK / 32, tcv = 32 * vw, u = 4;
     int64_t nct = (k->cols + tcv - 1) / tcv, tiles = k->rows * nct;
     char lv[400], off[160], w[480], ld[600], tile[64];
-    sg__emit_line(e, "const int r_lc = %s %% %d, r_rg = %s / %d;", k->sp->tid, VL, k->sp->tid, VL);
+    sg__emit_line(e, "const int r_lc = %s %% 32, r_rg = %s / 32;", k->sp->tid, k->sp->tid);
     sg__cuda_shared(k->g, 16, "float r_cv[%d]", BLOCK * vw);
     if (split > 1) {
         sg__emit_line(e, "static __device__ float r_part[%lld];", (long long)(items * tcv));
@@ -1176,10 +1173,8 @@ static void emit_columns_vec(rowk *k, int vw, int64_t split, int64_t ch, int64_t
     columns_vec_combine(k, vw);
     if (split > 1) {
         sg__emit_open(e, "if (r_rg == 0)");
-        sg__emit_line(e,
-                      "for (int r_e = 0; r_e < %d; r_e++) r_part[(r_w * %d + r_lc) * %d + r_e] = "
-                      "r_a[r_e];",
-                      vw, VL, vw);
+        sg__emit_line(e, "for (int r_e = 0; r_e < %d; r_e++) r_part[(r_w * 32 + r_lc) * %d + r_e] = r_a[r_e];",
+                      vw, vw);
         sg__emit_line(e, "__threadfence();");
         sg__emit_close(e);
         sg__emit_line(e, "__syncthreads();");
@@ -1191,9 +1186,9 @@ static void emit_columns_vec(rowk *k, int vw, int64_t split, int64_t ch, int64_t
         sg__emit_line(e, "for (int r_e = 0; r_e < %d; r_e++) r_a[r_e] = 0.0f;", vw);
         sg__emit_line(e,
                       "for (sg_i64 j = r_rg; j < %lldLL; j += %d) for (int r_e = 0; r_e < %d; "
-                      "r_e++) r_a[r_e] += __ldcg(&r_part[((r_t * %lldLL + j) * %d + r_lc) * %d + "
+                      "r_e++) r_a[r_e] += __ldcg(&r_part[((r_t * %lldLL + j) * 32 + r_lc) * %d + "
                       "r_e]);",
-                      (long long)split, rg, vw, (long long)split, VL, vw);
+                      (long long)split, rg, vw, (long long)split, vw);
         sg__emit_line(e, "__syncthreads();"); /* r_cv is read above by group 0 */
         columns_vec_combine(k, vw);
         sg__emit_line(e, "if (threadIdx.x == 0) r_count[r_t] = 0;");
@@ -1414,8 +1409,8 @@ static const char *emit_wide(rowk *k, sg__cuda_kinfo *ki) {
         }
         int vw;
         if (columns_vec_ok(k, &vw)) {
-            int64_t vt = k->rows * ((k->cols + VL * vw - 1) / (VL * vw));
-            int64_t vsplit = plan_split(vt, k->len, 4 * (BLOCK / VL), &ch), vitems = vt * vsplit;
+            int64_t vt = k->rows * ((k->cols + 32 * vw - 1) / (32 * vw));
+            int64_t vsplit = plan_split(vt, k->len, 4 * (BLOCK / 32), &ch), vitems = vt * vsplit;
             ki->grid = (unsigned)(vitems > GRID_MAX ? GRID_MAX : vitems);
             emit_columns_vec(k, vw, vsplit, ch, vitems);
             return vsplit > 1 ? "column reduction in 16-byte vectors, a block per tile of columns "
