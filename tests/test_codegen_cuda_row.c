@@ -802,6 +802,11 @@ static void reductions(void) {
         {R_SUM, PRO_NONE, SG_F32, 2, {128, 1024}, 1, {0}, false, false, true, 2},
         {R_SUM, PRO_KEPT, SG_BF16, 2, {4096, 768}, 1, {0}, true, false, false, 2},
         {R_MEAN, PRO_NONE, SG_BF16, 2, {2048, 50257}, 1, {0}, true, false, false, 2},
+        /* Bias gradients: GPT-2's (cut over blocks), a wider one with NaN and infinities,
+         * an f16 mean of few rows. */
+        {R_SUM, PRO_NONE, SG_BF16, 3, {4, 1024, 768}, 2, {0, 1}, true, false, false, 2},
+        {R_SUM, PRO_NONE, SG_BF16, 2, {4096, 2304}, 1, {0}, false, false, true, 2},
+        {R_MEAN, PRO_NONE, SG_F16, 2, {333, 72}, 1, {0}, true, true, false, 2},
         /* Short ranges: a positional embedding's gradient over a batch of 4 (a thread per
          * column), 8 rows (two row groups), NaN and infinities planted. */
         {R_SUM, PRO_NONE, SG_BF16, 3, {4, 1024, 768}, 1, {0}, false, false, false, 2},
