@@ -233,7 +233,7 @@ static sg_status pair_step(sg_ctx *c, sg_tensor *const *in, sg_tensor **out, voi
     const pair *p = user;
     sg_tensor *base = in[0];
     sg_tensor *loss = sg_cross_entropy(sg_narrow(in[0], 1, p->skip, p->cols), in[1]);
-    out[2] = p->read_between ? sg_mul_scalar(loss, 2.0) : NULL;
+    if (p->read_between) out[2] = sg_mul_scalar(loss, 2.0); /* out has 3 entries only then */
     out[1] = NULL;
     sg_status s = loss ? sg_grad(loss, 1, &base, &out[1]) : sg_ctx_status(c);
     out[0] = loss;
