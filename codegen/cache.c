@@ -903,8 +903,7 @@ sg_status sg__cache_build_c(sg_ctx *ctx, const char *name, const char *source, s
         return sg__fail(ctx, SG_ERR_OOM, "codegen: out of memory building kernel '%s'", name);
     }
     j->ctx = ctx, j->name = name, j->source = source, j->source_len = strlen(source);
-    const char *always = env("SG_ALWAYS_COMPILE");
-    j->always = (always && strcmp(always, "0") != 0) || ctx->no_cache_reads;
+    j->always = sg__always_compile() || ctx->no_cache_reads;
     void *h = NULL;
     sg_status s = prepare(j);
     if (s == SG_OK && !j->always && !j->private_root && (h = lookup(j)) != NULL)
@@ -964,6 +963,11 @@ sg_status sg__cache_root(sg_ctx *ctx, const char *name, char *root, size_t size)
                      "SG_CACHE_DIR to a writable directory you own",
                      name, root, why);
     return s;
+}
+
+bool sg__always_compile(void) {
+    const char *always = env("SG_ALWAYS_COMPILE");
+    return always && strcmp(always, "0") != 0;
 }
 
 sg_status sg__cache_root_or_none(sg_ctx *ctx, const char *name, char *root, size_t size) {

@@ -85,6 +85,9 @@ SG__HIDDEN sg_status sg__cache_root(sg_ctx *ctx, const char *name, char *root, s
  * is still SG_ERR_COMPILE. */
 SG__HIDDEN sg_status sg__cache_root_or_none(sg_ctx *ctx, const char *name, char *root,
                                             size_t size);
+/* SG_ALWAYS_COMPILE is set (and not 0): every compile skips the caches,
+ * and the CUDA kernel families the build compiled. */
+SG__HIDDEN bool sg__always_compile(void);
 
 /* ------------------------------------------------------------ cache files (cache_dir.c) */
 

@@ -388,8 +388,7 @@ sg_status sg__rtc_build(sg_ctx *ctx, sg__rtc drv, const char *name, const char *
         char arch_opt[64], path[PATH_MAX + 96]; /* root is at most PATH_MAX - 80 */
         snprintf(arch_opt, sizeof arch_opt, "%s%s", d->arch_flag, arch);
         entry_path(d, root, arch_opt, source, path, sizeof path);
-        const char *always = env("SG_ALWAYS_COMPILE");
-        if (root[0] && !(always && strcmp(always, "0") != 0) && !ctx->no_cache_reads)
+        if (root[0] && !sg__always_compile() && !ctx->no_cache_reads)
             sg__blob_lookup(ctx, path, magic, cubin, size);
         if (!*cubin) {
             s = compile(ctx, d, name, source, arch_opt, arch, cubin, size);

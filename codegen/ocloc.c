@@ -226,8 +226,7 @@ sg_status sg__ocloc_build(sg_ctx *ctx, const char *name, const char *source, voi
     sg__blob_key(fields, (int)(sizeof fields / sizeof *fields), key);
     char path[PATH_MAX + 96]; /* root is at most PATH_MAX - 80 */
     snprintf(path, sizeof path, "%s/spv-%s.spv", root, key);
-    const char *always = getenv("SG_ALWAYS_COMPILE");
-    if (root[0] && !(always && always[0] && strcmp(always, "0") != 0) && !ctx->no_cache_reads)
+    if (root[0] && !sg__always_compile() && !ctx->no_cache_reads)
         sg__blob_lookup(ctx, path, magic, spirv, size);
     if (*spirv && !spirv_shaped(*spirv, *size)) { /* a sound file of a bad module: rebuild */
         sg__free(ctx, *spirv, *size);

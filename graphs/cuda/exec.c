@@ -217,8 +217,8 @@ sg_status sg__cuda_rtc_build(sg_ctx *ctx, const char *name, const char *source, 
  * and NVRTC compiles the family. */
 static bool load_image(sg_ctx *ctx, sg__cu_unit unit) {
     sg__cuda *s = state(ctx);
-    const char *always = getenv("SG_ALWAYS_COMPILE"), *over = getenv("SG_OVERRIDE_DIR");
-    if (s->dev0.hip || (always && always[0] && strcmp(always, "0") != 0) || (over && over[0]))
+    const char *over = getenv("SG_OVERRIDE_DIR");
+    if (s->dev0.hip || sg__always_compile() || (over && over[0]))
         return false;
     for (int i = 0; i < sg__cu_nimages; i++) {
         const sg__cu_image *im = &sg__cu_images[i];
