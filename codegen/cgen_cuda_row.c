@@ -1491,12 +1491,16 @@ static bool sums_setup(sums_member *sm, sg__cuda_gen *g, const sg__group *part) 
     return true;
 }
 
-/* Positions r_lo..r_hi of chunk `sp` (a C expression) of member sm. */
-static void sums_range(sums_member *sm, const char *sp) {
+/* Positions r_lo..r_hi of chunk `sp` of a member of `len` positions (C
+ * expressions; len NULL: member sm's own). */
+static void sums_range(sums_member *sm, const char *sp, const char *len) {
     rowk *k = &sm->k;
+    char own[32];
+    snprintf(own, sizeof own, "%lldLL", (long long)k->len);
+    if (!len) len = own;
     sg__emit_line(k->e, "const sg_i64 r_lo = (%s) * %lldLL;", sp, (long long)sm->ch);
-    sg__emit_line(k->e, "const sg_i64 r_hi = r_lo + %lldLL < %lldLL ? r_lo + %lldLL : %lldLL;",
-                  (long long)sm->ch, (long long)k->len, (long long)sm->ch, (long long)k->len);
+    sg__emit_line(k->e, "const sg_i64 r_hi = r_lo + %lldLL < %s ? r_lo + %lldLL : %s;",
+                  (long long)sm->ch, len, (long long)sm->ch, len);
 }
 
 /* Fold chunk r_lo..r_hi of member sm into r_s (r_s += each position). */
@@ -1617,10 +1621,7 @@ static void sums_shared(sg__cuda_gen *g, void *arg) {
     rowk *k = &sm->k;
     k->e = sg__cuda_out(g);
     sg__emit_line(k->e, "const sg_i64 r_row = 0;");
-    sg__emit_line(k->e, "const sg_i64 r_lo = ((sg_i64)blockIdx.x - r_tf[r_t]) * %lldLL;",
-                  (long long)sm->ch);
-    sg__emit_line(k->e, "const sg_i64 r_hi = r_lo + %lldLL < r_tl[r_t] ? r_lo + %lldLL : r_tl[r_t];",
-                  (long long)sm->ch, (long long)sm->ch);
+    sums_range(sm, "(sg_i64)blockIdx.x - r_tf[r_t]", "r_tl[r_t]");
     chunk_loop(k, "r_lo + r_lane", "r_hi", BLOCK, chunk_of(sm->ch, BLOCK, 8), "r_s += r_x;", false);
 }
 
@@ -1631,8 +1632,22 @@ static void sums_chunk(sg__cuda_gen *g, void *arg) {
     sm->k.e = sg__cuda_out(g);
     sg__emit_line(sm->k.e, "const sg_i64 r_row = 0;");
     snprintf(sp, sizeof sp, "(sg_i64)blockIdx.x - %lldLL", (long long)sm->first);
-    sums_range(sm, sp);
+    sums_range(sm, sp, NULL);
     sums_fold(sm);
+}
+
+/* `v` = the n partials from r_part[f0] folded by lane r_l of one warp in
+ * chunk order (lane j takes partials j, j + 32, ..; then the xor
+ * shuffles); one partial is taken as it is. f0, n: C expressions. */
+static void fold_parts(sg__emit *e, const char *v, const char *f0, const char *n) {
+    sg__emit_line(e, "%s = __ldcg(&r_part[%s]);", v, f0);
+    sg__emit_open(e, "if (%s > 1)", n);
+    sg__emit_line(e, "%s = 0.0f;", v);
+    sg__emit_line(e, "for (sg_i64 j = r_l; j < %s; j += 32) %s += __ldcg(&r_part[%s + j]);", n, v,
+                  f0);
+    sg__emit_line(e, "for (int o = 16; o > 0; o >>= 1) %s += __shfl_xor_sync(0xffffffffu, %s, o);",
+                  v, v);
+    sg__emit_close(e);
 }
 
 /* The last block: member sm's partials folded in chunk order by lane r_l
@@ -1642,16 +1657,10 @@ static void sums_finish(sg__cuda_gen *g, void *arg) {
     sums_member *sm = arg;
     rowk *k = &sm->k;
     k->e = sg__cuda_out(g);
-    if (sm->split == 1) {
-        sg__emit_line(k->e, "r_s = __ldcg(&r_part[%lld]);", (long long)sm->first);
-    } else {
-        sg__emit_line(k->e, "r_s = 0.0f;");
-        sg__emit_line(k->e,
-                      "for (int j = r_l; j < %lld; j += 32) r_s += __ldcg(&r_part[%lld + j]);",
-                      (long long)sm->split, (long long)sm->first);
-        sg__emit_line(
-            k->e, "for (int o = 16; o > 0; o >>= 1) r_s += __shfl_xor_sync(0xffffffffu, r_s, o);");
-    }
+    char f0[32], n[32];
+    snprintf(f0, sizeof f0, "%lldLL", (long long)sm->first);
+    snprintf(n, sizeof n, "%lldLL", (long long)sm->split);
+    fold_parts(k->e, "r_s", f0, n);
     sg__emit_open(k->e, "if (r_l == 0)");
     single_tail(k, "0");
     sg__emit_close(k->e);
@@ -1676,7 +1685,7 @@ static void sums_seq(sg__cuda_gen *g, void *arg) {
     sg__emit_line(k->e, "const sg_i64 r_row = 0;");
     sg__emit_line(k->e, "float r_f = 0.0f;");
     sg__emit_open(k->e, "for (sg_i64 r_sp = 0; r_sp < %lldLL; r_sp++)", (long long)sm->split);
-    sums_range(sm, "r_sp");
+    sums_range(sm, "r_sp", NULL);
     sg__emit_line(k->e, "r_s = 0.0f;");
     sums_fold(sm);
     team_reduce(k, "r_s", false);
@@ -1714,17 +1723,12 @@ static void sums_last(sg__cuda_gen *g, sums_member *sm, int n, int64_t blocks) {
     sg__emit_line(e, "const int r_w = r_lane >> 5, r_l = r_lane & 31;");
     int nt = 0;
     for (int m = 0; m < n; m++) nt += sm[m].cls >= 0;
-    if (nt) { /* the shared folds' members: one loop folds their partials as sums_finish does */
+    if (nt) { /* the shared folds' members: one loop folds their partials (fold_parts) */
         sg__cuda_shared(g, 0, "float r_fv[%d]", nt);
         sg__emit_open(e, "for (int r_q = r_w; r_q < %d; r_q += %d)", nt, BLOCK / 32);
         sg__emit_line(e, "const sg_i64 r_f0 = r_tf[r_q], r_n = r_te[r_q] - r_f0;");
-        sg__emit_line(e, "float r_v = __ldcg(&r_part[r_f0]);");
-        sg__emit_open(e, "if (r_n > 1)");
-        sg__emit_line(e, "r_v = 0.0f;");
-        sg__emit_line(e, "for (sg_i64 j = r_l; j < r_n; j += 32) r_v += __ldcg(&r_part[r_f0 + j]);");
-        sg__emit_line(
-            e, "for (int o = 16; o > 0; o >>= 1) r_v += __shfl_xor_sync(0xffffffffu, r_v, o);");
-        sg__emit_close(e);
+        sg__emit_line(e, "float r_v;");
+        fold_parts(e, "r_v", "r_f0", "r_n");
         sg__emit_line(e, "if (r_l == 0) r_fv[r_q] = r_v;");
         sg__emit_close(e);
         sg__emit_line(e, "__syncthreads();");
