@@ -473,12 +473,6 @@ static sg_status settle(sg_ctx *ctx, sg__gnode *e) {
     return s;
 }
 
-/* Whether op's rule may take input 0's gathered gradient (sg__bw.acc). */
-static bool adds_acc(int op) {
-    return op == SG__OP_LAYER_NORM || op == SG__OP_RMS_NORM || op == SG__OP_EMBEDDING ||
-           op == SG__OP_INDEX_SELECT;
-}
-
 /* One node's backward: its rule, then each input's gradient reduced to the
  * input's shape and added to the input node's. */
 static sg_status backward_one(sg_ctx *ctx, sg__gnode *g) {
@@ -496,7 +490,7 @@ static sg_status backward_one(sg_ctx *ctx, sg__gnode *g) {
     /* A rule that adds input 0's gathered gradient itself (grad_rules.c:
      * the norms, the scatter-adds) sees it whole: its slices' parts placed
      * first (a tied embedding's LM-head rows). */
-    if (adds_acc(g->op) && want[0] && g->next[0]->nparts) {
+    if (sg__grad_takes_acc(g->op) && want[0] && g->next[0]->nparts) {
         sg_status s0 = settle(ctx, g->next[0]);
         if (s0 != SG_OK) return s0;
     }

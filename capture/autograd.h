@@ -87,6 +87,8 @@ typedef struct sg__bw {
 /* Which inputs' bytes (and whether the output's) op's backward reads. */
 SG__HIDDEN bool sg__grad_saves_input(int op, int k);
 SG__HIDDEN bool sg__grad_saves_output(int op);
+/* Whether op's rule may take input 0's gathered gradient (sg__bw.acc). */
+SG__HIDDEN bool sg__grad_takes_acc(int op);
 /* Whether op has a gradient at all (comparisons, argmax, fills do not). */
 SG__HIDDEN bool sg__grad_differentiable(int op);
 /* Run the rule of b->n; SG_OK with b->gi set, or the failing status. */

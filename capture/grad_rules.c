@@ -71,6 +71,13 @@ bool sg__grad_saves_input(int op, int k) {
     }
 }
 
+/* The norms (their NORM_BWD adds the residual's gradient) and the
+ * scatter-adds (scatter_base). */
+bool sg__grad_takes_acc(int op) {
+    return op == SG__OP_LAYER_NORM || op == SG__OP_RMS_NORM || op == SG__OP_EMBEDDING ||
+           op == SG__OP_INDEX_SELECT;
+}
+
 bool sg__grad_saves_output(int op) {
     switch (op) {
     case SG__OP_EXP:
