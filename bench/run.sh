@@ -35,13 +35,16 @@ MODES=${SG_BENCH_MODES:-eager,default,reduce-overhead,max-autotune,max-autotune-
 SG_CACHE_DIR=$(mktemp -d -p "$CACHES") $B --backend "$BACK" --gpt2 "$GPT2" --check "$CHECK" --modes "$MODES" ${SG_BENCH_WORK:-} 2>"$OUTDIR/stepgraph.txt" | tee "$OUTDIR/stepgraph_table.txt"
 # First calls: each compiled mode first in a fresh process on an empty cache
 # (cold), then again in another process over the cache it filled (warm);
-# these processes take the first three calls only.
+# these processes take the first three calls only. NVRTC (13.0 at least)
+# keeps what it compiled in the driver's compute cache
+# (~/.nv/ComputeCache by default) and answers a repeated compile from there,
+# so each cold process also gets an empty CUDA_CACHE_PATH of its own.
 : >"$OUTDIR/stepgraph_cold.txt"
 : >"$OUTDIR/stepgraph_warm.txt"
 for m in ${MODES//,/ }; do
     [ "$m" = eager ] && continue
     dir=$(mktemp -d -p "$CACHES")
-    SG_CACHE_DIR=$dir SG_BENCH_TAG=cold $B --backend "$BACK" --gpt2 "$GPT2" --modes "$m" --first-only ${SG_BENCH_WORK:-} 2>>"$OUTDIR/stepgraph_cold.txt" >/dev/null
+    CUDA_CACHE_PATH=$(mktemp -d -p "$CACHES") SG_CACHE_DIR=$dir SG_BENCH_TAG=cold $B --backend "$BACK" --gpt2 "$GPT2" --modes "$m" --first-only ${SG_BENCH_WORK:-} 2>>"$OUTDIR/stepgraph_cold.txt" >/dev/null
     SG_CACHE_DIR=$dir SG_BENCH_TAG=warm $B --backend "$BACK" --gpt2 "$GPT2" --modes "$m" --first-only ${SG_BENCH_WORK:-} 2>>"$OUTDIR/stepgraph_warm.txt" >/dev/null
 done
 # torch on the device bench ran on (cuda unless SG_BENCH_BACKEND=cpu)
