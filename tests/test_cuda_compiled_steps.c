@@ -9,7 +9,9 @@
  * index_copy_ into a cache with a repeated index, an accumulator updated in
  * place) run by generated kernels, where max-autotune must leave the cache
  * and the accumulator exactly as one step leaves them; and a bad index,
- * which fails the call with SG_ERR_INDEX and writes nothing. Prints the
+ * which fails the call with SG_ERR_INDEX and writes nothing; max-autotune's
+ * comparison of the tuned and the default graph of a step that adds into a
+ * tensor in place (said once, the tensor as the calls alone leave it). Prints the
  * launches per step of the 12-layer step. Exits 77 without a CUDA device.
  */
 #include "testutil.h"
@@ -237,6 +239,81 @@ static void test_datamove(sg_mode mode) {
     free(m.wtev), free(m.wpev), free(m.cachev), free(m.accv);
 }
 
+/* ------------------------------------------------------------ max-autotune's whole-step check */
+
+/* acc += linear(x, w) + b, acc written in place, with a product large
+ * enough for cuBLASLt: max-autotune picks an algorithm, then replays the
+ * step's graph with the pick and with the default (perf_hints says which
+ * stays), and the replays it timed leave acc as the calls alone leave it. */
+enum { AM = 64, AK = 96, AN = 80 };
+typedef struct autochk {
+    sg_tensor *w, *b, *acc;
+    double *wv, *bv, *accv;
+} autochk;
+
+static sg_status autochk_step(sg_ctx *c, sg_tensor *const *in, sg_tensor **out, void *user) {
+    const autochk *m = user;
+    sg_tensor *y = sg_linear(in[0], m->w, m->b);
+    sg_status st = sg_add_(m->acc, y);
+    out[0] = sg_relu(y);
+    return st != SG_OK ? st : out[0] ? SG_OK : sg_ctx_status(c);
+}
+
+static int step_lines;
+static void count_step_lines(void *user, const char *topic, const char *line) {
+    (void)user;
+    if (!strcmp(topic, "perf_hints") && strstr(line, "with the defaults;")) step_lines++;
+}
+
+static void test_autotune_check(void) {
+    sg_ctx *c = NULL;
+    if (!TU_EXPECT(sg_ctx_create(&(sg_ctx_opts){.backend = SG_BACKEND_CUDA,
+                                                .log = count_step_lines},
+                                 &c) == SG_OK))
+        return;
+    autochk m;
+    int64_t ws[2] = {AN, AK}, bs = AN, as[2] = {AM, AN}, xs[2] = {AM, AK};
+    tu_seed(31);
+    m.w = tu_rand(c, SG_F32, 2, ws, -1, 1, &m.wv);
+    m.b = tu_rand(c, SG_F32, 1, &bs, -1, 1, &m.bv);
+    m.acc = tu_rand(c, SG_F32, 2, as, -1, 1, &m.accv);
+    sg_fn *fn = NULL;
+    step_lines = 0;
+    bool ok = TU_EXPECT(sg_compile(c, autochk_step, &m, 1, 1,
+                                   &(sg_compile_opts){.mode = SG_MODE_MAX_AUTOTUNE,
+                                                      .force_disable_caches = true},
+                                   &fn) == SG_OK);
+    static double r[AM * AN];
+    for (int call = 0; ok && call < 4; call++) {
+        double *xv = NULL;
+        sg_tensor *in[1] = {tu_rand(c, SG_F32, 2, xs, -1, 1, &xv)};
+        sg_tensor *out[1] = {NULL};
+        sg_mark_step_begin(c);
+        ok = TU_EXPECT(sg_call(fn, in, 1, out, 1) == SG_OK);
+        if (!ok) fprintf(stderr, "  %s\n", sg_last_error(c));
+        for (int i = 0; i < AM; i++)
+            for (int n = 0; n < AN; n++) {
+                double a = m.bv[n];
+                for (int k = 0; k < AK; k++) a += xv[i * AK + k] * m.wv[n * AK + k];
+                r[i * AN + n] = a > 0 ? a : 0;
+                m.accv[i * AN + n] += a;
+            }
+        ok = ok && close_to("relu(y)", out[0], r, AM * AN, 1e-4, 1e-4) &&
+             close_to("acc", m.acc, m.accv, AM * AN, 1e-4, 1e-4);
+        sg_release(in[0]);
+        free(xv);
+    }
+    ok = ok && TU_EXPECT(step_lines == 1);
+    tu_case(ok,
+            "CUDA_AUTOTUNE_WHOLE_STEP(f32,acc(%d,%d)+=linear(x,w,b),4 calls) -> the tuned and "
+            "the default graph compared %d time(s), acc as the calls leave it",
+            AM, AN, step_lines);
+    sg_fn_destroy(fn);
+    sg_release(m.w), sg_release(m.b), sg_release(m.acc);
+    free(m.wv), free(m.bv), free(m.accv);
+    sg_ctx_destroy(c);
+}
+
 int main(void) {
     sg_status s = sg_ctx_create(&(sg_ctx_opts){.backend = SG_BACKEND_CUDA}, &ctx);
     if (s == SG_ERR_BACKEND_UNAVAILABLE) {
@@ -249,6 +326,7 @@ int main(void) {
     }
     for (int i = 0; i < NMODES; i++) test_layers(modes[i]);
     for (int i = 0; i < NMODES; i++) test_datamove(modes[i]);
+    test_autotune_check();
     sg_ctx_destroy(ctx);
     return tu_finish();
 }

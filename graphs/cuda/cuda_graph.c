@@ -34,7 +34,9 @@
  * and put back after, so tuning changes no value the caller sees. The same
  * run picks each cuBLASLt call's algorithm, and GEMV or cuBLASLt for
  * products of few rows, by timing (cublaslt.c); the picks of both kinds are
- * remembered in one tune file per unit and device.
+ * remembered in one tune file per unit and device. MAX_AUTOTUNE then
+ * replays the recorded step with the picks and with the defaults and keeps
+ * the faster graph (check_step): picks timed alone can lose in the replay.
  *
  * On HIP the unit is generated in the HIP dialect, whose MATMUL groups are
  * generated GEMM kernels (codegen/cgen_gemm.c: HIP has no BLAS library
@@ -102,6 +104,8 @@ typedef struct cu_graph {
     bool use_graph, said;
     bool tune;            /* MAX_AUTOTUNE*: time block sizes at the first replay */
     bool lt;              /* MAX_AUTOTUNE* with products: cuBLASLt's picks apply */
+    bool check;           /* MAX_AUTOTUNE: replay the tuned and the default graph once */
+    unsigned *dgrid, *dblock; /* per group: the generator's launch, before any tuning */
     char tune_path[1024]; /* where the picks are remembered ("" when nowhere) */
 } cu_graph;
 
@@ -122,6 +126,8 @@ static void release(sg_ctx *ctx, sg__graph *g) {
     sg__free(ctx, cg->kinfo, sizeof *cg->kinfo * (size_t)(cg->ngroups ? cg->ngroups : 1));
     sg__free(ctx, cg->argoff, sizeof *cg->argoff * (size_t)(cg->ngroups ? cg->ngroups : 1));
     sg__free(ctx, cg->took, sizeof *cg->took * (size_t)(cg->ngroups ? cg->ngroups : 1));
+    sg__free(ctx, cg->dgrid, sizeof *cg->dgrid * (size_t)(cg->ngroups ? cg->ngroups : 1));
+    sg__free(ctx, cg->dblock, sizeof *cg->dblock * (size_t)(cg->ngroups ? cg->ngroups : 1));
     sg__free(ctx, cg, sizeof *cg);
     g->dev = NULL;
 }
@@ -229,7 +235,9 @@ static sg_status compile(sg_fn *fn, sg__graph *g) {
     cg->kinfo = sg__calloc(ctx, sizeof *cg->kinfo * (size_t)(cg->ngroups ? cg->ngroups : 1));
     cg->argoff = sg__calloc(ctx, sizeof *cg->argoff * (size_t)(cg->ngroups ? cg->ngroups : 1));
     cg->took = sg__calloc(ctx, sizeof *cg->took * (size_t)(cg->ngroups ? cg->ngroups : 1));
-    if (!cg->kfn || !cg->kinfo || !cg->argoff || !cg->took)
+    cg->dgrid = sg__calloc(ctx, sizeof *cg->dgrid * (size_t)(cg->ngroups ? cg->ngroups : 1));
+    cg->dblock = sg__calloc(ctx, sizeof *cg->dblock * (size_t)(cg->ngroups ? cg->ngroups : 1));
+    if (!cg->kfn || !cg->kinfo || !cg->argoff || !cg->took || !cg->dgrid || !cg->dblock)
         return sg__fail(ctx, SG_ERR_OOM, "cuda: out of host memory");
     sg__emit e = {.ctx = ctx};
     int nk = 0;
@@ -237,6 +245,8 @@ static sg_status compile(sg_fn *fn, sg__graph *g) {
     sg_status s = sg__cgen_gpu(ctx, &g->ir, &g->fused, g->module,
                                hip ? SG__DIALECT_HIP : SG__DIALECT_CUDA, &e, cg->kinfo, &nk);
     if (s == SG_OK && hip) hip_gemm_note(ctx, g, cg->kinfo);
+    for (int k = 0; k < cg->ngroups; k++)
+        cg->dgrid[k] = cg->kinfo[k].grid, cg->dblock[k] = cg->kinfo[k].block;
     void *cubin = NULL;
     size_t size = 0;
     if (s == SG_OK && nk > 0)
@@ -266,6 +276,7 @@ static sg_status compile(sg_fn *fn, sg__graph *g) {
     cg->tune =
         fn->opts.mode == SG_MODE_MAX_AUTOTUNE || fn->opts.mode == SG_MODE_MAX_AUTOTUNE_NO_GRAPHS;
     cg->lt = cg->tune && has_matmul(g);
+    cg->check = cg->tune && cg->use_graph && !sg__comm_in_ir(&g->ir);
     if (s == SG_OK && cg->tune && !fn->opts.force_disable_caches && tune_load(ctx, cg)) {
         cg->tune = false;
         sg__log(ctx, "perf_hints", "fn '%s': max-autotune: the picks remembered in %s", fn->name,
@@ -406,7 +417,7 @@ static sg_status table_for(sg_ctx *ctx, sg__graph *g, int set, set_state **out, 
 }
 
 /* Record the set's replay as a graph (or patch the one it has). */
-static sg_status record(sg_fn *fn, sg__graph *g, set_state *st) {
+static sg_status record_exec(sg_fn *fn, sg__graph *g, set_state *st, CUgraphExec *exec) {
     sg_ctx *ctx = fn->ctx;
     const sg__cu_api *cu = api(ctx);
     CUstream stream = sg__cuda_stream(ctx);
@@ -422,25 +433,29 @@ static sg_status record(sg_fn *fn, sg__graph *g, set_state *st) {
         return s;
     }
     if (r != CUDA_SUCCESS) return sg__cu_fail(ctx, r, "cuStreamEndCapture", "recording a graph");
-    if (st->exec) {
+    if (*exec) {
         CUgraphExecUpdateResultInfo info;
-        r = cu->cuGraphExecUpdate_v2(st->exec, graph, &info);
+        r = cu->cuGraphExecUpdate_v2(*exec, graph, &info);
         if (r != CUDA_SUCCESS) { /* the topology changed: build it anew */
-            cu->cuGraphExecDestroy(st->exec);
-            st->exec = NULL;
+            cu->cuGraphExecDestroy(*exec);
+            *exec = NULL;
         }
         fn->stats.exec_updates += r == CUDA_SUCCESS;
     }
-    if (!st->exec) {
-        r = cu->cuGraphInstantiateWithFlags(&st->exec, graph, 0);
+    if (!*exec) {
+        r = cu->cuGraphInstantiateWithFlags(exec, graph, 0);
         fn->stats.graph_instantiations += r == CUDA_SUCCESS;
     }
     cu->cuGraphDestroy(graph);
     if (r != CUDA_SUCCESS) {
-        st->exec = NULL;
+        *exec = NULL;
         return sg__cu_fail(ctx, r, "cuGraphInstantiateWithFlags", "instantiating a graph");
     }
     return SG_OK;
+}
+
+static sg_status record(sg_fn *fn, sg__graph *g, set_state *st) {
+    return record_exec(fn, g, st, &st->exec);
 }
 
 /* ------------------------------------------------------------ max-autotune */
@@ -625,6 +640,100 @@ static sg_status autotune(sg_fn *fn, sg__graph *g, set_state *st) {
     return sv ? restore_mutated(ctx, g, sv, nsv) : SG_OK;
 }
 
+/* Milliseconds of 20 launches of exec, after one. */
+static sg_status time_exec(sg_ctx *ctx, CUgraphExec exec, float *ms) {
+    const sg__cu_api *cu = api(ctx);
+    CUstream stream = sg__cuda_stream(ctx);
+    CUevent e0 = NULL, e1 = NULL;
+    CUresult r = cu->cuEventCreate(&e0, CU_EVENT_DEFAULT);
+    if (r == CUDA_SUCCESS) r = cu->cuEventCreate(&e1, CU_EVENT_DEFAULT);
+    if (r == CUDA_SUCCESS) r = cu->cuGraphLaunch(exec, stream);
+    if (r == CUDA_SUCCESS) r = cu->cuEventRecord(e0, stream);
+    for (int i = 0; i < 20 && r == CUDA_SUCCESS; i++) r = cu->cuGraphLaunch(exec, stream);
+    if (r == CUDA_SUCCESS) r = cu->cuEventRecord(e1, stream);
+    if (r == CUDA_SUCCESS) r = cu->cuEventSynchronize(e1);
+    if (r == CUDA_SUCCESS) r = cu->cuEventElapsedTime_v2(ms, e0, e1);
+    if (e0) cu->cuEventDestroy_v2(e0);
+    if (e1) cu->cuEventDestroy_v2(e1);
+    return r == CUDA_SUCCESS ? SG_OK
+                             : sg__cu_fail(ctx, r, "cuGraphLaunch/cuEventElapsedTime",
+                                           "timing a step's graph for max-autotune");
+}
+
+/*
+ * MAX_AUTOTUNE, once per step, after the first graph is recorded: the picks
+ * were timed one kernel or one call at a time, and in the replay, where a
+ * kernel overlaps the next one's start and they share the L2, the
+ * generator's launches and cuBLASLt's heuristic can be faster. So the step
+ * is also recorded with those, both graphs replay (what the step writes in
+ * place copied aside first and put back after), and the tuned one stays
+ * unless the other is at least 2% faster. A failure to record or time keeps
+ * the tuned graph and is only logged; a failure to put the values back is
+ * the call's failure.
+ */
+static sg_status check_step(sg_fn *fn, sg__graph *g, set_state *st) {
+    sg_ctx *ctx = fn->ctx;
+    cu_graph *cg = g->dev;
+    const sg__cu_api *cu = api(ctx);
+    cg->check = false;
+    bool differs = cg->lt;
+    for (int k = 0; k < cg->ngroups; k++)
+        differs = differs || cg->kinfo[k].grid != cg->dgrid[k] ||
+                  cg->kinfo[k].block != cg->dblock[k];
+    if (!differs || !st->exec) return SG_OK;
+    size_t bytes = sizeof(unsigned) * (size_t)cg->ngroups;
+    unsigned *tuned = sg__alloc(ctx, 2 * bytes + 1);
+    if (!tuned) return sg__fail(ctx, SG_ERR_OOM, "cuda: out of host memory");
+    sg_status before = ctx->status;
+    char msg[SG__MSG_SIZE];
+    snprintf(msg, sizeof msg, "%s", ctx->msg);
+    for (int k = 0; k < cg->ngroups; k++) {
+        tuned[k] = cg->kinfo[k].grid, tuned[cg->ngroups + k] = cg->kinfo[k].block;
+        cg->kinfo[k].grid = cg->dgrid[k], cg->kinfo[k].block = cg->dblock[k];
+    }
+    CUgraphExec dexec = NULL;
+    if (cg->lt) sg__lt_scope(ctx, false);
+    sg_status s = record_exec(fn, g, st, &dexec);
+    if (cg->lt) sg__lt_scope(ctx, true);
+    for (int k = 0; k < cg->ngroups; k++)
+        cg->kinfo[k].grid = tuned[k], cg->kinfo[k].block = tuned[cg->ngroups + k];
+    saved *sv = NULL;
+    int nsv = 0;
+    float ms[2] = {0.0f, 0.0f};
+    if (s == SG_OK) s = save_mutated(ctx, g, &sv, &nsv);
+    for (int round = 0; round < 2 && s == SG_OK; round++) /* tuned, default, tuned, default */
+        for (int v = 0; v < 2 && s == SG_OK; v++) {
+            float t = 0.0f;
+            s = time_exec(ctx, v ? dexec : st->exec, &t);
+            if (round == 0 || t < ms[v]) ms[v] = t;
+        }
+    bool dflt = s == SG_OK && ms[1] < 0.98f * ms[0];
+    if (s == SG_OK)
+        sg__log(ctx, "perf_hints",
+                "fn '%s': max-autotune: the step replays in %.2f us with the tuned picks, "
+                "%.2f us with the defaults; %s",
+                fn->name, ms[0] * 1e3f / 20, ms[1] * 1e3f / 20,
+                dflt ? "the defaults stay" : "the picks stay");
+    else
+        sg__log(ctx, "perf_hints",
+                "fn '%s': max-autotune: the tuned step was not compared with the default "
+                "one, the picks stay: %.700s",
+                fn->name, ctx->msg);
+    if (dflt) {
+        cu->cuGraphExecDestroy(st->exec);
+        st->exec = dexec, dexec = NULL;
+        for (int k = 0; k < cg->ngroups; k++)
+            cg->kinfo[k].grid = cg->dgrid[k], cg->kinfo[k].block = cg->dblock[k];
+        cg->lt = false; /* later recordings (new addresses) take the defaults too */
+    }
+    if (dexec) cu->cuGraphExecDestroy(dexec);
+    sg__free(ctx, tuned, 2 * bytes + 1);
+    ctx->status = before;
+    snprintf(ctx->msg, sizeof ctx->msg, "%s", msg);
+    /* Put back even after a failure: the caller's values must not move. */
+    return sv ? restore_mutated(ctx, g, sv, nsv) : SG_OK;
+}
+
 static sg_status run_set(sg_fn *fn, sg__graph *g, int set) {
     sg_ctx *ctx = fn->ctx;
     cu_graph *cg = g->dev;
@@ -655,6 +764,7 @@ static sg_status run_set(sg_fn *fn, sg__graph *g, int set) {
             cg->use_graph = false;
             return launch_all(ctx, g, st);
         }
+        if (cg->check && (s = check_step(fn, g, st)) != SG_OK) return s;
     }
     CUresult r = api(ctx)->cuGraphLaunch(st->exec, sg__cuda_stream(ctx));
     return r == CUDA_SUCCESS ? SG_OK : sg__cu_fail(ctx, r, "cuGraphLaunch", g->module);
@@ -663,9 +773,10 @@ static sg_status run_set(sg_fn *fn, sg__graph *g, int set) {
 /* A replay; in the MAX_AUTOTUNE modes, with cuBLASLt's picks in scope. */
 static sg_status run(sg_fn *fn, sg__graph *g, int set) {
     cu_graph *cg = g->dev;
-    if (cg->lt) sg__lt_scope(fn->ctx, true);
+    bool lt = cg->lt; /* check_step may turn the picks off */
+    if (lt) sg__lt_scope(fn->ctx, true);
     sg_status s = run_set(fn, g, set);
-    if (cg->lt) sg__lt_scope(fn->ctx, false);
+    if (lt) sg__lt_scope(fn->ctx, false);
     return s;
 }
 
