@@ -1966,6 +1966,7 @@ static void emit_kernel(gen *g, const sg__group *grp, int k, sg__cuda_kinfo *kin
             sg__emit_line(g->e, "/* kernel %d (IR lines %d..%d): %s, as above */", k, grp->first,
                           grp->last, ki->name);
         } else {
+            ki->text_at = g->e->len;
             kernel_comment(g, grp, k, ki, what);
             char lbs[32], lb[64] = "";
             if (g->sp->launch_bounds)
@@ -1977,6 +1978,7 @@ static void emit_kernel(gen *g, const sg__group *grp, int k, sg__cuda_kinfo *kin
             if (top.buf) sg__emit_raw(g->e, "%s", top.buf);
             if (body.buf) sg__emit_raw(g->e, "%s", body.buf);
             sg__emit_line(g->e, "}");
+            ki->text_len = g->e->len - ki->text_at;
         }
         sg__emit_line(g->e, "%s", "");
     }

@@ -268,17 +268,24 @@ static const char *env(const char *name) {
 
 static const char magic[8] = {'S', 'G', 'C', 'U', 'B', 'I', 'N', '1'};
 
-static sg_status compile(sg_ctx *ctx, rtc_driver *d, const char *name, const char *source,
-                         const char *arch_opt, const char *arch, void **cubin, size_t *size) {
+/* One compile, touching no sg_ctx, so that several may run on threads: the
+ * image in *img (malloc'd, as the driver's own working memory is; the
+ * caller copies it into memory of the context's allocator), or a status and
+ * the message in err. */
+static sg_status compile_core(rtc_driver *d, const char *name, const char *source,
+                              const char *arch_opt, const char *arch, void **img, size_t *size,
+                              char *err, size_t errn) {
     const rtc_api *api = &d->api;
     void *prog;
     char file[256];
     snprintf(file, sizeof file, "%s.cu", name);
+    *img = NULL, *size = 0;
     int r = api->create(&prog, source, file, 0, NULL, NULL);
-    if (r != 0)
-        return sg__fail(ctx, r == 1 ? SG_ERR_OOM : SG_ERR_COMPILE,
-                        "%s: creating the program '%s' failed: %s", d->tag, name,
-                        api->error_string(r));
+    if (r != 0) {
+        snprintf(err, errn, "%s: creating the program '%s' failed: %s", d->tag, name,
+                 api->error_string(r));
+        return r == 1 ? SG_ERR_OOM : SG_ERR_COMPILE;
+    }
     const char *opts[] = {arch_opt, d->opts[0], d->opts[1], d->opts[2]};
     r = api->compile(prog, (int)(sizeof opts / sizeof *opts), opts);
     atomic_fetch_add(&d->compiles, 1);
@@ -287,33 +294,46 @@ static sg_status compile(sg_ctx *ctx, rtc_driver *d, const char *name, const cha
         size_t logn = 0;
         char head[600] = "";
         if (api->log_size(prog, &logn) == 0 && logn > 1) {
-            char *log = sg__alloc(ctx, logn);
+            char *log = malloc(logn);
             if (log && api->log(prog, log) == 0)
                 snprintf(head, sizeof head, "%.*s", (int)sizeof head - 1, log);
-            sg__free(ctx, log, logn);
+            free(log);
         }
-        s = sg__fail(ctx, SG_ERR_COMPILE, "%s: compiling '%s' for %s failed (%s): %s%s", d->tag,
-                     name, arch, api->error_string(r), head,
-                     env("SG_DUMP_DIR") ? "" : " (set SG_DUMP_DIR to keep the source)");
+        snprintf(err, errn, "%s: compiling '%s' for %s failed (%s): %s%s", d->tag, name, arch,
+                 api->error_string(r), head,
+                 env("SG_DUMP_DIR") ? "" : " (set SG_DUMP_DIR to keep the source)");
+        s = SG_ERR_COMPILE;
     } else {
         size_t n = 0;
         r = api->code_size(prog, &n);
-        void *img = r == 0 && n ? sg__alloc(ctx, n) : NULL;
-        if (!img)
-            s = sg__fail(ctx, r == 0 ? SG_ERR_OOM : SG_ERR_COMPILE,
-                         "%s: no device code for '%s' (%zu bytes): %s", d->tag, name, n,
-                         api->error_string(r));
-        else if ((r = api->code(prog, img)) != 0) {
-            sg__free(ctx, img, n);
-            s = sg__fail(ctx, SG_ERR_COMPILE, "%s: reading the code of '%s' failed: %s", d->tag,
-                         name, api->error_string(r));
+        void *code = r == 0 && n ? malloc(n) : NULL;
+        if (!code) {
+            snprintf(err, errn, "%s: no device code for '%s' (%zu bytes): %s", d->tag, name, n,
+                     api->error_string(r));
+            s = r == 0 ? SG_ERR_OOM : SG_ERR_COMPILE;
+        } else if ((r = api->code(prog, code)) != 0) {
+            free(code);
+            snprintf(err, errn, "%s: reading the code of '%s' failed: %s", d->tag, name,
+                     api->error_string(r));
+            s = SG_ERR_COMPILE;
         } else {
-            *cubin = img;
-            *size = n;
+            *img = code, *size = n;
         }
     }
     api->destroy(&prog);
     return s;
+}
+
+/* compile_core's image into memory of the context's allocator, or its failure. */
+static sg_status take_image(sg_ctx *ctx, sg_status s, const char *err, void *img, size_t n,
+                            void **cubin, size_t *size) {
+    if (s != SG_OK) return sg__fail(ctx, s, "%s", err);
+    *cubin = sg__alloc(ctx, n);
+    if (*cubin) memcpy(*cubin, img, n);
+    free(img);
+    if (!*cubin) return sg__fail(ctx, SG_ERR_OOM, "out of host memory for a %zu-byte image", n);
+    *size = n;
+    return SG_OK;
 }
 
 /* SG_OVERRIDE_DIR/<name>.cu replaces the source; SG_DUMP_DIR/<name>.cu gets
@@ -352,52 +372,121 @@ static char *with_prelude(sg_ctx *ctx, const char *source, size_t *n) {
     return s;
 }
 
-sg_status sg__rtc_build(sg_ctx *ctx, sg__rtc drv, const char *name, const char *source,
-                        const char *arch, void **cubin, size_t *size) {
-    SG_ASSERT(ctx && cubin && size && (drv == SG__RTC_NVRTC || drv == SG__RTC_HIPRTC));
+/* One program of sg__rtc_build_many: what it compiles and where it goes. */
+typedef struct rtc_job {
+    rtc_driver *d;
+    const char *name, *source, *arch_opt, *arch;
+    char *owned, *unit; /* an override's text, the hiprtc unit (ctx memory) */
+    size_t owned_n, unit_n;
+    char path[PATH_MAX + 96];
+    bool todo;            /* missed the cache */
+    void *img;            /* compile_core's image (malloc'd) */
+    size_t n;
+    sg_status s;
+    char err[SG__MSG_SIZE];
+} rtc_job;
+
+typedef struct rtc_pool {
+    rtc_job *jobs;
+    int njobs;
+    atomic_int next;
+} rtc_pool;
+
+static void *rtc_worker(void *arg) {
+    rtc_pool *p = arg;
+    for (int i; (i = atomic_fetch_add(&p->next, 1)) < p->njobs;) {
+        rtc_job *j = &p->jobs[i];
+        if (j->todo)
+            j->s = compile_core(j->d, j->name, j->source, j->arch_opt, j->arch, &j->img, &j->n,
+                                j->err, sizeof j->err);
+    }
+    return NULL;
+}
+
+sg_status sg__rtc_build_many(sg_ctx *ctx, sg__rtc drv, int n, const char *const *names,
+                             const char *const *sources, const char *arch, int nthreads,
+                             void **cubins, size_t *sizes) {
+    SG_ASSERT(ctx && n >= 1 && names && sources && cubins && sizes &&
+              (drv == SG__RTC_NVRTC || drv == SG__RTC_HIPRTC));
     rtc_driver *d = &drivers[drv];
-    *cubin = NULL;
-    *size = 0;
-    if (!source)
-        return sg__fail(ctx, SG_ERR_INVALID_ARG, "%s: kernel '%s' has no source", d->tag,
-                        name ? name : "(null)");
+    for (int i = 0; i < n; i++) cubins[i] = NULL, sizes[i] = 0;
+    for (int i = 0; i < n; i++)
+        if (!sources[i])
+            return sg__fail(ctx, SG_ERR_INVALID_ARG, "%s: kernel '%s' has no source", d->tag,
+                            names[i] ? names[i] : "(null)");
     if (drv == SG__RTC_HIPRTC && !sg__hiprtc_arch_known(arch))
         return sg__fail(ctx, SG_ERR_BACKEND_UNAVAILABLE,
                         "hiprtc: cannot compile '%s' for %s: this stepgraph asks hiprtc only for "
                         "gfx803, gfx900, gfx906, gfx908, gfx90a, gfx90c and gfx1010-gfx1036 (ROCm "
                         "5.2's code-object manager aborts on archs it does not know); use "
                         "SG_BACKEND_CPU on this GPU",
-                        name ? name : "(null)", arch ? arch : "(no arch)");
+                        names[0] ? names[0] : "(null)", arch ? arch : "(no arch)");
     char why[512];
     if (!sg__rtc_available(drv, why, sizeof why))
         return sg__fail(ctx, SG_ERR_BACKEND_UNAVAILABLE, "%s", why);
     char root[PATH_MAX];
-    sg_status s = sg__cache_root_or_none(ctx, name, root, sizeof root - 80);
+    sg_status s = sg__cache_root_or_none(ctx, names[0], root, sizeof root - 80);
     if (s != SG_OK) return s;
-    char *owned = NULL, *unit = NULL;
-    size_t owned_n = 0, unit_n = 0;
-    s = override_and_dump(ctx, name, &source, &owned, &owned_n);
-    if (s == SG_OK && drv == SG__RTC_HIPRTC) {
-        unit = with_prelude(ctx, source, &unit_n);
-        if (unit)
-            source = unit;
-        else
-            s = sg__fail(ctx, SG_ERR_OOM, "hiprtc: out of host memory for '%s'", name);
-    }
-    if (s == SG_OK) {
-        char arch_opt[64], path[PATH_MAX + 96]; /* root is at most PATH_MAX - 80 */
-        snprintf(arch_opt, sizeof arch_opt, "%s%s", d->arch_flag, arch);
-        entry_path(d, root, arch_opt, source, path, sizeof path);
-        if (root[0] && !sg__always_compile() && !ctx->no_cache_reads)
-            sg__blob_lookup(ctx, path, magic, cubin, size);
-        if (!*cubin) {
-            s = compile(ctx, d, name, source, arch_opt, arch, cubin, size);
-            if (s == SG_OK && root[0]) sg__blob_publish(ctx, root, path, magic, *cubin, *size);
+    rtc_job *jobs = sg__calloc(ctx, sizeof *jobs * (size_t)n);
+    if (!jobs) return sg__fail(ctx, SG_ERR_OOM, "%s: out of host memory", d->tag);
+    char arch_opt[64];
+    snprintf(arch_opt, sizeof arch_opt, "%s%s", d->arch_flag, arch);
+    int todo = 0;
+    for (int i = 0; i < n && s == SG_OK; i++) {
+        rtc_job *j = &jobs[i];
+        *j = (rtc_job){.d = d, .name = names[i], .source = sources[i], .arch_opt = arch_opt,
+                       .arch = arch};
+        s = override_and_dump(ctx, j->name, &j->source, &j->owned, &j->owned_n);
+        if (s == SG_OK && drv == SG__RTC_HIPRTC) {
+            j->unit = with_prelude(ctx, j->source, &j->unit_n);
+            if (j->unit)
+                j->source = j->unit;
+            else
+                s = sg__fail(ctx, SG_ERR_OOM, "hiprtc: out of host memory for '%s'", j->name);
         }
+        if (s != SG_OK) break;
+        entry_path(d, root, arch_opt, j->source, j->path, sizeof j->path); /* root <= PATH_MAX - 80 */
+        if (root[0] && !sg__always_compile() && !ctx->no_cache_reads)
+            sg__blob_lookup(ctx, j->path, magic, &cubins[i], &sizes[i]);
+        j->todo = cubins[i] == NULL;
+        todo += j->todo;
     }
-    if (unit) sg__free(ctx, unit, unit_n);
-    if (owned) sg__free(ctx, owned, owned_n + 1);
+    /* The misses, on up to nthreads threads (this one among them); a
+     * thread that cannot be started leaves its share to the others. */
+    if (s == SG_OK && todo) {
+        rtc_pool pool = {.jobs = jobs, .njobs = n};
+        atomic_init(&pool.next, 0);
+        pthread_t th[16];
+        int nt = 0, want = nthreads < todo ? nthreads : todo;
+        if (want > 17) want = 17;
+        while (nt + 1 < want && pthread_create(&th[nt], NULL, rtc_worker, &pool) == 0) nt++;
+        rtc_worker(&pool);
+        for (int t = 0; t < nt; t++) pthread_join(th[t], NULL);
+    }
+    for (int i = 0; i < n; i++) {
+        rtc_job *j = &jobs[i];
+        if (s == SG_OK && j->todo) {
+            s = take_image(ctx, j->s, j->err, j->img, j->n, &cubins[i], &sizes[i]);
+            j->img = NULL;
+            if (s == SG_OK && root[0]) sg__blob_publish(ctx, root, j->path, magic, cubins[i], sizes[i]);
+        }
+        free(j->img);
+        if (j->unit) sg__free(ctx, j->unit, j->unit_n);
+        if (j->owned) sg__free(ctx, j->owned, j->owned_n + 1);
+    }
+    sg__free(ctx, jobs, sizeof *jobs * (size_t)n);
+    if (s != SG_OK)
+        for (int i = 0; i < n; i++) {
+            if (cubins[i]) sg__free(ctx, cubins[i], sizes[i]);
+            cubins[i] = NULL, sizes[i] = 0;
+        }
     return s;
+}
+
+sg_status sg__rtc_build(sg_ctx *ctx, sg__rtc drv, const char *name, const char *source,
+                        const char *arch, void **cubin, size_t *size) {
+    SG_ASSERT(ctx && cubin && size);
+    return sg__rtc_build_many(ctx, drv, 1, &name, &source, arch, 1, cubin, size);
 }
 
 sg_status sg__nvrtc_build(sg_ctx *ctx, const char *name, const char *source, int arch, void **cubin,

@@ -5,7 +5,9 @@
  * nothing and returns the same image, a damaged entry is detected and
  * rebuilt, a kernel with an error is SG_ERR_COMPILE with NVRTC's log in the
  * message, SG_DUMP_DIR / SG_OVERRIDE_DIR work with <name>.cu, an unusable
- * cache compiles uncached and a world-writable one is refused.
+ * cache compiles uncached and a world-writable one is refused; several
+ * programs compile on threads to the images of single compiles, each
+ * cached, and a failing one fails the call by its name.
  */
 #define _POSIX_C_SOURCE 200809L
 #include "codegen/codegen.h"
@@ -234,6 +236,58 @@ int main(void) {
     tu_case(ok, "a FIFO as override -> SG_ERR_COMPILE, no hang (\"%s\")", m);
     sg_clear_error(ctx);
     unsetenv("SG_OVERRIDE_DIR");
+
+    /* Several programs at once, on threads: the images one by one gives,
+     * each cached under its own name (a second call compiles nothing); a
+     * program that fails makes the call fail with its name, no image out. */
+    {
+        static char src[3][400];
+        const char *names[3] = {"many_a", "many_b", "many_c"}, *srcs[3];
+        for (int i = 0; i < 3; i++) {
+            snprintf(src[i], sizeof src[i],
+                     "extern \"C\" __global__ void k%d(float *y, int n) {\n"
+                     "    int i = blockIdx.x * blockDim.x + threadIdx.x;\n"
+                     "    if (i < n) y[i] = y[i] * %d.5f + 1.0f;\n}\n", i, i + 2);
+            srcs[i] = src[i];
+        }
+        void *one[3] = {NULL}, *many[3] = {NULL};
+        size_t none[3] = {0}, nmany[3] = {0};
+        ok = true;
+        setenv("SG_CACHE_DIR", "/dev/null/cache", 1); /* compiled every time */
+        for (int i = 0; i < 3; i++)
+            ok = ok && TU_EXPECT(sg__nvrtc_build(ctx, names[i], srcs[i], 90, &one[i], &none[i]) ==
+                                 SG_OK);
+        uint64_t c0 = sg__nvrtc_compiles();
+        ok = ok && TU_EXPECT(sg__rtc_build_many(ctx, SG__RTC_NVRTC, 3, names, srcs, "sm_90", 3,
+                                                many, nmany) == SG_OK) &&
+             TU_EXPECT(sg__nvrtc_compiles() == c0 + 3);
+        for (int i = 0; i < 3; i++)
+            ok = ok && TU_EXPECT(nmany[i] == none[i] && memcmp(one[i], many[i], none[i]) == 0) &&
+                 TU_EXPECT(has_name(many[i], nmany[i], i == 0 ? "k0" : i == 1 ? "k1" : "k2"));
+        for (int i = 0; i < 3; i++) {
+            sg__free(ctx, one[i], none[i]), sg__free(ctx, many[i], nmany[i]);
+            many[i] = NULL;
+        }
+        setenv("SG_CACHE_DIR", dir, 1);
+        ok = ok && TU_EXPECT(sg__rtc_build_many(ctx, SG__RTC_NVRTC, 3, names, srcs, "sm_90", 3,
+                                                many, nmany) == SG_OK);
+        c0 = sg__nvrtc_compiles();
+        for (int i = 0; i < 3; i++) sg__free(ctx, many[i], nmany[i]), many[i] = NULL;
+        ok = ok && TU_EXPECT(sg__rtc_build_many(ctx, SG__RTC_NVRTC, 3, names, srcs, "sm_90", 3,
+                                                many, nmany) == SG_OK) &&
+             TU_EXPECT(sg__nvrtc_compiles() == c0);
+        for (int i = 0; i < 3; i++) sg__free(ctx, many[i], nmany[i]), many[i] = NULL;
+        tu_case(ok, "3 programs on 3 threads -> the images of 3 single compiles, each cached");
+        const char *bad[3] = {srcs[0], "extern \"C\" __global__ void kb() { undefined_x(); }\n",
+                              srcs[2]};
+        const char *bnames[3] = {"many_a", "many_broken", "many_c"};
+        s = sg__rtc_build_many(ctx, SG__RTC_NVRTC, 3, bnames, bad, "sm_90", 3, many, nmany);
+        m = sg_last_error(ctx);
+        ok = TU_EXPECT(s == SG_ERR_COMPILE) && TU_EXPECT(strstr(m, "many_broken") != NULL) &&
+             TU_EXPECT(strstr(m, "undefined_x") != NULL) && TU_EXPECT(!many[0] && !many[1] && !many[2]);
+        tu_case(ok, "one of 3 programs fails -> SG_ERR_COMPILE naming it, no image (\"%.120s\")", m);
+        sg_clear_error(ctx);
+    }
     sg__free(ctx, a, na);
     sg_ctx_destroy(ctx);
     char cmd[400];

@@ -91,7 +91,8 @@ typedef struct set_state {
 } set_state;
 
 typedef struct cu_graph {
-    CUmodule mod;
+    CUmodule *mods; /* the unit's parts (unit_parts), loaded */
+    int nmods;
     CUfunction *kfn;       /* per group, NULL without a generated kernel */
     sg__cuda_kinfo *kinfo; /* per group: kernel name, launch, whether it replaces the call */
     int ngroups, nslots;
@@ -121,7 +122,9 @@ static void release(sg_ctx *ctx, sg__graph *g) {
         sg__free(ctx, cg->sets[s].addrs, sizeof(char *) * (size_t)(cg->ntable ? cg->ntable : 1));
     }
     sg__free(ctx, cg->sets, sizeof *cg->sets * (size_t)(cg->nsets ? cg->nsets : 1));
-    if (cg->mod) cu->cuModuleUnload(cg->mod);
+    for (int m = 0; m < cg->nmods; m++)
+        if (cg->mods[m]) cu->cuModuleUnload(cg->mods[m]);
+    sg__free(ctx, cg->mods, sizeof *cg->mods * (size_t)(cg->nmods ? cg->nmods : 1));
     sg__free(ctx, cg->kfn, sizeof *cg->kfn * (size_t)(cg->ngroups ? cg->ngroups : 1));
     sg__free(ctx, cg->kinfo, sizeof *cg->kinfo * (size_t)(cg->ngroups ? cg->ngroups : 1));
     sg__free(ctx, cg->argoff, sizeof *cg->argoff * (size_t)(cg->ngroups ? cg->ngroups : 1));
@@ -223,6 +226,126 @@ static void hip_gemm_note(sg_ctx *ctx, const sg__graph *g, const sg__cuda_kinfo 
     sg__log(ctx, "fallbacks", "%s", line);
 }
 
+/* A unit with at least this much kernel text in several kernels is
+ * compiled in parts, one NVRTC program each, on threads. */
+#define PART_TEXT ((size_t)24 << 10)
+
+/* How many parts the unit's kernels go into: one when the unit is small,
+ * the machine has one core, SG_NVRTC_THREADS=1, or its source is dumped or
+ * overridden (SG_DUMP_DIR, SG_OVERRIDE_DIR name it by the unit's name). */
+static int unit_parts(size_t text, int nemitted) {
+    const char *e = getenv("SG_NVRTC_THREADS");
+    long cores = sysconf(_SC_NPROCESSORS_ONLN), cap = e && e[0] ? atol(e) : cores;
+    if (cap > 16) cap = 16;
+    if (cap > cores && !(e && e[0])) cap = cores;
+    long by_text = (long)(text / PART_TEXT);
+    long n = cap < by_text ? cap : by_text;
+    if (n > nemitted) n = nemitted;
+    const char *dump = getenv("SG_DUMP_DIR"), *over = getenv("SG_OVERRIDE_DIR");
+    return n < 2 || (dump && dump[0]) || (over && over[0]) ? 1 : (int)n;
+}
+
+/* Compile the unit in src and load it: as one program named after the
+ * graph's module, or, when it is large (unit_parts), its kernels dealt
+ * into parts by size (largest first, each to the lightest part), each part
+ * the unit's text before its first kernel followed by its kernels' text,
+ * compiled on threads as <module>_<part>. (*part)[k] is the module of
+ * group k's kernel. */
+static sg_status build_parts(sg_ctx *ctx, sg__graph *g, cu_graph *cg, const char *src,
+                             int **part) {
+    const sg__cu_api *cu = api(ctx);
+    int ng = cg->ngroups, nem = 0;
+    size_t pre = strlen(src), text = 0;
+    for (int k = 0; k < ng; k++)
+        if (cg->kinfo[k].name[0] && cg->kinfo[k].emitted) {
+            nem++, text += cg->kinfo[k].text_len;
+            if (cg->kinfo[k].text_at < pre) pre = cg->kinfo[k].text_at;
+        }
+    int np = unit_parts(text, nem);
+    *part = sg__calloc(ctx, sizeof **part * (size_t)ng);
+    size_t *load = sg__calloc(ctx, sizeof *load * (size_t)np);
+    cg->mods = sg__calloc(ctx, sizeof *cg->mods * (size_t)np);
+    char **srcs = sg__calloc(ctx, sizeof *srcs * (size_t)np);
+    char(*names)[160] = sg__calloc(ctx, sizeof *names * (size_t)np);
+    void **imgs = sg__calloc(ctx, sizeof *imgs * (size_t)np);
+    size_t *sizes = sg__calloc(ctx, sizeof *sizes * (size_t)np), *srcn = NULL;
+    srcn = sg__calloc(ctx, sizeof *srcn * (size_t)np);
+    sg_status s = SG_OK;
+    if (!*part || !load || !cg->mods || !srcs || !names || !imgs || !sizes || !srcn)
+        s = sg__fail(ctx, SG_ERR_OOM, "cuda: out of host memory");
+    if (s == SG_OK) cg->nmods = np;
+    /* Deal: the largest kernel not yet placed to the lightest part. */
+    for (int placed = 0; s == SG_OK && np > 1 && placed < nem; placed++) {
+        int big = -1;
+        for (int k = 0; k < ng; k++)
+            if (cg->kinfo[k].name[0] && cg->kinfo[k].emitted && (*part)[k] == 0 &&
+                (big < 0 || cg->kinfo[k].text_len > cg->kinfo[big].text_len))
+                big = k;
+        int light = 0;
+        for (int p = 1; p < np; p++)
+            if (load[p] < load[light]) light = p;
+        (*part)[big] = light + 1; /* 1-based while dealing: 0 is "not yet" */
+        load[light] += cg->kinfo[big].text_len;
+    }
+    for (int k = 0; s == SG_OK && k < ng; k++) {
+        if (np == 1 || !cg->kinfo[k].name[0]) {
+            (*part)[k] = 0;
+        } else if (cg->kinfo[k].emitted) {
+            (*part)[k] -= 1;
+        } else { /* the part of the earlier group whose kernel it runs */
+            for (int j = 0; j < k; j++)
+                if (cg->kinfo[j].emitted && !strcmp(cg->kinfo[j].name, cg->kinfo[k].name)) {
+                    (*part)[k] = (*part)[j];
+                    break;
+                }
+        }
+    }
+    for (int p = 0; s == SG_OK && p < np; p++) {
+        if (np == 1) {
+            snprintf(names[p], sizeof names[p], "%s", g->module);
+            continue;
+        }
+        snprintf(names[p], sizeof names[p], "%s_%d", g->module, p);
+        srcn[p] = pre + load[p] + 1;
+        srcs[p] = sg__alloc(ctx, srcn[p]);
+        if (!srcs[p]) {
+            s = sg__fail(ctx, SG_ERR_OOM, "cuda: out of host memory for a unit's part");
+            break;
+        }
+        memcpy(srcs[p], src, pre);
+        size_t at = pre;
+        for (int k = 0; k < ng; k++)
+            if (cg->kinfo[k].name[0] && cg->kinfo[k].emitted && (*part)[k] == p) {
+                memcpy(srcs[p] + at, src + cg->kinfo[k].text_at, cg->kinfo[k].text_len);
+                at += cg->kinfo[k].text_len;
+            }
+        srcs[p][at] = '\0';
+    }
+    if (s == SG_OK) {
+        const char *nm[16], *sc[16];
+        for (int p = 0; p < np; p++) nm[p] = names[p], sc[p] = np == 1 ? src : srcs[p];
+        s = sg__cuda_rtc_build_many(ctx, np, nm, sc, np, imgs, sizes);
+    }
+    for (int p = 0; s == SG_OK && p < np; p++) {
+        CUresult r = cu->cuModuleLoadData(&cg->mods[p], imgs[p]);
+        if (r != CUDA_SUCCESS) s = sg__cu_fail(ctx, r, "cuModuleLoadData", names[p]);
+    }
+    if (s == SG_OK && np > 1)
+        sg__log(ctx, "perf_hints", "%s: %d kernels (%zu KB of source) compiled as %d programs",
+                g->module, nem, text >> 10, np);
+    for (int p = 0; p < np && imgs; p++)
+        if (imgs[p]) sg__free(ctx, imgs[p], sizes[p]);
+    for (int p = 0; p < np && srcs; p++)
+        if (srcs[p]) sg__free(ctx, srcs[p], srcn[p]);
+    sg__free(ctx, load, sizeof *load * (size_t)np);
+    sg__free(ctx, srcs, sizeof *srcs * (size_t)np);
+    sg__free(ctx, names, sizeof *names * (size_t)np);
+    sg__free(ctx, imgs, sizeof *imgs * (size_t)np);
+    sg__free(ctx, sizes, sizeof *sizes * (size_t)np);
+    sg__free(ctx, srcn, sizeof *srcn * (size_t)np);
+    return s;
+}
+
 static sg_status compile(sg_fn *fn, sg__graph *g) {
     sg_ctx *ctx = fn->ctx;
     const sg__cu_api *cu = api(ctx);
@@ -247,10 +370,8 @@ static sg_status compile(sg_fn *fn, sg__graph *g) {
     if (s == SG_OK && hip) hip_gemm_note(ctx, g, cg->kinfo);
     for (int k = 0; k < cg->ngroups; k++)
         cg->dgrid[k] = cg->kinfo[k].grid, cg->dblock[k] = cg->kinfo[k].block;
-    void *cubin = NULL;
-    size_t size = 0;
-    if (s == SG_OK && nk > 0)
-        s = sg__cuda_rtc_build(ctx, g->module, e.buf, &cubin, &size);
+    int *part = NULL; /* per group with a kernel: the part whose module holds it */
+    if (s == SG_OK && nk > 0) s = build_parts(ctx, g, cg, e.buf, &part);
     if (s == SG_OK && nk > 0) tune_path(ctx, g->module, e.buf, cg);
     if (s == SG_OK) sg__graph_log_source(fn, g, e.buf);
     sg__emit_free(&e);
@@ -261,16 +382,13 @@ static sg_status compile(sg_fn *fn, sg__graph *g) {
         cg->argoff[k] = own ? cg->ntable : 0;
         cg->ntable += own ? cg->kinfo[k].nlocal : 0;
     }
-    if (s == SG_OK && nk > 0) {
-        CUresult r = cu->cuModuleLoadData(&cg->mod, cubin);
-        if (r != CUDA_SUCCESS) s = sg__cu_fail(ctx, r, "cuModuleLoadData", g->module);
-    }
-    sg__free(ctx, cubin, size);
     for (int k = 0; s == SG_OK && k < cg->ngroups; k++) {
         if (!cg->kinfo[k].name[0]) continue;
-        CUresult r = cu->cuModuleGetFunction(&cg->kfn[k], cg->mod, cg->kinfo[k].name);
+        CUresult r =
+            cu->cuModuleGetFunction(&cg->kfn[k], cg->mods[part[k]], cg->kinfo[k].name);
         if (r != CUDA_SUCCESS) s = sg__cu_fail(ctx, r, "cuModuleGetFunction", cg->kinfo[k].name);
     }
+    if (part) sg__free(ctx, part, sizeof *part * (size_t)cg->ngroups);
     cg->use_graph =
         fn->opts.mode == SG_MODE_REDUCE_OVERHEAD || fn->opts.mode == SG_MODE_MAX_AUTOTUNE;
     cg->tune =

@@ -209,6 +209,18 @@ sg_status sg__cuda_rtc_build(sg_ctx *ctx, const char *name, const char *source, 
     return sg__nvrtc_build(ctx, name, source, s->arch, image, size);
 }
 
+sg_status sg__cuda_rtc_build_many(sg_ctx *ctx, int n, const char *const *names,
+                                  const char *const *sources, int nthreads, void **images,
+                                  size_t *sizes) {
+    sg__cuda *s = state(ctx);
+    if (s->dev0.hip) /* not known to be safe on threads with ROCm 5's code-object manager */
+        return sg__rtc_build_many(ctx, SG__RTC_HIPRTC, n, names, sources, s->dev0.arch_name, 1,
+                                  images, sizes);
+    char sm[16];
+    snprintf(sm, sizeof sm, "sm_%d", s->arch);
+    return sg__rtc_build_many(ctx, SG__RTC_NVRTC, n, names, sources, sm, nthreads, images, sizes);
+}
+
 /* ------------------------------------------------------------ kernels */
 
 /* The build's image of unit for this GPU's arch, loaded (true), or false:

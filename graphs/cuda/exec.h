@@ -83,6 +83,11 @@ SG__HIDDEN bool sg__cuda_is_hip(const sg_ctx *ctx);
  * table's cuModuleLoadData. */
 SG__HIDDEN sg_status sg__cuda_rtc_build(sg_ctx *ctx, const char *name, const char *source,
                                         void **image, size_t *size);
+/* n units at once (sg__rtc_build_many): NVRTC's compiles on up to nthreads
+ * threads; hiprtc's one after another. */
+SG__HIDDEN sg_status sg__cuda_rtc_build_many(sg_ctx *ctx, int n, const char *const *names,
+                                             const char *const *sources, int nthreads,
+                                             void **images, size_t *sizes);
 
 /* Make ctx a CUDA context (sg_ctx_create calls this), or a HIP one when
  * ctx->backend is SG_BACKEND_HIP (the HIP runtime's table): SG_OK, or
