@@ -385,9 +385,9 @@ typedef struct sg__cuda_kinfo {
                              group's kernel of the same name runs it */
     int nlocal;           /* entries of its address table, -1: the capture-wide one */
     bool unsupported;     /* the dialect has no kernel for the group (sg__cgen_gpu) */
-    size_t text_at, text_len; /* where its text lies in the unit, when emitted: a kernel
-                                 needs only that and the unit's text before the first
-                                 emitted kernel's (so a unit may be compiled in parts) */
+    size_t text_at, text_len;      /* where its text lies in the unit, when emitted: a kernel
+                                      needs only that and the unit's text before the first
+                                      emitted kernel's (so a unit may be compiled in parts) */
     int local[SG__CUDA_MAX_LOCAL]; /* per entry, the IR slot whose base it holds */
 } sg__cuda_kinfo;
 
@@ -689,10 +689,9 @@ SG__HIDDEN sg_status sg__rtc_build(sg_ctx *ctx, sg__rtc drv, const char *name, c
  * its own override, dump and cache entry), the ones the cache misses on up
  * to nthreads threads (the caller's among them); the first failure in
  * program order is the call's, and then no image is returned. */
-SG__HIDDEN sg_status sg__rtc_build_many(sg_ctx *ctx, sg__rtc drv, int n,
-                                        const char *const *names, const char *const *sources,
-                                        const char *arch, int nthreads, void **cubins,
-                                        size_t *sizes);
+SG__HIDDEN sg_status sg__rtc_build_many(sg_ctx *ctx, sg__rtc drv, int n, const char *const *names,
+                                        const char *const *sources, const char *arch, int nthreads,
+                                        void **cubins, size_t *sizes);
 SG__HIDDEN bool sg__rtc_available(sg__rtc drv, char *why, size_t n);
 /* Process-wide count of drv's compiles (not cache hits), for tests. */
 SG__HIDDEN uint64_t sg__rtc_compiles(sg__rtc drv);

@@ -379,8 +379,8 @@ typedef struct rtc_job {
     char *owned, *unit; /* an override's text, the hiprtc unit (ctx memory) */
     size_t owned_n, unit_n;
     char path[PATH_MAX + 96];
-    bool todo;            /* missed the cache */
-    void *img;            /* compile_core's image (malloc'd) */
+    bool todo; /* missed the cache */
+    void *img; /* compile_core's image (malloc'd) */
     size_t n;
     sg_status s;
     char err[SG__MSG_SIZE];
@@ -434,8 +434,8 @@ sg_status sg__rtc_build_many(sg_ctx *ctx, sg__rtc drv, int n, const char *const 
     int todo = 0;
     for (int i = 0; i < n && s == SG_OK; i++) {
         rtc_job *j = &jobs[i];
-        *j = (rtc_job){.d = d, .name = names[i], .source = sources[i], .arch_opt = arch_opt,
-                       .arch = arch};
+        *j = (rtc_job){
+            .d = d, .name = names[i], .source = sources[i], .arch_opt = arch_opt, .arch = arch};
         s = override_and_dump(ctx, j->name, &j->source, &j->owned, &j->owned_n);
         if (s == SG_OK && drv == SG__RTC_HIPRTC) {
             j->unit = with_prelude(ctx, j->source, &j->unit_n);
@@ -445,7 +445,8 @@ sg_status sg__rtc_build_many(sg_ctx *ctx, sg__rtc drv, int n, const char *const 
                 s = sg__fail(ctx, SG_ERR_OOM, "hiprtc: out of host memory for '%s'", j->name);
         }
         if (s != SG_OK) break;
-        entry_path(d, root, arch_opt, j->source, j->path, sizeof j->path); /* root <= PATH_MAX - 80 */
+        entry_path(d, root, arch_opt, j->source, j->path,
+                   sizeof j->path); /* root <= PATH_MAX - 80 */
         if (root[0] && !sg__always_compile() && !ctx->no_cache_reads)
             sg__blob_lookup(ctx, j->path, magic, &cubins[i], &sizes[i]);
         j->todo = cubins[i] == NULL;
@@ -468,7 +469,8 @@ sg_status sg__rtc_build_many(sg_ctx *ctx, sg__rtc drv, int n, const char *const 
         if (s == SG_OK && j->todo) {
             s = take_image(ctx, j->s, j->err, j->img, j->n, &cubins[i], &sizes[i]);
             j->img = NULL;
-            if (s == SG_OK && root[0]) sg__blob_publish(ctx, root, j->path, magic, cubins[i], sizes[i]);
+            if (s == SG_OK && root[0])
+                sg__blob_publish(ctx, root, j->path, magic, cubins[i], sizes[i]);
         }
         free(j->img);
         if (j->unit) sg__free(ctx, j->unit, j->unit_n);

@@ -888,8 +888,9 @@ SG_API sg_status sg_optim_step_scaled(sg_optim *opt, sg_tensor *const *grads, sg
  * only to MAX_AUTOTUNE steps and are remembered on disk with the block
  * sizes, so a second process times nothing. MAX_AUTOTUNE also records the
  * step with the default launches and algorithms and replays both graphs
- * (two runs of 20 each, alternating, on saved values); the defaults stay
- * when they are at least 2% faster (logged under perf_hints). Kernels launch with programmatic dependent launch on sm_90
+ * (two runs of 20 each, from the same saved values); the picks stay only
+ * when their graph is at least 1% faster (logged under perf_hints), so
+ * max-autotune replays no slower than reduce-overhead. Kernels launch with programmatic dependent launch on sm_90
  * (SG_CUDA_PDL=0 turns it off). SG_CUDA_GEMM=generated runs a compiled
  * step's matmuls (those of more than 8 rows) as the generated tiled GEMM of
  * the backends without a BLAS library, its bias and epilogue fused, instead

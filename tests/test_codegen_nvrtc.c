@@ -247,7 +247,8 @@ int main(void) {
             snprintf(src[i], sizeof src[i],
                      "extern \"C\" __global__ void k%d(float *y, int n) {\n"
                      "    int i = blockIdx.x * blockDim.x + threadIdx.x;\n"
-                     "    if (i < n) y[i] = y[i] * %d.5f + 1.0f;\n}\n", i, i + 2);
+                     "    if (i < n) y[i] = y[i] * %d.5f + 1.0f;\n}\n",
+                     i, i + 2);
             srcs[i] = src[i];
         }
         void *one[3] = {NULL}, *many[3] = {NULL};
@@ -255,15 +256,19 @@ int main(void) {
         ok = true;
         setenv("SG_CACHE_DIR", "/dev/null/cache", 1); /* compiled every time */
         for (int i = 0; i < 3; i++)
-            ok = ok && TU_EXPECT(sg__nvrtc_build(ctx, names[i], srcs[i], 90, &one[i], &none[i]) ==
-                                 SG_OK);
+            ok = ok &&
+                 TU_EXPECT(sg__nvrtc_build(ctx, names[i], srcs[i], 90, &one[i], &none[i]) == SG_OK);
         uint64_t c0 = sg__nvrtc_compiles();
-        ok = ok && TU_EXPECT(sg__rtc_build_many(ctx, SG__RTC_NVRTC, 3, names, srcs, "sm_90", 3,
-                                                many, nmany) == SG_OK) &&
+        ok = ok &&
+             TU_EXPECT(sg__rtc_build_many(ctx, SG__RTC_NVRTC, 3, names, srcs, "sm_90", 3, many,
+                                          nmany) == SG_OK) &&
              TU_EXPECT(sg__nvrtc_compiles() == c0 + 3);
         for (int i = 0; i < 3; i++)
             ok = ok && TU_EXPECT(nmany[i] == none[i] && memcmp(one[i], many[i], none[i]) == 0) &&
-                 TU_EXPECT(has_name(many[i], nmany[i], i == 0 ? "k0" : i == 1 ? "k1" : "k2"));
+                 TU_EXPECT(has_name(many[i], nmany[i],
+                                    i == 0   ? "k0"
+                                    : i == 1 ? "k1"
+                                             : "k2"));
         for (int i = 0; i < 3; i++) {
             sg__free(ctx, one[i], none[i]), sg__free(ctx, many[i], nmany[i]);
             many[i] = NULL;
@@ -273,8 +278,9 @@ int main(void) {
                                                 many, nmany) == SG_OK);
         c0 = sg__nvrtc_compiles();
         for (int i = 0; i < 3; i++) sg__free(ctx, many[i], nmany[i]), many[i] = NULL;
-        ok = ok && TU_EXPECT(sg__rtc_build_many(ctx, SG__RTC_NVRTC, 3, names, srcs, "sm_90", 3,
-                                                many, nmany) == SG_OK) &&
+        ok = ok &&
+             TU_EXPECT(sg__rtc_build_many(ctx, SG__RTC_NVRTC, 3, names, srcs, "sm_90", 3, many,
+                                          nmany) == SG_OK) &&
              TU_EXPECT(sg__nvrtc_compiles() == c0);
         for (int i = 0; i < 3; i++) sg__free(ctx, many[i], nmany[i]), many[i] = NULL;
         tu_case(ok, "3 programs on 3 threads -> the images of 3 single compiles, each cached");
@@ -284,8 +290,10 @@ int main(void) {
         s = sg__rtc_build_many(ctx, SG__RTC_NVRTC, 3, bnames, bad, "sm_90", 3, many, nmany);
         m = sg_last_error(ctx);
         ok = TU_EXPECT(s == SG_ERR_COMPILE) && TU_EXPECT(strstr(m, "many_broken") != NULL) &&
-             TU_EXPECT(strstr(m, "undefined_x") != NULL) && TU_EXPECT(!many[0] && !many[1] && !many[2]);
-        tu_case(ok, "one of 3 programs fails -> SG_ERR_COMPILE naming it, no image (\"%.120s\")", m);
+             TU_EXPECT(strstr(m, "undefined_x") != NULL) &&
+             TU_EXPECT(!many[0] && !many[1] && !many[2]);
+        tu_case(ok, "one of 3 programs fails -> SG_ERR_COMPILE naming it, no image (\"%.120s\")",
+                m);
         sg_clear_error(ctx);
     }
     sg__free(ctx, a, na);

@@ -267,9 +267,9 @@ static void count_step_lines(void *user, const char *topic, const char *line) {
 
 static void test_autotune_check(void) {
     sg_ctx *c = NULL;
-    if (!TU_EXPECT(sg_ctx_create(&(sg_ctx_opts){.backend = SG_BACKEND_CUDA,
-                                                .log = count_step_lines},
-                                 &c) == SG_OK))
+    if (!TU_EXPECT(
+            sg_ctx_create(&(sg_ctx_opts){.backend = SG_BACKEND_CUDA, .log = count_step_lines},
+                          &c) == SG_OK))
         return;
     autochk m;
     int64_t ws[2] = {AN, AK}, bs = AN, as[2] = {AM, AN}, xs[2] = {AM, AK};
@@ -279,10 +279,10 @@ static void test_autotune_check(void) {
     m.acc = tu_rand(c, SG_F32, 2, as, -1, 1, &m.accv);
     sg_fn *fn = NULL;
     step_lines = 0;
-    bool ok = TU_EXPECT(sg_compile(c, autochk_step, &m, 1, 1,
-                                   &(sg_compile_opts){.mode = SG_MODE_MAX_AUTOTUNE,
-                                                      .force_disable_caches = true},
-                                   &fn) == SG_OK);
+    bool ok = TU_EXPECT(
+        sg_compile(c, autochk_step, &m, 1, 1,
+                   &(sg_compile_opts){.mode = SG_MODE_MAX_AUTOTUNE, .force_disable_caches = true},
+                   &fn) == SG_OK);
     static double r[AM * AN];
     for (int call = 0; ok && call < 4; call++) {
         double *xv = NULL;
