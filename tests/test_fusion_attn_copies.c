@@ -16,6 +16,8 @@
 #include "graphs/graphs.h"
 #include "testutil.h"
 
+#include "cuda_unit.h"
+
 #include <string.h>
 
 static sg_ctx *ctx;
@@ -56,12 +58,6 @@ static sg_status step(sg_ctx *c, sg_tensor *const *in, sg_tensor **out, void *us
 
 /* The CUDA backend's fusion options (graphs/cuda/cuda_graph.c); NULL when
  * built without the CUDA headers. */
-static bool cuda_opts(sg__fuse_opts *o) {
-    if (!sg__cuda_graph_ops.fuse_opts) return false;
-    sg__cuda_graph_ops.fuse_opts(o, false);
-    return true;
-}
-
 /* Copies merged into attention groups, checking each merged group's shape. */
 static int merged(const sg__ir *ir, const sg__fused *f, bool *sane) {
     int n = 0;
@@ -92,7 +88,7 @@ static void run(int kind, int want) {
     bool sane = true;
     sg__fuse_opts fo;
     sg__fused f;
-    if (ok && cuda_opts(&fo)) {
+    if (ok && cu_fuse_opts(&fo)) {
         sg__graph *g = fn->graphs[0];
         ok = TU_EXPECT(fo.attn_copies) && TU_EXPECT(sg__fuse(ctx, &g->ir, &fo, &f) == SG_OK);
         if (ok) got = merged(&g->ir, &f, &sane), sg__fused_free(ctx, &f, &g->ir);

@@ -15,6 +15,8 @@
 #include "graphs/graphs.h"
 #include "testutil.h"
 
+#include "cuda_unit.h"
+
 #include <string.h>
 
 static sg_ctx *ctx;
@@ -49,12 +51,6 @@ static sg_status step(sg_ctx *c, sg_tensor *const *in, sg_tensor **out, void *us
 
 /* The CUDA backend's fusion options (graphs/cuda/cuda_graph.c); false when
  * built without the CUDA headers. */
-static bool cuda_opts(sg__fuse_opts *o) {
-    if (!sg__cuda_graph_ops.fuse_opts) return false;
-    sg__cuda_graph_ops.fuse_opts(o, false);
-    return true;
-}
-
 /* Merged pairs, checking each merged group's shape. */
 static int merged(const sg__ir *ir, const sg__fused *f, bool *sane) {
     int n = 0;
@@ -103,7 +99,7 @@ static void run(int kind, int want, const char *why) {
     static char text[16384];
     text[0] = '\0';
     hint[0] = '\0';
-    if (ok && cuda_opts(&fo)) {
+    if (ok && cu_fuse_opts(&fo)) {
         sg__graph *g = fn->graphs[0];
         ok = TU_EXPECT(fo.xent_pairs) && TU_EXPECT(sg__fuse(ctx, &g->ir, &fo, &f) == SG_OK);
         if (ok) {
