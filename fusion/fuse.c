@@ -1580,15 +1580,16 @@ static const char *nbsum_blocker(const sg__ir *ir, const int *alias, const sg__f
     const sg__ref *o = &ir->refs[alias[nb->out]], *nx = arg_ref(ir, nb, 0, alias);
     const sg__ref *x = arg_ref(ir, sn, 0, alias), *so = &ir->refs[alias[sn->out]];
     int64_t len = nx->shape[nx->ndim - 1], numel = sg__numel(nx->ndim, nx->shape);
-    if (nbg->kind != SG__G_OPAQUE || nbg->n != 1)
-        return "the norm's kernel already writes another column sum of its gradient";
     if (s->n != 1) return "the sum's kernel computes more than the sum (an epilogue on it)";
-    if (!s->rows_inline || s->nrows != 1 || s->ncols != len)
-        return "the sum keeps another dim than the last, or sums a run of the last";
+    if (!s->rows_inline || s->ncols != len)
+        return "the sum does not keep exactly the last dim (its columns are not the norm's)";
+    if (s->nrows != 1) return "the sum keeps a leading dim too (it adds some rows only)";
     if (x->dtype != o->dtype || x->offset != o->offset || !dense(x) ||
         sg__numel(x->ndim, x->shape) != numel)
         return "the sum reads another part of the norm's result, or in another order";
     if (!dense(so) || so->slot == o->slot) return "the sum's result is strided";
+    if (nbg->kind != SG__G_OPAQUE || nbg->n != 1)
+        return "the norm's kernel already writes another column sum of its gradient";
     for (int k = kn + 1; k < ks; k++) {
         bool w;
         if (group_touches(ir, alias, &f->groups[k], so->slot, &w))

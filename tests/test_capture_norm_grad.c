@@ -381,6 +381,80 @@ static void block_case(const bcase *c, uint64_t seed) {
     free(xv), free(Wv), free(bv), free(w2v), free(rv);
 }
 
+/* A norm's input gradient summed by the step itself: over every dim but
+ * the last (merged on CUDA) and over the first only (not: its columns are
+ * not the norm's, which the plan says); each against the f64 sums of the
+ * eager gradient as stored. */
+static sg_tensor *us_x, *us_r;
+
+/* out: the gradient's sums over (0, 1) and over 0; with user, the
+ * gradient itself (eager: a compiled step would copy it into an output,
+ * and the sums would read the copy). */
+static sg_status user_sums_step(sg_ctx *c, sg_tensor *const *in, sg_tensor **out, void *user) {
+    (void)c, (void)in;
+    sg_tensor *y = sg_layer_norm(us_x, NULL, NULL, EPS), *gx = NULL;
+    sg_status s = sg_grad(sg_sum(sg_mul(y, us_r), 0, NULL, false), 1, &us_x, &gx);
+    int d01[2] = {0, 1}, d0[1] = {0};
+    out[0] = sg_sum(gx, 2, d01, false);
+    out[1] = sg_sum(gx, 1, d0, false);
+    if (user) *(sg_tensor **)user = gx;
+    return s;
+}
+
+static void user_sums_case(sg_dtype dt) {
+    int64_t sh[3] = {3, 40, 256}, rows = sh[0] * sh[1], C = sh[2];
+    us_x = tu_rand(ctx, dt, 3, sh, -2, 2, NULL);
+    us_r = tu_rand(ctx, dt, 3, sh, -1, 1, NULL);
+    sg_requires_grad_(us_x, true);
+    sg_fn *fn = NULL;
+    sg_tensor *out[2] = {NULL}, *eager[2] = {NULL}, *egx = NULL;
+    bool ok = TU_EXPECT(user_sums_step(ctx, NULL, eager, &egx) == SG_OK) &&
+              TU_EXPECT(sg_compile(ctx, user_sums_step, NULL, 0, 2,
+                                   &(sg_compile_opts){.mode = SG_MODE_REDUCE_OVERHEAD},
+                                   &fn) == SG_OK) &&
+              TU_EXPECT(sg_call(fn, NULL, 0, out, 2) == SG_OK);
+    double *gx = ok ? tu_read(egx) : NULL, *s01 = ok ? tu_read(out[0]) : NULL;
+    double *s0 = ok ? tu_read(out[1]) : NULL;
+    double *w01 = calloc((size_t)C, sizeof(double)), *w0 = calloc((size_t)(rows / sh[0] * C), sizeof(double));
+    ok = ok && TU_EXPECT(gx && s01 && s0);
+    for (int64_t i = 0; ok && i < rows; i++)
+        for (int64_t j = 0; j < C; j++) w01[j] += gx[i * C + j], w0[i % sh[1] * C + j] += gx[i * C + j];
+    ok = ok && block_close("sum over (0, 1)", s01, w01, C, dt) &&
+         block_close("sum over 0", s0, w0, sh[1] * C, dt);
+    int merged = -1;
+    bool said = true, sane = true;
+    if (ok && TU_EXPECT(fn->ngraphs == 1)) {
+        sg__graph *g = fn->graphs[0];
+        merged = cuda_merged(g, false, &sane);
+        sg__fuse_opts fo;
+        sg__fused f;
+        if (merged >= 0) {
+            sg__cuda_graph_ops.fuse_opts(&fo, false);
+            if (TU_EXPECT(sg__fuse(ctx, &g->ir, &fo, &f) == SG_OK)) {
+                sg__fused keep = g->fused;
+                bool had = g->has_fused;
+                g->fused = f, g->has_fused = true;
+                const char *e = sg_fn_explain(fn);
+                said = e && strstr(e, "run as two kernels: the sum does not keep exactly the last dim");
+                g->fused = keep, g->has_fused = had;
+                sg__fused_free(ctx, &f, &g->ir);
+            }
+        }
+        ok = TU_EXPECT(sane) && TU_EXPECT(merged == 1 || merged == -1) && TU_EXPECT(said);
+    }
+    if (!ok) fprintf(stderr, "  %s\n", sg_last_error(ctx));
+    tu_case(ok,
+            "NORM_GRAD_USER_SUMS(layer_norm,type=%s,x=[3,40,256]): dx summed over dims (0, 1) "
+            "merged into the norm's kernel with the CUDA options (%d merged), over dim 0 not "
+            "(said: %d), both == f64 sums of dx",
+            sg_dtype_name(dt), merged, said);
+    free(gx), free(s01), free(s0), free(w01), free(w0);
+    for (int i = 0; i < 2; i++) sg_release(out[i]), sg_release(eager[i]);
+    sg_release(egx);
+    sg_fn_destroy(fn);
+    sg_release(us_x), sg_release(us_r);
+}
+
 int main(void) {
     ctx = tu_ctx((sg_ctx_opts){0});
     /* Rows of 768 and 512 (whole 16-byte vectors) as well as odd ones; row
@@ -410,15 +484,19 @@ int main(void) {
                 seed++;
             }
     compiled_cases();
-    /* Rows of 768 and 64 (the one-pass kernel; 4800 rows: more than one
-     * pass of the grid's warps) and of 100 (a team per row: the sum then
-     * runs alone). */
-    static const bcase blocks[5] = {{true, SG_BF16, 2, 64, 768},
-                                    {false, SG_F32, 3, 7, 768},
+    /* Rows the one-pass kernel takes on CUDA (bf16 768: three sets of
+     * column sums over 48 KiB of shared memory a block; 4800 rows of 64:
+     * more than one pass of the grid's warps), and rows of 100 and f32
+     * rows of 768 (a team per row: the sum then runs alone). */
+    static const bcase blocks[6] = {{true, SG_BF16, 2, 64, 768},
+                                    {false, SG_F32, 3, 7, 512},
+                                    {true, SG_F32, 3, 7, 768},
                                     {false, SG_BF16, 8, 600, 64},
                                     {false, SG_BF16, 2, 9, 100},
                                     {true, SG_F32, 2, 5, 100}};
-    for (int b = 0; b < 5; b++) block_case(&blocks[b], 100 + (uint64_t)b);
+    for (int b = 0; b < 6; b++) block_case(&blocks[b], 100 + (uint64_t)b);
+    user_sums_case(SG_BF16);
+    user_sums_case(SG_F32);
     for (int k = 0; k < nkeep; k++) {
         for (int j = 0; j < 3; j++) sg_release(keep[k].g[j]);
         sg_release(keep[k].x), sg_release(keep[k].w), sg_release(keep[k].b);
