@@ -991,7 +991,7 @@ extern "C" __global__ void __launch_bounds__(BLOCK)
     const i64 c = (i64)blockIdx.x * 32 + lane, n2 = ((sums ? 2 : 0) + (dxs ? 1 : 0)) * g.len;
     float a = 0.0f;
     if (c < n2)
-#pragma unroll 4
+#pragma unroll 8
         for (int p = s; p < nparts; p += BLOCK / 32) a += part[(i64)p * n2 + c];
     sh[s][lane] = a;
     __syncthreads();
