@@ -275,15 +275,31 @@ static void block_ref(const bcase *c, const double *x, const double *W, const do
     free(n1), free(h), free(gh), free(gn1), free(tmp);
 }
 
+/* The CUDA backend's fusion options (false without the CUDA headers),
+ * with SG_CUDA_NORM_BWD=off when off, else unset. */
+static bool cuda_opts(sg__fuse_opts *fo, bool off) {
+    if (!sg__cuda_graph_ops.fuse_opts) return false;
+    const char *was = getenv("SG_CUDA_NORM_BWD");
+    char keep[64];
+    snprintf(keep, sizeof keep, "%s", was ? was : "");
+    if (off)
+        setenv("SG_CUDA_NORM_BWD", "off", 1);
+    else
+        unsetenv("SG_CUDA_NORM_BWD");
+    sg__cuda_graph_ops.fuse_opts(fo, false);
+    if (was)
+        setenv("SG_CUDA_NORM_BWD", keep, 1);
+    else
+        unsetenv("SG_CUDA_NORM_BWD");
+    return true;
+}
+
 /* The norm-gradient sums merged in graph g's IR fused with the CUDA
  * backend's options (-1 without the CUDA headers), each merged group
  * checked (*sane); with off, SG_CUDA_NORM_BWD=off. */
 static int cuda_merged(sg__graph *g, bool off, bool *sane) {
-    if (!sg__cuda_graph_ops.fuse_opts) return -1;
-    if (off) setenv("SG_CUDA_NORM_BWD", "off", 1);
     sg__fuse_opts fo;
-    sg__cuda_graph_ops.fuse_opts(&fo, false);
-    if (off) unsetenv("SG_CUDA_NORM_BWD");
+    if (!cuda_opts(&fo, off)) return -1;
     sg__fused f;
     if (fo.norm_sums == off || sg__fuse(ctx, &g->ir, &fo, &f) != SG_OK) return *sane = false, 0;
     int n = 0;
@@ -362,8 +378,9 @@ static void block_case(const bcase *c, uint64_t seed) {
         merged = cuda_merged(g, false, &sane);
         off = cuda_merged(g, true, &sane);
         for (int i = 0; i < g->fused.ngroups; i++) here += g->fused.groups[i].nbsum != 0;
-        const char *e = sg_fn_explain(fn);
-        bool cuda = sg_ctx_backend(ctx) == SG_BACKEND_CUDA;
+        const char *e = sg_fn_explain(fn), *sw = getenv("SG_CUDA_NORM_BWD");
+        bool cuda = sg_ctx_backend(ctx) == SG_BACKEND_CUDA &&
+                    (!sw || !*sw || strstr(sw, "sum")); /* SG_CUDA_NORM_BWD=off: apart */
         ok = TU_EXPECT(sane) && TU_EXPECT(merged == 1 || merged == -1) &&
              TU_EXPECT(off == 0 || off == -1) && TU_EXPECT(here == (cuda ? 1 : 0)) &&
              TU_EXPECT(e && (strstr(e, "norm gradient sum: IR line") != NULL) == cuda);
@@ -428,8 +445,7 @@ static void user_sums_case(sg_dtype dt) {
         merged = cuda_merged(g, false, &sane);
         sg__fuse_opts fo;
         sg__fused f;
-        if (merged >= 0) {
-            sg__cuda_graph_ops.fuse_opts(&fo, false);
+        if (merged >= 0 && cuda_opts(&fo, false)) {
             if (TU_EXPECT(sg__fuse(ctx, &g->ir, &fo, &f) == SG_OK)) {
                 sg__fused keep = g->fused;
                 bool had = g->has_fused;

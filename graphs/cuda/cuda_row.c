@@ -396,14 +396,17 @@ static sg_status norm_bwd_cols(sg_ctx *ctx, const sg__node *n, const ngeom *g, f
 
 /* The warps of a block of sg_row_norm_bwd_vec (at most 8) whose column
  * sums (nsets of len floats each a warp) fit its shared memory: 48 KiB, or
- * up to NB_SMEM_MAX where the function takes more; *shmem gets the bytes. */
-static int64_t nb_warps(sg_ctx *ctx, void *f, int nsets, int64_t len, unsigned *shmem) {
+ * with wide (dx's sum: a third set) up to NB_SMEM_MAX where the function
+ * takes more, so that the sum costs no warps; *shmem gets the bytes. */
+static int64_t nb_warps(sg_ctx *ctx, void *f, int nsets, int64_t len, bool wide,
+                        unsigned *shmem) {
     int64_t per = (int64_t)nsets * len * (int64_t)sizeof(float), warps = BLOCK / 32;
     if (per == 0) return *shmem = 0, warps;
-    if (warps * per > 49152 && (warps * per > NB_SMEM_MAX ||
-                                sg__cuda_api(ctx)->cuFuncSetAttribute(
-                                    (CUfunction)f, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
-                                    (int)(warps * per)) != CUDA_SUCCESS))
+    int bytes = (int)(warps * per);
+    if (warps * per > 49152 &&
+        (!wide || warps * per > NB_SMEM_MAX ||
+         sg__cuda_api(ctx)->cuFuncSetAttribute(
+             (CUfunction)f, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, bytes) != CUDA_SUCCESS))
         warps = 49152 / per;
     if (warps < 1) warps = 1;
     *shmem = (unsigned)(warps * per);
@@ -442,7 +445,7 @@ static sg_status norm_bwd(sg_ctx *ctx, const sg__node *n, const sg__node *sum, b
     /* Column sums: each warp's in nsets * len floats of shared memory, and
      * two blocks an SM (few partials to add). */
     unsigned shmem = 0;
-    int64_t warps = vec ? nb_warps(ctx, f, nsets, g.len, &shmem) : BLOCK / 32;
+    int64_t warps = vec ? nb_warps(ctx, f, nsets, g.len, dxo != NULL, &shmem) : BLOCK / 32;
     int64_t parts = (g.nrows + warps - 1) / warps, sm = sg__cuda_sm_count(ctx);
     if (nsets && parts > 2 * sm && sm > 0) parts = 2 * sm;
     if (parts > (1 << 24)) parts = 1 << 24; /* the warps take rows in turn */
