@@ -1754,7 +1754,8 @@ static void reset_slots(gen *g, bool global);
 static bool emit_group(gen *g, const sg__group *grp, sg__cuda_kinfo *ki, bool *aligned,
                        const char **what, bool *gemv_out) {
     *gemv_out = false;
-    if (grp->xent) return false; /* the library's kernel computes both (sg__group.xent) */
+    /* The library's kernel computes both (sg__group.xent, sg__group.nbsum). */
+    if (grp->xent || grp->nbsum) return false;
     if (grp->kind == SG__G_OPAQUE && sg__cgen_serial_wanted(g->d) && sg__cgen_serial(g, grp, ki)) {
         *what = "arange: a work-item per element";
         return true;

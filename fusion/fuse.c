@@ -1348,7 +1348,8 @@ static sg_status copies_into_attn(sg_ctx *ctx, const sg__ir *ir, const int *alia
 
 /* The group's node of op, when it is a lone one (nothing else in its kernel). */
 static int lone_node(const sg__ir *ir, const sg__group *g, sg__op op) {
-    if (g->kind == SG__G_MULTI || g->n != 1 || g->xent || ir->nodes[g->g[0].node].op != op)
+    if (g->kind == SG__G_MULTI || g->n != 1 || g->xent || g->nbsum ||
+        ir->nodes[g->g[0].node].op != op)
         return -1;
     return g->g[0].node;
 }
@@ -1557,6 +1558,91 @@ static sg_status argmax_into_gemv(sg_ctx *ctx, const sg__ir *ir, const int *alia
     return SG_OK;
 }
 
+/* ------------------------------------------------------------ norm gradients with their sums */
+
+/* The group's anchor when it is a sum loading its input from memory, or -1. */
+static int sum_anchor(const sg__ir *ir, const sg__group *g) {
+    if (g->kind != SG__G_REDUCE || g->anchor < 0 || g->g[g->anchor].arg_src[0] >= 0 ||
+        ir->nodes[g->g[g->anchor].node].op != SG__OP_SUM)
+        return -1;
+    return g->anchor;
+}
+
+/* Why sum group ks may not move into NORM_BWD group kn, the last before it
+ * to write the result it reads, or NULL: it must sum exactly the norm's
+ * input gradient (numel elements from the result's start, in order) over
+ * every dim but the last, alone in its kernel, with nothing between them
+ * touching the sum's result. */
+static const char *nbsum_blocker(const sg__ir *ir, const int *alias, const sg__fused *f, int kn,
+                                 int ks) {
+    const sg__group *nbg = &f->groups[kn], *s = &f->groups[ks];
+    const sg__irnode *nb = &ir->nodes[nbg->g[0].node], *sn = &ir->nodes[s->g[s->anchor].node];
+    const sg__ref *o = &ir->refs[alias[nb->out]], *nx = arg_ref(ir, nb, 0, alias);
+    const sg__ref *x = arg_ref(ir, sn, 0, alias), *so = &ir->refs[alias[sn->out]];
+    int64_t len = nx->shape[nx->ndim - 1], numel = sg__numel(nx->ndim, nx->shape);
+    if (s->n != 1) return "the sum's kernel computes more than the sum (an epilogue on it)";
+    if (!s->rows_inline || s->ncols != len)
+        return "the sum does not keep exactly the last dim (its columns are not the norm's)";
+    if (s->nrows != 1) return "the sum keeps a leading dim too (it adds some rows only)";
+    if (x->dtype != o->dtype || x->offset != o->offset || !dense(x) ||
+        sg__numel(x->ndim, x->shape) != numel)
+        return "the sum reads another part of the norm's result, or in another order";
+    if (!dense(so) || so->slot == o->slot) return "the sum's result is strided";
+    if (nbg->kind != SG__G_OPAQUE || nbg->n != 1)
+        return "the norm's kernel already writes another column sum of its gradient";
+    for (int k = kn + 1; k < ks; k++) {
+        bool w;
+        if (group_touches(ir, alias, &f->groups[k], so->slot, &w))
+            return "a kernel between them reads or writes the sum's result";
+    }
+    return NULL;
+}
+
+/* Each sum group reading the result of the nearest group before it that
+ * writes that result's slot, when that group is a NORM_BWD: the sum
+ * becomes the norm's group's second member (sg__group.nbsum) where
+ * nbsum_blocker allows, else the first refusal is kept and hinted. */
+static sg_status norm_sums(sg_ctx *ctx, const sg__ir *ir, const int *alias, sg__fused *f) {
+    for (int ks = 1; ks < f->ngroups; ks++) {
+        sg__group *s = &f->groups[ks];
+        int a = sum_anchor(ir, s);
+        if (a < 0) continue;
+        int sn = s->g[a].node, slot = arg_ref(ir, &ir->nodes[sn], 0, alias)->slot, kn = -1;
+        for (int k = ks - 1; k >= 0 && kn < 0; k--) {
+            bool w;
+            if (group_touches(ir, alias, &f->groups[k], slot, &w) && w) kn = k;
+        }
+        if (kn < 0 || f->groups[kn].kind == SG__G_MULTI ||
+            ir->nodes[f->groups[kn].g[0].node].op != SG__OP_NORM_BWD)
+            continue;
+        int nn = f->groups[kn].g[0].node;
+        const char *why = nbsum_blocker(ir, alias, f, kn, ks);
+        if (why) {
+            sg__log(ctx, "perf_hints",
+                    "fusion: the column sum (IR line %d) of a norm's gradient (IR line %d) runs "
+                    "as a kernel of its own, reading the gradient again: %s",
+                    sn, nn, why);
+            if (!f->nbsum_why) f->nbsum_why = why, f->nbsum_norm = nn, f->nbsum_sum = sn;
+            continue;
+        }
+        sg__group *nbg = &f->groups[kn];
+        sg__gnode *g = sg__alloc(ctx, sizeof *g * 2);
+        if (!g) return sg__fail(ctx, SG_ERR_OOM, "fusion: out of host memory");
+        g[0] = nbg->g[0];
+        g[1] = s->g[0];
+        for (int j = 0; j < 4; j++) g[1].arg_src[j] = -1;
+        sg__free(ctx, nbg->g, sizeof *g);
+        nbg->g = g;
+        nbg->n = 2;
+        nbg->nbsum = 1;
+        sg__free(ctx, s->g, sizeof *g);
+        memmove(s, s + 1, sizeof *s * (size_t)(f->ngroups - ks - 1));
+        f->ngroups--;
+        ks--;
+    }
+    return SG_OK;
+}
+
 /* ------------------------------------------------------------ entry */
 
 sg_status sg__fuse(sg_ctx *ctx, const sg__ir *ir, const sg__fuse_opts *opts, sg__fused *f) {
@@ -1601,6 +1687,7 @@ sg_status sg__fuse(sg_ctx *ctx, const sg__ir *ir, const sg__fuse_opts *opts, sg_
     if (s == SG_OK && !per_op && opts && opts->attn_copies)
         s = copies_into_attn(ctx, ir, f->alias, f);
     if (s == SG_OK && !per_op && opts && opts->xent_pairs) s = xent_pairs(ctx, ir, f->alias, f);
+    if (s == SG_OK && !per_op && opts && opts->norm_sums) s = norm_sums(ctx, ir, f->alias, f);
     if (s != SG_OK) goto done;
     mark_stores(ir, f->alias, f->groups, f->ngroups);
     for (int k = 0; k < f->ngroups; k++) /* the gradient's kernel writes the loss (xent_pairs) */

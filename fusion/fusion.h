@@ -58,6 +58,16 @@
  *    second member (sg__group.xent), run where the gradient runs by one
  *    kernel that also writes the loss; a pair that cannot join says why
  *    (sg__fused.xent_why, a perf hint).
+ *  - a norm's gradient with the column sum of it (with norm_sums): a lone
+ *    sum group (no prologue, no epilogue) over every leading dim of exactly
+ *    the input gradient a lone NORM_BWD group writes (its elements in their
+ *    order, through any reshape or narrow of the packed result), nothing
+ *    between them writing that gradient or touching the sum's result (a
+ *    pre-norm block's residual gradient and the bias gradient of the
+ *    linear that adds into it): the sum joins the NORM_BWD's group as its
+ *    second member (sg__group.nbsum), computed by the norm's kernel from
+ *    the values it stores; a sum of a NORM_BWD's result that cannot join
+ *    says why (sg__fused.nbsum_why, a perf hint).
  *  - epilogues into the BLAS (with lib_epilogue): a MATMUL group whose
  *    epilogue is one gelu_tanh, relu, residual add or gelu_tanh_bwd is marked
  *    (sg__group.lib_epi) for a library call that computes it itself.
@@ -195,6 +205,10 @@ typedef struct sg__group {
      * index into g of that forward node (1), which the backend computes in
      * the gradient's kernel; 0 when none. */
     int xent;
+    /* A NORM_BWD group (g[0]) that sg__fuse_opts.norm_sums merged with the
+     * column sum of its input gradient after it: the index into g of that
+     * sum (1), which the backend computes in the norm's kernel; 0 when none. */
+    int nbsum;
 } sg__group;
 
 /* What a MATMUL group's one epilogue member is, for sg__group.lib_epi:
@@ -231,6 +245,11 @@ typedef struct sg__fused {
      * text); NULL when every such pair merged. */
     const char *xent_why;
     int xent_fwd, xent_bwd;
+    /* With norm_sums: the first column sum (IR node nbsum_sum) of a
+     * NORM_BWD's result (nbsum_norm) that stayed a kernel of its own, and
+     * why (static text); NULL when every such sum merged. */
+    const char *nbsum_why;
+    int nbsum_norm, nbsum_sum;
 } sg__fused;
 
 typedef struct sg__fuse_opts {
@@ -283,6 +302,9 @@ typedef struct sg__fuse_opts {
     /* The backend computes a cross_entropy's loss in the kernel of its
      * gradient: the pair merges (sg__group.xent). */
     bool xent_pairs;
+    /* The backend's NORM_BWD kernel also writes the column sum of its input
+     * gradient: such a sum merges into the norm's group (sg__group.nbsum). */
+    bool norm_sums;
     /* The backend generates a MULTI of full reductions (sg__group.sums):
      * consecutive independent rows_inline REDUCE groups of one sum or mean
      * each, with no epilogue over their input's shape, merge into one. */

@@ -147,6 +147,20 @@ static void explain_library(sg__text *t, const sg__graph *g) {
                      "gradient's place (one read of the logits)\n",
                      grp->g[0].node, grp->g[grp->xent].node);
     }
+    for (int k = 0; k < g->fused.ngroups; k++) {
+        const sg__group *grp = &g->fused.groups[k];
+        if (!grp->nbsum) continue;
+        sg__text_put(t,
+                     "    norm gradient sum: IR line %d (norm_bwd) also computes IR line %d "
+                     "(sum), the column sum of the gradient it writes, in its kernel (where "
+                     "its rows take the one-pass kernel; else the sum runs alone)\n",
+                     grp->g[0].node, grp->g[grp->nbsum].node);
+    }
+    if (g->fused.nbsum_why)
+        sg__text_put(t,
+                     "    norm gradient sum: IR lines %d (norm_bwd) and %d (sum of its "
+                     "gradient) run as two kernels: %s\n",
+                     g->fused.nbsum_norm, g->fused.nbsum_sum, g->fused.nbsum_why);
     if (g->fused.xent_why)
         sg__text_put(t,
                      "    cross_entropy pair: IR lines %d (cross_entropy) and %d "

@@ -8,8 +8,17 @@
  * with a residual sum((x + norm(x) * s) * r), so that x's gradient is
  * gathered from the residual before the norm's (its kernel adds it). Then
  * every case in one compiled step (DEFAULT and REDUCE_OVERHEAD): the same
- * gradients as eager, and the same bits on a second call.
+ * gradients as eager, and the same bits on a second call. Last, a pre-norm
+ * block (a norm, a linear with bias added to the residual, the next norm):
+ * the bias's gradient is the column sum of the next norm's input gradient,
+ * which the CUDA backend's fusion merges into that norm's kernel
+ * (sg__group.nbsum; counted in the plan fused with the CUDA options, and
+ * SG_CUDA_NORM_BWD=off keeping them apart): every gradient against f64,
+ * compiled against eager, and the same bits on a second replay.
  */
+#define _POSIX_C_SOURCE 200809L /* setenv */
+#include "graphs/cuda/exec.h"
+#include "graphs/graphs.h"
 #include "testutil.h"
 
 #include <math.h>
@@ -181,6 +190,287 @@ static void compiled_cases(void) {
     free(out), free(first);
 }
 
+/* ------------------------------------------------------------ a pre-norm block */
+
+/* h = x + linear(norm1(x), W, b); loss = sum(norm2(h) * r). layer1: norm1
+ * is layer_norm and norm2 rms_norm with a weight (its NORM_BWD's result
+ * packed with the weight's gradient), else norm1 rms_norm and norm2
+ * layer_norm without weight or bias (its result dx alone). */
+typedef struct bcase {
+    bool layer1;
+    sg_dtype dt;
+    int64_t rows0, rows1, len;
+} bcase;
+
+typedef struct block {
+    bcase c;
+    sg_tensor *x, *W, *b, *w2, *r;
+} block;
+
+static sg_tensor *block_loss(const block *k) {
+    sg_tensor *n1 =
+        k->c.layer1 ? sg_layer_norm(k->x, NULL, NULL, EPS) : sg_rms_norm(k->x, NULL, EPS);
+    sg_tensor *h = sg_add(k->x, sg_linear(n1, k->W, k->b));
+    sg_tensor *n2 = k->c.layer1 ? sg_rms_norm(h, k->w2, EPS) : sg_layer_norm(h, NULL, NULL, EPS);
+    return sg_sum(sg_mul(n2, k->r), 0, NULL, false);
+}
+
+static int block_leaves(const block *k, sg_tensor **wrt) {
+    wrt[0] = k->x, wrt[1] = k->W, wrt[2] = k->b, wrt[3] = k->w2;
+    return k->w2 ? 4 : 3;
+}
+
+static sg_status block_step(sg_ctx *c, sg_tensor *const *in, sg_tensor **out, void *user) {
+    (void)c, (void)in;
+    const block *k = user;
+    sg_tensor *wrt[4];
+    int n = block_leaves(k, wrt);
+    return sg_grad(block_loss(k), n, wrt, out);
+}
+
+/* The f64 gradients of the block's loss: gx, gW, gb and gw2 (of norm2's weight). */
+static void block_ref(const bcase *c, const double *x, const double *W, const double *b,
+                      const double *w2, const double *r, double *gx, double *gW, double *gb,
+                      double *gw2) {
+    int64_t rows = c->rows0 * c->rows1, C = c->len, n = rows * C;
+    double *n1 = malloc(sizeof(double) * (size_t)n), *h = malloc(sizeof(double) * (size_t)n);
+    double *gh = malloc(sizeof(double) * (size_t)n), *gn1 = malloc(sizeof(double) * (size_t)n);
+    double *tmp = malloc(sizeof(double) * (size_t)C);
+    for (int64_t i = 0; i < rows; i++) { /* the forward, rounded where the device stores */
+        const double *xr = x + i * C;
+        double mean = 0, var = 0;
+        for (int64_t j = 0; c->layer1 && j < C; j++) mean += xr[j];
+        mean /= (double)C;
+        for (int64_t j = 0; j < C; j++) var += (xr[j] - mean) * (xr[j] - mean);
+        double rs = 1 / sqrt(var / (double)C + EPS);
+        for (int64_t j = 0; j < C; j++) n1[i * C + j] = tu_round(c->dt, (xr[j] - mean) * rs);
+        for (int64_t o = 0; o < C; o++) {
+            double z = b[o];
+            for (int64_t j = 0; j < C; j++) z += n1[i * C + j] * W[o * C + j];
+            h[i * C + o] = tu_round(c->dt, xr[o] + tu_round(c->dt, z));
+        }
+    }
+    ncase c2 = {
+        .layer = !c->layer1, .w = c->layer1, .rows0 = c->rows0, .rows1 = c->rows1, .len = C};
+    ref_grads(&c2, h, w2, r, gh, gw2, tmp);
+    for (int64_t i = 0; i < n; i++) gh[i] = tu_round(c->dt, gh[i]); /* dx as stored */
+    for (int64_t o = 0; o < C; o++) {
+        gb[o] = 0;
+        for (int64_t i = 0; i < rows; i++) gb[o] += gh[i * C + o];
+        for (int64_t j = 0; j < C; j++) {
+            double a = 0;
+            for (int64_t i = 0; i < rows; i++) a += gh[i * C + o] * n1[i * C + j];
+            gW[o * C + j] = a;
+        }
+    }
+    for (int64_t i = 0; i < rows; i++)
+        for (int64_t j = 0; j < C; j++) {
+            double a = 0;
+            for (int64_t o = 0; o < C; o++) a += gh[i * C + o] * W[o * C + j];
+            gn1[i * C + j] = tu_round(c->dt, a);
+        }
+    ncase c1 = {.layer = c->layer1, .rows0 = c->rows0, .rows1 = c->rows1, .len = C};
+    ref_grads(&c1, x, NULL, gn1, gx, tmp, tmp);
+    for (int64_t i = 0; i < n; i++) gx[i] += gh[i];
+    free(n1), free(h), free(gh), free(gn1), free(tmp);
+}
+
+/* The CUDA backend's fusion options (false without the CUDA headers),
+ * with SG_CUDA_NORM_BWD=off when off, else unset. */
+static bool cuda_opts(sg__fuse_opts *fo, bool off) {
+    if (!sg__cuda_graph_ops.fuse_opts) return false;
+    const char *was = getenv("SG_CUDA_NORM_BWD");
+    char keep[64];
+    snprintf(keep, sizeof keep, "%s", was ? was : "");
+    if (off)
+        setenv("SG_CUDA_NORM_BWD", "off", 1);
+    else
+        unsetenv("SG_CUDA_NORM_BWD");
+    sg__cuda_graph_ops.fuse_opts(fo, false);
+    if (was)
+        setenv("SG_CUDA_NORM_BWD", keep, 1);
+    else
+        unsetenv("SG_CUDA_NORM_BWD");
+    return true;
+}
+
+/* The norm-gradient sums merged in graph g's IR fused with the CUDA
+ * backend's options (-1 without the CUDA headers), each merged group
+ * checked (*sane); with off, SG_CUDA_NORM_BWD=off. */
+static int cuda_merged(sg__graph *g, bool off, bool *sane) {
+    sg__fuse_opts fo;
+    if (!cuda_opts(&fo, off)) return -1;
+    sg__fused f;
+    if (fo.norm_sums == off || sg__fuse(ctx, &g->ir, &fo, &f) != SG_OK) return *sane = false, 0;
+    int n = 0;
+    for (int k = 0; k < f.ngroups; k++) {
+        const sg__group *gr = &f.groups[k];
+        if (!gr->nbsum) continue;
+        *sane = *sane && gr->n == 2 && gr->nbsum == 1 &&
+                g->ir.nodes[gr->g[0].node].op == SG__OP_NORM_BWD &&
+                g->ir.nodes[gr->g[1].node].op == SG__OP_SUM;
+        n++;
+    }
+    sg__fused_free(ctx, &f, &g->ir);
+    return n;
+}
+
+static bool block_close(const char *what, const double *got, const double *ref, int64_t n,
+                        sg_dtype dt) {
+    double big = 1;
+    for (int64_t i = 0; i < n; i++) big = fabs(ref[i]) > big ? fabs(ref[i]) : big;
+    bool half = dt != SG_F32;
+    return tu_close(what, got, ref, n, half ? 3e-2 : 1e-4, (half ? 2e-2 : 1e-5) * big);
+}
+
+static void block_case(const bcase *c, uint64_t seed) {
+    tu_seed(seed);
+    int64_t sh[3] = {c->rows0, c->rows1, c->len}, C = c->len, ws[2] = {C, C};
+    int64_t n = c->rows0 * c->rows1 * C;
+    double *xv, *Wv, *bv, *w2v = NULL, *rv;
+    block k = {.c = *c};
+    k.x = tu_rand(ctx, c->dt, 3, sh, -2, 2, &xv);
+    k.W = tu_rand(ctx, c->dt, 2, ws, -1.0 / sqrt((double)C), 1.0 / sqrt((double)C), &Wv);
+    k.b = tu_rand(ctx, c->dt, 1, &C, -1, 1, &bv);
+    k.w2 = c->layer1 ? tu_rand(ctx, c->dt, 1, &C, 0.5, 1.5, &w2v) : NULL;
+    k.r = tu_rand(ctx, c->dt, 3, sh, -1, 1, &rv);
+    sg_tensor *wrt[4], *eager[4] = {NULL}, *out[4] = {NULL};
+    int ng = block_leaves(&k, wrt);
+    for (int i = 0; i < ng; i++) sg_requires_grad_(wrt[i], true);
+    double *ref[4], *first[4] = {NULL};
+    int64_t cnt[4] = {n, C * C, C, C};
+    for (int i = 0; i < 4; i++) ref[i] = malloc(sizeof(double) * (size_t)cnt[i]);
+    block_ref(c, xv, Wv, bv, w2v, rv, ref[0], ref[1], ref[2], ref[3]);
+    static const char *const names[4] = {"dx", "dW", "db", "dweight2"};
+    bool ok = TU_EXPECT(sg_grad(block_loss(&k), ng, wrt, eager) == SG_OK);
+    for (int i = 0; ok && i < ng; i++) {
+        double *v = tu_read(eager[i]);
+        ok = TU_EXPECT(v != NULL) && TU_EXPECT(block_close(names[i], v, ref[i], cnt[i], c->dt));
+        free(v);
+    }
+    sg_fn *fn = NULL;
+    ok =
+        ok &&
+        TU_EXPECT(sg_compile(ctx, block_step, &k, 0, ng,
+                             &(sg_compile_opts){.mode = SG_MODE_REDUCE_OVERHEAD, .fullgraph = true},
+                             &fn) == SG_OK);
+    for (int call = 0; ok && call < 2; call++) {
+        sg_mark_step_begin(ctx);
+        ok = TU_EXPECT(sg_call(fn, NULL, 0, out, ng) == SG_OK);
+        for (int i = 0; ok && i < ng; i++) {
+            double *got = tu_read(out[i]), *want = tu_read(eager[i]);
+            ok = TU_EXPECT(got && want) &&
+                 TU_EXPECT(block_close(names[i], got, ref[i], cnt[i], c->dt)) &&
+                 TU_EXPECT(block_close(names[i], got, want, cnt[i], c->dt));
+            if (ok && call == 0) first[i] = got, got = NULL;
+            if (ok && call == 1) /* a replay repeats its bits */
+                ok = TU_EXPECT(!memcmp(got, first[i], sizeof(double) * (size_t)cnt[i]));
+            free(got), free(want);
+        }
+    }
+    if (!ok) fprintf(stderr, "  %s\n", sg_last_error(ctx));
+    /* The CUDA options merge norm2's gradient with b's (norm1's gradient is
+     * summed by nothing), and the switch keeps them apart; the CPU's never. */
+    int merged = -1, off = -1, here = 0;
+    bool sane = true;
+    if (ok && TU_EXPECT(fn->ngraphs == 1)) {
+        sg__graph *g = fn->graphs[0];
+        merged = cuda_merged(g, false, &sane);
+        off = cuda_merged(g, true, &sane);
+        for (int i = 0; i < g->fused.ngroups; i++) here += g->fused.groups[i].nbsum != 0;
+        const char *e = sg_fn_explain(fn), *sw = getenv("SG_CUDA_NORM_BWD");
+        bool cuda = sg_ctx_backend(ctx) == SG_BACKEND_CUDA &&
+                    (!sw || !*sw || strstr(sw, "sum")); /* SG_CUDA_NORM_BWD=off: apart */
+        ok = TU_EXPECT(sane) && TU_EXPECT(merged == 1 || merged == -1) &&
+             TU_EXPECT(off == 0 || off == -1) && TU_EXPECT(here == (cuda ? 1 : 0)) &&
+             TU_EXPECT(e && (strstr(e, "norm gradient sum: IR line") != NULL) == cuda);
+    }
+    tu_case(ok,
+            "NORM_GRAD_BLOCK(%s then %s,type=%s,x=[%lld,%lld,%lld]) seed=%llu: bias gradient "
+            "summed in the norm's kernel on CUDA (%d merged with the CUDA options, %d with "
+            "SG_CUDA_NORM_BWD=off, %d here), == f64 and eager, replay bit-identical",
+            c->layer1 ? "layer_norm" : "rms_norm", c->layer1 ? "rms_norm" : "layer_norm",
+            sg_dtype_name(c->dt), (long long)c->rows0, (long long)c->rows1, (long long)C,
+            (unsigned long long)seed, merged, off, here);
+    sg_fn_destroy(fn);
+    for (int i = 0; i < 4; i++) sg_release(eager[i]), free(ref[i]), free(first[i]);
+    sg_release(k.x), sg_release(k.W), sg_release(k.b), sg_release(k.w2), sg_release(k.r);
+    free(xv), free(Wv), free(bv), free(w2v), free(rv);
+}
+
+/* A norm's input gradient summed by the step itself: over every dim but
+ * the last (merged on CUDA) and over the first only (not: its columns are
+ * not the norm's, which the plan says); each against the f64 sums of the
+ * eager gradient as stored. */
+static sg_tensor *us_x, *us_r;
+
+/* out: the gradient's sums over (0, 1) and over 0; with user, the
+ * gradient itself (eager: a compiled step would copy it into an output,
+ * and the sums would read the copy). */
+static sg_status user_sums_step(sg_ctx *c, sg_tensor *const *in, sg_tensor **out, void *user) {
+    (void)c, (void)in;
+    sg_tensor *y = sg_layer_norm(us_x, NULL, NULL, EPS), *gx = NULL;
+    sg_status s = sg_grad(sg_sum(sg_mul(y, us_r), 0, NULL, false), 1, &us_x, &gx);
+    int d01[2] = {0, 1}, d0[1] = {0};
+    out[0] = sg_sum(gx, 2, d01, false);
+    out[1] = sg_sum(gx, 1, d0, false);
+    if (user) *(sg_tensor **)user = gx;
+    return s;
+}
+
+static void user_sums_case(sg_dtype dt) {
+    int64_t sh[3] = {3, 40, 256}, rows = sh[0] * sh[1], C = sh[2];
+    us_x = tu_rand(ctx, dt, 3, sh, -2, 2, NULL);
+    us_r = tu_rand(ctx, dt, 3, sh, -1, 1, NULL);
+    sg_requires_grad_(us_x, true);
+    sg_fn *fn = NULL;
+    sg_tensor *out[2] = {NULL}, *eager[2] = {NULL}, *egx = NULL;
+    bool ok = TU_EXPECT(user_sums_step(ctx, NULL, eager, &egx) == SG_OK) &&
+              TU_EXPECT(sg_compile(ctx, user_sums_step, NULL, 0, 2,
+                                   &(sg_compile_opts){.mode = SG_MODE_REDUCE_OVERHEAD},
+                                   &fn) == SG_OK) &&
+              TU_EXPECT(sg_call(fn, NULL, 0, out, 2) == SG_OK);
+    double *gx = ok ? tu_read(egx) : NULL, *s01 = ok ? tu_read(out[0]) : NULL;
+    double *s0 = ok ? tu_read(out[1]) : NULL;
+    double *w01 = calloc((size_t)C, sizeof(double)), *w0 = calloc((size_t)(rows / sh[0] * C), sizeof(double));
+    ok = ok && TU_EXPECT(gx && s01 && s0);
+    for (int64_t i = 0; ok && i < rows; i++)
+        for (int64_t j = 0; j < C; j++) w01[j] += gx[i * C + j], w0[i % sh[1] * C + j] += gx[i * C + j];
+    ok = ok && block_close("sum over (0, 1)", s01, w01, C, dt) &&
+         block_close("sum over 0", s0, w0, sh[1] * C, dt);
+    int merged = -1;
+    bool said = true, sane = true;
+    if (ok && TU_EXPECT(fn->ngraphs == 1)) {
+        sg__graph *g = fn->graphs[0];
+        merged = cuda_merged(g, false, &sane);
+        sg__fuse_opts fo;
+        sg__fused f;
+        if (merged >= 0 && cuda_opts(&fo, false)) {
+            if (TU_EXPECT(sg__fuse(ctx, &g->ir, &fo, &f) == SG_OK)) {
+                sg__fused keep = g->fused;
+                bool had = g->has_fused;
+                g->fused = f, g->has_fused = true;
+                const char *e = sg_fn_explain(fn);
+                said = e && strstr(e, "run as two kernels: the sum does not keep exactly the last dim");
+                g->fused = keep, g->has_fused = had;
+                sg__fused_free(ctx, &f, &g->ir);
+            }
+        }
+        ok = TU_EXPECT(sane) && TU_EXPECT(merged == 1 || merged == -1) && TU_EXPECT(said);
+    }
+    if (!ok) fprintf(stderr, "  %s\n", sg_last_error(ctx));
+    tu_case(ok,
+            "NORM_GRAD_USER_SUMS(layer_norm,type=%s,x=[3,40,256]): dx summed over dims (0, 1) "
+            "merged into the norm's kernel with the CUDA options (%d merged), over dim 0 not "
+            "(said: %d), both == f64 sums of dx",
+            sg_dtype_name(dt), merged, said);
+    free(gx), free(s01), free(s0), free(w01), free(w0);
+    for (int i = 0; i < 2; i++) sg_release(out[i]), sg_release(eager[i]);
+    sg_release(egx);
+    sg_fn_destroy(fn);
+    sg_release(us_x), sg_release(us_r);
+}
+
 int main(void) {
     ctx = tu_ctx((sg_ctx_opts){0});
     /* Rows of 768 and 512 (whole 16-byte vectors) as well as odd ones; row
@@ -210,6 +500,19 @@ int main(void) {
                 seed++;
             }
     compiled_cases();
+    /* Rows the one-pass kernel takes on CUDA (bf16 768: three sets of
+     * column sums over 48 KiB of shared memory a block; 4800 rows of 64:
+     * more than one pass of the grid's warps), and rows of 100 and f32
+     * rows of 768 (a team per row: the sum then runs alone). */
+    static const bcase blocks[6] = {{true, SG_BF16, 2, 64, 768},
+                                    {false, SG_F32, 3, 7, 512},
+                                    {true, SG_F32, 3, 7, 768},
+                                    {false, SG_BF16, 8, 600, 64},
+                                    {false, SG_BF16, 2, 9, 100},
+                                    {true, SG_F32, 2, 5, 100}};
+    for (int b = 0; b < 6; b++) block_case(&blocks[b], 100 + (uint64_t)b);
+    user_sums_case(SG_BF16);
+    user_sums_case(SG_F32);
     for (int k = 0; k < nkeep; k++) {
         for (int j = 0; j < 3; j++) sg_release(keep[k].g[j]);
         sg_release(keep[k].x), sg_release(keep[k].w), sg_release(keep[k].b);

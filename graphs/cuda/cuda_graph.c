@@ -440,6 +440,13 @@ static sg_status launch_range(sg_ctx *ctx, sg__graph *g, set_state *st, int from
             sg_status s =
                 sg__cuda_xent_pair(ctx, &g->nodes[node], &g->nodes[grp->g[grp->xent].node]);
             if (s != SG_OK) return s;
+        } else if (node >= 0 && !ki->replaces_call && !took && grp->nbsum) {
+            /* a norm's gradient and the column sum of it (sg__group.nbsum) */
+            const sg__node *sum = &g->nodes[grp->g[grp->nbsum].node];
+            bool done = false;
+            sg_status s = sg__cuda_norm_bwd_sum(ctx, &g->nodes[node], sum, &done);
+            if (s == SG_OK && !done) s = ctx->exec.run(ctx, sum);
+            if (s != SG_OK) return s;
         } else if (node >= 0 && !ki->replaces_call && !took && grp->kind == SG__G_OPAQUE &&
                    grp->ncopies) {
             /* an attention and the copies of its K and V (sg__group.ncopies) */
@@ -967,6 +974,7 @@ static void fuse_opts(sg__fuse_opts *o, bool disable) {
     o->lib_epilogue = true;
     o->attn_copies = true;
     o->xent_pairs = sg__cuda_xent_on("pair");
+    o->norm_sums = sg__cuda_norm_bwd_on("sum");
 }
 
 const sg__graph_ops sg__cuda_graph_ops = {compile, run, release, fuse_opts, timed_run};

@@ -14,7 +14,10 @@
  * target and never reads outside the row. The gradient's kernel keeps a
  * block's row in shared memory between its two passes where it fits, and
  * also computes the loss when fusion merged the pair (sg__cuda_xent_pair);
- * SG_CUDA_XENT turns either off.
+ * SG_CUDA_XENT turns either off. The norms' gradient kernel also writes the
+ * column sum of the input gradient it stores when fusion merged that sum
+ * into its group (sg__cuda_norm_bwd_sum); SG_CUDA_NORM_BWD turns that off,
+ * and the early load of the gradient it adds.
  */
 #include "cuda.h"
 #include "exec.h"
@@ -210,14 +213,20 @@ static sg_status cross_entropy(sg_ctx *ctx, const sg__node *n) {
  * row (100 KB) does. Longer rows rely on L2 for their second read. */
 #define XENT_STAGE_MAX (112 * 1024)
 
-bool sg__cuda_xent_on(const char *what) {
-    const char *e = getenv("SG_CUDA_XENT");
+/* Whether environment variable var (a comma list; unset or empty: all)
+ * names what. */
+static bool env_names(const char *var, const char *what) {
+    const char *e = getenv(var);
     if (!e || !*e) return true;
     size_t n = strlen(what);
     for (const char *p = strstr(e, what); p; p = strstr(p + 1, what))
         if ((p == e || p[-1] == ',') && (p[n] == '\0' || p[n] == ',')) return true;
     return false;
 }
+
+bool sg__cuda_xent_on(const char *what) { return env_names("SG_CUDA_XENT", what); }
+
+bool sg__cuda_norm_bwd_on(const char *what) { return env_names("SG_CUDA_NORM_BWD", what); }
 
 /* Shared memory for sg_row_xent_bwd to stage a block's row of len elements
  * of es bytes as 16-byte vectors: the bytes, or 0 where it cannot
@@ -312,11 +321,17 @@ typedef struct ngeom {
     int64_t osize[SG_MAX_DIMS], oxs[SG_MAX_DIMS], ogs[SG_MAX_DIMS], oys[SG_MAX_DIMS],
         ors[SG_MAX_DIMS];
     int64_t nrows, len, xs, gs, ys, ws, rs;
-    int32_t nd, team, layer, dt, flags;
+    int32_t nd, team, layer, dt, flags, sdt;
     double eps;
 } ngeom;
 
-enum { NB_R = 8, NB_SUMS = 16 }; /* k_row.cu's: r is added; the column sums */
+/* k_row.cu's: r is added; the column sums; dx's column sum; r loaded early */
+enum { NB_R = 8, NB_SUMS = 16, NB_DXSUM = 32, NB_R_EARLY = 64 };
+
+/* The most shared memory a block of sg_row_norm_bwd_vec keeps its warps'
+ * column sums in: two blocks of 8 warps still fit an SM on sm_80 and
+ * sm_90 with three sets of 1024 floats. */
+#define NB_SMEM_MAX (96 * 1024)
 
 #define NB_SCRATCH ((size_t)64 << 20) /* the most op scratch the column sums take */
 
@@ -345,6 +360,7 @@ static void norm_bwd_geom(ngeom *g, const sg__node *n) {
     g->eps = n->f[0];
     if (w) g->ws = w->stride[0], g->flags |= HAS_W;
     if (r) g->rs = r->stride[last], g->flags |= NB_R;
+    if (r && sg__cuda_norm_bwd_on("early")) g->flags |= NB_R_EARLY;
     if (n->i[1]) g->flags |= NB_SUMS;
 }
 
@@ -378,55 +394,84 @@ static sg_status norm_bwd_cols(sg_ctx *ctx, const sg__node *n, const ngeom *g, f
     return sg__cuda_launch(ctx, f, grid, block, 0, args);
 }
 
-/* NORM_BWD: dx (+ r) and, with i[1], the column sums. Rows of whole
- * 16-byte vectors: sg_row_norm_bwd_vec, a warp per row, two blocks per SM
- * at most with the column sums, each block's column partials in op scratch, then
- * sg_row_norm_bwd_fin adds them in block order. Other rows: a team per
- * row (sg_row_norm_bwd, any strides, the rows' statistics in scratch),
- * then sg_row_norm_bwd_cols. */
-static sg_status norm_bwd(sg_ctx *ctx, const sg__node *n) {
+/* The warps of a block of sg_row_norm_bwd_vec (at most 8) whose column
+ * sums (nsets of len floats each a warp) fit its shared memory: 48 KiB, or
+ * with wide (dx's sum: a third set) up to NB_SMEM_MAX where the function
+ * takes more, so that the sum costs no warps; *shmem gets the bytes. */
+static int64_t nb_warps(sg_ctx *ctx, void *f, int nsets, int64_t len, bool wide,
+                        unsigned *shmem) {
+    int64_t per = (int64_t)nsets * len * (int64_t)sizeof(float), warps = BLOCK / 32;
+    if (per == 0) return *shmem = 0, warps;
+    int bytes = (int)(warps * per);
+    if (warps * per > 49152 &&
+        (!wide || warps * per > NB_SMEM_MAX ||
+         sg__cuda_api(ctx)->cuFuncSetAttribute(
+             (CUfunction)f, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, bytes) != CUDA_SUCCESS))
+        warps = 49152 / per;
+    if (warps < 1) warps = 1;
+    *shmem = (unsigned)(warps * per);
+    return warps;
+}
+
+/* NORM_BWD: dx (+ r) and, with i[1], the column sums; with sum (a SUM of
+ * dx over every dim but the last that fusion merged: sg__group.nbsum),
+ * also that sum, of dx as stored, into sum's result (*took), where rows
+ * of whole 16-byte vectors let sg_row_norm_bwd_vec run: a warp per row,
+ * two blocks per SM at most with column sums, each block's column partials
+ * in op scratch, then sg_row_norm_bwd_fin adds them in block order. Other
+ * rows: a team per row (sg_row_norm_bwd, any strides, the rows' statistics
+ * in scratch), then sg_row_norm_bwd_cols; the sum is then not taken. */
+static sg_status norm_bwd(sg_ctx *ctx, const sg__node *n, const sg__node *sum, bool *took) {
     ngeom g;
     norm_bwd_geom(&g, n);
     bool sums = n->i[1] != 0;
     const void *xp = sg__data(n->in[0]), *gp = sg__data(n->in[1]);
     const void *wp = n->in[2] ? sg__data(n->in[2]) : NULL;
     const void *rp = n->in[3] ? sg__data(n->in[3]) : NULL;
-    void *yp = sg__data(n->out), *f;
+    void *yp = sg__data(n->out), *f, *dxo = NULL;
     float *st = NULL;
+    if (took) *took = false;
     if (g.len == 0) return SG_OK;
-    /* Column sums: each warp's in 2 * len floats of shared memory, at most
-     * 48 KiB a block, and two blocks an SM (few partials to add). */
-    int64_t warps = sums ? 49152 / (2 * g.len * (int64_t)sizeof(float)) : BLOCK / 32;
-    if (warps > BLOCK / 32) warps = BLOCK / 32;
-    if (warps < 1) warps = 1;
+    bool vec = !norm_bwd_why(&g, n) && g.nrows * g.len > 0;
+    if (sum && (vec || g.nrows * g.len == 0)) {
+        g.flags |= NB_DXSUM, g.sdt = (int32_t)sum->out->dtype;
+        dxo = sg__data(sum->out);
+        *took = true;
+    }
+    int nsets = (sums ? 2 : 0) + (dxo ? 1 : 0);
+    sg_status s =
+        sg__cuda_kernel(ctx, SG__CU_ROW, vec ? "sg_row_norm_bwd_vec" : "sg_row_norm_bwd", &f);
+    if (s != SG_OK) return s;
+    /* Column sums: each warp's in nsets * len floats of shared memory, and
+     * two blocks an SM (few partials to add). */
+    unsigned shmem = 0;
+    int64_t warps = vec ? nb_warps(ctx, f, nsets, g.len, dxo != NULL, &shmem) : BLOCK / 32;
     int64_t parts = (g.nrows + warps - 1) / warps, sm = sg__cuda_sm_count(ctx);
-    if (sums && parts > 2 * sm && sm > 0) parts = 2 * sm;
+    if (nsets && parts > 2 * sm && sm > 0) parts = 2 * sm;
     if (parts > (1 << 24)) parts = 1 << 24; /* the warps take rows in turn */
-    size_t pbytes = (size_t)parts * 2 * (size_t)g.len * sizeof(float);
+    size_t pbytes = (size_t)parts * (size_t)nsets * (size_t)g.len * sizeof(float);
     if (g.nrows * g.len == 0) {
-        if (!sums) return SG_OK;
+        if (!nsets) return SG_OK;
         parts = 0, pbytes = 0; /* the sums of no rows: 0 */
-    } else if (!norm_bwd_why(&g, n) && (!sums || pbytes <= NB_SCRATCH)) {
+    } else if (vec && (!nsets || pbytes <= NB_SCRATCH)) {
         g.flags |= NB_VECS, g.team = 32;
-        sg_status s = sums ? sg__cuda_scratch(ctx, pbytes, (void **)&st) : SG_OK;
-        if (s == SG_OK) s = sg__cuda_kernel(ctx, SG__CU_ROW, "sg_row_norm_bwd_vec", &f);
+        s = nsets ? sg__cuda_scratch(ctx, pbytes, (void **)&st) : SG_OK;
         if (s != SG_OK) return s;
         void *args[] = {&xp, &gp, &wp, &rp, &yp, &st, &g};
         unsigned grid[3] = {(unsigned)parts, 1, 1}, block[3] = {(unsigned)warps * 32, 1, 1};
-        unsigned shmem = sums ? (unsigned)(warps * 2 * g.len * (int64_t)sizeof(float)) : 0;
-        s = sg__cuda_launch(ctx, f, grid, block, shmem, args);
-        if (s != SG_OK || !sums) return s;
+        s = sg__cuda_launch(ctx, f, grid, block, nsets ? shmem : 0, args);
+        if (s != SG_OK || !nsets) return s;
     } else {
+        if (dxo) g.flags &= ~NB_DXSUM, dxo = NULL, *took = false; /* the sum runs alone */
+        if (vec && (s = sg__cuda_kernel(ctx, SG__CU_ROW, "sg_row_norm_bwd", &f)) != SG_OK)
+            return s; /* more partials than NB_SCRATCH holds */
         int64_t blocks = (g.nrows + BLOCK / g.team - 1) / (BLOCK / g.team);
         if (blocks > 0x7fffffff)
             return sg__fail(ctx, SG_ERR_UNSUPPORTED,
                             "cuda norm_bwd: %lld rows need more blocks than "
                             "one launch holds; split the tensor",
                             (long long)g.nrows);
-        sg_status s = sums ? sg__cuda_scratch(ctx, (size_t)g.nrows * 2 * sizeof(float),
-                                              (void **)&st)
-                           : SG_OK;
-        if (s == SG_OK) s = sg__cuda_kernel(ctx, SG__CU_ROW, "sg_row_norm_bwd", &f);
+        s = sums ? sg__cuda_scratch(ctx, (size_t)g.nrows * 2 * sizeof(float), (void **)&st) : SG_OK;
         if (s != SG_OK) return s;
         void *args[] = {&xp, &gp, &wp, &rp, &yp, &st, &g};
         unsigned grid[3] = {(unsigned)blocks, 1, 1}, block[3] = {BLOCK, 1, 1};
@@ -436,11 +481,15 @@ static sg_status norm_bwd(sg_ctx *ctx, const sg__node *n) {
     /* The column sums of the block partials (none: zeros). */
     void *o = (char *)yp + (size_t)(g.nrows * g.len) * sg_dtype_size(n->in[0]->dtype);
     int np = (int)parts;
-    sg_status s = sg__cuda_kernel(ctx, SG__CU_ROW, "sg_row_norm_bwd_fin", &f);
+    s = sg__cuda_kernel(ctx, SG__CU_ROW, "sg_row_norm_bwd_fin", &f);
     if (s != SG_OK) return s;
-    void *args[] = {&st, &np, &o, &g};
-    unsigned grid[3] = {(unsigned)((2 * g.len + 31) / 32), 1, 1}, block[3] = {BLOCK, 1, 1};
+    void *args[] = {&st, &np, &o, &dxo, &g};
+    unsigned grid[3] = {(unsigned)((nsets * g.len + 31) / 32), 1, 1}, block[3] = {BLOCK, 1, 1};
     return sg__cuda_launch(ctx, f, grid, block, 0, args);
+}
+
+sg_status sg__cuda_norm_bwd_sum(sg_ctx *ctx, const sg__node *n, const sg__node *sum, bool *took) {
+    return norm_bwd(ctx, n, sum, took);
 }
 
 bool sg__cuda_norm_bwd_note(const sg__node *n, char *buf, size_t size) {
@@ -464,7 +513,7 @@ sg_status sg__cuda_row(sg_ctx *ctx, const sg__node *n) {
     case SG__OP_CROSS_ENTROPY: return cross_entropy(ctx, n);
     case SG__OP_CROSS_ENTROPY_BWD: return xent_bwd(ctx, n, NULL);
     case SG__OP_NORM_STATS: return norm_stats(ctx, n);
-    case SG__OP_NORM_BWD: return norm_bwd(ctx, n);
+    case SG__OP_NORM_BWD: return norm_bwd(ctx, n, NULL, NULL);
     default: break;
     }
     return sg__fail(ctx, SG_ERR_INTERNAL, "cuda: %s is not a row op", sg__op_name(n->op));

@@ -118,6 +118,16 @@ SG__HIDDEN sg_status sg__cuda_xent_pair(sg_ctx *ctx, const sg__node *bwd, const 
  * gradient's kernel keeps a block's row in shared memory between its two
  * passes) or "pair" (fusion's sg__fuse_opts.xent_pairs). */
 SG__HIDDEN bool sg__cuda_xent_on(const char *what);
+/* NORM_BWD n and the SUM of its input gradient that fusion merged into its
+ * group (sg__group.nbsum): the norm's kernel also writes the sum, *took,
+ * where its rows take the one-pass kernel; else the caller runs the sum. */
+SG__HIDDEN sg_status sg__cuda_norm_bwd_sum(sg_ctx *ctx, const sg__node *n, const sg__node *sum,
+                                           bool *took);
+/* Whether SG_CUDA_NORM_BWD (a comma list; unset: all; "off": nothing)
+ * names what: "sum" (fusion's sg__fuse_opts.norm_sums) or "early" (the
+ * one-pass kernel loads the added gradient r with x and g, before the
+ * row's sums, rather than after them). */
+SG__HIDDEN bool sg__cuda_norm_bwd_on(const char *what);
 /* For sg_fn_explain: why NORM_BWD node n runs as a team per row and a
  * column-sum kernel rather than the one-pass kernel (into buf), or false. */
 SG__HIDDEN bool sg__cuda_norm_bwd_note(const sg__node *n, char *buf, size_t size);

@@ -718,11 +718,14 @@ extern "C" __global__ void sg_row_norm_stats(const void *x, float *y, wgeom g) {
 struct ngeom {
     i64 osize[MAXD], oxs[MAXD], ogs[MAXD], oys[MAXD], ors[MAXD];
     i64 nrows, len, xs, gs, ys, ws, rs;
-    int nd, team, layer, dt, flags;
+    int nd, team, layer, dt, flags, sdt; /* sdt: the dtype of dx's column sum (NB_DXSUM) */
     double eps;
 };
 
-enum { NB_R = 8, NB_SUMS = 16 }; /* flags beside HAS_W and NB_VECS: r is added; column sums */
+/* Flags beside HAS_W and NB_VECS: r is added; the column sums of g * xh and
+ * g; the column sum of dx as stored (sg_row_norm_bwd_vec only); r loaded
+ * with x and g, before the row's sums (else after them). */
+enum { NB_R = 8, NB_SUMS = 16, NB_DXSUM = 32, NB_R_EARLY = 64 };
 
 #define NB_KEEP 32 /* elements per lane kept in registers between the passes */
 
@@ -840,14 +843,16 @@ extern "C" __global__ void __launch_bounds__(BLOCK)
 
 /* Rows of NORM_BWD in 16-byte vectors by a warp each (NB_VECS: x, g, y, w
  * and r contiguous on 16 bytes, at most 32 * NB_VEC vectors), the warps of
- * the grid taking rows in turn: per row every vector in flight at once,
- * the statistics from the registers (the mean, then the squares about it),
- * the sums in f32 (each lane in column order, then the butterfly), dx (+ r)
- * packed and stored. With NB_SUMS each lane also sums g * xh and g of its
- * columns over its warp's rows, in the warp's own 2 * len floats of shared
- * memory (16-byte accesses); then the block adds its warps' sums in warp
- * order into part[blockIdx.x] (2 * len f32), which sg_row_norm_bwd_fin adds in block order: the
- * same bits every launch of the same grid. Two blocks fit an SM. */
+ * the grid taking rows in turn: per row every vector in flight at once
+ * (r's too with NB_R_EARLY), the statistics from the registers (the mean,
+ * then the squares about it), the sums in f32 (each lane in column order,
+ * then the butterfly), dx (+ r) packed and stored. With NB_SUMS each lane
+ * also sums g * xh and g of its columns over its warp's rows, and with
+ * NB_DXSUM dx as stored (packed to the dtype), in the warp's own set of
+ * len floats each in shared memory (16-byte accesses); then the block adds
+ * its warps' sets in warp order into part[blockIdx.x] (nsets * len f32),
+ * which sg_row_norm_bwd_fin adds in block order: the same bits every
+ * launch of the same grid. Two blocks fit an SM. */
 template <int DT>
 __device__ __forceinline__ void norm_bwd_vec(const void *x, const void *gp, const void *w,
                                              const void *rp, void *y, float *part, const ngeom &g) {
@@ -855,24 +860,28 @@ __device__ __forceinline__ void norm_bwd_vec(const void *x, const void *gp, cons
     const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, nw = blockDim.x / 32;
     const i64 len = g.len, nv = len / PER;
     const bool layer = g.layer != 0, hw = (g.flags & HAS_W) != 0, hr = (g.flags & NB_R) != 0;
-    const bool sums = (g.flags & NB_SUMS) != 0;
+    const bool sums = (g.flags & NB_SUMS) != 0, dxs = (g.flags & NB_DXSUM) != 0;
+    const bool early = hr && (g.flags & NB_R_EARLY) != 0;
+    const int nsets = (sums ? 2 : 0) + (dxs ? 1 : 0);
     extern __shared__ float sh[];
-    float *acc = sh + (i64)warp * 2 * len;
-    for (i64 v = lane; sums && v < nv; v += 32) /* the lane's own columns */
-        for (int k = 0; k < PER; k++) acc[v * PER + k] = acc[len + v * PER + k] = 0.0f;
+    float *acc = sh + (i64)warp * nsets * len, *accd = acc + (sums ? 2 * len : 0);
+    for (i64 v = lane; v < nv; v += 32) /* the lane's own columns */
+        for (int t = 0; t < nsets; t++)
+            for (int k = 0; k < PER; k++) acc[t * len + v * PER + k] = 0.0f;
     for (i64 row = (i64)blockIdx.x * nw + warp; row < g.nrows; row += (i64)gridDim.x * nw) {
         i64 xo, go, yo, ro;
         nrow_offsets(g, row, &xo, &go, &yo, &ro);
         const uint4 *xr = (const uint4 *)((const char *)x + xo * es);
         const uint4 *gr = (const uint4 *)((const char *)gp + go * es);
         const uint4 *rr = (const uint4 *)((const char *)rp + ro * es);
-        uint4 xa[NB_VEC], ga[NB_VEC];
+        uint4 xa[NB_VEC], ga[NB_VEC], ra[NB_VEC];
 #pragma unroll
         for (int q = 0; q < NB_VEC; q++) {
             i64 v = lane + q * 32;
             if (v >= nv) continue;
             xa[q] = __ldg(xr + v);
             ga[q] = __ldg(gr + v);
+            if (early) ra[q] = __ldg(rr + v);
         }
         float f[8], gg[8], ww[8], s = 0.0f, m = 0.0f, var = 0.0f;
 #pragma unroll
@@ -927,21 +936,32 @@ __device__ __forceinline__ void norm_bwd_vec(const void *x, const void *gp, cons
             unpack16<DT>(xa[q], f);
             unpack16<DT>(ga[q], gg);
             if (hw) unpack16<DT>(__ldg((const uint4 *)w + v), ww);
-            if (hr) unpack16<DT>(__ldg(rr + v), rv);
+            if (hr) unpack16<DT>(early ? ra[q] : __ldg(rr + v), rv);
 #pragma unroll
             for (int k = 0; k < PER; k++) {
                 f[k] = rs * (((hw ? gg[k] * ww[k] : gg[k]) - m1) - ((f[k] - m) * rs) * m2);
                 if (hr) f[k] += rv[k];
             }
-            yr[v] = pack16<DT>(f);
+            const uint4 packed = pack16<DT>(f);
+            yr[v] = packed;
+            if (!dxs) continue;
+            unpack16<DT>(packed, f); /* the values as stored */
+            float4 *ad = (float4 *)(accd + v * PER);
+#pragma unroll
+            for (int h = 0; h < PER / 4; h++) {
+                float4 a = ad[h];
+                a.x += f[4 * h], a.y += f[4 * h + 1], a.z += f[4 * h + 2], a.w += f[4 * h + 3];
+                ad[h] = a;
+            }
         }
     }
-    if (!sums) return;
+    if (!nsets) return;
     __syncthreads();
-    float *pb = part + (i64)blockIdx.x * 2 * len;
-    for (i64 t = threadIdx.x; t < 2 * len; t += blockDim.x) {
+    const i64 n2 = nsets * len;
+    float *pb = part + (i64)blockIdx.x * n2;
+    for (i64 t = threadIdx.x; t < n2; t += blockDim.x) {
         float a = 0.0f;
-        for (int wv = 0; wv < nw; wv++) a += sh[(i64)wv * 2 * len + t];
+        for (int wv = 0; wv < nw; wv++) a += sh[(i64)wv * n2 + t];
         pb[t] = a;
     }
 }
@@ -958,20 +978,27 @@ extern "C" __global__ void __launch_bounds__(BLOCK, 2)
 }
 
 /* NORM_BWD's column sums from sg_row_norm_bwd_vec's nparts block partials
- * (2 * len f32 each): a block of 32 columns by 8 warps, warp s adding
+ * (nsets * len f32 each): a block of 32 columns by 8 warps, warp s adding
  * partials s, s + 8, ... in order, then the 8 in warp order; rounded once
- * into o[c] (c < len: sum(g * xh), else sum(g)). */
+ * into o[c] (NB_SUMS, c < len: sum(g * xh), c < 2 len: sum(g)) or, for the
+ * set of dx (NB_DXSUM), into dxo[c - 2 len] (without NB_SUMS: dxo[c]) in
+ * dtype g.sdt. */
 extern "C" __global__ void __launch_bounds__(BLOCK)
-    sg_row_norm_bwd_fin(const float *part, int nparts, void *o, ngeom g) {
+    sg_row_norm_bwd_fin(const float *part, int nparts, void *o, void *dxo, ngeom g) {
     __shared__ float sh[BLOCK / 32][32];
     const int lane = threadIdx.x % 32, s = threadIdx.x / 32;
-    const i64 c = (i64)blockIdx.x * 32 + lane, n2 = 2 * g.len;
+    const bool sums = (g.flags & NB_SUMS) != 0, dxs = (g.flags & NB_DXSUM) != 0;
+    const i64 c = (i64)blockIdx.x * 32 + lane, n2 = ((sums ? 2 : 0) + (dxs ? 1 : 0)) * g.len;
     float a = 0.0f;
     if (c < n2)
+#pragma unroll 8
         for (int p = s; p < nparts; p += BLOCK / 32) a += part[(i64)p * n2 + c];
     sh[s][lane] = a;
     __syncthreads();
     if (s != 0 || c >= n2) return;
     for (int k = 1; k < BLOCK / 32; k++) a += sh[k][lane];
-    stf(o, g.dt, c, a);
+    if (sums && c < 2 * g.len)
+        stf(o, g.dt, c, a);
+    else
+        stf(dxo, g.sdt, c - (sums ? 2 * g.len : 0), a);
 }
