@@ -1640,6 +1640,22 @@ static int64_t emit_unit(gen *g, const munit *u, int64_t start, sg__cuda_kinfo *
     return nb;
 }
 
+/* bias[s] for each slot s of loop p's refs (the ones used_slots numbers):
+ * the least byte offset of those refs into it, down to whole 16 bytes;
+ * with reset, -1 again. */
+static void loop_bias(const gen *g, const sg__group *p, int64_t *bias, bool reset) {
+    for (int k = 0; k < p->n; k++) {
+        const sg__irnode *n = &g->ir->nodes[p->g[k].node];
+        for (int j = -1; j < n->nin; j++) {
+            const sg__ref *r = j < 0 ? (p->g[k].store ? ref_of(g, n->out) : NULL) : arg_of(g, n, j);
+            if (!r || (j >= 0 && reg_src(g, p, k, j) >= 0)) continue;
+            int64_t b = r->offset * (int64_t)sg_dtype_size(r->dtype);
+            b = b > 0 ? b / 16 * 16 : 0;
+            if (reset || bias[r->slot] < 0 || b < bias[r->slot]) bias[r->slot] = reset ? -1 : b;
+        }
+    }
+}
+
 /*
  * Unit u's loop as a loop that units of the same code share: its slots
  * named in its own order, each base moved by the least byte offset of the
@@ -1656,16 +1672,7 @@ static void share_text(gen *g, munit *u, int *loc, int64_t *bias, bool *aligned,
     for (int s = 0; s < g->ir->nslots; s++) loc[s] = -1;
     g->loc = loc, g->nloc = 0, g->global = false, g->overflow = false;
     used_slots(g, p, 0);
-    for (int k = 0; k < p->n; k++) { /* the same refs used_slots numbers */
-        const sg__irnode *n = &g->ir->nodes[p->g[k].node];
-        for (int j = -1; j < n->nin; j++) {
-            const sg__ref *r = j < 0 ? (p->g[k].store ? ref_of(g, n->out) : NULL) : arg_of(g, n, j);
-            if (!r || (j >= 0 && reg_src(g, p, k, j) >= 0)) continue;
-            int64_t b = r->offset * (int64_t)sg_dtype_size(r->dtype);
-            b = b > 0 ? b / 16 * 16 : 0;
-            if (bias[r->slot] < 0 || b < bias[r->slot]) bias[r->slot] = b;
-        }
-    }
+    loop_bias(g, p, bias, false);
     memset(aligned, 0, sizeof(bool) * (size_t)nslots);
     int w = vec_width(g, p, 0, aligned);
     u->nb = loop_blocks(p, w, BLOCK, MEMBER_CAP);
@@ -1680,8 +1687,8 @@ static void share_text(gen *g, munit *u, int *loc, int64_t *bias, bool *aligned,
     for (int j = 0; j < g->nloc; j++) {
         u->slot[j] = g->locals[j];
         u->bias[j] = bias[g->locals[j]];
-        bias[g->locals[j]] = -1;
     }
+    loop_bias(g, p, bias, true);
     if (u->text.oom) outer->oom = true;
     if (g->overflow || u->text.oom) sg__emit_free(&u->text); /* runs its own code */
     g->loc = was_loc, g->nloc = was_nloc, g->global = was_global, g->overflow = was_overflow;
