@@ -2,10 +2,13 @@
 /*
  * cgen_cuda.c -- the CUDA C dialect: one NVRTC unit per fused capture.
  * Each pointwise group, each MULTI group (its members' loops one after
- * another over consecutive ranges of blocks) and each epilogue after a
- * library-run anchor becomes one extern "C" kernel with constant shapes,
- * strides and offsets, a grid-stride loop, and 16-byte loads and stores
- * when every access of the loop is contiguous and aligned. A matmul of at
+ * another over consecutive ranges of blocks; members whose loops differ only
+ * in where their operands lie and how long they are run one loop, their
+ * slots, lengths and blocks from constant tables by the block's row) and
+ * each epilogue after a library-run anchor becomes one extern "C" kernel
+ * with constant shapes, strides and offsets, a grid-stride loop, and
+ * 16-byte loads and stores when every access of the loop is contiguous and
+ * aligned. A matmul of at
  * most 8 rows becomes one GEMV kernel that also runs its bias and epilogue,
  * and, when fusion merged the layer_norm/rms_norm that makes its x, first
  * normalizes those rows into shared memory (every block, from L2); two
@@ -89,6 +92,12 @@ typedef struct sg__cuda_gen {
      * mark[n] is set for every s<n> named while it is non-NULL. */
     bool *mark;
     bool member_slots;
+    /* A loop that several MULTI members share (share_text): each slot's
+     * base is moved by bias[slot] bytes, which every offset into it gives
+     * back (biased), and the loop runs over `len` elements, a C expression;
+     * NULL: neither. */
+    const int64_t *bias;
+    const char *len;
     /* Deferred stores (sg__cuda_defer_begin): declarations, statements, the
      * arrays' length, and the members whose values are kept. */
     sg__emit *defer_decl, *defer_st;
@@ -124,6 +133,15 @@ static const sg__ref *ref_of(const gen *g, int r) { return sg__lower_ref(g->ir, 
 
 static const sg__ref *arg_of(const gen *g, const sg__irnode *n, int j) {
     return sg__lower_arg(g->ir, g->f, n, j);
+}
+
+/* r as the loop being emitted addresses it: its offset less its slot's
+ * bias (gen.bias, whole 16 bytes, so a multiple of any element). */
+static const sg__ref *biased(const gen *g, const sg__ref *r, sg__ref *tmp) {
+    if (!g->bias || g->bias[r->slot] <= 0) return r;
+    *tmp = *r;
+    tmp->offset -= g->bias[r->slot] / (int64_t)sg_dtype_size(r->dtype);
+    return tmp;
 }
 
 /* Does gnode k's argument j come from a register? The anchor's value does
@@ -205,6 +223,7 @@ static void emit_body(gen *g, const sg__group *grp, int from, int nd, const int6
                       ixmode m, int lanes) {
     char off[256], lv[320], ld[400], rt[2][1200], in[2][1200], st[1400];
     const char *gp = g->sp->gp;
+    sg__ref tmp;
     for (int k = from; k < grp->n; k++) {
         const sg__irnode *n = &g->ir->nodes[grp->g[k].node];
         const sg__ref *o = ref_of(g, n->out);
@@ -222,7 +241,7 @@ static void emit_body(gen *g, const sg__group *grp, int from, int nd, const int6
                 if (m == IX_VEC && !sg__lower_is_scalar(a)) {
                     snprintf(lv, sizeof lv, h ? "l%d.e[j + 1]" : "l%d.e[j]", vec_index(g, a));
                 } else {
-                    offset_expr(a, nd, shape, m, off, sizeof off);
+                    offset_expr(biased(g, a, &tmp), nd, shape, m, off, sizeof off);
                     snprintf(lv, sizeof lv, "((%sconst %s *)s%d)[%s]", gp,
                              sg__lower_ctype(g->d, a->dtype), lslot(g, a->slot), off);
                 }
@@ -252,7 +271,7 @@ static void emit_body(gen *g, const sg__group *grp, int from, int nd, const int6
             if (m == IX_VEC && !sg__lower_is_scalar(o)) {
                 snprintf(lv, sizeof lv, h ? "o%d.e[j + 1]" : "o%d.e[j]", k);
             } else {
-                offset_expr(o, nd, shape, m, off, sizeof off);
+                offset_expr(biased(g, o, &tmp), nd, shape, m, off, sizeof off);
                 snprintf(lv, sizeof lv, "((%s%s *)s%d)[%s]", gp, sg__lower_ctype(g->d, o->dtype),
                          lslot(g, o->slot), off);
             }
@@ -435,6 +454,8 @@ static void emit_unflatten(gen *g, int nd, const int64_t *shape) {
  * else the one at the row walk's indices i0..i<nd-1> (in vectors). */
 static void vec_lvalue(gen *g, const sg__ref *r, bool flat, int w, int nd, const int64_t *shape,
                        const char *cv, char *buf, size_t size) {
+    sg__ref tmp;
+    r = biased(g, r, &tmp);
     size_t es = sg_dtype_size(r->dtype);
     const char *vt = vtype((size_t)w * es);
     if (flat) {
@@ -453,7 +474,8 @@ static void vec_lvalue(gen *g, const sg__ref *r, bool flat, int w, int nd, const
 /*
  * The grid-stride loop of one group (members [from, n)) over blocks
  * blk .. blk + nblk - 1 (C expressions), with the vector path first when
- * w > 1 and the slots in `aligned` sit on 16 bytes.
+ * w > 1 and the slots in `aligned` sit on 16 bytes; over gen.len elements
+ * where that is set.
  */
 static void emit_loop(gen *g, const sg__group *grp, int from, int w, const bool *aligned,
                       const char *blk, const char *nblk) {
@@ -475,7 +497,11 @@ static void emit_loop(gen *g, const sg__group *grp, int from, int w, const bool 
         }
         snprintf(cond + k, sizeof cond - k, ") & 15) == 0");
         sg__emit_open(g->e, "if (%s)", cond);
-        sg__emit_open(g->e, "for (sg_i64 q = tid; q < %lld; q += step)", (long long)(numel / w));
+        if (g->len)
+            sg__emit_open(g->e, "for (sg_i64 q = tid; q < %s / %d; q += step)", g->len, w);
+        else
+            sg__emit_open(g->e, "for (sg_i64 q = tid; q < %lld; q += step)",
+                          (long long)(numel / w));
         int64_t vshape[SG_MAX_DIMS];
         vec_row_shape(nd, shape, w, vshape);
         /* A row walk (not flat): the vector's indices, once per vector. */
@@ -521,7 +547,10 @@ static void emit_loop(gen *g, const sg__group *grp, int from, int w, const bool 
         sg__emit_line(g->e, "return;");
         sg__emit_close(g->e);
     }
-    sg__emit_open(g->e, "for (sg_i64 i = tid; i < %lld; i += step)", (long long)numel);
+    if (g->len)
+        sg__emit_open(g->e, "for (sg_i64 i = tid; i < %s; i += step)", g->len);
+    else
+        sg__emit_open(g->e, "for (sg_i64 i = tid; i < %lld; i += step)", (long long)numel);
     if (!flat) emit_unflatten(g, nd, shape);
     emit_body(g, grp, from, nd, shape, flat ? IX_FLAT : IX_NESTED, 1);
     sg__emit_close(g->e);
@@ -1544,56 +1573,219 @@ static sg__group part_of(const gen *g, const sg__group *part, int *comp, int c, 
     return one;
 }
 
+/* One loop of a MULTI kernel: a member, or a part of one (multi_split). */
+typedef struct munit {
+    sg__group grp; /* its group (a part's nodes in emit_multi's array) */
+    bool data;     /* a data member (multi_data) */
+    int cls;       /* the first unit whose loop it shares (share_classes), -1: its own */
+    /* With a shared loop: its text, its blocks, and per slot the loop
+     * names (s0, s1, .. in the loop's order) the IR slot and the bias. */
+    sg__emit text;
+    int64_t nb;
+    int ns;
+    int slot[SG__CUDA_MAX_LOCAL];
+    int64_t bias[SG__CUDA_MAX_LOCAL];
+} munit;
+
 /*
- * A pointwise member of a MULTI with no vector path (more than the 64
- * vectors it keeps) split into its independent parts, each its own member
- * over its own blocks: a part's loop loads, computes and stores one weight's
- * elements in 16-byte vectors and holds only their registers. 0 when the
- * member stays whole (one part, or a part alone has no vector path either);
- * else the blocks taken, the parts emitted as members from block start.
+ * The independent parts of a pointwise member of a MULTI with no vector
+ * path (more than the 64 vectors it keeps), each its own unit over its own
+ * blocks, into u (their nodes into sub): a part's loop loads, computes and
+ * stores one weight's elements in 16-byte vectors and holds only their
+ * registers. 0 when the member stays whole (one part, or a part alone has
+ * no vector path either); else the count of parts.
  */
-static int64_t multi_split(gen *g, const sg__group *part, int64_t start, bool *aligned, int nslots,
-                           sg__cuda_kinfo *ki, bool *mark) {
+static int multi_split(gen *g, const sg__group *part, bool *aligned, int nslots, sg__gnode *sub,
+                       munit *u) {
     sg_ctx *ctx = g->e->ctx;
     if (part->kind != SG__G_POINTWISE || part->n < 2) return 0;
     memset(aligned, 0, sizeof(bool) * (size_t)nslots);
     if (vec_width(g, part, 0, aligned) > 1) return 0;
-    int n = part->n, *comp = sg__alloc(ctx, sizeof(int) * (size_t)n * 2);
-    sg__gnode *sub = sg__alloc(ctx, sizeof *sub * (size_t)n);
-    int64_t total = 0;
-    int count = comp && sub ? member_parts(g, part, comp) : -1;
+    int n = part->n, *comp = sg__alloc(ctx, sizeof(int) * (size_t)n * 2), used = 0;
+    int count = comp ? member_parts(g, part, comp) : -1;
     if (count < 0) g->e->oom = true;
-    /* Pass 0 checks that every part has a vector path, pass 1 emits them. */
-    for (int pass = 0; pass < 2 && count > 1; pass++) {
-        for (int c = 0; count > 1 && c < count; c++) {
-            sg__group one = part_of(g, part, comp, c, sub);
-            if (pass == 0) {
-                memset(aligned, 0, sizeof(bool) * (size_t)nslots);
-                if (vec_width(g, &one, 0, aligned) < 2) count = 0;
-                continue;
-            }
-            sg__emit body = {.ctx = ctx, .depth = g->e->depth + 1}, *outer = g->e;
-            memset(mark, 0, sizeof(bool) * (size_t)nslots);
-            g->e = &body, g->mark = mark;
-            int64_t nb = multi_loop(g, &one, start + total, aligned, nslots, ki);
-            g->e = outer, g->mark = NULL;
-            if (nb > 0) {
-                sg__emit_open(outer, "%sif (%s < %lld)", start + total ? "else " : "", g->sp->bid,
-                              (long long)(start + total + nb));
-                for (int i = 0; i < nslots; i++)
-                    if (mark[i])
-                        sg__emit_line(outer, "%schar *const s%d = slot[%d];", g->sp->gp, i, i);
-                if (body.buf) sg__emit_raw(outer, "%s", body.buf);
-                sg__emit_close(outer);
-            }
-            if (body.oom) outer->oom = true;
-            sg__emit_free(&body);
-            total += nb;
+    for (int c = 0; count > 1 && c < count; c++) {
+        sg__group one = part_of(g, part, comp, c, sub + used);
+        memset(aligned, 0, sizeof(bool) * (size_t)nslots);
+        if (vec_width(g, &one, 0, aligned) < 2) count = 0;
+        u[c] = (munit){.grp = one, .cls = -1};
+        used += one.n;
+    }
+    if (comp) sg__free(ctx, comp, sizeof(int) * (size_t)n * 2);
+    return count > 1 ? count : 0;
+}
+
+/* Unit u over blocks start .. in its own branch that loads the slot bases
+ * it names; the blocks it takes. */
+static int64_t emit_unit(gen *g, const munit *u, int64_t start, sg__cuda_kinfo *ki, bool *aligned,
+                         int nslots, bool *mark) {
+    sg__emit *outer = g->e, body = {.ctx = outer->ctx, .depth = outer->depth + 1};
+    memset(mark, 0, sizeof(bool) * (size_t)nslots);
+    g->e = &body, g->mark = mark;
+    int64_t nb = u->data ? multi_data(g, &u->grp, start, ki)
+                         : multi_loop(g, &u->grp, start, aligned, nslots, ki);
+    g->e = outer, g->mark = NULL;
+    if (nb > 0) {
+        sg__emit_open(outer, "%sif (%s < %lld)", start ? "else " : "", g->sp->bid,
+                      (long long)(start + nb));
+        for (int i = 0; i < nslots; i++)
+            if (mark[i]) sg__emit_line(outer, "%schar *const s%d = slot[%d];", g->sp->gp, i, i);
+        if (body.buf) sg__emit_raw(outer, "%s", body.buf);
+        sg__emit_close(outer);
+    } else if (body.buf) {
+        sg__emit_raw(outer, "%s", body.buf);
+    }
+    if (body.oom) outer->oom = true;
+    sg__emit_free(&body);
+    return nb;
+}
+
+/* bias[s] for each slot s of loop p's refs (the ones used_slots numbers):
+ * the least byte offset of those refs into it, down to whole 16 bytes;
+ * with reset, -1 again. */
+static void loop_bias(const gen *g, const sg__group *p, int64_t *bias, bool reset) {
+    for (int k = 0; k < p->n; k++) {
+        const sg__irnode *n = &g->ir->nodes[p->g[k].node];
+        for (int j = -1; j < n->nin; j++) {
+            const sg__ref *r = j < 0 ? (p->g[k].store ? ref_of(g, n->out) : NULL) : arg_of(g, n, j);
+            if (!r || (j >= 0 && reg_src(g, p, k, j) >= 0)) continue;
+            int64_t b = r->offset * (int64_t)sg_dtype_size(r->dtype);
+            b = b > 0 ? b / 16 * 16 : 0;
+            if (reset || bias[r->slot] < 0 || b < bias[r->slot]) bias[r->slot] = reset ? -1 : b;
         }
     }
-    sg__free(ctx, comp, sizeof(int) * (size_t)n * 2);
-    sg__free(ctx, sub, sizeof *sub * (size_t)n);
-    return total;
+}
+
+/*
+ * Unit u's loop as a loop that units of the same code share: its slots
+ * named in its own order, each base moved by the least byte offset of the
+ * unit's refs into it (down to whole 16 bytes, so that alignment is
+ * unchanged), its length r_n and its blocks from r_f, r_nb (emit_shared).
+ * bias: -1 for every slot, and so left.
+ */
+static void share_text(gen *g, munit *u, int *loc, int64_t *bias, bool *aligned, int nslots) {
+    const sg__group *p = &u->grp;
+    if (numel_of(p->ndim, p->shape) == 0) return;
+    int *was_loc = g->loc, was_locals[SG__CUDA_MAX_LOCAL], was_nloc = g->nloc;
+    bool was_global = g->global, was_overflow = g->overflow;
+    memcpy(was_locals, g->locals, sizeof was_locals);
+    for (int s = 0; s < g->ir->nslots; s++) loc[s] = -1;
+    g->loc = loc, g->nloc = 0, g->global = false, g->overflow = false;
+    used_slots(g, p, 0);
+    loop_bias(g, p, bias, false);
+    memset(aligned, 0, sizeof(bool) * (size_t)nslots);
+    int w = vec_width(g, p, 0, aligned);
+    u->nb = loop_blocks(p, w, BLOCK, MEMBER_CAP);
+    sg__emit *outer = g->e;
+    u->text = (sg__emit){.ctx = outer->ctx, .depth = outer->depth + 1};
+    char blk[64];
+    snprintf(blk, sizeof blk, "%s - r_f", g->sp->bid);
+    g->e = &u->text, g->bias = bias, g->len = "r_n";
+    emit_loop(g, p, 0, w, aligned, blk, "r_nb");
+    g->e = outer, g->bias = NULL, g->len = NULL;
+    u->ns = g->nloc;
+    for (int j = 0; j < g->nloc; j++) {
+        u->slot[j] = g->locals[j];
+        u->bias[j] = bias[g->locals[j]];
+    }
+    loop_bias(g, p, bias, true);
+    if (u->text.oom) outer->oom = true;
+    if (g->overflow || u->text.oom) sg__emit_free(&u->text); /* runs its own code */
+    g->loc = was_loc, g->nloc = was_nloc, g->global = was_global, g->overflow = was_overflow;
+    memcpy(g->locals, was_locals, sizeof was_locals);
+}
+
+/*
+ * Units whose loops are one code but for their slots' bases, their lengths
+ * and their blocks share that loop (emit_shared), so that a MULTI's code
+ * does not grow with its members (AdamW over GPT-2's 148 parameters: the
+ * same chain of ops for each weight): u->cls is the first unit of its class
+ * where a class has two units or more. Not in a dialect without tables, nor
+ * with SG_MULTI_SHARE=0. Returns the count of classes.
+ */
+static int share_classes(gen *g, munit *u, int nu, bool *aligned, int nslots) {
+    const char *env = getenv("SG_MULTI_SHARE");
+    if (!g->sp->table || (env && strcmp(env, "0") == 0)) return 0;
+    sg_ctx *ctx = g->e->ctx;
+    int *loc = sg__alloc(ctx, sizeof(int) * (size_t)nslots);
+    int64_t *bias = sg__alloc(ctx, sizeof(int64_t) * (size_t)nslots);
+    int nc = 0;
+    if (!loc || !bias) g->e->oom = true;
+    for (int s = 0; bias && s < nslots; s++) bias[s] = -1;
+    for (int i = 0; loc && bias && i < nu; i++) {
+        if (!u[i].data) share_text(g, &u[i], loc, bias, aligned, nslots);
+        for (int c = 0; u[i].text.buf && c < i && u[i].cls < 0; c++)
+            if (u[c].cls == c && u[c].text.len == u[i].text.len &&
+                memcmp(u[c].text.buf, u[i].text.buf, u[i].text.len) == 0)
+                u[i].cls = c;
+        if (u[i].text.buf && u[i].cls < 0) u[i].cls = i; /* a class of its own so far */
+    }
+    for (int i = 0; i < nu; i++) { /* a class of one keeps its own code */
+        bool shared = false;
+        for (int o = 0; o < nu && !shared && u[i].cls >= 0; o++)
+            shared = o != i && u[o].cls == u[i].cls;
+        if (u[i].cls >= 0 && !shared) u[i].cls = -1;
+        nc += u[i].cls == i;
+    }
+    if (loc) sg__free(ctx, loc, sizeof(int) * (size_t)nslots);
+    if (bias) sg__free(ctx, bias, sizeof(int64_t) * (size_t)nslots);
+    return nc;
+}
+
+/* The units of class c over consecutive blocks from start, in one branch:
+ * the loop they share once, and tables of each unit's first block (and the
+ * end), length, slots and bias, its row found by the block. The blocks
+ * taken. */
+static int64_t emit_shared(gen *g, const munit *u, int nu, int c, int64_t start,
+                           sg__cuda_kinfo *ki) {
+    sg__emit *e = g->e;
+    int n = 0, ns = u[c].ns, k = 0;
+    for (int i = c; i < nu; i++) n += u[i].cls == c;
+    size_t nt = (size_t)n * (size_t)(ns ? ns : 1);
+    int64_t *first = sg__alloc(e->ctx, sizeof(int64_t) * (size_t)(n + 1));
+    int64_t *len = sg__alloc(e->ctx, sizeof(int64_t) * (size_t)n);
+    int64_t *slots = sg__alloc(e->ctx, sizeof(int64_t) * nt);
+    int64_t *bias = sg__alloc(e->ctx, sizeof(int64_t) * nt), at = start;
+    bool moved = false;
+    if (first && len && slots && bias) {
+        for (int i = c; i < nu; i++) {
+            if (u[i].cls != c) continue;
+            first[k] = at;
+            len[k] = numel_of(u[i].grp.ndim, u[i].grp.shape);
+            for (int j = 0; j < ns; j++) {
+                slots[k * ns + j] = lslot(g, u[i].slot[j]);
+                bias[k * ns + j] = u[i].bias[j];
+                moved = moved || u[i].bias[j] > 0;
+            }
+            ki->iters += len[k++];
+            at += u[i].nb;
+        }
+        first[n] = at;
+        sg__emit_open(e, "%sif (%s < %lld)", start ? "else " : "", g->sp->bid, (long long)at);
+        sg__emit_line(e, "/* %d loops of one code: blocks, lengths and slots by table row */", n);
+        sg__cuda_table(g, "r_mf", first, n + 1);
+        sg__cuda_table(g, "r_ml", len, n);
+        sg__cuda_table(g, "r_ms", slots, n * ns);
+        if (moved) sg__cuda_table(g, "r_md", bias, n * ns);
+        sg__cuda_table_row(g, "r_mf", n);
+        sg__emit_line(e,
+                      "const sg_i64 r_f = r_mf[r_a], r_nb = r_mf[r_a + 1] - r_f, r_n = r_ml[r_a];");
+        for (int j = 0; j < ns; j++)
+            sg__emit_line(
+                e,
+                moved ? "%schar *const s%d = slot[r_ms[r_a * %d + %d]] + r_md[r_a * %d + %d];"
+                      : "%schar *const s%d = slot[r_ms[r_a * %d + %d]];",
+                g->sp->gp, j, ns, j, ns, j);
+        sg__emit_raw(e, "%s", u[c].text.buf);
+        sg__emit_close(e);
+    } else {
+        e->oom = true;
+    }
+    if (first) sg__free(e->ctx, first, sizeof(int64_t) * (size_t)(n + 1));
+    if (len) sg__free(e->ctx, len, sizeof(int64_t) * (size_t)n);
+    if (slots) sg__free(e->ctx, slots, sizeof(int64_t) * nt);
+    if (bias) sg__free(e->ctx, bias, sizeof(int64_t) * nt);
+    return at - start;
 }
 
 /*
@@ -1601,50 +1793,70 @@ static int64_t multi_split(gen *g, const sg__group *part, int64_t start, bool *a
  * blocks, each in its own branch that loads the slot bases it names (where
  * the kernel's head would load every member's: with dozens of members,
  * their pointers held live across the branches cost the registers that
- * set the kernel's occupancy).
+ * set the kernel's occupancy). Members (or parts: multi_split) whose loops
+ * are one code run it once (share_classes), their blocks together where
+ * the first of them runs. True when some do.
  */
-static void emit_multi(gen *g, const sg__group *grp, sg__cuda_kinfo *ki, bool *aligned,
+static bool emit_multi(gen *g, const sg__group *grp, sg__cuda_kinfo *ki, bool *aligned,
                        int nslots) {
     sg__emit *outer = g->e;
-    bool *mark = sg__calloc(outer->ctx, sizeof(bool) * (size_t)nslots);
-    if (!mark) {
-        outer->oom = true;
-        return;
-    }
-    g->member_slots = true;
-    int64_t start = 0;
+    sg_ctx *ctx = outer->ctx;
+    int cap = 0, nodes = 0, nu = 0, used = 0, nc = 0;
     for (int m = 0; m < grp->nmembers; m++) {
-        const sg__group *part = &g->f->parts[grp->members[m]];
-        int64_t split = multi_split(g, part, start, aligned, nslots, ki, mark);
-        if (split > 0 || outer->oom) {
-            start += split;
-            continue;
-        }
-        sg__emit body = {.ctx = outer->ctx, .depth = outer->depth + 1};
-        memset(mark, 0, sizeof(bool) * (size_t)nslots);
-        g->e = &body, g->mark = mark;
-        int64_t nb = part->kind == SG__G_OPAQUE ? multi_data(g, part, start, ki)
-                                                : multi_loop(g, part, start, aligned, nslots, ki);
-        g->e = outer, g->mark = NULL;
-        if (nb > 0) {
-            sg__emit_open(outer, "%sif (%s < %lld)", start ? "else " : "", g->sp->bid,
-                          (long long)(start + nb));
-            for (int i = 0; i < nslots; i++)
-                if (mark[i]) sg__emit_line(outer, "%schar *const s%d = slot[%d];", g->sp->gp, i, i);
-            if (body.buf) sg__emit_raw(outer, "%s", body.buf);
-            sg__emit_close(outer);
-        } else if (body.buf) {
-            sg__emit_raw(outer, "%s", body.buf);
-        }
-        if (body.oom) outer->oom = true;
-        sg__emit_free(&body);
-        start += nb;
+        int n = g->f->parts[grp->members[m]].n;
+        cap += n > 1 ? n : 1;
+        nodes += n;
     }
-    sg__free(outer->ctx, mark, sizeof(bool) * (size_t)nslots);
+    munit *u = sg__calloc(ctx, sizeof *u * (size_t)cap);
+    sg__gnode *sub = sg__alloc(ctx, sizeof *sub * (size_t)(nodes ? nodes : 1));
+    bool *mark = sg__calloc(ctx, sizeof(bool) * (size_t)nslots);
+    g->member_slots = true;
+    if (u && sub && mark) {
+        for (int m = 0; m < grp->nmembers; m++) {
+            const sg__group *part = &g->f->parts[grp->members[m]];
+            int np = multi_split(g, part, aligned, nslots, sub + used, u + nu);
+            for (int k = 0; k < np; k++) used += u[nu + k].grp.n;
+            nu += np;
+            if (!np) u[nu++] = (munit){.grp = *part, .data = part->kind == SG__G_OPAQUE, .cls = -1};
+        }
+        nc = share_classes(g, u, nu, aligned, nslots);
+    } else {
+        outer->oom = true;
+    }
+    int64_t start = 0;
+    for (int i = 0; i < nu && !outer->oom; i++) {
+        if (u[i].cls >= 0 && u[i].cls != i) continue; /* its class's loop runs it */
+        start += u[i].cls == i ? emit_shared(g, u, nu, i, start, ki)
+                               : emit_unit(g, &u[i], start, ki, aligned, nslots, mark);
+    }
+    for (int i = 0; i < nu; i++) sg__emit_free(&u[i].text);
+    if (u) sg__free(ctx, u, sizeof *u * (size_t)cap);
+    if (sub) sg__free(ctx, sub, sizeof *sub * (size_t)(nodes ? nodes : 1));
+    if (mark) sg__free(ctx, mark, sizeof(bool) * (size_t)nslots);
     ki->grid = (unsigned)(start ? start : 1);
     /* Members own fixed ranges of blocks and stride over their loops:
      * any block size covers them with the same grid. */
     for (int t = 0; t < SG__CUDA_NTUNE; t++) ki->tune_grid[t] = ki->grid;
+    return nc > 0;
+}
+
+/* A constant table of n 64-bit integers named `name`, eight a line. */
+void sg__cuda_table(sg__cuda_gen *g, const char *name, const int64_t *v, int n) {
+    sg__emit *e = g->e;
+    sg__emit_line(e, "%s sg_i64 %s[%d] = {", g->sp->table, name, n > 0 ? n : 1);
+    for (int i = 0; i < n; i++)
+        sg__emit_raw(e, "%s%lldLL", i % 8 ? ", " : i ? ",\n" : "", (long long)v[i]);
+    sg__emit_raw(e, n > 0 ? "};\n" : "0};\n");
+}
+
+void sg__cuda_table_row(sg__cuda_gen *g, const char *first, int n) {
+    sg__emit *e = g->e;
+    sg__emit_line(e, "int r_a = 0, r_b = %d;", n - 1);
+    sg__emit_open(e, "while (r_a < r_b)");
+    sg__emit_line(e, "const int r_h = (r_a + r_b + 1) / 2;");
+    sg__emit_line(e, "if (%s[r_h] <= (sg_i64)%s) r_a = r_h; else r_b = r_h - 1;", first,
+                  g->sp->bid);
+    sg__emit_close(e);
 }
 
 void sg__cuda_branch(sg__cuda_gen *g, const char *open, void (*body)(sg__cuda_gen *, void *),
@@ -1836,8 +2048,10 @@ static bool emit_group(gen *g, const sg__group *grp, sg__cuda_kinfo *ki, bool *a
         emit_chain(g, grp, ki, aligned, nslots);
         *what = "dependent loops in order in one block, a barrier between them";
     } else if (grp->kind == SG__G_MULTI) {
-        emit_multi(g, grp, ki, aligned, nslots);
-        *what = "independent loops, each over its own range of blocks";
+        *what = emit_multi(g, grp, ki, aligned, nslots)
+                    ? "independent loops, each over its own range of blocks, those of one code "
+                      "sharing it (their slots, lengths and blocks by table row)"
+                    : "independent loops, each over its own range of blocks";
     } else {
         used_slots(g, grp, from);
         int w = vec_width(g, grp, from, aligned);

@@ -1577,40 +1577,40 @@ static void sums_classes(sums_member *sm, int n) {
     }
 }
 
-/* One row of a table over the members of shared folds. */
-static void sums_row(sg__emit *e, const char *decl, const sums_member *sm, int n, int what) {
-    sg__emit_line(e, "static __device__ const %s = {", decl);
+/* Column `what` of the tables over the members of shared folds into v. */
+static void sums_column(const sums_member *sm, int n, int what, int64_t *v) {
     for (int m = 0, at = 0; m < n; m++) {
         if (sm[m].cls < 0) continue;
         const sums_member *c = &sm[sm[m].cls];
-        int64_t v = what == 0   ? sm[m].first
-                    : what == 1 ? sm[m].first + sm[m].split
-                    : what == 2 ? sm[m].k.len
-                    : what == 3 ? (sm[m].in->offset - c->in->offset) *
-                                      (int64_t)sg_dtype_size(sm[m].in->dtype)
-                    : what == 4 ? sg__cuda_local_slot(sm[m].k.g, sm[m].in->slot)
-                                : sm[m].cls;
-        sg__emit_raw(e, "%s%lldLL", at++ % 8 ? ", " : at > 1 ? ",\n" : "", (long long)v);
+        v[at++] = what == 0   ? sm[m].first
+                  : what == 1 ? sm[m].first + sm[m].split
+                  : what == 2 ? sm[m].k.len
+                  : what == 3
+                      ? (sm[m].in->offset - c->in->offset) * (int64_t)sg_dtype_size(sm[m].in->dtype)
+                  : what == 4 ? sg__cuda_local_slot(sm[m].k.g, sm[m].in->slot)
+                              : sm[m].cls;
     }
-    sg__emit_raw(e, "};\n");
 }
 
 /* The members of shared folds in block order: first and end blocks,
  * lengths, byte moves and slots, classes; r_t the block's row, or -1. */
-static void sums_tables(sums_member *sm, int n, sg__emit *e) {
+static void sums_tables(sg__cuda_gen *g, sums_member *sm, int n) {
+    sg__emit *e = sg__cuda_out(g);
     int nt = 0;
     for (int m = 0; m < n; m++) nt += sm[m].cls >= 0;
-    char d[64];
+    int64_t *v = sg__alloc(e->ctx, sizeof(int64_t) * (size_t)nt);
+    if (!v) {
+        e->oom = true;
+        return;
+    }
     static const char *names[6] = {"r_tf", "r_te", "r_tl", "r_td", "r_ts", "r_tc"};
     for (int w = 0; w < 6; w++) {
-        snprintf(d, sizeof d, "sg_i64 %s[%d]", names[w], nt);
-        sums_row(e, d, sm, n, w);
+        sums_column(sm, n, w, v);
+        sg__cuda_table(g, names[w], v, nt);
     }
-    sg__emit_line(e, "int r_t = -1, r_a = 0, r_b = %d;", nt - 1);
-    sg__emit_open(e, "while (r_a < r_b)");
-    sg__emit_line(e, "const int r_h = (r_a + r_b + 1) / 2;");
-    sg__emit_line(e, "if (r_tf[r_h] <= (sg_i64)blockIdx.x) r_a = r_h; else r_b = r_h - 1;");
-    sg__emit_close(e);
+    sg__free(e->ctx, v, sizeof(int64_t) * (size_t)nt);
+    sg__emit_line(e, "int r_t = -1;");
+    sg__cuda_table_row(g, "r_tf", nt);
     sg__emit_line(e,
                   "if (r_tf[r_a] <= (sg_i64)blockIdx.x && (sg_i64)blockIdx.x < r_te[r_a]) r_t = r_a;");
 }
@@ -1785,7 +1785,7 @@ const char *sg__cgen_cuda_sums(sg__cuda_gen *g, const sg__group *grp, sg__cuda_k
     if (sp->shuffles) sums_classes(sm, n);
     bool tables = false;
     for (int m = 0; m < n; m++) tables = tables || sm[m].cls >= 0;
-    if (tables) sums_tables(sm, n, e);
+    if (tables) sums_tables(g, sm, n);
     /* One flat `if` per member or shared fold, not an else-if chain: nested
      * branches, one reconvergence point per level, held 80 registers and
      * spilled where flat ones take 40. */

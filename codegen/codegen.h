@@ -253,6 +253,10 @@ typedef struct sg__spell {
      * the order the shuffles would (sg__cuda_tree). */
     const char *u2f, *shared, *lp;
     bool shared_top;
+    /* GPU dialects: the qualifier of a constant table of integers declared
+     * in a kernel (sg__cuda_table); NULL where the dialect keeps none (each
+     * member of a MULTI then runs its own code). */
+    const char *table;
 } sg__spell;
 
 /* The dialect's spellings (an unknown dialect gets C's). */
@@ -523,6 +527,13 @@ SG__HIDDEN void sg__cuda_branch(sg__cuda_gen *g, const char *open,
 SG__HIDDEN void sg__cuda_branch_based(sg__cuda_gen *g, const char *open,
                                       void (*body)(sg__cuda_gen *, void *), void *arg, int local,
                                       const char *base);
+/* A constant table of n 64-bit integers in the kernel being emitted,
+ * `name[n]`, in the dialect's spelling (sg__spell.table, which must be
+ * set). */
+SG__HIDDEN void sg__cuda_table(sg__cuda_gen *g, const char *name, const int64_t *v, int n);
+/* int r_a: the last of rows 0 .. n - 1 of the ascending table `first` whose
+ * value is at most the block's index (0 when none), found by bisection. */
+SG__HIDDEN void sg__cuda_table_row(sg__cuda_gen *g, const char *first, int n);
 /* The kernel's local index of IR slot `slot` (its s<n> and slot[n]). */
 SG__HIDDEN int sg__cuda_local_slot(sg__cuda_gen *g, int slot);
 /* The dialect's spellings of the kernel being emitted. */

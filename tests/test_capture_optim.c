@@ -6,7 +6,10 @@
  * compiled in each mode, with lr changed between calls (no recapture), and
  * the kernel count of a compiled AdamW step; the clip folded into the
  * update (sg_clip_grad_norm_coef, sg_optim_step_scaled) equal bit for bit
- * to the clip in place. Each case prints its name:
+ * to the clip in place; and one step updating 46 parameters, 40 of one
+ * shape, by AdamW and SGD together (on CUDA the loops of one code but for
+ * their tensors share one loop of the multi-tensor kernel). Each case prints
+ * its name:
  *   ok   ADAMW(type=f32,params=4,steps=4,mode=reduce-overhead) kernels=2
  */
 #define _POSIX_C_SOURCE 200809L
@@ -20,12 +23,13 @@ static sg_ctx *ctx;
 
 #define NP 4
 #define NSTEPS 4
+#define MAXP 48 /* params of the many-parameter step */
 static const int64_t shapes[NP][2] = {{3, 5}, {17, 1}, {1, 33}, {8, 9}};
 
 /* The reference: params and state in f64, the update torch's. */
 typedef struct ref {
-    double *p[NP], *m[NP], *v[NP], *master[NP];
-    int64_t n[NP];
+    double *p[MAXP], *m[MAXP], *v[MAXP], *master[MAXP];
+    int64_t n[MAXP];
 } ref;
 
 typedef struct setup {
@@ -36,7 +40,7 @@ typedef struct setup {
 } setup;
 
 static void ref_free(ref *r) {
-    for (int i = 0; i < NP; i++) free(r->p[i]), free(r->m[i]), free(r->v[i]), free(r->master[i]);
+    for (int i = 0; i < MAXP; i++) free(r->p[i]), free(r->m[i]), free(r->v[i]), free(r->master[i]);
 }
 
 /* torch.optim.AdamW._single_tensor_adamw, step t (1-based), in f64. */
@@ -335,6 +339,100 @@ static void test_scaled(const setup *given, double max_norm, int mode, uint64_t 
     ref_free(&r);
 }
 
+/* ------------------------------------------------------------ many parameters */
+
+/* AdamW over the first na params, SGD over the rest, in one step. */
+typedef struct many {
+    int na;
+    sg_optim *adam, *sgd;
+} many;
+
+static sg_status many_step(sg_ctx *c, sg_tensor *const *in, sg_tensor **out, void *user) {
+    many *w = user;
+    sg_status s = sg_optim_step(w->adam, in);
+    if (s == SG_OK) s = sg_optim_step(w->sgd, in + w->na);
+    out[0] = sg_optim_step_count(w->adam);
+    return s != SG_OK ? s : sg_ctx_status(c);
+}
+
+/*
+ * 46 params, 40 of them [48, 128] (more elements than a one-block chain
+ * kernel takes, sg__fuse_opts.chain) and 6 of shapes of their own; AdamW (of
+ * dtype adam_dt, with f32 master weights when bf16) updates 34 of them, 30
+ * of the one shape, and SGD with momentum (f32) the other 12, 10 of that
+ * shape, in one compiled step, NSTEPS steps with AdamW's lr changed after
+ * step 2. Each param matches the f64 reference after each step.
+ */
+static void test_many(sg_dtype adam_dt, int mode, uint64_t seed) {
+    static const int64_t own[6][2] = {{17, 1}, {1, 33}, {5, 7}, {96, 1}, {3, 5}, {8, 9}};
+    const int n = 46, na = 34;
+    const setup adam = with_defaults(&(setup){
+        .kind = "adamw", .dt = adam_dt, .a = {.lr = 1e-2, .master_weights = adam_dt != SG_F32}});
+    const sg_sgd_opts so = {.lr = 0.1, .momentum = 0.9, .dampening = 0.1, .weight_decay = 0.01};
+    int64_t shape[MAXP][2];
+    tu_seed(seed);
+    sg_tensor *p[MAXP];
+    ref r = {0};
+    for (int i = 0; i < n; i++) {
+        /* params 30..33 and 44, 45 have shapes of their own */
+        int o = i >= 30 && i < 34 ? i - 30 : i >= 44 ? i - 40 : -1;
+        shape[i][0] = o < 0 ? 48 : own[o][0];
+        shape[i][1] = o < 0 ? 128 : own[o][1];
+        p[i] = tu_rand(ctx, i < na ? adam_dt : SG_F32, 2, shape[i], -1, 1, &r.p[i]);
+        r.n[i] = shape[i][0] * shape[i][1];
+        r.m[i] = calloc((size_t)r.n[i], sizeof(double));
+        r.v[i] = calloc((size_t)r.n[i], sizeof(double));
+        r.master[i] = malloc(sizeof(double) * (size_t)r.n[i]);
+        memcpy(r.master[i], r.p[i], sizeof(double) * (size_t)r.n[i]);
+    }
+    many w = {.na = na};
+    sg_adamw_opts ao = adam.a;
+    bool ok = TU_EXPECT(sg_adamw_create(ctx, na, p, &ao, &w.adam) == SG_OK) &&
+              TU_EXPECT(sg_sgd_create(ctx, n - na, p + na, &so, &w.sgd) == SG_OK);
+    sg_fn *fn = NULL;
+    ok = ok && TU_EXPECT(sg_compile(ctx, many_step, &w, n, 1,
+                                    &(sg_compile_opts){.mode = (sg_mode)mode}, &fn) == SG_OK);
+    double lr = adam.a.lr;
+    for (int t = 1; ok && t <= NSTEPS; t++) {
+        if (t == 3) {
+            lr *= 0.5;
+            ok = TU_EXPECT(sg_fill_(sg_optim_lr(w.adam), lr) == SG_OK);
+            lr = tu_round(SG_F32, lr);
+        }
+        sg_mark_step_begin(ctx);
+        sg_tensor *g[MAXP], *out = NULL;
+        double *gv[MAXP];
+        for (int i = 0; i < n; i++)
+            g[i] = tu_rand(ctx, i < na ? adam_dt : SG_F32, 2, shape[i], -1, 1, &gv[i]);
+        ok = ok && TU_EXPECT(sg_call(fn, g, n, &out, 1) == SG_OK);
+        for (int i = 0; i < n; i++) {
+            sg_dtype dt = i < na ? adam_dt : SG_F32;
+            if (i < na)
+                ref_adamw(&r, i, gv[i], lr, t, &adam.a, dt);
+            else
+                ref_sgd(&r, i, gv[i], so.lr, t, &so, dt);
+            double *got = ok ? tu_read(p[i]) : NULL;
+            double rt = dt == SG_F32 ? 1e-5 : 1e-2, at = dt == SG_F32 ? 2e-6 : 1e-2;
+            char nm[64];
+            snprintf(nm, sizeof nm, "param %d (%s) after step %d", i, i < na ? "adamw" : "sgd", t);
+            ok = ok && TU_EXPECT(got) && tu_close(nm, got, r.p[i], r.n[i], rt, at);
+            free(got), free(gv[i]);
+            sg_release(g[i]);
+        }
+    }
+    if (!ok) fprintf(stderr, "%s\n%s\n", sg_last_error(ctx), fn ? sg_fn_explain(fn) : "");
+    tu_case(ok,
+            "MANY(params=%d,of_one_shape=40,adamw=%d of %s,sgd=%d of f32,steps=%d,mode=%s) "
+            "seed=%llu",
+            n, na, sg_dtype_name(adam_dt), n - na, NSTEPS, sg_mode_name((sg_mode)mode),
+            (unsigned long long)seed);
+    sg_clear_error(ctx);
+    sg_fn_destroy(fn);
+    sg_optim_destroy(w.adam), sg_optim_destroy(w.sgd);
+    for (int i = 0; i < n; i++) sg_release(p[i]);
+    ref_free(&r);
+}
+
 /* ------------------------------------------------------------ errors */
 
 static void test_errors(void) {
@@ -397,6 +495,9 @@ int main(void) {
         test_scaled(&adam, 100.0, modes[k], 13);
         test_scaled(&sgd_m, 1.5, modes[k], 14);
     }
+    test_many(SG_F32, SG_MODE_REDUCE_OVERHEAD, 15);
+    test_many(SG_BF16, SG_MODE_REDUCE_OVERHEAD, 16);
+    test_many(SG_BF16, SG_MODE_DEFAULT, 17);
     test_errors();
     sg_ctx_destroy(ctx);
     return tu_finish();

@@ -9,7 +9,9 @@
  * reduction with prologue and epilogue as one kernel, linear + bias +
  * gelu_tanh as one GEMV kernel at batch 1 and as a library call plus one
  * epilogue at batch 64, AdamW over
- * 10 parameters as one MULTI kernel, GEMV at odd sizes and for a matmul with
+ * 10 parameters as one MULTI kernel whose loops of one code (but for where
+ * and how long) are emitted once, so that the unit does not grow with 64
+ * parameters of one shape, GEMV at odd sizes and for a matmul with
  * its weight either way round, no GEMV when its epilogue writes its own
  * input, an input whose base is not 16-byte aligned, a 12-layer
  * transformer-like step whose layers share their kernels: as many distinct
@@ -48,8 +50,24 @@ typedef struct counts {
     int vec_loops; /* loops with a vector path */
     int bf_rt2;    /* packed pairs of bf16 round trips (sg_bf_rt2) in the kernels */
     int row_vec;   /* vector loops that walk rows by indices (not flat) */
+    size_t code;   /* bytes of the unit outside comments */
     double nvrtc_s;
 } counts;
+
+/* Bytes of C text s outside its comments. */
+static size_t code_bytes(const char *s) {
+    size_t n = 0;
+    for (const char *p = s; *p; p++) {
+        if (p[0] == '/' && p[1] == '*') {
+            const char *end = strstr(p + 2, "*/");
+            if (!end) break;
+            p = end + 1;
+        } else {
+            n++;
+        }
+    }
+    return n;
+}
 
 /*
  * Fuse the last capture of fn for CUDA, generate its unit, count what it
@@ -103,6 +121,7 @@ static bool cuda_unit(sg_fn *fn, const char *name, counts *c) {
     }
     if (ok && getenv("SG_TEST_PRINT_CUDA")) fprintf(stderr, "%s\n", e.buf);
     c->vec = ok && strstr(e.buf, "union {") != NULL;
+    c->code = ok ? code_bytes(e.buf) : 0;
     for (const char *at = e.buf; ok && (at = strstr(at, "if (blockIdx.x < ")); at++) c->branches++;
     for (const char *at = e.buf; ok && (at = strstr(at, "for (sg_i64 q = tid;")); at++)
         c->vec_loops++;
@@ -430,9 +449,10 @@ static void test_gemv_inplace(void) {
 }
 
 /* AdamW over n parameters: m, v and p updated in place, one MULTI kernel. */
+#define ADAMW_MAX 72
 typedef struct adamw {
     int n;
-    sg_tensor *p[12], *g[12], *m[12], *v[12];
+    sg_tensor *p[ADAMW_MAX], *g[ADAMW_MAX], *m[ADAMW_MAX], *v[ADAMW_MAX];
 } adamw;
 
 static sg_status adamw_step(sg_ctx *c, sg_tensor *const *in, sg_tensor **out, void *user) {
@@ -455,32 +475,60 @@ static sg_status adamw_step(sg_ctx *c, sg_tensor *const *in, sg_tensor **out, vo
     return s != SG_OK ? s : sg_ctx_status(c);
 }
 
-/* same: ten parameters of one shape (fusion puts their updates in one loop
- * of 70 vectors) and two others; the MULTI kernel runs each of the ten as
- * its own member with a vector path. */
-static void test_adamw(sg_dtype dt, bool same) {
-    adamw a = {.n = same ? 12 : 10};
+/*
+ * AdamW over `same` parameters of one shape (fusion puts their updates in
+ * one loop of too many vectors, which the MULTI kernel splits into a loop
+ * per parameter) and `other` of shapes of their own. Every parameter's loop
+ * is one code but for its slots, its length and its blocks: one shared loop
+ * runs them all (one branch, one vector loop); with SG_MULTI_SHARE=0
+ * (share false) each runs its own. *c gets what the unit became.
+ */
+static bool test_adamw(sg_dtype dt, int same, int other, bool share, counts *c) {
+    adamw a = {.n = same + other};
     for (int i = 0; i < a.n; i++) {
         int64_t shape[2] = {32 + 16 * i, 40 + i};
-        if (same && i < 10) shape[0] = 48, shape[1] = 40;
+        if (i < same) shape[0] = 48, shape[1] = 40;
         a.p[i] = tu_rand(ctx, dt, 2, shape, -1, 1, NULL);
         a.g[i] = tu_rand(ctx, dt, 2, shape, -1, 1, NULL);
         a.m[i] = tu_rand(ctx, dt, 2, shape, -0.1, 0.1, NULL);
         a.v[i] = tu_rand(ctx, dt, 2, shape, 0, 0.1, NULL);
     }
+    if (!share) setenv("SG_MULTI_SHARE", "0", 1);
     sg_fn *fn = compile(adamw_step, &a, 0, 1);
-    counts c = {0};
     char name[64];
-    snprintf(name, sizeof name, "cu_adamw_%s%s", sg_dtype_name(dt), same ? "_same" : "");
-    bool ok = capture(fn, NULL, 0, 1) && cuda_unit(fn, name, &c) && TU_EXPECT(c.kernels == 1) &&
-              TU_EXPECT(c.multi == 1) && TU_EXPECT(c.calls == 0) &&
-              TU_EXPECT(c.branches == a.n && c.vec_loops == a.n);
-    tu_case(ok, "CUDA_ADAMW(type=%s,params=%d,most_of_one_shape=%d) -> %d kernel (%d MULTI, %d members, "
-            "%d vector loops)",
-            sg_dtype_name(dt), a.n, same ? 10 : 1, c.kernels, c.multi, c.branches, c.vec_loops);
+    snprintf(name, sizeof name, "cu_adamw_%s_%d_%d%s", sg_dtype_name(dt), same, other,
+             share ? "" : "_apart");
+    int loops = share ? 1 : a.n;
+    bool ok = capture(fn, NULL, 0, 1) && cuda_unit(fn, name, c) && TU_EXPECT(c->kernels == 1) &&
+              TU_EXPECT(c->multi == 1) && TU_EXPECT(c->calls == 0) &&
+              TU_EXPECT(c->branches == loops && c->vec_loops == loops);
+    unsetenv("SG_MULTI_SHARE");
+    tu_case(ok,
+            "CUDA_ADAMW(type=%s,params=%d,of_one_shape=%d,share=%d) -> %d kernel (%d MULTI, "
+            "%d branches, %d vector loops, %zu bytes of code)",
+            sg_dtype_name(dt), a.n, same, share, c->kernels, c->multi, c->branches, c->vec_loops,
+            c->code);
     sg_fn_destroy(fn);
     for (int i = 0; i < a.n; i++)
         sg_release(a.p[i]), sg_release(a.g[i]), sg_release(a.m[i]), sg_release(a.v[i]);
+    return ok;
+}
+
+/* The unit's code (comments aside: they list every member's ops) for 64
+ * parameters of one shape against 8: a few table entries more per
+ * parameter when their loop is shared, its whole loop apart. */
+static void test_adamw_growth(sg_dtype dt) {
+    counts c[2][2];
+    bool ok = true;
+    for (int share = 0; share < 2; share++)
+        for (int k = 0; k < 2; k++) ok = test_adamw(dt, k ? 64 : 8, 3, share, &c[share][k]) && ok;
+    double apart = ok ? ((double)c[0][1].code - (double)c[0][0].code) / 56 : 0;
+    double shared = ok ? ((double)c[1][1].code - (double)c[1][0].code) / 56 : 0;
+    ok = ok && TU_EXPECT(shared < 100) && TU_EXPECT(apart > 10 * shared);
+    tu_case(ok,
+            "CUDA_ADAMW_GROWTH(type=%s,params=8..64 of one shape + 3) -> %.0f bytes of code "
+            "per parameter shared, %.0f apart",
+            sg_dtype_name(dt), shared, apart);
 }
 
 /* A row reduction with prologue and epilogue (one generated kernel), and
@@ -814,10 +862,13 @@ int main(int argc, char **argv) {
         test_gemv_odd(SG_F32);
         test_gemv_odd(SG_BF16);
         test_gemv_inplace();
-        test_adamw(SG_F32, false);
-        test_adamw(SG_BF16, false);
-        test_adamw(SG_F32, true);
-        test_adamw(SG_BF16, true);
+        counts c;
+        test_adamw(SG_F32, 0, 10, true, &c);
+        test_adamw(SG_BF16, 0, 10, true, &c);
+        test_adamw(SG_F32, 10, 2, true, &c);
+        test_adamw(SG_BF16, 10, 2, true, &c);
+        test_adamw(SG_F32, 10, 2, false, &c);
+        test_adamw_growth(SG_BF16);
         test_reduce(SG_F32);
         test_gelu_bwd();
         test_permcopy(SG_BF16, 64);
