@@ -98,6 +98,8 @@ typedef struct sg__cuda_gen {
      * NULL: neither. */
     const int64_t *bias;
     const char *len;
+    /* Bytes of the unit's tables in the constant bank so far (sg__cuda_table). */
+    size_t ctable_bytes;
     /* Deferred stores (sg__cuda_defer_begin): declarations, statements, the
      * arrays' length, and the members whose values are kept. */
     sg__emit *defer_decl, *defer_st;
@@ -1843,7 +1845,11 @@ static bool emit_multi(gen *g, const sg__group *grp, sg__cuda_kinfo *ki, bool *a
 /* A constant table of n 64-bit integers named `name`, eight a line. */
 void sg__cuda_table(sg__cuda_gen *g, const char *name, const int64_t *v, int n) {
     sg__emit *e = g->e;
-    sg__emit_line(e, "%s sg_i64 %s[%d] = {", g->sp->table, name, n > 0 ? n : 1);
+    size_t bytes = sizeof(int64_t) * (size_t)(n > 0 ? n : 1);
+    bool cbank = g->sp->ctable && g->ctable_bytes + bytes <= SG__CONST_TABLES;
+    g->ctable_bytes += cbank ? bytes : 0;
+    sg__emit_line(e, "%s sg_i64 %s[%d] = {", cbank ? g->sp->ctable : g->sp->table, name,
+                  n > 0 ? n : 1);
     for (int i = 0; i < n; i++)
         sg__emit_raw(e, "%s%lldLL", i % 8 ? ", " : i ? ",\n" : "", (long long)v[i]);
     sg__emit_raw(e, n > 0 ? "};\n" : "0};\n");

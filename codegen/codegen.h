@@ -257,7 +257,14 @@ typedef struct sg__spell {
      * in a kernel (sg__cuda_table); NULL where the dialect keeps none (each
      * member of a MULTI then runs its own code). */
     const char *table;
+    /* The same in the constant bank, where the dialect has one (NULL: none):
+     * a table every thread of a block reads at one index (a member's row)
+     * is then served by the constant cache, which the streams of data a
+     * MULTI kernel reads do not evict. A unit holds at most
+     * SG__CONST_TABLES bytes of them; longer tables stay in `table`'s. */
+    const char *ctable;
 } sg__spell;
+#define SG__CONST_TABLES (32 << 10)
 
 /* The dialect's spellings (an unknown dialect gets C's). */
 SG__HIDDEN const sg__spell *sg__spell_of(sg__dialect d);

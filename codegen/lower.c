@@ -240,7 +240,7 @@ static const char *const shared_helpers =
         .kernel = "extern \"C\" __global__ void", .tid = "threadIdx.x", .bid = "blockIdx.x",       \
         .bdim = "blockDim.x", .gdim = "gridDim.x", .sync = "__syncthreads();",                     \
         .launch_bounds = true, .shuffles = true, .u2f = "__uint_as_float", .shared = "__shared__", \
-        .lp = "", .table = "static __device__ const"                                               \
+        .lp = "", .table = "static __device__ const", .ctable = "static __constant__ const"          \
     }
 
 static const sg__spell spells[] = {
