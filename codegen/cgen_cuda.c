@@ -1769,7 +1769,17 @@ static int64_t emit_shared(gen *g, const munit *u, int nu, int c, int64_t start,
         sg__cuda_table(g, "r_ml", len, n);
         sg__cuda_table(g, "r_ms", slots, n * ns);
         if (moved) sg__cuda_table(g, "r_md", bias, n * ns);
-        sg__cuda_table_row(g, "r_mf", n);
+        /* The row: by division when every loop takes as many blocks (the
+         * usual case: MEMBER_CAP each), else by bisection of r_mf. A block
+         * of a short loop has a few iterations, so a chain of dependent
+         * table loads before them would cost about as much as its work. */
+        bool even = first[1] > first[0];
+        for (int i = 1; i < n; i++) even = even && first[i + 1] - first[i] == first[1] - first[0];
+        if (even)
+            sg__emit_line(e, "const int r_a = (int)(((sg_i64)%s - %lldLL) / %lldLL);", g->sp->bid,
+                          (long long)first[0], (long long)(first[1] - first[0]));
+        else
+            sg__cuda_table_row(g, "r_mf", n);
         sg__emit_line(e,
                       "const sg_i64 r_f = r_mf[r_a], r_nb = r_mf[r_a + 1] - r_f, r_n = r_ml[r_a];");
         for (int j = 0; j < ns; j++)
