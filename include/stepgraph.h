@@ -874,11 +874,10 @@ SG_API sg_status sg_optim_step_scaled(sg_optim *opt, sg_tensor *const *grads, sg
  * (batch-1 inference), and embedding, index_select, concat and
  * index_copy_ as generated kernels. Kernels that do the same work on
  * different tensors (the layers of a model) are one kernel in the program,
- * each launch reading its own table of addresses. REDUCE_OVERHEAD and MAX_AUTOTUNE record a CUDA graph
- * per output set and replay it with one launch; a new input address
- * rewrites the device table of addresses the kernels read and re-records
- * the graph, which patches the instantiated one (cuGraphExecUpdate). The
- * MAX_AUTOTUNE modes time 128/256/512 threads per generated kernel on the
+ * each launch reading its own table of addresses. REDUCE_OVERHEAD and MAX_AUTOTUNE record a CUDA
+ * graph per output set and replay it with one launch; a new input address rewrites the device table
+ * of addresses the kernels read and re-records the graph, which patches the instantiated one
+ * (cuGraphExecUpdate). The MAX_AUTOTUNE modes time 128/256/512 threads per generated kernel on the
  * real buffers (what the step writes in place is copied aside first and put
  * back after), and for each distinct cuBLASLt call up to 8 of the
  * heuristic's algorithms (within its 32 MiB workspace), and the GEMV kernel
@@ -889,8 +888,9 @@ SG_API sg_status sg_optim_step_scaled(sg_optim *opt, sg_tensor *const *grads, sg
  * sizes, so a second process times nothing. MAX_AUTOTUNE also records the
  * step with the default launches and algorithms and replays both graphs
  * (two runs of 20 each, from the same saved values); the picks stay only
- * when their graph is at least 1% faster (logged under perf_hints), so
- * max-autotune replays no slower than reduce-overhead. Kernels launch with programmatic dependent launch on sm_90
+ * when their graph is at least 1% faster (logged under perf_hints, and
+ * remembered with them), so max-autotune replays no slower than
+ * reduce-overhead. Kernels launch with programmatic dependent launch on sm_90
  * (SG_CUDA_PDL=0 turns it off). SG_CUDA_GEMM=generated runs a compiled
  * step's matmuls (those of more than 8 rows) as the generated tiled GEMM of
  * the backends without a BLAS library, its bias and epilogue fused, instead

@@ -9,7 +9,8 @@
  * (a pick out of range, a key word missing or not a number, trailing text,
  * an impossible alignment, a transpose flag of 2) or a body changed on disk
  * makes the whole file unusable, so that the step is tuned again and no
- * remembered pick applies; a line that does not fit its buffer is refused.
+ * remembered pick applies; a line that does not fit its buffer is refused;
+ * the line remembering the whole-step check ("-1 0") parses beside them.
  * (That the picks are timed and applied needs a device: test_cuda_* and the
  * benchmark runs.)
  */
@@ -147,6 +148,29 @@ int main(void) {
     corrupt(path, "m=0", 4, "0", NULL);
     corrupt(path, "prefix=lx", 0, "lx", NULL);
 
+    /* The line that remembers how the whole-step check ended ("-1 0": the
+     * defaults stay) parses beside the picks, as group -1. */
+    {
+        tu_seed(7);
+        sg__lt_pick p;
+        rand_pick(&p);
+        char body[1024], back[4096];
+        int n = snprintf(body, sizeof body, "3 512\n");
+        int w = sg__lt_pick_format(&p, body + n, sizeof body - (size_t)n);
+        bool ok = TU_EXPECT(w > 0);
+        snprintf(body + n + (w > 0 ? w : 0), sizeof body - (size_t)n - (size_t)(w > 0 ? w : 0),
+                 "-1 0\n");
+        sg__tune_block gb[4];
+        sg__lt_pick gp[4];
+        int gnb = -1, gnp = -1;
+        ok = ok && TU_EXPECT(sg__note_write(path, body)) &&
+             TU_EXPECT(sg__note_read(path, back, sizeof back)) &&
+             TU_EXPECT(sg__tune_parse(back, gb, 4, &gnb, gp, 4, &gnp)) &&
+             TU_EXPECT(gnb == 2 && gnp == 1) &&
+             TU_EXPECT(gb[0].group == 3 && gb[0].threads == 512) &&
+             TU_EXPECT(gb[1].group == -1 && gb[1].threads == 0) && TU_EXPECT(same_pick(&gp[0], &p));
+        tu_case(ok, "tune_file check_line(\"-1 0\" beside a block line and a pick) seed=7");
+    }
     /* A body changed on disk after its checksum: not read at all. */
     {
         tu_seed(5);

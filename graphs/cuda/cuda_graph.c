@@ -167,17 +167,30 @@ static void tune_path(sg_ctx *ctx, const char *name, const char *src, cu_graph *
 /* The most picks of each kind a tune file holds (a note is at most 4 KiB). */
 #define TUNE_MAX 128
 
+/* The block line that says how check_step ended: group -1, then 0 (the
+ * defaults stay) or 1 (the picks stay). */
+#define TUNE_CHECKED (-1)
+
 /* Apply remembered picks (a checksummed note of block-size lines and
- * cuBLASLt pick lines, see sg__tune_parse); whether all applied. */
+ * cuBLASLt pick lines, see sg__tune_parse); whether all applied. A
+ * remembered whole-step check is not made again; where the defaults won
+ * it, they are what is applied. */
 static bool tune_load(sg_ctx *ctx, cu_graph *cg) {
     char body[4096];
     if (!cg->tune_path[0] || !sg__note_read(cg->tune_path, body, sizeof body)) return false;
     sg__tune_block b[TUNE_MAX];
     sg__lt_pick p[TUNE_MAX];
-    int nb = 0, np = 0;
+    int nb = 0, np = 0, checked = -1;
     bool ok = sg__tune_parse(body, b, TUNE_MAX, &nb, p, TUNE_MAX, &np);
+    for (int i = 0; ok && i < nb; i++)
+        if (b[i].group == TUNE_CHECKED) checked = b[i].threads != 0;
+    if (ok && checked == 0) { /* the defaults: nothing to apply */
+        cg->check = cg->lt = false;
+        return true;
+    }
     for (int i = 0; ok && i < nb; i++) {
         int k = b[i].group, threads = b[i].threads;
+        if (k == TUNE_CHECKED) continue;
         int t = threads == 128 ? 0 : threads == 256 ? 1 : threads == 512 ? 2 : -1;
         ok = k >= 0 && k < cg->ngroups && t >= 0 && cg->kinfo[k].tune_grid[t];
         if (ok) {
@@ -186,7 +199,18 @@ static bool tune_load(sg_ctx *ctx, cu_graph *cg) {
         }
     }
     if (ok && np > 0) ok = sg__lt_picks_set(ctx, p, np);
+    if (ok && checked == 1) cg->check = false;
     return ok && nb + np > 0;
+}
+
+/* Add how check_step ended to the remembered picks. */
+static void tune_checked(const cu_graph *cg, bool picks) {
+    char body[4096];
+    if (!cg->tune_path[0] || !sg__note_read(cg->tune_path, body, sizeof body)) return;
+    size_t n = strlen(body);
+    if (n + 16 >= sizeof body) return;
+    snprintf(body + n, sizeof body - n, "%d %d\n", TUNE_CHECKED, picks ? 1 : 0);
+    sg__note_write(cg->tune_path, body);
 }
 
 /* Remember the picks, block sizes then cuBLASLt's (replaced atomically);
@@ -799,7 +823,9 @@ static sg_status time_exec(sg_ctx *ctx, CUgraphExec exec, float *ms) {
  * one stays only when it is at least 1% faster: the defaults are what
  * reduce-overhead runs, and the picks must beat them where it counts. A
  * failure to record or time keeps the tuned graph and is only logged; a
- * failure to put the values back is the call's failure.
+ * failure to put the values back is the call's failure. The outcome joins
+ * the tune file (tune_checked), so a later process neither checks again
+ * nor applies picks that lost.
  */
 static sg_status check_step(sg_fn *fn, sg__graph *g, set_state *st) {
     sg_ctx *ctx = fn->ctx;
@@ -852,6 +878,7 @@ static sg_status check_step(sg_fn *fn, sg__graph *g, set_state *st) {
                 "fn '%s': max-autotune: the tuned step was not compared with the default "
                 "one, the picks stay: %.700s",
                 fn->name, ctx->msg);
+    if (s == SG_OK) tune_checked(cg, !dflt);
     if (dflt) {
         cu->cuGraphExecDestroy(st->exec);
         st->exec = dexec, dexec = NULL;
