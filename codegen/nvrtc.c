@@ -35,6 +35,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #ifdef SG_HAVE_CUDA_HEADERS
 #include <nvrtc.h>
@@ -482,6 +483,99 @@ sg_status sg__rtc_build_many(sg_ctx *ctx, sg__rtc drv, int n, const char *const 
             if (cubins[i]) sg__free(ctx, cubins[i], sizes[i]);
             cubins[i] = NULL, sizes[i] = 0;
         }
+    return s;
+}
+
+/* ------------------------------------------------------------ a unit in parts */
+
+int sg__unit_max_parts(void) {
+    const char *e = getenv("SG_NVRTC_THREADS");
+    long n = e && e[0] ? atol(e) : sysconf(_SC_NPROCESSORS_ONLN);
+    return n < 1 ? 1 : n > 16 ? 16 : (int)n;
+}
+
+void sg__unit_parts_free(sg_ctx *ctx, sg__unit_parts *u) {
+    for (int p = 0; u->src && p < u->n; p++)
+        if (u->size[p]) sg__free(ctx, u->src[p], u->size[p]);
+    if (u->src) sg__free(ctx, u->src, sizeof *u->src * (size_t)(u->n ? u->n : 1));
+    if (u->size) sg__free(ctx, u->size, sizeof *u->size * (size_t)(u->n ? u->n : 1));
+    if (u->part) sg__free(ctx, u->part, sizeof *u->part * (size_t)(u->ngroups ? u->ngroups : 1));
+    memset(u, 0, sizeof *u);
+}
+
+sg_status sg__unit_split(sg_ctx *ctx, const char *src, const sg__cuda_kinfo *ki, int ngroups,
+                         int maxparts, sg__unit_parts *u) {
+    memset(u, 0, sizeof *u);
+    size_t pre = strlen(src);
+    for (int k = 0; k < ngroups; k++)
+        if (ki[k].name[0] && ki[k].emitted) {
+            u->kernels++, u->text += ki[k].text_len;
+            if (ki[k].text_at < pre) pre = ki[k].text_at;
+        }
+    long np = (long)(u->text / SG__PART_TEXT);
+    if (np > maxparts) np = maxparts;
+    if (np > u->kernels) np = u->kernels;
+    const char *dump = getenv("SG_DUMP_DIR"), *over = getenv("SG_OVERRIDE_DIR");
+    if (np < 2 || (dump && dump[0]) || (over && over[0])) np = 1;
+    u->n = (int)np, u->ngroups = ngroups;
+    u->part = sg__calloc(ctx, sizeof *u->part * (size_t)(ngroups ? ngroups : 1));
+    u->src = sg__calloc(ctx, sizeof *u->src * (size_t)np);
+    u->size = sg__calloc(ctx, sizeof *u->size * (size_t)np);
+    size_t *load = sg__calloc(ctx, sizeof *load * (size_t)np);
+    if (!u->part || !u->src || !u->size || !load) {
+        if (load) sg__free(ctx, load, sizeof *load * (size_t)np);
+        sg__unit_parts_free(ctx, u);
+        return sg__fail(ctx, SG_ERR_OOM, "codegen: out of host memory for a unit's parts");
+    }
+    if (np == 1) {
+        u->src[0] = (char *)src; /* size 0: not ours */
+        sg__free(ctx, load, sizeof *load);
+        return SG_OK;
+    }
+    for (int k = 0; k < ngroups; k++) u->part[k] = -1;
+    for (int placed = 0; placed < u->kernels; placed++) {
+        int big = -1, light = 0;
+        for (int k = 0; k < ngroups; k++)
+            if (ki[k].name[0] && ki[k].emitted && u->part[k] < 0 &&
+                (big < 0 || ki[k].text_len > ki[big].text_len))
+                big = k;
+        for (int p = 1; p < np; p++)
+            if (load[p] < load[light]) light = p;
+        u->part[big] = light;
+        load[light] += ki[big].text_len;
+    }
+    for (int k = 0; k < ngroups; k++) {
+        if (!ki[k].name[0]) {
+            u->part[k] = 0;
+        } else if (!ki[k].emitted) { /* the part of the earlier group whose kernel it runs */
+            u->part[k] = 0;
+            for (int j = 0; j < k; j++)
+                if (ki[j].emitted && strcmp(ki[j].name, ki[k].name) == 0) {
+                    u->part[k] = u->part[j];
+                    break;
+                }
+        }
+    }
+    sg_status s = SG_OK;
+    for (int p = 0; p < np && s == SG_OK; p++) {
+        u->size[p] = pre + load[p] + 1;
+        u->src[p] = sg__alloc(ctx, u->size[p]);
+        if (!u->src[p]) {
+            u->size[p] = 0;
+            s = sg__fail(ctx, SG_ERR_OOM, "codegen: out of host memory for a unit's part");
+            break;
+        }
+        memcpy(u->src[p], src, pre);
+        size_t at = pre;
+        for (int k = 0; k < ngroups; k++)
+            if (ki[k].name[0] && ki[k].emitted && u->part[k] == p) {
+                memcpy(u->src[p] + at, src + ki[k].text_at, ki[k].text_len);
+                at += ki[k].text_len;
+            }
+        u->src[p][at] = '\0';
+    }
+    sg__free(ctx, load, sizeof *load * (size_t)np);
+    if (s != SG_OK) sg__unit_parts_free(ctx, u);
     return s;
 }
 

@@ -232,15 +232,29 @@ uint64_t sg__dialect_check_count(sg__dialect d, sg__check_what w) {
 }
 
 /* The unit of dialect d, compiled and thrown away: CUDA C by NVRTC for
- * sm_90, HIP by hiprtc for gfx90a, OpenCL C on the first OpenCL CPU device. */
-static sg_status build_dialect(sg_ctx *ctx, sg__dialect d, const char *name, const char *src) {
+ * sm_90, in parts on threads where the CUDA backend would cut it
+ * (sg__unit_split), HIP by hiprtc for gfx90a, OpenCL C on the first OpenCL
+ * CPU device. */
+static sg_status build_dialect(sg_ctx *ctx, sg__dialect d, const char *name, const char *src,
+                               const sg__cuda_kinfo *ki, int ngroups) {
     if (d == SG__DIALECT_OPENCL) return sg__opencl_build(ctx, name, src, NULL);
-    void *image = NULL;
-    size_t size = 0;
-    sg_status s = d == SG__DIALECT_HIP
-                      ? sg__rtc_build(ctx, SG__RTC_HIPRTC, name, src, "gfx90a", &image, &size)
-                      : sg__rtc_build(ctx, SG__RTC_NVRTC, name, src, "sm_90", &image, &size);
-    sg__free(ctx, image, size);
+    bool hip = d == SG__DIALECT_HIP;
+    sg__unit_parts u;
+    sg_status s = sg__unit_split(ctx, src, ki, ngroups, hip ? 1 : sg__unit_max_parts(), &u);
+    if (s != SG_OK) return s;
+    void *image[16] = {NULL};
+    size_t size[16] = {0};
+    char names[16][sizeof((sg__graph *)0)->module + 16];
+    const char *nm[16], *sc[16];
+    for (int p = 0; p < u.n; p++) {
+        snprintf(names[p], sizeof names[p], u.n == 1 ? "%s" : "%s_%d", name, p);
+        nm[p] = names[p], sc[p] = u.src[p];
+    }
+    s = sg__rtc_build_many(ctx, hip ? SG__RTC_HIPRTC : SG__RTC_NVRTC, u.n, nm, sc,
+                           hip ? "gfx90a" : "sm_90", u.n, image, size);
+    for (int p = 0; p < u.n; p++)
+        if (image[p]) sg__free(ctx, image[p], size[p]);
+    sg__unit_parts_free(ctx, &u);
     return s;
 }
 
@@ -280,7 +294,7 @@ static void check_dialect(sg_fn *fn, sg__graph *g, bool disable, sg__dialect d) 
         for (int k = 0; k < f.ngroups; k++)
             check_counts[d][SG__CHECK_UNSUPPORTED] += ki[k].unsupported;
     if (s == SG_OK && nk > 0) {
-        s = build_dialect(ctx, d, name, e.buf);
+        s = build_dialect(ctx, d, name, e.buf, ki, f.ngroups);
         if (s == SG_OK) check_counts[d][SG__CHECK_BUILT]++;
     }
     if (s == SG_ERR_BACKEND_UNAVAILABLE) {

@@ -7,7 +7,8 @@
  * message, SG_DUMP_DIR / SG_OVERRIDE_DIR work with <name>.cu, an unusable
  * cache compiles uncached and a world-writable one is refused; several
  * programs compile on threads to the images of single compiles, each
- * cached, and a failing one fails the call by its name.
+ * cached, and a failing one fails the call by its name; a unit cut into
+ * parts (sg__unit_split) puts each kernel in exactly one part.
  */
 #define _POSIX_C_SOURCE 200809L
 #include "codegen/codegen.h"
@@ -295,6 +296,60 @@ int main(void) {
         tu_case(ok, "one of 3 programs fails -> SG_ERR_COMPILE naming it, no image (\"%.120s\")",
                 m);
         sg_clear_error(ctx);
+    }
+    /* A unit in parts (sg__unit_split): five kernels of 20-40 KB of text
+     * (a padding comment each) and a group running the second's kernel
+     * again, cut into at most 3 parts, each the prelude and its kernels;
+     * every kernel in exactly one part's image, the repeat in its kernel's
+     * part; with SG_DUMP_DIR set, one part, the unit itself. */
+    {
+        enum { NK = 6 };
+        static const int pad_kb[NK] = {20, 40, 30, 0, 25, 35};
+        sg__cuda_kinfo ki[NK];
+        memset(ki, 0, sizeof ki);
+        size_t cap = (size_t)200 << 10, len = 0;
+        char *unit = malloc(cap);
+        ok = TU_EXPECT(unit != NULL);
+        if (unit)
+            len = (size_t)snprintf(unit, cap, "typedef float sg_f32;\n#define SG_ONE 1.0f\n\n");
+        for (int k = 0; ok && k < NK; k++) {
+            snprintf(ki[k].name, sizeof ki[k].name, "split_k%d", k == 3 ? 1 : k);
+            ki[k].emitted = k != 3;
+            if (!ki[k].emitted) continue;
+            ki[k].text_at = len;
+            len += (size_t)snprintf(unit + len, cap - len, "/* kernel %d: ", k);
+            for (int i = 0; i < pad_kb[k] * 1024; i++) unit[len++] = 'x';
+            len += (size_t)snprintf(unit + len, cap - len,
+                                    " */\nextern \"C\" __global__ void split_k%d(sg_f32 *y) "
+                                    "{ y[threadIdx.x] += SG_ONE * %d; }\n\n",
+                                    k, k);
+            ki[k].text_len = len - ki[k].text_at;
+        }
+        sg__unit_parts u = {0};
+        ok = ok && TU_EXPECT(sg__unit_split(ctx, unit, ki, NK, 3, &u) == SG_OK) &&
+             TU_EXPECT(u.n == 3) && TU_EXPECT(u.kernels == 5) && TU_EXPECT(u.part[3] == u.part[1]);
+        void *img[3] = {NULL};
+        size_t nimg[3] = {0};
+        const char *nm[3] = {"split_p0", "split_p1", "split_p2"}, *sc[3];
+        for (int p = 0; ok && p < 3; p++) {
+            sc[p] = u.src[p];
+            ok = TU_EXPECT(strncmp(u.src[p], unit, ki[0].text_at) == 0);
+        }
+        ok = ok && TU_EXPECT(sg__rtc_build_many(ctx, SG__RTC_NVRTC, 3, nm, sc, "sm_90", 3, img,
+                                                nimg) == SG_OK);
+        for (int k = 0; ok && k < NK; k++)
+            for (int p = 0; p < 3; p++)
+                ok = ok && TU_EXPECT(has_name(img[p], nimg[p], ki[k].name) == (u.part[k] == p));
+        for (int p = 0; p < 3; p++) sg__free(ctx, img[p], nimg[p]);
+        sg__unit_parts_free(ctx, &u);
+        tu_case(ok, "a unit of 5 kernels (150 KB) in 3 parts -> each kernel in one part's image");
+        setenv("SG_DUMP_DIR", dir, 1);
+        ok = ok && TU_EXPECT(sg__unit_split(ctx, unit, ki, NK, 3, &u) == SG_OK) &&
+             TU_EXPECT(u.n == 1) && TU_EXPECT(u.src[0] == unit);
+        sg__unit_parts_free(ctx, &u);
+        unsetenv("SG_DUMP_DIR");
+        tu_case(ok, "the same unit with SG_DUMP_DIR set -> one part, the unit itself");
+        free(unit);
     }
     sg__free(ctx, a, na);
     sg_ctx_destroy(ctx);

@@ -250,103 +250,29 @@ static void hip_gemm_note(sg_ctx *ctx, const sg__graph *g, const sg__cuda_kinfo 
     sg__log(ctx, "fallbacks", "%s", line);
 }
 
-/* A unit with at least this much kernel text in several kernels is
- * compiled in parts, one NVRTC program each, on threads. */
-#define PART_TEXT ((size_t)24 << 10)
-
-/* How many parts the unit's kernels go into: one when the unit is small,
- * the machine has one core, SG_NVRTC_THREADS=1, or its source is dumped or
- * overridden (SG_DUMP_DIR, SG_OVERRIDE_DIR name it by the unit's name). */
-static int unit_parts(size_t text, int nemitted) {
-    const char *e = getenv("SG_NVRTC_THREADS");
-    long cores = sysconf(_SC_NPROCESSORS_ONLN), cap = e && e[0] ? atol(e) : cores;
-    if (cap > 16) cap = 16;
-    if (cap > cores && !(e && e[0])) cap = cores;
-    long by_text = (long)(text / PART_TEXT);
-    long n = cap < by_text ? cap : by_text;
-    if (n > nemitted) n = nemitted;
-    const char *dump = getenv("SG_DUMP_DIR"), *over = getenv("SG_OVERRIDE_DIR");
-    return n < 2 || (dump && dump[0]) || (over && over[0]) ? 1 : (int)n;
-}
-
 /* Compile the unit in src and load it: as one program named after the
- * graph's module, or, when it is large (unit_parts), its kernels dealt
- * into parts by size (largest first, each to the lightest part), each part
- * the unit's text before its first kernel followed by its kernels' text,
- * compiled on threads as <module>_<part>. (*part)[k] is the module of
- * group k's kernel. */
+ * graph's module, or, when it is large, in parts (sg__unit_split) compiled
+ * on threads as <module>_<part>. (*part)[k] is the module of group k's
+ * kernel. */
 static sg_status build_parts(sg_ctx *ctx, sg__graph *g, cu_graph *cg, const char *src, int **part) {
     const sg__cu_api *cu = api(ctx);
-    int ng = cg->ngroups, nem = 0;
-    size_t pre = strlen(src), text = 0;
-    for (int k = 0; k < ng; k++)
-        if (cg->kinfo[k].name[0] && cg->kinfo[k].emitted) {
-            nem++, text += cg->kinfo[k].text_len;
-            if (cg->kinfo[k].text_at < pre) pre = cg->kinfo[k].text_at;
-        }
-    int np = unit_parts(text, nem);
-    *part = sg__calloc(ctx, sizeof **part * (size_t)ng);
-    size_t *load = sg__calloc(ctx, sizeof *load * (size_t)np);
-    cg->mods = sg__calloc(ctx, sizeof *cg->mods * (size_t)np);
-    char **srcs = sg__calloc(ctx, sizeof *srcs * (size_t)np);
+    sg__unit_parts u;
+    sg_status s = sg__unit_split(ctx, src, cg->kinfo, cg->ngroups, sg__unit_max_parts(), &u);
+    if (s != SG_OK) return s;
+    int np = u.n;
     char(*names)[160] = sg__calloc(ctx, sizeof *names * (size_t)np);
     void **imgs = sg__calloc(ctx, sizeof *imgs * (size_t)np);
-    size_t *sizes = sg__calloc(ctx, sizeof *sizes * (size_t)np), *srcn = NULL;
-    srcn = sg__calloc(ctx, sizeof *srcn * (size_t)np);
-    sg_status s = SG_OK;
-    if (!*part || !load || !cg->mods || !srcs || !names || !imgs || !sizes || !srcn)
+    size_t *sizes = sg__calloc(ctx, sizeof *sizes * (size_t)np);
+    cg->mods = sg__calloc(ctx, sizeof *cg->mods * (size_t)np);
+    if (!names || !imgs || !sizes || !cg->mods)
         s = sg__fail(ctx, SG_ERR_OOM, "cuda: out of host memory");
-    if (s == SG_OK) cg->nmods = np;
-    /* Deal: the largest kernel not yet placed to the lightest part. */
-    for (int placed = 0; s == SG_OK && np > 1 && placed < nem; placed++) {
-        int big = -1;
-        for (int k = 0; k < ng; k++)
-            if (cg->kinfo[k].name[0] && cg->kinfo[k].emitted && (*part)[k] == 0 &&
-                (big < 0 || cg->kinfo[k].text_len > cg->kinfo[big].text_len))
-                big = k;
-        int light = 0;
-        for (int p = 1; p < np; p++)
-            if (load[p] < load[light]) light = p;
-        (*part)[big] = light + 1; /* 1-based while dealing: 0 is "not yet" */
-        load[light] += cg->kinfo[big].text_len;
-    }
-    for (int k = 0; s == SG_OK && k < ng; k++) {
-        if (np == 1 || !cg->kinfo[k].name[0]) {
-            (*part)[k] = 0;
-        } else if (cg->kinfo[k].emitted) {
-            (*part)[k] -= 1;
-        } else { /* the part of the earlier group whose kernel it runs */
-            for (int j = 0; j < k; j++)
-                if (cg->kinfo[j].emitted && !strcmp(cg->kinfo[j].name, cg->kinfo[k].name)) {
-                    (*part)[k] = (*part)[j];
-                    break;
-                }
-        }
-    }
-    for (int p = 0; s == SG_OK && p < np; p++) {
-        if (np == 1) {
-            snprintf(names[p], sizeof names[p], "%s", g->module);
-            continue;
-        }
-        snprintf(names[p], sizeof names[p], "%s_%d", g->module, p);
-        srcn[p] = pre + load[p] + 1;
-        srcs[p] = sg__alloc(ctx, srcn[p]);
-        if (!srcs[p]) {
-            s = sg__fail(ctx, SG_ERR_OOM, "cuda: out of host memory for a unit's part");
-            break;
-        }
-        memcpy(srcs[p], src, pre);
-        size_t at = pre;
-        for (int k = 0; k < ng; k++)
-            if (cg->kinfo[k].name[0] && cg->kinfo[k].emitted && (*part)[k] == p) {
-                memcpy(srcs[p] + at, src + cg->kinfo[k].text_at, cg->kinfo[k].text_len);
-                at += cg->kinfo[k].text_len;
-            }
-        srcs[p][at] = '\0';
-    }
     if (s == SG_OK) {
+        cg->nmods = np;
         const char *nm[16], *sc[16];
-        for (int p = 0; p < np; p++) nm[p] = names[p], sc[p] = np == 1 ? src : srcs[p];
+        for (int p = 0; p < np; p++) {
+            snprintf(names[p], sizeof names[p], np == 1 ? "%s" : "%s_%d", g->module, p);
+            nm[p] = names[p], sc[p] = u.src[p];
+        }
         s = sg__cuda_rtc_build_many(ctx, np, nm, sc, np, imgs, sizes);
     }
     for (int p = 0; s == SG_OK && p < np; p++) {
@@ -355,17 +281,14 @@ static sg_status build_parts(sg_ctx *ctx, sg__graph *g, cu_graph *cg, const char
     }
     if (s == SG_OK && np > 1)
         sg__log(ctx, "perf_hints", "%s: %d kernels (%zu KB of source) compiled as %d programs",
-                g->module, nem, text >> 10, np);
+                g->module, u.kernels, u.text >> 10, np);
     for (int p = 0; p < np && imgs; p++)
         if (imgs[p]) sg__free(ctx, imgs[p], sizes[p]);
-    for (int p = 0; p < np && srcs; p++)
-        if (srcs[p]) sg__free(ctx, srcs[p], srcn[p]);
-    sg__free(ctx, load, sizeof *load * (size_t)np);
-    sg__free(ctx, srcs, sizeof *srcs * (size_t)np);
-    sg__free(ctx, names, sizeof *names * (size_t)np);
-    sg__free(ctx, imgs, sizeof *imgs * (size_t)np);
-    sg__free(ctx, sizes, sizeof *sizes * (size_t)np);
-    sg__free(ctx, srcn, sizeof *srcn * (size_t)np);
+    if (names) sg__free(ctx, names, sizeof *names * (size_t)np);
+    if (imgs) sg__free(ctx, imgs, sizeof *imgs * (size_t)np);
+    if (sizes) sg__free(ctx, sizes, sizeof *sizes * (size_t)np);
+    *part = u.part, u.part = NULL; /* the caller's, ngroups entries */
+    sg__unit_parts_free(ctx, &u);
     return s;
 }
 
