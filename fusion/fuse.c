@@ -1346,6 +1346,26 @@ static sg_status copies_into_attn(sg_ctx *ctx, const sg__ir *ir, const int *alia
 
 /* ------------------------------------------------------------ cross_entropy with its gradient */
 
+/* Lone group `from` (one member) becomes the second member of lone group
+ * `into`, its operands read from memory, and leaves the list (the groups
+ * after it move down one). */
+static sg_status take_lone(sg_ctx *ctx, sg__fused *f, int into, int from) {
+    sg__gnode *g = sg__alloc(ctx, sizeof *g * 2);
+    if (!g) return sg__fail(ctx, SG_ERR_OOM, "fusion: out of host memory");
+    sg__group *a = &f->groups[into];
+    g[0] = a->g[0];
+    g[1] = f->groups[from].g[0];
+    for (int j = 0; j < 4; j++) g[1].arg_src[j] = -1;
+    sg__free(ctx, a->g, sizeof *g);
+    a->g = g;
+    a->n = 2;
+    sg__free(ctx, f->groups[from].g, sizeof *g);
+    memmove(&f->groups[from], &f->groups[from + 1],
+            sizeof *f->groups * (size_t)(f->ngroups - from - 1));
+    f->ngroups--;
+    return SG_OK;
+}
+
 /* The group's node of op, when it is a lone one (nothing else in its kernel). */
 static int lone_node(const sg__ir *ir, const sg__group *g, sg__op op) {
     if (g->kind == SG__G_MULTI || g->n != 1 || g->xent || g->nbsum ||
@@ -1407,20 +1427,9 @@ static sg_status xent_pairs(sg_ctx *ctx, const sg__ir *ir, const int *alias, sg_
             if (!f->xent_why) f->xent_why = why, f->xent_fwd = fwd, f->xent_bwd = bn;
             continue;
         }
-        sg__gnode *g = sg__alloc(ctx, sizeof *g * 2);
-        if (!g) return sg__fail(ctx, SG_ERR_OOM, "fusion: out of host memory");
-        g[0] = b->g[0];
-        g[1] = f->groups[ka].g[0];
-        for (int j = 0; j < 4; j++) g[1].arg_src[j] = -1;
-        sg__free(ctx, b->g, sizeof *g);
-        b->g = g;
-        b->n = 2;
-        b->xent = 1;
-        sg__free(ctx, f->groups[ka].g, sizeof *g);
-        memmove(&f->groups[ka], &f->groups[ka + 1],
-                sizeof *f->groups * (size_t)(f->ngroups - ka - 1));
-        f->ngroups--;
-        kb--;
+        sg_status s = take_lone(ctx, f, kb, ka);
+        if (s != SG_OK) return s;
+        f->groups[--kb].xent = 1;
     }
     return SG_OK;
 }
@@ -1625,19 +1634,9 @@ static sg_status norm_sums(sg_ctx *ctx, const sg__ir *ir, const int *alias, sg__
             if (!f->nbsum_why) f->nbsum_why = why, f->nbsum_norm = nn, f->nbsum_sum = sn;
             continue;
         }
-        sg__group *nbg = &f->groups[kn];
-        sg__gnode *g = sg__alloc(ctx, sizeof *g * 2);
-        if (!g) return sg__fail(ctx, SG_ERR_OOM, "fusion: out of host memory");
-        g[0] = nbg->g[0];
-        g[1] = s->g[0];
-        for (int j = 0; j < 4; j++) g[1].arg_src[j] = -1;
-        sg__free(ctx, nbg->g, sizeof *g);
-        nbg->g = g;
-        nbg->n = 2;
-        nbg->nbsum = 1;
-        sg__free(ctx, s->g, sizeof *g);
-        memmove(s, s + 1, sizeof *s * (size_t)(f->ngroups - ks - 1));
-        f->ngroups--;
+        sg_status st = take_lone(ctx, f, kn, ks);
+        if (st != SG_OK) return st;
+        f->groups[kn].nbsum = 1;
         ks--;
     }
     return SG_OK;

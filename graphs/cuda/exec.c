@@ -201,14 +201,6 @@ const sg__cu_api *sg__cuda_api(const sg_ctx *ctx) { return state(ctx)->cu; }
 bool sg__cuda_is_hip(const sg_ctx *ctx) { return state(ctx)->dev0.hip; }
 const sg__cuda_device *sg__cuda_device_of(const sg_ctx *ctx) { return &state(ctx)->dev0; }
 
-sg_status sg__cuda_rtc_build(sg_ctx *ctx, const char *name, const char *source, void **image,
-                             size_t *size) {
-    sg__cuda *s = state(ctx);
-    if (s->dev0.hip)
-        return sg__rtc_build(ctx, SG__RTC_HIPRTC, name, source, s->dev0.arch_name, image, size);
-    return sg__nvrtc_build(ctx, name, source, s->arch, image, size);
-}
-
 sg_status sg__cuda_rtc_build_many(sg_ctx *ctx, int n, const char *const *names,
                                   const char *const *sources, int nthreads, void **images,
                                   size_t *sizes) {
@@ -219,6 +211,11 @@ sg_status sg__cuda_rtc_build_many(sg_ctx *ctx, int n, const char *const *names,
     char sm[16];
     snprintf(sm, sizeof sm, "sm_%d", s->arch);
     return sg__rtc_build_many(ctx, SG__RTC_NVRTC, n, names, sources, sm, nthreads, images, sizes);
+}
+
+sg_status sg__cuda_rtc_build(sg_ctx *ctx, const char *name, const char *source, void **image,
+                             size_t *size) {
+    return sg__cuda_rtc_build_many(ctx, 1, &name, &source, 1, image, size);
 }
 
 /* ------------------------------------------------------------ kernels */
