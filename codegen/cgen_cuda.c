@@ -2005,10 +2005,10 @@ static bool emit_group(gen *g, const sg__group *grp, sg__cuda_kinfo *ki, bool *a
         sg__cgen_gemm_wanted(g->d)) {
         g->anchor_reg = true;
         used_slots(g, grp, 0);
-        bool taken = sg__cgen_gemm(g, grp, ki);
+        const char *taken = sg__cgen_gemm(g, grp, ki);
         g->anchor_reg = false;
         if (taken) {
-            *what = "tiled GEMM (64 x 64 per block, K through shared memory), then the epilogue";
+            *what = taken;
             return true;
         }
         reset_slots(g, g->global);

@@ -28,7 +28,25 @@
  * rounded once to the output's dtype, as the library does. Then the
  * epilogue runs on the element, from the register, as in a GEMV kernel.
  *
- * Groups it does not take (sg__cgen_gemm returns false): a norm merged in
+ * On CUDA an f32 product takes the tensor cores instead (emit_mma): a
+ * block of 4 warps computes a BM x BN tile (64 x 64, or 32 x 32 where a
+ * 64 x 64 grid leaves SMs idle), K in steps of 32 through shared memory
+ * (the next step's loads in registers while the tensor cores run), each
+ * warp a (BM/2) x (BN/2) quarter in m16n8k8 TF32 mma.sync tiles. f32 is
+ * kept by splitting each operand x into a TF32 head h = tf32(x) and its
+ * remainder l = tf32(x - h) and adding l*h' + h*l' + h*h' into the f32
+ * accumulator (3xTF32: the dropped l*l' is ~2^-22 of the product, below
+ * the sum's own f32 rounding over K terms); SG_ALLOW_TF32=1 keeps the
+ * heads' product only, as cuBLASLt's TF32 mode. Where the tiles alone do
+ * not fill the GPU, K is cut into S slices (split-K), a block each: the
+ * slices' partial tiles go to the kernel's own device array and the
+ * tile's last block to arrive (a fence, then a counter it resets) adds
+ * them in slice order -- the same bits whichever block finishes last --
+ * and runs the epilogue. Every output element's sum runs in a fixed
+ * order (deterministic). Without sm_80's mma.sync the same kernel adds
+ * the same tile elements with f32 FMAs.
+ *
+ * Groups it does not take (sg__cgen_gemm returns NULL): a norm merged in
  * front (norm_rows), a pair of products (anchor2), cache copies (ncopies),
  * operands of different dtypes or not float, a non-contiguous output, an
  * epilogue that writes into an operand (other blocks still read it).
@@ -53,10 +71,29 @@ typedef struct gemm {
     int64_t batch;
 } gemm;
 
-bool sg__cgen_gemm_wanted(sg__dialect d) {
-    if (d == SG__DIALECT_OPENCL || d == SG__DIALECT_HIP) return true;
+/* tensor-core tile geometry (emit_mma) */
+#define MMA_THREADS 128
+#define MMA_TK 32
+#define MMA_LD (MMA_TK + 4) /* a shared row, padded: fragment loads hit 32 banks */
+#define MMA_FILL 132        /* blocks that fill an H100's SMs once */
+
+/* Which kernel a MATMUL group of dtype dt gets in dialect d. */
+typedef enum gemm_kind { GEMM_LIBRARY, GEMM_SIMT, GEMM_MMA } gemm_kind;
+
+static gemm_kind kind_of(sg__dialect d, sg_dtype dt) {
+    if (d == SG__DIALECT_OPENCL || d == SG__DIALECT_HIP) return GEMM_SIMT;
+    if (d != SG__DIALECT_CUDA) return GEMM_LIBRARY;
     const char *e = getenv("SG_CUDA_GEMM");
-    return d == SG__DIALECT_CUDA && e && strcmp(e, "generated") == 0;
+    if (e && strcmp(e, "library") == 0) return GEMM_LIBRARY;
+    if (e && strcmp(e, "simt") == 0) return GEMM_SIMT;
+    if (dt == SG_F32) return GEMM_MMA;
+    return e && strcmp(e, "generated") == 0 ? GEMM_SIMT : GEMM_LIBRARY;
+}
+
+bool sg__cgen_gemm_wanted(sg__dialect d) {
+    const char *e = getenv("SG_CUDA_GEMM");
+    return d == SG__DIALECT_OPENCL || d == SG__DIALECT_HIP ||
+           (d == SG__DIALECT_CUDA && !(e && strcmp(e, "library") == 0));
 }
 
 /* The batch stride of operand r along output batch dim d of nb (r's own
@@ -198,9 +235,9 @@ static void emit_batch(sg__cuda_gen *g, const gemm *p) {
     sg__emit_close(e);
 }
 
-/* Element (m, n) of the block: the anchor's value from acc[ri][cj] (plus
+/* Element (m, n) of the block: the anchor's value from register acc (plus
  * the bias), its store, the epilogue at walk index i. */
-static void emit_store(sg__cuda_gen *g, const sg__group *grp, const gemm *p) {
+static void emit_store(sg__cuda_gen *g, const sg__group *grp, const gemm *p, const char *acc) {
     sg__emit *e = sg__cuda_out(g);
     sg__dialect d = sg__cuda_dialect(g);
     const sg__spell *sp = sg__spell_of(d);
@@ -214,9 +251,9 @@ static void emit_store(sg__cuda_gen *g, const sg__group *grp, const gemm *p) {
                  sg__lower_ctype(d, p->bias->dtype), sg__cuda_slot(g, p->bias->slot),
                  (long long)p->bias->offset, (long long)p->bias_s);
         sg__lower_widen(d, p->bias->dtype, lv, ld, sizeof ld);
-        snprintf(sum, sizeof sum, "(%s + acc[ri][cj])", ld);
+        snprintf(sum, sizeof sum, "(%s + %s)", ld, acc);
     } else {
-        snprintf(sum, sizeof sum, "acc[ri][cj]");
+        snprintf(sum, sizeof sum, "%s", acc);
     }
     sg__lower_round_trip(d, sum, true, p->o->dtype, rt, sizeof rt);
     sg__emit_line(e, "const float v%d = %s; /* %s */", a, rt,
@@ -237,9 +274,9 @@ static void emit_store(sg__cuda_gen *g, const sg__group *grp, const gemm *p) {
     sg__emit_close(e);
 }
 
-bool sg__cgen_gemm(sg__cuda_gen *g, const sg__group *grp, sg__cuda_kinfo *ki) {
-    gemm p;
-    if (!plan(g, grp, &p)) return false;
+/* The SIMT kernel: 64 x 64 tiles, 256 threads, 4 x 4 outputs a thread. */
+static void emit_simt(sg__cuda_gen *g, const sg__group *grp, const gemm *pp, sg__cuda_kinfo *ki) {
+    const gemm p = *pp;
     sg__emit *e = sg__cuda_out(g);
     const sg__spell *sp = sg__spell_of(sg__cuda_dialect(g));
     int64_t tn = (p.N + TILE - 1) / TILE, tm = (p.M + TILE - 1) / TILE;
@@ -273,12 +310,234 @@ bool sg__cgen_gemm(sg__cuda_gen *g, const sg__group *grp, sg__cuda_kinfo *ki) {
     sg__emit_open(e, "for (int ri = 0; ri < %d; ri++)", PER);
     sg__emit_open(e, "for (int cj = 0; cj < %d; cj++)", PER);
     sg__emit_line(e, "const sg_i64 m = m0 + ty + 16 * ri, n = n0 + tx + 16 * cj;");
-    emit_store(g, grp, &p);
+    emit_store(g, grp, &p, "acc[ri][cj]");
     sg__emit_close(e);
     sg__emit_close(e);
     ki->grid = (unsigned)(tn * tm * p.batch);
     ki->block = THREADS;
     ki->iters = p.batch * p.M * p.N;
     ki->replaces_call = true;
-    return true;
+}
+
+static int64_t cdiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+/* The tensor-core kernel's tile (bm x bn), slice count and K per slice:
+ * 64 x 64 where that grid fills the SMs, else 32 x 32 with K cut so that
+ * about two blocks an SM run, each at least two steps of K. */
+typedef struct mma_geo {
+    int bm, bn;
+    int64_t tm, tn, tiles, split, ks;
+} mma_geo;
+
+static mma_geo mma_shape(const gemm *p) {
+    mma_geo q = {.bm = 64, .bn = 64};
+    q.tm = cdiv(p->M, 64), q.tn = cdiv(p->N, 64);
+    q.tiles = q.tm * q.tn * p->batch;
+    q.split = 1, q.ks = cdiv(p->K, MMA_TK) * MMA_TK;
+    if (q.tiles >= MMA_FILL * 3 / 4) return q;
+    q.bm = q.bn = 32;
+    q.tm = cdiv(p->M, 32), q.tn = cdiv(p->N, 32);
+    q.tiles = q.tm * q.tn * p->batch;
+    int64_t s = cdiv(2 * MMA_FILL, q.tiles), most = cdiv(p->K, 2 * MMA_TK);
+    if (s > most) s = most;
+    if (s > 16) s = 16;
+    if (s < 1) s = 1;
+    q.ks = cdiv(cdiv(p->K, s), MMA_TK) * MMA_TK;
+    q.split = cdiv(p->K, q.ks);
+    return q;
+}
+
+/* One operand's step of K (from column kl) into registers `reg`, or from
+ * them into shared array `tile` ([rows][MMA_LD]): element (r, c) is row
+ * o0 + r (m of A, n of B) and column kl + c; a thread's loads run along k
+ * when k is the contiguous dim (kfast), else along the rows. */
+static void emit_mma_step(sg__cuda_gen *g, bool to_shared, const char *reg, const char *tile,
+                          const sg__ref *r, const char *base, const char *o0, int64_t limit,
+                          int64_t s_outer, int64_t s_k, bool kfast, int rows) {
+    sg__emit *e = sg__cuda_out(g);
+    char lv[320], ld[400];
+    sg__emit_line(e, "#pragma unroll");
+    sg__emit_open(e, "for (int l = 0; l < %d; l++)", rows * MMA_TK / MMA_THREADS);
+    sg__emit_line(e, "const int q = (int)threadIdx.x + l * %d;", MMA_THREADS);
+    if (kfast)
+        sg__emit_line(e, "const int r = q / %d, c = q %% %d;", MMA_TK, MMA_TK);
+    else
+        sg__emit_line(e, "const int r = q %% %d, c = q / %d;", rows, rows);
+    if (to_shared) {
+        sg__emit_line(e, "%s[r][c] = %s[l];", tile, reg);
+    } else {
+        sg__emit_line(e, "const sg_i64 ro = %s + r, kc = kl + c;", o0);
+        snprintf(lv, sizeof lv, "((const float *)s%d)[%s + ro * %lld + kc * %lld]",
+                 sg__cuda_slot(g, r->slot), base, (long long)s_outer, (long long)s_k);
+        sg__lower_widen(sg__cuda_dialect(g), r->dtype, lv, ld, sizeof ld);
+        sg__emit_line(e, "%s[l] = ro < %lld && kc < k_hi ? %s : 0.0f;", reg, (long long)limit, ld);
+    }
+    sg__emit_close(e);
+}
+
+static void emit_mma_steps(sg__cuda_gen *g, const gemm *p, const mma_geo *q, bool to_shared) {
+    bool a_kfast = p->acs == 1 || p->ars != 1;
+    bool b_kfast = p->brs == 1 || p->bcs != 1;
+    emit_mma_step(g, to_shared, "g_ra", "g_ta", p->a, "a_o", "m0", p->M, p->ars, p->acs, a_kfast,
+                  q->bm);
+    emit_mma_step(g, to_shared, "g_rb", "g_tb", p->b, "b_o", "n0", p->N, p->bcs, p->brs, b_kfast,
+                  q->bn);
+}
+
+/* A loop over the thread's accumulator elements: g_mi, g_ni (its 16 x 8
+ * tiles) and g_e (c0..c3 of mma.sync's layout), unrolled. */
+static void open_acc_loop(sg__emit *e, int mi, int ni) {
+    sg__emit_line(e, "#pragma unroll");
+    sg__emit_open(e, "for (int g_mi = 0; g_mi < %d; g_mi++)", mi);
+    sg__emit_line(e, "#pragma unroll");
+    sg__emit_open(e, "for (int g_ni = 0; g_ni < %d; g_ni++)", ni);
+    sg__emit_line(e, "#pragma unroll");
+    sg__emit_open(e, "for (int g_e = 0; g_e < 4; g_e++)");
+}
+
+static const char *emit_mma(sg__cuda_gen *g, const sg__group *grp, const gemm *p,
+                            sg__cuda_kinfo *ki) {
+    sg__emit *e = sg__cuda_out(g);
+    mma_geo q = mma_shape(p);
+    const char *tf = getenv("SG_ALLOW_TF32");
+    bool one = tf && strcmp(tf, "1") == 0; /* the TF32 heads only */
+    int wm = q.bm / 2, wn = q.bn / 2, mi = wm / 16, ni = wn / 8, tile_n = q.bm * q.bn;
+    sg__emit_line(e, "__shared__ float g_ta[%d][%d];", q.bm, MMA_LD);
+    sg__emit_line(e, "__shared__ float g_tb[%d][%d];", q.bn, MMA_LD);
+    sg__emit_line(
+        e, "const sg_i64 g_tile = (sg_i64)blockIdx.x / %lld, g_s = (sg_i64)blockIdx.x %% %lld;",
+        (long long)q.split, (long long)q.split);
+    sg__emit_line(e, "const sg_i64 bz = g_tile / %lld;", (long long)(q.tn * q.tm));
+    sg__emit_line(e, "const sg_i64 m0 = g_tile / %lld %% %lld * %d, n0 = g_tile %% %lld * %d;",
+                  (long long)q.tn, (long long)q.tm, q.bm, (long long)q.tn, q.bn);
+    sg__emit_line(e, "const sg_i64 k_lo = g_s * %lld;", (long long)q.ks);
+    sg__emit_line(e, "const sg_i64 k_hi = k_lo + %lld < %lld ? k_lo + %lld : %lld;",
+                  (long long)q.ks, (long long)p->K, (long long)q.ks, (long long)p->K);
+    sg__emit_line(e, "const int g_w = (int)threadIdx.x / 32, g_l = (int)threadIdx.x %% 32;");
+    sg__emit_line(e, "const int g8 = g_l / 4, t4 = g_l %% 4;");
+    sg__emit_line(e, "const int wm = g_w / 2 * %d, wn = g_w %% 2 * %d;", wm, wn);
+    emit_batch(g, p);
+    sg__emit_line(e, "float acc[%d][%d][4];", mi, ni);
+    open_acc_loop(e, mi, ni);
+    sg__emit_line(e, "acc[g_mi][g_ni][g_e] = 0.0f;");
+    sg__emit_close(e), sg__emit_close(e), sg__emit_close(e);
+    sg__emit_line(e, "float g_ra[%d], g_rb[%d];", q.bm * MMA_TK / MMA_THREADS,
+                  q.bn * MMA_TK / MMA_THREADS);
+    sg__emit_line(e, "sg_i64 kl = k_lo;");
+    emit_mma_steps(g, p, &q, false);
+    emit_mma_steps(g, p, &q, true);
+    sg__emit_line(e, "__syncthreads();");
+    sg__emit_open(e, "for (sg_i64 k0 = k_lo; k0 < k_hi; k0 += %d)", MMA_TK);
+    sg__emit_line(e, "const bool more = k0 + %d < k_hi;", MMA_TK);
+    sg__emit_line(e, "kl = k0 + %d;", MMA_TK);
+    sg__emit_open(e, "if (more)");
+    emit_mma_steps(g, p, &q, false);
+    sg__emit_close(e);
+    sg__emit_raw(e, "#if __CUDA_ARCH__ >= 800\n");
+    sg__emit_line(e, "#pragma unroll");
+    sg__emit_open(e, "for (int kk = 0; kk < %d; kk += 8)", MMA_TK);
+    sg__emit_line(e, "sg_u32 ah[%d][4], al[%d][4], bh[%d][2], bl[%d][2];", mi, mi, ni, ni);
+    sg__emit_line(e, "#pragma unroll");
+    sg__emit_open(e, "for (int g_mi = 0; g_mi < %d; g_mi++)", mi);
+    sg__emit_line(e, "const int r = wm + g_mi * 16 + g8;");
+    sg__emit_line(e, "sg_tf32_split(g_ta[r][kk + t4], &ah[g_mi][0], &al[g_mi][0]);");
+    sg__emit_line(e, "sg_tf32_split(g_ta[r + 8][kk + t4], &ah[g_mi][1], &al[g_mi][1]);");
+    sg__emit_line(e, "sg_tf32_split(g_ta[r][kk + t4 + 4], &ah[g_mi][2], &al[g_mi][2]);");
+    sg__emit_line(e, "sg_tf32_split(g_ta[r + 8][kk + t4 + 4], &ah[g_mi][3], &al[g_mi][3]);");
+    sg__emit_close(e);
+    sg__emit_line(e, "#pragma unroll");
+    sg__emit_open(e, "for (int g_ni = 0; g_ni < %d; g_ni++)", ni);
+    sg__emit_line(e, "const int c = wn + g_ni * 8 + g8;");
+    sg__emit_line(e, "sg_tf32_split(g_tb[c][kk + t4], &bh[g_ni][0], &bl[g_ni][0]);");
+    sg__emit_line(e, "sg_tf32_split(g_tb[c][kk + t4 + 4], &bh[g_ni][1], &bl[g_ni][1]);");
+    sg__emit_close(e);
+    sg__emit_line(e, "#pragma unroll");
+    sg__emit_open(e, "for (int g_mi = 0; g_mi < %d; g_mi++)", mi);
+    sg__emit_line(e, "#pragma unroll");
+    sg__emit_open(e, "for (int g_ni = 0; g_ni < %d; g_ni++)", ni);
+    if (!one) {
+        sg__emit_line(e, "sg_mma_tf32(acc[g_mi][g_ni], al[g_mi], bh[g_ni]);");
+        sg__emit_line(e, "sg_mma_tf32(acc[g_mi][g_ni], ah[g_mi], bl[g_ni]);");
+    }
+    sg__emit_line(e, "sg_mma_tf32(acc[g_mi][g_ni], ah[g_mi], bh[g_ni]);");
+    sg__emit_close(e), sg__emit_close(e), sg__emit_close(e);
+    sg__emit_raw(e, "#else\n");
+    sg__emit_open(e, "for (int kk = 0; kk < %d; kk++)", MMA_TK);
+    open_acc_loop(e, mi, ni);
+    sg__emit_line(e, "acc[g_mi][g_ni][g_e] += g_ta[wm + g_mi * 16 + g8 + (g_e >> 1) * 8][kk] * "
+                     "g_tb[wn + g_ni * 8 + 2 * t4 + (g_e & 1)][kk];");
+    sg__emit_close(e), sg__emit_close(e), sg__emit_close(e), sg__emit_close(e);
+    sg__emit_raw(e, "#endif\n");
+    sg__emit_line(e, "__syncthreads();");
+    sg__emit_open(e, "if (more)");
+    emit_mma_steps(g, p, &q, true);
+    sg__emit_line(e, "__syncthreads();");
+    sg__emit_close(e);
+    sg__emit_close(e);
+    if (q.split > 1) {
+        /* The slices meet: partials in (element, thread) order, so a warp's
+         * stores and loads are contiguous. */
+        sg__emit_line(e, "static __device__ float g_part[%lld];",
+                      (long long)(q.tiles * q.split * tile_n));
+        sg__emit_line(e, "static __device__ unsigned int g_count[%lld];", (long long)q.tiles);
+        sg__emit_line(e, "__shared__ bool g_last;");
+        open_acc_loop(e, mi, ni);
+        sg__emit_line(e, "const int j = (g_mi * %d + g_ni) * 4 + g_e;", ni);
+        sg__emit_line(
+            e, "g_part[(g_tile * %lld + g_s) * %d + j * %d + threadIdx.x] = acc[g_mi][g_ni][g_e];",
+            (long long)q.split, tile_n, MMA_THREADS);
+        sg__emit_close(e), sg__emit_close(e), sg__emit_close(e);
+        sg__emit_line(e, "__threadfence();");
+        sg__emit_line(e, "__syncthreads();");
+        sg__emit_line(e, "if (threadIdx.x == 0) g_last = atomicAdd(&g_count[g_tile], 1u) == %lldu;",
+                      (long long)(q.split - 1));
+        sg__emit_line(e, "__syncthreads();");
+        sg__emit_line(e, "if (!g_last) return;");
+        sg__emit_line(e, "__threadfence();");
+        open_acc_loop(e, mi, ni);
+        sg__emit_line(e, "const int j = (g_mi * %d + g_ni) * 4 + g_e;", ni);
+        sg__emit_line(e, "float v = 0.0f;");
+        sg__emit_line(e,
+                      "for (int s = 0; s < %lld; s++) v += __ldcg(&g_part[(g_tile * %lld + s) * %d "
+                      "+ j * %d + threadIdx.x]);",
+                      (long long)q.split, (long long)q.split, tile_n, MMA_THREADS);
+        sg__emit_line(e, "acc[g_mi][g_ni][g_e] = v;");
+        sg__emit_close(e), sg__emit_close(e), sg__emit_close(e);
+        sg__emit_line(e, "if (threadIdx.x == 0) g_count[g_tile] = 0;");
+    }
+    open_acc_loop(e, mi, ni);
+    sg__emit_line(e, "const sg_i64 m = m0 + wm + g_mi * 16 + g8 + (g_e >> 1) * 8;");
+    sg__emit_line(e, "const sg_i64 n = n0 + wn + g_ni * 8 + 2 * t4 + (g_e & 1);");
+    emit_store(g, grp, p, "acc[g_mi][g_ni][g_e]");
+    sg__emit_close(e), sg__emit_close(e), sg__emit_close(e);
+    ki->grid = (unsigned)(q.tiles * q.split);
+    ki->block = MMA_THREADS;
+    ki->iters = p->batch * p->M * p->N;
+    ki->replaces_call = true;
+    static const char *const what[2][2][2] = {
+        {{"tiled GEMM on tensor cores (3xTF32 mma.sync, 32 x 32 per block), then the epilogue",
+          "tiled GEMM on tensor cores (3xTF32 mma.sync, 32 x 32 per block, K split over "
+          "blocks, the last adding the slices in order), then the epilogue"},
+         {"tiled GEMM on tensor cores (3xTF32 mma.sync, 64 x 64 per block), then the epilogue",
+          "tiled GEMM on tensor cores (3xTF32 mma.sync, 64 x 64 per block, K split), then the "
+          "epilogue"}},
+        {{"tiled GEMM on tensor cores (TF32 mma.sync, 32 x 32 per block), then the epilogue",
+          "tiled GEMM on tensor cores (TF32 mma.sync, 32 x 32 per block, K split over blocks, "
+          "the last adding the slices in order), then the epilogue"},
+         {"tiled GEMM on tensor cores (TF32 mma.sync, 64 x 64 per block), then the epilogue",
+          "tiled GEMM on tensor cores (TF32 mma.sync, 64 x 64 per block, K split), then the "
+          "epilogue"}}};
+    return what[one][q.bm == 64][q.split > 1];
+}
+
+const char *sg__cgen_gemm(sg__cuda_gen *g, const sg__group *grp, sg__cuda_kinfo *ki) {
+    gemm p;
+    if (!plan(g, grp, &p)) return NULL;
+    switch (kind_of(sg__cuda_dialect(g), p.a->dtype)) {
+    case GEMM_LIBRARY: return NULL;
+    case GEMM_MMA: return emit_mma(g, grp, &p, ki);
+    case GEMM_SIMT: break;
+    }
+    emit_simt(g, grp, &p, ki);
+    return "tiled GEMM (64 x 64 per block, K through shared memory), then the epilogue";
 }

@@ -574,17 +574,23 @@ SG__HIDDEN int sg__cuda_slot(sg__cuda_gen *g, int s);
  * The generated GEMM (cgen_gemm.c): a MATMUL group that no GEMV kernel
  * takes, as one tiled kernel computing the matmul/linear anchor (any
  * strides, broadcast batch dims, the bias), storing it and running the
- * epilogue on each element: 64 x 64 tiles of C per block of 256 threads,
- * K in steps of 16 through shared memory, f32 sums in a fixed order.
- * sg__cgen_gemm writes the body into sg__cuda_out(g) and sets ki's launch
- * and replaces_call; false (nothing written) when it does not take the
- * group (a merged norm, pair or cache copy, mixed dtypes, a strided
- * output, an epilogue writing into an operand). sg__cgen_gemm_wanted: whether
- * dialect d generates its MATMUL groups so: OpenCL C (Level Zero has no
- * BLAS library) and HIP (no hipBLASLt path) always, CUDA when
- * SG_CUDA_GEMM=generated (else cuBLASLt runs them).
+ * epilogue on each element, f32 sums in a fixed order: on CUDA in f32 on
+ * tensor cores (3xTF32 mma.sync, 64 x 64 or 32 x 32 tiles of 128 threads,
+ * K split over blocks where the tiles leave SMs idle), else 64 x 64 tiles
+ * of C per block of 256 threads, K in steps of 16 through shared memory.
+ * sg__cgen_gemm writes the body into sg__cuda_out(g), sets ki's launch
+ * and replaces_call and returns the kernel comment's description; NULL
+ * (nothing written) when it does not take the group (a merged norm, pair
+ * or cache copy, mixed dtypes, a strided output, an epilogue writing into
+ * an operand, or a product the dialect leaves to its library).
+ * sg__cgen_gemm_wanted: whether dialect d may generate its MATMUL groups:
+ * OpenCL C (Level Zero has no BLAS library) and HIP (no hipBLASLt path)
+ * all of them; CUDA its f32 products (the tensor-core kernel), and every
+ * product with SG_CUDA_GEMM=generated (f16/bf16 on the SIMT kernel);
+ * SG_CUDA_GEMM=simt puts every product on the SIMT kernel, =library every
+ * product on cuBLASLt.
  */
-SG__HIDDEN bool sg__cgen_gemm(sg__cuda_gen *g, const sg__group *grp, sg__cuda_kinfo *ki);
+SG__HIDDEN const char *sg__cgen_gemm(sg__cuda_gen *g, const sg__group *grp, sg__cuda_kinfo *ki);
 SG__HIDDEN bool sg__cgen_gemm_wanted(sg__dialect d);
 
 /*

@@ -23,8 +23,11 @@
  * run as compiled steps on the CUDA backend with SG_CUDA_GEMM=generated,
  * against the same references; each case checks in the unit the CUDA
  * backend logs (output_code) that a generated GEMM computed the product
- * (or a GEMV, for at most 8 rows). A last case times a 1024^3 bf16 matmul
- * as the generated GEMM and through cuBLASLt (a report, not a check).
+ * (or a GEMV, for at most 8 rows); f32 products there run on the tensor
+ * cores (3xTF32, split-K in the fixed cases of few tiles). The last cases
+ * time a few products (bf16 and f32) as the generated GEMM and through
+ * cuBLASLt, and check the two results against each other (the times are a
+ * report, not a check).
  */
 #define _POSIX_C_SOURCE 200809L
 #include "testutil.h"
@@ -429,10 +432,7 @@ static sg_status mm_step(sg_ctx *c, sg_tensor *const *in, sg_tensor **out, void 
  * or through cuBLASLt; the first call's result into *vals (read before the
  * timed calls reuse its output set). */
 static double time_mm(sg_tensor *a, sg_tensor *b, bool gen, double **vals) {
-    if (gen)
-        setenv("SG_CUDA_GEMM", "generated", 1);
-    else
-        unsetenv("SG_CUDA_GEMM");
+    setenv("SG_CUDA_GEMM", gen ? "generated" : "library", 1);
     sg_fn *fn = NULL;
     sg_compile_opts o = {.name = gen ? "mm_generated" : "mm_cublaslt"};
     sg_compile(ctx, mm_step, NULL, 2, 1, &o, &fn);
@@ -458,22 +458,35 @@ static double time_mm(sg_tensor *a, sg_tensor *b, bool gen, double **vals) {
     return ms;
 }
 
+/* The generated GEMM against cuBLASLt on a few shapes (bf16: the SIMT
+ * kernel; f32: the tensor-core one), timed as compiled steps. */
 static void test_timing(void) {
-    int64_t sh[2] = {1024, 1024};
-    tu_seed(77);
-    sg_tensor *a = tu_rand(ctx, SG_BF16, 2, sh, -1, 1, NULL);
-    sg_tensor *b = tu_rand(ctx, SG_BF16, 2, sh, -1, 1, NULL);
-    double *vg = NULL, *vl = NULL;
-    double tg = time_mm(a, b, true, &vg), tl = time_mm(a, b, false, &vl);
-    bool ok = TU_EXPECT(tg > 0 && tl > 0 && vg && vl) &&
-              check("generated vs cuBLASLt", SG_BF16, vg, vl, 1024 * 1024, 1024, 1);
-    double flop = 2.0 * 1024 * 1024 * 1024;
-    tu_case(ok,
-            "GEMM_TIME(matmul bf16 1024^3: generated %.3f ms (%.1f TFLOP/s), cuBLASLt %.3f ms "
-            "(%.1f TFLOP/s), %.1fx)",
-            tg, flop / tg / 1e9, tl, flop / tl / 1e9, tg / tl);
-    free(vg), free(vl);
-    sg_release(a), sg_release(b);
+    static const struct {
+        sg_dtype dt;
+        int64_t M, N, K;
+    } shapes[] = {{SG_BF16, 1024, 1024, 1024},
+                  {SG_F32, 1024, 1024, 1024},
+                  {SG_F32, 128, 1024, 784},
+                  {SG_F32, 1024, 1024, 128}};
+    for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; i++) {
+        int64_t M = shapes[i].M, N = shapes[i].N, K = shapes[i].K, sa[2] = {M, K}, sb[2] = {K, N};
+        sg_dtype dt = shapes[i].dt;
+        tu_seed(77 + i);
+        sg_tensor *a = tu_rand(ctx, dt, 2, sa, -1, 1, NULL);
+        sg_tensor *b = tu_rand(ctx, dt, 2, sb, -1, 1, NULL);
+        double *vg = NULL, *vl = NULL;
+        double tg = time_mm(a, b, true, &vg), tl = time_mm(a, b, false, &vl);
+        bool ok = TU_EXPECT(tg > 0 && tl > 0 && vg && vl) &&
+                  check("generated vs cuBLASLt", dt, vg, vl, M * N, K, 1);
+        double flop = 2.0 * (double)M * (double)N * (double)K;
+        tu_case(ok,
+                "GEMM_TIME(matmul %s %lldx%lldx%lld: generated %.4f ms (%.1f TFLOP/s), cuBLASLt "
+                "%.4f ms (%.1f TFLOP/s), %.2fx)",
+                dt == SG_F32 ? "f32" : "bf16", (long long)M, (long long)N, (long long)K, tg,
+                flop / tg / 1e9, tl, flop / tl / 1e9, tg / tl);
+        free(vg), free(vl);
+        sg_release(a), sg_release(b);
+    }
 }
 
 /* HIP's line about its matmuls (logged once by its executor): without
@@ -563,6 +576,25 @@ int main(void) {
         {.dt = SG_F32, .M = 64, .N = 64, .K = 16},
         {.dt = SG_F32, .M = 7, .N = 5, .K = 1},
         {.dt = SG_F32, .M = 65, .N = 129, .K = 33, .ta = true, .tb = true},
+        /* f32 on CUDA's tensor cores: 64 x 64 tiles, a transposed A; K split
+         * over blocks (a linear with bias and GELU; batched, B batched). */
+        {.dt = SG_F32, .M = 640, .N = 704, .K = 100, .ta = true},
+        {.dt = SG_F32,
+         .linear = true,
+         .M = 128,
+         .N = 256,
+         .K = 1000,
+         .bias = true,
+         .epi = EPI_GELU},
+        {.dt = SG_F32,
+         .nb = 1,
+         .bs = {3},
+         .b_batched = true,
+         .M = 40,
+         .N = 72,
+         .K = 300,
+         .tb = true,
+         .epi = EPI_RESIDUAL},
         {.dt = SG_BF16,
          .linear = true,
          .nb = 2,
