@@ -30,13 +30,15 @@
  *
  * On CUDA an f32 product takes the tensor cores instead (emit_mma): a
  * block of 4 warps computes a BM x BN tile (64 x 64, or 32 x 32 where a
- * 64 x 64 grid leaves SMs idle), K in steps of 32 through shared memory
- * (the next step's loads in registers while the tensor cores run), each
+ * 64 x 64 grid leaves SMs idle), K in steps of 16 through shared memory
+ * (cp.async, three steps in flight while the tensor cores run one), each
  * warp a (BM/2) x (BN/2) quarter in m16n8k8 TF32 mma.sync tiles. f32 is
  * kept by splitting each operand x into a TF32 head h = tf32(x) and its
  * remainder l = tf32(x - h) and adding l*h' + h*l' + h*h' into the f32
  * accumulator (3xTF32: the dropped l*l' is ~2^-22 of the product, below
- * the sum's own f32 rounding over K terms); SG_ALLOW_TF32=1 keeps the
+ * the sum's own f32 rounding over K terms), each step's 16 products in
+ * a partial of their own (the tensor cores' accumulation truncates),
+ * added to the running f32 sum; SG_ALLOW_TF32=1 keeps the
  * heads' product only, as cuBLASLt's TF32 mode. Where the tiles alone do
  * not fill the GPU, K is cut into S slices (split-K), a block each: the
  * slices' partial tiles go to the kernel's own device array and the
@@ -73,8 +75,10 @@ typedef struct gemm {
 
 /* tensor-core tile geometry (emit_mma) */
 #define MMA_THREADS 128
-#define MMA_TK 32
+#define MMA_TK 16
 #define MMA_LD (MMA_TK + 4) /* a shared row, padded: fragment loads hit 32 banks */
+#define MMA_STAGES 4        /* steps of K in shared memory: 3 in flight */
+#define MMA_AHEAD "3"       /* MMA_STAGES - 1, as text */
 #define MMA_FILL 132        /* blocks that fill an H100's SMs once */
 
 /* Which kernel a MATMUL group of dtype dt gets in dialect d. */
@@ -323,7 +327,7 @@ static int64_t cdiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
 /* The tensor-core kernel's tile (bm x bn), slice count and K per slice:
  * 64 x 64 where that grid fills the SMs, else 32 x 32 with K cut so that
- * about two blocks an SM run, each at least two steps of K. */
+ * about two blocks an SM run, each at least four steps of K. */
 typedef struct mma_geo {
     int bm, bn;
     int64_t tm, tn, tiles, split, ks;
@@ -338,7 +342,7 @@ static mma_geo mma_shape(const gemm *p) {
     q.bm = q.bn = 32;
     q.tm = cdiv(p->M, 32), q.tn = cdiv(p->N, 32);
     q.tiles = q.tm * q.tn * p->batch;
-    int64_t s = cdiv(2 * MMA_FILL, q.tiles), most = cdiv(p->K, 2 * MMA_TK);
+    int64_t s = cdiv(2 * MMA_FILL, q.tiles), most = cdiv(p->K, 4 * MMA_TK);
     if (s > most) s = most;
     if (s > 16) s = 16;
     if (s < 1) s = 1;
@@ -347,15 +351,16 @@ static mma_geo mma_shape(const gemm *p) {
     return q;
 }
 
-/* One operand's step of K (from column kl) into registers `reg`, or from
- * them into shared array `tile` ([rows][MMA_LD]): element (r, c) is row
- * o0 + r (m of A, n of B) and column kl + c; a thread's loads run along k
- * when k is the contiguous dim (kfast), else along the rows. */
-static void emit_mma_step(sg__cuda_gen *g, bool to_shared, const char *reg, const char *tile,
-                          const sg__ref *r, const char *base, const char *o0, int64_t limit,
-                          int64_t s_outer, int64_t s_k, bool kfast, int rows) {
+/* One operand's step of K (columns kl ..) into stage buffer `buf` of shared
+ * array `tile` ([MMA_STAGES][rows][MMA_LD]), asynchronously: element (r, c)
+ * is row o0 + r (m of A, n of B) and column kl + c; a thread's copies run
+ * along k when k is the contiguous dim (kfast), else along the rows;
+ * elements past M, N or the slice's K are zeros. */
+static void emit_mma_step(sg__cuda_gen *g, const char *tile, const sg__ref *r, const char *base,
+                          const char *o0, int64_t limit, int64_t s_outer, int64_t s_k, bool kfast,
+                          int rows) {
     sg__emit *e = sg__cuda_out(g);
-    char lv[320], ld[400];
+    int slot = sg__cuda_slot(g, r->slot);
     sg__emit_line(e, "#pragma unroll");
     sg__emit_open(e, "for (int l = 0; l < %d; l++)", rows * MMA_TK / MMA_THREADS);
     sg__emit_line(e, "const int q = (int)threadIdx.x + l * %d;", MMA_THREADS);
@@ -363,25 +368,28 @@ static void emit_mma_step(sg__cuda_gen *g, bool to_shared, const char *reg, cons
         sg__emit_line(e, "const int r = q / %d, c = q %% %d;", MMA_TK, MMA_TK);
     else
         sg__emit_line(e, "const int r = q %% %d, c = q / %d;", rows, rows);
-    if (to_shared) {
-        sg__emit_line(e, "%s[r][c] = %s[l];", tile, reg);
-    } else {
-        sg__emit_line(e, "const sg_i64 ro = %s + r, kc = kl + c;", o0);
-        snprintf(lv, sizeof lv, "((const float *)s%d)[%s + ro * %lld + kc * %lld]",
-                 sg__cuda_slot(g, r->slot), base, (long long)s_outer, (long long)s_k);
-        sg__lower_widen(sg__cuda_dialect(g), r->dtype, lv, ld, sizeof ld);
-        sg__emit_line(e, "%s[l] = ro < %lld && kc < k_hi ? %s : 0.0f;", reg, (long long)limit, ld);
-    }
+    sg__emit_line(e, "const sg_i64 ro = %s + r, kc = kl + c;", o0);
+    sg__emit_line(e, "const bool ok = ro < %lld && kc < k_hi;", (long long)limit);
+    sg__emit_line(e,
+                  "sg_cp4(&%s[buf][r][c], (const float *)s%d + (ok ? %s + ro * %lld + kc * %lld : "
+                  "0), ok);",
+                  tile, slot, base, (long long)s_outer, (long long)s_k);
     sg__emit_close(e);
 }
 
-static void emit_mma_steps(sg__cuda_gen *g, const gemm *p, const mma_geo *q, bool to_shared) {
+/* Both operands' step `st` into buffer st % MMA_STAGES, when the slice has
+ * it; a commit group either way (the waits count groups). */
+static void emit_mma_issue(sg__cuda_gen *g, const gemm *p, const mma_geo *q, const char *st) {
+    sg__emit *e = sg__cuda_out(g);
     bool a_kfast = p->acs == 1 || p->ars != 1;
     bool b_kfast = p->brs == 1 || p->bcs != 1;
-    emit_mma_step(g, to_shared, "g_ra", "g_ta", p->a, "a_o", "m0", p->M, p->ars, p->acs, a_kfast,
-                  q->bm);
-    emit_mma_step(g, to_shared, "g_rb", "g_tb", p->b, "b_o", "n0", p->N, p->bcs, p->brs, b_kfast,
-                  q->bn);
+    sg__emit_open(e, "if (%s < g_nst)", st);
+    sg__emit_line(e, "const int buf = %s %% %d;", st, MMA_STAGES);
+    sg__emit_line(e, "const sg_i64 kl = k_lo + (sg_i64)%s * %d;", st, MMA_TK);
+    emit_mma_step(g, "g_ta", p->a, "a_o", "m0", p->M, p->ars, p->acs, a_kfast, q->bm);
+    emit_mma_step(g, "g_tb", p->b, "b_o", "n0", p->N, p->bcs, p->brs, b_kfast, q->bn);
+    sg__emit_close(e);
+    sg__emit_line(e, "sg_cp_commit();");
 }
 
 /* A loop over the thread's accumulator elements: g_mi, g_ni (its 16 x 8
@@ -402,17 +410,19 @@ static const char *emit_mma(sg__cuda_gen *g, const sg__group *grp, const gemm *p
     const char *tf = getenv("SG_ALLOW_TF32");
     bool one = tf && strcmp(tf, "1") == 0; /* the TF32 heads only */
     int wm = q.bm / 2, wn = q.bn / 2, mi = wm / 16, ni = wn / 8, tile_n = q.bm * q.bn;
-    sg__emit_line(e, "__shared__ float g_ta[%d][%d];", q.bm, MMA_LD);
-    sg__emit_line(e, "__shared__ float g_tb[%d][%d];", q.bn, MMA_LD);
-    sg__emit_line(
-        e, "const sg_i64 g_tile = (sg_i64)blockIdx.x / %lld, g_s = (sg_i64)blockIdx.x %% %lld;",
-        (long long)q.split, (long long)q.split);
+    sg__emit_line(e, "__shared__ float g_ta[%d][%d][%d];", MMA_STAGES, q.bm, MMA_LD);
+    sg__emit_line(e, "__shared__ float g_tb[%d][%d][%d];", MMA_STAGES, q.bn, MMA_LD);
+    sg__emit_line(e,
+                  "const sg_i64 g_tile = (sg_i64)blockIdx.x / %lld, g_s = (sg_i64)blockIdx.x %% "
+                  "%lld;",
+                  (long long)q.split, (long long)q.split);
     sg__emit_line(e, "const sg_i64 bz = g_tile / %lld;", (long long)(q.tn * q.tm));
     sg__emit_line(e, "const sg_i64 m0 = g_tile / %lld %% %lld * %d, n0 = g_tile %% %lld * %d;",
                   (long long)q.tn, (long long)q.tm, q.bm, (long long)q.tn, q.bn);
     sg__emit_line(e, "const sg_i64 k_lo = g_s * %lld;", (long long)q.ks);
     sg__emit_line(e, "const sg_i64 k_hi = k_lo + %lld < %lld ? k_lo + %lld : %lld;",
                   (long long)q.ks, (long long)p->K, (long long)q.ks, (long long)p->K);
+    sg__emit_line(e, "const int g_nst = (int)((k_hi - k_lo + %d) / %d);", MMA_TK - 1, MMA_TK);
     sg__emit_line(e, "const int g_w = (int)threadIdx.x / 32, g_l = (int)threadIdx.x %% 32;");
     sg__emit_line(e, "const int g8 = g_l / 4, t4 = g_l %% 4;");
     sg__emit_line(e, "const int wm = g_w / 2 * %d, wn = g_w %% 2 * %d;", wm, wn);
@@ -421,18 +431,24 @@ static const char *emit_mma(sg__cuda_gen *g, const sg__group *grp, const gemm *p
     open_acc_loop(e, mi, ni);
     sg__emit_line(e, "acc[g_mi][g_ni][g_e] = 0.0f;");
     sg__emit_close(e), sg__emit_close(e), sg__emit_close(e);
-    sg__emit_line(e, "float g_ra[%d], g_rb[%d];", q.bm * MMA_TK / MMA_THREADS,
-                  q.bn * MMA_TK / MMA_THREADS);
-    sg__emit_line(e, "sg_i64 kl = k_lo;");
-    emit_mma_steps(g, p, &q, false);
-    emit_mma_steps(g, p, &q, true);
-    sg__emit_line(e, "__syncthreads();");
-    sg__emit_open(e, "for (sg_i64 k0 = k_lo; k0 < k_hi; k0 += %d)", MMA_TK);
-    sg__emit_line(e, "const bool more = k0 + %d < k_hi;", MMA_TK);
-    sg__emit_line(e, "kl = k0 + %d;", MMA_TK);
-    sg__emit_open(e, "if (more)");
-    emit_mma_steps(g, p, &q, false);
+    /* MMA_STAGES - 1 steps in flight ahead of the one computed. */
+    sg__emit_line(e, "#pragma unroll");
+    sg__emit_open(e, "for (int g_st = 0; g_st < %d; g_st++)", MMA_STAGES - 1);
+    emit_mma_issue(g, p, &q, "g_st");
     sg__emit_close(e);
+    sg__emit_open(e, "for (int g_it = 0; g_it < g_nst; g_it++)");
+    sg__emit_line(e, "sg_cp_wait(%d);", MMA_STAGES - 2);
+    sg__emit_line(e, "__syncthreads();");
+    sg__emit_line(e, "const int g_b = g_it %% %d;", MMA_STAGES);
+    /* The buffer computed in the step before: every thread is past it. */
+    emit_mma_issue(g, p, &q, "(g_it + " MMA_AHEAD ")");
+    /* The step's products in a partial of their own, added to acc in f32:
+     * the tensor cores' accumulation truncates, so a long chain of them
+     * in one register would drift by ~2^-23 a step. */
+    sg__emit_line(e, "float part[%d][%d][4];", mi, ni);
+    open_acc_loop(e, mi, ni);
+    sg__emit_line(e, "part[g_mi][g_ni][g_e] = 0.0f;");
+    sg__emit_close(e), sg__emit_close(e), sg__emit_close(e);
     sg__emit_raw(e, "#if __CUDA_ARCH__ >= 800\n");
     sg__emit_line(e, "#pragma unroll");
     sg__emit_open(e, "for (int kk = 0; kk < %d; kk += 8)", MMA_TK);
@@ -440,39 +456,38 @@ static const char *emit_mma(sg__cuda_gen *g, const sg__group *grp, const gemm *p
     sg__emit_line(e, "#pragma unroll");
     sg__emit_open(e, "for (int g_mi = 0; g_mi < %d; g_mi++)", mi);
     sg__emit_line(e, "const int r = wm + g_mi * 16 + g8;");
-    sg__emit_line(e, "sg_tf32_split(g_ta[r][kk + t4], &ah[g_mi][0], &al[g_mi][0]);");
-    sg__emit_line(e, "sg_tf32_split(g_ta[r + 8][kk + t4], &ah[g_mi][1], &al[g_mi][1]);");
-    sg__emit_line(e, "sg_tf32_split(g_ta[r][kk + t4 + 4], &ah[g_mi][2], &al[g_mi][2]);");
-    sg__emit_line(e, "sg_tf32_split(g_ta[r + 8][kk + t4 + 4], &ah[g_mi][3], &al[g_mi][3]);");
+    sg__emit_line(e, "sg_tf32_split(g_ta[g_b][r][kk + t4], &ah[g_mi][0], &al[g_mi][0]);");
+    sg__emit_line(e, "sg_tf32_split(g_ta[g_b][r + 8][kk + t4], &ah[g_mi][1], &al[g_mi][1]);");
+    sg__emit_line(e, "sg_tf32_split(g_ta[g_b][r][kk + t4 + 4], &ah[g_mi][2], &al[g_mi][2]);");
+    sg__emit_line(e, "sg_tf32_split(g_ta[g_b][r + 8][kk + t4 + 4], &ah[g_mi][3], &al[g_mi][3]);");
     sg__emit_close(e);
     sg__emit_line(e, "#pragma unroll");
     sg__emit_open(e, "for (int g_ni = 0; g_ni < %d; g_ni++)", ni);
     sg__emit_line(e, "const int c = wn + g_ni * 8 + g8;");
-    sg__emit_line(e, "sg_tf32_split(g_tb[c][kk + t4], &bh[g_ni][0], &bl[g_ni][0]);");
-    sg__emit_line(e, "sg_tf32_split(g_tb[c][kk + t4 + 4], &bh[g_ni][1], &bl[g_ni][1]);");
+    sg__emit_line(e, "sg_tf32_split(g_tb[g_b][c][kk + t4], &bh[g_ni][0], &bl[g_ni][0]);");
+    sg__emit_line(e, "sg_tf32_split(g_tb[g_b][c][kk + t4 + 4], &bh[g_ni][1], &bl[g_ni][1]);");
     sg__emit_close(e);
     sg__emit_line(e, "#pragma unroll");
     sg__emit_open(e, "for (int g_mi = 0; g_mi < %d; g_mi++)", mi);
     sg__emit_line(e, "#pragma unroll");
     sg__emit_open(e, "for (int g_ni = 0; g_ni < %d; g_ni++)", ni);
     if (!one) {
-        sg__emit_line(e, "sg_mma_tf32(acc[g_mi][g_ni], al[g_mi], bh[g_ni]);");
-        sg__emit_line(e, "sg_mma_tf32(acc[g_mi][g_ni], ah[g_mi], bl[g_ni]);");
+        sg__emit_line(e, "sg_mma_tf32(part[g_mi][g_ni], al[g_mi], bh[g_ni]);");
+        sg__emit_line(e, "sg_mma_tf32(part[g_mi][g_ni], ah[g_mi], bl[g_ni]);");
     }
-    sg__emit_line(e, "sg_mma_tf32(acc[g_mi][g_ni], ah[g_mi], bh[g_ni]);");
+    sg__emit_line(e, "sg_mma_tf32(part[g_mi][g_ni], ah[g_mi], bh[g_ni]);");
     sg__emit_close(e), sg__emit_close(e), sg__emit_close(e);
     sg__emit_raw(e, "#else\n");
     sg__emit_open(e, "for (int kk = 0; kk < %d; kk++)", MMA_TK);
     open_acc_loop(e, mi, ni);
-    sg__emit_line(e, "acc[g_mi][g_ni][g_e] += g_ta[wm + g_mi * 16 + g8 + (g_e >> 1) * 8][kk] * "
-                     "g_tb[wn + g_ni * 8 + 2 * t4 + (g_e & 1)][kk];");
+    sg__emit_line(e,
+                  "part[g_mi][g_ni][g_e] += g_ta[g_b][wm + g_mi * 16 + g8 + (g_e >> 1) * 8][kk] * "
+                  "g_tb[g_b][wn + g_ni * 8 + 2 * t4 + (g_e & 1)][kk];");
     sg__emit_close(e), sg__emit_close(e), sg__emit_close(e), sg__emit_close(e);
     sg__emit_raw(e, "#endif\n");
-    sg__emit_line(e, "__syncthreads();");
-    sg__emit_open(e, "if (more)");
-    emit_mma_steps(g, p, &q, true);
-    sg__emit_line(e, "__syncthreads();");
-    sg__emit_close(e);
+    open_acc_loop(e, mi, ni);
+    sg__emit_line(e, "acc[g_mi][g_ni][g_e] += part[g_mi][g_ni][g_e];");
+    sg__emit_close(e), sg__emit_close(e), sg__emit_close(e);
     sg__emit_close(e);
     if (q.split > 1) {
         /* The slices meet: partials in (element, thread) order, so a warp's
