@@ -28,7 +28,8 @@
  * rounded once to the output's dtype, as the library does. Then the
  * epilogue runs on the element, from the register, as in a GEMV kernel.
  *
- * On CUDA an f32 product takes the tensor cores instead (emit_mma): a
+ * On CUDA (SG_CUDA_GEMM=generated) an f32 product takes the tensor cores
+ * instead (emit_mma): a
  * block of 4 warps computes a BM x BN tile (64 x 64, or 32 x 32 where a
  * 64 x 64 grid leaves SMs idle), K in steps of 16 through shared memory
  * (cp.async, three steps in flight while the tensor cores run one), each
@@ -46,7 +47,9 @@
  * them in slice order -- the same bits whichever block finishes last --
  * and runs the epilogue. Every output element's sum runs in a fixed
  * order (deterministic). Without sm_80's mma.sync the same kernel adds
- * the same tile elements with f32 FMAs.
+ * the same tile elements with f32 FMAs. cuBLASLt's f32 kernels stay the
+ * default: on an H100 this kernel was no faster on W4's products and
+ * slower at 1024^3 (bench/NOTES.md, "f32 products on tensor cores").
  *
  * Groups it does not take (sg__cgen_gemm returns NULL): a norm merged in
  * front (norm_rows), a pair of products (anchor2), cache copies (ncopies),
@@ -90,14 +93,14 @@ static gemm_kind kind_of(sg__dialect d, sg_dtype dt) {
     const char *e = getenv("SG_CUDA_GEMM");
     if (e && strcmp(e, "library") == 0) return GEMM_LIBRARY;
     if (e && strcmp(e, "simt") == 0) return GEMM_SIMT;
-    if (dt == SG_F32) return GEMM_MMA;
-    return e && strcmp(e, "generated") == 0 ? GEMM_SIMT : GEMM_LIBRARY;
+    if (!(e && strcmp(e, "generated") == 0)) return GEMM_LIBRARY;
+    return dt == SG_F32 ? GEMM_MMA : GEMM_SIMT;
 }
 
 bool sg__cgen_gemm_wanted(sg__dialect d) {
     const char *e = getenv("SG_CUDA_GEMM");
     return d == SG__DIALECT_OPENCL || d == SG__DIALECT_HIP ||
-           (d == SG__DIALECT_CUDA && !(e && strcmp(e, "library") == 0));
+           (d == SG__DIALECT_CUDA && e && (strcmp(e, "generated") == 0 || strcmp(e, "simt") == 0));
 }
 
 /* The batch stride of operand r along output batch dim d of nb (r's own

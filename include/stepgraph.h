@@ -892,9 +892,11 @@ SG_API sg_status sg_optim_step_scaled(sg_optim *opt, sg_tensor *const *grads, sg
  * remembered with them), so max-autotune replays no slower than
  * reduce-overhead. Kernels launch with programmatic dependent launch on sm_90
  * (SG_CUDA_PDL=0 turns it off). SG_CUDA_GEMM=generated runs a compiled
- * step's matmuls (those of more than 8 rows) as the generated tiled GEMM of
- * the backends without a BLAS library, its bias and epilogue fused, instead
- * of cuBLASLt (for checking that GEMM on a GPU; cuBLASLt is much faster).
+ * step's matmuls (those of more than 8 rows) as the generated tiled GEMM,
+ * its bias and epilogue fused, instead of cuBLASLt: f32 on the tensor cores
+ * (3xTF32, about f32's accuracy, deterministic), f16/bf16 on the SIMT kernel
+ * of the backends without a BLAS library (SG_CUDA_GEMM=simt: every dtype
+ * there). cuBLASLt is as fast or faster on the shapes measured.
  *
  * What a step may do: read its inputs and any tensors made outside it (its
  * *parameters*: weights, caches), make new tensors with ops (they belong to
