@@ -10,6 +10,7 @@
 
 #include <stdio.h>
 #include <stdlib.h>
+#include <time.h>
 
 static size_t round_up(size_t x, size_t a) { return (x + a - 1) / a * a; }
 
@@ -328,6 +329,12 @@ static sg_status call_backend_fn(sg_fn *fn, sg__graph *g) {
     return SG_OK;
 }
 
+double sg__graph_clock(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
 /* Fuse and let the backend compile; on any failure the capture replays
  * op by op through the eager kernels (a fallback: an error under strict). */
 static sg_status try_compile(sg_fn *fn, sg__graph *g) {
@@ -347,7 +354,9 @@ static sg_status try_compile(sg_fn *fn, sg__graph *g) {
     sg_status before = ctx->status;
     char msg[SG__MSG_SIZE];
     snprintf(msg, sizeof msg, "%s", ctx->msg);
+    double t0 = sg__graph_clock();
     sg_status s = sg__fuse(ctx, &g->ir, &fo, &g->fused);
+    double t1 = sg__graph_clock();
     if (s == SG_OK) g->has_fused = true;
     if (s == SG_OK && fn->opts.backend_fn) s = call_backend_fn(fn, g);
     if (s == SG_OK && (g->custom || no_code)) {
@@ -369,6 +378,9 @@ static sg_status try_compile(sg_fn *fn, sg__graph *g) {
     ctx->no_cache_reads = fn->opts.force_disable_caches;
     if (s == SG_OK) s = ops->compile(fn, g);
     ctx->no_cache_reads = false;
+    if (s == SG_OK)
+        sg__log(ctx, "perf_hints", "fn '%s': capture %d: fusion %.1f ms, backend compile %.1f ms",
+                fn->name, fn->ngraphs, (t1 - t0) * 1e3, (sg__graph_clock() - t1) * 1e3);
     const char *chk = getenv("SG_NVRTC_CHECK");
     if (chk && strcmp(chk, "1") == 0 && ctx->backend == SG_BACKEND_CPU)
         check_dialect(fn, g, fo.disable, SG__DIALECT_CUDA);

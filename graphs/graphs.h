@@ -141,6 +141,8 @@ SG__HIDDEN sg_status sg__graph_outbuf(sg_fn *fn, sg__graph *g, int set);
 SG__HIDDEN void sg__graph_repoint(sg_ctx *ctx, sg__graph *g);
 SG__HIDDEN sg_status sg__graph_replay(sg_fn *fn, sg__graph *g, sg_tensor *const *in, int set);
 SG__HIDDEN void sg__graph_free(sg_ctx *ctx, sg__graph *g);
+/* Seconds on the monotonic clock (for the compile phases' perf_hints). */
+SG__HIDDEN double sg__graph_clock(void);
 
 /* outputs.c */
 SG__HIDDEN sg_status sg__outputs_init(sg_fn *fn);

@@ -311,13 +311,21 @@ static sg_status compile(sg_fn *fn, sg__graph *g) {
     sg__emit e = {.ctx = ctx};
     int nk = 0;
     bool hip = sg__cuda_is_hip(ctx);
+    double t0 = sg__graph_clock(), t1 = t0;
     sg_status s = sg__cgen_gpu(ctx, &g->ir, &g->fused, g->module,
                                hip ? SG__DIALECT_HIP : SG__DIALECT_CUDA, &e, cg->kinfo, &nk);
     if (s == SG_OK && hip) hip_gemm_note(ctx, g, cg->kinfo);
     for (int k = 0; k < cg->ngroups; k++)
         cg->dgrid[k] = cg->kinfo[k].grid, cg->dblock[k] = cg->kinfo[k].block;
     int *part = NULL; /* per group with a kernel: the part whose module holds it */
+    t1 = sg__graph_clock();
     if (s == SG_OK && nk > 0) s = build_parts(ctx, g, cg, e.buf, &part);
+    if (s == SG_OK && nk > 0)
+        sg__log(ctx, "perf_hints",
+                "%s: %d kernels generated in %.1f ms; built (%s, or the disk cache) and "
+                "loaded in %.1f ms",
+                g->module, nk, (t1 - t0) * 1e3, hip ? "hiprtc" : "NVRTC",
+                (sg__graph_clock() - t1) * 1e3);
     if (s == SG_OK && nk > 0) tune_path(ctx, g->module, e.buf, cg);
     if (s == SG_OK) sg__graph_log_source(fn, g, e.buf);
     sg__emit_free(&e);
@@ -513,8 +521,12 @@ static sg_status record_exec(sg_fn *fn, sg__graph *g, set_state *st, CUgraphExec
         fn->stats.exec_updates += r == CUDA_SUCCESS;
     }
     if (!*exec) {
+        double t0 = sg__graph_clock();
         r = cu->cuGraphInstantiateWithFlags(exec, graph, 0);
         fn->stats.graph_instantiations += r == CUDA_SUCCESS;
+        if (r == CUDA_SUCCESS)
+            sg__log(ctx, "perf_hints", "fn '%s': a graph of %d groups instantiated in %.1f ms",
+                    fn->name, g->fused.ngroups, (sg__graph_clock() - t0) * 1e3);
     }
     cu->cuGraphDestroy(graph);
     if (r != CUDA_SUCCESS) {

@@ -15,6 +15,7 @@
 
 #include "../../codegen/codegen.h"
 #include "../comm.h"
+#include "../graphs.h"
 #include "cuda.h"
 
 #include <stdlib.h>
@@ -254,7 +255,12 @@ static sg_status load_unit(sg_ctx *ctx, sg__cu_unit unit) {
                         "cuda: the kernel unit %d is not built into this "
                         "library",
                         (int)unit);
-    if (load_image(ctx, unit)) return SG_OK;
+    double t0 = sg__graph_clock();
+    if (load_image(ctx, unit)) {
+        sg__log(ctx, "perf_hints", "cuda: kernel family %s loaded (prebuilt) in %.1f ms",
+                sg__cu_names[unit], (sg__graph_clock() - t0) * 1e3);
+        return SG_OK;
+    }
     void *cubin = NULL;
     size_t size = 0;
     sg_status st = sg__cuda_rtc_build(ctx, sg__cu_names[unit], sg__cu_sources[unit], &cubin, &size);
@@ -265,6 +271,8 @@ static sg_status load_unit(sg_ctx *ctx, sg__cu_unit unit) {
         s->mod[unit] = NULL;
         return sg__cu_fail(ctx, r, "cuModuleLoadData", sg__cu_names[unit]);
     }
+    sg__log(ctx, "perf_hints", "cuda: kernel family %s built (NVRTC or the disk cache) and loaded in %.1f ms",
+            sg__cu_names[unit], (sg__graph_clock() - t0) * 1e3);
     return SG_OK;
 }
 
