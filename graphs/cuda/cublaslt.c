@@ -18,7 +18,10 @@
  */
 #include "cublaslt.h"
 
+#include "../graphs.h"
+
 #include <errno.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 
@@ -169,6 +172,15 @@ typedef struct lt_state {
     void *lib;
     lt_api api;
     cublasLtHandle_t handle;
+    bool ready;   /* the workspace is made: usable */
+    bool pending; /* sg__cublaslt_prewarm's thread (th) is loading it */
+    pthread_t th;
+    void *cuctx; /* the context the thread makes current */
+    const sg__cu_api *cu;
+    int load_err;      /* lt_load's answer */
+    cublasStatus_t cr; /* cublasLtCreate's status, for LOAD_CREATE */
+    char why[512];     /* what lt_load tried, or the missing symbol */
+    double load_ms;
     void *workspace;
     lt_entry *entries;
     int nentries, cap;
@@ -216,6 +228,7 @@ void sg__cublaslt_release(sg_ctx *ctx) {
     void **slot = sg__cuda_lt_state(ctx);
     lt_state *s = *slot;
     if (!s) return;
+    if (s->pending) pthread_join(s->th, NULL);
     for (int i = 0; i < s->nentries; i++) free_entry(&s->api, &s->entries[i]);
     sg__free(ctx, s->entries, sizeof *s->entries * (size_t)s->cap);
     sg__free(ctx, s->known, sizeof *s->known * (size_t)s->kcap);
@@ -235,11 +248,79 @@ static sg_status hip_no_blas(sg_ctx *ctx) {
                     "SG_BACKEND_CPU");
 }
 
-/* Load the library, make the handle and the workspace (first use only). */
+/* What lt_load says. */
+enum { LOAD_OK, LOAD_NO_LIBRARY, LOAD_NO_SYMBOL, LOAD_CREATE, LOAD_THREAD };
+
+/* Open the library, find its entry points and make the handle, touching
+ * nothing of the context (sg__cublaslt_prewarm runs it on a thread);
+ * s->why and s->cr say what failed. */
+static int lt_load(lt_state *s) {
+    double t0 = sg__graph_clock();
+    for (size_t i = 0; i < sizeof lib_names / sizeof lib_names[0] && !s->lib; i++) {
+        s->lib = dlopen(lib_names[i], RTLD_NOW | RTLD_LOCAL);
+        if (!s->lib) {
+            const char *e = dlerror();
+            size_t len = strlen(s->why);
+            snprintf(s->why + len, sizeof s->why - len, "%s%s (%s)", len ? ", " : "", lib_names[i],
+                     e ? e : "not found");
+        }
+    }
+    if (!s->lib) return LOAD_NO_LIBRARY;
+#define X(ret, name, params)                                                                       \
+    {                                                                                              \
+        void *f = dlsym(s->lib, #name);                                                            \
+        if (!f) {                                                                                  \
+            snprintf(s->why, sizeof s->why, "%s", #name);                                          \
+            return LOAD_NO_SYMBOL;                                                                 \
+        }                                                                                          \
+        memcpy(&s->api.name, &f, sizeof f);                                                        \
+    }
+    SG__LT_API(X)
+#undef X
+    s->cr = s->api.cublasLtCreate(&s->handle);
+    if (s->cr != CUBLAS_STATUS_SUCCESS) {
+        s->handle = NULL;
+        return LOAD_CREATE;
+    }
+    s->load_ms = (sg__graph_clock() - t0) * 1e3;
+    return LOAD_OK;
+}
+
+static void *prewarm_main(void *arg) {
+    lt_state *s = arg;
+    /* cuBLASLt makes its handle for the current device's context. */
+    if (s->cu->cuCtxSetCurrent((CUcontext)s->cuctx) != CUDA_SUCCESS) {
+        snprintf(s->why, sizeof s->why, "cuCtxSetCurrent on cuBLASLt's loading thread failed");
+        s->load_err = LOAD_THREAD;
+        return NULL;
+    }
+    s->load_err = lt_load(s);
+    return NULL;
+}
+
+void sg__cublaslt_prewarm(sg_ctx *ctx) {
+    void **slot = sg__cuda_lt_state(ctx);
+    const char *e = getenv("SG_CUDA_PREWARM");
+    if (*slot || sg__cuda_is_hip(ctx) || (e && strcmp(e, "0") == 0)) return;
+    lt_state *s = sg__calloc(ctx, sizeof *s);
+    if (!s) return; /* the first matmul loads it, and says so when it cannot */
+    s->cuctx = sg__cuda_context(ctx);
+    s->cu = sg__cuda_api(ctx);
+    s->pending = pthread_create(&s->th, NULL, prewarm_main, s) == 0;
+    if (!s->pending) {
+        sg__free(ctx, s, sizeof *s);
+        return;
+    }
+    *slot = s;
+}
+
+/* Load the library, make the handle and the workspace (first use only;
+ * the library and handle may be on their way from sg__cublaslt_prewarm). */
 static sg_status lt_state_get(sg_ctx *ctx, lt_state **out) {
     void **slot = sg__cuda_lt_state(ctx);
-    if (*slot) {
-        *out = *slot;
+    lt_state *s = *slot;
+    if (s && s->ready) {
+        *out = s;
         return SG_OK;
     }
     if (sg__cuda_is_hip(ctx))
@@ -248,46 +329,48 @@ static sg_status lt_state_get(sg_ctx *ctx, lt_state **out) {
         return sg__fail(ctx, SG_ERR_UNSUPPORTED, "cuda: the first matmul of a context ran while a "
                         "CUDA graph was recorded; cuBLASLt's handle and workspace cannot be made "
                         "inside a recording: run the step once without a graph first");
-    lt_state *s = sg__calloc(ctx, sizeof *s);
-    if (!s) return sg__fail(ctx, SG_ERR_OOM, "cuda: out of host memory for the cuBLASLt state");
-    *slot = s;
-    char tried[512] = "";
-    for (size_t i = 0; i < sizeof lib_names / sizeof lib_names[0] && !s->lib; i++) {
-        s->lib = dlopen(lib_names[i], RTLD_NOW | RTLD_LOCAL);
-        if (!s->lib) {
-            const char *e = dlerror();
-            size_t len = strlen(tried);
-            snprintf(tried + len, sizeof tried - len, "%s%s (%s)", len ? ", " : "", lib_names[i],
-                     e ? e : "not found");
-        }
+    if (!s) {
+        s = sg__calloc(ctx, sizeof *s);
+        if (!s) return sg__fail(ctx, SG_ERR_OOM, "cuda: out of host memory for the cuBLASLt state");
+        *slot = s;
+        s->load_err = lt_load(s);
     }
+    double t0 = sg__graph_clock();
+    bool waited = s->pending;
+    if (s->pending) pthread_join(s->th, NULL), s->pending = false;
     sg_status st = SG_OK;
-    if (!s->lib) {
-        st = sg__fail(ctx, SG_ERR_BACKEND_UNAVAILABLE, "cuda: matmul needs cuBLASLt, and "
+    if (s->load_err == LOAD_NO_LIBRARY) {
+        st = sg__fail(ctx, SG_ERR_BACKEND_UNAVAILABLE,
+                      "cuda: matmul needs cuBLASLt, and "
                       "libcublasLt could not be loaded: tried %.400s; install the CUDA 13 cuBLAS "
-                      "library (libcublas-13-0) or put its directory on LD_LIBRARY_PATH", tried);
+                      "library (libcublas-13-0) or put its directory on LD_LIBRARY_PATH",
+                      s->why);
         goto fail;
     }
-#define X(ret, name, params)                                                                      \
-    if (st == SG_OK) {                                                                            \
-        void *f = dlsym(s->lib, #name);                                                           \
-        if (f)                                                                                    \
-            memcpy(&s->api.name, &f, sizeof f);                                                   \
-        else                                                                                      \
-            st = sg__fail(ctx, SG_ERR_BACKEND_UNAVAILABLE, "cuda: libcublasLt lacks %s; install " \
-                          "the cuBLAS of CUDA 12 or newer", #name);                               \
-    }
-    SG__LT_API(X)
-#undef X
-    if (st != SG_OK) goto fail;
-    cublasStatus_t r = s->api.cublasLtCreate(&s->handle);
-    if (r != CUBLAS_STATUS_SUCCESS) {
-        s->handle = NULL;
-        const char *name = s->api.cublasLtGetStatusName(r);
-        st = sg__fail(ctx, SG_ERR_DRIVER, "cuda: cublasLtCreate failed with %s (%d); check the "
-                      "device with nvidia-smi", name ? name : "an unknown status", (int)r);
+    if (s->load_err == LOAD_NO_SYMBOL) {
+        st = sg__fail(ctx, SG_ERR_BACKEND_UNAVAILABLE,
+                      "cuda: libcublasLt lacks %s; install "
+                      "the cuBLAS of CUDA 12 or newer",
+                      s->why);
         goto fail;
     }
+    if (s->load_err == LOAD_THREAD) {
+        st = sg__fail(ctx, SG_ERR_DRIVER, "cuda: %s; run with SG_CUDA_PREWARM=0", s->why);
+        goto fail;
+    }
+    if (s->load_err == LOAD_CREATE) {
+        const char *name = s->api.cublasLtGetStatusName(s->cr);
+        st = sg__fail(ctx, SG_ERR_DRIVER,
+                      "cuda: cublasLtCreate failed with %s (%d); check the "
+                      "device with nvidia-smi",
+                      name ? name : "an unknown status", (int)s->cr);
+        goto fail;
+    }
+    sg__log(ctx, "perf_hints", "cuda: cuBLASLt loaded and its handle made in %.1f ms%s", s->load_ms,
+            waited ? "" : " (on first use)");
+    if (waited)
+        sg__log(ctx, "perf_hints", "cuda: the first matmul waited %.1f ms for cuBLASLt's thread",
+                (sg__graph_clock() - t0) * 1e3);
     st = ctx->exec.alloc(ctx, WORKSPACE_BYTES, &s->workspace);
     if (st != SG_OK) {
         s->workspace = NULL;
@@ -297,6 +380,7 @@ static sg_status lt_state_get(sg_ctx *ctx, lt_state **out) {
     }
     const char *tf = getenv("SG_ALLOW_TF32");
     s->tf32 = tf && strcmp(tf, "1") == 0;
+    s->ready = true;
     *out = s;
     return SG_OK;
 fail:
@@ -747,7 +831,7 @@ static int pick_for(sg_ctx *ctx, const cand *t, const sg__lt_call *c, bool alt_f
 
 void sg__lt_scope(sg_ctx *ctx, bool on) {
     lt_state *s = *sg__cuda_lt_state(ctx);
-    if (on && !s) {
+    if (on && (!s || !s->ready)) {
         quiet q;
         quiet_begin(ctx, &q);
         if (lt_state_get(ctx, &s) != SG_OK) s = NULL;

@@ -319,6 +319,12 @@ static sg_status compile(sg_fn *fn, sg__graph *g) {
         cg->dgrid[k] = cg->kinfo[k].grid, cg->dblock[k] = cg->kinfo[k].block;
     int *part = NULL; /* per group with a kernel: the part whose module holds it */
     t1 = sg__graph_clock();
+    /* cuBLASLt's load, on a thread while NVRTC works, when the step calls it. */
+    for (int k = 0; s == SG_OK && !hip && k < cg->ngroups; k++)
+        if (g->fused.groups[k].kind == SG__G_MATMUL && !cg->kinfo[k].replaces_call) {
+            sg__cublaslt_prewarm(ctx);
+            break;
+        }
     if (s == SG_OK && nk > 0) s = build_parts(ctx, g, cg, e.buf, &part);
     if (s == SG_OK && nk > 0)
         sg__log(ctx, "perf_hints",

@@ -198,6 +198,7 @@ size_t sg__cuda_l2_bytes(const sg_ctx *ctx) { return (size_t)state(ctx)->l2; }
 int sg__cuda_arch(const sg_ctx *ctx) { return state(ctx)->arch; }
 void *sg__cuda_stream(const sg_ctx *ctx) { return state(ctx)->stream; }
 void **sg__cuda_lt_state(sg_ctx *ctx) { return &state(ctx)->lt; }
+void *sg__cuda_context(const sg_ctx *ctx) { return state(ctx)->pctx; }
 const sg__cu_api *sg__cuda_api(const sg_ctx *ctx) { return state(ctx)->cu; }
 bool sg__cuda_is_hip(const sg_ctx *ctx) { return state(ctx)->dev0.hip; }
 const sg__cuda_device *sg__cuda_device_of(const sg_ctx *ctx) { return &state(ctx)->dev0; }

@@ -97,6 +97,13 @@ SG__HIDDEN sg_status sg__cuda_init(sg_ctx *ctx, char *why, size_t n);
 SG__HIDDEN extern const sg__graph_ops sg__cuda_graph_ops;
 /* Drop the context's cuBLASLt state (cublaslt.c). */
 SG__HIDDEN void sg__cublaslt_release(sg_ctx *ctx);
+/* Start loading cuBLASLt and making its handle on a thread of its own, so
+ * that a compile's NVRTC work hides it (a step with library matmuls, before
+ * its unit is built; SG_CUDA_PREWARM=0: not). The first matmul waits for
+ * it and reports what failed, as a load on first use would. */
+SG__HIDDEN void sg__cublaslt_prewarm(sg_ctx *ctx);
+/* The primary context the executor made current (a CUcontext). */
+SG__HIDDEN void *sg__cuda_context(const sg_ctx *ctx);
 /* Where that state hangs: a slot of the context's CUDA state, NULL until
  * the first matmul (cublaslt.c owns what it points to). */
 SG__HIDDEN void **sg__cuda_lt_state(sg_ctx *ctx);
