@@ -354,43 +354,116 @@ static mma_geo mma_shape(const gemm *p) {
     return q;
 }
 
-/* One operand's step of K (columns kl ..) into stage buffer `buf` of shared
- * array `tile` ([MMA_STAGES][rows][MMA_LD]), asynchronously: element (r, c)
- * is row o0 + r (m of A, n of B) and column kl + c; a thread's copies run
- * along k when k is the contiguous dim (kfast), else along the rows;
- * elements past M, N or the slice's K are zeros. */
-static void emit_mma_step(sg__cuda_gen *g, const char *tile, const sg__ref *r, const char *base,
-                          const char *o0, int64_t limit, int64_t s_outer, int64_t s_k, bool kfast,
-                          int rows) {
+/* One operand of the tensor-core kernel: the shared array its steps of K
+ * land in ([MMA_STAGES][rows][MMA_LD]), element (r, c) being row o0 + r (m
+ * of A, n of B) and column kl + c of the step at kl. A thread copies
+ * rows * MMA_TK / MMA_THREADS elements a step, along k when k is the
+ * contiguous dim (kfast: the same column c0, rows r0 + l * rstep), else
+ * along the rows (the same row r0, columns c0 + l * cstep); so its
+ * addresses are one pointer (pre_p, at k = 0) plus constants. */
+typedef struct mma_opnd {
+    const char *pre, *tile, *o0;
+    int slot, rows, rstep, cstep;
+    int64_t limit, s_outer, s_k;
+    bool kfast;
+    bool vec; /* k contiguous, rows and K in whole 16-byte vectors: 16-byte
+                 copies where the operand's base sits on 16 bytes (pre_v) */
+} mma_opnd;
+
+static mma_opnd mma_operand(sg__cuda_gen *g, const gemm *p, const char *pre, const char *tile,
+                            const sg__ref *r, const int64_t *bstride, const char *o0, int64_t limit,
+                            int64_t s_outer, int64_t s_k, bool kfast, int rows) {
+    mma_opnd o = {.pre = pre,
+                  .tile = tile,
+                  .o0 = o0,
+                  .slot = sg__cuda_slot(g, r->slot),
+                  .rows = rows,
+                  .limit = limit,
+                  .s_outer = s_outer,
+                  .s_k = s_k,
+                  .kfast = kfast};
+    o.vec = kfast && s_k == 1 && s_outer % 4 == 0 && p->K % 4 == 0 && r->offset % 4 == 0;
+    for (int d = 0; d < p->nb; d++) o.vec = o.vec && bstride[d] % 4 == 0;
+    o.rstep = kfast ? MMA_THREADS / MMA_TK : 0;
+    o.cstep = kfast ? 0 : MMA_THREADS / rows;
+    return o;
+}
+
+static void emit_mma_setup(sg__cuda_gen *g, const mma_opnd *o, const char *base) {
     sg__emit *e = sg__cuda_out(g);
-    int slot = sg__cuda_slot(g, r->slot);
-    sg__emit_line(e, "#pragma unroll");
-    sg__emit_open(e, "for (int l = 0; l < %d; l++)", rows * MMA_TK / MMA_THREADS);
-    sg__emit_line(e, "const int q = (int)threadIdx.x + l * %d;", MMA_THREADS);
-    if (kfast)
-        sg__emit_line(e, "const int r = q / %d, c = q %% %d;", MMA_TK, MMA_TK);
+    if (o->kfast)
+        sg__emit_line(e, "const int %s_r = (int)threadIdx.x / %d, %s_c = (int)threadIdx.x %% %d;",
+                      o->pre, MMA_TK, o->pre, MMA_TK);
     else
-        sg__emit_line(e, "const int r = q %% %d, c = q / %d;", rows, rows);
-    sg__emit_line(e, "const sg_i64 ro = %s + r, kc = kl + c;", o0);
-    sg__emit_line(e, "const bool ok = ro < %lld && kc < k_hi;", (long long)limit);
+        sg__emit_line(e, "const int %s_r = (int)threadIdx.x %% %d, %s_c = (int)threadIdx.x / %d;",
+                      o->pre, o->rows, o->pre, o->rows);
     sg__emit_line(e,
-                  "sg_cp4(&%s[buf][r][c], (const float *)s%d + (ok ? %s + ro * %lld + kc * %lld : "
-                  "0), ok);",
-                  tile, slot, base, (long long)s_outer, (long long)s_k);
+                  "const float *const %s_p = (const float *)s%d + %s + (%s + %s_r) * %lldLL + "
+                  "%s_c * %lldLL;",
+                  o->pre, o->slot, base, o->o0, o->pre, (long long)o->s_outer, o->pre,
+                  (long long)o->s_k);
+    if (!o->vec) return;
+    /* 16-byte copies: 4 threads a row of the step, MMA_THREADS / 4 rows apart. */
+    sg__emit_line(e, "const int %s_r4 = (int)threadIdx.x / %d, %s_c4 = (int)threadIdx.x %% %d * 4;",
+                  o->pre, MMA_TK / 4, o->pre, MMA_TK / 4);
+    sg__emit_line(e,
+                  "const float *const %s_p4 = (const float *)s%d + %s + (%s + %s_r4) * %lldLL + "
+                  "%s_c4;",
+                  o->pre, o->slot, base, o->o0, o->pre, (long long)o->s_outer, o->pre);
+    sg__emit_line(
+        e, "const bool %s_v = (((sg_u64)((const float *)s%d + %s + %s * %lldLL)) & 15) == 0;",
+        o->pre, o->slot, base, o->o0, (long long)o->s_outer);
+}
+
+/* Its step at kl into buffer buf, asynchronously; elements past M, N or
+ * the slice's K are zeros. */
+static void emit_mma_step(sg__cuda_gen *g, const mma_opnd *o) {
+    sg__emit *e = sg__cuda_out(g);
+    const char *x = o->pre;
+    int per = o->rows * MMA_TK / MMA_THREADS;
+    if (o->vec) {
+        int rs = MMA_THREADS / (MMA_TK / 4);
+        sg__emit_open(e, "if (%s_v)", x);
+        sg__emit_line(e, "const float *const p = %s_p4 + kl;", x);
+        for (int l = 0; l < per / 4; l++)
+            sg__emit_line(e,
+                          "sg_cp16(&%s[buf][%s_r4 + %d][%s_c4], p + %lldLL, %s + %s_r4 + %d < "
+                          "%lldLL && kl + %s_c4 < k_hi);",
+                          o->tile, x, l * rs, x, (long long)(l * rs * o->s_outer), o->o0, x, l * rs,
+                          (long long)o->limit, x);
+        sg__emit_close(e);
+        sg__emit_open(e, "else");
+    } else {
+        sg__emit_open(e, "%s", "");
+    }
+    sg__emit_line(e, "const float *const p = %s_p + kl * %lldLL;", x, (long long)o->s_k);
+    for (int l = 0; l < per; l++) {
+        if (o->kfast)
+            sg__emit_line(e,
+                          "sg_cp4(&%s[buf][%s_r + %d][%s_c], p + %lldLL, %s + %s_r + %d < %lldLL "
+                          "&& kl + %s_c < k_hi);",
+                          o->tile, x, l * o->rstep, x, (long long)(l * o->rstep * o->s_outer),
+                          o->o0, x, l * o->rstep, (long long)o->limit, x);
+        else
+            sg__emit_line(e,
+                          "sg_cp4(&%s[buf][%s_r][%s_c + %d], p + %lldLL, %s + %s_r < %lldLL && "
+                          "kl + %s_c + %d < k_hi);",
+                          o->tile, x, x, l * o->cstep, (long long)(l * o->cstep * o->s_k), o->o0, x,
+                          (long long)o->limit, x, l * o->cstep);
+    }
     sg__emit_close(e);
 }
 
 /* Both operands' step `st` into buffer st % MMA_STAGES, when the slice has
  * it; a commit group either way (the waits count groups). */
-static void emit_mma_issue(sg__cuda_gen *g, const gemm *p, const mma_geo *q, const char *st) {
+static void emit_mma_issue(sg__cuda_gen *g, const mma_opnd *oa, const mma_opnd *ob,
+                           const char *st) {
     sg__emit *e = sg__cuda_out(g);
-    bool a_kfast = p->acs == 1 || p->ars != 1;
-    bool b_kfast = p->brs == 1 || p->bcs != 1;
     sg__emit_open(e, "if (%s < g_nst)", st);
     sg__emit_line(e, "const int buf = %s %% %d;", st, MMA_STAGES);
     sg__emit_line(e, "const sg_i64 kl = k_lo + (sg_i64)%s * %d;", st, MMA_TK);
-    emit_mma_step(g, "g_ta", p->a, "a_o", "m0", p->M, p->ars, p->acs, a_kfast, q->bm);
-    emit_mma_step(g, "g_tb", p->b, "b_o", "n0", p->N, p->bcs, p->brs, b_kfast, q->bn);
+    emit_mma_step(g, oa);
+    emit_mma_step(g, ob);
     sg__emit_close(e);
     sg__emit_line(e, "sg_cp_commit();");
 }
@@ -413,8 +486,8 @@ static const char *emit_mma(sg__cuda_gen *g, const sg__group *grp, const gemm *p
     const char *tf = getenv("SG_ALLOW_TF32");
     bool one = tf && strcmp(tf, "1") == 0; /* the TF32 heads only */
     int wm = q.bm / 2, wn = q.bn / 2, mi = wm / 16, ni = wn / 8, tile_n = q.bm * q.bn;
-    sg__emit_line(e, "__shared__ float g_ta[%d][%d][%d];", MMA_STAGES, q.bm, MMA_LD);
-    sg__emit_line(e, "__shared__ float g_tb[%d][%d][%d];", MMA_STAGES, q.bn, MMA_LD);
+    sg__emit_line(e, "__shared__ __align__(16) float g_ta[%d][%d][%d];", MMA_STAGES, q.bm, MMA_LD);
+    sg__emit_line(e, "__shared__ __align__(16) float g_tb[%d][%d][%d];", MMA_STAGES, q.bn, MMA_LD);
     sg__emit_line(e,
                   "const sg_i64 g_tile = (sg_i64)blockIdx.x / %lld, g_s = (sg_i64)blockIdx.x %% "
                   "%lld;",
@@ -430,6 +503,14 @@ static const char *emit_mma(sg__cuda_gen *g, const sg__group *grp, const gemm *p
     sg__emit_line(e, "const int g8 = g_l / 4, t4 = g_l %% 4;");
     sg__emit_line(e, "const int wm = g_w / 2 * %d, wn = g_w %% 2 * %d;", wm, wn);
     emit_batch(g, p);
+    bool a_kfast = p->acs == 1 || p->ars != 1;
+    bool b_kfast = p->brs == 1 || p->bcs != 1;
+    mma_opnd oa =
+        mma_operand(g, p, "ga", "g_ta", p->a, p->abs_, "m0", p->M, p->ars, p->acs, a_kfast, q.bm);
+    mma_opnd ob =
+        mma_operand(g, p, "gb", "g_tb", p->b, p->bbs, "n0", p->N, p->bcs, p->brs, b_kfast, q.bn);
+    emit_mma_setup(g, &oa, "a_o");
+    emit_mma_setup(g, &ob, "b_o");
     sg__emit_line(e, "float acc[%d][%d][4];", mi, ni);
     open_acc_loop(e, mi, ni);
     sg__emit_line(e, "acc[g_mi][g_ni][g_e] = 0.0f;");
@@ -437,14 +518,14 @@ static const char *emit_mma(sg__cuda_gen *g, const sg__group *grp, const gemm *p
     /* MMA_STAGES - 1 steps in flight ahead of the one computed. */
     sg__emit_line(e, "#pragma unroll");
     sg__emit_open(e, "for (int g_st = 0; g_st < %d; g_st++)", MMA_STAGES - 1);
-    emit_mma_issue(g, p, &q, "g_st");
+    emit_mma_issue(g, &oa, &ob, "g_st");
     sg__emit_close(e);
     sg__emit_open(e, "for (int g_it = 0; g_it < g_nst; g_it++)");
     sg__emit_line(e, "sg_cp_wait(%d);", MMA_STAGES - 2);
     sg__emit_line(e, "__syncthreads();");
     sg__emit_line(e, "const int g_b = g_it %% %d;", MMA_STAGES);
     /* The buffer computed in the step before: every thread is past it. */
-    emit_mma_issue(g, p, &q, "(g_it + " MMA_AHEAD ")");
+    emit_mma_issue(g, &oa, &ob, "(g_it + " MMA_AHEAD ")");
     /* The step's products in a partial of their own, added to acc in f32:
      * the tensor cores' accumulation truncates, so a long chain of them
      * in one register would drift by ~2^-23 a step. */
