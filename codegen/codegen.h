@@ -721,11 +721,14 @@ SG__HIDDEN bool sg__rtc_available(sg__rtc drv, char *why, size_t n);
  * apart: its emitted kernels dealt by size, largest first, each to the
  * lightest part; a part's source is the unit's text before its first
  * kernel followed by its kernels' text in unit order. One part, the unit
- * itself, when the unit holds less than SG__PART_TEXT of kernel text a
- * part, maxparts < 2, or SG_DUMP_DIR or SG_OVERRIDE_DIR is set (both name
- * the whole unit). part[k]: the part of group k's kernel (a group running
- * an earlier group's kernel gets that group's part; 0 without a kernel). */
+ * itself, when the unit holds less than sg__unit_part_text() of kernel
+ * text a part, maxparts < 2, or SG_DUMP_DIR or SG_OVERRIDE_DIR is set (both
+ * name the whole unit). part[k]: the part of group k's kernel (a group
+ * running an earlier group's kernel gets that group's part; 0 without a
+ * kernel). */
 #define SG__PART_TEXT ((size_t)24 << 10)
+/* The least kernel text a part gets: SG__PART_TEXT, or SG_NVRTC_PART_KB KB. */
+SG__HIDDEN size_t sg__unit_part_text(void);
 typedef struct sg__unit_parts {
     int n, ngroups;
     int *part;

@@ -503,6 +503,12 @@ void sg__unit_parts_free(sg_ctx *ctx, sg__unit_parts *u) {
     memset(u, 0, sizeof *u);
 }
 
+size_t sg__unit_part_text(void) {
+    const char *e = getenv("SG_NVRTC_PART_KB");
+    long kb = e && e[0] ? atol(e) : 0;
+    return kb > 0 ? (size_t)kb << 10 : SG__PART_TEXT;
+}
+
 sg_status sg__unit_split(sg_ctx *ctx, const char *src, const sg__cuda_kinfo *ki, int ngroups,
                          int maxparts, sg__unit_parts *u) {
     memset(u, 0, sizeof *u);
@@ -512,7 +518,7 @@ sg_status sg__unit_split(sg_ctx *ctx, const char *src, const sg__cuda_kinfo *ki,
             u->kernels++, u->text += ki[k].text_len;
             if (ki[k].text_at < pre) pre = ki[k].text_at;
         }
-    long np = (long)(u->text / SG__PART_TEXT);
+    long np = (long)(u->text / sg__unit_part_text());
     if (np > maxparts) np = maxparts;
     if (np > u->kernels) np = u->kernels;
     const char *dump = getenv("SG_DUMP_DIR"), *over = getenv("SG_OVERRIDE_DIR");
