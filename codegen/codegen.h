@@ -726,7 +726,7 @@ SG__HIDDEN bool sg__rtc_available(sg__rtc drv, char *why, size_t n);
  * name the whole unit). part[k]: the part of group k's kernel (a group
  * running an earlier group's kernel gets that group's part; 0 without a
  * kernel). */
-#define SG__PART_TEXT ((size_t)24 << 10)
+#define SG__PART_TEXT ((size_t)2 << 10)
 /* The least kernel text a part gets: SG__PART_TEXT, or SG_NVRTC_PART_KB KB. */
 SG__HIDDEN size_t sg__unit_part_text(void);
 typedef struct sg__unit_parts {
