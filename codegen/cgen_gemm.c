@@ -329,23 +329,26 @@ static void emit_simt(sg__cuda_gen *g, const sg__group *grp, const gemm *pp, sg_
 static int64_t cdiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
 /* The tensor-core kernel's tile (bm x bn), slice count and K per slice:
- * 64 x 64 where that grid fills the SMs, else 32 x 32 with K cut so that
- * about two blocks an SM run, each at least four steps of K. */
+ * about four blocks an SM (as many as its registers hold), each at least
+ * four steps of K: 64 x 64 tiles where they alone give that, else 64 x 64
+ * tiles with K cut where they give half an SM's worth, else 32 x 32 tiles
+ * with K cut. */
 typedef struct mma_geo {
     int bm, bn;
     int64_t tm, tn, tiles, split, ks;
 } mma_geo;
 
 static mma_geo mma_shape(const gemm *p) {
+    const int64_t want = 4 * MMA_FILL;
     mma_geo q = {.bm = 64, .bn = 64};
     q.tm = cdiv(p->M, 64), q.tn = cdiv(p->N, 64);
     q.tiles = q.tm * q.tn * p->batch;
-    q.split = 1, q.ks = cdiv(p->K, MMA_TK) * MMA_TK;
-    if (q.tiles >= MMA_FILL * 3 / 4) return q;
-    q.bm = q.bn = 32;
-    q.tm = cdiv(p->M, 32), q.tn = cdiv(p->N, 32);
-    q.tiles = q.tm * q.tn * p->batch;
-    int64_t s = cdiv(2 * MMA_FILL, q.tiles), most = cdiv(p->K, 4 * MMA_TK);
+    if (q.tiles < MMA_FILL / 2) {
+        q.bm = q.bn = 32;
+        q.tm = cdiv(p->M, 32), q.tn = cdiv(p->N, 32);
+        q.tiles = q.tm * q.tn * p->batch;
+    }
+    int64_t s = cdiv(want, q.tiles), most = cdiv(p->K, 4 * MMA_TK);
     if (s > most) s = most;
     if (s > 16) s = 16;
     if (s < 1) s = 1;
@@ -536,20 +539,32 @@ static const char *emit_mma(sg__cuda_gen *g, const sg__group *grp, const gemm *p
     sg__emit_raw(e, "#if __CUDA_ARCH__ >= 800\n");
     sg__emit_line(e, "#pragma unroll");
     sg__emit_open(e, "for (int kk = 0; kk < %d; kk += 8)", MMA_TK);
-    sg__emit_line(e, "sg_u32 ah[%d][4], al[%d][4], bh[%d][2], bl[%d][2];", mi, mi, ni, ni);
+    if (one)
+        sg__emit_line(e, "sg_u32 ah[%d][4], bh[%d][2];", mi, ni);
+    else
+        sg__emit_line(e, "sg_u32 ah[%d][4], al[%d][4], bh[%d][2], bl[%d][2];", mi, mi, ni, ni);
     sg__emit_line(e, "#pragma unroll");
     sg__emit_open(e, "for (int g_mi = 0; g_mi < %d; g_mi++)", mi);
     sg__emit_line(e, "const int r = wm + g_mi * 16 + g8;");
-    sg__emit_line(e, "sg_tf32_split(g_ta[g_b][r][kk + t4], &ah[g_mi][0], &al[g_mi][0]);");
-    sg__emit_line(e, "sg_tf32_split(g_ta[g_b][r + 8][kk + t4], &ah[g_mi][1], &al[g_mi][1]);");
-    sg__emit_line(e, "sg_tf32_split(g_ta[g_b][r][kk + t4 + 4], &ah[g_mi][2], &al[g_mi][2]);");
-    sg__emit_line(e, "sg_tf32_split(g_ta[g_b][r + 8][kk + t4 + 4], &ah[g_mi][3], &al[g_mi][3]);");
+    static const char *const aidx[4] = {"[r][kk + t4]", "[r + 8][kk + t4]", "[r][kk + t4 + 4]",
+                                        "[r + 8][kk + t4 + 4]"};
+    for (int f = 0; f < 4; f++)
+        if (one)
+            sg__emit_line(e, "ah[g_mi][%d] = sg_tf32(g_ta[g_b]%s);", f, aidx[f]);
+        else
+            sg__emit_line(e, "sg_tf32_split(g_ta[g_b]%s, &ah[g_mi][%d], &al[g_mi][%d]);", aidx[f],
+                          f, f);
     sg__emit_close(e);
     sg__emit_line(e, "#pragma unroll");
     sg__emit_open(e, "for (int g_ni = 0; g_ni < %d; g_ni++)", ni);
     sg__emit_line(e, "const int c = wn + g_ni * 8 + g8;");
-    sg__emit_line(e, "sg_tf32_split(g_tb[g_b][c][kk + t4], &bh[g_ni][0], &bl[g_ni][0]);");
-    sg__emit_line(e, "sg_tf32_split(g_tb[g_b][c][kk + t4 + 4], &bh[g_ni][1], &bl[g_ni][1]);");
+    static const char *const bidx[2] = {"[c][kk + t4]", "[c][kk + t4 + 4]"};
+    for (int f = 0; f < 2; f++)
+        if (one)
+            sg__emit_line(e, "bh[g_ni][%d] = sg_tf32(g_tb[g_b]%s);", f, bidx[f]);
+        else
+            sg__emit_line(e, "sg_tf32_split(g_tb[g_b]%s, &bh[g_ni][%d], &bl[g_ni][%d]);", bidx[f],
+                          f, f);
     sg__emit_close(e);
     sg__emit_line(e, "#pragma unroll");
     sg__emit_open(e, "for (int g_mi = 0; g_mi < %d; g_mi++)", mi);
