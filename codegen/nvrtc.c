@@ -495,7 +495,7 @@ int sg__unit_max_parts(void) {
 }
 
 void sg__unit_parts_free(sg_ctx *ctx, sg__unit_parts *u) {
-    for (int p = 0; u->src && p < u->n; p++)
+    for (int p = 0; u->src && u->size && p < u->n; p++) /* either may be missing after an OOM */
         if (u->size[p]) sg__free(ctx, u->src[p], u->size[p]);
     if (u->src) sg__free(ctx, u->src, sizeof *u->src * (size_t)(u->n ? u->n : 1));
     if (u->size) sg__free(ctx, u->size, sizeof *u->size * (size_t)(u->n ? u->n : 1));

@@ -8,7 +8,9 @@
  * cache compiles uncached and a world-writable one is refused; several
  * programs compile on threads to the images of single compiles, each
  * cached, and a failing one fails the call by its name; a unit cut into
- * parts (sg__unit_split) puts each kernel in exactly one part.
+ * parts (sg__unit_split) puts each kernel in exactly one part, and every
+ * host allocation of the cut and its build can fail (SG_ERR_OOM, nothing
+ * kept, or a recovery with the right images).
  */
 #define _POSIX_C_SOURCE 200809L
 #include "codegen/codegen.h"
@@ -349,6 +351,59 @@ int main(void) {
         sg__unit_parts_free(ctx, &u);
         unsetenv("SG_DUMP_DIR");
         tu_case(ok, "the same unit with SG_DUMP_DIR set -> one part, the unit itself");
+        /* Every host allocation of the cut and of its build (from the
+         * cache the build above filled, and compiled anew) can fail: the
+         * call says SG_ERR_OOM and speaks of memory and gives back what it
+         * took, or it recovers (a cache entry it cannot read is compiled)
+         * with every kernel in its part's image. */
+        for (int fresh = 0; fresh < 2; fresh++) {
+            tu_alloc h = {0};
+            sg_ctx *c2 = NULL;
+            sg_ctx_opts o = {.backend = SG_BACKEND_CPU, .alloc = tu_alloc_hook, .alloc_user = &h};
+            if (fresh) setenv("SG_CACHE_DIR", "/dev/null/cache", 1); /* compiled every time */
+            ok = TU_EXPECT(sg_ctx_create(&o, &c2) == SG_OK);
+            long n = 0, failed = 0, bad = 0;
+            for (long k = 0; ok && (k == 0 || k <= n); k++) {
+                long live = h.live, start = h.count;
+                h.fail_at = k ? start + k : 0;
+                void *im[3] = {NULL};
+                size_t ni[3] = {0};
+                sg_status st = sg__unit_split(c2, unit, ki, NK, 3, &u);
+                bool right = true; /* a success's images hold their parts' kernels */
+                if (st == SG_OK) {
+                    for (int p = 0; p < u.n; p++) sc[p] = u.src[p];
+                    st = sg__rtc_build_many(c2, SG__RTC_NVRTC, u.n, nm, sc, "sm_90", u.n, im, ni);
+                    for (int q = 0; st == SG_OK && q < NK; q++)
+                        right = right && has_name(im[u.part[q]], ni[u.part[q]], ki[q].name);
+                    for (int p = 0; p < u.n; p++)
+                        if (im[p]) sg__free(c2, im[p], ni[p]);
+                    sg__unit_parts_free(c2, &u);
+                }
+                if (k == 0) {
+                    n = h.count - start;
+                    ok = TU_EXPECT(st == SG_OK) && TU_EXPECT(n > 3);
+                } else if (st != SG_OK) {
+                    failed++;
+                    const char *m = sg_last_error(c2);
+                    bad += !(st == SG_ERR_OOM && strstr(m, "memory") && h.live == live);
+                    if (st != SG_ERR_OOM || !strstr(m, "memory") || h.live != live)
+                        fprintf(stderr, "  fail_at +%ld: status %d, %ld blocks kept: %s\n", k,
+                                (int)st, h.live - live, m);
+                    sg_clear_error(c2);
+                } else { /* recovered (a cache entry it could not read is compiled) */
+                    bad += h.live != live || !right;
+                }
+            }
+            h.fail_at = 0;
+            ok = ok && TU_EXPECT(failed > 0) && TU_EXPECT(bad == 0);
+            if (c2) sg_ctx_destroy(c2);
+            ok = ok && TU_EXPECT(h.live == 0);
+            setenv("SG_CACHE_DIR", dir, 1);
+            tu_case(ok,
+                    "the cut and build of that unit (%s) with each of its %ld host allocations "
+                    "failing -> SG_ERR_OOM (%ld) or recovered (%ld), nothing kept",
+                    fresh ? "compiled" : "cached", n, failed, n - failed);
+        }
         free(unit);
     }
     sg__free(ctx, a, na);
