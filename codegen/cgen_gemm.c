@@ -481,6 +481,25 @@ static void open_acc_loop(sg__emit *e, int mi, int ni) {
     sg__emit_open(e, "for (int g_e = 0; g_e < 4; g_e++)");
 }
 
+/* A warp's fragments of one operand for the k-step at kk: for each of its
+ * n tiles (loop variable v), the TF32 head (<x>h) and remainder (<x>l) of
+ * each element at tile[g_b]<idx[f]>, with row or column `rc` = `at`; the
+ * heads only (cvt.rna.tf32) when `one`. */
+static void emit_fragment(sg__emit *e, bool one, const char *x, const char *v, int n,
+                          const char *rc, const char *at, const char *tile, const char *const *idx,
+                          int nf) {
+    sg__emit_line(e, "#pragma unroll");
+    sg__emit_open(e, "for (int %s = 0; %s < %d; %s++)", v, v, n, v);
+    sg__emit_line(e, "const int %s = %s;", rc, at);
+    for (int f = 0; f < nf; f++)
+        if (one)
+            sg__emit_line(e, "%sh[%s][%d] = sg_tf32(%s[g_b]%s);", x, v, f, tile, idx[f]);
+        else
+            sg__emit_line(e, "sg_tf32_split(%s[g_b]%s, &%sh[%s][%d], &%sl[%s][%d]);", tile, idx[f],
+                          x, v, f, x, v, f);
+    sg__emit_close(e);
+}
+
 static const char *emit_mma(sg__cuda_gen *g, const sg__group *grp, const gemm *p,
                             sg__cuda_kinfo *ki) {
     sg__emit *e = sg__cuda_out(g);
@@ -542,29 +561,11 @@ static const char *emit_mma(sg__cuda_gen *g, const sg__group *grp, const gemm *p
         sg__emit_line(e, "sg_u32 ah[%d][4], bh[%d][2];", mi, ni);
     else
         sg__emit_line(e, "sg_u32 ah[%d][4], al[%d][4], bh[%d][2], bl[%d][2];", mi, mi, ni, ni);
-    sg__emit_line(e, "#pragma unroll");
-    sg__emit_open(e, "for (int g_mi = 0; g_mi < %d; g_mi++)", mi);
-    sg__emit_line(e, "const int r = wm + g_mi * 16 + g8;");
     static const char *const aidx[4] = {"[r][kk + t4]", "[r + 8][kk + t4]", "[r][kk + t4 + 4]",
                                         "[r + 8][kk + t4 + 4]"};
-    for (int f = 0; f < 4; f++)
-        if (one)
-            sg__emit_line(e, "ah[g_mi][%d] = sg_tf32(g_ta[g_b]%s);", f, aidx[f]);
-        else
-            sg__emit_line(e, "sg_tf32_split(g_ta[g_b]%s, &ah[g_mi][%d], &al[g_mi][%d]);", aidx[f],
-                          f, f);
-    sg__emit_close(e);
-    sg__emit_line(e, "#pragma unroll");
-    sg__emit_open(e, "for (int g_ni = 0; g_ni < %d; g_ni++)", ni);
-    sg__emit_line(e, "const int c = wn + g_ni * 8 + g8;");
     static const char *const bidx[2] = {"[c][kk + t4]", "[c][kk + t4 + 4]"};
-    for (int f = 0; f < 2; f++)
-        if (one)
-            sg__emit_line(e, "bh[g_ni][%d] = sg_tf32(g_tb[g_b]%s);", f, bidx[f]);
-        else
-            sg__emit_line(e, "sg_tf32_split(g_tb[g_b]%s, &bh[g_ni][%d], &bl[g_ni][%d]);", bidx[f],
-                          f, f);
-    sg__emit_close(e);
+    emit_fragment(e, one, "a", "g_mi", mi, "r", "wm + g_mi * 16 + g8", "g_ta", aidx, 4);
+    emit_fragment(e, one, "b", "g_ni", ni, "c", "wn + g_ni * 8 + g8", "g_tb", bidx, 2);
     sg__emit_line(e, "#pragma unroll");
     sg__emit_open(e, "for (int g_mi = 0; g_mi < %d; g_mi++)", mi);
     sg__emit_line(e, "#pragma unroll");
