@@ -82,7 +82,6 @@ typedef struct gemm {
 #define MMA_TK 16
 #define MMA_LD (MMA_TK + 4) /* a shared row, padded: fragment loads hit 32 banks */
 #define MMA_STAGES 4        /* steps of K in shared memory: 3 in flight */
-#define MMA_AHEAD "3"       /* MMA_STAGES - 1, as text */
 #define MMA_FILL 132        /* blocks that fill an H100's SMs once */
 
 /* Which kernel a MATMUL group of dtype dt gets in dialect d. */
@@ -99,9 +98,7 @@ static gemm_kind kind_of(sg__dialect d, sg_dtype dt) {
 }
 
 bool sg__cgen_gemm_wanted(sg__dialect d) {
-    const char *e = getenv("SG_CUDA_GEMM");
-    return d == SG__DIALECT_OPENCL || d == SG__DIALECT_HIP ||
-           (d == SG__DIALECT_CUDA && e && (strcmp(e, "generated") == 0 || strcmp(e, "simt") == 0));
+    return kind_of(d, SG_F32) != GEMM_LIBRARY || kind_of(d, SG_BF16) != GEMM_LIBRARY;
 }
 
 /* The batch stride of operand r along output batch dim d of nb (r's own
@@ -283,11 +280,10 @@ static void emit_store(sg__cuda_gen *g, const sg__group *grp, const gemm *p, con
 }
 
 /* The SIMT kernel: 64 x 64 tiles, 256 threads, 4 x 4 outputs a thread. */
-static void emit_simt(sg__cuda_gen *g, const sg__group *grp, const gemm *pp, sg__cuda_kinfo *ki) {
-    const gemm p = *pp;
+static void emit_simt(sg__cuda_gen *g, const sg__group *grp, const gemm *p, sg__cuda_kinfo *ki) {
     sg__emit *e = sg__cuda_out(g);
     const sg__spell *sp = sg__spell_of(sg__cuda_dialect(g));
-    int64_t tn = (p.N + TILE - 1) / TILE, tm = (p.M + TILE - 1) / TILE;
+    int64_t tn = (p->N + TILE - 1) / TILE, tm = (p->M + TILE - 1) / TILE;
     sg__emit_line(e, "%s float sg_ta[%d][%d];", sp->shared, TK, TILE);
     sg__emit_line(e, "%s float sg_tb[%d][%d];", sp->shared, TK, TILE);
     sg__emit_line(e, "const sg_i64 t = (sg_i64)%s;", sp->bid);
@@ -295,16 +291,16 @@ static void emit_simt(sg__cuda_gen *g, const sg__group *grp, const gemm *pp, sg_
     sg__emit_line(e, "const sg_i64 m0 = t / %lld %% %lld * %d, n0 = t %% %lld * %d;", (long long)tn,
                   (long long)tm, TILE, (long long)tn, TILE);
     sg__emit_line(e, "const int tx = (int)%s %% 16, ty = (int)%s / 16;", sp->tid, sp->tid);
-    emit_batch(g, &p);
+    emit_batch(g, p);
     sg__emit_line(e, "float acc[%d][%d];", PER, PER);
     sg__emit_line(e, "for (int ri = 0; ri < %d; ri++)", PER);
     sg__emit_line(e, "    for (int cj = 0; cj < %d; cj++) acc[ri][cj] = 0.0f;", PER);
-    sg__emit_open(e, "for (sg_i64 k0 = 0; k0 < %lld; k0 += %d)", (long long)p.K, TK);
+    sg__emit_open(e, "for (sg_i64 k0 = 0; k0 < %lld; k0 += %d)", (long long)p->K, TK);
     /* A's rows are m, B's are n; each loads along its contiguous dim. */
-    bool a_kfast = p.acs == 1 || p.ars != 1;
-    bool b_kfast = p.brs == 1 || p.bcs != 1;
-    emit_tile_load(g, "sg_ta", p.a, "a_o", "m0", p.M, p.ars, p.acs, a_kfast, p.K);
-    emit_tile_load(g, "sg_tb", p.b, "b_o", "n0", p.N, p.bcs, p.brs, b_kfast, p.K);
+    bool a_kfast = p->acs == 1 || p->ars != 1;
+    bool b_kfast = p->brs == 1 || p->bcs != 1;
+    emit_tile_load(g, "sg_ta", p->a, "a_o", "m0", p->M, p->ars, p->acs, a_kfast, p->K);
+    emit_tile_load(g, "sg_tb", p->b, "b_o", "n0", p->N, p->bcs, p->brs, b_kfast, p->K);
     sg__emit_line(e, "%s", sp->sync);
     sg__emit_open(e, "for (int kk = 0; kk < %d; kk++)", TK);
     sg__emit_line(e, "float av[%d], bv[%d];", PER, PER);
@@ -318,12 +314,12 @@ static void emit_simt(sg__cuda_gen *g, const sg__group *grp, const gemm *pp, sg_
     sg__emit_open(e, "for (int ri = 0; ri < %d; ri++)", PER);
     sg__emit_open(e, "for (int cj = 0; cj < %d; cj++)", PER);
     sg__emit_line(e, "const sg_i64 m = m0 + ty + 16 * ri, n = n0 + tx + 16 * cj;");
-    emit_store(g, grp, &p, "acc[ri][cj]");
+    emit_store(g, grp, p, "acc[ri][cj]");
     sg__emit_close(e);
     sg__emit_close(e);
-    ki->grid = (unsigned)(tn * tm * p.batch);
+    ki->grid = (unsigned)(tn * tm * p->batch);
     ki->block = THREADS;
-    ki->iters = p.batch * p.M * p.N;
+    ki->iters = p->batch * p->M * p->N;
     ki->replaces_call = true;
 }
 
@@ -546,7 +542,9 @@ static const char *emit_mma(sg__cuda_gen *g, const sg__group *grp, const gemm *p
     sg__emit_line(e, "__syncthreads();");
     sg__emit_line(e, "const int g_b = g_it %% %d;", MMA_STAGES);
     /* The buffer computed in the step before: every thread is past it. */
-    emit_mma_issue(g, &oa, &ob, "(g_it + " MMA_AHEAD ")");
+    char ahead[32];
+    snprintf(ahead, sizeof ahead, "(g_it + %d)", MMA_STAGES - 1);
+    emit_mma_issue(g, &oa, &ob, ahead);
     /* The step's products in a partial of their own, added to acc in f32:
      * the tensor cores' accumulation truncates, so a long chain of them
      * in one register would drift by ~2^-23 a step. */

@@ -720,20 +720,21 @@ SG__HIDDEN bool sg__rtc_available(sg__rtc drv, char *why, size_t n);
 /* A GPU unit (sg__cgen_gpu's text and kinfo) cut into parts that compile
  * apart: its emitted kernels dealt by size, largest first, each to the
  * lightest part; a part's source is the unit's text before its first
- * kernel followed by its kernels' text in unit order. One part, the unit
- * itself, when the unit holds less than sg__unit_part_text() of kernel
- * text a part, maxparts < 2, or SG_DUMP_DIR or SG_OVERRIDE_DIR is set (both
- * name the whole unit). part[k]: the part of group k's kernel (a group
- * running an earlier group's kernel gets that group's part; 0 without a
- * kernel). */
+ * kernel followed by its kernels' text in unit order; at most
+ * SG__MAX_PARTS parts. One part, the unit itself, when the unit holds less
+ * than sg__unit_part_text() of kernel text a part, maxparts < 2, or
+ * SG_DUMP_DIR or SG_OVERRIDE_DIR is set (both name the whole unit).
+ * part[k]: the part of group k's kernel (a group running an earlier
+ * group's kernel gets that group's part; 0 without a kernel). */
 #define SG__PART_TEXT ((size_t)2 << 10)
+#define SG__MAX_PARTS 16
 /* The least kernel text a part gets: SG__PART_TEXT, or SG_NVRTC_PART_KB KB. */
 SG__HIDDEN size_t sg__unit_part_text(void);
 typedef struct sg__unit_parts {
     int n, ngroups;
     int *part;
-    char **src;   /* src[p]: part p's source (NUL-terminated) */
-    size_t *size; /* bytes held for src[p]; 0 when it is the unit's own text */
+    char *src[SG__MAX_PARTS];   /* part p's source (NUL-terminated) */
+    size_t size[SG__MAX_PARTS]; /* bytes held for src[p]; 0 when it is the unit's own text */
     size_t text;  /* bytes of kernel text in the unit */
     int kernels;  /* emitted kernels */
 } sg__unit_parts;
@@ -741,7 +742,7 @@ SG__HIDDEN sg_status sg__unit_split(sg_ctx *ctx, const char *src, const sg__cuda
                                     int ngroups, int maxparts, sg__unit_parts *u);
 SG__HIDDEN void sg__unit_parts_free(sg_ctx *ctx, sg__unit_parts *u);
 /* The most parts a unit is cut into here: SG_NVRTC_THREADS, else the
- * machine's cores, at most 16. */
+ * machine's cores, at most SG__MAX_PARTS. */
 SG__HIDDEN int sg__unit_max_parts(void);
 /* Process-wide count of drv's compiles (not cache hits), for tests. */
 SG__HIDDEN uint64_t sg__rtc_compiles(sg__rtc drv);

@@ -491,14 +491,12 @@ sg_status sg__rtc_build_many(sg_ctx *ctx, sg__rtc drv, int n, const char *const 
 int sg__unit_max_parts(void) {
     const char *e = getenv("SG_NVRTC_THREADS");
     long n = e && e[0] ? atol(e) : sysconf(_SC_NPROCESSORS_ONLN);
-    return n < 1 ? 1 : n > 16 ? 16 : (int)n;
+    return n < 1 ? 1 : n > SG__MAX_PARTS ? SG__MAX_PARTS : (int)n;
 }
 
 void sg__unit_parts_free(sg_ctx *ctx, sg__unit_parts *u) {
-    for (int p = 0; u->src && u->size && p < u->n; p++) /* either may be missing after an OOM */
+    for (int p = 0; p < u->n; p++)
         if (u->size[p]) sg__free(ctx, u->src[p], u->size[p]);
-    if (u->src) sg__free(ctx, u->src, sizeof *u->src * (size_t)(u->n ? u->n : 1));
-    if (u->size) sg__free(ctx, u->size, sizeof *u->size * (size_t)(u->n ? u->n : 1));
     if (u->part) sg__free(ctx, u->part, sizeof *u->part * (size_t)(u->ngroups ? u->ngroups : 1));
     memset(u, 0, sizeof *u);
 }
@@ -520,24 +518,21 @@ sg_status sg__unit_split(sg_ctx *ctx, const char *src, const sg__cuda_kinfo *ki,
         }
     long np = (long)(u->text / sg__unit_part_text());
     if (np > maxparts) np = maxparts;
+    if (np > SG__MAX_PARTS) np = SG__MAX_PARTS;
     if (np > u->kernels) np = u->kernels;
     const char *dump = getenv("SG_DUMP_DIR"), *over = getenv("SG_OVERRIDE_DIR");
     if (np < 2 || (dump && dump[0]) || (over && over[0])) np = 1;
     u->n = (int)np, u->ngroups = ngroups;
     u->part = sg__calloc(ctx, sizeof *u->part * (size_t)(ngroups ? ngroups : 1));
-    u->src = sg__calloc(ctx, sizeof *u->src * (size_t)np);
-    u->size = sg__calloc(ctx, sizeof *u->size * (size_t)np);
-    size_t *load = sg__calloc(ctx, sizeof *load * (size_t)np);
-    if (!u->part || !u->src || !u->size || !load) {
-        if (load) sg__free(ctx, load, sizeof *load * (size_t)np);
-        sg__unit_parts_free(ctx, u);
+    if (!u->part) {
+        u->n = 0;
         return sg__fail(ctx, SG_ERR_OOM, "codegen: out of host memory for a unit's parts");
     }
     if (np == 1) {
         u->src[0] = (char *)src; /* size 0: not ours */
-        sg__free(ctx, load, sizeof *load);
         return SG_OK;
     }
+    size_t load[SG__MAX_PARTS] = {0};
     for (int k = 0; k < ngroups; k++) u->part[k] = -1;
     for (int placed = 0; placed < u->kernels; placed++) {
         int big = -1, light = 0;
@@ -580,7 +575,6 @@ sg_status sg__unit_split(sg_ctx *ctx, const char *src, const sg__cuda_kinfo *ki,
             }
         u->src[p][at] = '\0';
     }
-    sg__free(ctx, load, sizeof *load * (size_t)np);
     if (s != SG_OK) sg__unit_parts_free(ctx, u);
     return s;
 }

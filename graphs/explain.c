@@ -138,23 +138,20 @@ static void explain_library(sg__text *t, const sg__graph *g) {
                      "(its K/V views) from the rows it reads (else each copy runs alone)\n",
                      node, sg__op_name(g->ir.nodes[node].op), grp->ncopies > 1 ? "s" : "", lines);
     }
-    for (int k = 0; k < g->fused.ngroups; k++) {
+    for (int k = 0; k < g->fused.ngroups; k++) { /* the pairs fusion made (take_lone) */
         const sg__group *grp = &g->fused.groups[k];
-        if (!grp->xent) continue;
-        sg__text_put(t,
-                     "    cross_entropy pair: IR line %d (cross_entropy_bwd) also computes IR line "
-                     "%d (cross_entropy), its loss and their mean, in one kernel at the "
-                     "gradient's place (one read of the logits)\n",
-                     grp->g[0].node, grp->g[grp->xent].node);
-    }
-    for (int k = 0; k < g->fused.ngroups; k++) {
-        const sg__group *grp = &g->fused.groups[k];
-        if (!grp->nbsum) continue;
-        sg__text_put(t,
-                     "    norm gradient sum: IR line %d (norm_bwd) also computes IR line %d "
-                     "(sum), the column sum of the gradient it writes, in its kernel (where "
-                     "its rows take the one-pass kernel; else the sum runs alone)\n",
-                     grp->g[0].node, grp->g[grp->nbsum].node);
+        if (grp->xent)
+            sg__text_put(t,
+                         "    cross_entropy pair: IR line %d (cross_entropy_bwd) also computes IR "
+                         "line %d (cross_entropy), its loss and their mean, in one kernel at the "
+                         "gradient's place (one read of the logits)\n",
+                         grp->g[0].node, grp->g[grp->xent].node);
+        if (grp->nbsum)
+            sg__text_put(t,
+                         "    norm gradient sum: IR line %d (norm_bwd) also computes IR line %d "
+                         "(sum), the column sum of the gradient it writes, in its kernel (where "
+                         "its rows take the one-pass kernel; else the sum runs alone)\n",
+                         grp->g[0].node, grp->g[grp->nbsum].node);
     }
     if (g->fused.nbsum_why)
         sg__text_put(t,

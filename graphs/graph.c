@@ -243,16 +243,16 @@ static sg_status build_dialect(sg_ctx *ctx, sg__dialect d, const char *name, con
     sg__unit_parts u;
     sg_status s = sg__unit_split(ctx, src, ki, ngroups, hip ? 1 : sg__unit_max_parts(), &u);
     if (s != SG_OK) return s;
-    void *image[16] = {NULL};
-    size_t size[16] = {0};
-    char names[16][sizeof((sg__graph *)0)->module + 16];
-    const char *nm[16], *sc[16];
+    void *image[SG__MAX_PARTS] = {NULL};
+    size_t size[SG__MAX_PARTS] = {0};
+    char names[SG__MAX_PARTS][sizeof((sg__graph *)0)->module + 16];
+    const char *nm[SG__MAX_PARTS];
     for (int p = 0; p < u.n; p++) {
         snprintf(names[p], sizeof names[p], u.n == 1 ? "%s" : "%s_%d", name, p);
-        nm[p] = names[p], sc[p] = u.src[p];
+        nm[p] = names[p];
     }
-    s = sg__rtc_build_many(ctx, hip ? SG__RTC_HIPRTC : SG__RTC_NVRTC, u.n, nm, sc,
-                           hip ? "gfx90a" : "sm_90", u.n, image, size);
+    s = sg__rtc_build_many(ctx, hip ? SG__RTC_HIPRTC : SG__RTC_NVRTC, u.n, nm,
+                           (const char *const *)u.src, hip ? "gfx90a" : "sm_90", u.n, image, size);
     for (int p = 0; p < u.n; p++)
         if (image[p]) sg__free(ctx, image[p], size[p]);
     sg__unit_parts_free(ctx, &u);

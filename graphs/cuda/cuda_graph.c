@@ -260,20 +260,19 @@ static sg_status build_parts(sg_ctx *ctx, sg__graph *g, cu_graph *cg, const char
     sg_status s = sg__unit_split(ctx, src, cg->kinfo, cg->ngroups, sg__unit_max_parts(), &u);
     if (s != SG_OK) return s;
     int np = u.n;
-    char(*names)[160] = sg__calloc(ctx, sizeof *names * (size_t)np);
-    void **imgs = sg__calloc(ctx, sizeof *imgs * (size_t)np);
-    size_t *sizes = sg__calloc(ctx, sizeof *sizes * (size_t)np);
+    char names[SG__MAX_PARTS][sizeof g->module + 16];
+    const char *nm[SG__MAX_PARTS];
+    void *imgs[SG__MAX_PARTS] = {NULL};
+    size_t sizes[SG__MAX_PARTS] = {0};
     cg->mods = sg__calloc(ctx, sizeof *cg->mods * (size_t)np);
-    if (!names || !imgs || !sizes || !cg->mods)
-        s = sg__fail(ctx, SG_ERR_OOM, "cuda: out of host memory");
+    if (!cg->mods) s = sg__fail(ctx, SG_ERR_OOM, "cuda: out of host memory");
     if (s == SG_OK) {
         cg->nmods = np;
-        const char *nm[16], *sc[16];
         for (int p = 0; p < np; p++) {
             snprintf(names[p], sizeof names[p], np == 1 ? "%s" : "%s_%d", g->module, p);
-            nm[p] = names[p], sc[p] = u.src[p];
+            nm[p] = names[p];
         }
-        s = sg__cuda_rtc_build_many(ctx, np, nm, sc, np, imgs, sizes);
+        s = sg__cuda_rtc_build_many(ctx, np, nm, (const char *const *)u.src, np, imgs, sizes);
     }
     for (int p = 0; s == SG_OK && p < np; p++) {
         CUresult r = cu->cuModuleLoadData(&cg->mods[p], imgs[p]);
@@ -282,11 +281,8 @@ static sg_status build_parts(sg_ctx *ctx, sg__graph *g, cu_graph *cg, const char
     if (s == SG_OK && np > 1)
         sg__log(ctx, "perf_hints", "%s: %d kernels (%zu KB of source) compiled as %d programs",
                 g->module, u.kernels, u.text >> 10, np);
-    for (int p = 0; p < np && imgs; p++)
+    for (int p = 0; p < np; p++)
         if (imgs[p]) sg__free(ctx, imgs[p], sizes[p]);
-    if (names) sg__free(ctx, names, sizeof *names * (size_t)np);
-    if (imgs) sg__free(ctx, imgs, sizeof *imgs * (size_t)np);
-    if (sizes) sg__free(ctx, sizes, sizeof *sizes * (size_t)np);
     *part = u.part, u.part = NULL; /* the caller's, ngroups entries */
     sg__unit_parts_free(ctx, &u);
     return s;
