@@ -21,6 +21,9 @@
  * refusal logged, replays bit-identical), and a GELU whose aux leading dim
  * cuBLASLt cannot take, or one SG_CUDA_LT_EPILOGUE leaves out, running the
  * product and the group's kernel.
+ *
+ * And a cuBLASLt that cannot be loaded (SG_CUBLASLT), eager and compiled:
+ * the status and the message, then the same context multiplying without it.
  */
 #define _POSIX_C_SOURCE 200809L /* setenv */
 #include "codegen/codegen.h"
@@ -405,6 +408,75 @@ static void test_padded(void) {
     sg_clear_error(ctx);
 }
 
+/* cuBLASLt that cannot be loaded (SG_CUBLASLT: a missing file, or a
+ * library without cuBLASLt's symbols): an eager linear, and a compiled
+ * step's first call (its load started on a thread while NVRTC built the
+ * step), fail with SG_ERR_BACKEND_UNAVAILABLE and a message naming what was
+ * tried and the fix; without the variable the same context then multiplies,
+ * against an f64 reference. */
+static void test_lt_load(void) {
+    static const char *const libs[2] = {"/nonexistent/libcublasLt.so.13", "libc.so.6"};
+    static const char *const says[2] = {"could not be loaded: tried /nonexistent/libcublasLt",
+                                        "libcublasLt (libc.so.6) lacks cublasLtCreate"};
+    int64_t xs[2] = {64, 48}, ws[2] = {32, 48};
+    setenv("SG_CUDA_MATMUL", "lt", 1);
+    for (int i = 0; i < 2; i++)
+        for (int compiled = 0; compiled < 2; compiled++) {
+            sg_ctx *c2 = NULL;
+            bool ok =
+                TU_EXPECT(sg_ctx_create(&(sg_ctx_opts){.backend = SG_BACKEND_CUDA}, &c2) == SG_OK);
+            if (!ok) {
+                tu_case(false, "CUBLASLT_LOAD: a second CUDA context");
+                continue;
+            }
+            double *xv = NULL, *wv = NULL;
+            sg_tensor *x = tu_rand(c2, SG_F32, 2, xs, -1, 1, &xv),
+                      *w = tu_rand(c2, SG_F32, 2, ws, -1, 1, &wv), *in[2] = {x, w}, *y = NULL;
+            sg_fn *fn = NULL;
+            setenv("SG_CUBLASLT", libs[i], 1);
+            sg_status st;
+            if (compiled) {
+                st = sg_compile(c2, head_step, NULL, 2, 1,
+                                &(sg_compile_opts){.mode = SG_MODE_REDUCE_OVERHEAD}, &fn);
+                if (st == SG_OK) st = sg_call(fn, in, 2, &y, 1);
+            } else {
+                y = sg_linear(x, w, NULL);
+                st = y ? SG_OK : sg_ctx_status(c2);
+            }
+            char msg[600];
+            snprintf(msg, sizeof msg, "%s", sg_last_error(c2));
+            ok = TU_EXPECT(st == SG_ERR_BACKEND_UNAVAILABLE) && TU_EXPECT(strstr(msg, says[i])) &&
+                 TU_EXPECT(strstr(msg, i ? "cuBLAS of CUDA 12" : "SG_CUBLASLT"));
+            if (!ok) fprintf(stderr, "  status %s: %s\n", sg_status_str(st), msg);
+            sg_release(y), y = NULL;
+            sg_clear_error(c2);
+            unsetenv("SG_CUBLASLT");
+            if (compiled)
+                st = sg_call(fn, in, 2, &y, 1);
+            else
+                y = sg_linear(x, w, NULL), st = y ? SG_OK : sg_ctx_status(c2);
+            double ref[64 * 32];
+            for (int r = 0; r < 64; r++)
+                for (int n = 0; n < 32; n++) {
+                    ref[r * 32 + n] = 0;
+                    for (int k = 0; k < 48; k++) ref[r * 32 + n] += xv[r * 48 + k] * wv[n * 48 + k];
+                }
+            double *got = st == SG_OK && y ? tu_read(y) : NULL;
+            ok = ok && TU_EXPECT(st == SG_OK) && TU_EXPECT(got != NULL) &&
+                 check(SG_F32, got, ref, 64 * 32, 48, max_abs(xv, 64 * 48) * max_abs(wv, 32 * 48));
+            tu_case(ok,
+                    "CUBLASLT_LOAD(SG_CUBLASLT=%s, %s) -> %s (\"%.160s\"), then without it a "
+                    "right product",
+                    libs[i], compiled ? "compiled step's first call" : "eager linear",
+                    sg_status_str(SG_ERR_BACKEND_UNAVAILABLE), msg);
+            free(got), free(xv), free(wv);
+            sg_release(y), sg_release(x), sg_release(w);
+            sg_fn_destroy(fn);
+            sg_ctx_destroy(c2);
+        }
+    unsetenv("SG_CUDA_MATMUL");
+}
+
 /* ------------------------------------------------------------ epilogues in cuBLASLt */
 
 /* linear + gelu_tanh, relu or a residual add in one compiled step (the
@@ -628,6 +700,7 @@ int main(void) {
         return 1;
     }
     test_device();
+    test_lt_load();
     test_padded();
     test_epilogues();
     report_bandwidth();

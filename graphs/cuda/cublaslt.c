@@ -180,6 +180,7 @@ typedef struct lt_state {
     int load_err;      /* lt_load's answer */
     cublasStatus_t cr; /* cublasLtCreate's status, for LOAD_CREATE */
     char why[512];     /* what lt_load tried, or the missing symbol */
+    char name[256];    /* the library it opened */
     double load_ms;
     void *workspace;
     lt_entry *entries;
@@ -256,12 +257,18 @@ enum { LOAD_OK, LOAD_NO_LIBRARY, LOAD_NO_SYMBOL, LOAD_CREATE, LOAD_THREAD };
  * s->why and s->cr say what failed. */
 static int lt_load(lt_state *s) {
     double t0 = sg__graph_clock();
-    for (size_t i = 0; i < sizeof lib_names / sizeof lib_names[0] && !s->lib; i++) {
-        s->lib = dlopen(lib_names[i], RTLD_NOW | RTLD_LOCAL);
+    /* SG_CUBLASLT names the library (tests point it at one that is not there). */
+    const char *over = getenv("SG_CUBLASLT");
+    const char *const *names = lib_names, *one[1] = {over};
+    size_t nnames = sizeof lib_names / sizeof lib_names[0];
+    if (over && over[0]) names = one, nnames = 1;
+    for (size_t i = 0; i < nnames && !s->lib; i++) {
+        s->lib = dlopen(names[i], RTLD_NOW | RTLD_LOCAL);
+        snprintf(s->name, sizeof s->name, "%s", names[i]);
         if (!s->lib) {
             const char *e = dlerror();
             size_t len = strlen(s->why);
-            snprintf(s->why + len, sizeof s->why - len, "%s%s (%s)", len ? ", " : "", lib_names[i],
+            snprintf(s->why + len, sizeof s->why - len, "%s%s (%s)", len ? ", " : "", names[i],
                      e ? e : "not found");
         }
     }
@@ -343,15 +350,15 @@ static sg_status lt_state_get(sg_ctx *ctx, lt_state **out) {
         st = sg__fail(ctx, SG_ERR_BACKEND_UNAVAILABLE,
                       "cuda: matmul needs cuBLASLt, and "
                       "libcublasLt could not be loaded: tried %.400s; install the CUDA 13 cuBLAS "
-                      "library (libcublas-13-0) or put its directory on LD_LIBRARY_PATH",
+                      "library (libcublas-13-0), put its directory on LD_LIBRARY_PATH or name "
+                      "it in SG_CUBLASLT",
                       s->why);
         goto fail;
     }
     if (s->load_err == LOAD_NO_SYMBOL) {
         st = sg__fail(ctx, SG_ERR_BACKEND_UNAVAILABLE,
-                      "cuda: libcublasLt lacks %s; install "
-                      "the cuBLAS of CUDA 12 or newer",
-                      s->why);
+                      "cuda: libcublasLt (%s) lacks %s; install the cuBLAS of CUDA 12 or newer",
+                      s->name, s->why);
         goto fail;
     }
     if (s->load_err == LOAD_THREAD) {
