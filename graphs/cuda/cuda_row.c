@@ -17,7 +17,7 @@
  * SG_CUDA_XENT turns either off. The norms' gradient kernel also writes the
  * column sum of the input gradient it stores when fusion merged that sum
  * into its group (sg__cuda_norm_bwd_sum); SG_CUDA_NORM_BWD turns that off,
- * and the early load of the gradient it adds.
+ * the early load of the gradient it adds, and the column sums in registers.
  */
 #include "cuda.h"
 #include "exec.h"
@@ -46,6 +46,27 @@ typedef struct wgeom {
 
 static int64_t iabs(int64_t v) { return v < 0 ? -v : v; }
 
+/* The row dims (size, and each of the nst tensors' strides st[k]), outermost
+ * first, with each dim that continues the one outside it in every tensor
+ * merged into it; returns the count left. A step's contiguous rows become
+ * one dim, so the kernels find a row's offsets with no division. */
+static int merge_row_dims(int nd, int64_t *size, int64_t *const *st, int nst) {
+    int o = 0;
+    for (int d = 0; d < nd; d++) {
+        bool join = o > 0;
+        for (int k = 0; join && k < nst; k++) join = st[k][o - 1] == st[k][d] * size[d];
+        if (join) {
+            size[o - 1] *= size[d];
+            for (int k = 0; k < nst; k++) st[k][o - 1] = st[k][d];
+            continue;
+        }
+        size[o] = size[d];
+        for (int k = 0; k < nst; k++) st[k][o] = st[k][d];
+        o++;
+    }
+    return o;
+}
+
 /*
  * Rows of x along dim: the other dims index the rows. When another dim of
  * at least 8 has a smaller stride than dim (the CPU's "lanes"), it goes
@@ -73,6 +94,8 @@ static void rows_along(wgeom *g, const sg_tensor *x, const sg_tensor *y, int dim
         g->nd++;
     }
     for (int d = 0; d < g->nd; d++) g->nrows *= g->osize[d];
+    int64_t *st[2] = {g->oxs, g->oys};
+    g->nd = merge_row_dims(g->nd, g->osize, st, 2);
     if (x->ndim == 0) { /* a 0-d tensor is one row of one element */
         g->len = 1;
     } else {
@@ -353,6 +376,8 @@ static void norm_bwd_geom(ngeom *g, const sg__node *n) {
         g->nrows *= x->shape[d];
         g->nd++;
     }
+    int64_t *st[4] = {g->oxs, g->ogs, g->oys, g->ors};
+    g->nd = merge_row_dims(g->nd, g->osize, st, 4);
     g->len = x->shape[last], g->xs = x->stride[last], g->gs = gt->stride[last], g->ys = 1;
     g->team = g->len <= 1024 ? 32 : BLOCK;
     g->layer = n->i[0] != 0;
@@ -439,15 +464,21 @@ static sg_status norm_bwd(sg_ctx *ctx, const sg__node *n, const sg__node *sum, b
         *took = true;
     }
     int nsets = (sums ? 2 : 0) + (dxo ? 1 : 0);
-    sg_status s =
-        sg__cuda_kernel(ctx, SG__CU_ROW, vec ? "sg_row_norm_bwd_vec" : "sg_row_norm_bwd", &f);
+    /* Column sums kept in registers over a warp's rows (sg_row_norm_bwd_reg,
+     * one block an SM) where the row fits them: 768 halves, 512 floats. */
+    bool reg = vec && nsets && g.len <= (n->in[0]->dtype == SG_F32 ? 512 : 768) &&
+               sg__cuda_norm_bwd_on("regs");
+    const char *kname = reg   ? "sg_row_norm_bwd_reg"
+                        : vec ? "sg_row_norm_bwd_vec"
+                              : "sg_row_norm_bwd";
+    sg_status s = sg__cuda_kernel(ctx, SG__CU_ROW, kname, &f);
     if (s != SG_OK) return s;
     /* Column sums: each warp's in nsets * len floats of shared memory, and
-     * two blocks an SM (few partials to add). */
+     * two blocks an SM (one with reg; few partials to add). */
     unsigned shmem = 0;
-    int64_t warps = vec ? nb_warps(ctx, f, nsets, g.len, dxo != NULL, &shmem) : BLOCK / 32;
+    int64_t warps = vec ? nb_warps(ctx, f, nsets, g.len, dxo != NULL || reg, &shmem) : BLOCK / 32;
     int64_t parts = (g.nrows + warps - 1) / warps, sm = sg__cuda_sm_count(ctx);
-    if (nsets && parts > 2 * sm && sm > 0) parts = 2 * sm;
+    if (nsets && parts > (reg ? 1 : 2) * sm && sm > 0) parts = (reg ? 1 : 2) * sm;
     if (parts > (1 << 24)) parts = 1 << 24; /* the warps take rows in turn */
     size_t pbytes = (size_t)parts * (size_t)nsets * (size_t)g.len * sizeof(float);
     if (g.nrows * g.len == 0) {

@@ -23,6 +23,7 @@
  */
 typedef long long i64;
 typedef unsigned int u32;
+typedef unsigned long long u64;
 typedef unsigned short u16;
 
 #define MAXD 6
@@ -175,12 +176,30 @@ __device__ void team_lse(float *m, double *s, int team) {
     __syncthreads();
 }
 
-/* The x and y offsets of row r. */
+/* Row r's index i along an inner dim of size n, r becoming the index over
+ * the dims outside it: in 32 bits where both fit (a 64-bit division is a
+ * long subroutine, and a row's offsets are on every row's path). */
+__device__ __forceinline__ i64 row_digit(i64 *r, i64 n) {
+    i64 i;
+    if (((u64)*r | (u64)n) >> 32 == 0) {
+        u32 q = (u32)*r / (u32)n;
+        i = (i64)((u32)*r - q * (u32)n), *r = q;
+    } else {
+        i = *r % n, *r /= n;
+    }
+    return i;
+}
+
+/* The x and y offsets of row r; with one dim (cuda_row.c merges them where
+ * it can) no division: r < nrows. */
 __device__ __forceinline__ void row_offsets(const wgeom &g, i64 r, i64 *xo, i64 *yo) {
+    if (g.nd <= 1) {
+        *xo = r * g.oxs[0], *yo = r * g.oys[0];
+        return;
+    }
     i64 a = 0, b = 0;
     for (int d = g.nd - 1; d >= 0; d--) {
-        i64 i = r % g.osize[d];
-        r /= g.osize[d];
+        i64 i = row_digit(&r, g.osize[d]);
         a += i * g.oxs[d];
         b += i * g.oys[d];
     }
@@ -733,9 +752,12 @@ __device__ __forceinline__ void nrow_offsets(const ngeom &g, i64 row, i64 *xo, i
                                              i64 *ro) {
     i64 r = row;
     *xo = *go = *yo = *ro = 0;
+    if (g.nd <= 1) { /* one dim (cuda_row.c merges them where it can): r < nrows */
+        *xo = r * g.oxs[0], *go = r * g.ogs[0], *yo = r * g.oys[0], *ro = r * g.ors[0];
+        return;
+    }
     for (int d = g.nd - 1; d >= 0; d--) {
-        i64 i = r % g.osize[d];
-        r /= g.osize[d];
+        i64 i = row_digit(&r, g.osize[d]);
         *xo += i * g.oxs[d], *go += i * g.ogs[d], *yo += i * g.oys[d], *ro += i * g.ors[d];
     }
 }
@@ -852,40 +874,87 @@ extern "C" __global__ void __launch_bounds__(BLOCK)
  * len floats each in shared memory (16-byte accesses); then the block adds
  * its warps' sets in warp order into part[blockIdx.x] (nsets * len f32),
  * which sg_row_norm_bwd_fin adds in block order: the same bits every
- * launch of the same grid. Two blocks fit an SM. */
-template <int DT>
+ * launch of the same grid. Two blocks fit an SM.
+ *
+ * REG (sg_row_norm_bwd_reg, rows of at most 768 halves or 512 floats): the
+ * lane's column sums stay in registers over its warp's rows (a lane owns
+ * the same columns in every row) and reach the warp's shared set once, at
+ * the end, so a row costs no shared-memory traffic; the sums and their
+ * order are the same as without REG. */
+template <int DT, bool REG>
 __device__ __forceinline__ void norm_bwd_vec(const void *x, const void *gp, const void *w,
                                              const void *rp, void *y, float *part, const ngeom &g) {
-    const int PER = DT == DT_F32 ? 4 : 8, es = DT == DT_F32 ? 4 : 2;
+    constexpr int PER = DT == DT_F32 ? 4 : 8, es = DT == DT_F32 ? 4 : 2;
+    /* vectors a lane; the register sums' rows fit NQ (cuda_row.c checks) */
+    constexpr int NQ = REG ? (DT == DT_F32 ? 4 : 3) : NB_VEC, NA = REG ? NQ : 1;
     const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, nw = blockDim.x / 32;
     const i64 len = g.len, nv = len / PER;
     const bool layer = g.layer != 0, hw = (g.flags & HAS_W) != 0, hr = (g.flags & NB_R) != 0;
     const bool sums = (g.flags & NB_SUMS) != 0, dxs = (g.flags & NB_DXSUM) != 0;
-    const bool early = hr && (g.flags & NB_R_EARLY) != 0;
+    const bool early = hr && (REG || (g.flags & NB_R_EARLY) != 0);
     const int nsets = (sums ? 2 : 0) + (dxs ? 1 : 0);
     extern __shared__ float sh[];
     float *acc = sh + (i64)warp * nsets * len, *accd = acc + (sums ? 2 * len : 0);
-    for (i64 v = lane; v < nv; v += 32) /* the lane's own columns */
-        for (int t = 0; t < nsets; t++)
-            for (int k = 0; k < PER; k++) acc[t * len + v * PER + k] = 0.0f;
-    for (i64 row = (i64)blockIdx.x * nw + warp; row < g.nrows; row += (i64)gridDim.x * nw) {
-        i64 xo, go, yo, ro;
-        nrow_offsets(g, row, &xo, &go, &yo, &ro);
-        const uint4 *xr = (const uint4 *)((const char *)x + xo * es);
-        const uint4 *gr = (const uint4 *)((const char *)gp + go * es);
-        const uint4 *rr = (const uint4 *)((const char *)rp + ro * es);
-        uint4 xa[NB_VEC], ga[NB_VEC], ra[NB_VEC];
+    float rw[NA][PER], rb[NA][PER], rd[NA][PER]; /* REG: the lane's column sums */
 #pragma unroll
-        for (int q = 0; q < NB_VEC; q++) {
-            i64 v = lane + q * 32;
-            if (v >= nv) continue;
-            xa[q] = __ldg(xr + v);
-            ga[q] = __ldg(gr + v);
-            if (early) ra[q] = __ldg(rr + v);
+    for (int q = 0; q < NA; q++)
+#pragma unroll
+        for (int k = 0; k < PER; k++) rw[q][k] = rb[q][k] = rd[q][k] = 0.0f;
+    if (!REG)
+        for (i64 v = lane; v < nv; v += 32) /* the lane's own columns */
+            for (int t = 0; t < nsets; t++)
+                for (int k = 0; k < PER; k++) acc[t * len + v * PER + k] = 0.0f;
+    /* REG: the warp's next row of x and g is in flight while it works on
+     * this one (one block an SM, so the registers are there). */
+    const i64 step = (i64)gridDim.x * nw;
+    uint4 xn[NA], gn[NA], rn[NA];
+    /* The row at offsets xo, go, ro: x and g (and r with `with_r`) into xd, gd and rd. */
+    auto fetch = [&](i64 xo, i64 go, i64 ro, bool with_r, uint4 *xd, uint4 *gd, uint4 *rd) {
+        const uint4 *xr = (const uint4 *)((const char *)x + xo * es) + lane;
+        const uint4 *gr = (const uint4 *)((const char *)gp + go * es) + lane;
+        const uint4 *rr = (const uint4 *)((const char *)rp + ro * es) + lane;
+#pragma unroll
+        for (int q = 0; q < NQ; q++)
+            if (lane + q * 32 < nv) {
+                xd[q] = __ldg(xr + q * 32), gd[q] = __ldg(gr + q * 32);
+                if (with_r) rd[q] = __ldg(rr + q * 32);
+            }
+    };
+    const i64 first = (i64)blockIdx.x * nw + warp;
+    i64 xo, go, yo, ro;
+    if (REG && first < g.nrows) {
+        nrow_offsets(g, first, &xo, &go, &yo, &ro);
+        fetch(xo, go, ro, hr, xn, gn, rn);
+    }
+    for (i64 row = first; row < g.nrows; row += step) {
+        uint4 xa[NQ], ga[NQ], ra[NQ];
+        if (REG) { /* this row's vectors, the next row's in flight */
+#pragma unroll
+            for (int q = 0; q < NQ; q++) xa[q] = xn[q % NA], ga[q] = gn[q % NA], ra[q] = rn[q % NA];
+            if (row + step < g.nrows) {
+                nrow_offsets(g, row + step, &xo, &go, &yo, &ro);
+                fetch(xo, go, ro, hr, xn, gn, rn);
+            }
+            nrow_offsets(g, row, &xo, &go, &yo, &ro);
+        } else {
+            nrow_offsets(g, row, &xo, &go, &yo, &ro);
+        }
+        const uint4 *rr = (const uint4 *)((const char *)rp + ro * es);
+        if (!REG) {
+            const uint4 *xr = (const uint4 *)((const char *)x + xo * es);
+            const uint4 *gr = (const uint4 *)((const char *)gp + go * es);
+#pragma unroll
+            for (int q = 0; q < NQ; q++) {
+                i64 v = lane + q * 32;
+                if (v >= nv) continue;
+                xa[q] = __ldg(xr + v);
+                ga[q] = __ldg(gr + v);
+                if (early) ra[q] = __ldg(rr + v);
+            }
         }
         float f[8], gg[8], ww[8], s = 0.0f, m = 0.0f, var = 0.0f;
 #pragma unroll
-        for (int q = 0; q < NB_VEC; q++) {
+        for (int q = 0; q < NQ; q++) {
             if (!layer || lane + q * 32 >= nv) continue;
             unpack16<DT>(xa[q], f);
 #pragma unroll
@@ -893,7 +962,7 @@ __device__ __forceinline__ void norm_bwd_vec(const void *x, const void *gp, cons
         }
         if (layer) m = warp_sum(s) / (float)len;
 #pragma unroll
-        for (int q = 0; q < NB_VEC; q++) {
+        for (int q = 0; q < NQ; q++) {
             if (lane + q * 32 >= nv) continue;
             unpack16<DT>(xa[q], f);
 #pragma unroll
@@ -902,7 +971,7 @@ __device__ __forceinline__ void norm_bwd_vec(const void *x, const void *gp, cons
         const float rs = 1.0f / sqrtf(warp_sum(var) / (float)len + (float)g.eps);
         float s1 = 0.0f, s2 = 0.0f;
 #pragma unroll
-        for (int q = 0; q < NB_VEC; q++) {
+        for (int q = 0; q < NQ; q++) {
             i64 v = lane + q * 32;
             if (v >= nv) continue;
             unpack16<DT>(xa[q], f);
@@ -916,6 +985,11 @@ __device__ __forceinline__ void norm_bwd_vec(const void *x, const void *gp, cons
                 f[k] = gg[k] * xh;
             }
             if (!sums) continue;
+            if (REG) {
+#pragma unroll
+                for (int k = 0; k < PER; k++) rw[q][k] += f[k], rb[q][k] += gg[k];
+                continue;
+            }
             float4 *aw = (float4 *)(acc + v * PER), *ab = (float4 *)(acc + len + v * PER);
 #pragma unroll
             for (int h = 0; h < PER / 4; h++) {
@@ -929,7 +1003,7 @@ __device__ __forceinline__ void norm_bwd_vec(const void *x, const void *gp, cons
         const float m2 = warp_sum(s2) / (float)len;
         uint4 *yr = (uint4 *)((char *)y + yo * es);
 #pragma unroll
-        for (int q = 0; q < NB_VEC; q++) {
+        for (int q = 0; q < NQ; q++) {
             i64 v = lane + q * 32;
             if (v >= nv) continue;
             float rv[8];
@@ -946,6 +1020,11 @@ __device__ __forceinline__ void norm_bwd_vec(const void *x, const void *gp, cons
             yr[v] = packed;
             if (!dxs) continue;
             unpack16<DT>(packed, f); /* the values as stored */
+            if (REG) {
+#pragma unroll
+                for (int k = 0; k < PER; k++) rd[q][k] += f[k];
+                continue;
+            }
             float4 *ad = (float4 *)(accd + v * PER);
 #pragma unroll
             for (int h = 0; h < PER / 4; h++) {
@@ -956,6 +1035,24 @@ __device__ __forceinline__ void norm_bwd_vec(const void *x, const void *gp, cons
         }
     }
     if (!nsets) return;
+    if (REG) /* the warp's sums into its sets, once */
+#pragma unroll
+        for (int q = 0; q < NQ; q++) {
+            i64 v = lane + q * 32;
+            if (v >= nv) continue;
+#pragma unroll
+            for (int h = 0; h < PER / 4; h++) {
+                if (sums) {
+                    ((float4 *)(acc + v * PER))[h] =
+                        float4{rw[q][4 * h], rw[q][4 * h + 1], rw[q][4 * h + 2], rw[q][4 * h + 3]};
+                    ((float4 *)(acc + len + v * PER))[h] =
+                        float4{rb[q][4 * h], rb[q][4 * h + 1], rb[q][4 * h + 2], rb[q][4 * h + 3]};
+                }
+                if (dxs)
+                    ((float4 *)(accd + v * PER))[h] =
+                        float4{rd[q][4 * h], rd[q][4 * h + 1], rd[q][4 * h + 2], rd[q][4 * h + 3]};
+            }
+        }
     __syncthreads();
     const i64 n2 = nsets * len;
     float *pb = part + (i64)blockIdx.x * n2;
@@ -970,11 +1067,22 @@ extern "C" __global__ void __launch_bounds__(BLOCK, 2)
     sg_row_norm_bwd_vec(const void *x, const void *gp, const void *w, const void *rp, void *y,
                         float *part, ngeom g) {
     if (g.dt == DT_F32)
-        norm_bwd_vec<DT_F32>(x, gp, w, rp, y, part, g);
+        norm_bwd_vec<DT_F32, false>(x, gp, w, rp, y, part, g);
     else if (g.dt == DT_BF16)
-        norm_bwd_vec<DT_BF16>(x, gp, w, rp, y, part, g);
+        norm_bwd_vec<DT_BF16, false>(x, gp, w, rp, y, part, g);
     else
-        norm_bwd_vec<DT_F16>(x, gp, w, rp, y, part, g);
+        norm_bwd_vec<DT_F16, false>(x, gp, w, rp, y, part, g);
+}
+
+extern "C" __global__ void __launch_bounds__(BLOCK, 1)
+    sg_row_norm_bwd_reg(const void *x, const void *gp, const void *w, const void *rp, void *y,
+                        float *part, ngeom g) {
+    if (g.dt == DT_F32)
+        norm_bwd_vec<DT_F32, true>(x, gp, w, rp, y, part, g);
+    else if (g.dt == DT_BF16)
+        norm_bwd_vec<DT_BF16, true>(x, gp, w, rp, y, part, g);
+    else
+        norm_bwd_vec<DT_F16, true>(x, gp, w, rp, y, part, g);
 }
 
 /* NORM_BWD's column sums from sg_row_norm_bwd_vec's nparts block partials
