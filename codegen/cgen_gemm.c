@@ -3,7 +3,8 @@
  * cgen_gemm.c -- the generated GEMM: a MATMUL group (a matmul or linear
  * anchor, then its pointwise epilogue) as one tiled kernel, for backends
  * that have no BLAS library (Level Zero always, HIP without hipBLASLt) and,
- * on CUDA, when SG_CUDA_GEMM=generated asks for it (sg__cgen_gemm_wanted).
+ * on CUDA, for small f32 products (MMA_SMALL) or when SG_CUDA_GEMM=generated
+ * asks for it (sg__cgen_gemm_wanted).
  * One text for the CUDA, HIP and OpenCL C dialects: the few words that
  * differ (the shared arrays' qualifier, the barrier, thread and block
  * indices, pointer address spaces) come from lower.c's spellings.
@@ -49,8 +50,11 @@
  * and runs the epilogue. Every output element's sum runs in a fixed
  * order (deterministic). Without sm_80's mma.sync the same kernel adds
  * the same tile elements with f32 FMAs. cuBLASLt's f32 kernels stay the
- * default: on an H100 this kernel was no faster on W4's products and
- * slower at 1024^3 (bench/NOTES.md, "f32 products on tensor cores").
+ * default for larger products: on an H100 this kernel was no faster on
+ * W4's large products and slower at 1024^3 (bench/NOTES.md, "f32 products
+ * on tensor cores"); products of at most MMA_SMALL multiply-adds take it
+ * by default, since cuBLASLt splits them into kernels that each cost more
+ * than the whole product here.
  *
  * Groups it does not take (sg__cgen_gemm returns NULL): a norm merged in
  * front (norm_rows), a pair of products (anchor2), cache copies (ncopies),
@@ -87,18 +91,29 @@ typedef struct gemm {
 /* Which kernel a MATMUL group of dtype dt gets in dialect d. */
 typedef enum gemm_kind { GEMM_LIBRARY, GEMM_SIMT, GEMM_MMA } gemm_kind;
 
-static gemm_kind kind_of(sg__dialect d, sg_dtype dt) {
+/* The f32 products small enough (multiply-adds) that the tensor-core
+ * kernel takes them on CUDA by default: cuBLASLt runs such products (W4's
+ * 128 x 10 logits, their gradient through a K of 10, the head's weight
+ * gradient: ~1.3M multiply-adds each) as SIMT kernels with K split into a
+ * reduction kernel, 8-12 µs each in ncu. */
+#define MMA_SMALL ((int64_t)1 << 22)
+#define MMA_SMALL_K                                                                                \
+    4096 /* and a K short enough for a few blocks' steps (a long dot product's                     \
+            one tile would walk it in at most 16 slices) */
+
+/* small: an f32 product of at most MMA_SMALL multiply-adds. */
+static gemm_kind kind_of(sg__dialect d, sg_dtype dt, bool small) {
     if (d == SG__DIALECT_OPENCL || d == SG__DIALECT_HIP) return GEMM_SIMT;
     if (d != SG__DIALECT_CUDA) return GEMM_LIBRARY;
     const char *e = getenv("SG_CUDA_GEMM");
     if (e && strcmp(e, "library") == 0) return GEMM_LIBRARY;
     if (e && strcmp(e, "simt") == 0) return GEMM_SIMT;
-    if (!(e && strcmp(e, "generated") == 0)) return GEMM_LIBRARY;
-    return dt == SG_F32 ? GEMM_MMA : GEMM_SIMT;
+    if (e && strcmp(e, "generated") == 0) return dt == SG_F32 ? GEMM_MMA : GEMM_SIMT;
+    return dt == SG_F32 && small ? GEMM_MMA : GEMM_LIBRARY;
 }
 
 bool sg__cgen_gemm_wanted(sg__dialect d) {
-    return kind_of(d, SG_F32) != GEMM_LIBRARY || kind_of(d, SG_BF16) != GEMM_LIBRARY;
+    return kind_of(d, SG_F32, true) != GEMM_LIBRARY || kind_of(d, SG_BF16, false) != GEMM_LIBRARY;
 }
 
 /* The batch stride of operand r along output batch dim d of nb (r's own
@@ -348,7 +363,7 @@ static mma_geo mma_shape(const gemm *p) {
     if (s > 16) s = 16;
     if (s < 1) s = 1;
     q.ks = cdiv(cdiv(p->K, s), MMA_TK) * MMA_TK;
-    q.split = cdiv(p->K, q.ks);
+    q.split = q.ks > 0 ? cdiv(p->K, q.ks) : 1; /* K = 0: one slice of no steps */
     return q;
 }
 
@@ -645,7 +660,9 @@ static const char *emit_mma(sg__cuda_gen *g, const sg__group *grp, const gemm *p
 const char *sg__cgen_gemm(sg__cuda_gen *g, const sg__group *grp, sg__cuda_kinfo *ki) {
     gemm p;
     if (!plan(g, grp, &p)) return NULL;
-    switch (kind_of(sg__cuda_dialect(g), p.a->dtype)) {
+    bool small = p.K <= MMA_SMALL_K &&
+                 (double)p.batch * (double)p.M * (double)p.N * (double)p.K <= (double)MMA_SMALL;
+    switch (kind_of(sg__cuda_dialect(g), p.a->dtype, small)) {
     case GEMM_LIBRARY: return NULL;
     case GEMM_MMA: return emit_mma(g, grp, &p, ki);
     case GEMM_SIMT: break;

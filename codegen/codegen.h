@@ -585,9 +585,10 @@ SG__HIDDEN int sg__cuda_slot(sg__cuda_gen *g, int s);
  * an operand, or a product the dialect leaves to its library).
  * sg__cgen_gemm_wanted: whether dialect d may generate its MATMUL groups:
  * OpenCL C (Level Zero has no BLAS library) and HIP (no hipBLASLt path)
- * all of them; CUDA with SG_CUDA_GEMM=generated (f32 on the tensor-core
- * kernel, f16/bf16 on the SIMT one) or =simt (all on the SIMT kernel),
- * else cuBLASLt runs them.
+ * all of them; CUDA its f32 products of at most 4M multiply-adds (on the
+ * tensor-core kernel), or all of them with SG_CUDA_GEMM=generated (f32 on
+ * the tensor-core kernel, f16/bf16 on the SIMT one) or =simt (all on the
+ * SIMT kernel), else cuBLASLt runs them; =library: cuBLASLt all of them.
  */
 SG__HIDDEN const char *sg__cgen_gemm(sg__cuda_gen *g, const sg__group *grp, sg__cuda_kinfo *ki);
 SG__HIDDEN bool sg__cgen_gemm_wanted(sg__dialect d);

@@ -493,6 +493,71 @@ static void test_timing(void) {
     }
 }
 
+/* CUDA's choice with SG_CUDA_GEMM unset: an f32 product of at most 4M
+ * multiply-adds and K <= 4096 is the tensor-core kernel (cuBLASLt splits
+ * such products into kernels slower than the whole product here); larger
+ * f32 products and other dtypes stay cuBLASLt's, and =library leaves every
+ * product to it. Read from the unit: the group's kernel replaces the call. */
+static void test_default_kind(void) {
+    static const struct {
+        spec s;
+        const char *env;
+        bool gen;
+    } cases[] = {
+        {{.dt = SG_F32, .linear = true, .M = 128, .N = 10, .K = 1024, .bias = true}, NULL, true},
+        {{.dt = SG_F32, .M = 128, .N = 1024, .K = 10}, NULL, true},
+        {{.dt = SG_F32, .M = 10, .N = 1024, .K = 128, .ta = true}, NULL, true},
+        {{.dt = SG_F32, .M = 256, .N = 256, .K = 256}, NULL, false},
+        {{.dt = SG_F32, .M = 9, .N = 9, .K = 5000}, NULL, false},
+        {{.dt = SG_BF16, .M = 64, .N = 64, .K = 64}, NULL, false},
+        {{.dt = SG_F32, .M = 128, .N = 10, .K = 1024}, "library", false},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        const spec *sp = &cases[i].s;
+        if (cases[i].env)
+            setenv("SG_CUDA_GEMM", cases[i].env, 1);
+        else
+            unsetenv("SG_CUDA_GEMM");
+        inputs x;
+        make_inputs(sp, 500 + i, &x);
+        sg_fn *fn = NULL;
+        sg_compile(ctx, step, (void *)sp, x.nin, x.nout, NULL, &fn);
+        sg_tensor *out[2] = {NULL, NULL};
+        sg_mark_step_begin(ctx);
+        bool ok = TU_EXPECT(fn && sg_call(fn, x.in, x.nin, out, x.nout) == SG_OK);
+        sg__fused f;
+        memset(&f, 0, sizeof f);
+        sg__cuda_kinfo *ki = NULL;
+        sg__emit e = {.ctx = ctx};
+        int nk = 0, mm = -1;
+        if (ok) {
+            const sg__ir *ir = &fn->graphs[fn->ngraphs - 1]->ir;
+            sg__fuse_opts fo;
+            sg__cgen_cuda_fuse_opts(&fo, false);
+            ok = TU_EXPECT(sg__fuse(ctx, ir, &fo, &f) == SG_OK) &&
+                 TU_EXPECT((ki = calloc((size_t)f.ngroups + 1, sizeof *ki)) != NULL) &&
+                 TU_EXPECT(sg__cgen_gpu(ctx, ir, &f, "gemm_kind", SG__DIALECT_CUDA, &e, ki, &nk) ==
+                           SG_OK);
+            for (int k = 0; ok && k < f.ngroups; k++)
+                if (f.groups[k].kind == SG__G_MATMUL) mm = k;
+            ok = ok && TU_EXPECT(mm >= 0) && TU_EXPECT(ki[mm].replaces_call == cases[i].gen) &&
+                 TU_EXPECT((e.buf && strstr(e.buf, "sg_mma_tf32(part[")) == cases[i].gen);
+            sg__fused_free(ctx, &f, ir);
+        }
+        char cn[256];
+        tu_case(ok, "GEMM_KIND(%s, SG_CUDA_GEMM=%s) -> %s",
+                case_name(sp, &x.h, 500 + i, cn, sizeof cn), cases[i].env ? cases[i].env : "unset",
+                cases[i].gen ? "tensor-core kernel" : "cuBLASLt");
+        sg__emit_free(&e);
+        free(ki);
+        sg_fn_destroy(fn);
+        for (int o = 0; o < x.nout; o++) sg_release(out[o]);
+        free_inputs(&x);
+        sg_clear_error(ctx);
+    }
+    setenv("SG_CUDA_GEMM", "generated", 1);
+}
+
 /* HIP's line about its matmuls (logged once by its executor): without
  * libhipblaslt (Debian), the not-found text naming the generated GEMM. */
 static void test_hip_note(void) {
@@ -636,6 +701,7 @@ int main(void) {
         if (mode != SG__DIALECT_HIP || seed % 3 == 0) run(&s, seed);
     }
     if (mode == SG__DIALECT_OPENCL && !on_device) test_hip_note();
+    if (mode == SG__DIALECT_CUDA && !on_device) test_default_kind();
     if (on_device && tu_backend() == SG_BACKEND_CUDA) test_timing();
 #ifdef SG_HAVE_OPENCL_HEADERS
     if (queue) ocl->clReleaseCommandQueue(queue);

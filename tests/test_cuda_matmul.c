@@ -420,6 +420,9 @@ static void test_lt_load(void) {
                                         "libcublasLt (libc.so.6) lacks cublasLtCreate"};
     int64_t xs[2] = {64, 48}, ws[2] = {32, 48};
     setenv("SG_CUDA_MATMUL", "lt", 1);
+    /* The step's f32 product is small enough for the generated kernel by
+     * default (codegen/cgen_gemm.c); this case is about the library. */
+    setenv("SG_CUDA_GEMM", "library", 1);
     for (int i = 0; i < 2; i++)
         for (int compiled = 0; compiled < 2; compiled++) {
             sg_ctx *c2 = NULL;
@@ -475,6 +478,7 @@ static void test_lt_load(void) {
             sg_ctx_destroy(c2);
         }
     unsetenv("SG_CUDA_MATMUL");
+    unsetenv("SG_CUDA_GEMM");
 }
 
 /* ------------------------------------------------------------ epilogues in cuBLASLt */

@@ -41,7 +41,8 @@
  * On HIP the unit is generated in the HIP dialect, whose MATMUL groups are
  * generated GEMM kernels (codegen/cgen_gemm.c: HIP has no BLAS library
  * path, see sg__hip_blaslt_note, logged once per process); so are CUDA's
- * with SG_CUDA_GEMM=generated, where cuBLASLt runs them otherwise.
+ * small f32 products (at most 4M multiply-adds) and, with
+ * SG_CUDA_GEMM=generated, all of them, where cuBLASLt runs them otherwise.
  */
 #include "../comm.h"
 #include "../graphs.h"
