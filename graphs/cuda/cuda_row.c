@@ -296,11 +296,12 @@ static sg_status xent_bwd(sg_ctx *ctx, const sg__node *n, const sg__node *fwd) {
     void *y = sg__data(out), *loss = NULL, *mean = fwd ? sg__data(fwd->out) : NULL;
     if (fwd && (st = sg__cuda_scratch(ctx, (size_t)N * sizeof(double), &loss)) != SG_OK) return st;
     void *f;
-    if ((st = sg__cuda_kernel(ctx, SG__CU_ROW, "sg_row_xent_bwd", &f)) != SG_OK) return st;
-    size_t smem = xent_stage_bytes(ctx, f, &g, sg_dtype_size(lg->dtype));
+    const char *kn = g.team == 32 ? "sg_row_xent_bwd_warp" : "sg_row_xent_bwd";
+    if ((st = sg__cuda_kernel(ctx, SG__CU_ROW, kn, &f)) != SG_OK) return st;
+    size_t smem = g.team == 32 ? 0 : xent_stage_bytes(ctx, f, &g, sg_dtype_size(lg->dtype));
     int32_t staged = smem > 0;
     void *args[] = {&x, &t, &gp, &y, &loss, &mean, &g, &inv_n, &gdt, &staged, &fteam};
-    return launch_rows_of(ctx, "sg_row_xent_bwd", f, &g, smem, args);
+    return launch_rows_of(ctx, kn, f, &g, smem, args);
 }
 
 sg_status sg__cuda_xent_pair(sg_ctx *ctx, const sg__node *bwd, const sg__node *fwd) {

@@ -604,12 +604,13 @@ __device__ __forceinline__ void xent_bwd_team(const char *xr, char *yr, i64 c, f
     }
 }
 
-/* Row `row` of sg_row_xent_bwd by its team, its dtype known. */
-template <int DT>
+/* Row `row` of sg_row_xent_bwd by its team, its dtype known: a warp's
+ * (WARP), else a block's. */
+template <int DT, bool WARP>
 __device__ __forceinline__ void xent_bwd_dt(const char *xr, char *yr, i64 c, float gv,
                                             const wgeom &g, double inv_n, int lane, double *loss,
                                             int fteam, int staged, uint4 *stage) {
-    if (g.team == 32)
+    if (WARP)
         xent_bwd_team<DT>(xr, yr, c, gv, g, inv_n, lane, loss, fteam);
     else if (staged)
         xent_bwd_row<DT, true>(xr, yr, c, gv, g, inv_n, loss, stage);
@@ -628,19 +629,21 @@ __device__ __forceinline__ void xent_bwd_dt(const char *xr, char *yr, i64 c, flo
  * L2 last. Rows whose x and y are contiguous and equally placed within 16
  * bytes move as 16-byte vectors (a head and a tail element by element),
  * others element by element; rows of up to 1024 elements take a warp each
- * (g.team 32). A target outside [0, len) makes its row NaN.
+ * (g.team 32: sg_row_xent_bwd_warp, below). A target outside [0, len)
+ * makes its row NaN.
  *
  * With loss (a cross_entropy fused with its gradient, sg__group.xent): also
  * the forward's loss[r], the same bits as sg_row_xent's with a team of
  * fteam, and the last block takes their mean into out (xent_finish).
  */
-extern "C" __global__ void __launch_bounds__(BLOCK)
-    sg_row_xent_bwd(const void *x, const void *t, const void *gp, void *y, double *loss, float *out,
-                    wgeom g, double inv_n, int gdt, int staged, int fteam) {
+template <bool WARP>
+__device__ __forceinline__ void xent_bwd_kernel(const void *x, const void *t, const void *gp,
+                                                void *y, double *loss, float *out, const wgeom &g,
+                                                double inv_n, int gdt, int staged, int fteam) {
     extern __shared__ uint4 stage[];
     i64 row = blockIdx.x;
     int lane = 0;
-    bool mine = g.team == 32 ? my_row(g, &row, &lane) : row < g.nrows;
+    bool mine = WARP ? my_row(g, &row, &lane) : row < g.nrows;
     if (mine) {
         int es = g.dt == DT_F32 ? 4 : 2;
         const char *xr = (const char *)x + row * g.oxs[0] * es;
@@ -650,17 +653,33 @@ extern "C" __global__ void __launch_bounds__(BLOCK)
         double *lr = loss ? loss + row : 0;
         switch (g.dt) {
         case DT_F32:
-            xent_bwd_dt<DT_F32>(xr, yr, c, gv, g, inv_n, lane, lr, fteam, staged, stage);
+            xent_bwd_dt<DT_F32, WARP>(xr, yr, c, gv, g, inv_n, lane, lr, fteam, staged, stage);
             break;
         case DT_BF16:
-            xent_bwd_dt<DT_BF16>(xr, yr, c, gv, g, inv_n, lane, lr, fteam, staged, stage);
+            xent_bwd_dt<DT_BF16, WARP>(xr, yr, c, gv, g, inv_n, lane, lr, fteam, staged, stage);
             break;
         default:
-            xent_bwd_dt<DT_F16>(xr, yr, c, gv, g, inv_n, lane, lr, fteam, staged, stage);
+            xent_bwd_dt<DT_F16, WARP>(xr, yr, c, gv, g, inv_n, lane, lr, fteam, staged, stage);
             break;
         }
     }
     if (loss) xent_finish(loss, out, g, &xent_bwd_done);
+}
+
+extern "C" __global__ void __launch_bounds__(BLOCK)
+    sg_row_xent_bwd(const void *x, const void *t, const void *gp, void *y, double *loss, float *out,
+                    wgeom g, double inv_n, int gdt, int staged, int fteam) {
+    xent_bwd_kernel<false>(x, t, gp, y, loss, out, g, inv_n, gdt, staged, fteam);
+}
+
+/* The same for rows of at most 1024 elements (g.team 32): only the warp's
+ * path, so that the kernel's code is small (W4's 128 x 10 logits: a long
+ * dependent path a warp, which in the whole kernel's body stalled on
+ * instruction fetch). */
+extern "C" __global__ void __launch_bounds__(BLOCK)
+    sg_row_xent_bwd_warp(const void *x, const void *t, const void *gp, void *y, double *loss,
+                         float *out, wgeom g, double inv_n, int gdt, int staged, int fteam) {
+    xent_bwd_kernel<true>(x, t, gp, y, loss, out, g, inv_n, gdt, staged, fteam);
 }
 
 /* ------------------------------------------------------------ the norms' gradient */
