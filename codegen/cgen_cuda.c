@@ -943,9 +943,12 @@ static void emit_gemv_fma(gen *g, const gemv *p, const char *xlane) {
 static void emit_gemv_norm(gen *g, const sg__group *grp, const gemv *p) {
     if (!p->norm) return;
     sg__group part = *grp;
-    part.kind = SG__G_ROW;
+    part.kind = grp->row_bcast ? SG__G_REDUCE : SG__G_ROW;
     part.n = grp->anchor;
     part.anchor = grp->row_anchor;
+    part.bcast = grp->row_bcast;
+    part.ndim = grp->row_ndim;
+    memcpy(part.shape, grp->row_shape, sizeof part.shape);
     part.norm_rows = false;
     sg__emit_open(g->e, "%s", "");
     sg__cgen_cuda_rows_into(g, &part, grp->g[grp->anchor].arg_src[0], "sg_xs");

@@ -452,6 +452,18 @@ static void pass_close(rowk *k) {
     sg__emit_close(k->e);
 }
 
+/* A GEMV prologue's value (the sink member's, at element i) into its row
+ * in shared memory, rounded to its dtype as its store would round it. */
+static void sink_store(rowk *k) {
+    if (k->sink < 0) return;
+    char lv[400], v[16], st[1000];
+    const sg__ref *x = sg__cuda_ref(k->g, sg__cuda_ir(k->g)->nodes[k->grp->g[k->sink].node].out);
+    snprintf(lv, sizeof lv, "%s[i]", k->xs);
+    snprintf(v, sizeof v, "v%d", k->sink);
+    sg__cuda_narrow_store(x->dtype, lv, v, st, sizeof st);
+    sg__cuda_store(k->g, true, k->sink, st);
+}
+
 /* The anchor's value at column r_c into v<a> (from r_x and the statistics),
  * its store, and the row epilogue: the write pass of a ROW group. */
 static void row_write(rowk *k) {
@@ -493,14 +505,7 @@ static void row_write(rowk *k) {
     }
     if (k->a + 1 < k->grp->n)
         sg__cuda_members(k->g, k->grp, k->a + 1, k->grp->n, k->nd, k->shape, k->flat);
-    if (k->sink >= 0) {
-        const sg__ref *x =
-            sg__cuda_ref(k->g, sg__cuda_ir(k->g)->nodes[k->grp->g[k->sink].node].out);
-        snprintf(lv, sizeof lv, "%s[i]", k->xs);
-        snprintf(v, sizeof v, "v%d", k->sink);
-        sg__cuda_narrow_store(x->dtype, lv, v, st, sizeof st);
-        sg__cuda_store(k->g, true, k->sink, st);
-    }
+    sink_store(k);
 }
 
 static void chunk_loop(rowk *k, const char *start, const char *hi, int step, int u,
@@ -755,6 +760,7 @@ static void single_tail(rowk *k, const char *idx) {
 static void bcast_elem(rowk *k) {
     walk_index(k);
     sg__cuda_members(k->g, k->grp, k->grp->bcast, k->grp->n, k->nd, k->shape, k->flat);
+    sink_store(k);
 }
 
 /* Sum or mean, the epilogue over the reduced shape, then over the input's. */

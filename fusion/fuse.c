@@ -553,10 +553,11 @@ static bool member_loads(const sg__ir *ir, const int *alias, const sg__gnode *gn
 }
 
 /*
- * The member of ROW group r whose value matmul group m's anchor reads as
- * its x: the last writer of x's exact geometry, at or after the norm (a
- * prologue value is not the normalized row); -1 when there is none, or when
- * r writes x's slot through another geometry or m's other inputs at all.
+ * The member of ROW or REDUCE group r whose value matmul group m's anchor
+ * reads as its x: the last writer of x's exact geometry, at or after the
+ * norm (a prologue value is not the normalized row), or for a REDUCE group
+ * in its epilogue over the input; -1 when there is none, or when r writes
+ * x's slot through another geometry or m's other inputs at all.
  */
 static int norm_feeds(const sg__ir *ir, const int *alias, const sg__group *r, const sg__group *m) {
     const sg__irnode *mm = &ir->nodes[m->g[m->anchor].node];
@@ -572,7 +573,8 @@ static int norm_feeds(const sg__ir *ir, const int *alias, const sg__group *r, co
         if (!same_geom(o, x)) return -1;
         p = k;
     }
-    return p >= r->anchor ? p : -1;
+    int from = r->kind == SG__G_REDUCE ? r->bcast : r->anchor;
+    return p >= from ? p : -1;
 }
 
 /*
@@ -590,8 +592,8 @@ static bool merged_safe(const sg__ir *ir, const int *alias, const sg__group *g) 
     return true;
 }
 
-/* ROW group r and MATMUL group m as one group (r's members, then m's,
- * renumbered), or false when out of memory. */
+/* ROW or REDUCE group r and MATMUL group m as one group (r's members, then
+ * m's, renumbered), or false when out of memory. */
 static bool merge_norm(sg_ctx *ctx, const sg__group *r, const sg__group *m, int p, sg__group *out) {
     *out = *m;
     out->g = sg__alloc(ctx, sizeof *out->g * (size_t)(r->n + m->n));
@@ -609,22 +611,33 @@ static bool merge_norm(sg_ctx *ctx, const sg__group *r, const sg__group *m, int 
     out->first = r->first;
     out->norm_rows = true;
     out->row_anchor = r->anchor;
+    out->row_bcast = r->kind == SG__G_REDUCE ? r->bcast : 0;
+    out->row_ndim = r->ndim;
+    memcpy(out->row_shape, r->shape, sizeof r->shape);
     out->rows_inline = false;
     out->nrows = r->nrows;
     out->rowlen = r->rowlen;
     return true;
 }
 
-/* Each layer_norm/rms_norm row group that only feeds the next matmul
- * group's x merges into it where the backend's gemv_rows takes the result. */
+/* A row group that normalizes: layer_norm or rms_norm, or a sum or mean
+ * along rows (not columns) whose epilogue goes on over the input, as a
+ * written-out norm's does. */
+static bool normalizes(const sg__ir *ir, const sg__group *r) {
+    if (!r->rows_inline) return false;
+    sg__op op = ir->nodes[r->g[r->anchor].node].op;
+    if (r->kind == SG__G_ROW) return op == SG__OP_LAYER_NORM || op == SG__OP_RMS_NORM;
+    return r->kind == SG__G_REDUCE && (op == SG__OP_SUM || op == SG__OP_MEAN) && r->ncols == 1 &&
+           r->bcast > r->anchor;
+}
+
+/* Each normalizing row group that only feeds the next matmul group's x
+ * merges into it where the backend's gemv_rows takes the result. */
 static sg_status norms_into_gemv(sg_ctx *ctx, const sg__ir *ir, const int *alias, sg__fused *f,
                                  bool (*takes)(const sg__ir *, const int *, const sg__group *)) {
     for (int k = 0; k + 1 < f->ngroups; k++) {
         sg__group *r = &f->groups[k], *m = &f->groups[k + 1];
-        if (r->kind != SG__G_ROW || !r->rows_inline || m->kind != SG__G_MATMUL || m->anchor != 0)
-            continue;
-        sg__op op = ir->nodes[r->g[r->anchor].node].op;
-        if (op != SG__OP_LAYER_NORM && op != SG__OP_RMS_NORM) continue;
+        if (!normalizes(ir, r) || m->kind != SG__G_MATMUL || m->anchor != 0) continue;
         int p = norm_feeds(ir, alias, r, m);
         if (p < 0) continue;
         sg__group merged;
@@ -697,6 +710,9 @@ static bool merge_pair(sg_ctx *ctx, const sg__ir *ir, const int *alias, const sg
     out->anchor2 = a->n;
     out->norm_rows = a->norm_rows;
     out->row_anchor = a->row_anchor;
+    out->row_bcast = a->row_bcast;
+    out->row_ndim = a->row_ndim;
+    memcpy(out->row_shape, a->row_shape, sizeof a->row_shape);
     out->nrows = a->nrows;
     out->rowlen = a->rowlen;
     out->rows_inline = false;

@@ -31,9 +31,12 @@
  *      MATMUL     matmul/linear through the BLAS, then an epilogue over its
  *                 output (bias, activation, residual add, cast) in one loop.
  *      OPAQUE     any other node, run by the backend's eager kernel.
- *  - norm into GEMV (with gemv_rows): a layer_norm/rms_norm ROW group and
- *    the MATMUL group that reads its result become one MATMUL group whose
- *    generated kernel normalizes the rows on chip and then runs the GEMV.
+ *  - norm into GEMV (with gemv_rows): a layer_norm/rms_norm ROW group, or a
+ *    rows_inline REDUCE group whose sum or mean over the rows feeds an
+ *    epilogue over its input (a norm written out of primitives: x *
+ *    rsqrt(mean(x*x) + eps) * w), and the MATMUL group that reads its
+ *    result become one MATMUL group whose generated kernel normalizes the
+ *    rows on chip and then runs the GEMV.
  *  - GEMV pairs (with gemv_rows): a MATMUL group without epilogue and the
  *    next MATMUL group whose anchor reads the same x (SwiGLU's two
  *    projections) become one MATMUL group (sg__group.anchor2) whose kernel
@@ -158,10 +161,14 @@ typedef struct sg__group {
                   along the rows); 0 when none */
     /* MATMUL groups that sg__fuse_opts.gemv_rows merged with the norm before
      * them: members [0, anchor) are that rows_inline ROW group (its prologue,
-     * the layer_norm/rms_norm at index row_anchor, its epilogue), whose last
-     * value the anchor reads as x (arg_src[0]); nrows rows of rowlen. */
+     * the layer_norm/rms_norm at index row_anchor, its epilogue) or REDUCE
+     * group (its prologue, the sum or mean at row_anchor, its epilogue over
+     * the reduced shape row_ndim/row_shape, and from row_bcast on, its
+     * epilogue over the input), a value of which the anchor reads as x
+     * (arg_src[0]); nrows rows of rowlen. row_bcast is 0 for a ROW group. */
     bool norm_rows;
-    int row_anchor;
+    int row_anchor, row_bcast, row_ndim;
+    int64_t row_shape[SG_MAX_DIMS];
     /* MATMUL groups that sg__fuse_opts.gemv_rows merged with the matmul
      * group after them (same x, no epilogue between): the index into g of
      * the second matmul, right after the anchor, 0 when none. Members after

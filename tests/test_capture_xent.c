@@ -274,7 +274,7 @@ static void pair_case(sg_dtype dt, sg_dtype tdt, int64_t rows, int64_t cols, int
     int64_t *tv = malloc(sizeof(int64_t) * (size_t)rows);
     int32_t *t32 = malloc(sizeof(int32_t) * (size_t)rows);
     double *bv, *ref = calloc((size_t)n, sizeof(double)), lref = 0;
-    double *lv = malloc(sizeof(double) * (size_t)(rows * cols));
+    double *lv = calloc((size_t)(rows * cols), sizeof(double));
     sg_tensor *base = tu_rand(ctx, dt, 2, sh, -4, 4, &bv);
     for (int64_t i = 0; i < rows; i++) tv[i] = tu_randint(0, cols - 1), t32[i] = (int32_t)tv[i];
     tv[0] = 0, tv[rows - 1] = cols - 1, t32[0] = 0, t32[rows - 1] = (int32_t)(cols - 1);

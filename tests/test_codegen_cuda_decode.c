@@ -167,8 +167,10 @@ enum { D = 512, HQ = 8, HKV = 2, HD = 64, F = 1024, V = 128, S = 16, NQKV = (HQ 
 
 typedef struct llama {
     int layers;
+    int style; /* 0: the fused forms; 1: as a user first writes it (below); 2: 1 with the norms
+                  written out of primitives */
     sg_tensor *g1[LL_MAX], *wqkv[LL_MAX], *wo[LL_MAX], *g2[LL_MAX], *w1[LL_MAX], *w3[LL_MAX],
-        *w2[LL_MAX], *kc[LL_MAX], *vc[LL_MAX], *gf, *wout, *cos, *sin;
+        *w2[LL_MAX], *kc[LL_MAX], *vc[LL_MAX], *gf, *wout, *cos, *sin, *slots;
     double *g1v[LL_MAX], *wqkvv[LL_MAX], *wov[LL_MAX], *g2v[LL_MAX], *w1v[LL_MAX], *w3v[LL_MAX],
         *w2v[LL_MAX], *gfv, *woutv, *cosv, *sinv;
 } llama;
@@ -184,6 +186,43 @@ static sg_tensor *rotate(sg_tensor *t, sg_tensor *c, sg_tensor *s) {
 static sg_tensor *heads(sg_tensor *t, int64_t h) {
     int64_t sh[4] = {1, 1, h, HD};
     return sg_transpose(sg_reshape(t, 4, sh), 1, 2);
+}
+
+/* An rms_norm, or the same written out: x * rsqrt(mean(x * x) + eps) * g. */
+static sg_tensor *llama_norm(const llama *m, sg_tensor *x, sg_tensor *g) {
+    if (m->style < 2) return sg_rms_norm(x, g, EPS);
+    int last = -1;
+    sg_tensor *ms = sg_mean(sg_mul(x, x), 1, &last, true);
+    return sg_mul(sg_mul(x, sg_rsqrt(sg_add_scalar(ms, EPS))), g);
+}
+
+/* The block as a user first writes it: q, k and v sliced from the QKV
+ * projection, q and k rotated apart, the cache written at pos and attention
+ * through sg_sdpa over the whole cache with a mask of the slots <= pos (as
+ * examples/kv_decode.c), K/V with fewer heads than Q. */
+static sg_status llama_step_plain(sg_ctx *c, sg_tensor *const *in, sg_tensor **out, void *user) {
+    const llama *m = user;
+    sg_tensor *x = in[0], *pos = in[1];
+    int64_t rs[4] = {1, 1, 1, HD / 2}, flat[3] = {1, 1, HQ * HD};
+    sg_tensor *cs = sg_reshape(sg_index_select(m->cos, 0, pos), 4, rs);
+    sg_tensor *sn = sg_reshape(sg_index_select(m->sin, 0, pos), 4, rs);
+    sg_tensor *mask = sg_le(m->slots, pos); /* (S): the slots written so far */
+    for (int l = 0; l < m->layers; l++) {
+        sg_tensor *qkv = sg_linear(llama_norm(m, x, m->g1[l]), m->wqkv[l], NULL);
+        sg_tensor *q = rotate(heads(sg_narrow(qkv, 2, 0, HQ * HD), HQ), cs, sn);
+        sg_tensor *k = rotate(heads(sg_narrow(qkv, 2, HQ * HD, HKV * HD), HKV), cs, sn);
+        sg_tensor *v = heads(sg_narrow(qkv, 2, (HQ + HKV) * HD, HKV * HD), HKV);
+        sg_status st = sg_index_copy_(m->kc[l], 2, pos, k);
+        if (st == SG_OK) st = sg_index_copy_(m->vc[l], 2, pos, v);
+        if (st != SG_OK) return st;
+        sg_tensor *a = sg_sdpa(q, m->kc[l], m->vc[l], mask, false, 0.0);
+        x = sg_add(x, sg_linear(sg_reshape(sg_transpose(a, 1, 2), 3, flat), m->wo[l], NULL));
+        sg_tensor *h = llama_norm(m, x, m->g2[l]);
+        sg_tensor *u = sg_mul(sg_silu(sg_linear(h, m->w1[l], NULL)), sg_linear(h, m->w3[l], NULL));
+        x = sg_add(x, sg_linear(u, m->w2[l], NULL));
+    }
+    out[0] = sg_linear(llama_norm(m, x, m->gf), m->wout, NULL);
+    return out[0] ? SG_OK : sg_ctx_status(c);
 }
 
 /* in: x (1, 1, D), pos (1) i64 -> logits (1, 1, V); K and V at pos. */
@@ -285,9 +324,11 @@ static void ref_step(const llama *m, const double *x0, int p, double *kc, double
     ref_linear(h, m->woutv, V, D, logits);
 }
 
-static void llama_init(llama *m, int layers) {
+static void llama_init(llama *m, int layers, int style) {
     memset(m, 0, sizeof *m);
     m->layers = layers;
+    m->style = style;
+    m->slots = sg_arange(ctx, SG_I64, 0, S, 1);
     int64_t d = D, qs[2] = {NQKV, D}, os[2] = {D, HQ * HD}, us[2] = {F, D}, ds[2] = {D, F},
             vs[2] = {V, D}, cs[4] = {1, HKV, S, HD}, ts[2] = {S, HD / 2};
     for (int l = 0; l < layers; l++) {
@@ -329,17 +370,18 @@ static void llama_free(llama *m) {
         for (int i = 0; i < 7; i++) free(v[i]);
     }
     sg_release(m->gf), sg_release(m->wout), sg_release(m->cos), sg_release(m->sin);
+    sg_release(m->slots);
     free(m->gfv), free(m->woutv), free(m->cosv), free(m->sinv);
 }
 
 /* Three steps (positions 0, 1, 2) against the reference; the launches. */
-static bool llama_run(int layers, int *launches) {
+static bool llama_run(int layers, int style, int *launches) {
     static llama m;
     tu_seed(100 + (uint64_t)layers);
-    llama_init(&m, layers);
+    llama_init(&m, layers, style);
     sg_fn *fn = NULL;
     bool ok =
-        TU_EXPECT(sg_compile(ctx, llama_step, &m, 2, 1,
+        TU_EXPECT(sg_compile(ctx, style ? llama_step_plain : llama_step, &m, 2, 1,
                              &(sg_compile_opts){.mode = SG_MODE_REDUCE_OVERHEAD}, &fn) == SG_OK);
     double *kc = calloc((size_t)layers * HKV * S * HD, sizeof(double));
     double *vc = calloc((size_t)layers * HKV * S * HD, sizeof(double));
@@ -363,7 +405,7 @@ static bool llama_run(int layers, int *launches) {
         sg_release(in[1]);
     }
     char name[64];
-    snprintf(name, sizeof name, "cu_llama_decode_l%d", layers);
+    snprintf(name, sizeof name, "cu_llama%d_decode_l%d", style, layers);
     ok = ok && cuda_launches(fn, name, launches);
     sg_fn_destroy(fn);
     free(kc);
@@ -372,19 +414,21 @@ static bool llama_run(int layers, int *launches) {
     return ok;
 }
 
-static void test_llama(void) {
+static void test_llama(int style) {
     int one = 0, two = 0;
-    bool ok = llama_run(1, &one) && llama_run(2, &two);
+    bool ok = llama_run(1, style, &one) && llama_run(2, style, &two);
     int per_layer = two - one;
     /* rms_norm + QKV GEMV, the rotated halves + their concat + the K/V
      * cache writes (one chain kernel in one block), attention, o-proj GEMV
      * + residual, rms_norm + w1 and w3 GEMVs + silu * mul (one kernel, two
      * products per column), w2 GEMV + residual. */
     ok = ok && TU_EXPECT(per_layer <= 6);
+    static const char *const how[] = {"", ",q and k rotated apart,sdpa with a slot mask",
+                                      ",q and k rotated apart,sdpa with a slot mask,rms written out"};
     tu_case(ok,
-            "LLAMA_DECODE_LAUNCHES(bf16,D=%d,HQ=%d,HKV=%d,HD=%d,F=%d,S=%d,batch=1,3 positions) "
+            "LLAMA_DECODE_LAUNCHES(bf16,D=%d,HQ=%d,HKV=%d,HD=%d,F=%d,S=%d,batch=1,3 positions%s) "
             "-> %d per layer (1 layer: %d, 2 layers: %d), logits as f64's",
-            D, HQ, HKV, HD, F, S, per_layer, one, two);
+            D, HQ, HKV, HD, F, S, how[style], per_layer, one, two);
 }
 
 /* ------------------------------------------------------------ in place */
@@ -687,7 +731,7 @@ int main(void) {
     test_split(SG_BF16, 3, 3001, 201, false, SG_MODE_MAX_AUTOTUNE);
     test_gpt2(false);
     test_gpt2(true);
-    test_llama();
+    for (int style = 0; style < 3; style++) test_llama(style);
     test_inplace();
     test_pair();
     test_copies();

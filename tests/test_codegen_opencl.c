@@ -17,8 +17,10 @@
  * Row, reduce and GEMV kernels: softmax, log_softmax, layer_norm, rms_norm,
  * sum, mean, var, argmax over the last dim, x - mean(x) (a reduction's
  * epilogue over x's shape), column sums over a middle dim, linear and
- * matmul of 1 to 8 rows (GEMVs along K and along N) and a layer_norm
- * feeding a linear (the norm's rows in local memory), in f32, f16 and bf16,
+ * matmul of 1 to 8 rows (GEMVs along K and along N), a layer_norm
+ * feeding a linear (the norm's rows in local memory) and an rms_norm
+ * written out of primitives feeding one (without a prologue: one kernel,
+ * the mean's row and its epilogue over x in the GEMV), in f32, f16 and bf16,
  * with or without a pointwise prologue and epilogue, over random widths
  * (1, odd, around 32 and 256, up to 9001) and a few long rows and column
  * ranges that are cut into chunks; each against an f64 reference written
@@ -437,11 +439,12 @@ enum rop {
     R_LINEAR,      /* x (rows, K) against w (N, K), plus b: a GEMV along K */
     R_MATMUL,      /* x (rows, K) times w (K, N): a GEMV along N */
     R_NORM_LINEAR, /* layer_norm(x) against w (N, K): the norm's rows, then the GEMV */
+    R_RMS_LINEAR,  /* x * rsqrt(mean(x * x) + eps) * g against w (N, K): written out, then the GEMV */
     R_COUNT
 };
 static const char *const rop_names[R_COUNT] = {
     "softmax", "log_softmax", "layer_norm", "rms_norm", "sum",    "mean",       "var",
-    "argmax",  "center",      "colsum",     "linear",   "matmul", "norm_linear"};
+    "argmax",  "center",      "colsum",     "linear",   "matmul", "norm_linear", "rms_linear"};
 
 typedef struct rcase {
     enum rop op;
@@ -458,9 +461,10 @@ static int rcase_shapes(const rcase *c, int *nd, int64_t sh[5][3]) {
     int n = 1;
     nd[0] = 2, sh[0][0] = c->rows, sh[0][1] = c->len;
     if (c->op == R_COLSUM) nd[0] = 3, sh[0][1] = c->len, sh[0][2] = c->cols;
-    if (c->op == R_LAYER_NORM || c->op == R_RMS_NORM || c->op == R_NORM_LINEAR) {
+    if (c->op == R_LAYER_NORM || c->op == R_RMS_NORM || c->op == R_NORM_LINEAR ||
+        c->op == R_RMS_LINEAR) {
         nd[n] = 1, sh[n++][0] = c->len;
-        if (c->op != R_RMS_NORM) nd[n] = 1, sh[n++][0] = c->len;
+        if (c->op != R_RMS_NORM && c->op != R_RMS_LINEAR) nd[n] = 1, sh[n++][0] = c->len;
     }
     if (gemv_op(c->op)) {
         nd[n] = 2;
@@ -502,6 +506,12 @@ static sg_status run_rcase(sg_ctx *cx, sg_tensor *const *in, sg_tensor **out, vo
         sg_tensor *h = sg_layer_norm(x, in[1], in[2], 1e-5);
         y = sg_linear(h, in[3], in[4]);
         sg_release(h);
+        break;
+    }
+    case R_RMS_LINEAR: { /* as a user writes it; the tensors go with the step */
+        sg_tensor *ms = sg_mean(sg_mul(x, x), 1, &last, true);
+        sg_tensor *h = sg_mul(sg_mul(x, sg_rsqrt(sg_add_scalar(ms, 1e-5))), in[1]);
+        y = sg_linear(h, in[2], in[3]);
         break;
     }
     default: break;
@@ -567,6 +577,15 @@ static void ref_rowop(const rcase *c, const double *xr, double *const *w, double
     case R_CENTER:
         for (int64_t j = 0; j < n; j++) y[j] = xr[j] - tu_round(c->dt, mean);
         break;
+    case R_RMS_LINEAR: { /* every op rounded to the dtype, as each op rounds */
+        double ss = 0;
+        for (int64_t j = 0; j < n; j++) ss += tu_round(c->dt, xr[j] * xr[j]);
+        double t = tu_round(c->dt, tu_round(c->dt, ss / (double)n) + 1e-5);
+        double rr = tu_round(c->dt, 1 / sqrt(t));
+        for (int64_t j = 0; j < n; j++) y[j] = tu_round(c->dt, xr[j] * rr) * w[0][j];
+        *mag = 0;
+        break;
+    }
     default: break;
     }
 }
@@ -575,7 +594,8 @@ static void ref_rowop(const rcase *c, const double *xr, double *const *w, double
 static int64_t ref_rcase(const rcase *c, double *const *v, double *out, double *mag) {
     size_t wide = (size_t)(c->len > c->cols ? c->len : c->cols);
     double *xr = malloc(sizeof(double) * wide), *yr = malloc(sizeof(double) * wide);
-    bool row = c->op <= R_CENTER || c->op == R_NORM_LINEAR;
+    bool norm_gemv = c->op == R_NORM_LINEAR || c->op == R_RMS_LINEAR;
+    bool row = c->op <= R_CENTER || norm_gemv;
     int64_t n = 0, rl = c->op == R_SUM || c->op == R_MEAN || c->op == R_VAR || c->op == R_ARGMAX;
     int64_t outer = c->op == R_COLSUM ? c->rows * c->cols : c->rows;
     for (int64_t r = 0; r < outer; r++) {
@@ -592,13 +612,14 @@ static int64_t ref_rcase(const rcase *c, double *const *v, double *out, double *
             for (int64_t j = 0; j < c->len; j++) yr[0] += xr[j], mg += fabs(xr[j]);
         }
         int64_t ny = row && !rl ? c->len : 1;
-        if (c->op == R_NORM_LINEAR) { /* the norm's rows rounded, then the products */
+        if (norm_gemv) { /* the norm's rows rounded, then the products */
             for (int64_t j = 0; j < c->len; j++) xr[j] = tu_round(c->dt, yr[j]);
             ny = 0;
         }
         if (gemv_op(c->op)) {
-            const double *w = v[c->op == R_NORM_LINEAR ? 3 : 1];
-            const double *b = c->op == R_MATMUL ? NULL : v[c->op == R_NORM_LINEAR ? 4 : 2];
+            int wi = c->op == R_NORM_LINEAR ? 3 : c->op == R_RMS_LINEAR ? 2 : 1;
+            const double *w = v[wi];
+            const double *b = c->op == R_MATMUL ? NULL : v[wi + 1];
             for (int64_t o = 0; o < c->cols; o++) {
                 double d = 0, dm = 0;
                 for (int64_t k = 0; k < c->len; k++) {
@@ -681,6 +702,8 @@ static void test_rcase(const rcase *c, uint64_t seed, bool spirv) {
     int inlined = 0;
     for (int k = 0; ok && k < f.ngroups; k++) inlined += ki[k].replaces_call;
     ok = ok && TU_EXPECT(inlined >= 1);
+    /* The written-out norm joins the GEMV (a prologue before it keeps it apart). */
+    if (c->op == R_RMS_LINEAR && !c->pro) ok = ok && TU_EXPECT(f.ngroups == 1);
     void **base = ok ? run_units(ir, prog, &f, ki, in) : NULL;
     int64_t n = 0, total = c->rows * (c->len > c->cols ? c->len : c->cols) * (c->cols + 1);
     double *want = malloc(sizeof(double) * (size_t)total),
@@ -730,14 +753,15 @@ static void random_rcase(uint64_t seed) {
         c.rows = tu_randint(1, 8);
         c.len = tu_next() % 2 ? tu_randint(1, 300) : 8 * tu_randint(1, 40);
         c.cols = tu_randint(1, 200);
-        c.pro = c.pro && c.op == R_NORM_LINEAR;
+        c.pro = c.pro && (c.op == R_NORM_LINEAR || c.op == R_RMS_LINEAR);
     }
     if (c.len > 1000) c.rows = tu_randint(1, 2);
     test_rcase(&c, seed, seed <= R_COUNT);
 }
 
 /* A few long rows and columns, cut into chunks that one block per row
- * (or column tile) folds in order. */
+ * (or column tile) folds in order; and written-out rms_norms of a model's
+ * width feeding a GEMV. */
 static void long_rcases(void) {
     static const rcase cases[] = {
         {R_SUM, SG_F32, 1, 40000, 0, true, true, 0},
@@ -748,6 +772,8 @@ static void long_rcases(void) {
         {R_COLSUM, SG_BF16, 2, 1000, 33, true, false, 0},
         {R_SOFTMAX, SG_F32, 2, 20000, 0, true, true, 0},
         {R_LAYER_NORM, SG_BF16, 1, 12345, 0, false, true, 0},
+        {R_RMS_LINEAR, SG_BF16, 1, 768, 96, false, false, 0},
+        {R_RMS_LINEAR, SG_F32, 2, 1000, 17, false, true, 0},
     };
     for (int i = 0; i < COUNT(cases); i++) test_rcase(&cases[i], 500 + (uint64_t)i, true);
 }
