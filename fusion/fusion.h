@@ -320,6 +320,10 @@ typedef struct sg__fuse_opts {
     bool no_fold;
 } sg__fuse_opts;
 
+/* Row ops written out of primitives (softmax, log_softmax, layer_norm)
+ * rewritten in ir as the op itself (canon.c), before fusion; returns how
+ * many. */
+SG__HIDDEN int sg__canon(sg_ctx *ctx, sg__ir *ir);
 SG__HIDDEN sg_status sg__fuse(sg_ctx *ctx, const sg__ir *ir, const sg__fuse_opts *opts,
                               sg__fused *out);
 SG__HIDDEN void sg__fused_free(sg_ctx *ctx, sg__fused *f, const sg__ir *ir);

@@ -182,6 +182,38 @@ STEP(two_reductions) { /* the second reduction reads the first one's prologue va
     return DONE(sg_add(sg_sum(t, 1, last_dim, true), sg_max(t, 1, last_dim, true)));
 }
 STEP(softmax0_pro) { return DONE(sg_softmax(sg_mul_scalar(in[0], 2.0), 0)); }
+
+/* softmax, log_softmax and layer_norm written out of primitives: one row
+ * kernel (fusion/canon.c), unless a value between x and the result is read
+ * elsewhere, or the reductions run over different dims. */
+static sg_tensor *written_softmax(sg_tensor *x, int dim, bool two_exps, sg_tensor **exp_out) {
+    sg_tensor *t = sg_sub(x, sg_max(x, 1, &dim, true));
+    sg_tensor *e = sg_exp(t);
+    if (exp_out) *exp_out = e;
+    return sg_div(two_exps ? sg_exp(t) : e, sg_sum(e, 1, &dim, true));
+}
+STEP(softmax_written) { return DONE(written_softmax(in[0], -1, false, NULL)); }
+STEP(softmax_written0) { return DONE(written_softmax(sg_mul_scalar(in[0], 2.0), 0, false, NULL)); }
+STEP(softmax_two_exps) { return DONE(written_softmax(in[0], 1, true, NULL)); }
+STEP(softmax_exp_out) { return DONE(written_softmax(in[0], -1, false, &out[1])); }
+STEP(log_softmax_written) {
+    sg_tensor *t = sg_sub(in[0], sg_max(in[0], 1, last_dim, true));
+    return DONE(sg_sub(t, sg_log(sg_sum(sg_exp(t), 1, last_dim, true))));
+}
+STEP(layer_norm_written) { /* (x - mean) * rsqrt(mean((x - mean)^2) + eps) * w + b */
+    sg_tensor *xc = sg_sub(in[0], sg_mean(in[0], 1, last_dim, true));
+    sg_tensor *v = sg_mean(sg_mul(xc, xc), 1, last_dim, true);
+    return DONE(sg_add(sg_mul(sg_mul(xc, sg_rsqrt(sg_add_scalar(v, 1e-5))), in[1]), in[2]));
+}
+STEP(layer_norm_written_var) { /* w * ((x - mean) / sqrt(var(x) + eps)) */
+    sg_tensor *xc = sg_sub(in[0], sg_mean(in[0], 1, last_dim, true));
+    sg_tensor *v = sg_var(in[0], 1, last_dim, 0, true);
+    return DONE(sg_mul(in[1], sg_div(xc, sg_sqrt(sg_add_scalar(v, 1e-5)))));
+}
+STEP(softmax_mixed_dims) { /* max over the rows, the sum down the columns: no softmax */
+    sg_tensor *e = sg_exp(sg_sub(in[0], sg_max(in[0], 1, last_dim, true)));
+    return DONE(sg_div(e, sg_sum(e, 1, first_dim, true)));
+}
 STEP(linear_gelu) { return DONE(sg_gelu(sg_linear(in[0], in[1], in[2]))); }
 STEP(linear_bias_gelu) { return DONE(sg_gelu(sg_add(sg_linear(in[0], in[1], NULL), in[2]))); }
 STEP(matmul_res) { return DONE(sg_add(sg_silu(sg_matmul(in[0], in[1])), in[2])); }
@@ -314,6 +346,21 @@ int main(void) {
         check(
             &(pattern){"SOFTMAX_EPILOGUE", softmax_epi, NULL, 2, 1, dt, {2, 1}, {{6, 9}, {9}}, 1});
         P1("LOG_SOFTMAX_PROLOGUE", log_softmax_pro, dt, 1, 2, {4, 65});
+        P1("SOFTMAX_WRITTEN_OUT", softmax_written, dt, 1, 2, {6, 77});
+        P1("SOFTMAX_WRITTEN_OUT_DIM0", softmax_written0, dt, 1, 2, {19, 5});
+        P1("SOFTMAX_WRITTEN_OUT_TWO_EXPS", softmax_two_exps, dt, 1, 3, {2, 9, 40});
+        P1("LOG_SOFTMAX_WRITTEN_OUT", log_softmax_written, dt, 1, 2, {3, 300});
+        P1("SOFTMAX_MIXED_DIMS(not one)", softmax_mixed_dims, dt, 4, 2, {5, 12});
+        /* (in bf16 the written-out ops' own roundings, the mean rounded to 8 bits
+         * before the subtraction, put eager's rows up to ~8 ulps from the row
+         * op's: test_fusion_canon checks bf16 against f64) */
+        if (dt != SG_BF16)
+            check(&(pattern){"LAYER_NORM_WRITTEN_OUT", layer_norm_written, NULL, 3, 1, dt,
+                             {2, 1, 1}, {{7, 96}, {96}, {96}}, 1});
+        check(&(pattern){"LAYER_NORM_WRITTEN_OUT_VAR", layer_norm_written_var, NULL, 2, 1, dt,
+                         {3, 1}, {{2, 3, 50}, {50}}, 1});
+        check(&(pattern){"SOFTMAX_WRITTEN_OUT_EXP_ALSO_OUT(not one)", softmax_exp_out, NULL, 1, 2,
+                         dt, {2}, {{4, 33}}, 3});
         check(&(pattern){
             "LAYER_NORM_AFFINE", layer_norm, NULL, 3, 1, dt, {2, 1, 1}, {{8, 48}, {48}, {48}}, 1});
         check(&(pattern){"LAYER_NORM_PROLOGUE_EPILOGUE",

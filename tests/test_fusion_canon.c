@@ -1,0 +1,241 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * test_fusion_canon.c -- softmax and log_softmax written out of primitives
+ * (exp(x - max(x)) / sum(exp(x - max(x))), and the log form) in compiled
+ * steps: one kernel (fusion/canon.c), and the numbers against an f64
+ * softmax written here, over random shapes (rows of 1 to 700, 1 to 3 dims),
+ * any dim, f32/f16/bf16, in reduce-overhead and default modes; layer_norm
+ * written out (the variance as a mean of squares, of pow 2 or sg_var; a
+ * product by rsqrt or a division by sqrt; with and without the affine
+ * weight and bias, on either side), against an f64 layer_norm. Then the
+ * same form under sg_grad: its intermediates feed the backward, so it stays
+ * as written, and the gradient of sum(softmax(x) * w) is checked against
+ * the f64 formula s * (w - sum(s * w)).
+ * SG_TEST_BACKEND=cuda runs the kernels on the device.
+ */
+#include "graphs/graphs.h"
+#include "testutil.h"
+
+#include <math.h>
+#include <string.h>
+
+static sg_ctx *ctx;
+
+typedef struct form {
+    int dim;
+    bool log, two_exps;
+} form;
+
+static sg_tensor *written(sg_tensor *x, const form *f) {
+    int d = f->dim;
+    sg_tensor *t = sg_sub(x, sg_max(x, 1, &d, true));
+    sg_tensor *e = sg_exp(t);
+    if (f->log) return sg_sub(t, sg_log(sg_sum(e, 1, &d, true)));
+    return sg_div(f->two_exps ? sg_exp(t) : e, sg_sum(e, 1, &d, true));
+}
+
+static sg_status fwd_step(sg_ctx *c, sg_tensor *const *in, sg_tensor **out, void *user) {
+    out[0] = written(in[0], user);
+    return out[0] ? SG_OK : sg_ctx_status(c);
+}
+
+/* (softmax or log_softmax of x along d) in f64; x's shape nd/sh, contiguous. */
+static void ref_softmax(const double *x, int nd, const int64_t *sh, int d, bool lg, double *y) {
+    int64_t len = sh[d], inner = 1, outer = 1;
+    for (int k = d + 1; k < nd; k++) inner *= sh[k];
+    for (int k = 0; k < d; k++) outer *= sh[k];
+    for (int64_t o = 0; o < outer; o++)
+        for (int64_t i = 0; i < inner; i++) {
+            const double *r = x + o * len * inner + i;
+            double m = -INFINITY, s = 0;
+            for (int64_t j = 0; j < len; j++) m = fmax(m, r[j * inner]);
+            for (int64_t j = 0; j < len; j++) s += exp(r[j * inner] - m);
+            for (int64_t j = 0; j < len; j++) {
+                double v = r[j * inner] - m;
+                y[o * len * inner + i + j * inner] = lg ? v - log(s) : exp(v) / s;
+            }
+        }
+}
+
+static int kernels_of(sg_fn *fn) {
+    const char *s = strstr(sg_fn_explain(fn), "kernels: ");
+    return s ? atoi(s + 9) : -1;
+}
+
+static void forward_case(uint64_t seed) {
+    static const sg_dtype dts[3] = {SG_F32, SG_F16, SG_BF16};
+    tu_seed(seed);
+    int nd = (int)tu_randint(1, 3);
+    int64_t sh[3];
+    for (int k = 0; k < nd; k++) sh[k] = tu_randint(1, 9);
+    form f = {.dim = (int)tu_randint(0, nd - 1), .log = seed % 3 == 1, .two_exps = seed % 4 == 3};
+    sh[f.dim] = tu_next() % 2 ? tu_randint(1, 700) : tu_randint(1, 40);
+    sg_dtype dt = dts[seed % 3];
+    sg_mode mode = seed % 2 ? SG_MODE_DEFAULT : SG_MODE_REDUCE_OVERHEAD;
+    double *xv = NULL;
+    sg_tensor *x = tu_rand(ctx, dt, nd, sh, -6, 6, &xv);
+    int64_t n = sg_tensor_numel(x);
+    double *want = malloc(sizeof(double) * (size_t)n);
+    ref_softmax(xv, nd, sh, f.dim, f.log, want);
+    sg_fn *fn = NULL;
+    bool ok = TU_EXPECT(
+        sg_compile(ctx, fwd_step, &f, 1, 1, &(sg_compile_opts){.mode = mode}, &fn) == SG_OK);
+    for (int call = 0; ok && call < 2; call++) {
+        sg_tensor *y = NULL;
+        sg_mark_step_begin(ctx);
+        ok = TU_EXPECT(sg_call(fn, &x, 1, &y, 1) == SG_OK);
+        double *got = ok ? tu_read(y) : NULL;
+        /* The row op rounds once; log_softmax's values reach |x| + log(len). */
+        double at = tu_atol(dt) * (f.log ? 8 : 1);
+        ok = ok && got && tu_close("written-out softmax", got, want, n, tu_rtol(dt), at);
+        free(got);
+    }
+    int k = ok ? kernels_of(fn) : -1;
+    ok = ok && TU_EXPECT(k == 1);
+    if (!ok) fprintf(stderr, "  %s\n%s\n", sg_last_error(ctx), fn ? sg_fn_explain(fn) : "");
+    char s[64];
+    tu_case(ok, "WRITTEN_%s(%s,x=%s,dim=%d%s,%s) -> %d kernel, against f64",
+            f.log ? "LOG_SOFTMAX" : "SOFTMAX", sg_dtype_name(dt), tu_shape(nd, sh, s, sizeof s),
+            f.dim, f.two_exps ? ",two exps" : "", sg_mode_name(mode), k);
+    sg_clear_error(ctx);
+    sg_fn_destroy(fn);
+    sg_release(x);
+    free(xv), free(want);
+}
+
+/* ------------------------------------------------------------ layer_norm */
+
+typedef struct lnform {
+    int var;      /* 0: mean of a product, 1: of pow 2, 2: sg_var */
+    bool div;     /* xc / sqrt(v + eps), else xc * rsqrt(v + eps) */
+    bool w, b;    /* the affine weight and bias */
+    bool swapped; /* w * n and b + ..., the weight and bias first */
+} lnform;
+
+#define LN_EPS 1e-5
+
+static sg_status ln_step(sg_ctx *c, sg_tensor *const *in, sg_tensor **out, void *user) {
+    const lnform *f = user;
+    sg_tensor *x = in[0];
+    int last = -1;
+    sg_tensor *xc = sg_sub(x, sg_mean(x, 1, &last, true));
+    sg_tensor *v = f->var == 0   ? sg_mean(sg_mul(xc, xc), 1, &last, true)
+                   : f->var == 1 ? sg_mean(sg_pow_scalar(xc, 2), 1, &last, true)
+                                 : sg_var(x, 1, &last, 0, true);
+    sg_tensor *ve = sg_add_scalar(v, LN_EPS);
+    sg_tensor *y = f->div ? sg_div(xc, sg_sqrt(ve)) : sg_mul(xc, sg_rsqrt(ve));
+    if (f->w) y = f->swapped ? sg_mul(in[1], y) : sg_mul(y, in[1]);
+    if (f->b) y = f->swapped ? sg_add(in[2], y) : sg_add(y, in[2]);
+    out[0] = y;
+    return y ? SG_OK : sg_ctx_status(c);
+}
+
+static void ln_case(uint64_t seed) {
+    static const sg_dtype dts[3] = {SG_F32, SG_F16, SG_BF16};
+    tu_seed(1000 + seed);
+    lnform f = {.var = (int)(seed % 3),
+                .div = seed % 2,
+                .w = seed % 4 != 1,
+                .b = seed % 5 != 2,
+                .swapped = seed % 7 < 3};
+    int nd = (int)tu_randint(1, 3);
+    int64_t sh[3];
+    for (int k = 0; k < nd; k++) sh[k] = tu_randint(1, 6);
+    sh[nd - 1] = tu_next() % 2 ? tu_randint(1, 900) : tu_randint(2, 48);
+    sg_dtype dt = dts[seed % 3];
+    int64_t c = sh[nd - 1];
+    double *xv = NULL, *wv = NULL, *bv = NULL;
+    sg_tensor *in[3] = {tu_rand(ctx, dt, nd, sh, -3, 5, &xv),
+                        tu_rand(ctx, dt, 1, &c, 0.5, 1.5, &wv),
+                        tu_rand(ctx, dt, 1, &c, -1, 1, &bv)};
+    int64_t n = sg_tensor_numel(in[0]);
+    double *want = malloc(sizeof(double) * (size_t)n);
+    for (int64_t r = 0; r < n / c; r++) {
+        const double *xr = xv + r * c;
+        double m = 0, q = 0;
+        for (int64_t j = 0; j < c; j++) m += xr[j];
+        m /= (double)c;
+        for (int64_t j = 0; j < c; j++) q += (xr[j] - m) * (xr[j] - m);
+        double rs = 1 / sqrt(q / (double)c + LN_EPS);
+        for (int64_t j = 0; j < c; j++)
+            want[r * c + j] = (xr[j] - m) * rs * (f.w ? wv[j] : 1) + (f.b ? bv[j] : 0);
+    }
+    sg_fn *fn = NULL;
+    sg_mode mode = seed % 2 ? SG_MODE_REDUCE_OVERHEAD : SG_MODE_DEFAULT;
+    bool ok = TU_EXPECT(sg_compile(ctx, ln_step, &f, 3, 1, &(sg_compile_opts){.mode = mode}, &fn) ==
+                        SG_OK);
+    sg_tensor *y = NULL;
+    sg_mark_step_begin(ctx);
+    ok = ok && TU_EXPECT(sg_call(fn, in, 3, &y, 1) == SG_OK);
+    double *got = ok ? tu_read(y) : NULL;
+    /* the written-out form rounds its steps to the dtype: its error reaches a few ulps */
+    double tol = dt == SG_F32 ? 1e-5 : 4 * tu_rtol(dt);
+    ok = ok && got && tu_close("written-out layer_norm", got, want, n, tol, tol);
+    int k = ok ? kernels_of(fn) : -1;
+    ok = ok && TU_EXPECT(k == 1);
+    if (!ok) fprintf(stderr, "  %s\n%s\n", sg_last_error(ctx), fn ? sg_fn_explain(fn) : "");
+    char s[64];
+    static const char *const vars[3] = {"mean(xc*xc)", "mean(pow(xc,2))", "var(x)"};
+    tu_case(ok, "WRITTEN_LAYER_NORM(%s,x=%s,%s,%s%s%s%s,%s) -> %d kernel, against f64",
+            sg_dtype_name(dt), tu_shape(nd, sh, s, sizeof s), vars[f.var],
+            f.div ? "xc/sqrt" : "xc*rsqrt", f.w ? ",w" : "", f.b ? ",b" : "",
+            f.swapped ? ",affine first" : "", sg_mode_name(mode), k);
+    free(got);
+    sg_clear_error(ctx);
+    sg_fn_destroy(fn);
+    for (int i = 0; i < 3; i++) sg_release(in[i]);
+    free(xv), free(wv), free(bv), free(want);
+}
+
+/* ------------------------------------------------------------ under sg_grad */
+
+static sg_status grad_step(sg_ctx *c, sg_tensor *const *in, sg_tensor **out, void *user) {
+    (void)user;
+    sg_tensor *x = in[0]; /* a leaf that requires grad */
+    form f = {.dim = -1};
+    sg_tensor *loss = sg_sum(sg_mul(written(x, &f), in[1]), 0, NULL, false);
+    sg_status st = loss ? sg_grad(loss, 1, &x, &out[0]) : sg_ctx_status(c);
+    return st;
+}
+
+static void grad_case(sg_mode mode) {
+    tu_seed(77);
+    int64_t sh[2] = {5, 37};
+    double *xv = NULL, *wv = NULL;
+    sg_tensor *in[2] = {tu_rand(ctx, SG_F32, 2, sh, -3, 3, &xv),
+                        tu_rand(ctx, SG_F32, 2, sh, -1, 1, &wv)};
+    sg_requires_grad_(in[0], true);
+    double s[5 * 37], want[5 * 37];
+    ref_softmax(xv, 2, sh, 1, false, s);
+    for (int r = 0; r < 5; r++) {
+        double sw = 0;
+        for (int j = 0; j < 37; j++) sw += s[r * 37 + j] * wv[r * 37 + j];
+        for (int j = 0; j < 37; j++) want[r * 37 + j] = s[r * 37 + j] * (wv[r * 37 + j] - sw);
+    }
+    sg_fn *fn = NULL;
+    bool ok = TU_EXPECT(
+        sg_compile(ctx, grad_step, NULL, 2, 1, &(sg_compile_opts){.mode = mode}, &fn) == SG_OK);
+    sg_tensor *g = NULL;
+    sg_mark_step_begin(ctx);
+    ok = ok && TU_EXPECT(sg_call(fn, in, 2, &g, 1) == SG_OK);
+    double *got = ok ? tu_read(g) : NULL;
+    ok = ok && got && tu_close("grad of the written-out softmax", got, want, 5 * 37, 1e-5, 1e-6);
+    if (!ok) fprintf(stderr, "  %s\n", sg_last_error(ctx));
+    tu_case(ok, "WRITTEN_SOFTMAX_GRAD(f32,x=[5,37],%s) -> d sum(softmax(x) * w) / dx against f64",
+            sg_mode_name(mode));
+    free(got);
+    sg_clear_error(ctx);
+    sg_fn_destroy(fn);
+    sg_release(in[0]), sg_release(in[1]);
+    free(xv), free(wv);
+}
+
+int main(void) {
+    ctx = tu_ctx((sg_ctx_opts){0});
+    for (uint64_t seed = 1; seed <= 24; seed++) forward_case(seed);
+    for (uint64_t seed = 1; seed <= 24; seed++) ln_case(seed);
+    grad_case(SG_MODE_REDUCE_OVERHEAD);
+    grad_case(SG_MODE_EAGER);
+    sg_ctx_destroy(ctx);
+    return tu_finish();
+}
