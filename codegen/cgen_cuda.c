@@ -946,10 +946,12 @@ static void emit_gemv_norm(gen *g, const sg__group *grp, const gemv *p) {
     part.kind = grp->row_bcast ? SG__G_REDUCE : SG__G_ROW;
     part.n = grp->anchor;
     part.anchor = grp->row_anchor;
-    part.bcast = grp->row_bcast;
-    part.ndim = grp->row_ndim;
-    memcpy(part.shape, grp->row_shape, sizeof part.shape);
     part.norm_rows = false;
+    if (grp->row_bcast) { /* a REDUCE's epilogue over the reduced shape, then over x */
+        part.bcast = grp->row_bcast;
+        part.ndim = grp->row_ndim;
+        memcpy(part.shape, grp->row_shape, sizeof part.shape);
+    }
     sg__emit_open(g->e, "%s", "");
     sg__cgen_cuda_rows_into(g, &part, grp->g[grp->anchor].arg_src[0], "sg_xs");
     sg__emit_close(g->e);

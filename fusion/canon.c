@@ -35,6 +35,7 @@ typedef struct canon {
     sg__ir *ir;
     int *writer; /* per slot: the node that writes it, -1 none, -2 several */
     int *reads;  /* per slot: how many node inputs read it */
+    bool oom;    /* an allocation failed */
 } canon;
 
 static const sg__ref *arg(const canon *c, const sg__irnode *n, int j) {
@@ -262,7 +263,7 @@ static bool three_args(canon *c, int i) {
     if (ir->nargs + 3 > ir->cap_args) {
         int cap = ir->nargs + 3 + ir->nargs / 2;
         int *a = sg__alloc(c->ctx, sizeof(int) * (size_t)cap);
-        if (!a) return false;
+        if (!a) return !(c->oom = true);
         memcpy(a, ir->args, sizeof(int) * (size_t)ir->nargs);
         sg__free(c->ctx, ir->args, sizeof(int) * (size_t)ir->cap_args);
         ir->args = a;
@@ -327,21 +328,24 @@ static void count(canon *c) {
     }
 }
 
-int sg__canon(sg_ctx *ctx, sg__ir *ir) {
-    if (ir->nslots < 1 || ir->nnodes < 1) return 0;
+sg_status sg__canon(sg_ctx *ctx, sg__ir *ir, int *done) {
+    *done = 0;
+    if (ir->nslots < 1 || ir->nnodes < 1) return SG_OK;
     canon c = {.ctx = ctx, .ir = ir};
     c.writer = sg__alloc(ctx, sizeof(int) * (size_t)ir->nslots);
     c.reads = sg__alloc(ctx, sizeof(int) * (size_t)ir->nslots);
-    int done = 0;
     if (c.writer && c.reads) {
         count(&c);
-        for (int i = 0; i < ir->nnodes; i++) {
+        for (int i = 0; i < ir->nnodes && !c.oom; i++) {
             /* A rewrite changes what the form's values are read by: count again. */
             if (softmax_at(&c, i) || log_softmax_at(&c, i) || layer_norm_at(&c, i))
-                done++, count(&c);
+                (*done)++, count(&c);
         }
     }
+    bool oom = !c.writer || !c.reads || c.oom;
     sg__free(ctx, c.writer, sizeof(int) * (size_t)ir->nslots);
     sg__free(ctx, c.reads, sizeof(int) * (size_t)ir->nslots);
-    return done;
+    return oom ? sg__fail(ctx, SG_ERR_OOM,
+                          "fusion: out of host memory reading the capture's row ops")
+               : SG_OK;
 }

@@ -321,9 +321,10 @@ typedef struct sg__fuse_opts {
 } sg__fuse_opts;
 
 /* Row ops written out of primitives (softmax, log_softmax, layer_norm)
- * rewritten in ir as the op itself (canon.c), before fusion; returns how
- * many. */
-SG__HIDDEN int sg__canon(sg_ctx *ctx, sg__ir *ir);
+ * rewritten in ir as the op itself (canon.c), before fusion; *done gets how
+ * many. SG_ERR_OOM when host memory runs out (ir then holds the rewrites
+ * made so far, each whole). */
+SG__HIDDEN sg_status sg__canon(sg_ctx *ctx, sg__ir *ir, int *done);
 SG__HIDDEN sg_status sg__fuse(sg_ctx *ctx, const sg__ir *ir, const sg__fuse_opts *opts,
                               sg__fused *out);
 SG__HIDDEN void sg__fused_free(sg_ctx *ctx, sg__fused *f, const sg__ir *ir);

@@ -412,22 +412,25 @@ static sg_status try_compile(sg_fn *fn, sg__graph *g) {
  * where the capture is fused for generated code: not eagerly, op by op, with
  * fusion disabled, or for a custom backend, which sees the capture as
  * recorded. Before anything is sized by the IR's inputs. */
-static void canon(sg_fn *fn, sg__graph *g) {
+static sg_status canon(sg_fn *fn, sg__graph *g) {
     const char *nf = getenv("SG_DISABLE_FUSION");
     if (fn->opts.mode == SG_MODE_EAGER || fn->opts.backend_fn ||
         fn->backend_kind != SG__BACKEND_INDUCTOR || (nf && strcmp(nf, "1") == 0))
-        return;
-    int n = sg__canon(fn->ctx, &g->ir);
+        return SG_OK;
+    int n = 0;
+    sg_status s = sg__canon(fn->ctx, &g->ir, &n);
     if (n)
         sg__log(fn->ctx, "perf_hints", "fn '%s': capture %d: %d softmax, log_softmax or "
                 "layer_norm written out of primitives run%s as the row op", fn->name,
                 fn->ngraphs, n, n > 1 ? "" : "s");
+    return s;
 }
 
 sg_status sg__graph_build(sg_fn *fn, sg__graph *g) {
     sg_ctx *ctx = fn->ctx;
     sg__ir *ir = &g->ir;
-    canon(fn, g);
+    sg_status cs = canon(fn, g);
+    if (cs != SG_OK) return cs;
     if (!ALLOC_ARRAY(ctx, g->slot_off, ir->nslots) || !ALLOC_ARRAY(ctx, g->slot_st, ir->nslots) ||
         !ALLOC_ARRAY(ctx, g->slot_ptr, ir->nslots) || !ALLOC_ARRAY(ctx, g->ref_t, ir->nrefs) ||
         !ALLOC_ARRAY(ctx, g->args, ir->nargs) || !ALLOC_ARRAY(ctx, g->nodes, ir->nnodes) ||
