@@ -214,6 +214,11 @@ static void test_matmul(void) {
         {2, 2, {3, 4}, {4, 0}},    /* N = 0 */
         {3, 2, {0, 3, 4}, {4, 5}}, /* no batches */
         {2, 2, {33, 70}, {70, 41}},
+        /* few rows: f16/bf16 b read in place (K and N past the 1024 converted at a time) */
+        {2, 2, {3, 2500}, {2500, 1100}},
+        {1, 2, {1300}, {1300, 3}},
+        {3, 2, {2, 4, 300}, {300, 9}}, /* 8 rows after folding; 9 rows next go to BLAS */
+        {2, 2, {9, 40}, {40, 20}},
     };
     static const int layouts[][2] = {{L_CONTIG, L_CONTIG},     {L_TRANSPOSED, L_CONTIG},
                                      {L_CONTIG, L_TRANSPOSED}, {L_TRANSPOSED, L_TRANSPOSED},
@@ -271,7 +276,8 @@ static void linear_case(sg_dtype dt, int xn, const int64_t *xs, int lx, int64_t 
 }
 
 static void test_linear(void) {
-    int64_t x2[2] = {5, 4}, x3[3] = {2, 3, 4}, x1[1] = {4}, x0[2] = {3, 0}, xb[3] = {4, 16, 64};
+    int64_t x2[2] = {5, 4}, x3[3] = {2, 3, 4}, x1[1] = {4}, x0[2] = {3, 0}, xb[3] = {4, 16, 64},
+            xk[2] = {2, 3000}, xd[3] = {1, 1, 2049};
     for (int t = 0; t < 3; t++) {
         sg_dtype dt = floats[t];
         linear_case(dt, 2, x2, L_CONTIG, 6, L_CONTIG, L_CONTIG);
@@ -284,6 +290,10 @@ static void test_linear(void) {
         linear_case(dt, 1, x1, L_SLICED, 1, L_CONTIG, -1);           /* N = 1 */
         linear_case(dt, 2, x0, L_CONTIG, 4, L_CONTIG, L_CONTIG);     /* K = 0: out = bias */
         linear_case(dt, 3, xb, L_CONTIG, 48, L_CONTIG, L_CONTIG);    /* one (64 x 64) gemm */
+        /* a decode step's few rows: f16/bf16 w read in place, K past 1024 */
+        linear_case(dt, 2, xk, L_CONTIG, 70, L_CONTIG, L_CONTIG);
+        linear_case(dt, 3, xd, L_CONTIG, 1500, L_CONTIG, -1);
+        linear_case(dt, 3, xd, L_TRANSPOSED, 33, L_CONTIG, L_CONTIG);
     }
 }
 

@@ -14,7 +14,13 @@
  *
  * Batch dims along which B stays fixed and A and C step by whole matrices
  * fold into M, so that x (B, T, K) @ w^T is one (B*T) x K sgemm, not B
- * small ones. The remaining batches run one sgemm at a time (OpenBLAS
+ * small ones.
+ *
+ * A product of a few rows (at most GEMV_ROWS after folding: a decode step)
+ * by an f16/bf16 matrix reads that matrix in place instead (gemv_half):
+ * BLAS here has no half-precision product (OpenBLAS as Debian builds it
+ * lacks sbgemm), and converting the whole matrix to f32 on every call
+ * moves three times its bytes for a product that reads it once. The remaining batches run one sgemm at a time (OpenBLAS
  * threads each call), except when there are many small ones: those run in
  * an OpenMP loop, one single-threaded sgemm per batch.
  */
@@ -243,6 +249,68 @@ static void run_gemms(sg_ctx *ctx, const gemm *g, float beta) {
     }
 }
 
+#define GEMV_ROWS 8     /* at most this many rows take gemv_half */
+#define GEMV_CHUNK 1024 /* elements of a row of B converted at a time */
+
+/* B (K x N, f16/bf16, its element (k, n) at k * B.rs + n * B.cs of b's
+ * data) can be read in place by gemv_half: one of its dims is contiguous. */
+static bool gemv_half_takes(const gemm *g, const sg_tensor *b) {
+    return (b->dtype == SG_F16 || b->dtype == SG_BF16) && g->nb == 0 && g->M <= GEMV_ROWS &&
+           g->K > 0 && (g->B.rs == 1 || g->B.cs == 1 || g->K == 1 || g->N == 1);
+}
+
+/*
+ * C (M x N, f32, holding the bias or zeros) += A (M x K, f32) @ B, B read
+ * in place from b's f16/bf16 data through its strides. With B's rows along
+ * K contiguous (a linear's w (N, K)), each output column is M dot products
+ * over K (f32 sums, in chunks of GEMV_CHUNK converted elements); else
+ * (B's rows along N contiguous: a matmul's b (K, N)) each row k of B adds
+ * a[k] times it to C's rows, GEMV_CHUNK columns at a time. Threads split N.
+ */
+static void gemv_half(sg_ctx *ctx, const gemm *g, const sg_tensor *b) {
+    void *base = sg__data(b);
+    sg_dtype dt = b->dtype;
+    int64_t M = g->M, N = g->N, K = g->K;
+    int nth = sg__cpu_threads(ctx, N * K);
+    if (g->B.rs == 1 || K == 1) {
+#pragma omp parallel for num_threads(nth) if (nth > 1) schedule(static)
+        for (int64_t n = 0; n < N; n++) {
+            float w[GEMV_CHUNK], acc[GEMV_ROWS] = {0};
+            for (int64_t k0 = 0; k0 < K; k0 += GEMV_CHUNK) {
+                int len = (int)(K - k0 < GEMV_CHUNK ? K - k0 : GEMV_CHUNK);
+                sg__gather_f(sg__at(base, dt, n * g->B.cs + k0 * g->B.rs), dt, g->B.rs, len, w);
+                for (int64_t r = 0; r < M; r++) {
+                    const float *a = g->A.p + r * g->A.rs + k0 * g->A.cs;
+                    int64_t acs = g->A.cs;
+                    float sum = 0.0f;
+#pragma omp simd reduction(+ : sum)
+                    for (int k = 0; k < len; k++) sum += a[k * acs] * w[k];
+                    acc[r] += sum;
+                }
+            }
+            for (int64_t r = 0; r < M; r++) g->C.p[r * g->C.rs + n * g->C.cs] += acc[r];
+        }
+        return;
+    }
+    int64_t nchunks = (N + GEMV_CHUNK - 1) / GEMV_CHUNK;
+#pragma omp parallel for num_threads(nth) if (nth > 1) schedule(static)
+    for (int64_t c = 0; c < nchunks; c++) {
+        int64_t n0 = c * GEMV_CHUNK;
+        int len = (int)(N - n0 < GEMV_CHUNK ? N - n0 : GEMV_CHUNK);
+        float w[GEMV_CHUNK];
+        for (int64_t k = 0; k < K; k++) {
+            sg__gather_f(sg__at(base, dt, k * g->B.rs + n0 * g->B.cs), dt, g->B.cs, len, w);
+            for (int64_t r = 0; r < M; r++) {
+                const float ak = g->A.p[r * g->A.rs + k * g->A.cs];
+                float *cr = g->C.p + r * g->C.rs + n0 * g->C.cs;
+                int64_t ccs = g->C.cs;
+#pragma omp simd
+                for (int j = 0; j < len; j++) cr[j * ccs] += ak * w[j];
+            }
+        }
+    }
+}
+
 /* Fill g's sizes and the roles of the three operands from the node. */
 static void setup(const sg__node *n, gemm *g, role *ra, role *rb, role *rc) {
     const sg_tensor *a = n->in[0], *b = n->in[1], *out = n->out;
@@ -287,7 +355,15 @@ sg_status sg__cpu_matmul(sg_ctx *ctx, const sg__node *n) {
     float *abuf = NULL, *bbuf = NULL, *cbuf = NULL, *brow = NULL;
     int64_t cstride[SG_MAX_DIMS];
     sg_status s = operand(ctx, n, n->in[0], ra, g.nb, &g.A, &abuf, "the left operand");
-    if (s == SG_OK) s = operand(ctx, n, n->in[1], rb, g.nb, &g.B, &bbuf, "the right operand");
+    /* A half-precision B of few rows' product is read in place (gemv_half),
+     * once the batches have folded; until then only its strides are set. */
+    const sg_tensor *b = n->in[1];
+    bool half_b =
+        (b->dtype == SG_F16 || b->dtype == SG_BF16) && (n->op == SG__OP_LINEAR || b->ndim <= 2);
+    if (s == SG_OK && half_b)
+        mat_set(&g.B, b, rb, NULL, b->stride, g.nb);
+    else if (s == SG_OK)
+        s = operand(ctx, n, b, rb, g.nb, &g.B, &bbuf, "the right operand");
     if (s != SG_OK) goto done;
     if (out->dtype == SG_F32 && tensor_layout(out, rc, out->stride) == LAY_N) {
         mat_set(&g.C, out, rc, sg__data(out), out->stride, g.nb);
@@ -305,6 +381,16 @@ sg_status sg__cpu_matmul(sg_ctx *ctx, const sg__node *n) {
         goto done;
     }
     fold(&g);
+    if (half_b && gemv_half_takes(&g, b)) {
+        init_c(ctx, &g, brow); /* the bias, or zeros */
+        gemv_half(ctx, &g, b);
+        if (cbuf) stage(ctx, out, cbuf, true);
+        goto done;
+    }
+    /* BLAS after all: B as a packed f32 copy (fixed along every batch dim,
+     * so the batches folded away do not change how it is read) */
+    if (half_b && (s = operand(ctx, n, b, rb, g.nb, &g.B, &bbuf, "the right operand")) != SG_OK)
+        goto done;
     if (g.M > INT_MAX || g.N > INT_MAX || g.K > INT_MAX) {
         s = sg__fail(ctx, SG_ERR_UNSUPPORTED, "sg_%s: M=%lld, N=%lld, K=%lld exceed the 32-bit "
                      "sizes BLAS takes; split the product", sg__op_name(n->op), (long long)g.M,
