@@ -14,15 +14,15 @@
  *
  * Batch dims along which B stays fixed and A and C step by whole matrices
  * fold into M, so that x (B, T, K) @ w^T is one (B*T) x K sgemm, not B
- * small ones.
+ * small ones. The remaining batches run one sgemm at a time (OpenBLAS
+ * threads each call), except when there are many small ones: those run in
+ * an OpenMP loop, one single-threaded sgemm per batch.
  *
  * A product of a few rows (at most GEMV_ROWS after folding: a decode step)
  * by an f16/bf16 matrix reads that matrix in place instead (gemv_half):
  * BLAS here has no half-precision product (OpenBLAS as Debian builds it
  * lacks sbgemm), and converting the whole matrix to f32 on every call
- * moves three times its bytes for a product that reads it once. The remaining batches run one sgemm at a time (OpenBLAS
- * threads each call), except when there are many small ones: those run in
- * an OpenMP loop, one single-threaded sgemm per batch.
+ * moves three times its bytes for a product that reads it once.
  */
 #include "cpu.h"
 
