@@ -336,7 +336,14 @@ sg_status sg__canon(sg_ctx *ctx, sg__ir *ir, int *done) {
     c.reads = sg__alloc(ctx, sizeof(int) * (size_t)ir->nslots);
     if (c.writer && c.reads) {
         count(&c);
-        for (int i = 0; i < ir->nnodes && !c.oom; i++) {
+        /* From the last node back, so that a form is taken whole (a layer_norm
+         * with its affine terms, not the normalization inside it); a node whose
+         * value nothing reads any more (inside a form taken) is left alone. */
+        for (int i = ir->nnodes - 1; i >= 0 && !c.oom; i--) {
+            const sg__slot *sl = &ir->slots[ir->refs[ir->nodes[i].out].slot];
+            if (sl->kind == SG__SLOT_INTERNAL && sl->output < 0 &&
+                c.reads[ir->refs[ir->nodes[i].out].slot] == 0)
+                continue;
             /* A rewrite changes what the form's values are read by: count again. */
             if (softmax_at(&c, i) || log_softmax_at(&c, i) || layer_norm_at(&c, i))
                 (*done)++, count(&c);

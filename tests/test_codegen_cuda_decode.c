@@ -431,6 +431,212 @@ static void test_llama(int style) {
             D, HQ, HKV, HD, F, S, how[style], per_layer, one, two);
 }
 
+/* ------------------------------------------------------------ GPT-2 as written by hand */
+
+/* A GPT-2 block written from primitives as a user ports it: layer_norm as
+ * (x - mean) * rsqrt(mean((x - mean)^2) + eps) * w + b, GELU's tanh form
+ * spelled out, attention through sg_sdpa over the whole cache with a slot
+ * mask; decode at batch 1. */
+enum { P_C = 256, P_NH = 4, P_HD = P_C / P_NH, P_V = 96, P_S = 16, P_LMAX = 2 };
+
+typedef struct plain2 {
+    int layers;
+    sg_tensor *lw[P_LMAX][2], *lb[P_LMAX][2], *wqkv[P_LMAX], *bqkv[P_LMAX], *wo[P_LMAX],
+        *bo[P_LMAX], *wfc[P_LMAX], *bfc[P_LMAX], *wpr[P_LMAX], *bpr[P_LMAX], *kc[P_LMAX],
+        *vc[P_LMAX], *fw, *fb, *wte, *slots;
+    double *lwv[P_LMAX][2], *lbv[P_LMAX][2], *wqkvv[P_LMAX], *bqkvv[P_LMAX], *wov[P_LMAX],
+        *bov[P_LMAX], *wfcv[P_LMAX], *bfcv[P_LMAX], *wprv[P_LMAX], *bprv[P_LMAX], *fwv, *fbv, *wtev;
+} plain2;
+
+static sg_tensor *ln_written(sg_tensor *x, sg_tensor *w, sg_tensor *b) {
+    int last = -1;
+    sg_tensor *xc = sg_sub(x, sg_mean(x, 1, &last, true));
+    sg_tensor *v = sg_mean(sg_mul(xc, xc), 1, &last, true);
+    return sg_add(sg_mul(sg_mul(xc, sg_rsqrt(sg_add_scalar(v, EPS))), w), b);
+}
+
+static sg_tensor *gelu_written(sg_tensor *x) { /* 0.5 x (1 + tanh(0.79788 (x + 0.044715 x^3))) */
+    sg_tensor *in = sg_add(x, sg_mul_scalar(sg_mul(sg_mul(x, x), x), 0.044715));
+    sg_tensor *t = sg_tanh(sg_mul_scalar(in, 0.7978845608028654));
+    return sg_mul(sg_mul_scalar(x, 0.5), sg_add_scalar(t, 1.0));
+}
+
+/* in: x (1, 1, C), pos (1) i64 -> logits (1, 1, V); K and V at pos. */
+static sg_status plain2_step(sg_ctx *c, sg_tensor *const *in, sg_tensor **out, void *user) {
+    const plain2 *m = user;
+    sg_tensor *x = in[0], *pos = in[1], *mask = sg_le(m->slots, pos);
+    int64_t flat[3] = {1, 1, P_C}, hs[4] = {1, 1, P_NH, P_HD};
+    for (int l = 0; l < m->layers; l++) {
+        sg_tensor *qkv = sg_linear(ln_written(x, m->lw[l][0], m->lb[l][0]), m->wqkv[l], m->bqkv[l]);
+        sg_tensor *hd[3];
+        for (int i = 0; i < 3; i++)
+            hd[i] = sg_transpose(sg_reshape(sg_narrow(qkv, 2, i * P_C, P_C), 4, hs), 1, 2);
+        sg_status st = sg_index_copy_(m->kc[l], 2, pos, hd[1]);
+        if (st == SG_OK) st = sg_index_copy_(m->vc[l], 2, pos, hd[2]);
+        if (st != SG_OK) return st;
+        sg_tensor *a = sg_sdpa(hd[0], m->kc[l], m->vc[l], mask, false, 0.0);
+        x = sg_add(x, sg_linear(sg_reshape(sg_transpose(a, 1, 2), 3, flat), m->wo[l], m->bo[l]));
+        sg_tensor *h = gelu_written(sg_linear(ln_written(x, m->lw[l][1], m->lb[l][1]), m->wfc[l],
+                                              m->bfc[l]));
+        x = sg_add(x, sg_linear(h, m->wpr[l], m->bpr[l]));
+    }
+    out[0] = sg_linear(ln_written(x, m->fw, m->fb), m->wte, NULL);
+    return out[0] ? SG_OK : sg_ctx_status(c);
+}
+
+static void ref_ln(const double *x, const double *w, const double *b, double *y) {
+    double m = 0, q = 0;
+    for (int i = 0; i < P_C; i++) m += x[i];
+    m /= P_C;
+    for (int i = 0; i < P_C; i++) q += (x[i] - m) * (x[i] - m);
+    double r = 1 / sqrt(q / P_C + EPS);
+    for (int i = 0; i < P_C; i++) y[i] = (x[i] - m) * r * w[i] + b[i];
+}
+
+static void ref_affine(const double *x, const double *w, const double *b, int n, int k,
+                       double *y) {
+    ref_linear(x, w, n, k, y);
+    for (int i = 0; b && i < n; i++) y[i] += b[i];
+}
+
+/* One step at position p: the caches (layers, NH, S, HD) updated, logits out. */
+static void ref_plain2(const plain2 *m, const double *x0, int p, double *kc, double *vc,
+                       double *logits) {
+    static double x[P_C], h[P_C], qkv[3 * P_C], att[P_C], o[P_C], f[4 * P_C];
+    memcpy(x, x0, sizeof x);
+    for (int l = 0; l < m->layers; l++) {
+        ref_ln(x, m->lwv[l][0], m->lbv[l][0], h);
+        ref_affine(h, m->wqkvv[l], m->bqkvv[l], 3 * P_C, P_C, qkv);
+        double *K = kc + (int64_t)l * P_NH * P_S * P_HD, *Vc = vc + (int64_t)l * P_NH * P_S * P_HD;
+        for (int hh = 0; hh < P_NH; hh++)
+            for (int d = 0; d < P_HD; d++) {
+                K[(hh * P_S + p) * P_HD + d] = qkv[P_C + hh * P_HD + d];
+                Vc[(hh * P_S + p) * P_HD + d] = qkv[2 * P_C + hh * P_HD + d];
+            }
+        for (int hh = 0; hh < P_NH; hh++) {
+            double sc[P_S], mx = -INFINITY, sum = 0;
+            for (int j = 0; j <= p; j++) {
+                double d = 0;
+                for (int e = 0; e < P_HD; e++) d += qkv[hh * P_HD + e] * K[(hh * P_S + j) * P_HD + e];
+                sc[j] = d / sqrt((double)P_HD);
+                mx = fmax(mx, sc[j]);
+            }
+            for (int j = 0; j <= p; j++) sum += sc[j] = exp(sc[j] - mx);
+            for (int e = 0; e < P_HD; e++) {
+                double acc = 0;
+                for (int j = 0; j <= p; j++) acc += sc[j] / sum * Vc[(hh * P_S + j) * P_HD + e];
+                att[hh * P_HD + e] = acc;
+            }
+        }
+        ref_affine(att, m->wov[l], m->bov[l], P_C, P_C, o);
+        for (int i = 0; i < P_C; i++) x[i] += o[i];
+        ref_ln(x, m->lwv[l][1], m->lbv[l][1], h);
+        ref_affine(h, m->wfcv[l], m->bfcv[l], 4 * P_C, P_C, f);
+        for (int i = 0; i < 4 * P_C; i++)
+            f[i] = 0.5 * f[i] * (1 + tanh(0.7978845608028654 * (f[i] + 0.044715 * pow(f[i], 3))));
+        ref_affine(f, m->wprv[l], m->bprv[l], P_C, 4 * P_C, o);
+        for (int i = 0; i < P_C; i++) x[i] += o[i];
+    }
+    ref_ln(x, m->fwv, m->fbv, h);
+    ref_linear(h, m->wtev, P_V, P_C, logits);
+}
+
+static void plain2_init(plain2 *m, int layers) {
+    memset(m, 0, sizeof *m);
+    m->layers = layers;
+    int64_t c = P_C, c3 = 3 * P_C, c4 = 4 * P_C, qs[2] = {3 * P_C, P_C}, os[2] = {P_C, P_C},
+            fs[2] = {4 * P_C, P_C}, ps[2] = {P_C, 4 * P_C}, vs[2] = {P_V, P_C},
+            cs[4] = {1, P_NH, P_S, P_HD};
+    for (int l = 0; l < layers; l++) {
+        for (int k = 0; k < 2; k++) {
+            m->lw[l][k] = tu_rand(ctx, SG_BF16, 1, &c, 0.8, 1.2, &m->lwv[l][k]);
+            m->lb[l][k] = tu_rand(ctx, SG_BF16, 1, &c, -0.1, 0.1, &m->lbv[l][k]);
+        }
+        m->wqkv[l] = tu_rand(ctx, SG_BF16, 2, qs, -0.08, 0.08, &m->wqkvv[l]);
+        m->bqkv[l] = tu_rand(ctx, SG_BF16, 1, &c3, -0.1, 0.1, &m->bqkvv[l]);
+        m->wo[l] = tu_rand(ctx, SG_BF16, 2, os, -0.06, 0.06, &m->wov[l]);
+        m->bo[l] = tu_rand(ctx, SG_BF16, 1, &c, -0.1, 0.1, &m->bov[l]);
+        m->wfc[l] = tu_rand(ctx, SG_BF16, 2, fs, -0.06, 0.06, &m->wfcv[l]);
+        m->bfc[l] = tu_rand(ctx, SG_BF16, 1, &c4, -0.1, 0.1, &m->bfcv[l]);
+        m->wpr[l] = tu_rand(ctx, SG_BF16, 2, ps, -0.03, 0.03, &m->wprv[l]);
+        m->bpr[l] = tu_rand(ctx, SG_BF16, 1, &c, -0.1, 0.1, &m->bprv[l]);
+        m->kc[l] = sg_zeros(ctx, SG_BF16, 4, cs);
+        m->vc[l] = sg_zeros(ctx, SG_BF16, 4, cs);
+    }
+    m->fw = tu_rand(ctx, SG_BF16, 1, &c, 0.8, 1.2, &m->fwv);
+    m->fb = tu_rand(ctx, SG_BF16, 1, &c, -0.1, 0.1, &m->fbv);
+    m->wte = tu_rand(ctx, SG_BF16, 2, vs, -0.1, 0.1, &m->wtev);
+    m->slots = sg_arange(ctx, SG_I64, 0, P_S, 1);
+}
+
+static void plain2_free(plain2 *m) {
+    for (int l = 0; l < m->layers; l++) {
+        sg_tensor *t[14] = {m->lw[l][0], m->lw[l][1], m->lb[l][0], m->lb[l][1], m->wqkv[l],
+                            m->bqkv[l],  m->wo[l],    m->bo[l],    m->wfc[l],   m->bfc[l],
+                            m->wpr[l],   m->bpr[l],   m->kc[l],    m->vc[l]};
+        double *v[12] = {m->lwv[l][0], m->lwv[l][1], m->lbv[l][0], m->lbv[l][1],
+                         m->wqkvv[l],  m->bqkvv[l],  m->wov[l],    m->bov[l],
+                         m->wfcv[l],   m->bfcv[l],   m->wprv[l],   m->bprv[l]};
+        for (int i = 0; i < 14; i++) sg_release(t[i]);
+        for (int i = 0; i < 12; i++) free(v[i]);
+    }
+    sg_release(m->fw), sg_release(m->fb), sg_release(m->wte), sg_release(m->slots);
+    free(m->fwv), free(m->fbv), free(m->wtev);
+}
+
+/* Three steps (positions 0, 1, 2) against the reference; the launches. */
+static bool plain2_run(int layers, int *launches) {
+    static plain2 m;
+    tu_seed(300 + (uint64_t)layers);
+    plain2_init(&m, layers);
+    sg_fn *fn = NULL;
+    bool ok = TU_EXPECT(sg_compile(ctx, plain2_step, &m, 2, 1,
+                                   &(sg_compile_opts){.mode = SG_MODE_REDUCE_OVERHEAD}, &fn) == SG_OK);
+    double *kc = calloc((size_t)layers * P_NH * P_S * P_HD, sizeof(double));
+    double *vc = calloc((size_t)layers * P_NH * P_S * P_HD, sizeof(double));
+    int64_t xs[3] = {1, 1, P_C}, one = 1;
+    for (int p = 0; ok && p < 3; p++) {
+        double *xv = NULL, ref[P_V];
+        int64_t pp = p;
+        sg_tensor *in[2] = {tu_rand(ctx, SG_BF16, 3, xs, -1, 1, &xv),
+                            sg_from_host(ctx, SG_I64, 1, &one, &pp)};
+        sg_tensor *out[1] = {NULL};
+        sg_mark_step_begin(ctx);
+        ok = TU_EXPECT(sg_call(fn, in, 2, out, 1) == SG_OK);
+        if (!ok) fprintf(stderr, "  %s\n", sg_last_error(ctx));
+        ref_plain2(&m, xv, p, kc, vc, ref);
+        double *got = ok ? tu_read(out[0]) : NULL;
+        ok = ok && TU_EXPECT(got != NULL) &&
+             tu_close("gpt-2 (written out) logits", got, ref, P_V, BF16_TOL, BF16_TOL);
+        free(got);
+        free(xv);
+        sg_release(in[0]);
+        sg_release(in[1]);
+    }
+    char name[64];
+    snprintf(name, sizeof name, "cu_gpt2_plain_decode_l%d", layers);
+    ok = ok && cuda_launches(fn, name, launches);
+    sg_fn_destroy(fn);
+    free(kc);
+    free(vc);
+    plain2_free(&m);
+    return ok;
+}
+
+static void test_gpt2_written(void) {
+    int one = 0, two = 0;
+    bool ok = plain2_run(1, &one) && plain2_run(2, &two);
+    int per_layer = two - one;
+    /* layer_norm + QKV GEMV + the K/V cache writes, attention, proj GEMV +
+     * residual, layer_norm + fc GEMV + gelu, fcproj GEMV + residual. */
+    ok = ok && TU_EXPECT(per_layer <= 5);
+    tu_case(ok,
+            "GPT2_WRITTEN_OUT_DECODE_LAUNCHES(bf16,C=%d,NH=%d,V=%d,S=%d,layer_norm and gelu "
+            "written out,sdpa with a slot mask,3 positions) -> %d per layer (1 layer: %d, 2 "
+            "layers: %d), logits as f64's",
+            P_C, P_NH, P_V, P_S, per_layer, one, two);
+}
+
 /* ------------------------------------------------------------ in place */
 
 enum { IP_D = 384, IP_N = 384 };
@@ -732,6 +938,7 @@ int main(void) {
     test_gpt2(false);
     test_gpt2(true);
     for (int style = 0; style < 3; style++) test_llama(style);
+    test_gpt2_written();
     test_inplace();
     test_pair();
     test_copies();
