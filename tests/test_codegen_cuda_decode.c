@@ -19,6 +19,14 @@
  *    most 6 per layer (SwiGLU's two GEMVs as one pair kernel, the rotation,
  *    concat and cache writes as one chain kernel); its logits against an
  *    f64 reference written here for three positions.
+ *    The same block as a user first writes it (q and k rotated apart, sg_sdpa
+ *    over the whole cache with a mask of the slots <= pos), and with its
+ *    RMSNorms written out of primitives too (a REDUCE group folded into the
+ *    GEMV): at most 6 a layer, logits against the same f64 reference.
+ *  - GPT-2 written by hand (layer_norm and GELU's tanh form spelled out,
+ *    sg_sdpa with a slot mask, 256 channels): at most 5 a layer (each
+ *    written-out layer_norm run as the op and folded into its GEMV), logits
+ *    against an f64 reference written here for three positions.
  *  - h += linear(rms_norm(h)) in place: the norm is not folded into the GEMV
  *    whose epilogue writes h (2 launches), and h is right.
  *  - Two linears on one x of 2 rows meeting in sigmoid(b) * a - b, with a
