@@ -21,6 +21,14 @@ void sg__gather_f(const void *p, sg_dtype dt, int64_t s, int n, float *out) {
         memcpy(out, p, (size_t)n * sizeof(float));
         return;
     }
+    if (dt == SG_BF16 && s == 1) { /* exact: the high half of the float's bits, in vectors */
+        const uint16_t *h = p;
+        for (int i = 0; i < n; i++) {
+            uint32_t b = (uint32_t)h[i] << 16;
+            memcpy(&out[i], &b, sizeof b);
+        }
+        return;
+    }
     for (int i = 0; i < n; i++) out[i] = sg__ldf(p, dt, i * s);
 }
 
