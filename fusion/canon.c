@@ -128,18 +128,24 @@ static bool unwritten(const canon *c, const sg__ref *x, int from, int to) {
     return true;
 }
 
-/* Node i as op over x along dim d; x's slot now lives up to i. */
-static void rewrite(canon *c, int i, sg__op op, const sg__ref *x, int d) {
-    sg__irnode *n = &c->ir->nodes[i];
-    c->ir->args[n->args] = (int)(x - c->ir->refs);
+/* Node i as op over its nin inputs in (NULL: an optional input left out,
+ * -1), with f[0] and i[0]; ir->args has room for them at the node's args.
+ * Each input's slot now lives up to i. */
+static void rewrite(canon *c, int i, sg__op op, int nin, const sg__ref *const *in, double f0,
+                    int64_t i0) {
+    sg__ir *ir = c->ir;
+    sg__irnode *n = &ir->nodes[i];
+    for (int k = 0; k < nin; k++) {
+        ir->args[n->args + k] = in[k] ? (int)(in[k] - ir->refs) : -1;
+        if (in[k] && ir->slots[in[k]->slot].last < i) ir->slots[in[k]->slot].last = i;
+    }
     n->op = op;
-    n->nin = 1;
+    n->nin = nin;
     n->mask = 0;
     memset(n->f, 0, sizeof n->f);
     memset(n->i, 0, sizeof n->i);
-    n->i[0] = d;
-    sg__slot *sl = &c->ir->slots[x->slot];
-    if (sl->last < i) sl->last = i;
+    n->f[0] = f0;
+    n->i[0] = i0;
 }
 
 /* exp(t) / sum(exp(t)) with t = x - max(x): softmax over x. */
@@ -158,7 +164,7 @@ static bool softmax_at(canon *c, int i) {
     const sg__ref *ts = sum_of_exp(c, den, d, shared ? 2 : 1);
     if (!ts || !same_view(ts, t) || (!shared && !private_value(c, num, 1))) return false;
     if (!unwritten(c, x, from, i)) return false;
-    rewrite(c, i, SG__OP_SOFTMAX, x, d);
+    rewrite(c, i, SG__OP_SOFTMAX, 1, &x, 0, d);
     return true;
 }
 
@@ -174,7 +180,7 @@ static bool log_softmax_at(canon *c, int i) {
     if (!x) return false;
     const sg__ref *ts = sum_of_exp(c, arg(c, lg, 0), d, 1);
     if (!ts || !same_view(ts, t) || !unwritten(c, x, from, i)) return false;
-    rewrite(c, i, SG__OP_LOG_SOFTMAX, x, d);
+    rewrite(c, i, SG__OP_LOG_SOFTMAX, 1, &x, 0, d);
     return true;
 }
 
@@ -298,19 +304,8 @@ static bool layer_norm_at(canon *c, int i) {
         w = arg(c, wn, j);
     if (!x) x = normalized(c, cur, &eps, &from);
     if (!x || !same_shape(x, out) || !unwritten(c, x, from, i) || !three_args(c, i)) return false;
-    sg__ir *ir = c->ir;
-    sg__irnode *nn = &ir->nodes[i];
     const sg__ref *in[3] = {x, w, b};
-    for (int k = 0; k < 3; k++) {
-        ir->args[nn->args + k] = in[k] ? (int)(in[k] - ir->refs) : -1;
-        if (in[k] && ir->slots[in[k]->slot].last < i) ir->slots[in[k]->slot].last = i;
-    }
-    nn->op = SG__OP_LAYER_NORM;
-    nn->nin = 3;
-    nn->mask = 0;
-    memset(nn->f, 0, sizeof nn->f);
-    memset(nn->i, 0, sizeof nn->i);
-    nn->f[0] = eps;
+    rewrite(c, i, SG__OP_LAYER_NORM, 3, in, eps, 0);
     return true;
 }
 

@@ -382,20 +382,30 @@ static void llama_free(llama *m) {
     free(m->gfv), free(m->woutv), free(m->cosv), free(m->sinv);
 }
 
-/* Three steps (positions 0, 1, 2) against the reference; the launches. */
-static bool llama_run(int layers, int style, int *launches) {
-    static llama m;
-    tu_seed(100 + (uint64_t)layers);
-    llama_init(&m, layers, style);
+/*
+ * A decode model for decode_run: its step (in: x (1, 1, width) bf16, pos (1)
+ * i64 -> logits (1, 1, vocab)) and its f64 reference, which takes the
+ * caches (cache_len doubles each) and updates them at position p.
+ */
+typedef struct decode_model {
+    sg_step_fn step;
+    void *m;
+    int64_t width, vocab, cache_len;
+    void (*ref)(const void *m, const double *x0, int p, double *kc, double *vc, double *logits);
+} decode_model;
+
+/* Three steps (positions 0, 1, 2) of d compiled against its reference; the
+ * launches of its capture on CUDA (name: the unit's). */
+static bool decode_run(const decode_model *d, const char *name, int *launches) {
     sg_fn *fn = NULL;
-    bool ok =
-        TU_EXPECT(sg_compile(ctx, style ? llama_step_plain : llama_step, &m, 2, 1,
-                             &(sg_compile_opts){.mode = SG_MODE_REDUCE_OVERHEAD}, &fn) == SG_OK);
-    double *kc = calloc((size_t)layers * HKV * S * HD, sizeof(double));
-    double *vc = calloc((size_t)layers * HKV * S * HD, sizeof(double));
-    int64_t xs[3] = {1, 1, D}, one = 1;
+    bool ok = TU_EXPECT(sg_compile(ctx, d->step, d->m, 2, 1,
+                                   &(sg_compile_opts){.mode = SG_MODE_REDUCE_OVERHEAD}, &fn) == SG_OK);
+    double *kc = calloc((size_t)d->cache_len, sizeof(double));
+    double *vc = calloc((size_t)d->cache_len, sizeof(double));
+    double *ref = calloc((size_t)d->vocab, sizeof(double));
+    int64_t xs[3] = {1, 1, d->width}, one = 1;
     for (int p = 0; ok && p < 3; p++) {
-        double *xv = NULL, ref[V];
+        double *xv = NULL;
         int64_t pp = p;
         sg_tensor *in[2] = {tu_rand(ctx, SG_BF16, 3, xs, -1, 1, &xv),
                             sg_from_host(ctx, SG_I64, 1, &one, &pp)};
@@ -403,21 +413,35 @@ static bool llama_run(int layers, int style, int *launches) {
         sg_mark_step_begin(ctx);
         ok = TU_EXPECT(sg_call(fn, in, 2, out, 1) == SG_OK);
         if (!ok) fprintf(stderr, "  %s\n", sg_last_error(ctx));
-        ref_step(&m, xv, p, kc, vc, ref);
+        d->ref(d->m, xv, p, kc, vc, ref);
         double *got = ok ? tu_read(out[0]) : NULL;
         ok = ok && TU_EXPECT(got != NULL) &&
-             tu_close("llama logits", got, ref, V, BF16_TOL, BF16_TOL);
+             tu_close(name, got, ref, d->vocab, BF16_TOL, BF16_TOL);
         free(got);
         free(xv);
         sg_release(in[0]);
         sg_release(in[1]);
     }
-    char name[64];
-    snprintf(name, sizeof name, "cu_llama%d_decode_l%d", style, layers);
     ok = ok && cuda_launches(fn, name, launches);
     sg_fn_destroy(fn);
-    free(kc);
-    free(vc);
+    free(kc), free(vc), free(ref);
+    return ok;
+}
+
+static void llama_ref(const void *m, const double *x0, int p, double *kc, double *vc,
+                      double *logits) {
+    ref_step(m, x0, p, kc, vc, logits);
+}
+
+static bool llama_run(int layers, int style, int *launches) {
+    static llama m;
+    tu_seed(100 + (uint64_t)layers);
+    llama_init(&m, layers, style);
+    decode_model d = {style ? llama_step_plain : llama_step, &m, D, V,
+                      (int64_t)layers * HKV * S * HD, llama_ref};
+    char name[64];
+    snprintf(name, sizeof name, "cu_llama%d_decode_l%d", style, layers);
+    bool ok = decode_run(&d, name, launches);
     llama_free(&m);
     return ok;
 }
@@ -592,41 +616,19 @@ static void plain2_free(plain2 *m) {
     free(m->fwv), free(m->fbv), free(m->wtev);
 }
 
-/* Three steps (positions 0, 1, 2) against the reference; the launches. */
+static void plain2_ref(const void *m, const double *x0, int p, double *kc, double *vc,
+                       double *logits) {
+    ref_plain2(m, x0, p, kc, vc, logits);
+}
+
 static bool plain2_run(int layers, int *launches) {
     static plain2 m;
     tu_seed(300 + (uint64_t)layers);
     plain2_init(&m, layers);
-    sg_fn *fn = NULL;
-    bool ok = TU_EXPECT(sg_compile(ctx, plain2_step, &m, 2, 1,
-                                   &(sg_compile_opts){.mode = SG_MODE_REDUCE_OVERHEAD}, &fn) == SG_OK);
-    double *kc = calloc((size_t)layers * P_NH * P_S * P_HD, sizeof(double));
-    double *vc = calloc((size_t)layers * P_NH * P_S * P_HD, sizeof(double));
-    int64_t xs[3] = {1, 1, P_C}, one = 1;
-    for (int p = 0; ok && p < 3; p++) {
-        double *xv = NULL, ref[P_V];
-        int64_t pp = p;
-        sg_tensor *in[2] = {tu_rand(ctx, SG_BF16, 3, xs, -1, 1, &xv),
-                            sg_from_host(ctx, SG_I64, 1, &one, &pp)};
-        sg_tensor *out[1] = {NULL};
-        sg_mark_step_begin(ctx);
-        ok = TU_EXPECT(sg_call(fn, in, 2, out, 1) == SG_OK);
-        if (!ok) fprintf(stderr, "  %s\n", sg_last_error(ctx));
-        ref_plain2(&m, xv, p, kc, vc, ref);
-        double *got = ok ? tu_read(out[0]) : NULL;
-        ok = ok && TU_EXPECT(got != NULL) &&
-             tu_close("gpt-2 (written out) logits", got, ref, P_V, BF16_TOL, BF16_TOL);
-        free(got);
-        free(xv);
-        sg_release(in[0]);
-        sg_release(in[1]);
-    }
+    decode_model d = {plain2_step, &m, P_C, P_V, (int64_t)layers * P_NH * P_S * P_HD, plain2_ref};
     char name[64];
     snprintf(name, sizeof name, "cu_gpt2_plain_decode_l%d", layers);
-    ok = ok && cuda_launches(fn, name, launches);
-    sg_fn_destroy(fn);
-    free(kc);
-    free(vc);
+    bool ok = decode_run(&d, name, launches);
     plain2_free(&m);
     return ok;
 }
