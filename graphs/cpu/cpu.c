@@ -16,28 +16,6 @@
 
 /* ------------------------------------------------------------ tiles */
 
-/* f16 to f32 without a loop or a data-dependent branch the compiler cannot
- * turn into selects (a subnormal comes out of one exact f32 subtraction),
- * so that a run of them vectorizes; the same values as sg__h2f, NaN
- * payloads included (test_graphs_convert checks all 65536). */
-static inline float h2f_sel(uint16_t h) {
-    const uint32_t exp_mask = 0x7c00u << 13;
-    uint32_t o = ((uint32_t)h & 0x7fffu) << 13, e = o & exp_mask;
-    o += (127u - 15u) << 23;
-    float f;
-    if (e == exp_mask) { /* inf, NaN */
-        o += (128u - 16u) << 23;
-    } else if (e == 0) { /* zero, subnormal: (1.m - 1) * 2^-14 */
-        o += 1u << 23;
-        memcpy(&f, &o, 4);
-        f -= 6.103515625e-05f;
-        memcpy(&o, &f, 4);
-    }
-    o |= ((uint32_t)h & 0x8000u) << 16;
-    memcpy(&f, &o, 4);
-    return f;
-}
-
 void sg__gather_f(const void *p, sg_dtype dt, int64_t s, int n, float *out) {
     if (dt == SG_F32 && s == 1) {
         memcpy(out, p, (size_t)n * sizeof(float));
@@ -53,7 +31,7 @@ void sg__gather_f(const void *p, sg_dtype dt, int64_t s, int n, float *out) {
     }
     if (dt == SG_F16 && s == 1) {
         const uint16_t *h = p;
-        for (int i = 0; i < n; i++) out[i] = h2f_sel(h[i]);
+        for (int i = 0; i < n; i++) out[i] = sg__h2f_sel(h[i]);
         return;
     }
     for (int i = 0; i < n; i++) out[i] = sg__ldf(p, dt, i * s);

@@ -21,6 +21,28 @@
 
 /* ------------------------------------------------------------ element access */
 
+/* f16 to f32 without a loop or a data-dependent branch the compiler cannot
+ * turn into selects (a subnormal comes out of one exact f32 subtraction),
+ * so that a run of them vectorizes; the same values as sg__h2f, NaN
+ * payloads included (test_graphs_convert checks all 65536). */
+static inline float sg__h2f_sel(uint16_t h) {
+    const uint32_t exp_mask = 0x7c00u << 13;
+    uint32_t o = ((uint32_t)h & 0x7fffu) << 13, e = o & exp_mask;
+    o += (127u - 15u) << 23;
+    float f;
+    if (e == exp_mask) { /* inf, NaN */
+        o += (128u - 16u) << 23;
+    } else if (e == 0) { /* zero, subnormal: (1.m - 1) * 2^-14 */
+        o += 1u << 23;
+        memcpy(&f, &o, 4);
+        f -= 6.103515625e-05f;
+        memcpy(&o, &f, 4);
+    }
+    o |= ((uint32_t)h & 0x8000u) << 16;
+    memcpy(&f, &o, 4);
+    return f;
+}
+
 /* Read element i (stride in elements) of a typed array as float / int64. */
 static inline float sg__ldf(const void *p, sg_dtype dt, int64_t i) {
     switch (dt) {

@@ -263,8 +263,8 @@ static bool gemv_half_takes(const gemm *g, const sg_tensor *b) {
  * C (M x N, f32, holding the bias or zeros) += A (M x K, f32) @ B, B read
  * in place from b's f16/bf16 data through its strides. With B's rows along
  * K contiguous (a linear's w (N, K)), each output column is M dot products
- * over K in f32: bf16 widened inside the dot (a shift), f16 in chunks of
- * GEMV_CHUNK converted elements; else
+ * over K in f32, each element widened inside the dot (A's row contiguous;
+ * else in chunks of GEMV_CHUNK converted elements); else
  * (B's rows along N contiguous: a matmul's b (K, N)) each row k of B adds
  * a[k] times it to C's rows, GEMV_CHUNK columns at a time. Threads split N.
  */
@@ -273,20 +273,27 @@ static void gemv_half(sg_ctx *ctx, const gemm *g, const sg_tensor *b) {
     sg_dtype dt = b->dtype;
     int64_t M = g->M, N = g->N, K = g->K;
     int nth = sg__cpu_threads(ctx, N * K);
-    if (dt == SG_BF16 && g->B.rs == 1 && g->A.cs == 1) {
-        /* bf16 rows along K: each widened in the dot itself (a 16-bit shift) */
+    if (g->B.rs == 1 && g->A.cs == 1) {
+        /* rows along K, each element widened inside the dot itself: bf16 by a
+         * 16-bit shift, f16 by sg__h2f_sel's selects */
+        bool bf = dt == SG_BF16;
 #pragma omp parallel for num_threads(nth) if (nth > 1) schedule(static)
         for (int64_t n = 0; n < N; n++) {
             const uint16_t *wr = (const uint16_t *)base + n * g->B.cs;
             for (int64_t r = 0; r < M; r++) {
                 const float *a = g->A.p + r * g->A.rs;
                 float sum = 0.0f;
+                if (bf) {
 #pragma omp simd reduction(+ : sum)
-                for (int64_t k = 0; k < K; k++) {
-                    uint32_t u = (uint32_t)wr[k] << 16;
-                    float w;
-                    memcpy(&w, &u, sizeof w);
-                    sum += a[k] * w;
+                    for (int64_t k = 0; k < K; k++) {
+                        uint32_t u = (uint32_t)wr[k] << 16;
+                        float w;
+                        memcpy(&w, &u, sizeof w);
+                        sum += a[k] * w;
+                    }
+                } else {
+#pragma omp simd reduction(+ : sum)
+                    for (int64_t k = 0; k < K; k++) sum += a[k] * sg__h2f_sel(wr[k]);
                 }
                 g->C.p[r * g->C.rs + n * g->C.cs] += sum;
             }
