@@ -335,6 +335,12 @@ double sg__graph_clock(void) {
     return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
 
+/* SG_DISABLE_FUSION=1: every node its own group, and no row op rewritten. */
+static bool fusion_disabled_by_env(void) {
+    const char *nf = getenv("SG_DISABLE_FUSION");
+    return nf && strcmp(nf, "1") == 0;
+}
+
 /* Fuse and let the backend compile; on any failure the capture replays
  * op by op through the eager kernels (a fallback: an error under strict). */
 static sg_status try_compile(sg_fn *fn, sg__graph *g) {
@@ -344,8 +350,7 @@ static sg_status try_compile(sg_fn *fn, sg__graph *g) {
     bool no_code = !ops || !ops->compile || (cg && strcmp(cg, "0") == 0) ||
                    fn->backend_kind != SG__BACKEND_INDUCTOR;
     if (no_code && !fn->opts.backend_fn && fn->backend_kind != SG__BACKEND_AOT_EAGER) return SG_OK;
-    const char *nf = getenv("SG_DISABLE_FUSION");
-    sg__fuse_opts fo = {.disable = nf && strcmp(nf, "1") == 0, .horizontal = true};
+    sg__fuse_opts fo = {.disable = fusion_disabled_by_env(), .horizontal = true};
     if (ops && ops->fuse_opts) ops->fuse_opts(&fo, fo.disable);
     fo.no_epilogue = fn->opts.epilogue_fusion == SG_FLAG_FALSE;
     fo.no_fold = no_fold();
@@ -413,9 +418,8 @@ static sg_status try_compile(sg_fn *fn, sg__graph *g) {
  * fusion disabled, or for a custom backend, which sees the capture as
  * recorded. Before anything is sized by the IR's inputs. */
 static sg_status canon(sg_fn *fn, sg__graph *g) {
-    const char *nf = getenv("SG_DISABLE_FUSION");
     if (fn->opts.mode == SG_MODE_EAGER || fn->opts.backend_fn ||
-        fn->backend_kind != SG__BACKEND_INDUCTOR || (nf && strcmp(nf, "1") == 0))
+        fn->backend_kind != SG__BACKEND_INDUCTOR || fusion_disabled_by_env())
         return SG_OK;
     int n = 0;
     sg_status s = sg__canon(fn->ctx, &g->ir, &n);

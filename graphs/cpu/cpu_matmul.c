@@ -252,11 +252,12 @@ static void run_gemms(sg_ctx *ctx, const gemm *g, float beta) {
 #define GEMV_ROWS 8     /* at most this many rows take gemv_half */
 #define GEMV_CHUNK 1024 /* elements of a row of B converted at a time */
 
-/* B (K x N, f16/bf16, its element (k, n) at k * B.rs + n * B.cs of b's
- * data) can be read in place by gemv_half: one of its dims is contiguous. */
-static bool gemv_half_takes(const gemm *g, const sg_tensor *b) {
-    return (b->dtype == SG_F16 || b->dtype == SG_BF16) && g->nb == 0 && g->M <= GEMV_ROWS &&
-           g->K > 0 && (g->B.rs == 1 || g->B.cs == 1 || g->K == 1 || g->N == 1);
+/* Folded to one product of few rows whose f16/bf16 B (its element (k, n)
+ * at k * B.rs + n * B.cs of b's data) gemv_half can read in place: one of
+ * B's dims is contiguous. */
+static bool gemv_half_takes(const gemm *g) {
+    return g->nb == 0 && g->M <= GEMV_ROWS && g->K > 0 &&
+           (g->B.rs == 1 || g->B.cs == 1 || g->K == 1 || g->N == 1);
 }
 
 /*
@@ -409,7 +410,7 @@ sg_status sg__cpu_matmul(sg_ctx *ctx, const sg__node *n) {
         goto done;
     }
     fold(&g);
-    if (half_b && gemv_half_takes(&g, b)) {
+    if (half_b && gemv_half_takes(&g)) {
         init_c(ctx, &g, brow); /* the bias, or zeros */
         gemv_half(ctx, &g, b);
         if (cbuf) stage(ctx, out, cbuf, true);
