@@ -1,9 +1,10 @@
 /* SPDX-License-Identifier: MIT */
 /*
- * canon.c -- row ops written out of primitives become the IR's own op
- * before fusion, so that they run as one row kernel (and fold into a GEMV
- * where a norm would): as torch.compile's decompositions meet its fused
- * kernels from the other side.
+ * canon.c -- row ops and attention written out of primitives become the
+ * IR's own op before fusion, so that they run as one row kernel (and fold
+ * into a GEMV where a norm would) or as the attention kernel: as
+ * torch.compile's decompositions and its SDPA pattern matcher meet its
+ * fused kernels from the other side.
  *
  *   softmax:     exp(x - max(x, d)) / sum(exp(x - max(x, d)), d)
  *   log_softmax: (x - max(x, d)) - log(sum(exp(x - max(x, d)), d))
@@ -11,6 +12,10 @@
  *                (x - mean(x)) / sqrt(var + eps) [* w] [+ b], over the last
  *                dim, var = mean((x - mean(x))^2) (a product or pow 2) or
  *                var(x) without correction, w and b 1-d (either operand)
+ *   attention:   softmax(scale * q @ k^T [+ mask]) @ v over the last dim
+ *                (attention_at: the forms it peels), with Lq or Hq 1
+ *   sdpa's K/V:  repeated for grouped-query heads by the caller: the K/V
+ *                the repeat read (attention_unrepeat_at)
  *
  * with the reductions over the one dim d, kept (keepdim), the exp shared
  * (or computed twice from the same difference), every value between x and
@@ -28,6 +33,7 @@
  */
 #include "fusion.h"
 
+#include <math.h>
 #include <string.h>
 
 typedef struct canon {
@@ -309,17 +315,331 @@ static bool layer_norm_at(canon *c, int i) {
     return true;
 }
 
+/* ---- attention */
+
+/*
+ * Room for nin inputs of node i at the end of ir->args (none: its args stay) and for nref more
+ * refs; false when out of memory. Growing ir->refs moves it: the caller
+ * holds refs by value or index across this call.
+ */
+static bool room(canon *c, int i, int nin, int nref) {
+    sg__ir *ir = c->ir;
+    if (ir->nargs + nin > ir->cap_args) {
+        int cap = ir->nargs + nin + ir->nargs / 2;
+        int *a = sg__alloc(c->ctx, sizeof(int) * (size_t)cap);
+        if (!a) return !(c->oom = true);
+        memcpy(a, ir->args, sizeof(int) * (size_t)ir->nargs);
+        sg__free(c->ctx, ir->args, sizeof(int) * (size_t)ir->cap_args);
+        ir->args = a;
+        ir->cap_args = cap;
+    }
+    if (ir->nrefs + nref > ir->cap_refs) {
+        int cap = ir->nrefs + nref + ir->nrefs / 2;
+        sg__ref *r = sg__alloc(c->ctx, sizeof(sg__ref) * (size_t)cap);
+        if (!r) return !(c->oom = true);
+        memcpy(r, ir->refs, sizeof(sg__ref) * (size_t)ir->nrefs);
+        sg__free(c->ctx, ir->refs, sizeof(sg__ref) * (size_t)ir->cap_refs);
+        ir->refs = r;
+        ir->cap_refs = cap;
+    }
+    if (nin > 0) {
+        ir->nodes[i].args = ir->nargs;
+        ir->nargs += nin;
+    }
+    return true;
+}
+
+/* r with its last two dims swapped (k from k^T). */
+static sg__ref swapped(const sg__ref *r) {
+    sg__ref t = *r;
+    int a = r->ndim - 2, b = r->ndim - 1;
+    t.shape[a] = r->shape[b], t.shape[b] = r->shape[a];
+    t.stride[a] = r->stride[b], t.stride[b] = r->stride[a];
+    return t;
+}
+
+/* r's dims laid out densely (row-major) from its offset. */
+static bool dense(const sg__ref *r) {
+    int64_t m = 1;
+    for (int d = r->ndim - 1; d >= 0; d--) {
+        if (r->shape[d] > 1 && r->stride[d] != m) return false;
+        m *= r->shape[d];
+    }
+    return true;
+}
+
+/*
+ * t, a 4-d (B, H, S, D) read of a K or V: where it is the whole of a copy,
+ * private to the form (`reads` reads), of a 5-d (B, Hkv, rep, S, D) view
+ * that repeats each head rep times (stride 0: sg_repeat_interleave, or
+ * expand and reshape as Llama's repeat_kv; 4-d with stride 0 over the heads
+ * when Hkv is 1), the (B, Hkv, S, D) view the copy read, with *from lowered
+ * to the copy's node; else t itself.
+ */
+static sg__ref unrepeated(const canon *c, const sg__ref *t, int reads, int *from) {
+    const sg__irnode *cp = c->writer[t->slot] >= 0 ? &c->ir->nodes[c->writer[t->slot]] : NULL;
+    if (!cp || cp->op != SG__OP_COPY || cp->nin != 1 || !private_value(c, t, reads)) return *t;
+    const sg__ref *o = &c->ir->refs[cp->out], *x = arg(c, cp, 0);
+    if (x && o->ndim == 4 && x->ndim == 4 && x->dtype == t->dtype && x->stride[1] == 0 &&
+        o->offset == t->offset && dense(o) && same_view(o, t)) {
+        /* one K/V head repeated: the view reads it with stride 0 over the heads */
+        sg__ref r = *x;
+        r.shape[1] = 1;
+        int at = (int)(cp - c->ir->nodes);
+        if (at < *from) *from = at;
+        return r;
+    }
+    if (!x || o->ndim != 5 || x->ndim != 5 || x->dtype != t->dtype || x->stride[2] != 0 ||
+        o->offset != t->offset || !dense(o) || !dense(t) || t->ndim != 4)
+        return *t;
+    int64_t want[4] = {o->shape[0], o->shape[1] * o->shape[2], o->shape[3], o->shape[4]};
+    for (int d = 0; d < 4; d++)
+        if (t->shape[d] != want[d]) return *t;
+    for (int d = 0; d < 5; d++)
+        if (x->shape[d] != o->shape[d]) return *t;
+    sg__ref r = *x;
+    r.ndim = 4;
+    for (int d = 2; d < 4; d++) r.shape[d] = x->shape[d + 1], r.stride[d] = x->stride[d + 1];
+    for (int d = 4; d < SG_MAX_DIMS; d++) r.shape[d] = 1, r.stride[d] = 0;
+    int at = (int)(cp - c->ir->nodes);
+    if (at < *from) *from = at;
+    return r;
+}
+
+/* The node writing value r, private to the form (read once), of op; else NULL. */
+static const sg__irnode *step_back(const canon *c, const sg__ref *r, sg__op op) {
+    const sg__irnode *n = made_by(c, r, op);
+    return n && private_value(c, r, 1) ? n : NULL;
+}
+
+/* A scalar constant: a 0-d (or all size-1) private FILL; its value in *v. */
+static bool fill_value(const canon *c, const sg__ref *r, double *v) {
+    const sg__irnode *f = r ? made_by(c, r, SG__OP_FILL) : NULL;
+    if (!f || !private_value(c, r, 1)) return false;
+    for (int d = 0; d < r->ndim; d++)
+        if (r->shape[d] != 1) return false;
+    *v = f->f[0];
+    return true;
+}
+
+/* The comparison that is true exactly where op is false, over integers. */
+static sg__op negated_compare(sg__op op) {
+    switch (op) {
+    case SG__OP_LT: return SG__OP_GE;
+    case SG__OP_LE: return SG__OP_GT;
+    case SG__OP_GT: return SG__OP_LE;
+    case SG__OP_GE: return SG__OP_LT;
+    case SG__OP_EQ: return SG__OP_NE;
+    case SG__OP_NE: return SG__OP_EQ;
+    default: return SG__OP_COUNT;
+    }
+}
+
+/* What the walk back from softmax's input found. */
+typedef struct scores {
+    double scale;
+    const sg__ref *mask; /* bool (true keeps) or float (added), or NULL */
+    int flip;            /* the bool mask is true where keys are dropped: the node to negate */
+    int from;            /* the form's first node */
+} scores;
+
+/*
+ * x, the input of softmax over the last dim: peel private casts between
+ * float dtypes, positive scalings (mul_scalar, mul or div by a constant
+ * fill) and one mask (where(m, s, -inf), where(m, -inf, s) as masked_fill
+ * writes it, or s + m in q's dtype) back to the scores q @ k^T, returning
+ * that matmul; NULL when anything else stands between them. An added mask
+ * must come after every scaling (scale * (s + m) is not scale * s + m).
+ */
+static const sg__irnode *peel_scores(const canon *c, const sg__ref *x, sg_dtype qdt, scores *sc) {
+    bool scaled = false;
+    for (int guard = 0; guard < 16; guard++) {
+        const sg__irnode *n;
+        double v;
+        if ((n = step_back(c, x, SG__OP_MATMUL)) != NULL) return n;
+        if ((n = step_back(c, x, SG__OP_CAST)) != NULL) {
+            const sg__ref *a = arg(c, n, 0);
+            if (!a || !sg__dtype_is_float(a->dtype) || !sg__dtype_is_float(x->dtype)) return NULL;
+            x = a;
+        } else if ((n = step_back(c, x, SG__OP_MUL_SCALAR)) != NULL && n->f[0] > 0) {
+            sc->scale *= n->f[0], scaled = true, x = arg(c, n, 0);
+        } else if (((n = step_back(c, x, SG__OP_MUL)) != NULL ||
+                    (n = step_back(c, x, SG__OP_DIV)) != NULL) &&
+                   n->nin == 2 && fill_value(c, arg(c, n, 1), &v) && v > 0 && isfinite(v)) {
+            sc->scale = n->op == SG__OP_MUL ? sc->scale * v : sc->scale / v;
+            scaled = true, x = arg(c, n, 0);
+        } else if ((n = step_back(c, x, SG__OP_WHERE)) != NULL && n->nin == 3 && !sc->mask) {
+            const sg__ref *m = arg(c, n, 0), *a = arg(c, n, 1), *b = arg(c, n, 2);
+            if (!m || m->dtype != SG_BOOL) return NULL;
+            if (fill_value(c, b, &v) && v == -INFINITY) { /* keep where m */
+                sc->mask = m, x = a;
+            } else if (fill_value(c, a, &v) && v == -INFINITY) { /* masked_fill: drop where m */
+                const sg__irnode *cmp = step_back(c, m, SG__OP_LOGICAL_NOT);
+                if (cmp) { /* not(m'): keep where m' */
+                    sc->mask = arg(c, cmp, 0);
+                } else {
+                    static const sg__op cmps[] = {SG__OP_LT, SG__OP_LE, SG__OP_GT,
+                                                  SG__OP_GE, SG__OP_EQ, SG__OP_NE};
+                    for (int j = 0; !cmp && j < 6; j++) cmp = step_back(c, m, cmps[j]);
+                    const sg__ref *l = cmp ? arg(c, cmp, 0) : NULL, *r = cmp ? arg(c, cmp, 1) : NULL;
+                    /* over integers, not(a < b) is a >= b; over floats NaN breaks it */
+                    if (!l || !r || sg__dtype_is_float(l->dtype) || sg__dtype_is_float(r->dtype))
+                        return NULL;
+                    sc->mask = m, sc->flip = (int)(cmp - c->ir->nodes);
+                }
+                x = b;
+            } else {
+                return NULL;
+            }
+            int at = (int)(n - c->ir->nodes);
+            if (at < sc->from) sc->from = at;
+        } else if ((n = step_back(c, x, SG__OP_ADD)) != NULL && n->nin == 2 && !sc->mask &&
+                   !scaled) {
+            const sg__ref *a = arg(c, n, 0), *b = arg(c, n, 1);
+            /* the scores are the operand of the output's shape; the mask broadcasts */
+            const sg__ref *m = same_shape(a, &c->ir->refs[n->out]) ? b : a;
+            x = m == b ? a : b;
+            if (!m || m->dtype != qdt || !same_shape(x, &c->ir->refs[n->out])) return NULL;
+            sc->mask = m;
+        } else {
+            return NULL;
+        }
+        int at = (int)(n - c->ir->nodes);
+        if (at < sc->from) sc->from = at;
+    }
+    return NULL;
+}
+
+/* r right-aligned to the 4-d shape sh, stride 0 where it broadcasts; false
+ * when it does not broadcast. */
+static bool as4(const sg__ref *r, const int64_t *sh, sg__ref *o) {
+    if (r->ndim > 4) return false;
+    *o = *r;
+    o->ndim = 4;
+    for (int d = 3, k = r->ndim - 1; d >= 0; d--, k--) {
+        int64_t n = k >= 0 ? r->shape[k] : 1, s = k >= 0 ? r->stride[k] : 0;
+        if (n != 1 && n != sh[d]) return false;
+        o->shape[d] = sh[d], o->stride[d] = n == 1 ? 0 : s;
+    }
+    for (int d = 4; d < SG_MAX_DIMS; d++) o->shape[d] = 1, o->stride[d] = 0;
+    return true;
+}
+
+/*
+ * softmax(scale * q @ k^T [+ mask]) @ v written out (a float or bool mask,
+ * masked_fill with -inf, the softmax taken in f32 between casts, K and V
+ * repeated over grouped-query heads) becomes ATTENTION: the scores never
+ * reach memory and the repeated K/V are never made. The node's result is
+ * stored (B, Lq, Hq, D), the matmul's (B, Hq, Lq, D): the same bytes when Lq
+ * or Hq is 1 (decode), the case taken here.
+ */
+static bool attention_at(canon *c, int i) {
+    const sg__irnode *n = &c->ir->nodes[i];
+    if (n->op != SG__OP_MATMUL || n->nin != 2 || c->ctx->backend == SG_BACKEND_ZE) return false;
+    const sg__ref *p = arg(c, n, 0), *vr = arg(c, n, 1), *out = &c->ir->refs[n->out];
+    if (!p || !vr || out->ndim != 4 || p->ndim != 4 || vr->ndim != 4 || !dense(out) ||
+        (out->shape[1] != 1 && out->shape[2] != 1))
+        return false;
+    /* p = softmax(x) over the last dim, or cast(softmax(cast(x))) */
+    const sg__ref *x = p;
+    const sg__irnode *cs = step_back(c, x, SG__OP_CAST);
+    if (cs) x = arg(c, cs, 0);
+    const sg__irnode *sm = step_back(c, x, SG__OP_SOFTMAX);
+    if (!sm || sm->i[0] != 3) return false;
+    x = arg(c, sm, 0);
+    if (!x || !sg__dtype_is_float(x->dtype)) return false;
+    scores sc = {.scale = 1.0, .flip = -1, .from = (int)(sm - c->ir->nodes)};
+    const sg__irnode *mm = peel_scores(c, x, p->dtype, &sc);
+    if (!mm || mm->nin != 2) return false;
+    const sg__ref *q = arg(c, mm, 0), *kt = arg(c, mm, 1);
+    if (!q || !kt || q->ndim != 4 || kt->ndim != 4 || q->dtype != p->dtype ||
+        kt->dtype != q->dtype || vr->dtype != q->dtype)
+        return false;
+    int at = (int)(mm - c->ir->nodes);
+    if (at < sc.from) sc.from = at;
+    sg__ref k = swapped(kt);
+    k = unrepeated(c, &k, 1, &sc.from);
+    sg__ref v = unrepeated(c, vr, 1, &sc.from);
+    int64_t B = q->shape[0], Hq = q->shape[1], Lq = q->shape[2], D = q->shape[3];
+    int64_t S = k.shape[2], Hkv = k.shape[1];
+    if (k.shape[0] != B || v.shape[0] != B || v.shape[1] != Hkv || Hkv < 1 || Hq % Hkv ||
+        k.shape[3] != D || v.shape[2] != S || v.shape[3] != D || D > 256 ||
+        out->shape[0] != B || out->shape[1] != Hq || out->shape[2] != Lq || out->shape[3] != D)
+        return false;
+    int64_t ms[4] = {B, Hq, Lq, S};
+    sg__ref m = {0};
+    if (sc.mask && !as4(sc.mask, ms, &m)) return false;
+    const sg__ref *reads[4] = {q, &k, &v, sc.mask};
+    for (int j = 0; j < 4; j++) /* from the form's start, or the value's making inside it */
+        if (reads[j] && !unwritten(c, reads[j],
+                                   c->writer[reads[j]->slot] > sc.from ? c->writer[reads[j]->slot]
+                                                                       : sc.from,
+                                   i))
+            return false;
+    sg__ref qc = *q;
+    if (!room(c, i, 5, 4)) return false;
+    /* From here ir->refs may have moved: only the copies above are used. */
+    sg__ir *ir = c->ir;
+    int base = ir->nrefs;
+    ir->refs[base] = qc, ir->refs[base + 1] = k, ir->refs[base + 2] = v;
+    ir->nrefs += 3;
+    const sg__ref *in[5] = {&ir->refs[base], &ir->refs[base + 1], &ir->refs[base + 2], NULL, NULL};
+    if (sc.mask) {
+        ir->refs[ir->nrefs] = m;
+        in[3] = &ir->refs[ir->nrefs++];
+    }
+    if (sc.flip >= 0) ir->nodes[sc.flip].op = negated_compare(ir->nodes[sc.flip].op);
+    rewrite(c, i, SG__OP_ATTENTION, 5, in, sc.scale, 0);
+    return true;
+}
+
+/*
+ * ATTENTION (sg_sdpa) over K and V repeated for grouped-query heads by the
+ * caller: the K/V the repeat read, so that nothing copies the cache.
+ */
+static bool attention_unrepeat_at(canon *c, int i) {
+    const sg__irnode *n = &c->ir->nodes[i];
+    if (n->op != SG__OP_ATTENTION || n->nin < 3 || (n->i[0] & SG__ATTN_LSE)) return false;
+    const sg__ref *k0 = arg(c, n, 1), *v0 = arg(c, n, 2);
+    if (!k0 || !v0) return false;
+    int from = i;
+    sg__ref k = unrepeated(c, k0, 1, &from), v = unrepeated(c, v0, 1, &from);
+    if (k.slot == k0->slot || v.slot == v0->slot || k.shape[1] != v.shape[1] ||
+        !unwritten(c, &k, from, i) || !unwritten(c, &v, from, i))
+        return false;
+    if (!room(c, i, 0, 2)) return false;
+    sg__ir *ir = c->ir;
+    n = &ir->nodes[i];
+    ir->refs[ir->nrefs] = k, ir->refs[ir->nrefs + 1] = v;
+    for (int j = 0; j < 2; j++) {
+        ir->args[n->args + 1 + j] = ir->nrefs + j;
+        if (ir->slots[ir->refs[ir->nrefs + j].slot].last < i)
+            ir->slots[ir->refs[ir->nrefs + j].slot].last = i;
+    }
+    ir->nrefs += 2;
+    return true;
+}
+
+/* Each slot's writer, and its reads by the nodes whose values are still read
+ * (from the last node back: what a taken form left unread reads nothing). */
 static void count(canon *c) {
     const sg__ir *ir = c->ir;
     for (int s = 0; s < ir->nslots; s++) c->writer[s] = -1, c->reads[s] = 0;
     for (int i = 0; i < ir->nnodes; i++) {
+        int s = ir->refs[ir->nodes[i].out].slot;
+        c->writer[s] = c->writer[s] == -1 ? i : -2;
+    }
+    for (int i = ir->nnodes - 1; i >= 0; i--) {
         const sg__irnode *n = &ir->nodes[i];
+        int s = ir->refs[n->out].slot;
+        const sg__slot *sl = &ir->slots[s];
+        if (sl->kind == SG__SLOT_INTERNAL && sl->output < 0 && c->writer[s] >= 0 &&
+            c->reads[s] == 0)
+            continue;
         for (int j = 0; j < n->nin; j++) {
             const sg__ref *a = arg(c, n, j);
             if (a) c->reads[a->slot]++;
         }
-        int s = ir->refs[n->out].slot;
-        c->writer[s] = c->writer[s] == -1 ? i : -2;
     }
 }
 
@@ -334,14 +654,20 @@ sg_status sg__canon(sg_ctx *ctx, sg__ir *ir, int *done) {
         /* From the last node back, so that a form is taken whole (a layer_norm
          * with its affine terms, not the normalization inside it); a node whose
          * value nothing reads any more (inside a form taken) is left alone. */
-        for (int i = ir->nnodes - 1; i >= 0 && !c.oom; i--) {
-            const sg__slot *sl = &ir->slots[ir->refs[ir->nodes[i].out].slot];
-            if (sl->kind == SG__SLOT_INTERNAL && sl->output < 0 &&
-                c.reads[ir->refs[ir->nodes[i].out].slot] == 0)
-                continue;
-            /* A rewrite changes what the form's values are read by: count again. */
-            if (softmax_at(&c, i) || log_softmax_at(&c, i) || layer_norm_at(&c, i))
-                (*done)++, count(&c);
+        /* Again while a pass took something: an attention whose softmax was
+         * itself written out is seen whole once the softmax is the op. */
+        for (int pass = 0, before = -1; pass < 3 && *done != before && !c.oom; pass++) {
+            before = *done;
+            for (int i = ir->nnodes - 1; i >= 0 && !c.oom; i--) {
+                const sg__slot *sl = &ir->slots[ir->refs[ir->nodes[i].out].slot];
+                if (sl->kind == SG__SLOT_INTERNAL && sl->output < 0 &&
+                    c.reads[ir->refs[ir->nodes[i].out].slot] == 0)
+                    continue;
+                /* A rewrite changes what the form's values are read by: count again. */
+                if (softmax_at(&c, i) || log_softmax_at(&c, i) || layer_norm_at(&c, i) ||
+                    attention_at(&c, i) || attention_unrepeat_at(&c, i))
+                    (*done)++, count(&c);
+            }
         }
     }
     bool oom = !c.writer || !c.reads || c.oom;

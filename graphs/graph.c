@@ -413,7 +413,7 @@ static sg_status try_compile(sg_fn *fn, sg__graph *g) {
     return sg__fn_fallback(fn, s, "capture %d replays unfused, op by op: %.800s", fn->ngraphs, why);
 }
 
-/* Row ops written out of primitives become the op itself (fusion/canon.c)
+/* Row ops and attention written out of primitives become the op itself (fusion/canon.c)
  * where the capture is fused for generated code: not eagerly, op by op, with
  * fusion disabled, or for a custom backend, which sees the capture as
  * recorded. Before anything is sized by the IR's inputs. */
@@ -424,9 +424,10 @@ static sg_status canon(sg_fn *fn, sg__graph *g) {
     int n = 0;
     sg_status s = sg__canon(fn->ctx, &g->ir, &n);
     if (n)
-        sg__log(fn->ctx, "perf_hints", "fn '%s': capture %d: %d softmax, log_softmax or "
-                "layer_norm written out of primitives run%s as the row op", fn->name,
-                fn->ngraphs, n, n > 1 ? "" : "s");
+        sg__log(fn->ctx, "perf_hints", "fn '%s': capture %d: %d softmax, log_softmax, "
+                "layer_norm or attention written out of primitives (or attention over K/V "
+                "repeated for grouped heads) run%s as the op itself", fn->name, fn->ngraphs, n,
+                n > 1 ? "" : "s");
     return s;
 }
 

@@ -187,6 +187,163 @@ static void ln_case(uint64_t seed) {
     free(xv), free(wv), free(bv), free(want);
 }
 
+/* ------------------------------------------------------------ attention */
+
+/* softmax(scale * q @ k^T + mask) @ v written out, as a decode step would. */
+typedef struct aform {
+    int64_t B, Hq, Hkv, Lq, S, D;
+    int repeat;   /* K/V for grouped heads: 0 sg_repeat_interleave, 1 expand + reshape */
+    int scale;    /* 0 mul_scalar, 1 div_scalar, 2 none, 3 on q before the product */
+    int mask;     /* 0 none, 1 masked_fill(slots > pos, -inf), 2 where(slots <= pos, s, -inf),
+                     3 an added float mask (an input), 4 masked_fill(not(slots <= pos)) */
+    int soft;     /* 0 sg_softmax, 1 in f32 between casts, 2 written out, 3 sg_sdpa itself
+                     (over the repeated K/V; masks 0, 2 and 3, scales 0, 2 and 3) */
+    bool leak;    /* the probabilities are an output too: the form stays as written */
+    sg_dtype dt;
+} aform;
+
+static sg_tensor *slots; /* 0 .. S-1, i64: a parameter of the step */
+
+static sg_tensor *kv_heads(sg_tensor *t, const aform *f) {
+    int64_t r = f->Hq / f->Hkv;
+    if (r == 1) return t;
+    if (f->repeat == 0) return sg_repeat_interleave(t, r, 1);
+    int64_t wide[5] = {f->B, f->Hkv, r, f->S, f->D}, sh[4] = {f->B, f->Hq, f->S, f->D};
+    return sg_reshape(sg_expand(sg_unsqueeze(t, 2), 5, wide), 4, sh);
+}
+
+/* in = {q, k, v, pos, float mask} */
+static sg_status attn_step(sg_ctx *c, sg_tensor *const *in, sg_tensor **out, void *user) {
+    const aform *f = user;
+    double sc = 1.0 / sqrt((double)f->D);
+    sg_tensor *q = f->scale == 3 ? sg_mul_scalar(in[0], sc) : in[0];
+    sg_tensor *k = kv_heads(in[1], f), *v = kv_heads(in[2], f);
+    if (f->soft == 3) { /* sg_sdpa over the repeated K/V */
+        sg_tensor *m = f->mask == 2 ? sg_le(slots, in[3]) : f->mask == 3 ? in[4] : NULL;
+        out[0] = sg_sdpa(q, k, v, m, false, f->scale >= 2 ? 1.0 : 0.0);
+        return out[0] ? SG_OK : sg_ctx_status(c);
+    }
+    sg_tensor *s = sg_matmul(q, sg_transpose(k, 2, 3));
+    s = f->scale == 0 ? sg_mul_scalar(s, sc) : f->scale == 1 ? sg_div_scalar(s, 1 / sc) : s;
+    if (f->mask == 1) s = sg_masked_fill(s, sg_gt(slots, in[3]), -INFINITY);
+    if (f->mask == 2) s = sg_where(sg_le(slots, in[3]), s, sg_full(c, f->dt, 0, NULL, -INFINITY));
+    if (f->mask == 3) s = sg_add(s, in[4]);
+    if (f->mask == 4) s = sg_masked_fill(s, sg_logical_not(sg_le(slots, in[3])), -INFINITY);
+    sg_tensor *p;
+    if (f->soft == 1) {
+        p = sg_cast(sg_softmax(sg_cast(s, SG_F32), -1), f->dt);
+    } else if (f->soft == 2) {
+        form w = {.dim = 3};
+        p = written(s, &w);
+    } else {
+        p = sg_softmax(s, -1);
+    }
+    out[0] = sg_matmul(p, v);
+    if (f->leak) out[1] = p;
+    return out[0] ? SG_OK : sg_ctx_status(c);
+}
+
+static void attn_case(const aform *f) {
+    tu_seed(5000 + (uint64_t)f->S * 7 + (uint64_t)f->mask * 3 + (uint64_t)f->soft);
+    int64_t qs[4] = {f->B, f->Hq, f->Lq, f->D}, ks[4] = {f->B, f->Hkv, f->S, f->D};
+    int64_t ms[2] = {f->Lq, f->S}, g = f->Hq / f->Hkv;
+    double *qv, *kv, *vv, *mv;
+    sg_tensor *in[5] = {tu_rand(ctx, f->dt, 4, qs, -1, 1, &qv), tu_rand(ctx, f->dt, 4, ks, -1, 1, &kv),
+                        tu_rand(ctx, f->dt, 4, ks, -1, 1, &vv), NULL,
+                        tu_rand(ctx, f->dt, 2, ms, -2, 1, &mv)};
+    slots = sg_arange(ctx, SG_I64, 0, f->S, 1);
+    int64_t n = f->B * f->Hq * f->Lq * f->D;
+    double *want = malloc(sizeof(double) * (size_t)n), *p = malloc(sizeof(double) * (size_t)f->S);
+    sg_fn *fn = NULL;
+    int nout = f->leak ? 2 : 1;
+    bool ok = TU_EXPECT(sg_compile(ctx, attn_step, (void *)f, 5, nout,
+                                   &(sg_compile_opts){.mode = SG_MODE_REDUCE_OVERHEAD}, &fn) ==
+                        SG_OK);
+    int64_t poss[2] = {f->S / 3, f->S - 1};
+    for (int call = 0; ok && call < 2; call++) {
+        int64_t pos = poss[call];
+        sg_release(in[3]);
+        in[3] = sg_from_host(ctx, SG_I64, 0, NULL, &pos);
+        for (int64_t b = 0; b < f->B; b++)
+            for (int64_t h = 0; h < f->Hq; h++)
+                for (int64_t i = 0; i < f->Lq; i++) {
+                    double mx = -INFINITY, sum = 0;
+                    for (int64_t j = 0; j < f->S; j++) {
+                        double d = 0;
+                        for (int64_t e = 0; e < f->D; e++)
+                            d += qv[((b * f->Hq + h) * f->Lq + i) * f->D + e] *
+                                 kv[((b * f->Hkv + h / g) * f->S + j) * f->D + e];
+                        d /= sqrt((double)f->D) * (f->scale == 2 ? 1 / sqrt((double)f->D) : 1);
+                        if ((f->mask == 1 || f->mask == 2 || f->mask == 4) && j > pos) d = -INFINITY;
+                        if (f->mask == 3) d += mv[i * f->S + j];
+                        p[j] = d, mx = fmax(mx, d);
+                    }
+                    for (int64_t j = 0; j < f->S; j++) sum += p[j] = exp(p[j] - mx);
+                    for (int64_t e = 0; e < f->D; e++) {
+                        double o = 0;
+                        for (int64_t j = 0; j < f->S; j++)
+                            o += p[j] * vv[((b * f->Hkv + h / g) * f->S + j) * f->D + e];
+                        want[((b * f->Hq + h) * f->Lq + i) * f->D + e] = o / sum;
+                    }
+                }
+        sg_tensor *y[2] = {NULL, NULL};
+        sg_mark_step_begin(ctx);
+        ok = TU_EXPECT(sg_call(fn, in, 5, y, nout) == SG_OK);
+        double *got = ok ? tu_read(y[0]) : NULL;
+        /* the written-out scores round to the dtype before the softmax; the op keeps f32 */
+        double tol = f->dt == SG_F32 ? 1e-5 : 4 * tu_rtol(f->dt);
+        ok = ok && got && tu_close("written-out attention", got, want, n, tol, tol);
+        free(got);
+    }
+    /* the op, plus the mask's comparison and q's scaling when the step computes them;
+     * else as written */
+    int k = ok ? kernels_of(fn) : -1, expect =
+        1 + (f->mask == 1 || f->mask == 2 || f->mask == 4) + (f->scale == 3);
+    bool taken = !f->leak && (f->Lq == 1 || f->Hq == 1 || f->soft == 3);
+    ok = ok && TU_EXPECT(taken ? k == expect : k > expect);
+    if (!ok) fprintf(stderr, "  %s\n%s\n", sg_last_error(ctx), fn ? sg_fn_explain(fn) : "");
+    static const char *const reps[2] = {"repeat_interleave", "expand+reshape"};
+    static const char *const scs[4] = {"mul_scalar", "div_scalar", "no scale", "q scaled"};
+    static const char *const masks[5] = {"no mask", "masked_fill(slots>pos)",
+                                         "where(slots<=pos,s,-inf)", "+float mask",
+                                         "masked_fill(not(slots<=pos))"};
+    static const char *const softs[4] = {"sg_softmax", "softmax in f32", "softmax written out",
+                                         "sg_sdpa"};
+    tu_case(ok, "WRITTEN_ATTENTION(%s,B=%lld,Hq=%lld,Hkv=%lld,Lq=%lld,S=%lld,D=%lld,%s,%s,%s,%s%s) "
+            "-> %d kernels%s, against f64 at pos %lld and %lld",
+            sg_dtype_name(f->dt), (long long)f->B, (long long)f->Hq, (long long)f->Hkv,
+            (long long)f->Lq, (long long)f->S, (long long)f->D, g > 1 ? reps[f->repeat] : "MHA",
+            scs[f->scale], masks[f->mask], softs[f->soft], f->leak ? ",p an output" : "", k,
+            taken ? " (the attention op)" : " (as written)", (long long)poss[0],
+            (long long)poss[1]);
+    sg_clear_error(ctx);
+    sg_fn_destroy(fn);
+    for (int i = 0; i < 5; i++) sg_release(in[i]);
+    sg_release(slots);
+    free(qv), free(kv), free(vv), free(mv), free(want), free(p);
+}
+
+static void attn_cases(void) {
+    static const aform fs[] = {
+        {1, 8, 2, 1, 64, 16, 0, 0, 1, 0, false, SG_BF16},
+        {1, 8, 2, 1, 64, 16, 1, 1, 1, 1, false, SG_BF16},
+        {2, 4, 4, 1, 37, 32, 0, 2, 2, 0, false, SG_F32},
+        {1, 16, 4, 1, 300, 64, 1, 0, 4, 2, false, SG_F16},
+        {1, 6, 1, 1, 50, 8, 0, 3, 3, 0, false, SG_F32},
+        {1, 4, 2, 1, 20, 16, 0, 0, 0, 1, false, SG_BF16},
+        {1, 1, 1, 5, 40, 16, 0, 0, 3, 0, false, SG_F32},
+        /* sg_sdpa over K/V the step repeated: the K/V themselves, grouped (prefill too) */
+        {1, 8, 2, 1, 64, 16, 0, 0, 2, 3, false, SG_BF16},
+        {2, 6, 3, 4, 33, 32, 1, 2, 3, 3, false, SG_F32},
+        {1, 4, 1, 1, 20, 8, 0, 3, 0, 3, false, SG_F16},
+        /* left as written: rows of several heads and queries (the op's layout
+         * differs), and probabilities that are also an output */
+        {1, 4, 2, 3, 24, 16, 0, 0, 1, 0, false, SG_F32},
+        {1, 4, 2, 1, 24, 16, 0, 0, 1, 0, true, SG_F32},
+    };
+    for (size_t i = 0; i < sizeof fs / sizeof fs[0]; i++) attn_case(&fs[i]);
+}
+
 /* ------------------------------------------------------------ under sg_grad */
 
 static sg_status grad_step(sg_ctx *c, sg_tensor *const *in, sg_tensor **out, void *user) {
@@ -234,6 +391,7 @@ int main(void) {
     ctx = tu_ctx((sg_ctx_opts){0});
     for (uint64_t seed = 1; seed <= 24; seed++) forward_case(seed);
     for (uint64_t seed = 1; seed <= 24; seed++) ln_case(seed);
+    attn_cases();
     grad_case(SG_MODE_REDUCE_OVERHEAD);
     grad_case(SG_MODE_EAGER);
     sg_ctx_destroy(ctx);

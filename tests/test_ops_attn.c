@@ -26,7 +26,9 @@ typedef struct acase {
     int64_t len[3]; /* kv_len per batch (cached); len[1] < 0: one scalar length */
     bool cached;    /* sg_sdpa_cached (causal by definition), else sg_sdpa */
     bool causal;    /* sg_sdpa's flag */
-    int mask;       /* sg_sdpa: 0 none, 1 bool (B,1,Lq,S), 2 float (Lq,S) */
+    int mask;       /* sg_sdpa: 0 none, 1 bool (B,1,Lq,S), 2 float (Lq,S), 3 bool (S) of
+                       the slots < len[0] (decode's mask), 4 float (B,1,1,S): a window
+                       [len[b]/3, len[b]) of random values, -inf outside */
     bool fused;     /* q, k, v narrowed out of one (B, L, Hq+2Hkv, D) projection */
     double scale;
 } acase;
@@ -89,6 +91,8 @@ static double *reference(const acase *c, const operand *q, const operand *k, con
                         s *= scale;
                         if (c->mask == 1 && mv[(b * Lq + i) * S + j] == 0) s = -INFINITY;
                         if (c->mask == 2) s += mv[i * S + j];
+                        if (c->mask == 3 && mv[j] == 0) s = -INFINITY;
+                        if (c->mask == 4) s += mv[b * S + j];
                     }
                     p[j] = s;
                     mx = s > mx ? s : mx;
@@ -180,6 +184,21 @@ static void run_case(const acase *c, sg_dtype dt, sg_mode mode) {
     } else if (c->mask == 2) {
         int64_t ms[2] = {c->Lq, c->S};
         u.mask = tu_rand(ctx, dt, 2, ms, -2, 1, &mv);
+    } else if (c->mask >= 3) {
+        /* decode's masks: whole stretches of the cache masked off */
+        bool b8 = c->mask == 3;
+        int64_t n = b8 ? c->S : c->B * c->S, ms[4] = {c->B, 1, 1, c->S};
+        size_t es = sg_dtype_size(b8 ? SG_BOOL : dt);
+        void *raw = malloc((size_t)n * es);
+        mv = malloc(sizeof(double) * (size_t)n);
+        for (int64_t x = 0; x < n; x++) {
+            int64_t b = x / c->S, j = x % c->S, hi = c->len[b < 3 ? b : 0], lo = hi / 3;
+            mv[x] = b8 ? (j < c->len[0]) : j >= lo && j < hi ? tu_round(dt, tu_uniform(-2, 1))
+                                                             : -INFINITY;
+            tu_store(raw, b8 ? SG_BOOL : dt, x, mv[x]);
+        }
+        u.mask = sg_from_host(ctx, b8 ? SG_BOOL : dt, b8 ? 1 : 4, b8 ? &c->S : ms, raw);
+        free(raw);
     }
     int nl = c->len[1] < 0 ? 0 : (int)c->B;
     int64_t ls[1] = {c->B};
@@ -232,6 +251,16 @@ static const acase cases[] = {
     {2, 4, 1, 9, 9, 8, {0}, false, false, 1, true, 0},
     {1, 2, 2, 5, 130, 20, {0}, false, false, 2, false, 0.5},
     {1, 4, 2, 17, 17, 256, {0}, false, true, 0, false, 0},
+    /* decode through sg_sdpa with a mask over the whole cache: the slots < pos (one
+     * split of the cluster or many through the combine, single-split rows), a window
+     * of float values, random bools with causal rows, a float mask */
+    {1, 16, 4, 1, 2048, 64, {650}, false, false, 3, false, 0},
+    {1, 4, 4, 1, 20000, 16, {650}, false, false, 3, false, 0},
+    {4, 32, 8, 3, 200, 64, {77}, false, false, 3, false, 0},
+    {1, 4, 4, 1, 300, 32, {0}, false, false, 3, false, 0},
+    {2, 8, 1, 2, 513, 64, {400, 9}, false, false, 4, false, 0},
+    {1, 4, 2, 3, 64, 16, {0}, false, true, 1, false, 0},
+    {1, 4, 4, 1, 37, 16, {0}, false, false, 2, false, 0.3},
     /* D past the kernels: sg_sdpa_cached through the decomposed ops, kv_len as a mask */
     {2, 4, 2, 3, 40, 272, {37, 2}, true, true, 0, false, 0},
     {1, 2, 2, 1, 9, 264, {20, -1}, true, true, 0, true, 0},

@@ -10,7 +10,8 @@
  * scratch. Prefill in 16-bit (D a multiple of 16, at most 128, no mask)
  * goes to a tensor-core kernel instead (SG_ATTN_MMA=0: not): FlashAttention-2's
  * forward for D 64 and 128 with 16-byte rows, else sg_attn_mma; decode (at most 4 queries
- * per row, no mask, 16-byte K/V rows) to the lean sg_attn_decode (SG_ATTN_DECODE=0: not),
+ * per row, 16-byte K/V rows; with a mask, each block reads only the keys from the first to
+ * the last its mask lets through) to the lean sg_attn_decode (SG_ATTN_DECODE=0: not),
  * whose splits the device picks from kv_len within the count planned here, merged by a
  * cluster of blocks (sm_90) or by the combine kernel. With SG__ATTN_LSE the flash
  * kernels also write each row's logsumexp after the result; the other paths fill
@@ -146,13 +147,13 @@ static sg_status launch_mma(sg_ctx *ctx, const sg__node *n, ageom *g, const acop
     return sg__cuda_launch(ctx, f, grid, block, 0, args);
 }
 
-/* sg_attn_decode: few query rows, no mask, K/V rows of 16-byte vectors that a warp's lanes
+/* sg_attn_decode: few query rows (a mask or none), K/V rows of 16-byte vectors that a warp's lanes
  * split evenly (D / W a power of two up to 32); SG_ATTN_DECODE=0 keeps the split kernel. */
 static bool use_decode(const ageom *g) {
     const char *e = getenv("SG_ATTN_DECODE");
     if (e && strcmp(e, "0") == 0) return false;
     int64_t w = g->dt == SG_F32 ? 4 : 8, t = g->D / w;
-    return g->mdt < 0 && (g->flags & VEC) && g->Lq <= 4 && g->D % w == 0 && t >= 1 && t <= 32 &&
+    return (g->flags & VEC) && g->Lq <= 4 && g->D % w == 0 && t >= 1 && t <= 32 &&
            (t & (t - 1)) == 0 && g->B * g->Hq * g->Lq <= INT32_MAX;
 }
 
@@ -183,8 +184,9 @@ static sg_status launch_decode(sg_ctx *ctx, const sg__node *n, ageom *g) {
         st = sg__cuda_scratch(ctx, (size_t)(rows * g->nsplit * (g->D + 2)) * sizeof(float), &part);
     if (st != SG_OK) return st;
     void *q = sg__data(n->in[0]), *k = sg__data(n->in[1]), *v = sg__data(n->in[2]);
+    void *m = n->nin > 3 && n->in[3] ? sg__data(n->in[3]) : NULL;
     void *len = n->nin > 4 && n->in[4] ? sg__data(n->in[4]) : NULL, *out = sg__data(n->out);
-    void *args[] = {&q, &k, &v, &len, &out, &part, g};
+    void *args[] = {&q, &k, &v, &m, &len, &out, &part, g};
     unsigned grid[3] = {(unsigned)rows, (unsigned)g->nsplit, 1}, block[3] = {NT, 1, 1};
     st = sg__cuda_launch_pdl(ctx, dec, grid, block, 0, args);
     if (st != SG_OK || !combine_too) return st;

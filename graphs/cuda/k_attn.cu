@@ -21,8 +21,10 @@
  * writes its unnormalized accumulator and (max, sum) per row to scratch
  * and sg_attn_combine merges the splits of each row in split order.
  *
- * sg_attn_decode: the lean kernel of decode (a few query rows, no mask,
- * 16-byte K/V rows of at most 32 vectors). Block (row, split) takes one
+ * sg_attn_decode: the lean kernel of decode (a few query rows, 16-byte K/V
+ * rows of at most 32 vectors; a mask, if any, first cuts each block's keys
+ * to the first through the last it lets through, so that a mask of the
+ * slots <= pos reads no more of the cache than kv_len would). Block (row, split) takes one
  * query row; T = D / W lanes share a key (W elements of 16 bytes each), so
  * a warp reads 32 / T keys per load and DU (2) such loads of K and of V per
  * lane before it uses the first, keeps an online softmax per lane group in
@@ -422,6 +424,23 @@ __device__ __forceinline__ float ld_cluster(const float *p, u32 rank) {
     return v;
 }
 
+/* What the mask adds to key j's score: 0 or -inf for a bool mask, the value
+ * for an additive one. VOL: read as it stands (a hint before the wait). */
+template <bool VOL>
+__device__ __forceinline__ float mask_term(const void *m, const ageom &g, i64 at) {
+    if (g.mdt == DT_BOOL) {
+        unsigned char c =
+            VOL ? ((const volatile unsigned char *)m)[at] : ((const unsigned char *)m)[at];
+        return c ? 0.0f : -inf_f();
+    }
+    if (VOL && g.mdt == DT_F32) return ((const volatile float *)m)[at];
+    if (VOL) {
+        u16 x = ((const volatile u16 *)m)[at];
+        return g.mdt == DT_F16 ? h2f(x) : bf2f(x);
+    }
+    return ldf(m, g.mdt, at);
+}
+
 #define DU 2  /* key groups per lane that sg_attn_decode loads before it uses any */
 #define DCL 8 /* blocks per cluster of sg_attn_decode8: the splits of one row */
 
@@ -432,8 +451,8 @@ __device__ __forceinline__ float ld_cluster(const float *p, u32 rank) {
  * worst the previous step's, one short) and clamped like valid_len: the
  * lines are a hint, and every one lies in the cache.
  */
-__device__ __forceinline__ void decode_prefetch(const void *k, const void *v, const void *len,
-                                                const ageom &g) {
+__device__ __forceinline__ void decode_prefetch(const void *k, const void *v, const void *m,
+                                                const void *len, const ageom &g) {
     const u32 row = blockIdx.x, lq = (u32)g.Lq, hq = (u32)g.Hq;
     const u32 i = row % lq, h = row / lq % hq, b = row / lq / hq, hk = h / (hq / (u32)g.Hkv);
     i64 L = g.S;
@@ -447,8 +466,11 @@ __device__ __forceinline__ void decode_prefetch(const void *k, const void *v, co
     const i64 lines = (g.D * es + 127) / 128;
     const char *kb = (const char *)k + (b * g.ks[0] + hk * g.ks[1]) * es;
     const char *vb = (const char *)v + (b * g.vs[0] + hk * g.vs[1]) * es;
+    const i64 mrow = b * g.ms[0] + h * g.ms[1] + i * g.ms[2];
     for (i64 t = threadIdx.x; t < (je - js) * lines; t += blockDim.x) {
         const i64 j = js + t / lines, off = (t % lines) * 128;
+        /* A mask's keys as the mask stands (the previous step's, at worst) */
+        if (g.mdt >= 0 && mask_term<true>(m, g, mrow + j * g.ms[3]) == -inf_f()) continue;
 #if SG_PTX
         asm volatile("prefetch.global.L2 [%0];" ::"l"(kb + j * g.ks[2] * es + off));
         asm volatile("prefetch.global.L2 [%0];" ::"l"(vb + j * g.vs[2] * es + off));
@@ -461,10 +483,11 @@ __device__ __forceinline__ void decode_prefetch(const void *k, const void *v, co
 /* The body of sg_attn_decode (CL false) and sg_attn_decode8 (CL true). */
 template <bool CL>
 __device__ __forceinline__ void decode_body(const void *q, const void *k, const void *v,
-                                            const void *len, void *out, float *part,
-                                            const ageom &g) {
+                                            const void *mk, const void *len, void *out,
+                                            float *part, const ageom &g) {
     __shared__ float wm[NW], wl[NW], wa[NW][256];
-    decode_prefetch(k, v, len, g);
+    __shared__ unsigned long long mfirst, mlast;
+    decode_prefetch(k, v, mk, len, g);
     pdl_wait();
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const int W = g.dt == DT_F32 ? 4 : 8, T = (int)g.D / W, kpw = 32 / T, es = 16 / W;
@@ -487,17 +510,44 @@ __device__ __forceinline__ void decode_body(const void *q, const void *k, const 
     if (split >= (nv > 1 ? nv : 1) && !(CL && nv > 1)) return;
     const char *kb = (const char *)k + (b * g.ks[0] + hk * g.ks[1] + e) * es;
     const char *vb = (const char *)v + (b * g.vs[0] + hk * g.vs[1] + e) * es;
-    const i64 js = split * chunk, je = js + chunk < n ? js + chunk : n;
+    i64 js = split * chunk, je = js + chunk < n ? js + chunk : n;
+    const i64 mrow = b * g.ms[0] + h * g.ms[1] + i * g.ms[2];
+    if (g.mdt >= 0) {
+        /* A mask: the block's keys shrink to its first through last that the
+         * mask lets through (a decode mask of the slots <= pos leaves the
+         * splits past pos nothing to read); keys between them are masked one
+         * by one below. */
+        if (tid == 0) mfirst = ~0ull, mlast = 0;
+        __syncthreads();
+        unsigned long long f = ~0ull, la = 0;
+        for (i64 j = js + tid; j < je; j += NT)
+            if (mask_term<false>(mk, g, mrow + j * g.ms[3]) != -inf_f()) {
+                f = f < (unsigned long long)(j - js) ? f : (unsigned long long)(j - js);
+                la = (unsigned long long)(j - js + 1);
+            }
+        for (int o = 16; o; o >>= 1) {
+            unsigned long long f2 = __shfl_xor_sync(0xffffffffu, f, o);
+            unsigned long long l2 = __shfl_xor_sync(0xffffffffu, la, o);
+            f = f2 < f ? f2 : f, la = l2 > la ? l2 : la;
+        }
+        if (lane == 0 && la > 0) atomicMin(&mfirst, f), atomicMax(&mlast, la);
+        __syncthreads();
+        je = mlast == 0 ? js : js + (i64)mlast;
+        js = mlast == 0 ? js : js + (i64)mfirst;
+    }
     /* DU groups of kpw keys per warp and trip, all loads first. Every lane runs
      * the same trips: the score's shuffles need the whole warp. */
     for (i64 j0 = js + warp * kpw * DU; j0 < je; j0 += NW * kpw * DU) {
         uint4 ku[DU], vu[DU];
+        float mt[DU];
 #pragma unroll
         for (int u = 0; u < DU; u++) {
             i64 j = j0 + u * kpw + lane / T;
+            mt[u] = 0.0f;
             if (j < je) {
                 ku[u] = *(const uint4 *)(kb + j * g.ks[2] * es);
                 vu[u] = *(const uint4 *)(vb + j * g.vs[2] * es);
+                if (g.mdt >= 0) mt[u] = mask_term<false>(mk, g, mrow + j * g.ms[3]);
             }
         }
         float s[DU], mx = m;
@@ -515,6 +565,7 @@ __device__ __forceinline__ void decode_body(const void *q, const void *k, const 
 #pragma unroll
         for (int u = 0; u < DU; u++) {
             for (int o = 1; o < T; o <<= 1) s[u] += __shfl_xor_sync(0xffffffffu, s[u], o);
+            s[u] += mt[u];
             if (j0 + u * kpw + lane / T >= je) s[u] = -inf_f();
             mx = fmaxf(mx, s[u]);
         }
@@ -609,18 +660,18 @@ __device__ __forceinline__ void decode_body(const void *q, const void *k, const 
 }
 
 extern "C" __global__ void __launch_bounds__(NT)
-    sg_attn_decode(const void *q, const void *k, const void *v, const void *len, void *out,
-                   float *part, ageom g) {
-    decode_body<false>(q, k, v, len, out, part, g);
+    sg_attn_decode(const void *q, const void *k, const void *v, const void *m, const void *len,
+                   void *out, float *part, ageom g) {
+    decode_body<false>(q, k, v, m, len, out, part, g);
 }
 
 /* Grid (rows, DCL): a cluster per row, its splits merged in distributed shared memory
  * (sm_90+; not built before). */
 #if __CUDA_ARCH__ >= 900
 extern "C" __global__ void __cluster_dims__(1, DCL, 1) __launch_bounds__(NT)
-    sg_attn_decode8(const void *q, const void *k, const void *v, const void *len, void *out,
-                    float *part, ageom g) {
-    decode_body<true>(q, k, v, len, out, part, g);
+    sg_attn_decode8(const void *q, const void *k, const void *v, const void *m, const void *len,
+                    void *out, float *part, ageom g) {
+    decode_body<true>(q, k, v, m, len, out, part, g);
 }
 #endif
 
