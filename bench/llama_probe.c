@@ -10,7 +10,12 @@
  *            q and k rotated together, sg_rms_norm;
  *   plain  - as a user first writes it: q and k rotated apart, sg_sdpa over
  *            the whole cache with a mask of the slots <= pos;
- *   prims  - plain, with each norm written out: x * rsqrt(mean(x*x) + eps) * g.
+ *   prims  - plain, with each norm written out: x * rsqrt(mean(x*x) + eps) * g;
+ *   hf     - plain, with attention written out as Hugging Face's eager Llama
+ *            does: K/V repeated for the query heads (sg_repeat_interleave),
+ *            q @ k^T / sqrt(d), masked_fill of the slots > pos (one mask for
+ *            all layers) with -inf, softmax in f32, @ v;
+ *   repkv  - plain, sg_sdpa over K/V repeated for the query heads.
  * Prints us per token (median of 5 loops of 100 tokens, positions 600..699)
  * and the kernels per step that sg_fn_explain counts. Not built by CMake;
  * on a GPU machine, after building the library in build-dev:
@@ -30,13 +35,13 @@ enum { L = 12, D = 1024, HQ = 16, HKV = 4, HD = 64, F = 2816, V = 32000, S = 204
 #define EPS 1e-5
 
 typedef struct model {
-    int style; /* 0 fused, 1 plain, 2 prims */
+    int style; /* 0 fused, 1 plain, 2 prims, 3 hf, 4 repkv */
     sg_tensor *g1[L], *wqkv[L], *wo[L], *g2[L], *w1[L], *w3[L], *w2[L], *kc[L], *vc[L];
     sg_tensor *gf, *wout, *cos, *sin, *slots;
 } model;
 
 static sg_tensor *norm(const model *m, sg_tensor *x, sg_tensor *g) {
-    if (m->style < 2) return sg_rms_norm(x, g, EPS);
+    if (m->style != 2) return sg_rms_norm(x, g, EPS);
     int last = -1;
     sg_tensor *ms = sg_mean(sg_mul(x, x), 1, &last, true);
     return sg_mul(sg_mul(x, sg_rsqrt(sg_add_scalar(ms, EPS))), g);
@@ -59,7 +64,7 @@ static sg_status step(sg_ctx *c, sg_tensor *const *in, sg_tensor **out, void *us
     sg_tensor *cs = sg_reshape(sg_index_select(m->cos, 0, pos), 4, rs);
     sg_tensor *sn = sg_reshape(sg_index_select(m->sin, 0, pos), 4, rs);
     sg_tensor *kv_len = sg_add_scalar(sg_reshape(pos, 0, NULL), 1);
-    sg_tensor *mask = sg_le(m->slots, pos);
+    sg_tensor *mask = sg_le(m->slots, pos), *drop = sg_gt(m->slots, pos);
     for (int l = 0; l < L; l++) {
         sg_tensor *qkv = sg_linear(norm(m, x, m->g1[l]), m->wqkv[l], NULL), *q, *k;
         if (m->style == 0) {
@@ -73,8 +78,22 @@ static sg_status step(sg_ctx *c, sg_tensor *const *in, sg_tensor **out, void *us
         sg_status st = sg_index_copy_(m->kc[l], 2, pos, k);
         if (st == SG_OK) st = sg_index_copy_(m->vc[l], 2, pos, v);
         if (st != SG_OK) return st;
-        sg_tensor *a = m->style == 0 ? sg_sdpa_cached(q, m->kc[l], m->vc[l], kv_len, 0.0)
-                                     : sg_sdpa(q, m->kc[l], m->vc[l], mask, false, 0.0);
+        sg_tensor *a;
+        if (m->style == 0) {
+            a = sg_sdpa_cached(q, m->kc[l], m->vc[l], kv_len, 0.0);
+        } else if (m->style >= 3) {
+            sg_tensor *kr = sg_repeat_interleave(m->kc[l], HQ / HKV, 1);
+            sg_tensor *vr = sg_repeat_interleave(m->vc[l], HQ / HKV, 1);
+            if (m->style == 4) {
+                a = sg_sdpa(q, kr, vr, mask, false, 0.0);
+            } else {
+                sg_tensor *s = sg_div_scalar(sg_matmul(q, sg_transpose(kr, 2, 3)), sqrt(HD));
+                s = sg_masked_fill(s, drop, -INFINITY);
+                a = sg_matmul(sg_cast(sg_softmax(sg_cast(s, SG_F32), -1), SG_BF16), vr);
+            }
+        } else {
+            a = sg_sdpa(q, m->kc[l], m->vc[l], mask, false, 0.0);
+        }
         x = sg_add(x, sg_linear(sg_reshape(sg_transpose(a, 1, 2), 3, flat), m->wo[l], NULL));
         sg_tensor *h = norm(m, x, m->g2[l]);
         sg_tensor *u = sg_mul(sg_silu(sg_linear(h, m->w1[l], NULL)), sg_linear(h, m->w3[l], NULL));
@@ -137,9 +156,9 @@ int main(int argc, char **argv) {
     m.slots = sg_arange(ctx, SG_I64, 0, S, 1);
     int64_t xs[3] = {1, 1, D}, one = 1;
     sg_tensor *x = rnd(ctx, 3, xs, -1, 1);
-    static const char *const names[3] = {"fused", "plain", "prims"};
-    float first[3][8];
-    for (int style = 0; style < 3; style++) {
+    static const char *const names[5] = {"fused", "plain", "prims", "hf", "repkv"};
+    float first[5][8];
+    for (int style = 0; style < 5; style++) {
         m.style = style;
         sg_fn *fn = NULL;
         if (sg_compile(ctx, step, &m, 2, 1, &(sg_compile_opts){.mode = SG_MODE_REDUCE_OVERHEAD},

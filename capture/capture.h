@@ -465,6 +465,9 @@ SG__HIDDEN sg_tensor *sg__run_new(sg_ctx *ctx, sg__node *n, sg_dtype dt, int ndi
  * instead of recomputing it. A CUDA path that does not compute it fills it
  * with NaN (every bit set): the backward then recomputes those rows. */
 #define SG__ATTN_LSE 2
+/* ATTENTION's i[0] flag: a bool mask is true where a key is dropped
+ * (masked_fill's sense; fusion/canon.c sets it), not where it is kept. */
+#define SG__ATTN_MASK_DROPS 4
 /* Where the row logsumexps of ATTENTION's packed output start, in elements
  * of its dtype after no = B * Lq * Hq * D (16-byte aligned), and the packed
  * output's length for rows = B * Hq * Lq. */

@@ -422,24 +422,11 @@ static bool fill_value(const canon *c, const sg__ref *r, double *v) {
     return true;
 }
 
-/* The comparison that is true exactly where op is false, over integers. */
-static sg__op negated_compare(sg__op op) {
-    switch (op) {
-    case SG__OP_LT: return SG__OP_GE;
-    case SG__OP_LE: return SG__OP_GT;
-    case SG__OP_GT: return SG__OP_LE;
-    case SG__OP_GE: return SG__OP_LT;
-    case SG__OP_EQ: return SG__OP_NE;
-    case SG__OP_NE: return SG__OP_EQ;
-    default: return SG__OP_COUNT;
-    }
-}
-
 /* What the walk back from softmax's input found. */
 typedef struct scores {
     double scale;
     const sg__ref *mask; /* bool (true keeps) or float (added), or NULL */
-    int flip;            /* the bool mask is true where keys are dropped: the node to negate */
+    bool drops;          /* the bool mask is true where keys are dropped (masked_fill) */
     int from;            /* the form's first node */
 } scores;
 
@@ -474,19 +461,8 @@ static const sg__irnode *peel_scores(const canon *c, const sg__ref *x, sg_dtype 
             if (fill_value(c, b, &v) && v == -INFINITY) { /* keep where m */
                 sc->mask = m, x = a;
             } else if (fill_value(c, a, &v) && v == -INFINITY) { /* masked_fill: drop where m */
-                const sg__irnode *cmp = step_back(c, m, SG__OP_LOGICAL_NOT);
-                if (cmp) { /* not(m'): keep where m' */
-                    sc->mask = arg(c, cmp, 0);
-                } else {
-                    static const sg__op cmps[] = {SG__OP_LT, SG__OP_LE, SG__OP_GT,
-                                                  SG__OP_GE, SG__OP_EQ, SG__OP_NE};
-                    for (int j = 0; !cmp && j < 6; j++) cmp = step_back(c, m, cmps[j]);
-                    const sg__ref *l = cmp ? arg(c, cmp, 0) : NULL, *r = cmp ? arg(c, cmp, 1) : NULL;
-                    /* over integers, not(a < b) is a >= b; over floats NaN breaks it */
-                    if (!l || !r || sg__dtype_is_float(l->dtype) || sg__dtype_is_float(r->dtype))
-                        return NULL;
-                    sc->mask = m, sc->flip = (int)(cmp - c->ir->nodes);
-                }
+                const sg__irnode *no = step_back(c, m, SG__OP_LOGICAL_NOT);
+                sc->mask = no ? arg(c, no, 0) : m, sc->drops = !no; /* not(m'): keep where m' */
                 x = b;
             } else {
                 return NULL;
@@ -548,7 +524,7 @@ static bool attention_at(canon *c, int i) {
     if (!sm || sm->i[0] != 3) return false;
     x = arg(c, sm, 0);
     if (!x || !sg__dtype_is_float(x->dtype)) return false;
-    scores sc = {.scale = 1.0, .flip = -1, .from = (int)(sm - c->ir->nodes)};
+    scores sc = {.scale = 1.0, .from = (int)(sm - c->ir->nodes)};
     const sg__irnode *mm = peel_scores(c, x, p->dtype, &sc);
     if (!mm || mm->nin != 2) return false;
     const sg__ref *q = arg(c, mm, 0), *kt = arg(c, mm, 1);
@@ -588,8 +564,7 @@ static bool attention_at(canon *c, int i) {
         ir->refs[ir->nrefs] = m;
         in[3] = &ir->refs[ir->nrefs++];
     }
-    if (sc.flip >= 0) ir->nodes[sc.flip].op = negated_compare(ir->nodes[sc.flip].op);
-    rewrite(c, i, SG__OP_ATTENTION, 5, in, sc.scale, 0);
+    rewrite(c, i, SG__OP_ATTENTION, 5, in, sc.scale, sc.drops ? SG__ATTN_MASK_DROPS : 0);
     return true;
 }
 

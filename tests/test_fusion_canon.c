@@ -199,6 +199,7 @@ typedef struct aform {
     int soft;     /* 0 sg_softmax, 1 in f32 between casts, 2 written out, 3 sg_sdpa itself
                      (over the repeated K/V; masks 0, 2 and 3, scales 0, 2 and 3) */
     bool leak;    /* the probabilities are an output too: the form stays as written */
+    bool twice;   /* a second attention over the first's result, sharing the mask */
     sg_dtype dt;
 } aform;
 
@@ -212,23 +213,21 @@ static sg_tensor *kv_heads(sg_tensor *t, const aform *f) {
     return sg_reshape(sg_expand(sg_unsqueeze(t, 2), 5, wide), 4, sh);
 }
 
-/* in = {q, k, v, pos, float mask} */
-static sg_status attn_step(sg_ctx *c, sg_tensor *const *in, sg_tensor **out, void *user) {
-    const aform *f = user;
+/* One attention of the form over q; the mask's comparison m made by the caller. */
+static sg_tensor *attn_form(sg_ctx *c, const aform *f, sg_tensor *q, sg_tensor *const *in,
+                            sg_tensor *m) {
     double sc = 1.0 / sqrt((double)f->D);
-    sg_tensor *q = f->scale == 3 ? sg_mul_scalar(in[0], sc) : in[0];
+    q = f->scale == 3 ? sg_mul_scalar(q, sc) : q;
     sg_tensor *k = kv_heads(in[1], f), *v = kv_heads(in[2], f);
-    if (f->soft == 3) { /* sg_sdpa over the repeated K/V */
-        sg_tensor *m = f->mask == 2 ? sg_le(slots, in[3]) : f->mask == 3 ? in[4] : NULL;
-        out[0] = sg_sdpa(q, k, v, m, false, f->scale >= 2 ? 1.0 : 0.0);
-        return out[0] ? SG_OK : sg_ctx_status(c);
-    }
+    if (f->soft == 3) /* sg_sdpa over the repeated K/V */
+        return sg_sdpa(q, k, v, f->mask == 2 ? m : f->mask == 3 ? in[4] : NULL, false,
+                       f->scale >= 2 ? 1.0 : 0.0);
     sg_tensor *s = sg_matmul(q, sg_transpose(k, 2, 3));
     s = f->scale == 0 ? sg_mul_scalar(s, sc) : f->scale == 1 ? sg_div_scalar(s, 1 / sc) : s;
-    if (f->mask == 1) s = sg_masked_fill(s, sg_gt(slots, in[3]), -INFINITY);
-    if (f->mask == 2) s = sg_where(sg_le(slots, in[3]), s, sg_full(c, f->dt, 0, NULL, -INFINITY));
+    if (f->mask == 1) s = sg_masked_fill(s, m, -INFINITY);
+    if (f->mask == 2) s = sg_where(m, s, sg_full(c, f->dt, 0, NULL, -INFINITY));
     if (f->mask == 3) s = sg_add(s, in[4]);
-    if (f->mask == 4) s = sg_masked_fill(s, sg_logical_not(sg_le(slots, in[3])), -INFINITY);
+    if (f->mask == 4) s = sg_masked_fill(s, sg_logical_not(m), -INFINITY);
     sg_tensor *p;
     if (f->soft == 1) {
         p = sg_cast(sg_softmax(sg_cast(s, SG_F32), -1), f->dt);
@@ -238,9 +237,52 @@ static sg_status attn_step(sg_ctx *c, sg_tensor *const *in, sg_tensor **out, voi
     } else {
         p = sg_softmax(s, -1);
     }
-    out[0] = sg_matmul(p, v);
-    if (f->leak) out[1] = p;
+    return sg_matmul(p, v);
+}
+
+/* in = {q, k, v, pos, float mask}; with f->twice, a second attention over the
+ * first's result, the mask's comparison shared (as a model's layers share it). */
+static sg_status attn_step(sg_ctx *c, sg_tensor *const *in, sg_tensor **out, void *user) {
+    const aform *f = user;
+    sg_tensor *m = f->mask == 1 ? sg_gt(slots, in[3]) : sg_le(slots, in[3]);
+    if (f->leak) { /* the probabilities an output too */
+        sg_tensor *s = sg_matmul(in[0], sg_transpose(kv_heads(in[1], f), 2, 3));
+        s = sg_masked_fill(sg_mul_scalar(s, 1.0 / sqrt((double)f->D)), m, -INFINITY);
+        out[1] = sg_softmax(s, -1);
+        out[0] = sg_matmul(out[1], kv_heads(in[2], f));
+        return out[0] ? SG_OK : sg_ctx_status(c);
+    }
+    out[0] = attn_form(c, f, in[0], in, m);
+    if (f->twice) out[0] = attn_form(c, f, out[0], in, m);
     return out[0] ? SG_OK : sg_ctx_status(c);
+}
+
+/* The f64 attention of the form over q (B, Hq, Lq, D) into o. */
+static void attn_ref(const aform *f, const double *qv, const double *kv, const double *vv,
+                     const double *mv, int64_t pos, double *o, double *p) {
+    int64_t g = f->Hq / f->Hkv;
+    for (int64_t b = 0; b < f->B; b++)
+        for (int64_t h = 0; h < f->Hq; h++)
+            for (int64_t i = 0; i < f->Lq; i++) {
+                double mx = -INFINITY, sum = 0;
+                for (int64_t j = 0; j < f->S; j++) {
+                    double d = 0;
+                    for (int64_t e = 0; e < f->D; e++)
+                        d += qv[((b * f->Hq + h) * f->Lq + i) * f->D + e] *
+                             kv[((b * f->Hkv + h / g) * f->S + j) * f->D + e];
+                    if (f->scale != 2) d /= sqrt((double)f->D);
+                    if ((f->mask == 1 || f->mask == 2 || f->mask == 4) && j > pos) d = -INFINITY;
+                    if (f->mask == 3) d += mv[i * f->S + j];
+                    p[j] = d, mx = fmax(mx, d);
+                }
+                for (int64_t j = 0; j < f->S; j++) sum += p[j] = exp(p[j] - mx);
+                for (int64_t e = 0; e < f->D; e++) {
+                    double a = 0;
+                    for (int64_t j = 0; j < f->S; j++)
+                        a += p[j] * vv[((b * f->Hkv + h / g) * f->S + j) * f->D + e];
+                    o[((b * f->Hq + h) * f->Lq + i) * f->D + e] = a / sum;
+                }
+            }
 }
 
 static void attn_case(const aform *f) {
@@ -264,28 +306,13 @@ static void attn_case(const aform *f) {
         int64_t pos = poss[call];
         sg_release(in[3]);
         in[3] = sg_from_host(ctx, SG_I64, 0, NULL, &pos);
-        for (int64_t b = 0; b < f->B; b++)
-            for (int64_t h = 0; h < f->Hq; h++)
-                for (int64_t i = 0; i < f->Lq; i++) {
-                    double mx = -INFINITY, sum = 0;
-                    for (int64_t j = 0; j < f->S; j++) {
-                        double d = 0;
-                        for (int64_t e = 0; e < f->D; e++)
-                            d += qv[((b * f->Hq + h) * f->Lq + i) * f->D + e] *
-                                 kv[((b * f->Hkv + h / g) * f->S + j) * f->D + e];
-                        d /= sqrt((double)f->D) * (f->scale == 2 ? 1 / sqrt((double)f->D) : 1);
-                        if ((f->mask == 1 || f->mask == 2 || f->mask == 4) && j > pos) d = -INFINITY;
-                        if (f->mask == 3) d += mv[i * f->S + j];
-                        p[j] = d, mx = fmax(mx, d);
-                    }
-                    for (int64_t j = 0; j < f->S; j++) sum += p[j] = exp(p[j] - mx);
-                    for (int64_t e = 0; e < f->D; e++) {
-                        double o = 0;
-                        for (int64_t j = 0; j < f->S; j++)
-                            o += p[j] * vv[((b * f->Hkv + h / g) * f->S + j) * f->D + e];
-                        want[((b * f->Hq + h) * f->Lq + i) * f->D + e] = o / sum;
-                    }
-                }
+        attn_ref(f, qv, kv, vv, mv, pos, want, p);
+        if (f->twice) {
+            double *w1 = malloc(sizeof(double) * (size_t)n);
+            memcpy(w1, want, sizeof(double) * (size_t)n);
+            attn_ref(f, w1, kv, vv, mv, pos, want, p);
+            free(w1);
+        }
         sg_tensor *y[2] = {NULL, NULL};
         sg_mark_step_begin(ctx);
         ok = TU_EXPECT(sg_call(fn, in, 5, y, nout) == SG_OK);
@@ -298,7 +325,7 @@ static void attn_case(const aform *f) {
     /* the op, plus the mask's comparison and q's scaling when the step computes them;
      * else as written */
     int k = ok ? kernels_of(fn) : -1, expect =
-        1 + (f->mask == 1 || f->mask == 2 || f->mask == 4) + (f->scale == 3);
+        (1 + (f->scale == 3)) * (f->twice ? 2 : 1) + (f->mask == 1 || f->mask == 2 || f->mask == 4);
     bool taken = !f->leak && (f->Lq == 1 || f->Hq == 1 || f->soft == 3);
     ok = ok && TU_EXPECT(taken ? k == expect : k > expect);
     if (!ok) fprintf(stderr, "  %s\n%s\n", sg_last_error(ctx), fn ? sg_fn_explain(fn) : "");
@@ -310,11 +337,12 @@ static void attn_case(const aform *f) {
     static const char *const softs[4] = {"sg_softmax", "softmax in f32", "softmax written out",
                                          "sg_sdpa"};
     tu_case(ok, "WRITTEN_ATTENTION(%s,B=%lld,Hq=%lld,Hkv=%lld,Lq=%lld,S=%lld,D=%lld,%s,%s,%s,%s%s) "
-            "-> %d kernels%s, against f64 at pos %lld and %lld",
+            "-> %d kernels%s%s, against f64 at pos %lld and %lld",
             sg_dtype_name(f->dt), (long long)f->B, (long long)f->Hq, (long long)f->Hkv,
             (long long)f->Lq, (long long)f->S, (long long)f->D, g > 1 ? reps[f->repeat] : "MHA",
-            scs[f->scale], masks[f->mask], softs[f->soft], f->leak ? ",p an output" : "", k,
-            taken ? " (the attention op)" : " (as written)", (long long)poss[0],
+            scs[f->scale], masks[f->mask], softs[f->soft], f->leak ? ",p an output" : "",
+            k, taken ? " (the attention op)" : " (as written)",
+            f->twice ? ", two sharing one mask" : "", (long long)poss[0],
             (long long)poss[1]);
     sg_clear_error(ctx);
     sg_fn_destroy(fn);
@@ -325,21 +353,22 @@ static void attn_case(const aform *f) {
 
 static void attn_cases(void) {
     static const aform fs[] = {
-        {1, 8, 2, 1, 64, 16, 0, 0, 1, 0, false, SG_BF16},
-        {1, 8, 2, 1, 64, 16, 1, 1, 1, 1, false, SG_BF16},
-        {2, 4, 4, 1, 37, 32, 0, 2, 2, 0, false, SG_F32},
-        {1, 16, 4, 1, 300, 64, 1, 0, 4, 2, false, SG_F16},
-        {1, 6, 1, 1, 50, 8, 0, 3, 3, 0, false, SG_F32},
-        {1, 4, 2, 1, 20, 16, 0, 0, 0, 1, false, SG_BF16},
-        {1, 1, 1, 5, 40, 16, 0, 0, 3, 0, false, SG_F32},
+        {1, 8, 2, 1, 64, 16, 0, 0, 1, 0, false, true, SG_BF16},
+        {1, 8, 2, 1, 64, 16, 1, 1, 1, 1, false, false, SG_BF16},
+        {2, 4, 4, 1, 37, 32, 0, 2, 2, 0, false, false, SG_F32},
+        {1, 16, 4, 1, 300, 64, 1, 0, 4, 2, false, true, SG_F16},
+        {2, 4, 4, 1, 37, 32, 0, 2, 2, 0, false, true, SG_F32},
+        {1, 6, 1, 1, 50, 8, 0, 3, 3, 0, false, false, SG_F32},
+        {1, 4, 2, 1, 20, 16, 0, 0, 0, 1, false, false, SG_BF16},
+        {1, 1, 1, 5, 40, 16, 0, 0, 3, 0, false, false, SG_F32},
         /* sg_sdpa over K/V the step repeated: the K/V themselves, grouped (prefill too) */
-        {1, 8, 2, 1, 64, 16, 0, 0, 2, 3, false, SG_BF16},
-        {2, 6, 3, 4, 33, 32, 1, 2, 3, 3, false, SG_F32},
-        {1, 4, 1, 1, 20, 8, 0, 3, 0, 3, false, SG_F16},
+        {1, 8, 2, 1, 64, 16, 0, 0, 2, 3, false, false, SG_BF16},
+        {2, 6, 3, 4, 33, 32, 1, 2, 3, 3, false, false, SG_F32},
+        {1, 4, 1, 1, 20, 8, 0, 3, 0, 3, false, false, SG_F16},
         /* left as written: rows of several heads and queries (the op's layout
          * differs), and probabilities that are also an output */
-        {1, 4, 2, 3, 24, 16, 0, 0, 1, 0, false, SG_F32},
-        {1, 4, 2, 1, 24, 16, 0, 0, 1, 0, true, SG_F32},
+        {1, 4, 2, 3, 24, 16, 0, 0, 1, 0, false, false, SG_F32},
+        {1, 4, 2, 1, 24, 16, 0, 0, 1, 0, true, false, SG_F32},
     };
     for (size_t i = 0; i < sizeof fs / sizeof fs[0]; i++) attn_case(&fs[i]);
 }

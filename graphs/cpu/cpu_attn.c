@@ -34,6 +34,7 @@ typedef struct attn_geom {
                                   ATTENTION_BWD: the forward's, or NULL */
     float scale;
     bool causal;
+    bool drops; /* SG__ATTN_MASK_DROPS: a bool mask true where keys are dropped */
 } attn_geom;
 
 /* The number of keys row i of batch b sees: keys 0 .. n-1. */
@@ -74,7 +75,7 @@ static void attn_row(const attn_geom *g, int64_t b, int64_t h, int64_t i, float 
             if (m) {
                 int64_t at = mo + (j0 + t) * m->stride[3];
                 if (m->dtype == SG_BOOL)
-                    dot = ((const uint8_t *)sg__data(m))[at] ? dot : -INFINITY;
+                    dot = (((const uint8_t *)sg__data(m))[at] != 0) != g->drops ? dot : -INFINITY;
                 else
                     dot += sg__ldf(sg__data(m), m->dtype, at);
             }
@@ -121,7 +122,8 @@ static float score(const attn_geom *g, int64_t b, int64_t h, int64_t i, int64_t 
     if (g->m) {
         const sg_tensor *m = g->m;
         int64_t at = b * m->stride[0] + h * m->stride[1] + i * m->stride[2] + j * m->stride[3];
-        if (m->dtype == SG_BOOL) return ((const uint8_t *)sg__data(m))[at] ? dot : -INFINITY;
+        if (m->dtype == SG_BOOL)
+            return (((const uint8_t *)sg__data(m))[at] != 0) != g->drops ? dot : -INFINITY;
         dot += sg__ldf(sg__data(m), m->dtype, at);
     }
     return dot;
@@ -235,7 +237,8 @@ sg_status sg__cpu_attn(sg_ctx *ctx, const sg__node *n) {
                    .dout = n->nin > 6 ? n->in[6] : NULL,
                    .lse = n->nin > 7 && n->in[7] ? (float *)sg__data(n->in[7]) : NULL,
                    .scale = (float)n->f[0],
-                   .causal = (n->i[0] & SG__ATTN_CAUSAL) != 0};
+                   .causal = (n->i[0] & SG__ATTN_CAUSAL) != 0,
+                   .drops = (n->i[0] & SG__ATTN_MASK_DROPS) != 0};
     if (g.D > 256 || g.Hkv < 1 || g.Hq % g.Hkv != 0)
         return sg__fail(ctx, SG_ERR_INTERNAL,
                         "attention: D %lld, Hq %lld, Hkv %lld: the kernel "

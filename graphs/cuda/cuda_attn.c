@@ -33,7 +33,7 @@
 #define DCL_KEYS 2048                 /* keys per split of sg_attn_decode8, at most */
 #define SCRATCH_CAP ((size_t)1 << 20) /* the op scratch that always exists (exec.c) */
 
-enum { CAUSAL = 1, VEC = 2, DECODE = 4 }; /* k_attn.cu's flags; CAUSAL is SG__ATTN_CAUSAL */
+enum { CAUSAL = 1, VEC = 2, DECODE = 4, MDROP = 8 }; /* k_attn.cu's flags; CAUSAL is SG__ATTN_CAUSAL */
 
 /* The same layout as struct ageom in k_attn.cu. */
 typedef struct ageom {
@@ -71,6 +71,7 @@ static void describe(ageom *g, const sg__node *n) {
     g->mdt = m ? (int32_t)m->dtype : -1;
     g->ldt = len ? (int32_t)len->dtype : -1;
     g->flags = (n->i[0] & SG__ATTN_CAUSAL) ? CAUSAL : 0;
+    if (n->i[0] & SG__ATTN_MASK_DROPS) g->flags |= MDROP;
     if (rows_vector(k, g->D) && rows_vector(v, g->D)) g->flags |= VEC;
     /* Rows per block: no more than the queries sharing a K/V head (one, for MHA decode). */
     int64_t rows = g->D <= 128 ? MAXR : MAXR / 2,

@@ -75,7 +75,7 @@ typedef unsigned short u16;
 /* sg_dtype's values (include/stepgraph.h). */
 enum { DT_F32, DT_F16, DT_BF16, DT_I32, DT_I64, DT_BOOL };
 /* Flags, as cuda_attn.c sets them (CAUSAL is SG__ATTN_CAUSAL). */
-enum { CAUSAL = 1, VEC = 2, DECODE = 4 };
+enum { CAUSAL = 1, VEC = 2, DECODE = 4, MDROP = 8 /* a bool mask true where keys drop */ };
 
 /* The same layout as struct ageom in cuda_attn.c. */
 struct ageom {
@@ -255,7 +255,9 @@ extern "C" __global__ void __launch_bounds__(NT)
                     i64 r_ = r0 + r, i = r_ % g.Lq, h = hk * grp + r_ / g.Lq;
                     i64 at = b * g.ms[0] + h * g.ms[1] + i * g.ms[2] + (j0 + j) * g.ms[3];
                     if (g.mdt == DT_BOOL)
-                        s = ((const unsigned char *)m)[at] ? s : -inf_f();
+                        s = (((const unsigned char *)m)[at] != 0) != ((g.flags & MDROP) != 0)
+                                ? s
+                                : -inf_f();
                     else
                         s += ldf(m, g.mdt, at);
                 }
@@ -431,7 +433,7 @@ __device__ __forceinline__ float mask_term(const void *m, const ageom &g, i64 at
     if (g.mdt == DT_BOOL) {
         unsigned char c =
             VOL ? ((const volatile unsigned char *)m)[at] : ((const unsigned char *)m)[at];
-        return c ? 0.0f : -inf_f();
+        return (c != 0) != ((g.flags & MDROP) != 0) ? 0.0f : -inf_f();
     }
     if (VOL && g.mdt == DT_F32) return ((const volatile float *)m)[at];
     if (VOL) {
