@@ -428,6 +428,55 @@ static void test_oom(void) {
     sg_ctx_destroy(c);
 }
 
+/* The compiled step of test_nan: a @ b. */
+static sg_status mm_step(sg_ctx *c, sg_tensor *const *in, sg_tensor **out, void *user) {
+    (void)user;
+    out[0] = sg_matmul(in[0], in[1]);
+    return out[0] ? SG_OK : sg_ctx_status(c);
+}
+
+/*
+ * NaN through an f32 product in a compiled step (on CUDA a small f32 product
+ * runs on the tensor cores as 3xTF32, whose split of each operand must keep
+ * a NaN): a row of a holding the device's NaN (0x7fffffff), a negative
+ * NaN's bits and a quiet NaN gives NaN across its row of the result, as
+ * f64 does; the other rows stay finite and match f64.
+ */
+static void test_nan(void) {
+    int64_t as[2] = {6, 40}, bs[2] = {40, 33};
+    double *av, *bv;
+    sg_tensor *a0 = tu_rand(ctx, SG_F32, 2, as, -1, 1, &av), *b = tu_rand(ctx, SG_F32, 2, bs, -1, 1, &bv);
+    float host[6 * 40];
+    sg_read(a0, host, sizeof host);
+    static const uint32_t nans[3] = {0x7fffffffu, 0xffffffffu, 0x7fc00000u};
+    for (int r = 0; r < 3; r++) {
+        memcpy(&host[(2 * r + 1) * 40 + 7 * r], &nans[r], sizeof(float));
+        av[(2 * r + 1) * 40 + 7 * r] = NAN;
+    }
+    sg_tensor *a = sg_from_host(ctx, SG_F32, 2, as, host);
+    int on;
+    int64_t os[SG_MAX_DIMS];
+    double *want = ref_matmul(2, as, av, 2, bs, bv, &on, os);
+    sg_fn *fn = NULL;
+    sg_tensor *in[2] = {a, b}, *y = NULL;
+    bool ok = TU_EXPECT(sg_compile(ctx, mm_step, NULL, 2, 1,
+                                   &(sg_compile_opts){.mode = SG_MODE_REDUCE_OVERHEAD}, &fn) ==
+                        SG_OK) &&
+              TU_EXPECT(sg_call(fn, in, 2, &y, 1) == SG_OK);
+    double *got = ok ? tu_read(y) : NULL;
+    int nan_rows = 0;
+    for (int64_t i = 0; got && i < 6 * 33; i++) nan_rows += isnan(got[i]) && i % 33 == 0;
+    ok = ok && got && TU_EXPECT(nan_rows == 3) &&
+         tu_close("a @ b with NaN rows", got, want, 6 * 33, 1e-5, 1e-5);
+    if (!ok) fprintf(stderr, "  %s\n", sg_last_error(ctx));
+    tu_case(ok, "MATMUL_NAN(f32,a=[6,40] with NaN 0x7fffffff/0xffffffff/0x7fc00000 in rows 1 3 5,"
+                "b=[40,33],reduce-overhead) -> those rows NaN, the others as f64");
+    sg_clear_error(ctx);
+    sg_fn_destroy(fn);
+    sg_release(a0), sg_release(a), sg_release(b);
+    free(av), free(bv), free(want), free(got);
+}
+
 int main(void) {
     ctx = tu_ctx((sg_ctx_opts){0});
     tu_seed(11);
@@ -435,6 +484,7 @@ int main(void) {
     test_linear();
     test_bad_input();
     test_oom();
+    test_nan();
     sg_ctx_destroy(ctx);
     return tu_finish();
 }

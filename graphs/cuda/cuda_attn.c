@@ -10,7 +10,7 @@
  * scratch. Prefill in 16-bit (D a multiple of 16, at most 128, no mask)
  * goes to a tensor-core kernel instead (SG_ATTN_MMA=0: not): FlashAttention-2's
  * forward for D 64 and 128 with 16-byte rows, else sg_attn_mma; decode (at most 4 queries
- * per row, 16-byte K/V rows; with a mask, each block reads only the keys from the first to
+ * per row, 16-byte K/V rows; with a mask, the row reads only the keys from the first to
  * the last its mask lets through) to the lean sg_attn_decode (SG_ATTN_DECODE=0: not),
  * whose splits the device picks from kv_len within the count planned here, merged by a
  * cluster of blocks (sm_90) or by the combine kernel. With SG__ATTN_LSE the flash
@@ -178,7 +178,10 @@ static sg_status launch_decode(sg_ctx *ctx, const sg__node *n, ageom *g) {
     bool combine_too = g->nsplit > 1 && !cl;
     void *dec, *combine = NULL, *part = NULL;
     sg_status st =
-        sg__cuda_kernel(ctx, SG__CU_ATTN, cl ? "sg_attn_decode8" : "sg_attn_decode", &dec);
+        sg__cuda_kernel(ctx, SG__CU_ATTN,
+                        g->mdt >= 0 ? (cl ? "sg_attn_decode8_m" : "sg_attn_decode_m")
+                                    : (cl ? "sg_attn_decode8" : "sg_attn_decode"),
+                        &dec);
     if (st == SG_OK && combine_too)
         st = sg__cuda_kernel(ctx, SG__CU_ATTN, "sg_attn_combine", &combine);
     if (st == SG_OK && combine_too)

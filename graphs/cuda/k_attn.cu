@@ -22,9 +22,9 @@
  * and sg_attn_combine merges the splits of each row in split order.
  *
  * sg_attn_decode: the lean kernel of decode (a few query rows, 16-byte K/V
- * rows of at most 32 vectors; a mask, if any, first cuts each block's keys
- * to the first through the last it lets through, so that a mask of the
- * slots <= pos reads no more of the cache than kv_len would). Block (row, split) takes one
+ * rows of at most 32 vectors; sg_attn_decode_m with a mask, which first cuts
+ * the row's keys to the first through the last it lets through, so that a
+ * mask of the slots <= pos reads no more of the cache than kv_len would). Block (row, split) takes one
  * query row; T = D / W lanes share a key (W elements of 16 bytes each), so
  * a warp reads 32 / T keys per load and DU (2) such loads of K and of V per
  * lane before it uses the first, keeps an online softmax per lane group in
@@ -343,7 +343,7 @@ __device__ __forceinline__ i64 dchunk(const ageom &g, i64 L) {
 
 /* Splits that hold row (b, h, i)'s visible keys: sg_attn_decode's count, or nsplit. */
 __device__ __forceinline__ i64 row_splits(const void *len, const ageom &g, i64 row) {
-    if (!(g.flags & DECODE)) return g.nsplit;
+    if (!(g.flags & DECODE) || g.mdt >= 0) return g.nsplit;
     i64 b = row / g.Lq / g.Hq, L = valid_len(len, g, b), n = visible(g, L, row % g.Lq);
     i64 c = dchunk(g, L);
     return (n + c - 1) / c;
@@ -453,6 +453,7 @@ __device__ __forceinline__ float mask_term(const void *m, const ageom &g, i64 at
  * worst the previous step's, one short) and clamped like valid_len: the
  * lines are a hint, and every one lies in the cache.
  */
+template <bool MK>
 __device__ __forceinline__ void decode_prefetch(const void *k, const void *v, const void *m,
                                                 const void *len, const ageom &g) {
     const u32 row = blockIdx.x, lq = (u32)g.Lq, hq = (u32)g.Hq;
@@ -472,7 +473,7 @@ __device__ __forceinline__ void decode_prefetch(const void *k, const void *v, co
     for (i64 t = threadIdx.x; t < (je - js) * lines; t += blockDim.x) {
         const i64 j = js + t / lines, off = (t % lines) * 128;
         /* A mask's keys as the mask stands (the previous step's, at worst) */
-        if (g.mdt >= 0 && mask_term<true>(m, g, mrow + j * g.ms[3]) == -inf_f()) continue;
+        if (MK && mask_term<true>(m, g, mrow + j * g.ms[3]) == -inf_f()) continue;
 #if SG_PTX
         asm volatile("prefetch.global.L2 [%0];" ::"l"(kb + j * g.ks[2] * es + off));
         asm volatile("prefetch.global.L2 [%0];" ::"l"(vb + j * g.vs[2] * es + off));
@@ -482,14 +483,15 @@ __device__ __forceinline__ void decode_prefetch(const void *k, const void *v, co
     }
 }
 
-/* The body of sg_attn_decode (CL false) and sg_attn_decode8 (CL true). */
-template <bool CL>
+/* The body of sg_attn_decode (CL false) and sg_attn_decode8 (CL true); MK: with a
+ * mask (the _m kernels), so that the kernels without one carry none of its code. */
+template <bool CL, bool MK>
 __device__ __forceinline__ void decode_body(const void *q, const void *k, const void *v,
                                             const void *mk, const void *len, void *out,
                                             float *part, const ageom &g) {
     __shared__ float wm[NW], wl[NW], wa[NW][256];
     __shared__ unsigned long long mfirst, mlast;
-    decode_prefetch(k, v, mk, len, g);
+    decode_prefetch<MK>(k, v, mk, len, g);
     pdl_wait();
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const int W = g.dt == DT_F32 ? 4 : 8, T = (int)g.D / W, kpw = 32 / T, es = 16 / W;
@@ -498,7 +500,8 @@ __device__ __forceinline__ void decode_body(const void *q, const void *k, const 
     const u32 row = blockIdx.x, split = blockIdx.y, lq = (u32)g.Lq, hq = (u32)g.Hq;
     const u32 i = row % lq, h = row / lq % hq, b = row / lq / hq, hk = h / (hq / (u32)g.Hkv);
     const i64 L = valid_len(len, g, b), n = visible(g, L, i), chunk = dchunk(g, L);
-    const i64 nv = (n + chunk - 1) / chunk;
+    /* Splits that hold keys; with a mask, all (they merge whatever they find). */
+    const i64 nv = MK ? (i64)g.nsplit : (n + chunk - 1) / chunk;
     pdl_launch();
     /* q's loads go out with kv_len's, before the block knows if it has keys */
     float qv[8], acc[8], m = -inf_f(), l = 0.0f;
@@ -514,19 +517,37 @@ __device__ __forceinline__ void decode_body(const void *q, const void *k, const 
     const char *vb = (const char *)v + (b * g.vs[0] + hk * g.vs[1] + e) * es;
     i64 js = split * chunk, je = js + chunk < n ? js + chunk : n;
     const i64 mrow = b * g.ms[0] + h * g.ms[1] + i * g.ms[2];
-    if (g.mdt >= 0) {
-        /* A mask: the block's keys shrink to its first through last that the
-         * mask lets through (a decode mask of the slots <= pos leaves the
-         * splits past pos nothing to read); keys between them are masked one
-         * by one below. */
+    if (MK) {
+        /* A mask: the row's keys shrink to its first through last that the
+         * mask lets through (a decode mask of the slots <= pos: as kv_len
+         * would), cut evenly over the row's nsplit blocks; keys between them
+         * are masked one by one below. Every block writes its state, so the
+         * merge takes all nsplit (row_splits). */
         if (tid == 0) mfirst = ~0ull, mlast = 0;
         __syncthreads();
         unsigned long long f = ~0ull, la = 0;
-        for (i64 j = js + tid; j < je; j += NT)
-            if (mask_term<false>(mk, g, mrow + j * g.ms[3]) != -inf_f()) {
-                f = f < (unsigned long long)(j - js) ? f : (unsigned long long)(j - js);
-                la = (unsigned long long)(j - js + 1);
+        const unsigned char *mb = (const unsigned char *)mk + mrow;
+        if (g.mdt == DT_BOOL && g.ms[3] == 1 && ((unsigned long long)mb & 15) == 0) {
+            const bool drop = (g.flags & MDROP) != 0;
+            for (i64 j0 = (i64)tid * 16; j0 < n; j0 += NT * 16) {
+                uint4 u = *(const uint4 *)(mb + j0);
+                u32 w[4] = {u.x, u.y, u.z, u.w};
+#pragma unroll
+                for (int c = 0; c < 16; c++) {
+                    bool live = ((w[c / 4] >> (8 * (c % 4))) & 0xff) != 0;
+                    if (live != drop && j0 + c < n) {
+                        unsigned long long j = (unsigned long long)(j0 + c);
+                        f = f < j ? f : j, la = j + 1;
+                    }
+                }
             }
+        } else {
+            for (i64 j = tid; j < n; j += NT)
+                if (mask_term<false>(mk, g, mrow + j * g.ms[3]) != -inf_f()) {
+                    f = f < (unsigned long long)j ? f : (unsigned long long)j;
+                    la = (unsigned long long)j + 1;
+                }
+        }
         for (int o = 16; o; o >>= 1) {
             unsigned long long f2 = __shfl_xor_sync(0xffffffffu, f, o);
             unsigned long long l2 = __shfl_xor_sync(0xffffffffu, la, o);
@@ -534,8 +555,10 @@ __device__ __forceinline__ void decode_body(const void *q, const void *k, const 
         }
         if (lane == 0 && la > 0) atomicMin(&mfirst, f), atomicMax(&mlast, la);
         __syncthreads();
-        je = mlast == 0 ? js : js + (i64)mlast;
-        js = mlast == 0 ? js : js + (i64)mfirst;
+        const i64 lo = mlast ? (i64)mfirst : 0, hi = (i64)mlast;
+        i64 c2 = (hi - lo + g.nsplit - 1) / g.nsplit;
+        c2 = c2 < CMIN ? CMIN : c2;
+        js = lo + split * c2, je = js + c2 < hi ? js + c2 : hi;
     }
     /* DU groups of kpw keys per warp and trip, all loads first. Every lane runs
      * the same trips: the score's shuffles need the whole warp. */
@@ -549,7 +572,7 @@ __device__ __forceinline__ void decode_body(const void *q, const void *k, const 
             if (j < je) {
                 ku[u] = *(const uint4 *)(kb + j * g.ks[2] * es);
                 vu[u] = *(const uint4 *)(vb + j * g.vs[2] * es);
-                if (g.mdt >= 0) mt[u] = mask_term<false>(mk, g, mrow + j * g.ms[3]);
+                if (MK) mt[u] = mask_term<false>(mk, g, mrow + j * g.ms[3]);
             }
         }
         float s[DU], mx = m;
@@ -567,7 +590,7 @@ __device__ __forceinline__ void decode_body(const void *q, const void *k, const 
 #pragma unroll
         for (int u = 0; u < DU; u++) {
             for (int o = 1; o < T; o <<= 1) s[u] += __shfl_xor_sync(0xffffffffu, s[u], o);
-            s[u] += mt[u];
+            if (MK) s[u] += mt[u];
             if (j0 + u * kpw + lane / T >= je) s[u] = -inf_f();
             mx = fmaxf(mx, s[u]);
         }
@@ -664,7 +687,13 @@ __device__ __forceinline__ void decode_body(const void *q, const void *k, const 
 extern "C" __global__ void __launch_bounds__(NT)
     sg_attn_decode(const void *q, const void *k, const void *v, const void *m, const void *len,
                    void *out, float *part, ageom g) {
-    decode_body<false>(q, k, v, m, len, out, part, g);
+    decode_body<false, false>(q, k, v, m, len, out, part, g);
+}
+
+extern "C" __global__ void __launch_bounds__(NT)
+    sg_attn_decode_m(const void *q, const void *k, const void *v, const void *m, const void *len,
+                     void *out, float *part, ageom g) {
+    decode_body<false, true>(q, k, v, m, len, out, part, g);
 }
 
 /* Grid (rows, DCL): a cluster per row, its splits merged in distributed shared memory
@@ -673,7 +702,13 @@ extern "C" __global__ void __launch_bounds__(NT)
 extern "C" __global__ void __cluster_dims__(1, DCL, 1) __launch_bounds__(NT)
     sg_attn_decode8(const void *q, const void *k, const void *v, const void *m, const void *len,
                     void *out, float *part, ageom g) {
-    decode_body<true>(q, k, v, m, len, out, part, g);
+    decode_body<true, false>(q, k, v, m, len, out, part, g);
+}
+
+extern "C" __global__ void __cluster_dims__(1, DCL, 1) __launch_bounds__(NT)
+    sg_attn_decode8_m(const void *q, const void *k, const void *v, const void *m,
+                      const void *len, void *out, float *part, ageom g) {
+    decode_body<true, true>(q, k, v, m, len, out, part, g);
 }
 #endif
 
