@@ -269,20 +269,33 @@ static const sg__ref *normalized(const canon *c, const sg__ref *n, double *eps, 
     return NULL;
 }
 
-/* Room for three inputs of node i at the end of ir->args; false when out of memory. */
-static bool three_args(canon *c, int i) {
+/* An IR array of n used elements of size es grown to hold need; false
+ * (c->oom set) when out of memory. */
+static bool grow(canon *c, void **arr, int *cap, int n, int need, size_t es) {
+    if (need <= *cap) return true;
+    int nc = need + n / 2;
+    void *a = sg__alloc(c->ctx, es * (size_t)nc);
+    if (!a) return !(c->oom = true);
+    memcpy(a, *arr, es * (size_t)n);
+    sg__free(c->ctx, *arr, es * (size_t)*cap);
+    *arr = a, *cap = nc;
+    return true;
+}
+
+/*
+ * Room for nin inputs of node i at the end of ir->args (none: its args
+ * stay) and for nref more refs; false when out of memory. Growing ir->refs
+ * moves it: the caller holds refs by value or index across this call.
+ */
+static bool room(canon *c, int i, int nin, int nref) {
     sg__ir *ir = c->ir;
-    if (ir->nargs + 3 > ir->cap_args) {
-        int cap = ir->nargs + 3 + ir->nargs / 2;
-        int *a = sg__alloc(c->ctx, sizeof(int) * (size_t)cap);
-        if (!a) return !(c->oom = true);
-        memcpy(a, ir->args, sizeof(int) * (size_t)ir->nargs);
-        sg__free(c->ctx, ir->args, sizeof(int) * (size_t)ir->cap_args);
-        ir->args = a;
-        ir->cap_args = cap;
+    if (!grow(c, (void **)&ir->args, &ir->cap_args, ir->nargs, ir->nargs + nin, sizeof(int)) ||
+        !grow(c, (void **)&ir->refs, &ir->cap_refs, ir->nrefs, ir->nrefs + nref, sizeof(sg__ref)))
+        return false;
+    if (nin > 0) {
+        ir->nodes[i].args = ir->nargs;
+        ir->nargs += nin;
     }
-    ir->nodes[i].args = ir->nargs;
-    ir->nargs += 3;
     return true;
 }
 
@@ -309,45 +322,13 @@ static bool layer_norm_at(canon *c, int i) {
         private_value(c, other, 1) && (x = normalized(c, other, &eps, &from)) != NULL)
         w = arg(c, wn, j);
     if (!x) x = normalized(c, cur, &eps, &from);
-    if (!x || !same_shape(x, out) || !unwritten(c, x, from, i) || !three_args(c, i)) return false;
+    if (!x || !same_shape(x, out) || !unwritten(c, x, from, i) || !room(c, i, 3, 0)) return false;
     const sg__ref *in[3] = {x, w, b};
     rewrite(c, i, SG__OP_LAYER_NORM, 3, in, eps, 0);
     return true;
 }
 
 /* ---- attention */
-
-/*
- * Room for nin inputs of node i at the end of ir->args (none: its args stay) and for nref more
- * refs; false when out of memory. Growing ir->refs moves it: the caller
- * holds refs by value or index across this call.
- */
-static bool room(canon *c, int i, int nin, int nref) {
-    sg__ir *ir = c->ir;
-    if (ir->nargs + nin > ir->cap_args) {
-        int cap = ir->nargs + nin + ir->nargs / 2;
-        int *a = sg__alloc(c->ctx, sizeof(int) * (size_t)cap);
-        if (!a) return !(c->oom = true);
-        memcpy(a, ir->args, sizeof(int) * (size_t)ir->nargs);
-        sg__free(c->ctx, ir->args, sizeof(int) * (size_t)ir->cap_args);
-        ir->args = a;
-        ir->cap_args = cap;
-    }
-    if (ir->nrefs + nref > ir->cap_refs) {
-        int cap = ir->nrefs + nref + ir->nrefs / 2;
-        sg__ref *r = sg__alloc(c->ctx, sizeof(sg__ref) * (size_t)cap);
-        if (!r) return !(c->oom = true);
-        memcpy(r, ir->refs, sizeof(sg__ref) * (size_t)ir->nrefs);
-        sg__free(c->ctx, ir->refs, sizeof(sg__ref) * (size_t)ir->cap_refs);
-        ir->refs = r;
-        ir->cap_refs = cap;
-    }
-    if (nin > 0) {
-        ir->nodes[i].args = ir->nargs;
-        ir->nargs += nin;
-    }
-    return true;
-}
 
 /* r with its last two dims swapped (k from k^T). */
 static sg__ref swapped(const sg__ref *r) {
@@ -546,12 +527,15 @@ static bool attention_at(canon *c, int i) {
     sg__ref m = {0};
     if (sc.mask && !as4(sc.mask, ms, &m)) return false;
     const sg__ref *reads[4] = {q, &k, &v, sc.mask};
-    for (int j = 0; j < 4; j++) /* from the form's start, or the value's making inside it */
-        if (reads[j] && !unwritten(c, reads[j],
-                                   c->writer[reads[j]->slot] > sc.from ? c->writer[reads[j]->slot]
-                                                                       : sc.from,
-                                   i))
-            return false;
+    /* What the form read must be what the op reads at i: a value made once in
+     * the step is; an input, a parameter or a buffer written more than once
+     * must not be written from the form's first node on (a cache written
+     * between the scores and the result). */
+    for (int j = 0; j < 4; j++) {
+        const sg__ref *r = reads[j];
+        bool once = r && c->ir->slots[r->slot].kind == SG__SLOT_INTERNAL && c->writer[r->slot] >= 0;
+        if (r && !once && !unwritten(c, r, sc.from, i)) return false;
+    }
     sg__ref qc = *q;
     if (!room(c, i, 5, 4)) return false;
     /* From here ir->refs may have moved: only the copies above are used. */
