@@ -15,7 +15,11 @@
  *            does: K/V repeated for the query heads (sg_repeat_interleave),
  *            q @ k^T / sqrt(d), masked_fill of the slots > pos (one mask for
  *            all layers) with -inf, softmax in f32, @ v;
- *   repkv  - plain, sg_sdpa over K/V repeated for the query heads.
+ *   repkv  - plain, sg_sdpa over K/V repeated for the query heads;
+ *   port   - hf, and the rest as a port of Hugging Face's modeling_llama (or
+ *            llama2.c) writes it: q, k and v projected apart (three weights),
+ *            rotary embeddings as q * cos + rotate_half(q) * sin over
+ *            full-width tables, RMSNorm in f32 (weight * cast back).
  * Prints us per token (median of 5 loops of 100 tokens, positions 600..699)
  * and the kernels per step that sg_fn_explain counts. Not built by CMake;
  * on a GPU machine, after building the library in build-dev:
@@ -35,12 +39,19 @@ enum { L = 12, D = 1024, HQ = 16, HKV = 4, HD = 64, F = 2816, V = 32000, S = 204
 #define EPS 1e-5
 
 typedef struct model {
-    int style; /* 0 fused, 1 plain, 2 prims, 3 hf, 4 repkv */
+    int style; /* 0 fused, 1 plain, 2 prims, 3 hf, 4 repkv, 5 port */
     sg_tensor *g1[L], *wqkv[L], *wo[L], *g2[L], *w1[L], *w3[L], *w2[L], *kc[L], *vc[L];
     sg_tensor *gf, *wout, *cos, *sin, *slots;
+    sg_tensor *wq[L], *wk[L], *wv[L]; /* port: wqkv's rows as tensors of their own */
 } model;
 
 static sg_tensor *norm(const model *m, sg_tensor *x, sg_tensor *g) {
+    if (m->style == 5) { /* LlamaRMSNorm */
+        sg_tensor *h = sg_cast(x, SG_F32);
+        int last = -1;
+        sg_tensor *var = sg_mean(sg_pow_scalar(h, 2), 1, &last, true);
+        return sg_mul(g, sg_cast(sg_mul(h, sg_rsqrt(sg_add_scalar(var, EPS))), SG_BF16));
+    }
     if (m->style != 2) return sg_rms_norm(x, g, EPS);
     int last = -1;
     sg_tensor *ms = sg_mean(sg_mul(x, x), 1, &last, true);
@@ -50,6 +61,11 @@ static sg_tensor *norm(const model *m, sg_tensor *x, sg_tensor *g) {
 static sg_tensor *rotate(sg_tensor *t, sg_tensor *c, sg_tensor *s) {
     sg_tensor *a = sg_narrow(t, 3, 0, HD / 2), *b = sg_narrow(t, 3, HD / 2, HD / 2);
     sg_tensor *h[2] = {sg_sub(sg_mul(a, c), sg_mul(b, s)), sg_add(sg_mul(b, c), sg_mul(a, s))};
+    return sg_concat(2, h, 3);
+}
+
+static sg_tensor *rotate_half(sg_tensor *t) { /* cat(-x2, x1) */
+    sg_tensor *h[2] = {sg_neg(sg_narrow(t, 3, HD / 2, HD / 2)), sg_narrow(t, 3, 0, HD / 2)};
     return sg_concat(2, h, 3);
 }
 
@@ -66,15 +82,24 @@ static sg_status step(sg_ctx *c, sg_tensor *const *in, sg_tensor **out, void *us
     sg_tensor *kv_len = sg_add_scalar(sg_reshape(pos, 0, NULL), 1);
     sg_tensor *mask = sg_le(m->slots, pos), *drop = sg_gt(m->slots, pos);
     for (int l = 0; l < L; l++) {
-        sg_tensor *qkv = sg_linear(norm(m, x, m->g1[l]), m->wqkv[l], NULL), *q, *k;
-        if (m->style == 0) {
+        sg_tensor *hn = norm(m, x, m->g1[l]), *q, *k, *v;
+        sg_tensor *qkv = m->style == 5 ? NULL : sg_linear(hn, m->wqkv[l], NULL);
+        if (m->style == 5) {
+            sg_tensor *cc[2] = {cs, cs}, *ss[2] = {sn, sn};
+            sg_tensor *cf = sg_concat(2, cc, 3), *sf = sg_concat(2, ss, 3);
+            q = heads(sg_linear(hn, m->wq[l], NULL), HQ);
+            k = heads(sg_linear(hn, m->wk[l], NULL), HKV);
+            q = sg_add(sg_mul(q, cf), sg_mul(rotate_half(q), sf));
+            k = sg_add(sg_mul(k, cf), sg_mul(rotate_half(k), sf));
+        } else if (m->style == 0) {
             sg_tensor *qk = rotate(heads(sg_narrow(qkv, 2, 0, (HQ + HKV) * HD), HQ + HKV), cs, sn);
             q = sg_narrow(qk, 1, 0, HQ), k = sg_narrow(qk, 1, HQ, HKV);
         } else {
             q = rotate(heads(sg_narrow(qkv, 2, 0, HQ * HD), HQ), cs, sn);
             k = rotate(heads(sg_narrow(qkv, 2, HQ * HD, HKV * HD), HKV), cs, sn);
         }
-        sg_tensor *v = heads(sg_narrow(qkv, 2, (HQ + HKV) * HD, HKV * HD), HKV);
+        v = m->style == 5 ? heads(sg_linear(hn, m->wv[l], NULL), HKV)
+                          : heads(sg_narrow(qkv, 2, (HQ + HKV) * HD, HKV * HD), HKV);
         sg_status st = sg_index_copy_(m->kc[l], 2, pos, k);
         if (st == SG_OK) st = sg_index_copy_(m->vc[l], 2, pos, v);
         if (st != SG_OK) return st;
@@ -86,7 +111,7 @@ static sg_status step(sg_ctx *c, sg_tensor *const *in, sg_tensor **out, void *us
             sg_tensor *vr = sg_repeat_interleave(m->vc[l], HQ / HKV, 1);
             if (m->style == 4) {
                 a = sg_sdpa(q, kr, vr, mask, false, 0.0);
-            } else {
+            } else { /* hf, port */
                 sg_tensor *s = sg_div_scalar(sg_matmul(q, sg_transpose(kr, 2, 3)), sqrt(HD));
                 s = sg_masked_fill(s, drop, -INFINITY);
                 a = sg_matmul(sg_cast(sg_softmax(sg_cast(s, SG_F32), -1), SG_BF16), vr);
@@ -150,15 +175,20 @@ int main(int argc, char **argv) {
         m.w1[l] = rnd(ctx, 2, us, -0.03f, 0.03f), m.w3[l] = rnd(ctx, 2, us, -0.03f, 0.03f);
         m.w2[l] = rnd(ctx, 2, ds, -0.02f, 0.02f);
         m.kc[l] = rnd(ctx, 4, cs, -1, 1), m.vc[l] = rnd(ctx, 4, cs, -1, 1);
+        sg_tensor *n[3] = {sg_narrow(m.wqkv[l], 0, 0, HQ * HD),
+                           sg_narrow(m.wqkv[l], 0, HQ * HD, HKV * HD),
+                           sg_narrow(m.wqkv[l], 0, (HQ + HKV) * HD, HKV * HD)};
+        m.wq[l] = sg_contiguous(n[0]), m.wk[l] = sg_contiguous(n[1]), m.wv[l] = sg_contiguous(n[2]);
+        for (int i = 0; i < 3; i++) sg_release(n[i]);
     }
     m.gf = rnd(ctx, 1, &d, 0.8f, 1.2f), m.wout = rnd(ctx, 2, vs, -0.05f, 0.05f);
     m.cos = rnd(ctx, 2, ts, -1, 1), m.sin = rnd(ctx, 2, ts, -1, 1);
     m.slots = sg_arange(ctx, SG_I64, 0, S, 1);
     int64_t xs[3] = {1, 1, D}, one = 1;
     sg_tensor *x = rnd(ctx, 3, xs, -1, 1);
-    static const char *const names[5] = {"fused", "plain", "prims", "hf", "repkv"};
-    float first[5][8];
-    for (int style = 0; style < 5; style++) {
+    static const char *const names[6] = {"fused", "plain", "prims", "hf", "repkv", "port"};
+    float first[6][8];
+    for (int style = 0; style < 6; style++) {
         m.style = style;
         sg_fn *fn = NULL;
         if (sg_compile(ctx, step, &m, 2, 1, &(sg_compile_opts){.mode = SG_MODE_REDUCE_OVERHEAD},

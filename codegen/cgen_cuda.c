@@ -576,6 +576,11 @@ typedef struct gemv {
      * with the first's strides, and its output. */
     const sg__ref *w2, *o2;
     int64_t woff2;
+    /* Segments (sg__group.nseg, along K, a column a warp): product j's
+     * weight, bias and output; its columns are [c0[j], c0[j + 1]) of n. */
+    int nseg;
+    const sg__ref *sw[SG__GEMV_SEGS], *sb[SG__GEMV_SEGS], *so[SG__GEMV_SEGS];
+    int64_t c0[SG__GEMV_SEGS + 1];
     int copies;    /* the first index_copy_ member (sg__group.ncopies), cend when none */
     int cend;      /* the end of the index_copy_ members: grp->n, or the argmax member */
     int am;        /* sg__group.argmax: an argmax over the result's rows, the last member */
@@ -637,6 +642,37 @@ static bool gemv_pair_plan(const gen *g, const sg__group *grp, gemv *p) {
     p->w2 = w;
     p->o2 = o;
     p->woff2 = w->offset;
+    return true;
+}
+
+/*
+ * Segments: each product a linear like the anchor's on the same x (weight
+ * (N_j, K) contiguous along K, of x's dtype, its own bias and output of
+ * rows x N_j contiguous); nothing else in the group. n becomes their sum.
+ */
+static bool gemv_segs_plan(const gen *g, const sg__group *grp, gemv *p) {
+    if (!p->along_k || grp->anchor2 || grp->ncopies || grp->argmax || grp->post ||
+        grp->seg[0] != grp->anchor || grp->seg[grp->nseg - 1] != grp->n - 1)
+        return false;
+    p->nseg = grp->nseg;
+    p->c0[0] = 0;
+    for (int j = 0; j < grp->nseg; j++) {
+        const sg__irnode *n = &g->ir->nodes[grp->g[grp->seg[j]].node];
+        const sg__ref *w = arg_of(g, n, 1), *o = ref_of(g, n->out);
+        const sg__ref *b = n->nin > 2 ? arg_of(g, n, 2) : NULL;
+        if (n->op != SG__OP_LINEAR || !w || w->ndim != 2 || w->dtype != p->x->dtype ||
+            o->dtype != p->x->dtype || (b && b->dtype != p->x->dtype) || w->shape[1] != p->k ||
+            (p->k > 1 && w->stride[1] != 1) || w->shape[0] < 1)
+            return false;
+        int64_t nj = w->shape[0];
+        if (numel_of(o->ndim, o->shape) != p->rows * nj || !sg__lower_flat_ok(o, o->ndim, o->shape))
+            return false;
+        for (int q = 0; q < j; q++) /* a product may not overwrite another's operands */
+            if (p->so[q]->slot == w->slot || (b && p->so[q]->slot == b->slot)) return false;
+        p->sw[j] = w, p->sb[j] = b, p->so[j] = o;
+        p->c0[j + 1] = p->c0[j] + nj;
+    }
+    p->n = p->c0[grp->nseg];
     return true;
 }
 
@@ -776,12 +812,13 @@ static bool gemv_plan(const gen *g, const sg__group *grp, gemv *p) {
             return false;
     }
     if (grp->anchor2 && !gemv_pair_plan(g, grp, p)) return false;
+    if (grp->nseg && !gemv_segs_plan(g, grp, p)) return false;
     if (!gemv_copies_plan(g, grp, p)) return false;
-    if (p->b && p->along_k) {
+    if (p->b && p->along_k && !p->nseg) {
         const sg__slot *bs = &g->ir->slots[p->b->slot];
         p->bias_reg = bs->kind == SG__SLOT_PARAM && bs->mutated_by < 0;
     }
-    p->cols = p->along_k ? gemv_cols(p) : 1;
+    p->cols = p->along_k && !p->nseg ? gemv_cols(p) : 1;
     if (p->w2 && p->cols > 1) p->cols /= 2; /* each column is two weights' */
     /* Split K's and the argmax's shared words are spelled for CUDA/HIP only. */
     p->ks = p->along_k && g->sp->shuffles ? gemv_split(p) : 1;
@@ -848,6 +885,29 @@ static void emit_gemv_copy(gen *g, const gemv *p, const sg__group *grp, int k, i
 static void emit_gemv_tail(gen *g, const sg__group *grp, const gemv *p, int r) {
     char ld[320], rt[900], lv[200], e[420];
     int a = grp->anchor;
+    for (int j = 0; j < p->nseg; j++) { /* column n of segment j: its output, row r */
+        if (j + 1 < p->nseg)
+            sg__emit_open(g->e, "%sif (n < %lld)", j ? "else " : "", (long long)p->c0[j + 1]);
+        else
+            sg__emit_open(g->e, "else");
+        int64_t nj = p->c0[j + 1] - p->c0[j];
+        sg__emit_line(g->e, "const sg_i64 i = %lld + (n - %lld);", (long long)(r * nj),
+                      (long long)p->c0[j]);
+        const sg__ref *b = p->sb[j];
+        if (b) {
+            snprintf(lv, sizeof lv, "((%sconst %s *)s%d)[%lld + (n - %lld) * %lld]", g->sp->gp,
+                     sg__lower_ctype(g->d, b->dtype), lslot(g, b->slot), (long long)b->offset,
+                     (long long)p->c0[j], (long long)b->stride[0]);
+            sg__lower_widen(g->d, b->dtype, lv, ld, sizeof ld);
+            snprintf(e, sizeof e, "(%s + acc%d)", ld, r);
+        } else {
+            snprintf(e, sizeof e, "acc%d", r);
+        }
+        sg__lower_round_trip(g->d, e, true, p->so[j]->dtype, rt, sizeof rt);
+        emit_gemv_result(g, grp, grp->seg[j], p->so[j], rt);
+        sg__emit_close(g->e);
+    }
+    if (p->nseg) return;
     sg__emit_open(g->e, "%s", "");
     sg__emit_line(g->e, "const sg_i64 i = %lld + n;", (long long)(r * p->n));
     if (p->bias_reg) {
@@ -1074,7 +1134,23 @@ static unsigned emit_gemv_warp(gen *g, const sg__group *grp, const gemv *p, int 
     for (int r = 0; r < p->rows; r++)
         for (int c = 0; c < nw; c++) sg__emit_line(g->e, "float acc%d_%d = 0.0f;", r, c);
     /* A warp's last columns past N read column N - 1 again (not stored). */
-    for (int c = 0; c < nw; c++) {
+    if (p->nseg) { /* one column a warp: its segment's weight row */
+        sg__emit_line(g->e, "const sg_i64 nc = nb < %lld ? nb : %lld;", (long long)p->n,
+                      (long long)(p->n - 1));
+        sg__emit_line(g->e, "%sconst %s *wr0;", sp->gp, t);
+        for (int j = 0; j < p->nseg; j++) {
+            const sg__ref *w = p->sw[j];
+            if (j + 1 < p->nseg)
+                sg__emit_open(g->e, "%sif (nc < %lld)", j ? "else " : "", (long long)p->c0[j + 1]);
+            else
+                sg__emit_open(g->e, "else");
+            sg__emit_line(g->e, "wr0 = (%sconst %s *)s%d + (%lld + (nc - %lld) * %lld);", sp->gp, t,
+                          lslot(g, w->slot), (long long)w->offset, (long long)p->c0[j],
+                          (long long)w->stride[0]);
+            sg__emit_close(g->e);
+        }
+    }
+    for (int c = 0; c < nw && !p->nseg; c++) {
         const sg__ref *w = c < cols ? p->w : p->w2;
         int cc = c < cols ? c : c - cols;
         sg__emit_line(
@@ -1092,8 +1168,13 @@ static unsigned emit_gemv_warp(gen *g, const sg__group *grp, const gemv *p, int 
     const sg__slot *wsl = &g->ir->slots[p->w->slot];
     int64_t kv = p->k / v;
     const sg__slot *wsl2 = p->w2 ? &g->ir->slots[p->w2->slot] : wsl;
-    int npf = wsl->kind != SG__SLOT_INTERNAL && wsl->mutated_by < 0 &&
-                      wsl2->kind != SG__SLOT_INTERNAL && wsl2->mutated_by < 0 && p->k % v == 0
+    bool wconst = wsl->kind != SG__SLOT_INTERNAL && wsl->mutated_by < 0 &&
+                  wsl2->kind != SG__SLOT_INTERNAL && wsl2->mutated_by < 0;
+    for (int j = 0; j < p->nseg; j++) {
+        const sg__slot *sl = &g->ir->slots[p->sw[j]->slot];
+        wconst = wconst && sl->kind != SG__SLOT_INTERNAL && sl->mutated_by < 0;
+    }
+    int npf = wconst && p->k % v == 0
                   ? (int)((kv + st - 1) / st < GEMV_PREFETCH ? (kv + st - 1) / st : GEMV_PREFETCH)
                   : 0;
     while (npf > 1 && npf * nw > GEMV_PREFETCH) npf--;
@@ -2379,7 +2460,7 @@ int sg__cuda_slot(sg__cuda_gen *g, int s) { return lslot(g, s); }
 /* ------------------------------------------------------------ the unit */
 
 /* sg__fuse_opts.gemv_rows: a norm merged into a matmul group, a pair of
- * matmuls on one x, cache writes or an argmax after it, is one GEMV kernel
+ * matmuls on one x or its segments, cache writes or an argmax after it, is one GEMV kernel
  * here (gemv_plan on the merged group). */
 static bool gemv_rows(const sg__ir *ir, const int *alias, const sg__group *merged) {
     sg__fused f = {.alias = (int *)alias};
@@ -2389,7 +2470,8 @@ static bool gemv_rows(const sg__ir *ir, const int *alias, const sg__group *merge
      * measured faster than its own kernel (bench/NOTES.md, W3). */
     const char *am = getenv("SG_GEMV_ARGMAX");
     if (merged->argmax && !(am && atoi(am) == 1)) return false;
-    return gemv_plan(&g, merged, &p) && (p.norm || p.w2 || merged->ncopies || merged->argmax);
+    return gemv_plan(&g, merged, &p) &&
+           (p.norm || p.w2 || p.nseg || merged->ncopies || merged->argmax);
 }
 
 /* sg__fuse_opts.chain: a pointwise loop or a generated data op (a MULTI of

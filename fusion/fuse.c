@@ -748,6 +748,92 @@ static sg_status gemv_pairs(sg_ctx *ctx, const sg__ir *ir, const int *alias, sg_
     return SG_OK;
 }
 
+/* ------------------------------------------------------------ GEMV segments */
+
+/* The products of a bare MATMUL group (nothing but products after its
+ * prologue and norm: one, a pair's two or its segments) into at, as member
+ * indices; 0 when it is not bare. */
+static int bare_products(const sg__group *g, int *at) {
+    if (g->kind != SG__G_MATMUL || g->anchor < 0 || g->ncopies || g->argmax || g->post ||
+        g->xent || g->lib_epi)
+        return 0;
+    if (g->nseg) {
+        if (g->seg[g->nseg - 1] != g->n - 1) return 0;
+        memcpy(at, g->seg, sizeof g->seg[0] * (size_t)g->nseg);
+        return g->nseg;
+    }
+    int last = g->anchor2 ? g->anchor2 : g->anchor;
+    if (last != g->n - 1 || (g->anchor2 && g->anchor2 != g->anchor + 1)) return 0;
+    at[0] = g->anchor, at[1] = g->anchor2;
+    return g->anchor2 ? 2 : 1;
+}
+
+/* Bare MATMUL groups a and b (b without a norm) as one group of segments,
+ * or false when they are none; *oom when out of memory. */
+static bool merge_segments(sg_ctx *ctx, const sg__ir *ir, const int *alias, const sg__group *a,
+                           const sg__group *b, sg__group *out, bool *oom) {
+    int sa[SG__GEMV_SEGS], sb[SG__GEMV_SEGS], na = bare_products(a, sa), nb = bare_products(b, sb);
+    *oom = false;
+    if (!na || !nb || na + nb > SG__GEMV_SEGS || b->norm_rows || b->anchor != 0) return false;
+    const sg__irnode *xa = &ir->nodes[a->g[a->anchor].node];
+    const sg__ref *ra = arg_ref(ir, xa, 0, alias);
+    for (int j = 0; j < nb; j++) {
+        const sg__irnode *n = &ir->nodes[b->g[sb[j]].node];
+        const sg__ref *rb = arg_ref(ir, n, 0, alias);
+        if (n->op != xa->op || !ra || !rb || !same_geom(ra, rb)) return false;
+    }
+    *out = *a;
+    out->g = sg__alloc(ctx, sizeof *out->g * (size_t)(a->n + b->n));
+    if (!out->g) {
+        *oom = true;
+        return false;
+    }
+    memcpy(out->g, a->g, sizeof *out->g * (size_t)a->n);
+    for (int k = 0; k < b->n; k++) {
+        sg__gnode gn = b->g[k];
+        for (int j = 0; j < 4; j++)
+            if (gn.arg_src[j] >= 0) gn.arg_src[j] += a->n;
+        out->g[a->n + k] = gn;
+    }
+    out->n = a->n + b->n;
+    out->anchor2 = 0;
+    out->nseg = na + nb;
+    memcpy(out->seg, sa, sizeof sa[0] * (size_t)na);
+    for (int j = 0; j < nb; j++) {
+        out->seg[na + j] = a->n + sb[j];
+        /* a's x: the norm's value, or memory */
+        out->g[a->n + sb[j]].arg_src[0] = a->g[a->anchor].arg_src[0];
+    }
+    return true;
+}
+
+/* Each bare MATMUL group and the bare ones after it on the same x merge
+ * where the backend's gemv_rows takes the result. */
+static sg_status gemv_segments(sg_ctx *ctx, const sg__ir *ir, const int *alias, sg__fused *f,
+                               bool (*takes)(const sg__ir *, const int *, const sg__group *)) {
+    for (int k = 0; k + 1 < f->ngroups;) {
+        sg__group *a = &f->groups[k], *b = &f->groups[k + 1];
+        sg__group merged;
+        bool oom;
+        if (!merge_segments(ctx, ir, alias, a, b, &merged, &oom)) {
+            if (oom) return sg__fail(ctx, SG_ERR_OOM, "fusion: out of host memory");
+            k++;
+            continue;
+        }
+        if (!merged_safe(ir, alias, &merged) || !takes(ir, alias, &merged)) {
+            sg__free(ctx, merged.g, sizeof *merged.g * (size_t)merged.n);
+            k++;
+            continue;
+        }
+        sg__free(ctx, a->g, sizeof *a->g * (size_t)(a->n ? a->n : 1));
+        sg__free(ctx, b->g, sizeof *b->g * (size_t)(b->n ? b->n : 1));
+        *a = merged;
+        memmove(b, b + 1, sizeof *b * (size_t)(f->ngroups - k - 2));
+        f->ngroups--; /* a may take the group after b too */
+    }
+    return SG_OK;
+}
+
 /* ------------------------------------------------------------ stores */
 
 /* Which groups load each slot from memory: a bit per slot, computed per group. */
@@ -781,6 +867,7 @@ static void mark_stores(const sg__ir *ir, const int *alias, sg__group *groups, i
             bool store =
                 sl->kind != SG__SLOT_INTERNAL || sl->output >= 0 || g->kind == SG__G_OPAQUE ||
                 (g->kind == SG__G_MATMUL && (k == g->anchor || (g->anchor2 && k == g->anchor2)));
+            for (int j = 0; j < g->nseg && g->kind == SG__G_MATMUL; j++) store = store || k == g->seg[j];
             /* The library call of a reduction or row reads its input from
              * memory: the prologue value it takes is stored. */
             if (g->anchor > 0 && !g->rows_inline && !g->norm_rows &&
@@ -962,7 +1049,7 @@ static int lib_epi_of(const sg__ir *ir, const int *alias, const sg__group *group
     const sg__group *g = &groups[gi];
     *res = -1;
     *aux = false;
-    if (g->kind != SG__G_MATMUL || g->anchor != 0 || g->n != 2 || g->anchor2 || g->norm_rows ||
+    if (g->kind != SG__G_MATMUL || g->anchor != 0 || g->n != 2 || g->anchor2 || g->nseg || g->norm_rows ||
         g->ncopies || !g->g[1].store)
         return SG__EPI_NONE;
     const sg__irnode *mm = &ir->nodes[g->g[0].node], *e = &ir->nodes[g->g[1].node];
@@ -1263,7 +1350,7 @@ static sg_status copies_into_gemv(sg_ctx *ctx, const sg__ir *ir, const int *alia
                                   bool (*takes)(const sg__ir *, const int *, const sg__group *)) {
     for (int k = 0; k + 1 < f->ngroups; k++) {
         sg__group *m = &f->groups[k];
-        if (m->kind != SG__G_MATMUL || m->anchor < 0 || m->ncopies) continue;
+        if (m->kind != SG__G_MATMUL || m->anchor < 0 || m->ncopies || m->nseg) continue;
         sg__group merged = *m;
         merged.g = sg__alloc(ctx, sizeof *merged.g * (size_t)(m->n + 8));
         if (!merged.g) return sg__fail(ctx, SG_ERR_OOM, "fusion: out of host memory");
@@ -1480,7 +1567,7 @@ static bool same_elems(const sg__ref *a, const sg__ref *b) {
  */
 static bool argmax_of_result(const sg__ir *ir, const int *alias, const sg__group *m,
                              const sg__group *r) {
-    if (m->kind != SG__G_MATMUL || m->anchor < 0 || m->anchor != m->n - 1 || m->anchor2 ||
+    if (m->kind != SG__G_MATMUL || m->anchor < 0 || m->anchor != m->n - 1 || m->anchor2 || m->nseg ||
         m->ncopies || m->argmax)
         return false;
     if (r->kind != SG__G_REDUCE || !r->rows_inline || r->anchor != 0 || r->n != 1 || r->bcast ||
@@ -1695,6 +1782,8 @@ sg_status sg__fuse(sg_ctx *ctx, const sg__ir *ir, const sg__fuse_opts *opts, sg_
         s = norms_into_gemv(ctx, ir, f->alias, f, opts->gemv_rows);
     if (s == SG_OK && !per_op && opts && opts->gemv_rows)
         s = gemv_pairs(ctx, ir, f->alias, f, opts->gemv_rows);
+    if (s == SG_OK && !per_op && opts && opts->gemv_rows)
+        s = gemv_segments(ctx, ir, f->alias, f, opts->gemv_rows);
     if (s == SG_OK && !per_op && opts && opts->gemv_rows)
         s = copies_into_gemv(ctx, ir, f->alias, f, opts->gemv_rows);
     if (s == SG_OK && !per_op && opts && opts->gemv_rows)

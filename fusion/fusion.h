@@ -42,6 +42,12 @@
  *    projections) become one MATMUL group (sg__group.anchor2) whose kernel
  *    computes both products per output column, then the second group's
  *    epilogue on the pair: silu(x W1) * (x W3) in one kernel.
+ *  - GEMV segments (with gemv_rows): bare MATMUL groups in a row (no
+ *    epilogue; a pair's two products count as two) whose anchors read the
+ *    same x (a decode step's q, k and v projections, each its own weight)
+ *    become one group (sg__group.nseg) whose kernel's columns run through
+ *    the products one after another: one GEMV kernel, the norm before it
+ *    computed once.
  *  - cache writes into GEMV (with gemv_rows): the index_copy_ groups right
  *    after a MATMUL group that copy part of its result into a tensor no
  *    member touches (a decode step's K and V rows, views of the QKV
@@ -128,6 +134,8 @@ typedef struct sg__gnode {
     bool store;     /* its result is written to memory (the IR out ref) */
 } sg__gnode;
 
+#define SG__GEMV_SEGS 4 /* products of one x in one GEMV kernel, at most */
+
 typedef struct sg__group {
     sg__gkind kind;
     int first, last; /* the run of IR nodes [first, last] it covers */
@@ -175,6 +183,14 @@ typedef struct sg__group {
      * it are the epilogue of both products (reading either from a
      * register); both results are stored. */
     int anchor2;
+    /* MATMUL groups that sg__fuse_opts.gemv_rows merged with the bare
+     * matmul groups after them on the same x (Q, K and V projected apart):
+     * the indices into g of the products (each a member's anchor, seg[0]
+     * the group's own), nseg of them, 0 when none; every member is one of
+     * them (no epilogue), each result is stored, and the kernel's output
+     * columns run through the products one after another. */
+    int nseg;
+    int seg[SG__GEMV_SEGS];
     /* MATMUL groups that sg__fuse_opts.gemv_rows merged with the index_copy_
      * groups after them: the last ncopies members are those index_copy_
      * nodes, each copying a view of the anchor's result (src, in the

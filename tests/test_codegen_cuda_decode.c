@@ -176,9 +176,10 @@ enum { D = 512, HQ = 8, HKV = 2, HD = 64, F = 1024, V = 128, S = 16, NQKV = (HQ 
 typedef struct llama {
     int layers;
     int style; /* 0: the fused forms; 1: as a user first writes it (below); 2: 1 with the norms
-                  written out of primitives */
+                  written out of primitives; 3: as a port of Hugging Face's eager Llama */
     sg_tensor *g1[LL_MAX], *wqkv[LL_MAX], *wo[LL_MAX], *g2[LL_MAX], *w1[LL_MAX], *w3[LL_MAX],
         *w2[LL_MAX], *kc[LL_MAX], *vc[LL_MAX], *gf, *wout, *cos, *sin, *slots;
+    sg_tensor *wq[LL_MAX], *wk[LL_MAX], *wv[LL_MAX]; /* style 3: wqkv's rows as tensors apart */
     double *g1v[LL_MAX], *wqkvv[LL_MAX], *wov[LL_MAX], *g2v[LL_MAX], *w1v[LL_MAX], *w3v[LL_MAX],
         *w2v[LL_MAX], *gfv, *woutv, *cosv, *sinv;
 } llama;
@@ -230,6 +231,59 @@ static sg_status llama_step_plain(sg_ctx *c, sg_tensor *const *in, sg_tensor **o
         x = sg_add(x, sg_linear(u, m->w2[l], NULL));
     }
     out[0] = sg_linear(llama_norm(m, x, m->gf), m->wout, NULL);
+    return out[0] ? SG_OK : sg_ctx_status(c);
+}
+
+/* Hugging Face's LlamaRMSNorm: in f32, the weight times the result cast back. */
+static sg_tensor *hf_norm(sg_tensor *x, sg_tensor *g) {
+    sg_tensor *h = sg_cast(x, SG_F32);
+    int last = -1;
+    sg_tensor *var = sg_mean(sg_pow_scalar(h, 2), 1, &last, true);
+    h = sg_mul(h, sg_rsqrt(sg_add_scalar(var, EPS)));
+    return sg_mul(g, sg_cast(h, SG_BF16));
+}
+
+/* rotate_half: cat(-x2, x1) over the head dim. */
+static sg_tensor *rotate_half(sg_tensor *t) {
+    sg_tensor *h[2] = {sg_neg(sg_narrow(t, 3, HD / 2, HD / 2)), sg_narrow(t, 3, 0, HD / 2)};
+    return sg_concat(2, h, 3);
+}
+
+/* The block as a port of Hugging Face's eager Llama (or llama2.c) writes it:
+ * q, k and v from three projections of their own, rotary embeddings as
+ * q * cos + rotate_half(q) * sin over full-width tables, K/V repeated for
+ * the query heads, attention written out (q @ k^T / sqrt(d), masked_fill of
+ * the slots > pos with -inf, softmax in f32, @ v), the norms in f32. */
+static sg_status llama_step_hf(sg_ctx *c, sg_tensor *const *in, sg_tensor **out, void *user) {
+    const llama *m = user;
+    sg_tensor *x = in[0], *pos = in[1];
+    int64_t rs[4] = {1, 1, 1, HD / 2}, flat[3] = {1, 1, HQ * HD};
+    sg_tensor *cs = sg_reshape(sg_index_select(m->cos, 0, pos), 4, rs);
+    sg_tensor *sn = sg_reshape(sg_index_select(m->sin, 0, pos), 4, rs);
+    sg_tensor *cc[2] = {cs, cs}, *ss[2] = {sn, sn};
+    sg_tensor *cf = sg_concat(2, cc, 3), *sf = sg_concat(2, ss, 3);
+    sg_tensor *drop = sg_gt(m->slots, pos); /* (S): the slots not written yet */
+    for (int l = 0; l < m->layers; l++) {
+        sg_tensor *h = hf_norm(x, m->g1[l]);
+        sg_tensor *q = heads(sg_linear(h, m->wq[l], NULL), HQ);
+        sg_tensor *k = heads(sg_linear(h, m->wk[l], NULL), HKV);
+        sg_tensor *v = heads(sg_linear(h, m->wv[l], NULL), HKV);
+        q = sg_add(sg_mul(q, cf), sg_mul(rotate_half(q), sf));
+        k = sg_add(sg_mul(k, cf), sg_mul(rotate_half(k), sf));
+        sg_status st = sg_index_copy_(m->kc[l], 2, pos, k);
+        if (st == SG_OK) st = sg_index_copy_(m->vc[l], 2, pos, v);
+        if (st != SG_OK) return st;
+        sg_tensor *kr = sg_repeat_interleave(m->kc[l], HQ / HKV, 1);
+        sg_tensor *vr = sg_repeat_interleave(m->vc[l], HQ / HKV, 1);
+        sg_tensor *sc = sg_div_scalar(sg_matmul(q, sg_transpose(kr, 2, 3)), sqrt((double)HD));
+        sc = sg_masked_fill(sc, drop, -INFINITY);
+        sg_tensor *a = sg_matmul(sg_cast(sg_softmax(sg_cast(sc, SG_F32), -1), SG_BF16), vr);
+        x = sg_add(x, sg_linear(sg_reshape(sg_transpose(a, 1, 2), 3, flat), m->wo[l], NULL));
+        h = hf_norm(x, m->g2[l]);
+        sg_tensor *u = sg_mul(sg_silu(sg_linear(h, m->w1[l], NULL)), sg_linear(h, m->w3[l], NULL));
+        x = sg_add(x, sg_linear(u, m->w2[l], NULL));
+    }
+    out[0] = sg_linear(hf_norm(x, m->gf), m->wout, NULL);
     return out[0] ? SG_OK : sg_ctx_status(c);
 }
 
@@ -347,6 +401,14 @@ static void llama_init(llama *m, int layers, int style) {
         m->w1[l] = tu_rand(ctx, SG_BF16, 2, us, -0.05, 0.05, &m->w1v[l]);
         m->w3[l] = tu_rand(ctx, SG_BF16, 2, us, -0.05, 0.05, &m->w3v[l]);
         m->w2[l] = tu_rand(ctx, SG_BF16, 2, ds, -0.05, 0.05, &m->w2v[l]);
+        if (style == 3) {
+            sg_tensor *n[3] = {sg_narrow(m->wqkv[l], 0, 0, HQ * HD),
+                               sg_narrow(m->wqkv[l], 0, HQ * HD, HKV * HD),
+                               sg_narrow(m->wqkv[l], 0, (HQ + HKV) * HD, HKV * HD)};
+            m->wq[l] = sg_contiguous(n[0]), m->wk[l] = sg_contiguous(n[1]);
+            m->wv[l] = sg_contiguous(n[2]);
+            for (int i = 0; i < 3; i++) sg_release(n[i]);
+        }
         m->kc[l] = sg_zeros(ctx, SG_BF16, 4, cs);
         m->vc[l] = sg_zeros(ctx, SG_BF16, 4, cs);
     }
@@ -375,6 +437,7 @@ static void llama_free(llama *m) {
         double *v[7] = {m->g1v[l], m->wqkvv[l], m->wov[l], m->g2v[l],
                         m->w1v[l], m->w3v[l],   m->w2v[l]};
         for (int i = 0; i < 9; i++) sg_release(t[i]);
+        sg_release(m->wq[l]), sg_release(m->wk[l]), sg_release(m->wv[l]);
         for (int i = 0; i < 7; i++) free(v[i]);
     }
     sg_release(m->gf), sg_release(m->wout), sg_release(m->cos), sg_release(m->sin);
@@ -437,7 +500,7 @@ static bool llama_run(int layers, int style, int *launches) {
     static llama m;
     tu_seed(100 + (uint64_t)layers);
     llama_init(&m, layers, style);
-    decode_model d = {style ? llama_step_plain : llama_step, &m, D, V,
+    decode_model d = {style == 3 ? llama_step_hf : style ? llama_step_plain : llama_step, &m, D, V,
                       (int64_t)layers * HKV * S * HD, llama_ref};
     char name[64];
     snprintf(name, sizeof name, "cu_llama%d_decode_l%d", style, layers);
@@ -456,7 +519,10 @@ static void test_llama(int style) {
      * products per column), w2 GEMV + residual. */
     ok = ok && TU_EXPECT(per_layer <= 6);
     static const char *const how[] = {"", ",q and k rotated apart,sdpa with a slot mask",
-                                      ",q and k rotated apart,sdpa with a slot mask,rms written out"};
+                                      ",q and k rotated apart,sdpa with a slot mask,rms written out",
+                                      ",as Hugging Face's eager Llama: q/k/v projections apart,"
+                                      "rotate_half,repeat_kv,attention written out with "
+                                      "masked_fill,norms in f32"};
     tu_case(ok,
             "LLAMA_DECODE_LAUNCHES(bf16,D=%d,HQ=%d,HKV=%d,HD=%d,F=%d,S=%d,batch=1,3 positions%s) "
             "-> %d per layer (1 layer: %d, 2 layers: %d), logits as f64's",
@@ -947,7 +1013,7 @@ int main(void) {
     test_split(SG_BF16, 3, 3001, 201, false, SG_MODE_MAX_AUTOTUNE);
     test_gpt2(false);
     test_gpt2(true);
-    for (int style = 0; style < 3; style++) test_llama(style);
+    for (int style = 0; style < 4; style++) test_llama(style);
     test_gpt2_written();
     test_inplace();
     test_pair();

@@ -778,6 +778,117 @@ static void long_rcases(void) {
     for (int i = 0; i < COUNT(cases); i++) test_rcase(&cases[i], 500 + (uint64_t)i, true);
 }
 
+/* ------------------------------------------------------------ GEMV segments */
+
+/* Q, K and V projected apart from one x (rms_norm written out, or x as it
+ * is): n[j] columns each, q and v with a bias. */
+typedef struct segcase {
+    sg_dtype dt;
+    int64_t rows, len, n[3];
+    bool norm;
+} segcase;
+
+/* in = {x, g, wq, bq, wk, wv, bv} -> q, k, v */
+static sg_status seg_step(sg_ctx *cx, sg_tensor *const *in, sg_tensor **out, void *user) {
+    const segcase *c = user;
+    sg_tensor *h = in[0];
+    if (c->norm) {
+        int last = 1;
+        sg_tensor *ms = sg_mean(sg_mul(in[0], in[0]), 1, &last, true);
+        h = sg_mul(sg_mul(in[0], sg_rsqrt(sg_add_scalar(ms, 1e-5))), in[1]);
+    }
+    out[0] = sg_linear(h, in[2], in[3]);
+    out[1] = sg_linear(h, in[4], NULL);
+    out[2] = sg_linear(h, in[5], in[6]);
+    return out[0] && out[1] && out[2] ? SG_OK : sg_ctx_status(cx);
+}
+
+/* The three products as one GEMV kernel (fusion's segments), run on the
+ * device against f64: every product's columns, with and without the norm. */
+static void test_segments(const segcase *c, uint64_t seed) {
+    int64_t xs[2] = {c->rows, c->len}, gs[1] = {c->len};
+    int64_t ws[3][2] = {{c->n[0], c->len}, {c->n[1], c->len}, {c->n[2], c->len}};
+    tu_seed(seed);
+    double *v[7] = {NULL};
+    sg_tensor *in[7] = {tu_rand(ctx, c->dt, 2, xs, -2, 2, &v[0]),
+                        tu_rand(ctx, c->dt, 1, gs, 0.5, 1.5, &v[1]),
+                        tu_rand(ctx, c->dt, 2, ws[0], -1, 1, &v[2]),
+                        tu_rand(ctx, c->dt, 1, &c->n[0], -1, 1, &v[3]),
+                        tu_rand(ctx, c->dt, 2, ws[1], -1, 1, &v[4]),
+                        tu_rand(ctx, c->dt, 2, ws[2], -1, 1, &v[5]),
+                        tu_rand(ctx, c->dt, 1, &c->n[2], -1, 1, &v[6])};
+    char name[64];
+    snprintf(name, sizeof name, "ocl_segments_%llu", (unsigned long long)seed);
+    sg_fn *fn = NULL;
+    sg_compile(ctx, seg_step, (void *)c, 7, 3, NULL, &fn);
+    sg_tensor *out[3] = {NULL};
+    sg_mark_step_begin(ctx);
+    bool ok = TU_EXPECT(fn && sg_call(fn, in, 7, out, 3) == SG_OK);
+    sg__fused f;
+    memset(&f, 0, sizeof f);
+    sg__cuda_kinfo *ki = NULL;
+    sg_status gen = SG_OK;
+    cl_program prog = ok ? build_unit(fn, name, &f, &ki, &gen) : NULL;
+    ok = ok && TU_EXPECT(gen == SG_OK) && TU_EXPECT(prog != NULL);
+    if (!ok && gen_msg[0]) fprintf(stderr, "  %s\n", gen_msg);
+    const sg__ir *ir = ok ? &fn->graphs[fn->ngraphs - 1]->ir : NULL;
+    ok = ok && TU_EXPECT(f.ngroups == 1) && TU_EXPECT(ki[0].replaces_call);
+    void **base = ok ? run_units(ir, prog, &f, ki, in) : NULL;
+    ok = ok && base;
+    /* The norm's rows as each op rounds them (ref_rowop), then the products. */
+    rcase rc = {.op = R_RMS_LINEAR, .dt = c->dt, .rows = c->rows, .len = c->len};
+    double *h = malloc(sizeof(double) * (size_t)c->len), mg;
+    for (int j = 0; ok && j < 3; j++) {
+        int64_t n = 0, nj = c->n[j];
+        double *got = read_out(ir, &f, j, base, &n);
+        double *want = malloc(sizeof(double) * (size_t)(c->rows * nj));
+        double *mag = malloc(sizeof(double) * (size_t)(c->rows * nj));
+        const double *w = v[j == 0 ? 2 : j == 1 ? 4 : 5], *b = j == 0 ? v[3] : j == 2 ? v[6] : NULL;
+        for (int64_t r = 0; r < c->rows; r++) {
+            if (c->norm) {
+                ref_rowop(&rc, v[0] + r * c->len, v + 1, h, &mg);
+                for (int64_t k = 0; k < c->len; k++) h[k] = tu_round(c->dt, h[k]);
+            } else {
+                memcpy(h, v[0] + r * c->len, sizeof(double) * (size_t)c->len);
+            }
+            for (int64_t o = 0; o < nj; o++) {
+                double d = 0, dm = 0;
+                for (int64_t k = 0; k < c->len; k++)
+                    d += h[k] * w[o * c->len + k], dm += fabs(h[k] * w[o * c->len + k]);
+                want[r * nj + o] = tu_round(c->dt, d + (b ? b[o] : 0));
+                mag[r * nj + o] = dm;
+            }
+        }
+        ok = got && TU_EXPECT(n == c->rows * nj) && close_mag(name, got, want, mag, n, c->dt);
+        free(got), free(want), free(mag);
+    }
+    free(h);
+    tu_case(ok,
+            "OPENCL_GEMV_SEGMENTS(%s,rows=%lld,K=%lld,N=%lld/%lld/%lld,%s,q and v with a bias) -> "
+            "%d group, against f64",
+            sg_dtype_name(c->dt), (long long)c->rows, (long long)c->len, (long long)c->n[0],
+            (long long)c->n[1], (long long)c->n[2], c->norm ? "rms_norm written out" : "x as is",
+            f.ngroups);
+    if (base) free_slots(ir, base);
+    if (prog) ocl->clReleaseProgram(prog);
+    if (fn && f.groups) sg__fused_free(ctx, &f, &fn->graphs[fn->ngraphs - 1]->ir);
+    free(ki);
+    sg_fn_destroy(fn);
+    for (int i = 0; i < 3; i++) sg_release(out[i]);
+    for (int i = 0; i < 7; i++) sg_release(in[i]), free(v[i]);
+    sg_clear_error(ctx);
+}
+
+static void segment_cases(void) {
+    static const segcase cases[] = {
+        {SG_BF16, 1, 512, {512, 128, 128}, true},  /* grouped-query: q wider than k and v */
+        {SG_F32, 3, 200, {64, 64, 64}, true},      /* multi-head: q and k pair first */
+        {SG_F16, 2, 97, {33, 5, 70}, false},       /* odd widths, no norm */
+        {SG_BF16, 8, 256, {1, 300, 2}, true},      /* 8 rows, a one-column product */
+    };
+    for (int i = 0; i < COUNT(cases); i++) test_segments(&cases[i], 900 + (uint64_t)i);
+}
+
 int main(void) {
     char why[512] = "";
     ocl = sg__ocl_get(why, sizeof why);
@@ -805,6 +916,7 @@ int main(void) {
     test_prog(102, SG_F32, 200); /* large: members over their own blocks */
     for (uint64_t seed = 1; seed <= 4 * R_COUNT; seed++) random_rcase(seed);
     long_rcases();
+    segment_cases();
     ocl->clReleaseCommandQueue(queue);
     sg_ctx_destroy(ctx);
     return tu_finish();
