@@ -179,8 +179,8 @@ static int64_t numel_of(int nd, const int64_t *shape) {
 }
 
 static bool plan(sg__cuda_gen *g, const sg__group *grp, gemm *p) {
-    if (grp->kind != SG__G_MATMUL || grp->anchor < 0 || grp->norm_rows || grp->anchor2 || grp->nseg ||
-        grp->ncopies)
+    if (grp->kind != SG__G_MATMUL || grp->anchor < 0 || grp->norm_rows || grp->anchor2 ||
+        grp->nseg || grp->ncopies)
         return false;
     const sg__ir *ir = sg__cuda_ir(g);
     const sg__irnode *n = &ir->nodes[grp->g[grp->anchor].node];

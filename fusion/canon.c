@@ -520,8 +520,8 @@ static bool attention_at(canon *c, int i) {
     int64_t B = q->shape[0], Hq = q->shape[1], Lq = q->shape[2], D = q->shape[3];
     int64_t S = k.shape[2], Hkv = k.shape[1];
     if (k.shape[0] != B || v.shape[0] != B || v.shape[1] != Hkv || Hkv < 1 || Hq % Hkv ||
-        k.shape[3] != D || v.shape[2] != S || v.shape[3] != D || D > 256 ||
-        out->shape[0] != B || out->shape[1] != Hq || out->shape[2] != Lq || out->shape[3] != D)
+        k.shape[3] != D || v.shape[2] != S || v.shape[3] != D || D > 256 || out->shape[0] != B ||
+        out->shape[1] != Hq || out->shape[2] != Lq || out->shape[3] != D)
         return false;
     int64_t ms[4] = {B, Hq, Lq, S};
     sg__ref m = {0};

@@ -748,14 +748,54 @@ static sg_status gemv_pairs(sg_ctx *ctx, const sg__ir *ir, const int *alias, sg_
     return SG_OK;
 }
 
+/* ------------------------------------------------------------ independence */
+
+/* Which groups load each slot from memory: a bit per slot, computed per group. */
+static bool group_loads(const sg__ir *ir, const int *alias, const sg__group *g, int slot) {
+    for (int k = 0; k < g->n; k++) {
+        const sg__irnode *n = &ir->nodes[g->g[k].node];
+        for (int j = 0; j < n->nin; j++) {
+            const sg__ref *a = arg_ref(ir, n, j, alias);
+            if (a && a->slot == slot && src_of(&g->g[k], j) < 0) return true;
+        }
+    }
+    return false;
+}
+
+static bool group_touches(const sg__ir *ir, const int *alias, const sg__group *g, int slot,
+                          bool *writes) {
+    bool loads = group_loads(ir, alias, g, slot);
+    *writes = false;
+    for (int k = 0; k < g->n; k++)
+        if (ir->refs[alias[ir->nodes[g->g[k].node].out]].slot == slot) *writes = true;
+    return loads || *writes;
+}
+
+/* No slot that one writes is touched by the other. */
+static bool independent(const sg__ir *ir, const int *alias, const sg__group *a,
+                        const sg__group *b) {
+    for (int k = 0; k < a->n; k++) {
+        int slot = ir->refs[alias[ir->nodes[a->g[k].node].out]].slot;
+        bool w;
+        if (group_touches(ir, alias, b, slot, &w)) return false;
+    }
+    for (int k = 0; k < b->n; k++) {
+        int slot = ir->refs[alias[ir->nodes[b->g[k].node].out]].slot;
+        bool w;
+        if (group_loads(ir, alias, a, slot)) return false;
+        (void)w;
+    }
+    return true;
+}
+
 /* ------------------------------------------------------------ GEMV segments */
 
 /* The products of a bare MATMUL group (nothing but products after its
  * prologue and norm: one, a pair's two or its segments) into at, as member
  * indices; 0 when it is not bare. */
 static int bare_products(const sg__group *g, int *at) {
-    if (g->kind != SG__G_MATMUL || g->anchor < 0 || g->ncopies || g->argmax || g->post ||
-        g->xent || g->lib_epi)
+    if (g->kind != SG__G_MATMUL || g->anchor < 0 || g->ncopies || g->argmax || g->post || g->xent ||
+        g->lib_epi)
         return 0;
     if (g->nseg) {
         if (g->seg[g->nseg - 1] != g->n - 1) return 0;
@@ -807,46 +847,42 @@ static bool merge_segments(sg_ctx *ctx, const sg__ir *ir, const int *alias, cons
     return true;
 }
 
-/* Each bare MATMUL group and the bare ones after it on the same x merge
+#define SEG_LOOK 8 /* groups after a bare one searched for another on its x */
+
+/* Each bare MATMUL group and the bare ones on the same x a few groups after
+ * it (every group between them independent of the later one, which then
+ * runs earlier: a V projection written after the rotary of Q and K) merge
  * where the backend's gemv_rows takes the result. */
 static sg_status gemv_segments(sg_ctx *ctx, const sg__ir *ir, const int *alias, sg__fused *f,
                                bool (*takes)(const sg__ir *, const int *, const sg__group *)) {
-    for (int k = 0; k + 1 < f->ngroups;) {
-        sg__group *a = &f->groups[k], *b = &f->groups[k + 1];
-        sg__group merged;
-        bool oom;
-        if (!merge_segments(ctx, ir, alias, a, b, &merged, &oom)) {
-            if (oom) return sg__fail(ctx, SG_ERR_OOM, "fusion: out of host memory");
-            k++;
-            continue;
+    for (int k = 0; k + 1 < f->ngroups; k++) {
+        for (int j = k + 1; j < f->ngroups && j <= k + SEG_LOOK; j++) {
+            sg__group *a = &f->groups[k], *b = &f->groups[j];
+            sg__group merged;
+            bool oom, free_path = true;
+            for (int i = k + 1; i < j && free_path; i++)
+                free_path = independent(ir, alias, b, &f->groups[i]);
+            if (!free_path) continue;
+            if (!merge_segments(ctx, ir, alias, a, b, &merged, &oom)) {
+                if (oom) return sg__fail(ctx, SG_ERR_OOM, "fusion: out of host memory");
+                continue;
+            }
+            if (!merged_safe(ir, alias, &merged) || !takes(ir, alias, &merged)) {
+                sg__free(ctx, merged.g, sizeof *merged.g * (size_t)merged.n);
+                continue;
+            }
+            sg__free(ctx, a->g, sizeof *a->g * (size_t)(a->n ? a->n : 1));
+            sg__free(ctx, b->g, sizeof *b->g * (size_t)(b->n ? b->n : 1));
+            *a = merged;
+            memmove(b, b + 1, sizeof *b * (size_t)(f->ngroups - j - 1));
+            f->ngroups--;
+            j = k; /* a may take another after it */
         }
-        if (!merged_safe(ir, alias, &merged) || !takes(ir, alias, &merged)) {
-            sg__free(ctx, merged.g, sizeof *merged.g * (size_t)merged.n);
-            k++;
-            continue;
-        }
-        sg__free(ctx, a->g, sizeof *a->g * (size_t)(a->n ? a->n : 1));
-        sg__free(ctx, b->g, sizeof *b->g * (size_t)(b->n ? b->n : 1));
-        *a = merged;
-        memmove(b, b + 1, sizeof *b * (size_t)(f->ngroups - k - 2));
-        f->ngroups--; /* a may take the group after b too */
     }
     return SG_OK;
 }
 
 /* ------------------------------------------------------------ stores */
-
-/* Which groups load each slot from memory: a bit per slot, computed per group. */
-static bool group_loads(const sg__ir *ir, const int *alias, const sg__group *g, int slot) {
-    for (int k = 0; k < g->n; k++) {
-        const sg__irnode *n = &ir->nodes[g->g[k].node];
-        for (int j = 0; j < n->nin; j++) {
-            const sg__ref *a = arg_ref(ir, n, j, alias);
-            if (a && a->slot == slot && src_of(&g->g[k], j) < 0) return true;
-        }
-    }
-    return false;
-}
 
 /*
  * A value is stored when anything outside its group can see it: outputs,
@@ -867,7 +903,8 @@ static void mark_stores(const sg__ir *ir, const int *alias, sg__group *groups, i
             bool store =
                 sl->kind != SG__SLOT_INTERNAL || sl->output >= 0 || g->kind == SG__G_OPAQUE ||
                 (g->kind == SG__G_MATMUL && (k == g->anchor || (g->anchor2 && k == g->anchor2)));
-            for (int j = 0; j < g->nseg && g->kind == SG__G_MATMUL; j++) store = store || k == g->seg[j];
+            for (int j = 0; j < g->nseg && g->kind == SG__G_MATMUL; j++)
+                store = store || k == g->seg[j];
             /* The library call of a reduction or row reads its input from
              * memory: the prologue value it takes is stored. */
             if (g->anchor > 0 && !g->rows_inline && !g->norm_rows &&
@@ -1049,8 +1086,8 @@ static int lib_epi_of(const sg__ir *ir, const int *alias, const sg__group *group
     const sg__group *g = &groups[gi];
     *res = -1;
     *aux = false;
-    if (g->kind != SG__G_MATMUL || g->anchor != 0 || g->n != 2 || g->anchor2 || g->nseg || g->norm_rows ||
-        g->ncopies || !g->g[1].store)
+    if (g->kind != SG__G_MATMUL || g->anchor != 0 || g->n != 2 || g->anchor2 || g->nseg ||
+        g->norm_rows || g->ncopies || !g->g[1].store)
         return SG__EPI_NONE;
     const sg__irnode *mm = &ir->nodes[g->g[0].node], *e = &ir->nodes[g->g[1].node];
     const sg__ref *a = &ir->refs[alias[mm->out]], *o = &ir->refs[alias[e->out]];
@@ -1090,31 +1127,6 @@ static void lib_epilogues(const sg__ir *ir, const int *alias, sg__group *groups,
 }
 
 /* ------------------------------------------------------------ horizontal */
-
-static bool group_touches(const sg__ir *ir, const int *alias, const sg__group *g, int slot,
-                          bool *writes) {
-    bool loads = group_loads(ir, alias, g, slot);
-    *writes = false;
-    for (int k = 0; k < g->n; k++)
-        if (ir->refs[alias[ir->nodes[g->g[k].node].out]].slot == slot) *writes = true;
-    return loads || *writes;
-}
-
-/* No slot that one writes is touched by the other. */
-static bool independent(const sg__ir *ir, const int *alias, const sg__group *a, const sg__group *b) {
-    for (int k = 0; k < a->n; k++) {
-        int slot = ir->refs[alias[ir->nodes[a->g[k].node].out]].slot;
-        bool w;
-        if (group_touches(ir, alias, b, slot, &w)) return false;
-    }
-    for (int k = 0; k < b->n; k++) {
-        int slot = ir->refs[alias[ir->nodes[b->g[k].node].out]].slot;
-        bool w;
-        if (group_loads(ir, alias, a, slot)) return false;
-        (void)w;
-    }
-    return true;
-}
 
 /* An index_copy_ group that a backend's generated kernel can run inside a
  * MULTI (codegen's data walk: idx and src are not dst's slot, src not empty). */
@@ -1567,8 +1579,8 @@ static bool same_elems(const sg__ref *a, const sg__ref *b) {
  */
 static bool argmax_of_result(const sg__ir *ir, const int *alias, const sg__group *m,
                              const sg__group *r) {
-    if (m->kind != SG__G_MATMUL || m->anchor < 0 || m->anchor != m->n - 1 || m->anchor2 || m->nseg ||
-        m->ncopies || m->argmax)
+    if (m->kind != SG__G_MATMUL || m->anchor < 0 || m->anchor != m->n - 1 || m->anchor2 ||
+        m->nseg || m->ncopies || m->argmax)
         return false;
     if (r->kind != SG__G_REDUCE || !r->rows_inline || r->anchor != 0 || r->n != 1 || r->bcast ||
         r->ncols > 1)

@@ -42,12 +42,13 @@
  *    projections) become one MATMUL group (sg__group.anchor2) whose kernel
  *    computes both products per output column, then the second group's
  *    epilogue on the pair: silu(x W1) * (x W3) in one kernel.
- *  - GEMV segments (with gemv_rows): bare MATMUL groups in a row (no
- *    epilogue; a pair's two products count as two) whose anchors read the
- *    same x (a decode step's q, k and v projections, each its own weight)
- *    become one group (sg__group.nseg) whose kernel's columns run through
- *    the products one after another: one GEMV kernel, the norm before it
- *    computed once.
+ *  - GEMV segments (with gemv_rows): bare MATMUL groups (no epilogue; a
+ *    pair's two products count as two) whose anchors read the same x (a
+ *    decode step's q, k and v projections, each its own weight), the later
+ *    ones at most 8 groups after the first and independent of the groups
+ *    between (they then run earlier), become one group (sg__group.nseg)
+ *    whose kernel's columns run through the products one after another: one
+ *    GEMV kernel, the norm before it computed once.
  *  - cache writes into GEMV (with gemv_rows): the index_copy_ groups right
  *    after a MATMUL group that copy part of its result into a tensor no
  *    member touches (a decode step's K and V rows, views of the QKV

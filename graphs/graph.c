@@ -424,10 +424,11 @@ static sg_status canon(sg_fn *fn, sg__graph *g) {
     int n = 0;
     sg_status s = sg__canon(fn->ctx, &g->ir, &n);
     if (n)
-        sg__log(fn->ctx, "perf_hints", "fn '%s': capture %d: %d softmax, log_softmax, "
+        sg__log(fn->ctx, "perf_hints",
+                "fn '%s': capture %d: %d softmax, log_softmax, "
                 "layer_norm or attention written out of primitives (or attention over K/V "
-                "repeated for grouped heads) run%s as the op itself", fn->name, fn->ngraphs, n,
-                n > 1 ? "" : "s");
+                "repeated for grouped heads) run%s as the op itself",
+                fn->name, fn->ngraphs, n, n > 1 ? "" : "s");
     return s;
 }
 

@@ -267,9 +267,10 @@ static sg_status llama_step_hf(sg_ctx *c, sg_tensor *const *in, sg_tensor **out,
         sg_tensor *h = hf_norm(x, m->g1[l]);
         sg_tensor *q = heads(sg_linear(h, m->wq[l], NULL), HQ);
         sg_tensor *k = heads(sg_linear(h, m->wk[l], NULL), HKV);
-        sg_tensor *v = heads(sg_linear(h, m->wv[l], NULL), HKV);
         q = sg_add(sg_mul(q, cf), sg_mul(rotate_half(q), sf));
         k = sg_add(sg_mul(k, cf), sg_mul(rotate_half(k), sf));
+        /* v's projection after the rotary (it runs with q's and k's all the same) */
+        sg_tensor *v = heads(sg_linear(h, m->wv[l], NULL), HKV);
         sg_status st = sg_index_copy_(m->kc[l], 2, pos, k);
         if (st == SG_OK) st = sg_index_copy_(m->vc[l], 2, pos, v);
         if (st != SG_OK) return st;
@@ -500,8 +501,14 @@ static bool llama_run(int layers, int style, int *launches) {
     static llama m;
     tu_seed(100 + (uint64_t)layers);
     llama_init(&m, layers, style);
-    decode_model d = {style == 3 ? llama_step_hf : style ? llama_step_plain : llama_step, &m, D, V,
-                      (int64_t)layers * HKV * S * HD, llama_ref};
+    decode_model d = {style == 3 ? llama_step_hf
+                      : style    ? llama_step_plain
+                                 : llama_step,
+                      &m,
+                      D,
+                      V,
+                      (int64_t)layers * HKV * S * HD,
+                      llama_ref};
     char name[64];
     snprintf(name, sizeof name, "cu_llama%d_decode_l%d", style, layers);
     bool ok = decode_run(&d, name, launches);
@@ -518,11 +525,12 @@ static void test_llama(int style) {
      * + residual, rms_norm + w1 and w3 GEMVs + silu * mul (one kernel, two
      * products per column), w2 GEMV + residual. */
     ok = ok && TU_EXPECT(per_layer <= 6);
-    static const char *const how[] = {"", ",q and k rotated apart,sdpa with a slot mask",
-                                      ",q and k rotated apart,sdpa with a slot mask,rms written out",
-                                      ",as Hugging Face's eager Llama: q/k/v projections apart,"
-                                      "rotate_half,repeat_kv,attention written out with "
-                                      "masked_fill,norms in f32"};
+    static const char *const how[] = {
+        "", ",q and k rotated apart,sdpa with a slot mask",
+        ",q and k rotated apart,sdpa with a slot mask,rms written out",
+        ",as Hugging Face's eager Llama: q/k/v projections apart,"
+        "rotate_half,repeat_kv,attention written out with "
+        "masked_fill,norms in f32"};
     tu_case(ok,
             "LLAMA_DECODE_LAUNCHES(bf16,D=%d,HQ=%d,HKV=%d,HD=%d,F=%d,S=%d,batch=1,3 positions%s) "
             "-> %d per layer (1 layer: %d, 2 layers: %d), logits as f64's",

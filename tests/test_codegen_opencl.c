@@ -786,6 +786,7 @@ typedef struct segcase {
     sg_dtype dt;
     int64_t rows, len, n[3];
     bool norm;
+    bool between; /* another kernel's op between q's product and k's: k and v run earlier */
 } segcase;
 
 /* in = {x, g, wq, bq, wk, wv, bv} -> q, k, v */
@@ -798,6 +799,7 @@ static sg_status seg_step(sg_ctx *cx, sg_tensor *const *in, sg_tensor **out, voi
         h = sg_mul(sg_mul(in[0], sg_rsqrt(sg_add_scalar(ms, 1e-5))), in[1]);
     }
     out[0] = sg_linear(h, in[2], in[3]);
+    if (c->between) out[3] = sg_mul_scalar(in[1], 3.0); /* a kernel of its own between */
     out[1] = sg_linear(h, in[4], NULL);
     out[2] = sg_linear(h, in[5], in[6]);
     return out[0] && out[1] && out[2] ? SG_OK : sg_ctx_status(cx);
@@ -820,10 +822,11 @@ static void test_segments(const segcase *c, uint64_t seed) {
     char name[64];
     snprintf(name, sizeof name, "ocl_segments_%llu", (unsigned long long)seed);
     sg_fn *fn = NULL;
-    sg_compile(ctx, seg_step, (void *)c, 7, 3, NULL, &fn);
-    sg_tensor *out[3] = {NULL};
+    int nout = c->between ? 4 : 3;
+    sg_compile(ctx, seg_step, (void *)c, 7, nout, NULL, &fn);
+    sg_tensor *out[4] = {NULL};
     sg_mark_step_begin(ctx);
-    bool ok = TU_EXPECT(fn && sg_call(fn, in, 7, out, 3) == SG_OK);
+    bool ok = TU_EXPECT(fn && sg_call(fn, in, 7, out, nout) == SG_OK);
     sg__fused f;
     memset(&f, 0, sizeof f);
     sg__cuda_kinfo *ki = NULL;
@@ -832,7 +835,7 @@ static void test_segments(const segcase *c, uint64_t seed) {
     ok = ok && TU_EXPECT(gen == SG_OK) && TU_EXPECT(prog != NULL);
     if (!ok && gen_msg[0]) fprintf(stderr, "  %s\n", gen_msg);
     const sg__ir *ir = ok ? &fn->graphs[fn->ngraphs - 1]->ir : NULL;
-    ok = ok && TU_EXPECT(f.ngroups == 1) && TU_EXPECT(ki[0].replaces_call);
+    ok = ok && TU_EXPECT(f.ngroups == 1 + c->between) && TU_EXPECT(ki[0].replaces_call);
     void **base = ok ? run_units(ir, prog, &f, ki, in) : NULL;
     ok = ok && base;
     /* The norm's rows as each op rounds them (ref_rowop), then the products. */
@@ -864,27 +867,28 @@ static void test_segments(const segcase *c, uint64_t seed) {
     }
     free(h);
     tu_case(ok,
-            "OPENCL_GEMV_SEGMENTS(%s,rows=%lld,K=%lld,N=%lld/%lld/%lld,%s,q and v with a bias) -> "
-            "%d group, against f64",
+            "OPENCL_GEMV_SEGMENTS(%s,rows=%lld,K=%lld,N=%lld/%lld/%lld,%s,q and v with a bias%s) "
+            "-> %d groups, against f64",
             sg_dtype_name(c->dt), (long long)c->rows, (long long)c->len, (long long)c->n[0],
             (long long)c->n[1], (long long)c->n[2], c->norm ? "rms_norm written out" : "x as is",
-            f.ngroups);
+            c->between ? ",another kernel between q and k" : "", f.ngroups);
     if (base) free_slots(ir, base);
     if (prog) ocl->clReleaseProgram(prog);
     if (fn && f.groups) sg__fused_free(ctx, &f, &fn->graphs[fn->ngraphs - 1]->ir);
     free(ki);
     sg_fn_destroy(fn);
-    for (int i = 0; i < 3; i++) sg_release(out[i]);
+    for (int i = 0; i < 4; i++) sg_release(out[i]);
     for (int i = 0; i < 7; i++) sg_release(in[i]), free(v[i]);
     sg_clear_error(ctx);
 }
 
 static void segment_cases(void) {
     static const segcase cases[] = {
-        {SG_BF16, 1, 512, {512, 128, 128}, true},  /* grouped-query: q wider than k and v */
-        {SG_F32, 3, 200, {64, 64, 64}, true},      /* multi-head: q and k pair first */
-        {SG_F16, 2, 97, {33, 5, 70}, false},       /* odd widths, no norm */
-        {SG_BF16, 8, 256, {1, 300, 2}, true},      /* 8 rows, a one-column product */
+        {SG_BF16, 1, 512, {512, 128, 128}, true, false}, /* grouped-query: q wider than k and v */
+        {SG_F32, 3, 200, {64, 64, 64}, true, false},     /* multi-head: q and k pair first */
+        {SG_F16, 2, 97, {33, 5, 70}, false, false},      /* odd widths, no norm */
+        {SG_BF16, 8, 256, {1, 300, 2}, true, false},     /* 8 rows, a one-column product */
+        {SG_F32, 1, 128, {64, 32, 32}, true, true},      /* k and v hoisted over another kernel */
     };
     for (int i = 0; i < COUNT(cases); i++) test_segments(&cases[i], 900 + (uint64_t)i);
 }

@@ -192,14 +192,14 @@ static void ln_case(uint64_t seed) {
 /* softmax(scale * q @ k^T + mask) @ v written out, as a decode step would. */
 typedef struct aform {
     int64_t B, Hq, Hkv, Lq, S, D;
-    int repeat;   /* K/V for grouped heads: 0 sg_repeat_interleave, 1 expand + reshape */
-    int scale;    /* 0 mul_scalar, 1 div_scalar, 2 none, 3 on q before the product */
-    int mask;     /* 0 none, 1 masked_fill(slots > pos, -inf), 2 where(slots <= pos, s, -inf),
-                     3 an added float mask (an input), 4 masked_fill(not(slots <= pos)) */
-    int soft;     /* 0 sg_softmax, 1 in f32 between casts, 2 written out, 3 sg_sdpa itself
-                     (over the repeated K/V; masks 0, 2 and 3, scales 0, 2 and 3) */
-    bool leak;    /* the probabilities are an output too: the form stays as written */
-    bool twice;   /* a second attention over the first's result, sharing the mask */
+    int repeat; /* K/V for grouped heads: 0 sg_repeat_interleave, 1 expand + reshape */
+    int scale;  /* 0 mul_scalar, 1 div_scalar, 2 none, 3 on q before the product */
+    int mask;   /* 0 none, 1 masked_fill(slots > pos, -inf), 2 where(slots <= pos, s, -inf),
+                   3 an added float mask (an input), 4 masked_fill(not(slots <= pos)) */
+    int soft;   /* 0 sg_softmax, 1 in f32 between casts, 2 written out, 3 sg_sdpa itself
+                   (over the repeated K/V; masks 0, 2 and 3, scales 0, 2 and 3) */
+    bool leak;  /* the probabilities are an output too: the form stays as written */
+    bool twice; /* a second attention over the first's result, sharing the mask */
     sg_dtype dt;
 } aform;
 
@@ -220,8 +220,11 @@ static sg_tensor *attn_form(sg_ctx *c, const aform *f, sg_tensor *q, sg_tensor *
     q = f->scale == 3 ? sg_mul_scalar(q, sc) : q;
     sg_tensor *k = kv_heads(in[1], f), *v = kv_heads(in[2], f);
     if (f->soft == 3) /* sg_sdpa over the repeated K/V */
-        return sg_sdpa(q, k, v, f->mask == 2 ? m : f->mask == 3 ? in[4] : NULL, false,
-                       f->scale >= 2 ? 1.0 : 0.0);
+        return sg_sdpa(q, k, v,
+                       f->mask == 2   ? m
+                       : f->mask == 3 ? in[4]
+                                      : NULL,
+                       false, f->scale >= 2 ? 1.0 : 0.0);
     sg_tensor *s = sg_matmul(q, sg_transpose(k, 2, 3));
     s = f->scale == 0 ? sg_mul_scalar(s, sc) : f->scale == 1 ? sg_div_scalar(s, 1 / sc) : s;
     if (f->mask == 1) s = sg_masked_fill(s, m, -INFINITY);
@@ -290,17 +293,17 @@ static void attn_case(const aform *f) {
     int64_t qs[4] = {f->B, f->Hq, f->Lq, f->D}, ks[4] = {f->B, f->Hkv, f->S, f->D};
     int64_t ms[2] = {f->Lq, f->S}, g = f->Hq / f->Hkv;
     double *qv, *kv, *vv, *mv;
-    sg_tensor *in[5] = {tu_rand(ctx, f->dt, 4, qs, -1, 1, &qv), tu_rand(ctx, f->dt, 4, ks, -1, 1, &kv),
-                        tu_rand(ctx, f->dt, 4, ks, -1, 1, &vv), NULL,
-                        tu_rand(ctx, f->dt, 2, ms, -2, 1, &mv)};
+    sg_tensor *in[5] = {
+        tu_rand(ctx, f->dt, 4, qs, -1, 1, &qv), tu_rand(ctx, f->dt, 4, ks, -1, 1, &kv),
+        tu_rand(ctx, f->dt, 4, ks, -1, 1, &vv), NULL, tu_rand(ctx, f->dt, 2, ms, -2, 1, &mv)};
     slots = sg_arange(ctx, SG_I64, 0, f->S, 1);
     int64_t n = f->B * f->Hq * f->Lq * f->D;
     double *want = malloc(sizeof(double) * (size_t)n), *p = malloc(sizeof(double) * (size_t)f->S);
     sg_fn *fn = NULL;
     int nout = f->leak ? 2 : 1;
-    bool ok = TU_EXPECT(sg_compile(ctx, attn_step, (void *)f, 5, nout,
-                                   &(sg_compile_opts){.mode = SG_MODE_REDUCE_OVERHEAD}, &fn) ==
-                        SG_OK);
+    bool ok =
+        TU_EXPECT(sg_compile(ctx, attn_step, (void *)f, 5, nout,
+                             &(sg_compile_opts){.mode = SG_MODE_REDUCE_OVERHEAD}, &fn) == SG_OK);
     int64_t poss[2] = {f->S / 3, f->S - 1};
     for (int call = 0; ok && call < 2; call++) {
         int64_t pos = poss[call];
@@ -324,8 +327,8 @@ static void attn_case(const aform *f) {
     }
     /* the op, plus the mask's comparison and q's scaling when the step computes them;
      * else as written */
-    int k = ok ? kernels_of(fn) : -1, expect =
-        (1 + (f->scale == 3)) * (f->twice ? 2 : 1) + (f->mask == 1 || f->mask == 2 || f->mask == 4);
+    int k = ok ? kernels_of(fn) : -1, expect = (1 + (f->scale == 3)) * (f->twice ? 2 : 1) +
+                                               (f->mask == 1 || f->mask == 2 || f->mask == 4);
     bool taken = !f->leak && (f->Lq == 1 || f->Hq == 1 || f->soft == 3);
     ok = ok && TU_EXPECT(taken ? k == expect : k > expect);
     if (!ok) fprintf(stderr, "  %s\n%s\n", sg_last_error(ctx), fn ? sg_fn_explain(fn) : "");
@@ -336,14 +339,14 @@ static void attn_case(const aform *f) {
                                          "masked_fill(not(slots<=pos))"};
     static const char *const softs[4] = {"sg_softmax", "softmax in f32", "softmax written out",
                                          "sg_sdpa"};
-    tu_case(ok, "WRITTEN_ATTENTION(%s,B=%lld,Hq=%lld,Hkv=%lld,Lq=%lld,S=%lld,D=%lld,%s,%s,%s,%s%s) "
+    tu_case(ok,
+            "WRITTEN_ATTENTION(%s,B=%lld,Hq=%lld,Hkv=%lld,Lq=%lld,S=%lld,D=%lld,%s,%s,%s,%s%s) "
             "-> %d kernels%s%s, against f64 at pos %lld and %lld",
             sg_dtype_name(f->dt), (long long)f->B, (long long)f->Hq, (long long)f->Hkv,
             (long long)f->Lq, (long long)f->S, (long long)f->D, g > 1 ? reps[f->repeat] : "MHA",
-            scs[f->scale], masks[f->mask], softs[f->soft], f->leak ? ",p an output" : "",
-            k, taken ? " (the attention op)" : " (as written)",
-            f->twice ? ", two sharing one mask" : "", (long long)poss[0],
-            (long long)poss[1]);
+            scs[f->scale], masks[f->mask], softs[f->soft], f->leak ? ",p an output" : "", k,
+            taken ? " (the attention op)" : " (as written)",
+            f->twice ? ", two sharing one mask" : "", (long long)poss[0], (long long)poss[1]);
     sg_clear_error(ctx);
     sg_fn_destroy(fn);
     for (int i = 0; i < 5; i++) sg_release(in[i]);

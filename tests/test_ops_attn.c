@@ -193,8 +193,9 @@ static void run_case(const acase *c, sg_dtype dt, sg_mode mode) {
         mv = malloc(sizeof(double) * (size_t)n);
         for (int64_t x = 0; x < n; x++) {
             int64_t b = x / c->S, j = x % c->S, hi = c->len[b < 3 ? b : 0], lo = hi / 3;
-            mv[x] = b8 ? (j < c->len[0]) : j >= lo && j < hi ? tu_round(dt, tu_uniform(-2, 1))
-                                                             : -INFINITY;
+            mv[x] = b8                  ? (j < c->len[0])
+                    : j >= lo && j < hi ? tu_round(dt, tu_uniform(-2, 1))
+                                        : -INFINITY;
             tu_store(raw, b8 ? SG_BOOL : dt, x, mv[x]);
         }
         u.mask = sg_from_host(ctx, b8 ? SG_BOOL : dt, b8 ? 1 : 4, b8 ? &c->S : ms, raw);

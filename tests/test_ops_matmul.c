@@ -445,7 +445,8 @@ static sg_status mm_step(sg_ctx *c, sg_tensor *const *in, sg_tensor **out, void 
 static void test_nan(void) {
     int64_t as[2] = {6, 40}, bs[2] = {40, 33};
     double *av, *bv;
-    sg_tensor *a0 = tu_rand(ctx, SG_F32, 2, as, -1, 1, &av), *b = tu_rand(ctx, SG_F32, 2, bs, -1, 1, &bv);
+    sg_tensor *a0 = tu_rand(ctx, SG_F32, 2, as, -1, 1, &av),
+              *b = tu_rand(ctx, SG_F32, 2, bs, -1, 1, &bv);
     float host[6 * 40];
     sg_read(a0, host, sizeof host);
     static const uint32_t nans[3] = {0x7fffffffu, 0xffffffffu, 0x7fc00000u};
@@ -459,10 +460,10 @@ static void test_nan(void) {
     double *want = ref_matmul(2, as, av, 2, bs, bv, &on, os);
     sg_fn *fn = NULL;
     sg_tensor *in[2] = {a, b}, *y = NULL;
-    bool ok = TU_EXPECT(sg_compile(ctx, mm_step, NULL, 2, 1,
-                                   &(sg_compile_opts){.mode = SG_MODE_REDUCE_OVERHEAD}, &fn) ==
-                        SG_OK) &&
-              TU_EXPECT(sg_call(fn, in, 2, &y, 1) == SG_OK);
+    bool ok =
+        TU_EXPECT(sg_compile(ctx, mm_step, NULL, 2, 1,
+                             &(sg_compile_opts){.mode = SG_MODE_REDUCE_OVERHEAD}, &fn) == SG_OK) &&
+        TU_EXPECT(sg_call(fn, in, 2, &y, 1) == SG_OK);
     double *got = ok ? tu_read(y) : NULL;
     int nan_rows = 0;
     for (int64_t i = 0; got && i < 6 * 33; i++) nan_rows += isnan(got[i]) && i % 33 == 0;

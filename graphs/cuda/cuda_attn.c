@@ -33,7 +33,8 @@
 #define DCL_KEYS 2048                 /* keys per split of sg_attn_decode8, at most */
 #define SCRATCH_CAP ((size_t)1 << 20) /* the op scratch that always exists (exec.c) */
 
-enum { CAUSAL = 1, VEC = 2, DECODE = 4, MDROP = 8 }; /* k_attn.cu's flags; CAUSAL is SG__ATTN_CAUSAL */
+/* k_attn.cu's flags; CAUSAL is SG__ATTN_CAUSAL, MDROP SG__ATTN_MASK_DROPS */
+enum { CAUSAL = 1, VEC = 2, DECODE = 4, MDROP = 8 };
 
 /* The same layout as struct ageom in k_attn.cu. */
 typedef struct ageom {
@@ -177,11 +178,10 @@ static sg_status launch_decode(sg_ctx *ctx, const sg__node *n, ageom *g) {
     g->flags |= DECODE;
     bool combine_too = g->nsplit > 1 && !cl;
     void *dec, *combine = NULL, *part = NULL;
-    sg_status st =
-        sg__cuda_kernel(ctx, SG__CU_ATTN,
-                        g->mdt >= 0 ? (cl ? "sg_attn_decode8_m" : "sg_attn_decode_m")
-                                    : (cl ? "sg_attn_decode8" : "sg_attn_decode"),
-                        &dec);
+    sg_status st = sg__cuda_kernel(ctx, SG__CU_ATTN,
+                                   g->mdt >= 0 ? (cl ? "sg_attn_decode8_m" : "sg_attn_decode_m")
+                                               : (cl ? "sg_attn_decode8" : "sg_attn_decode"),
+                                   &dec);
     if (st == SG_OK && combine_too)
         st = sg__cuda_kernel(ctx, SG__CU_ATTN, "sg_attn_combine", &combine);
     if (st == SG_OK && combine_too)

@@ -22,21 +22,22 @@
  * and sg_attn_combine merges the splits of each row in split order.
  *
  * sg_attn_decode: the lean kernel of decode (a few query rows, 16-byte K/V
- * rows of at most 32 vectors; sg_attn_decode_m with a mask, which first cuts
- * the row's keys to the first through the last it lets through, so that a
- * mask of the slots <= pos reads no more of the cache than kv_len would). Block (row, split) takes one
- * query row; T = D / W lanes share a key (W elements of 16 bytes each), so
- * a warp reads 32 / T keys per load and DU (2) such loads of K and of V per
- * lane before it uses the first, keeps an online softmax per lane group in
- * registers, and the groups and warps merge at the end through a few
- * shuffles and 4 KiB of shared memory. Its split count is chosen on the
- * device from the valid length (dchunk): at most nsplit blocks, each of at
- * least CMIN keys; blocks past the valid keys return at once, and a row
- * whose keys fit one split is written by that block, normalized, with no
- * scratch (sg_attn_combine then returns at once for it). sg_attn_decode8
- * is the same kernel with the DCL = 8 splits of a row as one block cluster
- * (sm_90): block 0 merges the splits' states out of the others' shared
- * memory and writes the row, so no combine kernel follows. The decode and
+ * rows of at most 32 vectors; sg_attn_decode_m with a mask, which first
+ * cuts the row's keys to the first through the last it lets through, so
+ * that a mask of the slots <= pos reads no more of the cache than kv_len
+ * would). Block (row, split) takes one query row; T = D / W lanes share a
+ * key (W elements of 16 bytes each), so a warp reads 32 / T keys per load
+ * and DU (2) such loads of K and of V per lane before it uses the first,
+ * keeps an online softmax per lane group in registers, and the groups and
+ * warps merge at the end through a few shuffles and 4 KiB of shared
+ * memory. Its split count is chosen on the device from the valid length
+ * (dchunk): at most nsplit blocks, each of at least CMIN keys; blocks past
+ * the valid keys return at once, and a row whose keys fit one split is
+ * written by that block, normalized, with no scratch (sg_attn_combine then
+ * returns at once for it). sg_attn_decode8 is the same kernel with the DCL
+ * = 8 splits of a row as one block cluster (sm_90): block 0 merges the
+ * splits' states out of the others' shared memory and writes the row, so
+ * no combine kernel follows. The decode and
  * combine kernels wait for the previous kernel (griddepcontrol.wait)
  * before reading, so the host may launch them as programmatic dependents.
  *
@@ -487,8 +488,8 @@ __device__ __forceinline__ void decode_prefetch(const void *k, const void *v, co
  * mask (the _m kernels), so that the kernels without one carry none of its code. */
 template <bool CL, bool MK>
 __device__ __forceinline__ void decode_body(const void *q, const void *k, const void *v,
-                                            const void *mk, const void *len, void *out,
-                                            float *part, const ageom &g) {
+                                            const void *mk, const void *len, void *out, float *part,
+                                            const ageom &g) {
     __shared__ float wm[NW], wl[NW], wa[NW][256];
     __shared__ unsigned long long mfirst, mlast;
     decode_prefetch<MK>(k, v, mk, len, g);
@@ -706,8 +707,8 @@ extern "C" __global__ void __cluster_dims__(1, DCL, 1) __launch_bounds__(NT)
 }
 
 extern "C" __global__ void __cluster_dims__(1, DCL, 1) __launch_bounds__(NT)
-    sg_attn_decode8_m(const void *q, const void *k, const void *v, const void *m,
-                      const void *len, void *out, float *part, ageom g) {
+    sg_attn_decode8_m(const void *q, const void *k, const void *v, const void *m, const void *len,
+                      void *out, float *part, ageom g) {
     decode_body<true, true>(q, k, v, m, len, out, part, g);
 }
 #endif
