@@ -19,7 +19,10 @@
  *   port   - hf, and the rest as a port of Hugging Face's modeling_llama (or
  *            llama2.c) writes it: q, k and v projected apart (three weights),
  *            rotary embeddings as q * cos + rotate_half(q) * sin over
- *            full-width tables, RMSNorm in f32 (weight * cast back).
+ *            full-width tables, RMSNorm in f32 (weight * cast back);
+ *   meta   - port with llama2.c's (Meta's) rotary embeddings: each pair of
+ *            adjacent elements (2i, 2i + 1) rotated, through a (.., HD/2, 2)
+ *            view, its two narrowed halves and their concat.
  * Prints us per token (median of 5 loops of 100 tokens, positions 600..699)
  * and the kernels per step that sg_fn_explain counts. Not built by CMake;
  * on a GPU machine, after building the library in build-dev:
@@ -39,14 +42,14 @@ enum { L = 12, D = 1024, HQ = 16, HKV = 4, HD = 64, F = 2816, V = 32000, S = 204
 #define EPS 1e-5
 
 typedef struct model {
-    int style; /* 0 fused, 1 plain, 2 prims, 3 hf, 4 repkv, 5 port */
+    int style; /* 0 fused, 1 plain, 2 prims, 3 hf, 4 repkv, 5 port, 6 meta */
     sg_tensor *g1[L], *wqkv[L], *wo[L], *g2[L], *w1[L], *w3[L], *w2[L], *kc[L], *vc[L];
     sg_tensor *gf, *wout, *cos, *sin, *slots;
     sg_tensor *wq[L], *wk[L], *wv[L]; /* port: wqkv's rows as tensors of their own */
 } model;
 
 static sg_tensor *norm(const model *m, sg_tensor *x, sg_tensor *g) {
-    if (m->style == 5) { /* LlamaRMSNorm */
+    if (m->style >= 5) { /* LlamaRMSNorm */
         sg_tensor *h = sg_cast(x, SG_F32);
         int last = -1;
         sg_tensor *var = sg_mean(sg_pow_scalar(h, 2), 1, &last, true);
@@ -69,6 +72,15 @@ static sg_tensor *rotate_half(sg_tensor *t) { /* cat(-x2, x1) */
     return sg_concat(2, h, 3);
 }
 
+/* t (1, h, 1, HD): pairs (2i, 2i + 1) rotated by c, s (1, 1, 1, HD/2). */
+static sg_tensor *rotate_pairs(sg_tensor *t, int64_t h, sg_tensor *c, sg_tensor *s) {
+    int64_t ps[5] = {1, h, 1, HD / 2, 2}, cs5[5] = {1, 1, 1, HD / 2, 1}, back[4] = {1, h, 1, HD};
+    sg_tensor *p = sg_reshape(t, 5, ps), *c5 = sg_reshape(c, 5, cs5), *s5 = sg_reshape(s, 5, cs5);
+    sg_tensor *x0 = sg_narrow(p, 4, 0, 1), *x1 = sg_narrow(p, 4, 1, 1);
+    sg_tensor *r[2] = {sg_sub(sg_mul(x0, c5), sg_mul(x1, s5)), sg_add(sg_mul(x0, s5), sg_mul(x1, c5))};
+    return sg_reshape(sg_concat(2, r, 4), 4, back);
+}
+
 static sg_tensor *heads(sg_tensor *t, int64_t h) { /* (1, 1, h * HD) -> (1, h, 1, HD) */
     return sg_transpose(sg_reshape(t, 4, (int64_t[]){1, 1, h, HD}), 1, 2);
 }
@@ -83,8 +95,11 @@ static sg_status step(sg_ctx *c, sg_tensor *const *in, sg_tensor **out, void *us
     sg_tensor *mask = sg_le(m->slots, pos), *drop = sg_gt(m->slots, pos);
     for (int l = 0; l < L; l++) {
         sg_tensor *hn = norm(m, x, m->g1[l]), *q, *k, *v;
-        sg_tensor *qkv = m->style == 5 ? NULL : sg_linear(hn, m->wqkv[l], NULL);
-        if (m->style == 5) {
+        sg_tensor *qkv = m->style >= 5 ? NULL : sg_linear(hn, m->wqkv[l], NULL);
+        if (m->style == 6) {
+            q = rotate_pairs(heads(sg_linear(hn, m->wq[l], NULL), HQ), HQ, cs, sn);
+            k = rotate_pairs(heads(sg_linear(hn, m->wk[l], NULL), HKV), HKV, cs, sn);
+        } else if (m->style == 5) {
             sg_tensor *cc[2] = {cs, cs}, *ss[2] = {sn, sn};
             sg_tensor *cf = sg_concat(2, cc, 3), *sf = sg_concat(2, ss, 3);
             q = heads(sg_linear(hn, m->wq[l], NULL), HQ);
@@ -98,7 +113,7 @@ static sg_status step(sg_ctx *c, sg_tensor *const *in, sg_tensor **out, void *us
             q = rotate(heads(sg_narrow(qkv, 2, 0, HQ * HD), HQ), cs, sn);
             k = rotate(heads(sg_narrow(qkv, 2, HQ * HD, HKV * HD), HKV), cs, sn);
         }
-        v = m->style == 5 ? heads(sg_linear(hn, m->wv[l], NULL), HKV)
+        v = m->style >= 5 ? heads(sg_linear(hn, m->wv[l], NULL), HKV)
                           : heads(sg_narrow(qkv, 2, (HQ + HKV) * HD, HKV * HD), HKV);
         sg_status st = sg_index_copy_(m->kc[l], 2, pos, k);
         if (st == SG_OK) st = sg_index_copy_(m->vc[l], 2, pos, v);
@@ -186,9 +201,10 @@ int main(int argc, char **argv) {
     m.slots = sg_arange(ctx, SG_I64, 0, S, 1);
     int64_t xs[3] = {1, 1, D}, one = 1;
     sg_tensor *x = rnd(ctx, 3, xs, -1, 1);
-    static const char *const names[6] = {"fused", "plain", "prims", "hf", "repkv", "port"};
-    float first[6][8];
-    for (int style = 0; style < 6; style++) {
+    static const char *const names[7] = {"fused", "plain", "prims", "hf",
+                                         "repkv", "port",  "meta"};
+    float first[7][8];
+    for (int style = 0; style < 7; style++) {
         m.style = style;
         sg_fn *fn = NULL;
         if (sg_compile(ctx, step, &m, 2, 1, &(sg_compile_opts){.mode = SG_MODE_REDUCE_OVERHEAD},
