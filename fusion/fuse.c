@@ -592,19 +592,27 @@ static bool merged_safe(const sg__ir *ir, const int *alias, const sg__group *g) 
     return true;
 }
 
+/* a's members, then b's with their sources renumbered after them: a new
+ * array of a->n + b->n members, or NULL when out of memory. */
+static sg__gnode *joined_members(sg_ctx *ctx, const sg__group *a, const sg__group *b) {
+    sg__gnode *g = sg__alloc(ctx, sizeof *g * (size_t)(a->n + b->n));
+    if (!g) return NULL;
+    memcpy(g, a->g, sizeof *g * (size_t)a->n);
+    for (int k = 0; k < b->n; k++) {
+        sg__gnode gn = b->g[k];
+        for (int j = 0; j < 4; j++)
+            if (gn.arg_src[j] >= 0) gn.arg_src[j] += a->n;
+        g[a->n + k] = gn;
+    }
+    return g;
+}
+
 /* ROW or REDUCE group r and MATMUL group m as one group (r's members, then
  * m's, renumbered), or false when out of memory. */
 static bool merge_norm(sg_ctx *ctx, const sg__group *r, const sg__group *m, int p, sg__group *out) {
     *out = *m;
-    out->g = sg__alloc(ctx, sizeof *out->g * (size_t)(r->n + m->n));
+    out->g = joined_members(ctx, r, m);
     if (!out->g) return false;
-    memcpy(out->g, r->g, sizeof *out->g * (size_t)r->n);
-    for (int k = 0; k < m->n; k++) {
-        sg__gnode gn = m->g[k];
-        for (int j = 0; j < 4; j++)
-            if (gn.arg_src[j] >= 0) gn.arg_src[j] += r->n;
-        out->g[r->n + k] = gn;
-    }
     out->n = r->n + m->n;
     out->anchor = r->n + m->anchor;
     out->g[out->anchor].arg_src[0] = p;
@@ -691,17 +699,10 @@ static bool merge_pair(sg_ctx *ctx, const sg__ir *ir, const int *alias, const sg
     const sg__ref *xa = arg_ref(ir, na, 0, alias), *xb = arg_ref(ir, nb, 0, alias);
     if (na->op != nb->op || !xa || !xb || !same_geom(xa, xb)) return false;
     *out = *b;
-    out->g = sg__alloc(ctx, sizeof *out->g * (size_t)(a->n + b->n));
+    out->g = joined_members(ctx, a, b);
     if (!out->g) {
         *oom = true;
         return false;
-    }
-    memcpy(out->g, a->g, sizeof *out->g * (size_t)a->n);
-    for (int k = 0; k < b->n; k++) {
-        sg__gnode gn = b->g[k];
-        for (int j = 0; j < 4; j++)
-            if (gn.arg_src[j] >= 0) gn.arg_src[j] += a->n;
-        out->g[a->n + k] = gn;
     }
     out->g[a->n].arg_src[0] = a->g[a->anchor].arg_src[0]; /* a's x: the norm's value, or memory */
     out->n = a->n + b->n;
@@ -823,17 +824,10 @@ static bool merge_segments(sg_ctx *ctx, const sg__ir *ir, const int *alias, cons
         if (n->op != xa->op || !ra || !rb || !same_geom(ra, rb)) return false;
     }
     *out = *a;
-    out->g = sg__alloc(ctx, sizeof *out->g * (size_t)(a->n + b->n));
+    out->g = joined_members(ctx, a, b);
     if (!out->g) {
         *oom = true;
         return false;
-    }
-    memcpy(out->g, a->g, sizeof *out->g * (size_t)a->n);
-    for (int k = 0; k < b->n; k++) {
-        sg__gnode gn = b->g[k];
-        for (int j = 0; j < 4; j++)
-            if (gn.arg_src[j] >= 0) gn.arg_src[j] += a->n;
-        out->g[a->n + k] = gn;
     }
     out->n = a->n + b->n;
     out->anchor2 = 0;
@@ -1613,15 +1607,8 @@ static bool post_of_argmax(const sg__ir *ir, const int *alias, const sg__group *
 
 /* merged with group p appended as its post members, or false when out of memory. */
 static bool append_post(sg_ctx *ctx, sg__group *merged, const sg__group *p) {
-    sg__gnode *g = sg__alloc(ctx, sizeof *g * (size_t)(merged->n + p->n));
+    sg__gnode *g = joined_members(ctx, merged, p);
     if (!g) return false;
-    memcpy(g, merged->g, sizeof *g * (size_t)merged->n);
-    for (int k = 0; k < p->n; k++) {
-        sg__gnode gn = p->g[k];
-        for (int j = 0; j < 4; j++)
-            if (gn.arg_src[j] >= 0) gn.arg_src[j] += merged->n;
-        g[merged->n + k] = gn;
-    }
     sg__free(ctx, merged->g, sizeof *g * (size_t)merged->n);
     merged->g = g;
     merged->post = merged->n;
