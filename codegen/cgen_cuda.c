@@ -2084,6 +2084,12 @@ static bool emit_group(gen *g, const sg__group *grp, sg__cuda_kinfo *ki, bool *a
         g->unsupported = "argmax merged into a GEMV (SG_GEMV_ARGMAX=1)";
         return false;
     }
+    /* Products merged for a GEMV kernel (a pair, segments) have no other
+     * kernel: the library would run the first alone. */
+    if (!is_gemv && grp->kind == SG__G_MATMUL && (grp->anchor2 || grp->nseg)) {
+        g->unsupported = "matmuls of one x merged for a GEMV kernel that the dialect's plan refused";
+        return false;
+    }
     int from = grp->anchor >= 0 ? grp->anchor + 1 : 0;
     /* A MATMUL group no GEMV kernel takes: the generated GEMM, where the
      * dialect wants it (cgen_gemm.c). */
@@ -2123,6 +2129,7 @@ static bool emit_group(gen *g, const sg__group *grp, sg__cuda_kinfo *ki, bool *a
         used_slots(g, grp, 0);
         lslot(g, p.o->slot);
         if (p.o2) lslot(g, p.o2->slot);
+        for (int j = 0; j < p.nseg; j++) lslot(g, p.so[j]->slot);
         ki->grid = emit_gemv(g, grp, &p);
         ki->iters = p.n;
         /* Warps per block vary, except where the norm's team is the block or
