@@ -2087,7 +2087,8 @@ static bool emit_group(gen *g, const sg__group *grp, sg__cuda_kinfo *ki, bool *a
     /* Products merged for a GEMV kernel (a pair, segments) have no other
      * kernel: the library would run the first alone. */
     if (!is_gemv && grp->kind == SG__G_MATMUL && (grp->anchor2 || grp->nseg)) {
-        g->unsupported = "matmuls of one x merged for a GEMV kernel that the dialect's plan refused";
+        g->unsupported =
+            "matmuls of one x merged for a GEMV kernel that the dialect's plan refused";
         return false;
     }
     int from = grp->anchor >= 0 ? grp->anchor + 1 : 0;
