@@ -376,6 +376,62 @@ static void attn_cases(void) {
     for (size_t i = 0; i < sizeof fs / sizeof fs[0]; i++) attn_case(&fs[i]);
 }
 
+/* The cache written between the scores and the result: the form reads the
+ * old K, the op at the result would read the new one, so it stays as
+ * written. in = {q (1, 4, 1, 16), K (1, 4, 24, 16), V, pos, k_new (1, 4, 1, 16)}. */
+static sg_status late_write_step(sg_ctx *c, sg_tensor *const *in, sg_tensor **out, void *user) {
+    (void)user;
+    sg_tensor *s = sg_mul_scalar(sg_matmul(in[0], sg_transpose(in[1], 2, 3)), 0.25);
+    s = sg_masked_fill(s, sg_gt(slots, in[3]), -INFINITY);
+    sg_status st = sg_index_copy_(in[1], 2, in[3], in[4]);
+    if (st != SG_OK) return st;
+    out[0] = sg_matmul(sg_softmax(s, -1), in[2]);
+    return out[0] ? SG_OK : sg_ctx_status(c);
+}
+
+static void late_write_case(void) {
+    tu_seed(4242);
+    int64_t qs[4] = {1, 4, 1, 16}, ks[4] = {1, 4, 24, 16}, pos = 9;
+    double *qv, *kv, *vv, *nv;
+    sg_tensor *in[5] = {tu_rand(ctx, SG_F32, 4, qs, -1, 1, &qv), tu_rand(ctx, SG_F32, 4, ks, -1, 1, &kv),
+                        tu_rand(ctx, SG_F32, 4, ks, -1, 1, &vv), sg_from_host(ctx, SG_I64, 1,
+                        (int64_t[]){1}, &pos), tu_rand(ctx, SG_F32, 4, qs, -1, 1, &nv)};
+    slots = sg_arange(ctx, SG_I64, 0, 24, 1);
+    double want[4 * 16];
+    for (int h = 0; h < 4; h++) {
+        double p[24], mx = -INFINITY, sum = 0;
+        for (int j = 0; j < 24; j++) {
+            double d = 0;
+            for (int e = 0; e < 16; e++) d += qv[h * 16 + e] * kv[(h * 24 + j) * 16 + e];
+            p[j] = j > pos ? -INFINITY : d * 0.25, mx = fmax(mx, p[j]);
+        }
+        for (int j = 0; j < 24; j++) sum += p[j] = exp(p[j] - mx);
+        for (int e = 0; e < 16; e++) {
+            double o = 0;
+            for (int j = 0; j < 24; j++) o += p[j] * vv[(h * 24 + j) * 16 + e];
+            want[h * 16 + e] = o / sum;
+        }
+    }
+    sg_fn *fn = NULL;
+    sg_tensor *y = NULL;
+    bool ok = TU_EXPECT(sg_compile(ctx, late_write_step, NULL, 5, 1,
+                                   &(sg_compile_opts){.mode = SG_MODE_REDUCE_OVERHEAD}, &fn) ==
+                        SG_OK) &&
+              TU_EXPECT(sg_call(fn, in, 5, &y, 1) == SG_OK);
+    double *got = ok ? tu_read(y) : NULL, *kafter = ok ? tu_read(in[1]) : NULL;
+    ok = ok && got && kafter && tu_close("attention over the old K", got, want, 64, 1e-5, 1e-6) &&
+         TU_EXPECT(kafter[(0 * 24 + pos) * 16 + 3] == nv[3]) && TU_EXPECT(kernels_of(fn) > 2);
+    if (!ok) fprintf(stderr, "  %s\n%s\n", sg_last_error(ctx), fn ? sg_fn_explain(fn) : "");
+    tu_case(ok, "WRITTEN_ATTENTION_LATE_CACHE_WRITE(f32,Hq=4,S=24,D=16,K written at pos 9 between "
+                "the scores and the result) -> as written (%d kernels), the old K's result as f64's",
+            ok ? kernels_of(fn) : -1);
+    sg_clear_error(ctx);
+    sg_fn_destroy(fn);
+    for (int i = 0; i < 5; i++) sg_release(in[i]);
+    sg_release(slots);
+    free(qv), free(kv), free(vv), free(nv), free(got), free(kafter);
+}
+
 /* ------------------------------------------------------------ under sg_grad */
 
 static sg_status grad_step(sg_ctx *c, sg_tensor *const *in, sg_tensor **out, void *user) {
@@ -424,6 +480,7 @@ int main(void) {
     for (uint64_t seed = 1; seed <= 24; seed++) forward_case(seed);
     for (uint64_t seed = 1; seed <= 24; seed++) ln_case(seed);
     attn_cases();
+    late_write_case();
     grad_case(SG_MODE_REDUCE_OVERHEAD);
     grad_case(SG_MODE_EAGER);
     sg_ctx_destroy(ctx);
