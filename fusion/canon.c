@@ -49,24 +49,13 @@ static const sg__ref *arg(const canon *c, const sg__irnode *n, int j) {
     return r < 0 ? NULL : &c->ir->refs[r];
 }
 
-/* The same elements of one slot in the same order (a size-1 dim's stride aside). */
-static bool same_view(const sg__ref *a, const sg__ref *b) {
-    if (!a || !b || a->slot != b->slot || a->dtype != b->dtype || a->ndim != b->ndim ||
-        a->offset != b->offset)
-        return false;
-    for (int d = 0; d < a->ndim; d++)
-        if (a->shape[d] != b->shape[d] || (a->shape[d] > 1 && a->stride[d] != b->stride[d]))
-            return false;
-    return true;
-}
-
 /* The node writing r's slot, when it is op and writes r's exact view; else NULL. */
 static const sg__irnode *made_by(const canon *c, const sg__ref *r, sg__op op) {
     if (!r) return NULL;
     int w = c->writer[r->slot];
     if (w < 0) return NULL;
     const sg__irnode *n = &c->ir->nodes[w];
-    return n->op == op && same_view(&c->ir->refs[n->out], r) ? n : NULL;
+    return n->op == op && sg__same_geom(&c->ir->refs[n->out], r) ? n : NULL;
 }
 
 /* r's slot is an intermediate read exactly `reads` times and nowhere else. */
@@ -108,7 +97,7 @@ static const sg__ref *shifted(const canon *c, const sg__ref *t, int reads, int *
     if (!sub || !private_value(c, t, reads)) return NULL;
     const sg__ref *x = arg(c, sub, 0), *m = arg(c, sub, 1);
     const sg__irnode *mx = made_by(c, m, SG__OP_MAX);
-    if (!x || !mx || !private_value(c, m, 1) || !same_view(arg(c, mx, 0), x) || !same_shape(x, t) ||
+    if (!x || !mx || !private_value(c, m, 1) || !sg__same_geom(arg(c, mx, 0), x) || !same_shape(x, t) ||
         !sg__dtype_is_float(x->dtype))
         return NULL;
     *dim = kept_dim(c, mx, x);
@@ -168,7 +157,7 @@ static bool softmax_at(canon *c, int i) {
     const sg__ref *x = shifted(c, t, shared ? 1 : 2, &d, &from);
     if (!x) return false;
     const sg__ref *ts = sum_of_exp(c, den, d, shared ? 2 : 1);
-    if (!ts || !same_view(ts, t) || (!shared && !private_value(c, num, 1))) return false;
+    if (!ts || !sg__same_geom(ts, t) || (!shared && !private_value(c, num, 1))) return false;
     if (!unwritten(c, x, from, i)) return false;
     rewrite(c, i, SG__OP_SOFTMAX, 1, &x, 0, d);
     return true;
@@ -185,7 +174,7 @@ static bool log_softmax_at(canon *c, int i) {
     const sg__ref *x = shifted(c, t, 2, &d, &from);
     if (!x) return false;
     const sg__ref *ts = sum_of_exp(c, arg(c, lg, 0), d, 1);
-    if (!ts || !same_view(ts, t) || !unwritten(c, x, from, i)) return false;
+    if (!ts || !sg__same_geom(ts, t) || !unwritten(c, x, from, i)) return false;
     rewrite(c, i, SG__OP_LOG_SOFTMAX, 1, &x, 0, d);
     return true;
 }
@@ -245,12 +234,12 @@ static const sg__ref *normalized(const canon *c, const sg__ref *n, double *eps, 
     if (!x || x->ndim < 1 || !sg__dtype_is_float(x->dtype) || !same_shape(x, xc)) return NULL;
     int last = x->ndim - 1;
     const sg__irnode *vn = made_by(c, v, SG__OP_VAR), *mn = made_by(c, mu, SG__OP_MEAN);
-    if (!mn || !private_value(c, mu, 1) || !same_view(arg(c, mn, 0), x) ||
+    if (!mn || !private_value(c, mu, 1) || !sg__same_geom(arg(c, mn, 0), x) ||
         kept_dim(c, mn, x) != last)
         return NULL;
     *from = (int)(mn - c->ir->nodes);
     if (vn) { /* var(x, correction 0) */
-        if (vn->i[0] != 0 || !same_view(arg(c, vn, 0), x) || kept_dim(c, vn, x) != last ||
+        if (vn->i[0] != 0 || !sg__same_geom(arg(c, vn, 0), x) || kept_dim(c, vn, x) != last ||
             !private_value(c, xc, 1))
             return NULL;
         int at = (int)(vn - c->ir->nodes);
@@ -262,9 +251,9 @@ static const sg__ref *normalized(const canon *c, const sg__ref *n, double *eps, 
     const sg__ref *sq = arg(c, mv, 0);
     const sg__irnode *mul = made_by(c, sq, SG__OP_MUL), *pw = made_by(c, sq, SG__OP_POW_SCALAR);
     if (!private_value(c, sq, 1)) return NULL;
-    if (mul && mul->nin == 2 && same_view(arg(c, mul, 0), xc) && same_view(arg(c, mul, 1), xc))
+    if (mul && mul->nin == 2 && sg__same_geom(arg(c, mul, 0), xc) && sg__same_geom(arg(c, mul, 1), xc))
         return private_value(c, xc, 3) ? x : NULL;
-    if (pw && pw->f[0] == 2.0 && same_view(arg(c, pw, 0), xc))
+    if (pw && pw->f[0] == 2.0 && sg__same_geom(arg(c, pw, 0), xc))
         return private_value(c, xc, 2) ? x : NULL;
     return NULL;
 }
@@ -362,7 +351,7 @@ static sg__ref unrepeated(const canon *c, const sg__ref *t, int reads, int *from
     if (!cp || cp->op != SG__OP_COPY || cp->nin != 1 || !private_value(c, t, reads)) return *t;
     const sg__ref *o = &c->ir->refs[cp->out], *x = arg(c, cp, 0);
     if (x && o->ndim == 4 && x->ndim == 4 && x->dtype == t->dtype && x->stride[1] == 0 &&
-        o->offset == t->offset && dense(o) && same_view(o, t)) {
+        o->offset == t->offset && dense(o) && sg__same_geom(o, t)) {
         /* one K/V head repeated: the view reads it with stride 0 over the heads */
         sg__ref r = *x;
         r.shape[1] = 1;

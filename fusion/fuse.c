@@ -15,15 +15,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 
-static bool same_geom(const sg__ref *a, const sg__ref *b) {
-    if (a->slot != b->slot || a->dtype != b->dtype || a->ndim != b->ndim || a->offset != b->offset)
-        return false;
-    for (int d = 0; d < a->ndim; d++)
-        if (a->shape[d] != b->shape[d] || (a->shape[d] > 1 && a->stride[d] != b->stride[d]))
-            return false;
-    return true;
-}
-
 static bool same_shape(int nd, const int64_t *s, const sg__ref *r) {
     if (r->ndim != nd) return false;
     for (int d = 0; d < nd; d++)
@@ -76,7 +67,7 @@ static bool same_node(const sg__ir *ir, const sg__irnode *a, const sg__irnode *b
         return false;
     for (int j = 0; j < a->nin; j++) {
         const sg__ref *x = arg_ref(ir, a, j, alias), *y = arg_ref(ir, b, j, alias);
-        if ((x == NULL) != (y == NULL) || (x && !same_geom(x, y))) return false;
+        if ((x == NULL) != (y == NULL) || (x && !sg__same_geom(x, y))) return false;
     }
     return true;
 }
@@ -108,7 +99,7 @@ static void cse(const sg__ir *ir, bool *dead, int *alias, const int *writes) {
          * would still name the removed node's slot: keep such nodes. */
         bool other_view = false;
         for (int r = 0; r < ir->nrefs && !other_view; r++)
-            if (ir->refs[r].slot == o->slot && !same_geom(&ir->refs[r], o)) other_view = true;
+            if (ir->refs[r].slot == o->slot && !sg__same_geom(&ir->refs[r], o)) other_view = true;
         if (other_view) continue;
         for (int k = i - 1; k >= 0; k--) {
             const sg__irnode *m = &ir->nodes[k];
@@ -123,7 +114,7 @@ static void cse(const sg__ir *ir, bool *dead, int *alias, const int *writes) {
             dead[i] = true;
             /* Every ref of i's output slot with i's geometry now names m's. */
             for (int r = 0; r < ir->nrefs; r++)
-                if (same_geom(&ir->refs[r], o)) alias[r] = m->out;
+                if (sg__same_geom(&ir->refs[r], o)) alias[r] = m->out;
             break;
         }
     }
@@ -132,7 +123,7 @@ static void cse(const sg__ir *ir, bool *dead, int *alias, const int *writes) {
 /* Whether a view of slot `slot` with a geometry other than r's exists. */
 static bool other_view(const sg__ir *ir, const sg__ref *r) {
     for (int q = 0; q < ir->nrefs; q++)
-        if (ir->refs[q].slot == r->slot && !same_geom(&ir->refs[q], r)) return true;
+        if (ir->refs[q].slot == r->slot && !sg__same_geom(&ir->refs[q], r)) return true;
     return false;
 }
 
@@ -162,7 +153,7 @@ static void forward_copies(const sg__ir *ir, bool *dead, int *alias, const int *
             continue;
         dead[i] = true;
         for (int r = 0; r < ir->nrefs; r++) /* cse's aliases of the copy too */
-            if (alias[r] == n->out || same_geom(&ir->refs[r], o)) alias[r] = xr;
+            if (alias[r] == n->out || sg__same_geom(&ir->refs[r], o)) alias[r] = xr;
     }
 }
 
@@ -261,7 +252,7 @@ static int producer(const builder *b, const sg__ref *r, bool *conflict) {
     for (int k = 0; k < b->nscratch; k++) {
         const sg__ref *o = &b->ir->refs[b->alias[b->ir->nodes[b->scratch[k].node].out]];
         if (o->slot != r->slot) continue;
-        if (same_geom(o, r))
+        if (sg__same_geom(o, r))
             found = k;
         else
             *conflict = true;
@@ -275,7 +266,7 @@ static bool loads_other_geom(const builder *b, int slot, const sg__ref *g) {
         const sg__irnode *n = &b->ir->nodes[b->scratch[k].node];
         for (int j = 0; j < n->nin; j++) {
             const sg__ref *a = arg_ref(b->ir, n, j, b->alias);
-            if (a && a->slot == slot && src_of(&b->scratch[k], j) < 0 && !same_geom(a, g))
+            if (a && a->slot == slot && src_of(&b->scratch[k], j) < 0 && !sg__same_geom(a, g))
                 return true;
         }
     }
@@ -570,7 +561,7 @@ static int norm_feeds(const sg__ir *ir, const int *alias, const sg__group *r, co
             if (a && a->slot == o->slot) return -1;
         }
         if (o->slot != x->slot) continue;
-        if (!same_geom(o, x)) return -1;
+        if (!sg__same_geom(o, x)) return -1;
         p = k;
     }
     int from = r->kind == SG__G_REDUCE ? r->bcast : r->anchor;
@@ -590,6 +581,17 @@ static bool merged_safe(const sg__ir *ir, const int *alias, const sg__group *g) 
             if (member_loads(ir, alias, &g->g[q], slot)) return false;
     }
     return true;
+}
+
+/* Groups k and j (k < j) replaced by merged at k: their members freed, j
+ * taken out of the list. */
+static void replace_pair(sg_ctx *ctx, sg__fused *f, int k, int j, const sg__group *merged) {
+    sg__group *a = &f->groups[k], *b = &f->groups[j];
+    sg__free(ctx, a->g, sizeof *a->g * (size_t)(a->n ? a->n : 1));
+    sg__free(ctx, b->g, sizeof *b->g * (size_t)(b->n ? b->n : 1));
+    *a = *merged;
+    memmove(b, b + 1, sizeof *b * (size_t)(f->ngroups - j - 1));
+    f->ngroups--;
 }
 
 /* a's members, then b's with their sources renumbered after them: a new
@@ -655,11 +657,7 @@ static sg_status norms_into_gemv(sg_ctx *ctx, const sg__ir *ir, const int *alias
             sg__free(ctx, merged.g, sizeof *merged.g * (size_t)merged.n);
             continue;
         }
-        sg__free(ctx, r->g, sizeof *r->g * (size_t)(r->n ? r->n : 1));
-        sg__free(ctx, m->g, sizeof *m->g * (size_t)(m->n ? m->n : 1));
-        *r = merged;
-        memmove(m, m + 1, sizeof *m * (size_t)(f->ngroups - k - 2));
-        f->ngroups--;
+        replace_pair(ctx, f, k, k + 1, &merged);
     }
     return SG_OK;
 }
@@ -680,7 +678,7 @@ static bool rewire_pair(const sg__ir *ir, const int *alias, const sg__ref *o, sg
         for (int j = 0; j < n->nin; j++) {
             const sg__ref *r = arg_ref(ir, n, j, alias);
             if (!r || r->slot != o->slot || src_of(gn, j) >= 0) continue;
-            if (k == from || j >= 4 || !same_geom(r, o)) return false;
+            if (k == from || j >= 4 || !sg__same_geom(r, o)) return false;
             gn->arg_src[j] = ia;
         }
     }
@@ -697,7 +695,7 @@ static bool merge_pair(sg_ctx *ctx, const sg__ir *ir, const int *alias, const sg
         return false;
     const sg__irnode *na = &ir->nodes[a->g[a->anchor].node], *nb = &ir->nodes[b->g[0].node];
     const sg__ref *xa = arg_ref(ir, na, 0, alias), *xb = arg_ref(ir, nb, 0, alias);
-    if (na->op != nb->op || !xa || !xb || !same_geom(xa, xb)) return false;
+    if (na->op != nb->op || !xa || !xb || !sg__same_geom(xa, xb)) return false;
     *out = *b;
     out->g = joined_members(ctx, a, b);
     if (!out->g) {
@@ -740,11 +738,7 @@ static sg_status gemv_pairs(sg_ctx *ctx, const sg__ir *ir, const int *alias, sg_
             sg__free(ctx, merged.g, sizeof *merged.g * (size_t)merged.n);
             continue;
         }
-        sg__free(ctx, a->g, sizeof *a->g * (size_t)(a->n ? a->n : 1));
-        sg__free(ctx, b->g, sizeof *b->g * (size_t)(b->n ? b->n : 1));
-        *a = merged;
-        memmove(b, b + 1, sizeof *b * (size_t)(f->ngroups - k - 2));
-        f->ngroups--;
+        replace_pair(ctx, f, k, k + 1, &merged);
     }
     return SG_OK;
 }
@@ -821,7 +815,7 @@ static bool merge_segments(sg_ctx *ctx, const sg__ir *ir, const int *alias, cons
     for (int j = 0; j < nb; j++) {
         const sg__irnode *n = &ir->nodes[b->g[sb[j]].node];
         const sg__ref *rb = arg_ref(ir, n, 0, alias);
-        if (n->op != xa->op || !ra || !rb || !same_geom(ra, rb)) return false;
+        if (n->op != xa->op || !ra || !rb || !sg__same_geom(ra, rb)) return false;
     }
     *out = *a;
     out->g = joined_members(ctx, a, b);
@@ -865,11 +859,7 @@ static sg_status gemv_segments(sg_ctx *ctx, const sg__ir *ir, const int *alias, 
                 sg__free(ctx, merged.g, sizeof *merged.g * (size_t)merged.n);
                 continue;
             }
-            sg__free(ctx, a->g, sizeof *a->g * (size_t)(a->n ? a->n : 1));
-            sg__free(ctx, b->g, sizeof *b->g * (size_t)(b->n ? b->n : 1));
-            *a = merged;
-            memmove(b, b + 1, sizeof *b * (size_t)(f->ngroups - j - 1));
-            f->ngroups--;
+            replace_pair(ctx, f, k, j, &merged);
             j = k; /* a may take another after it */
         }
     }
@@ -1641,11 +1631,7 @@ static sg_status argmax_into_gemv(sg_ctx *ctx, const sg__ir *ir, const int *alia
             sg__free(ctx, merged.g, sizeof *merged.g * (size_t)merged.n);
             continue;
         }
-        sg__free(ctx, m->g, sizeof *m->g * (size_t)(m->n ? m->n : 1));
-        sg__free(ctx, r->g, sizeof *r->g * (size_t)(r->n ? r->n : 1));
-        *m = merged;
-        memmove(r, r + 1, sizeof *r * (size_t)(f->ngroups - k - 2));
-        f->ngroups--;
+        replace_pair(ctx, f, k, k + 1, &merged);
         if (k + 1 >= f->ngroups || !post_of_argmax(ir, alias, m, &f->groups[k + 1])) continue;
         sg__group *p = &f->groups[k + 1];
         merged = *m;
@@ -1660,11 +1646,7 @@ static sg_status argmax_into_gemv(sg_ctx *ctx, const sg__ir *ir, const int *alia
             sg__free(ctx, merged.g, sizeof *merged.g * (size_t)merged.n);
             continue;
         }
-        sg__free(ctx, m->g, sizeof *m->g * (size_t)m->n);
-        sg__free(ctx, p->g, sizeof *p->g * (size_t)(p->n ? p->n : 1));
-        *m = merged;
-        memmove(p, p + 1, sizeof *p * (size_t)(f->ngroups - k - 2));
-        f->ngroups--;
+        replace_pair(ctx, f, k, k + 1, &merged);
     }
     return SG_OK;
 }

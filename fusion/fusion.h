@@ -341,6 +341,18 @@ typedef struct sg__fuse_opts {
  * rewritten in ir as the op itself (canon.c), before fusion; *done gets how
  * many. SG_ERR_OOM when host memory runs out (ir then holds the rewrites
  * made so far, each whole). */
+/* The same elements of one slot in the same order (a size-1 dim's stride
+ * aside); false when either is NULL. */
+static inline bool sg__same_geom(const sg__ref *a, const sg__ref *b) {
+    if (!a || !b || a->slot != b->slot || a->dtype != b->dtype || a->ndim != b->ndim ||
+        a->offset != b->offset)
+        return false;
+    for (int d = 0; d < a->ndim; d++)
+        if (a->shape[d] != b->shape[d] || (a->shape[d] > 1 && a->stride[d] != b->stride[d]))
+            return false;
+    return true;
+}
+
 SG__HIDDEN sg_status sg__canon(sg_ctx *ctx, sg__ir *ir, int *done);
 SG__HIDDEN sg_status sg__fuse(sg_ctx *ctx, const sg__ir *ir, const sg__fuse_opts *opts,
                               sg__fused *out);
