@@ -432,6 +432,69 @@ static void late_write_case(void) {
     free(qv), free(kv), free(vv), free(nv), free(got), free(kafter);
 }
 
+/*
+ * Every host allocation of a capture whose attention is written out (the
+ * rewrite's new refs and inputs among them) failing in turn, on the CPU: the
+ * call returns SG_ERR_OOM with a message about memory, and the same call
+ * retried clean gives f64's result.
+ */
+static void attn_oom_sweep(void) {
+    static const aform f = {1, 8, 2, 1, 64, 16, 0, 0, 1, 0, false, false, SG_F32};
+    int64_t qs[4] = {1, 8, 1, 16}, ks[4] = {1, 2, 64, 16}, ms[2] = {1, 64}, pos = 20;
+    long runs = 0, failures = 0;
+    bool ok = true, clean = false;
+    for (long n = 1; ok && !clean && n < 100000; n++, runs++) {
+        tu_alloc hook = {0};
+        sg_ctx *c = tu_ctx((sg_ctx_opts){.alloc = tu_alloc_hook, .alloc_user = &hook});
+        sg_ctx *keep = ctx;
+        ctx = c;
+        tu_seed(77);
+        double *qv, *kv, *vv, *mv, want[8 * 16], p[64];
+        sg_tensor *in[5] = {tu_rand(c, SG_F32, 4, qs, -1, 1, &qv), tu_rand(c, SG_F32, 4, ks, -1, 1, &kv),
+                            tu_rand(c, SG_F32, 4, ks, -1, 1, &vv),
+                            sg_from_host(c, SG_I64, 1, (int64_t[]){1}, &pos),
+                            tu_rand(c, SG_F32, 2, ms, -1, 1, &mv)};
+        slots = sg_arange(c, SG_I64, 0, 64, 1);
+        attn_ref(&f, qv, kv, vv, mv, pos, want, p);
+        sg_fn *fn = NULL;
+        ok = TU_EXPECT(sg_compile(c, attn_step, (void *)&f, 5, 1,
+                                  &(sg_compile_opts){.mode = SG_MODE_REDUCE_OVERHEAD}, &fn) ==
+                       SG_OK);
+        hook.fail_at = hook.count + n;
+        sg_tensor *y = NULL;
+        sg_status st = ok ? sg_call(fn, in, 5, &y, 1) : SG_ERR_INTERNAL;
+        clean = hook.count < hook.fail_at;
+        if (st != SG_OK) {
+            const char *m = sg_last_error(c);
+            ok = ok && TU_EXPECT(!clean) && TU_EXPECT(st == SG_ERR_OOM) &&
+                 TU_EXPECT(m && strstr(m, "memory"));
+            if (!ok) fprintf(stderr, "  fail_at %ld: %s: %s\n", n, sg_status_str(st), m ? m : "");
+            failures++;
+            sg_clear_error(c);
+            hook.fail_at = 0;
+            st = sg_call(fn, in, 5, &y, 1);
+        }
+        hook.fail_at = 0;
+        double *got = ok && st == SG_OK ? tu_read(y) : NULL;
+        ok = ok && TU_EXPECT(st == SG_OK) && got &&
+             tu_close("written-out attention after a failed allocation", got, want, 8 * 16, 1e-5,
+                      1e-6);
+        if (!ok) fprintf(stderr, "  fail_at %ld: %s\n", n, sg_last_error(c));
+        free(got);
+        sg_fn_destroy(fn);
+        for (int i = 0; i < 5; i++) sg_release(in[i]);
+        sg_release(slots);
+        free(qv), free(kv), free(vv), free(mv);
+        sg_ctx_destroy(c);
+        ctx = keep;
+    }
+    tu_case(ok && clean,
+            "WRITTEN_ATTENTION_OOM(f32,Hq=8,Hkv=2,S=64,repeat_interleave,masked_fill) -> each of "
+            "the first call's %ld host allocations failing in turn: SG_ERR_OOM naming memory "
+            "(%ld), then a clean call as f64's",
+            runs - 1, failures);
+}
+
 /* ------------------------------------------------------------ under sg_grad */
 
 static sg_status grad_step(sg_ctx *c, sg_tensor *const *in, sg_tensor **out, void *user) {
@@ -481,6 +544,7 @@ int main(void) {
     for (uint64_t seed = 1; seed <= 24; seed++) ln_case(seed);
     attn_cases();
     late_write_case();
+    if (tu_backend() == SG_BACKEND_CPU) attn_oom_sweep();
     grad_case(SG_MODE_REDUCE_OVERHEAD);
     grad_case(SG_MODE_EAGER);
     sg_ctx_destroy(ctx);
