@@ -2231,9 +2231,59 @@ static void reset_slots(gen *g, bool global) {
     g->member_slots = false;
 }
 
+/* SG_CUDA_STAMPS=N (N > 0): every generated CUDA kernel stamps, on the
+ * global timer, when its blocks begin, when their wait for the kernel before
+ * returns and when its warps end, into a table of the unit keyed by the
+ * launch's slot table; the executor reads N replays back and prints each
+ * launch's times (graphs/cuda/cuda_graph.c). A measuring aid: the stamps
+ * are atomics on every block's path. */
+int sg__cuda_stamps(void) {
+    const char *e = getenv("SG_CUDA_STAMPS");
+    long n = e && e[0] ? atol(e) : 0;
+    return n > 0 ? (int)(n > 100000 ? 100000 : n) : 0;
+}
+
+/* The stamps' table and recorder, after the preamble. A kernel declares a
+ * recorder first (its destructor stamps each warp's end on every return
+ * path) and its sg_pdl_wait() becomes the recorder's. */
+static const char *const stamp_prelude =
+    "#define SG_STAMP_N " SG__STAMP_N_TEXT "\n"
+    "__device__ sg_u64 sg_stamp_buf[SG_STAMP_N * 6];\n"
+    "SG_DEV sg_u64 sg_stamp_now(void) {\n"
+    "    sg_u64 t;\n"
+    "    asm volatile(\"mov.u64 %0, %%globaltimer;\" : \"=l\"(t));\n"
+    "    return t;\n"
+    "}\n"
+    "struct sg_stamper {\n"
+    "    sg_u64 *e;\n"
+    "    __device__ sg_stamper(char *const *slot) {\n"
+    "        e = sg_stamp_buf + (((sg_u64)slot >> 3) & (SG_STAMP_N - 1)) * 6;\n"
+    "        if (threadIdx.x == 0) {\n"
+    "            const sg_u64 t = sg_stamp_now();\n"
+    "            atomicMax(e, ~t);\n"
+    "            atomicMax(e + 1, t);\n"
+    "        }\n"
+    "    }\n"
+    "    __device__ void wait(void) {\n"
+    "        sg_pdl_wait();\n"
+    "        if (threadIdx.x == 0) {\n"
+    "            const sg_u64 t = sg_stamp_now();\n"
+    "            atomicMax(e + 2, ~t);\n"
+    "            atomicMax(e + 3, t);\n"
+    "        }\n"
+    "    }\n"
+    "    __device__ ~sg_stamper() {\n"
+    "        if ((threadIdx.x & 31) == 0) atomicMax(e + 4, sg_stamp_now());\n"
+    "        if (threadIdx.x == 0) atomicAdd(e + 5, 1ull);\n"
+    "    }\n"
+    "};\n"
+    "#define sg_pdl_wait() sg_stamp_.wait()\n";
+
 /* The opening of a kernel after its signature: the slot bases and the
  * dependent-launch calls. */
 static void kernel_head(gen *g, bool is_gemv, sg__emit *head) {
+    if (g->d == SG__DIALECT_CUDA && sg__cuda_stamps() > 0)
+        sg__emit_line(head, "    sg_stamper sg_stamp_(slot);");
     int n = g->member_slots ? 0 : g->global ? g->ir->nslots : g->nloc;
     for (int i = 0; i < n; i++)
         if (!g->global || g->loc[i] >= 0)
@@ -2525,6 +2575,7 @@ sg_status sg__cgen_gpu(sg_ctx *ctx, const sg__ir *ir, const sg__fused *f, const 
                   f->ngroups, ir->nnodes, sp->name);
     sg__lower_preamble(d, e);
     sg__cgen_serial_data_prelude(d, ir, e);
+    if (d == SG__DIALECT_CUDA && sg__cuda_stamps() > 0) sg__emit_raw(e, "%s", stamp_prelude);
     sg__emit_raw(e, "\n");
     int nk = 0, nun = 0, first = -1;
     const char *op = "";

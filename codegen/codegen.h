@@ -405,6 +405,13 @@ typedef struct sg__cuda_kinfo {
 /* The fusion options the CUDA dialect expects (no prologues before library
  * anchors: those read their input from memory; row-like anchors inline). */
 SG__HIDDEN void sg__cgen_cuda_fuse_opts(sg__fuse_opts *o, bool disable);
+/* SG_CUDA_STAMPS's replay count (0: off): generated CUDA kernels then stamp
+ * their blocks' begin, wait and end times into sg_stamp_buf, SG__STAMP_N
+ * entries of 6 u64 keyed by ((slot table address >> 3) & (SG__STAMP_N - 1)):
+ * max of ~begin, max begin, max of ~wait, max wait, max end, blocks. */
+#define SG__STAMP_N 4096
+#define SG__STAMP_N_TEXT "4096"
+SG__HIDDEN int sg__cuda_stamps(void);
 
 /* The unit into e; kinfo (f->ngroups entries) gets each group's kernel and
  * launch, *nkernels the count of groups that launch a generated kernel (the

@@ -66,6 +66,7 @@
 static sg_ctx *ctx;
 static bool nvrtc_missing;
 static bool last_split; /* cuda_launches' unit splits a GEMV's K over warps */
+static int last_kernels, last_stamped; /* its kernels, and those that stamp (SG_CUDA_STAMPS) */
 
 /* Launches per step of fn's last capture on CUDA; the unit through NVRTC. */
 static bool cuda_launches(sg_fn *fn, const char *name, int *launches) {
@@ -94,6 +95,11 @@ static bool cuda_launches(sg_fn *fn, const char *name, int *launches) {
     }
     *launches = nk + calls;
     last_split = ok && e.buf && strstr(e.buf, "sg_kred");
+    last_kernels = last_stamped = 0;
+    for (const char *t = ok ? e.buf : NULL; t && (t = strstr(t, "__global__")); t++) last_kernels++;
+    for (const char *t = ok ? e.buf : NULL; t && (t = strstr(t, "sg_stamper sg_stamp_(slot);"));
+         t++)
+        last_stamped++;
     if (ok && getenv("SG_TEST_PRINT_CUDA")) fprintf(stderr, "%s\n", e.buf);
     ok = ok && cu_unit_compiles(ctx, name, e.buf, &nvrtc_missing);
     sg__emit_free(&e);
@@ -165,6 +171,21 @@ static void test_gpt2(bool fold) {
             "(1 layer: %d, 2 layers: %d), logits as eager's",
             G_C, G_NH, G_V, G_STEPS, fold ? ",argmax in the LM head" : "", per_layer, one, two);
     unsetenv("SG_GEMV_ARGMAX");
+}
+
+/* SG_CUDA_STAMPS: the same GPT-2 step's unit has a stamp recorder in every
+ * kernel and still compiles (NVRTC, sm_90); its logits are eager's. */
+static void test_stamps(void) {
+    static double eager[G_STEPS * G_V], comp[G_STEPS * G_V];
+    int n = 0;
+    setenv("SG_CUDA_STAMPS", "2", 1);
+    bool ok =
+        gpt2_run(1, SG_MODE_EAGER, eager, &n) && gpt2_run(1, SG_MODE_REDUCE_OVERHEAD, comp, &n);
+    unsetenv("SG_CUDA_STAMPS");
+    ok = ok && TU_EXPECT(last_kernels > 0) && TU_EXPECT(last_stamped == last_kernels) &&
+         tu_close("stamped gpt2 decode logits", comp, eager, G_STEPS * G_V, BF16_TOL, BF16_TOL);
+    tu_case(ok, "GPT2_DECODE_STAMPED(SG_CUDA_STAMPS=2: %d of %d kernels stamp%s)", last_stamped,
+            last_kernels, nvrtc_missing ? "; NVRTC missing, not compiled" : ", compiled for sm_90");
 }
 
 /* ------------------------------------------------------------ Llama-style */
@@ -1021,6 +1042,7 @@ int main(void) {
     test_split(SG_BF16, 3, 3001, 201, false, SG_MODE_MAX_AUTOTUNE);
     test_gpt2(false);
     test_gpt2(true);
+    test_stamps();
     for (int style = 0; style < 4; style++) test_llama(style);
     test_gpt2_written();
     test_inplace();

@@ -80,6 +80,7 @@ SG__HIDDEN bool sg__hip_blaslt_note(char *buf, size_t n);
     X(cuModuleLoadData, "cuModuleLoadData")                                                        \
     X(cuModuleGetFunction, "cuModuleGetFunction")                                                  \
     X(cuModuleUnload, "cuModuleUnload")                                                            \
+    X(cuModuleGetGlobal_v2, "cuModuleGetGlobal")                                                   \
     X(cuFuncSetAttribute, "cuFuncSetAttribute")                                                    \
     X(cuLaunchKernel, "cuLaunchKernel")                                                            \
     X(cuLaunchKernelEx, "cuLaunchKernelEx")                                                        \

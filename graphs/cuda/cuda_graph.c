@@ -91,6 +91,8 @@ typedef struct set_state {
     int runs; /* replays into this set so far */
 } set_state;
 
+enum { STAMP_F = 6, STAMP_WARM = 5 }; /* SG_CUDA_STAMPS (stamped_launch) */
+
 typedef struct cu_graph {
     CUmodule *mods; /* the unit's parts (unit_parts), loaded */
     int nmods;
@@ -109,6 +111,8 @@ typedef struct cu_graph {
     bool check;           /* MAX_AUTOTUNE: replay the tuned and the default graph once */
     unsigned *dgrid, *dblock; /* per group: the generator's launch, before any tuning */
     char tune_path[1024]; /* where the picks are remembered ("" when nowhere) */
+    int stamp_runs;       /* SG_CUDA_STAMPS: replays read back so far */
+    double *stamp_acc;    /* per group: STAMP_F sums over the counted replays */
 } cu_graph;
 
 static const sg__cu_api *api(const sg_ctx *ctx) { return sg__cuda_api(ctx); }
@@ -132,6 +136,9 @@ static void release(sg_ctx *ctx, sg__graph *g) {
     sg__free(ctx, cg->took, sizeof *cg->took * (size_t)(cg->ngroups ? cg->ngroups : 1));
     sg__free(ctx, cg->dgrid, sizeof *cg->dgrid * (size_t)(cg->ngroups ? cg->ngroups : 1));
     sg__free(ctx, cg->dblock, sizeof *cg->dblock * (size_t)(cg->ngroups ? cg->ngroups : 1));
+    if (cg->stamp_acc)
+        sg__free(ctx, cg->stamp_acc,
+                 sizeof(double) * STAMP_F * (size_t)(cg->ngroups ? cg->ngroups : 1));
     sg__free(ctx, cg, sizeof *cg);
     g->dev = NULL;
 }
@@ -832,6 +839,84 @@ static sg_status check_step(sg_fn *fn, sg__graph *g, set_state *st) {
     return sv ? restore_mutated(ctx, g, sv, nsv) : SG_OK;
 }
 
+/* SG_CUDA_STAMPS=N: the first STAMP_WARM replays of a set run as usual, the
+ * next N are each launched alone, waited for and their stamps read back
+ * (codegen.h, sg__cuda_stamps), and after them one line per generated
+ * launch goes to stderr: its blocks' first and last begin, their waits'
+ * first and last return, the last warp's end (µs from the replay's first
+ * stamped begin, means over the N) and its blocks. Launches of the library
+ * (cuBLASLt, the kernel families) have no stamps; their time is the gap
+ * between the generated ones around them. */
+static sg_status stamped_launch(sg_fn *fn, sg__graph *g, set_state *st, int want) {
+    sg_ctx *ctx = fn->ctx;
+    cu_graph *cg = g->dev;
+    const sg__cu_api *cu = api(ctx);
+    CUstream stream = sg__cuda_stream(ctx);
+    size_t nb = sizeof(uint64_t) * 6 * SG__STAMP_N;
+    CUdeviceptr at[SG__MAX_PARTS] = {0};
+    CUresult r = CUDA_SUCCESS;
+    for (int m = 0; m < cg->nmods && m < SG__MAX_PARTS && r == CUDA_SUCCESS; m++) {
+        size_t bytes = 0;
+        if (cu->cuModuleGetGlobal_v2(&at[m], &bytes, cg->mods[m], "sg_stamp_buf") != CUDA_SUCCESS ||
+            bytes != nb)
+            at[m] = 0;
+        else
+            r = cu->cuMemsetD8Async(at[m], 0, nb, stream);
+    }
+    if (r == CUDA_SUCCESS) r = cu->cuGraphLaunch(st->exec, stream);
+    if (r == CUDA_SUCCESS) r = cu->cuStreamSynchronize(stream);
+    if (r != CUDA_SUCCESS) return sg__cu_fail(ctx, r, "cuGraphLaunch (SG_CUDA_STAMPS)", g->module);
+    uint64_t *all = sg__calloc(ctx, nb), *one = sg__calloc(ctx, nb);
+    if (!all || !one) {
+        if (all) sg__free(ctx, all, nb);
+        if (one) sg__free(ctx, one, nb);
+        return sg__fail(ctx, SG_ERR_OOM, "SG_CUDA_STAMPS: out of host memory");
+    }
+    for (int m = 0; m < cg->nmods && m < SG__MAX_PARTS && r == CUDA_SUCCESS; m++) {
+        if (!at[m]) continue;
+        r = cu->cuMemcpyDtoHAsync_v2(one, at[m], nb, stream);
+        if (r == CUDA_SUCCESS) r = cu->cuStreamSynchronize(stream);
+        for (int i = 0; r == CUDA_SUCCESS && i < 6 * SG__STAMP_N; i++)
+            if (one[i] > all[i]) all[i] = one[i];
+    }
+    sg__free(ctx, one, nb);
+    if (r != CUDA_SUCCESS) {
+        sg__free(ctx, all, nb);
+        return sg__cu_fail(ctx, r, "cuMemcpyDtoHAsync (SG_CUDA_STAMPS)", g->module);
+    }
+    uint64_t t0 = UINT64_MAX;
+    for (int k = 0; k < cg->ngroups; k++) {
+        if (!cg->kfn[k] || cg->took[k]) continue;
+        const uint64_t *e = all + 6 * ((table_of(cg, st, k) >> 3) & (SG__STAMP_N - 1));
+        if (e[5] && ~e[0] < t0) t0 = ~e[0];
+    }
+    if (++cg->stamp_runs > STAMP_WARM && t0 != UINT64_MAX)
+        for (int k = 0; k < cg->ngroups; k++) {
+            const uint64_t *e = all + 6 * ((table_of(cg, st, k) >> 3) & (SG__STAMP_N - 1));
+            if (!cg->kfn[k] || cg->took[k] || !e[5]) continue;
+            double *a = cg->stamp_acc + STAMP_F * k;
+            a[0] += 1e-3 * (double)(~e[0] - t0), a[1] += 1e-3 * (double)(e[1] - t0);
+            a[2] += e[3] ? 1e-3 * (double)(~e[2] - t0) : 0.0;
+            a[3] += e[3] ? 1e-3 * (double)(e[3] - t0) : 0.0;
+            a[4] += 1e-3 * (double)(e[4] - t0), a[5] += (double)e[5];
+        }
+    sg__free(ctx, all, nb);
+    if (cg->stamp_runs == STAMP_WARM + want) {
+        fprintf(stderr,
+                "stamps of %s (%d replays; us from the first begin): begin first..last, "
+                "wait first..last, end, blocks\n",
+                g->module, want);
+        for (int k = 0; k < cg->ngroups; k++) {
+            const double *a = cg->stamp_acc + STAMP_F * k;
+            if (!cg->kfn[k] || a[5] == 0.0) continue;
+            fprintf(stderr, "  %3d %-40.40s %7.2f..%7.2f  %7.2f..%7.2f  %7.2f  %5.0f\n", k,
+                    cg->kinfo[k].name, a[0] / want, a[1] / want, a[2] / want, a[3] / want,
+                    a[4] / want, a[5] / want);
+        }
+    }
+    return SG_OK;
+}
+
 static sg_status run_set(sg_fn *fn, sg__graph *g, int set) {
     sg_ctx *ctx = fn->ctx;
     cu_graph *cg = g->dev;
@@ -863,6 +948,14 @@ static sg_status run_set(sg_fn *fn, sg__graph *g, int set) {
             return launch_all(ctx, g, st);
         }
         if (cg->check && (s = check_step(fn, g, st)) != SG_OK) return s;
+    }
+    int want = sg__cuda_stamps();
+    if (want > 0 && api(ctx)->cuModuleGetGlobal_v2 && cg->stamp_runs < STAMP_WARM + want) {
+        if (!cg->stamp_acc &&
+            !(cg->stamp_acc = sg__calloc(ctx, sizeof(double) * STAMP_F *
+                                                  (size_t)(cg->ngroups ? cg->ngroups : 1))))
+            return sg__fail(ctx, SG_ERR_OOM, "SG_CUDA_STAMPS: out of host memory");
+        return stamped_launch(fn, g, st, want);
     }
     CUresult r = api(ctx)->cuGraphLaunch(st->exec, sg__cuda_stream(ctx));
     return r == CUDA_SUCCESS ? SG_OK : sg__cu_fail(ctx, r, "cuGraphLaunch", g->module);
