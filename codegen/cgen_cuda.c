@@ -1016,6 +1016,8 @@ static void emit_gemv_norm(gen *g, const sg__group *grp, const gemv *p) {
     sg__cgen_cuda_rows_into(g, &part, grp->g[grp->anchor].arg_src[0], "sg_xs");
     sg__emit_close(g->e);
     sg__emit_line(g->e, "%s", g->sp->sync);
+    if (g->d == SG__DIALECT_CUDA && sg__cuda_stamps() > 0)
+        sg__emit_line(g->e, "sg_stamp_.mark(0);");
     /* Without shuffles every warp stays for the sums' barriers (its columns
      * past N read column N - 1, and nothing is stored); so does every warp
      * of a split K's group or of an argmax's. */
@@ -1192,6 +1194,9 @@ static unsigned emit_gemv_warp(gen *g, const sg__group *grp, const gemv *p, int 
             k += (size_t)snprintf(cond + k, sizeof cond - k, " | (sg_u64)x%d", r);
         snprintf(cond + k, sizeof cond - k, ") & 15) == 0");
         sg__emit_line(g->e, "const bool aligned = %s;", cond);
+        /* The small parameters first: their lines reach L2 before the
+         * weights' loads fill the memory system's queues. */
+        emit_gemv_l2(g, grp, p, npf > 0);
         if (npf) {
             sg__emit_line(g->e, "sg_v16 wp[%d][%d];", npf, nw);
             sg__emit_open(g->e, "if (aligned && nb < %lld)", (long long)p->n);
@@ -1203,7 +1208,6 @@ static unsigned emit_gemv_warp(gen *g, const sg__group *grp, const gemv *p, int 
                         st * u, (long long)kv, u, c, sp->gp, c, st * u);
             sg__emit_close(g->e);
         }
-        emit_gemv_l2(g, grp, p, npf > 0);
         sg__emit_line(g->e, "sg_pdl_wait();");
         emit_gemv_norm(g, grp, p);
         sg__emit_open(g->e, "if (aligned)");
@@ -1233,6 +1237,8 @@ static unsigned emit_gemv_warp(gen *g, const sg__group *grp, const gemv *p, int 
                           r, c, r, c);
         }
     emit_gemv_slices(g, p, nw);
+    if (g->d == SG__DIALECT_CUDA && sg__cuda_stamps() > 0)
+        sg__emit_line(g->e, "sg_stamp_.mark(1);");
     return grid;
 }
 
@@ -2235,8 +2241,9 @@ static void reset_slots(gen *g, bool global) {
  * global timer, when its blocks begin, when their wait for the kernel before
  * returns and when its warps end, into a table of the unit keyed by the
  * launch's slot table; the executor reads N replays back and prints each
- * launch's times (graphs/cuda/cuda_graph.c). A measuring aid: the stamps
- * are atomics on every block's path. */
+ * launch's times (graphs/cuda/cuda_graph.c). A GEMV also marks when its
+ * norm's rows are ready (mark 0) and when its sums are, before the epilogue
+ * (mark 1). A measuring aid: the stamps are atomics on every block's path. */
 int sg__cuda_stamps(void) {
     const char *e = getenv("SG_CUDA_STAMPS");
     long n = e && e[0] ? atol(e) : 0;
@@ -2248,7 +2255,7 @@ int sg__cuda_stamps(void) {
  * path) and its sg_pdl_wait() becomes the recorder's. */
 static const char *const stamp_prelude =
     "#define SG_STAMP_N " SG__STAMP_N_TEXT "\n"
-    "__device__ sg_u64 sg_stamp_buf[SG_STAMP_N * 6];\n"
+    "__device__ sg_u64 sg_stamp_buf[SG_STAMP_N * 8];\n"
     "SG_DEV sg_u64 sg_stamp_now(void) {\n"
     "    sg_u64 t;\n"
     "    asm volatile(\"mov.u64 %0, %%globaltimer;\" : \"=l\"(t));\n"
@@ -2257,7 +2264,7 @@ static const char *const stamp_prelude =
     "struct sg_stamper {\n"
     "    sg_u64 *e;\n"
     "    __device__ sg_stamper(char *const *slot) {\n"
-    "        e = sg_stamp_buf + (((sg_u64)slot >> 3) & (SG_STAMP_N - 1)) * 6;\n"
+    "        e = sg_stamp_buf + (((sg_u64)slot >> 3) & (SG_STAMP_N - 1)) * 8;\n"
     "        if (threadIdx.x == 0) {\n"
     "            const sg_u64 t = sg_stamp_now();\n"
     "            atomicMax(e, ~t);\n"
@@ -2271,6 +2278,9 @@ static const char *const stamp_prelude =
     "            atomicMax(e + 2, ~t);\n"
     "            atomicMax(e + 3, t);\n"
     "        }\n"
+    "    }\n"
+    "    __device__ void mark(int n) {\n"
+    "        if (threadIdx.x == 0) atomicMax(e + 6 + n, sg_stamp_now());\n"
     "    }\n"
     "    __device__ ~sg_stamper() {\n"
     "        if ((threadIdx.x & 31) == 0) atomicMax(e + 4, sg_stamp_now());\n"

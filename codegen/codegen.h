@@ -407,8 +407,9 @@ typedef struct sg__cuda_kinfo {
 SG__HIDDEN void sg__cgen_cuda_fuse_opts(sg__fuse_opts *o, bool disable);
 /* SG_CUDA_STAMPS's replay count (0: off): generated CUDA kernels then stamp
  * their blocks' begin, wait and end times into sg_stamp_buf, SG__STAMP_N
- * entries of 6 u64 keyed by ((slot table address >> 3) & (SG__STAMP_N - 1)):
- * max of ~begin, max begin, max of ~wait, max wait, max end, blocks. */
+ * entries of 8 u64 keyed by ((slot table address >> 3) & (SG__STAMP_N - 1)):
+ * max of ~begin, max begin, max of ~wait, max wait, max end, blocks, and a
+ * GEMV's two marks (its norm's rows ready, its sums ready), max of each. */
 #define SG__STAMP_N 4096
 #define SG__STAMP_N_TEXT "4096"
 SG__HIDDEN int sg__cuda_stamps(void);

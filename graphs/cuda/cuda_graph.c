@@ -91,7 +91,7 @@ typedef struct set_state {
     int runs; /* replays into this set so far */
 } set_state;
 
-enum { STAMP_F = 6, STAMP_WARM = 5 }; /* SG_CUDA_STAMPS (stamped_launch) */
+enum { STAMP_F = 8, STAMP_WARM = 5 }; /* SG_CUDA_STAMPS (stamped_launch) */
 
 typedef struct cu_graph {
     CUmodule *mods; /* the unit's parts (unit_parts), loaded */
@@ -852,7 +852,7 @@ static sg_status stamped_launch(sg_fn *fn, sg__graph *g, set_state *st, int want
     cu_graph *cg = g->dev;
     const sg__cu_api *cu = api(ctx);
     CUstream stream = sg__cuda_stream(ctx);
-    size_t nb = sizeof(uint64_t) * 6 * SG__STAMP_N;
+    size_t nb = sizeof(uint64_t) * 8 * SG__STAMP_N;
     CUdeviceptr at[SG__MAX_PARTS] = {0};
     CUresult r = CUDA_SUCCESS;
     for (int m = 0; m < cg->nmods && m < SG__MAX_PARTS && r == CUDA_SUCCESS; m++) {
@@ -876,7 +876,7 @@ static sg_status stamped_launch(sg_fn *fn, sg__graph *g, set_state *st, int want
         if (!at[m]) continue;
         r = cu->cuMemcpyDtoHAsync_v2(one, at[m], nb, stream);
         if (r == CUDA_SUCCESS) r = cu->cuStreamSynchronize(stream);
-        for (int i = 0; r == CUDA_SUCCESS && i < 6 * SG__STAMP_N; i++)
+        for (int i = 0; r == CUDA_SUCCESS && i < 8 * SG__STAMP_N; i++)
             if (one[i] > all[i]) all[i] = one[i];
     }
     sg__free(ctx, one, nb);
@@ -887,31 +887,34 @@ static sg_status stamped_launch(sg_fn *fn, sg__graph *g, set_state *st, int want
     uint64_t t0 = UINT64_MAX;
     for (int k = 0; k < cg->ngroups; k++) {
         if (!cg->kfn[k] || cg->took[k]) continue;
-        const uint64_t *e = all + 6 * ((table_of(cg, st, k) >> 3) & (SG__STAMP_N - 1));
+        const uint64_t *e = all + 8 * ((table_of(cg, st, k) >> 3) & (SG__STAMP_N - 1));
         if (e[5] && ~e[0] < t0) t0 = ~e[0];
     }
     if (++cg->stamp_runs > STAMP_WARM && t0 != UINT64_MAX)
         for (int k = 0; k < cg->ngroups; k++) {
-            const uint64_t *e = all + 6 * ((table_of(cg, st, k) >> 3) & (SG__STAMP_N - 1));
+            const uint64_t *e = all + 8 * ((table_of(cg, st, k) >> 3) & (SG__STAMP_N - 1));
             if (!cg->kfn[k] || cg->took[k] || !e[5]) continue;
             double *a = cg->stamp_acc + STAMP_F * k;
             a[0] += 1e-3 * (double)(~e[0] - t0), a[1] += 1e-3 * (double)(e[1] - t0);
             a[2] += e[3] ? 1e-3 * (double)(~e[2] - t0) : 0.0;
             a[3] += e[3] ? 1e-3 * (double)(e[3] - t0) : 0.0;
             a[4] += 1e-3 * (double)(e[4] - t0), a[5] += (double)e[5];
+            a[6] += e[6] ? 1e-3 * (double)(e[6] - t0) : 0.0;
+            a[7] += e[7] ? 1e-3 * (double)(e[7] - t0) : 0.0;
         }
     sg__free(ctx, all, nb);
     if (cg->stamp_runs == STAMP_WARM + want) {
         fprintf(stderr,
                 "stamps of %s (%d replays; us from the first begin): begin first..last, "
-                "wait first..last, end, blocks\n",
+                "wait first..last, end, blocks, a GEMV's last norm row and sums ready (0: none)\n",
                 g->module, want);
         for (int k = 0; k < cg->ngroups; k++) {
             const double *a = cg->stamp_acc + STAMP_F * k;
             if (!cg->kfn[k] || a[5] == 0.0) continue;
-            fprintf(stderr, "  %3d %-40.40s %7.2f..%7.2f  %7.2f..%7.2f  %7.2f  %5.0f\n", k,
+            fprintf(stderr,
+                    "  %3d %-40.40s %7.2f..%7.2f  %7.2f..%7.2f  %7.2f  %5.0f  %7.2f %7.2f\n", k,
                     cg->kinfo[k].name, a[0] / want, a[1] / want, a[2] / want, a[3] / want,
-                    a[4] / want, a[5] / want);
+                    a[4] / want, a[5] / want, a[6] / want, a[7] / want);
         }
     }
     return SG_OK;
