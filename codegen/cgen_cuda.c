@@ -1194,9 +1194,6 @@ static unsigned emit_gemv_warp(gen *g, const sg__group *grp, const gemv *p, int 
             k += (size_t)snprintf(cond + k, sizeof cond - k, " | (sg_u64)x%d", r);
         snprintf(cond + k, sizeof cond - k, ") & 15) == 0");
         sg__emit_line(g->e, "const bool aligned = %s;", cond);
-        /* The small parameters first: their lines reach L2 before the
-         * weights' loads fill the memory system's queues. */
-        emit_gemv_l2(g, grp, p, npf > 0);
         if (npf) {
             sg__emit_line(g->e, "sg_v16 wp[%d][%d];", npf, nw);
             sg__emit_open(g->e, "if (aligned && nb < %lld)", (long long)p->n);
@@ -1208,6 +1205,7 @@ static unsigned emit_gemv_warp(gen *g, const sg__group *grp, const gemv *p, int 
                         st * u, (long long)kv, u, c, sp->gp, c, st * u);
             sg__emit_close(g->e);
         }
+        emit_gemv_l2(g, grp, p, npf > 0);
         sg__emit_line(g->e, "sg_pdl_wait();");
         emit_gemv_norm(g, grp, p);
         sg__emit_open(g->e, "if (aligned)");
