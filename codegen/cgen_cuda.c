@@ -76,6 +76,11 @@ typedef struct sg__cuda_gen {
     sg__dialect d;       /* CUDA, HIP or OpenCL C */
     const sg__spell *sp; /* its spellings */
     bool anchor_reg; /* GEMV: the anchor's value is in register v<anchor> */
+    /* A GEMV's epilogue operands loaded right after the wait (emit_gemv_epre):
+     * argument j of member k of row `epre_row` is in ep<k>_<j>_<row> where
+     * epre[k * 3 + j]; NULL: none. */
+    const bool *epre;
+    int epre_row;
     /* IX_VEC: the vectors loaded before the lane loop, by ref layout. */
     int nvec;
     const sg__ref *vec_ref[64];
@@ -238,6 +243,10 @@ static void emit_body(gen *g, const sg__group *grp, int from, int nd, const int6
                 int src = reg_src(g, grp, k, j);
                 if (src >= 0) {
                     snprintf(args[j], sizeof args[j], "v%d%s", src, sfx[h]);
+                    continue;
+                }
+                if (g->epre && lanes == 1 && g->epre[k * 3 + j]) {
+                    snprintf(args[j], sizeof args[j], "ep%d_%d_%d", k, j, g->epre_row);
                     continue;
                 }
                 if (m == IX_VEC && !sg__lower_is_scalar(a)) {
@@ -934,10 +943,68 @@ static void emit_gemv_tail(gen *g, const sg__group *grp, const gemv *p, int r) {
     if (a + 1 < epi.n) {
         bool flat = group_flat(g, &epi, a + 1, grp->ndim, grp->shape);
         if (!flat) emit_unflatten(g, grp->ndim, grp->shape);
+        g->epre_row = r;
         emit_body(g, &epi, a + 1, grp->ndim, grp->shape, flat ? IX_FLAT : IX_NESTED, 1);
     }
     for (int k = p->copies; k < p->cend; k++) emit_gemv_copy(g, p, grp, k, grp->anchor);
     sg__emit_close(g->e);
+}
+
+/*
+ * Right after sg_pdl_wait, before the products: each epilogue operand of
+ * an along-K GEMV that the tail would read from memory at its element (a
+ * residual, a gate), loaded by the lane that stores that column, so that
+ * its L2 trip overlaps the x row's and the sums instead of following them
+ * (g->epre, which emit_body reads). Taken for float operands of a flat
+ * epilogue whose slot no member of the group writes; not with segments.
+ * Returns the table, which the caller frees after the tail, or NULL.
+ */
+static bool *emit_gemv_epre(gen *g, const sg__group *grp, const gemv *p, int cols) {
+    int a = p->w2 ? grp->anchor2 : grp->anchor;
+    if (p->nseg || !g->sp->shuffles || a + 1 >= p->copies) return NULL;
+    sg__group epi = *grp;
+    epi.n = p->copies;
+    if (!group_flat(g, &epi, a + 1, grp->ndim, grp->shape)) return NULL;
+    bool *pre = sg__calloc(g->e->ctx, sizeof(bool) * 3 * (size_t)grp->n);
+    if (!pre) {
+        g->e->oom = true;
+        return NULL;
+    }
+    bool any = false;
+    char off[256], lv[320], ld[400];
+    sg__ref tmp;
+    for (int k = a + 1; k < p->copies; k++) {
+        const sg__irnode *n = &g->ir->nodes[grp->g[k].node];
+        for (int j = 0; j < n->nin && j < 3; j++) {
+            const sg__ref *r = arg_of(g, n, j);
+            if (!r || reg_src(g, grp, k, j) >= 0 || sg__lower_is_scalar(r) ||
+                !sg__lower_fdom(r->dtype))
+                continue;
+            bool written = false;
+            for (int m = 0; m < grp->n && !written; m++)
+                written =
+                    grp->g[m].store && ref_of(g, g->ir->nodes[grp->g[m].node].out)->slot == r->slot;
+            if (written) continue;
+            pre[k * 3 + j] = any = true;
+            offset_expr(biased(g, r, &tmp), grp->ndim, grp->shape, IX_FLAT, off, sizeof off);
+            snprintf(lv, sizeof lv, "((%sconst %s *)s%d)[%s]", g->sp->gp,
+                     sg__lower_ctype(g->d, r->dtype), lslot(g, r->slot), off);
+            sg__lower_widen(g->d, r->dtype, lv, ld, sizeof ld);
+            for (int64_t row = 0; row < p->rows; row++) {
+                sg__emit_line(g->e, "float ep%d_%d_%lld = 0.0f;", k, j, (long long)row);
+                sg__emit_open(g->e, "if (kw == 0 && lane < %d && nb + lane < %lld)", cols,
+                              (long long)p->n);
+                sg__emit_line(g->e, "const sg_i64 i = %lld + nb + lane;", (long long)(row * p->n));
+                sg__emit_line(g->e, "ep%d_%d_%lld = %s;", k, j, (long long)row, ld);
+                sg__emit_close(g->e);
+            }
+        }
+    }
+    if (!any) {
+        sg__free(g->e->ctx, pre, sizeof(bool) * 3 * (size_t)grp->n);
+        return NULL;
+    }
+    return pre;
 }
 
 /*
@@ -1184,6 +1251,7 @@ static unsigned emit_gemv_warp(gen *g, const sg__group *grp, const gemv *p, int 
     if (p->k % v != 0) {
         emit_gemv_l2(g, grp, p, false);
         sg__emit_line(g->e, "sg_pdl_wait();");
+        g->epre = emit_gemv_epre(g, grp, p, cols);
         emit_gemv_norm(g, grp, p);
     } else {
         char cond[768];
@@ -1207,6 +1275,7 @@ static unsigned emit_gemv_warp(gen *g, const sg__group *grp, const gemv *p, int 
         }
         emit_gemv_l2(g, grp, p, npf > 0);
         sg__emit_line(g->e, "sg_pdl_wait();");
+        g->epre = emit_gemv_epre(g, grp, p, cols);
         emit_gemv_norm(g, grp, p);
         sg__emit_open(g->e, "if (aligned)");
         /* The prefetched vectors, then the rest of K, several loads in flight per lane. */
@@ -1322,6 +1391,8 @@ static unsigned emit_gemv(gen *g, const sg__group *grp, const gemv *p) {
                           r);
     }
     for (int r = 0; r < p->rows; r++) emit_gemv_tail(g, grp, p, r);
+    if (g->epre) sg__free(g->e->ctx, (bool *)g->epre, sizeof(bool) * 3 * (size_t)grp->n);
+    g->epre = NULL;
     sg__emit_close(g->e);
     grid = grid ? grid : 1;
     if (p->am) sg__cgen_cuda_gemv_argmax(g, grp, p->am, p->rows, grid);
