@@ -956,7 +956,8 @@ static void emit_gemv_tail(gen *g, const sg__group *grp, const gemv *p, int r) {
  * residual, a gate), loaded by the lane that stores that column, so that
  * its L2 trip overlaps the x row's and the sums instead of following them
  * (g->epre, which emit_body reads). Taken for float operands of a flat
- * epilogue whose slot no member of the group writes; not with segments.
+ * epilogue whose slot no member of the group writes (or is the result of);
+ * not with segments.
  * Returns the table, which the caller frees after the tail, or NULL.
  */
 static bool *emit_gemv_epre(gen *g, const sg__group *grp, const gemv *p, int cols) {
@@ -981,9 +982,8 @@ static bool *emit_gemv_epre(gen *g, const sg__group *grp, const gemv *p, int col
                 !sg__lower_fdom(r->dtype))
                 continue;
             bool written = false;
-            for (int m = 0; m < grp->n && !written; m++)
-                written =
-                    grp->g[m].store && ref_of(g, g->ir->nodes[grp->g[m].node].out)->slot == r->slot;
+            for (int m = 0; m < grp->n && !written; m++) /* stored, or copied into */
+                written = ref_of(g, g->ir->nodes[grp->g[m].node].out)->slot == r->slot;
             if (written) continue;
             pre[k * 3 + j] = any = true;
             offset_expr(biased(g, r, &tmp), grp->ndim, grp->shape, IX_FLAT, off, sizeof off);
