@@ -67,6 +67,7 @@ static sg_ctx *ctx;
 static bool nvrtc_missing;
 static bool last_split; /* cuda_launches' unit splits a GEMV's K over warps */
 static int last_kernels, last_stamped; /* its kernels, and those that stamp (SG_CUDA_STAMPS) */
+static int last_epre;                  /* its GEMV epilogue operands loaded right after the wait */
 
 /* Launches per step of fn's last capture on CUDA; the unit through NVRTC. */
 static bool cuda_launches(sg_fn *fn, const char *name, int *launches) {
@@ -95,7 +96,8 @@ static bool cuda_launches(sg_fn *fn, const char *name, int *launches) {
     }
     *launches = nk + calls;
     last_split = ok && e.buf && strstr(e.buf, "sg_kred");
-    last_kernels = last_stamped = 0;
+    last_kernels = last_stamped = last_epre = 0;
+    for (const char *t = ok ? e.buf : NULL; t && (t = strstr(t, "float ep")); t++) last_epre++;
     for (const char *t = ok ? e.buf : NULL; t && (t = strstr(t, "__global__")); t++) last_kernels++;
     for (const char *t = ok ? e.buf : NULL; t && (t = strstr(t, "sg_stamper sg_stamp_(slot);"));
          t++)
@@ -161,8 +163,10 @@ static void test_gpt2(bool fold) {
               gpt2_run(1, SG_MODE_REDUCE_OVERHEAD, tmp, &one);
     int per_layer = two - one;
     /* layer_norm + QKV GEMV + the K/V cache writes, attention, proj GEMV +
-     * residual, layer_norm + fc GEMV + gelu, fcproj GEMV + residual. */
+     * residual, layer_norm + fc GEMV + gelu, fcproj GEMV + residual; the two
+     * residuals loaded with x, right after the wait. */
     ok = ok && TU_EXPECT(per_layer <= 5) && TU_EXPECT(!fold || one == per_layer + 2) &&
+         TU_EXPECT(last_epre >= 2) &&
          tu_close("gpt2 decode logits", comp, eager, G_STEPS * G_V, BF16_TOL, BF16_TOL);
     for (int s = 0; ok && s < G_STEPS; s++)
         ok = TU_EXPECT(argmax_of(comp + s * G_V, G_V) == argmax_of(eager + s * G_V, G_V));
