@@ -594,6 +594,19 @@ static void replace_pair(sg_ctx *ctx, sg__fused *f, int k, int j, const sg__grou
     f->ngroups--;
 }
 
+/* merged, made of groups k and j (k < j), replaces them when it is safe and
+ * the backend's gemv_rows takes it (true); otherwise it is freed. */
+static bool adopt_merge(sg_ctx *ctx, const sg__ir *ir, const int *alias, sg__fused *f, int k, int j,
+                        sg__group *merged,
+                        bool (*takes)(const sg__ir *, const int *, const sg__group *)) {
+    if (!merged_safe(ir, alias, merged) || !takes(ir, alias, merged)) {
+        sg__free(ctx, merged->g, sizeof *merged->g * (size_t)merged->n);
+        return false;
+    }
+    replace_pair(ctx, f, k, j, merged);
+    return true;
+}
+
 /* a's members, then b's with their sources renumbered after them: a new
  * array of a->n + b->n members, or NULL when out of memory. */
 static sg__gnode *joined_members(sg_ctx *ctx, const sg__group *a, const sg__group *b) {
@@ -653,11 +666,7 @@ static sg_status norms_into_gemv(sg_ctx *ctx, const sg__ir *ir, const int *alias
         sg__group merged;
         if (!merge_norm(ctx, r, m, p, &merged))
             return sg__fail(ctx, SG_ERR_OOM, "fusion: out of host memory");
-        if (!merged_safe(ir, alias, &merged) || !takes(ir, alias, &merged)) {
-            sg__free(ctx, merged.g, sizeof *merged.g * (size_t)merged.n);
-            continue;
-        }
-        replace_pair(ctx, f, k, k + 1, &merged);
+        adopt_merge(ctx, ir, alias, f, k, k + 1, &merged, takes);
     }
     return SG_OK;
 }
@@ -734,11 +743,7 @@ static sg_status gemv_pairs(sg_ctx *ctx, const sg__ir *ir, const int *alias, sg_
             if (oom) return sg__fail(ctx, SG_ERR_OOM, "fusion: out of host memory");
             continue;
         }
-        if (!merged_safe(ir, alias, &merged) || !takes(ir, alias, &merged)) {
-            sg__free(ctx, merged.g, sizeof *merged.g * (size_t)merged.n);
-            continue;
-        }
-        replace_pair(ctx, f, k, k + 1, &merged);
+        adopt_merge(ctx, ir, alias, f, k, k + 1, &merged, takes);
     }
     return SG_OK;
 }
@@ -774,12 +779,9 @@ static bool independent(const sg__ir *ir, const int *alias, const sg__group *a,
         bool w;
         if (group_touches(ir, alias, b, slot, &w)) return false;
     }
-    for (int k = 0; k < b->n; k++) {
-        int slot = ir->refs[alias[ir->nodes[b->g[k].node].out]].slot;
-        bool w;
-        if (group_loads(ir, alias, a, slot)) return false;
-        (void)w;
-    }
+    for (int k = 0; k < b->n; k++)
+        if (group_loads(ir, alias, a, ir->refs[alias[ir->nodes[b->g[k].node].out]].slot))
+            return false;
     return true;
 }
 
@@ -855,12 +857,8 @@ static sg_status gemv_segments(sg_ctx *ctx, const sg__ir *ir, const int *alias, 
                 if (oom) return sg__fail(ctx, SG_ERR_OOM, "fusion: out of host memory");
                 continue;
             }
-            if (!merged_safe(ir, alias, &merged) || !takes(ir, alias, &merged)) {
-                sg__free(ctx, merged.g, sizeof *merged.g * (size_t)merged.n);
-                continue;
-            }
-            replace_pair(ctx, f, k, j, &merged);
-            j = k; /* a may take another after it */
+            if (adopt_merge(ctx, ir, alias, f, k, j, &merged, takes))
+                j = k; /* a may take another after it */
         }
     }
     return SG_OK;
