@@ -888,6 +888,15 @@ static void emit_gemv_copy(gen *g, const gemv *p, const sg__group *grp, int k, i
     sg__emit_close(g->e);
 }
 
+/* The branch of segment j of column `col` (an if / else-if ladder over the
+ * segments' first columns; the last is the else). */
+static void open_segment(gen *g, const gemv *p, int j, const char *col) {
+    if (j + 1 < p->nseg)
+        sg__emit_open(g->e, "%sif (%s < %lld)", j ? "else " : "", col, (long long)p->c0[j + 1]);
+    else
+        sg__emit_open(g->e, "else");
+}
+
 /* The anchor's value at (row r, column n) from acc<r>, its store, and the
  * epilogue: one output element, on the thread that holds the sum (a pair's
  * second product from accp<r> after it), then the copies of the result. */
@@ -895,10 +904,7 @@ static void emit_gemv_tail(gen *g, const sg__group *grp, const gemv *p, int r) {
     char ld[320], rt[900], lv[200], e[420];
     int a = grp->anchor;
     for (int j = 0; j < p->nseg; j++) { /* column n of segment j: its output, row r */
-        if (j + 1 < p->nseg)
-            sg__emit_open(g->e, "%sif (n < %lld)", j ? "else " : "", (long long)p->c0[j + 1]);
-        else
-            sg__emit_open(g->e, "else");
+        open_segment(g, p, j, "n");
         int64_t nj = p->c0[j + 1] - p->c0[j];
         sg__emit_line(g->e, "const sg_i64 i = %lld + (n - %lld);", (long long)(r * nj),
                       (long long)p->c0[j]);
@@ -1209,10 +1215,7 @@ static unsigned emit_gemv_warp(gen *g, const sg__group *grp, const gemv *p, int 
         sg__emit_line(g->e, "%sconst %s *wr0;", sp->gp, t);
         for (int j = 0; j < p->nseg; j++) {
             const sg__ref *w = p->sw[j];
-            if (j + 1 < p->nseg)
-                sg__emit_open(g->e, "%sif (nc < %lld)", j ? "else " : "", (long long)p->c0[j + 1]);
-            else
-                sg__emit_open(g->e, "else");
+            open_segment(g, p, j, "nc");
             sg__emit_line(g->e, "wr0 = (%sconst %s *)s%d + (%lld + (nc - %lld) * %lld);", sp->gp, t,
                           lslot(g, w->slot), (long long)w->offset, (long long)p->c0[j],
                           (long long)w->stride[0]);
