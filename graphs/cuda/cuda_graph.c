@@ -111,6 +111,7 @@ typedef struct cu_graph {
     bool check;           /* MAX_AUTOTUNE: replay the tuned and the default graph once */
     unsigned *dgrid, *dblock; /* per group: the generator's launch, before any tuning */
     char tune_path[1024]; /* where the picks are remembered ("" when nowhere) */
+    int stamp_want;       /* SG_CUDA_STAMPS when the unit was generated (0: none) */
     int stamp_runs;       /* SG_CUDA_STAMPS: replays read back so far */
     double *stamp_acc;    /* per group: STAMP_F sums over the counted replays */
 } cu_graph;
@@ -354,6 +355,7 @@ static sg_status compile(sg_fn *fn, sg__graph *g) {
     if (part) sg__free(ctx, part, sizeof *part * (size_t)cg->ngroups);
     cg->use_graph =
         fn->opts.mode == SG_MODE_REDUCE_OVERHEAD || fn->opts.mode == SG_MODE_MAX_AUTOTUNE;
+    cg->stamp_want = hip ? 0 : sg__cuda_stamps(); /* read once: not on every replay */
     cg->tune =
         fn->opts.mode == SG_MODE_MAX_AUTOTUNE || fn->opts.mode == SG_MODE_MAX_AUTOTUNE_NO_GRAPHS;
     cg->lt = cg->tune && has_matmul(g);
@@ -952,7 +954,7 @@ static sg_status run_set(sg_fn *fn, sg__graph *g, int set) {
         }
         if (cg->check && (s = check_step(fn, g, st)) != SG_OK) return s;
     }
-    int want = sg__cuda_stamps();
+    int want = cg->stamp_want;
     if (want > 0 && api(ctx)->cuModuleGetGlobal_v2 && cg->stamp_runs < STAMP_WARM + want) {
         if (!cg->stamp_acc &&
             !(cg->stamp_acc = sg__calloc(ctx, sizeof(double) * STAMP_F *
