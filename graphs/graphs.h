@@ -144,6 +144,32 @@ SG__HIDDEN void sg__graph_free(sg_ctx *ctx, sg__graph *g);
 /* Seconds on the monotonic clock (for the compile phases' perf_hints). */
 SG__HIDDEN double sg__graph_clock(void);
 
+/* lanes.c: a replay's groups on several streams, each waiting only for the
+ * groups whose memory it shares (see the file's comment). */
+#define SG__LANES_MAX 4
+typedef struct sg__span {
+    uintptr_t lo, hi; /* bytes [lo, hi) */
+} sg__span;
+/* Ranges below this are never device memory: what only one group at a
+ * time may use (a library's scratch, a kernel's static counters) is the
+ * write of the range [r, r + 1) for a number r of the caller's below it. */
+#define SG__LANE_RESOURCES ((uintptr_t)1 << 16)
+typedef struct sg__lane_use {
+    const sg__span *rd, *wr; /* what the group reads and writes, in any order */
+    int nrd, nwr;
+    bool lane0; /* it must run on lane 0 */
+} sg__lane_use;
+typedef struct sg__lanes {
+    int ngroups, nlanes; /* nlanes: how many the plan uses */
+    int *lane;           /* per group */
+    int *wait;           /* per group, SG__LANES_MAX entries: per other lane, the group whose
+                            end it waits for first (-1: none) */
+    bool *post;          /* per group: a group on another lane waits for its end */
+} sg__lanes;
+SG__HIDDEN sg_status sg__lanes_plan(sg_ctx *ctx, int n, const sg__lane_use *use, int nlanes,
+                                    sg__lanes *out);
+SG__HIDDEN void sg__lanes_free(sg_ctx *ctx, sg__lanes *p);
+
 /* outputs.c */
 SG__HIDDEN sg_status sg__outputs_init(sg_fn *fn);
 SG__HIDDEN void sg__outputs_free(sg_fn *fn);

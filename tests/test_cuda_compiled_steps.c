@@ -11,7 +11,10 @@
  * and the accumulator exactly as one step leaves them; and a bad index,
  * which fails the call with SG_ERR_INDEX and writes nothing; max-autotune's
  * comparison of the tuned and the default graph of a step that adds into a
- * tensor in place (said once, the tensor as the calls alone leave it). Prints the
+ * tensor in place (said once, the tensor as the calls alone leave it); a
+ * step whose products and sums have nothing between them, recorded on
+ * several streams (said in perf_hints) and still equal to the reference
+ * call after call, its in-place sum included. Prints the
  * launches per step of the 12-layer step. Exits 77 without a CUDA device.
  */
 #include "testutil.h"
@@ -314,6 +317,102 @@ static void test_autotune_check(void) {
     sg_ctx_destroy(c);
 }
 
+/* ------------------------------------------------------------ branches */
+
+/* y = relu(x W1^T); a = y Wa^T and b = y Wb^T (products with nothing
+ * between them); sa = sum(a, 0) and sb = sum(b * b, 0) (sums likewise);
+ * acc += sa in place; out = sa + sb. The recording puts the two products
+ * and the two sums on branches of their own (cuda_graph.c: lanes). */
+#define BM 256
+#define BK 256
+#define BN 512
+typedef struct branchy {
+    sg_tensor *w1, *wa, *wb, *acc;
+    double *w1v, *wav, *wbv, *accv;
+} branchy;
+
+static sg_status branchy_step(sg_ctx *c, sg_tensor *const *in, sg_tensor **out, void *user) {
+    const branchy *m = user;
+    int d0 = 0;
+    sg_tensor *y = sg_relu(sg_linear(in[0], m->w1, NULL));
+    sg_tensor *a = sg_linear(y, m->wa, NULL), *b = sg_linear(y, m->wb, NULL);
+    sg_tensor *sa = sg_sum(a, 1, &d0, false), *sb = sg_sum(sg_mul(b, b), 1, &d0, false);
+    sg_status st = sg_add_(m->acc, sa);
+    out[0] = sg_add(sa, sb);
+    return st != SG_OK ? st : out[0] ? SG_OK : sg_ctx_status(c);
+}
+
+static int lane_lines, lanes_seen;
+static void count_lane_lines(void *user, const char *topic, const char *line) {
+    (void)user;
+    const char *at = strstr(line, " groups recorded on ");
+    int n = 0;
+    if (!strcmp(topic, "perf_hints") && at && sscanf(at, " groups recorded on %d streams", &n) == 1)
+        lane_lines++, lanes_seen = n > lanes_seen ? n : lanes_seen;
+}
+
+static void test_branches(sg_mode mode) {
+    sg_ctx *c = NULL;
+    if (!TU_EXPECT(
+            sg_ctx_create(&(sg_ctx_opts){.backend = SG_BACKEND_CUDA, .log = count_lane_lines},
+                          &c) == SG_OK))
+        return;
+    branchy m;
+    int64_t w1s[2] = {BN, BK}, ws[2] = {BN, BN}, as = BN, xs[2] = {BM, BK};
+    tu_seed(41);
+    m.w1 = tu_rand(c, SG_F32, 2, w1s, -0.1, 0.1, &m.w1v);
+    m.wa = tu_rand(c, SG_F32, 2, ws, -0.1, 0.1, &m.wav);
+    m.wb = tu_rand(c, SG_F32, 2, ws, -0.1, 0.1, &m.wbv);
+    m.acc = tu_rand(c, SG_F32, 1, &as, -1, 1, &m.accv);
+    sg_fn *fn = NULL;
+    lane_lines = lanes_seen = 0;
+    bool ok = TU_EXPECT(sg_compile(c, branchy_step, &m, 1, 1,
+                                   &(sg_compile_opts){.mode = mode, .force_disable_caches = true},
+                                   &fn) == SG_OK);
+    double *y = malloc(sizeof *y * BM * BN), *r = malloc(sizeof *r * BN);
+    ok = ok && TU_EXPECT(y && r);
+    for (int call = 0; ok && call < 5; call++) {
+        double *xv = NULL;
+        sg_tensor *in[1] = {tu_rand(c, SG_F32, 2, xs, -1, 1, &xv)};
+        sg_tensor *out[1] = {NULL};
+        sg_mark_step_begin(c);
+        ok = TU_EXPECT(sg_call(fn, in, 1, out, 1) == SG_OK);
+        if (!ok) fprintf(stderr, "  %s\n", sg_last_error(c));
+        for (int i = 0; i < BM; i++)
+            for (int n = 0; n < BN; n++) {
+                double v = 0;
+                for (int k = 0; k < BK; k++) v += xv[i * BK + k] * m.w1v[n * BK + k];
+                y[i * BN + n] = v > 0 ? v : 0;
+            }
+        for (int n = 0; n < BN; n++) {
+            double sa = 0, sb = 0;
+            for (int i = 0; i < BM; i++) {
+                double a = 0, b = 0;
+                for (int k = 0; k < BN; k++)
+                    a += y[i * BN + k] * m.wav[n * BN + k], b += y[i * BN + k] * m.wbv[n * BN + k];
+                sa += a, sb += b * b;
+            }
+            r[n] = sa + sb;
+            m.accv[n] += sa;
+        }
+        ok = ok && close_to("sa + sb", out[0], r, BN, 1e-4, 1e-3) &&
+             close_to("acc", m.acc, m.accv, BN, 1e-4, 1e-3);
+        sg_release(in[0]);
+        free(xv);
+    }
+    bool graphs = mode == SG_MODE_REDUCE_OVERHEAD || mode == SG_MODE_MAX_AUTOTUNE;
+    ok = ok && TU_EXPECT(!graphs || (lane_lines >= 1 && lanes_seen >= 2));
+    tu_case(ok,
+            "CUDA_BRANCHES(mode=%s,f32,two products and two sums apart,acc+=sum in place,5 calls)"
+            " -> %d recording(s) on up to %d streams",
+            sg_mode_name(mode), lane_lines, lanes_seen);
+    free(y), free(r);
+    sg_fn_destroy(fn);
+    sg_release(m.w1), sg_release(m.wa), sg_release(m.wb), sg_release(m.acc);
+    free(m.w1v), free(m.wav), free(m.wbv), free(m.accv);
+    sg_ctx_destroy(c);
+}
+
 int main(void) {
     sg_status s = sg_ctx_create(&(sg_ctx_opts){.backend = SG_BACKEND_CUDA}, &ctx);
     if (s == SG_ERR_BACKEND_UNAVAILABLE) {
@@ -327,6 +426,7 @@ int main(void) {
     for (int i = 0; i < NMODES; i++) test_layers(modes[i]);
     for (int i = 0; i < NMODES; i++) test_datamove(modes[i]);
     test_autotune_check();
+    for (int i = 0; i < NMODES; i++) test_branches(modes[i]);
     sg_ctx_destroy(ctx);
     return tu_finish();
 }

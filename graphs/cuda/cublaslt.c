@@ -9,8 +9,9 @@
  *
  * The workspace (32 MiB) is allocated at the first matmul, never while a
  * CUDA graph is being recorded: a graph would hold an allocation made inside
- * its own capture. cu_destroy calls sg__cublaslt_release after the stream is
- * idle.
+ * its own capture. A recording's branches (exec.h: lanes) each get one of
+ * their own before the recording, so products on two branches may run at
+ * once. cu_destroy calls sg__cublaslt_release after the stream is idle.
  *
  * It also owns max-autotune's algorithm picks (see cublaslt.h): the timing
  * of the heuristic's candidates during a step's tuning run, the table of
@@ -183,6 +184,7 @@ typedef struct lt_state {
     char name[256];    /* the library it opened */
     double load_ms;
     void *workspace;
+    void *lane_ws[SG__CUDA_LANES]; /* lanes 1..: a recording's branches (sg__cublaslt_lane_ready) */
     lt_entry *entries;
     int nentries, cap;
     bool tf32;
@@ -235,6 +237,8 @@ void sg__cublaslt_release(sg_ctx *ctx) {
     sg__free(ctx, s->known, sizeof *s->known * (size_t)s->kcap);
     if (s->handle) s->api.cublasLtDestroy(s->handle);
     if (s->workspace) ctx->exec.free(ctx, s->workspace, WORKSPACE_BYTES);
+    for (int l = 1; l < SG__CUDA_LANES; l++)
+        if (s->lane_ws[l]) ctx->exec.free(ctx, s->lane_ws[l], WORKSPACE_BYTES);
     if (s->lib) dlclose(s->lib);
     sg__free(ctx, s, sizeof *s);
     *slot = NULL;
@@ -393,6 +397,27 @@ static sg_status lt_state_get(sg_ctx *ctx, lt_state **out) {
 fail:
     sg__cublaslt_release(ctx);
     return st;
+}
+
+/* The workspace of the lane the call goes on: two products on two branches
+ * of a graph may run at once, and cuBLASLt's workspace serves one at a time. */
+static void *workspace_of(const sg_ctx *ctx, const lt_state *s) {
+    int l = sg__cuda_lane(ctx);
+    return l ? s->lane_ws[l] : s->workspace;
+}
+
+sg_status sg__cublaslt_lane_ready(sg_ctx *ctx, int lane) {
+    lt_state *s = *sg__cuda_lt_state(ctx);
+    if (lane <= 0 || lane >= SG__CUDA_LANES || !s || !s->ready || s->lane_ws[lane]) return SG_OK;
+    sg_status st = ctx->exec.alloc(ctx, WORKSPACE_BYTES, &s->lane_ws[lane]);
+    if (st != SG_OK) {
+        s->lane_ws[lane] = NULL;
+        return sg__fail(ctx, st,
+                        "cuda: cannot allocate cuBLASLt's %zu MiB workspace for a graph's "
+                        "branch; free device memory first, or run with SG_CUDA_LANES=1",
+                        WORKSPACE_BYTES >> 20);
+    }
+    return SG_OK;
 }
 
 /* The key's words: dtype, transa, transb, m, n, k, lda, ldb, ldc, batch,
@@ -720,7 +745,7 @@ static bool cand_run(sg_ctx *ctx, const cand *t, const cublasLtMatmulAlgo_t *alg
     const lt_entry *e = t->e;
     return t->s->api.cublasLtMatmul(t->s->handle, e->desc, &alpha, t->a, e->la, t->b, e->lb, &beta,
                                     t->cin ? t->cin : t->d, e->lc, t->d, e->lc, algo,
-                                    t->s->workspace, WORKSPACE_BYTES,
+                                    workspace_of(ctx, t->s), WORKSPACE_BYTES,
                                     (cudaStream_t)sg__cuda_stream(ctx)) == CUBLAS_STATUS_SUCCESS;
 }
 
@@ -933,17 +958,22 @@ sg_status sg__lt_matmul_epi(sg_ctx *ctx, const sg__lt_call *c, const void *a, co
         pick_for(ctx, &t, c, false);
         quiet_end(ctx, &q);
     }
+    if (!workspace_of(ctx, s))
+        return sg__fail(ctx, SG_ERR_INTERNAL,
+                        "cuda: a matmul on a graph's branch %d without its "
+                        "cuBLASLt workspace; run with SG_CUDA_LANES=1",
+                        sg__cuda_lane(ctx));
     const cublasLtMatmulAlgo_t *algo = s->scope && e->tuned ? &e->picked : &e->algo;
     float alpha = 1.0f, beta = c->accumulate ? 1.0f : 0.0f;
     const void *cp = cin ? cin : d;
     r = s->api.cublasLtMatmul(s->handle, e->desc, &alpha, a, e->la, b, e->lb, &beta, cp, e->lc, d,
-                              e->lc, algo, s->workspace, WORKSPACE_BYTES,
+                              e->lc, algo, workspace_of(ctx, s), WORKSPACE_BYTES,
                               (cudaStream_t)sg__cuda_stream(ctx));
     if (r != CUBLAS_STATUS_SUCCESS && algo == &e->picked) {
         /* A pick that fails is dropped for the heuristic's first. */
         e->picked = e->algo;
         r = s->api.cublasLtMatmul(s->handle, e->desc, &alpha, a, e->la, b, e->lb, &beta, cp, e->lc,
-                                  d, e->lc, &e->algo, s->workspace, WORKSPACE_BYTES,
+                                  d, e->lc, &e->algo, workspace_of(ctx, s), WORKSPACE_BYTES,
                                   (cudaStream_t)sg__cuda_stream(ctx));
     }
     if ((r == CUBLAS_STATUS_NOT_SUPPORTED || r == CUBLAS_STATUS_INVALID_VALUE) &&

@@ -89,6 +89,7 @@ SG__HIDDEN bool sg__hip_blaslt_note(char *buf, size_t n);
     X(cuEventSynchronize, "cuEventSynchronize")                                                    \
     X(cuEventElapsedTime_v2, "cuEventElapsedTime")                                                 \
     X(cuEventDestroy_v2, "cuEventDestroy")                                                         \
+    X(cuStreamWaitEvent, "cuStreamWaitEvent")                                                      \
     X(cuGraphInstantiateWithFlags, "cuGraphInstantiateWithFlags")                                  \
     X(cuGraphExecUpdate_v2, "cuGraphExecUpdate")                                                   \
     X(cuGraphUpload, "cuGraphUpload")                                                              \

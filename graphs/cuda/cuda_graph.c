@@ -28,6 +28,11 @@
  * inside cuBLASLt, whose kernels only a capture can see. DEFAULT and
  * MAX_AUTOTUNE_NO_GRAPHS launch the kernels one by one. Any failure to
  * record, instantiate or update falls back to launching (logged once).
+ * A recording puts the groups on up to SG_CUDA_LANES streams (exec.h:
+ * lanes), each group waiting only for the groups whose bytes it shares at
+ * the set's addresses (graphs/lanes.c), so the graph has branches where the
+ * step has independent work; what a group's library part did at its last
+ * run decides whether it shares the library's scratch (LIB_*).
  * The MAX_AUTOTUNE modes time 128, 256 and 512 threads per block for each
  * generated kernel at the first replay, with events on the real buffers;
  * what the step writes in its inputs and parameters is copied aside before
@@ -114,7 +119,24 @@ typedef struct cu_graph {
     int stamp_want;       /* SG_CUDA_STAMPS when the unit was generated (0: none) */
     int stamp_runs;       /* SG_CUDA_STAMPS: replays read back so far */
     double *stamp_acc;    /* per group: STAMP_F sums over the counted replays */
+    /* Branches (record_lanes): SG_CUDA_LANES when the unit was built (1:
+     * one stream), what each group's library part did at its last run
+     * (LIB_*), whether a recording saw one do more than its plan assumed,
+     * and the events the branches wait on (per group; the fork and the
+     * lanes' joins). */
+    int lanes_want;
+    unsigned char *lib; /* per group */
+    bool lib_grew, lanes_off;
+    CUevent *ev;
+    CUevent lane_ev[SG__CUDA_LANES];
 } cu_graph;
+
+/* What a group's library part did at its last run: nothing (none, or the
+ * generated kernel computes it), only cuBLASLt (a lane's own workspace
+ * serves), or kernels, copies or scratch of the library's families (one
+ * such group at a time: they share the op scratch and their kernels'
+ * counters). */
+enum { LIB_NONE = 0, LIB_BLAS = 1, LIB_FAMILY = 2 };
 
 static const sg__cu_api *api(const sg_ctx *ctx) { return sg__cuda_api(ctx); }
 
@@ -140,6 +162,12 @@ static void release(sg_ctx *ctx, sg__graph *g) {
     if (cg->stamp_acc)
         sg__free(ctx, cg->stamp_acc,
                  sizeof(double) * STAMP_F * (size_t)(cg->ngroups ? cg->ngroups : 1));
+    sg__free(ctx, cg->lib, sizeof *cg->lib * (size_t)(cg->ngroups ? cg->ngroups : 1));
+    for (int k = 0; cg->ev && k < cg->ngroups; k++)
+        if (cg->ev[k]) cu->cuEventDestroy_v2(cg->ev[k]);
+    if (cg->ev) sg__free(ctx, cg->ev, sizeof *cg->ev * (size_t)cg->ngroups);
+    for (int l = 0; l < SG__CUDA_LANES; l++)
+        if (cg->lane_ev[l]) cu->cuEventDestroy_v2(cg->lane_ev[l]);
     sg__free(ctx, cg, sizeof *cg);
     g->dev = NULL;
 }
@@ -240,6 +268,14 @@ static void tune_save(const cu_graph *cg, const sg__lt_pick *picks, int npicks) 
     if (n) sg__note_write(cg->tune_path, body);
 }
 
+/* SG_CUDA_LANES: how many streams a recording may put groups on (1 to
+ * SG__CUDA_LANES; 1: one chain in capture order). */
+static int lanes_env(void) {
+    const char *e = getenv("SG_CUDA_LANES");
+    int n = e && *e ? atoi(e) : SG__CUDA_LANES;
+    return n < 1 ? 1 : n > SG__CUDA_LANES ? SG__CUDA_LANES : n;
+}
+
 /* Whether the step has products (cuBLASLt's algorithms to pick). */
 static bool has_matmul(const sg__graph *g) {
     for (int i = 0; i < g->ir.nnodes; i++)
@@ -311,7 +347,8 @@ static sg_status compile(sg_fn *fn, sg__graph *g) {
     cg->took = sg__calloc(ctx, sizeof *cg->took * (size_t)(cg->ngroups ? cg->ngroups : 1));
     cg->dgrid = sg__calloc(ctx, sizeof *cg->dgrid * (size_t)(cg->ngroups ? cg->ngroups : 1));
     cg->dblock = sg__calloc(ctx, sizeof *cg->dblock * (size_t)(cg->ngroups ? cg->ngroups : 1));
-    if (!cg->kfn || !cg->kinfo || !cg->argoff || !cg->took || !cg->dgrid || !cg->dblock)
+    cg->lib = sg__calloc(ctx, sizeof *cg->lib * (size_t)(cg->ngroups ? cg->ngroups : 1));
+    if (!cg->kfn || !cg->kinfo || !cg->argoff || !cg->took || !cg->dgrid || !cg->dblock || !cg->lib)
         return sg__fail(ctx, SG_ERR_OOM, "cuda: out of host memory");
     sg__emit e = {.ctx = ctx};
     int nk = 0;
@@ -356,6 +393,7 @@ static sg_status compile(sg_fn *fn, sg__graph *g) {
     cg->use_graph =
         fn->opts.mode == SG_MODE_REDUCE_OVERHEAD || fn->opts.mode == SG_MODE_MAX_AUTOTUNE;
     cg->stamp_want = hip ? 0 : sg__cuda_stamps(); /* read once: not on every replay */
+    cg->lanes_want = hip ? 1 : lanes_env();
     cg->tune =
         fn->opts.mode == SG_MODE_MAX_AUTOTUNE || fn->opts.mode == SG_MODE_MAX_AUTOTUNE_NO_GRAPHS;
     cg->lt = cg->tune && has_matmul(g);
@@ -397,6 +435,8 @@ static sg_status launch_range(sg_ctx *ctx, sg__graph *g, set_state *st, int from
         const sg__cuda_kinfo *ki = &cg->kinfo[k];
         int node = call_node(grp);
         bool took = false; /* cuBLASLt computed the epilogue too (sg__group.lib_epi) */
+        uint64_t ops0, scr0, ops1, scr1;
+        sg__cuda_counts(ctx, &ops0, &scr0);
         if (node >= 0 && !ki->replaces_call && grp->kind == SG__G_MATMUL && grp->lib_epi) {
             sg_status s = sg__cuda_matmul_epi(ctx, &g->nodes[node], &g->nodes[grp->g[1].node],
                                               grp->lib_epi, grp->lib_res, grp->lib_aux, &took);
@@ -445,6 +485,12 @@ static sg_status launch_range(sg_ctx *ctx, sg__graph *g, set_state *st, int from
                               : SG_OK;
             if (s != SG_OK) return s;
         }
+        sg__cuda_counts(ctx, &ops1, &scr1);
+        unsigned char lib = node < 0 || ki->replaces_call ? LIB_NONE
+                            : ops1 > ops0 || scr1 > scr0  ? LIB_FAMILY
+                                                          : LIB_BLAS;
+        cg->lib_grew = cg->lib_grew || lib > cg->lib[k];
+        cg->lib[k] = lib;
         if (!cg->kfn[k] || took) continue;
         unsigned grid[3] = {ki->grid, 1, 1}, block[3] = {ki->block, 1, 1};
         CUdeviceptr tab = table_of(cg, st, k);
@@ -506,21 +552,208 @@ static sg_status table_for(sg_ctx *ctx, sg__graph *g, int set, set_state **out, 
     return SG_OK;
 }
 
-/* Record the set's replay as a graph (or patch the one it has). */
+/* Bytes a ref reaches at this replay's addresses; false when none. */
+static bool ref_span(const sg__graph *g, int ref, sg__span *out) {
+    const sg__ref *f = &g->ir.refs[ref];
+    const char *base = g->slotp[f->slot];
+    if (!base) return false;
+    int64_t lo = f->offset, hi = f->offset;
+    for (int d = 0; d < f->ndim; d++) {
+        if (f->shape[d] == 0) return false;
+        int64_t span = (f->shape[d] - 1) * f->stride[d];
+        if (span < 0)
+            lo += span;
+        else
+            hi += span;
+    }
+    int64_t es = (int64_t)sg_dtype_size(f->dtype);
+    out->lo = (uintptr_t)(base + lo * es);
+    out->hi = (uintptr_t)(base + (hi + 1) * es);
+    return true;
+}
+
+/* The spans of what group k reads and writes, appended to sp (cap of
+ * them; false when they do not fit): each member's inputs (as written and
+ * as cse forwards them) and output, a library family's scratch and a
+ * kernel's own counters as resources (lanes.c). */
+static bool group_spans(const sg__graph *g, const cu_graph *cg, int k, sg__span *sp, int cap,
+                        int *nrd, int *nwr) {
+    const sg__group *grp = &g->fused.groups[k];
+    const int *alias = g->fused.alias;
+    int nr = 0, nw = 0; /* reads from the front, writes from the back */
+    int nparts = grp->kind == SG__G_MULTI ? grp->nmembers : 1;
+    for (int p = 0; p < nparts; p++) {
+        const sg__group *part = grp->kind == SG__G_MULTI ? &g->fused.parts[grp->members[p]] : grp;
+        for (int m = 0; m < part->n; m++) {
+            const sg__irnode *n = &g->ir.nodes[part->g[m].node];
+            for (int i = 0; n->args >= 0 && i < n->nin; i++) {
+                int r = g->ir.args[n->args + i];
+                if (r < 0) continue;
+                for (int a = 0; a < 2; a++) {
+                    if (nr + nw + 1 > cap) return false;
+                    nr += ref_span(g, a && alias ? alias[r] : r, &sp[nr]);
+                }
+            }
+            if (nr + nw + 1 > cap) return false;
+            nw += ref_span(g, n->out, &sp[cap - 1 - nw]);
+        }
+    }
+    if (nr + nw + 2 > cap) return false;
+    if (cg->lib[k] == LIB_FAMILY) sp[cap - 1 - nw++] = (sg__span){1, 2};
+    for (int j = 0; cg->kfn[k] && j <= k; j++)
+        if (cg->kfn[j] == cg->kfn[k]) { /* the first group of this kernel names it */
+            sp[cap - 1 - nw++] = (sg__span){(uintptr_t)(2 + j), (uintptr_t)(3 + j)};
+            break;
+        }
+    memmove(sp + nr, sp + cap - nw, sizeof *sp * (size_t)nw);
+    *nrd = nr, *nwr = nw;
+    return true;
+}
+
+/* The plan of this set's recording on lanes (lanes.c), with its streams,
+ * events and the lanes' cuBLASLt workspaces made. */
+static sg_status plan_lanes(sg_ctx *ctx, sg__graph *g, cu_graph *cg, sg__lanes *plan) {
+    int n = cg->ngroups, cap = 0;
+    for (int k = 0; k < n; k++) {
+        const sg__group *grp = &g->fused.groups[k];
+        int nparts = grp->kind == SG__G_MULTI ? grp->nmembers : 1;
+        for (int p = 0; p < nparts; p++) {
+            const sg__group *part =
+                grp->kind == SG__G_MULTI ? &g->fused.parts[grp->members[p]] : grp;
+            for (int m = 0; m < part->n; m++) cap += 1 + 2 * g->ir.nodes[part->g[m].node].nin;
+        }
+        cap += 2;
+    }
+    size_t bytes = sizeof(sg__span) * (size_t)(cap ? cap : 1);
+    sg__span *sp = sg__alloc(ctx, bytes);
+    sg__lane_use *use = sg__calloc(ctx, sizeof *use * (size_t)(n ? n : 1));
+    sg_status s = sp && use ? SG_OK : sg__fail(ctx, SG_ERR_OOM, "cuda: out of host memory");
+    for (int k = 0, at = 0; s == SG_OK && k < n; k++) {
+        int nr = 0, nw = 0;
+        if (!group_spans(g, cg, k, sp + at, cap - at, &nr, &nw))
+            s = sg__fail(ctx, SG_ERR_INTERNAL, "cuda: group %d's spans outgrew their count", k);
+        use[k] = (sg__lane_use){sp + at, sp + at + nr, nr, nw, false};
+        at += nr + nw;
+    }
+    if (s == SG_OK) s = sg__lanes_plan(ctx, n, use, cg->lanes_want, plan);
+    if (sp) sg__free(ctx, sp, bytes);
+    if (use) sg__free(ctx, use, sizeof *use * (size_t)(n ? n : 1));
+    if (s != SG_OK || plan->nlanes <= 1) return s;
+    const sg__cu_api *cu = api(ctx);
+    s = sg__cuda_lanes_make(ctx, plan->nlanes);
+    if (s == SG_OK && !cg->ev && !(cg->ev = sg__calloc(ctx, sizeof *cg->ev * (size_t)n)))
+        s = sg__fail(ctx, SG_ERR_OOM, "cuda: out of host memory");
+    for (int k = 0; s == SG_OK && k < n; k++) {
+        if (cg->lib[k] == LIB_BLAS) s = sg__cublaslt_lane_ready(ctx, plan->lane[k]);
+        if (s == SG_OK && plan->post[k] && !cg->ev[k]) {
+            CUresult r = cu->cuEventCreate(&cg->ev[k], CU_EVENT_DISABLE_TIMING);
+            if (r != CUDA_SUCCESS)
+                cg->ev[k] = NULL, s = sg__cu_fail(ctx, r, "cuEventCreate", "a branch");
+        }
+    }
+    for (int l = 0; s == SG_OK && l < plan->nlanes; l++)
+        if (!cg->lane_ev[l]) {
+            CUresult r = cu->cuEventCreate(&cg->lane_ev[l], CU_EVENT_DISABLE_TIMING);
+            if (r != CUDA_SUCCESS)
+                cg->lane_ev[l] = NULL, s = sg__cu_fail(ctx, r, "cuEventCreate", "a branch");
+        }
+    return s;
+}
+
+/* Every group on its lane, inside a recording that began on lane 0: the
+ * lanes fork from lane 0, each group first waits for the ends its plan
+ * names, and every lane joins lane 0 at the end (also after a failure, so
+ * that the recording can end). */
+static sg_status launch_lanes(sg_ctx *ctx, sg__graph *g, set_state *st, const sg__lanes *plan) {
+    cu_graph *cg = g->dev;
+    const sg__cu_api *cu = api(ctx);
+    CUstream l0 = sg__cuda_lane_stream(ctx, 0);
+    CUresult r = cu->cuEventRecord(cg->lane_ev[0], l0);
+    for (int l = 1; l < plan->nlanes && r == CUDA_SUCCESS; l++)
+        r = cu->cuStreamWaitEvent(sg__cuda_lane_stream(ctx, l), cg->lane_ev[0], 0);
+    sg_status s = SG_OK;
+    for (int k = 0; k < cg->ngroups && r == CUDA_SUCCESS && s == SG_OK; k++) {
+        int L = plan->lane[k];
+        CUstream ls = sg__cuda_lane_stream(ctx, L);
+        for (int m = 0; m < plan->nlanes && r == CUDA_SUCCESS; m++) {
+            int w = plan->wait[(size_t)k * SG__LANES_MAX + m];
+            if (w >= 0) r = cu->cuStreamWaitEvent(ls, cg->ev[w], 0);
+        }
+        sg__cuda_set_lane(ctx, L);
+        if (r == CUDA_SUCCESS) s = launch_range(ctx, g, st, k, k + 1);
+        sg__cuda_set_lane(ctx, 0);
+        if (r == CUDA_SUCCESS && s == SG_OK && plan->post[k]) r = cu->cuEventRecord(cg->ev[k], ls);
+    }
+    CUresult rj = CUDA_SUCCESS;
+    for (int l = 1; l < plan->nlanes; l++) {
+        CUresult a = cu->cuEventRecord(cg->lane_ev[l], sg__cuda_lane_stream(ctx, l));
+        if (a == CUDA_SUCCESS) a = cu->cuStreamWaitEvent(l0, cg->lane_ev[l], 0);
+        if (rj == CUDA_SUCCESS) rj = a;
+    }
+    if (r == CUDA_SUCCESS) r = rj;
+    if (s == SG_OK && r != CUDA_SUCCESS)
+        s = sg__cu_fail(ctx, r, "cuEventRecord/cuStreamWaitEvent", "recording a graph's branches");
+    return s;
+}
+
+/* Record the set's replay as a graph (or patch the one it has). With
+ * lanes, the groups go on several streams by what they share (lanes.c);
+ * a library part that did more in the recording than at its last run (a
+ * product that now needs scratch at new addresses) spoils the plan: the
+ * recording is made again on the plan of what it saw, and once more on
+ * one lane if that happens twice. */
 static sg_status record_exec(sg_fn *fn, sg__graph *g, set_state *st, CUgraphExec *exec) {
     sg_ctx *ctx = fn->ctx;
+    cu_graph *cg = g->dev;
     const sg__cu_api *cu = api(ctx);
     CUstream stream = sg__cuda_stream(ctx);
-    CUresult r = cu->cuStreamBeginCapture_v2(stream, CU_STREAM_CAPTURE_MODE_RELAXED);
-    if (r != CUDA_SUCCESS) return sg__cu_fail(ctx, r, "cuStreamBeginCapture", "recording a graph");
-    sg__cuda_set_capturing(ctx, true);
-    sg_status s = launch_all(ctx, g, st);
-    sg__cuda_set_capturing(ctx, false);
     CUgraph graph = NULL;
-    r = cu->cuStreamEndCapture(stream, &graph);
-    if (s != SG_OK) {
-        if (graph) cu->cuGraphDestroy(graph);
-        return s;
+    CUresult r = CUDA_SUCCESS;
+    sg__lanes plan = {0};
+    for (int attempt = 0;; attempt++) {
+        bool lanes = cg->lanes_want > 1 && !cg->lanes_off && !sg__comm_in_ir(&g->ir);
+        sg_status s = lanes ? plan_lanes(ctx, g, cg, &plan) : SG_OK;
+        if (s != SG_OK) {
+            sg__lanes_free(ctx, &plan);
+            return s;
+        }
+        lanes = lanes && plan.nlanes > 1;
+        r = cu->cuStreamBeginCapture_v2(stream, CU_STREAM_CAPTURE_MODE_RELAXED);
+        if (r != CUDA_SUCCESS) {
+            sg__lanes_free(ctx, &plan);
+            return sg__cu_fail(ctx, r, "cuStreamBeginCapture", "recording a graph");
+        }
+        sg__cuda_set_capturing(ctx, true);
+        cg->lib_grew = false;
+        s = lanes ? launch_lanes(ctx, g, st, &plan) : launch_all(ctx, g, st);
+        sg__cuda_set_capturing(ctx, false);
+        graph = NULL;
+        r = cu->cuStreamEndCapture(stream, &graph);
+        bool again = s == SG_OK && r == CUDA_SUCCESS && lanes && cg->lib_grew;
+        if (s != SG_OK || again) {
+            if (graph) cu->cuGraphDestroy(graph);
+            graph = NULL;
+        }
+        if (again) {
+            sg__lanes_free(ctx, &plan);
+            cg->lanes_off = attempt > 0;
+            continue;
+        }
+        if (s == SG_OK && r == CUDA_SUCCESS && lanes) {
+            int waits = 0;
+            for (int k = 0; k < cg->ngroups * SG__LANES_MAX; k++) waits += plan.wait[k] >= 0;
+            char ls[512];
+            int n = cg->ngroups < (int)sizeof ls - 1 ? cg->ngroups : (int)sizeof ls - 1;
+            for (int k = 0; k < n; k++) ls[k] = (char)('0' + plan.lane[k]);
+            ls[n] = '\0';
+            sg__log(ctx, "perf_hints",
+                    "fn '%s': %d groups recorded on %d streams, %d waits "
+                    "between them (lanes %s)",
+                    fn->name, cg->ngroups, plan.nlanes, waits, ls);
+        }
+        sg__lanes_free(ctx, &plan);
+        if (s != SG_OK) return s;
+        break;
     }
     if (r != CUDA_SUCCESS) return sg__cu_fail(ctx, r, "cuStreamEndCapture", "recording a graph");
     if (*exec) {

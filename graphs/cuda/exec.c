@@ -50,12 +50,20 @@ typedef struct sg__cuda {
     CUdeviceptr retired[32];
     int nretired;
     bool capturing; /* a graph is being recorded: no host waits allowed */
+    /* A recording's branches (cuda_graph.c): lanes[l] for l > 0 are streams
+     * of their own, made by sg__cuda_lanes_make; ops go on lane `lane`. */
+    CUstream lanes[SG__CUDA_LANES];
+    int lane;
+    uint64_t nops, nscratch; /* stream ops and scratch requests so far (sg__cuda_counts) */
     int pdl;        /* programmatic dependent launch: 1 on, 0 off, -1 not yet known */
     void *lt;       /* cuBLASLt's handle, workspace and plans (cublaslt.c) */
     size_t device_live, device_cached;
 } sg__cuda;
 
 static sg__cuda *state(const sg_ctx *ctx) { return ctx->exec.state; }
+
+/* The stream ops go on now: the context's, or a recording's lane. */
+static CUstream cur(const sg__cuda *s) { return s->lane ? s->lanes[s->lane] : s->stream; }
 
 /* ------------------------------------------------------------ memory */
 
@@ -145,20 +153,23 @@ sg_status sg__cuda_download(sg_ctx *ctx, void *dst, const void *src, size_t n) {
 
 sg_status sg__cuda_memset(sg_ctx *ctx, void *dptr, unsigned char byte, size_t n) {
     sg__cuda *s = state(ctx);
-    CUresult r = s->cu->cuMemsetD8Async((CUdeviceptr)(uintptr_t)dptr, byte, n, s->stream);
+    s->nops++;
+    CUresult r = s->cu->cuMemsetD8Async((CUdeviceptr)(uintptr_t)dptr, byte, n, cur(s));
     return r == CUDA_SUCCESS ? SG_OK : sg__cu_fail(ctx, r, "cuMemsetD8Async", "filling memory");
 }
 
 static sg_status cu_copy(sg_ctx *ctx, void *dst, const void *src, size_t n) {
     sg__cuda *s = state(ctx);
+    s->nops++;
     CUresult r = s->cu->cuMemcpyDtoDAsync_v2((CUdeviceptr)(uintptr_t)dst,
-                                             (CUdeviceptr)(uintptr_t)src, n, s->stream);
+                                             (CUdeviceptr)(uintptr_t)src, n, cur(s));
     return r == CUDA_SUCCESS ? SG_OK
                              : sg__cu_fail(ctx, r, "cuMemcpyDtoDAsync", "copying on the device");
 }
 
 sg_status sg__cuda_scratch(sg_ctx *ctx, size_t bytes, void **dptr) {
     sg__cuda *s = state(ctx);
+    s->nscratch++;
     if (bytes > s->scratch_size) {
         /* Work queued on the stream may still read the old buffer. */
         if (s->capturing)
@@ -196,7 +207,33 @@ sg_status sg__cuda_sync(sg_ctx *ctx) {
 int sg__cuda_sm_count(const sg_ctx *ctx) { return state(ctx)->sms; }
 size_t sg__cuda_l2_bytes(const sg_ctx *ctx) { return (size_t)state(ctx)->l2; }
 int sg__cuda_arch(const sg_ctx *ctx) { return state(ctx)->arch; }
-void *sg__cuda_stream(const sg_ctx *ctx) { return state(ctx)->stream; }
+void *sg__cuda_stream(const sg_ctx *ctx) { return cur(state(ctx)); }
+
+sg_status sg__cuda_lanes_make(sg_ctx *ctx, int n) {
+    sg__cuda *s = state(ctx);
+    for (int l = 1; l < n && l < SG__CUDA_LANES; l++) {
+        if (s->lanes[l]) continue;
+        CUresult r = s->cu->cuStreamCreate(&s->lanes[l], CU_STREAM_NON_BLOCKING);
+        if (r != CUDA_SUCCESS) {
+            s->lanes[l] = NULL;
+            return sg__cu_fail(ctx, r, "cuStreamCreate", "a stream for a graph's branches");
+        }
+    }
+    return SG_OK;
+}
+
+void *sg__cuda_lane_stream(const sg_ctx *ctx, int lane) {
+    const sg__cuda *s = state(ctx);
+    return lane ? s->lanes[lane] : s->stream;
+}
+
+void sg__cuda_set_lane(sg_ctx *ctx, int lane) { state(ctx)->lane = lane; }
+int sg__cuda_lane(const sg_ctx *ctx) { return state(ctx)->lane; }
+
+void sg__cuda_counts(const sg_ctx *ctx, uint64_t *ops, uint64_t *scratch) {
+    *ops = state(ctx)->nops;
+    *scratch = state(ctx)->nscratch;
+}
 void **sg__cuda_lt_state(sg_ctx *ctx) { return &state(ctx)->lt; }
 void *sg__cuda_context(const sg_ctx *ctx) { return state(ctx)->pctx; }
 const sg__cu_api *sg__cuda_api(const sg_ctx *ctx) { return state(ctx)->cu; }
@@ -310,8 +347,9 @@ sg_status sg__cuda_launch(sg_ctx *ctx, void *func, const unsigned grid[3], const
                           size_t shmem, void **args) {
     sg__cuda *s = state(ctx);
     if (grid[0] == 0 || grid[1] == 0 || grid[2] == 0) return SG_OK; /* nothing to do */
+    s->nops++;
     CUresult r = s->cu->cuLaunchKernel((CUfunction)func, grid[0], grid[1], grid[2], block[0],
-                                       block[1], block[2], (unsigned)shmem, s->stream, args, NULL);
+                                       block[1], block[2], (unsigned)shmem, cur(s), args, NULL);
     return r == CUDA_SUCCESS ? SG_OK : sg__cu_fail(ctx, r, "cuLaunchKernel", "an eager kernel");
 }
 
@@ -333,9 +371,10 @@ sg_status sg__cuda_launch_pdl(sg_ctx *ctx, void *func, const unsigned grid[3],
     cfg.gridDimX = grid[0], cfg.gridDimY = grid[1], cfg.gridDimZ = grid[2];
     cfg.blockDimX = block[0], cfg.blockDimY = block[1], cfg.blockDimZ = block[2];
     cfg.sharedMemBytes = (unsigned)shmem;
-    cfg.hStream = s->stream;
+    cfg.hStream = cur(s);
     cfg.attrs = &attr;
     cfg.numAttrs = 1;
+    s->nops++;
     CUresult r = s->cu->cuLaunchKernelEx(&cfg, (CUfunction)func, args, NULL);
     if (r == CUDA_ERROR_NOT_SUPPORTED || r == CUDA_ERROR_INVALID_VALUE) {
         s->pdl = 0; /* this device or driver cannot: plain launches from now on */
@@ -379,6 +418,8 @@ static void cu_destroy(sg_ctx *ctx) {
     for (int u = 0; u < SG__CU_NUM_UNITS; u++)
         if (s->mod[u]) cu->cuModuleUnload(s->mod[u]);
     sg__free(ctx, s->funcs, sizeof *s->funcs * (size_t)(s->cap_funcs ? s->cap_funcs : 1));
+    for (int l = 1; l < SG__CUDA_LANES; l++)
+        if (s->lanes[l]) cu->cuStreamDestroy_v2(s->lanes[l]);
     if (s->stream) cu->cuStreamDestroy_v2(s->stream);
     if (s->pctx) cu->cuDevicePrimaryCtxRelease_v2(s->dev);
     sg__free(ctx, s, sizeof *s);

@@ -74,8 +74,26 @@ SG__HIDDEN sg_status sg__cuda_sync(sg_ctx *ctx);
 SG__HIDDEN int sg__cuda_sm_count(const sg_ctx *ctx);
 SG__HIDDEN size_t sg__cuda_l2_bytes(const sg_ctx *ctx); /* 0 when the device did not say */
 SG__HIDDEN int sg__cuda_arch(const sg_ctx *ctx); /* 90 for sm_90 */
-/* The context's CUstream, for libraries (cuBLASLt). */
+/* The CUstream ops go on now, for libraries (cuBLASLt): the context's, or
+ * while a graph with branches is recorded, the current lane's. */
 SG__HIDDEN void *sg__cuda_stream(const sg_ctx *ctx);
+/* Lanes: while a CUDA graph is recorded, groups that need not wait for each
+ * other go on streams of their own (cuda_graph.c), which the recording joins
+ * into one graph with branches. Lane 0 is the context's stream; lanes 1 ..
+ * SG__CUDA_LANES - 1 are made by sg__cuda_lanes_make (before a recording)
+ * and live as long as the context. Launches, copies and fills go on the
+ * current lane; host transfers and waits stay on lane 0. */
+#define SG__CUDA_LANES 4
+SG__HIDDEN sg_status sg__cuda_lanes_make(sg_ctx *ctx, int n);
+SG__HIDDEN void *sg__cuda_lane_stream(const sg_ctx *ctx, int lane);
+SG__HIDDEN void sg__cuda_set_lane(sg_ctx *ctx, int lane);
+SG__HIDDEN int sg__cuda_lane(const sg_ctx *ctx);
+/* How many stream ops (launches, copies, fills) and scratch requests the
+ * context has made: what tells a library call that only ran cuBLASLt. */
+SG__HIDDEN void sg__cuda_counts(const sg_ctx *ctx, uint64_t *ops, uint64_t *scratch);
+/* cuBLASLt's workspace for a lane (cublaslt.c): lane 0's is made at the
+ * first matmul; another's here, before a recording puts a product there. */
+SG__HIDDEN sg_status sg__cublaslt_lane_ready(sg_ctx *ctx, int lane);
 /* Whether the context runs on the HIP runtime's table (an AMD GPU). */
 SG__HIDDEN bool sg__cuda_is_hip(const sg_ctx *ctx);
 /* Compile a unit for the context's device: NVRTC for sm_<arch> on CUDA,

@@ -50,6 +50,7 @@ _Static_assert((int)CUDA_ERROR_NO_DEVICE == (int)hipErrorNoDevice, "no device");
 _Static_assert((int)CUDA_ERROR_NOT_SUPPORTED == (int)hipErrorNotSupported, "not supported");
 _Static_assert(CU_STREAM_NON_BLOCKING == hipStreamNonBlocking, "stream flags");
 _Static_assert(CU_EVENT_DEFAULT == hipEventDefault, "event flags");
+_Static_assert(CU_EVENT_DISABLE_TIMING == hipEventDisableTiming, "event flags");
 _Static_assert((int)CU_STREAM_CAPTURE_MODE_RELAXED == (int)hipStreamCaptureModeRelaxed,
                "capture mode");
 _Static_assert((int)CU_GRAPH_EXEC_UPDATE_SUCCESS == (int)hipGraphExecUpdateSuccess &&
@@ -93,6 +94,7 @@ _Static_assert((int)CU_GRAPH_EXEC_UPDATE_SUCCESS == (int)hipGraphExecUpdateSucce
     X(hipEventSynchronize)                                                                         \
     X(hipEventElapsedTime)                                                                         \
     X(hipEventDestroy)                                                                             \
+    X(hipStreamWaitEvent)                                                                          \
     X(hipGraphInstantiateWithFlags)                                                                \
     X(hipGraphExecUpdate)                                                                          \
     X(hipGraphLaunch)                                                                              \
@@ -232,6 +234,7 @@ static void fill_table(void) {
     SAME(cuEventSynchronize, hipEventSynchronize)
     SAME(cuEventElapsedTime_v2, hipEventElapsedTime)
     SAME(cuEventDestroy_v2, hipEventDestroy)
+    SAME(cuStreamWaitEvent, hipStreamWaitEvent)
     SAME(cuGraphInstantiateWithFlags, hipGraphInstantiateWithFlags)
     table.cuGraphExecUpdate_v2 = graph_exec_update;
     table.cuGraphUpload = graph_upload;

@@ -1,0 +1,158 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * lanes.c -- a recorded step as a graph with branches. A replay's groups
+ * run in capture order on one stream unless a device backend records them
+ * on several (lanes): then a group waits only for the groups it must, and
+ * groups with nothing between them (a layer's weight and input gradients,
+ * the head's bias sum beside its products) run at once.
+ *
+ * What a group must wait for is read from memory, not from the IR's edges:
+ * each group says which byte ranges it reads and writes at this replay's
+ * addresses (its nodes' refs, the pool's reuse of bytes included, since two
+ * slots that share bytes share addresses), and a later group waits for an
+ * earlier one when one writes what the other reads or writes. Things that
+ * are not memory but still must not be used by two groups at once (a
+ * library's scratch, a kernel's own static counters) are given as ranges
+ * too, outside any device address (sg__lane_resource).
+ *
+ * The plan is greedy, in capture order: a group goes on the lane of the
+ * latest group it waits for when that group is still the lane's last (so
+ * the pair keeps its programmatic launch), else on a lane whose last group
+ * it waits for anyway, else on an empty lane, else on that latest group's
+ * lane. Each lane keeps a vector clock -- the last group of every lane its
+ * work is known to follow -- so that a wait already implied by an earlier
+ * one is not made again: a group waits at most once per other lane.
+ */
+#include "graphs.h"
+
+#include <stdlib.h>
+
+static int span_cmp(const void *a, const void *b) {
+    const sg__span *x = a, *y = b;
+    return x->lo < y->lo ? -1 : x->lo > y->lo ? 1 : 0;
+}
+
+/* Sort and merge n spans in place (empty ones dropped); the count left. */
+static int normalize(sg__span *s, int n) {
+    int m = 0;
+    for (int i = 0; i < n; i++)
+        if (s[i].hi > s[i].lo) s[m++] = s[i];
+    if (m == 0) return 0;
+    qsort(s, (size_t)m, sizeof *s, span_cmp);
+    int k = 0;
+    for (int i = 1; i < m; i++) {
+        if (s[i].lo <= s[k].hi) {
+            if (s[i].hi > s[k].hi) s[k].hi = s[i].hi;
+        } else {
+            s[++k] = s[i];
+        }
+    }
+    return k + 1;
+}
+
+/* Whether two sorted, merged lists share a byte. */
+static bool overlap(const sg__span *a, int na, const sg__span *b, int nb) {
+    int i = 0, j = 0;
+    while (i < na && j < nb) {
+        if (a[i].hi <= b[j].lo)
+            i++;
+        else if (b[j].hi <= a[i].lo)
+            j++;
+        else
+            return true;
+    }
+    return false;
+}
+
+typedef struct uses {
+    sg__span *rd, *wr;
+    int nrd, nwr;
+} uses;
+
+static bool conflict(const uses *j, const uses *k) {
+    return overlap(j->wr, j->nwr, k->rd, k->nrd) || overlap(j->wr, j->nwr, k->wr, k->nwr) ||
+           overlap(j->rd, j->nrd, k->wr, k->nwr);
+}
+
+void sg__lanes_free(sg_ctx *ctx, sg__lanes *p) {
+    int n = p->ngroups ? p->ngroups : 1;
+    sg__free(ctx, p->lane, sizeof *p->lane * (size_t)n);
+    sg__free(ctx, p->wait, sizeof *p->wait * (size_t)n * SG__LANES_MAX);
+    sg__free(ctx, p->post, sizeof *p->post * (size_t)n);
+    memset(p, 0, sizeof *p);
+}
+
+sg_status sg__lanes_plan(sg_ctx *ctx, int n, const sg__lane_use *use, int nlanes, sg__lanes *out) {
+    memset(out, 0, sizeof *out);
+    if (nlanes < 1) nlanes = 1;
+    if (nlanes > SG__LANES_MAX) nlanes = SG__LANES_MAX;
+    size_t nn = (size_t)(n ? n : 1), nspans = 0;
+    for (int k = 0; k < n; k++) nspans += (size_t)use[k].nrd + (size_t)use[k].nwr;
+    out->ngroups = n;
+    out->lane = sg__calloc(ctx, sizeof *out->lane * nn);
+    out->wait = sg__calloc(ctx, sizeof *out->wait * nn * SG__LANES_MAX);
+    out->post = sg__calloc(ctx, sizeof *out->post * nn);
+    uses *u = sg__calloc(ctx, sizeof *u * nn);
+    sg__span *all = sg__calloc(ctx, sizeof *all * (nspans ? nspans : 1));
+    int *after = sg__calloc(ctx, sizeof *after * nn * SG__LANES_MAX); /* clocks after each */
+    if (!out->lane || !out->wait || !out->post || !u || !all || !after) {
+        sg__lanes_free(ctx, out);
+        sg__free(ctx, u, sizeof *u * nn);
+        sg__free(ctx, all, sizeof *all * (nspans ? nspans : 1));
+        sg__free(ctx, after, sizeof *after * nn * SG__LANES_MAX);
+        return sg__fail(ctx, SG_ERR_OOM, "out of host memory planning a graph's branches");
+    }
+    sg__span *at = all;
+    for (int k = 0; k < n; k++) {
+        memcpy(at, use[k].rd, sizeof *at * (size_t)use[k].nrd);
+        u[k].rd = at, u[k].nrd = normalize(at, use[k].nrd), at += use[k].nrd;
+        memcpy(at, use[k].wr, sizeof *at * (size_t)use[k].nwr);
+        u[k].wr = at, u[k].nwr = normalize(at, use[k].nwr), at += use[k].nwr;
+    }
+    int tail[SG__LANES_MAX], clock[SG__LANES_MAX][SG__LANES_MAX];
+    for (int l = 0; l < SG__LANES_MAX; l++) {
+        tail[l] = -1;
+        for (int m = 0; m < SG__LANES_MAX; m++) clock[l][m] = -1;
+    }
+    for (int k = 0; k < n; k++) {
+        int need[SG__LANES_MAX], latest = -1;
+        for (int l = 0; l < SG__LANES_MAX; l++) need[l] = -1;
+        for (int j = k - 1; j >= 0; j--) {
+            int m = out->lane[j];
+            if (j <= need[m] || !conflict(&u[j], &u[k])) continue;
+            need[m] = j;
+            if (j > latest) latest = j;
+        }
+        int L = -1;
+        if (use[k].lane0) {
+            L = 0;
+        } else if (latest >= 0 && tail[out->lane[latest]] == latest) {
+            L = out->lane[latest]; /* right after what it waits for */
+        } else {
+            int best = -1; /* a lane whose last group it waits for anyway */
+            for (int l = 0; l < nlanes; l++)
+                if (tail[l] >= 0 && need[l] == tail[l] && tail[l] > best) best = tail[l], L = l;
+            for (int l = 0; L < 0 && l < nlanes; l++)
+                if (tail[l] < 0) L = l; /* an empty lane */
+            if (L < 0) L = latest >= 0 ? out->lane[latest] : 0;
+        }
+        out->lane[k] = L;
+        int *w = out->wait + (size_t)k * SG__LANES_MAX;
+        for (int m = 0; m < SG__LANES_MAX; m++) w[m] = -1;
+        for (int m = 0; m < nlanes; m++) {
+            if (m == L || need[m] <= clock[L][m]) continue;
+            w[m] = need[m];
+            out->post[need[m]] = true;
+            const int *c = after + (size_t)need[m] * SG__LANES_MAX;
+            for (int q = 0; q < SG__LANES_MAX; q++)
+                if (c[q] > clock[L][q]) clock[L][q] = c[q];
+        }
+        clock[L][L] = tail[L] = k;
+        memcpy(after + (size_t)k * SG__LANES_MAX, clock[L], sizeof clock[L]);
+        if (L + 1 > out->nlanes) out->nlanes = L + 1;
+    }
+    sg__free(ctx, u, sizeof *u * nn);
+    sg__free(ctx, all, sizeof *all * (nspans ? nspans : 1));
+    sg__free(ctx, after, sizeof *after * nn * SG__LANES_MAX);
+    return SG_OK;
+}

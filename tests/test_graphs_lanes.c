@@ -1,0 +1,192 @@
+/* SPDX-License-Identifier: MIT */
+/*
+ * test_graphs_lanes.c -- a replay's groups on several lanes (graphs/lanes.c:
+ * sg__lanes_plan), which needs no device. On random groups of random byte
+ * ranges (few addresses, so that many share bytes; resources as ranges
+ * below SG__LANE_RESOURCES; some groups held to lane 0), for 1 to 4 lanes:
+ * every pair of groups where one writes what the other reads or writes is
+ * ordered by the plan -- the later one follows the earlier through its
+ * lane's order and the waits, transitively (checked by a closure over the
+ * plan's edges, against overlaps found here by brute force); every wait
+ * names an earlier group on the lane it is filed under, whose end is
+ * posted; one lane means no waits. And on known shapes: two groups that
+ * read one result and write apart go on two lanes and the group that reads
+ * both waits for the other; a chain stays on one lane without waits; a
+ * resource orders groups that share no memory.
+ */
+#include "graphs/graphs.h"
+#include "testutil.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+#define MAXG 160
+#define MAXS 6
+
+typedef struct tgroup {
+    sg__span rd[MAXS], wr[MAXS];
+    int nrd, nwr;
+    bool lane0;
+} tgroup;
+
+static bool spans_meet(const sg__span *a, int na, const sg__span *b, int nb) {
+    for (int i = 0; i < na; i++)
+        for (int j = 0; j < nb; j++)
+            if (a[i].lo < b[j].hi && b[j].lo < a[i].hi && a[i].lo < a[i].hi && b[j].lo < b[j].hi)
+                return true;
+    return false;
+}
+
+static bool must_order(const tgroup *a, const tgroup *b) {
+    return spans_meet(a->wr, a->nwr, b->rd, b->nrd) || spans_meet(a->wr, a->nwr, b->wr, b->nwr) ||
+           spans_meet(a->rd, a->nrd, b->wr, b->nwr);
+}
+
+static sg__span rand_span(void) {
+    if (tu_randint(0, 9) == 0) { /* a resource */
+        uintptr_t r = (uintptr_t)tu_randint(1, 3);
+        return (sg__span){r, r + 1};
+    }
+    uintptr_t lo = (uintptr_t)0x7f0000000000ull + (uintptr_t)tu_randint(0, 63) * 256;
+    return (sg__span){lo, lo + (uintptr_t)tu_randint(0, 4) * 256}; /* may be empty */
+}
+
+/* Whether the plan orders every pair that must be, and its waits are well formed. */
+static bool check_plan(const tgroup *tg, int n, int nlanes, const sg__lanes *p) {
+    static unsigned char before[MAXG][MAXG]; /* before[k][j]: j ends before k starts */
+    bool ok = TU_EXPECT(p->ngroups == n) && TU_EXPECT(p->nlanes >= 1 && p->nlanes <= nlanes);
+    memset(before, 0, sizeof before);
+    for (int k = 0; k < n && ok; k++) {
+        int L = p->lane[k];
+        ok = ok && TU_EXPECT(L >= 0 && L < nlanes) && TU_EXPECT(!tg[k].lane0 || L == 0);
+        for (int j = k - 1; j >= 0; j--)
+            if (p->lane[j] == L) { /* the lane's previous group, and all before it */
+                before[k][j] = 1;
+                for (int i = 0; i < j; i++) before[k][i] |= before[j][i];
+                break;
+            }
+        for (int m = 0; m < SG__LANES_MAX && ok; m++) {
+            int w = p->wait[(size_t)k * SG__LANES_MAX + m];
+            if (w < 0) continue;
+            ok = TU_EXPECT(w < k) && TU_EXPECT(p->lane[w] == m) && TU_EXPECT(m != L) &&
+                 TU_EXPECT(p->post[w]) && TU_EXPECT(nlanes > 1);
+            if (!ok) break;
+            before[k][w] = 1;
+            for (int i = 0; i < w; i++) before[k][i] |= before[w][i];
+        }
+    }
+    for (int k = 0; k < n && ok; k++)
+        for (int j = 0; j < k && ok; j++)
+            if (must_order(&tg[j], &tg[k]) && !before[k][j]) {
+                fprintf(stderr, "  groups %d (lane %d) and %d (lane %d) share bytes, unordered\n",
+                        j, p->lane[j], k, p->lane[k]);
+                ok = false;
+            }
+    return ok;
+}
+
+static bool plan_of(sg_ctx *ctx, const tgroup *tg, int n, int nlanes, sg__lanes *p) {
+    sg__lane_use use[MAXG];
+    for (int k = 0; k < n; k++)
+        use[k] = (sg__lane_use){tg[k].rd, tg[k].wr, tg[k].nrd, tg[k].nwr, tg[k].lane0};
+    return sg__lanes_plan(ctx, n, use, nlanes, p) == SG_OK;
+}
+
+static void random_cases(sg_ctx *ctx) {
+    static tgroup tg[MAXG];
+    for (int c = 0; c < 60; c++) {
+        uint64_t seed = 1000 + (uint64_t)c;
+        tu_seed(seed);
+        int n = (int)tu_randint(1, MAXG), nlanes = (int)tu_randint(1, SG__LANES_MAX);
+        for (int k = 0; k < n; k++) {
+            tg[k].nrd = (int)tu_randint(0, MAXS), tg[k].nwr = (int)tu_randint(0, 2);
+            for (int i = 0; i < tg[k].nrd; i++) tg[k].rd[i] = rand_span();
+            for (int i = 0; i < tg[k].nwr; i++) tg[k].wr[i] = rand_span();
+            tg[k].lane0 = tu_randint(0, 15) == 0;
+        }
+        sg__lanes p;
+        bool ok = TU_EXPECT(plan_of(ctx, tg, n, nlanes, &p));
+        if (ok) {
+            ok = check_plan(tg, n, nlanes, &p);
+            for (int k = 0; nlanes == 1 && k < n; k++) ok = ok && TU_EXPECT(p.lane[k] == 0);
+            sg__lanes_free(ctx, &p);
+        }
+        tu_case(ok, "lanes_random(groups=%d,lanes=%d) seed=%llu", n, nlanes,
+                (unsigned long long)seed);
+    }
+}
+
+#define A(i) ((uintptr_t)0x7f0000000000ull + (uintptr_t)(i)*4096)
+#define SPAN(i) ((sg__span){A(i), A(i) + 4096})
+
+/* x = f(); y = g(x); z = h(x); out = k(y, z): g and h at once, k after both. */
+static void fork_join(sg_ctx *ctx) {
+    tgroup tg[4];
+    memset(tg, 0, sizeof tg);
+    tg[0].wr[0] = SPAN(0), tg[0].nwr = 1;
+    tg[1].rd[0] = SPAN(0), tg[1].nrd = 1, tg[1].wr[0] = SPAN(1), tg[1].nwr = 1;
+    tg[2].rd[0] = SPAN(0), tg[2].nrd = 1, tg[2].wr[0] = SPAN(2), tg[2].nwr = 1;
+    tg[3].rd[0] = SPAN(1), tg[3].rd[1] = SPAN(2), tg[3].nrd = 2;
+    tg[3].wr[0] = SPAN(3), tg[3].nwr = 1;
+    sg__lanes p;
+    bool ok = TU_EXPECT(plan_of(ctx, tg, 4, 4, &p));
+    if (ok) {
+        const int *w3 = p.wait + 3 * SG__LANES_MAX;
+        ok = check_plan(tg, 4, 4, &p) && TU_EXPECT(p.nlanes == 2) &&
+             TU_EXPECT(p.lane[1] == p.lane[0]) && TU_EXPECT(p.lane[2] != p.lane[1]) &&
+             TU_EXPECT(p.lane[3] == p.lane[2]) && TU_EXPECT(w3[p.lane[1]] == 1) &&
+             TU_EXPECT(p.post[1]) && TU_EXPECT(!p.post[3]);
+        sg__lanes_free(ctx, &p);
+    }
+    tu_case(ok, "lanes_fork_join");
+}
+
+/* A chain (each reads the one before) stays one lane, no waits; the same
+ * four groups writing apart but sharing a resource are ordered too. */
+static void chain_and_resource(sg_ctx *ctx) {
+    tgroup tg[4];
+    memset(tg, 0, sizeof tg);
+    for (int k = 0; k < 4; k++) {
+        tg[k].wr[0] = SPAN(k), tg[k].nwr = 1;
+        if (k) tg[k].rd[0] = SPAN(k - 1), tg[k].nrd = 1;
+    }
+    sg__lanes p;
+    bool ok = TU_EXPECT(plan_of(ctx, tg, 4, 4, &p));
+    if (ok) {
+        ok = check_plan(tg, 4, 4, &p) && TU_EXPECT(p.nlanes == 1);
+        for (int k = 0; k < 4; k++) ok = ok && TU_EXPECT(!p.post[k]);
+        sg__lanes_free(ctx, &p);
+    }
+    tu_case(ok, "lanes_chain");
+    for (int k = 0; k < 4; k++) {
+        tg[k].nrd = 0;
+        tg[k].wr[1] = (sg__span){7, 8}, tg[k].nwr = 2; /* one resource */
+    }
+    ok = TU_EXPECT(plan_of(ctx, tg, 4, 4, &p));
+    if (ok) {
+        ok = check_plan(tg, 4, 4, &p) && TU_EXPECT(p.nlanes == 1);
+        sg__lanes_free(ctx, &p);
+    }
+    tg[3].nwr = 1; /* the last one without it: free to go beside */
+    bool ok2 = TU_EXPECT(plan_of(ctx, tg, 4, 4, &p));
+    if (ok2) {
+        ok2 = check_plan(tg, 4, 4, &p) && TU_EXPECT(p.lane[3] != p.lane[2]);
+        sg__lanes_free(ctx, &p);
+    }
+    tu_case(ok && ok2, "lanes_resource");
+}
+
+int main(void) {
+    sg_ctx *ctx = NULL;
+    sg_ctx_opts o = {0};
+    o.backend = SG_BACKEND_CPU;
+    if (sg_ctx_create(&o, &ctx) != SG_OK) {
+        fprintf(stderr, "no CPU context\n");
+        return 1;
+    }
+    random_cases(ctx);
+    fork_join(ctx);
+    chain_and_resource(ctx);
+    sg_ctx_destroy(ctx);
+    return tu_finish();
+}
