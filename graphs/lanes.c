@@ -21,7 +21,9 @@
  * it waits for anyway, else on an empty lane, else on that latest group's
  * lane. Each lane keeps a vector clock -- the last group of every lane its
  * work is known to follow -- so that a wait already implied by an earlier
- * one is not made again: a group waits at most once per other lane.
+ * one is not made again: a group waits at most once per other lane. The
+ * search for what a group waits for stops once every lane has its latest
+ * conflict or no group left below: a chain costs a step a group.
  */
 #include "graphs.h"
 
@@ -109,15 +111,18 @@ sg_status sg__lanes_plan(sg_ctx *ctx, int n, const sg__lane_use *use, int nlanes
         memcpy(at, use[k].wr, sizeof *at * (size_t)use[k].nwr);
         u[k].wr = at, u[k].nwr = normalize(at, use[k].nwr), at += use[k].nwr;
     }
-    int tail[SG__LANES_MAX], clock[SG__LANES_MAX][SG__LANES_MAX];
+    int tail[SG__LANES_MAX], first[SG__LANES_MAX], clock[SG__LANES_MAX][SG__LANES_MAX];
     for (int l = 0; l < SG__LANES_MAX; l++) {
-        tail[l] = -1;
+        tail[l] = first[l] = -1;
         for (int m = 0; m < SG__LANES_MAX; m++) clock[l][m] = -1;
     }
     for (int k = 0; k < n; k++) {
         int need[SG__LANES_MAX], latest = -1;
         for (int l = 0; l < SG__LANES_MAX; l++) need[l] = -1;
         for (int j = k - 1; j >= 0; j--) {
+            bool open = false; /* a lane whose latest conflict may still lie at or below j */
+            for (int l = 0; l < nlanes && !open; l++) open = need[l] < 0 && tail[l] >= 0 && j >= first[l];
+            if (!open) break;
             int m = out->lane[j];
             if (j <= need[m] || !conflict(&u[j], &u[k])) continue;
             need[m] = j;
@@ -148,6 +153,7 @@ sg_status sg__lanes_plan(sg_ctx *ctx, int n, const sg__lane_use *use, int nlanes
                 if (c[q] > clock[L][q]) clock[L][q] = c[q];
         }
         clock[L][L] = tail[L] = k;
+        if (first[L] < 0) first[L] = k;
         memcpy(after + (size_t)k * SG__LANES_MAX, clock[L], sizeof clock[L]);
         if (L + 1 > out->nlanes) out->nlanes = L + 1;
     }

@@ -712,7 +712,9 @@ static sg_status record_exec(sg_fn *fn, sg__graph *g, set_state *st, CUgraphExec
     sg__lanes plan = {0};
     for (int attempt = 0;; attempt++) {
         bool lanes = cg->lanes_want > 1 && !cg->lanes_off && !sg__comm_in_ir(&g->ir);
+        double t0 = sg__graph_clock();
         sg_status s = lanes ? plan_lanes(ctx, g, cg, &plan) : SG_OK;
+        double plan_ms = (sg__graph_clock() - t0) * 1e3;
         if (s != SG_OK) {
             sg__lanes_free(ctx, &plan);
             return s;
@@ -748,8 +750,8 @@ static sg_status record_exec(sg_fn *fn, sg__graph *g, set_state *st, CUgraphExec
             ls[n] = '\0';
             sg__log(ctx, "perf_hints",
                     "fn '%s': %d groups recorded on %d streams, %d waits "
-                    "between them (lanes %s)",
-                    fn->name, cg->ngroups, plan.nlanes, waits, ls);
+                    "between them (lanes %s; planned in %.2f ms)",
+                    fn->name, cg->ngroups, plan.nlanes, waits, ls, plan_ms);
         }
         sg__lanes_free(ctx, &plan);
         if (s != SG_OK) return s;
