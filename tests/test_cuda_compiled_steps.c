@@ -13,7 +13,7 @@
  * comparison of the tuned and the default graph of a step that adds into a
  * tensor in place (said once, the tensor as the calls alone leave it); a
  * step whose products and sums have nothing between them, recorded on
- * several streams (said in perf_hints) and still equal to the reference
+ * several streams (said in perf_hints and sg_fn_explain) and still equal to the reference
  * call after call, its in-place sum included. Prints the
  * launches per step of the 12-layer step. Exits 77 without a CUDA device.
  */
@@ -402,6 +402,13 @@ static void test_branches(sg_mode mode) {
     }
     bool graphs = mode == SG_MODE_REDUCE_OVERHEAD || mode == SG_MODE_MAX_AUTOTUNE;
     ok = ok && TU_EXPECT(!graphs || (lane_lines >= 1 && lanes_seen >= 2));
+    const char *ex = sg_fn_explain(fn), *at = strstr(ex, "CUDA graph: the last recording put ");
+    int streams = 0;
+    ok = ok && TU_EXPECT(!graphs || (at &&
+                                     sscanf(strstr(at, " on ") ? strstr(at, " on ") : "",
+                                            " on %d stream", &streams) == 1 &&
+                                     streams == lanes_seen));
+    ok = ok && TU_EXPECT(graphs || !at);
     tu_case(ok,
             "CUDA_BRANCHES(mode=%s,f32,two products and two sums apart,acc+=sum in place,5 calls)"
             " -> %d recording(s) on up to %d streams",

@@ -125,6 +125,7 @@ typedef struct cu_graph {
      * and the events the branches wait on (per group; the fork and the
      * lanes' joins). */
     int lanes_want;
+    int said_lanes, said_waits; /* the last recording's streams (0: none yet) and waits */
     unsigned char *lib; /* per group */
     bool lib_grew, lanes_off;
     CUevent *ev;
@@ -741,9 +742,12 @@ static sg_status record_exec(sg_fn *fn, sg__graph *g, set_state *st, CUgraphExec
             cg->lanes_off = attempt > 0;
             continue;
         }
+        cg->said_lanes = s == SG_OK && r == CUDA_SUCCESS ? (lanes ? plan.nlanes : 1) : 0;
+        cg->said_waits = 0;
         if (s == SG_OK && r == CUDA_SUCCESS && lanes) {
             int waits = 0;
             for (int k = 0; k < cg->ngroups * SG__LANES_MAX; k++) waits += plan.wait[k] >= 0;
+            cg->said_waits = waits;
             char ls[512];
             int n = cg->ngroups < (int)sizeof ls - 1 ? cg->ngroups : (int)sizeof ls - 1;
             for (int k = 0; k < n; k++) ls[k] = (char)('0' + plan.lane[k]);
@@ -1201,6 +1205,17 @@ static sg_status run_set(sg_fn *fn, sg__graph *g, int set) {
     return r == CUDA_SUCCESS ? SG_OK : sg__cu_fail(ctx, r, "cuGraphLaunch", g->module);
 }
 
+bool sg__cuda_lanes_note(const sg__graph *g, char *buf, size_t size) {
+    const cu_graph *cg = g->compiled ? g->dev : NULL;
+    if (!cg || !cg->said_lanes) return false;
+    snprintf(buf, size,
+             "the last recording put %d kernels on %d stream%s with %d waits between them "
+             "(SG_CUDA_LANES=%d: kernels that share no bytes run side by side)",
+             cg->ngroups, cg->said_lanes, cg->said_lanes > 1 ? "s" : "", cg->said_waits,
+             cg->lanes_want);
+    return true;
+}
+
 /* A replay; in the MAX_AUTOTUNE modes, with cuBLASLt's picks in scope. */
 static sg_status run(sg_fn *fn, sg__graph *g, int set) {
     cu_graph *cg = g->dev;
@@ -1280,4 +1295,10 @@ const sg__graph_ops sg__cuda_graph_ops = {compile, run, release, fuse_opts, time
 #else
 /* Built without CUDA: no context ever gets these. */
 const sg__graph_ops sg__cuda_graph_ops = {NULL, NULL, NULL, NULL, NULL};
+
+bool sg__cuda_lanes_note(const sg__graph *g, char *buf, size_t size) {
+    (void)g;
+    if (size) buf[0] = '\0';
+    return false;
+}
 #endif

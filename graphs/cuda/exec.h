@@ -156,6 +156,9 @@ SG__HIDDEN bool sg__cuda_norm_bwd_on(const char *what);
 /* For sg_fn_explain: why NORM_BWD node n runs as a team per row and a
  * column-sum kernel rather than the one-pass kernel (into buf), or false. */
 SG__HIDDEN bool sg__cuda_norm_bwd_note(const sg__node *n, char *buf, size_t size);
+/* For sg_fn_explain: how g's last CUDA graph recording used the lanes
+ * (streams, waits, each kernel's stream), or false before any. */
+SG__HIDDEN bool sg__cuda_lanes_note(const struct sg__graph *g, char *buf, size_t size);
 SG__HIDDEN sg_status sg__cuda_matmul(sg_ctx *ctx, const sg__node *n);
 /* Node n's product with its fused group's epilogue member e in cuBLASLt's
  * epilogue (epi an sg__lib_epi, res and aux as sg__group's lib_res and
