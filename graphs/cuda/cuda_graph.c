@@ -119,7 +119,7 @@ typedef struct cu_graph {
     int stamp_want;       /* SG_CUDA_STAMPS when the unit was generated (0: none) */
     int stamp_runs;       /* SG_CUDA_STAMPS: replays read back so far */
     double *stamp_acc;    /* per group: STAMP_F sums over the counted replays */
-    /* Branches (record_lanes): SG_CUDA_LANES when the unit was built (1:
+    /* Branches (record_exec): SG_CUDA_LANES when the unit was built (1:
      * one stream), what each group's library part did at its last run
      * (LIB_*), whether a recording saw one do more than its plan assumed,
      * and the events the branches wait on (per group; the fork and the
@@ -603,7 +603,8 @@ static bool group_spans(const sg__graph *g, const cu_graph *cg, int k, sg__span 
     if (cg->lib[k] == LIB_FAMILY) sp[cap - 1 - nw++] = (sg__span){1, 2};
     for (int j = 0; cg->kfn[k] && j <= k; j++)
         if (cg->kfn[j] == cg->kfn[k]) { /* the first group of this kernel names it */
-            sp[cap - 1 - nw++] = (sg__span){(uintptr_t)(2 + j), (uintptr_t)(3 + j)};
+            uintptr_t r = 2 + (uintptr_t)j % (SG__LANE_RESOURCES - 2); /* shared: only more waits */
+            sp[cap - 1 - nw++] = (sg__span){r, r + 1};
             break;
         }
     memmove(sp + nr, sp + cap - nw, sizeof *sp * (size_t)nw);
@@ -702,7 +703,9 @@ static sg_status launch_lanes(sg_ctx *ctx, sg__graph *g, set_state *st, const sg
  * a library part that did more in the recording than at its last run (a
  * product that now needs scratch at new addresses) spoils the plan: the
  * recording is made again on the plan of what it saw, and once more on
- * one lane if that happens twice. */
+ * one lane if that happens twice. Branches that cannot be set up (a
+ * stream, an event or a lane's cuBLASLt workspace not made) leave the
+ * recording on one stream, said under "fallbacks". */
 static sg_status record_exec(sg_fn *fn, sg__graph *g, set_state *st, CUgraphExec *exec) {
     sg_ctx *ctx = fn->ctx;
     cu_graph *cg = g->dev;
@@ -714,11 +717,19 @@ static sg_status record_exec(sg_fn *fn, sg__graph *g, set_state *st, CUgraphExec
     for (int attempt = 0;; attempt++) {
         bool lanes = cg->lanes_want > 1 && !cg->lanes_off && !sg__comm_in_ir(&g->ir);
         double t0 = sg__graph_clock();
+        sg_status before = ctx->status;
+        char msg[SG__MSG_SIZE];
+        snprintf(msg, sizeof msg, "%s", ctx->msg);
         sg_status s = lanes ? plan_lanes(ctx, g, cg, &plan) : SG_OK;
         double plan_ms = (sg__graph_clock() - t0) * 1e3;
-        if (s != SG_OK) {
+        if (s != SG_OK) { /* no streams, events or workspace for branches: one stream */
             sg__lanes_free(ctx, &plan);
-            return s;
+            sg__log(ctx, "fallbacks", "fn '%s': the graph is recorded on one stream: %.600s",
+                    fn->name, ctx->msg);
+            ctx->status = before;
+            snprintf(ctx->msg, sizeof ctx->msg, "%s", msg);
+            cg->lanes_off = true;
+            continue;
         }
         lanes = lanes && plan.nlanes > 1;
         r = cu->cuStreamBeginCapture_v2(stream, CU_STREAM_CAPTURE_MODE_RELAXED);
