@@ -121,7 +121,8 @@ sg_status sg__lanes_plan(sg_ctx *ctx, int n, const sg__lane_use *use, int nlanes
         for (int l = 0; l < SG__LANES_MAX; l++) need[l] = -1;
         for (int j = k - 1; j >= 0; j--) {
             bool open = false; /* a lane whose latest conflict may still lie at or below j */
-            for (int l = 0; l < nlanes && !open; l++) open = need[l] < 0 && tail[l] >= 0 && j >= first[l];
+            for (int l = 0; l < nlanes && !open; l++)
+                open = need[l] < 0 && tail[l] >= 0 && j >= first[l];
             if (!open) break;
             int m = out->lane[j];
             if (j <= need[m] || !conflict(&u[j], &u[k])) continue;

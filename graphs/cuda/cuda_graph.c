@@ -126,7 +126,7 @@ typedef struct cu_graph {
      * lanes' joins). */
     int lanes_want;
     int said_lanes, said_waits; /* the last recording's streams (0: none yet) and waits */
-    unsigned char *lib; /* per group */
+    unsigned char *lib;         /* per group */
     bool lib_grew, lanes_off;
     CUevent *ev;
     CUevent lane_ev[SG__CUDA_LANES];
