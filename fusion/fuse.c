@@ -771,7 +771,9 @@ static bool group_touches(const sg__ir *ir, const int *alias, const sg__group *g
     return loads || *writes;
 }
 
-/* No slot that one writes is touched by the other. */
+/* No slot that one writes is touched by the other. Reads a and b's own
+ * nodes (g): a MULTI has none (its members are in sg__fused.parts), so it
+ * must be given member by member. */
 static bool independent(const sg__ir *ir, const int *alias, const sg__group *a,
                         const sg__group *b) {
     for (int k = 0; k < a->n; k++) {
