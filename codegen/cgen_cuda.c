@@ -76,6 +76,7 @@ typedef struct sg__cuda_gen {
     sg__dialect d;       /* CUDA, HIP or OpenCL C */
     const sg__spell *sp; /* its spellings */
     bool anchor_reg; /* GEMV: the anchor's value is in register v<anchor> */
+    bool stamps;     /* SG_CUDA_STAMPS, read once per unit: kernels stamp their times */
     /* A GEMV's epilogue operands loaded right after the wait (emit_gemv_epre):
      * argument j of member k of row `epre_row` is in ep<k>_<j>_<row> where
      * epre[k * 3 + j]; NULL: none. */
@@ -1089,8 +1090,7 @@ static void emit_gemv_norm(gen *g, const sg__group *grp, const gemv *p) {
     sg__cgen_cuda_rows_into(g, &part, grp->g[grp->anchor].arg_src[0], "sg_xs");
     sg__emit_close(g->e);
     sg__emit_line(g->e, "%s", g->sp->sync);
-    if (g->d == SG__DIALECT_CUDA && sg__cuda_stamps() > 0)
-        sg__emit_line(g->e, "sg_stamp_.mark(0);");
+    if (g->stamps) sg__emit_line(g->e, "sg_stamp_.mark(0);");
     /* Without shuffles every warp stays for the sums' barriers (its columns
      * past N read column N - 1, and nothing is stored); so does every warp
      * of a split K's group or of an argmax's. */
@@ -1307,8 +1307,7 @@ static unsigned emit_gemv_warp(gen *g, const sg__group *grp, const gemv *p, int 
                           r, c, r, c);
         }
     emit_gemv_slices(g, p, nw);
-    if (g->d == SG__DIALECT_CUDA && sg__cuda_stamps() > 0)
-        sg__emit_line(g->e, "sg_stamp_.mark(1);");
+    if (g->stamps) sg__emit_line(g->e, "sg_stamp_.mark(1);");
     return grid;
 }
 
@@ -2364,8 +2363,7 @@ static const char *const stamp_prelude =
 /* The opening of a kernel after its signature: the slot bases and the
  * dependent-launch calls. */
 static void kernel_head(gen *g, bool is_gemv, sg__emit *head) {
-    if (g->d == SG__DIALECT_CUDA && sg__cuda_stamps() > 0)
-        sg__emit_line(head, "    sg_stamper sg_stamp_(slot);");
+    if (g->stamps) sg__emit_line(head, "    sg_stamper sg_stamp_(slot);");
     int n = g->member_slots ? 0 : g->global ? g->ir->nslots : g->nloc;
     for (int i = 0; i < n; i++)
         if (!g->global || g->loc[i] >= 0)
@@ -2650,6 +2648,7 @@ sg_status sg__cgen_gpu(sg_ctx *ctx, const sg__ir *ir, const sg__fused *f, const 
         return sg__fail(ctx, SG_ERR_INVALID_ARG,
                         "codegen: %s is no GPU dialect; sg__cgen_c writes the C unit", sp->name);
     gen g = {.ir = ir, .f = f, .e = e, .d = d, .sp = sp};
+    g.stamps = d == SG__DIALECT_CUDA && sg__cuda_stamps() > 0; /* HIP's table has no stamps */
     g.loc = sg__calloc(ctx, sizeof(int) * (size_t)(ir->nslots ? ir->nslots : 1));
     if (!g.loc)
         return sg__fail(ctx, SG_ERR_OOM, "codegen: out of host memory for the %s source", sp->name);
@@ -2657,7 +2656,7 @@ sg_status sg__cgen_gpu(sg_ctx *ctx, const sg__ir *ir, const sg__fused *f, const 
                   f->ngroups, ir->nnodes, sp->name);
     sg__lower_preamble(d, e);
     sg__cgen_serial_data_prelude(d, ir, e);
-    if (d == SG__DIALECT_CUDA && sg__cuda_stamps() > 0) sg__emit_raw(e, "%s", stamp_prelude);
+    if (g.stamps) sg__emit_raw(e, "%s", stamp_prelude);
     sg__emit_raw(e, "\n");
     int nk = 0, nun = 0, first = -1;
     const char *op = "";
