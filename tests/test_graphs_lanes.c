@@ -12,7 +12,8 @@
  * posted; one lane means no waits. And on known shapes: two groups that
  * read one result and write apart go on two lanes and the group that reads
  * both waits for the other; a chain stays on one lane without waits; a
- * resource orders groups that share no memory.
+ * resource orders groups that share no memory. Out of host memory at any of
+ * the plan's allocations: SG_ERR_OOM, its message, nothing leaked.
  */
 #include "graphs/graphs.h"
 #include "testutil.h"
@@ -176,6 +177,46 @@ static void chain_and_resource(sg_ctx *ctx) {
     tu_case(ok && ok2, "lanes_resource");
 }
 
+/* Out of host memory at each of the plan's allocations in turn: SG_ERR_OOM
+ * with a message that says what ran out, nothing leaked, and the same
+ * context plans again once memory is there. */
+static void out_of_memory(void) {
+    tu_alloc hook = {0};
+    sg_ctx *c = NULL;
+    bool ok = TU_EXPECT(
+        sg_ctx_create(
+            &(sg_ctx_opts){.backend = SG_BACKEND_CPU, .alloc = tu_alloc_hook, .alloc_user = &hook},
+            &c) == SG_OK);
+    tgroup tg[4];
+    memset(tg, 0, sizeof tg);
+    for (int k = 0; k < 4; k++) tg[k].wr[0] = SPAN(k), tg[k].nwr = 1;
+    tg[3].rd[0] = SPAN(0), tg[3].nrd = 1;
+    int failed = 0;
+    for (long at = 1; ok && at <= 6; at++) {
+        sg__lanes p;
+        long live = hook.live;
+        hook.count = 0, hook.fail_at = at;
+        bool planned = plan_of(c, tg, 4, 4, &p);
+        hook.fail_at = 0;
+        if (planned) { /* past the plan's allocations */
+            sg__lanes_free(c, &p);
+            break;
+        }
+        failed++;
+        ok =
+            TU_EXPECT(sg_ctx_status(c) == SG_ERR_OOM) &&
+            TU_EXPECT(strstr(sg_last_error(c), "out of host memory planning a graph's branches")) &&
+            TU_EXPECT(hook.live == live);
+    }
+    sg__lanes p;
+    ok = ok && TU_EXPECT(failed == 6) && TU_EXPECT(plan_of(c, tg, 4, 4, &p)) &&
+         check_plan(tg, 4, 4, &p);
+    if (ok) sg__lanes_free(c, &p);
+    tu_case(ok, "lanes_out_of_memory(each of %d allocations failing) -> SG_ERR_OOM, nothing leaked",
+            failed);
+    if (c) sg_ctx_destroy(c);
+}
+
 int main(void) {
     sg_ctx *ctx = NULL;
     sg_ctx_opts o = {0};
@@ -187,6 +228,7 @@ int main(void) {
     random_cases(ctx);
     fork_join(ctx);
     chain_and_resource(ctx);
+    out_of_memory();
     sg_ctx_destroy(ctx);
     return tu_finish();
 }
