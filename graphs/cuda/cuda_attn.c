@@ -192,12 +192,12 @@ static sg_status launch_decode(sg_ctx *ctx, const sg__node *n, ageom *g) {
     void *len = n->nin > 4 && n->in[4] ? sg__data(n->in[4]) : NULL, *out = sg__data(n->out);
     void *args[] = {&q, &k, &v, &m, &len, &out, &part, g};
     unsigned grid[3] = {(unsigned)rows, (unsigned)g->nsplit, 1}, block[3] = {NT, 1, 1};
-    st = sg__cuda_launch_pdl(ctx, dec, grid, block, 0, args);
+    st = sg__cuda_launch(ctx, dec, grid, block, 0, args);
     if (st != SG_OK || !combine_too) return st;
     void *cargs[] = {&part, &len, &out, g};
     unsigned cgrid[3] = {(unsigned)rows, 1, 1};
     unsigned cblock[3] = {(unsigned)(g->D < 32 ? 32 : (g->D + 31) / 32 * 32), 1, 1};
-    return sg__cuda_launch_pdl(ctx, combine, cgrid, cblock, 0, cargs);
+    return sg__cuda_launch(ctx, combine, cgrid, cblock, 0, cargs);
 }
 
 /* The FFMA kernel sg_attn_split, its splits merged by sg_attn_combine. */

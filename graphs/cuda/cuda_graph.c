@@ -498,7 +498,7 @@ static sg_status launch_range(sg_ctx *ctx, sg__graph *g, set_state *st, int from
         void *args[1] = {&tab};
         /* Generated kernels wait (griddepcontrol.wait) before they read
          * what earlier kernels wrote, so each may start early. */
-        sg_status s = sg__cuda_launch_pdl(ctx, cg->kfn[k], grid, block, 0, args);
+        sg_status s = sg__cuda_launch(ctx, cg->kfn[k], grid, block, 0, args);
         if (s != SG_OK) return s;
     }
     return SG_OK;

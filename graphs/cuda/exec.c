@@ -343,25 +343,25 @@ sg_status sg__cuda_kernel(sg_ctx *ctx, sg__cu_unit unit, const char *name, void 
     return SG_OK;
 }
 
+/* A launch with no attributes. */
+static sg_status launch_plain(sg_ctx *ctx, void *func, const unsigned grid[3],
+                              const unsigned block[3], size_t shmem, void **args) {
+    sg__cuda *s = state(ctx);
+    s->nops++;
+    CUresult r = s->cu->cuLaunchKernel((CUfunction)func, grid[0], grid[1], grid[2], block[0],
+                                       block[1], block[2], (unsigned)shmem, cur(s), args, NULL);
+    return r == CUDA_SUCCESS ? SG_OK : sg__cu_fail(ctx, r, "cuLaunchKernel", "a kernel");
+}
+
 sg_status sg__cuda_launch(sg_ctx *ctx, void *func, const unsigned grid[3], const unsigned block[3],
                           size_t shmem, void **args) {
     sg__cuda *s = state(ctx);
     if (grid[0] == 0 || grid[1] == 0 || grid[2] == 0) return SG_OK; /* nothing to do */
-    s->nops++;
-    CUresult r = s->cu->cuLaunchKernel((CUfunction)func, grid[0], grid[1], grid[2], block[0],
-                                       block[1], block[2], (unsigned)shmem, cur(s), args, NULL);
-    return r == CUDA_SUCCESS ? SG_OK : sg__cu_fail(ctx, r, "cuLaunchKernel", "an eager kernel");
-}
-
-sg_status sg__cuda_launch_pdl(sg_ctx *ctx, void *func, const unsigned grid[3],
-                              const unsigned block[3], size_t shmem, void **args) {
-    sg__cuda *s = state(ctx);
     if (s->pdl < 0) {
         const char *e = getenv("SG_CUDA_PDL");
         s->pdl = s->arch >= 90 && !(e && strcmp(e, "0") == 0);
     }
-    if (!s->pdl || grid[0] == 0 || grid[1] == 0 || grid[2] == 0)
-        return sg__cuda_launch(ctx, func, grid, block, shmem, args);
+    if (!s->pdl) return launch_plain(ctx, func, grid, block, shmem, args);
     CUlaunchAttribute attr;
     memset(&attr, 0, sizeof attr);
     attr.id = CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION;
@@ -377,11 +377,11 @@ sg_status sg__cuda_launch_pdl(sg_ctx *ctx, void *func, const unsigned grid[3],
     s->nops++;
     CUresult r = s->cu->cuLaunchKernelEx(&cfg, (CUfunction)func, args, NULL);
     if (r == CUDA_ERROR_NOT_SUPPORTED || r == CUDA_ERROR_INVALID_VALUE) {
+        s->nops--;
         s->pdl = 0; /* this device or driver cannot: plain launches from now on */
-        return sg__cuda_launch(ctx, func, grid, block, shmem, args);
+        return launch_plain(ctx, func, grid, block, shmem, args);
     }
-    return r == CUDA_SUCCESS ? SG_OK
-                             : sg__cu_fail(ctx, r, "cuLaunchKernelEx", "a generated kernel");
+    return r == CUDA_SUCCESS ? SG_OK : sg__cu_fail(ctx, r, "cuLaunchKernelEx", "a kernel");
 }
 
 /* ------------------------------------------------------------ the executor */

@@ -47,16 +47,13 @@ SG__HIDDEN extern const int sg__cu_nimages;
  * loading the unit on first use. */
 SG__HIDDEN sg_status sg__cuda_kernel(sg_ctx *ctx, sg__cu_unit unit, const char *name, void **func);
 /* Launch func on the context's stream: args as cuLaunchKernel's kernelParams
- * (an array of pointers to each argument). */
+ * (an array of pointers to each argument). On sm_90+ the kernel may start
+ * while the one before it on the stream finishes (programmatic dependent
+ * launch): every kernel launched here, generated or of a family, executes
+ * griddepcontrol.wait before it touches memory. Where the device or driver
+ * cannot, a plain launch; SG_CUDA_PDL=0 turns it off. */
 SG__HIDDEN sg_status sg__cuda_launch(sg_ctx *ctx, void *func, const unsigned grid[3],
                                      const unsigned block[3], size_t shmem, void **args);
-/* Launch like sg__cuda_launch, allowing the kernel to start while the one
- * before it on the stream finishes (programmatic dependent launch, sm_90+):
- * the kernel must execute griddepcontrol.wait before it reads anything an
- * earlier kernel wrote. Where the device or driver cannot, a plain launch.
- * SG_CUDA_PDL=0 turns it off. */
-SG__HIDDEN sg_status sg__cuda_launch_pdl(sg_ctx *ctx, void *func, const unsigned grid[3],
-                                         const unsigned block[3], size_t shmem, void **args);
 /* Device scratch for one op, valid until the next call of this function on
  * the context (ops run one at a time on the stream, so one buffer serves). */
 SG__HIDDEN sg_status sg__cuda_scratch(sg_ctx *ctx, size_t bytes, void **dptr);

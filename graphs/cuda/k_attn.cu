@@ -37,9 +37,9 @@
  * returns at once for it). sg_attn_decode8 is the same kernel with the DCL
  * = 8 splits of a row as one block cluster (sm_90): block 0 merges the
  * splits' states out of the others' shared memory and writes the row, so
- * no combine kernel follows. The decode and
- * combine kernels wait for the previous kernel (griddepcontrol.wait)
- * before reading, so the host may launch them as programmatic dependents.
+ * no combine kernel follows. Like every kernel here, they wait for the
+ * previous kernel (griddepcontrol.wait) before reading, so the host launches
+ * them as programmatic dependents (pdl_begin).
  *
  * The result is stored (B, Lq, Hq, D) (capture.h, SG__ATTN_CAUSAL): row
  * (b, h, i) at ((b * Lq + i) * Hq + h) * D (out_row), so that the usual
@@ -75,6 +75,30 @@ typedef unsigned short u16;
 
 /* sg_dtype's values (include/stepgraph.h). */
 enum { DT_F32, DT_F16, DT_BF16, DT_I32, DT_I64, DT_BOOL };
+
+/* Programmatic dependent launch (sm_90+; nothing before it, nor on HIP):
+ * the executor launches every kernel of this file so that it may start
+ * while the kernel before it runs (sg__cuda_launch). pdl_wait waits for the
+ * kernel before to finish and its writes to show; pdl_launch lets the next
+ * kernel start once all blocks here have passed it. Most kernels begin with
+ * both (pdl_begin); the decode kernels first prefetch what no kernel before
+ * them writes. */
+__device__ __forceinline__ void pdl_wait() {
+#if __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+
+__device__ __forceinline__ void pdl_launch() {
+#if __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}
+
+__device__ __forceinline__ void pdl_begin() {
+    pdl_launch();
+    pdl_wait();
+}
 /* Flags, as cuda_attn.c sets them (CAUSAL is SG__ATTN_CAUSAL). */
 enum { CAUSAL = 1, VEC = 2, DECODE = 4, MDROP = 8 /* a bool mask true where keys drop */ };
 
@@ -208,6 +232,7 @@ __device__ void load_tile(float *dst, int pitch, const void *src, const i64 *st,
 extern "C" __global__ void __launch_bounds__(NT)
     sg_attn_split(const void *q, const void *k, const void *v, const void *m, const void *len,
                   void *out, float *part, ageom g) {
+    pdl_begin();
     extern __shared__ float sm[];
     __shared__ i64 vis[MAXR], orow[MAXR];
     __shared__ float rmax[MAXR], rsum[MAXR], ralpha[MAXR];
@@ -320,20 +345,6 @@ extern "C" __global__ void __launch_bounds__(NT)
     }
 }
 
-/* Programmatic dependent launch (sm_90+; no-ops before): wait for the
- * kernel before to finish and its writes to show; let the next one start. */
-__device__ __forceinline__ void pdl_wait() {
-#if __CUDA_ARCH__ >= 900
-    asm volatile("griddepcontrol.wait;" ::: "memory");
-#endif
-}
-
-__device__ __forceinline__ void pdl_launch() {
-#if __CUDA_ARCH__ >= 900
-    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
-#endif
-}
-
 /* Keys per split of sg_attn_decode for a batch of valid length L: the
  * nsplit splits the host allowed, each of at least CMIN keys. */
 __device__ __forceinline__ i64 dchunk(const ageom &g, i64 L) {
@@ -352,7 +363,7 @@ __device__ __forceinline__ i64 row_splits(const void *len, const ageom &g, i64 r
 
 /* Row blockIdx.x of the result from its splits, merged in split order. */
 extern "C" __global__ void sg_attn_combine(const float *part, const void *len, void *out, ageom g) {
-    pdl_wait();
+    pdl_begin();
     const i64 row = blockIdx.x, rows = g.B * g.Hq * g.Lq;
     const int n = (int)row_splits(len, g, row), ns = g.nsplit;
     if ((g.flags & DECODE) && n <= 1) return; /* written by its one split */
@@ -758,6 +769,7 @@ __device__ __forceinline__ u16 ld16(const void *p, i64 at, bool in) {
 
 extern "C" __global__ void __launch_bounds__(NT)
     sg_attn_mma(const void *q, const void *k, const void *v, const void *len, void *out, ageom g) {
+    pdl_begin();
     __shared__ __align__(16) u16 ks[MK * (MAXD + 8)];
     __shared__ __align__(16) u16 vt[MAXD * (MK + 8)];
     const int D = (int)g.D, KP = D + 8, VP = MK + 8, nk = D / 16, tid = threadIdx.x;
@@ -1200,6 +1212,7 @@ __device__ __forceinline__ void flash_fwd(const u16 *q, const u16 *k, const u16 
 extern "C" __global__ void __launch_bounds__(NT)
     sg_attn_flash64(const u16 *q, const u16 *k, const u16 *v, const void *len, u16 *out, ageom g,
                     acopy cp) {
+    pdl_begin();
     float *lse = nullptr;
     FLASH(64, 64, false)
 }
@@ -1207,6 +1220,7 @@ extern "C" __global__ void __launch_bounds__(NT)
 extern "C" __global__ void __launch_bounds__(NT)
     sg_attn_flash128(const u16 *q, const u16 *k, const u16 *v, const void *len, u16 *out, ageom g,
                      acopy cp) {
+    pdl_begin();
     float *lse = nullptr;
     FLASH(128, 32, false)
 }
@@ -1214,12 +1228,14 @@ extern "C" __global__ void __launch_bounds__(NT)
 extern "C" __global__ void __launch_bounds__(NT)
     sg_attn_flash64_lse(const u16 *q, const u16 *k, const u16 *v, const void *len, u16 *out,
                         ageom g, acopy cp, float *lse) {
+    pdl_begin();
     FLASH(64, 64, true)
 }
 
 extern "C" __global__ void __launch_bounds__(NT)
     sg_attn_flash128_lse(const u16 *q, const u16 *k, const u16 *v, const void *len, u16 *out,
                          ageom g, acopy cp, float *lse) {
+    pdl_begin();
     FLASH(128, 32, true)
 }
 

@@ -76,6 +76,19 @@ typedef unsigned short u16;
 
 /* sg_dtype's values (include/stepgraph.h). */
 enum { DT_F32, DT_F16, DT_BF16, DT_I32, DT_I64, DT_BOOL };
+
+/* Programmatic dependent launch (sm_90+; nothing before it, nor on HIP):
+ * the executor launches every kernel of this file so that it may start
+ * while the kernel before it runs (sg__cuda_launch). Each begins here: it
+ * lets the next kernel start once all its blocks have begun, then waits for
+ * the kernel before to finish and its writes to show before it touches
+ * memory. */
+__device__ __forceinline__ void pdl_begin() {
+#if __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+    asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
 /* CAUSAL is SG__ATTN_CAUSAL; VQ, VK, VV, VG, VO: q, k, v, dO, o take 16-byte
  * loads (contiguous rows of 8-element vectors, aligned), set by the host. */
 enum { CAUSAL = 1, VQ = 2, VK = 4, VV = 8, VG = 16, VO = 32 };
@@ -207,6 +220,7 @@ __device__ float score(const void *k, const void *m, const bgeom &g, const float
 extern "C" __global__ void __launch_bounds__(NT)
     sg_attn_bwd_rows(const void *q, const void *k, const void *v, const void *m, const void *len,
                      const void *o, const void *dout, void *out, bgeom g, const float *lse) {
+    pdl_begin();
     __shared__ float qf[256], df[256], sds[NT], red[NW];
     const int tid = threadIdx.x, D = (int)g.D;
     const i64 r = blockIdx.x, i = r % g.Lq, h = (r / g.Lq) % g.Hq, b = r / (g.Lq * g.Hq);
@@ -267,6 +281,7 @@ extern "C" __global__ void __launch_bounds__(NT)
 extern "C" __global__ void __launch_bounds__(NT)
     sg_attn_bwd_keys(const void *q, const void *k, const void *v, const void *m, const void *len,
                      const void *dout, void *out, bgeom g) {
+    pdl_begin();
     __shared__ float kf[256], vf[256], sp[NT], sds[NT];
     const int tid = threadIdx.x, D = (int)g.D;
     const i64 x = blockIdx.x, j = x % g.S, hk = (x / g.S) % g.Hkv, b = x / (g.S * g.Hkv);
@@ -917,12 +932,14 @@ __device__ __forceinline__ void bwd_dkv(const void *q, const void *k, const void
     extern "C" __global__ void __launch_bounds__(NT, MINB) sg_attn_bwd_dq##D##_##T(                \
         const void *q, const void *k, const void *v, const void *len, const void *o,               \
         const void *dout, void *out, bgeom g, const float *lse) {                                  \
+        pdl_begin();                                                                               \
         bwd_dq<D, DT>(q, k, v, len, o, dout, out, g, lse);                                         \
     }
 #define DKV(D, MINB, T, DT)                                                                        \
     extern "C" __global__ void __launch_bounds__(NT, MINB)                                         \
         sg_attn_bwd_dkv##D##_##T(const void *q, const void *k, const void *v, const void *len,     \
                                  const void *dout, void *out, bgeom g) {                           \
+        pdl_begin();                                                                               \
         bwd_dkv<D, DT>(q, k, v, len, dout, out, g);                                                \
     }
 DQ(64, 4, bf16, DT_BF16)

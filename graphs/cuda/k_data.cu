@@ -21,6 +21,19 @@ typedef long long i64;
 
 enum { DT_F32, DT_F16, DT_BF16, DT_I32, DT_I64, DT_BOOL };
 
+/* Programmatic dependent launch (sm_90+; nothing before it, nor on HIP):
+ * the executor launches every kernel of this file so that it may start
+ * while the kernel before it runs (sg__cuda_launch). Each begins here: it
+ * lets the next kernel start once all its blocks have begun, then waits for
+ * the kernel before to finish and its writes to show before it touches
+ * memory. */
+__device__ __forceinline__ void pdl_begin() {
+#if __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+    asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+
 #define MAXD 6
 
 /* The kernel parameter; cuda_data.c has the same struct. */
@@ -94,11 +107,18 @@ template <typename I> __device__ __forceinline__ void gather(const dt_args &a) {
     }
 }
 
-extern "C" __global__ void sg_data_gather32(const dt_args a) { gather<int>(a); }
-extern "C" __global__ void sg_data_gather64(const dt_args a) { gather<i64>(a); }
+extern "C" __global__ void sg_data_gather32(const dt_args a) {
+    pdl_begin();
+    gather<int>(a);
+}
+extern "C" __global__ void sg_data_gather64(const dt_args a) {
+    pdl_begin();
+    gather<i64>(a);
+}
 
 /* index_copy, pass 1: clear the per-position marks. */
 extern "C" __global__ void sg_data_zero(u64 *p, i64 n) {
+    pdl_begin();
     i64 step = (i64)blockDim.x * gridDim.x;
     for (i64 i = (i64)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += step) p[i] = 0;
 }
@@ -108,6 +128,7 @@ extern "C" __global__ void sg_data_zero(u64 *p, i64 n) {
  * position that names it: of repeated indices the last write wins, as in a
  * sequential loop (and as on the CPU). */
 extern "C" __global__ void sg_data_index_prep(const dt_args a) {
+    pdl_begin();
     i64 step = (i64)blockDim.x * gridDim.x;
     for (i64 i = (i64)blockIdx.x * blockDim.x + threadIdx.x; i < a.n; i += step) {
         i64 v = read_index(a.idx, a.idx_is_i64, i * a.istride[0]);
@@ -136,8 +157,14 @@ template <typename I> __device__ __forceinline__ void scatter(const dt_args &a) 
     }
 }
 
-extern "C" __global__ void sg_data_scatter32(const dt_args a) { scatter<int>(a); }
-extern "C" __global__ void sg_data_scatter64(const dt_args a) { scatter<i64>(a); }
+extern "C" __global__ void sg_data_scatter32(const dt_args a) {
+    pdl_begin();
+    scatter<int>(a);
+}
+extern "C" __global__ void sg_data_scatter64(const dt_args a) {
+    pdl_begin();
+    scatter<i64>(a);
+}
 
 /*
  * index_copy while a CUDA graph is recorded, where no scratch may be
@@ -150,6 +177,7 @@ extern "C" __global__ void sg_data_scatter64(const dt_args a) { scatter<i64>(a);
  */
 #define CHUNK 2048
 extern "C" __global__ void sg_data_index_copy_scan(const dt_args a) {
+    pdl_begin();
     i64 chunks = (a.n + CHUNK - 1) / CHUNK;
     for (i64 b = blockIdx.x; b < a.count * chunks; b += gridDim.x) {
         i64 j = b / chunks, first = (b % chunks) * CHUNK;
@@ -203,6 +231,7 @@ __device__ __forceinline__ u32 f2bf(float f) {
  * the range fits). */
 extern "C" __global__ void sg_data_arange(void *p, i64 n, i64 stride, int dt, double start,
                                           double step_) {
+    pdl_begin();
     i64 step = (i64)blockDim.x * gridDim.x;
     for (i64 i = (i64)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += step) {
         double v = start + (double)i * step_;
@@ -245,6 +274,7 @@ __device__ __forceinline__ float round_odd(double v) {
  * offset); dist 0 uniform, 1 normal. One thread per Philox block. */
 extern "C" __global__ void sg_data_rand(void *out, i64 n, int dt, int dist, const i64 *rng,
                                         i64 rs) {
+    pdl_begin();
     u64 seed = (u64)rng[0], offset = (u64)rng[rs];
     u32 k0 = (u32)seed, k1 = (u32)(seed >> 32);
     int per = dist == 1 ? 2 : 4, bits = dt == DT_F32 ? 24 : dt == DT_F16 ? 11 : 8;
@@ -380,6 +410,7 @@ __device__ sbound topp_bound(const srow &r, const wparams &w, sbound kb, double 
 extern "C" __global__ void sg_data_sample(i64 *out, const void *x, int dt, i64 rows, i64 V,
                                           const i64 *rng, i64 rs, int kind, i64 top_k,
                                           double temp, double top_p) {
+    pdl_begin();
     u64 seed = (u64)rng[0], offset = (u64)rng[rs];
     i64 step = (i64)blockDim.x * gridDim.x;
     for (i64 i = (i64)blockIdx.x * blockDim.x + threadIdx.x; i < rows; i += step) {
@@ -415,6 +446,7 @@ extern "C" __global__ void sg_data_sample(i64 *out, const void *x, int dt, i64 r
 
 /* out row i: the k first entries of row i of x (rows, V) in the order. */
 extern "C" __global__ void sg_data_topk(i64 *out, const void *x, int dt, i64 rows, i64 V, i64 k) {
+    pdl_begin();
     i64 step = (i64)blockDim.x * gridDim.x;
     for (i64 i = (i64)blockIdx.x * blockDim.x + threadIdx.x; i < rows; i += step) {
         srow r = {x, dt, i * V, V};
@@ -450,6 +482,7 @@ __device__ __forceinline__ void store_f(void *p, i64 i, int dt, float v) {
  * src's stride along dim, sel_stride dst's.
  */
 extern "C" __global__ void sg_data_index_add(const dt_args a, int dt) {
+    pdl_begin();
     i64 step = (i64)blockDim.x * gridDim.x;
     for (i64 e = (i64)blockIdx.x * blockDim.x + threadIdx.x; e < a.n; e += step) {
         i64 rem = e, doff = 0, soff = 0;
@@ -490,6 +523,7 @@ __device__ __forceinline__ i64 index_at(const dt_args &a, i64 j) {
 }
 
 extern "C" __global__ void __launch_bounds__(RANK_TILE) sg_data_index_rank(const dt_args a) {
+    pdl_begin();
     __shared__ i64 tile[RANK_TILE];
     i64 j = (i64)blockIdx.x * RANK_TILE + threadIdx.x, L = a.count;
     i64 v = j < L ? index_at(a, j) : 0;
@@ -510,6 +544,7 @@ extern "C" __global__ void __launch_bounds__(RANK_TILE) sg_data_index_rank(const
 }
 
 extern "C" __global__ void sg_data_index_order(const dt_args a) {
+    pdl_begin();
     i64 step = (i64)blockDim.x * gridDim.x, L = a.count;
     for (i64 j = (i64)blockIdx.x * blockDim.x + threadIdx.x; j < L; j += step) {
         i64 r = (i64)a.last[j];
@@ -521,6 +556,7 @@ extern "C" __global__ void sg_data_index_order(const dt_args a) {
 /* blockIdx.x * blockDim.x + threadIdx.x: the lane; blockIdx.y steps
  * through sorted positions, and the first of each run adds the run. */
 extern "C" __global__ void sg_data_index_add_runs(const dt_args a, int dt) {
+    pdl_begin();
     i64 lane = (i64)blockIdx.x * blockDim.x + threadIdx.x, L = a.count;
     if (lane >= a.n) return;
     i64 rem = lane, doff = 0, soff = 0;

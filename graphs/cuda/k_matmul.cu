@@ -22,6 +22,19 @@
 
 typedef long long i64;
 
+/* Programmatic dependent launch (sm_90+; nothing before it, nor on HIP):
+ * the executor launches every kernel of this file so that it may start
+ * while the kernel before it runs (sg__cuda_launch). Each begins here: it
+ * lets the next kernel start once all its blocks have begun, then waits for
+ * the kernel before to finish and its writes to show before it touches
+ * memory. */
+__device__ __forceinline__ void pdl_begin() {
+#if __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+    asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+
 /* ------------------------------------------------------------ conversions */
 
 __device__ __forceinline__ float sg_h2f(unsigned short h) {
@@ -237,19 +250,22 @@ __device__ __forceinline__ void fill(typename elem<DT>::t *dst, const typename e
 
 /* ------------------------------------------------------------ entry points */
 
-#define SG_MM_KERNELS(DT, NAME)                                                                   \
-    extern "C" __global__ void __launch_bounds__(256)                                             \
-        sg_mm_gemv_##NAME(const elem<DT>::t *a, const elem<DT>::t *w, const elem<DT>::t *bias,    \
-                          elem<DT>::t *c, sg_mm_gemv_args p) {                                    \
-        gemv<DT>(a, w, bias, c, p);                                                               \
-    }                                                                                             \
-    extern "C" __global__ void sg_mm_copy_##NAME(const elem<DT>::t *src, elem<DT>::t *dst,        \
-                                                 sg_mm_geom g) {                                  \
-        copy<DT>(src, dst, g);                                                                    \
-    }                                                                                             \
-    extern "C" __global__ void sg_mm_fill_##NAME(elem<DT>::t *dst, const elem<DT>::t *bias,       \
-                                                 i64 bias_s, sg_mm_geom g) {                      \
-        fill<DT>(dst, bias, bias_s, g);                                                           \
+#define SG_MM_KERNELS(DT, NAME)                                                                    \
+    extern "C" __global__ void __launch_bounds__(256)                                              \
+        sg_mm_gemv_##NAME(const elem<DT>::t *a, const elem<DT>::t *w, const elem<DT>::t *bias,     \
+                          elem<DT>::t *c, sg_mm_gemv_args p) {                                     \
+        pdl_begin();                                                                               \
+        gemv<DT>(a, w, bias, c, p);                                                                \
+    }                                                                                              \
+    extern "C" __global__ void sg_mm_copy_##NAME(const elem<DT>::t *src, elem<DT>::t *dst,         \
+                                                 sg_mm_geom g) {                                   \
+        pdl_begin();                                                                               \
+        copy<DT>(src, dst, g);                                                                     \
+    }                                                                                              \
+    extern "C" __global__ void sg_mm_fill_##NAME(elem<DT>::t *dst, const elem<DT>::t *bias,        \
+                                                 i64 bias_s, sg_mm_geom g) {                       \
+        pdl_begin();                                                                               \
+        fill<DT>(dst, bias, bias_s, g);                                                            \
     }
 
 SG_MM_KERNELS(0, f32)
@@ -283,11 +299,12 @@ __device__ __forceinline__ void pitch(const T *src, T *dst, i64 rows, i64 cols, 
     }
 }
 
-#define SG_MM_PITCH(DT, NAME)                                                                     \
-    extern "C" __global__ void __launch_bounds__(256)                                             \
-        sg_mm_pitch_##NAME(const elem<DT>::t *src, elem<DT>::t *dst, i64 rows, i64 cols, i64 sld, \
-                           i64 dld, i64 srows, i64 scols) {                                       \
-        pitch<elem<DT>::t>(src, dst, rows, cols, sld, dld, srows, scols);                         \
+#define SG_MM_PITCH(DT, NAME)                                                                      \
+    extern "C" __global__ void __launch_bounds__(256)                                              \
+        sg_mm_pitch_##NAME(const elem<DT>::t *src, elem<DT>::t *dst, i64 rows, i64 cols, i64 sld,  \
+                           i64 dld, i64 srows, i64 scols) {                                        \
+        pdl_begin();                                                                               \
+        pitch<elem<DT>::t>(src, dst, rows, cols, sld, dld, srows, scols);                          \
     }
 
 SG_MM_PITCH(0, f32)

@@ -31,6 +31,19 @@ typedef long long i64;
 /* sg_dtype's values. */
 enum { DT_F32, DT_F16, DT_BF16, DT_I32, DT_I64, DT_BOOL };
 
+/* Programmatic dependent launch (sm_90+; nothing before it, nor on HIP):
+ * the executor launches every kernel of this file so that it may start
+ * while the kernel before it runs (sg__cuda_launch). Each begins here: it
+ * lets the next kernel start once all its blocks have begun, then waits for
+ * the kernel before to finish and its writes to show before it touches
+ * memory. */
+__device__ __forceinline__ void pdl_begin() {
+#if __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+    asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+
 /* The pointwise ops in ops.def's order from NEG (the host passes op - NEG),
  * then GELU_TANH_BWD (appended to ops.def after the other families). */
 enum {
@@ -346,11 +359,18 @@ template <typename I> __device__ __forceinline__ void pw_nd(const pw_args &a) {
     }
 }
 
-extern "C" __global__ void sg_pw_nd32(const pw_args a) { pw_nd<int>(a); }
-extern "C" __global__ void sg_pw_nd64(const pw_args a) { pw_nd<i64>(a); }
+extern "C" __global__ void sg_pw_nd32(const pw_args a) {
+    pdl_begin();
+    pw_nd<int>(a);
+}
+extern "C" __global__ void sg_pw_nd64(const pw_args a) {
+    pdl_begin();
+    pw_nd<i64>(a);
+}
 
 /* One dim, any strides. */
 extern "C" __global__ void sg_pw_flat(const pw_args a) {
+    pdl_begin();
     pw_op o = make_op(a);
     i64 step = (i64)blockDim.x * gridDim.x;
     for (i64 i = (i64)blockIdx.x * blockDim.x + threadIdx.x; i < a.n; i += step) {
@@ -484,6 +504,7 @@ __device__ __forceinline__ bool f32_fast(const pw_op &o, const u64 *x, const u64
  * contiguous ones aligned to their chunk (16 bytes, 8 for bools). The last
  * n % VEC elements are done one by one. */
 extern "C" __global__ void sg_pw_vec(const pw_args a) {
+    pdl_begin();
     pw_op o = make_op(a);
     bool fast = a.nin >= 1 && a.dt[0] == DT_F32 && a.dt[1] == DT_F32 &&
                 (a.nin < 2 || a.dt[2] == DT_F32);

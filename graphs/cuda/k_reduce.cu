@@ -31,6 +31,19 @@ typedef unsigned short u16;
 
 /* sg_dtype's values (include/stepgraph.h). */
 enum { DT_F32, DT_F16, DT_BF16, DT_I32, DT_I64, DT_BOOL };
+
+/* Programmatic dependent launch (sm_90+; nothing before it, nor on HIP):
+ * the executor launches every kernel of this file so that it may start
+ * while the kernel before it runs (sg__cuda_launch). Each begins here: it
+ * lets the next kernel start once all its blocks have begun, then waits for
+ * the kernel before to finish and its writes to show before it touches
+ * memory. */
+__device__ __forceinline__ void pdl_begin() {
+#if __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+    asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
 /* The ops, as cuda_reduce.c numbers them. */
 enum { OP_SUM, OP_MEAN, OP_MAX, OP_MIN, OP_VAR, OP_ARGMAX };
 
@@ -314,6 +327,7 @@ __device__ void store(const rgeom &g, void *y, const part &p, i64 yo) {
  * this kernel's writes and the finishing reads are coalesced.
  */
 extern "C" __global__ void sg_reduce_fold(const void *x, void *y, part *parts, rgeom g) {
+    pdl_begin();
     int team = g.team, lane = threadIdx.x % team;
     i64 item = (i64)blockIdx.x * (BLOCK / team) + threadIdx.x / team;
     if (item >= g.M * g.P) return; /* the whole team leaves together */
@@ -357,6 +371,7 @@ __device__ __forceinline__ part merge(part a, const part &b, int op, bool ints) 
  * a butterfly: a fixed tree, the same bits every run.
  */
 extern "C" __global__ void sg_reduce_finish(const part *parts, void *y, rgeom g) {
+    pdl_begin();
     int team = g.team, lane = threadIdx.x % team;
     i64 o = ((i64)blockIdx.x * blockDim.x + threadIdx.x) / team;
     if (o >= g.M) return; /* the whole team leaves together */

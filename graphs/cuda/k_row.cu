@@ -31,6 +31,19 @@ typedef unsigned short u16;
 
 /* sg_dtype's values (include/stepgraph.h). */
 enum { DT_F32, DT_F16, DT_BF16, DT_I32, DT_I64, DT_BOOL };
+
+/* Programmatic dependent launch (sm_90+; nothing before it, nor on HIP):
+ * the executor launches every kernel of this file so that it may start
+ * while the kernel before it runs (sg__cuda_launch). Each begins here: it
+ * lets the next kernel start once all its blocks have begun, then waits for
+ * the kernel before to finish and its writes to show before it touches
+ * memory. */
+__device__ __forceinline__ void pdl_begin() {
+#if __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+    asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
 /* Ops and flags, as cuda_row.c numbers them. */
 enum { OP_SOFTMAX, OP_LOG_SOFTMAX, OP_LAYER_NORM, OP_RMS_NORM };
 enum { HAS_W = 1, HAS_B = 2, NB_VECS = 4 };
@@ -218,6 +231,7 @@ __device__ __forceinline__ bool my_row(const wgeom &g, i64 *row, int *lane) {
 
 /* softmax / log_softmax: y = exp(x - m) / s, or (x - m) - log(s). */
 extern "C" __global__ void sg_row_softmax(const void *x, void *y, wgeom g) {
+    pdl_begin();
     i64 row, xo, yo;
     int lane, team = g.team;
     if (!my_row(g, &row, &lane)) return; /* the whole team leaves together */
@@ -261,6 +275,7 @@ __device__ __forceinline__ void norm_stats(const void *x, int dt, i64 xo, i64 xs
  */
 extern "C" __global__ void sg_row_norm(const void *x, const void *w, const void *b, void *y,
                                        wgeom g) {
+    pdl_begin();
     i64 row, xo, yo;
     int lane, team = g.team;
     if (!my_row(g, &row, &lane)) return;
@@ -348,7 +363,8 @@ template <int DT> __device__ __forceinline__ void lse_chunk(const float *f, floa
     *s += (double)cs;
 }
 
-#define XENT_UNROLL 4 /* vectors in flight per thread */
+/* vectors in flight per thread */
+#define XENT_UNROLL 4
 
 /* A row of len elements cut into a head, nv 16-byte vectors and a tail:
  * the head reaches x's first 16-byte boundary; with no vectors (strided
@@ -496,6 +512,7 @@ __device__ __forceinline__ void xent_finish(const double *loss, float *out, cons
  * one launch. */
 extern "C" __global__ void sg_row_xent(const void *x, const void *t, double *loss, float *out,
                                        wgeom g) {
+    pdl_begin();
     i64 row;
     int lane;
     if (my_row(g, &row, &lane)) xent_row(x, t, loss, g, row, lane);
@@ -506,6 +523,7 @@ extern "C" __global__ void sg_row_xent(const void *x, const void *t, double *los
  * an f32 scalar; NaN over no rows, as in PyTorch. For no rows only:
  * sg_row_xent takes the mean itself. */
 extern "C" __global__ void sg_row_xent_mean(const double *loss, float *out, wgeom g) {
+    pdl_begin();
     xent_mean(loss, out, g);
 }
 
@@ -669,6 +687,7 @@ __device__ __forceinline__ void xent_bwd_kernel(const void *x, const void *t, co
 extern "C" __global__ void __launch_bounds__(BLOCK)
     sg_row_xent_bwd(const void *x, const void *t, const void *gp, void *y, double *loss, float *out,
                     wgeom g, double inv_n, int gdt, int staged, int fteam) {
+    pdl_begin();
     xent_bwd_kernel<false>(x, t, gp, y, loss, out, g, inv_n, gdt, staged, fteam);
 }
 
@@ -679,6 +698,7 @@ extern "C" __global__ void __launch_bounds__(BLOCK)
 extern "C" __global__ void __launch_bounds__(BLOCK)
     sg_row_xent_bwd_warp(const void *x, const void *t, const void *gp, void *y, double *loss,
                          float *out, wgeom g, double inv_n, int gdt, int staged, int fteam) {
+    pdl_begin();
     xent_bwd_kernel<true>(x, t, gp, y, loss, out, g, inv_n, gdt, staged, fteam);
 }
 
@@ -728,6 +748,7 @@ __device__ __forceinline__ void norm_stats_vec(const char *xr, i64 nv, i64 len, 
 }
 
 extern "C" __global__ void sg_row_norm_stats(const void *x, float *y, wgeom g) {
+    pdl_begin();
     i64 row, xo, yo;
     int lane;
     if (!my_row(g, &row, &lane)) return;
@@ -853,6 +874,7 @@ __device__ __forceinline__ void norm_bwd_row(const void *x, const void *gp, cons
 extern "C" __global__ void __launch_bounds__(BLOCK)
     sg_row_norm_bwd(const void *x, const void *gp, const void *w, const void *rp, void *y,
                     float *st, ngeom g) {
+    pdl_begin();
     int lane = threadIdx.x % g.team;
     i64 row = (i64)blockIdx.x * (BLOCK / g.team) + threadIdx.x / g.team;
     if (row >= g.nrows) return; /* the whole team leaves together */
@@ -868,6 +890,7 @@ extern "C" __global__ void __launch_bounds__(BLOCK)
  * and stores them at o[j] and o[len + j]. */
 extern "C" __global__ void __launch_bounds__(BLOCK)
     sg_row_norm_bwd_cols(const void *x, const void *gp, const float *st, void *o, ngeom g) {
+    pdl_begin();
     i64 j = (i64)blockIdx.x * BLOCK + threadIdx.x;
     if (j >= g.len) return;
     double aw = 0.0, ab = 0.0;
@@ -1085,6 +1108,7 @@ __device__ __forceinline__ void norm_bwd_vec(const void *x, const void *gp, cons
 extern "C" __global__ void __launch_bounds__(BLOCK, 2)
     sg_row_norm_bwd_vec(const void *x, const void *gp, const void *w, const void *rp, void *y,
                         float *part, ngeom g) {
+    pdl_begin();
     if (g.dt == DT_F32)
         norm_bwd_vec<DT_F32, false>(x, gp, w, rp, y, part, g);
     else if (g.dt == DT_BF16)
@@ -1096,6 +1120,7 @@ extern "C" __global__ void __launch_bounds__(BLOCK, 2)
 extern "C" __global__ void __launch_bounds__(BLOCK, 1)
     sg_row_norm_bwd_reg(const void *x, const void *gp, const void *w, const void *rp, void *y,
                         float *part, ngeom g) {
+    pdl_begin();
     if (g.dt == DT_F32)
         norm_bwd_vec<DT_F32, true>(x, gp, w, rp, y, part, g);
     else if (g.dt == DT_BF16)
@@ -1112,6 +1137,7 @@ extern "C" __global__ void __launch_bounds__(BLOCK, 1)
  * dtype g.sdt. */
 extern "C" __global__ void __launch_bounds__(BLOCK)
     sg_row_norm_bwd_fin(const float *part, int nparts, void *o, void *dxo, ngeom g) {
+    pdl_begin();
     __shared__ float sh[BLOCK / 32][32];
     const int lane = threadIdx.x % 32, s = threadIdx.x / 32;
     const bool sums = (g.flags & NB_SUMS) != 0, dxs = (g.flags & NB_DXSUM) != 0;
