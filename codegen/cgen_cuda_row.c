@@ -1509,11 +1509,21 @@ static void sums_range(sums_member *sm, const char *sp, const char *len) {
                   (long long)sm->ch, len, (long long)sm->ch, len);
 }
 
+/* Loads a thread keeps in flight in a member's fold: 32 bytes of its input
+ * (8 floats, 16 halves), since the folds stream whole gradients and wait on
+ * memory (8 halves a thread held W6's clip at 55 % of DRAM's bandwidth).
+ * The positions a thread adds, and their order, do not depend on it. */
+static int sums_unroll(const sums_member *sm) {
+    int es = sm->in ? (int)sg_dtype_size(sm->in->dtype) : 4;
+    return es >= 4 ? 8 : 32 / es;
+}
+
 /* Fold chunk r_lo..r_hi of member sm into r_s (r_s += each position). */
 static void sums_fold(sums_member *sm) {
     rowk *k = &sm->k;
     int64_t n = sm->ch < k->len ? sm->ch : k->len;
-    chunk_loop(k, "r_lo + r_lane", "r_hi", BLOCK, chunk_of(n, BLOCK, 8), "r_s += r_x;", false);
+    chunk_loop(k, "r_lo + r_lane", "r_hi", BLOCK, chunk_of(n, BLOCK, sums_unroll(sm)),
+               "r_s += r_x;", false);
 }
 
 /*
@@ -1628,7 +1638,8 @@ static void sums_shared(sg__cuda_gen *g, void *arg) {
     k->e = sg__cuda_out(g);
     sg__emit_line(k->e, "const sg_i64 r_row = 0;");
     sums_range(sm, "(sg_i64)blockIdx.x - r_tf[r_t]", "r_tl[r_t]");
-    chunk_loop(k, "r_lo + r_lane", "r_hi", BLOCK, chunk_of(sm->ch, BLOCK, 8), "r_s += r_x;", false);
+    chunk_loop(k, "r_lo + r_lane", "r_hi", BLOCK, chunk_of(sm->ch, BLOCK, sums_unroll(sm)),
+               "r_s += r_x;", false);
 }
 
 /* Blocks that meet: this block's chunk of member sm into r_s. */
@@ -1706,11 +1717,11 @@ static void sums_seq(sg__cuda_gen *g, void *arg) {
 
 /* The positions per chunk of a MULTI of sums over `total` positions: about
  * SUMS_BLOCKS chunks in all (several waves, so that the last wave's idle
- * SMs cost little), at least SPLIT_LEAST positions each, whole steps of 8
- * loads a thread. */
+ * SMs cost little), at least SPLIT_LEAST positions each, whole steps of 32
+ * loads a thread (any sums_unroll). */
 #define SUMS_BLOCKS (4 * TARGET_BLOCKS)
 static int64_t sums_chunk_len(int64_t total) {
-    int64_t ch = (total + SUMS_BLOCKS - 1) / SUMS_BLOCKS, step = (int64_t)BLOCK * 8;
+    int64_t ch = (total + SUMS_BLOCKS - 1) / SUMS_BLOCKS, step = (int64_t)BLOCK * 32;
     if (ch < SPLIT_LEAST) ch = SPLIT_LEAST;
     return (ch + step - 1) / step * step;
 }
