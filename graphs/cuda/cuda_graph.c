@@ -704,8 +704,9 @@ static sg_status launch_lanes(sg_ctx *ctx, sg__graph *g, set_state *st, const sg
  * product that now needs scratch at new addresses) spoils the plan: the
  * recording is made again on the plan of what it saw, and once more on
  * one lane if that happens twice. Branches that cannot be set up (a
- * stream, an event or a lane's cuBLASLt workspace not made) leave the
- * recording on one stream, said under "fallbacks". */
+ * stream, an event or a lane's cuBLASLt workspace not made, host memory)
+ * leave the recording on one stream: a fallback (sg__fn_fallback: said
+ * under "fallbacks", or under strict the call's error). */
 static sg_status record_exec(sg_fn *fn, sg__graph *g, set_state *st, CUgraphExec *exec) {
     sg_ctx *ctx = fn->ctx;
     cu_graph *cg = g->dev;
@@ -724,10 +725,13 @@ static sg_status record_exec(sg_fn *fn, sg__graph *g, set_state *st, CUgraphExec
         double plan_ms = (sg__graph_clock() - t0) * 1e3;
         if (s != SG_OK) { /* no streams, events or workspace for branches: one stream */
             sg__lanes_free(ctx, &plan);
-            sg__log(ctx, "fallbacks", "fn '%s': the graph is recorded on one stream: %.600s",
-                    fn->name, ctx->msg);
+            char why[SG__MSG_SIZE];
+            snprintf(why, sizeof why, "%s", ctx->msg);
             ctx->status = before;
             snprintf(ctx->msg, sizeof ctx->msg, "%s", msg);
+            /* A fallback: under strict, this call's error (branches are tried again next call). */
+            s = sg__fn_fallback(fn, s, "the graph is recorded on one stream: %.600s", why);
+            if (s != SG_OK) return s;
             cg->lanes_off = true;
             continue;
         }
