@@ -377,9 +377,19 @@ sg_status sg__cuda_launch(sg_ctx *ctx, void *func, const unsigned grid[3], const
     s->nops++;
     CUresult r = s->cu->cuLaunchKernelEx(&cfg, (CUfunction)func, args, NULL);
     if (r == CUDA_ERROR_NOT_SUPPORTED || r == CUDA_ERROR_INVALID_VALUE) {
+        /* The attribute, or the launch itself? A plain launch tells: if it
+         * goes, this device or driver cannot, and launches are plain from
+         * now on (said once); if not, its error is the launch's. */
         s->nops--;
-        s->pdl = 0; /* this device or driver cannot: plain launches from now on */
-        return launch_plain(ctx, func, grid, block, shmem, args);
+        sg_status ps = launch_plain(ctx, func, grid, block, shmem, args);
+        if (ps == SG_OK) {
+            s->pdl = 0;
+            sg__log(ctx, "fallbacks",
+                    "cuda: cuLaunchKernelEx refused programmatic dependent launch (%d); kernels "
+                    "launch plainly from now on",
+                    (int)r);
+        }
+        return ps;
     }
     return r == CUDA_SUCCESS ? SG_OK : sg__cu_fail(ctx, r, "cuLaunchKernelEx", "a kernel");
 }
