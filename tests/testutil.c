@@ -9,6 +9,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#ifdef __GLIBC__
+#include <execinfo.h>
+#endif
 
 static uint64_t rng_state = 88172645463325252ull;
 static int passed, failed;
@@ -345,7 +348,19 @@ void *tu_alloc_hook(void *user, void *ptr, size_t old_size, size_t new_size) {
         return NULL;
     }
     a->count++;
-    if (a->fail_at && a->count == a->fail_at) return NULL;
+    if (a->fail_at && a->count == a->fail_at) {
+#ifdef __GLIBC__
+        /* TU_FAULT_TRACE=1: where the failing allocation was asked for
+         * (addresses for addr2line). */
+        if (getenv("TU_FAULT_TRACE")) {
+            void *pc[16];
+            int n = backtrace(pc, 16);
+            fprintf(stderr, "  allocation %ld fails here:\n", a->count);
+            backtrace_symbols_fd(pc, n, 2);
+        }
+#endif
+        return NULL;
+    }
     void *p = malloc(new_size);
     if (p) {
         a->live++;

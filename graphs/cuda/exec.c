@@ -44,6 +44,10 @@ typedef struct sg__cuda {
     kfunc *funcs;
     int nfuncs, cap_funcs;
     block *free_list[NCLASS];
+    /* One record for each block handed out, taken when the block is: a free
+     * then only moves a record, and never asks the host for memory (a free
+     * that could fail would have to give the block back without a word). */
+    block *spare;
     CUdeviceptr scratch;
     size_t scratch_size;
     /* Outgrown scratch buffers stay allocated: recorded graphs may hold them. */
@@ -55,8 +59,8 @@ typedef struct sg__cuda {
     CUstream lanes[SG__CUDA_LANES];
     int lane;
     uint64_t nops, nscratch; /* stream ops and scratch requests so far (sg__cuda_counts) */
-    int pdl;        /* programmatic dependent launch: 1 on, 0 off, -1 not yet known */
-    void *lt;       /* cuBLASLt's handle, workspace and plans (cublaslt.c) */
+    int pdl;                 /* programmatic dependent launch: 1 on, 0 off, -1 not yet known */
+    void *lt;                /* cuBLASLt's handle, workspace and plans (cublaslt.c) */
     size_t device_live, device_cached;
 } sg__cuda;
 
@@ -81,15 +85,18 @@ static sg_status cu_alloc(sg_ctx *ctx, size_t nbytes, void **data) {
     sg__cuda *s = state(ctx);
     int c = size_class(nbytes ? nbytes : 1);
     if (c < 0) return SG_ERR_OOM;
-    if (s->free_list[c]) {
+    if (s->free_list[c]) { /* its record becomes the block's spare */
         block *b = s->free_list[c];
         s->free_list[c] = b->next;
         *data = (void *)(uintptr_t)b->ptr;
-        sg__free(ctx, b, sizeof *b);
+        b->next = s->spare;
+        s->spare = b;
         s->device_cached -= class_bytes(c);
         s->device_live += class_bytes(c);
         return SG_OK;
     }
+    block *rec = sg__alloc(ctx, sizeof *rec);
+    if (!rec) return SG_ERR_OOM;
     CUdeviceptr p;
     CUresult r = s->cu->cuMemAlloc_v2(&p, class_bytes(c));
     if (r == CUDA_ERROR_OUT_OF_MEMORY) {
@@ -104,7 +111,12 @@ static sg_status cu_alloc(sg_ctx *ctx, size_t nbytes, void **data) {
         s->device_cached = 0;
         r = s->cu->cuMemAlloc_v2(&p, class_bytes(c));
     }
-    if (r != CUDA_SUCCESS) return r == CUDA_ERROR_OUT_OF_MEMORY ? SG_ERR_OOM : SG_ERR_DRIVER;
+    if (r != CUDA_SUCCESS) {
+        sg__free(ctx, rec, sizeof *rec);
+        return r == CUDA_ERROR_OUT_OF_MEMORY ? SG_ERR_OOM : SG_ERR_DRIVER;
+    }
+    rec->next = s->spare;
+    s->spare = rec;
     s->device_live += class_bytes(c);
     *data = (void *)(uintptr_t)p;
     return SG_OK;
@@ -114,12 +126,13 @@ static void cu_free(sg_ctx *ctx, void *data, size_t nbytes) {
     sg__cuda *s = state(ctx);
     if (!data) return;
     int c = size_class(nbytes ? nbytes : 1);
-    block *b = sg__alloc(ctx, sizeof *b);
+    block *b = s->spare; /* there is one for every block out */
     s->device_live -= class_bytes(c);
-    if (!b) { /* no host memory for the record: give the block back instead */
+    if (!b) { /* a block this executor did not hand out: not cached */
         s->cu->cuMemFree_v2((CUdeviceptr)(uintptr_t)data);
         return;
     }
+    s->spare = b->next;
     b->ptr = (CUdeviceptr)(uintptr_t)data;
     b->next = s->free_list[c];
     s->free_list[c] = b;
@@ -266,8 +279,7 @@ sg_status sg__cuda_rtc_build(sg_ctx *ctx, const char *name, const char *source, 
 static bool load_image(sg_ctx *ctx, sg__cu_unit unit) {
     sg__cuda *s = state(ctx);
     const char *over = getenv("SG_OVERRIDE_DIR");
-    if (s->dev0.hip || sg__always_compile() || (over && over[0]))
-        return false;
+    if (s->dev0.hip || sg__always_compile() || (over && over[0])) return false;
     for (int i = 0; i < sg__cu_nimages; i++) {
         const sg__cu_image *im = &sg__cu_images[i];
         if (im->unit != unit || im->arch != s->arch) continue;
@@ -309,7 +321,8 @@ static sg_status load_unit(sg_ctx *ctx, sg__cu_unit unit) {
         s->mod[unit] = NULL;
         return sg__cu_fail(ctx, r, "cuModuleLoadData", sg__cu_names[unit]);
     }
-    sg__log(ctx, "perf_hints", "cuda: kernel family %s built (NVRTC or the disk cache) and loaded in %.1f ms",
+    sg__log(ctx, "perf_hints",
+            "cuda: kernel family %s built (NVRTC or the disk cache) and loaded in %.1f ms",
             sg__cu_names[unit], (sg__graph_clock() - t0) * 1e3);
     return SG_OK;
 }
@@ -423,6 +436,13 @@ static void cu_destroy(sg_ctx *ctx) {
             cu->cuMemFree_v2(b->ptr);
             sg__free(ctx, b, sizeof *b);
         }
+    /* Blocks still out at the end are the driver's to reclaim with the
+     * context; their records go here. */
+    while (s->spare) {
+        block *b = s->spare;
+        s->spare = b->next;
+        sg__free(ctx, b, sizeof *b);
+    }
     if (s->scratch) cu->cuMemFree_v2(s->scratch);
     for (int k = 0; k < s->nretired; k++) cu->cuMemFree_v2(s->retired[k]);
     for (int u = 0; u < SG__CU_NUM_UNITS; u++)
