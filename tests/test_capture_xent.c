@@ -13,7 +13,8 @@
  * short and long, rows off 16 bytes, i32 and i64 targets, against the f64
  * reference and, on CUDA, bit for bit against the eager kernels, replays
  * repeating their bits, a target out of range in a replay giving NaN, and
- * a step reading the loss before its gradient (no merge).
+ * a step reading the loss before its gradient (no merge). Short rows
+ * (at most 32 classes, few of them) go through CUDA's one-block kernel.
  */
 #include "testutil.h"
 
@@ -371,9 +372,12 @@ int main(void) {
     for (int u = 0; u < 3; u++) use_case((enum use)u, seed++);
     /* Vocabularies: GPT-2's (odd, a block's row staged in shared memory for
      * halves), a warp's row, a tiny one over many rows (the forward's
-     * thread per row), and a block's row of 3001. */
-    static const int64_t vocab[4][2] = {{50257, 6}, {1000, 40}, {7, 1100}, {3001, 20}};
-    for (int v = 0; v < 4; v++)
+     * thread per row), a block's row of 3001, and few short rows (on CUDA
+     * one block takes them all: W4's 128 x 10, a row of 3 over 333, a
+     * warp's width over 128). */
+    static const int64_t vocab[7][2] = {{50257, 6}, {1000, 40}, {7, 1100}, {3001, 20},
+                                        {10, 128},  {3, 333},   {32, 128}};
+    for (int v = 0; v < 7; v++)
         for (int d = 0; d < 3; d++)
             for (int skip = 0; skip < 2; skip++)
                 pair_case(dts[d], (v + d + skip) % 2 ? SG_I32 : SG_I64, vocab[v][1], vocab[v][0],
