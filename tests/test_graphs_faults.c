@@ -287,6 +287,7 @@ static void alloc_faults(sg_mode mode, bool strict) {
         absorbed += run.hit == NULL;
         /* Met by nothing: only a fallback (not strict) may take a failure in. */
         if (!run.hit && !TU_EXPECT(!strict && run.said)) run.ok = false;
+        if (!run.ok && hook.nwhere) tu_alloc_where(&hook);
         if (!run.ok || getenv("SG_TEST_VERBOSE"))
             tu_case(run.ok, "FAULT(mode=%s,strict=%d,fail_at=%ld) -> %s: \"%.120s\"",
                     sg_mode_name(mode), strict, n, run.hit ? run.hit : "absorbed (no call failed)",

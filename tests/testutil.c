@@ -350,14 +350,7 @@ void *tu_alloc_hook(void *user, void *ptr, size_t old_size, size_t new_size) {
     a->count++;
     if (a->fail_at && a->count == a->fail_at) {
 #ifdef __GLIBC__
-        /* TU_FAULT_TRACE=1: where the failing allocation was asked for
-         * (addresses for addr2line). */
-        if (getenv("TU_FAULT_TRACE")) {
-            void *pc[16];
-            int n = backtrace(pc, 16);
-            fprintf(stderr, "  allocation %ld fails here:\n", a->count);
-            backtrace_symbols_fd(pc, n, 2);
-        }
+        a->nwhere = backtrace(a->where, 16);
 #endif
         return NULL;
     }
@@ -367,6 +360,13 @@ void *tu_alloc_hook(void *user, void *ptr, size_t old_size, size_t new_size) {
         a->bytes += new_size;
     }
     return p;
+}
+
+void tu_alloc_where(const tu_alloc *a) {
+    fprintf(stderr, "  the failed allocation was asked for at:\n");
+#ifdef __GLIBC__
+    backtrace_symbols_fd((void *const *)a->where, a->nwhere, 2);
+#endif
 }
 
 sg_backend tu_backend(void) {

@@ -65,8 +65,8 @@ const char *tu_shape(int ndim, const int64_t *shape, char *buf, size_t size);
 /* Record a case: ok or FAIL with its name. Returns ok. */
 bool tu_case(bool ok, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 /* A check inside a case; prints the failing expression. */
-#define TU_EXPECT(cond)                                                                           \
-    ((cond) ? true                                                                                \
+#define TU_EXPECT(cond)                                                                            \
+    ((cond) ? true                                                                                 \
             : (fprintf(stderr, "  expected %s at %s:%d\n", #cond, __FILE__, __LINE__), false))
 
 /* Print "N passed, N failed" and return the exit code (0 when none failed). */
@@ -75,12 +75,16 @@ int tu_finish(void);
 /* An allocator hook that fails the Nth allocation (1-based; 0: never) and
  * counts live blocks and bytes. */
 typedef struct tu_alloc {
-    long count;     /* allocations so far */
-    long fail_at;   /* fail this one (0: never) */
-    long live;      /* blocks not yet freed */
-    size_t bytes;   /* bytes not yet freed */
+    long count;      /* allocations so far */
+    long fail_at;    /* fail this one (0: never) */
+    long live;       /* blocks not yet freed */
+    size_t bytes;    /* bytes not yet freed */
+    void *where[16]; /* the call stack of the failed allocation (glibc; else none) */
+    int nwhere;
 } tu_alloc;
 void *tu_alloc_hook(void *user, void *ptr, size_t old_size, size_t new_size);
+/* Print where a's failed allocation was asked for (addresses for addr2line). */
+void tu_alloc_where(const tu_alloc *a);
 
 /* The backend a test runs its ops on: SG_TEST_BACKEND=cpu (the default) or
  * cuda. The same test executables run under the gpu label with cuda. */
