@@ -132,6 +132,11 @@ typedef struct sg__exec {
     sg_status (*upload)(sg_ctx *ctx, void *dst, const void *src, size_t nbytes);
     sg_status (*sync)(sg_ctx *ctx); /* NULL: ops finish before they return */
     void (*destroy)(sg_ctx *ctx);
+    /* Host bytes the executor keeps for the context's life, whatever fns
+     * come and go: loaded kernels, the records of cached device blocks,
+     * library plans (NULL: none). They grow with what has run, never with a
+     * fn that is gone: sg__exec_cache_bytes. */
+    size_t (*cache_bytes)(const sg_ctx *ctx);
     void *state;
 } sg__exec;
 
@@ -190,6 +195,8 @@ SG__HIDDEN void sg__free(sg_ctx *ctx, void *p, size_t nbytes);
  * counted for sg_ctx_memory_stats. */
 SG__HIDDEN sg_status sg__dev_alloc(sg_ctx *ctx, size_t nbytes, void **data);
 SG__HIDDEN void sg__dev_free(sg_ctx *ctx, void *data, size_t nbytes);
+/* The executor's cache bytes (sg__exec.cache_bytes; 0 without). */
+SG__HIDDEN size_t sg__exec_cache_bytes(const sg_ctx *ctx);
 
 /* Record a failure: sets the message (printf-style), the sticky status if
  * none is set, logs it under "error", and returns s. */

@@ -127,6 +127,10 @@ void sg__dev_free(sg_ctx *ctx, void *data, size_t nbytes) {
     ctx->dev_live -= nbytes;
 }
 
+size_t sg__exec_cache_bytes(const sg_ctx *ctx) {
+    return ctx->exec.cache_bytes ? ctx->exec.cache_bytes(ctx) : 0;
+}
+
 void sg_ctx_reset_peak_memory(sg_ctx *ctx) {
     if (!ctx) return;
     ctx->dev_peak = ctx->dev_live;

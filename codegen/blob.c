@@ -44,11 +44,16 @@ static int write_all(int fd, const void *p, size_t n) {
     return 0;
 }
 
-void sg__blob_lookup(sg_ctx *ctx, const char *path, const char magic[8], void **img, size_t *size) {
+sg_status sg__blob_lookup(sg_ctx *ctx, const char *path, const char magic[8], void **img,
+                          size_t *size) {
     char *data;
     size_t n;
     *img = NULL;
-    if (sg__read_file(ctx, path, (size_t)1 << 28, &data, &n) != 0) return;
+    int rc = sg__read_file(ctx, path, (size_t)1 << 28, &data, &n);
+    if (rc == ENOMEM)
+        return sg__fail(ctx, SG_ERR_OOM, "codegen: out of host memory reading the cache entry '%s'",
+                        path);
+    if (rc != 0) return SG_OK;
     uint8_t digest[32];
     bool ok = n > 40 && memcmp(data, magic, 8) == 0;
     if (ok) {
@@ -58,15 +63,20 @@ void sg__blob_lookup(sg_ctx *ctx, const char *path, const char magic[8], void **
     if (!ok) {
         unlink(path);
         sg__free(ctx, data, n + 1);
-        return;
+        return SG_OK;
     }
     void *out = sg__alloc(ctx, n - 40);
     if (out) memcpy(out, data + 40, n - 40);
     sg__free(ctx, data, n + 1);
-    if (!out) return;
+    if (!out)
+        return sg__fail(
+            ctx, SG_ERR_OOM,
+            "codegen: out of host memory for the %zu-byte image of the cache entry '%s'", n - 40,
+            path);
     *img = out;
     *size = n - 40;
     sg__cache_touch(path);
+    return SG_OK;
 }
 
 void sg__blob_publish(sg_ctx *ctx, const char *root, const char *path, const char magic[8],

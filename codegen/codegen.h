@@ -185,11 +185,13 @@ SG__HIDDEN void sg__sha256_hex(const uint8_t digest[32], char hex[65]);
 
 /* Cache entries of one file holding a compiled image (blob.c): the key of
  * a list of strings (64 hex digits), a lookup (*img sg__alloc'd, NULL on a
- * miss; a damaged file is removed) and a publish (temporary file, rename,
- * then eviction; failure only costs a later compile, so it is silent). */
+ * miss; a damaged file is removed; SG_ERR_OOM, said, when host memory for
+ * reading the entry runs out: not a miss, which would compile again without
+ * a word) and a publish (temporary file, rename, then eviction; failure
+ * only costs a later compile, so it is silent). */
 SG__HIDDEN void sg__blob_key(const char *const *fields, int n, char key[65]);
-SG__HIDDEN void sg__blob_lookup(sg_ctx *ctx, const char *path, const char magic[8], void **img,
-                                size_t *size);
+SG__HIDDEN sg_status sg__blob_lookup(sg_ctx *ctx, const char *path, const char magic[8], void **img,
+                                     size_t *size);
 SG__HIDDEN void sg__blob_publish(sg_ctx *ctx, const char *root, const char *path,
                                  const char magic[8], const void *img, size_t size);
 

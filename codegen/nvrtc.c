@@ -448,8 +448,9 @@ sg_status sg__rtc_build_many(sg_ctx *ctx, sg__rtc drv, int n, const char *const 
         if (s != SG_OK) break;
         entry_path(d, root, arch_opt, j->source, j->path,
                    sizeof j->path); /* root <= PATH_MAX - 80 */
-        if (root[0] && !sg__always_compile() && !ctx->no_cache_reads)
-            sg__blob_lookup(ctx, j->path, magic, &cubins[i], &sizes[i]);
+        if (root[0] && !sg__always_compile() && !ctx->no_cache_reads &&
+            (s = sg__blob_lookup(ctx, j->path, magic, &cubins[i], &sizes[i])) != SG_OK)
+            break;
         j->todo = cubins[i] == NULL;
         todo += j->todo;
     }

@@ -226,8 +226,11 @@ sg_status sg__ocloc_build(sg_ctx *ctx, const char *name, const char *source, voi
     sg__blob_key(fields, (int)(sizeof fields / sizeof *fields), key);
     char path[PATH_MAX + 96]; /* root is at most PATH_MAX - 80 */
     snprintf(path, sizeof path, "%s/spv-%s.spv", root, key);
-    if (root[0] && !sg__always_compile() && !ctx->no_cache_reads)
-        sg__blob_lookup(ctx, path, magic, spirv, size);
+    if (root[0] && !sg__always_compile() && !ctx->no_cache_reads &&
+        (s = sg__blob_lookup(ctx, path, magic, spirv, size)) != SG_OK) {
+        if (owned) sg__free(ctx, owned, owned_n + 1);
+        return s;
+    }
     if (*spirv && !spirv_shaped(*spirv, *size)) { /* a sound file of a bad module: rebuild */
         sg__free(ctx, *spirv, *size);
         *spirv = NULL;

@@ -20,7 +20,8 @@
  *    in f64, and so do the parameters p and q after every call (after a
  *    failed call: their values before the call, or after its updates);
  *  - after sg_fn_destroy the context holds the bytes it held before
- *    sg_compile, and after sg_ctx_destroy the hook holds no block.
+ *    sg_compile, besides its executor's caches, and after sg_ctx_destroy
+ *    the hook holds no block.
  * Modes DEFAULT and REDUCE_OVERHEAD, strict (a failure in code generation is
  * the call's error) and not (it is a fallback: the call succeeds op by op).
  * Each run is one case: `FAULT(mode=default,strict=1,fail_at=17) -> call B
@@ -37,6 +38,7 @@
 #define _POSIX_C_SOURCE 200809L /* setenv */
 #include "testutil.h"
 
+#include "capture/capture.h"
 #include "codegen/codegen.h"
 
 #include <math.h>
@@ -78,11 +80,14 @@ static size_t ctx_live(void) {
 }
 
 /* Host bytes less the static pool's (on the CPU the pool is host memory; it
- * only grows, to a size that depends on the order its blocks came in). */
+ * only grows, to a size that depends on the order its blocks came in) and
+ * the executor's caches (CUDA's loaded kernels, the records of its cached
+ * device blocks, cuBLASLt's plans: what has run decides them, and a
+ * fallback that ran ops one by one loaded more). */
 static size_t ctx_held(void) {
     sg_memory_stats ms;
     sg_ctx_memory_stats(ctx, &ms);
-    return ctx_live() - ms.pool_bytes;
+    return ctx_live() - ms.pool_bytes - sg__exec_cache_bytes(ctx);
 }
 
 /* The reference outputs for x (rows of K) into y and z (rows of M) and s (M). */

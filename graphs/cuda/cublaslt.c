@@ -227,6 +227,12 @@ static void free_entry(const lt_api *api, lt_entry *e) {
     if (e->desc) api->cublasLtMatmulDescDestroy(e->desc);
 }
 
+size_t sg__cublaslt_host_bytes(const sg_ctx *ctx) {
+    const lt_state *s = *sg__cuda_lt_state((sg_ctx *)ctx);
+    if (!s) return 0;
+    return sizeof *s + sizeof *s->entries * (size_t)s->cap + sizeof *s->known * (size_t)s->kcap;
+}
+
 void sg__cublaslt_release(sg_ctx *ctx) {
     void **slot = sg__cuda_lt_state(ctx);
     lt_state *s = *slot;

@@ -48,6 +48,7 @@ typedef struct sg__cuda {
      * then only moves a record, and never asks the host for memory (a free
      * that could fail would have to give the block back without a word). */
     block *spare;
+    size_t nrec; /* records held: spare and cached */
     CUdeviceptr scratch;
     size_t scratch_size;
     /* Outgrown scratch buffers stay allocated: recorded graphs may hold them. */
@@ -97,6 +98,7 @@ static sg_status cu_alloc(sg_ctx *ctx, size_t nbytes, void **data) {
     }
     block *rec = sg__alloc(ctx, sizeof *rec);
     if (!rec) return SG_ERR_OOM;
+    s->nrec++;
     CUdeviceptr p;
     CUresult r = s->cu->cuMemAlloc_v2(&p, class_bytes(c));
     if (r == CUDA_ERROR_OUT_OF_MEMORY) {
@@ -107,12 +109,14 @@ static sg_status cu_alloc(sg_ctx *ctx, size_t nbytes, void **data) {
                 s->free_list[k] = b->next;
                 s->cu->cuMemFree_v2(b->ptr);
                 sg__free(ctx, b, sizeof *b);
+                s->nrec--;
             }
         s->device_cached = 0;
         r = s->cu->cuMemAlloc_v2(&p, class_bytes(c));
     }
     if (r != CUDA_SUCCESS) {
         sg__free(ctx, rec, sizeof *rec);
+        s->nrec--;
         return r == CUDA_ERROR_OUT_OF_MEMORY ? SG_ERR_OOM : SG_ERR_DRIVER;
     }
     rec->next = s->spare;
@@ -137,6 +141,13 @@ static void cu_free(sg_ctx *ctx, void *data, size_t nbytes) {
     b->next = s->free_list[c];
     s->free_list[c] = b;
     s->device_cached += class_bytes(c);
+}
+
+static size_t cu_cache_bytes(const sg_ctx *ctx) {
+    const sg__cuda *s = state(ctx);
+    if (!s) return 0;
+    return s->nrec * sizeof(block) + sizeof(kfunc) * (size_t)s->cap_funcs +
+           sg__cublaslt_host_bytes(ctx);
 }
 
 static sg_status cu_upload(sg_ctx *ctx, void *dst, const void *src, size_t n) {
@@ -503,6 +514,7 @@ sg_status sg__cuda_init(sg_ctx *ctx, char *why, size_t n) {
     ctx->exec.run = cu_run;
     ctx->exec.alloc = cu_alloc;
     ctx->exec.free = cu_free;
+    ctx->exec.cache_bytes = cu_cache_bytes;
     ctx->exec.upload = cu_upload;
     ctx->exec.download = sg__cuda_download;
     ctx->exec.copy = cu_copy;

@@ -112,6 +112,8 @@ SG__HIDDEN sg_status sg__cuda_init(sg_ctx *ctx, char *why, size_t n);
 SG__HIDDEN extern const sg__graph_ops sg__cuda_graph_ops;
 /* Drop the context's cuBLASLt state (cublaslt.c). */
 SG__HIDDEN void sg__cublaslt_release(sg_ctx *ctx);
+/* Host bytes cuBLASLt's state holds: its record, plans and picks. */
+SG__HIDDEN size_t sg__cublaslt_host_bytes(const sg_ctx *ctx);
 /* Start loading cuBLASLt and making its handle on a thread of its own, so
  * that a compile's NVRTC work hides it (a step with library matmuls, before
  * its unit is built; SG_CUDA_PREWARM=0: not). The first matmul waits for
