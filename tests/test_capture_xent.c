@@ -13,8 +13,8 @@
  * short and long, rows off 16 bytes, i32 and i64 targets, against the f64
  * reference and, on CUDA, bit for bit against the eager kernels, replays
  * repeating their bits, a target out of range in a replay giving NaN, and
- * a step reading the loss before its gradient (no merge). Short rows
- * (at most 32 classes, few of them) go through CUDA's one-block kernel.
+ * a step reading the loss before its gradient (no merge), also for few
+ * short rows (W4's 128 x 10: a warp a row on CUDA).
  */
 #include "testutil.h"
 
@@ -372,9 +372,8 @@ int main(void) {
     for (int u = 0; u < 3; u++) use_case((enum use)u, seed++);
     /* Vocabularies: GPT-2's (odd, a block's row staged in shared memory for
      * halves), a warp's row, a tiny one over many rows (the forward's
-     * thread per row), a block's row of 3001, and few short rows (on CUDA
-     * one block takes them all: W4's 128 x 10, a row of 3 over 333, a
-     * warp's width over 128). */
+     * thread per row), a block's row of 3001, and few short rows (W4's
+     * 128 x 10, a row of 3 over 333, a warp's width over 128). */
     static const int64_t vocab[7][2] = {{50257, 6}, {1000, 40}, {7, 1100}, {3001, 20},
                                         {10, 128},  {3, 333},   {32, 128}};
     for (int v = 0; v < 7; v++)

@@ -236,11 +236,6 @@ static sg_status cross_entropy(sg_ctx *ctx, const sg__node *n) {
  * row (100 KB) does. Longer rows rely on L2 for their second read. */
 #define XENT_STAGE_MAX (112 * 1024)
 
-/* sg_row_xent_bwd_small's block and the rows a thread takes at most (the
- * same as k_row.cu's XS_THREADS and XS_ROWS). */
-#define XS_THREADS 1024
-#define XS_ROWS 4
-
 /* Whether environment variable var (a comma list; unset or empty: all)
  * names what. */
 static bool env_names(const char *var, const char *what) {
@@ -293,25 +288,14 @@ static sg_status xent_bwd(sg_ctx *ctx, const sg__node *n, const sg__node *fwd) {
     g.osize[0] = N, g.oxs[0] = lg->stride[0], g.oys[0] = out->stride[0];
     g.len = lg->shape[1], g.xs = lg->stride[1], g.ys = out->stride[1];
     g.ts = tg->stride[0];
-    g.team = g.len <= 1024 ? 32 : BLOCK;      /* short rows (W4's 10 classes): a warp each */
+    g.team = g.len <= 1024 ? 32 : BLOCK; /* short rows (W4's 10 classes): a warp each */
     int32_t fteam = team_for(g.len, g.nrows); /* sg_row_xent's team, for its sums */
     double inv_n = 1.0 / (double)N;
     int32_t gdt = (int32_t)gt->dtype;
     const void *x = sg__data(lg), *t = sg__data(tg), *gp = sg__data(gt);
     void *y = sg__data(out), *loss = NULL, *mean = fwd ? sg__data(fwd->out) : NULL;
-    void *f;
-    /* Few short rows (W4's 128 x 10): one block, no last-block mean. */
-    int32_t ts = 2;
-    while (ts < g.len) ts *= 2;
-    if (g.len <= 32 && fteam == 32 && N <= XS_ROWS * (XS_THREADS / ts) &&
-        sg__cuda_xent_on("small")) {
-        if ((st = sg__cuda_kernel(ctx, SG__CU_ROW, "sg_row_xent_bwd_small", &f)) != SG_OK)
-            return st;
-        void *args[] = {&x, &t, &gp, &y, &mean, &g, &inv_n, &gdt, &ts};
-        unsigned grid[3] = {1, 1, 1}, block[3] = {XS_THREADS, 1, 1};
-        return sg__cuda_launch(ctx, f, grid, block, 0, args);
-    }
     if (fwd && (st = sg__cuda_scratch(ctx, (size_t)N * sizeof(double), &loss)) != SG_OK) return st;
+    void *f;
     const char *kn = g.team == 32 ? "sg_row_xent_bwd_warp" : "sg_row_xent_bwd";
     if ((st = sg__cuda_kernel(ctx, SG__CU_ROW, kn, &f)) != SG_OK) return st;
     size_t smem = g.team == 32 ? 0 : xent_stage_bytes(ctx, f, &g, sg_dtype_size(lg->dtype));
@@ -425,8 +409,8 @@ static const char *norm_bwd_why(const ngeom *g, const sg__node *n) {
 /* NORM_BWD's column sums by sg_row_norm_bwd_cols from the rows'
  * statistics st (a thread per column, the rows in order). */
 static sg_status norm_bwd_cols(sg_ctx *ctx, const sg__node *n, const ngeom *g, float *st) {
-    void *f, *o = (char *)sg__data(n->out) +
-                  (size_t)(g->nrows * g->len) * sg_dtype_size(n->in[0]->dtype);
+    void *f, *o = (char *)sg__data(n->out) + (size_t)(g->nrows * g->len) *
+                                                 sg_dtype_size(n->in[0]->dtype);
     sg_status s = sg__cuda_kernel(ctx, SG__CU_ROW, "sg_row_norm_bwd_cols", &f);
     if (s != SG_OK) return s;
     const void *xp = sg__data(n->in[0]), *gp = sg__data(n->in[1]);
@@ -440,14 +424,15 @@ static sg_status norm_bwd_cols(sg_ctx *ctx, const sg__node *n, const ngeom *g, f
  * sums (nsets of len floats each a warp) fit its shared memory: 48 KiB, or
  * with wide (dx's sum: a third set) up to NB_SMEM_MAX where the function
  * takes more, so that the sum costs no warps; *shmem gets the bytes. */
-static int64_t nb_warps(sg_ctx *ctx, void *f, int nsets, int64_t len, bool wide, unsigned *shmem) {
+static int64_t nb_warps(sg_ctx *ctx, void *f, int nsets, int64_t len, bool wide,
+                        unsigned *shmem) {
     int64_t per = (int64_t)nsets * len * (int64_t)sizeof(float), warps = BLOCK / 32;
     if (per == 0) return *shmem = 0, warps;
     int bytes = (int)(warps * per);
-    if (warps * per > 49152 && (!wide || warps * per > NB_SMEM_MAX ||
-                                sg__cuda_api(ctx)->cuFuncSetAttribute(
-                                    (CUfunction)f, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
-                                    bytes) != CUDA_SUCCESS))
+    if (warps * per > 49152 &&
+        (!wide || warps * per > NB_SMEM_MAX ||
+         sg__cuda_api(ctx)->cuFuncSetAttribute(
+             (CUfunction)f, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, bytes) != CUDA_SUCCESS))
         warps = 49152 / per;
     if (warps < 1) warps = 1;
     *shmem = (unsigned)(warps * per);

@@ -323,7 +323,8 @@ template <int DT> __device__ __forceinline__ uint4 pack16(const float *f) {
     u32 w[4];
 #pragma unroll
     for (int k = 0; k < 4; k++) {
-        if (DT == DT_F32) w[k] = __float_as_uint(f[k]);
+        if (DT == DT_F32)
+            w[k] = __float_as_uint(f[k]);
 #if defined(__CUDA_ARCH__)
         else if (DT == DT_BF16)
             asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(w[k]) : "f"(f[2 * k + 1]), "f"(f[2 * k]));
@@ -448,8 +449,8 @@ __device__ __forceinline__ i64 xent_target(const void *t, const wgeom &g, i64 ro
 
 /* Row `row` of cross_entropy's first pass, its team of g.team lanes (this
  * thread is `lane`): loss[row] = log(sum(exp(x - m))) + m - x[t[row]]. */
-__device__ __forceinline__ void xent_row(const void *x, const void *t, double *loss, const wgeom &g,
-                                         i64 row, int lane) {
+__device__ __forceinline__ void xent_row(const void *x, const void *t, double *loss,
+                                         const wgeom &g, i64 row, int lane) {
     int team = g.team;
     i64 xo = row * g.oxs[0];
     float m = -inf_f();
@@ -700,82 +701,6 @@ extern "C" __global__ void __launch_bounds__(BLOCK)
                          float *out, wgeom g, double inv_n, int gdt, int staged, int fteam) {
     pdl_begin();
     xent_bwd_kernel<true>(x, t, gp, y, loss, out, g, inv_n, gdt, staged, fteam);
-}
-
-/*
- * The same for few short rows in one block (cuda_row.c xent_small: rows of
- * at most 32 elements, at most XS_ROWS a thread group): W4's 128 x 10
- * logits. Each row takes a team of ts lanes (ts the least power of 2 >= len,
- * so the team's butterfly folds the same shares in the same order as a
- * warp's: the lanes past len hold nothing), and a thread every row of its
- * slot, their loads issued together; the row's loss and the mean go through
- * shared memory, in xent_mean's order (so the bits are sg_row_xent's), with
- * no fence, counter or second pass over L2. The row stays in registers, so
- * y may be x.
- */
-#define XS_THREADS 1024
-#define XS_ROWS 4
-extern "C" __global__ void __launch_bounds__(XS_THREADS)
-    sg_row_xent_bwd_small(const void *x, const void *t, const void *gp, void *y, float *out,
-                          wgeom g, double inv_n, int gdt, int ts) {
-    pdl_begin();
-    __shared__ double lrow[XS_THREADS * XS_ROWS / 2]; /* a row's loss: ts >= 2 */
-    __shared__ double wsum[BLOCK / 32];
-    int tid = threadIdx.x, lane = tid % ts, per = XS_THREADS / ts;
-    i64 row0 = tid / ts;
-    float v[XS_ROWS];
-    i64 c[XS_ROWS];
-    float gv = ldf(gp, gdt, 0);
-#pragma unroll
-    for (int k = 0; k < XS_ROWS; k++) {
-        i64 r = row0 + (i64)k * per;
-        bool in = r < g.nrows && lane < g.len;
-        v[k] = in ? ldf(x, g.dt, r * g.oxs[0] + lane * g.xs) : -inf_f();
-        c[k] = r < g.nrows ? xent_target(t, g, r) : 0;
-    }
-#pragma unroll
-    for (int k = 0; k < XS_ROWS; k++) {
-        if ((i64)k * per >= g.nrows) break; /* the block's threads alike */
-        i64 r = row0 + (i64)k * per;
-        float m = -inf_f();
-        double s = 0.0;
-        if (lane < g.len) lse_add(v[k], &m, &s);
-        for (int h = ts / 2; h >= 1; h >>= 1) { /* team_lse's merges, within the team */
-            float m2 = __shfl_xor_sync(0xffffffffu, m, h);
-            double s2 = __shfl_xor_sync(0xffffffffu, s, h);
-            bool low = (tid & h) == 0;
-            float ma = low ? m : m2, mb = low ? m2 : m;
-            double sa = low ? s : s2, sb = low ? s2 : s;
-            lse_merge(&ma, &sa, mb, sb);
-            m = ma, s = sa;
-        }
-        bool in = c[k] >= 0 && c[k] < g.len;
-        float xc = __shfl_sync(0xffffffffu, v[k], (tid & 31 & ~(ts - 1)) + (in ? (int)c[k] : 0));
-        if (r >= g.nrows) continue;
-        if (out && lane == 0) lrow[r] = xent_loss(m, s, xc, c[k], g.len);
-        float inv = (float)(1.0 / s), scale = (float)((double)gv * inv_n);
-        if (!in) scale = __int_as_float(0x7fc00000);                  /* NaN */
-        float d = v[k] - m, e = g.dt == DT_F32 ? expf(d) : __expf(d); /* ex<DT> */
-        if (lane < g.len)
-            stf(y, g.dt, r * g.oys[0] + lane * g.ys,
-                (e * inv - (lane == c[k] ? 1.0f : 0.0f)) * scale);
-    }
-    if (!out) return;
-    __syncthreads();
-    /* xent_mean's sums: BLOCK threads, each its rows in order, then the
-     * butterfly and the warps' shares in order. */
-    double a = 0.0;
-    if (tid < BLOCK) {
-        for (i64 r = tid; r < g.nrows; r += BLOCK) a += lrow[r];
-        for (int h = 16; h >= 1; h >>= 1) a += __shfl_xor_sync(0xffffffffu, a, h);
-        if ((tid & 31) == 0) wsum[tid / 32] = a;
-    }
-    __syncthreads();
-    if (tid == 0) {
-        a = wsum[0];
-        for (int k = 1; k < BLOCK / 32; k++) a += wsum[k];
-        out[0] = g.nrows ? (float)(a / (double)g.nrows) : (float)nan_d();
-    }
 }
 
 /* ------------------------------------------------------------ the norms' gradient */
