@@ -176,18 +176,21 @@ static void release(sg_ctx *ctx, sg__graph *g) {
 /* The file beside the kernel cache that remembers max-autotune's picks for
  * this unit on this device: cu-tune-<sha256 of the source, the device and
  * the file's version>. Version 2 added cuBLASLt's picks: a file of version
- * 1 (block sizes only) is not read, so that those calls get timed. */
-static void tune_path(sg_ctx *ctx, const char *name, const char *src, cu_graph *cg) {
+ * 1 (block sizes only) is not read, so that those calls get timed. A
+ * cache that cannot be used leaves the picks unremembered, no failure; host
+ * memory running out on the way is the call's SG_ERR_OOM. */
+static sg_status tune_path(sg_ctx *ctx, const char *name, const char *src, cu_graph *cg) {
     char root[PATH_MAX], hex[65];
     sg__cuda_device dev = *sg__cuda_device_of(ctx);
     cg->tune_path[0] = '\0';
     sg_status before = ctx->status;
     char msg[SG__MSG_SIZE];
     snprintf(msg, sizeof msg, "%s", ctx->msg);
-    bool ok = sg__cache_root(ctx, name, root, sizeof root) == SG_OK;
+    sg_status rs = sg__cache_root(ctx, name, root, sizeof root);
+    if (rs == SG_ERR_OOM) return rs;
     ctx->status = before; /* no remembered picks is no failure */
     snprintf(ctx->msg, sizeof ctx->msg, "%s", msg);
-    if (!ok) return;
+    if (rs != SG_OK) return SG_OK;
     sg__sha256_ctx sh;
     uint8_t d[32];
     sg__sha256_init(&sh);
@@ -200,6 +203,7 @@ static void tune_path(sg_ctx *ctx, const char *name, const char *src, cu_graph *
     if (snprintf(cg->tune_path, sizeof cg->tune_path, "%s/cu-tune-%s.txt", root, hex) >=
         (int)sizeof cg->tune_path)
         cg->tune_path[0] = '\0';
+    return SG_OK;
 }
 
 /* The most picks of each kind a tune file holds (a note is at most 4 KiB). */
@@ -375,7 +379,7 @@ static sg_status compile(sg_fn *fn, sg__graph *g) {
                 "loaded in %.1f ms",
                 g->module, nk, (t1 - t0) * 1e3, hip ? "hiprtc" : "NVRTC",
                 (sg__graph_clock() - t1) * 1e3);
-    if (s == SG_OK && nk > 0) tune_path(ctx, g->module, e.buf, cg);
+    if (s == SG_OK && nk > 0) s = tune_path(ctx, g->module, e.buf, cg);
     if (s == SG_OK) sg__graph_log_source(fn, g, e.buf);
     sg__emit_free(&e);
     /* Each launch's own table follows the capture-wide one. */
