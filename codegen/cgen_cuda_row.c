@@ -1132,13 +1132,18 @@ static void emit_columns_seq(rowk *k, int tc, int64_t split, int64_t ch) {
 
 /* Blocks for (a few rows of) a long reduction: about TARGET_BLOCKS in all,
  * at least `least` positions each; *ch the positions per chunk. 1 when
- * the rows alone fill the GPU or are too short to cut. */
-static int64_t plan_split(int64_t units, int64_t len, int64_t least, int64_t *ch) {
+ * the rows alone fill the GPU or are too short to cut. With `batch` (the
+ * positions a block loads at once; 0: none) a chunk is whole batches, cut
+ * down to them: W3's argmax over 50257 logits is 25 chunks of 2048, one
+ * batch each, rather than 24 of 2095, whose blocks would each wait for a
+ * second batch of 47. */
+static int64_t plan_split(int64_t units, int64_t len, int64_t least, int64_t batch, int64_t *ch) {
     int64_t want = (TARGET_BLOCKS + units - 1) / units, cap = len / least;
     int64_t s = want < cap ? want : cap;
     *ch = len;
     if (s < 2) return 1;
     *ch = (len + s - 1) / s;
+    if (batch > 0 && *ch > batch) *ch = *ch / batch * batch;
     return (len + *ch - 1) / *ch;
 }
 
@@ -1278,7 +1283,7 @@ static const char *emit_wide(rowk *k, sg__cuda_kinfo *ki) {
          * bytes (32 µs for GPT-2's 1024 x 768 over 4 against ~4). */
         while (tc < BLOCK && tc < k->cols && k->len / (BLOCK / tc) < 4) tc *= 2;
         int64_t tiles = k->rows * ((k->cols + tc - 1) / tc);
-        split = plan_split(tiles, k->len, 4 * (BLOCK / tc), &ch);
+        split = plan_split(tiles, k->len, 4 * (BLOCK / tc), 0, &ch);
         int64_t items = tiles * split;
         if (split > 1 && !k->sp->shuffles) {
             ki->grid = (unsigned)(tiles > GRID_MAX ? GRID_MAX : tiles);
@@ -1295,9 +1300,9 @@ static const char *emit_wide(rowk *k, sg__cuda_kinfo *ki) {
                            "fused";
     }
     if (grp->kind == SG__G_REDUCE && !grp->bcast && k->team == BLOCK && k->an->op != SG__OP_VAR &&
-        (split = plan_split(k->rows, k->len,
-                            k->an->op == SG__OP_ARGMAX ? SPLIT_LEAST_ARGMAX : SPLIT_LEAST, &ch)) >
-            1) {
+        (split = k->an->op == SG__OP_ARGMAX
+                     ? plan_split(k->rows, k->len, SPLIT_LEAST_ARGMAX, 8 * (int64_t)k->team, &ch)
+                     : plan_split(k->rows, k->len, SPLIT_LEAST, 0, &ch)) > 1) {
         if (!k->sp->shuffles) {
             ki->grid = (unsigned)(k->rows > GRID_MAX ? GRID_MAX : k->rows);
             emit_split_seq(k, split, ch);
