@@ -11,7 +11,9 @@
  * kernel (no library call), builds the unit on the first OpenCL CPU device
  * (PoCL), runs every kernel on fine-grained SVM and compares each output
  * with the reference computed here in f64 from the inputs' values (the
- * product rounded to the dtype, then the epilogue). Tolerances as
+ * product rounded to the dtype, then the epilogue); products of at most 16
+ * columns with K contiguous in both operands (the fixed cases marked
+ * narrow) must be the few-column kernel, in every dialect. Tolerances as
  * test_ops_matmul's: f32 rtol 1e-5 plus 1e-6 * sqrt(K) * max|a| * max|b|;
  * f16/bf16 by the norm of the error. Every case's unit is also generated in
  * the CUDA dialect with SG_CUDA_GEMM=generated and in the HIP dialect, and
@@ -51,11 +53,14 @@ static cl_command_queue queue;
 static sg__dialect mode = SG__DIALECT_OPENCL;
 static bool on_device; /* SG_TEST_BACKEND=cuda: compiled steps on the device */
 static int gemm_lines; /* output_code lines naming a generated GEMM (or GEMV) kernel */
+static bool saw_narrow; /* the last unit (or the CUDA backend's log) has a few-column kernel */
 
 static void log_hook(void *user, const char *topic, const char *line) {
     (void)user;
     if (strcmp(topic, "output_code") == 0 && strstr(line, " * tiled GEMM")) gemm_lines++;
     if (strcmp(topic, "output_code") == 0 && strstr(line, " * GEMV,")) gemm_lines++;
+    if (strcmp(topic, "output_code") == 0 && strstr(line, " * few columns:"))
+        gemm_lines++, saw_narrow = true;
 }
 
 /* ------------------------------------------------------------ a case */
@@ -74,6 +79,7 @@ typedef struct spec {
     bool ta, tb; /* the operand is a transposed view of its stored transpose */
     bool bias;
     int epi;
+    bool narrow; /* the product must be the few-column kernel */
 } spec;
 
 typedef struct shapes {
@@ -239,6 +245,7 @@ static bool generate(const sg__ir *ir, sg__fused *f, sg__dialect d, const char *
         return false;
     }
     int gemms = 0;
+    saw_narrow = e->buf && strstr(e->buf, " * few columns:");
     for (int k = 0; k < f->ngroups; k++)
         if (f->groups[k].kind == SG__G_MATMUL) {
             if (!TU_EXPECT((*ki)[k].replaces_call && (*ki)[k].name[0])) return false;
@@ -359,11 +366,12 @@ static void free_inputs(inputs *x) {
 static const char *case_name(const spec *s, const shapes *h, uint64_t seed, char *buf,
                              size_t size) {
     char sh[3][48];
-    snprintf(buf, size, "seed=%llu,%s,type=%s,a=%s%s,b=%s%s,out=%s,bias=%d,epilogue=%s",
+    snprintf(buf, size, "seed=%llu,%s,type=%s,a=%s%s,b=%s%s,out=%s,bias=%d,epilogue=%s%s",
              (unsigned long long)seed, s->linear ? "linear" : "matmul", sg_dtype_name(s->dt),
              tu_shape(h->an, h->as, sh[0], sizeof sh[0]), s->ta ? "^T" : "",
              tu_shape(h->bn, h->bsh, sh[1], sizeof sh[1]), s->tb ? "^T" : "",
-             tu_shape(h->on, h->os, sh[2], sizeof sh[2]), s->bias, epi_names[s->epi]);
+             tu_shape(h->on, h->os, sh[2], sizeof sh[2]), s->bias, epi_names[s->epi],
+             s->narrow ? ",few columns" : "");
     return buf;
 }
 
@@ -386,6 +394,7 @@ static void run_case(const spec *s, uint64_t seed) {
 #ifdef SG_HAVE_OPENCL_HEADERS
     if (ok && !rtc) ok = run_opencl(ir, s, x.v, x.nv, x.nout, x.no, x.ref, name, &ngroups);
 #endif
+    ok = ok && TU_EXPECT(!s->narrow || saw_narrow);
     tu_case(ok, "GEMM(%s%s) -> %d groups", case_name(s, &x.h, seed, cn, sizeof cn),
             rtc ? (mode == SG__DIALECT_HIP ? ",hiprtc build" : ",nvrtc build") : ",PoCL run",
             ngroups);
@@ -405,10 +414,10 @@ static void run_case_device(const spec *s, uint64_t seed) {
     sg_fn *fn = NULL;
     sg_compile(ctx, step, (void *)s, x.nin, x.nout, NULL, &fn);
     sg_tensor *out[2] = {NULL, NULL};
-    gemm_lines = 0;
+    gemm_lines = 0, saw_narrow = false;
     bool ok = TU_EXPECT(fn && sg_call(fn, x.in, x.nin, out, x.nout) == SG_OK);
     if (!ok) fprintf(stderr, "  %s\n", sg_last_error(ctx));
-    ok = ok && TU_EXPECT(gemm_lines > 0 || x.no / s->N <= 8);
+    ok = ok && TU_EXPECT(gemm_lines > 0 || x.no / s->N <= 8) && TU_EXPECT(!s->narrow || saw_narrow);
     for (int o = 0; ok && o < x.nout; o++) {
         double *got = tu_read(out[o]);
         ok = TU_EXPECT(got) && check("out", s->dt, got, x.ref[o], x.no, s->K, scale);
@@ -493,24 +502,34 @@ static void test_timing(void) {
     }
 }
 
-/* CUDA's choice with SG_CUDA_GEMM unset: an f32 product of at most 4M
- * multiply-adds and K <= 4096 is the tensor-core kernel (cuBLASLt splits
- * such products into kernels slower than the whole product here); larger
- * f32 products and other dtypes stay cuBLASLt's, and =library leaves every
- * product to it. Read from the unit: the group's kernel replaces the call. */
+/* CUDA's choice with SG_CUDA_GEMM unset: a product of at most 4M
+ * multiply-adds and K <= 4096 with at most 16 columns, K contiguous in both
+ * operands, is the few-column kernel in any float dtype; other f32 products
+ * of that size are the tensor-core kernel (cuBLASLt splits such products
+ * into kernels slower than the whole product here); larger f32 products and
+ * other dtypes stay cuBLASLt's, and =library leaves every product to it.
+ * Read from the unit: the group's kernel replaces the call, and its text. */
+enum { K_LIB, K_MMA, K_NARROW };
 static void test_default_kind(void) {
+    static const char *const kind_names[3] = {"cuBLASLt", "tensor-core kernel",
+                                              "few-column kernel"};
     static const struct {
         spec s;
         const char *env;
-        bool gen;
+        int kind;
     } cases[] = {
-        {{.dt = SG_F32, .linear = true, .M = 128, .N = 10, .K = 1024, .bias = true}, NULL, true},
-        {{.dt = SG_F32, .M = 128, .N = 1024, .K = 10}, NULL, true},
-        {{.dt = SG_F32, .M = 10, .N = 1024, .K = 128, .ta = true}, NULL, true},
-        {{.dt = SG_F32, .M = 256, .N = 256, .K = 256}, NULL, false},
-        {{.dt = SG_F32, .M = 9, .N = 9, .K = 5000}, NULL, false},
-        {{.dt = SG_BF16, .M = 64, .N = 64, .K = 64}, NULL, false},
-        {{.dt = SG_F32, .M = 128, .N = 10, .K = 1024}, "library", false},
+        {{.dt = SG_F32, .linear = true, .M = 128, .N = 10, .K = 1024, .bias = true},
+         NULL,
+         K_NARROW},
+        {{.dt = SG_BF16, .linear = true, .M = 96, .N = 16, .K = 768, .bias = true}, NULL, K_NARROW},
+        {{.dt = SG_F32, .linear = true, .M = 128, .N = 17, .K = 1024}, NULL, K_MMA},
+        {{.dt = SG_F32, .M = 128, .N = 10, .K = 1024}, NULL, K_MMA}, /* B's K strided */
+        {{.dt = SG_F32, .M = 128, .N = 1024, .K = 10}, NULL, K_MMA},
+        {{.dt = SG_F32, .M = 10, .N = 1024, .K = 128, .ta = true}, NULL, K_MMA},
+        {{.dt = SG_F32, .M = 256, .N = 256, .K = 256}, NULL, K_LIB},
+        {{.dt = SG_F32, .M = 9, .N = 9, .K = 5000}, NULL, K_LIB},
+        {{.dt = SG_BF16, .M = 64, .N = 64, .K = 64}, NULL, K_LIB},
+        {{.dt = SG_F32, .linear = true, .M = 128, .N = 10, .K = 1024}, "library", K_LIB},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         const spec *sp = &cases[i].s;
@@ -540,14 +559,16 @@ static void test_default_kind(void) {
                            SG_OK);
             for (int k = 0; ok && k < f.ngroups; k++)
                 if (f.groups[k].kind == SG__G_MATMUL) mm = k;
-            ok = ok && TU_EXPECT(mm >= 0) && TU_EXPECT(ki[mm].replaces_call == cases[i].gen) &&
-                 TU_EXPECT((e.buf && strstr(e.buf, "sg_mma_tf32(part[")) == cases[i].gen);
+            int kind = cases[i].kind;
+            ok = ok && TU_EXPECT(mm >= 0) && TU_EXPECT(ki[mm].replaces_call == (kind != K_LIB)) &&
+                 TU_EXPECT((e.buf && strstr(e.buf, "sg_mma_tf32(part[")) == (kind == K_MMA)) &&
+                 TU_EXPECT((e.buf && strstr(e.buf, " * few columns:")) == (kind == K_NARROW));
             sg__fused_free(ctx, &f, ir);
         }
         char cn[256];
         tu_case(ok, "GEMM_KIND(%s, SG_CUDA_GEMM=%s) -> %s",
                 case_name(sp, &x.h, 500 + i, cn, sizeof cn), cases[i].env ? cases[i].env : "unset",
-                cases[i].gen ? "tensor-core kernel" : "cuBLASLt");
+                kind_names[cases[i].kind]);
         sg__emit_free(&e);
         free(ki);
         sg_fn_destroy(fn);
@@ -690,6 +711,30 @@ int main(void) {
          .K = 5,
          .ta = true,
          .epi = EPI_RELU_SCALE},
+        /* Few columns (K contiguous in both operands): W4's logits;
+         * bf16 rows of whole vectors, split K; f16 and one column;
+         * a batch folded into M; unaligned rows (K odd: one at a time). */
+        {.dt = SG_F32,
+         .linear = true,
+         .M = 128,
+         .N = 10,
+         .K = 1024,
+         .bias = true,
+         .epi = EPI_RELU_SCALE,
+         .narrow = true},
+        {.dt = SG_BF16,
+         .linear = true,
+         .nb = 1,
+         .bs = {3},
+         .M = 50,
+         .N = 16,
+         .K = 776,
+         .bias = true,
+         .epi = EPI_GELU,
+         .narrow = true},
+        {.dt = SG_F16, .M = 70, .N = 3, .K = 304, .tb = true, .epi = EPI_RESIDUAL, .narrow = true},
+        {.dt = SG_F32, .nb = 1, .bs = {2}, .M = 33, .N = 7, .K = 64, .tb = true, .narrow = true},
+        {.dt = SG_F32, .linear = true, .M = 40, .N = 1, .K = 129, .bias = true, .narrow = true},
     };
     int nfixed = (int)(sizeof fixed / sizeof fixed[0]);
     void (*run)(const spec *, uint64_t) = on_device ? run_case_device : run_case;
