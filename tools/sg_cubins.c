@@ -8,8 +8,10 @@
  * (NVRTC takes seconds to tens of seconds per family). A family or an
  * architecture this tool cannot compile is left out and compiled at run
  * time as before.
- *   sg_cubins OUT.c "80;90" fam=path.cu ...
- * Each (family, architecture) compiles on a thread of its own.
+ *   sg_cubins OUT.c "80;90" k_prelude.cuh fam=path.cu ...
+ * Each family's text is the prelude's followed by its own, as
+ * tools/embed_cu.cmake embeds it; each (family, architecture) compiles on a
+ * thread of its own.
  */
 #define _POSIX_C_SOURCE 200809L
 #include "../codegen/nvrtc_opts.h"
@@ -68,31 +70,40 @@ static void *run(void *arg) {
 }
 
 int main(int argc, char **argv) {
-    if (argc < 3) {
-        fprintf(stderr, "usage: sg_cubins OUT.c \"80;90\" fam=path.cu ...\n");
+    if (argc < 4) {
+        fprintf(stderr, "usage: sg_cubins OUT.c \"80;90\" k_prelude.cuh fam=path.cu ...\n");
         return 2;
+    }
+    char *prelude = slurp(argv[3]);
+    if (!prelude) {
+        fprintf(stderr, "sg_cubins: cannot read %s\n", argv[3]);
+        return 1;
     }
     int archs[16], na = 0;
     for (char *p = argv[2]; *p && na < 16;) {
         archs[na++] = (int)strtol(p, &p, 10);
         while (*p == ';' || *p == ',' || *p == ' ') p++;
     }
-    int nf = argc - 3, nj = nf * na;
+    int nf = argc - 4, nj = nf * na;
     job *jobs = calloc((size_t)(nj ? nj : 1), sizeof *jobs);
     pthread_t *th = calloc((size_t)(nj ? nj : 1), sizeof *th);
     if (!jobs || !th) return 1;
     for (int f = 0; f < nf; f++) {
-        char *eq = strchr(argv[3 + f], '=');
+        char *eq = strchr(argv[4 + f], '=');
         if (!eq) return 2;
         *eq = '\0';
-        char *src = slurp(eq + 1);
-        if (!src) {
+        char *own = slurp(eq + 1), *src = NULL;
+        if (!own) {
             fprintf(stderr, "sg_cubins: cannot read %s\n", eq + 1);
             return 1;
         }
+        size_t np = strlen(prelude), no = strlen(own);
+        if (!(src = malloc(np + no + 1))) return 1;
+        memcpy(src, prelude, np), memcpy(src + np, own, no + 1);
+        free(own);
         for (int a = 0; a < na; a++) {
             job *j = &jobs[f * na + a];
-            j->fam = argv[3 + f], j->path = eq + 1, j->arch = archs[a], j->src = src;
+            j->fam = argv[4 + f], j->path = eq + 1, j->arch = archs[a], j->src = src;
         }
     }
     for (int k = 0; k < nj; k++)
@@ -141,7 +152,7 @@ int main(int argc, char **argv) {
         free(jobs[k].img);
         if (k % na == 0) free(jobs[k].src); /* one source per family */
     }
-    free(jobs), free(th);
+    free(jobs), free(th), free(prelude);
     if (rename(tmp, argv[1]) != 0) return 1;
     fprintf(stderr, "sg_cubins: %d images for %d families x %d architectures\n", kept, nf, na);
     return 0;

@@ -50,12 +50,10 @@
  * j <= L - Lq + i. A row that sees no key, or whose every score is -inf,
  * gives NaN. Every index is guarded; keys at or past L are never read.
  *
- * NVRTC compiles this file with no include path, so it includes nothing
+ * NVRTC compiles this file with no include path, so it includes nothing;
+ * the build puts k_prelude.cuh (types, dtypes, pdl_begin) in front of it
  * (hiprtc too: see SG_PTX).
  */
-typedef long long i64;
-typedef unsigned int u32;
-typedef unsigned short u16;
 
 /* SG_PTX: NVRTC (CUDA) compiles this file, with PTX. hiprtc compiles it
  * too, for AMD GPUs, after the HIP prelude (codegen/nvrtc.c): there the
@@ -73,32 +71,6 @@ typedef unsigned short u16;
 #define CMIN 32   /* keys per split of sg_attn_decode, at least */
 #define NW (NT / 32)
 
-/* sg_dtype's values (include/stepgraph.h). */
-enum { DT_F32, DT_F16, DT_BF16, DT_I32, DT_I64, DT_BOOL };
-
-/* Programmatic dependent launch (sm_90+; nothing before it, nor on HIP):
- * the executor launches every kernel of this file so that it may start
- * while the kernel before it runs (sg__cuda_launch). pdl_wait waits for the
- * kernel before to finish and its writes to show; pdl_launch lets the next
- * kernel start once all blocks here have passed it. Most kernels begin with
- * both (pdl_begin); the decode kernels first prefetch what no kernel before
- * them writes. */
-__device__ __forceinline__ void pdl_wait() {
-#if __CUDA_ARCH__ >= 900
-    asm volatile("griddepcontrol.wait;" ::: "memory");
-#endif
-}
-
-__device__ __forceinline__ void pdl_launch() {
-#if __CUDA_ARCH__ >= 900
-    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
-#endif
-}
-
-__device__ __forceinline__ void pdl_begin() {
-    pdl_launch();
-    pdl_wait();
-}
 /* Flags, as cuda_attn.c sets them (CAUSAL is SG__ATTN_CAUSAL). */
 enum { CAUSAL = 1, VEC = 2, DECODE = 4, MDROP = 8 /* a bool mask true where keys drop */ };
 

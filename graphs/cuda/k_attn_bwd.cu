@@ -54,12 +54,10 @@
  * causal, j <= L - Lq + i. A row that sees no key gets lse = +inf, so its P
  * is 0: it contributes nothing and its dq is 0.
  *
- * NVRTC compiles this file with no include path, so it includes nothing
+ * NVRTC compiles this file with no include path, so it includes nothing;
+ * the build puts k_prelude.cuh (types, dtypes, pdl_begin) in front of it
  * (hiprtc too: see SG_PTX).
  */
-typedef long long i64;
-typedef unsigned int u32;
-typedef unsigned short u16;
 
 /* SG_PTX: NVRTC (CUDA) compiles this file, with PTX. hiprtc compiles it
  * too, for AMD GPUs, after the HIP prelude (codegen/nvrtc.c): there the
@@ -74,21 +72,6 @@ typedef unsigned short u16;
 #define NT 128 /* threads per block */
 #define NW (NT / 32)
 
-/* sg_dtype's values (include/stepgraph.h). */
-enum { DT_F32, DT_F16, DT_BF16, DT_I32, DT_I64, DT_BOOL };
-
-/* Programmatic dependent launch (sm_90+; nothing before it, nor on HIP):
- * the executor launches every kernel of this file so that it may start
- * while the kernel before it runs (sg__cuda_launch). Each begins here: it
- * lets the next kernel start once all its blocks have begun, then waits for
- * the kernel before to finish and its writes to show before it touches
- * memory. */
-__device__ __forceinline__ void pdl_begin() {
-#if __CUDA_ARCH__ >= 900
-    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
-    asm volatile("griddepcontrol.wait;" ::: "memory");
-#endif
-}
 /* CAUSAL is SG__ATTN_CAUSAL; VQ, VK, VV, VG, VO: q, k, v, dO, o take 16-byte
  * loads (contiguous rows of 8-element vectors, aligned), set by the host. */
 enum { CAUSAL = 1, VQ = 2, VK = 4, VV = 8, VG = 16, VO = 32 };

@@ -13,27 +13,6 @@
  * is recorded), so that a bad index fails the call as on the CPU.
  */
 
-typedef unsigned char u8;
-typedef unsigned short u16;
-typedef unsigned int u32;
-typedef unsigned long long u64;
-typedef long long i64;
-
-enum { DT_F32, DT_F16, DT_BF16, DT_I32, DT_I64, DT_BOOL };
-
-/* Programmatic dependent launch (sm_90+; nothing before it, nor on HIP):
- * the executor launches every kernel of this file so that it may start
- * while the kernel before it runs (sg__cuda_launch). Each begins here: it
- * lets the next kernel start once all its blocks have begun, then waits for
- * the kernel before to finish and its writes to show before it touches
- * memory. */
-__device__ __forceinline__ void pdl_begin() {
-#if __CUDA_ARCH__ >= 900
-    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
-    asm volatile("griddepcontrol.wait;" ::: "memory");
-#endif
-}
-
 #define MAXD 6
 
 /* The kernel parameter; cuda_data.c has the same struct. */

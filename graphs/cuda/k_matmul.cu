@@ -15,25 +15,11 @@
  * <dt> is f32, f16 or bf16; f16/bf16 are stored as 16-bit patterns and
  * computed in f32, with the same conversions as graphs/cpu/cpu.h (round to
  * nearest even, NaN kept NaN). This file is compiled by NVRTC with no
- * include path: it includes nothing.
+ * include path: it includes nothing (the build puts k_prelude.cuh in front
+ * of it).
  *
  * The argument structs mirror those in cuda_matmul.c field for field.
  */
-
-typedef long long i64;
-
-/* Programmatic dependent launch (sm_90+; nothing before it, nor on HIP):
- * the executor launches every kernel of this file so that it may start
- * while the kernel before it runs (sg__cuda_launch). Each begins here: it
- * lets the next kernel start once all its blocks have begun, then waits for
- * the kernel before to finish and its writes to show before it touches
- * memory. */
-__device__ __forceinline__ void pdl_begin() {
-#if __CUDA_ARCH__ >= 900
-    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
-    asm volatile("griddepcontrol.wait;" ::: "memory");
-#endif
-}
 
 /* ------------------------------------------------------------ conversions */
 

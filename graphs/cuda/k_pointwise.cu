@@ -22,28 +22,6 @@
  * tensors land in the flat kernels. All loops are grid-stride.
  */
 
-typedef unsigned char u8;
-typedef unsigned short u16;
-typedef unsigned int u32;
-typedef unsigned long long u64;
-typedef long long i64;
-
-/* sg_dtype's values. */
-enum { DT_F32, DT_F16, DT_BF16, DT_I32, DT_I64, DT_BOOL };
-
-/* Programmatic dependent launch (sm_90+; nothing before it, nor on HIP):
- * the executor launches every kernel of this file so that it may start
- * while the kernel before it runs (sg__cuda_launch). Each begins here: it
- * lets the next kernel start once all its blocks have begun, then waits for
- * the kernel before to finish and its writes to show before it touches
- * memory. */
-__device__ __forceinline__ void pdl_begin() {
-#if __CUDA_ARCH__ >= 900
-    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
-    asm volatile("griddepcontrol.wait;" ::: "memory");
-#endif
-}
-
 /* The pointwise ops in ops.def's order from NEG (the host passes op - NEG),
  * then GELU_TANH_BWD (appended to ops.def after the other families). */
 enum {

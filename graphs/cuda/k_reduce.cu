@@ -19,31 +19,13 @@
  * wins, so the result does not depend on the order of the merges. No float
  * atomics: every result is the same bits run after run.
  *
- * NVRTC compiles this file with no include path, so it includes nothing.
+ * NVRTC compiles this file with no include path, so it includes nothing;
+ * the build puts k_prelude.cuh (types, dtypes, pdl_begin) in front of it.
  */
-typedef long long i64;
-typedef unsigned long long u64;
-typedef unsigned int u32;
-typedef unsigned short u16;
 
 #define MAXD 6
 #define BLOCK 256
 
-/* sg_dtype's values (include/stepgraph.h). */
-enum { DT_F32, DT_F16, DT_BF16, DT_I32, DT_I64, DT_BOOL };
-
-/* Programmatic dependent launch (sm_90+; nothing before it, nor on HIP):
- * the executor launches every kernel of this file so that it may start
- * while the kernel before it runs (sg__cuda_launch). Each begins here: it
- * lets the next kernel start once all its blocks have begun, then waits for
- * the kernel before to finish and its writes to show before it touches
- * memory. */
-__device__ __forceinline__ void pdl_begin() {
-#if __CUDA_ARCH__ >= 900
-    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
-    asm volatile("griddepcontrol.wait;" ::: "memory");
-#endif
-}
 /* The ops, as cuda_reduce.c numbers them. */
 enum { OP_SUM, OP_MEAN, OP_MAX, OP_MIN, OP_VAR, OP_ARGMAX };
 
