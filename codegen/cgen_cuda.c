@@ -9,7 +9,9 @@
  * with constant shapes, strides and offsets, a grid-stride loop, and
  * 16-byte loads and stores when every access of the loop is contiguous and
  * aligned. A matmul of at
- * most 8 rows becomes one GEMV kernel that also runs its bias and epilogue,
+ * most 8 rows (16 where the weight's N is contiguous: a thread per column,
+ * x read element by element, so x may be a transposed view) becomes one
+ * GEMV kernel that also runs its bias and epilogue,
  * and, when fusion merged the layer_norm/rms_norm that makes its x, first
  * normalizes those rows into shared memory (every block, from L2); two
  * such matmuls on one x (a pair) become one kernel computing both products
@@ -44,7 +46,8 @@
 #define GRID_CAP 2048   /* grid-stride loops: more blocks than this buy nothing */
 #define MEMBER_CAP 1024 /* blocks per member of a MULTI kernel */
 #define CHAIN_MAX 4096  /* elements per group of a one-block chain kernel */
-#define GEMV_ROWS 8     /* the most rows a generated GEMV takes */
+#define GEMV_ROWS 8     /* the most rows a generated GEMV takes along K */
+#define GEMV_ROWS_N 16  /* along N (a thread per column: a register a row) */
 #define GEMV_SMEM 32768 /* bytes of normalized rows a GEMV keeps in shared memory */
 #define GEMV_PREFETCH 16 /* 16-byte weight vectors a lane loads ahead (64 registers) */
 
@@ -576,7 +579,8 @@ static void emit_loop(gen *g, const sg__group *grp, int from, int w, const bool 
 typedef struct gemv {
     const sg__ref *x, *w, *b, *o;
     int64_t rows, n, k;
-    int64_t xoff[GEMV_ROWS];
+    int64_t xoff[GEMV_ROWS_N];
+    int64_t xs; /* along N: x's stride along K (a transposed x), else 1 */
     int64_t woff, sn, sk;
     bool along_k;
     bool norm; /* the group's norm_rows part fills x in shared memory (sg_xs) */
@@ -792,11 +796,19 @@ static bool gemv_plan(const gen *g, const sg__group *grp, gemv *p) {
     p->along_k = p->sk == 1;
     if (!p->along_k && p->sn != 1) return false;
     p->norm = grp->norm_rows;
-    if (!p->norm && p->k > 1 && x->stride[x->ndim - 1] != 1) return false;
+    /* Along K a lane loads x in vectors; along N each thread reads x's
+     * elements one by one, so x may be a transposed view there (a weight
+     * gradient's dY^T: W4's 10 x 128 against 128 x 1024). */
+    p->xs = p->norm || p->k == 1 ? 1 : x->stride[x->ndim - 1];
+    if (p->xs != 1 && (p->along_k || p->xs < 1)) return false;
     /* Every leading index of x is a row; each row's offset is a constant. */
     int64_t rows = 1;
     for (int d = 0; d < x->ndim - 1; d++) rows *= x->shape[d];
-    if (rows < 1 || rows > GEMV_ROWS) return false;
+    if (rows < 1 || rows > (p->along_k ? GEMV_ROWS : GEMV_ROWS_N)) return false;
+    /* Past GEMV_ROWS (along N) only where the columns give the grid 16
+     * blocks and each thread's slice of K is short: else the tiled kernels
+     * or the library do better. */
+    if (rows > GEMV_ROWS && (p->n < 16 * 32 || p->k > 1024)) return false;
     p->rows = rows;
     /* Normalized rows live in shared memory, row r at r * K. */
     if (p->norm && (rows != grp->nrows || p->k != grp->rowlen ||
@@ -1381,7 +1393,9 @@ static unsigned emit_gemv(gen *g, const sg__group *grp, const gemv *p) {
         snprintf(lv, sizeof lv, "wc[k * %lld]", (long long)p->sk);
         sg__lower_widen(g->d, p->w->dtype, lv, ld, sizeof ld);
         sg__emit_line(g->e, "const float wf = %s;", ld);
-        emit_gemv_fma(g, p, "x%d[k]");
+        char xl[48];
+        snprintf(xl, sizeof xl, p->xs == 1 ? "x%%d[k]" : "x%%d[k * %lld]", (long long)p->xs);
+        emit_gemv_fma(g, p, xl);
         sg__emit_close(g->e);
         sg__emit_close(g->e);
         sg__cuda_shared(g, 0, "float red[%lld][%d][32]", (long long)p->rows, slices);

@@ -502,17 +502,19 @@ static void test_timing(void) {
     }
 }
 
-/* CUDA's choice with SG_CUDA_GEMM unset: a product of at most 4M
+/* CUDA's choice with SG_CUDA_GEMM unset: at most 16 rows against 512 or
+ * more contiguous columns and a K of at most 1024 are the GEMV (a thread
+ * per column); else a product of at most 4M
  * multiply-adds and K <= 4096 with at most 16 columns, K contiguous in both
  * operands, is the few-column kernel in any float dtype; other f32 products
  * of that size are the tensor-core kernel (cuBLASLt splits such products
  * into kernels slower than the whole product here); larger f32 products and
  * other dtypes stay cuBLASLt's, and =library leaves every product to it.
  * Read from the unit: the group's kernel replaces the call, and its text. */
-enum { K_LIB, K_MMA, K_NARROW };
+enum { K_LIB, K_MMA, K_NARROW, K_GEMV };
 static void test_default_kind(void) {
-    static const char *const kind_names[3] = {"cuBLASLt", "tensor-core kernel",
-                                              "few-column kernel"};
+    static const char *const kind_names[4] = {"cuBLASLt", "tensor-core kernel", "few-column kernel",
+                                              "GEMV"};
     static const struct {
         spec s;
         const char *env;
@@ -525,7 +527,8 @@ static void test_default_kind(void) {
         {{.dt = SG_F32, .linear = true, .M = 128, .N = 17, .K = 1024}, NULL, K_MMA},
         {{.dt = SG_F32, .M = 128, .N = 10, .K = 1024}, NULL, K_MMA}, /* B's K strided */
         {{.dt = SG_F32, .M = 128, .N = 1024, .K = 10}, NULL, K_MMA},
-        {{.dt = SG_F32, .M = 10, .N = 1024, .K = 128, .ta = true}, NULL, K_MMA},
+        {{.dt = SG_F32, .M = 10, .N = 1024, .K = 128, .ta = true}, NULL, K_GEMV},
+        {{.dt = SG_F32, .M = 10, .N = 256, .K = 128, .ta = true}, NULL, K_MMA},
         {{.dt = SG_F32, .M = 256, .N = 256, .K = 256}, NULL, K_LIB},
         {{.dt = SG_F32, .M = 9, .N = 9, .K = 5000}, NULL, K_LIB},
         {{.dt = SG_BF16, .M = 64, .N = 64, .K = 64}, NULL, K_LIB},
@@ -562,7 +565,8 @@ static void test_default_kind(void) {
             int kind = cases[i].kind;
             ok = ok && TU_EXPECT(mm >= 0) && TU_EXPECT(ki[mm].replaces_call == (kind != K_LIB)) &&
                  TU_EXPECT((e.buf && strstr(e.buf, "sg_mma_tf32(part[")) == (kind == K_MMA)) &&
-                 TU_EXPECT((e.buf && strstr(e.buf, " * few columns:")) == (kind == K_NARROW));
+                 TU_EXPECT((e.buf && strstr(e.buf, " * few columns:")) == (kind == K_NARROW)) &&
+                 TU_EXPECT((e.buf && strstr(e.buf, " * GEMV,")) == (kind == K_GEMV));
             sg__fused_free(ctx, &f, ir);
         }
         char cn[256];
@@ -735,6 +739,11 @@ int main(void) {
         {.dt = SG_F16, .M = 70, .N = 3, .K = 304, .tb = true, .epi = EPI_RESIDUAL, .narrow = true},
         {.dt = SG_F32, .nb = 1, .bs = {2}, .M = 33, .N = 7, .K = 64, .tb = true, .narrow = true},
         {.dt = SG_F32, .linear = true, .M = 40, .N = 1, .K = 129, .bias = true, .narrow = true},
+        /* Few rows against a weight of contiguous N: the GEMV, a thread per
+         * column, x transposed (W4's weight gradient of its 10 classes). */
+        {.dt = SG_F32, .M = 10, .N = 1024, .K = 128, .ta = true},
+        {.dt = SG_BF16, .M = 16, .N = 600, .K = 33, .ta = true, .epi = EPI_RESIDUAL},
+        {.dt = SG_F16, .M = 12, .N = 520, .K = 17, .epi = EPI_GELU},
     };
     int nfixed = (int)(sizeof fixed / sizeof fixed[0]);
     void (*run)(const spec *, uint64_t) = on_device ? run_case_device : run_case;
