@@ -967,8 +967,8 @@ static sg_status tune_kernels(sg_fn *fn, sg__graph *g, set_state *st) {
  * What the step writes in its inputs and parameters is copied aside first
  * and put back after, so the replay that follows starts from the caller's
  * values (intermediates are recomputed by it). A failure to time keeps the
- * default launches and is only logged; a failure to put the values back is
- * the call's failure.
+ * default launches for the kernels left, a fallback (under strict the
+ * call's error); a failure to put the values back is the call's failure.
  */
 static sg_status autotune(sg_fn *fn, sg__graph *g, set_state *st) {
     sg_ctx *ctx = fn->ctx;
@@ -986,16 +986,20 @@ static sg_status autotune(sg_fn *fn, sg__graph *g, set_state *st) {
     int npicks = cg->lt ? sg__lt_tune_end(ctx, picks, TUNE_MAX) : 0;
     if (s == SG_OK) s = tune_kernels(fn, g, st);
     if (s == SG_OK) tune_save(cg, picks, npicks);
+    char why[SG__MSG_SIZE] = "";
     if (s != SG_OK) {
-        sg__log(ctx, "perf_hints",
-                "fn '%s': max-autotune stopped, the kernels left keep their "
-                "default launches: %.700s",
-                fn->name, ctx->msg);
+        snprintf(why, sizeof why, "%s", ctx->msg);
         ctx->status = before;
         snprintf(ctx->msg, sizeof ctx->msg, "%s", msg);
     }
     /* Put back even after a failure: the caller's values must not move. */
-    return sv ? restore_mutated(ctx, g, sv, nsv) : SG_OK;
+    sg_status r = sv ? restore_mutated(ctx, g, sv, nsv) : SG_OK;
+    if (r != SG_OK || s == SG_OK) return r;
+    /* A fallback: said under "fallbacks", under strict the call's error. */
+    return sg__fn_fallback(fn, s,
+                           "max-autotune stopped, the kernels left keep their default "
+                           "launches: %.700s",
+                           why);
 }
 
 /* Milliseconds of 20 launches of exec, after one. */
