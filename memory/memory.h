@@ -30,9 +30,11 @@ typedef struct sg__buf {
 
 /*
  * Place n buffers so that two whose [first, last] ranges intersect never
- * share a byte: greedy by size (largest first), each at the best-fitting gap
- * among the buffers already placed that it conflicts with. Offsets are
- * multiples of align. *total gets the arena size. SG_ERR_OOM on host memory.
+ * share a byte, nor any buffer of at most 64 bytes with another (plan.c):
+ * greedy by size (largest first), each at the best-fitting gap among the
+ * buffers already placed that it conflicts with; an empty buffer takes no
+ * bytes (offset 0). Offsets are multiples of align. *total gets the arena
+ * size. SG_ERR_OOM on host memory.
  */
 SG__HIDDEN sg_status sg__plan(sg_ctx *ctx, sg__buf *bufs, int n, size_t align, size_t *total);
 /* The largest sum of sizes live at one node (what no plan can go under). */

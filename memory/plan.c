@@ -9,7 +9,18 @@
 
 static size_t round_up(size_t x, size_t a) { return (x + a - 1) / a * a; }
 
+/* A buffer of at most TINY bytes (a step's scalars: a loss, an optimizer's
+ * bias corrections) shares its bytes with no other: reused bytes order the
+ * kernels that touch them on a device (lanes.c), and a kernel that reads
+ * only the step's inputs should not wait for the last reader of a dead
+ * value to write a few bytes. */
+#define TINY 64
+
+static bool tiny(const sg__buf *b) { return b->size && b->size <= TINY; }
+
 static bool overlaps(const sg__buf *a, const sg__buf *b) {
+    if (!a->size || !b->size) return false;
+    if (tiny(a) || tiny(b)) return true;
     return a->first <= b->last && b->first <= a->last;
 }
 
@@ -50,7 +61,11 @@ sg_status sg__plan(sg_ctx *ctx, sg__buf *bufs, int n, size_t align, size_t *tota
     size_t end = 0;
     for (int k = 0; k < n; k++) {
         sg__buf *b = &bufs[order[k]];
-        size_t size = round_up(b->size ? b->size : 1, align);
+        if (b->size == 0) { /* no bytes to keep apart (these come last) */
+            b->offset = 0;
+            continue;
+        }
+        size_t size = round_up(b->size, align);
         int nc = 0;
         for (int j = 0; j < k; j++)
             if (overlaps(&bufs[order[j]], b)) conflict[nc++] = order[j];
@@ -63,7 +78,7 @@ sg_status sg__plan(sg_ctx *ctx, sg__buf *bufs, int n, size_t align, size_t *tota
                 best = prev_end;
                 best_gap = c->offset - prev_end;
             }
-            size_t c_end = c->offset + round_up(c->size ? c->size : 1, align);
+            size_t c_end = c->offset + round_up(c->size, align);
             if (c_end > prev_end) prev_end = c_end;
         }
         b->offset = best != SIZE_MAX ? best : prev_end;
