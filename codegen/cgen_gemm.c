@@ -684,6 +684,21 @@ static bool narrow_ok(const gemm *p) {
            p->acs == 1 && p->brs == 1;
 }
 
+/* acc<c> += x * w<c> for every column: x the element `xl` of A, w<c> the
+ * element of B's row c at the printf pattern `wl` (of c). */
+static void narrow_fma(sg__cuda_gen *g, const gemm *p, const char *xl, const char *wl) {
+    sg__emit *e = sg__cuda_out(g);
+    sg__dialect d = sg__cuda_dialect(g);
+    char lv[160], ld[400];
+    sg__lower_widen(d, p->a->dtype, xl, ld, sizeof ld);
+    sg__emit_line(e, "const float xf = %s;", ld);
+    for (int64_t c = 0; c < p->N; c++) {
+        snprintf(lv, sizeof lv, wl, (long long)c);
+        sg__lower_widen(d, p->b->dtype, lv, ld, sizeof ld);
+        sg__emit_line(e, "acc%lld += xf * %s;", (long long)c, ld);
+    }
+}
+
 static const char *emit_narrow(sg__cuda_gen *g, const sg__group *grp, const gemm *p,
                                sg__cuda_kinfo *ki) {
     sg__emit *e = sg__cuda_out(g);
@@ -704,7 +719,6 @@ static const char *emit_narrow(sg__cuda_gen *g, const sg__group *grp, const gemm
     if (u < 1) u = 1;
     /* 16-byte vectors where every row of both operands starts on one. */
     bool vec = p->ars % v == 0 && p->bcs % v == 0 && p->a->offset % v == 0 && p->b->offset % v == 0;
-    char lv[320], ld[400];
     sg__emit_line(e, "const int g_l = (int)%s & 31, g_w = (int)%s >> 5;", sp->tid, sp->tid);
     sg__emit_line(e, "const int g_kw = g_w %% %d;", ks);
     sg__emit_line(e, "const sg_i64 bz = 0, m = (sg_i64)%s * %d + g_w / %d;", sp->bid, rows, ks);
@@ -747,13 +761,7 @@ static const char *emit_narrow(sg__cuda_gen *g, const sg__group *grp, const gemm
         sg__emit_open(e, "if (q0 + j * %d < %lld)", st, (long long)kv);
         sg__emit_line(e, "#pragma unroll");
         sg__emit_open(e, "for (int t = 0; t < %lld; t++)", (long long)v);
-        sg__lower_widen(d, p->a->dtype, "xv[j].e[t]", ld, sizeof ld);
-        sg__emit_line(e, "const float xf = %s;", ld);
-        for (int64_t c = 0; c < n; c++) {
-            snprintf(lv, sizeof lv, "wv[j][%lld].e[t]", (long long)c);
-            sg__lower_widen(d, p->b->dtype, lv, ld, sizeof ld);
-            sg__emit_line(e, "acc%lld += xf * %s;", (long long)c, ld);
-        }
+        narrow_fma(g, p, "xv[j].e[t]", "wv[j][%lld].e[t]");
         sg__emit_close(e);
         sg__emit_close(e);
         sg__emit_close(e);
@@ -763,13 +771,7 @@ static const char *emit_narrow(sg__cuda_gen *g, const sg__group *grp, const gemm
     /* The elements past the vectors (all of them where rows are unaligned). */
     sg__emit_open(e, "for (sg_i64 k = g_k0 + g_kw * 32 + g_l; k < %lld; k += %d)", (long long)p->K,
                   st);
-    sg__lower_widen(d, p->a->dtype, "g_x[k]", ld, sizeof ld);
-    sg__emit_line(e, "const float xf = %s;", ld);
-    for (int64_t c = 0; c < n; c++) {
-        snprintf(lv, sizeof lv, "g_b%lld[k]", (long long)c);
-        sg__lower_widen(d, p->b->dtype, lv, ld, sizeof ld);
-        sg__emit_line(e, "acc%lld += xf * %s;", (long long)c, ld);
-    }
+    narrow_fma(g, p, "g_x[k]", "g_b%lld[k]");
     sg__emit_close(e);
     /* Each column's sum over the warp. */
     for (int64_t c0 = 0; c0 < n; c0 += 4) {
