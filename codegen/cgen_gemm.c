@@ -776,7 +776,7 @@ static const char *emit_narrow(sg__cuda_gen *g, const sg__group *grp, const gemm
     /* Each column's sum over the warp. */
     for (int64_t c0 = 0; c0 < n; c0 += 4) {
         int nv = (int)(n - c0 < 4 ? n - c0 : 4);
-        char names[4][24], others[4][8], fold[160];
+        char names[4][24], others[4][16], fold[256];
         const char *ty[4], *var[4], *oth[4];
         size_t q = 0;
         for (int j = 0; j < nv; j++) {
