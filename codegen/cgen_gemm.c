@@ -90,7 +90,7 @@ typedef struct gemm {
 #define MMA_FILL 132        /* blocks that fill an H100's SMs once */
 
 /* Which kernel a MATMUL group of dtype dt gets in dialect d. */
-typedef enum gemm_kind { GEMM_LIBRARY, GEMM_SIMT, GEMM_MMA } gemm_kind;
+typedef enum gemm_kind { GEMM_LIBRARY, GEMM_SIMT, GEMM_MMA, GEMM_NARROW } gemm_kind;
 
 /* The f32 products small enough (multiply-adds) that the tensor-core
  * kernel takes them on CUDA by default: cuBLASLt runs such products (W4's
@@ -102,19 +102,23 @@ typedef enum gemm_kind { GEMM_LIBRARY, GEMM_SIMT, GEMM_MMA } gemm_kind;
     4096 /* and a K short enough for a few blocks' steps (a long dot product's                     \
             one tile would walk it in at most 16 slices) */
 
-/* small: an f32 product of at most MMA_SMALL multiply-adds. */
-static gemm_kind kind_of(sg__dialect d, sg_dtype dt, bool small) {
+/* small: a product of at most MMA_SMALL multiply-adds (and K <= MMA_SMALL_K);
+ * narrow: one the few-column kernel takes (narrow_ok). */
+static gemm_kind kind_of(sg__dialect d, sg_dtype dt, bool small, bool narrow) {
+    const char *e = getenv("SG_CUDA_GEMM");
+    bool lib = e && strcmp(e, "library") == 0, simt = e && strcmp(e, "simt") == 0;
+    if (small && narrow && !lib && !simt) return GEMM_NARROW; /* any dialect */
     if (d == SG__DIALECT_OPENCL || d == SG__DIALECT_HIP) return GEMM_SIMT;
     if (d != SG__DIALECT_CUDA) return GEMM_LIBRARY;
-    const char *e = getenv("SG_CUDA_GEMM");
-    if (e && strcmp(e, "library") == 0) return GEMM_LIBRARY;
-    if (e && strcmp(e, "simt") == 0) return GEMM_SIMT;
+    if (lib) return GEMM_LIBRARY;
+    if (simt) return GEMM_SIMT;
     if (e && strcmp(e, "generated") == 0) return dt == SG_F32 ? GEMM_MMA : GEMM_SIMT;
     return dt == SG_F32 && small ? GEMM_MMA : GEMM_LIBRARY;
 }
 
 bool sg__cgen_gemm_wanted(sg__dialect d) {
-    return kind_of(d, SG_F32, true) != GEMM_LIBRARY || kind_of(d, SG_BF16, false) != GEMM_LIBRARY;
+    return kind_of(d, SG_F32, true, false) != GEMM_LIBRARY ||
+           kind_of(d, SG_BF16, false, false) != GEMM_LIBRARY;
 }
 
 /* The batch stride of operand r along output batch dim d of nb (r's own
@@ -824,11 +828,9 @@ const char *sg__cgen_gemm(sg__cuda_gen *g, const sg__group *grp, sg__cuda_kinfo 
     if (!plan(g, grp, &p)) return NULL;
     bool small = p.K <= MMA_SMALL_K &&
                  (double)p.batch * (double)p.M * (double)p.N * (double)p.K <= (double)MMA_SMALL;
-    const char *env = getenv("SG_CUDA_GEMM");
-    bool forced = env && (strcmp(env, "library") == 0 || strcmp(env, "simt") == 0);
-    if (small && !forced && narrow_ok(&p)) return emit_narrow(g, grp, &p, ki);
-    switch (kind_of(sg__cuda_dialect(g), p.a->dtype, small)) {
+    switch (kind_of(sg__cuda_dialect(g), p.a->dtype, small, narrow_ok(&p))) {
     case GEMM_LIBRARY: return NULL;
+    case GEMM_NARROW: return emit_narrow(g, grp, &p, ki);
     case GEMM_MMA: return emit_mma(g, grp, &p, ki);
     case GEMM_SIMT: break;
     }
