@@ -156,6 +156,7 @@ struct sg_ctx {
 
     sg_status status; /* sticky: the first failure since sg_clear_error */
     char msg[SG__MSG_SIZE];
+    uint64_t nfails; /* failures said (sg__fail) so far: whether a stretch of work failed */
 
     sg__exec exec;
     const void *gops; /* the backend's compiled-graph operations (graphs/backend.h) */
@@ -418,6 +419,7 @@ typedef struct sg__rec {
     uint32_t id;
     bool fullgraph;
     bool broken;            /* a graph break happened: the IR is not replayable */
+    bool refused; /* fullgraph refused a break: the call fails, whatever the step returns */
     bool dry;               /* record without executing (see graphs/fn.c: call_capture) */
     char why[SG__MSG_SIZE]; /* the reason */
 } sg__rec;
@@ -435,7 +437,9 @@ SG__HIDDEN void sg__rec_storage(sg_ctx *ctx, sg__storage *st);
  * fullgraph it fails (SG_ERR_GRAPH_BREAK, message naming what); otherwise it
  * marks the capture broken and returns SG_OK so the step runs on eagerly --
  * except in a dry capture, where nothing before it ran: it fails then too
- * (SG_ERR_GRAPH_BREAK), and the caller runs the whole step again eagerly. */
+ * (SG_ERR_GRAPH_BREAK), as does every op and host read after it (nothing
+ * runs: the step's tensors have no bytes), and the caller runs the whole
+ * step again eagerly. */
 SG__HIDDEN sg_status sg__rec_break(sg_ctx *ctx, const char *what, const sg_tensor *t);
 /* Free an IR's arrays and unpin its params. */
 SG__HIDDEN void sg__ir_free(sg_ctx *ctx, sg__ir *ir);

@@ -239,7 +239,10 @@ static sg_status binary(sg__bw *b) {
         b->gi[1] = b->want[1] ? sg_neg(sg_div(sg_mul(g, b->out), y)) : NULL;
         break;
     case SG__OP_POW:
-        if (b->want[0]) b->gi[0] = sg_mul(g, sg_mul(y, sg_pow(x, sg_add_scalar(y, -1.0))));
+        /* 0 where the exponent is 0 (as torch): x^-1 is inf at x = 0 */
+        if (b->want[0])
+            b->gi[0] = sg_where(sg_eq(y, cst(b, 0)), cst(b, 0),
+                                sg_mul(g, sg_mul(y, sg_pow(x, sg_add_scalar(y, -1.0)))));
         if (b->want[1])
             b->gi[1] =
                 sg_where(sg_eq(x, cst(b, 0)), cst(b, 0), sg_mul(sg_mul(g, b->out), sg_log(x)));

@@ -77,6 +77,19 @@ static sg_status ops_status(sg_ctx *ctx, bool all_made) {
 
 /* ------------------------------------------------------------ create and destroy */
 
+/* The status of an array argument that sg__check_inputs refused; a NULL
+ * element is said here, naming it (as sg_grad does). */
+static sg_status array_status(sg_ctx *ctx, const char *fn, const char *what, int n,
+                              sg_tensor *const *ts) {
+    for (int i = 0; ctx && i < n; i++)
+        if (!ts[i])
+            return sg__fail(ctx, SG_ERR_NULL,
+                            "%s: %s[%d] is NULL (an earlier op failed?); pass "
+                            "%d live tensors",
+                            fn, what, i, n);
+    return sg__inputs_status(n, ts);
+}
+
 static sg_status check_params(sg_ctx *ctx, const char *fn, int n, sg_tensor *const *params) {
     if (!ctx) return SG_ERR_NULL;
     if (ctx->rec)
@@ -89,7 +102,7 @@ static sg_status check_params(sg_ctx *ctx, const char *fn, int n, sg_tensor *con
                         "%s: %d params%s; pass "
                         "an array of n >= 1 float tensors",
                         fn, n, params ? "" : " (NULL array)");
-    if (!sg__check_inputs(fn, n, params, NULL)) return sg__inputs_status(n, params);
+    if (!sg__check_inputs(fn, n, params, NULL)) return array_status(ctx, fn, "params", n, params);
     for (int i = 0; i < n; i++)
         if (params[i]->ctx != ctx || !sg__dtype_is_float(params[i]->dtype)) {
             char d[SG__DESC];
@@ -250,7 +263,7 @@ static sg_status check_grads(sg_optim *opt, sg_tensor *const *grads) {
                         "sg_optim_step: grads is NULL; pass one "
                         "gradient per param");
     if (!sg__check_inputs("sg_optim_step", opt->n, grads, NULL))
-        return sg__inputs_status(opt->n, grads);
+        return array_status(ctx, "sg_optim_step", "grads", opt->n, grads);
     for (int i = 0; i < opt->n; i++) {
         const sg_tensor *p = opt->params[i], *g = grads[i];
         bool ok =
@@ -421,7 +434,11 @@ static sg_status clip_coef(int n, sg_tensor *const *grads, double max_norm, sg_t
         return !grads ? SG_ERR_NULL : SG_ERR_INVALID_ARG;
     }
     sg_ctx *ctx = sg__check_inputs("sg_clip_grad_norm_", n, grads, NULL);
-    if (!ctx) return sg__inputs_status(n, grads);
+    if (!ctx) {
+        for (int i = 0; i < n && !ctx; i++)
+            if (grads[i] && grads[i]->magic == SG__TENSOR_LIVE) ctx = grads[i]->ctx;
+        return array_status(ctx, "sg_clip_grad_norm_", "grads", n, grads);
+    }
     for (int i = 0; i < n; i++)
         if (!sg__dtype_is_float(grads[i]->dtype)) {
             char d[SG__DESC];

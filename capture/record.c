@@ -236,14 +236,18 @@ const char *sg__ir_node_str(const sg__ir *ir, int node, char *buf, size_t size) 
 
 sg_status sg__rec_break(sg_ctx *ctx, const char *what, const sg_tensor *t) {
     sg__rec *rec = ctx->rec;
-    if (rec->broken) return SG_OK;
+    if (rec->broken) return rec->dry ? SG_ERR_GRAPH_BREAK : SG_OK;
     char d[SG__DESC], line[512] = "(before the first op)";
     if (rec->ir->nnodes) sg__ir_node_str(rec->ir, rec->ir->nnodes - 1, line, sizeof line);
-    if (rec->fullgraph)
-        return sg__fail(ctx, SG_ERR_GRAPH_BREAK, "%s of %s inside a fullgraph capture is a graph "
-                        "break (after IR line %s); move host reads and writes out of the step, "
-                        "pass host data in as an input tensor, or compile without fullgraph",
-                        what, sg__describe(t, d, sizeof d), line);
+    if (rec->fullgraph) {
+        rec->refused = true;
+        snprintf(rec->why, sizeof rec->why,
+                 "%s of %s inside a fullgraph capture is a graph "
+                 "break (after IR line %.300s); move host reads and writes out of the step, "
+                 "pass host data in as an input tensor, or compile without fullgraph",
+                 what, sg__describe(t, d, sizeof d), line);
+        return sg__fail(ctx, SG_ERR_GRAPH_BREAK, "%s", rec->why);
+    }
     rec->broken = true;
     snprintf(rec->why, sizeof rec->why, "graph break: %s of %s after IR line %s", what,
              sg__describe(t, d, sizeof d), line);

@@ -409,6 +409,9 @@ sg_status sg__dispatch(sg_ctx *ctx, const sg__node *n) {
         sg_status s = sg__rec_node(ctx, n);
         if (s != SG_OK || ctx->rec->dry) return s;
     }
+    /* After a dry capture's break nothing runs (its tensors have no bytes):
+     * the step is run again, eagerly, once it returns. */
+    if (ctx->rec && ctx->rec->dry) return SG_ERR_GRAPH_BREAK;
     return ctx->exec.run(ctx, n);
 }
 

@@ -144,9 +144,11 @@ static sg_status run_step(sg_fn *fn, sg_step_fn step, void *user, sg_tensor *con
     sg_ctx *ctx = fn->ctx;
     for (int i = 0; i < fn->nout; i++) tmp[i] = NULL;
     sg_status before = ctx->status;
+    uint64_t fails = ctx->nfails;
     sg_status s = step(ctx, in, tmp, user);
     if (s != SG_OK) {
-        if (ctx->status == before || ctx->msg[0] == '\0')
+        /* The step's own failure says why; with none, this does. */
+        if ((ctx->nfails == fails && ctx->status == before) || ctx->msg[0] == '\0')
             sg__fail(ctx, s, "fn '%s': the step returned %s", fn->name, sg_status_str(s));
         /* SG_ERR_NULL from a chain of ops that propagated an op's NULL: the
          * call fails with that op's status (SG_ERR_OOM, say), as its message says. */
@@ -157,10 +159,13 @@ static sg_status run_step(sg_fn *fn, sg_step_fn step, void *user, sg_tensor *con
     for (int i = 0; i < fn->nout; i++) {
         if (!tmp[i] || tmp[i]->magic != SG__TENSOR_LIVE) {
             sg_status why = ctx->status != SG_OK ? ctx->status : SG_ERR_NULL;
-            return sg__fail(ctx, why, "fn '%s': the step returned SG_OK but left output %d %s%s%s",
+            char first[SG__MSG_SIZE]; /* the op's own message (formatted apart: ctx->msg is
+                                         rewritten) */
+            snprintf(first, sizeof first, "%s", ctx->nfails != fails ? ctx->msg : "");
+            return sg__fail(ctx, why,
+                            "fn '%s': the step returned SG_OK but left output %d %s%s%.900s",
                             fn->name, i, tmp[i] ? "released" : "NULL",
-                            ctx->status != SG_OK ? "; the first failure in it: " : "",
-                            ctx->status != SG_OK ? ctx->msg : "");
+                            first[0] ? "; the first failure in it: " : "", first);
         }
         if (tmp[i]->ctx != ctx)
             return sg__fail(ctx, SG_ERR_WRONG_CONTEXT,
@@ -217,6 +222,7 @@ static void make_key(int nin, sg_tensor *const *in, sg__argkey *key) {
         memcpy(a->shape, t->shape, sizeof(int64_t) * (size_t)t->ndim);
         memcpy(a->stride, t->stride, sizeof(int64_t) * (size_t)t->ndim);
         a->alias = -1;
+        a->grad = t->grad_fn != NULL;
         for (int j = 0; j < k; j++)
             if (in[j]->st == t->st) {
                 a->alias = j;
@@ -227,8 +233,13 @@ static void make_key(int nin, sg_tensor *const *in, sg__argkey *key) {
 }
 
 /* Which guard of g the inputs fail, as text; NULL when they pass. */
-static const char *guard_fail(const sg__graph *g, int nin, sg_tensor *const *in, char *buf,
-                              size_t size) {
+static const char *guard_fail(const sg_ctx *ctx, const sg__graph *g, int nin, sg_tensor *const *in,
+                              char *buf, size_t size) {
+    if (ctx->grad_off != g->grad_off) {
+        snprintf(buf, size, "grad mode %s, captured %s", g->grad_off ? "on" : "off",
+                 g->grad_off ? "off" : "on");
+        return buf;
+    }
     for (int k = 0; k < nin; k++) {
         const sg_tensor *t = in[k];
         const sg__argkey *a = &g->key[k];
@@ -262,6 +273,11 @@ static const char *guard_fail(const sg__graph *g, int nin, sg_tensor *const *in,
             snprintf(buf, size, "input %d shares storage with %s%d, captured %s%d", k,
                      alias < 0 ? "no input" : "input ", alias,
                      a->alias < 0 ? "with none" : "with input ", a->alias);
+            return buf;
+        }
+        if ((t->grad_fn != NULL) != a->grad) {
+            snprintf(buf, size, "input %d %s grad, captured %s", k,
+                     a->grad ? "does not require" : "requires", a->grad ? "requiring it" : "not");
             return buf;
         }
     }
@@ -336,6 +352,7 @@ static sg_status call_capture(sg_fn *fn, sg_tensor *const *in, sg_tensor **out) 
         return sg__fail(ctx, SG_ERR_OOM, "fn '%s': out of host memory for a capture", fn->name);
     }
     make_key(fn->nin, in, g->key);
+    g->grad_off = ctx->grad_off;
     sg__rec rec;
     sg_tensor *tmp[fn->nout];
     uint32_t mark = ctx->next_id;
@@ -349,6 +366,8 @@ static sg_status call_capture(sg_fn *fn, sg_tensor *const *in, sg_tensor **out) 
         s = run_step(fn, fn->step, fn->user, in, tmp);
         sg_status e = sg__rec_end(ctx, s == SG_OK ? fn->nout : 0, tmp);
         if (s == SG_OK) s = e;
+        if (s == SG_OK && rec.refused) /* the step went on past it: still the call's failure */
+            s = sg__fail(ctx, SG_ERR_GRAPH_BREAK, "fn '%s': %s", fn->name, rec.why);
     } else {
         ctx->rec = NULL;
     }
@@ -555,7 +574,7 @@ sg_status sg_call(sg_fn *fn, sg_tensor *const *in, int nin, sg_tensor **out, int
     char why[512] = "";
     for (int gi = 0; gi < fn->ngraphs; gi++) {
         sg__graph *g = fn->graphs[gi];
-        const char *miss = guard_fail(g, fn->nin, in, why, sizeof why);
+        const char *miss = guard_fail(ctx, g, fn->nin, in, why, sizeof why);
         if (!miss) {
             fn->stats.cache_hits++;
             return call_graph(fn, g, in, out);

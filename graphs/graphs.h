@@ -22,6 +22,7 @@ typedef struct sg__argkey {
     int64_t shape[SG_MAX_DIMS], stride[SG_MAX_DIMS];
     int alias;         /* the first earlier input sharing storage, or -1 */
     int64_t alias_off; /* this input's offset minus that input's, in elements */
+    bool grad;         /* it requires grad (a gradient node) */
 } sg__argkey;
 
 /* One output set of a capture: pool bytes for the output slots. */
@@ -33,6 +34,7 @@ typedef struct sg__outbuf {
 typedef struct sg__graph { /* struct tag used by backend.h */
     sg__ir ir;
     sg__argkey *key; /* nin */
+    bool grad_off;   /* captured under sg_set_grad_enabled(ctx, false) (a guard too) */
     bool eager;      /* cannot replay (graph break, failed plan): runs eagerly */
     char why[SG__MSG_SIZE];
 

@@ -625,7 +625,9 @@ SG_API sg_tensor *sg_sdpa_cached(sg_tensor *q, sg_tensor *k_cache, sg_tensor *v_
  * sg_index_copy_) are not differentiated; writing in place to a tensor a
  * pending backward reads makes sg_grad fail with SG_ERR_INVALID_ARG naming
  * it. Comparisons, logical ops and argmax give no gradient; a gradient
- * through a non-float op stops there.
+ * through a non-float op stops there. A float op with no gradient rule yet
+ * (sg_gather, for one) makes sg_grad fail with SG_ERR_UNSUPPORTED naming
+ * it.
  * For f16 and bf16 ops whose derivative is a formula of several ops (sin,
  * cos, tanh, sigmoid, rsqrt, gelu, gelu_tanh, silu, pow, div) the formula
  * computes in f32 and the gradient is rounded once, as PyTorch's are.
@@ -915,8 +917,9 @@ SG_API sg_status sg_optim_step_scaled(sg_optim *opt, sg_tensor *const *grads, sg
  * changes per call as a tensor (a position as an i64 tensor, not an int),
  * and if you swap a parameter for another tensor, call sg_fn_reset.
  *
- * Guards: a capture holds for the dtypes, shapes and strides of the inputs
- * and for which inputs share storage. Another signature is captured anew
+ * Guards: a capture holds for the dtypes, shapes and strides of the inputs,
+ * for which inputs share storage, for which inputs require grad and for
+ * sg_set_grad_enabled's state. Another signature is captured anew
  * (logged under "recompiles", with the guard that failed), up to
  * cache_size_limit captures; past that, new signatures run eagerly (a
  * fallback). A new *address* for an input is not a miss.

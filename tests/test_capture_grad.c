@@ -1233,7 +1233,76 @@ static void training_cases(void) {
 
 /* ------------------------------------------------------------ rules of use */
 
+/* pow's gradients where the base is 0: d/da a^b = b a^(b-1) is 0 where b
+ * is 0 (as torch; a^-1 is inf there), d/db = a^b log a is 0 where a is 0. */
+static void pow_zero_case(void) {
+    double av[4] = {0, 0, 0, 2}, bv[4] = {0, 2, 1, 0}, da[4] = {0, 0, 1, 0};
+    double db[4] = {0, 0, 0, log(2.0)};
+    int64_t sh[1] = {4};
+    float af[4], bf[4];
+    for (int i = 0; i < 4; i++) af[i] = (float)av[i], bf[i] = (float)bv[i];
+    sg_tensor *a = sg_from_host(ctx, SG_F32, 1, sh, af), *b = sg_from_host(ctx, SG_F32, 1, sh, bf);
+    sg_requires_grad_(a, true), sg_requires_grad_(b, true);
+    sg_tensor *wrt[2] = {a, b}, *g[2] = {NULL, NULL};
+    sg_tensor *loss = sg_sum(sg_pow(a, b), 0, NULL, false);
+    bool ok = TU_EXPECT(sg_grad(loss, 2, wrt, g) == SG_OK);
+    double *ga = ok ? tu_read(g[0]) : NULL, *gb = ok ? tu_read(g[1]) : NULL;
+    ok = ok && tu_close("d/da", ga, da, 4, 1e-6, 1e-6) && tu_close("d/db", gb, db, 4, 1e-6, 1e-6);
+    tu_case(ok, "GRAD_POW_AT_ZERO(a = 0 with b = 0, 2, 1; a = 2 with b = 0) -> finite, as torch");
+    free(ga), free(gb);
+    sg_release(g[0]), sg_release(g[1]), sg_release(loss), sg_release(a), sg_release(b);
+}
+
+/* A compiled step's gradient of its input: the capture holds while the
+ * input requires grad; turning that off (or grad mode off) captures anew,
+ * and the step then sees no gradient, as eagerly (zeros). */
+static sg_tensor *rg_w;
+static sg_status rg_step(sg_ctx *c, sg_tensor *const *in, sg_tensor **out, void *user) {
+    (void)c, (void)user;
+    sg_tensor *loss = sg_sum(sg_mul(sg_mul(in[0], in[0]), rg_w), 0, NULL, false), *g = NULL;
+    sg_status s = sg_grad(loss, 1, &in[0], &g);
+    out[0] = g;
+    return s;
+}
+
+static void requires_grad_guard_case(void) {
+    int64_t sh[1] = {3};
+    double *xv, *wv;
+    sg_tensor *x = tu_rand(ctx, SG_F32, 1, sh, -1, 1, &xv);
+    rg_w = tu_rand(ctx, SG_F32, 1, sh, -1, 1, &wv);
+    sg_mode modes[2] = {SG_MODE_DEFAULT, SG_MODE_REDUCE_OVERHEAD};
+    for (int mi = 0; mi < 2; mi++) {
+        sg_fn *fn;
+        sg_compile_opts o = {.mode = modes[mi]};
+        bool ok = TU_EXPECT(sg_compile(ctx, rg_step, NULL, 1, 1, &o, &fn) == SG_OK);
+        double ref[3], zero[3] = {0, 0, 0};
+        for (int i = 0; i < 3; i++) ref[i] = 2 * xv[i] * wv[i];
+        for (int phase = 0; ok && phase < 4; phase++) {
+            /* 0: x requires grad; 1: not; 2: again; 3: it does, grad mode off */
+            sg_requires_grad_(x, phase != 1);
+            sg_set_grad_enabled(ctx, phase != 3);
+            sg_tensor *y = NULL;
+            ok = TU_EXPECT(sg_call(fn, &x, 1, &y, 1) == SG_OK);
+            double *got = ok ? tu_read(y) : NULL;
+            ok = ok && tu_close("dx", got, phase == 0 || phase == 2 ? ref : zero, 3,
+                                tu_rtol(SG_F32), tu_atol(SG_F32));
+            free(got);
+        }
+        sg_set_grad_enabled(ctx, true);
+        sg_fn_stats st = {0};
+        sg_fn_get_stats(fn, &st);
+        ok = ok && TU_EXPECT(st.captures == 3);
+        tu_case(ok, "GRAD_GUARD(mode=%s: requires grad on, off, on; grad mode off) -> 3 captures",
+                sg_mode_name(modes[mi]));
+        sg_fn_destroy(fn);
+    }
+    sg_release(x), sg_release(rg_w);
+    free(xv), free(wv);
+}
+
 static void usage_cases(void) {
+    pow_zero_case();
+    requires_grad_guard_case();
     int64_t sh[2] = {3, 4};
     double *v;
     sg_tensor *w = tu_rand(ctx, SG_F32, 2, sh, -1, 1, &v);

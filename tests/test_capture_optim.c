@@ -455,6 +455,21 @@ static void test_errors(void) {
     tu_case(ok, "OPTIM_ERRORS(int param, sgd without lr, nesterov without momentum, grad shape, "
                 "negative max_norm, no coef out, scale not 0-d)");
     sg_clear_error(ctx);
+    /* A NULL element of an array: named, with the context's status set. */
+    sg_tensor *two[2] = {p, NULL};
+    sg_optim *o2 = NULL;
+    const char *want[3] = {"sg_adamw_create: params[1] is NULL", "sg_optim_step: grads[0] is NULL",
+                           "sg_clip_grad_norm_: grads[1] is NULL"};
+    for (int k = 0; k < 3; k++) {
+        sg_tensor *one[1] = {NULL};
+        sg_status st = k == 0   ? sg_adamw_create(ctx, 2, two, NULL, &o2)
+                       : k == 1 ? sg_optim_step(o, one)
+                                : sg_clip_grad_norm_(2, two, 1.0, NULL);
+        bool okk = TU_EXPECT(st == SG_ERR_NULL) && TU_EXPECT(sg_ctx_status(ctx) == SG_ERR_NULL) &&
+                   TU_EXPECT(strstr(sg_last_error(ctx), want[k]) != NULL) && TU_EXPECT(o2 == NULL);
+        tu_case(okk, "OPTIM_NULL_ELEMENT(%s) -> SG_ERR_NULL, \"%s\"", want[k], sg_last_error(ctx));
+        sg_clear_error(ctx);
+    }
     sg_optim_destroy(o);
     sg_optim_destroy(NULL);
     sg_release(p), sg_release(pi), sg_release(g);

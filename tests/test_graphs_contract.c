@@ -72,6 +72,91 @@ static sg_status break_step(sg_ctx *c, sg_tensor *const *in, sg_tensor **out, vo
     return out[0] ? SG_OK : sg_ctx_status(c);
 }
 
+/* A host read whose status the step ignores: it carries on with v as it
+ * stands (-1 where the read failed) and returns SG_OK. */
+static sg_status carry_on_step(sg_ctx *c, sg_tensor *const *in, sg_tensor **out, void *user) {
+    (void)c, (void)user;
+    sg_tensor *y = sg_add_scalar(in[0], 1.0);
+    double v = -1.0;
+    sg_item(sg_sum(y, 0, NULL, false), &v);
+    out[0] = sg_mul_scalar(y, v);
+    return SG_OK;
+}
+
+/*
+ * A step that carries on past a graph break: without fullgraph every mode
+ * gives y * sum(y) (the step runs again eagerly: nothing runs on the
+ * capture's tensors, which have no bytes); with fullgraph the call fails
+ * with SG_ERR_GRAPH_BREAK naming the read, whatever the step returned.
+ */
+static void test_carry_on(void) {
+    sg_ctx *ctx = tu_ctx((sg_ctx_opts){0});
+    int64_t shape[1] = {5};
+    double *xv;
+    sg_tensor *x = tu_rand(ctx, SG_F32, 1, shape, -2, 2, &xv), *y = NULL;
+    double sum = 0, ref[5];
+    for (int i = 0; i < 5; i++) sum += xv[i] + 1.0;
+    for (int i = 0; i < 5; i++) ref[i] = (xv[i] + 1.0) * sum;
+    sg_mode modes[3] = {SG_MODE_DEFAULT, SG_MODE_REDUCE_OVERHEAD, SG_MODE_MAX_AUTOTUNE};
+    for (int mi = 0; mi < 3; mi++)
+        for (int full = 0; full < 2; full++) {
+            sg_fn *fn;
+            sg_compile_opts o = {.mode = modes[mi], .fullgraph = full};
+            bool ok = TU_EXPECT(sg_compile(ctx, carry_on_step, NULL, 1, 1, &o, &fn) == SG_OK);
+            for (int call = 0; ok && call < 2; call++) {
+                sg_status st = sg_call(fn, &x, 1, &y, 1);
+                if (full) {
+                    ok = TU_EXPECT(st == SG_ERR_GRAPH_BREAK) &&
+                         TU_EXPECT(strstr(sg_last_error(ctx), "sg_item") != NULL &&
+                                   strstr(sg_last_error(ctx), "fullgraph") != NULL);
+                    sg_clear_error(ctx);
+                    continue;
+                }
+                double *got = st == SG_OK ? tu_read(y) : NULL;
+                ok = TU_EXPECT(st == SG_OK) && got &&
+                     tu_close("y * sum(y)", got, ref, 5, tu_rtol(SG_F32), tu_atol(SG_F32));
+                free(got);
+            }
+            tu_case(ok, "CARRY_ON(mode=%s,fullgraph=%d: the step ignores sg_item's break) -> %s",
+                    sg_mode_name(modes[mi]), full, full ? "SG_ERR_GRAPH_BREAK" : "y * sum(y)");
+            sg_fn_destroy(fn);
+        }
+    free(xv);
+    sg_ctx_destroy(ctx);
+}
+
+/* An op that fails inside the step: its own message reaches sg_last_error,
+ * on the first call and on a second one with the first's status still set. */
+static sg_status bad_op_step(sg_ctx *c, sg_tensor *const *in, sg_tensor **out, void *user) {
+    (void)user;
+    out[0] = sg_add(in[0], in[0]); /* bool: sg_add takes numbers */
+    return *(int *)user ? sg_ctx_status(c) : SG_OK;
+}
+
+static void test_op_messages(void) {
+    sg_ctx *ctx = tu_ctx((sg_ctx_opts){0});
+    sg_tensor *b = sg_full(ctx, SG_BOOL, 1, (int64_t[1]){4}, 1.0), *y = NULL;
+    sg_mode modes[2] = {SG_MODE_EAGER, SG_MODE_DEFAULT};
+    for (int mi = 0; mi < 2; mi++)
+        for (int ret = 0; ret < 2; ret++) {
+            sg_fn *fn;
+            sg_compile_opts o = {.mode = modes[mi]};
+            bool ok = TU_EXPECT(sg_compile(ctx, bad_op_step, &ret, 1, 1, &o, &fn) == SG_OK);
+            for (int call = 0; ok && call < 2; call++) { /* the second with the status still set */
+                sg_status st = sg_call(fn, &b, 1, &y, 1);
+                const char *m = sg_last_error(ctx);
+                ok = TU_EXPECT(st == SG_ERR_DTYPE) && TU_EXPECT(strstr(m, "sg_add: got bool[4]")) &&
+                     TU_EXPECT(strstr(m, "the step returned SG_ERR") == NULL);
+                if (!ok) fprintf(stderr, "  call %d: \"%s\"\n", call, m);
+            }
+            sg_clear_error(ctx);
+            tu_case(ok, "OP_MESSAGE(mode=%s,step returns %s) -> sg_add's own message",
+                    sg_mode_name(modes[mi]), ret ? "the status" : "SG_OK with a NULL output");
+            sg_fn_destroy(fn);
+        }
+    sg_ctx_destroy(ctx);
+}
+
 static void test_defaults(void) {
     sg_ctx *ctx = tu_ctx((sg_ctx_opts){0});
     int64_t shape[1] = {8};
@@ -286,6 +371,8 @@ static void test_unknown_topic(void) {
 int main(void) {
     tu_seed(5);
     test_defaults();
+    test_carry_on();
+    test_op_messages();
     for (int k = FB_COMPILE; k <= FB_LIMIT; k++) {
         test_fallback((fallback_kind)k, true);
         test_fallback((fallback_kind)k, false);
