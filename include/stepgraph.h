@@ -1046,7 +1046,10 @@ SG_API sg_status sg_compile(sg_ctx *ctx, sg_step_fn step, void *user, int nin, i
  * Run the step on the nin tensors in `in` (nin must be the count fn was
  * compiled with); out, with room for nout (likewise), gets the output
  * handles (owned by fn; see above). On failure out is untouched and the
- * reason is in sg_last_error.
+ * reason is in sg_last_error. A call that fails on a value found only while
+ * its kernels run (an index out of range: SG_ERR_INDEX) is the exception to
+ * "as they were": like the same ops run eagerly one by one, the step's
+ * in-place updates before that op have happened.
  */
 SG_API sg_status sg_call(sg_fn *fn, sg_tensor *const *in, int nin, sg_tensor **out, int nout);
 /* Open a new step: outputs of earlier steps may be overwritten by the next
