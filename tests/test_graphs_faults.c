@@ -22,7 +22,7 @@
  *  - after sg_fn_destroy the context holds the bytes it held before
  *    sg_compile, besides its executor's caches, and after sg_ctx_destroy
  *    the hook holds no block.
- * Modes DEFAULT, REDUCE_OVERHEAD and (on the CPU) MAX_AUTOTUNE, strict (a
+ * Modes DEFAULT, REDUCE_OVERHEAD and MAX_AUTOTUNE, strict (a
  * failure in code generation or in max-autotune's timing is the call's
  * error) and not (it is a fallback: the call succeeds op by op, or with
  * default launches).
@@ -376,11 +376,8 @@ int main(void) {
     for (int i = 0; i < 2 * M; i++) pv[i] = (float)tu_uniform(-1, 1);
     for (int i = 0; i < BA * K; i++) xav[i] = (float)tu_uniform(-1, 1);
     for (int i = 0; i < BB * K; i++) xbv[i] = (float)tu_uniform(-1, 1);
-    /* max-autotune on the CPU only for now: its first run on CUDA (an H100)
-     * failed, the cases unread (bench/NOTES.md, "W4's small products"). */
     sg_mode modes[3] = {SG_MODE_DEFAULT, SG_MODE_REDUCE_OVERHEAD, SG_MODE_MAX_AUTOTUNE};
-    int nmodes = tu_backend() == SG_BACKEND_CPU ? 3 : 2;
-    for (int mi = 0; mi < nmodes; mi++)
+    for (int mi = 0; mi < 3; mi++)
         for (int strict = 1; strict >= 0; strict--) alloc_faults(modes[mi], strict);
     file_faults(false);
     file_faults(true);

@@ -193,6 +193,8 @@ typedef struct lt_state {
     bool tuning;    /* between sg__lt_tune_begin and sg__lt_tune_end */
     bool scope;     /* a max-autotune step runs: picks apply */
     unsigned epoch; /* the tuning run's number */
+    sg_status lost; /* the first pick of this tuning run not made or kept, and why */
+    char lost_why[SG__MSG_SIZE];
 } lt_state;
 
 static const char *const lib_names[] = {"libcublasLt.so.13", "libcublasLt.so",
@@ -832,6 +834,14 @@ static void use_pick(lt_state *s, lt_entry *e, int pick, const sg__lt_call *c) {
     e->tuned = true;
 }
 
+/* The first pick of the tuning run that could not be made or kept: the
+ * call keeps its default, and sg__lt_tune_end reports it. */
+static void tune_lost(lt_state *s, sg_status st, const char *why) {
+    if (s->lost != SG_OK) return;
+    s->lost = st;
+    snprintf(s->lost_why, sizeof s->lost_why, "%s", why);
+}
+
 /* Restores the context's status after work whose failures are not the call's. */
 typedef struct quiet {
     sg_status status;
@@ -860,6 +870,8 @@ static int pick_for(sg_ctx *ctx, const cand *t, const sg__lt_call *c, bool alt_f
     } else if (s->tuning && (!c->accumulate || t->cin) && !sg__cuda_capturing(ctx)) {
         pick = tune_call(ctx, t, c, alt_first);
         kn = known_put(ctx, s, t->e->key, pick);
+        if (!kn)
+            tune_lost(s, SG_ERR_OOM, "cuda: max-autotune: out of host memory for a cuBLASLt pick");
     } else {
         return -2;
     }
@@ -867,15 +879,18 @@ static int pick_for(sg_ctx *ctx, const cand *t, const sg__lt_call *c, bool alt_f
     return pick;
 }
 
-void sg__lt_scope(sg_ctx *ctx, bool on) {
+sg_status sg__lt_scope(sg_ctx *ctx, bool on) {
     lt_state *s = *sg__cuda_lt_state(ctx);
     if (on && (!s || !s->ready)) {
         quiet q;
         quiet_begin(ctx, &q);
-        if (lt_state_get(ctx, &s) != SG_OK) s = NULL;
+        sg_status st = lt_state_get(ctx, &s);
+        if (st == SG_ERR_OOM) return st;
         quiet_end(ctx, &q);
+        if (st != SG_OK) s = NULL;
     }
     if (s) s->scope = on;
+    return SG_OK;
 }
 
 bool sg__lt_scoped(sg_ctx *ctx) {
@@ -883,12 +898,18 @@ bool sg__lt_scoped(sg_ctx *ctx) {
     return s && s->scope;
 }
 
-void sg__lt_tune_begin(sg_ctx *ctx) {
+sg_status sg__lt_tune_begin(sg_ctx *ctx) {
     quiet q;
     quiet_begin(ctx, &q);
     lt_state *s = NULL;
-    if (lt_state_get(ctx, &s) == SG_OK) s->tuning = true, s->epoch++;
-    quiet_end(ctx, &q);
+    sg_status st = lt_state_get(ctx, &s);
+    /* Out of memory is the tuning's failure; no library (HIP, or none
+     * installed) leaves nothing to pick, and a product that needs it says so. */
+    if (st != SG_OK && st != SG_ERR_OOM) quiet_end(ctx, &q);
+    if (st != SG_OK) return st == SG_ERR_OOM ? st : SG_OK;
+    s->tuning = true, s->epoch++;
+    s->lost = SG_OK, s->lost_why[0] = '\0';
+    return SG_OK;
 }
 
 int sg__lt_tune_end(sg_ctx *ctx, sg__lt_pick *out, int max) {
@@ -896,19 +917,31 @@ int sg__lt_tune_end(sg_ctx *ctx, sg__lt_pick *out, int max) {
     int n = 0;
     if (!s || !s->tuning) return 0;
     s->tuning = false;
+    if (s->lost != SG_OK) {
+        sg__fail(ctx, s->lost, "%s", s->lost_why);
+        return -1;
+    }
     for (int i = 0; i < s->nknown && n < max; i++)
         if (s->known[i].mark == s->epoch) out[n++] = s->known[i].p;
     return n;
 }
 
-bool sg__lt_picks_set(sg_ctx *ctx, const sg__lt_pick *p, int n) {
+int sg__lt_picks_set(sg_ctx *ctx, const sg__lt_pick *p, int n) {
     quiet q;
     quiet_begin(ctx, &q);
     lt_state *s = NULL;
-    bool ok = lt_state_get(ctx, &s) == SG_OK;
+    sg_status st = lt_state_get(ctx, &s);
+    if (st == SG_ERR_OOM) return -1;
     quiet_end(ctx, &q);
-    for (int i = 0; ok && i < n; i++) ok = known_put(ctx, s, p[i].key, p[i].pick) != NULL;
-    return ok;
+    if (st != SG_OK) return 0;
+    for (int i = 0; i < n; i++)
+        if (!known_put(ctx, s, p[i].key, p[i].pick)) {
+            sg__fail(ctx, SG_ERR_OOM,
+                     "cuda: max-autotune: out of host memory for the picks "
+                     "remembered in the cache directory");
+            return -1;
+        }
+    return 1;
 }
 
 bool sg__lt_prefer_gemv(sg_ctx *ctx, const sg__lt_call *c, const void *a, const void *b, void *d,
@@ -927,10 +960,16 @@ bool sg__lt_prefer_gemv(sg_ctx *ctx, const sg__lt_call *c, const void *a, const 
     quiet_begin(ctx, &q);
     lt_entry *e = NULL;
     int pick = -2;
-    if (find_entry(ctx, s, k, c, bias, NULL, &e) == SG_OK &&
-        set_pointers(&s->api, e, c, bias, NULL) == CUBLAS_STATUS_SUCCESS) {
+    sg_status fs = find_entry(ctx, s, k, c, bias, NULL, &e);
+    cublasStatus_t r =
+        fs == SG_OK ? set_pointers(&s->api, e, c, bias, NULL) : CUBLAS_STATUS_SUCCESS;
+    if (fs == SG_OK && r != CUBLAS_STATUS_SUCCESS)
+        fs = lt_fail(ctx, s, r, "cublasLtMatmulDescSetAttribute", c);
+    if (fs == SG_OK) {
         cand t = {s, e, a, b, d, alt, user, NULL};
         pick = pick_for(ctx, &t, c, gemv);
+    } else {
+        tune_lost(s, fs, ctx->msg);
     }
     quiet_end(ctx, &q);
     return pick == -2 ? gemv : pick == SG__LT_GEMV;

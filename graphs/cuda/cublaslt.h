@@ -255,21 +255,25 @@ SG__HIDDEN bool sg__tune_parse(const char *body, sg__tune_block *b, int maxb, in
 /* Picks apply only to calls made between sg__lt_scope(ctx, true) and
  * (ctx, false): while a MAX_AUTOTUNE step runs (launched, recorded or
  * tuned), so that steps of other modes on the context keep the heuristic's
- * first algorithm. On loads cuBLASLt if needed (where it cannot, no pick
- * applies; the status is untouched). sg__lt_scoped: whether in scope. */
-SG__HIDDEN void sg__lt_scope(sg_ctx *ctx, bool on);
+ * first algorithm. On loads cuBLASLt if needed: SG_ERR_OOM (set in the
+ * context) when memory ran out; where the library cannot be had, no pick
+ * applies, SG_OK and the status untouched. sg__lt_scoped: whether in scope. */
+SG__HIDDEN sg_status sg__lt_scope(sg_ctx *ctx, bool on);
 SG__HIDDEN bool sg__lt_scoped(sg_ctx *ctx);
 
 /* The tuning run's bracket (in scope): between begin and end every cuBLASLt call not
  * yet picked is timed (and GEMV against it where the caller asks, see
- * sg__lt_prefer_gemv). begin loads cuBLASLt if needed; where it cannot,
- * nothing is timed and the context's status is untouched. end returns the
- * picks made or applied since begin (at most max into out). */
-SG__HIDDEN void sg__lt_tune_begin(sg_ctx *ctx);
+ * sg__lt_prefer_gemv). begin loads cuBLASLt if needed: SG_ERR_OOM (set in
+ * the context) when memory ran out; where the library cannot be had,
+ * nothing is timed, SG_OK and the status untouched. end returns the picks made or applied since
+ * begin (at most max into out), or -1 with the context's status set where a
+ * pick could not be made or kept (that call kept its default). */
+SG__HIDDEN sg_status sg__lt_tune_begin(sg_ctx *ctx);
 SG__HIDDEN int sg__lt_tune_end(sg_ctx *ctx, sg__lt_pick *out, int max);
-/* Remembered picks, applied to calls with these keys from now on: false
- * (status untouched) when cuBLASLt cannot be loaded. */
-SG__HIDDEN bool sg__lt_picks_set(sg_ctx *ctx, const sg__lt_pick *p, int n);
+/* Remembered picks, applied to calls with these keys from now on: 1; 0
+ * (status untouched) when cuBLASLt cannot be loaded; -1 with SG_ERR_OOM set
+ * in the context when memory ran out. */
+SG__HIDDEN int sg__lt_picks_set(sg_ctx *ctx, const sg__lt_pick *p, int n);
 
 /* Launch the alternative to a cuBLASLt call (the GEMV kernel) once. */
 typedef sg_status (*sg__lt_alt)(sg_ctx *ctx, void *user);

@@ -214,12 +214,13 @@ static sg_status tune_path(sg_ctx *ctx, const char *name, const char *src, cu_gr
 #define TUNE_CHECKED (-1)
 
 /* Apply remembered picks (a checksummed note of block-size lines and
- * cuBLASLt pick lines, see sg__tune_parse); whether all applied. A
- * remembered whole-step check is not made again; where the defaults won
- * it, they are what is applied. */
-static bool tune_load(sg_ctx *ctx, cu_graph *cg) {
+ * cuBLASLt pick lines, see sg__tune_parse): 1 when all applied, 0 when
+ * there are none to apply (tuning runs), -1 when memory ran out (the
+ * context's status set). A remembered whole-step check is not made again;
+ * where the defaults won it, they are what is applied. */
+static int tune_load(sg_ctx *ctx, cu_graph *cg) {
     char body[4096];
-    if (!cg->tune_path[0] || !sg__note_read(cg->tune_path, body, sizeof body)) return false;
+    if (!cg->tune_path[0] || !sg__note_read(cg->tune_path, body, sizeof body)) return 0;
     sg__tune_block b[TUNE_MAX];
     sg__lt_pick p[TUNE_MAX];
     int nb = 0, np = 0, checked = -1;
@@ -228,7 +229,7 @@ static bool tune_load(sg_ctx *ctx, cu_graph *cg) {
         if (b[i].group == TUNE_CHECKED) checked = b[i].threads != 0;
     if (ok && checked == 0) { /* the defaults: nothing to apply */
         cg->check = cg->lt = false;
-        return true;
+        return 1;
     }
     for (int i = 0; ok && i < nb; i++) {
         int k = b[i].group, threads = b[i].threads;
@@ -240,7 +241,9 @@ static bool tune_load(sg_ctx *ctx, cu_graph *cg) {
             cg->kinfo[k].grid = cg->kinfo[k].tune_grid[t];
         }
     }
-    if (ok && np > 0) ok = sg__lt_picks_set(ctx, p, np);
+    int set = ok && np > 0 ? sg__lt_picks_set(ctx, p, np) : 1;
+    if (set < 0) return -1;
+    ok = ok && set > 0;
     if (ok && checked == 1) cg->check = false;
     return ok && nb + np > 0;
 }
@@ -403,7 +406,9 @@ static sg_status compile(sg_fn *fn, sg__graph *g) {
         fn->opts.mode == SG_MODE_MAX_AUTOTUNE || fn->opts.mode == SG_MODE_MAX_AUTOTUNE_NO_GRAPHS;
     cg->lt = cg->tune && has_matmul(g);
     cg->check = cg->tune && cg->use_graph && !sg__comm_in_ir(&g->ir);
-    if (s == SG_OK && cg->tune && !fn->opts.force_disable_caches && tune_load(ctx, cg)) {
+    int loaded = s == SG_OK && cg->tune && !fn->opts.force_disable_caches ? tune_load(ctx, cg) : 0;
+    if (loaded < 0) s = ctx->status;
+    if (loaded > 0) {
         cg->tune = false;
         sg__log(ctx, "perf_hints", "fn '%s': max-autotune: the picks remembered in %s", fn->name,
                 cg->tune_path);
@@ -980,10 +985,11 @@ static sg_status autotune(sg_fn *fn, sg__graph *g, set_state *st) {
     saved *sv = NULL;
     int nsv = 0;
     sg_status s = save_mutated(ctx, g, &sv, &nsv);
-    if (cg->lt) sg__lt_tune_begin(ctx);
+    if (s == SG_OK && cg->lt) s = sg__lt_tune_begin(ctx);
     if (s == SG_OK) s = launch_all(ctx, g, st);
     sg__lt_pick picks[TUNE_MAX];
     int npicks = cg->lt ? sg__lt_tune_end(ctx, picks, TUNE_MAX) : 0;
+    if (npicks < 0 && s == SG_OK) s = ctx->status;
     if (s == SG_OK) s = tune_kernels(fn, g, st);
     if (s == SG_OK) tune_save(cg, picks, npicks);
     char why[SG__MSG_SIZE] = "";
@@ -1031,8 +1037,8 @@ static sg_status time_exec(sg_ctx *ctx, CUgraphExec exec, float *ms) {
  * place copied aside first and put back before each timing), and the tuned
  * one stays only when it is at least 1% faster: the defaults are what
  * reduce-overhead runs, and the picks must beat them where it counts. A
- * failure to record or time keeps the tuned graph and is only logged; a
- * failure to put the values back is the call's failure. The outcome joins
+ * failure to record or time keeps the tuned graph, a fallback (under strict
+ * the call's error); a failure to put the values back is the call's failure. The outcome joins
  * the tune file (tune_checked), so a later process neither checks again
  * nor applies picks that lost.
  */
@@ -1048,7 +1054,10 @@ static sg_status check_step(sg_fn *fn, sg__graph *g, set_state *st) {
     if (!differs || !st->exec) return SG_OK;
     size_t bytes = sizeof(unsigned) * (size_t)cg->ngroups;
     unsigned *tuned = sg__alloc(ctx, 2 * bytes + 1);
-    if (!tuned) return sg__fail(ctx, SG_ERR_OOM, "cuda: out of host memory");
+    if (!tuned)
+        return sg__fn_fallback(fn, SG_ERR_OOM,
+                               "max-autotune: out of host memory to compare the "
+                               "tuned step with the default one; the picks stay");
     sg_status before = ctx->status;
     char msg[SG__MSG_SIZE];
     snprintf(msg, sizeof msg, "%s", ctx->msg);
@@ -1082,11 +1091,8 @@ static sg_status check_step(sg_fn *fn, sg__graph *g, set_state *st) {
                 "%.2f us with the defaults; %s",
                 fn->name, ms[0] * 1e3f / 20, ms[1] * 1e3f / 20,
                 dflt ? "the defaults stay" : "the picks stay");
-    else
-        sg__log(ctx, "perf_hints",
-                "fn '%s': max-autotune: the tuned step was not compared with the default "
-                "one, the picks stay: %.700s",
-                fn->name, ctx->msg);
+    char why[SG__MSG_SIZE] = "";
+    if (s != SG_OK) snprintf(why, sizeof why, "%s", ctx->msg);
     if (s == SG_OK) tune_checked(cg, !dflt);
     if (dflt) {
         cu->cuGraphExecDestroy(st->exec);
@@ -1100,7 +1106,12 @@ static sg_status check_step(sg_fn *fn, sg__graph *g, set_state *st) {
     ctx->status = before;
     snprintf(ctx->msg, sizeof ctx->msg, "%s", msg);
     /* Put back even after a failure: the caller's values must not move. */
-    return sv ? restore_mutated(ctx, g, sv, nsv) : SG_OK;
+    sg_status r = sv ? restore_mutated(ctx, g, sv, nsv) : SG_OK;
+    if (r != SG_OK || s == SG_OK) return r;
+    return sg__fn_fallback(fn, s,
+                           "max-autotune: the tuned step was not compared with the "
+                           "default one, the picks stay: %.700s",
+                           why);
 }
 
 /* SG_CUDA_STAMPS=N: the first STAMP_WARM replays of a set run as usual, the
@@ -1243,8 +1254,9 @@ bool sg__cuda_lanes_note(const sg__graph *g, char *buf, size_t size) {
 static sg_status run(sg_fn *fn, sg__graph *g, int set) {
     cu_graph *cg = g->dev;
     bool lt = cg->lt; /* check_step may turn the picks off */
-    if (lt) sg__lt_scope(fn->ctx, true);
-    sg_status s = run_set(fn, g, set);
+    sg_status s = lt ? sg__lt_scope(fn->ctx, true) : SG_OK;
+    if (s != SG_OK) return s;
+    s = run_set(fn, g, set);
     if (lt) sg__lt_scope(fn->ctx, false);
     return s;
 }
@@ -1296,8 +1308,9 @@ static sg_status timed_run_set(sg_fn *fn, sg__graph *g, int set) {
 
 static sg_status timed_run(sg_fn *fn, sg__graph *g, int set) {
     cu_graph *cg = g->dev;
-    if (cg->lt) sg__lt_scope(fn->ctx, true);
-    sg_status s = timed_run_set(fn, g, set);
+    sg_status s = cg->lt ? sg__lt_scope(fn->ctx, true) : SG_OK;
+    if (s != SG_OK) return s;
+    s = timed_run_set(fn, g, set);
     if (cg->lt) sg__lt_scope(fn->ctx, false);
     return s;
 }

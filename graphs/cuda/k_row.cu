@@ -298,6 +298,15 @@ template <int DT> __device__ __forceinline__ void unpack16(uint4 u, float *f) {
     }
 }
 
+/* The first element of a vector's first word (its x). */
+template <int DT> __device__ __forceinline__ float unpack_first(u32 w) {
+    if (DT == DT_F32) return __uint_as_float(w);
+    if (DT == DT_BF16) return __uint_as_float(w << 16);
+    float f[8];
+    unpack16<DT>(uint4{w, 0u, 0u, 0u}, f);
+    return f[0];
+}
+
 /* Round 8 halves or 4 floats to one vector of DT: round to nearest even,
  * as f2h and f2bf (one cvt per pair; a NaN stays NaN, its payload the
  * device's). */
@@ -891,9 +900,13 @@ extern "C" __global__ void __launch_bounds__(BLOCK)
 /* Rows of NORM_BWD in 16-byte vectors by a warp each (NB_VECS: x, g, y, w
  * and r contiguous on 16 bytes, at most 32 * NB_VEC vectors), the warps of
  * the grid taking rows in turn: per row every vector in flight at once
- * (r's too with NB_R_EARLY), the statistics from the registers (the mean,
- * then the squares about it), the sums in f32 (each lane in column order,
- * then the butterfly), dx (+ r) packed and stored. With NB_SUMS each lane
+ * (r's too with NB_R_EARLY), then two passes over the registers. The first
+ * takes the row's four sums in f32 (each lane in column order, then one
+ * butterfly of the four): of d = x - c, of d * d, of gw = g * w and of
+ * gw * d, about c, the row's first element (0 for RMS), so that the
+ * variance, sum(d * d) / len - mean(d)^2, loses nothing to a mean far from
+ * 0. The second makes xh, dx (+ r), packed and stored, and the columns'
+ * sums. With NB_SUMS each lane
  * also sums g * xh and g of its columns over its warp's rows, and with
  * NB_DXSUM dx as stored (packed to the dtype), in the warp's own set of
  * len floats each in shared memory (16-byte accesses); then the block adds
@@ -980,27 +993,11 @@ __device__ __forceinline__ void norm_bwd_vec(const void *x, const void *gp, cons
                 if (early) ra[q] = __ldg(rr + v);
             }
         }
-        float f[8], gg[8], ww[8], s = 0.0f, m = 0.0f, var = 0.0f;
-#pragma unroll
-        for (int q = 0; q < NQ; q++) {
-            if (!layer || lane + q * 32 >= nv) continue;
-            unpack16<DT>(xa[q], f);
-#pragma unroll
-            for (int k = 0; k < PER; k++) s += f[k];
-        }
-        if (layer) m = warp_sum(s) / (float)len;
-#pragma unroll
-        for (int q = 0; q < NQ; q++) {
-            if (lane + q * 32 >= nv) continue;
-            unpack16<DT>(xa[q], f);
-#pragma unroll
-            for (int k = 0; k < PER; k++) {
-                const float d = f[k] - m;
-                var = fmaf(d, d, var);
-            }
-        }
-        const float rs = 1.0f / sqrtf(warp_sum(var) / (float)len + (float)g.eps);
-        float s1 = 0.0f, s2 = 0.0f;
+        /* One pass for the row's four sums, about c (the row's first
+         * element for a layer norm, 0 for RMS): d = x - c, sum(d), sum(d * d),
+         * sum(gw) and sum(gw * d); then one butterfly of the four. */
+        float f[8], gg[8], ww[8], sd = 0.0f, sq = 0.0f, s1 = 0.0f, t = 0.0f;
+        const float c = layer ? unpack_first<DT>(__shfl_sync(0xffffffffu, xa[0].x, 0)) : 0.0f;
 #pragma unroll
         for (int q = 0; q < NQ; q++) {
             i64 v = lane + q * 32;
@@ -1010,34 +1007,31 @@ __device__ __forceinline__ void norm_bwd_vec(const void *x, const void *gp, cons
             if (hw) unpack16<DT>(__ldg((const uint4 *)w + v), ww);
 #pragma unroll
             for (int k = 0; k < PER; k++) {
-                float xh = (f[k] - m) * rs, gw = hw ? gg[k] * ww[k] : gg[k];
+                const float d = f[k] - c, gw = hw ? gg[k] * ww[k] : gg[k];
+                sd += d;
+                sq = fmaf(d, d, sq);
                 s1 += gw;
-                s2 = fmaf(gw, xh, s2);
-                f[k] = gg[k] * xh;
-            }
-            if (!sums) continue;
-            if (REG) {
-#pragma unroll
-                for (int k = 0; k < PER; k++) rw[q][k] += f[k], rb[q][k] += gg[k];
-                continue;
-            }
-            float4 *aw = (float4 *)(acc + v * PER), *ab = (float4 *)(acc + len + v * PER);
-#pragma unroll
-            for (int h = 0; h < PER / 4; h++) {
-                float4 a = aw[h], b = ab[h];
-                a.x += f[4 * h], a.y += f[4 * h + 1], a.z += f[4 * h + 2], a.w += f[4 * h + 3];
-                b.x += gg[4 * h], b.y += gg[4 * h + 1], b.z += gg[4 * h + 2], b.w += gg[4 * h + 3];
-                aw[h] = a, ab[h] = b;
+                t = fmaf(gw, d, t);
             }
         }
-        const float m1 = layer ? warp_sum(s1) / (float)len : 0.0f;
-        const float m2 = warp_sum(s2) / (float)len;
+#pragma unroll
+        for (int o = 16; o >= 1; o >>= 1) {
+            sd += __shfl_xor_sync(0xffffffffu, sd, o);
+            sq += __shfl_xor_sync(0xffffffffu, sq, o);
+            s1 += __shfl_xor_sync(0xffffffffu, s1, o);
+            t += __shfl_xor_sync(0xffffffffu, t, o);
+        }
+        const float inv = 1.0f / (float)len, dm = layer ? sd * inv : 0.0f, m = c + dm;
+        const float var = fmaxf(fmaf(-dm, dm, sq * inv), 0.0f);
+        const float rs = 1.0f / sqrtf(var + (float)g.eps);
+        /* sum(gw * xh) = rs * sum(gw * (x - m)) = rs * (sum(gw * d) - (m - c) sum(gw)) */
+        const float m1 = layer ? s1 * inv : 0.0f, m2 = rs * fmaf(-dm, s1, t) * inv;
         uint4 *yr = (uint4 *)((char *)y + yo * es);
 #pragma unroll
         for (int q = 0; q < NQ; q++) {
             i64 v = lane + q * 32;
             if (v >= nv) continue;
-            float rv[8];
+            float rv[8], xs[8];
             unpack16<DT>(xa[q], f);
             unpack16<DT>(ga[q], gg);
             if (hw) unpack16<DT>(__ldg((const uint4 *)w + v), ww);
@@ -1045,8 +1039,24 @@ __device__ __forceinline__ void norm_bwd_vec(const void *x, const void *gp, cons
 #pragma unroll
             for (int k = 0; k < PER; k++) {
                 const float xh = (f[k] - m) * rs;
-                const float t = fmaf(-xh, m2, (hw ? gg[k] * ww[k] : gg[k]) - m1);
-                f[k] = hr ? fmaf(rs, t, rv[k]) : rs * t;
+                const float e = fmaf(-xh, m2, (hw ? gg[k] * ww[k] : gg[k]) - m1);
+                f[k] = hr ? fmaf(rs, e, rv[k]) : rs * e;
+                if (REG && sums)
+                    rw[q % NA][k] += gg[k] * xh, rb[q % NA][k] += gg[k];
+                else if (sums)
+                    xs[k] = gg[k] * xh;
+            }
+            if (sums && !REG) {
+                float4 *aw = (float4 *)(acc + v * PER), *ab = (float4 *)(acc + len + v * PER);
+#pragma unroll
+                for (int h = 0; h < PER / 4; h++) {
+                    float4 a = aw[h], b = ab[h];
+                    a.x += xs[4 * h], a.y += xs[4 * h + 1], a.z += xs[4 * h + 2],
+                        a.w += xs[4 * h + 3];
+                    b.x += gg[4 * h], b.y += gg[4 * h + 1], b.z += gg[4 * h + 2],
+                        b.w += gg[4 * h + 3];
+                    aw[h] = a, ab[h] = b;
+                }
             }
             const uint4 packed = pack16<DT>(f);
             yr[v] = packed;
