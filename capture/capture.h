@@ -111,6 +111,7 @@ struct sg_tensor {
     sg__storage *st;
     uint32_t st_gen;        /* st->gen when this handle was made: a mismatch means stale */
     bool fn_owned;          /* an output handle in a compiled fn's ring, not in the lists */
+    bool was_output;        /* buried with its fn (sg__tensor_bury): for the message */
     struct sg__gnode *grad_fn; /* what made it, for sg_grad (a leaf's own node); NULL: no grad */
     sg_tensor *prev, *next; /* the context's list of live or quarantined handles */
     sg__reg reg;            /* registered while its memory is the handle's (registry.c) */

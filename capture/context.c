@@ -158,44 +158,31 @@ static const char *const log_topic_names[] = {"error",      "graph_breaks", "rec
 static _Atomic bool said_unknown_topic;
 
 /* SG_LOGS words that name no topic: said once per process on stderr. */
-static void warn_unknown_topics(const char *env) {
-    char word[64];
-    for (const char *p = env; *p;) {
+/* SG_LOGS: words apart by ',', '+' or ' '; each a topic, or "all" (every
+ * one); the first word that names none is said once on stderr. */
+static uint32_t parse_sg_logs(void) {
+    const char *env = getenv("SG_LOGS");
+    uint32_t bits = 0;
+    for (const char *p = env; p && *p;) {
         size_t n = strcspn(p, ",+ ");
-        if (n > 0 && n < sizeof word) {
-            memcpy(word, p, n);
-            word[n] = '\0';
-            bool known = strcmp(word, "all") == 0;
-            for (int t = 0; t < NUM_TOPICS && !known; t++) known = strcmp(word, log_topic_names[t]) == 0;
+        if (n > 0) {
+            bool known = n == 3 && strncmp(p, "all", 3) == 0;
+            if (known) bits = ~0u;
+            for (int t = 0; t < NUM_TOPICS && !known; t++)
+                if (strlen(log_topic_names[t]) == n && strncmp(p, log_topic_names[t], n) == 0)
+                    bits |= 1u << t, known = true;
             if (!known && !said_unknown_topic) {
                 said_unknown_topic = true;
                 fprintf(stderr,
-                        "[stepgraph] SG_LOGS: unknown topic '%s' ignored; the topics are all, "
+                        "[stepgraph] SG_LOGS: unknown topic '%.*s' ignored; the topics are all, "
                         "error, graph_breaks, recompiles, guards, perf_hints, output_code, "
                         "fallbacks\n",
-                        word);
+                        n > 200 ? 200 : (int)n, p);
             }
         }
         p += n;
         if (*p) p++;
     }
-}
-
-static uint32_t parse_sg_logs(void) {
-    const char *env = getenv("SG_LOGS");
-    uint32_t bits = 0;
-    if (!env) return 0;
-    warn_unknown_topics(env);
-    for (int t = 0; t < NUM_TOPICS; t++) {
-        const char *name = log_topic_names[t];
-        size_t len = strlen(name);
-        for (const char *p = env; (p = strstr(p, name)) != NULL; p += len) {
-            bool starts = p == env || p[-1] == ',' || p[-1] == '+' || p[-1] == ' ';
-            bool ends = p[len] == '\0' || p[len] == ',' || p[len] == ' ';
-            if (starts && ends) bits |= 1u << t;
-        }
-    }
-    if (strcmp(env, "all") == 0) bits = ~0u;
     return bits;
 }
 

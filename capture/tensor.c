@@ -211,7 +211,7 @@ sg_tensor *sg__tensor_hold(sg_tensor *t) {
     if (!h) return NULL;
     *h = *t;
     h->prev = h->next = NULL;
-    h->fn_owned = false;
+    h->fn_owned = h->was_output = false;
     h->grad_fn = NULL;
     h->magic = SG__TENSOR_LIVE;
     memset(&h->reg, 0, sizeof h->reg); /* internal: never given out, never registered */
@@ -249,6 +249,7 @@ static void quarantine(sg_ctx *ctx, sg_tensor *t) {
 }
 
 void sg__tensor_bury(sg_tensor *t) {
+    t->was_output = t->fn_owned;
     t->fn_owned = false;
     quarantine(t->ctx, t);
 }
@@ -296,6 +297,15 @@ void sg__ctx_release_all(sg_ctx *ctx) {
 
 /* ------------------------------------------------------------ input checks */
 
+/* Why a dead handle is dead, for the message that names it. */
+static const char *dead_why(const sg_tensor *t) {
+    return t->fn_owned || t->was_output
+               ? "was an output of a compiled step, released with sg_release or dropped "
+                 "with its fn (sg_fn_destroy, sg_fn_reset, sg_reset); sg_clone the "
+                 "outputs you keep"
+               : "was released with sg_release; keep it until its last use";
+}
+
 sg_ctx *sg__check_inputs(const char *op, int n, sg_tensor *const *ts, const bool *optional) {
     sg_ctx *ctx = NULL;
     for (int i = 0; i < n; i++)
@@ -310,10 +320,8 @@ sg_ctx *sg__check_inputs(const char *op, int n, sg_tensor *const *ts, const bool
             return NULL; /* an earlier op failed and said why */
         }
         if (ts[i]->magic == SG__TENSOR_DEAD) {
-            sg__fail(ctx, SG_ERR_RELEASED,
-                     "%s: input %d (tensor #%u) was released with "
-                     "sg_release; keep it until its last use",
-                     op, i, ts[i]->id);
+            sg__fail(ctx, SG_ERR_RELEASED, "%s: input %d (tensor #%u) %s", op, i, ts[i]->id,
+                     dead_why(ts[i]));
             return NULL;
         }
         if (ts[i]->magic != SG__TENSOR_LIVE) {
@@ -345,10 +353,7 @@ sg_status sg__inputs_status(int n, sg_tensor *const *ts) {
 sg_status sg__check_tensor(const char *what, const sg_tensor *t) {
     if (!t) return SG_ERR_NULL;
     if (t->magic == SG__TENSOR_DEAD)
-        return sg__fail(t->ctx, SG_ERR_RELEASED,
-                        "%s: tensor #%u was released with sg_release; "
-                        "keep it until its last use",
-                        what, t->id);
+        return sg__fail(t->ctx, SG_ERR_RELEASED, "%s: tensor #%u %s", what, t->id, dead_why(t));
     if (t->magic != SG__TENSOR_LIVE) return SG_ERR_INVALID_ARG;
     return sg__check_stale(t, what);
 }

@@ -488,7 +488,8 @@ double sg__cache_limit_mb(void) {
     const char *v = env("SG_CACHE_MAX_MB");
     char *end = NULL;
     double mb = v ? strtod(v, &end) : 1024.0;
-    return v && (end == v || mb < 0) ? 1024.0 : mb;
+    if (v && (end == v || !(mb >= 0))) return 1024.0; /* not a number, negative or NaN */
+    return mb > 1e12 ? 1e12 : mb; /* an exabyte: no limit, and bytes that fit 64 bits */
 }
 
 void sg__cache_evict(sg_ctx *ctx, const char *root, const char *keep) {

@@ -492,7 +492,7 @@ static sg_status fn_unknown(const sg_fn *fn, const char *what) {
  * all: the status to return. Found in the registry before fn is read
  * (cached per thread: sg_call takes no process-wide lock while no fn was
  * freed). */
-static sg_status check_fn(const sg_fn *fn, const char *what) {
+sg_status sg__fn_check(const sg_fn *fn, const char *what) {
     if (!fn) return SG_ERR_NULL;
     if (!sg__reg_fn_known(fn)) return fn_unknown(fn, what);
     if (fn->magic == SG__FN_DEAD)
@@ -556,7 +556,7 @@ static sg_status call_miss(sg_fn *fn, sg_tensor *const *in, sg_tensor **out, con
 }
 
 sg_status sg_call(sg_fn *fn, sg_tensor *const *in, int nin, sg_tensor **out, int nout) {
-    sg_status s0 = check_fn(fn, "sg_call");
+    sg_status s0 = sg__fn_check(fn, "sg_call");
     if (s0 != SG_OK) return s0;
     sg_ctx *ctx = fn->ctx;
     sg_status s = check_call(fn, in, nin, out, nout);
@@ -595,7 +595,7 @@ sg_status sg_mark_step_begin(sg_ctx *ctx) {
 }
 
 sg_status sg_fn_reset(sg_fn *fn) {
-    sg_status s = check_fn(fn, "sg_fn_reset");
+    sg_status s = sg__fn_check(fn, "sg_fn_reset");
     if (s != SG_OK) return s;
     while (fn->ngraphs) drop_graph(fn, fn->ngraphs - 1);
     return SG_OK;
@@ -608,7 +608,7 @@ sg_status sg_reset(sg_ctx *ctx) {
 }
 
 sg_status sg_fn_set_stance(sg_fn *fn, sg_stance stance) {
-    sg_status s = check_fn(fn, "sg_fn_set_stance");
+    sg_status s = sg__fn_check(fn, "sg_fn_set_stance");
     if (s != SG_OK) return s;
     if ((unsigned)stance > SG_STANCE_FAIL_ON_RECOMPILE)
         return sg__fail(fn->ctx, SG_ERR_INVALID_ARG,
@@ -621,7 +621,7 @@ sg_status sg_fn_set_stance(sg_fn *fn, sg_stance stance) {
 }
 
 sg_status sg_fn_get_stats(const sg_fn *fn, sg_fn_stats *stats) {
-    sg_status s = check_fn(fn, "sg_fn_get_stats");
+    sg_status s = sg__fn_check(fn, "sg_fn_get_stats");
     if (s != SG_OK) return s;
     if (!stats) return sg__fail(fn->ctx, SG_ERR_NULL, "sg_fn_get_stats: stats is NULL");
     *stats = fn->stats;
@@ -701,7 +701,7 @@ static void add_graph_stats(const sg__graph *g, sg_memory_stats *st) {
 }
 
 sg_status sg_fn_memory_stats(const sg_fn *fn, sg_memory_stats *st) {
-    sg_status s = check_fn(fn, "sg_fn_memory_stats");
+    sg_status s = sg__fn_check(fn, "sg_fn_memory_stats");
     if (s != SG_OK) return s;
     if (!st) return sg__fail(fn->ctx, SG_ERR_NULL, "sg_fn_memory_stats: stats is NULL");
     memset(st, 0, sizeof *st);

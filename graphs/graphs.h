@@ -189,6 +189,9 @@ SG__HIDDEN void sg__outputs_publish(sg_fn *fn, int si, sg_tensor **out);
 /* A fallback of fn (see "Fallbacks" in stepgraph.h): with strict, fails
  * with status s and the reason; else logs it (the fn's first one visibly
  * even without SG_LOGS) and returns SG_OK. */
+/* Whether fn is a live fn (SG_OK), else its status with the reason said
+ * (destroyed, its context destroyed, not a fn); what names the call. */
+SG__HIDDEN sg_status sg__fn_check(const sg_fn *fn, const char *what);
 SG__HIDDEN sg_status sg__fn_fallback(sg_fn *fn, sg_status s, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
 SG__HIDDEN void sg__fns_repoint(sg_ctx *ctx);

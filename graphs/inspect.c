@@ -295,21 +295,27 @@ static sg_status dot_svg(sg_ctx *ctx, const char *path, bool *svg) {
     int rc = sg__run_program(argv, fd, &status, 60);
     close(fd);
     if (rc == ENOENT || (rc == 0 && WIFEXITED(status) && WEXITSTATUS(status) == 127)) return SG_OK;
-    if (rc != 0 || !WIFEXITED(status) || WEXITSTATUS(status) != 0)
+    if (rc != 0 || !WIFEXITED(status) || WEXITSTATUS(status) != 0) {
+        char why[64];
+        if (rc == 0 && WIFEXITED(status))
+            snprintf(why, sizeof why, "exit status %d", WEXITSTATUS(status));
+        else if (rc == 0 && WIFSIGNALED(status))
+            snprintf(why, sizeof why, "killed by signal %d", WTERMSIG(status));
+        else
+            snprintf(why, sizeof why, "%s", rc == ETIMEDOUT ? "took over 60 s" : strerror(rc));
         return sg__fail(ctx, SG_ERR_COMPILE,
                         "sg_fn_write_dot: `dot -Tsvg` on %s failed (%s); the DOT file is "
                         "written, render it by hand",
-                        path,
-                        rc == ETIMEDOUT ? "took over 60 s"
-                        : rc            ? strerror(rc)
-                                        : "exit status");
+                        path, why);
+    }
     *svg = true;
     return SG_OK;
 }
 
 /* The last capture of fn, if it has a plan to picture. */
 static sg_status last_capture(sg_fn *fn, const char *what, sg__graph **g) {
-    if (!fn || !sg__reg_fn_known(fn) || fn->magic != SG__FN_LIVE) return SG_ERR_NULL;
+    sg_status s = sg__fn_check(fn, what);
+    if (s != SG_OK) return s;
     if (fn->ngraphs == 0)
         return sg__fail(fn->ctx, SG_ERR_INVALID_ARG,
                         "%s: fn '%s' has no capture yet; call it with sg_call first", what,
@@ -442,7 +448,8 @@ static void trace_json(const sg__trace *tr, sg__text *t) {
 }
 
 sg_status sg_fn_trace(sg_fn *fn, sg_tensor *const *in, int nin, const char *path, int replays) {
-    if (!fn || !sg__reg_fn_known(fn) || fn->magic != SG__FN_LIVE) return SG_ERR_NULL;
+    sg_status s0 = sg__fn_check(fn, "sg_fn_trace");
+    if (s0 != SG_OK) return s0;
     sg_ctx *ctx = fn->ctx;
     if (!path) return sg__fail(ctx, SG_ERR_NULL, "sg_fn_trace: path is NULL");
     if (replays < 1)

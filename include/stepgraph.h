@@ -931,7 +931,7 @@ SG_API sg_status sg_optim_step_scaled(sg_optim *opt, sg_tensor *const *grads, sg
  *
  * Fallbacks: whenever stepgraph runs something slower than asked because it
  * could not do better -- generated code failed to emit or compile (a missing
- * C compiler, an unusable SG_CACHE_DIR), a plan could not be built, a CUDA
+ * C compiler, an SG_CACHE_DIR not trusted: see "Trust"), a plan could not be built, a CUDA
  * graph could not be recorded or instantiated, a graph break made a
  * signature eager, cache_size_limit was reached -- that is a fallback. With
  * `strict`, a fallback is an error instead: the call fails with the status
@@ -1262,7 +1262,9 @@ SG_API sg_status sg_list_backends(sg_backend_info *out, int cap, int *n);
  * be regular files (a FIFO or device is refused, never waited on). A root
  * that cannot be used at all (not creatable or not writable) makes each
  * build compile into a private temporary directory instead (said once
- * under the "fallbacks" log topic): kernels still run, none is kept.
+ * under the "fallbacks" log topic): kernels still run as fast, none is
+ * kept. That is no fallback (nothing runs slower, only later processes
+ * compile again), so strict does not make it an error.
  *
  * Size: after each new entry, the least recently used entries (an entry is
  * used when it is written or loaded) are removed until the cache holds at

@@ -498,6 +498,15 @@ static void test_evict(void) {
          TU_EXPECT(!exists(e1)) && TU_EXPECT(!exists(e3));
     ok = ok && build_expect("sg_k_ev4", 14, 0, 1, 0, NULL);
     tu_case(ok, "CACHE_EVICT(SG_CACHE_MAX_MB=0.000001 -> only the new entry)");
+    /* Limits past 64 bits of bytes are no limit (not an overflow to 0). */
+    const char *huge[3] = {"inf", "1e30", "nan"};
+    for (int k = 0; k < 3; k++) {
+        setenv("SG_CACHE_MAX_MB", huge[k], 1);
+        char name[32];
+        snprintf(name, sizeof name, "sg_k_ev%d", 5 + k);
+        ok = build_expect(name, 15 + k, 1, 0, 0, NULL) && TU_EXPECT(is_dir(e4));
+        tu_case(ok, "CACHE_EVICT(SG_CACHE_MAX_MB=%s -> nothing evicted)", huge[k]);
+    }
     unsetenv("SG_CACHE_MAX_MB");
 }
 

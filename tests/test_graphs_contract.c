@@ -10,6 +10,8 @@
 #define _POSIX_C_SOURCE 200809L /* setenv, mkstemp, dup2 */
 #include "testutil.h"
 
+#include "capture/capture.h"
+
 #include <fcntl.h>
 #include <string.h>
 #include <unistd.h>
@@ -154,6 +156,35 @@ static void test_op_messages(void) {
                     sg_mode_name(modes[mi]), ret ? "the status" : "SG_OK with a NULL output");
             sg_fn_destroy(fn);
         }
+    sg_ctx_destroy(ctx);
+}
+
+/* After sg_fn_destroy: its output handle names the fn's end, and the
+ * inspection calls say the fn was destroyed, as sg_call does. */
+static void test_after_destroy(void) {
+    sg_ctx *ctx = tu_ctx((sg_ctx_opts){0});
+    int64_t shape[1] = {4};
+    double *xv;
+    sg_tensor *x = tu_rand(ctx, SG_F32, 1, shape, -1, 1, &xv), *y = NULL;
+    sg_fn *fn;
+    bool ok = TU_EXPECT(sg_compile(ctx, affine_step, NULL, 1, 1, NULL, &fn) == SG_OK) &&
+              TU_EXPECT(sg_call(fn, &x, 1, &y, 1) == SG_OK);
+    sg_fn_destroy(fn);
+    float got[4];
+    ok = ok && TU_EXPECT(sg_read(y, got, sizeof got) == SG_ERR_RELEASED) &&
+         TU_EXPECT(strstr(sg_last_error(ctx), "sg_fn_destroy") != NULL);
+    sg_clear_error(ctx);
+    sg_status sd = sg_fn_write_dot(fn, "/tmp/sg_contract_never.dot", NULL);
+    ok = ok && TU_EXPECT(sd == SG_ERR_RELEASED) &&
+         TU_EXPECT(strstr(sg_last_error(ctx), "sg_fn_write_dot: the fn was destroyed") != NULL);
+    sg_clear_error(ctx);
+    sg_status st = sg_fn_trace(fn, &x, 1, "/tmp/sg_contract_never.json", 1);
+    ok = ok && TU_EXPECT(st == SG_ERR_RELEASED) &&
+         TU_EXPECT(strstr(sg_last_error(ctx), "sg_fn_trace: the fn was destroyed") != NULL);
+    sg_clear_error(ctx);
+    tu_case(ok, "AFTER_DESTROY(an output handle, sg_fn_write_dot, sg_fn_trace) -> SG_ERR_RELEASED, "
+                "naming sg_fn_destroy");
+    free(xv);
     sg_ctx_destroy(ctx);
 }
 
@@ -368,11 +399,37 @@ static void test_unknown_topic(void) {
     tu_case(ok, "SG_LOGS(an unknown topic is said once, naming the known ones)");
 }
 
+/* SG_LOGS's words apart by ',', '+' or ' ', "all" anywhere among them: the
+ * topics a fresh context logs (capture.h's log_topics, bit per topic in
+ * the order error, graph_breaks, recompiles, guards, perf_hints,
+ * output_code, fallbacks). */
+static void test_topic_lists(void) {
+    const struct {
+        const char *env;
+        uint32_t bits;
+    } c[] = {{"perf_hints+output_code", 0x30},
+             {"output_code+perf_hints", 0x30},
+             {"all,perf_hints", ~0u},
+             {"all+error", ~0u},
+             {"recompiles guards", 0xc},
+             {",,error,", 0x1},
+             {"", 0}};
+    for (size_t k = 0; k < sizeof c / sizeof c[0]; k++) {
+        setenv("SG_LOGS", c[k].env, 1);
+        sg_ctx *a = tu_ctx((sg_ctx_opts){0});
+        unsetenv("SG_LOGS");
+        tu_case(TU_EXPECT(a->log_topics == c[k].bits), "SG_LOGS(\"%s\") -> topics 0x%x", c[k].env,
+                a->log_topics);
+        sg_ctx_destroy(a);
+    }
+}
+
 int main(void) {
     tu_seed(5);
     test_defaults();
     test_carry_on();
     test_op_messages();
+    test_after_destroy();
     for (int k = FB_COMPILE; k <= FB_LIMIT; k++) {
         test_fallback((fallback_kind)k, true);
         test_fallback((fallback_kind)k, false);
@@ -381,5 +438,6 @@ int main(void) {
     test_counters_and_stances();
     test_explain_scalars();
     test_unknown_topic();
+    test_topic_lists();
     return tu_finish();
 }

@@ -9,8 +9,10 @@
 #define _POSIX_C_SOURCE 200809L /* setenv, mkdtemp */
 #include "testutil.h"
 
+#include <dirent.h>
 #include <math.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 static int compiled_lines; /* "compiled ..." lines under output_code */
@@ -164,6 +166,24 @@ int main(void) {
     same.force_disable_caches = false;
     ok = run(ctx, x, xv, wv, &same, &eps, &kern) && TU_EXPECT(compiled_lines == 0);
     tu_case(ok, "FORCE_DISABLE_CACHES: the next fn without it hits the cache again");
+
+    /* max-autotune with force_disable_caches, run from an empty directory:
+     * the pick goes beside the unit, no file lands in the working directory. */
+    char cwd[4096], here[128];
+    snprintf(here, sizeof here, "%s/cwd", tmpdir);
+    ok = TU_EXPECT(getcwd(cwd, sizeof cwd) != NULL) && TU_EXPECT(mkdir(here, 0700) == 0) &&
+         TU_EXPECT(chdir(here) == 0);
+    sg_compile_opts tuned = {
+        .name = "epi_tuned", .mode = SG_MODE_MAX_AUTOTUNE, .force_disable_caches = true};
+    ok = ok && run(ctx, x, xv, wv, &tuned, &eps, &kern);
+    int left = 0;
+    DIR *d = ok ? opendir(".") : NULL;
+    for (struct dirent *e; d && (e = readdir(d));) left += e->d_name[0] != '.';
+    if (d) closedir(d);
+    ok = ok && TU_EXPECT(left == 0) && TU_EXPECT(chdir(cwd) == 0);
+    rmdir(here);
+    tu_case(ok, "FORCE_DISABLE_CACHES(true, max-autotune): %d files in the working directory",
+            left);
 
     char path[128];
     snprintf(path, sizeof path, "%s/o.dot", tmpdir);

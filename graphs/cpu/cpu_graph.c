@@ -63,9 +63,9 @@ static int run_compiled(sg__graph *g) {
 }
 
 /* The tuning remembered beside the compiled unit in the disk cache (a
- * checksummed note: a damaged one reads as none and is written again), or 0. */
-static int tuned_threads(const sg__graph *g, char *path, size_t size) {
-    snprintf(path, size, "%s/tune.txt", sg__module_path(g->mod));
+ * checksummed note at path: a damaged one reads as none and is written
+ * again), or 0. */
+static int tuned_threads(const char *path) {
     char body[64];
     int threads = 0;
     if (!sg__note_read(path, body, sizeof body) || sscanf(body, "threads=%d", &threads) != 1)
@@ -81,8 +81,11 @@ static int tuned_threads(const sg__graph *g, char *path, size_t size) {
 static void autotune(sg_fn *fn, sg__graph *g) {
     g->tune = false;
 #ifdef _OPENMP
+    /* force_disable_caches reads no pick; the one made is still written
+     * beside the unit, as the unit itself is. */
     char path[4200];
-    int known = fn->opts.force_disable_caches ? 0 : tuned_threads(g, path, sizeof path);
+    snprintf(path, sizeof path, "%s/tune.txt", sg__module_path(g->mod));
+    int known = fn->opts.force_disable_caches ? 0 : tuned_threads(path);
     if (known > 0) {
         g->threads = known;
         return;
