@@ -912,13 +912,14 @@ sg_status sg__lt_tune_begin(sg_ctx *ctx) {
     return SG_OK;
 }
 
-int sg__lt_tune_end(sg_ctx *ctx, sg__lt_pick *out, int max) {
+int sg__lt_tune_end(sg_ctx *ctx, sg__lt_pick *out, int max, sg_status *lost) {
     lt_state *s = *sg__cuda_lt_state(ctx);
     int n = 0;
+    *lost = SG_OK;
     if (!s || !s->tuning) return 0;
     s->tuning = false;
     if (s->lost != SG_OK) {
-        sg__fail(ctx, s->lost, "%s", s->lost_why);
+        *lost = sg__fail(ctx, s->lost, "%s", s->lost_why);
         return -1;
     }
     for (int i = 0; i < s->nknown && n < max; i++)

@@ -266,10 +266,11 @@ SG__HIDDEN bool sg__lt_scoped(sg_ctx *ctx);
  * sg__lt_prefer_gemv). begin loads cuBLASLt if needed: SG_ERR_OOM (set in
  * the context) when memory ran out; where the library cannot be had,
  * nothing is timed, SG_OK and the status untouched. end returns the picks made or applied since
- * begin (at most max into out), or -1 with the context's status set where a
- * pick could not be made or kept (that call kept its default). */
+ * begin (at most max into out), or -1 with *lost (and the context's
+ * failure) set where a pick could not be made or kept (that call kept its
+ * default). */
 SG__HIDDEN sg_status sg__lt_tune_begin(sg_ctx *ctx);
-SG__HIDDEN int sg__lt_tune_end(sg_ctx *ctx, sg__lt_pick *out, int max);
+SG__HIDDEN int sg__lt_tune_end(sg_ctx *ctx, sg__lt_pick *out, int max, sg_status *lost);
 /* Remembered picks, applied to calls with these keys from now on: 1; 0
  * (status untouched) when cuBLASLt cannot be loaded; -1 with SG_ERR_OOM set
  * in the context when memory ran out. */

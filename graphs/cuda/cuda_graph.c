@@ -407,7 +407,7 @@ static sg_status compile(sg_fn *fn, sg__graph *g) {
     cg->lt = cg->tune && has_matmul(g);
     cg->check = cg->tune && cg->use_graph && !sg__comm_in_ir(&g->ir);
     int loaded = s == SG_OK && cg->tune && !fn->opts.force_disable_caches ? tune_load(ctx, cg) : 0;
-    if (loaded < 0) s = ctx->status;
+    if (loaded < 0) s = SG_ERR_OOM; /* said by sg__lt_picks_set */
     if (loaded > 0) {
         cg->tune = false;
         sg__log(ctx, "perf_hints", "fn '%s': max-autotune: the picks remembered in %s", fn->name,
@@ -988,8 +988,9 @@ static sg_status autotune(sg_fn *fn, sg__graph *g, set_state *st) {
     if (s == SG_OK && cg->lt) s = sg__lt_tune_begin(ctx);
     if (s == SG_OK) s = launch_all(ctx, g, st);
     sg__lt_pick picks[TUNE_MAX];
-    int npicks = cg->lt ? sg__lt_tune_end(ctx, picks, TUNE_MAX) : 0;
-    if (npicks < 0 && s == SG_OK) s = ctx->status;
+    sg_status lost = SG_OK;
+    int npicks = cg->lt ? sg__lt_tune_end(ctx, picks, TUNE_MAX, &lost) : 0;
+    if (npicks < 0 && s == SG_OK) s = lost;
     if (s == SG_OK) s = tune_kernels(fn, g, st);
     if (s == SG_OK) tune_save(cg, picks, npicks);
     char why[SG__MSG_SIZE] = "";

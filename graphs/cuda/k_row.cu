@@ -937,10 +937,14 @@ __device__ __forceinline__ void norm_bwd_vec(const void *x, const void *gp, cons
     extern __shared__ float sh[];
     float *acc = sh + (i64)warp * nsets * len, *accd = acc + (sums ? 2 * len : 0);
     float rw[NA][PER], rb[NA][PER], rd[NA][PER]; /* REG: the lane's column sums */
+    float wr[NA][PER];                           /* REG: w of the lane's columns, once */
 #pragma unroll
-    for (int q = 0; q < NA; q++)
+    for (int q = 0; q < NA; q++) {
 #pragma unroll
-        for (int k = 0; k < PER; k++) rw[q][k] = rb[q][k] = rd[q][k] = 0.0f;
+        for (int k = 0; k < PER; k++) rw[q][k] = rb[q][k] = rd[q][k] = wr[q][k] = 0.0f;
+        if (REG && hw && lane + q * 32 < nv)
+            unpack16<DT>(__ldg((const uint4 *)w + lane + q * 32), wr[q]);
+    }
     if (!REG)
         for (i64 v = lane; v < nv; v += 32) /* the lane's own columns */
             for (int t = 0; t < nsets; t++)
@@ -1004,7 +1008,12 @@ __device__ __forceinline__ void norm_bwd_vec(const void *x, const void *gp, cons
             if (v >= nv) continue;
             unpack16<DT>(xa[q], f);
             unpack16<DT>(ga[q], gg);
-            if (hw) unpack16<DT>(__ldg((const uint4 *)w + v), ww);
+            if (hw && REG) {
+#pragma unroll
+                for (int k = 0; k < PER; k++) ww[k] = wr[q % NA][k];
+            } else if (hw) {
+                unpack16<DT>(__ldg((const uint4 *)w + v), ww);
+            }
 #pragma unroll
             for (int k = 0; k < PER; k++) {
                 const float d = f[k] - c, gw = hw ? gg[k] * ww[k] : gg[k];
@@ -1034,7 +1043,12 @@ __device__ __forceinline__ void norm_bwd_vec(const void *x, const void *gp, cons
             float rv[8], xs[8];
             unpack16<DT>(xa[q], f);
             unpack16<DT>(ga[q], gg);
-            if (hw) unpack16<DT>(__ldg((const uint4 *)w + v), ww);
+            if (hw && REG) {
+#pragma unroll
+                for (int k = 0; k < PER; k++) ww[k] = wr[q % NA][k];
+            } else if (hw) {
+                unpack16<DT>(__ldg((const uint4 *)w + v), ww);
+            }
             if (hr) unpack16<DT>(early ? ra[q] : __ldg(rr + v), rv);
 #pragma unroll
             for (int k = 0; k < PER; k++) {
