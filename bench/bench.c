@@ -249,6 +249,9 @@ done:
     return r;
 }
 
+/* Rows that said "failed": the exit status says so too. */
+static int failures;
+
 static void run(workload *w) {
     result res[5]; /* by sg_mode; eager runs first: the others are compared with it */
     for (int k = 0; k < 5; k++)
@@ -257,7 +260,7 @@ static void run(workload *w) {
         sg_mode m = mode_order[k];
         if (!mode_wanted(m)) continue;
         if (!res[m].ok) {
-            printf("| %-4s | %-26s | failed |\n", w->name, sg_mode_name(m));
+            failures++, printf("| %-4s | %-26s | failed |\n", w->name, sg_mode_name(m));
             continue;
         }
         char vs[16] = "    -";
@@ -473,7 +476,7 @@ static void run_gpt2(const char *name, sg_ctx *ctx, bool decode, bool small) {
     gpt_work p = {
         make_model(ctx, small ? &reduced : &full, dt), 0, 0, 0, decode, NULL, NULL, NULL, NULL};
     if (!p.g) {
-        printf("| %-4s | %-26s | failed |\n", name, "(model)");
+        failures++, printf("| %-4s | %-26s | failed |\n", name, "(model)");
         return;
     }
     int64_t T = p.g->cfg.max_t >= 512 ? 512 : p.g->cfg.max_t / 4, one = 1, shape[2] = {4, T};
@@ -621,7 +624,7 @@ static void run_w4(sg_ctx *ctx, bool small) {
             (long long)m.hidden, (long long)m.hidden);
     if (st != SG_OK || !m.x || !m.y) {
         fprintf(stderr, "bench: W4 setup: %s\n", sg_last_error(ctx));
-        printf("| %-4s | %-26s | failed |\n", "W4", "(setup)");
+        failures++, printf("| %-4s | %-26s | failed |\n", "W4", "(setup)");
     } else {
         bool gpu = sg_ctx_backend(ctx) == SG_BACKEND_CUDA;
         workload w = {"W4",    gpu ? 200 : 5, gpu ? 5 : 3, ctx,    w4_begin,
@@ -737,7 +740,7 @@ static void run_w6(sg_ctx *ctx, bool small) {
     int64_t T = p.g && p.g->cfg.max_t < 1024 ? p.g->cfg.max_t : 1024;
     if (!p.g || w6_batch(&p, ctx, T) != SG_OK) {
         fprintf(stderr, "bench: W6 setup: %s\n", sg_last_error(ctx));
-        printf("| %-4s | %-26s | failed |\n", "W6", "(setup)");
+        failures++, printf("| %-4s | %-26s | failed |\n", "W6", "(setup)");
         gpt2_destroy(p.g);
         return;
     }
@@ -858,5 +861,8 @@ int main(int argc, char **argv) {
             run_gpt2(wk == W3 ? "W3" : "W5", ctx, wk == W3, small);
     }
     sg_ctx_destroy(ctx);
-    return 0;
+    if (failures)
+        fprintf(stderr, "bench: %d row%s failed (the reasons are above)\n", failures,
+                failures > 1 ? "s" : "");
+    return failures ? 1 : 0;
 }

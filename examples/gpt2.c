@@ -11,9 +11,11 @@
  *        [--dtype f32|bf16] [--steps N] [--seed N] [--tiny] [token ...]
  */
 #define _POSIX_C_SOURCE 200809L
+#include "args.h"
 #include "gpt2/model.h"
 #include "gpt2/tokenizer.h"
 
+#include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -62,23 +64,43 @@ static int parse(int argc, char **argv, args *a) {
             continue;
         }
         if (!takes) {
-            char *end;
-            long long t = strtoll(s, &end, 10);
-            if (*end || end == s || t < 0 || a->n_prompt == 256)
+            long long t = 0;
+            if (!arg_int(s, 0, LLONG_MAX, &t))
                 return fprintf(stderr, "gpt2: unknown argument '%s'\n", s), 2;
+            if (a->n_prompt == 256)
+                return fprintf(stderr, "gpt2: at most 256 prompt tokens ('%s' is the 257th)\n", s),
+                       2;
             a->prompt[a->n_prompt++] = t;
             continue;
         }
         i++;
         if (strcmp(s, "--model") == 0) a->model = v;
         if (strcmp(s, "--tokenizer") == 0) a->tokenizer = v;
-        if (strcmp(s, "--steps") == 0) a->steps = atoi(v);
-        if (strcmp(s, "--seed") == 0) a->seed = strtoull(v, NULL, 10);
-        if (strcmp(s, "--dtype") == 0) a->dtype = strcmp(v, "bf16") == 0 ? SG_BF16 : SG_F32;
-        if (strcmp(s, "--backend") == 0)
+        long long n = 0;
+        if (strcmp(s, "--steps") == 0) {
+            if (!arg_int(v, 0, 1 << 20, &n))
+                return fprintf(stderr, "gpt2: --steps takes a whole number in [0, %d], not '%s'\n",
+                               1 << 20, v),
+                       2;
+            a->steps = (int)n;
+        }
+        if (strcmp(s, "--seed") == 0) {
+            if (!arg_int(v, 0, LLONG_MAX, &n))
+                return fprintf(stderr, "gpt2: --seed takes a whole number >= 0, not '%s'\n", v), 2;
+            a->seed = (uint64_t)n;
+        }
+        if (strcmp(s, "--dtype") == 0) {
+            if (strcmp(v, "bf16") != 0 && strcmp(v, "f32") != 0)
+                return fprintf(stderr, "gpt2: --dtype takes f32 or bf16, not '%s'\n", v), 2;
+            a->dtype = strcmp(v, "bf16") == 0 ? SG_BF16 : SG_F32;
+        }
+        if (strcmp(s, "--backend") == 0) {
+            if (strcmp(v, "cuda") != 0 && strcmp(v, "cpu") != 0 && strcmp(v, "auto") != 0)
+                return fprintf(stderr, "gpt2: --backend takes auto, cpu or cuda, not '%s'\n", v), 2;
             a->backend = strcmp(v, "cuda") == 0  ? SG_BACKEND_CUDA
                          : strcmp(v, "cpu") == 0 ? SG_BACKEND_CPU
                                                  : SG_BACKEND_AUTO;
+        }
         if (strcmp(s, "--mode") == 0) {
             int found = 0;
             for (sg_mode m = SG_MODE_DEFAULT; m <= SG_MODE_MAX_AUTOTUNE_NO_GRAPHS; m++)
@@ -131,7 +153,8 @@ int main(int argc, char **argv) {
     args a = {NULL, NULL, SG_BACKEND_AUTO, SG_MODE_REDUCE_OVERHEAD, -1, 32, 0, 1337, {0}, 0};
     int rc = parse(argc, argv, &a);
     if (rc) return rc == 1 ? 0 : rc;
-    if (a.n_prompt == 0) {
+    bool fox_prompt = a.n_prompt == 0; /* GPT-2's ids: taken modulo a smaller vocabulary */
+    if (fox_prompt) {
         static const int64_t fox[5] = {50256, 464, 2068, 7586, 21831};
         memcpy(a.prompt, fox, sizeof fox);
         a.n_prompt = 5;
@@ -159,14 +182,23 @@ int main(int argc, char **argv) {
     }
     int64_t slots = a.n_prompt + a.steps + 1;
     if (slots > g->cfg.max_t) slots = g->cfg.max_t;
-    for (int i = 0; i < a.n_prompt; i++) a.prompt[i] %= g->cfg.vocab;
+    int bad = -1;
+    for (int i = 0; i < a.n_prompt && bad < 0; i++)
+        if (fox_prompt)
+            a.prompt[i] %= g->cfg.vocab;
+        else if (a.prompt[i] >= g->cfg.vocab)
+            bad = i;
     gpt2_tokenizer tok = {0, -1, NULL, NULL};
     if (a.tokenizer && gpt2_tokenizer_load(&tok, a.tokenizer) != 0)
         fprintf(stderr, "gpt2: cannot read tokenizer %s; printing token ids\n", a.tokenizer);
     printf("GPT-2 L=%lld C=%lld V=%lld, %s %s, mode %s\n", (long long)g->cfg.n_layer,
            (long long)g->cfg.channels, (long long)g->cfg.vocab,
            sg_backend_name(sg_ctx_backend(ctx)), sg_dtype_name(dt), sg_mode_name(a.mode));
-    if (a.n_prompt + a.steps > g->cfg.max_t) {
+    if (bad >= 0) {
+        fprintf(stderr, "gpt2: prompt token %lld is not below the vocabulary's %lld\n",
+                (long long)a.prompt[bad], (long long)g->cfg.vocab);
+        rc = 2;
+    } else if (a.n_prompt + a.steps > g->cfg.max_t) {
         fprintf(stderr, "gpt2: %d prompt tokens + %d steps exceed the %lld positions\n", a.n_prompt,
                 a.steps, (long long)g->cfg.max_t);
         rc = 2;

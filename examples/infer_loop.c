@@ -13,9 +13,12 @@
 
 #include <stepgraph.h>
 
+#include "args.h"
+
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 #include <time.h>
 
 enum { BATCH = 4, IN = 64, HIDDEN = 256, OUT = 16 };
@@ -52,8 +55,10 @@ static double now(void) {
 }
 
 int main(int argc, char **argv) {
-    int calls = argc > 1 ? atoi(argv[1]) : 200;
-    if (calls < 1) {
+    long long calls = 200;
+    if (argc > 1 && (!strcmp(argv[1], "--help") || !strcmp(argv[1], "-h")))
+        return printf("usage: infer_loop [calls >= 1]\n"), 0;
+    if ((argc > 1 && !arg_int(argv[1], 1, 1 << 30, &calls)) || argc > 2) {
         fprintf(stderr, "usage: infer_loop [calls >= 1]\n");
         return 2;
     }
@@ -95,8 +100,9 @@ int main(int argc, char **argv) {
     double per = calls > 1 ? (now() - t0) / (calls - 1) : 0;
     if (st != SG_OK) fprintf(stderr, "infer_loop: %s\n", sg_last_error(ctx));
     else
-        printf("infer_loop: %d calls on %s, %.1f us per call after the first, worst rel. error %.2g\n",
-               calls, sg_backend_name(sg_ctx_backend(ctx)), per * 1e6, worst);
+        printf(
+            "infer_loop: %d calls on %s, %.1f us per call after the first, worst rel. error %.2g\n",
+            (int)calls, sg_backend_name(sg_ctx_backend(ctx)), per * 1e6, worst);
     sg_fn_destroy(fn);
     sg_ctx_destroy(ctx);
     return st == SG_OK && worst < 1e-3 ? 0 : 1;

@@ -11,9 +11,12 @@
  */
 #include <stepgraph.h>
 
+#include "args.h"
+
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 
 enum { C = 64, H = 4, D = C / H, S = 64 };
 
@@ -55,8 +58,10 @@ static sg_tensor *random_tensor(sg_ctx *ctx, int64_t rows, int64_t cols, unsigne
 }
 
 int main(int argc, char **argv) {
-    int tokens = argc > 1 ? atoi(argv[1]) : 24;
-    if (tokens < 1 || tokens > S) {
+    long long tokens = 24;
+    if (argc > 1 && (!strcmp(argv[1], "--help") || !strcmp(argv[1], "-h")))
+        return printf("usage: kv_decode [tokens in 1..%d]\n", S), 0;
+    if ((argc > 1 && !arg_int(argv[1], 1, S, &tokens)) || argc > 2) {
         fprintf(stderr, "usage: kv_decode [tokens in 1..%d]\n", S);
         return 2;
     }
@@ -104,7 +109,7 @@ int main(int argc, char **argv) {
     if (st != SG_OK) fprintf(stderr, "kv_decode: %s\n", sg_last_error(ctx));
     else
         printf("kv_decode: %d tokens on %s, compiled against eager: worst rel. error %.2g\n",
-               tokens, sg_backend_name(sg_ctx_backend(ctx)), worst);
+               (int)tokens, sg_backend_name(sg_ctx_backend(ctx)), worst);
     for (int i = 0; i < 2; i++) sg_fn_destroy(fn[i]);
     sg_ctx_destroy(ctx);
     return st == SG_OK && worst < 1e-4 ? 0 : 1;

@@ -37,10 +37,12 @@
  * the CPU launch with mpirun.
  */
 #define _POSIX_C_SOURCE 200809L
+#include "args.h"
 #include "gpt2/data.h"
 #include "gpt2/model.h"
 #include "gpt2/train.h"
 
+#include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -91,26 +93,34 @@ static int parse(int argc, char **argv, options *o) {
             continue;
         }
         bool ok = v && a[0] == '-' && a[1] && !a[2];
+        long long n = 0;
+        double r = 0;
         if (ok) switch (a[1]) {
             case 'i': o->train = v; break;
             case 'j': o->val = v; break;
             case 'e': o->init = v; break;
             case 'o': o->out = v; break;
-            case 'b': o->B = atoll(v); break;
-            case 't': o->T = atoll(v); break;
-            case 'l': o->lr = atof(v); break;
-            case 'u': o->warmup = atoll(v); break;
-            case 'q': o->final_frac = atof(v); break;
-            case 'c': o->wd = atof(v); break;
-            case 'k': o->clip = atof(v); break;
-            case 'x': o->steps = atoll(v); break;
-            case 'v': o->val_every = atoll(v); break;
-            case 'm': o->val_steps = atoll(v); break;
+            /* B * T * 4 (bytes of the tokens) stays far inside 64 bits */
+            case 'b': ok = arg_int(v, 1, 1 << 24, &n), o->B = ok ? n : o->B; break;
+            case 't': ok = arg_int(v, 1, 1 << 24, &n), o->T = ok ? n : o->T; break;
+            case 'l': ok = arg_real(v, 1e-30, 1e6, &r), o->lr = ok ? r : o->lr; break;
+            case 'u': ok = arg_int(v, 0, LLONG_MAX, &n), o->warmup = ok ? n : o->warmup; break;
+            case 'q': ok = arg_real(v, 0, 1, &r), o->final_frac = ok ? r : o->final_frac; break;
+            case 'c': ok = arg_real(v, 0, 1e6, &r), o->wd = ok ? r : o->wd; break;
+            case 'k': ok = arg_real(v, 0, 1e30, &r), o->clip = ok ? r : o->clip; break;
+            case 'x': ok = arg_int(v, 0, LLONG_MAX, &n), o->steps = ok ? n : o->steps; break;
+            case 'v':
+                ok = arg_int(v, 0, LLONG_MAX, &n), o->val_every = ok ? n : o->val_every;
+                break;
+            case 'm':
+                ok = arg_int(v, 1, LLONG_MAX, &n), o->val_steps = ok ? n : o->val_steps;
+                break;
             case 'M': ok = parse_mode(v, &o->mode); break;
             default: ok = false;
             }
         if (!ok) {
-            fprintf(stderr, "train_gpt2: bad argument '%s'\n", a);
+            fprintf(stderr, "train_gpt2: bad argument '%s'%s%s%s\n", a, v ? " (value '" : "",
+                    v ? v : "", v ? "': a number in range?)" : "");
             usage(stderr);
             return 2;
         }

@@ -22,6 +22,9 @@
  */
 #include <stepgraph.h>
 
+#include "args.h"
+
+#include <limits.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -211,14 +214,18 @@ typedef struct options {
 
 static bool parse(int argc, char **argv, options *o) {
     *o = (options){.epochs = 3, .bsz = 64, .ckpt = "train_mlp.ckpt"};
+    long long n = 0;
     for (int i = 1; i < argc; i++) {
-        if (i + 1 < argc && !strcmp(argv[i], "-e"))
-            o->epochs = atoi(argv[++i]);
-        else if (i + 1 < argc && !strcmp(argv[i], "-b"))
-            o->bsz = atoll(argv[++i]);
-        else if (i + 1 < argc && !strcmp(argv[i], "-s"))
-            o->steps = atoll(argv[++i]);
-        else if (i + 1 < argc && !strcmp(argv[i], "-c"))
+        if (i + 1 < argc && !strcmp(argv[i], "-e")) {
+            if (!arg_int(argv[++i], 1, 1 << 20, &n)) return false;
+            o->epochs = (int)n;
+        } else if (i + 1 < argc && !strcmp(argv[i], "-b")) {
+            if (!arg_int(argv[++i], 1, 1 << 24, &n)) return false;
+            o->bsz = n;
+        } else if (i + 1 < argc && !strcmp(argv[i], "-s")) {
+            if (!arg_int(argv[++i], 0, LLONG_MAX, &n)) return false;
+            o->steps = n;
+        } else if (i + 1 < argc && !strcmp(argv[i], "-c"))
             o->ckpt = argv[++i];
         else if (argv[i][0] != '-' && o->nfiles < 2)
             o->files[o->nfiles++] = argv[i];
