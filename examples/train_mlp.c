@@ -94,6 +94,7 @@ static bool load_idx(const char *images, const char *labels, dataset *d) {
     }
     if (fi) fclose(fi);
     if (fl) fclose(fl);
+    if (!ok) free(d->x), free(d->y), d->x = NULL, d->y = NULL;
     return ok;
 }
 
@@ -289,10 +290,12 @@ int main(int argc, char **argv) {
     if (per_epoch < 1) {
         fprintf(stderr, "train_mlp: batch %lld is larger than the %lld samples\n", (long long)bsz,
                 (long long)data.n);
+        free(data.x), free(data.y);
         return 2;
     }
     if (sg_ctx_create(NULL, &ctx) != SG_OK) {
         fprintf(stderr, "train_mlp: sg_ctx_create failed: %s\n", sg_last_error(NULL));
+        free(data.x), free(data.y);
         return 1;
     }
     mlp m;
