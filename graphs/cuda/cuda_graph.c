@@ -963,6 +963,17 @@ static sg_status tune_kernels(sg_fn *fn, sg__graph *g, set_state *st) {
     return s;
 }
 
+/* After tuning's work on the real buffers: put back what the step writes in
+ * place (even after a failure: the caller's values must not move); then a
+ * failure s of that work is a fallback (what: why), said under
+ * "fallbacks", under strict the call's error. */
+static sg_status restore_then(sg_fn *fn, sg__graph *g, saved *sv, int nsv, sg_status s,
+                              const char *what, const char *why) {
+    sg_status r = sv ? restore_mutated(fn->ctx, g, sv, nsv) : SG_OK;
+    if (r != SG_OK || s == SG_OK) return r;
+    return sg__fn_fallback(fn, s, "%s: %.700s", what, why);
+}
+
 /*
  * Time each generated kernel that takes any block size with 128, 256 and
  * 512 threads on the real buffers and keep the fastest. The whole step runs
@@ -999,14 +1010,8 @@ static sg_status autotune(sg_fn *fn, sg__graph *g, set_state *st) {
         ctx->status = before;
         snprintf(ctx->msg, sizeof ctx->msg, "%s", msg);
     }
-    /* Put back even after a failure: the caller's values must not move. */
-    sg_status r = sv ? restore_mutated(ctx, g, sv, nsv) : SG_OK;
-    if (r != SG_OK || s == SG_OK) return r;
-    /* A fallback: said under "fallbacks", under strict the call's error. */
-    return sg__fn_fallback(fn, s,
-                           "max-autotune stopped, the kernels left keep their default "
-                           "launches: %.700s",
-                           why);
+    return restore_then(fn, g, sv, nsv, s,
+                        "max-autotune stopped, the kernels left keep their default launches", why);
 }
 
 /* Milliseconds of 20 launches of exec, after one. */
@@ -1106,13 +1111,10 @@ static sg_status check_step(sg_fn *fn, sg__graph *g, set_state *st) {
     sg__free(ctx, tuned, 2 * bytes + 1);
     ctx->status = before;
     snprintf(ctx->msg, sizeof ctx->msg, "%s", msg);
-    /* Put back even after a failure: the caller's values must not move. */
-    sg_status r = sv ? restore_mutated(ctx, g, sv, nsv) : SG_OK;
-    if (r != SG_OK || s == SG_OK) return r;
-    return sg__fn_fallback(fn, s,
-                           "max-autotune: the tuned step was not compared with the "
-                           "default one, the picks stay: %.700s",
-                           why);
+    return restore_then(fn, g, sv, nsv, s,
+                        "max-autotune: the tuned step was not compared with the default one, "
+                        "the picks stay",
+                        why);
 }
 
 /* SG_CUDA_STAMPS=N: the first STAMP_WARM replays of a set run as usual, the
