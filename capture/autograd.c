@@ -134,6 +134,7 @@ sg_status sg_requires_grad_(sg_tensor *t, bool requires_grad) {
                             "an op, not a leaf; to cut it from the graph, sg_clone it with "
                             "sg_set_grad_enabled(ctx, false)",
                             sg__describe(t, d, sizeof d));
+        if (t->grad_fn) t->st->grad_gen++; /* captures reading it as a parameter: a guard */
         sg__gnode_unref(ctx, t->grad_fn);
         t->grad_fn = NULL;
         return SG_OK;
@@ -148,6 +149,7 @@ sg_status sg_requires_grad_(sg_tensor *t, bool requires_grad) {
     if (!g) return sg__fail(ctx, SG_ERR_OOM, "sg_requires_grad_: out of host memory for a node");
     meta_of(t, &g->outm);
     t->grad_fn = g;
+    t->st->grad_gen++;
     return SG_OK;
 }
 

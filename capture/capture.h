@@ -83,6 +83,7 @@ typedef struct sg__storage {
     uint32_t cap_id;         /* the capture that last classified this storage ... */
     int cap_slot;            /* ... and the IR slot it got there */
     uint32_t version;        /* bumped by every op that writes the bytes (autograd's check) */
+    uint32_t grad_gen;       /* bumped when a handle of it starts or stops requiring grad */
 } sg__storage;
 
 /* A handle's entry in its context's registry of live handles (registry.c):
@@ -383,6 +384,7 @@ typedef struct sg__slot {
     int first, last;    /* nodes that first write and last touch it; -1 none */
     int output;         /* INTERNAL: -1, or the first output that lives here */
     int mutated_by;     /* INPUT/PARAM: the first node that writes it, or -1 */
+    uint32_t grad_gen;  /* PARAM: param->grad_gen when captured (a guard) */
 } sg__slot;
 
 typedef struct sg__ref {

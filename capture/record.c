@@ -91,6 +91,7 @@ static int slot_of(sg_ctx *ctx, sg__rec *rec, const sg_tensor *t) {
     int s = new_slot(ctx, rec->ir, SG__SLOT_PARAM);
     if (s < 0) return -1;
     rec->ir->slots[s].param = st;
+    rec->ir->slots[s].grad_gen = st->grad_gen;
     st->refs++;
     st->pins++;
     st->cap_id = rec->id;

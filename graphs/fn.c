@@ -289,6 +289,10 @@ static const char *guard_fail(const sg_ctx *ctx, const sg__graph *g, int nin, sg
                      sl->param->nbytes);
             return buf;
         }
+        if (sl->kind == SG__SLOT_PARAM && sl->param->grad_gen != sl->grad_gen) {
+            snprintf(buf, size, "parameter p%d started or stopped requiring grad", s);
+            return buf;
+        }
     }
     return NULL;
 }

@@ -918,10 +918,11 @@ SG_API sg_status sg_optim_step_scaled(sg_optim *opt, sg_tensor *const *grads, sg
  * and if you swap a parameter for another tensor, call sg_fn_reset.
  *
  * Guards: a capture holds for the dtypes, shapes and strides of the inputs,
- * for which inputs share storage, for which inputs require grad and for
- * sg_set_grad_enabled's state. Another signature is captured anew
- * (logged under "recompiles", with the guard that failed), up to
- * cache_size_limit captures; past that, new signatures run eagerly (a
+ * for which inputs share storage, for which inputs and parameters require
+ * grad (a parameter that starts or stops requiring grad ends the captures
+ * that read it) and for sg_set_grad_enabled's state. Another signature is
+ * captured anew (logged under "recompiles", with the guard that failed), up
+ * to cache_size_limit captures; past that, new signatures run eagerly (a
  * fallback). A new *address* for an input is not a miss.
  *
  * Defaults: a zeroed sg_compile_opts, or opts == NULL, is SG_MODE_DEFAULT

@@ -1265,6 +1265,14 @@ static sg_status rg_step(sg_ctx *c, sg_tensor *const *in, sg_tensor **out, void 
     return s;
 }
 
+static sg_status rg_param_step(sg_ctx *c, sg_tensor *const *in, sg_tensor **out, void *user) {
+    (void)c, (void)user;
+    sg_tensor *loss = sg_sum(sg_mul(sg_mul(in[0], in[0]), rg_w), 0, NULL, false), *g = NULL;
+    sg_status s = sg_grad(loss, 1, &rg_w, &g);
+    out[0] = g;
+    return s;
+}
+
 static void requires_grad_guard_case(void) {
     int64_t sh[1] = {3};
     double *xv, *wv;
@@ -1293,6 +1301,31 @@ static void requires_grad_guard_case(void) {
         sg_fn_get_stats(fn, &st);
         ok = ok && TU_EXPECT(st.captures == 3);
         tu_case(ok, "GRAD_GUARD(mode=%s: requires grad on, off, on; grad mode off) -> 3 captures",
+                sg_mode_name(modes[mi]));
+        sg_fn_destroy(fn);
+    }
+    /* A parameter's requires grad: d sum(x x w) / dw = x x while w requires
+     * grad, zeros once it stops (a new capture), x x again after. */
+    for (int mi = 0; mi < 2; mi++) {
+        sg_fn *fn;
+        sg_compile_opts o = {.mode = modes[mi]};
+        bool ok = TU_EXPECT(sg_compile(ctx, rg_param_step, NULL, 1, 1, &o, &fn) == SG_OK);
+        double ref[3], zero[3] = {0, 0, 0};
+        for (int i = 0; i < 3; i++) ref[i] = xv[i] * xv[i];
+        for (int phase = 0; ok && phase < 4; phase++) {
+            sg_requires_grad_(rg_w, phase != 2); /* on, on (no change), off, on */
+            sg_tensor *y = NULL;
+            ok = TU_EXPECT(sg_call(fn, &x, 1, &y, 1) == SG_OK);
+            double *got = ok ? tu_read(y) : NULL;
+            ok = ok &&
+                 tu_close("dw", got, phase == 2 ? zero : ref, 3, tu_rtol(SG_F32), tu_atol(SG_F32));
+            free(got);
+        }
+        sg_fn_stats st = {0};
+        sg_fn_get_stats(fn, &st);
+        ok = ok && TU_EXPECT(st.captures == 3);
+        tu_case(ok,
+                "GRAD_GUARD(mode=%s: a parameter requires grad, still, not, again) -> 3 captures",
                 sg_mode_name(modes[mi]));
         sg_fn_destroy(fn);
     }
