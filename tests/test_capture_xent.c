@@ -373,10 +373,12 @@ int main(void) {
     /* Vocabularies: GPT-2's (odd, a block's row staged in shared memory for
      * halves), a warp's row, a tiny one over many rows (the forward's
      * thread per row), a block's row of 3001, and few short rows (W4's
-     * 128 x 10, a row of 3 over 333, a warp's width over 128). */
-    static const int64_t vocab[7][2] = {{50257, 6}, {1000, 40}, {7, 1100}, {3001, 20},
-                                        {10, 128},  {3, 333},   {32, 128}};
-    for (int v = 0; v < 7; v++)
+     * 128 x 10, a row of 3 over 333, a warp's width over 128), and block
+     * rows over more rows than an H100 has SMs (blocks in several waves;
+     * 4095 with skip 1: rows off 16 bytes whose strides are on them). */
+    static const int64_t vocab[9][2] = {{50257, 6}, {1000, 40}, {7, 1100},   {3001, 20}, {10, 128},
+                                        {3, 333},   {32, 128},  {4096, 200}, {4095, 150}};
+    for (int v = 0; v < 9; v++)
         for (int d = 0; d < 3; d++)
             for (int skip = 0; skip < 2; skip++)
                 pair_case(dts[d], (v + d + skip) % 2 ? SG_I32 : SG_I64, vocab[v][1], vocab[v][0],

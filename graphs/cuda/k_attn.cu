@@ -383,14 +383,6 @@ __device__ __forceinline__ void merge(float &m, float &l, float *a, float m2, fl
     m = mn;
 }
 
-#if SG_PTX
-__device__ __forceinline__ u32 smem_addr(const void *p) {
-    u32 a;
-    asm("{ .reg .u64 t; cvta.to.shared.u64 t, %1; cvt.u32.u64 %0, t; }" : "=r"(a) : "l"(p));
-    return a;
-}
-#endif
-
 /* All threads of the block cluster meet; shared-memory writes before show after. */
 __device__ __forceinline__ void cluster_sync() {
 #if __CUDA_ARCH__ >= 900

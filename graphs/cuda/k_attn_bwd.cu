@@ -364,12 +364,6 @@ __device__ __forceinline__ float f16v(u16 h, int dt) {
     return dt == DT_F16 ? h2f(h) : __uint_as_float((u32)h << 16);
 }
 
-__device__ __forceinline__ u32 smem_addr(const void *p) {
-    u32 a;
-    asm("{ .reg .u64 t; cvta.to.shared.u64 t, %1; cvt.u32.u64 %0, t; }" : "=r"(a) : "l"(p));
-    return a;
-}
-
 /* 16 bytes global -> shared (at shared address dst), zero-filled when !in
  * (nothing read then). */
 __device__ __forceinline__ void cp16(u32 dst, const u16 *src, bool in) {

@@ -39,3 +39,12 @@ __device__ __forceinline__ void pdl_begin() {
     pdl_wait();
 }
 
+/* The 32-bit shared-window address of p, a pointer into shared memory
+ * (what ldmatrix, cp.async and mbarrier take). */
+#if defined(__CUDA_ARCH__)
+__device__ __forceinline__ u32 smem_addr(const void *p) {
+    u32 a;
+    asm("{ .reg .u64 t; cvta.to.shared.u64 t, %1; cvt.u32.u64 %0, t; }" : "=r"(a) : "l"(p));
+    return a;
+}
+#endif

@@ -349,8 +349,13 @@ template <int DT> __device__ __forceinline__ void lse_chunk(const float *f, floa
         *m = cm;
     }
     float cs = 0.0f;
+    if (*m == -inf_f()) { /* only -inf and NaN so far: exp(-inf - -inf) would be NaN */
 #pragma unroll
-    for (int k = 0; k < PER; k++) cs += f[k] == -inf_f() ? 0.0f : ex<DT>(f[k] - *m);
+        for (int k = 0; k < PER; k++) cs += f[k] == -inf_f() ? 0.0f : ex<DT>(f[k] - *m);
+    } else { /* exp(-inf - m) is 0: no test an element */
+#pragma unroll
+        for (int k = 0; k < PER; k++) cs += ex<DT>(f[k] - *m);
+    }
     *s += (double)cs;
 }
 
@@ -521,16 +526,27 @@ extern "C" __global__ void sg_row_xent_mean(const double *loss, float *out, wgeo
 
 /* ------------------------------------------------------------ cross_entropy's gradient */
 
-/* Row j0.. of the gradient: y = (exp(x - m) * inv - (j == c)) * scale. */
+/* One element of the gradient from e = exp(x - m): e * ks (ks = inv *
+ * scale), at the target (hot) (e * inv - 1) * scale. */
+__device__ __forceinline__ float xent_grad(float e, bool hot, float inv, float scale, float ks) {
+    return hot ? (e * inv - 1.0f) * scale : e * ks;
+}
+
+/* Row j0.. of the gradient, the target c tested once a vector. */
 template <int DT>
 __device__ __forceinline__ uint4 xent_bwd_vec(uint4 u, i64 j0, i64 c, float m, float inv,
-                                              float scale) {
+                                              float scale, float ks) {
     const int PER = DT == DT_F32 ? 4 : 8;
     float f[8];
     unpack16<DT>(u, f);
+    if ((unsigned long long)(c - j0) < (unsigned long long)PER) {
 #pragma unroll
-    for (int k = 0; k < PER; k++)
-        f[k] = (ex<DT>(f[k] - m) * inv - (j0 + k == c ? 1.0f : 0.0f)) * scale;
+        for (int k = 0; k < PER; k++)
+            f[k] = xent_grad(ex<DT>(f[k] - m), k == c - j0, inv, scale, ks);
+    } else {
+#pragma unroll
+        for (int k = 0; k < PER; k++) f[k] = ex<DT>(f[k] - m) * ks;
+    }
     return pack16<DT>(f);
 }
 
@@ -562,6 +578,7 @@ __device__ __forceinline__ void xent_bwd_row(const char *xr, char *yr, i64 c, fl
     }
     float inv = (float)(1.0 / s), scale = (float)((double)gv * inv_n);
     if (!in) scale = __int_as_float(0x7fc00000); /* NaN */
+    const float ks = inv * scale;
     /* The write pass, from the row's start. */
     i64 v = threadIdx.x;
     for (; v + (XENT_UNROLL - 1) * BLOCK < r.nv; v += XENT_UNROLL * BLOCK) {
@@ -572,15 +589,16 @@ __device__ __forceinline__ void xent_bwd_row(const char *xr, char *yr, i64 c, fl
 #pragma unroll
         for (int u = 0; u < XENT_UNROLL; u++) {
             i64 w = v + u * BLOCK;
-            yv[w] = xent_bwd_vec<DT>(a[u], r.head + w * PER, c, m, inv, scale);
+            yv[w] = xent_bwd_vec<DT>(a[u], r.head + w * PER, c, m, inv, scale, ks);
         }
     }
     for (; v < r.nv; v += BLOCK)
-        yv[v] = xent_bwd_vec<DT>(ST ? stage[v] : __ldg(xv + v), r.head + v * PER, c, m, inv, scale);
+        yv[v] =
+            xent_bwd_vec<DT>(ST ? stage[v] : __ldg(xv + v), r.head + v * PER, c, m, inv, scale, ks);
     for (i64 u = threadIdx.x; u < r.rest; u += BLOCK) {
         i64 j = u < r.head ? u : r.tail + (u - r.head);
         float e = ex<DT>(ldf(xr, DT, j * g.xs) - m);
-        stf(yr, DT, j * g.ys, (e * inv - (j == c ? 1.0f : 0.0f)) * scale);
+        stf(yr, DT, j * g.ys, xent_grad(e, j == c, inv, scale, ks));
     }
 }
 
@@ -608,9 +626,10 @@ __device__ __forceinline__ void xent_bwd_team(const char *xr, char *yr, i64 c, f
         *loss = fteam == 1 ? xent_loss(fm, fs, xc, c, g.len) : xent_loss(m, s, xc, c, g.len);
     float inv = (float)(1.0 / s), scale = (float)((double)gv * inv_n);
     if (!in) scale = __int_as_float(0x7fc00000); /* NaN */
+    const float ks = inv * scale;
     for (i64 j = lane; j < g.len; j += 32) {
         float e = ex<DT>(ldf(xr, DT, j * g.xs) - m);
-        stf(yr, DT, j * g.ys, (e * inv - (j == c ? 1.0f : 0.0f)) * scale);
+        stf(yr, DT, j * g.ys, xent_grad(e, j == c, inv, scale, ks));
     }
 }
 
