@@ -24,13 +24,20 @@
 
 /* ------------------------------------------------------------ the environment */
 
-/* An integer environment variable: true and *v when it is set and valid. */
-static bool env_int(const char *name, int *v) {
+/* An integer environment variable: true and *v when it is set and valid.
+ * One set to anything else (empty, "abc", "4x", past 2^30) is named in
+ * e->bad, the first such, so that sg_comm_create refuses the launch rather
+ * than run as one process. */
+static bool env_int(sg__comm_env *e, const char *name, int *v) {
     const char *s = getenv(name);
-    if (!s || !*s) return false;
+    if (!s) return false;
     char *end;
+    errno = 0;
     long x = strtol(s, &end, 10);
-    if (*end || x < -1 || x > 1 << 30) return false;
+    if (!*s || *end || errno || x < -1 || x > 1 << 30) {
+        if (!e->bad) e->bad = name;
+        return false;
+    }
     *v = (int)x;
     return true;
 }
@@ -38,9 +45,10 @@ static bool env_int(const char *name, int *v) {
 /* The first of three (rank, size, local rank) variable names that is set. */
 static bool env_triple(sg__comm_env *e, const char *rank, const char *size, const char *local) {
     int r, s;
-    if (!env_int(size, &s) || !env_int(rank, &r)) return false;
+    bool hs = env_int(e, size, &s), hr = env_int(e, rank, &r);
+    if (!hs || !hr) return false;
     e->rank = r, e->size = s;
-    if (!local || !env_int(local, &e->local_rank)) e->local_rank = 0;
+    if (!local || !env_int(e, local, &e->local_rank)) e->local_rank = 0;
     return true;
 }
 
@@ -59,7 +67,7 @@ static sg_status read_env(sg_ctx *ctx, const sg_comm_opts *o, sg__comm_env *e) {
     e->named = e->mpirun || env_triple(e, "RANK", "WORLD_SIZE", "LOCAL_RANK");
     if (o && o->size > 0) {
         e->rank = o->rank, e->size = o->size, e->named = true;
-        if (!env_int("LOCAL_RANK", &e->local_rank)) e->local_rank = 0;
+        if (!env_int(e, "LOCAL_RANK", &e->local_rank)) e->local_rank = 0;
     }
     if (e->size < 1 || e->rank < 0 || e->rank >= e->size)
         return sg__fail(ctx, SG_ERR_INVALID_ARG,
@@ -71,14 +79,24 @@ static sg_status read_env(sg_ctx *ctx, const sg_comm_opts *o, sg__comm_env *e) {
     int port = 0;
     if (o && o->master_port > 0) {
         port = o->master_port;
-    } else if (!env_int("SG_COMM_PORT", &port) && env_int("MASTER_PORT", &port)) {
+    } else if (!env_int(e, "SG_COMM_PORT", &port) && env_int(e, "MASTER_PORT", &port)) {
         /* torchrun's agent may serve its own store on MASTER_PORT. */
         const char *agent = getenv("TORCHELASTIC_USE_AGENT_STORE");
         if (agent && !strcmp(agent, "True")) port++;
     }
     e->port = port;
     const char *t = getenv("SG_COMM_TIMEOUT");
-    e->timeout_s = o && o->timeout_s > 0 ? o->timeout_s : t && atof(t) > 0 ? atof(t) : 600;
+    char *end = NULL;
+    double ts = t ? strtod(t, &end) : 600;
+    if (t && (!*t || *end || !(ts > 0) || ts > 1e9) && !e->bad) e->bad = "SG_COMM_TIMEOUT";
+    e->timeout_s = o && o->timeout_s > 0 ? o->timeout_s : t && !*end && ts > 0 ? ts : 600;
+    if (e->bad)
+        return sg__fail(ctx, SG_ERR_INVALID_ARG,
+                        "sg_comm_create: %s is '%s', not %s; set it as the launcher would, or "
+                        "unset it",
+                        e->bad, getenv(e->bad),
+                        strcmp(e->bad, "SG_COMM_TIMEOUT") == 0 ? "a positive number of seconds"
+                                                               : "a whole number in [-1, 2^30]");
     return SG_OK;
 }
 

@@ -28,6 +28,7 @@ typedef struct sg__comm_env {
     char addr[256]; /* MASTER_ADDR (or opts) */
     int port;       /* the rendezvous port (see stepgraph.h) */
     double timeout_s;
+    const char *bad; /* the first launch variable set to something else than a number */
 } sg__comm_env;
 
 /* MPI (graphs/cpu/cpu_comm.c). Make c an MPI communicator (a duplicate of

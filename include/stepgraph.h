@@ -673,7 +673,9 @@ SG_API sg_status sg_grad(sg_tensor *loss, int n, sg_tensor *const *wrt, sg_tenso
  * The launch environment: mpirun's (OMPI_COMM_WORLD_RANK/_SIZE/_LOCAL_RANK,
  * or PMI_RANK/PMI_SIZE) or torchrun's (RANK, WORLD_SIZE, LOCAL_RANK,
  * MASTER_ADDR, MASTER_PORT); neither means one process of one rank, whose
- * collectives are copies. On the CPU every collective is an MPI call
+ * collectives are copies. One of those variables (or SG_COMM_PORT,
+ * SG_COMM_TIMEOUT) set to something that is not a number is
+ * SG_ERR_INVALID_ARG naming it, never a quiet run as one process. On the CPU every collective is an MPI call
  * (Open MPI's libmpi.so.40; SG_MPI_LIB names another file), so a CPU job of
  * several ranks must be launched by mpirun. On CUDA the collectives are NCCL
  * calls on the context's stream (libnccl.so.2; SG_NCCL_LIB names another

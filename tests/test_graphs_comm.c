@@ -358,6 +358,24 @@ static void case_local(void) {
     s = sg_comm_create(ctx, NULL, &comm);
     tu_case(s == SG_ERR_INVALID_ARG, "COMM_CREATE(RANK=2,WORLD_SIZE=2) -> %s", sg_status_str(s));
     unsetenv("WORLD_SIZE"), unsetenv("RANK");
+    /* A launch variable that is not a number: refused, named (not one process). */
+    static const char *const badenv[][2] = {{"WORLD_SIZE", "abc"},
+                                            {"RANK", "1x"},
+                                            {"WORLD_SIZE", ""},
+                                            {"LOCAL_RANK", "-"},
+                                            {"MASTER_PORT", "99999999999"},
+                                            {"SG_COMM_TIMEOUT", "soon"},
+                                            {"SG_COMM_TIMEOUT", "-5"}};
+    for (int k = 0; k < 7; k++) {
+        setenv("WORLD_SIZE", "1", 1), setenv("RANK", "0", 1);
+        setenv(badenv[k][0], badenv[k][1], 1);
+        sg_clear_error(ctx);
+        s = sg_comm_create(ctx, NULL, &comm);
+        const char *m = sg_last_error(ctx);
+        tu_case(s == SG_ERR_INVALID_ARG && strstr(m, badenv[k][0]) && strstr(m, "unset it"),
+                "COMM_CREATE(%s='%s') -> %s: %s", badenv[k][0], badenv[k][1], sg_status_str(s), m);
+        unsetenv(badenv[k][0]), unsetenv("WORLD_SIZE"), unsetenv("RANK");
+    }
     /* libmpi missing: named, with the fix; the context still works. */
     setenv("OMPI_COMM_WORLD_SIZE", "2", 1), setenv("OMPI_COMM_WORLD_RANK", "0", 1);
     setenv("SG_MPI_LIB", "/nonexistent/libmpi.so.40", 1);
