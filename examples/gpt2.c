@@ -142,10 +142,15 @@ static int generate(gpt2 *g, const args *a, const gpt2_tokenizer *tok) {
         *(s ? &t_rest : &t_first) += now() - t0;
         print_token(tok, next);
     }
-    printf("\nprefill: %lld tokens in %.3f s; decode: first step %.3f s (both first calls: "
-           "capture and compile included), then %d tokens at %.1f tokens/s\n",
-           (long long)T, t_prefill, t_first, a->steps - 1,
-           a->steps > 1 ? (a->steps - 1) / (t_rest > 0 ? t_rest : 1e-9) : 0.0);
+    printf("\nprefill: %lld tokens in %.3f s (first call: capture and compile included)",
+           (long long)T, t_prefill);
+    if (a->steps == 0)
+        printf("; no decode steps (--steps 0)\n");
+    else if (a->steps == 1)
+        printf("; decode: one step, %.3f s (first call)\n", t_first);
+    else
+        printf("; decode: first step %.3f s (first call), then %d tokens at %.1f tokens/s\n",
+               t_first, a->steps - 1, (a->steps - 1) / (t_rest > 0 ? t_rest : 1e-9));
     return 0;
 }
 
