@@ -457,11 +457,11 @@ static gpt2 *make_model(sg_ctx *ctx, const gpt2_config *cfg, sg_dtype dt) {
     if (f) {
         fclose(f);
         if (gpt2_load(ctx, gpt2_path, dt, &g) != SG_OK)
-            fprintf(stderr, "bench: cannot load %s: %s\n", gpt2_path, sg_last_error(ctx));
+            fprintf(stderr, "bench: cannot load %s: %s\n", gpt2_path, gpt2_error(ctx));
         return g;
     }
     if (gpt2_init(ctx, cfg, dt, 1337, &g) != SG_OK) {
-        fprintf(stderr, "bench: GPT-2 init: %s\n", sg_last_error(ctx));
+        fprintf(stderr, "bench: GPT-2 init: %s\n", gpt2_error(ctx));
         return NULL;
     }
     if (gpt2_path && gpt2_save(g, gpt2_path, SG_F32) != SG_OK)

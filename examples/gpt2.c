@@ -177,11 +177,8 @@ int main(int argc, char **argv) {
                              : (gpt2_config){1024, 50257, 12, 12, 768, 50304};
     sg_status st = a.model ? gpt2_load(ctx, a.model, dt, &g) : gpt2_init(ctx, &cfg, dt, a.seed, &g);
     if (st != SG_OK) {
-        fprintf(stderr, "gpt2: %s %s: %s %s\n", a.model ? "cannot load" : "cannot make weights",
-                a.model ? a.model : "", sg_status_str(st),
-                *sg_last_error(ctx) ? sg_last_error(ctx)
-                                    : "(missing, unreadable, truncated, or not an llm.c GPT-2 "
-                                      "checkpoint: magic 20240326, version 3 or 5)");
+        fprintf(stderr, "gpt2: %s %s: %s: %s\n", a.model ? "cannot load" : "cannot make weights",
+                a.model ? a.model : "", sg_status_str(st), gpt2_error(ctx));
         sg_ctx_destroy(ctx);
         return 1;
     }

@@ -250,8 +250,9 @@ static int setup(run *r, const options *o) {
     sg_status st = depth_config(o->init, &cfg) ? gpt2_init(r->ctx, &cfg, dt, 42, &r->g)
                                                : gpt2_load(r->ctx, o->init, dt, &r->g);
     if (st != SG_OK) {
-        fprintf(stderr, "train_gpt2: -e %s is neither dN nor a readable llm.c checkpoint (%s)\n",
-                o->init, sg_status_str(st));
+        fprintf(stderr,
+                "train_gpt2: -e %s is neither dN nor a readable llm.c checkpoint (%s: %s)\n",
+                o->init, sg_status_str(st), gpt2_error(r->ctx));
         return 1;
     }
     if (o->T > r->g->cfg.max_t) {
@@ -325,7 +326,8 @@ int main(int argc, char **argv) {
     if (!rc) rc = train(&r, &o);
     if (!rc && o.out && r.rank == 0) {
         if (gpt2_save(r.g, o.out, SG_F32) != SG_OK) {
-            fprintf(stderr, "train_gpt2: cannot write the checkpoint %s\n", o.out);
+            fprintf(stderr, "train_gpt2: cannot write the checkpoint %s: %s\n", o.out,
+                    gpt2_error(r.ctx));
             rc = 1;
         } else
             printf("saved %s\n", o.out);

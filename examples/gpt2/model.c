@@ -8,7 +8,9 @@
  */
 #include "model.h"
 
+#include <errno.h>
 #include <math.h>
+#include <stdarg.h>
 #include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -69,10 +71,32 @@ static int64_t numel_of(int ndim, const int64_t *shape) {
     return n;
 }
 
+/* The reason of this thread's last failure (gpt2_error). */
+static _Thread_local char why[512];
+
+/* Set why (printf-style) and return st. */
+static sg_status failed(sg_status st, const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(why, sizeof why, fmt, ap);
+    va_end(ap);
+    return st;
+}
+
+const char *gpt2_error(sg_ctx *ctx) {
+    const char *m = ctx ? sg_last_error(ctx) : "";
+    return why[0] || !m ? why : m;
+}
+
 static sg_status check_config(const gpt2_config *c) {
     if (c->max_t < 1 || c->vocab < 1 || c->n_layer < 1 || c->n_head < 1 || c->channels < 1 ||
         c->channels % c->n_head != 0 || c->padded_vocab < c->vocab)
-        return SG_ERR_INVALID_ARG;
+        return failed(SG_ERR_INVALID_ARG,
+                      "the configuration (max_t %lld, vocab %lld, layers %lld, heads %lld, "
+                      "channels %lld, padded vocab %lld) is not a GPT-2: each must be >= 1, "
+                      "the channels a multiple of the heads, the padded vocab >= the vocab",
+                      (long long)c->max_t, (long long)c->vocab, (long long)c->n_layer,
+                      (long long)c->n_head, (long long)c->channels, (long long)c->padded_vocab);
     return SG_OK;
 }
 
@@ -119,9 +143,10 @@ sg_status gpt2_init(sg_ctx *ctx, const gpt2_config *cfg_in, sg_dtype dtype, uint
                     gpt2 **out) {
     gpt2_config cfg = *cfg_in;
     if (cfg.padded_vocab == 0) cfg.padded_vocab = (cfg.vocab + 127) / 128 * 128;
+    why[0] = '\0';
     if (check_config(&cfg) != SG_OK) return SG_ERR_INVALID_ARG;
     gpt2 *g = model_new(ctx, &cfg, dtype);
-    if (!g) return SG_ERR_OOM;
+    if (!g) return failed(SG_ERR_OOM, "out of host memory for the model's tables");
     uint64_t s = seed * 0x9E3779B97F4A7C15ull + 1;
     double proj_std = 0.02 / sqrt(2.0 * (double)cfg.n_layer);
     sg_status st = SG_OK;
@@ -130,7 +155,7 @@ sg_status gpt2_init(sg_ctx *ctx, const gpt2_config *cfg_in, sg_dtype dtype, uint
         int64_t n = numel_of(param_shape(&cfg, kind, shape), shape);
         float *buf = malloc(sizeof(float) * (size_t)n);
         if (!buf) {
-            st = SG_ERR_OOM;
+            st = failed(SG_ERR_OOM, "out of host memory for %lld initial values", (long long)n);
             break;
         }
         int k = kind - K_LAYER0; /* per-layer index, or out of 0..11 */
@@ -156,28 +181,42 @@ sg_status gpt2_init(sg_ctx *ctx, const gpt2_config *cfg_in, sg_dtype dtype, uint
 }
 
 sg_status gpt2_load(sg_ctx *ctx, const char *path, sg_dtype dtype, gpt2 **out) {
+    why[0] = '\0';
     FILE *f = fopen(path, "rb");
-    if (!f) return SG_ERR_INVALID_ARG;
+    if (!f) return failed(SG_ERR_INVALID_ARG, "cannot open it: %s", strerror(errno));
     int32_t h[256];
     sg_status st = SG_OK;
     gpt2 *g = NULL;
     void *buf = NULL;
-    if (fread(h, sizeof h, 1, f) != 1 || h[0] != GPT2_MAGIC || (h[1] != 3 && h[1] != 5)) {
-        st = SG_ERR_INVALID_ARG;
+    if (fread(h, sizeof h, 1, f) != 1) {
+        st = failed(SG_ERR_INVALID_ARG, "shorter than an llm.c header (256 int32)");
+        goto done;
+    }
+    if (h[0] != GPT2_MAGIC || (h[1] != 3 && h[1] != 5)) {
+        st = failed(SG_ERR_INVALID_ARG,
+                    "not an llm.c GPT-2 checkpoint: magic %d, version %d (expected %d, and 3 "
+                    "for f32 or 5 for bf16)",
+                    (int)h[0], (int)h[1], GPT2_MAGIC);
         goto done;
     }
     gpt2_config cfg = {h[2], h[3], h[4], h[5], h[6], h[7]};
     sg_dtype fdt = h[1] == 3 ? SG_F32 : SG_BF16;
     st = check_config(&cfg);
-    if (st == SG_OK && !(g = model_new(ctx, &cfg, dtype))) st = SG_ERR_OOM;
+    if (st == SG_OK && !(g = model_new(ctx, &cfg, dtype)))
+        st = failed(SG_ERR_OOM, "out of host memory for the model's tables");
     if (st != SG_OK) goto done;
     for (int kind = 0; kind < K_COUNT && st == SG_OK; kind++) {
         int64_t shape[2];
         size_t bytes = (size_t)numel_of(param_shape(&cfg, kind, shape), shape) * sg_dtype_size(fdt);
         free(buf);
-        if (!(buf = malloc(bytes))) st = SG_ERR_OOM;
+        if (!(buf = malloc(bytes)))
+            st = failed(SG_ERR_OOM, "out of host memory for %zu bytes of a parameter", bytes);
         for (int64_t l = 0; l < layers_of(&cfg, kind) && st == SG_OK; l++) {
-            if (fread(buf, 1, bytes, f) != bytes) st = SG_ERR_INVALID_ARG; /* truncated */
+            if (fread(buf, 1, bytes, f) != bytes)
+                st = failed(SG_ERR_INVALID_ARG,
+                            "truncated: it ends inside parameter tensor %d (layer %lld) of the "
+                            "configuration its header gives",
+                            kind, (long long)l);
             if (st == SG_OK) st = put_param(g, kind, l, fdt, buf);
         }
     }
@@ -193,14 +232,18 @@ done:
 }
 
 sg_status gpt2_save(gpt2 *g, const char *path, sg_dtype fdt) {
-    if (!g || (fdt != SG_F32 && fdt != SG_BF16)) return SG_ERR_INVALID_ARG;
+    why[0] = '\0';
+    if (!g || (fdt != SG_F32 && fdt != SG_BF16))
+        return failed(SG_ERR_INVALID_ARG, "no model, or a file dtype other than f32 or bf16");
     FILE *f = fopen(path, "wb");
-    if (!f) return SG_ERR_INVALID_ARG;
+    if (!f) return failed(SG_ERR_INVALID_ARG, "cannot create it: %s", strerror(errno));
     const gpt2_config *c = &g->cfg;
     int32_t h[256] = {GPT2_MAGIC,           fdt == SG_F32 ? 3 : 5,   (int32_t)c->max_t,
                       (int32_t)c->vocab,    (int32_t)c->n_layer,     (int32_t)c->n_head,
                       (int32_t)c->channels, (int32_t)c->padded_vocab};
-    sg_status st = fwrite(h, sizeof h, 1, f) == 1 ? SG_OK : SG_ERR_INVALID_ARG;
+    sg_status st = fwrite(h, sizeof h, 1, f) == 1
+                       ? SG_OK
+                       : failed(SG_ERR_INVALID_ARG, "cannot write it: %s", strerror(errno));
     for (int kind = 0; kind < K_COUNT && st == SG_OK; kind++)
         for (int64_t l = 0; l < layers_of(c, kind) && st == SG_OK; l++) {
             sg_tensor *t = *param_slot(g, kind, l);
@@ -208,11 +251,13 @@ sg_status gpt2_save(gpt2 *g, const char *path, sg_dtype fdt) {
             size_t bytes = (size_t)sg_tensor_numel(t) * sg_dtype_size(fdt);
             void *buf = v ? malloc(bytes) : NULL;
             st = !v ? sg_ctx_status(g->ctx) : !buf ? SG_ERR_OOM : sg_read(v, buf, bytes);
-            if (st == SG_OK && fwrite(buf, 1, bytes, f) != bytes) st = SG_ERR_INVALID_ARG;
+            if (st == SG_OK && fwrite(buf, 1, bytes, f) != bytes)
+                st = failed(SG_ERR_INVALID_ARG, "cannot write it: %s", strerror(errno));
             free(buf);
             sg_release(v);
         }
-    if (fclose(f) != 0 && st == SG_OK) st = SG_ERR_INVALID_ARG;
+    if (fclose(f) != 0 && st == SG_OK)
+        st = failed(SG_ERR_INVALID_ARG, "cannot finish writing it: %s", strerror(errno));
     return st;
 }
 

@@ -68,6 +68,10 @@ sg_status gpt2_load(sg_ctx *ctx, const char *path, sg_dtype dtype, gpt2 **out);
 /* Write the weights as an llm.c checkpoint: version 3 (file_dtype SG_F32)
  * or 5 (SG_BF16). */
 sg_status gpt2_save(gpt2 *g, const char *path, sg_dtype file_dtype);
+/* Why the last gpt2_init, gpt2_load or gpt2_save of this thread failed, in
+ * words: the file's or the configuration's fault, else the library's
+ * message (ctx's). */
+const char *gpt2_error(sg_ctx *ctx);
 /* Free the model, its cache and its compiled steps. NULL does nothing. */
 void gpt2_destroy(gpt2 *g);
 
