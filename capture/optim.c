@@ -501,8 +501,7 @@ sg_status sg_clip_grad_norm_coef(int n, sg_tensor *const *grads, double max_norm
         sg__set_create_error("sg_clip_grad_norm_coef: coef is NULL; pass where to put it");
         return SG_ERR_NULL;
     }
-    *coef = NULL;
-    return clip_coef(n, grads, max_norm, coef, total_norm);
+    return clip_coef(n, grads, max_norm, coef, total_norm); /* *coef set on success only */
 }
 
 sg_status sg_clip_grad_norm_(int n, sg_tensor *const *grads, double max_norm,

@@ -346,6 +346,7 @@ sg_status sg__inputs_status(int n, sg_tensor *const *ts) {
         if (ts[i]->magic == SG__TENSOR_DEAD) return SG_ERR_RELEASED;
         if (ts[i]->magic != SG__TENSOR_LIVE) return SG_ERR_INVALID_ARG;
         if (ts[i]->ctx != ts[0]->ctx) return SG_ERR_WRONG_CONTEXT;
+        if (ts[i]->st && ts[i]->st_gen != ts[i]->st->gen) return SG_ERR_STALE_OUTPUT;
     }
     return SG_ERR_INVALID_ARG;
 }

@@ -199,7 +199,8 @@ static sg_status call_step(sg_fn *fn, sg_step_fn step, void *user, sg_tensor *co
     sg_ctx *ctx = fn->ctx;
     sg_tensor *tmp[fn->nout];
     uint32_t mark = ctx->next_id;
-    sg_status s = run_step(fn, step, user, in, tmp);
+    sg_status s = sg__outputs_check(fn, in); /* refused before the step changes anything */
+    if (s == SG_OK) s = run_step(fn, step, user, in, tmp);
     if (s == SG_OK) return publish_eager(fn, in, tmp, mark, out);
     drop_step_handles(ctx, mark);
     return s;
@@ -348,6 +349,8 @@ static sg_status capture_eager(sg_fn *fn, sg__graph *g, const char *why) {
  * capture run, or, for a dry capture, from the first replay. */
 static sg_status call_capture(sg_fn *fn, sg_tensor *const *in, sg_tensor **out) {
     sg_ctx *ctx = fn->ctx;
+    sg_status s0 = sg__outputs_check(fn, in); /* before a capture that runs changes anything */
+    if (s0 != SG_OK) return s0;
     sg__graph *g = sg__calloc(ctx, sizeof *g);
     if (!g) return sg__fail(ctx, SG_ERR_OOM, "fn '%s': out of host memory for a capture", fn->name);
     g->key = sg__calloc(ctx, sizeof *g->key * (size_t)(fn->nin ? fn->nin : 1));
@@ -366,7 +369,8 @@ static sg_status call_capture(sg_fn *fn, sg_tensor *const *in, sg_tensor **out) 
     fn->stats.captures++;
     sg_status s = sg__rec_begin(ctx, &rec, &g->ir, fn->nin, in, fn->opts.fullgraph);
     if (s == SG_OK) {
-        rec.dry = dry_capture(ctx);
+        /* fullgraph: always dry, so that a break, its failure, changes nothing */
+        rec.dry = fn->opts.fullgraph || dry_capture(ctx);
         s = run_step(fn, fn->step, fn->user, in, tmp);
         sg_status e = sg__rec_end(ctx, s == SG_OK ? fn->nout : 0, tmp);
         if (s == SG_OK) s = e;

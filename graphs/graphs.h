@@ -178,6 +178,10 @@ SG__HIDDEN void sg__outputs_free(sg_fn *fn);
 /* The set a call writes (it holds none of the call's inputs); what it held
  * becomes stale. */
 SG__HIDDEN sg_status sg__outputs_pick(sg_fn *fn, sg_tensor *const *in, int *set);
+/* Whether some set can take this call's outputs (one that holds no input),
+ * asked before a step runs eagerly so that a call refused for it changes
+ * nothing; the same failure as sg__outputs_pick's. */
+SG__HIDDEN sg_status sg__outputs_check(sg_fn *fn, sg_tensor *const *in);
 /* Hand out output i of set si: geometry of geom over st at offset;
  * produced: st was made by this call (it becomes stale when the set is reused). */
 SG__HIDDEN sg_status sg__outputs_put(sg_fn *fn, int si, int i, const sg__ref *geom,

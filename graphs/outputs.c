@@ -208,14 +208,23 @@ static int pick_plain(sg_fn *fn, sg_tensor *const *in) {
     return -1;
 }
 
+static sg_status no_set(sg_fn *fn) {
+    return sg__fail(fn->ctx, SG_ERR_INVALID_ARG,
+                    "sg_call: fn '%s': each of its %d output sets holds an input of this "
+                    "call, so no set can take its outputs; pass sg_clone of the outputs you "
+                    "feed back, or raise sg_compile_opts.output_sets",
+                    fn->name, fn->nsets);
+}
+
+sg_status sg__outputs_check(sg_fn *fn, sg_tensor *const *in) {
+    for (int j = 0; j < fn->nsets; j++)
+        if (!set_holds_input(&fn->sets[j], fn->nout, fn->nin, in)) return SG_OK;
+    return no_set(fn);
+}
+
 sg_status sg__outputs_pick(sg_fn *fn, sg_tensor *const *in, int *out) {
     int j = fn->ctx->step > 0 ? pick_stepped(fn, in) : pick_plain(fn, in);
-    if (j < 0)
-        return sg__fail(fn->ctx, SG_ERR_INVALID_ARG,
-                        "sg_call: fn '%s': each of its %d output sets holds an input of this "
-                        "call, so no set can take its outputs; pass sg_clone of the outputs you "
-                        "feed back, or raise sg_compile_opts.output_sets",
-                        fn->name, fn->nsets);
+    if (j < 0) return no_set(fn);
     sg__outset *set = &fn->sets[j];
     if (set->used && set_holds_valid(set, fn->nout)) fn->stats.recycled_sets++;
     set_invalidate(fn, set, (uint32_t)fn->stats.calls);

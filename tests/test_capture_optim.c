@@ -440,6 +440,7 @@ static void test_errors(void) {
     sg_tensor *p = sg_zeros(ctx, SG_F32, 1, sh), *pi = sg_zeros(ctx, SG_I32, 1, sh);
     sg_tensor *g = sg_zeros(ctx, SG_F32, 1, (int64_t[]){5});
     sg_optim *o = NULL;
+    sg_tensor *keep = p;
     bool ok = TU_EXPECT(sg_adamw_create(ctx, 1, &pi, NULL, &o) == SG_ERR_DTYPE) &&
               TU_EXPECT(strstr(sg_last_error(ctx), "sg_adamw_create") != NULL) &&
               TU_EXPECT(sg_sgd_create(ctx, 1, &p, NULL, &o) == SG_ERR_INVALID_ARG) &&
@@ -450,10 +451,12 @@ static void test_errors(void) {
               TU_EXPECT(strstr(sg_last_error(ctx), "grad 0") != NULL) &&
               TU_EXPECT(sg_clip_grad_norm_(1, &p, -1, NULL) == SG_ERR_INVALID_ARG) &&
               TU_EXPECT(sg_clip_grad_norm_coef(1, &p, 1, NULL, NULL) == SG_ERR_NULL) &&
+              TU_EXPECT(sg_clip_grad_norm_coef(1, &p, -1, &keep, NULL) == SG_ERR_INVALID_ARG) &&
+              TU_EXPECT(keep == p) && /* out-parameters are set on success only */
               TU_EXPECT(sg_optim_step_scaled(o, &p, p) == SG_ERR_SHAPE) &&
               TU_EXPECT(strstr(sg_last_error(ctx), "sg_optim_step_scaled") != NULL);
     tu_case(ok, "OPTIM_ERRORS(int param, sgd without lr, nesterov without momentum, grad shape, "
-                "negative max_norm, no coef out, scale not 0-d)");
+                "negative max_norm (coef left as it was), no coef out, scale not 0-d)");
     sg_clear_error(ctx);
     /* A NULL element of an array: named, with the context's status set. */
     sg_tensor *two[2] = {p, NULL};

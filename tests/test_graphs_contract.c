@@ -424,8 +424,109 @@ static void test_topic_lists(void) {
     }
 }
 
+/* A failed call changes nothing: a step that adds 1 to its input in place,
+ * refused because its only output set holds that input (eager and
+ * compiled), or failing at a graph break under fullgraph when captures run
+ * as they record (SG_DRY_CAPTURE=0: fullgraph captures stay dry). */
+static sg_status add_one_step(sg_ctx *c, sg_tensor *const *in, sg_tensor **out, void *user) {
+    bool brk = *(const bool *)user;
+    sg_tensor *one = sg_full(c, SG_F32, 0, NULL, 1.0);
+    sg_status s = sg_add_(in[0], one);
+    sg_release(one);
+    if (s != SG_OK) return s;
+    double v;
+    if (brk && sg_item(sg_sum(in[0], 0, NULL, false), &v) != SG_OK) return sg_ctx_status(c);
+    out[0] = sg_mul_scalar(in[0], 2.0);
+    return out[0] ? SG_OK : sg_ctx_status(c);
+}
+
+static void test_failed_call_unchanged(void) {
+    sg_ctx *ctx = tu_ctx((sg_ctx_opts){0});
+    int64_t shape[1] = {3};
+    sg_mode modes[3] = {SG_MODE_EAGER, SG_MODE_DEFAULT, SG_MODE_REDUCE_OVERHEAD};
+    for (int mi = 0; mi < 3; mi++) {
+        bool brk = false;
+        sg_fn *fn;
+        sg_compile_opts o = {.mode = modes[mi], .output_sets = 1};
+        sg_tensor *x = sg_zeros(ctx, SG_F32, 1, shape), *y = NULL, *z = NULL;
+        bool ok = TU_EXPECT(sg_compile(ctx, add_one_step, &brk, 1, 1, &o, &fn) == SG_OK) &&
+                  TU_EXPECT(sg_call(fn, &x, 1, &y, 1) == SG_OK); /* x = 1, y = 2 */
+        float before[3], after[3];
+        ok = ok && TU_EXPECT(sg_read(y, before, sizeof before) == SG_OK);
+        sg_status st = ok ? sg_call(fn, &y, 1, &z, 1) : SG_OK; /* y is the only set's */
+        ok = ok && TU_EXPECT(st == SG_ERR_INVALID_ARG) &&
+             TU_EXPECT(strstr(sg_last_error(ctx), "output sets holds an input") != NULL) &&
+             TU_EXPECT(sg_read(y, after, sizeof after) == SG_OK) &&
+             TU_EXPECT(memcmp(before, after, sizeof before) == 0 && after[0] == 2.0f);
+        tu_case(ok,
+                "FAILED_CALL_UNCHANGED(mode=%s,output_sets=1,y=f(y)) -> SG_ERR_INVALID_ARG, y "
+                "as it was",
+                sg_mode_name(modes[mi]));
+        sg_clear_error(ctx);
+        sg_fn_destroy(fn);
+        sg_release(x);
+    }
+    setenv("SG_DRY_CAPTURE", "0", 1);
+    for (int mi = 1; mi < 3; mi++) {
+        bool brk = true;
+        sg_fn *fn;
+        sg_compile_opts o = {.mode = modes[mi], .fullgraph = true};
+        sg_tensor *x = sg_zeros(ctx, SG_F32, 1, shape), *y = NULL;
+        bool ok = TU_EXPECT(sg_compile(ctx, add_one_step, &brk, 1, 1, &o, &fn) == SG_OK);
+        for (int call = 0; ok && call < 2; call++) {
+            ok = TU_EXPECT(sg_call(fn, &x, 1, &y, 1) == SG_ERR_GRAPH_BREAK);
+            sg_clear_error(ctx);
+        }
+        float got[3] = {-1, -1, -1};
+        ok = ok && TU_EXPECT(sg_read(x, got, sizeof got) == SG_OK) &&
+             TU_EXPECT(got[0] == 0.0f && got[1] == 0.0f && got[2] == 0.0f);
+        tu_case(ok,
+                "FAILED_CALL_UNCHANGED(mode=%s,fullgraph,SG_DRY_CAPTURE=0,graph break after "
+                "an in-place add) -> x as it was",
+                sg_mode_name(modes[mi]));
+        sg_fn_destroy(fn);
+        sg_release(x);
+    }
+    unsetenv("SG_DRY_CAPTURE");
+    sg_ctx_destroy(ctx);
+}
+
+/* In-place ops on a stale output say SG_ERR_STALE_OUTPUT, as sg_read does. */
+static void test_stale_inplace(void) {
+    sg_ctx *ctx = tu_ctx((sg_ctx_opts){0});
+    int64_t shape[1] = {4};
+    double *xv;
+    sg_tensor *x = tu_rand(ctx, SG_F32, 1, shape, -1, 1, &xv), *y[3] = {NULL};
+    sg_fn *fn;
+    sg_compile_opts o = {.mode = SG_MODE_REDUCE_OVERHEAD, .output_sets = 1};
+    bool ok = TU_EXPECT(sg_compile(ctx, affine_step, NULL, 1, 1, &o, &fn) == SG_OK) &&
+              TU_EXPECT(sg_call(fn, &x, 1, &y[0], 1) == SG_OK) &&
+              TU_EXPECT(sg_call(fn, &x, 1, &y[1], 1) == SG_OK); /* y[0] is stale now */
+    sg_tensor *v = ok ? sg_narrow(y[1], 0, 0, 2) : NULL;
+    ok = ok && TU_EXPECT(v != NULL) && TU_EXPECT(sg_call(fn, &x, 1, &y[2], 1) == SG_OK);
+    sg_status got[5] = {0};
+    if (ok) {
+        got[0] = sg_fill_(y[0], 1.0);
+        got[1] = sg_copy_(y[0], x);
+        got[2] = sg_add_(y[0], x);
+        got[3] = sg_fill_(v, 2.0); /* a view of a stale output */
+        got[4] = sg_index_copy_(y[0], 0, sg_zeros(ctx, SG_I64, 1, (int64_t[1]){1}),
+                                sg_zeros(ctx, SG_F32, 1, (int64_t[1]){1}));
+    }
+    for (int k = 0; ok && k < 5; k++) ok = TU_EXPECT(got[k] == SG_ERR_STALE_OUTPUT);
+    tu_case(ok, "STALE_INPLACE(sg_fill_, sg_copy_, sg_add_, a view, sg_index_copy_) -> "
+                "SG_ERR_STALE_OUTPUT");
+    sg_clear_error(ctx);
+    sg_release(v);
+    sg_fn_destroy(fn);
+    free(xv);
+    sg_ctx_destroy(ctx);
+}
+
 int main(void) {
     tu_seed(5);
+    test_failed_call_unchanged();
+    test_stale_inplace();
     test_defaults();
     test_carry_on();
     test_op_messages();
