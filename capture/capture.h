@@ -103,6 +103,10 @@ enum { SG__REG_TENSOR = 1, SG__REG_FN = 2, SG__REG_OPTIM = 3, SG__REG_COMM = 4 }
 struct sg_tensor {
     uint32_t magic;
     uint32_t id; /* a serial number, for messages */
+    /* A view made while recording: the id of the handle from before the
+     * recording it descends from (its own id otherwise), so that the
+     * capture tells a parameter's views from an input's (record.c). */
+    uint32_t src;
     sg_ctx *ctx;
     sg_dtype dtype;
     int ndim;
@@ -385,6 +389,11 @@ typedef struct sg__slot {
     int output;         /* INTERNAL: -1, or the first output that lives here */
     int mutated_by;     /* INPUT/PARAM: the first node that writes it, or -1 */
     uint32_t grad_gen;  /* PARAM: param->grad_gen when captured (a guard) */
+    /* INPUT: its storage when the step also read it through a tensor made
+     * outside the step (a parameter that the call passed as an input too),
+     * pinned: replays are right only while that input is this storage (a
+     * guard), since the IR reads the parameter through the input. */
+    sg__storage *alias;
 } sg__slot;
 
 typedef struct sg__ref {

@@ -87,7 +87,24 @@ void sg__rec_storage(sg_ctx *ctx, sg__storage *st) {
 /* The slot of t's storage, classifying it as a parameter if it is new. */
 static int slot_of(sg_ctx *ctx, sg__rec *rec, const sg_tensor *t) {
     sg__storage *st = t->st;
-    if (st->cap_id == rec->id) return st->cap_slot;
+    if (st->cap_id == rec->id) {
+        sg__slot *sl = &rec->ir->slots[st->cap_slot];
+        /* An input's storage read through a tensor from before the call (or
+         * a view made of one while recording) that is not an input handle:
+         * a parameter passed as an input too. The same handle read both as
+         * an input and as a parameter cannot be told apart (stepgraph.h). */
+        uint32_t from = t->id < rec->id ? t->id : t->src;
+        if (sl->kind == SG__SLOT_INPUT && !sl->alias && from < rec->id) {
+            bool handle = false;
+            for (int k = 0; k < rec->ir->nin && !handle; k++) handle = rec->in[k]->id == from;
+            if (!handle) {
+                sl->alias = st;
+                st->refs++;
+                st->pins++;
+            }
+        }
+        return st->cap_slot;
+    }
     int s = new_slot(ctx, rec->ir, SG__SLOT_PARAM);
     if (s < 0) return -1;
     rec->ir->slots[s].param = st;
@@ -181,11 +198,15 @@ sg_status sg__rec_end(sg_ctx *ctx, int nout, sg_tensor *const *out) {
 }
 
 void sg__ir_free(sg_ctx *ctx, sg__ir *ir) {
-    for (int s = 0; s < ir->nslots; s++)
-        if (ir->slots[s].kind == SG__SLOT_PARAM && ir->slots[s].param) {
-            ir->slots[s].param->pins--;
-            sg__storage_unref(ctx, ir->slots[s].param);
+    for (int s = 0; s < ir->nslots; s++) {
+        sg__storage *held = ir->slots[s].kind == SG__SLOT_PARAM   ? ir->slots[s].param
+                            : ir->slots[s].kind == SG__SLOT_INPUT ? ir->slots[s].alias
+                                                                  : NULL;
+        if (held) {
+            held->pins--;
+            sg__storage_unref(ctx, held);
         }
+    }
     sg__free(ctx, ir->slots, sizeof *ir->slots * (size_t)ir->cap_slots);
     sg__free(ctx, ir->refs, sizeof *ir->refs * (size_t)ir->cap_refs);
     sg__free(ctx, ir->nodes, sizeof *ir->nodes * (size_t)ir->cap_nodes);

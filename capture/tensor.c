@@ -105,6 +105,7 @@ static sg_tensor *handle_new(sg_ctx *ctx, const char *op) {
     }
     t->magic = SG__TENSOR_LIVE;
     t->id = ++ctx->next_id;
+    t->src = t->id;
     list_push_back(&ctx->live, t);
     return t;
 }
@@ -203,6 +204,7 @@ sg_tensor *sg__tensor_view(sg_tensor *t, const char *op, int ndim, const int64_t
     v->st = t->st;
     v->st->refs++;
     v->st_gen = t->st_gen;
+    if (t->ctx->rec) v->src = t->id < t->ctx->rec->id ? t->id : t->src;
     return v;
 }
 

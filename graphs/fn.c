@@ -282,8 +282,22 @@ static const char *guard_fail(const sg_ctx *ctx, const sg__graph *g, int nin, sg
             return buf;
         }
     }
+    bool pinned = false; /* an input whose storage some capture holds (a parameter's?) */
+    for (int k = 0; k < nin && !pinned; k++) pinned = in[k]->st->pins > 0;
     for (int s = 0; s < g->ir.nslots; s++) {
         const sg__slot *sl = &g->ir.slots[s];
+        if (sl->kind == SG__SLOT_INPUT && sl->alias && in[sl->input]->st != sl->alias) {
+            snprintf(buf, size,
+                     "input %d was a parameter's storage when captured (the step read it "
+                     "through both), now another tensor",
+                     sl->input);
+            return buf;
+        }
+        for (int k = 0; pinned && sl->kind == SG__SLOT_PARAM && k < nin; k++)
+            if (in[k]->st == sl->param) {
+                snprintf(buf, size, "input %d is parameter p%d's storage, captured apart", k, s);
+                return buf;
+            }
         /* Only the fns pin it: the user let go of this parameter. */
         if (sl->kind == SG__SLOT_PARAM && sl->param->refs <= sl->param->pins) {
             snprintf(buf, size, "parameter p%d (%zu bytes) was released by its owner", s,

@@ -65,6 +65,7 @@ static sg_tensor *take_handle(sg_fn *fn, const sg__ref *geom, sg__storage *st, i
     if (t->st && t->st->refs < (1 << 29)) sg__storage_unref(fn->ctx, t->st);
     t->magic = SG__TENSOR_LIVE;
     t->id = ++fn->ctx->next_id;
+    t->src = t->id;
     t->dtype = geom->dtype;
     t->ndim = geom->ndim;
     memcpy(t->shape, geom->shape, sizeof t->shape);

@@ -922,7 +922,12 @@ SG_API sg_status sg_optim_step_scaled(sg_optim *opt, sg_tensor *const *grads, sg
  * Guards: a capture holds for the dtypes, shapes and strides of the inputs,
  * for which inputs share storage, for which inputs and parameters require
  * grad (a parameter that starts or stops requiring grad ends the captures
- * that read it) and for sg_set_grad_enabled's state. Another signature is
+ * that read it), for which inputs are a parameter's storage (a parameter
+ * the step reads, passed as an input too, or a view of one: captured apart
+ * from the calls where it is not) and for sg_set_grad_enabled's state.
+ * (The very handle a step reads as a parameter, passed as an input itself,
+ * cannot be told from the input: pass a view of it, such as sg_reshape to
+ * its own shape, or never both.) Another signature is
  * captured anew (logged under "recompiles", with the guard that failed), up
  * to cache_size_limit captures; past that, new signatures run eagerly (a
  * fallback). A new *address* for an input is not a miss.

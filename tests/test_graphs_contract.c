@@ -523,8 +523,69 @@ static void test_stale_inplace(void) {
     sg_ctx_destroy(ctx);
 }
 
+/* A parameter passed as an input too (a view of it): the capture made with
+ * one kind of call does not replay for the other. Steps: out = P + in0
+ * (read), and in0 = P^T then out = in0 (in place). */
+static sg_tensor *alias_param;
+
+static sg_status param_read_step(sg_ctx *c, sg_tensor *const *in, sg_tensor **out, void *user) {
+    (void)user;
+    out[0] = sg_add(alias_param, in[0]);
+    return out[0] ? SG_OK : sg_ctx_status(c);
+}
+
+static sg_status param_copy_step(sg_ctx *c, sg_tensor *const *in, sg_tensor **out, void *user) {
+    (void)user;
+    sg_tensor *t = sg_transpose(alias_param, 0, 1);
+    sg_status s = t ? sg_copy_(in[0], t) : sg_ctx_status(c);
+    sg_release(t);
+    out[0] = s == SG_OK ? sg_add_scalar(in[0], 0.0) : NULL;
+    return out[0] ? SG_OK : sg_ctx_status(c);
+}
+
+static void test_param_as_input(void) {
+    sg_ctx *ctx = tu_ctx((sg_ctx_opts){0});
+    int64_t sh[2] = {4, 4};
+    float pv[16], tv[16];
+    for (int i = 0; i < 16; i++) pv[i] = (float)(i * i % 7) - 2.5f;
+    for (int i = 0; i < 4; i++)
+        for (int j = 0; j < 4; j++) tv[i * 4 + j] = pv[j * 4 + i];
+    sg_mode modes[2] = {SG_MODE_DEFAULT, SG_MODE_REDUCE_OVERHEAD};
+    for (int mi = 0; mi < 2; mi++)
+        for (int copy = 0; copy < 2; copy++)
+            for (int first = 0; first < 2; first++) { /* 0: a distinct input first */
+                alias_param = sg_from_host(ctx, SG_F32, 2, sh, pv);
+                sg_tensor *other = sg_full(ctx, SG_F32, 2, sh, 1.0);
+                sg_tensor *view = sg_reshape(alias_param, 2, sh), *y = NULL;
+                sg_fn *fn;
+                sg_compile_opts o = {.mode = modes[mi]};
+                bool ok = TU_EXPECT(view && view != alias_param) &&
+                          TU_EXPECT(sg_compile(ctx, copy ? param_copy_step : param_read_step, NULL,
+                                               1, 1, &o, &fn) == SG_OK);
+                for (int call = 0; ok && call < 3; call++) {
+                    bool as_param = (call == 1) != (first == 1);
+                    float ones[16], got[16], want[16];
+                    for (int i = 0; i < 16; i++) ones[i] = 1.0f;
+                    ok = TU_EXPECT(sg_write(alias_param, pv, sizeof pv) == SG_OK) &&
+                         TU_EXPECT(sg_write(other, ones, sizeof ones) == SG_OK) &&
+                         TU_EXPECT(sg_call(fn, as_param ? &view : &other, 1, &y, 1) == SG_OK) &&
+                         TU_EXPECT(sg_read(y, got, sizeof got) == SG_OK);
+                    for (int i = 0; i < 16; i++)
+                        want[i] = copy ? tv[i] : pv[i] + (as_param ? pv[i] : 1.0f);
+                    for (int i = 0; ok && i < 16; i++) ok = TU_EXPECT(got[i] == want[i]);
+                }
+                tu_case(ok, "PARAM_AS_INPUT(mode=%s,step=%s,calls=%s) -> as eagerly",
+                        sg_mode_name(modes[mi]), copy ? "in0 = P^T" : "P + in0",
+                        first ? "view of P, distinct, view of P" : "distinct, view of P, distinct");
+                sg_fn_destroy(fn);
+                sg_release(view), sg_release(other), sg_release(alias_param);
+            }
+    sg_ctx_destroy(ctx);
+}
+
 int main(void) {
     tu_seed(5);
+    test_param_as_input();
     test_failed_call_unchanged();
     test_stale_inplace();
     test_defaults();
