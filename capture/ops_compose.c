@@ -94,7 +94,12 @@ sg_tensor *sg_repeat_interleave(sg_tensor *x, int64_t repeats, int dim) {
     if (!x1) return NULL;
     int d = sg__norm_dim(dim, x1->ndim);
     sg_tensor *out = NULL;
-    if (d < 0) {
+    int64_t grown;
+    if (d >= 0 && __builtin_mul_overflow(x1->shape[d], repeats, &grown)) {
+        sg__fail(ctx, SG_ERR_SHAPE,
+                 "sg_repeat_interleave: %lld repeats of dim %d of x %s is too large to address",
+                 (long long)repeats, dim, sg__describe(x, a, sizeof a));
+    } else if (d < 0) {
         sg__fail(ctx, SG_ERR_INDEX,
                  "sg_repeat_interleave: dim %d is out of range for x %s "
                  "(valid dims: %d to %d)",

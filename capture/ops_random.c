@@ -35,7 +35,7 @@ sg_tensor *sg_rng_create(sg_ctx *ctx, uint64_t seed) {
 static sg_ctx *check_rng(const char *fn, sg_tensor *rng) {
     sg_ctx *ctx = sg__check_inputs(fn, 1, &rng, NULL);
     if (!ctx) return NULL;
-    if (rng->dtype != SG_I64 || rng->ndim != 1 || rng->shape[0] != 2) {
+    if (rng->dtype != SG_I64 || rng->ndim != 1 || rng->shape[0] != 2 || rng->stride[0] == 0) {
         char d[SG__DESC];
         sg__fail(ctx, SG_ERR_INVALID_ARG,
                  "%s: rng is %s; it must be the i64[2] (seed, offset) "
@@ -112,9 +112,11 @@ sg_tensor *sg_dropout(sg_tensor *x, double p, sg_tensor *rng) {
     sg_tensor *thr = sg_full(ctx, x->dtype, 0, NULL, p);
     sg_tensor *keep = sg_ge(u, thr);
     sg_tensor *keepf = sg_cast(keep, x->dtype);
-    sg_tensor *kept = sg_mul(x, keepf);
-    /* p == 1 drops everything: zeros, not 0 * inf. */
-    sg_tensor *out = p == 1 ? sg_mul_scalar(kept, 0.0) : sg_mul_scalar(kept, 1.0 / (1.0 - p));
+    /* p == 1 drops everything: zeros, not 0 * inf (keep is all false). */
+    sg_tensor *zero = p == 1 ? sg_full(ctx, x->dtype, 0, NULL, 0.0) : NULL;
+    sg_tensor *kept = p == 1 ? sg_where(keep, x, zero) : sg_mul(x, keepf);
+    sg_tensor *out = p == 1 ? sg_mul_scalar(kept, 1.0) : sg_mul_scalar(kept, 1.0 / (1.0 - p));
+    sg__tensor_drop(zero);
     sg__tensor_drop(u), sg__tensor_drop(thr), sg__tensor_drop(keep), sg__tensor_drop(keepf);
     sg__tensor_drop(kept);
     return out;

@@ -106,7 +106,7 @@ static const char *const helpers =
     "#ifdef cl_khr_fp64\n"
     "typedef struct { int kind; double temp, max; } sg_wparams;\n"
     "static inline double sg_weight(sg_wparams w, float x) {\n"
-    "    if (w.kind == 0) return x > 0 ? (double)x : 0.0;\n"
+    "    if (w.kind == 0) return x > 0 ? ((double)x < 1e300 ? (double)x : 1e300) : 0.0;\n"
     "    return exp(((double)x - w.max) / w.temp);\n"
     "}\n"
     "static double sg_mass_from(sg_srow r, sg_wparams w, sg_sbound kb, sg_u32 lo, int strict) {\n"

@@ -554,7 +554,8 @@ SG_API sg_tensor *sg_dropout(sg_tensor *x, double p, sg_tensor *rng);
  * sg_multinomial: one index per row (i64, x's shape without the last dim)
  * drawn with probability proportional to the row's weights (torch's
  * multinomial(probs, 1) with the last dim dropped); negative and NaN weights
- * count 0, and a row of no weight gives its largest entry's index.
+ * count 0, +inf ones share the row equally, and a row of no weight gives its
+ * largest entry's index.
  * sg_sample: one token per row from logits: temperature 0 is argmax (no
  * draw); else softmax(logits / temperature) restricted to the top_k first
  * entries (top_k 0: all) and then to the shortest prefix of the order whose

@@ -236,6 +236,14 @@ static void test_errors(void) {
          TU_EXPECT(sg_ctx_status(ctx) == SG_ERR_DTYPE);
     tu_case(ok, "RAND_ERRORS(rng of the wrong shape, int dtype, NULL rng, dropout of i64)");
     sg_clear_error(ctx);
+    /* p == 1 gives zeros, also where x is infinite (not 0 * inf). */
+    float v[4] = {1.5f, INFINITY, -INFINITY, 2.0f}, got[4] = {1, 1, 1, 1};
+    sg_tensor *xi = sg_from_host(ctx, SG_F32, 1, (int64_t[1]){4}, v);
+    sg_tensor *y = sg_dropout(xi, 1.0, rng);
+    ok = TU_EXPECT(y != NULL) && TU_EXPECT(sg_read(y, got, sizeof got) == SG_OK);
+    for (int k = 0; ok && k < 4; k++) ok = TU_EXPECT(got[k] == 0.0f);
+    tu_case(ok, "DROPOUT(p=1, x={1.5, inf, -inf, 2}) -> zeros");
+    sg_release(xi), sg_release(y);
     sg_release(bad), sg_release(rng);
 }
 

@@ -302,8 +302,46 @@ static void test_errors(void) {
     sg_clear_error(ctx);
     ok = ok && TU_EXPECT(!sg_gather(x, 0, x)) && TU_EXPECT(sg_ctx_status(ctx) == SG_ERR_DTYPE);
     sg_clear_error(ctx);
-    tu_case(ok, "SAMPLE_ERRORS(k > V, top_p 0, int probs, float idx)");
-    sg_release(x), sg_release(xi), sg_release(rng);
+    sg_tensor *one = sg_rng_create(ctx, 5), *flat = sg_narrow(one, 0, 0, 1);
+    sg_tensor *bad = sg_expand(flat, 1, (int64_t[1]){2}); /* seed and offset one element */
+    ok = ok && TU_EXPECT(bad != NULL) && TU_EXPECT(!sg_multinomial(x, bad)) &&
+         TU_EXPECT(sg_ctx_status(ctx) == SG_ERR_INVALID_ARG) &&
+         TU_EXPECT(strstr(sg_last_error(ctx), "strides [0]") != NULL);
+    sg_clear_error(ctx);
+    tu_case(ok, "SAMPLE_ERRORS(k > V, top_p 0, int probs, float idx, an rng of one element "
+                "expanded)");
+    sg_release(x), sg_release(xi), sg_release(rng), sg_release(bad), sg_release(flat),
+        sg_release(one);
+}
+
+/* +inf weights share their row: the only one is always drawn, two split it. */
+static sg_status multinomial_step(sg_ctx *c, sg_tensor *const *in, sg_tensor **out, void *user) {
+    out[0] = sg_multinomial(in[0], (sg_tensor *)user);
+    return out[0] ? SG_OK : sg_ctx_status(c);
+}
+
+static void test_multinomial_inf(void) {
+    int64_t sh[2] = {3, 3};
+    float v[9] = {1, INFINITY, 1, INFINITY, 1, 0, 0, INFINITY, INFINITY};
+    sg_tensor *x = sg_from_host(ctx, SG_F32, 2, sh, v), *rng = sg_rng_create(ctx, 3), *y = NULL;
+    sg_fn *fn = NULL;
+    bool ok = TU_EXPECT(sg_compile(ctx, multinomial_step, rng, 1, 1, NULL, &fn) == SG_OK);
+    int hits[2][3] = {{0}}, bad = 0;
+    for (int k = 0; ok && k < 200; k++) {
+        int64_t got[3];
+        sg_tensor *t = (k & 1) ? NULL : sg_multinomial(x, rng);
+        ok = (k & 1) ? TU_EXPECT(sg_call(fn, &x, 1, &y, 1) == SG_OK) : TU_EXPECT(t != NULL);
+        ok = ok && TU_EXPECT(sg_read((k & 1) ? y : t, got, sizeof got) == SG_OK);
+        sg_release(t);
+        bad += ok && (got[0] != 1 || got[1] != 0 || (got[2] != 1 && got[2] != 2));
+        if (ok) hits[k & 1][got[2] == 2]++;
+    }
+    ok = ok && TU_EXPECT(bad == 0) && TU_EXPECT(hits[0][0] > 20 && hits[0][1] > 20) &&
+         TU_EXPECT(hits[1][0] > 20 && hits[1][1] > 20);
+    tu_case(ok, "MULTINOMIAL_INF(rows {1,inf,1} {inf,1,0} {0,inf,inf}, eager and compiled, 200 "
+                "draws) -> the inf entries, shared");
+    sg_fn_destroy(fn);
+    sg_release(x), sg_release(rng);
 }
 
 int main(void) {
@@ -328,6 +366,7 @@ int main(void) {
     test_replay(SG_MODE_REDUCE_OVERHEAD, 18);
     test_replay(SG_MODE_DEFAULT, 19);
     test_errors();
+    test_multinomial_inf();
     sg_ctx_destroy(ctx);
     return tu_finish();
 }

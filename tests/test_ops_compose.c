@@ -166,9 +166,12 @@ static void test_errors(void) {
          TU_EXPECT(sg_ctx_status(ctx) == SG_ERR_INDEX) &&
          TU_EXPECT(strstr(sg_last_error(ctx), "sg_repeat_interleave") != NULL);
     sg_clear_error(ctx);
-    tu_case(
-        ok,
-        "COMPOSE_ERRORS(float mask, mask that grows x, div of bool, negative repeats, bad dim)");
+    ok = ok && TU_EXPECT(!sg_repeat_interleave(x, INT64_MAX / 2, 1)) &&
+         TU_EXPECT(sg_ctx_status(ctx) == SG_ERR_SHAPE) &&
+         TU_EXPECT(strstr(sg_last_error(ctx), "too large to address") != NULL);
+    sg_clear_error(ctx);
+    tu_case(ok, "COMPOSE_ERRORS(float mask, mask that grows x, div of bool, negative repeats, bad "
+                "dim, repeats past 64 bits)");
     sg_release(x), sg_release(mf), sg_release(mb), sg_release(b);
 }
 

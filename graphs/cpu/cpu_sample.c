@@ -75,8 +75,11 @@ typedef struct wparams {
     double temp, max;
 } wparams;
 
+/* A multinomial weight (kind 0): x, 0 for negative and NaN, and +inf as
+ * 1e300 so that the infinite entries share the row (the CUDA kernels and
+ * the serial unit weigh alike). */
 static inline double weight(const wparams *w, float x) {
-    if (w->kind == 0) return x > 0 ? (double)x : 0.0;
+    if (w->kind == 0) return x > 0 ? ((double)x < 1e300 ? (double)x : 1e300) : 0.0;
     return exp(((double)x - w->max) / w->temp);
 }
 

@@ -351,8 +351,9 @@ struct wparams {
     double temp, max;
 };
 
+/* +inf as 1e300: the infinite entries share the row (cpu_sample.c). */
 __device__ __forceinline__ double weight(const wparams &w, float x) {
-    if (w.kind == 0) return x > 0 ? (double)x : 0.0;
+    if (w.kind == 0) return x > 0 ? ((double)x < 1e300 ? (double)x : 1e300) : 0.0;
     return exp(((double)x - w.max) / w.temp);
 }
 
