@@ -235,7 +235,8 @@ static void make_key(int nin, sg_tensor *const *in, sg__argkey *key) {
 
 /* Which guard of g the inputs fail, as text; NULL when they pass. */
 static const char *guard_fail(const sg_ctx *ctx, const sg__graph *g, int nin, sg_tensor *const *in,
-                              char *buf, size_t size) {
+                              char *buf, size_t size, bool *dead) {
+    *dead = false; /* set for a miss that holds for every later call: a parameter's */
     if (ctx->grad_off != g->grad_off) {
         snprintf(buf, size, "grad mode %s, captured %s", g->grad_off ? "on" : "off",
                  g->grad_off ? "off" : "on");
@@ -302,10 +303,12 @@ static const char *guard_fail(const sg_ctx *ctx, const sg__graph *g, int nin, sg
         if (sl->kind == SG__SLOT_PARAM && sl->param->refs <= sl->param->pins) {
             snprintf(buf, size, "parameter p%d (%zu bytes) was released by its owner", s,
                      sl->param->nbytes);
+            *dead = true;
             return buf;
         }
         if (sl->kind == SG__SLOT_PARAM && sl->param->grad_gen != sl->grad_gen) {
             snprintf(buf, size, "parameter p%d started or stopped requiring grad", s);
+            *dead = true;
             return buf;
         }
     }
@@ -596,13 +599,15 @@ sg_status sg_call(sg_fn *fn, sg_tensor *const *in, int nin, sg_tensor **out, int
     char why[512] = "";
     for (int gi = 0; gi < fn->ngraphs; gi++) {
         sg__graph *g = fn->graphs[gi];
-        const char *miss = guard_fail(ctx, g, fn->nin, in, why, sizeof why);
+        bool dead;
+        const char *miss = guard_fail(ctx, g, fn->nin, in, why, sizeof why, &dead);
         if (!miss) {
             fn->stats.cache_hits++;
             return call_graph(fn, g, in, out);
         }
         sg__log(ctx, "guards", "fn '%s': capture %d does not match: %s", fn->name, gi + 1, miss);
-        if (strstr(miss, "parameter")) { /* never valid again: make room */
+        if (dead) { /* never valid again: make room, keeping the outputs handed out */
+            sg__graph_keep_outputs(ctx, g);
             drop_graph(fn, gi);
             gi--;
         }

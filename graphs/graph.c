@@ -627,6 +627,26 @@ sg_status sg__graph_replay(sg_fn *fn, sg__graph *g, sg_tensor *const *in, int se
     return SG_OK;
 }
 
+void sg__graph_keep_outputs(sg_ctx *ctx, sg__graph *g) {
+    for (int k = 0; k < g->noutbufs; k++) {
+        sg__outbuf *ob = &g->outbufs[k];
+        for (int i = 0; ob->st && i < g->ir.nslots; i++) {
+            sg__storage *st = ob->st[i];
+            void *data = NULL;
+            if (!st || st->refs <= 1 || !st->data) continue; /* g's reference alone */
+            if (sg__dev_alloc(ctx, st->nbytes, &data) != SG_OK) continue;
+            if (ctx->exec.copy(ctx, data, st->data, st->nbytes) != SG_OK) {
+                sg__dev_free(ctx, data, st->nbytes);
+                continue;
+            }
+            st->data = data;
+            st->owned = true;
+            ob->st[i] = NULL; /* no longer g's: freed with its last reference */
+            sg__storage_unref(ctx, st);
+        }
+    }
+}
+
 void sg__graph_free(sg_ctx *ctx, sg__graph *g) {
     if (!g) return;
     sg__ir *ir = &g->ir;

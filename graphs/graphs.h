@@ -143,6 +143,13 @@ SG__HIDDEN sg_status sg__graph_outbuf(sg_fn *fn, sg__graph *g, int set);
 SG__HIDDEN void sg__graph_repoint(sg_ctx *ctx, sg__graph *g);
 SG__HIDDEN sg_status sg__graph_replay(sg_fn *fn, sg__graph *g, sg_tensor *const *in, int set);
 SG__HIDDEN void sg__graph_free(sg_ctx *ctx, sg__graph *g);
+/* Before g is dropped by a guard that fails for good (a parameter released,
+ * or one that started or stopped requiring grad): its output storages that
+ * an output set still holds move out of the pool into memory of their own
+ * (a copy), so that the outputs of the calls before stay valid, as they do
+ * when a capture simply misses. A storage that cannot move (out of memory)
+ * stays and goes stale with g. sg_fn_reset and sg_fn_destroy don't keep. */
+SG__HIDDEN void sg__graph_keep_outputs(sg_ctx *ctx, sg__graph *g);
 /* Seconds on the monotonic clock (for the compile phases' perf_hints). */
 SG__HIDDEN double sg__graph_clock(void);
 

@@ -562,8 +562,11 @@ static void test_param_as_input(void) {
                 bool ok = TU_EXPECT(view && view != alias_param) &&
                           TU_EXPECT(sg_compile(ctx, copy ? param_copy_step : param_read_step, NULL,
                                                1, 1, &o, &fn) == SG_OK);
+                sg_tensor *prev = NULL;
                 for (int call = 0; ok && call < 3; call++) {
                     bool as_param = (call == 1) != (first == 1);
+                    float before[16];
+                    if (prev) ok = TU_EXPECT(sg_read(prev, before, sizeof before) == SG_OK);
                     float ones[16], got[16], want[16];
                     for (int i = 0; i < 16; i++) ones[i] = 1.0f;
                     ok = TU_EXPECT(sg_write(alias_param, pv, sizeof pv) == SG_OK) &&
@@ -573,7 +576,18 @@ static void test_param_as_input(void) {
                     for (int i = 0; i < 16; i++)
                         want[i] = copy ? tv[i] : pv[i] + (as_param ? pv[i] : 1.0f);
                     for (int i = 0; ok && i < 16; i++) ok = TU_EXPECT(got[i] == want[i]);
+                    /* the call before's outputs stay (2 sets), whichever capture ran */
+                    float after[16];
+                    if (ok && prev)
+                        ok = TU_EXPECT(sg_read(prev, after, sizeof after) == SG_OK) &&
+                             TU_EXPECT(memcmp(before, after, sizeof after) == 0);
+                    sg_release(prev);
+                    prev = y, y = NULL;
                 }
+                sg_release(prev);
+                sg_fn_stats stats = {0};
+                ok = ok && TU_EXPECT(sg_fn_get_stats(fn, &stats) == SG_OK) &&
+                     TU_EXPECT(stats.captures == 2); /* the third call replays the first's */
                 tu_case(ok, "PARAM_AS_INPUT(mode=%s,step=%s,calls=%s) -> as eagerly",
                         sg_mode_name(modes[mi]), copy ? "in0 = P^T" : "P + in0",
                         first ? "view of P, distinct, view of P" : "distinct, view of P, distinct");
@@ -583,8 +597,42 @@ static void test_param_as_input(void) {
     sg_ctx_destroy(ctx);
 }
 
+/* A capture dropped for good by a guard (its parameter stopped requiring
+ * grad) leaves the outputs it handed out valid, with their values; the
+ * call after sees the parameter's new state. */
+static void test_keep_after_drop(void) {
+    sg_ctx *ctx = tu_ctx((sg_ctx_opts){0});
+    int64_t sh[1] = {4};
+    float pv[4] = {1, -2, 3, 0.5f}, xv[4] = {2, 2, -1, 4};
+    sg_mode modes[2] = {SG_MODE_DEFAULT, SG_MODE_REDUCE_OVERHEAD};
+    for (int mi = 0; mi < 2; mi++) {
+        alias_param = sg_from_host(ctx, SG_F32, 1, sh, pv);
+        sg_tensor *x = sg_from_host(ctx, SG_F32, 1, sh, xv), *y0 = NULL, *y1 = NULL;
+        sg_fn *fn;
+        sg_compile_opts o = {.mode = modes[mi]};
+        bool ok = TU_EXPECT(sg_requires_grad_(alias_param, true) == SG_OK) &&
+                  TU_EXPECT(sg_compile(ctx, param_read_step, NULL, 1, 1, &o, &fn) == SG_OK) &&
+                  TU_EXPECT(sg_call(fn, &x, 1, &y0, 1) == SG_OK) &&
+                  TU_EXPECT(sg_requires_grad_(alias_param, false) == SG_OK) &&
+                  TU_EXPECT(sg_call(fn, &x, 1, &y1, 1) == SG_OK);
+        float a[4] = {0}, b[4] = {0};
+        ok = ok && TU_EXPECT(sg_read(y0, a, sizeof a) == SG_OK) &&
+             TU_EXPECT(sg_read(y1, b, sizeof b) == SG_OK);
+        for (int i = 0; ok && i < 4; i++) ok = TU_EXPECT(a[i] == pv[i] + xv[i] && b[i] == a[i]);
+        tu_case(ok,
+                "KEEP_AFTER_DROP(mode=%s,a parameter stops requiring grad between calls) -> "
+                "the first call's output still reads",
+                sg_mode_name(modes[mi]));
+        sg_clear_error(ctx);
+        sg_fn_destroy(fn);
+        sg_release(x), sg_release(alias_param);
+    }
+    sg_ctx_destroy(ctx);
+}
+
 int main(void) {
     tu_seed(5);
+    test_keep_after_drop();
     test_param_as_input();
     test_failed_call_unchanged();
     test_stale_inplace();
