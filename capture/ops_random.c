@@ -119,6 +119,15 @@ sg_tensor *sg_dropout(sg_tensor *x, double p, sg_tensor *rng) {
     sg__tensor_drop(zero);
     sg__tensor_drop(u), sg__tensor_drop(thr), sg__tensor_drop(keep), sg__tensor_drop(keepf);
     sg__tensor_drop(kept);
+    int64_t numel = sg__numel(x->ndim, x->shape);
+    if (!out && u && numel > 0) { /* failed after the draw: the offset goes back */
+        sg_status st = ctx->status;
+        char msg[SG__MSG_SIZE];
+        snprintf(msg, sizeof msg, "%s", ctx->msg);
+        advance(rng, -((numel + 3) / 4));
+        ctx->status = st; /* the failure's own message, not the rollback's */
+        snprintf(ctx->msg, sizeof ctx->msg, "%s", msg);
+    }
     return out;
 }
 

@@ -223,6 +223,49 @@ static void test_dropout(sg_dtype dt, double p, uint64_t seed) {
     sg_release(x), sg_release(y), sg_release(rng);
 }
 
+/* Host allocations that fail from the n-th on inside sg_dropout: every
+ * failure leaves the rng's offset where it was. */
+static long dropout_countdown = -1;
+
+static void *failing_alloc(void *user, void *p, size_t old_size, size_t new_size) {
+    (void)user, (void)old_size;
+    if (new_size == 0) {
+        free(p);
+        return NULL;
+    }
+    if (dropout_countdown >= 0 && dropout_countdown-- == 0) return NULL;
+    return realloc(p, new_size);
+}
+
+static void test_dropout_oom(void) {
+    sg_ctx *c = NULL;
+    bool ok =
+        TU_EXPECT(sg_ctx_create(&(sg_ctx_opts){.backend = SG_BACKEND_CPU, .alloc = failing_alloc},
+                                &c) == SG_OK);
+    int failures = 0, moved = 0;
+    for (long n = 0; ok && n < 40; n++) {
+        float xv[6] = {1, 2, 3, 4, 5, 6};
+        sg_tensor *x = sg_from_host(c, SG_F32, 1, (int64_t[1]){6}, xv);
+        sg_tensor *rng = sg_rng_create(c, 3);
+        ok = TU_EXPECT(x && rng);
+        dropout_countdown = n;
+        sg_tensor *y = ok ? sg_dropout(x, 0.3, rng) : NULL;
+        dropout_countdown = -1;
+        int64_t st[2] = {0, -1};
+        ok = ok && TU_EXPECT(sg_read(rng, st, sizeof st) == SG_OK);
+        if (ok && !y) failures++, moved += st[1] != 0;
+        if (ok && y) ok = TU_EXPECT(st[1] == 2); /* ceil(6 / 4) blocks drawn */
+        sg_clear_error(c);
+        sg_release(y), sg_release(x), sg_release(rng);
+    }
+    ok = ok && TU_EXPECT(failures > 5) && TU_EXPECT(moved == 0);
+    tu_case(ok,
+            "DROPOUT_OOM(every host allocation inside sg_dropout failing in turn: %d failed) "
+            "-> the rng's offset as it was",
+            failures);
+    sg_ctx_destroy(c);
+}
+
 static void test_errors(void) {
     int64_t sh[1] = {3};
     sg_tensor *bad = sg_zeros(ctx, SG_I64, 1, sh), *rng = sg_rng_create(ctx, 1);
@@ -266,6 +309,7 @@ int main(void) {
     test_dropout(SG_BF16, 0.5, 17);
     test_dropout(SG_F32, 1.0, 18);
     test_errors();
+    test_dropout_oom();
     sg_ctx_destroy(ctx);
     return tu_finish();
 }
