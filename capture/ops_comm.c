@@ -77,7 +77,7 @@ sg_status sg_all_reduce_(sg_comm *comm, sg_tensor *x, sg_reduce_op op) {
     sg_ctx *ctx;
     sg_status s = check_comm("sg_all_reduce_", comm, x, &ctx);
     if (s != SG_OK) return s;
-    if (!check_dtype(ctx, "sg_all_reduce_", x, true, (int)op)) return SG_ERR_DTYPE;
+    if (!check_dtype(ctx, "sg_all_reduce_", x, true, (int)op)) return sg_ctx_status(ctx);
     if (!sg__is_contiguous(x)) {
         char d[SG__DESC];
         return sg__fail(ctx, SG_ERR_INVALID_ARG,

@@ -144,7 +144,12 @@ sg_tensor *sg_concat(int n, sg_tensor *const *ts, int dim) {
     if (d < 0 || !concat_fits(ctx, n, ts, d)) return NULL;
     int64_t shape[SG_MAX_DIMS];
     memcpy(shape, ts[0]->shape, sizeof shape);
-    for (int i = 1; i < n; i++) shape[d] += ts[i]->shape[d];
+    for (int i = 1; i < n; i++)
+        if (__builtin_add_overflow(shape[d], ts[i]->shape[d], &shape[d])) {
+            sg__fail(ctx, SG_ERR_SHAPE, "sg_concat: the sizes along dim %d add up past 64 bits",
+                     dim);
+            return NULL;
+        }
     sg__node node = {.op = SG__OP_CONCAT, .nin = n, .in = ts, .i = {d}};
     return sg__run_new(ctx, &node, ts[0]->dtype, ts[0]->ndim, shape);
 }

@@ -124,8 +124,9 @@ sg_tensor *sg_mul_scalar(sg_tensor *x, double s) { return scalar_op(SG__OP_MUL_S
 sg_tensor *sg_pow_scalar(sg_tensor *x, double s) { return scalar_op(SG__OP_POW_SCALAR, x, s, 0, true); }
 
 sg_tensor *sg_clamp(sg_tensor *x, double lo, double hi) {
-    if (x && x->magic == SG__TENSOR_LIVE && lo > hi) {
-        sg__fail(x->ctx, SG_ERR_INVALID_ARG, "sg_clamp: lo %g is above hi %g", lo, hi);
+    if (x && x->magic == SG__TENSOR_LIVE && !(lo <= hi)) {
+        sg__fail(x->ctx, SG_ERR_INVALID_ARG,
+                 "sg_clamp: lo %g and hi %g; it needs lo <= hi (no NaN)", lo, hi);
         return NULL;
     }
     return scalar_op(SG__OP_CLAMP, x, lo, hi, false);

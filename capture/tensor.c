@@ -139,8 +139,9 @@ sg_tensor *sg__tensor_new(sg_ctx *ctx, const char *op, sg_dtype dt, int ndim,
         sg__fail(ctx, SG_ERR_NULL, "%s: shape is NULL for ndim %d; pass ndim sizes", op, ndim);
         return NULL;
     }
-    /* Sizes are checked one by one so that the byte count cannot overflow. */
-    uint64_t bytes = sg_dtype_size(dt);
+    /* Sizes are checked one by one so that neither the byte count nor the
+     * strides (the sizes' product with 0 sizes taken as 1) can overflow. */
+    uint64_t bytes = sg_dtype_size(dt), span = bytes;
     for (int d = 0; d < ndim; d++) {
         if (shape[d] < 0) {
             sg__fail(ctx, SG_ERR_SHAPE,
@@ -149,12 +150,13 @@ sg_tensor *sg__tensor_new(sg_ctx *ctx, const char *op, sg_dtype dt, int ndim,
                      op, sg__shape_str(ndim, shape, sh, sizeof sh), d);
             return NULL;
         }
-        if (shape[d] > 0 && bytes > (UINT64_MAX >> 2) / (uint64_t)shape[d]) {
+        if (shape[d] > 0 && span > (UINT64_MAX >> 2) / (uint64_t)shape[d]) {
             sg__fail(ctx, SG_ERR_OOM, "%s: shape %s of %s is too large to address", op,
                      sg__shape_str(ndim, shape, sh, sizeof sh), sg_dtype_name(dt));
             return NULL;
         }
         bytes *= (uint64_t)shape[d];
+        span *= shape[d] > 0 ? (uint64_t)shape[d] : 1;
     }
     sg_tensor *t = handle_new(ctx, op);
     if (!t) return NULL;

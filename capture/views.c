@@ -18,7 +18,8 @@ static bool view_strides(const sg_tensor *t, int ndim, const int64_t *shape, int
         int64_t s = 1;
         for (int d = ndim - 1; d >= 0; d--) {
             stride[d] = s;
-            s *= shape[d] > 0 ? shape[d] : 1;
+            if (__builtin_mul_overflow(s, shape[d] > 0 ? shape[d] : 1, &s))
+                return false; /* strides past 64 bits: no view (a copy says why) */
         }
         return true;
     }

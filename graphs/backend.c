@@ -21,6 +21,11 @@ sg_status sg_ctx_create(const sg_ctx_opts *opts, sg_ctx **out) {
         sg__set_create_error("sg_ctx_create: backend %d is not an sg_backend value", (int)want);
         return SG_ERR_INVALID_ARG;
     }
+    if (opts && opts->num_threads < 0) {
+        sg__set_create_error("sg_ctx_create: num_threads %d is negative; 0 means OpenMP's default",
+                             opts->num_threads);
+        return SG_ERR_INVALID_ARG;
+    }
     sg_ctx tmp;
     memset(&tmp, 0, sizeof tmp);
     sg__ctx_init(&tmp, opts);

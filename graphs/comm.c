@@ -60,6 +60,13 @@ static double now_s(void) {
 
 static sg_status read_env(sg_ctx *ctx, const sg_comm_opts *o, sg__comm_env *e) {
     memset(e, 0, sizeof *e);
+    if (o && (o->size < 0 || o->master_port < 0 || o->master_port > 65535 || !(o->timeout_s >= 0) ||
+              o->timeout_s > 1e9))
+        return sg__fail(ctx, SG_ERR_INVALID_ARG,
+                        "sg_comm_create: opts has size %d, master_port %d, timeout_s %g; the size "
+                        "must be >= 0, the port in [0, 65535], the timeout in [0, 1e9] seconds (0 "
+                        "for each: the environment's)",
+                        o->size, o->master_port, o->timeout_s);
     e->size = 1;
     e->mpirun = env_triple(e, "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE",
                            "OMPI_COMM_WORLD_LOCAL_RANK") ||

@@ -26,6 +26,8 @@ const char *sg_mode_name(sg_mode m) {
     return "?";
 }
 
+/* The most captures a fn may keep (sg_compile_opts.cache_size_limit). */
+#define SG__MAX_CACHE_SIZE 65536
 /* ------------------------------------------------------------ compile */
 
 static void fn_link(sg_fn *fn) {
@@ -78,11 +80,14 @@ sg_status sg_compile(sg_ctx *ctx, sg_step_fn step, void *user, int nin, int nout
     if ((unsigned)o.mode > SG_MODE_MAX_AUTOTUNE_NO_GRAPHS)
         return sg__fail(ctx, SG_ERR_INVALID_ARG, "sg_compile: mode %d is not an sg_mode",
                         (int)o.mode);
-    if (o.cache_size_limit < 0)
+    if (o.cache_size_limit < 0 || o.cache_size_limit > SG__MAX_CACHE_SIZE)
         return sg__fail(ctx, SG_ERR_INVALID_ARG,
-                        "sg_compile: cache_size_limit %d is negative; "
+                        "sg_compile: cache_size_limit %d is not in [0, %d]; "
                         "0 means the default (8)",
-                        o.cache_size_limit);
+                        o.cache_size_limit, SG__MAX_CACHE_SIZE);
+    if ((unsigned)o.dynamic > SG_DYNAMIC_TRUE)
+        return sg__fail(ctx, SG_ERR_INVALID_ARG, "sg_compile: dynamic %d is not an sg_dynamic",
+                        (int)o.dynamic);
     if (o.cache_size_limit == 0) o.cache_size_limit = 8;
     if (o.output_sets < 0 || o.output_sets > SG__MAX_OUTPUT_SETS)
         return sg__fail(ctx, SG_ERR_INVALID_ARG,

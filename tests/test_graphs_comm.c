@@ -376,6 +376,16 @@ static void case_local(void) {
                 "COMM_CREATE(%s='%s') -> %s: %s", badenv[k][0], badenv[k][1], sg_status_str(s), m);
         unsetenv(badenv[k][0]), unsetenv("WORLD_SIZE"), unsetenv("RANK");
     }
+    /* Options out of their domain. */
+    static const sg_comm_opts badopts[4] = {
+        {.size = -1}, {.master_port = 70000}, {.timeout_s = NAN}, {.timeout_s = -1}};
+    for (int k = 0; k < 4; k++) {
+        sg_clear_error(ctx);
+        s = sg_comm_create(ctx, &badopts[k], &comm);
+        tu_case(s == SG_ERR_INVALID_ARG && strstr(sg_last_error(ctx), "opts has size"),
+                "COMM_CREATE(opts %d out of domain) -> %s: %s", k, sg_status_str(s),
+                sg_last_error(ctx));
+    }
     /* libmpi missing: named, with the fix; the context still works. */
     setenv("OMPI_COMM_WORLD_SIZE", "2", 1), setenv("OMPI_COMM_WORLD_RANK", "0", 1);
     setenv("SG_MPI_LIB", "/nonexistent/libmpi.so.40", 1);
@@ -403,6 +413,11 @@ static void case_local(void) {
         TU_EXPECT(sg_comm_synchronize(comm) == SG_OK);
     tu_case(ok, "SINGLE_RANK(no launcher,f32[3,4]) collectives are copies");
     /* Argument checks. */
+    sg_clear_error(ctx);
+    sg_status bad_op = sg_all_reduce_(comm, x, (sg_reduce_op)-1);
+    tu_case(bad_op == SG_ERR_INVALID_ARG && sg_ctx_status(ctx) == SG_ERR_INVALID_ARG,
+            "ALL_REDUCE_(op -1) -> %s, the context's status", sg_status_str(bad_op));
+    sg_clear_error(ctx);
     sg_tensor *xi = sg_cast(x, SG_I32), *xb = sg_cast(x, SG_BOOL);
     tu_case(!sg_all_reduce(comm, xi, SG_REDUCE_MEAN) && sg_ctx_status(ctx) == SG_ERR_DTYPE,
             "ALL_REDUCE(op=mean,type=i32) -> SG_ERR_DTYPE: %s", sg_last_error(ctx));

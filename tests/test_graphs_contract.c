@@ -13,6 +13,7 @@
 #include "capture/capture.h"
 
 #include <fcntl.h>
+#include <math.h>
 #include <string.h>
 #include <unistd.h>
 
@@ -630,8 +631,41 @@ static void test_keep_after_drop(void) {
     sg_ctx_destroy(ctx);
 }
 
+/* Options and arguments out of their domain are refused by name. */
+static void test_out_of_domain(void) {
+    sg_ctx *c = NULL;
+    sg_status st = sg_ctx_create(&(sg_ctx_opts){.backend = SG_BACKEND_CPU, .num_threads = -5}, &c);
+    bool ok = TU_EXPECT(st == SG_ERR_INVALID_ARG) && TU_EXPECT(c == NULL) &&
+              TU_EXPECT(strstr(sg_last_error(NULL), "num_threads -5") != NULL);
+    sg_ctx *ctx = tu_ctx((sg_ctx_opts){0});
+    sg_fn *fn = NULL;
+    ok = ok &&
+         TU_EXPECT(sg_compile(ctx, affine_step, NULL, 1, 1, &(sg_compile_opts){.dynamic = 7},
+                              &fn) == SG_ERR_INVALID_ARG) &&
+         TU_EXPECT(strstr(sg_last_error(ctx), "dynamic 7") != NULL) &&
+         TU_EXPECT(sg_compile(ctx, affine_step, NULL, 1, 1,
+                              &(sg_compile_opts){.cache_size_limit = 2147483647},
+                              &fn) == SG_ERR_INVALID_ARG) &&
+         TU_EXPECT(fn == NULL);
+    sg_clear_error(ctx);
+    sg_tensor *x = sg_zeros(ctx, SG_F32, 1, (int64_t[1]){4});
+    ok = ok && TU_EXPECT(!sg_clamp(x, NAN, 2.5)) && TU_EXPECT(!sg_clamp(x, 0, NAN)) &&
+         TU_EXPECT(sg_ctx_status(ctx) == SG_ERR_INVALID_ARG);
+    sg_clear_error(ctx);
+    /* sizes whose strides pass 64 bits, behind a 0 size */
+    int64_t big = (int64_t)1 << 62;
+    ok = ok && TU_EXPECT(!sg_zeros(ctx, SG_F32, 3, (int64_t[3]){0, big, big})) &&
+         TU_EXPECT(strstr(sg_last_error(ctx), "too large to address") != NULL);
+    sg_clear_error(ctx);
+    tu_case(ok, "OUT_OF_DOMAIN(num_threads -5, dynamic 7, cache_size_limit INT_MAX, clamp with "
+                "NaN, zeros [0,2^62,2^62]) -> refused, named");
+    sg_release(x);
+    sg_ctx_destroy(ctx);
+}
+
 int main(void) {
     tu_seed(5);
+    test_out_of_domain();
     test_keep_after_drop();
     test_param_as_input();
     test_failed_call_unchanged();
