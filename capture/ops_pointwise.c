@@ -125,8 +125,8 @@ sg_tensor *sg_pow_scalar(sg_tensor *x, double s) { return scalar_op(SG__OP_POW_S
 
 sg_tensor *sg_clamp(sg_tensor *x, double lo, double hi) {
     if (x && x->magic == SG__TENSOR_LIVE && !(lo <= hi)) {
-        sg__fail(x->ctx, SG_ERR_INVALID_ARG,
-                 "sg_clamp: lo %g and hi %g; it needs lo <= hi (no NaN)", lo, hi);
+        sg__fail(x->ctx, SG_ERR_INVALID_ARG, "sg_clamp: lo %g is %s hi %g; it needs lo <= hi", lo,
+                 lo > hi ? "above" : "NaN or beside a NaN", hi);
         return NULL;
     }
     return scalar_op(SG__OP_CLAMP, x, lo, hi, false);
