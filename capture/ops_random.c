@@ -56,6 +56,12 @@ static sg_status advance(sg_tensor *rng, int64_t blocks) {
     return s;
 }
 
+/* The Philox blocks a draw of numel values takes: 4 uniforms or 2 normals a block. */
+static int64_t blocks_of(int64_t numel, int dist) {
+    int64_t per = dist == DIST_NORMAL ? 2 : 4;
+    return (numel + per - 1) / per;
+}
+
 static sg_tensor *draw(const char *fn, sg_tensor *rng, sg_dtype dt, int ndim, const int64_t *shape,
                        int dist) {
     sg_ctx *ctx = check_rng(fn, rng);
@@ -76,8 +82,8 @@ static sg_tensor *draw(const char *fn, sg_tensor *rng, sg_dtype dt, int ndim, co
     sg__node n = {.op = SG__OP_RAND, .nin = 1, .in = in, .i = {dist}};
     sg_tensor *out = sg__run_new(ctx, &n, dt, ndim, shape);
     if (!out) return NULL;
-    int64_t numel = sg__numel(ndim, shape), per = dist == DIST_NORMAL ? 2 : 4;
-    if (numel > 0 && advance(rng, (numel + per - 1) / per) != SG_OK) {
+    int64_t numel = sg__numel(ndim, shape);
+    if (numel > 0 && advance(rng, blocks_of(numel, dist)) != SG_OK) {
         sg__tensor_drop(out);
         return NULL;
     }
@@ -110,21 +116,23 @@ sg_tensor *sg_dropout(sg_tensor *x, double p, sg_tensor *rng) {
     if (p == 0) return sg_mul_scalar(x, 1.0);
     sg_tensor *u = sg_rand(rng, x->dtype, x->ndim, x->shape);
     sg_tensor *thr = sg_full(ctx, x->dtype, 0, NULL, p);
-    sg_tensor *keep = sg_ge(u, thr);
-    sg_tensor *keepf = sg_cast(keep, x->dtype);
-    /* p == 1 drops everything: zeros, not 0 * inf (keep is all false). */
-    sg_tensor *zero = p == 1 ? sg_full(ctx, x->dtype, 0, NULL, 0.0) : NULL;
-    sg_tensor *kept = p == 1 ? sg_where(keep, x, zero) : sg_mul(x, keepf);
-    sg_tensor *out = p == 1 ? sg_mul_scalar(kept, 1.0) : sg_mul_scalar(kept, 1.0 / (1.0 - p));
-    sg__tensor_drop(zero);
-    sg__tensor_drop(u), sg__tensor_drop(thr), sg__tensor_drop(keep), sg__tensor_drop(keepf);
-    sg__tensor_drop(kept);
+    sg_tensor *keep = sg_ge(u, thr), *out;
+    if (p == 1) { /* drops everything: zeros, not 0 * inf (keep is all false) */
+        sg_tensor *zero = sg_full(ctx, x->dtype, 0, NULL, 0.0);
+        out = sg_where(keep, x, zero);
+        sg__tensor_drop(zero);
+    } else {
+        sg_tensor *keepf = sg_cast(keep, x->dtype), *kept = sg_mul(x, keepf);
+        out = sg_mul_scalar(kept, 1.0 / (1.0 - p));
+        sg__tensor_drop(keepf), sg__tensor_drop(kept);
+    }
+    sg__tensor_drop(u), sg__tensor_drop(thr), sg__tensor_drop(keep);
     int64_t numel = sg__numel(x->ndim, x->shape);
     if (!out && u && numel > 0) { /* failed after the draw: the offset goes back */
         sg_status st = ctx->status;
         char msg[SG__MSG_SIZE];
         snprintf(msg, sizeof msg, "%s", ctx->msg);
-        advance(rng, -((numel + 3) / 4));
+        advance(rng, -blocks_of(numel, DIST_UNIFORM));
         ctx->status = st; /* the failure's own message, not the rollback's */
         snprintf(ctx->msg, sizeof ctx->msg, "%s", msg);
     }

@@ -96,7 +96,7 @@ static sg_status read_env(sg_ctx *ctx, const sg_comm_opts *o, sg__comm_env *e) {
     char *end = NULL;
     double ts = t ? strtod(t, &end) : 600;
     if (t && (!*t || *end || !(ts > 0) || ts > 1e9) && !e->bad) e->bad = "SG_COMM_TIMEOUT";
-    e->timeout_s = o && o->timeout_s > 0 ? o->timeout_s : t && !*end && ts > 0 ? ts : 600;
+    e->timeout_s = o && o->timeout_s > 0 ? o->timeout_s : ts; /* a bad ts fails below */
     if (e->bad)
         return sg__fail(ctx, SG_ERR_INVALID_ARG,
                         "sg_comm_create: %s is '%s', not %s; set it as the launcher would, or "
