@@ -515,6 +515,7 @@ static void test_stale_inplace(void) {
                                 sg_zeros(ctx, SG_F32, 1, (int64_t[1]){1}));
     }
     for (int k = 0; ok && k < 5; k++) ok = TU_EXPECT(got[k] == SG_ERR_STALE_OUTPUT);
+    ok = ok && TU_EXPECT(strstr(sg_last_error(ctx), "is an output of a compiled step") != NULL);
     tu_case(ok, "STALE_INPLACE(sg_fill_, sg_copy_, sg_add_, a view, sg_index_copy_) -> "
                 "SG_ERR_STALE_OUTPUT");
     sg_clear_error(ctx);
@@ -646,15 +647,18 @@ static void test_out_of_domain(void) {
          TU_EXPECT(sg_compile(ctx, affine_step, NULL, 1, 1,
                               &(sg_compile_opts){.cache_size_limit = 2147483647},
                               &fn) == SG_ERR_INVALID_ARG) &&
-         TU_EXPECT(fn == NULL);
+         TU_EXPECT(fn == NULL) &&
+         TU_EXPECT(strstr(sg_last_error(ctx), "cache_size_limit 2147483647 is not in") != NULL);
     sg_clear_error(ctx);
     sg_tensor *x = sg_zeros(ctx, SG_F32, 1, (int64_t[1]){4});
     ok = ok && TU_EXPECT(!sg_clamp(x, NAN, 2.5)) && TU_EXPECT(!sg_clamp(x, 0, NAN)) &&
-         TU_EXPECT(sg_ctx_status(ctx) == SG_ERR_INVALID_ARG);
+         TU_EXPECT(sg_ctx_status(ctx) == SG_ERR_INVALID_ARG) &&
+         TU_EXPECT(strstr(sg_last_error(ctx), "NaN or beside a NaN") != NULL);
     sg_clear_error(ctx);
     /* sizes whose strides pass 64 bits, behind a 0 size */
     int64_t big = (int64_t)1 << 62;
     ok = ok && TU_EXPECT(!sg_zeros(ctx, SG_F32, 3, (int64_t[3]){0, big, big})) &&
+         TU_EXPECT(sg_ctx_status(ctx) == SG_ERR_OOM) &&
          TU_EXPECT(strstr(sg_last_error(ctx), "too large to address") != NULL);
     sg_clear_error(ctx);
     tu_case(ok, "OUT_OF_DOMAIN(num_threads -5, dynamic 7, cache_size_limit INT_MAX, clamp with "
