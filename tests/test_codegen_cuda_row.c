@@ -200,6 +200,7 @@ typedef struct counts {
     int kernels, calls, rows;
     bool split, cols; /* a reduction cut over blocks; a column reduction */
     bool vec;         /* a row in 16-byte vectors (its per-row alignment test) */
+    bool vcols;       /* a column reduction in 16-byte vectors */
     int shared;       /* a multi-tensor sum's folds shared by several members */
 } counts;
 
@@ -225,6 +226,7 @@ static bool cuda_unit(sg_fn *fn, const char *name, counts *c) {
     c->split = ok && strstr(e.buf, "r_count") != NULL;
     c->cols = ok && strstr(e.buf, "r_cred") != NULL;
     c->vec = ok && strstr(e.buf, "const bool r_al") != NULL;
+    c->vcols = ok && strstr(e.buf, "r_vc") != NULL;
     for (const char *p = ok ? e.buf : NULL; p && (p = strstr(p, "r_tc[r_t] == ")) != NULL; p++)
         c->shared++;
     ok = ok && cu_unit_compiles(ctx, name, e.buf, &nvrtc_missing);
@@ -542,12 +544,19 @@ static void red_case(const rcase *rc) {
     char uname[96];
     snprintf(uname, sizeof uname, "cu_red_%d_%d_%s_%lld_%lld", (int)rc->op, (int)rc->pro,
              sg_dtype_name(rc->dt), (long long)nout, (long long)len);
+    /* A sum or mean of the input itself over leading dims whose kept
+     * columns are whole 16-byte vectors takes vectors of columns. */
+    int64_t cols = 1;
+    for (int d = rc->nd - 1; d >= 0 && d > rc->dims[rc->nred - 1]; d--) cols *= rc->shape[d];
+    bool vcols = rc->expect == 2 && rc->pro == PRO_NONE && rc->op <= R_MEAN &&
+                 cols % (16 / (int64_t)sg_dtype_size(rc->dt)) == 0;
     ok = ok && cuda_unit(fn, uname, &c) && TU_EXPECT(c.kernels == 1) && TU_EXPECT(c.calls == 0) &&
          TU_EXPECT(c.rows == 1) && TU_EXPECT(c.cols == (rc->expect == 2)) &&
-         TU_EXPECT(rc->expect == 2 || c.split == (rc->expect == 1));
+         TU_EXPECT(rc->expect == 2 || c.split == (rc->expect == 1)) && TU_EXPECT(c.vcols == vcols);
     tu_case(ok, "%s on %s -> %d CUDA kernel (%s), %d library calls", name,
             tu_backend() == SG_BACKEND_CUDA ? "cuda" : "cpu", c.kernels,
-            c.cols    ? (c.split ? "columns, cut" : "columns")
+            c.cols    ? (c.split ? (c.vcols ? "columns in vectors, cut" : "columns, cut")
+                                 : (c.vcols ? "columns in vectors" : "columns"))
             : c.split ? "rows, cut"
                       : "rows",
             c.calls);
