@@ -21,8 +21,11 @@
  *   gather: a work-item per output element (an index out of range, which
  *         the host check rules out before an eager launch, writes zero);
  *   index_add: a work-item per lane (a position off dim) adds src's rows
- *         in index order, rounding to dst's dtype after each, as the CPU's
- *         sequential loop: no atomics, the same bits every launch.
+ *         in index order, rounding to dst's dtype after each: no atomics,
+ *         the same bits every launch; f32 as the CPU gives it, while the
+ *         CPU sums an f16 or bf16 element's repeats in f32 and rounds once
+ *         (graphs/cpu/cpu_data.c: that needs the positions sorted by index,
+ *         which this one-kernel form has not).
  * The Philox and sampling helpers go once into a unit that uses them
  * (sg__cgen_serial_data_prelude); sample and randn need the device's f64
  * (cl_khr_fp64).

@@ -236,14 +236,46 @@ done:
  * src off dim) walks i in order, so repeated indices add up in one fixed
  * order and the result does not depend on the thread count.
  */
+/*
+ * dst[.., idx[j], ..] += src[.., j, ..]. Each element of dst adds its
+ * positions j in order to its value in f32 and is stored once: f32 gives
+ * the sequential loop's bits, and an f16 or bf16 table (an embedding's
+ * gradient, a token repeated thousands of times) rounds once, not after
+ * each row, as CUDA's runs do (k_data.cu). For half dtypes the positions
+ * are put in (index, j) order first (a counting sort over dim), and each
+ * run of one index is summed apart.
+ */
 static sg_status index_add(sg_ctx *ctx, const sg__node *n) {
     const sg_tensor *dst = n->out, *idx = n->in[1], *src = n->in[2];
     int dim = (int)n->i[0], nd = dst->ndim;
     char what[64];
     snprintf(what, sizeof what, "dim %d of dst", dim);
-    int64_t *iv, L = src->shape[dim];
-    sg_status s = read_indices(ctx, "index_add", idx, dst->shape[dim], what, &iv);
+    int64_t *iv, L = src->shape[dim], V = dst->shape[dim];
+    sg_status s = read_indices(ctx, "index_add", idx, V, what, &iv);
     if (s != SG_OK) return s;
+    bool half = dst->dtype == SG_F16 || dst->dtype == SG_BF16;
+    int64_t *start = NULL, *pos = NULL, *runs = NULL, nruns = 0;
+    if (half && L > 0) { /* runs[r]: the index of run r, start[v] .. start[v + 1] its positions */
+        start = sg__alloc(ctx, sizeof(int64_t) * (size_t)(V + 1));
+        pos = sg__alloc(ctx, sizeof(int64_t) * (size_t)L);
+        runs = sg__alloc(ctx, sizeof(int64_t) * (size_t)L);
+        if (!start || !pos || !runs) {
+            s = sg__fail(ctx, SG_ERR_OOM,
+                         "index_add: out of host memory for the order of %lld "
+                         "positions; free memory or add fewer rows at once",
+                         (long long)L);
+            goto done;
+        }
+        memset(start, 0, sizeof(int64_t) * (size_t)(V + 1));
+        for (int64_t j = 0; j < L; j++) start[iv[j] + 1]++;
+        for (int64_t v = 0; v < V; v++) {
+            if (start[v + 1]) runs[nruns++] = v;
+            start[v + 1] += start[v];
+        }
+        for (int64_t j = 0; j < L; j++) pos[start[iv[j]]++] = j; /* start[v] ends at v + 1's */
+        for (int64_t v = V; v > 0; v--) start[v] = start[v - 1];
+        start[0] = 0;
+    }
     int64_t lanes = L ? sg__numel(nd, src->shape) / L : 0;
     int64_t sh[SG_MAX_DIMS], sst[SG_MAX_DIMS], dst_st[SG_MAX_DIMS];
     int m = 0;
@@ -267,13 +299,25 @@ static sg_status index_add(sg_ctx *ctx, const sg__node *n) {
             so += c * sst[k];
             dof += c * dst_st[k];
         }
-        for (int64_t i = 0; i < L; i++) {
+        for (int64_t u = 0; half && u < nruns; u++) {
+            int64_t v = runs[u], at = dof + v * ds;
+            float acc = sg__ldf(dp, dst->dtype, at);
+            for (int64_t k = start[v]; k < start[v + 1]; k++)
+                acc += sg__ldf(sp, src->dtype, so + pos[k] * ss);
+            sg__stf(dp, dst->dtype, at, acc);
+        }
+        for (int64_t i = 0; !half && i < L; i++) {
             int64_t at = dof + iv[i] * ds;
-            sg__stf(dp, dst->dtype, at, sg__ldf(dp, dst->dtype, at) + sg__ldf(sp, src->dtype, so + i * ss));
+            sg__stf(dp, dst->dtype, at,
+                    sg__ldf(dp, dst->dtype, at) + sg__ldf(sp, src->dtype, so + i * ss));
         }
     }
+done:
+    if (start) sg__free(ctx, start, sizeof(int64_t) * (size_t)(V + 1));
+    if (pos) sg__free(ctx, pos, sizeof(int64_t) * (size_t)L);
+    if (runs) sg__free(ctx, runs, sizeof(int64_t) * (size_t)L);
     free_indices(ctx, idx, iv);
-    return SG_OK;
+    return s;
 }
 
 /* Each input lands in out at its running offset along dim. */
