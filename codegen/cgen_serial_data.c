@@ -21,11 +21,11 @@
  *   gather: a work-item per output element (an index out of range, which
  *         the host check rules out before an eager launch, writes zero);
  *   index_add: a work-item per lane (a position off dim) adds src's rows
- *         in index order, rounding to dst's dtype after each: no atomics,
- *         the same bits every launch; f32 as the CPU gives it, while the
- *         CPU sums an f16 or bf16 element's repeats in f32 and rounds once
- *         (graphs/cpu/cpu_data.c: that needs the positions sorted by index,
- *         which this one-kernel form has not).
+ *         in index order (f32: rounding after each, the CPU's sequential
+ *         loop); into f16 or bf16 each index's first position adds every
+ *         row of that index in position order in f32 and stores once, as
+ *         the CPU does: no atomics, the same bits every launch. (Without a
+ *         sort that costs up to count^2 / 2 index reads a lane.)
  * The Philox and sampling helpers go once into a unit that uses them
  * (sg__cgen_serial_data_prelude); sample and randn need the device's f64
  * (cl_khr_fp64).
@@ -394,9 +394,26 @@ static int64_t emit_index_add(sd *s, const sg__ref *idx, const sg__ref *src, con
     sg__emit_line(s->e, "if (v < 0 || v >= %lldLL) continue;", (long long)o->shape[dim]);
     sg__emit_line(s->e, "const sg_i64 at = dof + v * %lldLL;", (long long)o->stride[dim]);
     load(s, o, "at", dv, sizeof dv);
-    load(s, src, soff, sv, sizeof sv);
-    sg__emit_line(s->e, "const float sum = (%s) + (%s);", dv, sv);
-    store(s, o, "at", "sum");
+    if (o->dtype == SG_F32) {
+        load(s, src, soff, sv, sizeof sv);
+        sg__emit_line(s->e, "const float sum = (%s) + (%s);", dv, sv);
+        store(s, o, "at", "sum");
+    } else { /* f16, bf16: v's first position adds them all in f32, rounded once */
+        char koff[96], kv[400];
+        snprintf(koff, sizeof koff, "%lldLL + k * %lldLL", (long long)idx->offset,
+                 (long long)(idx->ndim ? idx->stride[0] : 0));
+        load(s, idx, koff, kv, sizeof kv);
+        sg__emit_line(s->e, "bool seen = false;");
+        sg__emit_line(s->e, "for (sg_i64 k = 0; k < j && !seen; k++) seen = (%s) == v;", kv);
+        sg__emit_line(s->e, "if (seen) continue;");
+        sg__emit_line(s->e, "float sum = %s;", dv);
+        sg__emit_open(s->e, "for (sg_i64 k = j; k < %lldLL; k++)", (long long)L);
+        snprintf(soff, sizeof soff, "so + k * %lldLL", (long long)src->stride[dim]);
+        load(s, src, soff, sv, sizeof sv);
+        sg__emit_line(s->e, "if ((%s) == v) sum += %s;", kv, sv);
+        sg__emit_close(s->e);
+        store(s, o, "at", "sum");
+    }
     sg__emit_close(s->e);
     sg__emit_close(s->e);
     return lanes;
