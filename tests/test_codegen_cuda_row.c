@@ -821,6 +821,10 @@ static void reductions(void) {
         {R_SUM, PRO_NONE, SG_BF16, 3, {4, 1024, 768}, 1, {0}, false, false, false, 2},
         {R_SUM, PRO_NONE, SG_F32, 2, {8, 4000}, 1, {0}, true, true, true, 2},
         {R_MEAN, PRO_SQUARE, SG_BF16, 2, {3, 1001}, 1, {0}, false, false, false, 2},
+        /* Column sums of several row blocks in vectors (a middle dim): bf16 with NaN and
+         * infinities, f32 of three vectors a row block. */
+        {R_SUM, PRO_NONE, SG_BF16, 3, {3, 50, 64}, 1, {1}, false, false, true, 2},
+        {R_MEAN, PRO_NONE, SG_F32, 3, {2, 33, 12}, 1, {1}, true, true, false, 2},
         /* Odd shapes: a middle dim, the first dim, rows of 1 element. */
         {R_SUM, PRO_NONE, SG_F32, 3, {3, 5, 7}, 1, {1}, false, false, false, 2},
         {R_MEAN, PRO_SQUARE, SG_BF16, 3, {3, 5, 7}, 1, {1}, true, true, false, 2},
