@@ -33,7 +33,7 @@ static const char *good =
 static char dir[256];
 
 /* The kernels each family's host side looks up by name (cuda_<family>.c). */
-static const char *const unit_kernels[SG__CU_NUM_UNITS][24] = {
+static const char *const unit_kernels[SG__CU_NUM_UNITS][16] = {
     [SG__CU_POINTWISE] = {"sg_pw_vec", "sg_pw_flat", "sg_pw_nd32", "sg_pw_nd64", NULL},
     [SG__CU_DATA] = {"sg_data_gather32", "sg_data_gather64", "sg_data_scatter32",
                      "sg_data_scatter64", "sg_data_index_prep", "sg_data_zero", "sg_data_arange",
@@ -43,16 +43,15 @@ static const char *const unit_kernels[SG__CU_NUM_UNITS][24] = {
     [SG__CU_ROW] = {"sg_row_softmax", "sg_row_norm", "sg_row_xent", "sg_row_xent_mean",
                     "sg_row_xent_bwd", "sg_row_xent_bwd_warp", "sg_row_norm_bwd",
                     "sg_row_norm_bwd_cols", "sg_row_norm_bwd_vec", "sg_row_norm_bwd_reg",
-                    "sg_row_norm_bwd_reg_lrd", "sg_row_norm_bwd_reg_lr", "sg_row_norm_bwd_reg_ld",
-                    "sg_row_norm_bwd_reg_l", "sg_row_norm_bwd_reg_rr", "sg_row_norm_bwd_reg_r",
                     "sg_row_norm_bwd_fin", NULL},
     [SG__CU_MATMUL] = {"sg_mm_gemv_f32", "sg_mm_gemv_f16", "sg_mm_gemv_bf16", "sg_mm_copy_f32",
                        "sg_mm_copy_f16", "sg_mm_copy_bf16", "sg_mm_fill_f32", "sg_mm_fill_f16",
                        "sg_mm_fill_bf16", "sg_mm_pitch_f32", "sg_mm_pitch_f16", "sg_mm_pitch_bf16",
                        NULL},
     [SG__CU_ATTN] = {"sg_attn_split", "sg_attn_combine", "sg_attn_mma", "sg_attn_decode",
-                     "sg_attn_decode8", "sg_attn_decode_m", "sg_attn_decode8_m", "sg_attn_flash64",
-                     "sg_attn_flash128", "sg_attn_flash64_lse", "sg_attn_flash128_lse", NULL},
+                     "sg_attn_decode8", "sg_attn_decode_m", "sg_attn_decode8_m",
+                     "sg_attn_flash64", "sg_attn_flash128",
+                     "sg_attn_flash64_lse", "sg_attn_flash128_lse", NULL},
     [SG__CU_ATTN_BWD] = {"sg_attn_bwd_rows", "sg_attn_bwd_keys", "sg_attn_bwd_dq64_bf16",
                          "sg_attn_bwd_dq64_f16", "sg_attn_bwd_dq128_bf16", "sg_attn_bwd_dq128_f16",
                          "sg_attn_bwd_dkv64_bf16", "sg_attn_bwd_dkv64_f16",

@@ -351,7 +351,6 @@ typedef struct ngeom {
 
 /* k_row.cu's: r is added; the column sums; dx's column sum; r loaded early */
 enum { NB_R = 8, NB_SUMS = 16, NB_DXSUM = 32, NB_R_EARLY = 64 };
-enum { NBS_LAYER = 256 }; /* k_row.cu's, of the specialized kernels */
 
 /* The most shared memory a block of sg_row_norm_bwd_vec keeps its warps'
  * column sums in: two blocks of 8 warps still fit an SM on sm_80 and
@@ -440,29 +439,6 @@ static int64_t nb_warps(sg_ctx *ctx, void *f, int nsets, int64_t len, bool wide,
     return warps;
 }
 
-/* The sg_row_norm_bwd_reg kernel compiled for g's flags, where k_row.cu
- * has one (the norms' gradients of models: w and the column sums;
- * SG_CUDA_NORM_BWD's `spec` turns them off), else the one that reads them. */
-static const char *nb_reg_name(const ngeom *g) {
-    static const struct {
-        int flags;
-        const char *name;
-    } specs[] = {
-        {NBS_LAYER | NB_R | NB_DXSUM, "sg_row_norm_bwd_reg_lrd"},
-        {NBS_LAYER | NB_R, "sg_row_norm_bwd_reg_lr"},
-        {NBS_LAYER | NB_DXSUM, "sg_row_norm_bwd_reg_ld"},
-        {NBS_LAYER, "sg_row_norm_bwd_reg_l"},
-        {NB_R, "sg_row_norm_bwd_reg_rr"},
-        {0, "sg_row_norm_bwd_reg_r"},
-    };
-    if (!(g->flags & HAS_W) || !(g->flags & NB_SUMS) || !sg__cuda_norm_bwd_on("spec"))
-        return "sg_row_norm_bwd_reg";
-    int key = (g->layer ? NBS_LAYER : 0) | (g->flags & (NB_R | NB_DXSUM));
-    for (size_t i = 0; i < sizeof specs / sizeof specs[0]; i++)
-        if (specs[i].flags == key) return specs[i].name;
-    return "sg_row_norm_bwd_reg";
-}
-
 /* NORM_BWD: dx (+ r) and, with i[1], the column sums; with sum (a SUM of
  * dx over every dim but the last that fusion merged: sg__group.nbsum),
  * also that sum, of dx as stored, into sum's result (*took), where rows
@@ -493,7 +469,9 @@ static sg_status norm_bwd(sg_ctx *ctx, const sg__node *n, const sg__node *sum, b
      * one block an SM) where the row fits them: 768 halves, 512 floats. */
     bool reg = vec && nsets && g.len <= (n->in[0]->dtype == SG_F32 ? 512 : 768) &&
                sg__cuda_norm_bwd_on("regs");
-    const char *kname = reg ? nb_reg_name(&g) : vec ? "sg_row_norm_bwd_vec" : "sg_row_norm_bwd";
+    const char *kname = reg   ? "sg_row_norm_bwd_reg"
+                        : vec ? "sg_row_norm_bwd_vec"
+                              : "sg_row_norm_bwd";
     sg_status s = sg__cuda_kernel(ctx, SG__CU_ROW, kname, &f);
     if (s != SG_OK) return s;
     /* Column sums: each warp's in nsets * len floats of shared memory, and

@@ -797,11 +797,6 @@ struct ngeom {
  * with x and g, before the row's sums (else after them). */
 enum { NB_R = 8, NB_SUMS = 16, NB_DXSUM = 32, NB_R_EARLY = 64 };
 
-/* The flags a specialized sg_row_norm_bwd_reg_* kernel is compiled for
- * (cuda_row.c picks one where a node's flags are one of them): HAS_W, NB_R,
- * NB_SUMS and NB_DXSUM as above, NBS_LAYER a layer norm (else RMS). */
-enum { NBS_LAYER = 256 };
-
 #define NB_KEEP 32 /* elements per lane kept in registers between the passes */
 
 __device__ __forceinline__ void nrow_offsets(const ngeom &g, i64 row, i64 *xo, i64 *go, i64 *yo,
@@ -946,7 +941,7 @@ extern "C" __global__ void __launch_bounds__(BLOCK)
  * are explicit fmaf (every image is compiled with --fmad=false, which would
  * split them): one rounding fewer each, and a row's path of dependent
  * instructions, which bounds this kernel (two warps a scheduler), shorter. */
-template <int DT, bool REG, int FL = -1>
+template <int DT, bool REG>
 __device__ __forceinline__ void norm_bwd_vec(const void *x, const void *gp, const void *w,
                                              const void *rp, void *y, float *part, const ngeom &g) {
     constexpr int PER = DT == DT_F32 ? 4 : 8, es = DT == DT_F32 ? 4 : 2;
@@ -954,13 +949,9 @@ __device__ __forceinline__ void norm_bwd_vec(const void *x, const void *gp, cons
     constexpr int NQ = REG ? (DT == DT_F32 ? 4 : 3) : NB_VEC, NA = REG ? NQ : 1;
     const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, nw = blockDim.x / 32;
     const i64 len = g.len, nv = len / PER;
-    /* FL >= 0: the flags are constants, so the row's loop holds only their path. */
-    constexpr bool SP = FL >= 0;
-    const int fl = SP ? FL : g.flags;
-    const bool layer = SP ? (FL & NBS_LAYER) != 0 : g.layer != 0;
-    const bool hw = (fl & HAS_W) != 0, hr = (fl & NB_R) != 0;
-    const bool sums = (fl & NB_SUMS) != 0, dxs = (fl & NB_DXSUM) != 0;
-    const bool early = hr && (REG || (fl & NB_R_EARLY) != 0);
+    const bool layer = g.layer != 0, hw = (g.flags & HAS_W) != 0, hr = (g.flags & NB_R) != 0;
+    const bool sums = (g.flags & NB_SUMS) != 0, dxs = (g.flags & NB_DXSUM) != 0;
+    const bool early = hr && (REG || (g.flags & NB_R_EARLY) != 0);
     const int nsets = (sums ? 2 : 0) + (dxs ? 1 : 0);
     extern __shared__ float sh[];
     float *acc = sh + (i64)warp * nsets * len, *accd = acc + (sums ? 2 * len : 0);
@@ -1159,31 +1150,17 @@ extern "C" __global__ void __launch_bounds__(BLOCK, 2)
         norm_bwd_vec<DT_F16, false>(x, gp, w, rp, y, part, g);
 }
 
-/* sg_row_norm_bwd_reg for any flags, and sg_row_norm_bwd_reg_<s> for the
- * flags of a layer norm's or RMS norm's gradient in a model (w and the
- * column sums, with or without r and dx's sum: cuda_row.c's nb_reg_name): the row's loop then holds
- * only the taken path, about a third fewer instructions, which the two warps a scheduler otherwise
- * wait to fetch. */
-#define NB_REG(NAME, FL)                                                                           \
-    extern "C" __global__ void __launch_bounds__(BLOCK, 1)                                         \
-        NAME(const void *x, const void *gp, const void *w, const void *rp, void *y, float *part,   \
-             ngeom g) {                                                                            \
-        pdl_begin();                                                                               \
-        if (g.dt == DT_F32)                                                                        \
-            norm_bwd_vec<DT_F32, true, FL>(x, gp, w, rp, y, part, g);                              \
-        else if (g.dt == DT_BF16)                                                                  \
-            norm_bwd_vec<DT_BF16, true, FL>(x, gp, w, rp, y, part, g);                             \
-        else                                                                                       \
-            norm_bwd_vec<DT_F16, true, FL>(x, gp, w, rp, y, part, g);                              \
-    }
-#define NB_LWS (NBS_LAYER | HAS_W | NB_SUMS)
-NB_REG(sg_row_norm_bwd_reg, -1)
-NB_REG(sg_row_norm_bwd_reg_lrd, NB_LWS | NB_R | NB_DXSUM)
-NB_REG(sg_row_norm_bwd_reg_lr, NB_LWS | NB_R)
-NB_REG(sg_row_norm_bwd_reg_ld, NB_LWS | NB_DXSUM)
-NB_REG(sg_row_norm_bwd_reg_l, NB_LWS)
-NB_REG(sg_row_norm_bwd_reg_rr, NB_LWS - NBS_LAYER + NB_R)
-NB_REG(sg_row_norm_bwd_reg_r, NB_LWS - NBS_LAYER)
+extern "C" __global__ void __launch_bounds__(BLOCK, 1)
+    sg_row_norm_bwd_reg(const void *x, const void *gp, const void *w, const void *rp, void *y,
+                        float *part, ngeom g) {
+    pdl_begin();
+    if (g.dt == DT_F32)
+        norm_bwd_vec<DT_F32, true>(x, gp, w, rp, y, part, g);
+    else if (g.dt == DT_BF16)
+        norm_bwd_vec<DT_BF16, true>(x, gp, w, rp, y, part, g);
+    else
+        norm_bwd_vec<DT_F16, true>(x, gp, w, rp, y, part, g);
+}
 
 /* NORM_BWD's column sums from sg_row_norm_bwd_vec's nparts block partials
  * (nsets * len f32 each): a block of 32 columns by 8 warps, warp s adding
