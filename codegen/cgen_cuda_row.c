@@ -1212,10 +1212,12 @@ static void emit_columns_vec(rowk *k, int tcv, int64_t split, int64_t ch, int64_
     sg__emit_close(e);
 }
 
-/* SG_CUDA_COLS_VEC=0: column sums one column a lane (emit_columns) only. */
+/* SG_CUDA_COLS_VEC=1: column sums in vectors (emit_columns_vec) where they
+ * may; by default one column a lane (emit_columns), the form measured on
+ * the GPU so far. */
 static bool cols_vec_on(void) {
     const char *e = getenv("SG_CUDA_COLS_VEC");
-    return !e || strcmp(e, "0") != 0;
+    return e && strcmp(e, "1") == 0;
 }
 
 /* The elements of a 16-byte vector of a column sum's input, when it is

@@ -548,8 +548,9 @@ static void red_case(const rcase *rc) {
      * columns are whole 16-byte vectors takes vectors of columns. */
     int64_t cols = 1;
     for (int d = rc->nd - 1; d >= 0 && d > rc->dims[rc->nred - 1]; d--) cols *= rc->shape[d];
-    bool vcols = rc->expect == 2 && rc->pro == PRO_NONE && rc->op <= R_MEAN &&
-                 cols % (16 / (int64_t)sg_dtype_size(rc->dt)) == 0;
+    const char *cv = getenv("SG_CUDA_COLS_VEC");
+    bool vcols = cv && strcmp(cv, "1") == 0 && rc->expect == 2 && rc->pro == PRO_NONE &&
+                 rc->op <= R_MEAN && cols % (16 / (int64_t)sg_dtype_size(rc->dt)) == 0;
     ok = ok && cuda_unit(fn, uname, &c) && TU_EXPECT(c.kernels == 1) && TU_EXPECT(c.calls == 0) &&
          TU_EXPECT(c.rows == 1) && TU_EXPECT(c.cols == (rc->expect == 2)) &&
          TU_EXPECT(rc->expect == 2 || c.split == (rc->expect == 1)) && TU_EXPECT(c.vcols == vcols);
@@ -840,6 +841,17 @@ static void reductions(void) {
         {R_SUM, PRO_NONE, SG_F32, 2, {1, 20000}, 1, {1}, false, false, true, 1},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) red_case(&cases[i]);
+    /* The column reductions again in 16-byte vectors of columns (SG_CUDA_COLS_VEC=1). */
+    const char *cv = getenv("SG_CUDA_COLS_VEC");
+    char *keep = cv ? strdup(cv) : NULL;
+    setenv("SG_CUDA_COLS_VEC", "1", 1);
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++)
+        if (cases[i].expect == 2) red_case(&cases[i]);
+    if (keep)
+        setenv("SG_CUDA_COLS_VEC", keep, 1);
+    else
+        unsetenv("SG_CUDA_COLS_VEC");
+    free(keep);
     library_reasons();
     norms_apart();
     multi_norms();
