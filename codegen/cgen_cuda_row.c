@@ -1024,6 +1024,50 @@ static void column_combine(rowk *k, int tc, int rg) {
                   rg, tc);
 }
 
+/* The head of a column kernel (emit_columns, emit_columns_vec): lane r_lc
+ * and group r_rg of a block, r_cred (width floats a thread), the split's
+ * partials (width floats a lane of each item) and counters, and the loop
+ * over items r_w = (tile r_t, chunk r_sp) with the tile's row block r_row,
+ * its column (vector) `col` of tc a tile, and the chunk's range [r_lo, r_hi). */
+static void columns_open(rowk *k, int tc, int width, int64_t split, int64_t ch, int64_t items,
+                         const char *col) {
+    sg__emit *e = k->e;
+    int64_t nct = k->cols / width, tiles;
+    nct = (nct + tc - 1) / tc, tiles = k->rows * nct;
+    sg__emit_line(e, "const int r_lc = %s %% %d, r_rg = %s / %d;", k->sp->tid, tc, k->sp->tid, tc);
+    sg__cuda_shared(k->g, 0, "float r_cred[%d]", BLOCK * width);
+    if (split > 1) {
+        sg__emit_line(e, "static __device__ float r_part[%lld];", (long long)(items * tc * width));
+        sg__emit_line(e, "static __device__ unsigned int r_count[%lld];", (long long)tiles);
+        sg__emit_line(e, "__shared__ bool r_last;");
+    }
+    sg__emit_open(e, "for (sg_i64 r_w = %s; r_w < %lldLL; r_w += %s)", k->sp->bid, (long long)items,
+                  k->sp->gdim);
+    sg__emit_line(e, "const sg_i64 r_t = r_w / %lld, r_sp = r_w %% %lld;", (long long)split,
+                  (long long)split);
+    sg__emit_line(e, "const sg_i64 r_row = r_t / %lld, %s = (r_t %% %lld) * %d + r_lc;",
+                  (long long)nct, col, (long long)nct, tc);
+    sg__emit_line(e, "const sg_i64 r_lo = r_sp * %lldLL;", (long long)ch);
+    sg__emit_line(e, "const sg_i64 r_hi = r_lo + %lldLL < %lldLL ? r_lo + %lldLL : %lldLL;",
+                  (long long)ch, (long long)k->len, (long long)ch, (long long)k->len);
+}
+
+/* Group 0's partial of item r_w stored by `store`, and the tile's last
+ * block to arrive opening `if (r_last)`, where it reads every chunk's. */
+static void columns_last(rowk *k, int64_t split, const char *store) {
+    sg__emit *e = k->e;
+    sg__emit_open(e, "if (r_rg == 0)");
+    sg__emit_line(e, "%s", store);
+    sg__emit_line(e, "__threadfence();");
+    sg__emit_close(e);
+    sg__emit_line(e, "__syncthreads();");
+    sg__emit_line(e, "if (threadIdx.x == 0) r_last = atomicAdd(&r_count[r_t], 1u) == %lldu;",
+                  (long long)(split - 1));
+    sg__emit_line(e, "__syncthreads();");
+    sg__emit_open(e, "if (r_last)");
+    sg__emit_line(e, "__threadfence();");
+}
+
 /*
  * A column sum or mean, (rows, len, cols) -> (rows, cols): a block takes tc
  * consecutive columns (32, fewer for narrower rows, up to a block's threads
@@ -1036,24 +1080,8 @@ static void column_combine(rowk *k, int tc, int rg) {
 static void emit_columns(rowk *k, int tc, int64_t split, int64_t ch, int64_t items) {
     sg__emit *e = k->e;
     int rg = BLOCK / tc;
-    int64_t nct = (k->cols + tc - 1) / tc, tiles = k->rows * nct;
-    char tile[64], hi[32];
-    sg__emit_line(e, "const int r_lc = %s %% %d, r_rg = %s / %d;", k->sp->tid, tc, k->sp->tid, tc);
-    sg__cuda_shared(k->g, 0, "float r_cred[%d]", BLOCK);
-    if (split > 1) {
-        sg__emit_line(e, "static __device__ float r_part[%lld];", (long long)(items * tc));
-        sg__emit_line(e, "static __device__ unsigned int r_count[%lld];", (long long)tiles);
-        sg__emit_line(e, "__shared__ bool r_last;");
-    }
-    sg__emit_open(e, "for (sg_i64 r_w = %s; r_w < %lldLL; r_w += %s)", k->sp->bid, (long long)items,
-                  k->sp->gdim);
-    sg__emit_line(e, "const sg_i64 r_t = r_w / %lld, r_sp = r_w %% %lld;", (long long)split,
-                  (long long)split);
-    sg__emit_line(e, "const sg_i64 r_row = r_t / %lld, r_col = (r_t %% %lld) * %d + r_lc;",
-                  (long long)nct, (long long)nct, tc);
-    sg__emit_line(e, "const sg_i64 r_lo = r_sp * %lldLL;", (long long)ch);
-    sg__emit_line(e, "const sg_i64 r_hi = r_lo + %lldLL < %lldLL ? r_lo + %lldLL : %lldLL;",
-                  (long long)ch, (long long)k->len, (long long)ch, (long long)k->len);
+    char tile[64], hi[32], store[64];
+    columns_open(k, tc, 1, split, ch, items, "r_col");
     sg__emit_line(e, "float r_s = 0.0f;");
     sg__emit_open(e, "if (r_col < %lldLL)", (long long)k->cols);
     chunk_loop(k, "r_lo + r_rg", "r_hi", rg, chunk_of(ch, rg, 8), "r_s += r_x;", false);
@@ -1062,16 +1090,8 @@ static void emit_columns(rowk *k, int tc, int64_t split, int64_t ch, int64_t ite
     snprintf(tile, sizeof tile, "r_row * %lldLL + r_col", (long long)k->cols);
     snprintf(hi, sizeof hi, "%lldLL", (long long)k->cols);
     if (split > 1) {
-        sg__emit_open(e, "if (r_rg == 0)");
-        sg__emit_line(e, "r_part[r_w * %d + r_lc] = r_s;", tc);
-        sg__emit_line(e, "__threadfence();");
-        sg__emit_close(e);
-        sg__emit_line(e, "__syncthreads();");
-        sg__emit_line(e, "if (threadIdx.x == 0) r_last = atomicAdd(&r_count[r_t], 1u) == %lldu;",
-                      (long long)(split - 1));
-        sg__emit_line(e, "__syncthreads();");
-        sg__emit_open(e, "if (r_last)");
-        sg__emit_line(e, "__threadfence();");
+        snprintf(store, sizeof store, "r_part[r_w * %d + r_lc] = r_s;", tc);
+        columns_last(k, split, store);
         sg__emit_line(e, "r_s = 0.0f;");
         sg__emit_line(e,
                       "for (sg_i64 j = r_rg; j < %lldLL; j += %d) r_s += "
@@ -1103,30 +1123,14 @@ static void emit_columns(rowk *k, int tc, int64_t split, int64_t ch, int64_t ite
 static void emit_columns_vec(rowk *k, int tcv, int64_t split, int64_t ch, int64_t items) {
     sg__emit *e = k->e;
     const int vw = k->vw, rg = BLOCK / tcv;
-    const int64_t nvc = k->cols / vw, nct = (nvc + tcv - 1) / tcv, tiles = k->rows * nct;
+    const int64_t nvc = k->cols / vw;
     const int u = chunk_of(ch, rg, 8);
-    char base[420], off[64], lv[400], ld[480], tile[96];
+    char base[420], off[64], lv[400], ld[480], tile[96], store[128];
     snprintf(off, sizeof off, "%lldLL", (long long)k->x->offset);
     sg__cuda_lvalue_at(k->g, k->x, off, lv, sizeof lv);
     snprintf(base, sizeof base, "(&%s)", lv);
-    sg__emit_line(e, "const int r_lc = %s %% %d, r_rg = %s / %d;", k->sp->tid, tcv, k->sp->tid,
-                  tcv);
     sg__emit_line(e, "const bool r_al = ((sg_u64)%s & 15) == 0;", base);
-    sg__cuda_shared(k->g, 0, "float r_cred[%d]", BLOCK * vw);
-    if (split > 1) {
-        sg__emit_line(e, "static __device__ float r_part[%lld];", (long long)(items * tcv * vw));
-        sg__emit_line(e, "static __device__ unsigned int r_count[%lld];", (long long)tiles);
-        sg__emit_line(e, "__shared__ bool r_last;");
-    }
-    sg__emit_open(e, "for (sg_i64 r_w = %s; r_w < %lldLL; r_w += %s)", k->sp->bid, (long long)items,
-                  k->sp->gdim);
-    sg__emit_line(e, "const sg_i64 r_t = r_w / %lld, r_sp = r_w %% %lld;", (long long)split,
-                  (long long)split);
-    sg__emit_line(e, "const sg_i64 r_row = r_t / %lld, r_vc = (r_t %% %lld) * %d + r_lc;",
-                  (long long)nct, (long long)nct, tcv);
-    sg__emit_line(e, "const sg_i64 r_lo = r_sp * %lldLL;", (long long)ch);
-    sg__emit_line(e, "const sg_i64 r_hi = r_lo + %lldLL < %lldLL ? r_lo + %lldLL : %lldLL;",
-                  (long long)ch, (long long)k->len, (long long)ch, (long long)k->len);
+    columns_open(k, tcv, vw, split, ch, items, "r_vc");
     sg__emit_line(e, "float r_a[%d];", vw);
     sg__emit_line(e, "#pragma unroll");
     sg__emit_line(e, "for (int r_e = 0; r_e < %d; r_e++) r_a[r_e] = 0.0f;", vw);
@@ -1158,22 +1162,11 @@ static void emit_columns_vec(rowk *k, int tcv, int64_t split, int64_t ch, int64_
      * by element: a warp's stores and loads hit distinct banks). */
     for (int pass = 0; pass < (split > 1 ? 2 : 1); pass++) {
         if (pass == 1) {
-            sg__emit_open(e, "if (r_rg == 0)");
-            sg__emit_line(e, "#pragma unroll");
-            sg__emit_line(
-                e,
-                "for (int r_e = 0; r_e < %d; r_e++) r_part[(r_w * %d + r_lc) * %d + r_e] = "
-                "r_a[r_e];",
-                vw, tcv, vw);
-            sg__emit_line(e, "__threadfence();");
-            sg__emit_close(e);
-            sg__emit_line(e, "__syncthreads();");
-            sg__emit_line(e,
-                          "if (threadIdx.x == 0) r_last = atomicAdd(&r_count[r_t], 1u) == %lldu;",
-                          (long long)(split - 1));
-            sg__emit_line(e, "__syncthreads();");
-            sg__emit_open(e, "if (r_last)");
-            sg__emit_line(e, "__threadfence();");
+            snprintf(store, sizeof store,
+                     "for (int r_e = 0; r_e < %d; r_e++) r_part[(r_w * %d + r_lc) * %d + r_e] = "
+                     "r_a[r_e];",
+                     vw, tcv, vw);
+            columns_last(k, split, store);
             sg__emit_line(e, "#pragma unroll");
             sg__emit_line(e, "for (int r_e = 0; r_e < %d; r_e++) r_a[r_e] = 0.0f;", vw);
             sg__emit_open(e, "for (sg_i64 j = r_rg; j < %lldLL; j += %d)", (long long)split, rg);
