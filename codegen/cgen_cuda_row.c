@@ -1416,43 +1416,37 @@ static void row_loop(rowk *k, const char *blk, const char *nblk) {
 static const char *emit_wide(rowk *k, sg__cuda_kinfo *ki) {
     const sg__group *grp = k->grp;
     int64_t ch = k->len, split = 1;
-    int vw = grp->kind == SG__G_REDUCE && k->cols > 1 && cols_vec_on() ? cols_vec(k) : 0;
-    if (vw > 0) {
-        k->vw = vw;
-        int64_t nvc = k->cols / k->vw;
-        int tcv = 32; /* vector columns a block, as tc below */
-        while (tcv > 1 && tcv / 2 >= nvc) tcv /= 2;
-        while (tcv < BLOCK && tcv < nvc && k->len / (BLOCK / tcv) < 4) tcv *= 2;
-        int64_t tiles = k->rows * ((nvc + tcv - 1) / tcv);
-        split = plan_split(tiles, k->len, 8 * (BLOCK / tcv), 0, &ch);
-        int64_t items = tiles * split;
-        ki->grid = (unsigned)(items > GRID_MAX ? GRID_MAX : items);
-        emit_columns_vec(k, tcv, split, ch, items);
-        return split > 1 ? "column reduction in 16-byte vectors, a block per column tile and "
-                           "chunk of the range, the last block of a tile combining the chunks "
-                           "in order; epilogue fused"
-                         : "column reduction in 16-byte vectors, a block per column tile; "
-                           "epilogue fused";
-    }
     if (grp->kind == SG__G_REDUCE && k->cols > 1) {
-        int tc = 32; /* the least power of 2 >= cols, at most 32 */
-        while (tc > 2 && tc / 2 >= k->cols) tc /= 2;
+        /* Vectors of vw columns a lane (emit_columns_vec) where cols_vec allows, else columns. */
+        int vw = cols_vec_on() ? cols_vec(k) : 0;
+        int64_t n = vw ? k->cols / vw : k->cols;
+        int tc = 32; /* the least power of 2 >= n, at most 32 */
+        while (tc > (vw ? 1 : 2) && tc / 2 >= n) tc /= 2;
         /* A short range (a positional embedding's gradient summed over a
          * batch of 4): fewer row groups and more columns a block, until each
          * group takes 4 positions or one group takes the range; otherwise
          * most threads hold one position and a block moves a few hundred
          * bytes (32 µs for GPT-2's 1024 x 768 over 4 against ~4). */
-        while (tc < BLOCK && tc < k->cols && k->len / (BLOCK / tc) < 4) tc *= 2;
-        int64_t tiles = k->rows * ((k->cols + tc - 1) / tc);
-        split = plan_split(tiles, k->len, 4 * (BLOCK / tc), 0, &ch);
+        while (tc < BLOCK && tc < n && k->len / (BLOCK / tc) < 4) tc *= 2;
+        int64_t tiles = k->rows * ((n + tc - 1) / tc);
+        split = plan_split(tiles, k->len, (vw ? 8 : 4) * (BLOCK / tc), 0, &ch);
         int64_t items = tiles * split;
-        if (split > 1 && !k->sp->shuffles) {
+        if (!vw && split > 1 && !k->sp->shuffles) {
             ki->grid = (unsigned)(tiles > GRID_MAX ? GRID_MAX : tiles);
             emit_columns_seq(k, tc, split, ch);
             return "column reduction, a block per column tile folding the chunks of the range "
                    "in order; prologue and epilogue fused";
         }
         ki->grid = (unsigned)(items > GRID_MAX ? GRID_MAX : items);
+        if (vw) {
+            k->vw = vw;
+            emit_columns_vec(k, tc, split, ch, items);
+            return split > 1 ? "column reduction in 16-byte vectors, a block per column tile and "
+                               "chunk of the range, the last block of a tile combining the "
+                               "chunks in order; epilogue fused"
+                             : "column reduction in 16-byte vectors, a block per column tile; "
+                               "epilogue fused";
+        }
         emit_columns(k, tc, split, ch, items);
         return split > 1 ? "column reduction, a block per column tile and chunk of the range, "
                            "the last block of a tile combining the chunks in order; prologue "
