@@ -459,8 +459,8 @@ __device__ __forceinline__ void store_f(void *p, i64 i, int dt, float v) {
  * index_select) past the runs' RANK_MAX positions. One thread per lane (a
  * position off dim; the walk has shape[dim] 1) walks j in order, so
  * repeated indices add up in one fixed order: deterministic, with no
- * atomics; f16 and bf16 round after each row here (the header says so). count is idx's length,
- * jstride src's stride along dim, sel_stride dst's.
+ * atomics; f16 and bf16 round after each row here (the header says so).
+ * count is idx's length, jstride src's stride along dim, sel_stride dst's.
  */
 extern "C" __global__ void sg_data_index_add(const dt_args a, int dt) {
     pdl_begin();
