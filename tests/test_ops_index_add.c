@@ -130,6 +130,64 @@ static void bad_index_case(int64_t bad) {
     free(dv), free(after);
 }
 
+/* Host allocations that fail from the n-th on inside index_add (a CPU
+ * context of its own): each call either succeeds or fails with SG_ERR_OOM
+ * and a message naming index_add, leaving dst as it was; some failures hit
+ * the positions' order. */
+static long oom_countdown = -1;
+
+static void *failing_alloc(void *user, void *p, size_t old_size, size_t new_size) {
+    (void)user, (void)old_size;
+    if (new_size == 0) {
+        free(p);
+        return NULL;
+    }
+    if (oom_countdown >= 0 && oom_countdown-- == 0) return NULL;
+    return realloc(p, new_size);
+}
+
+static void oom_case(void) {
+    sg_ctx *c = NULL;
+    bool ok =
+        TU_EXPECT(sg_ctx_create(&(sg_ctx_opts){.backend = SG_BACKEND_CPU, .alloc = failing_alloc},
+                                &c) == SG_OK);
+    int failures = 0, order = 0;
+    for (long n = 0; ok && n < 40; n++) {
+        uint16_t dv[12], sv[8] = {0x3f80, 0x4000, 0x4040, 0x4080, 0x3f80, 0x4000, 0x4040, 0x4080};
+        for (int i = 0; i < 12; i++) dv[i] = 0x3f00; /* 0.5 */
+        int64_t iv[4] = {2, 0, 2, 2};
+        sg_tensor *dst = sg_from_host(c, SG_BF16, 2, (int64_t[2]){6, 2}, dv);
+        sg_tensor *src = sg_from_host(c, SG_BF16, 2, (int64_t[2]){4, 2}, sv);
+        sg_tensor *idx = sg_from_host(c, SG_I64, 1, (int64_t[1]){4}, iv);
+        ok = TU_EXPECT(dst && src && idx);
+        oom_countdown = n;
+        sg_status st = ok ? sg__index_add_(dst, 0, idx, src) : SG_ERR_INTERNAL;
+        oom_countdown = -1;
+        uint16_t after[12];
+        ok = ok && TU_EXPECT(st == SG_OK || st == SG_ERR_OOM) &&
+             TU_EXPECT(sg_read(dst, after, sizeof after) == SG_OK);
+        if (ok && st == SG_ERR_OOM) {
+            failures++;
+            order += strstr(sg_last_error(c), "for the order of") != NULL;
+            ok = TU_EXPECT(strstr(sg_last_error(c), "index_add") != NULL) &&
+                 TU_EXPECT(strstr(sg_last_error(c), "out of host memory") != NULL) &&
+                 TU_EXPECT(memcmp(after, dv, sizeof after) == 0);
+        } else if (ok) { /* row 2: 0.5 + 1 + 1 + 3, 0.5 + 2 + 2 + 4; row 0: 0.5 + 3, 0.5 + 4 */
+            ok = TU_EXPECT(after[4] == 0x40b0) && TU_EXPECT(after[5] == 0x4108) &&
+                 TU_EXPECT(after[0] == 0x4060) && TU_EXPECT(after[1] == 0x4090) &&
+                 TU_EXPECT(after[2] == 0x3f00);
+        }
+        sg_clear_error(c);
+        sg_release(dst), sg_release(src), sg_release(idx);
+    }
+    ok = ok && TU_EXPECT(failures > 0) && TU_EXPECT(order > 0);
+    tu_case(ok,
+            "INDEX_ADD_OOM(every host allocation inside index_add failing in turn: %d failed, %d "
+            "in the positions' order) SG_ERR_OOM naming index_add, dst unchanged",
+            failures, order);
+    sg_ctx_destroy(c);
+}
+
 static double now(void) {
     struct timespec t;
     clock_gettime(CLOCK_MONOTONIC, &t);
@@ -174,6 +232,7 @@ int main(void) {
     index_add_case(SG_BF16, 0, 5000, 64, 4096, RANDOM);
     bad_index_case(6);
     bad_index_case(-1);
+    if (tu_backend() == SG_BACKEND_CPU) oom_case();
     if (tu_backend() == SG_BACKEND_CUDA) report_time();
     sg_ctx_destroy(ctx);
     return tu_finish();

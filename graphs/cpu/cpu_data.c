@@ -232,18 +232,13 @@ done:
 }
 
 /*
- * dst[.., idx[i], ..] += src[.., i, ..] in float. Each lane (a position of
- * src off dim) walks i in order, so repeated indices add up in one fixed
- * order and the result does not depend on the thread count.
- */
-/*
- * dst[.., idx[j], ..] += src[.., j, ..]. Each element of dst adds its
- * positions j in order to its value in f32 and is stored once: f32 gives
- * the sequential loop's bits, and an f16 or bf16 table (an embedding's
- * gradient, a token repeated thousands of times) rounds once, not after
- * each row, as CUDA's runs do (k_data.cu). For half dtypes the positions
- * are put in (index, j) order first (a counting sort over dim), and each
- * run of one index is summed apart.
+ * dst[.., idx[j], ..] += src[.., j, ..]. The positions are put in (index, j)
+ * order first (a counting sort over dim); each lane (a position of src off
+ * dim) then adds every run of one index to dst's element in f32, in
+ * position order, and stores it once, as CUDA's runs do (k_data.cu): f32
+ * gives the sequential loop's bits, and an f16 or bf16 table (an
+ * embedding's gradient, a token repeated thousands of times) rounds once,
+ * not after each row. The result does not depend on the thread count.
  */
 static sg_status index_add(sg_ctx *ctx, const sg__node *n) {
     const sg_tensor *dst = n->out, *idx = n->in[1], *src = n->in[2];
@@ -253,9 +248,8 @@ static sg_status index_add(sg_ctx *ctx, const sg__node *n) {
     int64_t *iv, L = src->shape[dim], V = dst->shape[dim];
     sg_status s = read_indices(ctx, "index_add", idx, V, what, &iv);
     if (s != SG_OK) return s;
-    bool half = dst->dtype == SG_F16 || dst->dtype == SG_BF16;
     int64_t *start = NULL, *pos = NULL, *runs = NULL, nruns = 0;
-    if (half && L > 0) { /* runs[r]: the index of run r, start[v] .. start[v + 1] its positions */
+    if (L > 0) { /* runs[r]: the index of run r, start[v] .. start[v + 1] its positions */
         start = sg__alloc(ctx, sizeof(int64_t) * (size_t)(V + 1));
         pos = sg__alloc(ctx, sizeof(int64_t) * (size_t)L);
         runs = sg__alloc(ctx, sizeof(int64_t) * (size_t)L);
@@ -299,17 +293,12 @@ static sg_status index_add(sg_ctx *ctx, const sg__node *n) {
             so += c * sst[k];
             dof += c * dst_st[k];
         }
-        for (int64_t u = 0; half && u < nruns; u++) {
+        for (int64_t u = 0; u < nruns; u++) {
             int64_t v = runs[u], at = dof + v * ds;
             float acc = sg__ldf(dp, dst->dtype, at);
             for (int64_t k = start[v]; k < start[v + 1]; k++)
                 acc += sg__ldf(sp, src->dtype, so + pos[k] * ss);
             sg__stf(dp, dst->dtype, at, acc);
-        }
-        for (int64_t i = 0; !half && i < L; i++) {
-            int64_t at = dof + iv[i] * ds;
-            sg__stf(dp, dst->dtype, at,
-                    sg__ldf(dp, dst->dtype, at) + sg__ldf(sp, src->dtype, so + i * ss));
         }
     }
 done:
