@@ -53,6 +53,7 @@ static const char *check_dir;         /* --check: where the W3/W5 outputs go */
 static bool full_cpu;                 /* --full: 124M GPT-2 on the CPU too */
 static bool first_only;               /* --first-only: time the first three calls only */
 static const char *w6_dtype;          /* --w6-dtype: bf16 or f32 (NULL: the backend's) */
+static int w6_warmup;                 /* --w6-warmup: the check's lr warm-up, in steps (0: none) */
 static const char *tag = "stepgraph"; /* "stepgraph-<SG_BENCH_TAG>" when set */
 
 static const char *const work_names[] = {"w1s", "w1l", "w2", "w3", "w4", "w5", "w6"};
@@ -63,7 +64,7 @@ static bool work_on[NUM_WORKS];
 static void usage(FILE *f) {
     fprintf(f, "usage: bench [--backend auto|cpu|cuda] [--modes m1,m2,...] [--gpt2 FILE]\n"
                "             [--check DIR] [--full] [--first-only] [--w6-dtype DT]\n"
-               "             [workload ...]\n"
+               "             [--w6-warmup N] [workload ...]\n"
                "\n"
                "Runs each workload through stepgraph in every mode and prints a table\n"
                "(stdout); progress and RESULT lines for bench/run.sh go to stderr.\n"
@@ -83,6 +84,9 @@ static void usage(FILE *f) {
                "              us column is then 0): run.sh's cold- and warm-cache runs\n"
                "  --w6-dtype DT  W6's precision: bf16 (with f32 master weights) or f32\n"
                "              (default: bf16 on CUDA, f32 on the CPU)\n"
+               "  --w6-warmup N  W6's --check steps warm the lr up linearly over N steps\n"
+               "              (step s at 3e-4 min(1, s / N)), as torch_ref.py's does; the\n"
+               "              timed steps are unchanged (default 0: 3e-4 throughout)\n"
                "Environment: SG_BENCH_TAG=x names the RESULT lines stepgraph-x.\n");
 }
 
@@ -126,7 +130,7 @@ static int parse_args(int argc, char **argv, sg_backend *backend) {
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         bool takes = !strcmp(a, "--backend") || !strcmp(a, "--modes") || !strcmp(a, "--gpt2") ||
-                     !strcmp(a, "--check") || !strcmp(a, "--w6-dtype");
+                     !strcmp(a, "--check") || !strcmp(a, "--w6-dtype") || !strcmp(a, "--w6-warmup");
         if (!strcmp(a, "--help") || !strcmp(a, "-h")) return usage(stdout), 1;
         if (takes && i + 1 == argc) return fprintf(stderr, "bench: %s needs a value\n", a), 2;
         if (!strcmp(a, "--full")) {
@@ -137,6 +141,16 @@ static int parse_args(int argc, char **argv, sg_backend *backend) {
             w6_dtype = argv[++i];
             if (strcmp(w6_dtype, "bf16") && strcmp(w6_dtype, "f32"))
                 return fprintf(stderr, "bench: unknown --w6-dtype '%s' (bf16, f32)\n", w6_dtype), 2;
+        } else if (!strcmp(a, "--w6-warmup")) {
+            char *end;
+            long n = strtol(argv[++i], &end, 10);
+            if (end == argv[i] || *end || n < 0 || n > 1000000)
+                return fprintf(
+                           stderr,
+                           "bench: --w6-warmup '%s' is not a number of steps from 0 to 1000000\n",
+                           argv[i]),
+                       2;
+            w6_warmup = (int)n;
         } else if (!strcmp(a, "--backend")) {
             const char *v = argv[++i];
             if (!strcmp(v, "auto"))
@@ -686,6 +700,12 @@ static sg_status w6_step(workload *w) {
     return gpt2_trainer_step(p->tr, p->x, p->y, W6_LR, NULL, NULL);
 }
 
+/* The check's step s (from 1): W6_LR, or its linear warm-up over
+ * --w6-warmup steps (the lr is a device tensor: the same graph). */
+static double w6_check_lr(int s) {
+    return w6_warmup > 0 && s < w6_warmup ? W6_LR * (double)s / (double)w6_warmup : W6_LR;
+}
+
 static void w6_end(workload *w) {
     w6_work *p = w->state;
     gpt2_trainer_destroy(p->tr);
@@ -700,10 +720,8 @@ static sg_status w6_check(workload *w, sg_mode mode) {
     w6_end(w);
     sg_status st = w6_begin(w, mode);
     double loss[W6_CHECK_STEPS];
-    for (int s = 0; s < W6_CHECK_STEPS && st == SG_OK; s++) {
-        st = w6_step(w);
-        if (st == SG_OK) st = sg_item(p->tr->out[0], &loss[s]);
-    }
+    for (int s = 0; s < W6_CHECK_STEPS && st == SG_OK; s++)
+        st = gpt2_trainer_step(p->tr, p->x, p->y, w6_check_lr(s + 1), &loss[s], NULL);
     char path[1024];
     snprintf(path, sizeof path, "%s/W6_stepgraph_%s.loss", check_dir, sg_mode_name(mode));
     FILE *f = st == SG_OK ? fopen(path, "w") : NULL;

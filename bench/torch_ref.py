@@ -8,6 +8,7 @@ RESULT, for bench/run.sh. The workloads are specified in bench/README.md.
     python3 bench/torch_ref.py [--modes eager,default,reduce-overhead,max-autotune]
                                [--device cuda|cpu] [--gpt2 FILE] [--check DIR]
                                [--full] [--w6-recipe autocast|bf16|f32]
+                               [--w6-warmup N]
                                [w1s w1l w2 w3 w4 w5 w6]
 
 W3 and W5 run GPT-2 with the weights of the llm.c checkpoint --gpt2 FILE, the
@@ -26,7 +27,8 @@ the CPU), backward, clip_grad_norm_ 1.0 and AdamW (fused on CUDA; betas
 0.9/0.95, eps 1e-8, lr 3e-4, weight decay 0.1 on the 2-d parameters, none
 on the rest); torch.compile compiles the model's forward and loss (its
 backward through AOTAutograd), the clip and the optimizer run eagerly.
---check writes the losses of steps 1..20 from the init. --w6-recipe picks
+--check writes the losses of steps 1..20 from the init (with --w6-warmup N,
+step s at lr 3e-4 min(1, s / N), as bench --w6-warmup N). --w6-recipe picks
 the twin's precision on CUDA: autocast (the default, above); bf16, the
 recipe of stepgraph's step and of llm.c's C trainer (bf16 parameters,
 activations and gradients; f32 master weights that AdamW updates and that
@@ -385,11 +387,16 @@ class W6:
         return train_step
 
 
-def check_w6(w6, step, mark, mode, check):
+def check_w6(w6, step, mark, mode, check, warmup=0):
     """The losses of steps 1..20 from the init, through the step already made
-    (no new compile)."""
+    (no new compile); with warmup, step s's lr is 3e-4 min(1, s / warmup), as
+    bench --w6-warmup's."""
     w6.reset()
-    losses = [float(step_marked(step, mark).item()) for _ in range(20)]
+    losses = []
+    for s in range(1, 21):
+        for g in w6.opt.param_groups:
+            g["lr"] = 3e-4 * min(1.0, s / warmup) if warmup > 0 else 3e-4
+        losses.append(float(step_marked(step, mark).item()))
     with open(os.path.join(check, f"W6_torch_{mode}.loss"), "w") as f:
         f.write(" ".join(f"{v:.9g}" for v in losses) + "\n")
 
@@ -491,6 +498,8 @@ def main():
     ap.add_argument("--full", action="store_true", help="W4 at its full width on the CPU too")
     ap.add_argument("--w6-recipe", default="autocast", choices=["autocast", "bf16", "f32"],
                     help="W6's precision (default autocast; on the CPU f32 unless bf16)")
+    ap.add_argument("--w6-warmup", type=int, default=0,
+                    help="W6's --check steps warm the lr up linearly over N steps (default 0)")
     ap.add_argument("work", nargs="*", help="w1s w1l w2 w3 w4 w5 w6 (default: all)")
     args = ap.parse_args()
     works = ["w1s", "w1l", "w2", "w3", "w4", "w5", "w6"]
@@ -569,7 +578,8 @@ def main():
             try:
                 us, first, peak, step = bench(w6.make, mode, 10 if gpu else 3, dev, loops=3)
                 if args.check:
-                    check_w6(w6, step, mode in ("reduce-overhead", "max-autotune"), mode, args.check)
+                    check_w6(w6, step, mode in ("reduce-overhead", "max-autotune"), mode, args.check,
+                             args.w6_warmup)
             except Exception as e:  # a failed mode is reported, not fatal
                 print(f"W6 {mode}: failed: {e}", file=sys.stderr)
                 continue
