@@ -8,7 +8,7 @@ RESULT, for bench/run.sh. The workloads are specified in bench/README.md.
     python3 bench/torch_ref.py [--modes eager,default,reduce-overhead,max-autotune]
                                [--device cuda|cpu] [--gpt2 FILE] [--check DIR]
                                [--full] [--w6-recipe autocast|bf16|f32]
-                               [--w6-warmup N]
+                               [--w6-warmup N] [--infer-dtype bf16|f32]
                                [w1s w1l w2 w3 w4 w5 w6]
 
 W3 and W5 run GPT-2 with the weights of the llm.c checkpoint --gpt2 FILE, the
@@ -18,7 +18,9 @@ decodes from token 50256 (mod V) at position 0, each timed loop starting
 there again; W5 prefills 4 x T tokens, token (b, t) = (7919 b + 104729 t)
 mod V, T = 512 (min(512, maxT / 4) for a smaller checkpoint). --check DIR
 writes W3's 32 greedy tokens and their logits and W5's last-position logits
-as bench.c does, for table.py --check.
+as bench.c does, for table.py --check; with --infer-dtype f32 on CUDA, W3
+and W5 run in f32 and those files are named MODE-f32 (an f32 reference:
+table.py --check DIR --ref eager-f32).
 
 W6 trains GPT-2 from the same checkpoint on bench.c's fixed batch (4 x
 min(1024, maxT) tokens of its bigram stream) as llm.c's train_gpt2.py does:
@@ -465,7 +467,11 @@ def f32_bytes(t):
         return bytes(t.view(-1).view(torch.uint8).tolist())
 
 
+CHECK_SUFFIX = ""  # "-f32" under --infer-dtype f32 on CUDA: the check files of an f32 reference
+
+
 def write_check(check, name, mode, logits_rows, tokens=None):
+    mode += CHECK_SUFFIX
     with open(os.path.join(check, f"{name}_torch_{mode}.f32"), "wb") as f:
         for r in logits_rows:
             f.write(f32_bytes(r))
@@ -498,6 +504,9 @@ def main():
     ap.add_argument("--full", action="store_true", help="W4 at its full width on the CPU too")
     ap.add_argument("--w6-recipe", default="autocast", choices=["autocast", "bf16", "f32"],
                     help="W6's precision (default autocast; on the CPU f32 unless bf16)")
+    ap.add_argument("--infer-dtype", choices=["bf16", "f32"],
+                    help="W3/W5's precision (default bf16 on CUDA, f32 on the CPU); f32 on CUDA "
+                         "names the check files MODE-f32, a reference for table.py --check --ref")
     ap.add_argument("--w6-warmup", type=int, default=0,
                     help="W6's --check steps warm the lr up linearly over N steps (default 0)")
     ap.add_argument("work", nargs="*", help="w1s w1l w2 w3 w4 w5 w6 (default: all)")
@@ -528,6 +537,10 @@ def main():
             sys.exit("torch_ref: W3/W5/W6 need --gpt2 FILE, the checkpoint bench --gpt2 FILE writes")
         cfg, params = load_llmc(args.gpt2)
         dt = torch.bfloat16 if gpu else torch.float32
+        if args.infer_dtype:
+            dt = torch.bfloat16 if args.infer_dtype == "bf16" else torch.float32
+            global CHECK_SUFFIX
+            CHECK_SUFFIX = "-f32" if gpu and dt == torch.float32 else ""
         print(f"GPT-2 from {args.gpt2}: {cfg}", file=sys.stderr)
     if "w3" in args.work:
         model = GPT2(cfg, params, 1, cfg["maxT"], dt, dev).eval()
