@@ -393,8 +393,8 @@ SG_API sg_tensor *sg_linear(sg_tensor *x, sg_tensor *w, sg_tensor *b);
 /* weight (V, D) of any dtype, idx of any shape, i32 or i64, in [0, V) -> (idx..., D).
  * An index out of range is SG_ERR_INDEX. The gradient (of this and of
  * sg_index_select) adds each row's repeats in position order in f32 and
- * rounds once to the weight's dtype (on CUDA up to 65536 positions; past
- * them f16 and bf16 round after each row). */
+ * rounds once to the weight's dtype (on CUDA up to 2^31 positions and
+ * rows; past them f16 and bf16 round after each row). */
 SG_API sg_tensor *sg_embedding(sg_tensor *weight, sg_tensor *idx);
 /* Pick entries idx (1-d, i32/i64, in range: else SG_ERR_INDEX) of x along dim. */
 SG_API sg_tensor *sg_index_select(sg_tensor *x, int dim, sg_tensor *idx);

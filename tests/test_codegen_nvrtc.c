@@ -33,12 +33,13 @@ static const char *good =
 static char dir[256];
 
 /* The kernels each family's host side looks up by name (cuda_<family>.c). */
-static const char *const unit_kernels[SG__CU_NUM_UNITS][16] = {
+static const char *const unit_kernels[SG__CU_NUM_UNITS][24] = {
     [SG__CU_POINTWISE] = {"sg_pw_vec", "sg_pw_flat", "sg_pw_nd32", "sg_pw_nd64", NULL},
     [SG__CU_DATA] = {"sg_data_gather32", "sg_data_gather64", "sg_data_scatter32",
                      "sg_data_scatter64", "sg_data_index_prep", "sg_data_zero", "sg_data_arange",
                      "sg_data_rand", "sg_data_topk", "sg_data_sample", "sg_data_index_add",
-                     "sg_data_index_rank", "sg_data_index_order", "sg_data_index_add_runs", NULL},
+                     "sg_data_index_rank", "sg_data_index_order", "sg_data_index_add_runs",
+                     "sg_data_radix_count", "sg_data_radix_scan", "sg_data_radix_place", NULL},
     [SG__CU_REDUCE] = {"sg_reduce_fold", "sg_reduce_finish", NULL},
     [SG__CU_ROW] = {"sg_row_softmax", "sg_row_norm", "sg_row_xent", "sg_row_xent_mean",
                     "sg_row_xent_bwd", "sg_row_xent_bwd_warp", "sg_row_norm_bwd",
@@ -49,9 +50,8 @@ static const char *const unit_kernels[SG__CU_NUM_UNITS][16] = {
                        "sg_mm_fill_bf16", "sg_mm_pitch_f32", "sg_mm_pitch_f16", "sg_mm_pitch_bf16",
                        NULL},
     [SG__CU_ATTN] = {"sg_attn_split", "sg_attn_combine", "sg_attn_mma", "sg_attn_decode",
-                     "sg_attn_decode8", "sg_attn_decode_m", "sg_attn_decode8_m",
-                     "sg_attn_flash64", "sg_attn_flash128",
-                     "sg_attn_flash64_lse", "sg_attn_flash128_lse", NULL},
+                     "sg_attn_decode8", "sg_attn_decode_m", "sg_attn_decode8_m", "sg_attn_flash64",
+                     "sg_attn_flash128", "sg_attn_flash64_lse", "sg_attn_flash128_lse", NULL},
     [SG__CU_ATTN_BWD] = {"sg_attn_bwd_rows", "sg_attn_bwd_keys", "sg_attn_bwd_dq64_bf16",
                          "sg_attn_bwd_dq64_f16", "sg_attn_bwd_dq128_bf16", "sg_attn_bwd_dq128_f16",
                          "sg_attn_bwd_dkv64_bf16", "sg_attn_bwd_dkv64_f16",

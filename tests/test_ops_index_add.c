@@ -17,7 +17,10 @@
  * each row, bf16's sum would stop growing at 256 rows).
  * Each case runs twice and the two results must be equal bit for bit. An
  * index out of range fails the call with SG_ERR_INDEX naming the op and
- * leaves dst as it was (the host check before any kernel). On
+ * leaves dst as it was (the host check before any kernel). Past 65536
+ * positions the CUDA kernels sort by a radix sort (SG_CUDA_INDEX_ADD=radix
+ * takes it at every count); the embedding's gradient inside compiled steps
+ * checks the recorded graph on CUDA, whose scratch the first call sized. On
  * CUDA an "info" line times the GPT-2 embedding gradient (4096 tokens into
  * a 50257 x 768 bf16 table).
  */
@@ -100,6 +103,58 @@ static void index_add_case(sg_dtype dt, int dim, int64_t rows, int64_t cols, int
     sg_clear_error(ctx);
     sg_release(dst0), sg_release(src), sg_release(idx);
     free(dv), free(sv), free(iv), free(ref), free(seq), free(got[0]), free(got[1]);
+}
+
+/* in: the table w (requires grad), the positions' indices, the gradient
+ * up of the rows they pick; out: d sum(embedding(w, idx) * up) / d w, the
+ * index_add of up's rows into zeros. */
+static sg_status embedding_grad_step(sg_ctx *c, sg_tensor *const *in, sg_tensor **out, void *u) {
+    (void)c, (void)u;
+    sg_tensor *e = sg_embedding(in[0], in[1]);
+    sg_tensor *loss = sg_sum(sg_mul(e, in[2]), 0, NULL, false);
+    return sg_grad(loss, 1, &in[0], &out[0]);
+}
+
+/* The embedding gradient inside a compiled step: on CUDA the first call
+ * runs the kernels and sizes the op scratch, the second records the graph,
+ * the third replays it; every call gives the f32 sum in position order
+ * rounded once. */
+static void compiled_case(sg_mode mode, sg_dtype dt, int64_t rows, int64_t cols, int64_t count) {
+    int64_t ws[2] = {rows, cols}, us[2] = {count, cols}, is[1] = {count};
+    double *uv;
+    sg_tensor *w = tu_rand(ctx, dt, 2, ws, -1, 1, NULL), *up = tu_rand(ctx, dt, 2, us, -1, 1, &uv);
+    int64_t *iv = indices(RANDOM, count, rows);
+    sg_tensor *idx = sg_from_host(ctx, SG_I64, 1, is, iv);
+    float *seq = calloc((size_t)(rows * cols), sizeof *seq);
+    for (int64_t j = 0; j < count; j++)
+        for (int64_t l = 0; l < cols; l++) seq[iv[j] * cols + l] += (float)uv[j * cols + l];
+    sg_fn *fn = NULL;
+    bool ok =
+        TU_EXPECT(w && up && idx && seq) && TU_EXPECT(sg_requires_grad_(w, true) == SG_OK) &&
+        TU_EXPECT(sg_compile(ctx, embedding_grad_step, NULL, 3, 1,
+                             &(sg_compile_opts){.mode = mode, .fullgraph = true}, &fn) == SG_OK);
+    for (int call = 0; ok && call < 3; call++) {
+        sg_tensor *in[3] = {w, idx, up}, *out = NULL;
+        double *got = NULL;
+        ok = TU_EXPECT(sg_mark_step_begin(ctx) == SG_OK) &&
+             TU_EXPECT(sg_call(fn, in, 3, &out, 1) == SG_OK) &&
+             TU_EXPECT((got = tu_read(out)) != NULL);
+        for (int64_t i = 0; ok && i < rows * cols; i++)
+            if (got[i] != tu_round(dt, seq[i]))
+                ok = TU_EXPECT(got[i] == tu_round(dt, seq[i])) &&
+                     fprintf(stderr,
+                             "  call %d, element %lld: %.9g, the f32 sum rounded once %.9g\n", call,
+                             (long long)i, got[i], tu_round(dt, seq[i])) < 0;
+        free(got);
+    }
+    if (!ok && sg_last_error(ctx)[0]) fprintf(stderr, "  error: %s\n", sg_last_error(ctx));
+    tu_case(ok, "EMBEDDING_GRAD(mode=%s,type=%s,table=[%lld,%lld],positions=%lld)",
+            sg_mode_name(mode), sg_dtype_name(dt), (long long)rows, (long long)cols,
+            (long long)count);
+    sg_clear_error(ctx);
+    sg_fn_destroy(fn);
+    sg_release(w), sg_release(up), sg_release(idx);
+    free(uv), free(iv), free(seq);
 }
 
 /* An index out of range: SG_ERR_INDEX naming index_add, dst unchanged. */
@@ -187,22 +242,22 @@ static double now(void) {
     return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
 }
 
-/* Not a check: the embedding gradient of a GPT-2 step on the device. */
-static void report_time(void) {
-    int64_t ds[2] = {50257, 768}, ss[2] = {4096, 768}, is[1] = {4096};
+/* Not a check: the embedding gradient of a GPT-2 step on the device, at
+ * W6's 4096 tokens and at 128 x 1024 (past the rank pass: a radix sort). */
+static void report_time(int64_t count) {
+    int64_t ds[2] = {50257, 768}, ss[2] = {count, 768}, is[1] = {count};
     sg_tensor *dst = sg_zeros(ctx, SG_BF16, 2, ds), *src = sg_full(ctx, SG_BF16, 2, ss, 0.5);
-    int64_t *iv = indices(RANDOM, 4096, 50257);
+    int64_t *iv = indices(RANDOM, count, 50257);
     sg_tensor *idx = sg_from_host(ctx, SG_I64, 1, is, iv);
     for (int r = 0; r < 3; r++) sg__index_add_(dst, 0, idx, src);
     sg_ctx_synchronize(ctx);
-    int reps = 50;
+    int reps = 20;
     double t0 = now();
     for (int r = 0; r < reps; r++) sg__index_add_(dst, 0, idx, src);
     sg_ctx_synchronize(ctx);
-    printf(
-        "info INDEX_ADD(bf16 [50257,768] += 4096 random rows): %.1f us per call (eager, with its "
-        "index check)\n",
-        (now() - t0) / reps * 1e6);
+    printf("info INDEX_ADD(bf16 [50257,768] += %lld random rows): %.1f us per call (eager, with "
+           "its index check)\n",
+           (long long)count, (now() - t0) / reps * 1e6);
     sg_release(dst), sg_release(src), sg_release(idx);
     free(iv);
     sg_clear_error(ctx);
@@ -223,10 +278,21 @@ int main(void) {
     index_add_case(SG_BF16, 0, 50, 8, 3000, ALL_EQUAL);
     index_add_case(SG_F16, 1, 6, 40, 700, RANDOM);
     index_add_case(SG_BF16, 0, 5000, 64, 4096, RANDOM);
+    /* More positions than the rank pass takes on CUDA (65536): a radix sort;
+     * 70000 rows of keys take it three passes. */
+    index_add_case(SG_F32, 0, 3000, 16, 70001, RANDOM);
+    index_add_case(SG_BF16, 0, 300, 8, 90000, RANDOM);
+    index_add_case(SG_F32, 0, 70000, 4, 70000, ALL_DISTINCT);
+    index_add_case(SG_BF16, 1, 4, 200, 80000, RANDOM);
+    /* Inside compiled steps; 50000 positions need more than the 1 MiB of
+     * scratch a context starts with. */
+    compiled_case(SG_MODE_REDUCE_OVERHEAD, SG_BF16, 1000, 8, 50000);
+    compiled_case(SG_MODE_REDUCE_OVERHEAD, SG_F32, 2000, 4, 70000);
+    compiled_case(SG_MODE_DEFAULT, SG_BF16, 500, 16, 3000);
     bad_index_case(6);
     bad_index_case(-1);
     if (tu_backend() == SG_BACKEND_CPU) oom_case();
-    if (tu_backend() == SG_BACKEND_CUDA) report_time();
+    if (tu_backend() == SG_BACKEND_CUDA) report_time(4096), report_time(131072);
     sg_ctx_destroy(ctx);
     return tu_finish();
 }

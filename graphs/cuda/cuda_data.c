@@ -20,6 +20,8 @@
 #ifdef SG_HAVE_CUDA_HEADERS
 
 #include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
 
 /* The kernel parameter: the same layout as dt_args in k_data.cu. */
 typedef struct dt_args {
@@ -289,8 +291,20 @@ static sg_status index_copy(sg_ctx *ctx, const sg__node *n) {
 #define RANK_SLICE 512 /* k_data.cu */
 #define RANK_MAX 65536 /* more positions: the rank pass's count grows as their square */
 
+/* A thread per (run of equal indices, lane) over the sorted positions in
+ * a->idx64 (k_data.cu: sg_data_index_add_runs). */
+static sg_status add_runs(sg_ctx *ctx, dt_args *a, int dt) {
+    void *f, *args[2] = {a, &dt};
+    sg_status s = sg__cuda_kernel(ctx, SG__CU_DATA, "sg_data_index_add_runs", &f);
+    if (s != SG_OK) return s;
+    int64_t L = a->count;
+    unsigned grid[3] = {(unsigned)((a->n + 255) / 256), (unsigned)(L < 65535 ? L : 65535), 1};
+    unsigned block[3] = {256, 1, 1};
+    return sg__cuda_launch(ctx, f, grid, block, 0, args);
+}
+
 /* index_add's sort and runs (k_data.cu): positions ranked by (index,
- * position), then a thread per (run of equal indices, lane). */
+ * position), then add_runs. */
 static sg_status index_add_runs(sg_ctx *ctx, dt_args *a, int dt) {
     int64_t L = a->count;
     void *scratch, *f;
@@ -308,19 +322,63 @@ static sg_status index_add_runs(sg_ctx *ctx, dt_args *a, int dt) {
     unsigned block[3] = {RANK_TILE, 1, 1};
     s = sg__cuda_launch(ctx, f, grid, block, 0, args);
     if (s == SG_OK) s = launch(ctx, "sg_data_index_order", L, args);
-    if (s == SG_OK) s = sg__cuda_kernel(ctx, SG__CU_DATA, "sg_data_index_add_runs", &f);
+    return s == SG_OK ? add_runs(ctx, a, dt) : s;
+}
+
+#define RADIX_TILE 2048 /* k_data.cu */
+
+/* The runs after a radix sort (k_data.cu), for more positions than
+ * RANK_MAX: keys index + 1 of bits(limit) + 1 bits, 8 a pass. Scratch: the
+ * int64 indices and positions the runs read (2 L), two u32 key and
+ * position buffers (4 L u32), the tiles' digit counts and the totals. */
+static size_t radix_bytes(int64_t L) {
+    int64_t ntiles = (L + RADIX_TILE - 1) / RADIX_TILE;
+    return (size_t)L * (2 * sizeof(int64_t) + 4 * sizeof(uint32_t)) +
+           (size_t)(ntiles + 1) * 256 * sizeof(uint32_t);
+}
+
+/* SG_CUDA_INDEX_ADD=radix: every count through the radix sort (tests). */
+static bool radix_always(void) {
+    const char *e = getenv("SG_CUDA_INDEX_ADD");
+    return e && !strcmp(e, "radix");
+}
+
+static sg_status index_add_radix(sg_ctx *ctx, dt_args *a, int dt) {
+    int64_t L = a->count, ntiles = (L + RADIX_TILE - 1) / RADIX_TILE;
+    void *scratch, *fc, *fs, *fp;
+    sg_status s = sg__cuda_scratch(ctx, radix_bytes(L), &scratch);
+    if (s == SG_OK) s = sg__cuda_kernel(ctx, SG__CU_DATA, "sg_data_radix_count", &fc);
+    if (s == SG_OK) s = sg__cuda_kernel(ctx, SG__CU_DATA, "sg_data_radix_scan", &fs);
+    if (s == SG_OK) s = sg__cuda_kernel(ctx, SG__CU_DATA, "sg_data_radix_place", &fp);
     if (s != SG_OK) return s;
-    grid[0] = (unsigned)((a->n + 255) / 256);
-    grid[1] = (unsigned)(L < 65535 ? L : 65535);
-    block[0] = 256;
-    return sg__cuda_launch(ctx, f, grid, block, 0, args);
+    a->idx64 = scratch;
+    uint32_t *buf = (uint32_t *)(a->idx64 + 2 * L), *hist = buf + 4 * L,
+             *total = hist + 256 * ntiles;
+    int bits = 1;
+    while (bits < 64 && ((uint64_t)a->limit >> bits) != 0) bits++; /* keys 0 .. limit */
+    int passes = (bits + 7) / 8;
+    unsigned tiles[3] = {(unsigned)ntiles, 1, 1}, digits[3] = {256, 1, 1}, block[3] = {256, 1, 1};
+    const uint32_t *kin = NULL, *pin = NULL;
+    for (int p = 0; p < passes && s == SG_OK; p++) {
+        int shift = 8 * p;
+        uint32_t *kout = p + 1 == passes ? NULL : buf + (p % 2) * 2 * L,
+                 *pout = kout ? kout + L : NULL;
+        void *cargs[5] = {a, &kin, &hist, &shift, &ntiles}, *sargs[3] = {&hist, &total, &ntiles};
+        void *pargs[9] = {a, &kin, &pin, &kout, &pout, &hist, &total, &shift, &ntiles};
+        s = sg__cuda_launch(ctx, fc, tiles, block, 0, cargs);
+        if (s == SG_OK) s = sg__cuda_launch(ctx, fs, digits, block, 0, sargs);
+        if (s == SG_OK) s = sg__cuda_launch(ctx, fp, tiles, block, 0, pargs);
+        kin = kout, pin = pout;
+    }
+    return s == SG_OK ? add_runs(ctx, a, dt) : s;
 }
 
 /*
  * dst[.., idx[j], ..] += src[.., j, ..]: by runs of equal indices after a
- * stable sort (index_add_runs), or, past RANK_MAX positions, 2^31 blocks
- * of lanes, or more scratch than the 1 MiB that always exists while a
- * graph is recorded, one thread per lane off dim walking j in order. Either
+ * stable sort (index_add_runs; index_add_radix past RANK_MAX positions),
+ * or, past 2^31 blocks of lanes, 2^31 positions or rows, or more scratch
+ * than a recording finds (the step's first run, not recorded, grew it for
+ * the same path), one thread per lane off dim walking j in order. Either
  * is deterministic (see k_data.cu).
  */
 static sg_status index_add(sg_ctx *ctx, const sg__node *n) {
@@ -334,9 +392,16 @@ static sg_status index_add(sg_ctx *ctx, const sg__node *n) {
     dt_args a;
     lane_walk(&a, dst, idx, src, dim, numel);
     int dt = (int)dst->dtype;
-    bool fits = !sg__cuda_capturing(ctx) || a.count * 3 * (int64_t)sizeof(uint64_t) <= (1 << 20);
-    if (fits && a.count <= RANK_MAX && (a.n + 255) / 256 <= INT32_MAX)
+    bool lanes = (a.n + 255) / 256 <= INT32_MAX;
+    if (lanes && a.count < INT32_MAX && a.limit < INT32_MAX && radix_always() &&
+        sg__cuda_scratch_fits(ctx, radix_bytes(a.count)))
+        return index_add_radix(ctx, &a, dt);
+    if (lanes && a.count <= RANK_MAX &&
+        sg__cuda_scratch_fits(ctx, (size_t)a.count * 3 * sizeof(uint64_t)))
         return index_add_runs(ctx, &a, dt);
+    if (lanes && a.count > RANK_MAX && a.count < INT32_MAX && a.limit < INT32_MAX &&
+        sg__cuda_scratch_fits(ctx, radix_bytes(a.count)))
+        return index_add_radix(ctx, &a, dt);
     void *args[2] = {&a, &dt};
     return launch(ctx, "sg_data_index_add", a.n, args);
 }

@@ -221,6 +221,11 @@ sg_status sg__cuda_scratch(sg_ctx *ctx, size_t bytes, void **dptr) {
     return SG_OK;
 }
 
+bool sg__cuda_scratch_fits(const sg_ctx *ctx, size_t bytes) {
+    const sg__cuda *s = state(ctx);
+    return !s->capturing || bytes <= s->scratch_size;
+}
+
 sg_status sg__cuda_sync(sg_ctx *ctx) {
     sg__cuda *s = state(ctx);
     CUresult r = s->cu->cuStreamSynchronize(s->stream);

@@ -57,6 +57,10 @@ SG__HIDDEN sg_status sg__cuda_launch(sg_ctx *ctx, void *func, const unsigned gri
 /* Device scratch for one op, valid until the next call of this function on
  * the context (ops run one at a time on the stream, so one buffer serves). */
 SG__HIDDEN sg_status sg__cuda_scratch(sg_ctx *ctx, size_t bytes, void **dptr);
+/* Whether sg__cuda_scratch can give bytes now: always, except while a graph
+ * is recorded, when the scratch cannot grow (the step's first run, which
+ * sizes it, took the same path). */
+SG__HIDDEN bool sg__cuda_scratch_fits(const sg_ctx *ctx, size_t bytes);
 /* Set n bytes at dptr to byte, in stream order (a memset node in a graph). */
 SG__HIDDEN sg_status sg__cuda_memset(sg_ctx *ctx, void *dptr, unsigned char byte, size_t n);
 /* Copy device memory to the host and wait (for host-side index checks). */

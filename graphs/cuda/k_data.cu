@@ -456,8 +456,9 @@ __device__ __forceinline__ void store_f(void *p, i64 i, int dt, float v) {
 
 /*
  * dst[.., idx[j], ..] += src[.., j, ..] (the gradient of embedding and
- * index_select) past the runs' RANK_MAX positions. One thread per lane (a
- * position off dim; the walk has shape[dim] 1) walks j in order, so
+ * index_select) where the sorts do not apply (cuda_data.c: index_add).
+ * One thread per lane (a position off dim; the walk has shape[dim] 1)
+ * walks j in order, so
  * repeated indices add up in one fixed order: deterministic, with no
  * atomics; f16 and bf16 round after each row here (the header says so).
  * count is idx's length, jstride src's stride along dim, sel_stride dst's.
@@ -531,6 +532,120 @@ extern "C" __global__ void sg_data_index_order(const dt_args a) {
         i64 r = (i64)a.last[j];
         a.idx64[r] = index_at(a, j);
         a.idx64[L + r] = j;
+    }
+}
+
+/*
+ * The same stable order for more positions than the rank pass takes
+ * (cuda_data.c: RANK_MAX): a least-significant-digit radix sort of the keys
+ * index + 1 (0 for an index out of range) with the positions as values,
+ * 8 bits a pass, in three launches a pass over tiles of RADIX_TILE
+ * positions: sg_data_radix_count counts each tile's digits, sg_data_radix_scan
+ * (a block a digit) turns a digit's counts over the tiles into their
+ * exclusive prefix and the digit's total, and sg_data_radix_place puts each
+ * position at (the totals of the smaller digits) + (its digit's prefix at
+ * its tile) + (the earlier positions of its tile with that digit). Each
+ * pass keeps the order of equal digits (stable), so after the last one the
+ * positions are in (index, position) order, the order the rank pass gives;
+ * the last pass writes it where sg_data_index_add_runs reads it. Counts
+ * are integers: no order of adds can change them. Shared memory and
+ * barriers only, no warp intrinsics.
+ */
+#define RADIX_TILE 2048 /* positions a block counts and places: 8 rounds of 256 */
+
+/* Position j's key: from the index in the first pass, else from kin. */
+__device__ __forceinline__ u32 radix_key(const dt_args &a, const u32 *kin, i64 j) {
+    return kin ? kin[j] : (u32)(index_at(a, j) + 1);
+}
+
+extern "C" __global__ void __launch_bounds__(256)
+    sg_data_radix_count(const dt_args a, const u32 *kin, u32 *hist, int shift, i64 ntiles) {
+    pdl_begin();
+    __shared__ u32 cnt[256];
+    cnt[threadIdx.x] = 0;
+    __syncthreads();
+    i64 j0 = (i64)blockIdx.x * RADIX_TILE, L = a.count;
+    for (int r = 0; r < RADIX_TILE / 256; r++) {
+        i64 j = j0 + r * 256 + threadIdx.x;
+        if (j < L) atomicAdd(&cnt[(radix_key(a, kin, j) >> shift) & 255u], 1u);
+    }
+    __syncthreads();
+    hist[(i64)threadIdx.x * ntiles + blockIdx.x] = cnt[threadIdx.x];
+}
+
+/* Block d: digit d's counts over the tiles, in place, into their exclusive
+ * prefix; the sum into total[d]. */
+extern "C" __global__ void __launch_bounds__(256)
+    sg_data_radix_scan(u32 *hist, u32 *total, i64 ntiles) {
+    pdl_begin();
+    __shared__ u32 s[256];
+    u32 *row = hist + (i64)blockIdx.x * ntiles, carry = 0;
+    for (i64 b0 = 0; b0 < ntiles; b0 += 256) {
+        i64 b = b0 + threadIdx.x;
+        u32 v = b < ntiles ? row[b] : 0, x = v;
+        s[threadIdx.x] = x;
+        __syncthreads();
+        for (int off = 1; off < 256; off <<= 1) { /* inclusive scan of the chunk */
+            u32 y = threadIdx.x >= (unsigned)off ? s[threadIdx.x - off] : 0;
+            __syncthreads();
+            x += y;
+            s[threadIdx.x] = x;
+            __syncthreads();
+        }
+        if (b < ntiles) row[b] = carry + x - v;
+        carry += s[255];
+        __syncthreads();
+    }
+    if (threadIdx.x == 0) total[blockIdx.x] = carry;
+}
+
+/* kout/pout: the keys and positions in this pass's order; in the last pass
+ * (kout NULL) the indices and positions as int64 into a.idx64, as
+ * sg_data_index_order writes them. pin NULL: the positions are 0, 1, ... */
+extern "C" __global__ void __launch_bounds__(256)
+    sg_data_radix_place(const dt_args a, const u32 *kin, const u32 *pin, u32 *kout, u32 *pout,
+                        const u32 *hist, const u32 *total, int shift, i64 ntiles) {
+    pdl_begin();
+    __shared__ u32 base[256], dg[256];
+    unsigned t = threadIdx.x;
+    u32 x = total[t];
+    base[t] = x;
+    __syncthreads();
+    for (int off = 1; off < 256; off <<= 1) { /* the smaller digits' totals */
+        u32 y = t >= (unsigned)off ? base[t - off] : 0;
+        __syncthreads();
+        x += y;
+        base[t] = x;
+        __syncthreads();
+    }
+    u32 below = x - total[t];
+    __syncthreads();
+    base[t] = below + hist[(i64)t * ntiles + blockIdx.x];
+    i64 j0 = (i64)blockIdx.x * RADIX_TILE, L = a.count;
+    for (int r = 0; r < RADIX_TILE / 256; r++) {
+        i64 j = j0 + r * 256 + t;
+        u32 key = j < L ? radix_key(a, kin, j) : 0, d = j < L ? (key >> shift) & 255u : 256u;
+        dg[t] = d;
+        __syncthreads();
+        u32 before = 0, same = 0; /* this round's positions with digit d: before t, in all */
+        for (unsigned u = 0; u < 256; u++) {
+            bool eq = dg[u] == d;
+            same += eq;
+            before += eq && u < t;
+        }
+        u32 at = d < 256 ? base[d] + before : 0;
+        __syncthreads();
+        if (d < 256 && before == 0) base[d] += same; /* one thread a digit */
+        if (d < 256) {
+            u32 pos = pin ? pin[j] : (u32)j;
+            if (kout) {
+                kout[at] = key, pout[at] = pos;
+            } else {
+                a.idx64[at] = (i64)key - 1;
+                a.idx64[L + at] = pos;
+            }
+        }
+        __syncthreads();
     }
 }
 
