@@ -565,8 +565,10 @@ SG_API sg_tensor *sg_dropout(sg_tensor *x, double p, sg_tensor *rng);
  * probability reaches top_p (top_p 1: all; nucleus sampling), renormalized.
  * Both draw one uniform per row from rng (53 bits; the offset advances by
  * the number of rows), so they are deterministic for a seed, the same on the
- * CPU and CUDA, and fresh on each replay; one thread walks each row
- * (O(32 V) with top_k or top_p).
+ * CPU and CUDA, and fresh on each replay. Their weights count as integers
+ * (w / the row's largest weight, times 2^(62 - bits(V)), rounded down: a
+ * probability under ~2^-46 of the largest is 0 at V = 50257), so every sum
+ * is exact in any order: a CUDA block draws a row (the CPU: a thread).
  */
 SG_API sg_tensor *sg_topk_indices(sg_tensor *x, int64_t k);
 SG_API sg_tensor *sg_gather(sg_tensor *x, int dim, sg_tensor *idx);

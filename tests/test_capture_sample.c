@@ -16,6 +16,7 @@
 
 #include <math.h>
 #include <string.h>
+#include <time.h>
 
 static sg_ctx *ctx;
 
@@ -344,6 +345,28 @@ static void test_multinomial_inf(void) {
     sg_release(x), sg_release(rng);
 }
 
+static double now(void) {
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
+}
+
+/* Not a check: one token drawn from GPT-2's 50257 bf16 logits. */
+static void report_time(int64_t top_k, double top_p) {
+    int64_t sh[2] = {1, 50257};
+    sg_tensor *x = tu_rand(ctx, SG_BF16, 2, sh, -4, 4, NULL), *rng = sg_rng_create(ctx, 5);
+    for (int r = 0; r < 3; r++) sg_release(sg_sample(x, 0.8, top_k, top_p, rng));
+    sg_ctx_synchronize(ctx);
+    int reps = 20;
+    double t0 = now();
+    for (int r = 0; r < reps; r++) sg_release(sg_sample(x, 0.8, top_k, top_p, rng));
+    sg_ctx_synchronize(ctx);
+    printf("info SAMPLE(bf16 [1,50257],T=0.8,top_k=%lld,top_p=%g): %.1f us per call (eager)\n",
+           (long long)top_k, top_p, (now() - t0) / reps * 1e6);
+    sg_release(x), sg_release(rng);
+    sg_clear_error(ctx);
+}
+
 int main(void) {
     ctx = tu_ctx((sg_ctx_opts){0});
     test_topk(SG_F32, 6, 37, 5, false, false, 1);
@@ -362,11 +385,19 @@ int main(void) {
     test_picks("SAMPLE", SG_BF16, 64, 50, 1, 0.8, 0, 0.5, 14);
     test_picks("SAMPLE", SG_F16, 32, 33, 1, 2.0, 3, 0.7, 15);
     test_picks("SAMPLE", SG_F32, 16, 50, 1, 0, 5, 0.9, 16);
+    /* Rows longer than a CUDA block's threads (each owns a segment), bf16
+     * rows with hundreds of ties at each value, a GPT-2 vocabulary. */
+    test_picks("SAMPLE", SG_BF16, 4, 50257, 1, 0.8, 50, 0.95, 20);
+    test_picks("SAMPLE", SG_F32, 3, 5000, 1, 1.0, 0, 0.9, 21);
+    test_picks("SAMPLE", SG_BF16, 8, 1500, 1, 0.5, 300, 1, 22);
+    test_picks("SAMPLE", SG_BF16, 6, 2049, 1, 3.0, 1000, 0.3, 23);
+    test_picks("MULTINOMIAL", SG_F32, 5, 3000, 0, 1, 0, 1, 24);
     test_frequencies(17);
     test_replay(SG_MODE_REDUCE_OVERHEAD, 18);
     test_replay(SG_MODE_DEFAULT, 19);
     test_errors();
     test_multinomial_inf();
+    if (tu_backend() == SG_BACKEND_CUDA) report_time(50, 0.95), report_time(0, 0.9);
     sg_ctx_destroy(ctx);
     return tu_finish();
 }

@@ -14,13 +14,18 @@
  * row costs O(32 V) and a replay allocates nothing.
  *
  * SAMPLE, per row: weights w_j = x_j for kind 0 (multinomial: negative and
- * NaN weights count 0) or exp((x_j - max) / temperature) for kind 1, where
- * top_k (if > 0) first keeps the k first entries in the order above and
- * top_p (if < 1) then keeps the shortest prefix of that order whose weight
- * reaches top_p of the kept total. The row's uniform u (53 bits of Philox
- * block offset + row, words 0 and 1) picks the first kept j, by index, whose
- * running weight exceeds u * total. A row of no weight gives its first
- * largest entry. Sums run in f64, by ascending index.
+ * NaN weights count 0) or exp((x_j - max) / temperature) for kind 1, taken
+ * as integers q_j = floor(w_j / W 2^S), W the row's largest weight and
+ * S = 62 - bits(V) (so that a row's sum stays under 2^62; a weight under
+ * 2^-S W counts 0): every mass below is an exact integer sum, which any
+ * order of adds gives alike, so the CUDA kernel adds a row in parallel and
+ * still picks what this loop picks. top_k (if > 0) first keeps the k first
+ * entries in the order above and top_p (if < 1) then keeps the shortest
+ * prefix of that order whose mass, as a double, reaches top_p times the
+ * kept mass. The row's uniform u (53 bits of Philox block offset + row,
+ * words 0 and 1) picks the first kept j, by index, whose running mass, as a
+ * double, exceeds u times the kept mass. A row of no weight gives its first
+ * largest entry.
  */
 #include "cpu.h"
 
@@ -69,10 +74,11 @@ static bound topk_bound(const row *r, int64_t k) {
     return (bound){t, j};
 }
 
-/* What SAMPLE's weights need: kind, temperature, the row's max. */
+/* What SAMPLE's weights need: kind, temperature, the row's max, its
+ * largest weight W and the scale 2^S of its integers. */
 typedef struct wparams {
     int kind;
-    double temp, max;
+    double temp, max, wmax, scale;
 } wparams;
 
 /* A multinomial weight (kind 0): x, 0 for negative and NaN, and +inf as
@@ -83,32 +89,45 @@ static inline double weight(const wparams *w, float x) {
     return exp(((double)x - w->max) / w->temp);
 }
 
-/* The weight of the kept entries with key >= lo (and the top-k bound). */
-static double mass_from(const row *r, const wparams *w, bound kb, uint32_t lo, bool strict) {
-    double m = 0;
+/* The weight as the row's integer: floor(w / W 2^S); 0 for NaN. */
+static inline uint64_t qweight(const wparams *w, float x) {
+    double v = weight(w, x);
+    return v > 0 ? (uint64_t)(v / w->wmax * w->scale) : 0;
+}
+
+/* 2^S, S = 62 - bits(V): V weights of at most 2^S sum below 2^62. */
+static double mass_scale(int64_t V) {
+    int bits = 0;
+    while (bits < 62 && ((uint64_t)V >> bits) != 0) bits++;
+    return ldexp(1.0, 62 - bits);
+}
+
+/* The mass of the kept entries with key >= lo (and the top-k bound). */
+static uint64_t mass_from(const row *r, const wparams *w, bound kb, uint32_t lo, bool strict) {
+    uint64_t m = 0;
     for (int64_t j = 0; j < r->V; j++) {
         float x = at(r, j);
         uint32_t key = order_key(x);
-        if (kept(kb, key, j) && (strict ? key > lo : key >= lo)) m += weight(w, x);
+        if (kept(kb, key, j) && (strict ? key > lo : key >= lo)) m += qweight(w, x);
     }
     return m;
 }
 
-/* The boundary of the shortest prefix of the kept order with weight >= target. */
+/* The boundary of the shortest prefix of the kept order with mass >= target. */
 static bound topp_bound(const row *r, const wparams *w, bound kb, double target) {
     uint32_t t = 0;
     for (int bit = 31; bit >= 0; bit--) {
         uint32_t cand = t | (1u << bit);
-        if (mass_from(r, w, kb, cand, false) >= target) t = cand;
+        if ((double)mass_from(r, w, kb, cand, false) >= target) t = cand;
     }
-    double acc = mass_from(r, w, kb, t, true);
+    uint64_t acc = mass_from(r, w, kb, t, true);
     int64_t j, last = -1;
     for (j = 0; j < r->V; j++) {
         float x = at(r, j);
         if (order_key(x) != t || !kept(kb, t, j)) continue;
         last = j;
-        acc += weight(w, x);
-        if (acc >= target) break;
+        acc += qweight(w, x);
+        if ((double)acc >= target) break;
     }
     return (bound){t, j < r->V ? j : last};
 }
@@ -128,24 +147,30 @@ static int64_t sample_row(const row *r, const sg__node *n, double u) {
         uint32_t key = order_key(at(r, j));
         if (key > best || j == 0) best = key, first_max = j;
     }
-    wparams w = {.kind = (int)n->i[1], .temp = n->f[0], .max = at(r, first_max)};
+    wparams w = {.kind = (int)n->i[1], .temp = n->f[0], .max = at(r, first_max), .wmax = 0};
+    for (int64_t j = 0; j < r->V; j++) {
+        double v = weight(&w, at(r, j));
+        if (v > w.wmax) w.wmax = v;
+    }
+    w.scale = mass_scale(r->V);
     int64_t top_k = n->i[0];
     bound kb = {0, r->V}; /* keeps everything */
     if (w.kind == 1 && top_k > 0 && top_k < r->V) kb = topk_bound(r, top_k);
     double top_p = n->f[1];
     if (w.kind == 1 && top_p < 1) {
-        bound pb = topp_bound(r, &w, kb, top_p * mass_from(r, &w, kb, 0, false));
+        bound pb = topp_bound(r, &w, kb, top_p * (double)mass_from(r, &w, kb, 0, false));
         kb = pb; /* pb lies inside kb: its prefix is of kb's order */
     }
-    double total = mass_from(r, &w, kb, 0, false), target = u * total, cum = 0;
+    uint64_t total = w.wmax > 0 ? mass_from(r, &w, kb, 0, false) : 0, cum = 0;
+    double target = u * (double)total;
     int64_t pick = -1;
     for (int64_t j = 0; j < r->V && total > 0; j++) {
         float x = at(r, j);
         if (!kept(kb, order_key(x), j)) continue;
-        double wj = weight(&w, x);
-        if (wj > 0) pick = j; /* the last with weight, should rounding leave cum <= target */
-        cum += wj;
-        if (cum > target && wj > 0) break;
+        uint64_t q = qweight(&w, x);
+        if (q > 0) pick = j; /* the last with weight, should rounding leave cum <= target */
+        cum += q;
+        if ((double)cum > target && q > 0) break;
     }
     return pick >= 0 ? pick : first_max;
 }

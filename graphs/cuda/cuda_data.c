@@ -430,7 +430,10 @@ static sg_status rand_draw(sg_ctx *ctx, const sg__node *n) {
     return launch(ctx, "sg_data_rand", (len + 1) / 2, args);
 }
 
-/* TOPK and SAMPLE: one thread per row of the contiguous (rows, V) x. */
+#define SAMPLE_THREADS 512 /* k_data.cu: SB */
+
+/* TOPK: a thread per row of the contiguous (rows, V) x; SAMPLE: a block per
+ * row. */
 static sg_status per_row(sg_ctx *ctx, const sg__node *n) {
     const sg_tensor *x = n->in[0], *out = n->out;
     void *o = sg__data(out);
@@ -448,8 +451,13 @@ static sg_status per_row(sg_ctx *ctx, const sg__node *n) {
     int64_t rs = rng->stride[0], top_k = n->i[0];
     int kind = (int)n->i[1];
     double temp = n->f[0], top_p = n->f[1];
-    void *args[11] = {&o, &xp, &dt, &rows, &V, &r, &rs, &kind, &top_k, &temp, &top_p};
-    return launch(ctx, "sg_data_sample", rows, args);
+    void *args[11] = {&o, &xp, &dt, &rows, &V, &r, &rs, &kind, &top_k, &temp, &top_p}, *f;
+    sg_status s = sg__cuda_kernel(ctx, SG__CU_DATA, "sg_data_sample", &f);
+    if (s != SG_OK) return s;
+    int64_t cap = (int64_t)sg__cuda_sm_count(ctx) * 4; /* blocks step through the rows */
+    unsigned grid[3] = {(unsigned)(rows < cap ? rows : cap > 0 ? cap : 1), 1, 1};
+    unsigned block[3] = {SAMPLE_THREADS, 1, 1};
+    return sg__cuda_launch(ctx, f, grid, block, 0, args);
 }
 
 sg_status sg__cuda_data_check(sg_ctx *ctx, const sg__node *n) {

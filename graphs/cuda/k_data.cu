@@ -284,8 +284,9 @@ extern "C" __global__ void sg_data_rand(void *out, i64 n, int dt, int dist, cons
 
 /* ------------------------------------------------------------ topk and sample */
 
-/* graphs/cpu/cpu_sample.c step for step (see there for the definitions):
- * one thread per row, no scratch memory. Rows are contiguous (rows, V). */
+/* graphs/cpu/cpu_sample.c's selections (see there for the definitions): topk
+ * a thread per row, sample a block per row (below); no scratch memory. Rows
+ * are contiguous (rows, V). */
 /* f16 bits to float, exactly (capture.h's sg__h2f). */
 __device__ __forceinline__ float h2f(u32 h) {
     u32 sign = (h & 0x8000u) << 16, e = (h >> 10) & 31u, m = h & 1023u;
@@ -329,26 +330,24 @@ __device__ __forceinline__ bool kept(sbound b, u32 key, i64 j) {
     return key > b.key || (key == b.key && j <= b.idx);
 }
 
-__device__ sbound topk_bound(const srow &r, i64 k) {
-    u32 t = 0;
-    for (int bit = 31; bit >= 0; bit--) {
-        u32 cand = t | (1u << bit);
-        i64 cnt = 0;
-        for (i64 j = 0; j < r.V; j++) cnt += order_key(row_at(r, j)) >= cand;
-        if (cnt >= k) t = cand;
-    }
-    i64 gt = 0, need, j;
-    for (j = 0; j < r.V; j++) gt += order_key(row_at(r, j)) > t;
-    need = k - gt;
-    for (j = 0; j < r.V && need > 0; j++)
-        if (order_key(row_at(r, j)) == t && --need == 0) break;
-    sbound b = {t, j};
-    return b;
-}
+/*
+ * sg_data_sample: a block of SB threads a row (blocks step through the
+ * rows), cpu_sample.c's selection with each pass over the row split among
+ * the threads. Its masses are integers (the weights as the row's integers,
+ * floor(w / W 2^S)), so the block's sums are exact and give the CPU's
+ * picks in any order of adds. The k-th entry of the order and top-p's
+ * boundary key come from a radix search of 8 bits a pass (4 passes: each
+ * a histogram of the keys, or of their mass, under the prefix found so
+ * far); ties at the boundary and the draw itself are settled in index
+ * order, each thread owning one contiguous segment of the row: the
+ * segments' sums, their exclusive scan, then the one segment that holds
+ * the answer walks its entries. Shared memory and barriers only.
+ */
+#define SB 512 /* threads a row of sg_data_sample */
 
 struct wparams {
     int kind;
-    double temp, max;
+    double temp, max, wmax, scale;
 };
 
 /* +inf as 1e300: the infinite entries share the row (cpu_sample.c). */
@@ -357,70 +356,189 @@ __device__ __forceinline__ double weight(const wparams &w, float x) {
     return exp(((double)x - w.max) / w.temp);
 }
 
-__device__ double mass_from(const srow &r, const wparams &w, sbound kb, u32 lo, bool strict) {
-    double m = 0;
-    for (i64 j = 0; j < r.V; j++) {
-        float x = row_at(r, j);
-        u32 key = order_key(x);
-        if (kept(kb, key, j) && (strict ? key > lo : key >= lo)) m += weight(w, x);
-    }
-    return m;
+/* The weight as the row's integer: floor(w / W 2^S); 0 for NaN. */
+__device__ __forceinline__ u64 qweight(const wparams &w, float x) {
+    double v = weight(w, x);
+    return v > 0 ? (u64)(v / w.wmax * w.scale) : 0ull;
 }
 
-__device__ sbound topp_bound(const srow &r, const wparams &w, sbound kb, double target) {
-    u32 t = 0;
-    for (int bit = 31; bit >= 0; bit--) {
-        u32 cand = t | (1u << bit);
-        if (mass_from(r, w, kb, cand, false) >= target) t = cand;
+/* The block's sum, max and exclusive scan of one value a thread (sh: SB
+ * words; every thread gets the result; sh is free again on return). */
+__device__ u64 blk_sum(u64 v, u64 *sh) {
+    sh[threadIdx.x] = v;
+    __syncthreads();
+    for (int h = SB / 2; h > 0; h >>= 1) {
+        if (threadIdx.x < (unsigned)h) sh[threadIdx.x] += sh[threadIdx.x + h];
+        __syncthreads();
     }
-    double acc = mass_from(r, w, kb, t, true);
-    i64 j, last = -1;
-    for (j = 0; j < r.V; j++) {
+    v = sh[0];
+    __syncthreads();
+    return v;
+}
+
+__device__ u64 blk_max(u64 v, u64 *sh) {
+    sh[threadIdx.x] = v;
+    __syncthreads();
+    for (int h = SB / 2; h > 0; h >>= 1) {
+        if (threadIdx.x < (unsigned)h && sh[threadIdx.x + h] > sh[threadIdx.x])
+            sh[threadIdx.x] = sh[threadIdx.x + h];
+        __syncthreads();
+    }
+    v = sh[0];
+    __syncthreads();
+    return v;
+}
+
+__device__ u64 blk_scan(u64 v, u64 *sh) {
+    u64 x = v;
+    sh[threadIdx.x] = x;
+    __syncthreads();
+    for (int off = 1; off < SB; off <<= 1) {
+        u64 y = threadIdx.x >= (unsigned)off ? sh[threadIdx.x - off] : 0ull;
+        __syncthreads();
+        x += y;
+        sh[threadIdx.x] = x;
+        __syncthreads();
+    }
+    __syncthreads();
+    return x - v;
+}
+
+/* The mass of the kept entries with key >= lo (strict: > lo). */
+__device__ u64 blk_mass(const srow &r, const wparams &w, sbound kb, u32 lo, bool strict, u64 *sh) {
+    u64 m = 0;
+    for (i64 j = threadIdx.x; j < r.V; j += SB) {
         float x = row_at(r, j);
-        if (order_key(x) != t || !kept(kb, t, j)) continue;
-        last = j;
-        acc += weight(w, x);
-        if (acc >= target) break;
+        u32 key = order_key(x);
+        if (kept(kb, key, j) && (strict ? key > lo : key >= lo)) m += qweight(w, x);
     }
-    sbound b = {t, j < r.V ? j : last};
-    return b;
+    return blk_sum(m, sh);
+}
+
+/* The radix search: the largest key t whose entries (those kept by kb, a
+ * key's count, or with mass its weight's) from the top reach target, 8
+ * bits a pass; *above gets the count or mass of the keys above t. */
+__device__ u32 blk_radix(const srow &r, const wparams *w, sbound kb, double target, u64 *above,
+                         u64 *hist, u64 *sh) {
+    u32 prefix = 0;
+    u64 acc = 0;
+    for (int shift = 24; shift >= 0; shift -= 8) {
+        u32 hi = shift == 24 ? 0u : 0xffffffffu << (shift + 8);
+        if (threadIdx.x < 256) hist[threadIdx.x] = 0;
+        __syncthreads();
+        for (i64 j = threadIdx.x; j < r.V; j += SB) {
+            float x = row_at(r, j);
+            u32 key = order_key(x);
+            if ((key & hi) != prefix || !kept(kb, key, j)) continue;
+            u64 q = w ? qweight(*w, x) : 1ull;
+            if (q) atomicAdd((unsigned long long *)&hist[(key >> shift) & 255u], q);
+        }
+        __syncthreads();
+        if (threadIdx.x == 0) {
+            int d = 255;
+            for (; d > 0 && !((double)(acc + hist[d]) >= target); d--) acc += hist[d];
+            sh[0] = prefix | (u32)d << shift;
+            sh[1] = acc;
+        }
+        __syncthreads();
+        prefix = (u32)sh[0], acc = sh[1];
+        __syncthreads();
+    }
+    *above = acc;
+    return prefix;
+}
+
+/* Settles a boundary in index order: with c(j) the count or mass of entry j
+ * among those that `on` (key == t kept by kb, or kept by kb), the first j
+ * with c(j) > 0 whose running sum from base, as a double, reaches target
+ * (ge) or exceeds it; else the last j with c(j) > 0, else -1. */
+__device__ i64 blk_first(const srow &r, const wparams *w, sbound kb, u32 t, bool ties, u64 base,
+                         double target, bool ge, u64 *sh) {
+    i64 seg = (r.V + SB - 1) / SB, lo = threadIdx.x * seg, hi = lo + seg < r.V ? lo + seg : r.V;
+    u64 c = 0;
+    i64 last = -1;
+    for (i64 j = lo; j < hi; j++) {
+        float x = row_at(r, j);
+        u32 key = order_key(x);
+        u64 q = (ties ? key == t : true) && kept(kb, key, j) ? (w ? qweight(*w, x) : 1ull) : 0ull;
+        c += q;
+        if (q) last = j;
+    }
+    u64 run = base + blk_scan(c, sh);
+    double end = (double)(run + c);
+    bool here = c > 0 && (ge ? end >= target : end > target);
+    u64 first = blk_max(here ? (u64)(SB - threadIdx.x) : 0ull, sh); /* the lowest such thread */
+    i64 found = -1;
+    if (first && threadIdx.x == SB - first) {
+        for (i64 j = lo; j < hi; j++) {
+            float x = row_at(r, j);
+            u32 key = order_key(x);
+            u64 q =
+                (ties ? key == t : true) && kept(kb, key, j) ? (w ? qweight(*w, x) : 1ull) : 0ull;
+            run += q;
+            if (q && (ge ? (double)run >= target : (double)run > target)) {
+                found = j;
+                break;
+            }
+        }
+        sh[0] = (u64)found;
+    }
+    __syncthreads();
+    if (first) found = (i64)sh[0];
+    __syncthreads();
+    if (!first) found = (i64)blk_max((u64)(last + 1), sh) - 1;
+    return found;
 }
 
 /* out[i] = the index drawn for row i of x (rows, V); rng = (seed, offset). */
-extern "C" __global__ void sg_data_sample(i64 *out, const void *x, int dt, i64 rows, i64 V,
-                                          const i64 *rng, i64 rs, int kind, i64 top_k,
-                                          double temp, double top_p) {
+extern "C" __global__ void __launch_bounds__(SB)
+    sg_data_sample(i64 *out, const void *x, int dt, i64 rows, i64 V, const i64 *rng, i64 rs,
+                   int kind, i64 top_k, double temp, double top_p) {
     pdl_begin();
+    __shared__ u64 sh[SB], hist[256];
     u64 seed = (u64)rng[0], offset = (u64)rng[rs];
-    i64 step = (i64)blockDim.x * gridDim.x;
-    for (i64 i = (i64)blockIdx.x * blockDim.x + threadIdx.x; i < rows; i += step) {
+    int bits = 0;
+    while (bits < 62 && ((u64)V >> bits) != 0) bits++;
+    for (i64 i = blockIdx.x; i < rows; i += gridDim.x) {
         srow r = {x, dt, i * V, V};
         u64 b = offset + (u64)i;
         u32 w4[4] = {(u32)b, (u32)(b >> 32), 0u, 0u};
         philox(w4, (u32)seed, (u32)(seed >> 32));
         double u = ((double)(w4[0] >> 5) * 67108864.0 + (double)(w4[1] >> 6)) *
                    1.1102230246251565e-16;
-        i64 first_max = 0;
-        u32 best = 0;
-        for (i64 j = 0; j < V; j++) {
-            u32 key = order_key(row_at(r, j));
-            if (key > best || j == 0) best = key, first_max = j;
+        u64 best = 0; /* the first largest: the largest key, then the lowest index */
+        for (i64 j = threadIdx.x; j < V; j += SB) {
+            u64 c = (u64)order_key(row_at(r, j)) << 32 | (u64)(0xffffffffu - (u32)j);
+            best = c > best ? c : best;
         }
-        wparams w = {kind, temp, (double)row_at(r, first_max)};
+        best = blk_max(best, sh);
+        i64 first_max = (i64)(0xffffffffu - (u32)best);
+        wparams w = {kind, temp, (double)row_at(r, first_max), 0.0, ldexp(1.0, 62 - bits)};
+        u64 wm = 0; /* the largest weight: as bits, which order non-negative doubles alike */
+        for (i64 j = threadIdx.x; j < V; j += SB) {
+            double v = weight(w, row_at(r, j));
+            if (v > 0 && (u64)__double_as_longlong(v) > wm) wm = (u64)__double_as_longlong(v);
+        }
+        w.wmax = __longlong_as_double((long long)blk_max(wm, sh));
         sbound kb = {0u, V};
-        if (kind == 1 && top_k > 0 && top_k < V) kb = topk_bound(r, top_k);
-        if (kind == 1 && top_p < 1) kb = topp_bound(r, w, kb, top_p * mass_from(r, w, kb, 0u, false));
-        double total = mass_from(r, w, kb, 0u, false), target = u * total, cum = 0;
-        i64 pick = -1;
-        for (i64 j = 0; j < V && total > 0; j++) {
-            float xv = row_at(r, j);
-            if (!kept(kb, order_key(xv), j)) continue;
-            double wj = weight(w, xv);
-            if (wj > 0) pick = j;
-            cum += wj;
-            if (cum > target && wj > 0) break;
+        if (kind == 1 && top_k > 0 && top_k < V) {
+            u64 gt;
+            kb.key = blk_radix(r, NULL, kb, (double)top_k, &gt, hist, sh);
+            kb.idx = blk_first(r, NULL, kb, kb.key, true, gt, (double)top_k, true, sh);
         }
-        out[i] = pick >= 0 ? pick : first_max;
+        if (kind == 1 && top_p < 1) {
+            double target = top_p * (double)blk_mass(r, w, kb, 0u, false, sh);
+            u64 above;
+            sbound pb;
+            pb.key = blk_radix(r, &w, kb, target, &above, hist, sh);
+            pb.idx = blk_first(r, &w, kb, pb.key, true, above, target, true, sh);
+            kb = pb;
+        }
+        u64 total = w.wmax > 0 ? blk_mass(r, w, kb, 0u, false, sh) : 0ull;
+        i64 pick =
+            total > 0 ? blk_first(r, &w, kb, 0u, false, 0ull, u * (double)total, false, sh) : -1;
+        if (threadIdx.x == 0) out[i] = pick >= 0 ? pick : first_max;
+        __syncthreads();
     }
 }
 
