@@ -6,8 +6,11 @@
  * sample (temperature, top-k, top-p) against a sort-based f64 reference
  * that draws the same per-row uniform from its own Philox, pick for pick;
  * frequencies within statistical bounds; fresh picks on each replay of a
- * compiled step, equal to the same calls made eagerly. Each case prints its
- * name, e.g.
+ * compiled step, equal to the same calls made eagerly. The reference sums
+ * f64 weights in order where the library sums them as exact integers: the
+ * two pick apart only where a draw falls within rounding of a boundary. On
+ * CUDA "info" lines time a draw from GPT-2's 50257 logits. Each case prints
+ * its name, e.g.
  *   ok   SAMPLE(type=f32,x=[64,50],T=0.7,top_k=10,top_p=0.9,seed=5) picks equal
  */
 #define _POSIX_C_SOURCE 200809L
