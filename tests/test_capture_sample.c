@@ -377,6 +377,12 @@ int main(void) {
     test_topk(SG_BF16, 3, 20, 7, true, true, 3);
     test_topk(SG_F16, 4, 9, 1, false, true, 4);
     test_topk(SG_F32, 2, 5, 0, false, false, 5);
+    /* Rows longer than a CUDA block's threads; the block's sort at k 2048,
+     * a thread a row past it. */
+    test_topk(SG_BF16, 3, 50257, 50, true, true, 25);
+    test_topk(SG_F32, 2, 5000, 2048, false, true, 26);
+    test_topk(SG_F32, 3, 1000, 777, true, false, 27);
+    test_topk(SG_F32, 2, 3000, 2049, false, false, 28);
     test_gather(SG_F32, SG_I64, 1, 6);
     test_gather(SG_I64, SG_I32, 0, 7);
     test_gather(SG_BF16, SG_I64, -1, 8);

@@ -430,10 +430,22 @@ static sg_status rand_draw(sg_ctx *ctx, const sg__node *n) {
     return launch(ctx, "sg_data_rand", (len + 1) / 2, args);
 }
 
-#define SAMPLE_THREADS 512 /* k_data.cu: SB */
+#define ROW_THREADS 512 /* k_data.cu: SB */
+#define TOPK_BLK 2048   /* k_data.cu */
 
-/* TOPK: a thread per row of the contiguous (rows, V) x; SAMPLE: a block per
- * row. */
+/* A block of ROW_THREADS a row; the blocks step through the rows. */
+static sg_status launch_rows(sg_ctx *ctx, const char *name, int64_t rows, void **args) {
+    void *f;
+    sg_status s = sg__cuda_kernel(ctx, SG__CU_DATA, name, &f);
+    if (s != SG_OK) return s;
+    int64_t cap = (int64_t)sg__cuda_sm_count(ctx) * 4;
+    unsigned grid[3] = {(unsigned)(rows < cap ? rows : cap > 0 ? cap : 1), 1, 1};
+    unsigned block[3] = {ROW_THREADS, 1, 1};
+    return sg__cuda_launch(ctx, f, grid, block, 0, args);
+}
+
+/* TOPK and SAMPLE over the contiguous (rows, V) x: a block per row (TOPK
+ * past TOPK_BLK entries a row: a thread per row). */
 static sg_status per_row(sg_ctx *ctx, const sg__node *n) {
     const sg_tensor *x = n->in[0], *out = n->out;
     void *o = sg__data(out);
@@ -444,20 +456,21 @@ static sg_status per_row(sg_ctx *ctx, const sg__node *n) {
     if (n->op == SG__OP_TOPK) {
         int64_t k = n->i[0];
         void *args[6] = {&o, &xp, &dt, &rows, &V, &k};
-        return launch(ctx, "sg_data_topk", rows, args);
+        if (k > TOPK_BLK || V >= INT32_MAX) return launch(ctx, "sg_data_topk", rows, args);
+        return launch_rows(ctx, "sg_data_topk_blk", rows, args);
     }
     const sg_tensor *rng = n->in[1];
     const void *r = sg__data(rng);
     int64_t rs = rng->stride[0], top_k = n->i[0];
     int kind = (int)n->i[1];
     double temp = n->f[0], top_p = n->f[1];
-    void *args[11] = {&o, &xp, &dt, &rows, &V, &r, &rs, &kind, &top_k, &temp, &top_p}, *f;
-    sg_status s = sg__cuda_kernel(ctx, SG__CU_DATA, "sg_data_sample", &f);
-    if (s != SG_OK) return s;
-    int64_t cap = (int64_t)sg__cuda_sm_count(ctx) * 4; /* blocks step through the rows */
-    unsigned grid[3] = {(unsigned)(rows < cap ? rows : cap > 0 ? cap : 1), 1, 1};
-    unsigned block[3] = {SAMPLE_THREADS, 1, 1};
-    return sg__cuda_launch(ctx, f, grid, block, 0, args);
+    void *args[11] = {&o, &xp, &dt, &rows, &V, &r, &rs, &kind, &top_k, &temp, &top_p};
+    if (V >= INT32_MAX)
+        return sg__fail(ctx, SG_ERR_UNSUPPORTED,
+                        "cuda: %s over rows of %lld entries: the CUDA kernel takes rows of fewer "
+                        "than 2^31; draw on the CPU backend",
+                        sg__op_name(n->op), (long long)V);
+    return launch_rows(ctx, "sg_data_sample", rows, args);
 }
 
 sg_status sg__cuda_data_check(sg_ctx *ctx, const sg__node *n) {

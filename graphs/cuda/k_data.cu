@@ -565,6 +565,58 @@ extern "C" __global__ void sg_data_topk(i64 *out, const void *x, int dt, i64 row
     }
 }
 
+/* The same for k <= TOPK_BLK, a block of SB threads a row: the boundary of
+ * the first k entries as sg_data_sample finds it, the k entries it keeps
+ * gathered in index order into shared memory (each thread's segment at its
+ * scanned offset), a bitonic sort of them by the order (larger key first,
+ * then lower index), written out. */
+#define TOPK_BLK 2048
+
+extern "C" __global__ void __launch_bounds__(SB)
+    sg_data_topk_blk(i64 *out, const void *x, int dt, i64 rows, i64 V, i64 k) {
+    pdl_begin();
+    __shared__ u64 sh[SB], hist[256];
+    __shared__ u32 skey[TOPK_BLK], sidx[TOPK_BLK];
+    int n = 1;
+    while (n < k) n <<= 1;
+    for (i64 i = blockIdx.x; i < rows && k > 0; i += gridDim.x) {
+        srow r = {x, dt, i * V, V};
+        sbound kb = {0u, V};
+        if (k < V) {
+            u64 gt;
+            kb.key = blk_radix(r, NULL, kb, (double)k, &gt, hist, sh);
+            kb.idx = blk_first(r, NULL, kb, kb.key, true, gt, (double)k, true, sh);
+        }
+        i64 seg = (V + SB - 1) / SB, lo = threadIdx.x * seg, hi = lo + seg < V ? lo + seg : V;
+        u64 c = 0;
+        for (i64 j = lo; j < hi; j++) c += kept(kb, order_key(row_at(r, j)), j);
+        u64 at = blk_scan(c, sh);
+        for (i64 j = lo; j < hi; j++) {
+            u32 key = order_key(row_at(r, j));
+            if (kept(kb, key, j)) skey[at] = key, sidx[at] = (u32)j, at++;
+        }
+        for (int e = (int)k + threadIdx.x; e < n; e += SB) skey[e] = 0u, sidx[e] = 0xffffffffu;
+        __syncthreads();
+        for (int size = 2; size <= n; size <<= 1)
+            for (int stride = size >> 1; stride > 0; stride >>= 1) {
+                for (int e = threadIdx.x; e < n; e += SB) {
+                    int f = e ^ stride;
+                    if (f <= e) continue;
+                    /* e before f in the order, in a run sorted that way */
+                    bool ahead = skey[e] > skey[f] || (skey[e] == skey[f] && sidx[e] < sidx[f]);
+                    if (ahead != ((e & size) == 0)) {
+                        u32 tk = skey[e], ti = sidx[e];
+                        skey[e] = skey[f], sidx[e] = sidx[f];
+                        skey[f] = tk, sidx[f] = ti;
+                    }
+                }
+                __syncthreads();
+            }
+        for (int e = threadIdx.x; e < k; e += SB) out[i * k + e] = (i64)sidx[e];
+        __syncthreads();
+    }
+}
+
 /* ------------------------------------------------------------ index_add */
 
 __device__ __forceinline__ void store_f(void *p, i64 i, int dt, float v) {
