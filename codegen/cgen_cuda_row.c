@@ -1024,7 +1024,7 @@ static void column_combine(rowk *k, int tc, int rg) {
                   rg, tc);
 }
 
-/* The head of a column kernel (emit_columns, emit_columns_vec): lane r_lc
+/* The head of a column kernel (emit_columns): lane r_lc
  * and group r_rg of a block, r_cred (width floats a thread), the split's
  * partials (width floats a lane of each item) and counters, and the loop
  * over items r_w = (tile r_t, chunk r_sp) with the tile's row block r_row,
@@ -1106,127 +1106,6 @@ static void emit_columns(rowk *k, int tc, int64_t split, int64_t ch, int64_t ite
     if (split > 1) sg__emit_close(e);
     sg__emit_line(e, "%s", k->sp->sync);
     sg__emit_close(e);
-}
-
-/*
- * emit_columns for an input read straight from memory whose columns come
- * in whole 16-byte vectors (cols_vec): lane r_lc of a block takes vector
- * columns (vw columns each) and a warp reads 512 consecutive bytes a
- * position, where a column a lane reads 64 (bf16) and waits on 4 times as
- * many loads for the same bytes (W6's bias gradients: 4096 x 2304 bf16 at
- * a third of the memory's bandwidth). tcv vector columns a block, rg =
- * 256 / tcv groups of positions, u positions a group has in flight; each
- * lane keeps vw sums, combined over the groups and the split's chunks in
- * the same orders as emit_columns. Input addresses off 16 bytes (a user's
- * view) load the same elements one by one.
- */
-static void emit_columns_vec(rowk *k, int tcv, int64_t split, int64_t ch, int64_t items) {
-    sg__emit *e = k->e;
-    const int vw = k->vw, rg = BLOCK / tcv;
-    const int64_t nvc = k->cols / vw;
-    const int u = chunk_of(ch, rg, 8);
-    char base[420], off[64], lv[400], ld[480], tile[96], store[128];
-    snprintf(off, sizeof off, "%lldLL", (long long)k->x->offset);
-    sg__cuda_lvalue_at(k->g, k->x, off, lv, sizeof lv);
-    snprintf(base, sizeof base, "(&%s)", lv);
-    sg__emit_line(e, "const bool r_al = ((sg_u64)%s & 15) == 0;", base);
-    columns_open(k, tcv, vw, split, ch, items, "r_vc");
-    sg__emit_line(e, "float r_a[%d];", vw);
-    sg__emit_line(e, "#pragma unroll");
-    sg__emit_line(e, "for (int r_e = 0; r_e < %d; r_e++) r_a[r_e] = 0.0f;", vw);
-    sg__emit_open(e, "if (r_vc < %lldLL)", (long long)nvc);
-    sg__emit_open(e, "for (sg_i64 r_c0 = r_lo + r_rg; r_c0 < r_hi; r_c0 += %lld)",
-                  (long long)u * rg);
-    vec_union(k, k->x, "r_l", u);
-    sg__emit_line(e, "#pragma unroll");
-    sg__emit_open(e, "for (int r_u = 0; r_u < %d; r_u++)", u);
-    sg__emit_line(e, "const sg_i64 r_c = r_c0 + (sg_i64)r_u * %d;", rg);
-    sg__emit_line(e, "const sg_i64 r_i = (r_row * %lldLL + r_c) * %lldLL + r_vc * %d;",
-                  (long long)k->len, (long long)k->cols, vw);
-    sg__emit_open(e, "if (r_c < r_hi)");
-    sg__emit_line(e, "if (r_al) r_l[r_u].v = ((%sconst sg_v16 *)(%s + r_i))[0];", k->sp->gp, base);
-    sg__emit_line(e, "else for (int r_e = 0; r_e < %d; r_e++) r_l[r_u].e[r_e] = %s[r_i + r_e];", vw,
-                  base);
-    sg__emit_close(e);
-    sg__emit_close(e);
-    sg__cuda_widen(k->x->dtype, "r_l[r_u].e[r_e]", ld, sizeof ld);
-    sg__emit_line(e, "#pragma unroll");
-    sg__emit_open(e, "for (int r_u = 0; r_u < %d; r_u++)", u);
-    sg__emit_line(e, "if (r_c0 + (sg_i64)r_u * %d >= r_hi) break;", rg);
-    sg__emit_line(e, "#pragma unroll");
-    sg__emit_line(e, "for (int r_e = 0; r_e < %d; r_e++) r_a[r_e] += %s;", vw, ld);
-    sg__emit_close(e);
-    sg__emit_close(e);
-    sg__emit_close(e);
-    /* The groups' sums in group order into group 0 (r_cred column-major
-     * by element: a warp's stores and loads hit distinct banks). */
-    for (int pass = 0; pass < (split > 1 ? 2 : 1); pass++) {
-        if (pass == 1) {
-            snprintf(store, sizeof store,
-                     "for (int r_e = 0; r_e < %d; r_e++) r_part[(r_w * %d + r_lc) * %d + r_e] = "
-                     "r_a[r_e];",
-                     vw, tcv, vw);
-            columns_last(k, split, store);
-            sg__emit_line(e, "#pragma unroll");
-            sg__emit_line(e, "for (int r_e = 0; r_e < %d; r_e++) r_a[r_e] = 0.0f;", vw);
-            sg__emit_open(e, "for (sg_i64 j = r_rg; j < %lldLL; j += %d)", (long long)split, rg);
-            sg__emit_line(e, "#pragma unroll");
-            sg__emit_line(e,
-                          "for (int r_e = 0; r_e < %d; r_e++) r_a[r_e] += __ldcg(&r_part[((r_t * "
-                          "%lldLL + j) * %d + r_lc) * %d + r_e]);",
-                          vw, (long long)split, tcv, vw);
-            sg__emit_close(e);
-        }
-        sg__emit_line(e, "#pragma unroll");
-        sg__emit_line(e, "for (int r_e = 0; r_e < %d; r_e++) r_cred[r_e * %d + %s] = r_a[r_e];", vw,
-                      BLOCK, k->sp->tid);
-        sg__emit_line(e, "%s", k->sp->sync);
-        sg__emit_open(e, "if (r_rg == 0)");
-        sg__emit_open(e, "for (int w = 1; w < %d; w++)", rg);
-        sg__emit_line(e, "#pragma unroll");
-        sg__emit_line(e,
-                      "for (int r_e = 0; r_e < %d; r_e++) r_a[r_e] += r_cred[r_e * %d + w * %d + "
-                      "r_lc];",
-                      vw, BLOCK, tcv);
-        sg__emit_close(e);
-        sg__emit_close(e);
-    }
-    if (split > 1) sg__emit_line(e, "if (threadIdx.x == 0) r_count[r_t] = 0;");
-    sg__emit_open(e, "if (r_rg == 0 && r_vc < %lldLL)", (long long)nvc);
-    sg__emit_line(e, "#pragma unroll");
-    sg__emit_open(e, "for (int r_e = 0; r_e < %d; r_e++)", vw);
-    sg__emit_line(e, "const float r_s = r_a[r_e];");
-    snprintf(tile, sizeof tile, "r_row * %lldLL + r_vc * %d + r_e", (long long)k->cols, vw);
-    single_tail(k, tile);
-    sg__emit_close(e);
-    sg__emit_close(e);
-    if (split > 1) sg__emit_close(e);
-    sg__emit_line(e, "%s", k->sp->sync);
-    sg__emit_close(e);
-}
-
-/* SG_CUDA_COLS_VEC=1: column sums in vectors (emit_columns_vec) where they
- * may; by default one column a lane (emit_columns), the form measured on
- * the GPU so far. */
-static bool cols_vec_on(void) {
-    const char *e = getenv("SG_CUDA_COLS_VEC");
-    return e && strcmp(e, "1") == 0;
-}
-
-/* The elements of a 16-byte vector of a column sum's input, when it is
- * read straight from memory, contiguous, and its columns and offset are
- * whole vectors (emit_columns_vec), else 0. */
-static int cols_vec(const rowk *k) {
-    const sg__group *grp = k->grp;
-    sg__dialect d = sg__cuda_dialect(k->g);
-    size_t xs = sg_dtype_size(k->x->dtype);
-    if ((d != SG__DIALECT_CUDA && d != SG__DIALECT_HIP) || !k->sp->shuffles || k->a != 0 ||
-        grp->g[0].arg_src[0] >= 0 || (xs != 2 && xs != 4) ||
-        (k->an->op != SG__OP_SUM && k->an->op != SG__OP_MEAN) ||
-        !sg__lower_flat_ok(k->x, k->nd, k->shape))
-        return 0;
-    int vw = (int)(16 / xs);
-    return k->cols % vw == 0 && k->x->offset % vw == 0 ? vw : 0;
 }
 
 /*
@@ -1417,11 +1296,9 @@ static const char *emit_wide(rowk *k, sg__cuda_kinfo *ki) {
     const sg__group *grp = k->grp;
     int64_t ch = k->len, split = 1;
     if (grp->kind == SG__G_REDUCE && k->cols > 1) {
-        /* Vectors of vw columns a lane (emit_columns_vec) where cols_vec allows, else columns. */
-        int vw = cols_vec_on() ? cols_vec(k) : 0;
-        int64_t n = vw ? k->cols / vw : k->cols;
+        int64_t n = k->cols;
         int tc = 32; /* the least power of 2 >= n, at most 32 */
-        while (tc > (vw ? 1 : 2) && tc / 2 >= n) tc /= 2;
+        while (tc > 2 && tc / 2 >= n) tc /= 2;
         /* A short range (a positional embedding's gradient summed over a
          * batch of 4): fewer row groups and more columns a block, until each
          * group takes 4 positions or one group takes the range; otherwise
@@ -1429,24 +1306,15 @@ static const char *emit_wide(rowk *k, sg__cuda_kinfo *ki) {
          * bytes (32 µs for GPT-2's 1024 x 768 over 4 against ~4). */
         while (tc < BLOCK && tc < n && k->len / (BLOCK / tc) < 4) tc *= 2;
         int64_t tiles = k->rows * ((n + tc - 1) / tc);
-        split = plan_split(tiles, k->len, (vw ? 8 : 4) * (BLOCK / tc), 0, &ch);
+        split = plan_split(tiles, k->len, 4 * (BLOCK / tc), 0, &ch);
         int64_t items = tiles * split;
-        if (!vw && split > 1 && !k->sp->shuffles) {
+        if (split > 1 && !k->sp->shuffles) {
             ki->grid = (unsigned)(tiles > GRID_MAX ? GRID_MAX : tiles);
             emit_columns_seq(k, tc, split, ch);
             return "column reduction, a block per column tile folding the chunks of the range "
                    "in order; prologue and epilogue fused";
         }
         ki->grid = (unsigned)(items > GRID_MAX ? GRID_MAX : items);
-        if (vw) {
-            k->vw = vw;
-            emit_columns_vec(k, tc, split, ch, items);
-            return split > 1 ? "column reduction in 16-byte vectors, a block per column tile and "
-                               "chunk of the range, the last block of a tile combining the "
-                               "chunks in order; epilogue fused"
-                             : "column reduction in 16-byte vectors, a block per column tile; "
-                               "epilogue fused";
-        }
         emit_columns(k, tc, split, ch, items);
         return split > 1 ? "column reduction, a block per column tile and chunk of the range, "
                            "the last block of a tile combining the chunks in order; prologue "

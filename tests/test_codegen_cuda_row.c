@@ -200,7 +200,6 @@ typedef struct counts {
     int kernels, calls, rows;
     bool split, cols; /* a reduction cut over blocks; a column reduction */
     bool vec;         /* a row in 16-byte vectors (its per-row alignment test) */
-    bool vcols;       /* a column reduction in 16-byte vectors */
     int shared;       /* a multi-tensor sum's folds shared by several members */
 } counts;
 
@@ -226,7 +225,6 @@ static bool cuda_unit(sg_fn *fn, const char *name, counts *c) {
     c->split = ok && strstr(e.buf, "r_count") != NULL;
     c->cols = ok && strstr(e.buf, "r_cred") != NULL;
     c->vec = ok && strstr(e.buf, "const bool r_al") != NULL;
-    c->vcols = ok && strstr(e.buf, "r_vc") != NULL;
     for (const char *p = ok ? e.buf : NULL; p && (p = strstr(p, "r_tc[r_t] == ")) != NULL; p++)
         c->shared++;
     ok = ok && cu_unit_compiles(ctx, name, e.buf, &nvrtc_missing);
@@ -544,20 +542,12 @@ static void red_case(const rcase *rc) {
     char uname[96];
     snprintf(uname, sizeof uname, "cu_red_%d_%d_%s_%lld_%lld", (int)rc->op, (int)rc->pro,
              sg_dtype_name(rc->dt), (long long)nout, (long long)len);
-    /* A sum or mean of the input itself over leading dims whose kept
-     * columns are whole 16-byte vectors takes vectors of columns. */
-    int64_t cols = 1;
-    for (int d = rc->nd - 1; d >= 0 && d > rc->dims[rc->nred - 1]; d--) cols *= rc->shape[d];
-    const char *cv = getenv("SG_CUDA_COLS_VEC");
-    bool vcols = cv && strcmp(cv, "1") == 0 && rc->expect == 2 && rc->pro == PRO_NONE &&
-                 rc->op <= R_MEAN && cols % (16 / (int64_t)sg_dtype_size(rc->dt)) == 0;
     ok = ok && cuda_unit(fn, uname, &c) && TU_EXPECT(c.kernels == 1) && TU_EXPECT(c.calls == 0) &&
          TU_EXPECT(c.rows == 1) && TU_EXPECT(c.cols == (rc->expect == 2)) &&
-         TU_EXPECT(rc->expect == 2 || c.split == (rc->expect == 1)) && TU_EXPECT(c.vcols == vcols);
+         TU_EXPECT(rc->expect == 2 || c.split == (rc->expect == 1));
     tu_case(ok, "%s on %s -> %d CUDA kernel (%s), %d library calls", name,
             tu_backend() == SG_BACKEND_CUDA ? "cuda" : "cpu", c.kernels,
-            c.cols    ? (c.split ? (c.vcols ? "columns in vectors, cut" : "columns, cut")
-                                 : (c.vcols ? "columns in vectors" : "columns"))
+            c.cols    ? (c.split ? "columns, cut" : "columns")
             : c.split ? "rows, cut"
                       : "rows",
             c.calls);
@@ -822,7 +812,7 @@ static void reductions(void) {
         {R_SUM, PRO_NONE, SG_BF16, 3, {4, 1024, 768}, 1, {0}, false, false, false, 2},
         {R_SUM, PRO_NONE, SG_F32, 2, {8, 4000}, 1, {0}, true, true, true, 2},
         {R_MEAN, PRO_SQUARE, SG_BF16, 2, {3, 1001}, 1, {0}, false, false, false, 2},
-        /* Column sums of several row blocks in vectors (a middle dim): bf16 with NaN and
+        /* Column sums of several row blocks (a middle dim): bf16 with NaN and
          * infinities, f32 of three vectors a row block. */
         {R_SUM, PRO_NONE, SG_BF16, 3, {3, 50, 64}, 1, {1}, false, false, true, 2},
         {R_MEAN, PRO_NONE, SG_F32, 3, {2, 33, 12}, 1, {1}, true, true, false, 2},
@@ -841,17 +831,6 @@ static void reductions(void) {
         {R_SUM, PRO_NONE, SG_F32, 2, {1, 20000}, 1, {1}, false, false, true, 1},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) red_case(&cases[i]);
-    /* The column reductions again in 16-byte vectors of columns (SG_CUDA_COLS_VEC=1). */
-    const char *cv = getenv("SG_CUDA_COLS_VEC");
-    char *keep = cv ? strdup(cv) : NULL;
-    setenv("SG_CUDA_COLS_VEC", "1", 1);
-    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++)
-        if (cases[i].expect == 2) red_case(&cases[i]);
-    if (keep)
-        setenv("SG_CUDA_COLS_VEC", keep, 1);
-    else
-        unsetenv("SG_CUDA_COLS_VEC");
-    free(keep);
     library_reasons();
     norms_apart();
     multi_norms();

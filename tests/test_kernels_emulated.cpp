@@ -16,9 +16,10 @@
  * Each case prints "ok   NAME" or "FAIL NAME" with what differed.
  */
 #include "cuda_emu.h"
-
-#include "graphs/cuda/k_data.cu"
+/* The kernels after the emulation, their prelude first: */
 #include "graphs/cuda/k_prelude.cuh"
+/* then the family: */
+#include "graphs/cuda/k_data.cu"
 
 extern "C" {
 #include "stepgraph.h"

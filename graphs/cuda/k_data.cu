@@ -426,13 +426,35 @@ __device__ u32 blk_radix(const srow &r, const wparams *w, sbound kb, double targ
         u32 hi = shift == 24 ? 0u : 0xffffffffu << (shift + 8);
         if (threadIdx.x < 256) hist[threadIdx.x] = 0;
         __syncthreads();
+        /* A thread's last 4 digits and their sums in registers, added to the
+         * histogram when they leave: a row's keys crowd into few digits in the
+         * high passes, where one shared atomic an entry would serialize. */
+        u32 d0 = 256, d1 = 256, d2 = 256, d3 = 256;
+        u64 c0 = 0, c1 = 0, c2 = 0, c3 = 0;
         for (i64 j = threadIdx.x; j < r.V; j += SB) {
             float x = row_at(r, j);
             u32 key = order_key(x);
             if ((key & hi) != prefix || !kept(kb, key, j)) continue;
             u64 q = w ? qweight(*w, x) : 1ull;
-            if (q) atomicAdd((unsigned long long *)&hist[(key >> shift) & 255u], q);
+            u32 d = (key >> shift) & 255u;
+            if (!q) continue;
+            if (d == d0)
+                c0 += q;
+            else if (d == d1)
+                c1 += q;
+            else if (d == d2)
+                c2 += q;
+            else if (d == d3)
+                c3 += q;
+            else {
+                if (c3) atomicAdd((unsigned long long *)&hist[d3], c3);
+                d3 = d2, c3 = c2, d2 = d1, c2 = c1, d1 = d0, c1 = c0, d0 = d, c0 = q;
+            }
         }
+        if (c0) atomicAdd((unsigned long long *)&hist[d0], c0);
+        if (c1) atomicAdd((unsigned long long *)&hist[d1], c1);
+        if (c2) atomicAdd((unsigned long long *)&hist[d2], c2);
+        if (c3) atomicAdd((unsigned long long *)&hist[d3], c3);
         __syncthreads();
         if (threadIdx.x == 0) {
             int d = 255;
