@@ -415,16 +415,32 @@ __device__ u64 blk_mass(const srow &r, const wparams &w, sbound kb, u32 lo, bool
     return blk_sum(m, sh);
 }
 
+/* hist[d] += v for the radix search's shared histogram of 256 u64 held as
+ * two u32 halves (lo at [d], hi at [256 + d]): 32-bit shared atomics are the
+ * hardware's own, and a carry out of lo goes into hi, so the sum is exact. */
+__device__ __forceinline__ void hist_add(u32 *hist, u32 d, u64 v) {
+    u32 lo = (u32)v, hi = (u32)(v >> 32);
+    if (lo) {
+        u32 old = atomicAdd(&hist[d], lo);
+        hi += old + lo < old;
+    }
+    if (hi) atomicAdd(&hist[256 + d], hi);
+}
+
+__device__ __forceinline__ u64 hist_at(const u32 *hist, int d) {
+    return (u64)hist[256 + d] << 32 | hist[d];
+}
+
 /* The radix search: the largest key t whose entries (those kept by kb, a
  * key's count, or with mass its weight's) from the top reach target, 8
  * bits a pass; *above gets the count or mass of the keys above t. */
 __device__ u32 blk_radix(const srow &r, const wparams *w, sbound kb, double target, u64 *above,
-                         u64 *hist, u64 *sh) {
+                         u32 *hist, u64 *sh) {
     u32 prefix = 0;
     u64 acc = 0;
     for (int shift = 24; shift >= 0; shift -= 8) {
         u32 hi = shift == 24 ? 0u : 0xffffffffu << (shift + 8);
-        if (threadIdx.x < 256) hist[threadIdx.x] = 0;
+        if (threadIdx.x < 256) hist[threadIdx.x] = hist[256 + threadIdx.x] = 0;
         __syncthreads();
         /* A thread's last 4 digits and their sums in registers, added to the
          * histogram when they leave: a row's keys crowd into few digits in the
@@ -447,18 +463,19 @@ __device__ u32 blk_radix(const srow &r, const wparams *w, sbound kb, double targ
             else if (d == d3)
                 c3 += q;
             else {
-                if (c3) atomicAdd((unsigned long long *)&hist[d3], c3);
+                if (c3) hist_add(hist, d3, c3);
                 d3 = d2, c3 = c2, d2 = d1, c2 = c1, d1 = d0, c1 = c0, d0 = d, c0 = q;
             }
         }
-        if (c0) atomicAdd((unsigned long long *)&hist[d0], c0);
-        if (c1) atomicAdd((unsigned long long *)&hist[d1], c1);
-        if (c2) atomicAdd((unsigned long long *)&hist[d2], c2);
-        if (c3) atomicAdd((unsigned long long *)&hist[d3], c3);
+        if (c0) hist_add(hist, d0, c0);
+        if (c1) hist_add(hist, d1, c1);
+        if (c2) hist_add(hist, d2, c2);
+        if (c3) hist_add(hist, d3, c3);
         __syncthreads();
         if (threadIdx.x == 0) {
             int d = 255;
-            for (; d > 0 && !((double)(acc + hist[d]) >= target); d--) acc += hist[d];
+            for (; d > 0 && !((double)(acc + hist_at(hist, d)) >= target); d--)
+                acc += hist_at(hist, d);
             sh[0] = prefix | (u32)d << shift;
             sh[1] = acc;
         }
@@ -517,7 +534,8 @@ extern "C" __global__ void __launch_bounds__(SB)
     sg_data_sample(i64 *out, const void *x, int dt, i64 rows, i64 V, const i64 *rng, i64 rs,
                    int kind, i64 top_k, double temp, double top_p) {
     pdl_begin();
-    __shared__ u64 sh[SB], hist[256];
+    __shared__ u64 sh[SB];
+    __shared__ u32 hist[512];
     u64 seed = (u64)rng[0], offset = (u64)rng[rs];
     int bits = 0;
     while (bits < 62 && ((u64)V >> bits) != 0) bits++;
@@ -597,7 +615,8 @@ extern "C" __global__ void sg_data_topk(i64 *out, const void *x, int dt, i64 row
 extern "C" __global__ void __launch_bounds__(SB)
     sg_data_topk_blk(i64 *out, const void *x, int dt, i64 rows, i64 V, i64 k) {
     pdl_begin();
-    __shared__ u64 sh[SB], hist[256];
+    __shared__ u64 sh[SB];
+    __shared__ u32 hist[512];
     __shared__ u32 skey[TOPK_BLK], sidx[TOPK_BLK];
     int n = 1;
     while (n < k) n <<= 1;
