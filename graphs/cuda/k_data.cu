@@ -563,8 +563,8 @@ extern "C" __global__ void __launch_bounds__(SB)
         sbound kb = {0u, V};
         if (kind == 1 && top_k > 0 && top_k < V) {
             u64 gt;
-            kb.key = blk_radix(r, NULL, kb, (double)top_k, &gt, hist, sh);
-            kb.idx = blk_first(r, NULL, kb, kb.key, true, gt, (double)top_k, true, sh);
+            kb.key = blk_radix(r, nullptr, kb, (double)top_k, &gt, hist, sh);
+            kb.idx = blk_first(r, nullptr, kb, kb.key, true, gt, (double)top_k, true, sh);
         }
         if (kind == 1 && top_p < 1) {
             double target = top_p * (double)blk_mass(r, w, kb, 0u, false, sh);
@@ -625,8 +625,8 @@ extern "C" __global__ void __launch_bounds__(SB)
         sbound kb = {0u, V};
         if (k < V) {
             u64 gt;
-            kb.key = blk_radix(r, NULL, kb, (double)k, &gt, hist, sh);
-            kb.idx = blk_first(r, NULL, kb, kb.key, true, gt, (double)k, true, sh);
+            kb.key = blk_radix(r, nullptr, kb, (double)k, &gt, hist, sh);
+            kb.idx = blk_first(r, nullptr, kb, kb.key, true, gt, (double)k, true, sh);
         }
         i64 seg = (V + SB - 1) / SB, lo = threadIdx.x * seg, hi = lo + seg < V ? lo + seg : V;
         u64 c = 0;
