@@ -19,7 +19,6 @@
 
 #include <math.h>
 #include <string.h>
-#include <time.h>
 
 static sg_ctx *ctx;
 
@@ -348,12 +347,6 @@ static void test_multinomial_inf(void) {
     sg_release(x), sg_release(rng);
 }
 
-static double now(void) {
-    struct timespec t;
-    clock_gettime(CLOCK_MONOTONIC, &t);
-    return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
-}
-
 /* Not a check: one token drawn from GPT-2's 50257 bf16 logits. */
 static void report_time(int64_t top_k, double top_p) {
     int64_t sh[2] = {1, 50257};
@@ -361,11 +354,11 @@ static void report_time(int64_t top_k, double top_p) {
     for (int r = 0; r < 3; r++) sg_release(sg_sample(x, 0.8, top_k, top_p, rng));
     sg_ctx_synchronize(ctx);
     int reps = 20;
-    double t0 = now();
+    double t0 = tu_now();
     for (int r = 0; r < reps; r++) sg_release(sg_sample(x, 0.8, top_k, top_p, rng));
     sg_ctx_synchronize(ctx);
     printf("info SAMPLE(bf16 [1,50257],T=0.8,top_k=%lld,top_p=%g): %.1f us per call (eager)\n",
-           (long long)top_k, top_p, (now() - t0) / reps * 1e6);
+           (long long)top_k, top_p, (tu_now() - t0) / reps * 1e6);
     sg_release(x), sg_release(rng);
     sg_clear_error(ctx);
 }

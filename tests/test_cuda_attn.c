@@ -30,12 +30,6 @@
 
 static sg_ctx *gpu, *cpu;
 
-static double now(void) {
-    struct timespec t;
-    clock_gettime(CLOCK_MONOTONIC, &t);
-    return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
-}
-
 /* The same host bytes as a tensor in both contexts. */
 typedef struct pair {
     sg_tensor *g, *c;
@@ -174,13 +168,13 @@ static double time_call(sg_tensor *q, sg_tensor *k, sg_tensor *v, sg_tensor *len
     double best = 1e30;
     for (int r = 0; r < 5; r++) {
         sg_ctx_synchronize(gpu);
-        double t0 = now();
+        double t0 = tu_now();
         for (int i = 0; i < 50; i++) {
             sg_tensor *y = len ? sg_sdpa_cached(q, k, v, len, 0) : sg_sdpa(q, k, v, NULL, true, 0);
             sg_release(y);
         }
         sg_ctx_synchronize(gpu);
-        double t = (now() - t0) / 50;
+        double t = (tu_now() - t0) / 50;
         best = t < best ? t : best;
     }
     return best;
@@ -222,10 +216,10 @@ static double time_graph(sg_step_fn step, int nin, sg_tensor *const *in) {
         if (sg_call(fn, in, nin, &y, 1) != SG_OK) return sg_fn_destroy(fn), -1;
     for (int r = 0; r < 3; r++) {
         sg_ctx_synchronize(gpu);
-        double t0 = now();
+        double t0 = tu_now();
         for (int i = 0; i < 200; i++) sg_call(fn, in, nin, &y, 1);
         sg_ctx_synchronize(gpu);
-        double t = (now() - t0) / 200;
+        double t = (tu_now() - t0) / 200;
         best = t < best ? t : best;
     }
     sg_fn_destroy(fn);

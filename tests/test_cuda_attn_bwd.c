@@ -24,12 +24,6 @@
 
 static sg_ctx *gpu, *cpu;
 
-static double now(void) {
-    struct timespec t;
-    clock_gettime(CLOCK_MONOTONIC, &t);
-    return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
-}
-
 /* q, k, v (B, H*, T, D) narrowed out of one (B, T, Hq + 2 Hkv, D) projection
  * (fused) or contiguous, dout (B, Hq, T, D), the same bytes in both contexts. */
 typedef struct inputs {
@@ -202,28 +196,28 @@ static void timing(int64_t T) {
     double best = 1e30, fbest = 1e30, kbest = 1e30;
     for (int r = 0; r < 3; r++) {
         sg_ctx_synchronize(gpu);
-        double t0 = now();
+        double t0 = tu_now();
         for (int i = 0; i < 20; i++) {
             sg_tensor *g[3] = {NULL};
             sg__sdpa_grad(args, o, NULL, x[3], 0.125, SG__ATTN_CAUSAL, &g[0], &g[1], &g[2]);
             release3(g);
         }
         sg_ctx_synchronize(gpu);
-        double t = (now() - t0) / 20;
+        double t = (tu_now() - t0) / 20;
         best = t < best ? t : best;
-        t0 = now();
+        t0 = tu_now();
         for (int i = 0; i < 20; i++) {
             sg_tensor *g[3] = {NULL};
             sg__sdpa_grad(args, ok, lse, x[3], 0.125, SG__ATTN_CAUSAL, &g[0], &g[1], &g[2]);
             release3(g);
         }
         sg_ctx_synchronize(gpu);
-        t = (now() - t0) / 20;
+        t = (tu_now() - t0) / 20;
         kbest = t < kbest ? t : kbest;
-        t0 = now();
+        t0 = tu_now();
         for (int i = 0; i < 20; i++) sg_release(sg_sdpa(x[0], x[1], x[2], NULL, true, 0));
         sg_ctx_synchronize(gpu);
-        t = (now() - t0) / 20;
+        t = (tu_now() - t0) / 20;
         fbest = t < fbest ? t : fbest;
     }
     /* The backward's five matmuls of a causal attention (2.5x the forward's two). */

@@ -656,12 +656,6 @@ static void test_epilogues(void) {
     unsetenv("SG_CUDA_MATMUL");
 }
 
-static double now(void) {
-    struct timespec t;
-    clock_gettime(CLOCK_MONOTONIC, &t);
-    return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
-}
-
 /* Not a check: the weight bandwidth of batch-1 LINEAR (bf16) per kernel,
  * eager (each call also makes its output and launches once), for reading
  * against the device's memory bandwidth. */
@@ -676,10 +670,10 @@ static void report_bandwidth(void) {
             for (int r = 0; r < 3; r++) sg_release(sg_linear(x, w, NULL));
             sg_ctx_synchronize(ctx);
             int reps = 200;
-            double t0 = now();
+            double t0 = tu_now();
             for (int r = 0; r < reps; r++) sg_release(sg_linear(x, w, NULL));
             sg_ctx_synchronize(ctx);
-            double us = (now() - t0) / reps * 1e6;
+            double us = (tu_now() - t0) / reps * 1e6;
             printf("info BANDWIDTH(mode=%s,linear bf16 1x%lld -> %lld): %.2f us per call, %.0f GB/s of "
                    "weight\n", modes[m], (long long)K, (long long)K, us,
                    (double)(K * K * 2) / (us * 1e-6) / 1e9);

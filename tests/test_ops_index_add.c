@@ -24,14 +24,12 @@
  * CUDA an "info" line times the GPT-2 embedding gradient (4096 tokens into
  * a 50257 x 768 bf16 table).
  */
-#define _POSIX_C_SOURCE 200809L /* clock_gettime */
 #include "testutil.h"
 
 #include "capture/capture.h"
 
 #include <math.h>
 #include <string.h>
-#include <time.h>
 
 static sg_ctx *ctx;
 
@@ -236,12 +234,6 @@ static void oom_case(void) {
     sg_ctx_destroy(c);
 }
 
-static double now(void) {
-    struct timespec t;
-    clock_gettime(CLOCK_MONOTONIC, &t);
-    return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
-}
-
 /* Not a check: the embedding gradient of a GPT-2 step on the device, at
  * W6's 4096 tokens and at 128 x 1024 (past the rank pass: a radix sort). */
 static void report_time(int64_t count) {
@@ -252,12 +244,12 @@ static void report_time(int64_t count) {
     for (int r = 0; r < 3; r++) sg__index_add_(dst, 0, idx, src);
     sg_ctx_synchronize(ctx);
     int reps = 20;
-    double t0 = now();
+    double t0 = tu_now();
     for (int r = 0; r < reps; r++) sg__index_add_(dst, 0, idx, src);
     sg_ctx_synchronize(ctx);
     printf("info INDEX_ADD(bf16 [50257,768] += %lld random rows): %.1f us per call (eager, with "
            "its index check)\n",
-           (long long)count, (now() - t0) / reps * 1e6);
+           (long long)count, (tu_now() - t0) / reps * 1e6);
     sg_release(dst), sg_release(src), sg_release(idx);
     free(iv);
     sg_clear_error(ctx);

@@ -3,12 +3,14 @@
  * testutil.c -- see testutil.h. The dtype conversions here are written
  * apart from the library's so that a wrong conversion there shows up.
  */
+#define _POSIX_C_SOURCE 200809L /* clock_gettime */
 #include "testutil.h"
 
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #ifdef __GLIBC__
 #include <execinfo.h>
 #endif
@@ -405,4 +407,10 @@ bool tu_sampled(void) {
         every = e && atol(e) > 1 ? atol(e) : 1;
     }
     return n++ % every == 0;
+}
+
+double tu_now(void) {
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
 }

@@ -71,6 +71,8 @@ bool tu_case(bool ok, const char *fmt, ...) __attribute__((format(printf, 2, 3))
 
 /* Print "N passed, N failed" and return the exit code (0 when none failed). */
 int tu_finish(void);
+/* Seconds on the monotonic clock (for the info lines that time a case). */
+double tu_now(void);
 
 /* An allocator hook that fails the Nth allocation (1-based; 0: never) and
  * counts live blocks and bytes. */
