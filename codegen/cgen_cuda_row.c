@@ -1025,19 +1025,19 @@ static void column_combine(rowk *k, int tc, int rg) {
 }
 
 /* The head of a column kernel (emit_columns): lane r_lc
- * and group r_rg of a block, r_cred (width floats a thread), the split's
- * partials (width floats a lane of each item) and counters, and the loop
- * over items r_w = (tile r_t, chunk r_sp) with the tile's row block r_row,
- * its column (vector) `col` of tc a tile, and the chunk's range [r_lo, r_hi). */
-static void columns_open(rowk *k, int tc, int width, int64_t split, int64_t ch, int64_t items,
+ * and group r_rg of a block, r_cred (a float a thread), the split's
+ * partials (a float a lane of each item) and counters, and the loop over
+ * items r_w = (tile r_t, chunk r_sp) with the tile's row block r_row, its
+ * column `col` of tc a tile, and the chunk's range [r_lo, r_hi). */
+static void columns_open(rowk *k, int tc, int64_t split, int64_t ch, int64_t items,
                          const char *col) {
     sg__emit *e = k->e;
-    int64_t nct = k->cols / width, tiles;
+    int64_t nct = k->cols, tiles;
     nct = (nct + tc - 1) / tc, tiles = k->rows * nct;
     sg__emit_line(e, "const int r_lc = %s %% %d, r_rg = %s / %d;", k->sp->tid, tc, k->sp->tid, tc);
-    sg__cuda_shared(k->g, 0, "float r_cred[%d]", BLOCK * width);
+    sg__cuda_shared(k->g, 0, "float r_cred[%d]", BLOCK);
     if (split > 1) {
-        sg__emit_line(e, "static __device__ float r_part[%lld];", (long long)(items * tc * width));
+        sg__emit_line(e, "static __device__ float r_part[%lld];", (long long)(items * tc));
         sg__emit_line(e, "static __device__ unsigned int r_count[%lld];", (long long)tiles);
         sg__emit_line(e, "__shared__ bool r_last;");
     }
@@ -1081,7 +1081,7 @@ static void emit_columns(rowk *k, int tc, int64_t split, int64_t ch, int64_t ite
     sg__emit *e = k->e;
     int rg = BLOCK / tc;
     char tile[64], hi[32], store[64];
-    columns_open(k, tc, 1, split, ch, items, "r_col");
+    columns_open(k, tc, split, ch, items, "r_col");
     sg__emit_line(e, "float r_s = 0.0f;");
     sg__emit_open(e, "if (r_col < %lldLL)", (long long)k->cols);
     chunk_loop(k, "r_lo + r_rg", "r_hi", rg, chunk_of(ch, rg, 8), "r_s += r_x;", false);
