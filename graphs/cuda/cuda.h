@@ -95,7 +95,15 @@ SG__HIDDEN bool sg__hip_blaslt_note(char *buf, size_t n);
     X(cuGraphUpload, "cuGraphUpload")                                                              \
     X(cuGraphLaunch, "cuGraphLaunch")                                                              \
     X(cuGraphDestroy, "cuGraphDestroy")                                                            \
-    X(cuGraphExecDestroy, "cuGraphExecDestroy")
+    X(cuGraphExecDestroy, "cuGraphExecDestroy")                                                    \
+    X(cuGraphGetNodes, "cuGraphGetNodes")                                                          \
+    X(cuGraphNodeGetType, "cuGraphNodeGetType")                                                    \
+    X(cuGraphMemsetNodeGetParams, "cuGraphMemsetNodeGetParams")                                    \
+    X(cuGraphNodeGetDependencies, "cuGraphNodeGetDependencies")                                    \
+    X(cuGraphNodeGetDependentNodes, "cuGraphNodeGetDependentNodes")                                \
+    X(cuGraphAddDependencies, "cuGraphAddDependencies")                                            \
+    X(cuGraphAddKernelNode, "cuGraphAddKernelNode")                                                \
+    X(cuGraphDestroyNode, "cuGraphDestroyNode")
 
 typedef struct sg__cu_api {
 #define X(field, name) __typeof__(&field) field;
@@ -107,7 +115,9 @@ typedef struct sg__cu_api {
  * SG_ERR_BACKEND_UNAVAILABLE with the reason in why. */
 SG__HIDDEN sg_status sg__cuda_load(char *why, size_t n, const sg__cu_api **out);
 /* The same table filled from the HIP runtime (hip.c: hip* functions where
- * they agree with the driver call, shims where not), hipInit'ed once. */
+ * they agree with the driver call, shims where not), hipInit'ed once. The
+ * graph-editing entries (cuGraphGetNodes and after) stay NULL there: what
+ * uses them (cuda_graph.c's memset nodes) is for CUDA's libraries. */
 SG__HIDDEN sg_status sg__hip_load(char *why, size_t n, const sg__cu_api **out);
 /* The table of a context of the CUDA executor (CUDA's or HIP's). */
 SG__HIDDEN const sg__cu_api *sg__cuda_api(const sg_ctx *ctx);

@@ -707,6 +707,108 @@ static sg_status launch_lanes(sg_ctx *ctx, sg__graph *g, set_state *st, const sg
     return s;
 }
 
+/*
+ * The small memset nodes of a recording as kernel nodes. cuBLASLt clears a
+ * 4-byte word before some of its kernels (those with GELU epilogues, for
+ * one), which stream capture records as a memset node; in a replay the GPU
+ * idles ~3 us before such a node and ~4-5 us after it (W6's timeline,
+ * bench/ktrace.c), where a kernel node between kernels costs ~1 us. Each
+ * memset node of at most MEMSET_KERNEL_MAX bytes becomes sg_data_memset
+ * (k_data.cu) with the same edges, their data kept; the kernel node is
+ * wired in before the memset node goes, so a failure leaves a correct
+ * graph. SG_CUDA_MEMSET_NODES=keep leaves them (for comparison). Not on
+ * HIP: its table has no graph editing, and no library there records one.
+ */
+#define MEMSET_KERNEL_MAX ((size_t)1 << 20)
+
+static bool memset_nodes_kept(void) {
+    const char *e = getenv("SG_CUDA_MEMSET_NODES");
+    return e && !strcmp(e, "keep");
+}
+
+/* The edges into (in) or out of node m: nodes and their data, calloc'ed. */
+static CUresult node_edges(sg_ctx *ctx, CUgraphNode m, bool in, CUgraphNode **nodes,
+                           CUgraphEdgeData **data, size_t *n) {
+    const sg__cu_api *cu = api(ctx);
+    *nodes = NULL, *data = NULL, *n = 0;
+    CUresult r = in ? cu->cuGraphNodeGetDependencies(m, NULL, NULL, n)
+                    : cu->cuGraphNodeGetDependentNodes(m, NULL, NULL, n);
+    if (r != CUDA_SUCCESS || *n == 0) return r;
+    *nodes = sg__calloc(ctx, *n * sizeof **nodes);
+    *data = sg__calloc(ctx, *n * sizeof **data);
+    if (!*nodes || !*data) return CUDA_ERROR_OUT_OF_MEMORY;
+    return in ? cu->cuGraphNodeGetDependencies(m, *nodes, *data, n)
+              : cu->cuGraphNodeGetDependentNodes(m, *nodes, *data, n);
+}
+
+/* Memset node m as a kernel node of func f. */
+static CUresult memset_as_kernel(sg_ctx *ctx, CUgraph graph, CUgraphNode m, void *f, int *did) {
+    const sg__cu_api *cu = api(ctx);
+    CUDA_MEMSET_NODE_PARAMS p;
+    CUresult r = cu->cuGraphMemsetNodeGetParams(m, &p);
+    if (r != CUDA_SUCCESS) return r;
+    size_t bytes = p.width * p.height * p.elementSize;
+    if (bytes == 0 || bytes > MEMSET_KERNEL_MAX ||
+        (p.elementSize != 1 && p.elementSize != 2 && p.elementSize != 4))
+        return CUDA_SUCCESS;
+    CUgraphNode *in = NULL, *out = NULL, k = NULL;
+    CUgraphEdgeData *ind = NULL, *outd = NULL;
+    size_t nin = 0, nout = 0;
+    r = node_edges(ctx, m, true, &in, &ind, &nin);
+    if (r == CUDA_SUCCESS) r = node_edges(ctx, m, false, &out, &outd, &nout);
+    unsigned long long dst = (unsigned long long)p.dst, pitch = p.pitch, w = p.width, h = p.height;
+    unsigned value = p.value, esize = p.elementSize;
+    void *args[6] = {&dst, &pitch, &value, &esize, &w, &h};
+    size_t count = p.width * p.height, blocks = (count + 255) / 256;
+    CUDA_KERNEL_NODE_PARAMS kp;
+    memset(&kp, 0, sizeof kp);
+    kp.func = (CUfunction)f;
+    kp.gridDimX = (unsigned)(blocks < 1024 ? blocks : 1024);
+    kp.gridDimY = kp.gridDimZ = 1;
+    kp.blockDimX = 256;
+    kp.blockDimY = kp.blockDimZ = 1;
+    kp.kernelParams = args;
+    if (r == CUDA_SUCCESS) r = cu->cuGraphAddKernelNode(&k, graph, NULL, 0, &kp);
+    for (size_t j = 0; j < nin && r == CUDA_SUCCESS; j++)
+        r = cu->cuGraphAddDependencies(graph, &in[j], &k, &ind[j], 1);
+    for (size_t j = 0; j < nout && r == CUDA_SUCCESS; j++)
+        r = cu->cuGraphAddDependencies(graph, &k, &out[j], &outd[j], 1);
+    if (r == CUDA_SUCCESS)
+        r = cu->cuGraphDestroyNode(m);
+    else if (k)
+        cu->cuGraphDestroyNode(k);
+    *did += r == CUDA_SUCCESS; /* its edges go with it: m stays as it was */
+    sg__free(ctx, in, nin * sizeof *in);
+    sg__free(ctx, ind, nin * sizeof *ind);
+    sg__free(ctx, out, nout * sizeof *out);
+    sg__free(ctx, outd, nout * sizeof *outd);
+    return r;
+}
+
+static sg_status memsets_as_kernels(sg_ctx *ctx, CUgraph graph, int *changed) {
+    const sg__cu_api *cu = api(ctx);
+    *changed = 0;
+    if (!cu->cuGraphGetNodes || memset_nodes_kept()) return SG_OK;
+    size_t n = 0;
+    CUresult r = cu->cuGraphGetNodes(graph, NULL, &n);
+    CUgraphNode *nodes = r == CUDA_SUCCESS && n ? sg__calloc(ctx, n * sizeof *nodes) : NULL;
+    if (r == CUDA_SUCCESS && n && !nodes) r = CUDA_ERROR_OUT_OF_MEMORY;
+    if (r == CUDA_SUCCESS && n) r = cu->cuGraphGetNodes(graph, nodes, &n);
+    void *f = NULL;
+    sg_status s = SG_OK;
+    for (size_t i = 0; i < n && r == CUDA_SUCCESS && s == SG_OK; i++) {
+        CUgraphNodeType t;
+        r = cu->cuGraphNodeGetType(nodes[i], &t);
+        if (r != CUDA_SUCCESS || t != CU_GRAPH_NODE_TYPE_MEMSET) continue;
+        if (!f) s = sg__cuda_kernel(ctx, SG__CU_DATA, "sg_data_memset", &f);
+        if (s == SG_OK) r = memset_as_kernel(ctx, graph, nodes[i], f, changed);
+    }
+    if (nodes) sg__free(ctx, nodes, n * sizeof *nodes);
+    if (s == SG_OK && r != CUDA_SUCCESS)
+        s = sg__cu_fail(ctx, r, "cuGraph* (a memset node as a kernel)", "editing a recorded graph");
+    return s;
+}
+
 /* Record the set's replay as a graph (or patch the one it has). With
  * lanes, the groups go on several streams by what they share (lanes.c);
  * a library part that did more in the recording than at its last run (a
@@ -786,6 +888,15 @@ static sg_status record_exec(sg_fn *fn, sg__graph *g, set_state *st, CUgraphExec
         break;
     }
     if (r != CUDA_SUCCESS) return sg__cu_fail(ctx, r, "cuStreamEndCapture", "recording a graph");
+    int kernels = 0;
+    sg_status sm = memsets_as_kernels(ctx, graph, &kernels);
+    if (sm != SG_OK) {
+        cu->cuGraphDestroy(graph);
+        return sm;
+    }
+    if (kernels)
+        sg__log(ctx, "perf_hints", "fn '%s': %d memset nodes of the recording run as kernels",
+                fn->name, kernels);
     if (*exec) {
         CUgraphExecUpdateResultInfo info;
         r = cu->cuGraphExecUpdate_v2(*exec, graph, &info);

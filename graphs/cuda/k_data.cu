@@ -102,6 +102,24 @@ extern "C" __global__ void sg_data_zero(u64 *p, i64 n) {
     for (i64 i = (i64)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += step) p[i] = 0;
 }
 
+/* A recorded graph's small memset node as a kernel node (cuda_graph.c
+ * memsets_as_kernels): height rows of width elements of esize bytes (1, 2
+ * or 4) at dst, pitch bytes apart, set to value. */
+extern "C" __global__ void sg_data_memset(u64 dst, u64 pitch, unsigned value, unsigned esize,
+                                          u64 width, u64 height) {
+    pdl_begin();
+    u64 n = width * height, step = (u64)blockDim.x * gridDim.x;
+    for (u64 i = (u64)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += step) {
+        u64 at = dst + (i / width) * pitch + (i % width) * esize;
+        if (esize == 4)
+            *(unsigned *)at = value;
+        else if (esize == 2)
+            *(unsigned short *)at = (unsigned short)value;
+        else
+            *(unsigned char *)at = (unsigned char)value;
+    }
+}
+
 /* index_copy, pass 2: read the n indices into idx64 (before any write to
  * dst, which idx may alias) and mark, per dst position, the last src
  * position that names it: of repeated indices the last write wins, as in a
