@@ -45,7 +45,7 @@ static void dce(const sg__ir *ir, bool *dead, const int *alias, uint8_t *needed_
     for (int i = ir->nnodes - 1; i >= 0; i--) {
         const sg__irnode *n = &ir->nodes[i];
         if (dead[i]) continue;
-        int out_slot = ir->refs[n->out].slot;
+        int out_slot = ir->refs[alias[n->out]].slot; /* forward_into moves some */
         if (!needed_slot[out_slot] && !is_collective(n->op)) {
             dead[i] = true;
             continue;
@@ -154,6 +154,62 @@ static void forward_copies(const sg__ir *ir, bool *dead, int *alias, const int *
         dead[i] = true;
         for (int r = 0; r < ir->nrefs; r++) /* cse's aliases of the copy too */
             if (alias[r] == n->out || sg__same_geom(&ir->refs[r], o)) alias[r] = xr;
+    }
+}
+
+/* Whether node k reads or writes slot `slot` (through the aliases). */
+static bool node_touches(const sg__ir *ir, const int *alias, int k, int slot, bool reads_only) {
+    const sg__irnode *n = &ir->nodes[k];
+    if (!reads_only && ir->refs[alias[n->out]].slot == slot) return true;
+    for (int j = 0; j < n->nin; j++) {
+        const sg__ref *a = arg_ref(ir, n, j, alias);
+        if (a && a->slot == slot) return true;
+    }
+    return false;
+}
+
+/*
+ * A copy of a value into part of a buffer that other nodes fill too (the
+ * slices of one gradient placed in one tensor: a tied embedding's LM-head
+ * rows, sg_grad's gather of slice parts) is dropped when the value's
+ * producer can write it there itself: the source an internal value written
+ * once, read only through its one geometry, of the destination's dtype,
+ * shape and strides; nothing touches the destination's slot before the
+ * copy, and nothing reads the source once a later node writes that slot.
+ * The source's refs then alias the destination view, so its producer writes
+ * into the buffer (W6: the LM head's 77 MB weight gradient was written,
+ * then copied). forward_copies covers a copy into a fresh slot.
+ */
+static void forward_into(const sg__ir *ir, bool *dead, int *alias, int *writes) {
+    for (int i = 0; i < ir->nnodes; i++) {
+        const sg__irnode *n = &ir->nodes[i];
+        if (dead[i] || n->op != SG__OP_COPY || n->nin != 1 || alias[n->out] != n->out) continue;
+        int xr = ir->args[n->args];
+        if (xr < 0) continue;
+        xr = alias[xr];
+        const sg__ref *o = &ir->refs[n->out], *x = &ir->refs[xr];
+        const sg__slot *os = &ir->slots[o->slot], *xs = &ir->slots[x->slot];
+        bool same = x->dtype == o->dtype && x->ndim == o->ndim && x->slot != o->slot;
+        for (int d = 0; same && d < o->ndim; d++)
+            same = x->shape[d] == o->shape[d] && (o->shape[d] <= 1 || x->stride[d] == o->stride[d]);
+        if (!same || os->kind != SG__SLOT_INTERNAL || os->output >= 0 ||
+            xs->kind != SG__SLOT_INTERNAL || xs->output >= 0 || writes[x->slot] != 1 ||
+            other_view(ir, x))
+            continue;
+        bool ok = true;
+        for (int k = 0; k < i && ok; k++)
+            ok = dead[k] || !node_touches(ir, alias, k, o->slot, false);
+        int firstw = ir->nnodes;
+        for (int k = i + 1; k < ir->nnodes && firstw == ir->nnodes; k++)
+            if (!dead[k] && ir->refs[alias[ir->nodes[k].out]].slot == o->slot) firstw = k;
+        for (int k = firstw; k < ir->nnodes && ok; k++)
+            ok = dead[k] || !node_touches(ir, alias, k, x->slot, true);
+        if (!ok) continue;
+        dead[i] = true;
+        int xslot = x->slot;
+        for (int r = 0; r < ir->nrefs; r++)
+            if (ir->refs[alias[r]].slot == xslot) alias[r] = n->out;
+        writes[xslot]--;
     }
 }
 
@@ -1748,6 +1804,7 @@ sg_status sg__fuse(sg_ctx *ctx, const sg__ir *ir, const sg__fuse_opts *opts, sg_
     if (!disable) {
         cse(ir, f->dead, f->alias, writes);
         forward_copies(ir, f->dead, f->alias, writes);
+        forward_into(ir, f->dead, f->alias, writes);
         dce(ir, f->dead, f->alias, needed);
     }
     builder b = {.ctx = ctx, .ir = ir, .dead = f->dead, .alias = f->alias, .scratch = scratch,

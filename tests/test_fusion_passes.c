@@ -4,7 +4,10 @@
  * of the C dialect: dead-code removal (and what it must keep), common
  * subexpression removal (and what it must not merge), copy forwarding (a
  * clone of an intermediate dropped; of an input, a view of another
- * geometry, a value written later or an output kept), views of a removed
+ * geometry, a value written later or an output kept; a value copied into
+ * rows of a buffer written there by its producer, unless the buffer is
+ * touched before, the value read after a later write, or the copy
+ * converts), views of a removed
  * value, concat of many inputs, inf and NaN scalars in generated source,
  * integer self-comparisons under -Werror, the multi-tensor kernel's
  * barrier, several full reductions as one multi-tensor sum, and explain's
@@ -281,6 +284,61 @@ static void test_copy_forwarding(void) {
     sg_release(x);
 }
 
+/* A value copied into rows 2..5 of a buffer that a fill completes: the producer
+ * writes it there, the copy is dropped (fusion/fuse.c forward_into). */
+static sg_tensor *rows_buffer(sg_ctx *c, sg_tensor *src, bool fill_first, sg_tensor **buf) {
+    int64_t sh[2] = {6, 8};
+    *buf = sg_empty(c, sg_tensor_dtype(src) == SG_F32 ? SG_F32 : SG_BF16, 2, sh);
+    if (fill_first && sg_fill_(*buf, 1.0) != SG_OK) return NULL;
+    sg_tensor *top = sg_narrow(*buf, 0, 2, 4), *low = sg_narrow(*buf, 0, 0, 2);
+    if (sg_copy_(top, src) != SG_OK || sg_fill_(low, 0.5) != SG_OK) return NULL;
+    return top;
+}
+STEP(into_step) {
+    sg_tensor *buf, *top = rows_buffer(c, sg_exp(in[0]), false, &buf);
+    return DONE(top ? sg_mul_scalar(buf, 2.0) : NULL);
+}
+/* The source read after a later write of the buffer's rows: kept. */
+STEP(into_late_read_step) {
+    sg_tensor *a = sg_exp(in[0]), *buf, *top = rows_buffer(c, a, false, &buf);
+    if (!top || sg_add_(top, in[0]) != SG_OK) return sg_ctx_status(c);
+    return DONE(sg_sub(sg_narrow(buf, 0, 2, 4), a));
+}
+/* The buffer written before the copy: kept. */
+STEP(into_touched_step) {
+    sg_tensor *buf, *top = rows_buffer(c, sg_exp(in[0]), true, &buf);
+    return DONE(top ? sg_mul_scalar(buf, 2.0) : NULL);
+}
+/* Another dtype (the copy converts): kept. */
+STEP(into_cast_step) {
+    sg_tensor *buf, *top = rows_buffer(c, sg_cast(sg_exp(in[0]), SG_F16), false, &buf);
+    return DONE(top ? sg_mul_scalar(buf, 2.0) : NULL);
+}
+
+static void test_copy_into(void) {
+    sg_tensor *x = rand2(SG_F32, 4, 8);
+    struct {
+        sg_step_fn step;
+        int dead;
+        const char *what;
+    } cases[] = {
+        {into_step, 1,
+         "exp(x) copied into rows 2..5 of a buffer, rows 0..1 filled: the copy removed"},
+        {into_late_read_step, 0, "the source read after the rows are written again: kept"},
+        {into_touched_step, 0, "the buffer filled before the copy: kept"},
+        {into_cast_step, 0, "f16 copied into bf16 rows (a conversion): kept"},
+    };
+    for (size_t k = 0; k < sizeof cases / sizeof cases[0]; k++) {
+        sg_fn *fn = NULL;
+        int d = -1;
+        bool ok = versus_eager(cases[k].step, NULL, 1, &x, 1, &fn);
+        ok = ok && TU_EXPECT(count_op(fn, SG__OP_COPY, &d) >= 1 && d == cases[k].dead);
+        tu_case(ok, "COPY_INTO(%s)", cases[k].what);
+        sg_fn_destroy(fn);
+    }
+    sg_release(x);
+}
+
 /* ------------------------------------------------------------ dialect corners */
 
 #define NCAT 6
@@ -455,6 +513,7 @@ int main(void) {
     test_dce();
     test_cse();
     test_copy_forwarding();
+    test_copy_into();
     test_concat_many();
     test_inf_nan();
     test_self_compare();
