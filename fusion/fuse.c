@@ -129,10 +129,12 @@ static bool other_view(const sg__ir *ir, const sg__ref *r) {
 
 /*
  * A copy of a value into a fresh internal slot (sg_clone, as sg_grad's
- * results are) is dropped when the source is an internal value written
- * once, by its producer, and read through the same geometry: neither can
- * change after the copy, so reads of the copy read the source (W4: the six
- * weight and bias gradients, 7.6 MB copied once more per step).
+ * results are) is dropped when the source is an internal value that no
+ * node writes after the copy (its producer, or a buffer filled in parts
+ * and updated in place before it), read through the same geometry: neither
+ * can change after the copy, so reads of the copy read the source (W4: the
+ * six weight and bias gradients, 7.6 MB copied once more per step; W6: the
+ * tied embedding's 77 MB gradient, made by a copy, a fill and index_add).
  */
 static void forward_copies(const sg__ir *ir, bool *dead, int *alias, const int *writes) {
     for (int i = 0; i < ir->nnodes; i++) {
@@ -148,9 +150,12 @@ static void forward_copies(const sg__ir *ir, bool *dead, int *alias, const int *
         for (int d = 0; same && d < o->ndim; d++)
             same = x->shape[d] == o->shape[d] && (o->shape[d] <= 1 || x->stride[d] == o->stride[d]);
         if (!same || os->kind != SG__SLOT_INTERNAL || os->output >= 0 || writes[o->slot] != 1 ||
-            xs->kind != SG__SLOT_INTERNAL || xs->output >= 0 || writes[x->slot] != 1 ||
-            other_view(ir, o))
+            xs->kind != SG__SLOT_INTERNAL || xs->output >= 0 || other_view(ir, o))
             continue;
+        bool later = false; /* a write of the source after the copy */
+        for (int k = i + 1; k < ir->nnodes && !later; k++)
+            later = !dead[k] && ir->refs[alias[ir->nodes[k].out]].slot == x->slot;
+        if (later) continue;
         dead[i] = true;
         for (int r = 0; r < ir->nrefs; r++) /* cse's aliases of the copy too */
             if (alias[r] == n->out || sg__same_geom(&ir->refs[r], o)) alias[r] = xr;

@@ -3,7 +3,7 @@
  * test_fusion_passes.c -- the fusion passes one at a time, and the corners
  * of the C dialect: dead-code removal (and what it must keep), common
  * subexpression removal (and what it must not merge), copy forwarding (a
- * clone of an intermediate dropped; of an input, a view of another
+ * clone of an intermediate dropped, also after in-place updates; of an input, a view of another
  * geometry, a value written later or an output kept; a value copied into
  * rows of a buffer written there by its producer, unless the buffer is
  * touched before, the value read after a later write, or the copy
@@ -250,6 +250,14 @@ STEP(copy_clobber_step) {
     if (s != SG_OK) return s;
     return DONE(sg_sub(k, a));
 }
+/* The source written twice, both before the clone: the copy is dropped. */
+STEP(copy_settled_step) {
+    sg_tensor *a = sg_exp(in[0]);
+    sg_status s = sg_add_(a, in[0]);
+    if (s != SG_OK) return s;
+    sg_tensor *k = sg_clone(a);
+    return DONE(sg_mul(k, sg_sin(k)));
+}
 /* A clone of an input, and a clone of a transposed view: both kept. */
 STEP(copy_kept_step) {
     sg_tensor *k = sg_clone(in[0]), *t = sg_clone(sg_transpose(sg_sin(in[0]), 0, 1));
@@ -270,6 +278,11 @@ static void test_copy_forwarding(void) {
     ok = versus_eager(copy_clobber_step, NULL, 1, &x, 1, &fn);
     ok = ok && TU_EXPECT(count_op(fn, SG__OP_COPY, &d) == 1 && d == 0);
     tu_case(ok, "COPY(clone(a); a += x: the source written after the copy, kept)");
+    sg_fn_destroy(fn), fn = NULL;
+
+    ok = versus_eager(copy_settled_step, NULL, 1, &x, 1, &fn);
+    ok = ok && TU_EXPECT(count_op(fn, SG__OP_COPY, &d) == 1 && d == 1);
+    tu_case(ok, "COPY(a = exp(x); a += x; clone(a): every write before the copy, removed)");
     sg_fn_destroy(fn), fn = NULL;
 
     ok = versus_eager(copy_kept_step, NULL, 1, &x, 1, &fn);
