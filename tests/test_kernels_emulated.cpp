@@ -12,7 +12,9 @@
  *     2048, k = V);
  *   the radix sort of index_add's positions (sg_data_radix_count, _scan,
  *     _place; 1 to 4 passes, indices out of range) against a stable sort of
- *     (index, position), the order the runs kernel reads.
+ *     (index, position), the order the runs kernel reads;
+ *   sg_data_index_add_runs (several lanes a thread, f32 and bf16) against
+ *     each element's sum in position order, rounded once.
  * Each case prints "ok   NAME" or "FAIL NAME" with what differed.
  */
 #include "cuda_emu.h"
@@ -154,6 +156,66 @@ static void radix_case(int64_t L, int64_t limit, bool out_of_range) {
     report(differ == 0, what);
 }
 
+static uint16_t bf16_rne(float f) { /* as the kernels round */
+    uint32_t u = __float_as_uint(f);
+    if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x40);
+    u += 0x7fffu + ((u >> 16) & 1);
+    return (uint16_t)(u >> 16);
+}
+
+/* sg_data_index_add_runs over positions in (index, position) order, as
+ * cuda_data.c's add_runs launches it but with gy blocks along the
+ * positions (each walking several): table [limit, W] in f32 or bf16, W
+ * lanes a row, against each (index, lane)'s sum in position order in f32,
+ * rounded once. */
+static void runs_case(int64_t L, int64_t limit, int64_t W, bool bf16, unsigned gy) {
+    std::uniform_int_distribution<int64_t> D(0, limit - 1);
+    std::uniform_real_distribution<float> U(-1.f, 1.f);
+    std::vector<int64_t> idx((size_t)L);
+    for (auto &v : idx) v = D(gen);
+    idx[(size_t)(L / 3)] = -1; /* out of range: skipped */
+    std::vector<float> dst((size_t)(limit * W)), src((size_t)(L * W));
+    for (auto &v : dst) v = to_bf16(U(gen));
+    for (auto &v : src) v = to_bf16(U(gen));
+    std::vector<int64_t> ord((size_t)L), sorted((size_t)(2 * L));
+    for (int64_t j = 0; j < L; j++) ord[(size_t)j] = j;
+    auto key = [&](int64_t j) { return idx[(size_t)j]; };
+    std::stable_sort(ord.begin(), ord.end(), [&](int64_t p, int64_t q) { return key(p) < key(q); });
+    for (int64_t r = 0; r < L; r++)
+        sorted[(size_t)r] = key(ord[(size_t)r]), sorted[(size_t)(L + r)] = ord[(size_t)r];
+    std::vector<float> want = dst;
+    for (int64_t r = 0; r < L; r++) {
+        int64_t v = sorted[(size_t)r], j = sorted[(size_t)(L + r)];
+        for (int64_t c = 0; v >= 0 && c < W; c++)
+            want[(size_t)(v * W + c)] += src[(size_t)(j * W + c)];
+    }
+    std::vector<uint16_t> db(dst.size()), sb(src.size());
+    for (size_t i = 0; i < dst.size(); i++) db[i] = (uint16_t)(__float_as_uint(dst[i]) >> 16);
+    for (size_t i = 0; i < src.size(); i++) sb[i] = (uint16_t)(__float_as_uint(src[i]) >> 16);
+    dt_args a;
+    memset(&a, 0, sizeof a);
+    a.dst = bf16 ? (void *)db.data() : (void *)dst.data();
+    a.src = bf16 ? (const void *)sb.data() : (const void *)src.data();
+    a.ndim = 1, a.shape[0] = W, a.dstride[0] = 1, a.sstride[0] = 1, a.n = W;
+    a.sel_stride = W, a.jstride = W, a.count = L, a.limit = limit, a.idx64 = (i64 *)sorted.data();
+    int dt = bf16 ? DT_BF16 : DT_F32;
+    unsigned gx = (unsigned)((W + 256 * RUN_LANES - 1) / (256 * RUN_LANES));
+    emu_launch(gx, gy, 256, [&] { sg_data_index_add_runs(a, dt); });
+    int64_t differ = 0;
+    for (size_t i = 0; i < want.size(); i++) {
+        uint32_t got = bf16 ? (uint32_t)db[i] : __float_as_uint(dst[i]);
+        uint32_t exp = bf16 ? (uint32_t)bf16_rne(want[i]) : __float_as_uint(want[i]);
+        differ += got != exp;
+    }
+    char what[256];
+    snprintf(what, sizeof what,
+             "INDEX_ADD_RUNS(positions=%lld,rows=%lld,lanes=%lld,%s,blocks_y=%u) %lld of %lld "
+             "elements differ from the sums in position order",
+             (long long)L, (long long)limit, (long long)W, bf16 ? "bf16" : "f32", gy,
+             (long long)differ, (long long)want.size());
+    report(differ == 0, what);
+}
+
 int main() {
     sg_ctx *ctx = NULL;
     sg_ctx_opts opts = {};
@@ -164,6 +226,9 @@ int main() {
     radix_case(3000, 1, false);
     radix_case(4100, 20000000, false);
     radix_case(100, 5, true);
+    runs_case(300, 40, 768, true, 37);   /* GPT-2's rows: 3 lanes a thread */
+    runs_case(200, 7, 1500, false, 200); /* two blocks of lanes, the last part-filled */
+    runs_case(64, 1000, 5, true, 3);     /* fewer lanes than a block's threads */
     sample_case(ctx, 3, 50257, 1, 0.8, 50, 0.95, true, true, false, 2);
     sample_case(ctx, 2, 50257, 1, 0.8, 0, 0.9, false, false, false, 2);
     sample_case(ctx, 4, 1500, 1, 0.5, 300, 1, true, true, false, 1);

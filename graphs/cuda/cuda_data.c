@@ -289,16 +289,18 @@ static sg_status index_copy(sg_ctx *ctx, const sg__node *n) {
 
 #define RANK_TILE 256  /* k_data.cu */
 #define RANK_SLICE 512 /* k_data.cu */
+#define RUN_LANES 4    /* k_data.cu */
 #define RANK_MAX 65536 /* more positions: the rank pass's count grows as their square */
 
-/* A thread per (run of equal indices, lane) over the sorted positions in
- * a->idx64 (k_data.cu: sg_data_index_add_runs). */
+/* A thread per (run of equal indices, RUN_LANES lanes) over the sorted
+ * positions in a->idx64 (k_data.cu: sg_data_index_add_runs). */
 static sg_status add_runs(sg_ctx *ctx, dt_args *a, int dt) {
     void *f, *args[2] = {a, &dt};
     sg_status s = sg__cuda_kernel(ctx, SG__CU_DATA, "sg_data_index_add_runs", &f);
     if (s != SG_OK) return s;
     int64_t L = a->count;
-    unsigned grid[3] = {(unsigned)((a->n + 255) / 256), (unsigned)(L < 65535 ? L : 65535), 1};
+    unsigned grid[3] = {(unsigned)((a->n + 256 * RUN_LANES - 1) / (256 * RUN_LANES)),
+                        (unsigned)(L < 65535 ? L : 65535), 1};
     unsigned block[3] = {256, 1, 1};
     return sg__cuda_launch(ctx, f, grid, block, 0, args);
 }

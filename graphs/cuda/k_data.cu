@@ -718,14 +718,16 @@ extern "C" __global__ void sg_data_index_add(const dt_args a, int dt) {
  * order of (index, j) (out-of-range indices as -1, first), each block
  * counting one slice of the positions with integer atomics (exact);
  * sg_data_index_order puts j and its index at that rank (a stable sort);
- * sg_data_index_add_runs has one thread per (run of equal indices, lane)
- * add the run's rows of src in position order to dst's value in f32 and
+ * sg_data_index_add_runs has one thread per (run of equal indices,
+ * RUN_LANES lanes) add the run's rows of src in position order to each
+ * lane's value of dst in f32 and
  * store once (f32 gives the sequential loop's result bit for bit; f16 and
  * bf16 round once, not per row). No two threads write one element and the
  * order of every sum is fixed: deterministic. Scratch: a.last = ranks (count), a.idx64 = the
  * sorted indices (count) then the positions (count).
  */
 #define RANK_TILE 256
+#define RUN_LANES 4    /* lanes a thread of sg_data_index_add_runs takes */
 #define RANK_SLICE 512 /* positions one block compares against */
 
 __device__ __forceinline__ i64 index_at(const dt_args &a, i64 j) {
@@ -882,31 +884,40 @@ extern "C" __global__ void __launch_bounds__(256)
  * through sorted positions, and the first of each run adds the run. */
 extern "C" __global__ void sg_data_index_add_runs(const dt_args a, int dt) {
     pdl_begin();
-    i64 lane = (i64)blockIdx.x * blockDim.x + threadIdx.x, L = a.count;
-    if (lane >= a.n) return;
-    i64 rem = lane, doff = 0, soff = 0;
-    for (int d = a.ndim - 1; d >= 0; d--) {
-        i64 size = a.shape[d], c = rem % size;
-        rem /= size;
-        doff += c * a.dstride[d];
-        soff += c * a.sstride[d];
+    /* A thread takes RUN_LANES lanes, blockDim apart: a block covers 768
+     * lanes once (GPT-2's rows), and each position's loads are in flight
+     * together. Each lane adds its run in position order, as before. */
+    i64 base = (i64)blockIdx.x * blockDim.x * RUN_LANES + threadIdx.x, L = a.count;
+    i64 doff[RUN_LANES], soff[RUN_LANES];
+    int nl = 0;
+    for (; nl < RUN_LANES; nl++) {
+        i64 lane = base + (i64)nl * blockDim.x;
+        if (lane >= a.n) break;
+        i64 rem = lane, d0 = 0, s0 = 0;
+        for (int d = a.ndim - 1; d >= 0; d--) {
+            i64 size = a.shape[d], c = rem % size;
+            rem /= size;
+            d0 += c * a.dstride[d];
+            s0 += c * a.sstride[d];
+        }
+        doff[nl] = d0, soff[nl] = s0;
     }
+    if (nl == 0) return;
     const i64 *key = a.idx64, *pos = a.idx64 + L;
     for (i64 r = blockIdx.y; r < L; r += gridDim.y) {
         i64 v = key[r];
         if (v < 0 || (r > 0 && key[r - 1] == v)) continue;
         i64 end = r + 1;
         while (end < L && key[end] == v) end++;
-        i64 at = doff + v * a.sel_stride, k = r;
-        float acc = ld_float(a.dst, dt, at);
-        for (; k + 4 <= end; k += 4) { /* four loads in flight, added in order */
-            float x0 = ld_float(a.src, dt, soff + pos[k] * a.jstride);
-            float x1 = ld_float(a.src, dt, soff + pos[k + 1] * a.jstride);
-            float x2 = ld_float(a.src, dt, soff + pos[k + 2] * a.jstride);
-            float x3 = ld_float(a.src, dt, soff + pos[k + 3] * a.jstride);
-            acc = (((acc + x0) + x1) + x2) + x3;
+        float acc[RUN_LANES];
+        for (int q = 0; q < RUN_LANES; q++)
+            if (q < nl) acc[q] = ld_float(a.dst, dt, doff[q] + v * a.sel_stride);
+        for (i64 k = r; k < end; k++) {
+            i64 row = pos[k] * a.jstride;
+            for (int q = 0; q < RUN_LANES; q++)
+                if (q < nl) acc[q] += ld_float(a.src, dt, soff[q] + row);
         }
-        for (; k < end; k++) acc += ld_float(a.src, dt, soff + pos[k] * a.jstride);
-        store_f(a.dst, at, dt, acc);
+        for (int q = 0; q < RUN_LANES; q++)
+            if (q < nl) store_f(a.dst, doff[q] + v * a.sel_stride, dt, acc[q]);
     }
 }
