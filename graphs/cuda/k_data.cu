@@ -692,17 +692,25 @@ __device__ __forceinline__ void store_f(void *p, i64 i, int dt, float v) {
  * atomics; f16 and bf16 round after each row here (the header says so).
  * count is idx's length, jstride src's stride along dim, sel_stride dst's.
  */
+/* Lane e of an index_add's walk (a position off dim): its offsets in dst
+ * and src. */
+__device__ __forceinline__ void lane_offsets(const dt_args &a, i64 e, i64 *doff, i64 *soff) {
+    i64 rem = e, d0 = 0, s0 = 0;
+    for (int d = a.ndim - 1; d >= 0; d--) {
+        i64 size = a.shape[d], c = rem % size;
+        rem /= size;
+        d0 += c * a.dstride[d];
+        s0 += c * a.sstride[d];
+    }
+    *doff = d0, *soff = s0;
+}
+
 extern "C" __global__ void sg_data_index_add(const dt_args a, int dt) {
     pdl_begin();
     i64 step = (i64)blockDim.x * gridDim.x;
     for (i64 e = (i64)blockIdx.x * blockDim.x + threadIdx.x; e < a.n; e += step) {
-        i64 rem = e, doff = 0, soff = 0;
-        for (int d = a.ndim - 1; d >= 0; d--) {
-            i64 size = a.shape[d], c = rem % size;
-            rem /= size;
-            doff += c * a.dstride[d];
-            soff += c * a.sstride[d];
-        }
+        i64 doff, soff;
+        lane_offsets(a, e, &doff, &soff);
         for (i64 j = 0; j < a.count; j++) {
             i64 v = read_index(a.idx, a.idx_is_i64, j * a.istride[0]);
             if (v < 0 || v >= a.limit) continue;
@@ -893,14 +901,7 @@ extern "C" __global__ void sg_data_index_add_runs(const dt_args a, int dt) {
     for (; nl < RUN_LANES; nl++) {
         i64 lane = base + (i64)nl * blockDim.x;
         if (lane >= a.n) break;
-        i64 rem = lane, d0 = 0, s0 = 0;
-        for (int d = a.ndim - 1; d >= 0; d--) {
-            i64 size = a.shape[d], c = rem % size;
-            rem /= size;
-            d0 += c * a.dstride[d];
-            s0 += c * a.sstride[d];
-        }
-        doff[nl] = d0, soff[nl] = s0;
+        lane_offsets(a, lane, &doff[nl], &soff[nl]);
     }
     if (nl == 0) return;
     const i64 *key = a.idx64, *pos = a.idx64 + L;
