@@ -55,6 +55,16 @@ static void explain_key(sg__text *t, const sg__graph *g, int nin) {
     }
 }
 
+/* The slot that internal slot s's producer writes instead, when fusion
+ * moved its value into the buffer it was copied to (forward_into), or -1. */
+static int moved_to(const sg__graph *g, int s) {
+    const sg__ir *ir = &g->ir;
+    int first = ir->slots[s].first;
+    if (!g->has_fused || first < 0 || g->fused.dead[first]) return -1;
+    int to = ir->refs[g->fused.alias[ir->nodes[first].out]].slot;
+    return ir->refs[ir->nodes[first].out].slot == s && to != s ? to : -1;
+}
+
 static void explain_slots(sg__text *t, const sg__graph *g) {
     const sg__ir *ir = &g->ir;
     for (int s = 0; s < ir->nslots; s++) {
@@ -85,13 +95,24 @@ static void explain_slots(sg__text *t, const sg__graph *g) {
                     "    buffer b%d: %zu bytes, a constant folded at compile, offset %zu in the "
                     "constants' block\n",
                     s, sl->nbytes, g->slot_off[s]);
-            else if (g->slot_off[s] == SIZE_MAX) /* no kernel reads or writes it in memory */
-                sg__text_put(t, "    buffer b%d: %zu bytes, live over IR lines %d..%d, %s (no pool bytes)\n",
-                    s, sl->nbytes, sl->first, sl->last,
-                    g->has_fused && sl->first >= 0 && g->fused.dead[sl->first]
-                        ? "removed by fusion (unused or a duplicate)"
-                        : "in registers");
-            else
+            else if (g->slot_off[s] == SIZE_MAX) { /* no kernel reads or writes it in memory */
+                int into = moved_to(g, s);
+                if (into >= 0)
+                    sg__text_put(
+                        t,
+                        "    buffer b%d: %zu bytes, live over IR lines %d..%d, written straight "
+                        "into b%d, where it was copied (the copy removed by fusion; no pool "
+                        "bytes)\n",
+                        s, sl->nbytes, sl->first, sl->last, into);
+                else
+                    sg__text_put(t,
+                                 "    buffer b%d: %zu bytes, live over IR lines %d..%d, %s (no "
+                                 "pool bytes)\n",
+                                 s, sl->nbytes, sl->first, sl->last,
+                                 g->has_fused && sl->first >= 0 && g->fused.dead[sl->first]
+                                     ? "removed by fusion (unused or a duplicate)"
+                                     : "in registers");
+            } else
                 sg__text_put(t,
                     "    buffer b%d: %zu bytes, live over IR lines %d..%d, scratch offset "
                     "%zu\n",

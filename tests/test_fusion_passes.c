@@ -346,6 +346,9 @@ static void test_copy_into(void) {
         int d = -1;
         bool ok = versus_eager(cases[k].step, NULL, 1, &x, 1, &fn);
         ok = ok && TU_EXPECT(count_op(fn, SG__OP_COPY, &d) >= 1 && d == cases[k].dead);
+        /* explain says where the value went */
+        bool said = ok && strstr(sg_fn_explain(fn), "written straight into b") != NULL;
+        ok = ok && TU_EXPECT(said == (cases[k].dead == 1));
         tu_case(ok, "COPY_INTO(%s)", cases[k].what);
         sg_fn_destroy(fn);
     }
