@@ -8,7 +8,10 @@ timeline: the last complete replay of the last graph the program launched
 Prints the replay's wall time (first start to last end), the time some
 kernel runs (the union), the sum of the kernels' own times, the time two or
 more run at once, the idle gaps between them (largest first, with the
-kernels on either side), and the kernels by name: total, count, mean.
+kernels on either side), and the kernels by name: effective total (from
+the later of a kernel's start and the end of the one before it on its
+stream, so that a programmatic launch's wait is not counted), count, mean,
+and the total of their own durations.
 """
 import csv
 import signal
@@ -88,13 +91,20 @@ def main(argv):
     print("  idle gaps: " + ", ".join(f"{k} {v[0]} ({v[1] / 1e3:.1f} us)" for k, v in sorted(hist.items())))
     for g, a, b in gaps[:top]:
         print(f"    {g / 1e3:7.2f} us after {short(a[6], 48)} [s{a[2]}] before {short(b[6], 48)} [s{b[2]}]")
-    by = defaultdict(lambda: [0, 0])
+    # A kernel launched early (programmatic dependent launch) waits inside
+    # itself for the one before it on its stream: its effective time ends
+    # at its end and starts at the later of its start and that kernel's end.
+    by = defaultdict(lambda: [0, 0, 0])
+    last = defaultdict(int)
     for r in rep:
-        by[r[6]][0] += r[1] - r[0]
+        eff = r[1] - max(r[0], last[r[2]])
+        last[r[2]] = max(last[r[2]], r[1])
+        by[r[6]][0] += max(eff, 0)
         by[r[6]][1] += 1
-    print("  by name (total us, count, mean us):")
-    for name, (t, c) in sorted(by.items(), key=lambda kv: -kv[1][0])[:top * 2]:
-        print(f"    {t / 1e3:9.1f} {c:4d} {t / c / 1e3:8.2f}  {short(name, 80)}")
+        by[r[6]][2] += r[1] - r[0]
+    print("  by name (effective total us, count, effective mean us, own total us):")
+    for name, (t, c, own) in sorted(by.items(), key=lambda kv: -kv[1][0])[:top * 2]:
+        print(f"    {t / 1e3:9.1f} {c:4d} {t / c / 1e3:8.2f} {own / 1e3:9.1f}  {short(name, 80)}")
 
 
 if __name__ == "__main__":
