@@ -726,9 +726,10 @@ static bool memset_nodes_kept(void) {
     return e && !strcmp(e, "keep");
 }
 
-/* The edges into (in) or out of node m: nodes and their data, calloc'ed. */
+/* The edges into (in) or out of node m: nodes and their data, calloc'ed
+ * (*oom set when host memory ran out). */
 static CUresult node_edges(sg_ctx *ctx, CUgraphNode m, bool in, CUgraphNode **nodes,
-                           CUgraphEdgeData **data, size_t *n) {
+                           CUgraphEdgeData **data, size_t *n, bool *oom) {
     const sg__cu_api *cu = api(ctx);
     *nodes = NULL, *data = NULL, *n = 0;
     CUresult r = in ? cu->cuGraphNodeGetDependencies(m, NULL, NULL, n)
@@ -736,13 +737,18 @@ static CUresult node_edges(sg_ctx *ctx, CUgraphNode m, bool in, CUgraphNode **no
     if (r != CUDA_SUCCESS || *n == 0) return r;
     *nodes = sg__calloc(ctx, *n * sizeof **nodes);
     *data = sg__calloc(ctx, *n * sizeof **data);
-    if (!*nodes || !*data) return CUDA_ERROR_OUT_OF_MEMORY;
+    if (!*nodes || !*data) {
+        *oom = true;
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    }
     return in ? cu->cuGraphNodeGetDependencies(m, *nodes, *data, n)
               : cu->cuGraphNodeGetDependentNodes(m, *nodes, *data, n);
 }
 
-/* Memset node m as a kernel node of func f. */
-static CUresult memset_as_kernel(sg_ctx *ctx, CUgraph graph, CUgraphNode m, void *f, int *did) {
+/* Memset node m as a kernel node of func f (*did counts it; *oom as in
+ * node_edges). */
+static CUresult memset_as_kernel(sg_ctx *ctx, CUgraph graph, CUgraphNode m, void *f, int *did,
+                                 bool *oom) {
     const sg__cu_api *cu = api(ctx);
     CUDA_MEMSET_NODE_PARAMS p;
     CUresult r = cu->cuGraphMemsetNodeGetParams(m, &p);
@@ -754,8 +760,8 @@ static CUresult memset_as_kernel(sg_ctx *ctx, CUgraph graph, CUgraphNode m, void
     CUgraphNode *in = NULL, *out = NULL, k = NULL;
     CUgraphEdgeData *ind = NULL, *outd = NULL;
     size_t nin = 0, nout = 0;
-    r = node_edges(ctx, m, true, &in, &ind, &nin);
-    if (r == CUDA_SUCCESS) r = node_edges(ctx, m, false, &out, &outd, &nout);
+    r = node_edges(ctx, m, true, &in, &ind, &nin, oom);
+    if (r == CUDA_SUCCESS) r = node_edges(ctx, m, false, &out, &outd, &nout, oom);
     unsigned long long dst = (unsigned long long)p.dst, pitch = p.pitch, w = p.width, h = p.height;
     unsigned value = p.value, esize = p.elementSize;
     void *args[6] = {&dst, &pitch, &value, &esize, &w, &h};
@@ -776,8 +782,8 @@ static CUresult memset_as_kernel(sg_ctx *ctx, CUgraph graph, CUgraphNode m, void
     if (r == CUDA_SUCCESS)
         r = cu->cuGraphDestroyNode(m);
     else if (k)
-        cu->cuGraphDestroyNode(k);
-    *did += r == CUDA_SUCCESS; /* its edges go with it: m stays as it was */
+        cu->cuGraphDestroyNode(k); /* its edges go with it: m stays as it was */
+    *did += r == CUDA_SUCCESS;
     sg__free(ctx, in, nin * sizeof *in);
     sg__free(ctx, ind, nin * sizeof *ind);
     sg__free(ctx, out, nout * sizeof *out);
@@ -792,7 +798,8 @@ static sg_status memsets_as_kernels(sg_ctx *ctx, CUgraph graph, int *changed) {
     size_t n = 0;
     CUresult r = cu->cuGraphGetNodes(graph, NULL, &n);
     CUgraphNode *nodes = r == CUDA_SUCCESS && n ? sg__calloc(ctx, n * sizeof *nodes) : NULL;
-    if (r == CUDA_SUCCESS && n && !nodes) r = CUDA_ERROR_OUT_OF_MEMORY;
+    bool oom = r == CUDA_SUCCESS && n && !nodes;
+    if (oom) r = CUDA_ERROR_OUT_OF_MEMORY;
     if (r == CUDA_SUCCESS && n) r = cu->cuGraphGetNodes(graph, nodes, &n);
     void *f = NULL;
     sg_status s = SG_OK;
@@ -801,10 +808,14 @@ static sg_status memsets_as_kernels(sg_ctx *ctx, CUgraph graph, int *changed) {
         r = cu->cuGraphNodeGetType(nodes[i], &t);
         if (r != CUDA_SUCCESS || t != CU_GRAPH_NODE_TYPE_MEMSET) continue;
         if (!f) s = sg__cuda_kernel(ctx, SG__CU_DATA, "sg_data_memset", &f);
-        if (s == SG_OK) r = memset_as_kernel(ctx, graph, nodes[i], f, changed);
+        if (s == SG_OK) r = memset_as_kernel(ctx, graph, nodes[i], f, changed, &oom);
     }
     if (nodes) sg__free(ctx, nodes, n * sizeof *nodes);
-    if (s == SG_OK && r != CUDA_SUCCESS)
+    if (s == SG_OK && oom)
+        s = sg__fail(ctx, SG_ERR_OOM,
+                     "cuda: out of host memory for a recorded graph's nodes (running its memset "
+                     "nodes as kernels); free host memory, or SG_CUDA_MEMSET_NODES=keep");
+    else if (s == SG_OK && r != CUDA_SUCCESS)
         s = sg__cu_fail(ctx, r, "cuGraph* (a memset node as a kernel)", "editing a recorded graph");
     return s;
 }

@@ -683,15 +683,6 @@ __device__ __forceinline__ void store_f(void *p, i64 i, int dt, float v) {
     else ((u16 *)p)[i] = (u16)(dt == DT_F16 ? f2h(v) : f2bf(v));
 }
 
-/*
- * dst[.., idx[j], ..] += src[.., j, ..] (the gradient of embedding and
- * index_select) where the sorts do not apply (cuda_data.c: index_add).
- * One thread per lane (a position off dim; the walk has shape[dim] 1)
- * walks j in order, so
- * repeated indices add up in one fixed order: deterministic, with no
- * atomics; f16 and bf16 round after each row here (the header says so).
- * count is idx's length, jstride src's stride along dim, sel_stride dst's.
- */
 /* Lane e of an index_add's walk (a position off dim): its offsets in dst
  * and src. */
 __device__ __forceinline__ void lane_offsets(const dt_args &a, i64 e, i64 *doff, i64 *soff) {
@@ -705,6 +696,15 @@ __device__ __forceinline__ void lane_offsets(const dt_args &a, i64 e, i64 *doff,
     *doff = d0, *soff = s0;
 }
 
+/*
+ * dst[.., idx[j], ..] += src[.., j, ..] (the gradient of embedding and
+ * index_select) where the sorts do not apply (cuda_data.c: index_add).
+ * One thread per lane (a position off dim; the walk has shape[dim] 1)
+ * walks j in order, so
+ * repeated indices add up in one fixed order: deterministic, with no
+ * atomics; f16 and bf16 round after each row here (the header says so).
+ * count is idx's length, jstride src's stride along dim, sel_stride dst's.
+ */
 extern "C" __global__ void sg_data_index_add(const dt_args a, int dt) {
     pdl_begin();
     i64 step = (i64)blockDim.x * gridDim.x;
@@ -894,7 +894,8 @@ extern "C" __global__ void sg_data_index_add_runs(const dt_args a, int dt) {
     pdl_begin();
     /* A thread takes RUN_LANES lanes, blockDim apart: a block covers 768
      * lanes once (GPT-2's rows), and each position's loads are in flight
-     * together. Each lane adds its run in position order, as before. */
+     * together, four positions at a time (a long run of a narrow table).
+     * Each lane adds its run in position order. */
     i64 base = (i64)blockIdx.x * blockDim.x * RUN_LANES + threadIdx.x, L = a.count;
     i64 doff[RUN_LANES], soff[RUN_LANES];
     int nl = 0;
@@ -913,7 +914,18 @@ extern "C" __global__ void sg_data_index_add_runs(const dt_args a, int dt) {
         float acc[RUN_LANES];
         for (int q = 0; q < RUN_LANES; q++)
             if (q < nl) acc[q] = ld_float(a.dst, dt, doff[q] + v * a.sel_stride);
-        for (i64 k = r; k < end; k++) {
+        i64 k = r;
+        for (; k + 4 <= end; k += 4) { /* four positions' loads in flight, added in order */
+            float x[4][RUN_LANES];
+            for (int u = 0; u < 4; u++) {
+                i64 row = pos[k + u] * a.jstride;
+                for (int q = 0; q < RUN_LANES; q++)
+                    if (q < nl) x[u][q] = ld_float(a.src, dt, soff[q] + row);
+            }
+            for (int q = 0; q < RUN_LANES; q++)
+                if (q < nl) acc[q] = (((acc[q] + x[0][q]) + x[1][q]) + x[2][q]) + x[3][q];
+        }
+        for (; k < end; k++) {
             i64 row = pos[k] * a.jstride;
             for (int q = 0; q < RUN_LANES; q++)
                 if (q < nl) acc[q] += ld_float(a.src, dt, soff[q] + row);
