@@ -100,16 +100,8 @@ static void run_case(sg_ctx *cpu, sg_ctx *cuda, int64_t B, int64_t H, int64_t T,
 }
 
 int main(void) {
-    sg_ctx *cuda = NULL, *cpu = NULL;
-    sg_status s = sg_ctx_create(&(sg_ctx_opts){.backend = SG_BACKEND_CUDA, .log = on_log}, &cuda);
-    if (s == SG_ERR_BACKEND_UNAVAILABLE) {
-        printf("skipped: no CUDA device (%s)\n", sg_last_error(NULL));
-        return 77;
-    }
-    if (s != SG_OK || sg_ctx_create(&(sg_ctx_opts){.backend = SG_BACKEND_CPU}, &cpu) != SG_OK) {
-        fprintf(stderr, "sg_ctx_create: %s\n", sg_last_error(NULL));
-        return 1;
-    }
+    sg_ctx *cuda = tu_ctx_on((sg_ctx_opts){.backend = SG_BACKEND_CUDA, .log = on_log});
+    sg_ctx *cpu = tu_ctx_on((sg_ctx_opts){.backend = SG_BACKEND_CPU});
     run_case(cpu, cuda, 2, 3, 37, 16, true, 1);
     run_case(cpu, cuda, 1, 2, 64, 32, false, 2);
     run_case(cpu, cuda, 3, 1, 5, 8, true, 3);

@@ -387,6 +387,10 @@ sg_status sg__ocloc_probe(char *why, size_t n);
 
 sg_ctx *tu_ctx(sg_ctx_opts opts) {
     opts.backend = tu_backend();
+    return tu_ctx_on(opts);
+}
+
+sg_ctx *tu_ctx_on(sg_ctx_opts opts) {
     char why[512];
     if (opts.backend == SG_BACKEND_ZE && sg__ocloc_probe(why, sizeof why) != SG_OK) {
         fprintf(stderr, "skip: the ze backend compiles every op with libocloc: %s\n", why);

@@ -95,6 +95,8 @@ sg_backend tu_backend(void);
  * unavailable prints why and exits 77 (ctest reports the test skipped); any
  * other failure prints the error and exits 1. */
 sg_ctx *tu_ctx(sg_ctx_opts opts);
+/* The same on opts.backend as given (a test that needs CUDA beside the CPU). */
+sg_ctx *tu_ctx_on(sg_ctx_opts opts);
 /* Whether to run the next case of a sweep: every one, or with SG_TEST_EVERY=N
  * the first of every N (the ze variants: each new case there is a new kernel
  * to compile). A run is reproducible under the same N. */
