@@ -3,7 +3,7 @@
 timeline: the last complete replay of the last graph the program launched
 (its records, from the end, until a node repeats).
 
-    python3 bench/ktrace.py trace.csv [--top K] [--graph G]
+    python3 bench/ktrace.py trace.csv [--top K] [--graph G] [--tail N]
 
 Prints the replay's wall time (first start to last end), the time some
 kernel runs (the union), the sum of the kernels' own times, the time two or
@@ -11,7 +11,8 @@ more run at once, the idle gaps between them (largest first, with the
 kernels on either side), and the kernels by name: effective total (from
 the later of a kernel's start and the end of the one before it on its
 stream, so that a programmatic launch's wait is not counted), count, mean,
-and the total of their own durations.
+and the total of their own durations. --tail N lists the replay's last N
+records by start: offset from the replay's start, duration, stream, name.
 """
 import csv
 import signal
@@ -105,6 +106,11 @@ def main(argv):
     print("  by name (effective total us, count, effective mean us, own total us):")
     for name, (t, c, own) in sorted(by.items(), key=lambda kv: -kv[1][0])[:top * 2]:
         print(f"    {t / 1e3:9.1f} {c:4d} {t / c / 1e3:8.2f} {own / 1e3:9.1f}  {short(name, 80)}")
+    if "--tail" in argv:
+        n = int(argv[argv.index("--tail") + 1])
+        print("  last records (start us, duration us, stream, name):")
+        for r in rep[-n:]:
+            print(f"    {(r[0] - t0) / 1e3:9.1f} {(r[1] - r[0]) / 1e3:8.1f}  s{r[2]}  {short(r[6], 70)}")
 
 
 if __name__ == "__main__":

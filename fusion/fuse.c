@@ -1346,32 +1346,114 @@ static int sums_run(const sg__ir *ir, const int *alias, const sg__group *in, int
     return j;
 }
 
+/* Does group w (a MULTI through its members) write a slot that group r
+ * loads, or, with `any`, touches at all? */
+static bool writes_for(const sg__ir *ir, const int *alias, const sg__fused *f, const sg__group *w,
+                       const sg__group *r, bool any) {
+    if (w->kind == SG__G_MULTI) {
+        for (int m = 0; m < w->nmembers; m++)
+            if (writes_for(ir, alias, f, &f->parts[w->members[m]], r, any)) return true;
+        return false;
+    }
+    for (int k = 0; k < w->n; k++) {
+        int slot = ir->refs[alias[ir->nodes[w->g[k].node].out]].slot;
+        bool wr;
+        if (any ? group_touches(ir, alias, r, slot, &wr) : group_loads(ir, alias, r, slot))
+            return true;
+    }
+    return false;
+}
+
+/* The last of groups [0, n) that writes what g loads, or -1. */
+static int last_writer(const sg__ir *ir, const int *alias, const sg__fused *f, int n,
+                       const sg__group *g) {
+    for (int p = n - 1; p >= 0; p--)
+        if (writes_for(ir, alias, f, &f->groups[p], g, false)) return p;
+    return -1;
+}
+
+/* Does any of groups [from, to) touch a slot that g writes, or write one
+ * that g loads? */
+static bool crosses(const sg__ir *ir, const int *alias, const sg__fused *f, int from, int to,
+                    const sg__group *g) {
+    for (int p = from; p < to; p++) {
+        const sg__group *q = &f->groups[p];
+        if (writes_for(ir, alias, f, g, q, true) || writes_for(ir, alias, f, q, g, false))
+            return true;
+    }
+    return false;
+}
+
+static int sums_split_mode(void) {
+    const char *v = getenv("SG_FUSE_SUMS_SPLIT");
+    return v ? atoi(v) : 1;
+}
+
 /*
  * Runs of two or more independent full reductions (a clip's squared norms)
  * become one MULTI group with `sums` set: one kernel whose blocks take
  * chunks of every member, the last finishing each member's sum and its
- * epilogue. Out of memory leaves a run as it was.
+ * epilogue.
+ *
+ * A run comes after the last of the values it reduces (a clip after the
+ * whole backward), and those values are ready at different times: the
+ * embedding's gradient last, after the chain of its index_add, every
+ * layer's before. So the members are cut in two: those whose values are
+ * written before the last such write (one kernel, moved to just after its
+ * own last producer, where it runs beside what follows), then the rest.
+ * Out of memory leaves a run as it was.
  */
 static void multi_sums(sg_ctx *ctx, const sg__ir *ir, const int *alias, sg__fused *f) {
-    int nout = 0;
+    int nout = 0, mode = sums_split_mode();
     for (int i = 0; i < f->ngroups;) {
         int j =
             sum_member(ir, &f->groups[i]) ? sums_run(ir, alias, f->groups, f->ngroups, i) : i + 1;
-        int *members = j - i >= 2 ? sg__alloc(ctx, sizeof(int) * (size_t)(j - i)) : NULL;
-        if (!members || !parts_room(ctx, f, j - i)) {
-            sg__free(ctx, members, sizeof(int) * (size_t)(j - i));
+        int n = j - i, *ready = n >= 2 ? sg__alloc(ctx, sizeof(int) * (size_t)n) : NULL;
+        /* Each member's last producer among the groups already placed. */
+        int late = -1, rearly = -1, nearly = 0;
+        for (int k = 0; ready && k < n; k++) {
+            ready[k] = mode ? last_writer(ir, alias, f, nout, &f->groups[i + k]) : -1;
+            if (ready[k] > late) late = ready[k];
+        }
+        for (int k = 0; ready && k < n; k++)
+            if (ready[k] < late) nearly++, rearly = ready[k] > rearly ? ready[k] : rearly;
+        bool split = nearly >= 2;
+        int nlate = split ? n - nearly : n;
+        int *members = ready && nlate >= 2 ? sg__alloc(ctx, sizeof(int) * (size_t)nlate) : NULL;
+        int *early = ready && split ? sg__alloc(ctx, sizeof(int) * (size_t)nearly) : NULL;
+        if (!ready || (nlate >= 2 && !members) || (split && !early) || !parts_room(ctx, f, n)) {
+            sg__free(ctx, ready, sizeof(int) * (size_t)n);
+            sg__free(ctx, members, sizeof(int) * (size_t)nlate);
+            sg__free(ctx, early, sizeof(int) * (size_t)nearly);
             for (int k = i; k < j; k++) f->groups[nout++] = f->groups[k];
             i = j;
             continue;
         }
         sg__group m = {.kind = SG__G_MULTI, .anchor = -1, .sums = true, .members = members};
-        m.first = f->groups[i].first;
-        m.last = f->groups[j - 1].last;
-        for (int k = i; k < j; k++) {
-            f->parts[f->nparts] = f->groups[k];
-            members[m.nmembers++] = f->nparts++;
+        sg__group e = {.kind = SG__G_MULTI, .anchor = -1, .sums = true, .members = early};
+        sg__group lone = {0};
+        for (int k = 0; k < n; k++) {
+            sg__group *g = &f->groups[i + k], *into = split && ready[k] < late ? &e : &m;
+            if (into == &m && nlate == 1) {
+                lone = *g;
+                continue;
+            }
+            if (!into->nmembers) into->first = g->first;
+            into->last = g->last;
+            f->parts[f->nparts] = *g;
+            into->members[into->nmembers++] = f->nparts++;
         }
-        f->groups[nout++] = m;
+        sg__free(ctx, ready, sizeof(int) * (size_t)n);
+        if (split) {
+            /* Just after its last producer when nothing between says no. */
+            int at = nout;
+            if (mode == 2 && rearly + 1 < nout && !crosses(ir, alias, f, rearly + 1, nout, &e))
+                at = rearly + 1;
+            memmove(&f->groups[at + 1], &f->groups[at], sizeof *f->groups * (size_t)(nout - at));
+            f->groups[at] = e;
+            nout++;
+        }
+        f->groups[nout++] = nlate == 1 ? lone : m;
         i = j;
     }
     f->ngroups = nout;

@@ -16,6 +16,7 @@
  * fallback) with SG_CFLAGS="-Wall -Wextra -Werror".
  */
 #define _POSIX_C_SOURCE 200809L
+#include "graphs/cuda/exec.h"
 #include "graphs/graphs.h"
 #include "testutil.h"
 
@@ -506,6 +507,65 @@ static void test_multi_sums(void) {
     for (int i = 0; i < 3; i++) sg_release(in[i]);
 }
 
+/* A clip's coefficient and total norm over values ready at different
+ * times: three products first, then a chain of three that makes the last. */
+STEP(ready_step) {
+    sg_tensor *w = in[4], *q = in[3];
+    sg_tensor *v[4];
+    for (int i = 0; i < 3; i++) v[i] = sg_matmul(in[i], w);
+    for (int i = 0; i < 3; i++) q = sg_tanh(sg_matmul(q, w));
+    v[3] = q;
+    sg_tensor *coef = NULL;
+    sg_status st = sg_clip_grad_norm_coef(4, v, 1.0, &coef, &out[1]);
+    (void)user;
+    return st == SG_OK && (out[0] = coef) ? SG_OK : sg_ctx_status(c);
+}
+
+/* The groups of graph g's IR fused with the CUDA backend's options: where
+ * the multi-tensor sums went (*early: a MULTI of `sums`, *nmembers its
+ * members; *last_mm: the last product). False without the CUDA headers. */
+static bool cuda_sums_layout(const sg__graph *g, int *early, int *nmembers, int *last_mm,
+                             int *nsums) {
+    sg__fuse_opts fo;
+    sg__fused f;
+    if (!sg__cuda_graph_ops.fuse_opts) return false;
+    sg__cuda_graph_ops.fuse_opts(&fo, false);
+    *early = *last_mm = -1, *nmembers = *nsums = 0;
+    if (!TU_EXPECT(sg__fuse(ctx, &g->ir, &fo, &f) == SG_OK)) return true;
+    for (int k = 0; k < f.ngroups; k++) {
+        const sg__group *gr = &f.groups[k];
+        if (gr->kind == SG__G_MULTI && gr->sums) {
+            if (*early < 0) *early = k, *nmembers = gr->nmembers;
+            *nsums += gr->nmembers;
+        } else if (gr->kind == SG__G_REDUCE) {
+            (*nsums)++;
+        }
+        if (gr->kind == SG__G_MATMUL) *last_mm = k;
+    }
+    sg__fused_free(ctx, &f, &g->ir);
+    return true;
+}
+
+static void test_sums_by_readiness(void) {
+    sg_tensor *in[5] = {rand2(SG_F32, 6, 16), rand2(SG_F32, 6, 16), rand2(SG_F32, 6, 16),
+                        rand2(SG_F32, 5, 16), rand2(SG_F32, 16, 16)};
+    sg_fn *fn = NULL;
+    bool ok = versus_eager(ready_step, NULL, 5, in, 2, &fn);
+    int early = -1, nm = 0, last_mm = -1, nsums = 0;
+    bool have = ok && cuda_sums_layout(fn->graphs[0], &early, &nm, &last_mm, &nsums);
+    ok = ok && TU_EXPECT(!have || (nm == 3 && nsums == 4 && early >= 0 && early < last_mm));
+    if (!ok)
+        fprintf(stderr, "  early sums at %d (%d members), last product %d, %d sums\n", early, nm,
+                last_mm, nsums);
+    tu_case(ok,
+            "SUMS_READY(a clip of four values, three of products ready first, one after a chain of "
+            "three: %s)",
+            have ? "with the CUDA options the three are one kernel before the chain's last product"
+                 : "the numbers only");
+    sg_fn_destroy(fn);
+    for (int i = 0; i < 5; i++) sg_release(in[i]);
+}
+
 STEP(chain_step) { return DONE(sg_tanh(sg_add_scalar(sg_sin(in[0]), 0.5))); }
 
 static void test_explain_registers(void) {
@@ -535,6 +595,7 @@ int main(void) {
     test_self_compare();
     test_multi_barrier();
     test_multi_sums();
+    test_sums_by_readiness();
     test_explain_registers();
     sg_ctx_destroy(ctx);
     return tu_finish();
