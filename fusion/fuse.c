@@ -131,10 +131,13 @@ static bool other_view(const sg__ir *ir, const sg__ref *r) {
  * A copy of a value into a fresh internal slot (sg_clone, as sg_grad's
  * results are) is dropped when the source is an internal value that no
  * node writes after the copy (its producer, or a buffer filled in parts
- * and updated in place before it), read through the same geometry: neither
+ * and updated in place before it), of the same shape and strides at any
+ * offset (a part of a packed result: a norm's weight gradient): neither
  * can change after the copy, so reads of the copy read the source (W4: the
  * six weight and bias gradients, 7.6 MB copied once more per step; W6: the
- * tied embedding's 77 MB gradient, made by a copy, a fill and index_add).
+ * tied embedding's 77 MB gradient, made by a copy, a fill and index_add,
+ * and the 50 norm parameters' gradients, copied in one kernel at the end
+ * of the backward).
  */
 static void forward_copies(const sg__ir *ir, bool *dead, int *alias, const int *writes) {
     for (int i = 0; i < ir->nnodes; i++) {
@@ -145,8 +148,7 @@ static void forward_copies(const sg__ir *ir, bool *dead, int *alias, const int *
         xr = alias[xr];
         const sg__ref *o = &ir->refs[n->out], *x = &ir->refs[xr];
         const sg__slot *os = &ir->slots[o->slot], *xs = &ir->slots[x->slot];
-        bool same = x->dtype == o->dtype && x->ndim == o->ndim && x->offset == o->offset &&
-                    x->slot != o->slot;
+        bool same = x->dtype == o->dtype && x->ndim == o->ndim && x->slot != o->slot;
         for (int d = 0; same && d < o->ndim; d++)
             same = x->shape[d] == o->shape[d] && (o->shape[d] <= 1 || x->stride[d] == o->stride[d]);
         if (!same || os->kind != SG__SLOT_INTERNAL || os->output >= 0 || writes[o->slot] != 1 ||

@@ -264,6 +264,19 @@ STEP(copy_kept_step) {
     sg_tensor *k = sg_clone(in[0]), *t = sg_clone(sg_transpose(sg_sin(in[0]), 0, 1));
     return DONE(sg_add(k, t));
 }
+/* A clone of rows 3..6 of an intermediate (a view at an offset, as a
+ * norm's weight gradient in its packed result): dropped. */
+STEP(copy_offset_step) {
+    sg_tensor *k = sg_clone(sg_narrow(sg_exp(in[0]), 0, 3, 4));
+    return DONE(sg_mul(k, sg_add(k, sg_narrow(in[0], 0, 0, 4))));
+}
+/* The same, the intermediate written after the clone: kept. */
+STEP(copy_offset_clobber_step) {
+    sg_tensor *a = sg_exp(in[0]), *k = sg_clone(sg_narrow(a, 0, 3, 4));
+    sg_status s = sg_add_(a, in[0]);
+    if (s != SG_OK) return s;
+    return DONE(sg_sub(k, sg_narrow(a, 0, 3, 4)));
+}
 /* The clone is the step's output: kept. */
 STEP(copy_output_step) { return DONE(sg_clone(sg_cos(in[0]))); }
 
@@ -289,6 +302,16 @@ static void test_copy_forwarding(void) {
     ok = versus_eager(copy_kept_step, NULL, 1, &x, 1, &fn);
     ok = ok && TU_EXPECT(count_op(fn, SG__OP_COPY, &d) == 2 && d == 0);
     tu_case(ok, "COPY(clone(x) of an input, clone(sin(x)^T) of another geometry: both kept)");
+    sg_fn_destroy(fn), fn = NULL;
+
+    ok = versus_eager(copy_offset_step, NULL, 1, &x, 1, &fn);
+    ok = ok && TU_EXPECT(count_op(fn, SG__OP_COPY, &d) == 1 && d == 1);
+    tu_case(ok, "COPY(clone(rows 3..6 of exp(x)), a view at an offset: the copy removed)");
+    sg_fn_destroy(fn), fn = NULL;
+
+    ok = versus_eager(copy_offset_clobber_step, NULL, 1, &x, 1, &fn);
+    ok = ok && TU_EXPECT(count_op(fn, SG__OP_COPY, &d) == 1 && d == 0);
+    tu_case(ok, "COPY(clone(rows 3..6 of a); a += x: kept)");
     sg_fn_destroy(fn), fn = NULL;
 
     ok = versus_eager(copy_output_step, NULL, 1, &x, 1, &fn);
