@@ -17,7 +17,7 @@
  * each row, bf16's sum would stop growing at 256 rows).
  * Each case runs twice and the two results must be equal bit for bit. An
  * index out of range fails the call with SG_ERR_INDEX naming the op and
- * leaves dst as it was (the host check before any kernel). Past 65536
+ * leaves dst as it was (the host check before any kernel). Past 8192
  * positions the CUDA kernels sort by a radix sort (SG_CUDA_INDEX_ADD=radix
  * takes it at every count); the embedding's gradient inside compiled steps
  * checks the recorded graph on CUDA, whose scratch the first call sized. On
@@ -270,14 +270,14 @@ int main(void) {
     index_add_case(SG_BF16, 0, 50, 8, 3000, ALL_EQUAL);
     index_add_case(SG_F16, 1, 6, 40, 700, RANDOM);
     index_add_case(SG_BF16, 0, 5000, 64, 4096, RANDOM);
-    /* More positions than the rank pass takes on CUDA (65536): a radix sort;
+    /* More positions than the rank pass takes on CUDA (8192): a radix sort;
      * 70000 rows of keys take it three passes. */
     index_add_case(SG_F32, 0, 3000, 16, 70001, RANDOM);
     index_add_case(SG_BF16, 0, 300, 8, 90000, RANDOM);
     index_add_case(SG_F32, 0, 70000, 4, 70000, ALL_DISTINCT);
     index_add_case(SG_BF16, 1, 4, 200, 80000, RANDOM);
-    /* Inside compiled steps; 50000 positions need more than the 1 MiB of
-     * scratch a context starts with. */
+    /* Inside compiled steps; 50000 positions' sort needs more than the 1 MiB
+     * of scratch a context starts with. */
     compiled_case(SG_MODE_REDUCE_OVERHEAD, SG_BF16, 1000, 8, 50000);
     compiled_case(SG_MODE_REDUCE_OVERHEAD, SG_F32, 2000, 4, 70000);
     compiled_case(SG_MODE_DEFAULT, SG_BF16, 500, 16, 3000);
