@@ -65,6 +65,18 @@ static int moved_to(const sg__graph *g, int s) {
     return ir->refs[ir->nodes[first].out].slot == s && to != s ? to : -1;
 }
 
+/* The slot whose bytes reads of internal slot s read instead, when fusion
+ * dropped the copy that made s (forward_copies: a clone of a value that
+ * nothing changes after it), or -1. */
+static int read_in(const sg__graph *g, int s) {
+    const sg__ir *ir = &g->ir;
+    int first = ir->slots[s].first;
+    if (!g->has_fused || first < 0 || !g->fused.dead[first] || ir->nodes[first].op != SG__OP_COPY)
+        return -1;
+    int from = ir->refs[g->fused.alias[ir->nodes[first].out]].slot;
+    return ir->refs[ir->nodes[first].out].slot == s && from != s ? from : -1;
+}
+
 static void explain_slots(sg__text *t, const sg__graph *g) {
     const sg__ir *ir = &g->ir;
     for (int s = 0; s < ir->nslots; s++) {
@@ -96,8 +108,14 @@ static void explain_slots(sg__text *t, const sg__graph *g) {
                     "constants' block\n",
                     s, sl->nbytes, g->slot_off[s]);
             else if (g->slot_off[s] == SIZE_MAX) { /* no kernel reads or writes it in memory */
-                int into = moved_to(g, s);
-                if (into >= 0)
+                int into = moved_to(g, s), from = read_in(g, s);
+                if (from >= 0)
+                    sg__text_put(t,
+                                 "    buffer b%d: %zu bytes, live over IR lines %d..%d, a copy of "
+                                 "b%d read there instead (the copy removed by fusion; no pool "
+                                 "bytes)\n",
+                                 s, sl->nbytes, sl->first, sl->last, from);
+                else if (into >= 0)
                     sg__text_put(
                         t,
                         "    buffer b%d: %zu bytes, live over IR lines %d..%d, written straight "

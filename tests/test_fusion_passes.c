@@ -305,8 +305,10 @@ static void test_copy_forwarding(void) {
     sg_fn_destroy(fn), fn = NULL;
 
     ok = versus_eager(copy_offset_step, NULL, 1, &x, 1, &fn);
-    ok = ok && TU_EXPECT(count_op(fn, SG__OP_COPY, &d) == 1 && d == 1);
-    tu_case(ok, "COPY(clone(rows 3..6 of exp(x)), a view at an offset: the copy removed)");
+    ok = ok && TU_EXPECT(count_op(fn, SG__OP_COPY, &d) == 1 && d == 1) &&
+         TU_EXPECT(strstr(sg_fn_explain(fn), "read there instead (the copy removed by fusion"));
+    tu_case(ok, "COPY(clone(rows 3..6 of exp(x)), a view at an offset: the copy removed, explain "
+                "says where it is read)");
     sg_fn_destroy(fn), fn = NULL;
 
     ok = versus_eager(copy_offset_clobber_step, NULL, 1, &x, 1, &fn);
