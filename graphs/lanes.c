@@ -18,12 +18,14 @@
  * The plan is greedy, in capture order: a group goes on the lane of the
  * latest group it waits for when that group is still the lane's last (so
  * the pair keeps its programmatic launch), else on a lane whose last group
- * it waits for anyway, else on an empty lane, else on that latest group's
- * lane. Each lane keeps a vector clock -- the last group of every lane its
- * work is known to follow -- so that a wait already implied by an earlier
- * one is not made again: a group waits at most once per other lane. The
- * search for what a group waits for stops once every lane has its latest
- * conflict or no group left below: a chain costs a step a group.
+ * it follows anyway (waits for, or what it waits for does, through the
+ * clocks below: a backward's weight gradient and bias sum, placed after
+ * the input gradient's producer, leave that lane to the input gradient),
+ * else on an empty lane, else on that latest group's lane. Each lane keeps a vector clock -- the
+ * last group of every lane its work is known to follow -- so that a wait already implied by an
+ * earlier one is not made again: a group waits at most once per other lane. The search for what a
+ * group waits for stops once every lane has its latest conflict or no group left below: a chain
+ * costs a step a group.
  */
 #include "graphs.h"
 
@@ -135,9 +137,17 @@ sg_status sg__lanes_plan(sg_ctx *ctx, int n, const sg__lane_use *use, int nlanes
         } else if (latest >= 0 && tail[out->lane[latest]] == latest) {
             L = out->lane[latest]; /* right after what it waits for */
         } else {
-            int best = -1; /* a lane whose last group it waits for anyway */
+            /* What the groups it waits for already follow, lane by lane. */
+            int known[SG__LANES_MAX];
+            for (int l = 0; l < SG__LANES_MAX; l++) known[l] = need[l];
+            for (int m = 0; m < nlanes; m++)
+                for (int q = 0; need[m] >= 0 && q < SG__LANES_MAX; q++) {
+                    int c = after[(size_t)need[m] * SG__LANES_MAX + q];
+                    if (c > known[q]) known[q] = c;
+                }
+            int best = -1; /* a lane whose last group it follows anyway */
             for (int l = 0; l < nlanes; l++)
-                if (tail[l] >= 0 && need[l] == tail[l] && tail[l] > best) best = tail[l], L = l;
+                if (tail[l] >= 0 && known[l] >= tail[l] && tail[l] > best) best = tail[l], L = l;
             for (int l = 0; L < 0 && l < nlanes; l++)
                 if (tail[l] < 0) L = l; /* an empty lane */
             if (L < 0) L = latest >= 0 ? out->lane[latest] : 0;
