@@ -150,6 +150,11 @@ sg_status sg__lanes_plan(sg_ctx *ctx, int n, const sg__lane_use *use, int nlanes
                 if (tail[l] >= 0 && known[l] >= tail[l] && tail[l] > best) best = tail[l], L = l;
             for (int l = 0; L < 0 && l < nlanes; l++)
                 if (tail[l] < 0) L = l; /* an empty lane */
+            /* A lane whose last group came before the latest it waits for
+             * (likely done by then: the oldest such), not behind a group
+             * that may run at the same time as that one. */
+            for (int l = 0, oldest = latest, found = L; found < 0 && l < nlanes; l++)
+                if (tail[l] >= 0 && tail[l] < oldest) oldest = tail[l], L = l;
             if (L < 0) L = latest >= 0 ? out->lane[latest] : 0;
         }
         out->lane[k] = L;

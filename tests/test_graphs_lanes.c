@@ -169,6 +169,31 @@ static void free_after_join(sg_ctx *ctx) {
     tu_case(ok, "lanes_free_after_join(no lane empty: readers of one result beside each other)");
 }
 
+/* Four groups writing apart fill the four lanes; x = f(the first); then
+ * b = sum(x) after x, w = g(x) and d = h(x) writing apart. The other lanes'
+ * last groups are not ones x follows, but they came before x: w and d go
+ * there, the oldest first, not behind b. */
+static void old_lanes(sg_ctx *ctx) {
+    tgroup tg[8];
+    memset(tg, 0, sizeof tg);
+    for (int k = 0; k < 4; k++) tg[k].wr[0] = SPAN(k), tg[k].nwr = 1;
+    tg[4].rd[0] = SPAN(0), tg[4].nrd = 1, tg[4].wr[0] = SPAN(4), tg[4].nwr = 1;
+    for (int k = 5; k < 8; k++)
+        tg[k].rd[0] = SPAN(4), tg[k].nrd = 1, tg[k].wr[0] = SPAN(k), tg[k].nwr = 1;
+    sg__lanes p;
+    bool ok = TU_EXPECT(plan_of(ctx, tg, 8, 4, &p));
+    if (ok) {
+        ok = check_plan(tg, 8, 4, &p) && TU_EXPECT(p.lane[4] == p.lane[0]) &&
+             TU_EXPECT(p.lane[5] == p.lane[4]) && TU_EXPECT(p.lane[6] == p.lane[1]) &&
+             TU_EXPECT(p.lane[7] == p.lane[2]);
+        if (!ok)
+            for (int k = 0; k < 8; k++) fprintf(stderr, "  group %d: lane %d\n", k, p.lane[k]);
+        sg__lanes_free(ctx, &p);
+    }
+    tu_case(ok, "lanes_old(every lane used, none followed: readers of one result on the lanes "
+                "whose last groups came first)");
+}
+
 /* A chain (each reads the one before) stays one lane, no waits; the same
  * four groups writing apart but sharing a resource are ordered too. */
 static void chain_and_resource(sg_ctx *ctx) {
@@ -255,6 +280,7 @@ int main(void) {
     random_cases(ctx);
     fork_join(ctx);
     free_after_join(ctx);
+    old_lanes(ctx);
     chain_and_resource(ctx);
     out_of_memory();
     sg_ctx_destroy(ctx);
