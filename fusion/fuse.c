@@ -1386,11 +1386,6 @@ static bool crosses(const sg__ir *ir, const int *alias, const sg__fused *f, int 
     return false;
 }
 
-static int sums_split_mode(void) {
-    const char *v = getenv("SG_FUSE_SUMS_SPLIT");
-    return v ? atoi(v) : 1;
-}
-
 /*
  * Runs of two or more independent full reductions (a clip's squared norms)
  * become one MULTI group with `sums` set: one kernel whose blocks take
@@ -1406,7 +1401,7 @@ static int sums_split_mode(void) {
  * Out of memory leaves a run as it was.
  */
 static void multi_sums(sg_ctx *ctx, const sg__ir *ir, const int *alias, sg__fused *f) {
-    int nout = 0, mode = sums_split_mode();
+    int nout = 0;
     for (int i = 0; i < f->ngroups;) {
         int j =
             sum_member(ir, &f->groups[i]) ? sums_run(ir, alias, f->groups, f->ngroups, i) : i + 1;
@@ -1414,7 +1409,7 @@ static void multi_sums(sg_ctx *ctx, const sg__ir *ir, const int *alias, sg__fuse
         /* Each member's last producer among the groups already placed. */
         int late = -1, rearly = -1, nearly = 0;
         for (int k = 0; ready && k < n; k++) {
-            ready[k] = mode ? last_writer(ir, alias, f, nout, &f->groups[i + k]) : -1;
+            ready[k] = last_writer(ir, alias, f, nout, &f->groups[i + k]);
             if (ready[k] > late) late = ready[k];
         }
         for (int k = 0; ready && k < n; k++)
@@ -1449,8 +1444,7 @@ static void multi_sums(sg_ctx *ctx, const sg__ir *ir, const int *alias, sg__fuse
         if (split) {
             /* Just after its last producer when nothing between says no. */
             int at = nout;
-            if (mode == 2 && rearly + 1 < nout && !crosses(ir, alias, f, rearly + 1, nout, &e))
-                at = rearly + 1;
+            if (rearly + 1 < nout && !crosses(ir, alias, f, rearly + 1, nout, &e)) at = rearly + 1;
             memmove(&f->groups[at + 1], &f->groups[at], sizeof *f->groups * (size_t)(nout - at));
             f->groups[at] = e;
             nout++;
