@@ -12,8 +12,9 @@
  * posted; one lane means no waits. And on known shapes: two groups that
  * read one result and write apart go on two lanes and the group that reads
  * both waits for the other; with every lane used, readers of one result
- * still go beside each other (each lane's last group one that the result
- * follows); a chain stays on one lane without waits; a
+ * still go beside each other (onto lanes whose last groups the result
+ * follows, or, none followed, that came before it, the oldest first); a
+ * chain stays on one lane without waits; a
  * resource orders groups that share no memory. Out of host memory at any of
  * the plan's allocations: SG_ERR_OOM, its message, nothing leaked.
  */
@@ -144,16 +145,18 @@ static void fork_join(sg_ctx *ctx) {
     tu_case(ok, "lanes_fork_join");
 }
 
-/* Four groups writing apart fill the four lanes; x = f(all four); then a
- * backward's shape: b = sum(x) after x, and w = g(x), d = h(x) writing
- * apart. No lane is empty, but every lane's last group is one that x
- * follows: w and d go beside b, not behind it, and nothing waits twice. */
-static void free_after_join(sg_ctx *ctx) {
+/* Four groups writing apart fill the four lanes; x = f(all four, or with
+ * `one` the first only); then a backward's shape: b = sum(x) after x, and
+ * w = g(x), d = h(x) writing apart. No lane is empty. With all four, every
+ * lane's last group is one that x follows: w and d go beside b, not behind
+ * it. With the first only, the other lanes' last groups are not ones x
+ * follows, but they came before x: w and d go there, the oldest first. */
+static void readers_after(sg_ctx *ctx, bool one) {
     tgroup tg[8];
     memset(tg, 0, sizeof tg);
     for (int k = 0; k < 4; k++) tg[k].wr[0] = SPAN(k), tg[k].nwr = 1;
-    for (int k = 0; k < 4; k++) tg[4].rd[k] = SPAN(k);
-    tg[4].nrd = 4, tg[4].wr[0] = SPAN(4), tg[4].nwr = 1;
+    tg[4].nrd = one ? 1 : 4, tg[4].wr[0] = SPAN(4), tg[4].nwr = 1;
+    for (int k = 0; k < tg[4].nrd; k++) tg[4].rd[k] = SPAN(k);
     for (int k = 5; k < 8; k++)
         tg[k].rd[0] = SPAN(4), tg[k].nrd = 1, tg[k].wr[0] = SPAN(k), tg[k].nwr = 1;
     sg__lanes p;
@@ -161,37 +164,16 @@ static void free_after_join(sg_ctx *ctx) {
     if (ok) {
         ok = check_plan(tg, 8, 4, &p) && TU_EXPECT(p.nlanes == 4) &&
              TU_EXPECT(p.lane[5] == p.lane[4]) && TU_EXPECT(p.lane[6] != p.lane[5]) &&
-             TU_EXPECT(p.lane[7] != p.lane[5]) && TU_EXPECT(p.lane[7] != p.lane[6]);
+             TU_EXPECT(p.lane[7] != p.lane[5]) && TU_EXPECT(p.lane[7] != p.lane[6]) &&
+             TU_EXPECT(!one || (p.lane[4] == p.lane[0] && p.lane[6] == p.lane[1] &&
+                                p.lane[7] == p.lane[2]));
         if (!ok)
             for (int k = 0; k < 8; k++) fprintf(stderr, "  group %d: lane %d\n", k, p.lane[k]);
         sg__lanes_free(ctx, &p);
     }
-    tu_case(ok, "lanes_free_after_join(no lane empty: readers of one result beside each other)");
-}
-
-/* Four groups writing apart fill the four lanes; x = f(the first); then
- * b = sum(x) after x, w = g(x) and d = h(x) writing apart. The other lanes'
- * last groups are not ones x follows, but they came before x: w and d go
- * there, the oldest first, not behind b. */
-static void old_lanes(sg_ctx *ctx) {
-    tgroup tg[8];
-    memset(tg, 0, sizeof tg);
-    for (int k = 0; k < 4; k++) tg[k].wr[0] = SPAN(k), tg[k].nwr = 1;
-    tg[4].rd[0] = SPAN(0), tg[4].nrd = 1, tg[4].wr[0] = SPAN(4), tg[4].nwr = 1;
-    for (int k = 5; k < 8; k++)
-        tg[k].rd[0] = SPAN(4), tg[k].nrd = 1, tg[k].wr[0] = SPAN(k), tg[k].nwr = 1;
-    sg__lanes p;
-    bool ok = TU_EXPECT(plan_of(ctx, tg, 8, 4, &p));
-    if (ok) {
-        ok = check_plan(tg, 8, 4, &p) && TU_EXPECT(p.lane[4] == p.lane[0]) &&
-             TU_EXPECT(p.lane[5] == p.lane[4]) && TU_EXPECT(p.lane[6] == p.lane[1]) &&
-             TU_EXPECT(p.lane[7] == p.lane[2]);
-        if (!ok)
-            for (int k = 0; k < 8; k++) fprintf(stderr, "  group %d: lane %d\n", k, p.lane[k]);
-        sg__lanes_free(ctx, &p);
-    }
-    tu_case(ok, "lanes_old(every lane used, none followed: readers of one result on the lanes "
-                "whose last groups came first)");
+    tu_case(ok, "lanes_readers_after(%s: readers of one result beside each other)",
+            one ? "every lane used, none followed: on the lanes whose last groups came first"
+                : "every lane used, each followed");
 }
 
 /* A chain (each reads the one before) stays one lane, no waits; the same
@@ -279,8 +261,8 @@ int main(void) {
     }
     random_cases(ctx);
     fork_join(ctx);
-    free_after_join(ctx);
-    old_lanes(ctx);
+    readers_after(ctx, false);
+    readers_after(ctx, true);
     chain_and_resource(ctx);
     out_of_memory();
     sg_ctx_destroy(ctx);
