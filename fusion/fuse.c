@@ -1348,15 +1348,17 @@ static int sums_run(const sg__ir *ir, const int *alias, const sg__group *in, int
     return j;
 }
 
-/* Does group w (a MULTI through its members) write a slot that group r
- * loads, or, with `any`, touches at all? */
+/* Does group w write a slot that group r loads, or, with `any`, touches
+ * at all? A MULTI (either) through its members. */
 static bool writes_for(const sg__ir *ir, const int *alias, const sg__fused *f, const sg__group *w,
                        const sg__group *r, bool any) {
-    if (w->kind == SG__G_MULTI) {
-        for (int m = 0; m < w->nmembers; m++)
-            if (writes_for(ir, alias, f, &f->parts[w->members[m]], r, any)) return true;
-        return false;
+    const sg__group *multi = w->kind == SG__G_MULTI ? w : r->kind == SG__G_MULTI ? r : NULL;
+    for (int m = 0; multi && m < multi->nmembers; m++) {
+        const sg__group *p = &f->parts[multi->members[m]];
+        if (multi == w ? writes_for(ir, alias, f, p, r, any) : writes_for(ir, alias, f, w, p, any))
+            return true;
     }
+    if (multi) return false;
     for (int k = 0; k < w->n; k++) {
         int slot = ir->refs[alias[ir->nodes[w->g[k].node].out]].slot;
         bool wr;
