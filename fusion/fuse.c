@@ -1376,15 +1376,12 @@ static int last_writer(const sg__ir *ir, const int *alias, const sg__fused *f, i
     return -1;
 }
 
-/* Does any of groups [from, to) touch a slot that g writes, or write one
- * that g loads? */
+/* Does any of groups [from, to) touch a slot that g writes? (What g
+ * loads, none of them writes: from is past its last writer.) */
 static bool crosses(const sg__ir *ir, const int *alias, const sg__fused *f, int from, int to,
                     const sg__group *g) {
-    for (int p = from; p < to; p++) {
-        const sg__group *q = &f->groups[p];
-        if (writes_for(ir, alias, f, g, q, true) || writes_for(ir, alias, f, q, g, false))
-            return true;
-    }
+    for (int p = from; p < to; p++)
+        if (writes_for(ir, alias, f, g, &f->groups[p], true)) return true;
     return false;
 }
 

@@ -55,26 +55,16 @@ static void explain_key(sg__text *t, const sg__graph *g, int nin) {
     }
 }
 
-/* The slot that internal slot s's producer writes instead, when fusion
- * moved its value into the buffer it was copied to (forward_into), or -1. */
-static int moved_to(const sg__graph *g, int s) {
+/* The slot that fusion points internal slot s's producer at instead (its
+ * output aliased to another slot), or -1. A live producer writes there
+ * (forward_into: the value moved into the buffer it was copied to); a
+ * dropped copy's readers read there (forward_copies). */
+static int aliased_to(const sg__graph *g, int s) {
     const sg__ir *ir = &g->ir;
     int first = ir->slots[s].first;
-    if (!g->has_fused || first < 0 || g->fused.dead[first]) return -1;
+    if (!g->has_fused || first < 0) return -1;
     int to = ir->refs[g->fused.alias[ir->nodes[first].out]].slot;
     return ir->refs[ir->nodes[first].out].slot == s && to != s ? to : -1;
-}
-
-/* The slot whose bytes reads of internal slot s read instead, when fusion
- * dropped the copy that made s (forward_copies: a clone of a value that
- * nothing changes after it), or -1. */
-static int read_in(const sg__graph *g, int s) {
-    const sg__ir *ir = &g->ir;
-    int first = ir->slots[s].first;
-    if (!g->has_fused || first < 0 || !g->fused.dead[first] || ir->nodes[first].op != SG__OP_COPY)
-        return -1;
-    int from = ir->refs[g->fused.alias[ir->nodes[first].out]].slot;
-    return ir->refs[ir->nodes[first].out].slot == s && from != s ? from : -1;
 }
 
 static void explain_slots(sg__text *t, const sg__graph *g) {
@@ -108,20 +98,21 @@ static void explain_slots(sg__text *t, const sg__graph *g) {
                     "constants' block\n",
                     s, sl->nbytes, g->slot_off[s]);
             else if (g->slot_off[s] == SIZE_MAX) { /* no kernel reads or writes it in memory */
-                int into = moved_to(g, s), from = read_in(g, s);
-                if (from >= 0)
+                int to = aliased_to(g, s);
+                bool dead = to >= 0 && g->fused.dead[sl->first];
+                if (dead && ir->nodes[sl->first].op == SG__OP_COPY)
                     sg__text_put(t,
                                  "    buffer b%d: %zu bytes, live over IR lines %d..%d, a copy of "
                                  "b%d read there instead (the copy removed by fusion; no pool "
                                  "bytes)\n",
-                                 s, sl->nbytes, sl->first, sl->last, from);
-                else if (into >= 0)
+                                 s, sl->nbytes, sl->first, sl->last, to);
+                else if (to >= 0 && !dead)
                     sg__text_put(
                         t,
                         "    buffer b%d: %zu bytes, live over IR lines %d..%d, written straight "
                         "into b%d, where it was copied (the copy removed by fusion; no pool "
                         "bytes)\n",
-                        s, sl->nbytes, sl->first, sl->last, into);
+                        s, sl->nbytes, sl->first, sl->last, to);
                 else
                     sg__text_put(t,
                                  "    buffer b%d: %zu bytes, live over IR lines %d..%d, %s (no "

@@ -21,11 +21,13 @@
  * it follows anyway (waits for, or what it waits for does, through the
  * clocks below: a backward's weight gradient and bias sum, placed after
  * the input gradient's producer, leave that lane to the input gradient),
- * else on an empty lane, else on that latest group's lane. Each lane keeps a vector clock -- the
- * last group of every lane its work is known to follow -- so that a wait already implied by an
- * earlier one is not made again: a group waits at most once per other lane. The search for what a
- * group waits for stops once every lane has its latest conflict or no group left below: a chain
- * costs a step a group.
+ * else on an empty lane, else on the lane whose last group came first,
+ * before that latest group (likely done by then), else on that latest
+ * group's lane. Each lane keeps a vector clock -- the last group of every
+ * lane its work is known to follow -- so that a wait already implied by an
+ * earlier one is not made again: a group waits at most once per other
+ * lane. The search for what a group waits for stops once every lane has
+ * its latest conflict or no group left below: a chain costs a step a group.
  */
 #include "graphs.h"
 
@@ -153,8 +155,11 @@ sg_status sg__lanes_plan(sg_ctx *ctx, int n, const sg__lane_use *use, int nlanes
             /* A lane whose last group came before the latest it waits for
              * (likely done by then: the oldest such), not behind a group
              * that may run at the same time as that one. */
-            for (int l = 0, oldest = latest, found = L; found < 0 && l < nlanes; l++)
-                if (tail[l] >= 0 && tail[l] < oldest) oldest = tail[l], L = l;
+            if (L < 0) {
+                int oldest = latest;
+                for (int l = 0; l < nlanes; l++)
+                    if (tail[l] >= 0 && tail[l] < oldest) oldest = tail[l], L = l;
+            }
             if (L < 0) L = latest >= 0 ? out->lane[latest] : 0;
         }
         out->lane[k] = L;
