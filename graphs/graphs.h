@@ -170,13 +170,15 @@ typedef struct sg__lane_use {
 } sg__lane_use;
 typedef struct sg__lanes {
     int ngroups, nlanes; /* nlanes: how many the plan uses */
+    int nhigh;           /* with classes: lanes [0, nhigh) take urgent groups, the rest the
+                            others (0: no classes) */
     int *lane;           /* per group */
     int *wait;           /* per group, SG__LANES_MAX entries: per other lane, the group whose
                             end it waits for first (-1: none) */
     bool *post;          /* per group: a group on another lane waits for its end */
 } sg__lanes;
 SG__HIDDEN sg_status sg__lanes_plan(sg_ctx *ctx, int n, const sg__lane_use *use, int nlanes,
-                                    sg__lanes *out);
+                                    int nhigh, sg__lanes *out);
 SG__HIDDEN void sg__lanes_free(sg_ctx *ctx, sg__lanes *p);
 
 /* outputs.c */

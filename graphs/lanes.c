@@ -23,11 +23,19 @@
  * the input gradient's producer, leave that lane to the input gradient),
  * else on an empty lane, else on the lane whose last group came first,
  * before that latest group (likely done by then), else on that latest
- * group's lane. Each lane keeps a vector clock -- the last group of every
- * lane its work is known to follow -- so that a wait already implied by an
- * earlier one is not made again: a group waits at most once per other
- * lane. The search for what a group waits for stops once every lane has
- * its latest conflict or no group left below: a chain costs a step a group.
+ * group's lane.
+ *
+ * With classes (nhigh: the CUDA executor's lanes by stream priority), a
+ * group goes only on lanes [0, nhigh) when it is urgent -- a group within
+ * the next LANES_NEAR waits for it, or none does -- and only on the others
+ * when not (a weight gradient or bias sum that only the optimizer reads),
+ * so that the critical chain keeps its lanes and the rest fills idle SMs.
+ *
+ * Each lane keeps a vector clock -- the last group of every lane its work
+ * is known to follow -- so that a wait already implied by an earlier one is
+ * not made again: a group waits at most once per other lane. The search for
+ * what a group waits for stops once every lane has its latest conflict or
+ * no group left below: a chain costs a step a group.
  */
 #include "graphs.h"
 
@@ -88,10 +96,17 @@ void sg__lanes_free(sg_ctx *ctx, sg__lanes *p) {
     memset(p, 0, sizeof *p);
 }
 
-sg_status sg__lanes_plan(sg_ctx *ctx, int n, const sg__lane_use *use, int nlanes, sg__lanes *out) {
+/* Groups this close after a group that must wait for it make it urgent
+ * (sg__lanes.nhigh). */
+#define LANES_NEAR 3
+
+sg_status sg__lanes_plan(sg_ctx *ctx, int n, const sg__lane_use *use, int nlanes, int nhigh,
+                         sg__lanes *out) {
     memset(out, 0, sizeof *out);
     if (nlanes < 1) nlanes = 1;
     if (nlanes > SG__LANES_MAX) nlanes = SG__LANES_MAX;
+    if (nhigh <= 0 || nhigh >= nlanes) nhigh = 0;
+    out->nhigh = nhigh;
     size_t nn = (size_t)(n ? n : 1), nspans = 0;
     for (int k = 0; k < n; k++) nspans += (size_t)use[k].nrd + (size_t)use[k].nwr;
     out->ngroups = n;
@@ -121,6 +136,15 @@ sg_status sg__lanes_plan(sg_ctx *ctx, int n, const sg__lane_use *use, int nlanes
         for (int m = 0; m < SG__LANES_MAX; m++) clock[l][m] = -1;
     }
     for (int k = 0; k < n; k++) {
+        /* With classes, the lanes it may take: [lo, hi). Urgent: a group
+         * within the next LANES_NEAR waits for it, or none at all does (the
+         * step's end does). */
+        bool urgent = use[k].lane0 || !nhigh;
+        int first_wait = n;
+        for (int j = k + 1; !urgent && j < n && first_wait == n; j++)
+            if (conflict(&u[k], &u[j])) first_wait = j;
+        urgent = urgent || first_wait <= k + LANES_NEAR || first_wait == n;
+        int lo = urgent ? 0 : nhigh, hi = urgent && nhigh ? nhigh : nlanes;
         int need[SG__LANES_MAX], latest = -1;
         for (int l = 0; l < SG__LANES_MAX; l++) need[l] = -1;
         for (int j = k - 1; j >= 0; j--) {
@@ -136,7 +160,8 @@ sg_status sg__lanes_plan(sg_ctx *ctx, int n, const sg__lane_use *use, int nlanes
         int L = -1;
         if (use[k].lane0) {
             L = 0;
-        } else if (latest >= 0 && tail[out->lane[latest]] == latest) {
+        } else if (latest >= 0 && tail[out->lane[latest]] == latest && out->lane[latest] >= lo &&
+                   out->lane[latest] < hi) {
             L = out->lane[latest]; /* right after what it waits for */
         } else {
             /* What the groups it waits for already follow, lane by lane. */
@@ -148,19 +173,22 @@ sg_status sg__lanes_plan(sg_ctx *ctx, int n, const sg__lane_use *use, int nlanes
                     if (c > known[q]) known[q] = c;
                 }
             int best = -1; /* a lane whose last group it follows anyway */
-            for (int l = 0; l < nlanes; l++)
+            for (int l = lo; l < hi; l++)
                 if (tail[l] >= 0 && known[l] >= tail[l] && tail[l] > best) best = tail[l], L = l;
-            for (int l = 0; L < 0 && l < nlanes; l++)
+            for (int l = lo; L < 0 && l < hi; l++)
                 if (tail[l] < 0) L = l; /* an empty lane */
             /* A lane whose last group came before the latest it waits for
              * (likely done by then: the oldest such), not behind a group
              * that may run at the same time as that one. */
             if (L < 0) {
                 int oldest = latest;
-                for (int l = 0; l < nlanes; l++)
+                for (int l = lo; l < hi; l++)
                     if (tail[l] >= 0 && tail[l] < oldest) oldest = tail[l], L = l;
             }
-            if (L < 0) L = latest >= 0 ? out->lane[latest] : 0;
+            if (L < 0)
+                L = latest >= 0 && out->lane[latest] >= lo && out->lane[latest] < hi
+                        ? out->lane[latest]
+                        : lo;
         }
         out->lane[k] = L;
         int *w = out->wait + (size_t)k * SG__LANES_MAX;

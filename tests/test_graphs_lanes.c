@@ -89,11 +89,11 @@ static bool check_plan(const tgroup *tg, int n, int nlanes, const sg__lanes *p) 
     return ok;
 }
 
-static bool plan_of(sg_ctx *ctx, const tgroup *tg, int n, int nlanes, sg__lanes *p) {
+static bool plan_of(sg_ctx *ctx, const tgroup *tg, int n, int nlanes, int nhigh, sg__lanes *p) {
     sg__lane_use use[MAXG];
     for (int k = 0; k < n; k++)
         use[k] = (sg__lane_use){tg[k].rd, tg[k].wr, tg[k].nrd, tg[k].nwr, tg[k].lane0};
-    return sg__lanes_plan(ctx, n, use, nlanes, p) == SG_OK;
+    return sg__lanes_plan(ctx, n, use, nlanes, nhigh, p) == SG_OK;
 }
 
 static void random_cases(sg_ctx *ctx) {
@@ -102,6 +102,7 @@ static void random_cases(sg_ctx *ctx) {
         uint64_t seed = 1000 + (uint64_t)c;
         tu_seed(seed);
         int n = (int)tu_randint(1, MAXG), nlanes = (int)tu_randint(1, SG__LANES_MAX);
+        int nhigh = c % 2 ? (int)tu_randint(0, nlanes - 1) : 0; /* lanes by urgency */
         for (int k = 0; k < n; k++) {
             tg[k].nrd = (int)tu_randint(0, MAXS), tg[k].nwr = (int)tu_randint(0, 2);
             for (int i = 0; i < tg[k].nrd; i++) tg[k].rd[i] = rand_span();
@@ -109,13 +110,13 @@ static void random_cases(sg_ctx *ctx) {
             tg[k].lane0 = tu_randint(0, 15) == 0;
         }
         sg__lanes p;
-        bool ok = TU_EXPECT(plan_of(ctx, tg, n, nlanes, &p));
+        bool ok = TU_EXPECT(plan_of(ctx, tg, n, nlanes, nhigh, &p));
         if (ok) {
             ok = check_plan(tg, n, nlanes, &p);
             for (int k = 0; nlanes == 1 && k < n; k++) ok = ok && TU_EXPECT(p.lane[k] == 0);
             sg__lanes_free(ctx, &p);
         }
-        tu_case(ok, "lanes_random(groups=%d,lanes=%d) seed=%llu", n, nlanes,
+        tu_case(ok, "lanes_random(groups=%d,lanes=%d,urgent lanes=%d) seed=%llu", n, nlanes, nhigh,
                 (unsigned long long)seed);
     }
 }
@@ -133,7 +134,7 @@ static void fork_join(sg_ctx *ctx) {
     tg[3].rd[0] = SPAN(1), tg[3].rd[1] = SPAN(2), tg[3].nrd = 2;
     tg[3].wr[0] = SPAN(3), tg[3].nwr = 1;
     sg__lanes p;
-    bool ok = TU_EXPECT(plan_of(ctx, tg, 4, 4, &p));
+    bool ok = TU_EXPECT(plan_of(ctx, tg, 4, 4, 0, &p));
     if (ok) {
         const int *w3 = p.wait + 3 * SG__LANES_MAX;
         ok = check_plan(tg, 4, 4, &p) && TU_EXPECT(p.nlanes == 2) &&
@@ -160,7 +161,7 @@ static void readers_after(sg_ctx *ctx, bool one) {
     for (int k = 5; k < 8; k++)
         tg[k].rd[0] = SPAN(4), tg[k].nrd = 1, tg[k].wr[0] = SPAN(k), tg[k].nwr = 1;
     sg__lanes p;
-    bool ok = TU_EXPECT(plan_of(ctx, tg, 8, 4, &p));
+    bool ok = TU_EXPECT(plan_of(ctx, tg, 8, 4, 0, &p));
     if (ok) {
         ok = check_plan(tg, 8, 4, &p) && TU_EXPECT(p.nlanes == 4) &&
              TU_EXPECT(p.lane[5] == p.lane[4]) && TU_EXPECT(p.lane[6] != p.lane[5]) &&
@@ -176,6 +177,35 @@ static void readers_after(sg_ctx *ctx, bool one) {
                 : "every lane used, each followed");
 }
 
+/* Lanes by urgency (2 of 4 for groups that a group within the next three
+ * waits for): x = f(); s = sum(x) and w = g(x), read only at the end; a
+ * chain d, e, q, r from x; out = k(s, w, r). s and w go on lanes 2 and 3,
+ * the chain after x on its lane, out on an urgent lane. */
+static void urgency(sg_ctx *ctx) {
+    tgroup tg[8];
+    memset(tg, 0, sizeof tg);
+    tg[0].wr[0] = SPAN(0), tg[0].nwr = 1;
+    tg[1].rd[0] = SPAN(0), tg[1].nrd = 1, tg[1].wr[0] = SPAN(1), tg[1].nwr = 1;
+    tg[2].rd[0] = SPAN(0), tg[2].nrd = 1, tg[2].wr[0] = SPAN(2), tg[2].nwr = 1;
+    for (int k = 3; k < 7; k++)
+        tg[k].rd[0] = SPAN(k == 3 ? 0 : k - 1), tg[k].nrd = 1, tg[k].wr[0] = SPAN(k), tg[k].nwr = 1;
+    tg[7].rd[0] = SPAN(1), tg[7].rd[1] = SPAN(2), tg[7].rd[2] = SPAN(6), tg[7].nrd = 3;
+    tg[7].wr[0] = SPAN(7), tg[7].nwr = 1;
+    sg__lanes p;
+    bool ok = TU_EXPECT(plan_of(ctx, tg, 8, 4, 2, &p));
+    if (ok) {
+        ok = check_plan(tg, 8, 4, &p) && TU_EXPECT(p.nhigh == 2) && TU_EXPECT(p.lane[1] >= 2) &&
+             TU_EXPECT(p.lane[2] >= 2) && TU_EXPECT(p.lane[1] != p.lane[2]) &&
+             TU_EXPECT(p.lane[0] < 2) && TU_EXPECT(p.lane[7] < 2);
+        for (int k = 3; ok && k < 7; k++) ok = TU_EXPECT(p.lane[k] == p.lane[0]);
+        if (!ok)
+            for (int k = 0; k < 8; k++) fprintf(stderr, "  group %d: lane %d\n", k, p.lane[k]);
+        sg__lanes_free(ctx, &p);
+    }
+    tu_case(ok, "lanes_urgency(results read only at the end on the other lanes, the chain on "
+                "its lane)");
+}
+
 /* A chain (each reads the one before) stays one lane, no waits; the same
  * four groups writing apart but sharing a resource are ordered too. */
 static void chain_and_resource(sg_ctx *ctx) {
@@ -186,7 +216,7 @@ static void chain_and_resource(sg_ctx *ctx) {
         if (k) tg[k].rd[0] = SPAN(k - 1), tg[k].nrd = 1;
     }
     sg__lanes p;
-    bool ok = TU_EXPECT(plan_of(ctx, tg, 4, 4, &p));
+    bool ok = TU_EXPECT(plan_of(ctx, tg, 4, 4, 0, &p));
     if (ok) {
         ok = check_plan(tg, 4, 4, &p) && TU_EXPECT(p.nlanes == 1);
         for (int k = 0; k < 4; k++) ok = ok && TU_EXPECT(!p.post[k]);
@@ -197,13 +227,13 @@ static void chain_and_resource(sg_ctx *ctx) {
         tg[k].nrd = 0;
         tg[k].wr[1] = (sg__span){7, 8}, tg[k].nwr = 2; /* one resource */
     }
-    ok = TU_EXPECT(plan_of(ctx, tg, 4, 4, &p));
+    ok = TU_EXPECT(plan_of(ctx, tg, 4, 4, 0, &p));
     if (ok) {
         ok = check_plan(tg, 4, 4, &p) && TU_EXPECT(p.nlanes == 1);
         sg__lanes_free(ctx, &p);
     }
     tg[3].nwr = 1; /* the last one without it: free to go beside */
-    bool ok2 = TU_EXPECT(plan_of(ctx, tg, 4, 4, &p));
+    bool ok2 = TU_EXPECT(plan_of(ctx, tg, 4, 4, 0, &p));
     if (ok2) {
         ok2 = check_plan(tg, 4, 4, &p) && TU_EXPECT(p.lane[3] != p.lane[2]);
         sg__lanes_free(ctx, &p);
@@ -230,7 +260,7 @@ static void out_of_memory(void) {
         sg__lanes p;
         long live = hook.live;
         hook.count = 0, hook.fail_at = at;
-        bool planned = plan_of(c, tg, 4, 4, &p);
+        bool planned = plan_of(c, tg, 4, 4, 0, &p);
         hook.fail_at = 0;
         if (planned) { /* past the plan's allocations */
             sg__lanes_free(c, &p);
@@ -243,7 +273,7 @@ static void out_of_memory(void) {
             TU_EXPECT(hook.live == live);
     }
     sg__lanes p;
-    ok = ok && TU_EXPECT(failed == 6) && TU_EXPECT(plan_of(c, tg, 4, 4, &p)) &&
+    ok = ok && TU_EXPECT(failed == 6) && TU_EXPECT(plan_of(c, tg, 4, 4, 0, &p)) &&
          check_plan(tg, 4, 4, &p);
     if (ok) sg__lanes_free(c, &p);
     tu_case(ok, "lanes_out_of_memory(each of %d allocations failing) -> SG_ERR_OOM, nothing leaked",
@@ -263,6 +293,7 @@ int main(void) {
     fork_join(ctx);
     readers_after(ctx, false);
     readers_after(ctx, true);
+    urgency(ctx);
     chain_and_resource(ctx);
     out_of_memory();
     sg_ctx_destroy(ctx);

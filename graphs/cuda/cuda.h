@@ -66,6 +66,8 @@ SG__HIDDEN bool sg__hip_blaslt_note(char *buf, size_t n);
     X(cuCtxSetCurrent, "cuCtxSetCurrent")                                                          \
     X(cuCtxSynchronize, "cuCtxSynchronize")                                                        \
     X(cuStreamCreate, "cuStreamCreate")                                                            \
+    X(cuStreamCreateWithPriority, "cuStreamCreateWithPriority")                                    \
+    X(cuCtxGetStreamPriorityRange, "cuCtxGetStreamPriorityRange")                                  \
     X(cuStreamDestroy_v2, "cuStreamDestroy")                                                       \
     X(cuStreamSynchronize, "cuStreamSynchronize")                                                  \
     X(cuStreamBeginCapture_v2, "cuStreamBeginCapture")                                             \

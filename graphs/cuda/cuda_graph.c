@@ -128,6 +128,7 @@ typedef struct cu_graph {
     int said_lanes, said_waits; /* the last recording's streams (0: none yet) and waits */
     unsigned char *lib;         /* per group */
     bool lib_grew, lanes_off;
+    bool prio; /* the last recording's lanes by priority: instantiate with node priorities */
     CUevent *ev;
     CUevent lane_ev[SG__CUDA_LANES];
 } cu_graph;
@@ -646,7 +647,10 @@ static sg_status plan_lanes(sg_ctx *ctx, sg__graph *g, cu_graph *cg, sg__lanes *
         use[k] = (sg__lane_use){sp + at, sp + at + nr, nr, nw, false};
         at += nr + nw;
     }
-    if (s == SG_OK) s = sg__lanes_plan(ctx, n, use, cg->lanes_want, plan);
+    int nhigh = sg__cuda_lane_priority(ctx) && cg->lanes_want > SG__CUDA_LANES_HIGH
+                    ? SG__CUDA_LANES_HIGH
+                    : 0;
+    if (s == SG_OK) s = sg__lanes_plan(ctx, n, use, cg->lanes_want, nhigh, plan);
     if (sp) sg__free(ctx, sp, bytes);
     if (use) sg__free(ctx, use, sizeof *use * (size_t)(n ? n : 1));
     if (s != SG_OK || plan->nlanes <= 1) return s;
@@ -858,6 +862,7 @@ static sg_status record_exec(sg_fn *fn, sg__graph *g, set_state *st, CUgraphExec
             continue;
         }
         lanes = lanes && plan.nlanes > 1;
+        cg->prio = lanes && plan.nhigh > 0 && plan.nlanes > plan.nhigh;
         r = cu->cuStreamBeginCapture_v2(stream, CU_STREAM_CAPTURE_MODE_RELAXED);
         if (r != CUDA_SUCCESS) {
             sg__lanes_free(ctx, &plan);
@@ -919,7 +924,8 @@ static sg_status record_exec(sg_fn *fn, sg__graph *g, set_state *st, CUgraphExec
     }
     if (!*exec) {
         double t0 = sg__graph_clock();
-        r = cu->cuGraphInstantiateWithFlags(exec, graph, 0);
+        r = cu->cuGraphInstantiateWithFlags(
+            exec, graph, cg->prio ? CUDA_GRAPH_INSTANTIATE_FLAG_USE_NODE_PRIORITY : 0);
         fn->stats.graph_instantiations += r == CUDA_SUCCESS;
         if (r == CUDA_SUCCESS)
             sg__log(ctx, "perf_hints", "fn '%s': a graph of %d groups instantiated in %.1f ms",

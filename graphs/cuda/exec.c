@@ -59,6 +59,8 @@ typedef struct sg__cuda {
      * of their own, made by sg__cuda_lanes_make; ops go on lane `lane`. */
     CUstream lanes[SG__CUDA_LANES];
     int lane;
+    bool prio;                     /* lanes by priority (SG_CUDA_LANE_PRIORITY=0: off) */
+    int prio_least, prio_greatest; /* the device's stream priorities */
     uint64_t nops, nscratch; /* stream ops and scratch requests so far (sg__cuda_counts) */
     int pdl;                 /* programmatic dependent launch: 1 on, 0 off, -1 not yet known */
     void *lt;                /* cuBLASLt's handle, workspace and plans (cublaslt.c) */
@@ -238,11 +240,16 @@ size_t sg__cuda_l2_bytes(const sg_ctx *ctx) { return (size_t)state(ctx)->l2; }
 int sg__cuda_arch(const sg_ctx *ctx) { return state(ctx)->arch; }
 void *sg__cuda_stream(const sg_ctx *ctx) { return cur(state(ctx)); }
 
+bool sg__cuda_lane_priority(const sg_ctx *ctx) { return state(ctx)->prio; }
+
 sg_status sg__cuda_lanes_make(sg_ctx *ctx, int n) {
     sg__cuda *s = state(ctx);
     for (int l = 1; l < n && l < SG__CUDA_LANES; l++) {
         if (s->lanes[l]) continue;
-        CUresult r = s->cu->cuStreamCreate(&s->lanes[l], CU_STREAM_NON_BLOCKING);
+        CUresult r = s->prio ? s->cu->cuStreamCreateWithPriority(
+                                   &s->lanes[l], CU_STREAM_NON_BLOCKING,
+                                   l < SG__CUDA_LANES_HIGH ? s->prio_greatest : s->prio_least)
+                             : s->cu->cuStreamCreate(&s->lanes[l], CU_STREAM_NON_BLOCKING);
         if (r != CUDA_SUCCESS) {
             s->lanes[l] = NULL;
             return sg__cu_fail(ctx, r, "cuStreamCreate", "a stream for a graph's branches");
@@ -499,7 +506,16 @@ sg_status sg__cuda_init(sg_ctx *ctx, char *why, size_t n) {
         s->l2 = 0;
     if (r == CUDA_SUCCESS) r = cu->cuDevicePrimaryCtxRetain(&s->pctx, s->dev);
     if (r == CUDA_SUCCESS) r = cu->cuCtxSetCurrent(s->pctx);
-    if (r == CUDA_SUCCESS) r = cu->cuStreamCreate(&s->stream, CU_STREAM_NON_BLOCKING);
+    const char *pe = getenv("SG_CUDA_LANE_PRIORITY");
+    s->prio = !hip && !(pe && atoi(pe) == 0) && cu->cuCtxGetStreamPriorityRange &&
+              cu->cuStreamCreateWithPriority;
+    if (r == CUDA_SUCCESS && s->prio &&
+        cu->cuCtxGetStreamPriorityRange(&s->prio_least, &s->prio_greatest) != CUDA_SUCCESS)
+        s->prio = false;
+    if (r == CUDA_SUCCESS)
+        r = s->prio ? cu->cuStreamCreateWithPriority(&s->stream, CU_STREAM_NON_BLOCKING,
+                                                     s->prio_greatest)
+                    : cu->cuStreamCreate(&s->stream, CU_STREAM_NON_BLOCKING);
     if (r != CUDA_SUCCESS) {
         char e[256];
         snprintf(why, n, "%s context setup failed: %s", hip ? "HIP" : "CUDA",

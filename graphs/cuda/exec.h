@@ -85,6 +85,12 @@ SG__HIDDEN void *sg__cuda_stream(const sg_ctx *ctx);
  * and live as long as the context. Launches, copies and fills go on the
  * current lane; host transfers and waits stay on lane 0. */
 #define SG__CUDA_LANES 4
+/* Unless SG_CUDA_LANE_PRIORITY=0 (read when the context is made; CUDA
+ * only), the context's stream and lane 1 take the device's greatest priority and
+ * lanes 2 and 3 its least: a plan's urgent groups go on the first two
+ * (sg__lanes.nhigh), and the graph keeps each kernel's priority. */
+#define SG__CUDA_LANES_HIGH 2
+SG__HIDDEN bool sg__cuda_lane_priority(const sg_ctx *ctx);
 SG__HIDDEN sg_status sg__cuda_lanes_make(sg_ctx *ctx, int n);
 SG__HIDDEN void *sg__cuda_lane_stream(const sg_ctx *ctx, int lane);
 SG__HIDDEN void sg__cuda_set_lane(sg_ctx *ctx, int lane);
