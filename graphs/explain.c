@@ -250,7 +250,7 @@ static void explain_graph(sg__text *t, const sg__graph *g, int gi, int nin) {
             "replays; %zu bytes kept in the pool)\n",
             g->nfolded, g->fused.nconsts, g->fused.nconsts > 1 ? "s" : "", g->const_bytes);
     if (g->compiled) explain_library(t, g);
-    char lanes[256];
+    char lanes[512];
     if (t->ctx->backend == SG_BACKEND_CUDA && sg__cuda_lanes_note(g, lanes, sizeof lanes))
         sg__text_put(t, "    CUDA graph: %s\n", lanes);
     if (t->ctx->backend == SG_BACKEND_HIP) explain_hip(t, g);

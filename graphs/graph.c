@@ -196,7 +196,7 @@ static sg_status plan(sg_ctx *ctx, sg__graph *g) {
             which[n++] = i;
         }
     }
-    s = sg__plan(ctx, bufs, n, SG__POOL_ALIGN, &g->scratch);
+    s = sg__plan(ctx, bufs, n, SG__POOL_ALIGN, g->reuse_gap, &g->scratch);
     if (s != SG_OK) goto done;
     for (int k = 0; k < n; k++) g->slot_off[which[k]] = bufs[k].offset;
     for (int i = 0; i < ir->nslots; i++)

@@ -43,6 +43,8 @@ typedef struct sg__graph { /* struct tag used by backend.h */
     size_t scratch;    /* bytes of scratch this plan needs */
     size_t out_bytes;  /* bytes of one output set */
     size_t peak, unshared;
+    int reuse_gap; /* groups after its last use before a buffer's bytes go to
+                      another (the backend's compile sets it; 0: at once) */
     /* Constant folding (sg__fused.consts): the slots the folded groups
      * write, in a pool block of their own, computed once by the build. */
     bool *slot_const;   /* per slot; NULL when nothing was folded */

@@ -29,14 +29,17 @@ typedef struct sg__buf {
 } sg__buf;
 
 /*
- * Place n buffers so that two whose [first, last] ranges intersect never
- * share a byte, nor any buffer of at most 64 bytes with another (plan.c):
+ * Place n buffers so that two whose [first, last + gap] ranges intersect
+ * never share a byte, nor any buffer of at most 64 bytes with another
+ * (plan.c; gap: nodes after its last use before a buffer's bytes may be
+ * another's, so that a write does not wait for a recent reader):
  * greedy by size (largest first), each at the best-fitting gap among the
  * buffers already placed that it conflicts with; an empty buffer takes no
  * bytes (offset 0). Offsets are multiples of align. *total gets the arena
  * size. SG_ERR_OOM on host memory.
  */
-SG__HIDDEN sg_status sg__plan(sg_ctx *ctx, sg__buf *bufs, int n, size_t align, size_t *total);
+SG__HIDDEN sg_status sg__plan(sg_ctx *ctx, sg__buf *bufs, int n, size_t align, int gap,
+                              size_t *total);
 /* The largest sum of sizes live at one node (what no plan can go under). */
 SG__HIDDEN size_t sg__plan_peak(const sg__buf *bufs, int n);
 

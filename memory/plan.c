@@ -18,10 +18,10 @@ static size_t round_up(size_t x, size_t a) { return (x + a - 1) / a * a; }
 
 static bool tiny(const sg__buf *b) { return b->size && b->size <= TINY; }
 
-static bool overlaps(const sg__buf *a, const sg__buf *b) {
+static bool overlaps(const sg__buf *a, const sg__buf *b, int gap) {
     if (!a->size || !b->size) return false;
     if (tiny(a) || tiny(b)) return true;
-    return a->first <= b->last && b->first <= a->last;
+    return a->first <= b->last + gap && b->first <= a->last + gap;
 }
 
 /* Insertion sorts: n is a capture's buffer count, small enough. */
@@ -50,7 +50,7 @@ static void sort_by_offset(const sg__buf *bufs, int *ids, int n) {
     }
 }
 
-sg_status sg__plan(sg_ctx *ctx, sg__buf *bufs, int n, size_t align, size_t *total) {
+sg_status sg__plan(sg_ctx *ctx, sg__buf *bufs, int n, size_t align, int gap, size_t *total) {
     *total = 0;
     if (n == 0) return SG_OK;
     int *order = sg__alloc(ctx, sizeof(int) * (size_t)n * 2);
@@ -68,7 +68,7 @@ sg_status sg__plan(sg_ctx *ctx, sg__buf *bufs, int n, size_t align, size_t *tota
         size_t size = round_up(b->size, align);
         int nc = 0;
         for (int j = 0; j < k; j++)
-            if (overlaps(&bufs[order[j]], b)) conflict[nc++] = order[j];
+            if (overlaps(&bufs[order[j]], b, gap)) conflict[nc++] = order[j];
         sort_by_offset(bufs, conflict, nc);
         size_t prev_end = 0, best = SIZE_MAX, best_gap = SIZE_MAX;
         for (int j = 0; j < nc; j++) {

@@ -126,6 +126,8 @@ typedef struct cu_graph {
      * lanes' joins). */
     int lanes_want;
     int said_lanes, said_waits; /* the last recording's streams (0: none yet) and waits */
+    int said_high;              /* its kernels on the streams of greatest priority (-1: no
+                                   priorities) */
     unsigned char *lib;         /* per group */
     bool lib_grew, lanes_off;
     bool prio; /* the last recording's lanes by priority: instantiate with node priorities */
@@ -285,6 +287,14 @@ static int lanes_env(void) {
     return n < 1 ? 1 : n > SG__CUDA_LANES ? SG__CUDA_LANES : n;
 }
 
+/* SG_CUDA_REUSE_GAP=N: groups after a buffer's last use before the pool
+ * lends its bytes to another (sg__graph.reuse_gap). */
+static int reuse_gap_env(void) {
+    const char *e = getenv("SG_CUDA_REUSE_GAP");
+    int n = e && *e ? atoi(e) : 0;
+    return n < 0 ? 0 : n > 64 ? 64 : n;
+}
+
 /* Whether the step has products (cuBLASLt's algorithms to pick). */
 static bool has_matmul(const sg__graph *g) {
     for (int i = 0; i < g->ir.nnodes; i++)
@@ -403,6 +413,11 @@ static sg_status compile(sg_fn *fn, sg__graph *g) {
         fn->opts.mode == SG_MODE_REDUCE_OVERHEAD || fn->opts.mode == SG_MODE_MAX_AUTOTUNE;
     cg->stamp_want = hip ? 0 : sg__cuda_stamps(); /* read once: not on every replay */
     cg->lanes_want = hip ? 1 : lanes_env();
+    /* Bytes a group frees are not the next few groups' to write: such a
+     * write would wait for the last reader, however unhurried (a weight
+     * gradient's product reads x, and the input gradient after it gets x's
+     * bytes), and make it urgent in the lanes' plan (lanes.c). */
+    g->reuse_gap = cg->use_graph && cg->lanes_want > 1 ? reuse_gap_env() : 0;
     cg->tune =
         fn->opts.mode == SG_MODE_MAX_AUTOTUNE || fn->opts.mode == SG_MODE_MAX_AUTOTUNE_NO_GRAPHS;
     cg->lt = cg->tune && has_matmul(g);
@@ -886,10 +901,15 @@ static sg_status record_exec(sg_fn *fn, sg__graph *g, set_state *st, CUgraphExec
         }
         cg->said_lanes = s == SG_OK && r == CUDA_SUCCESS ? (lanes ? plan.nlanes : 1) : 0;
         cg->said_waits = 0;
+        cg->said_high = -1;
         if (s == SG_OK && r == CUDA_SUCCESS && lanes) {
             int waits = 0;
             for (int k = 0; k < cg->ngroups * SG__LANES_MAX; k++) waits += plan.wait[k] >= 0;
             cg->said_waits = waits;
+            if (cg->prio) {
+                cg->said_high = 0;
+                for (int k = 0; k < cg->ngroups; k++) cg->said_high += plan.lane[k] < plan.nhigh;
+            }
             char ls[512];
             int n = cg->ngroups < (int)sizeof ls - 1 ? cg->ngroups : (int)sizeof ls - 1;
             for (int k = 0; k < n; k++) ls[k] = (char)('0' + plan.lane[k]);
@@ -1373,11 +1393,17 @@ static sg_status run_set(sg_fn *fn, sg__graph *g, int set) {
 bool sg__cuda_lanes_note(const sg__graph *g, char *buf, size_t size) {
     const cu_graph *cg = g->compiled ? g->dev : NULL;
     if (!cg || !cg->said_lanes) return false;
-    snprintf(buf, size,
-             "the last recording put %d kernels on %d stream%s with %d waits between them "
-             "(SG_CUDA_LANES=%d: kernels that share no bytes run side by side)",
-             cg->ngroups, cg->said_lanes, cg->said_lanes > 1 ? "s" : "", cg->said_waits,
-             cg->lanes_want);
+    int n = snprintf(buf, size,
+                     "the last recording put %d kernels on %d stream%s with %d waits between "
+                     "them (SG_CUDA_LANES=%d: kernels that share no bytes run side by side)",
+                     cg->ngroups, cg->said_lanes, cg->said_lanes > 1 ? "s" : "", cg->said_waits,
+                     cg->lanes_want);
+    if (cg->said_high >= 0 && n > 0 && (size_t)n < size)
+        snprintf(buf + n, size - (size_t)n,
+                 "; %d of them on the streams of the device's greatest priority (a kernel soon "
+                 "after waits for them), the rest on its least (SG_CUDA_LANE_PRIORITY=0: one "
+                 "priority)",
+                 cg->said_high);
     return true;
 }
 
