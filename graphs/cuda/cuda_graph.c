@@ -946,6 +946,15 @@ static sg_status record_exec(sg_fn *fn, sg__graph *g, set_state *st, CUgraphExec
         double t0 = sg__graph_clock();
         r = cu->cuGraphInstantiateWithFlags(
             exec, graph, cg->prio ? CUDA_GRAPH_INSTANTIATE_FLAG_USE_NODE_PRIORITY : 0);
+        if (r == CUDA_ERROR_INVALID_VALUE && cg->prio) {
+            /* A driver before CUDA 11.7 has no node priorities: the
+             * streams' order stands without them. */
+            sg__log(ctx, "perf_hints",
+                    "fn '%s': the driver refused node priorities (a driver before CUDA 11.7?); "
+                    "the graph is instantiated without them",
+                    fn->name);
+            r = cu->cuGraphInstantiateWithFlags(exec, graph, 0);
+        }
         fn->stats.graph_instantiations += r == CUDA_SUCCESS;
         if (r == CUDA_SUCCESS)
             sg__log(ctx, "perf_hints", "fn '%s': a graph of %d groups instantiated in %.1f ms",
