@@ -27,9 +27,10 @@
  *
  * With classes (nhigh: the CUDA executor's lanes by stream priority), a
  * group goes only on lanes [0, nhigh) when it is urgent -- a group within
- * the next LANES_NEAR waits for it, or none does -- and only on the others
- * when not (a weight gradient or bias sum that only the optimizer reads),
- * so that the critical chain keeps its lanes and the rest fills idle SMs.
+ * the next LANES_NEAR waits for it, or the step ends as soon -- and only on
+ * the others when not (a weight gradient or bias sum that only the
+ * optimizer reads), so that the critical chain keeps its lanes and the
+ * rest fills idle SMs.
  *
  * Each lane keeps a vector clock -- the last group of every lane its work
  * is known to follow -- so that a wait already implied by an earlier one is
@@ -137,13 +138,11 @@ sg_status sg__lanes_plan(sg_ctx *ctx, int n, const sg__lane_use *use, int nlanes
     }
     for (int k = 0; k < n; k++) {
         /* With classes, the lanes it may take: [lo, hi). Urgent: a group
-         * within the next LANES_NEAR waits for it, or none at all does (the
-         * step's end does). */
-        bool urgent = use[k].lane0 || !nhigh;
-        int first_wait = n;
-        for (int j = k + 1; !urgent && j < n && first_wait == n; j++)
-            if (conflict(&u[k], &u[j])) first_wait = j;
-        urgent = urgent || first_wait <= k + LANES_NEAR || first_wait == n;
+         * within the next LANES_NEAR waits for it, or it is that close to
+         * the step's end (which waits for it). The search goes no further,
+         * so a plan costs at most LANES_NEAR checks a group. */
+        bool urgent = use[k].lane0 || !nhigh || k + LANES_NEAR >= n - 1;
+        for (int j = k + 1; !urgent && j <= k + LANES_NEAR; j++) urgent = conflict(&u[k], &u[j]);
         int lo = urgent ? 0 : nhigh, hi = urgent && nhigh ? nhigh : nlanes;
         int need[SG__LANES_MAX], latest = -1;
         for (int l = 0; l < SG__LANES_MAX; l++) need[l] = -1;
