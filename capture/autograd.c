@@ -585,6 +585,15 @@ static sg_status check_args(sg_tensor *loss, int n, sg_tensor *const *wrt, sg_te
                             "gradients",
                             i, sg__describe(wrt[i], d, sizeof d));
     }
+    /* As torch's "does not require grad": nothing was recorded, so every
+     * gradient would be a silent zero. */
+    if (!loss->grad_fn)
+        return sg__fail(ctx, SG_ERR_INVALID_ARG,
+                        "sg_grad: loss %s does not require grad: no tensor it was computed from "
+                        "required grad when it was computed; mark the parameters with "
+                        "sg_requires_grad_ before the forward, and run the forward with "
+                        "gradients on (sg_set_grad_enabled(ctx, true))",
+                        sg__describe(loss, d, sizeof d));
     return SG_OK;
 }
 

@@ -656,7 +656,9 @@ SG_API sg_status sg_set_grad_enabled(sg_ctx *ctx, bool enabled);
 /*
  * Like torch.autograd.grad: grads[i] gets a new contiguous tensor shaped and
  * typed like wrt[i] holding d loss / d wrt[i] (zeros when loss does not
- * depend on it). loss: a float tensor of one element. wrt may be leaves or
+ * depend on it). loss: a float tensor of one element that requires grad
+ * (SG_ERR_INVALID_ARG when nothing was recorded for it: no marked tensor
+ * before its forward, or a forward with gradients off). wrt may be leaves or
  * intermediate tensors of the forward. The graph stays, so sg_grad may be
  * called again on the same loss; the backward records no gradients itself.
  */

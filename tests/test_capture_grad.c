@@ -1283,29 +1283,38 @@ static void requires_grad_guard_case(void) {
         sg_fn *fn;
         sg_compile_opts o = {.mode = modes[mi]};
         bool ok = TU_EXPECT(sg_compile(ctx, rg_step, NULL, 1, 1, &o, &fn) == SG_OK);
-        double ref[3], zero[3] = {0, 0, 0};
+        double ref[3];
         for (int i = 0; i < 3; i++) ref[i] = 2 * xv[i] * wv[i];
         for (int phase = 0; ok && phase < 4; phase++) {
             /* 0: x requires grad; 1: not; 2: again; 3: it does, grad mode off */
             sg_requires_grad_(x, phase != 1);
             sg_set_grad_enabled(ctx, phase != 3);
             sg_tensor *y = NULL;
+            if (phase == 1 || phase == 3) { /* nothing recorded: refused, not zeros */
+                ok = TU_EXPECT(sg_call(fn, &x, 1, &y, 1) == SG_ERR_INVALID_ARG) &&
+                     TU_EXPECT(strstr(sg_last_error(ctx), "does not require grad") != NULL);
+                sg_clear_error(ctx);
+                continue;
+            }
             ok = TU_EXPECT(sg_call(fn, &x, 1, &y, 1) == SG_OK);
             double *got = ok ? tu_read(y) : NULL;
-            ok = ok && tu_close("dx", got, phase == 0 || phase == 2 ? ref : zero, 3,
-                                tu_rtol(SG_F32), tu_atol(SG_F32));
+            ok = ok && tu_close("dx", got, ref, 3, tu_rtol(SG_F32), tu_atol(SG_F32));
             free(got);
+            sg_release(y);
         }
         sg_set_grad_enabled(ctx, true);
         sg_fn_stats st = {0};
         sg_fn_get_stats(fn, &st);
         ok = ok && TU_EXPECT(st.captures == 3);
-        tu_case(ok, "GRAD_GUARD(mode=%s: requires grad on, off, on; grad mode off) -> 3 captures",
-                sg_mode_name(modes[mi]));
+        tu_case(ok,
+                "GRAD_GUARD(mode=%s: requires grad on, off (refused), on; grad mode off "
+                "(refused)) -> %d captures",
+                sg_mode_name(modes[mi]), (int)st.captures);
         sg_fn_destroy(fn);
     }
-    /* A parameter's requires grad: d sum(x x w) / dw = x x while w requires
-     * grad, zeros once it stops (a new capture), x x again after. */
+    /* A parameter's requires grad (x requires grad here, so the loss is
+     * always recorded): d sum(x x w) / dw = x x while w requires grad, zeros
+     * once it stops (a new capture), x x again after. */
     for (int mi = 0; mi < 2; mi++) {
         sg_fn *fn;
         sg_compile_opts o = {.mode = modes[mi]};
@@ -1320,13 +1329,15 @@ static void requires_grad_guard_case(void) {
             ok = ok &&
                  tu_close("dw", got, phase == 2 ? zero : ref, 3, tu_rtol(SG_F32), tu_atol(SG_F32));
             free(got);
+            sg_release(y);
         }
         sg_fn_stats st = {0};
         sg_fn_get_stats(fn, &st);
         ok = ok && TU_EXPECT(st.captures == 3);
         tu_case(ok,
-                "GRAD_GUARD(mode=%s: a parameter requires grad, still, not, again) -> 3 captures",
-                sg_mode_name(modes[mi]));
+                "GRAD_GUARD(mode=%s: a parameter requires grad, still, not (the loss still "
+                "does, through x: zeros), again) -> %d captures",
+                sg_mode_name(modes[mi]), (int)st.captures);
         sg_fn_destroy(fn);
     }
     sg_release(x), sg_release(rg_w);
@@ -1414,6 +1425,37 @@ static void usage_cases(void) {
     tu_case(ok, "GRAD_FLAGS(no_grad, int leaf, non-leaf, loss not scalar)");
     sg_clear_error(ctx);
     sg_release(y), sg_release(ix);
+
+    /* A loss that nothing was recorded for (its forward under no_grad, or
+     * from a tensor marked only afterwards) is refused, not given zeros;
+     * the context stays usable. */
+    ok = true;
+    for (int how = 0; how < 2; how++) {
+        double *vd;
+        sg_tensor *v = tu_rand(ctx, SG_F32, 2, sh, -1, 1, &vd);
+        free(vd);
+        if (how == 0) sg_set_grad_enabled(ctx, false);
+        sg_tensor *sq = sg_mul(v, v), *l = sg_sum(sq, 0, NULL, false);
+        sg_set_grad_enabled(ctx, true);
+        if (how == 1) sg_requires_grad_(v, true);
+        g[0] = NULL;
+        sg_status st = sg_grad(l, 1, &v, g);
+        ok = ok && TU_EXPECT(st == SG_ERR_INVALID_ARG) && TU_EXPECT(g[0] == NULL) &&
+             TU_EXPECT(strstr(sg_last_error(ctx), "does not require grad") != NULL) &&
+             TU_EXPECT(strstr(sg_last_error(ctx), "sg_requires_grad_") != NULL);
+        sg_clear_error(ctx);
+        sg_tensor *sq2 = sg_mul(v, v), *l2 = sg_sum(sq2, 0, NULL, false);
+        ok = ok && TU_EXPECT(how == 0 || sg_grad(l2, 1, &v, g) == SG_OK);
+        if (how == 1 && ok) { /* marked now: 2 v */
+            float gv2[12], vv[12];
+            ok = TU_EXPECT(sg_read(g[0], gv2, sizeof gv2) == SG_OK) &&
+                 TU_EXPECT(sg_read(v, vv, sizeof vv) == SG_OK);
+            for (int i = 0; ok && i < 12; i++) ok = TU_EXPECT(fabsf(gv2[i] - 2 * vv[i]) < 1e-5f);
+            sg_release(g[0]);
+        }
+        sg_release(sq), sg_release(l), sg_release(sq2), sg_release(l2), sg_release(v);
+    }
+    tu_case(ok, "GRAD_LOSS_NOT_RECORDED(forward under no_grad; marked after the forward)");
 
     /* Eager forward + backward in a loop whose results are released: no
      * growth (the quarantine of released handles is filled first). */
