@@ -156,11 +156,12 @@ sg_status sg__lanes_plan(sg_ctx *ctx, int n, const sg__lane_use *use, int nlanes
             need[m] = j;
             if (j > latest) latest = j;
         }
+        /* The lane of the latest group it waits for, when its class may take it. */
+        bool latest_ok = latest >= 0 && out->lane[latest] >= lo && out->lane[latest] < hi;
         int L = -1;
         if (use[k].lane0) {
             L = 0;
-        } else if (latest >= 0 && tail[out->lane[latest]] == latest && out->lane[latest] >= lo &&
-                   out->lane[latest] < hi) {
+        } else if (latest_ok && tail[out->lane[latest]] == latest) {
             L = out->lane[latest]; /* right after what it waits for */
         } else {
             /* What the groups it waits for already follow, lane by lane. */
@@ -184,10 +185,7 @@ sg_status sg__lanes_plan(sg_ctx *ctx, int n, const sg__lane_use *use, int nlanes
                 for (int l = lo; l < hi; l++)
                     if (tail[l] >= 0 && tail[l] < oldest) oldest = tail[l], L = l;
             }
-            if (L < 0)
-                L = latest >= 0 && out->lane[latest] >= lo && out->lane[latest] < hi
-                        ? out->lane[latest]
-                        : lo;
+            if (L < 0) L = latest_ok ? out->lane[latest] : lo;
         }
         out->lane[k] = L;
         int *w = out->wait + (size_t)k * SG__LANES_MAX;

@@ -252,7 +252,8 @@ sg_status sg__cuda_lanes_make(sg_ctx *ctx, int n) {
                              : s->cu->cuStreamCreate(&s->lanes[l], CU_STREAM_NON_BLOCKING);
         if (r != CUDA_SUCCESS) {
             s->lanes[l] = NULL;
-            return sg__cu_fail(ctx, r, "cuStreamCreate", "a stream for a graph's branches");
+            return sg__cu_fail(ctx, r, s->prio ? "cuStreamCreateWithPriority" : "cuStreamCreate",
+                               "a stream for a graph's branches");
         }
     }
     return SG_OK;
