@@ -2653,6 +2653,7 @@ void sg__cgen_cuda_fuse_opts(sg__fuse_opts *o, bool disable) {
     o->gemv_rows = gemv_rows;
     o->chain = chain_takes;
     o->multi_sums = true;
+    o->multi_ready = true;
 }
 
 sg_status sg__cgen_gpu(sg_ctx *ctx, const sg__ir *ir, const sg__fused *f, const char *title,

@@ -1454,6 +1454,122 @@ static void multi_sums(sg_ctx *ctx, const sg__ir *ir, const int *alias, sg__fuse
     f->ngroups = nout;
 }
 
+/* ------------------------------------------------------------ updates by readiness */
+
+/* Does one of groups a and b (a MULTI through its members) touch a slot
+ * that the other writes? */
+static bool conflict(const sg__ir *ir, const int *alias, const sg__fused *f, const sg__group *a,
+                     const sg__group *b) {
+    return writes_for(ir, alias, f, a, b, true) || writes_for(ir, alias, f, b, a, true);
+}
+
+/* The last of groups [0, n) that conflicts with g, or -1. */
+static int last_conflict(const sg__ir *ir, const int *alias, const sg__fused *f, int n,
+                         const sg__group *g) {
+    for (int p = n - 1; p >= 0; p--)
+        if (conflict(ir, alias, f, &f->groups[p], g)) return p;
+    return -1;
+}
+
+/* A pointwise group of single values: an optimizer's bias corrections, a
+ * schedule's learning rate. */
+static bool scalar_group(const sg__ir *ir, const int *alias, const sg__group *g) {
+    if (g->kind != SG__G_POINTWISE) return false;
+    for (int k = 0; k < g->n; k++) {
+        const sg__ref *o = &ir->refs[alias[ir->nodes[g->g[k].node].out]];
+        for (int d = 0; d < o->ndim; d++)
+            if (o->shape[d] != 1) return false;
+    }
+    return true;
+}
+
+/* Group `from` moved to `to` (to <= from), the groups between one later. */
+static void move_group(sg__fused *f, int from, int to) {
+    sg__group g = f->groups[from];
+    memmove(&f->groups[to + 1], &f->groups[to], sizeof g * (size_t)(from - to));
+    f->groups[to] = g;
+}
+
+/*
+ * A multi-tensor update (horizontal's MULTI of pointwise members: an
+ * optimizer's step over every parameter) comes after the whole backward,
+ * but without a clip each parameter's update needs only its own gradient,
+ * and the last layers' gradients are ready first. So its members are cut in
+ * two: those ready before the last (each member's last conflict -- a write
+ * of what it reads, a read or write of what it writes -- comes before the
+ * latest one's) become one group moved to just after their own last
+ * conflict, where it runs beside the rest of the backward on a branch; the
+ * rest stays. The single-value groups it reads (bias corrections computed
+ * from the step count) move first, each to just after its own last
+ * conflict. Lifetimes follow the group order (graphs/graph.c), so the pool
+ * sees the moves. Out of memory leaves a group as it was.
+ */
+static void multi_ready(sg_ctx *ctx, const sg__ir *ir, const int *alias, sg__fused *f) {
+    for (int i = 0; i < f->ngroups; i++) {
+        sg__group *m = &f->groups[i];
+        if (m->kind != SG__G_MULTI || m->sums || m->chain || m->nmembers < 2) continue;
+        for (int p = 0; p < i; p++) {
+            const sg__group *s = &f->groups[p];
+            if (!scalar_group(ir, alias, s) || !conflict(ir, alias, f, s, &f->groups[i])) continue;
+            int at = last_conflict(ir, alias, f, p, s) + 1;
+            if (at < p) move_group(f, p, at);
+        }
+        m = &f->groups[i];
+        int n = m->nmembers, *ready = sg__alloc(ctx, sizeof(int) * (size_t)n);
+        if (!ready) return;
+        int late = -1, rearly = -1, nearly = 0;
+        for (int k = 0; k < n; k++) {
+            ready[k] = last_conflict(ir, alias, f, i, &f->parts[m->members[k]]);
+            if (ready[k] > late) late = ready[k];
+        }
+        for (int k = 0; k < n; k++)
+            if (ready[k] < late) nearly++, rearly = ready[k] > rearly ? ready[k] : rearly;
+        int nlate = n - nearly;
+        int *early = nearly >= 2 ? sg__alloc(ctx, sizeof(int) * (size_t)nearly) : NULL;
+        int *rest = nlate >= 2 ? sg__alloc(ctx, sizeof(int) * (size_t)nlate) : NULL;
+        bool grow = f->ngroups < f->cap_groups;
+        if (!grow) {
+            int ncap = f->cap_groups * 2;
+            sg__group *ng = sg__alloc(ctx, sizeof *ng * (size_t)ncap);
+            if (ng) {
+                memcpy(ng, f->groups, sizeof *ng * (size_t)f->ngroups);
+                sg__free(ctx, f->groups, sizeof *ng * (size_t)f->cap_groups);
+                f->groups = ng, f->cap_groups = ncap, grow = true;
+                m = &f->groups[i];
+            }
+        }
+        if (!nearly || rearly + 1 >= i || !grow || (nearly >= 2 && !early) ||
+            (nlate >= 2 && !rest)) {
+            sg__free(ctx, ready, sizeof(int) * (size_t)n);
+            sg__free(ctx, early, sizeof(int) * (size_t)nearly);
+            sg__free(ctx, rest, sizeof(int) * (size_t)nlate);
+            continue;
+        }
+        /* A side of one member is that member's own group (its part emptied). */
+        sg__group e = {.kind = SG__G_MULTI, .anchor = -1, .members = early};
+        sg__group l = {.kind = SG__G_MULTI, .anchor = -1, .members = rest};
+        for (int k = 0; k < n; k++) {
+            int part = m->members[k];
+            sg__group *into = ready[k] < late ? &e : &l;
+            if (!into->members) {
+                *into = f->parts[part];
+                memset(&f->parts[part], 0, sizeof f->parts[part]);
+                continue;
+            }
+            if (!into->nmembers) into->first = f->parts[part].first;
+            into->last = f->parts[part].last;
+            into->members[into->nmembers++] = part;
+        }
+        sg__free(ctx, ready, sizeof(int) * (size_t)n);
+        sg__free(ctx, m->members, sizeof(int) * (size_t)n);
+        sg__free(ctx, m->g, sizeof *m->g * (size_t)(m->n ? m->n : 1));
+        *m = l;
+        f->groups[f->ngroups++] = e;
+        move_group(f, f->ngroups - 1, rearly + 1);
+        i++; /* the rest moved one on */
+    }
+}
+
 /* ------------------------------------------------------------ cache writes into GEMV */
 
 /*
@@ -1922,6 +2038,7 @@ sg_status sg__fuse(sg_ctx *ctx, const sg__ir *ir, const sg__fuse_opts *opts, sg_
     if (!per_op && (!opts || opts->horizontal))
         s = horizontal(ctx, ir, f->alias, f, opts && opts->horizontal_data);
     if (s == SG_OK && !per_op && opts && opts->multi_sums) multi_sums(ctx, ir, f->alias, f);
+    if (s == SG_OK && !per_op && opts && opts->multi_ready) multi_ready(ctx, ir, f->alias, f);
     if (s == SG_OK && !per_op && opts && opts->chain) chains(ctx, ir, f, opts->chain);
 done:
     sg__free(ctx, writes, sizeof(int) * (size_t)ns);

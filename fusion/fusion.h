@@ -333,6 +333,10 @@ typedef struct sg__fuse_opts {
      * consecutive independent rows_inline REDUCE groups of one sum or mean
      * each, with no epilogue over their input's shape, merge into one. */
     bool multi_sums;
+    /* A multi-tensor update's members ready before the last (no clip: each
+     * parameter's gradient) move, as one group, to just after what they
+     * wait for, beside the rest of the backward (fuse.c multi_ready). */
+    bool multi_ready;
     /* No constant folding (SG_CONST_FOLD=0): constant groups replay. */
     bool no_fold;
 } sg__fuse_opts;

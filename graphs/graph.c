@@ -265,6 +265,14 @@ static const char *check_var(sg__dialect d) {
                                    : "SG_NVRTC_CHECK";
 }
 
+/* What the environment turns off: SG_CONST_FOLD=0 (folding), SG_MULTI_READY=0
+ * (updates moved by readiness). */
+static void fuse_env(sg__fuse_opts *fo) {
+    fo->no_fold = no_fold();
+    const char *mr = getenv("SG_MULTI_READY");
+    if (mr && strcmp(mr, "0") == 0) fo->multi_ready = false;
+}
+
 /* SG_NVRTC_CHECK / SG_HIPRTC_CHECK / SG_OPENCL_CHECK: this capture fused as
  * for a GPU, its unit in dialect d built (build_dialect) and thrown away.
  * A group the dialect has no kernel for is counted and fails the unit.
@@ -279,7 +287,7 @@ static void check_dialect(sg_fn *fn, sg__graph *g, bool disable, sg__dialect d) 
              d == SG__DIALECT_OPENCL ? "cl" : d == SG__DIALECT_HIP ? "hip" : "cu");
     sg__fuse_opts fo;
     sg__cgen_cuda_fuse_opts(&fo, disable);
-    fo.no_fold = no_fold();
+    fuse_env(&fo);
     sg__fused f;
     memset(&f, 0, sizeof f);
     sg_status s = sg__fuse(ctx, &g->ir, &fo, &f);
@@ -350,10 +358,11 @@ static sg_status try_compile(sg_fn *fn, sg__graph *g) {
     bool no_code = !ops || !ops->compile || (cg && strcmp(cg, "0") == 0) ||
                    fn->backend_kind != SG__BACKEND_INDUCTOR;
     if (no_code && !fn->opts.backend_fn && fn->backend_kind != SG__BACKEND_AOT_EAGER) return SG_OK;
-    sg__fuse_opts fo = {.disable = fusion_disabled_by_env(), .horizontal = true};
+    sg__fuse_opts fo = {
+        .disable = fusion_disabled_by_env(), .horizontal = true, .multi_ready = true};
     if (ops && ops->fuse_opts) ops->fuse_opts(&fo, fo.disable);
     fo.no_epilogue = fn->opts.epilogue_fusion == SG_FLAG_FALSE;
-    fo.no_fold = no_fold();
+    fuse_env(&fo);
     fo.per_op = fn->backend_kind == SG__BACKEND_AOT_EAGER;
     fo.disable = fo.disable || fn->backend_kind == SG__BACKEND_EAGER;
     sg_status before = ctx->status;

@@ -591,6 +591,138 @@ static void test_sums_by_readiness(void) {
     for (int i = 0; i < 5; i++) sg_release(in[i]);
 }
 
+/* An MLP's training step without a clip: three layers, cross-entropy,
+ * sg_grad and AdamW over the six parameters. The last layers' updates need
+ * only their own gradients: fusion moves them (one multi-tensor kernel)
+ * before the first layer's weight-gradient product, and the bias
+ * corrections they read to the step's start. */
+typedef struct mlp_box {
+    sg_tensor *p[6];
+    sg_optim *opt;
+} mlp_box;
+
+STEP(mlp_train_step) {
+    mlp_box *b = user;
+    sg_tensor *h = sg_relu(sg_linear(in[0], b->p[0], b->p[1]));
+    h = sg_relu(sg_linear(h, b->p[2], b->p[3]));
+    sg_tensor *loss = sg_cross_entropy(sg_linear(h, b->p[4], b->p[5]), in[1]), *g[6];
+    if (!loss) return sg_ctx_status(c);
+    sg_status st = sg_grad(loss, 6, b->p, g);
+    if (st == SG_OK) st = sg_optim_step(b->opt, g);
+    out[0] = loss;
+    return st;
+}
+
+/* In fused groups f: the first multi-tensor update (a MULTI, not sums) at
+ * *early with *nm members, the last product at *last_mm, and how many
+ * groups write a parameter in place (*nupd: MULTIs count their members;
+ * the first of them at *first_upd). */
+static void updates_layout(const sg__ir *ir, const sg__fused *f, int *early, int *nm, int *last_mm,
+                           int *nupd, int *first_upd) {
+    *early = *last_mm = *first_upd = -1, *nm = *nupd = 0;
+    for (int k = 0; k < f->ngroups; k++) {
+        const sg__group *gr = &f->groups[k];
+        int np = gr->kind == SG__G_MULTI ? gr->nmembers : 1;
+        for (int m = 0; m < np; m++) {
+            const sg__group *p = gr->kind == SG__G_MULTI ? &f->parts[gr->members[m]] : gr;
+            bool param = false; /* a parameter's update (not the step count's copy) */
+            for (int q = 0; q < p->n && !param; q++) {
+                const sg__ref *o = &ir->refs[f->alias[ir->nodes[p->g[q].node].out]];
+                param = ir->slots[o->slot].kind == SG__SLOT_PARAM &&
+                        ir->nodes[p->g[q].node].op == SG__OP_COPY &&
+                        sg__numel(o->ndim, o->shape) > 1;
+            }
+            *nupd += param;
+            if (param) *first_upd = *first_upd < 0 ? k : *first_upd;
+        }
+        if (gr->kind == SG__G_MULTI && !gr->sums && !gr->chain && *early < 0)
+            *early = k, *nm = gr->nmembers;
+        if (gr->kind == SG__G_MATMUL) *last_mm = k;
+    }
+}
+
+static void test_updates_by_readiness(void) {
+    int64_t sh[6][2] = {{24, 12}, {24}, {20, 24}, {20}, {10, 20}, {10}};
+    mlp_box be, bc;
+    for (int i = 0; i < 6; i++) {
+        be.p[i] = tu_rand(ctx, SG_F32, i % 2 ? 1 : 2, sh[i], -0.5, 0.5, NULL);
+        bc.p[i] = sg_clone(be.p[i]);
+        sg_requires_grad_(be.p[i], true), sg_requires_grad_(bc.p[i], true);
+    }
+    int64_t xs[2] = {9, 12}, ys[1] = {9};
+    sg_tensor *in[2] = {tu_rand(ctx, SG_F32, 2, xs, -1, 1, NULL), sg_zeros(ctx, SG_I64, 1, ys)};
+    int64_t lab[9] = {0, 3, 9, 1, 1, 7, 2, 5, 8};
+    bool ok = TU_EXPECT(sg_write(in[1], lab, sizeof lab) == SG_OK) &&
+              TU_EXPECT(sg_adamw_create(ctx, 6, be.p, NULL, &be.opt) == SG_OK) &&
+              TU_EXPECT(sg_adamw_create(ctx, 6, bc.p, NULL, &bc.opt) == SG_OK);
+    sg_fn *fe = NULL, *fc = NULL;
+    ok = ok &&
+         TU_EXPECT(sg_compile(ctx, mlp_train_step, &be, 2, 1,
+                              &(sg_compile_opts){.mode = SG_MODE_EAGER}, &fe) == SG_OK) &&
+         TU_EXPECT(sg_compile(ctx, mlp_train_step, &bc, 2, 1,
+                              &(sg_compile_opts){.mode = SG_MODE_REDUCE_OVERHEAD}, &fc) == SG_OK);
+    for (int call = 0; ok && call < 4; call++) {
+        sg_tensor *oe = NULL, *oc = NULL;
+        sg_mark_step_begin(ctx);
+        ok = TU_EXPECT(sg_call(fe, in, 2, &oe, 1) == SG_OK) &&
+             TU_EXPECT(sg_call(fc, in, 2, &oc, 1) == SG_OK);
+        double *a = ok ? tu_read(oe) : NULL, *b = ok ? tu_read(oc) : NULL;
+        ok = ok && TU_EXPECT(tu_close("loss", b, a, 1, 1e-5, 1e-6));
+        free(a), free(b);
+    }
+    for (int i = 0; ok && i < 6; i++) {
+        double *a = tu_read(be.p[i]), *b = tu_read(bc.p[i]);
+        ok = TU_EXPECT(tu_close("param", b, a, sg_tensor_numel(be.p[i]), 1e-5, 1e-6));
+        free(a), free(b);
+    }
+    ok = ok && TU_EXPECT(fc->ngraphs == 1 && fc->graphs[0]->compiled);
+    /* The layout: this backend's own fusion, and the CUDA options' too. */
+    int fu = -1, early = -1, nm = 0, last_mm = -1, nupd = 0, early2 = -1, nm2 = 0, last2 = -1,
+        nupd2 = 0;
+    const sg__graph *g = ok ? fc->graphs[0] : NULL;
+    if (g) updates_layout(&g->ir, &g->fused, &early, &nm, &last_mm, &nupd, &fu);
+    ok = ok && TU_EXPECT(nupd == 6 && early >= 0 && nm == 5 && (last_mm < 0 || early < last_mm));
+    bool have = false;
+    if (ok && sg__cuda_graph_ops.fuse_opts) {
+        sg__fuse_opts fo;
+        sg__fused f;
+        sg__cuda_graph_ops.fuse_opts(&fo, false);
+        have = TU_EXPECT(sg__fuse(ctx, &g->ir, &fo, &f) == SG_OK);
+        if (have)
+            updates_layout(&g->ir, &f, &early2, &nm2, &last2, &nupd2, &fu),
+                sg__fused_free(ctx, &f, &g->ir);
+        ok = have && TU_EXPECT(nupd2 == 6 && nm2 == 5 && early2 >= 0 && early2 < last2);
+    }
+    if (!ok)
+        fprintf(
+            stderr,
+            "  updates: early %d (%d members) last product %d, %d updates; cuda %d (%d) %d, %d\n",
+            early, nm, last_mm, nupd, early2, nm2, last2, nupd2);
+    /* Off by SG_MULTI_READY=0: one update kernel after the backward. */
+    sg_fn *f0 = NULL;
+    setenv("SG_MULTI_READY", "0", 1);
+    ok = ok &&
+         TU_EXPECT(sg_compile(ctx, mlp_train_step, &bc, 2, 1,
+                              &(sg_compile_opts){.mode = SG_MODE_REDUCE_OVERHEAD}, &f0) == SG_OK);
+    sg_tensor *o0 = NULL;
+    ok = ok && TU_EXPECT(sg_call(f0, in, 2, &o0, 1) == SG_OK);
+    if (ok)
+        updates_layout(&f0->graphs[0]->ir, &f0->graphs[0]->fused, &early, &nm, &last_mm, &nupd,
+                       &fu);
+    ok = ok && TU_EXPECT(nupd == 6 && fu > last_mm);
+    if (!ok)
+        fprintf(stderr, "  off: %d updates, the first at %d, last product %d\n", nupd, fu, last_mm);
+    unsetenv("SG_MULTI_READY");
+    tu_case(ok,
+            "UPDATES_READY(an MLP's AdamW without a clip: the five updates ready before the first "
+            "layer's weight gradient run as one kernel before its product%s; the numbers as eager)",
+            have ? ", with this backend's and the CUDA options" : "");
+    sg_fn_destroy(f0), sg_fn_destroy(fe), sg_fn_destroy(fc);
+    sg_optim_destroy(be.opt), sg_optim_destroy(bc.opt);
+    for (int i = 0; i < 6; i++) sg_release(be.p[i]), sg_release(bc.p[i]);
+    sg_release(in[0]), sg_release(in[1]);
+}
+
 STEP(chain_step) { return DONE(sg_tanh(sg_add_scalar(sg_sin(in[0]), 0.5))); }
 
 static void test_explain_registers(void) {
@@ -621,6 +753,7 @@ int main(void) {
     test_multi_barrier();
     test_multi_sums();
     test_sums_by_readiness();
+    test_updates_by_readiness();
     test_explain_registers();
     sg_ctx_destroy(ctx);
     return tu_finish();
