@@ -111,6 +111,14 @@
  *    become one MULTI group with `sums` set: one kernel whose blocks each
  *    take a chunk of one member, the last block finishing every member's
  *    sum in a fixed order.
+ *  - updates by readiness (with multi_ready): a multi-tensor update whose
+ *    members wait for different groups (an optimizer without a clip: each
+ *    parameter's update waits for its own gradient, the last layers' first)
+ *    is cut in two, the members ready before the last moved as one group to
+ *    just after their own last conflict, where a backend with streams runs
+ *    them beside the rest of the backward; the single-value groups it reads
+ *    (bias corrections from the step count) move to just after theirs.
+ *    Group order is kernel order, and the pool's lifetimes follow it.
  * SG_DISABLE_FUSION=1 makes every node its own group.
  */
 #ifndef SG_FUSION_H
