@@ -1490,19 +1490,47 @@ static void move_group(sg__fused *f, int from, int to) {
     f->groups[to] = g;
 }
 
+/* A tier of an update's members (TIERS_MAX of them at most): the members
+ * whose readiness lies within `span` groups of the first's. */
+#define TIERS_MAX 8
+#define TIER_SPAN 3
+typedef struct tier {
+    int from, to; /* members order[from..to) */
+    int at;       /* where it goes: after its last member's last conflict */
+} tier;
+
+/* The tiers of the members order[0..n) (sorted by ready) with a span of
+ * span groups; how many, at most max (then false). */
+static bool cut_tiers(const int *ready, const int *order, int n, int span, tier *t, int max,
+                      int *nt) {
+    *nt = 0;
+    for (int k = 0; k < n; k++) {
+        int r = ready[order[k]];
+        if (!*nt || r > ready[order[t[*nt - 1].from]] + span) {
+            if (*nt == max) return false;
+            t[(*nt)++] = (tier){.from = k};
+        }
+        t[*nt - 1].to = k + 1, t[*nt - 1].at = r + 1;
+    }
+    return true;
+}
+
 /*
  * A multi-tensor update (horizontal's MULTI of pointwise members: an
  * optimizer's step over every parameter) comes after the whole backward,
  * but without a clip each parameter's update needs only its own gradient,
- * and the last layers' gradients are ready first. So its members are cut in
- * two: those ready before the last (each member's last conflict -- a write
- * of what it reads, a read or write of what it writes -- comes before the
- * latest one's) become one group moved to just after their own last
- * conflict, where it runs beside the rest of the backward on a branch; the
- * rest stays. The single-value groups it reads (bias corrections computed
- * from the step count) move first, each to just after its own last
- * conflict. Lifetimes follow the group order (graphs/graph.c), so the pool
- * sees the moves. Out of memory leaves a group as it was.
+ * and the last layers' gradients are ready first. So the members ready
+ * before the last (each member's last conflict -- a write of what it reads,
+ * a read or write of what it writes -- comes before the latest one's) are
+ * cut into tiers by readiness (members within TIER_SPAN groups of each
+ * other, the span doubled until there are at most TIERS_MAX), each one
+ * group moved to just after its last member's last conflict, where a
+ * backend with streams runs it beside the rest of the backward: a deep
+ * model's layer updates beside the layers below. The rest stays. The
+ * single-value groups it reads (bias corrections computed from the step
+ * count) move first, each to just after its own last conflict. Lifetimes
+ * follow the group order (graphs/graph.c), so the pool sees the moves. Out
+ * of memory leaves a group as it was.
  */
 static void multi_ready(sg_ctx *ctx, const sg__ir *ir, const int *alias, sg__fused *f) {
     for (int i = 0; i < f->ngroups; i++) {
@@ -1515,58 +1543,81 @@ static void multi_ready(sg_ctx *ctx, const sg__ir *ir, const int *alias, sg__fus
             if (at < p) move_group(f, p, at);
         }
         m = &f->groups[i];
-        int n = m->nmembers, *ready = sg__alloc(ctx, sizeof(int) * (size_t)n);
+        int n = m->nmembers, *ready = sg__alloc(ctx, sizeof(int) * (size_t)n * 2);
         if (!ready) return;
-        int late = -1, rearly = -1, nearly = 0;
+        int *order = ready + n, late = -1, nearly = 0;
         for (int k = 0; k < n; k++) {
             ready[k] = last_conflict(ir, alias, f, i, &f->parts[m->members[k]]);
             if (ready[k] > late) late = ready[k];
         }
-        for (int k = 0; k < n; k++)
-            if (ready[k] < late) nearly++, rearly = ready[k] > rearly ? ready[k] : rearly;
-        int nlate = n - nearly;
-        int *early = nearly >= 2 ? sg__alloc(ctx, sizeof(int) * (size_t)nearly) : NULL;
-        int *rest = nlate >= 2 ? sg__alloc(ctx, sizeof(int) * (size_t)nlate) : NULL;
-        bool grow = f->ngroups < f->cap_groups;
-        if (!grow) {
-            int ncap = f->cap_groups * 2;
+        for (int k = 0; k < n; k++) /* the early members by readiness, then the rest */
+            if (ready[k] < late) order[nearly++] = k;
+        for (int a = 1; a < nearly; a++)
+            for (int b = a; b > 0 && ready[order[b - 1]] > ready[order[b]]; b--) {
+                int x = order[b];
+                order[b] = order[b - 1], order[b - 1] = x;
+            }
+        for (int k = 0, r = nearly; k < n; k++)
+            if (ready[k] == late) order[r++] = k;
+        tier t[TIERS_MAX];
+        int nt = 0;
+        for (int span = TIER_SPAN; !cut_tiers(ready, order, nearly, span, t, TIERS_MAX, &nt);)
+            span *= 2;
+        /* Room for the tiers, and each side's member list. */
+        bool room = f->ngroups + nt <= f->cap_groups;
+        if (!room && nt) {
+            int ncap = f->ngroups + nt + f->cap_groups;
             sg__group *ng = sg__alloc(ctx, sizeof *ng * (size_t)ncap);
             if (ng) {
                 memcpy(ng, f->groups, sizeof *ng * (size_t)f->ngroups);
                 sg__free(ctx, f->groups, sizeof *ng * (size_t)f->cap_groups);
-                f->groups = ng, f->cap_groups = ncap, grow = true;
+                f->groups = ng, f->cap_groups = ncap, room = true;
                 m = &f->groups[i];
             }
         }
-        if (!nearly || rearly + 1 >= i || !grow || (nearly >= 2 && !early) ||
-            (nlate >= 2 && !rest)) {
-            sg__free(ctx, ready, sizeof(int) * (size_t)n);
-            sg__free(ctx, early, sizeof(int) * (size_t)nearly);
-            sg__free(ctx, rest, sizeof(int) * (size_t)nlate);
+        sg__group side[TIERS_MAX + 1]; /* the tiers, then the rest */
+        int nside = nt + 1;
+        bool ok = room && nt > 0;
+        for (int q = 0; q < nside; q++) {
+            int cnt = q < nt ? t[q].to - t[q].from : n - nearly;
+            side[q] = (sg__group){.kind = SG__G_MULTI, .anchor = -1};
+            if (ok && cnt >= 2 && !(side[q].members = sg__alloc(ctx, sizeof(int) * (size_t)cnt)))
+                ok = false;
+        }
+        if (!ok) {
+            for (int q = 0; q < nside; q++) {
+                int cnt = q < nt ? t[q].to - t[q].from : n - nearly;
+                sg__free(ctx, side[q].members, sizeof(int) * (size_t)cnt);
+            }
+            sg__free(ctx, ready, sizeof(int) * (size_t)n * 2);
             continue;
         }
         /* A side of one member is that member's own group (its part emptied). */
-        sg__group e = {.kind = SG__G_MULTI, .anchor = -1, .members = early};
-        sg__group l = {.kind = SG__G_MULTI, .anchor = -1, .members = rest};
-        for (int k = 0; k < n; k++) {
-            int part = m->members[k];
-            sg__group *into = ready[k] < late ? &e : &l;
-            if (!into->members) {
-                *into = f->parts[part];
-                memset(&f->parts[part], 0, sizeof f->parts[part]);
-                continue;
+        for (int q = 0; q < nside; q++) {
+            int from = q < nt ? t[q].from : nearly, to = q < nt ? t[q].to : n;
+            sg__group *g = &side[q];
+            for (int k = from; k < to; k++) {
+                int part = m->members[order[k]];
+                if (!g->members) {
+                    *g = f->parts[part];
+                    memset(&f->parts[part], 0, sizeof f->parts[part]);
+                    continue;
+                }
+                if (!g->nmembers) g->first = f->parts[part].first;
+                g->last = f->parts[part].last;
+                g->members[g->nmembers++] = part;
             }
-            if (!into->nmembers) into->first = f->parts[part].first;
-            into->last = f->parts[part].last;
-            into->members[into->nmembers++] = part;
         }
-        sg__free(ctx, ready, sizeof(int) * (size_t)n);
         sg__free(ctx, m->members, sizeof(int) * (size_t)n);
         sg__free(ctx, m->g, sizeof *m->g * (size_t)(m->n ? m->n : 1));
-        *m = l;
-        f->groups[f->ngroups++] = e;
-        move_group(f, f->ngroups - 1, rearly + 1);
-        i++; /* the rest moved one on */
+        *m = side[nt];
+        /* The latest tier first: each insertion only moves the later ones on. */
+        for (int q = nt - 1; q >= 0; q--) {
+            f->groups[f->ngroups++] = side[q];
+            move_group(f, f->ngroups - 1, t[q].at);
+        }
+        sg__free(ctx, ready, sizeof(int) * (size_t)n * 2);
+        i += nt; /* the rest moved on */
     }
 }
 

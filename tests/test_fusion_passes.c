@@ -613,32 +613,35 @@ STEP(mlp_train_step) {
     return st;
 }
 
-/* In fused groups f: the first multi-tensor update (a MULTI, not sums) at
- * *early with *nm members, the last product at *last_mm, and how many
- * groups write a parameter in place (*nupd: MULTIs count their members;
- * the first of them at *first_upd). */
-static void updates_layout(const sg__ir *ir, const sg__fused *f, int *early, int *nm, int *last_mm,
-                           int *nupd, int *first_upd) {
-    *early = *last_mm = *first_upd = -1, *nm = *nupd = 0;
+/* Where fused groups f put a step's parameter updates: how many (MULTIs
+ * count their members), how many before the last product, and in how many
+ * groups. */
+typedef struct upd_layout {
+    int nupd, before, ngroups, last_mm;
+} upd_layout;
+
+static bool param_update(const sg__ir *ir, const sg__fused *f, const sg__group *p) {
+    for (int q = 0; q < p->n; q++) { /* a parameter's update, not the step count's copy */
+        const sg__ref *o = &ir->refs[f->alias[ir->nodes[p->g[q].node].out]];
+        if (ir->slots[o->slot].kind == SG__SLOT_PARAM &&
+            ir->nodes[p->g[q].node].op == SG__OP_COPY && sg__numel(o->ndim, o->shape) > 1)
+            return true;
+    }
+    return false;
+}
+
+static upd_layout updates_layout(const sg__ir *ir, const sg__fused *f) {
+    upd_layout u = {.last_mm = -1};
+    for (int k = 0; k < f->ngroups; k++)
+        if (f->groups[k].kind == SG__G_MATMUL) u.last_mm = k;
     for (int k = 0; k < f->ngroups; k++) {
         const sg__group *gr = &f->groups[k];
-        int np = gr->kind == SG__G_MULTI ? gr->nmembers : 1;
-        for (int m = 0; m < np; m++) {
-            const sg__group *p = gr->kind == SG__G_MULTI ? &f->parts[gr->members[m]] : gr;
-            bool param = false; /* a parameter's update (not the step count's copy) */
-            for (int q = 0; q < p->n && !param; q++) {
-                const sg__ref *o = &ir->refs[f->alias[ir->nodes[p->g[q].node].out]];
-                param = ir->slots[o->slot].kind == SG__SLOT_PARAM &&
-                        ir->nodes[p->g[q].node].op == SG__OP_COPY &&
-                        sg__numel(o->ndim, o->shape) > 1;
-            }
-            *nupd += param;
-            if (param) *first_upd = *first_upd < 0 ? k : *first_upd;
-        }
-        if (gr->kind == SG__G_MULTI && !gr->sums && !gr->chain && *early < 0)
-            *early = k, *nm = gr->nmembers;
-        if (gr->kind == SG__G_MATMUL) *last_mm = k;
+        int np = gr->kind == SG__G_MULTI ? gr->nmembers : 1, here = 0;
+        for (int m = 0; m < np; m++)
+            here += param_update(ir, f, gr->kind == SG__G_MULTI ? &f->parts[gr->members[m]] : gr);
+        u.nupd += here, u.ngroups += here > 0, u.before += k < u.last_mm ? here : 0;
     }
+    return u;
 }
 
 static void test_updates_by_readiness(void) {
@@ -677,27 +680,19 @@ static void test_updates_by_readiness(void) {
     }
     ok = ok && TU_EXPECT(fc->ngraphs == 1 && fc->graphs[0]->compiled);
     /* The layout: this backend's own fusion, and the CUDA options' too. */
-    int fu = -1, early = -1, nm = 0, last_mm = -1, nupd = 0, early2 = -1, nm2 = 0, last2 = -1,
-        nupd2 = 0;
+    upd_layout u = {0}, uc = {0}, u0 = {0};
     const sg__graph *g = ok ? fc->graphs[0] : NULL;
-    if (g) updates_layout(&g->ir, &g->fused, &early, &nm, &last_mm, &nupd, &fu);
-    ok = ok && TU_EXPECT(nupd == 6 && early >= 0 && nm == 5 && (last_mm < 0 || early < last_mm));
+    if (g) u = updates_layout(&g->ir, &g->fused);
+    ok = ok && TU_EXPECT(u.nupd == 6 && u.before == 5 && u.ngroups >= 2 && u.last_mm >= 0);
     bool have = false;
     if (ok && sg__cuda_graph_ops.fuse_opts) {
         sg__fuse_opts fo;
         sg__fused f;
         sg__cuda_graph_ops.fuse_opts(&fo, false);
         have = TU_EXPECT(sg__fuse(ctx, &g->ir, &fo, &f) == SG_OK);
-        if (have)
-            updates_layout(&g->ir, &f, &early2, &nm2, &last2, &nupd2, &fu),
-                sg__fused_free(ctx, &f, &g->ir);
-        ok = have && TU_EXPECT(nupd2 == 6 && nm2 == 5 && early2 >= 0 && early2 < last2);
+        if (have) uc = updates_layout(&g->ir, &f), sg__fused_free(ctx, &f, &g->ir);
+        ok = have && TU_EXPECT(uc.nupd == 6 && uc.before == 5 && uc.ngroups >= 2);
     }
-    if (!ok)
-        fprintf(
-            stderr,
-            "  updates: early %d (%d members) last product %d, %d updates; cuda %d (%d) %d, %d\n",
-            early, nm, last_mm, nupd, early2, nm2, last2, nupd2);
     /* Off by SG_MULTI_READY=0: one update kernel after the backward. */
     sg_fn *f0 = NULL;
     setenv("SG_MULTI_READY", "0", 1);
@@ -706,21 +701,98 @@ static void test_updates_by_readiness(void) {
                               &(sg_compile_opts){.mode = SG_MODE_REDUCE_OVERHEAD}, &f0) == SG_OK);
     sg_tensor *o0 = NULL;
     ok = ok && TU_EXPECT(sg_call(f0, in, 2, &o0, 1) == SG_OK);
-    if (ok)
-        updates_layout(&f0->graphs[0]->ir, &f0->graphs[0]->fused, &early, &nm, &last_mm, &nupd,
-                       &fu);
-    ok = ok && TU_EXPECT(nupd == 6 && fu > last_mm);
-    if (!ok)
-        fprintf(stderr, "  off: %d updates, the first at %d, last product %d\n", nupd, fu, last_mm);
+    if (ok) u0 = updates_layout(&f0->graphs[0]->ir, &f0->graphs[0]->fused);
+    ok = ok && TU_EXPECT(u0.nupd == 6 && u0.before == 0 && u0.ngroups == 1);
     unsetenv("SG_MULTI_READY");
+    if (!ok)
+        fprintf(stderr,
+                "  updates (of, before the last product, groups): on %d %d %d, cuda %d %d %d, "
+                "off %d %d %d\n",
+                u.nupd, u.before, u.ngroups, uc.nupd, uc.before, uc.ngroups, u0.nupd, u0.before,
+                u0.ngroups);
     tu_case(ok,
             "UPDATES_READY(an MLP's AdamW without a clip: the five updates ready before the first "
-            "layer's weight gradient run as one kernel before its product%s; the numbers as eager)",
+            "layer's weight gradient run in tiers before its product%s; off, one kernel after; "
+            "the numbers as eager)",
             have ? ", with this backend's and the CUDA options" : "");
     sg_fn_destroy(f0), sg_fn_destroy(fe), sg_fn_destroy(fc);
     sg_optim_destroy(be.opt), sg_optim_destroy(bc.opt);
     for (int i = 0; i < 6; i++) sg_release(be.p[i]), sg_release(bc.p[i]);
     sg_release(in[0]), sg_release(in[1]);
+}
+
+/* Twelve layers of tanh, no clip: the updates by readiness come in at most
+ * eight tiers (TIERS_MAX, fusion/fuse.c) plus the rest, each layer's
+ * before the layers below it finish. */
+#define DEEP 12
+typedef struct deep_box {
+    sg_tensor *p[2 * DEEP];
+    sg_optim *opt;
+} deep_box;
+
+STEP(deep_train_step) {
+    deep_box *b = user;
+    sg_tensor *h = in[0], *g[2 * DEEP];
+    for (int l = 0; l < DEEP; l++) h = sg_tanh(sg_linear(h, b->p[2 * l], b->p[2 * l + 1]));
+    sg_tensor *loss = sg_mean(sg_mul(h, h), 0, NULL, false);
+    if (!loss) return sg_ctx_status(c);
+    sg_status st = sg_grad(loss, 2 * DEEP, b->p, g);
+    if (st == SG_OK) st = sg_optim_step(b->opt, g);
+    out[0] = loss;
+    return st;
+}
+
+static void test_updates_deep(void) {
+    deep_box be, bc;
+    for (int i = 0; i < 2 * DEEP; i++) {
+        int64_t sh[2] = {16, 16};
+        be.p[i] = tu_rand(ctx, SG_F32, i % 2 ? 1 : 2, sh, -0.4, 0.4, NULL);
+        bc.p[i] = sg_clone(be.p[i]);
+        sg_requires_grad_(be.p[i], true), sg_requires_grad_(bc.p[i], true);
+    }
+    int64_t xs[2] = {5, 16};
+    sg_tensor *x = tu_rand(ctx, SG_F32, 2, xs, -1, 1, NULL);
+    bool ok =
+        TU_EXPECT(sg_sgd_create(ctx, 2 * DEEP, be.p, &(sg_sgd_opts){.lr = 0.1, .momentum = 0.9},
+                                &be.opt) == SG_OK) &&
+        TU_EXPECT(sg_sgd_create(ctx, 2 * DEEP, bc.p, &(sg_sgd_opts){.lr = 0.1, .momentum = 0.9},
+                                &bc.opt) == SG_OK);
+    sg_fn *fe = NULL, *fc = NULL;
+    ok = ok &&
+         TU_EXPECT(sg_compile(ctx, deep_train_step, &be, 1, 1,
+                              &(sg_compile_opts){.mode = SG_MODE_EAGER}, &fe) == SG_OK) &&
+         TU_EXPECT(sg_compile(ctx, deep_train_step, &bc, 1, 1,
+                              &(sg_compile_opts){.mode = SG_MODE_REDUCE_OVERHEAD}, &fc) == SG_OK);
+    for (int call = 0; ok && call < 3; call++) {
+        sg_tensor *oe = NULL, *oc = NULL;
+        sg_mark_step_begin(ctx);
+        ok = TU_EXPECT(sg_call(fe, &x, 1, &oe, 1) == SG_OK) &&
+             TU_EXPECT(sg_call(fc, &x, 1, &oc, 1) == SG_OK);
+        double *a = ok ? tu_read(oe) : NULL, *b = ok ? tu_read(oc) : NULL;
+        ok = ok && TU_EXPECT(tu_close("loss", b, a, 1, 1e-5, 1e-7));
+        free(a), free(b);
+    }
+    for (int i = 0; ok && i < 2 * DEEP; i++) {
+        double *a = tu_read(be.p[i]), *b = tu_read(bc.p[i]);
+        ok = TU_EXPECT(tu_close("param", b, a, sg_tensor_numel(be.p[i]), 1e-5, 1e-7));
+        free(a), free(b);
+    }
+    upd_layout u = {0};
+    if (ok) u = updates_layout(&fc->graphs[0]->ir, &fc->graphs[0]->fused);
+    ok = ok && TU_EXPECT(u.nupd == 2 * DEEP && u.ngroups >= 4 && u.ngroups <= 9 &&
+                         u.before >= 2 * DEEP - 4);
+    if (!ok)
+        fprintf(stderr, "  updates %d, before the last product %d, in %d groups\n", u.nupd,
+                u.before, u.ngroups);
+    tu_case(
+        ok,
+        "UPDATES_DEEP(12 layers, SGD with momentum, no clip: the updates in %d groups (4 to 9), "
+        "%d of 24 before the last product; the numbers as eager)",
+        u.ngroups, u.before);
+    sg_fn_destroy(fe), sg_fn_destroy(fc);
+    sg_optim_destroy(be.opt), sg_optim_destroy(bc.opt);
+    for (int i = 0; i < 2 * DEEP; i++) sg_release(be.p[i]), sg_release(bc.p[i]);
+    sg_release(x);
 }
 
 STEP(chain_step) { return DONE(sg_tanh(sg_add_scalar(sg_sin(in[0]), 0.5))); }
@@ -754,6 +826,7 @@ int main(void) {
     test_multi_sums();
     test_sums_by_readiness();
     test_updates_by_readiness();
+    test_updates_deep();
     test_explain_registers();
     sg_ctx_destroy(ctx);
     return tu_finish();
