@@ -114,9 +114,10 @@
  *  - updates by readiness (with multi_ready): a multi-tensor update whose
  *    members wait for different groups (an optimizer without a clip: each
  *    parameter's update waits for its own gradient, the last layers' first)
- *    is cut in two, the members ready before the last moved as one group to
- *    just after their own last conflict, where a backend with streams runs
- *    them beside the rest of the backward; the single-value groups it reads
+ *    is cut by readiness: the members ready before the last, in at most eight
+ *    tiers, each moved as one group to just after its members' last
+ *    conflict, where a backend with streams runs it beside the rest of the
+ *    backward; the single-value groups it reads
  *    (bias corrections from the step count) move to just after theirs.
  *    Group order is kernel order, and the pool's lifetimes follow it.
  * SG_DISABLE_FUSION=1 makes every node its own group.
@@ -342,8 +343,8 @@ typedef struct sg__fuse_opts {
      * each, with no epilogue over their input's shape, merge into one. */
     bool multi_sums;
     /* A multi-tensor update's members ready before the last (no clip: each
-     * parameter's gradient) move, as one group, to just after what they
-     * wait for, beside the rest of the backward (fuse.c multi_ready). */
+     * parameter's gradient) move, in tiers of one group each, to just after
+     * what they wait for, beside the rest of the backward (fuse.c multi_ready). */
     bool multi_ready;
     /* No constant folding (SG_CONST_FOLD=0): constant groups replay. */
     bool no_fold;
