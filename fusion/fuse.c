@@ -1483,6 +1483,15 @@ static bool scalar_group(const sg__ir *ir, const int *alias, const sg__group *g)
     return true;
 }
 
+/* Does group g write a parameter (persistent state: a weight, an
+ * optimizer's moment, a gradient accumulator) in place? */
+static bool writes_param(const sg__ir *ir, const int *alias, const sg__group *g) {
+    for (int k = 0; k < g->n; k++)
+        if (ir->slots[ir->refs[alias[ir->nodes[g->g[k].node].out]].slot].kind == SG__SLOT_PARAM)
+            return true;
+    return false;
+}
+
 /* Group `from` moved to `to` (to <= from), the groups between one later. */
 static void move_group(sg__fused *f, int from, int to) {
     sg__group g = f->groups[from];
@@ -1516,8 +1525,9 @@ static bool cut_tiers(const int *ready, const int *order, int n, int span, tier 
 }
 
 /*
- * A multi-tensor update (horizontal's MULTI of pointwise members: an
- * optimizer's step over every parameter) comes after the whole backward,
+ * A multi-tensor update (horizontal's MULTI of pointwise members that each
+ * write a parameter in place: an optimizer's step over every parameter, a
+ * gradient accumulation) comes after the whole backward,
  * but without a clip each parameter's update needs only its own gradient,
  * and the last layers' gradients are ready first. So the members ready
  * before the last (each member's last conflict -- a write of what it reads,
@@ -1536,6 +1546,10 @@ static void multi_ready(sg_ctx *ctx, const sg__ir *ir, const int *alias, sg__fus
     for (int i = 0; i < f->ngroups; i++) {
         sg__group *m = &f->groups[i];
         if (m->kind != SG__G_MULTI || m->sums || m->chain || m->nmembers < 2) continue;
+        bool update = true; /* every member writes a parameter: an optimizer's step */
+        for (int k = 0; k < m->nmembers && update; k++)
+            update = writes_param(ir, alias, &f->parts[m->members[k]]);
+        if (!update) continue;
         for (int p = 0; p < i; p++) {
             const sg__group *s = &f->groups[p];
             if (!scalar_group(ir, alias, s) || !conflict(ir, alias, f, s, &f->groups[i])) continue;
