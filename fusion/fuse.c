@@ -1627,6 +1627,7 @@ static void multi_ready(sg_ctx *ctx, const sg__ir *ir, const int *alias, sg__fus
         *m = side[nt];
         /* The latest tier first: each insertion only moves the later ones on. */
         for (int q = nt - 1; q >= 0; q--) {
+            side[q].early = true;
             f->groups[f->ngroups++] = side[q];
             move_group(f, f->ngroups - 1, t[q].at);
         }

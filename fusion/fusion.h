@@ -159,6 +159,8 @@ typedef struct sg__group {
     bool chain;      /* MULTI: the members depend on one another (a chain of
                         sg__fuse_opts.chain): they run in order, each after
                         the one before it has finished */
+    bool early;      /* an update's members moved before the rest by
+                        readiness (sg__fuse_opts.multi_ready) */
     bool sums;       /* MULTI: the members are independent full reductions
                         (REDUCE groups of one sum or mean each, with their
                         prologue and epilogue: sg__fuse_opts.multi_sums) */

@@ -134,6 +134,25 @@ static void explain_slots(sg__text *t, const sg__graph *g) {
 /* The anchors a compiled graph leaves to the backend's library kernels
  * although generated code could run such ops, and why (fusion's reason);
  * then the epilogues the library call computes itself (sg__group.lib_epi). */
+/* Updates moved by readiness (fuse.c multi_ready): how many kernels, and
+ * how many parameters' updates they hold. */
+static void explain_updates(sg__text *t, const sg__graph *g) {
+    int nk = 0, nupd = 0;
+    for (int k = 0; k < g->fused.ngroups; k++) {
+        const sg__group *grp = &g->fused.groups[k];
+        if (!grp->early) continue;
+        nk++;
+        nupd += grp->kind == SG__G_MULTI ? grp->nmembers : 1;
+    }
+    if (nk)
+        sg__text_put(
+            t,
+            "    updates by readiness: %d parameter update%s in %d kernel%s moved to just after "
+            "their gradients, before the rest of the backward ends (SG_MULTI_READY=0: one "
+            "kernel after it)\n",
+            nupd, nupd > 1 ? "s" : "", nk, nk > 1 ? "s" : "");
+}
+
 static void explain_library(sg__text *t, const sg__graph *g) {
     for (int k = 0; k < g->fused.ngroups; k++) {
         const sg__group *grp = &g->fused.groups[k];
@@ -250,6 +269,7 @@ static void explain_graph(sg__text *t, const sg__graph *g, int gi, int nin) {
             "replays; %zu bytes kept in the pool)\n",
             g->nfolded, g->fused.nconsts, g->fused.nconsts > 1 ? "s" : "", g->const_bytes);
     if (g->compiled) explain_library(t, g);
+    if (g->compiled) explain_updates(t, g);
     char lanes[512];
     if (t->ctx->backend == SG_BACKEND_CUDA && sg__cuda_lanes_note(g, lanes, sizeof lanes))
         sg__text_put(t, "    CUDA graph: %s\n", lanes);

@@ -683,7 +683,8 @@ static void test_updates_by_readiness(void) {
     upd_layout u = {0}, uc = {0}, u0 = {0};
     const sg__graph *g = ok ? fc->graphs[0] : NULL;
     if (g) u = updates_layout(&g->ir, &g->fused);
-    ok = ok && TU_EXPECT(u.nupd == 6 && u.before == 5 && u.ngroups >= 2 && u.last_mm >= 0);
+    ok = ok && TU_EXPECT(u.nupd == 6 && u.before == 5 && u.ngroups >= 2 && u.last_mm >= 0) &&
+         TU_EXPECT(strstr(sg_fn_explain(fc), "updates by readiness: 5 parameter updates in "));
     bool have = false;
     if (ok && sg__cuda_graph_ops.fuse_opts) {
         sg__fuse_opts fo;
@@ -702,7 +703,8 @@ static void test_updates_by_readiness(void) {
     sg_tensor *o0 = NULL;
     ok = ok && TU_EXPECT(sg_call(f0, in, 2, &o0, 1) == SG_OK);
     if (ok) u0 = updates_layout(&f0->graphs[0]->ir, &f0->graphs[0]->fused);
-    ok = ok && TU_EXPECT(u0.nupd == 6 && u0.before == 0 && u0.ngroups == 1);
+    ok = ok && TU_EXPECT(u0.nupd == 6 && u0.before == 0 && u0.ngroups == 1) &&
+         TU_EXPECT(!strstr(sg_fn_explain(f0), "updates by readiness"));
     unsetenv("SG_MULTI_READY");
     if (!ok)
         fprintf(stderr,
