@@ -1564,6 +1564,8 @@ static void multi_ready(sg_ctx *ctx, const sg__ir *ir, const int *alias, sg__fus
             ready[k] = last_conflict(ir, alias, f, i, &f->parts[m->members[k]]);
             if (ready[k] > late) late = ready[k];
         }
+        for (int k = 0; k < n; k++) /* a single value gains nothing from a kernel of its own */
+            if (scalar_group(ir, alias, &f->parts[m->members[k]])) ready[k] = late;
         for (int k = 0; k < n; k++) /* the early members by readiness, then the rest */
             if (ready[k] < late) order[nearly++] = k;
         for (int a = 1; a < nearly; a++)
