@@ -131,9 +131,6 @@ static void explain_slots(sg__text *t, const sg__graph *g) {
     }
 }
 
-/* The anchors a compiled graph leaves to the backend's library kernels
- * although generated code could run such ops, and why (fusion's reason);
- * then the epilogues the library call computes itself (sg__group.lib_epi). */
 /* Updates moved by readiness (fuse.c multi_ready): how many kernels, and
  * how many parameters' updates they hold. */
 static void explain_updates(sg__text *t, const sg__graph *g) {
@@ -153,6 +150,9 @@ static void explain_updates(sg__text *t, const sg__graph *g) {
             nupd, nupd > 1 ? "s" : "", nk, nk > 1 ? "s" : "");
 }
 
+/* The anchors a compiled graph leaves to the backend's library kernels
+ * although generated code could run such ops, and why (fusion's reason);
+ * then the epilogues the library call computes itself (sg__group.lib_epi). */
 static void explain_library(sg__text *t, const sg__graph *g) {
     for (int k = 0; k < g->fused.ngroups; k++) {
         const sg__group *grp = &g->fused.groups[k];
