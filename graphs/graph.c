@@ -96,11 +96,16 @@ static int lone_kernel(const sg__graph *g, int i) {
  * statistics before writing any of it, then reads each element before
  * writing it, one row per thread or block. Only in a kernel of its own and
  * over the logits' exact geometry. The host's interval grows to the guest's.
+ * Not on Level Zero: its kernel for the gradient (the OpenCL C dialect's
+ * element-wise form, codegen/cgen_serial.c) has every work-item read its row
+ * and write its element at once, so a row's early elements would be written
+ * while later work-items still read them.
  */
-static void inplace_hosts(const sg__graph *g, int *first, int *last, int *host) {
+static void inplace_hosts(const sg_ctx *ctx, const sg__graph *g, int *first, int *last, int *host) {
     const sg__ir *ir = &g->ir;
     const int *alias = g->has_fused ? g->fused.alias : NULL;
     for (int s = 0; s < ir->nslots; s++) host[s] = -1;
+    if (ctx->backend == SG_BACKEND_ZE) return;
     for (int i = 0; i < ir->nnodes; i++) {
         const sg__irnode *n = &ir->nodes[i];
         if (n->op != SG__OP_CROSS_ENTROPY_BWD || ir->args[n->args] < 0) continue;
@@ -173,7 +178,7 @@ static sg_status plan(sg_ctx *ctx, sg__graph *g) {
     }
     int n = 0, *sfirst = which + ir->nslots, *slast = sfirst + ir->nslots, *host = slast + ir->nslots;
     kernel_intervals(g, sfirst, slast);
-    inplace_hosts(g, sfirst, slast, host);
+    inplace_hosts(ctx, g, sfirst, slast, host);
     g->out_bytes = g->unshared = 0;
     s = mark_consts(ctx, g);
     if (s != SG_OK) goto done;
