@@ -31,6 +31,11 @@ typedef struct sg__graph_ops {
      * reported through sg__trace_kernel (sg_fn_trace); NULL where the
      * generic path times the kernels on the host. */
     sg_status (*timed_run)(struct sg_fn *fn, struct sg__graph *g, int set);
+    /* The backend's kernel for cross_entropy's gradient works element by
+     * element (every work-item reads its row and writes its element at
+     * once), so the gradient may not take its logits' bytes (graph.c
+     * inplace_hosts). */
+    bool xent_by_element;
 } sg__graph_ops;
 
 SG__HIDDEN extern const sg__graph_ops sg__cpu_graph_ops;

@@ -96,16 +96,16 @@ static int lone_kernel(const sg__graph *g, int i) {
  * statistics before writing any of it, then reads each element before
  * writing it, one row per thread or block. Only in a kernel of its own and
  * over the logits' exact geometry. The host's interval grows to the guest's.
- * Not on Level Zero: its kernel for the gradient (the OpenCL C dialect's
- * element-wise form, codegen/cgen_serial.c) has every work-item read its row
- * and write its element at once, so a row's early elements would be written
- * while later work-items still read them.
+ * Not where the backend's kernel works element by element
+ * (sg__graph_ops.xent_by_element: Level Zero's): there a row's early
+ * elements would be written while later work-items still read them.
  */
 static void inplace_hosts(const sg_ctx *ctx, const sg__graph *g, int *first, int *last, int *host) {
     const sg__ir *ir = &g->ir;
     const int *alias = g->has_fused ? g->fused.alias : NULL;
     for (int s = 0; s < ir->nslots; s++) host[s] = -1;
-    if (ctx->backend == SG_BACKEND_ZE) return;
+    const sg__graph_ops *ops = ctx->gops;
+    if (ops && ops->xent_by_element) return;
     for (int i = 0; i < ir->nnodes; i++) {
         const sg__irnode *n = &ir->nodes[i];
         if (n->op != SG__OP_CROSS_ENTROPY_BWD || ir->args[n->args] < 0) continue;

@@ -138,4 +138,4 @@ static void cpu_release(sg_ctx *ctx, sg__graph *g) {
     g->kernel_fn = NULL;
 }
 
-const sg__graph_ops sg__cpu_graph_ops = {cpu_compile, cpu_run, cpu_release, NULL, NULL};
+const sg__graph_ops sg__cpu_graph_ops = {cpu_compile, cpu_run, cpu_release, NULL, NULL, false};

@@ -1492,11 +1492,11 @@ static void fuse_opts(sg__fuse_opts *o, bool disable) {
     o->norm_sums = sg__cuda_norm_bwd_on("sum");
 }
 
-const sg__graph_ops sg__cuda_graph_ops = {compile, run, release, fuse_opts, timed_run};
+const sg__graph_ops sg__cuda_graph_ops = {compile, run, release, fuse_opts, timed_run, false};
 
 #else
 /* Built without CUDA: no context ever gets these. */
-const sg__graph_ops sg__cuda_graph_ops = {NULL, NULL, NULL, NULL, NULL};
+const sg__graph_ops sg__cuda_graph_ops = {NULL, NULL, NULL, NULL, NULL, false};
 
 bool sg__cuda_lanes_note(const sg__graph *g, char *buf, size_t size) {
     (void)g;

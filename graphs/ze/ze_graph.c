@@ -214,8 +214,10 @@ static sg_status run(sg_fn *fn, sg__graph *g, int set) {
     return sg__ze_rec_replay(ctx, st->rec);
 }
 
-const sg__graph_ops sg__ze_graph_ops = {compile, run, release, sg__cgen_cuda_fuse_opts, NULL};
+/* Its cross_entropy gradient is the OpenCL C dialect's element-wise kernel
+ * (codegen/cgen_serial.c). */
+const sg__graph_ops sg__ze_graph_ops = {compile, run, release, sg__cgen_cuda_fuse_opts, NULL, true};
 
 #elif !defined(SG_HAVE_ZE_HEADERS)
-const sg__graph_ops sg__ze_graph_ops = {NULL, NULL, NULL, NULL, NULL};
+const sg__graph_ops sg__ze_graph_ops = {NULL, NULL, NULL, NULL, NULL, false};
 #endif
