@@ -1257,16 +1257,22 @@ static sg_status horizontal(sg_ctx *ctx, const sg__ir *ir, const int *alias, sg_
 /* ------------------------------------------------------------ chains */
 
 /* Room for `more` parts in f (after horizontal: parts may be absent). */
-static bool parts_room(sg_ctx *ctx, sg__fused *f, int more) {
-    if (f->nparts + more <= f->cap_parts) return true;
-    int ncap = f->nparts + more;
-    sg__group *np = sg__calloc(ctx, sizeof *np * (size_t)ncap);
-    if (!np) return false;
-    if (f->parts) memcpy(np, f->parts, sizeof *np * (size_t)f->nparts);
-    sg__free(ctx, f->parts, sizeof *np * (size_t)(f->cap_parts ? f->cap_parts : 1));
-    f->parts = np;
-    f->cap_parts = ncap;
+/* Room for `more` groups in an array of n (capacity *cap, 1 when 0 and
+ * allocated); false when out of memory (nothing changed). */
+static bool room_for(sg_ctx *ctx, sg__group **arr, int n, int *cap, int more) {
+    if (n + more <= *cap) return true;
+    int ncap = n + more;
+    sg__group *na = sg__calloc(ctx, sizeof *na * (size_t)ncap);
+    if (!na) return false;
+    if (*arr) memcpy(na, *arr, sizeof *na * (size_t)n);
+    sg__free(ctx, *arr, sizeof *na * (size_t)(*cap ? *cap : 1));
+    *arr = na;
+    *cap = ncap;
     return true;
+}
+
+static bool parts_room(sg_ctx *ctx, sg__fused *f, int more) {
+    return room_for(ctx, &f->parts, f->nparts, &f->cap_parts, more);
 }
 
 /* Groups [i, j) as one chain at *out (their parts, a MULTI's flattened), or
@@ -1368,11 +1374,21 @@ static bool writes_for(const sg__ir *ir, const int *alias, const sg__fused *f, c
     return false;
 }
 
-/* The last of groups [0, n) that writes what g loads, or -1. */
-static int last_writer(const sg__ir *ir, const int *alias, const sg__fused *f, int n,
-                       const sg__group *g) {
+/* Does one of groups a and b (a MULTI through its members) touch a slot
+ * that the other writes? */
+static bool conflict(const sg__ir *ir, const int *alias, const sg__fused *f, const sg__group *a,
+                     const sg__group *b) {
+    return writes_for(ir, alias, f, a, b, true) || writes_for(ir, alias, f, b, a, true);
+}
+
+/* The last of groups [0, n) that writes what g loads (any: that conflicts
+ * with g), or -1. */
+static int last_before(const sg__ir *ir, const int *alias, const sg__fused *f, int n,
+                       const sg__group *g, bool any) {
     for (int p = n - 1; p >= 0; p--)
-        if (writes_for(ir, alias, f, &f->groups[p], g, false)) return p;
+        if (any ? conflict(ir, alias, f, &f->groups[p], g)
+                : writes_for(ir, alias, f, &f->groups[p], g, false))
+            return p;
     return -1;
 }
 
@@ -1408,7 +1424,7 @@ static void multi_sums(sg_ctx *ctx, const sg__ir *ir, const int *alias, sg__fuse
         /* Each member's last producer among the groups already placed. */
         int late = -1, rearly = -1, nearly = 0;
         for (int k = 0; ready && k < n; k++) {
-            ready[k] = last_writer(ir, alias, f, nout, &f->groups[i + k]);
+            ready[k] = last_before(ir, alias, f, nout, &f->groups[i + k], false);
             if (ready[k] > late) late = ready[k];
         }
         for (int k = 0; ready && k < n; k++)
@@ -1455,21 +1471,6 @@ static void multi_sums(sg_ctx *ctx, const sg__ir *ir, const int *alias, sg__fuse
 }
 
 /* ------------------------------------------------------------ updates by readiness */
-
-/* Does one of groups a and b (a MULTI through its members) touch a slot
- * that the other writes? */
-static bool conflict(const sg__ir *ir, const int *alias, const sg__fused *f, const sg__group *a,
-                     const sg__group *b) {
-    return writes_for(ir, alias, f, a, b, true) || writes_for(ir, alias, f, b, a, true);
-}
-
-/* The last of groups [0, n) that conflicts with g, or -1. */
-static int last_conflict(const sg__ir *ir, const int *alias, const sg__fused *f, int n,
-                         const sg__group *g) {
-    for (int p = n - 1; p >= 0; p--)
-        if (conflict(ir, alias, f, &f->groups[p], g)) return p;
-    return -1;
-}
 
 /* A pointwise group of single values: an optimizer's bias corrections, a
  * schedule's learning rate. */
@@ -1553,7 +1554,7 @@ static void multi_ready(sg_ctx *ctx, const sg__ir *ir, const int *alias, sg__fus
         for (int p = 0; p < i; p++) {
             const sg__group *s = &f->groups[p];
             if (!scalar_group(ir, alias, s) || !conflict(ir, alias, f, s, &f->groups[i])) continue;
-            int at = last_conflict(ir, alias, f, p, s) + 1;
+            int at = last_before(ir, alias, f, p, s, true) + 1;
             if (at < p) move_group(f, p, at);
         }
         m = &f->groups[i];
@@ -1561,7 +1562,7 @@ static void multi_ready(sg_ctx *ctx, const sg__ir *ir, const int *alias, sg__fus
         if (!ready) return;
         int *order = ready + n, late = -1, nearly = 0;
         for (int k = 0; k < n; k++) {
-            ready[k] = last_conflict(ir, alias, f, i, &f->parts[m->members[k]]);
+            ready[k] = last_before(ir, alias, f, i, &f->parts[m->members[k]], true);
             if (ready[k] > late) late = ready[k];
         }
         for (int k = 0; k < n; k++) /* a single value gains nothing from a kernel of its own */
@@ -1580,17 +1581,8 @@ static void multi_ready(sg_ctx *ctx, const sg__ir *ir, const int *alias, sg__fus
         for (int span = TIER_SPAN; !cut_tiers(ready, order, nearly, span, t, TIERS_MAX, &nt);)
             span *= 2;
         /* Room for the tiers, and each side's member list. */
-        bool room = f->ngroups + nt <= f->cap_groups;
-        if (!room && nt) {
-            int ncap = f->ngroups + nt + f->cap_groups;
-            sg__group *ng = sg__alloc(ctx, sizeof *ng * (size_t)ncap);
-            if (ng) {
-                memcpy(ng, f->groups, sizeof *ng * (size_t)f->ngroups);
-                sg__free(ctx, f->groups, sizeof *ng * (size_t)f->cap_groups);
-                f->groups = ng, f->cap_groups = ncap, room = true;
-                m = &f->groups[i];
-            }
-        }
+        bool room = room_for(ctx, &f->groups, f->ngroups, &f->cap_groups, nt);
+        m = &f->groups[i];
         sg__group side[TIERS_MAX + 1]; /* the tiers, then the rest */
         int nside = nt + 1;
         bool ok = room && nt > 0;
