@@ -644,6 +644,40 @@ static upd_layout updates_layout(const sg__ir *ir, const sg__fused *f) {
     return u;
 }
 
+/* A training step run eagerly (over ue's parameters) and compiled (over
+ * uc's, a clone of them) for `calls` steps: the losses (output 0) and then the np
+ * parameters pe[i] and pc[i] agree within rtol and atol; *fc keeps the
+ * compiled fn on success (else NULL). */
+static bool train_vs_eager(sg_step_fn step, void *ue, void *uc, int nin, sg_tensor *const *in,
+                           int calls, sg_tensor *const *pe, sg_tensor *const *pc, int np,
+                           double rtol, double atol, sg_fn **fc) {
+    sg_fn *fe = NULL;
+    *fc = NULL;
+    bool ok =
+        TU_EXPECT(sg_compile(ctx, step, ue, nin, 1, &(sg_compile_opts){.mode = SG_MODE_EAGER},
+                             &fe) == SG_OK) &&
+        TU_EXPECT(sg_compile(ctx, step, uc, nin, 1,
+                             &(sg_compile_opts){.mode = SG_MODE_REDUCE_OVERHEAD}, fc) == SG_OK);
+    for (int call = 0; ok && call < calls; call++) {
+        sg_tensor *oe = NULL, *oc = NULL;
+        sg_mark_step_begin(ctx);
+        ok = TU_EXPECT(sg_call(fe, in, nin, &oe, 1) == SG_OK) &&
+             TU_EXPECT(sg_call(*fc, in, nin, &oc, 1) == SG_OK);
+        double *a = ok ? tu_read(oe) : NULL, *b = ok ? tu_read(oc) : NULL;
+        ok = ok && TU_EXPECT(tu_close("loss", b, a, 1, rtol, atol));
+        free(a), free(b);
+    }
+    for (int i = 0; ok && i < np; i++) {
+        double *a = tu_read(pe[i]), *b = tu_read(pc[i]);
+        ok = TU_EXPECT(tu_close("param", b, a, sg_tensor_numel(pe[i]), rtol, atol));
+        free(a), free(b);
+    }
+    ok = ok && TU_EXPECT((*fc)->ngraphs == 1 && (*fc)->graphs[0]->compiled);
+    sg_fn_destroy(fe);
+    if (!ok) sg_fn_destroy(*fc), *fc = NULL;
+    return ok;
+}
+
 static void test_updates_by_readiness(void) {
     int64_t sh[6][2] = {{24, 12}, {24}, {20, 24}, {20}, {10, 20}, {10}};
     mlp_box be, bc;
@@ -661,27 +695,8 @@ static void test_updates_by_readiness(void) {
     bool ok = TU_EXPECT(sg_write(in[1], lab, sizeof lab) == SG_OK) &&
               TU_EXPECT(sg_adamw_create(ctx, 6, be.p, &ao, &be.opt) == SG_OK) &&
               TU_EXPECT(sg_adamw_create(ctx, 6, bc.p, &ao, &bc.opt) == SG_OK);
-    sg_fn *fe = NULL, *fc = NULL;
-    ok = ok &&
-         TU_EXPECT(sg_compile(ctx, mlp_train_step, &be, 2, 1,
-                              &(sg_compile_opts){.mode = SG_MODE_EAGER}, &fe) == SG_OK) &&
-         TU_EXPECT(sg_compile(ctx, mlp_train_step, &bc, 2, 1,
-                              &(sg_compile_opts){.mode = SG_MODE_REDUCE_OVERHEAD}, &fc) == SG_OK);
-    for (int call = 0; ok && call < 4; call++) {
-        sg_tensor *oe = NULL, *oc = NULL;
-        sg_mark_step_begin(ctx);
-        ok = TU_EXPECT(sg_call(fe, in, 2, &oe, 1) == SG_OK) &&
-             TU_EXPECT(sg_call(fc, in, 2, &oc, 1) == SG_OK);
-        double *a = ok ? tu_read(oe) : NULL, *b = ok ? tu_read(oc) : NULL;
-        ok = ok && TU_EXPECT(tu_close("loss", b, a, 1, 1e-4, 1e-6));
-        free(a), free(b);
-    }
-    for (int i = 0; ok && i < 6; i++) {
-        double *a = tu_read(be.p[i]), *b = tu_read(bc.p[i]);
-        ok = TU_EXPECT(tu_close("param", b, a, sg_tensor_numel(be.p[i]), 1e-4, 1e-6));
-        free(a), free(b);
-    }
-    ok = ok && TU_EXPECT(fc->ngraphs == 1 && fc->graphs[0]->compiled);
+    sg_fn *fc = NULL;
+    ok = ok && train_vs_eager(mlp_train_step, &be, &bc, 2, in, 4, be.p, bc.p, 6, 1e-4, 1e-6, &fc);
     /* The layout: this backend's own fusion, and the CUDA options' too. */
     upd_layout u = {0}, uc = {0}, u0 = {0};
     const sg__graph *g = ok ? fc->graphs[0] : NULL;
@@ -720,7 +735,7 @@ static void test_updates_by_readiness(void) {
             "layer's weight gradient run in tiers before its product%s; off, one kernel after; "
             "the numbers as eager)",
             have ? ", with this backend's and the CUDA options" : "");
-    sg_fn_destroy(f0), sg_fn_destroy(fe), sg_fn_destroy(fc);
+    sg_fn_destroy(f0), sg_fn_destroy(fc);
     sg_optim_destroy(be.opt), sg_optim_destroy(bc.opt);
     for (int i = 0; i < 6; i++) sg_release(be.p[i]), sg_release(bc.p[i]);
     sg_release(in[0]), sg_release(in[1]);
@@ -762,26 +777,9 @@ static void test_updates_deep(void) {
                                 &be.opt) == SG_OK) &&
         TU_EXPECT(sg_sgd_create(ctx, 2 * DEEP, bc.p, &(sg_sgd_opts){.lr = 0.1, .momentum = 0.9},
                                 &bc.opt) == SG_OK);
-    sg_fn *fe = NULL, *fc = NULL;
+    sg_fn *fc = NULL;
     ok = ok &&
-         TU_EXPECT(sg_compile(ctx, deep_train_step, &be, 1, 1,
-                              &(sg_compile_opts){.mode = SG_MODE_EAGER}, &fe) == SG_OK) &&
-         TU_EXPECT(sg_compile(ctx, deep_train_step, &bc, 1, 1,
-                              &(sg_compile_opts){.mode = SG_MODE_REDUCE_OVERHEAD}, &fc) == SG_OK);
-    for (int call = 0; ok && call < 3; call++) {
-        sg_tensor *oe = NULL, *oc = NULL;
-        sg_mark_step_begin(ctx);
-        ok = TU_EXPECT(sg_call(fe, &x, 1, &oe, 1) == SG_OK) &&
-             TU_EXPECT(sg_call(fc, &x, 1, &oc, 1) == SG_OK);
-        double *a = ok ? tu_read(oe) : NULL, *b = ok ? tu_read(oc) : NULL;
-        ok = ok && TU_EXPECT(tu_close("loss", b, a, 1, 1e-5, 1e-7));
-        free(a), free(b);
-    }
-    for (int i = 0; ok && i < 2 * DEEP; i++) {
-        double *a = tu_read(be.p[i]), *b = tu_read(bc.p[i]);
-        ok = TU_EXPECT(tu_close("param", b, a, sg_tensor_numel(be.p[i]), 1e-5, 1e-7));
-        free(a), free(b);
-    }
+         train_vs_eager(deep_train_step, &be, &bc, 1, &x, 3, be.p, bc.p, 2 * DEEP, 1e-5, 1e-7, &fc);
     upd_layout u = {0};
     if (ok) u = updates_layout(&fc->graphs[0]->ir, &fc->graphs[0]->fused);
     ok = ok && TU_EXPECT(u.nupd == 2 * DEEP && u.ngroups >= 4 && u.ngroups <= 9 &&
@@ -794,7 +792,7 @@ static void test_updates_deep(void) {
         "UPDATES_DEEP(12 layers, SGD with momentum, no clip: the updates in %d groups (4 to 9), "
         "%d of 24 before the last product; the numbers as eager)",
         u.ngroups, u.before);
-    sg_fn_destroy(fe), sg_fn_destroy(fc);
+    sg_fn_destroy(fc);
     sg_optim_destroy(be.opt), sg_optim_destroy(bc.opt);
     for (int i = 0; i < 2 * DEEP; i++) sg_release(be.p[i]), sg_release(bc.p[i]);
     sg_release(x);
