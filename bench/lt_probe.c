@@ -55,8 +55,14 @@ static float timeit(cublasLtMatmulDesc_t d, cublasLtMatrixLayout_t la, cublasLtM
     cudaEvent_t e0, e1;
     cudaEventCreate(&e0);
     cudaEventCreate(&e1);
-    for (int i = 0; i < 3; i++)
-        if (cublasLtMatmul(h, d, &al, A, la, B, lb, &be, D, lc, D, lc, algo, ws, WS, 0)) return -1;
+    for (int i = 0; i < 3; i++) {
+        cublasStatus_t r =
+            cublasLtMatmul(h, d, &al, A, la, B, lb, &be, D, lc, D, lc, algo, ws, WS, 0);
+        if (r) {
+            printf("  cublasLtMatmul: status %d\n", (int)r);
+            return -1;
+        }
+    }
     /* median of 15 single timings */
     float t[15];
     for (int r = 0; r < 15; r++) {

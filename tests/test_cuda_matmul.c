@@ -426,9 +426,12 @@ static void test_lt_load(void) {
     for (int i = 0; i < 2; i++)
         for (int compiled = 0; compiled < 2; compiled++) {
             sg_ctx *c2 = NULL;
+            /* Before the context: it starts loading cuBLASLt when it is made. */
+            setenv("SG_CUBLASLT", libs[i], 1);
             bool ok =
                 TU_EXPECT(sg_ctx_create(&(sg_ctx_opts){.backend = SG_BACKEND_CUDA}, &c2) == SG_OK);
             if (!ok) {
+                unsetenv("SG_CUBLASLT");
                 tu_case(false, "CUBLASLT_LOAD: a second CUDA context");
                 continue;
             }
@@ -436,7 +439,6 @@ static void test_lt_load(void) {
             sg_tensor *x = tu_rand(c2, SG_F32, 2, xs, -1, 1, &xv),
                       *w = tu_rand(c2, SG_F32, 2, ws, -1, 1, &wv), *in[2] = {x, w}, *y = NULL;
             sg_fn *fn = NULL;
-            setenv("SG_CUBLASLT", libs[i], 1);
             sg_status st;
             if (compiled) {
                 st = sg_compile(c2, head_step, NULL, 2, 1,

@@ -317,10 +317,12 @@ static void *prewarm_main(void *arg) {
     return NULL;
 }
 
-void sg__cublaslt_prewarm(sg_ctx *ctx) {
+void sg__cublaslt_prewarm(sg_ctx *ctx, bool step) {
     void **slot = sg__cuda_lt_state(ctx);
     const char *e = getenv("SG_CUDA_PREWARM");
-    if (*slot || sg__cuda_is_hip(ctx) || (e && strcmp(e, "0") == 0)) return;
+    if (*slot || sg__cuda_is_hip(ctx) || (e && strcmp(e, "0") == 0) ||
+        (!step && e && strcmp(e, "step") == 0))
+        return;
     lt_state *s = sg__calloc(ctx, sizeof *s);
     if (!s) return; /* the first matmul loads it, and says so when it cannot */
     s->cuctx = sg__cuda_context(ctx);

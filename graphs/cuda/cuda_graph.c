@@ -383,7 +383,7 @@ static sg_status compile(sg_fn *fn, sg__graph *g) {
     /* cuBLASLt's load, on a thread while NVRTC works, when the step calls it. */
     for (int k = 0; s == SG_OK && !hip && k < cg->ngroups; k++)
         if (g->fused.groups[k].kind == SG__G_MATMUL && !cg->kinfo[k].replaces_call) {
-            sg__cublaslt_prewarm(ctx);
+            sg__cublaslt_prewarm(ctx, true);
             break;
         }
     if (s == SG_OK && nk > 0) s = build_parts(ctx, g, cg, e.buf, &part);

@@ -541,6 +541,9 @@ sg_status sg__cuda_init(sg_ctx *ctx, char *why, size_t n) {
     ctx->exec.download = sg__cuda_download;
     ctx->exec.copy = cu_copy;
     ctx->exec.sync = sg__cuda_sync;
+    /* cuBLASLt's load (60-100 ms) starts now, on a thread: what a user does
+     * before the first product (weights read and uploaded, a compile) hides it. */
+    if (!hip) sg__cublaslt_prewarm(ctx, false);
     return SG_OK;
 }
 

@@ -125,10 +125,12 @@ SG__HIDDEN void sg__cublaslt_release(sg_ctx *ctx);
 /* Host bytes cuBLASLt's state holds: its record, plans and picks. */
 SG__HIDDEN size_t sg__cublaslt_host_bytes(const sg_ctx *ctx);
 /* Start loading cuBLASLt and making its handle on a thread of its own, so
- * that a compile's NVRTC work hides it (a step with library matmuls, before
- * its unit is built; SG_CUDA_PREWARM=0: not). The first matmul waits for
- * it and reports what failed, as a load on first use would. */
-SG__HIDDEN void sg__cublaslt_prewarm(sg_ctx *ctx);
+ * that what the user does before the first product hides it: called when
+ * the context is made (step false) and again by a compile of a step with
+ * library matmuls, before its unit is built (step true). SG_CUDA_PREWARM=0:
+ * neither; =step: only the second. The first matmul waits for the thread
+ * and reports what failed, as a load on first use would. */
+SG__HIDDEN void sg__cublaslt_prewarm(sg_ctx *ctx, bool step);
 /* The primary context the executor made current (a CUcontext). */
 SG__HIDDEN void *sg__cuda_context(const sg_ctx *ctx);
 /* Where that state hangs: a slot of the context's CUDA state, NULL until
