@@ -299,7 +299,8 @@ static sg_status xent_bwd(sg_ctx *ctx, const sg__node *n, const sg__node *fwd) {
     const char *kn = g.team == 32 ? "sg_row_xent_bwd_warp" : "sg_row_xent_bwd";
     if ((st = sg__cuda_kernel(ctx, SG__CU_ROW, kn, &f)) != SG_OK) return st;
     size_t smem = g.team == 32 ? 0 : xent_stage_bytes(ctx, f, &g, sg_dtype_size(lg->dtype));
-    int32_t staged = smem > 0;
+    /* 2: the statistics pass copies the row in by cp.async (k_row.cu block_lse) */
+    int32_t staged = smem > 0 ? 1 + sg__cuda_xent_on("async") : 0;
     void *args[] = {&x, &t, &gp, &y, &loss, &mean, &g, &inv_n, &gdt, &staged, &fteam};
     return launch_rows_of(ctx, kn, f, &g, smem, args);
 }

@@ -152,7 +152,8 @@ SG__HIDDEN sg_status sg__cuda_row(sg_ctx *ctx, const sg__node *n);
 SG__HIDDEN sg_status sg__cuda_xent_pair(sg_ctx *ctx, const sg__node *bwd, const sg__node *fwd);
 /* Whether SG_CUDA_XENT (a comma list; unset: all) names what: "stage" (the
  * gradient's kernel keeps a block's row in shared memory between its two
- * passes) or "pair" (fusion's sg__fuse_opts.xent_pairs). */
+ * passes), "async" (its statistics pass copies the row there by cp.async
+ * first) or "pair" (fusion's sg__fuse_opts.xent_pairs). */
 SG__HIDDEN bool sg__cuda_xent_on(const char *what);
 /* NORM_BWD n and the SUM of its input gradient that fusion merged into its
  * group (sg__group.nbsum): the norm's kernel also writes the sum, *took,

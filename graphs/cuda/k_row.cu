@@ -390,8 +390,11 @@ __device__ __forceinline__ vrow vrow_of(const char *xr, const char *yr, i64 len,
  * thread gets them): the vectors from the row's end, XENT_UNROLL loads
  * then their math, and the head and tail element by element. With ST,
  * each vector is also kept at stage[v] (shared memory) for a second pass
- * that then reads no DRAM; the sums are the same either way. */
-template <int DT, bool ST = false>
+ * that then reads no DRAM; the sums are the same either way. ST 2 (CUDA;
+ * HIP takes 1): each thread first copies all its vectors into the stage
+ * by cp.async, the whole row in flight at once rather than XENT_UNROLL
+ * vectors a thread, then folds them from there in the same order. */
+template <int DT, int ST = 0>
 __device__ __forceinline__ void block_lse(const char *xr, const vrow &r, i64 xs, float *mo,
                                           double *so, uint4 *stage = 0) {
     const int ES = DT == DT_F32 ? 4 : 2;
@@ -400,6 +403,19 @@ __device__ __forceinline__ void block_lse(const char *xr, const vrow &r, i64 xs,
     float m = -inf_f(), f[8];
     double s = 0.0;
     i64 v = r.nv - 1 - tid;
+#if defined(__CUDA_ARCH__)
+    if (ST == 2) {
+        for (i64 w = v; w >= 0; w -= BLOCK)
+            asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(smem_addr(stage + w)),
+                         "l"(xv + w)
+                         : "memory");
+        asm volatile("cp.async.wait_all;" ::: "memory"); /* this thread's copies, seen by it */
+        for (; v >= 0; v -= BLOCK) {
+            unpack16<DT>(stage[v], f);
+            lse_chunk<DT>(f, &m, &s);
+        }
+    }
+#endif
     for (; v >= (XENT_UNROLL - 1) * BLOCK; v -= XENT_UNROLL * BLOCK) {
         uint4 a[XENT_UNROLL];
 #pragma unroll
@@ -556,7 +572,7 @@ __device__ __forceinline__ uint4 xent_bwd_vec(uint4 u, i64 j0, i64 c, float m, f
  * of sg_row_xent's block (the same vectors: a second statistics pass when
  * y's placement cut the row otherwise); the target's logit is read before
  * any thread writes (y may be x). */
-template <int DT, bool ST>
+template <int DT, int ST>
 __device__ __forceinline__ void xent_bwd_row(const char *xr, char *yr, i64 c, float gv,
                                              const wgeom &g, double inv_n, double *loss,
                                              uint4 *stage) {
@@ -641,10 +657,12 @@ __device__ __forceinline__ void xent_bwd_dt(const char *xr, char *yr, i64 c, flo
                                             int fteam, int staged, uint4 *stage) {
     if (WARP)
         xent_bwd_team<DT>(xr, yr, c, gv, g, inv_n, lane, loss, fteam);
+    else if (staged == 2)
+        xent_bwd_row<DT, 2>(xr, yr, c, gv, g, inv_n, loss, stage);
     else if (staged)
-        xent_bwd_row<DT, true>(xr, yr, c, gv, g, inv_n, loss, stage);
+        xent_bwd_row<DT, 1>(xr, yr, c, gv, g, inv_n, loss, stage);
     else
-        xent_bwd_row<DT, false>(xr, yr, c, gv, g, inv_n, loss, stage);
+        xent_bwd_row<DT, 0>(xr, yr, c, gv, g, inv_n, loss, stage);
 }
 
 /*
