@@ -416,14 +416,14 @@ static sg_status lt_state_get(sg_ctx *ctx, lt_state **out) {
     }
     sg__log(ctx, "perf_hints", "cuda: cuBLASLt loaded and its handle made in %.1f ms%s", s->load_ms,
             waited ? "" : " (on first use)");
-    if (waited)
+    if (waited) {
         sg__log(ctx, "perf_hints",
                 "cuda: cuBLASLt's first heuristic query took %.1f ms on its "
                 "loading thread",
                 s->heur_ms);
-    if (waited)
         sg__log(ctx, "perf_hints", "cuda: the first matmul waited %.1f ms for cuBLASLt's thread",
                 (sg__graph_clock() - t0) * 1e3);
+    }
     st = ctx->exec.alloc(ctx, WORKSPACE_BYTES, &s->workspace);
     if (st != SG_OK) {
         s->workspace = NULL;
