@@ -52,18 +52,8 @@
  *
  * NVRTC compiles this file with no include path, so it includes nothing;
  * the build puts k_prelude.cuh (types, dtypes, pdl_begin) in front of it
- * (hiprtc too: see SG_PTX).
+ * (hiprtc too: see k_prelude.cuh's SG_PTX).
  */
-
-/* SG_PTX: NVRTC (CUDA) compiles this file, with PTX. hiprtc compiles it
- * too, for AMD GPUs, after the HIP prelude (codegen/nvrtc.c): there the
- * conversions take their portable forms and the tensor-core kernels, all
- * PTX, are not built (the host picks the FMA kernels on HIP). */
-#if defined(__CUDA_ARCH__)
-#define SG_PTX 1
-#else
-#define SG_PTX 0
-#endif
 
 #define NT 128    /* threads per block */
 #define MAXR 16   /* rows per block, at most */
@@ -87,40 +77,10 @@ struct ageom {
 
 /* ------------------------------------------------------------ conversions */
 
-__device__ __forceinline__ float h2f(u16 h) {
-#if SG_PTX
-    float f;
-    asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(h));
-    return f;
-#else
-    return (float)__builtin_bit_cast(_Float16, h);
-#endif
-}
-
-__device__ __forceinline__ u16 f2h(float f) {
-#if SG_PTX
-    u16 h;
-    asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(f));
-    return h;
-#else
-    return __builtin_bit_cast(u16, (_Float16)f); /* round to nearest even */
-#endif
-}
-
-__device__ __forceinline__ float bf2f(u16 b) { return __uint_as_float((u32)b << 16); }
-
-/* Nearest even, NaN kept NaN: as graphs/cpu/cpu.h rounds. */
-__device__ __forceinline__ u16 f2bf(float f) {
-    u32 u = __float_as_uint(f);
-    if ((u & 0x7fffffffu) > 0x7f800000u) return (u16)((u >> 16) | 0x40);
-    u += 0x7fffu + ((u >> 16) & 1);
-    return (u16)(u >> 16);
-}
-
 __device__ __forceinline__ float ldf(const void *p, int dt, i64 i) {
     switch (dt) {
     case DT_F32: return ((const float *)p)[i];
-    case DT_F16: return h2f(((const u16 *)p)[i]);
+    case DT_F16: return h2f_cvt(((const u16 *)p)[i]);
     case DT_BF16: return bf2f(((const u16 *)p)[i]);
     }
     return 0.0f;
@@ -129,7 +89,7 @@ __device__ __forceinline__ float ldf(const void *p, int dt, i64 i) {
 __device__ __forceinline__ void stf(void *p, int dt, i64 i, float v) {
     switch (dt) {
     case DT_F32: ((float *)p)[i] = v; break;
-    case DT_F16: ((u16 *)p)[i] = f2h(v); break;
+    case DT_F16: ((u16 *)p)[i] = f2h_cvt(v); break;
     case DT_BF16: ((u16 *)p)[i] = f2bf(v); break;
     }
 }
@@ -186,8 +146,8 @@ __device__ void load_tile(float *dst, int pitch, const void *src, const i64 *st,
                 u32 p[4] = {u.x, u.y, u.z, u.w};
                 for (int k = 0; k < 4; k++) {
                     u16 lo = (u16)(p[k] & 0xffff), hi = (u16)(p[k] >> 16);
-                    d[2 * k] = g.dt == DT_F16 ? h2f(lo) : bf2f(lo);
-                    d[2 * k + 1] = g.dt == DT_F16 ? h2f(hi) : bf2f(hi);
+                    d[2 * k] = g.dt == DT_F16 ? h2f_cvt(lo) : bf2f(lo);
+                    d[2 * k + 1] = g.dt == DT_F16 ? h2f_cvt(hi) : bf2f(hi);
                 }
             }
         }
@@ -366,8 +326,8 @@ __device__ __forceinline__ void unpack(float *x, uint4 u, int dt) {
 #pragma unroll
     for (int c = 0; c < 4; c++) {
         u16 lo = (u16)(p[c] & 0xffff), hi = (u16)(p[c] >> 16);
-        x[2 * c] = dt == DT_F16 ? h2f(lo) : bf2f(lo);
-        x[2 * c + 1] = dt == DT_F16 ? h2f(hi) : bf2f(hi);
+        x[2 * c] = dt == DT_F16 ? h2f_cvt(lo) : bf2f(lo);
+        x[2 * c + 1] = dt == DT_F16 ? h2f_cvt(hi) : bf2f(hi);
     }
 }
 
@@ -414,7 +374,7 @@ __device__ __forceinline__ float mask_term(const void *m, const ageom &g, i64 at
     if (VOL && g.mdt == DT_F32) return ((const volatile float *)m)[at];
     if (VOL) {
         u16 x = ((const volatile u16 *)m)[at];
-        return g.mdt == DT_F16 ? h2f(x) : bf2f(x);
+        return g.mdt == DT_F16 ? h2f_cvt(x) : bf2f(x);
     }
     return ldf(m, g.mdt, at);
 }
@@ -709,7 +669,7 @@ extern "C" __global__ void __cluster_dims__(1, DCL, 1) __launch_bounds__(NT)
 #define MAXD 128 /* head dim, at most */
 
 __device__ __forceinline__ u32 pack2(float lo, float hi, int dt) {
-    u16 a = dt == DT_F16 ? f2h(lo) : f2bf(lo), b = dt == DT_F16 ? f2h(hi) : f2bf(hi);
+    u16 a = dt == DT_F16 ? f2h_cvt(lo) : f2bf(lo), b = dt == DT_F16 ? f2h_cvt(hi) : f2bf(hi);
     return (u32)a | ((u32)b << 16);
 }
 

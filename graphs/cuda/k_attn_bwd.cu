@@ -56,18 +56,8 @@
  *
  * NVRTC compiles this file with no include path, so it includes nothing;
  * the build puts k_prelude.cuh (types, dtypes, pdl_begin) in front of it
- * (hiprtc too: see SG_PTX).
+ * (hiprtc too: see k_prelude.cuh's SG_PTX).
  */
-
-/* SG_PTX: NVRTC (CUDA) compiles this file, with PTX. hiprtc compiles it
- * too, for AMD GPUs, after the HIP prelude (codegen/nvrtc.c): there the
- * conversions take their portable forms and the tensor-core kernels, all
- * PTX, are not built (the host picks the FMA kernels on HIP). */
-#if defined(__CUDA_ARCH__)
-#define SG_PTX 1
-#else
-#define SG_PTX 0
-#endif
 
 #define NT 128 /* threads per block */
 #define NW (NT / 32)
@@ -89,45 +79,17 @@ struct bgeom {
 
 /* ------------------------------------------------------------ elements */
 
-__device__ __forceinline__ float h2f(u16 h) {
-#if SG_PTX
-    float f;
-    asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(h));
-    return f;
-#else
-    return (float)__builtin_bit_cast(_Float16, h);
-#endif
-}
-
-__device__ __forceinline__ u16 f2h(float f) {
-#if SG_PTX
-    u16 h;
-    asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(f));
-    return h;
-#else
-    return __builtin_bit_cast(u16, (_Float16)f); /* round to nearest even */
-#endif
-}
-
-/* bf16 by nearest even, NaN kept NaN, as the CPU rounds. */
-__device__ __forceinline__ u16 f2bf(float f) {
-    u32 u = __float_as_uint(f);
-    if ((u & 0x7fffffffu) > 0x7f800000u) return (u16)((u >> 16) | 0x40);
-    u += 0x7fffu + ((u >> 16) & 1);
-    return (u16)(u >> 16);
-}
-
 __device__ __forceinline__ float ld(const void *p, int dt, i64 i) {
     if (dt == DT_F32) return ((const float *)p)[i];
     u16 h = ((const u16 *)p)[i];
-    return dt == DT_F16 ? h2f(h) : __uint_as_float((u32)h << 16);
+    return dt == DT_F16 ? h2f_cvt(h) : __uint_as_float((u32)h << 16);
 }
 
 __device__ __forceinline__ void st(void *p, int dt, i64 i, float v) {
     if (dt == DT_F32)
         ((float *)p)[i] = v;
     else
-        ((u16 *)p)[i] = dt == DT_F16 ? f2h(v) : f2bf(v);
+        ((u16 *)p)[i] = dt == DT_F16 ? f2h_cvt(v) : f2bf(v);
 }
 
 __device__ __forceinline__ float inf_f() { return __uint_as_float(0x7f800000u); }
@@ -361,7 +323,7 @@ __device__ __forceinline__ float ex2(float x) {
 __device__ __forceinline__ float fexp(float x) { return ex2(x * LOG2E); }
 
 __device__ __forceinline__ float f16v(u16 h, int dt) {
-    return dt == DT_F16 ? h2f(h) : __uint_as_float((u32)h << 16);
+    return dt == DT_F16 ? h2f_cvt(h) : __uint_as_float((u32)h << 16);
 }
 
 /* 16 bytes global -> shared (at shared address dst), zero-filled when !in
@@ -484,10 +446,10 @@ __device__ __forceinline__ void to_a(u32 *a, const float *c0, const float *c1, i
 
 /* The two 16-bit values of w (lo in the low half) as floats. */
 __device__ __forceinline__ float lo16(u32 w, int dt) {
-    return dt == DT_F16 ? h2f((u16)(w & 0xffffu)) : __uint_as_float(w << 16);
+    return dt == DT_F16 ? h2f_cvt((u16)(w & 0xffffu)) : __uint_as_float(w << 16);
 }
 __device__ __forceinline__ float hi16(u32 w, int dt) {
-    return dt == DT_F16 ? h2f((u16)(w >> 16)) : __uint_as_float(w & 0xffff0000u);
+    return dt == DT_F16 ? h2f_cvt((u16)(w >> 16)) : __uint_as_float(w & 0xffff0000u);
 }
 
 /* (lo, hi) into the 16-bit pair at element at (even) of out. */

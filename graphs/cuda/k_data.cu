@@ -199,30 +199,6 @@ extern "C" __global__ void sg_data_index_copy_scan(const dt_args a) {
 
 /* ------------------------------------------------------------ arange */
 
-/* f32 to f16 / bf16, round to nearest even: graphs/cpu/cpu.h's sg__f2h and
- * sg__f2bf bit for bit. */
-__device__ __forceinline__ u32 f2h(float f) {
-    u32 u = __float_as_uint(f);
-    u32 sign = (u >> 16) & 0x8000u;
-    u32 a = u & 0x7fffffffu;
-    if (a > 0x7f800000u) return sign | 0x7e00u;
-    if (a >= 0x477ff000u) return sign | 0x7c00u;
-    if (a < 0x38800000u) {
-        float r = __fadd_rn(__uint_as_float(a), 0.5f);
-        return sign | (__float_as_uint(r) - 0x3f000000u);
-    }
-    u32 mant_odd = (a >> 13) & 1;
-    a += 0xc8000fffu + mant_odd;
-    return (sign | (a >> 13)) & 0xffffu;
-}
-
-__device__ __forceinline__ u32 f2bf(float f) {
-    u32 u = __float_as_uint(f);
-    if ((u & 0x7fffffffu) > 0x7f800000u) return ((u >> 16) | 0x40u) & 0xffffu;
-    u += 0x7fffu + ((u >> 16) & 1);
-    return u >> 16;
-}
-
 /* p[i * stride] = start + i * step, computed in double and stored as the
  * CPU does: floats through a float, ints truncated (the front-end checked
  * the range fits). */
@@ -305,17 +281,6 @@ extern "C" __global__ void sg_data_rand(void *out, i64 n, int dt, int dist, cons
 /* graphs/cpu/cpu_sample.c's selections (see there for the definitions): topk
  * a thread per row, sample a block per row (below); no scratch memory. Rows
  * are contiguous (rows, V). */
-/* f16 bits to float, exactly (capture.h's sg__h2f). */
-__device__ __forceinline__ float h2f(u32 h) {
-    u32 sign = (h & 0x8000u) << 16, e = (h >> 10) & 31u, m = h & 1023u;
-    if (e == 0) { /* zero or subnormal: m * 2^-24, exact */
-        float v = (float)m * __uint_as_float(0x33800000u);
-        return sign ? -v : v;
-    }
-    if (e == 31) return __uint_as_float(sign | 0x7f800000u | (m << 13));
-    return __uint_as_float(sign | ((e + 112) << 23) | (m << 13));
-}
-
 __device__ __forceinline__ float ld_float(const void *p, int dt, i64 i) {
     switch (dt) {
     case DT_F32: return ((const float *)p)[i];

@@ -63,52 +63,6 @@ struct pw_op {
 
 /* ------------------------------------------------------------ conversions */
 
-__device__ __forceinline__ float h2f(u32 h) {
-    u32 sign = (h & 0x8000u) << 16, e = (h >> 10) & 31, m = h & 1023, u;
-    if (e == 0) {
-        if (m == 0) {
-            u = sign;
-        } else { /* subnormal: normalize */
-            e = 113;
-            while (!(m & 1024)) {
-                m <<= 1;
-                e--;
-            }
-            u = sign | (e << 23) | ((m & 1023) << 13);
-        }
-    } else if (e == 31) {
-        u = sign | 0x7f800000u | (m << 13);
-    } else {
-        u = sign | ((e + 112) << 23) | (m << 13);
-    }
-    return __uint_as_float(u);
-}
-
-/* Round to nearest even, overflow to inf, NaN kept NaN (as sg__f2h). */
-__device__ __forceinline__ u32 f2h(float f) {
-    u32 u = __float_as_uint(f);
-    u32 sign = (u >> 16) & 0x8000u;
-    u32 a = u & 0x7fffffffu;
-    if (a > 0x7f800000u) return sign | 0x7e00u;
-    if (a >= 0x477ff000u) return sign | 0x7c00u;
-    if (a < 0x38800000u) { /* subnormal or zero: 0.5 lines the steps up */
-        float r = __fadd_rn(__uint_as_float(a), 0.5f);
-        return sign | (__float_as_uint(r) - 0x3f000000u);
-    }
-    u32 mant_odd = (a >> 13) & 1;
-    a += 0xc8000fffu + mant_odd;
-    return (sign | (a >> 13)) & 0xffffu;
-}
-
-__device__ __forceinline__ float bf2f(u32 b) { return __uint_as_float(b << 16); }
-
-__device__ __forceinline__ u32 f2bf(float f) {
-    u32 u = __float_as_uint(f);
-    if ((u & 0x7fffffffu) > 0x7f800000u) return ((u >> 16) | 0x40u) & 0xffffu;
-    u += 0x7fffu + ((u >> 16) & 1);
-    return u >> 16;
-}
-
 /* An int64 as a float rounded to odd: truncate, then set the last bit when
  * inexact. Rounding that to f16/bf16 rounds once, as the CPU's cast does. */
 __device__ __forceinline__ float i2f_odd(i64 v) {

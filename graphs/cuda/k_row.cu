@@ -44,51 +44,6 @@ struct wgeom {
 /* ------------------------------------------------------------ conversions */
 
 /* The same bit conversions as graphs/cpu/cpu.h. */
-__device__ __forceinline__ float h2f(u16 h) {
-    u32 sign = (u32)(h & 0x8000) << 16, e = (h >> 10) & 31, m = h & 1023, u;
-    if (e == 0) {
-        if (m == 0) {
-            u = sign;
-        } else {
-            e = 113;
-            while (!(m & 1024)) {
-                m <<= 1;
-                e--;
-            }
-            u = sign | (e << 23) | ((m & 1023) << 13);
-        }
-    } else if (e == 31) {
-        u = sign | 0x7f800000u | (m << 13);
-    } else {
-        u = sign | ((e + 112) << 23) | (m << 13);
-    }
-    return __uint_as_float(u);
-}
-
-__device__ __forceinline__ u16 f2h(float f) {
-    u32 u = __float_as_uint(f);
-    u32 sign = (u >> 16) & 0x8000;
-    u32 a = u & 0x7fffffffu;
-    if (a > 0x7f800000u) return (u16)(sign | 0x7e00);
-    if (a >= 0x477ff000u) return (u16)(sign | 0x7c00);
-    if (a < 0x38800000u) {
-        float r = __uint_as_float(a) + 0.5f;
-        return (u16)(sign | (__float_as_uint(r) - 0x3f000000u));
-    }
-    u32 mant_odd = (a >> 13) & 1;
-    a += 0xc8000fffu + mant_odd;
-    return (u16)(sign | (a >> 13));
-}
-
-__device__ __forceinline__ float bf2f(u16 b) { return __uint_as_float((u32)b << 16); }
-
-__device__ __forceinline__ u16 f2bf(float f) {
-    u32 u = __float_as_uint(f);
-    if ((u & 0x7fffffffu) > 0x7f800000u) return (u16)((u >> 16) | 0x40);
-    u += 0x7fffu + ((u >> 16) & 1);
-    return (u16)(u >> 16);
-}
-
 __device__ __forceinline__ float ldf(const void *p, int dt, i64 i) {
     switch (dt) {
     case DT_F32: return ((const float *)p)[i];
