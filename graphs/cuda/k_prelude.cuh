@@ -62,7 +62,7 @@ __device__ __forceinline__ u32 smem_addr(const void *p) {
 /* ------------------------------------------------------------ conversions */
 
 /* f16 and bf16 bits (the low 16 of h) to float and back, as
- * graphs/cpu/cpu.h's sg__h2f, sg__f2h and sg__f2bf: bit for bit, NaN
+ * capture/capture.h's sg__h2f, sg__f2h and sg__f2bf (the host's): bit for bit, NaN
  * payloads included, rounding to nearest even, f16 overflow to inf. */
 __device__ __forceinline__ float h2f(u32 h) {
     u32 sign = (h & 0x8000u) << 16, e = (h >> 10) & 31, m = h & 1023, u;
