@@ -14,7 +14,10 @@
  *     _place; 1 to 4 passes, indices out of range) against a stable sort of
  *     (index, position), the order the runs kernel reads;
  *   sg_data_index_add_runs (several lanes a thread, f32 and bf16) against
- *     each element's sum in position order, rounded once.
+ *     each element's sum in position order, rounded once;
+ *   k_prelude.cuh's f16 and bf16 conversions (h2f, f2h, f2bf, pack2h in
+ *     their portable forms) bit for bit against sg_cast on the CPU: every
+ *     f16 value, and floats around every rounding boundary, NaNs included.
  * Each case prints "ok   NAME" or "FAIL NAME" with what differed.
  */
 #include "cuda_emu.h"
@@ -217,11 +220,82 @@ static void runs_case(int64_t L, int64_t limit, int64_t W, bool bf16, unsigned g
     report(differ == 0, what);
 }
 
+/* The prelude's conversions against the CPU's sg_cast, bit for bit. */
+static void conversion_case(sg_ctx *ctx) {
+    std::vector<uint16_t> h(65536);
+    for (uint32_t i = 0; i < 65536; i++) h[i] = (uint16_t)i;
+    std::vector<float> f(65536);
+    const int64_t n = 65536;
+    sg_tensor *th = sg_from_host(ctx, SG_F16, 1, &n, h.data());
+    sg_tensor *tf = th ? sg_cast(th, SG_F32) : NULL;
+    bool ok = tf && sg_read(tf, f.data(), sizeof(float) * f.size()) == SG_OK;
+    int bad = 0;
+    for (uint32_t i = 0; ok && i < 65536; i++) {
+        const float d = h2f(i);
+        if (memcmp(&d, &f[i], 4)) bad++;
+    }
+    report(ok && bad == 0, "h2f: all 65536 f16 values as sg_cast f16 -> f32");
+    sg_release(th);
+    sg_release(tf);
+
+    /* Floats: every f16 value and its neighbours one and two ulps of f32
+     * away (the rounding boundaries, f16's overflow, subnormals), random
+     * bits, NaNs with payloads, infinities. */
+    std::vector<float> x;
+    for (uint32_t i = 0; i < 65536; i++) {
+        uint32_t u;
+        memcpy(&u, &f[i], 4);
+        for (int d = -2; d <= 2; d++) {
+            uint32_t v = u + (uint32_t)d;
+            float y;
+            memcpy(&y, &v, 4);
+            x.push_back(y);
+        }
+        float mid; /* halfway to the next f16 value */
+        if (i < 65535 && f[i] == f[i] && f[i + 1] == f[i + 1]) {
+            mid = 0.5f * (f[i] + f[i + 1]);
+            x.push_back(mid);
+        }
+    }
+    for (int i = 0; i < 200000; i++) {
+        uint32_t u = (uint32_t)gen();
+        float y;
+        memcpy(&y, &u, 4);
+        x.push_back(y);
+    }
+    const int64_t m = (int64_t)x.size();
+    std::vector<uint16_t> rh(x.size()), rb(x.size());
+    sg_tensor *tx = sg_from_host(ctx, SG_F32, 1, &m, x.data());
+    sg_tensor *t16 = tx ? sg_cast(tx, SG_F16) : NULL, *tbf = tx ? sg_cast(tx, SG_BF16) : NULL;
+    ok = t16 && tbf && sg_read(t16, rh.data(), 2 * rh.size()) == SG_OK &&
+         sg_read(tbf, rb.data(), 2 * rb.size()) == SG_OK;
+    int bad_h = 0, bad_b = 0, bad_p = 0;
+    for (size_t i = 0; ok && i < x.size(); i++) {
+        bad_h += f2h(x[i]) != rh[i];
+        bad_b += f2bf(x[i]) != rb[i];
+        if (i + 1 < x.size()) {
+            bad_p +=
+                pack2h(x[i], x[i + 1], DT_F16) != ((uint32_t)rh[i] | (uint32_t)rh[i + 1] << 16);
+            bad_p +=
+                pack2h(x[i], x[i + 1], DT_BF16) != ((uint32_t)rb[i] | (uint32_t)rb[i + 1] << 16);
+        }
+    }
+    char what[160];
+    snprintf(what, sizeof what,
+             "f2h, f2bf, pack2h: %lld floats as sg_cast f32 -> f16 / bf16 (%d, %d, %d differ)",
+             (long long)m, bad_h, bad_b, bad_p);
+    report(ok && bad_h == 0 && bad_b == 0 && bad_p == 0, what);
+    sg_release(tx);
+    sg_release(t16);
+    sg_release(tbf);
+}
+
 int main() {
     sg_ctx *ctx = NULL;
     sg_ctx_opts opts = {};
     opts.backend = SG_BACKEND_CPU;
     if (sg_ctx_create(&opts, &ctx) != SG_OK) return printf("FAIL no CPU context\n"), 1;
+    conversion_case(ctx);
     radix_case(5000, 300, true);
     radix_case(9000, 70000, true);
     radix_case(3000, 1, false);

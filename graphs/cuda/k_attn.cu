@@ -686,11 +686,6 @@ __device__ __forceinline__ void mma16816(float *c, const u32 *a, u32 b0, u32 b1,
                      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 
-/* 16-bit element of a strided operand, 0 outside [0, rows). */
-__device__ __forceinline__ u16 ld16(const void *p, i64 at, bool in) {
-    return in ? ((const u16 *)p)[at] : (u16)0;
-}
-
 extern "C" __global__ void __launch_bounds__(NT)
     sg_attn_mma(const void *q, const void *k, const void *v, const void *len, void *out, ageom g) {
     pdl_begin();
@@ -879,73 +874,6 @@ __device__ __forceinline__ void flash_copies(const u16 *kp, const u16 *vp, const
     }
 }
 
-/* 16 bytes global -> shared (at shared address dst), zero-filled when !in
- * (nothing read then). Shared addresses are 32-bit window offsets, the
- * lane's part apart from the constant part, which ptxas folds into the
- * instruction (no generic-to-shared conversion per access). */
-__device__ __forceinline__ void cp16(u32 dst, const u16 *src, bool in) {
-#if __CUDA_ARCH__ >= 800
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(dst), "l"(src),
-                 "r"(in ? 16 : 0));
-#endif
-}
-
-__device__ __forceinline__ void cp_commit() {
-#if __CUDA_ARCH__ >= 800
-    asm volatile("cp.async.commit_group;" ::: "memory");
-#endif
-}
-
-/* Wait until at most N of this thread's copy groups are pending. */
-template <int N> __device__ __forceinline__ void cp_wait() {
-#if __CUDA_ARCH__ >= 800
-    asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory");
-#endif
-}
-
-__device__ __forceinline__ void ldsm4(u32 *r, u32 a) {
-    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];"
-                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-                 : "r"(a));
-}
-
-__device__ __forceinline__ void ldsm4t(u32 *r, u32 a) {
-    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];"
-                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-                 : "r"(a));
-}
-
-/* D += A B on tensor cores, A 16x16 row-major, B 16x8 col-major, f32 accumulators;
- * a pure register operation, which the compiler may schedule freely. */
-template <int DT> __device__ __forceinline__ void mma_f32(float *c, const u32 *a, u32 b0, u32 b1) {
-    if (DT == DT_F16)
-        asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, "
-            "{%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
-            : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-            : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-    else
-        asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, "
-            "{%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
-            : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-            : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
-
-/* (lo, hi) rounded to nearest even as two 16-bit values of DT, lo in the low half. */
-template <int DT> __device__ __forceinline__ u32 pack16(float lo, float hi) {
-    u32 r;
-    if (DT == DT_F16)
-        asm("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
-    else
-        asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
-    return r;
-}
-
-__device__ __forceinline__ float ex2(float x) {
-    float y;
-    asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
-    return y;
-}
-
 /* Rows r0 .. r0+R-1 of a (rows, D) operand with row stride st (elements)
  * into a tile of pitch D + 8; rows at or past n zero-filled. The thread
  * copies vector tid % CH of rows tid / CH + c * NT / CH: dst is the tile's
@@ -1041,8 +969,8 @@ __device__ __forceinline__ void flash_fwd(const u16 *q, const u16 *k, const u16 
             for (int n = 0; n < NS; n += 2) {
                 u32 r[4];
                 ldsm4(r, lk + 2 * (n * 8 * P + kk * 16));
-                mma_f32<DT>(s[n], qa[kk], r[0], r[1]);
-                mma_f32<DT>(s[n + 1], qa[kk], r[2], r[3]);
+                mma(s[n], qa[kk], r[0], r[1], DT);
+                mma(s[n + 1], qa[kk], r[2], r[3], DT);
             }
         __syncthreads();
         if (t + 1 < ntiles) tile_in<D, FK>(tk, kt, g.ks[2], j0 + FK, nmax);
@@ -1075,8 +1003,8 @@ __device__ __forceinline__ void flash_fwd(const u16 *q, const u16 *k, const u16 
             float p0 = ex2(__fmaf_rn(s[n][0], sl2, -ua)), p1 = ex2(__fmaf_rn(s[n][1], sl2, -ua));
             float p2 = ex2(__fmaf_rn(s[n][2], sl2, -ub)), p3 = ex2(__fmaf_rn(s[n][3], sl2, -ub));
             sa += p0 + p1, sb += p2 + p3;
-            pa[n / 2][(n & 1) * 2] = pack16<DT>(p0, p1);
-            pa[n / 2][(n & 1) * 2 + 1] = pack16<DT>(p2, p3);
+            pa[n / 2][(n & 1) * 2] = pack2h(p0, p1, DT);
+            pa[n / 2][(n & 1) * 2 + 1] = pack2h(p2, p3, DT);
         }
         la = la * aa + sa, lb = lb * ab + sb;
 #pragma unroll
@@ -1089,8 +1017,8 @@ __device__ __forceinline__ void flash_fwd(const u16 *q, const u16 *k, const u16 
             for (int d = 0; d < ND; d += 2) {
                 u32 r[4];
                 ldsm4t(r, lv + 2 * (kk * 16 * P + d * 8));
-                mma_f32<DT>(o[d], pa[kk], r[0], r[1]);
-                mma_f32<DT>(o[d + 1], pa[kk], r[2], r[3]);
+                mma(o[d], pa[kk], r[0], r[1], DT);
+                mma(o[d + 1], pa[kk], r[2], r[3], DT);
             }
         __syncthreads();
     }
@@ -1109,8 +1037,8 @@ __device__ __forceinline__ void flash_fwd(const u16 *q, const u16 *k, const u16 
     u16 *so = sm + (warp * 16 + gr) * P + 2 * tq;
 #pragma unroll
     for (int d = 0; d < ND; d++) {
-        *(u32 *)(so + d * 8) = pack16<DT>(o[d][0] * ra, o[d][1] * ra);
-        *(u32 *)(so + 8 * P + d * 8) = pack16<DT>(o[d][2] * rb, o[d][3] * rb);
+        *(u32 *)(so + d * 8) = pack2h(o[d][0] * ra, o[d][1] * ra, DT);
+        *(u32 *)(so + 8 * P + d * 8) = pack2h(o[d][2] * rb, o[d][3] * rb, DT);
     }
     __syncthreads();
     u16 *op = out + out_row(g, b, h, q0);

@@ -290,34 +290,7 @@ extern "C" __global__ void __launch_bounds__(NT)
 /* ------------------------------------------------------------ tensor cores */
 #if SG_PTX /* the rest of the file */
 
-/* c += a b: m16n8k16, A row-major 16 x 16, B column-major 16 x 8 (b0, b1),
- * f32 C. Not volatile: the compiler interleaves independent accumulators' mmas. */
-__device__ __forceinline__ void mma(float *c, const u32 *a, u32 b0, u32 b1, int dt) {
-    if (dt == DT_F16)
-        asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, "
-            "{%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
-            : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-            : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-    else
-        asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, "
-            "{%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
-            : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-            : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
-
-/* A 16-bit element of a strided operand, 0 where !in. */
-__device__ __forceinline__ u16 ld16(const void *p, i64 at, bool in) {
-    return in ? ((const u16 *)p)[at] : (u16)0;
-}
-
 #define LOG2E 1.4426950408889634f
-
-/* 2^x through one ex2.approx (relative error ~2^-22; 2^-inf = 0). */
-__device__ __forceinline__ float ex2(float x) {
-    float y;
-    asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
-    return y;
-}
 
 /* e^x likewise. */
 __device__ __forceinline__ float fexp(float x) { return ex2(x * LOG2E); }
@@ -326,49 +299,12 @@ __device__ __forceinline__ float f16v(u16 h, int dt) {
     return dt == DT_F16 ? h2f_cvt(h) : __uint_as_float((u32)h << 16);
 }
 
-/* 16 bytes global -> shared (at shared address dst), zero-filled when !in
- * (nothing read then). */
-__device__ __forceinline__ void cp16(u32 dst, const u16 *src, bool in) {
-#if __CUDA_ARCH__ >= 800
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(dst), "l"(src),
-                 "r"(in ? 16 : 0));
-#endif
-}
-
 /* 4 bytes likewise (through L1). */
 __device__ __forceinline__ void cp4(float *dst, const float *src, bool in) {
 #if __CUDA_ARCH__ >= 800
     asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;" ::"r"(smem_addr(dst)), "l"(src),
                  "r"(in ? 4 : 0));
 #endif
-}
-
-__device__ __forceinline__ void cp_commit() {
-#if __CUDA_ARCH__ >= 800
-    asm volatile("cp.async.commit_group;" ::: "memory");
-#endif
-}
-
-/* Wait until at most N of this thread's copy groups are pending. */
-template <int N> __device__ __forceinline__ void cp_wait() {
-#if __CUDA_ARCH__ >= 800
-    asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory");
-#endif
-}
-
-/* Four 8x8 16-bit matrices from shared memory, as stored or transposed.
- * Shared memory is addressed by 32-bit shared-window addresses (bytes), so
- * a fragment's address is a per-thread base plus a constant. */
-__device__ __forceinline__ void ldsm4(u32 *r, u32 a) {
-    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];"
-                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-                 : "r"(a));
-}
-
-__device__ __forceinline__ void ldsm4t(u32 *r, u32 a) {
-    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];"
-                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-                 : "r"(a));
 }
 
 /* The B fragments of n tiles (n, n + 1) x k slice kk of S = A X^T, X a
@@ -426,22 +362,12 @@ __device__ __forceinline__ void fetch(u16 *dst, const void *p, i64 base, i64 rs,
     }
 }
 
-/* (lo, hi) rounded to nearest even as two 16-bit values, lo in the low half. */
-__device__ __forceinline__ u32 pack16(float lo, float hi, int dt) {
-    u32 r;
-    if (dt == DT_F16)
-        asm("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
-    else
-        asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
-    return r;
-}
-
 /* C tiles (n, n+1) of P-like values as the A fragment of one 16-column slice. */
 __device__ __forceinline__ void to_a(u32 *a, const float *c0, const float *c1, int dt) {
-    a[0] = pack16(c0[0], c0[1], dt);
-    a[1] = pack16(c0[2], c0[3], dt);
-    a[2] = pack16(c1[0], c1[1], dt);
-    a[3] = pack16(c1[2], c1[3], dt);
+    a[0] = pack2h(c0[0], c0[1], dt);
+    a[1] = pack2h(c0[2], c0[3], dt);
+    a[2] = pack2h(c1[0], c1[1], dt);
+    a[3] = pack2h(c1[2], c1[3], dt);
 }
 
 /* The two 16-bit values of w (lo in the low half) as floats. */
@@ -454,7 +380,7 @@ __device__ __forceinline__ float hi16(u32 w, int dt) {
 
 /* (lo, hi) into the 16-bit pair at element at (even) of out. */
 __device__ __forceinline__ void st2(void *out, i64 at, float lo, float hi, int dt) {
-    ((u32 *)out)[at >> 1] = pack16(lo, hi, dt);
+    ((u32 *)out)[at >> 1] = pack2h(lo, hi, dt);
 }
 
 #define LN2 0.6931471805599453f

@@ -271,17 +271,8 @@ template <int DT> __device__ __forceinline__ uint4 pack16(const float *f) {
     for (int k = 0; k < 4; k++) {
         if (DT == DT_F32)
             w[k] = __float_as_uint(f[k]);
-#if defined(__CUDA_ARCH__)
-        else if (DT == DT_BF16)
-            asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(w[k]) : "f"(f[2 * k + 1]), "f"(f[2 * k]));
         else
-            asm("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(w[k]) : "f"(f[2 * k + 1]), "f"(f[2 * k]));
-#else /* hiprtc (HIP): no PTX */
-        else if (DT == DT_BF16)
-            w[k] = (u32)f2bf(f[2 * k]) | (u32)f2bf(f[2 * k + 1]) << 16;
-        else
-            w[k] = (u32)f2h(f[2 * k]) | (u32)f2h(f[2 * k + 1]) << 16;
-#endif
+            w[k] = pack2h(f[2 * k], f[2 * k + 1], DT);
     }
     return make_uint4(w[0], w[1], w[2], w[3]);
 }
