@@ -56,6 +56,24 @@ typedef struct sg__rdims {
 SG__HIDDEN void sg__reduce_dims(const sg_tensor *x, const sg_tensor *y, uint32_t mask,
                                 sg__rdims *r);
 
+/*
+ * A product's (MATMUL, LINEAR) sizes: M x K by K x N over nb batch dims of
+ * the result's shape bshape, and where each operand's matrix lies in its
+ * tensor: the row dim and column dim (-1: absent, a size of 1) and how many
+ * leading dims are batch dims. LINEAR's weight (N, K) is read as its
+ * transpose. Every backend's product kernels read their operands so.
+ */
+typedef struct sg__mm_role {
+    int rdim, cdim, tb;
+} sg__mm_role;
+typedef struct sg__mm_dims {
+    int64_t M, N, K;
+    int nb;
+    int64_t bshape[SG_MAX_DIMS];
+    sg__mm_role a, b, c;
+} sg__mm_dims;
+SG__HIDDEN void sg__mm_dims_of(const sg__node *n, sg__mm_dims *d);
+
 /* Fill ctx->exec for the CPU. Never unavailable; fails only on OOM. */
 SG__HIDDEN sg_status sg__cpu_init(sg_ctx *ctx);
 

@@ -29,3 +29,24 @@ void sg__reduce_dims(const sg_tensor *x, const sg_tensor *y, uint32_t mask, sg__
     }
     if (r->nr == 0) r->rsize[0] = 1, r->rxs[0] = 0, r->nr = 1;
 }
+
+void sg__mm_dims_of(const sg__node *n, sg__mm_dims *d) {
+    const sg_tensor *a = n->in[0], *b = n->in[1], *out = n->out;
+    int an = a->ndim, bn = b->ndim;
+    d->a = an >= 2 ? (sg__mm_role){an - 2, an - 1, an - 2} : (sg__mm_role){-1, 0, 0};
+    d->M = an >= 2 ? a->shape[an - 2] : 1;
+    d->K = a->shape[an - 1];
+    if (n->op == SG__OP_LINEAR) { /* b is w (N, K), read as its transpose */
+        d->b = (sg__mm_role){1, 0, 0};
+        d->N = b->shape[0];
+        d->nb = an >= 2 ? an - 2 : 0;
+        d->c =
+            an >= 2 ? (sg__mm_role){out->ndim - 2, out->ndim - 1, d->nb} : (sg__mm_role){-1, 0, 0};
+    } else {
+        d->b = bn >= 2 ? (sg__mm_role){bn - 2, bn - 1, bn - 2} : (sg__mm_role){0, -1, 0};
+        d->N = bn >= 2 ? b->shape[bn - 1] : 1;
+        d->nb = out->ndim - (an >= 2) - (bn >= 2);
+        d->c = (sg__mm_role){an >= 2 ? d->nb : -1, bn >= 2 ? out->ndim - 1 : -1, d->nb};
+    }
+    for (int i = 0; i < d->nb; i++) d->bshape[i] = out->shape[i];
+}

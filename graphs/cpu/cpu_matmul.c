@@ -57,11 +57,7 @@ typedef struct gemm {
     mat A, B, C;
 } gemm;
 
-/* Where a tensor's matrix lies: its row dim and column dim (-1: absent, a
- * size of 1) and how many leading dims are batch dims. */
-typedef struct role {
-    int rdim, cdim, tb;
-} role;
+typedef sg__mm_role role; /* backend.h */
 
 enum { LAY_NONE = -1, LAY_N, LAY_T };
 
@@ -340,25 +336,13 @@ static void gemv_half(sg_ctx *ctx, const gemm *g, const sg_tensor *b) {
     }
 }
 
-/* Fill g's sizes and the roles of the three operands from the node. */
+/* The sizes and the roles of the three operands (graphs/dims.c). */
 static void setup(const sg__node *n, gemm *g, role *ra, role *rb, role *rc) {
-    const sg_tensor *a = n->in[0], *b = n->in[1], *out = n->out;
-    int an = a->ndim, bn = b->ndim;
-    *ra = an >= 2 ? (role){an - 2, an - 1, an - 2} : (role){-1, 0, 0};
-    g->M = an >= 2 ? a->shape[an - 2] : 1;
-    g->K = a->shape[an - 1];
-    if (n->op == SG__OP_LINEAR) { /* b is w (N, K), read as its transpose */
-        *rb = (role){1, 0, 0};
-        g->N = b->shape[0];
-        g->nb = an >= 2 ? an - 2 : 0;
-        *rc = an >= 2 ? (role){out->ndim - 2, out->ndim - 1, g->nb} : (role){-1, 0, 0};
-    } else {
-        *rb = bn >= 2 ? (role){bn - 2, bn - 1, bn - 2} : (role){0, -1, 0};
-        g->N = bn >= 2 ? b->shape[bn - 1] : 1;
-        g->nb = out->ndim - (an >= 2) - (bn >= 2);
-        *rc = (role){an >= 2 ? g->nb : -1, bn >= 2 ? out->ndim - 1 : -1, g->nb};
-    }
-    for (int d = 0; d < g->nb; d++) g->bshape[d] = out->shape[d];
+    sg__mm_dims d;
+    sg__mm_dims_of(n, &d);
+    g->M = d.M, g->N = d.N, g->K = d.K, g->nb = d.nb;
+    memcpy(g->bshape, d.bshape, sizeof d.bshape);
+    *ra = d.a, *rb = d.b, *rc = d.c;
 }
 
 /* The bias as N contiguous floats; NULL with a message on failure. */

@@ -61,11 +61,7 @@ static int layout(int64_t R, int64_t C, int64_t rs, int64_t cs, int64_t *ld) {
     return LAY_NONE;
 }
 
-/* Where a tensor's matrix lies: its row dim and column dim (-1: absent, a
- * size of 1) and how many leading dims are batch dims. */
-typedef struct role {
-    int rdim, cdim, tb;
-} role;
+typedef sg__mm_role role; /* backend.h */
 
 static int64_t role_size(const sg_tensor *t, int dim) { return dim >= 0 ? t->shape[dim] : 1; }
 
@@ -92,25 +88,13 @@ static void contiguous_strides(int ndim, const int64_t *shape, int64_t *stride) 
     }
 }
 
-/* The sizes and the roles of the three operands (as the CPU kernel). */
+/* The sizes and the roles of the three operands (graphs/dims.c). */
 static void setup(const sg__node *n, sg__mm_plan *p, role *ra, role *rb, role *rc) {
-    const sg_tensor *a = n->in[0], *b = n->in[1], *out = n->out;
-    int an = a->ndim, bn = b->ndim;
-    *ra = an >= 2 ? (role){an - 2, an - 1, an - 2} : (role){-1, 0, 0};
-    p->M = an >= 2 ? a->shape[an - 2] : 1;
-    p->K = a->shape[an - 1];
-    if (n->op == SG__OP_LINEAR) { /* b is w (N, K), read as its transpose */
-        *rb = (role){1, 0, 0};
-        p->N = b->shape[0];
-        p->nb = an >= 2 ? an - 2 : 0;
-        *rc = an >= 2 ? (role){out->ndim - 2, out->ndim - 1, p->nb} : (role){-1, 0, 0};
-    } else {
-        *rb = bn >= 2 ? (role){bn - 2, bn - 1, bn - 2} : (role){0, -1, 0};
-        p->N = bn >= 2 ? b->shape[bn - 1] : 1;
-        p->nb = out->ndim - (an >= 2) - (bn >= 2);
-        *rc = (role){an >= 2 ? p->nb : -1, bn >= 2 ? out->ndim - 1 : -1, p->nb};
-    }
-    for (int d = 0; d < p->nb; d++) p->bshape[d] = out->shape[d];
+    sg__mm_dims d;
+    sg__mm_dims_of(n, &d);
+    p->M = d.M, p->N = d.N, p->K = d.K, p->nb = d.nb;
+    memcpy(p->bshape, d.bshape, sizeof d.bshape);
+    *ra = d.a, *rb = d.b, *rc = d.c;
 }
 
 /* Fold batch dims into M, innermost first, while B is fixed along them and
