@@ -57,6 +57,17 @@ SG__HIDDEN void sg__reduce_dims(const sg_tensor *x, const sg_tensor *y, uint32_t
                                 sg__rdims *r);
 
 /*
+ * The index space of a pointwise op over nops operands sharing shape, each
+ * with its strides: size-1 dims dropped, and each dim merged into its outer
+ * neighbour when every operand steps over the pair as one (outer stride =
+ * inner stride * inner size). A same-shape op on contiguous tensors becomes
+ * one long row; a [N,4] op no longer pays per-row costs every 4 elements.
+ * Rewrites shape and stride in place; returns the new ndim.
+ */
+SG__HIDDEN int sg__coalesce_dims(int ndim, int64_t *shape, int nops,
+                                 int64_t (*stride)[SG_MAX_DIMS]);
+
+/*
  * A product's (MATMUL, LINEAR) sizes: M x K by K x N over nb batch dims of
  * the result's shape bshape, and where each operand's matrix lies in its
  * tensor: the row dim and column dim (-1: absent, a size of 1) and how many

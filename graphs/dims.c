@@ -50,3 +50,22 @@ void sg__mm_dims_of(const sg__node *n, sg__mm_dims *d) {
     }
     for (int i = 0; i < d->nb; i++) d->bshape[i] = out->shape[i];
 }
+
+int sg__coalesce_dims(int ndim, int64_t *shape, int nops, int64_t (*stride)[SG_MAX_DIMS]) {
+    int nd = 0;
+    for (int d = 0; d < ndim; d++) {
+        if (shape[d] == 1) continue;
+        bool merge = nd > 0;
+        for (int k = 0; merge && k < nops; k++)
+            merge = stride[k][nd - 1] == stride[k][d] * shape[d];
+        if (merge) {
+            shape[nd - 1] *= shape[d];
+            for (int k = 0; k < nops; k++) stride[k][nd - 1] = stride[k][d];
+            continue;
+        }
+        shape[nd] = shape[d];
+        for (int k = 0; k < nops; k++) stride[k][nd] = stride[k][d];
+        nd++;
+    }
+    return nd;
+}

@@ -332,31 +332,6 @@ static void run_tile(const sg__node *n, const operands *o, int len, tiles *t) {
 
 /* ------------------------------------------------------------ the kernel */
 
-/*
- * Drop size-1 dims and merge each dim into its outer neighbour when every
- * operand steps over the pair as one (outer stride = inner stride * inner
- * size). A same-shape op on contiguous tensors becomes one long row; a
- * [N,4] op no longer pays per-row costs every 4 elements. Returns the new ndim.
- */
-static int coalesce(int ndim, int64_t *shape, int nops, int64_t (*stride)[SG_MAX_DIMS]) {
-    int nd = 0;
-    for (int d = 0; d < ndim; d++) {
-        if (shape[d] == 1) continue;
-        bool merge = nd > 0;
-        for (int k = 0; merge && k < nops; k++)
-            merge = stride[k][nd - 1] == stride[k][d] * shape[d];
-        if (merge) {
-            shape[nd - 1] *= shape[d];
-            for (int k = 0; k < nops; k++) stride[k][nd - 1] = stride[k][d];
-            continue;
-        }
-        shape[nd] = shape[d];
-        for (int k = 0; k < nops; k++) stride[k][nd] = stride[k][d];
-        nd++;
-    }
-    return nd;
-}
-
 sg_status sg__cpu_pointwise(sg_ctx *ctx, const sg__node *n) {
     const sg_tensor *out = n->out;
     int nops = 1 + n->nin;
@@ -375,7 +350,7 @@ sg_status sg__cpu_pointwise(sg_ctx *ctx, const sg__node *n) {
         sg__broadcast_strides(t, out->ndim, out->shape, stride[k]);
     }
     memcpy(shape, out->shape, sizeof(int64_t) * (size_t)out->ndim);
-    int nd = coalesce(out->ndim, shape, nops, stride);
+    int nd = sg__coalesce_dims(out->ndim, shape, nops, stride);
     sg__rows r;
     sg__rows_init(&r, nd, shape, nops);
     for (int k = 0; k < nops; k++) {

@@ -63,27 +63,6 @@ static uint64_t fill_bits(double v, sg_dtype dt) {
 
 /* ------------------------------------------------------------ layout */
 
-/* Drop size-1 dims and merge neighbours every operand steps over as one
- * (the CPU kernel's coalesce). Returns the new ndim. */
-static int coalesce(int ndim, int64_t *shape, int nops, int64_t (*stride)[SG_MAX_DIMS]) {
-    int nd = 0;
-    for (int d = 0; d < ndim; d++) {
-        if (shape[d] == 1) continue;
-        bool merge = nd > 0;
-        for (int k = 0; merge && k < nops; k++)
-            merge = stride[k][nd - 1] == stride[k][d] * shape[d];
-        if (merge) {
-            shape[nd - 1] *= shape[d];
-            for (int k = 0; k < nops; k++) stride[k][nd - 1] = stride[k][d];
-            continue;
-        }
-        shape[nd] = shape[d];
-        for (int k = 0; k < nops; k++) stride[k][nd] = stride[k][d];
-        nd++;
-    }
-    return nd;
-}
-
 /* True when every operand of a one-dim op is contiguous or broadcast and
  * the contiguous ones start on their chunk's alignment (sg_pw_vec). */
 static bool vec_ok(const pw_args *a, int nops) {
@@ -144,7 +123,7 @@ sg_status sg__cuda_pointwise(sg_ctx *ctx, const sg__node *n) {
         sg__broadcast_strides(t, out->ndim, out->shape, a.stride[k]);
     }
     memcpy(a.shape, out->shape, sizeof(int64_t) * (size_t)out->ndim);
-    a.ndim = coalesce(out->ndim, a.shape, nops, a.stride);
+    a.ndim = sg__coalesce_dims(out->ndim, a.shape, nops, a.stride);
     a.n = numel;
     /* GELU_TANH_BWD follows FILL in the kernel's numbering. */
     a.op = n->op == SG__OP_GELU_TANH_BWD ? SG__OP_FILL - SG__OP_NEG + 1 : (int)(n->op - SG__OP_NEG);
