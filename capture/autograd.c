@@ -587,12 +587,19 @@ static sg_status check_args(sg_tensor *loss, int n, sg_tensor *const *wrt, sg_te
     }
     /* As torch's "does not require grad": nothing was recorded, so every
      * gradient would be a silent zero. */
+    if (!loss->grad_fn && loss->fn_owned)
+        return sg__fail(ctx, SG_ERR_INVALID_ARG,
+                        "sg_grad: loss %s is an output of a compiled fn (sg_call), and a fn's "
+                        "outputs carry no recorded backward in any mode; call sg_grad inside the "
+                        "step function, where the backward is captured and fused with the forward",
+                        sg__describe(loss, d, sizeof d));
     if (!loss->grad_fn)
         return sg__fail(ctx, SG_ERR_INVALID_ARG,
                         "sg_grad: loss %s does not require grad: no tensor it was computed from "
                         "required grad when it was computed; mark the parameters with "
                         "sg_requires_grad_ before the forward, and run the forward with "
-                        "gradients on (sg_set_grad_enabled(ctx, true))",
+                        "gradients on (sg_set_grad_enabled(ctx, true)); outputs of sg_call "
+                        "carry none (take gradients inside the step)",
                         sg__describe(loss, d, sizeof d));
     return SG_OK;
 }

@@ -637,6 +637,10 @@ SG_API sg_tensor *sg_sdpa_cached(sg_tensor *q, sg_tensor *k_cache, sg_tensor *v_
  * For f16 and bf16 ops whose derivative is a formula of several ops (sin,
  * cos, tanh, sigmoid, rsqrt, gelu, gelu_tanh, silu, pow, div) the formula
  * computes in f32 and the gradient is rounded once, as PyTorch's are.
+ * A compiled fn's outputs carry no recorded backward, in every mode (where
+ * torch.compile's outputs keep theirs): call sg_grad inside the step, so
+ * that the backward is captured and fused with the forward; sg_grad on an
+ * output of sg_call is SG_ERR_INVALID_ARG (nothing was recorded for it).
  *
  *     sg_requires_grad_(w, true);                 // once, on the parameters
  *     sg_tensor *loss = sg_cross_entropy(sg_linear(x, w, b), y);

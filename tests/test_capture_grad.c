@@ -1273,6 +1273,50 @@ static sg_status rg_param_step(sg_ctx *c, sg_tensor *const *in, sg_tensor **out,
     return s;
 }
 
+/* A loss returned by a fn: its outputs carry no recorded backward in any
+ * mode, so sg_grad outside the step is refused with the fix named, and
+ * the context goes on (the same gradient inside the step works). */
+static sg_status loss_step(sg_ctx *c, sg_tensor *const *in, sg_tensor **out, void *user) {
+    (void)c, (void)user;
+    out[0] = sg_sum(sg_mul(sg_mul(in[0], in[0]), rg_w), 0, NULL, false);
+    return out[0] ? SG_OK : sg_ctx_status(c);
+}
+
+static void fn_output_loss_case(void) {
+    int64_t sh[1] = {3};
+    double *xv, *wv;
+    sg_tensor *x = tu_rand(ctx, SG_F32, 1, sh, -1, 1, &xv);
+    rg_w = tu_rand(ctx, SG_F32, 1, sh, -1, 1, &wv);
+    sg_requires_grad_(rg_w, true);
+    sg_mode modes[3] = {SG_MODE_EAGER, SG_MODE_DEFAULT, SG_MODE_REDUCE_OVERHEAD};
+    for (int mi = 0; mi < 3; mi++) {
+        sg_fn *fn, *gfn;
+        sg_compile_opts o = {.mode = modes[mi]};
+        bool ok = TU_EXPECT(sg_compile(ctx, loss_step, NULL, 1, 1, &o, &fn) == SG_OK) &&
+                  TU_EXPECT(sg_compile(ctx, rg_param_step, NULL, 1, 1, &o, &gfn) == SG_OK);
+        sg_tensor *loss = NULL, *g = NULL, *dw = NULL;
+        ok = ok && TU_EXPECT(sg_call(fn, &x, 1, &loss, 1) == SG_OK) &&
+             TU_EXPECT(sg_grad(loss, 1, &rg_w, &g) == SG_ERR_INVALID_ARG) && TU_EXPECT(!g) &&
+             TU_EXPECT(strstr(sg_last_error(ctx), "output of a compiled fn") != NULL) &&
+             TU_EXPECT(strstr(sg_last_error(ctx), "inside the step") != NULL);
+        sg_clear_error(ctx);
+        double ref[3];
+        for (int i = 0; i < 3; i++) ref[i] = xv[i] * xv[i];
+        ok = ok && TU_EXPECT(sg_call(gfn, &x, 1, &dw, 1) == SG_OK);
+        double *got = ok ? tu_read(dw) : NULL;
+        ok = ok && tu_close("dw", got, ref, 3, tu_rtol(SG_F32), tu_atol(SG_F32));
+        free(got);
+        tu_case(ok,
+                "GRAD_FN_OUTPUT(mode=%s: sg_grad of a fn's output refused, inside the step works)",
+                sg_mode_name(modes[mi]));
+        sg_fn_destroy(fn);
+        sg_fn_destroy(gfn);
+    }
+    sg_requires_grad_(rg_w, false);
+    sg_release(x), sg_release(rg_w);
+    free(xv), free(wv);
+}
+
 static void requires_grad_guard_case(void) {
     int64_t sh[1] = {3};
     double *xv, *wv;
@@ -1347,6 +1391,7 @@ static void requires_grad_guard_case(void) {
 static void usage_cases(void) {
     pow_zero_case();
     requires_grad_guard_case();
+    fn_output_loss_case();
     int64_t sh[2] = {3, 4};
     double *v;
     sg_tensor *w = tu_rand(ctx, SG_F32, 2, sh, -1, 1, &v);
