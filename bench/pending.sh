@@ -5,7 +5,7 @@
 # its switch in the same call (bench/ab.sh), after the gpu tests that cover
 # them. A default stays only if it wins here; NOTES.md's newest section says
 # which section each belongs to.
-#   bench/pending.sh [tests|ab|probe|first|all]   (default: all; each part
+#   bench/pending.sh [tests|sample|ab|probe|first|all]   (default: all; each part
 #   fits a 10-minute call on its own, most telling lines first)
 set -uo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
@@ -15,6 +15,18 @@ build() {
     cmake -S . -B build-gpu -DCMAKE_BUILD_TYPE=Release -DSTEPGRAPH_EXAMPLES=OFF >/dev/null &&
         cmake --build build-gpu -j"$J" >/dev/null 2>build-gpu.err ||
         { grep -E "error" build-gpu.err | head -20; exit 1; }
+}
+
+# A draw from GPT-2's logits (test_capture_sample's info lines) with the
+# row staged in shared memory (the default) and without.
+sample() {
+    build
+    for r in 1 2; do
+        for st in 1 0; do
+            SG_CUDA_ROW_STAGE=$st SG_TEST_BACKEND=cuda ./build-gpu/tests/test_capture_sample |
+                grep "^info" | sed "s/^/stage=$st round $r: /"
+        done
+    done
 }
 
 # The gpu tests: every kernel family changed (k_prelude.cuh), the
@@ -61,9 +73,10 @@ first() {
 
 case $PART in
 tests) tests ;;
+sample) sample ;;
 ab) ab ;;
 probe) build && probe ;;
 first) first ;;
-all) tests && ab && build && probe && first ;;
+all) tests && sample && ab && probe && first ;;
 *) sed -n 3,9p "$0" >&2; exit 2 ;;
 esac

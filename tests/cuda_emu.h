@@ -22,6 +22,9 @@
 struct emu_dim3 {
     unsigned x = 0, y = 0, z = 0;
 };
+struct uint4 {
+    unsigned x, y, z, w;
+};
 inline thread_local emu_dim3 threadIdx, blockIdx;
 inline emu_dim3 gridDim, blockDim;
 inline std::barrier<> *emu_bar;
@@ -38,6 +41,11 @@ inline int __syncthreads_or(int p) {
     emu_bar->arrive_and_wait();
     return r;
 }
+
+/* The block's dynamic shared memory: one buffer (one block runs at a
+ * time), sized by emu_dyn_bytes before the launch. */
+inline std::vector<unsigned char> emu_dyn;
+#define SG_DYN_SMEM(T, name) T *name = (T *)emu_dyn.data()
 
 #define __global__
 #define __device__

@@ -7,7 +7,9 @@
  * header, on random inputs:
  *   sg_data_sample (multinomial and sample: temperature, top-k, top-p, bf16
  *     rows with hundreds of ties a value, a NaN row, rows longer than the
- *     block) pick for pick against sg_multinomial / sg_sample on the CPU;
+ *     block; each row staged in shared memory first, at odd offsets from
+ *     16 bytes, or read where it lies) pick for pick against sg_multinomial
+ *     / sg_sample on the CPU;
  *   sg_data_topk_blk against sg_topk_indices on the CPU (ties, NaN, k up to
  *     2048, k = V);
  *   the radix sort of index_add's positions (sg_data_radix_count, _scan,
@@ -51,7 +53,8 @@ static float to_bf16(float f) { /* bf16 values, as floats: the CPU and the kerne
 }
 
 static void sample_case(sg_ctx *ctx, int64_t rows, int64_t V, int kind, double T, int64_t top_k,
-                        double top_p, bool ties, bool bf16, bool nan_row, unsigned grid) {
+                        double top_p, bool ties, bool bf16, bool nan_row, unsigned grid,
+                        bool staged = true) {
     std::vector<float> x((size_t)(rows * V));
     std::uniform_real_distribution<float> U(kind == 0 ? -0.2f : -4.f, kind == 0 ? 1.f : 4.f);
     for (auto &v : x) v = to_bf16(ties ? std::round(U(gen) * 4) / 4 : U(gen));
@@ -69,19 +72,22 @@ static void sample_case(sg_ctx *ctx, int64_t rows, int64_t V, int kind, double T
     ok = ok && o && sg_read(o, want.data(), want.size() * 8) == SG_OK;
     const void *xp = bf16 ? (const void *)xb.data() : (const void *)x.data();
     i64 *out = (i64 *)got.data();
+    /* Staged: the row copied into shared memory first, at its offset from
+     * 16 bytes in x (odd V: rows that start mid-vector). */
+    emu_dyn.assign(staged ? (size_t)V * (bf16 ? 2 : 4) + 16 : 0, 0xcd);
     emu_launch(grid, 1, SB, [&] {
         sg_data_sample(out, xp, bf16 ? DT_BF16 : DT_F32, rows, V, (const i64 *)st, 1, kind, top_k,
-                       T, top_p);
+                       T, top_p, staged);
     });
     int64_t differ = 0, first = -1;
     for (int64_t r = 0; r < rows; r++)
         if (got[(size_t)r] != want[(size_t)r]) differ++, first = first < 0 ? r : first;
     char what[256];
     snprintf(what, sizeof what,
-             "SAMPLE(kind=%d,%s,x=[%lld,%lld],T=%g,top_k=%lld,top_p=%g,ties=%d,nan=%d,blocks=%u)"
-             " %lld rows differ from the CPU's%s",
+             "SAMPLE(kind=%d,%s,x=[%lld,%lld],T=%g,top_k=%lld,top_p=%g,ties=%d,nan=%d,blocks=%u,"
+             "staged=%d) %lld rows differ from the CPU's%s",
              kind, bf16 ? "bf16" : "f32", (long long)rows, (long long)V, T, (long long)top_k, top_p,
-             ties, nan_row, grid, (long long)differ, ok ? "" : " (the CPU call failed)");
+             ties, nan_row, grid, staged, (long long)differ, ok ? "" : " (the CPU call failed)");
     if (first >= 0)
         snprintf(what + strlen(what), sizeof what - strlen(what), " (row %lld: %lld, CPU %lld)",
                  (long long)first, (long long)got[(size_t)first], (long long)want[(size_t)first]);
@@ -89,7 +95,8 @@ static void sample_case(sg_ctx *ctx, int64_t rows, int64_t V, int kind, double T
     sg_release(xt), sg_release(rng), sg_release(o);
 }
 
-static void topk_case(sg_ctx *ctx, int64_t rows, int64_t V, int64_t k, bool ties) {
+static void topk_case(sg_ctx *ctx, int64_t rows, int64_t V, int64_t k, bool ties,
+                      bool staged = true) {
     std::vector<float> x((size_t)(rows * V));
     std::uniform_real_distribution<float> U(-3, 3);
     for (auto &v : x) v = ties ? std::round(U(gen)) : U(gen);
@@ -101,12 +108,14 @@ static void topk_case(sg_ctx *ctx, int64_t rows, int64_t V, int64_t k, bool ties
     bool ok = o && sg_read(o, want.data(), want.size() * 8) == SG_OK;
     i64 *out = (i64 *)got.data();
     const float *xp = x.data();
-    emu_launch(2, 1, SB, [&] { sg_data_topk_blk(out, xp, DT_F32, rows, V, k); });
+    emu_dyn.assign(staged ? (size_t)V * 4 + 16 : 0, 0xcd);
+    emu_launch(2, 1, SB, [&] { sg_data_topk_blk(out, xp, DT_F32, rows, V, k, staged); });
     int64_t differ = 0;
     for (size_t i = 0; i < got.size(); i++) differ += got[i] != want[i];
     char what[160];
-    snprintf(what, sizeof what, "TOPK_BLK(x=[%lld,%lld],k=%lld,ties=%d,nan=1) %lld of %lld differ",
-             (long long)rows, (long long)V, (long long)k, ties, (long long)differ,
+    snprintf(what, sizeof what,
+             "TOPK_BLK(x=[%lld,%lld],k=%lld,ties=%d,nan=1,staged=%d) %lld of %lld differ",
+             (long long)rows, (long long)V, (long long)k, ties, staged, (long long)differ,
              (long long)(rows * k));
     report(ok && differ == 0, what);
     sg_release(xt), sg_release(o);
@@ -321,6 +330,11 @@ int main() {
     topk_case(ctx, 3, 1000, 777, true);
     topk_case(ctx, 2, 37, 37, true);
     topk_case(ctx, 2, 600, 1, false);
+    /* The row read where it lies (no shared memory to stage it in). */
+    sample_case(ctx, 3, 50257, 1, 0.8, 50, 0.95, true, true, false, 2, false);
+    sample_case(ctx, 5, 3000, 0, 1, 0, 1, false, false, false, 2, false);
+    sample_case(ctx, 3, 300, 1, 0.8, 20, 0.9, false, false, true, 2, false);
+    topk_case(ctx, 3, 1001, 50, true, false);
     sg_ctx_destroy(ctx);
     printf("%d passed, %d failed\n", passed, failed);
     return failed != 0;

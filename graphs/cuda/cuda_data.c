@@ -15,6 +15,7 @@
  * every access in bounds (a bad gather index gives zeros, a bad scatter
  * index writes nothing).
  */
+#include "cuda.h"
 #include "exec.h"
 
 #ifdef SG_HAVE_CUDA_HEADERS
@@ -438,15 +439,34 @@ static sg_status rand_draw(sg_ctx *ctx, const sg__node *n) {
 #define ROW_THREADS 512 /* k_data.cu: SB */
 #define TOPK_BLK 2048   /* k_data.cu */
 
-/* A block of ROW_THREADS a row; the blocks step through the rows. */
-static sg_status launch_rows(sg_ctx *ctx, const char *name, int64_t rows, void **args) {
+/* The most shared memory a block of a row kernel stages its row in: what
+ * an H100 gives a block beside the kernels' own arrays (sg_data_topk_blk's
+ * 22 KB; HIP: 64 KB in all). */
+#define ROW_STAGE_MAX (200 * 1024)
+#define ROW_STAGE_MAX_HIP (40 * 1024)
+
+/* A block of ROW_THREADS a row; the blocks step through the rows. The row
+ * (V entries of es bytes) is staged in shared memory where it fits (k_data.cu
+ * row_of; SG_CUDA_ROW_STAGE=0: never): *staged, an argument of the kernel,
+ * says whether. */
+static sg_status launch_rows(sg_ctx *ctx, const char *name, int64_t rows, int64_t V, size_t es,
+                             int *staged, void **args) {
     void *f;
     sg_status s = sg__cuda_kernel(ctx, SG__CU_DATA, name, &f);
     if (s != SG_OK) return s;
     int64_t cap = (int64_t)sg__cuda_sm_count(ctx) * 4;
     unsigned grid[3] = {(unsigned)(rows < cap ? rows : cap > 0 ? cap : 1), 1, 1};
     unsigned block[3] = {ROW_THREADS, 1, 1};
-    return sg__cuda_launch(ctx, f, grid, block, 0, args);
+    const char *e = getenv("SG_CUDA_ROW_STAGE");
+    size_t bytes = (size_t)V * es + 16;
+    size_t most = sg__cuda_is_hip(ctx) ? ROW_STAGE_MAX_HIP : ROW_STAGE_MAX;
+    *staged = !(e && strcmp(e, "0") == 0) && bytes <= most;
+    if (*staged && bytes > 48 * 1024 &&
+        sg__cuda_api(ctx)->cuFuncSetAttribute((CUfunction)f,
+                                              CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                                              (int)bytes) != CUDA_SUCCESS)
+        *staged = 0;
+    return sg__cuda_launch(ctx, f, grid, block, *staged ? bytes : 0, args);
 }
 
 /* TOPK and SAMPLE over the contiguous (rows, V) x: a block per row (TOPK
@@ -458,24 +478,26 @@ static sg_status per_row(sg_ctx *ctx, const sg__node *n) {
     int dt = (int)x->dtype;
     int64_t V = x->shape[x->ndim - 1], rows = V ? sg__numel(x->ndim, x->shape) / V : 0;
     if (rows == 0) return SG_OK;
+    size_t es = x->dtype == SG_F32 ? 4 : 2;
+    int staged = 0;
     if (n->op == SG__OP_TOPK) {
         int64_t k = n->i[0];
-        void *args[6] = {&o, &xp, &dt, &rows, &V, &k};
+        void *args[7] = {&o, &xp, &dt, &rows, &V, &k, &staged};
         if (k > TOPK_BLK || V >= INT32_MAX) return launch(ctx, "sg_data_topk", rows, args);
-        return launch_rows(ctx, "sg_data_topk_blk", rows, args);
+        return launch_rows(ctx, "sg_data_topk_blk", rows, V, es, &staged, args);
     }
     const sg_tensor *rng = n->in[1];
     const void *r = sg__data(rng);
     int64_t rs = rng->stride[0], top_k = n->i[0];
     int kind = (int)n->i[1];
     double temp = n->f[0], top_p = n->f[1];
-    void *args[11] = {&o, &xp, &dt, &rows, &V, &r, &rs, &kind, &top_k, &temp, &top_p};
+    void *args[12] = {&o, &xp, &dt, &rows, &V, &r, &rs, &kind, &top_k, &temp, &top_p, &staged};
     if (V >= INT32_MAX)
         return sg__fail(ctx, SG_ERR_UNSUPPORTED,
                         "cuda: %s over rows of %lld entries: the CUDA kernel takes rows of fewer "
                         "than 2^31; draw on the CPU backend",
                         sg__op_name(n->op), (long long)V);
-    return launch_rows(ctx, "sg_data_sample", rows, args);
+    return launch_rows(ctx, "sg_data_sample", rows, V, es, &staged, args);
 }
 
 sg_status sg__cuda_data_check(sg_ctx *ctx, const sg__node *n) {

@@ -296,6 +296,8 @@ __device__ __forceinline__ u32 order_key(float v) {
     return (u & 0x80000000u) ? ~u : (u | 0x80000000u);
 }
 
+#define SB 512 /* threads a row of sg_data_sample */
+
 struct srow {
     const void *p;
     int dt;
@@ -308,6 +310,34 @@ struct sbound {
 };
 
 __device__ __forceinline__ float row_at(const srow &r, i64 j) { return ld_float(r.p, r.dt, r.base + j); }
+
+/* Row i of x (rows of V entries) as an srow: with staged, copied first into
+ * the block's dynamic shared memory sm (V entries and 16 bytes more), at
+ * the same offset from 16 bytes as where it lies, so that its middle moves
+ * in 16-byte vectors, a thread's in flight together. The row's passes (up
+ * to ~18 a draw) then read shared memory: from global memory each pass is
+ * a thread's loads one after another, an L2 round trip each. */
+__device__ srow row_of(const void *x, int dt, i64 i, i64 V, unsigned char *sm, bool staged) {
+    srow r = {x, dt, i * V, V};
+    if (!staged) return r;
+    const i64 es = dt == DT_F32 ? 4 : 2, bytes = V * es;
+    const unsigned char *src = (const unsigned char *)x + i * bytes;
+    const int off = (int)((u64)src & 15);
+    unsigned char *dst = sm + off;
+    i64 head = off ? 16 - off : 0;
+    head = head < bytes ? head : bytes;
+    const i64 nv = (bytes - head) / 16, tail = head + nv * 16;
+    for (i64 b = threadIdx.x; b < head; b += SB) dst[b] = src[b];
+    const uint4 *sv = (const uint4 *)(src + head);
+    uint4 *dv = (uint4 *)(dst + head);
+#pragma unroll 4
+    for (i64 v = threadIdx.x; v < nv; v += SB) dv[v] = sv[v];
+    for (i64 b = tail + threadIdx.x; b < bytes; b += SB) dst[b] = src[b];
+    __syncthreads();
+    r.p = dst;
+    r.base = 0;
+    return r;
+}
 
 __device__ __forceinline__ bool kept(sbound b, u32 key, i64 j) {
     return key > b.key || (key == b.key && j <= b.idx);
@@ -326,7 +356,6 @@ __device__ __forceinline__ bool kept(sbound b, u32 key, i64 j) {
  * segments' sums, their exclusive scan, then the one segment that holds
  * the answer walks its entries. Shared memory and barriers only.
  */
-#define SB 512 /* threads a row of sg_data_sample */
 
 struct wparams {
     int kind;
@@ -515,15 +544,16 @@ __device__ i64 blk_first(const srow &r, const wparams *w, sbound kb, u32 t, bool
 /* out[i] = the index drawn for row i of x (rows, V); rng = (seed, offset). */
 extern "C" __global__ void __launch_bounds__(SB)
     sg_data_sample(i64 *out, const void *x, int dt, i64 rows, i64 V, const i64 *rng, i64 rs,
-                   int kind, i64 top_k, double temp, double top_p) {
+                   int kind, i64 top_k, double temp, double top_p, int staged) {
     pdl_begin();
     __shared__ u64 sh[SB];
     __shared__ u32 hist[512];
+    SG_DYN_SMEM(uint4, stage);
     u64 seed = (u64)rng[0], offset = (u64)rng[rs];
     int bits = 0;
     while (bits < 62 && ((u64)V >> bits) != 0) bits++;
     for (i64 i = blockIdx.x; i < rows; i += gridDim.x) {
-        srow r = {x, dt, i * V, V};
+        const srow r = row_of(x, dt, i, V, (unsigned char *)stage, staged);
         u64 b = offset + (u64)i;
         u32 w4[4] = {(u32)b, (u32)(b >> 32), 0u, 0u};
         philox(w4, (u32)seed, (u32)(seed >> 32));
@@ -596,15 +626,16 @@ extern "C" __global__ void sg_data_topk(i64 *out, const void *x, int dt, i64 row
 #define TOPK_BLK 2048
 
 extern "C" __global__ void __launch_bounds__(SB)
-    sg_data_topk_blk(i64 *out, const void *x, int dt, i64 rows, i64 V, i64 k) {
+    sg_data_topk_blk(i64 *out, const void *x, int dt, i64 rows, i64 V, i64 k, int staged) {
     pdl_begin();
     __shared__ u64 sh[SB];
     __shared__ u32 hist[512];
     __shared__ u32 skey[TOPK_BLK], sidx[TOPK_BLK];
+    SG_DYN_SMEM(uint4, stage);
     int n = 1;
     while (n < k) n <<= 1;
     for (i64 i = blockIdx.x; i < rows && k > 0; i += gridDim.x) {
-        srow r = {x, dt, i * V, V};
+        const srow r = row_of(x, dt, i, V, (unsigned char *)stage, staged);
         sbound kb = {0u, V};
         if (k < V) {
             u64 gt;

@@ -39,6 +39,13 @@ __device__ __forceinline__ void pdl_begin() {
     pdl_wait();
 }
 
+/* The block's dynamic shared memory (the launch's shmem bytes) as name, an
+ * array of T. A host emulation of the kernels (tests/cuda_emu.h) defines
+ * its own. */
+#ifndef SG_DYN_SMEM
+#define SG_DYN_SMEM(T, name) extern __shared__ T name[]
+#endif
+
 /* The 32-bit shared-window address of p, a pointer into shared memory
  * (what ldmatrix, cp.async and mbarrier take). */
 #if defined(__CUDA_ARCH__)
