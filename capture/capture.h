@@ -163,11 +163,20 @@ struct sg_ctx {
     sg_status status; /* sticky: the first failure since sg_clear_error */
     char msg[SG__MSG_SIZE];
     uint64_t nfails; /* failures said (sg__fail) so far: whether a stretch of work failed */
+    sg_status last;  /* the latest failure's status (msg's) */
 
     sg__exec exec;
     const void *gops; /* the backend's compiled-graph operations (graphs/backend.h) */
 
     struct sg__rec *rec;    /* the capture in progress, or NULL */
+    /* The steps running now (run_step; the innermost first): what a step may
+     * not release or destroy under itself (its inputs, its fn, the context). */
+    struct sg__step_frame {
+        const struct sg_fn *fn;
+        sg_tensor *const *in;
+        int nin;
+        struct sg__step_frame *up;
+    } * steps;
     struct sg__pool *pool;  /* the static memory pool of compiled fns (memory/) */
     struct sg_fn *fns;      /* compiled fns, for the pool to re-point on growth */
     struct sg_fn *dead_fns; /* the most recently destroyed fns' records (newest first) */
@@ -224,12 +233,13 @@ SG__HIDDEN void sg__ctx_init(sg_ctx *ctx, const sg_ctx_opts *opts);
 SG__HIDDEN void sg__ctx_release_all(sg_ctx *ctx);
 /* The registry of live handles (registry.c). A context is listed from
  * sg_ctx_create's success until sg_ctx_destroy; sg__reg_ctx_unlist says
- * whether it was listed. A handle is added once its memory is the
+ * whether it was listed, sg__reg_ctx_listed whether it is. A handle is added once its memory is the
  * handle's and removed before that memory is freed. sg__reg_find returns
  * the live context that holds obj as a handle of that kind, or NULL,
  * never reading obj; sg__reg_fn_known is its cached form for sg_call. */
 SG__HIDDEN void sg__reg_ctx_list(sg_ctx *ctx);
 SG__HIDDEN bool sg__reg_ctx_unlist(sg_ctx *ctx);
+SG__HIDDEN bool sg__reg_ctx_listed(const sg_ctx *ctx);
 SG__HIDDEN void sg__reg_add(sg_ctx *ctx, sg__reg *r, const void *obj, int kind);
 SG__HIDDEN void sg__reg_remove(sg_ctx *ctx, sg__reg *r);
 SG__HIDDEN sg_ctx *sg__reg_find(const void *obj, int kind);

@@ -232,6 +232,7 @@ sg_status sg__vfail(sg_ctx *ctx, sg_status s, const char *fmt, va_list ap) {
     va_copy(copy, ap);
     vsnprintf(ctx->msg, sizeof ctx->msg, fmt, ap);
     if (ctx->status == SG_OK) ctx->status = s;
+    ctx->last = s;
     ctx->nfails++;
     vlog(ctx, "error", fmt, copy);
     va_end(copy);

@@ -76,6 +76,14 @@ bool sg__reg_ctx_unlist(sg_ctx *ctx) {
     return found;
 }
 
+bool sg__reg_ctx_listed(const sg_ctx *ctx) {
+    bool found = false;
+    take(&contexts_lock);
+    for (const sg_ctx *p = contexts; p && !found; p = p->reg_next) found = p == ctx;
+    give(&contexts_lock);
+    return found;
+}
+
 /* ------------------------------------------------------------ handles */
 
 _Static_assert(SG__REG_BUCKETS == 1024, "bucket_of takes the top 10 bits of the hash");

@@ -274,6 +274,14 @@ sg_status sg_release(sg_tensor *t) {
      * harmless, and no failure of the context's. */
     if (t->magic == SG__TENSOR_DEAD) return SG_ERR_RELEASED;
     if (t->magic != SG__TENSOR_LIVE) return SG_ERR_INVALID_ARG;
+    for (const struct sg__step_frame *f = ctx->steps; f; f = f->up)
+        for (int k = 0; k < f->nin; k++)
+            if (f->in[k] == t)
+                return sg__fail(ctx, SG_ERR_INVALID_ARG,
+                                "sg_release: tensor #%u is input %d of the step running now; a "
+                                "step's inputs belong to its caller: release it after sg_call "
+                                "returns",
+                                t->id, k);
     sg__gnode_unref(ctx, t->grad_fn);
     t->grad_fn = NULL;
     if (t->fn_owned) { /* an output handle: its fn keeps the handle itself */

@@ -90,6 +90,14 @@ sg_status sg_ctx_create(const sg_ctx_opts *opts, sg_ctx **out) {
 }
 
 void sg_ctx_destroy(sg_ctx *ctx) {
+    /* Inside a step the context runs it: refused, as the context's failure
+     * (a listed context's fields are read only then). */
+    if (ctx && sg__reg_ctx_listed(ctx) && ctx->steps) {
+        sg__fail(ctx, SG_ERR_UNSUPPORTED,
+                 "sg_ctx_destroy: called inside a step, which runs on this context; destroy "
+                 "the context after sg_call returns");
+        return;
+    }
     /* A context destroyed already is no listed one: nothing of it is read. */
     if (!ctx || !sg__reg_ctx_unlist(ctx)) return;
     sg__fns_destroy_all(ctx); /* before tensors: captures pin parameters */

@@ -150,20 +150,26 @@ static sg_status run_step(sg_fn *fn, sg_step_fn step, void *user, sg_tensor *con
     for (int i = 0; i < fn->nout; i++) tmp[i] = NULL;
     sg_status before = ctx->status;
     uint64_t fails = ctx->nfails;
+    struct sg__step_frame frame = {fn, in, fn->nin, ctx->steps};
+    ctx->steps = &frame;
     sg_status s = step(ctx, in, tmp, user);
+    ctx->steps = frame.up;
     if (s != SG_OK) {
         /* The step's own failure says why; with none, this does. */
         if ((ctx->nfails == fails && ctx->status == before) || ctx->msg[0] == '\0')
             sg__fail(ctx, s, "fn '%s': the step returned %s", fn->name, sg_status_str(s));
         /* SG_ERR_NULL from a chain of ops that propagated an op's NULL: the
-         * call fails with that op's status (SG_ERR_OOM, say), as its message says. */
-        else if (s == SG_ERR_NULL && before == SG_OK)
-            s = ctx->status;
+         * call fails with that op's status (SG_ERR_OOM, say), as its message
+         * says; an earlier failure left uncleared is not this one. */
+        else if (s == SG_ERR_NULL && ctx->nfails != fails)
+            s = ctx->last;
         return s;
     }
     for (int i = 0; i < fn->nout; i++) {
         if (!tmp[i] || tmp[i]->magic != SG__TENSOR_LIVE) {
-            sg_status why = ctx->status != SG_OK ? ctx->status : SG_ERR_NULL;
+            sg_status why = ctx->nfails != fails ? ctx->last
+                            : tmp[i]             ? SG_ERR_RELEASED
+                                                 : SG_ERR_NULL;
             char first[SG__MSG_SIZE]; /* the op's own message (formatted apart: ctx->msg is
                                          rewritten) */
             snprintf(first, sizeof first, "%s", ctx->nfails != fails ? ctx->msg : "");
@@ -569,12 +575,16 @@ static sg_status call_miss(sg_fn *fn, sg_tensor *const *in, sg_tensor **out, con
                         "recompile because %s; call with a captured signature or change the stance",
                         fn->name, why[0] ? why : "its captures were dropped");
     if (fn->ngraphs >= fn->opts.cache_size_limit) {
-        if (fn->opts.strict || !fn->said_limit) {
+        /* A fallback: said once, then under "fallbacks" for each signature
+         * other than the last one said (a loop over one uncaptured shape
+         * says it once). */
+        if (fn->opts.strict || strncmp(fn->limit_why, why, sizeof fn->limit_why - 1) != 0) {
             sg_status s = sg__fn_fallback(fn, SG_ERR_UNSUPPORTED,
                                           "cache_size_limit (%d) reached; new input signatures "
-                                          "run eagerly (last miss: %s)",
+                                          "run eagerly (this miss: %s)",
                                           fn->opts.cache_size_limit, why);
             if (s != SG_OK) return s;
+            snprintf(fn->limit_why, sizeof fn->limit_why, "%s", why);
             fn->said_limit = true;
         }
         return call_eager(fn, in, out);
@@ -701,6 +711,12 @@ sg_status sg_fn_destroy(sg_fn *fn) {
     if (!fn) return SG_OK;
     if (!sg__reg_find(fn, SG__REG_FN)) return fn_unknown(fn, "sg_fn_destroy");
     if (fn->magic == SG__FN_DEAD) return SG_ERR_RELEASED; /* harmless, as for tensors */
+    for (const struct sg__step_frame *f = fn->ctx->steps; f; f = f->up)
+        if (f->fn == fn)
+            return sg__fail(fn->ctx, SG_ERR_UNSUPPORTED,
+                            "sg_fn_destroy: fn '%s' is running its step (the call is inside "
+                            "it); destroy the fn after sg_call returns",
+                            fn->name);
     fn_destroy(fn);
     return SG_OK;
 }

@@ -132,6 +132,7 @@ struct sg_fn {
     int fifo_head, fifo_len, fifo_cap;
 
     bool said_limit, said_dynamic, said_recycle, said_fallback;
+    char limit_why[256]; /* the last miss past cache_size_limit that was said */
     char *explain;
     size_t explain_size;
     struct sg__trace *trace; /* sg_fn_trace in progress: replays time each kernel */

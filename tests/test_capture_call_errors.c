@@ -33,6 +33,43 @@ static sg_status bad_op_step(sg_ctx *c, sg_tensor *const *in, sg_tensor **out, v
     return out[0] ? SG_OK : sg_ctx_status(c);
 }
 
+/* A step that tries to release its input, destroy its own fn, or destroy
+ * the context it runs on: each is refused inside the step, and the step
+ * goes on (its output is still right). */
+static sg_fn *self_fn;
+static char refusal[1024]; /* the refusal's message, kept before the step clears it */
+static sg_status selfish_step(sg_ctx *c, sg_tensor *const *in, sg_tensor **out, void *user) {
+    int what = *(int *)user;
+    sg_status got = SG_OK;
+    if (what == 0) got = sg_release(in[0]);
+    if (what == 1) got = sg_fn_destroy(self_fn);
+    if (what == 2) {
+        sg_ctx_destroy(c);
+        got = sg_ctx_status(c);
+    }
+    if (got != SG_ERR_INVALID_ARG && got != SG_ERR_UNSUPPORTED) return SG_ERR_INVALID_ARG;
+    snprintf(refusal, sizeof refusal, "%s", sg_last_error(c));
+    sg_clear_error(c); /* the refusal was expected: the step goes on */
+    out[0] = sg_mul_scalar(in[0], 2.0);
+    return out[0] ? SG_OK : sg_ctx_status(c);
+}
+
+/* A step that passes an op's NULL along: the call fails with the op's
+ * status, even with an earlier failure left uncleared on the context. */
+static sg_status softmax_dim_step(sg_ctx *c, sg_tensor *const *in, sg_tensor **out, void *user) {
+    (void)c, (void)user;
+    out[0] = sg_softmax(in[0], 5);
+    return out[0] ? SG_OK : SG_ERR_NULL;
+}
+
+/* Leaves its output released. */
+static sg_status released_out_step(sg_ctx *c, sg_tensor *const *in, sg_tensor **out, void *user) {
+    (void)c, (void)user;
+    out[0] = sg_neg(in[0]);
+    sg_release(out[0]);
+    return SG_OK;
+}
+
 /* After an error: clear it, and a valid call must still work. */
 static bool still_works(sg_fn *fn, sg_tensor *x) {
     sg_clear_error(ctx);
@@ -123,6 +160,38 @@ int main(void) {
             "READ(output of a destroyed fn)");
     sg_fn_destroy(f2); /* twice: no-op */
     sg_fn_destroy(NULL);
+
+    /* What a step may not do to itself, in eager and compiled modes. */
+    const char *said[3] = {"input 0 of the step running now", "is running its step",
+                           "called inside a step"};
+    for (int what = 0; what < 3; what++)
+        for (int m = 0; m < 2; m++) {
+            sg_compile_opts o = {.mode = m ? SG_MODE_REDUCE_OVERHEAD : SG_MODE_EAGER};
+            sg_compile(ctx, selfish_step, &what, 1, 1, &o, &self_fn);
+            refusal[0] = '\0';
+            sg_status st = sg_call(self_fn, &x, 1, y, 1);
+            double v = 0;
+            bool ok = TU_EXPECT(st == SG_OK) && TU_EXPECT(sg_item(y[0], &v) == SG_OK) &&
+                      TU_EXPECT(v == 6.0) && TU_EXPECT(sg_item(x, &v) == SG_OK) &&
+                      TU_EXPECT(v == 3.0) && TU_EXPECT(strstr(refusal, said[what]) != NULL);
+            if (!ok) fprintf(stderr, "  status %s, refusal: %s\n", sg_status_str(st), refusal);
+            sg_fn_destroy(self_fn);
+            tu_case(ok && still_works(fn, x), "CALL(a %s step: %s -> refused, the step goes on)",
+                    m ? "compiled" : "eager", said[what]);
+        }
+    sg_compile(ctx, softmax_dim_step, NULL, 1, 1, &ro, &f2);
+    sg_clear_error(ctx);
+    sg_tensor *bad_shape = sg_reshape(x, 1, (int64_t[]){5}); /* left uncleared */
+    tu_case(TU_EXPECT(!bad_shape) && TU_EXPECT(sg_ctx_status(ctx) == SG_ERR_SHAPE) &&
+                says(sg_call(f2, &x, 1, y, 1), SG_ERR_INDEX, "sg_softmax: dim 5") &&
+                still_works(fn, x),
+            "CALL(an op's NULL passed along after an uncleared failure: the op's status)");
+    sg_fn_destroy(f2);
+    sg_compile(ctx, released_out_step, NULL, 1, 1, &ro, &f2);
+    tu_case(says(sg_call(f2, &x, 1, y, 1), SG_ERR_RELEASED, "output 0 released") &&
+                still_works(fn, x),
+            "CALL(step leaves its output released)");
+    sg_fn_destroy(f2);
 
     sg_release(x);
     sg_fn_destroy(fn);
