@@ -518,6 +518,12 @@ static sg_status find_compiler(job *j) {
                         "SG_COMPILE_TIMEOUT=%g s and was killed (building kernel '%s'); fix or "
                         "replace it (SG_CC), or raise SG_COMPILE_TIMEOUT",
                         j->cc, j->timeout, j->name);
+    if (rc && j->cc_from_env && strpbrk(j->cc, " \t"))
+        return sg__fail(j->ctx, SG_ERR_COMPILE,
+                        "codegen: cannot run the C compiler '%s' (from SG_CC) to build kernel "
+                        "'%s': %s; SG_CC names one program, run as it stands: put its flags in "
+                        "SG_CFLAGS, and a launcher such as ccache in a wrapper script SG_CC names",
+                        j->cc, j->name, strerror(rc));
     if (rc)
         return sg__fail(j->ctx, SG_ERR_COMPILE,
                         "codegen: cannot run the C compiler '%s' (%s) to build kernel '%s': %s; "
@@ -751,11 +757,16 @@ static sg_status compile_fail(job *j, const char *why) {
     path3(logpath, sizeof logpath, j->tmp, "/compile.log", "");
     log_excerpt(j, logpath, excerpt, sizeof excerpt);
     keep_failed(j, logpath, sizeof logpath);
+    /* A compiler named by SG_CC that printed nothing is most likely no C
+     * compiler at all (false, true, a wrapper that exits). */
+    const char *cause = j->cc_from_env && !excerpt[0]
+                            ? "SG_CC names a program that printed nothing: set SG_CC to a C "
+                              "compiler (gcc, clang), or unset it"
+                            : "unless SG_CC, SG_OVERRIDE_DIR or SG_CFLAGS caused it, this is a "
+                              "stepgraph bug: please report it with the log";
     return sg__fail(j->ctx, SG_ERR_COMPILE,
-                    "codegen: compiling kernel '%s' with %s failed (%s); full log: %s; unless "
-                    "SG_OVERRIDE_DIR or SG_CFLAGS caused it, this is a stepgraph bug: please "
-                    "report it with the log\n%s",
-                    j->name, j->cc, why, logpath,
+                    "codegen: compiling kernel '%s' with %s%s failed (%s); full log: %s; %s\n%s",
+                    j->name, j->cc, j->cc_from_env ? " (SG_CC)" : "", why, logpath, cause,
                     excerpt[0] ? excerpt : "(the compiler printed nothing)");
 }
 

@@ -477,6 +477,24 @@ static void test_errors(void) {
     sg_clear_error(ctx);
     ok = ok && build_expect("sg_k_fine", kernel_src(2), 2, 0, 1, 0, NULL);
     tu_case(ok, "CACHE_ERROR(kind=missing_compiler,SG_CC=/nonexistent/cc)");
+    /* SG_CC with a flag in it, and a program that fails printing nothing:
+     * the message says what SG_CC must be, not a bug of the library. */
+    const char *ccs[2] = {"cc -DX", "false"}, *says[2] = {"SG_CFLAGS", "set SG_CC to a C compiler"};
+    for (int i = 0; i < 2; i++) {
+        setenv("SG_CC", ccs[i], 1);
+        setenv("SG_ALWAYS_COMPILE", "1", 1);
+        m = NULL;
+        s = sg__cache_build_c(ctx, "sg_k_fine", kernel_src(2), &m);
+        unsetenv("SG_CC"), unsetenv("SG_ALWAYS_COMPILE");
+        msg = sg_last_error(ctx);
+        ok = TU_EXPECT(s == SG_ERR_COMPILE) && TU_EXPECT(m == NULL) &&
+             TU_EXPECT(strstr(msg, says[i]) != NULL) &&
+             TU_EXPECT(strstr(msg, "stepgraph bug") == NULL);
+        if (!ok) fprintf(stderr, "  %s\n", msg);
+        sg_clear_error(ctx);
+        ok = ok && build_expect("sg_k_fine", kernel_src(2), 2, 0, 1, 0, NULL);
+        tu_case(ok, "CACHE_ERROR(kind=bad_compiler,SG_CC=%s)", ccs[i]);
+    }
     tu_case(fails_with("../evil", kernel_src(2), SG_ERR_INVALID_ARG,
                        (const char *const[]){"../evil", "[A-Za-z0-9_.-]", NULL}),
             "CACHE_ERROR(kind=bad_name,name=../evil)");
