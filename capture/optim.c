@@ -111,6 +111,19 @@ static sg_status check_params(sg_ctx *ctx, const char *fn, int n, sg_tensor *con
                             "ctx",
                             fn, i, sg__describe(params[i], d, sizeof d));
         }
+    /* A param listed twice would be updated twice a step (torch refuses it
+     * too): the same handle, or two handles of the same elements. */
+    for (int i = 0; i < n; i++)
+        for (int j = 0; j < i; j++) {
+            const sg_tensor *a = params[i], *b = params[j];
+            bool same = a == b || (a->st == b->st && a->offset == b->offset && a->ndim == b->ndim);
+            for (int d = 0; same && d < a->ndim && a != b; d++)
+                same = a->shape[d] == b->shape[d] && a->stride[d] == b->stride[d];
+            if (same)
+                return sg__fail(ctx, SG_ERR_INVALID_ARG,
+                                "%s: params %d and %d are the same tensor; list each param once",
+                                fn, j, i);
+        }
     return SG_OK;
 }
 
@@ -271,7 +284,12 @@ static sg_status check_grads(sg_optim *opt, sg_tensor *const *grads) {
         for (int d = 0; ok && d < p->ndim; d++) ok = g->shape[d] == p->shape[d];
         if (!ok) {
             char a[SG__DESC], b[SG__DESC];
-            return sg__fail(ctx, g->ctx != ctx ? SG_ERR_WRONG_CONTEXT : SG_ERR_SHAPE,
+            bool dims = g->ctx == ctx && g->ndim == p->ndim;
+            for (int d = 0; dims && d < p->ndim; d++) dims = g->shape[d] == p->shape[d];
+            return sg__fail(ctx,
+                            g->ctx != ctx ? SG_ERR_WRONG_CONTEXT
+                            : dims        ? SG_ERR_DTYPE
+                                          : SG_ERR_SHAPE,
                             "sg_optim_step: grad %d is %s for param %s; a grad needs its "
                             "param's shape and its dtype (or f32)",
                             i, sg__describe(g, a, sizeof a), sg__describe(p, b, sizeof b));

@@ -458,6 +458,21 @@ static void test_errors(void) {
     tu_case(ok, "OPTIM_ERRORS(int param, sgd without lr, nesterov without momentum, grad shape, "
                 "negative max_norm (coef left as it was), no coef out, scale not 0-d)");
     sg_clear_error(ctx);
+    /* A grad of the right shape and a wrong dtype; a param listed twice (the
+     * same handle, or another handle of the same elements). */
+    sg_tensor *gi = sg_zeros(ctx, SG_I32, 1, sh), *alias = sg_reshape(p, 1, sh);
+    sg_tensor *twice[2] = {p, p}, *aliased[2] = {p, alias};
+    sg_optim *dup = NULL;
+    ok = TU_EXPECT(sg_optim_step(o, &gi) == SG_ERR_DTYPE) &&
+         TU_EXPECT(strstr(sg_last_error(ctx), "dtype") != NULL) &&
+         TU_EXPECT(sg_adamw_create(ctx, 2, twice, NULL, &dup) == SG_ERR_INVALID_ARG) &&
+         TU_EXPECT(strstr(sg_last_error(ctx), "params 0 and 1 are the same tensor") != NULL) &&
+         TU_EXPECT(sg_sgd_create(ctx, 2, aliased, &(sg_sgd_opts){.lr = 0.1}, &dup) ==
+                   SG_ERR_INVALID_ARG) &&
+         TU_EXPECT(dup == NULL);
+    tu_case(ok, "OPTIM_ERRORS(int grad of the param's shape: dtype; a param listed twice)");
+    sg_clear_error(ctx);
+    sg_release(gi), sg_release(alias);
     /* A NULL element of an array: named, with the context's status set. */
     sg_tensor *two[2] = {p, NULL};
     sg_optim *o2 = NULL;
