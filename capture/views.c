@@ -204,10 +204,18 @@ sg_tensor *sg_narrow(sg_tensor *t, int dim, int64_t start, int64_t length) {
     sg_ctx *ctx = sg__check_inputs("sg_narrow", 1, &t, NULL);
     if (!ctx) return NULL;
     int d = sg__norm_dim(dim, t->ndim);
-    if (d < 0 || start < 0 || length < 0 || length > t->shape[d] - start) {
-        sg__fail(ctx, SG_ERR_INDEX, "sg_narrow: dim %d, start %lld, length %lld do not fit a "
-                 "%d-d tensor whose dim has size %lld", dim, (long long)start, (long long)length,
-                 t->ndim, d < 0 ? -1LL : (long long)t->shape[d]);
+    if (d < 0) {
+        sg__fail(ctx, SG_ERR_INDEX,
+                 "sg_narrow: dim %d is out of range for a %d-d tensor; dims run "
+                 "from %d to %d",
+                 dim, t->ndim, -t->ndim, t->ndim - 1);
+        return NULL;
+    }
+    if (start < 0 || length < 0 || length > t->shape[d] - start) {
+        sg__fail(ctx, SG_ERR_INDEX,
+                 "sg_narrow: dim %d, start %lld, length %lld do not fit a "
+                 "%d-d tensor whose dim has size %lld",
+                 dim, (long long)start, (long long)length, t->ndim, (long long)t->shape[d]);
         return NULL;
     }
     return sg_slice(t, d, start, start + length, 1);

@@ -452,14 +452,19 @@ static sg_status open_root(job *j) {
     if (rc == EPERM) {
         struct stat st = {0};
         stat(j->root, &st); /* just made or found: only for the message */
-        unsigned mode = (unsigned)st.st_mode & 0777;
-        unsigned long uid = (unsigned long)st.st_uid;
+        unsigned mode = (unsigned)st.st_mode & 07777;
+        unsigned long uid = (unsigned long)st.st_uid, me = (unsigned long)geteuid();
+        char fix[PATH_MAX + 64];
+        if (uid != me)
+            snprintf(fix, sizeof fix, "it is not yours: chown it to uid %lu", me);
+        else
+            snprintf(fix, sizeof fix, "chmod 700 '%s'", j->root);
         return sg__fail(j->ctx, SG_ERR_COMPILE,
-                        "codegen: building kernel '%s': the kernel cache '%s' (mode %03o, owner "
+                        "codegen: building kernel '%s': the kernel cache '%s' (mode %04o, owner "
                         "uid %lu) is not trusted: stepgraph loads code from it, so it must belong "
-                        "to you (uid %lu) and be writable by no one else; chmod 700 '%s', or set "
+                        "to you (uid %lu) and be writable by no one else; %s, or set "
                         "SG_CACHE_DIR to a directory you own",
-                        j->name, j->root, mode, uid, (unsigned long)geteuid(), j->root);
+                        j->name, j->root, mode, uid, me, fix);
     }
     if (!rc && access(j->root, W_OK | X_OK) != 0) rc = errno;
     /* A directory above the root that others may write to lets them rename
