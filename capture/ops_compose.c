@@ -95,6 +95,7 @@ sg_tensor *sg_repeat_interleave(sg_tensor *x, int64_t repeats, int dim) {
     int d = sg__norm_dim(dim, x1->ndim);
     sg_tensor *out = NULL;
     int64_t grown;
+    uint64_t fails = ctx->nfails;
     if (d >= 0 && __builtin_mul_overflow(x1->shape[d], repeats, &grown)) {
         sg__fail(ctx, SG_ERR_SHAPE,
                  "sg_repeat_interleave: %lld repeats of dim %d of x %s is too large to address",
@@ -123,6 +124,14 @@ sg_tensor *sg_repeat_interleave(sg_tensor *x, int64_t repeats, int dim) {
             out = c;
         }
         sg__tensor_drop(u), sg__tensor_drop(e);
+        /* A failure of the ops it is made of (a result too large, out of
+         * memory) is said as this op's. */
+        if (!out && ctx->nfails != fails) {
+            char inner[SG__MSG_SIZE];
+            snprintf(inner, sizeof inner, "%s", ctx->msg);
+            sg__fail(ctx, ctx->last, "sg_repeat_interleave: %lld repeats of dim %d of x %s: %s",
+                     (long long)repeats, dim, sg__describe(x, a, sizeof a), inner);
+        }
     }
     if (x1 != x) sg__tensor_drop(x1);
     return out;

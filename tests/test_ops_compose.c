@@ -170,8 +170,17 @@ static void test_errors(void) {
          TU_EXPECT(sg_ctx_status(ctx) == SG_ERR_SHAPE) &&
          TU_EXPECT(strstr(sg_last_error(ctx), "too large to address") != NULL);
     sg_clear_error(ctx);
+    /* A result of more than 2^63 elements in all: said as this op's. */
+    int64_t huge[2] = {1 << 20, 1 << 20};
+    sg_tensor *one = sg_full(ctx, SG_F32, 0, NULL, 1), *wide = sg_expand(one, 2, huge);
+    ok = ok && TU_EXPECT(wide != NULL) && TU_EXPECT(!sg_repeat_interleave(wide, 1 << 30, 1)) &&
+         TU_EXPECT(sg_ctx_status(ctx) == SG_ERR_SHAPE) &&
+         TU_EXPECT(strncmp(sg_last_error(ctx), "sg_repeat_interleave: ", 22) == 0) &&
+         TU_EXPECT(strstr(sg_last_error(ctx), "2^63") != NULL);
+    sg_clear_error(ctx);
+    sg_release(wide), sg_release(one);
     tu_case(ok, "COMPOSE_ERRORS(float mask, mask that grows x, div of bool, negative repeats, bad "
-                "dim, repeats past 64 bits)");
+                "dim, repeats past 64 bits, a result past 2^63 elements)");
     sg_release(x), sg_release(mf), sg_release(mb), sg_release(b);
 }
 
