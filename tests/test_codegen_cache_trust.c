@@ -183,6 +183,19 @@ static void test_untrusted_root(void) {
         tu_case(ok, "CACHE_TRUST(root mode=%03o -> SG_ERR_COMPILE; after chmod 700 -> OK)",
                 modes[i]);
     }
+    /* A root of mode 700 that another user owns: the fix named is its
+     * owner, not its mode (only root can give one away). */
+    if (geteuid() == 0) {
+        const char *dir = use_cache("root_nobody", 0700);
+        bool ok = TU_EXPECT(chown(dir, 65534, 65534) == 0) &&
+                  build_fails("sg_k_root", 2, SG_ERR_COMPILE,
+                              (const char *const[]){dir, "owner uid 65534", "chown it to uid 0",
+                                                    "SG_CACHE_DIR", NULL});
+        sg_clear_error(ctx);
+        ok = ok && TU_EXPECT(chown(dir, 0, 0) == 0) && build_expect("sg_k_root", 2, 1, 0, 0, NULL);
+        tu_case(ok, "CACHE_TRUST(root owned by uid 65534 -> SG_ERR_COMPILE naming chown; after "
+                    "chown -> OK)");
+    }
 }
 
 /* ------------------------------------------------------------ entries */
